@@ -1,0 +1,332 @@
+package data
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+)
+
+// DefaultMaxBytes caps how much text Load reads when Options.MaxBytes is 0.
+// 16 MiB is enough text for small models to learn from while keeping
+// start-up well under a second.
+const DefaultMaxBytes int64 = 16 << 20
+
+// DefaultEvalFraction is the share of files held out when
+// Options.EvalFraction is 0: enough text for a stable evaluation loss
+// without starving training.
+const DefaultEvalFraction = 0.05
+
+// binarySniffLen is how much of a file is inspected for NUL bytes when
+// deciding whether a file in a user-given folder is text.
+const binarySniffLen = 8 << 10
+
+// ErrNoFiles is wrapped by Load when a folder holds no file it can use, so
+// callers can tell "wrong folder" apart from I/O failures.
+var ErrNoFiles = errors.New("no usable files")
+
+// ErrTooSmall is wrapped by Corpus.Check when a split cannot hold a single
+// training window, so callers can suggest a larger MaxBytes or corpus.
+var ErrTooSmall = errors.New("corpus too small")
+
+// Options selects the text to train on. The zero value is usable: it means
+// 16 MiB of the Go standard library sources with 5% of files held out.
+type Options struct {
+	// Path is a file or folder. "" means the .go files under
+	// $(go env GOROOT)/src, which every Go installation has.
+	Path string
+	// MaxBytes caps the bytes read in total (0 means DefaultMaxBytes), so
+	// start-up stays fast even on a large tree.
+	MaxBytes int64
+	// EvalFraction is the share of files (or, for a single file, of bytes)
+	// held out for evaluation; 0 means DefaultEvalFraction.
+	EvalFraction float64
+}
+
+// Corpus holds the training and evaluation text as raw bytes; each byte is
+// one token, so no tokenizer has to be shipped or versioned.
+type Corpus struct {
+	// Source describes where the text came from, for logs and run
+	// reports, e.g. "/usr/local/go/src (*.go, 812 files, 16.0 MiB)".
+	Source string
+	// Train and Eval are the concatenated file contents of each split.
+	Train, Eval []byte
+	// TrainFiles and EvalFiles count the files that contributed bytes to
+	// each split (both are 1 in single-file mode).
+	TrainFiles, EvalFiles int
+}
+
+// DefaultPath returns the folder of the default corpus, GOROOT/src. It
+// prefers runtime.GOROOT() because it needs no subprocess, and falls back to
+// `go env GOROOT` for binaries built with -trimpath or moved to another
+// machine, where the compiled-in root may not exist.
+func DefaultPath() (string, error) {
+	var tried []string
+	if root := runtime.GOROOT(); root != "" {
+		src := filepath.Join(root, "src")
+		if isDir(src) {
+			return src, nil
+		}
+		tried = append(tried, fmt.Sprintf("runtime.GOROOT() gave %q, which has no src folder", root))
+	} else {
+		tried = append(tried, "runtime.GOROOT() is empty")
+	}
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		return "", fmt.Errorf("data: cannot locate the Go sources for the default corpus (%s; `go env GOROOT` failed): %w; set Options.Path to a text file or folder instead",
+			strings.Join(tried, "; "), err)
+	}
+	root := strings.TrimSpace(string(out))
+	src := filepath.Join(root, "src")
+	if root == "" || !isDir(src) {
+		return "", fmt.Errorf("data: cannot locate the Go sources for the default corpus (%s; `go env GOROOT` gave %q, which has no src folder): %w; set Options.Path to a text file or folder instead",
+			strings.Join(tried, "; "), root, fs.ErrNotExist)
+	}
+	return src, nil
+}
+
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
+}
+
+// Load reads the corpus described by opts and splits it into training and
+// evaluation text. See the package documentation for how the split is made
+// stable across seeds and trees.
+func Load(opts Options) (*Corpus, error) {
+	maxBytes := opts.MaxBytes
+	switch {
+	case maxBytes < 0:
+		return nil, fmt.Errorf("data: MaxBytes is %d, must not be negative", maxBytes)
+	case maxBytes == 0:
+		maxBytes = DefaultMaxBytes
+	}
+	frac := opts.EvalFraction
+	switch {
+	case math.IsNaN(frac) || frac < 0 || frac >= 1:
+		return nil, fmt.Errorf("data: EvalFraction is %v, must be in [0, 1)", frac)
+	case frac == 0:
+		frac = DefaultEvalFraction
+	}
+
+	path, goOnly := opts.Path, false
+	if path == "" {
+		var err error
+		if path, err = DefaultPath(); err != nil {
+			return nil, err
+		}
+		goOnly = true
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("data: corpus path %s: %w", path, err)
+	}
+	switch {
+	case fi.IsDir():
+		return loadDir(path, goOnly, maxBytes, frac)
+	case fi.Mode().IsRegular():
+		return loadFile(path, maxBytes, frac)
+	default:
+		return nil, fmt.Errorf("data: corpus path %s is neither a regular file nor a folder (mode %v): %w", path, fi.Mode(), ErrNoFiles)
+	}
+}
+
+// loadFile splits one file by bytes: the last frac of what was read is
+// held out, since there are no files to split by.
+func loadFile(path string, maxBytes int64, frac float64) (*Corpus, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("data: open corpus file: %w", err)
+	}
+	defer f.Close()
+	buf, err := io.ReadAll(io.LimitReader(f, maxBytes))
+	if err != nil {
+		return nil, fmt.Errorf("data: read corpus file %s: %w", path, err)
+	}
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("data: corpus file %s is empty: %w", path, ErrNoFiles)
+	}
+	nEval := int(math.Round(float64(len(buf)) * frac))
+	cut := len(buf) - nEval
+	return &Corpus{
+		Source:     fmt.Sprintf("%s (single file, last %.0f%% held out, %s)", path, frac*100, mib(len(buf))),
+		Train:      buf[:cut:cut],
+		Eval:       buf[cut:],
+		TrainFiles: 1,
+		EvalFiles:  1,
+	}, nil
+}
+
+// candidate is a file found by the walk, before any of it is read.
+type candidate struct {
+	abs  string
+	rel  string // slash-separated, relative to the root: the stable identity
+	hash uint64
+	eval bool
+}
+
+// pathHash is the stable identity used both for the split and the order:
+// FNV-1a of the slash-separated relative path, so the same tree gives the
+// same answer on every OS and for every seed.
+func pathHash(rel string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(rel)) // hash.Hash never fails
+	return h.Sum64()
+}
+
+// isEvalFile reports whether a file belongs to the evaluation split. It
+// depends only on the relative path, so adding files elsewhere or changing
+// the seed never moves a file between splits.
+func isEvalFile(rel string, frac float64) bool {
+	return pathHash(rel)%1000 < uint64(math.Round(frac*1000))
+}
+
+func loadDir(root string, goOnly bool, maxBytes int64, frac float64) (*Corpus, error) {
+	var files []candidate
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("walk %s: %w", p, err)
+		}
+		name := d.Name()
+		if d.IsDir() {
+			// Hidden folders (.git, .cache, ...) hold tool state, not text.
+			if p != root && strings.HasPrefix(name, ".") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() || strings.HasPrefix(name, ".") {
+			return nil
+		}
+		if goOnly && filepath.Ext(name) != ".go" {
+			return nil
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return fmt.Errorf("relative path of %s: %w", p, err)
+		}
+		rel = filepath.ToSlash(rel)
+		files = append(files, candidate{abs: p, rel: rel, hash: pathHash(rel), eval: isEvalFile(rel, frac)})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("data: corpus folder %s: %w", root, err)
+	}
+	kind := "text files"
+	if goOnly {
+		kind = "*.go"
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("data: corpus folder %s has no %s: %w", root, kind, ErrNoFiles)
+	}
+
+	// Hash order is a deterministic shuffle: a MaxBytes prefix samples the
+	// whole tree instead of whichever package sorts first.
+	slices.SortFunc(files, func(a, b candidate) int {
+		if a.hash != b.hash {
+			if a.hash < b.hash {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.rel, b.rel)
+	})
+
+	evalBudget := int64(math.Round(float64(maxBytes) * frac))
+	trainBudget := maxBytes - evalBudget
+	var train, eval bytes.Buffer
+	c := &Corpus{}
+	for _, f := range files {
+		buf, budget, count := &train, trainBudget, &c.TrainFiles
+		if f.eval {
+			buf, budget, count = &eval, evalBudget, &c.EvalFiles
+		}
+		if int64(train.Len()) >= trainBudget && int64(eval.Len()) >= evalBudget {
+			break
+		}
+		room := budget - int64(buf.Len())
+		if room <= 0 {
+			continue
+		}
+		content, err := readTextFile(f.abs, room, !goOnly)
+		if err != nil {
+			return nil, fmt.Errorf("data: corpus folder %s: %w", root, err)
+		}
+		if len(content) == 0 {
+			continue
+		}
+		buf.Write(content)
+		*count++
+	}
+	total := train.Len() + eval.Len()
+	if total == 0 {
+		return nil, fmt.Errorf("data: corpus folder %s has no non-empty %s: %w", root, kind, ErrNoFiles)
+	}
+	c.Train, c.Eval = train.Bytes(), eval.Bytes()
+	c.Source = fmt.Sprintf("%s (%s, %d files, %s)", root, kind, c.TrainFiles+c.EvalFiles, mib(total))
+	return c, nil
+}
+
+// readTextFile reads at most limit bytes of path. With sniff set it returns
+// nothing for a file with a NUL byte in its first 8 KiB, the usual sign of
+// a binary file that would only teach the model noise.
+func readTextFile(path string, limit int64, sniff bool) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read text file: %w", err)
+	}
+	defer f.Close()
+	if sniff {
+		head := make([]byte, binarySniffLen)
+		n, err := io.ReadFull(f, head)
+		if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+			return nil, fmt.Errorf("read %s: %w", path, err)
+		}
+		if bytes.IndexByte(head[:n], 0) >= 0 {
+			return nil, nil
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return nil, fmt.Errorf("seek %s: %w", path, err)
+		}
+	}
+	content, err := io.ReadAll(io.LimitReader(f, limit))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return content, nil
+}
+
+func mib(n int) string {
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// Check reports whether both splits are long enough to draw windows of
+// seq+1 bytes. Call it once before training: the batch functions have no
+// error result and return nil for a corpus that is too small.
+func (c *Corpus) Check(seq int) error {
+	if c == nil {
+		return errors.New("data: corpus is nil")
+	}
+	if seq < 1 {
+		return fmt.Errorf("data: sequence length %d must be at least 1", seq)
+	}
+	need := seq + 1
+	if len(c.Train) <= need {
+		return fmt.Errorf("data: %s: training split has %d bytes, needs more than %d for one window of sequence length %d (raise MaxBytes or use a larger corpus): %w",
+			c.Source, len(c.Train), need, seq, ErrTooSmall)
+	}
+	if len(c.Eval) <= need {
+		return fmt.Errorf("data: %s: evaluation split has %d bytes from %d files, needs more than %d for one window of sequence length %d (raise EvalFraction or MaxBytes, or add files): %w",
+			c.Source, len(c.Eval), c.EvalFiles, need, seq, ErrTooSmall)
+	}
+	return nil
+}

@@ -1,0 +1,22 @@
+// Package data turns real text into byte-level training data for a
+// byte-level GPT (vocabulary of 256, one token per byte).
+//
+// The default corpus is the Go standard library sources under
+// $(go env GOROOT)/src: every machine that can run gcompile already has
+// them, so training runs on real, structured text without a download.
+//
+// Two properties matter more than anything else here:
+//
+//   - Which files are held out for evaluation depends only on each file's
+//     path relative to the corpus root (an FNV-1a hash), never on the
+//     training seed or on which other files exist. Evaluation losses from
+//     runs with different seeds, or from a slightly different tree, are
+//     therefore measured on the same text and can be compared.
+//   - Batches are pure functions of their arguments: TrainBatch of
+//     (seed, step) and EvalBatch of an index. A resumed or repeated run
+//     sees exactly the same data, which keeps loss curves reproducible.
+//
+// Callers should call Corpus.Check with their sequence length before
+// drawing batches; the batch functions return nil rather than failing
+// when the corpus is too small.
+package data

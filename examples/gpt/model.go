@@ -1,0 +1,43 @@
+// Package gpt is the reference model: GPT-2's architecture at any size.
+//
+//	gcompile examples/gpt/model.go --set layers=12,hidden=768,heads=12,seq=1024,vocab=50257
+//
+// Token and learned position embeddings, pre-LayerNorm transformer blocks,
+// a final LayerNorm and an LM head tied to the token embedding, trained on
+// the mean next-token cross-entropy. The defaults are a byte-level model
+// small enough to train on a CPU in minutes.
+package gpt
+
+import (
+	"fmt"
+
+	"gcompile/frontend"
+	"gcompile/frontend/nn"
+	"gcompile/ir"
+)
+
+// Model records the GPT into b.
+func Model(b *frontend.Builder) {
+	layers := b.Int("layers", 2, "transformer blocks")
+	hidden := b.Int("hidden", 128, "model width h")
+	heads := b.Int("heads", 4, "attention heads (must divide hidden)")
+	vocab := b.Int("vocab", 256, "vocabulary size (256: bytes)")
+	seq := b.Int("seq", 64, "sequence length")
+	activation := b.String("activation", "gelu", "MLP activation", "gelu", "relu")
+	batch := b.Batch()
+
+	tokens := b.Input("tokens", ir.I32, batch, seq)
+	targets := b.Input("targets", ir.I32, batch, seq)
+
+	x, wte := nn.Embedding(tokens, "wte", vocab, hidden)
+	wpe := b.Param("wpe.weight", []int{seq, hidden}, frontend.Normal(0.01), frontend.NoParallel)
+	x = x.Add(wpe)
+	for i := range layers {
+		b.Layer(i)
+		x = nn.TransformerBlock(x, fmt.Sprintf("h.%d", i), nn.BlockConfig{Heads: heads, Layers: layers, Activation: activation})
+	}
+	b.Layer(-1)
+	x = nn.LayerNorm(x, "ln_f")
+	logits := x.Reshape(batch*seq, hidden).MatMulT(wte) // tied LM head
+	b.Loss(nn.CrossEntropy(logits, targets))
+}

@@ -1,0 +1,277 @@
+package frontend
+
+import (
+	"errors"
+	"fmt"
+
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gcompile/ir"
+)
+
+// ModelFunc is what a model file provides: it records the model's forward
+// pass and loss into b.
+type ModelFunc func(b *Builder)
+
+// Config is what a build reads besides the model code.
+type Config struct {
+	Name  string            // module name
+	Batch int               // global batch in sequences (default 8)
+	Set   map[string]string // --set key=value model parameters
+}
+
+// ParamDoc describes one model parameter, for --help-model.
+type ParamDoc struct {
+	Key, Kind, Default, Doc string
+}
+
+// Builder records a model into an ir.Module.
+type Builder struct {
+	m      *ir.Module
+	cfg    Config
+	errs   []error
+	used   map[string]bool
+	docs   []ParamDoc
+	layer  int
+	scalar map[float64]*ir.Value
+}
+
+// Build runs fn and returns the recorded module, or every DSL error it hit.
+func Build(fn ModelFunc, cfg Config) (m *ir.Module, err error) {
+	b := newBuilder(cfg)
+	defer func() {
+		// A panic in the user's model code is reported with the user's line,
+		// not as a crash of the compiler.
+		if r := recover(); r != nil {
+			m, err = nil, fmt.Errorf("%v: model panicked: %v", userPos(), r)
+		}
+	}()
+	fn(b)
+	return b.finish()
+}
+
+// Describe runs fn only to list the model parameters it reads.
+func Describe(fn ModelFunc, cfg Config) ([]ParamDoc, error) {
+	b := newBuilder(cfg)
+	var err error
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("%v: model panicked: %v", userPos(), r)
+			}
+		}()
+		fn(b)
+	}()
+	return b.docs, err
+}
+
+func newBuilder(cfg Config) *Builder {
+	if cfg.Batch == 0 {
+		cfg.Batch = 8
+	}
+	if cfg.Name == "" {
+		cfg.Name = "model"
+	}
+	return &Builder{m: ir.NewModule(cfg.Name), cfg: cfg, used: map[string]bool{}, layer: -1, scalar: map[float64]*ir.Value{}}
+}
+
+func (b *Builder) finish() (*ir.Module, error) {
+	var unknown []string
+	for k := range b.cfg.Set {
+		if !b.used[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		var known []string
+		for _, d := range b.docs {
+			known = append(known, d.Key)
+		}
+		b.errs = append(b.errs, fmt.Errorf("--set: unknown model parameter(s) %s (this model reads: %s)", strings.Join(unknown, ", "), strings.Join(known, ", ")))
+	}
+	if b.m.Output("loss") == nil && len(b.errs) == 0 {
+		b.errs = append(b.errs, errors.New("model did not call b.Loss(…): there is nothing to train"))
+	}
+	if len(b.errs) > 0 {
+		return nil, errors.Join(b.errs...)
+	}
+	return b.m, nil
+}
+
+// Batch is the global batch in sequences, the same whatever the plan.
+func (b *Builder) Batch() int { return b.cfg.Batch }
+
+func (b *Builder) setting(key, kind, def, doc string) (string, bool) {
+	b.used[key] = true
+	b.docs = append(b.docs, ParamDoc{Key: key, Kind: kind, Default: def, Doc: doc})
+	v, ok := b.cfg.Set[key]
+	return v, ok
+}
+
+// Int reads an integer model parameter from --set, or def.
+func (b *Builder) Int(key string, def int, doc string) int {
+	s, ok := b.setting(key, "int", strconv.Itoa(def), doc)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		b.fail(userPos(), fmt.Errorf("--set %s=%s: want a positive integer", key, s))
+		return def
+	}
+	return n
+}
+
+// Float reads a float model parameter from --set, or def.
+func (b *Builder) Float(key string, def float64, doc string) float64 {
+	s, ok := b.setting(key, "float", strconv.FormatFloat(def, 'g', -1, 64), doc)
+	if !ok {
+		return def
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		b.fail(userPos(), fmt.Errorf("--set %s=%s: want a number", key, s))
+		return def
+	}
+	return f
+}
+
+// String reads a model parameter that must be one of choices.
+func (b *Builder) String(key, def, doc string, choices ...string) string {
+	s, ok := b.setting(key, "string", def, doc+" ("+strings.Join(choices, "|")+")")
+	if !ok {
+		return def
+	}
+	if len(choices) > 0 && !slices.Contains(choices, s) {
+		b.fail(userPos(), fmt.Errorf("--set %s=%s: want one of %s", key, s, strings.Join(choices, ", ")))
+		return def
+	}
+	return s
+}
+
+// Layer marks the ops recorded from now on as belonging to transformer
+// layer i (pipeline cuts fall between layers); Layer(-1) ends the layers.
+func (b *Builder) Layer(i int) { b.layer = i }
+
+// Errorf records a model-level error at the caller's line; models use it to
+// reject bad parameter combinations (e.g. hidden not divisible by heads).
+func (b *Builder) Errorf(format string, args ...any) {
+	b.fail(userPos(), fmt.Errorf(format, args...))
+}
+
+func (b *Builder) fail(pos ir.Pos, err error) {
+	b.errs = append(b.errs, fmt.Errorf("%v: %w", pos, err))
+}
+
+func (b *Builder) meta() ir.Meta {
+	m := ir.NoMeta
+	m.Layer = b.layer
+	m.Phase = ir.PhaseFwd
+	return m
+}
+
+// Init says how a parameter starts.
+type Init string
+
+// Initialisers: Normal(std) draws from N(0, std²); Zeros and Ones fill.
+const (
+	Zeros Init = "zeros"
+	Ones  Init = "ones"
+)
+
+// Normal is a N(0, std²) initialiser.
+func Normal(std float64) Init { return Init("normal(" + strconv.FormatFloat(std, 'g', -1, 64) + ")") }
+
+// Parallel is a tensor-parallel hint on a parameter.
+type Parallel string
+
+// The hints the shard pass understands.
+const (
+	NoParallel     Parallel = ""
+	ColumnParallel Parallel = "column" // weight [in,out] split on out
+	RowParallel    Parallel = "row"    // weight [in,out] split on in; output partial
+	VocabParallel  Parallel = "vocab"  // embedding [V,h] split on V
+)
+
+// Param declares a trainable fp32 parameter.
+func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Tensor {
+	attrs := ir.Attrs{"name": name, "init": string(init)}
+	if hint != NoParallel {
+		attrs["parallel"] = string(hint)
+	}
+	return b.source("param", ir.T(ir.F32, shape...), attrs)
+}
+
+// Input declares a per-step input fed by the runtime (e.g. "tokens").
+func (b *Builder) Input(name string, dtype ir.DType, shape ...int) *Tensor {
+	return b.source("input", ir.T(dtype, shape...), ir.Attrs{"name": name})
+}
+
+func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
+	pos := userPos()
+	if len(b.errs) > 0 && slices.Contains(t.Shape, 0) {
+		// The size came from a poisoned tensor; its error is already reported.
+		return &Tensor{b: b}
+	}
+	if b.m.Source(attrs.Str("name")) != nil {
+		b.fail(pos, fmt.Errorf("%s %q is declared twice", op, attrs.Str("name")))
+		return &Tensor{b: b}
+	}
+	v, err := b.m.AddSource(op, t, attrs, b.meta(), pos)
+	if err != nil {
+		b.errs = append(b.errs, err)
+		return &Tensor{b: b}
+	}
+	return &Tensor{b: b, v: v}
+}
+
+// Loss marks t (a scalar) as the value training minimises.
+func (b *Builder) Loss(t *Tensor) {
+	if t.v == nil {
+		return
+	}
+	if t.v.Type.Rank() != 0 {
+		b.fail(userPos(), fmt.Errorf("loss must be a scalar, got %v", t.v.Type))
+		return
+	}
+	b.m.SetOutput("loss", t.v)
+}
+
+// scalarConst returns a shared rank-0 constant.
+func (b *Builder) scalarConst(x float64, pos ir.Pos) *ir.Value {
+	if v, ok := b.scalar[x]; ok {
+		return v
+	}
+	v, _ := b.m.AddSource("const", ir.T(ir.F32), ir.Attrs{"value": x}, b.meta(), pos)
+	b.scalar[x] = v
+	return v
+}
+
+var frontendPrefixes = []string{"gcompile/frontend.", "gcompile/frontend/nn."}
+
+// userPos is the position of the first caller outside the frontend
+// packages: for an op recorded inside nn.Attention that is the user's
+// nn.Attention call.
+func userPos() ir.Pos {
+	pcs := make([]uintptr, 32)
+	n := runtime.Callers(2, pcs)
+	frames := runtime.CallersFrames(pcs[:n])
+	for {
+		f, more := frames.Next()
+		inside := strings.HasPrefix(f.Function, "runtime.")
+		for _, p := range frontendPrefixes {
+			inside = inside || strings.HasPrefix(f.Function, p)
+		}
+		if !inside && f.File != "" {
+			return ir.Pos{File: filepath.Base(f.File), Line: f.Line}
+		}
+		if !more {
+			return ir.Pos{}
+		}
+	}
+}

@@ -1,0 +1,218 @@
+package frontend
+
+import (
+	"fmt"
+	"slices"
+
+	"gcompile/ir"
+)
+
+// Tensor is a value in the model being recorded. A Tensor whose op failed
+// is poisoned (no value): ops on it record nothing and report nothing more,
+// so one mistake gives one error.
+type Tensor struct {
+	b *Builder
+	v *ir.Value
+}
+
+// Value is the recorded IR value (nil when poisoned).
+func (t *Tensor) Value() *ir.Value { return t.v }
+
+// Shape is the tensor's static shape (nil when poisoned).
+func (t *Tensor) Shape() []int {
+	if t.v == nil {
+		return nil
+	}
+	return t.v.Type.Shape.Clone()
+}
+
+// Dim returns the size of dim i (negative i counts from the end); 0 when
+// the tensor is poisoned.
+func (t *Tensor) Dim(i int) int {
+	if t.v == nil {
+		return 0
+	}
+	if i < 0 {
+		i += t.v.Type.Rank()
+	}
+	return t.v.Type.Shape[i]
+}
+
+// DType is the element type.
+func (t *Tensor) DType() ir.DType {
+	if t.v == nil {
+		return ir.Invalid
+	}
+	return t.v.Type.DType
+}
+
+// Builder returns the builder recording t.
+func (t *Tensor) Builder() *Builder { return t.b }
+
+func (t *Tensor) op(op string, attrs ir.Attrs, others ...*Tensor) *Tensor {
+	args := []*ir.Value{t.v}
+	for _, o := range others {
+		args = append(args, o.v)
+	}
+	return t.b.record(userPos(), op, attrs, args)
+}
+
+func (b *Builder) record(pos ir.Pos, op string, attrs ir.Attrs, args []*ir.Value) *Tensor {
+	if slices.Contains(args, nil) {
+		return &Tensor{b: b}
+	}
+	v, err := b.m.Add(op, args, attrs, b.meta(), pos)
+	if err != nil {
+		b.errs = append(b.errs, err)
+		return &Tensor{b: b}
+	}
+	return &Tensor{b: b, v: v}
+}
+
+// binary broadcasts the smaller operand NumPy-style, then applies op.
+func (t *Tensor) binary(op string, u *Tensor) *Tensor {
+	if t.v == nil || u.v == nil {
+		return &Tensor{b: t.b}
+	}
+	pos := userPos()
+	x, y := t.v, u.v
+	switch {
+	case x.Type.Shape.Equal(y.Type.Shape):
+	case ir.BroadcastCompatible(y.Type.Shape, x.Type.Shape):
+		y = t.b.record(pos, "broadcast", ir.Attrs{"shape": []int(x.Type.Shape.Clone())}, []*ir.Value{y}).v
+	case ir.BroadcastCompatible(x.Type.Shape, y.Type.Shape):
+		x = t.b.record(pos, "broadcast", ir.Attrs{"shape": []int(y.Type.Shape.Clone())}, []*ir.Value{x}).v
+	default:
+		t.b.fail(pos, fmt.Errorf("%s: shapes %v and %v do not broadcast", op, x.Type, y.Type))
+		return &Tensor{b: t.b}
+	}
+	return t.b.record(pos, op, nil, []*ir.Value{x, y})
+}
+
+// Add returns t + u, broadcasting NumPy-style.
+func (t *Tensor) Add(u *Tensor) *Tensor { return t.binary("add", u) }
+
+// Sub returns t − u, broadcasting NumPy-style.
+func (t *Tensor) Sub(u *Tensor) *Tensor { return t.binary("sub", u) }
+
+// Mul returns t · u elementwise, broadcasting NumPy-style.
+func (t *Tensor) Mul(u *Tensor) *Tensor { return t.binary("mul", u) }
+
+// Div returns t / u elementwise, broadcasting NumPy-style.
+func (t *Tensor) Div(u *Tensor) *Tensor { return t.binary("div", u) }
+
+// Scale multiplies every element by the constant s.
+func (t *Tensor) Scale(s float64) *Tensor {
+	if t.v == nil {
+		return t
+	}
+	pos := userPos()
+	return t.b.record(pos, "scale", nil, []*ir.Value{t.v, t.b.scalarConst(s, pos)})
+}
+
+// Neg returns −t.
+func (t *Tensor) Neg() *Tensor { return t.op("neg", nil) }
+
+// Exp returns eᵗ.
+func (t *Tensor) Exp() *Tensor { return t.op("exp", nil) }
+
+// Log returns ln t.
+func (t *Tensor) Log() *Tensor { return t.op("log", nil) }
+
+// Tanh returns tanh t.
+func (t *Tensor) Tanh() *Tensor { return t.op("tanh", nil) }
+
+// Sqrt returns √t.
+func (t *Tensor) Sqrt() *Tensor { return t.op("sqrt", nil) }
+
+// Gelu is GPT-2's tanh approximation of GELU.
+func (t *Tensor) Gelu() *Tensor { return t.op("gelu", nil) }
+
+// Relu returns max(t, 0).
+func (t *Tensor) Relu() *Tensor { return t.op("relu", nil) }
+
+// MatMul multiplies the last two dims: [...,m,k]·[k,n] or batched [...,m,k]·[...,k,n].
+func (t *Tensor) MatMul(w *Tensor) *Tensor { return t.op("matmul", nil, w) }
+
+// MatMulT multiplies by w transposed in its last two dims: t·wᵀ. The tied
+// LM head (x·wteᵀ) and attention scores (q·kᵀ) use it without a transpose copy.
+func (t *Tensor) MatMulT(w *Tensor) *Tensor { return t.op("matmul", ir.Attrs{"transB": true}, w) }
+
+// Reshape views the elements with a new shape of the same size.
+func (t *Tensor) Reshape(shape ...int) *Tensor {
+	if t.v != nil && t.v.Type.Shape.Equal(shape) {
+		return t
+	}
+	return t.op("reshape", ir.Attrs{"shape": slices.Clone(shape)})
+}
+
+// Transpose permutes the dims: out dim i is t's dim perm[i].
+func (t *Tensor) Transpose(perm ...int) *Tensor {
+	return t.op("transpose", ir.Attrs{"perm": slices.Clone(perm)})
+}
+
+// Slice takes [start,end) along dim.
+func (t *Tensor) Slice(dim, start, end int) *Tensor {
+	return t.op("slice", ir.Attrs{"dim": dim, "start": start, "end": end})
+}
+
+// Concat joins tensors along dim.
+func Concat(dim int, ts ...*Tensor) *Tensor {
+	if len(ts) == 0 {
+		return &Tensor{}
+	}
+	return ts[0].op("concat", ir.Attrs{"dim": dim}, ts[1:]...)
+}
+
+// Broadcast expands t to shape (NumPy rules).
+func (t *Tensor) Broadcast(shape ...int) *Tensor {
+	return t.op("broadcast", ir.Attrs{"shape": slices.Clone(shape)})
+}
+
+// Sum reduces over axes (all axes when none are given).
+func (t *Tensor) Sum(axes ...int) *Tensor { return t.reduce("reduce_sum", axes) }
+
+// Mean averages over axes (all axes when none are given).
+func (t *Tensor) Mean(axes ...int) *Tensor { return t.reduce("reduce_mean", axes) }
+
+// Max takes the maximum over axes (all axes when none are given).
+func (t *Tensor) Max(axes ...int) *Tensor { return t.reduce("reduce_max", axes) }
+
+func (t *Tensor) reduce(op string, axes []int) *Tensor {
+	if t.v == nil {
+		return t
+	}
+	if len(axes) == 0 {
+		for i := range t.v.Type.Rank() {
+			axes = append(axes, i)
+		}
+	}
+	axes = slices.Clone(axes)
+	for i, a := range axes {
+		if a < 0 {
+			axes[i] = a + t.v.Type.Rank()
+		}
+	}
+	slices.Sort(axes)
+	return t.op(op, ir.Attrs{"axes": axes})
+}
+
+// Softmax normalises over the last dim.
+func (t *Tensor) Softmax() *Tensor { return t.op("softmax", nil) }
+
+// CausalMask hides future keys in attention scores [...,s,t] with −Inf.
+func (t *Tensor) CausalMask() *Tensor { return t.op("causal_mask", nil) }
+
+// LayerNorm normalises over the last dim with scale gamma and shift beta.
+func (t *Tensor) LayerNorm(gamma, beta *Tensor, eps float64) *Tensor {
+	return t.op("layernorm", ir.Attrs{"eps": eps}, gamma, beta)
+}
+
+// Gather looks up rows of the table t ([vocab,dim]) by ids.
+func (t *Tensor) Gather(ids *Tensor) *Tensor { return t.op("embedding", nil, ids) }
+
+// CrossEntropy is the mean over rows of −log softmax(t)[label].
+func (t *Tensor) CrossEntropy(labels *Tensor) *Tensor { return t.op("cross_entropy", nil, labels) }
+
+// Cast converts the element type.
+func (t *Tensor) Cast(d ir.DType) *Tensor { return t.op("cast", ir.Attrs{"to": d.String()}) }

@@ -1,0 +1,104 @@
+package ir
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// MeshAxis is one named axis of the device mesh.
+type MeshAxis struct {
+	Name string
+	Size int
+}
+
+// Mesh is the logical arrangement of devices: the product of the axis sizes
+// is the device count. Axis names are dp, pp, tp and ep by convention.
+type Mesh struct {
+	Axes []MeshAxis
+}
+
+// Devices is the number of devices the mesh spans.
+func (m *Mesh) Devices() int {
+	n := 1
+	for _, a := range m.Axes {
+		n *= a.Size
+	}
+	return n
+}
+
+// Axis returns the index of the named axis, or -1.
+func (m *Mesh) Axis(name string) int {
+	for i, a := range m.Axes {
+		if a.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func (m *Mesh) String() string {
+	parts := make([]string, len(m.Axes))
+	for i, a := range m.Axes {
+		parts[i] = a.Name + "=" + strconv.Itoa(a.Size)
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParseMesh reads "dp=2,tp=4".
+func ParseMesh(s string) (*Mesh, error) {
+	m := &Mesh{}
+	for _, f := range strings.Split(s, ",") {
+		name, size, ok := strings.Cut(f, "=")
+		n, err := strconv.Atoi(size)
+		if !ok || err != nil || name == "" {
+			return nil, fmt.Errorf("bad mesh axis %q: want name=size", f)
+		}
+		m.Axes = append(m.Axes, MeshAxis{Name: name, Size: n})
+	}
+	return m, nil
+}
+
+// PlacementKind says how a value is laid out along one mesh axis.
+type PlacementKind uint8
+
+// The placement kinds of DTensor/GSPMD.
+const (
+	Replicate PlacementKind = iota // every device on the axis holds all of it
+	Shard                          // devices hold equal slices along Dim
+	Partial                        // devices hold addends of the value
+)
+
+// Placement is a value's layout along one mesh axis.
+type Placement struct {
+	Kind PlacementKind
+	Dim  int // tensor dim for Shard
+}
+
+func (p Placement) String() string {
+	switch p.Kind {
+	case Replicate:
+		return "R"
+	case Partial:
+		return "P"
+	default:
+		return "S(" + strconv.Itoa(p.Dim) + ")"
+	}
+}
+
+// ParsePlacement reads R, P or S(d).
+func ParsePlacement(s string) (Placement, error) {
+	switch {
+	case s == "R":
+		return Placement{Kind: Replicate}, nil
+	case s == "P":
+		return Placement{Kind: Partial}, nil
+	case strings.HasPrefix(s, "S(") && strings.HasSuffix(s, ")"):
+		d, err := strconv.Atoi(s[2 : len(s)-1])
+		if err != nil {
+			return Placement{}, fmt.Errorf("bad shard dim in placement %q", s)
+		}
+		return Placement{Kind: Shard, Dim: d}, nil
+	}
+	return Placement{}, fmt.Errorf("bad placement %q: want R, P or S(dim)", s)
+}

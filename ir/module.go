@@ -1,0 +1,217 @@
+package ir
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Output is a named result of the step: the loss, a gradient, a metric.
+type Output struct {
+	Name  string
+	Value *Value
+}
+
+// Update says that after a step the source value State (a param or state)
+// takes the value Value.
+type Update struct {
+	State *Value
+	Value *Value
+}
+
+// Module is one training step as an SSA graph.
+type Module struct {
+	Name string
+	// Passes lists the passes already applied, in order; a dumped module
+	// resumes the pipeline after the last of them.
+	Passes  []string
+	Mesh    *Mesh // nil: one device
+	Values  []*Value
+	Outputs []Output
+	Updates []Update
+	nextID  int
+}
+
+// NewModule returns an empty module.
+func NewModule(name string) *Module { return &Module{Name: name} }
+
+// NextID is the id the next new value will get.
+func (m *Module) NextID() int { return m.nextID }
+
+// Add appends a value whose type follows from the op's rule and returns it.
+// Sources must use AddSource. The error names the op, the broken rule and
+// pos, so a frontend can hand it straight to the user.
+func (m *Module) Add(op string, args []*Value, attrs Attrs, meta Meta, pos Pos) (*Value, error) {
+	info, ok := Lookup(op)
+	if !ok {
+		return nil, fmt.Errorf("%v: unknown op %q", pos, op)
+	}
+	if info.Source {
+		return nil, fmt.Errorf("%v: %s is a source op; use AddSource", pos, op)
+	}
+	t, err := InferType(info, args, attrs)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %s: %w", pos, op, err)
+	}
+	// Args are copied: callers reuse their slices.
+	return m.append(&Value{Op: op, Args: slices.Clone(args), Type: t, Attrs: attrs, Meta: meta, Pos: pos}), nil
+}
+
+// AddSource appends a source value (param, state, input, const) of type t.
+func (m *Module) AddSource(op string, t Type, attrs Attrs, meta Meta, pos Pos) (*Value, error) {
+	info, ok := Lookup(op)
+	if !ok || !info.Source {
+		return nil, fmt.Errorf("%v: %q is not a source op", pos, op)
+	}
+	if err := checkShape(t); err != nil {
+		return nil, fmt.Errorf("%v: %s: %w", pos, op, err)
+	}
+	if err := checkAttrs(info, attrs); err != nil {
+		return nil, fmt.Errorf("%v: %s: %w", pos, op, err)
+	}
+	return m.append(&Value{Op: op, Type: t, Attrs: attrs, Meta: meta, Pos: pos}), nil
+}
+
+func (m *Module) append(v *Value) *Value {
+	v.ID = m.nextID
+	m.nextID++
+	m.Values = append(m.Values, v)
+	return v
+}
+
+// InferType checks args and attrs against the op's arity, schema and type
+// rule and returns the result type.
+func InferType(info *OpInfo, args []*Value, attrs Attrs) (Type, error) {
+	if info.Arity == Variadic && len(args) == 0 || info.Arity != Variadic && len(args) != info.Arity {
+		want := fmt.Sprint(info.Arity)
+		if info.Arity == Variadic {
+			want = "at least 1"
+		}
+		return Type{}, fmt.Errorf("takes %s args, got %d", want, len(args))
+	}
+	if err := checkAttrs(info, attrs); err != nil {
+		return Type{}, err
+	}
+	ts := make([]Type, len(args))
+	for i, a := range args {
+		if a == nil {
+			return Type{}, fmt.Errorf("arg %d is missing", i)
+		}
+		ts[i] = a.Type
+	}
+	return info.Infer(ts, attrs)
+}
+
+func checkShape(t Type) error {
+	if t.DType == Invalid || t.DType.Size() == 0 {
+		return fmt.Errorf("invalid dtype in %v", t)
+	}
+	for _, d := range t.Shape {
+		if d <= 0 {
+			return fmt.Errorf("dims must be positive, got %v", t)
+		}
+	}
+	return nil
+}
+
+func checkAttrs(info *OpInfo, a Attrs) error {
+	for name, v := range a {
+		spec, ok := info.Spec(name)
+		if !ok {
+			return fmt.Errorf("unknown attribute %q (op %s takes %v)", name, info.Name, attrNames(info))
+		}
+		if !attrKindOK(spec.Kind, v) {
+			return fmt.Errorf("attribute %s must be %v, got %T", name, spec.Kind, v)
+		}
+	}
+	for _, s := range info.Attrs {
+		if _, ok := a[s.Name]; s.Required && !ok {
+			return fmt.Errorf("missing required attribute %s (%v)", s.Name, s.Kind)
+		}
+	}
+	return nil
+}
+
+func attrNames(info *OpInfo) []string {
+	var names []string
+	for _, s := range info.Attrs {
+		names = append(names, s.Name)
+	}
+	return names
+}
+
+func attrKindOK(k AttrKind, v any) bool {
+	switch v.(type) {
+	case int:
+		return k == AttrInt
+	case []int:
+		return k == AttrInts
+	case float64:
+		return k == AttrFloat
+	case string:
+		return k == AttrString
+	case bool:
+		return k == AttrBool
+	}
+	return false
+}
+
+// Output returns the named output value, or nil.
+func (m *Module) Output(name string) *Value {
+	for _, o := range m.Outputs {
+		if o.Name == name {
+			return o.Value
+		}
+	}
+	return nil
+}
+
+// SetOutput adds or replaces a named output.
+func (m *Module) SetOutput(name string, v *Value) {
+	for i := range m.Outputs {
+		if m.Outputs[i].Name == name {
+			m.Outputs[i].Value = v
+			return
+		}
+	}
+	m.Outputs = append(m.Outputs, Output{Name: name, Value: v})
+}
+
+// Params returns the param values in program order.
+func (m *Module) Params() []*Value {
+	var ps []*Value
+	for _, v := range m.Values {
+		if v.Op == "param" {
+			ps = append(ps, v)
+		}
+	}
+	return ps
+}
+
+// Source returns the param, state or input with the given name, or nil.
+func (m *Module) Source(name string) *Value {
+	for _, v := range m.Values {
+		if (v.Op == "param" || v.Op == "state" || v.Op == "input") && v.Name() == name {
+			return v
+		}
+	}
+	return nil
+}
+
+// Uses maps each value to the values that take it as an argument.
+func (m *Module) Uses() map[*Value][]*Value {
+	uses := make(map[*Value][]*Value, len(m.Values))
+	for _, v := range m.Values {
+		for _, a := range v.Args {
+			if !slices.Contains(uses[a], v) {
+				uses[a] = append(uses[a], v)
+			}
+		}
+	}
+	return uses
+}
+
+// MarkPass records that a pass has run.
+func (m *Module) MarkPass(name string) { m.Passes = append(m.Passes, name) }
+
+// HasRun reports whether the named pass has been applied.
+func (m *Module) HasRun(name string) bool { return slices.Contains(m.Passes, name) }

@@ -1,0 +1,531 @@
+package ir
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+)
+
+// AttrKind is the Go type an attribute holds.
+type AttrKind uint8
+
+// Attribute kinds and their Go types.
+const (
+	AttrInt    AttrKind = iota // int
+	AttrInts                   // []int
+	AttrFloat                  // float64
+	AttrString                 // string
+	AttrBool                   // bool
+)
+
+func (k AttrKind) String() string {
+	return [...]string{"int", "ints", "float", "string", "bool"}[k]
+}
+
+// AttrSpec declares one attribute of an op.
+type AttrSpec struct {
+	Name     string
+	Kind     AttrKind
+	Required bool
+}
+
+// Variadic is the Arity of ops that take one or more arguments.
+const Variadic = -1
+
+// OpInfo is an op's entry in the op table.
+type OpInfo struct {
+	Name  string
+	Arity int // number of args, or Variadic
+	Attrs []AttrSpec
+	// Source ops (param, state, input, const) take no args; their type is
+	// declared, not inferred.
+	Source bool
+	// Elementwise ops map equal-shaped inputs to an output of that shape
+	// element by element; fusion and sharding treat them alike.
+	Elementwise bool
+	// Infer computes the result type from argument types and attributes;
+	// its error says which rule the arguments break.
+	Infer func(args []Type, a Attrs) (Type, error)
+	Doc   string
+}
+
+// Spec returns the declaration of the named attribute.
+func (o *OpInfo) Spec(name string) (AttrSpec, bool) {
+	for _, s := range o.Attrs {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return AttrSpec{}, false
+}
+
+var opTable = map[string]*OpInfo{}
+
+// Lookup returns the op table entry for name.
+func Lookup(name string) (*OpInfo, bool) {
+	o, ok := opTable[name]
+	return o, ok
+}
+
+// OpNames lists every op in the table, sorted.
+func OpNames() []string {
+	names := make([]string, 0, len(opTable))
+	for n := range opTable {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// metaKeys are printed in the same {...} as attributes, so no op may use them.
+var metaKeys = []string{"place", "layer", "phase", "stage", "chunk"}
+
+func register(o *OpInfo) {
+	if _, dup := opTable[o.Name]; dup {
+		panic("ir: op registered twice: " + o.Name)
+	}
+	for _, s := range o.Attrs {
+		if slices.Contains(metaKeys, s.Name) {
+			panic("ir: op " + o.Name + " uses reserved attribute name " + s.Name)
+		}
+	}
+	opTable[o.Name] = o
+}
+
+func req(name string, k AttrKind) AttrSpec { return AttrSpec{Name: name, Kind: k, Required: true} }
+func opt(name string, k AttrKind) AttrSpec { return AttrSpec{Name: name, Kind: k} }
+
+func init() {
+	src := func(name, doc string, attrs ...AttrSpec) {
+		register(&OpInfo{Name: name, Source: true, Attrs: attrs, Doc: doc})
+	}
+	src("param", "trainable parameter (fp32 master copy); init is normal(std), zeros or ones; parallel is the tensor-parallel hint (column, row, vocab)",
+		req("name", AttrString), opt("init", AttrString), opt("parallel", AttrString))
+	src("state", "optimizer state carried between steps, zero-initialised", req("name", AttrString), opt("init", AttrString))
+	src("input", "per-step input fed by the runtime (tokens, targets, lr, step)", req("name", AttrString))
+	src("const", "tensor filled with one value", req("value", AttrFloat))
+
+	for _, n := range []string{"add", "sub", "mul", "div"} {
+		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(false), Doc: "elementwise " + n + "; shapes must be equal (use broadcast)"})
+	}
+	for _, n := range []string{"neg", "exp", "log", "tanh", "sqrt", "gelu", "relu"} {
+		register(&OpInfo{Name: n, Arity: 1, Elementwise: true, Infer: sameTypes(true), Doc: "elementwise " + n})
+	}
+	for _, n := range []string{"gelu_grad", "relu_grad"} {
+		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(true), Doc: "vjp: args (x, dy)"})
+	}
+	register(&OpInfo{Name: "tanh_grad", Arity: 2, Elementwise: true, Infer: sameTypes(true), Doc: "vjp of tanh: args (y, dy), dy·(1−y²)"})
+	register(&OpInfo{Name: "scale", Arity: 2, Infer: inferScale, Doc: "x times a scalar of the same dtype"})
+
+	register(&OpInfo{Name: "matmul", Arity: 2, Attrs: []AttrSpec{opt("transA", AttrBool), opt("transB", AttrBool)}, Infer: inferMatMul,
+		Doc: "a[...,m,k]·b[k,n] (b shared) or a[...,m,k]·b[...,k,n] (batched); transA/transB read the last two dims swapped"})
+	register(&OpInfo{Name: "reshape", Arity: 1, Attrs: []AttrSpec{req("shape", AttrInts)}, Infer: inferReshape})
+	register(&OpInfo{Name: "transpose", Arity: 1, Attrs: []AttrSpec{req("perm", AttrInts)}, Infer: inferTranspose})
+	register(&OpInfo{Name: "slice", Arity: 1, Attrs: []AttrSpec{req("dim", AttrInt), req("start", AttrInt), req("end", AttrInt)}, Infer: inferSlice})
+	register(&OpInfo{Name: "slice_grad", Arity: 1, Attrs: []AttrSpec{req("dim", AttrInt), req("start", AttrInt), req("size", AttrInt)}, Infer: inferSliceGrad,
+		Doc: "vjp of slice: dy placed at [start, start+len) along dim of a zero tensor of extent size"})
+	register(&OpInfo{Name: "concat", Arity: Variadic, Attrs: []AttrSpec{req("dim", AttrInt)}, Infer: inferConcat})
+	register(&OpInfo{Name: "broadcast", Arity: 1, Attrs: []AttrSpec{req("shape", AttrInts)}, Infer: inferBroadcast, Doc: "NumPy broadcast to shape"})
+	for _, n := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
+		register(&OpInfo{Name: n, Arity: 1, Attrs: []AttrSpec{req("axes", AttrInts), opt("keepdims", AttrBool)}, Infer: inferReduce})
+	}
+	register(&OpInfo{Name: "reduce_max_grad", Arity: 3, Attrs: []AttrSpec{req("axes", AttrInts), opt("keepdims", AttrBool)}, Infer: inferReduceMaxGrad,
+		Doc: "vjp of reduce_max: args (x, y, dy); dy split evenly among the maxima"})
+	register(&OpInfo{Name: "softmax", Arity: 1, Infer: inferFloatRank1, Doc: "softmax over the last dim"})
+	register(&OpInfo{Name: "softmax_grad", Arity: 2, Infer: sameTypes(true), Doc: "vjp of softmax: args (y, dy)"})
+	register(&OpInfo{Name: "causal_mask", Arity: 1, Attrs: []AttrSpec{opt("fill", AttrFloat)}, Infer: inferCausalMask,
+		Doc: "x[...,s,t]: entries with key j > i+(t−s) set to fill (default −Inf)"})
+	register(&OpInfo{Name: "layernorm", Arity: 3, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNorm, Doc: "args (x, gamma, beta), over the last dim"})
+	register(&OpInfo{Name: "layernorm_grad_x", Arity: 3, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNormGradX, Doc: "vjp: args (x, gamma, dy)"})
+	register(&OpInfo{Name: "layernorm_grad_gamma", Arity: 2, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNormGradGamma, Doc: "vjp: args (x, dy)"})
+	register(&OpInfo{Name: "embedding", Arity: 2, Infer: inferEmbedding, Doc: "args (table[V,D], ids[...]) → [...,D]"})
+	register(&OpInfo{Name: "embedding_grad", Arity: 2, Attrs: []AttrSpec{req("vocab", AttrInt)}, Infer: inferEmbeddingGrad, Doc: "vjp: args (ids, dy) → [vocab,D]"})
+	register(&OpInfo{Name: "cross_entropy", Arity: 2, Infer: inferCrossEntropy, Doc: "args (logits[N,V], labels[N]) → mean loss"})
+	register(&OpInfo{Name: "cross_entropy_grad", Arity: 3, Infer: inferCrossEntropyGrad, Doc: "vjp: args (logits, labels, dloss)"})
+	register(&OpInfo{Name: "cast", Arity: 1, Attrs: []AttrSpec{req("to", AttrString)}, Infer: inferCast})
+
+	register(&OpInfo{Name: "sum_squares", Arity: Variadic, Infer: inferSumSquares, Doc: "Σ x² over every element of every arg (for the global gradient norm)"})
+	register(&OpInfo{Name: "clip_coef", Arity: 1, Attrs: []AttrSpec{req("max_norm", AttrFloat)}, Infer: inferScalarFloat(1),
+		Doc: "min(1, max_norm/(√sumsq+1e-6)), the global-norm clipping factor"})
+	register(&OpInfo{Name: "adam_m", Arity: 2, Elementwise: true, Attrs: []AttrSpec{req("beta1", AttrFloat)}, Infer: sameTypes(true), Doc: "β1·m + (1−β1)·g"})
+	register(&OpInfo{Name: "adam_v", Arity: 2, Elementwise: true, Attrs: []AttrSpec{req("beta2", AttrFloat)}, Infer: sameTypes(true), Doc: "β2·v + (1−β2)·g²"})
+	register(&OpInfo{Name: "adamw", Arity: 5, Attrs: []AttrSpec{req("beta1", AttrFloat), req("beta2", AttrFloat), req("eps", AttrFloat), req("wd", AttrFloat)}, Infer: inferOptimUpdate(3),
+		Doc: "args (p, m, v, lr, step): decoupled weight decay and bias-corrected Adam step"})
+	register(&OpInfo{Name: "sgd_buf", Arity: 3, Elementwise: true, Attrs: []AttrSpec{req("momentum", AttrFloat), req("wd", AttrFloat)}, Infer: sameTypes(true),
+		Doc: "args (buf, g, p): momentum·buf + g + wd·p"})
+	register(&OpInfo{Name: "sgd", Arity: 3, Infer: inferOptimUpdate(2), Doc: "args (p, buf, lr): p − lr·buf"})
+}
+
+func sameTypes(floatOnly bool) func([]Type, Attrs) (Type, error) {
+	return func(args []Type, _ Attrs) (Type, error) {
+		for i, t := range args[1:] {
+			if !t.Equal(args[0]) {
+				return Type{}, fmt.Errorf("arg %d is %v but arg 0 is %v: types must be equal", i+1, t, args[0])
+			}
+		}
+		if floatOnly && !args[0].DType.IsFloat() {
+			return Type{}, fmt.Errorf("needs a float type, got %v", args[0])
+		}
+		if args[0].DType == Bool {
+			return Type{}, fmt.Errorf("needs a numeric type, got %v", args[0])
+		}
+		return args[0], nil
+	}
+}
+
+func inferFloatRank1(args []Type, _ Attrs) (Type, error) {
+	if !args[0].DType.IsFloat() || args[0].Rank() < 1 {
+		return Type{}, fmt.Errorf("needs a float tensor of rank ≥ 1, got %v", args[0])
+	}
+	return args[0], nil
+}
+
+func inferScale(args []Type, _ Attrs) (Type, error) {
+	if !args[0].DType.IsFloat() {
+		return Type{}, fmt.Errorf("needs a float tensor, got %v", args[0])
+	}
+	if args[1].Rank() != 0 || args[1].DType != args[0].DType {
+		return Type{}, fmt.Errorf("scale factor must be a %v scalar, got %v", args[0].DType, args[1])
+	}
+	return args[0], nil
+}
+
+func inferMatMul(args []Type, a Attrs) (Type, error) {
+	x, y := args[0], args[1]
+	if x.Rank() < 2 || y.Rank() < 2 {
+		return Type{}, fmt.Errorf("operands must have rank ≥ 2, got %v and %v", x, y)
+	}
+	if x.DType != y.DType || !x.DType.IsFloat() {
+		return Type{}, fmt.Errorf("operands must share one float dtype, got %v and %v", x, y)
+	}
+	m, k := x.Shape[x.Rank()-2], x.Shape[x.Rank()-1]
+	if a.Bool("transA") {
+		m, k = k, m
+	}
+	k2, n := y.Shape[y.Rank()-2], y.Shape[y.Rank()-1]
+	if a.Bool("transB") {
+		k2, n = n, k2
+	}
+	if k != k2 {
+		return Type{}, fmt.Errorf("inner dims differ: %v · %v (k=%d vs %d)", x, y, k, k2)
+	}
+	batch := x.Shape[:x.Rank()-2]
+	if y.Rank() > 2 && !Shape(y.Shape[:y.Rank()-2]).Equal(batch) {
+		return Type{}, fmt.Errorf("batch dims differ: %v · %v", x, y)
+	}
+	out := append(batch.Clone(), m, n)
+	return Type{DType: x.DType, Shape: out}, nil
+}
+
+func inferReshape(args []Type, a Attrs) (Type, error) {
+	s := Shape(a.Ints("shape"))
+	for _, d := range s {
+		if d <= 0 {
+			return Type{}, fmt.Errorf("reshape to %v: dims must be positive", s)
+		}
+	}
+	if s.NumElements() != args[0].Shape.NumElements() {
+		return Type{}, fmt.Errorf("reshape %v to %v changes the element count", args[0], s)
+	}
+	return Type{DType: args[0].DType, Shape: s.Clone()}, nil
+}
+
+func inferTranspose(args []Type, a Attrs) (Type, error) {
+	perm := a.Ints("perm")
+	x := args[0]
+	if len(perm) != x.Rank() {
+		return Type{}, fmt.Errorf("perm %v has %d entries for rank %d", perm, len(perm), x.Rank())
+	}
+	seen := make([]bool, len(perm))
+	out := make(Shape, len(perm))
+	for i, p := range perm {
+		if p < 0 || p >= len(perm) || seen[p] {
+			return Type{}, fmt.Errorf("perm %v is not a permutation of 0..%d", perm, len(perm)-1)
+		}
+		seen[p] = true
+		out[i] = x.Shape[p]
+	}
+	return Type{DType: x.DType, Shape: out}, nil
+}
+
+func checkDim(x Type, dim int) error {
+	if dim < 0 || dim >= x.Rank() {
+		return fmt.Errorf("dim %d out of range for %v", dim, x)
+	}
+	return nil
+}
+
+func inferSlice(args []Type, a Attrs) (Type, error) {
+	x, dim := args[0], a.Int("dim", 0)
+	if err := checkDim(x, dim); err != nil {
+		return Type{}, err
+	}
+	start, end := a.Int("start", 0), a.Int("end", 0)
+	if start < 0 || end > x.Shape[dim] || start >= end {
+		return Type{}, fmt.Errorf("slice [%d,%d) of dim %d (size %d) is empty or out of range", start, end, dim, x.Shape[dim])
+	}
+	out := x.Shape.Clone()
+	out[dim] = end - start
+	return Type{DType: x.DType, Shape: out}, nil
+}
+
+func inferSliceGrad(args []Type, a Attrs) (Type, error) {
+	dy, dim := args[0], a.Int("dim", 0)
+	if err := checkDim(dy, dim); err != nil {
+		return Type{}, err
+	}
+	start, size := a.Int("start", 0), a.Int("size", 0)
+	if start < 0 || start+dy.Shape[dim] > size {
+		return Type{}, fmt.Errorf("slice_grad places %d rows at %d in a dim of size %d", dy.Shape[dim], start, size)
+	}
+	out := dy.Shape.Clone()
+	out[dim] = size
+	return Type{DType: dy.DType, Shape: out}, nil
+}
+
+func inferConcat(args []Type, a Attrs) (Type, error) {
+	dim := a.Int("dim", 0)
+	if err := checkDim(args[0], dim); err != nil {
+		return Type{}, err
+	}
+	out := args[0].Shape.Clone()
+	for i, t := range args[1:] {
+		if t.DType != args[0].DType || t.Rank() != args[0].Rank() {
+			return Type{}, fmt.Errorf("arg %d is %v, arg 0 is %v: dtype and rank must agree", i+1, t, args[0])
+		}
+		for d := range out {
+			if d != dim && t.Shape[d] != out[d] {
+				return Type{}, fmt.Errorf("arg %d is %v, arg 0 is %v: dims other than %d must agree", i+1, t, args[0], dim)
+			}
+		}
+		out[dim] += t.Shape[dim]
+	}
+	return Type{DType: args[0].DType, Shape: out}, nil
+}
+
+// BroadcastCompatible reports whether from can broadcast to shape to under
+// NumPy rules (right-aligned; each dim equal or 1 in from).
+func BroadcastCompatible(from, to Shape) bool {
+	if len(from) > len(to) {
+		return false
+	}
+	off := len(to) - len(from)
+	for i, d := range from {
+		if d != 1 && d != to[off+i] {
+			return false
+		}
+	}
+	return true
+}
+
+func inferBroadcast(args []Type, a Attrs) (Type, error) {
+	to := Shape(a.Ints("shape"))
+	if !BroadcastCompatible(args[0].Shape, to) {
+		return Type{}, fmt.Errorf("cannot broadcast %v to %v", args[0], to)
+	}
+	return Type{DType: args[0].DType, Shape: to.Clone()}, nil
+}
+
+// ReducedShape is x's shape after reducing axes, with or without the size-1 dims.
+func ReducedShape(x Shape, axes []int, keepdims bool) Shape {
+	out := Shape{}
+	for d, n := range x {
+		if slices.Contains(axes, d) {
+			if keepdims {
+				out = append(out, 1)
+			}
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func checkAxes(x Type, axes []int) error {
+	for i, ax := range axes {
+		if ax < 0 || ax >= x.Rank() || (i > 0 && ax <= axes[i-1]) {
+			return fmt.Errorf("axes %v must be increasing dims of %v", axes, x)
+		}
+	}
+	return nil
+}
+
+func inferReduce(args []Type, a Attrs) (Type, error) {
+	x, axes := args[0], a.Ints("axes")
+	if err := checkAxes(x, axes); err != nil {
+		return Type{}, err
+	}
+	if !x.DType.IsFloat() {
+		return Type{}, fmt.Errorf("needs a float tensor, got %v", x)
+	}
+	return Type{DType: x.DType, Shape: ReducedShape(x.Shape, axes, a.Bool("keepdims"))}, nil
+}
+
+func inferReduceMaxGrad(args []Type, a Attrs) (Type, error) {
+	y, err := inferReduce(args[:1], a)
+	if err != nil {
+		return Type{}, err
+	}
+	if !args[1].Equal(y) || !args[2].Equal(y) {
+		return Type{}, fmt.Errorf("y and dy must be %v, got %v and %v", y, args[1], args[2])
+	}
+	return args[0], nil
+}
+
+func inferCausalMask(args []Type, _ Attrs) (Type, error) {
+	x := args[0]
+	if x.Rank() < 2 || !x.DType.IsFloat() {
+		return Type{}, fmt.Errorf("needs a float tensor [...,s,t], got %v", x)
+	}
+	if x.Shape[x.Rank()-2] > x.Shape[x.Rank()-1] {
+		return Type{}, fmt.Errorf("more queries than keys in %v", x)
+	}
+	return x, nil
+}
+
+func lastDimVector(x, v Type, what string) error {
+	if v.Rank() != 1 || v.DType != x.DType || v.Shape[0] != x.Shape[x.Rank()-1] {
+		return fmt.Errorf("%s must be %v[%d] to match %v, got %v", what, x.DType, x.Shape[x.Rank()-1], x, v)
+	}
+	return nil
+}
+
+func inferLayerNorm(args []Type, _ Attrs) (Type, error) {
+	x, err := inferFloatRank1(args[:1], nil)
+	if err != nil {
+		return Type{}, err
+	}
+	if err := lastDimVector(x, args[1], "gamma"); err != nil {
+		return Type{}, err
+	}
+	return x, lastDimVector(x, args[2], "beta")
+}
+
+func inferLayerNormGradX(args []Type, _ Attrs) (Type, error) {
+	x, err := inferFloatRank1(args[:1], nil)
+	if err != nil {
+		return Type{}, err
+	}
+	if err := lastDimVector(x, args[1], "gamma"); err != nil {
+		return Type{}, err
+	}
+	if !args[2].Equal(x) {
+		return Type{}, fmt.Errorf("dy must be %v, got %v", x, args[2])
+	}
+	return x, nil
+}
+
+func inferLayerNormGradGamma(args []Type, _ Attrs) (Type, error) {
+	x, err := inferFloatRank1(args[:1], nil)
+	if err != nil {
+		return Type{}, err
+	}
+	if !args[1].Equal(x) {
+		return Type{}, fmt.Errorf("dy must be %v, got %v", x, args[1])
+	}
+	return T(x.DType, x.Shape[x.Rank()-1]), nil
+}
+
+func inferEmbedding(args []Type, _ Attrs) (Type, error) {
+	table, ids := args[0], args[1]
+	if table.Rank() != 2 || !table.DType.IsFloat() {
+		return Type{}, fmt.Errorf("table must be a float matrix [vocab,dim], got %v", table)
+	}
+	if !ids.DType.IsInt() {
+		return Type{}, fmt.Errorf("ids must be i32 or i64, got %v", ids)
+	}
+	return Type{DType: table.DType, Shape: append(ids.Shape.Clone(), table.Shape[1])}, nil
+}
+
+func inferEmbeddingGrad(args []Type, a Attrs) (Type, error) {
+	ids, dy := args[0], args[1]
+	if !ids.DType.IsInt() || !dy.DType.IsFloat() || dy.Rank() != ids.Rank()+1 || !Shape(dy.Shape[:ids.Rank()]).Equal(ids.Shape) {
+		return Type{}, fmt.Errorf("dy must be float[%v…,dim] for ids %v, got %v", ids.Shape, ids, dy)
+	}
+	vocab := a.Int("vocab", 0)
+	if vocab <= 0 {
+		return Type{}, fmt.Errorf("vocab must be positive, got %d", vocab)
+	}
+	return T(dy.DType, vocab, dy.Shape[dy.Rank()-1]), nil
+}
+
+func checkLogitsLabels(logits, labels Type) error {
+	if logits.Rank() != 2 || !logits.DType.IsFloat() {
+		return fmt.Errorf("logits must be a float matrix [N,V], got %v", logits)
+	}
+	if labels.Rank() != 1 || !labels.DType.IsInt() || labels.Shape[0] != logits.Shape[0] {
+		return fmt.Errorf("labels must be int[%d] for logits %v, got %v", logits.Shape[0], logits, labels)
+	}
+	return nil
+}
+
+func inferCrossEntropy(args []Type, _ Attrs) (Type, error) {
+	if err := checkLogitsLabels(args[0], args[1]); err != nil {
+		return Type{}, err
+	}
+	return T(args[0].DType), nil
+}
+
+func inferCrossEntropyGrad(args []Type, _ Attrs) (Type, error) {
+	if err := checkLogitsLabels(args[0], args[1]); err != nil {
+		return Type{}, err
+	}
+	if !args[2].Equal(T(args[0].DType)) {
+		return Type{}, fmt.Errorf("dloss must be a %v scalar, got %v", args[0].DType, args[2])
+	}
+	return args[0], nil
+}
+
+func inferCast(args []Type, a Attrs) (Type, error) {
+	d, err := ParseDType(a.Str("to"))
+	if err != nil {
+		return Type{}, err
+	}
+	return Type{DType: d, Shape: args[0].Shape.Clone()}, nil
+}
+
+func inferSumSquares(args []Type, _ Attrs) (Type, error) {
+	for i, t := range args {
+		if t.DType != args[0].DType || !t.DType.IsFloat() {
+			return Type{}, fmt.Errorf("arg %d is %v: all args must share one float dtype (arg 0 is %v)", i, t, args[0])
+		}
+	}
+	return T(args[0].DType), nil
+}
+
+func inferScalarFloat(n int) func([]Type, Attrs) (Type, error) {
+	return func(args []Type, _ Attrs) (Type, error) {
+		for i, t := range args[:n] {
+			if t.Rank() != 0 || !t.DType.IsFloat() {
+				return Type{}, fmt.Errorf("arg %d must be a float scalar, got %v", i, t)
+			}
+		}
+		return args[0], nil
+	}
+}
+
+// inferOptimUpdate checks (p, states..., lr[, step]): nStates+1 tensors of
+// p's type, then a float scalar learning rate and, for adamw, an int step.
+func inferOptimUpdate(nTensors int) func([]Type, Attrs) (Type, error) {
+	return func(args []Type, _ Attrs) (Type, error) {
+		p := args[0]
+		if !p.DType.IsFloat() {
+			return Type{}, fmt.Errorf("parameter must be float, got %v", p)
+		}
+		for i := 1; i < nTensors; i++ {
+			if !args[i].Equal(p) {
+				return Type{}, fmt.Errorf("arg %d is %v, must match parameter %v", i, args[i], p)
+			}
+		}
+		lr := args[nTensors]
+		if lr.Rank() != 0 || !lr.DType.IsFloat() {
+			return Type{}, fmt.Errorf("learning rate must be a float scalar, got %v", lr)
+		}
+		if len(args) > nTensors+1 {
+			if st := args[nTensors+1]; st.Rank() != 0 || !st.DType.IsInt() {
+				return Type{}, fmt.Errorf("step must be an int scalar, got %v", st)
+			}
+		}
+		return p, nil
+	}
+}

@@ -1,0 +1,114 @@
+package ir
+
+import (
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// FormatVersion is the first line of every .gir file.
+const FormatVersion = "gir 1"
+
+// Print renders m in the .gir text form. It never fails on malformed IR
+// (a missing arg prints as %?), so a broken pass's output can still be read.
+func Print(m *Module) string {
+	var b strings.Builder
+	b.WriteString(FormatVersion + "\n")
+	b.WriteString("module " + strconv.Quote(m.Name) + "\n")
+	if len(m.Passes) > 0 {
+		b.WriteString("passes " + strings.Join(m.Passes, ",") + "\n")
+	}
+	if m.Mesh != nil {
+		b.WriteString("mesh " + m.Mesh.String() + "\n")
+	}
+	for _, v := range m.Values {
+		b.WriteString(FormatValue(v))
+		b.WriteByte('\n')
+	}
+	for _, o := range m.Outputs {
+		b.WriteString("output " + strconv.Quote(o.Name) + " = " + ref(o.Value) + "\n")
+	}
+	for _, u := range m.Updates {
+		b.WriteString("update " + ref(u.State) + " = " + ref(u.Value) + "\n")
+	}
+	return b.String()
+}
+
+// Fprint writes Print(m) to w.
+func Fprint(w io.Writer, m *Module) error {
+	_, err := io.WriteString(w, Print(m))
+	return err
+}
+
+func ref(v *Value) string {
+	if v == nil {
+		return "%?"
+	}
+	return v.Ref()
+}
+
+// FormatValue renders one value line:
+// %12 = matmul %10, %3 : f32[4,128] {transB=true layer=3 phase=fwd} @model.go:41
+func FormatValue(v *Value) string {
+	var b strings.Builder
+	b.WriteString(v.Ref() + " = " + v.Op)
+	for i, a := range v.Args {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(" " + ref(a))
+	}
+	b.WriteString(" : " + v.Type.String())
+	var fields []string
+	keys := make([]string, 0, len(v.Attrs))
+	for k := range v.Attrs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fields = append(fields, k+"="+formatAttr(v.Attrs[k]))
+	}
+	if v.Place != nil {
+		ps := make([]string, len(v.Place))
+		for i, p := range v.Place {
+			ps[i] = p.String()
+		}
+		fields = append(fields, "place=["+strings.Join(ps, ",")+"]")
+	}
+	if v.Meta.Layer >= 0 {
+		fields = append(fields, "layer="+strconv.Itoa(v.Meta.Layer))
+	}
+	if v.Meta.Stage >= 0 {
+		fields = append(fields, "stage="+strconv.Itoa(v.Meta.Stage))
+	}
+	if v.Meta.Chunk >= 0 {
+		fields = append(fields, "chunk="+strconv.Itoa(v.Meta.Chunk))
+	}
+	if v.Meta.Phase != PhaseNone {
+		fields = append(fields, "phase="+v.Meta.Phase.String())
+	}
+	if len(fields) > 0 {
+		b.WriteString(" {" + strings.Join(fields, " ") + "}")
+	}
+	if v.Pos.IsKnown() {
+		b.WriteString(" @" + v.Pos.String())
+	}
+	return b.String()
+}
+
+func formatAttr(a any) string {
+	switch x := a.(type) {
+	case int:
+		return strconv.Itoa(x)
+	case []int:
+		return Shape(x).String()
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64)
+	case string:
+		return strconv.Quote(x)
+	case bool:
+		return strconv.FormatBool(x)
+	}
+	return "?"
+}

@@ -1,0 +1,162 @@
+package ir
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// VerifyError is one broken rule. Its text starts with where it is:
+// `after pass "shard": %17 matmul @model.go:41: …`.
+type VerifyError struct {
+	Pass  string // the pass after which the module was checked ("" for input)
+	Value *Value // nil for module-level errors
+	Rule  string // short rule name, e.g. "ssa-order"; tests match on it
+	Msg   string
+}
+
+func (e *VerifyError) Error() string {
+	var b strings.Builder
+	if e.Pass != "" {
+		fmt.Fprintf(&b, "after pass %q: ", e.Pass)
+	}
+	if e.Value != nil {
+		b.WriteString(e.Value.Where() + ": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// The rules Verify checks, named in VerifyError.Rule.
+const (
+	RuleDuplicateID = "duplicate-id"
+	RuleSSAOrder    = "ssa-order"
+	RuleUnknownOp   = "unknown-op"
+	RuleOpRule      = "op-rule" // arity, attributes, type and shape rule of the op
+	RuleTypeMatch   = "type-mismatch"
+	RuleSourceName  = "source-name"
+	RulePlacement   = "placement"
+	RuleOutput      = "output"
+	RuleUpdate      = "update"
+	RuleNextID      = "next-id"
+)
+
+// maxVerifyErrors bounds the report: the first errors are the useful ones.
+const maxVerifyErrors = 10
+
+// Verify checks m and returns nil or an error joining up to ten
+// *VerifyError values. pass names the pass that produced m.
+func Verify(m *Module, pass string) error {
+	var errs []error
+	fail := func(v *Value, rule, format string, args ...any) {
+		if len(errs) < maxVerifyErrors {
+			errs = append(errs, &VerifyError{Pass: pass, Value: v, Rule: rule, Msg: fmt.Sprintf(format, args...)})
+		}
+	}
+	defined := make(map[*Value]bool, len(m.Values))
+	ids := make(map[int]bool, len(m.Values))
+	names := map[string]*Value{}
+	for _, v := range m.Values {
+		if ids[v.ID] {
+			fail(v, RuleDuplicateID, "id %d is used by two values", v.ID)
+		}
+		ids[v.ID] = true
+		if v.ID >= m.nextID {
+			fail(v, RuleNextID, "id %d is not below the module's next id %d", v.ID, m.nextID)
+		}
+		for i, a := range v.Args {
+			if a == nil || !defined[a] {
+				fail(v, RuleSSAOrder, "arg %d (%s) is not defined before its use", i, ref(a))
+			}
+		}
+		defined[v] = true
+		info, ok := Lookup(v.Op)
+		if !ok {
+			fail(v, RuleUnknownOp, "unknown op %q", v.Op)
+			continue
+		}
+		if info.Source {
+			if len(v.Args) > 0 {
+				fail(v, RuleOpRule, "source op %s takes no args, got %d", v.Op, len(v.Args))
+			}
+			if err := checkShape(v.Type); err != nil {
+				fail(v, RuleOpRule, "%v", err)
+			}
+			if err := checkAttrs(info, v.Attrs); err != nil {
+				fail(v, RuleOpRule, "%v", err)
+			}
+			if v.Op != "const" {
+				if prev := names[v.Name()]; prev != nil {
+					fail(v, RuleSourceName, "name %q is already used by %s", v.Name(), prev.Where())
+				}
+				names[v.Name()] = v
+			}
+		} else if hasNil(v.Args) {
+			continue // reported above
+		} else if t, err := InferType(info, v.Args, v.Attrs); err != nil {
+			fail(v, RuleOpRule, "%v", err)
+		} else if !t.Equal(v.Type) {
+			fail(v, RuleTypeMatch, "declared type %v but the %s rule gives %v", v.Type, v.Op, t)
+		}
+		checkPlacement(m, v, fail)
+	}
+	outNames := map[string]bool{}
+	for _, o := range m.Outputs {
+		if outNames[o.Name] {
+			fail(nil, RuleOutput, "output %q is defined twice", o.Name)
+		}
+		outNames[o.Name] = true
+		if o.Value == nil || !defined[o.Value] {
+			fail(nil, RuleOutput, "output %q refers to %s, which is not in the module", o.Name, ref(o.Value))
+		}
+	}
+	updated := map[*Value]bool{}
+	for _, u := range m.Updates {
+		switch {
+		case u.State == nil || !defined[u.State] || u.Value == nil || !defined[u.Value]:
+			fail(nil, RuleUpdate, "update %s = %s refers to a value not in the module", ref(u.State), ref(u.Value))
+		case u.State.Op != "param" && u.State.Op != "state":
+			fail(u.State, RuleUpdate, "only param and state values can be updated")
+		case !u.State.Type.Equal(u.Value.Type):
+			fail(u.State, RuleUpdate, "updated with %s of type %v, want %v", u.Value.Ref(), u.Value.Type, u.State.Type)
+		case updated[u.State]:
+			fail(u.State, RuleUpdate, "updated twice in one step")
+		}
+		updated[u.State] = true
+	}
+	return errors.Join(errs...)
+}
+
+func hasNil(vs []*Value) bool {
+	for _, v := range vs {
+		if v == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...any)) {
+	if v.Place == nil {
+		return
+	}
+	if m.Mesh == nil {
+		fail(v, RulePlacement, "placement %v given but the module has no mesh", v.Place)
+		return
+	}
+	if len(v.Place) != len(m.Mesh.Axes) {
+		fail(v, RulePlacement, "placement has %d entries for mesh %v", len(v.Place), m.Mesh)
+		return
+	}
+	for i, p := range v.Place {
+		if p.Kind != Shard {
+			continue
+		}
+		axis := m.Mesh.Axes[i]
+		if p.Dim < 0 || p.Dim >= v.Type.Rank() {
+			fail(v, RulePlacement, "S(%d) on axis %s: %v has no dim %d", p.Dim, axis.Name, v.Type, p.Dim)
+		} else if v.Type.Shape[p.Dim]%axis.Size != 0 {
+			fail(v, RulePlacement, "S(%d) on axis %s: dim size %d is not divisible by %d", p.Dim, axis.Name, v.Type.Shape[p.Dim], axis.Size)
+		}
+	}
+}

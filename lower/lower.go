@@ -1,0 +1,287 @@
+// Package lower turns a compiled ir.Module into a Program a runtime can
+// execute without further decisions: an instruction list in program order,
+// one arena per device with a static offset for every buffer, the
+// predicted peak of live bytes, and which instructions compute the loss
+// alone (for evaluation).
+//
+// Memory is planned at compile time. Params, optimizer state, inputs and
+// constants live for the whole run at the bottom of the arena; every other
+// value gets a buffer live from its defining instruction to its last use,
+// and buffers whose lifetimes do not overlap share bytes (greedy by size,
+// largest first). A reshape is a view of its argument and gets no buffer of
+// its own. An update whose new value is computed by an elementwise op at
+// the state's last read is done in place; other updates become copies at
+// the end of the step.
+package lower
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+
+	"gcompile/ir"
+)
+
+// Align is the byte alignment of every buffer in the arena.
+const Align = 64
+
+// BufferKind says what a buffer holds and so how long it lives.
+type BufferKind uint8
+
+// Buffer kinds. Persistent kinds live for the whole run.
+const (
+	Temp  BufferKind = iota // an intermediate value of one step
+	Param                   // trainable parameter
+	State                   // optimizer state
+	Input                   // fed by the runtime before each step
+	Const                   // filled once at load
+)
+
+var kindNames = [...]string{"temp", "param", "state", "input", "const"}
+
+func (k BufferKind) String() string { return kindNames[k] }
+
+// Persistent reports whether buffers of this kind outlive a step.
+func (k BufferKind) Persistent() bool { return k != Temp }
+
+// Buffer is a region of the arena.
+type Buffer struct {
+	ID     int
+	Kind   BufferKind
+	Name   string // source name for params, state and inputs
+	Type   ir.Type
+	Offset int64
+	Bytes  int64
+	Value  *ir.Value // the value that defines the buffer
+}
+
+// Instr is one kernel launch (or, with Op "copy", a buffer copy).
+type Instr struct {
+	Op    string
+	Attrs ir.Attrs
+	Args  []int // buffer ids
+	Out   int   // buffer id
+	Value *ir.Value
+	// Frees lists buffers whose last use is this instruction.
+	Frees []int
+}
+
+// Program is what one device executes each step.
+type Program struct {
+	Name    string
+	Buffers []Buffer
+	Instrs  []Instr
+	// ForwardEnd: Instrs[:ForwardEnd] compute every forward value the loss
+	// needs, so evaluation runs only that prefix.
+	ForwardEnd int
+	// Outputs and sources by name, as buffer ids.
+	Outputs map[string]int
+	Sources map[string]int
+	// ArenaBytes is the arena size; PeakBytes the most bytes live at once,
+	// persistent buffers included; PersistentBytes the persistent part.
+	ArenaBytes, PeakBytes, PersistentBytes int64
+}
+
+// Lower builds the Program for m.
+func Lower(m *ir.Module) (*Program, error) {
+	if err := ir.Verify(m, "lower"); err != nil {
+		return nil, err
+	}
+	p := &Program{Name: m.Name, Outputs: map[string]int{}, Sources: map[string]int{}}
+	bufOf := make(map[*ir.Value]int, len(m.Values))
+	newBuf := func(v *ir.Value, kind BufferKind) int {
+		id := len(p.Buffers)
+		p.Buffers = append(p.Buffers, Buffer{ID: id, Kind: kind, Name: v.Name(), Type: v.Type, Bytes: v.Type.Bytes(), Value: v})
+		return id
+	}
+	for _, v := range m.Values {
+		switch v.Op {
+		case "param", "state", "input", "const":
+			kind := map[string]BufferKind{"param": Param, "state": State, "input": Input, "const": Const}[v.Op]
+			bufOf[v] = newBuf(v, kind)
+			if v.Op != "const" {
+				p.Sources[v.Name()] = bufOf[v]
+			}
+		case "reshape":
+			bufOf[v] = bufOf[v.Args[0]]
+		default:
+			bufOf[v] = newBuf(v, Temp)
+			in := Instr{Op: v.Op, Attrs: v.Attrs, Out: bufOf[v], Value: v}
+			for _, a := range v.Args {
+				in.Args = append(in.Args, bufOf[a])
+			}
+			p.Instrs = append(p.Instrs, in)
+		}
+	}
+	for _, o := range m.Outputs {
+		p.Outputs[o.Name] = bufOf[o.Value]
+	}
+	p.ForwardEnd = forwardEnd(p, m, bufOf)
+	if err := planUpdates(p, m, bufOf); err != nil {
+		return nil, err
+	}
+	planMemory(p)
+	return p, nil
+}
+
+// forwardEnd is one past the last instruction the loss depends on.
+func forwardEnd(p *Program, m *ir.Module, bufOf map[*ir.Value]int) int {
+	loss := m.Output("loss")
+	if loss == nil {
+		return 0
+	}
+	end := 0
+	for i, in := range p.Instrs {
+		if in.Out == bufOf[loss] {
+			end = i + 1
+		}
+	}
+	return end
+}
+
+// inPlace ops compute out[i] from args[k][i] only, so out may share the
+// first argument's buffer.
+var inPlace = map[string]bool{"adam_m": true, "adam_v": true, "adamw": true, "sgd_buf": true, "sgd": true}
+
+// planUpdates makes each update either an in-place write (the instruction
+// producing the new value writes straight into the state's buffer) or a
+// copy at the end of the step.
+func planUpdates(p *Program, m *ir.Module, bufOf map[*ir.Value]int) error {
+	lastRead := map[int]int{}
+	for i, in := range p.Instrs {
+		for _, a := range in.Args {
+			lastRead[a] = i
+		}
+	}
+	producer := map[int]int{}
+	for i, in := range p.Instrs {
+		producer[in.Out] = i
+	}
+	var copies []Instr
+	for _, u := range m.Updates {
+		dst, src := bufOf[u.State], bufOf[u.Value]
+		i, computed := producer[src]
+		if computed && inPlace[p.Instrs[i].Op] && p.Instrs[i].Args[0] == dst && lastRead[dst] == i && !isOutput(p, src) {
+			// Point every reader of the new value at the state's buffer.
+			for j := i; j < len(p.Instrs); j++ {
+				for k, a := range p.Instrs[j].Args {
+					if a == src {
+						p.Instrs[j].Args[k] = dst
+					}
+				}
+			}
+			p.Instrs[i].Out = dst
+			p.Buffers[src].Bytes = 0 // unused now
+			continue
+		}
+		copies = append(copies, Instr{Op: "copy", Args: []int{src}, Out: dst, Value: u.Value})
+	}
+	p.Instrs = append(p.Instrs, copies...)
+	return nil
+}
+
+func isOutput(p *Program, buf int) bool {
+	for _, b := range p.Outputs {
+		if b == buf {
+			return true
+		}
+	}
+	return false
+}
+
+func alignUp(n int64) int64 { return (n + Align - 1) / Align * Align }
+
+// planMemory assigns offsets: persistent buffers first, then temps by
+// greedy-by-size over their live intervals.
+func planMemory(p *Program) {
+	var off int64
+	for i := range p.Buffers {
+		b := &p.Buffers[i]
+		if b.Kind.Persistent() {
+			b.Offset = off
+			off += alignUp(b.Bytes)
+			p.PersistentBytes += b.Bytes
+		}
+	}
+	base := off
+	n := len(p.Instrs)
+	first := map[int]int{}
+	last := map[int]int{}
+	for i, in := range p.Instrs {
+		if _, ok := first[in.Out]; !ok && !p.Buffers[in.Out].Kind.Persistent() {
+			first[in.Out] = i
+			last[in.Out] = i
+		}
+		for _, a := range in.Args {
+			last[a] = i
+		}
+	}
+	for _, b := range p.Outputs {
+		last[b] = n // read after the step
+	}
+	for b, l := range last {
+		if !p.Buffers[b].Kind.Persistent() && l < n {
+			p.Instrs[l].Frees = append(p.Instrs[l].Frees, b)
+		}
+	}
+	for i := range p.Instrs {
+		slices.Sort(p.Instrs[i].Frees)
+	}
+	// Peak: persistent bytes plus the largest sum of live temps at any instruction.
+	delta := make([]int64, n+2)
+	var temps []int
+	for b, f := range first {
+		if p.Buffers[b].Bytes == 0 {
+			continue
+		}
+		temps = append(temps, b)
+		delta[f] += p.Buffers[b].Bytes
+		delta[last[b]+1] -= p.Buffers[b].Bytes
+	}
+	var live, peak int64
+	for i := 0; i <= n; i++ {
+		live += delta[i]
+		peak = max(peak, live)
+	}
+	p.PeakBytes = p.PersistentBytes + peak
+	sort.Slice(temps, func(i, j int) bool {
+		bi, bj := p.Buffers[temps[i]], p.Buffers[temps[j]]
+		if bi.Bytes != bj.Bytes {
+			return bi.Bytes > bj.Bytes
+		}
+		return first[temps[i]] < first[temps[j]]
+	})
+	type placed struct {
+		lo, hi   int64
+		from, to int
+	}
+	var done []placed
+	top := base
+	for _, b := range temps {
+		size := alignUp(p.Buffers[b].Bytes)
+		from, to := first[b], last[b]
+		var clash []placed
+		for _, q := range done {
+			if q.from <= to && from <= q.to {
+				clash = append(clash, q)
+			}
+		}
+		sort.Slice(clash, func(i, j int) bool { return clash[i].lo < clash[j].lo })
+		at := base
+		for _, q := range clash {
+			if at+size <= q.lo {
+				break
+			}
+			at = max(at, q.hi)
+		}
+		p.Buffers[b].Offset = at
+		done = append(done, placed{at, at + size, from, to})
+		top = max(top, at+size)
+	}
+	p.ArenaBytes = top
+}
+
+// Describe is a one-line summary for logs.
+func (p *Program) Describe() string {
+	return fmt.Sprintf("%d instrs, %d buffers, arena %d B, predicted peak %d B (%d B persistent)", len(p.Instrs), len(p.Buffers), p.ArenaBytes, p.PeakBytes, p.PersistentBytes)
+}

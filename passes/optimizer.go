@@ -1,0 +1,131 @@
+package passes
+
+import (
+	"fmt"
+	"strings"
+
+	"gcompile/ir"
+)
+
+// Names of the optimizer's inputs and outputs the runtime feeds and reads.
+const (
+	InputLR       = "lr"        // f32 scalar: learning rate of this step (the runtime's schedule)
+	InputStep     = "step"      // i64 scalar: 1-based step number (Adam bias correction)
+	OutputGradNrm = "grad_norm" // global gradient L2 norm before clipping
+)
+
+// optimizer appends, for every param, the update the chosen optimizer makes
+// from the param's gradient, and lists param and state updates in the
+// module. Params are the fp32 master weights; optimizer state (Adam's m and
+// v, SGD's momentum buffer) is fp32 state named after its param. With
+// ClipNorm > 0 all gradients are first scaled by min(1, c/‖g‖) with ‖g‖
+// the global L2 norm, as torch.nn.utils.clip_grad_norm_ does. The gradient
+// outputs are consumed and removed, so gradients need not outlive the step.
+func optimizer(m *ir.Module, o *Options) error {
+	params := m.Params()
+	if len(params) == 0 {
+		return fmt.Errorf("module %q has no params to optimise", m.Name)
+	}
+	grads := make([]*ir.Value, len(params))
+	for i, p := range params {
+		if grads[i] = m.Output(GradPrefix + p.Name()); grads[i] == nil {
+			return fmt.Errorf("%s: no gradient output %q (autodiff must run first)", p.Where(), GradPrefix+p.Name())
+		}
+	}
+	ob := &optBuilder{m: m, at: params[0]}
+	lr := ob.source("input", ir.T(ir.F32), ir.Attrs{"name": InputLR})
+	step := ob.source("input", ir.T(ir.I64), ir.Attrs{"name": InputStep})
+	sumsq := ob.op("sum_squares", nil, grads...)
+	m.SetOutput(OutputGradNrm, ob.op("sqrt", nil, sumsq))
+	if o.ClipNorm > 0 {
+		coef := ob.op("clip_coef", ir.Attrs{"max_norm": o.ClipNorm}, sumsq)
+		for i, g := range grads {
+			ob.at = params[i]
+			grads[i] = ob.op("scale", nil, g, coef)
+		}
+	}
+	for i, p := range params {
+		ob.at = p
+		g := grads[i]
+		wd := 0.0
+		if p.Type.Rank() >= 2 {
+			wd = o.WeightDecay
+		}
+		switch o.Optimizer {
+		case "adamw":
+			mState := ob.state("adam.m/"+p.Name(), p.Type)
+			vState := ob.state("adam.v/"+p.Name(), p.Type)
+			m1 := ob.op("adam_m", ir.Attrs{"beta1": o.Beta1}, mState, g)
+			v1 := ob.op("adam_v", ir.Attrs{"beta2": o.Beta2}, vState, g)
+			p1 := ob.op("adamw", ir.Attrs{"beta1": o.Beta1, "beta2": o.Beta2, "eps": o.Eps, "wd": wd}, p, m1, v1, lr, step)
+			ob.update(mState, m1)
+			ob.update(vState, v1)
+			ob.update(p, p1)
+		case "sgd":
+			buf := ob.state("sgd.momentum/"+p.Name(), p.Type)
+			buf1 := ob.op("sgd_buf", ir.Attrs{"momentum": o.Momentum, "wd": wd}, buf, g, p)
+			ob.update(buf, buf1)
+			ob.update(p, ob.op("sgd", nil, p, buf1, lr))
+		}
+	}
+	if ob.err != nil {
+		return ob.err
+	}
+	kept := m.Outputs[:0]
+	for _, out := range m.Outputs {
+		if !strings.HasPrefix(out.Name, GradPrefix) {
+			kept = append(kept, out)
+		}
+	}
+	m.Outputs = kept
+	return nil
+}
+
+type optBuilder struct {
+	m   *ir.Module
+	at  *ir.Value // the param being updated: its position and layer
+	err error
+}
+
+func (ob *optBuilder) meta() ir.Meta {
+	meta := ir.NoMeta
+	meta.Layer = ob.at.Meta.Layer
+	meta.Phase = ir.PhaseOpt
+	return meta
+}
+
+func (ob *optBuilder) op(op string, attrs ir.Attrs, args ...*ir.Value) *ir.Value {
+	if ob.err != nil {
+		return nil
+	}
+	v, err := ob.m.Add(op, args, attrs, ob.meta(), ob.at.Pos)
+	if err != nil {
+		ob.err = err
+	}
+	return v
+}
+
+func (ob *optBuilder) source(op string, t ir.Type, attrs ir.Attrs) *ir.Value {
+	if ob.err != nil {
+		return nil
+	}
+	if v := ob.m.Source(attrs.Str("name")); v != nil {
+		ob.err = fmt.Errorf("%s: name %q is reserved for the optimizer", v.Where(), attrs.Str("name"))
+		return nil
+	}
+	v, err := ob.m.AddSource(op, t, attrs, ob.meta(), ob.at.Pos)
+	if err != nil {
+		ob.err = err
+	}
+	return v
+}
+
+func (ob *optBuilder) state(name string, t ir.Type) *ir.Value {
+	return ob.source("state", t, ir.Attrs{"name": name, "init": "zeros"})
+}
+
+func (ob *optBuilder) update(state, v *ir.Value) {
+	if ob.err == nil {
+		ob.m.Updates = append(ob.m.Updates, ir.Update{State: state, Value: v})
+	}
+}

@@ -1,0 +1,74 @@
+package passes
+
+import (
+	"fmt"
+	"slices"
+
+	"gcompile/ir"
+)
+
+// Options configure the passes. The zero value is not valid; start from
+// DefaultOptions.
+type Options struct {
+	// Verify runs the verifier after every pass.
+	Verify bool
+	// Disable names optional passes to skip.
+	Disable []string
+	// StopAfter ends the pipeline after the named pass ("" runs them all);
+	// gradient tests stop after autodiff to read the gradients.
+	StopAfter string
+
+	// Optimizer is "adamw" or "sgd".
+	Optimizer string
+	// Adam hyper-parameters (Megatron-LM's GPT defaults).
+	Beta1, Beta2, Eps float64
+	// WeightDecay applies to matrices only (rank ≥ 2): biases, LayerNorm
+	// parameters and other vectors are not decayed, as in GPT-2/Megatron.
+	WeightDecay float64
+	// Momentum for SGD.
+	Momentum float64
+	// ClipNorm clips gradients by their global L2 norm; 0 disables.
+	ClipNorm float64
+}
+
+// DefaultOptions are AdamW(β=(0.9,0.95), ε=1e-8, wd=0.1) with clipping at 1.0.
+func DefaultOptions() *Options {
+	return &Options{Optimizer: "adamw", Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Momentum: 0.9, ClipNorm: 1.0}
+}
+
+// Validate rejects options no pass could honour, naming the rule.
+func (o *Options) Validate() error {
+	for _, name := range o.Disable {
+		i := slices.IndexFunc(passes[:], func(p Pass) bool { return p.Name == name })
+		if i < 0 {
+			return fmt.Errorf("cannot disable unknown pass %q", name)
+		}
+		if passes[i].Required {
+			return fmt.Errorf("cannot disable pass %q: %w", name, ErrDisabledRequired)
+		}
+	}
+	if o.StopAfter != "" && !slices.ContainsFunc(passes[:], func(p Pass) bool { return p.Name == o.StopAfter }) {
+		return fmt.Errorf("cannot stop after unknown pass %q", o.StopAfter)
+	}
+	switch o.Optimizer {
+	case "adamw", "sgd":
+	case "adafactor", "sm3":
+		return fmt.Errorf("--optimizer %s: not yet supported (memory-efficient optimizers come with the memory passes); use adamw or sgd", o.Optimizer)
+	default:
+		return fmt.Errorf("--optimizer %q: want adamw, sgd, adafactor or sm3", o.Optimizer)
+	}
+	if o.Beta1 < 0 || o.Beta1 >= 1 || o.Beta2 < 0 || o.Beta2 >= 1 {
+		return fmt.Errorf("adam betas must lie in [0,1), got %g and %g", o.Beta1, o.Beta2)
+	}
+	if o.Eps <= 0 || o.WeightDecay < 0 || o.ClipNorm < 0 || o.Momentum < 0 {
+		return fmt.Errorf("eps must be positive and weight decay, clip norm and momentum non-negative")
+	}
+	return nil
+}
+
+func verifyInput(m *ir.Module, _ *Options) error {
+	if m.Output("loss") == nil {
+		return fmt.Errorf("module %q has no \"loss\" output", m.Name)
+	}
+	return ir.Verify(m, "")
+}

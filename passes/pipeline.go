@@ -1,0 +1,170 @@
+package passes
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"gcompile/ir"
+)
+
+// Pass is one entry of the pipeline.
+type Pass struct {
+	Name string
+	Fn   func(*ir.Module, *Options) error
+	// Required passes cannot be disabled: later passes or the runtime depend
+	// on what they produce.
+	Required bool
+	Doc      string
+}
+
+// passes is the compiler, in order. Later issues add shard, redistribute,
+// data-parallel, recompute, pipeline-split, schedule, fuse and memory-plan
+// between and after these.
+var passes = [...]Pass{
+	{Name: "verify-input", Fn: verifyInput, Required: true, Doc: "check the module the frontend or a .gir file produced"},
+	{Name: "autodiff", Fn: autodiff, Required: true, Doc: "reverse-mode gradients of the loss for every param"},
+	{Name: "optimizer", Fn: optimizer, Required: true, Doc: "global-norm clipping and the AdamW or SGD update of every param"},
+}
+
+type constraint struct {
+	before, after, why string
+}
+
+// passOrder lists ordering rules, each with its reason; init checks them.
+var passOrder = [...]constraint{
+	{"verify-input", "autodiff", "autodiff assumes a well-typed forward graph"},
+	{"autodiff", "optimizer", "the optimizer consumes the gradients autodiff produces"},
+}
+
+func init() {
+	if err := checkOrder(passes[:], passOrder[:]); err != nil {
+		panic(err)
+	}
+}
+
+func checkOrder(table []Pass, rules []constraint) error {
+	index := map[string]int{}
+	for i, p := range table {
+		if _, dup := index[p.Name]; dup {
+			return fmt.Errorf("passes: %q appears twice in the pass table", p.Name)
+		}
+		index[p.Name] = i
+	}
+	for _, c := range rules {
+		i, ok1 := index[c.before]
+		j, ok2 := index[c.after]
+		if !ok1 || !ok2 {
+			return fmt.Errorf("passes: ordering rule %q before %q names a pass not in the table", c.before, c.after)
+		}
+		if i >= j {
+			return fmt.Errorf("passes: %q must run before %q (%s)", c.before, c.after, c.why)
+		}
+	}
+	return nil
+}
+
+// Table returns the pass table in order.
+func Table() []Pass { return slices.Clone(passes[:]) }
+
+// Result describes one pass of a Run.
+type Result struct {
+	Name    string
+	Ms      float64
+	Changed bool
+	Skipped string // why the pass did not run: "already applied" or "disabled"
+}
+
+// Hooks observe a Run; the dump writer uses them. Nil fields are skipped.
+type Hooks struct {
+	// Before sees the module before the first pass that runs.
+	Before func(m *ir.Module)
+	// After sees the module after each pass (also unchanged ones).
+	After func(r Result, m *ir.Module)
+}
+
+// Run applies every pass the module has not had yet. On error the module
+// is left as the failing pass left it, for dumping.
+func Run(m *ir.Module, opts *Options, hooks Hooks) ([]Result, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkResume(m); err != nil {
+		return nil, err
+	}
+	if hooks.Before != nil {
+		hooks.Before(m)
+	}
+	var results []Result
+	before := hash(m)
+	for _, p := range passes {
+		if m.HasRun(p.Name) {
+			results = append(results, Result{Name: p.Name, Skipped: "already applied"})
+			continue
+		}
+		if slices.Contains(opts.Disable, p.Name) {
+			results = append(results, Result{Name: p.Name, Skipped: "disabled"})
+			continue
+		}
+		start := time.Now()
+		err := runOne(p, m, opts)
+		r := Result{Name: p.Name, Ms: float64(time.Since(start).Microseconds()) / 1000}
+		if err == nil {
+			m.MarkPass(p.Name)
+		}
+		after := hash(m)
+		r.Changed = after != before
+		before = after
+		results = append(results, r)
+		if hooks.After != nil {
+			hooks.After(r, m)
+		}
+		if err != nil {
+			return results, err
+		}
+		if opts.Verify {
+			if err := ir.Verify(m, p.Name); err != nil {
+				return results, err
+			}
+		}
+		if p.Name == opts.StopAfter {
+			break
+		}
+	}
+	return results, nil
+}
+
+func runOne(p Pass, m *ir.Module, opts *Options) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic during pass %q while compiling %q: %v\n%s", p.Name, m.Name, r, debug.Stack())
+		}
+	}()
+	if err := p.Fn(m, opts); err != nil {
+		return fmt.Errorf("pass %q: %w", p.Name, err)
+	}
+	return nil
+}
+
+// checkResume accepts a module whose applied passes are a prefix of the
+// table, so a dump continues exactly where it stopped.
+func checkResume(m *ir.Module) error {
+	for i, name := range m.Passes {
+		if i >= len(passes) || passes[i].Name != name {
+			var want []string
+			for _, p := range passes {
+				want = append(want, p.Name)
+			}
+			return fmt.Errorf("module records passes %v, which is not a prefix of this compiler's pass order %v", m.Passes, want)
+		}
+	}
+	return nil
+}
+
+func hash(m *ir.Module) [32]byte { return sha256.Sum256([]byte(ir.Print(m))) }
+
+// ErrDisabledRequired is returned when a required pass is disabled.
+var ErrDisabledRequired = errors.New("a required pass cannot be disabled")

@@ -1,0 +1,252 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"gcompile/ir"
+	kcpu "gcompile/kernels/cpu"
+	"gcompile/lower"
+)
+
+// compile turns one instruction into a closure over arena views. Shapes,
+// strides and views are resolved here, once, not on every step.
+func (d *Device) compile(in lower.Instr) (func() error, error) {
+	out := d.prog.Buffers[in.Out]
+	dt := out.Type.DType
+	switch in.Op {
+	case "copy":
+		src := d.raw(d.prog.Buffers[in.Args[0]])
+		dst := d.raw(out)
+		return func() error { copy(dst, src); return nil }, nil
+	case "cast":
+		return d.compileCast(in)
+	case "cross_entropy", "sum_squares", "clip_coef":
+		// Scalar results: dtype of the first argument decides the kernel.
+		dt = d.prog.Buffers[in.Args[0]].Type.DType
+	}
+	switch dt {
+	case ir.F32:
+		return compileFloat[float32](d, in)
+	case ir.F64:
+		return compileFloat[float64](d, in)
+	}
+	return nil, fmt.Errorf("the cpu backend cannot run %s on %v yet", in.Op, dt)
+}
+
+func ok(f func()) func() error { return func() error { f(); return nil } }
+
+func compileFloat[T kcpu.Float](d *Device, in lower.Instr) (func() error, error) {
+	out := view[T](d, in.Out)
+	arg := func(i int) []T { return view[T](d, in.Args[i]) }
+	// Shapes come from the IR values: a reshape shares its argument's buffer.
+	shape := func(i int) []int { return []int(in.Value.Args[i].Type.Shape) }
+	a := in.Attrs
+	outShape := []int(in.Value.Type.Shape)
+	lastDim := func(s []int) (rows, n int) {
+		n = s[len(s)-1]
+		return int(ir.Shape(s).NumElements()) / max(n, 1), n
+	}
+	switch in.Op {
+	case "add", "sub", "mul", "div":
+		x, y := arg(0), arg(1)
+		f := map[string]func(o, a, b []T){"add": kcpu.Add[T], "sub": kcpu.Sub[T], "mul": kcpu.Mul[T], "div": kcpu.Div[T]}[in.Op]
+		return ok(func() { f(out, x, y) }), nil
+	case "neg", "exp", "log", "tanh", "sqrt", "gelu", "relu":
+		x := arg(0)
+		f := map[string]func(o, x []T){"neg": kcpu.Neg[T], "exp": kcpu.Exp[T], "log": kcpu.Log[T], "tanh": kcpu.Tanh[T], "sqrt": kcpu.Sqrt[T], "gelu": kcpu.Gelu[T], "relu": kcpu.Relu[T]}[in.Op]
+		return ok(func() { f(out, x) }), nil
+	case "gelu_grad", "relu_grad", "tanh_grad", "softmax_grad":
+		x, dy := arg(0), arg(1)
+		if in.Op == "softmax_grad" {
+			rows, n := lastDim(outShape)
+			return ok(func() { kcpu.SoftmaxGrad(out, x, dy, rows, n) }), nil
+		}
+		f := map[string]func(o, x, dy []T){"gelu_grad": kcpu.GeluGrad[T], "relu_grad": kcpu.ReluGrad[T], "tanh_grad": kcpu.TanhGrad[T]}[in.Op]
+		return ok(func() { f(out, x, dy) }), nil
+	case "scale":
+		x, s := arg(0), arg(1)
+		return ok(func() { kcpu.Scale(out, x, s[0]) }), nil
+	case "matmul":
+		return compileMatMul(out, arg(0), arg(1), shape(0), shape(1), a.Bool("transA"), a.Bool("transB")), nil
+	case "transpose":
+		x, s, perm := arg(0), shape(0), a.Ints("perm")
+		return ok(func() { kcpu.Transpose(out, x, s, perm) }), nil
+	case "slice":
+		x, s := arg(0), shape(0)
+		dim, start, end := a.Int("dim", 0), a.Int("start", 0), a.Int("end", 0)
+		return ok(func() { kcpu.Slice(out, x, s, dim, start, end) }), nil
+	case "slice_grad":
+		dy := arg(0)
+		dim, start := a.Int("dim", 0), a.Int("start", 0)
+		end := start + shape(0)[dim]
+		return ok(func() { kcpu.SliceGrad(out, dy, outShape, dim, start, end) }), nil
+	case "concat":
+		ins := make([][]T, len(in.Args))
+		shapes := make([][]int, len(in.Args))
+		for i := range in.Args {
+			ins[i], shapes[i] = arg(i), shape(i)
+		}
+		dim := a.Int("dim", 0)
+		return ok(func() { kcpu.Concat(out, ins, shapes, dim) }), nil
+	case "broadcast":
+		x, s := arg(0), shape(0)
+		return ok(func() { kcpu.Broadcast(out, x, s, outShape) }), nil
+	case "reduce_sum", "reduce_mean", "reduce_max":
+		x, s, axes := arg(0), shape(0), a.Ints("axes")
+		f := map[string]func(o, x []T, s, axes []int){"reduce_sum": kcpu.ReduceSum[T], "reduce_mean": kcpu.ReduceMean[T], "reduce_max": kcpu.ReduceMax[T]}[in.Op]
+		return ok(func() { f(out, x, s, axes) }), nil
+	case "reduce_max_grad":
+		x, y, dy, s, axes := arg(0), arg(1), arg(2), shape(0), a.Ints("axes")
+		return ok(func() { kcpu.ReduceMaxGrad(out, x, y, dy, s, axes) }), nil
+	case "softmax":
+		x := arg(0)
+		rows, n := lastDim(outShape)
+		return ok(func() { kcpu.Softmax(out, x, rows, n) }), nil
+	case "causal_mask":
+		x := arg(0)
+		r := len(outShape)
+		s, t := outShape[r-2], outShape[r-1]
+		batch := int(ir.Shape(outShape).NumElements()) / (s * t)
+		fill := T(a.Float("fill", math.Inf(-1)))
+		return ok(func() { kcpu.CausalMask(out, x, batch, s, t, fill) }), nil
+	case "layernorm":
+		x, g, b := arg(0), arg(1), arg(2)
+		rows, n := lastDim(outShape)
+		eps := a.Float("eps", 0)
+		return ok(func() { kcpu.LayerNorm(out, x, g, b, rows, n, eps) }), nil
+	case "layernorm_grad_x":
+		x, g, dy := arg(0), arg(1), arg(2)
+		rows, n := lastDim(outShape)
+		eps := a.Float("eps", 0)
+		return ok(func() { kcpu.LayerNormGradX(out, x, g, dy, rows, n, eps) }), nil
+	case "layernorm_grad_gamma":
+		x, dy := arg(0), arg(1)
+		rows, n := lastDim(shape(0))
+		eps := a.Float("eps", 0)
+		return ok(func() { kcpu.LayerNormGradGamma(out, x, dy, rows, n, eps) }), nil
+	case "embedding":
+		table := arg(0)
+		ids, err := int32Arg(d, in, 1)
+		if err != nil {
+			return nil, err
+		}
+		vocab, dim := shape(0)[0], shape(0)[1]
+		return func() error { return kcpu.Embedding(out, table, ids, vocab, dim) }, nil
+	case "embedding_grad":
+		ids, err := int32Arg(d, in, 0)
+		if err != nil {
+			return nil, err
+		}
+		dy := arg(1)
+		vocab, dim := outShape[0], outShape[1]
+		return func() error { return kcpu.EmbeddingGrad(out, dy, ids, vocab, dim) }, nil
+	case "cross_entropy":
+		logits := arg(0)
+		labels, err := int32Arg(d, in, 1)
+		if err != nil {
+			return nil, err
+		}
+		rows, vocab := shape(0)[0], shape(0)[1]
+		return func() error {
+			l, err := kcpu.CrossEntropy(logits, labels, rows, vocab)
+			out[0] = l
+			return err
+		}, nil
+	case "cross_entropy_grad":
+		logits, dloss := arg(0), arg(2)
+		labels, err := int32Arg(d, in, 1)
+		if err != nil {
+			return nil, err
+		}
+		rows, vocab := shape(0)[0], shape(0)[1]
+		return func() error { return kcpu.CrossEntropyGrad(out, logits, labels, dloss[0], rows, vocab) }, nil
+	case "sum_squares":
+		xs := make([][]T, len(in.Args))
+		for i := range in.Args {
+			xs[i] = arg(i)
+		}
+		return ok(func() {
+			var s float64
+			for _, x := range xs {
+				s += kcpu.SumSquares(x)
+			}
+			out[0] = T(s)
+		}), nil
+	case "clip_coef":
+		ss, maxNorm := arg(0), a.Float("max_norm", 0)
+		return ok(func() { out[0] = T(min(1, maxNorm/(math.Sqrt(float64(ss[0]))+1e-6))) }), nil
+	case "adam_m":
+		m, g, b1 := arg(0), arg(1), T(a.Float("beta1", 0))
+		return ok(func() { kcpu.AdamMoment1(out, m, g, b1) }), nil
+	case "adam_v":
+		v, g, b2 := arg(0), arg(1), T(a.Float("beta2", 0))
+		return ok(func() { kcpu.AdamMoment2(out, v, g, b2) }), nil
+	case "adamw":
+		p, m, v, lr := arg(0), arg(1), arg(2), arg(3)
+		step := view[int64](d, in.Args[4])
+		b1, b2, eps, wd := T(a.Float("beta1", 0)), T(a.Float("beta2", 0)), T(a.Float("eps", 0)), T(a.Float("wd", 0))
+		return func() error {
+			if step[0] < 1 {
+				return fmt.Errorf("adamw: step must be ≥ 1, got %d", step[0])
+			}
+			kcpu.AdamW(out, p, m, v, lr[0], b1, b2, eps, wd, int(step[0]))
+			return nil
+		}, nil
+	case "sgd_buf":
+		buf, g, p := arg(0), arg(1), arg(2)
+		mom, wd := T(a.Float("momentum", 0)), T(a.Float("wd", 0))
+		return ok(func() { kcpu.SGDMomentum(out, buf, g, p, mom, wd) }), nil
+	case "sgd":
+		p, buf, lr := arg(0), arg(1), arg(2)
+		return ok(func() { kcpu.SGDUpdate(out, p, buf, lr[0]) }), nil
+	}
+	return nil, fmt.Errorf("the cpu backend has no kernel for op %s", in.Op)
+}
+
+func int32Arg(d *Device, in lower.Instr, i int) ([]int32, error) {
+	b := d.prog.Buffers[in.Args[i]]
+	if b.Type.DType != ir.I32 {
+		return nil, fmt.Errorf("%s: the cpu backend takes i32 ids and labels, got %v", in.Op, b.Type)
+	}
+	return view[int32](d, b.ID), nil
+}
+
+// compileMatMul maps the IR's matmul forms onto the batched GEMM kernel.
+func compileMatMul[T kcpu.Float](c, a, b []T, as, bs []int, ta, tb bool) func() error {
+	ra, rb := len(as), len(bs)
+	m, k := as[ra-2], as[ra-1]
+	if ta {
+		m, k = k, m
+	}
+	n := bs[rb-1]
+	if tb {
+		n = bs[rb-2]
+	}
+	batch := 1
+	for _, x := range as[:ra-2] {
+		batch *= x
+	}
+	shared := rb == 2
+	return ok(func() { kcpu.MatMul(c, a, b, batch, m, n, k, ta, tb, shared) })
+}
+
+func (d *Device) compileCast(in lower.Instr) (func() error, error) {
+	src, dst := d.prog.Buffers[in.Args[0]], d.prog.Buffers[in.Out]
+	type pair struct{ from, to ir.DType }
+	switch (pair{src.Type.DType, dst.Type.DType}) {
+	case pair{ir.F32, ir.F64}:
+		x, y := view[float32](d, src.ID), view[float64](d, dst.ID)
+		return ok(func() { kcpu.Cast(y, x) }), nil
+	case pair{ir.F64, ir.F32}:
+		x, y := view[float64](d, src.ID), view[float32](d, dst.ID)
+		return ok(func() { kcpu.Cast(y, x) }), nil
+	case pair{ir.F32, ir.F32}, pair{ir.F64, ir.F64}:
+		x, y := d.raw(src), d.raw(dst)
+		return ok(func() { copy(y, x) }), nil
+	case pair{ir.I32, ir.F32}:
+		x, y := view[int32](d, src.ID), view[float32](d, dst.ID)
+		return ok(func() { kcpu.Cast(y, x) }), nil
+	}
+	return nil, fmt.Errorf("the cpu backend cannot cast %v to %v yet", src.Type.DType, dst.Type.DType)
+}

@@ -1,0 +1,282 @@
+// Package cpu runs lowered programs on the CPU. Each device owns one arena
+// (a single allocation sized by the compile-time memory plan); every buffer
+// is a typed view at its static offset, and each instruction is turned into
+// a Go closure once, at load, so a step is a loop of calls.
+package cpu
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"regexp"
+	"strconv"
+	"unsafe"
+
+	"gcompile/ir"
+	kcpu "gcompile/kernels/cpu"
+	"gcompile/lower"
+)
+
+// Options configure a device.
+type Options struct {
+	// MemoryCap is the most arena bytes the device may hold; 0 means unlimited.
+	MemoryCap int64
+}
+
+// Device is one virtual CPU device executing one program.
+type Device struct {
+	prog  *lower.Program
+	arena []uint64 // uint64 backing keeps every view 8-byte aligned
+	bytes []byte
+	run   []func() error
+	// live and high track bytes held by live buffers as the step executes.
+	live, high int64
+}
+
+// Load allocates the arena and prepares every instruction.
+func Load(p *lower.Program, opts Options) (*Device, error) {
+	if opts.MemoryCap > 0 && p.ArenaBytes > opts.MemoryCap {
+		return nil, fmt.Errorf("program %q needs an arena of %d bytes, more than the device cap of %d bytes", p.Name, p.ArenaBytes, opts.MemoryCap)
+	}
+	d := &Device{prog: p, arena: make([]uint64, (p.ArenaBytes+7)/8)}
+	d.bytes = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(d.arena))), len(d.arena)*8)
+	for _, b := range p.Buffers {
+		if b.Kind == lower.Const {
+			if err := d.fill(b, b.Value.Attrs.Float("value", 0)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, in := range p.Instrs {
+		f, err := d.compile(in)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", in.Value.Where(), err)
+		}
+		d.run = append(d.run, f)
+	}
+	return d, nil
+}
+
+// Program is the program the device runs.
+func (d *Device) Program() *lower.Program { return d.prog }
+
+func (d *Device) raw(b lower.Buffer) []byte { return d.bytes[b.Offset : b.Offset+b.Bytes] }
+
+func view[T any](d *Device, id int) []T {
+	b := d.prog.Buffers[id]
+	var zero T
+	n := int(b.Bytes / int64(unsafe.Sizeof(zero)))
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(&d.bytes[b.Offset])), n)
+}
+
+func (d *Device) fill(b lower.Buffer, x float64) error {
+	switch b.Type.DType {
+	case ir.F32:
+		kcpu.Fill(view[float32](d, b.ID), float32(x))
+	case ir.F64:
+		kcpu.Fill(view[float64](d, b.ID), x)
+	case ir.I32:
+		s := view[int32](d, b.ID)
+		for i := range s {
+			s[i] = int32(x)
+		}
+	case ir.I64:
+		s := view[int64](d, b.ID)
+		for i := range s {
+			s[i] = int64(x)
+		}
+	default:
+		return fmt.Errorf("the cpu backend has no %v storage yet (16-bit formats come with mixed precision)", b.Type.DType)
+	}
+	return nil
+}
+
+// Step runs the whole program once: forward, backward, optimizer, updates.
+func (d *Device) Step() error { return d.exec(len(d.run)) }
+
+// Forward runs only the instructions the loss needs.
+func (d *Device) Forward() error { return d.exec(d.prog.ForwardEnd) }
+
+func (d *Device) exec(n int) error {
+	d.live = 0
+	for i, f := range d.run[:n] {
+		in := &d.prog.Instrs[i]
+		d.live += d.prog.Buffers[in.Out].Bytes
+		d.high = max(d.high, d.live)
+		if err := f(); err != nil {
+			return fmt.Errorf("%s: %w", in.Value.Where(), err)
+		}
+		for _, b := range in.Frees {
+			d.live -= d.prog.Buffers[b].Bytes
+		}
+	}
+	return nil
+}
+
+// PeakBytes is the measured high-water mark of live bytes, persistent
+// buffers included.
+func (d *Device) PeakBytes() int64 { return d.prog.PersistentBytes + d.high }
+
+func (d *Device) source(name string) (lower.Buffer, error) {
+	id, ok := d.prog.Sources[name]
+	if !ok {
+		return lower.Buffer{}, fmt.Errorf("program %q has no param, state or input named %q", d.prog.Name, name)
+	}
+	return d.prog.Buffers[id], nil
+}
+
+// SetInt32 writes an i32 input (tokens, targets).
+func (d *Device) SetInt32(name string, data []int32) error {
+	b, err := d.source(name)
+	if err != nil {
+		return err
+	}
+	if b.Type.DType != ir.I32 || int64(len(data)) != b.Type.Shape.NumElements() {
+		return fmt.Errorf("input %q is %v; got %d int32 values", name, b.Type, len(data))
+	}
+	copy(view[int32](d, b.ID), data)
+	return nil
+}
+
+// SetScalar writes a scalar input (lr, step) of any numeric dtype.
+func (d *Device) SetScalar(name string, x float64) error {
+	b, err := d.source(name)
+	if err != nil {
+		return err
+	}
+	if b.Type.Rank() != 0 {
+		return fmt.Errorf("input %q is %v, not a scalar", name, b.Type)
+	}
+	return d.fill(b, x)
+}
+
+// Scalar reads a scalar output (the loss, the gradient norm).
+func (d *Device) Scalar(name string) (float64, error) {
+	x, err := d.Float64s(name)
+	if err != nil {
+		return 0, err
+	}
+	if len(x) != 1 {
+		return 0, fmt.Errorf("output %q has %d elements, not 1", name, len(x))
+	}
+	return x[0], nil
+}
+
+// Float64s reads an output or a source as float64s.
+func (d *Device) Float64s(name string) ([]float64, error) {
+	id, ok := d.prog.Outputs[name]
+	if !ok {
+		b, err := d.source(name)
+		if err != nil {
+			return nil, fmt.Errorf("no output or source named %q", name)
+		}
+		id = b.ID
+	}
+	b := d.prog.Buffers[id]
+	out := make([]float64, b.Type.Shape.NumElements())
+	switch b.Type.DType {
+	case ir.F32:
+		kcpu.Cast(out, view[float32](d, id))
+	case ir.F64:
+		copy(out, view[float64](d, id))
+	case ir.I32:
+		kcpu.Cast(out, view[int32](d, id))
+	case ir.I64:
+		kcpu.Cast(out, view[int64](d, id))
+	default:
+		return nil, fmt.Errorf("cannot read %v", b.Type)
+	}
+	return out, nil
+}
+
+// SetFloat64s writes a float source (a param or state) from float64s.
+func (d *Device) SetFloat64s(name string, x []float64) error {
+	b, err := d.source(name)
+	if err != nil {
+		return err
+	}
+	if int64(len(x)) != b.Type.Shape.NumElements() {
+		return fmt.Errorf("%q is %v; got %d values", name, b.Type, len(x))
+	}
+	switch b.Type.DType {
+	case ir.F32:
+		kcpu.Cast(view[float32](d, b.ID), x)
+	case ir.F64:
+		copy(view[float64](d, b.ID), x)
+	default:
+		return fmt.Errorf("%q is %v, not a float tensor", name, b.Type)
+	}
+	return nil
+}
+
+// Bytes returns a source's raw little-endian bytes (for checkpoints).
+func (d *Device) Bytes(name string) ([]byte, ir.Type, error) {
+	b, err := d.source(name)
+	if err != nil {
+		return nil, ir.Type{}, err
+	}
+	return d.raw(b), b.Type, nil
+}
+
+// SetBytes overwrites a source with raw bytes of its exact size.
+func (d *Device) SetBytes(name string, data []byte) error {
+	b, err := d.source(name)
+	if err != nil {
+		return err
+	}
+	if int64(len(data)) != b.Bytes {
+		return fmt.Errorf("%q is %v (%d bytes); got %d bytes", name, b.Type, b.Bytes, len(data))
+	}
+	copy(d.raw(b), data)
+	return nil
+}
+
+var normalInit = regexp.MustCompile(`^normal\(([^)]+)\)$`)
+
+// InitParams sets every param from its init attribute and zeroes the
+// optimizer state. A param's values depend only on the seed and its name,
+// never on the plan, so every parallel configuration starts from the same
+// weights as one device.
+func (d *Device) InitParams(seed uint64) error {
+	for _, b := range d.prog.Buffers {
+		switch b.Kind {
+		case lower.State:
+			clear(d.raw(b))
+		case lower.Param:
+			if err := d.initParam(b, seed); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (d *Device) initParam(b lower.Buffer, seed uint64) error {
+	init := b.Value.Attrs.Str("init")
+	switch {
+	case init == "zeros" || init == "":
+		return d.fill(b, 0)
+	case init == "ones":
+		return d.fill(b, 1)
+	}
+	m := normalInit.FindStringSubmatch(init)
+	if m == nil {
+		return fmt.Errorf("%s: unknown init %q (want normal(std), zeros or ones)", b.Value.Where(), init)
+	}
+	std, err := strconv.ParseFloat(m[1], 64)
+	if err != nil || std < 0 || math.IsNaN(std) {
+		return fmt.Errorf("%s: bad std in init %q", b.Value.Where(), init)
+	}
+	h := fnv.New64a()
+	h.Write([]byte(b.Name))
+	rng := rand.New(rand.NewPCG(seed, h.Sum64()))
+	x := make([]float64, b.Type.Shape.NumElements())
+	for i := range x {
+		x[i] = rng.NormFloat64() * std
+	}
+	return d.SetFloat64s(b.Name, x)
+}
