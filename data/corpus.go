@@ -100,8 +100,18 @@ func isDir(path string) bool {
 }
 
 // Load reads the corpus described by opts and splits it into training and
-// evaluation text. See the package documentation for how the split is made
-// stable across seeds and trees.
+// evaluation text, so that the rest of the trainer only ever sees two byte
+// slices.
+//
+// In a folder it takes regular files (symlinks are not followed, hidden
+// files and folders such as .git are skipped): only *.go files for the
+// default GOROOT corpus, and for a user folder every file without a NUL
+// byte in its first 8 KiB. Each file goes to evaluation when the FNV-1a
+// hash of its slash-separated path relative to the folder, mod 1000, is
+// below EvalFraction·1000; files are read in hash order until each split
+// has its share of MaxBytes (the last file of a split may be cut short).
+// A single file is split by bytes instead: its last EvalFraction is held
+// out.
 func Load(opts Options) (*Corpus, error) {
 	maxBytes := opts.MaxBytes
 	switch {

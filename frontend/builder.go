@@ -22,6 +22,9 @@ type Config struct {
 	Name  string            // module name
 	Batch int               // global batch in sequences (default 8)
 	Set   map[string]string // --set key=value model parameters
+	// Float is the dtype of params and float constants: F32 (default) to
+	// train, F64 for gradient checks and oracle comparisons.
+	Float ir.DType
 }
 
 // ParamDoc describes one model parameter, for --help-model.
@@ -72,6 +75,9 @@ func Describe(fn ModelFunc, cfg Config) ([]ParamDoc, error) {
 func newBuilder(cfg Config) *Builder {
 	if cfg.Batch == 0 {
 		cfg.Batch = 8
+	}
+	if cfg.Float == ir.Invalid {
+		cfg.Float = ir.F32
 	}
 	if cfg.Name == "" {
 		cfg.Name = "model"
@@ -198,13 +204,13 @@ const (
 	VocabParallel  Parallel = "vocab"  // embedding [V,h] split on V
 )
 
-// Param declares a trainable fp32 parameter.
+// Param declares a trainable parameter (fp32 unless Config.Float says otherwise).
 func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Tensor {
 	attrs := ir.Attrs{"name": name, "init": string(init)}
 	if hint != NoParallel {
 		attrs["parallel"] = string(hint)
 	}
-	return b.source("param", ir.T(ir.F32, shape...), attrs)
+	return b.source("param", ir.T(b.cfg.Float, shape...), attrs)
 }
 
 // Input declares a per-step input fed by the runtime (e.g. "tokens").
@@ -247,7 +253,7 @@ func (b *Builder) scalarConst(x float64, pos ir.Pos) *ir.Value {
 	if v, ok := b.scalar[x]; ok {
 		return v
 	}
-	v, _ := b.m.AddSource("const", ir.T(ir.F32), ir.Attrs{"value": x}, b.meta(), pos)
+	v, _ := b.m.AddSource("const", ir.T(b.cfg.Float), ir.Attrs{"value": x}, b.meta(), pos)
 	b.scalar[x] = v
 	return v
 }

@@ -9,7 +9,7 @@ import (
 
 // Names of the optimizer's inputs and outputs the runtime feeds and reads.
 const (
-	InputLR       = "lr"        // f32 scalar: learning rate of this step (the runtime's schedule)
+	InputLR       = "lr"        // scalar of the params' dtype: learning rate of this step (the runtime's schedule)
 	InputStep     = "step"      // i64 scalar: 1-based step number (Adam bias correction)
 	OutputGradNrm = "grad_norm" // global gradient L2 norm before clipping
 )
@@ -33,7 +33,8 @@ func optimizer(m *ir.Module, o *Options) error {
 		}
 	}
 	ob := &optBuilder{m: m, at: params[0]}
-	lr := ob.source("input", ir.T(ir.F32), ir.Attrs{"name": InputLR})
+	// The learning rate has the master weights' dtype (f32, or f64 in reference runs).
+	lr := ob.source("input", ir.T(params[0].Type.DType), ir.Attrs{"name": InputLR})
 	step := ob.source("input", ir.T(ir.I64), ir.Attrs{"name": InputStep})
 	sumsq := ob.op("sum_squares", nil, grads...)
 	m.SetOutput(OutputGradNrm, ob.op("sqrt", nil, sumsq))
