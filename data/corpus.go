@@ -70,26 +70,40 @@ type Corpus struct {
 // `go env GOROOT` for binaries built with -trimpath or moved to another
 // machine, where the compiled-in root may not exist.
 func DefaultPath() (string, error) {
-	var tried []string
-	if root := runtime.GOROOT(); root != "" {
+	return locateGoSrc(runtime.GOROOT(), goEnvGOROOT)
+}
+
+// goEnvGOROOT asks the go command where its sources are.
+func goEnvGOROOT() (string, error) {
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		return "", fmt.Errorf("`go env GOROOT` failed: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// locateGoSrc returns root/src when that folder exists and otherwise the
+// src folder of the root that goEnv reports; it is split from DefaultPath so
+// tests can exercise the fallback.
+func locateGoSrc(root string, goEnv func() (string, error)) (string, error) {
+	var tried string
+	if root != "" {
 		src := filepath.Join(root, "src")
 		if isDir(src) {
 			return src, nil
 		}
-		tried = append(tried, fmt.Sprintf("runtime.GOROOT() gave %q, which has no src folder", root))
+		tried = fmt.Sprintf("runtime.GOROOT() gave %q, which has no src folder", root)
 	} else {
-		tried = append(tried, "runtime.GOROOT() is empty")
+		tried = "runtime.GOROOT() is empty"
 	}
-	out, err := exec.Command("go", "env", "GOROOT").Output()
+	envRoot, err := goEnv()
 	if err != nil {
-		return "", fmt.Errorf("data: cannot locate the Go sources for the default corpus (%s; `go env GOROOT` failed): %w; set Options.Path to a text file or folder instead",
-			strings.Join(tried, "; "), err)
+		return "", fmt.Errorf("data: cannot locate the Go sources for the default corpus (%s): %w; set Options.Path to a text file or folder instead", tried, err)
 	}
-	root := strings.TrimSpace(string(out))
-	src := filepath.Join(root, "src")
-	if root == "" || !isDir(src) {
+	src := filepath.Join(envRoot, "src")
+	if envRoot == "" || !isDir(src) {
 		return "", fmt.Errorf("data: cannot locate the Go sources for the default corpus (%s; `go env GOROOT` gave %q, which has no src folder): %w; set Options.Path to a text file or folder instead",
-			strings.Join(tried, "; "), root, fs.ErrNotExist)
+			tried, envRoot, fs.ErrNotExist)
 	}
 	return src, nil
 }

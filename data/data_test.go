@@ -391,3 +391,40 @@ func TestDefaultGoRootCorpus(t *testing.T) {
 	expect(t, strings.HasPrefix(c.Source, src) && strings.Contains(c.Source, "*.go"), "Source %q should name %s and *.go", c.Source, src)
 	t.Logf("default corpus: %s, %d train / %d eval files", c.Source, c.TrainFiles, c.EvalFiles)
 }
+
+func TestLocateGoSrc(t *testing.T) {
+	goroot := t.TempDir()
+	mustNoErr(t, os.Mkdir(filepath.Join(goroot, "src"), 0o755))
+	bogus := filepath.Join(t.TempDir(), "no-goroot")
+	envGives := func(root string, err error) func() (string, error) {
+		return func() (string, error) { return root, err }
+	}
+	envMustNotRun := func() (string, error) {
+		t.Error("go env consulted although runtime.GOROOT() has sources")
+		return "", nil
+	}
+	tests := []struct {
+		name    string
+		root    string
+		goEnv   func() (string, error)
+		want    string
+		wantErr []string
+	}{
+		{"runtime root has sources", goroot, envMustNotRun, filepath.Join(goroot, "src"), nil},
+		{"fall back to go env", bogus, envGives(goroot, nil), filepath.Join(goroot, "src"), nil},
+		{"empty runtime root", "", envGives(goroot, nil), filepath.Join(goroot, "src"), nil},
+		{"go command missing", bogus, envGives("", fs.ErrNotExist), "", []string{bogus, "Options.Path"}},
+		{"go env root without sources", "", envGives(bogus, nil), "", []string{"runtime.GOROOT() is empty", bogus}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := locateGoSrc(tt.root, tt.goEnv)
+			if tt.wantErr != nil {
+				expectErr(t, err, nil, tt.wantErr...)
+				return
+			}
+			mustNoErr(t, err)
+			expectEqual(t, tt.want, got, "source folder")
+		})
+	}
+}

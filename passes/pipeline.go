@@ -164,7 +164,14 @@ func checkResume(m *ir.Module) error {
 	return nil
 }
 
-func hash(m *ir.Module) [32]byte { return sha256.Sum256([]byte(ir.Print(m))) }
+// hash fingerprints the module's contents; the list of applied passes is
+// left out, or every pass would count as a change.
+func hash(m *ir.Module) [32]byte {
+	applied := m.Passes
+	m.Passes = nil
+	defer func() { m.Passes = applied }()
+	return sha256.Sum256([]byte(ir.Print(m)))
+}
 
 // ErrDisabledRequired is returned when a required pass is disabled.
 var ErrDisabledRequired = errors.New("a required pass cannot be disabled")

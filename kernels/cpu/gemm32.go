@@ -2,9 +2,24 @@ package cpu
 
 import "sync"
 
-// gemm32 is the fp32 product MatMul uses. It is a variable so the
-// benchmarks and tests can compare the blocked kernel with gonum's Sgemm.
-var gemm32 gemmFunc[float32] = gemm32Blocked
+// gemm32 is the fp32 product MatMul uses. It picks, per problem, whichever
+// of gonum's Sgemm and gemm32Blocked measured faster for that kind of shape
+// on the 2-core development machine (figures in matmul_bench_test.go):
+//
+//   - op(b) transposed: gonum computes A·Bᵀ with contiguous dot products,
+//     which beat the blocked kernel's transpose-then-axpy (≈15 vs ≈13
+//     GFLOP/s at 2048×768×768).
+//   - narrow outputs (n < gemmMinN) or tiny products: the blocked kernel's
+//     axpy rows are too short to amortise their call overhead.
+//   - everything else, the common activation·weight and weight-gradient
+//     shapes, goes to gemm32Blocked (≈1.3–2× gonum).
+func gemm32(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	if transB || n < gemmMinN || m*n*k < gemmSmall {
+		gemm32Gonum(transA, transB, m, n, k, a, lda, b, ldb, c, ldc)
+		return
+	}
+	gemm32Blocked(transA, transB, m, n, k, a, lda, b, ldb, c, ldc)
+}
 
 // Blocking for gemm32Blocked. A kc×nc panel of B (256×1024 floats, 1 MiB)
 // stays resident in the per-core L2 while each row of C (nc floats, 4 KiB)
@@ -18,7 +33,10 @@ const (
 	// gemmSmall is the m·n·k below which gonum's Sgemm is used directly:
 	// at that size the per-row call overhead of the blocked kernel wins
 	// nothing.
-	gemmSmall = 32 * 32 * 32
+	gemmSmall = 64 * 64 * 64
+	// gemmMinN is the narrowest c for which the blocked kernel is used;
+	// at n = 64 gonum was still ~1.5× faster.
+	gemmMinN = 128
 )
 
 // packPool recycles the transposed-B buffers; the runtime calls MatMul with
@@ -32,12 +50,11 @@ var packPool = sync.Pool{New: func() any { return new([]float32) }}
 // overhead. This kernel keeps the same assembly axpy (through the exported
 // level-1 Saxpy) but feeds it rows up to gemmNC long from a cache-blocked B
 // panel, and splits rows of c over goroutines. On the 2-core development
-// machine that is ~20–30% faster at 1024³; see matmul_bench_test.go.
+// machine that is ~1.3× faster at 1024³; see matmul_bench_test.go.
+//
+// It accepts every layout so it can be tested on its own, but gemm32 only
+// sends it the shapes where it wins.
 func gemm32Blocked(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
-	if m*n*k < gemmSmall {
-		gemm32Gonum(transA, transB, m, n, k, a, lda, b, ldb, c, ldc)
-		return
-	}
 	if transB {
 		// Rows of op(b) must be contiguous for the axpy; transpose once
 		// up front, which costs O(k·n) against the O(m·n·k) product.

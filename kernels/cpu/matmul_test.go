@@ -123,5 +123,7 @@ func TestMatMulNamedType(t *testing.T) {
 }
 
 func TestMatMulBadLength(t *testing.T) {
-	require.Panics(t, func() { MatMul(make([]float32, 3), make([]float32, 4), make([]float32, 4), 1, 2, 2, 2, false, false, false) })
+	require.Panics(t, func() {
+		MatMul(make([]float32, 3), make([]float32, 4), make([]float32, 4), 1, 2, 2, 2, false, false, false)
+	})
 }

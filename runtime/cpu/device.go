@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"strconv"
+	"time"
 	"unsafe"
 
 	"gcompile/ir"
@@ -32,6 +33,9 @@ type Device struct {
 	run   []func() error
 	// live and high track bytes held by live buffers as the step executes.
 	live, high int64
+	// OnInstr, when set, is told each instruction's start and duration
+	// (the Chrome trace).
+	OnInstr func(i int, start time.Time, d time.Duration)
 }
 
 // Load allocates the arena and prepares every instruction.
@@ -107,8 +111,15 @@ func (d *Device) exec(n int) error {
 		in := &d.prog.Instrs[i]
 		d.live += d.prog.Buffers[in.Out].Bytes
 		d.high = max(d.high, d.live)
+		var start time.Time
+		if d.OnInstr != nil {
+			start = time.Now()
+		}
 		if err := f(); err != nil {
 			return fmt.Errorf("%s: %w", in.Value.Where(), err)
+		}
+		if d.OnInstr != nil {
+			d.OnInstr(i, start, time.Since(start))
 		}
 		for _, b := range in.Frees {
 			d.live -= d.prog.Buffers[b].Bytes

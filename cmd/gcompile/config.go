@@ -1,0 +1,217 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+)
+
+// config is the command line, validated before any work starts.
+type config struct {
+	model string // MODEL.go or MODEL.gir
+
+	devices, tp, pp, dp, ep, vpp, microbatches, zero   int
+	schedule, recompute, precision, optimizer, backend string
+
+	dump, metrics, trace, save, load, data string
+	verify, run, helpModel                 bool
+	steps, batch, evalEvery, evalBatches   int
+	seed                                   int64
+	set                                    string
+	maxDataMB                              int
+
+	lr, minLR, weightDecay, clip, beta1, beta2 float64
+	warmup                                     int
+	decay                                      string
+
+	explicit map[string]bool // flags the user gave
+}
+
+func parseArgs(args []string) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("gcompile", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: gcompile MODEL.go|MODEL.gir [flags]\n\n")
+		fs.PrintDefaults()
+	}
+	fs.IntVar(&c.devices, "devices", 1, "number of devices")
+	fs.IntVar(&c.tp, "tp", 0, "tensor-parallel degree (0: chosen by the planner)")
+	fs.IntVar(&c.pp, "pp", 0, "pipeline-parallel degree (0: chosen by the planner)")
+	fs.IntVar(&c.dp, "dp", 0, "data-parallel degree (0: the devices left over)")
+	fs.IntVar(&c.ep, "ep", 0, "expert-parallel degree (0: chosen by the planner)")
+	fs.IntVar(&c.vpp, "vpp", 0, "virtual pipeline stages per rank (0: 1)")
+	fs.IntVar(&c.microbatches, "microbatches", 1, "microbatches per step")
+	fs.StringVar(&c.schedule, "schedule", "", "pipeline schedule: gpipe|1f1b|interleaved|2bw|zb (needs --pp > 1)")
+	fs.IntVar(&c.zero, "zero", 0, "ZeRO stage 0..3 (needs --dp > 1)")
+	fs.StringVar(&c.recompute, "recompute", "none", "activation recompute: none|full|selective|every=K")
+	fs.StringVar(&c.precision, "precision", "fp32", "fp32|fp16|bf16")
+	fs.StringVar(&c.optimizer, "optimizer", "adamw", "adamw|sgd|adafactor|sm3")
+	fs.StringVar(&c.backend, "backend", "cpu", "cpu|cuda")
+	fs.StringVar(&c.dump, "dump", "", "write NN-<pass>.gir after each pass that changed the module, and index.html, to this folder")
+	fs.BoolVar(&c.verify, "verify", false, "run the IR verifier after every pass")
+	fs.BoolVar(&c.run, "run", false, "train after compiling")
+	fs.IntVar(&c.steps, "steps", 30, "training steps with --run")
+	fs.Int64Var(&c.seed, "seed", 1, "seed for weights and data order")
+	fs.StringVar(&c.metrics, "metrics", "", "write metrics JSON to this file")
+	fs.StringVar(&c.trace, "trace", "", "write Chrome trace events (first 3 steps) to this file")
+	fs.StringVar(&c.save, "save", "", "save the trained weights as safetensors")
+	fs.StringVar(&c.load, "load", "", "start from weights in a safetensors file")
+	fs.IntVar(&c.batch, "batch", 8, "global batch in sequences")
+	fs.StringVar(&c.data, "data", "", "training text: a file or folder (default: the Go standard library sources)")
+	fs.IntVar(&c.maxDataMB, "max-data-mb", 16, "read at most this many MiB of training text")
+	fs.StringVar(&c.set, "set", "", "model parameters key=value,… (see --help-model)")
+	fs.BoolVar(&c.helpModel, "help-model", false, "list the model parameters MODEL.go reads, then exit")
+	fs.Float64Var(&c.lr, "lr", 3e-3, "peak learning rate")
+	fs.Float64Var(&c.minLR, "min-lr", 3e-4, "learning rate at the end of cosine decay")
+	fs.IntVar(&c.warmup, "warmup", 10, "linear warm-up steps")
+	fs.StringVar(&c.decay, "lr-decay", "cosine", "cosine|constant")
+	fs.Float64Var(&c.weightDecay, "weight-decay", 0.1, "AdamW/SGD weight decay on matrices")
+	fs.Float64Var(&c.clip, "clip", 1.0, "clip gradients by global norm (0: off)")
+	fs.Float64Var(&c.beta1, "beta1", 0.9, "Adam β1")
+	fs.Float64Var(&c.beta2, "beta2", 0.95, "Adam β2")
+	fs.IntVar(&c.evalEvery, "eval-every", 0, "held-out evaluation every N steps (0: at the end only)")
+	fs.IntVar(&c.evalBatches, "eval-batches", 8, "held-out batches per evaluation")
+
+	// Go's flag package stops at the first positional argument; the model
+	// path comes first, so parse around it.
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	c.explicit = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { c.explicit[f.Name] = true })
+	if len(positional) != 1 {
+		fs.Usage()
+		return nil, fmt.Errorf("want exactly one MODEL.go or MODEL.gir, got %d arguments", len(positional))
+	}
+	c.model = positional[0]
+	return c, c.validate()
+}
+
+// errNotYet marks a valid request that this build cannot carry out yet.
+var errNotYet = errors.New("not yet supported")
+
+// validate rejects impossible or unsupported combinations, naming the rule.
+func (c *config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	notYet := func(what, when string) { errs = append(errs, fmt.Errorf("%s: %w (%s)", what, errNotYet, when)) }
+
+	isGo, isGir := strings.HasSuffix(c.model, ".go"), strings.HasSuffix(c.model, ".gir")
+	if !isGo && !isGir {
+		bad("%s: the model must be a .go file or a .gir dump", c.model)
+	}
+	if isGir {
+		for _, f := range []string{"set", "batch", "help-model"} {
+			if c.explicit[f] {
+				bad("--%s applies to a model.go; a .gir file has its sizes fixed", f)
+			}
+		}
+	}
+	if c.devices < 1 {
+		bad("--devices must be ≥ 1, got %d", c.devices)
+	}
+	for name, v := range map[string]int{"tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "vpp": c.vpp} {
+		if v < 0 {
+			bad("--%s must be ≥ 0, got %d", name, v)
+		}
+	}
+	// Unset degrees: tp, pp, ep default to 1 and dp takes the rest.
+	tp, pp, ep, vpp := or1(c.tp), or1(c.pp), or1(c.ep), or1(c.vpp)
+	dp := c.dp
+	if dp == 0 && c.devices%(tp*pp*ep) == 0 {
+		dp = c.devices / (tp * pp * ep)
+	}
+	if c.devices >= 1 && tp*pp*ep*max(dp, 1) != c.devices {
+		bad("tp·pp·dp·ep = %d·%d·%d·%d = %d must equal --devices %d", tp, pp, max(dp, 1), ep, tp*pp*max(dp, 1)*ep, c.devices)
+	}
+	c.tp, c.pp, c.dp, c.ep, c.vpp = tp, pp, max(dp, 1), ep, vpp
+	if c.vpp > 1 && c.pp == 1 {
+		bad("--vpp %d needs --pp > 1 (virtual stages interleave a pipeline)", c.vpp)
+	}
+	if c.schedule != "" {
+		if !slices.Contains([]string{"gpipe", "1f1b", "interleaved", "2bw", "zb"}, c.schedule) {
+			bad("--schedule %q: want gpipe, 1f1b, interleaved, 2bw or zb", c.schedule)
+		} else if c.pp == 1 {
+			bad("--schedule %s needs --pp > 1 (it orders pipeline stages)", c.schedule)
+		}
+	}
+	if c.zero < 0 || c.zero > 3 {
+		bad("--zero %d: want 0, 1, 2 or 3", c.zero)
+	} else if c.zero > 0 && c.dp == 1 {
+		bad("--zero %d needs --dp > 1 (ZeRO shards across data-parallel ranks)", c.zero)
+	}
+	if c.microbatches < 1 {
+		bad("--microbatches must be ≥ 1, got %d", c.microbatches)
+	} else if c.batch%(c.dp*c.microbatches) != 0 {
+		bad("--batch %d must be divisible by dp·microbatches = %d", c.batch, c.dp*c.microbatches)
+	}
+	if c.batch < 1 || c.steps < 1 {
+		bad("--batch and --steps must be ≥ 1")
+	}
+	if !slices.Contains([]string{"none", "full", "selective"}, c.recompute) && !strings.HasPrefix(c.recompute, "every=") {
+		bad("--recompute %q: want none, full, selective or every=K", c.recompute)
+	}
+	if !slices.Contains([]string{"fp32", "fp16", "bf16"}, c.precision) {
+		bad("--precision %q: want fp32, fp16 or bf16", c.precision)
+	}
+	if !slices.Contains([]string{"cpu", "cuda"}, c.backend) {
+		bad("--backend %q: want cpu or cuda", c.backend)
+	}
+	if c.decay != "cosine" && c.decay != "constant" {
+		bad("--lr-decay %q: want cosine or constant", c.decay)
+	}
+	if c.lr <= 0 || c.minLR < 0 || c.minLR > c.lr || c.warmup < 0 {
+		bad("learning rate: want --lr > 0, 0 ≤ --min-lr ≤ --lr and --warmup ≥ 0")
+	}
+	if c.maxDataMB < 1 {
+		bad("--max-data-mb must be ≥ 1")
+	}
+	if (c.trace != "" || c.save != "") && !c.run {
+		bad("--trace and --save record a training run; add --run")
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	// What this build cannot do yet, each said once and never ignored.
+	if c.devices > 1 {
+		notYet(fmt.Sprintf("--devices %d (tp=%d pp=%d dp=%d ep=%d)", c.devices, c.tp, c.pp, c.dp, c.ep), "multi-device plans arrive with the shard, redistribute, data-parallel and pipeline passes")
+	}
+	if c.vpp > 1 || c.schedule != "" {
+		notYet("pipeline schedules (--vpp, --schedule)", "they arrive with the pipeline-split and schedule passes")
+	}
+	if c.microbatches > 1 {
+		notYet(fmt.Sprintf("--microbatches %d", c.microbatches), "gradient accumulation arrives with the data-parallel pass")
+	}
+	if c.recompute != "none" {
+		notYet("--recompute "+c.recompute, "activation recompute arrives with the memory passes")
+	}
+	if c.precision != "fp32" {
+		notYet("--precision "+c.precision, "mixed precision arrives with the memory and precision passes")
+	}
+	if c.optimizer == "adafactor" || c.optimizer == "sm3" {
+		notYet("--optimizer "+c.optimizer, "memory-efficient optimizers arrive with the memory passes")
+	}
+	if c.backend == "cuda" {
+		notYet("--backend cuda", "the CUDA backend is a later step; use --backend cpu")
+	}
+	return errors.Join(errs...)
+}
+
+func or1(n int) int {
+	if n == 0 {
+		return 1
+	}
+	return n
+}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"gcompile/ir"
+	"gcompile/passes"
+	"gcompile/passes/dump"
+)
+
+// dumper writes --dump output. A nil dumper (no --dump) does nothing, so
+// the pipeline pays nothing for dumps it was not asked for.
+type dumper struct {
+	dir  string
+	cols []dump.Column
+	n    int
+	err  error
+}
+
+func newDumper(dir string) *dumper {
+	if dir == "" {
+		return nil
+	}
+	return &dumper{dir: dir}
+}
+
+func (d *dumper) hooks() passes.Hooks {
+	if d == nil {
+		return passes.Hooks{}
+	}
+	if err := os.MkdirAll(d.dir, 0o755); err != nil {
+		d.err = err
+	}
+	return passes.Hooks{
+		Before: func(m *ir.Module) {
+			text := ir.Print(m)
+			d.cols = append(d.cols, dump.Column{Pass: "input", Changed: true, Text: text})
+			d.write("00-input.gir", text)
+		},
+		After: func(r passes.Result, m *ir.Module) {
+			d.n++
+			col := dump.Column{Pass: r.Name, Changed: r.Changed, Millis: r.Ms}
+			if r.Changed {
+				col.Text = ir.Print(m)
+				d.write(fmt.Sprintf("%02d-%s.gir", d.n, r.Name), col.Text)
+			}
+			d.cols = append(d.cols, col)
+		},
+	}
+}
+
+func (d *dumper) write(name, text string) {
+	if d.err == nil {
+		d.err = os.WriteFile(filepath.Join(d.dir, name), []byte(text), 0o644)
+	}
+}
+
+// finish writes index.html. After a failing pass the module as that pass
+// left it is also written as NN-<pass>.failed.gir: the dump users need most.
+func (d *dumper) finish(m *ir.Module, passErr error) error {
+	if d == nil {
+		return nil
+	}
+	if passErr != nil && len(d.cols) > 0 {
+		last := d.cols[len(d.cols)-1]
+		d.write(fmt.Sprintf("%02d-%s.failed.gir", d.n, last.Pass), ir.Print(m))
+	}
+	var buf bytes.Buffer
+	if err := dump.WriteHTML(&buf, "gcompile: "+m.Name, d.cols); err != nil {
+		return err
+	}
+	d.write("index.html", buf.String())
+	if d.err != nil {
+		return fmt.Errorf("--dump %s: %w", d.dir, d.err)
+	}
+	return nil
+}

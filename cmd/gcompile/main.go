@@ -1,0 +1,244 @@
+// Command gcompile compiles a model written in gcompile's Go DSL (or a
+// dumped .gir module) into per-device training programs, and with --run
+// trains it on the CPU backend.
+//
+//	gcompile examples/gpt/model.go --run --steps 200 --metrics m.json --dump d/
+//
+// Every pass can be inspected: --dump writes the module after each pass
+// that changed it plus an index.html that shows the passes side by side.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"gcompile/data"
+	"gcompile/frontend"
+	"gcompile/frontend/loader"
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+	"gcompile/runtime"
+	"gcompile/runtime/cpu"
+)
+
+func main() {
+	if err := mainErr(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "gcompile:", strings.ReplaceAll(err.Error(), "\n", "\ngcompile: "))
+		os.Exit(1)
+	}
+}
+
+func mainErr(args []string) error {
+	c, err := parseArgs(args)
+	if err != nil {
+		return err
+	}
+	opts := passOptions(c)
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	if c.helpModel {
+		return helpModel(c)
+	}
+	start := time.Now()
+	m, err := loadModule(c)
+	if err != nil {
+		return err
+	}
+	dumper := newDumper(c.dump)
+	results, passErr := passes.Run(m, opts, dumper.hooks())
+	if err := dumper.finish(m, passErr); err != nil {
+		return err
+	}
+	if passErr != nil {
+		return passErr
+	}
+	prog, err := lower.Lower(m)
+	if err != nil {
+		return err
+	}
+	compileMs := float64(time.Since(start).Microseconds()) / 1000
+	fmt.Fprintf(os.Stderr, "compiled %s in %.0f ms: %d params, %s\n", m.Name, compileMs, paramCount(m), prog.Describe())
+	if c.dump != "" {
+		fmt.Fprintf(os.Stderr, "dumps: %s\n", filepath.Join(c.dump, "index.html"))
+	}
+	met := &runtime.Metrics{
+		Config:    c.metricsConfig(),
+		CompileMs: compileMs,
+		Schedule:  runtime.ScheduleMetrics{Name: "none"},
+		Model:     runtime.ModelMetrics{Params: paramCount(m)},
+		Steps:     []runtime.StepMetrics{},
+		Eval:      []runtime.EvalMetrics{},
+	}
+	for _, r := range results {
+		met.Passes = append(met.Passes, runtime.PassMetrics{Name: r.Name, Ms: r.Ms, Changed: r.Changed, Skipped: r.Skipped})
+	}
+	dm := runtime.DeviceMetrics{Rank: 0, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes}
+	for _, b := range prog.Buffers {
+		switch b.Kind {
+		case lower.Param:
+			dm.ParamBytes += b.Bytes
+		case lower.State:
+			dm.OptimizerBytes += b.Bytes
+		}
+	}
+	var runErr error
+	if c.run {
+		runErr = train(c, prog, met, &dm)
+	}
+	met.Devices = []runtime.DeviceMetrics{dm}
+	if c.metrics != "" {
+		if err := met.WriteFile(c.metrics); err != nil {
+			return err
+		}
+	}
+	return runErr
+}
+
+func passOptions(c *config) *passes.Options {
+	o := passes.DefaultOptions()
+	o.Verify = c.verify
+	o.Optimizer = c.optimizer
+	o.Beta1, o.Beta2 = c.beta1, c.beta2
+	o.WeightDecay = c.weightDecay
+	o.ClipNorm = c.clip
+	return o
+}
+
+func (c *config) metricsConfig() map[string]any {
+	return map[string]any{
+		"model": c.model, "devices": c.devices, "tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "vpp": c.vpp,
+		"microbatches": c.microbatches, "schedule": c.schedule, "zero": c.zero, "recompute": c.recompute,
+		"precision": c.precision, "optimizer": c.optimizer, "backend": c.backend, "batch": c.batch,
+		"steps": c.steps, "seed": c.seed, "lr": c.lr, "min_lr": c.minLR, "warmup": c.warmup, "set": c.set,
+	}
+}
+
+func loadModule(c *config) (*ir.Module, error) {
+	if strings.HasSuffix(c.model, ".gir") {
+		text, err := os.ReadFile(c.model)
+		if err != nil {
+			return nil, err
+		}
+		return ir.Parse(c.model, string(text))
+	}
+	set, err := frontend.ParseSet(c.set)
+	if err != nil {
+		return nil, err
+	}
+	name := strings.TrimSuffix(filepath.Base(filepath.Dir(absOr(c.model))), "/")
+	return loader.LoadModel(c.model, frontend.Config{Name: name, Batch: c.batch, Set: set})
+}
+
+func absOr(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}
+
+func helpModel(c *config) error {
+	docs, err := loader.DescribeModel(c.model, frontend.Config{Batch: c.batch})
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "%s reads (set with --set key=value,…):\n", c.model)
+	for _, d := range docs {
+		fmt.Fprintf(w, "  %s\t%s\tdefault %s\t%s\n", d.Key, d.Kind, d.Default, d.Doc)
+	}
+	return w.Flush()
+}
+
+func paramCount(m *ir.Module) int64 {
+	var n int64
+	for _, p := range m.Params() {
+		n += p.Type.Shape.NumElements()
+	}
+	return n
+}
+
+// inputShape returns batch and sequence length from the "tokens" input.
+func inputShape(prog *lower.Program) (batch, seq int, err error) {
+	id, ok := prog.Sources["tokens"]
+	if !ok {
+		return 0, 0, errors.New(`--run trains a language model: the module needs an i32 input "tokens" [batch,seq] and "targets"`)
+	}
+	t := prog.Buffers[id].Type
+	if t.Rank() != 2 || t.DType != ir.I32 {
+		return 0, 0, fmt.Errorf(`input "tokens" must be i32[batch,seq], got %v`, t)
+	}
+	return t.Shape[0], t.Shape[1], nil
+}
+
+func train(c *config, prog *lower.Program, met *runtime.Metrics, dm *runtime.DeviceMetrics) error {
+	batch, seq, err := inputShape(prog)
+	if err != nil {
+		return err
+	}
+	corpus, err := data.Load(data.Options{Path: c.data, MaxBytes: int64(c.maxDataMB) << 20})
+	if err != nil {
+		return err
+	}
+	if err := corpus.Check(seq); err != nil {
+		return err
+	}
+	met.Data = &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
+	dev, err := cpu.Load(prog, cpu.Options{})
+	if err != nil {
+		return err
+	}
+	if err := dev.InitParams(uint64(c.seed)); err != nil {
+		return err
+	}
+	if c.load != "" {
+		if err := loadWeights(dev, c.load); err != nil {
+			return err
+		}
+	}
+	var tracer *runtime.Tracer
+	if c.trace != "" {
+		tracer = runtime.NewTracer(prog)
+		dev.OnInstr = tracer.Record
+	}
+	fmt.Fprintf(os.Stderr, "training on %s (%d train / %d held-out bytes), batch %d × seq %d\n", corpus.Source, len(corpus.Train), len(corpus.Eval), batch, seq)
+	cfg := runtime.TrainConfig{
+		Steps: c.steps, Batch: batch, Seq: seq, Seed: c.seed,
+		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
+		EvalEvery: c.evalEvery, EvalBatches: c.evalBatches,
+	}
+	prog2 := newProgress(os.Stderr, c.steps)
+	steps, evals, trainErr := runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
+		if tracer != nil && s.Step >= runtime.TraceSteps {
+			dev.OnInstr = nil
+		}
+		if tracer != nil {
+			tracer.EndStep()
+		}
+		prog2.step(s, e)
+	})
+	prog2.done()
+	met.Steps, met.Eval = steps, evals
+	dm.PeakBytesMeasured = dev.PeakBytes()
+	if trainErr != nil {
+		return trainErr
+	}
+	if tracer != nil {
+		if err := tracer.WriteFile(c.trace); err != nil {
+			return err
+		}
+	}
+	if c.save != "" {
+		if err := saveWeights(dev, prog, c.save, c.steps); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "saved weights to %s\n", c.save)
+	}
+	return nil
+}

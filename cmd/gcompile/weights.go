@@ -1,0 +1,59 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/runtime/checkpoint"
+	"gcompile/runtime/cpu"
+)
+
+var safetensorsDType = map[ir.DType]string{ir.F32: "F32", ir.F64: "F64", ir.F16: "F16", ir.BF16: "BF16", ir.I32: "I32", ir.I64: "I64", ir.Bool: "BOOL"}
+
+// saveWeights writes the params under their model names (HF GPT-2 names
+// for the reference model), so other tools can read them.
+func saveWeights(dev *cpu.Device, prog *lower.Program, path string, step int) error {
+	var ts []checkpoint.Tensor
+	for _, b := range prog.Buffers {
+		if b.Kind != lower.Param {
+			continue
+		}
+		raw, t, err := dev.Bytes(b.Name)
+		if err != nil {
+			return err
+		}
+		ts = append(ts, checkpoint.Tensor{Name: b.Name, DType: safetensorsDType[t.DType], Shape: []int(t.Shape.Clone()), Data: append([]byte(nil), raw...)})
+	}
+	return checkpoint.Save(path, ts, map[string]string{"format": "pt", "producer": "gcompile", "step": strconv.Itoa(step)})
+}
+
+// loadWeights overwrites params from a safetensors file; every param of the
+// model must be present with its exact dtype and shape.
+func loadWeights(dev *cpu.Device, path string) error {
+	ts, _, err := checkpoint.Load(path)
+	if err != nil {
+		return err
+	}
+	byName := map[string]checkpoint.Tensor{}
+	for _, t := range ts {
+		byName[t.Name] = t
+	}
+	for _, b := range dev.Program().Buffers {
+		if b.Kind != lower.Param {
+			continue
+		}
+		t, ok := byName[b.Name]
+		if !ok {
+			return fmt.Errorf("--load %s: no tensor %q for param %s", path, b.Name, b.Value.Where())
+		}
+		if t.DType != safetensorsDType[b.Type.DType] || !ir.Shape(t.Shape).Equal(b.Type.Shape) {
+			return fmt.Errorf("--load %s: tensor %q is %s%v, the model's param is %v", path, b.Name, t.DType, t.Shape, b.Type)
+		}
+		if err := dev.SetBytes(b.Name, t.Data); err != nil {
+			return err
+		}
+	}
+	return nil
+}

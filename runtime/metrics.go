@@ -1,0 +1,76 @@
+package runtime
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+)
+
+// Metrics is the --metrics JSON (DESIGN §8). Fields may be added; the
+// documented ones stay.
+type Metrics struct {
+	Config    map[string]any  `json:"config"`
+	CompileMs float64         `json:"compile_ms"`
+	Passes    []PassMetrics   `json:"passes"`
+	Devices   []DeviceMetrics `json:"devices"`
+	Schedule  ScheduleMetrics `json:"schedule"`
+	Model     ModelMetrics    `json:"model"`
+	Data      *DataMetrics    `json:"data,omitempty"`
+	Steps     []StepMetrics   `json:"steps"`
+	Eval      []EvalMetrics   `json:"eval"`
+}
+
+// PassMetrics is one pass of the pipeline.
+type PassMetrics struct {
+	Name    string  `json:"name"`
+	Ms      float64 `json:"ms"`
+	Changed bool    `json:"changed"`
+	Skipped string  `json:"skipped,omitempty"`
+}
+
+// DeviceMetrics is the memory of one device: predicted by the compile-time
+// plan and measured by the runtime.
+type DeviceMetrics struct {
+	Rank               int   `json:"rank"`
+	PeakBytesPredicted int64 `json:"peak_bytes_predicted"`
+	PeakBytesMeasured  int64 `json:"peak_bytes_measured"`
+	ArenaBytes         int64 `json:"arena_bytes"`
+	ParamBytes         int64 `json:"param_bytes"`
+	OptimizerBytes     int64 `json:"optimizer_state_bytes"`
+}
+
+// ScheduleMetrics describes the pipeline schedule; with one stage there is
+// no bubble.
+type ScheduleMetrics struct {
+	Name            string  `json:"name"`
+	BubbleTheory    float64 `json:"bubble_theory"`
+	BubbleSimulated float64 `json:"bubble_simulated"`
+}
+
+// ModelMetrics sizes the model.
+type ModelMetrics struct {
+	Params int64 `json:"params"`
+}
+
+// DataMetrics says what the run trained on.
+type DataMetrics struct {
+	Source     string `json:"source"`
+	TrainBytes int    `json:"train_bytes"`
+	EvalBytes  int    `json:"eval_bytes"`
+}
+
+// WriteFile writes m as indented JSON, replacing path atomically.
+func (m *Metrics) WriteFile(path string) error {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package runtime
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"gcompile/data"
+)
+
+// Device is what the training loop needs from a backend's device.
+type Device interface {
+	SetInt32(name string, data []int32) error
+	SetScalar(name string, x float64) error
+	Scalar(name string) (float64, error)
+	// Step runs forward, backward and the optimizer; Forward only the loss.
+	Step() error
+	Forward() error
+	PeakBytes() int64
+}
+
+// Schedule is a learning-rate schedule as in Megatron-LM and nanoGPT:
+// linear warm-up to LR over Warmup steps, then cosine decay to MinLR at
+// step Steps ("cosine") or LR held ("constant").
+type Schedule struct {
+	LR, MinLR float64
+	Warmup    int
+	Steps     int
+	Decay     string // "cosine" or "constant"
+}
+
+// At is the learning rate of 1-based step.
+func (s Schedule) At(step int) float64 {
+	if s.Warmup > 0 && step <= s.Warmup {
+		return s.LR * float64(step) / float64(s.Warmup)
+	}
+	if s.Decay != "cosine" || s.Steps <= s.Warmup {
+		return s.LR
+	}
+	progress := float64(step-s.Warmup) / float64(s.Steps-s.Warmup)
+	progress = min(progress, 1)
+	return s.MinLR + 0.5*(s.LR-s.MinLR)*(1+math.Cos(math.Pi*progress))
+}
+
+// TrainConfig is one training run.
+type TrainConfig struct {
+	Steps       int
+	Batch, Seq  int
+	Seed        int64
+	Schedule    Schedule
+	EvalEvery   int // evaluate held-out loss every N steps and after the last; 0: only after the last
+	EvalBatches int // batches averaged per evaluation
+}
+
+// StepMetrics is one training step in the metrics JSON.
+type StepMetrics struct {
+	Step       int     `json:"step"`
+	Loss       float64 `json:"loss"`
+	Ms         float64 `json:"ms"`
+	LR         float64 `json:"lr"`
+	GradNorm   float64 `json:"grad_norm"`
+	TokensPerS float64 `json:"tokens_per_s"`
+}
+
+// EvalMetrics is one held-out evaluation.
+type EvalMetrics struct {
+	Step int     `json:"step"`
+	Loss float64 `json:"loss"`
+}
+
+// Train runs cfg.Steps steps on dev, feeding byte tokens from corpus, and
+// calls report after each step (eval is non-nil when one ran).
+func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMetrics, *EvalMetrics)) ([]StepMetrics, []EvalMetrics, error) {
+	if cfg.Steps <= 0 {
+		return nil, nil, fmt.Errorf("--steps must be positive, got %d", cfg.Steps)
+	}
+	if err := corpus.Check(cfg.Seq); err != nil {
+		return nil, nil, err
+	}
+	var steps []StepMetrics
+	var evals []EvalMetrics
+	for step := 1; step <= cfg.Steps; step++ {
+		tokens, targets := corpus.TrainBatch(cfg.Seed, step, cfg.Batch, cfg.Seq)
+		lr := cfg.Schedule.At(step)
+		if err := feed(dev, tokens, targets); err != nil {
+			return steps, evals, err
+		}
+		if err := dev.SetScalar("lr", lr); err != nil {
+			return steps, evals, err
+		}
+		if err := dev.SetScalar("step", float64(step)); err != nil {
+			return steps, evals, err
+		}
+		start := time.Now()
+		if err := dev.Step(); err != nil {
+			return steps, evals, fmt.Errorf("step %d: %w", step, err)
+		}
+		elapsed := time.Since(start)
+		loss, err := dev.Scalar("loss")
+		if err != nil {
+			return steps, evals, err
+		}
+		gn, err := dev.Scalar("grad_norm")
+		if err != nil {
+			return steps, evals, err
+		}
+		if math.IsNaN(loss) || math.IsInf(loss, 0) {
+			return steps, evals, fmt.Errorf("step %d: loss is %v; lower --lr or check the model", step, loss)
+		}
+		sm := StepMetrics{Step: step, Loss: loss, Ms: float64(elapsed.Microseconds()) / 1000, LR: lr, GradNorm: gn,
+			TokensPerS: float64(cfg.Batch*cfg.Seq) / elapsed.Seconds()}
+		steps = append(steps, sm)
+		var ev *EvalMetrics
+		if step == cfg.Steps || (cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0) {
+			l, err := Evaluate(dev, corpus, cfg)
+			if err != nil {
+				return steps, evals, err
+			}
+			evals = append(evals, EvalMetrics{Step: step, Loss: l})
+			ev = &evals[len(evals)-1]
+		}
+		if report != nil {
+			report(sm, ev)
+		}
+	}
+	return steps, evals, nil
+}
+
+// Evaluate averages the loss over the first cfg.EvalBatches held-out batches.
+func Evaluate(dev Device, corpus *data.Corpus, cfg TrainConfig) (float64, error) {
+	n := max(cfg.EvalBatches, 1)
+	var sum float64
+	for i := range n {
+		tokens, targets := corpus.EvalBatch(i, cfg.Batch, cfg.Seq)
+		if err := feed(dev, tokens, targets); err != nil {
+			return 0, err
+		}
+		if err := dev.Forward(); err != nil {
+			return 0, fmt.Errorf("eval: %w", err)
+		}
+		l, err := dev.Scalar("loss")
+		if err != nil {
+			return 0, err
+		}
+		sum += l
+	}
+	return sum / float64(n), nil
+}
+
+func feed(dev Device, tokens, targets []int32) error {
+	if err := dev.SetInt32("tokens", tokens); err != nil {
+		return err
+	}
+	return dev.SetInt32("targets", targets)
+}
