@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -115,8 +116,14 @@ func typeCheck(file string) (*packages.Package, error) {
 	}
 	pkg := pkgs[0]
 	if len(pkg.Errors) > 0 {
+		// A type error is reported twice: by the type checker and inside the
+		// build log of `go list`; keep the type checker's, which has a position.
+		typed := slices.ContainsFunc(pkg.Errors, func(e packages.Error) bool { return e.Kind == packages.TypeError })
 		var errs []error
 		for _, e := range pkg.Errors {
+			if typed && e.Kind != packages.TypeError {
+				continue
+			}
 			errs = append(errs, errors.New(formatGoError(e)))
 		}
 		return nil, errors.Join(errs...)

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+	"gcompile/runtime"
+)
+
+const gptModel = "../../examples/gpt/model.go"
+
+// tinyGPT keeps CLI tests fast: the same model file at test size.
+var tinyGPT = []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1"}
+
+func TestModelErrorsNameTheUsersLine(t *testing.T) {
+	tests := []struct {
+		name, model string
+		want        []string
+	}{
+		{"go type error", "testdata/badtype/model.go", []string{"testdata/badtype/model.go:10: ", `cannot use "two"`}},
+		{"dsl shape error", "testdata/badshape/model.go", []string{"model.go:12: ", "matmul: inner dims differ", "f32[4,8]", "f32[16,2]"}},
+		{"unknown --set key", gptModel, []string{"unknown model parameter(s) bogus", "layers, hidden"}},
+		{"heads do not divide hidden", gptModel, []string{"model.go:", "hidden size 30 is not divisible by 4 heads"}},
+		{"missing file", "testdata/nope/model.go", []string{"model file:", "no such file"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := []string{tt.model}
+			switch tt.name {
+			case "unknown --set key":
+				args = append(args, "--set", "bogus=3")
+			case "heads do not divide hidden":
+				args = append(args, "--set", "hidden=30,heads=4")
+			}
+			err := mainErr(args)
+			require.Error(t, err)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			assert.NotContains(t, err.Error(), "panic")
+		})
+	}
+}
+
+func TestConfigValidationNamesTheRule(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--devices", "4", "--tp", "3"}, "tp·pp·dp·ep = 3·1·1·1 = 3 must equal --devices 4"},
+		{[]string{"--vpp", "2"}, "--vpp 2 needs --pp > 1"},
+		{[]string{"--schedule", "1f1b"}, "--schedule 1f1b needs --pp > 1"},
+		{[]string{"--schedule", "fast"}, `--schedule "fast": want gpipe, 1f1b, interleaved, 2bw or zb`},
+		{[]string{"--zero", "2"}, "--zero 2 needs --dp > 1"},
+		{[]string{"--zero", "7"}, "--zero 7: want 0, 1, 2 or 3"},
+		{[]string{"--batch", "6", "--microbatches", "4"}, "--batch 6 must be divisible by dp·microbatches = 4"},
+		{[]string{"--precision", "fp8"}, `--precision "fp8": want fp32, fp16 or bf16`},
+		{[]string{"--recompute", "some"}, `--recompute "some": want none, full, selective or every=K`},
+		{[]string{"--save", "w.safetensors"}, "--trace and --save record a training run; add --run"},
+		{[]string{"--devices", "8"}, "--devices 8 (tp=1 pp=1 dp=8 ep=1): not yet supported"},
+		{[]string{"--precision", "bf16"}, "--precision bf16: not yet supported"},
+		{[]string{"--recompute", "full"}, "--recompute full: not yet supported"},
+		{[]string{"--microbatches", "2"}, "--microbatches 2: not yet supported"},
+		{[]string{"--optimizer", "sm3"}, "--optimizer sm3: not yet supported"},
+		{[]string{"--backend", "cuda"}, "--backend cuda: not yet supported"},
+		{[]string{"--lr", "0"}, "learning rate: want --lr > 0"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			_, err := parseArgs(append([]string{gptModel}, tt.args...))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+	_, err := parseArgs([]string{"model.gir", "--set", "layers=2"})
+	assert.ErrorContains(t, err, "--set applies to a model.go")
+	_, err = parseArgs([]string{"model.txt"})
+	assert.ErrorContains(t, err, "must be a .go file or a .gir dump")
+	c, err := parseArgs([]string{gptModel, "--devices", "1", "--steps", "5"})
+	require.NoError(t, err)
+	assert.Equal(t, 5, c.steps)
+}
+
+func TestRunWritesMetricsAndDumps(t *testing.T) {
+	dir := t.TempDir()
+	metrics := filepath.Join(dir, "m.json")
+	dumps := filepath.Join(dir, "d")
+	weights := filepath.Join(dir, "w.safetensors")
+	trace := filepath.Join(dir, "t.json")
+	args := append(append([]string{}, tinyGPT...), "--run", "--steps", "4", "--seed", "1", "--metrics", metrics, "--dump", dumps, "--verify", "--save", weights, "--trace", trace, "--eval-batches", "2")
+	require.NoError(t, mainErr(args))
+
+	var m runtime.Metrics
+	raw, err := os.ReadFile(metrics)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &m))
+	require.Len(t, m.Steps, 4)
+	assert.Greater(t, m.Steps[0].Loss, 4.5, "a fresh byte-level model starts near ln 256")
+	require.Len(t, m.Devices, 1)
+	assert.Equal(t, m.Devices[0].PeakBytesPredicted, m.Devices[0].PeakBytesMeasured)
+	assert.Equal(t, 2*m.Devices[0].ParamBytes, m.Devices[0].OptimizerBytes, "AdamW keeps m and v per param")
+	assert.Equal(t, 4*m.Model.Params, m.Devices[0].ParamBytes)
+	require.Len(t, m.Eval, 1)
+	var names []string
+	for _, p := range m.Passes {
+		names = append(names, p.Name)
+	}
+	assert.Equal(t, []string{"verify-input", "autodiff", "optimizer"}, names)
+	assert.False(t, m.Passes[0].Changed, "verify-input changes nothing")
+
+	entries, err := os.ReadDir(dumps)
+	require.NoError(t, err)
+	var files []string
+	for _, e := range entries {
+		files = append(files, e.Name())
+	}
+	assert.Equal(t, []string{"00-input.gir", "02-autodiff.gir", "03-optimizer.gir", "index.html"}, files)
+	html, err := os.ReadFile(filepath.Join(dumps, "index.html"))
+	require.NoError(t, err)
+	assert.Contains(t, string(html), "autodiff")
+
+	var tr struct {
+		TraceEvents []map[string]any `json:"traceEvents"`
+	}
+	raw, err = os.ReadFile(trace)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &tr))
+	assert.Greater(t, len(tr.TraceEvents), 100)
+
+	// The saved weights load back into a fresh run of the same model.
+	require.NoError(t, mainErr(append(append([]string{}, tinyGPT...), "--run", "--steps", "1", "--load", weights)))
+	err = mainErr(append([]string{gptModel, "--set", "layers=1,hidden=64,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1"}, "--run", "--steps", "1", "--load", weights))
+	assert.ErrorContains(t, err, "the model's param is f32")
+}
+
+// A dump resumes the pipeline where it stopped and the last dump
+// re-compiles to the same program.
+func TestResumeFromDump(t *testing.T) {
+	dumps := filepath.Join(t.TempDir(), "d")
+	require.NoError(t, mainErr(append(append([]string{}, tinyGPT...), "--dump", dumps)))
+	final, err := os.ReadFile(filepath.Join(dumps, "03-optimizer.gir"))
+	require.NoError(t, err)
+	for _, start := range []string{"02-autodiff.gir", "03-optimizer.gir"} {
+		text, err := os.ReadFile(filepath.Join(dumps, start))
+		require.NoError(t, err)
+		m, err := ir.Parse(start, string(text))
+		require.NoError(t, err)
+		_, err = passes.Run(m, passes.DefaultOptions(), passes.Hooks{})
+		require.NoError(t, err)
+		assert.Equal(t, string(final), ir.Print(m), "resuming from %s", start)
+		p, err := lower.Lower(m)
+		require.NoError(t, err)
+		assert.Positive(t, p.PeakBytes)
+	}
+	require.NoError(t, mainErr([]string{filepath.Join(dumps, "02-autodiff.gir")}))
+}
