@@ -1,0 +1,39 @@
+# gcompile: `make demo` compiles the example GPT and trains it on CPU;
+# `make test` runs vet and every test. Both work from a fresh clone with
+# only Go installed.
+GO      ?= go
+OUT     ?= out
+export CGO_ENABLED = 0
+
+.PHONY: demo test build vet bench fuzz clean
+
+build:
+	$(GO) build ./...
+
+# The main job: the reference GPT (byte-level, 2 layers, h=128) compiled for
+# one CPU device and trained on the Go standard library's sources, with
+# pass-by-pass dumps and metrics in $(OUT)/.
+demo:
+	@mkdir -p $(OUT)
+	$(GO) run ./cmd/gcompile examples/gpt/model.go --devices 1 --run \
+		--steps 250 --batch 16 --lr 3e-3 --min-lr 3e-4 --warmup 20 --seed 1 \
+		--eval-every 50 --eval-batches 16 \
+		--metrics $(OUT)/demo-metrics.json --dump $(OUT)/dump --save $(OUT)/gpt.safetensors
+
+vet:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) vet ./...
+
+test: vet
+	$(GO) test -count=1 -timeout 15m ./...
+
+# Benchmarks: compile time of GPT-3 175B shapes, GEMM GFLOP/s, step time.
+# Compare runs with benchstat (golang.org/x/perf/cmd/benchstat).
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./... | tee $(OUT)/bench.txt
+
+fuzz:
+	$(GO) test ./ir -run '^$$' -fuzz FuzzParse -fuzztime 60s
+
+clean:
+	rm -rf $(OUT)
