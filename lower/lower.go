@@ -251,6 +251,8 @@ func planMemory(p *Program) {
 		}
 		return first[temps[i]] < first[temps[j]]
 	})
+	// done is kept sorted by offset, so one scan finds the lowest gap that
+	// no lifetime-overlapping buffer occupies.
 	type placed struct {
 		lo, hi   int64
 		from, to int
@@ -260,22 +262,19 @@ func planMemory(p *Program) {
 	for _, b := range temps {
 		size := alignUp(p.Buffers[b].Bytes)
 		from, to := first[b], last[b]
-		var clash []placed
-		for _, q := range done {
-			if q.from <= to && from <= q.to {
-				clash = append(clash, q)
-			}
-		}
-		sort.Slice(clash, func(i, j int) bool { return clash[i].lo < clash[j].lo })
 		at := base
-		for _, q := range clash {
+		for _, q := range done {
+			if q.to < from || to < q.from {
+				continue
+			}
 			if at+size <= q.lo {
 				break
 			}
 			at = max(at, q.hi)
 		}
 		p.Buffers[b].Offset = at
-		done = append(done, placed{at, at + size, from, to})
+		i := sort.Search(len(done), func(i int) bool { return done[i].lo > at })
+		done = slices.Insert(done, i, placed{at, at + size, from, to})
 		top = max(top, at+size)
 	}
 	p.ArenaBytes = top

@@ -32,7 +32,12 @@ func optimizer(m *ir.Module, o *Options) error {
 			return fmt.Errorf("%s: no gradient output %q (autodiff must run first)", p.Where(), GradPrefix+p.Name())
 		}
 	}
-	ob := &optBuilder{m: m, at: params[0]}
+	ob := &optBuilder{m: m, at: params[0], names: map[string]bool{}}
+	for _, v := range m.Values {
+		if n := v.Name(); n != "" {
+			ob.names[n] = true
+		}
+	}
 	// The learning rate has the master weights' dtype (f32, or f64 in reference runs).
 	lr := ob.source("input", ir.T(params[0].Type.DType), ir.Attrs{"name": InputLR})
 	step := ob.source("input", ir.T(ir.I64), ir.Attrs{"name": InputStep})
@@ -83,9 +88,10 @@ func optimizer(m *ir.Module, o *Options) error {
 }
 
 type optBuilder struct {
-	m   *ir.Module
-	at  *ir.Value // the param being updated: its position and layer
-	err error
+	m     *ir.Module
+	names map[string]bool // source names in use
+	at    *ir.Value       // the param being updated: its position and layer
+	err   error
 }
 
 func (ob *optBuilder) meta() ir.Meta {
@@ -110,10 +116,11 @@ func (ob *optBuilder) source(op string, t ir.Type, attrs ir.Attrs) *ir.Value {
 	if ob.err != nil {
 		return nil
 	}
-	if v := ob.m.Source(attrs.Str("name")); v != nil {
-		ob.err = fmt.Errorf("%s: name %q is reserved for the optimizer", v.Where(), attrs.Str("name"))
+	if name := attrs.Str("name"); ob.names[name] {
+		ob.err = fmt.Errorf("%s: name %q is reserved for the optimizer", ob.m.Source(name).Where(), name)
 		return nil
 	}
+	ob.names[attrs.Str("name")] = true
 	v, err := ob.m.AddSource(op, t, attrs, ob.meta(), ob.at.Pos)
 	if err != nil {
 		ob.err = err

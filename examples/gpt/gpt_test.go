@@ -1,0 +1,85 @@
+package gpt_test
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/examples/gpt"
+	"gcompile/frontend"
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+)
+
+// shape is one model size; GPT-3 175B is the one the benchmarks compile.
+type shape struct{ layers, hidden, heads, vocab, seq int }
+
+var gpt3 = shape{layers: 96, hidden: 12288, heads: 96, vocab: 51200, seq: 2048}
+
+func (s shape) set() map[string]string {
+	return map[string]string{"layers": strconv.Itoa(s.layers), "hidden": strconv.Itoa(s.hidden),
+		"heads": strconv.Itoa(s.heads), "vocab": strconv.Itoa(s.vocab), "seq": strconv.Itoa(s.seq)}
+}
+
+// Parameters of GPT-2 with a tied head: 12·l·h² + 13·l·h + (V+s)·h + 2h,
+// which is REFERENCE.md's P = 12·l·h²·(1 + 13/(12h) + (V+s)/(12·l·h)) plus
+// the final LayerNorm's 2h.
+func TestParamCountMatchesFormula(t *testing.T) {
+	for _, s := range []shape{{2, 128, 4, 256, 64}, {24, 2304, 24, 51200, 2048}, gpt3} {
+		m, err := frontend.Build(gpt.Model, frontend.Config{Batch: 1, Set: s.set()})
+		require.NoError(t, err)
+		var n int64
+		for _, p := range m.Params() {
+			n += p.Type.Shape.NumElements()
+		}
+		l, h, v, sq := int64(s.layers), int64(s.hidden), int64(s.vocab), int64(s.seq)
+		assert.Equal(t, 12*l*h*h+13*l*h+(v+sq)*h+2*h, n, "shape %+v", s)
+	}
+	_, err := frontend.Build(gpt.Model, frontend.Config{Batch: 1, Set: map[string]string{"activation": "swish"}})
+	assert.ErrorContains(t, err, "--set activation=swish: want one of gelu, relu")
+}
+
+// Compiling GPT-3 175B shapes through every pass and the memory plan
+// allocates no tensor data: the plan is computed from shapes alone.
+func BenchmarkCompileGPT3(b *testing.B) {
+	b.ReportAllocs()
+	var prog *lower.Program
+	for b.Loop() {
+		m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt3", Batch: 1, Set: gpt3.set()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := passes.Run(m, passes.DefaultOptions(), passes.Hooks{}); err != nil {
+			b.Fatal(err)
+		}
+		if prog, err = lower.Lower(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(prog.Instrs)), "instrs")
+	b.ReportMetric(float64(prog.PeakBytes)/(1<<30), "peak-GiB")
+}
+
+// BenchmarkPassesGPT3 times the pass pipeline alone (no frontend, no lowering).
+func BenchmarkPassesGPT3(b *testing.B) {
+	b.ReportAllocs()
+	src, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt3", Batch: 1, Set: gpt3.set()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := ir.Print(src)
+	for b.Loop() {
+		b.StopTimer()
+		m, err := ir.Parse("gpt3.gir", text)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if _, err := passes.Run(m, passes.DefaultOptions(), passes.Hooks{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
