@@ -192,10 +192,21 @@ func vjpMatMul(ad *adBuilder, v, dy *ir.Value) []*ir.Value {
 		da = mm(ad, dy, b, false, true)
 	case !ta && tb:
 		da = mm(ad, dy, b, false, false)
+	case b.Type.Rank() == 2 && a.Type.Rank() > 2:
+		// transA with a shared B: B·dYᵀ would put the 2-D operand on the
+		// left of a batched one, which matmul lacks, so form dY·op(B)ᵀ
+		// ([...,m,k]) and swap its last two dims into A's layout.
+		perm := allAxes(a.Type.Rank())
+		r := len(perm)
+		perm[r-2], perm[r-1] = perm[r-1], perm[r-2]
+		da = ad.op("transpose", ir.Attrs{"perm": perm}, mm(ad, dy, b, false, !tb))
 	case ta && !tb:
 		da = mm(ad, b, dy, false, true)
 	default:
 		da = mm(ad, b, dy, true, true)
+	}
+	if ad.err != nil {
+		return nil
 	}
 	if b.Type.Rank() == 2 && a.Type.Rank() > 2 {
 		// Fold the batch dims into rows: A → [batch·m, k], dY → [batch·m, n].

@@ -103,10 +103,16 @@ func Run(m *ir.Module, opts *Options, hooks Hooks) ([]Result, error) {
 	for _, p := range passes {
 		if m.HasRun(p.Name) {
 			results = append(results, Result{Name: p.Name, Skipped: "already applied"})
+			if p.Name == opts.StopAfter {
+				break // a resumed module already past StopAfter runs nothing more
+			}
 			continue
 		}
 		if slices.Contains(opts.Disable, p.Name) {
 			results = append(results, Result{Name: p.Name, Skipped: "disabled"})
+			if p.Name == opts.StopAfter {
+				break
+			}
 			continue
 		}
 		start := time.Now()

@@ -1,0 +1,289 @@
+package passes_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/examples/gpt"
+	"gcompile/frontend"
+	"gcompile/ir"
+	"gcompile/passes"
+)
+
+var tableNames = []string{"verify-input", "autodiff", "optimizer"}
+
+func tinyGPT(t *testing.T) *ir.Module {
+	m, err := frontend.Build(gpt.Model, frontend.Config{
+		Name:  "gpt",
+		Batch: 2,
+		Set:   map[string]string{"layers": "2", "hidden": "8", "heads": "2", "seq": "4", "vocab": "16"},
+	})
+	require.NoError(t, err)
+	return m
+}
+
+func resultNames(rs []passes.Result) []string {
+	var names []string
+	for _, r := range rs {
+		names = append(names, r.Name)
+	}
+	return names
+}
+
+func TestTable(t *testing.T) {
+	table := passes.Table()
+	var names []string
+	for _, p := range table {
+		names = append(names, p.Name)
+	}
+	require.Equal(t, tableNames, names)
+	for _, p := range table {
+		assert.NotNil(t, p.Fn, p.Name)
+		assert.NotEmpty(t, p.Doc, p.Name)
+		assert.True(t, p.Required, "%s is required by the later passes or the runtime", p.Name)
+	}
+	// Table hands out a copy.
+	table[0].Name = "changed"
+	assert.Equal(t, "verify-input", passes.Table()[0].Name)
+}
+
+func TestRunRejectsBadOptions(t *testing.T) {
+	cases := []struct {
+		name     string
+		set      func(o *passes.Options)
+		is       error
+		contains string
+	}{
+		{"disable verify-input", func(o *passes.Options) { o.Disable = []string{"verify-input"} }, passes.ErrDisabledRequired, `"verify-input"`},
+		{"disable autodiff", func(o *passes.Options) { o.Disable = []string{"autodiff"} }, passes.ErrDisabledRequired, `"autodiff"`},
+		{"disable optimizer", func(o *passes.Options) { o.Disable = []string{"optimizer"} }, passes.ErrDisabledRequired, `"optimizer"`},
+		{"disable unknown", func(o *passes.Options) { o.Disable = []string{"fuse-everything"} }, nil, `unknown pass "fuse-everything"`},
+		{"stop after unknown", func(o *passes.Options) { o.StopAfter = "autodif" }, nil, `unknown pass "autodif"`},
+		{"unsupported optimizer", func(o *passes.Options) { o.Optimizer = "adafactor" }, nil, "not yet supported"},
+		{"unknown optimizer", func(o *passes.Options) { o.Optimizer = "lion" }, nil, `"lion"`},
+		{"beta1 = 1", func(o *passes.Options) { o.Beta1 = 1 }, nil, "betas"},
+		{"negative beta2", func(o *passes.Options) { o.Beta2 = -0.1 }, nil, "betas"},
+		{"zero eps", func(o *passes.Options) { o.Eps = 0 }, nil, "eps"},
+		{"negative clip", func(o *passes.Options) { o.ClipNorm = -1 }, nil, "clip"},
+		{"negative weight decay", func(o *passes.Options) { o.WeightDecay = -0.1 }, nil, "weight decay"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			opts := passes.DefaultOptions()
+			c.set(opts)
+			m := buildOptModel(t)
+			before := ir.Print(m)
+			res, err := passes.Run(m, opts, passes.Hooks{Before: func(*ir.Module) { t.Error("Before hook called for rejected options") }})
+			require.Error(t, err)
+			if c.is != nil {
+				assert.ErrorIs(t, err, c.is)
+			} else {
+				assert.NotErrorIs(t, err, passes.ErrDisabledRequired)
+			}
+			assert.Contains(t, err.Error(), c.contains)
+			assert.Empty(t, res)
+			assert.Equal(t, before, ir.Print(m), "rejected options must leave the module alone")
+		})
+	}
+	require.NoError(t, passes.DefaultOptions().Validate())
+}
+
+func TestRunResults(t *testing.T) {
+	m := buildOptModel(t)
+	opts := passes.DefaultOptions()
+	opts.Verify = true
+	var before int
+	var after []passes.Result
+	hooks := passes.Hooks{
+		Before: func(*ir.Module) { before++ },
+		After:  func(r passes.Result, m *ir.Module) { after = append(after, r); assert.True(t, m.HasRun(r.Name)) },
+	}
+	res, err := passes.Run(m, opts, hooks)
+	require.NoError(t, err)
+	assert.Equal(t, tableNames, resultNames(res))
+	assert.Equal(t, tableNames, m.Passes)
+	assert.Equal(t, 1, before)
+	assert.Equal(t, res, after, "After sees every pass that ran")
+	changed := map[string]bool{}
+	for _, r := range res {
+		assert.Empty(t, r.Skipped, r.Name)
+		assert.GreaterOrEqual(t, r.Ms, 0.0)
+		changed[r.Name] = r.Changed
+	}
+	// verify-input only checks; the other two add to the graph.
+	assert.Equal(t, map[string]bool{"verify-input": false, "autodiff": true, "optimizer": true}, changed)
+
+	// Running a finished module again does nothing.
+	text := ir.Print(m)
+	after = nil
+	res, err = passes.Run(m, opts, hooks)
+	require.NoError(t, err)
+	assert.Equal(t, tableNames, resultNames(res))
+	for _, r := range res {
+		assert.Equal(t, "already applied", r.Skipped, r.Name)
+		assert.False(t, r.Changed, r.Name)
+	}
+	assert.Empty(t, after)
+	assert.Equal(t, text, ir.Print(m))
+}
+
+func TestRunStopAfter(t *testing.T) {
+	cases := []struct {
+		stopAfter string
+		applied   []string // passes already recorded in the module
+		wantRun   []string // passes that run
+	}{
+		{"", nil, tableNames},
+		{"optimizer", nil, tableNames},
+		{"autodiff", nil, []string{"verify-input", "autodiff"}},
+		{"verify-input", nil, []string{"verify-input"}},
+		{"", []string{"verify-input"}, []string{"autodiff", "optimizer"}},
+		{"autodiff", []string{"verify-input"}, []string{"autodiff"}},
+		// Stopping after a pass the module already has runs nothing more.
+		{"autodiff", []string{"verify-input", "autodiff"}, nil},
+		{"verify-input", []string{"verify-input", "autodiff"}, nil},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("stop=%q/applied=%v", c.stopAfter, c.applied), func(t *testing.T) {
+			m := buildOptModel(t)
+			if len(c.applied) > 0 {
+				opts := passes.DefaultOptions()
+				opts.StopAfter = c.applied[len(c.applied)-1]
+				_, err := passes.Run(m, opts, passes.Hooks{})
+				require.NoError(t, err)
+				require.Equal(t, c.applied, m.Passes)
+			}
+			opts := passes.DefaultOptions()
+			opts.Verify = true
+			opts.StopAfter = c.stopAfter
+			res, err := passes.Run(m, opts, passes.Hooks{})
+			require.NoError(t, err)
+			var ran []string
+			for _, r := range res {
+				if r.Skipped == "" {
+					ran = append(ran, r.Name)
+				}
+			}
+			assert.Equal(t, c.wantRun, ran)
+			assert.Equal(t, append(append([]string{}, c.applied...), c.wantRun...), m.Passes)
+		})
+	}
+}
+
+// TestRunResume: a module printed after autodiff and parsed back resumes
+// with the optimizer alone and ends exactly where a straight run does.
+func TestRunResume(t *testing.T) {
+	models := []struct {
+		name  string
+		build func(t *testing.T) *ir.Module
+	}{
+		{"opt-f64", buildOptModel},
+		{"gpt-f32", tinyGPT},
+	}
+	for _, mc := range models {
+		t.Run(mc.name, func(t *testing.T) {
+			opts := passes.DefaultOptions()
+			opts.Verify = true
+
+			straight := mc.build(t)
+			_, err := passes.Run(straight, opts, passes.Hooks{})
+			require.NoError(t, err)
+
+			m := mc.build(t)
+			stop := *opts
+			stop.StopAfter = "autodiff"
+			_, err = passes.Run(m, &stop, passes.Hooks{})
+			require.NoError(t, err)
+			text := ir.Print(m)
+			resumed, err := ir.Parse(mc.name+".gir", text)
+			require.NoError(t, err)
+			require.Equal(t, text, ir.Print(resumed), "print/parse round trip")
+			require.Equal(t, []string{"verify-input", "autodiff"}, resumed.Passes)
+
+			res, err := passes.Run(resumed, opts, passes.Hooks{})
+			require.NoError(t, err)
+			require.Len(t, res, 3)
+			assert.Equal(t, passes.Result{Name: "verify-input", Skipped: "already applied"}, res[0])
+			assert.Equal(t, passes.Result{Name: "autodiff", Skipped: "already applied"}, res[1])
+			assert.Equal(t, "optimizer", res[2].Name)
+			assert.Empty(t, res[2].Skipped)
+			assert.True(t, res[2].Changed)
+			assert.Equal(t, ir.Print(straight), ir.Print(resumed))
+			assert.Equal(t, straight.NextID(), resumed.NextID())
+		})
+	}
+}
+
+func TestRunRejectsForeignPassHistory(t *testing.T) {
+	cases := []struct {
+		name   string
+		passes []string
+	}{
+		{"skips verify-input", []string{"autodiff"}},
+		{"skips autodiff", []string{"verify-input", "optimizer"}},
+		{"out of order", []string{"autodiff", "verify-input"}},
+		{"unknown pass", []string{"verify-input", "shard"}},
+		{"longer than the table", []string{"verify-input", "autodiff", "optimizer", "fuse"}},
+		{"repeated", []string{"verify-input", "verify-input"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := buildOptModel(t)
+			m.Passes = c.passes
+			before := ir.Print(m)
+			res, err := passes.Run(m, passes.DefaultOptions(), passes.Hooks{})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "not a prefix")
+			assert.Empty(t, res)
+			assert.Equal(t, before, ir.Print(m))
+		})
+	}
+}
+
+func TestRunVerifyInput(t *testing.T) {
+	cases := []struct {
+		name    string
+		corrupt func(m *ir.Module)
+		rule    string
+		want    string
+	}{
+		{"no loss", func(m *ir.Module) { m.Outputs = nil }, "", `no "loss" output`},
+		{"wrong declared type", func(m *ir.Module) {
+			for _, v := range m.Values {
+				if v.Op == "matmul" {
+					v.Type = ir.T(v.Type.DType, 7)
+					return
+				}
+			}
+		}, ir.RuleTypeMatch, "declared type"},
+		{"unknown op", func(m *ir.Module) {
+			for _, v := range m.Values {
+				if v.Op == "tanh" {
+					v.Op = "tanhh"
+					return
+				}
+			}
+		}, ir.RuleUnknownOp, "tanhh"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := buildOptModel(t)
+			c.corrupt(m)
+			res, err := passes.Run(m, passes.DefaultOptions(), passes.Hooks{})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), `pass "verify-input"`)
+			assert.Contains(t, err.Error(), c.want)
+			if c.rule != "" {
+				var ve *ir.VerifyError
+				require.True(t, errors.As(err, &ve), "%v", err)
+				assert.Equal(t, c.rule, ve.Rule)
+			}
+			assert.Equal(t, []string{"verify-input"}, resultNames(res))
+			assert.Empty(t, m.Passes, "a failed pass is not recorded")
+		})
+	}
+}
