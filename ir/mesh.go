@@ -54,6 +54,9 @@ func ParseMesh(s string) (*Mesh, error) {
 		if !ok || err != nil || name == "" {
 			return nil, fmt.Errorf("bad mesh axis %q: want name=size", f)
 		}
+		if n < 1 {
+			return nil, fmt.Errorf("bad mesh axis %q: size must be at least 1", f)
+		}
 		m.Axes = append(m.Axes, MeshAxis{Name: name, Size: n})
 	}
 	return m, nil

@@ -81,6 +81,9 @@ func (m *Module) append(v *Value) *Value {
 // InferType checks args and attrs against the op's arity, schema and type
 // rule and returns the result type.
 func InferType(info *OpInfo, args []*Value, attrs Attrs) (Type, error) {
+	if info.Infer == nil {
+		return Type{}, fmt.Errorf("%s is a source op: its type is declared, not inferred", info.Name)
+	}
 	if info.Arity == Variadic && len(args) == 0 || info.Arity != Variadic && len(args) != info.Arity {
 		want := fmt.Sprint(info.Arity)
 		if info.Arity == Variadic {

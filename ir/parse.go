@@ -2,6 +2,7 @@ package ir
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -88,7 +89,7 @@ func (p *parser) value(line string) error {
 		return fmt.Errorf("want %%N = op args : type, got %q", line)
 	}
 	id, err := strconv.Atoi(lhs[1:])
-	if err != nil || id < 0 {
+	if err != nil || id < 0 || id == math.MaxInt { // MaxInt: the next id would overflow
 		return fmt.Errorf("bad value id %q", lhs)
 	}
 	if _, dup := p.byID[id]; dup {
@@ -292,6 +293,11 @@ func parseAttr(k AttrKind, val string) (any, error) {
 
 func (p *parser) output(s string) error {
 	name, rest, ok := strings.Cut(s, " = ")
+	if q, err := strconv.QuotedPrefix(s); err == nil {
+		// The quoted name may itself contain " = ".
+		name = q
+		rest, ok = strings.CutPrefix(s[len(q):], " = ")
+	}
 	if !ok {
 		return fmt.Errorf(`want output "name" = %%N`)
 	}

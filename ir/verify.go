@@ -155,6 +155,8 @@ func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...an
 		axis := m.Mesh.Axes[i]
 		if p.Dim < 0 || p.Dim >= v.Type.Rank() {
 			fail(v, RulePlacement, "S(%d) on axis %s: %v has no dim %d", p.Dim, axis.Name, v.Type, p.Dim)
+		} else if axis.Size < 1 {
+			fail(v, RulePlacement, "S(%d) on axis %s: the axis has size %d", p.Dim, axis.Name, axis.Size)
 		} else if v.Type.Shape[p.Dim]%axis.Size != 0 {
 			fail(v, RulePlacement, "S(%d) on axis %s: dim size %d is not divisible by %d", p.Dim, axis.Name, v.Type.Shape[p.Dim], axis.Size)
 		}
