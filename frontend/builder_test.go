@@ -1,0 +1,121 @@
+package frontend_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/frontend"
+	"gcompile/ir"
+)
+
+func TestDSLErrorsNameTheCallerAndDoNotCascade(t *testing.T) {
+	_, err := frontend.Build(func(b *frontend.Builder) {
+		x := b.Param("x", []int{4, 8}, frontend.Normal(1), frontend.NoParallel)
+		w := b.Param("w", []int{3, 2}, frontend.Normal(1), frontend.NoParallel)
+		y := x.MatMul(w) // the one error
+		z := y.Add(x).Softmax().Reshape(99)
+		b.Loss(z.Sum())
+	}, frontend.Config{})
+	require.Error(t, err)
+	lines := strings.Split(err.Error(), "\n")
+	require.Len(t, lines, 1, "a poisoned tensor reports nothing more: %v", err)
+	assert.Regexp(t, `^builder_test\.go:\d+: matmul: inner dims differ: f32\[4,8\] · f32\[3,2\]`, lines[0])
+}
+
+func TestDSLRules(t *testing.T) {
+	tests := []struct {
+		name string
+		fn   frontend.ModelFunc
+		want string
+	}{
+		{"no loss", func(b *frontend.Builder) { b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel) }, "did not call b.Loss"},
+		{"loss not scalar", func(b *frontend.Builder) {
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel))
+		}, "loss must be a scalar, got f32[2]"},
+		{"duplicate param", func(b *frontend.Builder) {
+			b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, `param "x" is declared twice`},
+		{"broadcast mismatch", func(b *frontend.Builder) {
+			x := b.Param("x", []int{2, 3}, frontend.Zeros, frontend.NoParallel)
+			y := b.Param("y", []int{4}, frontend.Zeros, frontend.NoParallel)
+			b.Loss(x.Add(y).Sum())
+		}, "add: shapes f32[2,3] and f32[4] do not broadcast"},
+		{"model panics", func(b *frontend.Builder) {
+			var s []int
+			_ = s[3]
+		}, "model panicked"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := frontend.Build(tt.fn, frontend.Config{})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+			if tt.name != "no loss" { // a missing call has no line to point at
+				assert.Contains(t, err.Error(), "builder_test.go:")
+			}
+		})
+	}
+}
+
+func TestSettings(t *testing.T) {
+	model := func(b *frontend.Builder) {
+		n := b.Int("n", 2, "size")
+		f := b.Float("scale", 0.5, "scale")
+		act := b.String("act", "gelu", "activation", "gelu", "relu")
+		x := b.Param("x", []int{n}, frontend.Ones, frontend.NoParallel)
+		if act == "relu" {
+			x = x.Relu()
+		}
+		b.Loss(x.Scale(f).Sum())
+	}
+	m, err := frontend.Build(model, frontend.Config{Set: map[string]string{"n": "5", "act": "relu"}})
+	require.NoError(t, err)
+	assert.Equal(t, ir.Shape{5}, m.Params()[0].Type.Shape)
+	_, err = frontend.Build(model, frontend.Config{Set: map[string]string{"n": "-1"}})
+	assert.ErrorContains(t, err, "--set n=-1: want a positive integer")
+	_, err = frontend.Build(model, frontend.Config{Set: map[string]string{"act": "tanh"}})
+	assert.ErrorContains(t, err, "--set act=tanh: want one of gelu, relu")
+	_, err = frontend.Build(model, frontend.Config{Set: map[string]string{"sz": "3"}})
+	assert.ErrorContains(t, err, "unknown model parameter(s) sz (this model reads: n, scale, act)")
+	docs, err := frontend.Describe(model, frontend.Config{})
+	require.NoError(t, err)
+	assert.Equal(t, frontend.ParamDoc{Key: "scale", Kind: "float", Default: "0.5", Doc: "scale"}, docs[1])
+
+	kv, err := frontend.ParseSet("layers=2, hidden=64")
+	require.NoError(t, err)
+	assert.Equal(t, "hidden=64,layers=2", frontend.FormatSet(kv))
+	_, err = frontend.ParseSet("layers")
+	assert.ErrorContains(t, err, "want key=value")
+	_, err = frontend.ParseSet("a=1,a=2")
+	assert.ErrorContains(t, err, "a given twice")
+}
+
+func TestPositionsPointAtTheUser(t *testing.T) {
+	m, err := frontend.Build(func(b *frontend.Builder) {
+		x := b.Param("x", []int{2, 2}, frontend.Ones, frontend.NoParallel)
+		b.Layer(3)
+		y := x.Tanh()
+		b.Layer(-1)
+		b.Loss(y.Sum())
+	}, frontend.Config{})
+	require.NoError(t, err)
+	var tanh *ir.Value
+	for _, v := range m.Values {
+		assert.Equal(t, "builder_test.go", v.Pos.File)
+		if v.Op == "tanh" {
+			tanh = v
+		}
+	}
+	require.NotNil(t, tanh)
+	assert.Equal(t, 3, tanh.Meta.Layer)
+	assert.Equal(t, ir.PhaseFwd, tanh.Meta.Phase)
+	assert.Equal(t, -1, m.Output("loss").Meta.Layer)
+	var buf bytes.Buffer
+	require.NoError(t, ir.Fprint(&buf, m))
+	assert.Contains(t, buf.String(), "tanh %0 : f32[2,2] {layer=3 phase=fwd} @builder_test.go:")
+}

@@ -1,0 +1,130 @@
+package lower_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/examples/gpt"
+	"gcompile/frontend"
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+)
+
+func compileGPT(t *testing.T, optimizer string) *lower.Program {
+	t.Helper()
+	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 2, Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16"}})
+	require.NoError(t, err)
+	opts := passes.DefaultOptions()
+	opts.Optimizer = optimizer
+	_, err = passes.Run(m, opts, passes.Hooks{})
+	require.NoError(t, err)
+	p, err := lower.Lower(m)
+	require.NoError(t, err)
+	return p
+}
+
+// liveRanges returns each temp buffer's [first write, last read] instruction.
+func liveRanges(p *lower.Program) map[int][2]int {
+	r := map[int][2]int{}
+	touch := func(b, i int) {
+		if p.Buffers[b].Kind.Persistent() {
+			return
+		}
+		if x, ok := r[b]; ok {
+			r[b] = [2]int{x[0], i}
+		} else {
+			r[b] = [2]int{i, i}
+		}
+	}
+	for i, in := range p.Instrs {
+		for _, a := range in.Args {
+			touch(a, i)
+		}
+		touch(in.Out, i)
+	}
+	for _, b := range p.Outputs {
+		if x, ok := r[b]; ok {
+			r[b] = [2]int{x[0], len(p.Instrs)}
+		}
+	}
+	return r
+}
+
+func TestMemoryPlanNeverOverlapsLiveBuffers(t *testing.T) {
+	for _, opt := range []string{"adamw", "sgd"} {
+		p := compileGPT(t, opt)
+		ranges := liveRanges(p)
+		var ids []int
+		for b := range ranges {
+			ids = append(ids, b)
+		}
+		for i, a := range ids {
+			for _, b := range ids[i+1:] {
+				ra, rb := ranges[a], ranges[b]
+				if ra[1] < rb[0] || rb[1] < ra[0] {
+					continue // lifetimes disjoint: sharing bytes is fine
+				}
+				ba, bb := p.Buffers[a], p.Buffers[b]
+				overlap := ba.Offset < bb.Offset+bb.Bytes && bb.Offset < ba.Offset+ba.Bytes
+				assert.False(t, overlap, "%s: live buffers %d (%v) and %d (%v) share bytes", opt, a, ba.Value.Where(), b, bb.Value.Where())
+			}
+		}
+		var persistent int64
+		for _, b := range p.Buffers {
+			assert.Zero(t, b.Offset%lower.Align, "buffer %d is not aligned", b.ID)
+			assert.LessOrEqual(t, b.Offset+b.Bytes, p.ArenaBytes)
+			if b.Kind.Persistent() {
+				persistent += b.Bytes
+			}
+		}
+		assert.Equal(t, persistent, p.PersistentBytes)
+		assert.LessOrEqual(t, p.PeakBytes, p.ArenaBytes)
+		assert.Greater(t, p.PeakBytes, p.PersistentBytes)
+	}
+}
+
+func TestUpdatesAreInPlaceAndForwardEndsAtLoss(t *testing.T) {
+	p := compileGPT(t, "adamw")
+	for _, in := range p.Instrs {
+		assert.NotEqual(t, "copy", in.Op, "every AdamW update is elementwise at the state's last read, so none needs a copy")
+		if in.Op == "adamw" || in.Op == "adam_m" || in.Op == "adam_v" {
+			assert.Equal(t, in.Args[0], in.Out, "%s writes its state in place", in.Value.Where())
+		}
+	}
+	loss := p.Outputs["loss"]
+	assert.Equal(t, loss, p.Instrs[p.ForwardEnd-1].Out)
+	for _, in := range p.Instrs[:p.ForwardEnd] {
+		assert.Equal(t, ir.PhaseFwd, in.Value.Meta.Phase, "%s is needed for the loss", in.Value.Where())
+	}
+}
+
+// An update whose new value is read after the state is overwritten cannot
+// be in place; it becomes a copy at the end of the step.
+func TestUpdateFallsBackToCopy(t *testing.T) {
+	m := ir.NewModule("t")
+	p, err := m.AddSource("param", ir.T(ir.F32, 4), ir.Attrs{"name": "p"}, ir.NoMeta, ir.Pos{})
+	require.NoError(t, err)
+	double, err := m.Add("add", []*ir.Value{p, p}, nil, ir.NoMeta, ir.Pos{})
+	require.NoError(t, err)
+	loss, err := m.Add("reduce_sum", []*ir.Value{p}, ir.Attrs{"axes": []int{0}}, ir.NoMeta, ir.Pos{})
+	require.NoError(t, err)
+	m.SetOutput("loss", loss)
+	m.Updates = append(m.Updates, ir.Update{State: p, Value: double})
+	prog, err := lower.Lower(m)
+	require.NoError(t, err)
+	last := prog.Instrs[len(prog.Instrs)-1]
+	assert.Equal(t, "copy", last.Op)
+	assert.Equal(t, prog.Sources["p"], last.Out)
+}
+
+func TestLowerRejectsInvalidModule(t *testing.T) {
+	m := ir.NewModule("t")
+	p, _ := m.AddSource("param", ir.T(ir.F32, 4), ir.Attrs{"name": "p"}, ir.NoMeta, ir.Pos{})
+	v, _ := m.Add("neg", []*ir.Value{p}, nil, ir.NoMeta, ir.Pos{File: "model.go", Line: 7})
+	v.Type = ir.T(ir.F32, 5)
+	_, err := lower.Lower(m)
+	assert.ErrorContains(t, err, `after pass "lower": %1 neg @model.go:7: declared type f32[5] but the neg rule gives f32[4]`)
+}

@@ -1,0 +1,33 @@
+package runtime
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestScheduleWarmupThenCosine(t *testing.T) {
+	s := Schedule{LR: 1e-3, MinLR: 1e-4, Warmup: 10, Steps: 110, Decay: "cosine"}
+	tests := []struct {
+		step int
+		want float64
+	}{
+		{1, 1e-4},    // 1/10 of the way up
+		{5, 5e-4},    // linear warm-up
+		{10, 1e-3},   // peak at the end of warm-up
+		{60, 5.5e-4}, // half way through decay: (max+min)/2
+		{110, 1e-4},  // the floor at the last step
+		{500, 1e-4},  // stays at the floor
+	}
+	for _, tt := range tests {
+		assert.InDelta(t, tt.want, s.At(tt.step), 1e-12, "step %d", tt.step)
+	}
+	c := Schedule{LR: 2e-3, Decay: "constant"}
+	assert.Equal(t, 2e-3, c.At(1))
+	assert.Equal(t, 2e-3, c.At(1000))
+	for step := 11; step < 110; step++ {
+		assert.LessOrEqual(t, s.At(step+1), s.At(step), "cosine decay is monotone")
+	}
+	assert.False(t, math.IsNaN(Schedule{LR: 1, Steps: 0, Decay: "cosine"}.At(3)))
+}
