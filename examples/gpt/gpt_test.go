@@ -12,6 +12,7 @@ import (
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
+	"gcompile/runtime/cpu"
 )
 
 // shape is one model size; GPT-3 175B is the one the benchmarks compile.
@@ -82,4 +83,48 @@ func BenchmarkPassesGPT3(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkStepDemo is one training step of the `make demo` model (2
+// layers, h=128, seq 64, batch 16) on one CPU device.
+func BenchmarkStepDemo(b *testing.B) {
+	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := passes.Run(m, passes.DefaultOptions(), passes.Hooks{}); err != nil {
+		b.Fatal(err)
+	}
+	prog, err := lower.Lower(m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dev, err := cpu.Load(prog, cpu.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := dev.InitParams(1); err != nil {
+		b.Fatal(err)
+	}
+	tokens := make([]int32, 16*64)
+	for i := range tokens {
+		tokens[i] = int32(i * 7 % 256)
+	}
+	for _, in := range []string{"tokens", "targets"} {
+		if err := dev.SetInt32(in, tokens); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := dev.SetScalar("lr", 1e-3); err != nil {
+		b.Fatal(err)
+	}
+	if err := dev.SetScalar("step", 1); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := dev.Step(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(16*64)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
 }
