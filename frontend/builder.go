@@ -44,32 +44,31 @@ type Builder struct {
 }
 
 // Build runs fn and returns the recorded module, or every DSL error it hit.
-func Build(fn ModelFunc, cfg Config) (m *ir.Module, err error) {
+func Build(fn ModelFunc, cfg Config) (*ir.Module, error) {
 	b := newBuilder(cfg)
-	defer func() {
-		// A panic in the user's model code is reported with the user's line,
-		// not as a crash of the compiler.
-		if r := recover(); r != nil {
-			m, err = nil, fmt.Errorf("%v: model panicked: %v", userPos(), r)
-		}
-	}()
-	fn(b)
+	if err := b.runModel(fn); err != nil {
+		return nil, err
+	}
 	return b.finish()
 }
 
 // Describe runs fn only to list the model parameters it reads.
 func Describe(fn ModelFunc, cfg Config) ([]ParamDoc, error) {
 	b := newBuilder(cfg)
-	var err error
-	func() {
-		defer func() {
-			if r := recover(); r != nil {
-				err = fmt.Errorf("%v: model panicked: %v", userPos(), r)
-			}
-		}()
-		fn(b)
-	}()
+	err := b.runModel(fn)
 	return b.docs, err
+}
+
+// runModel calls the user's model. A panic in it is reported with the
+// user's line, not as a crash of the compiler.
+func (b *Builder) runModel(fn ModelFunc) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%v: model panicked: %v", userPos(), r)
+		}
+	}()
+	fn(b)
+	return nil
 }
 
 func newBuilder(cfg Config) *Builder {
