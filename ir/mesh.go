@@ -105,3 +105,51 @@ func ParsePlacement(s string) (Placement, error) {
 	}
 	return Placement{}, fmt.Errorf("bad placement %q: want R, P or S(dim)", s)
 }
+
+// Placed reports whether p shards dim d.
+func (p Placement) Placed(d int) bool { return p.Kind == Shard && p.Dim == d }
+
+// Replicated is the placement of a value held whole on every device.
+func Replicated(m *Mesh) []Placement {
+	if m == nil {
+		return nil
+	}
+	return make([]Placement, len(m.Axes))
+}
+
+// LocalShape is the shape one device holds of a value of global shape s
+// placed by place on mesh m: every sharded dim divided by its axis size.
+func LocalShape(s Shape, place []Placement, m *Mesh) Shape {
+	out := s.Clone()
+	if m == nil {
+		return out
+	}
+	for i, p := range place {
+		if p.Kind == Shard && p.Dim < len(out) && i < len(m.Axes) && m.Axes[i].Size > 0 {
+			out[p.Dim] /= m.Axes[i].Size
+		}
+	}
+	return out
+}
+
+// PlacementString prints a placement list as in dumps: [R,S(0)].
+func PlacementString(place []Placement) string {
+	parts := make([]string, len(place))
+	for i, p := range place {
+		parts[i] = p.String()
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
+// SamePlacement reports whether two placement lists are equal.
+func SamePlacement(a, b []Placement) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

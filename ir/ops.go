@@ -144,6 +144,16 @@ func init() {
 	register(&OpInfo{Name: "cross_entropy_grad", Arity: 3, Infer: inferCrossEntropyGrad, Doc: "vjp: args (logits, labels, dloss)"})
 	register(&OpInfo{Name: "cast", Arity: 1, Attrs: []AttrSpec{req("to", AttrString)}, Infer: inferCast})
 
+	// Collectives keep the global type; they change the placement on one
+	// mesh axis (the verifier checks the before/after placements).
+	register(&OpInfo{Name: "redistribute", Arity: 1, Infer: identity,
+		Doc: "change placement to the value's own place; the redistribute pass expands it into the collectives below"})
+	register(&OpInfo{Name: "all_reduce", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), opt("bucket", AttrInt)}, Infer: identity, Doc: "P → R on axis"})
+	register(&OpInfo{Name: "reduce_scatter", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("bucket", AttrInt)}, Infer: identity, Doc: "P → S(dim) on axis"})
+	register(&OpInfo{Name: "all_gather", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt)}, Infer: identity, Doc: "S(dim) → R on axis"})
+	register(&OpInfo{Name: "shard_slice", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt)}, Infer: identity, Doc: "R → S(dim) on axis: each device keeps its slice, no communication"})
+	register(&OpInfo{Name: "all_to_all", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("from", AttrInt), req("to", AttrInt)}, Infer: identity, Doc: "S(from) → S(to) on axis"})
+
 	register(&OpInfo{Name: "sum_squares", Arity: Variadic, Infer: inferSumSquares, Doc: "Σ x² over every element of every arg (for the global gradient norm)"})
 	register(&OpInfo{Name: "clip_coef", Arity: 1, Attrs: []AttrSpec{req("max_norm", AttrFloat)}, Infer: inferScalarFloat(1),
 		Doc: "min(1, max_norm/(√sumsq+1e-6)), the global-norm clipping factor"})
@@ -172,6 +182,11 @@ func sameTypes(floatOnly bool) func([]Type, Attrs) (Type, error) {
 		return args[0], nil
 	}
 }
+
+func identity(args []Type, _ Attrs) (Type, error) { return args[0], nil }
+
+// Collectives lists the ops that move data between devices.
+var Collectives = map[string]bool{"all_reduce": true, "reduce_scatter": true, "all_gather": true, "all_to_all": true}
 
 func inferFloatRank1(args []Type, _ Attrs) (Type, error) {
 	if !args[0].DType.IsFloat() || args[0].Rank() < 1 {

@@ -39,6 +39,7 @@ const (
 	RuleOutput      = "output"
 	RuleUpdate      = "update"
 	RuleNextID      = "next-id"
+	RuleCollective  = "collective"
 )
 
 // maxVerifyErrors bounds the report: the first errors are the useful ones.
@@ -138,7 +139,7 @@ func hasNil(vs []*Value) bool {
 
 func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...any)) {
 	if v.Place == nil {
-		return
+		return // replicated on every axis
 	}
 	if m.Mesh == nil {
 		fail(v, RulePlacement, "placement %v given but the module has no mesh", v.Place)
@@ -159,6 +160,52 @@ func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...an
 			fail(v, RulePlacement, "S(%d) on axis %s: the axis has size %d", p.Dim, axis.Name, axis.Size)
 		} else if v.Type.Shape[p.Dim]%axis.Size != 0 {
 			fail(v, RulePlacement, "S(%d) on axis %s: dim size %d is not divisible by %d", p.Dim, axis.Name, v.Type.Shape[p.Dim], axis.Size)
+		}
+	}
+	checkCollective(m, v, fail)
+}
+
+// collectiveFlow gives, for a collective, the placement its arg must have
+// and the one it produces on its axis.
+func collectiveFlow(v *Value) (from, to Placement, ok bool) {
+	d := v.Attrs.Int("dim", 0)
+	switch v.Op {
+	case "all_reduce":
+		return Placement{Kind: Partial}, Placement{}, true
+	case "reduce_scatter":
+		return Placement{Kind: Partial}, Placement{Kind: Shard, Dim: d}, true
+	case "all_gather":
+		return Placement{Kind: Shard, Dim: d}, Placement{}, true
+	case "shard_slice":
+		return Placement{}, Placement{Kind: Shard, Dim: d}, true
+	case "all_to_all":
+		return Placement{Kind: Shard, Dim: v.Attrs.Int("from", 0)}, Placement{Kind: Shard, Dim: v.Attrs.Int("to", 0)}, true
+	}
+	return Placement{}, Placement{}, false
+}
+
+// checkCollective: a collective changes exactly its axis, from the
+// placement its kind consumes to the one it produces.
+func checkCollective(m *Module, v *Value, fail func(*Value, string, string, ...any)) {
+	from, to, ok := collectiveFlow(v)
+	if !ok || len(v.Args) != 1 || v.Args[0] == nil {
+		return
+	}
+	axis := m.Mesh.Axis(v.Attrs.Str("axis"))
+	if axis < 0 {
+		fail(v, RuleCollective, "axis %q is not in mesh %v", v.Attrs.Str("axis"), m.Mesh)
+		return
+	}
+	in := v.Args[0].Place
+	if len(in) != len(v.Place) {
+		return // reported as a placement error
+	}
+	for i := range in {
+		switch {
+		case i == axis && (in[i] != from || v.Place[i] != to):
+			fail(v, RuleCollective, "%s on axis %s turns %v into %v, but the arg is %v and the result %v", v.Op, m.Mesh.Axes[i].Name, from, to, in[i], v.Place[i])
+		case i != axis && in[i] != v.Place[i]:
+			fail(v, RuleCollective, "%s on axis %s must leave axis %s as it is (%v), got %v", v.Op, m.Mesh.Axes[axis].Name, m.Mesh.Axes[i].Name, in[i], v.Place[i])
 		}
 	}
 }
