@@ -46,22 +46,36 @@ func (k BufferKind) Persistent() bool { return k != Temp }
 
 // Buffer is a region of the arena.
 type Buffer struct {
-	ID     int
-	Kind   BufferKind
-	Name   string // source name for params, state and inputs
+	ID   int
+	Kind BufferKind
+	Name string // source name for params, state and inputs
+	// Type is what one device holds; Global the whole value, split over
+	// the mesh by Place.
 	Type   ir.Type
+	Global ir.Type
+	Place  []ir.Placement
 	Offset int64
 	Bytes  int64
 	Value  *ir.Value // the value that defines the buffer
 }
 
-// Instr is one kernel launch (or, with Op "copy", a buffer copy).
+// Instr is one kernel launch, a collective (Op all_reduce, …), or, with
+// Op "copy", a buffer copy.
 type Instr struct {
 	Op    string
 	Attrs ir.Attrs
 	Args  []int // buffer ids
 	Out   int   // buffer id
 	Value *ir.Value
+	// ArgTypes and OutType are the local (per-device) types.
+	ArgTypes []ir.Type
+	OutType  ir.Type
+	// Scale, when not 0, multiplies the result: a mean over rows that are
+	// split across devices divides by the global count, not the local one.
+	Scale float64
+	// Bucket > 0 groups consecutive reductions into one collective call
+	// (bucket number + 1; 0 means alone).
+	Bucket int
 	// Frees lists buffers whose last use is this instruction.
 	Frees []int
 }
@@ -69,6 +83,7 @@ type Instr struct {
 // Program is what one device executes each step.
 type Program struct {
 	Name    string
+	Mesh    *ir.Mesh // nil: one device
 	Buffers []Buffer
 	Instrs  []Instr
 	// ForwardEnd: Instrs[:ForwardEnd] compute every forward value the loss
@@ -87,11 +102,15 @@ func Lower(m *ir.Module) (*Program, error) {
 	if err := ir.Verify(m, "lower"); err != nil {
 		return nil, err
 	}
-	p := &Program{Name: m.Name, Outputs: map[string]int{}, Sources: map[string]int{}}
+	p := &Program{Name: m.Name, Mesh: m.Mesh, Outputs: map[string]int{}, Sources: map[string]int{}}
 	bufOf := make(map[*ir.Value]int, len(m.Values))
+	local := func(v *ir.Value) ir.Type {
+		return ir.Type{DType: v.Type.DType, Shape: ir.LocalShape(v.Type.Shape, v.Place, m.Mesh)}
+	}
 	newBuf := func(v *ir.Value, kind BufferKind) int {
 		id := len(p.Buffers)
-		p.Buffers = append(p.Buffers, Buffer{ID: id, Kind: kind, Name: v.Name(), Type: v.Type, Bytes: v.Type.Bytes(), Value: v})
+		t := local(v)
+		p.Buffers = append(p.Buffers, Buffer{ID: id, Kind: kind, Name: v.Name(), Type: t, Global: v.Type, Place: v.Place, Bytes: t.Bytes(), Value: v})
 		return id
 	}
 	for _, v := range m.Values {
@@ -106,9 +125,13 @@ func Lower(m *ir.Module) (*Program, error) {
 			bufOf[v] = bufOf[v.Args[0]]
 		default:
 			bufOf[v] = newBuf(v, Temp)
-			in := Instr{Op: v.Op, Attrs: v.Attrs, Out: bufOf[v], Value: v}
+			in := Instr{Op: v.Op, Attrs: v.Attrs, Out: bufOf[v], Value: v, OutType: local(v), Scale: meanScale(v, m.Mesh)}
 			for _, a := range v.Args {
 				in.Args = append(in.Args, bufOf[a])
+				in.ArgTypes = append(in.ArgTypes, local(a))
+			}
+			if b, ok := v.Attrs["bucket"].(int); ok {
+				in.Bucket = b + 1
 			}
 			p.Instrs = append(p.Instrs, in)
 		}
@@ -116,12 +139,89 @@ func Lower(m *ir.Module) (*Program, error) {
 	for _, o := range m.Outputs {
 		p.Outputs[o.Name] = bufOf[o.Value]
 	}
+	if err := groupBuckets(p); err != nil {
+		return nil, err
+	}
 	p.ForwardEnd = forwardEnd(p, m, bufOf)
+	for _, in := range p.Instrs[:p.ForwardEnd] {
+		if in.Value.Meta.Phase == ir.PhaseOpt {
+			return nil, fmt.Errorf("%s: optimizer op before the loss is complete; evaluation would update the weights", in.Value.Where())
+		}
+	}
 	if err := planUpdates(p, m, bufOf); err != nil {
 		return nil, err
 	}
 	planMemory(p)
 	return p, nil
+}
+
+// meanScale is the factor that turns a mean over device-local rows into
+// that device's share of the mean over all rows: 1/n for each mesh axis of
+// size n that splits a reduced dim. 0 means no scaling.
+func meanScale(v *ir.Value, mesh *ir.Mesh) float64 {
+	if mesh == nil || len(v.Args) == 0 || v.Args[0].Place == nil {
+		return 0
+	}
+	var reduced []int
+	switch v.Op {
+	case "cross_entropy", "cross_entropy_grad":
+		reduced = []int{0}
+	case "reduce_mean":
+		reduced = v.Attrs.Ints("axes")
+	default:
+		return 0
+	}
+	f := 1.0
+	for i, pl := range v.Args[0].Place {
+		if pl.Kind == ir.Shard && slices.Contains(reduced, pl.Dim) {
+			f /= float64(mesh.Axes[i].Size)
+		}
+	}
+	if f == 1 {
+		return 0
+	}
+	return f
+}
+
+// groupBuckets moves the reductions of each gradient bucket next to the
+// bucket's last member, so the runtime issues them as one collective.
+// Moving a reduction later is safe when nothing reads its result before
+// the bucket completes, which holds for gradients (read by the optimizer).
+func groupBuckets(p *Program) error {
+	last := map[int]int{}
+	for i, in := range p.Instrs {
+		if in.Bucket > 0 {
+			last[in.Bucket] = i
+		}
+	}
+	if len(last) == 0 {
+		return nil
+	}
+	readAt := map[int][]int{}
+	for i, in := range p.Instrs {
+		for _, a := range in.Args {
+			readAt[a] = append(readAt[a], i)
+		}
+	}
+	moved := map[int][]Instr{}
+	var out []Instr
+	for i, in := range p.Instrs {
+		if in.Bucket > 0 && i != last[in.Bucket] {
+			for _, r := range readAt[in.Out] {
+				if r <= last[in.Bucket] {
+					return fmt.Errorf("%s: bucket %d cannot wait for its last gradient: %s reads the result first", in.Value.Where(), in.Bucket-1, p.Instrs[r].Value.Where())
+				}
+			}
+			moved[in.Bucket] = append(moved[in.Bucket], in)
+			continue
+		}
+		if in.Bucket > 0 {
+			out = append(out, moved[in.Bucket]...)
+		}
+		out = append(out, in)
+	}
+	p.Instrs = out
+	return nil
 }
 
 // forwardEnd is one past the last instruction the loss depends on.

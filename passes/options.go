@@ -18,6 +18,13 @@ type Options struct {
 	// gradient tests stop after autodiff to read the gradients.
 	StopAfter string
 
+	// Mesh is the device mesh (nil: one device). Axes named dp, tp, pp, ep.
+	Mesh *ir.Mesh
+	// Zero is the ZeRO stage 0..3 over the dp axis.
+	Zero int
+	// BucketMB bounds the gradient bytes one data-parallel reduction bucket holds.
+	BucketMB float64
+
 	// Optimizer is "adamw" or "sgd".
 	Optimizer string
 	// Adam hyper-parameters (Megatron-LM's GPT defaults).
@@ -33,7 +40,7 @@ type Options struct {
 
 // DefaultOptions are AdamW(β=(0.9,0.95), ε=1e-8, wd=0.1) with clipping at 1.0.
 func DefaultOptions() *Options {
-	return &Options{Optimizer: "adamw", Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Momentum: 0.9, ClipNorm: 1.0}
+	return &Options{BucketMB: 25, Optimizer: "adamw", Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Momentum: 0.9, ClipNorm: 1.0}
 }
 
 // Validate rejects options no pass could honour, naming the rule.

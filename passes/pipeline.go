@@ -21,13 +21,15 @@ type Pass struct {
 	Doc      string
 }
 
-// passes is the compiler, in order. Later issues add shard, redistribute,
-// data-parallel, recompute, pipeline-split, schedule, fuse and memory-plan
-// between and after these.
+// passes is the compiler, in order. Later issues add recompute,
+// pipeline-split, schedule, fuse and memory-plan after these.
 var passes = [...]Pass{
 	{Name: "verify-input", Fn: verifyInput, Required: true, Doc: "check the module the frontend or a .gir file produced"},
 	{Name: "autodiff", Fn: autodiff, Required: true, Doc: "reverse-mode gradients of the loss for every param"},
 	{Name: "optimizer", Fn: optimizer, Required: true, Doc: "global-norm clipping and the AdamW or SGD update of every param"},
+	{Name: "shard", Fn: shard, Required: true, Doc: "place every value on the mesh (data parallel, ZeRO) and mark where placements must change"},
+	{Name: "redistribute", Fn: redistribute, Required: true, Doc: "turn placement changes into collectives"},
+	{Name: "data-parallel", Fn: dataParallel, Doc: "bucket the gradient reductions over dp"},
 }
 
 type constraint struct {
@@ -38,6 +40,9 @@ type constraint struct {
 var passOrder = [...]constraint{
 	{"verify-input", "autodiff", "autodiff assumes a well-typed forward graph"},
 	{"autodiff", "optimizer", "the optimizer consumes the gradients autodiff produces"},
+	{"optimizer", "shard", "optimizer state and updates are placed too (ZeRO shards them)"},
+	{"shard", "redistribute", "redistribute expands the placement changes shard marks"},
+	{"redistribute", "data-parallel", "buckets group the gradient collectives redistribute creates"},
 }
 
 func init() {

@@ -36,6 +36,7 @@ type DeviceMetrics struct {
 	PeakBytesMeasured  int64 `json:"peak_bytes_measured"`
 	ArenaBytes         int64 `json:"arena_bytes"`
 	ParamBytes         int64 `json:"param_bytes"`
+	GradBytes          int64 `json:"grad_bytes"`
 	OptimizerBytes     int64 `json:"optimizer_state_bytes"`
 }
 

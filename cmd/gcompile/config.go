@@ -22,6 +22,7 @@ type config struct {
 	seed                                   int64
 	set                                    string
 	maxDataMB                              int
+	bucketMB                               float64
 
 	lr, minLR, weightDecay, clip, beta1, beta2 float64
 	warmup                                     int
@@ -47,6 +48,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.microbatches, "microbatches", 1, "microbatches per step")
 	fs.StringVar(&c.schedule, "schedule", "", "pipeline schedule: gpipe|1f1b|interleaved|2bw|zb (needs --pp > 1)")
 	fs.IntVar(&c.zero, "zero", 0, "ZeRO stage 0..3 (needs --dp > 1)")
+	fs.Float64Var(&c.bucketMB, "bucket-mb", 25, "gradient bytes per data-parallel reduction bucket (MiB)")
 	fs.StringVar(&c.recompute, "recompute", "none", "activation recompute: none|full|selective|every=K")
 	fs.StringVar(&c.precision, "precision", "fp32", "fp32|fp16|bf16")
 	fs.StringVar(&c.optimizer, "optimizer", "adamw", "adamw|sgd|adafactor|sm3")
@@ -175,6 +177,9 @@ func (c *config) validate() error {
 	if c.lr <= 0 || c.minLR < 0 || c.minLR > c.lr || c.warmup < 0 {
 		bad("learning rate: want --lr > 0, 0 ≤ --min-lr ≤ --lr and --warmup ≥ 0")
 	}
+	if c.bucketMB <= 0 {
+		bad("--bucket-mb must be positive, got %g", c.bucketMB)
+	}
 	if c.maxDataMB < 1 {
 		bad("--max-data-mb must be ≥ 1")
 	}
@@ -185,8 +190,8 @@ func (c *config) validate() error {
 		return errors.Join(errs...)
 	}
 	// What this build cannot do yet, each said once and never ignored.
-	if c.devices > 1 {
-		notYet(fmt.Sprintf("--devices %d (tp=%d pp=%d dp=%d ep=%d)", c.devices, c.tp, c.pp, c.dp, c.ep), "multi-device plans arrive with the shard, redistribute, data-parallel and pipeline passes")
+	if c.tp > 1 || c.pp > 1 || c.ep > 1 {
+		notYet(fmt.Sprintf("tp=%d pp=%d ep=%d", c.tp, c.pp, c.ep), "this build splits work over dp only; tensor, pipeline and expert parallelism come next")
 	}
 	if c.vpp > 1 || c.schedule != "" {
 		notYet("pipeline schedules (--vpp, --schedule)", "they arrive with the pipeline-split and schedule passes")

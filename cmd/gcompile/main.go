@@ -79,7 +79,30 @@ func mainErr(args []string) error {
 	for _, r := range results {
 		met.Passes = append(met.Passes, runtime.PassMetrics{Name: r.Name, Ms: r.Ms, Changed: r.Changed, Skipped: r.Skipped})
 	}
-	dm := runtime.DeviceMetrics{Rank: 0, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes}
+	devices := 1
+	if prog.Mesh != nil {
+		devices = prog.Mesh.Devices()
+	}
+	for r := range devices {
+		met.Devices = append(met.Devices, deviceMetrics(prog, r))
+	}
+	var runErr error
+	if c.run {
+		runErr = train(c, prog, met)
+	}
+	if c.metrics != "" {
+		if err := met.WriteFile(c.metrics); err != nil {
+			return err
+		}
+	}
+	return runErr
+}
+
+// deviceMetrics is the compile-time memory of one device: the plan's peak
+// and its persistent parts. Gradient bytes are the gradients the optimizer
+// consumes, as each device holds them (whole, or a shard under ZeRO-2/3).
+func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
+	dm := runtime.DeviceMetrics{Rank: rank, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes}
 	for _, b := range prog.Buffers {
 		switch b.Kind {
 		case lower.Param:
@@ -88,17 +111,13 @@ func mainErr(args []string) error {
 			dm.OptimizerBytes += b.Bytes
 		}
 	}
-	var runErr error
-	if c.run {
-		runErr = train(c, prog, met, &dm)
-	}
-	met.Devices = []runtime.DeviceMetrics{dm}
-	if c.metrics != "" {
-		if err := met.WriteFile(c.metrics); err != nil {
-			return err
+	for _, in := range prog.Instrs {
+		switch in.Op {
+		case "adam_m", "sgd_buf":
+			dm.GradBytes += in.ArgTypes[1].Bytes()
 		}
 	}
-	return runErr
+	return dm
 }
 
 func passOptions(c *config) *passes.Options {
@@ -108,6 +127,11 @@ func passOptions(c *config) *passes.Options {
 	o.Beta1, o.Beta2 = c.beta1, c.beta2
 	o.WeightDecay = c.weightDecay
 	o.ClipNorm = c.clip
+	o.Zero = c.zero
+	o.BucketMB = c.bucketMB
+	if c.devices > 1 {
+		o.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: c.dp}}}
+	}
 	return o
 }
 
@@ -170,14 +194,14 @@ func inputShape(prog *lower.Program) (batch, seq int, err error) {
 	if !ok {
 		return 0, 0, errors.New(`--run trains a language model: the module needs an i32 input "tokens" [batch,seq] and "targets"`)
 	}
-	t := prog.Buffers[id].Type
+	t := prog.Buffers[id].Global
 	if t.Rank() != 2 || t.DType != ir.I32 {
 		return 0, 0, fmt.Errorf(`input "tokens" must be i32[batch,seq], got %v`, t)
 	}
 	return t.Shape[0], t.Shape[1], nil
 }
 
-func train(c *config, prog *lower.Program, met *runtime.Metrics, dm *runtime.DeviceMetrics) error {
+func train(c *config, prog *lower.Program, met *runtime.Metrics) error {
 	batch, seq, err := inputShape(prog)
 	if err != nil {
 		return err
@@ -190,7 +214,7 @@ func train(c *config, prog *lower.Program, met *runtime.Metrics, dm *runtime.Dev
 		return err
 	}
 	met.Data = &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
-	dev, err := cpu.Load(prog, cpu.Options{})
+	dev, err := cpu.NewCluster(prog, cpu.Options{})
 	if err != nil {
 		return err
 	}
@@ -198,14 +222,17 @@ func train(c *config, prog *lower.Program, met *runtime.Metrics, dm *runtime.Dev
 		return err
 	}
 	if c.load != "" {
-		if err := loadWeights(dev, c.load); err != nil {
+		if err := loadWeights(dev, prog, c.load); err != nil {
 			return err
 		}
 	}
 	var tracer *runtime.Tracer
 	if c.trace != "" {
 		tracer = runtime.NewTracer(prog)
-		dev.OnInstr = tracer.Record
+		dev.Devices[0].OnInstr = tracer.Record
+	}
+	if prog.Mesh != nil {
+		fmt.Fprintf(os.Stderr, "%d virtual devices, mesh %v, ZeRO-%d\n", prog.Mesh.Devices(), prog.Mesh, c.zero)
 	}
 	fmt.Fprintf(os.Stderr, "training on %s (%d train / %d held-out bytes), batch %d × seq %d\n", corpus.Source, len(corpus.Train), len(corpus.Eval), batch, seq)
 	cfg := runtime.TrainConfig{
@@ -216,7 +243,7 @@ func train(c *config, prog *lower.Program, met *runtime.Metrics, dm *runtime.Dev
 	prog2 := newProgress(os.Stderr, c.steps)
 	steps, evals, trainErr := runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 		if tracer != nil && s.Step >= runtime.TraceSteps {
-			dev.OnInstr = nil
+			dev.Devices[0].OnInstr = nil
 		}
 		if tracer != nil {
 			tracer.EndStep()
@@ -225,7 +252,9 @@ func train(c *config, prog *lower.Program, met *runtime.Metrics, dm *runtime.Dev
 	})
 	prog2.done()
 	met.Steps, met.Eval = steps, evals
-	dm.PeakBytesMeasured = dev.PeakBytes()
+	for r, d := range dev.Devices {
+		met.Devices[r].PeakBytesMeasured = d.PeakBytes()
+	}
 	if trainErr != nil {
 		return trainErr
 	}

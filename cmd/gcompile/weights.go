@@ -14,24 +14,31 @@ var safetensorsDType = map[ir.DType]string{ir.F32: "F32", ir.F64: "F64", ir.F16:
 
 // saveWeights writes the params under their model names (HF GPT-2 names
 // for the reference model), so other tools can read them.
-func saveWeights(dev *cpu.Device, prog *lower.Program, path string, step int) error {
+func saveWeights(dev *cpu.Cluster, prog *lower.Program, path string, step int) error {
 	var ts []checkpoint.Tensor
 	for _, b := range prog.Buffers {
 		if b.Kind != lower.Param {
 			continue
 		}
-		raw, t, err := dev.Bytes(b.Name)
+		if b.Global.DType != ir.F32 {
+			return fmt.Errorf("--save: param %q is %v; only f32 params are saved yet", b.Name, b.Global)
+		}
+		whole, err := dev.Global(b.Name)
 		if err != nil {
 			return err
 		}
-		ts = append(ts, checkpoint.Tensor{Name: b.Name, DType: safetensorsDType[t.DType], Shape: []int(t.Shape.Clone()), Data: append([]byte(nil), raw...)})
+		x := make([]float32, len(whole))
+		for i, v := range whole {
+			x[i] = float32(v)
+		}
+		ts = append(ts, checkpoint.Tensor{Name: b.Name, DType: "F32", Shape: []int(b.Global.Shape.Clone()), Data: checkpoint.Float32Bytes(x)})
 	}
 	return checkpoint.Save(path, ts, map[string]string{"format": "pt", "producer": "gcompile", "step": strconv.Itoa(step)})
 }
 
 // loadWeights overwrites params from a safetensors file; every param of the
 // model must be present with its exact dtype and shape.
-func loadWeights(dev *cpu.Device, path string) error {
+func loadWeights(dev *cpu.Cluster, prog *lower.Program, path string) error {
 	ts, _, err := checkpoint.Load(path)
 	if err != nil {
 		return err
@@ -40,7 +47,7 @@ func loadWeights(dev *cpu.Device, path string) error {
 	for _, t := range ts {
 		byName[t.Name] = t
 	}
-	for _, b := range dev.Program().Buffers {
+	for _, b := range prog.Buffers {
 		if b.Kind != lower.Param {
 			continue
 		}
@@ -48,10 +55,15 @@ func loadWeights(dev *cpu.Device, path string) error {
 		if !ok {
 			return fmt.Errorf("--load %s: no tensor %q for param %s", path, b.Name, b.Value.Where())
 		}
-		if t.DType != safetensorsDType[b.Type.DType] || !ir.Shape(t.Shape).Equal(b.Type.Shape) {
-			return fmt.Errorf("--load %s: tensor %q is %s%v, the model's param is %v", path, b.Name, t.DType, t.Shape, b.Type)
+		if t.DType != safetensorsDType[b.Global.DType] || t.DType != "F32" || !ir.Shape(t.Shape).Equal(b.Global.Shape) {
+			return fmt.Errorf("--load %s: tensor %q is %s%v, the model's param is %v", path, b.Name, t.DType, t.Shape, b.Global)
 		}
-		if err := dev.SetBytes(b.Name, t.Data); err != nil {
+		x := checkpoint.BytesFloat32(t.Data)
+		whole := make([]float64, len(x))
+		for i, v := range x {
+			whole[i] = float64(v)
+		}
+		if err := dev.SetGlobal(b.Name, whole); err != nil {
 			return err
 		}
 	}

@@ -21,6 +21,13 @@ func (d *Device) compile(in lower.Instr) (func() error, error) {
 		return func() error { copy(dst, src); return nil }, nil
 	case "cast":
 		return d.compileCast(in)
+	case "all_reduce", "reduce_scatter", "all_gather", "shard_slice", "all_to_all":
+		switch dt {
+		case ir.F32:
+			return compileCollective[float32](d, in)
+		case ir.F64:
+			return compileCollective[float64](d, in)
+		}
 	case "cross_entropy", "sum_squares", "clip_coef":
 		// Scalar results: dtype of the first argument decides the kernel.
 		dt = d.prog.Buffers[in.Args[0]].Type.DType
@@ -37,12 +44,28 @@ func (d *Device) compile(in lower.Instr) (func() error, error) {
 func ok(f func()) func() error { return func() error { f(); return nil } }
 
 func compileFloat[T kcpu.Float](d *Device, in lower.Instr) (func() error, error) {
+	f, err := compileKernel[T](d, in)
+	if err != nil || in.Scale == 0 {
+		return f, err
+	}
+	out, scale := view[T](d, in.Out), T(in.Scale)
+	return func() error {
+		if err := f(); err != nil {
+			return err
+		}
+		kcpu.Scale(out, out, scale)
+		return nil
+	}, nil
+}
+
+func compileKernel[T kcpu.Float](d *Device, in lower.Instr) (func() error, error) {
 	out := view[T](d, in.Out)
 	arg := func(i int) []T { return view[T](d, in.Args[i]) }
-	// Shapes come from the IR values: a reshape shares its argument's buffer.
-	shape := func(i int) []int { return []int(in.Value.Args[i].Type.Shape) }
+	// Shapes are the instruction's local ones: a reshape shares its
+	// argument's buffer, and a sharded value is smaller than its IR type.
+	shape := func(i int) []int { return []int(in.ArgTypes[i].Shape) }
 	a := in.Attrs
-	outShape := []int(in.Value.Type.Shape)
+	outShape := []int(in.OutType.Shape)
 	lastDim := func(s []int) (rows, n int) {
 		n = s[len(s)-1]
 		return int(ir.Shape(s).NumElements()) / max(n, 1), n

@@ -23,6 +23,10 @@ import (
 type Options struct {
 	// MemoryCap is the most arena bytes the device may hold; 0 means unlimited.
 	MemoryCap int64
+	// Rank is the device's global rank in the mesh and Comm the in-process
+	// communicator shared by the devices (nil for one device).
+	Rank int
+	Comm *Comm
 }
 
 // Device is one virtual CPU device executing one program.
@@ -36,6 +40,10 @@ type Device struct {
 	// OnInstr, when set, is told each instruction's start and duration
 	// (the Chrome trace).
 	OnInstr func(i int, start time.Time, d time.Duration)
+
+	rank   int
+	coords []int // position on each mesh axis
+	comm   *Comm
 }
 
 // Load allocates the arena and prepares every instruction.
@@ -43,7 +51,13 @@ func Load(p *lower.Program, opts Options) (*Device, error) {
 	if opts.MemoryCap > 0 && p.ArenaBytes > opts.MemoryCap {
 		return nil, fmt.Errorf("program %q needs an arena of %d bytes, more than the device cap of %d bytes", p.Name, p.ArenaBytes, opts.MemoryCap)
 	}
-	d := &Device{prog: p, arena: make([]uint64, (p.ArenaBytes+7)/8)}
+	d := &Device{prog: p, arena: make([]uint64, (p.ArenaBytes+7)/8), rank: opts.Rank, comm: opts.Comm}
+	if p.Mesh != nil {
+		if opts.Comm == nil || opts.Comm.Devices() != p.Mesh.Devices() || opts.Rank < 0 || opts.Rank >= p.Mesh.Devices() {
+			return nil, fmt.Errorf("program %q spans mesh %v: load it with a Comm for %d devices and a rank below that", p.Name, p.Mesh, p.Mesh.Devices())
+		}
+		d.coords = Coords(p.Mesh, opts.Rank)
+	}
 	d.bytes = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(d.arena))), len(d.arena)*8)
 	for _, b := range p.Buffers {
 		if b.Kind == lower.Const {
@@ -285,9 +299,11 @@ func (d *Device) initParam(b lower.Buffer, seed uint64) error {
 	h := fnv.New64a()
 	h.Write([]byte(b.Name))
 	rng := rand.New(rand.NewPCG(seed, h.Sum64()))
-	x := make([]float64, b.Type.Shape.NumElements())
+	// The whole tensor is drawn on every device and each keeps its block,
+	// so a sharded param holds exactly the numbers one device would.
+	x := make([]float64, b.Global.Shape.NumElements())
 	for i := range x {
 		x[i] = rng.NormFloat64() * std
 	}
-	return d.SetFloat64s(b.Name, x)
+	return d.SetFloat64s(b.Name, d.LocalBlock(x, b))
 }

@@ -1,0 +1,32 @@
+package passes
+
+import (
+	"gcompile/ir"
+)
+
+// dataParallel groups the gradient reductions over dp (all-reduce, or
+// reduce-scatter under ZeRO-2/3) into buckets of at most BucketMB, in the
+// order the gradients become ready (last layers first), as PyTorch DDP and
+// Megatron do: one collective per bucket instead of one per tensor. The
+// bucket is an attribute of each reduction; the lowering issues a bucket's
+// reductions together once its last gradient exists.
+func dataParallel(m *ir.Module, o *Options) error {
+	if m.Mesh == nil || m.Mesh.Axis("dp") < 0 {
+		return nil
+	}
+	limit := int64(o.BucketMB * (1 << 20))
+	bucket, filled := 0, int64(0)
+	for _, v := range m.Values {
+		if (v.Op != "all_reduce" && v.Op != "reduce_scatter") || v.Attrs.Str("axis") != "dp" || v.Meta.Phase != ir.PhaseBwd {
+			continue
+		}
+		size := v.Type.Bytes()
+		if filled > 0 && filled+size > limit {
+			bucket++
+			filled = 0
+		}
+		filled += size
+		v.Attrs["bucket"] = bucket
+	}
+	return nil
+}

@@ -1,0 +1,98 @@
+package passes
+
+import (
+	"fmt"
+
+	"gcompile/ir"
+)
+
+// redistribute expands each redistribute op into collectives from the
+// fixed conversion table, one mesh axis at a time:
+//
+//	P → R     all_reduce        S(d) → R     all_gather
+//	P → S(d)  reduce_scatter    R → S(d)     shard_slice (local, no traffic)
+//	S(i) → S(j)  all_to_all
+//
+// Reductions run first (they shrink nothing but must happen before a
+// slice), then slices and re-shardings, gathers last. The final collective
+// keeps the redistribute op's id, so later dumps line up. The backward of
+// each collective is its conjugate because autodiff runs before placement:
+// the gradient graph is placed and redistributed like any other.
+func redistribute(m *ir.Module, _ *Options) error {
+	var out []*ir.Value
+	for _, v := range m.Values {
+		if v.Op != "redistribute" {
+			out = append(out, v)
+			continue
+		}
+		steps, err := conversions(m, v.Args[0].Place, v.Place)
+		if err != nil {
+			return fmt.Errorf("%s: %w", v.Where(), err)
+		}
+		cur := v.Args[0]
+		for i, st := range steps {
+			place := append([]ir.Placement(nil), cur.Place...)
+			place[st.axis] = st.to
+			if i == len(steps)-1 {
+				v.Op, v.Attrs, v.Args = st.op, st.attrs, []*ir.Value{cur}
+				out = append(out, v)
+				break
+			}
+			c, err := m.Add(st.op, []*ir.Value{cur}, st.attrs, v.Meta, v.Pos)
+			if err != nil {
+				return err
+			}
+			m.Values = m.Values[:len(m.Values)-1]
+			c.Place = place
+			out = append(out, c)
+			cur = c
+		}
+		if len(steps) == 0 {
+			return fmt.Errorf("%s: redistribute to the placement it already has", v.Where())
+		}
+	}
+	m.Values = out
+	return nil
+}
+
+type conversion struct {
+	axis  int
+	to    ir.Placement
+	op    string
+	attrs ir.Attrs
+	order int
+}
+
+func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
+	var steps []conversion
+	for ax := range from {
+		a, b := from[ax], to[ax]
+		if a == b {
+			continue
+		}
+		name := m.Mesh.Axes[ax].Name
+		c := conversion{axis: ax, to: b}
+		switch {
+		case a.Kind == ir.Partial && b.Kind == ir.Replicate:
+			c.op, c.attrs, c.order = "all_reduce", ir.Attrs{"axis": name}, 0
+		case a.Kind == ir.Partial && b.Kind == ir.Shard:
+			c.op, c.attrs, c.order = "reduce_scatter", ir.Attrs{"axis": name, "dim": b.Dim}, 0
+		case a.Kind == ir.Replicate && b.Kind == ir.Shard:
+			c.op, c.attrs, c.order = "shard_slice", ir.Attrs{"axis": name, "dim": b.Dim}, 1
+		case a.Kind == ir.Shard && b.Kind == ir.Shard:
+			c.op, c.attrs, c.order = "all_to_all", ir.Attrs{"axis": name, "from": a.Dim, "to": b.Dim}, 1
+		case a.Kind == ir.Shard && b.Kind == ir.Replicate:
+			c.op, c.attrs, c.order = "all_gather", ir.Attrs{"axis": name, "dim": a.Dim}, 2
+		default:
+			return nil, fmt.Errorf("no conversion from %v to %v on axis %s", a, b, name)
+		}
+		steps = append(steps, c)
+	}
+	// Stable order: reductions, then slices, then gathers.
+	for i := 1; i < len(steps); i++ {
+		for j := i; j > 0 && steps[j].order < steps[j-1].order; j-- {
+			steps[j], steps[j-1] = steps[j-1], steps[j]
+		}
+	}
+	return steps, nil
+}

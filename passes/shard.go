@@ -1,0 +1,270 @@
+package passes
+
+import (
+	"fmt"
+	"strings"
+
+	"gcompile/ir"
+)
+
+// shard places every value on the device mesh, GSPMD-style: sources get
+// their placement from the plan (batch inputs split over dp; params and
+// optimizer state replicated, or split over dp by ZeRO), and every other
+// value gets one from its op's sharding rule (shard_rules.go) applied to its
+// arguments' placements, one mesh axis at a time. Where a rule needs an
+// argument placed differently, shard inserts a redistribute op that the
+// redistribute pass turns into collectives. A rule that has no way to run
+// an op on the placements it is given reports the op and the user's line;
+// nothing is replicated behind the user's back.
+//
+// Reductions (a partial sum made whole or scattered) are placed right
+// after the value they reduce, so gradients are reduced as soon as they
+// exist; gathers and slices right before the op that needs them, so a
+// gathered ZeRO-3 parameter lives only while it is used.
+func shard(m *ir.Module, o *Options) error {
+	if m.Mesh == nil {
+		m.Mesh = o.Mesh
+	}
+	if m.Mesh == nil || m.Mesh.Devices() == 1 {
+		m.Mesh = nil
+		return nil
+	}
+	if tp := m.Mesh.Axis("tp"); tp >= 0 && m.Mesh.Axes[tp].Size > 1 {
+		return fmt.Errorf("tensor parallel (tp=%d): the Megatron sharding rules for the tp axis are %w", m.Mesh.Axes[tp].Size, ErrNotYet)
+	}
+	s := &sharder{m: m, o: o, dp: m.Mesh.Axis("dp"), before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
+		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}}
+	s.planGradients()
+	values := m.Values
+	for _, v := range values {
+		if err := s.place(v); err != nil {
+			return err
+		}
+	}
+	// Outputs are read whole and updates must match their state. A
+	// reduction goes right after the value (so evaluation, which runs the
+	// program only up to the loss, includes it); anything else at the end.
+	for i := range m.Outputs {
+		o := &m.Outputs[i]
+		want := ir.Replicated(m.Mesh)
+		if !ir.SamePlacement(o.Value.Place, want) {
+			o.Value = s.redistribute(o.Value, want, o.Value, !reduces(o.Value.Place, want))
+		}
+	}
+	for i := range m.Updates {
+		u := &m.Updates[i]
+		if !ir.SamePlacement(u.Value.Place, u.State.Place) {
+			u.Value = s.redistribute(u.Value, u.State.Place, u.Value, !reduces(u.Value.Place, u.State.Place))
+		}
+	}
+	var out []*ir.Value
+	for _, v := range values {
+		out = append(out, s.before[v]...)
+		out = append(out, v)
+		out = append(out, s.after[v]...)
+	}
+	m.Values = out
+	return nil
+}
+
+// ErrNotYet marks plans that are valid but not implemented yet.
+var ErrNotYet = fmt.Errorf("not yet supported")
+
+type sharder struct {
+	m             *ir.Module
+	o             *Options
+	dp            int // index of the dp axis, or -1
+	before, after map[*ir.Value][]*ir.Value
+	cache         map[string]*ir.Value
+	// prefer says where a partial-sum value should go when an op cannot
+	// take it partial: gradients go to S(0) on dp under ZeRO-2/3 (reduce-
+	// scatter) and to R otherwise (all-reduce).
+	prefer map[*ir.Value][]ir.Placement
+	// gatherable values are stored sharded but used whole: ZeRO-3
+	// parameters, all-gathered before each forward and backward use.
+	gatherable map[*ir.Value]bool
+}
+
+// planGradients finds the gradient each optimizer op consumes (before and
+// after clipping) and records where its partial sum should be reduced to.
+func (s *sharder) planGradients() {
+	want := ir.Replicated(s.m.Mesh)
+	if s.o.Zero >= 2 && s.dp >= 0 {
+		want[s.dp] = ir.Placement{Kind: ir.Shard, Dim: 0}
+	}
+	for _, v := range s.m.Values {
+		switch v.Op {
+		case "adam_m", "adam_v", "sgd_buf":
+			g := v.Args[1]
+			s.prefer[g] = want
+			if g.Op == "scale" {
+				s.prefer[g.Args[0]] = want
+			}
+		}
+	}
+}
+
+func (s *sharder) axisName(i int) string { return s.m.Mesh.Axes[i].Name }
+
+// seed is the placement of a source value.
+func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
+	place := ir.Replicated(s.m.Mesh)
+	if s.dp < 0 {
+		return place, nil
+	}
+	dpSize := s.m.Mesh.Axes[s.dp].Size
+	split := func(why string) error {
+		if v.Type.Rank() == 0 || v.Type.Shape[0]%dpSize != 0 {
+			return fmt.Errorf("%s: %s splits %q %v along dim 0 over dp=%d, which does not divide it", v.Where(), why, v.Name(), v.Type, dpSize)
+		}
+		place[s.dp] = ir.Placement{Kind: ir.Shard, Dim: 0}
+		return nil
+	}
+	switch v.Op {
+	case "input":
+		if v.Type.Rank() > 0 {
+			return place, split("data parallelism")
+		}
+	case "param":
+		if s.o.Zero >= 3 {
+			s.gatherable[v] = true
+			return place, split("ZeRO-3")
+		}
+	case "state":
+		if s.o.Zero >= 1 {
+			return place, split(fmt.Sprintf("ZeRO-%d", s.o.Zero))
+		}
+	}
+	return place, nil
+}
+
+func (s *sharder) place(v *ir.Value) error {
+	info, _ := ir.Lookup(v.Op)
+	if info.Source {
+		p, err := s.seed(v)
+		v.Place = p
+		return err
+	}
+	// ZeRO-3: a sharded parameter is gathered whole before each forward
+	// and backward use; the optimizer works on the shards.
+	if v.Meta.Phase != ir.PhaseOpt {
+		for i, a := range v.Args {
+			if s.gatherable[a] {
+				v.Args[i] = s.redistribute(a, ir.Replicated(s.m.Mesh), v, false)
+			}
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		want, out, err := s.rule(v)
+		if err != nil {
+			return err
+		}
+		changed := false
+		for i, a := range v.Args {
+			if !ir.SamePlacement(a.Place, want[i]) {
+				v.Args[i] = s.redistribute(a, want[i], v, false)
+				changed = true
+			}
+		}
+		if !changed || attempt > 0 {
+			v.Place = out
+			return nil
+		}
+	}
+}
+
+// rule applies the op's sharding rule on every mesh axis.
+func (s *sharder) rule(v *ir.Value) (want [][]ir.Placement, out []ir.Placement, err error) {
+	n := len(s.m.Mesh.Axes)
+	want = make([][]ir.Placement, len(v.Args))
+	for i := range want {
+		want[i] = make([]ir.Placement, n)
+	}
+	out = make([]ir.Placement, n)
+	for ax := range n {
+		have := make([]ir.Placement, len(v.Args))
+		for i, a := range v.Args {
+			have[i] = a.Place[ax]
+		}
+		r := axisRule{s: s, v: v, ax: ax, have: have}
+		w, o, err := r.apply()
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: sharding on axis %s: %w", v.Where(), s.axisName(ax), err)
+		}
+		for i := range w {
+			want[i][ax] = w[i]
+		}
+		out[ax] = o
+	}
+	return want, out, nil
+}
+
+// redistribute returns a value holding v placed as want, creating the
+// redistribute op once per (value, placement, phase).
+func (s *sharder) redistribute(v *ir.Value, want []ir.Placement, user *ir.Value, atEnd bool) *ir.Value {
+	phase := user.Meta.Phase
+	key := fmt.Sprintf("%d %s %v", v.ID, ir.PlacementString(want), phase)
+	if r := s.cache[key]; r != nil {
+		return r
+	}
+	at, meta := user, user.Meta
+	if reduces(v.Place, want) {
+		at, meta = v, v.Meta
+	}
+	r, err := s.m.Add("redistribute", []*ir.Value{v}, nil, meta, at.Pos)
+	if err != nil {
+		panic(err) // identity type rule: cannot fail
+	}
+	// Add appended r; it is placed by the before/after lists instead.
+	s.m.Values = s.m.Values[:len(s.m.Values)-1]
+	r.Place = append([]ir.Placement(nil), want...)
+	switch {
+	case atEnd:
+		last := s.m.Values[len(s.m.Values)-1]
+		s.after[last] = append(s.after[last], r)
+	case reduces(v.Place, want) && s.definedAt(v) != nil:
+		host := s.definedAt(v)
+		s.after[host] = append(s.after[host], r)
+	default:
+		s.before[user] = append(s.before[user], r)
+	}
+	s.cache[key] = r
+	return r
+}
+
+// reduces reports whether going from have to want sums partial values.
+func reduces(have, want []ir.Placement) bool {
+	for i, p := range have {
+		if p.Kind == ir.Partial && want[i].Kind != ir.Partial {
+			return true
+		}
+	}
+	return false
+}
+
+// definedAt is the original value after which v's reduction is emitted:
+// v itself, or, for a value inserted by this pass, the value it follows.
+func (s *sharder) definedAt(v *ir.Value) *ir.Value {
+	if v.Op != "redistribute" {
+		return v
+	}
+	for host, list := range s.after {
+		for _, x := range list {
+			if x == v {
+				return host
+			}
+		}
+	}
+	return nil
+}
+
+func placeNames(ps []ir.Placement) string {
+	var b strings.Builder
+	for i, p := range ps {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(p.String())
+	}
+	return b.String()
+}

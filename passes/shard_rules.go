@@ -1,0 +1,397 @@
+package passes
+
+import (
+	"fmt"
+	"slices"
+
+	"gcompile/ir"
+)
+
+// axisRule decides, for one op on one mesh axis, which placement each
+// argument must have and which placement the result gets. have holds the
+// arguments' current placements on the axis.
+type axisRule struct {
+	s    *sharder
+	v    *ir.Value
+	ax   int
+	have []ir.Placement
+}
+
+var (
+	rep = ir.Placement{Kind: ir.Replicate}
+	par = ir.Placement{Kind: ir.Partial}
+)
+
+func shardOn(d int) ir.Placement { return ir.Placement{Kind: ir.Shard, Dim: d} }
+
+// resolve is where a partial argument goes when the op cannot take it
+// partial: the planned placement for gradients, otherwise whole.
+func (r axisRule) resolve(i int) ir.Placement {
+	if p, ok := r.s.prefer[r.v.Args[i]]; ok {
+		return p[r.ax]
+	}
+	return rep
+}
+
+func (r axisRule) same(p ir.Placement) []ir.Placement {
+	w := make([]ir.Placement, len(r.have))
+	for i := range w {
+		w[i] = p
+	}
+	return w
+}
+
+// shardRules maps each op to its rule family. An op missing here has no
+// way to run on placed arguments yet, and placing it is an error.
+var shardRules = map[string]func(axisRule) ([]ir.Placement, ir.Placement, error){}
+
+func init() {
+	for _, op := range []string{"add", "sub", "mul", "div", "neg", "exp", "log", "tanh", "sqrt", "gelu", "relu",
+		"gelu_grad", "relu_grad", "tanh_grad", "scale", "cast", "adam_m", "adam_v", "adamw", "sgd_buf", "sgd"} {
+		shardRules[op] = elementwiseRule
+	}
+	shardRules["matmul"] = matmulRule
+	shardRules["reshape"] = reshapeRule
+	shardRules["transpose"] = transposeRule
+	shardRules["slice"] = sliceRule
+	shardRules["slice_grad"] = sliceRule
+	shardRules["concat"] = concatRule
+	shardRules["broadcast"] = broadcastRule
+	shardRules["reduce_sum"] = reduceRule
+	shardRules["reduce_mean"] = reduceRule
+	shardRules["reduce_max"] = reduceRule
+	for _, op := range []string{"softmax", "softmax_grad", "causal_mask", "layernorm", "layernorm_grad_x", "layernorm_grad_gamma"} {
+		shardRules[op] = rowwiseRule
+	}
+	shardRules["embedding"] = embeddingRule
+	shardRules["embedding_grad"] = embeddingGradRule
+	shardRules["cross_entropy"] = crossEntropyRule
+	shardRules["cross_entropy_grad"] = crossEntropyRule
+	shardRules["sum_squares"] = sumSquaresRule
+	shardRules["clip_coef"] = func(r axisRule) ([]ir.Placement, ir.Placement, error) { return r.same(rep), rep, nil }
+}
+
+func (r axisRule) apply() ([]ir.Placement, ir.Placement, error) {
+	f, ok := shardRules[r.v.Op]
+	if !ok {
+		return nil, rep, fmt.Errorf("op %s has no sharding rule yet; its arguments are %s", r.v.Op, placeNames(r.have))
+	}
+	return f(r)
+}
+
+// partialThrough reports whether the op maps partial sums in its partial
+// arguments to a partial sum of its result, the others fixed and whole:
+// sums of partials, negation, casts, and products or quotients with
+// exactly one partial factor in the numerator.
+func partialThrough(op string, have []ir.Placement) bool {
+	partial := 0
+	for _, p := range have {
+		switch p.Kind {
+		case ir.Partial:
+			partial++
+		case ir.Shard:
+			return false
+		}
+	}
+	switch op {
+	case "add", "sub":
+		return partial == len(have)
+	case "neg", "cast":
+		return partial == 1
+	case "mul":
+		return partial == 1
+	case "div", "scale":
+		return partial == 1 && have[0].Kind == ir.Partial
+	}
+	return false
+}
+
+// elementwiseRule: full-shape arguments share one placement; lower-rank
+// arguments (learning rate, step, scale factors) must be whole. A sharded
+// argument decides the placement (whole arguments are sliced locally, for
+// free); partial arguments stay partial only through linear ops and are
+// otherwise reduced to their planned placement.
+func elementwiseRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	rank := r.v.Type.Rank()
+	full := func(i int) bool { return r.v.Args[i].Type.Rank() == rank }
+	if partialThrough(r.v.Op, r.have) {
+		return slices.Clone(r.have), par, nil
+	}
+	target := rep
+	for i, p := range r.have {
+		if full(i) && p.Kind == ir.Shard {
+			target = p
+			break
+		}
+	}
+	if target.Kind == ir.Replicate {
+		for i, p := range r.have {
+			if p.Kind == ir.Partial {
+				if q := r.resolve(i); q.Kind == ir.Shard && full(i) {
+					target = q
+					break
+				}
+			}
+		}
+	}
+	want := make([]ir.Placement, len(r.have))
+	for i := range want {
+		if full(i) {
+			want[i] = target
+		} else {
+			want[i] = rep
+		}
+	}
+	return want, target, nil
+}
+
+// matmul on one axis: batch or row sharding passes through, column
+// sharding of the weight gives column-sharded output, matching sharding
+// of the contraction dim gives a partial sum.
+func matmulRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	a, b := r.v.Args[0].Type, r.v.Args[1].Type
+	ta, tb := r.v.Attrs.Bool("transA"), r.v.Attrs.Bool("transB")
+	ra, rb, ro := a.Rank(), b.Rank(), r.v.Type.Rank()
+	mA, kA := ra-2, ra-1
+	if ta {
+		mA, kA = kA, mA
+	}
+	kB, nB := rb-2, rb-1
+	if tb {
+		kB, nB = nB, kB
+	}
+	pa, pb := r.have[0], r.have[1]
+	try := func(pa, pb ir.Placement) (ir.Placement, bool) {
+		switch {
+		case pa.Kind == ir.Replicate && pb.Kind == ir.Replicate:
+			return rep, true
+		case pa.Kind == ir.Partial && pb.Kind == ir.Replicate, pa.Kind == ir.Replicate && pb.Kind == ir.Partial:
+			return par, true
+		case pa.Kind == ir.Shard && pa.Dim < ra-2 && (rb == 2 && pb.Kind == ir.Replicate || rb > 2 && pb == pa):
+			return pa, true // batch dim
+		case pa.Kind == ir.Shard && pa.Dim == mA && pb.Kind == ir.Replicate:
+			return shardOn(ro - 2), true // rows
+		case pa.Kind == ir.Replicate && pb.Kind == ir.Shard && pb.Dim == nB:
+			return shardOn(ro - 1), true // columns
+		case pa.Kind == ir.Shard && pa.Dim == kA && pb.Kind == ir.Shard && pb.Dim == kB:
+			return par, true // contraction
+		}
+		return rep, false
+	}
+	if out, ok := try(pa, pb); ok {
+		return []ir.Placement{pa, pb}, out, nil
+	}
+	// A partial operand of a product with a sharded one is reduced first.
+	if pa.Kind == ir.Partial {
+		pa = r.resolve(0)
+	}
+	if pb.Kind == ir.Partial {
+		pb = r.resolve(1)
+	}
+	// A batched pair sharded on the batch of one side: slice the other.
+	if rb > 2 && pa.Kind == ir.Shard && pa.Dim < ra-2 && pb.Kind == ir.Replicate {
+		pb = pa
+	}
+	if rb > 2 && pb.Kind == ir.Shard && pb.Dim < rb-2 && pa.Kind == ir.Replicate {
+		pa = pb
+	}
+	if out, ok := try(pa, pb); ok {
+		return []ir.Placement{pa, pb}, out, nil
+	}
+	return nil, rep, fmt.Errorf("matmul %v·%v has no rule for operands placed %v and %v", a, b, r.have[0], r.have[1])
+}
+
+// reshapeRule keeps a sharded dim sharded when the reshape leaves the
+// same elements in each device's block: the dims before it multiply to the
+// same number on both sides and the new dim still splits evenly.
+func reshapeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	p := r.have[0]
+	if p.Kind != ir.Shard {
+		return r.have, p, nil
+	}
+	in, out := r.v.Args[0].Type.Shape, r.v.Type.Shape
+	n := r.s.m.Mesh.Axes[r.ax].Size
+	prefix := in[:p.Dim].NumElements()
+	for d := range out {
+		if out[:d].NumElements() == prefix && out[d]%n == 0 && (out[d]%in[p.Dim] == 0 || in[p.Dim]%out[d] == 0) {
+			return r.have, shardOn(d), nil
+		}
+	}
+	return nil, rep, fmt.Errorf("reshape %v → %v would split the sharded dim %d across devices", in, out, p.Dim)
+}
+
+func transposeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	p := r.have[0]
+	if p.Kind != ir.Shard {
+		return r.have, p, nil
+	}
+	return r.have, shardOn(slices.Index(r.v.Attrs.Ints("perm"), p.Dim)), nil
+}
+
+func sliceRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	p := r.have[0]
+	if p.Kind == ir.Shard && p.Dim == r.v.Attrs.Int("dim", 0) {
+		return nil, rep, fmt.Errorf("%s along dim %d, which is sharded", r.v.Op, p.Dim)
+	}
+	return r.have, p, nil
+}
+
+func concatRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	p := r.have[0]
+	for _, q := range r.have {
+		if q != p {
+			return nil, rep, fmt.Errorf("concat of arguments placed %s: they must agree", placeNames(r.have))
+		}
+	}
+	if p.Kind == ir.Shard && p.Dim == r.v.Attrs.Int("dim", 0) {
+		return nil, rep, fmt.Errorf("concat along dim %d, which is sharded", p.Dim)
+	}
+	return r.have, p, nil
+}
+
+func broadcastRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	p := r.have[0]
+	if p.Kind != ir.Shard {
+		return r.have, p, nil
+	}
+	in, out := r.v.Args[0].Type.Shape, r.v.Type.Shape
+	off := len(out) - len(in)
+	if in[p.Dim] != out[p.Dim+off] {
+		return nil, rep, fmt.Errorf("broadcast expands dim %d, which is sharded", p.Dim)
+	}
+	return r.have, shardOn(p.Dim + off), nil
+}
+
+// reduceRule: summing (or averaging) over a sharded dim leaves each device
+// a partial result; the lowering scales a partial mean by the local share.
+func reduceRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	p := r.have[0]
+	axes := r.v.Attrs.Ints("axes")
+	switch {
+	case p.Kind == ir.Partial && r.v.Op == "reduce_max":
+		return []ir.Placement{r.resolve(0)}, rep, nil
+	case p.Kind != ir.Shard:
+		return r.have, p, nil
+	case slices.Contains(axes, p.Dim):
+		if r.v.Op == "reduce_max" {
+			return nil, rep, fmt.Errorf("reduce_max over sharded dim %d: a max of partial maxima needs a max all-reduce, which is not implemented", p.Dim)
+		}
+		return r.have, par, nil
+	}
+	d := p.Dim
+	if !r.v.Attrs.Bool("keepdims") {
+		for _, a := range axes {
+			if a < p.Dim {
+				d--
+			}
+		}
+	}
+	return r.have, shardOn(d), nil
+}
+
+// rowwiseRule covers ops that normalise over the last dim(s): the row dims
+// may be sharded, the normalised dims may not, partial inputs are reduced
+// first, and per-feature vectors (γ, β) stay whole. layernorm_grad_gamma
+// sums over rows, so sharded rows give a partial result.
+func rowwiseRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	x := r.v.Args[0].Type
+	inner := 1
+	if r.v.Op == "causal_mask" {
+		inner = 2
+	}
+	target := rep
+	for i, p := range r.have {
+		if r.v.Args[i].Type.Rank() != x.Rank() {
+			continue
+		}
+		if p.Kind == ir.Shard {
+			if p.Dim >= x.Rank()-inner {
+				return nil, rep, fmt.Errorf("%s normalises over dim %d, which is sharded", r.v.Op, p.Dim)
+			}
+			target = p
+		}
+	}
+	want := make([]ir.Placement, len(r.have))
+	for i := range want {
+		if r.v.Args[i].Type.Rank() == x.Rank() {
+			want[i] = target
+		} else {
+			want[i] = rep
+		}
+	}
+	out := target
+	if r.v.Op == "layernorm_grad_gamma" && target.Kind == ir.Shard {
+		out = par
+	}
+	return want, out, nil
+}
+
+func embeddingRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	table, ids := r.have[0], r.have[1]
+	if table.Kind != ir.Replicate {
+		if table.Kind == ir.Partial {
+			return []ir.Placement{r.resolve(0), ids}, ids, nil
+		}
+		return nil, rep, fmt.Errorf("embedding table placed %v (vocab-parallel lookup) is not implemented yet", table)
+	}
+	return r.have, ids, nil
+}
+
+func embeddingGradRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	ids, dy := r.have[0], r.have[1]
+	switch {
+	case ids.Kind == ir.Shard && ids.Dim < r.v.Args[0].Type.Rank():
+		return []ir.Placement{ids, ids}, par, nil // scattered rows from local tokens
+	case ids.Kind == ir.Replicate && dy.Kind != ir.Shard:
+		return r.have, dy, nil
+	}
+	return nil, rep, fmt.Errorf("embedding_grad with ids %v and dy %v has no rule", ids, dy)
+}
+
+// crossEntropyRule: rows sharded give a partial mean (the lowering divides
+// by the global row count) and a row-sharded gradient.
+func crossEntropyRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	logits, labels := r.have[0], r.have[1]
+	want := slices.Clone(r.have)
+	if logits.Kind == ir.Partial {
+		want[0] = r.resolve(0)
+	}
+	if want[0].Kind == ir.Shard && want[0].Dim == 1 {
+		return nil, rep, fmt.Errorf("cross-entropy over vocab-sharded logits (vocab-parallel) is not implemented yet")
+	}
+	if want[0].Kind == ir.Shard || labels.Kind == ir.Shard {
+		want[0], want[1] = shardOn(0), shardOn(0)
+	}
+	if len(want) == 3 {
+		want[2] = rep // dloss
+	}
+	out := want[0]
+	if r.v.Op == "cross_entropy" && out.Kind == ir.Shard {
+		out = par
+	}
+	return want, out, nil
+}
+
+// sumSquaresRule: squares of shards add to a partial sum; whole arguments
+// give a whole sum. Mixed arguments would count the whole ones once per
+// device, so partial ones are resolved and sharded/whole must agree.
+func sumSquaresRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	want := make([]ir.Placement, len(r.have))
+	sharded := 0
+	for i, p := range r.have {
+		if p.Kind == ir.Partial {
+			p = r.resolve(i)
+		}
+		want[i] = p
+		if p.Kind == ir.Shard {
+			sharded++
+		}
+	}
+	switch sharded {
+	case 0:
+		return want, rep, nil
+	case len(want):
+		return want, par, nil
+	}
+	return nil, rep, fmt.Errorf("sum_squares over %d sharded and %d whole tensors would count the whole ones once per device", sharded, len(want)-sharded)
+}

@@ -1,0 +1,241 @@
+package cpu
+
+import (
+	"fmt"
+
+	"gcompile/ir"
+	kcpu "gcompile/kernels/cpu"
+	"gcompile/lower"
+)
+
+// Coords is the position of rank on each mesh axis; the last axis varies
+// fastest, so ranks next to each other share every axis but the last.
+func Coords(m *ir.Mesh, rank int) []int {
+	c := make([]int, len(m.Axes))
+	for i := len(m.Axes) - 1; i >= 0; i-- {
+		c[i] = rank % m.Axes[i].Size
+		rank /= m.Axes[i].Size
+	}
+	return c
+}
+
+// Rank is the inverse of Coords.
+func Rank(m *ir.Mesh, coords []int) int {
+	r := 0
+	for i, a := range m.Axes {
+		r = r*a.Size + coords[i]
+	}
+	return r
+}
+
+// axisGroup is the group of devices that differ from this one only on
+// mesh axis ax, ordered by their coordinate on it.
+func (d *Device) axisGroup(ax int) Group {
+	m := d.prog.Mesh
+	c := append([]int(nil), d.coords...)
+	g := Group{}
+	for i := range m.Axes[ax].Size {
+		c[ax] = i
+		g.Ranks = append(g.Ranks, Rank(m, c))
+	}
+	return g
+}
+
+// pieces splits a tensor of shape s along dim into n equal blocks laid out
+// one after another (what the flat collectives move), and back.
+func toPieces[T kcpu.Float](dst, src []T, s []int, dim, n int) {
+	k := s[dim] / n
+	size := len(src) / n
+	for j := range n {
+		kcpu.Slice(dst[j*size:(j+1)*size], src, s, dim, j*k, (j+1)*k)
+	}
+}
+
+func fromPieces[T kcpu.Float](dst, src []T, s []int, dim, n int) {
+	size := len(src) / n
+	ins := make([][]T, n)
+	shapes := make([][]int, n)
+	for j := range n {
+		ins[j] = src[j*size : (j+1)*size]
+		shapes[j] = append([]int(nil), s...)
+		shapes[j][dim] /= n
+	}
+	kcpu.Concat(dst, ins, shapes, dim)
+}
+
+// contiguous reports whether blocks along dim are contiguous in memory:
+// true when every dim before it has size 1.
+func contiguous(s []int, dim int) bool {
+	for _, n := range s[:dim] {
+		if n != 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// compileCollective turns a collective instruction into Comm calls over
+// the devices of its mesh axis. The reductions of one gradient bucket are
+// consecutive instructions; the first issues them all as one AllReduce.
+func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, error) {
+	if d.comm == nil || d.prog.Mesh == nil {
+		return nil, fmt.Errorf("%s needs a multi-device program", in.Op)
+	}
+	ax := d.prog.Mesh.Axis(in.Attrs.Str("axis"))
+	if ax < 0 {
+		return nil, fmt.Errorf("axis %q is not in mesh %v", in.Attrs.Str("axis"), d.prog.Mesh)
+	}
+	g := d.axisGroup(ax)
+	n := g.Size()
+	src, out := view[T](d, in.Args[0]), view[T](d, in.Out)
+	inShape, outShape := []int(in.ArgTypes[0].Shape), []int(in.OutType.Shape)
+	dim := in.Attrs.Int("dim", 0)
+	comm, rank := d.comm, d.rank
+	switch in.Op {
+	case "all_reduce":
+		if in.Bucket > 0 {
+			return d.compileBucket(in, g)
+		}
+		return func() error {
+			copy(out, src)
+			return AllReduce(comm, g, rank, out)
+		}, nil
+	case "reduce_scatter":
+		if contiguous(inShape, dim) {
+			return func() error { return ReduceScatter(comm, g, rank, src, out) }, nil
+		}
+		tmp := make([]T, len(src))
+		return func() error {
+			toPieces(tmp, src, inShape, dim, n)
+			return ReduceScatter(comm, g, rank, tmp, out)
+		}, nil
+	case "all_gather":
+		if contiguous(outShape, dim) {
+			return func() error { return AllGather(comm, g, rank, src, out) }, nil
+		}
+		tmp := make([]T, len(out))
+		return func() error {
+			if err := AllGather(comm, g, rank, src, tmp); err != nil {
+				return err
+			}
+			fromPieces(out, tmp, outShape, dim, n)
+			return nil
+		}, nil
+	case "shard_slice":
+		k := outShape[dim]
+		at := d.coords[ax] * k
+		return ok(func() { kcpu.Slice(out, src, inShape, dim, at, at+k) }), nil
+	}
+	return nil, fmt.Errorf("the cpu backend has no %s yet", in.Op)
+}
+
+// compileBucket: the first all_reduce of a bucket reduces every member's
+// buffer in one call; the others have nothing left to do.
+func (d *Device) compileBucket(in lower.Instr, g Group) (func() error, error) {
+	i := -1
+	for j := range d.prog.Instrs {
+		if d.prog.Instrs[j].Value == in.Value {
+			i = j
+			break
+		}
+	}
+	if i > 0 && d.prog.Instrs[i-1].Bucket == in.Bucket && d.prog.Instrs[i-1].Op == "all_reduce" {
+		return func() error { return nil }, nil
+	}
+	var members []lower.Instr
+	for j := i; j < len(d.prog.Instrs) && d.prog.Instrs[j].Bucket == in.Bucket && d.prog.Instrs[j].Op == "all_reduce"; j++ {
+		members = append(members, d.prog.Instrs[j])
+	}
+	switch in.OutType.DType {
+	case ir.F32:
+		return bucketAllReduce[float32](d, members, g), nil
+	case ir.F64:
+		return bucketAllReduce[float64](d, members, g), nil
+	}
+	return nil, fmt.Errorf("all_reduce of %v", in.OutType)
+}
+
+func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g Group) func() error {
+	srcs := make([][]T, len(members))
+	outs := make([][]T, len(members))
+	for k, m := range members {
+		srcs[k], outs[k] = view[T](d, m.Args[0]), view[T](d, m.Out)
+	}
+	return func() error {
+		for k := range outs {
+			copy(outs[k], srcs[k])
+		}
+		return AllReduce(d.comm, g, d.rank, outs...)
+	}
+}
+
+// LocalBlock returns this device's block of a whole tensor x laid out as
+// buffer b's global type: each sharded dim keeps the slice at the device's
+// coordinate on the sharding axis.
+func (d *Device) LocalBlock(x []float64, b lower.Buffer) []float64 {
+	if d.prog.Mesh == nil || b.Place == nil {
+		return x
+	}
+	lo, size := blockOf(d.prog.Mesh, b.Place, b.Global.Shape, d.coords)
+	return block(x, b.Global.Shape, lo, size)
+}
+
+// blockOf is the corner and size of a device's block of a placed tensor.
+func blockOf(m *ir.Mesh, place []ir.Placement, global ir.Shape, coords []int) (lo, size []int) {
+	size = []int(ir.LocalShape(global, place, m))
+	lo = make([]int, len(global))
+	for i, p := range place {
+		if p.Kind == ir.Shard {
+			lo[p.Dim] += coords[i] * size[p.Dim]
+		}
+	}
+	return lo, size
+}
+
+// block copies out the sub-tensor of x (shape s) at corner lo of the given size.
+func block[T any](x []T, s ir.Shape, lo, size []int) []T {
+	out := make([]T, ir.Shape(size).NumElements())
+	if len(s) == 0 {
+		copy(out, x)
+		return out
+	}
+	idx := make([]int, len(s))
+	for i := range out {
+		off := 0
+		for d := range s {
+			off = off*s[d] + lo[d] + idx[d]
+		}
+		out[i] = x[off]
+		for d := len(s) - 1; d >= 0; d-- {
+			idx[d]++
+			if idx[d] < size[d] {
+				break
+			}
+			idx[d] = 0
+		}
+	}
+	return out
+}
+
+// unblock writes a device's block back into the whole tensor.
+func unblock[T any](x []T, s ir.Shape, lo, size []int, blk []T) {
+	if len(s) == 0 {
+		copy(x, blk)
+		return
+	}
+	idx := make([]int, len(s))
+	for i := range blk {
+		off := 0
+		for d := range s {
+			off = off*s[d] + lo[d] + idx[d]
+		}
+		x[off] = blk[i]
+		for d := len(s) - 1; d >= 0; d-- {
+			idx[d]++
+			if idx[d] < size[d] {
+				break
+			}
+			idx[d] = 0
+		}
+	}
+}
