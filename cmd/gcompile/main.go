@@ -99,8 +99,9 @@ func mainErr(args []string) error {
 }
 
 // deviceMetrics is the compile-time memory of one device: the plan's peak
-// and its persistent parts. Gradient bytes are the gradients the optimizer
-// consumes, as each device holds them (whole, or a shard under ZeRO-2/3).
+// and its persistent parts. Gradient bytes are the reduced gradients the
+// global-norm computation reads, as each device holds them (whole, or a
+// shard under ZeRO-2/3).
 func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
 	dm := runtime.DeviceMetrics{Rank: rank, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes}
 	for _, b := range prog.Buffers {
@@ -112,9 +113,10 @@ func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
 		}
 	}
 	for _, in := range prog.Instrs {
-		switch in.Op {
-		case "adam_m", "sgd_buf":
-			dm.GradBytes += in.ArgTypes[1].Bytes()
+		if in.Op == "sum_squares" {
+			for _, t := range in.ArgTypes {
+				dm.GradBytes += t.Bytes()
+			}
 		}
 	}
 	return dm

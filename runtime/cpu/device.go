@@ -123,7 +123,11 @@ func (d *Device) exec(n int) error {
 	d.live = 0
 	for i, f := range d.run[:n] {
 		in := &d.prog.Instrs[i]
-		d.live += d.prog.Buffers[in.Out].Bytes
+		// Persistent buffers are counted once, in PersistentBytes; an
+		// in-place update writes into one without making anything new live.
+		if out := d.prog.Buffers[in.Out]; out.Kind == lower.Temp {
+			d.live += out.Bytes
+		}
 		d.high = max(d.high, d.live)
 		var start time.Time
 		if d.OnInstr != nil {

@@ -1,0 +1,187 @@
+package tests
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/data"
+	"gcompile/examples/gpt"
+	"gcompile/frontend"
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+	"gcompile/runtime"
+	"gcompile/runtime/cpu"
+)
+
+// plan is one parallel configuration of the equivalence matrix.
+type plan struct {
+	dp, zero int
+	bucketMB float64
+}
+
+func (p plan) String() string { return fmt.Sprintf("dp%d_zero%d_bucket%g", p.dp, p.zero, p.bucketMB) }
+
+const (
+	eqSteps = 20
+	eqBatch = 8
+	eqSeq   = 16
+)
+
+var eqModel = map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16"}
+
+// corpus is deterministic text with structure a model can learn.
+func corpus() *data.Corpus {
+	var b strings.Builder
+	for i := 0; b.Len() < 1<<16; i++ {
+		fmt.Fprintf(&b, "func f%d(x int) int { return x*%d + %d }\n", i, i%7, i%13)
+	}
+	text := []byte(b.String())
+	cut := len(text) * 9 / 10
+	return &data.Corpus{Source: "synthetic", Train: text[:cut], Eval: text[cut:]}
+}
+
+func compilePlan(t testing.TB, p plan) *lower.Program {
+	t.Helper()
+	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch, Set: eqModel})
+	require.NoError(t, err)
+	opts := passes.DefaultOptions()
+	opts.Verify = true
+	opts.Zero = p.zero
+	if p.bucketMB > 0 {
+		opts.BucketMB = p.bucketMB
+	}
+	if p.dp > 1 {
+		opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: p.dp}}}
+	}
+	_, err = passes.Run(m, opts, passes.Hooks{})
+	require.NoError(t, err)
+	prog, err := lower.Lower(m)
+	require.NoError(t, err)
+	return prog
+}
+
+type trajectory struct {
+	losses []float64
+	params map[string][]float64
+	peaks  []int64
+	prog   *lower.Program
+}
+
+func train(t testing.TB, p plan) trajectory {
+	prog := compilePlan(t, p)
+	cl, err := cpu.NewCluster(prog, cpu.Options{})
+	require.NoError(t, err)
+	require.NoError(t, cl.InitParams(1))
+	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
+		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
+	steps, _, err := runtime.Train(cl, corpus(), cfg, nil)
+	require.NoError(t, err)
+	tr := trajectory{params: map[string][]float64{}, prog: prog}
+	for _, s := range steps {
+		tr.losses = append(tr.losses, s.Loss)
+	}
+	for _, b := range prog.Buffers {
+		if b.Kind == lower.Param {
+			tr.params[b.Name], err = cl.Global(b.Name)
+			require.NoError(t, err)
+		}
+	}
+	for _, d := range cl.Devices {
+		tr.peaks = append(tr.peaks, d.PeakBytes())
+	}
+	return tr
+}
+
+
+
+// Every data-parallel configuration trains like one device: the same loss
+// at every step (1e-5 relative) and the same final parameters (1e-4
+// relative to the tensor's largest entry), in fp32.
+func TestDataParallelMatchesOneDevice(t *testing.T) {
+	ref := train(t, plan{dp: 1})
+	require.Less(t, ref.losses[eqSteps-1], ref.losses[0]-0.5, "the reference run must actually learn")
+	for _, p := range []plan{{dp: 2}, {dp: 4}, {dp: 4, zero: 1}, {dp: 4, zero: 2}, {dp: 4, zero: 3}, {dp: 2, zero: 3}, {dp: 2, bucketMB: 0.01}} {
+		t.Run(p.String(), func(t *testing.T) {
+			got := train(t, p)
+			worst := 0.0
+			for i := range ref.losses {
+				e := math.Abs(got.losses[i]-ref.losses[i]) / math.Abs(ref.losses[i])
+				worst = max(worst, e)
+				assert.LessOrEqual(t, e, 1e-5, "step %d: loss %.9g vs one device %.9g", i+1, got.losses[i], ref.losses[i])
+			}
+			worstParam := 0.0
+			for name, want := range ref.params {
+				have := got.params[name]
+				require.Len(t, have, len(want), name)
+				scale := 0.0
+				for _, w := range want {
+					scale = max(scale, math.Abs(w))
+				}
+				for i := range want {
+					worstParam = max(worstParam, math.Abs(have[i]-want[i])/scale)
+				}
+			}
+			assert.LessOrEqual(t, worstParam, 1e-4)
+			for r, peak := range got.peaks {
+				assert.Equal(t, got.prog.PeakBytes, peak, "device %d: measured peak equals predicted", r)
+			}
+			t.Logf("%v: worst loss rel err %.2g, worst param err %.2g (of max |w|)", p, worst, worstParam)
+		})
+	}
+}
+
+// Per-device memory of the fp32 model follows the ZeRO formulas exactly:
+// with Ψ parameters and N = dp, params 4Ψ (stage 3: 4Ψ/N), gradients 4Ψ
+// (stages 2–3: 4Ψ/N), Adam state 8Ψ (stages 1–3: 8Ψ/N).
+func TestZeROMemoryFormulas(t *testing.T) {
+	var psi int64
+	prog := compilePlan(t, plan{dp: 1})
+	for _, b := range prog.Buffers {
+		if b.Kind == lower.Param {
+			psi += b.Global.Shape.NumElements()
+		}
+	}
+	const n = 4
+	for stage := range 4 {
+		t.Run(fmt.Sprintf("zero%d", stage), func(t *testing.T) {
+			prog := compilePlan(t, plan{dp: n, zero: stage})
+			var params, states, grads int64
+			for _, b := range prog.Buffers {
+				switch b.Kind {
+				case lower.Param:
+					params += b.Bytes
+				case lower.State:
+					states += b.Bytes
+				}
+			}
+			// The gradients are what the global-norm reduction reads: whole
+			// after an all-reduce, a shard after a reduce-scatter.
+			for _, in := range prog.Instrs {
+				if in.Op == "sum_squares" {
+					for _, t := range in.ArgTypes {
+						grads += t.Bytes()
+					}
+				}
+			}
+			wantParams, wantGrads, wantStates := 4*psi, 4*psi, 8*psi
+			if stage >= 1 {
+				wantStates /= n
+			}
+			if stage >= 2 {
+				wantGrads /= n
+			}
+			if stage >= 3 {
+				wantParams /= n
+			}
+			assert.Equal(t, wantParams, params, "param bytes")
+			assert.Equal(t, wantGrads, grads, "gradient bytes")
+			assert.Equal(t, wantStates, states, "optimizer state bytes")
+		})
+	}
+}
