@@ -14,7 +14,10 @@ import (
 	"gcompile/passes"
 )
 
-var tableNames = []string{"verify-input", "autodiff", "optimizer"}
+var tableNames = []string{"verify-input", "autodiff", "optimizer", "shard", "redistribute", "data-parallel"}
+
+// optionalPasses may be disabled: nothing later depends on what they add.
+var optionalPasses = map[string]bool{"data-parallel": true}
 
 func tinyGPT(t *testing.T) *ir.Module {
 	m, err := frontend.Build(gpt.Model, frontend.Config{
@@ -44,7 +47,11 @@ func TestTable(t *testing.T) {
 	for _, p := range table {
 		assert.NotNil(t, p.Fn, p.Name)
 		assert.NotEmpty(t, p.Doc, p.Name)
-		assert.True(t, p.Required, "%s is required by the later passes or the runtime", p.Name)
+		if optionalPasses[p.Name] {
+			assert.False(t, p.Required, "%s is optional", p.Name)
+		} else {
+			assert.True(t, p.Required, "%s is required by the later passes or the runtime", p.Name)
+		}
 	}
 	// Table hands out a copy.
 	table[0].Name = "changed"
@@ -61,6 +68,8 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		{"disable verify-input", func(o *passes.Options) { o.Disable = []string{"verify-input"} }, passes.ErrDisabledRequired, `"verify-input"`},
 		{"disable autodiff", func(o *passes.Options) { o.Disable = []string{"autodiff"} }, passes.ErrDisabledRequired, `"autodiff"`},
 		{"disable optimizer", func(o *passes.Options) { o.Disable = []string{"optimizer"} }, passes.ErrDisabledRequired, `"optimizer"`},
+		{"disable shard", func(o *passes.Options) { o.Disable = []string{"shard"} }, passes.ErrDisabledRequired, `"shard"`},
+		{"disable redistribute", func(o *passes.Options) { o.Disable = []string{"data-parallel", "redistribute"} }, passes.ErrDisabledRequired, `"redistribute"`},
 		{"disable unknown", func(o *passes.Options) { o.Disable = []string{"fuse-everything"} }, nil, `unknown pass "fuse-everything"`},
 		{"stop after unknown", func(o *passes.Options) { o.StopAfter = "autodif" }, nil, `unknown pass "autodif"`},
 		{"unsupported optimizer", func(o *passes.Options) { o.Optimizer = "adafactor" }, nil, "not yet supported"},
@@ -114,8 +123,15 @@ func TestRunResults(t *testing.T) {
 		assert.GreaterOrEqual(t, r.Ms, 0.0)
 		changed[r.Name] = r.Changed
 	}
-	// verify-input only checks; the other two add to the graph.
-	assert.Equal(t, map[string]bool{"verify-input": false, "autodiff": true, "optimizer": true}, changed)
+	// verify-input only checks; autodiff and the optimizer add to the graph;
+	// on one device (no mesh) shard, redistribute and data-parallel do
+	// nothing.
+	assert.Equal(t, map[string]bool{"verify-input": false, "autodiff": true, "optimizer": true,
+		"shard": false, "redistribute": false, "data-parallel": false}, changed)
+	assert.Nil(t, m.Mesh, "one device: shard leaves the module without a mesh")
+	for _, v := range m.Values {
+		assert.Nil(t, v.Place, "one device: %s is not placed", v.Where())
+	}
 
 	// Running a finished module again does nothing.
 	text := ir.Print(m)
@@ -138,11 +154,14 @@ func TestRunStopAfter(t *testing.T) {
 		wantRun   []string // passes that run
 	}{
 		{"", nil, tableNames},
-		{"optimizer", nil, tableNames},
+		{"data-parallel", nil, tableNames},
+		{"optimizer", nil, []string{"verify-input", "autodiff", "optimizer"}},
 		{"autodiff", nil, []string{"verify-input", "autodiff"}},
 		{"verify-input", nil, []string{"verify-input"}},
-		{"", []string{"verify-input"}, []string{"autodiff", "optimizer"}},
+		{"", []string{"verify-input"}, tableNames[1:]},
 		{"autodiff", []string{"verify-input"}, []string{"autodiff"}},
+		{"redistribute", []string{"verify-input", "autodiff", "optimizer"}, []string{"shard", "redistribute"}},
+		{"", []string{"verify-input", "autodiff", "optimizer", "shard"}, []string{"redistribute", "data-parallel"}},
 		// Stopping after a pass the module already has runs nothing more.
 		{"autodiff", []string{"verify-input", "autodiff"}, nil},
 		{"verify-input", []string{"verify-input", "autodiff"}, nil},
@@ -206,12 +225,17 @@ func TestRunResume(t *testing.T) {
 
 			res, err := passes.Run(resumed, opts, passes.Hooks{})
 			require.NoError(t, err)
-			require.Len(t, res, 3)
+			require.Equal(t, tableNames, resultNames(res))
 			assert.Equal(t, passes.Result{Name: "verify-input", Skipped: "already applied"}, res[0])
 			assert.Equal(t, passes.Result{Name: "autodiff", Skipped: "already applied"}, res[1])
 			assert.Equal(t, "optimizer", res[2].Name)
 			assert.Empty(t, res[2].Skipped)
 			assert.True(t, res[2].Changed)
+			for _, r := range res[3:] {
+				assert.Empty(t, r.Skipped, r.Name)
+				assert.False(t, r.Changed, "%s does nothing on one device", r.Name)
+			}
+			assert.Equal(t, tableNames, resumed.Passes)
 			assert.Equal(t, ir.Print(straight), ir.Print(resumed))
 			assert.Equal(t, straight.NextID(), resumed.NextID())
 		})
@@ -226,8 +250,10 @@ func TestRunRejectsForeignPassHistory(t *testing.T) {
 		{"skips verify-input", []string{"autodiff"}},
 		{"skips autodiff", []string{"verify-input", "optimizer"}},
 		{"out of order", []string{"autodiff", "verify-input"}},
-		{"unknown pass", []string{"verify-input", "shard"}},
-		{"longer than the table", []string{"verify-input", "autodiff", "optimizer", "fuse"}},
+		{"unknown pass", []string{"verify-input", "fuse"}},
+		{"skips to shard", []string{"verify-input", "shard"}},
+		{"skips redistribute", []string{"verify-input", "autodiff", "optimizer", "shard", "data-parallel"}},
+		{"longer than the table", append(append([]string{}, tableNames...), "fuse")},
 		{"repeated", []string{"verify-input", "verify-input"}},
 	}
 	for _, c := range cases {

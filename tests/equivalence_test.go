@@ -98,8 +98,6 @@ func train(t testing.TB, p plan) trajectory {
 	return tr
 }
 
-
-
 // Every data-parallel configuration trains like one device: the same loss
 // at every step (1e-5 relative) and the same final parameters (1e-4
 // relative to the tensor's largest entry), in fp32.

@@ -114,8 +114,14 @@ func TestRunWritesMetricsAndDumps(t *testing.T) {
 	for _, p := range m.Passes {
 		names = append(names, p.Name)
 	}
-	assert.Equal(t, []string{"verify-input", "autodiff", "optimizer"}, names)
-	assert.False(t, m.Passes[0].Changed, "verify-input changes nothing")
+	assert.Equal(t, []string{"verify-input", "autodiff", "optimizer", "shard", "redistribute", "data-parallel"}, names)
+	changed := map[string]bool{}
+	for _, p := range m.Passes {
+		changed[p.Name] = p.Changed
+	}
+	assert.Equal(t, map[string]bool{"verify-input": false, "autodiff": true, "optimizer": true,
+		"shard": false, "redistribute": false, "data-parallel": false}, changed,
+		"verify-input changes nothing; on one device shard, redistribute and data-parallel change nothing either")
 
 	entries, err := os.ReadDir(dumps)
 	require.NoError(t, err)
@@ -123,6 +129,7 @@ func TestRunWritesMetricsAndDumps(t *testing.T) {
 	for _, e := range entries {
 		files = append(files, e.Name())
 	}
+	// Unchanged passes write no .gir file.
 	assert.Equal(t, []string{"00-input.gir", "02-autodiff.gir", "03-optimizer.gir", "index.html"}, files)
 	html, err := os.ReadFile(filepath.Join(dumps, "index.html"))
 	require.NoError(t, err)
@@ -142,13 +149,33 @@ func TestRunWritesMetricsAndDumps(t *testing.T) {
 	assert.ErrorContains(t, err, "the model's param is f32")
 }
 
+// withoutPassesLine drops the `passes ...` header line of a .gir text.
+func withoutPassesLine(text string) string {
+	lines := strings.Split(text, "\n")
+	var kept []string
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "passes ") {
+			kept = append(kept, l)
+		}
+	}
+	return strings.Join(kept, "\n")
+}
+
 // A dump resumes the pipeline where it stopped and the last dump
-// re-compiles to the same program.
+// re-compiles to the same program. On one device the passes after the
+// optimizer change nothing, so the last dump written is 03-optimizer.gir
+// and records only the first three passes; resuming runs the rest.
 func TestResumeFromDump(t *testing.T) {
 	dumps := filepath.Join(t.TempDir(), "d")
 	require.NoError(t, mainErr(append(append([]string{}, tinyGPT...), "--dump", dumps)))
 	final, err := os.ReadFile(filepath.Join(dumps, "03-optimizer.gir"))
 	require.NoError(t, err)
+	require.Contains(t, string(final), "\npasses verify-input,autodiff,optimizer\n")
+	var all []string
+	for _, p := range passes.Table() {
+		all = append(all, p.Name)
+	}
+	require.Equal(t, []string{"verify-input", "autodiff", "optimizer", "shard", "redistribute", "data-parallel"}, all)
 	for _, start := range []string{"02-autodiff.gir", "03-optimizer.gir"} {
 		text, err := os.ReadFile(filepath.Join(dumps, start))
 		require.NoError(t, err)
@@ -156,7 +183,10 @@ func TestResumeFromDump(t *testing.T) {
 		require.NoError(t, err)
 		_, err = passes.Run(m, passes.DefaultOptions(), passes.Hooks{})
 		require.NoError(t, err)
-		assert.Equal(t, string(final), ir.Print(m), "resuming from %s", start)
+		got := ir.Print(m)
+		assert.Equal(t, withoutPassesLine(string(final)), withoutPassesLine(got), "resuming from %s", start)
+		assert.Contains(t, got, "\npasses "+strings.Join(all, ",")+"\n", "resuming from %s runs every pass", start)
+		assert.Equal(t, all, m.Passes, "resuming from %s", start)
 		p, err := lower.Lower(m)
 		require.NoError(t, err)
 		assert.Positive(t, p.PeakBytes)
