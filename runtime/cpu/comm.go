@@ -320,8 +320,10 @@ func (c *Comm) join(g Group, rank int, s slot) (*meeting, int, error) {
 			c.mu.Lock()
 			full := m.arrived == len(m.slots)
 			c.mu.Unlock()
-			_ = full
-			return nil, 0, c.aborted(where())
+			if !full {
+				return nil, 0, c.aborted(where())
+			}
+			<-m.ready
 		}
 	}
 	if m.err != nil {
