@@ -585,7 +585,7 @@ func AllGather[T Float](c *Comm, g Group, rank int, in, out []T) error {
 		}
 		copy(out[q*k:(q+1)*k], m.slots[q].data.([]T))
 	}
-	m.finish()
+	if m.pending.Add(-1) == 0 { close(m.done) }
 	return nil
 }
 
