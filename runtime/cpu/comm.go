@@ -585,7 +585,7 @@ func AllGather[T Float](c *Comm, g Group, rank int, in, out []T) error {
 		}
 		copy(out[q*k:(q+1)*k], m.slots[q].data.([]T))
 	}
-	if m.pending.Add(-1) == 0 { close(m.done) }
+	m.finish()
 	return nil
 }
 
@@ -611,7 +611,7 @@ func AllToAll[T Float](c *Comm, g Group, rank int, in, out []T) error {
 	for q := range m.slots {
 		copy(out[q*k:(q+1)*k], m.slots[q].data.([]T)[pos*k:(pos+1)*k])
 	}
-	m.finish()
+	if m.pending.Add(-1) == 0 { close(m.done) }
 	return nil
 }
 
