@@ -202,7 +202,7 @@ func (c *Comm) groupLocked(g Group) (*groupState, error) {
 	if len(g.Ranks) == 0 {
 		return nil, fmt.Errorf("%w: the group has no members", ErrGroup)
 	}
-	posOf := make([]int, c.devices)
+	posOf := make([]int, max(c.devices, 0))
 	for i := range posOf {
 		posOf[i] = -1
 	}
@@ -499,6 +499,11 @@ func AllReduce[T Float](c *Comm, g Group, rank int, bufs ...[]T) error {
 		return err
 	}
 	n := len(m.slots)
+	if n == 1 {
+		// The sum of one contribution is itself.
+		m.finish()
+		return nil
+	}
 	lo, hi := pos*total/n, (pos+1)*total/n
 	part := make([]T, hi-lo)
 	for q := range m.slots {
@@ -611,7 +616,7 @@ func AllToAll[T Float](c *Comm, g Group, rank int, in, out []T) error {
 	for q := range m.slots {
 		copy(out[q*k:(q+1)*k], m.slots[q].data.([]T)[pos*k:(pos+1)*k])
 	}
-	if m.pending.Add(-1) == 0 { close(m.done) }
+	m.finish()
 	return nil
 }
 
