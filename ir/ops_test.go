@@ -269,6 +269,16 @@ func TestOpTypeRulesValid(t *testing.T) {
 			v, err := m.Add(tt.op, args, tt.attrs, ir.NoMeta, pos)
 			require.NoError(t, err)
 			assert.True(t, tt.want.Equal(v.Type))
+			if ir.Collectives[tt.op] || tt.op == "shard_slice" {
+				// A collective changes a placement on a mesh axis: give it
+				// one, from what its kind consumes to what it produces.
+				m.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: v.Attrs.Str("axis"), Size: 2}}}
+				from, to := collectivePlaces(tt.op, v.Attrs)
+				for _, a := range args {
+					a.Place = []ir.Placement{from}
+				}
+				v.Place = []ir.Placement{to}
+			}
 			require.NoError(t, ir.Verify(m, ""))
 			p := reparse(t, "ops.gir", ir.Print(m))
 			require.NoError(t, ir.Verify(p, ""))
@@ -395,4 +405,20 @@ func TestModuleAddErrors(t *testing.T) {
 	}
 	assert.Len(t, m.Values, 1, "failed adds record nothing")
 	assert.Equal(t, 1, m.NextID())
+}
+
+// collectivePlaces is the placement a collective consumes and produces.
+func collectivePlaces(op string, a ir.Attrs) (from, to ir.Placement) {
+	sh := func(d int) ir.Placement { return ir.Placement{Kind: ir.Shard, Dim: d} }
+	switch op {
+	case "all_reduce":
+		return ir.Placement{Kind: ir.Partial}, ir.Placement{}
+	case "reduce_scatter":
+		return ir.Placement{Kind: ir.Partial}, sh(a.Int("dim", 0))
+	case "all_gather":
+		return sh(a.Int("dim", 0)), ir.Placement{}
+	case "shard_slice":
+		return ir.Placement{}, sh(a.Int("dim", 0))
+	}
+	return sh(a.Int("from", 0)), sh(a.Int("to", 0))
 }

@@ -139,6 +139,9 @@ func hasNil(vs []*Value) bool {
 
 func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...any)) {
 	if v.Place == nil {
+		if _, _, isColl := collectiveFlow(v); isColl {
+			fail(v, RuleCollective, "%s has no placement: a collective changes one, so it needs a mesh and placed values", v.Op)
+		}
 		return // replicated on every axis
 	}
 	if m.Mesh == nil {
@@ -198,7 +201,8 @@ func checkCollective(m *Module, v *Value, fail func(*Value, string, string, ...a
 	}
 	in := v.Args[0].Place
 	if len(in) != len(v.Place) {
-		return // reported as a placement error
+		fail(v, RuleCollective, "%s of %s, which is placed %v, into %v: both must be placed on every mesh axis", v.Op, v.Args[0].Ref(), in, v.Place)
+		return
 	}
 	for i := range in {
 		switch {

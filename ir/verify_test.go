@@ -564,8 +564,6 @@ func TestVerifyValidCollectives(t *testing.T) {
 // placement, so one whose arg or result carries no placement (or that sits
 // in a module without a mesh) cannot be right.
 func TestVerifyCollectiveWithoutPlacement(t *testing.T) {
-	t.Skip("BUG: ir.Verify skips checkCollective when the collective's own Place is nil (checkPlacement returns early) or when its arg's Place has another length (nil): " +
-		"all_reduce of an unplaced value, all_reduce with no place=[...] and a collective in a module without a mesh all verify")
 	cases := map[string]string{
 		"no mesh":         "gir 1\nmodule \"m\"\n%0 = input : f32[4,8] {name=\"x\"} @model.go:1\n%1 = all_reduce %0 : f32[4,8] {axis=\"dp\"} @model.go:2\n",
 		"result unplaced": "gir 1\nmodule \"m\"\nmesh dp=2\n%0 = input : f32[4,8] {name=\"x\" place=[R]} @model.go:1\n%1 = all_reduce %0 : f32[4,8] {axis=\"dp\"} @model.go:2\n",
@@ -671,5 +669,20 @@ func TestParseErrors(t *testing.T) {
 			assert.Equal(t, tt.msg, pe.Msg)
 			assert.Equal(t, fmt.Sprintf("bad.gir:%d: %s", tt.line, tt.msg), err.Error())
 		})
+	}
+}
+
+// A collective that is not placed on both sides cannot say what it moves.
+func TestVerifyCollectiveNeedsPlacements(t *testing.T) {
+	for _, text := range []string{
+		"gir 1\nmodule \"m\"\n%0 = param : f32[4] {name=\"p\"}\n%1 = all_reduce %0 : f32[4] {axis=\"dp\"}\n",
+		"gir 1\nmodule \"m\"\nmesh dp=2\n%0 = param : f32[4] {name=\"p\"}\n%1 = all_reduce %0 : f32[4] {axis=\"dp\" place=[R]}\n",
+	} {
+		m, err := ir.Parse("c.gir", text)
+		require.NoError(t, err)
+		var ve *ir.VerifyError
+		require.ErrorAs(t, ir.Verify(m, "redistribute"), &ve)
+		assert.Equal(t, ir.RuleCollective, ve.Rule)
+		assert.Contains(t, ve.Error(), `after pass "redistribute": %1 all_reduce`)
 	}
 }

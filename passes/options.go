@@ -67,6 +67,12 @@ func (o *Options) Validate() error {
 	if o.Beta1 < 0 || o.Beta1 >= 1 || o.Beta2 < 0 || o.Beta2 >= 1 {
 		return fmt.Errorf("adam betas must lie in [0,1), got %g and %g", o.Beta1, o.Beta2)
 	}
+	if o.BucketMB <= 0 {
+		return fmt.Errorf("bucket size must be positive, got %g MiB", o.BucketMB)
+	}
+	if o.Zero < 0 || o.Zero > 3 {
+		return fmt.Errorf("ZeRO stage %d: want 0, 1, 2 or 3", o.Zero)
+	}
 	if o.Eps <= 0 || o.WeightDecay < 0 || o.ClipNorm < 0 || o.Momentum < 0 {
 		return fmt.Errorf("eps must be positive and weight decay, clip norm and momentum non-negative")
 	}

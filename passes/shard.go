@@ -29,8 +29,10 @@ func shard(m *ir.Module, o *Options) error {
 		m.Mesh = nil
 		return nil
 	}
-	if tp := m.Mesh.Axis("tp"); tp >= 0 && m.Mesh.Axes[tp].Size > 1 {
-		return fmt.Errorf("tensor parallel (tp=%d): the Megatron sharding rules for the tp axis are %w", m.Mesh.Axes[tp].Size, ErrNotYet)
+	for _, a := range m.Mesh.Axes {
+		if a.Name != "dp" && a.Size > 1 {
+			return fmt.Errorf("mesh axis %s=%d: only data parallelism (dp) is placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
+		}
 	}
 	s := &sharder{m: m, o: o, dp: m.Mesh.Axis("dp"), before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
 		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}}
@@ -126,12 +128,13 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 			return place, split("data parallelism")
 		}
 	case "param":
-		if s.o.Zero >= 3 {
+		if s.o.Zero >= 3 && v.Type.Rank() > 0 {
 			s.gatherable[v] = true
 			return place, split("ZeRO-3")
 		}
 	case "state":
-		if s.o.Zero >= 1 {
+		// A scalar has nothing to split; it stays whole on every device.
+		if s.o.Zero >= 1 && v.Type.Rank() > 0 {
 			return place, split(fmt.Sprintf("ZeRO-%d", s.o.Zero))
 		}
 	}
@@ -202,7 +205,13 @@ func (s *sharder) rule(v *ir.Value) (want [][]ir.Placement, out []ir.Placement, 
 // redistribute returns a value holding v placed as want, creating the
 // redistribute op once per (value, placement, phase).
 func (s *sharder) redistribute(v *ir.Value, want []ir.Placement, user *ir.Value, atEnd bool) *ir.Value {
+	// A reduction is made once, wherever it is needed; a gather is made
+	// once per phase, so a ZeRO-3 parameter is not kept whole from the
+	// forward pass to the backward pass.
 	phase := user.Meta.Phase
+	if reduces(v.Place, want) {
+		phase = ir.PhaseNone
+	}
 	key := fmt.Sprintf("%d %s %v", v.ID, ir.PlacementString(want), phase)
 	if r := s.cache[key]; r != nil {
 		return r

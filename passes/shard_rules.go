@@ -60,6 +60,7 @@ func init() {
 	shardRules["reduce_sum"] = reduceRule
 	shardRules["reduce_mean"] = reduceRule
 	shardRules["reduce_max"] = reduceRule
+	shardRules["reduce_max_grad"] = reduceMaxGradRule
 	for _, op := range []string{"softmax", "softmax_grad", "causal_mask", "layernorm", "layernorm_grad_x", "layernorm_grad_gamma"} {
 		shardRules[op] = rowwiseRule
 	}
@@ -114,7 +115,15 @@ func partialThrough(op string, have []ir.Placement) bool {
 func elementwiseRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	rank := r.v.Type.Rank()
 	full := func(i int) bool { return r.v.Args[i].Type.Rank() == rank }
-	if partialThrough(r.v.Op, r.have) {
+	// A partial value with a planned placement (a gradient) is reduced
+	// once, to that placement, and every user reads the reduced copy; it
+	// is not carried partial through linear ops to be reduced again.
+	planned := false
+	for i, p := range r.have {
+		_, ok := r.s.prefer[r.v.Args[i]]
+		planned = planned || p.Kind == ir.Partial && ok
+	}
+	if !planned && partialThrough(r.v.Op, r.have) {
 		return slices.Clone(r.have), par, nil
 	}
 	target := rep
@@ -289,6 +298,31 @@ func reduceRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	return r.have, shardOn(d), nil
 }
 
+// reduceMaxGradRule follows x: its kept dims carry their sharding to y
+// and dy (which have the reduced shape) and to the result.
+func reduceMaxGradRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	x := r.have[0]
+	if x.Kind == ir.Partial {
+		x = r.resolve(0)
+	}
+	if x.Kind != ir.Shard {
+		return []ir.Placement{x, rep, rep}, x, nil
+	}
+	axes := r.v.Attrs.Ints("axes")
+	if slices.Contains(axes, x.Dim) {
+		return nil, rep, fmt.Errorf("reduce_max_grad over sharded dim %d", x.Dim)
+	}
+	d := x.Dim
+	if !r.v.Attrs.Bool("keepdims") {
+		for _, a := range axes {
+			if a < x.Dim {
+				d--
+			}
+		}
+	}
+	return []ir.Placement{x, shardOn(d), shardOn(d)}, x, nil
+}
+
 // rowwiseRule covers ops that normalise over the last dim(s): the row dims
 // may be sharded, the normalised dims may not, partial inputs are reduced
 // first, and per-feature vectors (γ, β) stay whole. layernorm_grad_gamma
@@ -387,11 +421,22 @@ func sumSquaresRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 			sharded++
 		}
 	}
-	switch sharded {
-	case 0:
+	if sharded == 0 {
 		return want, rep, nil
-	case len(want):
-		return want, par, nil
 	}
-	return nil, rep, fmt.Errorf("sum_squares over %d sharded and %d whole tensors would count the whole ones once per device", sharded, len(want)-sharded)
+	// Mixed: slice the whole tensors locally so each device squares only
+	// its block; a sum of squares does not care which dim is split.
+	n := r.s.m.Mesh.Axes[r.ax].Size
+	for i, p := range want {
+		if p.Kind != ir.Replicate {
+			continue
+		}
+		t := r.v.Args[i].Type
+		d := slices.IndexFunc(t.Shape, func(k int) bool { return k%n == 0 })
+		if d < 0 {
+			return nil, rep, fmt.Errorf("sum_squares mixes sharded tensors with %v, which no dim of splits over %d devices", t, n)
+		}
+		want[i] = shardOn(d)
+	}
+	return want, par, nil
 }
