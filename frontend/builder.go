@@ -203,6 +203,11 @@ const (
 	VocabParallel  Parallel = "vocab"  // embedding [V,h] split on V
 )
 
+// FusedColumnParallel is a column-parallel weight whose output columns are
+// k projections side by side (q, k, v: k = 3); each rank takes its slice of
+// every block, as Megatron-LM lays out its fused QKV weight.
+func FusedColumnParallel(k int) Parallel { return Parallel(fmt.Sprintf("column:%d", k)) }
+
 // Param declares a trainable parameter (fp32 unless Config.Float says otherwise).
 func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Tensor {
 	attrs := ir.Attrs{"name": name, "init": string(init)}

@@ -76,6 +76,19 @@ const (
 type Placement struct {
 	Kind PlacementKind
 	Dim  int // tensor dim for Shard
+	// Blocks > 1 shards a fused dim: the dim is Blocks equal blocks laid
+	// end to end (q, k and v of a fused projection) and each block is split
+	// across the axis, so a device holds its slice of every block. Printed
+	// S(d)xBlocks. 0 and 1 both mean one block.
+	Blocks int
+}
+
+// NumBlocks is Blocks with 0 read as 1.
+func (p Placement) NumBlocks() int { return max(p.Blocks, 1) }
+
+// Equal compares placements, reading Blocks 0 and 1 alike.
+func (p Placement) Equal(q Placement) bool {
+	return p.Kind == q.Kind && (p.Kind != Shard || p.Dim == q.Dim && p.NumBlocks() == q.NumBlocks())
 }
 
 func (p Placement) String() string {
@@ -85,7 +98,11 @@ func (p Placement) String() string {
 	case Partial:
 		return "P"
 	default:
-		return "S(" + strconv.Itoa(p.Dim) + ")"
+		s := "S(" + strconv.Itoa(p.Dim) + ")"
+		if p.NumBlocks() > 1 {
+			s += "x" + strconv.Itoa(p.Blocks)
+		}
+		return s
 	}
 }
 
@@ -96,12 +113,25 @@ func ParsePlacement(s string) (Placement, error) {
 		return Placement{Kind: Replicate}, nil
 	case s == "P":
 		return Placement{Kind: Partial}, nil
-	case strings.HasPrefix(s, "S(") && strings.HasSuffix(s, ")"):
-		d, err := strconv.Atoi(s[2 : len(s)-1])
-		if err != nil {
+	case strings.HasPrefix(s, "S("):
+		body, blocks, hasBlocks := strings.Cut(s[2:], ")x")
+		if !hasBlocks {
+			if !strings.HasSuffix(body, ")") {
+				break
+			}
+			body = body[:len(body)-1]
+		}
+		d, err := strconv.Atoi(body)
+		if err != nil { // a negative dim parses; the verifier names it
 			return Placement{}, fmt.Errorf("bad shard dim in placement %q", s)
 		}
-		return Placement{Kind: Shard, Dim: d}, nil
+		p := Placement{Kind: Shard, Dim: d}
+		if hasBlocks {
+			if p.Blocks, err = strconv.Atoi(blocks); err != nil || p.Blocks < 2 {
+				return Placement{}, fmt.Errorf("bad block count in placement %q: want S(d)xK with K ≥ 2", s)
+			}
+		}
+		return p, nil
 	}
 	return Placement{}, fmt.Errorf("bad placement %q: want R, P or S(dim)", s)
 }
@@ -147,7 +177,7 @@ func SamePlacement(a, b []Placement) bool {
 		return false
 	}
 	for i := range a {
-		if a[i] != b[i] {
+		if !a[i].Equal(b[i]) {
 			return false
 		}
 	}

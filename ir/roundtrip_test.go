@@ -511,3 +511,16 @@ func TestRoundTripInMemory(t *testing.T) {
 		})
 	}
 }
+
+func TestBlockedPlacementRoundTrip(t *testing.T) {
+	text := "gir 1\nmodule \"b\"\nmesh dp=2,tp=2\n%0 = param : f32[8,12] {name=\"w\" place=[R,S(1)x3]}\n"
+	m, err := ir.Parse("b.gir", text)
+	require.NoError(t, err)
+	assert.Equal(t, ir.Placement{Kind: ir.Shard, Dim: 1, Blocks: 3}, m.Values[0].Place[1])
+	assert.Equal(t, text, ir.Print(m))
+	require.NoError(t, ir.Verify(m, ""))
+	m.Values[0].Type = ir.T(ir.F32, 8, 9) // 9 is not 3 blocks × 2 devices
+	assert.ErrorContains(t, ir.Verify(m, ""), "S(1)x3 on axis tp: dim size 9 is not divisible by 6")
+	_, err = ir.Parse("b.gir", "gir 1\nmodule \"b\"\nmesh tp=2\n%0 = param : f32[8] {name=\"w\" place=[S(0)x1]}\n")
+	assert.ErrorContains(t, err, "want S(d)xK with K ≥ 2")
+}

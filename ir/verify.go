@@ -161,8 +161,8 @@ func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...an
 			fail(v, RulePlacement, "S(%d) on axis %s: %v has no dim %d", p.Dim, axis.Name, v.Type, p.Dim)
 		} else if axis.Size < 1 {
 			fail(v, RulePlacement, "S(%d) on axis %s: the axis has size %d", p.Dim, axis.Name, axis.Size)
-		} else if v.Type.Shape[p.Dim]%axis.Size != 0 {
-			fail(v, RulePlacement, "S(%d) on axis %s: dim size %d is not divisible by %d", p.Dim, axis.Name, v.Type.Shape[p.Dim], axis.Size)
+		} else if v.Type.Shape[p.Dim]%(axis.Size*p.NumBlocks()) != 0 {
+			fail(v, RulePlacement, "%v on axis %s: dim size %d is not divisible by %d", p, axis.Name, v.Type.Shape[p.Dim], axis.Size*p.NumBlocks())
 		}
 	}
 	checkCollective(m, v, fail)
@@ -206,9 +206,9 @@ func checkCollective(m *Module, v *Value, fail func(*Value, string, string, ...a
 	}
 	for i := range in {
 		switch {
-		case i == axis && (in[i] != from || v.Place[i] != to):
+		case i == axis && (!in[i].Equal(from) || !v.Place[i].Equal(to)):
 			fail(v, RuleCollective, "%s on axis %s turns %v into %v, but the arg is %v and the result %v", v.Op, m.Mesh.Axes[i].Name, from, to, in[i], v.Place[i])
-		case i != axis && in[i] != v.Place[i]:
+		case i != axis && !in[i].Equal(v.Place[i]):
 			fail(v, RuleCollective, "%s on axis %s must leave axis %s as it is (%v), got %v", v.Op, m.Mesh.Axes[axis].Name, m.Mesh.Axes[i].Name, in[i], v.Place[i])
 		}
 	}

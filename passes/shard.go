@@ -30,11 +30,11 @@ func shard(m *ir.Module, o *Options) error {
 		return nil
 	}
 	for _, a := range m.Mesh.Axes {
-		if a.Name != "dp" && a.Size > 1 {
-			return fmt.Errorf("mesh axis %s=%d: only data parallelism (dp) is placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
+		if a.Name != "dp" && a.Name != "tp" && a.Size > 1 {
+			return fmt.Errorf("mesh axis %s=%d: only data (dp) and tensor (tp) parallelism are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
 		}
 	}
-	s := &sharder{m: m, o: o, dp: m.Mesh.Axis("dp"), before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
+	s := &sharder{m: m, o: o, dp: m.Mesh.Axis("dp"), tp: m.Mesh.Axis("tp"), params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
 		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}}
 	s.planGradients()
 	values := m.Values
@@ -75,7 +75,8 @@ var ErrNotYet = fmt.Errorf("not yet supported")
 type sharder struct {
 	m             *ir.Module
 	o             *Options
-	dp            int // index of the dp axis, or -1
+	dp, tp        int // index of the dp and tp axes, or -1
+	params        map[string]*ir.Value
 	before, after map[*ir.Value][]*ir.Value
 	cache         map[string]*ir.Value
 	// prefer says where a partial-sum value should go when an op cannot
@@ -108,18 +109,34 @@ func (s *sharder) planGradients() {
 
 func (s *sharder) axisName(i int) string { return s.m.Mesh.Axes[i].Name }
 
-// seed is the placement of a source value.
+// seed is the placement of a source value: on tp from the model's
+// parallel hints (Megatron's layout), on dp from data parallelism and ZeRO.
+// Optimizer state follows its param on tp.
 func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 	place := ir.Replicated(s.m.Mesh)
+	if v.Op == "param" {
+		s.params[v.Name()] = v
+	}
+	if s.tp >= 0 && s.m.Mesh.Axes[s.tp].Size > 1 {
+		p, err := s.tensorSeed(v)
+		if err != nil {
+			return nil, err
+		}
+		place[s.tp] = p
+	}
 	if s.dp < 0 {
 		return place, nil
 	}
 	dpSize := s.m.Mesh.Axes[s.dp].Size
 	split := func(why string) error {
-		if v.Type.Rank() == 0 || v.Type.Shape[0]%dpSize != 0 {
+		if v.Type.Rank() == 0 || v.Type.Shape[0]%dpSize != 0 || place[s.tp0()].Kind == ir.Shard && place[s.tp0()].Dim == 0 && v.Type.Shape[0]%(dpSize*s.m.Mesh.Axes[s.tp].Size) != 0 {
 			return fmt.Errorf("%s: %s splits %q %v along dim 0 over dp=%d, which does not divide it", v.Where(), why, v.Name(), v.Type, dpSize)
 		}
 		place[s.dp] = ir.Placement{Kind: ir.Shard, Dim: 0}
+		if s.tp >= 0 && place[s.tp].Kind == ir.Shard && place[s.tp].Dim == 0 {
+			// Both axes split dim 0: tp's blocks are split again over dp.
+			return fmt.Errorf("%s: %s of %q, already split on dim 0 over tp, is %w", v.Where(), why, v.Name(), ErrNotYet)
+		}
 		return nil
 	}
 	switch v.Op {
@@ -139,6 +156,59 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 		}
 	}
 	return place, nil
+}
+
+// tp0 is the tp axis index, or the dp one when there is no tp axis (so
+// checks that look at tp's placement read something harmless).
+func (s *sharder) tp0() int {
+	if s.tp >= 0 {
+		return s.tp
+	}
+	return s.dp
+}
+
+// tensorSeed reads a param's hint: column-parallel weights [in,out] split
+// their columns (and their bias), a fused column weight splits each of its
+// blocks, row-parallel weights split their rows, a vocab-parallel table
+// its rows. Optimizer state (adam.m/NAME, …) is placed like NAME.
+func (s *sharder) tensorSeed(v *ir.Value) (ir.Placement, error) {
+	t := s.m.Mesh.Axes[s.tp].Size
+	switch v.Op {
+	case "state":
+		_, name, _ := strings.Cut(v.Name(), "/")
+		if p := s.params[name]; p != nil && p.Place != nil {
+			return p.Place[s.tp], nil
+		}
+		return rep, nil
+	case "param":
+	default:
+		return rep, nil
+	}
+	hint := v.Attrs.Str("parallel")
+	kind, blocksText, _ := strings.Cut(hint, ":")
+	blocks := 1
+	if blocksText != "" {
+		fmt.Sscan(blocksText, &blocks)
+	}
+	var dim int
+	switch {
+	case hint == "":
+		return rep, nil
+	case kind == "column" && v.Type.Rank() == 2:
+		dim = 1
+	case kind == "column" && v.Type.Rank() == 1, kind == "row" && v.Type.Rank() == 2, kind == "vocab" && v.Type.Rank() == 2:
+		dim = 0
+	default:
+		return rep, fmt.Errorf("%s: parallel hint %q does not fit param %q %v", v.Where(), hint, v.Name(), v.Type)
+	}
+	if v.Type.Shape[dim]%(t*blocks) != 0 {
+		what := fmt.Sprintf("dim %d (%d)", dim, v.Type.Shape[dim])
+		if blocks > 1 {
+			what = fmt.Sprintf("each of its %d fused blocks (%d)", blocks, v.Type.Shape[dim]/blocks)
+		}
+		return rep, fmt.Errorf("%s: tensor parallelism tp=%d must divide %s of %s-parallel %q %v", v.Where(), t, what, kind, v.Name(), v.Type)
+	}
+	return ir.Placement{Kind: ir.Shard, Dim: dim, Blocks: blocks}, nil
 }
 
 func (s *sharder) place(v *ir.Value) error {

@@ -24,6 +24,12 @@ var (
 
 func shardOn(d int) ir.Placement { return ir.Placement{Kind: ir.Shard, Dim: d} }
 
+// moved is p on another dim, keeping its blocks.
+func moved(p ir.Placement, d int) ir.Placement {
+	p.Dim = d
+	return p
+}
+
 // resolve is where a partial argument goes when the op cannot take it
 // partial: the planned placement for gradients, otherwise whole.
 func (r axisRule) resolve(i int) ir.Placement {
@@ -176,13 +182,13 @@ func matmulRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 			return rep, true
 		case pa.Kind == ir.Partial && pb.Kind == ir.Replicate, pa.Kind == ir.Replicate && pb.Kind == ir.Partial:
 			return par, true
-		case pa.Kind == ir.Shard && pa.Dim < ra-2 && (rb == 2 && pb.Kind == ir.Replicate || rb > 2 && pb == pa):
+		case pa.Kind == ir.Shard && pa.Dim < ra-2 && (rb == 2 && pb.Kind == ir.Replicate || rb > 2 && pb.Equal(pa)):
 			return pa, true // batch dim
 		case pa.Kind == ir.Shard && pa.Dim == mA && pb.Kind == ir.Replicate:
-			return shardOn(ro - 2), true // rows
+			return moved(pa, ro-2), true // rows
 		case pa.Kind == ir.Replicate && pb.Kind == ir.Shard && pb.Dim == nB:
-			return shardOn(ro - 1), true // columns
-		case pa.Kind == ir.Shard && pa.Dim == kA && pb.Kind == ir.Shard && pb.Dim == kB:
+			return moved(pb, ro-1), true // columns
+		case pa.Kind == ir.Shard && pa.Dim == kA && pb.Kind == ir.Shard && pb.Dim == kB && pa.NumBlocks() == pb.NumBlocks():
 			return par, true // contraction
 		}
 		return rep, false
@@ -222,11 +228,18 @@ func reshapeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	n := r.s.m.Mesh.Axes[r.ax].Size
 	prefix := in[:p.Dim].NumElements()
 	for d := range out {
-		if out[:d].NumElements() == prefix && out[d]%n == 0 && (out[d]%in[p.Dim] == 0 || in[p.Dim]%out[d] == 0) {
+		if out[:d].NumElements() != prefix {
+			continue
+		}
+		// Fused blocks survive only a reshape that leaves their dim whole.
+		if p.NumBlocks() > 1 && out[d] == in[p.Dim] {
+			return r.have, moved(p, d), nil
+		}
+		if p.NumBlocks() == 1 && out[d]%n == 0 && (out[d]%in[p.Dim] == 0 || in[p.Dim]%out[d] == 0) {
 			return r.have, shardOn(d), nil
 		}
 	}
-	return nil, rep, fmt.Errorf("reshape %v → %v would split the sharded dim %d across devices", in, out, p.Dim)
+	return nil, rep, fmt.Errorf("reshape %v → %v cannot keep dim %d (size %d) split over %s=%d: no dim of the result holds the same blocks (e.g. the heads are not divisible by %d)", in, out, p.Dim, in[p.Dim], r.s.axisName(r.ax), n, n)
 }
 
 func transposeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
@@ -234,15 +247,29 @@ func transposeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	if p.Kind != ir.Shard {
 		return r.have, p, nil
 	}
-	return r.have, shardOn(slices.Index(r.v.Attrs.Ints("perm"), p.Dim)), nil
+	return r.have, moved(p, slices.Index(r.v.Attrs.Ints("perm"), p.Dim)), nil
 }
 
+// sliceRule: slicing a dim that is not split is local. A dim split in
+// fused blocks may be sliced on block boundaries (q, k, v out of a fused
+// projection): every device slices its part of the chosen blocks.
+// slice_grad, the inverse, pads back to the fused layout.
 func sliceRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[0]
-	if p.Kind == ir.Shard && p.Dim == r.v.Attrs.Int("dim", 0) {
-		return nil, rep, fmt.Errorf("%s along dim %d, which is sharded", r.v.Op, p.Dim)
+	dim := r.v.Attrs.Int("dim", 0)
+	if p.Kind != ir.Shard || p.Dim != dim {
+		return r.have, p, nil
 	}
-	return r.have, p, nil
+	in, out := r.v.Args[0].Type.Shape[dim], r.v.Type.Shape[dim]
+	block := in / p.NumBlocks()
+	start := r.v.Attrs.Int("start", 0)
+	if r.v.Op == "slice" && start%block == 0 && out%block == 0 {
+		return r.have, ir.Placement{Kind: ir.Shard, Dim: dim, Blocks: out / block}, nil
+	}
+	if r.v.Op == "slice_grad" && start%block == 0 && out%block == 0 {
+		return r.have, ir.Placement{Kind: ir.Shard, Dim: dim, Blocks: out / block}, nil
+	}
+	return nil, rep, fmt.Errorf("%s along dim %d, which is split over %s, at %d: not on a boundary of its %d-wide blocks", r.v.Op, dim, r.s.axisName(r.ax), start, block)
 }
 
 func concatRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
@@ -268,7 +295,7 @@ func broadcastRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	if in[p.Dim] != out[p.Dim+off] {
 		return nil, rep, fmt.Errorf("broadcast expands dim %d, which is sharded", p.Dim)
 	}
-	return r.have, shardOn(p.Dim + off), nil
+	return r.have, moved(p, p.Dim+off), nil
 }
 
 // reduceRule: summing (or averaging) over a sharded dim leaves each device
@@ -295,7 +322,7 @@ func reduceRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 			}
 		}
 	}
-	return r.have, shardOn(d), nil
+	return r.have, moved(p, d), nil
 }
 
 // reduceMaxGradRule follows x: its kept dims carry their sharding to y
@@ -362,11 +389,15 @@ func rowwiseRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 
 func embeddingRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	table, ids := r.have[0], r.have[1]
-	if table.Kind != ir.Replicate {
-		if table.Kind == ir.Partial {
-			return []ir.Placement{r.resolve(0), ids}, ids, nil
-		}
-		return nil, rep, fmt.Errorf("embedding table placed %v (vocab-parallel lookup) is not implemented yet", table)
+	switch {
+	case table.Kind == ir.Partial:
+		return []ir.Placement{r.resolve(0), ids}, ids, nil
+	case table.Kind == ir.Shard && table.Dim == 0 && table.NumBlocks() == 1 && ids.Kind == ir.Replicate:
+		// Vocab-parallel: each device looks up the ids in its rows and
+		// gives zeros for the rest, so the result is a partial sum.
+		return r.have, par, nil
+	case table.Kind == ir.Shard:
+		return nil, rep, fmt.Errorf("embedding table placed %v with ids %v has no rule", table, ids)
 	}
 	return r.have, ids, nil
 }
@@ -390,8 +421,17 @@ func crossEntropyRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	if logits.Kind == ir.Partial {
 		want[0] = r.resolve(0)
 	}
-	if want[0].Kind == ir.Shard && want[0].Dim == 1 {
-		return nil, rep, fmt.Errorf("cross-entropy over vocab-sharded logits (vocab-parallel) is not implemented yet")
+	if want[0].Kind == ir.Shard && want[0].Dim == 1 && want[0].NumBlocks() == 1 {
+		// Vocab-parallel: the runtime reduces the row max, the sum of
+		// exponentials and the target logit across the axis, so no device
+		// ever holds full-vocab logits; the loss is whole, the gradient
+		// stays split like the logits.
+		want[1] = rep
+		if len(want) == 3 {
+			want[2] = rep
+			return want, want[0], nil
+		}
+		return want, rep, nil
 	}
 	if want[0].Kind == ir.Shard || labels.Kind == ir.Shard {
 		want[0], want[1] = shardOn(0), shardOn(0)

@@ -666,9 +666,12 @@ func TestShardErrors(t *testing.T) {
 			[]string{`pass "shard"`, "param @model.go:32", `ZeRO-3 splits "wte.weight" f32[256,32] along dim 0 over dp=3`}},
 		{"ZeRO-1 state not divisible by dp", func(t *testing.T) *ir.Module { return buildShardGPT(t, 6) }, dpMesh(3), 1, nil,
 			[]string{`pass "shard"`, "state @model.go:32", `ZeRO-1 splits "adam.m/wte.weight" f32[256,32] along dim 0 over dp=3`}},
-		{"tensor parallel", func(t *testing.T) *ir.Module { return buildShardGPT(t, 8) },
-			&ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: 2}, {Name: "tp", Size: 2}}}, 0, passes.ErrNotYet,
-			[]string{`pass "shard"`, "mesh axis tp=2: only data parallelism (dp) is placed yet", "not yet supported"}},
+		{"pipeline axis", func(t *testing.T) *ir.Module { return buildShardGPT(t, 8) },
+			&ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: 2}, {Name: "pp", Size: 2}}}, 0, passes.ErrNotYet,
+			[]string{`pass "shard"`, "mesh axis pp=2: only data (dp) and tensor (tp) parallelism are placed yet", "not yet supported"}},
+		{"tp does not divide the vocab", func(t *testing.T) *ir.Module { return buildShardGPT(t, 8) },
+			&ir.Mesh{Axes: []ir.MeshAxis{{Name: "tp", Size: 3}}}, 0, nil,
+			[]string{`pass "shard"`, "param @model.go:32", `tensor parallelism tp=3 must divide dim 0 (256) of vocab-parallel "wte.weight" f32[256,32]`}},
 		{"reduce_max over the batch", func(t *testing.T) *ir.Module {
 			m, err := frontend.Build(maxOverBatch, frontend.Config{Name: "max", Batch: 8})
 			require.NoError(t, err)

@@ -65,18 +65,20 @@ func Attention(x *frontend.Tensor, name string, heads int, projStd float64) *fro
 		return x
 	}
 	hd := hidden / heads
-	qkv := Linear(x, name+".c_attn", 3*hidden, frontend.ColumnParallel, InitStd)
+	// q, k and v are three column blocks of one weight; under tensor
+	// parallelism each rank takes its heads' columns of every block.
+	qkv := Linear(x, name+".c_attn", 3*hidden, frontend.FusedColumnParallel(3), InitStd)
 	split := func(i int) *frontend.Tensor {
-		// [b,s,h] → [b,s,heads,hd] → [b,heads,s,hd] → [b·heads,s,hd]
+		// [b,s,h] → [b,s,heads,hd] → [b,heads,s,hd]. Heads stay a dim of
+		// their own (not merged with the batch) so they can be split
+		// across tensor-parallel ranks.
 		return qkv.Slice(2, i*hidden, (i+1)*hidden).
 			Reshape(batch, seq, heads, hd).
-			Transpose(0, 2, 1, 3).
-			Reshape(batch*heads, seq, hd)
+			Transpose(0, 2, 1, 3)
 	}
 	q, k, v := split(0), split(1), split(2)
 	att := q.MatMulT(k).Scale(1 / math.Sqrt(float64(hd))).CausalMask().Softmax()
 	y := att.MatMul(v).
-		Reshape(batch, heads, seq, hd).
 		Transpose(0, 2, 1, 3).
 		Reshape(batch, seq, hidden)
 	return Linear(y, name+".c_proj", hidden, frontend.RowParallel, projStd)
