@@ -16,8 +16,18 @@ func dataParallel(m *ir.Module, o *Options) error {
 	}
 	limit := int64(o.BucketMB * (1 << 20))
 	bucket, filled := 0, int64(0)
+	uses := m.Uses()
 	for _, v := range m.Values {
 		if (v.Op != "all_reduce" && v.Op != "reduce_scatter") || v.Attrs.Str("axis") != "dp" || v.Meta.Phase != ir.PhaseBwd {
+			continue
+		}
+		// Only a reduction that nothing reads before the optimizer can
+		// wait for the rest of its bucket.
+		early := false
+		for _, u := range uses[v] {
+			early = early || u.Meta.Phase != ir.PhaseOpt
+		}
+		if early {
 			continue
 		}
 		size := v.Type.Bytes()

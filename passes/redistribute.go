@@ -60,14 +60,14 @@ type conversion struct {
 	to    ir.Placement
 	op    string
 	attrs ir.Attrs
-	order int
+	order float64
 }
 
 func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 	var steps []conversion
 	for ax := range from {
 		a, b := from[ax], to[ax]
-		if a == b {
+		if a.Equal(b) {
 			continue
 		}
 		name := m.Mesh.Axes[ax].Name
@@ -88,7 +88,14 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 		}
 		steps = append(steps, c)
 	}
-	// Stable order: reductions, then slices, then gathers.
+	// Stable order: reductions, then slices, then gathers. Among
+	// reductions the data-parallel one goes last, so a gradient's dp
+	// reduction is the step the optimizer reads and can join a bucket.
+	for i := range steps {
+		if steps[i].order == 0 && m.Mesh.Axes[steps[i].axis].Name == "dp" {
+			steps[i].order = 0.5
+		}
+	}
 	for i := 1; i < len(steps); i++ {
 		for j := i; j > 0 && steps[j].order < steps[j-1].order; j-- {
 			steps[j], steps[j-1] = steps[j-1], steps[j]

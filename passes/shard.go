@@ -36,7 +36,9 @@ func shard(m *ir.Module, o *Options) error {
 	}
 	s := &sharder{m: m, o: o, dp: m.Mesh.Axis("dp"), tp: m.Mesh.Axis("tp"), params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
 		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}}
-	s.planGradients()
+	if err := s.planGradients(); err != nil {
+		return err
+	}
 	values := m.Values
 	for _, v := range values {
 		if err := s.place(v); err != nil {
@@ -89,22 +91,76 @@ type sharder struct {
 }
 
 // planGradients finds the gradient each optimizer op consumes (before and
-// after clipping) and records where its partial sum should be reduced to.
-func (s *sharder) planGradients() {
-	want := ir.Replicated(s.m.Mesh)
-	if s.o.Zero >= 2 && s.dp >= 0 {
-		want[s.dp] = ir.Placement{Kind: ir.Shard, Dim: 0}
+// after clipping) and records where its partial sum should go: where the
+// optimizer state lives (split over dp under ZeRO-2/3, else whole on dp),
+// and like its param on tp.
+func (s *sharder) planGradients() error {
+	params := map[string]*ir.Value{}
+	for _, v := range s.m.Values {
+		if v.Op == "param" {
+			params[v.Name()] = v
+		}
 	}
 	for _, v := range s.m.Values {
 		switch v.Op {
 		case "adam_m", "adam_v", "sgd_buf":
-			g := v.Args[1]
-			s.prefer[g] = want
-			if g.Op == "scale" {
-				s.prefer[g.Args[0]] = want
+		default:
+			continue
+		}
+		_, name, _ := strings.Cut(v.Args[0].Name(), "/")
+		p := params[name]
+		if p == nil {
+			continue
+		}
+		want := ir.Replicated(s.m.Mesh)
+		if s.tp >= 0 && s.m.Mesh.Axes[s.tp].Size > 1 {
+			t, err := s.tensorSeed(p)
+			if err != nil {
+				return err
 			}
+			want[s.tp] = t
+		}
+		if s.o.Zero >= 2 && s.dp >= 0 && p.Type.Rank() > 0 {
+			d, err := s.zeroPlace(p, want, fmt.Sprintf("ZeRO-%d", s.o.Zero))
+			if err != nil {
+				return err
+			}
+			want[s.dp] = d
+		}
+		g := v.Args[1]
+		s.prefer[g] = want
+		if g.Op == "scale" {
+			s.prefer[g.Args[0]] = want
 		}
 	}
+	return nil
+}
+
+// zeroPlace is where ZeRO splits a param-shaped value over dp: the first
+// dim that tp leaves whole and dp divides (dim 0 unless tp splits it, as
+// for a vocab-parallel embedding). A tensor whose every dim tp already
+// splits (a column-parallel bias) stays whole over dp: one dim split by two
+// axes is not supported yet. Otherwise, no dim dp divides is an error.
+func (s *sharder) zeroPlace(v *ir.Value, place []ir.Placement, why string) (ir.Placement, error) {
+	n := s.m.Mesh.Axes[s.dp].Size
+	free := 0
+	for d, size := range v.Type.Shape {
+		taken := false
+		for i, p := range place {
+			taken = taken || i != s.dp && p.Kind == ir.Shard && p.Dim == d
+		}
+		if taken {
+			continue
+		}
+		free++
+		if size%n == 0 {
+			return ir.Placement{Kind: ir.Shard, Dim: d}, nil
+		}
+	}
+	if free == 0 {
+		return rep, nil
+	}
+	return ir.Placement{}, fmt.Errorf("%s: %s splits %q %v over dp=%d, but no dim is divisible by %d (and not already split over tp)", v.Where(), why, v.Name(), v.Type, n, n)
 }
 
 func (s *sharder) axisName(i int) string { return s.m.Mesh.Axes[i].Name }
@@ -129,15 +185,17 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 	}
 	dpSize := s.m.Mesh.Axes[s.dp].Size
 	split := func(why string) error {
-		if v.Type.Rank() == 0 || v.Type.Shape[0]%dpSize != 0 || place[s.tp0()].Kind == ir.Shard && place[s.tp0()].Dim == 0 && v.Type.Shape[0]%(dpSize*s.m.Mesh.Axes[s.tp].Size) != 0 {
-			return fmt.Errorf("%s: %s splits %q %v along dim 0 over dp=%d, which does not divide it", v.Where(), why, v.Name(), v.Type, dpSize)
+		if v.Op == "input" {
+			// The batch dim.
+			if v.Type.Shape[0]%dpSize != 0 {
+				return fmt.Errorf("%s: %s splits %q %v along dim 0 over dp=%d, which does not divide it", v.Where(), why, v.Name(), v.Type, dpSize)
+			}
+			place[s.dp] = ir.Placement{Kind: ir.Shard, Dim: 0}
+			return nil
 		}
-		place[s.dp] = ir.Placement{Kind: ir.Shard, Dim: 0}
-		if s.tp >= 0 && place[s.tp].Kind == ir.Shard && place[s.tp].Dim == 0 {
-			// Both axes split dim 0: tp's blocks are split again over dp.
-			return fmt.Errorf("%s: %s of %q, already split on dim 0 over tp, is %w", v.Where(), why, v.Name(), ErrNotYet)
-		}
-		return nil
+		p, err := s.zeroPlace(v, place, why)
+		place[s.dp] = p
+		return err
 	}
 	switch v.Op {
 	case "input":
@@ -156,15 +214,6 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 		}
 	}
 	return place, nil
-}
-
-// tp0 is the tp axis index, or the dp one when there is no tp axis (so
-// checks that look at tp's placement read something harmless).
-func (s *sharder) tp0() int {
-	if s.tp >= 0 {
-		return s.tp
-	}
-	return s.dp
 }
 
 // tensorSeed reads a param's hint: column-parallel weights [in,out] split
@@ -208,7 +257,15 @@ func (s *sharder) tensorSeed(v *ir.Value) (ir.Placement, error) {
 		}
 		return rep, fmt.Errorf("%s: tensor parallelism tp=%d must divide %s of %s-parallel %q %v", v.Where(), t, what, kind, v.Name(), v.Type)
 	}
-	return ir.Placement{Kind: ir.Shard, Dim: dim, Blocks: blocks}, nil
+	return blockShard(dim, blocks), nil
+}
+
+// blockShard is S(dim), with the block count written only when it matters.
+func blockShard(dim, blocks int) ir.Placement {
+	if blocks <= 1 {
+		blocks = 0
+	}
+	return ir.Placement{Kind: ir.Shard, Dim: dim, Blocks: blocks}
 }
 
 func (s *sharder) place(v *ir.Value) error {
@@ -275,6 +332,21 @@ func (s *sharder) rule(v *ir.Value) (want [][]ir.Placement, out []ir.Placement, 
 // redistribute returns a value holding v placed as want, creating the
 // redistribute op once per (value, placement, phase).
 func (s *sharder) redistribute(v *ir.Value, want []ir.Placement, user *ir.Value, atEnd bool) *ir.Value {
+	// A change that reduces and also reshards happens in two steps: the
+	// reduction alone, once, right after the value (shared by every user
+	// and free to join a gradient bucket), then the rest before the user.
+	if reduces(v.Place, want) {
+		mid := append([]ir.Placement(nil), v.Place...)
+		for i, p := range v.Place {
+			if p.Kind == ir.Partial {
+				mid[i] = want[i]
+			}
+		}
+		if !ir.SamePlacement(mid, want) {
+			r := s.redistribute(v, mid, user, atEnd)
+			return s.redistribute(r, want, user, atEnd)
+		}
+	}
 	// A reduction is made once, wherever it is needed; a gather is made
 	// once per phase, so a ZeRO-3 parameter is not kept whole from the
 	// forward pass to the backward pass.

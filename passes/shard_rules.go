@@ -264,10 +264,10 @@ func sliceRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	block := in / p.NumBlocks()
 	start := r.v.Attrs.Int("start", 0)
 	if r.v.Op == "slice" && start%block == 0 && out%block == 0 {
-		return r.have, ir.Placement{Kind: ir.Shard, Dim: dim, Blocks: out / block}, nil
+		return r.have, blockShard(dim, out/block), nil
 	}
 	if r.v.Op == "slice_grad" && start%block == 0 && out%block == 0 {
-		return r.have, ir.Placement{Kind: ir.Shard, Dim: dim, Blocks: out / block}, nil
+		return r.have, blockShard(dim, out/block), nil
 	}
 	return nil, rep, fmt.Errorf("%s along dim %d, which is split over %s, at %d: not on a boundary of its %d-wide blocks", r.v.Op, dim, r.s.axisName(r.ax), start, block)
 }

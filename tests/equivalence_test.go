@@ -21,11 +21,28 @@ import (
 
 // plan is one parallel configuration of the equivalence matrix.
 type plan struct {
-	dp, zero int
-	bucketMB float64
+	dp, tp, zero int
+	bucketMB     float64
 }
 
-func (p plan) String() string { return fmt.Sprintf("dp%d_zero%d_bucket%g", p.dp, p.zero, p.bucketMB) }
+func (p plan) String() string {
+	return fmt.Sprintf("dp%d_tp%d_zero%d_bucket%g", p.dp, max(p.tp, 1), p.zero, p.bucketMB)
+}
+
+// mesh has the axes of size > 1, tp last (fastest), as in Megatron-LM.
+func (p plan) mesh() *ir.Mesh {
+	m := &ir.Mesh{}
+	if p.dp > 1 {
+		m.Axes = append(m.Axes, ir.MeshAxis{Name: "dp", Size: p.dp})
+	}
+	if p.tp > 1 {
+		m.Axes = append(m.Axes, ir.MeshAxis{Name: "tp", Size: p.tp})
+	}
+	if len(m.Axes) == 0 {
+		return nil
+	}
+	return m
+}
 
 const (
 	eqSteps = 20
@@ -56,9 +73,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	if p.bucketMB > 0 {
 		opts.BucketMB = p.bucketMB
 	}
-	if p.dp > 1 {
-		opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: p.dp}}}
-	}
+	opts.Mesh = p.mesh()
 	_, err = passes.Run(m, opts, passes.Hooks{})
 	require.NoError(t, err)
 	prog, err := lower.Lower(m)
@@ -98,13 +113,14 @@ func train(t testing.TB, p plan) trajectory {
 	return tr
 }
 
-// Every data-parallel configuration trains like one device: the same loss
+// Every data- and tensor-parallel configuration trains like one device: the same loss
 // at every step (1e-5 relative) and the same final parameters (1e-4
 // relative to the tensor's largest entry), in fp32.
 func TestDataParallelMatchesOneDevice(t *testing.T) {
 	ref := train(t, plan{dp: 1})
 	require.Less(t, ref.losses[eqSteps-1], ref.losses[0]-0.5, "the reference run must actually learn")
-	for _, p := range []plan{{dp: 2}, {dp: 4}, {dp: 4, zero: 1}, {dp: 4, zero: 2}, {dp: 4, zero: 3}, {dp: 2, zero: 3}, {dp: 2, bucketMB: 0.01}} {
+	for _, p := range []plan{{dp: 2}, {dp: 4}, {dp: 4, zero: 1}, {dp: 4, zero: 2}, {dp: 4, zero: 3}, {dp: 2, zero: 3}, {dp: 2, bucketMB: 0.01},
+		{tp: 2}, {tp: 4}, {dp: 2, tp: 2, zero: 1}} {
 		t.Run(p.String(), func(t *testing.T) {
 			got := train(t, p)
 			worst := 0.0

@@ -356,3 +356,24 @@ func refBroadcastReduced(y []float64, shape, axes []int) []float64 {
 	}
 	return refBroadcast(y, keep, shape)
 }
+
+func TestEmbeddingRange(t *testing.T) {
+	table := []float32{1, 2, 3, 4} // rows 10 and 11 of the vocabulary, dim 2
+	out := make([]float32, 6)
+	EmbeddingRange(out, table, []int32{11, 3, 10}, 10, 2, 2)
+	if want := []float32{3, 4, 0, 0, 1, 2}; !slicesEqual(out, want) {
+		t.Fatalf("got %v, want %v", out, want)
+	}
+}
+
+func slicesEqual(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -102,8 +102,8 @@ func (c *Cluster) SetInt32(name string, data []int32) error {
 	for _, d := range c.Devices {
 		blk := data
 		if d.prog.Mesh != nil && b.Place != nil {
-			lo, size := blockOf(d.prog.Mesh, b.Place, b.Global.Shape, d.coords)
-			blk = block(data, b.Global.Shape, lo, size)
+			shape, lo, size := blockOf(d.prog.Mesh, b.Place, b.Global.Shape, d.coords)
+			blk = block(data, shape, lo, size)
 		}
 		if err := d.SetInt32(name, blk); err != nil {
 			return err
@@ -145,8 +145,8 @@ func (c *Cluster) Global(name string) ([]float64, error) {
 				return nil, fmt.Errorf("%q is a partial sum on some axis; it has no whole value per device", name)
 			}
 		}
-		lo, size := blockOf(d.prog.Mesh, b.Place, b.Global.Shape, d.coords)
-		unblock(whole, b.Global.Shape, lo, size, blk)
+		shape, lo, size := blockOf(d.prog.Mesh, b.Place, b.Global.Shape, d.coords)
+		unblock(whole, shape, lo, size, blk)
 	}
 	return whole, nil
 }

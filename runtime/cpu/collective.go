@@ -176,20 +176,44 @@ func (d *Device) LocalBlock(x []float64, b lower.Buffer) []float64 {
 	if d.prog.Mesh == nil || b.Place == nil {
 		return x
 	}
-	lo, size := blockOf(d.prog.Mesh, b.Place, b.Global.Shape, d.coords)
-	return block(x, b.Global.Shape, lo, size)
+	shape, lo, size := blockOf(d.prog.Mesh, b.Place, b.Global.Shape, d.coords)
+	return block(x, shape, lo, size)
 }
 
-// blockOf is the corner and size of a device's block of a placed tensor.
-func blockOf(m *ir.Mesh, place []ir.Placement, global ir.Shape, coords []int) (lo, size []int) {
-	size = []int(ir.LocalShape(global, place, m))
-	lo = make([]int, len(global))
-	for i, p := range place {
+// blockOf is the corner and size of a device's block of a placed tensor,
+// in a view of the global shape where each dim split in k fused blocks is
+// two dims (k, size/k): there the device's part is one box, every block's
+// slice at the device's coordinate, and its row-major order is the local
+// buffer's.
+func blockOf(m *ir.Mesh, place []ir.Placement, global ir.Shape, coords []int) (shape ir.Shape, lo, size []int) {
+	local := ir.LocalShape(global, place, m)
+	blocks := make([]int, len(global))
+	for i := range blocks {
+		blocks[i] = 1
+	}
+	for _, p := range place {
 		if p.Kind == ir.Shard {
-			lo[p.Dim] += coords[i] * size[p.Dim]
+			blocks[p.Dim] = p.NumBlocks()
 		}
 	}
-	return lo, size
+	at := make([]int, len(global)) // where dim d's inner part starts in the view
+	for d, n := range global {
+		if blocks[d] > 1 {
+			shape = append(shape, blocks[d])
+			lo = append(lo, 0)
+			size = append(size, blocks[d])
+		}
+		at[d] = len(shape)
+		shape = append(shape, n/blocks[d])
+		lo = append(lo, 0)
+		size = append(size, local[d]/blocks[d])
+	}
+	for i, p := range place {
+		if p.Kind == ir.Shard {
+			lo[at[p.Dim]] += coords[i] * size[at[p.Dim]]
+		}
+	}
+	return shape, lo, size
 }
 
 // block copies out the sub-tensor of x (shape s) at corner lo of the given size.

@@ -59,6 +59,9 @@ func compileFloat[T kcpu.Float](d *Device, in lower.Instr) (func() error, error)
 }
 
 func compileKernel[T kcpu.Float](d *Device, in lower.Instr) (func() error, error) {
+	if f, handled, err := compileVocabParallel[T](d, in); handled || err != nil {
+		return f, err
+	}
 	out := view[T](d, in.Out)
 	arg := func(i int) []T { return view[T](d, in.Args[i]) }
 	// Shapes are the instruction's local ones: a reshape shares its
@@ -97,11 +100,17 @@ func compileKernel[T kcpu.Float](d *Device, in lower.Instr) (func() error, error
 		return ok(func() { kcpu.Transpose(out, x, s, perm) }), nil
 	case "slice":
 		x, s := arg(0), shape(0)
-		dim, start, end := a.Int("dim", 0), a.Int("start", 0), a.Int("end", 0)
+		dim := a.Int("dim", 0)
+		// A split dim is sliced in local coordinates: the global bounds
+		// fall on block boundaries, which shrink by the split factor.
+		f := in.Value.Args[0].Type.Shape[dim] / s[dim]
+		start, end := a.Int("start", 0)/f, a.Int("end", 0)/f
 		return ok(func() { kcpu.Slice(out, x, s, dim, start, end) }), nil
 	case "slice_grad":
 		dy := arg(0)
-		dim, start := a.Int("dim", 0), a.Int("start", 0)
+		dim := a.Int("dim", 0)
+		f := in.Value.Type.Shape[dim] / outShape[dim]
+		start := a.Int("start", 0) / f
 		end := start + shape(0)[dim]
 		return ok(func() { kcpu.SliceGrad(out, dy, outShape, dim, start, end) }), nil
 	case "concat":
