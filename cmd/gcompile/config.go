@@ -17,7 +17,7 @@ type config struct {
 	schedule, recompute, precision, optimizer, backend string
 
 	dump, metrics, trace, save, load, data string
-	verify, run, helpModel                 bool
+	verify, run, helpModel, seqParallel    bool
 	steps, batch, evalEvery, evalBatches   int
 	seed                                   int64
 	set                                    string
@@ -46,6 +46,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.ep, "ep", 0, "expert-parallel degree (0: chosen by the planner)")
 	fs.IntVar(&c.vpp, "vpp", 0, "virtual pipeline stages per rank (0: 1)")
 	fs.IntVar(&c.microbatches, "microbatches", 1, "microbatches per step")
+	fs.BoolVar(&c.seqParallel, "sequence-parallel", false, "shard LayerNorm/residual activations on the sequence dim over tp (needs --tp > 1)")
 	fs.StringVar(&c.schedule, "schedule", "", "pipeline schedule: gpipe|1f1b|interleaved|2bw|zb (needs --pp > 1)")
 	fs.IntVar(&c.zero, "zero", 0, "ZeRO stage 0..3 (needs --dp > 1)")
 	fs.Float64Var(&c.bucketMB, "bucket-mb", 25, "gradient bytes per data-parallel reduction bucket (MiB)")
@@ -139,6 +140,9 @@ func (c *config) validate() error {
 		bad("tp·pp·dp·ep = %d·%d·%d·%d = %d must equal --devices %d", tp, pp, max(dp, 1), ep, tp*pp*max(dp, 1)*ep, c.devices)
 	}
 	c.tp, c.pp, c.dp, c.ep, c.vpp = tp, pp, max(dp, 1), ep, vpp
+	if c.seqParallel && c.tp == 1 {
+		bad("--sequence-parallel needs --tp > 1 (it splits activations over the tensor-parallel ranks)")
+	}
 	if c.vpp > 1 && c.pp == 1 {
 		bad("--vpp %d needs --pp > 1 (virtual stages interleave a pipeline)", c.vpp)
 	}
@@ -190,8 +194,11 @@ func (c *config) validate() error {
 		return errors.Join(errs...)
 	}
 	// What this build cannot do yet, each said once and never ignored.
-	if c.tp > 1 || c.pp > 1 || c.ep > 1 {
-		notYet(fmt.Sprintf("tp=%d pp=%d ep=%d", c.tp, c.pp, c.ep), "this build splits work over dp only; tensor, pipeline and expert parallelism come next")
+	if c.pp > 1 || c.ep > 1 {
+		notYet(fmt.Sprintf("pp=%d ep=%d", c.pp, c.ep), "this build splits work over dp and tp; pipeline and expert parallelism come next")
+	}
+	if c.seqParallel {
+		notYet("--sequence-parallel", "sequence-parallel placement of the LayerNorm and residual activations comes next")
 	}
 	if c.vpp > 1 || c.schedule != "" {
 		notYet("pipeline schedules (--vpp, --schedule)", "they arrive with the pipeline-split and schedule passes")

@@ -131,10 +131,24 @@ func passOptions(c *config) *passes.Options {
 	o.ClipNorm = c.clip
 	o.Zero = c.zero
 	o.BucketMB = c.bucketMB
-	if c.devices > 1 {
-		o.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: c.dp}}}
-	}
+	o.Mesh = meshOf(c)
 	return o
+}
+
+// meshOf lays the devices out as Megatron-LM does: tensor-parallel ranks
+// adjacent (tp is the last, fastest axis), data parallel across them. Axes
+// of size 1 are left out.
+func meshOf(c *config) *ir.Mesh {
+	m := &ir.Mesh{}
+	for _, a := range []ir.MeshAxis{{Name: "dp", Size: c.dp}, {Name: "tp", Size: c.tp}} {
+		if a.Size > 1 {
+			m.Axes = append(m.Axes, a)
+		}
+	}
+	if len(m.Axes) == 0 {
+		return nil
+	}
+	return m
 }
 
 func (c *config) metricsConfig() map[string]any {
