@@ -1,6 +1,7 @@
 package gpt_test
 
 import (
+	"fmt"
 	"strconv"
 	"testing"
 
@@ -127,4 +128,38 @@ func BenchmarkStepDemo(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(16*64)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+}
+
+// BenchmarkCompileGPT3SPMD compiles GPT-3 175B shapes for tp=8 on 8 and on
+// 1024 devices (dp=128): the program is SPMD, one for every rank, so the
+// compile time must not grow with the device count (dp=2 and dp=128 make
+// the same program; dp=1 has no data-parallel collectives).
+func BenchmarkCompileGPT3SPMD(b *testing.B) {
+	for _, dp := range []int{1, 2, 128} {
+		b.Run(fmt.Sprintf("tp8_dp%d", dp), func(b *testing.B) {
+			b.ReportAllocs()
+			mesh := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "tp", Size: 8}}}
+			if dp > 1 {
+				mesh.Axes = append([]ir.MeshAxis{{Name: "dp", Size: dp}}, mesh.Axes...)
+			}
+			var prog *lower.Program
+			for b.Loop() {
+				m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt3", Batch: 128, Set: gpt3.set()})
+				if err != nil {
+					b.Fatal(err)
+				}
+				opts := passes.DefaultOptions()
+				opts.Mesh = mesh
+				opts.Zero = 1
+				if _, err := passes.Run(m, opts, passes.Hooks{}); err != nil {
+					b.Fatal(err)
+				}
+				if prog, err = lower.Lower(m); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(prog.Instrs)), "instrs")
+			b.ReportMetric(float64(prog.PeakBytes)/(1<<30), "peak-GiB/device")
+		})
+	}
 }
