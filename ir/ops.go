@@ -78,7 +78,7 @@ func OpNames() []string {
 }
 
 // metaKeys are printed in the same {...} as attributes, so no op may use them.
-var metaKeys = []string{"place", "layer", "phase", "stage", "chunk"}
+var metaKeys = []string{"place", "layer", "phase", "stage", "chunk", "micro"}
 
 func register(o *OpInfo) {
 	if _, dup := opTable[o.Name]; dup {

@@ -232,6 +232,9 @@ func (p *parser) field(v *Value, info *OpInfo, key, val string) error {
 	case "chunk":
 		v.Meta.Chunk, err = metaInt(key, val)
 		return err
+	case "micro":
+		v.Meta.Micro, err = metaInt(key, val)
+		return err
 	case "phase":
 		v.Meta.Phase, err = ParsePhase(val)
 		return err

@@ -85,6 +85,9 @@ func FormatValue(v *Value) string {
 	if v.Meta.Chunk >= 0 {
 		fields = append(fields, "chunk="+strconv.Itoa(v.Meta.Chunk))
 	}
+	if v.Meta.Micro >= 0 {
+		fields = append(fields, "micro="+strconv.Itoa(v.Meta.Micro))
+	}
 	if v.Meta.Phase != PhaseNone {
 		fields = append(fields, "phase="+v.Meta.Phase.String())
 	}

@@ -345,9 +345,9 @@ module "meta"
 %3 = neg %2 : f32[2] {layer=11 phase=opt}
 `,
 		check: func(t *testing.T, m *ir.Module) {
-			assert.Equal(t, ir.Meta{Layer: 1, Stage: 2, Chunk: 3, Phase: ir.PhaseRecompute}, m.Values[0].Meta)
-			assert.Equal(t, ir.Meta{Layer: 0, Stage: 0, Chunk: 0, Phase: ir.PhaseFwd}, m.Values[1].Meta)
-			assert.Equal(t, ir.Meta{Layer: -1, Stage: -1, Chunk: -1, Phase: ir.PhaseBwd}, m.Values[2].Meta)
+			assert.Equal(t, ir.Meta{Layer: 1, Stage: 2, Chunk: 3, Micro: -1, Phase: ir.PhaseRecompute}, m.Values[0].Meta)
+			assert.Equal(t, ir.Meta{Layer: 0, Stage: 0, Chunk: 0, Micro: -1, Phase: ir.PhaseFwd}, m.Values[1].Meta)
+			assert.Equal(t, ir.Meta{Layer: -1, Stage: -1, Chunk: -1, Micro: -1, Phase: ir.PhaseBwd}, m.Values[2].Meta)
 		},
 	},
 	{
@@ -490,7 +490,7 @@ func TestRoundTripInMemory(t *testing.T) {
 			file := "dir:" + strings.NewReplacer("\n", "", "\r", "").Replace(s) + ".go"
 			x, err := m.AddSource("input", ir.T(ir.F32, 2, 3), ir.Attrs{"name": s}, ir.NoMeta, ir.Pos{File: file, Line: 7})
 			require.NoError(t, err)
-			y, err := m.Add("reduce_sum", []*ir.Value{x}, ir.Attrs{"axes": []int{}, "keepdims": true}, ir.Meta{Layer: 2, Stage: -1, Chunk: 1, Phase: ir.PhaseBwd}, ir.Pos{File: "a}b @c:d", Line: 9})
+			y, err := m.Add("reduce_sum", []*ir.Value{x}, ir.Attrs{"axes": []int{}, "keepdims": true}, ir.Meta{Layer: 2, Stage: -1, Chunk: 1, Micro: 4, Phase: ir.PhaseBwd}, ir.Pos{File: "a}b @c:d", Line: 9})
 			require.NoError(t, err)
 			w, err := m.AddSource("param", ir.T(ir.F32, 2, 3), ir.Attrs{"name": "w" + s, "init": s, "parallel": s}, ir.NoMeta, ir.Pos{})
 			require.NoError(t, err)

@@ -54,17 +54,20 @@ func ParsePhase(s string) (Phase, error) {
 	return PhaseNone, fmt.Errorf("unknown phase %q (want fwd, bwd, opt or recompute)", s)
 }
 
-// Meta is what passes need to cut and schedule the graph. Layer, Stage and
-// Chunk are -1 when not assigned.
+// Meta is what passes need to cut and schedule the graph. Layer, Stage,
+// Chunk and Micro are -1 when not assigned.
 type Meta struct {
 	Layer int
 	Phase Phase
 	Stage int
 	Chunk int
+	// Micro is the microbatch a per-microbatch value belongs to; per-step
+	// values (params, optimizer, accumulated gradients) have -1.
+	Micro int
 }
 
 // NoMeta is the metadata of a value nobody has annotated.
-var NoMeta = Meta{Layer: -1, Stage: -1, Chunk: -1}
+var NoMeta = Meta{Layer: -1, Stage: -1, Chunk: -1, Micro: -1}
 
 // Attrs are an op's static attributes. Values have the Go type given by the
 // op's schema: int, []int, float64, string or bool.

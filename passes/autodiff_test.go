@@ -99,7 +99,7 @@ type graph struct {
 	params []string
 }
 
-var fwdMeta = ir.Meta{Layer: -1, Phase: ir.PhaseFwd, Stage: -1, Chunk: -1}
+var fwdMeta = ir.Meta{Layer: -1, Phase: ir.PhaseFwd, Stage: -1, Chunk: -1, Micro: -1}
 
 func newGraph(t *testing.T, seed uint64) *graph {
 	return &graph{

@@ -22,6 +22,9 @@ type Options struct {
 	Mesh *ir.Mesh
 	// Zero is the ZeRO stage 0..3 over the dp axis.
 	Zero int
+	// Microbatches is the number of microbatches per step (gradient
+	// accumulation); 1 means none.
+	Microbatches int
 	// BucketMB bounds the gradient bytes one data-parallel reduction bucket holds.
 	BucketMB float64
 
@@ -40,7 +43,7 @@ type Options struct {
 
 // DefaultOptions are AdamW(β=(0.9,0.95), ε=1e-8, wd=0.1) with clipping at 1.0.
 func DefaultOptions() *Options {
-	return &Options{BucketMB: 25, Optimizer: "adamw", Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Momentum: 0.9, ClipNorm: 1.0}
+	return &Options{Microbatches: 1, BucketMB: 25, Optimizer: "adamw", Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Momentum: 0.9, ClipNorm: 1.0}
 }
 
 // Validate rejects options no pass could honour, naming the rule.
@@ -66,6 +69,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Beta1 < 0 || o.Beta1 >= 1 || o.Beta2 < 0 || o.Beta2 >= 1 {
 		return fmt.Errorf("adam betas must lie in [0,1), got %g and %g", o.Beta1, o.Beta2)
+	}
+	if o.Microbatches < 1 {
+		return fmt.Errorf("microbatches must be at least 1, got %d", o.Microbatches)
 	}
 	if o.BucketMB <= 0 {
 		return fmt.Errorf("bucket size must be positive, got %g MiB", o.BucketMB)

@@ -26,6 +26,7 @@ type Pass struct {
 var passes = [...]Pass{
 	{Name: "verify-input", Fn: verifyInput, Required: true, Doc: "check the module the frontend or a .gir file produced"},
 	{Name: "autodiff", Fn: autodiff, Required: true, Doc: "reverse-mode gradients of the loss for every param"},
+	{Name: "microbatch", Fn: microbatch, Required: true, Doc: "gradient accumulation: one forward and backward per microbatch, gradients averaged"},
 	{Name: "optimizer", Fn: optimizer, Required: true, Doc: "global-norm clipping and the AdamW or SGD update of every param"},
 	{Name: "shard", Fn: shard, Required: true, Doc: "place every value on the mesh (data parallel, ZeRO) and mark where placements must change"},
 	{Name: "redistribute", Fn: redistribute, Required: true, Doc: "turn placement changes into collectives"},
@@ -39,7 +40,8 @@ type constraint struct {
 // passOrder lists ordering rules, each with its reason; init checks them.
 var passOrder = [...]constraint{
 	{"verify-input", "autodiff", "autodiff assumes a well-typed forward graph"},
-	{"autodiff", "optimizer", "the optimizer consumes the gradients autodiff produces"},
+	{"autodiff", "microbatch", "microbatch copies the backward graph autodiff builds"},
+	{"microbatch", "optimizer", "the optimizer consumes the accumulated gradients"},
 	{"optimizer", "shard", "optimizer state and updates are placed too (ZeRO shards them)"},
 	{"shard", "redistribute", "redistribute expands the placement changes shard marks"},
 	{"redistribute", "data-parallel", "buckets group the gradient collectives redistribute creates"},

@@ -14,7 +14,7 @@ import (
 	"gcompile/passes"
 )
 
-var tableNames = []string{"verify-input", "autodiff", "optimizer", "shard", "redistribute", "data-parallel"}
+var tableNames = []string{"verify-input", "autodiff", "microbatch", "optimizer", "shard", "redistribute", "data-parallel"}
 
 // optionalPasses may be disabled: nothing later depends on what they add.
 var optionalPasses = map[string]bool{"data-parallel": true}
@@ -126,7 +126,7 @@ func TestRunResults(t *testing.T) {
 	// verify-input only checks; autodiff and the optimizer add to the graph;
 	// on one device (no mesh) shard, redistribute and data-parallel do
 	// nothing.
-	assert.Equal(t, map[string]bool{"verify-input": false, "autodiff": true, "optimizer": true,
+	assert.Equal(t, map[string]bool{"verify-input": false, "autodiff": true, "microbatch": false, "optimizer": true,
 		"shard": false, "redistribute": false, "data-parallel": false}, changed)
 	assert.Nil(t, m.Mesh, "one device: shard leaves the module without a mesh")
 	for _, v := range m.Values {
@@ -155,13 +155,13 @@ func TestRunStopAfter(t *testing.T) {
 	}{
 		{"", nil, tableNames},
 		{"data-parallel", nil, tableNames},
-		{"optimizer", nil, []string{"verify-input", "autodiff", "optimizer"}},
+		{"optimizer", nil, []string{"verify-input", "autodiff", "microbatch", "optimizer"}},
 		{"autodiff", nil, []string{"verify-input", "autodiff"}},
 		{"verify-input", nil, []string{"verify-input"}},
 		{"", []string{"verify-input"}, tableNames[1:]},
 		{"autodiff", []string{"verify-input"}, []string{"autodiff"}},
-		{"redistribute", []string{"verify-input", "autodiff", "optimizer"}, []string{"shard", "redistribute"}},
-		{"", []string{"verify-input", "autodiff", "optimizer", "shard"}, []string{"redistribute", "data-parallel"}},
+		{"redistribute", []string{"verify-input", "autodiff", "microbatch", "optimizer"}, []string{"shard", "redistribute"}},
+		{"", []string{"verify-input", "autodiff", "microbatch", "optimizer", "shard"}, []string{"redistribute", "data-parallel"}},
 		// Stopping after a pass the module already has runs nothing more.
 		{"autodiff", []string{"verify-input", "autodiff"}, nil},
 		{"verify-input", []string{"verify-input", "autodiff"}, nil},
@@ -228,10 +228,11 @@ func TestRunResume(t *testing.T) {
 			require.Equal(t, tableNames, resultNames(res))
 			assert.Equal(t, passes.Result{Name: "verify-input", Skipped: "already applied"}, res[0])
 			assert.Equal(t, passes.Result{Name: "autodiff", Skipped: "already applied"}, res[1])
-			assert.Equal(t, "optimizer", res[2].Name)
-			assert.Empty(t, res[2].Skipped)
-			assert.True(t, res[2].Changed)
-			for _, r := range res[3:] {
+			assert.Equal(t, passes.Result{Name: "microbatch", Ms: res[2].Ms}, res[2], "one microbatch: nothing to unroll")
+			assert.Equal(t, "optimizer", res[3].Name)
+			assert.Empty(t, res[3].Skipped)
+			assert.True(t, res[3].Changed)
+			for _, r := range res[4:] {
 				assert.Empty(t, r.Skipped, r.Name)
 				assert.False(t, r.Changed, "%s does nothing on one device", r.Name)
 			}
@@ -252,7 +253,8 @@ func TestRunRejectsForeignPassHistory(t *testing.T) {
 		{"out of order", []string{"autodiff", "verify-input"}},
 		{"unknown pass", []string{"verify-input", "fuse"}},
 		{"skips to shard", []string{"verify-input", "shard"}},
-		{"skips redistribute", []string{"verify-input", "autodiff", "optimizer", "shard", "data-parallel"}},
+		{"skips redistribute", []string{"verify-input", "autodiff", "microbatch", "optimizer", "shard", "data-parallel"}},
+		{"skips microbatch", []string{"verify-input", "autodiff", "optimizer"}},
 		{"longer than the table", append(append([]string{}, tableNames...), "fuse")},
 		{"repeated", []string{"verify-input", "verify-input"}},
 	}

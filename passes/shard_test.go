@@ -187,7 +187,7 @@ func TestShardOneDevice(t *testing.T) {
 			o.Zero = 3 // ZeRO over one device shards nothing
 			res, err := passes.Run(m, o, passes.Hooks{})
 			require.NoError(t, err)
-			for _, r := range res[3:] {
+			for _, r := range res[4:] {
 				assert.False(t, r.Changed, r.Name)
 			}
 			assert.Nil(t, m.Mesh)
@@ -698,7 +698,7 @@ func TestShardErrors(t *testing.T) {
 			}
 			assert.NotContains(t, err.Error(), "panic")
 			assert.Equal(t, "shard", res[len(res)-1].Name, "shard is the pass that fails")
-			assert.Equal(t, []string{"verify-input", "autodiff", "optimizer"}, m.Passes, "a failed shard is not recorded")
+			assert.Equal(t, []string{"verify-input", "autodiff", "microbatch", "optimizer"}, m.Passes, "a failed shard is not recorded")
 			// A plan error names the user's line: the model file, not the
 			// compiler.
 			if c.is == nil {

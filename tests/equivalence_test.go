@@ -21,12 +21,12 @@ import (
 
 // plan is one parallel configuration of the equivalence matrix.
 type plan struct {
-	dp, tp, zero int
-	bucketMB     float64
+	dp, tp, zero, micro int
+	bucketMB            float64
 }
 
 func (p plan) String() string {
-	return fmt.Sprintf("dp%d_tp%d_zero%d_bucket%g", p.dp, max(p.tp, 1), p.zero, p.bucketMB)
+	return fmt.Sprintf("dp%d_tp%d_zero%d_micro%d_bucket%g", max(p.dp, 1), max(p.tp, 1), p.zero, max(p.micro, 1), p.bucketMB)
 }
 
 // mesh has the axes of size > 1, tp last (fastest), as in Megatron-LM.
@@ -70,6 +70,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts := passes.DefaultOptions()
 	opts.Verify = true
 	opts.Zero = p.zero
+	opts.Microbatches = max(p.micro, 1)
 	if p.bucketMB > 0 {
 		opts.BucketMB = p.bucketMB
 	}
@@ -120,7 +121,7 @@ func TestDataParallelMatchesOneDevice(t *testing.T) {
 	ref := train(t, plan{dp: 1})
 	require.Less(t, ref.losses[eqSteps-1], ref.losses[0]-0.5, "the reference run must actually learn")
 	for _, p := range []plan{{dp: 2}, {dp: 4}, {dp: 4, zero: 1}, {dp: 4, zero: 2}, {dp: 4, zero: 3}, {dp: 2, zero: 3}, {dp: 2, bucketMB: 0.01},
-		{tp: 2}, {tp: 4}, {dp: 2, tp: 2, zero: 1}} {
+		{tp: 2}, {tp: 4}, {dp: 2, tp: 2, zero: 1}, {micro: 4}, {dp: 2, tp: 2, micro: 4}, {dp: 2, micro: 2, zero: 2}} {
 		t.Run(p.String(), func(t *testing.T) {
 			got := train(t, p)
 			worst := 0.0

@@ -203,9 +203,6 @@ func (c *config) validate() error {
 	if c.vpp > 1 || c.schedule != "" {
 		notYet("pipeline schedules (--vpp, --schedule)", "they arrive with the pipeline-split and schedule passes")
 	}
-	if c.microbatches > 1 {
-		notYet(fmt.Sprintf("--microbatches %d", c.microbatches), "gradient accumulation arrives with the data-parallel pass")
-	}
 	if c.recompute != "none" {
 		notYet("--recompute "+c.recompute, "activation recompute arrives with the memory passes")
 	}

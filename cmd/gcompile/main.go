@@ -130,6 +130,7 @@ func passOptions(c *config) *passes.Options {
 	o.WeightDecay = c.weightDecay
 	o.ClipNorm = c.clip
 	o.Zero = c.zero
+	o.Microbatches = c.microbatches
 	o.BucketMB = c.bucketMB
 	o.Mesh = meshOf(c)
 	return o

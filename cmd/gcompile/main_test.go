@@ -72,7 +72,6 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--bucket-mb", "0"}, "--bucket-mb must be positive"},
 		{[]string{"--precision", "bf16"}, "--precision bf16: not yet supported"},
 		{[]string{"--recompute", "full"}, "--recompute full: not yet supported"},
-		{[]string{"--microbatches", "2"}, "--microbatches 2: not yet supported"},
 		{[]string{"--optimizer", "sm3"}, "--optimizer sm3: not yet supported"},
 		{[]string{"--backend", "cuda"}, "--backend cuda: not yet supported"},
 		{[]string{"--lr", "0"}, "learning rate: want --lr > 0"},
@@ -117,12 +116,12 @@ func TestRunWritesMetricsAndDumps(t *testing.T) {
 	for _, p := range m.Passes {
 		names = append(names, p.Name)
 	}
-	assert.Equal(t, []string{"verify-input", "autodiff", "optimizer", "shard", "redistribute", "data-parallel"}, names)
+	assert.Equal(t, []string{"verify-input", "autodiff", "microbatch", "optimizer", "shard", "redistribute", "data-parallel"}, names)
 	changed := map[string]bool{}
 	for _, p := range m.Passes {
 		changed[p.Name] = p.Changed
 	}
-	assert.Equal(t, map[string]bool{"verify-input": false, "autodiff": true, "optimizer": true,
+	assert.Equal(t, map[string]bool{"verify-input": false, "autodiff": true, "microbatch": false, "optimizer": true,
 		"shard": false, "redistribute": false, "data-parallel": false}, changed,
 		"verify-input changes nothing; on one device shard, redistribute and data-parallel change nothing either")
 
@@ -133,7 +132,7 @@ func TestRunWritesMetricsAndDumps(t *testing.T) {
 		files = append(files, e.Name())
 	}
 	// Unchanged passes write no .gir file.
-	assert.Equal(t, []string{"00-input.gir", "02-autodiff.gir", "03-optimizer.gir", "index.html"}, files)
+	assert.Equal(t, []string{"00-input.gir", "02-autodiff.gir", "04-optimizer.gir", "index.html"}, files)
 	html, err := os.ReadFile(filepath.Join(dumps, "index.html"))
 	require.NoError(t, err)
 	assert.Contains(t, string(html), "autodiff")
@@ -166,20 +165,20 @@ func withoutPassesLine(text string) string {
 
 // A dump resumes the pipeline where it stopped and the last dump
 // re-compiles to the same program. On one device the passes after the
-// optimizer change nothing, so the last dump written is 03-optimizer.gir
+// optimizer change nothing, so the last dump written is 04-optimizer.gir
 // and records only the first three passes; resuming runs the rest.
 func TestResumeFromDump(t *testing.T) {
 	dumps := filepath.Join(t.TempDir(), "d")
 	require.NoError(t, mainErr(append(append([]string{}, tinyGPT...), "--dump", dumps)))
-	final, err := os.ReadFile(filepath.Join(dumps, "03-optimizer.gir"))
+	final, err := os.ReadFile(filepath.Join(dumps, "04-optimizer.gir"))
 	require.NoError(t, err)
-	require.Contains(t, string(final), "\npasses verify-input,autodiff,optimizer\n")
+	require.Contains(t, string(final), "\npasses verify-input,autodiff,microbatch,optimizer\n")
 	var all []string
 	for _, p := range passes.Table() {
 		all = append(all, p.Name)
 	}
-	require.Equal(t, []string{"verify-input", "autodiff", "optimizer", "shard", "redistribute", "data-parallel"}, all)
-	for _, start := range []string{"02-autodiff.gir", "03-optimizer.gir"} {
+	require.Equal(t, []string{"verify-input", "autodiff", "microbatch", "optimizer", "shard", "redistribute", "data-parallel"}, all)
+	for _, start := range []string{"02-autodiff.gir", "04-optimizer.gir"} {
 		text, err := os.ReadFile(filepath.Join(dumps, start))
 		require.NoError(t, err)
 		m, err := ir.Parse(start, string(text))

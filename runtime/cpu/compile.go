@@ -37,9 +37,19 @@ func (d *Device) compile(in lower.Instr) (func() error, error) {
 		return compileFloat[float32](d, in)
 	case ir.F64:
 		return compileFloat[float64](d, in)
+	case ir.I32:
+		// Ops that only move elements run on the bits: an i32 buffer
+		// viewed as float32 is copied exactly (token ids cut into
+		// microbatches, for example).
+		if movesOnly[in.Op] {
+			return compileFloat[float32](d, in)
+		}
 	}
 	return nil, fmt.Errorf("the cpu backend cannot run %s on %v yet", in.Op, dt)
 }
+
+// movesOnly ops copy elements without arithmetic.
+var movesOnly = map[string]bool{"slice": true, "slice_grad": true, "transpose": true, "concat": true, "broadcast": true}
 
 func ok(f func()) func() error { return func() error { f(); return nil } }
 

@@ -1,0 +1,235 @@
+package passes
+
+import (
+	"fmt"
+	"strings"
+
+	"gcompile/ir"
+)
+
+// microbatch unrolls gradient accumulation: with m microbatches it records
+// the forward and backward graph once per microbatch, each on its share of
+// the batch inputs, and replaces the loss and every gradient by the mean
+// over microbatches, which is what the optimizer then consumes. Params and
+// constants are shared; each copy's values carry micro=k, which the pipeline
+// schedule will order.
+//
+// Microbatch k takes rows k·b … (k+1)·b of every data-parallel rank's own
+// block of the batch (the input is viewed as [dp, m, b, …]), so each device
+// accumulates over exactly the rows it holds and the partial gradients are
+// reduced across devices once per step, not once per microbatch. The mean
+// of equal-sized microbatch means is the mean over the whole batch, so the
+// step computes the same gradient as without accumulation.
+func microbatch(m *ir.Module, o *Options) error {
+	n := o.Microbatches
+	if n <= 1 {
+		return nil
+	}
+	dp := 1
+	if o.Mesh != nil {
+		if i := o.Mesh.Axis("dp"); i >= 0 {
+			dp = o.Mesh.Axes[i].Size
+		}
+	}
+	loss := m.Output("loss")
+	if loss == nil {
+		return fmt.Errorf("module %q has no \"loss\" output", m.Name)
+	}
+	var sources, body []*ir.Value
+	for _, v := range m.Values {
+		info, _ := ir.Lookup(v.Op)
+		switch {
+		case info.Source:
+			sources = append(sources, v)
+		case v.Meta.Phase == ir.PhaseFwd || v.Meta.Phase == ir.PhaseBwd:
+			body = append(body, v)
+		default:
+			return fmt.Errorf("%s: microbatching runs before the optimizer; found a %v value", v.Where(), v.Meta.Phase)
+		}
+	}
+	place, slices, err := microPlacements(m, sources, body, n)
+	if err != nil {
+		return err
+	}
+	microMesh := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "micro", Size: n}}}
+	m.Values = sources
+	// Values that do not depend on the batch are the same for every
+	// microbatch: computed once.
+	for _, v := range body {
+		if place[v].Kind == ir.Replicate {
+			m.Values = append(m.Values, v)
+		}
+	}
+	var losses []*ir.Value
+	grads := map[string][]*ir.Value{}
+	for k := range n {
+		copyOf := map[*ir.Value]*ir.Value{}
+		for _, x := range sources {
+			if x.Op != "input" || x.Type.Rank() == 0 {
+				continue
+			}
+			slice, err := microSlice(m, x, k, n, dp)
+			if err != nil {
+				return err
+			}
+			copyOf[x] = slice
+		}
+		for _, v := range body {
+			if place[v].Kind == ir.Replicate {
+				continue
+			}
+			meta := v.Meta
+			meta.Micro = k
+			args := make([]*ir.Value, len(v.Args))
+			for i, a := range v.Args {
+				switch {
+				case copyOf[a] != nil:
+					args[i] = copyOf[a]
+				case slices[a] >= 0 && place[a].Kind == ir.Replicate && !place[v].Equal(ir.Placement{}):
+					// A whole value (a broadcast) used with per-microbatch
+					// ones: this microbatch's block of it.
+					d := slices[a]
+					b := a.Type.Shape[d] / n
+					s, err := m.Add("slice", []*ir.Value{a}, ir.Attrs{"dim": d, "start": k * b, "end": (k + 1) * b}, meta, v.Pos)
+					if err != nil {
+						return err
+					}
+					args[i] = s
+				default:
+					args[i] = a
+				}
+			}
+			attrs := v.Attrs.Clone()
+			if v.Op == "reshape" || v.Op == "broadcast" {
+				// Shapes in attributes shrink like the value does.
+				attrs["shape"] = []int(ir.LocalShape(v.Type.Shape, []ir.Placement{place[v]}, microMesh))
+			}
+			c, err := m.Add(v.Op, args, attrs, meta, v.Pos)
+			if err != nil {
+				return fmt.Errorf("microbatch %d: %w", k, err)
+			}
+			copyOf[v] = c
+		}
+		lk := loss
+		if c := copyOf[loss]; c != nil {
+			lk = c
+		}
+		losses = append(losses, lk)
+		for _, out := range m.Outputs {
+			if strings.HasPrefix(out.Name, GradPrefix) {
+				g := out.Value
+				if c := copyOf[g]; c != nil {
+					g = c
+				}
+				grads[out.Name] = append(grads[out.Name], g)
+			}
+		}
+	}
+	mean := func(vs []*ir.Value, at *ir.Value, phase ir.Phase) (*ir.Value, error) {
+		meta := at.Meta
+		meta.Micro, meta.Phase = -1, phase
+		acc := vs[0]
+		for _, v := range vs[1:] {
+			var err error
+			if acc, err = m.Add("add", []*ir.Value{acc, v}, nil, meta, at.Pos); err != nil {
+				return nil, err
+			}
+		}
+		c, err := m.AddSource("const", ir.T(at.Type.DType), ir.Attrs{"value": 1 / float64(len(vs))}, meta, at.Pos)
+		if err != nil {
+			return nil, err
+		}
+		return m.Add("scale", []*ir.Value{acc, c}, nil, meta, at.Pos)
+	}
+	l, err := mean(losses, loss, ir.PhaseFwd)
+	if err != nil {
+		return err
+	}
+	m.SetOutput("loss", l)
+	for i, out := range m.Outputs {
+		if gs := grads[out.Name]; gs != nil {
+			g, err := mean(gs, out.Value, ir.PhaseBwd)
+			if err != nil {
+				return err
+			}
+			m.Outputs[i].Value = g
+		}
+	}
+	return nil
+}
+
+// microPlacements places every value on a virtual axis of n microbatches
+// with the sharding rules: batch inputs split on dim 0, everything else
+// derived. Split values are per-microbatch (cloned), partial ones are sums
+// over a microbatch's rows (gradients: averaged across microbatches), whole
+// ones do not depend on the batch (shared). slices[v] is the dim along which
+// a whole value is cut into microbatch blocks where a split value meets it,
+// or -1. A value an op would need whole but that depends on the batch
+// cannot be split into microbatches: that is an error naming the op.
+func microPlacements(m *ir.Module, sources, body []*ir.Value, n int) (map[*ir.Value]ir.Placement, map[*ir.Value]int, error) {
+	s := &sharder{m: &ir.Module{Mesh: &ir.Mesh{Axes: []ir.MeshAxis{{Name: "micro", Size: n}}}}, prefer: map[*ir.Value][]ir.Placement{}}
+	place := map[*ir.Value]ir.Placement{}
+	slices := map[*ir.Value]int{}
+	for _, x := range sources {
+		slices[x] = -1
+		if x.Op == "input" && x.Type.Rank() > 0 {
+			place[x] = shardOn(0)
+		}
+	}
+	saved := make(map[*ir.Value][]ir.Placement, len(body))
+	for _, v := range body {
+		slices[v] = -1
+		saved[v] = v.Place
+		have := make([]ir.Placement, len(v.Args))
+		for i, a := range v.Args {
+			have[i] = place[a]
+		}
+		r := axisRule{s: s, v: v, ax: 0, have: have}
+		want, out, err := r.apply()
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: cannot split into %d microbatches: %w", v.Where(), n, err)
+		}
+		for i, a := range v.Args {
+			if want[i].Equal(have[i]) {
+				continue
+			}
+			if have[i].Kind == ir.Replicate && want[i].Kind == ir.Shard && a.Op == "broadcast" && broadcastExpands(a, want[i].Dim) {
+				slices[a] = want[i].Dim
+				continue
+			}
+			return nil, nil, fmt.Errorf("%s: cannot split into %d microbatches: %s needs %s placed %v on the batch but it is %v", v.Where(), n, v.Op, a.Ref(), want[i], have[i])
+		}
+		place[v] = out
+	}
+	return place, slices, nil
+}
+
+// broadcastExpands reports whether a broadcast creates dim d (every block
+// along d is the same), so cutting it per microbatch is exact.
+func broadcastExpands(b *ir.Value, d int) bool {
+	in, out := b.Args[0].Type.Shape, b.Type.Shape
+	off := len(out) - len(in)
+	return d < off || in[d-off] == 1 && out[d] != 1
+}
+
+// microSlice is microbatch k of a batch input x [B, …]: viewed as
+// [dp, m, B/(dp·m), …], index k on dim 1, back to [B/m, …].
+func microSlice(m *ir.Module, x *ir.Value, k, n, dp int) (*ir.Value, error) {
+	b := x.Type.Shape[0]
+	if b%(dp*n) != 0 {
+		return nil, fmt.Errorf("%s: batch input %q %v: dim 0 (%d) must be divisible by dp·microbatches = %d", x.Where(), x.Name(), x.Type, b, dp*n)
+	}
+	meta := x.Meta
+	meta.Micro = k
+	rest := []int(x.Type.Shape[1:])
+	view := append([]int{dp, n, b / (dp * n)}, rest...)
+	r, err := m.Add("reshape", []*ir.Value{x}, ir.Attrs{"shape": view}, meta, x.Pos)
+	if err != nil {
+		return nil, err
+	}
+	s, err := m.Add("slice", []*ir.Value{r}, ir.Attrs{"dim": 1, "start": k, "end": k + 1}, meta, x.Pos)
+	if err != nil {
+		return nil, err
+	}
+	return m.Add("reshape", []*ir.Value{s}, ir.Attrs{"shape": append([]int{b / n}, rest...)}, meta, x.Pos)
+}
