@@ -22,6 +22,11 @@ type Options struct {
 	Mesh *ir.Mesh
 	// Zero is the ZeRO stage 0..3 over the dp axis.
 	Zero int
+	// SequenceParallel splits LayerNorm and residual activations on the
+	// sequence dim over tp (Korthikanti et al.): partial sums are
+	// reduce-scattered instead of all-reduced, and gathered again before
+	// column-parallel matmuls.
+	SequenceParallel bool
 	// Microbatches is the number of microbatches per step (gradient
 	// accumulation); 1 means none.
 	Microbatches int

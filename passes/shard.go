@@ -2,6 +2,7 @@ package passes
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"gcompile/ir"
@@ -34,6 +35,9 @@ func shard(m *ir.Module, o *Options) error {
 			return fmt.Errorf("mesh axis %s=%d: only data (dp) and tensor (tp) parallelism are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
 		}
 	}
+	if o.SequenceParallel && (m.Mesh.Axis("tp") < 0 || m.Mesh.Axes[m.Mesh.Axis("tp")].Size == 1) {
+		return fmt.Errorf("sequence parallelism splits activations over tp, and the mesh %v has no tp axis larger than 1", m.Mesh)
+	}
 	s := &sharder{m: m, o: o, dp: m.Mesh.Axis("dp"), tp: m.Mesh.Axis("tp"), params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
 		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}}
 	if err := s.planGradients(); err != nil {
@@ -61,13 +65,33 @@ func shard(m *ir.Module, o *Options) error {
 			u.Value = s.redistribute(u.Value, u.State.Place, u.Value, !reduces(u.Value.Place, u.State.Place))
 		}
 	}
+	// Inserted values may have inserted values of their own.
 	var out []*ir.Value
-	for _, v := range values {
-		out = append(out, s.before[v]...)
+	var emit func(v *ir.Value)
+	emit = func(v *ir.Value) {
+		for _, b := range s.before[v] {
+			emit(b)
+		}
 		out = append(out, v)
-		out = append(out, s.after[v]...)
+		for _, a := range s.after[v] {
+			emit(a)
+		}
+	}
+	for _, v := range values {
+		emit(v)
 	}
 	m.Values = out
+	// A dim split by two axes would depend on the order the splits were
+	// made in, which placements do not record: refuse rather than mix rows.
+	for _, v := range m.Values {
+		for i, p := range v.Place {
+			for j := i + 1; j < len(v.Place); j++ {
+				if q := v.Place[j]; p.Kind == ir.Shard && q.Kind == ir.Shard && p.Dim == q.Dim {
+					return fmt.Errorf("%s: dim %d of %v would be split over both %s and %s, which is %w", v.Where(), p.Dim, v.Type, m.Mesh.Axes[i].Name, m.Mesh.Axes[j].Name, ErrNotYet)
+				}
+			}
+		}
+	}
 	return nil
 }
 
@@ -144,7 +168,18 @@ func (s *sharder) planGradients() error {
 func (s *sharder) zeroPlace(v *ir.Value, place []ir.Placement, why string) (ir.Placement, error) {
 	n := s.m.Mesh.Axes[s.dp].Size
 	free := 0
-	for d, size := range v.Type.Shape {
+	dims := make([]int, v.Type.Rank())
+	for i := range dims {
+		dims[i] = i
+	}
+	if s.o.SequenceParallel {
+		// Under sequence parallelism a gradient can come out split on dim 0
+		// over tp (the position embedding's rows are sequence positions),
+		// so ZeRO takes the last free dim instead.
+		slices.Reverse(dims)
+	}
+	for _, d := range dims {
+		size := v.Type.Shape[d]
 		taken := false
 		for i, p := range place {
 			taken = taken || i != s.dp && p.Kind == ir.Shard && p.Dim == d
@@ -275,6 +310,11 @@ func (s *sharder) place(v *ir.Value) error {
 		v.Place = p
 		return err
 	}
+	if v.Op == "sum_squares" {
+		if err := s.splitSumSquares(v); err != nil {
+			return err
+		}
+	}
 	// ZeRO-3: a sharded parameter is gathered whole before each forward
 	// and backward use; the optimizer works on the shards.
 	if v.Meta.Phase != ir.PhaseOpt {
@@ -301,6 +341,59 @@ func (s *sharder) place(v *ir.Value) error {
 			return nil
 		}
 	}
+}
+
+// splitSumSquares turns a global norm over tensors placed in different
+// ways (split over tp, whole over tp, split over dp by ZeRO) into one
+// sum_squares per placement and a sum of the scalars: each group's squares
+// add up locally, and the scalars' placement rules reduce the partial ones
+// with one all-reduce per group, not one per tensor.
+func (s *sharder) splitSumSquares(v *ir.Value) error {
+	groups := map[string][]*ir.Value{}
+	var order []string
+	for i, a := range v.Args {
+		place := append([]ir.Placement(nil), a.Place...)
+		for ax, p := range place {
+			if p.Kind == ir.Partial {
+				place[ax] = axisRule{s: s, v: v, ax: ax}.resolveArg(i)
+			}
+		}
+		key := ir.PlacementString(place)
+		if groups[key] == nil {
+			order = append(order, key)
+		}
+		groups[key] = append(groups[key], a)
+	}
+	if len(order) < 2 {
+		return nil
+	}
+	var parts []*ir.Value
+	for _, key := range order {
+		g, err := s.m.Add("sum_squares", groups[key], nil, v.Meta, v.Pos)
+		if err != nil {
+			return err
+		}
+		s.m.Values = s.m.Values[:len(s.m.Values)-1]
+		s.before[v] = append(s.before[v], g)
+		if err := s.place(g); err != nil {
+			return err
+		}
+		parts = append(parts, g)
+	}
+	for len(parts) > 2 {
+		a, err := s.m.Add("add", parts[:2], nil, v.Meta, v.Pos)
+		if err != nil {
+			return err
+		}
+		s.m.Values = s.m.Values[:len(s.m.Values)-1]
+		s.before[v] = append(s.before[v], a)
+		if err := s.place(a); err != nil {
+			return err
+		}
+		parts = append([]*ir.Value{a}, parts[2:]...)
+	}
+	v.Op, v.Args, v.Attrs = "add", parts, nil
+	return nil
 }
 
 // rule applies the op's sharding rule on every mesh axis.

@@ -32,11 +32,22 @@ func moved(p ir.Placement, d int) ir.Placement {
 
 // resolve is where a partial argument goes when the op cannot take it
 // partial: the planned placement for gradients, otherwise whole.
+// resolveArg is resolve for an argument by index, for callers outside a rule.
+func (r axisRule) resolveArg(i int) ir.Placement { return r.resolve(i) }
+
 func (r axisRule) resolve(i int) ir.Placement {
 	if p, ok := r.s.prefer[r.v.Args[i]]; ok {
 		return p[r.ax]
 	}
+	if r.seqParallel() && r.v.Args[i].Type.Rank() == 3 {
+		return shardOn(1) // [batch, seq, hidden]: reduce-scatter on seq
+	}
 	return rep
+}
+
+// seqParallel reports whether this axis is tp with sequence parallelism on.
+func (r axisRule) seqParallel() bool {
+	return r.s.o != nil && r.s.o.SequenceParallel && r.ax == r.s.tp
 }
 
 func (r axisRule) same(p ir.Placement) []ir.Placement {
@@ -203,6 +214,11 @@ func matmulRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	if pb.Kind == ir.Partial {
 		pb = r.resolve(1)
 	}
+	// Sequence parallel: activations split on the sequence are gathered
+	// before a matmul with a split weight.
+	if r.seqParallel() && pa.Kind == ir.Shard && pa.Dim != kA && pb.Kind == ir.Shard {
+		pa = rep
+	}
 	// A batched pair sharded on the batch of one side: slice the other.
 	if rb > 2 && pa.Kind == ir.Shard && pa.Dim < ra-2 && pb.Kind == ir.Replicate {
 		pb = pa
@@ -238,6 +254,9 @@ func reshapeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 		if p.NumBlocks() == 1 && out[d]%n == 0 && (out[d]%in[p.Dim] == 0 || in[p.Dim]%out[d] == 0) {
 			return r.have, shardOn(d), nil
 		}
+	}
+	if r.seqParallel() {
+		return []ir.Placement{rep}, rep, nil // gather the sequence first
 	}
 	return nil, rep, fmt.Errorf("reshape %v → %v cannot keep dim %d (size %d) split over %s=%d: no dim of the result holds the same blocks (e.g. the heads are not divisible by %d)", in, out, p.Dim, in[p.Dim], r.s.axisName(r.ax), n, n)
 }
@@ -409,6 +428,8 @@ func embeddingGradRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 		return []ir.Placement{ids, ids}, par, nil // scattered rows from local tokens
 	case ids.Kind == ir.Replicate && dy.Kind != ir.Shard:
 		return r.have, dy, nil
+	case ids.Kind == ir.Replicate && dy.Kind == ir.Shard && dy.Dim < r.v.Args[0].Type.Rank():
+		return []ir.Placement{dy, dy}, par, nil // take the ids of the local rows
 	}
 	return nil, rep, fmt.Errorf("embedding_grad with ids %v and dy %v has no rule", ids, dy)
 }

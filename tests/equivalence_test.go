@@ -23,10 +23,11 @@ import (
 type plan struct {
 	dp, tp, zero, micro int
 	bucketMB            float64
+	sp                  bool
 }
 
 func (p plan) String() string {
-	return fmt.Sprintf("dp%d_tp%d_zero%d_micro%d_bucket%g", max(p.dp, 1), max(p.tp, 1), p.zero, max(p.micro, 1), p.bucketMB)
+	return fmt.Sprintf("dp%d_tp%d_zero%d_micro%d_bucket%g_sp%v", max(p.dp, 1), max(p.tp, 1), p.zero, max(p.micro, 1), p.bucketMB, p.sp)
 }
 
 // mesh has the axes of size > 1, tp last (fastest), as in Megatron-LM.
@@ -71,6 +72,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts.Verify = true
 	opts.Zero = p.zero
 	opts.Microbatches = max(p.micro, 1)
+	opts.SequenceParallel = p.sp
 	if p.bucketMB > 0 {
 		opts.BucketMB = p.bucketMB
 	}
@@ -121,7 +123,8 @@ func TestDataParallelMatchesOneDevice(t *testing.T) {
 	ref := train(t, plan{dp: 1})
 	require.Less(t, ref.losses[eqSteps-1], ref.losses[0]-0.5, "the reference run must actually learn")
 	for _, p := range []plan{{dp: 2}, {dp: 4}, {dp: 4, zero: 1}, {dp: 4, zero: 2}, {dp: 4, zero: 3}, {dp: 2, zero: 3}, {dp: 2, bucketMB: 0.01},
-		{tp: 2}, {tp: 4}, {dp: 2, tp: 2, zero: 1}, {micro: 4}, {dp: 2, tp: 2, micro: 4}, {dp: 2, micro: 2, zero: 2}} {
+		{tp: 2}, {tp: 4}, {dp: 2, tp: 2, zero: 1}, {micro: 4}, {dp: 2, tp: 2, micro: 4}, {dp: 2, micro: 2, zero: 2},
+		{tp: 2, sp: true}, {dp: 2, tp: 2, sp: true}, {dp: 2, tp: 2, sp: true, zero: 1}, {dp: 2, tp: 2, sp: true, zero: 2}} {
 		t.Run(p.String(), func(t *testing.T) {
 			got := train(t, p)
 			worst := 0.0

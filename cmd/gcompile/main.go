@@ -131,6 +131,7 @@ func passOptions(c *config) *passes.Options {
 	o.ClipNorm = c.clip
 	o.Zero = c.zero
 	o.Microbatches = c.microbatches
+	o.SequenceParallel = c.seqParallel
 	o.BucketMB = c.bucketMB
 	o.Mesh = meshOf(c)
 	return o
@@ -155,7 +156,7 @@ func meshOf(c *config) *ir.Mesh {
 func (c *config) metricsConfig() map[string]any {
 	return map[string]any{
 		"model": c.model, "devices": c.devices, "tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "vpp": c.vpp,
-		"microbatches": c.microbatches, "schedule": c.schedule, "zero": c.zero, "recompute": c.recompute,
+		"microbatches": c.microbatches, "sequence_parallel": c.seqParallel, "schedule": c.schedule, "zero": c.zero, "recompute": c.recompute,
 		"precision": c.precision, "optimizer": c.optimizer, "backend": c.backend, "batch": c.batch,
 		"steps": c.steps, "seed": c.seed, "lr": c.lr, "min_lr": c.minLR, "warmup": c.warmup, "set": c.set,
 	}

@@ -22,10 +22,10 @@ func (d *Device) compile(in lower.Instr) (func() error, error) {
 	case "cast":
 		return d.compileCast(in)
 	case "all_reduce", "reduce_scatter", "all_gather", "shard_slice", "all_to_all":
-		switch dt {
-		case ir.F32:
-			return compileCollective[float32](d, in)
-		case ir.F64:
+		switch {
+		case dt == ir.F32, dt == ir.I32 && (in.Op == "shard_slice" || in.Op == "all_gather"):
+			return compileCollective[float32](d, in) // i32 ids move as bits
+		case dt == ir.F64:
 			return compileCollective[float64](d, in)
 		}
 	case "cross_entropy", "sum_squares", "clip_coef":
