@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -89,6 +90,34 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 	c, err := parseArgs([]string{gptModel, "--devices", "1", "--steps", "5"})
 	require.NoError(t, err)
 	assert.Equal(t, 5, c.steps)
+}
+
+// Tensor-parallel sizes the model cannot be split by are rejected at
+// compile time, before any training, naming the param or op and its line.
+func TestTensorParallelRules(t *testing.T) {
+	tests := []struct {
+		name, set string
+		tp        int
+		want      []string
+	}{
+		{"tp does not divide the vocabulary", "layers=1,hidden=32,heads=4,seq=16,vocab=255", 2,
+			[]string{"param @model.go:32", `tensor parallelism tp=2 must divide dim 0 (255) of vocab-parallel "wte.weight"`}},
+		{"tp does not divide hidden", "layers=1,hidden=36,heads=4,seq=16,vocab=256", 8,
+			[]string{"@model.go:37", "tensor parallelism tp=8 must divide each of its 3 fused blocks (36)"}},
+		{"tp does not divide the heads", "layers=1,hidden=48,heads=6,seq=16,vocab=256", 4,
+			[]string{"reshape @model.go:37", "the heads are not divisible by 4"}},
+		{"tp does not divide 4·hidden (implies hidden: the fused q,k,v check names it first)", "layers=1,hidden=2,heads=1,seq=16,vocab=256", 4,
+			[]string{"tensor parallelism tp=4 must divide"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := mainErr([]string{gptModel, "--set", tt.set, "--batch", "4", "--devices", fmt.Sprint(tt.tp), "--tp", fmt.Sprint(tt.tp)})
+			require.Error(t, err)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
 }
 
 func TestRunWritesMetricsAndDumps(t *testing.T) {
