@@ -16,6 +16,7 @@ type Metrics struct {
 	Schedule  ScheduleMetrics `json:"schedule"`
 	Model     ModelMetrics    `json:"model"`
 	Data      *DataMetrics    `json:"data,omitempty"`
+	Async     *AsyncMetrics   `json:"async,omitempty"`
 	Steps     []StepMetrics   `json:"steps"`
 	Eval      []EvalMetrics   `json:"eval"`
 }
@@ -74,4 +75,11 @@ func (m *Metrics) WriteFile(path string) error {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	return nil
+}
+
+// AsyncMetrics describes asynchronous data parallelism: the staleness bound
+// and the largest staleness a replica actually ran with.
+type AsyncMetrics struct {
+	Staleness        int `json:"staleness"`
+	MaxStalenessSeen int `json:"max_staleness_seen"`
 }

@@ -18,6 +18,8 @@ type config struct {
 
 	dump, metrics, trace, save, load, data string
 	verify, run, helpModel, seqParallel    bool
+	dpSync                                 string
+	staleness                              int
 	steps, batch, evalEvery, evalBatches   int
 	seed                                   int64
 	set                                    string
@@ -46,6 +48,8 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.ep, "ep", 0, "expert-parallel degree (0: chosen by the planner)")
 	fs.IntVar(&c.vpp, "vpp", 0, "virtual pipeline stages per rank (0: 1)")
 	fs.IntVar(&c.microbatches, "microbatches", 1, "microbatches per step")
+	fs.StringVar(&c.dpSync, "dp-sync", "sync", "data-parallel synchronisation: sync (all-reduce) or async (bounded staleness)")
+	fs.IntVar(&c.staleness, "staleness", 0, "with --dp-sync async: how many updates old a replica's weights may be")
 	fs.BoolVar(&c.seqParallel, "sequence-parallel", false, "shard LayerNorm/residual activations on the sequence dim over tp (needs --tp > 1)")
 	fs.StringVar(&c.schedule, "schedule", "", "pipeline schedule: gpipe|1f1b|interleaved|2bw|zb (needs --pp > 1)")
 	fs.IntVar(&c.zero, "zero", 0, "ZeRO stage 0..3 (needs --dp > 1)")
@@ -140,6 +144,18 @@ func (c *config) validate() error {
 		bad("tp·pp·dp·ep = %d·%d·%d·%d = %d must equal --devices %d", tp, pp, max(dp, 1), ep, tp*pp*max(dp, 1)*ep, c.devices)
 	}
 	c.tp, c.pp, c.dp, c.ep, c.vpp = tp, pp, max(dp, 1), ep, vpp
+	switch {
+	case c.dpSync != "sync" && c.dpSync != "async":
+		bad("--dp-sync %q: want sync or async", c.dpSync)
+	case c.dpSync == "sync" && c.explicit["staleness"]:
+		bad("--staleness applies to --dp-sync async")
+	case c.dpSync == "async" && c.dp < 2:
+		bad("--dp-sync async needs --dp > 1 (replicas to run asynchronously)")
+	case c.dpSync == "async" && (c.tp > 1 || c.pp > 1 || c.ep > 1 || c.zero > 0):
+		bad("--dp-sync async runs whole replicas around one optimizer: it does not combine with tp, pp, ep or ZeRO")
+	case c.staleness < 0:
+		bad("--staleness must be ≥ 0, got %d", c.staleness)
+	}
 	if c.seqParallel && c.tp == 1 {
 		bad("--sequence-parallel needs --tp > 1 (it splits activations over the tensor-parallel ranks)")
 	}

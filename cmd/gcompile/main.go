@@ -59,6 +59,9 @@ func mainErr(args []string) error {
 	if passErr != nil {
 		return passErr
 	}
+	if c.dpSync == "async" {
+		return runAsync(c, m, start, results)
+	}
 	prog, err := lower.Lower(m)
 	if err != nil {
 		return err
@@ -134,6 +137,9 @@ func passOptions(c *config) *passes.Options {
 	o.SequenceParallel = c.seqParallel
 	o.BucketMB = c.bucketMB
 	o.Mesh = meshOf(c)
+	if c.dpSync == "async" {
+		o.Mesh = nil // replicas are whole single-device programs
+	}
 	return o
 }
 
@@ -175,7 +181,11 @@ func loadModule(c *config) (*ir.Module, error) {
 		return nil, err
 	}
 	name := strings.TrimSuffix(filepath.Base(filepath.Dir(absOr(c.model))), "/")
-	return loader.LoadModel(c.model, frontend.Config{Name: name, Batch: c.batch, Set: set})
+	batch := c.batch
+	if c.dpSync == "async" {
+		batch /= c.dp // each replica's program sees its share of the batch
+	}
+	return loader.LoadModel(c.model, frontend.Config{Name: name, Batch: batch, Set: set})
 }
 
 func absOr(p string) string {
