@@ -76,6 +76,9 @@ type Instr struct {
 	// Bucket > 0 groups consecutive reductions into one collective call
 	// (bucket number + 1; 0 means alone).
 	Bucket int
+	// Peer and Tag address a pipeline transfer (Op "send" or "recv"): the
+	// pipeline rank at the other end and the value's id. A send has Out −1.
+	Peer, Tag int
 	// Frees lists buffers whose last use is this instruction.
 	Frees []int
 }
@@ -102,40 +105,11 @@ func Lower(m *ir.Module) (*Program, error) {
 	if err := ir.Verify(m, "lower"); err != nil {
 		return nil, err
 	}
-	p := &Program{Name: m.Name, Mesh: m.Mesh, Outputs: map[string]int{}, Sources: map[string]int{}}
-	bufOf := make(map[*ir.Value]int, len(m.Values))
-	local := func(v *ir.Value) ir.Type {
-		return ir.Type{DType: v.Type.DType, Shape: ir.LocalShape(v.Type.Shape, v.Place, m.Mesh)}
-	}
-	newBuf := func(v *ir.Value, kind BufferKind) int {
-		id := len(p.Buffers)
-		t := local(v)
-		p.Buffers = append(p.Buffers, Buffer{ID: id, Kind: kind, Name: v.Name(), Type: t, Global: v.Type, Place: v.Place, Bytes: t.Bytes(), Value: v})
-		return id
-	}
+	b := newBuilder(m.Name, m.Mesh)
 	for _, v := range m.Values {
-		switch v.Op {
-		case "param", "state", "input", "const":
-			kind := map[string]BufferKind{"param": Param, "state": State, "input": Input, "const": Const}[v.Op]
-			bufOf[v] = newBuf(v, kind)
-			if v.Op != "const" {
-				p.Sources[v.Name()] = bufOf[v]
-			}
-		case "reshape":
-			bufOf[v] = bufOf[v.Args[0]]
-		default:
-			bufOf[v] = newBuf(v, Temp)
-			in := Instr{Op: v.Op, Attrs: v.Attrs, Out: bufOf[v], Value: v, OutType: local(v), Scale: meanScale(v, m.Mesh)}
-			for _, a := range v.Args {
-				in.Args = append(in.Args, bufOf[a])
-				in.ArgTypes = append(in.ArgTypes, local(a))
-			}
-			if b, ok := v.Attrs["bucket"].(int); ok {
-				in.Bucket = b + 1
-			}
-			p.Instrs = append(p.Instrs, in)
-		}
+		b.value(v)
 	}
+	p, bufOf := b.p, b.bufOf
 	for _, o := range m.Outputs {
 		p.Outputs[o.Name] = bufOf[o.Value]
 	}
@@ -153,6 +127,67 @@ func Lower(m *ir.Module) (*Program, error) {
 	}
 	planMemory(p)
 	return p, nil
+}
+
+// builder turns values into buffers and instructions.
+type builder struct {
+	p     *Program
+	bufOf map[*ir.Value]int
+}
+
+func newBuilder(name string, mesh *ir.Mesh) *builder {
+	return &builder{p: &Program{Name: name, Mesh: mesh, Outputs: map[string]int{}, Sources: map[string]int{}}, bufOf: map[*ir.Value]int{}}
+}
+
+func (b *builder) local(v *ir.Value) ir.Type {
+	return ir.Type{DType: v.Type.DType, Shape: ir.LocalShape(v.Type.Shape, v.Place, b.p.Mesh)}
+}
+
+func (b *builder) newBuf(v *ir.Value, kind BufferKind) int {
+	id := len(b.p.Buffers)
+	t := b.local(v)
+	b.p.Buffers = append(b.p.Buffers, Buffer{ID: id, Kind: kind, Name: v.Name(), Type: t, Global: v.Type, Place: v.Place, Bytes: t.Bytes(), Value: v})
+	b.bufOf[v] = id
+	return id
+}
+
+var sourceKinds = map[string]BufferKind{"param": Param, "state": State, "input": Input, "const": Const}
+
+// value adds v: a source gets a persistent buffer, a reshape shares its
+// argument's buffer, anything else gets a buffer and an instruction.
+func (b *builder) value(v *ir.Value) {
+	p := b.p
+	switch v.Op {
+	case "param", "state", "input", "const":
+		b.newBuf(v, sourceKinds[v.Op])
+		if v.Op != "const" {
+			p.Sources[v.Name()] = b.bufOf[v]
+		}
+	case "reshape":
+		b.bufOf[v] = b.bufOf[v.Args[0]]
+	default:
+		b.newBuf(v, Temp)
+		in := Instr{Op: v.Op, Attrs: v.Attrs, Out: b.bufOf[v], Value: v, OutType: b.local(v), Scale: meanScale(v, p.Mesh)}
+		for _, a := range v.Args {
+			in.Args = append(in.Args, b.bufOf[a])
+			in.ArgTypes = append(in.ArgTypes, b.local(a))
+		}
+		if bk, ok := v.Attrs["bucket"].(int); ok {
+			in.Bucket = bk + 1
+		}
+		p.Instrs = append(p.Instrs, in)
+	}
+}
+
+// send transfers v's buffer to pipeline rank peer; recv makes v available
+// here, received from peer.
+func (b *builder) send(v *ir.Value, peer int) {
+	b.p.Instrs = append(b.p.Instrs, Instr{Op: "send", Args: []int{b.bufOf[v]}, ArgTypes: []ir.Type{b.local(v)}, Out: -1, Value: v, Peer: peer, Tag: v.ID})
+}
+
+func (b *builder) recv(v *ir.Value, peer int) {
+	out := b.newBuf(v, Temp)
+	b.p.Instrs = append(b.p.Instrs, Instr{Op: "recv", Out: out, OutType: b.local(v), Value: v, Peer: peer, Tag: v.ID})
 }
 
 // meanScale is the factor that turns a mean over device-local rows into
@@ -255,7 +290,9 @@ func planUpdates(p *Program, m *ir.Module, bufOf map[*ir.Value]int) error {
 	}
 	producer := map[int]int{}
 	for i, in := range p.Instrs {
-		producer[in.Out] = i
+		if in.Out >= 0 {
+			producer[in.Out] = i
+		}
 	}
 	var copies []Instr
 	for _, u := range m.Updates {
@@ -308,6 +345,12 @@ func planMemory(p *Program) {
 	first := map[int]int{}
 	last := map[int]int{}
 	for i, in := range p.Instrs {
+		if in.Out < 0 {
+			for _, a := range in.Args {
+				last[a] = i
+			}
+			continue
+		}
 		if _, ok := first[in.Out]; !ok && !p.Buffers[in.Out].Kind.Persistent() {
 			first[in.Out] = i
 			last[in.Out] = i

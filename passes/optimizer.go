@@ -97,6 +97,7 @@ type optBuilder struct {
 func (ob *optBuilder) meta() ir.Meta {
 	meta := ir.NoMeta
 	meta.Layer = ob.at.Meta.Layer
+	meta.Stage = ob.at.Meta.Stage // a param's update runs on its pipeline chunk
 	meta.Phase = ir.PhaseOpt
 	return meta
 }

@@ -27,6 +27,9 @@ type Options struct {
 	// reduce-scattered instead of all-reduced, and gathered again before
 	// column-parallel matmuls.
 	SequenceParallel bool
+	// VPP is the number of model chunks per pipeline rank (interleaved
+	// schedule); 0 or 1 means contiguous stages.
+	VPP int
 	// Microbatches is the number of microbatches per step (gradient
 	// accumulation); 1 means none.
 	Microbatches int

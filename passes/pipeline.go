@@ -25,6 +25,7 @@ type Pass struct {
 // pipeline-split, schedule, fuse and memory-plan after these.
 var passes = [...]Pass{
 	{Name: "verify-input", Fn: verifyInput, Required: true, Doc: "check the module the frontend or a .gir file produced"},
+	{Name: "pipeline-split", Fn: pipelineSplit, Required: true, Doc: "tag every value with its pipeline chunk (pp ranks × vpp chunks)"},
 	{Name: "autodiff", Fn: autodiff, Required: true, Doc: "reverse-mode gradients of the loss for every param"},
 	{Name: "microbatch", Fn: microbatch, Required: true, Doc: "gradient accumulation: one forward and backward per microbatch, gradients averaged"},
 	{Name: "optimizer", Fn: optimizer, Required: true, Doc: "global-norm clipping and the AdamW or SGD update of every param"},
@@ -40,6 +41,7 @@ type constraint struct {
 // passOrder lists ordering rules, each with its reason; init checks them.
 var passOrder = [...]constraint{
 	{"verify-input", "autodiff", "autodiff assumes a well-typed forward graph"},
+	{"pipeline-split", "autodiff", "backward values take the chunk of the forward value they differentiate"},
 	{"autodiff", "microbatch", "microbatch copies the backward graph autodiff builds"},
 	{"microbatch", "optimizer", "the optimizer consumes the accumulated gradients"},
 	{"optimizer", "shard", "optimizer state and updates are placed too (ZeRO shards them)"},

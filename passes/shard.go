@@ -31,8 +31,8 @@ func shard(m *ir.Module, o *Options) error {
 		return nil
 	}
 	for _, a := range m.Mesh.Axes {
-		if a.Name != "dp" && a.Name != "tp" && a.Size > 1 {
-			return fmt.Errorf("mesh axis %s=%d: only data (dp) and tensor (tp) parallelism are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
+		if a.Name != "dp" && a.Name != "tp" && a.Name != "pp" && a.Size > 1 {
+			return fmt.Errorf("mesh axis %s=%d: only data (dp), tensor (tp) and pipeline (pp) parallelism are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
 		}
 	}
 	if o.SequenceParallel && (m.Mesh.Axis("tp") < 0 || m.Mesh.Axes[m.Mesh.Axis("tp")].Size == 1) {
@@ -358,7 +358,8 @@ func (s *sharder) splitSumSquares(v *ir.Value) error {
 				place[ax] = axisRule{s: s, v: v, ax: ax}.resolveArg(i)
 			}
 		}
-		key := ir.PlacementString(place)
+		// Under pipeline parallelism each rank squares its own gradients.
+		key := fmt.Sprintf("%s@%d", ir.PlacementString(place), a.Meta.Stage)
 		if groups[key] == nil {
 			order = append(order, key)
 		}
@@ -369,7 +370,9 @@ func (s *sharder) splitSumSquares(v *ir.Value) error {
 	}
 	var parts []*ir.Value
 	for _, key := range order {
-		g, err := s.m.Add("sum_squares", groups[key], nil, v.Meta, v.Pos)
+		meta := v.Meta
+		meta.Stage = groups[key][0].Meta.Stage
+		g, err := s.m.Add("sum_squares", groups[key], nil, meta, v.Pos)
 		if err != nil {
 			return err
 		}
@@ -405,6 +408,11 @@ func (s *sharder) rule(v *ir.Value) (want [][]ir.Placement, out []ir.Placement, 
 	}
 	out = make([]ir.Placement, n)
 	for ax := range n {
+		if s.m.Mesh.Axes[ax].Name == "pp" {
+			// Pipeline ranks hold different values, not parts of one: every
+			// value is whole on its rank (the lowering cuts by stage).
+			continue
+		}
 		have := make([]ir.Placement, len(v.Args))
 		for i, a := range v.Args {
 			have[i] = a.Place[ax]

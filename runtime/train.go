@@ -49,7 +49,7 @@ type TrainConfig struct {
 	Seed        int64
 	Schedule    Schedule
 	EvalEvery   int // evaluate held-out loss every N steps and after the last; 0: only after the last
-	EvalBatches int // batches averaged per evaluation
+	EvalBatches int // batches averaged per evaluation; negative: no evaluation
 }
 
 // StepMetrics is one training step in the metrics JSON.
@@ -111,7 +111,7 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 			TokensPerS: float64(cfg.Batch*cfg.Seq) / elapsed.Seconds()}
 		steps = append(steps, sm)
 		var ev *EvalMetrics
-		if step == cfg.Steps || (cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0) {
+		if cfg.EvalBatches >= 0 && (step == cfg.Steps || (cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0)) {
 			l, err := Evaluate(dev, corpus, cfg)
 			if err != nil {
 				return steps, evals, err

@@ -3,6 +3,7 @@ package cpu
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"gcompile/ir"
@@ -17,22 +18,37 @@ type Cluster struct {
 	prog    *lower.Program
 	Devices []*Device
 	Comm    *Comm
+	Mail    *Mailbox
 }
 
 // NewCluster loads prog on every device of its mesh (one device when the
 // program has no mesh).
 func NewCluster(prog *lower.Program, opts Options) (*Cluster, error) {
-	n := 1
-	if prog.Mesh != nil {
-		n = prog.Mesh.Devices()
+	return NewPipelineCluster([]*lower.Program{prog}, opts)
+}
+
+// NewPipelineCluster loads one program per pipeline rank (progs[r] on the
+// devices whose pp coordinate is r) over the programs' shared mesh.
+func NewPipelineCluster(progs []*lower.Program, opts Options) (*Cluster, error) {
+	mesh := progs[0].Mesh
+	n, ppAxis := 1, -1
+	if mesh != nil {
+		n, ppAxis = mesh.Devices(), mesh.Axis("pp")
 	}
-	c := &Cluster{prog: prog}
-	if prog.Mesh != nil {
+	if ppAxis < 0 && len(progs) != 1 || ppAxis >= 0 && len(progs) != mesh.Axes[ppAxis].Size {
+		return nil, fmt.Errorf("%d programs for mesh %v: want one per pipeline rank", len(progs), mesh)
+	}
+	c := &Cluster{prog: progs[0], Mail: NewMailbox()}
+	if mesh != nil {
 		c.Comm = NewComm(n)
 	}
 	for r := range n {
 		o := opts
-		o.Rank, o.Comm = r, c.Comm
+		o.Rank, o.Comm, o.Mail = r, c.Comm, c.Mail
+		prog := progs[0]
+		if ppAxis >= 0 {
+			prog = progs[Coords(mesh, r)[ppAxis]]
+		}
 		d, err := Load(prog, o)
 		if err != nil {
 			return nil, fmt.Errorf("device %d: %w", r, err)
@@ -57,13 +73,14 @@ func (c *Cluster) each(f func(*Device) error) error {
 			if err := f(d); err != nil {
 				errs[r] = fmt.Errorf("device %d: %w", r, err)
 				c.Comm.Abort(errs[r])
+				c.Mail.Abort(errs[r])
 			}
 		}()
 	}
 	wg.Wait()
 	// Report the device that failed first, not the ones it aborted.
 	for _, err := range errs {
-		if err != nil && !errors.Is(err, ErrAborted) {
+		if err != nil && !errors.Is(err, ErrAborted) && !strings.Contains(err.Error(), "pipeline aborted") {
 			return err
 		}
 	}
@@ -90,16 +107,32 @@ func (c *Cluster) PeakBytes() int64 {
 	return p
 }
 
-// SetInt32 gives every device its block of a whole input.
+// holders are the devices whose program has the named source.
+func (c *Cluster) holders(name string) ([]*Device, lower.Buffer, error) {
+	var ds []*Device
+	var buf lower.Buffer
+	for _, d := range c.Devices {
+		if id, ok := d.prog.Sources[name]; ok {
+			ds = append(ds, d)
+			buf = d.prog.Buffers[id]
+		}
+	}
+	if len(ds) == 0 {
+		return nil, buf, fmt.Errorf("no device holds a param, state or input named %q", name)
+	}
+	return ds, buf, nil
+}
+
+// SetInt32 gives every device that uses the input its block of it.
 func (c *Cluster) SetInt32(name string, data []int32) error {
-	b, err := c.Devices[0].source(name)
+	ds, b, err := c.holders(name)
 	if err != nil {
 		return err
 	}
 	if int64(len(data)) != b.Global.Shape.NumElements() {
 		return fmt.Errorf("input %q is %v; got %d values", name, b.Global, len(data))
 	}
-	for _, d := range c.Devices {
+	for _, d := range ds {
 		blk := data
 		if d.prog.Mesh != nil && b.Place != nil {
 			shape, lo, size := blockOf(d.prog.Mesh, b.Place, b.Global.Shape, d.coords)
@@ -112,9 +145,13 @@ func (c *Cluster) SetInt32(name string, data []int32) error {
 	return nil
 }
 
-// SetScalar sets a scalar input on every device.
+// SetScalar sets a scalar input on every device that uses it.
 func (c *Cluster) SetScalar(name string, x float64) error {
-	for _, d := range c.Devices {
+	ds, _, err := c.holders(name)
+	if err != nil {
+		return err
+	}
+	for _, d := range ds {
 		if err := d.SetScalar(name, x); err != nil {
 			return err
 		}
@@ -122,17 +159,25 @@ func (c *Cluster) SetScalar(name string, x float64) error {
 	return nil
 }
 
-// Scalar reads a replicated scalar output.
-func (c *Cluster) Scalar(name string) (float64, error) { return c.Devices[0].Scalar(name) }
+// Scalar reads a replicated scalar output from the first device that has
+// it (under pipeline parallelism, the loss lives on the last stage).
+func (c *Cluster) Scalar(name string) (float64, error) {
+	for _, d := range c.Devices {
+		if _, ok := d.prog.Outputs[name]; ok {
+			return d.Scalar(name)
+		}
+	}
+	return 0, fmt.Errorf("no device has an output named %q", name)
+}
 
 // Global assembles a whole param or state from the devices' blocks.
 func (c *Cluster) Global(name string) ([]float64, error) {
-	b, err := c.Devices[0].source(name)
+	ds, b, err := c.holders(name)
 	if err != nil {
 		return nil, err
 	}
 	whole := make([]float64, b.Global.Shape.NumElements())
-	for _, d := range c.Devices {
+	for _, d := range ds {
 		blk, err := d.Float64s(name)
 		if err != nil {
 			return nil, err
@@ -153,11 +198,11 @@ func (c *Cluster) Global(name string) ([]float64, error) {
 
 // SetGlobal gives every device its block of a whole param or state.
 func (c *Cluster) SetGlobal(name string, x []float64) error {
-	b, err := c.Devices[0].source(name)
+	ds, b, err := c.holders(name)
 	if err != nil {
 		return err
 	}
-	for _, d := range c.Devices {
+	for _, d := range ds {
 		if err := d.SetFloat64s(name, d.LocalBlock(x, b)); err != nil {
 			return err
 		}

@@ -12,6 +12,10 @@ import (
 // compile turns one instruction into a closure over arena views. Shapes,
 // strides and views are resolved here, once, not on every step.
 func (d *Device) compile(in lower.Instr) (func() error, error) {
+	switch in.Op {
+	case "send", "recv":
+		return d.compileTransfer(in)
+	}
 	out := d.prog.Buffers[in.Out]
 	dt := out.Type.DType
 	switch in.Op {
@@ -291,4 +295,26 @@ func (d *Device) compileCast(in lower.Instr) (func() error, error) {
 		return ok(func() { kcpu.Cast(y, x) }), nil
 	}
 	return nil, fmt.Errorf("the cpu backend cannot cast %v to %v yet", src.Type.DType, dst.Type.DType)
+}
+
+// compileTransfer moves a value between pipeline ranks: to the device with
+// the same data- and tensor-parallel coordinates on the peer rank.
+func (d *Device) compileTransfer(in lower.Instr) (func() error, error) {
+	m := d.prog.Mesh
+	ax := -1
+	if m != nil {
+		ax = m.Axis("pp")
+	}
+	if ax < 0 || d.mail == nil {
+		return nil, fmt.Errorf("%s needs a pipeline (a pp mesh axis and a mailbox)", in.Op)
+	}
+	c := append([]int(nil), d.coords...)
+	c[ax] = in.Peer
+	peer, mail, rank, tag := Rank(m, c), d.mail, d.rank, in.Tag
+	if in.Op == "send" {
+		data := d.raw(d.prog.Buffers[in.Args[0]])
+		return func() error { return mail.Send(rank, peer, tag, data) }, nil
+	}
+	data := d.raw(d.prog.Buffers[in.Out])
+	return func() error { return mail.Recv(peer, rank, tag, data) }, nil
 }

@@ -27,6 +27,8 @@ type Options struct {
 	// communicator shared by the devices (nil for one device).
 	Rank int
 	Comm *Comm
+	// Mail carries pipeline sends and receives between devices.
+	Mail *Mailbox
 }
 
 // Device is one virtual CPU device executing one program.
@@ -44,6 +46,7 @@ type Device struct {
 	rank   int
 	coords []int // position on each mesh axis
 	comm   *Comm
+	mail   *Mailbox
 }
 
 // Load allocates the arena and prepares every instruction.
@@ -51,7 +54,7 @@ func Load(p *lower.Program, opts Options) (*Device, error) {
 	if opts.MemoryCap > 0 && p.ArenaBytes > opts.MemoryCap {
 		return nil, fmt.Errorf("program %q needs an arena of %d bytes, more than the device cap of %d bytes", p.Name, p.ArenaBytes, opts.MemoryCap)
 	}
-	d := &Device{prog: p, arena: make([]uint64, (p.ArenaBytes+7)/8), rank: opts.Rank, comm: opts.Comm}
+	d := &Device{prog: p, arena: make([]uint64, (p.ArenaBytes+7)/8), rank: opts.Rank, comm: opts.Comm, mail: opts.Mail}
 	if p.Mesh != nil {
 		if opts.Comm == nil || opts.Comm.Devices() != p.Mesh.Devices() || opts.Rank < 0 || opts.Rank >= p.Mesh.Devices() {
 			return nil, fmt.Errorf("program %q spans mesh %v: load it with a Comm for %d devices and a rank below that", p.Name, p.Mesh, p.Mesh.Devices())
@@ -117,7 +120,12 @@ func (d *Device) fill(b lower.Buffer, x float64) error {
 func (d *Device) Step() error { return d.exec(len(d.run)) }
 
 // Forward runs only the instructions the loss needs.
-func (d *Device) Forward() error { return d.exec(d.prog.ForwardEnd) }
+func (d *Device) Forward() error {
+	if d.prog.ForwardEnd < 0 {
+		return fmt.Errorf("program %q has no forward-only part (a pipeline rank's program interleaves forward and backward)", d.prog.Name)
+	}
+	return d.exec(d.prog.ForwardEnd)
+}
 
 func (d *Device) exec(n int) error {
 	d.live = 0
@@ -125,8 +133,8 @@ func (d *Device) exec(n int) error {
 		in := &d.prog.Instrs[i]
 		// Persistent buffers are counted once, in PersistentBytes; an
 		// in-place update writes into one without making anything new live.
-		if out := d.prog.Buffers[in.Out]; out.Kind == lower.Temp {
-			d.live += out.Bytes
+		if in.Out >= 0 && d.prog.Buffers[in.Out].Kind == lower.Temp {
+			d.live += d.prog.Buffers[in.Out].Bytes
 		}
 		d.high = max(d.high, d.live)
 		var start time.Time

@@ -1,0 +1,264 @@
+package lower
+
+import (
+	"fmt"
+	"slices"
+
+	"gcompile/ir"
+)
+
+// Block is one schedule action that computes: the forward (F), backward (B)
+// or weight-gradient (W) work of one chunk on one microbatch.
+type Block struct {
+	Kind  byte // 'F', 'B' or 'W'
+	Chunk int  // global chunk index
+	Micro int
+}
+
+// LowerPipeline cuts a stage-tagged module (the pipeline-split pass) into
+// one program per pipeline rank. order[r] is rank r's schedule as compute
+// blocks; the rank's instructions follow it. Every computed value, param
+// and optimizer state has one owner: the rank of its chunk. Another rank
+// that uses it receives it (sent right after it is computed, so sends never
+// wait; receives wait for their data); constants and inputs are copied to
+// every rank that uses them. Per-step work (gradient accumulation, the
+// optimizer, shared values) runs as soon as its inputs are there, except
+// work that needs another rank's data, which waits until the rank's blocks
+// are done so it cannot stall the pipeline.
+//
+// With B blocks and W blocks for the same (chunk, micro), the backward is
+// split as zero-bubble schedules need: B computes what the previous chunk
+// needs (input gradients); W the rest (weight gradients).
+func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
+	if err := ir.Verify(m, "lower"); err != nil {
+		return nil, err
+	}
+	ppAxis := -1
+	if m.Mesh != nil {
+		ppAxis = m.Mesh.Axis("pp")
+	}
+	if ppAxis < 0 {
+		return nil, fmt.Errorf("module %q has no pp mesh axis", m.Name)
+	}
+	p := m.Mesh.Axes[ppAxis].Size
+	if len(order) != p {
+		return nil, fmt.Errorf("schedule has %d ranks, the mesh has pp=%d", len(order), p)
+	}
+	isSource := func(v *ir.Value) bool {
+		info, _ := ir.Lookup(v.Op)
+		return info.Source
+	}
+	owner := func(v *ir.Value) int { return max(v.Meta.Stage, 0) % p }
+	copied := func(v *ir.Value) bool { return v.Op == "const" || v.Op == "input" }
+
+	// Which ranks read each value.
+	readers := map[*ir.Value][]int{}
+	for _, v := range m.Values {
+		if isSource(v) {
+			continue
+		}
+		for _, a := range v.Args {
+			if r := owner(v); !slices.Contains(readers[a], r) {
+				readers[a] = append(readers[a], r)
+			}
+		}
+	}
+	for _, o := range m.Outputs {
+		if r := owner(o.Value); !slices.Contains(readers[o.Value], r) {
+			readers[o.Value] = append(readers[o.Value], r)
+		}
+	}
+
+	// Blocks: values of (kind, chunk, micro). W takes the weight-gradient
+	// part of a backward when the schedule has W blocks.
+	type key struct {
+		kind         byte
+		chunk, micro int
+	}
+	hasW := false
+	for _, rank := range order {
+		for _, b := range rank {
+			hasW = hasW || b.Kind == 'W'
+		}
+	}
+	blocks := map[key][]*ir.Value{}
+	var perStep []*ir.Value
+	// Without gradient accumulation nothing carries a microbatch: the
+	// whole batch is microbatch 0.
+	micro := func(v *ir.Value) int { return v.Meta.Micro }
+	if !slices.ContainsFunc(m.Values, func(v *ir.Value) bool { return v.Meta.Micro >= 0 }) {
+		micro = func(*ir.Value) int { return 0 }
+	}
+	for _, v := range m.Values {
+		if isSource(v) {
+			continue
+		}
+		switch {
+		case micro(v) < 0 || v.Meta.Phase == ir.PhaseOpt:
+			perStep = append(perStep, v)
+		case v.Meta.Phase == ir.PhaseBwd:
+			k := key{'B', v.Meta.Stage, micro(v)}
+			blocks[k] = append(blocks[k], v)
+		default:
+			k := key{'F', v.Meta.Stage, micro(v)}
+			blocks[k] = append(blocks[k], v)
+		}
+	}
+	if hasW {
+		for k, vs := range blocks {
+			if k.kind != 'B' {
+				continue
+			}
+			b, w := splitBackward(vs, owner, readers)
+			blocks[k] = b
+			blocks[key{'W', k.chunk, k.micro}] = w
+		}
+	}
+
+	progs := make([]*Program, p)
+	for r := range p {
+		b := newBuilder(fmt.Sprintf("%s.pp%d", m.Name, r), m.Mesh)
+		have := map[*ir.Value]bool{}
+		done := map[*ir.Value]bool{}
+		// need makes v available on rank r: a copy of a const or input, a
+		// receive of another rank's value; its own values are built here.
+		need := func(v *ir.Value) {
+			if have[v] {
+				return
+			}
+			have[v] = true
+			switch {
+			case isSource(v) && (copied(v) || owner(v) == r):
+				b.value(v)
+			default:
+				b.recv(v, owner(v))
+			}
+		}
+		emit := func(v *ir.Value) {
+			for _, a := range v.Args {
+				need(a)
+			}
+			have[v] = true
+			b.value(v)
+			done[v] = true
+			for _, q := range readers[v] {
+				if q != r {
+					b.send(v, q)
+				}
+			}
+		}
+		// Sources this rank owns exist from the start (and are sent to
+		// readers elsewhere at the start of each step).
+		for _, v := range m.Values {
+			if isSource(v) && owner(v) == r && !copied(v) {
+				need(v)
+				for _, q := range readers[v] {
+					if q != r {
+						b.send(v, q)
+					}
+				}
+			}
+		}
+		localReady := func(v *ir.Value) bool {
+			for _, a := range v.Args {
+				if !have[a] && !(isSource(a) && (copied(a) || owner(a) == r)) {
+					return false
+				}
+			}
+			return true
+		}
+		flush := func(remoteToo bool) {
+			for progress := true; progress; {
+				progress = false
+				for _, v := range perStep {
+					if done[v] || owner(v) != r {
+						continue
+					}
+					if remoteToo || localReady(v) {
+						emit(v)
+						progress = true
+					}
+				}
+			}
+		}
+		flush(false)
+		for _, blk := range order[r] {
+			if blk.Chunk%p != r {
+				return nil, fmt.Errorf("schedule puts chunk %d on rank %d; it belongs on rank %d", blk.Chunk, r, blk.Chunk%p)
+			}
+			for _, v := range blocks[key{blk.Kind, blk.Chunk, blk.Micro}] {
+				emit(v)
+			}
+			flush(false)
+		}
+		flush(true)
+		for k, vs := range blocks {
+			if k.chunk%p == r {
+				for _, v := range vs {
+					if !done[v] {
+						return nil, fmt.Errorf("rank %d's schedule has no %c block for chunk %d microbatch %d (%s is never computed)", r, k.kind, k.chunk, k.micro, v.Where())
+					}
+				}
+			}
+		}
+		prog := b.p
+		for _, o := range m.Outputs {
+			if owner(o.Value) == r {
+				prog.Outputs[o.Name] = b.bufOf[o.Value]
+			}
+		}
+		var ups []ir.Update
+		for _, u := range m.Updates {
+			if owner(u.State) == r {
+				ups = append(ups, u)
+			}
+		}
+		if err := groupBuckets(prog); err != nil {
+			return nil, err
+		}
+		if err := planUpdates(prog, &ir.Module{Updates: ups}, b.bufOf); err != nil {
+			return nil, err
+		}
+		planMemory(prog)
+		prog.ForwardEnd = -1 // no forward-only prefix: evaluation needs a forward schedule
+		progs[r] = prog
+	}
+	return progs, nil
+}
+
+// splitBackward separates a chunk's backward into what other chunks need
+// (the input gradient, and everything it depends on) and the rest (weight
+// gradients), which a zero-bubble schedule defers.
+func splitBackward(vs []*ir.Value, owner func(*ir.Value) int, readers map[*ir.Value][]int) (b, w []*ir.Value) {
+	in := map[*ir.Value]bool{}
+	for _, v := range vs {
+		in[v] = true
+	}
+	needed := map[*ir.Value]bool{}
+	var mark func(v *ir.Value)
+	mark = func(v *ir.Value) {
+		if needed[v] || !in[v] {
+			return
+		}
+		needed[v] = true
+		for _, a := range v.Args {
+			mark(a)
+		}
+	}
+	for _, v := range vs {
+		for _, r := range readers[v] {
+			// Consecutive chunks are on different ranks whenever p > 1.
+			if r != owner(v) {
+				mark(v)
+			}
+		}
+	}
+	for _, v := range vs {
+		if needed[v] {
+			b = append(b, v)
+		} else {
+			w = append(w, v)
+		}
+	}
+	return b, w
+}

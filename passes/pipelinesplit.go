@@ -1,0 +1,78 @@
+package passes
+
+import (
+	"fmt"
+
+	"gcompile/ir"
+)
+
+// pipelineSplit cuts the model into pipeline chunks by tagging every
+// forward value with its global chunk (Meta.Stage): with p pipeline ranks
+// and v chunks per rank there are p·v chunks of L/(p·v) consecutive layers,
+// and chunk j runs on rank j mod p (Megatron-LM's interleaved assignment;
+// v = 1 gives contiguous stages). Values outside the layers go to the first
+// chunk (embeddings) or, when they depend on a layer's output, to the last
+// (final LayerNorm, LM head, loss). Autodiff, microbatching and the
+// optimizer copy the tag to the values they derive, so the backward of a
+// chunk runs where its forward ran; the lowering cuts one program per
+// pipeline rank and inserts the sends and receives between chunks.
+//
+// It runs before autodiff (the plan puts it after the memory passes)
+// because the stage of a backward value is that of the forward value it
+// differentiates, which only autodiff knows.
+func pipelineSplit(m *ir.Module, o *Options) error {
+	p := 1
+	if o.Mesh != nil {
+		if i := o.Mesh.Axis("pp"); i >= 0 {
+			p = o.Mesh.Axes[i].Size
+		}
+	}
+	v := max(o.VPP, 1)
+	if p == 1 {
+		if v > 1 {
+			return fmt.Errorf("%d virtual stages per rank need pipeline parallelism (pp > 1)", v)
+		}
+		return nil
+	}
+	layers := 0
+	for _, x := range m.Values {
+		layers = max(layers, x.Meta.Layer+1)
+	}
+	chunks := p * v
+	switch {
+	case layers == 0:
+		return fmt.Errorf("module %q marks no layers (b.Layer in the model): nothing to cut into %d pipeline chunks", m.Name, chunks)
+	case layers < p:
+		return fmt.Errorf("pp=%d is more than the %d layers of the model: every pipeline rank needs at least one layer", p, layers)
+	case layers%chunks != 0:
+		return fmt.Errorf("%d layers cannot be cut into pp·vpp = %d·%d = %d chunks of equal size", layers, p, v, chunks)
+	}
+	per := layers / chunks
+	afterLayers := map[*ir.Value]bool{}
+	for _, x := range m.Values {
+		if x.Meta.Layer >= 0 {
+			x.Meta.Stage = x.Meta.Layer / per
+			afterLayers[x] = true
+			continue
+		}
+		for _, a := range x.Args {
+			if afterLayers[a] {
+				afterLayers[x] = true
+			}
+		}
+		if afterLayers[x] {
+			x.Meta.Stage = chunks - 1
+		} else {
+			x.Meta.Stage = 0
+		}
+	}
+	// A source used by several chunks (the tied embedding, constants) is
+	// held by every rank that uses it; its tag is its first user's chunk.
+	uses := m.Uses()
+	for _, x := range m.Values {
+		if info, _ := ir.Lookup(x.Op); info.Source && len(uses[x]) > 0 {
+			x.Meta.Stage = uses[x][0].Meta.Stage
+		}
+	}
+	return nil
+}
