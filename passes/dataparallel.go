@@ -15,7 +15,7 @@ func dataParallel(m *ir.Module, o *Options) error {
 		return nil
 	}
 	limit := int64(o.BucketMB * (1 << 20))
-	bucket, filled := 0, int64(0)
+	bucket, filled, stage := 0, int64(0), -2
 	uses := m.Uses()
 	for _, v := range m.Values {
 		if (v.Op != "all_reduce" && v.Op != "reduce_scatter") || v.Attrs.Str("axis") != "dp" || v.Meta.Phase != ir.PhaseBwd {
@@ -31,11 +31,14 @@ func dataParallel(m *ir.Module, o *Options) error {
 			continue
 		}
 		size := v.Type.Bytes()
-		if filled > 0 && filled+size > limit {
+		// A bucket never spans pipeline chunks: each chunk's gradients are
+		// ready at a different time on a different rank.
+		if filled > 0 && (filled+size > limit || v.Meta.Stage != stage) {
 			bucket++
 			filled = 0
 		}
 		filled += size
+		stage = v.Meta.Stage
 		v.Attrs["bucket"] = bucket
 	}
 	return nil

@@ -156,6 +156,8 @@ func TestPipelineMatchesOneDevice(t *testing.T) {
 		{pp: 2, micro: 4, order: oneFOneBOrder, name: "1f1b"},
 		{pp: 4, micro: 4, order: oneFOneBOrder, name: "1f1b"},
 		{pp: 2, vpp: 2, micro: 4, order: gpipeOrder, name: "gpipe"},
+		{pp: 2, vpp: 2, micro: 4, dp: 2, tp: 2, order: gpipeOrder, name: "gpipe"},
+		{pp: 2, micro: 4, dp: 2, tp: 2, order: oneFOneBOrder, name: "1f1b"},
 	} {
 		t.Run(pl.String(), func(t *testing.T) {
 			assertSameTraining(t, ref, trainPipeline(t, pl, 4))
