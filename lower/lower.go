@@ -79,6 +79,9 @@ type Instr struct {
 	// Peer and Tag address a pipeline transfer (Op "send" or "recv"): the
 	// pipeline rank at the other end and the value's id. A send has Out −1.
 	Peer, Tag int
+	// Block names the schedule action an instruction belongs to under
+	// pipeline parallelism ("F c1 m3"), for traces; "" otherwise.
+	Block string
 	// Frees lists buffers whose last use is this instruction.
 	Frees []int
 }

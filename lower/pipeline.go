@@ -181,17 +181,29 @@ func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
 				}
 			}
 		}
+		label := func(from int, name string) {
+			for i := from; i < len(b.p.Instrs); i++ {
+				b.p.Instrs[i].Block = name
+			}
+		}
 		flush(false)
+		label(0, "step")
 		for _, blk := range order[r] {
 			if blk.Chunk%p != r {
 				return nil, fmt.Errorf("schedule puts chunk %d on rank %d; it belongs on rank %d", blk.Chunk, r, blk.Chunk%p)
 			}
+			from := len(b.p.Instrs)
 			for _, v := range blocks[key{blk.Kind, blk.Chunk, blk.Micro}] {
 				emit(v)
 			}
+			label(from, fmt.Sprintf("%c c%d m%d", blk.Kind, blk.Chunk, blk.Micro))
+			from = len(b.p.Instrs)
 			flush(false)
+			label(from, "step")
 		}
+		from := len(b.p.Instrs)
 		flush(true)
+		label(from, "optimizer")
 		for k, vs := range blocks {
 			if k.chunk%p == r {
 				for _, v := range vs {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"gcompile/lower"
@@ -15,12 +16,15 @@ const TraceSteps = 3
 
 // Tracer collects Chrome trace events (chrome://tracing, Perfetto): one
 // track per device, one slice per instruction named by its op, with the
-// user's source line and the phase in its args.
+// user's source line and the phase in its args; under pipeline parallelism
+// the instructions of one schedule action are also one slice ("F c1 m3").
 type Tracer struct {
-	prog   *lower.Program
+	progs  []*lower.Program // per device
 	origin time.Time
+	mu     sync.Mutex
 	events []traceEvent
 	step   int
+	open   []*traceEvent // per device: the action slice being extended
 }
 
 type traceEvent struct {
@@ -34,28 +38,86 @@ type traceEvent struct {
 	Args map[string]any `json:"args,omitempty"`
 }
 
-// NewTracer starts a trace for one device's program.
-func NewTracer(prog *lower.Program) *Tracer {
-	return &Tracer{prog: prog, origin: time.Now(), step: 1}
+// NewTracer starts a trace of devices running progs (progs[i] on device i).
+func NewTracer(progs []*lower.Program) *Tracer {
+	return &Tracer{progs: progs, origin: time.Now(), step: 1, open: make([]*traceEvent, len(progs))}
 }
 
-// Record is the device's per-instruction hook.
-func (t *Tracer) Record(i int, start time.Time, d time.Duration) {
-	in := t.prog.Instrs[i]
-	t.events = append(t.events, traceEvent{
-		Name: in.Op, Cat: in.Value.Meta.Phase.String(), Ph: "X",
-		Ts: float64(start.Sub(t.origin).Nanoseconds()) / 1e3, Dur: float64(d.Nanoseconds()) / 1e3,
-		Args: map[string]any{"value": in.Value.Ref(), "pos": in.Value.Pos.String(), "step": t.step, "type": in.Value.Type.String()},
-	})
+// Hook returns device dev's per-instruction hook.
+func (t *Tracer) Hook(dev int) func(i int, start time.Time, d time.Duration) {
+	return func(i int, start time.Time, d time.Duration) { t.record(dev, i, start, d) }
+}
+
+func (t *Tracer) record(dev, i int, start time.Time, d time.Duration) {
+	in := t.progs[dev].Instrs[i]
+	ts, dur := float64(start.Sub(t.origin).Nanoseconds())/1e3, float64(d.Nanoseconds())/1e3
+	name, cat := in.Op, in.Op
+	if in.Value != nil {
+		cat = in.Value.Meta.Phase.String()
+	}
+	args := map[string]any{"step": t.step}
+	if in.Value != nil {
+		args["value"], args["pos"], args["type"] = in.Value.Ref(), in.Value.Pos.String(), in.Value.Type.String()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if in.Op == "send" || in.Op == "recv" || isCollective(in.Op) {
+		cat = "comm"
+	}
+	t.events = append(t.events, traceEvent{Name: name, Cat: cat, Ph: "X", Ts: ts, Dur: dur, Pid: 0, Tid: dev, Args: args})
+	if in.Block == "" {
+		return
+	}
+	// One slice per schedule action, on its own track below the device's.
+	if o := t.open[dev]; o != nil && o.Name == in.Block && o.Args["step"] == t.step {
+		o.Dur = ts + dur - o.Ts
+		return
+	}
+	t.flush(dev)
+	t.open[dev] = &traceEvent{Name: in.Block, Cat: "schedule", Ph: "X", Ts: ts, Dur: dur, Pid: 1, Tid: dev, Args: map[string]any{"step": t.step}}
+}
+
+func (t *Tracer) flush(dev int) {
+	if o := t.open[dev]; o != nil {
+		t.events = append(t.events, *o)
+		t.open[dev] = nil
+	}
+}
+
+func isCollective(op string) bool {
+	switch op {
+	case "all_reduce", "reduce_scatter", "all_gather", "all_to_all":
+		return true
+	}
+	return false
 }
 
 // EndStep marks a step boundary.
-func (t *Tracer) EndStep() { t.step++ }
+func (t *Tracer) EndStep() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for dev := range t.open {
+		t.flush(dev)
+	}
+	t.step++
+}
 
 // WriteFile writes the trace as a JSON object with traceEvents.
 func (t *Tracer) WriteFile(path string) error {
-	meta := traceEvent{Name: "thread_name", Ph: "M", Args: map[string]any{"name": "device 0"}}
-	b, err := json.Marshal(map[string]any{"traceEvents": append([]traceEvent{meta}, t.events...), "displayTimeUnit": "ms"})
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for dev := range t.open {
+		t.flush(dev)
+	}
+	var meta []traceEvent
+	meta = append(meta, traceEvent{Name: "process_name", Ph: "M", Pid: 0, Args: map[string]any{"name": "kernels"}},
+		traceEvent{Name: "process_name", Ph: "M", Pid: 1, Args: map[string]any{"name": "schedule actions"}})
+	for dev := range t.progs {
+		for pid := range 2 {
+			meta = append(meta, traceEvent{Name: "thread_name", Ph: "M", Pid: pid, Tid: dev, Args: map[string]any{"name": fmt.Sprintf("device %d", dev)}})
+		}
+	}
+	b, err := json.Marshal(map[string]any{"traceEvents": append(meta, t.events...), "displayTimeUnit": "ms"})
 	if err != nil {
 		return fmt.Errorf("trace: %w", err)
 	}

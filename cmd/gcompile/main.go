@@ -256,8 +256,14 @@ func train(c *config, prog *lower.Program, met *runtime.Metrics) error {
 	}
 	var tracer *runtime.Tracer
 	if c.trace != "" {
-		tracer = runtime.NewTracer(prog)
-		dev.Devices[0].OnInstr = tracer.Record
+		progs := make([]*lower.Program, len(dev.Devices))
+		for i, d := range dev.Devices {
+			progs[i] = d.Program()
+		}
+		tracer = runtime.NewTracer(progs)
+		for i, d := range dev.Devices {
+			d.OnInstr = tracer.Hook(i)
+		}
 	}
 	if prog.Mesh != nil {
 		fmt.Fprintf(os.Stderr, "%d virtual devices, mesh %v, ZeRO-%d\n", prog.Mesh.Devices(), prog.Mesh, c.zero)
@@ -271,7 +277,9 @@ func train(c *config, prog *lower.Program, met *runtime.Metrics) error {
 	prog2 := newProgress(os.Stderr, c.steps)
 	steps, evals, trainErr := runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 		if tracer != nil && s.Step >= runtime.TraceSteps {
-			dev.Devices[0].OnInstr = nil
+			for _, d := range dev.Devices {
+				d.OnInstr = nil
+			}
 		}
 		if tracer != nil {
 			tracer.EndStep()
