@@ -3,6 +3,7 @@ package passes_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,7 +15,75 @@ import (
 	"gcompile/passes"
 )
 
-var tableNames = []string{"verify-input", "autodiff", "microbatch", "optimizer", "shard", "redistribute", "data-parallel"}
+// tableNames is the pass table's names in order. Tests build the lists of
+// passes they expect from it (through, passesBefore, passesAfter, between, without) and find
+// results by name (indexOf), so a new pass needs no edits beyond what it
+// really changes.
+var tableNames = passNames(passes.Table())
+
+// knownOrder is the relative order of the passes these tests know; the
+// table may hold others between them.
+var knownOrder = []string{"verify-input", "pipeline-split", "autodiff", "microbatch", "optimizer", "shard", "redistribute", "data-parallel"}
+
+func passNames(ps []passes.Pass) []string {
+	var names []string
+	for _, p := range ps {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
+// tableIndex is the position of pass name in the table; it panics on a
+// name the table lacks, so a typo fails loudly.
+func tableIndex(name string) int {
+	i := slices.Index(tableNames, name)
+	if i < 0 {
+		panic(fmt.Sprintf("pass %q is not in the table %v", name, tableNames))
+	}
+	return i
+}
+
+// through is the table's names up to and including name.
+func through(name string) []string { return slices.Clone(tableNames[:tableIndex(name)+1]) }
+
+// passesBefore is the table's names up to name, without it.
+func passesBefore(name string) []string { return slices.Clone(tableNames[:tableIndex(name)]) }
+
+// passesAfter is the table's names after name.
+func passesAfter(name string) []string { return slices.Clone(tableNames[tableIndex(name)+1:]) }
+
+// between is the table's names after from, up to and including to.
+func between(from, to string) []string {
+	return slices.Clone(tableNames[tableIndex(from)+1 : tableIndex(to)+1])
+}
+
+// without is names less the ones given.
+func without(names []string, drop ...string) []string {
+	return slices.DeleteFunc(slices.Clone(names), func(n string) bool { return slices.Contains(drop, n) })
+}
+
+// indexOf is the position of pass name in the results of a Run; it fails
+// the test when the pass has no result.
+func indexOf(t testing.TB, res []passes.Result, name string) int {
+	t.Helper()
+	i := slices.IndexFunc(res, func(r passes.Result) bool { return r.Name == name })
+	require.GreaterOrEqual(t, i, 0, "no result for pass %q in %v", name, resultNames(res))
+	return i
+}
+
+// changedOnOneDevice is which passes change a module compiled for one
+// device: autodiff and the optimizer add to the graph; every other pass
+// (verify-input only checks; pipeline-split, shard, redistribute and
+// data-parallel have nothing to cut or place) leaves it as it is.
+func changedOnOneDevice() map[string]bool {
+	want := map[string]bool{}
+	for _, n := range tableNames {
+		want[n] = false
+	}
+	want["autodiff"] = true
+	want["optimizer"] = true
+	return want
+}
 
 // optionalPasses may be disabled: nothing later depends on what they add.
 var optionalPasses = map[string]bool{"data-parallel": true}
@@ -39,11 +108,22 @@ func resultNames(rs []passes.Result) []string {
 
 func TestTable(t *testing.T) {
 	table := passes.Table()
-	var names []string
-	for _, p := range table {
-		names = append(names, p.Name)
+	names := passNames(table)
+	require.Equal(t, "verify-input", names[0], "the input is checked before anything else")
+	seen := map[string]bool{}
+	for _, n := range names {
+		assert.False(t, seen[n], "%s appears twice", n)
+		seen[n] = true
 	}
-	require.Equal(t, tableNames, names)
+	var known []string
+	for _, n := range names {
+		if slices.Contains(knownOrder, n) {
+			known = append(known, n)
+		}
+	}
+	require.Equal(t, knownOrder, known, "every known pass is in the table, in this order")
+	assert.Less(t, tableIndex("verify-input"), tableIndex("pipeline-split"))
+	assert.Less(t, tableIndex("pipeline-split"), tableIndex("autodiff"), "backward values take the chunk of the forward value")
 	for _, p := range table {
 		assert.NotNil(t, p.Fn, p.Name)
 		assert.NotEmpty(t, p.Doc, p.Name)
@@ -66,6 +146,7 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		contains string
 	}{
 		{"disable verify-input", func(o *passes.Options) { o.Disable = []string{"verify-input"} }, passes.ErrDisabledRequired, `"verify-input"`},
+		{"disable pipeline-split", func(o *passes.Options) { o.Disable = []string{"pipeline-split"} }, passes.ErrDisabledRequired, `"pipeline-split"`},
 		{"disable autodiff", func(o *passes.Options) { o.Disable = []string{"autodiff"} }, passes.ErrDisabledRequired, `"autodiff"`},
 		{"disable optimizer", func(o *passes.Options) { o.Disable = []string{"optimizer"} }, passes.ErrDisabledRequired, `"optimizer"`},
 		{"disable shard", func(o *passes.Options) { o.Disable = []string{"shard"} }, passes.ErrDisabledRequired, `"shard"`},
@@ -124,10 +205,9 @@ func TestRunResults(t *testing.T) {
 		changed[r.Name] = r.Changed
 	}
 	// verify-input only checks; autodiff and the optimizer add to the graph;
-	// on one device (no mesh) shard, redistribute and data-parallel do
-	// nothing.
-	assert.Equal(t, map[string]bool{"verify-input": false, "autodiff": true, "microbatch": false, "optimizer": true,
-		"shard": false, "redistribute": false, "data-parallel": false}, changed)
+	// on one device (no mesh) pipeline-split, shard, redistribute and
+	// data-parallel do nothing.
+	assert.Equal(t, changedOnOneDevice(), changed)
 	assert.Nil(t, m.Mesh, "one device: shard leaves the module without a mesh")
 	for _, v := range m.Values {
 		assert.Nil(t, v.Place, "one device: %s is not placed", v.Where())
@@ -154,17 +234,20 @@ func TestRunStopAfter(t *testing.T) {
 		wantRun   []string // passes that run
 	}{
 		{"", nil, tableNames},
-		{"data-parallel", nil, tableNames},
-		{"optimizer", nil, []string{"verify-input", "autodiff", "microbatch", "optimizer"}},
-		{"autodiff", nil, []string{"verify-input", "autodiff"}},
+		{tableNames[len(tableNames)-1], nil, tableNames},
+		{"data-parallel", nil, through("data-parallel")},
+		{"optimizer", nil, through("optimizer")},
+		{"autodiff", nil, through("autodiff")},
+		{"pipeline-split", nil, through("pipeline-split")},
 		{"verify-input", nil, []string{"verify-input"}},
-		{"", []string{"verify-input"}, tableNames[1:]},
-		{"autodiff", []string{"verify-input"}, []string{"autodiff"}},
-		{"redistribute", []string{"verify-input", "autodiff", "microbatch", "optimizer"}, []string{"shard", "redistribute"}},
-		{"", []string{"verify-input", "autodiff", "microbatch", "optimizer", "shard"}, []string{"redistribute", "data-parallel"}},
+		{"", through("verify-input"), passesAfter("verify-input")},
+		{"autodiff", through("verify-input"), between("verify-input", "autodiff")},
+		{"autodiff", through("pipeline-split"), between("pipeline-split", "autodiff")},
+		{"redistribute", through("optimizer"), between("optimizer", "redistribute")},
+		{"", through("shard"), passesAfter("shard")},
 		// Stopping after a pass the module already has runs nothing more.
-		{"autodiff", []string{"verify-input", "autodiff"}, nil},
-		{"verify-input", []string{"verify-input", "autodiff"}, nil},
+		{"autodiff", through("autodiff"), nil},
+		{"verify-input", through("autodiff"), nil},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("stop=%q/applied=%v", c.stopAfter, c.applied), func(t *testing.T) {
@@ -221,20 +304,24 @@ func TestRunResume(t *testing.T) {
 			resumed, err := ir.Parse(mc.name+".gir", text)
 			require.NoError(t, err)
 			require.Equal(t, text, ir.Print(resumed), "print/parse round trip")
-			require.Equal(t, []string{"verify-input", "autodiff"}, resumed.Passes)
+			require.Equal(t, through("autodiff"), resumed.Passes)
 
 			res, err := passes.Run(resumed, opts, passes.Hooks{})
 			require.NoError(t, err)
 			require.Equal(t, tableNames, resultNames(res))
-			assert.Equal(t, passes.Result{Name: "verify-input", Skipped: "already applied"}, res[0])
-			assert.Equal(t, passes.Result{Name: "autodiff", Skipped: "already applied"}, res[1])
-			assert.Equal(t, passes.Result{Name: "microbatch", Ms: res[2].Ms}, res[2], "one microbatch: nothing to unroll")
-			assert.Equal(t, "optimizer", res[3].Name)
-			assert.Empty(t, res[3].Skipped)
-			assert.True(t, res[3].Changed)
-			for _, r := range res[4:] {
+			ad := indexOf(t, res, "autodiff")
+			for _, r := range res[:ad+1] {
+				assert.Equal(t, passes.Result{Name: r.Name, Skipped: "already applied"}, r)
+			}
+			mb := res[indexOf(t, res, "microbatch")]
+			assert.Equal(t, passes.Result{Name: "microbatch", Ms: mb.Ms}, mb, "one microbatch: nothing to unroll")
+			opt := indexOf(t, res, "optimizer")
+			assert.Empty(t, res[opt].Skipped)
+			assert.True(t, res[opt].Changed)
+			changed := changedOnOneDevice()
+			for _, r := range res[ad+1:] {
 				assert.Empty(t, r.Skipped, r.Name)
-				assert.False(t, r.Changed, "%s does nothing on one device", r.Name)
+				assert.Equal(t, changed[r.Name], r.Changed, "%s on one device", r.Name)
 			}
 			assert.Equal(t, tableNames, resumed.Passes)
 			assert.Equal(t, ir.Print(straight), ir.Print(resumed))
@@ -249,12 +336,13 @@ func TestRunRejectsForeignPassHistory(t *testing.T) {
 		passes []string
 	}{
 		{"skips verify-input", []string{"autodiff"}},
-		{"skips autodiff", []string{"verify-input", "optimizer"}},
+		{"skips autodiff", without(through("optimizer"), "autodiff")},
+		{"skips pipeline-split (a dump of a compiler without it)", without(through("autodiff"), "pipeline-split")},
 		{"out of order", []string{"autodiff", "verify-input"}},
 		{"unknown pass", []string{"verify-input", "fuse"}},
 		{"skips to shard", []string{"verify-input", "shard"}},
-		{"skips redistribute", []string{"verify-input", "autodiff", "microbatch", "optimizer", "shard", "data-parallel"}},
-		{"skips microbatch", []string{"verify-input", "autodiff", "optimizer"}},
+		{"skips redistribute", without(tableNames, "redistribute")},
+		{"skips microbatch", without(through("optimizer"), "microbatch")},
 		{"longer than the table", append(append([]string{}, tableNames...), "fuse")},
 		{"repeated", []string{"verify-input", "verify-input"}},
 	}

@@ -12,7 +12,8 @@ import (
 // and chunk j runs on rank j mod p (Megatron-LM's interleaved assignment;
 // v = 1 gives contiguous stages). Values outside the layers go to the first
 // chunk (embeddings) or, when they depend on a layer's output, to the last
-// (final LayerNorm, LM head, loss). Autodiff, microbatching and the
+// (final LayerNorm, LM head, loss); values that depend on no layer run on
+// the first chunk that uses them (labels go straight to the loss's chunk). Autodiff, microbatching and the
 // optimizer copy the tag to the values they derive, so the backward of a
 // chunk runs where its forward ran; the lowering cuts one program per
 // pipeline rank and inserts the sends and receives between chunks.
@@ -66,9 +67,23 @@ func pipelineSplit(m *ir.Module, o *Options) error {
 			x.Meta.Stage = 0
 		}
 	}
+	// A value that depends on no layer (labels reshaped for the loss, the
+	// embedding lookup) runs where it is first needed, so nothing crosses
+	// the pipeline only to be used at its far end.
+	uses := m.Uses()
+	for i := len(m.Values) - 1; i >= 0; i-- {
+		x := m.Values[i]
+		if x.Meta.Layer >= 0 || afterLayers[x] || len(uses[x]) == 0 {
+			continue
+		}
+		first := chunks
+		for _, u := range uses[x] {
+			first = min(first, u.Meta.Stage)
+		}
+		x.Meta.Stage = first
+	}
 	// A source used by several chunks (the tied embedding, constants) is
 	// held by every rank that uses it; its tag is its first user's chunk.
-	uses := m.Uses()
 	for _, x := range m.Values {
 		if info, _ := ir.Lookup(x.Op); info.Source && len(uses[x]) > 0 {
 			x.Meta.Stage = uses[x][0].Meta.Stage
