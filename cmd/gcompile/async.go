@@ -57,7 +57,7 @@ func trainAsync(c *config, gp, up *lower.Program, boundary []string, met *runtim
 	if c.trace != "" || c.save != "" || c.load != "" {
 		return fmt.Errorf("--trace, --save and --load are not supported with --dp-sync async yet")
 	}
-	_, seq, err := inputShape(gp)
+	_, seq, err := inputShape([]*lower.Program{gp})
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ type config struct {
 	schedule, recompute, precision, optimizer, backend string
 
 	dump, metrics, trace, save, load, data string
+	timeline                               string
 	verify, run, helpModel, seqParallel    bool
 	dpSync                                 string
 	staleness                              int
@@ -64,6 +65,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.steps, "steps", 30, "training steps with --run")
 	fs.Int64Var(&c.seed, "seed", 1, "seed for weights and data order")
 	fs.StringVar(&c.metrics, "metrics", "", "write metrics JSON to this file")
+	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline schedule (simulated, unit costs) as SVG to this file")
 	fs.StringVar(&c.trace, "trace", "", "write Chrome trace events (first 3 steps) to this file")
 	fs.StringVar(&c.save, "save", "", "save the trained weights as safetensors")
 	fs.StringVar(&c.load, "load", "", "start from weights in a safetensors file")
@@ -169,6 +171,19 @@ func (c *config) validate() error {
 			bad("--schedule %s needs --pp > 1 (it orders pipeline stages)", c.schedule)
 		}
 	}
+	if c.pp > 1 && c.schedule == "" {
+		// Megatron-LM's defaults.
+		c.schedule = "1f1b"
+		if c.vpp > 1 {
+			c.schedule = "interleaved"
+		}
+	}
+	if c.vpp > 1 && c.schedule != "" && c.schedule != "interleaved" {
+		bad("--vpp %d needs --schedule interleaved (the other schedules run one chunk per rank)", c.vpp)
+	}
+	if c.timeline != "" && c.pp == 1 {
+		bad("--timeline draws a pipeline schedule; it needs --pp > 1")
+	}
 	if c.zero < 0 || c.zero > 3 {
 		bad("--zero %d: want 0, 1, 2 or 3", c.zero)
 	} else if c.zero > 0 && c.dp == 1 {
@@ -210,11 +225,11 @@ func (c *config) validate() error {
 		return errors.Join(errs...)
 	}
 	// What this build cannot do yet, each said once and never ignored.
-	if c.pp > 1 || c.ep > 1 {
-		notYet(fmt.Sprintf("pp=%d ep=%d", c.pp, c.ep), "this build splits work over dp and tp; pipeline and expert parallelism come next")
+	if c.ep > 1 {
+		notYet(fmt.Sprintf("ep=%d", c.ep), "expert parallelism comes with the mixture-of-experts layers")
 	}
-	if c.vpp > 1 || c.schedule != "" {
-		notYet("pipeline schedules (--vpp, --schedule)", "they arrive with the pipeline-split and schedule passes")
+	if c.schedule == "2bw" {
+		notYet("--schedule 2bw", "PipeDream-2BW's one-step-stale weights need two weight versions per param in the runtime")
 	}
 	if c.recompute != "none" {
 		notYet("--recompute "+c.recompute, "activation recompute arrives with the memory passes")

@@ -23,6 +23,7 @@ import (
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
+	"gcompile/passes/schedule"
 	"gcompile/runtime"
 	"gcompile/runtime/cpu"
 )
@@ -46,6 +47,14 @@ func mainErr(args []string) error {
 	if c.helpModel {
 		return helpModel(c)
 	}
+	var sched *schedule.Schedule
+	var simulated *schedule.Result
+	if c.pp > 1 {
+		// The schedule depends only on p, v and m: check it before any work.
+		if sched, simulated, err = pipelineSchedule(c); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
 	m, err := loadModule(c)
 	if err != nil {
@@ -62,12 +71,27 @@ func mainErr(args []string) error {
 	if c.dpSync == "async" {
 		return runAsync(c, m, start, results)
 	}
-	prog, err := lower.Lower(m)
+	var progs []*lower.Program
+	if sched != nil {
+		progs, err = lower.LowerPipeline(m, blocks(sched))
+	} else {
+		var prog *lower.Program
+		prog, err = lower.Lower(m)
+		progs = []*lower.Program{prog}
+	}
 	if err != nil {
 		return err
 	}
+	prog := progs[0]
 	compileMs := float64(time.Since(start).Microseconds()) / 1000
-	fmt.Fprintf(os.Stderr, "compiled %s in %.0f ms: %d params, %s\n", m.Name, compileMs, paramCount(m), prog.Describe())
+	fmt.Fprintf(os.Stderr, "compiled %s in %.0f ms: %d params\n", m.Name, compileMs, paramCount(m))
+	for r, p := range progs {
+		fmt.Fprintf(os.Stderr, "  program %d: %s\n", r, p.Describe())
+	}
+	if sched != nil {
+		fmt.Fprintf(os.Stderr, "schedule %s (p=%d v=%d m=%d): bubble %.4f in theory, %.4f simulated; activations stashed per rank %v\n%s",
+			sched.Name, sched.Ranks, sched.Chunks, sched.Micro, bubbleTheory(c), simulated.Bubble, simulated.StashPeak, sched)
+	}
 	if c.dump != "" {
 		fmt.Fprintf(os.Stderr, "dumps: %s\n", filepath.Join(c.dump, "index.html"))
 	}
@@ -82,16 +106,28 @@ func mainErr(args []string) error {
 	for _, r := range results {
 		met.Passes = append(met.Passes, runtime.PassMetrics{Name: r.Name, Ms: r.Ms, Changed: r.Changed, Skipped: r.Skipped})
 	}
+	if sched != nil {
+		met.Schedule = scheduleMetrics(c, simulated)
+		if c.timeline != "" {
+			cost := schedule.UnitCost
+			if sched.Name == "zb" {
+				cost = schedule.UnitCostZB
+			}
+			if err := writeTimeline(c.timeline, sched, simulated, cost); err != nil {
+				return err
+			}
+		}
+	}
 	devices := 1
 	if prog.Mesh != nil {
 		devices = prog.Mesh.Devices()
 	}
 	for r := range devices {
-		met.Devices = append(met.Devices, deviceMetrics(prog, r))
+		met.Devices = append(met.Devices, deviceMetrics(programOf(progs, prog.Mesh, r), r))
 	}
 	var runErr error
 	if c.run {
-		runErr = train(c, prog, met)
+		runErr = train(c, progs, met)
 	}
 	if c.metrics != "" {
 		if err := met.WriteFile(c.metrics); err != nil {
@@ -135,6 +171,7 @@ func passOptions(c *config) *passes.Options {
 	o.Zero = c.zero
 	o.Microbatches = c.microbatches
 	o.SequenceParallel = c.seqParallel
+	o.VPP = c.vpp
 	o.BucketMB = c.bucketMB
 	o.Mesh = meshOf(c)
 	if c.dpSync == "async" {
@@ -144,11 +181,11 @@ func passOptions(c *config) *passes.Options {
 }
 
 // meshOf lays the devices out as Megatron-LM does: tensor-parallel ranks
-// adjacent (tp is the last, fastest axis), data parallel across them. Axes
-// of size 1 are left out.
+// adjacent (tp is the last, fastest axis), then data parallel, pipeline
+// stages outermost. Axes of size 1 are left out.
 func meshOf(c *config) *ir.Mesh {
 	m := &ir.Mesh{}
-	for _, a := range []ir.MeshAxis{{Name: "dp", Size: c.dp}, {Name: "tp", Size: c.tp}} {
+	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.pp}, {Name: "dp", Size: c.dp}, {Name: "tp", Size: c.tp}} {
 		if a.Size > 1 {
 			m.Axes = append(m.Axes, a)
 		}
@@ -216,21 +253,37 @@ func paramCount(m *ir.Module) int64 {
 	return n
 }
 
-// inputShape returns batch and sequence length from the "tokens" input.
-func inputShape(prog *lower.Program) (batch, seq int, err error) {
-	id, ok := prog.Sources["tokens"]
-	if !ok {
+// inputShape returns batch and sequence length from the "tokens" input
+// (held by the first pipeline rank).
+func inputShape(progs []*lower.Program) (batch, seq int, err error) {
+	var t ir.Type
+	found := false
+	for _, prog := range progs {
+		if id, ok := prog.Sources["tokens"]; ok {
+			t, found = prog.Buffers[id].Global, true
+			break
+		}
+	}
+	if !found {
 		return 0, 0, errors.New(`--run trains a language model: the module needs an i32 input "tokens" [batch,seq] and "targets"`)
 	}
-	t := prog.Buffers[id].Global
 	if t.Rank() != 2 || t.DType != ir.I32 {
 		return 0, 0, fmt.Errorf(`input "tokens" must be i32[batch,seq], got %v`, t)
 	}
 	return t.Shape[0], t.Shape[1], nil
 }
 
-func train(c *config, prog *lower.Program, met *runtime.Metrics) error {
-	batch, seq, err := inputShape(prog)
+// programOf is the program device rank runs: its pipeline rank's.
+func programOf(progs []*lower.Program, mesh *ir.Mesh, rank int) *lower.Program {
+	if mesh == nil || mesh.Axis("pp") < 0 {
+		return progs[0]
+	}
+	return progs[cpu.Coords(mesh, rank)[mesh.Axis("pp")]]
+}
+
+func train(c *config, progs []*lower.Program, met *runtime.Metrics) error {
+	prog := progs[0]
+	batch, seq, err := inputShape(progs)
 	if err != nil {
 		return err
 	}
@@ -242,7 +295,7 @@ func train(c *config, prog *lower.Program, met *runtime.Metrics) error {
 		return err
 	}
 	met.Data = &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
-	dev, err := cpu.NewCluster(prog, cpu.Options{})
+	dev, err := cpu.NewPipelineCluster(progs, cpu.Options{})
 	if err != nil {
 		return err
 	}
@@ -273,6 +326,10 @@ func train(c *config, prog *lower.Program, met *runtime.Metrics) error {
 		Steps: c.steps, Batch: batch, Seq: seq, Seed: c.seed,
 		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
 		EvalEvery: c.evalEvery, EvalBatches: c.evalBatches,
+	}
+	if len(progs) > 1 {
+		cfg.EvalBatches = -1
+		fmt.Fprintln(os.Stderr, "held-out evaluation is skipped under pipeline parallelism (it needs a forward-only schedule)")
 	}
 	prog2 := newProgress(os.Stderr, c.steps)
 	steps, evals, trainErr := runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {

@@ -68,7 +68,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--precision", "fp8"}, `--precision "fp8": want fp32, fp16 or bf16`},
 		{[]string{"--recompute", "some"}, `--recompute "some": want none, full, selective or every=K`},
 		{[]string{"--save", "w.safetensors"}, "--trace and --save record a training run; add --run"},
-		{[]string{"--devices", "8", "--pp", "2"}, "pp=2 ep=1: not yet supported"},
+		{[]string{"--devices", "8", "--ep", "2"}, "ep=2: not yet supported"},
 		{[]string{"--sequence-parallel"}, "--sequence-parallel needs --tp > 1"},
 		{[]string{"--bucket-mb", "0"}, "--bucket-mb must be positive"},
 		{[]string{"--dp-sync", "async"}, "--dp-sync async needs --dp > 1"},

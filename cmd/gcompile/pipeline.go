@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+	"html"
+	"os"
+	"strings"
+
+	"gcompile/lower"
+	"gcompile/passes/schedule"
+	"gcompile/runtime"
+)
+
+// pipelineSchedule builds and checks the schedule: the simulator runs every
+// rank's action list together and fails on a deadlock or an unmatched
+// send/receive before any program is built.
+func pipelineSchedule(c *config) (*schedule.Schedule, *schedule.Result, error) {
+	s, err := schedule.New(c.schedule, c.pp, c.vpp, c.microbatches)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--schedule %s: %w", c.schedule, err)
+	}
+	cost := schedule.UnitCost
+	if c.schedule == "zb" {
+		cost = schedule.UnitCostZB
+	}
+	res, err := schedule.Simulate(s, cost)
+	if err != nil {
+		return nil, nil, fmt.Errorf("schedule %s failed its deadlock check: %w", s.Name, err)
+	}
+	return s, res, nil
+}
+
+// blocks turns a schedule into the compute order the lowering follows.
+func blocks(s *schedule.Schedule) [][]lower.Block {
+	out := make([][]lower.Block, len(s.Actions))
+	for r, acts := range s.Actions {
+		for _, a := range acts {
+			switch a.Kind {
+			case schedule.F:
+				out[r] = append(out[r], lower.Block{Kind: 'F', Chunk: a.Chunk, Micro: a.Micro})
+			case schedule.B:
+				out[r] = append(out[r], lower.Block{Kind: 'B', Chunk: a.Chunk, Micro: a.Micro})
+			case schedule.W:
+				out[r] = append(out[r], lower.Block{Kind: 'W', Chunk: a.Chunk, Micro: a.Micro})
+			}
+		}
+	}
+	return out
+}
+
+// bubbleTheory is the formula of REFERENCE.md for the schedule.
+func bubbleTheory(c *config) float64 {
+	p, m, v := float64(c.pp), float64(c.microbatches), float64(max(c.vpp, 1))
+	if c.schedule == "interleaved" {
+		return (p - 1) / (v * m)
+	}
+	return (p - 1) / m
+}
+
+func scheduleMetrics(c *config, res *schedule.Result) runtime.ScheduleMetrics {
+	return runtime.ScheduleMetrics{Name: c.schedule, BubbleTheory: bubbleTheory(c), BubbleSimulated: res.Bubble, StashPeak: res.StashPeak}
+}
+
+// writeTimeline draws the simulated schedule: one row per pipeline rank,
+// one box per action (forward blue, backward green, weight gradient
+// orange), labelled chunk·microbatch, so the interleaving can be seen.
+func writeTimeline(path string, s *schedule.Schedule, res *schedule.Result, cost schedule.Cost) error {
+	const unit, row, left = 28.0, 34.0, 70.0
+	width := left + res.StepTime*unit + 20
+	height := row*float64(len(s.Actions)) + 60
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="monospace" font-size="10">`+"\n", width, height)
+	fmt.Fprintf(&b, `<text x="4" y="16" font-size="13">%s</text>`+"\n",
+		html.EscapeString(fmt.Sprintf("%s: p=%d v=%d m=%d, simulated bubble %.3f", s.Name, s.Ranks, s.Chunks, s.Micro, res.Bubble)))
+	colors := map[schedule.Kind]string{schedule.F: "#8ab4f8", schedule.B: "#81c995", schedule.W: "#fdd663"}
+	for r, acts := range s.Actions {
+		y := 30 + row*float64(r)
+		fmt.Fprintf(&b, `<text x="4" y="%.0f">rank %d</text>`+"\n", y+row/2, r)
+		for i, a := range acts {
+			col, ok := colors[a.Kind]
+			if !ok {
+				continue
+			}
+			x, w := left+res.Start[r][i]*unit, cost(a)*unit
+			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" stroke="#333" stroke-width="0.5"/>`+"\n", x, y, w, row-6, col)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">%s</text>`+"\n", x+2, y+row/2, html.EscapeString(a.String()))
+		}
+	}
+	b.WriteString("</svg>\n")
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
