@@ -13,6 +13,7 @@ import (
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
+	"gcompile/passes/schedule"
 	"gcompile/runtime"
 	"gcompile/runtime/cpu"
 )
@@ -20,50 +21,29 @@ import (
 // pipePlan is a pipeline configuration of the equivalence matrix.
 type pipePlan struct {
 	pp, vpp, micro, dp, tp int
-	order                  func(p, v, m int) [][]lower.Block
+	order                  func(t *testing.T, p, v, m int) [][]lower.Block
 	name                   string
 }
 
-// gpipeOrder: every rank runs all forwards, then all backwards (chunks in
-// model order forward, reverse order backward).
-func gpipeOrder(p, v, m int) [][]lower.Block {
-	out := make([][]lower.Block, p)
-	for r := range p {
-		for c := r; c < p*v; c += p {
-			for k := range m {
-				out[r] = append(out[r], lower.Block{Kind: 'F', Chunk: c, Micro: k})
+// scheduleOrder builds the named schedule, proves it deadlock-free in the
+// simulator and returns its compute order.
+func scheduleOrder(name string) func(t *testing.T, p, v, m int) [][]lower.Block {
+	return func(t *testing.T, p, v, m int) [][]lower.Block {
+		s, err := schedule.New(name, p, v, m)
+		require.NoError(t, err)
+		_, err = schedule.Simulate(s, nil)
+		require.NoError(t, err)
+		out := make([][]lower.Block, p)
+		for r, acts := range s.Actions {
+			for _, a := range acts {
+				switch a.Kind {
+				case schedule.F, schedule.B, schedule.W:
+					out[r] = append(out[r], lower.Block{Kind: a.Kind.String()[0], Chunk: a.Chunk, Micro: a.Micro})
+				}
 			}
 		}
-		for c := r + (v-1)*p; c >= 0; c -= p {
-			for k := range m {
-				out[r] = append(out[r], lower.Block{Kind: 'B', Chunk: c, Micro: k})
-			}
-		}
+		return out
 	}
-	return out
-}
-
-// oneFOneBOrder is PipeDream-flush for v = 1: p−1−r warm-up forwards, then
-// alternate one forward and one backward, then the remaining backwards.
-func oneFOneBOrder(p, _, m int) [][]lower.Block {
-	out := make([][]lower.Block, p)
-	for r := range p {
-		warm := min(p-1-r, m)
-		f, b := 0, 0
-		for ; f < warm; f++ {
-			out[r] = append(out[r], lower.Block{Kind: 'F', Chunk: r, Micro: f})
-		}
-		for f < m {
-			out[r] = append(out[r], lower.Block{Kind: 'F', Chunk: r, Micro: f})
-			f++
-			out[r] = append(out[r], lower.Block{Kind: 'B', Chunk: r, Micro: b})
-			b++
-		}
-		for ; b < m; b++ {
-			out[r] = append(out[r], lower.Block{Kind: 'B', Chunk: r, Micro: b})
-		}
-	}
-	return out
 }
 
 func (pl pipePlan) String() string {
@@ -93,7 +73,7 @@ func trainPipeline(t *testing.T, pl pipePlan, layers int) trajectory {
 	opts.Microbatches = pl.micro
 	_, err = passes.Run(m, opts, passes.Hooks{})
 	require.NoError(t, err)
-	progs, err := lower.LowerPipeline(m, pl.order(pl.pp, max(pl.vpp, 1), pl.micro))
+	progs, err := lower.LowerPipeline(m, pl.order(t, pl.pp, max(pl.vpp, 1), pl.micro))
 	require.NoError(t, err)
 	cl, err := cpu.NewPipelineCluster(progs, cpu.Options{})
 	require.NoError(t, err)
@@ -149,18 +129,27 @@ func assertSameTraining(t *testing.T, ref, got trajectory) {
 	t.Logf("worst loss rel err %.2g, worst param err %.2g (of max |w|)", worst, worstParam)
 }
 
+// Every schedule on every pipeline shape trains like one device.
 func TestPipelineMatchesOneDevice(t *testing.T) {
-	ref := trainReference(t, 4)
+	refs := map[int]trajectory{}
 	for _, pl := range []pipePlan{
-		{pp: 2, micro: 4, order: gpipeOrder, name: "gpipe"},
-		{pp: 2, micro: 4, order: oneFOneBOrder, name: "1f1b"},
-		{pp: 4, micro: 4, order: oneFOneBOrder, name: "1f1b"},
-		{pp: 2, vpp: 2, micro: 4, order: gpipeOrder, name: "gpipe"},
-		{pp: 2, vpp: 2, micro: 4, dp: 2, tp: 2, order: gpipeOrder, name: "gpipe"},
-		{pp: 2, micro: 4, dp: 2, tp: 2, order: oneFOneBOrder, name: "1f1b"},
+		{pp: 2, micro: 4}, {pp: 4, micro: 4}, {pp: 4, vpp: 2, micro: 8}, {pp: 2, vpp: 2, micro: 4, dp: 2, tp: 2},
 	} {
-		t.Run(pl.String(), func(t *testing.T) {
-			assertSameTraining(t, ref, trainPipeline(t, pl, 4))
-		})
+		layers := 4 * max(pl.vpp, 1) // at least one layer per chunk
+		layers = max(layers, pl.pp*max(pl.vpp, 1))
+		if _, ok := refs[layers]; !ok {
+			refs[layers] = trainReference(t, layers)
+		}
+		names := []string{"gpipe", "1f1b", "zb"}
+		if pl.vpp > 1 {
+			names = []string{"interleaved"}
+		}
+		for _, name := range names {
+			pl := pl
+			pl.name, pl.order = name, scheduleOrder(name)
+			t.Run(pl.String(), func(t *testing.T) {
+				assertSameTraining(t, refs[layers], trainPipeline(t, pl, layers))
+			})
+		}
 	}
 }

@@ -125,6 +125,30 @@ func TestTensorParallelRules(t *testing.T) {
 	}
 }
 
+// Pipeline plans that cannot work are rejected before any training, naming
+// the rule.
+func TestPipelineRules(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--set", "layers=3", "--devices", "2", "--pp", "2", "--microbatches", "2", "--batch", "4"}, "3 layers cannot be cut into pp·vpp = 2·1 = 2 chunks"},
+		{[]string{"--set", "layers=1", "--devices", "2", "--pp", "2", "--microbatches", "2", "--batch", "4"}, "pp=2 is more than the 1 layers"},
+		{[]string{"--set", "layers=4", "--devices", "4", "--pp", "4", "--microbatches", "2", "--batch", "4"}, "m must be ≥ p"},
+		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--vpp", "2", "--microbatches", "3", "--batch", "6"}, "m % p"},
+		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--vpp", "2", "--schedule", "1f1b", "--microbatches", "4", "--batch", "4"}, "--vpp 2 needs --schedule interleaved"},
+		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--schedule", "2bw", "--microbatches", "4", "--batch", "4"}, "--schedule 2bw: not yet supported"},
+		{[]string{"--timeline", "t.svg"}, "--timeline draws a pipeline schedule; it needs --pp > 1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			err := mainErr(append([]string{gptModel}, tt.args...))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
 func TestRunWritesMetricsAndDumps(t *testing.T) {
 	dir := t.TempDir()
 	metrics := filepath.Join(dir, "m.json")
