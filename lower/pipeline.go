@@ -30,6 +30,26 @@ type Block struct {
 // split as zero-bubble schedules need: B computes what the previous chunk
 // needs (input gradients); W the rest (weight gradients).
 func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
+	return lowerPipeline(m, order, false)
+}
+
+// LowerPipelineForward cuts the forward-only programs that evaluation runs:
+// every microbatch's forward on every chunk, in order, ending at the loss.
+// They hold their own copies of the params, which the runtime refreshes
+// from the training programs before each evaluation.
+func LowerPipelineForward(m *ir.Module, p, v, micro int) ([]*Program, error) {
+	order := make([][]Block, p)
+	for r := range p {
+		for c := r; c < p*v; c += p {
+			for k := range micro {
+				order[r] = append(order[r], Block{Kind: 'F', Chunk: c, Micro: k})
+			}
+		}
+	}
+	return lowerPipeline(m, order, true)
+}
+
+func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program, error) {
 	if err := ir.Verify(m, "lower"); err != nil {
 		return nil, err
 	}
@@ -54,7 +74,7 @@ func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
 	// Which ranks read each value.
 	readers := map[*ir.Value][]int{}
 	for _, v := range m.Values {
-		if isSource(v) {
+		if isSource(v) || forwardOnly && v.Meta.Phase != ir.PhaseFwd {
 			continue
 		}
 		for _, a := range v.Args {
@@ -64,6 +84,9 @@ func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
 		}
 	}
 	for _, o := range m.Outputs {
+		if forwardOnly && o.Name != "loss" {
+			continue
+		}
 		if r := owner(o.Value); !slices.Contains(readers[o.Value], r) {
 			readers[o.Value] = append(readers[o.Value], r)
 		}
@@ -90,7 +113,7 @@ func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
 		micro = func(*ir.Value) int { return 0 }
 	}
 	for _, v := range m.Values {
-		if isSource(v) {
+		if isSource(v) || forwardOnly && v.Meta.Phase != ir.PhaseFwd {
 			continue
 		}
 		switch {
@@ -150,7 +173,7 @@ func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
 		// Sources this rank owns exist from the start (and are sent to
 		// readers elsewhere at the start of each step).
 		for _, v := range m.Values {
-			if isSource(v) && owner(v) == r && !copied(v) {
+			if isSource(v) && owner(v) == r && !copied(v) && (!forwardOnly || len(readers[v]) > 0) {
 				need(v)
 				for _, q := range readers[v] {
 					if q != r {
@@ -205,7 +228,7 @@ func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
 		flush(true)
 		label(from, "optimizer")
 		for k, vs := range blocks {
-			if k.chunk%p == r {
+			if k.chunk%p == r && (!forwardOnly || k.kind == 'F') {
 				for _, v := range vs {
 					if !done[v] {
 						return nil, fmt.Errorf("rank %d's schedule has no %c block for chunk %d microbatch %d (%s is never computed)", r, k.kind, k.chunk, k.micro, v.Where())
@@ -215,13 +238,13 @@ func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
 		}
 		prog := b.p
 		for _, o := range m.Outputs {
-			if owner(o.Value) == r {
+			if owner(o.Value) == r && (!forwardOnly || o.Name == "loss") {
 				prog.Outputs[o.Name] = b.bufOf[o.Value]
 			}
 		}
 		var ups []ir.Update
 		for _, u := range m.Updates {
-			if owner(u.State) == r {
+			if owner(u.State) == r && !forwardOnly {
 				ups = append(ups, u)
 			}
 		}

@@ -86,6 +86,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 
 type trajectory struct {
 	losses []float64
+	eval   float64 // held-out loss after the last step
 	params map[string][]float64
 	peaks  []int64
 	prog   *lower.Program
@@ -98,9 +99,9 @@ func train(t testing.TB, p plan) trajectory {
 	require.NoError(t, cl.InitParams(1))
 	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
 		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	steps, _, err := runtime.Train(cl, corpus(), cfg, nil)
+	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
 	require.NoError(t, err)
-	tr := trajectory{params: map[string][]float64{}, prog: prog}
+	tr := trajectory{params: map[string][]float64{}, prog: prog, eval: evals[len(evals)-1].Loss}
 	for _, s := range steps {
 		tr.losses = append(tr.losses, s.Loss)
 	}

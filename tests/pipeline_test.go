@@ -77,12 +77,15 @@ func trainPipeline(t *testing.T, pl pipePlan, layers int) trajectory {
 	require.NoError(t, err)
 	cl, err := cpu.NewPipelineCluster(progs, cpu.Options{})
 	require.NoError(t, err)
-	require.NoError(t, cl.InitParams(1))
-	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: -1,
-		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	steps, _, err := runtime.Train(cl, corpus(), cfg, nil)
+	evalProgs, err := lower.LowerPipelineForward(m, pl.pp, max(pl.vpp, 1), pl.micro)
 	require.NoError(t, err)
-	tr := trajectory{params: map[string][]float64{}}
+	require.NoError(t, cl.SetEvalPrograms(evalProgs))
+	require.NoError(t, cl.InitParams(1))
+	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
+		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
+	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
+	require.NoError(t, err)
+	tr := trajectory{params: map[string][]float64{}, eval: evals[len(evals)-1].Loss}
 	for _, s := range steps {
 		tr.losses = append(tr.losses, s.Loss)
 	}
@@ -126,7 +129,8 @@ func assertSameTraining(t *testing.T, ref, got trajectory) {
 		}
 	}
 	assert.LessOrEqual(t, worstParam, 1e-4)
-	t.Logf("worst loss rel err %.2g, worst param err %.2g (of max |w|)", worst, worstParam)
+	assert.InDelta(t, ref.eval, got.eval, 1e-5*ref.eval, "held-out loss of the final weights")
+	t.Logf("worst loss rel err %.2g, worst param err %.2g (of max |w|), held-out %.6f vs %.6f", worst, worstParam, got.eval, ref.eval)
 }
 
 // Every schedule on every pipeline shape trains like one device.

@@ -71,9 +71,11 @@ func mainErr(args []string) error {
 	if c.dpSync == "async" {
 		return runAsync(c, m, start, results)
 	}
-	var progs []*lower.Program
+	var progs, evalProgs []*lower.Program
 	if sched != nil {
-		progs, err = lower.LowerPipeline(m, blocks(sched))
+		if progs, err = lower.LowerPipeline(m, blocks(sched)); err == nil {
+			evalProgs, err = lower.LowerPipelineForward(m, c.pp, max(c.vpp, 1), c.microbatches)
+		}
 	} else {
 		var prog *lower.Program
 		prog, err = lower.Lower(m)
@@ -127,7 +129,7 @@ func mainErr(args []string) error {
 	}
 	var runErr error
 	if c.run {
-		runErr = train(c, progs, met)
+		runErr = train(c, progs, evalProgs, met)
 	}
 	if c.metrics != "" {
 		if err := met.WriteFile(c.metrics); err != nil {
@@ -281,7 +283,7 @@ func programOf(progs []*lower.Program, mesh *ir.Mesh, rank int) *lower.Program {
 	return progs[cpu.Coords(mesh, rank)[mesh.Axis("pp")]]
 }
 
-func train(c *config, progs []*lower.Program, met *runtime.Metrics) error {
+func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics) error {
 	prog := progs[0]
 	batch, seq, err := inputShape(progs)
 	if err != nil {
@@ -327,9 +329,10 @@ func train(c *config, progs []*lower.Program, met *runtime.Metrics) error {
 		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
 		EvalEvery: c.evalEvery, EvalBatches: c.evalBatches,
 	}
-	if len(progs) > 1 {
-		cfg.EvalBatches = -1
-		fmt.Fprintln(os.Stderr, "held-out evaluation is skipped under pipeline parallelism (it needs a forward-only schedule)")
+	if evalProgs != nil {
+		if err := dev.SetEvalPrograms(evalProgs); err != nil {
+			return err
+		}
 	}
 	prog2 := newProgress(os.Stderr, c.steps)
 	steps, evals, trainErr := runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {

@@ -19,6 +19,22 @@ type Cluster struct {
 	Devices []*Device
 	Comm    *Comm
 	Mail    *Mailbox
+	// eval runs forward-only programs when the training programs have no
+	// forward-only prefix (pipelines); evaluated says Scalar reads it.
+	eval      *Cluster
+	evaluated bool
+}
+
+// SetEvalPrograms gives the cluster forward-only programs (one per
+// pipeline rank) for Forward. Before each evaluation the current params
+// and inputs are copied into them.
+func (c *Cluster) SetEvalPrograms(progs []*lower.Program) error {
+	e, err := NewPipelineCluster(progs, Options{})
+	if err != nil {
+		return fmt.Errorf("evaluation programs: %w", err)
+	}
+	c.eval = e
+	return nil
 }
 
 // NewCluster loads prog on every device of its mesh (one device when the
@@ -88,10 +104,35 @@ func (c *Cluster) each(f func(*Device) error) error {
 }
 
 // Step runs one training step on every device.
-func (c *Cluster) Step() error { return c.each((*Device).Step) }
+func (c *Cluster) Step() error {
+	c.evaluated = false
+	return c.each((*Device).Step)
+}
 
-// Forward runs the loss's instructions on every device.
-func (c *Cluster) Forward() error { return c.each((*Device).Forward) }
+// Forward runs the loss's instructions on every device, or the evaluation
+// programs on the current params.
+func (c *Cluster) Forward() error {
+	if c.eval == nil {
+		return c.each((*Device).Forward)
+	}
+	for i, d := range c.Devices {
+		e := c.eval.Devices[i]
+		for name, id := range e.prog.Sources {
+			if e.prog.Buffers[id].Kind == lower.State {
+				continue
+			}
+			raw, _, err := d.Bytes(name)
+			if err != nil {
+				continue // an input this rank's training program does not hold
+			}
+			if err := e.SetBytes(name, raw); err != nil {
+				return err
+			}
+		}
+	}
+	c.evaluated = true
+	return c.eval.Step()
+}
 
 // InitParams initialises every device's shard of every param.
 func (c *Cluster) InitParams(seed uint64) error {
@@ -162,6 +203,9 @@ func (c *Cluster) SetScalar(name string, x float64) error {
 // Scalar reads a replicated scalar output from the first device that has
 // it (under pipeline parallelism, the loss lives on the last stage).
 func (c *Cluster) Scalar(name string) (float64, error) {
+	if c.evaluated {
+		return c.eval.Scalar(name)
+	}
 	for _, d := range c.Devices {
 		if _, ok := d.prog.Outputs[name]; ok {
 			return d.Scalar(name)
