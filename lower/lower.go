@@ -297,6 +297,14 @@ func planUpdates(p *Program, m *ir.Module, bufOf map[*ir.Value]int) error {
 			producer[in.Out] = i
 		}
 	}
+	// An update whose new value is another state's old value (PipeDream-
+	// 2BW's previous weights) copies it at the end of the step: that copy
+	// reads it last, so nothing may overwrite it in place before then.
+	for _, u := range m.Updates {
+		if _, computed := producer[bufOf[u.Value]]; !computed {
+			lastRead[bufOf[u.Value]] = len(p.Instrs)
+		}
+	}
 	var copies []Instr
 	for _, u := range m.Updates {
 		dst, src := bufOf[u.State], bufOf[u.Value]

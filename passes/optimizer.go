@@ -50,6 +50,11 @@ func optimizer(m *ir.Module, o *Options) error {
 			grads[i] = ob.op("scale", nil, g, coef)
 		}
 	}
+	if o.TwoBW {
+		if err := twoBW(m, ob, params); err != nil {
+			return err
+		}
+	}
 	for i, p := range params {
 		ob.at = p
 		g := grads[i]
@@ -137,4 +142,54 @@ func (ob *optBuilder) update(state, v *ir.Value) {
 	if ob.err == nil {
 		ob.m.Updates = append(ob.m.Updates, ir.Update{State: state, Value: v})
 	}
+}
+
+// twoBW keeps a second version of every param for PipeDream-2BW: the
+// forward and backward read "2bw.prev/NAME" (the weights of the previous
+// step, so the gradients are ∇f(W(t−1))), the optimizer updates the
+// current weights, and after the step the previous version takes the
+// current weights as they were before the update. The first step uses the
+// initial weights for both.
+func twoBW(m *ir.Module, ob *optBuilder, params []*ir.Value) error {
+	prev := map[*ir.Value]*ir.Value{}
+	for _, p := range params {
+		ob.at = p
+		meta := p.Meta
+		s := ob.source("state", p.Type, ir.Attrs{"name": "2bw.prev/" + p.Name(), "init": "copy:" + p.Name()})
+		if ob.err != nil {
+			return ob.err
+		}
+		s.Meta = meta
+		s.Meta.Phase = ir.PhaseFwd
+		prev[p] = s
+		ob.update(s, p) // listed before p's own update: it reads p before the update
+	}
+	// Each previous version sits right after its param: its users come
+	// before the optimizer.
+	isPrev := map[*ir.Value]bool{}
+	for _, s := range prev {
+		isPrev[s] = true
+	}
+	var values []*ir.Value
+	for _, v := range m.Values {
+		if isPrev[v] {
+			continue
+		}
+		values = append(values, v)
+		if s := prev[v]; s != nil {
+			values = append(values, s)
+		}
+	}
+	m.Values = values
+	for _, v := range m.Values {
+		if v.Meta.Phase == ir.PhaseOpt {
+			continue
+		}
+		for i, a := range v.Args {
+			if s := prev[a]; s != nil {
+				v.Args[i] = s
+			}
+		}
+	}
+	return ob.err
 }

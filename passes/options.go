@@ -30,6 +30,9 @@ type Options struct {
 	// VPP is the number of model chunks per pipeline rank (interleaved
 	// schedule); 0 or 1 means contiguous stages.
 	VPP int
+	// TwoBW applies PipeDream-2BW's weight update: gradients are taken at
+	// the previous weight version, W(t+1) = W(t) − ν∇f(W(t−1)).
+	TwoBW bool
 	// Microbatches is the number of microbatches per step (gradient
 	// accumulation); 1 means none.
 	Microbatches int

@@ -24,6 +24,7 @@ type plan struct {
 	dp, tp, zero, micro int
 	bucketMB            float64
 	sp                  bool
+	twoBW               bool // PipeDream-2BW's 1-stale weight update
 }
 
 func (p plan) String() string {
@@ -73,6 +74,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts.Zero = p.zero
 	opts.Microbatches = max(p.micro, 1)
 	opts.SequenceParallel = p.sp
+	opts.TwoBW = p.twoBW
 	if p.bucketMB > 0 {
 		opts.BucketMB = p.bucketMB
 	}

@@ -71,6 +71,7 @@ func trainPipeline(t *testing.T, pl pipePlan, layers int) trajectory {
 	opts.Mesh = mesh
 	opts.VPP = pl.vpp
 	opts.Microbatches = pl.micro
+	opts.TwoBW = pl.name == "2bw"
 	_, err = passes.Run(m, opts, passes.Hooks{})
 	require.NoError(t, err)
 	progs, err := lower.LowerPipeline(m, pl.order(t, pl.pp, max(pl.vpp, 1), pl.micro))
@@ -156,4 +157,22 @@ func TestPipelineMatchesOneDevice(t *testing.T) {
 			})
 		}
 	}
+}
+
+// PipeDream-2BW on a pipeline equals a single-device run of its update
+// rule W(t+1) = W(t) − ν∇f(W(t−1)): the first step matches plain training
+// (both versions start equal), later steps do not (the gradients are one
+// step stale), and training still converges.
+func TestTwoBWMatchesItsUpdateRule(t *testing.T) {
+	saved := eqModel
+	defer func() { eqModel = saved }()
+	eqModel = map[string]string{"layers": "4", "hidden": "32", "heads": "4", "seq": "16"}
+	rule := train(t, plan{dp: 1, twoBW: true})
+	plain := train(t, plan{dp: 1})
+	eqModel = saved
+	got := trainPipeline(t, pipePlan{pp: 2, micro: 4, name: "2bw", order: scheduleOrder("2bw")}, 4)
+	assertSameTraining(t, rule, got)
+	assert.InDelta(t, plain.losses[0], rule.losses[0], 1e-6*plain.losses[0], "step 1 uses the initial weights in both")
+	assert.NotEqual(t, plain.losses[2], rule.losses[2], "later steps use one-step-stale gradients")
+	assert.Less(t, rule.losses[eqSteps-1], rule.losses[0]-0.5, "2BW training converges")
 }

@@ -228,9 +228,6 @@ func (c *config) validate() error {
 	if c.ep > 1 {
 		notYet(fmt.Sprintf("ep=%d", c.ep), "expert parallelism comes with the mixture-of-experts layers")
 	}
-	if c.schedule == "2bw" {
-		notYet("--schedule 2bw", "PipeDream-2BW's one-step-stale weights need two weight versions per param in the runtime")
-	}
 	if c.recompute != "none" {
 		notYet("--recompute "+c.recompute, "activation recompute arrives with the memory passes")
 	}

@@ -174,6 +174,7 @@ func passOptions(c *config) *passes.Options {
 	o.Microbatches = c.microbatches
 	o.SequenceParallel = c.seqParallel
 	o.VPP = c.vpp
+	o.TwoBW = c.schedule == "2bw"
 	o.BucketMB = c.bucketMB
 	o.Mesh = meshOf(c)
 	if c.dpSync == "async" {

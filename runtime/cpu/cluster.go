@@ -117,10 +117,9 @@ func (c *Cluster) Forward() error {
 	}
 	for i, d := range c.Devices {
 		e := c.eval.Devices[i]
-		for name, id := range e.prog.Sources {
-			if e.prog.Buffers[id].Kind == lower.State {
-				continue
-			}
+		// Params, inputs and any state the forward reads (PipeDream-2BW's
+		// previous weights).
+		for name := range e.prog.Sources {
 			raw, _, err := d.Bytes(name)
 			if err != nil {
 				continue // an input this rank's training program does not hold

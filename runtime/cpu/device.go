@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -287,6 +288,17 @@ func (d *Device) InitParams(seed uint64) error {
 			if err := d.initParam(b, seed); err != nil {
 				return err
 			}
+		}
+	}
+	// State initialised as a copy of a param (PipeDream-2BW's previous
+	// weight version) is copied once every param is set.
+	for _, b := range d.prog.Buffers {
+		if from, ok := strings.CutPrefix(b.Value.Attrs.Str("init"), "copy:"); ok && b.Kind == lower.State {
+			src, err := d.source(from)
+			if err != nil {
+				return fmt.Errorf("%s: init copies %q: %w", b.Value.Where(), from, err)
+			}
+			copy(d.raw(b), d.raw(src))
 		}
 	}
 	return nil
