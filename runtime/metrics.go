@@ -47,6 +47,9 @@ type ScheduleMetrics struct {
 	Name            string  `json:"name"`
 	BubbleTheory    float64 `json:"bubble_theory"`
 	BubbleSimulated float64 `json:"bubble_simulated"`
+	// BubbleProfiled is the simulated bubble with the F/B/W durations
+	// measured in the run instead of unit costs.
+	BubbleProfiled *float64 `json:"bubble_simulated_profiled,omitempty"`
 	// StashPeak is, per pipeline rank, the most microbatches whose
 	// activations are held at once (forward done, backward not).
 	StashPeak []int `json:"activations_stashed_per_rank,omitempty"`

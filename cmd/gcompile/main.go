@@ -129,7 +129,7 @@ func mainErr(args []string) error {
 	}
 	var runErr error
 	if c.run {
-		runErr = train(c, progs, evalProgs, met)
+		runErr = train(c, progs, evalProgs, met, sched)
 	}
 	if c.metrics != "" {
 		if err := met.WriteFile(c.metrics); err != nil {
@@ -284,7 +284,21 @@ func programOf(progs []*lower.Program, mesh *ir.Mesh, rank int) *lower.Program {
 	return progs[cpu.Coords(mesh, rank)[mesh.Axis("pp")]]
 }
 
-func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics) error {
+// firstOnPipelineRank reports whether device rank has coordinate 0 on every
+// axis but pp: one representative per pipeline rank.
+func firstOnPipelineRank(mesh *ir.Mesh, rank int) bool {
+	if mesh == nil {
+		return true
+	}
+	for i, c := range cpu.Coords(mesh, rank) {
+		if mesh.Axes[i].Name != "pp" && c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics, sched *schedule.Schedule) error {
 	prog := progs[0]
 	batch, seq, err := inputShape(progs)
 	if err != nil {
@@ -311,14 +325,37 @@ func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics) e
 		}
 	}
 	var tracer *runtime.Tracer
-	if c.trace != "" {
+	tracing := c.trace != ""
+	if tracing {
 		progs := make([]*lower.Program, len(dev.Devices))
 		for i, d := range dev.Devices {
 			progs[i] = d.Program()
 		}
 		tracer = runtime.NewTracer(progs)
-		for i, d := range dev.Devices {
-			d.OnInstr = tracer.Hook(i)
+	}
+	// Under pipeline parallelism one device per pipeline rank times its
+	// schedule actions, to simulate the schedule with measured costs.
+	var prof *blockProfile
+	if sched != nil {
+		prof = newBlockProfile()
+	}
+	for i, d := range dev.Devices {
+		var trace, timing func(int, time.Time, time.Duration)
+		if tracing {
+			trace = tracer.Hook(i)
+		}
+		if prof != nil && firstOnPipelineRank(prog.Mesh, i) {
+			timing = prof.hook(d.Program())
+		}
+		if trace != nil || timing != nil {
+			d.OnInstr = func(in int, start time.Time, dur time.Duration) {
+				if trace != nil && tracing {
+					trace(in, start, dur)
+				}
+				if timing != nil {
+					timing(in, start, dur)
+				}
+			}
 		}
 	}
 	if prog.Mesh != nil {
@@ -338,12 +375,16 @@ func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics) e
 	prog2 := newProgress(os.Stderr, c.steps)
 	steps, evals, trainErr := runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 		if tracer != nil && s.Step >= runtime.TraceSteps {
-			for _, d := range dev.Devices {
-				d.OnInstr = nil
-			}
+			tracing = false
 		}
 		if tracer != nil {
 			tracer.EndStep()
+		}
+		if prof != nil {
+			if s.Step == 1 && c.steps > 1 {
+				prof.reset() // the first step warms caches up
+			}
+			prof.endStep()
 		}
 		prog2.step(s, e)
 	})
@@ -359,6 +400,14 @@ func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics) e
 		if err := tracer.WriteFile(c.trace); err != nil {
 			return err
 		}
+	}
+	if prof != nil {
+		res, err := schedule.Simulate(sched, prof.cost)
+		if err != nil {
+			return err
+		}
+		met.Schedule.BubbleProfiled = &res.Bubble
+		fmt.Fprintf(os.Stderr, "schedule %s with the measured F/B/W times: simulated bubble %.4f (unit costs: %.4f)\n", sched.Name, res.Bubble, met.Schedule.BubbleSimulated)
 	}
 	if c.save != "" {
 		if err := saveWeights(dev, prog, c.save, c.steps); err != nil {

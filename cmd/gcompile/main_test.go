@@ -149,6 +149,39 @@ func TestPipelineRules(t *testing.T) {
 	}
 }
 
+// A pipeline run reports its schedule: the bubble in theory, simulated
+// with unit costs and with measured costs, the activations each rank
+// stashes; it draws the timeline and traces the schedule's actions.
+func TestPipelineRunMetrics(t *testing.T) {
+	dir := t.TempDir()
+	metrics, timeline, trace := filepath.Join(dir, "m.json"), filepath.Join(dir, "t.svg"), filepath.Join(dir, "t.json")
+	require.NoError(t, mainErr([]string{gptModel, "--set", "layers=4,hidden=32,heads=2,seq=16", "--batch", "8", "--max-data-mb", "1",
+		"--devices", "4", "--pp", "4", "--microbatches", "8", "--run", "--steps", "2", "--eval-batches", "1",
+		"--metrics", metrics, "--timeline", timeline, "--trace", trace}))
+	var m runtime.Metrics
+	raw, err := os.ReadFile(metrics)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &m))
+	assert.Equal(t, "1f1b", m.Schedule.Name, "Megatron's default schedule")
+	assert.InDelta(t, 3.0/8, m.Schedule.BubbleTheory, 1e-12)
+	assert.InDelta(t, 3.0/8, m.Schedule.BubbleSimulated, 1e-12)
+	require.NotNil(t, m.Schedule.BubbleProfiled)
+	assert.Equal(t, []int{4, 3, 2, 1}, m.Schedule.StashPeak, "1F1B keeps p−r microbatches on rank r")
+	require.Len(t, m.Devices, 4)
+	for _, d := range m.Devices {
+		assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "rank %d", d.Rank)
+	}
+	require.Len(t, m.Eval, 1)
+	svg, err := os.ReadFile(timeline)
+	require.NoError(t, err)
+	assert.Contains(t, string(svg), "<svg")
+	assert.Contains(t, string(svg), ">3B7<")
+	raw, err = os.ReadFile(trace)
+	require.NoError(t, err)
+	assert.Contains(t, string(raw), `"F c0 m0"`)
+	assert.Contains(t, string(raw), `"B c3 m7"`)
+}
+
 func TestRunWritesMetricsAndDumps(t *testing.T) {
 	dir := t.TempDir()
 	metrics := filepath.Join(dir, "m.json")
