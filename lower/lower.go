@@ -193,6 +193,56 @@ func (b *builder) recv(v *ir.Value, peer int) {
 	b.p.Instrs = append(b.p.Instrs, Instr{Op: "recv", Out: out, OutType: b.local(v), Value: v, Peer: peer, Tag: v.ID})
 }
 
+// scatterDim is where a pipeline transfer of v can be cut across the
+// tensor-parallel ranks (Megatron's scatter/gather): a value whole on tp
+// is sent as 1/t slices, one per tp rank, and gathered by the receiver.
+// -1 when v is not whole on a tp axis larger than 1 or no dim divides.
+func (b *builder) scatterDim(v *ir.Value) (axis int, dim int) {
+	m := b.p.Mesh
+	axis = m.Axis("tp")
+	if axis < 0 || m.Axes[axis].Size == 1 || v.Place == nil || v.Place[axis].Kind != ir.Replicate {
+		return -1, -1
+	}
+	t := m.Axes[axis].Size
+	local := b.local(v)
+	for d := local.Rank() - 1; d >= 0; d-- {
+		if local.Shape[d]%t == 0 {
+			return axis, d
+		}
+	}
+	return -1, -1
+}
+
+// tempOf adds a scratch buffer holding v's local value sliced on dim over
+// the axis.
+func (b *builder) tempOf(v *ir.Value, axis, dim int) (int, ir.Type) {
+	t := b.local(v)
+	t.Shape = t.Shape.Clone()
+	t.Shape[dim] /= b.p.Mesh.Axes[axis].Size
+	id := len(b.p.Buffers)
+	b.p.Buffers = append(b.p.Buffers, Buffer{ID: id, Kind: Temp, Type: t, Global: v.Type, Bytes: t.Bytes(), Value: v})
+	return id, t
+}
+
+// sendScattered sends this tp rank's slice of v.
+func (b *builder) sendScattered(v *ir.Value, peer, axis, dim int) {
+	tmp, t := b.tempOf(v, axis, dim)
+	attrs := ir.Attrs{"axis": b.p.Mesh.Axes[axis].Name, "dim": dim}
+	b.p.Instrs = append(b.p.Instrs,
+		Instr{Op: "shard_slice", Attrs: attrs, Args: []int{b.bufOf[v]}, ArgTypes: []ir.Type{b.local(v)}, Out: tmp, OutType: t, Value: v},
+		Instr{Op: "send", Args: []int{tmp}, ArgTypes: []ir.Type{t}, Out: -1, Value: v, Peer: peer, Tag: v.ID})
+}
+
+// recvGathered receives this tp rank's slice of v and all-gathers v.
+func (b *builder) recvGathered(v *ir.Value, peer, axis, dim int) {
+	tmp, t := b.tempOf(v, axis, dim)
+	out := b.newBuf(v, Temp)
+	attrs := ir.Attrs{"axis": b.p.Mesh.Axes[axis].Name, "dim": dim}
+	b.p.Instrs = append(b.p.Instrs,
+		Instr{Op: "recv", Out: tmp, OutType: t, Value: v, Peer: peer, Tag: v.ID},
+		Instr{Op: "all_gather", Attrs: attrs, Args: []int{tmp}, ArgTypes: []ir.Type{t}, Out: out, OutType: b.local(v), Value: v})
+}
+
 // meanScale is the factor that turns a mean over device-local rows into
 // that device's share of the mean over all rows: 1/n for each mesh axis of
 // size n that splits a reduced dim. 0 means no scaling.

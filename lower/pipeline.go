@@ -154,7 +154,11 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program,
 			case isSource(v) && (copied(v) || owner(v) == r):
 				b.value(v)
 			default:
-				b.recv(v, owner(v))
+				if axis, dim := b.scatterDim(v); axis >= 0 {
+					b.recvGathered(v, owner(v), axis, dim)
+				} else {
+					b.recv(v, owner(v))
+				}
 			}
 		}
 		emit := func(v *ir.Value) {
@@ -165,7 +169,12 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program,
 			b.value(v)
 			done[v] = true
 			for _, q := range readers[v] {
-				if q != r {
+				if q == r {
+					continue
+				}
+				if axis, dim := b.scatterDim(v); axis >= 0 {
+					b.sendScattered(v, q, axis, dim)
+				} else {
 					b.send(v, q)
 				}
 			}
@@ -176,7 +185,12 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program,
 			if isSource(v) && owner(v) == r && !copied(v) && (!forwardOnly || len(readers[v]) > 0) {
 				need(v)
 				for _, q := range readers[v] {
-					if q != r {
+					if q == r {
+						continue
+					}
+					if axis, dim := b.scatterDim(v); axis >= 0 {
+						b.sendScattered(v, q, axis, dim)
+					} else {
 						b.send(v, q)
 					}
 				}

@@ -176,3 +176,28 @@ func TestTwoBWMatchesItsUpdateRule(t *testing.T) {
 	assert.NotEqual(t, plain.losses[2], rule.losses[2], "later steps use one-step-stale gradients")
 	assert.Less(t, rule.losses[eqSteps-1], rule.losses[0]-0.5, "2BW training converges")
 }
+
+// With tp > 1 a pipeline transfer of an activation every tp rank holds
+// whole moves 1/t of it per rank, and the receiver all-gathers it
+// (Megatron's scatter/gather optimisation).
+func TestPipelineTransfersAreScatteredOverTP(t *testing.T) {
+	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch, Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16"}})
+	require.NoError(t, err)
+	opts := passes.DefaultOptions()
+	opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "pp", Size: 2}, {Name: "tp", Size: 2}}}
+	opts.Microbatches = 2
+	_, err = passes.Run(m, opts, passes.Hooks{})
+	require.NoError(t, err)
+	progs, err := lower.LowerPipeline(m, scheduleOrder("1f1b")(t, 2, 1, 2))
+	require.NoError(t, err)
+	sends := 0
+	for _, in := range progs[0].Instrs {
+		if in.Op != "send" || in.Value.Op == "param" || in.Value.Type.Rank() < 2 { // activations, not scalars
+			continue
+		}
+		sends++
+		whole := ir.LocalShape(in.Value.Type.Shape, in.Value.Place, m.Mesh).NumElements() * in.Value.Type.DType.Size()
+		assert.Equal(t, whole/2, in.ArgTypes[0].Bytes(), "%s is sent as half per tp rank", in.Value.Where())
+	}
+	assert.Positive(t, sends)
+}
