@@ -108,6 +108,12 @@ func mainErr(args []string) error {
 	for _, r := range results {
 		met.Passes = append(met.Passes, runtime.PassMetrics{Name: r.Name, Ms: r.Ms, Changed: r.Changed, Skipped: r.Skipped})
 	}
+	if sched != nil && c.dump != "" {
+		// The schedule is IR too: dumped beside the passes, one line per rank.
+		if err := os.WriteFile(filepath.Join(c.dump, "schedule.txt"), []byte(sched.String()), 0o644); err != nil {
+			return err
+		}
+	}
 	if sched != nil {
 		met.Schedule = scheduleMetrics(c, simulated)
 		if c.timeline != "" {

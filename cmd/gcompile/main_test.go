@@ -157,7 +157,10 @@ func TestPipelineRunMetrics(t *testing.T) {
 	metrics, timeline, trace := filepath.Join(dir, "m.json"), filepath.Join(dir, "t.svg"), filepath.Join(dir, "t.json")
 	require.NoError(t, mainErr([]string{gptModel, "--set", "layers=4,hidden=32,heads=2,seq=16", "--batch", "8", "--max-data-mb", "1",
 		"--devices", "4", "--pp", "4", "--microbatches", "8", "--run", "--steps", "2", "--eval-batches", "1",
-		"--metrics", metrics, "--timeline", timeline, "--trace", trace}))
+		"--metrics", metrics, "--timeline", timeline, "--trace", trace, "--dump", filepath.Join(dir, "d")}))
+	sched, err := os.ReadFile(filepath.Join(dir, "d", "schedule.txt"))
+	require.NoError(t, err)
+	assert.Contains(t, string(sched), "schedule 1f1b p=4 v=1 m=8\nrank 0: 0F0 0sf0>r1 0F1")
 	var m runtime.Metrics
 	raw, err := os.ReadFile(metrics)
 	require.NoError(t, err)
