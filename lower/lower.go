@@ -387,7 +387,20 @@ func isOutput(p *Program, buf int) bool {
 	return false
 }
 
-func alignUp(n int64) int64 { return (n + Align - 1) / Align * Align }
+// alignUp rounds a buffer's size up to its alignment: a cache line for
+// buffers that span several, 8 bytes (any element type) for small ones,
+// which would otherwise waste most of a line each.
+func alignUp(n int64) int64 { return roundTo(n, alignOf(n)) }
+
+// alignOf is the alignment of a buffer of n bytes.
+func alignOf(n int64) int64 {
+	if n < 4*Align {
+		return 8
+	}
+	return Align
+}
+
+func roundTo(n, a int64) int64 { return (n + a - 1) / a * a }
 
 // planMemory assigns offsets: persistent buffers first, then temps by
 // greedy-by-size over their live intervals.
@@ -396,8 +409,8 @@ func planMemory(p *Program) {
 	for i := range p.Buffers {
 		b := &p.Buffers[i]
 		if b.Kind.Persistent() {
-			b.Offset = off
-			off += alignUp(b.Bytes)
+			b.Offset = roundTo(off, alignOf(b.Bytes))
+			off = b.Offset + alignUp(b.Bytes)
 			p.PersistentBytes += b.Bytes
 		}
 	}
@@ -448,40 +461,89 @@ func planMemory(p *Program) {
 		peak = max(peak, live)
 	}
 	p.PeakBytes = p.PersistentBytes + peak
-	sort.Slice(temps, func(i, j int) bool {
-		bi, bj := p.Buffers[temps[i]], p.Buffers[temps[j]]
-		if bi.Bytes != bj.Bytes {
-			return bi.Bytes > bj.Bytes
+	// Greedy placement depends on the order buffers are placed in; try
+	// the usual orders (largest first, earliest first, longest-lived
+	// first, latest freed first, largest size×lifetime first), each with
+	// lowest-offset and best-fit gaps, and keep the smallest arena.
+	orders := []func(a, b int) bool{
+		func(a, b int) bool { return p.Buffers[a].Bytes > p.Buffers[b].Bytes },
+		func(a, b int) bool { return first[a] < first[b] },
+		func(a, b int) bool { return last[a]-first[a] > last[b]-first[b] },
+		func(a, b int) bool { return last[a] > last[b] },
+		func(a, b int) bool {
+			return p.Buffers[a].Bytes*int64(last[a]-first[a]+1) > p.Buffers[b].Bytes*int64(last[b]-first[b]+1)
+		},
+	}
+	best := map[int]int64{}
+	top := int64(-1)
+	for _, less := range orders {
+		sort.SliceStable(temps, func(i, j int) bool {
+			a, b := temps[i], temps[j]
+			if less(a, b) != less(b, a) {
+				return less(a, b)
+			}
+			return a < b
+		})
+		for _, bestFit := range []bool{false, true} {
+			offsets, t := placeTemps(p, temps, first, last, base, bestFit)
+			if top < 0 || t < top {
+				top, best = t, offsets
+			}
+			if float64(top-base) <= 1.01*float64(peak) {
+				break // close enough to the live peak: stop searching
+			}
 		}
-		return first[temps[i]] < first[temps[j]]
-	})
-	// done is kept sorted by offset, so one scan finds the lowest gap that
-	// no lifetime-overlapping buffer occupies.
+		if float64(top-base) <= 1.01*float64(peak) {
+			break
+		}
+	}
+	for b, off := range best {
+		p.Buffers[b].Offset = off
+	}
+	p.ArenaBytes = top
+}
+
+// placeTemps assigns offsets to temps in the given order: each goes to the
+// lowest offset no lifetime-overlapping buffer occupies, or with bestFit to
+// the smallest such gap that holds it (the top of the arena if none does).
+// It returns the offsets and the arena top.
+func placeTemps(p *Program, temps []int, first, last map[int]int, base int64, bestFit bool) (map[int]int64, int64) {
 	type placed struct {
 		lo, hi   int64
 		from, to int
 	}
+	// done is kept sorted by offset, so one scan finds the lowest gap.
 	var done []placed
+	offsets := make(map[int]int64, len(temps))
 	top := base
 	for _, b := range temps {
-		size := alignUp(p.Buffers[b].Bytes)
+		size, a := alignUp(p.Buffers[b].Bytes), alignOf(p.Buffers[b].Bytes)
 		from, to := first[b], last[b]
-		at := base
+		at := roundTo(base, a)
+		bestAt, bestGap := int64(-1), int64(-1)
 		for _, q := range done {
 			if q.to < from || to < q.from {
 				continue
 			}
 			if at+size <= q.lo {
-				break
+				if !bestFit {
+					break
+				}
+				if gap := q.lo - at; bestGap < 0 || gap < bestGap {
+					bestAt, bestGap = at, gap
+				}
 			}
-			at = max(at, q.hi)
+			at = roundTo(max(at, q.hi), a)
 		}
-		p.Buffers[b].Offset = at
+		if bestFit && bestAt >= 0 {
+			at = bestAt
+		}
+		offsets[b] = at
 		i := sort.Search(len(done), func(i int) bool { return done[i].lo > at })
 		done = slices.Insert(done, i, placed{at, at + size, from, to})
 		top = max(top, at+size)
 	}
-	p.ArenaBytes = top
+	return offsets, top
 }
 
 // Describe is a one-line summary for logs.

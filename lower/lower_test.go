@@ -74,7 +74,11 @@ func TestMemoryPlanNeverOverlapsLiveBuffers(t *testing.T) {
 		}
 		var persistent int64
 		for _, b := range p.Buffers {
-			assert.Zero(t, b.Offset%lower.Align, "buffer %d is not aligned", b.ID)
+			align := int64(8)
+			if b.Bytes >= 4*lower.Align {
+				align = lower.Align // large buffers start on a cache line
+			}
+			assert.Zero(t, b.Offset%align, "buffer %d (%d bytes) is not aligned", b.ID, b.Bytes)
 			assert.LessOrEqual(t, b.Offset+b.Bytes, p.ArenaBytes)
 			if b.Kind.Persistent() {
 				persistent += b.Bytes

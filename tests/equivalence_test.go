@@ -152,6 +152,7 @@ func TestDataParallelMatchesOneDevice(t *testing.T) {
 			for r, peak := range got.peaks {
 				assert.Equal(t, got.prog.PeakBytes, peak, "device %d: measured peak equals predicted", r)
 			}
+			assert.LessOrEqual(t, float64(got.prog.ArenaBytes), 1.05*float64(got.prog.PeakBytes), "the arena is within 5%% of the peak of live bytes")
 			t.Logf("%v: worst loss rel err %.2g, worst param err %.2g (of max |w|)", p, worst, worstParam)
 		})
 	}

@@ -96,6 +96,7 @@ func trainPipeline(t *testing.T, pl pipePlan, layers int) trajectory {
 	}
 	for r, d := range cl.Devices {
 		assert.Equal(t, d.Program().PeakBytes, d.PeakBytes(), "device %d: measured peak equals predicted", r)
+		assert.LessOrEqual(t, float64(d.Program().ArenaBytes), 1.05*float64(d.Program().PeakBytes), "device %d: arena within 5%% of the peak", r)
 	}
 	return tr
 }
