@@ -15,9 +15,11 @@
 package lower
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"gcompile/ir"
 )
@@ -101,6 +103,60 @@ type Program struct {
 	// ArenaBytes is the arena size; PeakBytes the most bytes live at once,
 	// persistent buffers included; PersistentBytes the persistent part.
 	ArenaBytes, PeakBytes, PersistentBytes int64
+	// PeakAt is the instruction at which PeakBytes is live, Peak how those
+	// bytes divide, and PeakLive the temporaries live there, largest first.
+	PeakAt   int
+	Peak     Breakdown
+	PeakLive []int
+}
+
+// Breakdown divides a device's live bytes the way memory is usually
+// discussed: parameters, gradients (everything the backward pass computes),
+// optimizer state, activations (what the forward pass computes and keeps),
+// inputs and workspace (the optimizer's temporaries, collective scratch).
+type Breakdown struct {
+	Params      int64 `json:"params"`
+	Gradients   int64 `json:"gradients"`
+	Optimizer   int64 `json:"optimizer_state"`
+	Activations int64 `json:"activations"`
+	Inputs      int64 `json:"inputs"`
+	Workspace   int64 `json:"workspace"`
+}
+
+// Category names where a buffer's bytes count in a Breakdown.
+func (b Buffer) Category() string {
+	switch b.Kind {
+	case Param:
+		return "params"
+	case State:
+		return "optimizer_state"
+	case Input, Const:
+		return "inputs"
+	}
+	switch b.Value.Meta.Phase {
+	case ir.PhaseFwd, ir.PhaseRecompute:
+		return "activations"
+	case ir.PhaseBwd:
+		return "gradients"
+	}
+	return "workspace"
+}
+
+func (bd *Breakdown) add(category string, n int64) {
+	switch category {
+	case "params":
+		bd.Params += n
+	case "optimizer_state":
+		bd.Optimizer += n
+	case "inputs":
+		bd.Inputs += n
+	case "activations":
+		bd.Activations += n
+	case "gradients":
+		bd.Gradients += n
+	default:
+		bd.Workspace += n
+	}
 }
 
 // Lower builds the Program for m.
@@ -458,9 +514,25 @@ func planMemory(p *Program) {
 	var live, peak int64
 	for i := 0; i <= n; i++ {
 		live += delta[i]
-		peak = max(peak, live)
+		if live > peak {
+			peak, p.PeakAt = live, min(i, n-1)
+		}
 	}
 	p.PeakBytes = p.PersistentBytes + peak
+	p.Peak = Breakdown{}
+	for _, b := range p.Buffers {
+		if b.Kind.Persistent() {
+			p.Peak.add(b.Category(), b.Bytes)
+		}
+	}
+	p.PeakLive = nil
+	for _, b := range temps {
+		if first[b] <= p.PeakAt && p.PeakAt <= last[b] {
+			p.PeakLive = append(p.PeakLive, b)
+			p.Peak.add(p.Buffers[b].Category(), p.Buffers[b].Bytes)
+		}
+	}
+	sort.SliceStable(p.PeakLive, func(i, j int) bool { return p.Buffers[p.PeakLive[i]].Bytes > p.Buffers[p.PeakLive[j]].Bytes })
 	// Greedy placement depends on the order buffers are placed in; try
 	// the usual orders (largest first, earliest first, longest-lived
 	// first, latest freed first, largest size×lifetime first), each with
@@ -544,6 +616,48 @@ func placeTemps(p *Program, temps []int, first, last map[int]int, base int64, be
 		top = max(top, at+size)
 	}
 	return offsets, top
+}
+
+// CheckFits returns an error if the arena exceeds limit bytes, naming the
+// program point of the peak and the largest tensors live there with the
+// user's lines, so the user knows what to shrink or recompute.
+func (p *Program) CheckFits(device string, limit int64) error {
+	if limit <= 0 || p.ArenaBytes <= limit {
+		return nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s does not fit: the plan needs %s (arena; %s live at the peak), --device-memory is %s", device, human(p.ArenaBytes), human(p.PeakBytes), human(limit))
+	if p.PeakAt < len(p.Instrs) {
+		v := p.Instrs[p.PeakAt].Value
+		fmt.Fprintf(&b, "\n  peak at instruction %d: %s (phase %v, layer %d)", p.PeakAt, v.Where(), v.Meta.Phase, v.Meta.Layer)
+	}
+	bd := p.Peak
+	fmt.Fprintf(&b, "\n  at the peak: params %s, gradients %s, optimizer state %s, activations %s, inputs %s, workspace %s",
+		human(bd.Params), human(bd.Gradients), human(bd.Optimizer), human(bd.Activations), human(bd.Inputs), human(bd.Workspace))
+	b.WriteString("\n  largest live tensors:")
+	for i, id := range p.PeakLive {
+		if i == 5 {
+			break
+		}
+		buf := p.Buffers[id]
+		fmt.Fprintf(&b, "\n    %s %s %v %s (%s, layer %d) @%v", buf.Value.Ref(), buf.Value.Op, buf.Type, human(buf.Bytes), buf.Category(), buf.Value.Meta.Layer, buf.Value.Pos)
+	}
+	return fmt.Errorf("%w: %s", ErrDoesNotFit, b.String())
+}
+
+// ErrDoesNotFit marks a plan larger than the device memory.
+var ErrDoesNotFit = errors.New("out of device memory")
+
+func human(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 // Describe is a one-line summary for logs.

@@ -132,3 +132,24 @@ func TestLowerRejectsInvalidModule(t *testing.T) {
 	_, err := lower.Lower(m)
 	assert.ErrorContains(t, err, `after pass "lower": %1 neg @model.go:7: declared type f32[5] but the neg rule gives f32[4]`)
 }
+
+// The peak breakdown accounts for every byte live at the peak.
+func TestPeakBreakdownSumsToPeak(t *testing.T) {
+	for _, opt := range []string{"adamw", "sgd"} {
+		p := compileGPT(t, opt)
+		bd := p.Peak
+		assert.Equal(t, p.PeakBytes, bd.Params+bd.Gradients+bd.Optimizer+bd.Activations+bd.Inputs+bd.Workspace, opt)
+		assert.Positive(t, bd.Activations)
+		var params int64
+		for _, b := range p.Buffers {
+			if b.Kind == lower.Param {
+				params += b.Bytes
+			}
+		}
+		assert.Equal(t, params, bd.Params)
+		require.NotEmpty(t, p.PeakLive)
+		for i := 1; i < len(p.PeakLive); i++ {
+			assert.GreaterOrEqual(t, p.Buffers[p.PeakLive[i-1]].Bytes, p.Buffers[p.PeakLive[i]].Bytes, "largest first")
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+
+	"gcompile/lower"
 )
 
 // Metrics is the --metrics JSON (DESIGN §8). Fields may be added; the
@@ -39,6 +41,8 @@ type DeviceMetrics struct {
 	ParamBytes         int64 `json:"param_bytes"`
 	GradBytes          int64 `json:"grad_bytes"`
 	OptimizerBytes     int64 `json:"optimizer_state_bytes"`
+	// PeakBreakdown divides the predicted peak by what the bytes hold.
+	PeakBreakdown *lower.Breakdown `json:"peak_breakdown,omitempty"`
 }
 
 // ScheduleMetrics describes the pipeline schedule; with one stage there is

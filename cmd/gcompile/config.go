@@ -17,7 +17,8 @@ type config struct {
 	schedule, recompute, precision, optimizer, backend string
 
 	dump, metrics, trace, save, load, data string
-	timeline                               string
+	timeline, deviceMemory                 string
+	memLimit                               int64
 	verify, run, helpModel, seqParallel    bool
 	dpSync                                 string
 	staleness                              int
@@ -65,6 +66,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.steps, "steps", 30, "training steps with --run")
 	fs.Int64Var(&c.seed, "seed", 1, "seed for weights and data order")
 	fs.StringVar(&c.metrics, "metrics", "", "write metrics JSON to this file")
+	fs.StringVar(&c.deviceMemory, "device-memory", "", "memory per device, e.g. 80GiB or 512MiB (default: unlimited on cpu); a plan that does not fit is a compile error")
 	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline schedule (simulated, unit costs) as SVG to this file")
 	fs.StringVar(&c.trace, "trace", "", "write Chrome trace events (first 3 steps) to this file")
 	fs.StringVar(&c.save, "save", "", "save the trained weights as safetensors")
@@ -212,6 +214,13 @@ func (c *config) validate() error {
 	if c.lr <= 0 || c.minLR < 0 || c.minLR > c.lr || c.warmup < 0 {
 		bad("learning rate: want --lr > 0, 0 ≤ --min-lr ≤ --lr and --warmup ≥ 0")
 	}
+	if c.deviceMemory != "" {
+		n, err := parseBytes(c.deviceMemory)
+		if err != nil {
+			bad("--device-memory %q: %v", c.deviceMemory, err)
+		}
+		c.memLimit = n
+	}
 	if c.bucketMB <= 0 {
 		bad("--bucket-mb must be positive, got %g", c.bucketMB)
 	}
@@ -248,4 +257,26 @@ func or1(n int) int {
 		return 1
 	}
 	return n
+}
+
+// parseBytes reads a size: a number with an optional unit (B, KB/KiB,
+// MB/MiB, GB/GiB, TB/TiB; decimal units are powers of 1000).
+func parseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	t := strings.TrimSpace(s)
+	mult := 1.0
+	for _, u := range units {
+		if strings.HasSuffix(strings.ToUpper(t), strings.ToUpper(u.suffix)) {
+			t, mult = strings.TrimSpace(t[:len(t)-len(u.suffix)]), u.mult
+			break
+		}
+	}
+	var x float64
+	if _, err := fmt.Sscan(t, &x); err != nil || x <= 0 {
+		return 0, fmt.Errorf("want a positive size like 80GiB, 512MiB or 1e9")
+	}
+	return int64(x * mult), nil
 }

@@ -85,6 +85,17 @@ func mainErr(args []string) error {
 		return err
 	}
 	prog := progs[0]
+	if c.memLimit > 0 {
+		devices := 1
+		if prog.Mesh != nil {
+			devices = prog.Mesh.Devices()
+		}
+		for r := range devices {
+			if err := programOf(progs, prog.Mesh, r).CheckFits(fmt.Sprintf("device %d", r), c.memLimit); err != nil {
+				return err
+			}
+		}
+	}
 	compileMs := float64(time.Since(start).Microseconds()) / 1000
 	fmt.Fprintf(os.Stderr, "compiled %s in %.0f ms: %d params\n", m.Name, compileMs, paramCount(m))
 	for r, p := range progs {
@@ -150,7 +161,8 @@ func mainErr(args []string) error {
 // global-norm computation reads, as each device holds them (whole, or a
 // shard under ZeRO-2/3).
 func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
-	dm := runtime.DeviceMetrics{Rank: rank, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes}
+	peak := prog.Peak
+	dm := runtime.DeviceMetrics{Rank: rank, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes, PeakBreakdown: &peak}
 	for _, b := range prog.Buffers {
 		switch b.Kind {
 		case lower.Param:

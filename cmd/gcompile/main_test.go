@@ -185,6 +185,23 @@ func TestPipelineRunMetrics(t *testing.T) {
 	assert.Contains(t, string(raw), `"B c3 m7"`)
 }
 
+// A plan larger than --device-memory is a compile error that names the
+// device, the program point of the peak and the largest live tensors with
+// the user's lines.
+func TestDeviceMemoryTooSmall(t *testing.T) {
+	err := mainErr(append(append([]string{}, tinyGPT...), "--device-memory", "64KiB", "--run"))
+	require.Error(t, err)
+	msg := err.Error()
+	assert.Contains(t, msg, "out of device memory: device 0 does not fit")
+	assert.Contains(t, msg, "--device-memory is 64.0 KiB")
+	assert.Regexp(t, `peak at instruction \d+: %\d+ \w+ @model\.go:\d+ \(phase (fwd|bwd|opt)`, msg)
+	assert.Contains(t, msg, "at the peak: params")
+	assert.Regexp(t, `largest live tensors:\n    %\d+ \w+ f32\[[0-9,]+\] [0-9.]+ KiB \((activations|gradients|workspace), layer -?\d+\) @model\.go:\d+`, msg)
+	assert.NoError(t, mainErr(append(append([]string{}, tinyGPT...), "--device-memory", "1GiB")))
+	_, err = parseArgs([]string{gptModel, "--device-memory", "lots"})
+	assert.ErrorContains(t, err, `--device-memory "lots": want a positive size`)
+}
+
 func TestRunWritesMetricsAndDumps(t *testing.T) {
 	dir := t.TempDir()
 	metrics := filepath.Join(dir, "m.json")
