@@ -30,6 +30,9 @@ type Options struct {
 	// VPP is the number of model chunks per pipeline rank (interleaved
 	// schedule); 0 or 1 means contiguous stages.
 	VPP int
+	// Recompute is "none", "full", "selective" or "every=K" (K layers per
+	// checkpointed segment, or "every=sqrt").
+	Recompute string
 	// TwoBW applies PipeDream-2BW's weight update: gradients are taken at
 	// the previous weight version, W(t+1) = W(t) − ν∇f(W(t−1)).
 	TwoBW bool
@@ -39,7 +42,7 @@ type Options struct {
 	// BucketMB bounds the gradient bytes one data-parallel reduction bucket holds.
 	BucketMB float64
 
-	// Optimizer is "adamw" or "sgd".
+	// Optimizer is "adamw", "sgd", "adafactor" or "sm3".
 	Optimizer string
 	// Adam hyper-parameters (Megatron-LM's GPT defaults).
 	Beta1, Beta2, Eps float64
@@ -72,9 +75,7 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("cannot stop after unknown pass %q", o.StopAfter)
 	}
 	switch o.Optimizer {
-	case "adamw", "sgd":
-	case "adafactor", "sm3":
-		return fmt.Errorf("--optimizer %s: not yet supported (memory-efficient optimizers come with the memory passes); use adamw or sgd", o.Optimizer)
+	case "adamw", "sgd", "adafactor", "sm3":
 	default:
 		return fmt.Errorf("--optimizer %q: want adamw, sgd, adafactor or sm3", o.Optimizer)
 	}

@@ -29,6 +29,7 @@ var passes = [...]Pass{
 	{Name: "autodiff", Fn: autodiff, Required: true, Doc: "reverse-mode gradients of the loss for every param"},
 	{Name: "microbatch", Fn: microbatch, Required: true, Doc: "gradient accumulation: one forward and backward per microbatch, gradients averaged"},
 	{Name: "optimizer", Fn: optimizer, Required: true, Doc: "global-norm clipping and the AdamW or SGD update of every param"},
+	{Name: "recompute", Fn: recompute, Required: true, Doc: "activation recompute: replay forward values in the backward (full, selective, every=K)"},
 	{Name: "shard", Fn: shard, Required: true, Doc: "place every value on the mesh (data parallel, ZeRO) and mark where placements must change"},
 	{Name: "redistribute", Fn: redistribute, Required: true, Doc: "turn placement changes into collectives"},
 	{Name: "data-parallel", Fn: dataParallel, Doc: "bucket the gradient reductions over dp"},
@@ -45,6 +46,9 @@ var passOrder = [...]constraint{
 	{"autodiff", "microbatch", "microbatch copies the backward graph autodiff builds"},
 	{"microbatch", "optimizer", "the optimizer consumes the accumulated gradients"},
 	{"optimizer", "shard", "optimizer state and updates are placed too (ZeRO shards them)"},
+	{"autodiff", "recompute", "recompute replays forward values for the backward autodiff built"},
+	{"microbatch", "recompute", "each microbatch replays its own forward"},
+	{"recompute", "shard", "replayed values are placed like any other"},
 	{"shard", "redistribute", "redistribute expands the placement changes shard marks"},
 	{"redistribute", "data-parallel", "buckets group the gradient collectives redistribute creates"},
 }

@@ -25,6 +25,7 @@ type plan struct {
 	bucketMB            float64
 	sp                  bool
 	twoBW               bool // PipeDream-2BW's 1-stale weight update
+	recompute           string
 }
 
 func (p plan) String() string {
@@ -75,6 +76,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts.Microbatches = max(p.micro, 1)
 	opts.SequenceParallel = p.sp
 	opts.TwoBW = p.twoBW
+	opts.Recompute = p.recompute
 	if p.bucketMB > 0 {
 		opts.BucketMB = p.bucketMB
 	}

@@ -193,6 +193,7 @@ func passOptions(c *config) *passes.Options {
 	o.SequenceParallel = c.seqParallel
 	o.VPP = c.vpp
 	o.TwoBW = c.schedule == "2bw"
+	o.Recompute = c.recompute
 	o.BucketMB = c.bucketMB
 	o.Mesh = meshOf(c)
 	if c.dpSync == "async" {

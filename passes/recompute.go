@@ -1,0 +1,185 @@
+package passes
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"gcompile/ir"
+)
+
+// recompute trades compute for activation memory (Chen et al. 2016;
+// Korthikanti et al. 2022). Forward values the backward needs are replayed
+// in the backward (phase recompute, just before their first backward use)
+// from a few kept values, and the backward reads the replayed copies, so
+// the originals die as soon as the forward is done with them.
+//
+//	full      every layer is a segment: only each layer's input is kept
+//	every=K   segments of K layers (every=sqrt: K = ⌈√L⌉, the O(√n) plan)
+//	selective only the attention core (q·kᵀ, its scaling, the causal mask
+//	          and the softmax: the [b, heads, s, s] tensors) is replayed
+//
+// It runs before placement, so the replayed values are placed like any
+// other (a ZeRO-3 parameter is gathered again, a tensor-parallel collective
+// inside a layer is replayed too), and after microbatching and the pipeline
+// split, whose tags the copies keep.
+func recompute(m *ir.Module, o *Options) error {
+	mode := o.Recompute
+	if mode == "" || mode == "none" {
+		return nil
+	}
+	layers := 0
+	for _, v := range m.Values {
+		layers = max(layers, v.Meta.Layer+1)
+	}
+	if layers == 0 {
+		return fmt.Errorf("--recompute %s: module %q marks no layers (b.Layer in the model)", mode, m.Name)
+	}
+	var replay func(v *ir.Value) (segment int, ok bool)
+	switch {
+	case mode == "full":
+		replay = func(v *ir.Value) (int, bool) { return v.Meta.Layer, v.Meta.Layer >= 0 }
+	case mode == "selective":
+		core := attentionCore(m)
+		replay = func(v *ir.Value) (int, bool) { return v.Meta.Layer, core[v] }
+	case strings.HasPrefix(mode, "every="):
+		k, err := everyK(strings.TrimPrefix(mode, "every="), layers)
+		if err != nil {
+			return err
+		}
+		replay = func(v *ir.Value) (int, bool) { return v.Meta.Layer / k, v.Meta.Layer >= 0 }
+	default:
+		return fmt.Errorf("--recompute %q: want none, full, selective or every=K", mode)
+	}
+	type seg struct {
+		segment, micro int
+	}
+	// Forward values replayed, by segment and microbatch.
+	inSeg := map[*ir.Value]seg{}
+	for _, v := range m.Values {
+		if v.Meta.Phase != ir.PhaseFwd {
+			continue
+		}
+		if info, _ := ir.Lookup(v.Op); info.Source {
+			continue
+		}
+		if s, ok := replay(v); ok {
+			inSeg[v] = seg{s, v.Meta.Micro}
+		}
+	}
+	uses := m.Uses()
+	// The first backward use of each segment is where its replay goes.
+	firstUse := map[seg]*ir.Value{}
+	for _, v := range m.Values {
+		if v.Meta.Phase != ir.PhaseBwd {
+			continue
+		}
+		for _, a := range v.Args {
+			if s, ok := inSeg[a]; ok && firstUse[s] == nil {
+				firstUse[s] = v
+			}
+		}
+	}
+	// Values each segment must replay: those the backward reads, and
+	// within the segment everything they are computed from.
+	needed := map[*ir.Value]bool{}
+	var need func(v *ir.Value)
+	need = func(v *ir.Value) {
+		if needed[v] {
+			return
+		}
+		needed[v] = true
+		for _, a := range v.Args {
+			if _, ok := inSeg[a]; ok && inSeg[a] == inSeg[v] {
+				need(a)
+			}
+		}
+	}
+	for v := range inSeg {
+		for _, u := range uses[v] {
+			if u.Meta.Phase == ir.PhaseBwd {
+				need(v)
+			}
+		}
+	}
+	before := map[*ir.Value][]*ir.Value{}
+	replayed := map[*ir.Value]*ir.Value{}
+	for _, v := range m.Values { // program order, so args are replayed first
+		s, ok := inSeg[v]
+		if !ok || !needed[v] {
+			continue
+		}
+		at := firstUse[s]
+		args := make([]*ir.Value, len(v.Args))
+		for i, a := range v.Args {
+			args[i] = a
+			// Within the segment, from the replay; from outside it (the
+			// segment's input), the kept value.
+			if r := replayed[a]; r != nil && inSeg[a] == s {
+				args[i] = r
+			}
+		}
+		meta := v.Meta
+		meta.Phase = ir.PhaseRecompute
+		r, err := m.Add(v.Op, args, v.Attrs.Clone(), meta, v.Pos)
+		if err != nil {
+			return err
+		}
+		m.Values = m.Values[:len(m.Values)-1]
+		replayed[v] = r
+		before[at] = append(before[at], r)
+	}
+	var out []*ir.Value
+	for _, v := range m.Values {
+		out = append(out, before[v]...)
+		if v.Meta.Phase == ir.PhaseBwd {
+			for i, a := range v.Args {
+				if r := replayed[a]; r != nil {
+					v.Args[i] = r
+				}
+			}
+		}
+		out = append(out, v)
+	}
+	m.Values = out
+	return nil
+}
+
+// everyK reads K of every=K ("sqrt": ⌈√L⌉).
+func everyK(s string, layers int) (int, error) {
+	if s == "sqrt" {
+		return max(1, int(math.Ceil(math.Sqrt(float64(layers))))), nil
+	}
+	k, err := strconv.Atoi(s)
+	if err != nil || k < 1 {
+		return 0, fmt.Errorf("--recompute every=%s: want a positive number of layers or sqrt", s)
+	}
+	return k, nil
+}
+
+// attentionCore finds, per layer, the softmax of attention scores and what
+// it is computed from back to q and k: the causal mask, the scaling and the
+// q·kᵀ product (the 4-D batched matmul with kᵀ).
+func attentionCore(m *ir.Module) map[*ir.Value]bool {
+	core := map[*ir.Value]bool{}
+	var walk func(v *ir.Value)
+	walk = func(v *ir.Value) {
+		if core[v] || v.Meta.Phase != ir.PhaseFwd {
+			return
+		}
+		switch {
+		case v.Op == "softmax", v.Op == "causal_mask", v.Op == "scale" && v.Type.Rank() == 4:
+			core[v] = true
+			walk(v.Args[0])
+		case v.Op == "matmul" && v.Type.Rank() == 4 && v.Attrs.Bool("transB"):
+			core[v] = true
+		}
+	}
+	for _, v := range m.Values {
+		if v.Op == "softmax" && v.Meta.Phase == ir.PhaseFwd && v.Type.Rank() == 4 {
+			walk(v)
+		}
+	}
+	return core
+}
