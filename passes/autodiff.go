@@ -67,7 +67,38 @@ func autodiff(m *ir.Module, _ *Options) error {
 		}
 		m.SetOutput(GradPrefix+p.Name(), g)
 	}
+	removeDeadBackward(m)
 	return nil
+}
+
+// removeDeadBackward drops backward values no output needs. A VJP rule
+// emits the gradient of every argument it can; when an argument needs none
+// (the constant factor of a scale, say) that work would still run and keep
+// its inputs alive until the backward.
+func removeDeadBackward(m *ir.Module) {
+	live := map[*ir.Value]bool{}
+	for _, o := range m.Outputs {
+		live[o.Value] = true
+	}
+	for _, u := range m.Updates {
+		live[u.Value] = true
+	}
+	for i := len(m.Values) - 1; i >= 0; i-- {
+		v := m.Values[i]
+		if live[v] {
+			for _, a := range v.Args {
+				live[a] = true
+			}
+		}
+	}
+	kept := m.Values[:0]
+	for _, v := range m.Values {
+		if v.Meta.Phase == ir.PhaseBwd && !live[v] {
+			continue
+		}
+		kept = append(kept, v)
+	}
+	m.Values = kept
 }
 
 // differentiable marks values on a path from some param to the loss.
