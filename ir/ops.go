@@ -164,6 +164,36 @@ func init() {
 	register(&OpInfo{Name: "sgd_buf", Arity: 3, Elementwise: true, Attrs: []AttrSpec{req("momentum", AttrFloat), req("wd", AttrFloat)}, Infer: sameTypes(true),
 		Doc: "args (buf, g, p): momentum·buf + g + wd·p"})
 	register(&OpInfo{Name: "sgd", Arity: 3, Infer: inferOptimUpdate(2), Doc: "args (p, buf, lr): p − lr·buf"})
+
+	// Memory-efficient optimizers. Each op has one result, so an update
+	// that changes several tensors is several ops reading the same old
+	// values. Accumulator ops take (own accumulator, g, …): the state they
+	// update first and the gradient second, like adam_m and adam_v.
+	// Adafactor (Shazeer & Stern 2018) with β1 = 0; β̂₂ₜ = 1 − step^(−decay).
+	adafactorAcc := []AttrSpec{req("eps1", AttrFloat), req("decay", AttrFloat)}
+	adafactorStep := []AttrSpec{req("eps2", AttrFloat), req("clip", AttrFloat), req("rel_step", AttrFloat)}
+	register(&OpInfo{Name: "adafactor_row", Arity: 3, Attrs: adafactorAcc, Infer: inferFactoredAcc(0),
+		Doc: "args (row[n], g[n,m], step): β̂₂ₜ·row + (1−β̂₂ₜ)·Σⱼ(g²+eps1), Adafactor's decayed row sums"})
+	register(&OpInfo{Name: "adafactor_col", Arity: 3, Attrs: adafactorAcc, Infer: inferFactoredAcc(1),
+		Doc: "args (col[m], g[n,m], step): β̂₂ₜ·col + (1−β̂₂ₜ)·Σᵢ(g²+eps1), Adafactor's decayed column sums"})
+	register(&OpInfo{Name: "adafactor_v", Arity: 3, Attrs: adafactorAcc, Infer: inferVectorAcc,
+		Doc: "args (v, g, step): β̂₂ₜ·v + (1−β̂₂ₜ)·(g²+eps1), Adafactor's unfactored second moment"})
+	register(&OpInfo{Name: "adafactor", Arity: 5, Attrs: adafactorStep, Infer: inferFactoredUpdate(true),
+		Doc: "args (p[n,m], g, row[n], col[m], step): p − α·U/max(1, RMS(U)/clip), U = g/√(row·col/Σrow), α = max(eps2, RMS(p))·min(rel_step, 1/√step)"})
+	register(&OpInfo{Name: "adafactor_vec", Arity: 4, Attrs: adafactorStep, Infer: inferVectorUpdate(true),
+		Doc: "args (p, g, v, step): adafactor with U = g/√v"})
+	// SM3-II (Anil et al. 2019): a matrix's covers are its rows and its
+	// columns; ν = min(row, col) + g² from the old accumulators.
+	register(&OpInfo{Name: "sm3_row", Arity: 3, Infer: inferSM3Acc(0),
+		Doc: "args (row[n], g[n,m], col[m]): maxⱼ ν[i,j], ν = min(row[i], col[j]) + g²"})
+	register(&OpInfo{Name: "sm3_col", Arity: 3, Infer: inferSM3Acc(1),
+		Doc: "args (col[m], g[n,m], row[n]): maxᵢ ν[i,j], ν = min(row[i], col[j]) + g²"})
+	register(&OpInfo{Name: "sm3_v", Arity: 2, Elementwise: true, Infer: sameTypes(true),
+		Doc: "args (v, g): v + g², SM3 with one cover per element (AdaGrad)"})
+	register(&OpInfo{Name: "sm3", Arity: 5, Infer: inferFactoredUpdate(false),
+		Doc: "args (p[n,m], g, row[n], col[m], lr): p − lr·g/√ν, ν = min(row, col) + g² from the old accumulators (0 where ν = 0)"})
+	register(&OpInfo{Name: "sm3_vec", Arity: 4, Infer: inferVectorUpdate(false),
+		Doc: "args (p, g, v, lr): p − lr·g/√v with v already updated by sm3_v (0 where v = 0)"})
 }
 
 func sameTypes(floatOnly bool) func([]Type, Attrs) (Type, error) {
@@ -543,4 +573,112 @@ func inferOptimUpdate(nTensors int) func([]Type, Attrs) (Type, error) {
 		}
 		return p, nil
 	}
+}
+
+// checkIntStep checks the step argument of Adafactor's ops: its decay and
+// relative step size follow the step count.
+func checkIntStep(t Type) error {
+	if t.Rank() != 0 || !t.DType.IsInt() {
+		return fmt.Errorf("step must be an int scalar, got %v", t)
+	}
+	return nil
+}
+
+// checkFactors checks that row and col are the factored accumulators of
+// matrix g: float vectors of its row count and its column count.
+func checkFactors(g, row, col Type) error {
+	if g.Rank() != 2 || !g.DType.IsFloat() {
+		return fmt.Errorf("factored state needs a float matrix, got %v", g)
+	}
+	if !row.Equal(T(g.DType, g.Shape[0])) {
+		return fmt.Errorf("row accumulator must be %v for %v, got %v", T(g.DType, g.Shape[0]), g, row)
+	}
+	if !col.Equal(T(g.DType, g.Shape[1])) {
+		return fmt.Errorf("column accumulator must be %v for %v, got %v", T(g.DType, g.Shape[1]), g, col)
+	}
+	return nil
+}
+
+// inferFactoredAcc types adafactor_row/col (own, g, step): own is g's row
+// (dim 0) or column (dim 1) accumulator.
+func inferFactoredAcc(dim int) func([]Type, Attrs) (Type, error) {
+	return func(args []Type, _ Attrs) (Type, error) {
+		own, g := args[0], args[1]
+		if g.Rank() != 2 || !g.DType.IsFloat() {
+			return Type{}, fmt.Errorf("factored state needs a float matrix, got %v", g)
+		}
+		if want := T(g.DType, g.Shape[dim]); !own.Equal(want) {
+			return Type{}, fmt.Errorf("accumulator must be %v for %v, got %v", want, g, own)
+		}
+		return own, checkIntStep(args[2])
+	}
+}
+
+// inferSM3Acc types sm3_row (row, g, col) and sm3_col (col, g, row).
+func inferSM3Acc(dim int) func([]Type, Attrs) (Type, error) {
+	return func(args []Type, _ Attrs) (Type, error) {
+		row, col := args[0], args[2]
+		if dim == 1 {
+			row, col = col, row
+		}
+		if err := checkFactors(args[1], row, col); err != nil {
+			return Type{}, err
+		}
+		return args[0], nil
+	}
+}
+
+// inferVectorAcc types adafactor_v (v, g, step): v and g of one float type.
+func inferVectorAcc(args []Type, _ Attrs) (Type, error) {
+	t, err := sameTypes(true)(args[:2], nil)
+	if err != nil {
+		return Type{}, err
+	}
+	return t, checkIntStep(args[2])
+}
+
+// inferFactoredUpdate types adafactor (p, g, row, col, step) and sm3 (p,
+// g, row, col, lr): p is a float matrix, g matches it, row and col are its
+// accumulators; the last arg is an int step or a float learning rate.
+func inferFactoredUpdate(withStep bool) func([]Type, Attrs) (Type, error) {
+	return func(args []Type, _ Attrs) (Type, error) {
+		p := args[0]
+		if p.Rank() != 2 || !p.DType.IsFloat() {
+			return Type{}, fmt.Errorf("parameter must be a float matrix, got %v", p)
+		}
+		if !args[1].Equal(p) {
+			return Type{}, fmt.Errorf("gradient %v must match parameter %v", args[1], p)
+		}
+		if err := checkFactors(p, args[2], args[3]); err != nil {
+			return Type{}, err
+		}
+		return p, checkLastScalar(args[4], withStep)
+	}
+}
+
+// inferVectorUpdate types adafactor_vec (p, g, v, step) and sm3_vec (p, g,
+// v, lr): the unfactored updates, for params of any rank.
+func inferVectorUpdate(withStep bool) func([]Type, Attrs) (Type, error) {
+	return func(args []Type, _ Attrs) (Type, error) {
+		p := args[0]
+		if !p.DType.IsFloat() {
+			return Type{}, fmt.Errorf("parameter must be float, got %v", p)
+		}
+		for i := 1; i < 3; i++ {
+			if !args[i].Equal(p) {
+				return Type{}, fmt.Errorf("arg %d is %v, must match parameter %v", i, args[i], p)
+			}
+		}
+		return p, checkLastScalar(args[3], withStep)
+	}
+}
+
+func checkLastScalar(t Type, step bool) error {
+	if step {
+		return checkIntStep(t)
+	}
+	if t.Rank() != 0 || !t.DType.IsFloat() {
+		return fmt.Errorf("learning rate must be a float scalar, got %v", t)
+	}
+	return nil
 }

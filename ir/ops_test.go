@@ -117,7 +117,24 @@ var validOps = []struct {
 	{"adamw", types(f32(4, 8), f32(4, 8), f32(4, 8), f32(), i32()), ir.Attrs{"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "wd": 0.1}, f32(4, 8)},
 	{"sgd_buf", types(f32(8), f32(8), f32(8)), ir.Attrs{"momentum": 0.9, "wd": 0.0}, f32(8)},
 	{"sgd", types(f32(4, 8), f32(4, 8), f32()), nil, f32(4, 8)},
+	{"adafactor_row", types(f32(4), f32(4, 8), i64()), adafactorAcc, f32(4)},
+	{"adafactor_col", types(f32(8), f32(4, 8), i32()), adafactorAcc, f32(8)},
+	{"adafactor_v", types(f32(8), f32(8), i64()), adafactorAcc, f32(8)},
+	{"adafactor_v", types(f64(), f64(), i64()), adafactorAcc, f64()},
+	{"adafactor", types(f32(4, 8), f32(4, 8), f32(4), f32(8), i64()), adafactorUpd, f32(4, 8)},
+	{"adafactor_vec", types(f64(2, 2, 2), f64(2, 2, 2), f64(2, 2, 2), i64()), adafactorUpd, f64(2, 2, 2)},
+	{"sm3_row", types(f32(4), f32(4, 8), f32(8)), nil, f32(4)},
+	{"sm3_col", types(f32(8), f32(4, 8), f32(4)), nil, f32(8)},
+	{"sm3_v", types(f32(8), f32(8)), nil, f32(8)},
+	{"sm3", types(f32(4, 8), f32(4, 8), f32(4), f32(8), f32()), nil, f32(4, 8)},
+	{"sm3_vec", types(f32(8), f32(8), f32(8), f32()), nil, f32(8)},
 }
+
+// The attributes the optimizer pass gives Adafactor's ops.
+var (
+	adafactorAcc = ir.Attrs{"eps1": 1e-30, "decay": 0.8}
+	adafactorUpd = ir.Attrs{"eps2": 1e-3, "clip": 1.0, "rel_step": 1e-2}
+)
 
 // invalidOps break one rule each; rule is a phrase the error must contain,
 // naming the rule that was broken.
@@ -233,6 +250,24 @@ var invalidOps = []struct {
 	{"sgd_buf", types(f32(8), f32(8), f32(4)), ir.Attrs{"momentum": 0.9, "wd": 0.0}, "arg 2 is f32[4] but arg 0 is f32[8]: types must be equal"},
 	{"sgd", types(f32(4), f32(5), f32()), nil, "arg 1 is f32[5], must match parameter f32[4]"},
 	{"sgd", types(f32(4), f32(4), i32()), nil, "learning rate must be a float scalar, got i32[]"},
+	{"adafactor_row", types(f32(8), f32(4, 8), i64()), adafactorAcc, "accumulator must be f32[4] for f32[4,8], got f32[8]"},
+	{"adafactor_row", types(f32(4), f32(4, 8), f32()), adafactorAcc, "step must be an int scalar, got f32[]"},
+	{"adafactor_col", types(f32(8), f32(8), i64()), adafactorAcc, "factored state needs a float matrix, got f32[8]"},
+	{"adafactor_col", types(f32(8), f32(4, 8), i64()), ir.Attrs{"eps1": 1e-30}, "missing required attribute decay (float)"},
+	{"adafactor_v", types(f32(8), f32(4), i64()), adafactorAcc, "types must be equal"},
+	{"adafactor_v", types(f32(8), f32(8), i64(1)), adafactorAcc, "step must be an int scalar, got i64[1]"},
+	{"adafactor", types(f32(8), f32(8), f32(8), f32(1), i64()), adafactorUpd, "parameter must be a float matrix, got f32[8]"},
+	{"adafactor", types(f32(4, 8), f32(8, 4), f32(4), f32(8), i64()), adafactorUpd, "gradient f32[8,4] must match parameter f32[4,8]"},
+	{"adafactor", types(f32(4, 8), f32(4, 8), f32(8), f32(8), i64()), adafactorUpd, "row accumulator must be f32[4] for f32[4,8], got f32[8]"},
+	{"adafactor", types(f32(4, 8), f32(4, 8), f32(4), f32(8), f32()), adafactorUpd, "step must be an int scalar, got f32[]"},
+	{"adafactor_vec", types(f32(8), f32(8), f32(4), i64()), adafactorUpd, "arg 2 is f32[4], must match parameter f32[8]"},
+	{"adafactor_vec", types(i32(8), i32(8), i32(8), i64()), adafactorUpd, "parameter must be float, got i32[8]"},
+	{"sm3_row", types(f32(4), f32(4, 8), f32(4)), nil, "column accumulator must be f32[8] for f32[4,8], got f32[4]"},
+	{"sm3_col", types(f32(8), f32(4, 8), f64(4)), nil, "row accumulator must be f32[4] for f32[4,8], got f64[4]"},
+	{"sm3_v", types(i32(4), i32(4)), nil, "needs a float type"},
+	{"sm3", types(f32(4, 8), f32(4, 8), f32(4), f32(8), i64()), nil, "learning rate must be a float scalar, got i64[]"},
+	{"sm3", types(f32(2, 4, 8), f32(2, 4, 8), f32(4), f32(8), f32()), nil, "parameter must be a float matrix, got f32[2,4,8]"},
+	{"sm3_vec", types(f32(8), f32(8), f32(8), f32(1)), nil, "learning rate must be a float scalar, got f32[1]"},
 }
 
 func TestOpTypeRulesValid(t *testing.T) {

@@ -383,9 +383,12 @@ func forwardEnd(p *Program, m *ir.Module, bufOf map[*ir.Value]int) int {
 	return end
 }
 
-// inPlace ops compute out[i] from args[k][i] only, so out may share the
-// first argument's buffer.
-var inPlace = map[string]bool{"adam_m": true, "adam_v": true, "adamw": true, "sgd_buf": true, "sgd": true}
+// inPlace ops may write their result over their first argument (the
+// kernels read each element before writing it); the lowering does so only
+// when that instruction is the argument's last reader.
+var inPlace = map[string]bool{"adam_m": true, "adam_v": true, "adamw": true, "sgd_buf": true, "sgd": true,
+	"adafactor_row": true, "adafactor_col": true, "adafactor_v": true, "adafactor": true, "adafactor_vec": true,
+	"sm3_row": true, "sm3_col": true, "sm3_v": true, "sm3": true, "sm3_vec": true}
 
 // planUpdates makes each update either an in-place write (the instruction
 // producing the new value writes straight into the state's buffer) or a

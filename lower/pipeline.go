@@ -179,6 +179,16 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program,
 				}
 			}
 		}
+		// Every input exists somewhere, so the runtime can set the ones a
+		// plan ignores (an optimizer without a learning rate): rank 0
+		// holds those.
+		if r == 0 {
+			for _, v := range m.Values {
+				if v.Op == "input" && !slices.ContainsFunc(m.Values, func(u *ir.Value) bool { return slices.Contains(u.Args, v) }) {
+					need(v)
+				}
+			}
+		}
 		// Sources this rank owns exist from the start (and are sent to
 		// readers elsewhere at the start of each step).
 		for _, v := range m.Values {

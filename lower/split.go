@@ -80,7 +80,7 @@ func SplitAtOptimizer(m *ir.Module) (grad, update *ir.Module, boundary []string,
 					return nil, nil, nil, err
 				}
 			}
-			if usedByUpd[v] || isUpdated(m, v) {
+			if usedByUpd[v] || isUpdated(m, v) || v.Op == "input" && isOpt(v) {
 				if err := copyInto(update, updOf, v); err != nil {
 					return nil, nil, nil, err
 				}

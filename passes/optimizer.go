@@ -17,10 +17,11 @@ const (
 // optimizer appends, for every param, the update the chosen optimizer makes
 // from the param's gradient, and lists param and state updates in the
 // module. Params are the fp32 master weights; optimizer state (Adam's m and
-// v, SGD's momentum buffer) is fp32 state named after its param. With
-// ClipNorm > 0 all gradients are first scaled by min(1, c/‖g‖) with ‖g‖
-// the global L2 norm, as torch.nn.utils.clip_grad_norm_ does. The gradient
-// outputs are consumed and removed, so gradients need not outlive the step.
+// v, SGD's momentum buffer, Adafactor's and SM3's accumulators) is fp32
+// state named after its param. With ClipNorm > 0 all gradients are first
+// scaled by min(1, c/‖g‖) with ‖g‖ the global L2 norm, as
+// torch.nn.utils.clip_grad_norm_ does. The gradient outputs are consumed
+// and removed, so gradients need not outlive the step.
 func optimizer(m *ir.Module, o *Options) error {
 	params := m.Params()
 	if len(params) == 0 {
@@ -77,6 +78,10 @@ func optimizer(m *ir.Module, o *Options) error {
 			buf1 := ob.op("sgd_buf", ir.Attrs{"momentum": o.Momentum, "wd": wd}, buf, g, p)
 			ob.update(buf, buf1)
 			ob.update(p, ob.op("sgd", nil, p, buf1, lr))
+		case "adafactor":
+			adafactor(ob, p, g, step)
+		case "sm3":
+			sm3(ob, p, g, lr)
 		}
 	}
 	if ob.err != nil {
@@ -90,6 +95,93 @@ func optimizer(m *ir.Module, o *Options) error {
 	}
 	m.Outputs = kept
 	return nil
+}
+
+// Adafactor's constants: the defaults of Shazeer & Stern (2018), which
+// REFERENCE.md lists. They are attributes of the ops, so a dump shows them.
+const (
+	adafactorEps1    = 1e-30 // ε₁, added to G² so that no accumulator is 0
+	adafactorEps2    = 1e-3  // ε₂, the smallest parameter scale: zero-initialised params still move
+	adafactorDecay   = 0.8   // β̂₂ₜ = 1 − t^(−0.8): no history at t = 1, hence no bias correction
+	adafactorClip    = 1.0   // d: the update is scaled down to RMS ≤ d
+	adafactorRelStep = 1e-2  // ρₜ = min(1e-2, 1/√t)
+)
+
+// adafactor emits Shazeer & Stern's Adafactor with β1 = 0 (no first
+// moment, the paper's memory-saving setting), update clipping and relative
+// step sizes (their Algorithms 4 and 5):
+//
+//	β̂₂ₜ = 1 − t^(−0.8)
+//	R ← β̂₂ₜ·R + (1−β̂₂ₜ)·(G²+ε₁)·1ₘ, C ← β̂₂ₜ·C + (1−β̂₂ₜ)·1ₙᵀ·(G²+ε₁)
+//	V̂ = R·C/(1ₙᵀR), U = G/√V̂, Û = U/max(1, RMS(U)/d)
+//	X ← X − αₜ·Û, αₜ = max(ε₂, RMS(X))·min(10⁻², 1/√t)
+//
+// A matrix keeps only its row sums R ("adafactor.row:NAME", n floats) and
+// column sums C ("adafactor.col:NAME", m floats): 4·(n+m) bytes of state
+// instead of Adam's 8·n·m. Every other rank (vectors, scalars, and tensors
+// of rank > 2, which are not factored yet) keeps the full second moment
+// "adafactor.v/NAME" (the paper's Algorithm 5).
+//
+// The step size is relative to the param's own scale, so the learning rate
+// input (the runtime's --lr schedule) does not apply, as with Hugging
+// Face's Adafactor(relative_step=True); ρₜ is the schedule. Neither paper
+// uses weight decay and none is applied: WeightDecay is AdamW's and SGD's.
+func adafactor(ob *optBuilder, p, g, step *ir.Value) {
+	acc := ir.Attrs{"eps1": adafactorEps1, "decay": adafactorDecay}
+	upd := ir.Attrs{"eps2": adafactorEps2, "clip": adafactorClip, "rel_step": adafactorRelStep}
+	if p.Type.Rank() != 2 {
+		v := ob.state("adafactor.v/"+p.Name(), p.Type)
+		v1 := ob.op("adafactor_v", acc, v, g, step)
+		ob.update(v, v1)
+		ob.update(p, ob.op("adafactor_vec", upd, p, g, v1, step))
+		return
+	}
+	row, col := factoredStates(ob, "adafactor", p)
+	row1 := ob.op("adafactor_row", acc, row, g, step)
+	col1 := ob.op("adafactor_col", acc, col, g, step)
+	ob.update(row, row1)
+	ob.update(col, col1)
+	ob.update(p, ob.op("adafactor", upd, p, g, row1, col1, step))
+}
+
+// sm3 emits SM3-II (Anil et al. 2019) without momentum, as the paper's
+// algorithm states it. A matrix is covered by its rows and its columns,
+// with one accumulator μ each ("sm3.row:NAME", "sm3.col:NAME": 4·(n+m)
+// bytes); for entry j in row r and column c
+//
+//	ν(j) = min(μ(r), μ(c)) + g(j)²   from the previous step's μ
+//	θ(j) ← θ(j) − η·g(j)/√ν(j)        (no move where ν = 0)
+//	μ(r) ← max over j ∈ r of ν(j), likewise μ(c)
+//
+// so the update op reads the old accumulators and the new ones are the
+// maxima of the same ν. Other ranks are covered element by element, which
+// is AdaGrad: "sm3.v/NAME" ← v + g², θ ← θ − η·g/√v. η is the runtime's
+// learning rate (--lr and its schedule). No weight decay, as in the paper.
+func sm3(ob *optBuilder, p, g, lr *ir.Value) {
+	if p.Type.Rank() != 2 {
+		v := ob.state("sm3.v/"+p.Name(), p.Type)
+		v1 := ob.op("sm3_v", nil, v, g)
+		ob.update(v, v1)
+		ob.update(p, ob.op("sm3_vec", nil, p, g, v1, lr))
+		return
+	}
+	row, col := factoredStates(ob, "sm3", p)
+	ob.update(row, ob.op("sm3_row", nil, row, g, col))
+	ob.update(col, ob.op("sm3_col", nil, col, g, row))
+	ob.update(p, ob.op("sm3", nil, p, g, row, col, lr))
+}
+
+// factoredStates declares the row and column accumulators of matrix p,
+// named PREFIX.row:NAME and PREFIX.col:NAME. Not PREFIX.row/NAME: the
+// shard pass places a state named X/NAME like param NAME on tp, and a
+// vector of NAME's row statistics cannot be split like NAME (a
+// column-parallel weight is split on dim 1, which a vector lacks). These
+// accumulators are whole on tp; the update gathers what it needs.
+func factoredStates(ob *optBuilder, prefix string, p *ir.Value) (row, col *ir.Value) {
+	dt, n, m := p.Type.DType, p.Type.Shape[0], p.Type.Shape[1]
+	row = ob.state(prefix+".row:"+p.Name(), ir.T(dt, n))
+	col = ob.state(prefix+".col:"+p.Name(), ir.T(dt, m))
+	return row, col
 }
 
 type optBuilder struct {

@@ -352,3 +352,74 @@ func TestOptimizerErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestMemoryEfficientOptimizerModule checks the IR Adafactor and SM3
+// leave behind: factored row/column state for matrices, full state for
+// the other ranks, and which old or new values each update reads.
+func TestMemoryEfficientOptimizerModule(t *testing.T) {
+	for _, optName := range []string{"adafactor", "sm3"} {
+		t.Run(optName, func(t *testing.T) {
+			opts := passes.DefaultOptions()
+			opts.Optimizer = optName
+			opts.Verify = true
+			require.NoError(t, opts.Validate())
+			m := buildOptModel(t)
+			_, err := passes.Run(m, opts, passes.Hooks{})
+			require.NoError(t, err)
+
+			updated := map[string]*ir.Value{}
+			for _, u := range m.Updates {
+				updated[u.State.Name()] = u.Value
+			}
+			// w is the only matrix: row and col; b, k and s keep v.
+			assert.Len(t, m.Updates, 3+3*2)
+			w := m.Source("w")
+			row, col := m.Source(optName+".row:w"), m.Source(optName+".col:w")
+			require.NotNil(t, row)
+			require.NotNil(t, col)
+			assert.True(t, row.Type.Equal(ir.T(ir.F64, 3)), "row state %v", row.Type)
+			assert.True(t, col.Type.Equal(ir.T(ir.F64, 4)), "col state %v", col.Type)
+			assert.Nil(t, m.Source(optName+".v/w"), "a matrix has no full second moment")
+			for _, name := range []string{"b", "k", "s"} {
+				v := m.Source(optName + ".v/" + name)
+				require.NotNil(t, v, name)
+				assert.True(t, v.Type.Equal(m.Source(name).Type))
+				assert.Contains(t, updated, optName+".v/"+name)
+				assert.Equal(t, optName+"_vec", updated[name].Op)
+				assert.Same(t, updated[optName+".v/"+name], updated[name].Args[2], "%s steps with the new accumulator", name)
+			}
+			pw := updated["w"]
+			assert.Equal(t, optName, pw.Op)
+			assert.Same(t, w, pw.Args[0])
+			assert.Equal(t, optName+"_row", updated[row.Name()].Op)
+			assert.Equal(t, optName+"_col", updated[col.Name()].Op)
+			for _, v := range m.Values {
+				if v.Meta.Phase == ir.PhaseOpt && v.Op != "input" {
+					assert.NotContains(t, v.Attrs, "wd", "%s: neither paper decays weights", v.Where())
+				}
+			}
+			switch optName {
+			case "adafactor":
+				// The new accumulators feed the update; the step size is
+				// relative, so nothing reads the learning rate.
+				assert.Same(t, updated[row.Name()], pw.Args[2])
+				assert.Same(t, updated[col.Name()], pw.Args[3])
+				assert.Same(t, m.Source(passes.InputStep), pw.Args[4])
+				assert.Equal(t, 1e-30, updated[row.Name()].Attrs.Float("eps1", 0))
+				assert.Equal(t, 0.8, updated[row.Name()].Attrs.Float("decay", 0))
+				assert.Equal(t, map[string]float64{"eps2": 1e-3, "clip": 1, "rel_step": 1e-2},
+					map[string]float64{"eps2": pw.Attrs.Float("eps2", 0), "clip": pw.Attrs.Float("clip", 0), "rel_step": pw.Attrs.Float("rel_step", 0)})
+				lr := m.Source(passes.InputLR)
+				for _, v := range m.Values {
+					assert.NotContains(t, v.Args, lr, "%s reads the learning rate", v.Where())
+				}
+			case "sm3":
+				// SM3-II: ν comes from the previous accumulators, so the
+				// update reads the old state, not the new maxima.
+				assert.Same(t, row, pw.Args[2])
+				assert.Same(t, col, pw.Args[3])
+				assert.Same(t, m.Source(passes.InputLR), pw.Args[4])
+			}
+		})
+	}
+}

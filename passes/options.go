@@ -42,7 +42,7 @@ type Options struct {
 	// BucketMB bounds the gradient bytes one data-parallel reduction bucket holds.
 	BucketMB float64
 
-	// Optimizer is "adamw" or "sgd".
+	// Optimizer is "adamw", "sgd", "adafactor" or "sm3".
 	Optimizer string
 	// Adam hyper-parameters (Megatron-LM's GPT defaults).
 	Beta1, Beta2, Eps float64
@@ -75,9 +75,7 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("cannot stop after unknown pass %q", o.StopAfter)
 	}
 	switch o.Optimizer {
-	case "adamw", "sgd":
-	case "adafactor", "sm3":
-		return fmt.Errorf("--optimizer %s: not yet supported (memory-efficient optimizers come with the memory passes); use adamw or sgd", o.Optimizer)
+	case "adamw", "sgd", "adafactor", "sm3":
 	default:
 		return fmt.Errorf("--optimizer %q: want adamw, sgd, adafactor or sm3", o.Optimizer)
 	}

@@ -28,7 +28,7 @@ var passes = [...]Pass{
 	{Name: "pipeline-split", Fn: pipelineSplit, Required: true, Doc: "tag every value with its pipeline chunk (pp ranks × vpp chunks)"},
 	{Name: "autodiff", Fn: autodiff, Required: true, Doc: "reverse-mode gradients of the loss for every param"},
 	{Name: "microbatch", Fn: microbatch, Required: true, Doc: "gradient accumulation: one forward and backward per microbatch, gradients averaged"},
-	{Name: "optimizer", Fn: optimizer, Required: true, Doc: "global-norm clipping and the AdamW or SGD update of every param"},
+	{Name: "optimizer", Fn: optimizer, Required: true, Doc: "global-norm clipping and the AdamW, SGD, Adafactor or SM3 update of every param"},
 	{Name: "recompute", Fn: recompute, Required: true, Doc: "activation recompute: replay forward values in the backward (full, selective, every=K)"},
 	{Name: "shard", Fn: shard, Required: true, Doc: "place every value on the mesh (data parallel, ZeRO) and mark where placements must change"},
 	{Name: "redistribute", Fn: redistribute, Required: true, Doc: "turn placement changes into collectives"},

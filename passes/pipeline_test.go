@@ -153,7 +153,6 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		{"disable redistribute", func(o *passes.Options) { o.Disable = []string{"data-parallel", "redistribute"} }, passes.ErrDisabledRequired, `"redistribute"`},
 		{"disable unknown", func(o *passes.Options) { o.Disable = []string{"fuse-everything"} }, nil, `unknown pass "fuse-everything"`},
 		{"stop after unknown", func(o *passes.Options) { o.StopAfter = "autodif" }, nil, `unknown pass "autodif"`},
-		{"unsupported optimizer", func(o *passes.Options) { o.Optimizer = "adafactor" }, nil, "not yet supported"},
 		{"unknown optimizer", func(o *passes.Options) { o.Optimizer = "lion" }, nil, `"lion"`},
 		{"beta1 = 1", func(o *passes.Options) { o.Beta1 = 1 }, nil, "betas"},
 		{"negative beta2", func(o *passes.Options) { o.Beta2 = -0.1 }, nil, "betas"},

@@ -126,12 +126,15 @@ func (s *sharder) planGradients() error {
 		}
 	}
 	for _, v := range s.m.Values {
-		switch v.Op {
-		case "adam_m", "adam_v", "sgd_buf":
-		default:
+		// Every optimizer op takes its param or state first and the
+		// gradient (clipped or not) second.
+		if v.Meta.Phase != ir.PhaseOpt || len(v.Args) < 2 || !optimizerOps[v.Op] {
 			continue
 		}
-		_, name, _ := strings.Cut(v.Args[0].Name(), "/")
+		name := v.Args[0].Name()
+		if v.Args[0].Op != "param" {
+			_, name, _ = strings.Cut(strings.Replace(name, ":", "/", 1), "/")
+		}
 		p := params[name]
 		if p == nil {
 			continue
@@ -159,6 +162,11 @@ func (s *sharder) planGradients() error {
 	}
 	return nil
 }
+
+// optimizerOps are the update ops whose second argument is a gradient.
+var optimizerOps = map[string]bool{"adam_m": true, "adam_v": true, "sgd_buf": true,
+	"adafactor_row": true, "adafactor_col": true, "adafactor_v": true, "adafactor": true, "adafactor_vec": true,
+	"sm3_row": true, "sm3_col": true, "sm3_v": true, "sm3": true, "sm3_vec": true}
 
 // zeroPlace is where ZeRO splits a param-shaped value over dp: the first
 // dim that tp leaves whole and dp divides (dim 0 unless tp splits it, as

@@ -87,6 +87,31 @@ func init() {
 	shardRules["cross_entropy_grad"] = crossEntropyRule
 	shardRules["sum_squares"] = sumSquaresRule
 	shardRules["clip_coef"] = func(r axisRule) ([]ir.Placement, ir.Placement, error) { return r.same(rep), rep, nil }
+	for _, op := range []string{"adafactor_row", "adafactor_col", "adafactor_v", "adafactor", "adafactor_vec", "sm3_row", "sm3_col", "sm3"} {
+		shardRules[op] = wholeRule
+	}
+	// SM3 of an unfactored param is AdaGrad: element by element.
+	shardRules["sm3_v"] = elementwiseRule
+	shardRules["sm3_vec"] = elementwiseRule
+}
+
+// wholeRule wants every argument whole and gives a whole result, for the
+// optimizer ops that reduce over a whole param: Adafactor's and SM3's row
+// and column statistics, Adafactor's RMS of the update and of the param.
+// A shard alone cannot compute them, so under tp or ZeRO the param,
+// gradient and state are gathered for the update and the result is sliced
+// back to the state's placement. That is correct but costs a gather and a
+// whole copy per param; computing the statistics from shards (partial
+// row/column sums, max all-reduces for SM3) is not implemented yet, and
+// neither is gathering a weight split in fused blocks (a fused qkv
+// projection, S(1)x3 on tp): the collectives move plain shards only.
+func wholeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	for i, p := range r.have {
+		if p.Kind == ir.Shard && p.NumBlocks() > 1 {
+			return nil, rep, fmt.Errorf("%s needs its %v argument whole, and gathering it from %v (fused blocks) is %w; use --optimizer adamw or sgd with this tensor-parallel layout", r.v.Op, r.v.Args[i].Type, p, ErrNotYet)
+		}
+	}
+	return r.same(rep), rep, nil
 }
 
 func (r axisRule) apply() ([]ir.Placement, ir.Placement, error) {

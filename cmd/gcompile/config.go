@@ -237,14 +237,8 @@ func (c *config) validate() error {
 	if c.ep > 1 {
 		notYet(fmt.Sprintf("ep=%d", c.ep), "expert parallelism comes with the mixture-of-experts layers")
 	}
-	if c.recompute != "none" {
-		notYet("--recompute "+c.recompute, "activation recompute arrives with the memory passes")
-	}
 	if c.precision != "fp32" {
 		notYet("--precision "+c.precision, "mixed precision arrives with the memory and precision passes")
-	}
-	if c.optimizer == "adafactor" || c.optimizer == "sm3" {
-		notYet("--optimizer "+c.optimizer, "memory-efficient optimizers arrive with the memory passes")
 	}
 	if c.backend == "cuda" {
 		notYet("--backend cuda", "the CUDA backend is a later step; use --backend cpu")

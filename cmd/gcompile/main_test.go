@@ -76,8 +76,6 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--staleness", "2"}, "--staleness applies to --dp-sync async"},
 		{[]string{"--dp-sync", "eventually"}, `--dp-sync "eventually": want sync or async`},
 		{[]string{"--precision", "bf16"}, "--precision bf16: not yet supported"},
-		{[]string{"--recompute", "full"}, "--recompute full: not yet supported"},
-		{[]string{"--optimizer", "sm3"}, "--optimizer sm3: not yet supported"},
 		{[]string{"--backend", "cuda"}, "--backend cuda: not yet supported"},
 		{[]string{"--lr", "0"}, "learning rate: want --lr > 0"},
 	}

@@ -246,6 +246,65 @@ func compileKernel[T kcpu.Float](d *Device, in lower.Instr) (func() error, error
 	case "sgd":
 		p, buf, lr := arg(0), arg(1), arg(2)
 		return ok(func() { kcpu.SGDUpdate(out, p, buf, lr[0]) }), nil
+	case "adafactor_row", "adafactor_col", "adafactor_v":
+		acc, g := arg(0), arg(1)
+		step := view[int64](d, in.Args[2])
+		eps1, decay := a.Float("eps1", 0), a.Float("decay", 0)
+		return func() error {
+			if step[0] < 1 {
+				return fmt.Errorf("%s: step must be ≥ 1, got %d", in.Op, step[0])
+			}
+			beta := kcpu.AdafactorBeta2(int(step[0]), decay)
+			switch gs := shape(1); in.Op {
+			case "adafactor_row":
+				kcpu.AdafactorRows(out, acc, g, gs[0], gs[1], beta, eps1)
+			case "adafactor_col":
+				kcpu.AdafactorCols(out, acc, g, gs[0], gs[1], beta, eps1)
+			default:
+				kcpu.AdafactorMoment(out, acc, g, beta, eps1)
+			}
+			return nil
+		}, nil
+	case "adafactor", "adafactor_vec":
+		// Args are (p, g, row, col, step) or (p, g, v, step).
+		p, g, v := arg(0), arg(1), arg(2)
+		var col []T
+		if in.Op == "adafactor" {
+			col = arg(3)
+		}
+		step := view[int64](d, in.Args[len(in.Args)-1])
+		h := kcpu.AdafactorStep{Eps2: a.Float("eps2", 0), Clip: a.Float("clip", 0), RelStep: a.Float("rel_step", 0)}
+		return func() error {
+			if step[0] < 1 {
+				return fmt.Errorf("%s: step must be ≥ 1, got %d", in.Op, step[0])
+			}
+			h.Step = int(step[0])
+			if col != nil {
+				kcpu.Adafactor(out, p, g, v, col, shape(0)[0], shape(0)[1], h)
+			} else {
+				kcpu.AdafactorVec(out, p, g, v, h)
+			}
+			return nil
+		}, nil
+	case "sm3_row", "sm3_col":
+		// Args are (own accumulator, g, other accumulator).
+		row, g, col := arg(0), arg(1), arg(2)
+		n, m := shape(1)[0], shape(1)[1]
+		if in.Op == "sm3_col" {
+			row, col = col, row
+			return ok(func() { kcpu.SM3Cols(out, row, col, g, n, m) }), nil
+		}
+		return ok(func() { kcpu.SM3Rows(out, row, col, g, n, m) }), nil
+	case "sm3":
+		p, g, row, col, lr := arg(0), arg(1), arg(2), arg(3), arg(4)
+		n, m := shape(0)[0], shape(0)[1]
+		return ok(func() { kcpu.SM3(out, p, g, row, col, n, m, float64(lr[0])) }), nil
+	case "sm3_v":
+		v, g := arg(0), arg(1)
+		return ok(func() { kcpu.SM3Accumulate(out, v, g) }), nil
+	case "sm3_vec":
+		p, g, v, lr := arg(0), arg(1), arg(2), arg(3)
+		return ok(func() { kcpu.SM3Vec(out, p, g, v, float64(lr[0])) }), nil
 	}
 	return nil, fmt.Errorf("the cpu backend has no kernel for op %s", in.Op)
 }
