@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"gcompile/ir"
+	"gcompile/lower"
 )
 
 // Recompute changes memory, not arithmetic: the same kernels run on the
@@ -34,6 +35,63 @@ func TestRecomputeIsExactAndSavesActivations(t *testing.T) {
 			}
 			assert.Positive(t, replayed, "replayed ops are in the program, phase recompute")
 			t.Logf("%s: peak %d → %d bytes, activations at the peak %d → %d", p.recompute, refProg.PeakBytes, got.prog.PeakBytes, refProg.Peak.Activations, got.prog.Peak.Activations)
+		})
+	}
+}
+
+// stashedPerLayer is the planner's accounting of activations kept for the
+// backward: for each layer, the bytes of the forward buffers of that layer
+// that a backward or replayed instruction reads.
+func stashedPerLayer(prog *lower.Program) map[int]int64 {
+	seen := map[int]bool{}
+	out := map[int]int64{}
+	for _, in := range prog.Instrs {
+		if in.Value == nil || (in.Value.Meta.Phase != ir.PhaseBwd && in.Value.Meta.Phase != ir.PhaseRecompute) {
+			continue
+		}
+		for _, a := range in.Args {
+			b := prog.Buffers[a]
+			if b.Kind != lower.Temp || b.Value.Meta.Phase != ir.PhaseFwd || b.Value.Meta.Layer < 0 || seen[a] {
+				continue
+			}
+			seen[a] = true
+			out[b.Value.Meta.Layer] += b.Bytes
+		}
+	}
+	return out
+}
+
+// The activation bytes a transformer layer keeps for the backward, derived
+// for this GPT as Korthikanti et al. do for Megatron's: in fp32 and without
+// dropout, per layer 4·(16·s·b·h + a·b·s²) bytes — the two LayerNorm
+// outputs, q, k, v, the attention output, the residual after attention and
+// the layer output (8·sbh), the MLP's pre- and post-GELU (4·sbh each), and
+// the softmax probabilities (a·b·s²). Selective recompute drops the a·b·s²
+// term. Full recompute keeps each layer's input (s·b·h): the output of the
+// layer before, so layers 0…L−2 keep their output and the last keeps
+// nothing (its output is replayed for the final LayerNorm's backward; the
+// first layer's input is the embedding's).
+func TestActivationBytesMatchTheFormula(t *testing.T) {
+	const b, s, h, a, layers = eqBatch, eqSeq, 32, 4, 2
+	sbh := int64(s * b * h)
+	tests := []struct {
+		recompute string
+		want      int64
+	}{
+		{"none", 4 * (16*sbh + int64(a*b*s*s))},
+		{"selective", 4 * 16 * sbh},
+		{"full", 4 * sbh},
+	}
+	for _, tt := range tests {
+		t.Run(tt.recompute, func(t *testing.T) {
+			got := stashedPerLayer(compilePlan(t, plan{dp: 1, recompute: tt.recompute}))
+			for l := range layers {
+				want := tt.want
+				if tt.recompute == "full" && l == layers-1 {
+					want = 0
+				}
+				assert.Equal(t, want, got[l], "layer %d", l)
+			}
 		})
 	}
 }
