@@ -155,6 +155,10 @@ func init() {
 	register(&OpInfo{Name: "all_to_all", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("from", AttrInt), req("to", AttrInt)}, Infer: identity, Doc: "S(from) → S(to) on axis"})
 
 	register(&OpInfo{Name: "sum_squares", Arity: Variadic, Infer: inferSumSquares, Doc: "Σ x² over every element of every arg (for the global gradient norm)"})
+	register(&OpInfo{Name: "nonfinite_count", Arity: Variadic, Infer: inferSumSquares,
+		Doc: "number of inf or NaN elements over every arg (mixed precision's overflow check; additive, so it reduces like sum_squares)"})
+	register(&OpInfo{Name: "where_finite", Arity: 3, Infer: inferWhereFinite,
+		Doc: "args (count, new, old): new where the scalar count is 0, else old (mixed precision skips a step whose gradients overflowed)"})
 	register(&OpInfo{Name: "clip_coef", Arity: 1, Attrs: []AttrSpec{req("max_norm", AttrFloat)}, Infer: inferScalarFloat(1),
 		Doc: "min(1, max_norm/(√sumsq+1e-6)), the global-norm clipping factor"})
 	register(&OpInfo{Name: "adam_m", Arity: 2, Elementwise: true, Attrs: []AttrSpec{req("beta1", AttrFloat)}, Infer: sameTypes(true), Doc: "β1·m + (1−β1)·g"})
@@ -681,4 +685,14 @@ func checkLastScalar(t Type, step bool) error {
 		return fmt.Errorf("learning rate must be a float scalar, got %v", t)
 	}
 	return nil
+}
+
+func inferWhereFinite(args []Type, _ Attrs) (Type, error) {
+	if args[0].Rank() != 0 || !args[0].DType.IsFloat() {
+		return Type{}, fmt.Errorf("count must be a float scalar, got %v", args[0])
+	}
+	if !args[1].Equal(args[2]) {
+		return Type{}, fmt.Errorf("new %v and old %v must have one type", args[1], args[2])
+	}
+	return args[1], nil
 }

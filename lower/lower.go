@@ -461,6 +461,10 @@ func alignOf(n int64) int64 {
 
 func roundTo(n, a int64) int64 { return (n + a - 1) / a * a }
 
+// PlanMemory recomputes p's memory plan (offsets, arena, peak) from its
+// instruction order; lowering calls it, benchmarks time it.
+func PlanMemory(p *Program) { planMemory(p) }
+
 // planMemory assigns offsets: persistent buffers first, then temps by
 // greedy-by-size over their live intervals.
 func planMemory(p *Program) {
@@ -549,9 +553,14 @@ func planMemory(p *Program) {
 			return p.Buffers[a].Bytes*int64(last[a]-first[a]+1) > p.Buffers[b].Bytes*int64(last[b]-first[b]+1)
 		},
 	}
-	best := map[int]int64{}
-	top := int64(-1)
+	// A linear scan in program order first: fast on any size, and usually
+	// within 1 % of the peak. The greedy orders are quadratic, so they only
+	// run on programs small enough to afford them.
+	best, top := linearScan(p, temps, first, last, base, n)
 	for _, less := range orders {
+		if float64(top-base) <= 1.01*float64(peak) || len(temps) > 20000 {
+			break
+		}
 		sort.SliceStable(temps, func(i, j int) bool {
 			a, b := temps[i], temps[j]
 			if less(a, b) != less(b, a) {
@@ -576,6 +585,62 @@ func planMemory(p *Program) {
 		p.Buffers[b].Offset = off
 	}
 	p.ArenaBytes = top
+}
+
+// linearScan allocates temporaries in program order: at each instruction
+// the buffers it first writes take the lowest free gap that holds them
+// (largest first), and buffers whose last read it is are returned to the
+// free list, merged with their neighbours.
+func linearScan(p *Program, temps []int, first, last map[int]int, base int64, n int) (map[int]int64, int64) {
+	born := make([][]int, n+1)
+	dies := make([][]int, n+1)
+	for _, b := range temps {
+		born[first[b]] = append(born[first[b]], b)
+		dies[last[b]] = append(dies[last[b]], b)
+	}
+	type gap struct{ lo, hi int64 } // hi < 0: open to the top
+	free := []gap{{base, -1}}
+	offsets := make(map[int]int64, len(temps))
+	top := base
+	for i := 0; i <= n; i++ {
+		bs := born[i]
+		sort.Slice(bs, func(x, y int) bool { return p.Buffers[bs[x]].Bytes > p.Buffers[bs[y]].Bytes })
+		for _, b := range bs {
+			size, a := alignUp(p.Buffers[b].Bytes), alignOf(p.Buffers[b].Bytes)
+			for g := range free {
+				at := roundTo(free[g].lo, a)
+				if free[g].hi >= 0 && at+size > free[g].hi {
+					continue
+				}
+				offsets[b] = at
+				top = max(top, at+size)
+				// Split the gap around the allocation.
+				rest := []gap{}
+				if at > free[g].lo {
+					rest = append(rest, gap{free[g].lo, at})
+				}
+				rest = append(rest, gap{at + size, free[g].hi})
+				free = append(free[:g], append(rest, free[g+1:]...)...)
+				break
+			}
+		}
+		for _, b := range dies[i] {
+			lo := offsets[b]
+			hi := lo + alignUp(p.Buffers[b].Bytes)
+			g := sort.Search(len(free), func(k int) bool { return free[k].lo >= lo })
+			free = slices.Insert(free, g, gap{lo, hi})
+			// Merge with the neighbours it touches.
+			if g+1 < len(free) && free[g].hi == free[g+1].lo {
+				free[g].hi = free[g+1].hi
+				free = slices.Delete(free, g+1, g+2)
+			}
+			if g > 0 && free[g-1].hi == free[g].lo {
+				free[g-1].hi = free[g].hi
+				free = slices.Delete(free, g, g+1)
+			}
+		}
+	}
+	return offsets, top
 }
 
 // placeTemps assigns offsets to temps in the given order: each goes to the

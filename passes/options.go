@@ -53,6 +53,15 @@ type Options struct {
 	Momentum float64
 	// ClipNorm clips gradients by their global L2 norm; 0 disables.
 	ClipNorm float64
+
+	// Precision is "fp32" (or "") for full precision, or "fp16"/"bf16" for
+	// mixed precision (the mixed-precision pass): 16-bit copies of the
+	// weights for forward and backward, fp32 master weights and optimizer.
+	Precision string
+	// LossScale is the static loss scale; 0 means dynamic (fp16) or none
+	// (bf16). The pass only adds the loss_scale input; the runtime's
+	// LossScaler decides the value each step.
+	LossScale float64
 }
 
 // DefaultOptions are AdamW(β=(0.9,0.95), ε=1e-8, wd=0.1) with clipping at 1.0.
@@ -90,6 +99,14 @@ func (o *Options) Validate() error {
 	}
 	if o.Zero < 0 || o.Zero > 3 {
 		return fmt.Errorf("ZeRO stage %d: want 0, 1, 2 or 3", o.Zero)
+	}
+	switch o.Precision {
+	case "", "fp32", "fp16", "bf16":
+	default:
+		return fmt.Errorf("precision %q: want fp32, fp16 or bf16", o.Precision)
+	}
+	if o.LossScale < 0 {
+		return fmt.Errorf("loss scale must be positive (or 0 for dynamic), got %g", o.LossScale)
 	}
 	if o.Eps <= 0 || o.WeightDecay < 0 || o.ClipNorm < 0 || o.Momentum < 0 {
 		return fmt.Errorf("eps must be positive and weight decay, clip norm and momentum non-negative")

@@ -86,6 +86,9 @@ func init() {
 	shardRules["cross_entropy"] = crossEntropyRule
 	shardRules["cross_entropy_grad"] = crossEntropyRule
 	shardRules["sum_squares"] = sumSquaresRule
+	// Counts of non-finite elements add up like sums of squares.
+	shardRules["nonfinite_count"] = sumSquaresRule
+	shardRules["where_finite"] = whereFiniteRule
 	shardRules["clip_coef"] = func(r axisRule) ([]ir.Placement, ir.Placement, error) { return r.same(rep), rep, nil }
 	for _, op := range []string{"adafactor_row", "adafactor_col", "adafactor_v", "adafactor", "adafactor_vec", "sm3_row", "sm3_col", "sm3"} {
 		shardRules[op] = wholeRule
@@ -525,4 +528,14 @@ func sumSquaresRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 		want[i] = shardOn(d)
 	}
 	return want, par, nil
+}
+
+// whereFiniteRule: the count is whole; new and old take old's placement
+// (the state's), so the choice is made block by block.
+func whereFiniteRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	p := r.have[2]
+	if p.Kind == ir.Partial {
+		p = r.resolve(2)
+	}
+	return []ir.Placement{rep, p, p}, p, nil
 }

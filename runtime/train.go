@@ -50,6 +50,50 @@ type TrainConfig struct {
 	Schedule    Schedule
 	EvalEvery   int // evaluate held-out loss every N steps and after the last; 0: only after the last
 	EvalBatches int // batches averaged per evaluation; negative: no evaluation
+	// LossScale, for a mixed-precision program (one with a loss_scale
+	// input), sets that input each step and learns from the overflow
+	// check; nil for fp32 programs.
+	LossScale *LossScaler
+}
+
+// LossScaler is mixed precision's loss scale. Dynamic (Micikevicius et al.
+// 2018, PyTorch's GradScaler defaults): start at 2^16, halve and skip the
+// step when a gradient holds an inf or NaN, double after 2000 clean steps
+// in a row. Static: a fixed scale; a step with non-finite gradients is
+// still skipped (the program gates the update).
+type LossScaler struct {
+	Scale    float64
+	Dynamic  bool
+	Growth   float64 // ×Growth after Interval clean steps (2)
+	Backoff  float64 // ×Backoff on overflow (0.5)
+	Interval int     // clean steps before growing (2000)
+	clean    int
+}
+
+// NewLossScaler is PyTorch's dynamic scaler for scale 0, else a static one.
+func NewLossScaler(scale float64) *LossScaler {
+	if scale > 0 {
+		return &LossScaler{Scale: scale}
+	}
+	return &LossScaler{Scale: 65536, Dynamic: true, Growth: 2, Backoff: 0.5, Interval: 2000}
+}
+
+// Update takes one step's overflow check and reports whether the step was
+// skipped (its gradients were not finite).
+func (s *LossScaler) Update(nonfinite float64) (skipped bool) {
+	if nonfinite != 0 {
+		s.clean = 0
+		if s.Dynamic {
+			s.Scale *= s.Backoff
+		}
+		return true
+	}
+	s.clean++
+	if s.Dynamic && s.clean >= s.Interval {
+		s.Scale *= s.Growth
+		s.clean = 0
+	}
+	return false
 }
 
 // StepMetrics is one training step in the metrics JSON.
@@ -60,6 +104,11 @@ type StepMetrics struct {
 	LR         float64 `json:"lr"`
 	GradNorm   float64 `json:"grad_norm"`
 	TokensPerS float64 `json:"tokens_per_s"`
+	// Mixed precision: the loss scale the step ran with, and whether its
+	// gradients overflowed so the update was skipped.
+	LossScale float64 `json:"loss_scale,omitempty"`
+	// On a skipped step grad_norm is 0 when the norm was not finite.
+	Skipped bool `json:"skipped,omitempty"`
 }
 
 // EvalMetrics is one held-out evaluation.
@@ -79,6 +128,7 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 	}
 	var steps []StepMetrics
 	var evals []EvalMetrics
+	optStep := 1 // the optimizer's step count: skipped steps do not advance it, as in PyTorch
 	for step := 1; step <= cfg.Steps; step++ {
 		tokens, targets := corpus.TrainBatch(cfg.Seed, step, cfg.Batch, cfg.Seq)
 		lr := cfg.Schedule.At(step)
@@ -88,8 +138,15 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 		if err := dev.SetScalar("lr", lr); err != nil {
 			return steps, evals, err
 		}
-		if err := dev.SetScalar("step", float64(step)); err != nil {
+		if err := dev.SetScalar("step", float64(optStep)); err != nil {
 			return steps, evals, err
+		}
+		var scale float64
+		if cfg.LossScale != nil {
+			scale = cfg.LossScale.Scale
+			if err := dev.SetScalar("loss_scale", scale); err != nil {
+				return steps, evals, err
+			}
 		}
 		start := time.Now()
 		if err := dev.Step(); err != nil {
@@ -104,11 +161,24 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 		if err != nil {
 			return steps, evals, err
 		}
+		skipped := false
+		if cfg.LossScale != nil {
+			bad, err := dev.Scalar("nonfinite_grads")
+			if err != nil {
+				return steps, evals, err
+			}
+			skipped = cfg.LossScale.Update(bad)
+		}
+		if !skipped {
+			optStep++
+		} else if math.IsInf(gn, 0) || math.IsNaN(gn) {
+			gn = 0 // the norm of overflowed gradients; JSON has no inf or NaN
+		}
 		if math.IsNaN(loss) || math.IsInf(loss, 0) {
 			return steps, evals, fmt.Errorf("step %d: loss is %v; lower --lr or check the model", step, loss)
 		}
 		sm := StepMetrics{Step: step, Loss: loss, Ms: float64(elapsed.Microseconds()) / 1000, LR: lr, GradNorm: gn,
-			TokensPerS: float64(cfg.Batch*cfg.Seq) / elapsed.Seconds()}
+			TokensPerS: float64(cfg.Batch*cfg.Seq) / elapsed.Seconds(), LossScale: scale, Skipped: skipped}
 		steps = append(steps, sm)
 		var ev *EvalMetrics
 		if cfg.EvalBatches >= 0 && (step == cfg.Steps || (cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0)) {

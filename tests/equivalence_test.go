@@ -26,6 +26,7 @@ type plan struct {
 	sp                  bool
 	twoBW               bool // PipeDream-2BW's 1-stale weight update
 	recompute           string
+	precision           string // "fp16" or "bf16": mixed precision ("" is fp32)
 }
 
 func (p plan) String() string {
@@ -77,6 +78,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts.SequenceParallel = p.sp
 	opts.TwoBW = p.twoBW
 	opts.Recompute = p.recompute
+	opts.Precision = p.precision
 	if p.bucketMB > 0 {
 		opts.BucketMB = p.bucketMB
 	}

@@ -29,6 +29,7 @@ type config struct {
 	bucketMB                               float64
 
 	lr, minLR, weightDecay, clip, beta1, beta2 float64
+	lossScale                                  float64
 	warmup                                     int
 	decay                                      string
 
@@ -57,7 +58,8 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.zero, "zero", 0, "ZeRO stage 0..3 (needs --dp > 1)")
 	fs.Float64Var(&c.bucketMB, "bucket-mb", 25, "gradient bytes per data-parallel reduction bucket (MiB)")
 	fs.StringVar(&c.recompute, "recompute", "none", "activation recompute: none|full|selective|every=K")
-	fs.StringVar(&c.precision, "precision", "fp32", "fp32|fp16|bf16")
+	fs.StringVar(&c.precision, "precision", "fp32", "fp32|fp16|bf16 (fp16/bf16: mixed precision with fp32 master weights)")
+	fs.Float64Var(&c.lossScale, "loss-scale", 0, "static loss scale for --precision fp16|bf16 (0: dynamic for fp16, none for bf16)")
 	fs.StringVar(&c.optimizer, "optimizer", "adamw", "adamw|sgd|adafactor|sm3")
 	fs.StringVar(&c.backend, "backend", "cpu", "cpu|cuda")
 	fs.StringVar(&c.dump, "dump", "", "write NN-<pass>.gir after each pass that changed the module, and index.html, to this folder")
@@ -227,6 +229,12 @@ func (c *config) validate() error {
 	if c.maxDataMB < 1 {
 		bad("--max-data-mb must be ≥ 1")
 	}
+	if c.lossScale < 0 {
+		bad("--loss-scale must be positive (0: dynamic), got %g", c.lossScale)
+	}
+	if c.lossScale != 0 && c.precision == "fp32" {
+		bad("--loss-scale applies to --precision fp16 or bf16")
+	}
 	if (c.trace != "" || c.save != "") && !c.run {
 		bad("--trace and --save record a training run; add --run")
 	}
@@ -237,8 +245,11 @@ func (c *config) validate() error {
 	if c.ep > 1 {
 		notYet(fmt.Sprintf("ep=%d", c.ep), "expert parallelism comes with the mixture-of-experts layers")
 	}
-	if c.precision != "fp32" {
-		notYet("--precision "+c.precision, "mixed precision arrives with the memory and precision passes")
+	if c.precision != "fp32" && c.pp > 1 {
+		notYet("--precision "+c.precision+" with --pp > 1", "the overflow check does not span pipeline stages yet")
+	}
+	if c.precision != "fp32" && c.dpSync == "async" {
+		notYet("--precision "+c.precision+" with --dp-sync async", "the asynchronous trainer feeds no loss scale yet")
 	}
 	if c.backend == "cuda" {
 		notYet("--backend cuda", "the CUDA backend is a later step; use --backend cpu")

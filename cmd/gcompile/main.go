@@ -195,6 +195,7 @@ func passOptions(c *config) *passes.Options {
 	o.TwoBW = c.schedule == "2bw"
 	o.Recompute = c.recompute
 	o.BucketMB = c.bucketMB
+	o.Precision, o.LossScale = c.precision, c.lossScale
 	o.Mesh = meshOf(c)
 	if c.dpSync == "async" {
 		o.Mesh = nil // replicas are whole single-device programs
@@ -385,6 +386,12 @@ func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics, s
 		Steps: c.steps, Batch: batch, Seq: seq, Seed: c.seed,
 		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
 		EvalEvery: c.evalEvery, EvalBatches: c.evalBatches,
+	}
+	switch c.precision {
+	case "fp16":
+		cfg.LossScale = runtime.NewLossScaler(c.lossScale) // 0: dynamic
+	case "bf16":
+		cfg.LossScale = runtime.NewLossScaler(max(c.lossScale, 1)) // bf16 has fp32's range: no scaling unless asked
 	}
 	if evalProgs != nil {
 		if err := dev.SetEvalPrograms(evalProgs); err != nil {

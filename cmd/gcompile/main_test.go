@@ -75,7 +75,8 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--devices", "4", "--dp", "2", "--tp", "2", "--dp-sync", "async"}, "does not combine with tp, pp, ep or ZeRO"},
 		{[]string{"--staleness", "2"}, "--staleness applies to --dp-sync async"},
 		{[]string{"--dp-sync", "eventually"}, `--dp-sync "eventually": want sync or async`},
-		{[]string{"--precision", "bf16"}, "--precision bf16: not yet supported"},
+		{[]string{"--loss-scale", "1024"}, "--loss-scale applies to --precision fp16 or bf16"},
+		{[]string{"--precision", "bf16", "--devices", "2", "--pp", "2"}, "--precision bf16 with --pp > 1: not yet supported"},
 		{[]string{"--backend", "cuda"}, "--backend cuda: not yet supported"},
 		{[]string{"--lr", "0"}, "learning rate: want --lr > 0"},
 	}

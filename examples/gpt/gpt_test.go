@@ -163,3 +163,46 @@ func BenchmarkCompileGPT3SPMD(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMemoryPlanGPT3PipelineRank times the memory plan of one
+// pipeline rank of GPT-3 175B shapes with p=8, t=8 and m=64 microbatches of
+// one sequence: liveness over the rank's scheduled program (1F1B) and
+// static offsets for every buffer. The module and programs are built once.
+func BenchmarkMemoryPlanGPT3PipelineRank(b *testing.B) {
+	const p, t, m = 8, 8, 64
+	mod, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt3", Batch: m, Set: gpt3.set()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	opts := passes.DefaultOptions()
+	opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "pp", Size: p}, {Name: "tp", Size: t}}}
+	opts.Microbatches = m
+	if _, err := passes.Run(mod, opts, passes.Hooks{}); err != nil {
+		b.Fatal(err)
+	}
+	order := make([][]lower.Block, p)
+	for r := range p { // 1F1B
+		warm, f, bw := min(p-1-r, m), 0, 0
+		for ; f < warm; f++ {
+			order[r] = append(order[r], lower.Block{Kind: 'F', Chunk: r, Micro: f})
+		}
+		for ; f < m; f, bw = f+1, bw+1 {
+			order[r] = append(order[r], lower.Block{Kind: 'F', Chunk: r, Micro: f}, lower.Block{Kind: 'B', Chunk: r, Micro: bw})
+		}
+		for ; bw < m; bw++ {
+			order[r] = append(order[r], lower.Block{Kind: 'B', Chunk: r, Micro: bw})
+		}
+	}
+	progs, err := lower.LowerPipeline(mod, order)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prog := progs[0]
+	b.ResetTimer()
+	for b.Loop() {
+		lower.PlanMemory(prog)
+	}
+	b.ReportMetric(float64(len(prog.Instrs)), "instrs")
+	b.ReportMetric(float64(prog.PeakBytes)/(1<<30), "peak-GiB")
+	b.ReportMetric(float64(prog.Peak.Activations)/(1<<30), "activations-GiB")
+}

@@ -25,6 +25,11 @@ func (d *Device) compile(in lower.Instr) (func() error, error) {
 		return func() error { copy(dst, src); return nil }, nil
 	case "cast":
 		return d.compileCast(in)
+	}
+	if d.touches16(in) {
+		return d.compile16(in)
+	}
+	switch in.Op {
 	case "all_reduce", "reduce_scatter", "all_gather", "shard_slice", "all_to_all":
 		switch {
 		case dt == ir.F32, dt == ir.I32 && (in.Op == "shard_slice" || in.Op == "all_gather"):
@@ -32,7 +37,7 @@ func (d *Device) compile(in lower.Instr) (func() error, error) {
 		case dt == ir.F64:
 			return compileCollective[float64](d, in)
 		}
-	case "cross_entropy", "sum_squares", "clip_coef":
+	case "cross_entropy", "sum_squares", "clip_coef", "nonfinite_count":
 		// Scalar results: dtype of the first argument decides the kernel.
 		dt = d.prog.Buffers[in.Args[0]].Type.DType
 	}
@@ -219,6 +224,28 @@ func compileKernel[T kcpu.Float](d *Device, in lower.Instr) (func() error, error
 			}
 			out[0] = T(s)
 		}), nil
+	case "nonfinite_count":
+		xs := make([][]T, len(in.Args))
+		for i := range in.Args {
+			xs[i] = arg(i)
+		}
+		return ok(func() {
+			n := 0
+			for _, x := range xs {
+				n += kcpu.CountNonFinite(x)
+			}
+			out[0] = T(n)
+		}), nil
+	case "where_finite":
+		// Args (count, new, old); out may share old's buffer (an update in place).
+		c, nw, old := arg(0), arg(1), arg(2)
+		return ok(func() {
+			if c[0] == 0 {
+				copy(out, nw)
+			} else {
+				copy(out, old)
+			}
+		}), nil
 	case "clip_coef":
 		ss, maxNorm := arg(0), a.Float("max_norm", 0)
 		return ok(func() { out[0] = T(min(1, maxNorm/(math.Sqrt(float64(ss[0]))+1e-6))) }), nil
@@ -352,6 +379,9 @@ func (d *Device) compileCast(in lower.Instr) (func() error, error) {
 	case pair{ir.I32, ir.F32}:
 		x, y := view[int32](d, src.ID), view[float32](d, dst.ID)
 		return ok(func() { kcpu.Cast(y, x) }), nil
+	}
+	if f, ok := d.compileCast16(src, dst); ok {
+		return f, nil
 	}
 	return nil, fmt.Errorf("the cpu backend cannot cast %v to %v yet", src.Type.DType, dst.Type.DType)
 }

@@ -1,0 +1,270 @@
+package passes
+
+import (
+	"fmt"
+
+	"gcompile/ir"
+)
+
+// Names of the mixed-precision pass's input and output.
+const (
+	// InputLossScale is the f32 scalar loss scale the runtime feeds each
+	// step (runtime.LossScaler); it replaces autodiff's seed dloss = 1.
+	InputLossScale = "loss_scale"
+	// OutputNonFinite counts the inf and NaN elements of the unscaled
+	// gradients; when it is not 0 the step changed nothing.
+	OutputNonFinite = "nonfinite_grads"
+)
+
+// keepF32 ops compute in fp32 even in mixed precision: their 16-bit
+// arguments are cast up and their result stays fp32 (the loss and its
+// gradient, as in PyTorch autocast's fp32 list).
+var keepF32 = map[string]bool{"cross_entropy": true, "cross_entropy_grad": true}
+
+// mixedPrecision rewrites the forward and backward to run in fp16 or bf16
+// (Micikevicius et al. 2018) after the optimizer has been built on fp32
+// master weights:
+//
+//   - every fwd/bwd op that reads a weight (a param, or PipeDream-2BW's
+//     previous version) or a 16-bit value runs in the 16-bit dtype; each
+//     fp32 argument it reads is cast down once (a param's cast sits in the
+//     forward, so the weight copy is made once per step);
+//   - cross_entropy and its gradient take fp32 logits (keepF32); values
+//     that depend on no weight (the batch inputs, the loss mean over
+//     microbatches) stay fp32;
+//   - autodiff's seed dloss = 1 becomes the f32 input loss_scale, so every
+//     gradient is scaled; the optimizer reads each gradient cast to fp32
+//     and multiplied by 1/loss_scale, before the global norm and clipping;
+//   - nonfinite_count over the unscaled gradients is output as
+//     nonfinite_grads, and every param and state update is gated by
+//     where_finite: a step whose gradients hold an inf or NaN leaves all
+//     params and optimizer state bit-identical, so no inf/NaN can reach
+//     the master weights.
+//
+// On the CPU backend the 16-bit ops are emulated: kernels compute in fp32
+// (fp32 GEMM accumulators, softmax and LayerNorm statistics, reductions)
+// and round each result to the 16-bit format. Outputs the runtime reads
+// are cast back to fp32. With Precision "fp32" (or "") the pass does nothing.
+func mixedPrecision(m *ir.Module, o *Options) error {
+	var low ir.DType
+	switch o.Precision {
+	case "fp16":
+		low = ir.F16
+	case "bf16":
+		low = ir.BF16
+	default:
+		return nil
+	}
+	params := m.Params()
+	for _, p := range params {
+		if p.Type.DType != ir.F32 {
+			return fmt.Errorf("%s: mixed precision needs fp32 master weights, %q is %v", p.Where(), p.Name(), p.Type)
+		}
+	}
+	for _, v := range m.Values {
+		if v.Meta.Stage > 0 || v.Meta.Chunk > 0 {
+			return fmt.Errorf("%s: mixed precision with pipeline parallelism is %w (the overflow check spans every stage)", v.Where(), ErrNotYet)
+		}
+	}
+	// Autodiff's seed is the first backward value: a scalar const 1.
+	var seed *ir.Value
+	for _, v := range m.Values {
+		if v.Meta.Phase == ir.PhaseBwd {
+			if v.Op == "const" && v.Type.Rank() == 0 && v.Attrs.Float("value", 0) == 1 {
+				seed = v
+			}
+			break
+		}
+	}
+	if seed == nil {
+		return fmt.Errorf("module %q: cannot find autodiff's loss-gradient seed (a bwd const 1 before any other backward value)", m.Name)
+	}
+	if seed.Type.DType != ir.F32 {
+		return fmt.Errorf("%s: mixed precision needs an fp32 loss, got %v", seed.Where(), seed.Type)
+	}
+	if m.Source(InputLossScale) != nil {
+		return fmt.Errorf("%s: name %q is reserved for mixed precision", m.Source(InputLossScale).Where(), InputLossScale)
+	}
+
+	b := &mpBuilder{m: m, low: low, rep: map[*ir.Value]*ir.Value{}, casts: map[castKey]*ir.Value{},
+		scaled: map[*ir.Value]bool{}, unscaled: map[*ir.Value]*ir.Value{}, inv: map[[2]int]*ir.Value{}}
+	old := m.Values
+	m.Values = make([]*ir.Value, 0, len(old)*5/4)
+	var grads []*ir.Value // unscaled fp32 gradients, in first-use order
+	seen := map[*ir.Value]bool{}
+	for _, v := range old {
+		if v == seed {
+			ls, err := m.AddSource("input", ir.T(ir.F32), ir.Attrs{"name": InputLossScale}, seed.Meta, seed.Pos)
+			if err != nil {
+				return err
+			}
+			b.rep[seed] = ls
+			b.scaled[ls] = true
+			continue
+		}
+		info, _ := ir.Lookup(v.Op)
+		if info.Source {
+			m.Values = append(m.Values, v)
+			continue
+		}
+		args := make([]*ir.Value, len(v.Args))
+		for i, a := range v.Args {
+			if r := b.rep[a]; r != nil {
+				a = r
+			}
+			args[i] = a
+		}
+		switch v.Meta.Phase {
+		case ir.PhaseOpt:
+			for i, a := range args {
+				if b.scaled[a] || a.Type.DType == low {
+					args[i] = b.unscale(a, v)
+					if !seen[args[i]] && b.scaled[a] {
+						seen[args[i]] = true
+						grads = append(grads, args[i])
+					}
+				}
+			}
+		default:
+			toLow := false
+			if !keepF32[v.Op] {
+				for _, a := range args {
+					if a.Type.DType == low || (a.Op == "param" || a.Op == "state") && a.Type.DType == ir.F32 {
+						toLow = true
+					}
+				}
+			}
+			for i, a := range args {
+				switch {
+				case toLow && a.Type.DType == ir.F32:
+					args[i] = b.cast(a, low, v)
+				case !toLow && a.Type.DType == low:
+					args[i] = b.cast(a, ir.F32, v)
+				}
+			}
+		}
+		for _, a := range args {
+			if b.scaled[a] && v.Meta.Phase != ir.PhaseOpt {
+				b.scaled[v] = true
+			}
+		}
+		if b.err != nil {
+			return b.err
+		}
+		t, err := ir.InferType(info, args, v.Attrs)
+		if err != nil {
+			return fmt.Errorf("%s: in %v: %w", v.Where(), low, err)
+		}
+		v.Args, v.Type = args, t
+		m.Values = append(m.Values, v)
+	}
+	for i, out := range m.Outputs {
+		v := out.Value
+		if r := b.rep[v]; r != nil {
+			v = r
+		}
+		if v.Type.DType == low {
+			v = b.cast(v, ir.F32, v)
+		}
+		m.Outputs[i].Value = v
+	}
+	if len(grads) == 0 {
+		return b.err
+	}
+	at := params[0]
+	meta := ir.NoMeta
+	meta.Layer, meta.Stage, meta.Phase = at.Meta.Layer, at.Meta.Stage, ir.PhaseOpt
+	count, err := m.Add("nonfinite_count", grads, nil, meta, at.Pos)
+	if err != nil {
+		return err
+	}
+	m.SetOutput(OutputNonFinite, count)
+	for i, u := range m.Updates {
+		meta := u.Value.Meta
+		meta.Phase = ir.PhaseOpt
+		g, err := m.Add("where_finite", []*ir.Value{count, u.Value, u.State}, nil, meta, u.State.Pos)
+		if err != nil {
+			return err
+		}
+		m.Updates[i].Value = g
+	}
+	return b.err
+}
+
+type castKey struct {
+	v  *ir.Value
+	to ir.DType
+}
+
+type mpBuilder struct {
+	m        *ir.Module
+	low      ir.DType
+	rep      map[*ir.Value]*ir.Value // replaced values (the seed)
+	casts    map[castKey]*ir.Value
+	scaled   map[*ir.Value]bool // values multiplied by the loss scale
+	unscaled map[*ir.Value]*ir.Value
+	inv      map[[2]int]*ir.Value // 1/loss_scale per (stage, chunk)
+	err      error
+}
+
+// cast returns a's value in dtype to, made once. The cast takes a's
+// metadata; a source's (a weight's) cast runs in the phase of its first
+// user, the forward.
+func (b *mpBuilder) cast(a *ir.Value, to ir.DType, user *ir.Value) *ir.Value {
+	k := castKey{a, to}
+	if c := b.casts[k]; c != nil {
+		return c
+	}
+	meta := a.Meta
+	if info, _ := ir.Lookup(a.Op); info.Source && a.Op != "const" {
+		meta.Phase = user.Meta.Phase
+		if meta.Phase == ir.PhaseOpt {
+			meta.Phase = ir.PhaseBwd
+		}
+	}
+	c, err := b.m.Add("cast", []*ir.Value{a}, ir.Attrs{"to": to.String()}, meta, a.Pos)
+	if err != nil && b.err == nil {
+		b.err = err
+	}
+	b.casts[k] = c
+	b.scaled[c] = b.scaled[a]
+	return c
+}
+
+// unscale is gradient g in fp32 divided by the loss scale, for the
+// optimizer op user.
+func (b *mpBuilder) unscale(g, user *ir.Value) *ir.Value {
+	if u := b.unscaled[g]; u != nil {
+		return u
+	}
+	x := g
+	if x.Type.DType != ir.F32 {
+		x = b.cast(g, ir.F32, user)
+	}
+	if !b.scaled[g] || b.err != nil {
+		return x
+	}
+	meta := user.Meta
+	key := [2]int{meta.Stage, meta.Chunk}
+	inv := b.inv[key]
+	if inv == nil {
+		ls := b.m.Source(InputLossScale)
+		one, err := b.m.AddSource("const", ir.T(ir.F32), ir.Attrs{"value": 1.0}, meta, user.Pos)
+		if err != nil {
+			b.err = err
+			return nil
+		}
+		if inv, err = b.m.Add("div", []*ir.Value{one, ls}, nil, meta, user.Pos); err != nil {
+			b.err = err
+			return nil
+		}
+		b.inv[key] = inv
+	}
+	u, err := b.m.Add("scale", []*ir.Value{x, inv}, nil, meta, user.Pos)
+	if err != nil {
+		b.err = err
+		return nil
+	}
+	b.unscaled[g] = u
+	return u
+}

@@ -1,0 +1,137 @@
+package cpu
+
+import (
+	"fmt"
+	"slices"
+	"unsafe"
+
+	"gcompile/ir"
+	kcpu "gcompile/kernels/cpu"
+	"gcompile/lower"
+)
+
+// is16 reports whether d is one of the 16-bit float formats, stored in
+// the arena as uint16 bit patterns.
+func is16(d ir.DType) bool { return d == ir.F16 || d == ir.BF16 }
+
+// touches16 reports whether an instruction reads or writes a 16-bit buffer.
+func (d *Device) touches16(in lower.Instr) bool {
+	if in.Out >= 0 && is16(d.prog.Buffers[in.Out].Type.DType) {
+		return true
+	}
+	for _, a := range in.Args {
+		if is16(d.prog.Buffers[a].Type.DType) {
+			return true
+		}
+	}
+	return false
+}
+
+// compile16 emulates an instruction on fp16 or bf16 buffers: its
+// arguments are widened to float32 in a scratch area, the float32 kernel
+// runs there (fp32 accumulation in GEMM, softmax, LayerNorm and
+// reductions), and the result is rounded back to the 16-bit format. Other
+// arguments (ids, the step, fp32 values) are copied into the scratch as
+// they are. The scratch is allocated at load, one per such instruction,
+// outside the arena: the memory plan counts the 16-bit buffers only, so
+// measured peaks do not include it.
+func (d *Device) compile16(in lower.Instr) (func() error, error) {
+	if in.Bucket > 0 {
+		return nil, fmt.Errorf("bucketed %s of 16-bit values is %s", in.Op, "not supported by the cpu backend yet")
+	}
+	prog := *d.prog
+	prog.Buffers = slices.Clone(d.prog.Buffers)
+	ids := slices.Clone(in.Args)
+	if in.Out >= 0 {
+		ids = append(ids, in.Out)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	var size int64
+	for _, id := range ids {
+		b := prog.Buffers[id]
+		if is16(b.Type.DType) {
+			b.Type.DType = ir.F32
+			b.Bytes *= 2
+		}
+		b.Offset = size
+		size += (b.Bytes + 7) &^ 7
+		prog.Buffers[id] = b
+	}
+	shadow := *d
+	shadow.prog = &prog
+	shadow.arena = make([]uint64, size/8)
+	shadow.run = nil
+	if size > 0 {
+		shadow.bytes = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(shadow.arena))), size)
+	} else {
+		shadow.bytes = nil
+	}
+	f, err := shadow.compile(in)
+	if err != nil {
+		return nil, err
+	}
+	type conv struct {
+		bf16, wide bool
+		half       []uint16
+		f32        []float32
+		raw, tmp   []byte
+	}
+	mk := func(id int) conv {
+		b := d.prog.Buffers[id]
+		c := conv{wide: is16(b.Type.DType), bf16: b.Type.DType == ir.BF16}
+		if c.wide {
+			c.half, c.f32 = view[uint16](d, id), view[float32](&shadow, id)
+		} else {
+			c.raw, c.tmp = d.raw(b), shadow.raw(prog.Buffers[id])
+		}
+		return c
+	}
+	var ins []conv
+	for _, id := range ids {
+		if slices.Contains(in.Args, id) {
+			ins = append(ins, mk(id))
+		}
+	}
+	var out *conv
+	if in.Out >= 0 {
+		c := mk(in.Out)
+		out = &c
+	}
+	return func() error {
+		for _, c := range ins {
+			if c.wide {
+				kcpu.Widen16(c.f32, c.half, c.bf16)
+			} else {
+				copy(c.tmp, c.raw)
+			}
+		}
+		if err := f(); err != nil {
+			return err
+		}
+		if out != nil {
+			if out.wide {
+				kcpu.Round16(out.half, out.f32, out.bf16)
+			} else {
+				copy(out.raw, out.tmp)
+			}
+		}
+		return nil
+	}, nil
+}
+
+// compileCast16 converts between float32 and the 16-bit formats.
+func (d *Device) compileCast16(src, dst lower.Buffer) (func() error, bool) {
+	switch {
+	case src.Type.DType == ir.F32 && is16(dst.Type.DType):
+		x, y, bf := view[float32](d, src.ID), view[uint16](d, dst.ID), dst.Type.DType == ir.BF16
+		return ok(func() { kcpu.Round16(y, x, bf) }), true
+	case is16(src.Type.DType) && dst.Type.DType == ir.F32:
+		x, y, bf := view[uint16](d, src.ID), view[float32](d, dst.ID), src.Type.DType == ir.BF16
+		return ok(func() { kcpu.Widen16(y, x, bf) }), true
+	case is16(src.Type.DType) && src.Type.DType == dst.Type.DType:
+		x, y := d.raw(src), d.raw(dst)
+		return ok(func() { copy(y, x) }), true
+	}
+	return nil, false
+}
