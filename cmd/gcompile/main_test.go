@@ -71,6 +71,8 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--devices", "8", "--ep", "2"}, "ep=2: not yet supported"},
 		{[]string{"--sequence-parallel"}, "--sequence-parallel needs --tp > 1"},
 		{[]string{"--bucket-mb", "0"}, "--bucket-mb must be positive"},
+		{[]string{"--offload", "optimizer"}, "--offload optimizer: not yet supported"},
+		{[]string{"--compress-activations", "relu"}, "--compress-activations relu: not yet supported"},
 		{[]string{"--dp-sync", "async"}, "--dp-sync async needs --dp > 1"},
 		{[]string{"--devices", "4", "--dp", "2", "--tp", "2", "--dp-sync", "async"}, "does not combine with tp, pp, ep or ZeRO"},
 		{[]string{"--staleness", "2"}, "--staleness applies to --dp-sync async"},
