@@ -59,6 +59,8 @@ type Buffer struct {
 	Offset int64
 	Bytes  int64
 	Value  *ir.Value // the value that defines the buffer
+	// Host buffers live in the host arena (offloaded), not the device's.
+	Host bool
 }
 
 // Instr is one kernel launch, a collective (Op all_reduce, …), or, with
@@ -103,6 +105,8 @@ type Program struct {
 	// ArenaBytes is the arena size; PeakBytes the most bytes live at once,
 	// persistent buffers included; PersistentBytes the persistent part.
 	ArenaBytes, PeakBytes, PersistentBytes int64
+	// HostBytes is the host arena: offloaded buffers.
+	HostBytes int64
 	// PeakAt is the instruction at which PeakBytes is live, Peak how those
 	// bytes divide, and PeakLive the temporaries live there, largest first.
 	PeakAt   int
@@ -159,8 +163,22 @@ func (bd *Breakdown) add(category string, n int64) {
 	}
 }
 
+// Options change how a module is lowered.
+type Options struct {
+	// Offload "optimizer" keeps optimizer state in host memory.
+	Offload string
+}
+
 // Lower builds the Program for m.
-func Lower(m *ir.Module) (*Program, error) {
+func Lower(m *ir.Module) (*Program, error) { return LowerWith(m, Options{}) }
+
+// LowerWith builds the Program for m with options.
+func LowerWith(m *ir.Module, o Options) (*Program, error) {
+	switch o.Offload {
+	case "", "none", "optimizer":
+	default:
+		return nil, fmt.Errorf("offload %q: want optimizer (params offload is not supported yet)", o.Offload)
+	}
 	if err := ir.Verify(m, "lower"); err != nil {
 		return nil, err
 	}
@@ -184,8 +202,54 @@ func Lower(m *ir.Module) (*Program, error) {
 	if err := planUpdates(p, m, bufOf); err != nil {
 		return nil, err
 	}
+	if o.Offload == "optimizer" {
+		offloadState(p)
+	}
 	planMemory(p)
 	return p, nil
+}
+
+// offloadState moves optimizer state to the host arena (ZeRO-Offload's
+// optimizer offload). Each state is copied to a device buffer just before
+// the first instruction that reads or updates it and copied back after the
+// last, so only the state of the update in progress is on the device.
+func offloadState(p *Program) {
+	for id := range p.Buffers {
+		if p.Buffers[id].Kind != State {
+			continue
+		}
+		firstUse, lastUse := -1, -1
+		for i, in := range p.Instrs {
+			if in.Out == id || slices.Contains(in.Args, id) {
+				if firstUse < 0 {
+					firstUse = i
+				}
+				lastUse = i
+			}
+		}
+		if firstUse < 0 {
+			continue
+		}
+		b := p.Buffers[id]
+		p.Buffers[id].Host = true
+		tmp := len(p.Buffers)
+		p.Buffers = append(p.Buffers, Buffer{ID: tmp, Kind: Temp, Name: b.Name, Type: b.Type, Global: b.Global, Place: b.Place, Bytes: b.Bytes, Value: b.Value})
+		for i := firstUse; i <= lastUse; i++ {
+			in := &p.Instrs[i]
+			if in.Out == id {
+				in.Out = tmp
+			}
+			for k, a := range in.Args {
+				if a == id {
+					in.Args[k] = tmp
+				}
+			}
+		}
+		in := Instr{Op: "copy", Args: []int{id}, Out: tmp, Value: b.Value, Block: p.Instrs[firstUse].Block}
+		out := Instr{Op: "copy", Args: []int{tmp}, Out: id, Value: b.Value, Block: p.Instrs[lastUse].Block}
+		p.Instrs = slices.Insert(p.Instrs, lastUse+1, out)
+		p.Instrs = slices.Insert(p.Instrs, firstUse, in)
+	}
 }
 
 // builder turns values into buffers and instructions.
@@ -468,15 +532,22 @@ func PlanMemory(p *Program) { planMemory(p) }
 // planMemory assigns offsets: persistent buffers first, then temps by
 // greedy-by-size over their live intervals.
 func planMemory(p *Program) {
-	var off int64
+	var off, host int64
+	p.PersistentBytes = 0
 	for i := range p.Buffers {
 		b := &p.Buffers[i]
+		if b.Host {
+			b.Offset = roundTo(host, alignOf(b.Bytes))
+			host = b.Offset + alignUp(b.Bytes)
+			continue
+		}
 		if b.Kind.Persistent() {
 			b.Offset = roundTo(off, alignOf(b.Bytes))
 			off = b.Offset + alignUp(b.Bytes)
 			p.PersistentBytes += b.Bytes
 		}
 	}
+	p.HostBytes = host
 	base := off
 	n := len(p.Instrs)
 	first := map[int]int{}
@@ -528,7 +599,7 @@ func planMemory(p *Program) {
 	p.PeakBytes = p.PersistentBytes + peak
 	p.Peak = Breakdown{}
 	for _, b := range p.Buffers {
-		if b.Kind.Persistent() {
+		if b.Kind.Persistent() && !b.Host {
 			p.Peak.add(b.Category(), b.Bytes)
 		}
 	}

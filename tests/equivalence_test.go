@@ -27,6 +27,7 @@ type plan struct {
 	twoBW               bool // PipeDream-2BW's 1-stale weight update
 	recompute           string
 	precision           string // "fp16" or "bf16": mixed precision ("" is fp32)
+	offload             string // "optimizer": optimizer state in host memory
 }
 
 func (p plan) String() string {
@@ -85,7 +86,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts.Mesh = p.mesh()
 	_, err = passes.Run(m, opts, passes.Hooks{})
 	require.NoError(t, err)
-	prog, err := lower.Lower(m)
+	prog, err := lower.LowerWith(m, lower.Options{Offload: p.offload})
 	require.NoError(t, err)
 	return prog
 }

@@ -245,8 +245,14 @@ func (c *config) validate() error {
 		return errors.Join(errs...)
 	}
 	// What this build cannot do yet, each said once and never ignored.
-	if c.offload != "" {
-		notYet("--offload "+c.offload, "host-memory offload comes with the next memory-pass work")
+	switch {
+	case c.offload == "" || c.offload == "optimizer" && c.pp == 1:
+	case c.offload == "optimizer":
+		notYet("--offload optimizer with --pp > 1", "offload is planned for single-program lowering first")
+	case c.offload == "params":
+		notYet("--offload params", "parameter offload (copies before each forward and backward use) comes next")
+	default:
+		bad("--offload %q: want optimizer or params", c.offload)
 	}
 	if c.compress != "" {
 		notYet("--compress-activations "+c.compress, "activation compression comes with the next memory-pass work")

@@ -78,7 +78,7 @@ func mainErr(args []string) error {
 		}
 	} else {
 		var prog *lower.Program
-		prog, err = lower.Lower(m)
+		prog, err = lower.LowerWith(m, lower.Options{Offload: c.offload})
 		progs = []*lower.Program{prog}
 	}
 	if err != nil {
@@ -222,7 +222,7 @@ func meshOf(c *config) *ir.Mesh {
 func (c *config) metricsConfig() map[string]any {
 	return map[string]any{
 		"model": c.model, "devices": c.devices, "tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "vpp": c.vpp,
-		"microbatches": c.microbatches, "sequence_parallel": c.seqParallel, "schedule": c.schedule, "zero": c.zero, "recompute": c.recompute,
+		"microbatches": c.microbatches, "sequence_parallel": c.seqParallel, "offload": c.offload, "schedule": c.schedule, "zero": c.zero, "recompute": c.recompute,
 		"precision": c.precision, "optimizer": c.optimizer, "backend": c.backend, "batch": c.batch,
 		"steps": c.steps, "seed": c.seed, "lr": c.lr, "min_lr": c.minLR, "warmup": c.warmup, "set": c.set,
 	}

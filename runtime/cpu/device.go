@@ -37,6 +37,8 @@ type Device struct {
 	prog  *lower.Program
 	arena []uint64 // uint64 backing keeps every view 8-byte aligned
 	bytes []byte
+	// host holds offloaded buffers (optimizer state under --offload).
+	host []byte
 	run   []func() error
 	// live and high track bytes held by live buffers as the step executes.
 	live, high int64
@@ -63,6 +65,10 @@ func Load(p *lower.Program, opts Options) (*Device, error) {
 		d.coords = Coords(p.Mesh, opts.Rank)
 	}
 	d.bytes = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(d.arena))), len(d.arena)*8)
+	if p.HostBytes > 0 {
+		h := make([]uint64, (p.HostBytes+7)/8)
+		d.host = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(h))), len(h)*8)
+	}
 	for _, b := range p.Buffers {
 		if b.Kind == lower.Const {
 			if err := d.fill(b, b.Value.Attrs.Float("value", 0)); err != nil {
@@ -83,7 +89,15 @@ func Load(p *lower.Program, opts Options) (*Device, error) {
 // Program is the program the device runs.
 func (d *Device) Program() *lower.Program { return d.prog }
 
-func (d *Device) raw(b lower.Buffer) []byte { return d.bytes[b.Offset : b.Offset+b.Bytes] }
+// mem is the memory a buffer lives in: the device arena or, offloaded, the host's.
+func (d *Device) mem(b lower.Buffer) []byte {
+	if b.Host {
+		return d.host
+	}
+	return d.bytes
+}
+
+func (d *Device) raw(b lower.Buffer) []byte { return d.mem(b)[b.Offset : b.Offset+b.Bytes] }
 
 func view[T any](d *Device, id int) []T {
 	b := d.prog.Buffers[id]
@@ -92,7 +106,7 @@ func view[T any](d *Device, id int) []T {
 	if n == 0 {
 		return nil
 	}
-	return unsafe.Slice((*T)(unsafe.Pointer(&d.bytes[b.Offset])), n)
+	return unsafe.Slice((*T)(unsafe.Pointer(&d.mem(b)[b.Offset])), n)
 }
 
 func (d *Device) fill(b lower.Buffer, x float64) error {
