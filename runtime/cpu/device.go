@@ -39,7 +39,7 @@ type Device struct {
 	bytes []byte
 	// host holds offloaded buffers (optimizer state under --offload).
 	host []byte
-	run   []func() error
+	run  []func() error
 	// live and high track bytes held by live buffers as the step executes.
 	live, high int64
 	// OnInstr, when set, is told each instruction's start and duration
