@@ -28,6 +28,7 @@ type plan struct {
 	recompute           string
 	precision           string // "fp16" or "bf16": mixed precision ("" is fp32)
 	offload             string // "optimizer": optimizer state in host memory
+	compress            string // "lowp": bf16 stashes for the backward
 }
 
 func (p plan) String() string {
@@ -79,6 +80,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts.SequenceParallel = p.sp
 	opts.TwoBW = p.twoBW
 	opts.Recompute = p.recompute
+	opts.Compress = p.compress
 	opts.Precision = p.precision
 	if p.bucketMB > 0 {
 		opts.BucketMB = p.bucketMB

@@ -254,8 +254,12 @@ func (c *config) validate() error {
 	default:
 		bad("--offload %q: want optimizer or params", c.offload)
 	}
-	if c.compress != "" {
-		notYet("--compress-activations "+c.compress, "activation compression comes with the next memory-pass work")
+	switch c.compress {
+	case "", "lowp":
+	case "relu":
+		notYet("--compress-activations relu", "1-bit ReLU masks need packed-bit ops; lowp (bf16 stashes) is available")
+	default:
+		bad("--compress-activations %q: want lowp or relu", c.compress)
 	}
 	if c.ep > 1 {
 		notYet(fmt.Sprintf("ep=%d", c.ep), "expert parallelism comes with the mixture-of-experts layers")

@@ -194,6 +194,7 @@ func passOptions(c *config) *passes.Options {
 	o.VPP = c.vpp
 	o.TwoBW = c.schedule == "2bw"
 	o.Recompute = c.recompute
+	o.Compress = c.compress
 	o.BucketMB = c.bucketMB
 	o.Precision, o.LossScale = c.precision, c.lossScale
 	o.Mesh = meshOf(c)

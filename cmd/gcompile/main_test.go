@@ -74,6 +74,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--offload", "params"}, "--offload params: not yet supported"},
 		{[]string{"--offload", "disk"}, `--offload "disk": want optimizer or params`},
 		{[]string{"--compress-activations", "relu"}, "--compress-activations relu: not yet supported"},
+		{[]string{"--compress-activations", "zip"}, `--compress-activations "zip": want lowp or relu`},
 		{[]string{"--dp-sync", "async"}, "--dp-sync async needs --dp > 1"},
 		{[]string{"--devices", "4", "--dp", "2", "--tp", "2", "--dp-sync", "async"}, "does not combine with tp, pp, ep or ZeRO"},
 		{[]string{"--staleness", "2"}, "--staleness applies to --dp-sync async"},
