@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"gcompile/ir"
 	"gcompile/lower"
 )
 
@@ -61,7 +62,7 @@ func (t *Tracer) record(dev, i int, start time.Time, d time.Duration) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if in.Op == "send" || in.Op == "recv" || isCollective(in.Op) {
+	if in.Op == "send" || in.Op == "recv" || ir.Collectives[in.Op] {
 		cat = "comm"
 	}
 	t.events = append(t.events, traceEvent{Name: name, Cat: cat, Ph: "X", Ts: ts, Dur: dur, Pid: 0, Tid: dev, Args: args})
@@ -82,14 +83,6 @@ func (t *Tracer) flush(dev int) {
 		t.events = append(t.events, *o)
 		t.open[dev] = nil
 	}
-}
-
-func isCollective(op string) bool {
-	switch op {
-	case "all_reduce", "reduce_scatter", "all_gather", "all_to_all":
-		return true
-	}
-	return false
 }
 
 // EndStep marks a step boundary.

@@ -111,7 +111,8 @@ func newBlockProfile() *blockProfile {
 func (bp *blockProfile) hook(prog *lower.Program) func(int, time.Time, time.Duration) {
 	return func(i int, _ time.Time, d time.Duration) {
 		in := prog.Instrs[i]
-		if in.Op == "recv" || in.Op == "send" || !strings.ContainsAny(in.Block[:min(1, len(in.Block))], "FBW") {
+		// Only compute inside F/B/W actions: receives wait for other ranks.
+		if in.Op == "recv" || in.Op == "send" || !strings.HasPrefix(in.Block, "F ") && !strings.HasPrefix(in.Block, "B ") && !strings.HasPrefix(in.Block, "W ") {
 			return
 		}
 		kind, rest, _ := strings.Cut(in.Block, " ")
