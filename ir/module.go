@@ -41,6 +41,18 @@ func (m *Module) NextID() int { return m.nextID }
 // Sources must use AddSource. The error names the op, the broken rule and
 // pos, so a frontend can hand it straight to the user.
 func (m *Module) Add(op string, args []*Value, attrs Attrs, meta Meta, pos Pos) (*Value, error) {
+	v, err := m.NewValue(op, args, attrs, meta, pos)
+	if err != nil {
+		return nil, err
+	}
+	m.Values = append(m.Values, v)
+	return v, nil
+}
+
+// NewValue is Add without the append: the value gets its type and an id,
+// and a pass that inserts values in the middle of the program places it
+// in Values itself.
+func (m *Module) NewValue(op string, args []*Value, attrs Attrs, meta Meta, pos Pos) (*Value, error) {
 	info, ok := Lookup(op)
 	if !ok {
 		return nil, fmt.Errorf("%v: unknown op %q", pos, op)
@@ -53,7 +65,9 @@ func (m *Module) Add(op string, args []*Value, attrs Attrs, meta Meta, pos Pos) 
 		return nil, fmt.Errorf("%v: %s: %w", pos, op, err)
 	}
 	// Args are copied: callers reuse their slices.
-	return m.append(&Value{Op: op, Args: slices.Clone(args), Type: t, Attrs: attrs, Meta: meta, Pos: pos}), nil
+	v := &Value{ID: m.nextID, Op: op, Args: slices.Clone(args), Type: t, Attrs: attrs, Meta: meta, Pos: pos}
+	m.nextID++
+	return v, nil
 }
 
 // AddSource appends a source value (param, state, input, const) of type t.

@@ -71,8 +71,14 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program,
 	owner := func(v *ir.Value) int { return max(v.Meta.Stage, 0) % p }
 	copied := func(v *ir.Value) bool { return v.Op == "const" || v.Op == "input" }
 
-	// Which ranks read each value.
+	// Which ranks read each value; read marks values any value reads.
 	readers := map[*ir.Value][]int{}
+	read := map[*ir.Value]bool{}
+	for _, v := range m.Values {
+		for _, a := range v.Args {
+			read[a] = true
+		}
+	}
 	for _, v := range m.Values {
 		if isSource(v) || forwardOnly && v.Meta.Phase != ir.PhaseFwd {
 			continue
@@ -161,13 +167,8 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program,
 				}
 			}
 		}
-		emit := func(v *ir.Value) {
-			for _, a := range v.Args {
-				need(a)
-			}
-			have[v] = true
-			b.value(v)
-			done[v] = true
+		// sendOn sends v to every other rank that reads it.
+		sendOn := func(v *ir.Value) {
 			for _, q := range readers[v] {
 				if q == r {
 					continue
@@ -179,12 +180,21 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program,
 				}
 			}
 		}
+		emit := func(v *ir.Value) {
+			for _, a := range v.Args {
+				need(a)
+			}
+			have[v] = true
+			b.value(v)
+			done[v] = true
+			sendOn(v)
+		}
 		// Every input exists somewhere, so the runtime can set the ones a
 		// plan ignores (an optimizer without a learning rate): rank 0
 		// holds those.
 		if r == 0 {
 			for _, v := range m.Values {
-				if v.Op == "input" && !slices.ContainsFunc(m.Values, func(u *ir.Value) bool { return slices.Contains(u.Args, v) }) {
+				if v.Op == "input" && !read[v] {
 					need(v)
 				}
 			}
@@ -194,16 +204,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program,
 		for _, v := range m.Values {
 			if isSource(v) && owner(v) == r && !copied(v) && (!forwardOnly || len(readers[v]) > 0) {
 				need(v)
-				for _, q := range readers[v] {
-					if q == r {
-						continue
-					}
-					if axis, dim := b.scatterDim(v); axis >= 0 {
-						b.sendScattered(v, q, axis, dim)
-					} else {
-						b.send(v, q)
-					}
-				}
+				sendOn(v)
 			}
 		}
 		localReady := func(v *ir.Value) bool {

@@ -48,33 +48,19 @@ func compress(m *ir.Module, o *Options) error {
 		if first == nil {
 			continue
 		}
-		narrow, err := m.Add("cast", []*ir.Value{v}, ir.Attrs{"to": "bf16"}, v.Meta, v.Pos)
+		narrow, err := m.NewValue("cast", []*ir.Value{v}, ir.Attrs{"to": "bf16"}, v.Meta, v.Pos)
 		if err != nil {
 			return err
 		}
-		meta := first.Meta
-		wide, err := m.Add("cast", []*ir.Value{narrow}, ir.Attrs{"to": "f32"}, meta, v.Pos)
+		wide, err := m.NewValue("cast", []*ir.Value{narrow}, ir.Attrs{"to": "f32"}, first.Meta, v.Pos)
 		if err != nil {
 			return err
 		}
-		m.Values = m.Values[:len(m.Values)-2]
 		after[v] = append(after[v], narrow)
 		before[first] = append(before[first], wide)
 		widened[v] = wide
 	}
-	var out []*ir.Value
-	for _, v := range m.Values {
-		out = append(out, before[v]...)
-		if v.Meta.Phase == ir.PhaseBwd {
-			for i, a := range v.Args {
-				if w := widened[a]; w != nil {
-					v.Args[i] = w
-				}
-			}
-		}
-		out = append(out, v)
-		out = append(out, after[v]...)
-	}
-	m.Values = out
+	redirectBackward(m.Values, widened)
+	m.Values = splice(m.Values, before, after)
 	return nil
 }

@@ -122,27 +122,15 @@ func recompute(m *ir.Module, o *Options) error {
 		}
 		meta := v.Meta
 		meta.Phase = ir.PhaseRecompute
-		r, err := m.Add(v.Op, args, v.Attrs.Clone(), meta, v.Pos)
+		r, err := m.NewValue(v.Op, args, v.Attrs.Clone(), meta, v.Pos)
 		if err != nil {
 			return err
 		}
-		m.Values = m.Values[:len(m.Values)-1]
 		replayed[v] = r
 		before[at] = append(before[at], r)
 	}
-	var out []*ir.Value
-	for _, v := range m.Values {
-		out = append(out, before[v]...)
-		if v.Meta.Phase == ir.PhaseBwd {
-			for i, a := range v.Args {
-				if r := replayed[a]; r != nil {
-					v.Args[i] = r
-				}
-			}
-		}
-		out = append(out, v)
-	}
-	m.Values = out
+	redirectBackward(m.Values, replayed)
+	m.Values = splice(m.Values, before, nil)
 	return nil
 }
 

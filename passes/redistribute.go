@@ -38,11 +38,10 @@ func redistribute(m *ir.Module, _ *Options) error {
 				out = append(out, v)
 				break
 			}
-			c, err := m.Add(st.op, []*ir.Value{cur}, st.attrs, v.Meta, v.Pos)
+			c, err := m.NewValue(st.op, []*ir.Value{cur}, st.attrs, v.Meta, v.Pos)
 			if err != nil {
 				return err
 			}
-			m.Values = m.Values[:len(m.Values)-1]
 			c.Place = place
 			out = append(out, c)
 			cur = c

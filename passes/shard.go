@@ -65,22 +65,7 @@ func shard(m *ir.Module, o *Options) error {
 			u.Value = s.redistribute(u.Value, u.State.Place, u.Value, !reduces(u.Value.Place, u.State.Place))
 		}
 	}
-	// Inserted values may have inserted values of their own.
-	var out []*ir.Value
-	var emit func(v *ir.Value)
-	emit = func(v *ir.Value) {
-		for _, b := range s.before[v] {
-			emit(b)
-		}
-		out = append(out, v)
-		for _, a := range s.after[v] {
-			emit(a)
-		}
-	}
-	for _, v := range values {
-		emit(v)
-	}
-	m.Values = out
+	m.Values = splice(values, s.before, s.after)
 	// A dim split by two axes would depend on the order the splits were
 	// made in, which placements do not record: refuse rather than mix rows.
 	for _, v := range m.Values {
@@ -380,11 +365,10 @@ func (s *sharder) splitSumSquares(v *ir.Value) error {
 	for _, key := range order {
 		meta := v.Meta
 		meta.Stage = groups[key][0].Meta.Stage
-		g, err := s.m.Add("sum_squares", groups[key], nil, meta, v.Pos)
+		g, err := s.m.NewValue("sum_squares", groups[key], nil, meta, v.Pos)
 		if err != nil {
 			return err
 		}
-		s.m.Values = s.m.Values[:len(s.m.Values)-1]
 		s.before[v] = append(s.before[v], g)
 		if err := s.place(g); err != nil {
 			return err
@@ -392,11 +376,10 @@ func (s *sharder) splitSumSquares(v *ir.Value) error {
 		parts = append(parts, g)
 	}
 	for len(parts) > 2 {
-		a, err := s.m.Add("add", parts[:2], nil, v.Meta, v.Pos)
+		a, err := s.m.NewValue("add", parts[:2], nil, v.Meta, v.Pos)
 		if err != nil {
 			return err
 		}
-		s.m.Values = s.m.Values[:len(s.m.Values)-1]
 		s.before[v] = append(s.before[v], a)
 		if err := s.place(a); err != nil {
 			return err
@@ -471,12 +454,11 @@ func (s *sharder) redistribute(v *ir.Value, want []ir.Placement, user *ir.Value,
 	if reduces(v.Place, want) {
 		at, meta = v, v.Meta
 	}
-	r, err := s.m.Add("redistribute", []*ir.Value{v}, nil, meta, at.Pos)
+	// Placed by the before/after lists, not appended.
+	r, err := s.m.NewValue("redistribute", []*ir.Value{v}, nil, meta, at.Pos)
 	if err != nil {
 		panic(err) // identity type rule: cannot fail
 	}
-	// Add appended r; it is placed by the before/after lists instead.
-	s.m.Values = s.m.Values[:len(s.m.Values)-1]
 	r.Place = append([]ir.Placement(nil), want...)
 	switch {
 	case atEnd:
