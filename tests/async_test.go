@@ -2,7 +2,6 @@ package tests
 
 import (
 	"fmt"
-	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -62,22 +61,8 @@ func TestAsyncStalenessZeroIsSynchronous(t *testing.T) {
 		t.Run(fmt.Sprintf("dp%d", dp), func(t *testing.T) {
 			losses, params, a := asyncRun(t, dp, 0)
 			assert.Equal(t, 0, a.MaxStaleness())
-			worst := 0.0
-			for i := range ref.losses {
-				e := math.Abs(losses[i]-ref.losses[i]) / math.Abs(ref.losses[i])
-				worst = max(worst, e)
-				assert.LessOrEqual(t, e, 1e-5, "step %d", i+1)
-			}
-			worstParam := 0.0
-			for name, want := range ref.params {
-				scale := 0.0
-				for _, w := range want {
-					scale = max(scale, math.Abs(w))
-				}
-				for i := range want {
-					worstParam = max(worstParam, math.Abs(params[name][i]-want[i])/scale)
-				}
-			}
+			worst := assertLossesClose(t, ref.losses, losses, 1e-5)
+			worstParam := paramError(t, ref.params, params, nil)
 			assert.LessOrEqual(t, worstParam, 1e-4)
 			t.Logf("dp%d K=0: worst loss rel err %.2g, worst param err %.2g", dp, worst, worstParam)
 		})

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"fmt"
-	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -114,22 +113,8 @@ func trainReference(t *testing.T, layers int) trajectory {
 
 func assertSameTraining(t *testing.T, ref, got trajectory) {
 	t.Helper()
-	worst := 0.0
-	for i := range ref.losses {
-		e := math.Abs(got.losses[i]-ref.losses[i]) / math.Abs(ref.losses[i])
-		worst = max(worst, e)
-		assert.LessOrEqual(t, e, 1e-5, "step %d", i+1)
-	}
-	worstParam := 0.0
-	for name, want := range ref.params {
-		scale := 0.0
-		for _, w := range want {
-			scale = max(scale, math.Abs(w))
-		}
-		for i := range want {
-			worstParam = max(worstParam, math.Abs(got.params[name][i]-want[i])/scale)
-		}
-	}
+	worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
+	worstParam := paramError(t, ref.params, got.params, nil)
 	assert.LessOrEqual(t, worstParam, 1e-4)
 	assert.InDelta(t, ref.eval, got.eval, 1e-5*ref.eval, "held-out loss of the final weights")
 	t.Logf("worst loss rel err %.2g, worst param err %.2g (of max |w|), held-out %.6f vs %.6f", worst, worstParam, got.eval, ref.eval)

@@ -88,28 +88,13 @@ func TestMixedPrecisionTracksFP32(t *testing.T) {
 	} {
 		t.Run(tc.p.precision+"_"+tc.p.String(), func(t *testing.T) {
 			got := trainMP(t, tc.p, runtime.NewLossScaler(tc.scale), eqSteps)
-			worst := 0.0
+			var losses []float64
 			for i, s := range got.steps {
 				require.False(t, s.Skipped, "step %d skipped", i+1)
-				e := math.Abs(s.Loss-ref.losses[i]) / ref.losses[i]
-				worst = max(worst, e)
-				assert.LessOrEqual(t, e, tc.lossTol, "step %d: loss %.6g vs fp32 %.6g", i+1, s.Loss, ref.losses[i])
+				losses = append(losses, s.Loss)
 			}
-			worstParam := 0.0
-			for name, want := range ref.params {
-				have := got.params[name]
-				require.Len(t, have, len(want), name)
-				scale := 0.0
-				for _, w := range want {
-					scale = max(scale, math.Abs(w))
-				}
-				for i := range want {
-					if isKeyBias(name, i) {
-						continue
-					}
-					worstParam = max(worstParam, math.Abs(have[i]-want[i])/scale)
-				}
-			}
+			worst := assertLossesClose(t, ref.losses, losses, tc.lossTol)
+			worstParam := paramError(t, ref.params, got.params, isKeyBias)
 			assert.LessOrEqual(t, worstParam, tc.parmTol)
 			requireFinite(t, got.params)
 			t.Logf("%s %v: worst loss rel err %.2g, worst param err %.2g (of max |w|)", tc.p.precision, tc.p, worst, worstParam)
