@@ -61,11 +61,6 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 			return fmt.Errorf("%s: mixed precision needs fp32 master weights, %q is %v", p.Where(), p.Name(), p.Type)
 		}
 	}
-	for _, v := range m.Values {
-		if v.Meta.Stage > 0 || v.Meta.Chunk > 0 {
-			return fmt.Errorf("%s: mixed precision with pipeline parallelism is %w (the overflow check spans every stage)", v.Where(), ErrNotYet)
-		}
-	}
 	// Autodiff's seed is the first backward value: a scalar const 1.
 	var seed *ir.Value
 	for _, v := range m.Values {
@@ -171,12 +166,13 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 	if len(grads) == 0 {
 		return b.err
 	}
-	at := params[0]
-	meta := ir.NoMeta
-	meta.Layer, meta.Stage, meta.Phase = at.Meta.Layer, at.Meta.Stage, ir.PhaseOpt
-	count, err := m.Add("nonfinite_count", grads, nil, meta, at.Pos)
-	if err != nil {
-		return err
+	// Each gradient's unscaling runs on its param's pipeline chunk, so the
+	// gradients are their own owners: every chunk counts its own and only
+	// scalar partials meet on the first param's chunk.
+	ob := &optBuilder{m: m, at: params[0]}
+	count := perStage(ob, "nonfinite_count", grads, grads)
+	if ob.err != nil {
+		return ob.err
 	}
 	m.SetOutput(OutputNonFinite, count)
 	for i, u := range m.Updates {

@@ -42,7 +42,7 @@ func optimizer(m *ir.Module, o *Options) error {
 	// The learning rate has the master weights' dtype (f32, or f64 in reference runs).
 	lr := ob.source("input", ir.T(params[0].Type.DType), ir.Attrs{"name": InputLR})
 	step := ob.source("input", ir.T(ir.I64), ir.Attrs{"name": InputStep})
-	sumsq := ob.op("sum_squares", nil, grads...)
+	sumsq := perStage(ob, "sum_squares", params, grads)
 	m.SetOutput(OutputGradNrm, ob.op("sqrt", nil, sumsq))
 	if o.ClipNorm > 0 {
 		coef := ob.op("clip_coef", ir.Attrs{"max_norm": o.ClipNorm}, sumsq)
@@ -182,6 +182,40 @@ func factoredStates(ob *optBuilder, prefix string, p *ir.Value) (row, col *ir.Va
 	row = ob.state(prefix+".row:"+p.Name(), ir.T(dt, n))
 	col = ob.state(prefix+".col:"+p.Name(), ir.T(dt, m))
 	return row, col
+}
+
+// perStage is op (a variadic sum over every element of every arg:
+// sum_squares, nonfinite_count) over args, where args[i] belongs to
+// owners[i]'s pipeline chunk. Under pipeline parallelism each chunk
+// reduces its own arguments and only the scalar partials travel to the
+// first owner's chunk to be added, so no gradient leaves its stage for the
+// global norm or the overflow check. Without chunks it is one op.
+func perStage(ob *optBuilder, op string, owners, args []*ir.Value) *ir.Value {
+	var order []int
+	byStage := map[int][]*ir.Value{}
+	at := map[int]*ir.Value{}
+	for i, a := range args {
+		s := owners[i].Meta.Stage
+		if _, ok := byStage[s]; !ok {
+			order = append(order, s)
+			at[s] = owners[i]
+		}
+		byStage[s] = append(byStage[s], a)
+	}
+	first := ob.at
+	var total *ir.Value
+	for _, s := range order {
+		ob.at = at[s]
+		part := ob.op(op, nil, byStage[s]...)
+		if total == nil {
+			total = part
+			continue
+		}
+		ob.at = first
+		total = ob.op("add", nil, total, part)
+	}
+	ob.at = first
+	return total
 }
 
 type optBuilder struct {

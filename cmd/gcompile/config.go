@@ -264,9 +264,6 @@ func (c *config) validate() error {
 	if c.ep > 1 {
 		notYet(fmt.Sprintf("ep=%d", c.ep), "expert parallelism comes with the mixture-of-experts layers")
 	}
-	if c.precision != "fp32" && c.pp > 1 {
-		notYet("--precision "+c.precision+" with --pp > 1", "the overflow check does not span pipeline stages yet")
-	}
 	if c.precision != "fp32" && c.dpSync == "async" {
 		notYet("--precision "+c.precision+" with --dp-sync async", "the asynchronous trainer feeds no loss scale yet")
 	}
