@@ -114,6 +114,12 @@ func init() {
 	for _, n := range []string{"gelu_grad", "relu_grad"} {
 		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(true), Doc: "vjp: args (x, dy)"})
 	}
+	// Gist's binarized ReLU stash: relu_grad needs only the sign of x, so
+	// the backward can read a 1-bit mask instead of the fp32 input.
+	register(&OpInfo{Name: "relu_mask", Arity: 1, Infer: inferReluMask,
+		Doc: "x[...,n] (float) → u8[...,⌈n/8⌉]: bit j of byte k of a row is x[8k+j] > 0; each row starts on a byte, unused high bits are 0"})
+	register(&OpInfo{Name: "relu_grad_mask", Arity: 2, Infer: inferReluGradMask,
+		Doc: "vjp of relu from its mask: args (mask u8[...,⌈n/8⌉], dy[...,n]); dy where the bit is set, else 0 (relu_grad without x)"})
 	register(&OpInfo{Name: "tanh_grad", Arity: 2, Elementwise: true, Infer: sameTypes(true), Doc: "vjp of tanh: args (y, dy), dy·(1−y²)"})
 	register(&OpInfo{Name: "scale", Arity: 2, Infer: inferScale, Doc: "x times a scalar of the same dtype"})
 
@@ -210,7 +216,7 @@ func sameTypes(floatOnly bool) func([]Type, Attrs) (Type, error) {
 		if floatOnly && !args[0].DType.IsFloat() {
 			return Type{}, fmt.Errorf("needs a float type, got %v", args[0])
 		}
-		if args[0].DType == Bool {
+		if args[0].DType == Bool || args[0].DType == U8 {
 			return Type{}, fmt.Errorf("needs a numeric type, got %v", args[0])
 		}
 		return args[0], nil
@@ -218,6 +224,32 @@ func sameTypes(floatOnly bool) func([]Type, Attrs) (Type, error) {
 }
 
 func identity(args []Type, _ Attrs) (Type, error) { return args[0], nil }
+
+// MaskBytes is the number of bytes a packed 1-bit mask of n elements
+// takes: ⌈n/8⌉.
+func MaskBytes(n int) int { return (n + 7) / 8 }
+
+func inferReluMask(args []Type, _ Attrs) (Type, error) {
+	x := args[0]
+	if !x.DType.IsFloat() || x.Rank() < 1 {
+		return Type{}, fmt.Errorf("needs a float tensor of rank ≥ 1 to pack, got %v", x)
+	}
+	out := x.Shape.Clone()
+	out[len(out)-1] = MaskBytes(out[len(out)-1])
+	return Type{DType: U8, Shape: out}, nil
+}
+
+func inferReluGradMask(args []Type, _ Attrs) (Type, error) {
+	mask, dy := args[0], args[1]
+	if !dy.DType.IsFloat() || dy.Rank() < 1 {
+		return Type{}, fmt.Errorf("dy must be a float tensor of rank ≥ 1, got %v", dy)
+	}
+	want, _ := inferReluMask(args[1:], nil)
+	if !mask.Equal(want) {
+		return Type{}, fmt.Errorf("mask must be %v (one bit per element of dy %v), got %v", want, dy, mask)
+	}
+	return dy, nil
+}
 
 // Collectives lists the ops that move data between devices.
 var Collectives = map[string]bool{"all_reduce": true, "reduce_scatter": true, "all_gather": true, "all_to_all": true}
@@ -529,6 +561,9 @@ func inferCast(args []Type, a Attrs) (Type, error) {
 	d, err := ParseDType(a.Str("to"))
 	if err != nil {
 		return Type{}, err
+	}
+	if d == U8 || args[0].DType == U8 {
+		return Type{}, fmt.Errorf("cannot cast %v to %v: u8 holds packed bits, not numbers", args[0], d)
 	}
 	return Type{DType: d, Shape: args[0].Shape.Clone()}, nil
 }

@@ -18,6 +18,7 @@ func bf16(dims ...int) ir.Type  { return ir.T(ir.BF16, dims...) }
 func i32(dims ...int) ir.Type   { return ir.T(ir.I32, dims...) }
 func i64(dims ...int) ir.Type   { return ir.T(ir.I64, dims...) }
 func boolT(dims ...int) ir.Type { return ir.T(ir.Bool, dims...) }
+func u8(dims ...int) ir.Type    { return ir.T(ir.U8, dims...) }
 
 func types(ts ...ir.Type) []ir.Type { return ts }
 
@@ -61,6 +62,11 @@ var validOps = []struct {
 	{"gelu_grad", types(f32(2, 8), f32(2, 8)), nil, f32(2, 8)},
 	{"relu_grad", types(f32(2, 8), f32(2, 8)), nil, f32(2, 8)},
 	{"tanh_grad", types(f32(3), f32(3)), nil, f32(3)},
+	{"relu_mask", types(f32(2, 16, 128)), nil, u8(2, 16, 16)},
+	{"relu_mask", types(bf16(4, 13)), nil, u8(4, 2)}, // a partial last byte
+	{"relu_mask", types(f64(1)), nil, u8(1)},
+	{"relu_grad_mask", types(u8(2, 16, 16), f32(2, 16, 128)), nil, f32(2, 16, 128)},
+	{"relu_grad_mask", types(u8(4, 2), bf16(4, 13)), nil, bf16(4, 13)},
 	{"scale", types(f32(4, 8), f32()), nil, f32(4, 8)},
 	{"scale", types(f64(), f64()), nil, f64()},
 
@@ -176,6 +182,17 @@ var invalidOps = []struct {
 	{"gelu_grad", types(f32(2), f32(3)), nil, "types must be equal"},
 	{"relu_grad", types(i32(2), i32(2)), nil, "needs a float type"},
 	{"tanh_grad", types(f32(2), bf16(2)), nil, "types must be equal"},
+	{"add", types(u8(4), u8(4)), nil, "needs a numeric type, got u8[4]"},
+	{"cast", types(f32(4)), ir.Attrs{"to": "u8"}, "cannot cast f32[4] to u8: u8 holds packed bits, not numbers"},
+	{"cast", types(u8(4)), ir.Attrs{"to": "f32"}, "cannot cast u8[4] to f32"},
+	{"relu_mask", types(i32(4)), nil, "needs a float tensor of rank ≥ 1 to pack, got i32[4]"},
+	{"relu_mask", types(f32()), nil, "needs a float tensor of rank ≥ 1 to pack, got f32[]"},
+	{"relu_mask", types(f32(2), f32(2)), nil, "takes 1 args, got 2"},
+	{"relu_grad_mask", types(u8(2, 3), f32(2, 16)), nil, "mask must be u8[2,2] (one bit per element of dy f32[2,16]), got u8[2,3]"},
+	{"relu_grad_mask", types(u8(3, 2), f32(2, 16)), nil, "mask must be u8[2,2]"},
+	{"relu_grad_mask", types(f32(2, 16), f32(2, 16)), nil, "mask must be u8[2,2] (one bit per element of dy f32[2,16]), got f32[2,16]"},
+	{"relu_grad_mask", types(u8(2, 2), i32(2, 16)), nil, "dy must be a float tensor of rank ≥ 1, got i32[2,16]"},
+	{"relu_grad_mask", types(u8(), f32()), nil, "dy must be a float tensor of rank ≥ 1, got f32[]"},
 	{"scale", types(i32(4), i32()), nil, "needs a float tensor, got i32[4]"},
 	{"scale", types(f32(4), f32(4)), nil, "scale factor must be a f32 scalar, got f32[4]"},
 	{"scale", types(f32(4), f64()), nil, "scale factor must be a f32 scalar, got f64[]"},
@@ -461,4 +478,21 @@ func collectivePlaces(op string, a ir.Attrs) (from, to ir.Placement) {
 		return ir.Placement{}, sh(a.Int("dim", 0))
 	}
 	return sh(a.Int("from", 0)), sh(a.Int("to", 0))
+}
+
+// u8 is the storage of packed bit masks: one byte per element, printed
+// and parsed like any dtype, neither a float nor an integer to the type
+// rules.
+func TestU8IsAStorageType(t *testing.T) {
+	assert.Equal(t, int64(1), ir.U8.Size())
+	assert.Equal(t, "u8", ir.U8.String())
+	assert.False(t, ir.U8.IsFloat())
+	assert.False(t, ir.U8.IsInt())
+	typ, err := ir.ParseType("u8[8,16,16]")
+	require.NoError(t, err)
+	assert.True(t, u8(8, 16, 16).Equal(typ))
+	assert.Equal(t, int64(8*16*16), typ.Bytes())
+	for n, want := range map[int]int{1: 1, 7: 1, 8: 1, 9: 2, 128: 16, 129: 17} {
+		assert.Equal(t, want, ir.MaskBytes(n), "n=%d", n)
+	}
 }

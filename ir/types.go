@@ -10,7 +10,9 @@ import (
 type DType uint8
 
 // The element types. F64 exists for float64 gradient checks and reference
-// runs; models train in F32 or in the 16-bit formats.
+// runs; models train in F32 or in the 16-bit formats. U8 holds packed bits
+// (a ReLU mask keeps 8 elements' signs in one byte); it is a storage type,
+// not a number type, so arithmetic ops refuse it.
 const (
 	Invalid DType = iota
 	F32
@@ -20,10 +22,11 @@ const (
 	I32
 	I64
 	Bool
+	U8
 )
 
-var dtypeNames = [...]string{Invalid: "invalid", F32: "f32", F16: "f16", BF16: "bf16", F64: "f64", I32: "i32", I64: "i64", Bool: "bool"}
-var dtypeSizes = [...]int64{Invalid: 0, F32: 4, F16: 2, BF16: 2, F64: 8, I32: 4, I64: 8, Bool: 1}
+var dtypeNames = [...]string{Invalid: "invalid", F32: "f32", F16: "f16", BF16: "bf16", F64: "f64", I32: "i32", I64: "i64", Bool: "bool", U8: "u8"}
+var dtypeSizes = [...]int64{Invalid: 0, F32: 4, F16: 2, BF16: 2, F64: 8, I32: 4, I64: 8, Bool: 1, U8: 1}
 
 func (d DType) String() string {
 	if int(d) < len(dtypeNames) {

@@ -2,28 +2,163 @@ package passes
 
 import (
 	"fmt"
+	"strings"
 
 	"gcompile/ir"
 )
 
 // compress stashes activations for the backward in less memory (Gist,
-// Jain et al. 2018, "delayed precision reduction"): with "lowp", every fp32
-// forward value the backward reads is kept as a bf16 copy made right after
-// it is computed and widened back to fp32 just before its first backward
-// use. The forward itself runs at full precision (its own uses read the
-// original, which now dies with the forward); only the backward sees the
-// rounded copy, so the result is close to, not equal to, fp32 training.
-// The lossless 1-bit ReLU mask ("relu") is not built yet.
+// Jain et al. 2018). --compress-activations takes one mode or both,
+// comma-separated:
+//
+//	relu  lossless: ReLU's gradient needs only the sign of its input x, so
+//	      a 1-bit mask of x > 0 (relu_mask) is made right after the relu
+//	      and the backward's relu_grad(x, dy) becomes relu_grad_mask(mask,
+//	      dy). x then dies with the forward instead of being stashed: per
+//	      ReLU, 4·n bytes of fp32 become ⌈n/8⌉ bytes per row. Training is
+//	      bit-identical.
+//	lowp  lossy ("delayed precision reduction"): every fp32 forward value
+//	      the backward reads is kept as a bf16 copy made right after it is
+//	      computed and widened back to fp32 just before its first backward
+//	      use. The forward runs at full precision; only the backward sees
+//	      the rounded copy.
+//
+// With both, the masks are made first, so lowp narrows what the backward
+// still reads (the ReLU outputs the next matmul's weight gradient needs)
+// and leaves the u8 masks alone. A ReLU input replayed by --recompute is
+// masked the same way right after its replayed relu, so it dies there
+// rather than living through the layer's backward.
 func compress(m *ir.Module, o *Options) error {
-	switch o.Compress {
-	case "", "none":
-		return nil
-	case "lowp":
-	case "relu":
-		return fmt.Errorf("--compress-activations relu (1-bit ReLU masks) is %w", ErrNotYet)
-	default:
-		return fmt.Errorf("--compress-activations %q: want lowp or relu", o.Compress)
+	relu, lowp, err := compressModes(o.Compress)
+	if err != nil {
+		return err
 	}
+	if relu {
+		if err := reluMasks(m); err != nil {
+			return err
+		}
+	}
+	if lowp {
+		return lowPrecisionStash(m)
+	}
+	return nil
+}
+
+// compressModes reads --compress-activations: "", "none", or a comma list
+// of relu and lowp, each at most once.
+func compressModes(s string) (relu, lowp bool, err error) {
+	if s == "" || s == "none" {
+		return false, false, nil
+	}
+	for _, mode := range strings.Split(s, ",") {
+		switch {
+		case mode == "relu" && !relu:
+			relu = true
+		case mode == "lowp" && !lowp:
+			lowp = true
+		default:
+			return false, false, fmt.Errorf("--compress-activations %q: want lowp, relu or both (relu,lowp)", s)
+		}
+	}
+	return relu, lowp, nil
+}
+
+// reluMasks replaces, for every ReLU input x that the backward reads only
+// through relu_grad, the stash of x by a packed 1-bit mask. An x that
+// something else in the backward also reads stays live anyway, so it is
+// left alone: a mask beside it would only add bytes.
+func reluMasks(m *ir.Module) error {
+	relus := 0
+	for _, v := range m.Values {
+		if v.Op == "relu" {
+			relus++
+		}
+	}
+	if relus == 0 {
+		return fmt.Errorf("--compress-activations relu needs ReLU activations; model %q has none (for examples/gpt: --set activation=relu)", m.Name)
+	}
+	output := map[*ir.Value]bool{}
+	for _, o := range m.Outputs {
+		output[o.Value] = true
+	}
+	for _, u := range m.Updates {
+		output[u.Value] = true
+	}
+	uses := m.Uses()
+	after := map[*ir.Value][]*ir.Value{}
+	masked := 0
+	var kept string // why the first unmasked ReLU input stays stashed
+	for _, x := range m.Values {
+		if x.Meta.Phase != ir.PhaseFwd && x.Meta.Phase != ir.PhaseRecompute {
+			continue
+		}
+		var relu, other *ir.Value
+		var grads []*ir.Value
+		for _, u := range uses[x] {
+			switch {
+			case u.Op == "relu" && u.Meta.Phase == x.Meta.Phase:
+				if relu == nil {
+					relu = u
+				}
+			case u.Op == "relu_grad" && u.Meta.Phase == ir.PhaseBwd && u.Args[0] == x && u.Args[1] != x:
+				grads = append(grads, u)
+			case u.Meta.Phase != x.Meta.Phase && other == nil:
+				other = u
+			}
+		}
+		if len(grads) == 0 {
+			continue
+		}
+		if info, _ := ir.Lookup(x.Op); info.Source || other != nil || output[x] {
+			if kept == "" {
+				why := "a param, state or input: it is never freed"
+				if other != nil {
+					why = "also read by " + other.Where()
+				} else if output[x] {
+					why = "a module output or update"
+				}
+				kept = fmt.Sprintf("%s is %s", x.Where(), why)
+			}
+			continue
+		}
+		// Right after the relu, so x's last reader is the relu or the mask.
+		at := x
+		if relu != nil {
+			at = relu
+		}
+		mask, err := m.NewValue("relu_mask", []*ir.Value{x}, nil, at.Meta, at.Pos)
+		if err != nil {
+			return err
+		}
+		after[at] = append(after[at], mask)
+		for _, g := range grads {
+			args := []*ir.Value{mask, g.Args[1]}
+			info, _ := ir.Lookup("relu_grad_mask")
+			t, err := ir.InferType(info, args, nil)
+			if err != nil {
+				return fmt.Errorf("%s: relu_grad_mask: %w", g.Where(), err)
+			}
+			if !t.Equal(g.Type) {
+				return fmt.Errorf("%s: relu_grad_mask gives %v, relu_grad gave %v", g.Where(), t, g.Type)
+			}
+			g.Op, g.Args = "relu_grad_mask", args
+		}
+		masked++
+	}
+	if masked == 0 {
+		if kept == "" {
+			kept = "the backward reads no ReLU input through relu_grad"
+		}
+		return fmt.Errorf("--compress-activations relu: no ReLU input can leave the stash (%s)", kept)
+	}
+	m.Values = splice(m.Values, nil, after)
+	return nil
+}
+
+// lowPrecisionStash is the lowp mode: bf16 copies of the fp32 forward
+// values the backward reads, widened back just before their first
+// backward use.
+func lowPrecisionStash(m *ir.Module) error {
 	uses := m.Uses()
 	pos := make(map[*ir.Value]int, len(m.Values))
 	for i, v := range m.Values {

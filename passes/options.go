@@ -33,8 +33,8 @@ type Options struct {
 	// Recompute is "none", "full", "selective" or "every=K" (K layers per
 	// checkpointed segment, or "every=sqrt").
 	Recompute string
-	// Compress is "none", "lowp" (bf16 stashes for the backward) or
-	// "relu" (1-bit ReLU masks, not built yet).
+	// Compress is "none", "lowp" (bf16 stashes for the backward), "relu"
+	// (lossless 1-bit ReLU masks) or both as "relu,lowp".
 	Compress string
 	// TwoBW applies PipeDream-2BW's weight update: gradients are taken at
 	// the previous weight version, W(t+1) = W(t) − ν∇f(W(t−1)).

@@ -31,7 +31,7 @@ var passes = [...]Pass{
 	{Name: "optimizer", Fn: optimizer, Required: true, Doc: "global-norm clipping and the AdamW, SGD, Adafactor or SM3 update of every param"},
 	{Name: "mixed-precision", Fn: mixedPrecision, Required: true, Doc: "fp16/bf16 forward and backward on 16-bit weight copies, loss scaling, fp32 master weights (--precision)"},
 	{Name: "recompute", Fn: recompute, Required: true, Doc: "activation recompute: replay forward values in the backward (full, selective, every=K)"},
-	{Name: "compress", Fn: compress, Required: true, Doc: "stash activations for the backward in bf16 (Gist's delayed precision reduction)"},
+	{Name: "compress", Fn: compress, Required: true, Doc: "stash activations for the backward as 1-bit ReLU masks (lossless) or in bf16 (Gist's delayed precision reduction)"},
 	{Name: "shard", Fn: shard, Required: true, Doc: "place every value on the mesh (data parallel, ZeRO) and mark where placements must change"},
 	{Name: "redistribute", Fn: redistribute, Required: true, Doc: "turn placement changes into collectives"},
 	{Name: "data-parallel", Fn: dataParallel, Doc: "bucket the gradient reductions over dp"},

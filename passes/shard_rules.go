@@ -96,6 +96,60 @@ func init() {
 	// SM3 of an unfactored param is AdaGrad: element by element.
 	shardRules["sm3_v"] = elementwiseRule
 	shardRules["sm3_vec"] = elementwiseRule
+	shardRules["relu_mask"] = reluMaskRule
+	shardRules["relu_grad_mask"] = reluGradMaskRule
+}
+
+// reluMaskRule: the mask is split like x. Along every dim but the last
+// that is plain elementwise; along the last, packed 8 elements to a byte,
+// each device packs its own elements, which are bytes of the global mask
+// only when every local piece of the dim (one per fused block) holds a
+// multiple of 8 elements. x partial is summed first: a sign is not linear.
+func reluMaskRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	p := r.have[0]
+	if p.Kind == ir.Partial {
+		p = r.resolve(0)
+	}
+	if err := r.packable(p, r.v.Args[0].Type); err != nil {
+		return nil, rep, err
+	}
+	return []ir.Placement{p}, p, nil
+}
+
+// reluGradMaskRule: the mask decides, and dy (and the result, x's
+// gradient) are placed like it, which is like x. The mask itself is never
+// moved: packed bits would need byte-wise collectives, and a dy placed
+// otherwise is the rare case, so dy moves instead.
+func reluGradMaskRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+	p := r.have[0]
+	if p.Kind == ir.Partial {
+		return nil, rep, fmt.Errorf("relu_grad_mask with a partial-sum mask: a mask of signs cannot be summed")
+	}
+	if err := r.packable(p, r.v.Type); err != nil {
+		return nil, rep, err
+	}
+	return []ir.Placement{p, p}, p, nil
+}
+
+// packable checks that a placement of an unpacked tensor t can carry over
+// to its packed mask: a split of the last dim must leave each device
+// pieces of whole bytes.
+func (r axisRule) packable(p ir.Placement, t ir.Type) error {
+	last := t.Rank() - 1
+	if p.Kind != ir.Shard || p.Dim != last {
+		return nil
+	}
+	size := r.s.m.Mesh.Axes[r.ax].Size
+	n, pieces := t.Shape[last], size*p.NumBlocks()
+	if n%(8*pieces) == 0 {
+		return nil
+	}
+	held := fmt.Sprintf("%d/%d elements", n, pieces)
+	if n%pieces == 0 {
+		held = fmt.Sprintf("%d elements", n/pieces)
+	}
+	return fmt.Errorf("%s packs dim %d of %v 8 elements to a byte, but split %v over %s=%d a device holds pieces of %s, not a multiple of 8: the dim must be a multiple of %d",
+		r.v.Op, last, t, p, r.s.axisName(r.ax), size, held, 8*pieces)
 }
 
 // wholeRule wants every argument whole and gives a whole result, for the

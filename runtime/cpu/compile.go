@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -30,6 +31,8 @@ func (d *Device) compile(in lower.Instr) (func() error, error) {
 		return d.compile16(in)
 	}
 	switch in.Op {
+	case "relu_mask", "relu_grad_mask":
+		return d.compileBitmask(in)
 	case "all_reduce", "reduce_scatter", "all_gather", "shard_slice", "all_to_all":
 		switch {
 		case dt == ir.F32, dt == ir.I32 && (in.Op == "shard_slice" || in.Op == "all_gather"):
@@ -334,6 +337,71 @@ func compileKernel[T kcpu.Float](d *Device, in lower.Instr) (func() error, error
 		return ok(func() { kcpu.SM3Vec(out, p, g, v, float64(lr[0])) }), nil
 	}
 	return nil, fmt.Errorf("the cpu backend has no kernel for op %s", in.Op)
+}
+
+// compileBitmask runs the packed ReLU mask ops. The float operand (x of
+// relu_mask, dy of relu_grad_mask) picks the kernel; 16-bit operands were
+// widened by compile16 before this is reached.
+func (d *Device) compileBitmask(in lower.Instr) (func() error, error) {
+	f := 0 // the float operand: x, or dy
+	if in.Op == "relu_grad_mask" {
+		f = 1
+	}
+	switch dt := d.prog.Buffers[in.Args[f]].Type.DType; dt {
+	case ir.F32:
+		return compileBitmaskOf[float32](d, in, f)
+	case ir.F64:
+		return compileBitmaskOf[float64](d, in, f)
+	default:
+		return nil, fmt.Errorf("the cpu backend cannot run %s on %v", in.Op, dt)
+	}
+}
+
+func compileBitmaskOf[T kcpu.Float](d *Device, in lower.Instr, f int) (func() error, error) {
+	// The local shapes: under a split of the last dim each device packs its
+	// own elements, which the sharding rule made whole bytes.
+	t := in.ArgTypes[f]
+	if t.Rank() < 1 {
+		return nil, fmt.Errorf("%s needs a tensor of rank ≥ 1, got %v", in.Op, t)
+	}
+	n := t.Shape[t.Rank()-1]
+	rows := 1
+	for _, k := range t.Shape[:t.Rank()-1] {
+		rows *= k
+	}
+	mask := in.OutType
+	if in.Op == "relu_grad_mask" {
+		mask = in.ArgTypes[0]
+	}
+	want := t.Shape.Clone()
+	want[len(want)-1] = kcpu.MaskRowBytes(n)
+	if mask.DType != ir.U8 || !mask.Shape.Equal(want) {
+		return nil, fmt.Errorf("%s: the local mask is %v, want u8%v for the local %v", in.Op, mask, want, t)
+	}
+	// The kernels panic on lengths that disagree with the shape; say so
+	// here, at load, instead.
+	sized := func(what string, got, want int) error {
+		if got != want {
+			return fmt.Errorf("%s: %s buffer holds %d elements, the local shapes need %d", in.Op, what, got, want)
+		}
+		return nil
+	}
+	m := view[uint8](d, in.Args[0])
+	if in.Op == "relu_mask" {
+		m = view[uint8](d, in.Out)
+	}
+	x := view[T](d, in.Args[f])
+	if err := errors.Join(sized("mask", len(m), rows*want[len(want)-1]), sized("float", len(x), rows*n)); err != nil {
+		return nil, err
+	}
+	if in.Op == "relu_mask" {
+		return ok(func() { kcpu.ReluMask(m, x, rows, n) }), nil
+	}
+	out := view[T](d, in.Out)
+	if err := sized("result", len(out), rows*n); err != nil {
+		return nil, err
+	}
+	return ok(func() { kcpu.ReluGradMask(out, m, x, rows, n) }), nil
 }
 
 func int32Arg(d *Device, in lower.Instr, i int) ([]int32, error) {
