@@ -11,7 +11,9 @@
 // largest first). A reshape is a view of its argument and gets no buffer of
 // its own. An update whose new value is computed by an elementwise op at
 // the state's last read is done in place; other updates become copies at
-// the end of the step.
+// the end of the step. With Options.Offload, params and optimizer state
+// live in a host arena and are copied to the device around their uses
+// (offload.go).
 package lower
 
 import (
@@ -129,12 +131,15 @@ type Breakdown struct {
 
 // Category names where a buffer's bytes count in a Breakdown.
 func (b Buffer) Category() string {
-	switch b.Kind {
-	case Param:
+	switch {
+	case isWeight(b.Value):
+		// A param, a weight version kept as state (PipeDream-2BW), or a
+		// temporary copy of either (offload's device copy, a pipeline
+		// rank's received param).
 		return "params"
-	case State:
+	case b.Kind == State || b.Value.Op == "state":
 		return "optimizer_state"
-	case Input, Const:
+	case b.Kind == Input || b.Kind == Const:
 		return "inputs"
 	}
 	switch b.Value.Meta.Phase {
@@ -165,8 +170,17 @@ func (bd *Breakdown) add(category string, n int64) {
 
 // Options change how a module is lowered.
 type Options struct {
-	// Offload "optimizer" keeps optimizer state in host memory.
+	// Offload names what lives in the host arena rather than the
+	// device's: "optimizer" (optimizer state), "params" (parameters), or
+	// both, "optimizer,params"; "" or "none" offloads nothing. An offloaded
+	// buffer is on the device only around its uses (see offload).
 	Offload string
+	// PrefetchLayers is how many layer blocks ahead of its use an
+	// offloaded buffer is copied to the device: with 1 (DefaultPrefetch-
+	// Layers, which 0 selects) layer l+1's params are copied when layer l
+	// starts, so the copy can overlap layer l's compute. A negative value
+	// issues each copy right before its first use.
+	PrefetchLayers int
 }
 
 // Lower builds the Program for m.
@@ -174,10 +188,8 @@ func Lower(m *ir.Module) (*Program, error) { return LowerWith(m, Options{}) }
 
 // LowerWith builds the Program for m with options.
 func LowerWith(m *ir.Module, o Options) (*Program, error) {
-	switch o.Offload {
-	case "", "none", "optimizer":
-	default:
-		return nil, fmt.Errorf("offload %q: want optimizer (params offload is not supported yet)", o.Offload)
+	if _, _, err := ParseOffload(o.Offload); err != nil {
+		return nil, fmt.Errorf("offload %q: %w", o.Offload, err)
 	}
 	if err := ir.Verify(m, "lower"); err != nil {
 		return nil, err
@@ -202,54 +214,13 @@ func LowerWith(m *ir.Module, o Options) (*Program, error) {
 	if err := planUpdates(p, m, bufOf); err != nil {
 		return nil, err
 	}
-	if o.Offload == "optimizer" {
-		offloadState(p)
+	if err := offload(p, o); err != nil {
+		return nil, err
 	}
+	// Copies inserted in the forward move the loss's instruction.
+	p.ForwardEnd = forwardEnd(p, m, bufOf)
 	planMemory(p)
 	return p, nil
-}
-
-// offloadState moves optimizer state to the host arena (ZeRO-Offload's
-// optimizer offload). Each state is copied to a device buffer just before
-// the first instruction that reads or updates it and copied back after the
-// last, so only the state of the update in progress is on the device.
-func offloadState(p *Program) {
-	for id := range p.Buffers {
-		if p.Buffers[id].Kind != State {
-			continue
-		}
-		firstUse, lastUse := -1, -1
-		for i, in := range p.Instrs {
-			if in.Out == id || slices.Contains(in.Args, id) {
-				if firstUse < 0 {
-					firstUse = i
-				}
-				lastUse = i
-			}
-		}
-		if firstUse < 0 {
-			continue
-		}
-		b := p.Buffers[id]
-		p.Buffers[id].Host = true
-		tmp := len(p.Buffers)
-		p.Buffers = append(p.Buffers, Buffer{ID: tmp, Kind: Temp, Name: b.Name, Type: b.Type, Global: b.Global, Place: b.Place, Bytes: b.Bytes, Value: b.Value})
-		for i := firstUse; i <= lastUse; i++ {
-			in := &p.Instrs[i]
-			if in.Out == id {
-				in.Out = tmp
-			}
-			for k, a := range in.Args {
-				if a == id {
-					in.Args[k] = tmp
-				}
-			}
-		}
-		in := Instr{Op: "copy", Args: []int{id}, Out: tmp, Value: b.Value, Block: p.Instrs[firstUse].Block}
-		out := Instr{Op: "copy", Args: []int{tmp}, Out: id, Value: b.Value, Block: p.Instrs[lastUse].Block}
-		p.Instrs = slices.Insert(p.Instrs, lastUse+1, out)
-		p.Instrs = slices.Insert(p.Instrs, firstUse, in)
-	}
 }
 
 // builder turns values into buffers and instructions.
@@ -534,11 +505,20 @@ func PlanMemory(p *Program) { planMemory(p) }
 func planMemory(p *Program) {
 	var off, host int64
 	p.PersistentBytes = 0
+	// The host arena: cache-line-aligned buffers first, then the small
+	// ones, so no padding sits between them.
+	for _, large := range []bool{true, false} {
+		for i := range p.Buffers {
+			b := &p.Buffers[i]
+			if b.Host && (alignOf(b.Bytes) == Align) == large {
+				b.Offset = roundTo(host, alignOf(b.Bytes))
+				host = b.Offset + alignUp(b.Bytes)
+			}
+		}
+	}
 	for i := range p.Buffers {
 		b := &p.Buffers[i]
 		if b.Host {
-			b.Offset = roundTo(host, alignOf(b.Bytes))
-			host = b.Offset + alignUp(b.Bytes)
 			continue
 		}
 		if b.Kind.Persistent() {
@@ -548,6 +528,8 @@ func planMemory(p *Program) {
 		}
 	}
 	p.HostBytes = host
+	// Device temporaries: a host buffer is never live on the device.
+	temp := func(id int) bool { return !p.Buffers[id].Host && !p.Buffers[id].Kind.Persistent() }
 	base := off
 	n := len(p.Instrs)
 	first := map[int]int{}
@@ -559,7 +541,7 @@ func planMemory(p *Program) {
 			}
 			continue
 		}
-		if _, ok := first[in.Out]; !ok && !p.Buffers[in.Out].Kind.Persistent() {
+		if _, ok := first[in.Out]; !ok && temp(in.Out) {
 			first[in.Out] = i
 			last[in.Out] = i
 		}
@@ -571,7 +553,7 @@ func planMemory(p *Program) {
 		last[b] = n // read after the step
 	}
 	for b, l := range last {
-		if !p.Buffers[b].Kind.Persistent() && l < n {
+		if temp(b) && l < n {
 			p.Instrs[l].Frees = append(p.Instrs[l].Frees, b)
 		}
 	}
@@ -801,5 +783,9 @@ func human(n int64) string {
 
 // Describe is a one-line summary for logs.
 func (p *Program) Describe() string {
-	return fmt.Sprintf("%d instrs, %d buffers, arena %d B, predicted peak %d B (%d B persistent)", len(p.Instrs), len(p.Buffers), p.ArenaBytes, p.PeakBytes, p.PersistentBytes)
+	s := fmt.Sprintf("%d instrs, %d buffers, arena %d B, predicted peak %d B (%d B persistent)", len(p.Instrs), len(p.Buffers), p.ArenaBytes, p.PeakBytes, p.PersistentBytes)
+	if p.HostBytes > 0 {
+		s += fmt.Sprintf(", host %d B (offloaded)", p.HostBytes)
+	}
+	return s
 }

@@ -30,7 +30,13 @@ type Block struct {
 // split as zero-bubble schedules need: B computes what the previous chunk
 // needs (input gradients); W the rest (weight gradients).
 func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
-	return lowerPipeline(m, order, false)
+	return LowerPipelineWith(m, order, Options{})
+}
+
+// LowerPipelineWith is LowerPipeline with options; offload applies to each
+// rank's program on its own (its params, its state, its received copies).
+func LowerPipelineWith(m *ir.Module, order [][]Block, o Options) ([]*Program, error) {
+	return lowerPipeline(m, order, false, o)
 }
 
 // LowerPipelineForward cuts the forward-only programs that evaluation runs:
@@ -38,6 +44,11 @@ func LowerPipeline(m *ir.Module, order [][]Block) ([]*Program, error) {
 // They hold their own copies of the params, which the runtime refreshes
 // from the training programs before each evaluation.
 func LowerPipelineForward(m *ir.Module, p, v, micro int) ([]*Program, error) {
+	return LowerPipelineForwardWith(m, p, v, micro, Options{})
+}
+
+// LowerPipelineForwardWith is LowerPipelineForward with options.
+func LowerPipelineForwardWith(m *ir.Module, p, v, micro int, o Options) ([]*Program, error) {
 	order := make([][]Block, p)
 	for r := range p {
 		for c := r; c < p*v; c += p {
@@ -46,10 +57,13 @@ func LowerPipelineForward(m *ir.Module, p, v, micro int) ([]*Program, error) {
 			}
 		}
 	}
-	return lowerPipeline(m, order, true)
+	return lowerPipeline(m, order, true, o)
 }
 
-func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program, error) {
+func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) ([]*Program, error) {
+	if _, _, err := ParseOffload(o.Offload); err != nil {
+		return nil, fmt.Errorf("offload %q: %w", o.Offload, err)
+	}
 	if err := ir.Verify(m, "lower"); err != nil {
 		return nil, err
 	}
@@ -277,6 +291,9 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool) ([]*Program,
 			return nil, err
 		}
 		if err := planUpdates(prog, &ir.Module{Updates: ups}, b.bufOf); err != nil {
+			return nil, err
+		}
+		if err := offload(prog, o); err != nil {
 			return nil, err
 		}
 		planMemory(prog)

@@ -38,9 +38,14 @@ type DeviceMetrics struct {
 	PeakBytesPredicted int64 `json:"peak_bytes_predicted"`
 	PeakBytesMeasured  int64 `json:"peak_bytes_measured"`
 	ArenaBytes         int64 `json:"arena_bytes"`
-	ParamBytes         int64 `json:"param_bytes"`
-	GradBytes          int64 `json:"grad_bytes"`
-	OptimizerBytes     int64 `json:"optimizer_state_bytes"`
+	// ParamBytes and OptimizerBytes are the device's share of the model's
+	// params and optimizer state wherever they are kept; HostBytes is how
+	// many bytes of them (and of other offloaded buffers) live in host
+	// memory under --offload instead of the device.
+	ParamBytes     int64 `json:"param_bytes"`
+	GradBytes      int64 `json:"grad_bytes"`
+	OptimizerBytes int64 `json:"optimizer_state_bytes"`
+	HostBytes      int64 `json:"host_bytes,omitempty"`
 	// PeakBreakdown divides the predicted peak by what the bytes hold.
 	PeakBreakdown *lower.Breakdown `json:"peak_breakdown,omitempty"`
 }

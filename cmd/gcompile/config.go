@@ -7,6 +7,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"gcompile/lower"
 )
 
 // config is the command line, validated before any work starts.
@@ -22,7 +24,7 @@ type config struct {
 	memLimit                               int64
 	verify, run, helpModel, seqParallel    bool
 	dpSync                                 string
-	staleness                              int
+	staleness, offloadPrefetch             int
 	steps, batch, evalEvery, evalBatches   int
 	seed                                   int64
 	set                                    string
@@ -70,8 +72,9 @@ func parseArgs(args []string) (*config, error) {
 	fs.Int64Var(&c.seed, "seed", 1, "seed for weights and data order")
 	fs.StringVar(&c.metrics, "metrics", "", "write metrics JSON to this file")
 	fs.StringVar(&c.deviceMemory, "device-memory", "", "memory per device, e.g. 80GiB or 512MiB (default: unlimited on cpu); a plan that does not fit is a compile error")
-	fs.StringVar(&c.offload, "offload", "", "keep optimizer state or params in host memory: optimizer|params")
-	fs.StringVar(&c.compress, "compress-activations", "", "stash activations for the backward compressed: relu (1-bit masks) or lowp (bf16)")
+	fs.StringVar(&c.offload, "offload", "", "keep state in host memory, copied to the device ahead of each use: optimizer (optimizer state), params (parameters), or both as optimizer,params")
+	fs.IntVar(&c.offloadPrefetch, "offload-prefetch", lower.DefaultPrefetchLayers, "with --offload: copy a layer's offloaded buffers to the device this many layer blocks ahead of use (0: right before use)")
+	fs.StringVar(&c.compress, "compress-activations", "", "stash activations for the backward compressed: relu (lossless 1-bit ReLU masks), lowp (bf16), or relu,lowp")
 	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline schedule (simulated, unit costs) as SVG to this file")
 	fs.StringVar(&c.trace, "trace", "", "write Chrome trace events (first 3 steps) to this file")
 	fs.StringVar(&c.save, "save", "", "save the trained weights as safetensors")
@@ -245,21 +248,24 @@ func (c *config) validate() error {
 		return errors.Join(errs...)
 	}
 	// What this build cannot do yet, each said once and never ignored.
-	switch {
-	case c.offload == "" || c.offload == "optimizer" && c.pp == 1:
-	case c.offload == "optimizer":
-		notYet("--offload optimizer with --pp > 1", "offload is planned for single-program lowering first")
-	case c.offload == "params":
-		notYet("--offload params", "parameter offload (copies before each forward and backward use) comes next")
-	default:
-		bad("--offload %q: want optimizer or params", c.offload)
+	if _, err := lowerOptions(c); err != nil {
+		errs = append(errs, err)
+	} else if c.offloadPrefetch < 0 {
+		bad("--offload-prefetch %d: want a distance ≥ 0 in layer blocks", c.offloadPrefetch)
+	} else if c.explicit["offload-prefetch"] && (c.offload == "" || c.offload == "none") {
+		bad("--offload-prefetch applies to --offload")
+	} else if c.offload != "" && c.offload != "none" && c.dpSync == "async" {
+		notYet("--offload with --dp-sync async", "the asynchronous trainer's gradient and update programs are lowered without offload")
 	}
-	switch c.compress {
-	case "", "lowp":
-	case "relu":
-		notYet("--compress-activations relu", "1-bit ReLU masks need packed-bit ops; lowp (bf16 stashes) is available")
-	default:
-		bad("--compress-activations %q: want lowp or relu", c.compress)
+	if c.compress != "" && c.compress != "none" {
+		seen := map[string]bool{}
+		for _, mode := range strings.Split(c.compress, ",") {
+			if mode != "lowp" && mode != "relu" || seen[mode] {
+				bad("--compress-activations %q: want lowp or relu, or both as relu,lowp", c.compress)
+				break
+			}
+			seen[mode] = true
+		}
 	}
 	if c.ep > 1 {
 		notYet(fmt.Sprintf("ep=%d", c.ep), "expert parallelism comes with the mixture-of-experts layers")

@@ -72,13 +72,17 @@ func mainErr(args []string) error {
 		return runAsync(c, m, start, results)
 	}
 	var progs, evalProgs []*lower.Program
+	lo, err := lowerOptions(c)
+	if err != nil {
+		return err
+	}
 	if sched != nil {
-		if progs, err = lower.LowerPipeline(m, blocks(sched)); err == nil {
-			evalProgs, err = lower.LowerPipelineForward(m, c.pp, max(c.vpp, 1), c.microbatches)
+		if progs, err = lower.LowerPipelineWith(m, blocks(sched), lo); err == nil {
+			evalProgs, err = lower.LowerPipelineForwardWith(m, c.pp, max(c.vpp, 1), c.microbatches, lo)
 		}
 	} else {
 		var prog *lower.Program
-		prog, err = lower.LowerWith(m, lower.Options{Offload: c.offload})
+		prog, err = lower.LowerWith(m, lo)
 		progs = []*lower.Program{prog}
 	}
 	if err != nil {
@@ -162,7 +166,7 @@ func mainErr(args []string) error {
 // shard under ZeRO-2/3).
 func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
 	peak := prog.Peak
-	dm := runtime.DeviceMetrics{Rank: rank, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes, PeakBreakdown: &peak}
+	dm := runtime.DeviceMetrics{Rank: rank, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes, HostBytes: prog.HostBytes, PeakBreakdown: &peak}
 	for _, b := range prog.Buffers {
 		switch b.Kind {
 		case lower.Param:
@@ -179,6 +183,19 @@ func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
 		}
 	}
 	return dm
+}
+
+// lowerOptions are the lowering's options from the command line; every
+// pipeline rank's program gets the same.
+func lowerOptions(c *config) (lower.Options, error) {
+	if _, _, err := lower.ParseOffload(c.offload); err != nil {
+		return lower.Options{}, fmt.Errorf("--offload %q: %w", c.offload, err)
+	}
+	prefetch := c.offloadPrefetch
+	if prefetch == 0 {
+		prefetch = -1 // right before use; Options reads 0 as the default
+	}
+	return lower.Options{Offload: c.offload, PrefetchLayers: prefetch}, nil
 }
 
 func passOptions(c *config) *passes.Options {

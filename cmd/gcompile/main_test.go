@@ -71,10 +71,14 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--devices", "8", "--ep", "2"}, "ep=2: not yet supported"},
 		{[]string{"--sequence-parallel"}, "--sequence-parallel needs --tp > 1"},
 		{[]string{"--bucket-mb", "0"}, "--bucket-mb must be positive"},
-		{[]string{"--offload", "params"}, "--offload params: not yet supported"},
-		{[]string{"--offload", "disk"}, `--offload "disk": want optimizer or params`},
-		{[]string{"--compress-activations", "relu"}, "--compress-activations relu: not yet supported"},
+		{[]string{"--offload", "disk"}, `--offload "disk": want optimizer, params or optimizer,params (got "disk")`},
+		{[]string{"--offload", "optimizer,disk"}, `--offload "optimizer,disk": want optimizer, params or optimizer,params (got "disk")`},
+		{[]string{"--offload", "params,params"}, `--offload "params,params": "params" is listed twice`},
+		{[]string{"--devices", "2", "--offload", "params", "--dp-sync", "async"}, "--offload with --dp-sync async: not yet supported"},
+		{[]string{"--offload", "params", "--offload-prefetch", "-1"}, "--offload-prefetch -1: want a distance ≥ 0 in layer blocks"},
+		{[]string{"--offload-prefetch", "2"}, "--offload-prefetch applies to --offload"},
 		{[]string{"--compress-activations", "zip"}, `--compress-activations "zip": want lowp or relu`},
+		{[]string{"--compress-activations", "relu,relu"}, `--compress-activations "relu,relu": want lowp or relu, or both as relu,lowp`},
 		{[]string{"--dp-sync", "async"}, "--dp-sync async needs --dp > 1"},
 		{[]string{"--devices", "4", "--dp", "2", "--tp", "2", "--dp-sync", "async"}, "does not combine with tp, pp, ep or ZeRO"},
 		{[]string{"--staleness", "2"}, "--staleness applies to --dp-sync async"},
@@ -334,4 +338,76 @@ func TestResumeFromDump(t *testing.T) {
 		assert.Positive(t, p.PeakBytes)
 	}
 	require.NoError(t, mainErr([]string{filepath.Join(dumps, dumpName(t, "autodiff"))}))
+}
+
+// --compress-activations relu on a model without ReLUs is an error that
+// says what to change; on a ReLU model it runs, alone or with lowp, and
+// predicts (and measures) a smaller peak than without masks.
+func TestCompressActivationsRelu(t *testing.T) {
+	for _, mode := range []string{"relu", "relu,lowp", "lowp,relu"} {
+		_, err := parseArgs(append(append([]string{}, tinyGPT...), "--compress-activations", mode))
+		assert.NoError(t, err, mode)
+	}
+	err := mainErr(append(append([]string{}, tinyGPT...), "--compress-activations", "relu"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--compress-activations relu needs ReLU activations")
+	assert.Contains(t, err.Error(), "has none (for examples/gpt: --set activation=relu)")
+
+	peak := func(compress string) int64 {
+		metrics := filepath.Join(t.TempDir(), "m.json")
+		args := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16,activation=relu", "--batch", "4", "--max-data-mb", "1",
+			"--run", "--steps", "2", "--metrics", metrics, "--verify"}
+		if compress != "" {
+			args = append(args, "--compress-activations", compress)
+		}
+		require.NoError(t, mainErr(args), compress)
+		var m runtime.Metrics
+		raw, err := os.ReadFile(metrics)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(raw, &m))
+		require.Len(t, m.Devices, 1)
+		assert.Equal(t, m.Devices[0].PeakBytesPredicted, m.Devices[0].PeakBytesMeasured, compress)
+		return m.Devices[0].PeakBytesPredicted
+	}
+	// One layer, batch 4, seq 16, 4h = 128: x is 4·4·16·128 bytes, its mask 4·16·16.
+	assert.Equal(t, int64(4*4*16*128-4*16*16), peak("")-peak("relu"))
+}
+
+// --offload params and optimizer,params compile and train, on one device
+// and on a pipeline; each device measures the peak the plan predicts, and
+// the plan's peak is below the same run's without offload.
+func TestOffloadRuns(t *testing.T) {
+	for _, off := range []string{"optimizer", "params", "optimizer,params", "params,optimizer"} {
+		_, err := parseArgs(append(append([]string{}, tinyGPT...), "--offload", off, "--devices", "2", "--pp", "2", "--set", "layers=2", "--microbatches", "2"))
+		assert.NoError(t, err, off)
+	}
+	run := func(extra ...string) runtime.Metrics {
+		metrics := filepath.Join(t.TempDir(), "m.json")
+		args := append([]string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
+			"--run", "--steps", "2", "--eval-batches", "1", "--metrics", metrics}, extra...)
+		require.NoError(t, mainErr(args), extra)
+		var m runtime.Metrics
+		raw, err := os.ReadFile(metrics)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(raw, &m))
+		return m
+	}
+	for _, plan := range [][]string{{"--devices", "1"}, {"--devices", "2", "--pp", "2", "--microbatches", "2"}} {
+		ref := run(plan...)
+		for _, off := range []string{"params", "optimizer,params"} {
+			got := run(append(plan, "--offload", off)...)
+			require.Len(t, got.Devices, len(ref.Devices))
+			for i, d := range got.Devices {
+				assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "%v %s: rank %d", plan, off, d.Rank)
+				assert.Less(t, d.PeakBytesPredicted, ref.Devices[i].PeakBytesPredicted, "%v %s: rank %d", plan, off, d.Rank)
+				assert.Zero(t, ref.Devices[i].HostBytes, "%v: nothing on the host without offload", plan)
+				assert.GreaterOrEqual(t, d.HostBytes, d.ParamBytes, "%v %s: rank %d: every param byte is on the host", plan, off, d.Rank)
+			}
+			require.Len(t, got.Steps, 2)
+			for i := range got.Steps {
+				assert.Equal(t, ref.Steps[i].Loss, got.Steps[i].Loss, "%v %s: offload does not change training", plan, off)
+			}
+			assert.Equal(t, off, got.Config["offload"])
+		}
+	}
 }

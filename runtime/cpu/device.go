@@ -37,9 +37,13 @@ type Device struct {
 	prog  *lower.Program
 	arena []uint64 // uint64 backing keeps every view 8-byte aligned
 	bytes []byte
-	// host holds offloaded buffers (optimizer state under --offload).
+	// host holds offloaded buffers (params and optimizer state under --offload).
 	host []byte
 	run  []func() error
+	// born[i]: instruction i is the first to write a device temporary, so
+	// its bytes become live there (an offloaded param's device copy is
+	// written again by its in-place update; that adds nothing).
+	born []bool
 	// live and high track bytes held by live buffers as the step executes.
 	live, high int64
 	// OnInstr, when set, is told each instruction's start and duration
@@ -76,12 +80,18 @@ func Load(p *lower.Program, opts Options) (*Device, error) {
 			}
 		}
 	}
+	written := map[int]bool{}
 	for _, in := range p.Instrs {
 		f, err := d.compile(in)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", in.Value.Where(), err)
 		}
 		d.run = append(d.run, f)
+		born := in.Out >= 0 && p.Buffers[in.Out].Kind == lower.Temp && !p.Buffers[in.Out].Host && !written[in.Out]
+		if born {
+			written[in.Out] = true
+		}
+		d.born = append(d.born, born)
 	}
 	return d, nil
 }
@@ -146,9 +156,10 @@ func (d *Device) exec(n int) error {
 	d.live = 0
 	for i, f := range d.run[:n] {
 		in := &d.prog.Instrs[i]
-		// Persistent buffers are counted once, in PersistentBytes; an
-		// in-place update writes into one without making anything new live.
-		if in.Out >= 0 && d.prog.Buffers[in.Out].Kind == lower.Temp {
+		// Persistent buffers are counted once, in PersistentBytes, and host
+		// buffers not at all; a device temporary is live from its first
+		// write, as the memory plan has it.
+		if d.born[i] {
 			d.live += d.prog.Buffers[in.Out].Bytes
 		}
 		d.high = max(d.high, d.live)
