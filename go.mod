@@ -3,6 +3,7 @@ module gcompile
 go 1.26.0
 
 require (
+	github.com/ebitengine/purego v0.11.3
 	github.com/google/go-cmp v0.7.0
 	github.com/stretchr/testify v1.12.1
 	github.com/x448/float16 v0.8.4

@@ -1,0 +1,95 @@
+package nccl_test
+
+import (
+	"encoding/binary"
+	"math"
+	"os"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/runtime/cuda/driver"
+	"gcompile/runtime/cuda/nccl"
+)
+
+const gpuTestsEnv = "GCOMPILE_GPU_TESTS"
+
+// A communicator of one rank exercises the real library on a single GPU.
+func TestRealNCCLWorldOfOne(t *testing.T) {
+	if os.Getenv(gpuTestsEnv) != "1" {
+		t.Skipf("set %s=1 on a machine with an NVIDIA GPU to test against the real NCCL", gpuTestsEnv)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d, err := driver.Load()
+	require.NoError(t, err)
+	require.NoError(t, d.Init())
+	dev, err := d.Device(0)
+	require.NoError(t, err)
+	ctx, err := d.PrimaryCtxRetain(dev)
+	require.NoError(t, err)
+	defer d.PrimaryCtxRelease(dev)
+	require.NoError(t, d.SetCurrent(ctx))
+	s, err := d.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	defer d.StreamDestroy(s)
+
+	n, err := nccl.Load()
+	require.NoError(t, err)
+	v, err := n.Version()
+	require.NoError(t, err)
+	t.Logf("NCCL %d from %s, native all-to-all: %v", v, n.Path(), n.HasAllToAll())
+	id, err := n.GetUniqueID()
+	require.NoError(t, err)
+	c, err := n.CommInitRank(1, id, 0)
+	require.NoError(t, err)
+	defer n.CommDestroy(c)
+	count, err := n.CommCount(c)
+	require.NoError(t, err)
+	assert.Equal(t, 1, count)
+
+	const elems = 1024
+	in := make([]byte, 4*elems)
+	for i := 0; i < elems; i++ {
+		binary.LittleEndian.PutUint32(in[4*i:], math.Float32bits(float32(i)/8))
+	}
+	src, err := d.MemAlloc(4 * elems)
+	require.NoError(t, err)
+	defer d.MemFree(src)
+	dst, err := d.MemAlloc(4 * elems)
+	require.NoError(t, err)
+	defer d.MemFree(dst)
+	require.NoError(t, d.MemcpyHtoD(src, in))
+
+	out := make([]byte, len(in))
+	for name, run := range map[string]func() error{
+		"all-reduce": func() error { return n.AllReduce(src, dst, elems, nccl.Float32, nccl.Sum, c, s) },
+		"all-gather": func() error { return n.AllGather(src, dst, elems, nccl.Float32, c, s) },
+		"broadcast":  func() error { return n.Broadcast(src, dst, elems, nccl.Float32, 0, c, s) },
+		"all-to-all": func() error { return n.AllToAll(src, dst, elems, nccl.Float32, c, s) },
+		"send/recv": func() error {
+			if err := n.GroupStart(); err != nil {
+				return err
+			}
+			err1 := n.Send(src, elems, nccl.Float32, 0, c, s)
+			err2 := n.Recv(dst, elems, nccl.Float32, 0, c, s)
+			err3 := n.GroupEnd()
+			for _, e := range []error{err1, err2, err3} {
+				if e != nil {
+					return e
+				}
+			}
+			return nil
+		},
+	} {
+		require.NoError(t, d.MemsetD8(dst, 0, 4*elems))
+		// The memset runs on the legacy stream, which s does not wait for.
+		require.NoError(t, d.Synchronize())
+		require.NoError(t, run(), name)
+		require.NoError(t, d.StreamSynchronize(s))
+		require.NoError(t, d.MemcpyDtoH(out, dst))
+		assert.Equal(t, in, out, "%s over one rank copies its input", name)
+	}
+}
