@@ -1,0 +1,278 @@
+// common.cuh — the prelude that Go prepends to every kernel source.
+//
+// It must compile in three places without any #include: NVRTC (which
+// provides the CUDA builtins and math functions itself), clang in CUDA
+// mode with -nocudainc (which provides neither, so this file declares
+// them), and g++ through the emulator's shim (emu/csrc/emu.h, which defines
+// GC_EMU and every builtin before this file is read).
+//
+// Kernels reach warps and blocks only through the gc_ helpers below, so
+// each of the three worlds needs to supply just these few primitives.
+
+#if defined(GC_EMU)
+// The emulator's shim has defined the builtins, the math functions and
+// gc_shfl_xor, gc_ballot, gc_popc and gc_atomic_max_int.
+
+#elif defined(__clang__) && !defined(__CUDACC_RTC__)
+// clang -x cuda -nocudainc: no CUDA headers, so the builtin variables,
+// the warp primitives and the libdevice math entry points are declared
+// here. The NVPTX special registers are read through clang builtins.
+#define __device__ __attribute__((device))
+#define __global__ __attribute__((global))
+#define __shared__ __attribute__((shared))
+#define __forceinline__ __inline__ __attribute__((always_inline))
+
+struct gc_reg_tid {
+  __declspec(property(get = get_x)) unsigned x;
+  static __device__ unsigned get_x() { return __nvvm_read_ptx_sreg_tid_x(); }
+};
+struct gc_reg_ctaid {
+  __declspec(property(get = get_x)) unsigned x;
+  static __device__ unsigned get_x() { return __nvvm_read_ptx_sreg_ctaid_x(); }
+};
+struct gc_reg_ntid {
+  __declspec(property(get = get_x)) unsigned x;
+  static __device__ unsigned get_x() { return __nvvm_read_ptx_sreg_ntid_x(); }
+};
+struct gc_reg_nctaid {
+  __declspec(property(get = get_x)) unsigned x;
+  static __device__ unsigned get_x() { return __nvvm_read_ptx_sreg_nctaid_x(); }
+};
+extern const __device__ gc_reg_tid threadIdx;
+extern const __device__ gc_reg_ctaid blockIdx;
+extern const __device__ gc_reg_ntid blockDim;
+extern const __device__ gc_reg_nctaid gridDim;
+
+extern "C" __device__ float __nv_expf(float);
+extern "C" __device__ float __nv_logf(float);
+extern "C" __device__ float __nv_tanhf(float);
+extern "C" __device__ float __nv_sqrtf(float);
+extern "C" __device__ double __nv_sqrt(double);
+extern "C" __device__ double __nv_log(double);
+extern "C" __device__ double __nv_pow(double, double);
+static __device__ __forceinline__ float expf(float x) { return __nv_expf(x); }
+static __device__ __forceinline__ float logf(float x) { return __nv_logf(x); }
+static __device__ __forceinline__ float tanhf(float x) { return __nv_tanhf(x); }
+static __device__ __forceinline__ float sqrtf(float x) { return __nv_sqrtf(x); }
+static __device__ __forceinline__ double sqrt(double x) { return __nv_sqrt(x); }
+static __device__ __forceinline__ double log(double x) { return __nv_log(x); }
+static __device__ __forceinline__ double pow(double x, double y) { return __nv_pow(x, y); }
+static __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
+// __syncthreads is a clang builtin for NVPTX.
+
+static __device__ __forceinline__ int gc_shfl_xor(int v, int lane_mask) {
+  return __nvvm_shfl_sync_bfly_i32(0xffffffffu, v, lane_mask, 0x1f);
+}
+static __device__ __forceinline__ float gc_shfl_xor(float v, int lane_mask) {
+  return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, lane_mask, 0x1f);
+}
+static __device__ __forceinline__ long long gc_shfl_xor(long long v, int lane_mask) {
+  const int lo = __nvvm_shfl_sync_bfly_i32(0xffffffffu, (int)v, lane_mask, 0x1f);
+  const int hi = __nvvm_shfl_sync_bfly_i32(0xffffffffu, (int)(v >> 32), lane_mask, 0x1f);
+  return (long long)(((unsigned long long)(unsigned)hi << 32) | (unsigned)lo);
+}
+static __device__ __forceinline__ double gc_shfl_xor(double v, int lane_mask) {
+  return __builtin_bit_cast(double, gc_shfl_xor(__builtin_bit_cast(long long, v), lane_mask));
+}
+static __device__ __forceinline__ unsigned gc_ballot(bool p) {
+  return __nvvm_vote_ballot_sync(0xffffffffu, p);
+}
+static __device__ __forceinline__ int gc_popc(unsigned v) { return __builtin_popcount(v); }
+static __device__ __forceinline__ void gc_atomic_max_int(int* p, int v) { __nvvm_atom_max_gen_i(p, v); }
+
+#else
+// NVRTC and nvcc: the builtins exist; only the gc_ wrappers are needed.
+template <typename T>
+static __device__ __forceinline__ T gc_shfl_xor(T v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+static __device__ __forceinline__ unsigned gc_ballot(bool p) { return __ballot_sync(0xffffffffu, p); }
+static __device__ __forceinline__ int gc_popc(unsigned v) { return __popc(v); }
+static __device__ __forceinline__ void gc_atomic_max_int(int* p, int v) { atomicMax(p, v); }
+#endif
+
+// ---- Loops --------------------------------------------------------------
+
+// GC_FOR_EACH visits i in [0, n) with a grid-stride loop: correct for any
+// grid and block size, each index exactly once.
+#define GC_FOR_EACH(i, n)                                                        \
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+       i += (long long)blockDim.x * gridDim.x)
+
+// GC_FOR_ROWS gives each block whole rows: row blockIdx.x, then
+// blockIdx.x + gridDim.x, … so a grid smaller than rows still covers them.
+#define GC_FOR_ROWS(r, rows) for (long long r = blockIdx.x; r < (rows); r += gridDim.x)
+
+// GC_FOR_ROW strides the block's threads over the n elements of one row.
+#define GC_FOR_ROW(j, n) for (long long j = threadIdx.x; j < (n); j += blockDim.x)
+
+// ---- Scalars ------------------------------------------------------------
+
+static __device__ __forceinline__ unsigned gc_float_bits(float f) {
+  union { float f; unsigned u; } c;
+  c.f = f;
+  return c.u;
+}
+
+static __device__ __forceinline__ float gc_bits_float(unsigned u) {
+  union { float f; unsigned u; } c;
+  c.u = u;
+  return c.f;
+}
+
+static __device__ __forceinline__ bool gc_nonfinite(float x) {
+  return (gc_float_bits(x) & 0x7f800000u) == 0x7f800000u;
+}
+
+// gc_max and gc_min propagate a NaN from either side, as Go's built-in
+// max and min do (fmaxf would drop it and hide a NaN in the data).
+template <typename T>
+static __device__ __forceinline__ T gc_max(T a, T b) { return (b > a || b != b) ? b : a; }
+template <typename T>
+static __device__ __forceinline__ T gc_min(T a, T b) { return (b < a || b != b) ? b : a; }
+
+// gc_inv_sqrt is 1/√x, and 0 at x = 0 so a zero gradient with a zero
+// second moment moves nothing (kernels/cpu's invSqrt).
+static __device__ __forceinline__ double gc_inv_sqrt(double x) { return x == 0 ? 0.0 : 1.0 / sqrt(x); }
+
+static __device__ __forceinline__ float gc_neg_inf() { return gc_bits_float(0xff800000u); }
+
+// A double that must outlive a kernel (a partial sum, a row statistic)
+// is kept in a float buffer as two floats, hi + lo, which carry about 48
+// bits: buffers stay float-only and the value loses almost nothing.
+static __device__ __forceinline__ void gc_store_pair(float* p, double v) {
+  float hi = (float)v;
+  p[0] = hi;
+  p[1] = (float)(v - (double)hi);
+}
+
+static __device__ __forceinline__ double gc_load_pair(const float* p) {
+  return (double)p[0] + (double)p[1];
+}
+
+// ---- 16-bit floats ------------------------------------------------------
+// Written by hand so that every backend rounds the same way: round to
+// nearest, ties to even, as kernels/cpu/half.go (bf16) and
+// github.com/x448/float16 (fp16) do, bit for bit.
+
+// gc_f16_from_f32 rounds to IEEE binary16. Overflow gives ±Inf, tiny
+// values become subnormals or ±0, and a NaN keeps its top payload bits
+// with the quiet bit set.
+static __device__ __forceinline__ unsigned short gc_f16_from_f32(float f) {
+  const unsigned u = gc_float_bits(f);
+  const unsigned sign = (u >> 16) & 0x8000u;
+  const unsigned exp = (u >> 23) & 0xffu;
+  const unsigned man = u & 0x7fffffu;
+  if (exp == 0xffu) {
+    return (unsigned short)(sign | 0x7c00u | (man != 0 ? 0x200u | (man >> 13) : 0u));
+  }
+  const int e = (int)exp - 127 + 15;  // the binary16 biased exponent
+  if (e >= 31) return (unsigned short)(sign | 0x7c00u);
+  if (e <= 0) {
+    // Subnormal (or zero): the implicit bit joins the mantissa and the
+    // whole is shifted right; below 2^-25 nothing is left to round up.
+    if (e < -10) return (unsigned short)sign;
+    const unsigned full = man | 0x800000u;
+    const unsigned shift = (unsigned)(14 - e);  // 14 … 24
+    unsigned h = full >> shift;
+    const unsigned rest = full & ((1u << shift) - 1u);
+    const unsigned half = 1u << (shift - 1u);
+    if (rest > half || (rest == half && (h & 1u))) h++;  // may carry into the exponent: fine
+    return (unsigned short)(sign | h);
+  }
+  unsigned h = sign | ((unsigned)e << 10) | (man >> 13);
+  const unsigned rest = man & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;  // a carry rounds up to ±Inf correctly
+  return (unsigned short)h;
+}
+
+// gc_f32_from_f16 widens binary16 exactly; a NaN comes back quiet.
+static __device__ __forceinline__ float gc_f32_from_f16(unsigned short h) {
+  const unsigned sign = ((unsigned)h & 0x8000u) << 16;
+  unsigned exp = ((unsigned)h >> 10) & 0x1fu;
+  unsigned man = (unsigned)h & 0x3ffu;
+  if (exp == 0x1fu) return gc_bits_float(sign | 0x7f800000u | (man != 0 ? 0x400000u : 0u) | (man << 13));
+  if (exp == 0) {
+    if (man == 0) return gc_bits_float(sign);
+    // Subnormal: shift the leading one up to the implicit position.
+    unsigned e = 113;  // 127 − 15 + 1
+    while ((man & 0x400u) == 0) {
+      man <<= 1;
+      e--;
+    }
+    return gc_bits_float(sign | (e << 23) | ((man & 0x3ffu) << 13));
+  }
+  return gc_bits_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+// gc_bf16_from_f32 keeps the top 16 bits, rounded to nearest even; a NaN
+// keeps its sign and top payload and is made quiet.
+static __device__ __forceinline__ unsigned short gc_bf16_from_f32(float f) {
+  const unsigned u = gc_float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  const unsigned lsb = (u >> 16) & 1u;
+  return (unsigned short)((u + 0x7fffu + lsb) >> 16);
+}
+
+static __device__ __forceinline__ float gc_f32_from_bf16(unsigned short h) {
+  return gc_bits_float((unsigned)h << 16);
+}
+
+// ---- Block reductions ---------------------------------------------------
+// Fixed shapes, fixed order: a warp butterfly, then the first warp folds
+// the per-warp results. For a given blockDim the order never changes, so
+// results are bit-reproducible run to run. blockDim.x must be a multiple
+// of 32 (at most 1024); every thread of the block must call these.
+
+template <typename T>
+static __device__ __forceinline__ T gc_warp_sum(T v) {
+  for (int m = 16; m > 0; m >>= 1) v += gc_shfl_xor(v, m);
+  return v;
+}
+
+template <typename T>
+static __device__ __forceinline__ T gc_warp_max(T v) {
+  for (int m = 16; m > 0; m >>= 1) v = gc_max(v, gc_shfl_xor(v, m));
+  return v;
+}
+
+template <typename T>
+static __device__ __forceinline__ T gc_block_sum(T v) {
+  __shared__ T partial[32];
+  __shared__ T total;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  v = gc_warp_sum(v);
+  __syncthreads();  // readers of an earlier call are done with partial/total
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < (blockDim.x >> 5) ? partial[lane] : (T)0;
+    v = gc_warp_sum(v);
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// gc_block_max propagates NaN; the identity is the caller's lo (−Inf).
+template <typename T>
+static __device__ __forceinline__ T gc_block_max(T v, T lo) {
+  __shared__ T partial[32];
+  __shared__ T total;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  v = gc_warp_max(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < (blockDim.x >> 5) ? partial[lane] : lo;
+    v = gc_warp_max(v);
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// Constants of GELU's tanh approximation.
+#define GC_GELU_C 0.7978845608028654f  // √(2/π)
+#define GC_GELU_A 0.044715f

@@ -1,0 +1,78 @@
+// Package cuda holds the CUDA C kernels that the CUDA backend runs for
+// every non-GEMM instruction of a lowered program, embedded as source
+// text, with a Go table that describes each kernel's signature and launch
+// and a map from IR ops to kernels. GEMMs go to cuBLASLt and collectives
+// to NCCL; nothing here covers them.
+//
+// # Sources
+//
+// common.cuh is the prelude, prepended to the kernel files (elementwise,
+// shape, reduce, nn, optim .cu); [Program] returns the whole unit for
+// NVRTC. The prelude holds the loop helpers, block reductions, and the
+// fp16/bf16 conversions written by hand so that they round bit for bit as
+// the CPU backend does (github.com/x448/float16 and kernels/cpu/half.go).
+// No file includes a header: the same text compiles under NVRTC, under
+// clang -x cuda -nocudainc (the prelude declares what clang then lacks)
+// and under g++ through the emulator's shim (package emu).
+//
+// # Kernel conventions
+//
+//   - Every kernel is extern "C" __global__ void gc_<name>(…): no
+//     templates or overloads at the boundary, so the symbol is the name.
+//   - Parameters: outputs first, then inputs, then sizes and scalars.
+//     Allowed types are float*, const float*, int*, const int* (i32 token
+//     ids, label ids, counts), unsigned char* and const unsigned char*
+//     (packed ReLU masks), unsigned short* and const unsigned short*
+//     (fp16/bf16 bits), const long long* (the i64 step number, read on the
+//     device so one captured program serves every step), long long (sizes),
+//     int (small counts and flags) and float (attributes). [Kernels] lists
+//     them; a test checks the table against the sources both ways.
+//   - Any blockDim.x that is a multiple of 32 up to 1024 works (y and z must
+//     be 1), and any grid: elementwise kernels use grid-stride loops, row
+//     kernels give one block per row and loop when the grid is smaller.
+//     [Kernel.Launch] and [Kernel.Over] say which, and over what extent.
+//   - Outputs may alias inputs in elementwise kernels and optimizer updates,
+//     as in kernels/cpu; other kernels need disjoint buffers.
+//   - Build without fast-math and with IEEE sqrt and division (NVRTC's
+//     defaults): the move kernels copy float bits and must keep every
+//     pattern, and the tests' tolerances assume IEEE arithmetic.
+//
+// # Precision
+//
+// Values are float32. Where a CPU kernel accumulates in float64 (sums,
+// dot products, LayerNorm statistics, log-sum-exp, optimizer updates) the
+// CUDA kernel accumulates in double too; exp, log and tanh run in float
+// (expf, logf, tanhf). A double that must outlive a kernel (a block's
+// partial sum, a row's mean) is stored as a pair of floats, hi + lo.
+// Reductions combine in a fixed order for a given block size (warp
+// butterflies, then the first warp), so results are reproducible run to
+// run; column reductions walk rows in order and match the CPU bit for bit.
+// fp16 and bf16 buffers are emulated as the CPU backend does: widen the
+// arguments into float32 scratch, run the float32 kernel, round the result
+// ([Sixteen]).
+//
+// # Workspace and multi-launch ops
+//
+// A few ops need more than one launch or a scratch buffer, listed per op
+// by [KernelsFor]: global sums (sum_squares, nonfinite_count) write one
+// partial per block and finish in one block; cross-entropy writes a loss
+// per row and finishes the mean; Adafactor takes four launches because two
+// global norms come before any update; the vocab-parallel cross-entropy
+// puts an all-gather and an all-reduce between its kernels.
+//
+// # Errors
+//
+// A kernel cannot return an error. The ones whose input the runtime
+// cannot vouch for (token ids and labels) set status[0] to 1 on a bad
+// value and carry on without reading out of bounds; the caller zeroes the
+// status word before the step, checks it after, and names the offending
+// id from its host copy.
+//
+// # Determinism of the embedding gradient
+//
+// gc_embedding_grad has one block per vocabulary row scan every token id
+// and add the matching rows of dy in position order. Each column belongs
+// to one thread, so every sum is formed in the same order as the CPU's
+// serial loop: no atomics, bit-identical results, at the cost of every
+// block reading all ids (a sort by id would avoid that; not built).
+package cuda

@@ -1,0 +1,315 @@
+package cuda_test
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	kcpu "gcompile/kernels/cpu"
+)
+
+// rowShapes are (rows, n): single elements, rows shorter and longer than
+// every block size, and more rows than the looping grid has blocks.
+var rowShapes = [][2]int{{1, 1}, {5, 37}, {3, 1000}, {7, 300}, {2, 2051}}
+
+// forRows runs body for every row shape, block size and grid (one block
+// per row, and a grid of 2 that must loop over the rows).
+func forRows(t *testing.T, body func(t *testing.T, rows, n int, grid, block uint32)) {
+	for _, s := range rowShapes {
+		for _, block := range blockSizes {
+			for _, grid := range []uint32{uint32(s[0]), 2} {
+				t.Run(fmt.Sprintf("r%d_n%d_b%d_g%d", s[0], s[1], block, grid), func(t *testing.T) { body(t, s[0], s[1], grid, block) })
+			}
+		}
+	}
+}
+
+// softmaxBound: exp runs in float on x − max, which is rounded to float
+// first, so an element's relative error grows with |x − max| (exp's
+// condition number), plus a few roundings.
+func softmaxBound(x []float32, rows, n int, want []float32) []float64 {
+	b := make([]float64, len(x))
+	for r := range rows {
+		m := math.Inf(-1)
+		for _, v := range x[r*n : (r+1)*n] {
+			m = math.Max(m, float64(v))
+		}
+		for j := r * n; j < (r+1)*n; j++ {
+			if math.IsInf(m, -1) || math.IsInf(float64(x[j]), -1) { // masked: exactly zero
+				continue
+			}
+			b[j] = (6+math.Abs(float64(x[j])-m))/(1<<24)*math.Abs(float64(want[j])) + 1e-38
+		}
+	}
+	return b
+}
+
+func TestSoftmax(t *testing.T) {
+	forRows(t, func(t *testing.T, rows, n int, grid, block uint32) {
+		r := newRand(uint64(rows*n) + 1)
+		x := randNorm(r, rows*n, 4)
+		if n > 3 {
+			for j := range n { // row 0 fully masked, as a causal mask can leave it
+				x[j] = float32(math.Inf(-1))
+			}
+			x[n+1] = float32(math.Inf(-1))
+		}
+		want, got := make([]float32, rows*n), out(rows*n)
+		kcpu.Softmax(want, x, rows, n)
+		launch(t, "gc_softmax", grid, block, got, x, rows, n)
+		requireWithin(t, want, got, softmaxBound(x, rows, n, want), "gc_softmax")
+
+		// In place.
+		inPlace := out(rows * n)
+		copy(inPlace, x)
+		launch(t, "gc_softmax", grid, block, inPlace, inPlace, rows, n)
+		requireBits(t, got, inPlace, "gc_softmax in place")
+
+		y, dy := want, randNorm(r, rows*n, 1)
+		wantDx, gotDx := make([]float32, rows*n), out(rows*n)
+		kcpu.SoftmaxGrad(wantDx, y, dy, rows, n)
+		launch(t, "gc_softmax_grad", grid, block, gotDx, y, dy, rows, n)
+		bound := make([]float64, rows*n)
+		for i := range bound {
+			bound[i] = ulp2*math.Abs(float64(wantDx[i])) + 1e-12*math.Abs(float64(y[i]))
+		}
+		requireWithin(t, wantDx, gotDx, bound, "gc_softmax_grad")
+	})
+}
+
+func TestCausalMask(t *testing.T) {
+	for _, c := range [][3]int{{2, 5, 5}, {3, 4, 9}, {1, 33, 33}, {2, 3, 1}} {
+		batch, s, tt := c[0], c[1], c[2]
+		for _, fill := range []float32{float32(math.Inf(-1)), 0} {
+			n := batch * s * tt
+			x := randNorm(newRand(uint64(n)), n, 1)
+			want := make([]float32, n)
+			kcpu.CausalMask(want, x, batch, s, tt, fill)
+			for _, block := range blockSizes {
+				got := out(n)
+				launch(t, "gc_causal_mask", 2, block, got, x, batch*s, s, tt, fill)
+				requireBits(t, want, got, fmt.Sprintf("gc_causal_mask %v fill %v", c, fill))
+			}
+		}
+	}
+}
+
+func TestLayerNorm(t *testing.T) {
+	const eps = 1e-5
+	forRows(t, func(t *testing.T, rows, n int, grid, block uint32) {
+		r := newRand(uint64(rows*n) + 2)
+		x := randNorm(r, rows*n, 2)
+		for j := range n { // a row with a large mean: two passes keep the variance
+			x[j] += 1000
+		}
+		gamma, beta, dy := randNorm(r, n, 1), randNorm(r, n, 1), randNorm(r, rows*n, 1)
+
+		want, got := make([]float32, rows*n), out(rows*n)
+		kcpu.LayerNorm(want, x, gamma, beta, rows, n, eps)
+		launch(t, "gc_layernorm", grid, block, got, x, gamma, beta, rows, n, float32(eps))
+		requireClose(t, want, got, ulp2, 1e-6, "gc_layernorm")
+
+		want, got = make([]float32, rows*n), out(rows*n)
+		kcpu.LayerNormGradX(want, x, gamma, dy, rows, n, eps)
+		launch(t, "gc_layernorm_grad_x", grid, block, got, x, gamma, dy, rows, n, float32(eps))
+		requireClose(t, want, got, ulp2, 1e-6, "gc_layernorm_grad_x")
+
+		stats := make([]float32, 4*rows)
+		launch(t, "gc_layernorm_stats", grid, block, stats, x, rows, n, float32(eps))
+		want, got = make([]float32, n), out(n)
+		kcpu.LayerNormGradGamma(want, x, dy, rows, n, eps)
+		launch(t, "gc_layernorm_grad_gamma", 2, block, got, x, dy, stats, rows, n)
+		requireClose(t, want, got, ulp2, 1e-6, "gc_layernorm_grad_gamma")
+	})
+}
+
+func TestEmbedding(t *testing.T) {
+	for _, c := range [][3]int{{50, 37, 300}, {7, 300, 11}, {1, 1, 1}, {300, 5, 97}} {
+		vocab, dim, count := c[0], c[1], c[2]
+		r := newRand(uint64(vocab*dim + count))
+		table := randNorm(r, vocab*dim, 1)
+		ids := make([]int32, count)
+		for i := range ids {
+			ids[i] = int32(r.IntN(vocab))
+			if i%3 == 0 { // repeats, so the gradient must add in order
+				ids[i] = ids[0]
+			}
+		}
+		dy := randNorm(r, count*dim, 1)
+		for _, block := range blockSizes {
+			t.Run(fmt.Sprintf("v%d_d%d_c%d_b%d", vocab, dim, count, block), func(t *testing.T) {
+				want, got := make([]float32, count*dim), out(count*dim)
+				require.NoError(t, kcpu.Embedding(want, table, ids, vocab, dim))
+				status := []int32{0}
+				launch(t, "gc_embedding", 3, block, got, status, table, ids, count, vocab, dim)
+				requireBits(t, want, got, "gc_embedding")
+				require.Zero(t, status[0])
+
+				wantG, gotG := make([]float32, vocab*dim), out(vocab*dim)
+				require.NoError(t, kcpu.EmbeddingGrad(wantG, dy, ids, vocab, dim))
+				for _, grid := range []uint32{uint32(min(vocab, 50)), 3} {
+					launch(t, "gc_embedding_grad", grid, block, gotG, status, ids, dy, count, vocab, dim)
+					requireBits(t, wantG, gotG, "gc_embedding_grad")
+				}
+				require.Zero(t, status[0])
+
+				// Vocab-parallel: the shards' lookups add up to the whole.
+				parts := min(3, vocab)
+				rowsPer := (vocab + parts - 1) / parts
+				sum := make([]float32, count*dim)
+				for p := range parts {
+					lo, hi := p*rowsPer, min((p+1)*rowsPer, vocab)
+					shard := table[lo*dim : hi*dim]
+					wantR, gotR := make([]float32, count*dim), out(count*dim)
+					kcpu.EmbeddingRange(wantR, shard, ids, lo, hi-lo, dim)
+					launch(t, "gc_embedding_range", 2, block, gotR, shard, ids, count, lo, hi-lo, dim)
+					requireBits(t, wantR, gotR, "gc_embedding_range")
+					kcpu.Add(sum, sum, gotR)
+				}
+				requireBits(t, want, sum, "sum of vocab-parallel lookups")
+			})
+		}
+	}
+}
+
+// A bad id is flagged, never read out of bounds.
+func TestEmbeddingBadIDs(t *testing.T) {
+	vocab, dim := 10, 4
+	table := randNorm(newRand(1), vocab*dim, 1)
+	ids := []int32{1, 10, -1, 3}
+	status := []int32{0}
+	got := out(len(ids) * dim)
+	launch(t, "gc_embedding", 1, 32, got, status, table, ids, len(ids), vocab, dim)
+	require.Equal(t, int32(1), status[0])
+	require.Equal(t, table[dim:2*dim], got[:dim])
+	require.Equal(t, make([]float32, dim), got[dim:2*dim])
+
+	status[0] = 0
+	dt := out(vocab * dim)
+	launch(t, "gc_embedding_grad", 4, 32, dt, status, ids, randNorm(newRand(2), len(ids)*dim, 1), len(ids), vocab, dim)
+	require.Equal(t, int32(1), status[0])
+	checkGuard(t, dt)
+
+	status[0] = 0
+	loss := make([]float32, 2*2)
+	launch(t, "gc_cross_entropy_rows", 2, 32, loss, status, table[:2*vocab], []int32{0, int32(vocab)}, 2, vocab)
+	require.Equal(t, int32(1), status[0])
+}
+
+// ceBound allows the float exp of x − lse its condition number, plus the
+// rounding of (p − 1)·scale at the label.
+func ceGradBound(logits []float32, rows, vocab int, want []float32, scale float64) []float64 {
+	b := make([]float64, len(want))
+	for r := range rows {
+		x := logits[r*vocab : (r+1)*vocab]
+		m := math.Inf(-1)
+		for _, v := range x {
+			m = math.Max(m, float64(v))
+		}
+		s := 0.0
+		for _, v := range x {
+			s += math.Exp(float64(v) - m)
+		}
+		lse := m + math.Log(s)
+		for j, v := range x {
+			i := r*vocab + j
+			b[i] = (8+math.Abs(float64(v)-lse))/(1<<24)*math.Abs(float64(want[i])) + math.Abs(scale)/(1<<23)
+		}
+	}
+	return b
+}
+
+func TestCrossEntropy(t *testing.T) {
+	forRows(t, func(t *testing.T, rows, vocab int, grid, block uint32) {
+		r := newRand(uint64(rows*vocab) + 3)
+		logits := randNorm(r, rows*vocab, 3)
+		labels := make([]int32, rows)
+		for i := range labels {
+			labels[i] = int32(r.IntN(vocab))
+		}
+		want, err := kcpu.CrossEntropy(logits, labels, rows, vocab)
+		require.NoError(t, err)
+		status := []int32{0}
+		perRow := make([]float32, 2*rows)
+		launch(t, "gc_cross_entropy_rows", grid, block, perRow, status, logits, labels, rows, vocab)
+		got := out(1)
+		launch(t, "gc_finish_sum", 1, block, got, perRow, rows, rows)
+		require.Zero(t, status[0])
+		// The loss is a mean of log-sum-exps whose exps ran in float.
+		requireClose(t, []float32{want}, got, 2e-6, 1e-6, "cross-entropy loss")
+
+		dloss := []float32{0.75}
+		wantG, gotG := make([]float32, rows*vocab), out(rows*vocab)
+		require.NoError(t, kcpu.CrossEntropyGrad(wantG, logits, labels, dloss[0], rows, vocab))
+		launch(t, "gc_cross_entropy_grad", grid, block, gotG, status, logits, labels, dloss, rows, vocab)
+		requireWithin(t, wantG, gotG, ceGradBound(logits, rows, vocab, wantG, float64(dloss[0])/float64(rows)), "gc_cross_entropy_grad")
+		require.Zero(t, status[0])
+	})
+}
+
+// The vocab-parallel pieces, run for each of parts devices with the
+// collectives done here in Go (an all-gather of row maxima, an all-reduce
+// of the sums in device order), give the full-vocabulary loss and
+// gradient.
+func TestVocabParallelCrossEntropy(t *testing.T) {
+	for _, parts := range []int{1, 2, 3} {
+		for _, s := range [][2]int{{5, 37}, {3, 1000}, {2, 96}} {
+			rows, local := s[0], s[1]
+			vocab := parts * local
+			for _, block := range []uint32{32, 256} {
+				t.Run(fmt.Sprintf("p%d_r%d_v%d_b%d", parts, rows, vocab, block), func(t *testing.T) {
+					r := newRand(uint64(parts*rows*vocab) + 4)
+					logits := randNorm(r, rows*vocab, 3)
+					labels := make([]int32, rows)
+					for i := range labels {
+						labels[i] = int32(r.IntN(vocab))
+					}
+					shard := func(p int) []float32 { // device p's columns, row-major
+						o := make([]float32, rows*local)
+						for i := range rows {
+							copy(o[i*local:(i+1)*local], logits[i*vocab+p*local:i*vocab+(p+1)*local])
+						}
+						return o
+					}
+					maxes := make([]float32, parts*rows) // all-gathered
+					for p := range parts {
+						launch(t, "gc_vocab_ce_max", uint32(rows), block, maxes[p*rows:(p+1)*rows], shard(p), rows, local)
+					}
+					sums := make([]float32, 2*rows) // all-reduced
+					gmax := make([]float32, rows)
+					for p := range parts {
+						part := make([]float32, 2*rows)
+						launch(t, "gc_vocab_ce_sums", 2, block, part, gmax, shard(p), labels, maxes, rows, local, p*local, parts)
+						kcpu.Add(sums, sums, part)
+					}
+					want, err := kcpu.CrossEntropy(logits, labels, rows, vocab)
+					require.NoError(t, err)
+					got := out(1)
+					launch(t, "gc_vocab_ce_loss", 1, block, got, sums, gmax, rows)
+					requireClose(t, []float32{want}, got, 2e-6, 1e-6, "vocab-parallel loss")
+
+					dloss := []float32{1.5}
+					wantG := make([]float32, rows*vocab)
+					require.NoError(t, kcpu.CrossEntropyGrad(wantG, logits, labels, dloss[0], rows, vocab))
+					bound := ceGradBound(logits, rows, vocab, wantG, float64(dloss[0])/float64(rows))
+					for p := range parts {
+						gotG := out(rows * local)
+						launch(t, "gc_vocab_ce_grad", 3, block, gotG, shard(p), labels, gmax, sums, dloss, rows, local, p*local)
+						for i := range rows {
+							for j := range local {
+								g, w := float64(gotG[i*local+j]), float64(wantG[i*vocab+p*local+j])
+								// The sum of exps crossed devices as float: one more rounding.
+								if d := math.Abs(g - w); d > 2*bound[i*vocab+p*local+j] {
+									t.Fatalf("device %d row %d col %d: %v, want %v", p, i, j, g, w)
+								}
+							}
+						}
+						checkGuard(t, gotG)
+					}
+				})
+			}
+		}
+	}
+}

@@ -1,0 +1,115 @@
+// reduce.cu — reductions over axes, and the global sums that gradient
+// clipping and the overflow check need. A reduction over any axes is
+// first merged (kernels.go's ReduceGeometry) into [outer, r, inner] with
+// r reduced: inner = 1 is a row reduction (one block per row), otherwise
+// a column reduction (one thread per output element, walking r in order).
+// Sums accumulate in double, as the CPU kernels do; max is exact.
+
+// gc_reduce_sum_rows sums each of rows rows of n elements; with mean set
+// the sum is multiplied by 1/n (as ReduceMean: NaN when n is 0).
+extern "C" __global__ void gc_reduce_sum_rows(float* out, const float* in, long long rows,
+                                              long long n, int mean) {
+  GC_FOR_ROWS(r, rows) {
+    const float* x = in + r * n;
+    double s = 0;
+    GC_FOR_ROW(j, n) s += (double)x[j];
+    s = gc_block_sum(s);
+    if (threadIdx.x == 0) out[r] = (float)(mean ? s * (1.0 / (double)n) : s);
+  }
+}
+
+// gc_reduce_sum_cols sums in ([outer, r, inner]) over r into out
+// ([outer, inner]), each output in input order, so the result is the
+// CPU kernel's to the last bit.
+extern "C" __global__ void gc_reduce_sum_cols(float* out, const float* in, long long outer,
+                                              long long r, long long inner, int mean) {
+  GC_FOR_EACH(i, outer * inner) {
+    const long long o = i / inner, k = i - o * inner;
+    const float* x = in + o * r * inner + k;
+    double s = 0;
+    for (long long j = 0; j < r; j++) s += (double)x[j * inner];
+    out[i] = (float)(mean ? s * (1.0 / (double)r) : s);
+  }
+}
+
+// gc_reduce_max_rows takes each row's maximum; a NaN wins, an empty row
+// gives −Inf.
+extern "C" __global__ void gc_reduce_max_rows(float* out, const float* in, long long rows,
+                                              long long n) {
+  const float lo = gc_neg_inf();
+  GC_FOR_ROWS(r, rows) {
+    const float* x = in + r * n;
+    float m = lo;
+    GC_FOR_ROW(j, n) m = gc_max(m, x[j]);
+    m = gc_block_max(m, lo);
+    if (threadIdx.x == 0) out[r] = m;
+  }
+}
+
+extern "C" __global__ void gc_reduce_max_cols(float* out, const float* in, long long outer,
+                                              long long r, long long inner) {
+  GC_FOR_EACH(i, outer * inner) {
+    const long long o = i / inner, k = i - o * inner;
+    const float* x = in + o * r * inner + k;
+    float m = gc_neg_inf();
+    for (long long j = 0; j < r; j++) m = gc_max(m, x[j * inner]);
+    out[i] = m;
+  }
+}
+
+// gc_reduce_max_grad splits each group's dy evenly among the elements
+// equal to the group's max y, zero elsewhere ([outer, r, inner] as
+// above; one thread per output element counts, then writes).
+extern "C" __global__ void gc_reduce_max_grad(float* dx, const float* x, const float* y,
+                                              const float* dy, long long outer, long long r,
+                                              long long inner) {
+  GC_FOR_EACH(i, outer * inner) {
+    const long long o = i / inner, k = i - o * inner, base = o * r * inner + k;
+    const float m = y[i];
+    long long count = 0;
+    for (long long j = 0; j < r; j++) count += x[base + j * inner] == m;
+    const float share = dy[i] / (float)count;
+    for (long long j = 0; j < r; j++) dx[base + j * inner] = x[base + j * inner] == m ? share : 0.0f;
+  }
+}
+
+// gc_sum_squares_partial adds x² over this block's share of the
+// grid-stride loop and stores the block's sum, a double as a float pair,
+// at partial[2·blockIdx.x]. A sum over several tensors (the global
+// gradient norm) launches once per tensor with partial advanced by
+// 2·gridDim.x each time, then gc_finish_sum adds the pairs.
+extern "C" __global__ void gc_sum_squares_partial(float* partial, const float* x, long long n) {
+  double s = 0;
+  GC_FOR_EACH(i, n) s += (double)x[i] * (double)x[i];
+  s = gc_block_sum(s);
+  if (threadIdx.x == 0) gc_store_pair(partial + 2 * blockIdx.x, s);
+}
+
+// gc_finish_sum adds count float pairs in one block and writes
+// sum/divisor (divisor 1 for a plain sum).
+extern "C" __global__ void gc_finish_sum(float* out, const float* pairs, long long count,
+                                         long long divisor) {
+  if (blockIdx.x != 0) return;  // one block does it all; others have nothing to add
+  double s = 0;
+  GC_FOR_ROW(k, count) s += gc_load_pair(pairs + 2 * k);
+  s = gc_block_sum(s);
+  if (threadIdx.x == 0) out[0] = (float)(s / (double)divisor);
+}
+
+// gc_nonfinite_partial counts infinities and NaNs over this block's share
+// into partial[blockIdx.x]; like the sum of squares, several tensors use
+// consecutive ranges of partial and gc_finish_count adds them up.
+extern "C" __global__ void gc_nonfinite_partial(int* partial, const float* x, long long n) {
+  int c = 0;
+  GC_FOR_EACH(i, n) c += gc_nonfinite(x[i]);
+  c = gc_block_sum(c);
+  if (threadIdx.x == 0) partial[blockIdx.x] = c;
+}
+
+extern "C" __global__ void gc_finish_count(float* out, const int* partial, long long count) {
+  if (blockIdx.x != 0) return;
+  long long c = 0;
+  GC_FOR_ROW(k, count) c += partial[k];
+  c = gc_block_sum(c);
+  if (threadIdx.x == 0) out[0] = (float)c;
+}

@@ -1,0 +1,166 @@
+package cuda_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	kcpu "gcompile/kernels/cpu"
+	"gcompile/kernels/cuda"
+)
+
+func numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+// Data movement is exact: every element must arrive with its bits.
+func TestGatherTranspose(t *testing.T) {
+	cases := []struct{ shape, perm []int }{
+		{[]int{37, 53}, []int{1, 0}},
+		{[]int{2, 5, 4, 3}, []int{0, 2, 1, 3}}, // heads out of [batch, seq, heads, dim]
+		{[]int{2, 4, 5, 3}, []int{0, 1, 3, 2}}, // kᵀ
+		{[]int{3, 4, 5}, []int{0, 2, 1}},
+		{[]int{2, 3, 4, 5}, []int{3, 0, 2, 1}},
+		{[]int{2, 1, 3, 1, 2, 2, 3, 2}, []int{7, 6, 5, 4, 3, 2, 1, 0}}, // rank 8, six dims after merging
+		{[]int{1, 1}, []int{1, 0}},
+		{[]int{4, 0, 3}, []int{2, 1, 0}},
+	}
+	for _, c := range cases {
+		for _, block := range blockSizes {
+			t.Run(fmt.Sprintf("%v_%v_b%d", c.shape, c.perm, block), func(t *testing.T) {
+				n := numel(c.shape)
+				x := randNorm(newRand(uint64(n)), n, 1)
+				want := make([]float32, n)
+				kcpu.Transpose(want, x, c.shape, c.perm)
+				g, err := cuda.TransposeGather(c.shape, c.perm)
+				require.NoError(t, err)
+				for _, grid := range grids(n, block) {
+					got := out(n)
+					launch(t, "gc_gather", grid, block, append([]any{got, x}, g.Args()...)...)
+					requireBits(t, want, got, "gc_gather transpose")
+				}
+			})
+		}
+	}
+}
+
+func TestGatherBroadcast(t *testing.T) {
+	cases := []struct{ in, out []int }{
+		{[]int{5}, []int{3, 4, 5}},
+		{[]int{3, 1, 5}, []int{3, 4, 5}},
+		{[]int{1}, []int{7}},
+		{[]int{}, []int{2, 3}},
+		{[]int{4, 1}, []int{2, 4, 33}},
+		{[]int{2, 1, 3, 1}, []int{2, 5, 3, 4}},
+	}
+	for _, c := range cases {
+		for _, block := range blockSizes {
+			t.Run(fmt.Sprintf("%v_to_%v_b%d", c.in, c.out, block), func(t *testing.T) {
+				x := randNorm(newRand(3), numel(c.in), 1)
+				n := numel(c.out)
+				want := make([]float32, n)
+				kcpu.Broadcast(want, x, c.in, c.out)
+				g, err := cuda.BroadcastGather(c.in, c.out)
+				require.NoError(t, err)
+				for _, grid := range grids(n, block) {
+					got := out(n)
+					launch(t, "gc_gather", grid, block, append([]any{got, x}, g.Args()...)...)
+					requireBits(t, want, got, "gc_gather broadcast")
+				}
+			})
+		}
+	}
+}
+
+func TestGatherGeometryErrors(t *testing.T) {
+	_, err := cuda.TransposeGather([]int{2, 3}, []int{0, 0})
+	require.ErrorContains(t, err, "not a permutation")
+	_, err = cuda.TransposeGather([]int{2, 3, 2, 3, 2, 3, 2}, []int{6, 5, 4, 3, 2, 1, 0})
+	require.ErrorContains(t, err, "at most 6")
+	_, err = cuda.BroadcastGather([]int{3}, []int{4})
+	require.ErrorContains(t, err, "does not broadcast")
+}
+
+func TestSliceConcat(t *testing.T) {
+	cases := []struct {
+		shape             []int
+		dim, start, width int
+	}{
+		{[]int{4, 96}, 1, 32, 32}, // q, k, v out of a fused projection
+		{[]int{2, 3, 96}, 2, 64, 32},
+		{[]int{10, 7}, 0, 3, 5},
+		{[]int{3, 5, 7}, 1, 0, 5},
+		{[]int{300, 9}, 1, 8, 1},
+		{[]int{6}, 0, 2, 0},
+	}
+	for _, c := range cases {
+		for _, block := range blockSizes {
+			t.Run(fmt.Sprintf("%v_d%d_%d+%d_b%d", c.shape, c.dim, c.start, c.width, block), func(t *testing.T) {
+				outer, d, inner, err := cuda.SliceGeometry(c.shape, c.dim)
+				require.NoError(t, err)
+				n := numel(c.shape)
+				x := randNorm(newRand(uint64(n)), n, 1)
+				m := int(outer) * c.width * int(inner)
+				want := make([]float32, m)
+				kcpu.Slice(want, x, c.shape, c.dim, c.start, c.start+c.width)
+				for _, grid := range grids(m, block) {
+					got := out(m)
+					launch(t, "gc_slice", grid, block, got, x, outer, d, inner, c.start, c.width)
+					requireBits(t, want, got, "gc_slice")
+				}
+
+				dy := want
+				wantDx := make([]float32, n)
+				kcpu.SliceGrad(wantDx, dy, c.shape, c.dim, c.start, c.start+c.width)
+				for _, grid := range grids(n, block) {
+					got := out(n)
+					launch(t, "gc_slice_grad", grid, block, got, dy, outer, d, inner, c.start, c.width)
+					requireBits(t, wantDx, got, "gc_slice_grad")
+				}
+
+				// Concatenate the slice, the part before and the part after.
+				shapeOf := func(w int) []int {
+					s := append([]int(nil), c.shape...)
+					s[c.dim] = w
+					return s
+				}
+				widths := []int{c.start, c.width, int(d) - c.start - c.width}
+				var parts [][]float32
+				var shapes [][]int
+				for _, w := range widths {
+					shapes = append(shapes, shapeOf(w))
+					parts = append(parts, randNorm(newRand(uint64(w)+1), int(outer)*w*int(inner), 1))
+				}
+				wantCat := make([]float32, n)
+				kcpu.Concat(wantCat, parts, shapes, c.dim)
+				got := out(n)
+				start := 0
+				for i, w := range widths {
+					launch(t, "gc_concat_piece", 2, block, got, parts[i], outer, d, inner, start, w)
+					start += w
+				}
+				requireBits(t, wantCat, got, "gc_concat_piece")
+			})
+		}
+	}
+}
+
+// Token ids are sliced by the float kernels as bits: an int32 seen as a
+// float32 (a subnormal for small ids) must come through untouched.
+func TestMovesKeepIntBits(t *testing.T) {
+	ids := []int32{0, 1, 2, 255, 50256, 1 << 30, -1, 0x7fc00001}
+	x := make([]float32, len(ids))
+	for i, id := range ids {
+		x[i] = float32frombits(uint32(id))
+	}
+	got := out(len(ids))
+	launch(t, "gc_slice", 1, 32, got, x, 1, len(ids), 1, 0, len(ids))
+	for i, id := range ids {
+		require.Equal(t, uint32(id), float32bits(got[i]), "id %d", id)
+	}
+}
