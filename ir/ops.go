@@ -155,9 +155,16 @@ func init() {
 	register(&OpInfo{Name: "redistribute", Arity: 1, Infer: identity,
 		Doc: "change placement to the value's own place; the redistribute pass expands it into the collectives below"})
 	register(&OpInfo{Name: "all_reduce", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), opt("bucket", AttrInt)}, Infer: identity, Doc: "P → R on axis"})
-	register(&OpInfo{Name: "reduce_scatter", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("bucket", AttrInt)}, Infer: identity, Doc: "P → S(dim) on axis"})
-	register(&OpInfo{Name: "all_gather", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt)}, Infer: identity, Doc: "S(dim) → R on axis"})
-	register(&OpInfo{Name: "shard_slice", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt)}, Infer: identity, Doc: "R → S(dim) on axis: each device keeps its slice, no communication"})
+	// blocks (default 1) is the number of fused blocks of dim, as in the
+	// placement S(dim)xblocks: each device's part is its slice of every
+	// block, so the collective treats dim as (blocks, dim/blocks) and splits
+	// or joins the inner part.
+	register(&OpInfo{Name: "reduce_scatter", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("bucket", AttrInt), opt("blocks", AttrInt)}, Infer: inferBlocked,
+		Doc: "P → S(dim)xblocks on axis"})
+	register(&OpInfo{Name: "all_gather", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("blocks", AttrInt)}, Infer: inferBlocked,
+		Doc: "S(dim)xblocks → R on axis"})
+	register(&OpInfo{Name: "shard_slice", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("blocks", AttrInt)}, Infer: inferBlocked,
+		Doc: "R → S(dim)xblocks on axis: each device keeps its slice of every block, no communication"})
 	register(&OpInfo{Name: "all_to_all", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("from", AttrInt), req("to", AttrInt)}, Infer: identity, Doc: "S(from) → S(to) on axis"})
 
 	register(&OpInfo{Name: "sum_squares", Arity: Variadic, Infer: inferSumSquares, Doc: "Σ x² over every element of every arg (for the global gradient norm)"})
@@ -224,6 +231,19 @@ func sameTypes(floatOnly bool) func([]Type, Attrs) (Type, error) {
 }
 
 func identity(args []Type, _ Attrs) (Type, error) { return args[0], nil }
+
+// inferBlocked is the type rule of a collective that splits or joins dim
+// in blocks: the type is kept, and dim must hold a whole number of blocks.
+func inferBlocked(args []Type, a Attrs) (Type, error) {
+	k := a.Int("blocks", 1)
+	if k < 1 {
+		return Type{}, fmt.Errorf("blocks must be at least 1, got %d", k)
+	}
+	if d := a.Int("dim", 0); d >= 0 && d < args[0].Rank() && args[0].Shape[d]%k != 0 {
+		return Type{}, fmt.Errorf("dim %d of %v does not divide into %d blocks", d, args[0], k)
+	}
+	return args[0], nil
+}
 
 // MaskBytes is the number of bytes a packed 1-bit mask of n elements
 // takes: ⌈n/8⌉.

@@ -115,6 +115,9 @@ var validOps = []struct {
 	{"reduce_scatter", types(f32(4, 8)), ir.Attrs{"axis": "dp", "dim": 0}, f32(4, 8)},
 	{"all_gather", types(f32(4, 8)), ir.Attrs{"axis": "tp", "dim": 1}, f32(4, 8)},
 	{"shard_slice", types(f32(4, 8)), ir.Attrs{"axis": "tp", "dim": 1}, f32(4, 8)},
+	{"all_gather", types(f32(4, 12)), ir.Attrs{"axis": "tp", "dim": 1, "blocks": 3}, f32(4, 12)},
+	{"reduce_scatter", types(f32(4, 12)), ir.Attrs{"axis": "tp", "dim": 1, "blocks": 3}, f32(4, 12)},
+	{"shard_slice", types(f32(6, 4)), ir.Attrs{"axis": "tp", "dim": 0, "blocks": 3}, f32(6, 4)},
 	{"all_to_all", types(f32(4, 8)), ir.Attrs{"axis": "ep", "from": 0, "to": 1}, f32(4, 8)},
 	{"sum_squares", types(f32(4, 8), f32(8), f32()), nil, f32()},
 	{"clip_coef", types(f32()), ir.Attrs{"max_norm": 1.0}, f32()},
@@ -254,6 +257,10 @@ var invalidOps = []struct {
 	{"reduce_scatter", types(f32(4)), ir.Attrs{"axis": "dp"}, "missing required attribute dim"},
 	{"all_gather", types(f32(4)), ir.Attrs{"axis": 1, "dim": 0}, "attribute axis must be string"},
 	{"shard_slice", types(f32(4)), ir.Attrs{"axis": "dp"}, "missing required attribute dim"},
+	{"shard_slice", types(f32(4, 12)), ir.Attrs{"axis": "tp", "dim": 1, "blocks": 0}, "blocks must be at least 1, got 0"},
+	{"all_gather", types(f32(4, 12)), ir.Attrs{"axis": "tp", "dim": 1, "blocks": 5}, "dim 1 of f32[4,12] does not divide into 5 blocks"},
+	{"reduce_scatter", types(f32(4, 12)), ir.Attrs{"axis": "tp", "dim": 0, "blocks": -2}, "blocks must be at least 1, got -2"},
+	{"all_gather", types(f32(4, 12)), ir.Attrs{"axis": "tp", "dim": 1, "blocks": 3.0}, "attribute blocks must be int"},
 	{"all_to_all", types(f32(4)), ir.Attrs{"axis": "ep", "from": 0}, "missing required attribute to"},
 	{"cast", types(f32(4)), ir.Attrs{"to": "invalid"}, `unknown dtype "invalid"`},
 	{"sum_squares", types(f32(4), bf16(4)), nil, "arg 1 is bf16[4]: all args must share one float dtype (arg 0 is f32[4])"},
@@ -466,7 +473,7 @@ func TestModuleAddErrors(t *testing.T) {
 
 // collectivePlaces is the placement a collective consumes and produces.
 func collectivePlaces(op string, a ir.Attrs) (from, to ir.Placement) {
-	sh := func(d int) ir.Placement { return ir.Placement{Kind: ir.Shard, Dim: d} }
+	sh := func(d int) ir.Placement { return ir.Placement{Kind: ir.Shard, Dim: d, Blocks: a.Int("blocks", 0)} }
 	switch op {
 	case "all_reduce":
 		return ir.Placement{Kind: ir.Partial}, ir.Placement{}

@@ -171,16 +171,16 @@ func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...an
 // collectiveFlow gives, for a collective, the placement its arg must have
 // and the one it produces on its axis.
 func collectiveFlow(v *Value) (from, to Placement, ok bool) {
-	d := v.Attrs.Int("dim", 0)
+	sh := Placement{Kind: Shard, Dim: v.Attrs.Int("dim", 0), Blocks: v.Attrs.Int("blocks", 0)}
 	switch v.Op {
 	case "all_reduce":
 		return Placement{Kind: Partial}, Placement{}, true
 	case "reduce_scatter":
-		return Placement{Kind: Partial}, Placement{Kind: Shard, Dim: d}, true
+		return Placement{Kind: Partial}, sh, true
 	case "all_gather":
-		return Placement{Kind: Shard, Dim: d}, Placement{}, true
+		return sh, Placement{}, true
 	case "shard_slice":
-		return Placement{}, Placement{Kind: Shard, Dim: d}, true
+		return Placement{}, sh, true
 	case "all_to_all":
 		return Placement{Kind: Shard, Dim: v.Attrs.Int("from", 0)}, Placement{Kind: Shard, Dim: v.Attrs.Int("to", 0)}, true
 	}
@@ -207,9 +207,22 @@ func checkCollective(m *Module, v *Value, fail func(*Value, string, string, ...a
 	for i := range in {
 		switch {
 		case i == axis && (!in[i].Equal(from) || !v.Place[i].Equal(to)):
-			fail(v, RuleCollective, "%s on axis %s turns %v into %v, but the arg is %v and the result %v", v.Op, m.Mesh.Axes[i].Name, from, to, in[i], v.Place[i])
+			fail(v, RuleCollective, "%s on axis %s turns %v into %v, but the arg is %v and the result %v%s", v.Op, m.Mesh.Axes[i].Name, from, to, in[i], v.Place[i], blocksHint(from, to, in[i], v.Place[i]))
 		case i != axis && !in[i].Equal(v.Place[i]):
 			fail(v, RuleCollective, "%s on axis %s must leave axis %s as it is (%v), got %v", v.Op, m.Mesh.Axes[axis].Name, m.Mesh.Axes[i].Name, in[i], v.Place[i])
 		}
 	}
+}
+
+// blocksHint explains a collective whose placements differ from what it
+// converts only in the number of fused blocks: the blocks attribute is
+// what is wrong, and moving such a split as a plain one would mix blocks.
+func blocksHint(from, to, in, out Placement) string {
+	for _, p := range [][2]Placement{{from, in}, {to, out}} {
+		want, got := p[0], p[1]
+		if want.Kind == Shard && got.Kind == Shard && want.Dim == got.Dim && want.NumBlocks() != got.NumBlocks() {
+			return fmt.Sprintf(": its blocks attribute must be %d, as in %v", got.NumBlocks(), got)
+		}
+	}
+	return ""
 }

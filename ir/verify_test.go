@@ -31,6 +31,18 @@ mesh dp=2,tp=2
 %3 = state : f32[4,8] {name="h" place=[R,S(1)]} @model.go:35
 `
 
+// blockedBase is a placed module on a 2×2 mesh whose %0 is split over tp
+// in three fused blocks (each device holds its slice of each block), %1
+// is whole and %2 a partial sum over tp, for collectives that must carry
+// the block count.
+const blockedBase = `gir 1
+module "m"
+mesh dp=2,tp=2
+%0 = state : f32[6,12] {name="qkv" place=[R,S(1)x3]} @model.go:29
+%1 = state : f32[6,12] {name="w" place=[R,R]} @model.go:33
+%2 = state : f32[6,12] {name="g" place=[R,P]} @model.go:34
+`
+
 // verifyCases each break one verifier rule. text must parse; mutate, when
 // set, then breaks the in-memory module in ways the parser would refuse.
 var verifyCases = []struct {
@@ -322,6 +334,41 @@ var verifyCases = []struct {
 		want: `after pass "redistribute": %4 all_to_all @model.go:40: all_to_all on axis dp turns S(1) into S(0), but the arg is S(0) and the result S(0)`,
 	},
 	{
+		name: "collective: all_gather of fused blocks without its blocks",
+		text: blockedBase + "%3 = all_gather %0 : f32[6,12] {axis=\"tp\" dim=1 place=[R,R]} @model.go:40\n",
+		pass: "redistribute",
+		rule: ir.RuleCollective,
+		want: `after pass "redistribute": %3 all_gather @model.go:40: all_gather on axis tp turns S(1) into R, but the arg is S(1)x3 and the result R: its blocks attribute must be 3, as in S(1)x3`,
+	},
+	{
+		name: "collective: all_gather with blocks of a plain split",
+		text: collectiveBase + "%4 = all_gather %3 : f32[4,8] {axis=\"tp\" blocks=2 dim=1 place=[R,R]} @model.go:40\n",
+		pass: "redistribute",
+		rule: ir.RuleCollective,
+		want: `after pass "redistribute": %4 all_gather @model.go:40: all_gather on axis tp turns S(1)x2 into R, but the arg is S(1) and the result R: its blocks attribute must be 1, as in S(1)`,
+	},
+	{
+		name: "collective: shard_slice into fused blocks without its blocks",
+		text: blockedBase + "%3 = shard_slice %1 : f32[6,12] {axis=\"tp\" dim=1 place=[R,S(1)x3]} @model.go:40\n",
+		pass: "redistribute",
+		rule: ir.RuleCollective,
+		want: `after pass "redistribute": %3 shard_slice @model.go:40: shard_slice on axis tp turns R into S(1), but the arg is R and the result S(1)x3: its blocks attribute must be 3, as in S(1)x3`,
+	},
+	{
+		name: "collective: reduce_scatter with another block count",
+		text: blockedBase + "%3 = reduce_scatter %2 : f32[6,12] {axis=\"tp\" blocks=2 dim=1 place=[R,S(1)x3]} @model.go:40\n",
+		pass: "redistribute",
+		rule: ir.RuleCollective,
+		want: `after pass "redistribute": %3 reduce_scatter @model.go:40: reduce_scatter on axis tp turns P into S(1)x2, but the arg is P and the result S(1)x3: its blocks attribute must be 3, as in S(1)x3`,
+	},
+	{
+		name: "collective: blocked gather of the wrong dim",
+		text: blockedBase + "%3 = all_gather %0 : f32[6,12] {axis=\"tp\" blocks=3 dim=0 place=[R,R]} @model.go:40\n",
+		pass: "redistribute",
+		rule: ir.RuleCollective,
+		want: `after pass "redistribute": %3 all_gather @model.go:40: all_gather on axis tp turns S(0)x3 into R, but the arg is S(1)x3 and the result R`,
+	},
+	{
 		name:   "collective: result placement changed after parsing",
 		text:   collectiveBase + "%4 = all_reduce %2 : f32[4,8] {axis=\"dp\" place=[R,R]} @model.go:40\n",
 		mutate: func(m *ir.Module) { m.Values[4].Place[0] = ir.Placement{Kind: ir.Partial} },
@@ -555,6 +602,27 @@ func TestVerifyValidCollectives(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ir.Verify(m, "redistribute"))
 	text := ir.Print(m)
+	again, err := ir.Parse("ok.gir", text)
+	require.NoError(t, err)
+	assert.Equal(t, text, ir.Print(again))
+}
+
+// TestVerifyValidBlockedCollectives: collectives whose blocks match the
+// fused split they gather, scatter or slice verify, alone and chained with
+// a plain one on the other axis, and print their blocks (only where set)
+// so the text round-trips.
+func TestVerifyValidBlockedCollectives(t *testing.T) {
+	m, err := ir.Parse("ok.gir", blockedBase+`%3 = all_gather %0 : f32[6,12] {axis="tp" blocks=3 dim=1 place=[R,R]} @model.go:40
+%4 = shard_slice %1 : f32[6,12] {axis="tp" blocks=3 dim=1 place=[R,S(1)x3]} @model.go:41
+%5 = reduce_scatter %2 : f32[6,12] {axis="tp" blocks=3 dim=1 place=[R,S(1)x3]} @model.go:42
+%6 = shard_slice %0 : f32[6,12] {axis="dp" dim=0 place=[S(0),S(1)x3]} @model.go:43
+%7 = all_gather %6 : f32[6,12] {axis="tp" blocks=3 dim=1 place=[S(0),R]} @model.go:44
+%8 = shard_slice %1 : f32[6,12] {axis="tp" blocks=1 dim=1 place=[R,S(1)]} @model.go:45
+`)
+	require.NoError(t, err)
+	require.NoError(t, ir.Verify(m, "redistribute"))
+	text := ir.Print(m)
+	assert.Equal(t, 5, strings.Count(text, "blocks="), "blocks are printed where given")
 	again, err := ir.Parse("ok.gir", text)
 	require.NoError(t, err)
 	assert.Equal(t, text, ir.Print(again))

@@ -13,6 +13,9 @@ import (
 //	P → S(d)  reduce_scatter    R → S(d)     shard_slice (local, no traffic)
 //	S(i) → S(j)  all_to_all
 //
+// A split in fused blocks, S(d)xK, converts with the same collectives
+// carrying blocks=K (each device's part is its slice of every block).
+//
 // Reductions run first (they shrink nothing but must happen before a
 // slice), then slices and re-shardings, gathers last. The final collective
 // keeps the redistribute op's id, so later dumps line up. The backward of
@@ -75,13 +78,17 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 		case a.Kind == ir.Partial && b.Kind == ir.Replicate:
 			c.op, c.attrs, c.order = "all_reduce", ir.Attrs{"axis": name}, 0
 		case a.Kind == ir.Partial && b.Kind == ir.Shard:
-			c.op, c.attrs, c.order = "reduce_scatter", ir.Attrs{"axis": name, "dim": b.Dim}, 0
+			c.op, c.attrs, c.order = "reduce_scatter", splitAttrs(name, b), 0
 		case a.Kind == ir.Replicate && b.Kind == ir.Shard:
-			c.op, c.attrs, c.order = "shard_slice", ir.Attrs{"axis": name, "dim": b.Dim}, 1
+			c.op, c.attrs, c.order = "shard_slice", splitAttrs(name, b), 1
+		case a.Kind == ir.Shard && b.Kind == ir.Shard && (a.NumBlocks() > 1 || b.NumBlocks() > 1):
+			// No sharding rule asks for this today; an all_to_all that
+			// re-blocks would need its own layout on both sides.
+			return nil, fmt.Errorf("no conversion from %v to %v on axis %s: all_to_all moves unblocked shards only, which is %w", a, b, name, ErrNotYet)
 		case a.Kind == ir.Shard && b.Kind == ir.Shard:
 			c.op, c.attrs, c.order = "all_to_all", ir.Attrs{"axis": name, "from": a.Dim, "to": b.Dim}, 1
 		case a.Kind == ir.Shard && b.Kind == ir.Replicate:
-			c.op, c.attrs, c.order = "all_gather", ir.Attrs{"axis": name, "dim": a.Dim}, 2
+			c.op, c.attrs, c.order = "all_gather", splitAttrs(name, a), 2
 		default:
 			return nil, fmt.Errorf("no conversion from %v to %v on axis %s", a, b, name)
 		}
@@ -101,4 +108,15 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 		}
 	}
 	return steps, nil
+}
+
+// splitAttrs are the attributes of a collective that splits or joins the
+// dim p shards on axis: blocks is written only for a fused (blocked) dim,
+// so dumps of plain splits read as they always have.
+func splitAttrs(axis string, p ir.Placement) ir.Attrs {
+	a := ir.Attrs{"axis": axis, "dim": p.Dim}
+	if p.NumBlocks() > 1 {
+		a["blocks"] = p.NumBlocks()
+	}
+	return a
 }

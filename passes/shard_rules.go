@@ -157,17 +157,12 @@ func (r axisRule) packable(p ir.Placement, t ir.Type) error {
 // and column statistics, Adafactor's RMS of the update and of the param.
 // A shard alone cannot compute them, so under tp or ZeRO the param,
 // gradient and state are gathered for the update and the result is sliced
-// back to the state's placement. That is correct but costs a gather and a
-// whole copy per param; computing the statistics from shards (partial
-// row/column sums, max all-reduces for SM3) is not implemented yet, and
-// neither is gathering a weight split in fused blocks (a fused qkv
-// projection, S(1)x3 on tp): the collectives move plain shards only.
+// back to the state's placement; a weight split in fused blocks (the fused
+// qkv projection, S(1)x3 on tp) is gathered and sliced block by block.
+// That is correct but costs a gather and a whole copy per param; computing
+// the statistics from shards (partial row/column sums, max all-reduces for
+// SM3) would move only vectors.
 func wholeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
-	for i, p := range r.have {
-		if p.Kind == ir.Shard && p.NumBlocks() > 1 {
-			return nil, rep, fmt.Errorf("%s needs its %v argument whole, and gathering it from %v (fused blocks) is %w; use --optimizer adamw or sgd with this tensor-parallel layout", r.v.Op, r.v.Args[i].Type, p, ErrNotYet)
-		}
-	}
 	return r.same(rep), rep, nil
 }
 

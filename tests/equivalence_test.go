@@ -29,6 +29,7 @@ type plan struct {
 	precision           string // "fp16" or "bf16": mixed precision ("" is fp32)
 	offload             string // "optimizer": optimizer state in host memory
 	compress            string // "lowp": bf16 stashes for the backward
+	optimizer           string // "" (AdamW), "sgd", "adafactor" or "sm3"
 }
 
 func (p plan) String() string {
@@ -82,6 +83,9 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts.Recompute = p.recompute
 	opts.Compress = p.compress
 	opts.Precision = p.precision
+	if p.optimizer != "" {
+		opts.Optimizer = p.optimizer
+	}
 	if p.bucketMB > 0 {
 		opts.BucketMB = p.bucketMB
 	}

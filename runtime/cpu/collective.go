@@ -63,6 +63,36 @@ func fromPieces[T kcpu.Float](dst, src []T, s []int, dim, n int) {
 	kcpu.Concat(dst, ins, shapes, dim)
 }
 
+// blockedView is shape s with dim split into (k, s[dim]/k), and the index
+// of the inner part. A tensor split S(dim)xk holds, on each device, its
+// slice of every one of the k blocks: in this view that is a plain split
+// of the inner dim, so the flat collectives and slicing apply unchanged.
+// With k = 1 the view is s itself.
+func blockedView(s []int, dim, k int) ([]int, int) {
+	if k <= 1 {
+		return s, dim
+	}
+	v := make([]int, 0, len(s)+1)
+	v = append(v, s[:dim]...)
+	v = append(v, k, s[dim]/k)
+	v = append(v, s[dim+1:]...)
+	return v, dim + 1
+}
+
+// splits reports whether part is one of n equal shares of whole along
+// dim, with dim holding a whole number of blocks on every device.
+func splits(whole, part []int, dim, blocks, n int) bool {
+	if len(whole) != len(part) || dim < 0 || dim >= len(whole) || blocks < 1 || whole[dim]%(blocks*n) != 0 {
+		return false
+	}
+	for d := range whole {
+		if d == dim && part[d]*n != whole[d] || d != dim && part[d] != whole[d] {
+			return false
+		}
+	}
+	return true
+}
+
 // contiguous reports whether blocks along dim are contiguous in memory:
 // true when every dim before it has size 1.
 func contiguous(s []int, dim int) bool {
@@ -88,8 +118,24 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 	g := d.axisGroup(ax)
 	n := g.Size()
 	src, out := view[T](d, in.Args[0]), view[T](d, in.Out)
+	// Fused blocks: work on the view where the split dim is the inner
+	// part of (blocks, size/blocks), in which every device's part is one
+	// plain slice.
+	dim, blocks := in.Attrs.Int("dim", 0), in.Attrs.Int("blocks", 1)
 	inShape, outShape := []int(in.ArgTypes[0].Shape), []int(in.OutType.Shape)
-	dim := in.Attrs.Int("dim", 0)
+	switch in.Op {
+	case "reduce_scatter", "all_gather", "shard_slice":
+		whole, part := inShape, outShape
+		if in.Op == "all_gather" {
+			whole, part = outShape, inShape
+		}
+		if !splits(whole, part, dim, blocks, n) {
+			return nil, fmt.Errorf("%s on dim %d in %d blocks over %d devices: %v and %v have no such split", in.Op, dim, blocks, n, in.ArgTypes[0], in.OutType)
+		}
+		split := dim
+		inShape, dim = blockedView(inShape, split, blocks)
+		outShape, _ = blockedView(outShape, split, blocks)
+	}
 	comm, rank := d.comm, d.rank
 	switch in.Op {
 	case "all_reduce":
