@@ -246,11 +246,19 @@ static float half_to_float(uint16_t h) {
 	return sign ? -v : v;
 }
 
+/* Round to nearest, ties to even (lrintf in the default rounding mode),
+ * over the whole float range: subnormal results, overflow to infinity, and
+ * NaN quieted with its top payload bits kept, as github.com/x448/float16
+ * (the CPU backend's conversion) does, so results agree bit for bit. */
 static uint16_t float_to_half(float f) {
-	/* Round to nearest even through the magnitude; fine for the finite,
-	 * moderate values the tests use. */
 	uint16_t sign = signbit(f) ? 0x8000 : 0;
+	if (isnan(f)) {
+		uint32_t u;
+		memcpy(&u, &f, 4);
+		return sign | 0x7e00 | (uint16_t)((u & 0x7fffff) >> 13);
+	}
 	float a = fabsf(f);
+	if (isinf(a)) return sign | 0x7c00;
 	if (a == 0) return sign;
 	int e;
 	frexpf(a, &e);          /* a = m * 2^e, m in [0.5, 1) */
@@ -270,9 +278,12 @@ static float bf16_to_float(uint16_t b) {
 	return f;
 }
 
+/* Round to nearest, ties to even; a NaN stays a quiet NaN (the rounding
+ * carry could otherwise turn it into infinity), as the CPU backend does. */
 static uint16_t float_to_bf16(float f) {
 	uint32_t u;
 	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)(u >> 16) | 0x40;
 	u += 0x7fff + ((u >> 16) & 1);
 	return (uint16_t)(u >> 16);
 }
