@@ -4,30 +4,26 @@
 // predicted peak of live bytes, and which instructions compute the loss
 // alone (for evaluation).
 //
-// Memory is planned at compile time. Params, optimizer state, inputs and
-// constants live for the whole run at the bottom of the arena; every other
-// value gets a buffer live from its defining instruction to its last use,
-// and buffers whose lifetimes do not overlap share bytes (greedy by size,
-// largest first). A reshape is a view of its argument and gets no buffer of
-// its own. An update whose new value is computed by an elementwise op at
-// the state's last read is done in place; other updates become copies at
-// the end of the step. With Options.Offload, params and optimizer state
-// live in a host arena and are copied to the device around their uses
-// (offload.go).
+// Memory is planned at compile time (memplan.go). Params, optimizer state,
+// inputs and constants live for the whole run at the bottom of the arena;
+// every other value gets a buffer live from its defining instruction to its
+// last use, and buffers whose lifetimes do not overlap share bytes (a
+// linear scan with first-fit, or a greedy order when that packs tighter).
+// A reshape is a view of its argument and gets no buffer of its own. An
+// update whose new value is computed by an elementwise op at the state's
+// last read is done in place; other updates become copies at the end of
+// the step. With Options.Offload, params and optimizer state live in a
+// host arena and are copied to the device around their uses (offload.go).
 package lower
 
 import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 
 	"gcompile/ir"
 )
-
-// Align is the byte alignment of every buffer in the arena.
-const Align = 64
 
 // BufferKind says what a buffer holds and so how long it lives.
 type BufferKind uint8
@@ -479,264 +475,6 @@ func isOutput(p *Program, buf int) bool {
 		}
 	}
 	return false
-}
-
-// alignUp rounds a buffer's size up to its alignment: a cache line for
-// buffers that span several, 8 bytes (any element type) for small ones,
-// which would otherwise waste most of a line each.
-func alignUp(n int64) int64 { return roundTo(n, alignOf(n)) }
-
-// alignOf is the alignment of a buffer of n bytes.
-func alignOf(n int64) int64 {
-	if n < 4*Align {
-		return 8
-	}
-	return Align
-}
-
-func roundTo(n, a int64) int64 { return (n + a - 1) / a * a }
-
-// PlanMemory recomputes p's memory plan (offsets, arena, peak) from its
-// instruction order; lowering calls it, benchmarks time it.
-func PlanMemory(p *Program) { planMemory(p) }
-
-// planMemory assigns offsets: persistent buffers first, then temps by
-// greedy-by-size over their live intervals.
-func planMemory(p *Program) {
-	var off, host int64
-	p.PersistentBytes = 0
-	// The host arena: cache-line-aligned buffers first, then the small
-	// ones, so no padding sits between them.
-	for _, large := range []bool{true, false} {
-		for i := range p.Buffers {
-			b := &p.Buffers[i]
-			if b.Host && (alignOf(b.Bytes) == Align) == large {
-				b.Offset = roundTo(host, alignOf(b.Bytes))
-				host = b.Offset + alignUp(b.Bytes)
-			}
-		}
-	}
-	for i := range p.Buffers {
-		b := &p.Buffers[i]
-		if b.Host {
-			continue
-		}
-		if b.Kind.Persistent() {
-			b.Offset = roundTo(off, alignOf(b.Bytes))
-			off = b.Offset + alignUp(b.Bytes)
-			p.PersistentBytes += b.Bytes
-		}
-	}
-	p.HostBytes = host
-	// Device temporaries: a host buffer is never live on the device.
-	temp := func(id int) bool { return !p.Buffers[id].Host && !p.Buffers[id].Kind.Persistent() }
-	base := off
-	n := len(p.Instrs)
-	first := map[int]int{}
-	last := map[int]int{}
-	for i, in := range p.Instrs {
-		if in.Out < 0 {
-			for _, a := range in.Args {
-				last[a] = i
-			}
-			continue
-		}
-		if _, ok := first[in.Out]; !ok && temp(in.Out) {
-			first[in.Out] = i
-			last[in.Out] = i
-		}
-		for _, a := range in.Args {
-			last[a] = i
-		}
-	}
-	for _, b := range p.Outputs {
-		last[b] = n // read after the step
-	}
-	for b, l := range last {
-		if temp(b) && l < n {
-			p.Instrs[l].Frees = append(p.Instrs[l].Frees, b)
-		}
-	}
-	for i := range p.Instrs {
-		slices.Sort(p.Instrs[i].Frees)
-	}
-	// Peak: persistent bytes plus the largest sum of live temps at any instruction.
-	delta := make([]int64, n+2)
-	var temps []int
-	for b, f := range first {
-		if p.Buffers[b].Bytes == 0 {
-			continue
-		}
-		temps = append(temps, b)
-		delta[f] += p.Buffers[b].Bytes
-		delta[last[b]+1] -= p.Buffers[b].Bytes
-	}
-	var live, peak int64
-	for i := 0; i <= n; i++ {
-		live += delta[i]
-		if live > peak {
-			peak, p.PeakAt = live, min(i, n-1)
-		}
-	}
-	p.PeakBytes = p.PersistentBytes + peak
-	p.Peak = Breakdown{}
-	for _, b := range p.Buffers {
-		if b.Kind.Persistent() && !b.Host {
-			p.Peak.add(b.Category(), b.Bytes)
-		}
-	}
-	p.PeakLive = nil
-	for _, b := range temps {
-		if first[b] <= p.PeakAt && p.PeakAt <= last[b] {
-			p.PeakLive = append(p.PeakLive, b)
-			p.Peak.add(p.Buffers[b].Category(), p.Buffers[b].Bytes)
-		}
-	}
-	sort.SliceStable(p.PeakLive, func(i, j int) bool { return p.Buffers[p.PeakLive[i]].Bytes > p.Buffers[p.PeakLive[j]].Bytes })
-	// Greedy placement depends on the order buffers are placed in; try
-	// the usual orders (largest first, earliest first, longest-lived
-	// first, latest freed first, largest size×lifetime first), each with
-	// lowest-offset and best-fit gaps, and keep the smallest arena.
-	orders := []func(a, b int) bool{
-		func(a, b int) bool { return p.Buffers[a].Bytes > p.Buffers[b].Bytes },
-		func(a, b int) bool { return first[a] < first[b] },
-		func(a, b int) bool { return last[a]-first[a] > last[b]-first[b] },
-		func(a, b int) bool { return last[a] > last[b] },
-		func(a, b int) bool {
-			return p.Buffers[a].Bytes*int64(last[a]-first[a]+1) > p.Buffers[b].Bytes*int64(last[b]-first[b]+1)
-		},
-	}
-	// A linear scan in program order first: fast on any size, and usually
-	// within 1 % of the peak. The greedy orders are quadratic, so they only
-	// run on programs small enough to afford them.
-	best, top := linearScan(p, temps, first, last, base, n)
-	for _, less := range orders {
-		if float64(top-base) <= 1.01*float64(peak) || len(temps) > 20000 {
-			break
-		}
-		sort.SliceStable(temps, func(i, j int) bool {
-			a, b := temps[i], temps[j]
-			if less(a, b) != less(b, a) {
-				return less(a, b)
-			}
-			return a < b
-		})
-		for _, bestFit := range []bool{false, true} {
-			offsets, t := placeTemps(p, temps, first, last, base, bestFit)
-			if top < 0 || t < top {
-				top, best = t, offsets
-			}
-			if float64(top-base) <= 1.01*float64(peak) {
-				break // close enough to the live peak: stop searching
-			}
-		}
-		if float64(top-base) <= 1.01*float64(peak) {
-			break
-		}
-	}
-	for b, off := range best {
-		p.Buffers[b].Offset = off
-	}
-	p.ArenaBytes = top
-}
-
-// linearScan allocates temporaries in program order: at each instruction
-// the buffers it first writes take the lowest free gap that holds them
-// (largest first), and buffers whose last read it is are returned to the
-// free list, merged with their neighbours.
-func linearScan(p *Program, temps []int, first, last map[int]int, base int64, n int) (map[int]int64, int64) {
-	born := make([][]int, n+1)
-	dies := make([][]int, n+1)
-	for _, b := range temps {
-		born[first[b]] = append(born[first[b]], b)
-		dies[last[b]] = append(dies[last[b]], b)
-	}
-	type gap struct{ lo, hi int64 } // hi < 0: open to the top
-	free := []gap{{base, -1}}
-	offsets := make(map[int]int64, len(temps))
-	top := base
-	for i := 0; i <= n; i++ {
-		bs := born[i]
-		sort.Slice(bs, func(x, y int) bool { return p.Buffers[bs[x]].Bytes > p.Buffers[bs[y]].Bytes })
-		for _, b := range bs {
-			size, a := alignUp(p.Buffers[b].Bytes), alignOf(p.Buffers[b].Bytes)
-			for g := range free {
-				at := roundTo(free[g].lo, a)
-				if free[g].hi >= 0 && at+size > free[g].hi {
-					continue
-				}
-				offsets[b] = at
-				top = max(top, at+size)
-				// Split the gap around the allocation.
-				rest := []gap{}
-				if at > free[g].lo {
-					rest = append(rest, gap{free[g].lo, at})
-				}
-				rest = append(rest, gap{at + size, free[g].hi})
-				free = append(free[:g], append(rest, free[g+1:]...)...)
-				break
-			}
-		}
-		for _, b := range dies[i] {
-			lo := offsets[b]
-			hi := lo + alignUp(p.Buffers[b].Bytes)
-			g := sort.Search(len(free), func(k int) bool { return free[k].lo >= lo })
-			free = slices.Insert(free, g, gap{lo, hi})
-			// Merge with the neighbours it touches.
-			if g+1 < len(free) && free[g].hi == free[g+1].lo {
-				free[g].hi = free[g+1].hi
-				free = slices.Delete(free, g+1, g+2)
-			}
-			if g > 0 && free[g-1].hi == free[g].lo {
-				free[g-1].hi = free[g].hi
-				free = slices.Delete(free, g, g+1)
-			}
-		}
-	}
-	return offsets, top
-}
-
-// placeTemps assigns offsets to temps in the given order: each goes to the
-// lowest offset no lifetime-overlapping buffer occupies, or with bestFit to
-// the smallest such gap that holds it (the top of the arena if none does).
-// It returns the offsets and the arena top.
-func placeTemps(p *Program, temps []int, first, last map[int]int, base int64, bestFit bool) (map[int]int64, int64) {
-	type placed struct {
-		lo, hi   int64
-		from, to int
-	}
-	// done is kept sorted by offset, so one scan finds the lowest gap.
-	var done []placed
-	offsets := make(map[int]int64, len(temps))
-	top := base
-	for _, b := range temps {
-		size, a := alignUp(p.Buffers[b].Bytes), alignOf(p.Buffers[b].Bytes)
-		from, to := first[b], last[b]
-		at := roundTo(base, a)
-		bestAt, bestGap := int64(-1), int64(-1)
-		for _, q := range done {
-			if q.to < from || to < q.from {
-				continue
-			}
-			if at+size <= q.lo {
-				if !bestFit {
-					break
-				}
-				if gap := q.lo - at; bestGap < 0 || gap < bestGap {
-					bestAt, bestGap = at, gap
-				}
-			}
-			at = roundTo(max(at, q.hi), a)
-		}
-		if bestFit && bestAt >= 0 {
-			at = bestAt
-		}
-		offsets[b] = at
-		i := sort.Search(len(done), func(i int) bool { return done[i].lo > at })
-		done = slices.Insert(done, i, placed{at, at + size, from, to})
-		top = max(top, at+size)
-	}
-	return offsets, top
 }
 
 // CheckFits returns an error if the arena exceeds limit bytes, naming the

@@ -204,5 +204,6 @@ func BenchmarkMemoryPlanGPT3PipelineRank(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(prog.Instrs)), "instrs")
 	b.ReportMetric(float64(prog.PeakBytes)/(1<<30), "peak-GiB")
+	b.ReportMetric(float64(prog.ArenaBytes)/(1<<30), "arena-GiB")
 	b.ReportMetric(float64(prog.Peak.Activations)/(1<<30), "activations-GiB")
 }
