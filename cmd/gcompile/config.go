@@ -273,8 +273,8 @@ func (c *config) validate() error {
 	if c.precision != "fp32" && c.dpSync == "async" {
 		notYet("--precision "+c.precision+" with --dp-sync async", "the asynchronous trainer feeds no loss scale yet")
 	}
-	if c.backend == "cuda" {
-		notYet("--backend cuda", "the CUDA backend is a later step; use --backend cpu")
+	if c.backend == "cuda" && c.dpSync == "async" {
+		notYet("--backend cuda with --dp-sync async", "the asynchronous trainer runs on the cpu backend")
 	}
 	return errors.Join(errs...)
 }

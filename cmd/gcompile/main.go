@@ -1,6 +1,6 @@
 // Command gcompile compiles a model written in gcompile's Go DSL (or a
 // dumped .gir module) into per-device training programs, and with --run
-// trains it on the CPU backend.
+// trains it on the CPU backend or, with --backend cuda, on an NVIDIA GPU.
 //
 //	gcompile examples/gpt/model.go --run --steps 200 --metrics m.json --dump d/
 //
@@ -26,6 +26,7 @@ import (
 	"gcompile/passes/schedule"
 	"gcompile/runtime"
 	"gcompile/runtime/cpu"
+	"gcompile/runtime/cuda"
 )
 
 func main() {
@@ -35,7 +36,7 @@ func main() {
 	}
 }
 
-func mainErr(args []string) error {
+func mainErr(args []string) (err error) {
 	c, err := parseArgs(args)
 	if err != nil {
 		return err
@@ -54,6 +55,15 @@ func mainErr(args []string) error {
 		if sched, simulated, err = pipelineSchedule(c); err != nil {
 			return err
 		}
+	}
+	var gpu *cuda.Runtime
+	if c.run && c.backend == "cuda" {
+		// Find the GPU before any work: on a machine without the CUDA
+		// libraries this is the error, naming every place searched.
+		if gpu, err = cuda.Open(cuda.Config{}); err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, gpu.Close()) }()
 	}
 	start := time.Now()
 	m, err := loadModule(c)
@@ -150,7 +160,7 @@ func mainErr(args []string) error {
 	}
 	var runErr error
 	if c.run {
-		runErr = train(c, progs, evalProgs, met, sched)
+		runErr = train(c, gpu, progs, evalProgs, met, sched)
 	}
 	if c.metrics != "" {
 		if err := met.WriteFile(c.metrics); err != nil {
@@ -336,7 +346,50 @@ func firstOnPipelineRank(mesh *ir.Mesh, rank int) bool {
 	return true
 }
 
-func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics, sched *schedule.Schedule) error {
+// cluster is what training needs from a backend's devices; cpu.Cluster
+// and cuda.Cluster both provide it.
+type cluster interface {
+	runtime.Device
+	weightStore
+	InitParams(seed uint64) error
+	SetEvalPrograms(progs []*lower.Program) error
+}
+
+// deviceView is one device of a cluster, for the trace, the schedule
+// profile and the memory metrics.
+type deviceView struct {
+	prog *lower.Program
+	peak func() int64
+	// onInstr installs the hook told each instruction's start and duration.
+	onInstr func(func(int, time.Time, time.Duration))
+}
+
+// newCluster loads the programs on the chosen backend: one virtual CPU
+// device per mesh device, or one virtual device per mesh device on the
+// GPU. The function returned releases what the backend holds.
+func newCluster(c *config, gpu *cuda.Runtime, progs []*lower.Program) (cluster, []deviceView, func() error, error) {
+	var devs []deviceView
+	if c.backend == "cuda" {
+		g, err := cuda.NewPipelineCluster(gpu, progs, cuda.Options{})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		for _, d := range g.Devices {
+			devs = append(devs, deviceView{prog: d.Program(), peak: d.PeakBytes, onInstr: func(f func(int, time.Time, time.Duration)) { d.OnInstr = f }})
+		}
+		return g, devs, g.Close, nil
+	}
+	h, err := cpu.NewPipelineCluster(progs, cpu.Options{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for _, d := range h.Devices {
+		devs = append(devs, deviceView{prog: d.Program(), peak: d.PeakBytes, onInstr: func(f func(int, time.Time, time.Duration)) { d.OnInstr = f }})
+	}
+	return h, devs, func() error { return nil }, nil
+}
+
+func train(c *config, gpu *cuda.Runtime, progs, evalProgs []*lower.Program, met *runtime.Metrics, sched *schedule.Schedule) (err error) {
 	prog := progs[0]
 	batch, seq, err := inputShape(progs)
 	if err != nil {
@@ -350,9 +403,14 @@ func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics, s
 		return err
 	}
 	met.Data = &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
-	dev, err := cpu.NewPipelineCluster(progs, cpu.Options{})
+	dev, devs, closeDev, err := newCluster(c, gpu, progs)
 	if err != nil {
 		return err
+	}
+	defer func() { err = errors.Join(err, closeDev()) }()
+	if gpu != nil {
+		met.Config["device"] = gpu.Name()
+		fmt.Fprintf(os.Stderr, "cuda backend: %s (%s), %d virtual device(s) on GPU %d\n", gpu.Name(), gpu.Props().Arch(), len(devs), gpu.Ordinal())
 	}
 	if err := dev.InitParams(uint64(c.seed)); err != nil {
 		return err
@@ -365,9 +423,9 @@ func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics, s
 	var tracer *runtime.Tracer
 	tracing := c.trace != ""
 	if tracing {
-		progs := make([]*lower.Program, len(dev.Devices))
-		for i, d := range dev.Devices {
-			progs[i] = d.Program()
+		progs := make([]*lower.Program, len(devs))
+		for i, d := range devs {
+			progs[i] = d.prog
 		}
 		tracer = runtime.NewTracer(progs)
 	}
@@ -377,23 +435,23 @@ func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics, s
 	if sched != nil {
 		prof = newBlockProfile()
 	}
-	for i, d := range dev.Devices {
+	for i, d := range devs {
 		var trace, timing func(int, time.Time, time.Duration)
 		if tracing {
 			trace = tracer.Hook(i)
 		}
 		if prof != nil && firstOnPipelineRank(prog.Mesh, i) {
-			timing = prof.hook(d.Program())
+			timing = prof.hook(d.prog)
 		}
 		if trace != nil || timing != nil {
-			d.OnInstr = func(in int, start time.Time, dur time.Duration) {
+			d.onInstr(func(in int, start time.Time, dur time.Duration) {
 				if trace != nil && tracing {
 					trace(in, start, dur)
 				}
 				if timing != nil {
 					timing(in, start, dur)
 				}
-			}
+			})
 		}
 	}
 	if prog.Mesh != nil {
@@ -434,8 +492,8 @@ func train(c *config, progs, evalProgs []*lower.Program, met *runtime.Metrics, s
 	})
 	prog2.done()
 	met.Steps, met.Eval = steps, evals
-	for r, d := range dev.Devices {
-		met.Devices[r].PeakBytesMeasured = d.PeakBytes()
+	for r, d := range devs {
+		met.Devices[r].PeakBytesMeasured = d.peak()
 	}
 	if trainErr != nil {
 		return trainErr

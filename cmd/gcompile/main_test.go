@@ -16,6 +16,8 @@ import (
 	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/runtime"
+	"gcompile/runtime/cuda/dl"
+	"gcompile/runtime/cuda/fakegpu"
 )
 
 const gptModel = "../../examples/gpt/model.go"
@@ -84,7 +86,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--staleness", "2"}, "--staleness applies to --dp-sync async"},
 		{[]string{"--dp-sync", "eventually"}, `--dp-sync "eventually": want sync or async`},
 		{[]string{"--loss-scale", "1024"}, "--loss-scale applies to --precision fp16 or bf16"},
-		{[]string{"--backend", "cuda"}, "--backend cuda: not yet supported"},
+		{[]string{"--backend", "cuda", "--devices", "2", "--dp", "2", "--dp-sync", "async"}, "--backend cuda with --dp-sync async: not yet supported"},
 		{[]string{"--lr", "0"}, "learning rate: want --lr > 0"},
 	}
 	for _, tt := range tests {
@@ -442,4 +444,71 @@ func TestFactoredOptimizersUnderTensorParallelism(t *testing.T) {
 			}
 		})
 	}
+}
+
+// --backend cuda trains on the GPU backend. Where the CUDA libraries are
+// missing it fails before any work with the bindings' error, which names
+// what was searched and the variable that overrides the search: nothing
+// is compiled, trained or written. On the fake GPU (the kernels run in
+// an emulator) it trains and reports the device and the measured peak,
+// which equals the plan's.
+func TestCUDABackend(t *testing.T) {
+	outputs := func(t *testing.T) (args, files []string) {
+		dir := t.TempDir()
+		files = []string{filepath.Join(dir, "m.json"), filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "t.json"), filepath.Join(dir, "dumps")}
+		args = append(append([]string{}, tinyGPT...), "--backend", "cuda", "--run", "--steps", "1", "--eval-batches", "1",
+			"--metrics", files[0], "--save", files[1], "--trace", files[2], "--dump", files[3])
+		return args, files
+	}
+	t.Run("library override points nowhere", func(t *testing.T) {
+		missing := filepath.Join(t.TempDir(), "lib", "libcuda.so.1")
+		t.Setenv("GCOMPILE_LIBCUDA", missing)
+		args, files := outputs(t)
+		err := mainErr(args)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "cannot load CUDA driver from GCOMPILE_LIBCUDA")
+		assert.Contains(t, err.Error(), missing+" (GCOMPILE_LIBCUDA): no such file")
+		for _, f := range files {
+			assert.NoFileExists(t, f)
+			assert.NoDirExists(t, f)
+		}
+	})
+	t.Run("no driver anywhere", func(t *testing.T) {
+		t.Setenv("GCOMPILE_LIBCUDA", "")
+		if lib, err := dl.DefaultSearch().Open(dl.CUDA); err == nil {
+			t.Skipf("this machine has a CUDA driver (%s): the search cannot come up empty", lib.Path)
+		}
+		args, files := outputs(t)
+		err := mainErr(args)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "cannot load CUDA driver (libcuda.so.1, libcuda.so); set GCOMPILE_LIBCUDA to the library's path. Tried:")
+		assert.Contains(t, err.Error(), "/usr/local/cuda/lib64/libcuda.so.1")
+		for _, f := range files {
+			assert.NoFileExists(t, f)
+			assert.NoDirExists(t, f)
+		}
+	})
+	t.Run("fake GPU", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("trains a step in the kernel emulator (seconds); skipped with -short")
+		}
+		fakegpu.Install(t)
+		t.Setenv("GCOMPILE_CACHE", t.TempDir())
+		args, files := outputs(t)
+		require.NoError(t, mainErr(append(args, "--devices", "2", "--tp", "2")))
+		raw, err := os.ReadFile(files[0])
+		require.NoError(t, err)
+		var met runtime.Metrics
+		require.NoError(t, json.Unmarshal(raw, &met))
+		assert.Equal(t, "cuda", met.Config["backend"])
+		assert.Contains(t, met.Config["device"], "fake GPU")
+		require.Len(t, met.Steps, 1)
+		assert.InDelta(t, 5.54, met.Steps[0].Loss, 0.1, "a fresh byte-level model's loss is about ln 256")
+		require.Len(t, met.Devices, 2)
+		for _, d := range met.Devices {
+			assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "device %d", d.Rank)
+		}
+		assert.FileExists(t, files[1])
+		assert.FileExists(t, files[2])
+	})
 }

@@ -7,14 +7,21 @@ import (
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime/checkpoint"
-	"gcompile/runtime/cpu"
 )
+
+// weightStore is how checkpoints reach a backend's params: whole tensors
+// in and out, split and assembled by the cluster (cpu.Cluster and
+// cuda.Cluster alike).
+type weightStore interface {
+	Global(name string) ([]float64, error)
+	SetGlobal(name string, x []float64) error
+}
 
 var safetensorsDType = map[ir.DType]string{ir.F32: "F32", ir.F64: "F64", ir.F16: "F16", ir.BF16: "BF16", ir.I32: "I32", ir.I64: "I64", ir.Bool: "BOOL"}
 
 // saveWeights writes the params under their model names (HF GPT-2 names
 // for the reference model), so other tools can read them.
-func saveWeights(dev *cpu.Cluster, prog *lower.Program, path string, step int) error {
+func saveWeights(dev weightStore, prog *lower.Program, path string, step int) error {
 	var ts []checkpoint.Tensor
 	for _, b := range prog.Buffers {
 		if b.Kind != lower.Param {
@@ -38,7 +45,7 @@ func saveWeights(dev *cpu.Cluster, prog *lower.Program, path string, step int) e
 
 // loadWeights overwrites params from a safetensors file; every param of the
 // model must be present with its exact dtype and shape.
-func loadWeights(dev *cpu.Cluster, prog *lower.Program, path string) error {
+func loadWeights(dev weightStore, prog *lower.Program, path string) error {
 	ts, _, err := checkpoint.Load(path)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@
 package cpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"math"
@@ -330,29 +331,93 @@ func (d *Device) InitParams(seed uint64) error {
 }
 
 func (d *Device) initParam(b lower.Buffer, seed uint64) error {
+	raw, err := InitialBytes(b, d.prog.Mesh, d.coords, seed)
+	if err != nil {
+		return err
+	}
+	copy(d.raw(b), raw)
+	return nil
+}
+
+// InitialBytes is the initial content of param buffer b on the device at
+// coords of mesh (nil mesh: the only device): the little-endian bytes of
+// the device's block, in the buffer's dtype, from the param's init
+// attribute (normal(std), zeros or ones). A normal init draws the whole
+// tensor from a PRNG seeded by seed and the param's name and each device
+// keeps its block, so a sharded param holds exactly the numbers one device
+// would, and every backend that starts from these bytes starts from the
+// same weights.
+func InitialBytes(b lower.Buffer, mesh *ir.Mesh, coords []int, seed uint64) ([]byte, error) {
 	init := b.Value.Attrs.Str("init")
+	local := b.Type.Shape.NumElements()
+	var x []float64
 	switch {
 	case init == "zeros" || init == "":
-		return d.fill(b, 0)
+		x = make([]float64, local)
 	case init == "ones":
-		return d.fill(b, 1)
+		x = make([]float64, local)
+		kcpu.Fill(x, 1)
+	default:
+		m := normalInit.FindStringSubmatch(init)
+		if m == nil {
+			return nil, fmt.Errorf("%s: unknown init %q (want normal(std), zeros or ones)", b.Value.Where(), init)
+		}
+		std, err := strconv.ParseFloat(m[1], 64)
+		if err != nil || std < 0 || math.IsNaN(std) {
+			return nil, fmt.Errorf("%s: bad std in init %q", b.Value.Where(), init)
+		}
+		if b.Type.DType != ir.F32 && b.Type.DType != ir.F64 {
+			return nil, fmt.Errorf("%s: %q is %v, not a float tensor", b.Value.Where(), b.Name, b.Type)
+		}
+		h := fnv.New64a()
+		h.Write([]byte(b.Name))
+		rng := rand.New(rand.NewPCG(seed, h.Sum64()))
+		whole := make([]float64, b.Global.Shape.NumElements())
+		for i := range whole {
+			whole[i] = rng.NormFloat64() * std
+		}
+		x = Block(whole, b, mesh, coords)
 	}
-	m := normalInit.FindStringSubmatch(init)
-	if m == nil {
-		return fmt.Errorf("%s: unknown init %q (want normal(std), zeros or ones)", b.Value.Where(), init)
+	if int64(len(x)) != local {
+		return nil, fmt.Errorf("%s: %q holds %d elements on this device, its block of %v has %d", b.Value.Where(), b.Name, local, b.Global, len(x))
 	}
-	std, err := strconv.ParseFloat(m[1], 64)
-	if err != nil || std < 0 || math.IsNaN(std) {
-		return fmt.Errorf("%s: bad std in init %q", b.Value.Where(), init)
+	out := make([]byte, 0, b.Bytes)
+	for _, v := range x {
+		switch b.Type.DType {
+		case ir.F32:
+			out = binary.LittleEndian.AppendUint32(out, math.Float32bits(float32(v)))
+		case ir.F64:
+			out = binary.LittleEndian.AppendUint64(out, math.Float64bits(v))
+		case ir.I32:
+			out = binary.LittleEndian.AppendUint32(out, uint32(int32(v)))
+		case ir.I64:
+			out = binary.LittleEndian.AppendUint64(out, uint64(int64(v)))
+		default:
+			return nil, fmt.Errorf("%s: the cpu backend has no %v storage for param %q", b.Value.Where(), b.Type.DType, b.Name)
+		}
 	}
-	h := fnv.New64a()
-	h.Write([]byte(b.Name))
-	rng := rand.New(rand.NewPCG(seed, h.Sum64()))
-	// The whole tensor is drawn on every device and each keeps its block,
-	// so a sharded param holds exactly the numbers one device would.
-	x := make([]float64, b.Global.Shape.NumElements())
-	for i := range x {
-		x[i] = rng.NormFloat64() * std
+	return out, nil
+}
+
+// Block returns the block of a whole tensor x, laid out as b.Global, that
+// the device at coords of mesh holds: each sharded dim keeps the slice at
+// the device's coordinate on the sharding axis. With no mesh or placement
+// it is x itself.
+func Block[T any](x []T, b lower.Buffer, mesh *ir.Mesh, coords []int) []T {
+	if mesh == nil || b.Place == nil {
+		return x
 	}
-	return d.SetFloat64s(b.Name, d.LocalBlock(x, b))
+	shape, lo, size := blockOf(mesh, b.Place, b.Global.Shape, coords)
+	return block(x, shape, lo, size)
+}
+
+// Unblock writes blk, the block of the device at coords of mesh, into
+// whole, the inverse of Block.
+func Unblock[T any](whole []T, b lower.Buffer, mesh *ir.Mesh, coords []int, blk []T) {
+	if mesh == nil || b.Place == nil {
+		copy(whole, blk)
+		return
+	}
+	shape, lo, size := blockOf(mesh, b.Place, b.Global.Shape, coords)
+	unblock(whole, shape, lo, size, blk)
 }

@@ -1,0 +1,234 @@
+package cuda
+
+import (
+	"fmt"
+
+	"gcompile/ir"
+	kcuda "gcompile/kernels/cuda"
+	"gcompile/lower"
+	"gcompile/runtime/cpu"
+	"gcompile/runtime/cuda/driver"
+)
+
+// axisGroup is the group of devices that differ from this one only on
+// mesh axis ax, ordered by their coordinate on it.
+func (d *Device) axisGroup(ax int) group {
+	m := d.prog.Mesh
+	c := append([]int(nil), d.coords...)
+	var ranks []int
+	for i := range m.Axes[ax].Size {
+		c[ax] = i
+		ranks = append(ranks, cpu.Rank(m, c))
+	}
+	return newGroup(ranks, d.rank)
+}
+
+// blockedView is shape s with dim split into (k, s[dim]/k), and the index
+// of the inner part: a tensor split S(dim)xk holds on each device its
+// slice of every one of the k blocks, which in this view is a plain split
+// of the inner dim. With k = 1 the view is s itself.
+func blockedView(s []int, dim, k int) ([]int, int) {
+	if k <= 1 {
+		return s, dim
+	}
+	v := make([]int, 0, len(s)+1)
+	v = append(v, s[:dim]...)
+	v = append(v, k, s[dim]/k)
+	v = append(v, s[dim+1:]...)
+	return v, dim + 1
+}
+
+// pieces plans the launches that cut a tensor of shape s along dim into n
+// equal blocks laid out one after another (what the flat collectives
+// move), or, with join, put such blocks back together.
+func (c *compiler) pieces(whole, flat parg, s []int, dim, n int, join bool) ([]*launch, error) {
+	outer, total, inner, err := kcuda.SliceGeometry(s, dim)
+	if err != nil {
+		return nil, err
+	}
+	k := total / int64(n)
+	size := numel(s) / int64(n)
+	var ls []*launch
+	for j := range int64(n) {
+		piece := flat
+		piece.at = piece.at.add(4 * j * size)
+		var l *launch
+		if join {
+			l, err = c.kernel("gc_concat_piece", whole, piece, outer, total, inner, j*k, k)
+		} else {
+			l, err = c.kernel("gc_slice", piece, whole, outer, total, inner, j*k, k)
+		}
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
+}
+
+// contiguous reports whether blocks along dim are contiguous in memory:
+// every dim before it has size 1.
+func contiguous(s []int, dim int) bool {
+	for _, n := range s[:dim] {
+		if n != 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// collective compiles a collective over the devices of its mesh axis, as
+// the CPU backend's compileCollective does: the same groups, the same
+// blocked views and piece layouts, reductions in group-position order.
+func (c *compiler) collective() (func() error, error) {
+	in, d := c.in, c.d
+	if d.comm == nil || d.prog.Mesh == nil {
+		return nil, fmt.Errorf("%s needs a multi-device program", in.Op)
+	}
+	ax := d.prog.Mesh.Axis(in.Attrs.Str("axis"))
+	if ax < 0 {
+		return nil, fmt.Errorf("axis %q is not in mesh %v", in.Attrs.Str("axis"), d.prog.Mesh)
+	}
+	g := d.axisGroup(ax)
+	n := g.size()
+	dt := c.dtype(in.Out)
+	switch {
+	case dt == ir.F32:
+	case dt == ir.I32 && (in.Op == "shard_slice" || in.Op == "all_gather"):
+		// i32 ids move as bits.
+	default:
+		return nil, fmt.Errorf("the cuda backend cannot run %s on %v", in.Op, dt)
+	}
+	src, out := bits(c.arg(0)), bits(c.out())
+	dim, blocks := in.Attrs.Int("dim", 0), in.Attrs.Int("blocks", 1)
+	inShape, outShape := c.shape(0), c.outShape()
+	switch in.Op {
+	case "reduce_scatter", "all_gather", "shard_slice":
+		whole := inShape
+		if in.Op == "all_gather" {
+			whole = outShape
+		}
+		if dim < 0 || dim >= len(whole) || blocks < 1 || whole[dim]%(blocks*n) != 0 {
+			return nil, fmt.Errorf("%s on dim %d in %d blocks over %d devices: %v has no such split", in.Op, dim, blocks, n, in.ArgTypes[0])
+		}
+		inShape, dim = blockedView(inShape, in.Attrs.Int("dim", 0), blocks)
+		outShape, _ = blockedView(outShape, in.Attrs.Int("dim", 0), blocks)
+	}
+	if in.Op == "shard_slice" {
+		// Local: this device keeps its block; nothing crosses devices.
+		k := outShape[dim]
+		start := int64(d.coords[ax] * k)
+		outer, total, inner, err := kcuda.SliceGeometry(inShape, dim)
+		if err != nil {
+			return nil, err
+		}
+		return c.one("gc_slice", out, src, outer, total, inner, start, int64(k))
+	}
+	s, err := d.comm.site(d)
+	if err != nil {
+		return nil, err
+	}
+	cm := d.comm
+	c.note(fmt.Sprintf("%s over devices %v", in.Op, g.ranks))
+	switch in.Op {
+	case "all_reduce":
+		if in.Bucket > 0 {
+			return c.bucket(g, s)
+		}
+		count := numel(outShape)
+		tmp := c.scratch(4 * count)
+		return func() error {
+			if err := d.rt.drv.MemcpyDtoDAsync(d.ptr(out.at), d.ptr(src.at), uint64(4*count), d.compute); err != nil {
+				return err
+			}
+			return cm.allReduce(d, g, s, []driver.DevicePtr{d.ptr(out.at)}, []int64{count}, d.ptr(tmp))
+		}, nil
+	case "reduce_scatter":
+		count := numel(outShape)
+		if contiguous(inShape, dim) {
+			return func() error { return cm.reduceScatter(d, g, s, d.ptr(src.at), d.ptr(out.at), count) }, nil
+		}
+		tmp := parg{at: c.scratch(4 * numel(inShape)), dt: ir.F32}
+		cut, err := c.pieces(src, tmp, inShape, dim, n, false)
+		if err != nil {
+			return nil, err
+		}
+		return seq(c.runs(cut...), func() error { return cm.reduceScatter(d, g, s, d.ptr(tmp.at), d.ptr(out.at), count) }), nil
+	case "all_gather":
+		bytes := 4 * numel(inShape)
+		if contiguous(outShape, dim) {
+			return func() error { return cm.allGather(d, g, s, d.ptr(src.at), d.ptr(out.at), bytes) }, nil
+		}
+		tmp := bits(parg{at: c.scratch(4 * numel(outShape)), dt: dt})
+		join, err := c.pieces(out, tmp, outShape, dim, n, true)
+		if err != nil {
+			return nil, err
+		}
+		return seq(func() error { return cm.allGather(d, g, s, d.ptr(src.at), d.ptr(tmp.at), bytes) }, c.runs(join...)), nil
+	case "all_to_all":
+		// S(from) → S(to): cut the local tensor along to into one piece
+		// per device, exchange piece q with device q, and put the pieces
+		// received together along from.
+		from, to := in.Attrs.Int("from", 0), in.Attrs.Int("to", 0)
+		if from < 0 || from >= len(outShape) || to < 0 || to >= len(inShape) || inShape[to]%n != 0 {
+			return nil, fmt.Errorf("all_to_all from dim %d to dim %d over %d devices: %v has no such split", from, to, n, in.ArgTypes[0])
+		}
+		size := 4 * numel(inShape)
+		sendBuf := parg{at: c.scratch(size), dt: ir.F32}
+		recvBuf := parg{at: c.scratch(size), dt: ir.F32}
+		cut, err := c.pieces(src, sendBuf, inShape, to, n, false)
+		if err != nil {
+			return nil, err
+		}
+		join, err := c.pieces(out, recvBuf, outShape, from, n, true)
+		if err != nil {
+			return nil, err
+		}
+		chunk := size / int64(n)
+		return seq(c.runs(cut...), func() error { return cm.allToAll(d, g, s, d.ptr(sendBuf.at), d.ptr(recvBuf.at), chunk) }, c.runs(join...)), nil
+	}
+	return nil, fmt.Errorf("the cuda backend has no %s", in.Op)
+}
+
+// bucket: the first all_reduce of a gradient bucket reduces every
+// member's buffer in one collective; the others have nothing left to do.
+func (c *compiler) bucket(g group, s *site) (func() error, error) {
+	in, d := c.in, c.d
+	i := c.index
+	if i > 0 && d.prog.Instrs[i-1].Bucket == in.Bucket && d.prog.Instrs[i-1].Op == "all_reduce" {
+		return func() error { return nil }, nil
+	}
+	var members []lower.Instr
+	for j := i; j < len(d.prog.Instrs) && d.prog.Instrs[j].Bucket == in.Bucket && d.prog.Instrs[j].Op == "all_reduce"; j++ {
+		members = append(members, d.prog.Instrs[j])
+	}
+	srcs := make([]loc, len(members))
+	outs := make([]loc, len(members))
+	counts := make([]int64, len(members))
+	var total int64
+	for k, m := range members {
+		if c.dtype(m.Out) != ir.F32 || is16(c.buf(m.Args[0]).Type.DType) {
+			return nil, fmt.Errorf("bucketed all_reduce of %v: the cuda backend reduces fp32 buckets", c.buf(m.Out).Type)
+		}
+		srcs[k], outs[k] = at(c.buf(m.Args[0])), at(c.buf(m.Out))
+		counts[k] = m.OutType.Shape.NumElements()
+		total += counts[k]
+	}
+	tmp := c.scratch(4 * total)
+	c.note(fmt.Sprintf("bucket of %d all_reduces", len(members)))
+	cm := d.comm
+	// The members' buffers share bytes where one's result starts after
+	// another's input dies, as the memory plan has it for one at a time:
+	// each input is copied into its result in order before any sum is
+	// made, as the CPU backend does, and the sums are made in place.
+	return func() error {
+		bufs := make([]driver.DevicePtr, len(outs))
+		for k := range srcs {
+			bufs[k] = d.ptr(outs[k])
+			if err := d.rt.drv.MemcpyDtoDAsync(bufs[k], d.ptr(srcs[k]), uint64(4*counts[k]), d.compute); err != nil {
+				return err
+			}
+		}
+		return cm.allReduce(d, g, s, bufs, counts, d.ptr(tmp))
+	}, nil
+}

@@ -1,0 +1,79 @@
+// Package cuda runs lowered programs (lower.Program) on NVIDIA GPUs: the
+// same programs the CPU backend (runtime/cpu) runs, with the same
+// numbers, through the CUDA driver, NVRTC, cuBLASLt and NCCL bound with
+// purego, so the project still builds with CGO_ENABLED=0 and needs the
+// libraries only when this backend is asked for.
+//
+// # Runtime
+//
+// Open loads the libraries, retains the chosen GPU's primary context,
+// compiles the kernels of package kernels/cuda once for the GPU's
+// architecture (sm_XY, through the NVRTC disk cache), loads them as one
+// module and looks up every kernel. A missing library is the bindings'
+// error, naming every place searched and the variable that overrides it.
+// The context is current per OS thread: every call that touches the GPU
+// locks its goroutine to a thread and makes the context current first.
+//
+// # Devices
+//
+// A Device is one virtual device running one program. It makes one
+// cuMemAlloc arena of Program.ArenaBytes, every buffer at its static
+// offset, and one pinned host arena for offloaded buffers; workspace
+// (fp32 copies of 16-bit operands, partial sums, collective pieces,
+// status words, pipeline send staging, the cuBLASLt workspace) is sized
+// while the program is prepared and allocated once, at load (Workspace
+// reports it). Nothing is allocated on the device during a step.
+//
+// Each instruction is prepared once, mirroring runtime/cpu/compile.go
+// case by case, into a closure that queues kernel launches (geometry from
+// the kernel table's launch style and the local shapes; parameter arrays
+// built once), cuBLASLt GEMMs (plans chosen at load), copies or
+// collectives on the device's compute stream. Host-to-device copies of
+// offloaded buffers run on a second stream, ordered by events, so a
+// prefetch overlaps the compute before its use. A step queues every
+// instruction and synchronizes once at its end; then the status words of
+// the kernels that validate token ids and labels are checked.
+//
+// Every kernel works for any block of whole warps and any grid; launches
+// take a block sized to the work (a warp for rows of 32) and a few blocks
+// per SM, looping over the rest. Config.Launch lowers those bounds (the
+// CPU emulator of the kernels, which runs a block's threads on OS
+// threads, is fastest with one warp and a few blocks). The geometry is
+// fixed at load, so reductions combine in the same order every step.
+//
+// The measured peak counts live bytes exactly as the CPU device does
+// (persistent bytes, plus each temporary from its first write to its last
+// use), so it equals the plan's predicted peak. Instructions are timed
+// with events only when OnInstr is set.
+//
+// # Precision
+//
+// fp32 programs run the fp32 kernels and fp32 cuBLASLt GEMMs (no TF32).
+// fp16 and bf16 buffers are emulated as the CPU backend emulates them:
+// the 16-bit operands of an instruction are widened into fp32 scratch,
+// the fp32 kernels run, and a 16-bit result is rounded back to nearest
+// even, bit for bit as the CPU rounds. A matmul whose operands are all of
+// one 16-bit format runs as a native cuBLASLt fp16/bf16 GEMM with fp32
+// accumulation instead: the same products and one rounding of C, in
+// another summation order. f64 programs are refused: they are for CPU
+// reference runs.
+//
+// # Several devices
+//
+// A Cluster loads a program on every device of its mesh (one program per
+// pipeline rank) and runs each device on its own goroutine, like
+// cpu.Cluster, with the same methods. Virtual devices on one GPU
+// (NewCluster, NewPipelineCluster) meet in a host-side rendezvous for each
+// collective: events order their streams, and each member computes its
+// result from the others' buffers with device-to-device copies and the
+// add kernel in group-position order, so sums are bit-reproducible and
+// equal the CPU's fixed-order sums. Pipeline sends copy into a staging
+// buffer and return at once; receives wait for their send (the CPU
+// backend's Mailbox semantics). NewNCCLCluster puts one device on each
+// GPU and connects them with NCCL communicators, one per group along each
+// mesh axis; it runs data- and tensor-parallel programs (not pipeline
+// transfers yet).
+//
+// Plan prepares a program exactly as Load does without a GPU, which is
+// how every instruction's launch plan is checked on machines without one.
+package cuda

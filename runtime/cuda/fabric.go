@@ -1,0 +1,391 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"gcompile/ir"
+	"gcompile/runtime/cuda/driver"
+)
+
+// comm is how a device reaches the other devices of its cluster:
+// collectives over groups of ranks and pipeline transfers. The fabric
+// connects virtual devices that share one GPU; ncclComm connects one
+// device per GPU through NCCL.
+type comm interface {
+	// site prepares one call site (an instruction's collective) at load.
+	site(d *Device) (*site, error)
+	// allReduce sums every member's bufs[k] (counts[k] fp32 elements) in
+	// place. tmp is workspace of the total count: the fabric reduces
+	// into it and copies the sums back once no member reads its buffers.
+	allReduce(d *Device, g group, s *site, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error
+	// reduceScatter: out (count fp32 elements) becomes the sum over
+	// members of chunk pos of their src (group size × count elements).
+	reduceScatter(d *Device, g group, s *site, src, out driver.DevicePtr, count int64) error
+	// allGather: chunk q of out (bytes each) becomes member q's src.
+	allGather(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error
+	// allToAll: chunk q of out becomes chunk pos of member q's src.
+	allToAll(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error
+	// prepareSend reserves what one send instruction needs, at load.
+	prepareSend(d *Device, bytes int64) (*sendSlot, error)
+	// send hands bytes at src to device peer and returns without waiting
+	// for it; recv waits for the matching send and copies it into dst.
+	send(d *Device, s *sendSlot, peer, tag int, src driver.DevicePtr, bytes int64) error
+	recv(d *Device, peer, tag int, dst driver.DevicePtr, bytes int64) error
+	// abort wakes every device waiting for another with err.
+	abort(err error)
+}
+
+// group is the devices of one collective, in rank order along a mesh
+// axis, and this device's position among them.
+type group struct {
+	ranks []int
+	pos   int
+	key   string
+}
+
+func newGroup(ranks []int, rank int) group {
+	g := group{ranks: ranks, pos: -1}
+	var b strings.Builder
+	for i, r := range ranks {
+		if r == rank {
+			g.pos = i
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(r))
+	}
+	g.key = b.String()
+	return g
+}
+
+// size is the number of members.
+func (g group) size() int { return len(g.ranks) }
+
+// site is one collective call site of one device: the events that order
+// the members' streams around it.
+type site struct{ ready, done driver.Event }
+
+// sendSlot is one send instruction's staging buffer and the event that
+// marks it filled.
+type sendSlot struct {
+	staging loc
+	ready   driver.Event
+}
+
+// ErrAborted marks a collective or receive that gave up because another
+// device failed.
+var ErrAborted = errors.New("cluster aborted")
+
+// fabric connects virtual devices that share one GPU (one context, one
+// address space). A collective is a rendezvous on the host: every member
+// records an event when its inputs are ready and publishes its buffers'
+// addresses; once all have arrived each member's stream waits for the
+// others' events, and the member computes its own result from the
+// others' buffers with device-to-device copies and the add kernel, always
+// adding in group-position order, so results are bit-reproducible and
+// equal to the CPU backend's fixed-order sums. A second rendezvous, on
+// events recorded after the reads, keeps any member from overwriting its
+// inputs before the others have read them. Nothing blocks a stream on the
+// host: the host only waits for the other devices to queue their work.
+type fabric struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	seqs map[string]*groupSeq
+	mail map[mailKey][]message
+	err  error
+}
+
+type groupSeq struct {
+	next []uint64 // each member's next collective
+	open map[uint64]*meeting
+}
+
+// meeting is the k-th collective of one group.
+type meeting struct {
+	slots             []slot
+	arrived, departed int
+	verdict           error
+	verdictDecided    bool
+}
+
+// slot is what one member brings: what it calls (members must agree),
+// its ready event and its buffers, then its done event.
+type slot struct {
+	what        string
+	ready, done driver.Event
+	ptrs        []driver.DevicePtr
+}
+
+type mailKey struct{ from, to, tag int }
+
+type message struct {
+	src   driver.DevicePtr
+	bytes int64
+	ready driver.Event
+}
+
+func newFabric() *fabric {
+	f := &fabric{seqs: map[string]*groupSeq{}, mail: map[mailKey][]message{}}
+	f.cond = sync.NewCond(&f.mu)
+	return f
+}
+
+func (f *fabric) abort(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = fmt.Errorf("%w: %w", ErrAborted, err)
+	}
+	f.cond.Broadcast()
+}
+
+func (f *fabric) site(d *Device) (*site, error) {
+	ready, err := d.event()
+	if err != nil {
+		return nil, err
+	}
+	done, err := d.event()
+	if err != nil {
+		return nil, err
+	}
+	return &site{ready, done}, nil
+}
+
+// arrive registers a member at its group's next collective and waits for
+// the others.
+func (f *fabric) arrive(g group, s slot) (*meeting, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	gs := f.seqs[g.key]
+	if gs == nil {
+		gs = &groupSeq{next: make([]uint64, g.size()), open: map[uint64]*meeting{}}
+		f.seqs[g.key] = gs
+	}
+	seq := gs.next[g.pos]
+	gs.next[g.pos]++
+	m := gs.open[seq]
+	if m == nil {
+		m = &meeting{slots: make([]slot, g.size())}
+		gs.open[seq] = m
+	}
+	m.slots[g.pos] = s
+	m.arrived++
+	if m.arrived == g.size() {
+		delete(gs.open, seq)
+		f.cond.Broadcast()
+	}
+	for m.arrived < g.size() && f.err == nil {
+		f.cond.Wait()
+	}
+	if m.arrived < g.size() {
+		return nil, f.err
+	}
+	if !m.verdictDecided {
+		m.verdictDecided = true
+		for q := 1; q < len(m.slots); q++ {
+			if m.slots[q].what != m.slots[0].what {
+				m.verdict = fmt.Errorf("collective #%d on devices [%s]: device %d (position 0) calls %s but device %d (position %d) calls %s; every member must make the same collective calls in the same order",
+					seq, g.key, g.ranks[0], m.slots[0].what, g.ranks[q], q, m.slots[q].what)
+				break
+			}
+		}
+	}
+	return m, m.verdict
+}
+
+// depart publishes the member's done event and waits for the others'.
+func (f *fabric) depart(m *meeting, pos int, done driver.Event) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m.slots[pos].done = done
+	m.departed++
+	if m.departed == len(m.slots) {
+		f.cond.Broadcast()
+	}
+	for m.departed < len(m.slots) && f.err == nil {
+		f.cond.Wait()
+	}
+	if m.departed < len(m.slots) {
+		return f.err
+	}
+	return nil
+}
+
+// meet runs one collective on the member's stream: work reads the other
+// members' buffers (their ptrs) between the two rendezvous.
+func (f *fabric) meet(d *Device, g group, s *site, what string, ptrs []driver.DevicePtr, work func(m *meeting) error) error {
+	drv := d.rt.drv
+	if err := drv.EventRecord(s.ready, d.compute); err != nil {
+		return err
+	}
+	m, err := f.arrive(g, slot{what: what, ready: s.ready, ptrs: ptrs})
+	if err != nil {
+		return err
+	}
+	for q, sl := range m.slots {
+		if q != g.pos {
+			if err := drv.StreamWaitEvent(d.compute, sl.ready); err != nil {
+				return err
+			}
+		}
+	}
+	if err := work(m); err != nil {
+		return err
+	}
+	if err := drv.EventRecord(s.done, d.compute); err != nil {
+		return err
+	}
+	if err := f.depart(m, g.pos, s.done); err != nil {
+		return err
+	}
+	for q, sl := range m.slots {
+		if q != g.pos {
+			if err := drv.StreamWaitEvent(d.compute, sl.done); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// sum writes into out the sum of the members' buffers at index k of
+// their ptrs, offset by off elements: a copy of position 0's, then one
+// add per further position, in order.
+func sum(d *Device, m *meeting, k int, off, count int64, out driver.DevicePtr) error {
+	if count == 0 {
+		return nil
+	}
+	drv := d.rt.drv
+	at := func(q int) driver.DevicePtr { return m.slots[q].ptrs[k].Add(uint64(4 * off)) }
+	if err := drv.MemcpyDtoDAsync(out, at(0), uint64(4*count), d.compute); err != nil {
+		return err
+	}
+	for q := 1; q < len(m.slots); q++ {
+		if err := d.call("gc_add", abs{out, ir.F32}, abs{out, ir.F32}, abs{at(q), ir.F32}, count); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *fabric) allReduce(d *Device, g group, s *site, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error {
+	what := fmt.Sprintf("all_reduce of %v fp32 elements", counts)
+	err := f.meet(d, g, s, what, bufs, func(m *meeting) error {
+		var off int64
+		for k := range bufs {
+			if err := sum(d, m, k, 0, counts[k], tmp.Add(uint64(4*off))); err != nil {
+				return err
+			}
+			off += counts[k]
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// Every member has read the others' buffers: the sums may land.
+	var off int64
+	for k, b := range bufs {
+		if counts[k] > 0 {
+			if err := d.rt.drv.MemcpyDtoDAsync(b, tmp.Add(uint64(4*off)), uint64(4*counts[k]), d.compute); err != nil {
+				return err
+			}
+		}
+		off += counts[k]
+	}
+	return nil
+}
+
+func (f *fabric) reduceScatter(d *Device, g group, s *site, src, out driver.DevicePtr, count int64) error {
+	what := fmt.Sprintf("reduce_scatter into %d fp32 elements", count)
+	return f.meet(d, g, s, what, []driver.DevicePtr{src}, func(m *meeting) error {
+		return sum(d, m, 0, int64(g.pos)*count, count, out)
+	})
+}
+
+func (f *fabric) allGather(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error {
+	what := fmt.Sprintf("all_gather of %d bytes each", bytes)
+	return f.meet(d, g, s, what, []driver.DevicePtr{src}, func(m *meeting) error {
+		for q, sl := range m.slots {
+			if err := d.rt.drv.MemcpyDtoDAsync(out.Add(uint64(int64(q)*bytes)), sl.ptrs[0], uint64(bytes), d.compute); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (f *fabric) allToAll(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error {
+	what := fmt.Sprintf("all_to_all of %d-byte chunks", bytes)
+	return f.meet(d, g, s, what, []driver.DevicePtr{src}, func(m *meeting) error {
+		for q, sl := range m.slots {
+			from := sl.ptrs[0].Add(uint64(int64(g.pos) * bytes))
+			if err := d.rt.drv.MemcpyDtoDAsync(out.Add(uint64(int64(q)*bytes)), from, uint64(bytes), d.compute); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (f *fabric) prepareSend(d *Device, bytes int64) (*sendSlot, error) {
+	ready, err := d.event()
+	if err != nil {
+		return nil, err
+	}
+	return &sendSlot{staging: loc{inKeep, d.keep.take(bytes)}, ready: ready}, nil
+}
+
+// send copies the data into the send's staging buffer and posts it: the
+// sender may overwrite src at once, and the staging buffer is read by the
+// receiver within the step (every step ends with all devices idle).
+func (f *fabric) send(d *Device, s *sendSlot, peer, tag int, src driver.DevicePtr, bytes int64) error {
+	drv := d.rt.drv
+	staging := d.ptr(s.staging)
+	if err := drv.MemcpyDtoDAsync(staging, src, uint64(bytes), d.compute); err != nil {
+		return err
+	}
+	if err := drv.EventRecord(s.ready, d.compute); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return f.err
+	}
+	k := mailKey{d.rank, peer, tag}
+	f.mail[k] = append(f.mail[k], message{src: staging, bytes: bytes, ready: s.ready})
+	f.cond.Broadcast()
+	return nil
+}
+
+func (f *fabric) recv(d *Device, peer, tag int, dst driver.DevicePtr, bytes int64) error {
+	k := mailKey{peer, d.rank, tag}
+	f.mu.Lock()
+	for len(f.mail[k]) == 0 && f.err == nil {
+		f.cond.Wait()
+	}
+	if f.err != nil {
+		f.mu.Unlock()
+		return f.err
+	}
+	msg := f.mail[k][0]
+	f.mail[k] = f.mail[k][1:]
+	f.mu.Unlock()
+	if msg.bytes != bytes {
+		return fmt.Errorf("pipeline transfer %d from device %d to %d: %d bytes sent, %d expected", tag, peer, d.rank, msg.bytes, bytes)
+	}
+	drv := d.rt.drv
+	if err := drv.StreamWaitEvent(d.compute, msg.ready); err != nil {
+		return err
+	}
+	return drv.MemcpyDtoDAsync(dst, msg.src, uint64(bytes), d.compute)
+}

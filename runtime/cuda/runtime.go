@@ -1,0 +1,252 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	goruntime "runtime"
+	"sync"
+
+	kcuda "gcompile/kernels/cuda"
+	"gcompile/runtime/cuda/cublaslt"
+	"gcompile/runtime/cuda/dl"
+	"gcompile/runtime/cuda/driver"
+	"gcompile/runtime/cuda/nccl"
+	"gcompile/runtime/cuda/nvrtc"
+)
+
+// Config chooses the GPU a Runtime drives and where it finds its
+// libraries and keeps compiled kernels.
+type Config struct {
+	// Ordinal is the GPU (0 is the first visible one).
+	Ordinal int
+	// CacheDir holds compiled kernels; "" is nvrtc.DefaultDir()
+	// ($GCOMPILE_CACHE, else the user cache folder).
+	CacheDir string
+	// Search finds the libraries; nil is dl.DefaultSearch(), which
+	// honours GCOMPILE_LIBCUDA, GCOMPILE_LIBNVRTC, GCOMPILE_LIBCUBLASLT
+	// and GCOMPILE_LIBNCCL.
+	Search *dl.Search
+	// Launch bounds kernel launch geometry; the zero value suits a GPU.
+	Launch Launch
+}
+
+// Launch bounds the geometry of kernel launches. Every kernel works for
+// any block size that is a multiple of 32 and any grid (grid-stride and
+// row loops cover the rest), so these trade parallelism for per-block
+// overhead: on a GPU the defaults keep every SM busy; the CPU emulator of
+// the kernels runs each thread of a block on an OS thread, and is fastest
+// with one warp per block and a few blocks.
+type Launch struct {
+	// Threads is the most threads per block (a multiple of 32, at most
+	// 1024); 0 means 256.
+	Threads int
+	// Blocks is the most blocks per launch; 0 means a few per SM.
+	Blocks int
+}
+
+// KernelSourceName is the name NVRTC gives the kernels' translation unit
+// in its messages and the cache in its key.
+const KernelSourceName = "gcompile_kernels.cu"
+
+// kernelOptions are the NVRTC options the kernels are compiled with:
+// no fast-math, IEEE division and square roots (NVRTC's defaults), which
+// the kernels' precision notes assume.
+var kernelOptions = []string{"--std=c++17"}
+
+// Runtime is one GPU made ready to run programs: the driver, its primary
+// context, the kernels compiled for its architecture and loaded as a
+// module, and cuBLASLt. NCCL is loaded only when a cluster asks for it.
+// Devices (virtual devices on this GPU) are loaded onto a Runtime.
+//
+// A planning Runtime (see Plan) has no driver: it plans programs exactly
+// as a real one does, which is how launch plans are checked without a GPU.
+type Runtime struct {
+	cfg    Config
+	search dl.Search
+	drv    *driver.Driver
+	nv     *nvrtc.NVRTC
+	lt     *cublaslt.Lt
+	dev    driver.Device
+	ctx    driver.Context
+	props  driver.DeviceProps
+	mod    driver.Module
+	fns    map[string]driver.Function
+
+	ncclOnce sync.Once
+	nccl     *nccl.NCCL
+	ncclErr  error
+}
+
+// Open loads the driver, NVRTC and cuBLASLt, retains the primary context
+// of the configured GPU, compiles the kernels of package kernels/cuda for
+// its architecture (through the NVRTC disk cache) and looks up every
+// kernel. A missing library is the bindings' error, which names every
+// place that was searched and the variable that overrides the search.
+func Open(cfg Config) (rt *Runtime, err error) {
+	s := dl.DefaultSearch()
+	if cfg.Search != nil {
+		s = *cfg.Search
+	}
+	if t := cfg.Launch.Threads; t < 0 || t > 1024 || t%32 != 0 {
+		return nil, fmt.Errorf("cuda backend: %d threads per block: want a multiple of 32 up to 1024", t)
+	}
+	if cfg.Launch.Blocks < 0 {
+		return nil, fmt.Errorf("cuda backend: at most %d blocks per launch: want a positive bound", cfg.Launch.Blocks)
+	}
+	rt = &Runtime{cfg: cfg, search: s}
+	if rt.drv, err = driver.LoadFrom(s); err != nil {
+		return nil, fmt.Errorf("cuda backend: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, rt.Close())
+			rt = nil
+		}
+	}()
+	if rt.nv, err = nvrtc.LoadFrom(s); err != nil {
+		return rt, fmt.Errorf("cuda backend: %w", err)
+	}
+	if rt.lt, err = cublaslt.LoadFrom(s); err != nil {
+		return rt, fmt.Errorf("cuda backend: %w", err)
+	}
+	if err := rt.drv.Init(); err != nil {
+		return rt, fmt.Errorf("cuda backend: %w", err)
+	}
+	n, err := rt.drv.DeviceCount()
+	if err != nil {
+		return rt, fmt.Errorf("cuda backend: %w", err)
+	}
+	if cfg.Ordinal < 0 || cfg.Ordinal >= n {
+		return rt, fmt.Errorf("cuda backend: GPU %d asked for, %d visible", cfg.Ordinal, n)
+	}
+	if rt.dev, err = rt.drv.Device(cfg.Ordinal); err != nil {
+		return rt, fmt.Errorf("cuda backend: %w", err)
+	}
+	if rt.props, err = rt.drv.Props(rt.dev); err != nil {
+		return rt, fmt.Errorf("cuda backend: GPU %d: %w", cfg.Ordinal, err)
+	}
+	ctx, err := rt.drv.PrimaryCtxRetain(rt.dev)
+	if err != nil {
+		return rt, fmt.Errorf("cuda backend: GPU %d: %w", cfg.Ordinal, err)
+	}
+	rt.ctx = ctx
+	leave, err := rt.enter()
+	if err != nil {
+		return rt, err
+	}
+	defer leave()
+	if err := rt.loadKernels(); err != nil {
+		return rt, err
+	}
+	return rt, nil
+}
+
+// loadKernels compiles the kernel unit for the GPU's architecture (or
+// takes it from the cache), loads it and finds every kernel of the table.
+func (rt *Runtime) loadKernels() error {
+	src, err := kcuda.Program()
+	if err != nil {
+		return fmt.Errorf("cuda backend: %w", err)
+	}
+	version, err := rt.drv.Version()
+	if err != nil {
+		return fmt.Errorf("cuda backend: %w", err)
+	}
+	dir := rt.cfg.CacheDir
+	if dir == "" {
+		if dir, err = nvrtc.DefaultDir(); err != nil {
+			return fmt.Errorf("cuda backend: %w", err)
+		}
+	}
+	cache := &nvrtc.Cache{Dir: dir, Compiler: rt.nv, DriverVersion: version}
+	cubin, err := cache.Compile(nvrtc.Request{Name: KernelSourceName, Source: src, Arch: rt.props.Arch(), Options: kernelOptions})
+	if err != nil {
+		return fmt.Errorf("cuda backend: compiling the kernels for %s (%s): %w", rt.props.Name, rt.props.Arch(), err)
+	}
+	if rt.mod, err = rt.drv.ModuleLoadData(cubin); err != nil {
+		return fmt.Errorf("cuda backend: loading the kernels for %s: %w", rt.props.Arch(), err)
+	}
+	rt.fns = map[string]driver.Function{}
+	for _, k := range kcuda.Kernels() {
+		f, err := rt.drv.ModuleGetFunction(rt.mod, k.Name)
+		if err != nil {
+			return fmt.Errorf("cuda backend: %w", err)
+		}
+		rt.fns[k.Name] = f
+	}
+	return nil
+}
+
+// enter locks the calling goroutine to its OS thread and makes the
+// runtime's context current there: the context is per thread, and a
+// goroutine may otherwise move between calls. The returned function
+// unlocks the thread.
+func (rt *Runtime) enter() (func(), error) {
+	if rt.drv == nil {
+		return func() {}, nil
+	}
+	goruntime.LockOSThread()
+	if err := rt.drv.SetCurrent(rt.ctx); err != nil {
+		goruntime.UnlockOSThread()
+		return nil, fmt.Errorf("cuda backend: GPU %d: %w", rt.cfg.Ordinal, err)
+	}
+	return goruntime.UnlockOSThread, nil
+}
+
+// Name is the GPU's name, e.g. "NVIDIA H100 80GB HBM3".
+func (rt *Runtime) Name() string { return rt.props.Name }
+
+// Props are the GPU's properties.
+func (rt *Runtime) Props() driver.DeviceProps { return rt.props }
+
+// Ordinal is the GPU the runtime drives.
+func (rt *Runtime) Ordinal() int { return rt.cfg.Ordinal }
+
+// NCCL loads the NCCL library on first use.
+func (rt *Runtime) NCCL() (*nccl.NCCL, error) {
+	rt.ncclOnce.Do(func() {
+		rt.nccl, rt.ncclErr = nccl.LoadFrom(rt.search)
+		if rt.ncclErr != nil {
+			rt.ncclErr = fmt.Errorf("cuda backend: %w", rt.ncclErr)
+		}
+	})
+	return rt.nccl, rt.ncclErr
+}
+
+// Close unloads the kernels, releases the context and closes the
+// libraries. Devices loaded on the runtime must be closed first.
+func (rt *Runtime) Close() error {
+	if rt == nil || rt.drv == nil {
+		return nil
+	}
+	var errs []error
+	if rt.mod != 0 || rt.ctx != 0 {
+		if leave, err := rt.enter(); err != nil {
+			errs = append(errs, err)
+		} else {
+			if rt.mod != 0 {
+				errs = append(errs, rt.drv.ModuleUnload(rt.mod))
+				rt.mod = 0
+			}
+			leave()
+		}
+	}
+	if rt.ctx != 0 {
+		errs = append(errs, rt.drv.PrimaryCtxRelease(rt.dev))
+		rt.ctx = 0
+	}
+	// The libraries stay mapped: purego may keep references to their
+	// symbols, and unloading a library that still has threads running
+	// (NCCL's proxies, the driver's) is unsafe. dlclose is skipped on
+	// purpose.
+	return errors.Join(errs...)
+}
+
+// planningProps are the properties a zero-GPU runtime plans with: those
+// of an H100 (SXM), which only the launch geometry depends on.
+var planningProps = driver.DeviceProps{Name: "planning only (no GPU)", Major: 9, Minor: 0, SMs: 132, MaxThreadsPerBlock: 1024, WarpSize: 32}
+
+// planningRuntime is a Runtime without a GPU: Load plans every
+// instruction (kernels, launch geometry, GEMM shapes, collectives,
+// workspace) and allocates nothing.
+func planningRuntime() *Runtime { return &Runtime{props: planningProps} }
