@@ -5,7 +5,7 @@ GO      ?= go
 OUT     ?= out
 export CGO_ENABLED = 0
 
-.PHONY: demo test build vet bench fuzz clean
+.PHONY: demo test build vet bench fuzz clean gpu-bundle
 
 build:
 	$(GO) build ./...
@@ -31,6 +31,12 @@ test: vet
 # Compare runs with benchstat (golang.org/x/perf/cmd/benchstat).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./... | tee $(OUT)/bench.txt
+
+# Everything a GPU machine without Go needs, in gpu-bundle/ (git-ignored):
+# static binaries, CUDA test binaries, models as .gir, a corpus, the PyTorch
+# yardsticks and run.sh, which runs them all there.
+gpu-bundle:
+	bash bench/gpu/bundle.sh gpu-bundle
 
 fuzz:
 	$(GO) test ./ir -run '^$$' -fuzz FuzzParse -fuzztime 60s
