@@ -1,20 +1,15 @@
 package tests
 
 import (
-	"fmt"
 	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"gcompile/examples/gpt"
-	"gcompile/frontend"
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
-	"gcompile/runtime"
-	"gcompile/runtime/cpu"
 )
 
 // withReLU switches the equivalence model to ReLU MLPs for one test.
@@ -179,47 +174,9 @@ func TestCompressReluWithLowp(t *testing.T) {
 // compression, checking every rank's measured peak against the plan.
 func compressedPipeline(t *testing.T, pl pipePlan, layers int, compress string) (trajectory, []*lower.Program) {
 	t.Helper()
-	set := map[string]string{}
-	for k, v := range eqModel {
-		set[k] = v
-	}
-	set["layers"] = fmt.Sprint(layers)
-	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch, Set: set})
-	require.NoError(t, err)
-	opts := passes.DefaultOptions()
-	opts.Verify = true
-	opts.Compress = compress
-	opts.Microbatches = pl.micro
-	opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "pp", Size: pl.pp}}}
-	if pl.tp > 1 {
-		opts.Mesh.Axes = append(opts.Mesh.Axes, ir.MeshAxis{Name: "tp", Size: pl.tp})
-	}
-	_, err = passes.Run(m, opts, passes.Hooks{})
-	require.NoError(t, err)
-	progs, err := lower.LowerPipeline(m, pl.order(t, pl.pp, 1, pl.micro))
-	require.NoError(t, err)
-	cl, err := cpu.NewPipelineCluster(progs, cpu.Options{})
-	require.NoError(t, err)
-	evalProgs, err := lower.LowerPipelineForward(m, pl.pp, 1, pl.micro)
-	require.NoError(t, err)
-	require.NoError(t, cl.SetEvalPrograms(evalProgs))
-	require.NoError(t, cl.InitParams(1))
-	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
-		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
-	require.NoError(t, err)
-	tr := trajectory{params: map[string][]float64{}, eval: evals[len(evals)-1].Loss}
-	for _, s := range steps {
-		tr.losses = append(tr.losses, s.Loss)
-	}
-	for _, p := range m.Params() {
-		tr.params[p.Name()], err = cl.Global(p.Name())
-		require.NoError(t, err)
-	}
-	for r, d := range cl.Devices {
-		assert.Equal(t, d.Program().PeakBytes, d.PeakBytes(), "device %d: measured peak equals predicted", r)
-	}
-	return tr, progs
+	m, progs, evals := compilePipeline(t, pl, layers, pipeSetup{edit: func(o *passes.Options) { o.Compress = compress }})
+	run := runPipeline(t, m, progs, evals)
+	return run.trajectory, progs
 }
 
 // On a pipeline each rank masks its own layers' ReLUs (a mask never

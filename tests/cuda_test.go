@@ -8,11 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"gcompile/examples/gpt"
-	"gcompile/frontend"
-	"gcompile/ir"
 	"gcompile/lower"
-	"gcompile/passes"
 	"gcompile/runtime"
 	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda"
@@ -72,18 +68,8 @@ func cudaCases() []cudaCase {
 // with micro microbatches and the 1F1B schedule.
 func pipelinePrograms(pp, micro int) func(t *testing.T) ([]*lower.Program, []*lower.Program) {
 	return func(t *testing.T) ([]*lower.Program, []*lower.Program) {
-		m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch, Set: eqModel})
-		require.NoError(t, err)
-		opts := passes.DefaultOptions()
-		opts.Verify = true
-		opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "pp", Size: pp}}}
-		opts.Microbatches = micro
-		_, err = passes.Run(m, opts, passes.Hooks{})
-		require.NoError(t, err)
-		progs, err := lower.LowerPipeline(m, scheduleOrder("1f1b")(t, pp, 1, micro))
-		require.NoError(t, err)
-		evals, err := lower.LowerPipelineForward(m, pp, 1, micro)
-		require.NoError(t, err)
+		pl := pipePlan{pp: pp, micro: micro, name: "1f1b", order: scheduleOrder("1f1b")}
+		_, progs, evals := compilePipeline(t, pl, 2, pipeSetup{})
 		return progs, evals
 	}
 }

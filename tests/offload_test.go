@@ -8,13 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"gcompile/examples/gpt"
-	"gcompile/frontend"
-	"gcompile/ir"
 	"gcompile/lower"
-	"gcompile/passes"
-	"gcompile/runtime"
-	"gcompile/runtime/cpu"
 )
 
 // Offloading the optimizer state moves it to host memory: training is
@@ -131,60 +125,11 @@ func TestOffloadParamsTrainsBitIdentically(t *testing.T) {
 	}
 }
 
-// pipelineRun is a pipeline training run with its programs and each
-// device's measured peak.
-type pipelineRun struct {
-	trajectory
-	progs    []*lower.Program
-	measured []int64 // by device
-	cl       *cpu.Cluster
-}
-
 // trainPipelineWith is trainPipeline with lowering options.
 func trainPipelineWith(t *testing.T, pl pipePlan, layers int, o lower.Options) pipelineRun {
 	t.Helper()
-	set := map[string]string{}
-	for k, v := range eqModel {
-		set[k] = v
-	}
-	set["layers"] = fmt.Sprint(layers)
-	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch, Set: set})
-	require.NoError(t, err)
-	opts := passes.DefaultOptions()
-	opts.Verify = true
-	opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "pp", Size: pl.pp}}}
-	if pl.tp > 1 {
-		opts.Mesh.Axes = append(opts.Mesh.Axes, ir.MeshAxis{Name: "tp", Size: pl.tp})
-	}
-	opts.Microbatches = pl.micro
-	opts.TwoBW = pl.name == "2bw"
-	_, err = passes.Run(m, opts, passes.Hooks{})
-	require.NoError(t, err)
-	progs, err := lower.LowerPipelineWith(m, pl.order(t, pl.pp, 1, pl.micro), o)
-	require.NoError(t, err)
-	cl, err := cpu.NewPipelineCluster(progs, cpu.Options{})
-	require.NoError(t, err)
-	evalProgs, err := lower.LowerPipelineForwardWith(m, pl.pp, 1, pl.micro, o)
-	require.NoError(t, err)
-	require.NoError(t, cl.SetEvalPrograms(evalProgs))
-	require.NoError(t, cl.InitParams(1))
-	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
-		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
-	require.NoError(t, err)
-	run := pipelineRun{trajectory: trajectory{params: map[string][]float64{}, eval: evals[len(evals)-1].Loss}, progs: progs, cl: cl}
-	for _, s := range steps {
-		run.losses = append(run.losses, s.Loss)
-	}
-	for _, p := range m.Params() {
-		run.params[p.Name()], err = cl.Global(p.Name())
-		require.NoError(t, err)
-	}
-	for r, d := range cl.Devices {
-		run.measured = append(run.measured, d.PeakBytes())
-		assert.Equal(t, d.Program().PeakBytes, d.PeakBytes(), "device %d: measured peak equals predicted", r)
-	}
-	return run
+	m, progs, evals := compilePipeline(t, pl, layers, pipeSetup{lower: o})
+	return runPipeline(t, m, progs, evals)
 }
 
 // Under pipeline parallelism each rank's program offloads its own state

@@ -7,8 +7,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"gcompile/examples/gpt"
-	"gcompile/frontend"
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
@@ -20,17 +18,8 @@ import (
 // precision and a 1F1B schedule over micro microbatches.
 func compilePipelineMP(t *testing.T, precision string, micro int) (*ir.Module, []*lower.Program) {
 	t.Helper()
-	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch, Set: eqModel})
-	require.NoError(t, err)
-	opts := passes.DefaultOptions()
-	opts.Verify = true
-	opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "pp", Size: 2}}}
-	opts.Microbatches = micro
-	opts.Precision = precision
-	_, err = passes.Run(m, opts, passes.Hooks{})
-	require.NoError(t, err)
-	progs, err := lower.LowerPipeline(m, scheduleOrder("1f1b")(t, 2, 1, micro))
-	require.NoError(t, err)
+	pl := pipePlan{pp: 2, micro: micro, name: "1f1b", order: scheduleOrder("1f1b")}
+	m, progs, _ := compilePipeline(t, pl, 2, pipeSetup{edit: func(o *passes.Options) { o.Precision = precision }})
 	return m, progs
 }
 

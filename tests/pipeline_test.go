@@ -49,7 +49,17 @@ func (pl pipePlan) String() string {
 	return fmt.Sprintf("%s_pp%d_vpp%d_m%d_dp%d_tp%d", pl.name, pl.pp, max(pl.vpp, 1), pl.micro, max(pl.dp, 1), max(pl.tp, 1))
 }
 
-func trainPipeline(t *testing.T, pl pipePlan, layers int) trajectory {
+// pipeSetup is what a pipeline run changes beyond its plan: pass options
+// (edit, may be nil) and lowering options.
+type pipeSetup struct {
+	edit  func(*passes.Options)
+	lower lower.Options
+}
+
+// compilePipeline compiles the equivalence GPT with the given number of
+// layers for pl: the module, every pipeline rank's training program and
+// the forward-only programs evaluation runs.
+func compilePipeline(t *testing.T, pl pipePlan, layers int, s pipeSetup) (*ir.Module, []*lower.Program, []*lower.Program) {
 	t.Helper()
 	set := map[string]string{}
 	for k, v := range eqModel {
@@ -71,33 +81,62 @@ func trainPipeline(t *testing.T, pl pipePlan, layers int) trajectory {
 	opts.VPP = pl.vpp
 	opts.Microbatches = pl.micro
 	opts.TwoBW = pl.name == "2bw"
+	if s.edit != nil {
+		s.edit(opts)
+	}
 	_, err = passes.Run(m, opts, passes.Hooks{})
 	require.NoError(t, err)
-	progs, err := lower.LowerPipeline(m, pl.order(t, pl.pp, max(pl.vpp, 1), pl.micro))
+	vpp := max(pl.vpp, 1)
+	progs, err := lower.LowerPipelineWith(m, pl.order(t, pl.pp, vpp, pl.micro), s.lower)
 	require.NoError(t, err)
+	evals, err := lower.LowerPipelineForwardWith(m, pl.pp, vpp, pl.micro, s.lower)
+	require.NoError(t, err)
+	return m, progs, evals
+}
+
+// pipelineRun is a pipeline training run with its programs and each
+// device's measured peak.
+type pipelineRun struct {
+	trajectory
+	progs    []*lower.Program
+	measured []int64 // by device
+	cl       *cpu.Cluster
+}
+
+// runPipeline trains compiled pipeline programs on virtual CPU devices
+// for eqSteps steps; every device must measure the peak its plan
+// predicts, within an arena at most 5% larger.
+func runPipeline(t *testing.T, m *ir.Module, progs, evals []*lower.Program) pipelineRun {
+	t.Helper()
 	cl, err := cpu.NewPipelineCluster(progs, cpu.Options{})
 	require.NoError(t, err)
-	evalProgs, err := lower.LowerPipelineForward(m, pl.pp, max(pl.vpp, 1), pl.micro)
-	require.NoError(t, err)
-	require.NoError(t, cl.SetEvalPrograms(evalProgs))
+	require.NoError(t, cl.SetEvalPrograms(evals))
 	require.NoError(t, cl.InitParams(1))
 	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
 		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
+	steps, evalLosses, err := runtime.Train(cl, corpus(), cfg, nil)
 	require.NoError(t, err)
-	tr := trajectory{params: map[string][]float64{}, eval: evals[len(evals)-1].Loss}
+	run := pipelineRun{trajectory: trajectory{params: map[string][]float64{}, eval: evalLosses[len(evalLosses)-1].Loss}, progs: progs, cl: cl}
 	for _, s := range steps {
-		tr.losses = append(tr.losses, s.Loss)
+		run.losses = append(run.losses, s.Loss)
 	}
 	for _, p := range m.Params() {
-		tr.params[p.Name()], err = cl.Global(p.Name())
+		run.params[p.Name()], err = cl.Global(p.Name())
 		require.NoError(t, err)
 	}
 	for r, d := range cl.Devices {
+		run.measured = append(run.measured, d.PeakBytes())
 		assert.Equal(t, d.Program().PeakBytes, d.PeakBytes(), "device %d: measured peak equals predicted", r)
 		assert.LessOrEqual(t, float64(d.Program().ArenaBytes), 1.05*float64(d.Program().PeakBytes), "device %d: arena within 5%% of the peak", r)
 	}
-	return tr
+	return run
+}
+
+// trainPipeline trains the equivalence GPT on pipeline plan pl.
+func trainPipeline(t *testing.T, pl pipePlan, layers int) trajectory {
+	t.Helper()
+	m, progs, evals := compilePipeline(t, pl, layers, pipeSetup{})
+	return runPipeline(t, m, progs, evals).trajectory
 }
 
 func trainReference(t *testing.T, layers int) trajectory {
