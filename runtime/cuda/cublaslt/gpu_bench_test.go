@@ -4,7 +4,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"runtime"
 	"strconv"
 	"testing"
 
@@ -12,6 +11,7 @@ import (
 
 	"gcompile/runtime/cuda/cublaslt"
 	"gcompile/runtime/cuda/driver"
+	"gcompile/runtime/cuda/driver/drivertest"
 )
 
 // BenchmarkGEMM times C = A·B through our cuBLASLt plans at M = N = K =
@@ -22,29 +22,14 @@ import (
 // on the same GPU (bench/gpu/torch_gemm.py) and first checks a sample of
 // the product against float64.
 func BenchmarkGEMM(b *testing.B) {
-	if os.Getenv(gpuTestsEnv) != "1" {
-		b.Skipf("set %s=1 on a machine with an NVIDIA GPU to time cuBLASLt", gpuTestsEnv)
-	}
+	g := drivertest.Open(b, "time cuBLASLt")
+	d, s := g.Driver, g.Stream
 	n := 8192
 	if s := os.Getenv("GCOMPILE_GEMM_SIZE"); s != "" {
 		var err error
 		n, err = strconv.Atoi(s)
 		require.NoError(b, err, "GCOMPILE_GEMM_SIZE")
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	d, err := driver.Load()
-	require.NoError(b, err)
-	require.NoError(b, d.Init())
-	dev, err := d.Device(0)
-	require.NoError(b, err)
-	ctx, err := d.PrimaryCtxRetain(dev)
-	require.NoError(b, err)
-	defer d.PrimaryCtxRelease(dev)
-	require.NoError(b, d.SetCurrent(ctx))
-	s, err := d.StreamCreate(driver.StreamNonBlocking)
-	require.NoError(b, err)
-	defer d.StreamDestroy(s)
 	lt, err := cublaslt.Load()
 	require.NoError(b, err)
 	h, err := lt.Create()
@@ -61,11 +46,7 @@ func BenchmarkGEMM(b *testing.B) {
 
 	for _, typ := range []cublaslt.DType{cublaslt.BF16, cublaslt.F16, cublaslt.F32} {
 		b.Run(typ.String(), func(b *testing.B) {
-			// A sub-benchmark runs on its own goroutine: the context is
-			// current per OS thread.
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			require.NoError(b, d.SetCurrent(ctx))
+			g.Enter(b)
 			p, err := lt.NewMatmul(h, cublaslt.MatmulSpec{M: n, N: n, K: n, Type: typ, CType: typ, Batch: 1, MaxWorkspace: wsBytes})
 			require.NoError(b, err)
 			defer p.Close()

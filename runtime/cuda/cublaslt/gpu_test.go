@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -14,9 +12,8 @@ import (
 
 	"gcompile/runtime/cuda/cublaslt"
 	"gcompile/runtime/cuda/driver"
+	"gcompile/runtime/cuda/driver/drivertest"
 )
-
-const gpuTestsEnv = "GCOMPILE_GPU_TESTS"
 
 func encode(t cublaslt.DType, v []float32) []byte {
 	b := make([]byte, len(v)*t.Size())
@@ -51,23 +48,8 @@ func decode(t cublaslt.DType, b []byte) []float32 {
 }
 
 func TestRealCuBLASLtMatmul(t *testing.T) {
-	if os.Getenv(gpuTestsEnv) != "1" {
-		t.Skipf("set %s=1 on a machine with an NVIDIA GPU to test against the real cuBLASLt", gpuTestsEnv)
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	d, err := driver.Load()
-	require.NoError(t, err)
-	require.NoError(t, d.Init())
-	dev, err := d.Device(0)
-	require.NoError(t, err)
-	ctx, err := d.PrimaryCtxRetain(dev)
-	require.NoError(t, err)
-	defer d.PrimaryCtxRelease(dev)
-	require.NoError(t, d.SetCurrent(ctx))
-	s, err := d.StreamCreate(driver.StreamNonBlocking)
-	require.NoError(t, err)
-	defer d.StreamDestroy(s)
+	g := drivertest.Open(t, "test against the real cuBLASLt")
+	d, s := g.Driver, g.Stream
 
 	lt, err := cublaslt.Load()
 	require.NoError(t, err)
@@ -86,6 +68,7 @@ func TestRealCuBLASLtMatmul(t *testing.T) {
 		for _, tr := range [][2]bool{{false, false}, {false, true}, {true, false}, {true, true}} {
 			name := fmt.Sprintf("%v->%v/ta=%v/tb=%v", typ[0], typ[1], tr[0], tr[1])
 			t.Run(name, func(t *testing.T) {
+				g.Enter(t) // a subtest runs on its own goroutine
 				spec := cublaslt.MatmulSpec{M: M, N: N, K: K, TransA: tr[0], TransB: tr[1], Type: typ[0], CType: typ[1], Batch: batch, MaxWorkspace: wsBytes}
 				p, err := lt.NewMatmul(h, spec)
 				require.NoError(t, err)

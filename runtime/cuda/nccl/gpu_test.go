@@ -3,38 +3,19 @@ package nccl_test
 import (
 	"encoding/binary"
 	"math"
-	"os"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"gcompile/runtime/cuda/driver"
+	"gcompile/runtime/cuda/driver/drivertest"
 	"gcompile/runtime/cuda/nccl"
 )
 
-const gpuTestsEnv = "GCOMPILE_GPU_TESTS"
-
 // A communicator of one rank exercises the real library on a single GPU.
 func TestRealNCCLWorldOfOne(t *testing.T) {
-	if os.Getenv(gpuTestsEnv) != "1" {
-		t.Skipf("set %s=1 on a machine with an NVIDIA GPU to test against the real NCCL", gpuTestsEnv)
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	d, err := driver.Load()
-	require.NoError(t, err)
-	require.NoError(t, d.Init())
-	dev, err := d.Device(0)
-	require.NoError(t, err)
-	ctx, err := d.PrimaryCtxRetain(dev)
-	require.NoError(t, err)
-	defer d.PrimaryCtxRelease(dev)
-	require.NoError(t, d.SetCurrent(ctx))
-	s, err := d.StreamCreate(driver.StreamNonBlocking)
-	require.NoError(t, err)
-	defer d.StreamDestroy(s)
+	g := drivertest.Open(t, "test against the real NCCL")
+	d, s := g.Driver, g.Stream
 
 	n, err := nccl.Load()
 	require.NoError(t, err)

@@ -3,8 +3,6 @@ package nvrtc_test
 import (
 	"encoding/binary"
 	"math"
-	"os"
-	"runtime"
 	"testing"
 	"unsafe"
 
@@ -12,10 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/runtime/cuda/driver"
+	"gcompile/runtime/cuda/driver/drivertest"
 	"gcompile/runtime/cuda/nvrtc"
 )
-
-const gpuTestsEnv = "GCOMPILE_GPU_TESTS"
 
 const axpySource = `
 extern "C" __global__ void axpy(float *y, const float *x, float a, int n) {
@@ -36,25 +33,10 @@ func (c *counting) Compile(src, name string, opts []string) ([]byte, error) {
 }
 
 func TestRealNVRTCCompilesAndRuns(t *testing.T) {
-	if os.Getenv(gpuTestsEnv) != "1" {
-		t.Skipf("set %s=1 on a machine with an NVIDIA GPU to test against the real NVRTC and driver", gpuTestsEnv)
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-
-	d, err := driver.Load()
-	require.NoError(t, err)
-	require.NoError(t, d.Init())
-	dev, err := d.Device(0)
-	require.NoError(t, err)
-	props, err := d.Props(dev)
-	require.NoError(t, err)
+	g := drivertest.Open(t, "test against the real NVRTC and driver")
+	d, props := g.Driver, g.Props
 	dv, err := d.Version()
 	require.NoError(t, err)
-	ctx, err := d.PrimaryCtxRetain(dev)
-	require.NoError(t, err)
-	defer d.PrimaryCtxRelease(dev)
-	require.NoError(t, d.SetCurrent(ctx))
 
 	n, err := nvrtc.Load()
 	require.NoError(t, err)
