@@ -121,6 +121,8 @@ func init() {
 	register(&OpInfo{Name: "relu_grad_mask", Arity: 2, Infer: inferReluGradMask,
 		Doc: "vjp of relu from its mask: args (mask u8[...,⌈n/8⌉], dy[...,n]); dy where the bit is set, else 0 (relu_grad without x)"})
 	register(&OpInfo{Name: "tanh_grad", Arity: 2, Elementwise: true, Infer: sameTypes(true), Doc: "vjp of tanh: args (y, dy), dy·(1−y²)"})
+	register(&OpInfo{Name: FusedOp, Arity: Variadic, Elementwise: true, Attrs: []AttrSpec{req("body", AttrString)}, Infer: inferFused,
+		Doc: "a group of elementwise ops merged by the fuse pass: args are its external inputs, body the ops over them (FusedBody)"})
 	register(&OpInfo{Name: "scale", Arity: 2, Infer: inferScale, Doc: "x times a scalar of the same dtype"})
 
 	register(&OpInfo{Name: "matmul", Arity: 2, Attrs: []AttrSpec{opt("transA", AttrBool), opt("transB", AttrBool)}, Infer: inferMatMul,

@@ -62,6 +62,7 @@ var validOps = []struct {
 	{"gelu_grad", types(f32(2, 8), f32(2, 8)), nil, f32(2, 8)},
 	{"relu_grad", types(f32(2, 8), f32(2, 8)), nil, f32(2, 8)},
 	{"tanh_grad", types(f32(3), f32(3)), nil, f32(3)},
+	{"fused", types(f32(2, 8), f32(2, 8), f32(2, 8)), ir.Attrs{"body": "t0=add a0 a1; t1=gelu t0; t2=adam_m t1 a2 beta1=0.9"}, f32(2, 8)},
 	{"relu_mask", types(f32(2, 16, 128)), nil, u8(2, 16, 16)},
 	{"relu_mask", types(bf16(4, 13)), nil, u8(4, 2)}, // a partial last byte
 	{"relu_mask", types(f64(1)), nil, u8(1)},
@@ -185,6 +186,8 @@ var invalidOps = []struct {
 	{"gelu_grad", types(f32(2), f32(3)), nil, "types must be equal"},
 	{"relu_grad", types(i32(2), i32(2)), nil, "needs a float type"},
 	{"tanh_grad", types(f32(2), bf16(2)), nil, "types must be equal"},
+	{"fused", types(f32(2), f32(3)), ir.Attrs{"body": "t0=add a0 a1"}, "types must be equal"},
+	{"fused", types(f32(2), f32(2)), ir.Attrs{"body": "t0=matmul a0 a1"}, "not an elementwise op"},
 	{"add", types(u8(4), u8(4)), nil, "needs a numeric type, got u8[4]"},
 	{"cast", types(f32(4)), ir.Attrs{"to": "u8"}, "cannot cast f32[4] to u8: u8 holds packed bits, not numbers"},
 	{"cast", types(u8(4)), ir.Attrs{"to": "f32"}, "cannot cast u8[4] to f32"},

@@ -42,6 +42,9 @@ type Options struct {
 	// Microbatches is the number of microbatches per step (gradient
 	// accumulation); 1 means none.
 	Microbatches int
+	// Fuse runs the fuse pass: groups of f32 elementwise ops become one
+	// fused op each (--fuse).
+	Fuse bool
 	// BucketMB bounds the gradient bytes one data-parallel reduction bucket holds.
 	BucketMB float64
 

@@ -21,8 +21,9 @@ type Pass struct {
 	Doc      string
 }
 
-// passes is the compiler, in order. Later issues add recompute,
-// pipeline-split, schedule, fuse and memory-plan after these.
+// passes is the compiler, in order. The design's schedule and
+// memory-plan passes are made in lowering (lower/), where the final
+// instruction order is known.
 var passes = [...]Pass{
 	{Name: "verify-input", Fn: verifyInput, Required: true, Doc: "check the module the frontend or a .gir file produced"},
 	{Name: "pipeline-split", Fn: pipelineSplit, Required: true, Doc: "tag every value with its pipeline chunk (pp ranks × vpp chunks)"},
@@ -34,6 +35,7 @@ var passes = [...]Pass{
 	{Name: "compress", Fn: compress, Required: true, Doc: "stash activations for the backward as 1-bit ReLU masks (lossless) or in bf16 (Gist's delayed precision reduction)"},
 	{Name: "shard", Fn: shard, Required: true, Doc: "place every value on the mesh (data parallel, ZeRO) and mark where placements must change"},
 	{Name: "redistribute", Fn: redistribute, Required: true, Doc: "turn placement changes into collectives"},
+	{Name: "fuse", Fn: fuse, Required: true, Doc: "merge groups of f32 elementwise ops into fused ops, one kernel each; does nothing without --fuse"},
 	{Name: "data-parallel", Fn: dataParallel, Doc: "bucket the gradient reductions over dp"},
 }
 
@@ -57,6 +59,9 @@ var passOrder = [...]constraint{
 	{"compress", "shard", "the compressed copies are placed like any other"},
 	{"shard", "redistribute", "redistribute expands the placement changes shard marks"},
 	{"redistribute", "data-parallel", "buckets group the gradient collectives redistribute creates"},
+	{"redistribute", "fuse", "groups must not span a placement change, so placements are final first"},
+	{"recompute", "fuse", "replayed values fuse with their own phase, not with the originals"},
+	{"fuse", "data-parallel", "data-parallel is optional and last, so a run without it still records a prefix of the table"},
 }
 
 func init() {

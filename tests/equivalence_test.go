@@ -30,6 +30,7 @@ type plan struct {
 	offload             string // "optimizer": optimizer state in host memory
 	compress            string // "lowp": bf16 stashes for the backward
 	optimizer           string // "" (AdamW), "sgd", "adafactor" or "sm3"
+	fuse                bool   // the fuse pass: elementwise groups as fused ops
 }
 
 func (p plan) String() string {
@@ -83,6 +84,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts.Recompute = p.recompute
 	opts.Compress = p.compress
 	opts.Precision = p.precision
+	opts.Fuse = p.fuse
 	if p.optimizer != "" {
 		opts.Optimizer = p.optimizer
 	}

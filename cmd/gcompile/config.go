@@ -23,6 +23,7 @@ type config struct {
 	compress                               string
 	memLimit                               int64
 	verify, run, helpModel, seqParallel    bool
+	fuse                                   bool
 	dpSync                                 string
 	staleness, offloadPrefetch             int
 	steps, batch, evalEvery, evalBatches   int
@@ -74,6 +75,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.StringVar(&c.deviceMemory, "device-memory", "", "memory per device, e.g. 80GiB or 512MiB (default: unlimited on cpu); a plan that does not fit is a compile error")
 	fs.StringVar(&c.offload, "offload", "", "keep state in host memory, copied to the device ahead of each use: optimizer (optimizer state), params (parameters), or both as optimizer,params")
 	fs.IntVar(&c.offloadPrefetch, "offload-prefetch", lower.DefaultPrefetchLayers, "with --offload: copy a layer's offloaded buffers to the device this many layer blocks ahead of use (0: right before use)")
+	fs.BoolVar(&c.fuse, "fuse", false, "merge groups of fp32 elementwise ops into one fused kernel each (cpu backend)")
 	fs.StringVar(&c.compress, "compress-activations", "", "stash activations for the backward compressed: relu (lossless 1-bit ReLU masks), lowp (bf16), or relu,lowp")
 	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline schedule (simulated, unit costs) as SVG to this file")
 	fs.StringVar(&c.trace, "trace", "", "write Chrome trace events (first 3 steps) to this file")
@@ -272,6 +274,9 @@ func (c *config) validate() error {
 	}
 	if c.precision != "fp32" && c.dpSync == "async" {
 		notYet("--precision "+c.precision+" with --dp-sync async", "the asynchronous trainer feeds no loss scale yet")
+	}
+	if c.backend == "cuda" && c.fuse {
+		notYet("--backend cuda with --fuse", "the CUDA backend does not compile the fused kernels into its program yet")
 	}
 	if c.backend == "cuda" && c.dpSync == "async" {
 		notYet("--backend cuda with --dp-sync async", "the asynchronous trainer runs on the cpu backend")

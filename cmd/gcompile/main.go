@@ -222,6 +222,7 @@ func passOptions(c *config) *passes.Options {
 	o.TwoBW = c.schedule == "2bw"
 	o.Recompute = c.recompute
 	o.Compress = c.compress
+	o.Fuse = c.fuse
 	o.BucketMB = c.bucketMB
 	o.Precision, o.LossScale = c.precision, c.lossScale
 	o.Mesh = meshOf(c)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"gcompile/codegen"
 	"gcompile/ir"
 	kcpu "gcompile/kernels/cpu"
 	"gcompile/lower"
@@ -112,6 +113,22 @@ func compileKernel[T kcpu.Float](d *Device, in lower.Instr) (func() error, error
 		}
 		f := map[string]func(o, x, dy []T){"gelu_grad": kcpu.GeluGrad[T], "relu_grad": kcpu.ReluGrad[T], "tanh_grad": kcpu.TanhGrad[T]}[in.Op]
 		return ok(func() { f(out, x, dy) }), nil
+	case ir.FusedOp:
+		// A group of elementwise ops the fuse pass merged: codegen runs
+		// the same kernels over cache-sized tiles, bit for bit as unfused.
+		body, err := ir.ParseFusedBody(a.Str("body"), len(in.Args))
+		if err != nil {
+			return nil, fmt.Errorf("fused: %w", err)
+		}
+		args := make([][]T, len(in.Args))
+		for i := range args {
+			args[i] = arg(i)
+		}
+		run, err := codegen.CPU(body, out, args)
+		if err != nil {
+			return nil, fmt.Errorf("fused: %w", err)
+		}
+		return ok(run), nil
 	case "scale":
 		x, s := arg(0), arg(1)
 		return ok(func() { kcpu.Scale(out, x, s[0]) }), nil

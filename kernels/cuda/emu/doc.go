@@ -20,7 +20,8 @@
 // cuLaunchKernel-style parameter array, so a stand-in libcuda can forward
 // its launches to the same library ([Emu.Path]). From Go, [Emu.Launch]
 // takes slices and scalars, checks them against the kernel table and pins
-// the slices for the call.
+// the slices for the call. [BuildWith] adds generated kernels (package
+// codegen's fused ones) beside the table's.
 //
 // What the emulator does not model: concurrency between blocks (a kernel
 // that relied on two blocks running at once would deadlock here), memory

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -80,6 +82,18 @@ var ErrNoCompiler = errors.New("g++ not found on PATH: the emulator compiles the
 type Emu struct {
 	path   string
 	launch func(name string, gx, gy, gz, bx, by, bz, shmem uint32, params unsafe.Pointer) int32
+	// extra holds the kernels built from an Extra, by name; a new map
+	// replaces the old one, so Launch reads it without a lock.
+	extra atomic.Pointer[map[string]cuda.Kernel]
+}
+
+// Extra is CUDA C built into the emulator after the kernel files, with
+// the table entries of the kernels it defines: generated kernels (the
+// fused ones of package codegen) that the kernel table does not list.
+// Source may call everything the kernel files define.
+type Extra struct {
+	Source  string
+	Kernels []cuda.Kernel
 }
 
 // Path is the built shared library, for a stand-in libcuda to dlopen.
@@ -95,12 +109,24 @@ var (
 // named after a hash of everything that goes into it, so a later Build
 // with the same sources reuses it (a fresh directory always compiles),
 // and loading the same file twice returns the same Emu.
-func Build(dir string) (*Emu, error) {
+func Build(dir string) (*Emu, error) { return BuildWith(dir, Extra{}) }
+
+// BuildWith is Build with extra kernels after the kernel files; Launch
+// runs them like the table's. Their names must not clash with the table.
+// Give each set of extras a directory of its own: a library loaded in
+// this process stays loaded, so a rebuild in the same directory would
+// not replace it.
+func BuildWith(dir string, extra Extra) (*Emu, error) {
 	gxx, err := exec.LookPath("g++")
 	if err != nil {
 		return nil, ErrNoCompiler
 	}
-	files, err := buildFiles()
+	for _, k := range extra.Kernels {
+		if _, clash := cuda.Lookup(k.Name); clash {
+			return nil, fmt.Errorf("extra kernel %s has the name of a kernel in the table", k.Name)
+		}
+	}
+	files, err := buildFiles(extra)
 	if err != nil {
 		return nil, err
 	}
@@ -129,18 +155,32 @@ func Build(dir string) (*Emu, error) {
 			return nil, fmt.Errorf("emulator build stamp: %w", err)
 		}
 	}
-	return Load(lib)
+	e, err := Load(lib)
+	if err != nil || len(extra.Kernels) == 0 {
+		return e, err
+	}
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	m := map[string]cuda.Kernel{}
+	if old := e.extra.Load(); old != nil {
+		maps.Copy(m, *old)
+	}
+	for _, k := range extra.Kernels {
+		m[k.Name] = k
+	}
+	e.extra.Store(&m)
+	return e, nil
 }
 
 // buildFiles are the sources of the emulator library: the shim, the
 // prelude, the kernel files and the dispatch with a unit that includes
 // them in order.
-func buildFiles() (map[string]string, error) {
+func buildFiles(extra Extra) (map[string]string, error) {
 	srcs, err := cuda.Sources()
 	if err != nil {
 		return nil, err
 	}
-	dispatch, err := Dispatch(cuda.Kernels())
+	dispatch, err := Dispatch(append(cuda.Kernels(), extra.Kernels...))
 	if err != nil {
 		return nil, err
 	}
@@ -151,6 +191,10 @@ func buildFiles() (map[string]string, error) {
 	for _, n := range cuda.SourceFiles() {
 		files[n] = srcs[n]
 		fmt.Fprintf(&unit, "#include %q\n", n)
+	}
+	if extra.Source != "" {
+		files["extra.cu"] = extra.Source
+		unit.WriteString("#include \"extra.cu\"\n")
 	}
 	files["dispatch.inc"] = dispatch
 	unit.WriteString("#include \"dispatch.inc\"\n")
@@ -218,6 +262,9 @@ func Load(lib string) (*Emu, error) {
 // touch only len(slice) elements of each, so pass exact lengths.
 func (e *Emu) Launch(name string, grid, block [3]uint32, shmem uint32, args ...any) error {
 	k, ok := cuda.Lookup(name)
+	if extra := e.extra.Load(); !ok && extra != nil {
+		k, ok = (*extra)[name]
+	}
 	if !ok {
 		return fmt.Errorf("launch %s: %w", name, StatusUnknownKernel)
 	}
