@@ -4,12 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
-	"strings"
 	"time"
 
-	"gcompile/ir"
-	kcpu "gcompile/kernels/cpu"
 	"gcompile/lower"
 	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda/cublaslt"
@@ -51,9 +47,6 @@ type Device struct {
 	events          []driver.Event
 
 	steps []func() error
-	// born[i]: instruction i is the first to write a device temporary,
-	// so its bytes become live there, as in the memory plan.
-	born []bool
 	// fetches are the host-to-device copies (on the copy stream), by
 	// instruction, with the event each records when done; hostWrites the
 	// instructions that write host memory on the compute stream.
@@ -66,7 +59,8 @@ type Device struct {
 	// a kernel that cannot fail checks its step number here.
 	scalars map[int]float64
 
-	live, high int64
+	// peak counts the bytes live buffers hold as the CPU device counts them.
+	peak cpu.PeakMeter
 	// OnInstr, when set, is told each instruction's start and duration,
 	// measured with events on the compute stream (the Chrome trace).
 	OnInstr func(i int, start time.Time, d time.Duration)
@@ -74,6 +68,10 @@ type Device struct {
 
 	// notes describe each instruction's launches (launch plans).
 	notes [][]string
+
+	// HostView reads and writes the device's params, state, inputs and
+	// outputs by name between steps, as the CPU backend's devices do.
+	cpu.HostView
 }
 
 // Load loads p as a single device on rt.
@@ -99,6 +97,7 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 		}
 		d.coords = cpu.Coords(p.Mesh, rank)
 	}
+	d.HostView = cpu.NewHostView(p, d.coords, hostMemory{d})
 	leave, err := rt.enter()
 	if err != nil {
 		return nil, err
@@ -125,19 +124,14 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 			return d, err
 		}
 	}
-	written := map[int]bool{}
 	for i, in := range p.Instrs {
 		f, err := d.compile(i, in)
 		if err != nil {
 			return d, fmt.Errorf("%s: %s: %w", where(in), in.Op, err)
 		}
 		d.steps = append(d.steps, f)
-		born := in.Out >= 0 && p.Buffers[in.Out].Kind == lower.Temp && !p.Buffers[in.Out].Host && !written[in.Out]
-		if born {
-			written[in.Out] = true
-		}
-		d.born = append(d.born, born)
 	}
+	d.peak = cpu.NewPeakMeter(p)
 	if err := d.planCopyWaits(); err != nil {
 		return d, err
 	}
@@ -149,7 +143,7 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 	}
 	for _, b := range p.Buffers {
 		if b.Kind == lower.Const && rt.drv != nil {
-			raw, err := encode(b.Type, b.Value.Attrs.Float("value", 0))
+			raw, err := cpu.EncodeFilled(b.Type, b.Value.Attrs.Float("value", 0))
 			if err != nil {
 				return d, fmt.Errorf("%s: %w", bufferName(b), err)
 			}
@@ -278,9 +272,6 @@ func (d *Device) event() (driver.Event, error) {
 	return e, nil
 }
 
-// Program is the program the device runs.
-func (d *Device) Program() *lower.Program { return d.prog }
-
 // Rank is the device's rank in its mesh.
 func (d *Device) Rank() int { return d.rank }
 
@@ -326,16 +317,10 @@ func (d *Device) exec(n int) (err error) {
 		}
 		hostStart = time.Now()
 	}
-	d.live = 0
+	d.peak.Start()
 	for i, f := range d.steps[:n] {
 		in := &d.prog.Instrs[i]
-		// Persistent buffers are counted once, in PersistentBytes, and host
-		// buffers not at all; a device temporary is live from its first
-		// write, as the memory plan has it.
-		if d.born[i] {
-			d.live += d.prog.Buffers[in.Out].Bytes
-		}
-		d.high = max(d.high, d.live)
+		d.peak.Issue(i)
 		for _, e := range d.waitBefore[i] {
 			if err := drv.StreamWaitEvent(d.compute, e); err != nil {
 				return err
@@ -359,9 +344,7 @@ func (d *Device) exec(n int) (err error) {
 				return err
 			}
 		}
-		for _, b := range in.Frees {
-			d.live -= d.prog.Buffers[b].Bytes
-		}
+		d.peak.Retire(i)
 	}
 	if err := drv.StreamSynchronize(d.copies); err != nil {
 		return err
@@ -470,15 +453,7 @@ func (d *Device) badIDs(in lower.Instr) string {
 // PeakBytes is the measured high-water mark of live bytes, persistent
 // buffers included, counted as the CPU backend counts it: temporaries
 // become live at their first write and die at their last use.
-func (d *Device) PeakBytes() int64 { return d.prog.PersistentBytes + d.high }
-
-func (d *Device) source(name string) (lower.Buffer, error) {
-	id, ok := d.prog.Sources[name]
-	if !ok {
-		return lower.Buffer{}, fmt.Errorf("program %q has no param, state or input named %q", d.prog.Name, name)
-	}
-	return d.prog.Buffers[id], nil
-}
+func (d *Device) PeakBytes() int64 { return d.peak.PeakBytes() }
 
 // write copies data over buffer b (between steps).
 func (d *Device) write(b lower.Buffer, data []byte) error {
@@ -521,218 +496,31 @@ func (d *Device) hostIO(f func() error) error {
 	return f()
 }
 
-// SetInt32 writes an i32 input (tokens, targets).
-func (d *Device) SetInt32(name string, data []int32) error {
-	b, err := d.source(name)
-	if err != nil {
-		return err
-	}
-	if b.Type.DType != ir.I32 || int64(len(data)) != b.Type.Shape.NumElements() {
-		return fmt.Errorf("input %q is %v; got %d int32 values", name, b.Type, len(data))
-	}
-	raw := make([]byte, 4*len(data))
-	for i, v := range data {
-		binary.LittleEndian.PutUint32(raw[4*i:], uint32(v))
-	}
-	return d.hostIO(func() error { return d.write(b, raw) })
-}
-
-// SetScalar writes a scalar input (lr, step, loss_scale) of any numeric dtype.
+// SetScalar writes a scalar input (lr, step, loss_scale) and remembers
+// its value on the host: an optimizer instruction checks the step number
+// there, since a queued kernel cannot report a bad one.
 func (d *Device) SetScalar(name string, x float64) error {
-	b, err := d.source(name)
-	if err != nil {
+	if err := d.HostView.SetScalar(name, x); err != nil {
 		return err
 	}
-	if b.Type.Rank() != 0 {
-		return fmt.Errorf("input %q is %v, not a scalar", name, b.Type)
-	}
-	raw, err := encode(b.Type, x)
+	b, err := d.Source(name)
 	if err != nil {
-		return fmt.Errorf("input %q: %w", name, err)
+		return err
 	}
 	d.scalars[b.ID] = x
-	return d.hostIO(func() error { return d.write(b, raw) })
+	return nil
 }
 
-// Scalar reads a scalar output (the loss, the gradient norm).
-func (d *Device) Scalar(name string) (float64, error) {
-	x, err := d.Float64s(name)
-	if err != nil {
-		return 0, err
-	}
-	if len(x) != 1 {
-		return 0, fmt.Errorf("output %q has %d elements, not 1", name, len(x))
-	}
-	return x[0], nil
-}
+// hostMemory is a GPU device's buffers as the host reaches them: copies
+// made with the device's context current on the calling thread.
+type hostMemory struct{ d *Device }
 
-// Float64s reads an output or a source as float64s.
-func (d *Device) Float64s(name string) ([]float64, error) {
-	id, ok := d.prog.Outputs[name]
-	if !ok {
-		b, err := d.source(name)
-		if err != nil {
-			return nil, fmt.Errorf("no output or source named %q", name)
-		}
-		id = b.ID
-	}
-	b := d.prog.Buffers[id]
+func (m hostMemory) ReadBuffer(b lower.Buffer) ([]byte, error) {
 	var raw []byte
-	if err := d.hostIO(func() (err error) { raw, err = d.read(b); return err }); err != nil {
-		return nil, err
-	}
-	return decode(b.Type, raw)
+	err := m.d.hostIO(func() (err error) { raw, err = m.d.read(b); return err })
+	return raw, err
 }
 
-// SetFloat64s writes a float source (a param or state) from float64s.
-func (d *Device) SetFloat64s(name string, x []float64) error {
-	b, err := d.source(name)
-	if err != nil {
-		return err
-	}
-	if int64(len(x)) != b.Type.Shape.NumElements() {
-		return fmt.Errorf("%q is %v; got %d values", name, b.Type, len(x))
-	}
-	if !b.Type.DType.IsFloat() {
-		return fmt.Errorf("%q is %v, not a float tensor", name, b.Type)
-	}
-	raw, err := encodeAll(b.Type.DType, x)
-	if err != nil {
-		return err
-	}
-	return d.hostIO(func() error { return d.write(b, raw) })
-}
-
-// Bytes returns a copy of a source's raw little-endian bytes (for
-// checkpoints and evaluation programs).
-func (d *Device) Bytes(name string) ([]byte, ir.Type, error) {
-	b, err := d.source(name)
-	if err != nil {
-		return nil, ir.Type{}, err
-	}
-	var raw []byte
-	err = d.hostIO(func() (err error) { raw, err = d.read(b); return err })
-	return raw, b.Type, err
-}
-
-// SetBytes overwrites a source with raw bytes of its exact size.
-func (d *Device) SetBytes(name string, data []byte) error {
-	b, err := d.source(name)
-	if err != nil {
-		return err
-	}
-	return d.hostIO(func() error { return d.write(b, data) })
-}
-
-// InitParams sets every param from its init attribute, with the bytes
-// the CPU backend would hold (cpu.InitialBytes: the same seed gives the
-// same bits), and zeroes the optimizer state.
-func (d *Device) InitParams(seed uint64) error {
-	return d.hostIO(func() error {
-		for _, b := range d.prog.Buffers {
-			var raw []byte
-			switch b.Kind {
-			case lower.State:
-				raw = make([]byte, b.Bytes)
-			case lower.Param:
-				var err error
-				if raw, err = cpu.InitialBytes(b, d.prog.Mesh, d.coords, seed); err != nil {
-					return err
-				}
-			default:
-				continue
-			}
-			if err := d.write(b, raw); err != nil {
-				return err
-			}
-		}
-		// State initialised as a copy of a param (PipeDream-2BW's previous
-		// weight version) is copied once every param is set.
-		for _, b := range d.prog.Buffers {
-			if from, ok := strings.CutPrefix(b.Value.Attrs.Str("init"), "copy:"); ok && b.Kind == lower.State {
-				src, err := d.source(from)
-				if err != nil {
-					return fmt.Errorf("%s: init copies %q: %w", b.Value.Where(), from, err)
-				}
-				raw, err := d.read(src)
-				if err != nil {
-					return err
-				}
-				if err := d.write(b, raw); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-}
-
-// encode is x as one element of t's dtype, repeated over t's elements.
-func encode(t ir.Type, x float64) ([]byte, error) {
-	n := t.Shape.NumElements()
-	xs := make([]float64, n)
-	kcpu.Fill(xs, x)
-	return encodeAll(t.DType, xs)
-}
-
-// encodeAll converts float64s to little-endian elements of dtype dt.
-// 16-bit formats round to nearest even, as the kernels do.
-func encodeAll(dt ir.DType, x []float64) ([]byte, error) {
-	out := make([]byte, int64(len(x))*dt.Size())
-	switch dt {
-	case ir.F32:
-		for i, v := range x {
-			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(float32(v)))
-		}
-	case ir.I32:
-		for i, v := range x {
-			binary.LittleEndian.PutUint32(out[4*i:], uint32(int32(v)))
-		}
-	case ir.I64:
-		for i, v := range x {
-			binary.LittleEndian.PutUint64(out[8*i:], uint64(int64(v)))
-		}
-	case ir.F16, ir.BF16:
-		f := make([]float32, len(x))
-		kcpu.Cast(f, x)
-		h := make([]uint16, len(x))
-		kcpu.Round16(h, f, dt == ir.BF16)
-		for i, v := range h {
-			binary.LittleEndian.PutUint16(out[2*i:], v)
-		}
-	default:
-		return nil, fmt.Errorf("the cuda backend cannot write %v values", dt)
-	}
-	return out, nil
-}
-
-// decode reads little-endian elements of t as float64s.
-func decode(t ir.Type, raw []byte) ([]float64, error) {
-	n := t.Shape.NumElements()
-	out := make([]float64, n)
-	switch t.DType {
-	case ir.F32:
-		for i := range out {
-			out[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:])))
-		}
-	case ir.I32:
-		for i := range out {
-			out[i] = float64(int32(binary.LittleEndian.Uint32(raw[4*i:])))
-		}
-	case ir.I64:
-		for i := range out {
-			out[i] = float64(int64(binary.LittleEndian.Uint64(raw[8*i:])))
-		}
-	case ir.F16, ir.BF16:
-		h := make([]uint16, n)
-		for i := range h {
-			h[i] = binary.LittleEndian.Uint16(raw[2*i:])
-		}
-		f := make([]float32, n)
-		kcpu.Widen16(f, h, t.DType == ir.BF16)
-		kcpu.Cast(out, f)
-	default:
-		return nil, fmt.Errorf("cannot read %v", t)
-	}
-	return out, nil
+func (m hostMemory) WriteBuffer(b lower.Buffer, data []byte) error {
+	return m.d.hostIO(func() error { return m.d.write(b, data) })
 }
