@@ -2,6 +2,7 @@ package tests
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -15,42 +16,84 @@ import (
 	"gcompile/runtime/cpu"
 )
 
-// asyncRun trains with dp asynchronous replicas and the given staleness
-// bound on the equivalence model and data.
-func asyncRun(t *testing.T, dp, staleness int) ([]float64, map[string][]float64, *cpu.Async) {
+// asyncPlan is an asynchronous data-parallel run of the equivalence model
+// and data.
+type asyncPlan struct {
+	dp, staleness int
+	precision     string              // "" (fp32), "fp16" or "bf16"
+	scaler        *runtime.LossScaler // mixed precision only
+	steps         int                 // 0: eqSteps
+}
+
+type asyncResult struct {
+	steps  []runtime.StepMetrics
+	losses []float64
+	params map[string][]float64
+	a      *cpu.Async
+	update *lower.Program
+}
+
+// asyncProgs compiles the single-replica module and splits it into the
+// gradient and update programs.
+func asyncProgs(t *testing.T, p asyncPlan) (grad, update *lower.Program, boundary []string) {
 	t.Helper()
-	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch / dp, Set: eqModel})
+	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch / p.dp, Set: eqModel})
 	require.NoError(t, err)
 	opts := passes.DefaultOptions()
 	opts.Verify = true
+	opts.Precision = p.precision
 	_, err = passes.Run(m, opts, passes.Hooks{})
 	require.NoError(t, err)
 	gm, um, boundary, err := lower.SplitAtOptimizer(m)
 	require.NoError(t, err)
-	gp, err := lower.Lower(gm)
+	grad, err = lower.Lower(gm)
 	require.NoError(t, err)
-	up, err := lower.Lower(um)
+	update, err = lower.Lower(um)
 	require.NoError(t, err)
-	a, err := cpu.NewAsync(gp, up, boundary, dp, staleness)
+	return grad, update, boundary
+}
+
+// asyncRun trains p; report, when non-nil, sees each step after the server
+// applied it (before the next update, so the server's buffers are stable).
+func asyncRun(t *testing.T, p asyncPlan, report func(*cpu.Async, runtime.StepMetrics)) asyncResult {
+	t.Helper()
+	gp, up, boundary := asyncProgs(t, p)
+	a, err := cpu.NewAsync(gp, up, boundary, p.dp, p.staleness)
 	require.NoError(t, err)
 	require.NoError(t, a.InitParams(1))
-	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
+	steps := p.steps
+	if steps == 0 {
+		steps = eqSteps
+	}
+	cfg := runtime.TrainConfig{Steps: steps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1, LossScale: p.scaler,
 		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	steps, evals, err := a.Train(corpus(), cfg, nil)
+	var cb func(runtime.StepMetrics, *runtime.EvalMetrics)
+	if report != nil {
+		cb = func(s runtime.StepMetrics, _ *runtime.EvalMetrics) { report(a, s) }
+	}
+	ms, evals, err := a.Train(corpus(), cfg, cb)
 	require.NoError(t, err)
 	require.Len(t, evals, 1)
-	var losses []float64
-	for _, s := range steps {
-		losses = append(losses, s.Loss)
+	res := asyncResult{steps: ms, params: serverBuffers(t, a, up, lower.Param), a: a, update: up}
+	for _, s := range ms {
+		res.losses = append(res.losses, s.Loss)
 	}
-	params := map[string][]float64{}
+	return res
+}
+
+// serverBuffers reads the update program's buffers of one kind (the master
+// weights or the optimizer state) from the parameter server.
+func serverBuffers(t *testing.T, a *cpu.Async, up *lower.Program, kind lower.BufferKind) map[string][]float64 {
+	t.Helper()
+	out := map[string][]float64{}
 	for _, b := range up.Buffers {
-		if b.Kind == lower.Param {
-			params[b.Name], err = a.Server.Float64s(b.Name)
+		if b.Kind == kind {
+			x, err := a.Server.Float64s(b.Name)
 			require.NoError(t, err)
+			out[b.Name] = x
 		}
 	}
-	return losses, params, a
+	return out
 }
 
 // With staleness 0 every replica waits for the previous update: the same
@@ -59,10 +102,10 @@ func TestAsyncStalenessZeroIsSynchronous(t *testing.T) {
 	ref := train(t, plan{dp: 1})
 	for _, dp := range []int{2, 4} {
 		t.Run(fmt.Sprintf("dp%d", dp), func(t *testing.T) {
-			losses, params, a := asyncRun(t, dp, 0)
-			assert.Equal(t, 0, a.MaxStaleness())
-			worst := assertLossesClose(t, ref.losses, losses, 1e-5)
-			worstParam := paramError(t, ref.params, params, nil)
+			got := asyncRun(t, asyncPlan{dp: dp}, nil)
+			assert.Equal(t, 0, got.a.MaxStaleness())
+			worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
+			worstParam := paramError(t, ref.params, got.params, nil)
 			assert.LessOrEqual(t, worstParam, 1e-4)
 			t.Logf("dp%d K=0: worst loss rel err %.2g, worst param err %.2g", dp, worst, worstParam)
 		})
@@ -73,7 +116,8 @@ func TestAsyncStalenessZeroIsSynchronous(t *testing.T) {
 // training still converges and no replica ever exceeds the bound (the
 // runtime fails the run if one would).
 func TestAsyncBoundedStalenessConverges(t *testing.T) {
-	losses, _, a := asyncRun(t, 4, 2)
+	got := asyncRun(t, asyncPlan{dp: 4, staleness: 2}, nil)
+	losses, a := got.losses, got.a
 	assert.LessOrEqual(t, a.MaxStaleness(), 2)
 	first, last := losses[0], 0.0
 	for _, l := range losses[len(losses)-5:] {
@@ -81,4 +125,159 @@ func TestAsyncBoundedStalenessConverges(t *testing.T) {
 	}
 	assert.Less(t, last, first-1.0, "loss falls from %.3f to %.3f", first, last)
 	t.Logf("K=2: loss %.3f → %.3f (mean of last 5), max staleness %d", first, last, a.MaxStaleness())
+}
+
+// Staleness 0 under mixed precision trains like synchronous data
+// parallelism in the same precision: each step's scale reaches both the
+// replicas' backward seed and the server's unscaling. The losses differ in
+// the last float32 place (the server averages the replicas' losses in
+// float64). The fp16 weights differ because synchronous dp's replica loss
+// is its share of the global-batch mean, so its fp16 gradients are 1/dp of
+// an async replica's and round differently near fp16's underflow; with the
+// synchronous scale dp× larger the two runs see the same fp16 values and
+// the master weights come out bit-identical, which pins the scale plumbing
+// exactly. bf16 has fp32's range, so it is bit-identical at the same scale.
+// Measured: loss rel err 5.8e-8 (bf16, fp16 at dp× scale), 8.2e-6 (fp16 at
+// the same scale); weights at the same fp16 scale, key biases aside (their
+// gradient is rounding noise, see isKeyBias), 1.2e-3 of a tensor's
+// largest entry. The tolerances are about 4-6× those; the t.Logf lines
+// print the errors.
+func TestAsyncMixedPrecisionStalenessZeroIsSynchronous(t *testing.T) {
+	for _, tc := range []struct {
+		precision        string
+		scale, syncScale float64
+		lossTol, parmTol float64 // parmTol 0: bit-identical master weights
+	}{
+		{"bf16", 1, 1, 1e-6, 0},
+		{"fp16", 1024, 2048, 1e-6, 0},
+		{"fp16", 1024, 1024, 5e-5, 5e-3},
+	} {
+		t.Run(fmt.Sprintf("%s_scale%g_sync%g", tc.precision, tc.scale, tc.syncScale), func(t *testing.T) {
+			ref := trainMP(t, plan{precision: tc.precision, dp: 2}, runtime.NewLossScaler(tc.syncScale), eqSteps)
+			var refLosses []float64
+			for _, s := range ref.steps {
+				refLosses = append(refLosses, s.Loss)
+			}
+			got := asyncRun(t, asyncPlan{dp: 2, precision: tc.precision, scaler: runtime.NewLossScaler(tc.scale)}, nil)
+			assert.Equal(t, 0, got.a.MaxStaleness())
+			require.Len(t, got.steps, eqSteps)
+			for i, s := range got.steps {
+				assert.Equal(t, tc.scale, s.LossScale, "step %d runs with the static scale", i+1)
+				assert.False(t, s.Skipped, "step %d skipped", i+1)
+			}
+			worst := assertLossesClose(t, refLosses, got.losses, tc.lossTol)
+			requireFinite(t, got.params)
+			if tc.parmTol == 0 {
+				requireBitIdentical(t, ref.params, got.params, "async K=0 vs sync dp2: master weight")
+				t.Logf("%s async K=0 (scale %g) vs sync dp2 (scale %g): worst loss rel err %.2g, master weights bit-identical",
+					tc.precision, tc.scale, tc.syncScale, worst)
+				return
+			}
+			worstParam := paramError(t, ref.params, got.params, isKeyBias)
+			assert.LessOrEqual(t, worstParam, tc.parmTol)
+			t.Logf("%s async K=0 (scale %g) vs sync dp2 (scale %g): worst loss rel err %.2g, worst param err %.2g (of max |w|, key biases aside)",
+				tc.precision, tc.scale, tc.syncScale, worst, worstParam)
+		})
+	}
+}
+
+// With staleness 2 and fp16's dynamic scaler the replicas run ahead and
+// training still converges with finite master weights.
+func TestAsyncFP16DynamicScaleConverges(t *testing.T) {
+	scaler := runtime.NewLossScaler(0)
+	require.True(t, scaler.Dynamic)
+	got := asyncRun(t, asyncPlan{dp: 4, staleness: 2, precision: "fp16", scaler: scaler}, nil)
+	assert.LessOrEqual(t, got.a.MaxStaleness(), 2)
+	skipped := 0
+	for _, s := range got.steps {
+		assert.Positive(t, s.LossScale, "step %d records its loss scale", s.Step)
+		if s.Skipped {
+			skipped++
+		}
+	}
+	first, last := got.losses[0], 0.0
+	for _, l := range got.losses[len(got.losses)-5:] {
+		last += l / 5
+	}
+	assert.Less(t, last, first-1.0, "loss falls from %.3f to %.3f", first, last)
+	requireFinite(t, got.params)
+	requireFinite(t, serverBuffers(t, got.a, got.update, lower.State))
+	t.Logf("fp16 K=2: loss %.3f → %.3f (mean of last 5), %d of %d steps skipped, scale %g, max staleness %d",
+		first, last, skipped, len(got.steps), scaler.Scale, got.a.MaxStaleness())
+}
+
+// An overflow injected at the start (scale 1e30 makes the fp16 gradients
+// inf) is skipped on the server: the master weights and optimizer state
+// are bit-identical to those before the step, and so is every later
+// skipped step's. The scaler halves for the steps not yet started: step t
+// starts only once step t−1−K is applied, so its scale is at most
+// 1e30·0.5^(steps skipped among 1..t−1−K); steps in flight keep theirs.
+// The scale then falls until the gradients fit and training resumes.
+func TestAsyncOverflowSkipsAndRecovers(t *testing.T) {
+	for _, k := range []int{0, 2} {
+		t.Run(fmt.Sprintf("K%d", k), func(t *testing.T) {
+			p := asyncPlan{dp: 2, staleness: k, precision: "fp16", steps: 120}
+			gp, up, boundary := asyncProgs(t, p)
+			a, err := cpu.NewAsync(gp, up, boundary, p.dp, p.staleness)
+			require.NoError(t, err)
+			require.NoError(t, a.InitParams(1))
+			prevParams := serverBuffers(t, a, up, lower.Param)
+			prevState := serverBuffers(t, a, up, lower.State)
+			require.NotEmpty(t, prevState)
+			scaler := runtime.NewLossScaler(0)
+			scaler.Scale = 1e30
+			var steps []runtime.StepMetrics
+			cfg := runtime.TrainConfig{Steps: p.steps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1, LossScale: scaler,
+				Schedule: runtime.Schedule{LR: 3e-3}}
+			_, _, err = a.Train(corpus(), cfg, func(s runtime.StepMetrics, _ *runtime.EvalMetrics) {
+				params, state := serverBuffers(t, a, up, lower.Param), serverBuffers(t, a, up, lower.State)
+				if s.Skipped {
+					requireBitIdentical(t, prevParams, params, "step %d skipped: master weight", s.Step)
+					requireBitIdentical(t, prevState, state, "step %d skipped: optimizer state", s.Step)
+				}
+				prevParams, prevState = params, state
+				steps = append(steps, s)
+			})
+			require.NoError(t, err)
+			require.Len(t, steps, p.steps)
+			require.True(t, steps[0].Skipped, "the overflowed step is skipped")
+			assert.Equal(t, 1e30, steps[0].LossScale)
+			if k == 0 {
+				assert.Equal(t, 5e29, steps[1].LossScale, "with K = 0 the next step starts after the halving")
+			}
+			skipped := 0
+			for i, s := range steps {
+				appliedSkips := 0
+				for _, prev := range steps[:max(i-k, 0)] {
+					if prev.Skipped {
+						appliedSkips++
+					}
+				}
+				assert.LessOrEqual(t, s.LossScale, 1e30*math.Pow(0.5, float64(appliedSkips)),
+					"step %d: the halvings of steps 1..%d reach it", s.Step, i-k)
+				if s.Skipped {
+					skipped++
+				}
+			}
+			assert.Less(t, skipped, len(steps), "training resumes once the scale fits")
+			assert.False(t, steps[len(steps)-1].Skipped, "the last step trains")
+			assert.Less(t, scaler.Scale, 65536.0*2)
+			requireFinite(t, serverBuffers(t, a, up, lower.Param))
+			t.Logf("K=%d: %d of %d steps skipped while backing off from 1e30; scale now %g; max staleness %d",
+				k, skipped, len(steps), scaler.Scale, a.MaxStaleness())
+		})
+	}
+}
+
+func requireBitIdentical(t *testing.T, want, got map[string][]float64, msg string, args ...any) {
+	t.Helper()
+	require.Len(t, got, len(want))
+	for name, x := range want {
+		require.Len(t, got[name], len(x), name)
+		for i := range x {
+			if math.Float64bits(x[i]) != math.Float64bits(got[name][i]) {
+				require.Failf(t, "changed", "%s %s[%d]: %v → %v", fmt.Sprintf(msg, args...), name, i, x[i], got[name][i])
+			}
+		}
+	}
 }

@@ -272,9 +272,6 @@ func (c *config) validate() error {
 	if c.ep > 1 {
 		notYet(fmt.Sprintf("ep=%d", c.ep), "expert parallelism comes with the mixture-of-experts layers")
 	}
-	if c.precision != "fp32" && c.dpSync == "async" {
-		notYet("--precision "+c.precision+" with --dp-sync async", "the asynchronous trainer feeds no loss scale yet")
-	}
 	if c.backend == "cuda" && c.fuse {
 		notYet("--backend cuda with --fuse", "the CUDA backend does not compile the fused kernels into its program yet")
 	}

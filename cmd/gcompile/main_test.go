@@ -446,6 +446,51 @@ func TestFactoredOptimizersUnderTensorParallelism(t *testing.T) {
 	}
 }
 
+// Mixed precision runs under asynchronous data parallelism and records
+// each step's loss scale and skips as synchronous training does: bf16 at
+// scale 1 trains; a static fp16 scale of 1e30 overflows every step, so the
+// server skips them all (no inf reaches the JSON: grad_norm is 0) and the
+// held-out loss is that of the untouched initial weights.
+func TestAsyncMixedPrecisionRuns(t *testing.T) {
+	run := func(extra ...string) runtime.Metrics {
+		metrics := filepath.Join(t.TempDir(), "m.json")
+		args := append([]string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16", "--batch", "8", "--max-data-mb", "1",
+			"--devices", "2", "--dp", "2", "--dp-sync", "async", "--staleness", "1",
+			"--run", "--steps", "4", "--eval-batches", "1", "--metrics", metrics}, extra...)
+		require.NoError(t, mainErr(args), extra)
+		var m runtime.Metrics
+		raw, err := os.ReadFile(metrics)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(raw, &m))
+		return m
+	}
+	bf16 := run("--precision", "bf16")
+	assert.Equal(t, "bf16", bf16.Config["precision"])
+	require.NotNil(t, bf16.Async)
+	assert.LessOrEqual(t, bf16.Async.MaxStalenessSeen, 1)
+	require.Len(t, bf16.Steps, 4)
+	for _, s := range bf16.Steps {
+		assert.Equal(t, 1.0, s.LossScale, "step %d", s.Step)
+		assert.False(t, s.Skipped, "step %d", s.Step)
+		assert.Positive(t, s.GradNorm, "step %d", s.Step)
+	}
+	fp32 := run()
+	overflow := run("--precision", "fp16", "--loss-scale", "1e30")
+	require.Len(t, overflow.Steps, 4)
+	for _, s := range overflow.Steps {
+		assert.Equal(t, 1e30, s.LossScale, "step %d: a static scale does not back off", s.Step)
+		assert.True(t, s.Skipped, "step %d", s.Step)
+		assert.Zero(t, s.GradNorm, "step %d: an overflowed norm is written as 0", s.Step)
+	}
+	require.Len(t, overflow.Eval, 1)
+	require.Len(t, fp32.Eval, 1)
+	// The fp16 forward rounds, so the untouched weights' held-out loss is
+	// close to, not equal to, the fp32 one of weights that did train; it
+	// must not have fallen as the trained run's did.
+	assert.Greater(t, overflow.Eval[0].Loss, fp32.Eval[0].Loss, "nothing was learned in skipped steps")
+	t.Logf("held-out loss: fp32 trained %.4f, fp16 all skipped %.4f", fp32.Eval[0].Loss, overflow.Eval[0].Loss)
+}
+
 // --backend cuda trains on the GPU backend. Where the CUDA libraries are
 // missing it fails before any work with the bindings' error, which names
 // what was searched and the variable that overrides the search: nothing

@@ -2,12 +2,21 @@ package cpu
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
 	"gcompile/data"
 	"gcompile/lower"
 	"gcompile/runtime"
+)
+
+// The mixed-precision pass's names for the loss scale input and the
+// overflow count output; the runtime may not import passes, so they are
+// spelled here as in runtime.Train.
+const (
+	inputLossScale  = "loss_scale"
+	outputNonFinite = "nonfinite_grads"
 )
 
 // Async trains with asynchronous data parallelism in the stale-synchronous
@@ -18,18 +27,29 @@ import (
 // oldest (K = staleness) and waits otherwise; K = 0 is synchronous training.
 // The bound is checked on every step, and the largest staleness seen is
 // reported.
+//
+// Under mixed precision both programs read the loss_scale input: the
+// gradient program's backward seed is the scale, and the update program
+// unscales the averaged gradients by it. Step t's scale is fixed when the
+// first replica starts step t, every replica and the update of step t use
+// that one value, and the scaler learns from the update's overflow count
+// before the next step may start on the new weights.
 type Async struct {
 	Workers  []*Device
 	Server   *Device
 	boundary []string
 	params   []string
 	k        int
+	// scaled: both programs have the loss_scale input (mixed precision).
+	scaled bool
 
 	mu       sync.Mutex
 	cond     *sync.Cond
 	version  int                   // updates applied
 	grads    map[int][][][]float64 // step → replica → boundary values
 	losses   map[int][]float64
+	scales   map[int]float64 // step → the loss scale its gradients were computed with
+	scaler   *runtime.LossScaler
 	maxStale int
 	err      error
 }
@@ -63,6 +83,18 @@ func NewAsync(grad, update *lower.Program, boundary []string, dp, staleness int)
 			a.params = append(a.params, b.Name)
 		}
 	}
+	_, gradScaled := grad.Sources[inputLossScale]
+	_, updScaled := update.Sources[inputLossScale]
+	if gradScaled != updScaled {
+		return nil, fmt.Errorf("%q is an input of only one of the gradient program (%v) and the update program (%v): "+
+			"the scale that multiplies the gradients must be the one that divides them", inputLossScale, gradScaled, updScaled)
+	}
+	if updScaled {
+		if _, ok := update.Outputs[outputNonFinite]; !ok {
+			return nil, fmt.Errorf("the update program reads %q but has no %q output to detect overflow with", inputLossScale, outputNonFinite)
+		}
+	}
+	a.scaled = updScaled
 	return a, nil
 }
 
@@ -108,10 +140,26 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 	if cfg.Batch%dp != 0 {
 		return nil, nil, fmt.Errorf("global batch %d is not divisible by %d replicas", cfg.Batch, dp)
 	}
+	if cfg.Steps <= 0 {
+		return nil, nil, fmt.Errorf("--steps must be positive, got %d", cfg.Steps)
+	}
+	if a.scaled && cfg.LossScale == nil {
+		return nil, nil, fmt.Errorf("the programs are mixed precision (they read %q): the training config needs a loss scaler", inputLossScale)
+	}
+	if !a.scaled && cfg.LossScale != nil {
+		return nil, nil, fmt.Errorf("a loss scaler was given but the programs have no %q input (not mixed precision)", inputLossScale)
+	}
 	if err := corpus.Check(cfg.Seq); err != nil {
 		return nil, nil, err
 	}
 	local := cfg.Batch / dp
+	// Each call is a fresh run of steps 1..cfg.Steps from the current
+	// weights; only the largest staleness seen carries over.
+	a.mu.Lock()
+	a.version, a.err = 0, nil
+	a.grads, a.losses, a.scales = map[int][][][]float64{}, map[int][]float64{}, map[int]float64{}
+	a.scaler = cfg.LossScale
+	a.mu.Unlock()
 	var wg sync.WaitGroup
 	for r, w := range a.Workers {
 		wg.Add(1)
@@ -124,13 +172,17 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 	}
 	var steps []runtime.StepMetrics
 	var stepErr error
+	optStep := 1 // the optimizer's step count: skipped steps do not advance it, as in runtime.Train
 	for t := 1; t <= cfg.Steps; t++ {
 		start := time.Now()
-		sm, err := a.update(t, cfg)
+		sm, err := a.update(t, optStep, cfg)
 		if err != nil {
 			stepErr = err
 			a.fail(err)
 			break
+		}
+		if !sm.Skipped {
+			optStep++
 		}
 		sm.Ms = float64(time.Since(start).Microseconds()) / 1000
 		sm.TokensPerS = float64(cfg.Batch*cfg.Seq) / time.Since(start).Seconds()
@@ -185,6 +237,20 @@ func (a *Async) replica(r int, w *Device, corpus *data.Corpus, cfg runtime.Train
 		}
 		a.maxStale = max(a.maxStale, stale)
 		err := a.pull(w)
+		if err == nil && a.scaled {
+			// The first replica to start step t fixes its scale from the
+			// scaler as it stands: a halving after an overflow reaches
+			// only the steps not yet started. Steps already in flight
+			// keep their scale, so with staleness K up to K further steps
+			// may overflow and be skipped after a halving — the price of
+			// not waiting for the update.
+			scale, ok := a.scales[t]
+			if !ok {
+				scale = a.scaler.Scale
+				a.scales[t] = scale
+			}
+			err = w.SetScalar(inputLossScale, scale)
+		}
 		a.mu.Unlock()
 		if err != nil {
 			return err
@@ -224,8 +290,11 @@ func (a *Async) replica(r int, w *Device, corpus *data.Corpus, cfg runtime.Train
 
 // update waits for every replica's step-t gradients, averages them in
 // replica order (so a run is reproducible for a given interleaving) and
-// applies the optimizer.
-func (a *Async) update(t int, cfg runtime.TrainConfig) (runtime.StepMetrics, error) {
+// applies the optimizer as its optStep-th step. Under mixed precision it
+// unscales with the scale the replicas used for step t and lets the scaler
+// see the overflow count in the same critical section that publishes the
+// new version, so every step started on these weights sees the new scale.
+func (a *Async) update(t, optStep int, cfg runtime.TrainConfig) (runtime.StepMetrics, error) {
 	a.mu.Lock()
 	for a.err == nil && !a.complete(t) {
 		a.cond.Wait()
@@ -234,9 +303,10 @@ func (a *Async) update(t int, cfg runtime.TrainConfig) (runtime.StepMetrics, err
 		a.mu.Unlock()
 		return runtime.StepMetrics{}, a.err
 	}
-	grads, losses := a.grads[t], a.losses[t]
+	grads, losses, scale := a.grads[t], a.losses[t], a.scales[t]
 	delete(a.grads, t)
 	delete(a.losses, t)
+	delete(a.scales, t)
 	a.mu.Unlock()
 	dp := float64(len(a.Workers))
 	for i, name := range a.boundary {
@@ -257,28 +327,56 @@ func (a *Async) update(t int, cfg runtime.TrainConfig) (runtime.StepMetrics, err
 	if err := a.Server.SetScalar("lr", lr); err != nil {
 		return runtime.StepMetrics{}, err
 	}
-	if err := a.Server.SetScalar("step", float64(t)); err != nil {
+	if err := a.Server.SetScalar("step", float64(optStep)); err != nil {
 		return runtime.StepMetrics{}, err
 	}
-	a.mu.Lock()
-	err := a.Server.Step()
-	if err == nil {
-		a.version = t
+	if a.scaled {
+		if err := a.Server.SetScalar(inputLossScale, scale); err != nil {
+			return runtime.StepMetrics{}, err
+		}
 	}
+	a.mu.Lock()
+	skipped, err := a.apply(t)
 	a.cond.Broadcast()
 	a.mu.Unlock()
 	if err != nil {
-		return runtime.StepMetrics{}, fmt.Errorf("update %d: %w", t, err)
+		return runtime.StepMetrics{}, err
 	}
 	gn, err := a.Server.Scalar("grad_norm")
 	if err != nil {
 		return runtime.StepMetrics{}, err
 	}
+	if skipped && (math.IsInf(gn, 0) || math.IsNaN(gn)) {
+		gn = 0 // the norm of overflowed gradients; JSON has no inf or NaN
+	}
 	var loss float64
 	for _, l := range losses {
 		loss += l
 	}
-	return runtime.StepMetrics{Step: t, Loss: loss / dp, LR: lr, GradNorm: gn}, nil
+	sm := runtime.StepMetrics{Step: t, Loss: loss / dp, LR: lr, GradNorm: gn, Skipped: skipped}
+	if a.scaled {
+		sm.LossScale = scale
+	}
+	return sm, nil
+}
+
+// apply runs the update program for step t and, under mixed precision,
+// feeds its overflow count to the scaler; the caller holds a.mu. The
+// program itself gates every param and state write on a finite count, so
+// a skipped step changes neither.
+func (a *Async) apply(t int) (skipped bool, err error) {
+	if err := a.Server.Step(); err != nil {
+		return false, fmt.Errorf("update %d: %w", t, err)
+	}
+	if a.scaled {
+		bad, err := a.Server.Scalar(outputNonFinite)
+		if err != nil {
+			return false, fmt.Errorf("update %d: %w", t, err)
+		}
+		skipped = a.scaler.Update(bad)
+	}
+	a.version = t
+	return skipped, nil
 }
 
 func (a *Async) complete(t int) bool {
