@@ -206,6 +206,11 @@ func (c *compiler) bucket(g group, s *site) (func() error, error) {
 	outs := make([]loc, len(members))
 	counts := make([]int64, len(members))
 	var total int64
+	for _, m := range members[1:] {
+		// The leader's closure reads and writes the later members'
+		// buffers: a pending copy into any of them is waited for here.
+		d.touches[i] = append(d.touches[i], m.Args[0], m.Out)
+	}
 	for k, m := range members {
 		if c.dtype(m.Out) != ir.F32 || is16(c.buf(m.Args[0]).Type.DType) {
 			return nil, fmt.Errorf("bucketed all_reduce of %v: the cuda backend reduces fp32 buckets", c.buf(m.Out).Type)

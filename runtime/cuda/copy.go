@@ -92,7 +92,8 @@ func (c *compiler) deviceCopy(src, dst lower.Buffer) (func() error, error) {
 
 // planCopyWaits decides, once at load, where the compute stream waits
 // for host-to-device copies: before the first instruction that uses the
-// copied buffer, after the one that frees it unused, and before any
+// copied buffer (as an argument, its result or a buffer its closure
+// touches), after the one that frees it unused, and before any
 // instruction that writes host memory a pending copy may still read.
 func (d *Device) planCopyWaits() error {
 	n := len(d.prog.Instrs)
@@ -109,9 +110,9 @@ func (d *Device) planCopyWaits() error {
 			clear(pending)
 			outstanding = false
 		}
-		ids := in.Args
+		ids := append(in.Args[:len(in.Args):len(in.Args)], d.touches[i]...)
 		if in.Out >= 0 {
-			ids = append(ids[:len(ids):len(ids)], in.Out)
+			ids = append(ids, in.Out)
 		}
 		for _, id := range ids {
 			if e, ok := pending[id]; ok {

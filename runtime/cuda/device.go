@@ -52,6 +52,14 @@ type Device struct {
 	// instructions that write host memory on the compute stream.
 	fetches    map[int]driver.Event
 	hostWrites map[int]bool
+	// touches lists, by instruction, the buffers its closure reads or
+	// writes besides its own arguments and result (the first all_reduce
+	// of a bucket works on every member's buffers), so that the copy
+	// waits cover them too.
+	touches map[int][]int
+	// planEvents numbers the stand-in events of a planning device, so
+	// that the planned waits can be told apart without a GPU.
+	planEvents driver.Event
 	// waitBefore and waitAfter are the host-to-device copies the compute
 	// stream must wait for around an instruction.
 	waitBefore, waitAfter [][]driver.Event
@@ -90,7 +98,7 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 		return nil, fmt.Errorf("program %q needs an arena of %d bytes, more than the device cap of %d bytes", p.Name, p.ArenaBytes, opts.MemoryCap)
 	}
 	d = &Device{rt: rt, prog: p, rank: rank, comm: cm, scalars: map[int]float64{},
-		fetches: map[int]driver.Event{}, hostWrites: map[int]bool{}}
+		fetches: map[int]driver.Event{}, hostWrites: map[int]bool{}, touches: map[int][]int{}}
 	if p.Mesh != nil {
 		if rank < 0 || rank >= p.Mesh.Devices() {
 			return nil, fmt.Errorf("program %q spans mesh %v: rank %d is outside it", p.Name, p.Mesh, rank)
@@ -260,9 +268,12 @@ func (d *Device) Close() error {
 }
 
 // event creates an event for ordering work between streams (no timing).
+// A planning device hands out distinct stand-in handles that are never
+// given to a driver.
 func (d *Device) event() (driver.Event, error) {
 	if d.rt.drv == nil {
-		return 0, nil
+		d.planEvents++
+		return d.planEvents, nil
 	}
 	e, err := d.rt.drv.EventCreate(driver.EventDisableTiming)
 	if err != nil {

@@ -49,6 +49,8 @@
 // # Precision
 //
 // fp32 programs run the fp32 kernels and fp32 cuBLASLt GEMMs (no TF32).
+// NVRTC compiles the kernels with --fmad=false: a multiply and an add
+// round twice, as in the CPU kernels, instead of once in a fused FMA.
 // fp16 and bf16 buffers are emulated as the CPU backend emulates them:
 // the 16-bit operands of an instruction are widened into fp32 scratch,
 // the fp32 kernels run, and a 16-bit result is rounded back to nearest

@@ -50,8 +50,12 @@ const KernelSourceName = "gcompile_kernels.cu"
 
 // kernelOptions are the NVRTC options the kernels are compiled with:
 // no fast-math, IEEE division and square roots (NVRTC's defaults), which
-// the kernels' precision notes assume.
-var kernelOptions = []string{"--std=c++17"}
+// the kernels' precision notes assume. NVRTC contracts a·b + c into one
+// FMA by default (--fmad=true), a single rounding where the CPU kernels
+// and the emulator (-ffp-contract=off) round twice: the kernels that
+// mirror a CPU kernel's float32 arithmetic would then differ from it in
+// the last bit, so contraction is turned off.
+var kernelOptions = []string{"--std=c++17", "--fmad=false"}
 
 // Runtime is one GPU made ready to run programs: the driver, its primary
 // context, the kernels compiled for its architecture and loaded as a
