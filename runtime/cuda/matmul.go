@@ -101,22 +101,50 @@ func (c *compiler) matmul() (func() error, error) {
 			calls = append(calls, gemm{int64(i * m * k), int64(i * m * n)})
 		}
 	}
+	// Operands sit at arena and workspace offsets (allocations start
+	// 256-byte aligned); tell cuBLASLt how aligned every pointer it will
+	// see is, or it may pick an algorithm that needs 256 bytes.
+	size := int64(t.Size())
+	stepsA, stepsC := []int64{a.off}, []int64{out.off}
+	for _, g := range calls {
+		stepsA, stepsC = append(stepsA, g.aOff*size), append(stepsC, g.cOff*size)
+	}
+	stepsB := []int64{b.off}
+	if spec.Batch > 1 {
+		stepsA = append(stepsA, int64(m*k)*size)
+		stepsB = append(stepsB, int64(k*n)*size)
+		stepsC = append(stepsC, int64(m*n)*size)
+	}
+	spec.AlignA, spec.AlignB, spec.AlignC = alignment(stepsA...), alignment(stepsB...), alignment(stepsC...)
 	plan, err := c.d.gemmPlan(spec)
 	if err != nil {
 		return nil, err
 	}
 	c.note(fmt.Sprintf("cuBLASLt %v A%s·B%s M=%d N=%d K=%d batch=%d ×%d", t, tr(ta), tr(tb), spec.M, spec.N, spec.K, spec.Batch, len(calls)))
 	d := c.d
-	size := uint64(t.Size())
 	return func() error {
 		pa, pb, pc := d.ptr(a), d.ptr(b), d.ptr(out)
 		for _, g := range calls {
-			if err := plan.Run(pa.Add(uint64(g.aOff)*size), pb, pc.Add(uint64(g.cOff)*size), 1, 0, d.mem.gemm, d.mem.gemmBytes, d.compute); err != nil {
+			if err := plan.Run(pa.Add(uint64(g.aOff*size)), pb, pc.Add(uint64(g.cOff*size)), 1, 0, d.mem.gemm, d.mem.gemmBytes, d.compute); err != nil {
 				return err
 			}
 		}
 		return nil
 	}, nil
+}
+
+// alignment is the largest power of two, at most 256, dividing every byte
+// offset given: a pointer at an allocation's start plus any sum of them is
+// aligned to it.
+func alignment(offsets ...int64) uint32 {
+	var x int64
+	for _, o := range offsets {
+		x |= o
+	}
+	if x == 0 {
+		return 256
+	}
+	return uint32(min(x&-x, 256))
 }
 
 func tr(t bool) string {

@@ -180,3 +180,21 @@ func TestMalformedInstruction(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "adamw: malformed instruction (2 args")
 }
+
+// A GEMM operand's declared alignment is the largest power of two (at
+// most 256, cudaMalloc's) dividing its offset and every step a run adds.
+func TestGEMMAlignment(t *testing.T) {
+	for _, tc := range []struct {
+		offsets []int64
+		want    uint32
+	}{
+		{[]int64{0}, 256},
+		{[]int64{0, 4096}, 256},
+		{[]int64{64}, 64},
+		{[]int64{512, 60}, 4},
+		{[]int64{1024, 2048, 96}, 32},
+		{[]int64{2}, 2},
+	} {
+		assert.Equal(t, tc.want, alignment(tc.offsets...), "%v", tc.offsets)
+	}
+}

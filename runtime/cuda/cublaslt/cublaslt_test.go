@@ -27,6 +27,7 @@ type fakeLib struct {
 	matmuls           func() int32
 	heuristicSize     func() uint64
 	heuristicOffset   func(field int32) uint64
+	misaligned        func() int32
 }
 
 func loadFake(t *testing.T, cflags ...string) (*Lt, *fakeLib) {
@@ -48,6 +49,7 @@ func loadFake(t *testing.T, cflags ...string) (*Lt, *fakeLib) {
 		dl.Sym(&f.matmuls, "fake_matmuls"),
 		dl.Sym(&f.heuristicSize, "fake_heuristic_size"),
 		dl.Sym(&f.heuristicOffset, "fake_heuristic_offset"),
+		dl.Sym(&f.misaligned, "fake_misaligned"),
 	}))
 	return l, f
 }
@@ -59,7 +61,13 @@ type buffer struct {
 	data []byte
 }
 
-func newBuffer(t DType, n int64) *buffer { return &buffer{t: t, data: make([]byte, n*int64(t.Size()))} }
+// newBuffer is n elements at a 256-byte-aligned address, as cuMemAlloc
+// returns them.
+func newBuffer(t DType, n int64) *buffer {
+	raw := make([]byte, n*int64(t.Size())+256)
+	off := (256 - int(uintptr(unsafe.Pointer(&raw[0]))%256)) % 256
+	return &buffer{t: t, data: raw[off : off+int(n)*t.Size()]}
+}
 
 func (b *buffer) ptr() driver.DevicePtr {
 	return driver.DevicePtr(uintptr(unsafe.Pointer(&b.data[0])))
@@ -163,7 +171,8 @@ func TestMatmulMatchesARowMajorReference(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			// M, N and K all differ, so any mix-up of dimensions or
 			// transposes changes the shape cuBLASLt sees or the numbers.
-			s := MatmulSpec{M: 5, N: 7, K: 3, TransA: v.ta, TransB: v.tb, Type: v.typ, CType: v.ctype, Batch: v.batch, MaxWorkspace: 1 << 20}
+			// The batches of these small matrices start at any element.
+			s := MatmulSpec{AlignA: 2, AlignB: 2, AlignC: 2, M: 5, N: 7, K: 3, TransA: v.ta, TransB: v.tb, Type: v.typ, CType: v.ctype, Batch: v.batch, MaxWorkspace: 1 << 20}
 			if v.padded {
 				s.LDA, s.LDB, s.LDC = 9, 10, 11
 				s.StrideA, s.StrideB, s.StrideC = 101, 103, 107
@@ -212,7 +221,7 @@ func TestMatmulLeavesPaddingAlone(t *testing.T) {
 	h, err := l.Create()
 	require.NoError(t, err)
 	defer l.Destroy(h)
-	s := MatmulSpec{M: 2, N: 3, K: 2, Type: F32, LDC: 5, Batch: 2, StrideC: 13}
+	s := MatmulSpec{M: 2, N: 3, K: 2, Type: F32, LDC: 5, Batch: 2, StrideC: 13, AlignA: 4, AlignB: 4, AlignC: 4}
 	p, err := l.NewMatmul(h, s)
 	require.NoError(t, err)
 	defer p.Close()
@@ -417,4 +426,40 @@ func TestEnumValuesMatchTheHeaders(t *testing.T) {
 	}
 	assert.Equal(t, "CUBLAS_STATUS_INVALID_VALUE", StatusInvalidValue.Error())
 	assert.Equal(t, "cublasStatus_t(42)", Status(42).Error())
+}
+
+// cuBLASLt picks algorithms for 256-byte-aligned operands unless the
+// preference says less; a matrix at a smaller alignment is refused by such
+// an algorithm. The alignments declared in the spec reach cuBLASLt's
+// preference for the right operand (its A is our B), and a misaligned
+// operand without them is an error, not a wrong result.
+func TestAlignmentsReachThePreference(t *testing.T) {
+	l, f := loadFake(t)
+	h, err := l.Create()
+	require.NoError(t, err)
+	defer l.Destroy(h)
+	a, b, c := newBuffer(F32, 8), newBuffer(F32, 8), newBuffer(F32, 8)
+	a64 := a.ptr() + 64 // our A 64 bytes past an aligned address
+	run := func(s MatmulSpec, pa, pb, pc driver.DevicePtr) error {
+		p, err := l.NewMatmul(h, s)
+		require.NoError(t, err)
+		defer p.Close()
+		return p.Run(pa, pb, pc, 1, 0, 0, 0, 0)
+	}
+	base := MatmulSpec{M: 1, N: 2, K: 2, Type: F32}
+	require.NoError(t, run(base, a.ptr(), b.ptr(), c.ptr()), "aligned operands need no declaration")
+	err = run(base, a64, b.ptr(), c.ptr())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "CUBLAS_STATUS_NOT_SUPPORTED")
+	assert.Equal(t, int32(1), f.misaligned())
+	withA := base
+	withA.AlignA = 64
+	require.NoError(t, run(withA, a64, b.ptr(), c.ptr()), "our A's alignment is cuBLASLt's B preference")
+	withB := base
+	withB.AlignB = 64
+	require.Error(t, run(withB, a64, b.ptr(), c.ptr()), "declaring B's alignment does not cover A")
+	bad := base
+	bad.AlignC = 48
+	_, err = l.NewMatmul(h, bad)
+	require.ErrorContains(t, err, "alignment 48 bytes is not a power of two")
 }

@@ -127,6 +127,10 @@ type prefAttr int32
 const (
 	prefSearchMode        prefAttr = 0 // uint32_t
 	prefMaxWorkspaceBytes prefAttr = 1 // uint64_t
+	prefMinAlignmentA     prefAttr = 5 // uint32_t, bytes; default 256
+	prefMinAlignmentB     prefAttr = 6 // uint32_t
+	prefMinAlignmentC     prefAttr = 7 // uint32_t
+	prefMinAlignmentD     prefAttr = 8 // uint32_t
 )
 
 // algo mirrors cublasLtMatmulAlgo_t: an opaque uint64_t data[8].

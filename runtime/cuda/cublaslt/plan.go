@@ -76,6 +76,13 @@ type MatmulSpec struct {
 	// MaxWorkspace caps the workspace (bytes) the chosen algorithm may use;
 	// Plan.Workspace says how much it does use.
 	MaxWorkspace uint64
+
+	// AlignA, AlignB, AlignC are byte alignments (powers of two) that every
+	// pointer a run passes for that matrix, and every batch's matrix, is
+	// known to have; 0 keeps cuBLASLt's assumption of 256. cuBLASLt picks
+	// algorithms for 256-byte-aligned operands unless told otherwise, and
+	// such an algorithm fails on a matrix at a 64-byte arena offset.
+	AlignA, AlignB, AlignC uint32
 }
 
 // stored is a row-major matrix as it sits in memory.
@@ -199,6 +206,21 @@ func (l *Lt) NewMatmul(h Handle, s MatmulSpec) (p *Plan, err error) {
 	}
 	if err := setAttr(l, "cublasLtMatmulPreferenceSetAttribute", l.cublasLtMatmulPreferenceSetAttribute, p.pref, prefMaxWorkspaceBytes, s.MaxWorkspace); err != nil {
 		return p, err
+	}
+	// cuBLASLt's A/B are our B/A (see above); D is written where C is.
+	for _, al := range []struct {
+		attr prefAttr
+		v    uint32
+	}{{prefMinAlignmentA, s.AlignB}, {prefMinAlignmentB, s.AlignA}, {prefMinAlignmentC, s.AlignC}, {prefMinAlignmentD, s.AlignC}} {
+		if al.v == 0 {
+			continue
+		}
+		if al.v&(al.v-1) != 0 {
+			return p, fmt.Errorf("cublaslt: %s: alignment %d bytes is not a power of two", s.describe(), al.v)
+		}
+		if err := setAttr(l, "cublasLtMatmulPreferenceSetAttribute", l.cublasLtMatmulPreferenceSetAttribute, p.pref, al.attr, al.v); err != nil {
+			return p, err
+		}
 	}
 	var res heuristicResult
 	var n int32

@@ -895,11 +895,12 @@ func TestCuBLASLtMatmulMatchesGo(t *testing.T) {
 		{"f32 Bᵀ with beta", cublaslt.MatmulSpec{M: 3, N: 8, K: 5, TransB: true, Type: cublaslt.F32}, 1, 0.75},
 		{"f32 AᵀBᵀ padded", cublaslt.MatmulSpec{M: 4, N: 5, K: 6, TransA: true, TransB: true, Type: cublaslt.F32,
 			LDA: 7, LDB: 9, LDC: 8}, -1.5, 0.25},
+		// Batches at element strides: the operands are only 4-byte aligned.
 		{"f32 strided batch", cublaslt.MatmulSpec{M: 3, N: 4, K: 5, Type: cublaslt.F32, Batch: 3,
-			StrideA: 20, StrideB: 25, StrideC: 13}, 1, 0.5},
+			StrideA: 20, StrideB: 25, StrideC: 13, AlignA: 4, AlignB: 4, AlignC: 4}, 1, 0.5},
 		{"bf16", cublaslt.MatmulSpec{M: 8, N: 6, K: 16, Type: cublaslt.BF16}, 1, 0},
 		{"bf16 Bᵀ into f32", cublaslt.MatmulSpec{M: 5, N: 7, K: 12, TransB: true, Type: cublaslt.BF16, CType: cublaslt.F32}, 1, 1},
-		{"bf16 batched Aᵀ", cublaslt.MatmulSpec{M: 4, N: 3, K: 8, TransA: true, Type: cublaslt.BF16, Batch: 2}, 2, 0},
+		{"bf16 batched Aᵀ", cublaslt.MatmulSpec{M: 4, N: 3, K: 8, TransA: true, Type: cublaslt.BF16, Batch: 2, AlignA: 64, AlignB: 16, AlignC: 8}, 2, 0},
 		{"f16 with beta", cublaslt.MatmulSpec{M: 6, N: 6, K: 10, Type: cublaslt.F16}, 0.5, 0.5},
 	}
 	rng := rand.New(rand.NewPCG(3, 4))

@@ -50,7 +50,9 @@ typedef struct {
 struct handle { int magic; };
 struct desc { int compute, scale, transa, transb; };
 struct layout { int type, order; uint64_t rows, cols; int64_t ld; int32_t batch; int64_t stride; };
-struct pref { uint64_t max_ws; };
+/* align[0..3]: the byte alignment the caller promises for A, B, C and D
+ * (cuBLASLt's default assumption is 256). */
+struct pref { uint64_t max_ws; uint32_t align[4]; };
 
 typedef struct handle *cublasLtHandle_t;
 typedef struct desc *cublasLtMatmulDesc_t;
@@ -67,6 +69,7 @@ static void *last_workspace;
 static size_t last_workspace_size;
 static float last_alpha, last_beta;
 static int matmuls;
+static int misaligned;
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
 	if (!h) return CUBLAS_STATUS_INVALID_VALUE;
@@ -184,6 +187,7 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, int at
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
 	if (!p) return CUBLAS_STATUS_INVALID_VALUE;
 	*p = calloc(1, sizeof **p);
+	for (int i = 0; i < 4; i++) (*p)->align[i] = 256;
 	live++;
 	return CUBLAS_STATUS_SUCCESS;
 }
@@ -198,6 +202,14 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
 /* MAX_WORKSPACE_BYTES (1) is uint64_t. */
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, int attr, const void *buf, size_t n) {
 	if (!p || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+	if (attr >= 5 && attr <= 8) { /* MIN_ALIGNMENT_{A,B,C,D}_BYTES */
+		uint32_t v;
+		if (n != sizeof v) return CUBLAS_STATUS_INVALID_VALUE;
+		memcpy(&v, buf, sizeof v);
+		if (v == 0 || (v & (v - 1))) return CUBLAS_STATUS_INVALID_VALUE;
+		p->align[attr - 5] = v;
+		return CUBLAS_STATUS_SUCCESS;
+	}
 	if (attr != 1 || n != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
 	p->max_ws = *(const uint64_t *)buf;
 	return CUBLAS_STATUS_SUCCESS;
@@ -231,6 +243,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
 	for (int i = 0; i < 8; i++) out->algo.data[i] = ALGO_MAGIC + (uint64_t)i * 0x1111;
 	out->workspaceSize = pref->max_ws >= ALGO_WS ? ALGO_WS : 0;
 	out->algo.data[7] = out->workspaceSize;
+	/* The chosen algorithm relies on the alignments the preference
+	 * promised, as a real one may (vector loads): data[6] carries them. */
+	out->algo.data[6] = 0;
+	for (int i = 0; i < 4; i++) out->algo.data[6] |= (uint64_t)pref->align[i] << (16 * i);
 	out->state = CUBLAS_STATUS_SUCCESS;
 	out->wavesCount = 0.75f;
 	*returned = 1;
@@ -315,8 +331,25 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 	if (!h || h->magic != 0x17) return CUBLAS_STATUS_NOT_INITIALIZED;
 	if (!d || !alpha || !beta || !A || !B || !C || !D || !algo) return CUBLAS_STATUS_INVALID_VALUE;
 	if (!shapes(d, a, b, c, dd, &m, &n, &k)) return CUBLAS_STATUS_INVALID_VALUE;
-	for (int i = 0; i < 7; i++)
+	for (int i = 0; i < 6; i++)
 		if (algo->data[i] != ALGO_MAGIC + (uint64_t)i * 0x1111) return CUBLAS_STATUS_INVALID_VALUE;
+	/* Every batch's pointers must have the alignment the algorithm was
+	 * chosen for; a misaligned operand is refused rather than read. */
+	{
+		const void *base[4] = {A, B, C, D};
+		cublasLtMatrixLayout_t lay[4] = {a, b, c, dd};
+		for (int i = 0; i < 4; i++) {
+			uint64_t al = (algo->data[6] >> (16 * i)) & 0xffff;
+			if (al == 0) return CUBLAS_STATUS_INVALID_VALUE;
+			for (int32_t bt = 0; bt < lay[i]->batch; bt++) {
+				uintptr_t ptr = (uintptr_t)base[i] + (uintptr_t)(bt * lay[i]->stride) * elem_size(lay[i]->type);
+				if (ptr % al) {
+					misaligned++;
+					return CUBLAS_STATUS_NOT_SUPPORTED;
+				}
+			}
+		}
+	}
 	if (workspace_size < algo->data[7] || (algo->data[7] && !workspace)) return CUBLAS_STATUS_INVALID_VALUE;
 	last_stream = stream;
 	last_workspace = workspace;
@@ -347,6 +380,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 }
 
 /* Introspection for the tests. */
+int fake_misaligned(void) { return misaligned; }
 long fake_live(void) { return live; }
 void *fake_last_stream(void) { return last_stream; }
 void *fake_last_workspace(void) { return last_workspace; }
