@@ -68,14 +68,7 @@ func opByOp[T kcpu.Float](t testing.TB, body ir.FusedBody, args [][]T) []T {
 // program has one in its arena.
 func opByOpInto[T kcpu.Float](t testing.TB, body ir.FusedBody, args, temps [][]T) []T {
 	for i, st := range body {
-		in := make([][]T, len(st.Args))
-		for j, r := range st.Args {
-			if r.Arg {
-				in[j] = args[r.Index]
-			} else {
-				in[j] = temps[r.Index]
-			}
-		}
+		in := stepInputs(st, args, temps)
 		o := temps[i]
 		f := func(name string) T { return T(st.Attrs[name].(float64)) }
 		switch st.Op {
@@ -120,6 +113,20 @@ func opByOpInto[T kcpu.Float](t testing.TB, body ir.FusedBody, args, temps [][]T
 		}
 	}
 	return temps[len(temps)-1]
+}
+
+// stepInputs are the operands of one body step: args, and the temps of
+// the steps before it.
+func stepInputs[T any](st ir.FusedStep, args, temps [][]T) [][]T {
+	in := make([][]T, len(st.Args))
+	for j, r := range st.Args {
+		if r.Arg {
+			in[j] = args[r.Index]
+		} else {
+			in[j] = temps[r.Index]
+		}
+	}
+	return in
 }
 
 func bits[T kcpu.Float](x T) uint64 {

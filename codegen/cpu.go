@@ -40,10 +40,8 @@ func CPU[T kcpu.Float](body ir.FusedBody, out []T, args [][]T) (func(), error) {
 		if err != nil {
 			return nil, fmt.Errorf("fused body step t%d: %w", i, err)
 		}
-		for _, r := range st.Args {
-			if r.Arg && r.Index >= len(args) || !r.Arg && r.Index >= i {
-				return nil, fmt.Errorf("fused body step t%d reads %v, which does not exist", i, r)
-			}
+		if err := checkRefs(i, st, len(args)); err != nil {
+			return nil, err
 		}
 		steps[i] = k
 	}
@@ -86,11 +84,8 @@ func CPU[T kcpu.Float](body ir.FusedBody, out []T, args [][]T) (func(), error) {
 // them (float64 → T).
 func cpuKernel[T kcpu.Float](st ir.FusedStep) (stepKernel[T], error) {
 	attr := func(name string) (T, error) {
-		v, ok := st.Attrs[name].(float64)
-		if !ok {
-			return 0, fmt.Errorf("%s needs float attribute %s", st.Op, name)
-		}
-		return T(v), nil
+		v, err := floatAttr(st, name)
+		return T(v), err
 	}
 	unary := map[string]func(o, x []T){"neg": kcpu.Neg[T], "exp": kcpu.Exp[T], "log": kcpu.Log[T], "tanh": kcpu.Tanh[T],
 		"sqrt": kcpu.Sqrt[T], "gelu": kcpu.Gelu[T], "relu": kcpu.Relu[T]}

@@ -87,11 +87,11 @@ func CUDA(body ir.FusedBody, nargs int) (CUDAKernel, error) {
 		fmt.Fprintf(&b, "    const float x%d = a%d[i];\n", i, i)
 	}
 	for i, st := range body {
+		if err := checkRefs(i, st, nargs); err != nil {
+			return CUDAKernel{}, err
+		}
 		ops := make([]string, len(st.Args))
 		for j, r := range st.Args {
-			if r.Arg && r.Index >= nargs || !r.Arg && r.Index >= i {
-				return CUDAKernel{}, fmt.Errorf("fused body step t%d reads %v, which does not exist", i, r)
-			}
 			if r.Arg {
 				ops[j] = fmt.Sprintf("x%d", r.Index)
 			} else {
@@ -124,9 +124,9 @@ func cudaStep(st ir.FusedStep, ops []string, dst string) ([]string, error) {
 		return nil, fmt.Errorf("%s takes %d operands, got %d", st.Op, want, len(ops))
 	}
 	attr := func(name string) (string, error) {
-		v, ok := st.Attrs[name].(float64)
-		if !ok {
-			return "", fmt.Errorf("%s needs float attribute %s", st.Op, name)
+		v, err := floatAttr(st, name)
+		if err != nil {
+			return "", err
 		}
 		// The unfused kernel receives the attribute as a float argument.
 		// Here it has the same bits, hidden behind gc_fused_keep so the

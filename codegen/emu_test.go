@@ -76,14 +76,7 @@ func TestCUDAKernelsMatchPerOpKernelsInEmulator(t *testing.T) {
 
 		temps := make([][]float32, len(body))
 		for s, st := range body {
-			in := make([][]float32, len(st.Args))
-			for j, ref := range st.Args {
-				if ref.Arg {
-					in[j] = args[ref.Index]
-				} else {
-					in[j] = temps[ref.Index]
-				}
-			}
+			in := stepInputs(st, args, temps)
 			temps[s] = make([]float32, n)
 			launchOp(t, e, st, temps[s], in)
 		}

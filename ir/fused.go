@@ -61,8 +61,7 @@ func (b FusedBody) String() string {
 		}
 		slices.Sort(names)
 		for _, n := range names {
-			f, _ := st.Attrs[n].(float64)
-			s.WriteString(" " + n + "=" + strconv.FormatFloat(f, 'g', -1, 64))
+			s.WriteString(" " + n + "=" + formatAttr(st.Attrs[n]))
 		}
 	}
 	return s.String()

@@ -97,12 +97,16 @@ func offload(p *Program, o Options) error {
 	dist := o.prefetch()
 	block, blockStart := layerBlocks(p)
 	uses := map[int][]int{}
-	for i, in := range p.Instrs {
-		for _, id := range append(slices.Clone(in.Args), in.Out) {
-			if id >= 0 && (len(uses[id]) == 0 || uses[id][len(uses[id])-1] != i) {
-				uses[id] = append(uses[id], i)
-			}
+	use := func(id, i int) {
+		if id >= 0 && (len(uses[id]) == 0 || uses[id][len(uses[id])-1] != i) {
+			uses[id] = append(uses[id], i)
 		}
+	}
+	for i, in := range p.Instrs {
+		for _, id := range in.Args {
+			use(id, i)
+		}
+		use(in.Out, i)
 	}
 	outputs := map[int]bool{}
 	for _, id := range p.Outputs {

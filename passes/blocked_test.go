@@ -12,21 +12,6 @@ import (
 	"gcompile/passes"
 )
 
-// appliedThrough is the gir header line recording every pass up to and
-// including last, so a hand-written module resumes right after it.
-func appliedThrough(t *testing.T, last string) string {
-	t.Helper()
-	var names []string
-	for _, p := range passes.Table() {
-		names = append(names, p.Name)
-		if p.Name == last {
-			return "passes " + strings.Join(names, ",") + "\n"
-		}
-	}
-	t.Fatalf("no pass %q in the table", last)
-	return ""
-}
-
 // step is one collective the redistribute pass emits: its op and the
 // attributes that say what it moves.
 type step struct {
@@ -60,7 +45,9 @@ func TestRedistributeBlockedConversions(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			text := "gir 1\nmodule \"m\"\n" + appliedThrough(t, "shard") + "mesh dp=2,tp=2\n" +
+			// The header records every pass through shard, so the run
+			// resumes at redistribute.
+			text := "gir 1\nmodule \"m\"\npasses " + strings.Join(through("shard"), ",") + "\nmesh dp=2,tp=2\n" +
 				fmt.Sprintf("%%0 = state : f32[4,12] {name=\"a\" place=[%s]} @model.go:10\n", c.from) +
 				fmt.Sprintf("%%1 = redistribute %%0 : f32[4,12] {place=[%s] phase=opt} @model.go:11\n", c.to)
 			m, err := ir.Parse("blocked.gir", text)

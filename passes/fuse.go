@@ -79,11 +79,7 @@ func fuse(m *ir.Module, o *Options) error {
 			m.Outputs[i].Value = f
 		}
 	}
-	for i, u := range m.Updates {
-		if f := replace[u.Value]; f != nil {
-			m.Updates[i].Value = f // not reached today: update roots are not fused
-		}
-	}
+	// Updates need no rewrite: fuseGroups never puts an update in a group.
 	return nil
 }
 
@@ -218,7 +214,7 @@ func fusedValue(m *ir.Module, g []*ir.Value) (*ir.Value, error) {
 	root := g[len(g)-1]
 	f, err := m.NewValue(ir.FusedOp, args, ir.Attrs{"body": body.String()}, root.Meta, root.Pos)
 	if err != nil {
-		return nil, fmt.Errorf("fusing %d values ending at %%%d %s @%v: %w", len(g), root.ID, root.Op, root.Pos, err)
+		return nil, fmt.Errorf("fusing %d values ending at %s: %w", len(g), root.Where(), err)
 	}
 	f.Place = slices.Clone(root.Place)
 	return f, nil

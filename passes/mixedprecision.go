@@ -77,8 +77,8 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 	if seed.Type.DType != ir.F32 {
 		return fmt.Errorf("%s: mixed precision needs an fp32 loss, got %v", seed.Where(), seed.Type)
 	}
-	if m.Source(InputLossScale) != nil {
-		return fmt.Errorf("%s: name %q is reserved for mixed precision", m.Source(InputLossScale).Where(), InputLossScale)
+	if s := m.Source(InputLossScale); s != nil {
+		return fmt.Errorf("%s: name %q is reserved for mixed precision", s.Where(), InputLossScale)
 	}
 
 	b := &mpBuilder{m: m, low: low, rep: map[*ir.Value]*ir.Value{}, casts: map[castKey]*ir.Value{},
@@ -94,6 +94,7 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 				return err
 			}
 			b.rep[seed] = ls
+			b.lossScale = ls
 			b.scaled[ls] = true
 			continue
 		}
@@ -193,14 +194,15 @@ type castKey struct {
 }
 
 type mpBuilder struct {
-	m        *ir.Module
-	low      ir.DType
-	rep      map[*ir.Value]*ir.Value // replaced values (the seed)
-	casts    map[castKey]*ir.Value
-	scaled   map[*ir.Value]bool // values multiplied by the loss scale
-	unscaled map[*ir.Value]*ir.Value
-	inv      map[[2]int]*ir.Value // 1/loss_scale per (stage, chunk)
-	err      error
+	m         *ir.Module
+	low       ir.DType
+	lossScale *ir.Value               // the loss_scale input that replaced the seed
+	rep       map[*ir.Value]*ir.Value // replaced values (the seed)
+	casts     map[castKey]*ir.Value
+	scaled    map[*ir.Value]bool // values multiplied by the loss scale
+	unscaled  map[*ir.Value]*ir.Value
+	inv       map[[2]int]*ir.Value // 1/loss_scale per (stage, chunk)
+	err       error
 }
 
 // cast returns a's value in dtype to, made once. The cast takes a's
@@ -244,13 +246,12 @@ func (b *mpBuilder) unscale(g, user *ir.Value) *ir.Value {
 	key := [2]int{meta.Stage, meta.Chunk}
 	inv := b.inv[key]
 	if inv == nil {
-		ls := b.m.Source(InputLossScale)
 		one, err := b.m.AddSource("const", ir.T(ir.F32), ir.Attrs{"value": 1.0}, meta, user.Pos)
 		if err != nil {
 			b.err = err
 			return nil
 		}
-		if inv, err = b.m.Add("div", []*ir.Value{one, ls}, nil, meta, user.Pos); err != nil {
+		if inv, err = b.m.Add("div", []*ir.Value{one, b.lossScale}, nil, meta, user.Pos); err != nil {
 			b.err = err
 			return nil
 		}

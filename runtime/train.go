@@ -56,6 +56,14 @@ type TrainConfig struct {
 	LossScale *LossScaler
 }
 
+// The mixed-precision pass's names for the loss scale input and the
+// overflow count output, spelled here because the runtime may not import
+// passes; every trainer sets and reads them by these.
+const (
+	InputLossScale  = "loss_scale"
+	OutputNonFinite = "nonfinite_grads"
+)
+
 // LossScaler is mixed precision's loss scale. Dynamic (Micikevicius et al.
 // 2018, PyTorch's GradScaler defaults): start at 2^16, halve and skip the
 // step when a gradient holds an inf or NaN, double after 2000 clean steps
@@ -144,7 +152,7 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 		var scale float64
 		if cfg.LossScale != nil {
 			scale = cfg.LossScale.Scale
-			if err := dev.SetScalar("loss_scale", scale); err != nil {
+			if err := dev.SetScalar(InputLossScale, scale); err != nil {
 				return steps, evals, err
 			}
 		}
@@ -163,7 +171,7 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 		}
 		skipped := false
 		if cfg.LossScale != nil {
-			bad, err := dev.Scalar("nonfinite_grads")
+			bad, err := dev.Scalar(OutputNonFinite)
 			if err != nil {
 				return steps, evals, err
 			}

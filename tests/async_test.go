@@ -53,9 +53,8 @@ func asyncProgs(t *testing.T, p asyncPlan) (grad, update *lower.Program, boundar
 	return grad, update, boundary
 }
 
-// asyncRun trains p; report, when non-nil, sees each step after the server
-// applied it (before the next update, so the server's buffers are stable).
-func asyncRun(t *testing.T, p asyncPlan, report func(*cpu.Async, runtime.StepMetrics)) asyncResult {
+// asyncRun trains p.
+func asyncRun(t *testing.T, p asyncPlan) asyncResult {
 	t.Helper()
 	gp, up, boundary := asyncProgs(t, p)
 	a, err := cpu.NewAsync(gp, up, boundary, p.dp, p.staleness)
@@ -67,11 +66,7 @@ func asyncRun(t *testing.T, p asyncPlan, report func(*cpu.Async, runtime.StepMet
 	}
 	cfg := runtime.TrainConfig{Steps: steps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1, LossScale: p.scaler,
 		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	var cb func(runtime.StepMetrics, *runtime.EvalMetrics)
-	if report != nil {
-		cb = func(s runtime.StepMetrics, _ *runtime.EvalMetrics) { report(a, s) }
-	}
-	ms, evals, err := a.Train(corpus(), cfg, cb)
+	ms, evals, err := a.Train(corpus(), cfg, nil)
 	require.NoError(t, err)
 	require.Len(t, evals, 1)
 	res := asyncResult{steps: ms, params: serverBuffers(t, a, up, lower.Param), a: a, update: up}
@@ -102,7 +97,7 @@ func TestAsyncStalenessZeroIsSynchronous(t *testing.T) {
 	ref := train(t, plan{dp: 1})
 	for _, dp := range []int{2, 4} {
 		t.Run(fmt.Sprintf("dp%d", dp), func(t *testing.T) {
-			got := asyncRun(t, asyncPlan{dp: dp}, nil)
+			got := asyncRun(t, asyncPlan{dp: dp})
 			assert.Equal(t, 0, got.a.MaxStaleness())
 			worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
 			worstParam := paramError(t, ref.params, got.params, nil)
@@ -116,7 +111,7 @@ func TestAsyncStalenessZeroIsSynchronous(t *testing.T) {
 // training still converges and no replica ever exceeds the bound (the
 // runtime fails the run if one would).
 func TestAsyncBoundedStalenessConverges(t *testing.T) {
-	got := asyncRun(t, asyncPlan{dp: 4, staleness: 2}, nil)
+	got := asyncRun(t, asyncPlan{dp: 4, staleness: 2})
 	losses, a := got.losses, got.a
 	assert.LessOrEqual(t, a.MaxStaleness(), 2)
 	first, last := losses[0], 0.0
@@ -158,7 +153,7 @@ func TestAsyncMixedPrecisionStalenessZeroIsSynchronous(t *testing.T) {
 			for _, s := range ref.steps {
 				refLosses = append(refLosses, s.Loss)
 			}
-			got := asyncRun(t, asyncPlan{dp: 2, precision: tc.precision, scaler: runtime.NewLossScaler(tc.scale)}, nil)
+			got := asyncRun(t, asyncPlan{dp: 2, precision: tc.precision, scaler: runtime.NewLossScaler(tc.scale)})
 			assert.Equal(t, 0, got.a.MaxStaleness())
 			require.Len(t, got.steps, eqSteps)
 			for i, s := range got.steps {
@@ -186,7 +181,7 @@ func TestAsyncMixedPrecisionStalenessZeroIsSynchronous(t *testing.T) {
 func TestAsyncFP16DynamicScaleConverges(t *testing.T) {
 	scaler := runtime.NewLossScaler(0)
 	require.True(t, scaler.Dynamic)
-	got := asyncRun(t, asyncPlan{dp: 4, staleness: 2, precision: "fp16", scaler: scaler}, nil)
+	got := asyncRun(t, asyncPlan{dp: 4, staleness: 2, precision: "fp16", scaler: scaler})
 	assert.LessOrEqual(t, got.a.MaxStaleness(), 2)
 	skipped := 0
 	for _, s := range got.steps {
@@ -269,6 +264,8 @@ func TestAsyncOverflowSkipsAndRecovers(t *testing.T) {
 	}
 }
 
+// requireBitIdentical stops the test at the first entry of got that
+// differs in any bit from want's, or at a tensor missing from either.
 func requireBitIdentical(t *testing.T, want, got map[string][]float64, msg string, args ...any) {
 	t.Helper()
 	require.Len(t, got, len(want))

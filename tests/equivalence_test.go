@@ -3,6 +3,7 @@ package tests
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -107,7 +108,14 @@ type trajectory struct {
 	prog   *lower.Program
 }
 
-func train(t testing.TB, p plan) trajectory {
+// train trains the tiny GPT under plan p; params holds the final params,
+// whole.
+func train(t testing.TB, p plan) trajectory { return trainKeeping(t, p, lower.Param) }
+
+// trainKeeping trains the tiny GPT under plan p and keeps, whole, the
+// final value of every buffer of the given kinds.
+func trainKeeping(t testing.TB, p plan, kinds ...lower.BufferKind) trajectory {
+	t.Helper()
 	prog := compilePlan(t, p)
 	cl, err := cpu.NewCluster(prog, cpu.Options{})
 	require.NoError(t, err)
@@ -116,20 +124,29 @@ func train(t testing.TB, p plan) trajectory {
 		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
 	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
 	require.NoError(t, err)
-	tr := trajectory{params: map[string][]float64{}, prog: prog, eval: evals[len(evals)-1].Loss}
+	tr := trajectory{prog: prog, eval: evals[len(evals)-1].Loss}
 	for _, s := range steps {
 		tr.losses = append(tr.losses, s.Loss)
 	}
-	for _, b := range prog.Buffers {
-		if b.Kind == lower.Param {
-			tr.params[b.Name], err = cl.Global(b.Name)
-			require.NoError(t, err)
-		}
-	}
+	tr.params = globals(t, cl, prog, kinds...)
 	for _, d := range cl.Devices {
 		tr.peaks = append(tr.peaks, d.PeakBytes())
 	}
 	return tr
+}
+
+// globals reads from cl, whole, every buffer of prog of the given kinds.
+func globals(t testing.TB, cl *cpu.Cluster, prog *lower.Program, kinds ...lower.BufferKind) map[string][]float64 {
+	t.Helper()
+	out := map[string][]float64{}
+	for _, b := range prog.Buffers {
+		if slices.Contains(kinds, b.Kind) {
+			x, err := cl.Global(b.Name)
+			require.NoError(t, err)
+			out[b.Name] = x
+		}
+	}
+	return out
 }
 
 // Every data- and tensor-parallel configuration trains like one device: the same loss

@@ -48,16 +48,7 @@ func TestFuseTrainsBitIdentically(t *testing.T) {
 
 			assert.Equal(t, plain.losses, fused.losses, "losses bit for bit")
 			assert.Equal(t, math.Float64bits(plain.eval), math.Float64bits(fused.eval), "held-out loss bit for bit")
-			require.Equal(t, len(plain.params), len(fused.params))
-			for name, want := range plain.params {
-				got := fused.params[name]
-				require.Len(t, got, len(want), name)
-				for i := range want {
-					if math.Float64bits(want[i]) != math.Float64bits(got[i]) {
-						t.Fatalf("param %s[%d]: %v fused, %v unfused", name, i, got[i], want[i])
-					}
-				}
-			}
+			requireBitIdentical(t, plain.params, fused.params, "fused vs unfused")
 			assert.LessOrEqual(t, fused.prog.PeakBytes, plain.prog.PeakBytes, "fusion never raises the peak")
 			for r, peak := range fused.peaks {
 				assert.Equal(t, fused.prog.PeakBytes, peak, "device %d: measured peak equals predicted", r)
@@ -80,15 +71,7 @@ func TestFusePipelineBitIdentical(t *testing.T) {
 
 			assert.Equal(t, plain.losses, fused.losses, "losses bit for bit")
 			assert.Equal(t, math.Float64bits(plain.eval), math.Float64bits(fused.eval), "held-out loss bit for bit")
-			for name, want := range plain.params {
-				got := fused.params[name]
-				require.Len(t, got, len(want), name)
-				for i := range want {
-					if math.Float64bits(want[i]) != math.Float64bits(got[i]) {
-						t.Fatalf("param %s[%d]: %v fused, %v unfused", name, i, got[i], want[i])
-					}
-				}
-			}
+			requireBitIdentical(t, plain.params, fused.params, "fused vs unfused")
 			require.Len(t, fprogs, len(progs))
 			fewer := false
 			for r := range progs {

@@ -12,12 +12,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"gcompile/examples/gpt"
 	"gcompile/frontend"
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
-	"gcompile/runtime"
 	"gcompile/runtime/cpu"
 )
 
@@ -343,51 +341,11 @@ func gptStateBytes(prog *lower.Program) (params, states int64) {
 	return params, states
 }
 
-// compileOptim compiles the tiny GPT for plan p with p.optimizer.
-func compileOptim(t testing.TB, p plan) *lower.Program {
-	t.Helper()
-	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch, Set: eqModel})
-	require.NoError(t, err)
-	opts := passes.DefaultOptions()
-	opts.Verify = true
-	opts.Optimizer = p.optimizer
-	opts.Zero = p.zero
-	opts.Microbatches = max(p.micro, 1)
-	opts.SequenceParallel = p.sp
-	opts.Mesh = p.mesh()
-	_, err = passes.Run(m, opts, passes.Hooks{})
-	require.NoError(t, err)
-	prog, err := lower.Lower(m)
-	require.NoError(t, err)
-	return prog
-}
-
 // trainOptim trains like train, with p.optimizer; params holds the final
 // params and optimizer state, whole.
 func trainOptim(t *testing.T, p plan) trajectory {
 	t.Helper()
-	prog := compileOptim(t, p)
-	cl, err := cpu.NewCluster(prog, cpu.Options{})
-	require.NoError(t, err)
-	require.NoError(t, cl.InitParams(1))
-	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
-		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
-	require.NoError(t, err)
-	tr := trajectory{params: map[string][]float64{}, prog: prog, eval: evals[len(evals)-1].Loss}
-	for _, s := range steps {
-		tr.losses = append(tr.losses, s.Loss)
-	}
-	for _, b := range prog.Buffers {
-		if b.Kind == lower.Param || b.Kind == lower.State {
-			tr.params[b.Name], err = cl.Global(b.Name)
-			require.NoError(t, err)
-		}
-	}
-	for _, d := range cl.Devices {
-		tr.peaks = append(tr.peaks, d.PeakBytes())
-	}
-	return tr
+	return trainKeeping(t, p, lower.Param, lower.State)
 }
 
 // keyBiasEntries are the entries of a param or accumulator that plans may

@@ -1,7 +1,7 @@
 package tests
 
 import (
-	"math"
+	"maps"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -79,12 +79,7 @@ func TestPipelineOverflowSkipsEveryStage(t *testing.T) {
 	snapshot := func() map[string][]float64 {
 		out := map[string][]float64{}
 		for _, prog := range progs {
-			for _, b := range prog.Buffers {
-				if b.Kind == lower.Param || b.Kind == lower.State {
-					out[b.Name], err = cl.Global(b.Name)
-					require.NoError(t, err)
-				}
-			}
+			maps.Copy(out, globals(t, cl, prog, lower.Param, lower.State))
 		}
 		return out
 	}
@@ -97,12 +92,7 @@ func TestPipelineOverflowSkipsEveryStage(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ms[0].Skipped)
 	assert.Equal(t, 5e29, scaler.Scale)
-	after := snapshot()
-	for name, x := range before {
-		for i := range x {
-			require.Equal(t, math.Float64bits(x[i]), math.Float64bits(after[name][i]), "%s[%d] changed in a skipped step", name, i)
-		}
-	}
+	requireBitIdentical(t, before, snapshot(), "a skipped step changed")
 	stages := map[int]bool{}
 	for _, p := range m.Params() {
 		stages[p.Meta.Stage] = true

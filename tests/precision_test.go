@@ -35,16 +35,9 @@ func trainMP(t *testing.T, p plan, scaler *runtime.LossScaler, steps int) mpRun 
 	return mpRun{steps: ms, params: globalParams(t, cl, prog), cl: cl, prog: prog}
 }
 
+// globalParams reads prog's params, whole, from cl.
 func globalParams(t *testing.T, cl *cpu.Cluster, prog *lower.Program) map[string][]float64 {
-	out := map[string][]float64{}
-	for _, b := range prog.Buffers {
-		if b.Kind == lower.Param {
-			x, err := cl.Global(b.Name)
-			require.NoError(t, err)
-			out[b.Name] = x
-		}
-	}
-	return out
+	return globals(t, cl, prog, lower.Param)
 }
 
 func requireFinite(t *testing.T, params map[string][]float64) {
@@ -113,13 +106,7 @@ func TestDynamicLossScaleSkipsOverflow(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, cl.InitParams(1))
 	before := globalParams(t, cl, prog)
-	states := map[string][]float64{}
-	for _, b := range prog.Buffers {
-		if b.Kind == lower.State {
-			states[b.Name], err = cl.Global(b.Name)
-			require.NoError(t, err)
-		}
-	}
+	states := globals(t, cl, prog, lower.State)
 	scaler := runtime.NewLossScaler(0)
 	require.True(t, scaler.Dynamic)
 	assert.Equal(t, 65536.0, scaler.Scale, "PyTorch's initial scale 2^16")
@@ -131,12 +118,7 @@ func TestDynamicLossScaleSkipsOverflow(t *testing.T) {
 	require.True(t, ms[0].Skipped, "the overflowed step is skipped")
 	assert.Equal(t, 1e30, ms[0].LossScale)
 	assert.Equal(t, 5e29, scaler.Scale, "the scale is halved")
-	after := globalParams(t, cl, prog)
-	for name, x := range before {
-		for i := range x {
-			require.Equal(t, math.Float64bits(x[i]), math.Float64bits(after[name][i]), "%s[%d] changed in a skipped step", name, i)
-		}
-	}
+	requireBitIdentical(t, before, globalParams(t, cl, prog), "a skipped step changed")
 	for name, x := range states {
 		y, err := cl.Global(name)
 		require.NoError(t, err)

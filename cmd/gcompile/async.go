@@ -73,16 +73,11 @@ func trainAsync(c *config, gp, up *lower.Program, boundary []string, met *runtim
 	if err := a.InitParams(uint64(c.seed)); err != nil {
 		return err
 	}
-	cfg := runtime.TrainConfig{Steps: c.steps, Batch: c.batch, Seq: seq, Seed: c.seed, EvalBatches: c.evalBatches,
-		Schedule: runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay}}
 	// The same scaler as synchronous training; Async fixes each step's
 	// scale when its first replica starts and feeds both programs that one.
-	switch c.precision {
-	case "fp16":
-		cfg.LossScale = runtime.NewLossScaler(c.lossScale) // 0: dynamic
-	case "bf16":
-		cfg.LossScale = runtime.NewLossScaler(max(c.lossScale, 1)) // bf16 has fp32's range: no scaling unless asked
-	}
+	cfg := runtime.TrainConfig{Steps: c.steps, Batch: c.batch, Seq: seq, Seed: c.seed, EvalBatches: c.evalBatches,
+		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
+		LossScale: lossScaler(c)}
 	p := newProgress(os.Stderr, c.steps)
 	steps, evals, trainErr := a.Train(corpus, cfg, p.step)
 	p.done()

@@ -208,6 +208,19 @@ func lowerOptions(c *config) (lower.Options, error) {
 	return lower.Options{Offload: c.offload, PrefetchLayers: prefetch}, nil
 }
 
+// lossScaler is the loss scaler for --precision: none for fp32; for fp16
+// the static --loss-scale, or PyTorch's dynamic scaler when it is 0; for
+// bf16, which has fp32's range, no scaling (a static 1) unless asked.
+func lossScaler(c *config) *runtime.LossScaler {
+	switch c.precision {
+	case "fp16":
+		return runtime.NewLossScaler(c.lossScale)
+	case "bf16":
+		return runtime.NewLossScaler(max(c.lossScale, 1))
+	}
+	return nil
+}
+
 func passOptions(c *config) *passes.Options {
 	o := passes.DefaultOptions()
 	o.Verify = c.verify
@@ -463,12 +476,7 @@ func train(c *config, gpu *cuda.Runtime, progs, evalProgs []*lower.Program, met 
 		Steps: c.steps, Batch: batch, Seq: seq, Seed: c.seed,
 		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
 		EvalEvery: c.evalEvery, EvalBatches: c.evalBatches,
-	}
-	switch c.precision {
-	case "fp16":
-		cfg.LossScale = runtime.NewLossScaler(c.lossScale) // 0: dynamic
-	case "bf16":
-		cfg.LossScale = runtime.NewLossScaler(max(c.lossScale, 1)) // bf16 has fp32's range: no scaling unless asked
+		LossScale: lossScaler(c),
 	}
 	if evalProgs != nil {
 		if err := dev.SetEvalPrograms(evalProgs); err != nil {

@@ -25,6 +25,25 @@ const gptModel = "../../examples/gpt/model.go"
 // tinyGPT keeps CLI tests fast: the same model file at test size.
 var tinyGPT = []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1"}
 
+// runMetrics runs gcompile with args, writing the metrics to a temporary
+// file, and returns what it wrote.
+func runMetrics(t testing.TB, args ...string) runtime.Metrics {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "m.json")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--metrics", path)), "%q", args)
+	return readMetrics(t, path)
+}
+
+// readMetrics decodes a metrics file.
+func readMetrics(t testing.TB, path string) runtime.Metrics {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var m runtime.Metrics
+	require.NoError(t, json.Unmarshal(raw, &m))
+	return m
+}
+
 func TestModelErrorsNameTheUsersLine(t *testing.T) {
 	tests := []struct {
 		name, model string
@@ -356,17 +375,12 @@ func TestCompressActivationsRelu(t *testing.T) {
 	assert.Contains(t, err.Error(), "has none (for examples/gpt: --set activation=relu)")
 
 	peak := func(compress string) int64 {
-		metrics := filepath.Join(t.TempDir(), "m.json")
 		args := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16,activation=relu", "--batch", "4", "--max-data-mb", "1",
-			"--run", "--steps", "2", "--metrics", metrics, "--verify"}
+			"--run", "--steps", "2", "--verify"}
 		if compress != "" {
 			args = append(args, "--compress-activations", compress)
 		}
-		require.NoError(t, mainErr(args), compress)
-		var m runtime.Metrics
-		raw, err := os.ReadFile(metrics)
-		require.NoError(t, err)
-		require.NoError(t, json.Unmarshal(raw, &m))
+		m := runMetrics(t, args...)
 		require.Len(t, m.Devices, 1)
 		assert.Equal(t, m.Devices[0].PeakBytesPredicted, m.Devices[0].PeakBytesMeasured, compress)
 		return m.Devices[0].PeakBytesPredicted
@@ -384,15 +398,8 @@ func TestOffloadRuns(t *testing.T) {
 		assert.NoError(t, err, off)
 	}
 	run := func(extra ...string) runtime.Metrics {
-		metrics := filepath.Join(t.TempDir(), "m.json")
-		args := append([]string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
-			"--run", "--steps", "2", "--eval-batches", "1", "--metrics", metrics}, extra...)
-		require.NoError(t, mainErr(args), extra)
-		var m runtime.Metrics
-		raw, err := os.ReadFile(metrics)
-		require.NoError(t, err)
-		require.NoError(t, json.Unmarshal(raw, &m))
-		return m
+		return runMetrics(t, append([]string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
+			"--run", "--steps", "2", "--eval-batches", "1"}, extra...)...)
 	}
 	for _, plan := range [][]string{{"--devices", "1"}, {"--devices", "2", "--pp", "2", "--microbatches", "2"}} {
 		ref := run(plan...)
@@ -420,15 +427,8 @@ func TestOffloadRuns(t *testing.T) {
 // measures the peak the plan predicts.
 func TestFactoredOptimizersUnderTensorParallelism(t *testing.T) {
 	run := func(extra ...string) runtime.Metrics {
-		metrics := filepath.Join(t.TempDir(), "m.json")
-		args := append([]string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--batch", "8", "--max-data-mb", "1",
-			"--run", "--steps", "3", "--eval-batches", "1", "--verify", "--metrics", metrics}, extra...)
-		require.NoError(t, mainErr(args), extra)
-		var m runtime.Metrics
-		raw, err := os.ReadFile(metrics)
-		require.NoError(t, err)
-		require.NoError(t, json.Unmarshal(raw, &m))
-		return m
+		return runMetrics(t, append([]string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--batch", "8", "--max-data-mb", "1",
+			"--run", "--steps", "3", "--eval-batches", "1", "--verify"}, extra...)...)
 	}
 	for _, opt := range []string{"adafactor", "sm3"} {
 		t.Run(opt, func(t *testing.T) {
@@ -453,16 +453,9 @@ func TestFactoredOptimizersUnderTensorParallelism(t *testing.T) {
 // held-out loss is that of the untouched initial weights.
 func TestAsyncMixedPrecisionRuns(t *testing.T) {
 	run := func(extra ...string) runtime.Metrics {
-		metrics := filepath.Join(t.TempDir(), "m.json")
-		args := append([]string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16", "--batch", "8", "--max-data-mb", "1",
+		return runMetrics(t, append([]string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16", "--batch", "8", "--max-data-mb", "1",
 			"--devices", "2", "--dp", "2", "--dp-sync", "async", "--staleness", "1",
-			"--run", "--steps", "4", "--eval-batches", "1", "--metrics", metrics}, extra...)
-		require.NoError(t, mainErr(args), extra)
-		var m runtime.Metrics
-		raw, err := os.ReadFile(metrics)
-		require.NoError(t, err)
-		require.NoError(t, json.Unmarshal(raw, &m))
-		return m
+			"--run", "--steps", "4", "--eval-batches", "1"}, extra...)...)
 	}
 	bf16 := run("--precision", "bf16")
 	assert.Equal(t, "bf16", bf16.Config["precision"])
@@ -541,10 +534,7 @@ func TestCUDABackend(t *testing.T) {
 		t.Setenv("GCOMPILE_CACHE", t.TempDir())
 		args, files := outputs(t)
 		require.NoError(t, mainErr(append(args, "--devices", "2", "--tp", "2")))
-		raw, err := os.ReadFile(files[0])
-		require.NoError(t, err)
-		var met runtime.Metrics
-		require.NoError(t, json.Unmarshal(raw, &met))
+		met := readMetrics(t, files[0])
 		assert.Equal(t, "cuda", met.Config["backend"])
 		assert.Contains(t, met.Config["device"], "fake GPU")
 		require.Len(t, met.Steps, 1)

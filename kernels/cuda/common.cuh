@@ -273,6 +273,15 @@ static __device__ __forceinline__ T gc_block_max(T v, T lo) {
   return total;
 }
 
+// gc_row_max is the maximum of one row of n for the whole block: a NaN
+// wins, an empty row gives −Inf. Every thread of the block must call it.
+static __device__ __forceinline__ float gc_row_max(const float* x, long long n) {
+  const float lo = gc_neg_inf();
+  float m = lo;
+  GC_FOR_ROW(j, n) m = gc_max(m, x[j]);
+  return gc_block_max(m, lo);
+}
+
 // Constants of GELU's tanh approximation.
 #define GC_GELU_C 0.7978845608028654f  // √(2/π)
 #define GC_GELU_A 0.044715f

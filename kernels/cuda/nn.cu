@@ -5,6 +5,17 @@
 // sums are kept in double, as the CPU kernels do, while exp and log run
 // in float.
 
+// gc_row_logsumexp is log Σ exp(x) over one row of n for the whole block,
+// exp in float and the sum in double; an infinite (or NaN) max is its own
+// log-sum-exp, as in the CPU kernel.
+static __device__ __forceinline__ double gc_row_logsumexp(const float* x, long long n) {
+  const float m = gc_row_max(x, n);
+  double s = 0;
+  if (!gc_nonfinite(m)) GC_FOR_ROW(j, n) s += (double)expf(x[j] - m);
+  s = gc_block_sum(s);
+  return gc_nonfinite(m) ? (double)m : (double)m + log(s);
+}
+
 // gc_softmax: out = exp(x − max)/Σ per row of n. A row that is all −Inf
 // (fully masked) becomes zeros rather than NaNs. out may be x.
 extern "C" __global__ void gc_softmax(float* out, const float* x, long long rows, long long n) {
@@ -12,9 +23,7 @@ extern "C" __global__ void gc_softmax(float* out, const float* x, long long rows
   GC_FOR_ROWS(r, rows) {
     const float* xr = x + r * n;
     float* o = out + r * n;
-    float m = lo;
-    GC_FOR_ROW(j, n) m = gc_max(m, xr[j]);
-    m = gc_block_max(m, lo);
+    const float m = gc_row_max(xr, n);
     if (m == lo) {
       GC_FOR_ROW(j, n) o[j] = 0.0f;
       continue;
@@ -221,24 +230,16 @@ extern "C" __global__ void gc_embedding_grad(float* dtable, int* status, const i
 // gives a zero loss for its row.
 extern "C" __global__ void gc_cross_entropy_rows(float* loss, int* status, const float* logits,
                                                  const int* labels, long long rows, long long vocab) {
-  const float lo = gc_neg_inf();
   GC_FOR_ROWS(r, rows) {
     const float* x = logits + r * vocab;
     const int label = labels[r];
-    float m = lo;
-    GC_FOR_ROW(j, vocab) m = gc_max(m, x[j]);
-    m = gc_block_max(m, lo);
-    double s = 0;
-    if (!gc_nonfinite(m)) GC_FOR_ROW(j, vocab) s += (double)expf(x[j] - m);
-    s = gc_block_sum(s);
+    const double lse = gc_row_logsumexp(x, vocab);
     if (threadIdx.x != 0) continue;
     if (label < 0 || label >= vocab) {
       gc_atomic_max_int(status, 1);
       gc_store_pair(loss + 2 * r, 0.0);
       continue;
     }
-    // An infinite (or NaN) max is its own log-sum-exp, as in the CPU kernel.
-    const double lse = gc_nonfinite(m) ? (double)m : (double)m + log(s);
     gc_store_pair(loss + 2 * r, lse - (double)x[label]);
   }
 }
@@ -248,19 +249,12 @@ extern "C" __global__ void gc_cross_entropy_rows(float* loss, int* status, const
 extern "C" __global__ void gc_cross_entropy_grad(float* dlogits, int* status, const float* logits,
                                                  const int* labels, const float* dloss,
                                                  long long rows, long long vocab) {
-  const float lo = gc_neg_inf();
   const double scale = (double)dloss[0] / (double)rows;
   GC_FOR_ROWS(r, rows) {
     const float* x = logits + r * vocab;
     float* d = dlogits + r * vocab;
     const int label = labels[r];
-    float m = lo;
-    GC_FOR_ROW(j, vocab) m = gc_max(m, x[j]);
-    m = gc_block_max(m, lo);
-    double s = 0;
-    if (!gc_nonfinite(m)) GC_FOR_ROW(j, vocab) s += (double)expf(x[j] - m);
-    s = gc_block_sum(s);
-    const double lse = gc_nonfinite(m) ? (double)m : (double)m + log(s);
+    const double lse = gc_row_logsumexp(x, vocab);
     const bool bad = label < 0 || label >= vocab;
     if (bad && threadIdx.x == 0) gc_atomic_max_int(status, 1);
     GC_FOR_ROW(j, vocab) {
@@ -281,12 +275,8 @@ extern "C" __global__ void gc_cross_entropy_grad(float* dlogits, int* status, co
 
 extern "C" __global__ void gc_vocab_ce_max(float* rowmax, const float* logits, long long rows,
                                            long long vocab) {
-  const float lo = gc_neg_inf();
   GC_FOR_ROWS(r, rows) {
-    const float* x = logits + r * vocab;
-    float m = lo;
-    GC_FOR_ROW(j, vocab) m = gc_max(m, x[j]);
-    m = gc_block_max(m, lo);
+    const float m = gc_row_max(logits + r * vocab, vocab);
     if (threadIdx.x == 0) rowmax[r] = m;
   }
 }

@@ -17,13 +17,19 @@ extern "C" __global__ void gc_adam_v(float* out, const float* v, const float* g,
   GC_FOR_EACH(i, n) out[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
 }
 
+// gc_step_count is the step number t of the bias corrections and decay
+// schedules; a step below 1 counts as 1 (the runtime rejects it before
+// launching).
+static __device__ __forceinline__ double gc_step_count(const long long* step) {
+  return (double)(step[0] < 1 ? 1 : step[0]);
+}
+
 // gc_adamw: p − lr·wd·p − lr·(m/(1−β1ᵗ))/(√(v/(1−β2ᵗ)) + eps) with the
-// moments already updated. A step below 1 counts as 1 (the runtime
-// rejects it before launching).
+// moments already updated.
 extern "C" __global__ void gc_adamw(float* out, const float* p, const float* m, const float* v,
                                     const float* lr, const long long* step, long long n, float beta1,
                                     float beta2, float eps, float wd) {
-  const double t = (double)(step[0] < 1 ? 1 : step[0]);
+  const double t = gc_step_count(step);
   const double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)beta2, t);
   const double rate = (double)lr[0], decay = rate * (double)wd;
   GC_FOR_EACH(i, n) {
@@ -47,8 +53,7 @@ extern "C" __global__ void gc_sgd(float* out, const float* p, const float* buf, 
 
 // gc_adafactor_beta2 is β̂₂ₜ = 1 − t^(−decay), 0 at the first step.
 static __device__ __forceinline__ double gc_adafactor_beta2(const long long* step, float decay) {
-  const double t = (double)(step[0] < 1 ? 1 : step[0]);
-  return 1.0 - pow(t, -(double)decay);
+  return 1.0 - pow(gc_step_count(step), -(double)decay);
 }
 
 // gc_adafactor_row: out[i] = β·row[i] + (1−β)·Σⱼ (g[i,j]² + eps1) for g
@@ -112,6 +117,18 @@ extern "C" __global__ void gc_adafactor_rowsum(float* ws, const float* row, long
   if (threadIdx.x == 0) gc_store_pair(ws, s);
 }
 
+// gc_adafactor_store_partial adds Σp² and ΣU² over the block and stores
+// them as two pairs at partial[4·blockIdx.x].
+static __device__ __forceinline__ void gc_adafactor_store_partial(float* partial, double pp,
+                                                                  double uu) {
+  pp = gc_block_sum(pp);
+  uu = gc_block_sum(uu);
+  if (threadIdx.x == 0) {
+    gc_store_pair(partial + 4 * blockIdx.x, pp);
+    gc_store_pair(partial + 4 * blockIdx.x + 2, uu);
+  }
+}
+
 extern "C" __global__ void gc_adafactor_partial(float* partial, const float* p, const float* g,
                                                 const float* row, const float* col, const float* ws,
                                                 long long n, long long m) {
@@ -123,12 +140,7 @@ extern "C" __global__ void gc_adafactor_partial(float* partial, const float* p, 
     pp += (double)p[e] * (double)p[e];
     uu += u * u;
   }
-  pp = gc_block_sum(pp);
-  uu = gc_block_sum(uu);
-  if (threadIdx.x == 0) {
-    gc_store_pair(partial + 4 * blockIdx.x, pp);
-    gc_store_pair(partial + 4 * blockIdx.x + 2, uu);
-  }
+  gc_adafactor_store_partial(partial, pp, uu);
 }
 
 extern "C" __global__ void gc_adafactor_vec_partial(float* partial, const float* p, const float* g,
@@ -139,12 +151,7 @@ extern "C" __global__ void gc_adafactor_vec_partial(float* partial, const float*
     pp += (double)p[i] * (double)p[i];
     uu += u * u;
   }
-  pp = gc_block_sum(pp);
-  uu = gc_block_sum(uu);
-  if (threadIdx.x == 0) {
-    gc_store_pair(partial + 4 * blockIdx.x, pp);
-    gc_store_pair(partial + 4 * blockIdx.x + 2, uu);
-  }
+  gc_adafactor_store_partial(partial, pp, uu);
 }
 
 // gc_adafactor_finish: αₜ = max(eps2, RMS(p))·min(rel_step, 1/√t) and the
@@ -162,7 +169,7 @@ extern "C" __global__ void gc_adafactor_finish(float* ws, const float* partial, 
   pp = gc_block_sum(pp);
   uu = gc_block_sum(uu);
   if (threadIdx.x != 0) return;
-  const double t = (double)(step[0] < 1 ? 1 : step[0]);
+  const double t = gc_step_count(step);
   const double rms_p = sqrt(pp / (double)size), rms_u = sqrt(uu / (double)size);
   const double alpha = gc_max((double)eps2, rms_p) * gc_min((double)rel_step, 1.0 / sqrt(t));
   gc_store_pair(ws + 2, alpha / gc_max(1.0, rms_u / (double)clip));

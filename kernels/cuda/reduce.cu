@@ -36,12 +36,8 @@ extern "C" __global__ void gc_reduce_sum_cols(float* out, const float* in, long 
 // gives −Inf.
 extern "C" __global__ void gc_reduce_max_rows(float* out, const float* in, long long rows,
                                               long long n) {
-  const float lo = gc_neg_inf();
   GC_FOR_ROWS(r, rows) {
-    const float* x = in + r * n;
-    float m = lo;
-    GC_FOR_ROW(j, n) m = gc_max(m, x[j]);
-    m = gc_block_max(m, lo);
+    const float m = gc_row_max(in + r * n, n);
     if (threadIdx.x == 0) out[r] = m;
   }
 }

@@ -11,14 +11,6 @@ import (
 	"gcompile/runtime"
 )
 
-// The mixed-precision pass's names for the loss scale input and the
-// overflow count output; the runtime may not import passes, so they are
-// spelled here as in runtime.Train.
-const (
-	inputLossScale  = "loss_scale"
-	outputNonFinite = "nonfinite_grads"
-)
-
 // Async trains with asynchronous data parallelism in the stale-synchronous
 // style: each replica runs the gradient program on its share of the batch
 // with whatever weights are newest, and one update program (the parameter
@@ -83,15 +75,15 @@ func NewAsync(grad, update *lower.Program, boundary []string, dp, staleness int)
 			a.params = append(a.params, b.Name)
 		}
 	}
-	_, gradScaled := grad.Sources[inputLossScale]
-	_, updScaled := update.Sources[inputLossScale]
+	_, gradScaled := grad.Sources[runtime.InputLossScale]
+	_, updScaled := update.Sources[runtime.InputLossScale]
 	if gradScaled != updScaled {
 		return nil, fmt.Errorf("%q is an input of only one of the gradient program (%v) and the update program (%v): "+
-			"the scale that multiplies the gradients must be the one that divides them", inputLossScale, gradScaled, updScaled)
+			"the scale that multiplies the gradients must be the one that divides them", runtime.InputLossScale, gradScaled, updScaled)
 	}
 	if updScaled {
-		if _, ok := update.Outputs[outputNonFinite]; !ok {
-			return nil, fmt.Errorf("the update program reads %q but has no %q output to detect overflow with", inputLossScale, outputNonFinite)
+		if _, ok := update.Outputs[runtime.OutputNonFinite]; !ok {
+			return nil, fmt.Errorf("the update program reads %q but has no %q output to detect overflow with", runtime.InputLossScale, runtime.OutputNonFinite)
 		}
 	}
 	a.scaled = updScaled
@@ -144,10 +136,10 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 		return nil, nil, fmt.Errorf("--steps must be positive, got %d", cfg.Steps)
 	}
 	if a.scaled && cfg.LossScale == nil {
-		return nil, nil, fmt.Errorf("the programs are mixed precision (they read %q): the training config needs a loss scaler", inputLossScale)
+		return nil, nil, fmt.Errorf("the programs are mixed precision (they read %q): the training config needs a loss scaler", runtime.InputLossScale)
 	}
 	if !a.scaled && cfg.LossScale != nil {
-		return nil, nil, fmt.Errorf("a loss scaler was given but the programs have no %q input (not mixed precision)", inputLossScale)
+		return nil, nil, fmt.Errorf("a loss scaler was given but the programs have no %q input (not mixed precision)", runtime.InputLossScale)
 	}
 	if err := corpus.Check(cfg.Seq); err != nil {
 		return nil, nil, err
@@ -249,7 +241,7 @@ func (a *Async) replica(r int, w *Device, corpus *data.Corpus, cfg runtime.Train
 				scale = a.scaler.Scale
 				a.scales[t] = scale
 			}
-			err = w.SetScalar(inputLossScale, scale)
+			err = w.SetScalar(runtime.InputLossScale, scale)
 		}
 		a.mu.Unlock()
 		if err != nil {
@@ -331,7 +323,7 @@ func (a *Async) update(t, optStep int, cfg runtime.TrainConfig) (runtime.StepMet
 		return runtime.StepMetrics{}, err
 	}
 	if a.scaled {
-		if err := a.Server.SetScalar(inputLossScale, scale); err != nil {
+		if err := a.Server.SetScalar(runtime.InputLossScale, scale); err != nil {
 			return runtime.StepMetrics{}, err
 		}
 	}
@@ -369,7 +361,7 @@ func (a *Async) apply(t int) (skipped bool, err error) {
 		return false, fmt.Errorf("update %d: %w", t, err)
 	}
 	if a.scaled {
-		bad, err := a.Server.Scalar(outputNonFinite)
+		bad, err := a.Server.Scalar(runtime.OutputNonFinite)
 		if err != nil {
 			return false, fmt.Errorf("update %d: %w", t, err)
 		}

@@ -29,6 +29,15 @@ func (c blockedCase) String() string {
 	return fmt.Sprintf("%s_%s_%v_dim%d_x%d_%s", c.mesh, c.axis, c.shape, c.dim, c.blocks, c.dtype)
 }
 
+// split is the case's placement on its axis, e.g. S(1)x3 (S(1) for one
+// block).
+func (c blockedCase) split() string {
+	if c.blocks > 1 {
+		return fmt.Sprintf("S(%d)x%d", c.dim, c.blocks)
+	}
+	return fmt.Sprintf("S(%d)", c.dim)
+}
+
 var blockedCases = []blockedCase{
 	{"tp=2", "tp", []int{2, 12, 3}, 1, 3, "f64"},
 	{"tp=4", "tp", []int{2, 12, 3}, 1, 3, "f64"},
@@ -147,11 +156,7 @@ func axisPos(t *testing.T, prog *lower.Program, axis string, rank int) (pos, n i
 func TestBlockedAllGather(t *testing.T) {
 	for i, c := range blockedCases {
 		t.Run(c.String(), func(t *testing.T) {
-			split := fmt.Sprintf("S(%d)", c.dim)
-			if c.blocks > 1 {
-				split += fmt.Sprintf("x%d", c.blocks)
-			}
-			cl, prog := loadCollective(t, c, "all_gather", split, "R")
+			cl, prog := loadCollective(t, c, "all_gather", c.split(), "R")
 			whole := randomWhole(rand.New(rand.NewPCG(uint64(i), 1)), elements(c.shape))
 			for r, d := range cl.Devices {
 				pos, n := axisPos(t, prog, c.axis, r)
@@ -172,11 +177,7 @@ func TestBlockedAllGather(t *testing.T) {
 func TestBlockedReduceScatter(t *testing.T) {
 	for i, c := range blockedCases {
 		t.Run(c.String(), func(t *testing.T) {
-			split := fmt.Sprintf("S(%d)", c.dim)
-			if c.blocks > 1 {
-				split += fmt.Sprintf("x%d", c.blocks)
-			}
-			cl, prog := loadCollective(t, c, "reduce_scatter", "P", split)
+			cl, prog := loadCollective(t, c, "reduce_scatter", "P", c.split())
 			rng := rand.New(rand.NewPCG(uint64(i), 2))
 			sums := map[string][]float64{} // per group: the devices sharing every other coordinate
 			group := func(r int) string {
@@ -212,11 +213,7 @@ func TestBlockedReduceScatter(t *testing.T) {
 func TestBlockedShardSlice(t *testing.T) {
 	for i, c := range blockedCases {
 		t.Run(c.String(), func(t *testing.T) {
-			split := fmt.Sprintf("S(%d)", c.dim)
-			if c.blocks > 1 {
-				split += fmt.Sprintf("x%d", c.blocks)
-			}
-			cl, prog := loadCollective(t, c, "shard_slice", "R", split)
+			cl, prog := loadCollective(t, c, "shard_slice", "R", c.split())
 			whole := randomWhole(rand.New(rand.NewPCG(uint64(i), 3)), elements(c.shape))
 			for _, d := range cl.Devices {
 				require.NoError(t, d.SetFloat64s("in", whole))

@@ -215,17 +215,6 @@ func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g Group) fu
 	}
 }
 
-// LocalBlock returns this device's block of a whole tensor x laid out as
-// buffer b's global type: each sharded dim keeps the slice at the device's
-// coordinate on the sharding axis.
-func (d *Device) LocalBlock(x []float64, b lower.Buffer) []float64 {
-	if d.prog.Mesh == nil || b.Place == nil {
-		return x
-	}
-	shape, lo, size := blockOf(d.prog.Mesh, b.Place, b.Global.Shape, d.coords)
-	return block(x, shape, lo, size)
-}
-
 // blockOf is the corner and size of a device's block of a placed tensor,
 // in a view of the global shape where each dim split in k fused blocks is
 // two dims (k, size/k): there the device's part is one box, every block's

@@ -348,22 +348,11 @@ func InitialBytes(b lower.Buffer, mesh *ir.Mesh, coords []int, seed uint64) ([]b
 	if int64(len(x)) != local {
 		return nil, fmt.Errorf("%s: %q holds %d elements on this device, its block of %v has %d", b.Value.Where(), b.Name, local, b.Global, len(x))
 	}
-	out := make([]byte, 0, b.Bytes)
-	for _, v := range x {
-		switch b.Type.DType {
-		case ir.F32:
-			out = binary.LittleEndian.AppendUint32(out, math.Float32bits(float32(v)))
-		case ir.F64:
-			out = binary.LittleEndian.AppendUint64(out, math.Float64bits(v))
-		case ir.I32:
-			out = binary.LittleEndian.AppendUint32(out, uint32(int32(v)))
-		case ir.I64:
-			out = binary.LittleEndian.AppendUint64(out, uint64(int64(v)))
-		default:
-			return nil, fmt.Errorf("%s: the cpu backend has no %v storage for param %q", b.Value.Where(), b.Type.DType, b.Name)
-		}
+	switch b.Type.DType {
+	case ir.F32, ir.F64, ir.I32, ir.I64:
+		return Encode(b.Type.DType, x)
 	}
-	return out, nil
+	return nil, fmt.Errorf("%s: the cpu backend has no %v storage for param %q", b.Value.Where(), b.Type.DType, b.Name)
 }
 
 // Block returns the block of a whole tensor x, laid out as b.Global, that

@@ -37,7 +37,7 @@ func (d *Device) touches16(in lower.Instr) bool {
 // measured peaks do not include it.
 func (d *Device) compile16(in lower.Instr) (func() error, error) {
 	if in.Bucket > 0 {
-		return nil, fmt.Errorf("bucketed %s of 16-bit values is %s", in.Op, "not supported by the cpu backend yet")
+		return nil, fmt.Errorf("bucketed %s of 16-bit values is not supported by the cpu backend yet", in.Op)
 	}
 	prog := *d.prog
 	prog.Buffers = slices.Clone(d.prog.Buffers)
@@ -54,7 +54,8 @@ func (d *Device) compile16(in lower.Instr) (func() error, error) {
 			b.Type.DType = ir.F32
 			b.Bytes *= 2
 		}
-		b.Offset = size
+		// Every operand lives in the scratch, offloaded or not.
+		b.Offset, b.Host = size, false
 		size += (b.Bytes + 7) &^ 7
 		prog.Buffers[id] = b
 	}

@@ -149,10 +149,6 @@ func (c *Cluster) SetEvalPrograms(progs []*lower.Program) error {
 	return err
 }
 
-// each runs f on every device at once, as Step does (the tests drive
-// the fabric's collectives through it).
-func (c *Cluster) each(f func(*Device) error) error { return c.Each(f) }
-
 // abort stops the devices waiting in a collective or a receive.
 func (c *Cluster) abort(err error) {
 	if c.comm != nil {

@@ -12,15 +12,19 @@ import (
 
 // axisGroup is the group of devices that differ from this one only on
 // mesh axis ax, ordered by their coordinate on it.
-func (d *Device) axisGroup(ax int) group {
-	m := d.prog.Mesh
-	c := append([]int(nil), d.coords...)
+func (d *Device) axisGroup(ax int) group { return meshGroup(d.prog.Mesh, d.coords, d.rank, ax) }
+
+// meshGroup is the group along mesh axis ax through the device at coords
+// (rank rank). The NCCL communicators are made from it too, so their keys
+// are the ones the devices' collectives look up.
+func meshGroup(m *ir.Mesh, coords []int, rank, ax int) group {
+	c := append([]int(nil), coords...)
 	var ranks []int
 	for i := range m.Axes[ax].Size {
 		c[ax] = i
 		ranks = append(ranks, cpu.Rank(m, c))
 	}
-	return newGroup(ranks, d.rank)
+	return newGroup(ranks, rank)
 }
 
 // blockedView is shape s with dim split into (k, s[dim]/k), and the index

@@ -95,7 +95,7 @@ func (c *compiler) deviceCopy(src, dst lower.Buffer) (func() error, error) {
 // copied buffer (as an argument, its result or a buffer its closure
 // touches), after the one that frees it unused, and before any
 // instruction that writes host memory a pending copy may still read.
-func (d *Device) planCopyWaits() error {
+func (d *Device) planCopyWaits() {
 	n := len(d.prog.Instrs)
 	d.waitBefore = make([][]driver.Event, n)
 	d.waitAfter = make([][]driver.Event, n)
@@ -130,7 +130,6 @@ func (d *Device) planCopyWaits() error {
 			}
 		}
 	}
-	return nil
 }
 
 // transfer is a pipeline send or receive: to or from the device with the

@@ -140,9 +140,7 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 		d.steps = append(d.steps, f)
 	}
 	d.peak = cpu.NewPeakMeter(p)
-	if err := d.planCopyWaits(); err != nil {
-		return d, err
-	}
+	d.planCopyWaits()
 	if err := d.allocate(); err != nil {
 		return d, err
 	}
@@ -192,7 +190,6 @@ func (d *Device) allocate() error {
 	d.mem.scratch = alloc(d.scratch.high, "scratch workspace")
 	d.mem.keep = alloc(d.keepBytes(), "status and staging workspace")
 	d.mem.gemm = alloc(int64(d.gemmBytes), "cuBLASLt workspace")
-	d.mem.gemmBytes = d.gemmBytes
 	if err != nil {
 		return err
 	}
@@ -258,14 +255,7 @@ func (d *Device) release() error {
 }
 
 // Close frees the device's memory, streams, events and GEMM plans.
-func (d *Device) Close() error {
-	leave, err := d.rt.enter()
-	if err != nil {
-		return err
-	}
-	defer leave()
-	return d.release()
-}
+func (d *Device) Close() error { return d.hostIO(d.release) }
 
 // event creates an event for ordering work between streams (no timing).
 // A planning device hands out distinct stand-in handles that are never

@@ -386,7 +386,7 @@ func TestFabricCollectives(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 	results := make([]map[string][]float32, n)
-	err = cl.each(func(d *Device) error {
+	err = cl.Each(func(d *Device) error {
 		return d.hostIO(func() error {
 			drv := rt.drv
 			base := d.mem.arena

@@ -125,7 +125,7 @@ func (c *compiler) matmul() (func() error, error) {
 	return func() error {
 		pa, pb, pc := d.ptr(a), d.ptr(b), d.ptr(out)
 		for _, g := range calls {
-			if err := plan.Run(pa.Add(uint64(g.aOff*size)), pb, pc.Add(uint64(g.cOff*size)), 1, 0, d.mem.gemm, d.mem.gemmBytes, d.compute); err != nil {
+			if err := plan.Run(pa.Add(uint64(g.aOff*size)), pb, pc.Add(uint64(g.cOff*size)), 1, 0, d.mem.gemm, d.gemmBytes, d.compute); err != nil {
 				return err
 			}
 		}

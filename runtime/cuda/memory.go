@@ -71,7 +71,6 @@ func (w Workspace) Total() int64 { return w.Scratch + w.Keep + w.GEMM }
 type memories struct {
 	arena, scratch, keep, gemm driver.DevicePtr
 	host                       driver.HostMem
-	gemmBytes                  uint64
 }
 
 // ptr is the device address of a device-side location.

@@ -51,12 +51,7 @@ func newNCCLComm(rts []*Runtime, progs []*lower.Program) (*ncclComm, error) {
 			if coords[ax] != 0 {
 				continue // one group per line along the axis, found from its first member
 			}
-			var ranks []int
-			for i := range mesh.Axes[ax].Size {
-				coords[ax] = i
-				ranks = append(ranks, cpu.Rank(mesh, coords))
-			}
-			if err := nc.init(rts, newGroup(ranks, r)); err != nil {
+			if err := nc.init(rts, meshGroup(mesh, coords, r, ax)); err != nil {
 				return nil, errors.Join(err, nc.close())
 			}
 		}

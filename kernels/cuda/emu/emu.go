@@ -12,7 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -131,11 +131,7 @@ func BuildWith(dir string, extra Extra) (*Emu, error) {
 		return nil, err
 	}
 	h := sha256.New()
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(files))
 	for _, n := range names {
 		fmt.Fprintf(h, "%s\x00%s\x00", n, files[n])
 	}

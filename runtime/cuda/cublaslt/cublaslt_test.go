@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/x448/float16"
 
+	kcpu "gcompile/kernels/cpu"
 	"gcompile/runtime/cuda/dl"
 	"gcompile/runtime/cuda/dl/dltest"
 	"gcompile/runtime/cuda/driver"
@@ -78,9 +78,9 @@ func (b *buffer) set(i int64, v float32) {
 	case F32:
 		*(*float32)(unsafe.Pointer(&b.data[4*i])) = v
 	case F16:
-		*(*uint16)(unsafe.Pointer(&b.data[2*i])) = float16.Fromfloat32(v).Bits()
+		*(*uint16)(unsafe.Pointer(&b.data[2*i])) = kcpu.F16FromF32(v)
 	case BF16:
-		*(*uint16)(unsafe.Pointer(&b.data[2*i])) = bf16Bits(v)
+		*(*uint16)(unsafe.Pointer(&b.data[2*i])) = kcpu.BF16FromF32(v)
 	}
 }
 
@@ -89,17 +89,10 @@ func (b *buffer) get(i int64) float32 {
 	case F32:
 		return *(*float32)(unsafe.Pointer(&b.data[4*i]))
 	case F16:
-		return float16.Frombits(*(*uint16)(unsafe.Pointer(&b.data[2*i]))).Float32()
+		return kcpu.F32FromF16(*(*uint16)(unsafe.Pointer(&b.data[2*i])))
 	default:
-		return math.Float32frombits(uint32(*(*uint16)(unsafe.Pointer(&b.data[2*i]))) << 16)
+		return kcpu.F32FromBF16(*(*uint16)(unsafe.Pointer(&b.data[2*i])))
 	}
-}
-
-// bf16Bits rounds to nearest even.
-func bf16Bits(v float32) uint16 {
-	u := math.Float32bits(v)
-	u += 0x7fff + (u>>16)&1
-	return uint16(u >> 16)
 }
 
 // fill writes random values to every element the matrices of st cover.
@@ -297,6 +290,7 @@ func TestBadSpecsAreRejectedBeforeTheLibrary(t *testing.T) {
 		{"overlapping batch", func(s *MatmulSpec) { s.Batch = 2; s.StrideC = 19 }, "batch stride of C is 19"},
 		{"no type", func(s *MatmulSpec) { s.Type = 0 }, "unsupported element type"},
 		{"f32 into f16", func(s *MatmulSpec) { s.Type = F32; s.CType = F16 }, "f32 inputs need an f32 C"},
+		{"alignment not a power of two", func(s *MatmulSpec) { s.AlignC = 48 }, "C: alignment 48 bytes is not a power of two"},
 	}
 	before := f.live()
 	for _, tt := range tests {

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"github.com/x448/float16"
 
+	kcpu "gcompile/kernels/cpu"
 	"gcompile/runtime/cuda/cublaslt"
 	"gcompile/runtime/cuda/driver"
 	"gcompile/runtime/cuda/driver/drivertest"
@@ -22,11 +22,9 @@ func encode(t cublaslt.DType, v []float32) []byte {
 		case cublaslt.F32:
 			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
 		case cublaslt.F16:
-			binary.LittleEndian.PutUint16(b[2*i:], float16.Fromfloat32(x).Bits())
+			binary.LittleEndian.PutUint16(b[2*i:], kcpu.F16FromF32(x))
 		case cublaslt.BF16:
-			u := math.Float32bits(x)
-			u += 0x7fff + (u>>16)&1
-			binary.LittleEndian.PutUint16(b[2*i:], uint16(u>>16))
+			binary.LittleEndian.PutUint16(b[2*i:], kcpu.BF16FromF32(x))
 		}
 	}
 	return b
@@ -39,9 +37,9 @@ func decode(t cublaslt.DType, b []byte) []float32 {
 		case cublaslt.F32:
 			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 		case cublaslt.F16:
-			out[i] = float16.Frombits(binary.LittleEndian.Uint16(b[2*i:])).Float32()
+			out[i] = kcpu.F32FromF16(binary.LittleEndian.Uint16(b[2*i:]))
 		case cublaslt.BF16:
-			out[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16)
+			out[i] = kcpu.F32FromBF16(binary.LittleEndian.Uint16(b[2*i:]))
 		}
 	}
 	return out

@@ -101,6 +101,14 @@ func (s *MatmulSpec) storedLayouts() (a, b, c stored, err error) {
 	if s.Batch < 0 {
 		return a, b, c, fmt.Errorf("batch %d is negative", s.Batch)
 	}
+	for _, al := range []struct {
+		name  string
+		bytes uint32
+	}{{"A", s.AlignA}, {"B", s.AlignB}, {"C", s.AlignC}} {
+		if al.bytes&(al.bytes-1) != 0 {
+			return a, b, c, fmt.Errorf("%s: alignment %d bytes is not a power of two", al.name, al.bytes)
+		}
+	}
 	m, n, k := int64(s.M), int64(s.N), int64(s.K)
 	a = stored{rows: m, cols: k}
 	if s.TransA {
@@ -214,9 +222,6 @@ func (l *Lt) NewMatmul(h Handle, s MatmulSpec) (p *Plan, err error) {
 	}{{prefMinAlignmentA, s.AlignB}, {prefMinAlignmentB, s.AlignA}, {prefMinAlignmentC, s.AlignC}, {prefMinAlignmentD, s.AlignC}} {
 		if al.v == 0 {
 			continue
-		}
-		if al.v&(al.v-1) != 0 {
-			return p, fmt.Errorf("cublaslt: %s: alignment %d bytes is not a power of two", s.describe(), al.v)
 		}
 		if err := setAttr(l, "cublasLtMatmulPreferenceSetAttribute", l.cublasLtMatmulPreferenceSetAttribute, p.pref, al.attr, al.v); err != nil {
 			return p, err

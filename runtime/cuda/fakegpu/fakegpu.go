@@ -131,13 +131,7 @@ var (
 // GCOMPILE_REQUIRE_GCC=1.
 func Install(t testing.TB) Libs {
 	t.Helper()
-	installOnce.Do(func() {
-		var dir string
-		dir, installErr = cacheDir()
-		if installErr == nil {
-			installed, installErr = Build(dir)
-		}
-	})
+	installOnce.Do(func() { installed, installErr = buildCached() })
 	if installErr != nil {
 		if errors.Is(installErr, ErrNoCompiler) && os.Getenv(dltest.RequireGCCEnv) != "1" {
 			t.Skipf("skipping: %v (set %s=1 to make this a failure)", installErr, dltest.RequireGCCEnv)
@@ -148,29 +142,30 @@ func Install(t testing.TB) Libs {
 	return installed
 }
 
-// cacheDir is the folder for the current inputs under the user's cache, or
-// a new temporary folder when the cache cannot be written.
-func cacheDir() (string, error) {
+// buildCached builds into the folder for the current inputs under the
+// user's cache, or into a new temporary folder when the cache cannot be
+// written.
+func buildCached() (Libs, error) {
 	tc, err := findTools()
 	if err != nil {
-		return "", err
+		return Libs{}, err
 	}
 	in, err := gatherInputs(tc)
 	if err != nil {
-		return "", err
+		return Libs{}, err
 	}
 	if root, err := os.UserCacheDir(); err == nil {
 		dir := filepath.Join(root, "gcompile", "fakegpu", in.hash[:16])
 		if err := os.MkdirAll(dir, 0o755); err == nil {
-			return dir, nil
+			return build(dir, tc, in)
 		}
 	}
 	// No usable cache: a private folder, built afresh by this binary.
 	dir, err := os.MkdirTemp("", "gcompile-fakegpu-")
 	if err != nil {
-		return "", fmt.Errorf("fakegpu: no folder to build in: %w", err)
+		return Libs{}, fmt.Errorf("fakegpu: no folder to build in: %w", err)
 	}
-	return dir, nil
+	return build(dir, tc, in)
 }
 
 // Compiler flags. -Werror keeps the stand-ins free of the slips warnings
@@ -332,6 +327,11 @@ func Build(dir string) (Libs, error) {
 	if err != nil {
 		return Libs{}, err
 	}
+	return build(dir, tc, in)
+}
+
+// build is Build with the toolchain found and the inputs hashed.
+func build(dir string, tc toolchain, in inputs) (Libs, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Libs{}, fmt.Errorf("fakegpu: build folder: %w", err)
 	}
