@@ -1,0 +1,293 @@
+package lower
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrTransferOrder marks pipeline programs whose sends and receives do not
+// pair up: a runtime that matches transfers by their order between two
+// ranks (NCCL) would deliver the wrong bytes or hang.
+var ErrTransferOrder = errors.New("pipeline transfers do not pair up")
+
+// ErrDeadlock marks pipeline programs that cannot all run to the end even
+// when every send completes at once. Such errors wrap ErrTransferOrder too.
+var ErrDeadlock = errors.New("pipeline programs deadlock")
+
+// orderRule is why position-by-position agreement is required: the tag is
+// not on the wire, so the receiver cannot pick the right message.
+const orderRule = "NCCL pairs sends and receives between two ranks by their order"
+
+// maxReported bounds how many problems one error lists; one mismatch tends
+// to shift every later position, and the first few say what went wrong.
+const maxReported = 8
+
+// CheckTransfers proves that the per-rank programs of a pipeline (index =
+// pipeline rank) exchange data consistently, before a runtime that runs
+// each rank in its own process starts them:
+//
+//   - for every ordered pair of ranks a → b, the sends in progs[a] to b and
+//     the receives in progs[b] from a agree in number and, position by
+//     position, in tag and byte size, because transports such as NCCL
+//     match them by order, not by tag;
+//   - every send and receive names a peer that exists and is not itself;
+//   - all ranks run to their last instruction when a send never waits and a
+//     receive waits for the next unmatched send from its peer (FIFO).
+//
+// The last check models the lowering's contract (a value is sent right
+// after it is computed, and the send does not wait for the receiver): it
+// rules out wait cycles among the receives. It does not prove that a
+// transport whose sends block until the peer posts the receive, as NCCL's
+// do, can run the programs without buffering the sends; a runtime on such
+// a transport must issue sends so that they do not hold up later work.
+//
+// The pairing is checked first, and the simulation runs only when it
+// holds. Errors wrap ErrTransferOrder, and also ErrDeadlock for the
+// simulation, and name the instructions involved. A single program, or
+// programs without transfers, pass. The cost is linear in the number of
+// instructions.
+func CheckTransfers(progs []*Program) error {
+	if len(progs) <= 1 {
+		return nil
+	}
+	t, err := collectTransfers(progs)
+	if err != nil {
+		return err
+	}
+	if err := t.checkPairs(); err != nil {
+		return err
+	}
+	return t.simulate()
+}
+
+// transfers indexes every send and receive by ordered rank pair.
+type transfers struct {
+	progs []*Program
+	// sends[a][b] and recvs[b][a] list the instruction indices of a's
+	// sends to b and b's receives from a, in program order.
+	sends, recvs [][][]int
+	any          bool
+}
+
+func collectTransfers(progs []*Program) (*transfers, error) {
+	n := len(progs)
+	t := &transfers{progs: progs, sends: make([][][]int, n), recvs: make([][][]int, n)}
+	var bad []string
+	for r, p := range progs {
+		if p == nil {
+			return nil, fmt.Errorf("%w: rank %d has no program", ErrTransferOrder, r)
+		}
+		t.sends[r], t.recvs[r] = make([][]int, n), make([][]int, n)
+		for i := range p.Instrs {
+			in := &p.Instrs[i]
+			if in.Op != "send" && in.Op != "recv" {
+				continue
+			}
+			t.any = true
+			if in.Peer < 0 || in.Peer >= n || in.Peer == r {
+				if len(bad) < maxReported {
+					bad = append(bad, fmt.Sprintf("rank %d: %s has peer %d; want another rank in [0, %d)", r, t.describe(r, i), in.Peer, n))
+				}
+				continue
+			}
+			if _, ok := t.bytes(r, i); !ok {
+				if len(bad) < maxReported {
+					bad = append(bad, fmt.Sprintf("rank %d: %s names no buffer of the program", r, t.describe(r, i)))
+				}
+				continue
+			}
+			if in.Op == "send" {
+				t.sends[r][in.Peer] = append(t.sends[r][in.Peer], i)
+			} else {
+				t.recvs[r][in.Peer] = append(t.recvs[r][in.Peer], i)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("%w: %s", ErrTransferOrder, strings.Join(bad, "\n  "))
+	}
+	return t, nil
+}
+
+// bytes is the size of a transfer: the sent buffer or the received one.
+func (t *transfers) bytes(rank, i int) (int64, bool) {
+	p := t.progs[rank]
+	in := &p.Instrs[i]
+	id := in.Out
+	if in.Op == "send" {
+		if len(in.Args) == 0 {
+			return 0, false
+		}
+		id = in.Args[0]
+	}
+	if id < 0 || id >= len(p.Buffers) {
+		return 0, false
+	}
+	return p.Buffers[id].Bytes, true
+}
+
+// describe names one instruction for a diagnostic:
+// "recv tag 57 (4096 B f32[4,16,16]) at instruction 88 (%57 add @gpt.go:41)".
+func (t *transfers) describe(rank, i int) string {
+	in := &t.progs[rank].Instrs[i]
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s tag %d", in.Op, in.Tag)
+	if n, ok := t.bytes(rank, i); ok {
+		typ := in.OutType
+		if in.Op == "send" && len(in.ArgTypes) > 0 {
+			typ = in.ArgTypes[0]
+		}
+		fmt.Fprintf(&b, " (%d B %v)", n, typ)
+	}
+	fmt.Fprintf(&b, " at instruction %d", i)
+	if in.Value != nil {
+		fmt.Fprintf(&b, " (%s)", in.Value.Where())
+	}
+	if in.Block != "" {
+		fmt.Fprintf(&b, " in block %q", in.Block)
+	}
+	return b.String()
+}
+
+// checkPairs compares, for each ordered pair, the sender's list with the
+// receiver's, position by position.
+func (t *transfers) checkPairs() error {
+	var bad []string
+	report := func(s string) {
+		if len(bad) < maxReported {
+			bad = append(bad, s)
+		}
+	}
+	for a := range t.progs {
+		for b := range t.progs {
+			ss, rs := t.sends[a][b], t.recvs[b][a]
+			for k := range min(len(ss), len(rs)) {
+				si, ri := &t.progs[a].Instrs[ss[k]], &t.progs[b].Instrs[rs[k]]
+				sn, _ := t.bytes(a, ss[k])
+				rn, _ := t.bytes(b, rs[k])
+				var what string
+				switch {
+				case si.Tag != ri.Tag && sn != rn:
+					what = "tag and size differ"
+				case si.Tag != ri.Tag:
+					what = "tags differ"
+				case sn != rn:
+					what = "sizes differ"
+				default:
+					continue
+				}
+				report(fmt.Sprintf("rank %d → rank %d, transfer %d: %s: rank %d's %s, rank %d's %s",
+					a, b, k, what, a, t.describe(a, ss[k]), b, t.describe(b, rs[k])))
+			}
+			switch {
+			case len(ss) > len(rs):
+				report(fmt.Sprintf("rank %d → rank %d: rank %d sends %d values, rank %d receives %d; transfer %d, rank %d's %s, is never received",
+					a, b, a, len(ss), b, len(rs), len(rs), a, t.describe(a, ss[len(rs)])))
+			case len(rs) > len(ss):
+				report(fmt.Sprintf("rank %d → rank %d: rank %d sends %d values, rank %d receives %d; transfer %d, rank %d's %s, is never sent",
+					a, b, a, len(ss), b, len(rs), len(ss), b, t.describe(b, rs[len(ss)])))
+			}
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w (%s, so both ranks must list their transfers in the same order with the same sizes):\n  %s",
+		ErrTransferOrder, orderRule, strings.Join(bad, "\n  "))
+}
+
+// simulate runs every rank's instruction list with buffered sends: a send
+// completes at once; a receive waits until its peer has executed the
+// matching send (the pairs agree, so the k-th receive from a peer matches
+// that peer's k-th send). Each rank runs until it blocks; a send wakes its
+// receiver when that satisfies the receive it waits on. Every instruction
+// executes once, so the cost is linear.
+func (t *transfers) simulate() error {
+	if !t.any {
+		return nil
+	}
+	n := len(t.progs)
+	pc := make([]int, n)
+	// sent[a][b] counts a's executed sends to b; got[b][a] b's executed
+	// receives from a.
+	sent, got := make([][]int, n), make([][]int, n)
+	for r := range n {
+		sent[r], got[r] = make([]int, n), make([]int, n)
+	}
+	waiting := make([]bool, n)
+	ready := make([]int, 0, n)
+	for r := range n {
+		ready = append(ready, r)
+	}
+	for len(ready) > 0 {
+		r := ready[len(ready)-1]
+		ready = ready[:len(ready)-1]
+		waiting[r] = false
+		instrs := t.progs[r].Instrs
+		for pc[r] < len(instrs) {
+			in := &instrs[pc[r]]
+			if in.Op == "recv" {
+				if got[r][in.Peer] >= sent[in.Peer][r] {
+					waiting[r] = true
+					break
+				}
+				got[r][in.Peer]++
+			} else if in.Op == "send" {
+				sent[r][in.Peer]++
+				q := in.Peer
+				// Wake the receiver if this is the send it waits on.
+				if waiting[q] {
+					if w := &t.progs[q].Instrs[pc[q]]; w.Peer == r && got[q][r] < sent[r][q] {
+						waiting[q] = false
+						ready = append(ready, q)
+					}
+				}
+			}
+			pc[r]++
+		}
+	}
+	var stuck []string
+	first := -1
+	for r := range n {
+		if pc[r] == len(t.progs[r].Instrs) {
+			continue
+		}
+		if first < 0 {
+			first = r
+		}
+		in := t.progs[r].Instrs[pc[r]]
+		stuck = append(stuck, fmt.Sprintf("rank %d waits for rank %d at %s (its receive %d from rank %d; rank %d has sent %d)",
+			r, in.Peer, t.describe(r, pc[r]), got[r][in.Peer], in.Peer, in.Peer, sent[in.Peer][r]))
+	}
+	if first < 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w: even with buffered sends, %d of %d ranks stop before their last instruction (wait cycle %s):\n  %s",
+		ErrTransferOrder, ErrDeadlock, len(stuck), n, t.cycle(first, pc), strings.Join(stuck, "\n  "))
+}
+
+// cycle follows who waits for whom from a stuck rank. The pairs agree, so
+// a rank waiting on a finished peer would have its data; every stuck rank
+// waits on another stuck rank, and the walk ends in a cycle.
+func (t *transfers) cycle(from int, pc []int) string {
+	seen := map[int]int{}
+	var path []int
+	for r := from; ; {
+		if at, ok := seen[r]; ok {
+			path = append(path[at:], r)
+			break
+		}
+		seen[r] = len(path)
+		path = append(path, r)
+		if pc[r] >= len(t.progs[r].Instrs) {
+			break
+		}
+		r = t.progs[r].Instrs[pc[r]].Peer
+	}
+	parts := make([]string, len(path))
+	for i, r := range path {
+		parts[i] = fmt.Sprintf("rank %d", r)
+	}
+	return strings.Join(parts, " → ")
+}
