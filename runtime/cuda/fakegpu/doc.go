@@ -11,7 +11,8 @@
 //	                   NVRTC's log format, and lists the kernels it finds
 //	libcublasLt.so.12  real (naive) GEMMs in f32, f16 and bf16 with f32
 //	                   accumulation and round-to-nearest-even outputs
-//	libnccl.so.2       communicators of one rank: collectives are copies
+//	libnccl.so.2       communicators of any size, between threads of one
+//	                   process or processes of one machine (see NCCL below)
 //
 // plus the kernel emulator of package kernels/cuda/emu, which runs the CUDA
 // C kernels of kernels/cuda on CPU threads. Kernels therefore compute real
@@ -42,9 +43,53 @@
 // (generated kernels compile and load, but launching them fails with
 // CUDA_ERROR_LAUNCH_FAILED); catch out-of-bounds accesses inside a kernel
 // (those touch host memory, and may crash the test); overlap work or model
-// stream ordering (everything completes when queued); more than one NCCL
-// rank.
+// stream ordering (everything completes when queued).
 //
+// # NCCL
+//
+// ncclGetUniqueId names a rendezvous (an abstract Unix-domain socket) that
+// any process of the machine can reach, so the id may travel to other
+// processes by any means. The process holding rank 0 hosts the
+// communicator's hub, which pairs the ranks' calls and computes the
+// results; every rank, in any process or thread, connects to it. Results
+// are what NCCL defines, with reductions applied in rank order (x0 + x1 +
+// x2 + … elementwise, one rounding per step in the element type; fp16 and
+// bf16 through float32, rounded to nearest-even after each step), so sums
+// are bit-identical to the CPU backend's. The 8-bit float types are moved
+// but not reduced.
+//
+// Where it differs from a GPU, and why:
+//
+//   - Calls block until their data is exchanged, so one thread that drives
+//     several ranks must put their calls (ncclCommInitRank included) in one
+//     ncclGroupStart/End, as NCCL requires; a group posts every call
+//     before it waits for any.
+//   - Sends are buffered: ncclSend returns once its data is with the hub.
+//     Programs that would deadlock on a GPU because both sides send first
+//     therefore complete; sends and receives still pair up in issue order
+//     per pair of ranks, and a receive whose count or type differs from
+//     its send fails with ncclInvalidUsage naming both. A send to oneself
+//     must pair with a receive in the same group, as on a GPU.
+//   - It is stricter where a GPU would hang or corrupt memory: collectives
+//     whose kind, count, type, reduction or root differ across ranks fail
+//     on every rank with ncclInvalidUsage; a call that fails its argument
+//     checks on one rank makes the matching call fail on the others
+//     instead of leaving them waiting; buffers must lie in one live
+//     allocation of the rank's device (or pinned host memory); two ranks
+//     of one communicator on one device of a process fail ("Duplicate GPU
+//     detected"). A rank's device is the calling thread's current context's
+//     at ncclCommInitRank.
+//   - Nothing waits forever: ncclCommAbort from another thread wakes the
+//     calls blocked on that communicator (ncclSystemError, "aborted"); a
+//     rank that aborts, or whose process dies, fails every other rank's
+//     pending and later calls with ncclRemoteError within milliseconds,
+//     and ncclCommGetAsyncError reports it. GCOMPILE_FAKEGPU_NCCL_TIMEOUT
+//     ends any other wait.
+//   - Rank 0's process hosts the hub, so it must outlive the communicator:
+//     its ncclCommDestroy waits until the ranks of other processes have
+//     left (NCCL's destroy is an intra-node collective too).
+//
+
 // # Configuration
 //
 // The driver reads these when cuInit is called and no primary context is
@@ -53,6 +98,13 @@
 //	GCOMPILE_FAKEGPU_DEVICES  number of devices, 0 to 64 (default 1)
 //	GCOMPILE_FAKEGPU_MEMORY   bytes per device, e.g. 1048576, 512M, 8G
 //	                          (default 8G)
+//
+// The NCCL stand-in reads, at each wait:
+//
+//	GCOMPILE_FAKEGPU_NCCL_TIMEOUT  seconds a call waits for other ranks
+//	                               before it fails with ncclSystemError
+//	                               (default 120; a safety net, not a
+//	                               model of NCCL's timeouts)
 //
 // [Install] sets GCOMPILE_LIBCUDA, GCOMPILE_LIBNVRTC, GCOMPILE_LIBCUBLASLT,
 // GCOMPILE_LIBNCCL (read by runtime/cuda/dl) and GCOMPILE_FAKEGPU_EMU (the

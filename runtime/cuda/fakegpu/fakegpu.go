@@ -29,6 +29,9 @@ const (
 	MemoryEnv   = "GCOMPILE_FAKEGPU_MEMORY"
 	EmulatorEnv = "GCOMPILE_FAKEGPU_EMU"
 	VerboseEnv  = "GCOMPILE_FAKEGPU_VERBOSE"
+	// NCCLTimeoutEnv bounds, in seconds, how long a fake NCCL call waits
+	// for other ranks (default 120).
+	NCCLTimeoutEnv = "GCOMPILE_FAKEGPU_NCCL_TIMEOUT"
 )
 
 // ErrNoCompiler reports that g++ or gcc is missing.
@@ -217,16 +220,22 @@ type inputs struct {
 
 func gatherInputs(tc toolchain) (inputs, error) {
 	var in inputs
-	for _, l := range []struct{ file, src string }{
-		{"libcuda.so.1", "csrc/fake_cuda.cpp"},
-		{"libnvrtc.so.12", "csrc/fake_nvrtc.cpp"},
-		{"libnccl.so.2", "csrc/fake_nccl.cpp"},
+	for _, l := range []struct {
+		file, src string
+		libs      []string
+	}{
+		{"libcuda.so.1", "csrc/fake_cuda.cpp", []string{"-ldl"}},
+		{"libnvrtc.so.12", "csrc/fake_nvrtc.cpp", []string{"-ldl"}},
+		// The NCCL stand-in runs threads of its own (the hub of a
+		// communicator outlives the rank that hosts it), so it must stay
+		// mapped after the bindings close it: -z nodelete.
+		{"libnccl.so.2", "csrc/fake_nccl.cpp", []string{"-ldl", "-Wl,-z,nodelete"}},
 	} {
 		b, err := csrc.ReadFile(l.src)
 		if err != nil {
 			return in, fmt.Errorf("fakegpu: embedded %s: %w", l.src, err)
 		}
-		in.libs = append(in.libs, library{file: l.file, source: l.src, text: b, cxx: true, libs: []string{"-ldl"}})
+		in.libs = append(in.libs, library{file: l.file, source: l.src, text: b, cxx: true, libs: l.libs})
 	}
 	lt, err := cublasLtSource()
 	if err != nil {

@@ -1118,12 +1118,14 @@ func TestNCCLOneRank(t *testing.T) {
 		assert.Equal(t, x, s.download(t, buf, count))
 	})
 
-	t.Run("more than one rank", func(t *testing.T) {
-		_, err := lib.CommInitRank(2, id, 0)
+	t.Run("buffer past its allocation", func(t *testing.T) {
+		s.enter(t)
+		err := lib.AllReduce(send, send.Add(4), count, nccl.Float32, nccl.Sum, comm, 0)
 		var ne *nccl.Error
 		require.True(t, errors.As(err, &ne), "%v", err)
-		assert.Equal(t, nccl.InvalidUsage, ne.Code)
-		assert.Contains(t, ne.Detail, "communicators of 1 rank only, not 2")
+		assert.Equal(t, nccl.InvalidArgument, ne.Code)
+		assert.Contains(t, ne.Detail, "receive buffer 0x")
+		assert.Contains(t, ne.Detail, "runs 4 bytes past the end of its 384-byte allocation")
 	})
 	t.Run("foreign id", func(t *testing.T) {
 		foreign, err := nccl.UniqueIDFromBytes(make([]byte, nccl.UniqueIDBytes))

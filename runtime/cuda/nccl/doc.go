@@ -7,7 +7,19 @@
 // has), communicator creation per rank, the collectives the compiler's
 // redistribution table emits (all-reduce, reduce-scatter, all-gather,
 // broadcast, all-to-all) and grouped point-to-point send/recv for pipeline
-// stages, all queued on a CUDA stream.
+// stages, all queued on a CUDA stream; and what failure handling needs:
+// CommAbort, which may be called from another thread to free a
+// communicator whose calls are stuck (they then fail, and so do the other
+// ranks' calls that need this one), and CommGetAsyncError, which reports an
+// error that arose outside any call, such as a peer process that died.
+//
+// Two entry points are optional, bound only where the library has them:
+// CommSplit (ncclCommSplit, NCCL 2.18), which forms sub-communicators from
+// an existing one by color and key, and CommInitRankScalable
+// (ncclCommInitRankScalable, NCCL 2.23). HasCommSplit and
+// HasCommInitRankScalable report them; without them the methods return an
+// error wrapping errors.ErrUnsupported. Both pass a NULL ncclConfig_t*,
+// NCCL's default configuration.
 //
 // ncclUniqueId is a 128-byte struct that ncclCommInitRank takes by value.
 // On linux/amd64 the System V ABI passes a struct that large in memory, on

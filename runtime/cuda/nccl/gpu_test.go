@@ -74,3 +74,32 @@ func TestRealNCCLWorldOfOne(t *testing.T) {
 		assert.Equal(t, in, out, "%s over one rank copies its input", name)
 	}
 }
+
+// The failure-handling entry points and the optional split, on one rank
+// of the real library.
+func TestRealNCCLAbortSplitAndAsyncError(t *testing.T) {
+	drivertest.Open(t, "test against the real NCCL")
+	n, err := nccl.Load()
+	require.NoError(t, err)
+	id, err := n.GetUniqueID()
+	require.NoError(t, err)
+	c, err := n.CommInitRank(1, id, 0)
+	require.NoError(t, err)
+	res, err := n.CommGetAsyncError(c)
+	require.NoError(t, err)
+	assert.Equal(t, nccl.Success, res)
+	if n.HasCommSplit() {
+		sub, err := n.CommSplit(c, 0, 0)
+		require.NoError(t, err)
+		count, err := n.CommCount(sub)
+		require.NoError(t, err)
+		assert.Equal(t, 1, count)
+		require.NoError(t, n.CommDestroy(sub))
+		none, err := n.CommSplit(c, nccl.SplitNoColor, 0)
+		require.NoError(t, err)
+		assert.Zero(t, none)
+	} else {
+		t.Logf("NCCL at %s has no ncclCommSplit", n.Path())
+	}
+	require.NoError(t, n.CommAbort(c))
+}

@@ -3,6 +3,7 @@ package nccl
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"gcompile/runtime/cuda/dl"
 	"gcompile/runtime/cuda/driver"
@@ -12,23 +13,27 @@ import (
 type NCCL struct {
 	lib *dl.Lib
 
-	ncclGetVersion     func(v *int32) Result
-	ncclGetUniqueId    func(id *UniqueID) Result
-	ncclCommInitRank   func(c *Comm, nranks int32, id UniqueID, rank int32) Result
-	ncclCommDestroy    func(c Comm) Result
-	ncclCommCount      func(c Comm, n *int32) Result
-	ncclCommUserRank   func(c Comm, r *int32) Result
-	ncclAllReduce      func(send, recv driver.DevicePtr, count uint64, t DataType, op RedOp, c Comm, s driver.Stream) Result
-	ncclReduceScatter  func(send, recv driver.DevicePtr, recvCount uint64, t DataType, op RedOp, c Comm, s driver.Stream) Result
-	ncclAllGather      func(send, recv driver.DevicePtr, sendCount uint64, t DataType, c Comm, s driver.Stream) Result
-	ncclBroadcast      func(send, recv driver.DevicePtr, count uint64, t DataType, root int32, c Comm, s driver.Stream) Result
-	ncclSend           func(send driver.DevicePtr, count uint64, t DataType, peer int32, c Comm, s driver.Stream) Result
-	ncclRecv           func(recv driver.DevicePtr, count uint64, t DataType, peer int32, c Comm, s driver.Stream) Result
-	ncclGroupStart     func() Result
-	ncclGroupEnd       func() Result
-	ncclAlltoAll       func(send, recv driver.DevicePtr, count uint64, t DataType, c Comm, s driver.Stream) Result // optional
-	ncclGetErrorString func(r Result) string
-	ncclGetLastError   func(c Comm) string // optional
+	ncclGetVersion           func(v *int32) Result
+	ncclGetUniqueId          func(id *UniqueID) Result
+	ncclCommInitRank         func(c *Comm, nranks int32, id UniqueID, rank int32) Result
+	ncclCommDestroy          func(c Comm) Result
+	ncclCommAbort            func(c Comm) Result
+	ncclCommGetAsyncError    func(c Comm, r *Result) Result
+	ncclCommSplit            func(c Comm, color, key int32, newcomm *Comm, config unsafe.Pointer) Result          // optional
+	ncclCommInitRankScalable func(c *Comm, nranks, rank, nIDs int32, ids *UniqueID, config unsafe.Pointer) Result // optional
+	ncclCommCount            func(c Comm, n *int32) Result
+	ncclCommUserRank         func(c Comm, r *int32) Result
+	ncclAllReduce            func(send, recv driver.DevicePtr, count uint64, t DataType, op RedOp, c Comm, s driver.Stream) Result
+	ncclReduceScatter        func(send, recv driver.DevicePtr, recvCount uint64, t DataType, op RedOp, c Comm, s driver.Stream) Result
+	ncclAllGather            func(send, recv driver.DevicePtr, sendCount uint64, t DataType, c Comm, s driver.Stream) Result
+	ncclBroadcast            func(send, recv driver.DevicePtr, count uint64, t DataType, root int32, c Comm, s driver.Stream) Result
+	ncclSend                 func(send driver.DevicePtr, count uint64, t DataType, peer int32, c Comm, s driver.Stream) Result
+	ncclRecv                 func(recv driver.DevicePtr, count uint64, t DataType, peer int32, c Comm, s driver.Stream) Result
+	ncclGroupStart           func() Result
+	ncclGroupEnd             func() Result
+	ncclAlltoAll             func(send, recv driver.DevicePtr, count uint64, t DataType, c Comm, s driver.Stream) Result // optional
+	ncclGetErrorString       func(r Result) string
+	ncclGetLastError         func(c Comm) string // optional
 }
 
 // Load finds libnccl with dl.DefaultSearch and binds it.
@@ -46,6 +51,10 @@ func LoadFrom(s dl.Search) (*NCCL, error) {
 		dl.Sym(&n.ncclGetUniqueId, "ncclGetUniqueId"),
 		dl.Sym(&n.ncclCommInitRank, "ncclCommInitRank"),
 		dl.Sym(&n.ncclCommDestroy, "ncclCommDestroy"),
+		dl.Sym(&n.ncclCommAbort, "ncclCommAbort"),
+		dl.Sym(&n.ncclCommGetAsyncError, "ncclCommGetAsyncError"),
+		dl.Optional(&n.ncclCommSplit, "ncclCommSplit"),
+		dl.Optional(&n.ncclCommInitRankScalable, "ncclCommInitRankScalable"),
 		dl.Sym(&n.ncclCommCount, "ncclCommCount"),
 		dl.Sym(&n.ncclCommUserRank, "ncclCommUserRank"),
 		dl.Sym(&n.ncclAllReduce, "ncclAllReduce"),
@@ -75,6 +84,14 @@ func (n *NCCL) Close() error { return n.lib.Close() }
 
 // HasAllToAll reports whether the library has a native ncclAlltoAll.
 func (n *NCCL) HasAllToAll() bool { return n.ncclAlltoAll != nil }
+
+// HasCommSplit reports whether the library has ncclCommSplit (NCCL 2.18
+// and later).
+func (n *NCCL) HasCommSplit() bool { return n.ncclCommSplit != nil }
+
+// HasCommInitRankScalable reports whether the library has
+// ncclCommInitRankScalable (NCCL 2.23 and later).
+func (n *NCCL) HasCommInitRankScalable() bool { return n.ncclCommInitRankScalable != nil }
 
 func (n *NCCL) check(fn string, c Comm, r Result) error {
 	if r == Success {
@@ -119,9 +136,69 @@ func (n *NCCL) CommInitRank(nranks int, id UniqueID, rank int) (Comm, error) {
 	return c, nil
 }
 
+// CommInitRankScalable is CommInitRank for communicators whose ranks
+// spread NCCL's bootstrap over several ids: every rank passes the same
+// ids, each created by a different rank with GetUniqueID. It needs NCCL
+// 2.23 or later (see HasCommInitRankScalable).
+func (n *NCCL) CommInitRankScalable(nranks, rank int, ids []UniqueID) (Comm, error) {
+	if n.ncclCommInitRankScalable == nil {
+		return 0, fmt.Errorf("nccl: %s has no ncclCommInitRankScalable (NCCL 2.23 or later has it): %w", n.lib.Path, errors.ErrUnsupported)
+	}
+	if nranks < 1 || rank < 0 || rank >= nranks {
+		return 0, fmt.Errorf("nccl: rank %d of %d is out of range", rank, nranks)
+	}
+	if len(ids) < 1 || len(ids) > nranks {
+		return 0, fmt.Errorf("nccl: rank %d of %d: %d unique ids, want 1 to %d", rank, nranks, len(ids), nranks)
+	}
+	var c Comm
+	r := n.ncclCommInitRankScalable(&c, int32(nranks), int32(rank), int32(len(ids)), &ids[0], nil)
+	if err := n.check("ncclCommInitRankScalable", 0, r); err != nil {
+		return 0, fmt.Errorf("nccl: rank %d of %d: %w", rank, nranks, err)
+	}
+	return c, nil
+}
+
 // CommDestroy frees a communicator once its queued work is done.
 func (n *NCCL) CommDestroy(c Comm) error {
 	return n.check("ncclCommDestroy", c, n.ncclCommDestroy(c))
+}
+
+// CommAbort frees a communicator at once, abandoning its queued work. It
+// may be called from another thread while a call on c is blocked, which
+// then fails; the other ranks' calls that need this one fail too (with
+// RemoteError), rather than hang.
+func (n *NCCL) CommAbort(c Comm) error {
+	return n.check("ncclCommAbort", c, n.ncclCommAbort(c))
+}
+
+// CommGetAsyncError reports an error that happened on c outside any call
+// (a peer that died or aborted, say): Success while there is none. The
+// error return is for the query itself failing.
+func (n *NCCL) CommGetAsyncError(c Comm) (Result, error) {
+	var r Result
+	if err := n.check("ncclCommGetAsyncError", c, n.ncclCommGetAsyncError(c, &r)); err != nil {
+		return 0, err
+	}
+	return r, nil
+}
+
+// SplitNoColor is NCCL_SPLIT_NOCOLOR: the rank joins no new communicator.
+const SplitNoColor = -1
+
+// CommSplit makes new communicators from c: the ranks that pass the same
+// color form one, ranked by key (ties by their rank in c). Every rank of c
+// must call it. A rank passing SplitNoColor gets 0 and no error. It needs
+// NCCL 2.18 or later (see HasCommSplit); the new communicator takes NCCL's
+// default configuration.
+func (n *NCCL) CommSplit(c Comm, color, key int) (Comm, error) {
+	if n.ncclCommSplit == nil {
+		return 0, fmt.Errorf("nccl: %s has no ncclCommSplit (NCCL 2.18 or later has it): %w", n.lib.Path, errors.ErrUnsupported)
+	}
+	var nc Comm
+	if err := n.check("ncclCommSplit", c, n.ncclCommSplit(c, int32(color), int32(key), &nc, nil)); err != nil {
+		return 0, fmt.Errorf("nccl: split with color %d, key %d: %w", color, key, err)
+	}
+	return nc, nil
 }
 
 // CommCount is the number of ranks in c.

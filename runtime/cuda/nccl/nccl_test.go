@@ -2,6 +2,7 @@ package nccl
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
 	"testing"
 	"unsafe"
@@ -397,4 +398,100 @@ func TestEnumValuesMatchNcclH(t *testing.T) {
 	}
 	assert.Equal(t, "ncclRemoteError", RemoteError.Error())
 	assert.Equal(t, "ncclResult_t(99)", Result(99).Error())
+}
+
+func TestCommAbortAndAsyncError(t *testing.T) {
+	n, f := loadFake(t)
+	var aborted func() int64
+	var setAsync func(r int32)
+	require.NoError(t, n.lib.BindAll([]dl.Symbol{
+		dl.Sym(&aborted, "fake_aborted_comms"),
+		dl.Sym(&setAsync, "fake_set_async_error"),
+	}))
+	id, err := n.GetUniqueID()
+	require.NoError(t, err)
+	c, err := n.CommInitRank(2, id, 1)
+	require.NoError(t, err)
+
+	r, err := n.CommGetAsyncError(c)
+	require.NoError(t, err)
+	assert.Equal(t, Success, r)
+	setAsync(int32(RemoteError))
+	t.Cleanup(func() { setAsync(0) })
+	r, err = n.CommGetAsyncError(c)
+	require.NoError(t, err)
+	assert.Equal(t, RemoteError, r, "the result arrives through the pointer")
+	_, err = n.CommGetAsyncError(0)
+	require.ErrorIs(t, err, InvalidArgument)
+
+	require.NoError(t, n.CommAbort(c))
+	assert.Equal(t, int64(1), aborted())
+	assert.Equal(t, int64(0), f.liveComms())
+}
+
+func TestCommSplitIsOptional(t *testing.T) {
+	n, _ := loadFake(t)
+	require.False(t, n.HasCommSplit())
+	require.False(t, n.HasCommInitRankScalable())
+	c := initComm(t, n, 2, 0)
+	_, err := n.CommSplit(c, 0, 0)
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	assert.Contains(t, err.Error(), "no ncclCommSplit (NCCL 2.18 or later has it)")
+	id, err := n.GetUniqueID()
+	require.NoError(t, err)
+	_, err = n.CommInitRankScalable(2, 0, []UniqueID{id})
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+}
+
+func TestCommSplitPassesItsArguments(t *testing.T) {
+	n, f := loadFake(t, "-DNEW_API")
+	require.True(t, n.HasCommSplit())
+	var color, key, nids, configNull func() int32
+	require.NoError(t, n.lib.BindAll([]dl.Symbol{
+		dl.Sym(&color, "fake_last_color"),
+		dl.Sym(&key, "fake_last_key"),
+		dl.Sym(&nids, "fake_last_nids"),
+		dl.Sym(&configNull, "fake_last_config_is_null"),
+	}))
+	c := initComm(t, n, 4, 0)
+	nc, err := n.CommSplit(c, 3, 2)
+	require.NoError(t, err)
+	assert.Equal(t, int32(3), color())
+	assert.Equal(t, int32(2), key())
+	assert.Equal(t, int32(1), configNull(), "the default configuration is a NULL ncclConfig_t*")
+	rank, err := n.CommUserRank(nc)
+	require.NoError(t, err)
+	assert.Equal(t, 2, rank, "the new communicator came back through the pointer")
+	require.NoError(t, n.CommDestroy(nc))
+
+	nc, err = n.CommSplit(c, SplitNoColor, 0)
+	require.NoError(t, err)
+	assert.Equal(t, Comm(0), nc)
+	assert.Equal(t, int32(-1), color())
+
+	_, err = n.CommSplit(c, 1, 9)
+	require.ErrorIs(t, err, InvalidArgument)
+	assert.Contains(t, err.Error(), "split with color 1, key 9")
+
+	// The ids travel by pointer; the stand-in records the last one's bytes.
+	ids := make([]UniqueID, 3)
+	for i := range ids {
+		raw := make([]byte, UniqueIDBytes)
+		for j := range raw {
+			raw[j] = byte(i*50 + j)
+		}
+		ids[i], err = UniqueIDFromBytes(raw)
+		require.NoError(t, err)
+	}
+	sc, err := n.CommInitRankScalable(4, 3, ids)
+	require.NoError(t, err)
+	t.Cleanup(func() { n.CommDestroy(sc) })
+	assert.Equal(t, int32(3), nids())
+	got := make([]byte, UniqueIDBytes)
+	f.lastID(&got[0])
+	assert.Equal(t, ids[2].Bytes(), got)
+	assert.Equal(t, int32(3), f.lastRank())
+	_, err = n.CommInitRankScalable(2, 0, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "0 unique ids")
 }

@@ -15,6 +15,9 @@
 // limits, an image built for a compatible architecture. Each failure also
 // records a sentence saying what was wrong, which gcFakeGPULastError
 // returns (a real driver has no such call; the Go package reads it).
+// gcFakeGPUCurrentDevice and gcFakeGPUCheckBuffer let the fake NCCL
+// (fake_nccl.cpp) learn each rank's device and check its buffers, as NCCL
+// asks the CUDA runtime.
 //
 // Configuration, read by cuInit whenever no primary context is retained:
 //   GCOMPILE_FAKEGPU_DEVICES  number of devices (default 1, 0 to 64)
@@ -167,7 +170,11 @@ unsigned long long total_memory = kDefaultMemory;
 Ctx contexts[kMaxDevices];
 unsigned long long used[kMaxDevices];
 std::map<uintptr_t, Alloc> device_allocs;
-std::map<uintptr_t, int> host_allocs;  // pinned host memory and its device
+struct HostAlloc {
+  size_t size;  // as requested
+  int device;
+};
+std::map<uintptr_t, HostAlloc> host_allocs;  // pinned host memory
 std::set<Stream*> streams;
 std::set<Event*> events;
 std::set<Module*> modules;
@@ -333,7 +340,7 @@ void destroy_context(Ctx* ctx) {
     }
   }
   for (auto it = host_allocs.begin(); it != host_allocs.end();) {
-    if (it->second == ctx->device) {
+    if (it->second.device == ctx->device) {
       free((void*)it->first);
       it = host_allocs.erase(it);
     } else {
@@ -726,7 +733,7 @@ CUresult cuMemAllocHost_v2(void** p, size_t n) {
   const size_t rounded = (n + kAlign - 1) / kAlign * kAlign;
   void* m = aligned_alloc(kAlign, rounded);
   if (!m) return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocHost", "the host could not provide %zu bytes", n);
-  host_allocs[(uintptr_t)m] = current->device;
+  host_allocs[(uintptr_t)m] = HostAlloc{n, current->device};
   *p = m;
   return CUDA_SUCCESS;
 }
@@ -975,6 +982,59 @@ const char* gcFakeGPULastError(void) {
   std::lock_guard<std::mutex> g(err_mu);
   copy = last_error;
   return copy.c_str();
+}
+
+// gcFakeGPUCurrentDevice is the device of the calling thread's current
+// context, or -1 when none is current (or cuInit has not run). The fake
+// NCCL asks, as NCCL asks the CUDA runtime, which device a rank uses.
+int gcFakeGPUCurrentDevice(void) {
+  std::lock_guard<std::mutex> g(mu);
+  if (!initialized || !current || current->refs == 0) return -1;
+  return current->device;
+}
+
+// gcFakeGPUCheckBuffer returns 0 if [p, p+n) lies inside one live
+// allocation: device memory (of device, when device >= 0) or pinned host
+// memory, which NCCL also accepts. Otherwise it returns -1 and writes why
+// into msg (len bytes). The fake NCCL checks its buffers with it, as NCCL
+// does with NCCL_CHECK_POINTERS=1, so a bad pointer is an error rather
+// than a write into the host's memory.
+int gcFakeGPUCheckBuffer(unsigned long long p, unsigned long long n, int device, char* msg, unsigned long len) {
+  std::lock_guard<std::mutex> g(mu);
+  if (n == 0) return 0;
+  auto inside = [&](const auto& allocs, uintptr_t* base, size_t* size) {
+    auto it = allocs.upper_bound((uintptr_t)p);
+    if (it == allocs.begin()) return false;
+    --it;
+    *base = it->first;
+    *size = it->second.size;
+    return p >= *base && p - *base < *size;
+  };
+  uintptr_t base = 0;
+  size_t size = 0;
+  if (inside(device_allocs, &base, &size)) {
+    if (n > size - (p - base)) {
+      snprintf(msg, len, "0x%llx+%llu runs %llu bytes past the end of its %zu-byte allocation at 0x%llx", p, n,
+               (unsigned long long)(p - base + n - size), size, (unsigned long long)base);
+      return -1;
+    }
+    const int d = device_allocs.find(base)->second.device;
+    if (device >= 0 && d != device) {
+      snprintf(msg, len, "0x%llx is memory of device %d, but the rank uses device %d", p, d, device);
+      return -1;
+    }
+    return 0;
+  }
+  if (inside(host_allocs, &base, &size)) {
+    if (n > size - (p - base)) {
+      snprintf(msg, len, "0x%llx+%llu runs %llu bytes past the end of its %zu-byte pinned host allocation at 0x%llx", p,
+               n, (unsigned long long)(p - base + n - size), size, (unsigned long long)base);
+      return -1;
+    }
+    return 0;
+  }
+  snprintf(msg, len, "0x%llx is not in any live device or pinned host allocation", p);
+  return -1;
 }
 
 // gcFakeGPUMemUsed is the device memory in use on device d, in bytes (each

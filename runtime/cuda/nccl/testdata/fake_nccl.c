@@ -10,6 +10,8 @@
  * rank exchanging with itself.
  *
  * -DNO_ALLTOALL leaves out ncclAlltoAll, which most NCCL versions lack.
+ * -DNEW_API adds ncclCommSplit (NCCL 2.18) and ncclCommInitRankScalable
+ * (2.23), which record their arguments.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -100,6 +102,60 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
 	live_comms--;
 	return ncclSuccess;
 }
+
+static long aborted_comms;
+static ncclResult_t async_error;
+
+ncclResult_t ncclCommAbort(ncclComm_t c) {
+	if (!c) return ncclSuccess;
+	free(c);
+	live_comms--;
+	aborted_comms++;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *r) {
+	if (!c || !r) return fail(ncclInvalidArgument, "comm or output is NULL");
+	*r = async_error;
+	return ncclSuccess;
+}
+
+#ifdef NEW_API
+static int last_color = -2, last_key = -2, last_nids = -1;
+static void *last_config = (void *)1;
+
+/* The new communicator has the parent's size; key is its rank. */
+ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *out, void *config) {
+	last_color = color;
+	last_key = key;
+	last_config = config;
+	if (!c || !out) return fail(ncclInvalidArgument, "comm or output is NULL");
+	if (color == -1) {
+		*out = NULL;
+		return ncclSuccess;
+	}
+	if (key < 0 || key >= c->nranks) return fail(ncclInvalidArgument, "key out of range");
+	struct comm *cm = malloc(sizeof *cm);
+	cm->nranks = c->nranks;
+	cm->rank = key;
+	live_comms++;
+	*out = cm;
+	return ncclSuccess;
+}
+
+/* The last of the ids is what fake_last_id reports. */
+ncclResult_t ncclCommInitRankScalable(ncclComm_t *c, int nranks, int rank, int nids, ncclUniqueId *ids, void *config) {
+	last_nids = nids;
+	last_config = config;
+	if (nids < 1 || !ids) return fail(ncclInvalidArgument, "no ids");
+	return ncclCommInitRank(c, nranks, ids[nids - 1], rank);
+}
+
+int fake_last_color(void) { return last_color; }
+int fake_last_key(void) { return last_key; }
+int fake_last_nids(void) { return last_nids; }
+int fake_last_config_is_null(void) { return last_config == NULL; }
+#endif
 
 ncclResult_t ncclCommCount(const ncclComm_t c, int *n) {
 	if (!c || !n) return fail(ncclInvalidArgument, "comm is NULL");
@@ -292,6 +348,8 @@ void fake_last_id(unsigned char *out) { memcpy(out, last_id.internal, 128); }
 int fake_last_nranks(void) { return last_nranks; }
 int fake_last_rank(void) { return last_rank; }
 long fake_live_comms(void) { return live_comms; }
+long fake_aborted_comms(void) { return aborted_comms; }
+void fake_set_async_error(int r) { async_error = r; }
 void *fake_last_stream(void) { return last_stream; }
 int fake_group_depth(void) { return group_depth; }
 int fake_native_alltoall(void) { return native_alltoall; }
