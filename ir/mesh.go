@@ -183,3 +183,85 @@ func SamePlacement(a, b []Placement) bool {
 	}
 	return true
 }
+
+// Coords is the position of device rank on each axis. The last axis varies
+// fastest, so neighbouring ranks share every axis but the last (Megatron's
+// layout: tensor-parallel ranks adjacent, pipeline stages outermost).
+func (m *Mesh) Coords(rank int) []int {
+	c := make([]int, len(m.Axes))
+	for i := len(m.Axes) - 1; i >= 0; i-- {
+		c[i] = rank % m.Axes[i].Size
+		rank /= m.Axes[i].Size
+	}
+	return c
+}
+
+// Rank is the inverse of Coords.
+func (m *Mesh) Rank(coords []int) int {
+	r := 0
+	for i, a := range m.Axes {
+		r = r*a.Size + coords[i]
+	}
+	return r
+}
+
+// AxisRanks is the line of devices through coords along axis ax, ordered
+// by their coordinate on it: the members of a collective over ax.
+func (m *Mesh) AxisRanks(coords []int, ax int) []int {
+	c := append([]int(nil), coords...)
+	ranks := make([]int, m.Axes[ax].Size)
+	for i := range ranks {
+		c[ax] = i
+		ranks[i] = m.Rank(c)
+	}
+	return ranks
+}
+
+// Box is the part of a placed tensor one device holds, in a view of the
+// global shape where every dim split into k fused blocks (Placement.Blocks)
+// is two dims, (k, size/k): in that view the device's part is one box whose
+// row-major order is the device's buffer.
+type Box struct {
+	Shape    Shape // the view of the global shape
+	Lo, Size []int // the box's corner and extent in the view
+}
+
+// BlockBox is the box the device at coords holds of a tensor of global
+// shape placed by place on m. A dim split by several axes is split in mesh
+// order: the first splitting axis picks the coarsest part, so the device's
+// index along the dim is its coordinates on those axes read as digits.
+func BlockBox(m *Mesh, place []Placement, global Shape, coords []int) Box {
+	local := LocalShape(global, place, m)
+	blocks := make([]int, len(global))
+	for i := range blocks {
+		blocks[i] = 1
+	}
+	for _, p := range place {
+		if p.Kind == Shard && p.Dim < len(global) {
+			blocks[p.Dim] = p.NumBlocks()
+		}
+	}
+	var b Box
+	at := make([]int, len(global)) // where dim d's inner part starts in the view
+	for d, n := range global {
+		if blocks[d] > 1 {
+			b.Shape = append(b.Shape, blocks[d])
+			b.Lo = append(b.Lo, 0)
+			b.Size = append(b.Size, blocks[d])
+		}
+		at[d] = len(b.Shape)
+		b.Shape = append(b.Shape, n/blocks[d])
+		b.Lo = append(b.Lo, 0)
+		b.Size = append(b.Size, local[d]/blocks[d])
+	}
+	index := make([]int, len(global)) // the device's part along each dim, in mesh order
+	for i, p := range place {
+		if p.Kind == Shard && p.Dim < len(global) && i < len(m.Axes) {
+			index[p.Dim] = index[p.Dim]*m.Axes[i].Size + coords[i]
+		}
+	}
+	for d := range global {
+		b.Lo[at[d]] = index[d] * b.Size[at[d]]
+	}
+	return b
+}

@@ -1,4 +1,4 @@
-package cpu
+package runtime
 
 import (
 	"encoding/binary"
@@ -363,8 +363,8 @@ func Block[T any](x []T, b lower.Buffer, mesh *ir.Mesh, coords []int) []T {
 	if mesh == nil || b.Place == nil {
 		return x
 	}
-	shape, lo, size := blockOf(mesh, b.Place, b.Global.Shape, coords)
-	return block(x, shape, lo, size)
+	box := ir.BlockBox(mesh, b.Place, b.Global.Shape, coords)
+	return block(x, box.Shape, box.Lo, box.Size)
 }
 
 // Unblock writes blk, the block of the device at coords of mesh, into
@@ -374,6 +374,6 @@ func Unblock[T any](whole []T, b lower.Buffer, mesh *ir.Mesh, coords []int, blk 
 		copy(whole, blk)
 		return
 	}
-	shape, lo, size := blockOf(mesh, b.Place, b.Global.Shape, coords)
-	unblock(whole, shape, lo, size, blk)
+	box := ir.BlockBox(mesh, b.Place, b.Global.Shape, coords)
+	unblock(whole, box.Shape, box.Lo, box.Size, blk)
 }

@@ -1,4 +1,4 @@
-package cpu_test
+package runtime_test
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 	"gcompile/ir"
 	kcpu "gcompile/kernels/cpu"
 	"gcompile/lower"
+	"gcompile/runtime"
 	"gcompile/runtime/cpu"
 )
 
@@ -42,23 +43,23 @@ func TestEncodeDecode(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.dt.String(), func(t *testing.T) {
-			raw, err := cpu.Encode(c.dt, c.in)
+			raw, err := runtime.Encode(c.dt, c.in)
 			require.NoError(t, err)
 			assert.Len(t, raw, len(c.in)*int(c.dt.Size()))
-			got, err := cpu.Decode(ir.Type{DType: c.dt, Shape: ir.Shape{len(c.in)}}, raw)
+			got, err := runtime.Decode(ir.Type{DType: c.dt, Shape: ir.Shape{len(c.in)}}, raw)
 			require.NoError(t, err)
 			assert.Equal(t, c.want, got)
 		})
 	}
-	_, err := cpu.Encode(ir.U8, []float64{1})
+	_, err := runtime.Encode(ir.U8, []float64{1})
 	assert.ErrorContains(t, err, "cannot write u8 values")
-	_, err = cpu.Decode(ir.Type{DType: ir.Bool, Shape: ir.Shape{1}}, []byte{1})
+	_, err = runtime.Decode(ir.Type{DType: ir.Bool, Shape: ir.Shape{1}}, []byte{1})
 	assert.ErrorContains(t, err, "cannot read bool")
-	_, err = cpu.Decode(ir.Type{DType: ir.F32, Shape: ir.Shape{2}}, make([]byte, 7))
+	_, err = runtime.Decode(ir.Type{DType: ir.F32, Shape: ir.Shape{2}}, make([]byte, 7))
 	assert.ErrorContains(t, err, "needs 8 bytes; got 7", "a short read is an error, not a panic")
-	raw, err := cpu.EncodeFilled(ir.Type{DType: ir.F32, Shape: ir.Shape{2, 2}}, 1.5)
+	raw, err := runtime.EncodeFilled(ir.Type{DType: ir.F32, Shape: ir.Shape{2, 2}}, 1.5)
 	require.NoError(t, err)
-	got, err := cpu.Decode(ir.Type{DType: ir.F32, Shape: ir.Shape{4}}, raw)
+	got, err := runtime.Decode(ir.Type{DType: ir.F32, Shape: ir.Shape{4}}, raw)
 	require.NoError(t, err)
 	assert.Equal(t, []float64{1.5, 1.5, 1.5, 1.5}, got)
 }
@@ -106,7 +107,7 @@ update %3 = %6
 func TestHostViewOverCopiedMemoryMatchesTheCPUDevice(t *testing.T) {
 	p := lowerText(t, paramsText)
 	mem := &copyMemory{bufs: map[int][]byte{}}
-	v := cpu.NewHostView(p, nil, mem)
+	v := runtime.NewHostView(p, nil, mem)
 	d, err := cpu.Load(p, cpu.Options{})
 	require.NoError(t, err)
 	for _, h := range []interface {
@@ -154,7 +155,7 @@ func TestHostViewOverCopiedMemoryMatchesTheCPUDevice(t *testing.T) {
 func TestHostViewRefusesBadWritesBeforeTouchingMemory(t *testing.T) {
 	p := lowerText(t, paramsText)
 	mem := &copyMemory{bufs: map[int][]byte{}}
-	v := cpu.NewHostView(p, nil, mem)
+	v := runtime.NewHostView(p, nil, mem)
 	cases := []struct {
 		name string
 		err  error

@@ -1,19 +1,21 @@
-package cpu
+package runtime
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
+	"unsafe"
 
 	"gcompile/ir"
 	"gcompile/lower"
-	"gcompile/runtime"
 )
 
 // Member is what a MeshCluster needs of each of its devices. A device
 // that embeds a HostView has all of it but stepping and its peak.
 type Member interface {
-	runtime.Device
+	Device
 	Program() *lower.Program
 	Coords() []int
 	InitParams(seed uint64) error
@@ -29,9 +31,23 @@ type Member interface {
 // replicated outputs. Loading programs, memory and the links between
 // devices stay with each backend's cluster, which embeds a MeshCluster
 // and tells it how to stop the others when one device fails.
+//
+// A cluster holds the devices of one process. In a job of several
+// processes (see Job) the others hold the rest; then reading an output
+// held elsewhere, assembling a tensor and gathering peaks are collective:
+// every process makes the same calls in the same order (the training loop
+// does), and the values cross processes through the job's Comm.
 type MeshCluster[D Member] struct {
-	// Devices are the cluster's devices by rank.
+	// Devices are this process's devices, Ranks their global ranks,
+	// ascending.
 	Devices []D
+	Ranks   []int
+	// job is where the other devices live; nil when all are here.
+	job   *Job
+	progs []*lower.Program
+	// hostTags numbers the host's point-to-point exchanges; every process
+	// counts them alike, so both ends of one agree on its tag.
+	hostTags int
 	// abort tells the devices still running that one failed, so none
 	// waits forever in a collective or a receive; echo says whether an
 	// error is only another device's failure coming back through such a
@@ -42,34 +58,6 @@ type MeshCluster[D Member] struct {
 	// forward-only prefix (pipelines); evaluated says Scalar reads it.
 	eval      *MeshCluster[D]
 	evaluated bool
-}
-
-// MeshDevices checks that progs has one program per pipeline rank of
-// their shared mesh and returns the mesh's device count (1 without a
-// mesh).
-func MeshDevices(progs []*lower.Program) (int, error) {
-	if len(progs) == 0 {
-		return 0, errors.New("no programs to load")
-	}
-	mesh := progs[0].Mesh
-	n, ppAxis := 1, -1
-	if mesh != nil {
-		n, ppAxis = mesh.Devices(), mesh.Axis("pp")
-	}
-	if ppAxis < 0 && len(progs) != 1 || ppAxis >= 0 && len(progs) != mesh.Axes[ppAxis].Size {
-		return 0, fmt.Errorf("%d programs for mesh %v: want one per pipeline rank", len(progs), mesh)
-	}
-	return n, nil
-}
-
-// ProgramOf is the program device rank runs: its pipeline rank's, from
-// progs as MeshDevices accepts them.
-func ProgramOf(progs []*lower.Program, rank int) *lower.Program {
-	mesh := progs[0].Mesh
-	if mesh == nil || mesh.Axis("pp") < 0 {
-		return progs[0]
-	}
-	return progs[Coords(mesh, rank)[mesh.Axis("pp")]]
 }
 
 // NewMeshCluster is an empty cluster whose devices, when one fails, are
@@ -83,6 +71,41 @@ func NewMeshCluster[D Member](abort func(error), echo func(error) bool) MeshClus
 		echo = func(error) bool { return false }
 	}
 	return MeshCluster[D]{abort: abort, echo: echo}
+}
+
+// SpanJob makes the cluster one process's part of job, running progs (one
+// per pipeline rank) over the whole mesh: it then holds the devices of
+// job.Layout.Local(), added by the backend in that order.
+func (c *MeshCluster[D]) SpanJob(job *Job, progs []*lower.Program) error {
+	n, err := lower.MeshDevices(progs)
+	if err != nil {
+		return err
+	}
+	if err := job.Layout.Check(); err != nil {
+		return err
+	}
+	if job.Layout.Devices != n {
+		return fmt.Errorf("the job has %d devices but the mesh %v has %d", job.Layout.Devices, progs[0].Mesh, n)
+	}
+	if job.Comm == nil || job.Comm.Size() != n {
+		return fmt.Errorf("a job of %d devices needs a comm that connects all of them", n)
+	}
+	c.job, c.progs = job, progs
+	return nil
+}
+
+// Job is the job the cluster is part of, or nil when it holds every device.
+func (c *MeshCluster[D]) Job() *Job { return c.job }
+
+// distributed reports whether other processes hold some of the devices.
+func (c *MeshCluster[D]) distributed() bool { return c.job != nil && c.job.Layout.Procs > 1 }
+
+// rankOf is the global rank of local device i.
+func (c *MeshCluster[D]) rankOf(i int) int {
+	if i < len(c.Ranks) {
+		return c.Ranks[i]
+	}
+	return i
 }
 
 // EvaluateWith makes Forward run e, a cluster of forward-only programs
@@ -107,7 +130,7 @@ func (c *MeshCluster[D]) Each(f func(D) error) error {
 		go func() {
 			defer wg.Done()
 			if err := f(d); err != nil {
-				errs[r] = fmt.Errorf("device %d: %w", r, err)
+				errs[r] = fmt.Errorf("device %d: %w", c.rankOf(r), err)
 				c.abort(errs[r])
 			}
 		}()
@@ -175,7 +198,9 @@ type holding[D Member] struct {
 	buf lower.Buffer
 }
 
-// holders are the devices whose program has the named source.
+// holders are this process's devices whose program has the named source.
+// A name no device of the job holds is an error; one held only in other
+// processes gives none.
 func (c *MeshCluster[D]) holders(name string) ([]holding[D], error) {
 	var hs []holding[D]
 	for _, d := range c.Devices {
@@ -184,9 +209,21 @@ func (c *MeshCluster[D]) holders(name string) ([]holding[D], error) {
 		}
 	}
 	if len(hs) == 0 {
-		return nil, fmt.Errorf("no device holds a param, state or input named %q", name)
+		if _, ok := c.remoteSource(name); !ok {
+			return nil, fmt.Errorf("no device holds a param, state or input named %q", name)
+		}
 	}
 	return hs, nil
+}
+
+// remoteSource finds the named source's buffer in any program of the job.
+func (c *MeshCluster[D]) remoteSource(name string) (lower.Buffer, bool) {
+	for _, p := range c.progs {
+		if id, ok := p.Sources[name]; ok {
+			return p.Buffers[id], true
+		}
+	}
+	return lower.Buffer{}, false
 }
 
 // SetInt32 gives every device that uses the input its block of it.
@@ -201,7 +238,11 @@ func scatter[D Member, T any](c *MeshCluster[D], name string, x []T, set func(D,
 	if err != nil {
 		return err
 	}
-	if g := hs[0].buf.Global; int64(len(x)) != g.Shape.NumElements() {
+	global, _ := c.remoteSource(name)
+	if len(hs) > 0 {
+		global = hs[0].buf
+	}
+	if g := global.Global; int64(len(x)) != g.Shape.NumElements() {
 		return fmt.Errorf("%q is %v; got %d values", name, g, len(x))
 	}
 	for _, h := range hs {
@@ -227,31 +268,96 @@ func (c *MeshCluster[D]) SetScalar(name string, x float64) error {
 }
 
 // Scalar reads a replicated scalar output from the first device that has
-// it (under pipeline parallelism, the loss lives on the last stage).
+// it (under pipeline parallelism, the loss lives on the last stage). In a
+// job of several processes the device that has it may be elsewhere: its
+// process reads it and sends it to the others, so every process must call
+// Scalar for the same names in the same order.
 func (c *MeshCluster[D]) Scalar(name string) (float64, error) {
 	if c.evaluated {
 		return c.eval.Scalar(name)
 	}
-	for _, d := range c.Devices {
-		if _, ok := d.Program().Outputs[name]; ok {
-			return d.Scalar(name)
+	if !c.distributed() {
+		for _, d := range c.Devices {
+			if _, ok := d.Program().Outputs[name]; ok {
+				return d.Scalar(name)
+			}
+		}
+		return 0, fmt.Errorf("no device has an output named %q", name)
+	}
+	owner := -1
+	for r := range c.job.Layout.Devices {
+		if _, ok := lower.ProgramOf(c.progs, r).Outputs[name]; ok {
+			owner = r
+			break
 		}
 	}
-	return 0, fmt.Errorf("no device has an output named %q", name)
+	if owner < 0 {
+		return 0, fmt.Errorf("no device has an output named %q", name)
+	}
+	buf := make([]byte, 8)
+	if c.job.Layout.Holds(owner) {
+		x, err := c.Devices[owner-c.Ranks[0]].Scalar(name)
+		if err != nil {
+			return 0, err
+		}
+		binary.LittleEndian.PutUint64(buf, math.Float64bits(x))
+	}
+	g, me, root := c.hostGroup(owner)
+	if err := c.job.Comm.Broadcast(g, me, root, ir.F64, buf); err != nil {
+		return 0, fmt.Errorf("output %q from device %d: %w", name, owner, err)
+	}
+	return math.Float64frombits(binary.LittleEndian.Uint64(buf)), nil
 }
 
-// Global assembles a whole param or state from the devices' blocks.
+// hostGroup is one rank per process, owner speaking for its own process
+// and each other process's lead for it: the group of a host exchange
+// rooted at owner. It returns the group, the rank this process calls
+// with and owner's position.
+func (c *MeshCluster[D]) hostGroup(owner int) (g Group, me, root int) {
+	l := c.job.Layout
+	g.Channel = HostChannel
+	for p := range l.Procs {
+		r := l.Lead(p)
+		if p == l.ProcOf(owner) {
+			r, root = owner, p
+		}
+		if p == l.Proc {
+			me = r
+		}
+		g.Ranks = append(g.Ranks, r)
+	}
+	return g, me, root
+}
+
+// hostTag is the tag of the next host point-to-point exchange. Tags the
+// lowering gives pipeline transfers are value ids, never negative.
+func (c *MeshCluster[D]) hostTag() int {
+	c.hostTags++
+	return -c.hostTags
+}
+
+// Global assembles a whole param or state from the devices' blocks. In a
+// job of several processes it is collective: every process calls it, the
+// blocks travel to process 0, which alone gets the tensor (the others get
+// nil).
 func (c *MeshCluster[D]) Global(name string) ([]float64, error) {
 	hs, err := c.holders(name)
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range hs[0].buf.Place {
+	buf, _ := c.remoteSource(name)
+	if len(hs) > 0 {
+		buf = hs[0].buf
+	}
+	for _, p := range buf.Place {
 		if p.Kind == ir.Partial {
 			return nil, fmt.Errorf("%q is a partial sum on some axis; it has no whole value per device", name)
 		}
 	}
-	whole := make([]float64, hs[0].buf.Global.Shape.NumElements())
+	if c.distributed() {
+		return c.gather(name, buf)
+	}
+	whole := make([]float64, buf.Global.Shape.NumElements())
 	for _, h := range hs {
 		blk, err := h.dev.Float64s(name)
 		if err != nil {
@@ -262,7 +368,110 @@ func (c *MeshCluster[D]) Global(name string) ([]float64, error) {
 	return whole, nil
 }
 
+// gather brings every distinct block of the named source to process 0:
+// each block from the first rank that holds it, sent by that rank's
+// process unless process 0 holds it too.
+func (c *MeshCluster[D]) gather(name string, buf lower.Buffer) ([]float64, error) {
+	l := c.job.Layout
+	mesh := c.progs[0].Mesh
+	var whole []float64
+	if l.Proc == 0 {
+		whole = make([]float64, buf.Global.Shape.NumElements())
+	}
+	seen := map[string]bool{}
+	for r := range l.Devices {
+		p := lower.ProgramOf(c.progs, r)
+		id, ok := p.Sources[name]
+		if !ok {
+			continue
+		}
+		b := p.Buffers[id]
+		coords := mesh.Coords(r)
+		box := ir.BlockBox(mesh, b.Place, b.Global.Shape, coords)
+		key := fmt.Sprint(box.Lo)
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		tag := c.hostTag()
+		var blk []float64
+		switch {
+		case l.Holds(r):
+			var err error
+			if blk, err = c.Devices[r-c.Ranks[0]].Float64s(name); err != nil {
+				return nil, err
+			}
+			if l.Proc != 0 {
+				if err := c.job.Comm.Send(r, l.Lead(0), tag, ir.F64, f64Bytes(blk)); err != nil {
+					return nil, fmt.Errorf("%q from device %d: %w", name, r, err)
+				}
+				continue
+			}
+		case l.Proc == 0:
+			blk = make([]float64, b.Type.Shape.NumElements())
+			if err := c.job.Comm.Recv(r, l.Lead(0), tag, ir.F64, f64Bytes(blk)); err != nil {
+				return nil, fmt.Errorf("%q from device %d: %w", name, r, err)
+			}
+		default:
+			continue
+		}
+		Unblock(whole, b, mesh, coords, blk)
+	}
+	return whole, nil
+}
+
+// Peaks is every device's measured peak, by global rank. In a job of
+// several processes it is collective, and only process 0 gets the figures
+// (the others get nil).
+func (c *MeshCluster[D]) Peaks() ([]int64, error) {
+	if !c.distributed() {
+		out := make([]int64, len(c.Devices))
+		for i, d := range c.Devices {
+			out[i] = d.PeakBytes()
+		}
+		return out, nil
+	}
+	l := c.job.Layout
+	mine := make([]float64, len(c.Devices))
+	for i, d := range c.Devices {
+		mine[i] = float64(d.PeakBytes())
+	}
+	var out []int64
+	if l.Proc == 0 {
+		out = make([]int64, l.Devices)
+		for i, x := range mine {
+			out[c.Ranks[i]] = int64(x)
+		}
+	}
+	for p := 1; p < l.Procs; p++ {
+		tag := c.hostTag()
+		switch l.Proc {
+		case p:
+			if err := c.job.Comm.Send(l.Lead(p), l.Lead(0), tag, ir.F64, f64Bytes(mine)); err != nil {
+				return nil, fmt.Errorf("peaks: %w", err)
+			}
+		case 0:
+			theirs := make([]float64, l.PerProc())
+			if err := c.job.Comm.Recv(l.Lead(p), l.Lead(0), tag, ir.F64, f64Bytes(theirs)); err != nil {
+				return nil, fmt.Errorf("peaks of process %d: %w", p, err)
+			}
+			for i, x := range theirs {
+				out[l.Lead(p)+i] = int64(x)
+			}
+		}
+	}
+	return out, nil
+}
+
 // SetGlobal gives every device its block of a whole param or state.
 func (c *MeshCluster[D]) SetGlobal(name string, x []float64) error {
 	return scatter(c, name, x, func(d D, blk []float64) error { return d.SetFloat64s(name, blk) })
+}
+
+// f64Bytes is x's memory as bytes, shared.
+func f64Bytes(x []float64) []byte {
+	if len(x) == 0 {
+		return []byte{}
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 8*len(x))
 }

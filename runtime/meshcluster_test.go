@@ -1,4 +1,4 @@
-package cpu_test
+package runtime_test
 
 import (
 	"errors"
@@ -10,12 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/lower"
+	"gcompile/runtime"
 	"gcompile/runtime/cpu"
 )
 
 // member is a device of a MeshCluster test: a HostView with a step.
 type member struct {
-	cpu.HostView
+	runtime.HostView
 	step func() error
 }
 
@@ -32,11 +33,11 @@ func TestMeshClusterReportsTheFirstFailure(t *testing.T) {
 		t.Run(fmt.Sprint("rank", bad), func(t *testing.T) {
 			stop := make(chan struct{})
 			var once sync.Once
-			c := cpu.NewMeshCluster[*member](
+			c := runtime.NewMeshCluster[*member](
 				func(error) { once.Do(func() { close(stop) }) },
 				func(err error) bool { return errors.Is(err, errEcho) })
 			for r := range 4 {
-				c.Devices = append(c.Devices, &member{HostView: cpu.NewHostView(p, nil, &copyMemory{bufs: map[int][]byte{}}), step: func() error {
+				c.Devices = append(c.Devices, &member{HostView: runtime.NewHostView(p, nil, &copyMemory{bufs: map[int][]byte{}}), step: func() error {
 					if r == bad {
 						return errors.New("kernel failed")
 					}
@@ -105,14 +106,14 @@ func TestMeshClusterSplitsAndAssemblesByPlacement(t *testing.T) {
 
 func TestMeshDevicesWantsOneProgramPerPipelineRank(t *testing.T) {
 	p := lowerText(t, shardedText)
-	_, err := cpu.MeshDevices(nil)
+	_, err := lower.MeshDevices(nil)
 	assert.ErrorContains(t, err, "no programs to load")
-	_, err = cpu.MeshDevices([]*lower.Program{p, p})
+	_, err = lower.MeshDevices([]*lower.Program{p, p})
 	assert.ErrorContains(t, err, "2 programs for mesh")
-	n, err := cpu.MeshDevices([]*lower.Program{p})
+	n, err := lower.MeshDevices([]*lower.Program{p})
 	require.NoError(t, err)
 	assert.Equal(t, 4, n)
 	for r := range n {
-		assert.Same(t, p, cpu.ProgramOf([]*lower.Program{p}, r), "without pp every device runs the one program")
+		assert.Same(t, p, lower.ProgramOf([]*lower.Program{p}, r), "without pp every device runs the one program")
 	}
 }

@@ -1,4 +1,4 @@
-package cpu
+package runtime
 
 import "gcompile/lower"
 

@@ -1,53 +1,39 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"time"
 
+	"gcompile/compile"
 	"gcompile/data"
-	"gcompile/ir"
 	"gcompile/lower"
-	"gcompile/passes"
 	"gcompile/runtime"
 	"gcompile/runtime/cpu"
 )
 
-// runAsync compiles and runs asynchronous data parallelism: the module is
-// split into a gradient program (one per replica) and an update program.
-func runAsync(c *config, m *ir.Module, start time.Time, results []passes.Result) error {
-	gm, um, boundary, err := lower.SplitAtOptimizer(m)
-	if err != nil {
-		return err
+// runAsync runs asynchronous data parallelism: one gradient program per
+// replica and the update program of the parameter server.
+func runAsync(c *config, j *job, res *compile.Result) error {
+	if j.multi() {
+		return fmt.Errorf("--dp-sync async across processes: %w (the parameter server and its replicas run in one process)", errNotYet)
 	}
-	gp, err := lower.Lower(gm)
-	if err != nil {
-		return err
-	}
-	up, err := lower.Lower(um)
-	if err != nil {
-		return err
-	}
-	compileMs := float64(time.Since(start).Microseconds()) / 1000
-	fmt.Fprintf(os.Stderr, "compiled %s in %.0f ms for %d asynchronous replicas (staleness ≤ %d): replica %s; update %s\n",
-		m.Name, compileMs, c.dp, c.staleness, gp.Describe(), up.Describe())
-	met := &runtime.Metrics{Config: c.metricsConfig(), CompileMs: compileMs, Schedule: runtime.ScheduleMetrics{Name: "none"},
-		Model: runtime.ModelMetrics{Params: paramCount(m)}, Steps: []runtime.StepMetrics{}, Eval: []runtime.EvalMetrics{}}
-	for _, r := range results {
-		met.Passes = append(met.Passes, runtime.PassMetrics{Name: r.Name, Ms: r.Ms, Changed: r.Changed, Skipped: r.Skipped})
-	}
-	for r := range c.dp {
+	gp, up, boundary := res.Async.Grad, res.Async.Update, res.Async.Boundary
+	compileMs := float64(res.Elapsed.Microseconds()) / 1000
+	fmt.Fprintf(j.log, "compiled %s in %.0f ms for %d asynchronous replicas (staleness ≤ %d): replica %s; update %s\n",
+		res.Module.Name, compileMs, c.DP, c.Staleness, gp.Describe(), up.Describe())
+	met := newMetrics(c, res, compileMs)
+	for r := range c.DP {
 		met.Devices = append(met.Devices, deviceMetrics(gp, r))
 	}
-	server := deviceMetrics(up, c.dp)
-	met.Devices = append(met.Devices, server)
+	met.Devices = append(met.Devices, deviceMetrics(up, c.DP))
 	var runErr error
 	if c.run {
 		runErr = trainAsync(c, gp, up, boundary, met)
 	}
 	if c.metrics != "" {
 		if err := met.WriteFile(c.metrics); err != nil {
-			return err
+			return errors.Join(runErr, err)
 		}
 	}
 	return runErr
@@ -66,7 +52,7 @@ func trainAsync(c *config, gp, up *lower.Program, boundary []string, met *runtim
 		return err
 	}
 	met.Data = &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
-	a, err := cpu.NewAsync(gp, up, boundary, c.dp, c.staleness)
+	a, err := cpu.NewAsync(gp, up, boundary, c.DP, c.Staleness)
 	if err != nil {
 		return err
 	}
@@ -75,18 +61,18 @@ func trainAsync(c *config, gp, up *lower.Program, boundary []string, met *runtim
 	}
 	// The same scaler as synchronous training; Async fixes each step's
 	// scale when its first replica starts and feeds both programs that one.
-	cfg := runtime.TrainConfig{Steps: c.steps, Batch: c.batch, Seq: seq, Seed: c.seed, EvalBatches: c.evalBatches,
+	cfg := runtime.TrainConfig{Steps: c.steps, Batch: c.Batch, Seq: seq, Seed: c.seed, EvalBatches: c.evalBatches,
 		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
 		LossScale: lossScaler(c)}
 	p := newProgress(os.Stderr, c.steps)
 	steps, evals, trainErr := a.Train(corpus, cfg, p.step)
 	p.done()
 	met.Steps, met.Eval = steps, evals
-	met.Async = &runtime.AsyncMetrics{Staleness: c.staleness, MaxStalenessSeen: a.MaxStaleness()}
+	met.Async = &runtime.AsyncMetrics{Staleness: c.Staleness, MaxStalenessSeen: a.MaxStaleness()}
 	for r, w := range a.Workers {
 		met.Devices[r].PeakBytesMeasured = w.PeakBytes()
 	}
 	met.Devices[len(a.Workers)].PeakBytesMeasured = a.Server.PeakBytes()
-	fmt.Fprintf(os.Stderr, "largest staleness seen: %d (bound %d)\n", a.MaxStaleness(), c.staleness)
+	fmt.Fprintf(os.Stderr, "largest staleness seen: %d (bound %d)\n", a.MaxStaleness(), c.Staleness)
 	return trainErr
 }

@@ -1,8 +1,11 @@
 // Command gcompile compiles a model written in gcompile's Go DSL (or a
 // dumped .gir module) into per-device training programs, and with --run
-// trains it on the CPU backend or, with --backend cuda, on an NVIDIA GPU.
+// trains it on the CPU backend or, with --backend cuda, on NVIDIA GPUs —
+// in one process, or in a job of several processes started by torchrun,
+// srun, mpirun or `gcompile launch`.
 //
 //	gcompile examples/gpt/model.go --run --steps 200 --metrics m.json --dump d/
+//	gcompile launch --nproc 4 -- examples/gpt/model.go --devices 4 --tp 2 --run
 //
 // Every pass can be inspected: --dump writes the module after each pass
 // that changed it plus an index.html that shows the passes side by side.
@@ -17,12 +20,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"gcompile/compile"
 	"gcompile/data"
 	"gcompile/frontend"
 	"gcompile/frontend/loader"
-	"gcompile/ir"
 	"gcompile/lower"
-	"gcompile/passes"
 	"gcompile/passes/schedule"
 	"gcompile/runtime"
 	"gcompile/runtime/cpu"
@@ -37,137 +39,129 @@ func main() {
 }
 
 func mainErr(args []string) (err error) {
+	if len(args) > 0 && args[0] == "launch" {
+		return launchMain(args[1:])
+	}
 	c, err := parseArgs(args)
 	if err != nil {
-		return err
-	}
-	opts := passOptions(c)
-	if err := opts.Validate(); err != nil {
 		return err
 	}
 	if c.helpModel {
 		return helpModel(c)
 	}
-	var sched *schedule.Schedule
-	var simulated *schedule.Result
-	if c.pp > 1 {
-		// The schedule depends only on p, v and m: check it before any work.
-		if sched, simulated, err = pipelineSchedule(c); err != nil {
-			return err
-		}
-	}
-	var gpu *cuda.Runtime
-	if c.run && c.backend == "cuda" {
-		// Find the GPU before any work: on a machine without the CUDA
-		// libraries this is the error, naming every place searched.
-		if gpu, err = cuda.Open(cuda.Config{}); err != nil {
-			return err
-		}
-		defer func() { err = errors.Join(err, gpu.Close()) }()
-	}
-	start := time.Now()
-	m, err := loadModule(c)
+	j, err := startJob(c)
 	if err != nil {
 		return err
 	}
-	dumper := newDumper(c.dump)
-	results, passErr := passes.Run(m, opts, dumper.hooks())
-	if err := dumper.finish(m, passErr); err != nil {
-		return err
+	defer func() {
+		if err != nil {
+			if j.multi() && !strings.HasPrefix(err.Error(), "rank ") {
+				err = fmt.Errorf("rank %d: %w", j.world.Rank, err)
+			}
+			j.fail(err)
+		}
+		err = errors.Join(err, j.close())
+	}()
+	return compileAndRun(c, j)
+}
+
+// compileAndRun compiles the plan and, with --run, trains it. In a job of
+// several processes every process compiles the same plan and runs its
+// share of the devices; process 0 writes the outputs.
+func compileAndRun(c *config, j *job) (err error) {
+	var gpus []*cuda.Runtime
+	if c.run && c.backend == "cuda" {
+		// Find the GPUs before any work: on a machine without the CUDA
+		// libraries this is the error, naming every place searched.
+		if gpus, err = openGPUs(c, j); err != nil {
+			return err
+		}
+		defer func() {
+			for _, g := range gpus {
+				err = errors.Join(err, g.Close())
+			}
+		}()
+	}
+	var dumper *dumper
+	if j.lead() {
+		dumper = newDumper(c.dump)
+	}
+	res, passErr := compile.Compile(&c.Config, dumper.hooks())
+	if res != nil && res.Module != nil {
+		if err := dumper.finish(res.Module, passErr); err != nil {
+			return err
+		}
 	}
 	if passErr != nil {
 		return passErr
 	}
-	if c.dpSync == "async" {
-		return runAsync(c, m, start, results)
-	}
-	var progs, evalProgs []*lower.Program
-	lo, err := lowerOptions(c)
-	if err != nil {
+	if err := j.checkPlan(res.Fingerprint()); err != nil {
 		return err
 	}
+	if res.Async != nil {
+		return runAsync(c, j, res)
+	}
+	m, progs, sched := res.Module, res.Programs, res.Schedule
+	compileMs := float64(res.Elapsed.Microseconds()) / 1000
+	if j.lead() {
+		fmt.Fprintf(j.log, "compiled %s in %.0f ms: %d params\n", m.Name, compileMs, compile.ParamCount(m))
+		for r, p := range progs {
+			fmt.Fprintf(j.log, "  program %d: %s\n", r, p.Describe())
+		}
+		if sched != nil {
+			fmt.Fprintf(j.log, "schedule %s (p=%d v=%d m=%d): bubble %.4f in theory, %.4f simulated; activations stashed per rank %v\n%s",
+				sched.Name, sched.Ranks, sched.Chunks, sched.Micro, c.BubbleTheory(), res.Simulated.Bubble, res.Simulated.StashPeak, sched)
+		}
+		if c.dump != "" {
+			fmt.Fprintf(j.log, "dumps: %s\n", filepath.Join(c.dump, "index.html"))
+		}
+	}
+	met := newMetrics(c, res, compileMs)
 	if sched != nil {
-		if progs, err = lower.LowerPipelineWith(m, blocks(sched), lo); err == nil {
-			evalProgs, err = lower.LowerPipelineForwardWith(m, c.pp, max(c.vpp, 1), c.microbatches, lo)
-		}
-	} else {
-		var prog *lower.Program
-		prog, err = lower.LowerWith(m, lo)
-		progs = []*lower.Program{prog}
-	}
-	if err != nil {
-		return err
-	}
-	prog := progs[0]
-	if c.memLimit > 0 {
-		devices := 1
-		if prog.Mesh != nil {
-			devices = prog.Mesh.Devices()
-		}
-		for r := range devices {
-			if err := programOf(progs, prog.Mesh, r).CheckFits(fmt.Sprintf("device %d", r), c.memLimit); err != nil {
-				return err
+		met.Schedule = runtime.ScheduleMetrics{Name: c.Schedule, BubbleTheory: c.BubbleTheory(), BubbleSimulated: res.Simulated.Bubble, StashPeak: res.Simulated.StashPeak}
+		if j.lead() {
+			if c.dump != "" {
+				// The schedule is IR too: dumped beside the passes, one line per rank.
+				if err := os.WriteFile(filepath.Join(c.dump, "schedule.txt"), []byte(sched.String()), 0o644); err != nil {
+					return err
+				}
+			}
+			if c.timeline != "" {
+				if err := writeTimeline(c.timeline, sched, res.Simulated, compile.UnitCost(sched)); err != nil {
+					return err
+				}
 			}
 		}
 	}
-	compileMs := float64(time.Since(start).Microseconds()) / 1000
-	fmt.Fprintf(os.Stderr, "compiled %s in %.0f ms: %d params\n", m.Name, compileMs, paramCount(m))
-	for r, p := range progs {
-		fmt.Fprintf(os.Stderr, "  program %d: %s\n", r, p.Describe())
+	for r := range res.Devices() {
+		met.Devices = append(met.Devices, deviceMetrics(res.ProgramOf(r), r))
 	}
-	if sched != nil {
-		fmt.Fprintf(os.Stderr, "schedule %s (p=%d v=%d m=%d): bubble %.4f in theory, %.4f simulated; activations stashed per rank %v\n%s",
-			sched.Name, sched.Ranks, sched.Chunks, sched.Micro, bubbleTheory(c), simulated.Bubble, simulated.StashPeak, sched)
+	var runErr error
+	if c.run {
+		runErr = train(c, j, gpus, res, met)
 	}
-	if c.dump != "" {
-		fmt.Fprintf(os.Stderr, "dumps: %s\n", filepath.Join(c.dump, "index.html"))
+	if c.metrics != "" && j.lead() {
+		if err := met.WriteFile(c.metrics); err != nil {
+			return errors.Join(runErr, err)
+		}
 	}
+	return runErr
+}
+
+// newMetrics starts the metrics of a compiled plan.
+func newMetrics(c *config, res *compile.Result, compileMs float64) *runtime.Metrics {
 	met := &runtime.Metrics{
 		Config:    c.metricsConfig(),
 		CompileMs: compileMs,
 		Schedule:  runtime.ScheduleMetrics{Name: "none"},
-		Model:     runtime.ModelMetrics{Params: paramCount(m)},
+		Model:     runtime.ModelMetrics{Params: compile.ParamCount(res.Module)},
 		Steps:     []runtime.StepMetrics{},
 		Eval:      []runtime.EvalMetrics{},
 	}
-	for _, r := range results {
+	for _, r := range res.Passes {
 		met.Passes = append(met.Passes, runtime.PassMetrics{Name: r.Name, Ms: r.Ms, Changed: r.Changed, Skipped: r.Skipped})
 	}
-	if sched != nil && c.dump != "" {
-		// The schedule is IR too: dumped beside the passes, one line per rank.
-		if err := os.WriteFile(filepath.Join(c.dump, "schedule.txt"), []byte(sched.String()), 0o644); err != nil {
-			return err
-		}
-	}
-	if sched != nil {
-		met.Schedule = scheduleMetrics(c, simulated)
-		if c.timeline != "" {
-			cost := schedule.UnitCost
-			if sched.Name == "zb" {
-				cost = schedule.UnitCostZB
-			}
-			if err := writeTimeline(c.timeline, sched, simulated, cost); err != nil {
-				return err
-			}
-		}
-	}
-	devices := 1
-	if prog.Mesh != nil {
-		devices = prog.Mesh.Devices()
-	}
-	for r := range devices {
-		met.Devices = append(met.Devices, deviceMetrics(programOf(progs, prog.Mesh, r), r))
-	}
-	var runErr error
-	if c.run {
-		runErr = train(c, gpu, progs, evalProgs, met, sched)
-	}
-	if c.metrics != "" {
-		if err := met.WriteFile(c.metrics); err != nil {
-			return err
-		}
-	}
-	return runErr
+	return met
 }
 
 // deviceMetrics is the compile-time memory of one device: the plan's peak
@@ -195,164 +189,64 @@ func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
 	return dm
 }
 
-// lowerOptions are the lowering's options from the command line; every
-// pipeline rank's program gets the same.
-func lowerOptions(c *config) (lower.Options, error) {
-	if _, _, err := lower.ParseOffload(c.offload); err != nil {
-		return lower.Options{}, fmt.Errorf("--offload %q: %w", c.offload, err)
-	}
-	prefetch := c.offloadPrefetch
-	if prefetch == 0 {
-		prefetch = -1 // right before use; Options reads 0 as the default
-	}
-	return lower.Options{Offload: c.offload, PrefetchLayers: prefetch}, nil
-}
-
 // lossScaler is the loss scaler for --precision: none for fp32; for fp16
 // the static --loss-scale, or PyTorch's dynamic scaler when it is 0; for
 // bf16, which has fp32's range, no scaling (a static 1) unless asked.
 func lossScaler(c *config) *runtime.LossScaler {
-	switch c.precision {
+	switch c.Precision {
 	case "fp16":
-		return runtime.NewLossScaler(c.lossScale)
+		return runtime.NewLossScaler(c.LossScale)
 	case "bf16":
-		return runtime.NewLossScaler(max(c.lossScale, 1))
+		return runtime.NewLossScaler(max(c.LossScale, 1))
 	}
 	return nil
 }
 
-func passOptions(c *config) *passes.Options {
-	o := passes.DefaultOptions()
-	o.Verify = c.verify
-	o.Optimizer = c.optimizer
-	o.Beta1, o.Beta2 = c.beta1, c.beta2
-	o.WeightDecay = c.weightDecay
-	o.ClipNorm = c.clip
-	o.Zero = c.zero
-	o.Microbatches = c.microbatches
-	o.SequenceParallel = c.seqParallel
-	o.VPP = c.vpp
-	o.TwoBW = c.schedule == "2bw"
-	o.Recompute = c.recompute
-	o.Compress = c.compress
-	o.Fuse = c.fuse
-	o.BucketMB = c.bucketMB
-	o.Precision, o.LossScale = c.precision, c.lossScale
-	o.Mesh = meshOf(c)
-	if c.dpSync == "async" {
-		o.Mesh = nil // replicas are whole single-device programs
-	}
-	return o
-}
-
-// meshOf lays the devices out as Megatron-LM does: tensor-parallel ranks
-// adjacent (tp is the last, fastest axis), then data parallel, pipeline
-// stages outermost. Axes of size 1 are left out.
-func meshOf(c *config) *ir.Mesh {
-	m := &ir.Mesh{}
-	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.pp}, {Name: "dp", Size: c.dp}, {Name: "tp", Size: c.tp}} {
-		if a.Size > 1 {
-			m.Axes = append(m.Axes, a)
-		}
-	}
-	if len(m.Axes) == 0 {
-		return nil
-	}
-	return m
-}
-
 func (c *config) metricsConfig() map[string]any {
 	return map[string]any{
-		"model": c.model, "devices": c.devices, "tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "vpp": c.vpp,
-		"microbatches": c.microbatches, "sequence_parallel": c.seqParallel, "offload": c.offload, "schedule": c.schedule, "zero": c.zero, "recompute": c.recompute,
-		"precision": c.precision, "optimizer": c.optimizer, "backend": c.backend, "batch": c.batch,
-		"steps": c.steps, "seed": c.seed, "lr": c.lr, "min_lr": c.minLR, "warmup": c.warmup, "set": c.set,
+		"model": c.Model, "devices": c.Devices, "tp": c.TP, "pp": c.PP, "dp": c.DP, "ep": c.EP, "vpp": c.VPP,
+		"microbatches": c.Microbatches, "sequence_parallel": c.SequenceParallel, "offload": c.Offload, "schedule": c.Schedule, "zero": c.Zero, "recompute": c.Recompute,
+		"precision": c.Precision, "optimizer": c.Optimizer, "backend": c.backend, "batch": c.Batch,
+		"steps": c.steps, "seed": c.seed, "lr": c.lr, "min_lr": c.minLR, "warmup": c.warmup, "set": c.Set,
 	}
-}
-
-func loadModule(c *config) (*ir.Module, error) {
-	if strings.HasSuffix(c.model, ".gir") {
-		text, err := os.ReadFile(c.model)
-		if err != nil {
-			return nil, err
-		}
-		return ir.Parse(c.model, string(text))
-	}
-	set, err := frontend.ParseSet(c.set)
-	if err != nil {
-		return nil, err
-	}
-	name := strings.TrimSuffix(filepath.Base(filepath.Dir(absOr(c.model))), "/")
-	batch := c.batch
-	if c.dpSync == "async" {
-		batch /= c.dp // each replica's program sees its share of the batch
-	}
-	return loader.LoadModel(c.model, frontend.Config{Name: name, Batch: batch, Set: set})
-}
-
-func absOr(p string) string {
-	if a, err := filepath.Abs(p); err == nil {
-		return a
-	}
-	return p
 }
 
 func helpModel(c *config) error {
-	docs, err := loader.DescribeModel(c.model, frontend.Config{Batch: c.batch})
+	docs, err := loader.DescribeModel(c.Model, frontend.Config{Batch: c.Batch})
 	if err != nil {
 		return err
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "%s reads (set with --set key=value,…):\n", c.model)
+	fmt.Fprintf(w, "%s reads (set with --set key=value,…):\n", c.Model)
 	for _, d := range docs {
 		fmt.Fprintf(w, "  %s\t%s\tdefault %s\t%s\n", d.Key, d.Kind, d.Default, d.Doc)
 	}
 	return w.Flush()
 }
 
-func paramCount(m *ir.Module) int64 {
-	var n int64
-	for _, p := range m.Params() {
-		n += p.Type.Shape.NumElements()
-	}
-	return n
-}
-
 // inputShape returns batch and sequence length from the "tokens" input
 // (held by the first pipeline rank).
 func inputShape(progs []*lower.Program) (batch, seq int, err error) {
-	var t ir.Type
-	found := false
 	for _, prog := range progs {
 		if id, ok := prog.Sources["tokens"]; ok {
-			t, found = prog.Buffers[id].Global, true
-			break
+			t := prog.Buffers[id].Global
+			if t.Rank() != 2 || t.DType.String() != "i32" {
+				return 0, 0, fmt.Errorf(`input "tokens" must be i32[batch,seq], got %v`, t)
+			}
+			return t.Shape[0], t.Shape[1], nil
 		}
 	}
-	if !found {
-		return 0, 0, errors.New(`--run trains a language model: the module needs an i32 input "tokens" [batch,seq] and "targets"`)
-	}
-	if t.Rank() != 2 || t.DType != ir.I32 {
-		return 0, 0, fmt.Errorf(`input "tokens" must be i32[batch,seq], got %v`, t)
-	}
-	return t.Shape[0], t.Shape[1], nil
-}
-
-// programOf is the program device rank runs: its pipeline rank's.
-func programOf(progs []*lower.Program, mesh *ir.Mesh, rank int) *lower.Program {
-	if mesh == nil || mesh.Axis("pp") < 0 {
-		return progs[0]
-	}
-	return progs[cpu.Coords(mesh, rank)[mesh.Axis("pp")]]
+	return 0, 0, errors.New(`--run trains a language model: the module needs an i32 input "tokens" [batch,seq] and "targets"`)
 }
 
 // firstOnPipelineRank reports whether device rank has coordinate 0 on every
 // axis but pp: one representative per pipeline rank.
-func firstOnPipelineRank(mesh *ir.Mesh, rank int) bool {
+func firstOnPipelineRank(prog *lower.Program, rank int) bool {
+	mesh := prog.Mesh
 	if mesh == nil {
 		return true
 	}
-	for i, c := range cpu.Coords(mesh, rank) {
+	for i, c := range mesh.Coords(rank) {
 		if mesh.Axes[i].Name != "pp" && c != 0 {
 			return false
 		}
@@ -367,44 +261,55 @@ type cluster interface {
 	weightStore
 	InitParams(seed uint64) error
 	SetEvalPrograms(progs []*lower.Program) error
+	Peaks() ([]int64, error)
 }
 
 // deviceView is one device of a cluster, for the trace, the schedule
 // profile and the memory metrics.
 type deviceView struct {
+	rank int
 	prog *lower.Program
-	peak func() int64
 	// onInstr installs the hook told each instruction's start and duration.
 	onInstr func(func(int, time.Time, time.Duration))
 }
 
-// newCluster loads the programs on the chosen backend: one virtual CPU
-// device per mesh device, or one virtual device per mesh device on the
-// GPU. The function returned releases what the backend holds.
-func newCluster(c *config, gpu *cuda.Runtime, progs []*lower.Program) (cluster, []deviceView, func() error, error) {
+// newCluster loads this process's devices on the chosen backend, connected
+// to the job's other devices where there are any. The function returned
+// releases what the backend holds.
+func newCluster(c *config, j *job, gpus []*cuda.Runtime, progs []*lower.Program) (cluster, []deviceView, func() error, error) {
 	var devs []deviceView
 	if c.backend == "cuda" {
-		g, err := cuda.NewPipelineCluster(gpu, progs, cuda.Options{})
+		g, err := newCUDACluster(c, j, gpus, progs)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		for _, d := range g.Devices {
-			devs = append(devs, deviceView{prog: d.Program(), peak: d.PeakBytes, onInstr: func(f func(int, time.Time, time.Duration)) { d.OnInstr = f }})
+		for i, d := range g.Devices {
+			devs = append(devs, deviceView{rank: g.Ranks[i], prog: d.Program(), onInstr: func(f func(int, time.Time, time.Duration)) { d.OnInstr = f }})
 		}
 		return g, devs, g.Close, nil
 	}
-	h, err := cpu.NewPipelineCluster(progs, cpu.Options{})
+	var h *cpu.Cluster
+	var err error
+	if j.multi() {
+		net, cerr := j.connect()
+		if cerr != nil {
+			return nil, nil, nil, cerr
+		}
+		h, err = cpu.NewJobCluster(progs, cpu.Options{}, &runtime.Job{Layout: j.layout, Comm: net})
+	} else {
+		h, err = cpu.NewPipelineCluster(progs, cpu.Options{})
+	}
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	for _, d := range h.Devices {
-		devs = append(devs, deviceView{prog: d.Program(), peak: d.PeakBytes, onInstr: func(f func(int, time.Time, time.Duration)) { d.OnInstr = f }})
+	for i, d := range h.Devices {
+		devs = append(devs, deviceView{rank: h.Ranks[i], prog: d.Program(), onInstr: func(f func(int, time.Time, time.Duration)) { d.OnInstr = f }})
 	}
 	return h, devs, func() error { return nil }, nil
 }
 
-func train(c *config, gpu *cuda.Runtime, progs, evalProgs []*lower.Program, met *runtime.Metrics, sched *schedule.Schedule) (err error) {
-	prog := progs[0]
+func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *runtime.Metrics) (err error) {
+	progs, sched := res.Programs, res.Schedule
 	batch, seq, err := inputShape(progs)
 	if err != nil {
 		return err
@@ -417,36 +322,42 @@ func train(c *config, gpu *cuda.Runtime, progs, evalProgs []*lower.Program, met 
 		return err
 	}
 	met.Data = &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
-	dev, devs, closeDev, err := newCluster(c, gpu, progs)
+	dev, devs, closeDev, err := newCluster(c, j, gpus, progs)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, closeDev()) }()
-	if gpu != nil {
-		met.Config["device"] = gpu.Name()
-		fmt.Fprintf(os.Stderr, "cuda backend: %s (%s), %d virtual device(s) on GPU %d\n", gpu.Name(), gpu.Props().Arch(), len(devs), gpu.Ordinal())
+	if len(gpus) > 0 {
+		met.Config["device"] = gpus[0].Name()
+		ords := make([]int, len(gpus))
+		for i, g := range gpus {
+			ords[i] = g.Ordinal()
+		}
+		fmt.Fprintf(j.log, "cuda backend: %s (%s), %d device(s) on GPU(s) %v\n", gpus[0].Name(), gpus[0].Props().Arch(), len(devs), ords)
 	}
 	if err := dev.InitParams(uint64(c.seed)); err != nil {
 		return err
 	}
 	if c.load != "" {
-		if err := loadWeights(dev, prog, c.load); err != nil {
+		if err := loadWeights(dev, progs, c.load); err != nil {
 			return err
 		}
 	}
+	// In a job of several processes the trace shows process 0's devices.
 	var tracer *runtime.Tracer
-	tracing := c.trace != ""
+	tracing := c.trace != "" && j.lead()
 	if tracing {
-		progs := make([]*lower.Program, len(devs))
+		views := make([]*lower.Program, len(devs))
 		for i, d := range devs {
-			progs[i] = d.prog
+			views[i] = d.prog
 		}
-		tracer = runtime.NewTracer(progs)
+		tracer = runtime.NewTracer(views)
 	}
 	// Under pipeline parallelism one device per pipeline rank times its
-	// schedule actions, to simulate the schedule with measured costs.
+	// schedule actions, to simulate the schedule with measured costs; in
+	// a job of several processes no one process holds them all.
 	var prof *blockProfile
-	if sched != nil {
+	if sched != nil && !j.multi() {
 		prof = newBlockProfile()
 	}
 	for i, d := range devs {
@@ -454,7 +365,7 @@ func train(c *config, gpu *cuda.Runtime, progs, evalProgs []*lower.Program, met 
 		if tracing {
 			trace = tracer.Hook(i)
 		}
-		if prof != nil && firstOnPipelineRank(prog.Mesh, i) {
+		if prof != nil && firstOnPipelineRank(d.prog, d.rank) {
 			timing = prof.hook(d.prog)
 		}
 		if trace != nil || timing != nil {
@@ -468,22 +379,31 @@ func train(c *config, gpu *cuda.Runtime, progs, evalProgs []*lower.Program, met 
 			})
 		}
 	}
-	if prog.Mesh != nil {
-		fmt.Fprintf(os.Stderr, "%d virtual devices, mesh %v, ZeRO-%d\n", prog.Mesh.Devices(), prog.Mesh, c.zero)
+	if mesh := progs[0].Mesh; mesh != nil && j.lead() {
+		where := "virtual devices"
+		if j.multi() {
+			where = fmt.Sprintf("devices in %d processes (%d each)", j.world.Size, j.layout.PerProc())
+		}
+		fmt.Fprintf(j.log, "%d %s, mesh %v, ZeRO-%d\n", mesh.Devices(), where, mesh, c.Zero)
 	}
-	fmt.Fprintf(os.Stderr, "training on %s (%d train / %d held-out bytes), batch %d × seq %d\n", corpus.Source, len(corpus.Train), len(corpus.Eval), batch, seq)
+	if j.lead() {
+		fmt.Fprintf(j.log, "training on %s (%d train / %d held-out bytes), batch %d × seq %d\n", corpus.Source, len(corpus.Train), len(corpus.Eval), batch, seq)
+	}
 	cfg := runtime.TrainConfig{
 		Steps: c.steps, Batch: batch, Seq: seq, Seed: c.seed,
 		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
 		EvalEvery: c.evalEvery, EvalBatches: c.evalBatches,
 		LossScale: lossScaler(c),
 	}
-	if evalProgs != nil {
-		if err := dev.SetEvalPrograms(evalProgs); err != nil {
+	if res.EvalPrograms != nil {
+		if err := dev.SetEvalPrograms(res.EvalPrograms); err != nil {
 			return err
 		}
 	}
-	prog2 := newProgress(os.Stderr, c.steps)
+	var bar *progress
+	if j.lead() {
+		bar = newProgress(j.log, c.steps)
+	}
 	steps, evals, trainErr := runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 		if tracer != nil && s.Step >= runtime.TraceSteps {
 			tracing = false
@@ -497,15 +417,23 @@ func train(c *config, gpu *cuda.Runtime, progs, evalProgs []*lower.Program, met 
 			}
 			prof.endStep()
 		}
-		prog2.step(s, e)
+		if bar != nil {
+			bar.step(s, e)
+		}
 	})
-	prog2.done()
-	met.Steps, met.Eval = steps, evals
-	for r, d := range devs {
-		met.Devices[r].PeakBytesMeasured = d.peak()
+	if bar != nil {
+		bar.done()
 	}
+	met.Steps, met.Eval = steps, evals
 	if trainErr != nil {
 		return trainErr
+	}
+	peaks, err := dev.Peaks()
+	if err != nil {
+		return err
+	}
+	for r, p := range peaks {
+		met.Devices[r].PeakBytesMeasured = p
 	}
 	if tracer != nil {
 		if err := tracer.WriteFile(c.trace); err != nil {
@@ -513,18 +441,20 @@ func train(c *config, gpu *cuda.Runtime, progs, evalProgs []*lower.Program, met 
 		}
 	}
 	if prof != nil {
-		res, err := schedule.Simulate(sched, prof.cost)
+		sim, err := schedule.Simulate(sched, prof.cost)
 		if err != nil {
 			return err
 		}
-		met.Schedule.BubbleProfiled = &res.Bubble
-		fmt.Fprintf(os.Stderr, "schedule %s with the measured F/B/W times: simulated bubble %.4f (unit costs: %.4f)\n", sched.Name, res.Bubble, met.Schedule.BubbleSimulated)
+		met.Schedule.BubbleProfiled = &sim.Bubble
+		fmt.Fprintf(j.log, "schedule %s with the measured F/B/W times: simulated bubble %.4f (unit costs: %.4f)\n", sched.Name, sim.Bubble, met.Schedule.BubbleSimulated)
 	}
 	if c.save != "" {
-		if err := saveWeights(dev, prog, c.save, c.steps); err != nil {
+		if err := saveWeights(dev, progs, c.save, c.steps, j.lead()); err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "saved weights to %s\n", c.save)
+		if j.lead() {
+			fmt.Fprintf(j.log, "saved weights to %s\n", c.save)
+		}
 	}
 	return nil
 }

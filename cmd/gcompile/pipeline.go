@@ -10,58 +10,7 @@ import (
 
 	"gcompile/lower"
 	"gcompile/passes/schedule"
-	"gcompile/runtime"
 )
-
-// pipelineSchedule builds and checks the schedule: the simulator runs every
-// rank's action list together and fails on a deadlock or an unmatched
-// send/receive before any program is built.
-func pipelineSchedule(c *config) (*schedule.Schedule, *schedule.Result, error) {
-	s, err := schedule.New(c.schedule, c.pp, c.vpp, c.microbatches)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--schedule %s: %w", c.schedule, err)
-	}
-	cost := schedule.UnitCost
-	if c.schedule == "zb" {
-		cost = schedule.UnitCostZB
-	}
-	res, err := schedule.Simulate(s, cost)
-	if err != nil {
-		return nil, nil, fmt.Errorf("schedule %s failed its deadlock check: %w", s.Name, err)
-	}
-	return s, res, nil
-}
-
-// blocks turns a schedule into the compute order the lowering follows.
-func blocks(s *schedule.Schedule) [][]lower.Block {
-	out := make([][]lower.Block, len(s.Actions))
-	for r, acts := range s.Actions {
-		for _, a := range acts {
-			switch a.Kind {
-			case schedule.F:
-				out[r] = append(out[r], lower.Block{Kind: 'F', Chunk: a.Chunk, Micro: a.Micro})
-			case schedule.B:
-				out[r] = append(out[r], lower.Block{Kind: 'B', Chunk: a.Chunk, Micro: a.Micro})
-			case schedule.W:
-				out[r] = append(out[r], lower.Block{Kind: 'W', Chunk: a.Chunk, Micro: a.Micro})
-			}
-		}
-	}
-	return out
-}
-
-// bubbleTheory is the formula of REFERENCE.md for the schedule.
-func bubbleTheory(c *config) float64 {
-	p, m, v := float64(c.pp), float64(c.microbatches), float64(max(c.vpp, 1))
-	if c.schedule == "interleaved" {
-		return (p - 1) / (v * m)
-	}
-	return (p - 1) / m
-}
-
-func scheduleMetrics(c *config, res *schedule.Result) runtime.ScheduleMetrics {
-	return runtime.ScheduleMetrics{Name: c.schedule, BubbleTheory: bubbleTheory(c), BubbleSimulated: res.Bubble, StashPeak: res.StashPeak}
-}
 
 // writeTimeline draws the simulated schedule: one row per pipeline rank,
 // one box per action (forward blue, backward green, weight gradient

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"sort"
 	"strconv"
 
 	"gcompile/ir"
@@ -11,7 +12,8 @@ import (
 
 // weightStore is how checkpoints reach a backend's params: whole tensors
 // in and out, split and assembled by the cluster (cpu.Cluster and
-// cuda.Cluster alike).
+// cuda.Cluster alike). In a job of several processes Global is
+// collective and only process 0 gets the tensor.
 type weightStore interface {
 	Global(name string) ([]float64, error)
 	SetGlobal(name string, x []float64) error
@@ -19,14 +21,33 @@ type weightStore interface {
 
 var safetensorsDType = map[ir.DType]string{ir.F32: "F32", ir.F64: "F64", ir.F16: "F16", ir.BF16: "BF16", ir.I32: "I32", ir.I64: "I64", ir.Bool: "BOOL"}
 
-// saveWeights writes the params under their model names (HF GPT-2 names
-// for the reference model), so other tools can read them.
-func saveWeights(dev weightStore, prog *lower.Program, path string, step int) error {
-	var ts []checkpoint.Tensor
-	for _, b := range prog.Buffers {
-		if b.Kind != lower.Param {
-			continue
+// params are the model's params over every pipeline rank's program, each
+// once, by name: a pipeline splits them over its ranks.
+func params(progs []*lower.Program) []lower.Buffer {
+	byName := map[string]lower.Buffer{}
+	for _, p := range progs {
+		for _, b := range p.Buffers {
+			if b.Kind == lower.Param {
+				if _, ok := byName[b.Name]; !ok {
+					byName[b.Name] = b
+				}
+			}
 		}
+	}
+	out := make([]lower.Buffer, 0, len(byName))
+	for _, b := range byName {
+		out = append(out, b)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// saveWeights writes every param under its model name (HF GPT-2 names
+// for the reference model), so other tools can read them. Every process
+// of a job calls it; the one that writes is write.
+func saveWeights(dev weightStore, progs []*lower.Program, path string, step int, write bool) error {
+	var ts []checkpoint.Tensor
+	for _, b := range params(progs) {
 		if b.Global.DType != ir.F32 {
 			return fmt.Errorf("--save: param %q is %v; only f32 params are saved yet", b.Name, b.Global)
 		}
@@ -34,18 +55,25 @@ func saveWeights(dev weightStore, prog *lower.Program, path string, step int) er
 		if err != nil {
 			return err
 		}
+		if !write {
+			continue
+		}
 		x := make([]float32, len(whole))
 		for i, v := range whole {
 			x[i] = float32(v)
 		}
 		ts = append(ts, checkpoint.Tensor{Name: b.Name, DType: "F32", Shape: []int(b.Global.Shape.Clone()), Data: checkpoint.Float32Bytes(x)})
 	}
+	if !write {
+		return nil
+	}
 	return checkpoint.Save(path, ts, map[string]string{"format": "pt", "producer": "gcompile", "step": strconv.Itoa(step)})
 }
 
 // loadWeights overwrites params from a safetensors file; every param of the
-// model must be present with its exact dtype and shape.
-func loadWeights(dev weightStore, prog *lower.Program, path string) error {
+// model, on every pipeline rank, must be present with its exact dtype and
+// shape.
+func loadWeights(dev weightStore, progs []*lower.Program, path string) error {
 	ts, _, err := checkpoint.Load(path)
 	if err != nil {
 		return err
@@ -54,10 +82,7 @@ func loadWeights(dev weightStore, prog *lower.Program, path string) error {
 	for _, t := range ts {
 		byName[t.Name] = t
 	}
-	for _, b := range prog.Buffers {
-		if b.Kind != lower.Param {
-			continue
-		}
+	for _, b := range params(progs) {
 		t, ok := byName[b.Name]
 		if !ok {
 			return fmt.Errorf("--load %s: no tensor %q for param %s", path, b.Name, b.Value.Where())

@@ -148,7 +148,7 @@ update %%1 = %%2
 func axisPos(t *testing.T, prog *lower.Program, axis string, rank int) (pos, n int) {
 	ax := prog.Mesh.Axis(axis)
 	require.GreaterOrEqual(t, ax, 0)
-	return cpu.Coords(prog.Mesh, rank)[ax], prog.Mesh.Axes[ax].Size
+	return prog.Mesh.Coords(rank)[ax], prog.Mesh.Axes[ax].Size
 }
 
 // all_gather of a blocked split gives every device the whole tensor when
@@ -181,7 +181,7 @@ func TestBlockedReduceScatter(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i), 2))
 			sums := map[string][]float64{} // per group: the devices sharing every other coordinate
 			group := func(r int) string {
-				co := cpu.Coords(prog.Mesh, r)
+				co := prog.Mesh.Coords(r)
 				co[prog.Mesh.Axis(c.axis)] = -1
 				return fmt.Sprint(co)
 			}

@@ -2,43 +2,27 @@ package cpu
 
 import (
 	"fmt"
+	"unsafe"
 
 	"gcompile/ir"
 	kcpu "gcompile/kernels/cpu"
 	"gcompile/lower"
+	"gcompile/runtime"
 )
-
-// Coords is the position of rank on each mesh axis; the last axis varies
-// fastest, so ranks next to each other share every axis but the last.
-func Coords(m *ir.Mesh, rank int) []int {
-	c := make([]int, len(m.Axes))
-	for i := len(m.Axes) - 1; i >= 0; i-- {
-		c[i] = rank % m.Axes[i].Size
-		rank /= m.Axes[i].Size
-	}
-	return c
-}
-
-// Rank is the inverse of Coords.
-func Rank(m *ir.Mesh, coords []int) int {
-	r := 0
-	for i, a := range m.Axes {
-		r = r*a.Size + coords[i]
-	}
-	return r
-}
 
 // axisGroup is the group of devices that differ from this one only on
 // mesh axis ax, ordered by their coordinate on it.
-func (d *Device) axisGroup(ax int) Group {
-	m := d.prog.Mesh
-	c := append([]int(nil), d.coords...)
-	g := Group{}
-	for i := range m.Axes[ax].Size {
-		c[ax] = i
-		g.Ranks = append(g.Ranks, Rank(m, c))
+func (d *Device) axisGroup(ax int) runtime.Group {
+	return runtime.Group{Ranks: d.prog.Mesh.AxisRanks(d.coords, ax)}
+}
+
+// asBytes is x's memory as bytes, shared: what a Comm moves.
+func asBytes[T any](x []T) []byte {
+	if len(x) == 0 {
+		return []byte{}
 	}
-	return g
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), len(x)*int(unsafe.Sizeof(z)))
 }
 
 // pieces splits a tensor of shape s along dim into n equal blocks laid out
@@ -136,7 +120,8 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 		inShape, dim = blockedView(inShape, split, blocks)
 		outShape, _ = blockedView(outShape, split, blocks)
 	}
-	comm, rank := d.comm, d.rank
+	comm, rank, dt := d.comm, d.rank, d.prog.Buffers[in.Out].Type.DType
+	rawSrc, rawOut := asBytes(src), asBytes(out)
 	switch in.Op {
 	case "all_reduce":
 		if in.Bucket > 0 {
@@ -144,24 +129,26 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 		}
 		return func() error {
 			copy(out, src)
-			return AllReduce(comm, g, rank, out)
+			return comm.AllReduce(g, rank, dt, rawOut)
 		}, nil
 	case "reduce_scatter":
 		if contiguous(inShape, dim) {
-			return func() error { return ReduceScatter(comm, g, rank, src, out) }, nil
+			return func() error { return comm.ReduceScatter(g, rank, dt, rawSrc, rawOut) }, nil
 		}
 		tmp := make([]T, len(src))
+		rawTmp := asBytes(tmp)
 		return func() error {
 			toPieces(tmp, src, inShape, dim, n)
-			return ReduceScatter(comm, g, rank, tmp, out)
+			return comm.ReduceScatter(g, rank, dt, rawTmp, rawOut)
 		}, nil
 	case "all_gather":
 		if contiguous(outShape, dim) {
-			return func() error { return AllGather(comm, g, rank, src, out) }, nil
+			return func() error { return comm.AllGather(g, rank, dt, rawSrc, rawOut) }, nil
 		}
 		tmp := make([]T, len(out))
+		rawTmp := asBytes(tmp)
 		return func() error {
-			if err := AllGather(comm, g, rank, src, tmp); err != nil {
+			if err := comm.AllGather(g, rank, dt, rawSrc, rawTmp); err != nil {
 				return err
 			}
 			fromPieces(out, tmp, outShape, dim, n)
@@ -177,7 +164,7 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 
 // compileBucket: the first all_reduce of a bucket reduces every member's
 // buffer in one call; the others have nothing left to do.
-func (d *Device) compileBucket(in lower.Instr, g Group) (func() error, error) {
+func (d *Device) compileBucket(in lower.Instr, g runtime.Group) (func() error, error) {
 	i := -1
 	for j := range d.prog.Instrs {
 		if d.prog.Instrs[j].Value == in.Value {
@@ -201,100 +188,19 @@ func (d *Device) compileBucket(in lower.Instr, g Group) (func() error, error) {
 	return nil, fmt.Errorf("all_reduce of %v", in.OutType)
 }
 
-func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g Group) func() error {
+func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g runtime.Group) func() error {
 	srcs := make([][]T, len(members))
 	outs := make([][]T, len(members))
+	raw := make([][]byte, len(members))
 	for k, m := range members {
 		srcs[k], outs[k] = view[T](d, m.Args[0]), view[T](d, m.Out)
+		raw[k] = asBytes(outs[k])
 	}
+	dt := d.prog.Buffers[members[0].Out].Type.DType
 	return func() error {
 		for k := range outs {
 			copy(outs[k], srcs[k])
 		}
-		return AllReduce(d.comm, g, d.rank, outs...)
-	}
-}
-
-// blockOf is the corner and size of a device's block of a placed tensor,
-// in a view of the global shape where each dim split in k fused blocks is
-// two dims (k, size/k): there the device's part is one box, every block's
-// slice at the device's coordinate, and its row-major order is the local
-// buffer's.
-func blockOf(m *ir.Mesh, place []ir.Placement, global ir.Shape, coords []int) (shape ir.Shape, lo, size []int) {
-	local := ir.LocalShape(global, place, m)
-	blocks := make([]int, len(global))
-	for i := range blocks {
-		blocks[i] = 1
-	}
-	for _, p := range place {
-		if p.Kind == ir.Shard {
-			blocks[p.Dim] = p.NumBlocks()
-		}
-	}
-	at := make([]int, len(global)) // where dim d's inner part starts in the view
-	for d, n := range global {
-		if blocks[d] > 1 {
-			shape = append(shape, blocks[d])
-			lo = append(lo, 0)
-			size = append(size, blocks[d])
-		}
-		at[d] = len(shape)
-		shape = append(shape, n/blocks[d])
-		lo = append(lo, 0)
-		size = append(size, local[d]/blocks[d])
-	}
-	for i, p := range place {
-		if p.Kind == ir.Shard {
-			lo[at[p.Dim]] += coords[i] * size[at[p.Dim]]
-		}
-	}
-	return shape, lo, size
-}
-
-// block copies out the sub-tensor of x (shape s) at corner lo of the given size.
-func block[T any](x []T, s ir.Shape, lo, size []int) []T {
-	out := make([]T, ir.Shape(size).NumElements())
-	if len(s) == 0 {
-		copy(out, x)
-		return out
-	}
-	idx := make([]int, len(s))
-	for i := range out {
-		off := 0
-		for d := range s {
-			off = off*s[d] + lo[d] + idx[d]
-		}
-		out[i] = x[off]
-		for d := len(s) - 1; d >= 0; d-- {
-			idx[d]++
-			if idx[d] < size[d] {
-				break
-			}
-			idx[d] = 0
-		}
-	}
-	return out
-}
-
-// unblock writes a device's block back into the whole tensor.
-func unblock[T any](x []T, s ir.Shape, lo, size []int, blk []T) {
-	if len(s) == 0 {
-		copy(x, blk)
-		return
-	}
-	idx := make([]int, len(s))
-	for i := range blk {
-		off := 0
-		for d := range s {
-			off = off*s[d] + lo[d] + idx[d]
-		}
-		x[off] = blk[i]
-		for d := len(s) - 1; d >= 0; d-- {
-			idx[d]++
-			if idx[d] < size[d] {
-				break
-			}
-			idx[d] = 0
-		}
+		return d.comm.AllReduce(g, d.rank, dt, raw...)
 	}
 }

@@ -472,23 +472,27 @@ func (d *Device) compileCast(in lower.Instr) (func() error, error) {
 }
 
 // compileTransfer moves a value between pipeline ranks: to the device with
-// the same data- and tensor-parallel coordinates on the peer rank.
+// the same data- and tensor-parallel coordinates on the peer rank. Sends
+// are buffered (Comm.Send returns at once), as the schedule's deadlock
+// proof assumes.
 func (d *Device) compileTransfer(in lower.Instr) (func() error, error) {
 	m := d.prog.Mesh
 	ax := -1
 	if m != nil {
 		ax = m.Axis("pp")
 	}
-	if ax < 0 || d.mail == nil {
-		return nil, fmt.Errorf("%s needs a pipeline (a pp mesh axis and a mailbox)", in.Op)
+	if ax < 0 || d.comm == nil {
+		return nil, fmt.Errorf("%s needs a pipeline (a pp mesh axis and a comm)", in.Op)
 	}
 	c := append([]int(nil), d.coords...)
 	c[ax] = in.Peer
-	peer, mail, rank, tag := Rank(m, c), d.mail, d.rank, in.Tag
+	peer, comm, rank, tag := m.Rank(c), d.comm, d.rank, in.Tag
 	if in.Op == "send" {
-		data := d.raw(d.prog.Buffers[in.Args[0]])
-		return func() error { return mail.Send(rank, peer, tag, data) }, nil
+		b := d.prog.Buffers[in.Args[0]]
+		data, dt := d.raw(b), b.Type.DType
+		return func() error { return comm.Send(rank, peer, tag, dt, data) }, nil
 	}
-	data := d.raw(d.prog.Buffers[in.Out])
-	return func() error { return mail.Recv(peer, rank, tag, data) }, nil
+	b := d.prog.Buffers[in.Out]
+	data, dt := d.raw(b), b.Type.DType
+	return func() error { return comm.Recv(peer, rank, tag, dt, data) }, nil
 }

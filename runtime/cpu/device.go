@@ -1,14 +1,9 @@
 // Package cpu runs lowered programs on the CPU. Each device owns one arena
 // (a single allocation sized by the compile-time memory plan); every buffer
 // is a typed view at its static offset, and each instruction is turned into
-// a Go closure once, at load, so a step is a loop of calls.
-//
-// What a device and a cluster do the same way on any backend lives here
-// too, and runtime/cuda builds on it: HostView (a device's buffers by
-// name, as float64s, int32s or bytes, and the initial weights),
-// MeshCluster (stepping every device, splitting whole tensors by
-// placement and assembling them back) and PeakMeter (live bytes counted
-// as the memory plan counts them).
+// a Go closure once, at load, so a step is a loop of calls. Devices reach
+// one another through a runtime.Comm: in-process when a cluster holds
+// every device, over TCP when a job spreads them over processes.
 package cpu
 
 import (
@@ -17,18 +12,18 @@ import (
 	"unsafe"
 
 	"gcompile/lower"
+	"gcompile/runtime"
 )
 
 // Options configure a device.
 type Options struct {
 	// MemoryCap is the most arena bytes the device may hold; 0 means unlimited.
 	MemoryCap int64
-	// Rank is the device's global rank in the mesh and Comm the in-process
-	// communicator shared by the devices (nil for one device).
+	// Rank is the device's global rank in the mesh and Comm connects it
+	// to the others (nil for one device): collectives and pipeline
+	// transfers.
 	Rank int
-	Comm *Comm
-	// Mail carries pipeline sends and receives between devices.
-	Mail *Mailbox
+	Comm runtime.Comm
 }
 
 // Device is one virtual CPU device executing one program.
@@ -40,19 +35,18 @@ type Device struct {
 	host []byte
 	run  []func() error
 	// peak counts the bytes live buffers hold as the program runs.
-	peak PeakMeter
+	peak runtime.PeakMeter
 	// OnInstr, when set, is told each instruction's start and duration
 	// (the Chrome trace).
 	OnInstr func(i int, start time.Time, d time.Duration)
 
 	rank   int
 	coords []int // position on each mesh axis
-	comm   *Comm
-	mail   *Mailbox
+	comm   runtime.Comm
 
 	// HostView reads and writes the device's params, state, inputs and
 	// outputs by name between steps.
-	HostView
+	runtime.HostView
 }
 
 // Load allocates the arena and prepares every instruction.
@@ -60,14 +54,14 @@ func Load(p *lower.Program, opts Options) (*Device, error) {
 	if opts.MemoryCap > 0 && p.ArenaBytes > opts.MemoryCap {
 		return nil, fmt.Errorf("program %q needs an arena of %d bytes, more than the device cap of %d bytes", p.Name, p.ArenaBytes, opts.MemoryCap)
 	}
-	d := &Device{prog: p, arena: make([]uint64, (p.ArenaBytes+7)/8), rank: opts.Rank, comm: opts.Comm, mail: opts.Mail}
+	d := &Device{prog: p, arena: make([]uint64, (p.ArenaBytes+7)/8), rank: opts.Rank, comm: opts.Comm}
 	if p.Mesh != nil {
-		if opts.Comm == nil || opts.Comm.Devices() != p.Mesh.Devices() || opts.Rank < 0 || opts.Rank >= p.Mesh.Devices() {
+		if opts.Comm == nil || opts.Comm.Size() != p.Mesh.Devices() || opts.Rank < 0 || opts.Rank >= p.Mesh.Devices() {
 			return nil, fmt.Errorf("program %q spans mesh %v: load it with a Comm for %d devices and a rank below that", p.Name, p.Mesh, p.Mesh.Devices())
 		}
-		d.coords = Coords(p.Mesh, opts.Rank)
+		d.coords = p.Mesh.Coords(opts.Rank)
 	}
-	d.HostView = NewHostView(p, d.coords, arenaMemory{d})
+	d.HostView = runtime.NewHostView(p, d.coords, arenaMemory{d})
 	d.bytes = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(d.arena))), len(d.arena)*8)
 	if p.HostBytes > 0 {
 		h := make([]uint64, (p.HostBytes+7)/8)
@@ -75,7 +69,7 @@ func Load(p *lower.Program, opts Options) (*Device, error) {
 	}
 	for _, b := range p.Buffers {
 		if b.Kind == lower.Const {
-			raw, err := EncodeFilled(b.Type, b.Value.Attrs.Float("value", 0))
+			raw, err := runtime.EncodeFilled(b.Type, b.Value.Attrs.Float("value", 0))
 			if err != nil {
 				return nil, fmt.Errorf("%s: constant: %w", b.Value.Where(), err)
 			}
@@ -89,7 +83,7 @@ func Load(p *lower.Program, opts Options) (*Device, error) {
 		}
 		d.run = append(d.run, f)
 	}
-	d.peak = NewPeakMeter(p)
+	d.peak = runtime.NewPeakMeter(p)
 	return d, nil
 }
 

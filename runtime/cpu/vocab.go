@@ -7,6 +7,8 @@ import (
 	"gcompile/ir"
 	kcpu "gcompile/kernels/cpu"
 	"gcompile/lower"
+	"gcompile/runtime"
+	"gcompile/runtime/comm"
 )
 
 // vocabAxis finds the mesh axis that splits the vocabulary dim of a value
@@ -97,7 +99,7 @@ func compileVocabParallel[T kcpu.Float](d *Device, in lower.Instr) (f func() err
 // only rows-sized vectors: no device holds full-vocabulary logits.
 type vocabCE[T kcpu.Float] struct {
 	d                   *Device
-	g                   Group
+	g                   runtime.Group
 	logits              []T
 	labels              []int32
 	rows, vocab, offset int
@@ -112,7 +114,7 @@ func (v *vocabCE[T]) stats() error {
 		}
 		v.max[r] = m
 	}
-	if err := AllGather(v.d.comm, v.g, v.d.rank, v.max, v.maxes); err != nil {
+	if err := comm.AllGather(v.d.comm, v.g, v.d.rank, v.max, v.maxes); err != nil {
 		return fmt.Errorf("vocab-parallel max: %w", err)
 	}
 	n := v.g.Size()
@@ -133,7 +135,7 @@ func (v *vocabCE[T]) stats() error {
 			v.sums[v.rows+r] = float64(v.logits[r*v.vocab+c])
 		}
 	}
-	if err := AllReduce(v.d.comm, v.g, v.d.rank, v.sums); err != nil {
+	if err := comm.AllReduce(v.d.comm, v.g, v.d.rank, v.sums); err != nil {
 		return fmt.Errorf("vocab-parallel sums: %w", err)
 	}
 	return nil

@@ -6,7 +6,6 @@ import (
 
 	"gcompile/lower"
 	"gcompile/runtime"
-	"gcompile/runtime/cpu"
 )
 
 // Both drive the training loop.
@@ -25,7 +24,7 @@ var (
 // device that has them (they are replicated). All of that is its
 // MeshCluster's, shared with the CPU backend.
 type Cluster struct {
-	cpu.MeshCluster[*Device]
+	runtime.MeshCluster[*Device]
 	rts   []*Runtime // by rank; virtual devices share one
 	progs []*lower.Program
 	opts  Options
@@ -81,8 +80,8 @@ func NewNCCLCluster(rts []*Runtime, progs []*lower.Program, opts Options) (*Clus
 // Which devices a set of pipeline programs needs, and which program each
 // runs, follow the CPU backend's rules; Plan uses them too.
 var (
-	meshDevices = cpu.MeshDevices
-	programOf   = cpu.ProgramOf
+	meshDevices = lower.MeshDevices
+	programOf   = lower.ProgramOf
 )
 
 func newCluster(rts []*Runtime, progs []*lower.Program, opts Options, cm comm, viaNCCL bool) (*Cluster, error) {
@@ -90,13 +89,14 @@ func newCluster(rts []*Runtime, progs []*lower.Program, opts Options, cm comm, v
 	if progs[0].Mesh != nil {
 		c.comm = cm
 	}
-	c.MeshCluster = cpu.NewMeshCluster[*Device](c.abort, func(err error) bool { return errors.Is(err, ErrAborted) })
+	c.MeshCluster = runtime.NewMeshCluster[*Device](c.abort, func(err error) bool { return errors.Is(err, ErrAborted) })
 	for r := range rts {
 		d, err := load(rts[r], programOf(progs, r), opts, r, c.comm)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("device %d: %w", r, err), c.Close())
 		}
 		c.Devices = append(c.Devices, d)
+		c.Ranks = append(c.Ranks, r)
 	}
 	return c, nil
 }

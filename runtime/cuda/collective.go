@@ -6,7 +6,6 @@ import (
 	"gcompile/ir"
 	kcuda "gcompile/kernels/cuda"
 	"gcompile/lower"
-	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda/driver"
 )
 
@@ -18,13 +17,7 @@ func (d *Device) axisGroup(ax int) group { return meshGroup(d.prog.Mesh, d.coord
 // (rank rank). The NCCL communicators are made from it too, so their keys
 // are the ones the devices' collectives look up.
 func meshGroup(m *ir.Mesh, coords []int, rank, ax int) group {
-	c := append([]int(nil), coords...)
-	var ranks []int
-	for i := range m.Axes[ax].Size {
-		c[ax] = i
-		ranks = append(ranks, cpu.Rank(m, c))
-	}
-	return newGroup(ranks, rank)
+	return newGroup(m.AxisRanks(coords, ax), rank)
 }
 
 // blockedView is shape s with dim split into (k, s[dim]/k), and the index

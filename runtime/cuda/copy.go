@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"gcompile/lower"
-	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda/driver"
 )
 
@@ -149,7 +148,7 @@ func (c *compiler) transfer() (func() error, error) {
 	}
 	coords := append([]int(nil), d.coords...)
 	coords[ax] = in.Peer
-	peer, tag := cpu.Rank(m, coords), in.Tag
+	peer, tag := m.Rank(coords), in.Tag
 	if in.Op == "send" {
 		b := c.buf(in.Args[0])
 		if b.Host {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"gcompile/lower"
-	"gcompile/runtime/cpu"
+	"gcompile/runtime"
 	"gcompile/runtime/cuda/cublaslt"
 	"gcompile/runtime/cuda/driver"
 )
@@ -68,7 +68,7 @@ type Device struct {
 	scalars map[int]float64
 
 	// peak counts the bytes live buffers hold as the CPU device counts them.
-	peak cpu.PeakMeter
+	peak runtime.PeakMeter
 	// OnInstr, when set, is told each instruction's start and duration,
 	// measured with events on the compute stream (the Chrome trace).
 	OnInstr func(i int, start time.Time, d time.Duration)
@@ -79,7 +79,7 @@ type Device struct {
 
 	// HostView reads and writes the device's params, state, inputs and
 	// outputs by name between steps, as the CPU backend's devices do.
-	cpu.HostView
+	runtime.HostView
 }
 
 // Load loads p as a single device on rt.
@@ -103,9 +103,9 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 		if rank < 0 || rank >= p.Mesh.Devices() {
 			return nil, fmt.Errorf("program %q spans mesh %v: rank %d is outside it", p.Name, p.Mesh, rank)
 		}
-		d.coords = cpu.Coords(p.Mesh, rank)
+		d.coords = p.Mesh.Coords(rank)
 	}
-	d.HostView = cpu.NewHostView(p, d.coords, hostMemory{d})
+	d.HostView = runtime.NewHostView(p, d.coords, hostMemory{d})
 	leave, err := rt.enter()
 	if err != nil {
 		return nil, err
@@ -139,7 +139,7 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 		}
 		d.steps = append(d.steps, f)
 	}
-	d.peak = cpu.NewPeakMeter(p)
+	d.peak = runtime.NewPeakMeter(p)
 	d.planCopyWaits()
 	if err := d.allocate(); err != nil {
 		return d, err
@@ -149,7 +149,7 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 	}
 	for _, b := range p.Buffers {
 		if b.Kind == lower.Const && rt.drv != nil {
-			raw, err := cpu.EncodeFilled(b.Type, b.Value.Attrs.Float("value", 0))
+			raw, err := runtime.EncodeFilled(b.Type, b.Value.Attrs.Float("value", 0))
 			if err != nil {
 				return d, fmt.Errorf("%s: %w", bufferName(b), err)
 			}

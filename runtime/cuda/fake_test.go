@@ -18,6 +18,7 @@ import (
 	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/runtime"
+	rcomm "gcompile/runtime/comm"
 	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda/driver"
 	"gcompile/runtime/cuda/fakegpu"
@@ -366,7 +367,7 @@ func TestFabricCollectives(t *testing.T) {
 		return x
 	}
 	// The CPU Comm's results, the reference.
-	cpuComm := cpu.NewComm(n)
+	cpuComm := rcomm.NewLocal(n)
 	want := make([][]float32, n)
 	wantRS := make([][]float32, n)
 	errs := make(chan error, n)
@@ -374,10 +375,10 @@ func TestFabricCollectives(t *testing.T) {
 		go func() {
 			want[r] = input(r)
 			wantRS[r] = make([]float32, k)
-			g := cpu.Group{Ranks: []int{0, 1, 2}}
-			err := cpu.AllReduce(cpuComm, g, r, want[r])
+			g := runtime.Group{Ranks: []int{0, 1, 2}}
+			err := rcomm.AllReduce(cpuComm, g, r, want[r])
 			if err == nil {
-				err = cpu.ReduceScatter(cpuComm, g, r, input(r), wantRS[r])
+				err = rcomm.ReduceScatter(cpuComm, g, r, input(r), wantRS[r])
 			}
 			errs <- err
 		}()

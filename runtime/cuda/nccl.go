@@ -6,7 +6,6 @@ import (
 	goruntime "runtime"
 
 	"gcompile/lower"
-	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda/driver"
 	"gcompile/runtime/cuda/nccl"
 )
@@ -47,7 +46,7 @@ func newNCCLComm(rts []*Runtime, progs []*lower.Program) (*ncclComm, error) {
 	nc := &ncclComm{lib: lib, comms: map[string][]nccl.Comm{}}
 	for ax := range mesh.Axes {
 		for r := range mesh.Devices() {
-			coords := cpu.Coords(mesh, r)
+			coords := mesh.Coords(r)
 			if coords[ax] != 0 {
 				continue // one group per line along the axis, found from its first member
 			}

@@ -1,0 +1,309 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// asMainEnv makes the test binary run gcompile's main instead of its
+// tests: the launcher and the fault tests start processes of this binary.
+const asMainEnv = "GCOMPILE_TEST_AS_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// jobModel is the module the job tests compile, as a .gir dump of the
+// model before any pass: every process parses it instead of building the
+// model.go (a Go build per process).
+var jobModel = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "gcompile-job-model")
+	if err != nil {
+		return "", err
+	}
+	err = mainErr([]string{gptModel, "--set", "layers=4,hidden=32,heads=4,seq=16", "--batch", "8", "--dump", dir})
+	return filepath.Join(dir, "00-input.gir"), err
+})
+
+// jobArgs is a run of the job model under plan, writing its metrics and
+// weights into dir.
+func jobArgs(t *testing.T, dir string, plan ...string) []string {
+	t.Helper()
+	model, err := jobModel()
+	require.NoError(t, err)
+	args := append([]string{model, "--run", "--steps", "20", "--eval-batches", "1", "--max-data-mb", "1", "--seed", "2",
+		"--metrics", filepath.Join(dir, "m.json"), "--save", filepath.Join(dir, "w.safetensors")}, plan...)
+	return args
+}
+
+// Every plan run as a job of several processes (TCP between them) trains
+// bit for bit as the same plan in one process: the same loss at every
+// step, the same held-out loss, the same final weights, and every
+// device's measured peak equal to the plan's.
+func TestJobAcrossProcessesMatchesOneProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	t.Setenv(asMainEnv, "1")
+	cases := []struct {
+		nproc int
+		plan  []string
+	}{
+		{2, []string{"--devices", "2", "--dp", "2"}},
+		{2, []string{"--devices", "2", "--tp", "2"}},
+		{2, []string{"--devices", "2", "--pp", "2", "--microbatches", "2"}},
+		{4, []string{"--devices", "4", "--dp", "2", "--tp", "2", "--zero", "1"}},
+		{4, []string{"--devices", "4", "--pp", "2", "--tp", "2", "--vpp", "2", "--microbatches", "4"}},
+		{2, []string{"--devices", "8", "--pp", "2", "--dp", "2", "--tp", "2", "--zero", "3", "--microbatches", "2"}},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%d procs %s", tc.nproc, strings.Join(tc.plan, " ")), func(t *testing.T) {
+			one, many := t.TempDir(), t.TempDir()
+			require.NoError(t, mainErr(jobArgs(t, one, tc.plan...)))
+			launch := append([]string{"launch", "--nproc", strconv.Itoa(tc.nproc), "--"}, jobArgs(t, many, tc.plan...)...)
+			require.NoError(t, mainErr(launch))
+			want, got := readMetrics(t, filepath.Join(one, "m.json")), readMetrics(t, filepath.Join(many, "m.json"))
+			require.Len(t, got.Steps, 20)
+			for i := range want.Steps {
+				assert.Equal(t, want.Steps[i].Loss, got.Steps[i].Loss, "step %d", i+1)
+				assert.Equal(t, want.Steps[i].GradNorm, got.Steps[i].GradNorm, "step %d", i+1)
+			}
+			require.Len(t, got.Eval, 1)
+			assert.Equal(t, want.Eval[0].Loss, got.Eval[0].Loss, "held-out loss")
+			require.Len(t, got.Devices, len(want.Devices))
+			for r, d := range got.Devices {
+				assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "device %d", r)
+				assert.Equal(t, want.Devices[r].PeakBytesMeasured, d.PeakBytesMeasured, "device %d", r)
+			}
+			w1, err := os.ReadFile(filepath.Join(one, "w.safetensors"))
+			require.NoError(t, err)
+			w2, err := os.ReadFile(filepath.Join(many, "w.safetensors"))
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(w1, w2), "the saved weights are the same bytes")
+		})
+	}
+}
+
+// proc is one process of a job started by hand, as srun or mpirun would.
+type proc struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+	err error
+}
+
+// startProcs starts n processes of a job with torchrun's variables (and
+// env on top), each running gcompile with args. Cleanup kills what is
+// left and checks that nothing is.
+func startProcs(t *testing.T, n int, args []string, env func(r int) []string) []*proc {
+	t.Helper()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	port, err := freePort()
+	require.NoError(t, err)
+	ps := make([]*proc, n)
+	for r := range n {
+		p := &proc{cmd: exec.Command(self, args...)}
+		p.cmd.Env = append(childEnv(r, n, port, "secret"), asMainEnv+"=1")
+		if env != nil {
+			p.cmd.Env = append(p.cmd.Env, env(r)...)
+		}
+		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		require.NoError(t, p.cmd.Start())
+		ps[r] = p
+	}
+	t.Cleanup(func() {
+		for _, p := range ps {
+			if p.cmd.ProcessState == nil {
+				p.cmd.Process.Kill()
+				p.cmd.Wait()
+			}
+		}
+		for r, p := range ps {
+			// Signal 0 checks that the process is gone (reaped above).
+			assert.Error(t, p.cmd.Process.Signal(syscall.Signal(0)), "rank %d is still running", r)
+		}
+	})
+	return ps
+}
+
+// waitAll waits for every process, failing the test after limit.
+func waitAll(t *testing.T, ps []*proc, limit time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		for _, p := range ps {
+			p.err = p.cmd.Wait()
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Fatalf("the job's processes did not exit within %v", limit)
+	}
+}
+
+// faultArgs is a long run (so a fault lands mid-training) with a short
+// timeout.
+func faultArgs(t *testing.T, steps int, extra ...string) []string {
+	model, err := jobModel()
+	require.NoError(t, err)
+	return append([]string{model, "--run", "--steps", strconv.Itoa(steps), "--eval-batches", "1", "--max-data-mb", "1",
+		"--devices", "4", "--dp", "2", "--tp", "2", "--timeout", "20s"}, extra...)
+}
+
+// waitForStep waits until process p has printed that it trains.
+func waitForTraining(t *testing.T, ps []*proc) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(ps[0].output(), "step 2/") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the job never started training:\n%s", ps[0].output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var outMu sync.Mutex
+
+func (p *proc) output() string {
+	outMu.Lock()
+	defer outMu.Unlock()
+	return p.out.String()
+}
+
+// kill -9 of one process mid-step: every other process exits non-zero
+// within the timeout, naming the lost rank.
+func TestJobLosesAProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	ps := startProcs(t, 4, faultArgs(t, 100000), nil)
+	waitForTraining(t, ps)
+	start := time.Now()
+	require.NoError(t, ps[2].cmd.Process.Kill())
+	waitAll(t, ps, 20*time.Second)
+	t.Logf("the job ended %v after the kill", time.Since(start).Round(time.Millisecond))
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d", r)
+		if r == 2 {
+			continue
+		}
+		assert.Contains(t, p.output(), "process 2 (rank 2", "rank %d names the lost process:\n%s", r, p.output())
+		t.Logf("rank %d: %s", r, lastLine(p.output()))
+	}
+}
+
+// A stalled process (SIGSTOP) is named by the others' timeout.
+func TestJobTimesOutOnAStalledProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	args := faultArgs(t, 100000)
+	args[len(args)-1] = "3s" // --timeout
+	ps := startProcs(t, 2, args, nil)
+	waitForTraining(t, ps)
+	require.NoError(t, ps[1].cmd.Process.Signal(syscall.SIGSTOP))
+	done := make(chan error, 1)
+	go func() { done <- ps[0].cmd.Wait() }()
+	select {
+	case err := <-done:
+		ps[0].err = err
+	case <-time.After(30 * time.Second):
+		t.Fatal("rank 0 did not time out")
+	}
+	require.Error(t, ps[0].err)
+	assert.Contains(t, ps[0].output(), "timed out after 3s waiting for rank")
+	assert.Contains(t, ps[0].output(), "(process 1 (ranks 2–3")
+	ps[1].cmd.Process.Signal(syscall.SIGKILL)
+	ps[1].cmd.Wait()
+}
+
+// A process that presents another token is refused by the rendezvous
+// with the reason; the job does not start.
+func TestJobRefusesAWrongToken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	ps := startProcs(t, 2, faultArgs(t, 2, "--timeout", "5s"), func(r int) []string {
+		if r == 1 {
+			return []string{"GCOMPILE_TOKEN=not-the-secret"}
+		}
+		return nil
+	})
+	waitAll(t, ps, 30*time.Second)
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d", r)
+	}
+	assert.Contains(t, ps[1].output(), "token", "rank 1 hears why:\n%s", ps[1].output())
+	assert.Contains(t, ps[0].output(), "token", "rank 0 logs the refusal:\n%s", ps[0].output())
+}
+
+// A process that compiled another plan is named before any training.
+func TestJobRefusesADifferentPlan(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	port, err := freePort()
+	require.NoError(t, err)
+	ps := make([]*proc, 2)
+	for r := range 2 {
+		args := faultArgs(t, 2, "--timeout", "20s")
+		if r == 1 {
+			args = append(args, "--weight-decay", "0.01") // the optimizer's update ops differ
+		}
+		p := &proc{cmd: exec.Command(self, args...)}
+		p.cmd.Env = append(childEnv(r, 2, port, "secret"), asMainEnv+"=1")
+		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+		require.NoError(t, p.cmd.Start())
+		ps[r] = p
+	}
+	waitAll(t, ps, 60*time.Second)
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d", r)
+		assert.Contains(t, p.output(), "rank 1 compiled a different plan than rank 0", "rank %d:\n%s", r, p.output())
+		assert.NotContains(t, p.output(), "step 1/", "rank %d trained", r)
+	}
+}
+
+// The launcher stops every process when one fails, and says which.
+func TestLaunchStopsTheJobWhenOneFails(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	t.Setenv(asMainEnv, "1")
+	dir := t.TempDir()
+	// A missing model fails every process at once; the launcher still
+	// returns, naming one.
+	err := mainErr([]string{"launch", "--nproc", "2", "--", filepath.Join(dir, "missing.gir"), "--devices", "2"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "launch: rank")
+	assert.Contains(t, err.Error(), "failed")
+	var exitErr *exec.ExitError
+	assert.False(t, errors.As(err, &exitErr) && exitErr.ExitCode() == 0)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}

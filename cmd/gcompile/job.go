@@ -1,0 +1,388 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"gcompile/runtime"
+	"gcompile/runtime/comm"
+	"gcompile/runtime/dist"
+)
+
+// job is this process's place in a run of several processes: the world
+// the launcher described, the rendezvous store (hosted by process 0), the
+// comm that connects every device, and the signals that stop the job. A
+// single process is a job of one, with none of the machinery.
+type job struct {
+	world   dist.World
+	layout  runtime.Layout
+	timeout time.Duration
+	token   string
+
+	server *dist.Server
+	store  *dist.Client
+	net    *comm.Net
+
+	// ctx ends when the job must stop: a signal, another process's
+	// failure reported through the store, or this process's own.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stop   func() // ends the signal and abort watchers
+
+	log    io.Writer // this process's log: stderr, prefixed for ranks > 0, or a file in --log-dir
+	closer io.Closer
+}
+
+// Keys of the rendezvous store.
+const (
+	keyAbort       = "job/abort"        // the first failure, "rank N: why"
+	keyFingerprint = "job/fingerprint/" // + process rank: its compiled plan's fingerprint
+)
+
+// rendezvousPorts is how many ports above MASTER_PORT the store may take
+// when torchrun's own store holds MASTER_PORT.
+const rendezvousPorts = 16
+
+// worldOf reads the launcher's environment and lays the command line's
+// flags over it.
+func worldOf(c *config) (dist.World, error) {
+	w, err := dist.FromEnv(os.Getenv)
+	if err != nil {
+		return w, err
+	}
+	if c.explicit["rank"] {
+		w.Rank = c.rank
+	}
+	if c.explicit["world-size"] {
+		w.Size = c.worldSize
+		if !c.explicit["local-world-size"] && w.LocalSize <= 1 {
+			w.LocalSize = c.worldSize // flags alone describe one machine
+		}
+	}
+	if c.explicit["local-rank"] {
+		w.LocalRank = c.localRank
+	} else if c.explicit["rank"] && w.Launcher == "" {
+		w.LocalRank = w.Rank
+	}
+	if c.explicit["local-world-size"] {
+		w.LocalSize = c.localWorldSize
+	}
+	if c.explicit["master-addr"] {
+		w.MasterAddr = c.masterAddr
+	}
+	if c.explicit["master-port"] {
+		w.MasterPort = c.masterPort
+	}
+	if err := w.Validate(); err != nil {
+		return w, fmt.Errorf("the job's processes: %w", err)
+	}
+	return w, nil
+}
+
+// startJob joins this process to its job: with one process it only sets
+// up the log; with several it meets the others at the rendezvous store,
+// hosted by process 0 at the master address, and watches for signals and
+// for another process's failure.
+func startJob(c *config) (*job, error) {
+	w, err := worldOf(c)
+	if err != nil {
+		return nil, err
+	}
+	j := &job{world: w, timeout: c.timeout, log: os.Stderr}
+	j.layout = runtime.Layout{Devices: c.Devices, Procs: w.Size, Proc: w.Rank}
+	if w.Size > 1 {
+		if err := j.layout.Check(); err != nil {
+			return nil, fmt.Errorf("--devices %d over %d processes: %w", c.Devices, w.Size, err)
+		}
+	}
+	j.ctx, j.cancel = context.WithCancelCause(context.Background())
+	sigs, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs.Done()
+		if j.ctx.Err() == nil {
+			j.fail(fmt.Errorf("rank %d was interrupted (SIGINT or SIGTERM)", w.Rank))
+		}
+	}()
+	j.stop = func() { stopSignals() }
+	if w.Size == 1 {
+		return j, nil
+	}
+	if err := j.openLog(c.logDir); err != nil {
+		return nil, err
+	}
+	j.token = c.token
+	if !c.explicit["token"] {
+		var secret bool
+		j.token, secret = dist.DefaultToken(w, os.Getenv)
+		if !secret && w.Rank == 0 {
+			j.logf("the job token is derived from the launcher's job id (set GCOMPILE_TOKEN or --token for a secret one)")
+		}
+	}
+	if err := j.rendezvous(); err != nil {
+		j.close()
+		return nil, err
+	}
+	go j.watchAbort()
+	return j, nil
+}
+
+// openLog sends this process's log to --log-dir/rank-N.log, or to stderr
+// with every line prefixed by the rank.
+func (j *job) openLog(dir string) error {
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("--log-dir: %w", err)
+		}
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("rank-%d.log", j.world.Rank)))
+		if err != nil {
+			return fmt.Errorf("--log-dir: %w", err)
+		}
+		j.log, j.closer = f, f
+		return nil
+	}
+	if j.world.Rank > 0 {
+		j.log = &prefixWriter{w: os.Stderr, prefix: fmt.Sprintf("[rank %d] ", j.world.Rank)}
+	}
+	return nil
+}
+
+func (j *job) logf(format string, args ...any) {
+	fmt.Fprintf(j.log, format+"\n", args...)
+}
+
+// multi reports whether the job has several processes.
+func (j *job) multi() bool { return j.world.Size > 1 }
+
+// lead reports whether this process writes the job's outputs.
+func (j *job) lead() bool { return j.world.Rank == 0 }
+
+// rendezvous starts the store on process 0 and connects every process to
+// it. Under torchrun's agent store MASTER_PORT is taken, so the store
+// takes the first free port above it and the others look for it there.
+func (j *job) rendezvous() error {
+	w := j.world
+	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
+	defer cancel()
+	opts := dist.ServerOptions{Token: j.token, Ranks: w.Size, Logf: func(f string, a ...any) { j.logf("rendezvous: "+f, a...) }}
+	host := dist.BindHost(w.MasterAddr)
+	port, tries := w.MasterPort, 1
+	if w.AgentStore {
+		port, tries = w.MasterPort+1, rendezvousPorts
+	}
+	var err error
+	if w.Rank == 0 {
+		if tries > 1 {
+			j.server, err = dist.ServeNear(host, port, tries, opts)
+		} else {
+			j.server, err = dist.Serve(fmt.Sprintf("%s:%d", host, port), opts)
+		}
+		if err != nil {
+			return fmt.Errorf("rank 0 cannot host the rendezvous at %s:%d: %w", host, port, err)
+		}
+	}
+	if tries > 1 {
+		j.store, err = dist.DialNear(ctx, w.MasterAddr, port, tries, j.token, w.Rank)
+	} else {
+		j.store, err = dist.Dial(ctx, w.MasterHostPort(), j.token, w.Rank)
+	}
+	if err != nil {
+		return fmt.Errorf("rank %d: joining the job's rendezvous at %s: %w", w.Rank, w.MasterHostPort(), err)
+	}
+	if err := j.store.Barrier(ctx, "job/start", w.Size); err != nil {
+		return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %w", w.Rank, w.Size, err)
+	}
+	return nil
+}
+
+// watchAbort ends the job's context when another process reports a
+// failure through the store, so nobody waits for it until a timeout.
+func (j *job) watchAbort() {
+	why, err := j.store.Get(j.ctx, keyAbort)
+	if err != nil || j.ctx.Err() != nil {
+		return
+	}
+	err = errors.New(string(why))
+	j.cancel(err)
+	if j.net != nil {
+		j.net.Abort(err)
+	}
+}
+
+// fail stops the job: this process's comm calls end, and every other
+// process hears of it through the comm and the store.
+func (j *job) fail(err error) {
+	if j.ctx.Err() != nil {
+		return
+	}
+	j.cancel(err)
+	if !j.multi() {
+		return
+	}
+	if j.net != nil {
+		j.net.Abort(err)
+	}
+	if j.store != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "rank ") {
+			msg = fmt.Sprintf("rank %d: %s", j.world.Rank, msg)
+		}
+		// The first report wins: a failure echoing an earlier one must not
+		// hide its cause.
+		if ok, err := j.store.Check(ctx, keyAbort); err == nil && !ok {
+			j.store.Set(ctx, keyAbort, []byte(msg))
+		}
+	}
+}
+
+// checkPlan compares every process's fingerprint of its compiled plan: a
+// process that compiled something else (another model file, other flags,
+// another build) would exchange garbage. The error, the same on every
+// process, names the first process that differs from process 0.
+func (j *job) checkPlan(fingerprint string) error {
+	if !j.multi() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
+	defer cancel()
+	if err := j.store.Set(ctx, keyFingerprint+strconv.Itoa(j.world.Rank), []byte(fingerprint)); err != nil {
+		return err
+	}
+	fps := make([]string, j.world.Size)
+	for r := range fps {
+		v, err := j.store.Get(ctx, keyFingerprint+strconv.Itoa(r))
+		if err != nil {
+			return j.cause(fmt.Errorf("waiting for rank %d's compiled plan: %w", r, err))
+		}
+		fps[r] = string(v)
+	}
+	for r, fp := range fps {
+		if fp != fps[0] {
+			return fmt.Errorf("rank %d compiled a different plan than rank 0 (fingerprint %.12s… vs %.12s…): every process must run the same gcompile build with the same model file and flags", r, fp, fps[0])
+		}
+	}
+	return nil
+}
+
+// cause is err, or, when the job was stopped by another process's
+// failure, that failure: the error that explains the others.
+func (j *job) cause(err error) error {
+	if j.ctx.Err() != nil {
+		if c := context.Cause(j.ctx); c != nil && c != context.Canceled {
+			return c
+		}
+	}
+	return err
+}
+
+// connect builds the comm between every device of the job.
+func (j *job) connect() (*comm.Net, error) {
+	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
+	defer cancel()
+	bind := dist.BindHost(j.world.MasterAddr)
+	advertise := ""
+	if bind == "0.0.0.0" {
+		// The others reach this process on the address it reaches the
+		// store from.
+		advertise = outboundHost(j.world.MasterHostPort())
+	}
+	n, err := comm.NewNet(ctx, comm.NetConfig{
+		Layout: j.layout, Token: j.token, Bind: bind, Advertise: advertise, Timeout: j.timeout,
+		Logf: func(f string, a ...any) { j.logf(f, a...) },
+	}, j.store)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: connecting the job's devices: %w", j.world.Rank, err)
+	}
+	j.net = n
+	return n, nil
+}
+
+// close ends the job: on success every process waits for the others at a
+// final barrier, so that none closes its connections while another still
+// needs them; process 0 keeps the store up until every other has left.
+func (j *job) close() error {
+	defer j.stop()
+	if !j.multi() {
+		return nil
+	}
+	var errs []error
+	if j.ctx.Err() == nil && j.store != nil {
+		ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
+		if err := j.store.Barrier(ctx, "job/exit", j.world.Size); err != nil {
+			errs = append(errs, fmt.Errorf("rank %d: waiting for the other processes to finish: %w", j.world.Rank, err))
+		}
+		cancel()
+	}
+	if j.net != nil {
+		j.net.Close()
+	}
+	if j.store != nil {
+		j.store.Close()
+	}
+	if j.server != nil {
+		// After a failure the others still read why from the store; a
+		// stalled process may never leave, so that wait is short.
+		drain := 10 * time.Second
+		if len(errs) > 0 || j.ctx.Err() != nil {
+			drain = 2 * time.Second
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), drain)
+		j.server.WaitDrained(ctx, j.world.Size)
+		cancel()
+		j.server.Close()
+	}
+	j.cancel(errors.New("the job is over"))
+	if j.closer != nil {
+		j.closer.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// prefixWriter starts every line it writes with prefix.
+type prefixWriter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	prefix string
+	mid    bool // inside a line
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []byte
+	for _, c := range b {
+		if !p.mid {
+			out = append(out, p.prefix...)
+		}
+		out = append(out, c)
+		p.mid = c != '\n' && c != '\r'
+	}
+	if _, err := p.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// outboundHost is this machine's address on the route to addr: the one
+// other machines of the job can reach it at.
+func outboundHost(addr string) string {
+	c, err := net.Dial("udp", addr) // sends nothing: only picks the route
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	host, _, _ := net.SplitHostPort(c.LocalAddr().String())
+	return host
+}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// launchMain is `gcompile launch`: it starts --nproc processes of this
+// program on this machine with the environment torchrun would give them
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT) and a fresh secret token, and watches them: when one fails,
+// the others are stopped; a signal to the launcher reaches them all; none
+// outlives it. Runs on several machines go through torchrun, srun or
+// mpirun instead, which start the same program.
+func launchMain(args []string) error {
+	fs := flag.NewFlagSet("gcompile launch", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	nproc := fs.Int("nproc", 0, "number of processes to start on this machine")
+	port := fs.Int("master-port", 0, "rendezvous port (0: a free one)")
+	grace := fs.Duration("grace", 10*time.Second, "after one process fails, how long the others get to exit before they are killed")
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: gcompile launch --nproc N [flags] -- MODEL.go|MODEL.gir [gcompile flags]\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) > 0 && rest[0] == "--" {
+		rest = rest[1:]
+	}
+	switch {
+	case *nproc < 1:
+		return fmt.Errorf("launch: --nproc must be ≥ 1, got %d", *nproc)
+	case *port < 0 || *port > 65535:
+		return fmt.Errorf("launch: --master-port %d is not a port", *port)
+	case *grace <= 0:
+		return fmt.Errorf("launch: --grace must be positive")
+	case len(rest) == 0:
+		fs.Usage()
+		return errors.New("launch: no model given (gcompile launch --nproc N -- MODEL.go [flags])")
+	case rest[0] == "launch":
+		return errors.New("launch: the processes it starts cannot be launchers themselves")
+	}
+	for _, a := range rest {
+		for _, f := range []string{"rank", "world-size", "local-rank", "local-world-size", "master-addr", "master-port"} {
+			if a == "-"+f || a == "--"+f || strings.HasPrefix(a, "-"+f+"=") || strings.HasPrefix(a, "--"+f+"=") {
+				return fmt.Errorf("launch: --%s is set by the launcher for each process; leave it out", f)
+			}
+		}
+	}
+	if *port == 0 {
+		p, err := freePort()
+		if err != nil {
+			return fmt.Errorf("launch: finding a free port: %w", err)
+		}
+		*port = p
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("launch: finding this program: %w", err)
+	}
+	token := os.Getenv("GCOMPILE_TOKEN")
+	if token == "" {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return fmt.Errorf("launch: making the job token: %w", err)
+		}
+		token = hex.EncodeToString(b)
+	}
+	return supervise(self, rest, *nproc, *port, token, *grace)
+}
+
+// freePort asks the system for a port no one listens on.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// childEnv is the environment of rank r: the launcher's, without the
+// variables of other launchers that would disagree, plus torchrun's.
+func childEnv(r, n, port int, token string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if slices.Contains([]string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+			"GCOMPILE_TOKEN", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID"}, name) {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env,
+		"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n),
+		"LOCAL_RANK="+strconv.Itoa(r), "LOCAL_WORLD_SIZE="+strconv.Itoa(n),
+		"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
+		"GCOMPILE_TOKEN="+token)
+}
+
+// supervise runs the processes to the end: all succeed, or the first
+// failure stops the rest and is the error, naming its rank.
+func supervise(self string, args []string, n, port int, token string, grace time.Duration) error {
+	type exit struct {
+		rank int
+		err  error
+	}
+	exits := make(chan exit, n)
+	var mu sync.Mutex
+	var procs []*os.Process
+	start := func(r int) error {
+		cmd := exec.Command(self, args...)
+		cmd.Env = childEnv(r, n, port, token)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
+		// The child dies with the launcher, however the launcher ends.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("launch: starting rank %d: %w", r, err)
+		}
+		mu.Lock()
+		procs = append(procs, cmd.Process)
+		mu.Unlock()
+		go func() { exits <- exit{r, cmd.Wait()} }()
+		return nil
+	}
+	signalAll := func(sig os.Signal) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, p := range procs {
+			p.Signal(sig)
+		}
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	started := 0
+	var first error
+	for r := range n {
+		if err := start(r); err != nil {
+			first = err
+			break
+		}
+		started++
+	}
+	if first != nil {
+		signalAll(syscall.SIGTERM)
+	}
+	var kill <-chan time.Time
+	for done := 0; done < started; {
+		select {
+		case e := <-exits:
+			done++
+			if e.err != nil && first == nil {
+				first = fmt.Errorf("launch: rank %d failed (%v); stopping the others", e.rank, e.err)
+				signalAll(syscall.SIGTERM)
+				kill = time.After(grace)
+			}
+		case s := <-sigs:
+			if first == nil {
+				first = fmt.Errorf("launch: %v; stopping every rank", s)
+				kill = time.After(grace)
+			}
+			signalAll(syscall.SIGTERM)
+		case <-kill:
+			signalAll(syscall.SIGKILL)
+		}
+	}
+	return first
+}

@@ -1,0 +1,231 @@
+// Package compile is the compile driver: a validated Config (the model
+// and its parallel plan) in, the compiled module, every pipeline rank's
+// program, the evaluation programs and the checked pipeline schedule out.
+// The command line, the launcher of multi-process jobs and every process
+// of such a job call it, so all of them build the same programs from the
+// same flags; Result.Fingerprint lets the processes check that they did.
+package compile
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"gcompile/frontend"
+	"gcompile/frontend/loader"
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+	"gcompile/passes/schedule"
+)
+
+// Result is what Compile builds.
+type Result struct {
+	Module *ir.Module
+	// Passes are the pass table's results, in order.
+	Passes []passes.Result
+	// Programs are the training programs, one per pipeline rank (one
+	// without pipeline parallelism); EvalPrograms the forward-only
+	// programs a pipeline evaluates with (nil otherwise: the training
+	// programs' forward prefix serves).
+	Programs, EvalPrograms []*lower.Program
+	// Schedule is the pipeline schedule and Simulated its check with unit
+	// costs; nil without pipeline parallelism.
+	Schedule  *schedule.Schedule
+	Simulated *schedule.Result
+	// Async holds the programs of asynchronous data parallelism instead
+	// of Programs (--dp-sync async).
+	Async *Async
+	// Elapsed is the time from the first pass to the last program.
+	Elapsed time.Duration
+}
+
+// Async is asynchronous data parallelism's pair of programs: the
+// gradient program each replica runs, the update program the parameter
+// server runs, and the gradients between them.
+type Async struct {
+	Grad, Update *lower.Program
+	Boundary     []string
+}
+
+// Mesh is the programs' mesh (nil for one device).
+func (r *Result) Mesh() *ir.Mesh {
+	if len(r.Programs) == 0 {
+		return nil
+	}
+	return r.Programs[0].Mesh
+}
+
+// Devices is the number of devices the programs span.
+func (r *Result) Devices() int {
+	if m := r.Mesh(); m != nil {
+		return m.Devices()
+	}
+	return 1
+}
+
+// Fingerprint identifies the compiled plan: every program's instructions,
+// buffers and layout (see lower.Fingerprint). Processes of one job compare
+// it before they train.
+func (r *Result) Fingerprint() string {
+	progs := append(append([]*lower.Program(nil), r.Programs...), r.EvalPrograms...)
+	if r.Async != nil {
+		progs = append(progs, r.Async.Grad, r.Async.Update)
+	}
+	return lower.Fingerprint(progs...)
+}
+
+// Schedule builds and checks the plan's pipeline schedule: the simulator
+// runs every rank's action list together and fails on a deadlock or an
+// unmatched send/receive before any program is built. The schedule
+// depends only on p, v and m, so callers may run it before loading the
+// model.
+func Schedule(c *Config) (*schedule.Schedule, *schedule.Result, error) {
+	s, err := schedule.New(c.Schedule, c.PP, c.VPP, c.Microbatches)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--schedule %s: %w", c.Schedule, err)
+	}
+	res, err := schedule.Simulate(s, UnitCost(s))
+	if err != nil {
+		return nil, nil, fmt.Errorf("schedule %s failed its deadlock check: %w", s.Name, err)
+	}
+	return s, res, nil
+}
+
+// UnitCost is the cost model a schedule is simulated with before anything
+// was measured: one unit per action (zero-bubble splits the backward).
+func UnitCost(s *schedule.Schedule) schedule.Cost {
+	if s.Name == "zb" {
+		return schedule.UnitCostZB
+	}
+	return schedule.UnitCost
+}
+
+// Blocks turns a schedule into the compute order the lowering follows.
+func Blocks(s *schedule.Schedule) [][]lower.Block {
+	out := make([][]lower.Block, len(s.Actions))
+	for r, acts := range s.Actions {
+		for _, a := range acts {
+			switch a.Kind {
+			case schedule.F:
+				out[r] = append(out[r], lower.Block{Kind: 'F', Chunk: a.Chunk, Micro: a.Micro})
+			case schedule.B:
+				out[r] = append(out[r], lower.Block{Kind: 'B', Chunk: a.Chunk, Micro: a.Micro})
+			case schedule.W:
+				out[r] = append(out[r], lower.Block{Kind: 'W', Chunk: a.Chunk, Micro: a.Micro})
+			}
+		}
+	}
+	return out
+}
+
+// LoadModule builds the model's module: a model.go through the loader (at
+// the plan's batch, each asynchronous replica's share of it), or a .gir
+// dump parsed as it is.
+func LoadModule(c *Config) (*ir.Module, error) {
+	if strings.HasSuffix(c.Model, ".gir") {
+		text, err := os.ReadFile(c.Model)
+		if err != nil {
+			return nil, err
+		}
+		return ir.Parse(c.Model, string(text))
+	}
+	set, err := frontend.ParseSet(c.Set)
+	if err != nil {
+		return nil, err
+	}
+	name := strings.TrimSuffix(filepath.Base(filepath.Dir(absOr(c.Model))), "/")
+	batch := c.Batch
+	if c.DPSync == "async" {
+		batch /= c.DP // each replica's program sees its share of the batch
+	}
+	return loader.LoadModel(c.Model, frontend.Config{Name: name, Batch: batch, Set: set})
+}
+
+func absOr(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}
+
+// Compile runs the pass table on the model and lowers the result for the
+// plan of c, which Validate must have accepted. hooks see the module
+// around every pass (dumps). A pass that fails returns its error with the
+// Result so far (the module as that pass left it).
+func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
+	res := &Result{}
+	if c.PP > 1 {
+		var err error
+		if res.Schedule, res.Simulated, err = Schedule(c); err != nil {
+			return nil, err
+		}
+	}
+	start := time.Now()
+	m, err := LoadModule(c)
+	if err != nil {
+		return nil, err
+	}
+	res.Module = m
+	res.Passes, err = passes.Run(m, c.PassOptions(), hooks)
+	if err != nil {
+		return res, err
+	}
+	if c.DPSync == "async" {
+		gm, um, boundary, err := lower.SplitAtOptimizer(m)
+		if err != nil {
+			return res, err
+		}
+		a := &Async{Boundary: boundary}
+		if a.Grad, err = lower.Lower(gm); err != nil {
+			return res, err
+		}
+		if a.Update, err = lower.Lower(um); err != nil {
+			return res, err
+		}
+		res.Async = a
+		res.Elapsed = time.Since(start)
+		return res, nil
+	}
+	lo, err := c.LowerOptions()
+	if err != nil {
+		return res, err
+	}
+	if res.Schedule != nil {
+		if res.Programs, err = lower.LowerPipelineWith(m, Blocks(res.Schedule), lo); err != nil {
+			return res, err
+		}
+		if res.EvalPrograms, err = lower.LowerPipelineForwardWith(m, c.PP, max(c.VPP, 1), c.Microbatches, lo); err != nil {
+			return res, err
+		}
+	} else {
+		prog, err := lower.LowerWith(m, lo)
+		if err != nil {
+			return res, err
+		}
+		res.Programs = []*lower.Program{prog}
+	}
+	if c.MemLimit > 0 {
+		for r := range res.Devices() {
+			if err := lower.ProgramOf(res.Programs, r).CheckFits(fmt.Sprintf("device %d", r), c.MemLimit); err != nil {
+				return res, err
+			}
+		}
+	}
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
+
+// ProgramOf is the program device rank runs.
+func (r *Result) ProgramOf(rank int) *lower.Program { return lower.ProgramOf(r.Programs, rank) }
+
+// ParamCount is the number of trainable parameters of the module.
+func ParamCount(m *ir.Module) int64 {
+	var n int64
+	for _, p := range m.Params() {
+		n += p.Type.Shape.NumElements()
+	}
+	return n
+}

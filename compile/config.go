@@ -1,0 +1,264 @@
+package compile
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+)
+
+// Config is a compilation: the model and the parallel plan. The zero
+// values of the degrees mean "chosen by the planner"; until the planner
+// exists, tp, pp, ep and vpp default to 1 and dp takes the devices left.
+type Config struct {
+	Model string // MODEL.go or MODEL.gir
+	Set   string // model parameters key=value,… (a model.go only)
+	Batch int    // global batch in sequences
+
+	Devices, TP, PP, DP, EP, VPP, Microbatches, Zero int
+	Schedule, Recompute, Precision, Optimizer        string
+
+	SequenceParallel, Verify, Fuse bool
+	Offload, Compress              string
+	OffloadPrefetch                int
+	BucketMB                       float64
+	DPSync                         string // "sync" or "async"
+	Staleness                      int
+	MemLimit                       int64 // bytes per device; 0: unlimited
+
+	Beta1, Beta2, WeightDecay, Clip, LossScale float64
+
+	// Explicit names the flags the user gave, for rules about flags that
+	// apply only with others (a flag at its default is not "given").
+	Explicit map[string]bool
+}
+
+// ErrNotYet marks a valid request that this build cannot carry out yet.
+var ErrNotYet = errors.New("not yet supported")
+
+// Validate rejects impossible or unsupported combinations, naming the
+// rule, and resolves the degrees and schedule the user left to the
+// compiler. It changes c.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	notYet := func(what, when string) { errs = append(errs, fmt.Errorf("%s: %w (%s)", what, ErrNotYet, when)) }
+	if c.Explicit == nil {
+		c.Explicit = map[string]bool{}
+	}
+
+	isGo, isGir := strings.HasSuffix(c.Model, ".go"), strings.HasSuffix(c.Model, ".gir")
+	if !isGo && !isGir {
+		bad("%s: the model must be a .go file or a .gir dump", c.Model)
+	}
+	if isGir {
+		for _, f := range []string{"set", "batch", "help-model"} {
+			if c.Explicit[f] {
+				bad("--%s applies to a model.go; a .gir file has its sizes fixed", f)
+			}
+		}
+	}
+	if c.Devices < 1 {
+		bad("--devices must be ≥ 1, got %d", c.Devices)
+	}
+	for _, d := range []struct {
+		name string
+		v    int
+	}{{"tp", c.TP}, {"pp", c.PP}, {"dp", c.DP}, {"ep", c.EP}, {"vpp", c.VPP}} {
+		if d.v < 0 {
+			bad("--%s must be ≥ 0, got %d", d.name, d.v)
+		}
+	}
+	// Unset degrees: tp, pp, ep default to 1 and dp takes the rest.
+	tp, pp, ep, vpp := or1(c.TP), or1(c.PP), or1(c.EP), or1(c.VPP)
+	dp := c.DP
+	if dp == 0 && c.Devices%(tp*pp*ep) == 0 {
+		dp = c.Devices / (tp * pp * ep)
+	}
+	if c.Devices >= 1 && tp*pp*ep*max(dp, 1) != c.Devices {
+		bad("tp·pp·dp·ep = %d·%d·%d·%d = %d must equal --devices %d", tp, pp, max(dp, 1), ep, tp*pp*max(dp, 1)*ep, c.Devices)
+	}
+	c.TP, c.PP, c.DP, c.EP, c.VPP = tp, pp, max(dp, 1), ep, vpp
+	if c.DPSync == "" {
+		c.DPSync = "sync"
+	}
+	switch {
+	case c.DPSync != "sync" && c.DPSync != "async":
+		bad("--dp-sync %q: want sync or async", c.DPSync)
+	case c.DPSync == "sync" && c.Explicit["staleness"]:
+		bad("--staleness applies to --dp-sync async")
+	case c.DPSync == "async" && c.DP < 2:
+		bad("--dp-sync async needs --dp > 1 (replicas to run asynchronously)")
+	case c.DPSync == "async" && (c.TP > 1 || c.PP > 1 || c.EP > 1 || c.Zero > 0):
+		bad("--dp-sync async runs whole replicas around one optimizer: it does not combine with tp, pp, ep or ZeRO")
+	case c.Staleness < 0:
+		bad("--staleness must be ≥ 0, got %d", c.Staleness)
+	}
+	if c.SequenceParallel && c.TP == 1 {
+		bad("--sequence-parallel needs --tp > 1 (it splits activations over the tensor-parallel ranks)")
+	}
+	if c.VPP > 1 && c.PP == 1 {
+		bad("--vpp %d needs --pp > 1 (virtual stages interleave a pipeline)", c.VPP)
+	}
+	if c.Schedule != "" {
+		if !slices.Contains([]string{"gpipe", "1f1b", "interleaved", "2bw", "zb"}, c.Schedule) {
+			bad("--schedule %q: want gpipe, 1f1b, interleaved, 2bw or zb", c.Schedule)
+		} else if c.PP == 1 {
+			bad("--schedule %s needs --pp > 1 (it orders pipeline stages)", c.Schedule)
+		}
+	}
+	if c.PP > 1 && c.Schedule == "" {
+		// Megatron-LM's defaults.
+		c.Schedule = "1f1b"
+		if c.VPP > 1 {
+			c.Schedule = "interleaved"
+		}
+	}
+	if c.VPP > 1 && c.Schedule != "" && c.Schedule != "interleaved" {
+		bad("--vpp %d needs --schedule interleaved (the other schedules run one chunk per rank)", c.VPP)
+	}
+	if c.Zero < 0 || c.Zero > 3 {
+		bad("--zero %d: want 0, 1, 2 or 3", c.Zero)
+	} else if c.Zero > 0 && c.DP == 1 {
+		bad("--zero %d needs --dp > 1 (ZeRO shards across data-parallel ranks)", c.Zero)
+	}
+	if c.Microbatches < 1 {
+		bad("--microbatches must be ≥ 1, got %d", c.Microbatches)
+	} else if c.Batch%(c.DP*c.Microbatches) != 0 {
+		bad("--batch %d must be divisible by dp·microbatches = %d", c.Batch, c.DP*c.Microbatches)
+	}
+	if c.Batch < 1 {
+		bad("--batch must be ≥ 1")
+	}
+	if c.Recompute == "" {
+		c.Recompute = "none"
+	}
+	if !slices.Contains([]string{"none", "full", "selective"}, c.Recompute) && !strings.HasPrefix(c.Recompute, "every=") {
+		bad("--recompute %q: want none, full, selective or every=K", c.Recompute)
+	}
+	if c.Precision == "" {
+		c.Precision = "fp32"
+	}
+	if !slices.Contains([]string{"fp32", "fp16", "bf16"}, c.Precision) {
+		bad("--precision %q: want fp32, fp16 or bf16", c.Precision)
+	}
+	if c.BucketMB <= 0 {
+		bad("--bucket-mb must be positive, got %g", c.BucketMB)
+	}
+	if c.LossScale < 0 {
+		bad("--loss-scale must be positive (0: dynamic), got %g", c.LossScale)
+	}
+	if c.LossScale != 0 && c.Precision == "fp32" {
+		bad("--loss-scale applies to --precision fp16 or bf16")
+	}
+	if c.MemLimit < 0 {
+		bad("--device-memory must be positive")
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	// What this build cannot do yet, each said once and never ignored.
+	if _, err := c.LowerOptions(); err != nil {
+		errs = append(errs, err)
+	} else if c.OffloadPrefetch < 0 {
+		bad("--offload-prefetch %d: want a distance ≥ 0 in layer blocks", c.OffloadPrefetch)
+	} else if c.Explicit["offload-prefetch"] && (c.Offload == "" || c.Offload == "none") {
+		bad("--offload-prefetch applies to --offload")
+	} else if c.Offload != "" && c.Offload != "none" && c.DPSync == "async" {
+		notYet("--offload with --dp-sync async", "the asynchronous trainer's gradient and update programs are lowered without offload")
+	}
+	if c.Compress != "" && c.Compress != "none" {
+		seen := map[string]bool{}
+		for _, mode := range strings.Split(c.Compress, ",") {
+			if mode != "lowp" && mode != "relu" || seen[mode] {
+				bad("--compress-activations %q: want lowp or relu, or both as relu,lowp", c.Compress)
+				break
+			}
+			seen[mode] = true
+		}
+	}
+	if c.EP > 1 {
+		notYet(fmt.Sprintf("ep=%d", c.EP), "expert parallelism comes with the mixture-of-experts layers")
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return c.PassOptions().Validate()
+}
+
+func or1(n int) int {
+	if n == 0 {
+		return 1
+	}
+	return n
+}
+
+// LowerOptions are the lowering's options; every pipeline rank's program
+// gets the same.
+func (c *Config) LowerOptions() (lower.Options, error) {
+	if _, _, err := lower.ParseOffload(c.Offload); err != nil {
+		return lower.Options{}, fmt.Errorf("--offload %q: %w", c.Offload, err)
+	}
+	prefetch := c.OffloadPrefetch
+	if prefetch == 0 {
+		prefetch = -1 // right before use; Options reads 0 as the default
+	}
+	return lower.Options{Offload: c.Offload, PrefetchLayers: prefetch}, nil
+}
+
+// PassOptions are the passes' options for the plan.
+func (c *Config) PassOptions() *passes.Options {
+	o := passes.DefaultOptions()
+	o.Verify = c.Verify
+	if c.Optimizer != "" {
+		o.Optimizer = c.Optimizer
+	}
+	o.Beta1, o.Beta2 = c.Beta1, c.Beta2
+	o.WeightDecay = c.WeightDecay
+	o.ClipNorm = c.Clip
+	o.Zero = c.Zero
+	o.Microbatches = c.Microbatches
+	o.SequenceParallel = c.SequenceParallel
+	o.VPP = c.VPP
+	o.TwoBW = c.Schedule == "2bw"
+	o.Recompute = c.Recompute
+	o.Compress = c.Compress
+	o.Fuse = c.Fuse
+	o.BucketMB = c.BucketMB
+	o.Precision, o.LossScale = c.Precision, c.LossScale
+	o.Mesh = c.Mesh()
+	if c.DPSync == "async" {
+		o.Mesh = nil // replicas are whole single-device programs
+	}
+	return o
+}
+
+// Mesh lays the devices out as Megatron-LM does: tensor-parallel ranks
+// adjacent (tp is the last, fastest axis), then data parallel, pipeline
+// stages outermost. Axes of size 1 are left out; nil for one device.
+func (c *Config) Mesh() *ir.Mesh {
+	m := &ir.Mesh{}
+	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.PP}, {Name: "dp", Size: c.DP}, {Name: "tp", Size: c.TP}} {
+		if a.Size > 1 {
+			m.Axes = append(m.Axes, a)
+		}
+	}
+	if len(m.Axes) == 0 {
+		return nil
+	}
+	return m
+}
+
+// BubbleTheory is the pipeline bubble fraction of REFERENCE.md for the
+// plan's schedule: (p−1)/m, or (p−1)/(v·m) interleaved.
+func (c *Config) BubbleTheory() float64 {
+	p, m, v := float64(c.PP), float64(c.Microbatches), float64(max(c.VPP, 1))
+	if c.Schedule == "interleaved" {
+		return (p - 1) / (v * m)
+	}
+	return (p - 1) / m
+}

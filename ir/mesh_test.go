@@ -1,0 +1,52 @@
+package ir_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/ir"
+)
+
+func TestMeshCoordsAndRank(t *testing.T) {
+	m, err := ir.ParseMesh("pp=2,dp=3,tp=2")
+	require.NoError(t, err)
+	seen := map[int]bool{}
+	for r := range m.Devices() {
+		c := m.Coords(r)
+		assert.Equal(t, r, m.Rank(c), "rank %d", r)
+		seen[m.Rank(c)] = true
+	}
+	assert.Len(t, seen, 12)
+	assert.Equal(t, []int{0, 1, 1}, m.Coords(3), "tp varies fastest, pp slowest")
+	assert.Equal(t, []int{0, 2, 4}, m.AxisRanks(m.Coords(4), 1), "the dp line through rank 4")
+	assert.Equal(t, []int{4, 5}, m.AxisRanks(m.Coords(5), 2), "the tp pair through rank 5")
+}
+
+// A dim split by two axes is split in mesh order: the first axis picks
+// the coarse half, the second the fine quarter inside it, so the four
+// devices' blocks tile the dim exactly once.
+func TestBlockBoxSplitsOneDimOverSeveralAxesInMeshOrder(t *testing.T) {
+	m, err := ir.ParseMesh("dp=2,ep=2")
+	require.NoError(t, err)
+	place := []ir.Placement{{Kind: ir.Shard, Dim: 0}, {Kind: ir.Shard, Dim: 0}}
+	global := ir.Shape{8, 3}
+	var starts []int
+	for r := range m.Devices() {
+		b := ir.BlockBox(m, place, global, m.Coords(r))
+		assert.Equal(t, []int{2, 3}, b.Size, "rank %d holds a quarter of the rows", r)
+		starts = append(starts, b.Lo[0])
+		assert.Equal(t, 0, b.Lo[1])
+	}
+	assert.Equal(t, []int{0, 2, 4, 6}, starts, "dp picks the half, ep the quarter within it")
+
+	// Fused blocks split by one axis: each device holds its slice of
+	// every block, the box in the (blocks, size/blocks) view.
+	tp, err := ir.ParseMesh("tp=2")
+	require.NoError(t, err)
+	b := ir.BlockBox(tp, []ir.Placement{{Kind: ir.Shard, Dim: 1, Blocks: 3}}, ir.Shape{4, 12}, []int{1})
+	assert.Equal(t, ir.Shape{4, 3, 4}, b.Shape)
+	assert.Equal(t, []int{0, 0, 2}, b.Lo)
+	assert.Equal(t, []int{4, 3, 2}, b.Size)
+}

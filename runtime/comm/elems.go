@@ -1,0 +1,152 @@
+package comm
+
+import (
+	"fmt"
+	"unsafe"
+
+	"gcompile/ir"
+	"gcompile/runtime"
+)
+
+// Float is an element type collectives can sum.
+type Float interface{ float32 | float64 }
+
+// Elem is an element type collectives can move.
+type Elem interface {
+	float32 | float64 | int32 | int64 | uint8
+}
+
+// DTypeOf is the IR dtype whose elements are T's.
+func DTypeOf[T Elem]() ir.DType {
+	var z T
+	switch any(z).(type) {
+	case float32:
+		return ir.F32
+	case float64:
+		return ir.F64
+	case int32:
+		return ir.I32
+	case int64:
+		return ir.I64
+	}
+	return ir.U8
+}
+
+// Bytes is x's memory as bytes, shared, not copied.
+func Bytes[T Elem](x []T) []byte {
+	if len(x) == 0 {
+		return []byte{}
+	}
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), len(x)*int(unsafe.Sizeof(z)))
+}
+
+// view is b's memory as elements of T; len(b) must be a multiple of T's
+// size and b aligned for T (arena views and Go allocations are).
+func view[T Elem](b []byte) []T {
+	var z T
+	n := len(b) / int(unsafe.Sizeof(z))
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
+}
+
+// AllReduce is Comm.AllReduce on typed buffers.
+func AllReduce[T Float](c runtime.Comm, g runtime.Group, rank int, bufs ...[]T) error {
+	raw := make([][]byte, len(bufs))
+	for i, b := range bufs {
+		raw[i] = Bytes(b)
+	}
+	return c.AllReduce(g, rank, DTypeOf[T](), raw...)
+}
+
+// ReduceScatter is Comm.ReduceScatter on typed buffers.
+func ReduceScatter[T Float](c runtime.Comm, g runtime.Group, rank int, in, out []T) error {
+	return c.ReduceScatter(g, rank, DTypeOf[T](), Bytes(in), Bytes(out))
+}
+
+// AllGather is Comm.AllGather on typed buffers.
+func AllGather[T Elem](c runtime.Comm, g runtime.Group, rank int, in, out []T) error {
+	return c.AllGather(g, rank, DTypeOf[T](), Bytes(in), Bytes(out))
+}
+
+// AllToAll is Comm.AllToAll on typed buffers.
+func AllToAll[T Elem](c runtime.Comm, g runtime.Group, rank int, in, out []T) error {
+	return c.AllToAll(g, rank, DTypeOf[T](), Bytes(in), Bytes(out))
+}
+
+// Broadcast is Comm.Broadcast on a typed buffer.
+func Broadcast[T Elem](c runtime.Comm, g runtime.Group, rank, root int, buf []T) error {
+	return c.Broadcast(g, rank, root, DTypeOf[T](), Bytes(buf))
+}
+
+// Send is Comm.Send of a typed buffer.
+func Send[T Elem](c runtime.Comm, from, to, tag int, buf []T) error {
+	return c.Send(from, to, tag, DTypeOf[T](), Bytes(buf))
+}
+
+// Recv is Comm.Recv into a typed buffer.
+func Recv[T Elem](c runtime.Comm, from, to, tag int, buf []T) error {
+	return c.Recv(from, to, tag, DTypeOf[T](), Bytes(buf))
+}
+
+// checkSummable reports a dtype the transports cannot add.
+func checkSummable(dt ir.DType) error {
+	switch dt {
+	case ir.F32, ir.F64:
+		return nil
+	}
+	return fmt.Errorf("%w: cannot sum %v elements (f32 and f64 only)", runtime.ErrArgs, dt)
+}
+
+// checkElems reports a buffer that is not whole elements of dt.
+func checkElems(dt ir.DType, what string, n int) error {
+	size := int(dt.Size())
+	if size <= 0 {
+		return fmt.Errorf("%w: %v has no element size", runtime.ErrArgs, dt)
+	}
+	if n%size != 0 {
+		return fmt.Errorf("%w: %s is %d bytes, not a whole number of %d-byte %v elements", runtime.ErrArgs, what, n, size, dt)
+	}
+	return nil
+}
+
+// accumulate adds src into dst (or, for first, copies it), elementwise in
+// dt: repeated calls build ((x0 + x1) + x2) + … with one rounding per add,
+// the order every transport sums in.
+func accumulate(dt ir.DType, dst, src []byte, first bool) {
+	src = src[:len(dst)]
+	if first {
+		copy(dst, src)
+		return
+	}
+	switch dt {
+	case ir.F32:
+		addTo(view[float32](dst), view[float32](src))
+	case ir.F64:
+		addTo(view[float64](dst), view[float64](src))
+	}
+}
+
+func addTo[T Float](dst, src []T) {
+	src = src[:len(dst)]
+	for i := range dst {
+		dst[i] += src[i]
+	}
+}
+
+// overlap reports whether a and b share any byte.
+func overlap(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	a0 := uintptr(unsafe.Pointer(unsafe.SliceData(a)))
+	b0 := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
+}
+
+// same reports whether a and b are the very same bytes.
+func same(a, b []byte) bool {
+	return len(a) == len(b) && unsafe.SliceData(a) == unsafe.SliceData(b)
+}

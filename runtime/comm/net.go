@@ -1,0 +1,1069 @@
+package comm
+
+// This file is the transport between processes: one TCP connection
+// between every two processes of a job, a writer and a reader goroutine
+// on each, and a box where arriving messages wait for their receivers.
+// Ranks held by the same process exchange messages through the box
+// directly. Collectives are built from messages between members in the
+// direct, order-preserving way: each member sums its own share of a
+// reduction from every member's contribution in group-position order, so
+// results are the bits Local gives.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gcompile/ir"
+	"gcompile/runtime"
+)
+
+// Directory is how the processes of a job find one another: a key-value
+// store every process reaches (the rendezvous store). Get waits for a key
+// that is not there yet.
+type Directory interface {
+	Set(ctx context.Context, key string, value []byte) error
+	Get(ctx context.Context, key string) ([]byte, error)
+}
+
+// NetConfig configures a process's end of a Net.
+type NetConfig struct {
+	// Layout says which ranks every process holds, and which is this one.
+	Layout runtime.Layout
+	// Token is the job's token: a connection that does not present it is
+	// refused.
+	Token string
+	// Bind is the host this process listens on ("" is 127.0.0.1: a
+	// single machine). Advertise is the host the others dial ("": Bind).
+	Bind, Advertise string
+	// Prefix is prepended to the keys the processes publish their
+	// addresses under, so several comms can share one directory.
+	Prefix string
+	// Timeout bounds every wait for another rank (0: DefaultTimeout).
+	Timeout time.Duration
+	// Logf, when set, is told of refused connections.
+	Logf func(format string, args ...any)
+}
+
+// Net connects the ranks of a job spread over processes. Create it in
+// every process with NewNet; close it, after the job's final barrier, with
+// Close.
+type Net struct {
+	layout  runtime.Layout
+	timeout time.Duration
+	box     *box
+	peers   []*peer // by process; nil for this one
+
+	mu       sync.Mutex
+	seqs     map[string]int64 // next collective sequence number, by group key and rank
+	abortErr error
+	closing  atomic.Bool
+
+	counters
+}
+
+var _ runtime.Comm = (*Net)(nil)
+
+// peer is the connection to one other process.
+type peer struct {
+	proc int
+	addr string
+	conn net.Conn
+	n    *Net
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	queue   []outFrame
+	stopped bool  // the writer has exited
+	err     error // why the connection failed, once it has
+	bye     atomic.Bool
+	done    chan struct{} // closed when the writer exits
+}
+
+// outFrame is a frame waiting for the writer: its header and payload
+// pieces, and where to report the write.
+type outFrame struct {
+	hdr  header
+	bufs [][]byte
+	done chan error // nil: nobody waits
+}
+
+// NewNet joins this process to the job's comm: it listens, publishes its
+// address in dir, dials every process with a lower index and accepts the
+// others, then returns once it is connected to all of them (or ctx ends).
+func NewNet(ctx context.Context, cfg NetConfig, dir Directory) (*Net, error) {
+	if err := cfg.Layout.Check(); err != nil {
+		return nil, err
+	}
+	n := &Net{
+		layout:  cfg.Layout,
+		timeout: cfg.Timeout,
+		box:     newBox(),
+		peers:   make([]*peer, cfg.Layout.Procs),
+		seqs:    map[string]int64{},
+	}
+	if n.timeout == 0 {
+		n.timeout = runtime.DefaultTimeout
+	}
+	if cfg.Layout.Procs == 1 {
+		return n, nil
+	}
+	logf := cfg.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	bind := cfg.Bind
+	if bind == "" {
+		bind = "127.0.0.1"
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(bind, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("comm: listening on %s: %w", bind, err)
+	}
+	defer ln.Close()
+	advertise := cfg.Advertise
+	if advertise == "" {
+		advertise = bind
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	me := cfg.Layout.Proc
+	addrKey := func(p int) string { return cfg.Prefix + "comm/addr/" + strconv.Itoa(p) }
+	if err := dir.Set(ctx, addrKey(me), []byte(net.JoinHostPort(advertise, port))); err != nil {
+		return nil, fmt.Errorf("comm: publishing this process's address: %w", err)
+	}
+
+	// Accept the processes above this one while dialing those below.
+	accepted := make(chan error, 1)
+	go func() { accepted <- n.acceptAll(ctx, ln, cfg.Token, logf) }()
+	var errs []error
+	for p := range me {
+		raw, err := dir.Get(ctx, addrKey(p))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("comm: the address of process %d: %w", p, err))
+			break
+		}
+		if err := n.dial(ctx, p, string(raw), cfg.Token); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	if len(errs) > 0 {
+		ln.Close()
+	}
+	errs = append(errs, <-accepted)
+	if err := errors.Join(errs...); err != nil {
+		n.closeConns()
+		return nil, err
+	}
+	for _, p := range n.peers {
+		if p != nil {
+			go p.write()
+			go p.read()
+		}
+	}
+	return n, nil
+}
+
+func (n *Net) dial(ctx context.Context, p int, addr, token string) error {
+	var d net.Dialer
+	for {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.SetDeadline(time.Now().Add(handshakeTimeout))
+			err = writeHello(c, n.layout.Proc, token)
+			if err == nil {
+				err = readVerdict(c)
+			}
+			if err == nil {
+				c.SetDeadline(time.Time{})
+				n.peers[p] = newPeer(n, p, addr, c)
+				return nil
+			}
+			c.Close()
+			if errors.Is(err, errRefused) {
+				return fmt.Errorf("comm: process %d at %s: %w", p, addr, err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("comm: connecting to process %d at %s: %w (last error: %v)", p, addr, ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// acceptAll takes connections until every process above this one has
+// connected. A connection that fails the handshake is refused, logged and
+// closed; the others keep being waited for.
+func (n *Net) acceptAll(ctx context.Context, ln net.Listener, token string, logf func(string, ...any)) error {
+	me, procs := n.layout.Proc, n.layout.Procs
+	want := procs - 1 - me
+	if want == 0 {
+		return nil
+	}
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	for want > 0 {
+		c, err := ln.Accept()
+		if err != nil {
+			var missing []int
+			for p := me + 1; p < procs; p++ {
+				if n.peers[p] == nil {
+					missing = append(missing, p)
+				}
+			}
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return fmt.Errorf("comm: process(es) %v never connected: %w", missing, err)
+		}
+		c.SetDeadline(time.Now().Add(handshakeTimeout))
+		p, refusal := readHello(c, token, procs)
+		if refusal == nil && (p <= me || n.peers[p] != nil) {
+			refusal = fmt.Errorf("process %d must not dial process %d (or dialed twice)", p, me)
+		}
+		if err := writeVerdict(c, refusal); err != nil && refusal == nil {
+			refusal = err
+		}
+		if refusal != nil {
+			logf("comm: refused a connection from %s: %v", c.RemoteAddr(), refusal)
+			c.Close()
+			continue
+		}
+		c.SetDeadline(time.Time{})
+		n.peers[p] = newPeer(n, p, c.RemoteAddr().String(), c)
+		want--
+	}
+	return nil
+}
+
+func newPeer(n *Net, proc int, addr string, c net.Conn) *peer {
+	p := &peer{proc: proc, addr: addr, conn: c, n: n, done: make(chan struct{})}
+	p.cond = sync.NewCond(&p.mu)
+	return p
+}
+
+// Size is the number of ranks in the job.
+func (n *Net) Size() int { return n.layout.Devices }
+
+// Stats counts the operations this process's ranks took part in.
+func (n *Net) Stats() runtime.CommStats { return n.stats() }
+
+// Pending is the number of messages that arrived and were not taken.
+func (n *Net) Pending() int { return n.box.pending() }
+
+// describe names a process for messages: its index, ranks and address.
+func (n *Net) describe(p int) string {
+	k := n.layout.PerProc()
+	s := fmt.Sprintf("process %d (ranks %d–%d", p, p*k, p*k+k-1)
+	if k == 1 {
+		s = fmt.Sprintf("process %d (rank %d", p, p*k)
+	}
+	if pe := n.peers[p]; pe != nil {
+		s += " at " + pe.addr
+	}
+	return s + ")"
+}
+
+// enqueue hands a frame to the writer.
+func (p *peer) enqueue(f outFrame) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		if f.done != nil {
+			f.done <- p.err
+		}
+		return
+	}
+	p.queue = append(p.queue, f)
+	p.cond.Signal()
+}
+
+// write sends queued frames in order until the connection fails or the
+// comm closes and the queue is empty.
+func (p *peer) write() {
+	defer close(p.done)
+	hdr := make([]byte, headerSize)
+	for {
+		p.mu.Lock()
+		for len(p.queue) == 0 && !p.stopped {
+			p.cond.Wait()
+		}
+		if len(p.queue) == 0 {
+			p.mu.Unlock()
+			return
+		}
+		f := p.queue[0]
+		p.queue[0] = outFrame{}
+		p.queue = p.queue[1:]
+		p.mu.Unlock()
+		f.hdr.encode(hdr)
+		bufs := net.Buffers(append([][]byte{hdr}, f.bufs...))
+		_, err := bufs.WriteTo(p.conn)
+		if f.done != nil {
+			f.done <- err
+		}
+		if err != nil {
+			p.fail(fmt.Errorf("writing to %s: %w", p.n.describe(p.proc), err))
+			return
+		}
+	}
+}
+
+// fail stops the writer, fails every queued frame and tells the box that
+// nothing more comes from this process.
+func (p *peer) fail(err error) {
+	p.mu.Lock()
+	if p.err == nil {
+		p.err = err
+	}
+	err = p.err
+	p.stopped = true
+	q := p.queue
+	p.queue = nil
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	for _, f := range q {
+		if f.done != nil {
+			f.done <- err
+		}
+	}
+	p.n.box.lose(p.proc, err)
+}
+
+// read files every arriving frame in the box until the connection ends.
+func (p *peer) read() {
+	n := p.n
+	hdr := make([]byte, headerSize)
+	for {
+		if _, err := readFull(p.conn, hdr); err != nil {
+			switch {
+			case p.bye.Load() || n.closing.Load():
+				p.fail(fmt.Errorf("%w: %s closed its connection at the end of the job", runtime.ErrPeerLost, n.describe(p.proc)))
+			default:
+				p.fail(fmt.Errorf("%w: %s: connection lost (%v); the process died or its machine is unreachable", runtime.ErrPeerLost, n.describe(p.proc), err))
+			}
+			return
+		}
+		h := decodeHeader(hdr)
+		if err := n.checkIncoming(p.proc, h); err != nil {
+			p.fail(fmt.Errorf("%w: %s sent a bad frame: %v", runtime.ErrPeerLost, n.describe(p.proc), err))
+			p.conn.Close()
+			return
+		}
+		data := make([]byte, h.length)
+		if _, err := readFull(p.conn, data); err != nil {
+			p.fail(fmt.Errorf("%w: %s: connection lost mid-message (%v)", runtime.ErrPeerLost, n.describe(p.proc), err))
+			return
+		}
+		switch h.kind {
+		case kindAbort:
+			n.remoteAbort(p.proc, string(data))
+		case kindBye:
+			p.bye.Store(true)
+		default:
+			n.box.put(keyOf(h), frame{hdr: h, data: data})
+		}
+	}
+}
+
+func readFull(c net.Conn, b []byte) (int, error) {
+	got := 0
+	for got < len(b) {
+		k, err := c.Read(b[got:])
+		got += k
+		if err != nil {
+			return got, err
+		}
+	}
+	return got, nil
+}
+
+// checkIncoming refuses a frame that could not have come from process p:
+// an unknown kind, a sender p does not hold, a receiver this process does
+// not hold, a length past any buffer.
+func (n *Net) checkIncoming(p int, h header) error {
+	switch h.kind {
+	case kindColl, kindP2P, kindAbort, kindBye:
+	default:
+		return fmt.Errorf("unknown frame kind %d", h.kind)
+	}
+	if h.length > maxFrame {
+		return fmt.Errorf("payload of %d bytes", h.length)
+	}
+	if h.kind == kindColl || h.kind == kindP2P {
+		from, to := int(h.from), int(h.to)
+		if from < 0 || from >= n.layout.Devices || n.layout.ProcOf(from) != p {
+			return fmt.Errorf("sender rank %d is not one of its ranks", from)
+		}
+		if to < 0 || to >= n.layout.Devices || !n.layout.Holds(to) {
+			return fmt.Errorf("receiver rank %d is not held here", to)
+		}
+	}
+	return nil
+}
+
+func keyOf(h header) msgKey {
+	return msgKey{from: h.from, to: h.to, kind: h.kind, phase: h.phase, group: h.group, seq: h.seq}
+}
+
+// post delivers a frame: into the box when this process holds the
+// receiver (copying the payload, which the sender may reuse), else to the
+// receiver's process. done, if not nil, is told when the payload has been
+// copied or written.
+func (n *Net) post(h header, bufs [][]byte, done chan error) {
+	var size uint64
+	for _, b := range bufs {
+		size += uint64(len(b))
+	}
+	h.length = size
+	p := n.layout.ProcOf(int(h.to))
+	if p == n.layout.Proc {
+		data := make([]byte, 0, size)
+		for _, b := range bufs {
+			data = append(data, b...)
+		}
+		n.box.put(keyOf(h), frame{hdr: h, data: data})
+		if done != nil {
+			done <- nil
+		}
+		return
+	}
+	n.peers[p].enqueue(outFrame{hdr: h, bufs: bufs, done: done})
+}
+
+// Abort fails every call of this process's ranks, blocked or later, and
+// tells every other process, whose calls fail too.
+func (n *Net) Abort(err error) {
+	if err == nil {
+		err = errors.New("Abort was called with a nil error")
+	}
+	n.abort(err, -1)
+}
+
+// remoteAbort is another process's Abort arriving here.
+func (n *Net) remoteAbort(p int, why string) {
+	n.abort(fmt.Errorf("%s aborted the job: %s", n.describe(p), why), p)
+}
+
+// abort keeps the first cause and passes it on to every process but the
+// one it came from (from < 0: it arose here). Passing on what was heard
+// matters: this process may close its connections next, and a process
+// waiting on it must learn why before it sees them close.
+func (n *Net) abort(err error, from int) {
+	n.mu.Lock()
+	first := n.abortErr == nil
+	if first {
+		n.abortErr = err
+	}
+	n.mu.Unlock()
+	if !first {
+		return
+	}
+	n.box.fail(fmt.Errorf("%w: %w", runtime.ErrAborted, err))
+	msg := []byte(err.Error())
+	me := int32(n.layout.Lead(n.layout.Proc))
+	for q, p := range n.peers {
+		if p != nil && q != from {
+			p.enqueue(outFrame{hdr: header{kind: kindAbort, from: me, length: uint64(len(msg))}, bufs: [][]byte{msg}})
+		}
+	}
+}
+
+func (n *Net) aborted() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.abortErr != nil {
+		return fmt.Errorf("%w: %w", runtime.ErrAborted, n.abortErr)
+	}
+	return nil
+}
+
+// Close says goodbye to every other process, lets the writers send what
+// is queued (at most a few seconds), and closes the connections. Call it
+// once the job is done with the comm everywhere (after a final barrier),
+// so that no process still waits for a message from this one.
+func (n *Net) Close() error {
+	if n.closing.Swap(true) {
+		return nil
+	}
+	from := int32(n.layout.Lead(n.layout.Proc))
+	for _, p := range n.peers {
+		if p != nil {
+			p.enqueue(outFrame{hdr: header{kind: kindBye, from: from}})
+			p.mu.Lock()
+			p.stopped = true // the writer drains the queue, then exits
+			p.cond.Broadcast()
+			p.mu.Unlock()
+		}
+	}
+	deadline := time.After(5 * time.Second)
+	for _, p := range n.peers {
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+		case <-deadline:
+		}
+	}
+	n.closeConns()
+	return nil
+}
+
+func (n *Net) closeConns() {
+	for _, p := range n.peers {
+		if p != nil && p.conn != nil {
+			p.conn.Close()
+		}
+	}
+}
+
+// call is one rank's part in one collective.
+type call struct {
+	n     *Net
+	g     runtime.Group
+	rank  int
+	pos   int
+	op    op
+	dt    ir.DType
+	seq   int64
+	group uint64
+	// agree1, agree2 are what members must agree on besides op and
+	// dtype (lengths, a root), sent with every frame.
+	agree1, agree2 int64
+	sent           []chan error
+}
+
+func (c *call) where() string {
+	return fmt.Sprintf("%v on group %v by rank %d (collective #%d)", c.op, c.g, c.rank, c.seq)
+}
+
+func groupHash(key string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	return h.Sum64()
+}
+
+// begin checks the group and the caller, and numbers the call.
+func (n *Net) begin(g runtime.Group, rank int, o op, dt ir.DType, agree1, agree2 int64) (*call, error) {
+	where := func() string { return fmt.Sprintf("%v on group %v by rank %d", o, g, rank) }
+	if err := n.aborted(); err != nil {
+		return nil, fmt.Errorf("%s: %w", where(), err)
+	}
+	if err := g.Check(n.layout.Devices); err != nil {
+		return nil, fmt.Errorf("%s: %w", where(), err)
+	}
+	pos := g.Pos(rank)
+	if pos < 0 {
+		return nil, fmt.Errorf("%s: %w: rank %d is not a member of the group", where(), runtime.ErrGroup, rank)
+	}
+	if !n.layout.Holds(rank) {
+		return nil, fmt.Errorf("%s: %w: rank %d is held by process %d, not this one (%d)", where(), runtime.ErrGroup, rank, n.layout.ProcOf(rank), n.layout.Proc)
+	}
+	key := g.Key()
+	n.mu.Lock()
+	sk := key + "#" + strconv.Itoa(rank)
+	seq := n.seqs[sk]
+	n.seqs[sk] = seq + 1
+	n.mu.Unlock()
+	return &call{n: n, g: g, rank: rank, pos: pos, op: o, dt: dt, seq: seq, group: groupHash(key), agree1: agree1, agree2: agree2}, nil
+}
+
+// fail aborts the job with the caller's error: the other members are
+// waiting for this one, which will not come.
+func (c *call) fail(err error) error {
+	c.n.Abort(err)
+	return err
+}
+
+// send posts bufs to the member at position q; wait collects the writes.
+func (c *call) send(q int, phase uint8, bufs ...[]byte) {
+	h := header{kind: kindColl, op: uint8(c.op), dtype: uint8(c.dt), phase: phase,
+		from: int32(c.rank), to: int32(c.g.Ranks[q]), group: c.group, seq: c.seq, agree1: c.agree1, agree2: c.agree2}
+	done := make(chan error, 1)
+	c.sent = append(c.sent, done)
+	c.n.post(h, bufs, done)
+}
+
+// wait returns once every payload this call sent has been written or
+// copied, so the caller may change the buffers it sent from.
+func (c *call) wait() error {
+	var first error
+	for _, d := range c.sent {
+		if err := <-d; err != nil && first == nil {
+			first = err
+		}
+	}
+	c.sent = nil
+	if first != nil {
+		return fmt.Errorf("%s: %w", c.where(), first)
+	}
+	return nil
+}
+
+// recv takes the phase's message from the member at position q and checks
+// that it agrees with this call.
+func (c *call) recv(q int, phase uint8, size int) ([]byte, error) {
+	from := c.g.Ranks[q]
+	k := msgKey{from: int32(from), to: int32(c.rank), kind: kindColl, phase: phase, group: c.group, seq: c.seq}
+	fromProc := c.n.layout.ProcOf(from)
+	f, err := c.n.box.take(k, fromProc, c.n.timeout, func() string {
+		return fmt.Sprintf("waiting for rank %d (%s)", from, c.n.describe(fromProc))
+	})
+	if err != nil {
+		err = fmt.Errorf("%s: %w", c.where(), err)
+		if errors.Is(err, runtime.ErrTimeout) || errors.Is(err, runtime.ErrPeerLost) {
+			c.n.Abort(err)
+		}
+		return nil, err
+	}
+	if err := c.agrees(q, f.hdr); err != nil {
+		return nil, c.fail(err)
+	}
+	if len(f.data) != size {
+		return nil, c.fail(fmt.Errorf("%s: %w on the data: rank %d sent %d bytes, %d expected", c.where(), runtime.ErrMismatch, from, len(f.data), size))
+	}
+	return f.data, nil
+}
+
+// agrees compares what a member sent with this call.
+func (c *call) agrees(q int, h header) error {
+	from := c.g.Ranks[q]
+	switch {
+	case op(h.op) != c.op:
+		return fmt.Errorf("collective #%d on group %v: %w on the collective: rank %d called %v but rank %d (position %d) called %v; every member must make the same collective calls in the same order",
+			c.seq, c.g, runtime.ErrMismatch, c.rank, c.op, from, q, op(h.op))
+	case ir.DType(h.dtype) != c.dt:
+		return fmt.Errorf("%s: %w on the element type: rank %d passes %v but rank %d (position %d) passes %v",
+			c.where(), runtime.ErrMismatch, c.rank, c.dt, from, q, ir.DType(h.dtype))
+	case h.agree1 != c.agree1 || h.agree2 != c.agree2:
+		return fmt.Errorf("%s: %w on %s: rank %d passes %s but rank %d (position %d) passes %s",
+			c.where(), runtime.ErrMismatch, agreeName(c.op), c.rank, agreeText(c.op, c.dt, c.agree1, c.agree2), from, q, agreeText(c.op, c.dt, h.agree1, h.agree2))
+	}
+	return nil
+}
+
+func agreeName(o op) string {
+	switch o {
+	case opAllReduce:
+		return "the bucket"
+	case opBroadcast:
+		return "the buffer or the root"
+	case opReduceScatter:
+		return "len(out)"
+	}
+	return "len(in)"
+}
+
+func agreeText(o op, dt ir.DType, a1, a2 int64) string {
+	switch o {
+	case opAllReduce:
+		return fmt.Sprintf("%d elements in %d buffers", elems(dt, int(a1)), a2)
+	case opBroadcast:
+		return fmt.Sprintf("%d elements from position %d", elems(dt, int(a1)), a2)
+	}
+	return fmt.Sprintf("%d elements", elems(dt, int(a1)))
+}
+
+// counted records a finished collective once per process: by the first
+// of its members this process holds.
+func (c *call) counted(bytes int) {
+	for _, r := range c.g.Ranks {
+		if c.n.layout.Holds(r) {
+			if r == c.rank {
+				c.n.add(c.op, int64(bytes))
+			}
+			return
+		}
+	}
+}
+
+// spans cuts the byte range [lo, hi) of the concatenation of bufs into
+// the pieces of each buffer it covers.
+func spans(bufs [][]byte, lo, hi int) [][]byte {
+	var out [][]byte
+	for _, b := range bufs {
+		if hi <= 0 {
+			break
+		}
+		if lo < len(b) {
+			out = append(out, b[max(lo, 0):min(hi, len(b))])
+		}
+		lo -= len(b)
+		hi -= len(b)
+	}
+	return out
+}
+
+// AllReduce sums bufs in place. Member p sums share p of the bucket from
+// every member's contribution in position order and sends it to the
+// others: a direct reduce-scatter, then an all-gather, each member
+// sending 2·(n−1)/n of the bucket.
+func (n *Net) AllReduce(g runtime.Group, rank int, dt ir.DType, bufs ...[]byte) error {
+	total := 0
+	var bad error
+	if err := checkSummable(dt); err != nil {
+		bad = err
+	}
+	for i, b := range bufs {
+		total += len(b)
+		if err := checkElems(dt, fmt.Sprintf("bufs[%d]", i), len(b)); err != nil && bad == nil {
+			bad = err
+		}
+		for j := range i {
+			if overlap(b, bufs[j]) && bad == nil {
+				bad = fmt.Errorf("%w: bufs[%d] and bufs[%d] overlap", runtime.ErrArgs, j, i)
+			}
+		}
+	}
+	c, err := n.begin(g, rank, opAllReduce, dt, int64(total), int64(len(bufs)))
+	if err != nil {
+		return err
+	}
+	if bad != nil {
+		return c.fail(fmt.Errorf("%s: %w", c.where(), bad))
+	}
+	m := g.Size()
+	if m == 1 {
+		c.counted(total)
+		return nil
+	}
+	es := int(dt.Size())
+	count := total / es
+	span := func(j int) (int, int) { return j * count / m * es, (j + 1) * count / m * es }
+	for q := range m {
+		if q != c.pos {
+			lo, hi := span(q)
+			c.send(q, 0, spans(bufs, lo, hi)...)
+		}
+	}
+	lo, hi := span(c.pos)
+	part := make([]byte, hi-lo)
+	for q := range m {
+		if q == c.pos {
+			reduceSpan(dt, part, bufs, lo, q == 0)
+			continue
+		}
+		data, err := c.recv(q, 0, hi-lo)
+		if err != nil {
+			return err
+		}
+		accumulate(dt, part, data, q == 0)
+	}
+	for q := range m {
+		if q != c.pos {
+			c.send(q, 1, part)
+		}
+	}
+	parts := make([][]byte, m)
+	parts[c.pos] = part
+	for q := range m {
+		if q != c.pos {
+			qlo, qhi := span(q)
+			if parts[q], err = c.recv(q, 1, qhi-qlo); err != nil {
+				return err
+			}
+		}
+	}
+	// The shares this member sent came from bufs: they must be out before
+	// the sums overwrite them.
+	if err := c.wait(); err != nil {
+		return c.fail(err)
+	}
+	bi, bo := 0, 0
+	for _, p := range parts {
+		for len(p) > 0 {
+			for bo == len(bufs[bi]) {
+				bi, bo = bi+1, 0
+			}
+			k := copy(bufs[bi][bo:], p)
+			p, bo = p[k:], bo+k
+		}
+	}
+	c.counted(total * m)
+	return nil
+}
+
+// ReduceScatter sums the members' in, leaving the caller's chunk in out.
+func (n *Net) ReduceScatter(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
+	m, k := g.Size(), len(out)
+	var bad error
+	inPlace := false
+	if err := checkSummable(dt); err != nil {
+		bad = err
+	} else if err := checkElems(dt, "out", k); err != nil {
+		bad = err
+	}
+	p := g.Pos(rank)
+	switch {
+	case bad != nil:
+	case len(in) != m*k:
+		bad = fmt.Errorf("%w: len(in) is %d, want group size %d × len(out) %d = %d", runtime.ErrArgs, elems(dt, len(in)), m, elems(dt, k), elems(dt, m*k))
+	case p >= 0 && same(out, in[p*k:(p+1)*k]):
+		inPlace = k > 0
+	case overlap(in, out):
+		bad = fmt.Errorf("%w: out overlaps in other than as in's own chunk [%d:%d] (the in-place form)", runtime.ErrArgs, elems(dt, p*k), elems(dt, (p+1)*k))
+	}
+	c, err := n.begin(g, rank, opReduceScatter, dt, int64(k), 0)
+	if err != nil {
+		return err
+	}
+	if bad != nil {
+		return c.fail(fmt.Errorf("%s: %w", c.where(), bad))
+	}
+	for q := range m {
+		if q != c.pos {
+			c.send(q, 0, in[q*k:(q+1)*k])
+		}
+	}
+	dst := out
+	if inPlace {
+		dst = make([]byte, k)
+	}
+	for q := range m {
+		src := in[c.pos*k : (c.pos+1)*k]
+		if q != c.pos {
+			if src, err = c.recv(q, 0, k); err != nil {
+				return err
+			}
+		}
+		accumulate(dt, dst, src, q == 0)
+	}
+	if err := c.wait(); err != nil {
+		return c.fail(err)
+	}
+	if inPlace {
+		copy(out, dst)
+	}
+	c.counted(len(in) * m)
+	return nil
+}
+
+// AllGather concatenates the members' in, in position order, into out.
+func (n *Net) AllGather(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
+	m, k := g.Size(), len(in)
+	var bad error
+	if err := checkElems(dt, "in", k); err != nil {
+		bad = err
+	}
+	p := g.Pos(rank)
+	inPlace := false
+	switch {
+	case bad != nil:
+	case len(out) != m*k:
+		bad = fmt.Errorf("%w: len(out) is %d, want group size %d × len(in) %d = %d", runtime.ErrArgs, elems(dt, len(out)), m, elems(dt, k), elems(dt, m*k))
+	case p >= 0 && same(in, out[p*k:(p+1)*k]):
+		inPlace = true
+	case overlap(in, out):
+		bad = fmt.Errorf("%w: in overlaps out other than as out's own chunk [%d:%d] (the in-place form)", runtime.ErrArgs, elems(dt, p*k), elems(dt, (p+1)*k))
+	}
+	c, err := n.begin(g, rank, opAllGather, dt, int64(k), 0)
+	if err != nil {
+		return err
+	}
+	if bad != nil {
+		return c.fail(fmt.Errorf("%s: %w", c.where(), bad))
+	}
+	for q := range m {
+		if q != c.pos {
+			c.send(q, 0, in)
+		}
+	}
+	if !inPlace {
+		copy(out[c.pos*k:], in)
+	}
+	for q := range m {
+		if q != c.pos {
+			data, err := c.recv(q, 0, k)
+			if err != nil {
+				return err
+			}
+			copy(out[q*k:], data)
+		}
+	}
+	if err := c.wait(); err != nil {
+		return c.fail(err)
+	}
+	c.counted(k * m)
+	return nil
+}
+
+// AllToAll sends chunk j of in to member j and puts member p's chunk at
+// chunk p of out.
+func (n *Net) AllToAll(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
+	m := g.Size()
+	var bad error
+	if err := checkElems(dt, "in", len(in)); err != nil {
+		bad = err
+	}
+	switch {
+	case bad != nil:
+	case len(in) != len(out):
+		bad = fmt.Errorf("%w: len(in) is %d but len(out) is %d; they must be equal", runtime.ErrArgs, elems(dt, len(in)), elems(dt, len(out)))
+	case m > 0 && len(in)%(m*int(dt.Size())) != 0:
+		bad = fmt.Errorf("%w: len(in) %d is not a multiple of the group size %d", runtime.ErrArgs, elems(dt, len(in)), m)
+	case overlap(in, out):
+		bad = fmt.Errorf("%w: in and out overlap", runtime.ErrArgs)
+	}
+	c, err := n.begin(g, rank, opAllToAll, dt, int64(len(in)), 0)
+	if err != nil {
+		return err
+	}
+	if bad != nil {
+		return c.fail(fmt.Errorf("%s: %w", c.where(), bad))
+	}
+	k := len(in) / m
+	for q := range m {
+		if q != c.pos {
+			c.send(q, 0, in[q*k:(q+1)*k])
+		}
+	}
+	copy(out[c.pos*k:(c.pos+1)*k], in[c.pos*k:(c.pos+1)*k])
+	for q := range m {
+		if q != c.pos {
+			data, err := c.recv(q, 0, k)
+			if err != nil {
+				return err
+			}
+			copy(out[q*k:], data)
+		}
+	}
+	if err := c.wait(); err != nil {
+		return c.fail(err)
+	}
+	c.counted(len(in) * m)
+	return nil
+}
+
+// Broadcast copies the root member's buf into every other member's.
+func (n *Net) Broadcast(g runtime.Group, rank, root int, dt ir.DType, buf []byte) error {
+	var bad error
+	if err := checkElems(dt, "buf", len(buf)); err != nil {
+		bad = err
+	} else if root < 0 || root >= g.Size() {
+		bad = fmt.Errorf("%w: root position %d is outside the group's [0,%d)", runtime.ErrArgs, root, g.Size())
+	}
+	c, err := n.begin(g, rank, opBroadcast, dt, int64(len(buf)), int64(root))
+	if err != nil {
+		return err
+	}
+	if bad != nil {
+		return c.fail(fmt.Errorf("%s: %w", c.where(), bad))
+	}
+	if c.pos == root {
+		for q := range g.Size() {
+			if q != root {
+				c.send(q, 0, buf)
+			}
+		}
+		if err := c.wait(); err != nil {
+			return c.fail(err)
+		}
+	} else {
+		data, err := c.recv(root, 0, len(buf))
+		if err != nil {
+			return err
+		}
+		copy(buf, data)
+	}
+	c.counted(len(buf))
+	return nil
+}
+
+// Barrier returns once every member has called it: all report to the
+// member at position 0, which then releases them.
+func (n *Net) Barrier(g runtime.Group, rank int) error {
+	c, err := n.begin(g, rank, opBarrier, ir.Invalid, 0, 0)
+	if err != nil {
+		return err
+	}
+	m := g.Size()
+	if c.pos == 0 {
+		for q := 1; q < m; q++ {
+			if _, err := c.recv(q, 0, 0); err != nil {
+				return err
+			}
+		}
+		for q := 1; q < m; q++ {
+			c.send(q, 1)
+		}
+	} else {
+		c.send(0, 0)
+		if _, err := c.recv(0, 1, 0); err != nil {
+			return err
+		}
+	}
+	if err := c.wait(); err != nil {
+		return c.fail(err)
+	}
+	c.counted(0)
+	return nil
+}
+
+// p2pCheck validates a Send or Recv's ranks and buffer; mine is the rank
+// this process must hold.
+func (n *Net) p2pCheck(where func() string, from, to, mine int, dt ir.DType, size int) error {
+	if err := n.aborted(); err != nil {
+		return fmt.Errorf("%s: %w", where(), err)
+	}
+	for _, r := range []int{from, to} {
+		if r < 0 || r >= n.layout.Devices {
+			return fmt.Errorf("%s: %w: rank %d is outside [0,%d)", where(), runtime.ErrGroup, r, n.layout.Devices)
+		}
+	}
+	if from == to {
+		return fmt.Errorf("%s: %w: a device cannot send to itself", where(), runtime.ErrArgs)
+	}
+	if !n.layout.Holds(mine) {
+		return fmt.Errorf("%s: %w: rank %d is held by process %d, not this one (%d)", where(), runtime.ErrGroup, mine, n.layout.ProcOf(mine), n.layout.Proc)
+	}
+	if err := checkElems(dt, "buf", size); err != nil {
+		return fmt.Errorf("%s: %w", where(), err)
+	}
+	return nil
+}
+
+// Send posts a copy of buf for rank to and returns at once.
+func (n *Net) Send(from, to, tag int, dt ir.DType, buf []byte) error {
+	where := func() string { return fmt.Sprintf("Send from rank %d to rank %d (tag %d)", from, to, tag) }
+	if err := n.p2pCheck(where, from, to, from, dt, len(buf)); err != nil {
+		return err
+	}
+	data := append([]byte(nil), buf...)
+	n.post(header{kind: kindP2P, dtype: uint8(dt), from: int32(from), to: int32(to), seq: int64(tag)}, [][]byte{data}, nil)
+	return nil
+}
+
+// Recv waits for the next message from rank from to rank to with tag.
+func (n *Net) Recv(from, to, tag int, dt ir.DType, buf []byte) error {
+	where := func() string { return fmt.Sprintf("Recv from rank %d to rank %d (tag %d)", from, to, tag) }
+	if err := n.p2pCheck(where, from, to, to, dt, len(buf)); err != nil {
+		return err
+	}
+	k := msgKey{from: int32(from), to: int32(to), kind: kindP2P, seq: int64(tag)}
+	fromProc := n.layout.ProcOf(from)
+	f, err := n.box.take(k, fromProc, n.timeout, func() string {
+		return fmt.Sprintf("waiting for rank %d (%s)", from, n.describe(fromProc))
+	})
+	if err != nil {
+		err = fmt.Errorf("%s: %w", where(), err)
+		if errors.Is(err, runtime.ErrTimeout) || errors.Is(err, runtime.ErrPeerLost) {
+			n.Abort(err)
+		}
+		return err
+	}
+	if err := matchError(p2pKey{from, to, tag}, ir.DType(f.hdr.dtype), len(f.data), dt, len(buf)); err != nil {
+		n.Abort(err)
+		return err
+	}
+	copy(buf, f.data)
+	n.add(opSendRecv, int64(len(buf)))
+	return nil
+}
