@@ -3,7 +3,9 @@ package tests
 import (
 	"fmt"
 	"math"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,6 +15,7 @@ import (
 	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/runtime"
+	"gcompile/runtime/comm"
 	"gcompile/runtime/cpu"
 )
 
@@ -27,6 +30,7 @@ type asyncPlan struct {
 
 type asyncResult struct {
 	steps  []runtime.StepMetrics
+	evals  []runtime.EvalMetrics
 	losses []float64
 	params map[string][]float64
 	a      *cpu.Async
@@ -53,6 +57,16 @@ func asyncProgs(t *testing.T, p asyncPlan) (grad, update *lower.Program, boundar
 	return grad, update, boundary
 }
 
+// asyncConfig is the training config of the asynchronous runs: eqBatch
+// sequences a step over the replicas together.
+func asyncConfig(steps int, scaler *runtime.LossScaler) runtime.TrainConfig {
+	if steps == 0 {
+		steps = eqSteps
+	}
+	return runtime.TrainConfig{Steps: steps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1, LossScale: scaler,
+		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
+}
+
 // asyncRun trains p.
 func asyncRun(t *testing.T, p asyncPlan) asyncResult {
 	t.Helper()
@@ -60,16 +74,10 @@ func asyncRun(t *testing.T, p asyncPlan) asyncResult {
 	a, err := cpu.NewAsync(gp, up, boundary, p.dp, p.staleness)
 	require.NoError(t, err)
 	require.NoError(t, a.InitParams(1))
-	steps := p.steps
-	if steps == 0 {
-		steps = eqSteps
-	}
-	cfg := runtime.TrainConfig{Steps: steps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1, LossScale: p.scaler,
-		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	ms, evals, err := a.Train(corpus(), cfg, nil)
+	ms, evals, err := a.Train(corpus(), asyncConfig(p.steps, p.scaler), nil)
 	require.NoError(t, err)
 	require.Len(t, evals, 1)
-	res := asyncResult{steps: ms, params: serverBuffers(t, a, up, lower.Param), a: a, update: up}
+	res := asyncResult{steps: ms, evals: evals, params: serverBuffers(t, a, up, lower.Param), a: a, update: up}
 	for _, s := range ms {
 		res.losses = append(res.losses, s.Loss)
 	}
@@ -277,4 +285,201 @@ func requireBitIdentical(t *testing.T, want, got map[string][]float64, msg strin
 			}
 		}
 	}
+}
+
+// asyncJob is an asynchronous job whose processes are goroutines of this
+// test sharing one comm.Local: each builds its share with NewAsyncJob
+// (its replicas; the server in process 0) and trains, exchanging the
+// messages gcompile's processes exchange over TCP.
+type asyncJob struct {
+	procs []*cpu.Async
+	comm  *comm.Local
+}
+
+// newAsyncJob loads p as a job of procs processes.
+func newAsyncJob(t *testing.T, p asyncPlan, procs int) asyncJob {
+	t.Helper()
+	gp, up, boundary := asyncProgs(t, p)
+	j := asyncJob{comm: comm.NewLocal(p.dp)}
+	for proc := range procs {
+		a, err := cpu.NewAsyncJob(gp, up, boundary, p.staleness, &runtime.Job{
+			Layout: runtime.Layout{Devices: p.dp, Procs: procs, Proc: proc}, Comm: j.comm})
+		require.NoError(t, err)
+		require.NoError(t, a.InitParams(1))
+		j.procs = append(j.procs, a)
+	}
+	return j
+}
+
+// asyncOutcome is what one process's Train returned.
+type asyncOutcome struct {
+	steps []runtime.StepMetrics
+	evals []runtime.EvalMetrics
+	err   error
+}
+
+// train runs Train on the processes listed (every one if none is), each
+// with the config cfg gives it, and returns their outcomes by process
+// once all have returned.
+func (j asyncJob) train(cfg func(proc int) runtime.TrainConfig, only ...int) []asyncOutcome {
+	if len(only) == 0 {
+		for p := range j.procs {
+			only = append(only, p)
+		}
+	}
+	out := make([]asyncOutcome, len(j.procs))
+	var wg sync.WaitGroup
+	for _, p := range only {
+		wg.Go(func() {
+			o := &out[p]
+			o.steps, o.evals, o.err = j.procs[p].Train(corpus(), cfg(p), nil)
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// An asynchronous job spread over processes runs the same protocol as one
+// process, so with staleness 0 it trains bit for bit as one: every step's
+// loss, gradient norm, loss scale and skip, the held-out loss, the master
+// weights and optimizer state, and every replica's and the server's peak.
+// The fp16 case starts its dynamic scale at 2^22, so the first steps
+// overflow and are skipped, and the scale each replica receives halves
+// with every skip until training resumes.
+func TestAsyncJobMatchesOneProcess(t *testing.T) {
+	for _, tc := range []struct {
+		dp, procs, steps int
+		precision        string
+	}{
+		{2, 2, eqSteps, "fp32"},
+		{4, 2, eqSteps, "fp32"},
+		{4, 4, eqSteps, "fp32"},
+		{2, 2, 30, "fp16"},
+	} {
+		t.Run(fmt.Sprintf("dp%d_procs%d_%s", tc.dp, tc.procs, tc.precision), func(t *testing.T) {
+			p := asyncPlan{dp: tc.dp, steps: tc.steps}
+			if tc.precision != "fp32" {
+				p.precision = tc.precision
+			}
+			scaler := func() *runtime.LossScaler {
+				if p.precision == "" {
+					return nil
+				}
+				s := runtime.NewLossScaler(0)
+				s.Scale = 1 << 22
+				return s
+			}
+			p.scaler = scaler()
+			ref := asyncRun(t, p)
+			j := newAsyncJob(t, p, tc.procs)
+			start := time.Now()
+			outs := j.train(func(int) runtime.TrainConfig { return asyncConfig(tc.steps, scaler()) })
+			elapsed := time.Since(start)
+			for proc, o := range outs {
+				require.NoError(t, o.err, "process %d", proc)
+				if proc > 0 {
+					assert.Nil(t, o.steps, "process %d reports no steps: the server's does", proc)
+					assert.Nil(t, j.procs[proc].Peaks(), "process %d", proc)
+				}
+			}
+			got := outs[0]
+			require.Len(t, got.steps, len(ref.steps))
+			skipped := 0
+			for i, s := range got.steps {
+				want := ref.steps[i]
+				assert.Equal(t, math.Float64bits(want.Loss), math.Float64bits(s.Loss), "step %d loss %v vs %v", s.Step, want.Loss, s.Loss)
+				assert.Equal(t, math.Float64bits(want.GradNorm), math.Float64bits(s.GradNorm), "step %d grad norm", s.Step)
+				assert.Equal(t, want.LossScale, s.LossScale, "step %d loss scale", s.Step)
+				assert.Equal(t, want.Skipped, s.Skipped, "step %d skipped", s.Step)
+				if s.Skipped {
+					skipped++
+				}
+			}
+			require.Len(t, got.evals, 1)
+			assert.Equal(t, math.Float64bits(ref.evals[0].Loss), math.Float64bits(got.evals[0].Loss), "held-out loss")
+			server := j.procs[0]
+			requireBitIdentical(t, ref.params, serverBuffers(t, server, ref.update, lower.Param), "master weight")
+			requireBitIdentical(t, serverBuffers(t, ref.a, ref.update, lower.State), serverBuffers(t, server, ref.update, lower.State), "optimizer state")
+			assert.Equal(t, ref.a.Peaks(), server.Peaks(), "peaks: replicas, then the server")
+			assert.Len(t, server.Peaks(), tc.dp+1)
+			assert.Equal(t, 0, server.MaxStaleness())
+			assert.Zero(t, j.comm.Pending(), "every message was taken")
+			if tc.precision == "fp16" {
+				assert.Positive(t, skipped, "the overflows at scale 2^22 are skipped")
+				assert.Less(t, skipped, len(got.steps), "training resumes")
+			}
+			t.Logf("dp%d over %d processes, %s: %d steps (%d skipped) bit-identical to one process, held-out loss %.6f, %v",
+				tc.dp, tc.procs, tc.precision, len(got.steps), skipped, got.evals[0].Loss, elapsed.Round(time.Millisecond))
+		})
+	}
+}
+
+// With staleness 2 the replicas of other processes run ahead too, within
+// the bound, and training converges.
+func TestAsyncJobBoundedStalenessConverges(t *testing.T) {
+	p := asyncPlan{dp: 4, staleness: 2, steps: 40}
+	j := newAsyncJob(t, p, 2)
+	outs := j.train(func(int) runtime.TrainConfig { return asyncConfig(p.steps, nil) })
+	for proc, o := range outs {
+		require.NoError(t, o.err, "process %d", proc)
+	}
+	steps := outs[0].steps
+	require.Len(t, steps, p.steps)
+	for proc, a := range j.procs {
+		assert.LessOrEqual(t, a.MaxStaleness(), 2, "process %d", proc)
+	}
+	first, last := steps[0].Loss, 0.0
+	for _, s := range steps[len(steps)-5:] {
+		last += s.Loss / 5
+	}
+	assert.Less(t, last, first-1.0, "loss falls from %.3f to %.3f", first, last)
+	t.Logf("dp4 over 2 processes, K=2: loss %.3f → %.3f (mean of last 5), max staleness %d", first, last, j.procs[0].MaxStaleness())
+}
+
+// A process that is gone, or a replica that fails, ends every process's
+// Train: no wait of the protocol outlives the comm's timeout, and a
+// failure anywhere aborts the comm at once instead of leaving the others
+// to time out.
+func TestAsyncJobFailuresEndEveryProcess(t *testing.T) {
+	p := asyncPlan{dp: 4, steps: 1000}
+	cfg := func(int) runtime.TrainConfig { return asyncConfig(p.steps, nil) }
+	t.Run("a replica's process never trains", func(t *testing.T) {
+		j := newAsyncJob(t, p, 2)
+		j.comm.SetTimeout(500 * time.Millisecond)
+		start := time.Now()
+		outs := j.train(cfg, 0)
+		require.ErrorIs(t, outs[0].err, runtime.ErrTimeout)
+		assert.Regexp(t, `replica [23] \(rank [23], process 1\): waiting for its request for step 1's weights: .*timed out after 500ms waiting for rank [23]`, outs[0].err.Error())
+		assert.Less(t, time.Since(start), 10*time.Second)
+		t.Logf("%v: %v", time.Since(start).Round(time.Millisecond), outs[0].err)
+	})
+	t.Run("the server's process never trains", func(t *testing.T) {
+		j := newAsyncJob(t, p, 2)
+		j.comm.SetTimeout(500 * time.Millisecond)
+		start := time.Now()
+		outs := j.train(cfg, 1)
+		require.ErrorIs(t, outs[1].err, runtime.ErrTimeout)
+		assert.Contains(t, outs[1].err.Error(), "waiting for weights from the parameter server (rank 0)")
+		assert.Less(t, time.Since(start), 10*time.Second)
+		t.Logf("%v: %v", time.Since(start).Round(time.Millisecond), outs[1].err)
+	})
+	t.Run("a replica fails", func(t *testing.T) {
+		// The comm's timeout stays at its default (minutes): only the
+		// abort can end the server's waits this soon.
+		j := newAsyncJob(t, p, 2)
+		start := time.Now()
+		outs := j.train(func(proc int) runtime.TrainConfig {
+			c := cfg(proc)
+			if proc == 1 {
+				c.Batch *= 2 // its replicas' inputs no longer fit their programs
+			}
+			return c
+		})
+		require.Error(t, outs[1].err)
+		assert.Contains(t, outs[1].err.Error(), `input "tokens"`)
+		require.ErrorIs(t, outs[0].err, runtime.ErrAborted)
+		assert.Contains(t, outs[0].err.Error(), `input "tokens"`, "the server's process learns the cause")
+		assert.Less(t, time.Since(start), 20*time.Second)
+		t.Logf("%v: %v", time.Since(start).Round(time.Millisecond), outs[0].err)
+	})
 }

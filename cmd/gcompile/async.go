@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"gcompile/compile"
 	"gcompile/data"
@@ -13,15 +12,23 @@ import (
 )
 
 // runAsync runs asynchronous data parallelism: one gradient program per
-// replica and the update program of the parameter server.
+// replica and the update program of the parameter server. In a job of
+// several processes replica r runs in the process holding device rank r
+// and the server in process 0, which writes the outputs.
 func runAsync(c *config, j *job, res *compile.Result) error {
-	if j.multi() {
-		return fmt.Errorf("--dp-sync async across processes: %w (the parameter server and its replicas run in one process)", errNotYet)
-	}
 	gp, up, boundary := res.Async.Grad, res.Async.Update, res.Async.Boundary
+	if c.DP != j.layout.Devices {
+		return fmt.Errorf("--dp-sync async runs one replica per device: --dp %d must equal --devices %d", c.DP, j.layout.Devices)
+	}
 	compileMs := float64(res.Elapsed.Microseconds()) / 1000
-	fmt.Fprintf(j.log, "compiled %s in %.0f ms for %d asynchronous replicas (staleness ≤ %d): replica %s; update %s\n",
-		res.Module.Name, compileMs, c.DP, c.Staleness, gp.Describe(), up.Describe())
+	if j.lead() {
+		where := ""
+		if j.multi() {
+			where = fmt.Sprintf(" in %d processes (%d each, the parameter server in process 0)", j.world.Size, j.layout.PerProc())
+		}
+		fmt.Fprintf(j.log, "compiled %s in %.0f ms for %d asynchronous replicas%s (staleness ≤ %d): replica %s; update %s\n",
+			res.Module.Name, compileMs, c.DP, where, c.Staleness, gp.Describe(), up.Describe())
+	}
 	met := newMetrics(c, res, compileMs)
 	for r := range c.DP {
 		met.Devices = append(met.Devices, deviceMetrics(gp, r))
@@ -29,9 +36,9 @@ func runAsync(c *config, j *job, res *compile.Result) error {
 	met.Devices = append(met.Devices, deviceMetrics(up, c.DP))
 	var runErr error
 	if c.run {
-		runErr = trainAsync(c, gp, up, boundary, met)
+		runErr = trainAsync(c, j, gp, up, boundary, met)
 	}
-	if c.metrics != "" {
+	if c.metrics != "" && j.lead() {
 		if err := met.WriteFile(c.metrics); err != nil {
 			return errors.Join(runErr, err)
 		}
@@ -39,11 +46,11 @@ func runAsync(c *config, j *job, res *compile.Result) error {
 	return runErr
 }
 
-func trainAsync(c *config, gp, up *lower.Program, boundary []string, met *runtime.Metrics) error {
-	if c.trace != "" || c.save != "" || c.load != "" {
-		return fmt.Errorf("--trace, --save and --load are not supported with --dp-sync async yet")
+func trainAsync(c *config, j *job, gp, up *lower.Program, boundary []string, met *runtime.Metrics) error {
+	if c.trace != "" {
+		return errors.New("--trace is not supported with --dp-sync async yet")
 	}
-	_, seq, err := inputShape([]*lower.Program{gp})
+	batch, seq, err := inputShape([]*lower.Program{gp})
 	if err != nil {
 		return err
 	}
@@ -52,27 +59,68 @@ func trainAsync(c *config, gp, up *lower.Program, boundary []string, met *runtim
 		return err
 	}
 	met.Data = &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
-	a, err := cpu.NewAsync(gp, up, boundary, c.DP, c.Staleness)
-	if err != nil {
+	var a *cpu.Async
+	if j.multi() {
+		net, err := j.connect()
+		if err != nil {
+			return err
+		}
+		a, err = cpu.NewAsyncJob(gp, up, boundary, c.Staleness, &runtime.Job{Layout: j.layout, Comm: net})
+		if err != nil {
+			return err
+		}
+	} else if a, err = cpu.NewAsync(gp, up, boundary, c.DP, c.Staleness); err != nil {
 		return err
 	}
 	if err := a.InitParams(uint64(c.seed)); err != nil {
 		return err
 	}
+	// The master weights are the server's: process 0 loads them, and every
+	// replica takes them from there.
+	server := serverWeights{a.Server}
+	if c.load != "" && a.Server != nil {
+		if err := loadWeights(server, []*lower.Program{gp}, c.load); err != nil {
+			return err
+		}
+	}
 	// The same scaler as synchronous training; Async fixes each step's
 	// scale when its first replica starts and feeds both programs that one.
-	cfg := runtime.TrainConfig{Steps: c.steps, Batch: c.Batch, Seq: seq, Seed: c.seed, EvalBatches: c.evalBatches,
+	// The global batch is the replicas' together: --batch for a model.go,
+	// whose replicas are built at its share; a .gir dump's own batch per
+	// replica.
+	cfg := runtime.TrainConfig{Steps: c.steps, Batch: batch * c.DP, Seq: seq, Seed: c.seed, EvalBatches: c.evalBatches,
 		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
 		LossScale: lossScaler(c)}
-	p := newProgress(os.Stderr, c.steps)
+	if !j.lead() {
+		// This process's replicas; the server reports every step.
+		_, _, err := a.Train(corpus, cfg, nil)
+		return err
+	}
+	p := newProgress(j.log, c.steps)
 	steps, evals, trainErr := a.Train(corpus, cfg, p.step)
 	p.done()
 	met.Steps, met.Eval = steps, evals
 	met.Async = &runtime.AsyncMetrics{Staleness: c.Staleness, MaxStalenessSeen: a.MaxStaleness()}
-	for r, w := range a.Workers {
-		met.Devices[r].PeakBytesMeasured = w.PeakBytes()
+	for r, peak := range a.Peaks() {
+		met.Devices[r].PeakBytesMeasured = peak
 	}
-	met.Devices[len(a.Workers)].PeakBytesMeasured = a.Server.PeakBytes()
-	fmt.Fprintf(os.Stderr, "largest staleness seen: %d (bound %d)\n", a.MaxStaleness(), c.Staleness)
-	return trainErr
+	fmt.Fprintf(j.log, "largest staleness seen: %d (bound %d)\n", a.MaxStaleness(), c.Staleness)
+	if trainErr != nil {
+		return trainErr
+	}
+	if c.save != "" {
+		if err := saveWeights(server, []*lower.Program{gp}, c.save, c.steps, true); err != nil {
+			return err
+		}
+		fmt.Fprintf(j.log, "saved weights to %s\n", c.save)
+	}
+	return nil
 }
+
+// serverWeights reaches the master weights on the parameter server, for
+// --save and --load: whole tensors, as the server holds them.
+type serverWeights struct{ d *cpu.Device }
+
+func (s serverWeights) Global(name string) ([]float64, error) { return s.d.Float64s(name) }
+
+func (s serverWeights) SetGlobal(name string, x []float64) error { return s.d.SetFloat64s(name, x) }

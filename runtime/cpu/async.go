@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -26,51 +27,95 @@ import (
 // first replica starts step t, every replica and the update of step t use
 // that one value, and the scaler learns from the update's overflow count
 // before the next step may start on the new weights.
+//
+// A job may span several processes (NewAsyncJob): replica r runs in the
+// process holding device rank r, and the server runs in process 0 beside
+// its replicas. Every replica, here or there, takes its weights and hands
+// in its gradients as the same messages (see async_wire.go); those of
+// other processes travel over the job's Comm, so the server's arithmetic,
+// and with K = 0 every bit of the result, is the same however the
+// replicas are spread. With K ≥ 1 which version a replica starts from
+// depends on timing, in one process as across several.
 type Async struct {
+	// Workers are the replicas this process holds and Replicas their
+	// indices, which are their device ranks in a job: every replica in
+	// one process, the process's block of ranks in a job of several.
 	Workers  []*Device
-	Server   *Device
+	Replicas []int
+	// Server runs the update program and holds the master weights and
+	// the optimizer state; it lives in process 0 only (nil elsewhere).
+	Server *Device
+
 	boundary []string
 	params   []string
-	k        int
+	dp, k    int
 	// scaled: both programs have the loss_scale input (mixed precision).
 	scaled bool
+	job    runtime.Job // Comm nil: every replica is in this process
+	wire   asyncWire
 
 	mu       sync.Mutex
 	cond     *sync.Cond
-	version  int                   // updates applied
-	grads    map[int][][][]float64 // step → replica → boundary values
-	losses   map[int][]float64
-	scales   map[int]float64 // step → the loss scale its gradients were computed with
+	version  int              // updates applied (on the server)
+	grads    map[int][][]byte // step → replica → its gradients message
+	scales   map[int]float64  // step → the loss scale its gradients were computed with
+	pending  []int            // by replica: the step whose weights another process's replica awaits (0: none)
+	peaks    []int64          // by replica: the peak another process's replica reported last
 	scaler   *runtime.LossScaler
 	maxStale int
 	err      error
 }
 
-// NewAsync loads dp replicas of grad and one update program.
+// NewAsync loads dp replicas of grad and one update program, all in this
+// process.
 func NewAsync(grad, update *lower.Program, boundary []string, dp, staleness int) (*Async, error) {
+	return NewAsyncJob(grad, update, boundary, staleness, &runtime.Job{Layout: runtime.SingleProcess(dp)})
+}
+
+// NewAsyncJob loads this process's share of an asynchronous job of
+// job.Layout.Devices replicas: the replicas of the ranks it holds and, in
+// process 0, the update program. With several processes job.Comm carries
+// the replicas' requests, weights and gradients; every process of the job
+// calls NewAsyncJob and then Train.
+func NewAsyncJob(grad, update *lower.Program, boundary []string, staleness int, job *runtime.Job) (*Async, error) {
+	l := job.Layout
+	dp := l.Devices
 	if dp < 2 {
 		return nil, fmt.Errorf("asynchronous data parallelism needs at least 2 replicas, got %d", dp)
 	}
 	if staleness < 0 {
 		return nil, fmt.Errorf("staleness must be ≥ 0, got %d", staleness)
 	}
-	a := &Async{boundary: boundary, k: staleness, grads: map[int][][][]float64{}, losses: map[int][]float64{}}
+	if err := l.Check(); err != nil {
+		return nil, fmt.Errorf("asynchronous data parallelism over processes: %w", err)
+	}
+	if l.Procs > 1 && (job.Comm == nil || job.Comm.Size() != dp) {
+		return nil, fmt.Errorf("a job of %d processes needs a Comm connecting its %d replicas", l.Procs, dp)
+	}
+	a := &Async{boundary: boundary, dp: dp, k: staleness, job: *job, grads: map[int][][]byte{}, peaks: make([]int64, dp)}
 	a.cond = sync.NewCond(&a.mu)
-	for r := range dp {
+	for _, r := range l.Local() {
 		d, err := Load(grad, Options{})
 		if err != nil {
 			return nil, fmt.Errorf("replica %d: %w", r, err)
 		}
 		a.Workers = append(a.Workers, d)
+		a.Replicas = append(a.Replicas, r)
 	}
-	var err error
-	if a.Server, err = Load(update, Options{}); err != nil {
-		return nil, fmt.Errorf("update program: %w", err)
+	if l.Proc == 0 {
+		var err error
+		if a.Server, err = Load(update, Options{}); err != nil {
+			return nil, fmt.Errorf("update program: %w", err)
+		}
 	}
 	for _, b := range grad.Buffers {
 		if b.Kind == lower.Param {
-			if _, ok := update.Sources[b.Name]; !ok {
+			id, ok := update.Sources[b.Name]
+			if !ok {
 				return nil, fmt.Errorf("param %q has no master copy in the update program", b.Name)
+			}
+			if m := update.Buffers[id]; m.Bytes != b.Bytes {
+				return nil, fmt.Errorf("param %q is %v (%d bytes) in the gradient program but its master copy is %v (%d bytes)", b.Name, b.Type, b.Bytes, m.Type, m.Bytes)
 			}
 			a.params = append(a.params, b.Name)
 		}
@@ -87,17 +132,47 @@ func NewAsync(grad, update *lower.Program, boundary []string, dp, staleness int)
 		}
 	}
 	a.scaled = updScaled
+	var err error
+	if a.wire, err = newAsyncWire(grad, a.params, boundary); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
-// InitParams initialises the master weights and optimizer state.
-func (a *Async) InitParams(seed uint64) error { return a.Server.InitParams(seed) }
+// InitParams initialises the master weights and optimizer state. They
+// live on the server: a process without it has nothing to initialise,
+// its replicas take every step's weights from the server.
+func (a *Async) InitParams(seed uint64) error {
+	if a.Server == nil {
+		return nil
+	}
+	return a.Server.InitParams(seed)
+}
 
-// MaxStaleness is the largest number of updates a replica's weights lagged by.
+// MaxStaleness is the largest number of updates a replica's weights lagged
+// by: of every replica on the server's process, of this process's
+// replicas elsewhere.
 func (a *Async) MaxStaleness() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.maxStale
+}
+
+// Peaks are the replicas' measured peak bytes, by replica, then the
+// server's: on the server's process, after Train, where the other
+// processes' replicas report theirs with their gradients. Elsewhere it is
+// nil.
+func (a *Async) Peaks() []int64 {
+	if a.Server == nil {
+		return nil
+	}
+	a.mu.Lock()
+	out := append([]int64(nil), a.peaks...)
+	a.mu.Unlock()
+	for i, w := range a.Workers {
+		out[a.Replicas[i]] = w.PeakBytes()
+	}
+	return append(out, a.Server.PeakBytes())
 }
 
 // pull copies the master weights into a replica; the caller holds a.mu, so
@@ -115,20 +190,34 @@ func (a *Async) pull(w *Device) error {
 	return nil
 }
 
+// fail records the first error, wakes every wait of this process and, in
+// a job of several, aborts the comm so that every other process's waits
+// end too instead of running into their timeouts.
 func (a *Async) fail(err error) {
 	a.mu.Lock()
-	if a.err == nil {
+	first := a.err == nil
+	if first {
 		a.err = err
 	}
 	a.cond.Broadcast()
 	a.mu.Unlock()
+	if first && a.job.Comm != nil {
+		a.job.Comm.Abort(err)
+	}
 }
+
+// errStopped ends a replica's loop quietly: another part of the run has
+// failed and recorded why.
+var errStopped = errors.New("stopped after another failure")
 
 // Train runs cfg.Steps steps; cfg.Batch is the global batch, split evenly
 // over the replicas. report sees each step once the update program has
-// applied it; the held-out loss is measured once, after the last step.
+// applied it; the held-out loss is measured once, after the last step, on
+// replica 0. In a job of several processes every process calls Train;
+// only the server's (process 0) returns the steps and the held-out loss,
+// and calls report.
 func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(runtime.StepMetrics, *runtime.EvalMetrics)) ([]runtime.StepMetrics, []runtime.EvalMetrics, error) {
-	dp := len(a.Workers)
+	dp := a.dp
 	if cfg.Batch%dp != 0 {
 		return nil, nil, fmt.Errorf("global batch %d is not divisible by %d replicas", cfg.Batch, dp)
 	}
@@ -149,18 +238,33 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 	// weights; only the largest staleness seen carries over.
 	a.mu.Lock()
 	a.version, a.err = 0, nil
-	a.grads, a.losses, a.scales = map[int][][][]float64{}, map[int][]float64{}, map[int]float64{}
+	a.grads, a.scales = map[int][][]byte{}, map[int]float64{}
+	a.pending = make([]int, dp)
 	a.scaler = cfg.LossScale
 	a.mu.Unlock()
 	var wg sync.WaitGroup
-	for r, w := range a.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for i, w := range a.Workers {
+		r := a.Replicas[i]
+		wg.Go(func() {
 			if err := a.replica(r, w, corpus, cfg, local); err != nil {
 				a.fail(fmt.Errorf("replica %d: %w", r, err))
 			}
-		}()
+		})
+	}
+	if a.Server == nil {
+		wg.Wait()
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return nil, nil, a.err
+	}
+	for r := range dp {
+		if !a.job.Layout.Holds(r) {
+			wg.Go(func() {
+				if err := a.serve(r, cfg.Steps); err != nil {
+					a.fail(fmt.Errorf("replica %d (%s): %w", r, a.where(r), err))
+				}
+			})
+		}
 	}
 	var steps []runtime.StepMetrics
 	var stepErr error
@@ -185,12 +289,15 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 	}
 	wg.Wait()
 	if stepErr == nil {
+		a.mu.Lock()
 		stepErr = a.err
+		a.mu.Unlock()
 	}
 	if stepErr != nil {
 		return steps, nil, stepErr
 	}
-	// Held-out loss of the final weights, on one replica at its batch size.
+	// Held-out loss of the final weights, on replica 0 (always on the
+	// server's process) at its batch size.
 	w := a.Workers[0]
 	a.mu.Lock()
 	err := a.pull(w)
@@ -211,41 +318,36 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 	return steps, evals, nil
 }
 
-// replica is one worker's loop.
+// replica is one worker's loop: take weights, compute its share of the
+// step's gradients, hand them in. Replicas on the server's process do it
+// by calls, the others by messages (fetch and push).
 func (a *Async) replica(r int, w *Device, corpus *data.Corpus, cfg runtime.TrainConfig, local int) error {
+	msg := make([]byte, a.wire.weightsLen)
 	for t := 1; t <= cfg.Steps; t++ {
-		a.mu.Lock()
-		for a.err == nil && a.version < t-1-a.k {
-			a.cond.Wait()
-		}
-		if a.err != nil {
-			a.mu.Unlock()
+		err := a.fetch(r, t, msg)
+		if errors.Is(err, errStopped) {
 			return nil
 		}
-		stale := t - 1 - a.version
-		if stale > a.k || stale < 0 {
-			a.mu.Unlock()
-			return fmt.Errorf("step %d would use weights %d updates old, beyond the staleness bound %d", t, stale, a.k)
-		}
-		a.maxStale = max(a.maxStale, stale)
-		err := a.pull(w)
-		if err == nil && a.scaled {
-			// The first replica to start step t fixes its scale from the
-			// scaler as it stands: a halving after an overflow reaches
-			// only the steps not yet started. Steps already in flight
-			// keep their scale, so with staleness K up to K further steps
-			// may overflow and be skipped after a halving — the price of
-			// not waiting for the update.
-			scale, ok := a.scales[t]
-			if !ok {
-				scale = a.scaler.Scale
-				a.scales[t] = scale
-			}
-			err = w.SetScalar(runtime.InputLossScale, scale)
-		}
-		a.mu.Unlock()
 		if err != nil {
-			return err
+			return fmt.Errorf("step %d: %w", t, err)
+		}
+		version, scale := a.wire.weightsHeader(msg)
+		stale := t - 1 - version
+		if stale > a.k || stale < 0 {
+			return fmt.Errorf("step %d would use weights of version %d, %d updates old, beyond the staleness bound %d", t, version, stale, a.k)
+		}
+		a.mu.Lock()
+		a.maxStale = max(a.maxStale, stale)
+		a.mu.Unlock()
+		for i, name := range a.params {
+			if err := w.SetBytes(name, a.wire.param(msg, i)); err != nil {
+				return err
+			}
+		}
+		if a.scaled {
+			if err := w.SetScalar(runtime.InputLossScale, scale); err != nil {
+				return err
+			}
 		}
 		tokens, targets := corpus.TrainBatch(cfg.Seed, t, cfg.Batch, cfg.Seq)
 		n := local * cfg.Seq
@@ -262,49 +364,94 @@ func (a *Async) replica(r int, w *Device, corpus *data.Corpus, cfg runtime.Train
 		if err != nil {
 			return err
 		}
-		g := make([][]float64, len(a.boundary))
-		for i, name := range a.boundary {
-			if g[i], err = w.Float64s(name); err != nil {
-				return err
-			}
+		// A fresh message each step: the server keeps it until it applies
+		// step t.
+		grads := a.wire.gradients(w, loss)
+		if err := a.push(r, t, grads); errors.Is(err, errStopped) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("step %d: %w", t, err)
 		}
-		a.mu.Lock()
-		if a.grads[t] == nil {
-			a.grads[t] = make([][][]float64, len(a.Workers))
-			a.losses[t] = make([]float64, len(a.Workers))
-		}
-		a.grads[t][r], a.losses[t][r] = g, loss
-		a.cond.Broadcast()
-		a.mu.Unlock()
 	}
 	return nil
 }
 
+// weightsLocked writes into msg the answer to replica r's request for
+// step t's weights: the newest version, which must be at least t−1−K, and
+// step t's loss scale, fixed here if r is the first replica to start step
+// t. The caller holds a.mu, so no update is half applied.
+func (a *Async) weightsLocked(r, t int, msg []byte) error {
+	stale := t - 1 - a.version
+	if stale > a.k || stale < 0 {
+		return fmt.Errorf("replica %d's step %d would use weights %d updates old, beyond the staleness bound %d", r, t, stale, a.k)
+	}
+	a.maxStale = max(a.maxStale, stale)
+	var scale float64
+	if a.scaled {
+		// The first replica to start step t fixes its scale from the
+		// scaler as it stands: a halving after an overflow reaches only
+		// the steps not yet started. Steps already in flight keep their
+		// scale, so with staleness K up to K further steps may overflow
+		// and be skipped after a halving — the price of not waiting for
+		// the update.
+		var ok bool
+		if scale, ok = a.scales[t]; !ok {
+			scale = a.scaler.Scale
+			a.scales[t] = scale
+		}
+	}
+	return a.wire.weights(msg, a.Server, a.params, a.version, scale)
+}
+
+// deposit files replica r's step-t gradients message for the update.
+func (a *Async) deposit(r, t int, msg []byte) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.grads[t] == nil {
+		a.grads[t] = make([][]byte, a.dp)
+	}
+	if a.grads[t][r] != nil {
+		return fmt.Errorf("replica %d handed in step %d's gradients twice", r, t)
+	}
+	a.grads[t][r] = msg
+	a.peaks[r] = a.wire.gradientsPeak(msg)
+	a.cond.Broadcast()
+	return nil
+}
+
 // update waits for every replica's step-t gradients, averages them in
-// replica order (so a run is reproducible for a given interleaving) and
-// applies the optimizer as its optStep-th step. Under mixed precision it
-// unscales with the scale the replicas used for step t and lets the scaler
-// see the overflow count in the same critical section that publishes the
-// new version, so every step started on these weights sees the new scale.
+// replica order (so a run is reproducible for a given interleaving, and
+// the same wherever the replicas run) and applies the optimizer as its
+// optStep-th step. Under mixed precision it unscales with the scale the
+// replicas used for step t and lets the scaler see the overflow count in
+// the same critical section that publishes the new version, so every step
+// started on these weights sees the new scale.
+//
+// Its wait has no timeout of its own: it ends when a replica of this
+// process computes, or when a call on the comm — each other process's
+// replica always has one outstanding here (serve) — delivers or fails.
 func (a *Async) update(t, optStep int, cfg runtime.TrainConfig) (runtime.StepMetrics, error) {
 	a.mu.Lock()
 	for a.err == nil && !a.complete(t) {
 		a.cond.Wait()
 	}
 	if a.err != nil {
-		a.mu.Unlock()
+		defer a.mu.Unlock()
 		return runtime.StepMetrics{}, a.err
 	}
-	grads, losses, scale := a.grads[t], a.losses[t], a.scales[t]
+	msgs, scale := a.grads[t], a.scales[t]
 	delete(a.grads, t)
-	delete(a.losses, t)
 	delete(a.scales, t)
 	a.mu.Unlock()
-	dp := float64(len(a.Workers))
+	dp := float64(a.dp)
 	for i, name := range a.boundary {
-		avg := make([]float64, len(grads[0][i]))
-		for _, g := range grads {
-			for j, x := range g[i] {
+		avg := make([]float64, a.wire.grads[i].buf.Type.Shape.NumElements())
+		for r, msg := range msgs {
+			g, err := a.wire.gradient(msg, i)
+			if err != nil {
+				return runtime.StepMetrics{}, fmt.Errorf("update %d: replica %d's %q: %w", t, r, name, err)
+			}
+			for j, x := range g {
 				avg[j] += x
 			}
 		}
@@ -329,6 +476,9 @@ func (a *Async) update(t, optStep int, cfg runtime.TrainConfig) (runtime.StepMet
 	}
 	a.mu.Lock()
 	skipped, err := a.apply(t)
+	if err == nil {
+		err = a.answerLocked()
+	}
 	a.cond.Broadcast()
 	a.mu.Unlock()
 	if err != nil {
@@ -342,8 +492,8 @@ func (a *Async) update(t, optStep int, cfg runtime.TrainConfig) (runtime.StepMet
 		gn = 0 // the norm of overflowed gradients; JSON has no inf or NaN
 	}
 	var loss float64
-	for _, l := range losses {
-		loss += l
+	for _, msg := range msgs {
+		loss += a.wire.gradientsLoss(msg)
 	}
 	sm := runtime.StepMetrics{Step: t, Loss: loss / dp, LR: lr, GradNorm: gn, Skipped: skipped}
 	if a.scaled {

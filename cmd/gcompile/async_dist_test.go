@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Asynchronous data parallelism as a job of several processes (the
+// parameter server and replica 0 in process 0, replica r in the process
+// holding rank r) trains with staleness 0 bit for bit as in one process:
+// the same loss and gradient norm at every step, the same held-out loss,
+// the same saved master weights, and every replica's and the server's
+// measured peak equal to the plan's.
+func TestAsyncAcrossProcessesMatchesOneProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	t.Setenv(asMainEnv, "1")
+	cases := []struct {
+		nproc, devices int
+	}{
+		{2, 2},
+		{2, 4},
+		{4, 4},
+	}
+	// The one-process run of each plan, kept for every case that needs it.
+	refBase := t.TempDir()
+	refs := map[int]string{} // devices → the one-process run's folder
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("dp%d over %d procs", tc.devices, tc.nproc), func(t *testing.T) {
+			plan := []string{"--devices", strconv.Itoa(tc.devices), "--dp", strconv.Itoa(tc.devices), "--dp-sync", "async", "--staleness", "0"}
+			one, ok := refs[tc.devices]
+			if !ok {
+				one = filepath.Join(refBase, fmt.Sprintf("dp%d", tc.devices))
+				require.NoError(t, os.Mkdir(one, 0o755))
+				require.NoError(t, mainErr(jobArgs(t, one, plan...)))
+				refs[tc.devices] = one
+			}
+			many := t.TempDir()
+			start := time.Now()
+			launch := append([]string{"launch", "--nproc", strconv.Itoa(tc.nproc), "--"}, jobArgs(t, many, plan...)...)
+			require.NoError(t, mainErr(launch))
+			elapsed := time.Since(start)
+			want, got := readMetrics(t, filepath.Join(one, "m.json")), readMetrics(t, filepath.Join(many, "m.json"))
+			require.Len(t, got.Steps, 20)
+			require.Len(t, want.Steps, 20)
+			for i, s := range got.Steps {
+				assert.Equal(t, math.Float64bits(want.Steps[i].Loss), math.Float64bits(s.Loss), "step %d loss %v vs %v", i+1, want.Steps[i].Loss, s.Loss)
+				assert.Equal(t, math.Float64bits(want.Steps[i].GradNorm), math.Float64bits(s.GradNorm), "step %d grad norm", i+1)
+			}
+			require.Len(t, got.Eval, 1)
+			assert.Equal(t, math.Float64bits(want.Eval[0].Loss), math.Float64bits(got.Eval[0].Loss), "held-out loss")
+			require.NotNil(t, got.Async)
+			assert.Equal(t, 0, got.Async.MaxStalenessSeen)
+			require.Len(t, got.Devices, tc.devices+1, "every replica and the server")
+			for r, d := range got.Devices {
+				assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "device %d", r)
+				assert.Equal(t, want.Devices[r].PeakBytesMeasured, d.PeakBytesMeasured, "device %d", r)
+			}
+			w1, err := os.ReadFile(filepath.Join(one, "w.safetensors"))
+			require.NoError(t, err)
+			w2, err := os.ReadFile(filepath.Join(many, "w.safetensors"))
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(w1, w2), "the saved weights are the same bytes")
+			t.Logf("dp%d over %d processes: 20 losses, held-out loss %.6f, %d peaks and %d bytes of weights bit-identical to one process (%v)",
+				tc.devices, tc.nproc, got.Eval[0].Loss, len(got.Devices), len(w2), elapsed.Round(time.Millisecond))
+		})
+	}
+}
+
+// asyncFaultArgs is a long asynchronous run of devices replicas (so a
+// fault lands mid-training) with the given --timeout.
+func asyncFaultArgs(t *testing.T, devices int, timeout string) []string {
+	t.Helper()
+	model, err := jobModel()
+	require.NoError(t, err)
+	d := strconv.Itoa(devices)
+	return []string{model, "--run", "--steps", "100000", "--eval-batches", "1", "--max-data-mb", "1",
+		"--devices", d, "--dp", d, "--dp-sync", "async", "--timeout", timeout}
+}
+
+// kill -9 of a replica's process mid-run: the server's process sees its
+// connection close and aborts the job, so every other process exits
+// non-zero, long before the timeout, naming the lost process.
+func TestAsyncJobLosesAReplicaProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	ps := startProcs(t, 4, asyncFaultArgs(t, 4, "20s"), nil)
+	waitForTraining(t, ps)
+	start := time.Now()
+	require.NoError(t, ps[2].cmd.Process.Kill())
+	waitAll(t, ps, 20*time.Second)
+	t.Logf("the job ended %v after the kill", time.Since(start).Round(time.Millisecond))
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d", r)
+		if r == 2 {
+			continue
+		}
+		assert.Contains(t, p.output(), "process 2 (rank 2", "rank %d names the lost process:\n%s", r, p.output())
+		t.Logf("rank %d: %s", r, lastLine(p.output()))
+	}
+}
+
+// A stalled process (SIGSTOP) is named by the others' timeout: a stalled
+// replica by the server's process, which waits for its request or its
+// gradients; a stalled server's process by the replica waiting for its
+// weights.
+func TestAsyncJobTimesOutOnAStalledProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	for _, tc := range []struct {
+		stalled, waiter int
+		want            string
+	}{
+		{1, 0, "timed out after 3s waiting for rank 1 (process 1 (rank 1"},
+		{0, 1, "timed out after 3s waiting for rank 0 (process 0 (rank 0"},
+	} {
+		t.Run(fmt.Sprintf("process %d stalls", tc.stalled), func(t *testing.T) {
+			t.Parallel() // each waits out a timeout and the job's drain
+			ps := startProcs(t, 2, asyncFaultArgs(t, 2, "3s"), nil)
+			waitForTraining(t, ps)
+			require.NoError(t, ps[tc.stalled].cmd.Process.Signal(syscall.SIGSTOP))
+			start := time.Now()
+			w := ps[tc.waiter]
+			done := make(chan error, 1)
+			go func() { done <- w.cmd.Wait() }()
+			select {
+			case err := <-done:
+				w.err = err
+			case <-time.After(30 * time.Second):
+				t.Fatalf("process %d did not time out:\n%s", tc.waiter, w.output())
+			}
+			require.Error(t, w.err)
+			assert.Contains(t, w.output(), tc.want)
+			t.Logf("process %d exited %v after the stall: %s", tc.waiter, time.Since(start).Round(time.Millisecond), lastLine(w.output()))
+			ps[tc.stalled].cmd.Process.Signal(syscall.SIGKILL)
+			ps[tc.stalled].cmd.Wait()
+		})
+	}
+}
