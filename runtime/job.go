@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"fmt"
 )
 
@@ -68,3 +69,11 @@ type Job struct {
 // HostChannel is the Group.Channel of the host's exchanges between steps,
 // kept apart from the devices' collectives.
 const HostChannel = "host"
+
+// Directory is a key-value store every process of a job reaches (the
+// rendezvous store): processes publish their addresses and communicator
+// ids there. Get waits for a key that is not there yet.
+type Directory interface {
+	Set(ctx context.Context, key string, value []byte) error
+	Get(ctx context.Context, key string) ([]byte, error)
+}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
 	"sync"
+	"time"
 	"unsafe"
 
 	"gcompile/ir"
@@ -54,6 +56,9 @@ type MeshCluster[D Member] struct {
 	// wait, so the first cause is the one reported.
 	abort func(error)
 	echo  func(error) bool
+	// watchdog, when positive, bounds one call of Each on all devices: a
+	// device still busy then is stopped through abort (see SetWatchdog).
+	watchdog time.Duration
 	// eval runs forward-only programs when the training programs have no
 	// forward-only prefix (pipelines); evaluated says Scalar reads it.
 	eval      *MeshCluster[D]
@@ -114,26 +119,53 @@ func (c *MeshCluster[D]) rankOf(i int) int {
 // Scalar reads the training programs' outputs.
 func (c *MeshCluster[D]) EvaluateWith(e *MeshCluster[D]) {
 	c.eval, c.evaluated = e, false
+	if e != nil {
+		e.watchdog = c.watchdog
+	}
+}
+
+// SetWatchdog bounds every step (and evaluation) to d: a device still
+// running then is stopped through the cluster's abort, with an error
+// wrapping ErrTimeout that names it. A backend whose waits have no
+// timeouts of their own (a GPU's stream waiting in NCCL) needs one; d ≤ 0
+// turns it off.
+func (c *MeshCluster[D]) SetWatchdog(d time.Duration) {
+	c.watchdog = d
+	if c.eval != nil {
+		c.eval.SetWatchdog(d)
+	}
 }
 
 // Each runs f on every device concurrently, one goroutine each. The
 // first failure aborts the others so none hangs, and is the error
 // returned.
 func (c *MeshCluster[D]) Each(f func(D) error) error {
-	if len(c.Devices) == 1 {
+	if len(c.Devices) == 1 && c.watchdog <= 0 {
 		return f(c.Devices[0])
 	}
 	errs := make([]error, len(c.Devices))
+	var running sync.Map
 	var wg sync.WaitGroup
 	for r, d := range c.Devices {
 		wg.Add(1)
+		running.Store(c.rankOf(r), true)
 		go func() {
 			defer wg.Done()
+			defer running.Delete(c.rankOf(r))
 			if err := f(d); err != nil {
 				errs[r] = fmt.Errorf("device %d: %w", c.rankOf(r), err)
 				c.abort(errs[r])
 			}
 		}()
+	}
+	if c.watchdog > 0 {
+		t := time.AfterFunc(c.watchdog, func() {
+			var stuck []int
+			running.Range(func(k, _ any) bool { stuck = append(stuck, k.(int)); return true })
+			sort.Ints(stuck)
+			c.abort(fmt.Errorf("%w: device(s) %v still running after %v (a device waiting for another that failed, stalled or left)", ErrTimeout, stuck, c.watchdog))
+		})
+		defer t.Stop()
 	}
 	wg.Wait()
 	// Report the device that failed first, not the ones it aborted.

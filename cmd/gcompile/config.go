@@ -105,10 +105,10 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.localRank, "local-rank", -1, "this process's rank on its node; picks its GPU (default: from LOCAL_RANK, SLURM_LOCALID or OMPI_COMM_WORLD_LOCAL_RANK)")
 	fs.IntVar(&c.localWorldSize, "local-world-size", 0, "processes on this node (default: from the launcher)")
 	fs.StringVar(&c.masterAddr, "master-addr", "", "host of rank 0, which hosts the rendezvous (default: MASTER_ADDR, the first SLURM node, or 127.0.0.1)")
-	fs.IntVar(&c.masterPort, "master-port", 0, "rendezvous port on the master (default: MASTER_PORT or 29500)")
+	fs.IntVar(&c.masterPort, "master-port", 0, "rendezvous port on the master (default: MASTER_PORT, else derived from the SLURM or MPI job id, else 29500); the store takes the first free port from there")
 	fs.StringVar(&c.token, "token", "", "the job's token, presented by every connection (default: GCOMPILE_TOKEN, else derived from the launcher's job id)")
 	fs.DurationVar(&c.timeout, "timeout", runtime.DefaultTimeout, "how long any rank waits for another before the job fails (collectives, transfers, rendezvous)")
-	fs.StringVar(&c.logDir, "log-dir", "", "ranks other than 0 write their log to DIR/rank-N.log instead of stderr")
+	fs.StringVar(&c.logDir, "log-dir", "", "ranks other than 0 write their log to DIR/rank-N.log instead of stderr (rank 0 always logs to stderr)")
 	fs.BoolVar(&c.packGPU, "pack-gpu", false, "with --backend cuda: put all of this process's devices on one GPU as virtual devices, instead of one GPU each")
 
 	// Go's flag package stops at the first positional argument; the model
@@ -181,6 +181,7 @@ func (c *config) validate() error {
 	if c.packGPU && c.backend != "cuda" {
 		bad("--pack-gpu applies to --backend cuda")
 	}
+
 	if c.backend == "cuda" && c.Fuse {
 		notYet("--backend cuda with --fuse", "the CUDA backend does not compile the fused kernels into its program yet")
 	}

@@ -10,12 +10,16 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"gcompile/runtime/cuda"
+	"gcompile/runtime/cuda/fakegpu"
 )
 
 // asMainEnv makes the test binary run gcompile's main instead of its
@@ -27,13 +31,23 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if jobModelMade.Load() {
+		if path, err := jobModel(); err == nil {
+			os.RemoveAll(filepath.Dir(path))
+		}
+	}
+	os.Exit(code)
 }
+
+// jobModelMade says jobModel ran, so there is a folder to remove.
+var jobModelMade atomic.Bool
 
 // jobModel is the module the job tests compile, as a .gir dump of the
 // model before any pass: every process parses it instead of building the
 // model.go (a Go build per process).
 var jobModel = sync.OnceValues(func() (string, error) {
+	jobModelMade.Store(true)
 	dir, err := os.MkdirTemp("", "gcompile-job-model")
 	if err != nil {
 		return "", err
@@ -306,4 +320,44 @@ func TestLaunchStopsTheJobWhenOneFails(t *testing.T) {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// On the stand-in GPU, a job of two processes with two GPUs each (NCCL
+// between all four, pipeline transfers over NCCL send/recv across the
+// processes) trains as the CPU backend does in one process.
+func TestCUDAJobAcrossProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains in the kernel emulator in two processes; skipped with -short")
+	}
+	libs := fakegpu.Install(t)
+	t.Setenv(asMainEnv, "1")
+	t.Setenv("GCOMPILE_FAKEGPU_DEVICES", "4")
+	t.Setenv("GCOMPILE_CACHE", t.TempDir())
+	t.Setenv(cuda.LaunchEnv, "32x4") // the emulator's fastest geometry
+	for _, kv := range libs.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	// A smaller model than the other job tests': every step runs in the
+	// emulator.
+	small := filepath.Join(t.TempDir(), "small")
+	require.NoError(t, mainErr([]string{gptModel, "--set", "layers=2,hidden=16,heads=2,seq=8", "--batch", "4", "--dump", small}))
+	cpuDir, gpuDir := t.TempDir(), t.TempDir()
+	short := func(dir string) []string {
+		return []string{filepath.Join(small, "00-input.gir"), "--run", "--steps", "2", "--eval-batches", "1", "--max-data-mb", "1",
+			"--metrics", filepath.Join(dir, "m.json"), "--devices", "4", "--pp", "2", "--dp", "2", "--microbatches", "2"}
+	}
+	require.NoError(t, mainErr(short(cpuDir)))
+	launch := append([]string{"launch", "--nproc", "2", "--"}, append(short(gpuDir), "--backend", "cuda")...)
+	require.NoError(t, mainErr(launch))
+	want, got := readMetrics(t, filepath.Join(cpuDir, "m.json")), readMetrics(t, filepath.Join(gpuDir, "m.json"))
+	require.Len(t, got.Steps, 2)
+	for i := range want.Steps {
+		assert.InEpsilon(t, want.Steps[i].Loss, got.Steps[i].Loss, 1e-6, "step %d", i+1)
+	}
+	assert.InEpsilon(t, want.Eval[0].Loss, got.Eval[0].Loss, 1e-6, "held-out loss")
+	for r, d := range got.Devices {
+		assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "device %d", r)
+	}
+	assert.Contains(t, got.Config["device"], "fake GPU")
 }

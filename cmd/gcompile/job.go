@@ -50,8 +50,8 @@ const (
 	keyFingerprint = "job/fingerprint/" // + process rank: its compiled plan's fingerprint
 )
 
-// rendezvousPorts is how many ports above MASTER_PORT the store may take
-// when torchrun's own store holds MASTER_PORT.
+// rendezvousPorts is how many ports from its first the store may look
+// through for a free one.
 const rendezvousPorts = 16
 
 // worldOf reads the launcher's environment and lays the command line's
@@ -105,6 +105,9 @@ func startJob(c *config) (*job, error) {
 		if err := j.layout.Check(); err != nil {
 			return nil, fmt.Errorf("--devices %d over %d processes: %w", c.Devices, w.Size, err)
 		}
+		if c.packGPU {
+			return nil, errors.New("--pack-gpu runs one process's devices as virtual devices on one GPU; a job of several processes needs one GPU per device (NCCL)")
+		}
 	}
 	j.ctx, j.cancel = context.WithCancelCause(context.Background())
 	sigs, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -137,9 +140,13 @@ func startJob(c *config) (*job, error) {
 	return j, nil
 }
 
-// openLog sends this process's log to --log-dir/rank-N.log, or to stderr
-// with every line prefixed by the rank.
+// openLog sends the log of a rank other than 0 to --log-dir/rank-N.log,
+// or to stderr with every line prefixed by the rank; rank 0 logs to
+// stderr as a single process does.
 func (j *job) openLog(dir string) error {
+	if j.world.Rank == 0 {
+		return nil
+	}
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("--log-dir: %w", err)
@@ -151,9 +158,7 @@ func (j *job) openLog(dir string) error {
 		j.log, j.closer = f, f
 		return nil
 	}
-	if j.world.Rank > 0 {
-		j.log = &prefixWriter{w: os.Stderr, prefix: fmt.Sprintf("[rank %d] ", j.world.Rank)}
-	}
+	j.log = &prefixWriter{w: os.Stderr, prefix: fmt.Sprintf("[rank %d] ", j.world.Rank)}
 	return nil
 }
 
@@ -176,28 +181,21 @@ func (j *job) rendezvous() error {
 	defer cancel()
 	opts := dist.ServerOptions{Token: j.token, Ranks: w.Size, Logf: func(f string, a ...any) { j.logf("rendezvous: "+f, a...) }}
 	host := dist.BindHost(w.MasterAddr)
-	port, tries := w.MasterPort, 1
-	if w.AgentStore {
-		port, tries = w.MasterPort+1, rendezvousPorts
-	}
+	// The store takes the first free port from StorePort on (MASTER_PORT,
+	// or the port above it where torchrun's agent store holds
+	// MASTER_PORT), so a port taken by someone else, or a derived port two
+	// jobs share, does not stop the job; the others look for it there,
+	// skipping anything that is not this job's store.
+	port := w.StorePort()
+	tries := min(rendezvousPorts, 65536-port)
 	var err error
 	if w.Rank == 0 {
-		if tries > 1 {
-			j.server, err = dist.ServeNear(host, port, tries, opts)
-		} else {
-			j.server, err = dist.Serve(fmt.Sprintf("%s:%d", host, port), opts)
-		}
-		if err != nil {
-			return fmt.Errorf("rank 0 cannot host the rendezvous at %s:%d: %w", host, port, err)
+		if j.server, err = dist.ServeNear(host, port, tries, opts); err != nil {
+			return fmt.Errorf("rank 0 cannot host the rendezvous on %s ports %d–%d: %w", host, port, port+tries-1, err)
 		}
 	}
-	if tries > 1 {
-		j.store, err = dist.DialNear(ctx, w.MasterAddr, port, tries, j.token, w.Rank)
-	} else {
-		j.store, err = dist.Dial(ctx, w.MasterHostPort(), j.token, w.Rank)
-	}
-	if err != nil {
-		return fmt.Errorf("rank %d: joining the job's rendezvous at %s: %w", w.Rank, w.MasterHostPort(), err)
+	if j.store, err = dist.DialNear(ctx, w.MasterAddr, port, tries, j.token, w.Rank); err != nil {
+		return fmt.Errorf("rank %d: joining the job's rendezvous at %s ports %d–%d: %w", w.Rank, w.MasterAddr, port, port+tries-1, err)
 	}
 	if err := j.store.Barrier(ctx, "job/start", w.Size); err != nil {
 		return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %w", w.Rank, w.Size, err)

@@ -526,24 +526,33 @@ func TestCUDABackend(t *testing.T) {
 			assert.NoDirExists(t, f)
 		}
 	})
-	t.Run("fake GPU", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("trains a step in the kernel emulator (seconds); skipped with -short")
-		}
-		fakegpu.Install(t)
-		t.Setenv("GCOMPILE_CACHE", t.TempDir())
-		args, files := outputs(t)
-		require.NoError(t, mainErr(append(args, "--devices", "2", "--tp", "2")))
-		met := readMetrics(t, files[0])
-		assert.Equal(t, "cuda", met.Config["backend"])
-		assert.Contains(t, met.Config["device"], "fake GPU")
-		require.Len(t, met.Steps, 1)
-		assert.InDelta(t, 5.54, met.Steps[0].Loss, 0.1, "a fresh byte-level model's loss is about ln 256")
-		require.Len(t, met.Devices, 2)
-		for _, d := range met.Devices {
-			assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "device %d", d.Rank)
-		}
-		assert.FileExists(t, files[1])
-		assert.FileExists(t, files[2])
-	})
+	// Two devices on the fake GPU, one GPU each through NCCL (the
+	// default), and as virtual devices on one GPU (--pack-gpu).
+	for _, tc := range []struct {
+		name string
+		gpus string
+		args []string
+	}{{"fake GPU, NCCL", "2", nil}, {"fake GPU, packed", "1", []string{"--pack-gpu"}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("trains a step in the kernel emulator (seconds); skipped with -short")
+			}
+			fakegpu.Install(t)
+			t.Setenv("GCOMPILE_FAKEGPU_DEVICES", tc.gpus)
+			t.Setenv("GCOMPILE_CACHE", t.TempDir())
+			args, files := outputs(t)
+			require.NoError(t, mainErr(append(append(args, "--devices", "2", "--tp", "2"), tc.args...)))
+			met := readMetrics(t, files[0])
+			assert.Equal(t, "cuda", met.Config["backend"])
+			assert.Contains(t, met.Config["device"], "fake GPU")
+			require.Len(t, met.Steps, 1)
+			assert.InDelta(t, 5.54, met.Steps[0].Loss, 0.1, "a fresh byte-level model's loss is about ln 256")
+			require.Len(t, met.Devices, 2)
+			for _, d := range met.Devices {
+				assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "device %d", d.Rank)
+			}
+			assert.FileExists(t, files[1])
+			assert.FileExists(t, files[2])
+		})
+	}
 }

@@ -134,7 +134,7 @@ func (d *Device) planCopyWaits() {
 // transfer is a pipeline send or receive: to or from the device with the
 // same data- and tensor-parallel coordinates on the peer pipeline rank.
 // Sends never wait for their receiver (they are staged, like the CPU
-// backend's Mailbox), which is what keeps a schedule the simulator proved
+// backend's comm), which is what keeps a schedule the simulator proved
 // deadlock-free free of deadlocks here too.
 func (c *compiler) transfer() (func() error, error) {
 	in, d := c.in, c.d
@@ -154,7 +154,7 @@ func (c *compiler) transfer() (func() error, error) {
 		if b.Host {
 			return nil, fmt.Errorf("%s is offloaded to host memory; pipeline transfers send device buffers", bufferName(b))
 		}
-		t, err := d.comm.prepareSend(d, b.Bytes)
+		t, err := d.comm.prepareSend(d, peer, b.Bytes)
 		if err != nil {
 			return nil, err
 		}
@@ -164,6 +164,9 @@ func (c *compiler) transfer() (func() error, error) {
 	b := c.buf(in.Out)
 	if b.Host {
 		return nil, fmt.Errorf("%s is offloaded to host memory; pipeline transfers receive into device buffers", bufferName(b))
+	}
+	if err := d.comm.prepareRecv(d, peer, tag, b.Bytes); err != nil {
+		return nil, err
 	}
 	c.note(fmt.Sprintf("receive %d bytes from device %d (tag %d)", b.Bytes, peer, tag))
 	return func() error { return d.comm.recv(d, peer, tag, d.ptr(at(b)), b.Bytes) }, nil

@@ -17,6 +17,10 @@ type Options struct {
 	// MemoryCap is the most arena bytes the device may hold; 0 means the
 	// GPU's memory is the only limit.
 	MemoryCap int64
+	// Timeout bounds a cluster's step: a device still running then (its
+	// stream waiting in NCCL for a rank that failed or stalled) is freed
+	// with ncclCommAbort. 0: no bound.
+	Timeout time.Duration
 }
 
 // Device is one virtual device on a GPU executing one program. Its
@@ -66,6 +70,10 @@ type Device struct {
 	// scalars remembers the host value of each scalar input set, so that
 	// a kernel that cannot fail checks its step number here.
 	scalars map[int]float64
+	// inboxes and links are the receiving ends and the streams of
+	// pipeline transfers over NCCL, by peer (see ncclComm).
+	inboxes map[int]*inbox
+	links   map[link]driver.Stream
 
 	// peak counts the bytes live buffers hold as the CPU device counts them.
 	peak runtime.PeakMeter
@@ -97,7 +105,7 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 	if opts.MemoryCap > 0 && p.ArenaBytes > opts.MemoryCap {
 		return nil, fmt.Errorf("program %q needs an arena of %d bytes, more than the device cap of %d bytes", p.Name, p.ArenaBytes, opts.MemoryCap)
 	}
-	d = &Device{rt: rt, prog: p, rank: rank, comm: cm, scalars: map[int]float64{},
+	d = &Device{rt: rt, prog: p, rank: rank, comm: cm, scalars: map[int]float64{}, inboxes: map[int]*inbox{}, links: map[link]driver.Stream{},
 		fetches: map[int]driver.Event{}, hostWrites: map[int]bool{}, touches: map[int][]int{}}
 	if p.Mesh != nil {
 		if rank < 0 || rank >= p.Mesh.Devices() {
@@ -235,6 +243,10 @@ func (d *Device) release() error {
 		errs = append(errs, d.rt.lt.Destroy(d.lt))
 		d.lt = 0
 	}
+	for k, s := range d.links {
+		errs = append(errs, drv.StreamSynchronize(s), drv.StreamDestroy(s))
+		delete(d.links, k)
+	}
 	for _, s := range []*driver.Stream{&d.compute, &d.copies} {
 		if *s != 0 {
 			errs = append(errs, drv.StreamSynchronize(*s), drv.StreamDestroy(*s))
@@ -273,6 +285,31 @@ func (d *Device) event() (driver.Event, error) {
 	return e, nil
 }
 
+// link names one of a device's transfer streams: to or from a peer.
+type link struct {
+	peer int
+	send bool
+}
+
+// linkStream is the stream of the device's transfers to (send) or from
+// peer, made the first time it is asked for (at load, by the transfer's
+// preparation).
+func (d *Device) linkStream(peer int, send bool) (driver.Stream, error) {
+	k := link{peer, send}
+	if s, ok := d.links[k]; ok {
+		return s, nil
+	}
+	if d.rt.drv == nil {
+		return 0, nil
+	}
+	s, err := d.rt.drv.StreamCreate(driver.StreamDefault)
+	if err != nil {
+		return 0, err
+	}
+	d.links[k] = s
+	return s, nil
+}
+
 // Rank is the device's rank in its mesh.
 func (d *Device) Rank() int { return d.rank }
 
@@ -303,8 +340,15 @@ func (d *Device) exec(n int) (err error) {
 		if err != nil {
 			_ = drv.StreamSynchronize(d.compute)
 			_ = drv.StreamSynchronize(d.copies)
+			for _, s := range d.links {
+				_ = drv.StreamSynchronize(s)
+			}
 		}
 	}()
+	for _, box := range d.inboxes {
+		box.posted = 0
+		clear(box.used)
+	}
 	if d.nstatus > 0 {
 		if err := drv.MemsetD32Async(d.mem.keep, 0, uint64(d.nstatus), d.compute); err != nil {
 			return err
@@ -352,6 +396,13 @@ func (d *Device) exec(n int) (err error) {
 	}
 	if err := drv.StreamSynchronize(d.compute); err != nil {
 		return err
+	}
+	// A step's transfers end within it: the next step's copies into the
+	// staging regions must not overtake them.
+	for _, s := range d.links {
+		if err := drv.StreamSynchronize(s); err != nil {
+			return err
+		}
 	}
 	if err := d.checkStatus(); err != nil {
 		return err

@@ -62,19 +62,21 @@
 //
 // # Several devices
 //
-// A Cluster loads a program on every device of its mesh (one program per
-// pipeline rank) and runs each device on its own goroutine, like
-// cpu.Cluster, with the same methods. Virtual devices on one GPU
-// (NewCluster, NewPipelineCluster) meet in a host-side rendezvous for each
-// collective: events order their streams, and each member computes its
-// result from the others' buffers with device-to-device copies and the
-// add kernel in group-position order, so sums are bit-reproducible and
-// equal the CPU's fixed-order sums. Pipeline sends copy into a staging
-// buffer and return at once; receives wait for their send (the CPU
-// backend's Mailbox semantics). NewNCCLCluster puts one device on each
-// GPU and connects them with NCCL communicators, one per group along each
-// mesh axis; it runs data- and tensor-parallel programs (not pipeline
-// transfers yet).
+// A Cluster loads a program on every device of its mesh that its process
+// holds (one program per pipeline rank) and runs each device on its own
+// goroutine, like cpu.Cluster, with the same methods. Virtual devices on
+// one GPU (NewCluster, NewPipelineCluster) meet in a host-side rendezvous
+// for each collective: events order their streams, and each member
+// computes its result from the others' buffers with device-to-device
+// copies and the add kernel in group-position order, so sums are
+// bit-reproducible and equal the CPU's fixed-order sums. Pipeline sends
+// copy into a staging buffer and return at once; receives wait for their
+// send (buffered sends, as the CPU backend's comm has). NewNCCLCluster puts
+// one device on each GPU of this process, and NewNCCLJobCluster one on
+// each GPU of every process of a job, and connects them with NCCL: one
+// communicator per group along each mesh axis for collectives, and one per
+// ordered pair of pipeline neighbours, whose transfers run on streams of
+// their own with the receiver posting in the sender's order (see nccl.go).
 //
 // Plan prepares a program exactly as Load does without a GPU, which is
 // how every instruction's launch plan is checked on machines without one.

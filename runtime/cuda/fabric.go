@@ -29,8 +29,10 @@ type comm interface {
 	allGather(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error
 	// allToAll: chunk q of out becomes chunk pos of member q's src.
 	allToAll(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error
-	// prepareSend reserves what one send instruction needs, at load.
-	prepareSend(d *Device, bytes int64) (*sendSlot, error)
+	// prepareSend reserves what one send instruction needs, at load;
+	// prepareRecv does the same for a receive from peer.
+	prepareSend(d *Device, peer int, bytes int64) (*sendSlot, error)
+	prepareRecv(d *Device, peer, tag int, bytes int64) error
 	// send hands bytes at src to device peer and returns without waiting
 	// for it; recv waits for the matching send and copies it into dst.
 	send(d *Device, s *sendSlot, peer, tag int, src driver.DevicePtr, bytes int64) error
@@ -336,13 +338,16 @@ func (f *fabric) allToAll(d *Device, g group, s *site, src, out driver.DevicePtr
 	})
 }
 
-func (f *fabric) prepareSend(d *Device, bytes int64) (*sendSlot, error) {
+func (f *fabric) prepareSend(d *Device, _ int, bytes int64) (*sendSlot, error) {
 	ready, err := d.event()
 	if err != nil {
 		return nil, err
 	}
 	return &sendSlot{staging: loc{inKeep, d.keep.take(bytes)}, ready: ready}, nil
 }
+
+// prepareRecv needs nothing: a receive copies from the sender's staging.
+func (f *fabric) prepareRecv(*Device, int, int, int64) error { return nil }
 
 // send copies the data into the send's staging buffer and posts it: the
 // sender may overwrite src at once, and the staging buffer is read by the

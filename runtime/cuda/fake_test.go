@@ -355,7 +355,7 @@ func fromBytes(b []byte) []float32 {
 func TestFabricCollectives(t *testing.T) {
 	rt := openTest(t)
 	const n, k = 3, 4 // devices, elements per chunk
-	cl, err := newCluster([]*Runtime{rt, rt, rt}, []*lower.Program{meshProgram(n, 1<<12)}, Options{}, newFabric(), false)
+	cl, err := newCluster([]*Runtime{rt, rt, rt}, []int{0, 1, 2}, []*lower.Program{meshProgram(n, 1<<12)}, Options{}, newFabric(), nil, nil)
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, cl.Close()) }()
 	fab := cl.comm.(*fabric)

@@ -8,6 +8,7 @@ import (
 
 	"gcompile/lower"
 	"gcompile/runtime/cuda/driver"
+	"gcompile/runtime/cuda/fakegpu"
 )
 
 // One rank per GPU goes through NCCL: the communicator of a group is made
@@ -23,9 +24,9 @@ func TestNCCLOneRank(t *testing.T) {
 	const k = 8
 	prog := meshProgram(1, 1<<12)
 	progs := []*lower.Program{prog}
-	cm, err := newNCCLComm([]*Runtime{rt}, progs)
+	cm, err := newNCCLComm(map[int]*Runtime{0: rt}, progs, localIDs)
 	require.NoError(t, err)
-	cl, err := newCluster([]*Runtime{rt}, progs, Options{}, cm, true)
+	cl, err := newCluster([]*Runtime{rt}, []int{0}, progs, Options{}, cm, &NCCLJob{}, nil)
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, cl.Close()) }()
 	d := cl.Devices[0]
@@ -74,14 +75,43 @@ func TestNCCLOneRank(t *testing.T) {
 	}
 }
 
-// NCCL pairs sends with receives by their order on a communicator, not by
-// tag, so pipeline programs are refused on one-GPU-per-rank clusters
-// before anything is loaded; they run as virtual devices on one GPU.
-func TestNCCLClusterRefusesPipelines(t *testing.T) {
+// NCCL pairs sends with receives by their order on a pair's communicator,
+// not by tag: each device's receiving end is laid out, at load, in the
+// order the sender's program sends, whatever order its own program
+// receives in (a pipeline's tied embedding goes out first and is used
+// last).
+func TestNCCLPipelineInboxesFollowTheSendersOrder(t *testing.T) {
+	if onGPU() {
+		t.Skip("needs two GPUs; the fake GPU makes two")
+	}
+	fakegpu.Install(t)
+	t.Setenv("GCOMPILE_FAKEGPU_DEVICES", "2")
+	rts := make([]*Runtime, 2)
+	for i := range rts {
+		rt, err := Open(Config{Ordinal: i, CacheDir: t.TempDir(), Launch: emulatorLaunch})
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, rt.Close()) })
+		rts[i] = rt
+	}
 	progs := programs(t, config{name: "pp2", mesh: pp2, pp: 2, micro: 2})
-	_, err := NewNCCLCluster([]*Runtime{nil, nil}, progs, Options{})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "pipeline transfers between GPUs through NCCL are not supported yet")
-	_, err = NewNCCLCluster([]*Runtime{nil}, progs, Options{})
+	cl, err := NewNCCLCluster(rts, progs, Options{})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, cl.Close()) }()
+	for r, d := range cl.Devices {
+		peer := 1 - r
+		box := d.inboxes[peer]
+		require.NotNil(t, box, "device %d receives from device %d", r, peer)
+		var sent, received []int
+		for _, in := range progs[peer].Instrs {
+			if in.Op == "send" {
+				sent = append(sent, in.Tag)
+			}
+		}
+		for _, m := range box.msgs {
+			received = append(received, m.tag)
+		}
+		assert.Equal(t, sent, received, "device %d posts its receives in device %d's send order", r, peer)
+	}
+	_, err = NewNCCLCluster([]*Runtime{rts[0]}, progs, Options{})
 	assert.ErrorContains(t, err, "the mesh has 2 devices; NCCL runs one per GPU and 1 GPUs were given")
 }

@@ -3,7 +3,10 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	goruntime "runtime"
+	"strconv"
+	"strings"
 	"sync"
 
 	kcuda "gcompile/kernels/cuda"
@@ -42,6 +45,25 @@ type Launch struct {
 	Threads int
 	// Blocks is the most blocks per launch; 0 means a few per SM.
 	Blocks int
+}
+
+// LaunchEnv, when Config.Launch is left zero, bounds the launch geometry
+// as "THREADSxBLOCKS" (e.g. 32x4): what suits the kernel emulator of the
+// stand-in GPU, for runs started by a command line rather than a test.
+const LaunchEnv = "GCOMPILE_CUDA_LAUNCH"
+
+// launchFromEnv reads LaunchEnv's value; "" is the zero Launch.
+func launchFromEnv(v string) (Launch, error) {
+	if v == "" {
+		return Launch{}, nil
+	}
+	t, b, ok := strings.Cut(v, "x")
+	threads, err1 := strconv.Atoi(t)
+	blocks, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || threads <= 0 || blocks <= 0 {
+		return Launch{}, fmt.Errorf("%s=%q: want THREADSxBLOCKS, e.g. 32x4", LaunchEnv, v)
+	}
+	return Launch{Threads: threads, Blocks: blocks}, nil
 }
 
 // KernelSourceName is the name NVRTC gives the kernels' translation unit
@@ -97,6 +119,11 @@ func Open(cfg Config) (rt *Runtime, err error) {
 	if cfg.Launch.Blocks < 0 {
 		return nil, fmt.Errorf("cuda backend: at most %d blocks per launch: want a positive bound", cfg.Launch.Blocks)
 	}
+	if cfg.Launch == (Launch{}) {
+		if cfg.Launch, err = launchFromEnv(os.Getenv(LaunchEnv)); err != nil {
+			return nil, fmt.Errorf("cuda backend: %w", err)
+		}
+	}
 	rt = &Runtime{cfg: cfg, search: s}
 	if rt.drv, err = driver.LoadFrom(s); err != nil {
 		return nil, fmt.Errorf("cuda backend: %w", err)
@@ -143,6 +170,29 @@ func Open(cfg Config) (rt *Runtime, err error) {
 		return rt, err
 	}
 	return rt, nil
+}
+
+// VisibleGPUs is the number of GPUs the driver shows this process
+// (CUDA_VISIBLE_DEVICES, or a launcher's binding of GPUs to tasks,
+// applies). A missing driver is the bindings' error, naming every place
+// searched.
+func VisibleGPUs(cfg Config) (int, error) {
+	s := dl.DefaultSearch()
+	if cfg.Search != nil {
+		s = *cfg.Search
+	}
+	drv, err := driver.LoadFrom(s)
+	if err != nil {
+		return 0, fmt.Errorf("cuda backend: %w", err)
+	}
+	if err := drv.Init(); err != nil {
+		return 0, fmt.Errorf("cuda backend: %w", err)
+	}
+	n, err := drv.DeviceCount()
+	if err != nil {
+		return 0, fmt.Errorf("cuda backend: %w", err)
+	}
+	return n, nil
 }
 
 // loadKernels compiles the kernel unit for the GPU's architecture (or
