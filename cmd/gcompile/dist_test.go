@@ -361,3 +361,18 @@ func TestCUDAJobAcrossProcesses(t *testing.T) {
 	}
 	assert.Contains(t, got.Config["device"], "fake GPU")
 }
+
+// SIGTERM to one process stops the whole job, and the others say why.
+func TestJobStopsOnASignalToOneProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	ps := startProcs(t, 2, faultArgs(t, 100000), nil)
+	waitForTraining(t, ps)
+	require.NoError(t, ps[1].cmd.Process.Signal(syscall.SIGTERM))
+	waitAll(t, ps, 20*time.Second)
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d", r)
+	}
+	assert.Contains(t, ps[0].output(), "rank 1 was interrupted", "rank 0:\n%s", lastLine(ps[0].output()))
+}

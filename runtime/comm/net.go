@@ -8,13 +8,23 @@ package comm
 // direct, order-preserving way: each member sums its own share of a
 // reduction from every member's contribution in group-position order, so
 // results are the bits Local gives.
+//
+// What keeps it fast: payloads go in chunks (chunkSize), so that a member
+// sums one chunk while the next is on the wire and sends each summed
+// chunk back at once; an arriving payload is read straight into the
+// memory of a receiver that waits for it (a sink, see box.go) or else
+// into a pooled buffer; a reader buffers small frames, and a writer sends
+// every frame queued with one writev.
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -23,14 +33,6 @@ import (
 	"gcompile/ir"
 	"gcompile/runtime"
 )
-
-// Directory is how the processes of a job find one another: a key-value
-// store every process reaches (the rendezvous store). Get waits for a key
-// that is not there yet.
-type Directory interface {
-	Set(ctx context.Context, key string, value []byte) error
-	Get(ctx context.Context, key string) ([]byte, error)
-}
 
 // NetConfig configures a process's end of a Net.
 type NetConfig struct {
@@ -59,6 +61,7 @@ type Net struct {
 	timeout time.Duration
 	box     *box
 	peers   []*peer // by process; nil for this one
+	chunk   int     // chunkSize, but for tests
 
 	mu       sync.Mutex
 	seqs     map[string]int64 // next collective sequence number, by group key and rank
@@ -78,7 +81,7 @@ type peer struct {
 	n    *Net
 
 	mu      sync.Mutex
-	cond    *sync.Cond
+	cond    *sync.Cond // signals the writer: frames queued, or stop
 	queue   []outFrame
 	stopped bool  // the writer has exited
 	err     error // why the connection failed, once it has
@@ -86,18 +89,66 @@ type peer struct {
 	done    chan struct{} // closed when the writer exits
 }
 
-// outFrame is a frame waiting for the writer: its header and payload
-// pieces, and where to report the write.
+// outFrame is a frame waiting for the writer: its header, its payload
+// pieces and who waits for the write.
 type outFrame struct {
 	hdr  header
 	bufs [][]byte
-	done chan error // nil: nobody waits
+	// pb is the pooled buffer holding a private copy of the payload (a
+	// Send's), given back once written; nil when bufs are the caller's.
+	pb *[]byte
+	// sent is told when the payload has been written; nil: nobody waits.
+	sent *sendGroup
+	// written, if not nil, counts the payload bytes written so far.
+	written *atomic.Int64
+}
+
+// finish reports the frame written (or not, with err) and gives back its
+// buffer.
+func (f *outFrame) finish(err error) {
+	putBuf(f.pb)
+	if err == nil && f.written != nil {
+		f.written.Add(int64(f.hdr.length))
+	}
+	if f.sent != nil {
+		f.sent.finish(err)
+	}
+}
+
+// sendGroup counts the frames one collective call has handed to writers
+// and keeps the first write error, so that the call can wait until the
+// memory it sent from may change. One per call and phase, instead of a
+// channel per frame.
+type sendGroup struct {
+	wg  sync.WaitGroup
+	mu  sync.Mutex
+	err error
+}
+
+func (s *sendGroup) finish(err error) {
+	if err != nil {
+		s.mu.Lock()
+		if s.err == nil {
+			s.err = err
+		}
+		s.mu.Unlock()
+	}
+	s.wg.Done()
+}
+
+// wait returns once every frame added so far has been written, with the
+// first error.
+func (s *sendGroup) wait() error {
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
 }
 
 // NewNet joins this process to the job's comm: it listens, publishes its
-// address in dir, dials every process with a lower index and accepts the
+// address in dir (the rendezvous store), dials every process with a lower index and accepts the
 // others, then returns once it is connected to all of them (or ctx ends).
-func NewNet(ctx context.Context, cfg NetConfig, dir Directory) (*Net, error) {
+func NewNet(ctx context.Context, cfg NetConfig, dir runtime.Directory) (*Net, error) {
 	if err := cfg.Layout.Check(); err != nil {
 		return nil, err
 	}
@@ -105,6 +156,7 @@ func NewNet(ctx context.Context, cfg NetConfig, dir Directory) (*Net, error) {
 		layout:  cfg.Layout,
 		timeout: cfg.Timeout,
 		box:     newBox(),
+		chunk:   chunkSize,
 		peers:   make([]*peer, cfg.Layout.Procs),
 		seqs:    map[string]int64{},
 	}
@@ -274,22 +326,39 @@ func (n *Net) describe(p int) string {
 // enqueue hands a frame to the writer.
 func (p *peer) enqueue(f outFrame) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.stopped {
-		if f.done != nil {
-			f.done <- p.err
-		}
+		err := p.err
+		p.mu.Unlock()
+		f.finish(err)
 		return
 	}
 	p.queue = append(p.queue, f)
-	p.cond.Signal()
+	if len(p.queue) == 1 {
+		// The writer waits only on an empty queue.
+		p.cond.Signal()
+	}
+	p.mu.Unlock()
 }
+
+// A writer takes every frame queued, up to these bounds, and writes them
+// with one writev: under load a frame rarely goes alone, and a syscall
+// per frame (and a wakeup per frame) dominated small collectives. Large
+// frames go one by one, so that each is reported written (and the memory
+// it came from may take the reply) as soon as it is.
+const (
+	maxBatchFrames = 64
+	maxBatchBytes  = chunkSize
+)
 
 // write sends queued frames in order until the connection fails or the
 // comm closes and the queue is empty.
 func (p *peer) write() {
 	defer close(p.done)
-	hdr := make([]byte, headerSize)
+	var (
+		batch []outFrame
+		hdrs  []byte
+		vec   net.Buffers
+	)
 	for {
 		p.mu.Lock()
 		for len(p.queue) == 0 && !p.stopped {
@@ -299,16 +368,41 @@ func (p *peer) write() {
 			p.mu.Unlock()
 			return
 		}
-		f := p.queue[0]
-		p.queue[0] = outFrame{}
-		p.queue = p.queue[1:]
-		p.mu.Unlock()
-		f.hdr.encode(hdr)
-		bufs := net.Buffers(append([][]byte{hdr}, f.bufs...))
-		_, err := bufs.WriteTo(p.conn)
-		if f.done != nil {
-			f.done <- err
+		k, bytes := 0, 0
+		for k < len(p.queue) && k < maxBatchFrames && bytes < maxBatchBytes {
+			bytes += int(p.queue[k].hdr.length)
+			k++
 		}
+		if k == len(p.queue) {
+			// Swap the slices: the queue refills the drained batch's array.
+			batch, p.queue = p.queue, batch[:0]
+		} else {
+			batch = append(batch[:0], p.queue[:k]...)
+			rest := copy(p.queue, p.queue[k:])
+			clear(p.queue[rest:])
+			p.queue = p.queue[:rest]
+		}
+		p.mu.Unlock()
+
+		hdrs = slices.Grow(hdrs[:0], len(batch)*headerSize)[:len(batch)*headerSize]
+		vec = vec[:0]
+		for i := range batch {
+			h := hdrs[i*headerSize : (i+1)*headerSize]
+			batch[i].hdr.encode(h)
+			vec = append(vec, h)
+			for _, b := range batch[i].bufs {
+				if len(b) > 0 {
+					vec = append(vec, b)
+				}
+			}
+		}
+		w := vec
+		_, err := w.WriteTo(p.conn)
+		clear(vec) // keep no reference to the callers' memory
+		for i := range batch {
+			batch[i].finish(err)
+		}
+		clear(batch)
 		if err != nil {
 			p.fail(fmt.Errorf("writing to %s: %w", p.n.describe(p.proc), err))
 			return
@@ -329,20 +423,28 @@ func (p *peer) fail(err error) {
 	p.queue = nil
 	p.cond.Broadcast()
 	p.mu.Unlock()
-	for _, f := range q {
-		if f.done != nil {
-			f.done <- err
-		}
+	for i := range q {
+		q[i].finish(err)
 	}
 	p.n.box.lose(p.proc, err)
 }
 
+// kick makes a read that hangs fail, and with it the connection: for a
+// receiver that must not return while the reader writes into its memory.
+func (p *peer) kick() { p.conn.SetReadDeadline(time.Now()) }
+
+// readBufSize is the reader's buffer: one read takes in many small frames
+// at once (a header and its payload no longer cost a syscall each), while
+// a payload larger than it is read straight into its own buffer.
+const readBufSize = 4 << 10
+
 // read files every arriving frame in the box until the connection ends.
 func (p *peer) read() {
 	n := p.n
+	r := bufio.NewReaderSize(p.conn, readBufSize)
 	hdr := make([]byte, headerSize)
 	for {
-		if _, err := readFull(p.conn, hdr); err != nil {
+		if _, err := io.ReadFull(r, hdr); err != nil {
 			switch {
 			case p.bye.Load() || n.closing.Load():
 				p.fail(fmt.Errorf("%w: %s closed its connection at the end of the job", runtime.ErrPeerLost, n.describe(p.proc)))
@@ -357,32 +459,41 @@ func (p *peer) read() {
 			p.conn.Close()
 			return
 		}
-		data := make([]byte, h.length)
-		if _, err := readFull(p.conn, data); err != nil {
+		if h.kind == kindColl || h.kind == kindP2P {
+			k := keyOf(h)
+			if s, dst := n.box.claim(k, h, p.kick); s != nil {
+				var err error
+				for _, d := range dst {
+					if _, err = io.ReadFull(r, d); err != nil {
+						break
+					}
+				}
+				n.box.filled(k, s, h, err)
+				if err != nil {
+					p.fail(fmt.Errorf("%w: %s: connection lost mid-message (%v)", runtime.ErrPeerLost, n.describe(p.proc), err))
+					return
+				}
+				continue
+			}
+		}
+		data, pb := getBuf(int(h.length))
+		if _, err := io.ReadFull(r, data); err != nil {
+			putBuf(pb)
 			p.fail(fmt.Errorf("%w: %s: connection lost mid-message (%v)", runtime.ErrPeerLost, n.describe(p.proc), err))
 			return
 		}
 		switch h.kind {
 		case kindAbort:
-			n.remoteAbort(p.proc, string(data))
+			why := string(data)
+			putBuf(pb)
+			n.remoteAbort(p.proc, why)
 		case kindBye:
+			putBuf(pb)
 			p.bye.Store(true)
 		default:
-			n.box.put(keyOf(h), frame{hdr: h, data: data})
+			n.box.put(keyOf(h), frame{hdr: h, data: data, pb: pb})
 		}
 	}
-}
-
-func readFull(c net.Conn, b []byte) (int, error) {
-	got := 0
-	for got < len(b) {
-		k, err := c.Read(b[got:])
-		got += k
-		if err != nil {
-			return got, err
-		}
-	}
-	return got, nil
 }
 
 // checkIncoming refuses a frame that could not have come from process p:
@@ -413,29 +524,46 @@ func keyOf(h header) msgKey {
 	return msgKey{from: h.from, to: h.to, kind: h.kind, phase: h.phase, group: h.group, seq: h.seq}
 }
 
-// post delivers a frame: into the box when this process holds the
-// receiver (copying the payload, which the sender may reuse), else to the
-// receiver's process. done, if not nil, is told when the payload has been
-// copied or written.
-func (n *Net) post(h header, bufs [][]byte, done chan error) {
-	var size uint64
+// post delivers a collective's frame: into the box when this process
+// holds the receiver (copying the payload into the receiver's sink or a
+// pooled buffer, since the sender may reuse its memory), else to the
+// receiver's process, whose writer tells sent once the payload is written
+// and adds its length to written (if not nil).
+func (n *Net) post(h header, bufs [][]byte, sent *sendGroup, written *atomic.Int64) {
+	var size int
 	for _, b := range bufs {
-		size += uint64(len(b))
+		size += len(b)
 	}
-	h.length = size
+	h.length = uint64(size)
 	p := n.layout.ProcOf(int(h.to))
-	if p == n.layout.Proc {
-		data := make([]byte, 0, size)
-		for _, b := range bufs {
-			data = append(data, b...)
-		}
-		n.box.put(keyOf(h), frame{hdr: h, data: data})
-		if done != nil {
-			done <- nil
-		}
+	if p != n.layout.Proc {
+		sent.wg.Add(1)
+		n.peers[p].enqueue(outFrame{hdr: h, bufs: bufs, sent: sent, written: written})
 		return
 	}
-	n.peers[p].enqueue(outFrame{hdr: h, bufs: bufs, done: done})
+	k := keyOf(h)
+	if s, dst := n.box.claim(k, h, nil); s != nil {
+		gather(dst, bufs)
+		n.box.filled(k, s, h, nil)
+		return
+	}
+	data, pb := getBuf(size)
+	gather([][]byte{data}, bufs)
+	n.box.put(k, frame{hdr: h, data: data, pb: pb})
+}
+
+// gather copies the concatenation of src into that of dst, as long.
+func gather(dst, src [][]byte) {
+	var d []byte
+	for _, s := range src {
+		for len(s) > 0 {
+			for len(d) == 0 {
+				d, dst = dst[0], dst[1:]
+			}
+			k := copy(d, s)
+			d, s = d[k:], s[k:]
+		}
+	}
 }
 
 // Abort fails every call of this process's ranks, blocked or later, and
@@ -538,7 +666,12 @@ type call struct {
 	// agree1, agree2 are what members must agree on besides op and
 	// dtype (lengths, a root), sent with every frame.
 	agree1, agree2 int64
-	sent           []chan error
+	// sent counts the frames of each phase handed to writers, so that
+	// the call can wait for one phase's writes before it overwrites what
+	// that phase sent.
+	sent [2]sendGroup
+	// written counts, by member, the bytes of phase 0 written to it.
+	written []atomic.Int64
 }
 
 func (c *call) where() string {
@@ -583,36 +716,91 @@ func (c *call) fail(err error) error {
 	return err
 }
 
-// send posts bufs to the member at position q; wait collects the writes.
+// chunkSize bounds the payload of one collective frame. A member's data
+// for another goes out in chunks, so that the receiver reduces (or
+// copies) one chunk while the next is on the wire and replies with its
+// share's chunk as soon as it is summed, and so that every chunk fits a
+// pooled buffer small enough to stay in cache between its arrival and its
+// use. It is a multiple of every element size, and every process of a job
+// must cut at the same size (Net.chunk; tests make it small).
+const chunkSize = 256 << 10
+
+// chunkLen is the length of the chunk at offset off of a size-byte
+// payload: chunks of Net.chunk bytes and a shorter last one; a payload of
+// no bytes is one empty frame, so that every phase is a message the
+// receiver can check.
+func (c *call) chunkLen(size, off int) int { return min(size-off, c.n.chunk) }
+
+// send posts one frame, bufs, to the member at position q; wait collects
+// the writes.
 func (c *call) send(q int, phase uint8, bufs ...[]byte) {
 	h := header{kind: kindColl, op: uint8(c.op), dtype: uint8(c.dt), phase: phase,
 		from: int32(c.rank), to: int32(c.g.Ranks[q]), group: c.group, seq: c.seq, agree1: c.agree1, agree2: c.agree2}
-	done := make(chan error, 1)
-	c.sent = append(c.sent, done)
-	c.n.post(h, bufs, done)
+	var written *atomic.Int64
+	if phase == 0 && c.written != nil {
+		written = &c.written[q]
+	}
+	c.n.post(h, bufs, &c.sent[phase], written)
+}
+
+// key is the key of the phase's frames from the member at position q.
+func (c *call) key(q int, phase uint8) msgKey {
+	return msgKey{from: int32(c.g.Ranks[q]), to: int32(c.rank), kind: kindColl, phase: phase, group: c.group, seq: c.seq}
+}
+
+// expect registers the concatenation of bufs, from byte base on, as the
+// destination of the size bytes the member at position q sends in the
+// phase, which recvData then finds in place. written, if not nil, bounds
+// what may be overwritten yet. The caller must call the returned func
+// before it returns.
+func (c *call) expect(q int, phase uint8, bufs [][]byte, base, size int, written *atomic.Int64) func() {
+	if size == 0 {
+		return func() {}
+	}
+	k := c.key(q, phase)
+	s := &sink{bufs: bufs, base: base, size: size, chunk: c.n.chunk, written: written,
+		want: header{kind: kindColl, op: uint8(c.op), dtype: uint8(c.dt), agree1: c.agree1, agree2: c.agree2}}
+	if !c.n.box.expect(k, s) {
+		return func() {}
+	}
+	return func() { c.n.box.unexpect(k, s) }
+}
+
+// sendData posts the concatenation of bufs to the member at position q,
+// in chunks.
+func (c *call) sendData(q int, phase uint8, bufs ...[]byte) {
+	size := 0
+	for _, b := range bufs {
+		size += len(b)
+	}
+	if size <= c.n.chunk {
+		c.send(q, phase, bufs...)
+		return
+	}
+	for off := 0; off < size; off += c.n.chunk {
+		c.send(q, phase, spans(bufs, off, off+c.chunkLen(size, off))...)
+	}
 }
 
 // wait returns once every payload this call sent has been written or
 // copied, so the caller may change the buffers it sent from.
 func (c *call) wait() error {
-	var first error
-	for _, d := range c.sent {
-		if err := <-d; err != nil && first == nil {
-			first = err
-		}
+	err := c.sent[0].wait()
+	if err1 := c.sent[1].wait(); err == nil {
+		err = err1
 	}
-	c.sent = nil
-	if first != nil {
-		return fmt.Errorf("%s: %w", c.where(), first)
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.where(), err)
 	}
 	return nil
 }
 
-// recv takes the phase's message from the member at position q and checks
-// that it agrees with this call.
-func (c *call) recv(q int, phase uint8, size int) ([]byte, error) {
+// recv takes the phase's next frame from the member at position q and
+// checks that it agrees with this call and carries size bytes. The caller
+// releases the frame once it has read it.
+func (c *call) recv(q int, phase uint8, size int) (frame, error) {
 	from := c.g.Ranks[q]
-	k := msgKey{from: int32(from), to: int32(c.rank), kind: kindColl, phase: phase, group: c.group, seq: c.seq}
+	k := c.key(q, phase)
 	fromProc := c.n.layout.ProcOf(from)
 	f, err := c.n.box.take(k, fromProc, c.n.timeout, func() string {
 		return fmt.Sprintf("waiting for rank %d (%s)", from, c.n.describe(fromProc))
@@ -622,15 +810,38 @@ func (c *call) recv(q int, phase uint8, size int) ([]byte, error) {
 		if errors.Is(err, runtime.ErrTimeout) || errors.Is(err, runtime.ErrPeerLost) {
 			c.n.Abort(err)
 		}
-		return nil, err
+		return frame{}, err
 	}
 	if err := c.agrees(q, f.hdr); err != nil {
-		return nil, c.fail(err)
+		f.release()
+		return frame{}, c.fail(err)
 	}
-	if len(f.data) != size {
-		return nil, c.fail(fmt.Errorf("%s: %w on the data: rank %d sent %d bytes, %d expected", c.where(), runtime.ErrMismatch, from, len(f.data), size))
+	if f.size() != size {
+		got := f.size()
+		f.release()
+		return frame{}, c.fail(fmt.Errorf("%s: %w on the data: rank %d sent %d bytes, %d expected", c.where(), runtime.ErrMismatch, from, got, size))
 	}
-	return f.data, nil
+	return f, nil
+}
+
+// recvData takes the size bytes the member at position q sends in the
+// phase with sendData, handing each chunk that is not already in place to
+// use with its offset.
+func (c *call) recvData(q int, phase uint8, size int, use func(off int, data []byte)) error {
+	for off := 0; ; {
+		n := c.chunkLen(size, off)
+		f, err := c.recv(q, phase, n)
+		if err != nil {
+			return err
+		}
+		if !f.inPlace {
+			use(off, f.data)
+		}
+		f.release()
+		if off += n; off >= size {
+			return nil
+		}
+	}
 }
 
 // agrees compares what a member sent with this call.
@@ -702,10 +913,75 @@ func spans(bufs [][]byte, lo, hi int) [][]byte {
 	return out
 }
 
+// copyInto copies data into the concatenation of bufs at byte offset off.
+func copyInto(bufs [][]byte, off int, data []byte) {
+	for _, b := range bufs {
+		if len(data) == 0 {
+			return
+		}
+		if off >= len(b) {
+			off -= len(b)
+			continue
+		}
+		k := copy(b[off:], data)
+		data, off = data[k:], 0
+	}
+}
+
+// releaseAll gives back the buffers of the frames fs.
+func releaseAll(fs []frame) {
+	for i := range fs {
+		fs[i].release()
+	}
+}
+
+// reduceChunk sums one chunk of the members' contributions into dst, in
+// position order with one rounding per add, as Local sums: own is the
+// caller's contribution, cut into pieces where dst's are cut (it may be
+// dst itself, which the sum then replaces), and rs[q] is the chunk member
+// q sent (rs[pos] is unused).
+func reduceChunk(dt ir.DType, dst, own [][]byte, rs []frame, pos int) {
+	if pos == 0 {
+		off := 0
+		for i, d := range dst {
+			if !same(d, own[i]) {
+				copy(d, own[i])
+			}
+			for q := 1; q < len(rs); q++ {
+				accumulate(dt, d, rs[q].data[off:off+len(d)], false)
+			}
+			off += len(d)
+		}
+		return
+	}
+	// The first term is member 0's: sum into the buffer it arrived in,
+	// which this call owns, and copy the sum into place last, since own
+	// (perhaps dst) must stay intact until its own term is added.
+	acc := rs[0].data
+	for q := 1; q < len(rs); q++ {
+		if q != pos {
+			accumulate(dt, acc, rs[q].data, false)
+			continue
+		}
+		off := 0
+		for _, w := range own {
+			accumulate(dt, acc[off:off+len(w)], w, false)
+			off += len(w)
+		}
+	}
+	off := 0
+	for _, d := range dst {
+		off += copy(d, acc[off:])
+	}
+}
+
 // AllReduce sums bufs in place. Member p sums share p of the bucket from
 // every member's contribution in position order and sends it to the
 // others: a direct reduce-scatter, then an all-gather, each member
-// sending 2·(n−1)/n of the bucket.
+// sending 2·(n−1)/n of the bucket. Both run chunk by chunk and overlap: a
+// chunk of the share is summed as soon as every member's arrived and goes
+// back out at once, while the next chunks are still on the wire. The
+// share is summed in place, in bufs, since no other member reads it.
 func (n *Net) AllReduce(g runtime.Group, rank int, dt ir.DType, bufs ...[]byte) error {
 	total := 0
 	var bad error
@@ -714,8 +990,8 @@ func (n *Net) AllReduce(g runtime.Group, rank int, dt ir.DType, bufs ...[]byte) 
 	}
 	for i, b := range bufs {
 		total += len(b)
-		if err := checkElems(dt, fmt.Sprintf("bufs[%d]", i), len(b)); err != nil && bad == nil {
-			bad = err
+		if err := checkElems(dt, "", len(b)); err != nil && bad == nil {
+			bad = checkElems(dt, fmt.Sprintf("bufs[%d]", i), len(b)) // named only when needed
 		}
 		for j := range i {
 			if overlap(b, bufs[j]) && bad == nil {
@@ -738,54 +1014,66 @@ func (n *Net) AllReduce(g runtime.Group, rank int, dt ir.DType, bufs ...[]byte) 
 	es := int(dt.Size())
 	count := total / es
 	span := func(j int) (int, int) { return j * count / m * es, (j + 1) * count / m * es }
+	c.written = make([]atomic.Int64, m)
 	for q := range m {
 		if q != c.pos {
 			lo, hi := span(q)
-			c.send(q, 0, spans(bufs, lo, hi)...)
+			c.sendData(q, 0, spans(bufs, lo, hi)...)
+		}
+	}
+	// The sums of the other shares go straight to where they belong, once
+	// this member's terms there have been written out (a member in this
+	// process has its terms copied as soon as they are sent).
+	for q := range m {
+		if q != c.pos {
+			var written *atomic.Int64
+			if !n.layout.Holds(g.Ranks[q]) {
+				written = &c.written[q]
+			}
+			lo, hi := span(q)
+			defer c.expect(q, 1, bufs, lo, hi-lo, written)()
 		}
 	}
 	lo, hi := span(c.pos)
-	part := make([]byte, hi-lo)
-	for q := range m {
-		if q == c.pos {
-			reduceSpan(dt, part, bufs, lo, q == 0)
-			continue
+	rs := make([]frame, m)
+	for off := 0; ; {
+		k := c.chunkLen(hi-lo, off)
+		for q := range m {
+			if q != c.pos {
+				if rs[q], err = c.recv(q, 0, k); err != nil {
+					releaseAll(rs)
+					return err
+				}
+			}
 		}
-		data, err := c.recv(q, 0, hi-lo)
-		if err != nil {
-			return err
+		mine := spans(bufs, lo+off, lo+off+k)
+		reduceChunk(dt, mine, mine, rs, c.pos)
+		releaseAll(rs)
+		for q := range m {
+			if q != c.pos {
+				c.send(q, 1, mine...)
+			}
 		}
-		accumulate(dt, part, data, q == 0)
+		if off += k; off >= hi-lo {
+			break
+		}
 	}
-	for q := range m {
-		if q != c.pos {
-			c.send(q, 1, part)
-		}
+	// The other shares' sums land where this member sent its terms from:
+	// those writes must be done.
+	if err := c.sent[0].wait(); err != nil {
+		return c.fail(fmt.Errorf("%s: %w", c.where(), err))
 	}
-	parts := make([][]byte, m)
-	parts[c.pos] = part
 	for q := range m {
 		if q != c.pos {
 			qlo, qhi := span(q)
-			if parts[q], err = c.recv(q, 1, qhi-qlo); err != nil {
+			err := c.recvData(q, 1, qhi-qlo, func(off int, data []byte) { copyInto(bufs, qlo+off, data) })
+			if err != nil {
 				return err
 			}
 		}
 	}
-	// The shares this member sent came from bufs: they must be out before
-	// the sums overwrite them.
 	if err := c.wait(); err != nil {
 		return c.fail(err)
-	}
-	bi, bo := 0, 0
-	for _, p := range parts {
-		for len(p) > 0 {
-			for bo == len(bufs[bi]) {
-				bi, bo = bi+1, 0
-			}
-			k := copy(bufs[bi][bo:], p)
-			p, bo = p[k:], bo+k
-		}
 	}
 	c.counted(total * m)
 	return nil
@@ -795,7 +1083,6 @@ func (n *Net) AllReduce(g runtime.Group, rank int, dt ir.DType, bufs ...[]byte) 
 func (n *Net) ReduceScatter(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
 	m, k := g.Size(), len(out)
 	var bad error
-	inPlace := false
 	if err := checkSummable(dt); err != nil {
 		bad = err
 	} else if err := checkElems(dt, "out", k); err != nil {
@@ -807,7 +1094,8 @@ func (n *Net) ReduceScatter(g runtime.Group, rank int, dt ir.DType, in, out []by
 	case len(in) != m*k:
 		bad = fmt.Errorf("%w: len(in) is %d, want group size %d × len(out) %d = %d", runtime.ErrArgs, elems(dt, len(in)), m, elems(dt, k), elems(dt, m*k))
 	case p >= 0 && same(out, in[p*k:(p+1)*k]):
-		inPlace = k > 0
+		// The in-place form: reduceChunk reads the caller's term before
+		// it writes the sum over it.
 	case overlap(in, out):
 		bad = fmt.Errorf("%w: out overlaps in other than as in's own chunk [%d:%d] (the in-place form)", runtime.ErrArgs, elems(dt, p*k), elems(dt, (p+1)*k))
 	}
@@ -820,27 +1108,29 @@ func (n *Net) ReduceScatter(g runtime.Group, rank int, dt ir.DType, in, out []by
 	}
 	for q := range m {
 		if q != c.pos {
-			c.send(q, 0, in[q*k:(q+1)*k])
+			c.sendData(q, 0, in[q*k:(q+1)*k])
 		}
 	}
-	dst := out
-	if inPlace {
-		dst = make([]byte, k)
-	}
-	for q := range m {
-		src := in[c.pos*k : (c.pos+1)*k]
-		if q != c.pos {
-			if src, err = c.recv(q, 0, k); err != nil {
-				return err
+	own := in[c.pos*k : (c.pos+1)*k]
+	rs := make([]frame, m)
+	for off := 0; ; {
+		n := c.chunkLen(k, off)
+		for q := range m {
+			if q != c.pos {
+				if rs[q], err = c.recv(q, 0, n); err != nil {
+					releaseAll(rs)
+					return err
+				}
 			}
 		}
-		accumulate(dt, dst, src, q == 0)
+		reduceChunk(dt, [][]byte{out[off : off+n]}, [][]byte{own[off : off+n]}, rs, c.pos)
+		releaseAll(rs)
+		if off += n; off >= k {
+			break
+		}
 	}
 	if err := c.wait(); err != nil {
 		return c.fail(err)
-	}
-	if inPlace {
-		copy(out, dst)
 	}
 	c.counted(len(in) * m)
 	return nil
@@ -873,7 +1163,12 @@ func (n *Net) AllGather(g runtime.Group, rank int, dt ir.DType, in, out []byte) 
 	}
 	for q := range m {
 		if q != c.pos {
-			c.send(q, 0, in)
+			defer c.expect(q, 0, [][]byte{out}, q*k, k, nil)()
+		}
+	}
+	for q := range m {
+		if q != c.pos {
+			c.sendData(q, 0, in)
 		}
 	}
 	if !inPlace {
@@ -881,11 +1176,9 @@ func (n *Net) AllGather(g runtime.Group, rank int, dt ir.DType, in, out []byte) 
 	}
 	for q := range m {
 		if q != c.pos {
-			data, err := c.recv(q, 0, k)
-			if err != nil {
+			if err := c.recvData(q, 0, k, func(off int, data []byte) { copy(out[q*k+off:], data) }); err != nil {
 				return err
 			}
-			copy(out[q*k:], data)
 		}
 	}
 	if err := c.wait(); err != nil {
@@ -922,17 +1215,20 @@ func (n *Net) AllToAll(g runtime.Group, rank int, dt ir.DType, in, out []byte) e
 	k := len(in) / m
 	for q := range m {
 		if q != c.pos {
-			c.send(q, 0, in[q*k:(q+1)*k])
+			defer c.expect(q, 0, [][]byte{out}, q*k, k, nil)()
+		}
+	}
+	for q := range m {
+		if q != c.pos {
+			c.sendData(q, 0, in[q*k:(q+1)*k])
 		}
 	}
 	copy(out[c.pos*k:(c.pos+1)*k], in[c.pos*k:(c.pos+1)*k])
 	for q := range m {
 		if q != c.pos {
-			data, err := c.recv(q, 0, k)
-			if err != nil {
+			if err := c.recvData(q, 0, k, func(off int, data []byte) { copy(out[q*k+off:], data) }); err != nil {
 				return err
 			}
-			copy(out[q*k:], data)
 		}
 	}
 	if err := c.wait(); err != nil {
@@ -960,18 +1256,17 @@ func (n *Net) Broadcast(g runtime.Group, rank, root int, dt ir.DType, buf []byte
 	if c.pos == root {
 		for q := range g.Size() {
 			if q != root {
-				c.send(q, 0, buf)
+				c.sendData(q, 0, buf)
 			}
 		}
 		if err := c.wait(); err != nil {
 			return c.fail(err)
 		}
 	} else {
-		data, err := c.recv(root, 0, len(buf))
-		if err != nil {
+		defer c.expect(root, 0, [][]byte{buf}, 0, len(buf), nil)()
+		if err := c.recvData(root, 0, len(buf), func(off int, data []byte) { copy(buf[off:], data) }); err != nil {
 			return err
 		}
-		copy(buf, data)
 	}
 	c.counted(len(buf))
 	return nil
@@ -1036,8 +1331,23 @@ func (n *Net) Send(from, to, tag int, dt ir.DType, buf []byte) error {
 	if err := n.p2pCheck(where, from, to, from, dt, len(buf)); err != nil {
 		return err
 	}
-	data := append([]byte(nil), buf...)
-	n.post(header{kind: kindP2P, dtype: uint8(dt), from: int32(from), to: int32(to), seq: int64(tag)}, [][]byte{data}, nil)
+	h := header{kind: kindP2P, dtype: uint8(dt), from: int32(from), to: int32(to), seq: int64(tag), length: uint64(len(buf))}
+	p := n.layout.ProcOf(to)
+	k := keyOf(h)
+	if p == n.layout.Proc {
+		if s, dst := n.box.claim(k, h, nil); s != nil {
+			gather(dst, [][]byte{buf})
+			n.box.filled(k, s, h, nil)
+			return nil
+		}
+	}
+	data, pb := getBuf(len(buf))
+	copy(data, buf)
+	if p != n.layout.Proc {
+		n.peers[p].enqueue(outFrame{hdr: h, bufs: [][]byte{data}, pb: pb})
+		return nil
+	}
+	n.box.put(k, frame{hdr: h, data: data, pb: pb})
 	return nil
 }
 
@@ -1048,6 +1358,13 @@ func (n *Net) Recv(from, to, tag int, dt ir.DType, buf []byte) error {
 		return err
 	}
 	k := msgKey{from: int32(from), to: int32(to), kind: kindP2P, seq: int64(tag)}
+	if len(buf) > 0 {
+		// Straight into buf if the message is not here yet.
+		s := &sink{bufs: [][]byte{buf}, size: len(buf), chunk: len(buf), want: header{kind: kindP2P, dtype: uint8(dt)}}
+		if n.box.expect(k, s) {
+			defer n.box.unexpect(k, s)
+		}
+	}
 	fromProc := n.layout.ProcOf(from)
 	f, err := n.box.take(k, fromProc, n.timeout, func() string {
 		return fmt.Sprintf("waiting for rank %d (%s)", from, n.describe(fromProc))
@@ -1059,11 +1376,15 @@ func (n *Net) Recv(from, to, tag int, dt ir.DType, buf []byte) error {
 		}
 		return err
 	}
-	if err := matchError(p2pKey{from, to, tag}, ir.DType(f.hdr.dtype), len(f.data), dt, len(buf)); err != nil {
+	if err := matchError(p2pKey{from, to, tag}, ir.DType(f.hdr.dtype), f.size(), dt, len(buf)); err != nil {
+		f.release()
 		n.Abort(err)
 		return err
 	}
-	copy(buf, f.data)
+	if !f.inPlace {
+		copy(buf, f.data)
+	}
+	f.release()
 	n.add(opSendRecv, int64(len(buf)))
 	return nil
 }
