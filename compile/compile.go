@@ -200,6 +200,14 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 		if res.EvalPrograms, err = lower.LowerPipelineForwardWith(m, c.PP, max(c.VPP, 1), c.Microbatches, lo); err != nil {
 			return res, err
 		}
+		// The schedule was proven deadlock-free as actions; the lowering
+		// makes its own sends and receives, so the programs are checked
+		// too, as the runtime matches them (by tag, sends buffered).
+		for _, progs := range [][]*lower.Program{res.Programs, res.EvalPrograms} {
+			if err := lower.CheckTransfersByTag(progs); err != nil {
+				return res, fmt.Errorf("the lowered pipeline programs: %w", err)
+			}
+		}
 	} else {
 		prog, err := lower.LowerWith(m, lo)
 		if err != nil {

@@ -291,3 +291,162 @@ func (t *transfers) cycle(from int, pc []int) string {
 	}
 	return strings.Join(parts, " → ")
 }
+
+// CheckTransfersByTag is CheckTransfers for the runtime's transports,
+// which match a receive with the next send of the same tag between two
+// ranks (the CPU backend's comms, and the CUDA backend's NCCL transfers,
+// whose receiver posts in the sender's order and takes the one it needs):
+//
+//   - every send and receive names a peer that exists and is not itself;
+//   - for every ordered pair a → b and every tag, a sends it as often as b
+//     receives it, and the k-th send and k-th receive of a tag have the
+//     same size;
+//   - all ranks run to their last instruction when a send never waits and
+//     a receive waits until its peer has sent its tag once more than it
+//     has received.
+//
+// The lowering sends a value when it is computed and receives it where it
+// is first used, so the two ends of a pair may list their transfers in
+// different orders (a tied embedding is sent first and used last); that is
+// fine here, and CheckTransfers, for transports that match by order, says
+// so. Errors wrap ErrTransferOrder, and ErrDeadlock for the simulation.
+func CheckTransfersByTag(progs []*Program) error {
+	if len(progs) <= 1 {
+		return nil
+	}
+	t, err := collectTransfers(progs)
+	if err != nil {
+		return err
+	}
+	if err := t.checkTags(); err != nil {
+		return err
+	}
+	return t.simulateByTag()
+}
+
+// tagKey is one tag of one ordered pair.
+type tagKey struct{ from, to, tag int }
+
+// checkTags compares, for each ordered pair and tag, the sender's sends
+// with the receiver's receives, occurrence by occurrence.
+func (t *transfers) checkTags() error {
+	var bad []string
+	report := func(s string) {
+		if len(bad) < maxReported {
+			bad = append(bad, s)
+		}
+	}
+	for a := range t.progs {
+		for b := range t.progs {
+			sent := map[int][]int{} // tag → a's send instructions, in order
+			for _, i := range t.sends[a][b] {
+				tag := t.progs[a].Instrs[i].Tag
+				sent[tag] = append(sent[tag], i)
+			}
+			got := map[int][]int{}
+			for _, i := range t.recvs[b][a] {
+				tag := t.progs[b].Instrs[i].Tag
+				got[tag] = append(got[tag], i)
+			}
+			for _, i := range t.recvs[b][a] {
+				tag := t.progs[b].Instrs[i].Tag
+				ss, rs := sent[tag], got[tag]
+				if len(rs) == 0 || rs[0] != i {
+					continue // reported with the tag's first receive
+				}
+				for k := range min(len(ss), len(rs)) {
+					sn, _ := t.bytes(a, ss[k])
+					rn, _ := t.bytes(b, rs[k])
+					if sn != rn {
+						report(fmt.Sprintf("rank %d → rank %d, tag %d, occurrence %d: sizes differ: rank %d's %s, rank %d's %s",
+							a, b, tag, k, a, t.describe(a, ss[k]), b, t.describe(b, rs[k])))
+					}
+				}
+				if len(rs) > len(ss) {
+					report(fmt.Sprintf("rank %d → rank %d: rank %d receives tag %d %d times, rank %d sends it %d; rank %d's %s is never sent",
+						a, b, b, tag, len(rs), a, len(ss), b, t.describe(b, rs[len(ss)])))
+				}
+			}
+			for _, i := range t.sends[a][b] {
+				tag := t.progs[a].Instrs[i].Tag
+				ss, rs := sent[tag], got[tag]
+				if ss[0] == i && len(ss) > len(rs) {
+					report(fmt.Sprintf("rank %d → rank %d: rank %d sends tag %d %d times, rank %d receives it %d; rank %d's %s is never received",
+						a, b, a, tag, len(ss), b, len(rs), a, t.describe(a, ss[len(rs)])))
+				}
+			}
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w (every send must have its receive, tag by tag, with the same size):\n  %s", ErrTransferOrder, strings.Join(bad, "\n  "))
+}
+
+// simulateByTag runs every rank's instruction list with buffered sends
+// and receives matched by tag; as simulate, but a receive waits only for
+// its own tag.
+func (t *transfers) simulateByTag() error {
+	if !t.any {
+		return nil
+	}
+	n := len(t.progs)
+	pc := make([]int, n)
+	sent, got := map[tagKey]int{}, map[tagKey]int{}
+	waiting := make([]bool, n)
+	ready := make([]int, 0, n)
+	for r := range n {
+		ready = append(ready, r)
+	}
+	for len(ready) > 0 {
+		r := ready[len(ready)-1]
+		ready = ready[:len(ready)-1]
+		waiting[r] = false
+		instrs := t.progs[r].Instrs
+		for pc[r] < len(instrs) {
+			in := &instrs[pc[r]]
+			switch in.Op {
+			case "recv":
+				k := tagKey{in.Peer, r, in.Tag}
+				if got[k] >= sent[k] {
+					waiting[r] = true
+				} else {
+					got[k]++
+				}
+			case "send":
+				k := tagKey{r, in.Peer, in.Tag}
+				sent[k]++
+				q := in.Peer
+				if waiting[q] {
+					if w := &t.progs[q].Instrs[pc[q]]; w.Peer == r && w.Tag == in.Tag {
+						waiting[q] = false
+						ready = append(ready, q)
+					}
+				}
+			}
+			if waiting[r] {
+				break
+			}
+			pc[r]++
+		}
+	}
+	var stuck []string
+	first := -1
+	for r := range n {
+		if pc[r] == len(t.progs[r].Instrs) {
+			continue
+		}
+		if first < 0 {
+			first = r
+		}
+		in := t.progs[r].Instrs[pc[r]]
+		k := tagKey{in.Peer, r, in.Tag}
+		stuck = append(stuck, fmt.Sprintf("rank %d waits for rank %d at %s (received tag %d %d times; rank %d has sent it %d)",
+			r, in.Peer, t.describe(r, pc[r]), in.Tag, got[k], in.Peer, sent[k]))
+	}
+	if first < 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w: even with buffered sends, %d of %d ranks stop before their last instruction (wait cycle %s):\n  %s",
+		ErrTransferOrder, ErrDeadlock, len(stuck), n, t.cycle(first, pc), strings.Join(stuck, "\n  "))
+}

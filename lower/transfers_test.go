@@ -434,3 +434,70 @@ func BenchmarkCheckTransfers(b *testing.B) {
 		}
 	}
 }
+
+// The runtime matches transfers by tag, so every lowered pipeline passes
+// CheckTransfersByTag, the ones whose ends list transfers in different
+// orders included; and the corruptions that break a pipeline whatever the
+// matching are still caught.
+func TestCheckTransfersByTag(t *testing.T) {
+	for _, c := range []pipeCase{
+		{schedule: "1f1b", pp: 2, micro: 2, layers: 2},
+		{schedule: "gpipe", pp: 2, micro: 2, layers: 2},
+		{schedule: "zb", pp: 2, micro: 2, layers: 2},
+		{schedule: "interleaved", pp: 2, vpp: 2, micro: 4, layers: 4},
+		{schedule: "1f1b", pp: 4, micro: 4, layers: 4, dp: 2, zero: 3},
+		{schedule: "1f1b", pp: 4, micro: 4, layers: 4, dp: 2, tp: 2},
+	} {
+		t.Run(c.String(), func(t *testing.T) {
+			assert.NoError(t, lower.CheckTransfersByTag(compilePipe(t, c)))
+		})
+	}
+	base := compilePipe(t, pipeCase{schedule: "1f1b", pp: 4, micro: 4, layers: 4})
+	for _, tc := range []struct {
+		name     string
+		corrupt  func(t *testing.T, progs []*lower.Program) []string
+		deadlock bool
+	}{
+		{name: "swapped receives pass", corrupt: func(t *testing.T, progs []*lower.Program) []string {
+			p := progs[3]
+			i, j := transferAt(t, p, "recv", 2, 0), transferAt(t, p, "recv", 2, 1)
+			p.Instrs[i], p.Instrs[j] = p.Instrs[j], p.Instrs[i]
+			return nil
+		}},
+		{name: "dropped send", corrupt: func(t *testing.T, progs []*lower.Program) []string {
+			p := progs[2]
+			i := transferAt(t, p, "send", 3, 1)
+			dropped := p.Instrs[i]
+			p.Instrs = slices.Delete(p.Instrs, i, i+1)
+			return []string{"rank 2 → rank 3", fmt.Sprintf("receives tag %d 1 times, rank 2 sends it 0", dropped.Tag), "is never sent"}
+		}},
+		{name: "changed size", corrupt: func(t *testing.T, progs []*lower.Program) []string {
+			p := progs[3]
+			i := transferAt(t, p, "recv", 2, 2)
+			p.Buffers[p.Instrs[i].Out].Bytes /= 2
+			return []string{"rank 2 → rank 3, tag", "sizes differ"}
+		}},
+		{name: "receive hoisted before the send it depends on", deadlock: true, corrupt: func(t *testing.T, progs []*lower.Program) []string {
+			p := progs[0]
+			i := transferAt(t, p, "recv", 1, 0)
+			in := p.Instrs[i]
+			p.Instrs = slices.Insert(slices.Delete(p.Instrs, i, i+1), 0, in)
+			return []string{"rank 0 waits for rank 1 at recv tag " + fmt.Sprint(in.Tag), "wait cycle rank 0 → rank 1 → rank 0"}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			progs := cloneProgs(base)
+			want := tc.corrupt(t, progs)
+			err := lower.CheckTransfersByTag(progs)
+			if want == nil {
+				assert.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, lower.ErrTransferOrder)
+			assert.Equal(t, tc.deadlock, errors.Is(err, lower.ErrDeadlock), "deadlock sentinel: %v", err)
+			for _, s := range want {
+				assert.ErrorContains(t, err, s)
+			}
+		})
+	}
+}

@@ -175,6 +175,9 @@ func (c *config) validate() error {
 	if (c.trace != "" || c.save != "") && !c.run {
 		bad("--trace and --save record a training run; add --run")
 	}
+	if c.explicit["token"] && c.token == "" {
+		bad("--token must not be empty (leave it out to use GCOMPILE_TOKEN or the launcher's job id)")
+	}
 	if c.timeout <= 0 {
 		bad("--timeout must be positive, got %v", c.timeout)
 	}

@@ -257,7 +257,7 @@ func TestJobRefusesAWrongToken(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
-	ps := startProcs(t, 2, faultArgs(t, 2, "--timeout", "5s"), func(r int) []string {
+	ps := startProcs(t, 2, faultArgs(t, 2, "--timeout", "2s"), func(r int) []string {
 		if r == 1 {
 			return []string{"GCOMPILE_TOKEN=not-the-secret"}
 		}
@@ -295,7 +295,7 @@ func TestJobRefusesADifferentPlan(t *testing.T) {
 	waitAll(t, ps, 60*time.Second)
 	for r, p := range ps {
 		require.Error(t, p.err, "rank %d", r)
-		assert.Contains(t, p.output(), "rank 1 compiled a different plan than rank 0", "rank %d:\n%s", r, p.output())
+		assert.Contains(t, p.output(), "rank 1 compiled a different plan than rank 0", "rank %d:\n%s\nthe other:\n%s", r, p.output(), ps[1-r].output())
 		assert.NotContains(t, p.output(), "step 1/", "rank %d trained", r)
 	}
 }

@@ -256,7 +256,7 @@ func (j *job) checkPlan(fingerprint string) error {
 	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
 	defer cancel()
 	if err := j.store.Set(ctx, keyFingerprint+strconv.Itoa(j.world.Rank), []byte(fingerprint)); err != nil {
-		return err
+		return j.cause(fmt.Errorf("publishing this process's compiled plan: %w", err))
 	}
 	fps := make([]string, j.world.Size)
 	for r := range fps {
