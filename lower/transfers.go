@@ -58,7 +58,7 @@ func CheckTransfers(progs []*Program) error {
 	if err := t.checkPairs(); err != nil {
 		return err
 	}
-	return t.simulate()
+	return t.simulate(false)
 }
 
 // transfers indexes every send and receive by ordered rank pair.
@@ -199,22 +199,26 @@ func (t *transfers) checkPairs() error {
 
 // simulate runs every rank's instruction list with buffered sends: a send
 // completes at once; a receive waits until its peer has executed the
-// matching send (the pairs agree, so the k-th receive from a peer matches
-// that peer's k-th send). Each rank runs until it blocks; a send wakes its
+// matching send: the next unmatched one of the pair (the pairs agree, so
+// the k-th receive from a peer matches that peer's k-th send), or, byTag,
+// of the pair and tag. Each rank runs until it blocks; a send wakes its
 // receiver when that satisfies the receive it waits on. Every instruction
 // executes once, so the cost is linear.
-func (t *transfers) simulate() error {
+func (t *transfers) simulate(byTag bool) error {
 	if !t.any {
 		return nil
 	}
+	key := func(from, to int, in *Instr) tagKey {
+		k := tagKey{from, to, 0}
+		if byTag {
+			k.tag = in.Tag
+		}
+		return k
+	}
 	n := len(t.progs)
 	pc := make([]int, n)
-	// sent[a][b] counts a's executed sends to b; got[b][a] b's executed
-	// receives from a.
-	sent, got := make([][]int, n), make([][]int, n)
-	for r := range n {
-		sent[r], got[r] = make([]int, n), make([]int, n)
-	}
+	// sent counts executed sends, got executed receives, by key.
+	sent, got := map[tagKey]int{}, map[tagKey]int{}
 	waiting := make([]bool, n)
 	ready := make([]int, 0, n)
 	for r := range n {
@@ -228,17 +232,18 @@ func (t *transfers) simulate() error {
 		for pc[r] < len(instrs) {
 			in := &instrs[pc[r]]
 			if in.Op == "recv" {
-				if got[r][in.Peer] >= sent[in.Peer][r] {
+				k := key(in.Peer, r, in)
+				if got[k] >= sent[k] {
 					waiting[r] = true
 					break
 				}
-				got[r][in.Peer]++
+				got[k]++
 			} else if in.Op == "send" {
-				sent[r][in.Peer]++
-				q := in.Peer
+				k := key(r, in.Peer, in)
+				sent[k]++
 				// Wake the receiver if this is the send it waits on.
-				if waiting[q] {
-					if w := &t.progs[q].Instrs[pc[q]]; w.Peer == r && got[q][r] < sent[r][q] {
+				if q := in.Peer; waiting[q] {
+					if w := &t.progs[q].Instrs[pc[q]]; w.Peer == r && key(r, q, w) == k && got[k] < sent[k] {
 						waiting[q] = false
 						ready = append(ready, q)
 					}
@@ -256,9 +261,10 @@ func (t *transfers) simulate() error {
 		if first < 0 {
 			first = r
 		}
-		in := t.progs[r].Instrs[pc[r]]
-		stuck = append(stuck, fmt.Sprintf("rank %d waits for rank %d at %s (its receive %d from rank %d; rank %d has sent %d)",
-			r, in.Peer, t.describe(r, pc[r]), got[r][in.Peer], in.Peer, in.Peer, sent[in.Peer][r]))
+		in := &t.progs[r].Instrs[pc[r]]
+		k := key(in.Peer, r, in)
+		stuck = append(stuck, fmt.Sprintf("rank %d waits for rank %d at %s (it has received %d such transfers from rank %d, which has sent %d)",
+			r, in.Peer, t.describe(r, pc[r]), got[k], in.Peer, sent[k]))
 	}
 	if first < 0 {
 		return nil
@@ -321,7 +327,7 @@ func CheckTransfersByTag(progs []*Program) error {
 	if err := t.checkTags(); err != nil {
 		return err
 	}
-	return t.simulateByTag()
+	return t.simulate(true)
 }
 
 // tagKey is one tag of one ordered pair.
@@ -381,72 +387,4 @@ func (t *transfers) checkTags() error {
 		return nil
 	}
 	return fmt.Errorf("%w (every send must have its receive, tag by tag, with the same size):\n  %s", ErrTransferOrder, strings.Join(bad, "\n  "))
-}
-
-// simulateByTag runs every rank's instruction list with buffered sends
-// and receives matched by tag; as simulate, but a receive waits only for
-// its own tag.
-func (t *transfers) simulateByTag() error {
-	if !t.any {
-		return nil
-	}
-	n := len(t.progs)
-	pc := make([]int, n)
-	sent, got := map[tagKey]int{}, map[tagKey]int{}
-	waiting := make([]bool, n)
-	ready := make([]int, 0, n)
-	for r := range n {
-		ready = append(ready, r)
-	}
-	for len(ready) > 0 {
-		r := ready[len(ready)-1]
-		ready = ready[:len(ready)-1]
-		waiting[r] = false
-		instrs := t.progs[r].Instrs
-		for pc[r] < len(instrs) {
-			in := &instrs[pc[r]]
-			switch in.Op {
-			case "recv":
-				k := tagKey{in.Peer, r, in.Tag}
-				if got[k] >= sent[k] {
-					waiting[r] = true
-				} else {
-					got[k]++
-				}
-			case "send":
-				k := tagKey{r, in.Peer, in.Tag}
-				sent[k]++
-				q := in.Peer
-				if waiting[q] {
-					if w := &t.progs[q].Instrs[pc[q]]; w.Peer == r && w.Tag == in.Tag {
-						waiting[q] = false
-						ready = append(ready, q)
-					}
-				}
-			}
-			if waiting[r] {
-				break
-			}
-			pc[r]++
-		}
-	}
-	var stuck []string
-	first := -1
-	for r := range n {
-		if pc[r] == len(t.progs[r].Instrs) {
-			continue
-		}
-		if first < 0 {
-			first = r
-		}
-		in := t.progs[r].Instrs[pc[r]]
-		k := tagKey{in.Peer, r, in.Tag}
-		stuck = append(stuck, fmt.Sprintf("rank %d waits for rank %d at %s (received tag %d %d times; rank %d has sent it %d)",
-			r, in.Peer, t.describe(r, pc[r]), in.Tag, got[k], in.Peer, sent[k]))
-	}
-	if first < 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: %w: even with buffered sends, %d of %d ranks stop before their last instruction (wait cycle %s):\n  %s",
-		ErrTransferOrder, ErrDeadlock, len(stuck), n, t.cycle(first, pc), strings.Join(stuck, "\n  "))
 }

@@ -29,7 +29,7 @@ func runAsync(c *config, j *job, res *compile.Result) error {
 		fmt.Fprintf(j.log, "compiled %s in %.0f ms for %d asynchronous replicas%s (staleness ≤ %d): replica %s; update %s\n",
 			res.Module.Name, compileMs, c.DP, where, c.Staleness, gp.Describe(), up.Describe())
 	}
-	met := newMetrics(c, res, compileMs)
+	met := newMetrics(c, j, res, compileMs)
 	for r := range c.DP {
 		met.Devices = append(met.Devices, deviceMetrics(gp, r))
 	}

@@ -1,11 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
-	"math"
-	"os"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -33,47 +29,15 @@ func TestAsyncAcrossProcessesMatchesOneProcess(t *testing.T) {
 		{2, 4},
 		{4, 4},
 	}
-	// The one-process run of each plan, kept for every case that needs it.
-	refBase := t.TempDir()
-	refs := map[int]string{} // devices → the one-process run's folder
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("dp%d over %d procs", tc.devices, tc.nproc), func(t *testing.T) {
 			plan := []string{"--devices", strconv.Itoa(tc.devices), "--dp", strconv.Itoa(tc.devices), "--dp-sync", "async", "--staleness", "0"}
-			one, ok := refs[tc.devices]
-			if !ok {
-				one = filepath.Join(refBase, fmt.Sprintf("dp%d", tc.devices))
-				require.NoError(t, os.Mkdir(one, 0o755))
-				require.NoError(t, mainErr(jobArgs(t, one, plan...)))
-				refs[tc.devices] = one
-			}
-			many := t.TempDir()
-			start := time.Now()
-			launch := append([]string{"launch", "--nproc", strconv.Itoa(tc.nproc), "--"}, jobArgs(t, many, plan...)...)
-			require.NoError(t, mainErr(launch))
-			elapsed := time.Since(start)
-			want, got := readMetrics(t, filepath.Join(one, "m.json")), readMetrics(t, filepath.Join(many, "m.json"))
-			require.Len(t, got.Steps, 20)
-			require.Len(t, want.Steps, 20)
-			for i, s := range got.Steps {
-				assert.Equal(t, math.Float64bits(want.Steps[i].Loss), math.Float64bits(s.Loss), "step %d loss %v vs %v", i+1, want.Steps[i].Loss, s.Loss)
-				assert.Equal(t, math.Float64bits(want.Steps[i].GradNorm), math.Float64bits(s.GradNorm), "step %d grad norm", i+1)
-			}
-			require.Len(t, got.Eval, 1)
-			assert.Equal(t, math.Float64bits(want.Eval[0].Loss), math.Float64bits(got.Eval[0].Loss), "held-out loss")
+			dir := t.TempDir()
+			require.NoError(t, mainErr(append([]string{"launch", "--nproc", strconv.Itoa(tc.nproc), "--"}, jobArgs(t, dir, plan...)...)))
+			got := assertMatchesOneProcess(t, plan, tc.nproc, dir)
 			require.NotNil(t, got.Async)
 			assert.Equal(t, 0, got.Async.MaxStalenessSeen)
-			require.Len(t, got.Devices, tc.devices+1, "every replica and the server")
-			for r, d := range got.Devices {
-				assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "device %d", r)
-				assert.Equal(t, want.Devices[r].PeakBytesMeasured, d.PeakBytesMeasured, "device %d", r)
-			}
-			w1, err := os.ReadFile(filepath.Join(one, "w.safetensors"))
-			require.NoError(t, err)
-			w2, err := os.ReadFile(filepath.Join(many, "w.safetensors"))
-			require.NoError(t, err)
-			assert.True(t, bytes.Equal(w1, w2), "the saved weights are the same bytes")
-			t.Logf("dp%d over %d processes: 20 losses, held-out loss %.6f, %d peaks and %d bytes of weights bit-identical to one process (%v)",
-				tc.devices, tc.nproc, got.Eval[0].Loss, len(got.Devices), len(w2), elapsed.Round(time.Millisecond))
+			assert.Len(t, got.Devices, tc.devices+1, "every replica and the server")
 		})
 	}
 }

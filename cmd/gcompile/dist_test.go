@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"gcompile/runtime"
 	"gcompile/runtime/cuda"
 	"gcompile/runtime/cuda/fakegpu"
 )
@@ -89,30 +91,81 @@ func TestJobAcrossProcessesMatchesOneProcess(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%d procs %s", tc.nproc, strings.Join(tc.plan, " ")), func(t *testing.T) {
-			one, many := t.TempDir(), t.TempDir()
-			require.NoError(t, mainErr(jobArgs(t, one, tc.plan...)))
-			launch := append([]string{"launch", "--nproc", strconv.Itoa(tc.nproc), "--"}, jobArgs(t, many, tc.plan...)...)
-			require.NoError(t, mainErr(launch))
-			want, got := readMetrics(t, filepath.Join(one, "m.json")), readMetrics(t, filepath.Join(many, "m.json"))
-			require.Len(t, got.Steps, 20)
-			for i := range want.Steps {
-				assert.Equal(t, want.Steps[i].Loss, got.Steps[i].Loss, "step %d", i+1)
-				assert.Equal(t, want.Steps[i].GradNorm, got.Steps[i].GradNorm, "step %d", i+1)
-			}
-			require.Len(t, got.Eval, 1)
-			assert.Equal(t, want.Eval[0].Loss, got.Eval[0].Loss, "held-out loss")
-			require.Len(t, got.Devices, len(want.Devices))
-			for r, d := range got.Devices {
-				assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "device %d", r)
-				assert.Equal(t, want.Devices[r].PeakBytesMeasured, d.PeakBytesMeasured, "device %d", r)
-			}
-			w1, err := os.ReadFile(filepath.Join(one, "w.safetensors"))
-			require.NoError(t, err)
-			w2, err := os.ReadFile(filepath.Join(many, "w.safetensors"))
-			require.NoError(t, err)
-			assert.True(t, bytes.Equal(w1, w2), "the saved weights are the same bytes")
+			dir := t.TempDir()
+			require.NoError(t, mainErr(append([]string{"launch", "--nproc", strconv.Itoa(tc.nproc), "--"}, jobArgs(t, dir, tc.plan...)...)))
+			assertMatchesOneProcess(t, tc.plan, tc.nproc, dir)
 		})
 	}
+}
+
+// oneProcessRun is a run of a plan in one process: what a job must
+// reproduce.
+type oneProcessRun struct {
+	metrics runtime.Metrics
+	weights []byte
+}
+
+// oneProcessRuns holds one run per plan (a func() (oneProcessRun, error)
+// by the plan's flags), so that the launchers' tests of one plan train it
+// in one process once.
+var oneProcessRuns sync.Map
+
+// oneProcess is the reference run of plan, in this process.
+func oneProcess(t *testing.T, plan []string) oneProcessRun {
+	t.Helper()
+	dir := t.TempDir()
+	args := jobArgs(t, dir, plan...)
+	f, _ := oneProcessRuns.LoadOrStore(strings.Join(plan, " "), sync.OnceValues(func() (oneProcessRun, error) {
+		var ref oneProcessRun
+		if err := mainErr(args); err != nil {
+			return ref, err
+		}
+		raw, err := os.ReadFile(filepath.Join(dir, "m.json"))
+		if err != nil {
+			return ref, err
+		}
+		if err := json.Unmarshal(raw, &ref.metrics); err != nil {
+			return ref, err
+		}
+		ref.weights, err = os.ReadFile(filepath.Join(dir, "w.safetensors"))
+		return ref, err
+	}))
+	ref, err := f.(func() (oneProcessRun, error))()
+	require.NoError(t, err, "the reference run of %q in one process", plan)
+	return ref
+}
+
+// assertMatchesOneProcess checks that the job that wrote dir ran as
+// nproc processes and trained as plan does in one: the same loss and
+// gradient norm at every step, the same held-out loss, every device's
+// measured peak equal to the plan's and to the reference's, and the same
+// saved weights, byte for byte. It returns the job's metrics.
+func assertMatchesOneProcess(t *testing.T, plan []string, nproc int, dir string) runtime.Metrics {
+	t.Helper()
+	want := oneProcess(t, plan)
+	got := readMetrics(t, filepath.Join(dir, "m.json"))
+	// Processes that missed the launcher's variables would each train
+	// alone and match too; only a job of nproc processes says this.
+	require.EqualValues(t, nproc, got.Config["processes"], "the processes ran as one job")
+	require.Len(t, got.Steps, len(want.metrics.Steps))
+	require.NotEmpty(t, got.Steps)
+	for i, s := range want.metrics.Steps {
+		assert.Equal(t, s.Loss, got.Steps[i].Loss, "step %d", i+1)
+		assert.Equal(t, s.GradNorm, got.Steps[i].GradNorm, "step %d", i+1)
+	}
+	require.Len(t, got.Eval, len(want.metrics.Eval))
+	for i, e := range want.metrics.Eval {
+		assert.Equal(t, e.Loss, got.Eval[i].Loss, "held-out loss %d", i)
+	}
+	require.Len(t, got.Devices, len(want.metrics.Devices))
+	for r, d := range got.Devices {
+		assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "device %d", r)
+		assert.Equal(t, want.metrics.Devices[r].PeakBytesMeasured, d.PeakBytesMeasured, "device %d", r)
+	}
+	w, err := os.ReadFile(filepath.Join(dir, "w.safetensors"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(want.weights, w), "the saved weights are the same bytes")
+	return got
 }
 
 // proc is one process of a job started by hand, as srun or mpirun would.

@@ -116,7 +116,7 @@ func compileAndRun(c *config, j *job) (err error) {
 			fmt.Fprintf(j.log, "dumps: %s\n", filepath.Join(c.dump, "index.html"))
 		}
 	}
-	met := newMetrics(c, res, compileMs)
+	met := newMetrics(c, j, res, compileMs)
 	if sched != nil {
 		met.Schedule = runtime.ScheduleMetrics{Name: c.Schedule, BubbleTheory: c.BubbleTheory(), BubbleSimulated: res.Simulated.Bubble, StashPeak: res.Simulated.StashPeak}
 		if j.lead() {
@@ -149,9 +149,9 @@ func compileAndRun(c *config, j *job) (err error) {
 }
 
 // newMetrics starts the metrics of a compiled plan.
-func newMetrics(c *config, res *compile.Result, compileMs float64) *runtime.Metrics {
+func newMetrics(c *config, j *job, res *compile.Result, compileMs float64) *runtime.Metrics {
 	met := &runtime.Metrics{
-		Config:    c.metricsConfig(),
+		Config:    c.metricsConfig(j.world.Size),
 		CompileMs: compileMs,
 		Schedule:  runtime.ScheduleMetrics{Name: "none"},
 		Model:     runtime.ModelMetrics{Params: compile.ParamCount(res.Module)},
@@ -202,8 +202,8 @@ func lossScaler(c *config) *runtime.LossScaler {
 	return nil
 }
 
-func (c *config) metricsConfig() map[string]any {
-	return map[string]any{
+func (c *config) metricsConfig(procs int) map[string]any {
+	return map[string]any{"processes": procs,
 		"model": c.Model, "devices": c.Devices, "tp": c.TP, "pp": c.PP, "dp": c.DP, "ep": c.EP, "vpp": c.VPP,
 		"microbatches": c.Microbatches, "sequence_parallel": c.SequenceParallel, "offload": c.Offload, "schedule": c.Schedule, "zero": c.Zero, "recompute": c.Recompute,
 		"precision": c.Precision, "optimizer": c.Optimizer, "backend": c.backend, "batch": c.Batch,

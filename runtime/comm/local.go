@@ -413,14 +413,12 @@ func (c *Local) count(m *meeting) {
 	c.add(s0.op, int64(bytes))
 }
 
-// argError is a member's own rule violation, named from its point of view.
-func argError(o op, g runtime.Group, rank int, format string, args ...any) error {
-	return fmt.Errorf("%v on group %v by rank %d: %w: %s", o, g, rank, runtime.ErrArgs, fmt.Sprintf(format, args...))
-}
-
-// elemError is a member's buffer that is not whole elements, or elements
-// the operation cannot take.
-func elemError(o op, g runtime.Group, rank int, err error) error {
+// own names a member's own rule violation (nil: none) from its point of
+// view.
+func own(o op, g runtime.Group, rank int, err error) error {
+	if err == nil {
+		return nil
+	}
 	return fmt.Errorf("%v on group %v by rank %d: %w", o, g, rank, err)
 }
 
@@ -453,24 +451,11 @@ func reduceSpan(dt ir.DType, dst []byte, bufs [][]byte, lo int, first bool) {
 // member's buffers must not overlap one another.
 func (c *Local) AllReduce(g runtime.Group, rank int, dt ir.DType, bufs ...[]byte) error {
 	lens := make([]int, len(bufs))
-	total := 0
-	var bad error
-	if err := checkSummable(dt); err != nil {
-		bad = elemError(opAllReduce, g, rank, err)
-	}
 	for i, b := range bufs {
 		lens[i] = len(b)
-		total += len(b)
-		if err := checkElems(dt, fmt.Sprintf("bufs[%d]", i), len(b)); err != nil && bad == nil {
-			bad = elemError(opAllReduce, g, rank, err)
-		}
-		for j := range i {
-			if overlap(b, bufs[j]) && bad == nil {
-				bad = argError(opAllReduce, g, rank, "bufs[%d] and bufs[%d] overlap", j, i)
-			}
-		}
 	}
-	m, pos, err := c.join(g, rank, slot{op: opAllReduce, dt: dt, lens: lens, data: bufs, err: bad})
+	total, bad := allReduceArgs(dt, bufs)
+	m, pos, err := c.join(g, rank, slot{op: opAllReduce, dt: dt, lens: lens, data: bufs, err: own(opAllReduce, g, rank, bad)})
 	if err != nil {
 		return err
 	}
@@ -506,24 +491,9 @@ func (c *Local) AllReduce(g runtime.Group, rank int, dt ir.DType, bufs ...[]byte
 // sum in out. out must not overlap in, except as exactly the caller's
 // chunk of in (NCCL's in-place form).
 func (c *Local) ReduceScatter(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
-	n, k := g.Size(), len(out)
-	var bad error
-	inPlace := false
-	if err := checkSummable(dt); err != nil {
-		bad = elemError(opReduceScatter, g, rank, err)
-	} else if err := checkElems(dt, "out", k); err != nil {
-		bad = elemError(opReduceScatter, g, rank, err)
-	}
-	switch p := g.Pos(rank); {
-	case bad != nil:
-	case len(in) != n*k:
-		bad = argError(opReduceScatter, g, rank, "len(in) is %d, want group size %d × len(out) %d = %d", elems(dt, len(in)), n, elems(dt, k), elems(dt, n*k))
-	case p >= 0 && same(out, in[p*k:(p+1)*k]):
-		inPlace = k > 0
-	case overlap(in, out):
-		bad = argError(opReduceScatter, g, rank, "out overlaps in other than as in's own chunk [%d:%d] (the in-place form)", elems(dt, p*k), elems(dt, (p+1)*k))
-	}
-	m, pos, err := c.join(g, rank, slot{op: opReduceScatter, dt: dt, lens: []int{k, len(in)}, data: [][]byte{in}, err: bad})
+	k := len(out)
+	inPlace, bad := reduceScatterArgs(g, rank, dt, in, out)
+	m, pos, err := c.join(g, rank, slot{op: opReduceScatter, dt: dt, lens: []int{k, len(in)}, data: [][]byte{in}, err: own(opReduceScatter, g, rank, bad)})
 	if err != nil {
 		return err
 	}
@@ -545,22 +515,9 @@ func (c *Local) ReduceScatter(g runtime.Group, rank int, dt ir.DType, in, out []
 // overlap out, except as exactly the caller's own chunk of out (NCCL's
 // in-place form).
 func (c *Local) AllGather(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
-	n, k := g.Size(), len(in)
-	var bad error
-	inPlace := false
-	if err := checkElems(dt, "in", k); err != nil {
-		bad = elemError(opAllGather, g, rank, err)
-	}
-	switch p := g.Pos(rank); {
-	case bad != nil:
-	case len(out) != n*k:
-		bad = argError(opAllGather, g, rank, "len(out) is %d, want group size %d × len(in) %d = %d", elems(dt, len(out)), n, elems(dt, k), elems(dt, n*k))
-	case p >= 0 && same(in, out[p*k:(p+1)*k]):
-		inPlace = true
-	case overlap(in, out):
-		bad = argError(opAllGather, g, rank, "in overlaps out other than as out's own chunk [%d:%d] (the in-place form)", elems(dt, p*k), elems(dt, (p+1)*k))
-	}
-	m, pos, err := c.join(g, rank, slot{op: opAllGather, dt: dt, lens: []int{k, len(out)}, data: [][]byte{in}, err: bad})
+	k := len(in)
+	inPlace, bad := allGatherArgs(g, rank, dt, in, out)
+	m, pos, err := c.join(g, rank, slot{op: opAllGather, dt: dt, lens: []int{k, len(out)}, data: [][]byte{in}, err: own(opAllGather, g, rank, bad)})
 	if err != nil {
 		return err
 	}
@@ -577,20 +534,8 @@ func (c *Local) AllGather(g runtime.Group, rank int, dt ir.DType, in, out []byte
 // AllToAll exchanges chunks; in and out must not overlap.
 func (c *Local) AllToAll(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
 	n := g.Size()
-	var bad error
-	if err := checkElems(dt, "in", len(in)); err != nil {
-		bad = elemError(opAllToAll, g, rank, err)
-	}
-	switch {
-	case bad != nil:
-	case len(in) != len(out):
-		bad = argError(opAllToAll, g, rank, "len(in) is %d but len(out) is %d; they must be equal", elems(dt, len(in)), elems(dt, len(out)))
-	case n > 0 && len(in)%(n*int(dt.Size())) != 0:
-		bad = argError(opAllToAll, g, rank, "len(in) %d is not a multiple of the group size %d", elems(dt, len(in)), n)
-	case overlap(in, out):
-		bad = argError(opAllToAll, g, rank, "in and out overlap")
-	}
-	m, pos, err := c.join(g, rank, slot{op: opAllToAll, dt: dt, lens: []int{len(in), len(out)}, data: [][]byte{in}, err: bad})
+	bad := allToAllArgs(g, dt, in, out)
+	m, pos, err := c.join(g, rank, slot{op: opAllToAll, dt: dt, lens: []int{len(in), len(out)}, data: [][]byte{in}, err: own(opAllToAll, g, rank, bad)})
 	if err != nil {
 		return err
 	}
@@ -605,13 +550,8 @@ func (c *Local) AllToAll(g runtime.Group, rank int, dt ir.DType, in, out []byte)
 // Broadcast copies the buffer of the member at position root into every
 // other member's buf. root is a group position, not a global rank.
 func (c *Local) Broadcast(g runtime.Group, rank, root int, dt ir.DType, buf []byte) error {
-	var bad error
-	if err := checkElems(dt, "buf", len(buf)); err != nil {
-		bad = elemError(opBroadcast, g, rank, err)
-	} else if root < 0 || root >= g.Size() {
-		bad = argError(opBroadcast, g, rank, "root position %d is outside the group's [0,%d)", root, g.Size())
-	}
-	m, pos, err := c.join(g, rank, slot{op: opBroadcast, dt: dt, lens: []int{len(buf)}, root: root, data: [][]byte{buf}, err: bad})
+	bad := broadcastArgs(g, root, dt, buf)
+	m, pos, err := c.join(g, rank, slot{op: opBroadcast, dt: dt, lens: []int{len(buf)}, root: root, data: [][]byte{buf}, err: own(opBroadcast, g, rank, bad)})
 	if err != nil {
 		return err
 	}

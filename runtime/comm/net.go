@@ -983,22 +983,7 @@ func reduceChunk(dt ir.DType, dst, own [][]byte, rs []frame, pos int) {
 // back out at once, while the next chunks are still on the wire. The
 // share is summed in place, in bufs, since no other member reads it.
 func (n *Net) AllReduce(g runtime.Group, rank int, dt ir.DType, bufs ...[]byte) error {
-	total := 0
-	var bad error
-	if err := checkSummable(dt); err != nil {
-		bad = err
-	}
-	for i, b := range bufs {
-		total += len(b)
-		if err := checkElems(dt, "", len(b)); err != nil && bad == nil {
-			bad = checkElems(dt, fmt.Sprintf("bufs[%d]", i), len(b)) // named only when needed
-		}
-		for j := range i {
-			if overlap(b, bufs[j]) && bad == nil {
-				bad = fmt.Errorf("%w: bufs[%d] and bufs[%d] overlap", runtime.ErrArgs, j, i)
-			}
-		}
-	}
+	total, bad := allReduceArgs(dt, bufs)
 	c, err := n.begin(g, rank, opAllReduce, dt, int64(total), int64(len(bufs)))
 	if err != nil {
 		return err
@@ -1082,23 +1067,9 @@ func (n *Net) AllReduce(g runtime.Group, rank int, dt ir.DType, bufs ...[]byte) 
 // ReduceScatter sums the members' in, leaving the caller's chunk in out.
 func (n *Net) ReduceScatter(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
 	m, k := g.Size(), len(out)
-	var bad error
-	if err := checkSummable(dt); err != nil {
-		bad = err
-	} else if err := checkElems(dt, "out", k); err != nil {
-		bad = err
-	}
-	p := g.Pos(rank)
-	switch {
-	case bad != nil:
-	case len(in) != m*k:
-		bad = fmt.Errorf("%w: len(in) is %d, want group size %d × len(out) %d = %d", runtime.ErrArgs, elems(dt, len(in)), m, elems(dt, k), elems(dt, m*k))
-	case p >= 0 && same(out, in[p*k:(p+1)*k]):
-		// The in-place form: reduceChunk reads the caller's term before
-		// it writes the sum over it.
-	case overlap(in, out):
-		bad = fmt.Errorf("%w: out overlaps in other than as in's own chunk [%d:%d] (the in-place form)", runtime.ErrArgs, elems(dt, p*k), elems(dt, (p+1)*k))
-	}
+	// The in-place form needs no care here: the sum is made in a received
+	// buffer and lands on out last.
+	_, bad := reduceScatterArgs(g, rank, dt, in, out)
 	c, err := n.begin(g, rank, opReduceScatter, dt, int64(k), 0)
 	if err != nil {
 		return err
@@ -1139,21 +1110,7 @@ func (n *Net) ReduceScatter(g runtime.Group, rank int, dt ir.DType, in, out []by
 // AllGather concatenates the members' in, in position order, into out.
 func (n *Net) AllGather(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
 	m, k := g.Size(), len(in)
-	var bad error
-	if err := checkElems(dt, "in", k); err != nil {
-		bad = err
-	}
-	p := g.Pos(rank)
-	inPlace := false
-	switch {
-	case bad != nil:
-	case len(out) != m*k:
-		bad = fmt.Errorf("%w: len(out) is %d, want group size %d × len(in) %d = %d", runtime.ErrArgs, elems(dt, len(out)), m, elems(dt, k), elems(dt, m*k))
-	case p >= 0 && same(in, out[p*k:(p+1)*k]):
-		inPlace = true
-	case overlap(in, out):
-		bad = fmt.Errorf("%w: in overlaps out other than as out's own chunk [%d:%d] (the in-place form)", runtime.ErrArgs, elems(dt, p*k), elems(dt, (p+1)*k))
-	}
+	inPlace, bad := allGatherArgs(g, rank, dt, in, out)
 	c, err := n.begin(g, rank, opAllGather, dt, int64(k), 0)
 	if err != nil {
 		return err
@@ -1192,19 +1149,7 @@ func (n *Net) AllGather(g runtime.Group, rank int, dt ir.DType, in, out []byte) 
 // chunk p of out.
 func (n *Net) AllToAll(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
 	m := g.Size()
-	var bad error
-	if err := checkElems(dt, "in", len(in)); err != nil {
-		bad = err
-	}
-	switch {
-	case bad != nil:
-	case len(in) != len(out):
-		bad = fmt.Errorf("%w: len(in) is %d but len(out) is %d; they must be equal", runtime.ErrArgs, elems(dt, len(in)), elems(dt, len(out)))
-	case m > 0 && len(in)%(m*int(dt.Size())) != 0:
-		bad = fmt.Errorf("%w: len(in) %d is not a multiple of the group size %d", runtime.ErrArgs, elems(dt, len(in)), m)
-	case overlap(in, out):
-		bad = fmt.Errorf("%w: in and out overlap", runtime.ErrArgs)
-	}
+	bad := allToAllArgs(g, dt, in, out)
 	c, err := n.begin(g, rank, opAllToAll, dt, int64(len(in)), 0)
 	if err != nil {
 		return err
@@ -1240,12 +1185,7 @@ func (n *Net) AllToAll(g runtime.Group, rank int, dt ir.DType, in, out []byte) e
 
 // Broadcast copies the root member's buf into every other member's.
 func (n *Net) Broadcast(g runtime.Group, rank, root int, dt ir.DType, buf []byte) error {
-	var bad error
-	if err := checkElems(dt, "buf", len(buf)); err != nil {
-		bad = err
-	} else if root < 0 || root >= g.Size() {
-		bad = fmt.Errorf("%w: root position %d is outside the group's [0,%d)", runtime.ErrArgs, root, g.Size())
-	}
+	bad := broadcastArgs(g, root, dt, buf)
 	c, err := n.begin(g, rank, opBroadcast, dt, int64(len(buf)), int64(root))
 	if err != nil {
 		return err

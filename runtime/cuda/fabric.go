@@ -339,6 +339,12 @@ func (f *fabric) allToAll(d *Device, g group, s *site, src, out driver.DevicePtr
 }
 
 func (f *fabric) prepareSend(d *Device, _ int, bytes int64) (*sendSlot, error) {
+	return newSendSlot(d, bytes)
+}
+
+// newSendSlot reserves a send's staging region and the event that marks
+// it filled.
+func newSendSlot(d *Device, bytes int64) (*sendSlot, error) {
 	ready, err := d.event()
 	if err != nil {
 		return nil, err

@@ -305,11 +305,7 @@ func (nc *ncclComm) prepareSend(d *Device, peer int, bytes int64) (*sendSlot, er
 	if _, err := d.linkStream(peer, true); err != nil {
 		return nil, err
 	}
-	ready, err := d.event()
-	if err != nil {
-		return nil, err
-	}
-	return &sendSlot{staging: loc{inKeep, d.keep.take(bytes)}, ready: ready}, nil
+	return newSendSlot(d, bytes)
 }
 
 // send copies the data into staging on the compute stream, then sends it
