@@ -5,7 +5,7 @@ GO      ?= go
 OUT     ?= out
 export CGO_ENABLED = 0
 
-.PHONY: demo test build vet bench fuzz clean gpu-bundle
+.PHONY: demo test test-full build vet bench fuzz clean gpu-bundle
 
 build:
 	$(GO) build ./...
@@ -26,6 +26,11 @@ vet:
 
 test: vet
 	$(GO) test -count=1 -timeout 15m ./...
+
+# make test covers each feature once; this adds the rest of the matrices
+# (more plans across processes, more CUDA cases on the stand-in GPU).
+test-full: vet
+	GCOMPILE_FULL_TESTS=1 $(GO) test -count=1 -timeout 30m ./...
 
 # Benchmarks: compile time of GPT-3 175B shapes, GEMM GFLOP/s, step time.
 # Compare runs with benchstat (golang.org/x/perf/cmd/benchstat).

@@ -537,6 +537,9 @@ func TestCUDABackend(t *testing.T) {
 			if testing.Short() {
 				t.Skip("trains a step in the kernel emulator (seconds); skipped with -short")
 			}
+			if tc.gpus == "1" && !fullMatrix() {
+				t.Skip("virtual devices on one GPU are checked against the CPU backend in tests/ (make test-full runs this too)")
+			}
 			fakegpu.Install(t)
 			t.Setenv("GCOMPILE_FAKEGPU_DEVICES", tc.gpus)
 			t.Setenv("GCOMPILE_CACHE", t.TempDir())
@@ -547,6 +550,11 @@ func TestCUDABackend(t *testing.T) {
 			assert.Contains(t, met.Config["device"], "fake GPU")
 			require.Len(t, met.Steps, 1)
 			assert.InDelta(t, 5.54, met.Steps[0].Loss, 0.1, "a fresh byte-level model's loss is about ln 256")
+			// The same step and evaluation on the CPU backend.
+			cpuMet := runMetrics(t, append(append([]string{}, tinyGPT...), "--run", "--steps", "1", "--eval-batches", "1", "--devices", "2", "--tp", "2")...)
+			assert.InEpsilon(t, cpuMet.Steps[0].Loss, met.Steps[0].Loss, 1e-6, "the loss of the CPU backend")
+			require.Len(t, met.Eval, 1)
+			assert.InEpsilon(t, cpuMet.Eval[0].Loss, met.Eval[0].Loss, 1e-6, "the held-out loss of the CPU backend")
 			require.Len(t, met.Devices, 2)
 			for _, d := range met.Devices {
 				assert.Equal(t, d.PeakBytesPredicted, d.PeakBytesMeasured, "device %d", d.Rank)
