@@ -110,17 +110,22 @@ func startJob(c *config) (*job, error) {
 		}
 	}
 	j.ctx, j.cancel = context.WithCancelCause(context.Background())
-	sigs, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sigs.Done()
-		if j.ctx.Err() == nil {
-			j.fail(fmt.Errorf("rank %d was interrupted (SIGINT or SIGTERM)", w.Rank))
-		}
-	}()
-	j.stop = func() { stopSignals() }
+	j.stop = func() {}
 	if w.Size == 1 {
+		// A process on its own keeps the default: a signal ends it.
 		return j, nil
 	}
+	// A signal to any process of a job stops the job: the others hear of
+	// it through the comm and the store, and say which rank it was.
+	sigs, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigs.Done():
+			j.fail(fmt.Errorf("rank %d was interrupted (SIGINT or SIGTERM)", w.Rank))
+		case <-j.ctx.Done():
+		}
+	}()
+	j.stop = stopSignals
 	if err := j.openLog(c.logDir); err != nil {
 		return nil, err
 	}
@@ -313,6 +318,7 @@ func (j *job) connect() (*comm.Net, error) {
 func (j *job) close() error {
 	defer j.stop()
 	if !j.multi() {
+		j.cancel(errors.New("the job is over"))
 		return nil
 	}
 	var errs []error
