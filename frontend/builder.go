@@ -99,7 +99,7 @@ func (b *Builder) finish() (*ir.Module, error) {
 		}
 		b.errs = append(b.errs, fmt.Errorf("--set: unknown model parameter(s) %s (this model reads: %s)", strings.Join(unknown, ", "), strings.Join(known, ", ")))
 	}
-	if b.m.Output("loss") == nil && len(b.errs) == 0 {
+	if b.m.Output(ir.OutputLoss) == nil && len(b.errs) == 0 {
 		b.errs = append(b.errs, errors.New("model did not call b.Loss(…): there is nothing to train"))
 	}
 	if len(b.errs) > 0 {
@@ -249,7 +249,7 @@ func (b *Builder) Loss(t *Tensor) {
 		b.fail(userPos(), fmt.Errorf("loss must be a scalar, got %v", t.v.Type))
 		return
 	}
-	b.m.SetOutput("loss", t.v)
+	b.m.SetOutput(ir.OutputLoss, t.v)
 }
 
 // scalarConst returns a shared rank-0 constant.

@@ -1,6 +1,7 @@
 package ir
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -32,8 +33,13 @@ type AttrSpec struct {
 // Variadic is the Arity of ops that take one or more arguments.
 const Variadic = -1
 
-// OpInfo is an op's entry in the op table.
+// OpInfo is an op's entry in the op table. It holds every fact about the
+// op that more than one pass or backend needs, so they look facts up here
+// instead of keeping their own lists of op names.
 type OpInfo struct {
+	// Name is the op's name in modules and .gir text, and the key under
+	// which package passes finds its VJP and sharding rule and each
+	// backend its kernel.
 	Name  string
 	Arity int // number of args, or Variadic
 	Attrs []AttrSpec
@@ -47,6 +53,34 @@ type OpInfo struct {
 	// its error says which rule the arguments break.
 	Infer func(args []Type, a Attrs) (Type, error)
 	Doc   string
+
+	// Grad says how autodiff treats the op: through its VJP (the zero
+	// value), as a constant (NoGrad), or as an error (GradNotImplemented).
+	// Source ops have no arguments and need none.
+	Grad GradKind
+	// NoGradArgs lists the arguments no gradient flows to, whatever their
+	// dtype: integer ids and labels, masks, counts. Autodiff does not
+	// differentiate with respect to them and drops what a VJP returns
+	// there (nil, by convention). An argument of a non-float dtype never
+	// gets a gradient either.
+	NoGradArgs []int
+	// Update is the op's part in the optimizer step.
+	Update UpdateRole
+	// InPlace ops may write their result over their first argument: their
+	// kernels read each element before writing it. The lowering does so
+	// when the op computes a state's update and is the state's last reader.
+	InPlace bool
+	// Precision is the op's class under mixed precision.
+	Precision PrecisionClass
+	// Cost gives the flops and bytes of one execution on device-local
+	// types, by the conventions in cost.go. Every op has one.
+	Cost CostFunc
+}
+
+// HasGrad reports whether a gradient flows from the op's result to its
+// argument i (for an argument of a float dtype).
+func (o *OpInfo) HasGrad(i int) bool {
+	return o.Grad != NoGrad && !slices.Contains(o.NoGradArgs, i)
 }
 
 // Spec returns the declaration of the named attribute.
@@ -80,16 +114,90 @@ func OpNames() []string {
 // metaKeys are printed in the same {...} as attributes, so no op may use them.
 var metaKeys = []string{"place", "layer", "phase", "stage", "chunk", "micro"}
 
-func register(o *OpInfo) {
+// Register adds an op to the table, so that modules, the .gir parser and
+// the verifier know it. Package passes then needs its VJP (unless its Grad
+// says otherwise) and its sharding rule, and each backend its kernel, all
+// found by the op's name. Register refuses an entry that breaks the
+// table's rules or whose name is taken. Call it from an init function or
+// before any module uses the op: the table is not guarded for concurrent
+// use.
+func Register(o *OpInfo) error {
+	if err := checkOpInfo(o); err != nil {
+		return err
+	}
 	if _, dup := opTable[o.Name]; dup {
-		panic("ir: op registered twice: " + o.Name)
+		return fmt.Errorf("ir: op %s is already registered", o.Name)
+	}
+	opTable[o.Name] = o
+	return nil
+}
+
+// register adds a built-in op; a broken built-in entry is a programming
+// error, found when the package is loaded.
+func register(o *OpInfo) {
+	if err := Register(o); err != nil {
+		panic(err)
+	}
+}
+
+// checkOpInfo checks an entry against the rules every op follows.
+func checkOpInfo(o *OpInfo) error {
+	if o == nil {
+		return errors.New("ir: nil op entry")
+	}
+	if !validOpName(o.Name) {
+		return fmt.Errorf("ir: op name %q must be a lower-case letter followed by letters, digits or underscores", o.Name)
+	}
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("ir: op %s: %s", o.Name, fmt.Sprintf(format, args...))
 	}
 	for _, s := range o.Attrs {
 		if slices.Contains(metaKeys, s.Name) {
-			panic("ir: op " + o.Name + " uses reserved attribute name " + s.Name)
+			return fail("uses reserved attribute name %s", s.Name)
 		}
 	}
-	opTable[o.Name] = o
+	if o.Cost == nil {
+		return fail("has no cost function")
+	}
+	if o.Grad > GradNotImplemented || o.Update > UpdateFromGrad || o.Precision > PrecisionF32 {
+		return fail("grad %d, update role %d or precision class %d is not defined", o.Grad, o.Update, o.Precision)
+	}
+	if o.Source {
+		if o.Arity != 0 || o.Infer != nil {
+			return fail("a source op takes no args and declares its type, so it has no arity or type rule")
+		}
+		if o.Update != NoUpdate || o.InPlace || len(o.NoGradArgs) > 0 {
+			return fail("a source op has no arguments to update, overwrite or stop gradients at")
+		}
+		return nil
+	}
+	if o.Infer == nil {
+		return fail("has no type rule")
+	}
+	if o.Arity < 1 && o.Arity != Variadic {
+		return fail("arity %d: an op takes at least one arg, or is Variadic", o.Arity)
+	}
+	for _, i := range o.NoGradArgs {
+		if i < 0 || o.Arity != Variadic && i >= o.Arity {
+			return fail("no-gradient argument %d is out of range for arity %d", i, o.Arity)
+		}
+	}
+	if o.Update == UpdateFromGrad && o.Arity != Variadic && o.Arity <= UpdateGradArg {
+		return fail("an update from a gradient reads it from argument %d, but the op takes %d", UpdateGradArg, o.Arity)
+	}
+	return nil
+}
+
+func validOpName(name string) bool {
+	for i, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z':
+		case i > 0 && (r >= '0' && r <= '9' || r == '_'):
+		default:
+			return false
+		}
+	}
+	return name != ""
 }
 
 func req(name string, k AttrKind) AttrSpec { return AttrSpec{Name: name, Kind: k, Required: true} }
@@ -97,7 +205,7 @@ func opt(name string, k AttrKind) AttrSpec { return AttrSpec{Name: name, Kind: k
 
 func init() {
 	src := func(name, doc string, attrs ...AttrSpec) {
-		register(&OpInfo{Name: name, Source: true, Attrs: attrs, Doc: doc})
+		register(&OpInfo{Name: name, Source: true, Attrs: attrs, Doc: doc, Cost: noCost})
 	}
 	src("param", "trainable parameter (fp32 master copy); init is normal(std), zeros or ones; parallel is the tensor-parallel hint (column, row, vocab)",
 		req("name", AttrString), opt("init", AttrString), opt("parallel", AttrString))
@@ -105,84 +213,113 @@ func init() {
 	src("input", "per-step input fed by the runtime (tokens, targets, lr, step)", req("name", AttrString))
 	src("const", "tensor filled with one value", req("value", AttrFloat))
 
+	// Elementwise flops per element follow the kernels' formulas; a
+	// transcendental counts TranscendentalFlops (cost.go).
+	const tr = TranscendentalFlops
 	for _, n := range []string{"add", "sub", "mul", "div"} {
-		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(false), Doc: "elementwise " + n + "; shapes must be equal (use broadcast)"})
+		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(false), Cost: perOut(1), Doc: "elementwise " + n + "; shapes must be equal (use broadcast)"})
 	}
-	for _, n := range []string{"neg", "exp", "log", "tanh", "sqrt", "gelu", "relu"} {
-		register(&OpInfo{Name: n, Arity: 1, Elementwise: true, Infer: sameTypes(true), Doc: "elementwise " + n})
+	for n, flops := range map[string]int64{"neg": 1, "exp": tr, "log": tr, "tanh": tr, "sqrt": tr, "gelu": 8 + tr, "relu": 1} {
+		register(&OpInfo{Name: n, Arity: 1, Elementwise: true, Infer: sameTypes(true), Cost: perOut(flops), Doc: "elementwise " + n})
 	}
-	for _, n := range []string{"gelu_grad", "relu_grad"} {
-		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(true), Doc: "vjp: args (x, dy)"})
+	// The VJPs' own ops are made after autodiff: none has a VJP of its own.
+	for n, flops := range map[string]int64{"gelu_grad": 18 + tr, "relu_grad": 1} {
+		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(true), Grad: GradNotImplemented, Cost: perOut(flops), Doc: "vjp: args (x, dy)"})
 	}
 	// Gist's binarized ReLU stash: relu_grad needs only the sign of x, so
 	// the backward can read a 1-bit mask instead of the fp32 input.
-	register(&OpInfo{Name: "relu_mask", Arity: 1, Infer: inferReluMask,
+	register(&OpInfo{Name: "relu_mask", Arity: 1, Infer: inferReluMask, Grad: NoGrad, Cost: perArg(0, 1),
 		Doc: "x[...,n] (float) → u8[...,⌈n/8⌉]: bit j of byte k of a row is x[8k+j] > 0; each row starts on a byte, unused high bits are 0"})
-	register(&OpInfo{Name: "relu_grad_mask", Arity: 2, Infer: inferReluGradMask,
+	register(&OpInfo{Name: "relu_grad_mask", Arity: 2, Infer: inferReluGradMask, Grad: GradNotImplemented, NoGradArgs: []int{0}, Cost: perOut(1),
 		Doc: "vjp of relu from its mask: args (mask u8[...,⌈n/8⌉], dy[...,n]); dy where the bit is set, else 0 (relu_grad without x)"})
-	register(&OpInfo{Name: "tanh_grad", Arity: 2, Elementwise: true, Infer: sameTypes(true), Doc: "vjp of tanh: args (y, dy), dy·(1−y²)"})
-	register(&OpInfo{Name: FusedOp, Arity: Variadic, Elementwise: true, Attrs: []AttrSpec{req("body", AttrString)}, Infer: inferFused,
+	register(&OpInfo{Name: "tanh_grad", Arity: 2, Elementwise: true, Infer: sameTypes(true), Grad: GradNotImplemented, Cost: perOut(3), Doc: "vjp of tanh: args (y, dy), dy·(1−y²)"})
+	register(&OpInfo{Name: FusedOp, Arity: Variadic, Elementwise: true, Attrs: []AttrSpec{req("body", AttrString)}, Infer: inferFused, Grad: GradNotImplemented, Cost: fusedCost,
 		Doc: "a group of elementwise ops merged by the fuse pass: args are its external inputs, body the ops over them (FusedBody)"})
-	register(&OpInfo{Name: "scale", Arity: 2, Infer: inferScale, Doc: "x times a scalar of the same dtype"})
+	register(&OpInfo{Name: "scale", Arity: 2, Infer: inferScale, Cost: perOut(1), Doc: "x times a scalar of the same dtype"})
 
-	register(&OpInfo{Name: "matmul", Arity: 2, Attrs: []AttrSpec{opt("transA", AttrBool), opt("transB", AttrBool)}, Infer: inferMatMul,
+	register(&OpInfo{Name: "matmul", Arity: 2, Attrs: []AttrSpec{opt("transA", AttrBool), opt("transB", AttrBool)}, Infer: inferMatMul, Cost: matmulCost,
 		Doc: "a[...,m,k]·b[k,n] (b shared) or a[...,m,k]·b[...,k,n] (batched); transA/transB read the last two dims swapped"})
-	register(&OpInfo{Name: "reshape", Arity: 1, Attrs: []AttrSpec{req("shape", AttrInts)}, Infer: inferReshape})
-	register(&OpInfo{Name: "transpose", Arity: 1, Attrs: []AttrSpec{req("perm", AttrInts)}, Infer: inferTranspose})
-	register(&OpInfo{Name: "slice", Arity: 1, Attrs: []AttrSpec{req("dim", AttrInt), req("start", AttrInt), req("end", AttrInt)}, Infer: inferSlice})
-	register(&OpInfo{Name: "slice_grad", Arity: 1, Attrs: []AttrSpec{req("dim", AttrInt), req("start", AttrInt), req("size", AttrInt)}, Infer: inferSliceGrad,
+	register(&OpInfo{Name: "reshape", Arity: 1, Attrs: []AttrSpec{req("shape", AttrInts)}, Infer: inferReshape, Cost: noCost})
+	register(&OpInfo{Name: "transpose", Arity: 1, Attrs: []AttrSpec{req("perm", AttrInts)}, Infer: inferTranspose, Cost: moveCost})
+	register(&OpInfo{Name: "slice", Arity: 1, Attrs: []AttrSpec{req("dim", AttrInt), req("start", AttrInt), req("end", AttrInt)}, Infer: inferSlice, Cost: sliceCost})
+	register(&OpInfo{Name: "slice_grad", Arity: 1, Attrs: []AttrSpec{req("dim", AttrInt), req("start", AttrInt), req("size", AttrInt)}, Infer: inferSliceGrad, Cost: moveCost,
 		Doc: "vjp of slice: dy placed at [start, start+len) along dim of a zero tensor of extent size"})
-	register(&OpInfo{Name: "concat", Arity: Variadic, Attrs: []AttrSpec{req("dim", AttrInt)}, Infer: inferConcat})
-	register(&OpInfo{Name: "broadcast", Arity: 1, Attrs: []AttrSpec{req("shape", AttrInts)}, Infer: inferBroadcast, Doc: "NumPy broadcast to shape"})
-	for _, n := range []string{"reduce_sum", "reduce_mean", "reduce_max"} {
-		register(&OpInfo{Name: n, Arity: 1, Attrs: []AttrSpec{req("axes", AttrInts), opt("keepdims", AttrBool)}, Infer: inferReduce})
+	register(&OpInfo{Name: "concat", Arity: Variadic, Attrs: []AttrSpec{req("dim", AttrInt)}, Infer: inferConcat, Cost: moveCost})
+	register(&OpInfo{Name: "broadcast", Arity: 1, Attrs: []AttrSpec{req("shape", AttrInts)}, Infer: inferBroadcast, Cost: moveCost, Doc: "NumPy broadcast to shape"})
+	for n, cost := range map[string]CostFunc{"reduce_sum": perArg(0, 1), "reduce_mean": reduceMeanCost, "reduce_max": perArg(0, 1)} {
+		register(&OpInfo{Name: n, Arity: 1, Attrs: []AttrSpec{req("axes", AttrInts), opt("keepdims", AttrBool)}, Infer: inferReduce, Cost: cost})
 	}
-	register(&OpInfo{Name: "reduce_max_grad", Arity: 3, Attrs: []AttrSpec{req("axes", AttrInts), opt("keepdims", AttrBool)}, Infer: inferReduceMaxGrad,
+	// Per element of x: a compare to count the maxima, a compare and a
+	// divide to share dy among them.
+	register(&OpInfo{Name: "reduce_max_grad", Arity: 3, Attrs: []AttrSpec{req("axes", AttrInts), opt("keepdims", AttrBool)}, Infer: inferReduceMaxGrad, Grad: GradNotImplemented, Cost: perArg(0, 3),
 		Doc: "vjp of reduce_max: args (x, y, dy); dy split evenly among the maxima"})
-	register(&OpInfo{Name: "softmax", Arity: 1, Infer: inferFloatRank1, Doc: "softmax over the last dim"})
-	register(&OpInfo{Name: "softmax_grad", Arity: 2, Infer: sameTypes(true), Doc: "vjp of softmax: args (y, dy)"})
-	register(&OpInfo{Name: "causal_mask", Arity: 1, Attrs: []AttrSpec{opt("fill", AttrFloat)}, Infer: inferCausalMask,
+	// Per element: max, subtract, exp, sum, divide.
+	register(&OpInfo{Name: "softmax", Arity: 1, Infer: inferFloatRank1, Cost: perOut(4 + tr), Doc: "softmax over the last dim"})
+	// Per element: y·dy summed (2), dy − Σ, times y.
+	register(&OpInfo{Name: "softmax_grad", Arity: 2, Infer: sameTypes(true), Grad: GradNotImplemented, Cost: perOut(4), Doc: "vjp of softmax: args (y, dy)"})
+	register(&OpInfo{Name: "causal_mask", Arity: 1, Attrs: []AttrSpec{opt("fill", AttrFloat)}, Infer: inferCausalMask, Cost: perOut(1),
 		Doc: "x[...,s,t]: entries with key j > i+(t−s) set to fill (default −Inf)"})
-	register(&OpInfo{Name: "layernorm", Arity: 3, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNorm, Doc: "args (x, gamma, beta), over the last dim"})
-	register(&OpInfo{Name: "layernorm_grad_x", Arity: 3, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNormGradX, Doc: "vjp: args (x, gamma, dy)"})
-	register(&OpInfo{Name: "layernorm_grad_gamma", Arity: 2, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNormGradGamma, Doc: "vjp: args (x, dy)"})
-	register(&OpInfo{Name: "embedding", Arity: 2, Infer: inferEmbedding, Doc: "args (table[V,D], ids[...]) → [...,D]"})
-	register(&OpInfo{Name: "embedding_grad", Arity: 2, Attrs: []AttrSpec{req("vocab", AttrInt)}, Infer: inferEmbeddingGrad, Doc: "vjp: args (ids, dy) → [vocab,D]"})
-	register(&OpInfo{Name: "cross_entropy", Arity: 2, Infer: inferCrossEntropy, Doc: "args (logits[N,V], labels[N]) → mean loss"})
-	register(&OpInfo{Name: "cross_entropy_grad", Arity: 3, Infer: inferCrossEntropyGrad, Doc: "vjp: args (logits, labels, dloss)"})
-	register(&OpInfo{Name: "cast", Arity: 1, Attrs: []AttrSpec{req("to", AttrString)}, Infer: inferCast})
+	// Per element: the mean's sum, centring, the variance's square and
+	// sum, normalising, γ and β (7). The gradients recompute the mean and
+	// variance (4), then x̂ (1); grad_x adds g = dy·γ, Σg, Σg·x̂ and
+	// rstd·(g − mean g − x̂·mean g·x̂) (8), grad_gamma Σdy·x̂ (2).
+	register(&OpInfo{Name: "layernorm", Arity: 3, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNorm, Cost: perOut(7), Doc: "args (x, gamma, beta), over the last dim"})
+	register(&OpInfo{Name: "layernorm_grad_x", Arity: 3, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNormGradX, Grad: GradNotImplemented, Cost: perOut(13), Doc: "vjp: args (x, gamma, dy)"})
+	register(&OpInfo{Name: "layernorm_grad_gamma", Arity: 2, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNormGradGamma, Grad: GradNotImplemented, Cost: perArg(0, 7), Doc: "vjp: args (x, dy)"})
+	register(&OpInfo{Name: "embedding", Arity: 2, Infer: inferEmbedding, NoGradArgs: []int{1}, Cost: embeddingCost, Doc: "args (table[V,D], ids[...]) → [...,D]"})
+	register(&OpInfo{Name: "embedding_grad", Arity: 2, Attrs: []AttrSpec{req("vocab", AttrInt)}, Infer: inferEmbeddingGrad, Grad: GradNotImplemented, NoGradArgs: []int{0}, Cost: embeddingGradCost,
+		Doc: "vjp: args (ids, dy) → [vocab,D]"})
+	// Per logit: max, subtract, exp, sum; the gradient adds the divide by
+	// the sum and the scaling by dloss/N.
+	register(&OpInfo{Name: "cross_entropy", Arity: 2, Infer: inferCrossEntropy, NoGradArgs: []int{1}, Precision: PrecisionF32, Cost: perArg(0, 3+tr),
+		Doc: "args (logits[N,V], labels[N]) → mean loss"})
+	register(&OpInfo{Name: "cross_entropy_grad", Arity: 3, Infer: inferCrossEntropyGrad, Grad: GradNotImplemented, NoGradArgs: []int{1}, Precision: PrecisionF32, Cost: perOut(5 + tr),
+		Doc: "vjp: args (logits, labels, dloss)"})
+	register(&OpInfo{Name: "cast", Arity: 1, Attrs: []AttrSpec{req("to", AttrString)}, Infer: inferCast, Cost: perOut(1)})
 
 	// Collectives keep the global type; they change the placement on one
-	// mesh axis (the verifier checks the before/after placements).
-	register(&OpInfo{Name: "redistribute", Arity: 1, Infer: identity,
+	// mesh axis (the verifier checks the before/after placements). The
+	// shard pass makes them, after autodiff.
+	register(&OpInfo{Name: "redistribute", Arity: 1, Infer: identity, Grad: GradNotImplemented, Cost: moveCost,
 		Doc: "change placement to the value's own place; the redistribute pass expands it into the collectives below"})
-	register(&OpInfo{Name: "all_reduce", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), opt("bucket", AttrInt)}, Infer: identity, Doc: "P → R on axis"})
+	register(&OpInfo{Name: "all_reduce", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), opt("bucket", AttrInt)}, Infer: identity, Grad: GradNotImplemented, Cost: moveCost, Doc: "P → R on axis"})
 	// blocks (default 1) is the number of fused blocks of dim, as in the
 	// placement S(dim)xblocks: each device's part is its slice of every
 	// block, so the collective treats dim as (blocks, dim/blocks) and splits
 	// or joins the inner part.
 	register(&OpInfo{Name: "reduce_scatter", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("bucket", AttrInt), opt("blocks", AttrInt)}, Infer: inferBlocked,
-		Doc: "P → S(dim)xblocks on axis"})
+		Grad: GradNotImplemented, Cost: moveCost, Doc: "P → S(dim)xblocks on axis"})
 	register(&OpInfo{Name: "all_gather", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("blocks", AttrInt)}, Infer: inferBlocked,
-		Doc: "S(dim)xblocks → R on axis"})
+		Grad: GradNotImplemented, Cost: moveCost, Doc: "S(dim)xblocks → R on axis"})
 	register(&OpInfo{Name: "shard_slice", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("blocks", AttrInt)}, Infer: inferBlocked,
-		Doc: "R → S(dim)xblocks on axis: each device keeps its slice of every block, no communication"})
-	register(&OpInfo{Name: "all_to_all", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("from", AttrInt), req("to", AttrInt)}, Infer: identity, Doc: "S(from) → S(to) on axis"})
+		Grad: GradNotImplemented, Cost: moveCost, Doc: "R → S(dim)xblocks on axis: each device keeps its slice of every block, no communication"})
+	register(&OpInfo{Name: "all_to_all", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("from", AttrInt), req("to", AttrInt)}, Infer: identity,
+		Grad: GradNotImplemented, Cost: moveCost, Doc: "S(from) → S(to) on axis"})
 
-	register(&OpInfo{Name: "sum_squares", Arity: Variadic, Infer: inferSumSquares, Doc: "Σ x² over every element of every arg (for the global gradient norm)"})
-	register(&OpInfo{Name: "nonfinite_count", Arity: Variadic, Infer: inferSumSquares,
+	register(&OpInfo{Name: "sum_squares", Arity: Variadic, Infer: inferSumSquares, Grad: GradNotImplemented, Cost: perArgs(2),
+		Doc: "Σ x² over every element of every arg (for the global gradient norm)"})
+	register(&OpInfo{Name: "nonfinite_count", Arity: Variadic, Infer: inferSumSquares, Grad: NoGrad, Cost: perArgs(2),
 		Doc: "number of inf or NaN elements over every arg (mixed precision's overflow check; additive, so it reduces like sum_squares)"})
-	register(&OpInfo{Name: "where_finite", Arity: 3, Infer: inferWhereFinite,
+	register(&OpInfo{Name: "where_finite", Arity: 3, Infer: inferWhereFinite, Grad: GradNotImplemented, NoGradArgs: []int{0}, Cost: perOut(1),
 		Doc: "args (count, new, old): new where the scalar count is 0, else old (mixed precision skips a step whose gradients overflowed)"})
-	register(&OpInfo{Name: "clip_coef", Arity: 1, Attrs: []AttrSpec{req("max_norm", AttrFloat)}, Infer: inferScalarFloat(1),
+	// √, +1e-6, max_norm/…, min.
+	register(&OpInfo{Name: "clip_coef", Arity: 1, Attrs: []AttrSpec{req("max_norm", AttrFloat)}, Infer: inferScalarFloat(1), Grad: GradNotImplemented, Cost: scalarCost(3 + tr),
 		Doc: "min(1, max_norm/(√sumsq+1e-6)), the global-norm clipping factor"})
-	register(&OpInfo{Name: "adam_m", Arity: 2, Elementwise: true, Attrs: []AttrSpec{req("beta1", AttrFloat)}, Infer: sameTypes(true), Doc: "β1·m + (1−β1)·g"})
-	register(&OpInfo{Name: "adam_v", Arity: 2, Elementwise: true, Attrs: []AttrSpec{req("beta2", AttrFloat)}, Infer: sameTypes(true), Doc: "β2·v + (1−β2)·g²"})
-	register(&OpInfo{Name: "adamw", Arity: 5, Attrs: []AttrSpec{req("beta1", AttrFloat), req("beta2", AttrFloat), req("eps", AttrFloat), req("wd", AttrFloat)}, Infer: inferOptimUpdate(3),
-		Doc: "args (p, m, v, lr, step): decoupled weight decay and bias-corrected Adam step"})
-	register(&OpInfo{Name: "sgd_buf", Arity: 3, Elementwise: true, Attrs: []AttrSpec{req("momentum", AttrFloat), req("wd", AttrFloat)}, Infer: sameTypes(true),
-		Doc: "args (buf, g, p): momentum·buf + g + wd·p"})
-	register(&OpInfo{Name: "sgd", Arity: 3, Infer: inferOptimUpdate(2), Doc: "args (p, buf, lr): p − lr·buf"})
+
+	// Optimizer updates write the new value of their first argument over
+	// it (InPlace) when they are its last reader. Flops per element: the
+	// kernels' formulas (kernels/cpu/optim.go, adafactor.go, sm3.go).
+	upd := func(o *OpInfo, role UpdateRole, flops CostFunc) {
+		o.Grad, o.Update, o.InPlace, o.Cost = GradNotImplemented, role, true, flops
+		register(o)
+	}
+	upd(&OpInfo{Name: "adam_m", Arity: 2, Elementwise: true, Attrs: []AttrSpec{req("beta1", AttrFloat)}, Infer: sameTypes(true), Doc: "β1·m + (1−β1)·g"}, UpdateFromGrad, perOut(3))
+	upd(&OpInfo{Name: "adam_v", Arity: 2, Elementwise: true, Attrs: []AttrSpec{req("beta2", AttrFloat)}, Infer: sameTypes(true), Doc: "β2·v + (1−β2)·g²"}, UpdateFromGrad, perOut(4))
+	upd(&OpInfo{Name: "adamw", Arity: 5, Attrs: []AttrSpec{req("beta1", AttrFloat), req("beta2", AttrFloat), req("eps", AttrFloat), req("wd", AttrFloat)}, Infer: inferOptimUpdate(3),
+		Doc: "args (p, m, v, lr, step): decoupled weight decay and bias-corrected Adam step"}, UpdateFromState, perOut(8+tr))
+	upd(&OpInfo{Name: "sgd_buf", Arity: 3, Elementwise: true, Attrs: []AttrSpec{req("momentum", AttrFloat), req("wd", AttrFloat)}, Infer: sameTypes(true),
+		Doc: "args (buf, g, p): momentum·buf + g + wd·p"}, UpdateFromGrad, perOut(4))
+	upd(&OpInfo{Name: "sgd", Arity: 3, Infer: inferOptimUpdate(2), Doc: "args (p, buf, lr): p − lr·buf"}, UpdateFromState, perOut(2))
 
 	// Memory-efficient optimizers. Each op has one result, so an update
 	// that changes several tensors is several ops reading the same old
@@ -191,28 +328,30 @@ func init() {
 	// Adafactor (Shazeer & Stern 2018) with β1 = 0; β̂₂ₜ = 1 − step^(−decay).
 	adafactorAcc := []AttrSpec{req("eps1", AttrFloat), req("decay", AttrFloat)}
 	adafactorStep := []AttrSpec{req("eps2", AttrFloat), req("clip", AttrFloat), req("rel_step", AttrFloat)}
-	register(&OpInfo{Name: "adafactor_row", Arity: 3, Attrs: adafactorAcc, Infer: inferFactoredAcc(0),
-		Doc: "args (row[n], g[n,m], step): β̂₂ₜ·row + (1−β̂₂ₜ)·Σⱼ(g²+eps1), Adafactor's decayed row sums"})
-	register(&OpInfo{Name: "adafactor_col", Arity: 3, Attrs: adafactorAcc, Infer: inferFactoredAcc(1),
-		Doc: "args (col[m], g[n,m], step): β̂₂ₜ·col + (1−β̂₂ₜ)·Σᵢ(g²+eps1), Adafactor's decayed column sums"})
-	register(&OpInfo{Name: "adafactor_v", Arity: 3, Attrs: adafactorAcc, Infer: inferVectorAcc,
-		Doc: "args (v, g, step): β̂₂ₜ·v + (1−β̂₂ₜ)·(g²+eps1), Adafactor's unfactored second moment"})
-	register(&OpInfo{Name: "adafactor", Arity: 5, Attrs: adafactorStep, Infer: inferFactoredUpdate(true),
-		Doc: "args (p[n,m], g, row[n], col[m], step): p − α·U/max(1, RMS(U)/clip), U = g/√(row·col/Σrow), α = max(eps2, RMS(p))·min(rel_step, 1/√step)"})
-	register(&OpInfo{Name: "adafactor_vec", Arity: 4, Attrs: adafactorStep, Infer: inferVectorUpdate(true),
-		Doc: "args (p, g, v, step): adafactor with U = g/√v"})
+	upd(&OpInfo{Name: "adafactor_row", Arity: 3, Attrs: adafactorAcc, Infer: inferFactoredAcc(0),
+		Doc: "args (row[n], g[n,m], step): β̂₂ₜ·row + (1−β̂₂ₜ)·Σⱼ(g²+eps1), Adafactor's decayed row sums"}, UpdateFromGrad, factoredAccCost)
+	upd(&OpInfo{Name: "adafactor_col", Arity: 3, Attrs: adafactorAcc, Infer: inferFactoredAcc(1),
+		Doc: "args (col[m], g[n,m], step): β̂₂ₜ·col + (1−β̂₂ₜ)·Σᵢ(g²+eps1), Adafactor's decayed column sums"}, UpdateFromGrad, factoredAccCost)
+	upd(&OpInfo{Name: "adafactor_v", Arity: 3, Attrs: adafactorAcc, Infer: inferVectorAcc,
+		Doc: "args (v, g, step): β̂₂ₜ·v + (1−β̂₂ₜ)·(g²+eps1), Adafactor's unfactored second moment"}, UpdateFromGrad, perOut(5))
+	// Per element: RMS(p) (2), U = g·r·c (2), RMS(U) (2), p − coef·U (4);
+	// the unfactored form adds v's reciprocal square root.
+	upd(&OpInfo{Name: "adafactor", Arity: 5, Attrs: adafactorStep, Infer: inferFactoredUpdate(true),
+		Doc: "args (p[n,m], g, row[n], col[m], step): p − α·U/max(1, RMS(U)/clip), U = g/√(row·col/Σrow), α = max(eps2, RMS(p))·min(rel_step, 1/√step)"}, UpdateFromGrad, perOut(10))
+	upd(&OpInfo{Name: "adafactor_vec", Arity: 4, Attrs: adafactorStep, Infer: inferVectorUpdate(true),
+		Doc: "args (p, g, v, step): adafactor with U = g/√v"}, UpdateFromGrad, perOut(11+tr))
 	// SM3-II (Anil et al. 2019): a matrix's covers are its rows and its
 	// columns; ν = min(row, col) + g² from the old accumulators.
-	register(&OpInfo{Name: "sm3_row", Arity: 3, Infer: inferSM3Acc(0),
-		Doc: "args (row[n], g[n,m], col[m]): maxⱼ ν[i,j], ν = min(row[i], col[j]) + g²"})
-	register(&OpInfo{Name: "sm3_col", Arity: 3, Infer: inferSM3Acc(1),
-		Doc: "args (col[m], g[n,m], row[n]): maxᵢ ν[i,j], ν = min(row[i], col[j]) + g²"})
-	register(&OpInfo{Name: "sm3_v", Arity: 2, Elementwise: true, Infer: sameTypes(true),
-		Doc: "args (v, g): v + g², SM3 with one cover per element (AdaGrad)"})
-	register(&OpInfo{Name: "sm3", Arity: 5, Infer: inferFactoredUpdate(false),
-		Doc: "args (p[n,m], g, row[n], col[m], lr): p − lr·g/√ν, ν = min(row, col) + g² from the old accumulators (0 where ν = 0)"})
-	register(&OpInfo{Name: "sm3_vec", Arity: 4, Infer: inferVectorUpdate(false),
-		Doc: "args (p, g, v, lr): p − lr·g/√v with v already updated by sm3_v (0 where v = 0)"})
+	upd(&OpInfo{Name: "sm3_row", Arity: 3, Infer: inferSM3Acc(0),
+		Doc: "args (row[n], g[n,m], col[m]): maxⱼ ν[i,j], ν = min(row[i], col[j]) + g²"}, UpdateFromGrad, perArg(1, 4))
+	upd(&OpInfo{Name: "sm3_col", Arity: 3, Infer: inferSM3Acc(1),
+		Doc: "args (col[m], g[n,m], row[n]): maxᵢ ν[i,j], ν = min(row[i], col[j]) + g²"}, UpdateFromGrad, perArg(1, 4))
+	upd(&OpInfo{Name: "sm3_v", Arity: 2, Elementwise: true, Infer: sameTypes(true),
+		Doc: "args (v, g): v + g², SM3 with one cover per element (AdaGrad)"}, UpdateFromGrad, perOut(2))
+	upd(&OpInfo{Name: "sm3", Arity: 5, Infer: inferFactoredUpdate(false),
+		Doc: "args (p[n,m], g, row[n], col[m], lr): p − lr·g/√ν, ν = min(row, col) + g² from the old accumulators (0 where ν = 0)"}, UpdateFromGrad, perOut(6+tr))
+	upd(&OpInfo{Name: "sm3_vec", Arity: 4, Infer: inferVectorUpdate(false),
+		Doc: "args (p, g, v, lr): p − lr·g/√v with v already updated by sm3_v (0 where v = 0)"}, UpdateFromGrad, perOut(3+tr))
 }
 
 func sameTypes(floatOnly bool) func([]Type, Attrs) (Type, error) {

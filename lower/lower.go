@@ -401,7 +401,7 @@ func groupBuckets(p *Program) error {
 
 // forwardEnd is one past the last instruction the loss depends on.
 func forwardEnd(p *Program, m *ir.Module, bufOf map[*ir.Value]int) int {
-	loss := m.Output("loss")
+	loss := m.Output(ir.OutputLoss)
 	if loss == nil {
 		return 0
 	}
@@ -413,13 +413,6 @@ func forwardEnd(p *Program, m *ir.Module, bufOf map[*ir.Value]int) int {
 	}
 	return end
 }
-
-// inPlace ops may write their result over their first argument (the
-// kernels read each element before writing it); the lowering does so only
-// when that instruction is the argument's last reader.
-var inPlace = map[string]bool{"adam_m": true, "adam_v": true, "adamw": true, "sgd_buf": true, "sgd": true,
-	"adafactor_row": true, "adafactor_col": true, "adafactor_v": true, "adafactor": true, "adafactor_vec": true,
-	"sm3_row": true, "sm3_col": true, "sm3_v": true, "sm3": true, "sm3_vec": true}
 
 // planUpdates makes each update either an in-place write (the instruction
 // producing the new value writes straight into the state's buffer) or a
@@ -449,7 +442,7 @@ func planUpdates(p *Program, m *ir.Module, bufOf map[*ir.Value]int) error {
 	for _, u := range m.Updates {
 		dst, src := bufOf[u.State], bufOf[u.Value]
 		i, computed := producer[src]
-		if computed && inPlace[p.Instrs[i].Op] && p.Instrs[i].Args[0] == dst && lastRead[dst] == i && !isOutput(p, src) {
+		if computed && inPlace(p.Instrs[i].Op) && p.Instrs[i].Args[0] == dst && lastRead[dst] == i && !isOutput(p, src) {
 			// Point every reader of the new value at the state's buffer.
 			for j := i; j < len(p.Instrs); j++ {
 				for k, a := range p.Instrs[j].Args {
@@ -466,6 +459,15 @@ func planUpdates(p *Program, m *ir.Module, bufOf map[*ir.Value]int) error {
 	}
 	p.Instrs = append(p.Instrs, copies...)
 	return nil
+}
+
+// inPlace reports whether the op table lets op write its result over its
+// first argument (its kernels read each element before writing it); the
+// lowering does so only when that instruction is the argument's last
+// reader.
+func inPlace(op string) bool {
+	info, ok := ir.Lookup(op)
+	return ok && info.InPlace
 }
 
 func isOutput(p *Program, buf int) bool {

@@ -227,7 +227,7 @@ func offload(p *Program, o Options) error {
 // previous version, which the forward reads instead of the param). Weight
 // versions are offloaded with the params, not with the optimizer state.
 func isWeight(v *ir.Value) bool {
-	return v.Op == "param" || v.Op == "state" && strings.HasPrefix(v.Attrs.Str("init"), "copy:")
+	return v.Op == "param" || v.Op == "state" && strings.HasPrefix(v.Attrs.Str("init"), ir.InitCopyPrefix)
 }
 
 // window is a run of uses of one offloaded buffer that share a device

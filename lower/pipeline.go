@@ -104,7 +104,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		}
 	}
 	for _, o := range m.Outputs {
-		if forwardOnly && o.Name != "loss" {
+		if forwardOnly && o.Name != ir.OutputLoss {
 			continue
 		}
 		if r := owner(o.Value); !slices.Contains(readers[o.Value], r) {
@@ -277,7 +277,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		}
 		prog := b.p
 		for _, o := range m.Outputs {
-			if owner(o.Value) == r && (!forwardOnly || o.Name == "loss") {
+			if owner(o.Value) == r && (!forwardOnly || o.Name == ir.OutputLoss) {
 				prog.Outputs[o.Name] = b.bufOf[o.Value]
 			}
 		}

@@ -75,7 +75,7 @@ func SplitAtOptimizer(m *ir.Module) (grad, update *ir.Module, boundary []string,
 	for _, v := range m.Values {
 		switch {
 		case isSource(v):
-			if usedByGrad[v] || m.Output("loss") == v {
+			if usedByGrad[v] || m.Output(ir.OutputLoss) == v {
 				if err := copyInto(grad, gradOf, v); err != nil {
 					return nil, nil, nil, err
 				}

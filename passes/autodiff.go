@@ -6,24 +6,26 @@ import (
 	"gcompile/ir"
 )
 
-// GradPrefix names autodiff's outputs: "grad/wte.weight" is the gradient
-// of the loss with respect to param wte.weight.
-const GradPrefix = "grad/"
+// GradPrefix is ir.GradPrefix, kept for callers that read the name from
+// passes: "grad/wte.weight" is the gradient of the loss with respect to
+// param wte.weight.
+const GradPrefix = ir.GradPrefix
 
 // autodiff appends the reverse-mode gradient of the "loss" output with
 // respect to every param, one VJP per op (autodiff_vjp.go), and records
 // each gradient as an output. Values the loss does not depend on, or that
-// do not depend on a param, get no backward ops.
+// do not depend on a param through a gradient (see differentiable), get no
+// backward ops.
 func autodiff(m *ir.Module, _ *Options) error {
-	loss := m.Output("loss")
+	loss := m.Output(ir.OutputLoss)
 	if loss == nil {
-		return fmt.Errorf("module %q has no \"loss\" output to differentiate", m.Name)
+		return fmt.Errorf("module %q has no %q output to differentiate", m.Name, ir.OutputLoss)
 	}
 	if loss.Type.Rank() != 0 || !loss.Type.DType.IsFloat() {
 		return fmt.Errorf("%s: loss must be a float scalar, got %v", loss.Where(), loss.Type)
 	}
 	needed := differentiable(m, loss)
-	ad := &adBuilder{m: m, grads: map[*ir.Value]*ir.Value{}}
+	ad := &VJPBuilder{m: m, grads: map[*ir.Value]*ir.Value{}}
 	ad.at = loss
 	seed, err := m.AddSource("const", loss.Type, ir.Attrs{"value": 1.0}, ad.meta(), loss.Pos)
 	if err != nil {
@@ -37,9 +39,14 @@ func autodiff(m *ir.Module, _ *Options) error {
 		if dy == nil || !needed[v] || len(v.Args) == 0 {
 			continue
 		}
+		info, _ := ir.Lookup(v.Op)
 		rule, ok := vjps[v.Op]
 		if !ok {
-			return fmt.Errorf("%s: op %s has no VJP, so the loss cannot be differentiated through it", v.Where(), v.Op)
+			why := ""
+			if info != nil && info.Grad == ir.GradNotImplemented {
+				why = fmt.Sprintf(": passes make %s after autodiff, and no second derivative is written", v.Op)
+			}
+			return fmt.Errorf("%s: op %s has no VJP, so the loss cannot be differentiated through it%s", v.Where(), v.Op, why)
 		}
 		ad.at = v
 		dargs := rule(ad, v, dy)
@@ -47,7 +54,9 @@ func autodiff(m *ir.Module, _ *Options) error {
 			return ad.err
 		}
 		for j, a := range v.Args {
-			if j < len(dargs) && dargs[j] != nil && needed[a] {
+			// What a VJP returns for an argument the table says takes no
+			// gradient is dropped.
+			if j < len(dargs) && dargs[j] != nil && needed[a] && (info == nil || info.HasGrad(j)) {
 				ad.accumulate(a, dargs[j])
 			}
 		}
@@ -65,7 +74,7 @@ func autodiff(m *ir.Module, _ *Options) error {
 				return err
 			}
 		}
-		m.SetOutput(GradPrefix+p.Name(), g)
+		m.SetOutput(ir.GradPrefix+p.Name(), g)
 	}
 	removeDeadBackward(m)
 	return nil
@@ -101,7 +110,12 @@ func removeDeadBackward(m *ir.Module) {
 	m.Values = kept
 }
 
-// differentiable marks values on a path from some param to the loss.
+// differentiable marks values a gradient flows through: those on a path
+// from some param to the loss along which every value has a float dtype
+// and every op passes a gradient to the argument on the path (the op's
+// table entry says which do not: NoGrad ops and NoGradArgs). A value
+// derived from an integer tensor (ids, labels, a cast to int) or from a
+// mask or count is a constant to autodiff, so it never demands a VJP.
 func differentiable(m *ir.Module, loss *ir.Value) map[*ir.Value]bool {
 	fromParam := map[*ir.Value]bool{}
 	for _, v := range m.Values {
@@ -109,8 +123,12 @@ func differentiable(m *ir.Module, loss *ir.Value) map[*ir.Value]bool {
 			fromParam[v] = true
 			continue
 		}
-		for _, a := range v.Args {
-			if fromParam[a] {
+		if !v.Type.DType.IsFloat() {
+			continue
+		}
+		info, _ := ir.Lookup(v.Op)
+		for j, a := range v.Args {
+			if fromParam[a] && (info == nil || info.HasGrad(j)) {
 				fromParam[v] = true
 				break
 			}
@@ -119,11 +137,14 @@ func differentiable(m *ir.Module, loss *ir.Value) map[*ir.Value]bool {
 	toLoss := map[*ir.Value]bool{loss: true}
 	for i := len(m.Values) - 1; i >= 0; i-- {
 		v := m.Values[i]
-		if !toLoss[v] {
+		if !toLoss[v] || !v.Type.DType.IsFloat() {
 			continue
 		}
-		for _, a := range v.Args {
-			toLoss[a] = true
+		info, _ := ir.Lookup(v.Op)
+		for j, a := range v.Args {
+			if info == nil || info.HasGrad(j) {
+				toLoss[a] = true
+			}
 		}
 	}
 	needed := map[*ir.Value]bool{}
@@ -135,23 +156,26 @@ func differentiable(m *ir.Module, loss *ir.Value) map[*ir.Value]bool {
 	return needed
 }
 
-// adBuilder emits backward ops that carry the position and layer of the
-// forward value they differentiate, in phase bwd.
-type adBuilder struct {
+// VJPBuilder emits backward ops that carry the position and layer of the
+// forward value they differentiate, in phase bwd. A VJP receives one and
+// builds the gradients of its value's arguments with Op and Scalar.
+type VJPBuilder struct {
 	m     *ir.Module
 	grads map[*ir.Value]*ir.Value
 	at    *ir.Value // forward value being differentiated
 	err   error
 }
 
-func (ad *adBuilder) meta() ir.Meta {
+func (ad *VJPBuilder) meta() ir.Meta {
 	meta := ad.at.Meta
 	meta.Phase = ir.PhaseBwd
 	return meta
 }
 
-// op emits one backward op; after the first error it emits nothing.
-func (ad *adBuilder) op(op string, attrs ir.Attrs, args ...*ir.Value) *ir.Value {
+// Op emits one backward op and returns its value. After the first error,
+// or when an argument is nil (a gradient an earlier call failed to make),
+// it emits nothing and returns nil; autodiff reports the error.
+func (ad *VJPBuilder) Op(op string, attrs ir.Attrs, args ...*ir.Value) *ir.Value {
 	if ad.err != nil {
 		return nil
 	}
@@ -168,14 +192,15 @@ func (ad *adBuilder) op(op string, attrs ir.Attrs, args ...*ir.Value) *ir.Value 
 	return v
 }
 
-func (ad *adBuilder) accumulate(a, g *ir.Value) {
+func (ad *VJPBuilder) accumulate(a, g *ir.Value) {
 	if prev := ad.grads[a]; prev != nil {
-		g = ad.op("add", nil, prev, g)
+		g = ad.Op("add", nil, prev, g)
 	}
 	ad.grads[a] = g
 }
 
-func (ad *adBuilder) scalar(x float64, d ir.DType) *ir.Value {
+// Scalar emits a backward constant: x as a scalar of dtype d.
+func (ad *VJPBuilder) Scalar(x float64, d ir.DType) *ir.Value {
 	if ad.err != nil {
 		return nil
 	}

@@ -31,9 +31,9 @@ func microbatch(m *ir.Module, o *Options) error {
 			dp = o.Mesh.Axes[i].Size
 		}
 	}
-	loss := m.Output("loss")
+	loss := m.Output(ir.OutputLoss)
 	if loss == nil {
-		return fmt.Errorf("module %q has no \"loss\" output", m.Name)
+		return fmt.Errorf("module %q has no %q output", m.Name, ir.OutputLoss)
 	}
 	var sources, body []*ir.Value
 	for _, v := range m.Values {
@@ -116,7 +116,7 @@ func microbatch(m *ir.Module, o *Options) error {
 		}
 		losses = append(losses, lk)
 		for _, out := range m.Outputs {
-			if strings.HasPrefix(out.Name, GradPrefix) {
+			if strings.HasPrefix(out.Name, ir.GradPrefix) {
 				g := out.Value
 				if c := copyOf[g]; c != nil {
 					g = c
@@ -145,7 +145,7 @@ func microbatch(m *ir.Module, o *Options) error {
 	if err != nil {
 		return err
 	}
-	m.SetOutput("loss", l)
+	m.SetOutput(ir.OutputLoss, l)
 	for i, out := range m.Outputs {
 		if gs := grads[out.Name]; gs != nil {
 			g, err := mean(gs, out.Value, ir.PhaseBwd)
@@ -184,7 +184,7 @@ func microPlacements(m *ir.Module, sources, body []*ir.Value, n int) (map[*ir.Va
 		for i, a := range v.Args {
 			have[i] = place[a]
 		}
-		r := axisRule{s: s, v: v, ax: 0, have: have}
+		r := AxisRule{s: s, v: v, ax: 0, have: have}
 		want, out, err := r.apply()
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: cannot split into %d microbatches: %w", v.Where(), n, err)

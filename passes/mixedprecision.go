@@ -6,20 +6,16 @@ import (
 	"gcompile/ir"
 )
 
-// Names of the mixed-precision pass's input and output.
+// Names of the mixed-precision pass's input and output: ir's, kept for
+// callers that read them from passes.
 const (
 	// InputLossScale is the f32 scalar loss scale the runtime feeds each
 	// step (runtime.LossScaler); it replaces autodiff's seed dloss = 1.
-	InputLossScale = "loss_scale"
+	InputLossScale = ir.InputLossScale
 	// OutputNonFinite counts the inf and NaN elements of the unscaled
 	// gradients; when it is not 0 the step changed nothing.
-	OutputNonFinite = "nonfinite_grads"
+	OutputNonFinite = ir.OutputNonFinite
 )
-
-// keepF32 ops compute in fp32 even in mixed precision: their 16-bit
-// arguments are cast up and their result stays fp32 (the loss and its
-// gradient, as in PyTorch autocast's fp32 list).
-var keepF32 = map[string]bool{"cross_entropy": true, "cross_entropy_grad": true}
 
 // mixedPrecision rewrites the forward and backward to run in fp16 or bf16
 // (Micikevicius et al. 2018) after the optimizer has been built on fp32
@@ -29,7 +25,8 @@ var keepF32 = map[string]bool{"cross_entropy": true, "cross_entropy_grad": true}
 //     previous version) or a 16-bit value runs in the 16-bit dtype; each
 //     fp32 argument it reads is cast down once (a param's cast sits in the
 //     forward, so the weight copy is made once per step);
-//   - cross_entropy and its gradient take fp32 logits (keepF32); values
+//   - ops of precision class ir.PrecisionF32 in the op table (cross_entropy
+//     and its gradient) take fp32 arguments and give fp32 results; values
 //     that depend on no weight (the batch inputs, the loss mean over
 //     microbatches) stay fp32;
 //   - autodiff's seed dloss = 1 becomes the f32 input loss_scale, so every
@@ -77,8 +74,8 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 	if seed.Type.DType != ir.F32 {
 		return fmt.Errorf("%s: mixed precision needs an fp32 loss, got %v", seed.Where(), seed.Type)
 	}
-	if s := m.Source(InputLossScale); s != nil {
-		return fmt.Errorf("%s: name %q is reserved for mixed precision", s.Where(), InputLossScale)
+	if s := m.Source(ir.InputLossScale); s != nil {
+		return fmt.Errorf("%s: name %q is reserved for mixed precision", s.Where(), ir.InputLossScale)
 	}
 
 	b := &mpBuilder{m: m, low: low, rep: map[*ir.Value]*ir.Value{}, casts: map[castKey]*ir.Value{},
@@ -89,7 +86,7 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 	seen := map[*ir.Value]bool{}
 	for _, v := range old {
 		if v == seed {
-			ls, err := m.AddSource("input", ir.T(ir.F32), ir.Attrs{"name": InputLossScale}, seed.Meta, seed.Pos)
+			ls, err := m.AddSource("input", ir.T(ir.F32), ir.Attrs{"name": ir.InputLossScale}, seed.Meta, seed.Pos)
 			if err != nil {
 				return err
 			}
@@ -123,7 +120,7 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 			}
 		default:
 			toLow := false
-			if !keepF32[v.Op] {
+			if info.Precision != ir.PrecisionF32 {
 				for _, a := range args {
 					if a.Type.DType == low || (a.Op == "param" || a.Op == "state") && a.Type.DType == ir.F32 {
 						toLow = true
@@ -175,7 +172,7 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 	if ob.err != nil {
 		return ob.err
 	}
-	m.SetOutput(OutputNonFinite, count)
+	m.SetOutput(ir.OutputNonFinite, count)
 	for i, u := range m.Updates {
 		meta := u.Value.Meta
 		meta.Phase = ir.PhaseOpt

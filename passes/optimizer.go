@@ -7,11 +7,12 @@ import (
 	"gcompile/ir"
 )
 
-// Names of the optimizer's inputs and outputs the runtime feeds and reads.
+// Names of the optimizer's inputs and outputs the runtime feeds and reads:
+// ir's, kept for callers that read them from passes.
 const (
-	InputLR       = "lr"        // scalar of the params' dtype: learning rate of this step (the runtime's schedule)
-	InputStep     = "step"      // i64 scalar: 1-based step number (Adam bias correction)
-	OutputGradNrm = "grad_norm" // global gradient L2 norm before clipping
+	InputLR       = ir.InputLR        // scalar of the params' dtype: learning rate of this step (the runtime's schedule)
+	InputStep     = ir.InputStep      // i64 scalar: 1-based step number (Adam bias correction)
+	OutputGradNrm = ir.OutputGradNorm // global gradient L2 norm before clipping
 )
 
 // optimizer appends, for every param, the update the chosen optimizer makes
@@ -29,8 +30,8 @@ func optimizer(m *ir.Module, o *Options) error {
 	}
 	grads := make([]*ir.Value, len(params))
 	for i, p := range params {
-		if grads[i] = m.Output(GradPrefix + p.Name()); grads[i] == nil {
-			return fmt.Errorf("%s: no gradient output %q (autodiff must run first)", p.Where(), GradPrefix+p.Name())
+		if grads[i] = m.Output(ir.GradPrefix + p.Name()); grads[i] == nil {
+			return fmt.Errorf("%s: no gradient output %q (autodiff must run first)", p.Where(), ir.GradPrefix+p.Name())
 		}
 	}
 	ob := &optBuilder{m: m, at: params[0], names: map[string]bool{}}
@@ -40,10 +41,10 @@ func optimizer(m *ir.Module, o *Options) error {
 		}
 	}
 	// The learning rate has the master weights' dtype (f32, or f64 in reference runs).
-	lr := ob.source("input", ir.T(params[0].Type.DType), ir.Attrs{"name": InputLR})
-	step := ob.source("input", ir.T(ir.I64), ir.Attrs{"name": InputStep})
+	lr := ob.source("input", ir.T(params[0].Type.DType), ir.Attrs{"name": ir.InputLR})
+	step := ob.source("input", ir.T(ir.I64), ir.Attrs{"name": ir.InputStep})
 	sumsq := perStage(ob, "sum_squares", params, grads)
-	m.SetOutput(OutputGradNrm, ob.op("sqrt", nil, sumsq))
+	m.SetOutput(ir.OutputGradNorm, ob.op("sqrt", nil, sumsq))
 	if o.ClipNorm > 0 {
 		coef := ob.op("clip_coef", ir.Attrs{"max_norm": o.ClipNorm}, sumsq)
 		for i, g := range grads {
@@ -65,8 +66,8 @@ func optimizer(m *ir.Module, o *Options) error {
 		}
 		switch o.Optimizer {
 		case "adamw":
-			mState := ob.state("adam.m/"+p.Name(), p.Type)
-			vState := ob.state("adam.v/"+p.Name(), p.Type)
+			mState := ob.state(ir.AdamMPrefix+p.Name(), p.Type)
+			vState := ob.state(ir.AdamVPrefix+p.Name(), p.Type)
 			m1 := ob.op("adam_m", ir.Attrs{"beta1": o.Beta1}, mState, g)
 			v1 := ob.op("adam_v", ir.Attrs{"beta2": o.Beta2}, vState, g)
 			p1 := ob.op("adamw", ir.Attrs{"beta1": o.Beta1, "beta2": o.Beta2, "eps": o.Eps, "wd": wd}, p, m1, v1, lr, step)
@@ -74,7 +75,7 @@ func optimizer(m *ir.Module, o *Options) error {
 			ob.update(vState, v1)
 			ob.update(p, p1)
 		case "sgd":
-			buf := ob.state("sgd.momentum/"+p.Name(), p.Type)
+			buf := ob.state(ir.SGDMomentumPrefix+p.Name(), p.Type)
 			buf1 := ob.op("sgd_buf", ir.Attrs{"momentum": o.Momentum, "wd": wd}, buf, g, p)
 			ob.update(buf, buf1)
 			ob.update(p, ob.op("sgd", nil, p, buf1, lr))
@@ -89,7 +90,7 @@ func optimizer(m *ir.Module, o *Options) error {
 	}
 	kept := m.Outputs[:0]
 	for _, out := range m.Outputs {
-		if !strings.HasPrefix(out.Name, GradPrefix) {
+		if !strings.HasPrefix(out.Name, ir.GradPrefix) {
 			kept = append(kept, out)
 		}
 	}
@@ -130,7 +131,7 @@ func adafactor(ob *optBuilder, p, g, step *ir.Value) {
 	acc := ir.Attrs{"eps1": adafactorEps1, "decay": adafactorDecay}
 	upd := ir.Attrs{"eps2": adafactorEps2, "clip": adafactorClip, "rel_step": adafactorRelStep}
 	if p.Type.Rank() != 2 {
-		v := ob.state("adafactor.v/"+p.Name(), p.Type)
+		v := ob.state(ir.AdafactorVPrefix+p.Name(), p.Type)
 		v1 := ob.op("adafactor_v", acc, v, g, step)
 		ob.update(v, v1)
 		ob.update(p, ob.op("adafactor_vec", upd, p, g, v1, step))
@@ -159,7 +160,7 @@ func adafactor(ob *optBuilder, p, g, step *ir.Value) {
 // learning rate (--lr and its schedule). No weight decay, as in the paper.
 func sm3(ob *optBuilder, p, g, lr *ir.Value) {
 	if p.Type.Rank() != 2 {
-		v := ob.state("sm3.v/"+p.Name(), p.Type)
+		v := ob.state(ir.SM3VPrefix+p.Name(), p.Type)
 		v1 := ob.op("sm3_v", nil, v, g)
 		ob.update(v, v1)
 		ob.update(p, ob.op("sm3_vec", nil, p, g, v1, lr))
@@ -281,7 +282,7 @@ func twoBW(m *ir.Module, ob *optBuilder, params []*ir.Value) error {
 	for _, p := range params {
 		ob.at = p
 		meta := p.Meta
-		s := ob.source("state", p.Type, ir.Attrs{"name": "2bw.prev/" + p.Name(), "init": "copy:" + p.Name()})
+		s := ob.source("state", p.Type, ir.Attrs{"name": ir.PrevPrefix + p.Name(), "init": ir.InitCopyPrefix + p.Name()})
 		if ob.err != nil {
 			return ob.err
 		}

@@ -121,8 +121,8 @@ func (o *Options) Validate() error {
 }
 
 func verifyInput(m *ir.Module, _ *Options) error {
-	if m.Output("loss") == nil {
-		return fmt.Errorf("module %q has no \"loss\" output", m.Name)
+	if m.Output(ir.OutputLoss) == nil {
+		return fmt.Errorf("module %q has no %q output", m.Name, ir.OutputLoss)
 	}
 	return ir.Verify(m, "")
 }

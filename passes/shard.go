@@ -111,9 +111,9 @@ func (s *sharder) planGradients() error {
 		}
 	}
 	for _, v := range s.m.Values {
-		// Every optimizer op takes its param or state first and the
-		// gradient (clipped or not) second.
-		if v.Meta.Phase != ir.PhaseOpt || len(v.Args) < 2 || !optimizerOps[v.Op] {
+		// An update from a gradient takes its param or state first and the
+		// gradient (clipped or not) as argument ir.UpdateGradArg.
+		if info, _ := ir.Lookup(v.Op); v.Meta.Phase != ir.PhaseOpt || len(v.Args) <= ir.UpdateGradArg || info == nil || info.Update != ir.UpdateFromGrad {
 			continue
 		}
 		name := v.Args[0].Name()
@@ -139,7 +139,7 @@ func (s *sharder) planGradients() error {
 			}
 			want[s.dp] = d
 		}
-		g := v.Args[1]
+		g := v.Args[ir.UpdateGradArg]
 		s.prefer[g] = want
 		if g.Op == "scale" {
 			s.prefer[g.Args[0]] = want
@@ -147,11 +147,6 @@ func (s *sharder) planGradients() error {
 	}
 	return nil
 }
-
-// optimizerOps are the update ops whose second argument is a gradient.
-var optimizerOps = map[string]bool{"adam_m": true, "adam_v": true, "sgd_buf": true,
-	"adafactor_row": true, "adafactor_col": true, "adafactor_v": true, "adafactor": true, "adafactor_vec": true,
-	"sm3_row": true, "sm3_col": true, "sm3_v": true, "sm3": true, "sm3_vec": true}
 
 // zeroPlace is where ZeRO splits a param-shaped value over dp: the first
 // dim that tp leaves whole and dp divides (dim 0 unless tp splits it, as
@@ -348,7 +343,7 @@ func (s *sharder) splitSumSquares(v *ir.Value) error {
 		place := append([]ir.Placement(nil), a.Place...)
 		for ax, p := range place {
 			if p.Kind == ir.Partial {
-				place[ax] = axisRule{s: s, v: v, ax: ax}.resolveArg(i)
+				place[ax] = AxisRule{s: s, v: v, ax: ax}.Resolve(i)
 			}
 		}
 		// Under pipeline parallelism each rank squares its own gradients.
@@ -408,7 +403,7 @@ func (s *sharder) rule(v *ir.Value) (want [][]ir.Placement, out []ir.Placement, 
 		for i, a := range v.Args {
 			have[i] = a.Place[ax]
 		}
-		r := axisRule{s: s, v: v, ax: ax, have: have}
+		r := AxisRule{s: s, v: v, ax: ax, have: have}
 		w, o, err := r.apply()
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: sharding on axis %s: %w", v.Where(), s.axisName(ax), err)

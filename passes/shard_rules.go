@@ -7,15 +7,22 @@ import (
 	"gcompile/ir"
 )
 
-// axisRule decides, for one op on one mesh axis, which placement each
-// argument must have and which placement the result gets. have holds the
-// arguments' current placements on the axis.
-type axisRule struct {
+// AxisRule is what a sharding rule sees: one op on one mesh axis, with
+// its arguments' current placements on that axis. The rule decides which
+// placement each argument must have and which placement the result gets.
+type AxisRule struct {
 	s    *sharder
 	v    *ir.Value
 	ax   int
 	have []ir.Placement
 }
+
+// ShardRule decides, for one op on one mesh axis, the placement each
+// argument must have (shard inserts a redistribute where it differs from
+// r.Have) and the placement of the result. Its error says why the op
+// cannot run on the placements it is given; shard adds the op, the user's
+// line and the axis.
+type ShardRule func(r AxisRule) (want []ir.Placement, out ir.Placement, err error)
 
 var (
 	rep = ir.Placement{Kind: ir.Replicate}
@@ -30,12 +37,18 @@ func moved(p ir.Placement, d int) ir.Placement {
 	return p
 }
 
-// resolve is where a partial argument goes when the op cannot take it
-// partial: the planned placement for gradients, otherwise whole.
-// resolveArg is resolve for an argument by index, for callers outside a rule.
-func (r axisRule) resolveArg(i int) ir.Placement { return r.resolve(i) }
+// Value is the op being placed; its Args are in argument order.
+func (r AxisRule) Value() *ir.Value { return r.v }
 
-func (r axisRule) resolve(i int) ir.Placement {
+// Have is each argument's current placement on the axis.
+func (r AxisRule) Have() []ir.Placement { return slices.Clone(r.have) }
+
+// Axis is the mesh axis being placed: its name and size.
+func (r AxisRule) Axis() ir.MeshAxis { return r.s.m.Mesh.Axes[r.ax] }
+
+// Resolve is where partial argument i goes when the op cannot take it
+// partial: the planned placement for gradients, otherwise whole.
+func (r AxisRule) Resolve(i int) ir.Placement {
 	if p, ok := r.s.prefer[r.v.Args[i]]; ok {
 		return p[r.ax]
 	}
@@ -46,11 +59,12 @@ func (r axisRule) resolve(i int) ir.Placement {
 }
 
 // seqParallel reports whether this axis is tp with sequence parallelism on.
-func (r axisRule) seqParallel() bool {
+func (r AxisRule) seqParallel() bool {
 	return r.s.o != nil && r.s.o.SequenceParallel && r.ax == r.s.tp
 }
 
-func (r axisRule) same(p ir.Placement) []ir.Placement {
+// Same is placement p for every argument.
+func (r AxisRule) Same(p ir.Placement) []ir.Placement {
 	w := make([]ir.Placement, len(r.have))
 	for i := range w {
 		w[i] = p
@@ -60,12 +74,40 @@ func (r axisRule) same(p ir.Placement) []ir.Placement {
 
 // shardRules maps each op to its rule family. An op missing here has no
 // way to run on placed arguments yet, and placing it is an error.
-var shardRules = map[string]func(axisRule) ([]ir.Placement, ir.Placement, error){}
+var shardRules = map[string]ShardRule{}
+
+// HasShardRule reports whether op has a registered sharding rule.
+func HasShardRule(op string) bool {
+	_, ok := shardRules[op]
+	return ok
+}
+
+// RegisterShardRule makes rule the sharding rule of op, an op of the ir
+// table that computes (not a source). It refuses an unknown op and a
+// second rule for one op. ElementwiseRule and WholeRule are families a new
+// op may reuse. Call it from an init function, after the op's
+// ir.Register: the table is not guarded for concurrent use.
+func RegisterShardRule(op string, rule ShardRule) error {
+	info, ok := ir.Lookup(op)
+	switch {
+	case !ok:
+		return fmt.Errorf("passes: sharding rule for op %q, which is not in the ir op table", op)
+	case rule == nil:
+		return fmt.Errorf("passes: nil sharding rule for op %s", op)
+	case info.Source:
+		return fmt.Errorf("passes: op %s is a source: shard places it from the plan, not by a rule", op)
+	}
+	if _, dup := shardRules[op]; dup {
+		return fmt.Errorf("passes: op %s already has a sharding rule", op)
+	}
+	shardRules[op] = rule
+	return nil
+}
 
 func init() {
 	for _, op := range []string{"add", "sub", "mul", "div", "neg", "exp", "log", "tanh", "sqrt", "gelu", "relu",
 		"gelu_grad", "relu_grad", "tanh_grad", "scale", "cast", "adam_m", "adam_v", "adamw", "sgd_buf", "sgd"} {
-		shardRules[op] = elementwiseRule
+		shardRules[op] = ElementwiseRule
 	}
 	shardRules["matmul"] = matmulRule
 	shardRules["reshape"] = reshapeRule
@@ -89,13 +131,13 @@ func init() {
 	// Counts of non-finite elements add up like sums of squares.
 	shardRules["nonfinite_count"] = sumSquaresRule
 	shardRules["where_finite"] = whereFiniteRule
-	shardRules["clip_coef"] = func(r axisRule) ([]ir.Placement, ir.Placement, error) { return r.same(rep), rep, nil }
+	shardRules["clip_coef"] = func(r AxisRule) ([]ir.Placement, ir.Placement, error) { return r.Same(rep), rep, nil }
 	for _, op := range []string{"adafactor_row", "adafactor_col", "adafactor_v", "adafactor", "adafactor_vec", "sm3_row", "sm3_col", "sm3"} {
-		shardRules[op] = wholeRule
+		shardRules[op] = WholeRule
 	}
 	// SM3 of an unfactored param is AdaGrad: element by element.
-	shardRules["sm3_v"] = elementwiseRule
-	shardRules["sm3_vec"] = elementwiseRule
+	shardRules["sm3_v"] = ElementwiseRule
+	shardRules["sm3_vec"] = ElementwiseRule
 	shardRules["relu_mask"] = reluMaskRule
 	shardRules["relu_grad_mask"] = reluGradMaskRule
 }
@@ -105,10 +147,10 @@ func init() {
 // each device packs its own elements, which are bytes of the global mask
 // only when every local piece of the dim (one per fused block) holds a
 // multiple of 8 elements. x partial is summed first: a sign is not linear.
-func reluMaskRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func reluMaskRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[0]
 	if p.Kind == ir.Partial {
-		p = r.resolve(0)
+		p = r.Resolve(0)
 	}
 	if err := r.packable(p, r.v.Args[0].Type); err != nil {
 		return nil, rep, err
@@ -120,7 +162,7 @@ func reluMaskRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 // gradient) are placed like it, which is like x. The mask itself is never
 // moved: packed bits would need byte-wise collectives, and a dy placed
 // otherwise is the rare case, so dy moves instead.
-func reluGradMaskRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func reluGradMaskRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[0]
 	if p.Kind == ir.Partial {
 		return nil, rep, fmt.Errorf("relu_grad_mask with a partial-sum mask: a mask of signs cannot be summed")
@@ -134,7 +176,7 @@ func reluGradMaskRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 // packable checks that a placement of an unpacked tensor t can carry over
 // to its packed mask: a split of the last dim must leave each device
 // pieces of whole bytes.
-func (r axisRule) packable(p ir.Placement, t ir.Type) error {
+func (r AxisRule) packable(p ir.Placement, t ir.Type) error {
 	last := t.Rank() - 1
 	if p.Kind != ir.Shard || p.Dim != last {
 		return nil
@@ -152,7 +194,8 @@ func (r axisRule) packable(p ir.Placement, t ir.Type) error {
 		r.v.Op, last, t, p, r.s.axisName(r.ax), size, held, 8*pieces)
 }
 
-// wholeRule wants every argument whole and gives a whole result, for the
+// WholeRule wants every argument whole and gives a whole result: a rule
+// for any op, at the price of gathering. The built-in users are the
 // optimizer ops that reduce over a whole param: Adafactor's and SM3's row
 // and column statistics, Adafactor's RMS of the update and of the param.
 // A shard alone cannot compute them, so under tp or ZeRO the param,
@@ -162,11 +205,11 @@ func (r axisRule) packable(p ir.Placement, t ir.Type) error {
 // That is correct but costs a gather and a whole copy per param; computing
 // the statistics from shards (partial row/column sums, max all-reduces for
 // SM3) would move only vectors.
-func wholeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
-	return r.same(rep), rep, nil
+func WholeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
+	return r.Same(rep), rep, nil
 }
 
-func (r axisRule) apply() ([]ir.Placement, ir.Placement, error) {
+func (r AxisRule) apply() ([]ir.Placement, ir.Placement, error) {
 	f, ok := shardRules[r.v.Op]
 	if !ok {
 		return nil, rep, fmt.Errorf("op %s has no sharding rule yet; its arguments are %s", r.v.Op, placeNames(r.have))
@@ -201,12 +244,13 @@ func partialThrough(op string, have []ir.Placement) bool {
 	return false
 }
 
-// elementwiseRule: full-shape arguments share one placement; lower-rank
-// arguments (learning rate, step, scale factors) must be whole. A sharded
-// argument decides the placement (whole arguments are sliced locally, for
-// free); partial arguments stay partial only through linear ops and are
-// otherwise reduced to their planned placement.
-func elementwiseRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+// ElementwiseRule is the rule of ops that map equal-shaped arguments to a
+// result of that shape element by element: full-shape arguments share one
+// placement; lower-rank arguments (learning rate, step, scale factors)
+// must be whole. A sharded argument decides the placement (whole arguments
+// are sliced locally, for free); partial arguments stay partial only
+// through linear ops and are otherwise reduced to their planned placement.
+func ElementwiseRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	rank := r.v.Type.Rank()
 	full := func(i int) bool { return r.v.Args[i].Type.Rank() == rank }
 	// A partial value with a planned placement (a gradient) is reduced
@@ -230,7 +274,7 @@ func elementwiseRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	if target.Kind == ir.Replicate {
 		for i, p := range r.have {
 			if p.Kind == ir.Partial {
-				if q := r.resolve(i); q.Kind == ir.Shard && full(i) {
+				if q := r.Resolve(i); q.Kind == ir.Shard && full(i) {
 					target = q
 					break
 				}
@@ -251,7 +295,7 @@ func elementwiseRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 // matmul on one axis: batch or row sharding passes through, column
 // sharding of the weight gives column-sharded output, matching sharding
 // of the contraction dim gives a partial sum.
-func matmulRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func matmulRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	a, b := r.v.Args[0].Type, r.v.Args[1].Type
 	ta, tb := r.v.Attrs.Bool("transA"), r.v.Attrs.Bool("transB")
 	ra, rb, ro := a.Rank(), b.Rank(), r.v.Type.Rank()
@@ -286,10 +330,10 @@ func matmulRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	}
 	// A partial operand of a product with a sharded one is reduced first.
 	if pa.Kind == ir.Partial {
-		pa = r.resolve(0)
+		pa = r.Resolve(0)
 	}
 	if pb.Kind == ir.Partial {
-		pb = r.resolve(1)
+		pb = r.Resolve(1)
 	}
 	// Sequence parallel: activations split on the sequence are gathered
 	// before a matmul with a split weight.
@@ -312,7 +356,7 @@ func matmulRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 // reshapeRule keeps a sharded dim sharded when the reshape leaves the
 // same elements in each device's block: the dims before it multiply to the
 // same number on both sides and the new dim still splits evenly.
-func reshapeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func reshapeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[0]
 	if p.Kind != ir.Shard {
 		return r.have, p, nil
@@ -338,7 +382,7 @@ func reshapeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	return nil, rep, fmt.Errorf("reshape %v → %v cannot keep dim %d (size %d) split over %s=%d: no dim of the result holds the same blocks (e.g. the heads are not divisible by %d)", in, out, p.Dim, in[p.Dim], r.s.axisName(r.ax), n, n)
 }
 
-func transposeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func transposeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[0]
 	if p.Kind != ir.Shard {
 		return r.have, p, nil
@@ -350,7 +394,7 @@ func transposeRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 // fused blocks may be sliced on block boundaries (q, k, v out of a fused
 // projection): every device slices its part of the chosen blocks.
 // slice_grad, the inverse, pads back to the fused layout.
-func sliceRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func sliceRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[0]
 	dim := r.v.Attrs.Int("dim", 0)
 	if p.Kind != ir.Shard || p.Dim != dim {
@@ -368,7 +412,7 @@ func sliceRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	return nil, rep, fmt.Errorf("%s along dim %d, which is split over %s, at %d: not on a boundary of its %d-wide blocks", r.v.Op, dim, r.s.axisName(r.ax), start, block)
 }
 
-func concatRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func concatRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[0]
 	for _, q := range r.have {
 		if q != p {
@@ -381,7 +425,7 @@ func concatRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	return r.have, p, nil
 }
 
-func broadcastRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func broadcastRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[0]
 	if p.Kind != ir.Shard {
 		return r.have, p, nil
@@ -396,12 +440,12 @@ func broadcastRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 
 // reduceRule: summing (or averaging) over a sharded dim leaves each device
 // a partial result; the lowering scales a partial mean by the local share.
-func reduceRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func reduceRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[0]
 	axes := r.v.Attrs.Ints("axes")
 	switch {
 	case p.Kind == ir.Partial && r.v.Op == "reduce_max":
-		return []ir.Placement{r.resolve(0)}, rep, nil
+		return []ir.Placement{r.Resolve(0)}, rep, nil
 	case p.Kind != ir.Shard:
 		return r.have, p, nil
 	case slices.Contains(axes, p.Dim):
@@ -423,10 +467,10 @@ func reduceRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 
 // reduceMaxGradRule follows x: its kept dims carry their sharding to y
 // and dy (which have the reduced shape) and to the result.
-func reduceMaxGradRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func reduceMaxGradRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	x := r.have[0]
 	if x.Kind == ir.Partial {
-		x = r.resolve(0)
+		x = r.Resolve(0)
 	}
 	if x.Kind != ir.Shard {
 		return []ir.Placement{x, rep, rep}, x, nil
@@ -450,7 +494,7 @@ func reduceMaxGradRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 // may be sharded, the normalised dims may not, partial inputs are reduced
 // first, and per-feature vectors (γ, β) stay whole. layernorm_grad_gamma
 // sums over rows, so sharded rows give a partial result.
-func rowwiseRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func rowwiseRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	x := r.v.Args[0].Type
 	inner := 1
 	if r.v.Op == "causal_mask" {
@@ -483,11 +527,11 @@ func rowwiseRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	return want, out, nil
 }
 
-func embeddingRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func embeddingRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	table, ids := r.have[0], r.have[1]
 	switch {
 	case table.Kind == ir.Partial:
-		return []ir.Placement{r.resolve(0), ids}, ids, nil
+		return []ir.Placement{r.Resolve(0), ids}, ids, nil
 	case table.Kind == ir.Shard && table.Dim == 0 && table.NumBlocks() == 1 && ids.Kind == ir.Replicate:
 		// Vocab-parallel: each device looks up the ids in its rows and
 		// gives zeros for the rest, so the result is a partial sum.
@@ -498,7 +542,7 @@ func embeddingRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 	return r.have, ids, nil
 }
 
-func embeddingGradRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func embeddingGradRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	ids, dy := r.have[0], r.have[1]
 	switch {
 	case ids.Kind == ir.Shard && ids.Dim < r.v.Args[0].Type.Rank():
@@ -513,11 +557,11 @@ func embeddingGradRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 
 // crossEntropyRule: rows sharded give a partial mean (the lowering divides
 // by the global row count) and a row-sharded gradient.
-func crossEntropyRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func crossEntropyRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	logits, labels := r.have[0], r.have[1]
 	want := slices.Clone(r.have)
 	if logits.Kind == ir.Partial {
-		want[0] = r.resolve(0)
+		want[0] = r.Resolve(0)
 	}
 	if want[0].Kind == ir.Shard && want[0].Dim == 1 && want[0].NumBlocks() == 1 {
 		// Vocab-parallel: the runtime reduces the row max, the sum of
@@ -547,12 +591,12 @@ func crossEntropyRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 // sumSquaresRule: squares of shards add to a partial sum; whole arguments
 // give a whole sum. Mixed arguments would count the whole ones once per
 // device, so partial ones are resolved and sharded/whole must agree.
-func sumSquaresRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func sumSquaresRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	want := make([]ir.Placement, len(r.have))
 	sharded := 0
 	for i, p := range r.have {
 		if p.Kind == ir.Partial {
-			p = r.resolve(i)
+			p = r.Resolve(i)
 		}
 		want[i] = p
 		if p.Kind == ir.Shard {
@@ -581,10 +625,10 @@ func sumSquaresRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
 
 // whereFiniteRule: the count is whole; new and old take old's placement
 // (the state's), so the choice is made block by block.
-func whereFiniteRule(r axisRule) ([]ir.Placement, ir.Placement, error) {
+func whereFiniteRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[2]
 	if p.Kind == ir.Partial {
-		p = r.resolve(2)
+		p = r.Resolve(2)
 	}
 	return []ir.Placement{rep, p, p}, p, nil
 }

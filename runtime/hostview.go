@@ -199,7 +199,7 @@ func (v HostView) InitParams(seed uint64) error {
 	// State initialised as a copy of a param (PipeDream-2BW's previous
 	// weight version) is copied once every param is set.
 	for _, b := range v.prog.Buffers {
-		from, ok := strings.CutPrefix(b.Value.Attrs.Str("init"), "copy:")
+		from, ok := strings.CutPrefix(b.Value.Attrs.Str("init"), ir.InitCopyPrefix)
 		if !ok || b.Kind != lower.State {
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"gcompile/data"
+	"gcompile/ir"
 )
 
 // Device is what the training loop needs from a backend's device.
@@ -57,11 +58,11 @@ type TrainConfig struct {
 }
 
 // The mixed-precision pass's names for the loss scale input and the
-// overflow count output, spelled here because the runtime may not import
-// passes; every trainer sets and reads them by these.
+// overflow count output, as ir spells them; every trainer sets and reads
+// them by these.
 const (
-	InputLossScale  = "loss_scale"
-	OutputNonFinite = "nonfinite_grads"
+	InputLossScale  = ir.InputLossScale
+	OutputNonFinite = ir.OutputNonFinite
 )
 
 // LossScaler is mixed precision's loss scale. Dynamic (Micikevicius et al.
@@ -143,10 +144,10 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 		if err := feed(dev, tokens, targets); err != nil {
 			return steps, evals, err
 		}
-		if err := dev.SetScalar("lr", lr); err != nil {
+		if err := dev.SetScalar(ir.InputLR, lr); err != nil {
 			return steps, evals, err
 		}
-		if err := dev.SetScalar("step", float64(optStep)); err != nil {
+		if err := dev.SetScalar(ir.InputStep, float64(optStep)); err != nil {
 			return steps, evals, err
 		}
 		var scale float64
@@ -161,11 +162,11 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 			return steps, evals, fmt.Errorf("step %d: %w", step, err)
 		}
 		elapsed := time.Since(start)
-		loss, err := dev.Scalar("loss")
+		loss, err := dev.Scalar(ir.OutputLoss)
 		if err != nil {
 			return steps, evals, err
 		}
-		gn, err := dev.Scalar("grad_norm")
+		gn, err := dev.Scalar(ir.OutputGradNorm)
 		if err != nil {
 			return steps, evals, err
 		}
@@ -216,7 +217,7 @@ func Evaluate(dev Device, corpus *data.Corpus, cfg TrainConfig) (float64, error)
 		if err := dev.Forward(); err != nil {
 			return 0, fmt.Errorf("eval: %w", err)
 		}
-		l, err := dev.Scalar("loss")
+		l, err := dev.Scalar(ir.OutputLoss)
 		if err != nil {
 			return 0, err
 		}
@@ -226,8 +227,8 @@ func Evaluate(dev Device, corpus *data.Corpus, cfg TrainConfig) (float64, error)
 }
 
 func feed(dev Device, tokens, targets []int32) error {
-	if err := dev.SetInt32("tokens", tokens); err != nil {
+	if err := dev.SetInt32(ir.InputTokens, tokens); err != nil {
 		return err
 	}
-	return dev.SetInt32("targets", targets)
+	return dev.SetInt32(ir.InputTargets, targets)
 }

@@ -24,6 +24,7 @@ import (
 	"gcompile/data"
 	"gcompile/frontend"
 	"gcompile/frontend/loader"
+	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes/schedule"
 	"gcompile/runtime"
@@ -228,15 +229,15 @@ func helpModel(c *config) error {
 // (held by the first pipeline rank).
 func inputShape(progs []*lower.Program) (batch, seq int, err error) {
 	for _, prog := range progs {
-		if id, ok := prog.Sources["tokens"]; ok {
+		if id, ok := prog.Sources[ir.InputTokens]; ok {
 			t := prog.Buffers[id].Global
 			if t.Rank() != 2 || t.DType.String() != "i32" {
-				return 0, 0, fmt.Errorf(`input "tokens" must be i32[batch,seq], got %v`, t)
+				return 0, 0, fmt.Errorf("input %q must be i32[batch,seq], got %v", ir.InputTokens, t)
 			}
 			return t.Shape[0], t.Shape[1], nil
 		}
 	}
-	return 0, 0, errors.New(`--run trains a language model: the module needs an i32 input "tokens" [batch,seq] and "targets"`)
+	return 0, 0, fmt.Errorf("--run trains a language model: the module needs an i32 input %q [batch,seq] and %q", ir.InputTokens, ir.InputTargets)
 }
 
 // firstOnPipelineRank reports whether device rank has coordinate 0 on every

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"gcompile/data"
+	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
 )
@@ -351,16 +352,16 @@ func (a *Async) replica(r int, w *Device, corpus *data.Corpus, cfg runtime.Train
 		}
 		tokens, targets := corpus.TrainBatch(cfg.Seed, t, cfg.Batch, cfg.Seq)
 		n := local * cfg.Seq
-		if err := w.SetInt32("tokens", tokens[r*n:(r+1)*n]); err != nil {
+		if err := w.SetInt32(ir.InputTokens, tokens[r*n:(r+1)*n]); err != nil {
 			return err
 		}
-		if err := w.SetInt32("targets", targets[r*n:(r+1)*n]); err != nil {
+		if err := w.SetInt32(ir.InputTargets, targets[r*n:(r+1)*n]); err != nil {
 			return err
 		}
 		if err := w.Step(); err != nil {
 			return fmt.Errorf("step %d: %w", t, err)
 		}
-		loss, err := w.Scalar("loss")
+		loss, err := w.Scalar(ir.OutputLoss)
 		if err != nil {
 			return err
 		}
@@ -463,10 +464,10 @@ func (a *Async) update(t, optStep int, cfg runtime.TrainConfig) (runtime.StepMet
 		}
 	}
 	lr := cfg.Schedule.At(t)
-	if err := a.Server.SetScalar("lr", lr); err != nil {
+	if err := a.Server.SetScalar(ir.InputLR, lr); err != nil {
 		return runtime.StepMetrics{}, err
 	}
-	if err := a.Server.SetScalar("step", float64(optStep)); err != nil {
+	if err := a.Server.SetScalar(ir.InputStep, float64(optStep)); err != nil {
 		return runtime.StepMetrics{}, err
 	}
 	if a.scaled {
@@ -484,7 +485,7 @@ func (a *Async) update(t, optStep int, cfg runtime.TrainConfig) (runtime.StepMet
 	if err != nil {
 		return runtime.StepMetrics{}, err
 	}
-	gn, err := a.Server.Scalar("grad_norm")
+	gn, err := a.Server.Scalar(ir.OutputGradNorm)
 	if err != nil {
 		return runtime.StepMetrics{}, err
 	}

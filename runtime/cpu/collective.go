@@ -88,6 +88,18 @@ func contiguous(s []int, dim int) bool {
 	return true
 }
 
+// Collectives over one mesh axis. Slicing and gathering only move
+// elements, so i32 values (token ids split over data parallelism) run them
+// on the bits; reductions need a float type.
+func init() {
+	builtin(Kernel{F32: collective[float32], F64: collective[float64]}, "all_reduce", "reduce_scatter")
+	builtin(Kernel{F32: collective[float32], F64: collective[float64], Bits: true}, "all_gather", "shard_slice", "all_to_all")
+}
+
+func collective[T kcpu.Float](c *Call[T]) (func() error, error) {
+	return compileCollective[T](c.d, c.Instr)
+}
+
 // compileCollective turns a collective instruction into Comm calls over
 // the devices of its mesh axis. The reductions of one gradient bucket are
 // consecutive instructions; the first issues them all as one AllReduce.
@@ -158,6 +170,8 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 		k := outShape[dim]
 		at := d.coords[ax] * k
 		return ok(func() { kcpu.Slice(out, src, inShape, dim, at, at+k) }), nil
+	case "all_to_all":
+		return allToAll(d, in, g, src, out)
 	}
 	return nil, fmt.Errorf("the cpu backend has no %s yet", in.Op)
 }
@@ -203,4 +217,54 @@ func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g runtime.G
 		}
 		return d.comm.AllReduce(g, d.rank, dt, raw...)
 	}
+}
+
+// allToAll re-splits a value from dim from to dim to (S(from) → S(to)):
+// the local tensor is cut along to into one piece per device, piece q
+// goes to device q, and the pieces received are put together along from
+// in the order of the devices that sent them.
+func allToAll[T kcpu.Float](d *Device, in lower.Instr, g runtime.Group, src, out []T) (func() error, error) {
+	n := g.Size()
+	from, to := in.Attrs.Int("from", 0), in.Attrs.Int("to", 0)
+	inShape, outShape := []int(in.ArgTypes[0].Shape), []int(in.OutType.Shape)
+	if !resplits(inShape, outShape, from, to, n) {
+		return nil, fmt.Errorf("all_to_all from dim %d to dim %d over %d devices: %v and %v have no such split", from, to, n, in.ArgTypes[0], in.OutType)
+	}
+	send, recv := make([]T, len(src)), make([]T, len(out))
+	rawSend, rawRecv := asBytes(send), asBytes(recv)
+	comm, rank, dt := d.comm, d.rank, d.prog.Buffers[in.Out].Type.DType
+	return func() error {
+		toPieces(send, src, inShape, to, n)
+		if err := comm.AllToAll(g, rank, dt, rawSend, rawRecv); err != nil {
+			return err
+		}
+		fromPieces(out, recv, outShape, from, n)
+		return nil
+	}, nil
+}
+
+// resplits reports whether in, split n ways on dim from, and out, split n
+// ways on dim to, are local shapes of one tensor.
+func resplits(in, out []int, from, to, n int) bool {
+	r := len(in)
+	if len(out) != r || from == to || from < 0 || from >= r || to < 0 || to >= r || n < 1 {
+		return false
+	}
+	for d := range in {
+		switch d {
+		case from:
+			if out[d] != in[d]*n {
+				return false
+			}
+		case to:
+			if in[d] != out[d]*n {
+				return false
+			}
+		default:
+			if in[d] != out[d] {
+				return false
+			}
+		}
+	}
+	return true
 }

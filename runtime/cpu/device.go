@@ -51,6 +51,9 @@ type Device struct {
 
 // Load allocates the arena and prepares every instruction.
 func Load(p *lower.Program, opts Options) (*Device, error) {
+	if registryErr != nil {
+		return nil, fmt.Errorf("the cpu backend's kernels: %w", registryErr)
+	}
 	if opts.MemoryCap > 0 && p.ArenaBytes > opts.MemoryCap {
 		return nil, fmt.Errorf("program %q needs an arena of %d bytes, more than the device cap of %d bytes", p.Name, p.ArenaBytes, opts.MemoryCap)
 	}

@@ -9,6 +9,13 @@ import (
 	"gcompile/runtime/cuda/driver"
 )
 
+// Collectives check their own dtypes (i32 ids move as bits where only
+// bytes move) and apply no Scale: lowering sets one only on the ops that
+// take a mean (reduce_mean, cross-entropy).
+func init() {
+	register(emulated((*compiler).collective), "all_reduce", "reduce_scatter", "all_gather", "shard_slice", "all_to_all")
+}
+
 // axisGroup is the group of devices that differ from this one only on
 // mesh axis ax, ordered by their coordinate on it.
 func (d *Device) axisGroup(ax int) group { return meshGroup(d.prog.Mesh, d.coords, d.rank, ax) }

@@ -7,6 +7,14 @@ import (
 	"gcompile/runtime/cuda/driver"
 )
 
+// Transfers: the lowering's copies (between device buffers, and to and
+// from offloaded host buffers) and pipeline sends and receives. They move
+// bytes of any dtype, so they never pass through the 16-bit emulation.
+func init() {
+	register((*compiler).copyInstr, "copy")
+	register((*compiler).transfer, "send", "recv")
+}
+
 // copyInstr is the lowering's copy. Between device buffers it is a copy
 // on the compute stream. From host to device (an offloaded buffer fetched
 // for its use window) it runs on the copy stream, after the compute work

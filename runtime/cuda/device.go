@@ -99,6 +99,9 @@ func Load(rt *Runtime, p *lower.Program, opts Options) (*Device, error) {
 }
 
 func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *Device, err error) {
+	if registryErr != nil {
+		return nil, fmt.Errorf("the cuda backend's op registry: %w", registryErr)
+	}
 	if err := checkDTypes(p); err != nil {
 		return nil, err
 	}

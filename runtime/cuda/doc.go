@@ -24,12 +24,16 @@
 // while the program is prepared and allocated once, at load (Workspace
 // reports it). Nothing is allocated on the device during a step.
 //
-// Each instruction is prepared once, mirroring runtime/cpu/compile.go
-// case by case, into a closure that queues kernel launches (geometry from
-// the kernel table's launch style and the local shapes; parameter arrays
-// built once), cuBLASLt GEMMs (plans chosen at load), copies or
-// collectives on the device's compute stream. Host-to-device copies of
-// offloaded buffers run on a second stream, ordered by events, so a
+// Each instruction is prepared once, as its op's entry in the backend's
+// op registry says, into a closure that queues kernel launches (geometry
+// from the kernel table's launch style and the local shapes; parameter
+// arrays built once), cuBLASLt GEMMs (plans chosen at load), copies or
+// collectives on the device's compute stream. The preparations mirror
+// runtime/cpu op by op and are registered by kind (elementwise.go,
+// shape.go, nn.go, optim.go, matmul.go, collective.go, copy.go,
+// precision.go); HasOp and Ops report which ops the backend runs, and an
+// instruction of any other op is an error at load. Host-to-device copies
+// of offloaded buffers run on a second stream, ordered by events, so a
 // prefetch overlaps the compute before its use. A step queues every
 // instruction and synchronizes once at its end; then the status words of
 // the kernels that validate token ids and labels are checked.

@@ -7,6 +7,19 @@ import (
 	"gcompile/runtime/cuda/cublaslt"
 )
 
+// A matmul whose operands are all of one 16-bit format runs as a native
+// GEMM in that format; any other is an fp32 GEMM, on fp32 copies of its
+// 16-bit operands when it has some.
+func init() {
+	emulatedGemm := onFP32(resultDType, (*compiler).matmul)
+	register(func(c *compiler) (func() error, error) {
+		if c.nativeGemm() {
+			return c.matmul()
+		}
+		return emulatedGemm(c)
+	}, "matmul")
+}
+
 // maxGemmWorkspace caps the workspace cuBLASLt's algorithms may ask for;
 // the device allocates the most any of its plans needs, once.
 const maxGemmWorkspace = 32 << 20

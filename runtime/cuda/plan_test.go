@@ -36,7 +36,9 @@ var planConfigs = []config{
 
 // Every instruction of every device's program gets a launch plan: kernels
 // that exist in the kernel table with matching parameter types, GEMMs,
-// copies or collectives. Nothing fails with "no kernel for op X" at load.
+// copies or collectives. Nothing fails with "no kernel for op X" at load,
+// and each instruction launches only the kernels the kernel table gives
+// its op.
 func TestEveryInstructionHasALaunchPlan(t *testing.T) {
 	seen := map[string]bool{}
 	for _, c := range planConfigs {
@@ -49,6 +51,7 @@ func TestEveryInstructionHasALaunchPlan(t *testing.T) {
 				require.Len(t, plan, len(prog.Instrs))
 				for i, p := range plan {
 					seen[p.Op] = true
+					assert.Empty(t, strayKernels(p), "device %d: %s (%s) launches kernels the kernel table does not give it", r, p.Op, p.Where)
 					in := prog.Instrs[i]
 					if noWork(prog, i) {
 						continue

@@ -36,13 +36,19 @@ func narrowKernel(dt ir.DType) string {
 	return "gc_f32_to_f16"
 }
 
+// Casts convert between the formats themselves, so they never pass
+// through the 16-bit emulation.
+func init() {
+	register((*compiler).cast, "cast")
+}
+
 // emulate16 runs an instruction on fp16 or bf16 buffers as the CPU
 // backend's compile16 does: each 16-bit argument is widened into an fp32
-// copy in the scratch workspace, the fp32 kernels run on the copies (fp32
-// accumulation in reductions, softmax and LayerNorm), and a 16-bit result
-// is rounded back. Other operands are used where they are. The copies are
+// copy in the scratch workspace, f prepares the fp32 kernels on the
+// copies (fp32 accumulation in reductions, softmax and LayerNorm), and a
+// 16-bit result is rounded back. Other operands are used where they are. The copies are
 // workspace, outside the arena and the memory plan, as on the CPU.
-func (c *compiler) emulate16() (func() error, error) {
+func (c *compiler) emulate16(f prepare) (func() error, error) {
 	in := c.in
 	if in.Bucket > 0 {
 		return nil, fmt.Errorf("bucketed %s of 16-bit values is not supported by the cuda backend yet", in.Op)
@@ -74,11 +80,11 @@ func (c *compiler) emulate16() (func() error, error) {
 		}
 		widen = append(widen, l)
 	}
-	f, err := c.op()
+	run, err := f(c)
 	if err != nil {
 		return nil, err
 	}
-	steps := []func() error{c.runs(widen...), f}
+	steps := []func() error{c.runs(widen...), run}
 	if in.Out >= 0 {
 		if b := c.buf(in.Out); is16(b.Type.DType) {
 			n := b.Type.Shape.NumElements()

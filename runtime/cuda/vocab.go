@@ -18,6 +18,18 @@ func vocabAxis(v *ir.Value, dim int) int {
 	return -1
 }
 
+// orVocabParallel prepares an embedding or cross-entropy as the
+// vocab-parallel layer when its vocabulary is split across the mesh, and
+// with f when it is whole on this device.
+func orVocabParallel(f prepare) prepare {
+	return func(c *compiler) (func() error, error) {
+		if run, handled, err := c.vocabParallel(); handled || err != nil {
+			return run, err
+		}
+		return f(c)
+	}
+}
+
 // vocabParallel handles embedding and cross-entropy whose vocabulary is
 // split across a mesh axis (Megatron's vocab-parallel layers), as the CPU
 // backend's compileVocabParallel does; handled is false when the

@@ -1,0 +1,54 @@
+package ir
+
+// Names the passes, the lowering and the runtime agree on. A module's
+// inputs and outputs are found by name, and optimizer state is named after
+// its param, so these strings are an interface between rooms: each is
+// spelled here once and every package reads it from here.
+const (
+	// OutputLoss is the scalar the model minimises; autodiff
+	// differentiates it and evaluation runs the program up to it.
+	OutputLoss = "loss"
+	// InputTokens and InputTargets are a language model's per-step batch:
+	// i32 token ids [batch, seq] and the ids to predict.
+	InputTokens  = "tokens"
+	InputTargets = "targets"
+	// InputLR is the learning rate of this step, a scalar of the params'
+	// dtype the runtime's schedule sets.
+	InputLR = "lr"
+	// InputStep is the optimizer's 1-based step count, an i64 scalar
+	// (Adam's bias correction, Adafactor's decay); a step skipped for
+	// overflowed gradients does not advance it.
+	InputStep = "step"
+	// InputLossScale is mixed precision's f32 loss scale, which replaces
+	// autodiff's seed dloss = 1 (the runtime's LossScaler sets it).
+	InputLossScale = "loss_scale"
+	// OutputGradNorm is the global L2 norm of the gradients before
+	// clipping.
+	OutputGradNorm = "grad_norm"
+	// OutputNonFinite counts the inf and NaN elements of the unscaled
+	// gradients; when it is not 0 the step changed nothing.
+	OutputNonFinite = "nonfinite_grads"
+)
+
+// Prefixes of derived names: PREFIX + a param's name.
+const (
+	// GradPrefix names autodiff's outputs: "grad/wte.weight" is the
+	// gradient of the loss with respect to param wte.weight.
+	GradPrefix = "grad/"
+	// AdamMPrefix and AdamVPrefix name AdamW's first and second moments.
+	AdamMPrefix = "adam.m/"
+	AdamVPrefix = "adam.v/"
+	// SGDMomentumPrefix names SGD's momentum buffer.
+	SGDMomentumPrefix = "sgd.momentum/"
+	// AdafactorVPrefix and SM3VPrefix name the unfactored second moments
+	// of Adafactor and SM3 (params that are not matrices).
+	AdafactorVPrefix = "adafactor.v/"
+	SM3VPrefix       = "sm3.v/"
+	// PrevPrefix names PipeDream-2BW's previous weight version, which the
+	// forward and backward read instead of the param.
+	PrevPrefix = "2bw.prev/"
+)
+
+// InitCopyPrefix begins a state's "init" attribute when the state starts
+// as a copy of a param: "copy:NAME".
+const InitCopyPrefix = "copy:"

@@ -1,0 +1,110 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+
+	"gcompile/ir"
+)
+
+// Neural-network layers: softmax, the causal mask, LayerNorm, embedding
+// and cross-entropy. The layers over the last dim launch one block per
+// row; the embedding and cross-entropy kernels validate ids and labels
+// through a status word each, checked after the step. Embedding and
+// cross-entropy whose vocabulary is split across the mesh run the
+// vocab-parallel path (vocab.go).
+func init() {
+	register(onFP32(resultDType, (*compiler).softmax), "softmax")
+	register(onFP32(resultDType, (*compiler).softmaxGrad), "softmax_grad")
+	register(onFP32(resultDType, (*compiler).causalMask), "causal_mask")
+	register(onFP32(resultDType, (*compiler).layerNorm), "layernorm", "layernorm_grad_x")
+	register(onFP32(resultDType, (*compiler).layerNormGradGamma), "layernorm_grad_gamma")
+	register(onFP32(resultDType, orVocabParallel((*compiler).embedding)), "embedding")
+	register(onFP32(resultDType, (*compiler).embeddingGrad), "embedding_grad")
+	// The loss is a scalar: the logits' dtype decides the kernel.
+	register(onFP32(argDType, orVocabParallel((*compiler).crossEntropy)), "cross_entropy")
+	register(onFP32(resultDType, orVocabParallel((*compiler).crossEntropyGrad)), "cross_entropy_grad")
+}
+
+// lastDim views shape s as rows of its last dim.
+func lastDim(s []int) (rows, n int64) {
+	k := int64(s[len(s)-1])
+	return numel(s) / max(k, 1), k
+}
+
+func (c *compiler) softmax() (func() error, error) {
+	rows, k := lastDim(c.outShape())
+	return c.one("gc_softmax", c.out(), c.arg(0), rows, k)
+}
+
+func (c *compiler) softmaxGrad() (func() error, error) {
+	rows, k := lastDim(c.outShape())
+	return c.one("gc_softmax_grad", c.out(), c.arg(0), c.arg(1), rows, k)
+}
+
+func (c *compiler) causalMask() (func() error, error) {
+	outShape := c.outShape()
+	r := len(outShape)
+	if r < 2 {
+		return nil, fmt.Errorf("causal_mask needs rank ≥ 2, got %v", c.in.OutType)
+	}
+	s, t := int64(outShape[r-2]), int64(outShape[r-1])
+	rows := numel(outShape) / max(t, 1)
+	fill := float32(c.in.Attrs.Float("fill", math.Inf(-1)))
+	return c.one("gc_causal_mask", c.out(), c.arg(0), rows, s, t, fill)
+}
+
+// layerNorm is the forward and the input gradient: one kernel, named
+// after the op, with the same operands (x, gamma, beta or dy).
+func (c *compiler) layerNorm() (func() error, error) {
+	rows, k := lastDim(c.outShape())
+	return c.one("gc_"+c.in.Op, c.out(), c.arg(0), c.arg(1), c.arg(2), rows, k, float32(c.in.Attrs.Float("eps", 0)))
+}
+
+// layerNormGradGamma recomputes each row's statistics into the workspace,
+// then sums the columns.
+func (c *compiler) layerNormGradGamma() (func() error, error) {
+	rows, k := lastDim(c.shape(0))
+	stats := parg{at: c.scratch(16 * rows), dt: ir.F32}
+	l1, err := c.kernel("gc_layernorm_stats", stats, c.arg(0), rows, k, float32(c.in.Attrs.Float("eps", 0)))
+	if err != nil {
+		return nil, err
+	}
+	l2, err := c.kernel("gc_layernorm_grad_gamma", c.out(), c.arg(0), c.arg(1), stats, rows, k)
+	if err != nil {
+		return nil, err
+	}
+	return c.runs(l1, l2), nil
+}
+
+func (c *compiler) embedding() (func() error, error) {
+	s := c.shape(0)
+	return c.one("gc_embedding", c.out(), c.status(), c.arg(0), c.arg(1), numel(c.shape(1)), int64(s[0]), int64(s[1]))
+}
+
+func (c *compiler) embeddingGrad() (func() error, error) {
+	outShape := c.outShape()
+	return c.one("gc_embedding_grad", c.out(), c.status(), c.arg(0), c.arg(1), numel(c.shape(0)), int64(outShape[0]), int64(outShape[1]))
+}
+
+// crossEntropy computes a (loss, count) pair per row into the workspace,
+// then one block adds them in order and divides by the rows.
+func (c *compiler) crossEntropy() (func() error, error) {
+	s := c.shape(0)
+	rows, vocab := int64(s[0]), int64(s[1])
+	pairs := parg{at: c.scratch(8 * rows), dt: ir.F32}
+	l1, err := c.kernel("gc_cross_entropy_rows", pairs, c.status(), c.arg(0), c.arg(1), rows, vocab)
+	if err != nil {
+		return nil, err
+	}
+	l2, err := c.kernel("gc_finish_sum", c.out(), pairs, rows, max(rows, 1))
+	if err != nil {
+		return nil, err
+	}
+	return c.runs(l1, l2), nil
+}
+
+func (c *compiler) crossEntropyGrad() (func() error, error) {
+	s := c.shape(0)
+	return c.one("gc_cross_entropy_grad", c.out(), c.status(), c.arg(0), c.arg(1), c.arg(2), int64(s[0]), int64(s[1]))
+}
