@@ -50,3 +50,14 @@ func TestBlockBoxSplitsOneDimOverSeveralAxesInMeshOrder(t *testing.T) {
 	assert.Equal(t, []int{0, 0, 2}, b.Lo)
 	assert.Equal(t, []int{4, 3, 2}, b.Size)
 }
+
+func TestMatMulGEMM(t *testing.T) {
+	g, err := ir.MatMulGEMM(ir.Shape{4, 3, 8, 5}, ir.Shape{5, 7}, false, false)
+	require.NoError(t, err)
+	assert.Equal(t, ir.GEMM{Batch: 12, M: 8, N: 7, K: 5, SharedB: true}, g)
+	g, err = ir.MatMulGEMM(ir.Shape{2, 5, 8}, ir.Shape{2, 7, 5}, true, true)
+	require.NoError(t, err)
+	assert.Equal(t, ir.GEMM{Batch: 2, M: 8, N: 7, K: 5}, g, "transposed operands are stored k×m and n×k")
+	_, err = ir.MatMulGEMM(ir.Shape{8}, ir.Shape{8, 2}, false, false)
+	assert.ErrorContains(t, err, "both need rank ≥ 2")
+}

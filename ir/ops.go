@@ -892,3 +892,32 @@ func inferWhereFinite(args []Type, _ Attrs) (Type, error) {
 	}
 	return args[1], nil
 }
+
+// GEMM is a matmul's problem as a batched GEMM kernel sees it: Batch
+// products of an M×K and a K×N matrix (each operand read transposed as
+// the op's transA/transB say), with B one matrix shared by every batch
+// when SharedB. Both backends and the cost model read a matmul this way.
+type GEMM struct {
+	Batch, M, N, K int
+	SharedB        bool
+}
+
+// MatMulGEMM is the GEMM of a matmul of a·b with the given operand
+// shapes (the local ones on a device); it refuses shapes below rank 2.
+func MatMulGEMM(a, b Shape, transA, transB bool) (GEMM, error) {
+	ra, rb := len(a), len(b)
+	if ra < 2 || rb < 2 {
+		return GEMM{}, fmt.Errorf("matmul of %v and %v: both need rank ≥ 2", a, b)
+	}
+	g := GEMM{M: a[ra-2], K: a[ra-1], N: b[rb-1], Batch: 1, SharedB: rb == 2}
+	if transA {
+		g.M, g.K = g.K, g.M
+	}
+	if transB {
+		g.N = b[rb-2]
+	}
+	for _, x := range a[:ra-2] {
+		g.Batch *= x
+	}
+	return g, nil
+}

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"gcompile/ir"
 	kcpu "gcompile/kernels/cpu"
 )
 
@@ -15,26 +16,13 @@ func init() {
 
 // matmul maps the IR's matmul forms onto the batched GEMM kernel.
 func matmul[T kcpu.Float](c *Call[T]) (func() error, error) {
-	a := c.Instr.Attrs
-	return compileMatMul(c.Out(), c.Arg(0), c.Arg(1), c.Shape(0), c.Shape(1), a.Bool("transA"), a.Bool("transB")), nil
-}
-
-func compileMatMul[T kcpu.Float](c, a, b []T, as, bs []int, ta, tb bool) func() error {
-	ra, rb := len(as), len(bs)
-	m, k := as[ra-2], as[ra-1]
-	if ta {
-		m, k = k, m
+	ta, tb := c.Instr.Attrs.Bool("transA"), c.Instr.Attrs.Bool("transB")
+	g, err := ir.MatMulGEMM(c.Shape(0), c.Shape(1), ta, tb)
+	if err != nil {
+		return nil, err
 	}
-	n := bs[rb-1]
-	if tb {
-		n = bs[rb-2]
-	}
-	batch := 1
-	for _, x := range as[:ra-2] {
-		batch *= x
-	}
-	shared := rb == 2
-	return ok(func() { kcpu.MatMul(c, a, b, batch, m, n, k, ta, tb, shared) })
+	out, x, y := c.Out(), c.Arg(0), c.Arg(1)
+	return ok(func() { kcpu.MatMul(out, x, y, g.Batch, g.M, g.N, g.K, ta, tb, g.SharedB) }), nil
 }
 
 // reduceKernel is the kernel of a reduction over the axes attribute.

@@ -50,31 +50,18 @@ func ltType(dt ir.DType) (cublaslt.DType, error) {
 	return 0, fmt.Errorf("cuBLASLt takes f32, f16 or bf16, not %v", dt)
 }
 
-// matmul maps the IR's matmul forms onto cuBLASLt as compileMatMul maps
-// them onto the CPU's batched GEMM: A is [..., m, k] (stored k×m when
+// matmul maps the IR's matmul forms (ir.MatMulGEMM) onto cuBLASLt as the
+// CPU backend maps them onto its batched GEMM: A is [..., m, k] (stored k×m when
 // transA), B is [k, n] shared by every batch or [..., k, n] (n×k when
 // transB), and the leading dims of A are the batch.
 func (c *compiler) matmul() (func() error, error) {
 	in := c.in
-	as, bs := c.shape(0), c.shape(1)
 	ta, tb := in.Attrs.Bool("transA"), in.Attrs.Bool("transB")
-	ra, rb := len(as), len(bs)
-	if ra < 2 || rb < 2 {
-		return nil, fmt.Errorf("matmul of %v and %v: both need rank ≥ 2", in.ArgTypes[0], in.ArgTypes[1])
+	g, err := ir.MatMulGEMM(c.shape(0), c.shape(1), ta, tb)
+	if err != nil {
+		return nil, err
 	}
-	m, k := as[ra-2], as[ra-1]
-	if ta {
-		m, k = k, m
-	}
-	n := bs[rb-1]
-	if tb {
-		n = bs[rb-2]
-	}
-	batch := 1
-	for _, x := range as[:ra-2] {
-		batch *= x
-	}
-	shared := rb == 2
+	batch, m, n, k, shared := g.Batch, g.M, g.N, g.K, g.SharedB
 	dA, dB, dC := c.dtype(in.Args[0]), c.dtype(in.Args[1]), c.dtype(in.Out)
 	if dA != dB || dC != dA {
 		return nil, fmt.Errorf("matmul of %v and %v into %v: the operands must share one dtype", dA, dB, dC)
