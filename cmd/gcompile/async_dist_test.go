@@ -61,20 +61,7 @@ func TestAsyncJobLosesAReplicaProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
-	ps := startProcs(t, 4, asyncFaultArgs(t, 4, "20s"), nil)
-	waitForTraining(t, ps)
-	start := time.Now()
-	require.NoError(t, ps[2].cmd.Process.Kill())
-	waitAll(t, ps, 20*time.Second)
-	t.Logf("the job ended %v after the kill", time.Since(start).Round(time.Millisecond))
-	for r, p := range ps {
-		require.Error(t, p.err, "rank %d", r)
-		if r == 2 {
-			continue
-		}
-		assert.Contains(t, p.output(), "process 2 (rank 2", "rank %d names the lost process:\n%s", r, p.output())
-		t.Logf("rank %d: %s", r, lastLine(p.output()))
-	}
+	assertLossNamed(t, startProcs(t, 4, asyncFaultArgs(t, 4, "20s"), nil), 2)
 }
 
 // A stalled process (SIGSTOP) is named by the others' timeout: a stalled
