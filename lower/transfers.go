@@ -47,7 +47,11 @@ const maxReported = 8
 // simulation, and name the instructions involved. A single program, or
 // programs without transfers, pass. The cost is linear in the number of
 // instructions.
-func CheckTransfers(progs []*Program) error {
+func CheckTransfers(progs []*Program) error { return checkTransfers(progs, false) }
+
+// checkTransfers pairs the transfers by order or, byTag, by tag, then
+// simulates the programs with that matching.
+func checkTransfers(progs []*Program, byTag bool) error {
 	if len(progs) <= 1 {
 		return nil
 	}
@@ -55,10 +59,14 @@ func CheckTransfers(progs []*Program) error {
 	if err != nil {
 		return err
 	}
-	if err := t.checkPairs(); err != nil {
+	pair := t.checkPairs
+	if byTag {
+		pair = t.checkTags
+	}
+	if err := pair(); err != nil {
 		return err
 	}
-	return t.simulate(false)
+	return t.simulate(byTag)
 }
 
 // transfers indexes every send and receive by ordered rank pair.
@@ -316,19 +324,7 @@ func (t *transfers) cycle(from int, pc []int) string {
 // different orders (a tied embedding is sent first and used last); that is
 // fine here, and CheckTransfers, for transports that match by order, says
 // so. Errors wrap ErrTransferOrder, and ErrDeadlock for the simulation.
-func CheckTransfersByTag(progs []*Program) error {
-	if len(progs) <= 1 {
-		return nil
-	}
-	t, err := collectTransfers(progs)
-	if err != nil {
-		return err
-	}
-	if err := t.checkTags(); err != nil {
-		return err
-	}
-	return t.simulate(true)
-}
+func CheckTransfersByTag(progs []*Program) error { return checkTransfers(progs, true) }
 
 // tagKey is one tag of one ordered pair.
 type tagKey struct{ from, to, tag int }

@@ -684,8 +684,11 @@ func groupHash(key string) uint64 {
 	return h.Sum64()
 }
 
-// begin checks the group and the caller, and numbers the call.
-func (n *Net) begin(g runtime.Group, rank int, o op, dt ir.DType, agree1, agree2 int64) (*call, error) {
+// begin checks the group and the caller, and numbers the call. bad is
+// the caller's own rule violation (nil: none): the call still takes its
+// number, then fails and aborts the job, since the other members wait
+// for it.
+func (n *Net) begin(g runtime.Group, rank int, o op, dt ir.DType, agree1, agree2 int64, bad error) (*call, error) {
 	where := func() string { return fmt.Sprintf("%v on group %v by rank %d", o, g, rank) }
 	if err := n.aborted(); err != nil {
 		return nil, fmt.Errorf("%s: %w", where(), err)
@@ -706,7 +709,11 @@ func (n *Net) begin(g runtime.Group, rank int, o op, dt ir.DType, agree1, agree2
 	seq := n.seqs[sk]
 	n.seqs[sk] = seq + 1
 	n.mu.Unlock()
-	return &call{n: n, g: g, rank: rank, pos: pos, op: o, dt: dt, seq: seq, group: groupHash(key), agree1: agree1, agree2: agree2}, nil
+	c := &call{n: n, g: g, rank: rank, pos: pos, op: o, dt: dt, seq: seq, group: groupHash(key), agree1: agree1, agree2: agree2}
+	if bad != nil {
+		return nil, c.fail(fmt.Errorf("%s: %w", c.where(), bad))
+	}
+	return c, nil
 }
 
 // fail aborts the job with the caller's error: the other members are
@@ -984,12 +991,9 @@ func reduceChunk(dt ir.DType, dst, own [][]byte, rs []frame, pos int) {
 // share is summed in place, in bufs, since no other member reads it.
 func (n *Net) AllReduce(g runtime.Group, rank int, dt ir.DType, bufs ...[]byte) error {
 	total, bad := allReduceArgs(dt, bufs)
-	c, err := n.begin(g, rank, opAllReduce, dt, int64(total), int64(len(bufs)))
+	c, err := n.begin(g, rank, opAllReduce, dt, int64(total), int64(len(bufs)), bad)
 	if err != nil {
 		return err
-	}
-	if bad != nil {
-		return c.fail(fmt.Errorf("%s: %w", c.where(), bad))
 	}
 	m := g.Size()
 	if m == 1 {
@@ -1070,12 +1074,9 @@ func (n *Net) ReduceScatter(g runtime.Group, rank int, dt ir.DType, in, out []by
 	// The in-place form needs no care here: the sum is made in a received
 	// buffer and lands on out last.
 	_, bad := reduceScatterArgs(g, rank, dt, in, out)
-	c, err := n.begin(g, rank, opReduceScatter, dt, int64(k), 0)
+	c, err := n.begin(g, rank, opReduceScatter, dt, int64(k), 0, bad)
 	if err != nil {
 		return err
-	}
-	if bad != nil {
-		return c.fail(fmt.Errorf("%s: %w", c.where(), bad))
 	}
 	for q := range m {
 		if q != c.pos {
@@ -1111,12 +1112,9 @@ func (n *Net) ReduceScatter(g runtime.Group, rank int, dt ir.DType, in, out []by
 func (n *Net) AllGather(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
 	m, k := g.Size(), len(in)
 	inPlace, bad := allGatherArgs(g, rank, dt, in, out)
-	c, err := n.begin(g, rank, opAllGather, dt, int64(k), 0)
+	c, err := n.begin(g, rank, opAllGather, dt, int64(k), 0, bad)
 	if err != nil {
 		return err
-	}
-	if bad != nil {
-		return c.fail(fmt.Errorf("%s: %w", c.where(), bad))
 	}
 	for q := range m {
 		if q != c.pos {
@@ -1150,12 +1148,9 @@ func (n *Net) AllGather(g runtime.Group, rank int, dt ir.DType, in, out []byte) 
 func (n *Net) AllToAll(g runtime.Group, rank int, dt ir.DType, in, out []byte) error {
 	m := g.Size()
 	bad := allToAllArgs(g, dt, in, out)
-	c, err := n.begin(g, rank, opAllToAll, dt, int64(len(in)), 0)
+	c, err := n.begin(g, rank, opAllToAll, dt, int64(len(in)), 0, bad)
 	if err != nil {
 		return err
-	}
-	if bad != nil {
-		return c.fail(fmt.Errorf("%s: %w", c.where(), bad))
 	}
 	k := len(in) / m
 	for q := range m {
@@ -1186,12 +1181,9 @@ func (n *Net) AllToAll(g runtime.Group, rank int, dt ir.DType, in, out []byte) e
 // Broadcast copies the root member's buf into every other member's.
 func (n *Net) Broadcast(g runtime.Group, rank, root int, dt ir.DType, buf []byte) error {
 	bad := broadcastArgs(g, root, dt, buf)
-	c, err := n.begin(g, rank, opBroadcast, dt, int64(len(buf)), int64(root))
+	c, err := n.begin(g, rank, opBroadcast, dt, int64(len(buf)), int64(root), bad)
 	if err != nil {
 		return err
-	}
-	if bad != nil {
-		return c.fail(fmt.Errorf("%s: %w", c.where(), bad))
 	}
 	if c.pos == root {
 		for q := range g.Size() {
@@ -1215,7 +1207,7 @@ func (n *Net) Broadcast(g runtime.Group, rank, root int, dt ir.DType, buf []byte
 // Barrier returns once every member has called it: all report to the
 // member at position 0, which then releases them.
 func (n *Net) Barrier(g runtime.Group, rank int) error {
-	c, err := n.begin(g, rank, opBarrier, ir.Invalid, 0, 0)
+	c, err := n.begin(g, rank, opBarrier, ir.Invalid, 0, 0, nil)
 	if err != nil {
 		return err
 	}
