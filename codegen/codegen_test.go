@@ -30,6 +30,7 @@ var bodies = []struct {
 	{"t0=gelu_grad a0 a1", 2}, // a single op, the degenerate group
 	{"t0=adam_m a0 a1 beta1=0.9; t1=adam_v a2 a1 beta2=0.95; t2=div t0 t1", 3},
 	{"t0=sgd_buf a0 a1 a2 momentum=0.9 wd=0.1; t1=sm3_v t0 a1; t2=sub t1 a2", 3},
+	{"t0=silu a0; t1=mul t0 a1; t2=silu_grad a0 a2; t3=add t1 t2", 3}, // SwiGLU and its gradient
 }
 
 func parse(t *testing.T, text string, nargs int) ir.FusedBody {
@@ -96,6 +97,10 @@ func opByOpInto[T kcpu.Float](t testing.TB, body ir.FusedBody, args, temps [][]T
 			kcpu.Relu(o, in[0])
 		case "gelu_grad":
 			kcpu.GeluGrad(o, in[0], in[1])
+		case "silu":
+			kcpu.Silu(o, in[0])
+		case "silu_grad":
+			kcpu.SiluGrad(o, in[0], in[1])
 		case "relu_grad":
 			kcpu.ReluGrad(o, in[0], in[1])
 		case "tanh_grad":

@@ -88,9 +88,9 @@ func cpuKernel[T kcpu.Float](st ir.FusedStep) (stepKernel[T], error) {
 		return T(v), err
 	}
 	unary := map[string]func(o, x []T){"neg": kcpu.Neg[T], "exp": kcpu.Exp[T], "log": kcpu.Log[T], "tanh": kcpu.Tanh[T],
-		"sqrt": kcpu.Sqrt[T], "gelu": kcpu.Gelu[T], "relu": kcpu.Relu[T]}
+		"sqrt": kcpu.Sqrt[T], "gelu": kcpu.Gelu[T], "relu": kcpu.Relu[T], "silu": kcpu.Silu[T]}
 	binary := map[string]func(o, a, b []T){"add": kcpu.Add[T], "sub": kcpu.Sub[T], "mul": kcpu.Mul[T], "div": kcpu.Div[T],
-		"gelu_grad": kcpu.GeluGrad[T], "relu_grad": kcpu.ReluGrad[T], "tanh_grad": kcpu.TanhGrad[T], "sm3_v": kcpu.SM3Accumulate[T]}
+		"gelu_grad": kcpu.GeluGrad[T], "relu_grad": kcpu.ReluGrad[T], "tanh_grad": kcpu.TanhGrad[T], "silu_grad": kcpu.SiluGrad[T], "sm3_v": kcpu.SM3Accumulate[T]}
 	want := 0
 	var k stepKernel[T]
 	switch op := st.Op; {

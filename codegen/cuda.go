@@ -13,7 +13,7 @@ import (
 
 // CUDAPrelude goes once before any fused kernel, after the kernels/cuda
 // program (whose prelude and elementwise.cu define the gc_ helpers the
-// fused kernels call, gc_gelu_halves among them).
+// fused kernels call, gc_gelu_halves and gc_sigmoid_halves among them).
 //
 // gc_fused_keep hands a value through an empty asm statement, which the
 // compiler cannot see into: a temp is rounded to float once, as it is
@@ -115,7 +115,8 @@ func CUDA(body ir.FusedBody, nargs int) (CUDAKernel, error) {
 // expressions ops, ending with dst rounded and kept (gc_fused_keep).
 func cudaStep(st ir.FusedStep, ops []string, dst string) ([]string, error) {
 	arity := map[string]int{"add": 2, "sub": 2, "mul": 2, "div": 2, "neg": 1, "exp": 1, "log": 1, "tanh": 1, "sqrt": 1,
-		"relu": 1, "gelu": 1, "relu_grad": 2, "tanh_grad": 2, "gelu_grad": 2, "adam_m": 2, "adam_v": 2, "sgd_buf": 3, "sm3_v": 2}
+		"relu": 1, "gelu": 1, "silu": 1, "relu_grad": 2, "tanh_grad": 2, "gelu_grad": 2, "silu_grad": 2, "adam_m": 2, "adam_v": 2,
+		"sgd_buf": 3, "sm3_v": 2}
 	want, ok := arity[st.Op]
 	if !ok {
 		return nil, fmt.Errorf("no CUDA expression for %s in a fused body", st.Op)
@@ -174,6 +175,13 @@ func cudaStep(st ir.FusedStep, ops []string, dst string) ([]string, error) {
 			fmt.Sprintf("const float %[1]s_du = GC_GELU_C * (1.0f + 3.0f * GC_GELU_A * %[2]s * %[2]s);", dst, x),
 		}
 		e = fmt.Sprintf("(%[1]s_s + 2.0f * %[1]s_s * %[1]s_sc * %[2]s * %[1]s_du) * %[3]s", dst, x, y)
+	case "silu", "silu_grad":
+		pre = []string{fmt.Sprintf("float %[1]s_s, %[1]s_sc;", dst), fmt.Sprintf("gc_sigmoid_halves(%[2]s, &%[1]s_s, &%[1]s_sc);", dst, x)}
+		if st.Op == "silu" {
+			e = fmt.Sprintf("%s * %s_s", x, dst)
+		} else {
+			e = fmt.Sprintf("%[1]s_s * (1.0f + %[2]s * %[1]s_sc) * %[3]s", dst, x, y)
+		}
 	case "adam_m", "adam_v":
 		name := map[string]string{"adam_m": "beta1", "adam_v": "beta2"}[st.Op]
 		beta, err := attr(name)

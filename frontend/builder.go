@@ -41,6 +41,9 @@ type Builder struct {
 	docs   []ParamDoc
 	layer  int
 	scalar map[float64]*ir.Value
+	// Scopes the model opened: what ops recorded now are tagged with.
+	selective bool
+	precision ir.DType
 }
 
 // Build runs fn and returns the recorded module, or every DSL error it hit.
@@ -177,7 +180,46 @@ func (b *Builder) meta() ir.Meta {
 	m := ir.NoMeta
 	m.Layer = b.layer
 	m.Phase = ir.PhaseFwd
+	m.Selective = b.selective
+	m.Precision = b.precision
 	return m
+}
+
+// sourceMeta is the meta of a source op: the model's scopes tag
+// computations, not the values they read, except that a param declared
+// inside KeepFP32 carries the policy to every op that reads it.
+func (b *Builder) sourceMeta(op string) ir.Meta {
+	m := b.meta()
+	m.Selective = false
+	if op != "param" {
+		m.Precision = ir.Invalid
+	}
+	return m
+}
+
+// RecomputeSelective runs fn and tags the ops it records as the ones
+// --recompute selective may drop after the forward pass and replay in the
+// backward: cheap to recompute and large to keep, like attention's
+// [batch, heads, seq, seq] scores and probabilities (Korthikanti et al.
+// 2022). A model that tags nothing cannot be compiled with
+// --recompute selective.
+func (b *Builder) RecomputeSelective(fn func()) {
+	prev := b.selective
+	b.selective = true
+	defer func() { b.selective = prev }()
+	fn()
+}
+
+// KeepFP32 runs fn and keeps the ops it records, and their gradients, in
+// fp32 under --precision fp16 or bf16: their arguments are cast up and
+// their weights read from the fp32 masters (a MoE router, say, whose
+// softmax decides where tokens go). A param declared inside fn is a policy
+// of its own: every op that reads it, wherever it is recorded, stays fp32.
+func (b *Builder) KeepFP32(fn func()) {
+	prev := b.precision
+	b.precision = ir.F32
+	defer func() { b.precision = prev }()
+	fn()
 }
 
 // Init says how a parameter starts.
@@ -202,6 +244,23 @@ const (
 	RowParallel    Parallel = "row"    // weight [in,out] split on in; output partial
 	VocabParallel  Parallel = "vocab"  // embedding [V,h] split on V
 )
+
+// OutIn marks a hint as applying to a weight stored [out,in] (torch's
+// nn.Linear and Hugging Face's layout, used as y = x·Wᵀ) rather than
+// GPT-2's [in,out]: a column-parallel [out,in] weight splits its rows, a
+// row-parallel one its columns. NoParallel stays NoParallel.
+func (p Parallel) OutIn() Parallel {
+	if p == NoParallel {
+		return p
+	}
+	return p + ",out_in"
+}
+
+// HeadParallel is the hint of grouped-query attention's k or v projection
+// of heads·headDim outputs: column-parallel by whole heads when tensor
+// parallelism divides the head count, replicated otherwise (each device
+// then computes every k/v head and uses those its query heads share).
+func HeadParallel(headDim int) Parallel { return Parallel(fmt.Sprintf("heads:%d", headDim)) }
 
 // FusedColumnParallel is a column-parallel weight whose output columns are
 // k projections side by side (q, k, v: k = 3); each rank takes its slice of
@@ -232,7 +291,7 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 		b.fail(pos, fmt.Errorf("%s %q is declared twice", op, attrs.Str("name")))
 		return &Tensor{b: b}
 	}
-	v, err := b.m.AddSource(op, t, attrs, b.meta(), pos)
+	v, err := b.m.AddSource(op, t, attrs, b.sourceMeta(op), pos)
 	if err != nil {
 		b.errs = append(b.errs, err)
 		return &Tensor{b: b}
@@ -252,21 +311,54 @@ func (b *Builder) Loss(t *Tensor) {
 	b.m.SetOutput(ir.OutputLoss, t.v)
 }
 
+// Output reports the scalar t each step under name, beside the loss (in
+// the metrics as outputs.NAME): a MoE load-balancing loss, a router's
+// entropy, an accuracy. Like the loss it is averaged over microbatches and
+// over data-parallel ranks, so it must be a mean over the batch's rows for
+// the figure not to depend on the plan. It is not trained on; add it to
+// the loss for that.
+func (b *Builder) Output(name string, t *Tensor) {
+	pos := userPos()
+	switch {
+	case t.v == nil:
+		return
+	case name == "" || strings.ContainsAny(name, " \t\n\"/"):
+		b.fail(pos, fmt.Errorf("output name %q: want a non-empty name without spaces, quotes or slashes", name))
+	case t.v.Type.Rank() != 0 || !t.v.Type.DType.IsFloat():
+		b.fail(pos, fmt.Errorf("output %q must be a float scalar, got %v (reduce it, e.g. with Mean())", name, t.v.Type))
+	case b.m.Output(ir.AuxPrefix+name) != nil:
+		b.fail(pos, fmt.Errorf("output %q is declared twice", name))
+	default:
+		b.m.SetOutput(ir.AuxPrefix+name, t.v)
+	}
+}
+
 // scalarConst returns a shared rank-0 constant.
 func (b *Builder) scalarConst(x float64, pos ir.Pos) *ir.Value {
 	if v, ok := b.scalar[x]; ok {
 		return v
 	}
-	v, _ := b.m.AddSource("const", ir.T(b.cfg.Float), ir.Attrs{"value": x}, b.meta(), pos)
+	v, _ := b.m.AddSource("const", ir.T(b.cfg.Float), ir.Attrs{"value": x}, b.sourceMeta("const"), pos)
 	b.scalar[x] = v
 	return v
 }
 
-var frontendPrefixes = []string{"gcompile/frontend.", "gcompile/frontend/nn."}
+// libraryPrefixes are the packages whose frames userPos skips: the
+// frontend itself, its layer libraries (everything under
+// gcompile/frontend/), and packages registered with RegisterLibrary.
+var libraryPrefixes = []string{"gcompile/frontend.", "gcompile/frontend/"}
 
-// userPos is the position of the first caller outside the frontend
-// packages: for an op recorded inside nn.Attention that is the user's
-// nn.Attention call.
+// RegisterLibrary makes ops recorded inside the package with import path
+// pkgPath (a layer library of the user's own) report the line of the call
+// into it, as ops recorded inside package nn do. Call it from an init
+// function.
+func RegisterLibrary(pkgPath string) {
+	libraryPrefixes = append(libraryPrefixes, pkgPath+".")
+}
+
+// userPos is the position of the first caller outside the frontend and
+// the layer libraries: for an op recorded inside nn.CausalAttention
+// called from gpt2.Attention, that is the user's gpt2.Block call.
 func userPos() ir.Pos {
 	pcs := make([]uintptr, 32)
 	n := runtime.Callers(2, pcs)
@@ -274,7 +366,7 @@ func userPos() ir.Pos {
 	for {
 		f, more := frames.Next()
 		inside := strings.HasPrefix(f.Function, "runtime.")
-		for _, p := range frontendPrefixes {
+		for _, p := range libraryPrefixes {
 			inside = inside || strings.HasPrefix(f.Function, p)
 		}
 		if !inside && f.File != "" {

@@ -45,6 +45,22 @@ func TestDSLRules(t *testing.T) {
 			y := b.Param("y", []int{4}, frontend.Zeros, frontend.NoParallel)
 			b.Loss(x.Add(y).Sum())
 		}, "add: shapes f32[2,3] and f32[4] do not broadcast"},
+		{"output not scalar", func(b *frontend.Builder) {
+			x := b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
+			b.Output("acc", x)
+			b.Loss(x.Sum())
+		}, `output "acc" must be a float scalar, got f32[2]`},
+		{"output twice", func(b *frontend.Builder) {
+			x := b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum()
+			b.Output("acc", x)
+			b.Output("acc", x)
+			b.Loss(x)
+		}, `output "acc" is declared twice`},
+		{"output name", func(b *frontend.Builder) {
+			x := b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum()
+			b.Output("grad/x", x)
+			b.Loss(x)
+		}, `output name "grad/x": want a non-empty name without spaces, quotes or slashes`},
 		{"model panics", func(b *frontend.Builder) {
 			var s []int
 			_ = s[3]
@@ -118,4 +134,44 @@ func TestPositionsPointAtTheUser(t *testing.T) {
 	var buf bytes.Buffer
 	require.NoError(t, ir.Fprint(&buf, m))
 	assert.Contains(t, buf.String(), "tanh %0 : f32[2,2] {layer=3 phase=fwd} @builder_test.go:")
+}
+
+// Scopes tag what they record: RecomputeSelective marks computations (not
+// the params or constants they read) for selective recompute, KeepFP32
+// pins them to fp32, and a param declared inside KeepFP32 pins every op
+// that reads it, even outside the scope; scopes end with their function.
+func TestScopesTagTheirOps(t *testing.T) {
+	m, err := frontend.Build(func(b *frontend.Builder) {
+		x := b.Param("x", []int{2, 4}, frontend.Normal(1), frontend.NoParallel)
+		var y, z, w *frontend.Tensor
+		b.RecomputeSelective(func() {
+			y = x.Scale(0.5).Softmax()
+		})
+		b.KeepFP32(func() {
+			w = b.Param("w", []int{2, 4}, frontend.Ones, frontend.NoParallel)
+			z = y.Mul(x)
+		})
+		u := y.Sub(w) // outside the scope, but reads w
+		b.Output("z_mean", z.Mean())
+		b.Loss(z.Add(u).Sum())
+	}, frontend.Config{})
+	require.NoError(t, err)
+	type tags struct{ selective, fp32 bool }
+	got := map[string]tags{}
+	for _, v := range m.Values {
+		key := v.Op
+		if v.Op == "param" {
+			key += " " + v.Name()
+		}
+		got[key] = tags{v.Meta.Selective, v.Meta.Precision == ir.F32}
+	}
+	assert.Equal(t, tags{true, false}, got["scale"])
+	assert.Equal(t, tags{true, false}, got["softmax"])
+	assert.Equal(t, tags{false, true}, got["mul"])
+	assert.Equal(t, tags{false, true}, got["sub"], "reads the fp32 param w")
+	assert.Equal(t, tags{false, false}, got["const"], "the scale's constant is a source")
+	assert.Equal(t, tags{false, false}, got["param x"])
+	assert.Equal(t, tags{false, true}, got["param w"], "declared inside KeepFP32")
+	assert.Equal(t, tags{false, false}, got["add"], "the scopes ended")
+	assert.NotNil(t, m.Output(ir.AuxPrefix+"z_mean"))
 }

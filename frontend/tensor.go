@@ -15,6 +15,11 @@ type Tensor struct {
 	v *ir.Value
 }
 
+// Poisoned is a tensor with no value, for a layer that has reported an
+// error (b.Errorf) to return: ops on it record nothing and report nothing
+// more, so the model's one mistake gives one error.
+func (b *Builder) Poisoned() *Tensor { return &Tensor{b: b} }
+
 // Value is the recorded IR value (nil when poisoned).
 func (t *Tensor) Value() *ir.Value { return t.v }
 
@@ -61,7 +66,15 @@ func (b *Builder) record(pos ir.Pos, op string, attrs ir.Attrs, args []*ir.Value
 	if slices.Contains(args, nil) {
 		return &Tensor{b: b}
 	}
-	v, err := b.m.Add(op, args, attrs, b.meta(), pos)
+	meta := b.meta()
+	for _, a := range args {
+		// A param declared inside KeepFP32 keeps every op that reads it
+		// in fp32, wherever the op is recorded.
+		if a.Op == "param" && a.Meta.Precision == ir.F32 {
+			meta.Precision = ir.F32
+		}
+	}
+	v, err := b.m.Add(op, args, attrs, meta, pos)
 	if err != nil {
 		b.errs = append(b.errs, err)
 		return &Tensor{b: b}
@@ -131,6 +144,20 @@ func (t *Tensor) Gelu() *Tensor { return t.op("gelu", nil) }
 // Relu returns max(t, 0).
 func (t *Tensor) Relu() *Tensor { return t.op("relu", nil) }
 
+// Silu is x·σ(x), the SiLU (swish) activation of SwiGLU.
+func (t *Tensor) Silu() *Tensor { return t.op("silu", nil) }
+
+// RMSNorm normalises over the last dim by the root mean square and scales
+// by gamma: x/√(mean(x²)+eps)·γ, the statistic in float64 on every backend.
+func (t *Tensor) RMSNorm(gamma *Tensor, eps float64) *Tensor {
+	return t.op("rmsnorm", ir.Attrs{"eps": eps}, gamma)
+}
+
+// RoPE rotates t [..., positions, d] by rotary position embeddings with
+// base theta, in Hugging Face Llama's rotate-half layout: element i of a
+// row at position p turns with element i+d/2 by p·theta^(−2i/d).
+func (t *Tensor) RoPE(theta float64) *Tensor { return t.op("rope", ir.Attrs{"theta": theta}) }
+
 // MatMul multiplies the last two dims: [...,m,k]·[k,n] or batched [...,m,k]·[...,k,n].
 func (t *Tensor) MatMul(w *Tensor) *Tensor { return t.op("matmul", nil, w) }
 
@@ -154,6 +181,16 @@ func (t *Tensor) Transpose(perm ...int) *Tensor {
 // Slice takes [start,end) along dim.
 func (t *Tensor) Slice(dim, start, end int) *Tensor {
 	return t.op("slice", ir.Attrs{"dim": dim, "start": start, "end": end})
+}
+
+// RepeatInterleave repeats each slice along dim `repeats` times in place
+// ([k0,k1] → [k0,k0,k1,k1]): grouped-query attention's k/v heads shared by
+// consecutive query heads.
+func (t *Tensor) RepeatInterleave(dim, repeats int) *Tensor {
+	if repeats == 1 {
+		return t
+	}
+	return t.op("repeat_interleave", ir.Attrs{"dim": dim, "repeats": repeats})
 }
 
 // Concat joins tensors along dim.

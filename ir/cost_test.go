@@ -36,6 +36,9 @@ func TestOpCostByHand(t *testing.T) {
 		{"exp", "exp", types(f64(10)), f64(10), nil, 10 * tr, 2 * 10 * 8},
 		// 0.5·x·(1+tanh(c·(x+a·x³))): 8 and one tanh per element.
 		{"gelu", "gelu", types(f32(2, 3)), f32(2, 3), nil, 6 * (8 + tr), 2 * 6 * 4},
+		{"silu", "silu", types(f32(2, 3)), f32(2, 3), nil, 6 * (3 + tr), 2 * 6 * 4},
+		{"rmsnorm", "rmsnorm", types(f32(2, 8), f32(8)), f32(2, 8), ir.Attrs{"eps": 1e-6}, 4 * 16, (16 + 8 + 16) * 4},
+		{"rope", "rope", types(f32(2, 8)), f32(2, 8), ir.Attrs{"theta": 1e4}, 16 * (3 + tr), 2 * 16 * 4},
 		{"reduce_sum", "reduce_sum", types(f32(4, 8)), f32(4), ir.Attrs{"axes": []int{1}}, 32, (32 + 4) * 4},
 		{"reduce_mean", "reduce_mean", types(f32(4, 8)), f32(4), ir.Attrs{"axes": []int{1}}, 32 + 4, (32 + 4) * 4},
 		{"softmax", "softmax", types(f32(4, 8)), f32(4, 8), nil, 32 * (4 + tr), 2 * 32 * 4},

@@ -12,10 +12,80 @@ type MeshAxis struct {
 	Size int
 }
 
+// AxisRole is what a mesh axis parallelises, which is what passes ask
+// for: the axis a batch is split over, the one weights are split over,
+// the one pipeline stages sit on.
+type AxisRole uint8
+
+// The roles of mesh axes.
+const (
+	RoleUnknown AxisRole = iota
+	// RoleBatch axes split the batch's rows: data parallelism (dp), and
+	// expert parallelism (ep), whose ranks also hold different experts.
+	RoleBatch
+	// RoleWeight axes split weights and the activations between them:
+	// tensor parallelism (tp).
+	RoleWeight
+	// RolePipeline axes hold different layers: pipeline parallelism (pp).
+	RolePipeline
+)
+
+func (r AxisRole) String() string {
+	switch r {
+	case RoleBatch:
+		return "batch"
+	case RoleWeight:
+		return "weight"
+	case RolePipeline:
+		return "pipeline"
+	}
+	return "unknown"
+}
+
+// axisRoles gives each conventional axis name its role.
+var axisRoles = map[string]AxisRole{"dp": RoleBatch, "ep": RoleBatch, "tp": RoleWeight, "pp": RolePipeline}
+
+// Role is the axis's role, from its conventional name (dp, ep: batch; tp:
+// weight; pp: pipeline); any other name has no role.
+func (a MeshAxis) Role() AxisRole { return axisRoles[a.Name] }
+
 // Mesh is the logical arrangement of devices: the product of the axis sizes
-// is the device count. Axis names are dp, pp, tp and ep by convention.
+// is the device count. Axis names are dp, pp, tp and ep by convention, and
+// the name gives the axis its role (MeshAxis.Role).
 type Mesh struct {
 	Axes []MeshAxis
+}
+
+// AxisFor returns the index of the first axis with the role, or -1. A nil
+// mesh has none.
+func (m *Mesh) AxisFor(r AxisRole) int {
+	if m == nil {
+		return -1
+	}
+	for i, a := range m.Axes {
+		if a.Role() == r {
+			return i
+		}
+	}
+	return -1
+}
+
+// DataAxis is the data-parallel axis (dp: the batch axis that holds whole
+// replicas), or -1; an expert axis (ep) is a batch axis too but not this.
+func (m *Mesh) DataAxis() int { return m.Axis("dp") }
+
+// WeightAxis is the tensor-parallel axis (role weight), or -1.
+func (m *Mesh) WeightAxis() int { return m.AxisFor(RoleWeight) }
+
+// PipelineAxis is the pipeline axis (role pipeline), or -1.
+func (m *Mesh) PipelineAxis() int { return m.AxisFor(RolePipeline) }
+
+// SizeOf is the size of axis i, or 1 when i is -1 (no such axis).
+func (m *Mesh) SizeOf(i int) int {
+	if m == nil || i < 0 {
+		return 1
+	}
+	return m.Axes[i].Size
 }
 
 // Devices is the number of devices the mesh spans.
@@ -27,8 +97,11 @@ func (m *Mesh) Devices() int {
 	return n
 }
 
-// Axis returns the index of the named axis, or -1.
+// Axis returns the index of the named axis, or -1 (a nil mesh has none).
 func (m *Mesh) Axis(name string) int {
+	if m == nil {
+		return -1
+	}
 	for i, a := range m.Axes {
 		if a.Name == name {
 			return i

@@ -35,6 +35,10 @@ const (
 	// GradPrefix names autodiff's outputs: "grad/wte.weight" is the
 	// gradient of the loss with respect to param wte.weight.
 	GradPrefix = "grad/"
+	// AuxPrefix names the model's auxiliary scalar outputs (b.Output):
+	// "aux/z_loss". Like the loss they are averaged over microbatches,
+	// reduced over data-parallel ranks and reported each step.
+	AuxPrefix = "aux/"
 	// AdamMPrefix and AdamVPrefix name AdamW's first and second moments.
 	AdamMPrefix = "adam.m/"
 	AdamVPrefix = "adam.v/"

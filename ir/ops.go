@@ -3,6 +3,7 @@ package ir
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 )
@@ -219,11 +220,11 @@ func init() {
 	for _, n := range []string{"add", "sub", "mul", "div"} {
 		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(false), Cost: perOut(1), Doc: "elementwise " + n + "; shapes must be equal (use broadcast)"})
 	}
-	for n, flops := range map[string]int64{"neg": 1, "exp": tr, "log": tr, "tanh": tr, "sqrt": tr, "gelu": 8 + tr, "relu": 1} {
+	for n, flops := range map[string]int64{"neg": 1, "exp": tr, "log": tr, "tanh": tr, "sqrt": tr, "gelu": 8 + tr, "relu": 1, "silu": 3 + tr} {
 		register(&OpInfo{Name: n, Arity: 1, Elementwise: true, Infer: sameTypes(true), Cost: perOut(flops), Doc: "elementwise " + n})
 	}
 	// The VJPs' own ops are made after autodiff: none has a VJP of its own.
-	for n, flops := range map[string]int64{"gelu_grad": 18 + tr, "relu_grad": 1} {
+	for n, flops := range map[string]int64{"gelu_grad": 18 + tr, "relu_grad": 1, "silu_grad": 6 + tr} {
 		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(true), Grad: GradNotImplemented, Cost: perOut(flops), Doc: "vjp: args (x, dy)"})
 	}
 	// Gist's binarized ReLU stash: relu_grad needs only the sign of x, so
@@ -244,6 +245,12 @@ func init() {
 	register(&OpInfo{Name: "slice", Arity: 1, Attrs: []AttrSpec{req("dim", AttrInt), req("start", AttrInt), req("end", AttrInt)}, Infer: inferSlice, Cost: sliceCost})
 	register(&OpInfo{Name: "slice_grad", Arity: 1, Attrs: []AttrSpec{req("dim", AttrInt), req("start", AttrInt), req("size", AttrInt)}, Infer: inferSliceGrad, Cost: moveCost,
 		Doc: "vjp of slice: dy placed at [start, start+len) along dim of a zero tensor of extent size"})
+	// Grouped-query attention shares each k/v head among `repeats` query
+	// heads: repeat_interleave copies them out, its vjp sums the copies.
+	register(&OpInfo{Name: "repeat_interleave", Arity: 1, Attrs: []AttrSpec{req("dim", AttrInt), req("repeats", AttrInt)}, Infer: inferRepeatInterleave, Cost: moveCost,
+		Doc: "each slice along dim repeated `repeats` times in place: out[..,i,..] = x[..,i/repeats,..] (Hugging Face's repeat_kv on the heads dim)"})
+	register(&OpInfo{Name: "repeat_interleave_grad", Arity: 1, Attrs: []AttrSpec{req("dim", AttrInt), req("repeats", AttrInt)}, Infer: inferRepeatInterleaveGrad, Grad: GradNotImplemented, Cost: perArg(0, 1),
+		Doc: "vjp of repeat_interleave: out[..,j,..] = Σ_r dy[..,j·repeats+r,..]"})
 	register(&OpInfo{Name: "concat", Arity: Variadic, Attrs: []AttrSpec{req("dim", AttrInt)}, Infer: inferConcat, Cost: moveCost})
 	register(&OpInfo{Name: "broadcast", Arity: 1, Attrs: []AttrSpec{req("shape", AttrInts)}, Infer: inferBroadcast, Cost: moveCost, Doc: "NumPy broadcast to shape"})
 	for n, cost := range map[string]CostFunc{"reduce_sum": perArg(0, 1), "reduce_mean": reduceMeanCost, "reduce_max": perArg(0, 1)} {
@@ -266,6 +273,19 @@ func init() {
 	register(&OpInfo{Name: "layernorm", Arity: 3, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNorm, Cost: perOut(7), Doc: "args (x, gamma, beta), over the last dim"})
 	register(&OpInfo{Name: "layernorm_grad_x", Arity: 3, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNormGradX, Grad: GradNotImplemented, Cost: perOut(13), Doc: "vjp: args (x, gamma, dy)"})
 	register(&OpInfo{Name: "layernorm_grad_gamma", Arity: 2, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNormGradGamma, Grad: GradNotImplemented, Cost: perArg(0, 7), Doc: "vjp: args (x, dy)"})
+	// RMSNorm (Zhang & Sennrich 2019) as Llama uses it: no centring and no
+	// β. Per element: the square and sum (2), normalising and γ (2); the
+	// gradients recompute the statistic (2) and x̂ (1), grad_x adds g =
+	// dy·γ, Σg·x̂ and rstd·(g − x̂·mean g·x̂) (5), grad_gamma Σdy·x̂ (2).
+	register(&OpInfo{Name: "rmsnorm", Arity: 2, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferRMSNorm, Cost: perOut(4),
+		Doc: "args (x, gamma): x/√(mean(x²)+eps)·γ over the last dim, the statistic in float64"})
+	register(&OpInfo{Name: "rmsnorm_grad_x", Arity: 3, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNormGradX, Grad: GradNotImplemented, Cost: perOut(8), Doc: "vjp: args (x, gamma, dy)"})
+	register(&OpInfo{Name: "rmsnorm_grad_gamma", Arity: 2, Attrs: []AttrSpec{req("eps", AttrFloat)}, Infer: inferLayerNormGradGamma, Grad: GradNotImplemented, Cost: perArg(0, 5), Doc: "vjp: args (x, dy)"})
+	// Rotary position embedding (Su et al. 2021) in Hugging Face Llama's
+	// rotate-half layout. Per element: a sine or cosine (shared by a pair,
+	// so half a transcendental each), two multiplies and an add.
+	register(&OpInfo{Name: "rope", Arity: 1, Attrs: []AttrSpec{req("theta", AttrFloat), opt("inverse", AttrBool)}, Infer: inferRoPE, Cost: perOut(3 + tr),
+		Doc: "x[...,s,d] (d even): element pairs (i, i+d/2) of row p rotated by p·theta^(−2i/d) (inverse: by minus that, the vjp); angles in float64"})
 	register(&OpInfo{Name: "embedding", Arity: 2, Infer: inferEmbedding, NoGradArgs: []int{1}, Cost: embeddingCost, Doc: "args (table[V,D], ids[...]) → [...,D]"})
 	register(&OpInfo{Name: "embedding_grad", Arity: 2, Attrs: []AttrSpec{req("vocab", AttrInt)}, Infer: inferEmbeddingGrad, Grad: GradNotImplemented, NoGradArgs: []int{0}, Cost: embeddingGradCost,
 		Doc: "vjp: args (ids, dy) → [vocab,D]"})
@@ -525,6 +545,41 @@ func inferSliceGrad(args []Type, a Attrs) (Type, error) {
 	return Type{DType: dy.DType, Shape: out}, nil
 }
 
+func repeatArgs(x Type, a Attrs) (dim, repeats int, err error) {
+	dim, repeats = a.Int("dim", 0), a.Int("repeats", 0)
+	if err := checkDim(x, dim); err != nil {
+		return 0, 0, err
+	}
+	if repeats < 1 {
+		return 0, 0, fmt.Errorf("repeats must be ≥ 1, got %d", repeats)
+	}
+	return dim, repeats, nil
+}
+
+func inferRepeatInterleave(args []Type, a Attrs) (Type, error) {
+	dim, repeats, err := repeatArgs(args[0], a)
+	if err != nil {
+		return Type{}, err
+	}
+	out := args[0].Shape.Clone()
+	out[dim] *= repeats
+	return Type{DType: args[0].DType, Shape: out}, nil
+}
+
+func inferRepeatInterleaveGrad(args []Type, a Attrs) (Type, error) {
+	dy := args[0]
+	dim, repeats, err := repeatArgs(dy, a)
+	if err != nil {
+		return Type{}, err
+	}
+	if !dy.DType.IsFloat() || dy.Shape[dim]%repeats != 0 {
+		return Type{}, fmt.Errorf("dy must be a float tensor whose dim %d (%d) is a multiple of repeats %d, got %v", dim, dy.Shape[dim], repeats, dy)
+	}
+	out := dy.Shape.Clone()
+	out[dim] /= repeats
+	return Type{DType: dy.DType, Shape: out}, nil
+}
+
 func inferConcat(args []Type, a Attrs) (Type, error) {
 	dim := a.Int("dim", 0)
 	if err := checkDim(args[0], dim); err != nil {
@@ -666,6 +721,25 @@ func inferLayerNormGradGamma(args []Type, _ Attrs) (Type, error) {
 		return Type{}, fmt.Errorf("dy must be %v, got %v", x, args[1])
 	}
 	return T(x.DType, x.Shape[x.Rank()-1]), nil
+}
+
+func inferRMSNorm(args []Type, _ Attrs) (Type, error) {
+	x, err := inferFloatRank1(args[:1], nil)
+	if err != nil {
+		return Type{}, err
+	}
+	return x, lastDimVector(x, args[1], "gamma")
+}
+
+func inferRoPE(args []Type, attrs Attrs) (Type, error) {
+	x := args[0]
+	if !x.DType.IsFloat() || x.Rank() < 2 || x.Shape[x.Rank()-1]%2 != 0 {
+		return Type{}, fmt.Errorf("needs a float tensor [...,positions,d] with d even, got %v", x)
+	}
+	if th := attrs.Float("theta", 0); !(th > 1) || math.IsInf(th, 0) {
+		return Type{}, fmt.Errorf("theta must be a finite base > 1, got %v", th)
+	}
+	return x, nil
 }
 
 func inferEmbedding(args []Type, _ Attrs) (Type, error) {

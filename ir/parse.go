@@ -238,6 +238,18 @@ func (p *parser) field(v *Value, info *OpInfo, key, val string) error {
 	case "phase":
 		v.Meta.Phase, err = ParsePhase(val)
 		return err
+	case "selective":
+		if val != "true" {
+			return fmt.Errorf("selective must be true when given, got %q", val)
+		}
+		v.Meta.Selective = true
+		return nil
+	case "precision":
+		v.Meta.Precision, err = ParseDType(val)
+		if err == nil && !v.Meta.Precision.IsFloat() {
+			err = fmt.Errorf("precision must be a float dtype, got %q", val)
+		}
+		return err
 	}
 	spec, ok := info.Spec(key)
 	if !ok {

@@ -91,6 +91,12 @@ func FormatValue(v *Value) string {
 	if v.Meta.Phase != PhaseNone {
 		fields = append(fields, "phase="+v.Meta.Phase.String())
 	}
+	if v.Meta.Selective {
+		fields = append(fields, "selective=true")
+	}
+	if v.Meta.Precision != Invalid {
+		fields = append(fields, "precision="+v.Meta.Precision.String())
+	}
 	if len(fields) > 0 {
 		b.WriteString(" {" + strings.Join(fields, " ") + "}")
 	}

@@ -351,6 +351,25 @@ module "meta"
 		},
 	},
 	{
+		name: "model tags: selective recompute and a precision policy",
+		text: `gir 1
+module "tags"
+%0 = input : f32[2] {name="x"}
+%1 = neg %0 : f32[2] {precision=f32 selective=true phase=fwd}
+%2 = neg %1 : f32[2] {selective=true}
+`,
+		canonical: `gir 1
+module "tags"
+%0 = input : f32[2] {name="x"}
+%1 = neg %0 : f32[2] {phase=fwd selective=true precision=f32}
+%2 = neg %1 : f32[2] {selective=true}
+`,
+		check: func(t *testing.T, m *ir.Module) {
+			assert.Equal(t, ir.Meta{Layer: -1, Stage: -1, Chunk: -1, Micro: -1, Phase: ir.PhaseFwd, Selective: true, Precision: ir.F32}, m.Values[1].Meta)
+			assert.True(t, m.Values[2].Meta.Selective)
+		},
+	},
+	{
 		name: "positions whose paths contain colons",
 		text: `gir 1
 module "positions"

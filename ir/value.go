@@ -64,6 +64,12 @@ type Meta struct {
 	// Micro is the microbatch a per-microbatch value belongs to; per-step
 	// values (params, optimizer, accumulated gradients) have -1.
 	Micro int
+	// Selective marks a forward value the model allows selective
+	// recompute to drop and replay (the attention core of a transformer).
+	Selective bool
+	// Precision, when set, is the dtype the model wants the op computed
+	// in whatever the precision plan (F32: keep it out of fp16/bf16).
+	Precision DType
 }
 
 // NoMeta is the metadata of a value nobody has annotated.

@@ -286,7 +286,7 @@ func (b *builder) recv(v *ir.Value, peer int) {
 // -1 when v is not whole on a tp axis larger than 1 or no dim divides.
 func (b *builder) scatterDim(v *ir.Value) (axis int, dim int) {
 	m := b.p.Mesh
-	axis = m.Axis("tp")
+	axis = m.WeightAxis()
 	if axis < 0 || m.Axes[axis].Size == 1 || v.Place == nil || v.Place[axis].Kind != ir.Replicate {
 		return -1, -1
 	}

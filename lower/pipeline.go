@@ -67,10 +67,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 	if err := ir.Verify(m, "lower"); err != nil {
 		return nil, err
 	}
-	ppAxis := -1
-	if m.Mesh != nil {
-		ppAxis = m.Mesh.Axis("pp")
-	}
+	ppAxis := m.Mesh.PipelineAxis()
 	if ppAxis < 0 {
 		return nil, fmt.Errorf("module %q has no pp mesh axis", m.Name)
 	}

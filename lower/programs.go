@@ -15,7 +15,7 @@ func MeshDevices(progs []*Program) (int, error) {
 	mesh := progs[0].Mesh
 	n, ppAxis := 1, -1
 	if mesh != nil {
-		n, ppAxis = mesh.Devices(), mesh.Axis("pp")
+		n, ppAxis = mesh.Devices(), mesh.PipelineAxis()
 	}
 	if ppAxis < 0 && len(progs) != 1 || ppAxis >= 0 && len(progs) != mesh.Axes[ppAxis].Size {
 		return 0, fmt.Errorf("%d programs for mesh %v: want one per pipeline rank", len(progs), mesh)
@@ -27,8 +27,8 @@ func MeshDevices(progs []*Program) (int, error) {
 // progs as MeshDevices accepts them.
 func ProgramOf(progs []*Program, rank int) *Program {
 	mesh := progs[0].Mesh
-	if mesh == nil || mesh.Axis("pp") < 0 {
+	if mesh.PipelineAxis() < 0 {
 		return progs[0]
 	}
-	return progs[mesh.Coords(rank)[mesh.Axis("pp")]]
+	return progs[mesh.Coords(rank)[mesh.PipelineAxis()]]
 }

@@ -169,6 +169,9 @@ type VJPBuilder struct {
 func (ad *VJPBuilder) meta() ir.Meta {
 	meta := ad.at.Meta
 	meta.Phase = ir.PhaseBwd
+	// The backward keeps its forward op's precision policy; the tag for
+	// selective recompute is about forward values only.
+	meta.Selective = false
 	return meta
 }
 

@@ -484,6 +484,31 @@ func gradCases() []gradCase {
 			return g.op("layernorm", ir.Attrs{"eps": 0.1},
 				g.param("x", around(3, normal(1)), 4, 5), g.param("gamma", around(1, normal(0.3)), 5), g.param("beta", normal(0.5), 5))
 		}},
+		{name: "rmsnorm/3d", op: "rmsnorm", build: func(g *graph) *ir.Value {
+			return g.op("rmsnorm", ir.Attrs{"eps": 1e-6}, g.param("x", normal(1), 2, 3, 6), g.param("gamma", around(1, normal(0.3)), 6))
+		}},
+		{name: "rmsnorm/2d-large-eps", op: "rmsnorm", build: func(g *graph) *ir.Value {
+			return g.op("rmsnorm", ir.Attrs{"eps": 0.5}, g.param("x", around(2, normal(1)), 4, 5), g.param("gamma", around(1, normal(0.3)), 5))
+		}},
+		{name: "rope/heads", op: "rope", build: func(g *graph) *ir.Value {
+			return g.op("rope", ir.Attrs{"theta": 10000.0}, g.param("x", normal(1), 2, 2, 5, 8))
+		}},
+		{name: "rope/small-base-inverse", op: "rope", build: func(g *graph) *ir.Value {
+			// A small base turns every pair by a visible angle.
+			return g.op("rope", ir.Attrs{"theta": 3.0, "inverse": true}, g.param("x", normal(1), 6, 4))
+		}},
+		{name: "repeat_interleave/heads", op: "repeat_interleave", build: func(g *graph) *ir.Value {
+			return g.op("repeat_interleave", ir.Attrs{"dim": 1, "repeats": 3}, g.param("kv", normal(1), 2, 2, 3, 4))
+		}},
+		{name: "repeat_interleave/last-dim", op: "repeat_interleave", build: func(g *graph) *ir.Value {
+			return g.op("repeat_interleave", ir.Attrs{"dim": 1, "repeats": 2}, g.param("x", normal(1), 3, 5))
+		}},
+		{name: "silu", op: "silu", build: func(g *graph) *ir.Value {
+			return g.op("silu", nil, g.param("x", normal(3), 3, 7))
+		}},
+		{name: "silu/swiglu", op: "silu", build: func(g *graph) *ir.Value {
+			return g.op("mul", nil, g.op("silu", nil, g.param("gate", normal(2), 4, 6)), g.param("up", normal(1), 4, 6))
+		}},
 		{name: "embedding/repeated-ids", op: "embedding", build: func(g *graph) *ir.Value {
 			ids := g.ids("ids", []int32{0, 3, 3, 1, 4, 3, 0, 0}, 2, 4)
 			return g.op("embedding", nil, g.param("table", normal(1), 5, 3), ids)

@@ -43,6 +43,22 @@ func HasVJP(op string) bool {
 // vjps has one rule per op the table marks ir.GradVJP. An op missing here
 // cannot be on a path from a param to the loss; autodiff says so naming
 // the op.
+// normVJP differentiates a normalisation over the last dim, OP(x, γ[, β]):
+// OP_grad_x and OP_grad_gamma recompute the row statistics from x, and
+// β's gradient, where there is a β, sums dy over the rows.
+func normVJP(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
+	x, gamma := v.Args[0], v.Args[1]
+	eps := ir.Attrs{"eps": v.Attrs.Float("eps", 0)}
+	grads := []*ir.Value{
+		ad.Op(v.Op+"_grad_x", eps, x, gamma, dy),
+		ad.Op(v.Op+"_grad_gamma", eps.Clone(), x, dy),
+	}
+	if len(v.Args) == 3 {
+		grads = append(grads, ad.Op("reduce_sum", ir.Attrs{"axes": allAxes(x.Type.Rank() - 1)}, dy))
+	}
+	return grads
+}
+
 var vjps = map[string]VJP{
 	"add": func(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value { return []*ir.Value{dy, dy} },
 	"sub": func(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
@@ -75,6 +91,18 @@ var vjps = map[string]VJP{
 	},
 	"relu": func(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
 		return []*ir.Value{ad.Op("relu_grad", nil, v.Args[0], dy)}
+	},
+	"repeat_interleave": func(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
+		return []*ir.Value{ad.Op("repeat_interleave_grad", v.Attrs.Clone(), dy)}
+	},
+	"silu": func(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
+		return []*ir.Value{ad.Op("silu_grad", nil, v.Args[0], dy)}
+	},
+	// A rotation's transpose is the rotation back.
+	"rope": func(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
+		attrs := v.Attrs.Clone()
+		attrs["inverse"] = !v.Attrs.Bool("inverse")
+		return []*ir.Value{ad.Op("rope", attrs, dy)}
 	},
 	"scale": func(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
 		x, s := v.Args[0], v.Args[1]
@@ -127,15 +155,8 @@ var vjps = map[string]VJP{
 		// Masked entries do not reach the output, so their gradient is 0.
 		return []*ir.Value{ad.Op("causal_mask", ir.Attrs{"fill": 0.0}, dy)}
 	},
-	"layernorm": func(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
-		x, gamma := v.Args[0], v.Args[1]
-		eps := ir.Attrs{"eps": v.Attrs.Float("eps", 0)}
-		return []*ir.Value{
-			ad.Op("layernorm_grad_x", eps, x, gamma, dy),
-			ad.Op("layernorm_grad_gamma", eps.Clone(), x, dy),
-			ad.Op("reduce_sum", ir.Attrs{"axes": allAxes(x.Type.Rank() - 1)}, dy),
-		}
-	},
+	"layernorm": normVJP,
+	"rmsnorm":   normVJP,
 	"embedding": func(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
 		table, ids := v.Args[0], v.Args[1]
 		return []*ir.Value{ad.Op("embedding_grad", ir.Attrs{"vocab": table.Type.Shape[0]}, ids, dy), nil}

@@ -75,7 +75,7 @@ func reluMasks(m *ir.Module) error {
 		}
 	}
 	if relus == 0 {
-		return fmt.Errorf("--compress-activations relu needs ReLU activations; model %q has none (for examples/gpt: --set activation=relu)", m.Name)
+		return fmt.Errorf("--compress-activations relu needs ReLU activations; model %q has none (lowp works on any model; examples/gpt has ReLU with --set activation=relu)", m.Name)
 	}
 	output := map[*ir.Value]bool{}
 	for _, o := range m.Outputs {

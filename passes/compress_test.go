@@ -159,7 +159,7 @@ func TestCompressReluNeedsReLU(t *testing.T) {
 	m := reluGPT(t, map[string]string{"activation": "gelu"})
 	err := runTo(t, m, "compress", func(o *passes.Options) { o.Compress = "relu" })
 	require.Error(t, err)
-	assert.EqualError(t, err, `pass "compress": --compress-activations relu needs ReLU activations; model "gpt" has none (for examples/gpt: --set activation=relu)`)
+	assert.EqualError(t, err, `pass "compress": --compress-activations relu needs ReLU activations; model "gpt" has none (lowp works on any model; examples/gpt has ReLU with --set activation=relu)`)
 
 	// lowp alone does not care.
 	require.NoError(t, runTo(t, reluGPT(t, map[string]string{"activation": "gelu"}), "compress", func(o *passes.Options) { o.Compress = "lowp" }))

@@ -11,14 +11,15 @@ import (
 // bucket is an attribute of each reduction; the lowering issues a bucket's
 // reductions together once its last gradient exists.
 func dataParallel(m *ir.Module, o *Options) error {
-	if m.Mesh == nil || m.Mesh.Axis("dp") < 0 {
+	dp := m.Mesh.DataAxis()
+	if dp < 0 {
 		return nil
 	}
 	limit := int64(o.BucketMB * (1 << 20))
 	bucket, filled, stage := 0, int64(0), -2
 	uses := m.Uses()
 	for _, v := range m.Values {
-		if (v.Op != "all_reduce" && v.Op != "reduce_scatter") || v.Attrs.Str("axis") != "dp" || v.Meta.Phase != ir.PhaseBwd {
+		if (v.Op != "all_reduce" && v.Op != "reduce_scatter") || v.Attrs.Str("axis") != m.Mesh.Axes[dp].Name || v.Meta.Phase != ir.PhaseBwd {
 			continue
 		}
 		// Only a reduction that nothing reads before the optimizer can

@@ -25,12 +25,7 @@ func microbatch(m *ir.Module, o *Options) error {
 	if n <= 1 {
 		return nil
 	}
-	dp := 1
-	if o.Mesh != nil {
-		if i := o.Mesh.Axis("dp"); i >= 0 {
-			dp = o.Mesh.Axes[i].Size
-		}
-	}
+	dp := o.Mesh.SizeOf(o.Mesh.DataAxis())
 	loss := m.Output(ir.OutputLoss)
 	if loss == nil {
 		return fmt.Errorf("module %q has no %q output", m.Name, ir.OutputLoss)
@@ -116,7 +111,7 @@ func microbatch(m *ir.Module, o *Options) error {
 		}
 		losses = append(losses, lk)
 		for _, out := range m.Outputs {
-			if strings.HasPrefix(out.Name, ir.GradPrefix) {
+			if strings.HasPrefix(out.Name, ir.GradPrefix) || strings.HasPrefix(out.Name, ir.AuxPrefix) {
 				g := out.Value
 				if c := copyOf[g]; c != nil {
 					g = c
@@ -148,7 +143,13 @@ func microbatch(m *ir.Module, o *Options) error {
 	m.SetOutput(ir.OutputLoss, l)
 	for i, out := range m.Outputs {
 		if gs := grads[out.Name]; gs != nil {
-			g, err := mean(gs, out.Value, ir.PhaseBwd)
+			// The model's own outputs are forward values, averaged like
+			// the loss.
+			phase := ir.PhaseBwd
+			if strings.HasPrefix(out.Name, ir.AuxPrefix) {
+				phase = ir.PhaseFwd
+			}
+			g, err := mean(gs, out.Value, phase)
 			if err != nil {
 				return err
 			}

@@ -26,7 +26,9 @@ const (
 //     fp32 argument it reads is cast down once (a param's cast sits in the
 //     forward, so the weight copy is made once per step);
 //   - ops of precision class ir.PrecisionF32 in the op table (cross_entropy
-//     and its gradient) take fp32 arguments and give fp32 results; values
+//     and its gradient), and ops the model keeps in fp32 (Meta.Precision,
+//     b.KeepFP32 in the DSL: a router, say) with their gradients, take
+//     fp32 arguments and give fp32 results; values
 //     that depend on no weight (the batch inputs, the loss mean over
 //     microbatches) stay fp32;
 //   - autodiff's seed dloss = 1 becomes the f32 input loss_scale, so every
@@ -120,7 +122,7 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 			}
 		default:
 			toLow := false
-			if info.Precision != ir.PrecisionF32 {
+			if info.Precision != ir.PrecisionF32 && v.Meta.Precision != ir.F32 {
 				for _, a := range args {
 					if a.Type.DType == low || (a.Op == "param" || a.Op == "state") && a.Type.DType == ir.F32 {
 						toLow = true

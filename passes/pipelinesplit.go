@@ -23,11 +23,7 @@ import (
 // differentiates, which only autodiff knows.
 func pipelineSplit(m *ir.Module, o *Options) error {
 	p := 1
-	if o.Mesh != nil {
-		if i := o.Mesh.Axis("pp"); i >= 0 {
-			p = o.Mesh.Axes[i].Size
-		}
-	}
+	p = o.Mesh.SizeOf(o.Mesh.PipelineAxis())
 	v := max(o.VPP, 1)
 	if p == 1 {
 		if v > 1 {

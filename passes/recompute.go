@@ -17,8 +17,10 @@ import (
 //
 //	full      every layer is a segment: only each layer's input is kept
 //	every=K   segments of K layers (every=sqrt: K = ⌈√L⌉, the O(√n) plan)
-//	selective only the attention core (q·kᵀ, its scaling, the causal mask
-//	          and the softmax: the [b, heads, s, s] tensors) is replayed
+//	selective only what the model tags (Meta.Selective, b.RecomputeSelective
+//	          in the DSL) is replayed: for a transformer, the attention
+//	          core (q·kᵀ, its scaling, the causal mask and the softmax:
+//	          the [b, heads, s, s] tensors), as Korthikanti et al. do
 //
 // It runs before placement, so the replayed values are placed like any
 // other (a ZeRO-3 parameter is gathered again, a tensor-parallel collective
@@ -41,8 +43,14 @@ func recompute(m *ir.Module, o *Options) error {
 	case mode == "full":
 		replay = func(v *ir.Value) (int, bool) { return v.Meta.Layer, v.Meta.Layer >= 0 }
 	case mode == "selective":
-		core := attentionCore(m)
-		replay = func(v *ir.Value) (int, bool) { return v.Meta.Layer, core[v] }
+		tagged := false
+		for _, v := range m.Values {
+			tagged = tagged || v.Meta.Selective && v.Meta.Phase == ir.PhaseFwd
+		}
+		if !tagged {
+			return fmt.Errorf("--recompute selective: model %q tags no value that selective recompute may drop (record them inside b.RecomputeSelective, as the layer library's attention does for its core); use --recompute full or every=K, or tag the ops", m.Name)
+		}
+		replay = func(v *ir.Value) (int, bool) { return v.Meta.Layer, v.Meta.Selective }
 	case strings.HasPrefix(mode, "every="):
 		k, err := everyK(strings.TrimPrefix(mode, "every="), layers)
 		if err != nil {
@@ -144,30 +152,4 @@ func everyK(s string, layers int) (int, error) {
 		return 0, fmt.Errorf("--recompute every=%s: want a positive number of layers or sqrt", s)
 	}
 	return k, nil
-}
-
-// attentionCore finds, per layer, the softmax of attention scores and what
-// it is computed from back to q and k: the causal mask, the scaling and the
-// q·kᵀ product (the 4-D batched matmul with kᵀ).
-func attentionCore(m *ir.Module) map[*ir.Value]bool {
-	core := map[*ir.Value]bool{}
-	var walk func(v *ir.Value)
-	walk = func(v *ir.Value) {
-		if core[v] || v.Meta.Phase != ir.PhaseFwd {
-			return
-		}
-		switch {
-		case v.Op == "softmax", v.Op == "causal_mask", v.Op == "scale" && v.Type.Rank() == 4:
-			core[v] = true
-			walk(v.Args[0])
-		case v.Op == "matmul" && v.Type.Rank() == 4 && v.Attrs.Bool("transB"):
-			core[v] = true
-		}
-	}
-	for _, v := range m.Values {
-		if v.Op == "softmax" && v.Meta.Phase == ir.PhaseFwd && v.Type.Rank() == 4 {
-			walk(v)
-		}
-	}
-	return core
 }

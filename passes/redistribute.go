@@ -98,7 +98,7 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 	// reductions the data-parallel one goes last, so a gradient's dp
 	// reduction is the step the optimizer reads and can join a bucket.
 	for i := range steps {
-		if steps[i].order == 0 && m.Mesh.Axes[steps[i].axis].Name == "dp" {
+		if steps[i].order == 0 && steps[i].axis == m.Mesh.DataAxis() {
 			steps[i].order = 0.5
 		}
 	}

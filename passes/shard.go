@@ -3,6 +3,7 @@ package passes
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gcompile/ir"
@@ -30,15 +31,21 @@ func shard(m *ir.Module, o *Options) error {
 		m.Mesh = nil
 		return nil
 	}
-	for _, a := range m.Mesh.Axes {
-		if a.Name != "dp" && a.Name != "tp" && a.Name != "pp" && a.Size > 1 {
-			return fmt.Errorf("mesh axis %s=%d: only data (dp), tensor (tp) and pipeline (pp) parallelism are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
+	for i, a := range m.Mesh.Axes {
+		if a.Size == 1 {
+			continue
+		}
+		switch {
+		case a.Role() == ir.RoleUnknown:
+			return fmt.Errorf("mesh axis %s=%d has no role: name axes dp (data), ep (experts), tp (tensor) or pp (pipeline)", a.Name, a.Size)
+		case i != m.Mesh.DataAxis() && i != m.Mesh.WeightAxis() && i != m.Mesh.PipelineAxis():
+			return fmt.Errorf("mesh axis %s=%d: only one data (dp), one tensor (tp) and one pipeline (pp) axis are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
 		}
 	}
-	if o.SequenceParallel && (m.Mesh.Axis("tp") < 0 || m.Mesh.Axes[m.Mesh.Axis("tp")].Size == 1) {
+	if o.SequenceParallel && m.Mesh.SizeOf(m.Mesh.WeightAxis()) == 1 {
 		return fmt.Errorf("sequence parallelism splits activations over tp, and the mesh %v has no tp axis larger than 1", m.Mesh)
 	}
-	s := &sharder{m: m, o: o, dp: m.Mesh.Axis("dp"), tp: m.Mesh.Axis("tp"), params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
+	s := &sharder{m: m, o: o, dp: m.Mesh.DataAxis(), tp: m.Mesh.WeightAxis(), params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
 		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}}
 	if err := s.planGradients(); err != nil {
 		return err
@@ -257,21 +264,45 @@ func (s *sharder) tensorSeed(v *ir.Value) (ir.Placement, error) {
 		return rep, nil
 	}
 	hint := v.Attrs.Str("parallel")
-	kind, blocksText, _ := strings.Cut(hint, ":")
-	blocks := 1
+	split, layout, _ := strings.Cut(hint, ",")
+	kind, blocksText, _ := strings.Cut(split, ":")
+	blocks, unit := 1, 0
 	if blocksText != "" {
-		fmt.Sscan(blocksText, &blocks)
+		n, err := strconv.Atoi(blocksText)
+		if err != nil || n < 1 {
+			return rep, fmt.Errorf("%s: parallel hint %q of param %q: %q is not a positive count", v.Where(), hint, v.Name(), blocksText)
+		}
+		blocks = n
 	}
+	if kind == "heads" {
+		kind, blocks, unit = "column", 1, blocks
+	}
+	outIn := layout == "out_in"
 	var dim int
 	switch {
 	case hint == "":
 		return rep, nil
+	case layout != "" && (!outIn || v.Type.Rank() != 2 || kind == "vocab"):
+		return rep, fmt.Errorf("%s: parallel hint %q does not fit param %q %v (a layout applies to a column or row matrix)", v.Where(), hint, v.Name(), v.Type)
 	case kind == "column" && v.Type.Rank() == 2:
 		dim = 1
 	case kind == "column" && v.Type.Rank() == 1, kind == "row" && v.Type.Rank() == 2, kind == "vocab" && v.Type.Rank() == 2:
 		dim = 0
 	default:
 		return rep, fmt.Errorf("%s: parallel hint %q does not fit param %q %v", v.Where(), hint, v.Name(), v.Type)
+	}
+	if outIn {
+		dim = 1 - dim
+	}
+	if unit > 0 {
+		// Whole heads or nothing: a grouped-query k/v projection whose
+		// heads tp does not divide is replicated.
+		if v.Type.Shape[dim]%unit != 0 {
+			return rep, fmt.Errorf("%s: param %q %v: dim %d (%d) is not a whole number of %d-wide heads", v.Where(), v.Name(), v.Type, dim, v.Type.Shape[dim], unit)
+		}
+		if (v.Type.Shape[dim]/unit)%t != 0 {
+			return rep, nil
+		}
 	}
 	if v.Type.Shape[dim]%(t*blocks) != 0 {
 		what := fmt.Sprintf("dim %d (%d)", dim, v.Type.Shape[dim])
@@ -394,7 +425,7 @@ func (s *sharder) rule(v *ir.Value) (want [][]ir.Placement, out []ir.Placement, 
 	}
 	out = make([]ir.Placement, n)
 	for ax := range n {
-		if s.m.Mesh.Axes[ax].Name == "pp" {
+		if ax == s.m.Mesh.PipelineAxis() {
 			// Pipeline ranks hold different values, not parts of one: every
 			// value is whole on its rank (the lowering cuts by stage).
 			continue

@@ -105,8 +105,8 @@ func RegisterShardRule(op string, rule ShardRule) error {
 }
 
 func init() {
-	for _, op := range []string{"add", "sub", "mul", "div", "neg", "exp", "log", "tanh", "sqrt", "gelu", "relu",
-		"gelu_grad", "relu_grad", "tanh_grad", "scale", "cast", "adam_m", "adam_v", "adamw", "sgd_buf", "sgd"} {
+	for _, op := range []string{"add", "sub", "mul", "div", "neg", "exp", "log", "tanh", "sqrt", "gelu", "relu", "silu",
+		"gelu_grad", "relu_grad", "silu_grad", "tanh_grad", "scale", "cast", "adam_m", "adam_v", "adamw", "sgd_buf", "sgd"} {
 		shardRules[op] = ElementwiseRule
 	}
 	shardRules["matmul"] = matmulRule
@@ -116,11 +116,14 @@ func init() {
 	shardRules["slice_grad"] = sliceRule
 	shardRules["concat"] = concatRule
 	shardRules["broadcast"] = broadcastRule
+	shardRules["repeat_interleave"] = repeatRule
+	shardRules["repeat_interleave_grad"] = repeatRule
 	shardRules["reduce_sum"] = reduceRule
 	shardRules["reduce_mean"] = reduceRule
 	shardRules["reduce_max"] = reduceRule
 	shardRules["reduce_max_grad"] = reduceMaxGradRule
-	for _, op := range []string{"softmax", "softmax_grad", "causal_mask", "layernorm", "layernorm_grad_x", "layernorm_grad_gamma"} {
+	for _, op := range []string{"softmax", "softmax_grad", "causal_mask", "layernorm", "layernorm_grad_x", "layernorm_grad_gamma",
+		"rmsnorm", "rmsnorm_grad_x", "rmsnorm_grad_gamma", "rope"} {
 		shardRules[op] = rowwiseRule
 	}
 	shardRules["embedding"] = embeddingRule
@@ -382,6 +385,26 @@ func reshapeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	return nil, rep, fmt.Errorf("reshape %v → %v cannot keep dim %d (size %d) split over %s=%d: no dim of the result holds the same blocks (e.g. the heads are not divisible by %d)", in, out, p.Dim, in[p.Dim], r.s.axisName(r.ax), n, n)
 }
 
+// repeatRule: a split of the repeated dim stays a split when the axis
+// divides the smaller side (the k/v heads), since each device's query
+// heads then share whole k/v heads of its own. Otherwise the value is made
+// whole first: grouped-query attention whose k/v heads tp does not divide
+// keeps k and v replicated (their projections are replicated, as Megatron
+// and vLLM do), and the gradient gathers its query heads before summing
+// them into k/v heads. Other placements pass through (the op is linear).
+func repeatRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
+	p := r.have[0]
+	dim := r.v.Attrs.Int("dim", 0)
+	if p.Kind != ir.Shard || p.Dim != dim {
+		return r.have, p, nil
+	}
+	small := min(r.v.Args[0].Type.Shape[dim], r.v.Type.Shape[dim])
+	if p.NumBlocks() == 1 && small%r.s.m.Mesh.Axes[r.ax].Size == 0 {
+		return r.have, p, nil
+	}
+	return []ir.Placement{rep}, rep, nil
+}
+
 func transposeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	p := r.have[0]
 	if p.Kind != ir.Shard {
@@ -497,8 +520,8 @@ func reduceMaxGradRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 func rowwiseRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	x := r.v.Args[0].Type
 	inner := 1
-	if r.v.Op == "causal_mask" {
-		inner = 2
+	if r.v.Op == "causal_mask" || r.v.Op == "rope" {
+		inner = 2 // the mask and the rotation depend on the row's position
 	}
 	target := rep
 	for i, p := range r.have {
@@ -521,7 +544,7 @@ func rowwiseRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		}
 	}
 	out := target
-	if r.v.Op == "layernorm_grad_gamma" && target.Kind == ir.Shard {
+	if (r.v.Op == "layernorm_grad_gamma" || r.v.Op == "rmsnorm_grad_gamma") && target.Kind == ir.Shard {
 		out = par
 	}
 	return want, out, nil

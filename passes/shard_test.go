@@ -668,10 +668,18 @@ func TestShardErrors(t *testing.T) {
 			[]string{`pass "shard"`, "state @model.go:32", `ZeRO-1 splits "adam.m/wte.weight" f32[256,32] over dp=3, but no dim is divisible by 3`}},
 		{"expert axis", func(t *testing.T) *ir.Module { return buildShardGPT(t, 8) },
 			&ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: 2}, {Name: "ep", Size: 2}}}, 0, passes.ErrNotYet,
-			[]string{`pass "shard"`, "mesh axis ep=2: only data (dp), tensor (tp) and pipeline (pp) parallelism are placed yet", "not yet supported"}},
+			[]string{`pass "shard"`, "mesh axis ep=2: only one data (dp), one tensor (tp) and one pipeline (pp) axis are placed yet", "not yet supported"}},
 		{"tp does not divide the vocab", func(t *testing.T) *ir.Module { return buildShardGPT(t, 8) },
 			&ir.Mesh{Axes: []ir.MeshAxis{{Name: "tp", Size: 3}}}, 0, nil,
 			[]string{`pass "shard"`, "param @model.go:32", `tensor parallelism tp=3 must divide dim 0 (256) of vocab-parallel "wte.weight" f32[256,32]`}},
+		{"a layout on a vocab hint", func(t *testing.T) *ir.Module { return hinted(t, "vocab,out_in", 8, 4) }, tpMesh(2), 0, nil,
+			[]string{`pass "shard"`, `parallel hint "vocab,out_in" does not fit param "w" f32[8,4]`}},
+		{"an unknown layout", func(t *testing.T) *ir.Module { return hinted(t, "column,in_out", 8, 4) }, tpMesh(2), 0, nil,
+			[]string{`parallel hint "column,in_out" does not fit param "w"`}},
+		{"a bad block count", func(t *testing.T) *ir.Module { return hinted(t, "column:x", 8, 4) }, tpMesh(2), 0, nil,
+			[]string{`parallel hint "column:x" of param "w": "x" is not a positive count`}},
+		{"heads that do not tile the dim", func(t *testing.T) *ir.Module { return hinted(t, "heads:3,out_in", 8, 4) }, tpMesh(2), 0, nil,
+			[]string{`param "w" f32[8,4]: dim 0 (8) is not a whole number of 3-wide heads`}},
 		{"reduce_max over the batch", func(t *testing.T) *ir.Module {
 			m, err := frontend.Build(maxOverBatch, frontend.Config{Name: "max", Batch: 8})
 			require.NoError(t, err)
@@ -733,5 +741,47 @@ func TestShardReduceMaxOverFeatures(t *testing.T) {
 		if v.Op == "reduce_max" || v.Op == "reduce_max_grad" {
 			assert.Equal(t, pS0, v.Place, v.Where())
 		}
+	}
+}
+
+func tpMesh(n int) *ir.Mesh { return &ir.Mesh{Axes: []ir.MeshAxis{{Name: "tp", Size: n}}} }
+
+// hinted is x·wᵀ with w [out,in] carrying the raw parallel hint (as a
+// .gir file may).
+func hinted(t *testing.T, hint string, out, in int) *ir.Module {
+	m, err := frontend.Build(func(b *frontend.Builder) {
+		x := b.Input("x", ir.F32, 4, in)
+		w := b.Param("w", []int{out, in}, frontend.Normal(0.1), frontend.Parallel(hint))
+		b.Loss(x.MatMulT(w).Sum())
+	}, frontend.Config{Name: "hinted", Batch: 4})
+	require.NoError(t, err)
+	return m
+}
+
+// Hints on [out,in] weights: column-parallel splits rows (row-parallel
+// splits columns: TestLlamaKVHeadsSplitOrReplicated checks o_proj); k/v
+// heads split by whole heads when tp divides them, else stay whole on
+// every tensor rank.
+func TestShardOutInAndHeadHints(t *testing.T) {
+	for _, c := range []struct {
+		hint string
+		tp   int
+		want ir.Placement
+	}{
+		{"column,out_in", 2, ir.Placement{Kind: ir.Shard, Dim: 0}},
+		{"heads:4,out_in", 2, ir.Placement{Kind: ir.Shard, Dim: 0}},
+		{"heads:4,out_in", 4, ir.Placement{Kind: ir.Replicate}},
+	} {
+		t.Run(fmt.Sprintf("%s_tp%d", c.hint, c.tp), func(t *testing.T) {
+			out, in := 8, 8
+			m := hinted(t, c.hint, out, in)
+			o := passes.DefaultOptions()
+			o.Mesh = tpMesh(c.tp)
+			_, err := passes.Run(m, o, passes.Hooks{})
+			require.NoError(t, err)
+			for _, p := range m.Params() {
+				assert.Equal(t, c.want, p.Place[0], p.Name())
+			}
+		})
 	}
 }

@@ -3,6 +3,8 @@ package runtime
 import (
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"gcompile/data"
@@ -55,6 +57,22 @@ type TrainConfig struct {
 	// input), sets that input each step and learns from the overflow
 	// check; nil for fp32 programs.
 	LossScale *LossScaler
+	// Outputs are the model's auxiliary outputs (b.Output, without the
+	// ir.AuxPrefix) read and reported each step.
+	Outputs []string
+}
+
+// AuxOutputs lists the auxiliary outputs of modules' outputs (b.Output in
+// the DSL) by the name the model gave, sorted.
+func AuxOutputs(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if a, ok := strings.CutPrefix(n, ir.AuxPrefix); ok {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // The mixed-precision pass's names for the loss scale input and the
@@ -118,6 +136,8 @@ type StepMetrics struct {
 	LossScale float64 `json:"loss_scale,omitempty"`
 	// On a skipped step grad_norm is 0 when the norm was not finite.
 	Skipped bool `json:"skipped,omitempty"`
+	// Outputs are the model's auxiliary outputs (b.Output) by name.
+	Outputs map[string]float64 `json:"outputs,omitempty"`
 }
 
 // EvalMetrics is one held-out evaluation.
@@ -188,6 +208,16 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 		}
 		sm := StepMetrics{Step: step, Loss: loss, Ms: float64(elapsed.Microseconds()) / 1000, LR: lr, GradNorm: gn,
 			TokensPerS: float64(cfg.Batch*cfg.Seq) / elapsed.Seconds(), LossScale: scale, Skipped: skipped}
+		for _, name := range cfg.Outputs {
+			x, err := dev.Scalar(ir.AuxPrefix + name)
+			if err != nil {
+				return steps, evals, err
+			}
+			if sm.Outputs == nil {
+				sm.Outputs = map[string]float64{}
+			}
+			sm.Outputs[name] = x
+		}
 		steps = append(steps, sm)
 		var ev *EvalMetrics
 		if cfg.EvalBatches >= 0 && (step == cfg.Steps || (cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0)) {

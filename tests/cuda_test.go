@@ -31,7 +31,10 @@ type tolerance struct{ loss, param float64 }
 
 // cudaCases are the equivalence GPT on one device in fp32 and bf16,
 // tensor parallel, pipeline parallel (virtual devices on one GPU) and
-// data parallel with ZeRO-1.
+// data parallel with ZeRO-1, and the Llama in bf16, tensor parallel
+// (k/v heads split and replicated) and pipeline parallel; make test runs
+// the GPT in fp32 on one device and on a pipeline and the Llama in bf16,
+// the full matrix the rest.
 //
 // On the fake GPU (kernels in the CPU emulator, naive GEMMs) the fp32
 // runs measured equal to the CPU backend's: every loss identical to the
@@ -57,11 +60,21 @@ func cudaCases() []cudaCase {
 	fp32Fake, fp32GPU := tolerance{1e-6, 2e-5}, tolerance{1e-4, 1e-3}
 	cases := []cudaCase{
 		{name: "fp32", progs: single(plan{}), fake: fp32Fake, gpu: fp32GPU},
-		{name: "pp2", progs: pipelinePrograms(2, 2), fake: fp32Fake, gpu: fp32GPU},
-		{name: "dp2_zero1", progs: single(plan{dp: 2, zero: 1}), fake: fp32Fake, gpu: fp32GPU},
-		{name: "bf16", progs: single(plan{precision: "bf16"}), precision: "bf16", fake: tolerance{1e-4, 0.1}, gpu: tolerance{2e-3, 0.2}},
+		{name: "pp2", progs: pipelinePrograms(2, 2, ""), fake: fp32Fake, gpu: fp32GPU},
+		// The Llama (RMSNorm, rotary embeddings, SwiGLU, grouped-query
+		// attention's repeated k/v heads) in bf16.
+		{name: "llama_bf16", progs: single(plan{model: "llama", precision: "bf16"}), precision: "bf16", fake: tolerance{1e-4, 0.1}, gpu: tolerance{2e-3, 0.2}},
 	}
 	if fullMatrix() {
+		cases = append(cases,
+			// Data parallelism on the CUDA backend also runs in make test
+			// across processes (cmd/gcompile's TestCUDAJobAcrossProcesses).
+			cudaCase{name: "dp2_zero1", progs: single(plan{dp: 2, zero: 1}), fake: fp32Fake, gpu: fp32GPU},
+			cudaCase{name: "bf16", progs: single(plan{precision: "bf16"}), precision: "bf16", fake: tolerance{1e-4, 0.1}, gpu: tolerance{2e-3, 0.2}},
+			cudaCase{name: "llama_tp2", progs: single(plan{model: "llama", tp: 2}), fake: fp32Fake, gpu: fp32GPU}, // k/v heads split
+			cudaCase{name: "llama_tp4", progs: single(plan{model: "llama", tp: 4}), fake: fp32Fake, gpu: fp32GPU}, // k/v heads replicated
+			cudaCase{name: "llama_pp2", progs: pipelinePrograms(2, 2, "llama"), fake: fp32Fake, gpu: fp32GPU},
+		)
 		// Tensor parallelism on virtual devices is also checked against
 		// the CPU backend by the CLI's test of --backend cuda (one step).
 		cases = append(cases, cudaCase{name: "tp2", progs: single(plan{tp: 2}), fake: fp32Fake, gpu: fp32GPU})
@@ -73,11 +86,11 @@ func cudaCases() []cudaCase {
 // make test covers each feature once.
 func fullMatrix() bool { return os.Getenv("GCOMPILE_FULL_TESTS") == "1" }
 
-// pipelinePrograms compiles the equivalence GPT for pp pipeline ranks
-// with micro microbatches and the 1F1B schedule.
-func pipelinePrograms(pp, micro int) func(t *testing.T) ([]*lower.Program, []*lower.Program) {
+// pipelinePrograms compiles the equivalence model of the family for pp
+// pipeline ranks with micro microbatches and the 1F1B schedule.
+func pipelinePrograms(pp, micro int, model string) func(t *testing.T) ([]*lower.Program, []*lower.Program) {
 	return func(t *testing.T) ([]*lower.Program, []*lower.Program) {
-		pl := pipePlan{pp: pp, micro: micro, name: "1f1b", order: scheduleOrder("1f1b")}
+		pl := pipePlan{pp: pp, micro: micro, name: "1f1b", order: scheduleOrder("1f1b"), model: model}
 		_, progs, evals := compilePipeline(t, pl, 2, pipeSetup{})
 		return progs, evals
 	}

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"gcompile/data"
 	"gcompile/examples/gpt"
+	"gcompile/examples/llama"
 	"gcompile/frontend"
 	"gcompile/ir"
 	"gcompile/lower"
@@ -32,10 +34,72 @@ type plan struct {
 	compress            string // "lowp": bf16 stashes for the backward
 	optimizer           string // "" (AdamW), "sgd", "adafactor" or "sm3"
 	fuse                bool   // the fuse pass: elementwise groups as fused ops
+	model               string // the model family: "" (gpt) or "llama"
+	layers              int    // layers, when not the family's default
 }
 
 func (p plan) String() string {
-	return fmt.Sprintf("dp%d_tp%d_zero%d_micro%d_bucket%g_sp%v", max(p.dp, 1), max(p.tp, 1), p.zero, max(p.micro, 1), p.bucketMB, p.sp)
+	s := fmt.Sprintf("dp%d_tp%d_zero%d_micro%d_bucket%g_sp%v", max(p.dp, 1), max(p.tp, 1), p.zero, max(p.micro, 1), p.bucketMB, p.sp)
+	if p.model != "" {
+		s = p.model + "_" + s
+	}
+	return s
+}
+
+// family is a model the matrices run on: its model function and --set
+// values at equivalence size.
+type family struct {
+	name string
+	fn   frontend.ModelFunc
+	set  map[string]string
+}
+
+// eqLlama is the Llama at equivalence size: grouped-query attention with
+// 2 k/v heads for 4 query heads, so tp=2 splits k/v heads and tp=4
+// replicates them.
+var eqLlama = map[string]string{"layers": "2", "hidden": "32", "heads": "4", "kv_heads": "2", "ffn": "64", "seq": "16"}
+
+// families are the model families every matrix runs on.
+var families = []string{"gpt", "llama"}
+
+// familyOf is the named family (gpt for ""), its settings with layers
+// overridden when layers > 0.
+func familyOf(name string, layers int) family {
+	f := family{name: "gpt", fn: gpt.Model, set: eqModel}
+	switch name {
+	case "llama":
+		f = family{name: "llama", fn: llama.Model, set: eqLlama}
+	case "aux":
+		f = family{name: "aux", fn: auxModel, set: map[string]string{"layers": "2"}}
+	}
+	set := map[string]string{}
+	for k, v := range f.set {
+		set[k] = v
+	}
+	if layers > 0 {
+		set["layers"] = fmt.Sprint(layers)
+	}
+	f.set = set
+	return f
+}
+
+// matrixFor is what a family runs of a test's matrix: all of it for the
+// GPT, the reference model, and in the full matrix (make test-full); the
+// subset for another family otherwise, to keep make test short.
+func matrixFor[P any](model string, all, subset []P) []P {
+	if model == "gpt" || fullMatrix() {
+		return all
+	}
+	return subset
+}
+
+// build records family name at equivalence size.
+func build(t testing.TB, name string, layers int) *ir.Module {
+	t.Helper()
+	f := familyOf(name, layers)
+	m, err := frontend.Build(f.fn, frontend.Config{Name: f.name, Batch: eqBatch, Set: f.set})
+	require.NoError(t, err)
+	return m
 }
 
 // mesh has the axes of size > 1, tp last (fastest), as in Megatron-LM.
@@ -74,8 +138,7 @@ func corpus() *data.Corpus {
 
 func compilePlan(t testing.TB, p plan) *lower.Program {
 	t.Helper()
-	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch, Set: eqModel})
-	require.NoError(t, err)
+	m := build(t, p.model, p.layers)
 	opts := passes.DefaultOptions()
 	opts.Verify = true
 	opts.Zero = p.zero
@@ -93,7 +156,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 		opts.BucketMB = p.bucketMB
 	}
 	opts.Mesh = p.mesh()
-	_, err = passes.Run(m, opts, passes.Hooks{})
+	_, err := passes.Run(m, opts, passes.Hooks{})
 	require.NoError(t, err)
 	prog, err := lower.LowerWith(m, lower.Options{Offload: p.offload})
 	require.NoError(t, err)
@@ -101,11 +164,12 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 }
 
 type trajectory struct {
-	losses []float64
-	eval   float64 // held-out loss after the last step
-	params map[string][]float64
-	peaks  []int64
-	prog   *lower.Program
+	losses  []float64
+	outputs []map[string]float64 // the model's auxiliary outputs, per step
+	eval    float64              // held-out loss after the last step
+	params  map[string][]float64
+	peaks   []int64
+	prog    *lower.Program
 }
 
 // train trains the tiny GPT under plan p; params holds the final params,
@@ -121,12 +185,14 @@ func trainKeeping(t testing.TB, p plan, kinds ...lower.BufferKind) trajectory {
 	require.NoError(t, err)
 	require.NoError(t, cl.InitParams(1))
 	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
-		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
+		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"},
+		Outputs:  runtime.AuxOutputs(slices.Collect(maps.Keys(prog.Outputs)))}
 	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
 	require.NoError(t, err)
 	tr := trajectory{prog: prog, eval: evals[len(evals)-1].Loss}
 	for _, s := range steps {
 		tr.losses = append(tr.losses, s.Loss)
+		tr.outputs = append(tr.outputs, s.Outputs)
 	}
 	tr.params = globals(t, cl, prog, kinds...)
 	for _, d := range cl.Devices {
@@ -151,24 +217,31 @@ func globals(t testing.TB, cl *cpu.Cluster, prog *lower.Program, kinds ...lower.
 
 // Every data- and tensor-parallel configuration trains like one device: the same loss
 // at every step (1e-5 relative) and the same final parameters (1e-4
-// relative to the tensor's largest entry), in fp32.
+// relative to the tensor's largest entry), in fp32, on every model family.
 func TestDataParallelMatchesOneDevice(t *testing.T) {
-	ref := train(t, plan{dp: 1})
-	require.Less(t, ref.losses[eqSteps-1], ref.losses[0]-0.5, "the reference run must actually learn")
-	for _, p := range []plan{{dp: 2}, {dp: 4}, {dp: 4, zero: 1}, {dp: 4, zero: 2}, {dp: 4, zero: 3}, {dp: 2, zero: 3}, {dp: 2, bucketMB: 0.01},
+	gptPlans := []plan{{dp: 2}, {dp: 4}, {dp: 4, zero: 1}, {dp: 4, zero: 2}, {dp: 4, zero: 3}, {dp: 2, zero: 3}, {dp: 2, bucketMB: 0.01},
 		{tp: 2}, {tp: 4}, {dp: 2, tp: 2, zero: 1}, {micro: 4}, {dp: 2, tp: 2, micro: 4}, {dp: 2, micro: 2, zero: 2},
-		{tp: 2, sp: true}, {dp: 2, tp: 2, sp: true}, {dp: 2, tp: 2, sp: true, zero: 1}, {dp: 2, tp: 2, sp: true, zero: 2}} {
-		t.Run(p.String(), func(t *testing.T) {
-			got := train(t, p)
-			worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
-			worstParam := paramError(t, ref.params, got.params, nil)
-			assert.LessOrEqual(t, worstParam, 1e-4)
-			for r, peak := range got.peaks {
-				assert.Equal(t, got.prog.PeakBytes, peak, "device %d: measured peak equals predicted", r)
-			}
-			assert.LessOrEqual(t, float64(got.prog.ArenaBytes), 1.05*float64(got.prog.PeakBytes), "the arena is within 5%% of the peak of live bytes")
-			t.Logf("%v: worst loss rel err %.2g, worst param err %.2g (of max |w|)", p, worst, worstParam)
-		})
+		{tp: 2, sp: true}, {dp: 2, tp: 2, sp: true}, {dp: 2, tp: 2, sp: true, zero: 1}, {dp: 2, tp: 2, sp: true, zero: 2}}
+	// Llama: tp=2 splits its k/v heads, tp=4 replicates them.
+	llamaPlans := []plan{{tp: 4, sp: true}, {dp: 4, zero: 3}, {dp: 2, tp: 2, micro: 4, zero: 1}, {dp: 2, tp: 2, sp: true, zero: 2}}
+	for _, model := range families {
+		plans := matrixFor(model, gptPlans, llamaPlans)
+		ref := train(t, plan{dp: 1, model: model})
+		require.Less(t, ref.losses[eqSteps-1], ref.losses[0]-0.5, "%s: the reference run must actually learn", model)
+		for _, p := range plans {
+			p.model = model
+			t.Run(p.String(), func(t *testing.T) {
+				got := train(t, p)
+				worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
+				worstParam := paramError(t, ref.params, got.params, nil)
+				assert.LessOrEqual(t, worstParam, 1e-4)
+				for r, peak := range got.peaks {
+					assert.Equal(t, got.prog.PeakBytes, peak, "device %d: measured peak equals predicted", r)
+				}
+				assert.LessOrEqual(t, float64(got.prog.ArenaBytes), 1.05*float64(got.prog.PeakBytes), "the arena is within 5%% of the peak of live bytes")
+				t.Logf("%v: worst loss rel err %.2g, worst param err %.2g (of max |w|)", p, worst, worstParam)
+			})
+		}
 	}
 }
 

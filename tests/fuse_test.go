@@ -22,7 +22,7 @@ import (
 // (each group's inner values) and never raises the predicted peak, and
 // every device measures the peak the plan predicts.
 func TestFuseTrainsBitIdentically(t *testing.T) {
-	for _, p := range []plan{{dp: 1}, {tp: 2}, {dp: 2, zero: 1}, {micro: 4}, {dp: 1, recompute: "full"}} {
+	for _, p := range []plan{{dp: 1}, {tp: 2}, {dp: 2, zero: 1}, {micro: 4}, {dp: 1, recompute: "full"}, {model: "llama", tp: 2}} {
 		name := p.String()
 		if p.recompute != "" {
 			name += "_recompute_" + p.recompute
@@ -41,7 +41,7 @@ func TestFuseTrainsBitIdentically(t *testing.T) {
 					inner += len(body) - 1
 				}
 			}
-			require.Positive(t, groups, "the GPT has elementwise groups to fuse")
+			require.Positive(t, groups, "the model has elementwise groups to fuse")
 			assert.Equal(t, len(plain.prog.Instrs)-inner, len(fused.prog.Instrs), "each group saves its inner instructions")
 			t.Logf("%d fused groups; instructions %d → %d; predicted peak %d → %d bytes",
 				groups, len(plain.prog.Instrs), len(fused.prog.Instrs), plain.prog.PeakBytes, fused.prog.PeakBytes)

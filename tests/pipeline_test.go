@@ -22,6 +22,7 @@ type pipePlan struct {
 	pp, vpp, micro, dp, tp int
 	order                  func(t *testing.T, p, v, m int) [][]lower.Block
 	name                   string
+	model                  string // the model family: "" (gpt) or "llama"
 }
 
 // scheduleOrder builds the named schedule, proves it deadlock-free in the
@@ -46,7 +47,11 @@ func scheduleOrder(name string) func(t *testing.T, p, v, m int) [][]lower.Block 
 }
 
 func (pl pipePlan) String() string {
-	return fmt.Sprintf("%s_pp%d_vpp%d_m%d_dp%d_tp%d", pl.name, pl.pp, max(pl.vpp, 1), pl.micro, max(pl.dp, 1), max(pl.tp, 1))
+	s := fmt.Sprintf("%s_pp%d_vpp%d_m%d_dp%d_tp%d", pl.name, pl.pp, max(pl.vpp, 1), pl.micro, max(pl.dp, 1), max(pl.tp, 1))
+	if pl.model != "" {
+		s = pl.model + "_" + s
+	}
+	return s
 }
 
 // pipeSetup is what a pipeline run changes beyond its plan: pass options
@@ -61,13 +66,7 @@ type pipeSetup struct {
 // the forward-only programs evaluation runs.
 func compilePipeline(t *testing.T, pl pipePlan, layers int, s pipeSetup) (*ir.Module, []*lower.Program, []*lower.Program) {
 	t.Helper()
-	set := map[string]string{}
-	for k, v := range eqModel {
-		set[k] = v
-	}
-	set["layers"] = fmt.Sprint(layers)
-	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch, Set: set})
-	require.NoError(t, err)
+	m := build(t, pl.model, layers)
 	opts := passes.DefaultOptions()
 	opts.Verify = true
 	mesh := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "pp", Size: pl.pp}}}
@@ -84,7 +83,7 @@ func compilePipeline(t *testing.T, pl pipePlan, layers int, s pipeSetup) (*ir.Mo
 	if s.edit != nil {
 		s.edit(opts)
 	}
-	_, err = passes.Run(m, opts, passes.Hooks{})
+	_, err := passes.Run(m, opts, passes.Hooks{})
 	require.NoError(t, err)
 	vpp := max(pl.vpp, 1)
 	progs, err := lower.LowerPipelineWith(m, pl.order(t, pl.pp, vpp, pl.micro), s.lower)
@@ -109,13 +108,19 @@ func runPipeline(t *testing.T, m *ir.Module, progs, evals []*lower.Program) pipe
 	require.NoError(t, err)
 	require.NoError(t, cl.SetEvalPrograms(evals))
 	require.NoError(t, cl.InitParams(1))
+	var outputs []string
+	for _, o := range m.Outputs {
+		outputs = append(outputs, o.Name)
+	}
 	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
-		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
+		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"},
+		Outputs:  runtime.AuxOutputs(outputs)}
 	steps, evalLosses, err := runtime.Train(cl, corpus(), cfg, nil)
 	require.NoError(t, err)
 	run := pipelineRun{trajectory: trajectory{params: map[string][]float64{}, eval: evalLosses[len(evalLosses)-1].Loss}, progs: progs}
 	for _, s := range steps {
 		run.losses = append(run.losses, s.Loss)
+		run.outputs = append(run.outputs, s.Outputs)
 	}
 	for _, p := range m.Params() {
 		run.params[p.Name()], err = cl.Global(p.Name())
@@ -135,15 +140,8 @@ func trainPipeline(t *testing.T, pl pipePlan, layers int) trajectory {
 	return runPipeline(t, m, progs, evals).trajectory
 }
 
-func trainReference(t *testing.T, layers int) trajectory {
-	saved := eqModel
-	defer func() { eqModel = saved }()
-	eqModel = map[string]string{}
-	for k, v := range saved {
-		eqModel[k] = v
-	}
-	eqModel["layers"] = fmt.Sprint(layers)
-	return train(t, plan{dp: 1})
+func trainReference(t *testing.T, model string, layers int) trajectory {
+	return train(t, plan{dp: 1, model: model, layers: layers})
 }
 
 func assertSameTraining(t *testing.T, ref, got trajectory) {
@@ -155,27 +153,36 @@ func assertSameTraining(t *testing.T, ref, got trajectory) {
 	t.Logf("worst loss rel err %.2g, worst param err %.2g (of max |w|), held-out %.6f vs %.6f", worst, worstParam, got.eval, ref.eval)
 }
 
-// Every schedule on every pipeline shape trains like one device.
+// Every schedule on every pipeline shape trains like one device, on
+// every model family.
 func TestPipelineMatchesOneDevice(t *testing.T) {
-	refs := map[int]trajectory{}
-	for _, pl := range []pipePlan{
-		{pp: 2, micro: 4}, {pp: 4, micro: 4}, {pp: 4, vpp: 2, micro: 8}, {pp: 2, vpp: 2, micro: 4, dp: 2, tp: 2},
-	} {
-		layers := 4 * max(pl.vpp, 1) // at least one layer per chunk
-		layers = max(layers, pl.pp*max(pl.vpp, 1))
-		if _, ok := refs[layers]; !ok {
-			refs[layers] = trainReference(t, layers)
-		}
-		names := []string{"gpipe", "1f1b", "zb"}
-		if pl.vpp > 1 {
-			names = []string{"interleaved"}
-		}
-		for _, name := range names {
-			pl := pl
-			pl.name, pl.order = name, scheduleOrder(name)
-			t.Run(pl.String(), func(t *testing.T) {
-				assertSameTraining(t, refs[layers], trainPipeline(t, pl, layers))
-			})
+	type ref struct {
+		model  string
+		layers int
+	}
+	refs := map[ref]trajectory{}
+	gptShapes := []pipePlan{{pp: 2, micro: 4}, {pp: 4, micro: 4}, {pp: 4, vpp: 2, micro: 8}, {pp: 2, vpp: 2, micro: 4, dp: 2, tp: 2}}
+	llamaShapes := []pipePlan{{pp: 2, vpp: 2, micro: 4, dp: 2, tp: 2}}
+	for _, model := range families {
+		for _, pl := range matrixFor(model, gptShapes, llamaShapes) {
+			pl.model = model
+			layers := 4 * max(pl.vpp, 1) // at least one layer per chunk
+			layers = max(layers, pl.pp*max(pl.vpp, 1))
+			key := ref{model, layers}
+			if _, ok := refs[key]; !ok {
+				refs[key] = trainReference(t, model, layers)
+			}
+			names := []string{"gpipe", "1f1b", "zb"}
+			if pl.vpp > 1 {
+				names = []string{"interleaved"}
+			}
+			for _, name := range names {
+				pl := pl
+				pl.name, pl.order = name, scheduleOrder(name)
+				t.Run(pl.String(), func(t *testing.T) {
+					assertSameTraining(t, refs[key], trainPipeline(t, pl, layers))
+				})
+			}
 		}
 	}
 }
@@ -185,17 +192,17 @@ func TestPipelineMatchesOneDevice(t *testing.T) {
 // (both versions start equal), later steps do not (the gradients are one
 // step stale), and training still converges.
 func TestTwoBWMatchesItsUpdateRule(t *testing.T) {
-	saved := eqModel
-	defer func() { eqModel = saved }()
-	eqModel = map[string]string{"layers": "4", "hidden": "32", "heads": "4", "seq": "16"}
-	rule := train(t, plan{dp: 1, twoBW: true})
-	plain := train(t, plan{dp: 1})
-	eqModel = saved
-	got := trainPipeline(t, pipePlan{pp: 2, micro: 4, name: "2bw", order: scheduleOrder("2bw")}, 4)
-	assertSameTraining(t, rule, got)
-	assert.InDelta(t, plain.losses[0], rule.losses[0], 1e-6*plain.losses[0], "step 1 uses the initial weights in both")
-	assert.NotEqual(t, plain.losses[2], rule.losses[2], "later steps use one-step-stale gradients")
-	assert.Less(t, rule.losses[eqSteps-1], rule.losses[0]-0.5, "2BW training converges")
+	for _, model := range families {
+		t.Run(model, func(t *testing.T) {
+			rule := train(t, plan{dp: 1, twoBW: true, model: model, layers: 4})
+			plain := train(t, plan{dp: 1, model: model, layers: 4})
+			got := trainPipeline(t, pipePlan{pp: 2, micro: 4, name: "2bw", order: scheduleOrder("2bw"), model: model}, 4)
+			assertSameTraining(t, rule, got)
+			assert.InDelta(t, plain.losses[0], rule.losses[0], 1e-6*plain.losses[0], "step 1 uses the initial weights in both")
+			assert.NotEqual(t, plain.losses[2], rule.losses[2], "later steps use one-step-stale gradients")
+			assert.Less(t, rule.losses[eqSteps-1], rule.losses[0]-0.5, "2BW training converges")
+		})
+	}
 }
 
 // With tp > 1 a pipeline transfer of an activation every tp rank holds

@@ -68,8 +68,7 @@ func isKeyBias(name string, i int) bool {
 // turns small gradient differences into up-to-lr steps); the t.Logf lines
 // print them. The tolerances are about 4× (loss) and 2× (weights) those.
 func TestMixedPrecisionTracksFP32(t *testing.T) {
-	ref := train(t, plan{})
-	for _, tc := range []struct {
+	cases := []struct {
 		p                plan
 		scale            float64 // 0: dynamic
 		lossTol, parmTol float64
@@ -78,7 +77,14 @@ func TestMixedPrecisionTracksFP32(t *testing.T) {
 		{plan{precision: "fp16"}, 0, 2e-4, 0.06},
 		{plan{precision: "bf16", dp: 2, zero: 1}, 1, 1e-3, 0.15},
 		{plan{precision: "fp16", dp: 2, tp: 2, micro: 2}, 1024, 2e-4, 0.06},
-	} {
+		{plan{precision: "fp16", model: "llama", dp: 2, tp: 2, micro: 2}, 0, 2e-4, 0.06},
+	}
+	refs := map[string]trajectory{}
+	for _, tc := range cases {
+		if _, ok := refs[tc.p.model]; !ok {
+			refs[tc.p.model] = train(t, plan{model: tc.p.model})
+		}
+		ref := refs[tc.p.model]
 		t.Run(tc.p.precision+"_"+tc.p.String(), func(t *testing.T) {
 			got := trainMP(t, tc.p, runtime.NewLossScaler(tc.scale), eqSteps)
 			var losses []float64

@@ -39,6 +39,11 @@ type job struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	stop   func() // ends the signal and abort watchers
+	// failOnce and failed make fail's report happen once, and every
+	// caller wait until it is out: a signal's report must reach the store
+	// before the process exits.
+	failOnce sync.Once
+	failed   chan struct{}
 
 	log    io.Writer // this process's log: stderr, prefixed for ranks > 0, or a file in --log-dir
 	closer io.Closer
@@ -99,7 +104,7 @@ func startJob(c *config) (*job, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &job{world: w, timeout: c.timeout, log: os.Stderr}
+	j := &job{world: w, timeout: c.timeout, log: os.Stderr, failed: make(chan struct{})}
 	j.layout = runtime.Layout{Devices: c.Devices, Procs: w.Size, Proc: w.Rank}
 	if w.Size > 1 {
 		if err := j.layout.Check(); err != nil {
@@ -222,22 +227,44 @@ func (j *job) watchAbort() {
 	}
 }
 
+// peerLostGrace is how long a process that lost a peer waits for the
+// peer's own report before reporting the loss as the cause.
+const peerLostGrace = 2 * time.Second
+
 // fail stops the job: this process's comm calls end, and every other
 // process hears of it through the comm and the store.
 func (j *job) fail(err error) {
+	j.failOnce.Do(func() {
+		defer close(j.failed)
+		j.report(err)
+	})
+	<-j.failed
+}
+
+// report is fail's work, done once.
+func (j *job) report(err error) {
 	if j.ctx.Err() != nil {
 		return
+	}
+	if j.multi() && j.store != nil && errors.Is(err, runtime.ErrPeerLost) {
+		// A lost peer is most often the echo of that peer's own failure,
+		// whose report may reach the store a moment after its sockets
+		// close: give it that moment, so the job names the cause (rank 1
+		// was interrupted) rather than the broken pipe it left.
+		select {
+		case <-j.ctx.Done():
+			return
+		case <-time.After(peerLostGrace):
+		}
 	}
 	j.cancel(err)
 	if !j.multi() {
 		return
 	}
-	if j.net != nil {
-		j.net.Abort(err)
-	}
+	// The store first: the others' grace for a lost peer then finds the
+	// reason there before the comm's abort closes this process's sockets.
 	if j.store != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
 		msg := err.Error()
 		if !strings.HasPrefix(msg, "rank ") {
 			msg = fmt.Sprintf("rank %d: %s", j.world.Rank, msg)
@@ -247,6 +274,10 @@ func (j *job) fail(err error) {
 		if ok, err := j.store.Check(ctx, keyAbort); err == nil && !ok {
 			j.store.Set(ctx, keyAbort, []byte(msg))
 		}
+		cancel()
+	}
+	if j.net != nil {
+		j.net.Abort(err)
 	}
 }
 

@@ -60,6 +60,9 @@ func mainErr(args []string) (err error) {
 				err = fmt.Errorf("rank %d: %w", j.world.Rank, err)
 			}
 			j.fail(err)
+			// Another process's failure that stopped this one is the
+			// error to report: this one's is its echo.
+			err = j.cause(err)
 		}
 		err = errors.Join(err, j.close())
 	}()
@@ -248,7 +251,7 @@ func firstOnPipelineRank(prog *lower.Program, rank int) bool {
 		return true
 	}
 	for i, c := range mesh.Coords(rank) {
-		if mesh.Axes[i].Name != "pp" && c != 0 {
+		if i != mesh.PipelineAxis() && c != 0 {
 			return false
 		}
 	}
@@ -396,6 +399,10 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		EvalEvery: c.evalEvery, EvalBatches: c.evalBatches,
 		LossScale: lossScaler(c),
 	}
+	for _, o := range res.Module.Outputs {
+		cfg.Outputs = append(cfg.Outputs, o.Name)
+	}
+	cfg.Outputs = runtime.AuxOutputs(cfg.Outputs)
 	if res.EvalPrograms != nil {
 		if err := dev.SetEvalPrograms(res.EvalPrograms); err != nil {
 			return err

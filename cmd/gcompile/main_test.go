@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,9 +14,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/ir"
+	kcpu "gcompile/kernels/cpu"
 	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/runtime"
+	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cuda/dl"
 	"gcompile/runtime/cuda/fakegpu"
 )
@@ -372,7 +375,7 @@ func TestCompressActivationsRelu(t *testing.T) {
 	err := mainErr(append(append([]string{}, tinyGPT...), "--compress-activations", "relu"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--compress-activations relu needs ReLU activations")
-	assert.Contains(t, err.Error(), "has none (for examples/gpt: --set activation=relu)")
+	assert.Contains(t, err.Error(), "has none (lowp works on any model; examples/gpt has ReLU with --set activation=relu)")
 
 	peak := func(compress string) int64 {
 		args := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16,activation=relu", "--batch", "4", "--max-data-mb", "1",
@@ -562,5 +565,54 @@ func TestCUDABackend(t *testing.T) {
 			assert.FileExists(t, files[1])
 			assert.FileExists(t, files[2])
 		})
+	}
+}
+
+const llamaModel = "../../examples/llama/model.go"
+
+// The Llama saves Hugging Face LlamaForCausalLM's names and [out,in]
+// shapes, and loads a bf16 checkpoint of that form (as published Llama
+// weights are) into its fp32 masters exactly: after a step with a
+// vanishing learning rate the saved weights are the bf16 values widened.
+func TestLlamaExchangesHuggingFaceWeights(t *testing.T) {
+	dir := t.TempDir()
+	first, hf, after := filepath.Join(dir, "first.safetensors"), filepath.Join(dir, "hf.safetensors"), filepath.Join(dir, "after.safetensors")
+	tiny := []string{llamaModel, "--set", "layers=1,hidden=32,heads=4,kv_heads=2,ffn=48,seq=16", "--batch", "4", "--max-data-mb", "1", "--run", "--steps", "1"}
+	require.NoError(t, mainErr(append(append([]string{}, tiny...), "--save", first)))
+	ts, _, err := checkpoint.Load(first)
+	require.NoError(t, err)
+	shapes := map[string][]int{}
+	for _, x := range ts {
+		shapes[x.Name] = x.Shape
+	}
+	assert.Equal(t, []int{8 * 2, 32}, shapes["model.layers.0.self_attn.k_proj.weight"], "k_proj is [kv_heads·head_dim, hidden]")
+	assert.Equal(t, []int{48, 32}, shapes["model.layers.0.mlp.gate_proj.weight"])
+	assert.Equal(t, []int{256, 32}, shapes["lm_head.weight"])
+	assert.Len(t, shapes, 12, "embed, 2 norms and 7 projections per layer, final norm, head")
+
+	// A bf16 export of those weights, as a Hugging Face checkpoint has.
+	want := map[string][]float32{}
+	for i, x := range ts {
+		f := checkpoint.BytesFloat32(x.Data)
+		bits := make([]byte, 2*len(f))
+		w := make([]float32, len(f))
+		for j, v := range f {
+			h := kcpu.BF16FromF32(v)
+			binary.LittleEndian.PutUint16(bits[2*j:], h)
+			w[j] = kcpu.F32FromBF16(h)
+		}
+		ts[i].DType, ts[i].Data = "BF16", bits
+		want[x.Name] = w
+	}
+	require.NoError(t, checkpoint.Save(hf, ts, nil))
+	require.NoError(t, mainErr(append(append([]string{}, tiny...), "--lr", "1e-12", "--min-lr", "1e-13", "--load", hf, "--save", after)))
+	got, _, err := checkpoint.Load(after)
+	require.NoError(t, err)
+	for _, x := range got {
+		f := checkpoint.BytesFloat32(x.Data)
+		require.Len(t, f, len(want[x.Name]), x.Name)
+		for j := range f {
+			require.InDelta(t, want[x.Name][j], f[j], 1e-9, "%s[%d]", x.Name, j)
+		}
 	}
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 
 	"gcompile/runtime"
@@ -32,7 +34,11 @@ func (p *progress) step(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 	if e != nil {
 		p.eval = fmt.Sprintf(" eval %.4f", e.Loss)
 	}
-	line := fmt.Sprintf("step %d/%d loss %.4f lr %.2e |g| %.3f %.0f ms %.0f tok/s", s.Step, p.total, s.Loss, s.LR, s.GradNorm, s.Ms, s.TokensPerS)
+	line := fmt.Sprintf("step %d/%d loss %.4f", s.Step, p.total, s.Loss)
+	for _, name := range slices.Sorted(maps.Keys(s.Outputs)) {
+		line += fmt.Sprintf(" %s %.4g", name, s.Outputs[name])
+	}
+	line += fmt.Sprintf(" lr %.2e |g| %.3f %.0f ms %.0f tok/s", s.LR, s.GradNorm, s.Ms, s.TokensPerS)
 	if !p.tty {
 		evalNote := ""
 		if e != nil {

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sort"
 	"strconv"
 
 	"gcompile/ir"
+	kcpu "gcompile/kernels/cpu"
 	"gcompile/lower"
 	"gcompile/runtime/checkpoint"
 )
@@ -87,17 +89,44 @@ func loadWeights(dev weightStore, progs []*lower.Program, path string) error {
 		if !ok {
 			return fmt.Errorf("--load %s: no tensor %q for param %s", path, b.Name, b.Value.Where())
 		}
-		if t.DType != safetensorsDType[b.Global.DType] || t.DType != "F32" || !ir.Shape(t.Shape).Equal(b.Global.Shape) {
-			return fmt.Errorf("--load %s: tensor %q is %s%v, the model's param is %v", path, b.Name, t.DType, t.Shape, b.Global)
+		// Published checkpoints are often bf16 or fp16 (Hugging Face
+		// Llama's are): those widen exactly into the fp32 masters.
+		if b.Global.DType != ir.F32 || (t.DType != "F32" && t.DType != "BF16" && t.DType != "F16") || !ir.Shape(t.Shape).Equal(b.Global.Shape) {
+			return fmt.Errorf("--load %s: tensor %q is %s%v, the model's param is %v (F32, BF16 or F16 tensors of its shape load into an f32 param)", path, b.Name, t.DType, t.Shape, b.Global)
 		}
-		x := checkpoint.BytesFloat32(t.Data)
-		whole := make([]float64, len(x))
-		for i, v := range x {
-			whole[i] = float64(v)
+		whole, err := widen(t)
+		if err != nil {
+			return fmt.Errorf("--load %s: tensor %q: %w", path, b.Name, err)
 		}
 		if err := dev.SetGlobal(b.Name, whole); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// widen reads an F32, BF16 or F16 tensor's little-endian elements as
+// float64, exactly.
+func widen(t checkpoint.Tensor) ([]float64, error) {
+	if t.DType == "F32" {
+		x := checkpoint.BytesFloat32(t.Data)
+		out := make([]float64, len(x))
+		for i, v := range x {
+			out[i] = float64(v)
+		}
+		return out, nil
+	}
+	if len(t.Data)%2 != 0 {
+		return nil, fmt.Errorf("%s data of %d bytes is not whole 2-byte elements", t.DType, len(t.Data))
+	}
+	out := make([]float64, len(t.Data)/2)
+	for i := range out {
+		h := binary.LittleEndian.Uint16(t.Data[2*i:])
+		if t.DType == "BF16" {
+			out[i] = float64(kcpu.F32FromBF16(h))
+		} else {
+			out[i] = float64(kcpu.F32FromF16(h))
+		}
+	}
+	return out, nil
 }

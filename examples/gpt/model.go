@@ -2,10 +2,9 @@
 //
 //	gcompile examples/gpt/model.go --set layers=12,hidden=768,heads=12,seq=1024,vocab=50257
 //
-// Token and learned position embeddings, pre-LayerNorm transformer blocks,
-// a final LayerNorm and an LM head tied to the token embedding, trained on
-// the mean next-token cross-entropy. The defaults are a byte-level model
-// small enough to train on a CPU in minutes.
+// Token and learned position embeddings, pre-LayerNorm blocks (package gpt2),
+// a final LayerNorm and an LM head tied to the token embedding, trained on the
+// mean next-token cross-entropy; the defaults train on a CPU in minutes.
 package gpt
 
 import (
@@ -13,6 +12,7 @@ import (
 
 	"gcompile/frontend"
 	"gcompile/frontend/nn"
+	"gcompile/frontend/nn/gpt2"
 	"gcompile/ir"
 )
 
@@ -34,10 +34,10 @@ func Model(b *frontend.Builder) {
 	x = x.Add(wpe)
 	for i := range layers {
 		b.Layer(i)
-		x = nn.TransformerBlock(x, fmt.Sprintf("h.%d", i), nn.BlockConfig{Heads: heads, Layers: layers, Activation: activation})
+		x = gpt2.Block(x, fmt.Sprintf("h.%d", i), gpt2.BlockConfig{Heads: heads, Layers: layers, Activation: activation})
 	}
 	b.Layer(-1)
-	x = nn.LayerNorm(x, "ln_f")
+	x = nn.LayerNorm(x, "ln_f", gpt2.LayerNormEps)
 	logits := x.Reshape(batch*seq, hidden).MatMulT(wte) // tied LM head
 	b.Loss(nn.CrossEntropy(logits, targets))
 }

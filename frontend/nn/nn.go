@@ -1,12 +1,15 @@
-// Package nn holds the layers of a GPT written in the frontend DSL. Names
-// follow Hugging Face GPT-2 (c_attn, c_proj, c_fc, ln_1, …) so a saved
-// checkpoint maps onto other tools' tensors, and weights are [in,out] as in
-// GPT-2's Conv1D: y = x·W + b.
+// Package nn holds model-agnostic layers written in the frontend DSL:
+// linear layers in either weight layout, with or without bias; LayerNorm
+// and RMSNorm; token embeddings; rotary position embeddings; the SwiGLU
+// MLP; causal self-attention with grouped-query heads; the token loss.
+// Compositions of them (GPT-2's block, package gpt2; Llama's, in
+// examples/llama) live elsewhere.
 //
 // Each layer records the tensor-parallel hints Megatron-LM applies to it
-// (fused q,k,v and the MLP's first weight column-parallel, both output
-// projections row-parallel, the embedding vocab-parallel), so the shard pass
-// can split the model without the user restating it.
+// (projections into heads or the MLP's hidden width column-parallel, the
+// projections back row-parallel, the embedding vocab-parallel), so the
+// shard pass can split a model without the user restating them. Ops
+// recorded inside a layer report the line of the user's call.
 package nn
 
 import (
@@ -15,35 +18,80 @@ import (
 	"gcompile/frontend"
 )
 
-// LayerNormEps is GPT-2's LayerNorm epsilon.
-const LayerNormEps = 1e-5
-
-// InitStd is GPT-2's standard deviation for weight initialisation.
+// InitStd is the standard deviation GPT-2 and Llama initialise weights with.
 const InitStd = 0.02
 
-// Linear is y = x·W + b with W [in,out] named name.weight and b name.bias.
-func Linear(x *frontend.Tensor, name string, out int, hint frontend.Parallel, std float64) *frontend.Tensor {
+// LinearConfig describes a linear layer y = x·W (+ b).
+type LinearConfig struct {
+	// Bias adds name.bias [out].
+	Bias bool
+	// OutIn stores the weight [out,in] and computes x·Wᵀ, as torch's
+	// nn.Linear and Hugging Face checkpoints do; otherwise it is [in,out]
+	// (GPT-2's Conv1D).
+	OutIn bool
+	// Parallel is the tensor-parallel hint, written for the [in,out]
+	// layout; OutIn adapts it.
+	Parallel frontend.Parallel
+	// Std is the weight's init std (0: InitStd).
+	Std float64
+}
+
+// Dense is a linear layer to out features with weight name.weight.
+func Dense(x *frontend.Tensor, name string, out int, cfg LinearConfig) *frontend.Tensor {
 	b := x.Builder()
 	in := x.Dim(-1)
-	w := b.Param(name+".weight", []int{in, out}, frontend.Normal(std), hint)
-	// A row-parallel layer's bias is added once, after the partial sums are
-	// reduced, so it is not split: no hint.
-	biasHint := hint
-	if hint == frontend.RowParallel {
-		biasHint = frontend.NoParallel
+	std := cfg.Std
+	if std == 0 {
+		std = InitStd
 	}
-	bias := b.Param(name+".bias", []int{out}, frontend.Zeros, biasHint)
-	return x.MatMul(w).Add(bias)
+	shape, hint := []int{in, out}, cfg.Parallel
+	if cfg.OutIn {
+		shape, hint = []int{out, in}, hint.OutIn()
+	}
+	w := b.Param(name+".weight", shape, frontend.Normal(std), hint)
+	var bias *frontend.Tensor
+	if cfg.Bias {
+		// A row-parallel layer's bias is added once, after the partial sums
+		// are reduced, so it is not split: no hint.
+		biasHint := cfg.Parallel
+		if biasHint == frontend.RowParallel {
+			biasHint = frontend.NoParallel
+		}
+		bias = b.Param(name+".bias", []int{out}, frontend.Zeros, biasHint)
+	}
+	var y *frontend.Tensor
+	if cfg.OutIn {
+		y = x.MatMulT(w)
+	} else {
+		y = x.MatMul(w)
+	}
+	if bias != nil {
+		y = y.Add(bias)
+	}
+	return y
+}
+
+// Linear is GPT-2's y = x·W + b with W [in,out] named name.weight and b
+// name.bias.
+func Linear(x *frontend.Tensor, name string, out int, hint frontend.Parallel, std float64) *frontend.Tensor {
+	return Dense(x, name, out, LinearConfig{Bias: true, Parallel: hint, Std: std})
 }
 
 // LayerNorm normalises over the last dim with name.weight (γ, ones) and
 // name.bias (β, zeros).
-func LayerNorm(x *frontend.Tensor, name string) *frontend.Tensor {
+func LayerNorm(x *frontend.Tensor, name string, eps float64) *frontend.Tensor {
 	b := x.Builder()
 	n := x.Dim(-1)
 	g := b.Param(name+".weight", []int{n}, frontend.Ones, frontend.NoParallel)
 	beta := b.Param(name+".bias", []int{n}, frontend.Zeros, frontend.NoParallel)
-	return x.LayerNorm(g, beta, LayerNormEps)
+	return x.LayerNorm(g, beta, eps)
+}
+
+// RMSNorm normalises over the last dim by the root mean square with
+// name.weight (γ, ones) and no shift.
+func RMSNorm(x *frontend.Tensor, name string, eps float64) *frontend.Tensor {
+	g := x.Builder().Param(name+".weight", []int{x.Dim(-1)}, frontend.Ones, frontend.NoParallel)
+	return x.RMSNorm(g, eps)
 }
 
 // Embedding looks ids up in a vocab-parallel table name.weight [vocab,dim]
@@ -53,64 +101,96 @@ func Embedding(ids *frontend.Tensor, name string, vocab, dim int) (out, table *f
 	return table.Gather(ids), table
 }
 
-// Attention is causal multi-head self-attention over x [batch,seq,hidden]
-// with fused q,k,v (name.c_attn, column-parallel: heads split across tensor
-// ranks) and output projection name.c_proj (row-parallel). projStd is the
-// output projection's init std (GPT-2 scales it by 1/√(2·layers)).
-func Attention(x *frontend.Tensor, name string, heads int, projStd float64) *frontend.Tensor {
+// SplitHeads views x [batch, seq, heads·hd] as [batch, heads, seq, hd].
+// Heads stay a dim of their own (not merged with the batch) so they can be
+// split across tensor-parallel ranks.
+func SplitHeads(x *frontend.Tensor, heads int) *frontend.Tensor {
+	batch, seq := x.Dim(0), x.Dim(1)
+	return x.Reshape(batch, seq, heads, x.Dim(2)/heads).Transpose(0, 2, 1, 3)
+}
+
+// CausalAttention is softmax(q·kᵀ/√hd + causal mask)·v for q [batch,
+// heads, seq, hd] and k, v [batch, kvHeads, seq, hd], merged back to
+// [batch, seq, heads·hd]. With fewer k/v heads than query heads
+// (grouped-query attention) each k/v head serves heads/kvHeads
+// consecutive query heads. The scores and probabilities, the
+// [batch, heads, seq, seq] tensors, are what --recompute selective drops.
+func CausalAttention(q, k, v *frontend.Tensor) *frontend.Tensor {
+	b := q.Builder()
+	batch, heads, seq, hd := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
+	if kv := k.Dim(1); kv != heads && kv > 0 {
+		if heads%kv != 0 {
+			b.Errorf("attention: %d query heads cannot share %d k/v heads evenly", heads, kv)
+			return b.Poisoned()
+		}
+		k = k.RepeatInterleave(1, heads/kv)
+		v = v.RepeatInterleave(1, heads/kv)
+	}
+	var att *frontend.Tensor
+	b.RecomputeSelective(func() {
+		att = q.MatMulT(k).Scale(1 / math.Sqrt(float64(hd))).CausalMask().Softmax()
+	})
+	return att.MatMul(v).Transpose(0, 2, 1, 3).Reshape(batch, seq, heads*hd)
+}
+
+// AttentionConfig sizes grouped-query self-attention.
+type AttentionConfig struct {
+	Heads   int
+	KVHeads int     // 0: Heads (multi-head attention)
+	HeadDim int     // 0: hidden/Heads
+	Theta   float64 // RoPE base; 0: no rotary embedding
+	Bias    bool    // biases on q, k and v (Qwen2 has them; Llama does not)
+	ProjStd float64 // init std of the output projection (0: InitStd)
+}
+
+// GroupedQueryAttention is causal self-attention over x [batch,seq,hidden]
+// with Hugging Face Llama's projections, weights [out,in]:
+// name.q_proj (column-parallel), name.k_proj and name.v_proj (split by
+// whole k/v heads when tensor parallelism divides them, replicated
+// otherwise), name.o_proj (row-parallel), and rotary embeddings on q and k.
+func GroupedQueryAttention(x *frontend.Tensor, name string, cfg AttentionConfig) *frontend.Tensor {
 	b := x.Builder()
-	batch, seq, hidden := x.Dim(0), x.Dim(1), x.Dim(2)
-	if heads <= 0 || hidden%heads != 0 {
-		b.Errorf("attention %s: hidden size %d is not divisible by %d heads", name, hidden, heads)
-		return x
-	}
-	hd := hidden / heads
-	// q, k and v are three column blocks of one weight; under tensor
-	// parallelism each rank takes its heads' columns of every block.
-	qkv := Linear(x, name+".c_attn", 3*hidden, frontend.FusedColumnParallel(3), InitStd)
-	split := func(i int) *frontend.Tensor {
-		// [b,s,h] → [b,s,heads,hd] → [b,heads,s,hd]. Heads stay a dim of
-		// their own (not merged with the batch) so they can be split
-		// across tensor-parallel ranks.
-		return qkv.Slice(2, i*hidden, (i+1)*hidden).
-			Reshape(batch, seq, heads, hd).
-			Transpose(0, 2, 1, 3)
-	}
-	q, k, v := split(0), split(1), split(2)
-	att := q.MatMulT(k).Scale(1 / math.Sqrt(float64(hd))).CausalMask().Softmax()
-	y := att.MatMul(v).
-		Transpose(0, 2, 1, 3).
-		Reshape(batch, seq, hidden)
-	return Linear(y, name+".c_proj", hidden, frontend.RowParallel, projStd)
-}
-
-// MLP is c_fc (4·hidden, column-parallel) → activation → c_proj (row-parallel).
-// activation is "gelu" (GPT-2's tanh approximation) or "relu".
-func MLP(x *frontend.Tensor, name, activation string, projStd float64) *frontend.Tensor {
 	hidden := x.Dim(-1)
-	h := Linear(x, name+".c_fc", 4*hidden, frontend.ColumnParallel, InitStd)
-	switch activation {
-	case "relu":
-		h = h.Relu()
-	default:
-		h = h.Gelu()
+	kvHeads, hd := cfg.KVHeads, cfg.HeadDim
+	if kvHeads == 0 {
+		kvHeads = cfg.Heads
 	}
-	return Linear(h, name+".c_proj", hidden, frontend.RowParallel, projStd)
+	if hd == 0 && cfg.Heads > 0 {
+		hd = hidden / cfg.Heads
+	}
+	switch {
+	case cfg.Heads <= 0 || hd <= 0 || cfg.HeadDim == 0 && hidden%cfg.Heads != 0:
+		b.Errorf("attention %s: hidden size %d is not divisible by %d heads", name, hidden, cfg.Heads)
+		return b.Poisoned()
+	case kvHeads <= 0 || cfg.Heads%kvHeads != 0:
+		b.Errorf("attention %s: %d heads are not a multiple of %d k/v heads", name, cfg.Heads, kvHeads)
+		return b.Poisoned()
+	case cfg.Theta != 0 && hd%2 != 0:
+		b.Errorf("attention %s: rotary embeddings need an even head size, got %d", name, hd)
+		return b.Poisoned()
+	}
+	proj := func(suffix string, heads int, hint frontend.Parallel) *frontend.Tensor {
+		y := Dense(x, name+"."+suffix, heads*hd, LinearConfig{Bias: cfg.Bias, OutIn: true, Parallel: hint})
+		return SplitHeads(y, heads)
+	}
+	q := proj("q_proj", cfg.Heads, frontend.ColumnParallel)
+	k := proj("k_proj", kvHeads, frontend.HeadParallel(hd))
+	v := proj("v_proj", kvHeads, frontend.HeadParallel(hd))
+	if cfg.Theta != 0 {
+		q, k = q.RoPE(cfg.Theta), k.RoPE(cfg.Theta)
+	}
+	y := CausalAttention(q, k, v)
+	return Dense(y, name+".o_proj", hidden, LinearConfig{OutIn: true, Parallel: frontend.RowParallel, Std: cfg.ProjStd})
 }
 
-// BlockConfig sizes a transformer block.
-type BlockConfig struct {
-	Heads      int
-	Layers     int    // total layers, for GPT-2's residual projection init scaling
-	Activation string // "gelu" or "relu"
-}
-
-// TransformerBlock is GPT-2's pre-LayerNorm block:
-// x + attn(ln_1(x)), then + mlp(ln_2(·)).
-func TransformerBlock(x *frontend.Tensor, name string, cfg BlockConfig) *frontend.Tensor {
-	projStd := InitStd / math.Sqrt(2*float64(max(cfg.Layers, 1)))
-	x = x.Add(Attention(LayerNorm(x, name+".ln_1"), name+".attn", cfg.Heads, projStd))
-	return x.Add(MLP(LayerNorm(x, name+".ln_2"), name+".mlp", cfg.Activation, projStd))
+// SwiGLU is Llama's MLP, weights [out,in] without biases:
+// name.down_proj(silu(name.gate_proj(x)) · name.up_proj(x)), the gate and
+// up projections column-parallel and the down projection row-parallel.
+func SwiGLU(x *frontend.Tensor, name string, ffn int, downStd float64) *frontend.Tensor {
+	cfg := LinearConfig{OutIn: true, Parallel: frontend.ColumnParallel}
+	gate := Dense(x, name+".gate_proj", ffn, cfg)
+	up := Dense(x, name+".up_proj", ffn, cfg)
+	return Dense(gate.Silu().Mul(up), name+".down_proj", x.Dim(-1), LinearConfig{OutIn: true, Parallel: frontend.RowParallel, Std: downStd})
 }
 
 // CrossEntropy is the mean token loss of logits [..., vocab] against

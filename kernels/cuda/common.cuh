@@ -50,6 +50,8 @@ extern "C" __device__ float __nv_sqrtf(float);
 extern "C" __device__ double __nv_sqrt(double);
 extern "C" __device__ double __nv_log(double);
 extern "C" __device__ double __nv_pow(double, double);
+extern "C" __device__ double __nv_sin(double);
+extern "C" __device__ double __nv_cos(double);
 static __device__ __forceinline__ float expf(float x) { return __nv_expf(x); }
 static __device__ __forceinline__ float logf(float x) { return __nv_logf(x); }
 static __device__ __forceinline__ float tanhf(float x) { return __nv_tanhf(x); }
@@ -57,6 +59,8 @@ static __device__ __forceinline__ float sqrtf(float x) { return __nv_sqrtf(x); }
 static __device__ __forceinline__ double sqrt(double x) { return __nv_sqrt(x); }
 static __device__ __forceinline__ double log(double x) { return __nv_log(x); }
 static __device__ __forceinline__ double pow(double x, double y) { return __nv_pow(x, y); }
+static __device__ __forceinline__ double sin(double x) { return __nv_sin(x); }
+static __device__ __forceinline__ double cos(double x) { return __nv_cos(x); }
 static __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
 // __syncthreads is a clang builtin for NVPTX.
 

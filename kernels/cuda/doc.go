@@ -40,13 +40,16 @@
 // # Precision
 //
 // Values are float32. Where a CPU kernel accumulates in float64 (sums,
-// dot products, LayerNorm statistics, log-sum-exp, optimizer updates) the
-// CUDA kernel accumulates in double too; exp, log and tanh run in float
-// (expf, logf, tanhf). A double that must outlive a kernel (a block's
+// dot products, LayerNorm and RMSNorm statistics, log-sum-exp, optimizer
+// updates, RoPE's angles and rotations) the CUDA kernel computes in double
+// too; exp, log and tanh run in float (expf, logf, tanhf; GELU and SiLU
+// through expf). A double that must outlive a kernel (a block's
 // partial sum, a row's mean) is stored as a pair of floats, hi + lo.
 // Reductions combine in a fixed order for a given block size (warp
 // butterflies, then the first warp), so results are reproducible run to
-// run; column reductions walk rows in order and match the CPU bit for bit.
+// run; column reductions walk rows in order and match the CPU bit for bit,
+// as does repeat_interleave's gradient, which adds each slice's copies in
+// order.
 // fp16 and bf16 buffers are emulated as the CPU backend does: widen the
 // arguments into float32 scratch, run the float32 kernel, round the result
 // ([Sixteen]).

@@ -84,6 +84,37 @@ extern "C" __global__ void gc_gelu_grad(float* dx, const float* x, const float* 
   }
 }
 
+// gc_sigmoid_halves returns σ(z) in *s and σ(−z) = 1 − σ(z) in *sc, both
+// through one exp of a non-positive number, as gc_gelu_halves: neither
+// overflows, and σ(−z) keeps the digits that 1 − σ(z) would lose for
+// large z. A NaN gives NaNs.
+static __device__ __forceinline__ void gc_sigmoid_halves(float z, float* s, float* sc) {
+  const float e = expf(-fabsf(z));
+  const float big = 1.0f / (1.0f + e), small = e / (1.0f + e);
+  *s = z >= 0 ? big : small;
+  *sc = z >= 0 ? small : big;
+}
+
+// gc_silu is SiLU (swish), x·σ(x): the gate of Llama's SwiGLU.
+extern "C" __global__ void gc_silu(float* out, const float* x, long long n) {
+  GC_FOR_EACH(i, n) {
+    float s, sc;
+    gc_sigmoid_halves(x[i], &s, &sc);
+    out[i] = x[i] * s;
+  }
+}
+
+// gc_silu_grad differentiates it: dy·σ(x)·(1 + x·(1 − σ(x))), with
+// 1 − σ(x) taken as σ(−x).
+extern "C" __global__ void gc_silu_grad(float* dx, const float* x, const float* dy, long long n) {
+  GC_FOR_EACH(i, n) {
+    const float z = x[i];
+    float s, sc;
+    gc_sigmoid_halves(z, &s, &sc);
+    dx[i] = s * (1.0f + z * sc) * dy[i];
+  }
+}
+
 // gc_scale multiplies by a scalar that lives in device memory (the IR's
 // scale op: clip coefficients, 1/loss_scale).
 extern "C" __global__ void gc_scale(float* out, const float* x, const float* s, long long n) {

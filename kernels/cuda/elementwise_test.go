@@ -274,3 +274,52 @@ func TestReluMask(t *testing.T) {
 		}
 	}
 }
+
+// siluBound is the error allowed for SiLU and its gradient at x, in units
+// of u = 2⁻²⁴. σ is formed in float: expf(−|z|) (CUDA's expf is within 2
+// ulp, 4u; the argument is exact), 1 + e and a divide (u each), so σ(z)
+// and σ(−z) are within 8u; SiLU's product adds u and the reference's own
+// rounding to float32 another: 10u of |x·σ(x)|. The gradient
+// σ·(1 + x·σ(−x))·dy cancels inside the bracket near x ≈ −1.28, so its
+// bound is on the magnitude of the terms: 8u (σ) + 5u (x·σ(−x)) + 3u
+// (the sum and two products) + u (reference), rounded up to 20u of
+// |dy|·σ·(1 + |x|·σ(−x)). The Go reference forms 1 − σ in float64, which
+// loses |x|·2⁻⁵³ for large x; that is allowed too. 1e-37 covers results
+// that underflow (expf(−100) is subnormal).
+func siluBound(x, dy float32) (silu, grad float64) {
+	const u = 1.0 / (1 << 24)
+	z := math.Abs(float64(x))
+	s, sc := 1/(1+math.Exp(-float64(x))), 1/(1+math.Exp(float64(x)))
+	g := math.Abs(float64(dy))
+	return 10*u*z*s + 1e-37, 20*u*g*s*(1+z*sc) + z/(1<<52)*g + 1e-37
+}
+
+func TestSilu(t *testing.T) {
+	forShapes(t, func(t *testing.T, n int, grid, block uint32) {
+		r := newRand(uint64(n) + 13)
+		x, dy := randVec(r, n, -30, 30), randNorm(r, n, 1)
+		if n > 8 { // the exp's edges: 0, −0, underflow, saturation, ±Inf, NaN
+			copy(x, []float32{0, float32(math.Copysign(0, -1)), -100, 100, float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), -1.2784645})
+		}
+		bs, bd := make([]float64, n), make([]float64, n)
+		for i := range x {
+			bs[i], bd[i] = siluBound(x[i], dy[i])
+		}
+		want, got := make([]float32, n), out(n)
+		kcpu.Silu(want, x)
+		launch(t, "gc_silu", grid, block, got, x, n)
+		requireWithin(t, want, got, bs, "gc_silu")
+		if n > 8 {
+			require.Equal(t, math.Float32bits(want[1]), math.Float32bits(got[1]), "silu(−0) is −0")
+		}
+		want, got = make([]float32, n), out(n)
+		kcpu.SiluGrad(want, x, dy)
+		launch(t, "gc_silu_grad", grid, block, got, x, dy, n)
+		requireWithin(t, want, got, bd, "gc_silu_grad")
+
+		// In place, as the backend may run it: the same bits.
+		inPlace := append(out(n)[:0], x...)
+		launch(t, "gc_silu_grad", grid, block, inPlace, inPlace, dy, n)
+		requireBits(t, got, inPlace, "gc_silu_grad in place")
+	})
+}

@@ -1,5 +1,6 @@
-// nn.cu — softmax, the causal mask, LayerNorm, embeddings and the
-// cross-entropy loss, with their gradients and the vocab-parallel pieces.
+// nn.cu — softmax, the causal mask, LayerNorm, RMSNorm, rotary position
+// embeddings, embeddings and the cross-entropy loss, with their gradients
+// and the vocab-parallel pieces.
 // Row kernels give one block per row (GC_FOR_ROWS also covers a grid
 // smaller than rows) and stride the block over the row; statistics and
 // sums are kept in double, as the CPU kernels do, while exp and log run
@@ -147,6 +148,93 @@ extern "C" __global__ void gc_layernorm_grad_gamma(float* dgamma, const float* x
       acc += (double)dy[r * n + j] * ((double)x[r * n + j] - mean) * rstd;
     }
     dgamma[j] = (float)acc;
+  }
+}
+
+// gc_row_rms_scale returns a row's 1/√(mean(x²) + eps), the sum of
+// squares in double (no centring, so one pass loses nothing).
+static __device__ __forceinline__ double gc_row_rms_scale(const float* x, long long n, float eps) {
+  double s = 0;
+  GC_FOR_ROW(j, n) s += (double)x[j] * (double)x[j];
+  return 1.0 / sqrt(gc_block_sum(s) / (double)n + (double)eps);
+}
+
+// gc_rmsnorm: out = x/√(mean(x²) + eps)·γ per row of n. out may be x.
+extern "C" __global__ void gc_rmsnorm(float* out, const float* x, const float* gamma, long long rows,
+                                      long long n, float eps) {
+  GC_FOR_ROWS(r, rows) {
+    const float* xr = x + r * n;
+    float* o = out + r * n;
+    const double rs = gc_row_rms_scale(xr, n, eps);
+    GC_FOR_ROW(j, n) o[j] = (float)((double)xr[j] * rs * (double)gamma[j]);
+  }
+}
+
+// gc_rmsnorm_grad_x: with r = 1/√(mean(x²) + eps), x̂ = x·r and g = dy·γ,
+// dx = r·(g − x̂·mean(g·x̂)); r is recomputed from x. dx may be dy.
+extern "C" __global__ void gc_rmsnorm_grad_x(float* dx, const float* x, const float* gamma,
+                                             const float* dy, long long rows, long long n,
+                                             float eps) {
+  GC_FOR_ROWS(r, rows) {
+    const float *xr = x + r * n, *gr = dy + r * n;
+    float* d = dx + r * n;
+    const double rs = gc_row_rms_scale(xr, n, eps);
+    double sgx = 0;
+    GC_FOR_ROW(j, n) sgx += (double)gr[j] * (double)gamma[j] * (double)xr[j] * rs;
+    sgx = gc_block_sum(sgx) / (double)n;
+    GC_FOR_ROW(j, n) {
+      const double g = (double)gr[j] * (double)gamma[j];
+      d[j] = (float)((g - (double)xr[j] * rs * sgx) * rs);
+    }
+  }
+}
+
+// gc_rmsnorm_stats stores each row's 1/√(mean(x²) + eps) as a float pair
+// at stats[2·row]: the first step of the γ gradient.
+extern "C" __global__ void gc_rmsnorm_stats(float* stats, const float* x, long long rows, long long n,
+                                            float eps) {
+  GC_FOR_ROWS(r, rows) {
+    const double rs = gc_row_rms_scale(x + r * n, n, eps);
+    if (threadIdx.x == 0) gc_store_pair(stats + 2 * r, rs);
+  }
+}
+
+// gc_rmsnorm_grad_gamma: dγ[j] = Σ_rows dy·x̂, one thread per column
+// walking the rows in order (the CPU kernel's order), x̂ from the scales
+// that gc_rmsnorm_stats left.
+extern "C" __global__ void gc_rmsnorm_grad_gamma(float* dgamma, const float* x, const float* dy,
+                                                 const float* stats, long long rows, long long n) {
+  GC_FOR_EACH(j, n) {
+    double acc = 0;
+    for (long long r = 0; r < rows; r++) {
+      acc += (double)dy[r * n + j] * (double)x[r * n + j] * gc_load_pair(stats + 2 * r);
+    }
+    dgamma[j] = (float)acc;
+  }
+}
+
+// gc_rope applies rotary position embeddings in Hugging Face Llama's
+// rotate-half layout: x is rows of d = 2·half elements, row r at position
+// p = r mod positions, and elements i and i + half of a row turn together
+// by p·theta^(−2i/d) (minus that when inverse is not 0, the transpose and
+// so the vjp):
+//   out[i]      = x[i]·cos − x[i+half]·sin
+//   out[i+half] = x[i+half]·cos + x[i]·sin
+// The angle (pow, sin, cos) and the products are double, rounded to float
+// once, as the CPU kernel; theta arrives as a float and is widened. One
+// thread per pair; out must not be x.
+extern "C" __global__ void gc_rope(float* out, const float* x, long long rows, long long positions,
+                                   long long half, float theta, int inverse) {
+  const long long d = 2 * half;
+  GC_FOR_EACH(e, rows * half) {
+    const long long r = e / half, i = e - r * half, p = r % positions;
+    const double angle = (double)p * pow((double)theta, -2.0 * (double)i / (double)d);
+    const double cs = cos(angle), sn = inverse ? -sin(angle) : sin(angle);
+    const float* xr = x + r * d;
+    float* o = out + r * d;
+    const double a = (double)xr[i], b = (double)xr[i + half];
+    o[i] = (float)(a * cs - b * sn);
+    o[i + half] = (float)(b * cs + a * sn);
   }
 }
 

@@ -313,3 +313,141 @@ func TestVocabParallelCrossEntropy(t *testing.T) {
 		}
 	}
 }
+
+// rmsScales are the rows' 1/√(mean(x²) + eps) and mean|g·x̂| (g = dy·γ),
+// in float64, for the RMSNorm bounds.
+func rmsScales(x, gamma, dy []float32, rows, n int, eps float64) (scale, meanAbs []float64) {
+	scale, meanAbs = make([]float64, rows), make([]float64, rows)
+	for r := range rows {
+		ss := 0.0
+		for _, v := range x[r*n : (r+1)*n] {
+			ss += float64(v) * float64(v)
+		}
+		scale[r] = 1 / math.Sqrt(ss/float64(n)+eps)
+		for j := range n {
+			meanAbs[r] += math.Abs(float64(dy[r*n+j]) * float64(gamma[j]) * float64(x[r*n+j]) * scale[r])
+		}
+		meanAbs[r] /= float64(n)
+	}
+	return scale, meanAbs
+}
+
+// The kernels evaluate the CPU kernels' float64 expressions in the same
+// order, except for the sums over a row (a block reduction against a
+// serial loop: they differ by at most n·2⁻⁵² of the sum of the terms'
+// magnitudes) and the γ gradient's scale (a float pair, 48 bits). Both
+// sides round to float32 once, so outside cancellation they differ by at
+// most one ulp where they straddle a rounding boundary: 2⁻²² relative
+// has twice that. The input gradient subtracts x̂·mean(g·x̂) from g, which
+// can cancel, so its bound adds n·2⁻⁵⁰ of the terms' magnitude r·(|g| +
+// |x̂|·mean|g·x̂|); the γ gradient adds rows over positive and negative
+// terms, so its bound adds 2⁻³⁸ of Σ|dy·x̂| (the scale's 2⁻⁴¹ and more).
+// eps is a float32 on both sides here: the backend's rounding of the
+// attribute to float is a change of input, not an error of the kernel.
+func TestRMSNorm(t *testing.T) {
+	const eps32 = float32(1e-5)
+	eps := float64(eps32)
+	forRows(t, func(t *testing.T, rows, n int, grid, block uint32) {
+		r := newRand(uint64(rows*n) + 12)
+		x := randNorm(r, rows*n, 2)
+		for j := range n { // a large row, and one whose mean square is below eps
+			x[j] *= 1000
+			if rows > 1 {
+				x[n+j] *= 1e-3
+			}
+		}
+		gamma, dy := randNorm(r, n, 1), randNorm(r, rows*n, 1)
+		scale, meanAbs := rmsScales(x, gamma, dy, rows, n, eps)
+
+		want, got := make([]float32, rows*n), out(rows*n)
+		kcpu.RMSNorm(want, x, gamma, rows, n, eps)
+		launch(t, "gc_rmsnorm", grid, block, got, x, gamma, rows, n, eps32)
+		requireClose(t, want, got, ulp2, 1e-38, "gc_rmsnorm")
+
+		inPlace := append(out(rows * n)[:0], x...)
+		launch(t, "gc_rmsnorm", grid, block, inPlace, inPlace, gamma, rows, n, eps32)
+		requireBits(t, got, inPlace, "gc_rmsnorm in place")
+
+		want, got = make([]float32, rows*n), out(rows*n)
+		kcpu.RMSNormGradX(want, x, gamma, dy, rows, n, eps)
+		launch(t, "gc_rmsnorm_grad_x", grid, block, got, x, gamma, dy, rows, n, eps32)
+		bound := make([]float64, rows*n)
+		for i := range bound {
+			row, j := i/n, i%n
+			g, xh := math.Abs(float64(dy[i])*float64(gamma[j])), math.Abs(float64(x[i])*scale[row])
+			terms := scale[row] * (g + xh*meanAbs[row])
+			bound[i] = ulp2*math.Abs(float64(want[i])) + float64(n)/(1<<50)*terms + 1e-38
+		}
+		requireWithin(t, want, got, bound, "gc_rmsnorm_grad_x")
+
+		inPlace = append(out(rows * n)[:0], dy...)
+		launch(t, "gc_rmsnorm_grad_x", grid, block, inPlace, x, gamma, inPlace, rows, n, eps32)
+		requireBits(t, got, inPlace, "gc_rmsnorm_grad_x in place of dy")
+
+		stats := make([]float32, 2*rows)
+		launch(t, "gc_rmsnorm_stats", grid, block, stats, x, rows, n, eps32)
+		for row := range rows {
+			s := float64(stats[2*row]) + float64(stats[2*row+1])
+			require.InEpsilon(t, scale[row], s, 1.0/(1<<40), "row %d scale", row)
+		}
+		want, got = make([]float32, n), out(n)
+		kcpu.RMSNormGradGamma(want, x, dy, rows, n, eps)
+		launch(t, "gc_rmsnorm_grad_gamma", 2, block, got, x, dy, stats, rows, n)
+		bound = make([]float64, n)
+		for j := range n {
+			sum := 0.0
+			for row := range rows {
+				sum += math.Abs(float64(dy[row*n+j]) * float64(x[row*n+j]) * scale[row])
+			}
+			bound[j] = ulp2*math.Abs(float64(want[j])) + sum/(1<<38) + 1e-38
+		}
+		requireWithin(t, want, got, bound, "gc_rmsnorm_grad_gamma")
+	})
+}
+
+// The kernel computes the CPU kernel's angle, p·theta^(−2i/d), and its
+// sine and cosine in double, from different math libraries (CUDA's or
+// glibc's against Go's): pow and sin/cos are within a few double ulps, so
+// the angle is within |angle|·2⁻⁵¹ and sin and cos within
+// (1 + |angle|)·2⁻⁵⁰. The rotation is then within (|a| + |b|) times that
+// before the single rounding to float32, which may differ by an ulp
+// (2⁻²² relative has twice that). The bound allows 2⁻⁴⁸.
+func TestRoPE(t *testing.T) {
+	shapes := [][3]int{{1, 1, 2}, {2, 5, 8}, {3, 7, 64}, {1, 300, 128}, {2, 33, 6}, {1, 4096, 4}}
+	for _, s := range shapes {
+		batch, positions, d := s[0], s[1], s[2]
+		rows, half := batch*positions, d/2
+		for _, theta := range []float64{10000, 500000} {
+			for _, inverse := range []bool{false, true} {
+				inv := 0
+				if inverse {
+					inv = 1
+				}
+				r := newRand(uint64(rows*d) + uint64(theta) + uint64(inv))
+				x := randNorm(r, rows*d, 1)
+				want := make([]float32, rows*d)
+				kcpu.RoPE(want, x, batch, positions, d, theta, inverse)
+				bound := make([]float64, rows*d)
+				for row := range rows {
+					p := row % positions
+					for i := range half {
+						angle := kcpu.RoPEAngle(p, i, d, theta)
+						k := (math.Abs(float64(x[row*d+i])) + math.Abs(float64(x[row*d+i+half]))) * (1 + angle) / (1 << 48)
+						for _, e := range []int{row*d + i, row*d + i + half} {
+							bound[e] = ulp2*math.Abs(float64(want[e])) + k + 1e-38
+						}
+					}
+				}
+				for _, block := range blockSizes {
+					for _, grid := range grids(rows*half, block) {
+						t.Run(fmt.Sprintf("b%d_p%d_d%d_theta%g_inv%d_b%d_g%d", batch, positions, d, theta, inv, block, grid), func(t *testing.T) {
+							got := out(rows * d)
+							launch(t, "gc_rope", grid, block, got, x, rows, positions, half, float32(theta), inv)
+							requireWithin(t, want, got, bound, "gc_rope")
+						})
+					}
+				}
+			}
+		}
+	}
+}

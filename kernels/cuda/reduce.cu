@@ -3,7 +3,9 @@
 // first merged (kernels.go's ReduceGeometry) into [outer, r, inner] with
 // r reduced: inner = 1 is a row reduction (one block per row), otherwise
 // a column reduction (one thread per output element, walking r in order).
-// Sums accumulate in double, as the CPU kernels do; max is exact.
+// Sums accumulate in double, as the CPU kernels do; max is exact. The
+// gradient of repeat_interleave is a sum of the same kind, over the
+// copies of each slice, and lives here too.
 
 // gc_reduce_sum_rows sums each of rows rows of n elements; with mean set
 // the sum is multiplied by 1/n (as ReduceMean: NaN when n is 0).
@@ -66,6 +68,23 @@ extern "C" __global__ void gc_reduce_max_grad(float* dx, const float* x, const f
     for (long long j = 0; j < r; j++) count += x[base + j * inner] == m;
     const float share = dy[i] / (float)count;
     for (long long j = 0; j < r; j++) dx[base + j * inner] = x[base + j * inner] == m ? share : 0.0f;
+  }
+}
+
+// gc_repeat_interleave_grad is the vjp of gc_repeat_interleave: dx
+// ([outer, n, inner]) at [o, i, :] is the sum over k of dy ([outer,
+// n·repeats, inner]) at [o, i·repeats+k, :], added in order of k in
+// double and rounded once, so the result is the CPU kernel's to the last
+// bit. One thread per element of dx.
+extern "C" __global__ void gc_repeat_interleave_grad(float* dx, const float* dy, long long outer,
+                                                     long long n, long long inner,
+                                                     long long repeats) {
+  GC_FOR_EACH(i, outer * n * inner) {
+    const long long row = i / inner, k = i - row * inner;
+    const float* y = dy + row * repeats * inner + k;
+    double s = 0;
+    for (long long j = 0; j < repeats; j++) s += (double)y[j * inner];
+    dx[i] = (float)s;
   }
 }
 

@@ -1,5 +1,6 @@
 // shape.cu — kernels that only move elements: strided gathers (transpose
-// and broadcast), slices, their gradient and concatenation. They copy
+// and broadcast), slices, their gradient, concatenation and repeats
+// (repeat_interleave; its gradient sums, so it is in reduce.cu). They copy
 // float bits without arithmetic, so the same kernels move i32 token ids
 // (pass the i32 buffer as float*; built without fast-math, loads and
 // stores keep every bit pattern). Launch: any grid over the output.
@@ -65,5 +66,21 @@ extern "C" __global__ void gc_concat_piece(float* out, const float* in, long lon
   GC_FOR_EACH(i, outer * w) {
     const long long o = i / w, k = i - o * w;
     out[(o * total + start) * inner + k] = in[i];
+  }
+}
+
+// gc_repeat_interleave repeats each of the n slices of x ([outer, n,
+// inner]) repeats times in place: out ([outer, n·repeats, inner]) holds
+// x[o, i, :] at i·repeats … i·repeats+repeats−1 of its middle dim (the k and
+// v heads of grouped-query attention shared among query heads). Sizes
+// are the device's local ones: a device holding some of the n slices
+// repeats its own.
+extern "C" __global__ void gc_repeat_interleave(float* out, const float* x, long long outer,
+                                                long long n, long long inner,
+                                                long long repeats) {
+  const long long w = repeats * inner;  // out elements made from one slice of x
+  GC_FOR_EACH(i, outer * n * w) {
+    const long long row = i / w;  // o·n + the slice's index
+    out[i] = x[row * inner + i % inner];
   }
 }

@@ -2,6 +2,7 @@ package cuda_test
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -163,4 +164,100 @@ func TestMovesKeepIntBits(t *testing.T) {
 	for i, id := range ids {
 		require.Equal(t, uint32(id), float32bits(got[i]), "id %d", id)
 	}
+	rep := out(2 * len(ids))
+	launch(t, "gc_repeat_interleave", 1, 32, rep, x, 1, len(ids), 1, 2)
+	for i, id := range ids {
+		require.Equal(t, uint32(id), float32bits(rep[2*i]), "repeated id %d", id)
+		require.Equal(t, uint32(id), float32bits(rep[2*i+1]), "repeated id %d", id)
+	}
+}
+
+// repeatCases are repeat_interleave's [outer, n, inner] and repeats: the
+// k/v heads of grouped-query attention, inner 1, a single repeat, many
+// repeats, and empty extents.
+var repeatCases = []struct{ outer, n, inner, repeats int }{
+	{2, 2, 20, 3}, // [batch, kv heads, seq·head size] to 6 query heads
+	{1, 5, 1, 4},
+	{3, 1, 7, 1},
+	{4, 3, 33, 2},
+	{1, 2, 3, 40},
+	{300, 1, 1, 2},
+	{0, 3, 4, 2},
+	{2, 0, 5, 3},
+	{2, 3, 0, 2},
+}
+
+// repeat_interleave is a move: every element arrives with its bits,
+// infinities, signed zeros, subnormals and NaN payloads included.
+func TestRepeatInterleave(t *testing.T) {
+	specials := []float32{float32frombits(0x80000000), float32frombits(0x7f800000), float32frombits(0xff800000),
+		float32frombits(0x00000001), float32frombits(0x7fc12345)}
+	for _, c := range repeatCases {
+		for _, block := range blockSizes {
+			t.Run(fmt.Sprintf("%dx%dx%d_r%d_b%d", c.outer, c.n, c.inner, c.repeats, block), func(t *testing.T) {
+				n := c.outer * c.n * c.inner
+				x := randNorm(newRand(uint64(n)+7), n, 1)
+				for i, v := range specials {
+					if i < n {
+						x[(i*7919)%n] = v
+					}
+				}
+				m := n * c.repeats
+				want := make([]float32, m)
+				kcpu.RepeatInterleave(want, x, c.outer, c.n, c.inner, c.repeats)
+				for _, grid := range grids(m, block) {
+					got := out(m)
+					launch(t, "gc_repeat_interleave", grid, block, got, x, c.outer, c.n, c.inner, c.repeats)
+					for i := range want {
+						require.Equal(t, float32bits(want[i]), float32bits(got[i]), "gc_repeat_interleave element %d", i)
+					}
+					checkGuard(t, got)
+				}
+			})
+		}
+	}
+}
+
+// The gradient adds each slice's copies in order of the copy, in double,
+// rounded once: the CPU kernel's result to the last bit.
+func TestRepeatInterleaveGrad(t *testing.T) {
+	for _, c := range repeatCases {
+		for _, block := range blockSizes {
+			t.Run(fmt.Sprintf("%dx%dx%d_r%d_b%d", c.outer, c.n, c.inner, c.repeats, block), func(t *testing.T) {
+				n := c.outer * c.n * c.inner
+				m := n * c.repeats
+				r := newRand(uint64(m) + 11)
+				dy := randNorm(r, m, 1)
+				// Magnitudes over many binades, so a float accumulator or
+				// another order would show in the last bits.
+				for i := range dy {
+					dy[i] *= float32(math.Ldexp(1, r.IntN(40)-20))
+				}
+				want := make([]float32, n)
+				kcpu.RepeatInterleaveGrad(want, dy, c.outer, c.n, c.inner, c.repeats)
+				for _, grid := range grids(n, block) {
+					got := out(n)
+					launch(t, "gc_repeat_interleave_grad", grid, block, got, dy, c.outer, c.n, c.inner, c.repeats)
+					requireBits(t, want, got, "gc_repeat_interleave_grad")
+				}
+			})
+		}
+	}
+}
+
+// Two columns whose sums tell the accumulation apart: 1 + 2⁻³⁰ − 1 is 0
+// in float and 2⁻³⁰ in double; 2⁶⁰ + 1 − 2⁶⁰ is 0 in double added in
+// order of the copy, 1 in any order that adds the 2⁶⁰s first.
+func TestRepeatInterleaveGradAccumulatesInDoubleInOrder(t *testing.T) {
+	const big = float32(1 << 60)
+	tiny := float32(math.Ldexp(1, -30))
+	// [outer 1, n 1, inner 2] repeated 3 times: dy[k, j] is copy k of column j.
+	dy := []float32{1, big, tiny, 1, -1, -big}
+	want := []float32{tiny, 0}
+	cpuGot := make([]float32, 2)
+	kcpu.RepeatInterleaveGrad(cpuGot, dy, 1, 1, 2, 3)
+	requireBits(t, want, cpuGot[:2:2], "the CPU kernel")
+	got := out(2)
+	launch(t, "gc_repeat_interleave_grad", 1, 32, got, dy, 1, 1, 2, 3)
+	requireBits(t, want, got, "gc_repeat_interleave_grad")
 }

@@ -404,7 +404,7 @@ func (p *peer) write() {
 		}
 		clear(batch)
 		if err != nil {
-			p.fail(fmt.Errorf("writing to %s: %w", p.n.describe(p.proc), err))
+			p.fail(fmt.Errorf("%w: writing to %s: %w", runtime.ErrPeerLost, p.n.describe(p.proc), err))
 			return
 		}
 	}

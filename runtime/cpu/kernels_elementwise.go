@@ -23,11 +23,13 @@ func init() {
 	builtin(unaryKernel(kcpu.Sqrt[float32], kcpu.Sqrt[float64]), "sqrt")
 	builtin(unaryKernel(kcpu.Gelu[float32], kcpu.Gelu[float64]), "gelu")
 	builtin(unaryKernel(kcpu.Relu[float32], kcpu.Relu[float64]), "relu")
+	builtin(unaryKernel(kcpu.Silu[float32], kcpu.Silu[float64]), "silu")
 	// Gradients of activations take (x or y, dy): two equal-shaped
 	// arguments, like the arithmetic above.
 	builtin(binaryKernel(kcpu.GeluGrad[float32], kcpu.GeluGrad[float64]), "gelu_grad")
 	builtin(binaryKernel(kcpu.ReluGrad[float32], kcpu.ReluGrad[float64]), "relu_grad")
 	builtin(binaryKernel(kcpu.TanhGrad[float32], kcpu.TanhGrad[float64]), "tanh_grad")
+	builtin(binaryKernel(kcpu.SiluGrad[float32], kcpu.SiluGrad[float64]), "silu_grad")
 	builtin(Kernel{F32: fused[float32], F64: fused[float64]}, ir.FusedOp)
 	builtin(Kernel{F32: scale[float32], F64: scale[float64]}, "scale")
 	// The float operand of a mask op (x of relu_mask, dy of

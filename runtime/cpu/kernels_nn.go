@@ -17,6 +17,10 @@ func init() {
 	builtin(Kernel{F32: layerNorm[float32], F64: layerNorm[float64]}, "layernorm")
 	builtin(Kernel{F32: layerNormGradX[float32], F64: layerNormGradX[float64]}, "layernorm_grad_x")
 	builtin(Kernel{F32: layerNormGradGamma[float32], F64: layerNormGradGamma[float64]}, "layernorm_grad_gamma")
+	builtin(Kernel{F32: rmsNorm[float32], F64: rmsNorm[float64]}, "rmsnorm")
+	builtin(Kernel{F32: rmsNormGradX[float32], F64: rmsNormGradX[float64]}, "rmsnorm_grad_x")
+	builtin(Kernel{F32: rmsNormGradGamma[float32], F64: rmsNormGradGamma[float64]}, "rmsnorm_grad_gamma")
+	builtin(Kernel{F32: rope[float32], F64: rope[float64]}, "rope")
 	builtin(Kernel{F32: embedding[float32], F64: embedding[float64]}, "embedding")
 	builtin(Kernel{F32: embeddingGrad[float32], F64: embeddingGrad[float64]}, "embedding_grad")
 	// The loss is a scalar: the logits' dtype picks the kernel.
@@ -70,6 +74,39 @@ func layerNormGradGamma[T kcpu.Float](c *Call[T]) (func() error, error) {
 	rows, n := lastDim(c.Shape(0))
 	eps := c.Instr.Attrs.Float("eps", 0)
 	return ok(func() { kcpu.LayerNormGradGamma(out, x, dy, rows, n, eps) }), nil
+}
+
+func rmsNorm[T kcpu.Float](c *Call[T]) (func() error, error) {
+	out, x, g := c.Out(), c.Arg(0), c.Arg(1)
+	rows, n := lastDim(c.OutShape())
+	eps := c.Instr.Attrs.Float("eps", 0)
+	return ok(func() { kcpu.RMSNorm(out, x, g, rows, n, eps) }), nil
+}
+
+func rmsNormGradX[T kcpu.Float](c *Call[T]) (func() error, error) {
+	out, x, g, dy := c.Out(), c.Arg(0), c.Arg(1), c.Arg(2)
+	rows, n := lastDim(c.OutShape())
+	eps := c.Instr.Attrs.Float("eps", 0)
+	return ok(func() { kcpu.RMSNormGradX(out, x, g, dy, rows, n, eps) }), nil
+}
+
+func rmsNormGradGamma[T kcpu.Float](c *Call[T]) (func() error, error) {
+	out, x, dy := c.Out(), c.Arg(0), c.Arg(1)
+	rows, n := lastDim(c.Shape(0))
+	eps := c.Instr.Attrs.Float("eps", 0)
+	return ok(func() { kcpu.RMSNormGradGamma(out, x, dy, rows, n, eps) }), nil
+}
+
+// rope reads x as [batch, positions, d]: the dims before the last two are
+// rows of independent sequences (batch and heads), so a device holding a
+// slice of them rotates its rows exactly as one device would.
+func rope[T kcpu.Float](c *Call[T]) (func() error, error) {
+	out, x, shape := c.Out(), c.Arg(0), c.OutShape()
+	r := len(shape)
+	positions, d := shape[r-2], shape[r-1]
+	batch := int(ir.Shape(shape).NumElements()) / max(positions*d, 1)
+	theta, inverse := c.Instr.Attrs.Float("theta", 0), c.Instr.Attrs.Bool("inverse")
+	return ok(func() { kcpu.RoPE(out, x, batch, positions, d, theta, inverse) }), nil
 }
 
 func embedding[T kcpu.Float](c *Call[T]) (func() error, error) {

@@ -13,6 +13,33 @@ func init() {
 	builtin(Kernel{F32: sliceGrad[float32], F64: sliceGrad[float64], Bits: true}, "slice_grad")
 	builtin(Kernel{F32: concat[float32], F64: concat[float64], Bits: true}, "concat")
 	builtin(Kernel{F32: broadcast[float32], F64: broadcast[float64], Bits: true}, "broadcast")
+	builtin(Kernel{F32: repeatInterleave[float32], F64: repeatInterleave[float64], Bits: true}, "repeat_interleave")
+	builtin(Kernel{F32: repeatInterleaveGrad[float32], F64: repeatInterleaveGrad[float64]}, "repeat_interleave_grad")
+}
+
+// repeatSplit reads shape as [outer, shape[dim], inner] (local sizes: a
+// device holding a slice of dim repeats its own slices).
+func repeatSplit(shape []int, dim int) (outer, n, inner int) {
+	outer, inner = 1, 1
+	for _, d := range shape[:dim] {
+		outer *= d
+	}
+	for _, d := range shape[dim+1:] {
+		inner *= d
+	}
+	return outer, shape[dim], inner
+}
+
+func repeatInterleave[T kcpu.Float](c *Call[T]) (func() error, error) {
+	out, x, dim, r := c.Out(), c.Arg(0), c.Instr.Attrs.Int("dim", 0), c.Instr.Attrs.Int("repeats", 1)
+	outer, n, inner := repeatSplit(c.Shape(0), dim)
+	return ok(func() { kcpu.RepeatInterleave(out, x, outer, n, inner, r) }), nil
+}
+
+func repeatInterleaveGrad[T kcpu.Float](c *Call[T]) (func() error, error) {
+	out, dy, dim, r := c.Out(), c.Arg(0), c.Instr.Attrs.Int("dim", 0), c.Instr.Attrs.Int("repeats", 1)
+	outer, n, inner := repeatSplit(c.OutShape(), dim)
+	return ok(func() { kcpu.RepeatInterleaveGrad(out, dy, outer, n, inner, r) }), nil
 }
 
 func transpose[T kcpu.Float](c *Call[T]) (func() error, error) {

@@ -25,10 +25,7 @@ func compileCopy(d *Device, in lower.Instr) (func() error, error) {
 // proof assumes.
 func compileTransfer(d *Device, in lower.Instr) (func() error, error) {
 	m := d.prog.Mesh
-	ax := -1
-	if m != nil {
-		ax = m.Axis("pp")
-	}
+	ax := m.PipelineAxis()
 	if ax < 0 || d.comm == nil {
 		return nil, fmt.Errorf("%s needs a pipeline (a pp mesh axis and a comm)", in.Op)
 	}

@@ -147,10 +147,7 @@ func (d *Device) planCopyWaits() {
 func (c *compiler) transfer() (func() error, error) {
 	in, d := c.in, c.d
 	m := d.prog.Mesh
-	ax := -1
-	if m != nil {
-		ax = m.Axis("pp")
-	}
+	ax := m.PipelineAxis()
 	if ax < 0 || d.comm == nil {
 		return nil, fmt.Errorf("%s needs a pipeline (a pp mesh axis and a cluster)", in.Op)
 	}

@@ -10,9 +10,9 @@ import (
 // named gc_<op>, and the packed ReLU masks.
 func init() {
 	register(onFP32(resultDType, binaryKernel), "add", "sub", "mul", "div")
-	register(onFP32(resultDType, unaryKernel), "neg", "exp", "log", "tanh", "sqrt", "gelu", "relu")
+	register(onFP32(resultDType, unaryKernel), "neg", "exp", "log", "tanh", "sqrt", "gelu", "relu", "silu")
 	// Activation gradients take (x, dy), or (y, dy) for tanh.
-	register(onFP32(resultDType, binaryKernel), "gelu_grad", "relu_grad", "tanh_grad")
+	register(onFP32(resultDType, binaryKernel), "gelu_grad", "relu_grad", "tanh_grad", "silu_grad")
 	// The scalar factor is argument 1, read from device memory.
 	register(onFP32(resultDType, binaryKernel), "scale")
 	// The masks check their own operands: the result of relu_mask is u8.

@@ -70,7 +70,8 @@ func (rt *Runtime) limits() (threads, blocks, rowBlocks int64) {
 // the work along one row, which sizes the block.
 var rowParam = map[string]string{
 	"gc_reduce_sum_rows": "n", "gc_reduce_max_rows": "n", "gc_softmax": "n", "gc_softmax_grad": "n",
-	"gc_layernorm": "n", "gc_layernorm_grad_x": "n", "gc_layernorm_stats": "n", "gc_embedding_grad": "dim",
+	"gc_layernorm": "n", "gc_layernorm_grad_x": "n", "gc_layernorm_stats": "n", "gc_rmsnorm": "n", "gc_rmsnorm_grad_x": "n",
+	"gc_rmsnorm_stats": "n", "gc_embedding_grad": "dim",
 	"gc_cross_entropy_rows": "vocab", "gc_cross_entropy_grad": "vocab", "gc_vocab_ce_max": "vocab",
 	"gc_vocab_ce_sums": "vocab", "gc_adafactor_row": "m", "gc_sm3_row": "m",
 }

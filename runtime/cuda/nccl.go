@@ -151,7 +151,7 @@ func pipelinePairs(progs []*lower.Program) [][2]int {
 // pipeline rank pp.
 func peerRank(mesh *ir.Mesh, rank, pp int) int {
 	c := mesh.Coords(rank)
-	c[mesh.Axis("pp")] = pp
+	c[mesh.PipelineAxis()] = pp
 	return mesh.Rank(c)
 }
 

@@ -7,18 +7,22 @@ import (
 	"gcompile/ir"
 )
 
-// Neural-network layers: softmax, the causal mask, LayerNorm, embedding
-// and cross-entropy. The layers over the last dim launch one block per
-// row; the embedding and cross-entropy kernels validate ids and labels
-// through a status word each, checked after the step. Embedding and
-// cross-entropy whose vocabulary is split across the mesh run the
-// vocab-parallel path (vocab.go).
+// Neural-network layers: softmax, the causal mask, LayerNorm, RMSNorm,
+// rotary position embeddings, embedding and cross-entropy. The layers
+// over the last dim launch one block per row; the embedding and
+// cross-entropy kernels validate ids and labels through a status word
+// each, checked after the step. Embedding and cross-entropy whose
+// vocabulary is split across the mesh run the vocab-parallel path
+// (vocab.go).
 func init() {
 	register(onFP32(resultDType, (*compiler).softmax), "softmax")
 	register(onFP32(resultDType, (*compiler).softmaxGrad), "softmax_grad")
 	register(onFP32(resultDType, (*compiler).causalMask), "causal_mask")
 	register(onFP32(resultDType, (*compiler).layerNorm), "layernorm", "layernorm_grad_x")
 	register(onFP32(resultDType, (*compiler).layerNormGradGamma), "layernorm_grad_gamma")
+	register(onFP32(resultDType, (*compiler).rmsNorm), "rmsnorm", "rmsnorm_grad_x")
+	register(onFP32(resultDType, (*compiler).rmsNormGradGamma), "rmsnorm_grad_gamma")
+	register(onFP32(resultDType, (*compiler).rope), "rope")
 	register(onFP32(resultDType, orVocabParallel((*compiler).embedding)), "embedding")
 	register(onFP32(resultDType, (*compiler).embeddingGrad), "embedding_grad")
 	// The loss is a scalar: the logits' dtype decides the kernel.
@@ -75,6 +79,55 @@ func (c *compiler) layerNormGradGamma() (func() error, error) {
 		return nil, err
 	}
 	return c.runs(l1, l2), nil
+}
+
+// rmsNorm is the forward, gc_rmsnorm(x, gamma), and the input gradient,
+// gc_rmsnorm_grad_x(x, gamma, dy): one kernel named after the op, over
+// the op's operands in order.
+func (c *compiler) rmsNorm() (func() error, error) {
+	rows, k := lastDim(c.outShape())
+	args := []any{c.out()}
+	for i := range c.in.Args {
+		args = append(args, c.arg(i))
+	}
+	args = append(args, rows, k, float32(c.in.Attrs.Float("eps", 0)))
+	return c.one("gc_"+c.in.Op, args...)
+}
+
+// rmsNormGradGamma recomputes each row's scale into the workspace (a
+// float pair per row), then sums the columns.
+func (c *compiler) rmsNormGradGamma() (func() error, error) {
+	rows, k := lastDim(c.shape(0))
+	stats := parg{at: c.scratch(8 * rows), dt: ir.F32}
+	l1, err := c.kernel("gc_rmsnorm_stats", stats, c.arg(0), rows, k, float32(c.in.Attrs.Float("eps", 0)))
+	if err != nil {
+		return nil, err
+	}
+	l2, err := c.kernel("gc_rmsnorm_grad_gamma", c.out(), c.arg(0), c.arg(1), stats, rows, k)
+	if err != nil {
+		return nil, err
+	}
+	return c.runs(l1, l2), nil
+}
+
+// rope reads x as rows of its last dim d, row r at position r mod
+// shape[-2], as the CPU backend does on the local shape: the dims before
+// the last two are independent sequences (batch and heads). The kernel
+// takes theta as a float, so a theta that float32 cannot hold exactly is
+// refused rather than silently rotating by other angles than the CPU's.
+func (c *compiler) rope() (func() error, error) {
+	s := c.outShape()
+	r := len(s)
+	if r < 2 || s[r-1]%2 != 0 {
+		return nil, fmt.Errorf("rope needs [..., positions, d] with d even, got %v", c.in.OutType)
+	}
+	positions, d := int64(s[r-2]), int64(s[r-1])
+	theta := c.in.Attrs.Float("theta", 0)
+	if float64(float32(theta)) != theta {
+		return nil, fmt.Errorf("rope: theta %v is not exact in float32, which the kernel takes", theta)
+	}
+	rows := numel(s) / max(d, 1)
+	return c.one("gc_rope", c.out(), c.arg(0), rows, positions, d/2, float32(theta), c.in.Attrs.Bool("inverse"))
 }
 
 func (c *compiler) embedding() (func() error, error) {

@@ -1,8 +1,13 @@
 package cuda
 
 import (
+	"fmt"
+	"math"
+	"math/rand/v2"
 	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,6 +16,7 @@ import (
 	"gcompile/ir"
 	kcuda "gcompile/kernels/cuda"
 	"gcompile/lower"
+	"gcompile/runtime/cpu"
 )
 
 // notHandedToBackends are the non-source ops of the IR that lowering
@@ -181,4 +187,122 @@ func TestUnregisteredOpFailsAtLoad(t *testing.T) {
 		_, err = Load(planningRuntime(), &p, Options{})
 		assert.ErrorContains(t, err, "no kernel for op "+op)
 	}
+}
+
+// llamaProgram lowers the Llama family's ops (SiLU, RMSNorm, RoPE and
+// their gradients) over x, gamma and dy of dtype dt, each result written
+// to a state of its op's name; theta is the forward RoPE's base.
+func llamaProgram(t *testing.T, dt string, theta float64) *lower.Program {
+	t.Helper()
+	x := dt + "[2,3,5,8]" // batch, heads, positions, head size
+	text := fmt.Sprintf(`gir 1
+module "llama_ops"
+%%0 = state : %[1]s {name="x"}
+%%1 = state : %[2]s[8] {name="gamma"}
+%%2 = state : %[1]s {name="dy"}
+%%3 = state : %[1]s {name="silu"}
+%%4 = state : %[1]s {name="silu_grad"}
+%%5 = state : %[1]s {name="rmsnorm"}
+%%6 = state : %[1]s {name="rmsnorm_grad_x"}
+%%7 = state : %[2]s[8] {name="rmsnorm_grad_gamma"}
+%%8 = state : %[1]s {name="rope"}
+%%9 = state : %[1]s {name="rope_inverse"}
+%%10 = silu %%0 : %[1]s
+%%11 = silu_grad %%0, %%2 : %[1]s
+%%12 = rmsnorm %%0, %%1 : %[1]s {eps=1e-05}
+%%13 = rmsnorm_grad_x %%0, %%1, %%2 : %[1]s {eps=1e-05}
+%%14 = rmsnorm_grad_gamma %%0, %%2 : %[2]s[8] {eps=1e-05}
+%%15 = rope %%0 : %[1]s {theta=%[3]s}
+%%16 = rope %%0 : %[1]s {theta=500000 inverse=true}
+update %%3 = %%10
+update %%4 = %%11
+update %%5 = %%12
+update %%6 = %%13
+update %%7 = %%14
+update %%8 = %%15
+update %%9 = %%16
+`, x, dt, strconv.FormatFloat(theta, 'g', -1, 64))
+	m, err := ir.Parse("llama.gir", text)
+	require.NoError(t, err)
+	require.NoError(t, ir.Verify(m, ""))
+	p, err := lower.Lower(m)
+	require.NoError(t, err)
+	return p
+}
+
+// The Llama ops run on the backend as on the CPU's: their registrations
+// pass the operands, sizes and attributes in the kernels' order (RoPE's
+// positions from shape[-2] with two leading dims, its inverse flag), the
+// γ gradient gets its workspace, and 16-bit buffers are widened around
+// the fp32 kernels. f32 results are within 1e-6·(1 + |want|) of the CPU
+// backend's (the kernels' own bounds, in kernels/cuda's tests, are
+// tighter); bf16 within one bf16 ulp (2⁻⁷ relative) where a last-bit
+// float32 difference rounds the other way.
+func TestLlamaOpsMatchCPU(t *testing.T) {
+	rt := openTest(t)
+	names := []string{"silu", "silu_grad", "rmsnorm", "rmsnorm_grad_x", "rmsnorm_grad_gamma", "rope", "rope_inverse"}
+	for _, dt := range []string{"f32", "bf16"} {
+		t.Run(dt, func(t *testing.T) {
+			p := llamaProgram(t, dt, 10000)
+			plan, _, err := Plan([]*lower.Program{p}, 0)
+			require.NoError(t, err)
+			for _, ip := range plan {
+				assert.Empty(t, strayKernels(ip), "%s launches kernels the kernel table does not give it", ip.Op)
+				if ip.Op == "rmsnorm_grad_gamma" {
+					steps := strings.Join(ip.Steps, " ")
+					assert.Contains(t, steps, "gc_rmsnorm_stats<<<")
+					assert.Contains(t, steps, "gc_rmsnorm_grad_gamma<<<")
+				}
+			}
+			ref, err := cpu.Load(p, cpu.Options{})
+			require.NoError(t, err)
+			d, err := Load(rt, p, Options{})
+			require.NoError(t, err)
+			t.Cleanup(func() { assert.NoError(t, d.Close()) })
+			r := rand.New(rand.NewPCG(5, 8))
+			inputs := map[string]int{"x": 2 * 3 * 5 * 8, "gamma": 8, "dy": 2 * 3 * 5 * 8}
+			for name, n := range inputs {
+				v := make([]float64, n)
+				for i := range v {
+					v[i] = r.NormFloat64() * 2
+				}
+				require.NoError(t, ref.SetFloat64s(name, v))
+				require.NoError(t, d.SetFloat64s(name, v))
+			}
+			require.NoError(t, ref.Step())
+			require.NoError(t, d.Step())
+			for _, name := range names {
+				want, err := ref.Float64s(name)
+				require.NoError(t, err)
+				got, err := d.Float64s(name)
+				require.NoError(t, err)
+				require.Len(t, got, len(want))
+				require.NotEqual(t, make([]float64, len(want)), want, "%s: the CPU computed nothing", name)
+				worst := 0.0
+				for i := range want {
+					bound := 1e-6 * (1 + math.Abs(want[i]))
+					if dt == "bf16" {
+						bound = math.Abs(want[i])/(1<<7) + 1e-6
+					}
+					require.LessOrEqual(t, math.Abs(got[i]-want[i]), bound, "%s[%d]: %v, the CPU's %v", name, i, got[i], want[i])
+					worst = max(worst, math.Abs(got[i]-want[i]))
+				}
+				t.Logf("%s: largest difference %.3g", name, worst)
+			}
+			rope, err := d.Float64s("rope")
+			require.NoError(t, err)
+			x, err := d.Float64s("x")
+			require.NoError(t, err)
+			assert.Equal(t, x[:8], rope[:8], "position 0 is not rotated")
+			assert.NotEqual(t, x[8:16], rope[8:16], "position 1 is")
+		})
+	}
+}
+
+// RoPE's kernel takes theta as a float: a base float32 cannot hold is a
+// load error, not a rotation by other angles than the CPU backend's.
+func TestRoPERefusesThetaInexactInFloat32(t *testing.T) {
+	_, _, err := Plan([]*lower.Program{llamaProgram(t, "f32", 10000.1)}, 0)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "theta 10000.1 is not exact in float32")
 }

@@ -1,20 +1,25 @@
 package cuda
 
 import (
+	"fmt"
 	"slices"
 
 	kcuda "gcompile/kernels/cuda"
 )
 
 // Shape ops and reductions. The moves (transpose, broadcast, slices,
-// concat) only copy elements, so they also move i32 buffers (token ids
-// cut into microbatches) on the fp32 kernels, bit for bit.
+// concat, repeat_interleave) only copy elements, so they also move i32
+// buffers (token ids cut into microbatches) on the fp32 kernels, bit for
+// bit. repeat_interleave's gradient sums, so it takes fp32 like the
+// reductions.
 func init() {
 	register(onFP32(movesBits, (*compiler).transpose), "transpose")
 	register(onFP32(movesBits, (*compiler).broadcast), "broadcast")
 	register(onFP32(movesBits, (*compiler).slice), "slice")
 	register(onFP32(movesBits, (*compiler).sliceGrad), "slice_grad")
 	register(onFP32(movesBits, (*compiler).concat), "concat")
+	register(onFP32(movesBits, (*compiler).repeatInterleave), "repeat_interleave")
+	register(onFP32(resultDType, (*compiler).repeatInterleaveGrad), "repeat_interleave_grad")
 	register(onFP32(resultDType, (*compiler).reduce), "reduce_sum", "reduce_mean", "reduce_max")
 	register(onFP32(resultDType, (*compiler).reduceMaxGrad), "reduce_max_grad")
 }
@@ -82,6 +87,45 @@ func (c *compiler) concat() (func() error, error) {
 		start += w
 	}
 	return c.runs(ls...), nil
+}
+
+// repeatGeometry views the smaller side of a repeat_interleave (x, or
+// the gradient's dx) as [outer, n, inner] around dim, and checks that the
+// larger side (out, or dy) holds n·repeats slices. Shapes are local, as
+// in the CPU backend's repeatSplit: a device holding some of dim's slices
+// (the k/v heads split over tp) repeats its own.
+func (c *compiler) repeatGeometry(small, large []int) (outer, n, inner, repeats int64, err error) {
+	a := c.in.Attrs
+	dim, r := a.Int("dim", 0), a.Int("repeats", 1)
+	if r < 1 {
+		return 0, 0, 0, 0, fmt.Errorf("repeats must be ≥ 1, got %d", r)
+	}
+	outer, n, inner, err = kcuda.SliceGeometry(small, dim)
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	want := slices.Clone(small)
+	want[dim] *= r
+	if !slices.Equal(large, want) {
+		return 0, 0, 0, 0, fmt.Errorf("local shapes %v and %v are not %d repeats along dim %d", small, large, r, dim)
+	}
+	return outer, n, inner, int64(r), nil
+}
+
+func (c *compiler) repeatInterleave() (func() error, error) {
+	outer, n, inner, r, err := c.repeatGeometry(c.shape(0), c.outShape())
+	if err != nil {
+		return nil, err
+	}
+	return c.one("gc_repeat_interleave", bits(c.out()), bits(c.arg(0)), outer, n, inner, r)
+}
+
+func (c *compiler) repeatInterleaveGrad() (func() error, error) {
+	outer, n, inner, r, err := c.repeatGeometry(c.outShape(), c.shape(0))
+	if err != nil {
+		return nil, err
+	}
+	return c.one("gc_repeat_interleave_grad", c.out(), c.arg(0), outer, n, inner, r)
 }
 
 // reduceGeometry views argument 0 as (outer, r, inner) around the axes
