@@ -276,9 +276,35 @@ func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Ten
 	return b.source("param", ir.T(b.cfg.Float, shape...), attrs)
 }
 
-// Input declares a per-step input fed by the runtime (e.g. "tokens").
+// Constant declares a table the model computes once, while it is
+// recorded (RoPE's cos and sin, a fixed mask): values in row-major order,
+// one per element of shape, in the model's float dtype. It is the same on
+// every device and every step: never split over the batch, never trained,
+// never saved.
+func (b *Builder) Constant(name string, values []float64, shape ...int) *Tensor {
+	if n := ir.Shape(shape).NumElements(); int64(len(values)) != n {
+		b.fail(userPos(), fmt.Errorf("constant %q: %d values for shape %v (%d elements)", name, len(values), shape, n))
+		return &Tensor{b: b}
+	}
+	if name == "" {
+		b.fail(userPos(), fmt.Errorf("constant: a table needs a name"))
+		return &Tensor{b: b}
+	}
+	return b.source("const", ir.T(b.cfg.Float, shape...), ir.Attrs{"name": name, "data": ir.FormatConstData(values)})
+}
+
+// Input declares a per-step batch input fed by the runtime (e.g.
+// "tokens"): dim 0 is the batch, split over data-parallel ranks and
+// microbatches.
 func (b *Builder) Input(name string, dtype ir.DType, shape ...int) *Tensor {
 	return b.source("input", ir.T(dtype, shape...), ir.Attrs{"name": name})
+}
+
+// WholeInput declares a per-step input that is not a batch: every device
+// and every microbatch gets all of it (position ids shared by the batch's
+// rows, a per-step table). The runtime feeds it by name like any input.
+func (b *Builder) WholeInput(name string, dtype ir.DType, shape ...int) *Tensor {
+	return b.source("input", ir.T(dtype, shape...), ir.Attrs{"name": name, "whole": true})
 }
 
 func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {

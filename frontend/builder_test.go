@@ -61,6 +61,10 @@ func TestDSLRules(t *testing.T) {
 			b.Output("grad/x", x)
 			b.Loss(x)
 		}, `output name "grad/x": want a non-empty name without spaces, quotes or slashes`},
+		{"constant shape", func(b *frontend.Builder) {
+			c := b.Constant("table", []float64{1, 2, 3}, 2, 2)
+			b.Loss(c.Sum())
+		}, `constant "table": 3 values for shape [2 2] (4 elements)`},
 		{"model panics", func(b *frontend.Builder) {
 			var s []int
 			_ = s[3]

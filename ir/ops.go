@@ -211,8 +211,10 @@ func init() {
 	src("param", "trainable parameter (fp32 master copy); init is normal(std), zeros or ones; parallel is the tensor-parallel hint (column, row, vocab)",
 		req("name", AttrString), opt("init", AttrString), opt("parallel", AttrString))
 	src("state", "optimizer state carried between steps, zero-initialised", req("name", AttrString), opt("init", AttrString))
-	src("input", "per-step input fed by the runtime (tokens, targets, lr, step)", req("name", AttrString))
-	src("const", "tensor filled with one value", req("value", AttrFloat))
+	src("input", "per-step input fed by the runtime (tokens, targets, lr, step); split over the batch on dim 0 unless whole",
+		req("name", AttrString), opt("whole", AttrBool))
+	src("const", "tensor filled with one value, or, with data, a table the model computed (named: the same on every device, never split over the batch)",
+		opt("value", AttrFloat), opt("name", AttrString), opt("data", AttrString))
 
 	// Elementwise flops per element follow the kernels' formulas; a
 	// transcendental counts TranscendentalFlops (cost.go).

@@ -86,7 +86,12 @@ func Verify(m *Module, pass string) error {
 			if err := checkAttrs(info, v.Attrs); err != nil {
 				fail(v, RuleOpRule, "%v", err)
 			}
-			if v.Op != "const" {
+			if v.Op == "const" {
+				if _, err := ConstData(v); err != nil {
+					fail(v, RuleOpRule, "%v", err)
+				}
+			}
+			if v.Op != "const" || v.Name() != "" {
 				if prev := names[v.Name()]; prev != nil {
 					fail(v, RuleSourceName, "name %q is already used by %s", v.Name(), prev.Where())
 				}

@@ -754,3 +754,27 @@ func TestVerifyCollectiveNeedsPlacements(t *testing.T) {
 		assert.Contains(t, ve.Error(), `after pass "redistribute": %1 all_reduce`)
 	}
 }
+
+// A const table reads back exactly what was written (the shortest text of
+// each float64, NaN and infinities included), and the verifier refuses a
+// table whose count does not match its shape, a number that is not one, or
+// a table that also has a fill value.
+func TestConstTables(t *testing.T) {
+	values := []float64{0.1, -2.5e-300, 1.0 / 3, 0}
+	m, err := ir.Parse("t.gir", fmt.Sprintf("gir 1\nmodule \"t\"\n%%0 = const : f64[2,2] {name=\"table\" data=%q}\n", ir.FormatConstData(values)))
+	require.NoError(t, err)
+	require.NoError(t, ir.Verify(m, ""))
+	got, err := ir.ConstData(m.Values[0])
+	require.NoError(t, err)
+	assert.Equal(t, values, got)
+
+	for _, tc := range []struct{ attrs, want string }{
+		{`name="t" data="1 2 3"`, `const "t" f32[2,2] holds 3 numbers, want 4`},
+		{`name="t" data="1 2 x 4"`, `const "t": element 2: "x" is not a number`},
+		{`name="t" value=1 data="1 2 3 4"`, `const "t" has both a value and data`},
+	} {
+		m, err := ir.Parse("t.gir", "gir 1\nmodule \"t\"\n%0 = const : f32[2,2] {"+tc.attrs+"}\n")
+		require.NoError(t, err)
+		assert.ErrorContains(t, ir.Verify(m, ""), tc.want)
+	}
+}

@@ -60,7 +60,7 @@ func microbatch(m *ir.Module, o *Options) error {
 	for k := range n {
 		copyOf := map[*ir.Value]*ir.Value{}
 		for _, x := range sources {
-			if x.Op != "input" || x.Type.Rank() == 0 {
+			if !batchInput(x) {
 				continue
 			}
 			slice, err := microSlice(m, x, k, n, dp)
@@ -173,7 +173,7 @@ func microPlacements(m *ir.Module, sources, body []*ir.Value, n int) (map[*ir.Va
 	slices := map[*ir.Value]int{}
 	for _, x := range sources {
 		slices[x] = -1
-		if x.Op == "input" && x.Type.Rank() > 0 {
+		if batchInput(x) {
 			place[x] = shardOn(0)
 		}
 	}
@@ -233,4 +233,11 @@ func microSlice(m *ir.Module, x *ir.Value, k, n, dp int) (*ir.Value, error) {
 		return nil, err
 	}
 	return m.Add("reshape", []*ir.Value{s}, ir.Attrs{"shape": append([]int{b / n}, rest...)}, meta, x.Pos)
+}
+
+// batchInput reports whether source x is a batch input, split into
+// microbatches (and over dp) on dim 0: an input of rank ≥ 1 the model did
+// not declare whole.
+func batchInput(x *ir.Value) bool {
+	return x.Op == "input" && x.Type.Rank() > 0 && !x.Attrs.Bool("whole")
 }

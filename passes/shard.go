@@ -229,7 +229,7 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 	}
 	switch v.Op {
 	case "input":
-		if v.Type.Rank() > 0 {
+		if v.Type.Rank() > 0 && !v.Attrs.Bool("whole") {
 			return place, split("data parallelism")
 		}
 	case "param":

@@ -218,6 +218,20 @@ func (v HostView) InitParams(seed uint64) error {
 	return nil
 }
 
+// ConstBytes is the content of const buffer b on the device at coords of
+// mesh: its table (ir.ConstData), the device's block of it when it is
+// placed in parts, or its fill value, encoded in the buffer's dtype.
+func ConstBytes(b lower.Buffer, mesh *ir.Mesh, coords []int) ([]byte, error) {
+	data, err := ir.ConstData(b.Value)
+	if err != nil {
+		return nil, err
+	}
+	if data == nil {
+		return EncodeFilled(b.Type, b.Value.Attrs.Float("value", 0))
+	}
+	return Encode(b.Type.DType, Block(data, b, mesh, coords))
+}
+
 // EncodeFilled is t's elements, every one x, as little-endian bytes of
 // t's dtype (a scalar input, a constant).
 func EncodeFilled(t ir.Type, x float64) ([]byte, error) {

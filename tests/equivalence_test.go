@@ -71,6 +71,10 @@ func familyOf(name string, layers int) family {
 		f = family{name: "llama", fn: llama.Model, set: eqLlama}
 	case "aux":
 		f = family{name: "aux", fn: auxModel, set: map[string]string{"layers": "2"}}
+	case "wholeinput":
+		f = family{name: "wholeinput", fn: wholeInputModel, set: map[string]string{}}
+	case "ropetable":
+		f = family{name: "ropetable", fn: ropeTableModel, set: map[string]string{}}
 	}
 	set := map[string]string{}
 	for k, v := range f.set {

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -12,6 +13,8 @@ import (
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
+	"gcompile/runtime"
+	"gcompile/runtime/cpu"
 )
 
 // The Llama's params carry Hugging Face LlamaForCausalLM's names and
@@ -242,4 +245,118 @@ func TestAuxOutputsAreAveragedLikeTheLoss(t *testing.T) {
 		// packing, not the outputs: the Llama shows the same).
 		check(t, trainPipeline(t, pipePlan{pp: 2, micro: 4, name: "1f1b", order: scheduleOrder("1f1b"), model: "aux"}, 4))
 	})
+}
+
+// ropeTableModel rotates its embeddings twice, with the rope op and from
+// constant cos and sin tables (b.Constant) as Hugging Face's Llama does
+// (x·cos + rotate_half(x)·sin), trains on the second, and reports the mean
+// square gap between the two as an output.
+func ropeTableModel(b *frontend.Builder) {
+	const hidden, vocab, theta = 16, 256, 100.0
+	seq, half := eqSeq, hidden/2
+	tokens := b.Input("tokens", ir.I32, b.Batch(), seq)
+	targets := b.Input("targets", ir.I32, b.Batch(), seq)
+	x, _ := nn.Embedding(tokens, "embed", vocab, hidden)
+	cos, sin := make([]float64, seq*hidden), make([]float64, seq*hidden)
+	for p := range seq {
+		for i := range half {
+			a := float64(p) * math.Pow(theta, -2*float64(i)/hidden)
+			cos[p*hidden+i], cos[p*hidden+i+half] = math.Cos(a), math.Cos(a)
+			sin[p*hidden+i], sin[p*hidden+i+half] = math.Sin(a), math.Sin(a)
+		}
+	}
+	cosT, sinT := b.Constant("rope.cos", cos, seq, hidden), b.Constant("rope.sin", sin, seq, hidden)
+	rotated := frontend.Concat(2, x.Slice(2, half, hidden).Neg(), x.Slice(2, 0, half))
+	y := x.Mul(cosT).Add(rotated.Mul(sinT))
+	gap := x.RoPE(theta).Sub(y)
+	b.Output("gap", gap.Mul(gap).Mean())
+	b.Loss(nn.CrossEntropy(nn.Dense(y, "head", vocab, nn.LinearConfig{OutIn: true}), targets))
+}
+
+// Constant tables (b.Constant) are whole on every device and every
+// microbatch, unlike the batch inputs: RoPE from tables matches the rope
+// op to float32 rounding and trains the same under data parallelism with
+// microbatches as on one device.
+func TestConstantTablesAreNotSplit(t *testing.T) {
+	ref := train(t, plan{dp: 1, model: "ropetable"})
+	got := train(t, plan{dp: 2, micro: 2, model: "ropetable"})
+	assertLossesClose(t, ref.losses, got.losses, 1e-5)
+	for i, o := range got.outputs {
+		assert.Less(t, o["gap"], 1e-12, "step %d: tables and rope op differ", i+1)
+	}
+	var tables int
+	for _, b := range got.prog.Buffers {
+		if b.Kind == lower.Const && b.Name != "" && b.Value.Attrs.Str("data") != "" {
+			tables++
+			assert.Equal(t, b.Global.Shape, b.Type.Shape, "%s is whole on the device", b.Name)
+		}
+	}
+	assert.Equal(t, 2, tables, "cos and sin are constant buffers")
+	t.Logf("gap after step 1 %.3g, after step %d %.3g", got.outputs[0]["gap"], eqSteps, got.outputs[eqSteps-1]["gap"])
+}
+
+// wholeInputModel looks its positions up by ids fed each step as a whole
+// input (b.WholeInput): one [seq] vector shared by the batch's rows.
+func wholeInputModel(b *frontend.Builder) {
+	const hidden, vocab = 16, 256
+	tokens := b.Input("tokens", ir.I32, b.Batch(), eqSeq)
+	targets := b.Input("targets", ir.I32, b.Batch(), eqSeq)
+	positions := b.WholeInput("positions", ir.I32, eqSeq)
+	x, _ := nn.Embedding(tokens, "embed", vocab, hidden)
+	p, _ := nn.Embedding(positions, "pos", eqSeq, hidden)
+	x = nn.RMSNorm(x.Add(p), "norm", 1e-5)
+	b.Loss(nn.CrossEntropy(nn.Dense(x, "head", vocab, nn.LinearConfig{OutIn: true}), targets))
+}
+
+// feeding sets the whole input positions before every step and
+// evaluation, as a user's training loop would.
+type feeding struct {
+	*cpu.Cluster
+	positions []int32
+}
+
+func (f feeding) Step() error {
+	if err := f.SetInt32("positions", f.positions); err != nil {
+		return err
+	}
+	return f.Cluster.Step()
+}
+
+func (f feeding) Forward() error {
+	if err := f.SetInt32("positions", f.positions); err != nil {
+		return err
+	}
+	return f.Cluster.Forward()
+}
+
+// A whole input (b.WholeInput) reaches every device and microbatch in
+// full, unlike the batch inputs: the model trains the same under data
+// parallelism with microbatches as on one device, and what is fed matters
+// (reversed positions train differently from ascending ones).
+func TestWholeInputsAreNotSplit(t *testing.T) {
+	run := func(p plan, reversed bool) []float64 {
+		prog := compilePlan(t, p)
+		cl, err := cpu.NewCluster(prog, cpu.Options{})
+		require.NoError(t, err)
+		require.NoError(t, cl.InitParams(1))
+		pos := make([]int32, eqSeq)
+		for i := range pos {
+			pos[i] = int32(i)
+			if reversed {
+				pos[i] = int32(eqSeq - 1 - i)
+			}
+		}
+		cfg := runtime.TrainConfig{Steps: 5, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
+			Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 2, Steps: 5, Decay: "cosine"}}
+		steps, _, err := runtime.Train(feeding{cl, pos}, corpus(), cfg, nil)
+		require.NoError(t, err)
+		var losses []float64
+		for _, s := range steps {
+			losses = append(losses, s.Loss)
+		}
+		return losses
+	}
+	ref := run(plan{dp: 1, model: "wholeinput"}, true)
+	assertLossesClose(t, ref, run(plan{dp: 2, micro: 2, model: "wholeinput"}, true), 1e-5)
+	assert.NotEqual(t, ref[1], run(plan{dp: 1, model: "wholeinput"}, false)[1], "the positions fed are the ones used")
 }

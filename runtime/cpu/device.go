@@ -72,7 +72,7 @@ func Load(p *lower.Program, opts Options) (*Device, error) {
 	}
 	for _, b := range p.Buffers {
 		if b.Kind == lower.Const {
-			raw, err := runtime.EncodeFilled(b.Type, b.Value.Attrs.Float("value", 0))
+			raw, err := runtime.ConstBytes(b, p.Mesh, d.coords)
 			if err != nil {
 				return nil, fmt.Errorf("%s: constant: %w", b.Value.Where(), err)
 			}

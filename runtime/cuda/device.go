@@ -160,7 +160,7 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 	}
 	for _, b := range p.Buffers {
 		if b.Kind == lower.Const && rt.drv != nil {
-			raw, err := runtime.EncodeFilled(b.Type, b.Value.Attrs.Float("value", 0))
+			raw, err := runtime.ConstBytes(b, p.Mesh, d.coords)
 			if err != nil {
 				return d, fmt.Errorf("%s: %w", bufferName(b), err)
 			}
