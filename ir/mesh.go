@@ -299,10 +299,49 @@ type Box struct {
 	Lo, Size []int // the box's corner and extent in the view
 }
 
+// SplitOrder lists the axes in the order they split a dim several of them
+// split, coarsest first: weight axes (tp), then the others in mesh order
+// (dp before ep). Weight axes come first whatever the mesh order because a
+// tensor-parallel block is what a device computes with: ZeRO splitting a
+// tp-split vector over dp splits inside each tp block, so gathering over
+// dp gives back the tp block.
+func (m *Mesh) SplitOrder() []int {
+	var order []int
+	for i, a := range m.Axes {
+		if a.Role() == RoleWeight {
+			order = append(order, i)
+		}
+	}
+	for i, a := range m.Axes {
+		if a.Role() != RoleWeight {
+			order = append(order, i)
+		}
+	}
+	return order
+}
+
+// InnerSplit reports whether an axis later than ax in SplitOrder splits
+// place's dim d: a collective over ax on dim d would then not join or
+// split contiguous parts.
+func (m *Mesh) InnerSplit(place []Placement, ax, d int) bool {
+	seen := false
+	for _, i := range m.SplitOrder() {
+		if i == ax {
+			seen = true
+			continue
+		}
+		if seen && i < len(place) && place[i].Kind == Shard && place[i].Dim == d && m.Axes[i].Size > 1 {
+			return true
+		}
+	}
+	return false
+}
+
 // BlockBox is the box the device at coords holds of a tensor of global
-// shape placed by place on m. A dim split by several axes is split in mesh
-// order: the first splitting axis picks the coarsest part, so the device's
-// index along the dim is its coordinates on those axes read as digits.
+// shape placed by place on m. A dim split by several axes is split in
+// SplitOrder: the first splitting axis picks the coarsest part, so the
+// device's index along the dim is its coordinates on those axes read as
+// digits.
 func BlockBox(m *Mesh, place []Placement, global Shape, coords []int) Box {
 	local := LocalShape(global, place, m)
 	blocks := make([]int, len(global))
@@ -327,9 +366,12 @@ func BlockBox(m *Mesh, place []Placement, global Shape, coords []int) Box {
 		b.Lo = append(b.Lo, 0)
 		b.Size = append(b.Size, local[d]/blocks[d])
 	}
-	index := make([]int, len(global)) // the device's part along each dim, in mesh order
-	for i, p := range place {
-		if p.Kind == Shard && p.Dim < len(global) && i < len(m.Axes) {
+	index := make([]int, len(global)) // the device's part along each dim, in split order
+	for _, i := range m.SplitOrder() {
+		if i >= len(place) {
+			continue
+		}
+		if p := place[i]; p.Kind == Shard && p.Dim < len(global) {
 			index[p.Dim] = index[p.Dim]*m.Axes[i].Size + coords[i]
 		}
 	}

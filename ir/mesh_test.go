@@ -51,6 +51,24 @@ func TestBlockBoxSplitsOneDimOverSeveralAxesInMeshOrder(t *testing.T) {
 	assert.Equal(t, []int{4, 3, 2}, b.Size)
 }
 
+// The weight axis splits a shared dim first whatever the mesh order: on
+// [dp, tp], ZeRO's dp split of a tp-split vector falls inside each tp
+// block, so the dp parts of one tp rank make up its tp block.
+func TestBlockBoxSplitsInsideTensorParallelBlocks(t *testing.T) {
+	m, err := ir.ParseMesh("dp=2,tp=2")
+	require.NoError(t, err)
+	assert.Equal(t, []int{1, 0}, m.SplitOrder())
+	place := []ir.Placement{{Kind: ir.Shard, Dim: 0}, {Kind: ir.Shard, Dim: 0}}
+	starts := map[[2]int]int{}
+	for r := range m.Devices() {
+		c := m.Coords(r)
+		starts[[2]int{c[0], c[1]}] = ir.BlockBox(m, place, ir.Shape{8}, c).Lo[0]
+	}
+	assert.Equal(t, map[[2]int]int{{0, 0}: 0, {1, 0}: 2, {0, 1}: 4, {1, 1}: 6}, starts, "tp picks the half, dp the quarter inside it")
+	assert.True(t, m.InnerSplit(place, 1, 0), "dp splits inside tp's part")
+	assert.False(t, m.InnerSplit(place, 0, 0), "nothing splits inside dp's part")
+}
+
 func TestMatMulGEMM(t *testing.T) {
 	g, err := ir.MatMulGEMM(ir.Shape{4, 3, 8, 5}, ir.Shape{5, 7}, false, false)
 	require.NoError(t, err)

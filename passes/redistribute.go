@@ -102,12 +102,82 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 			steps[i].order = 0.5
 		}
 	}
+	// A dim split by several axes is split in the mesh's split order (tp
+	// first): on such a dim slices go coarse to fine and gathers fine to
+	// coarse, so every collective joins or splits contiguous parts. A
+	// finer axis that splits the dim before and after a coarser step is
+	// joined just before it and split again just after.
+	for _, st := range append([]conversion(nil), steps...) {
+		d := stepDim(from, st)
+		for ax := range from {
+			if ax != st.axis && d >= 0 && from[ax].Placed(d) && to[ax].Equal(from[ax]) && m.Mesh.InnerSplit(only(len(from), ax, from[ax]), st.axis, d) {
+				name := m.Mesh.Axes[ax].Name
+				steps = append(steps,
+					conversion{axis: ax, to: ir.Placement{}, op: "all_gather", attrs: splitAttrs(name, from[ax]), order: st.order - 0.25},
+					conversion{axis: ax, to: from[ax], op: "shard_slice", attrs: splitAttrs(name, from[ax]), order: st.order + 0.25})
+			}
+		}
+	}
+	rank := map[int]int{}
+	for i, ax := range m.Mesh.SplitOrder() {
+		rank[ax] = i
+	}
+	shared := func(st conversion) bool {
+		d := stepDim(from, st)
+		for ax := range from {
+			if ax != st.axis && d >= 0 && (from[ax].Placed(d) || to[ax].Placed(d)) {
+				return true
+			}
+		}
+		return false
+	}
+	before := func(a, b conversion) bool {
+		if a.order != b.order {
+			return a.order < b.order
+		}
+		if !shared(a) || !shared(b) || stepDim(from, a) != stepDim(from, b) {
+			return false // stable: mesh order
+		}
+		if a.op == "all_gather" {
+			return rank[a.axis] > rank[b.axis]
+		}
+		return rank[a.axis] < rank[b.axis]
+	}
 	for i := 1; i < len(steps); i++ {
-		for j := i; j > 0 && steps[j].order < steps[j-1].order; j-- {
+		for j := i; j > 0 && before(steps[j], steps[j-1]); j-- {
 			steps[j], steps[j-1] = steps[j-1], steps[j]
 		}
 	}
+	cur := append([]ir.Placement(nil), from...)
+	for _, st := range steps {
+		next := append([]ir.Placement(nil), cur...)
+		next[st.axis] = st.to
+		if d := stepDim(cur, st); d >= 0 && (m.Mesh.InnerSplit(cur, st.axis, d) || m.Mesh.InnerSplit(next, st.axis, d)) {
+			return nil, fmt.Errorf("no conversion from %s to %s: %s on axis %s would join or split dim %d while a finer axis splits it, which is %w",
+				ir.PlacementString(from), ir.PlacementString(to), st.op, m.Mesh.Axes[st.axis].Name, d, ErrNotYet)
+		}
+		cur = next
+	}
 	return steps, nil
+}
+
+// stepDim is the dim a step joins or splits (the shard's on either side),
+// or -1 for a reduction to whole.
+func stepDim(from []ir.Placement, st conversion) int {
+	switch {
+	case st.to.Kind == ir.Shard:
+		return st.to.Dim
+	case from[st.axis].Kind == ir.Shard:
+		return from[st.axis].Dim
+	}
+	return -1
+}
+
+// only is a placement list of n axes with p on axis ax and nothing else.
+func only(n, ax int, p ir.Placement) []ir.Placement {
+	out := make([]ir.Placement, n)
+	out[ax] = p
+	return out
 }
 
 // splitAttrs are the attributes of a collective that splits or joins the

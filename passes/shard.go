@@ -73,13 +73,14 @@ func shard(m *ir.Module, o *Options) error {
 		}
 	}
 	m.Values = splice(values, s.before, s.after)
-	// A dim split by two axes would depend on the order the splits were
-	// made in, which placements do not record: refuse rather than mix rows.
+	// A dim split by two axes is split in the mesh's split order (tp
+	// first, ir.Mesh.SplitOrder), and the redistribute pass keeps its
+	// collectives in that order; fused blocks split twice are not placed.
 	for _, v := range m.Values {
 		for i, p := range v.Place {
 			for j := i + 1; j < len(v.Place); j++ {
-				if q := v.Place[j]; p.Kind == ir.Shard && q.Kind == ir.Shard && p.Dim == q.Dim {
-					return fmt.Errorf("%s: dim %d of %v would be split over both %s and %s, which is %w", v.Where(), p.Dim, v.Type, m.Mesh.Axes[i].Name, m.Mesh.Axes[j].Name, ErrNotYet)
+				if q := v.Place[j]; p.Kind == ir.Shard && q.Kind == ir.Shard && p.Dim == q.Dim && (p.NumBlocks() > 1 || q.NumBlocks() > 1) {
+					return fmt.Errorf("%s: dim %d of %v would be split in fused blocks over both %s and %s, which is %w", v.Where(), p.Dim, v.Type, m.Mesh.Axes[i].Name, m.Mesh.Axes[j].Name, ErrNotYet)
 				}
 			}
 		}
@@ -157,12 +158,14 @@ func (s *sharder) planGradients() error {
 
 // zeroPlace is where ZeRO splits a param-shaped value over dp: the first
 // dim that tp leaves whole and dp divides (dim 0 unless tp splits it, as
-// for a vocab-parallel embedding). A tensor whose every dim tp already
-// splits (a column-parallel bias) stays whole over dp: one dim split by two
-// axes is not supported yet. Otherwise, no dim dp divides is an error.
+// for a vocab-parallel embedding), or else a dim tp splits whose tp part
+// dp divides: a column-parallel bias is split inside each tp block (tp is
+// first in the mesh's split order), so gathering over dp gives back the tp
+// block. A vector tp splits in fused blocks (q, k, v's bias) stays whole
+// over dp, and so does one whose tp part dp does not divide when no dim
+// is free; otherwise no dim dp divides is an error.
 func (s *sharder) zeroPlace(v *ir.Value, place []ir.Placement, why string) (ir.Placement, error) {
 	n := s.m.Mesh.Axes[s.dp].Size
-	free := 0
 	dims := make([]int, v.Type.Rank())
 	for i := range dims {
 		dims[i] = i
@@ -173,24 +176,36 @@ func (s *sharder) zeroPlace(v *ir.Value, place []ir.Placement, why string) (ir.P
 		// so ZeRO takes the last free dim instead.
 		slices.Reverse(dims)
 	}
-	for _, d := range dims {
-		size := v.Type.Shape[d]
-		taken := false
+	// parts is how many parts the other axes split dim d into; fused
+	// reports a split in fused blocks.
+	split := func(d int) (parts int, fused bool) {
+		parts = 1
 		for i, p := range place {
-			taken = taken || i != s.dp && p.Kind == ir.Shard && p.Dim == d
+			if i != s.dp && p.Kind == ir.Shard && p.Dim == d {
+				parts *= s.m.Mesh.Axes[i].Size
+				fused = fused || p.NumBlocks() > 1
+			}
 		}
-		if taken {
-			continue
+		return parts, fused
+	}
+	free := 0
+	for _, d := range dims {
+		if parts, _ := split(d); parts == 1 {
+			free++
+			if v.Type.Shape[d]%n == 0 {
+				return ir.Placement{Kind: ir.Shard, Dim: d}, nil
+			}
 		}
-		free++
-		if size%n == 0 {
+	}
+	if free > 0 {
+		return ir.Placement{}, fmt.Errorf("%s: %s splits %q %v over dp=%d, but no dim is divisible by %d (and not already split over tp)", v.Where(), why, v.Name(), v.Type, n, n)
+	}
+	for _, d := range dims {
+		if parts, fused := split(d); !fused && v.Type.Shape[d]%(parts*n) == 0 {
 			return ir.Placement{Kind: ir.Shard, Dim: d}, nil
 		}
 	}
-	if free == 0 {
-		return rep, nil
-	}
-	return ir.Placement{}, fmt.Errorf("%s: %s splits %q %v over dp=%d, but no dim is divisible by %d (and not already split over tp)", v.Where(), why, v.Name(), v.Type, n, n)
+	return rep, nil
 }
 
 func (s *sharder) axisName(i int) string { return s.m.Mesh.Axes[i].Name }

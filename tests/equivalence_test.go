@@ -225,7 +225,7 @@ func globals(t testing.TB, cl *cpu.Cluster, prog *lower.Program, kinds ...lower.
 func TestDataParallelMatchesOneDevice(t *testing.T) {
 	gptPlans := []plan{{dp: 2}, {dp: 4}, {dp: 4, zero: 1}, {dp: 4, zero: 2}, {dp: 4, zero: 3}, {dp: 2, zero: 3}, {dp: 2, bucketMB: 0.01},
 		{tp: 2}, {tp: 4}, {dp: 2, tp: 2, zero: 1}, {micro: 4}, {dp: 2, tp: 2, micro: 4}, {dp: 2, micro: 2, zero: 2},
-		{tp: 2, sp: true}, {dp: 2, tp: 2, sp: true}, {dp: 2, tp: 2, sp: true, zero: 1}, {dp: 2, tp: 2, sp: true, zero: 2}}
+		{tp: 2, sp: true}, {dp: 2, tp: 2, sp: true}, {dp: 2, tp: 2, sp: true, zero: 1}, {dp: 2, tp: 2, sp: true, zero: 2}, {dp: 2, tp: 2, zero: 3}}
 	// Llama: tp=2 splits its k/v heads, tp=4 replicates them.
 	llamaPlans := []plan{{tp: 4, sp: true}, {dp: 4, zero: 3}, {dp: 2, tp: 2, micro: 4, zero: 1}, {dp: 2, tp: 2, sp: true, zero: 2}}
 	for _, model := range families {
@@ -263,25 +263,7 @@ func TestZeROMemoryFormulas(t *testing.T) {
 	const n = 4
 	for stage := range 4 {
 		t.Run(fmt.Sprintf("zero%d", stage), func(t *testing.T) {
-			prog := compilePlan(t, plan{dp: n, zero: stage})
-			var params, states, grads int64
-			for _, b := range prog.Buffers {
-				switch b.Kind {
-				case lower.Param:
-					params += b.Bytes
-				case lower.State:
-					states += b.Bytes
-				}
-			}
-			// The gradients are what the global-norm reduction reads: whole
-			// after an all-reduce, a shard after a reduce-scatter.
-			for _, in := range prog.Instrs {
-				if in.Op == "sum_squares" {
-					for _, t := range in.ArgTypes {
-						grads += t.Bytes()
-					}
-				}
-			}
+			params, states, grads := zeroBytes(compilePlan(t, plan{dp: n, zero: stage}))
 			wantParams, wantGrads, wantStates := 4*psi, 4*psi, 8*psi
 			if stage >= 1 {
 				wantStates /= n
@@ -296,6 +278,65 @@ func TestZeROMemoryFormulas(t *testing.T) {
 			assert.Equal(t, wantGrads, grads, "gradient bytes")
 			assert.Equal(t, wantStates, states, "optimizer state bytes")
 		})
+	}
+}
+
+// zeroBytes is one device's bytes of params, optimizer state and
+// gradients in prog. The gradients are what the global-norm reduction
+// reads: whole after an all-reduce, a shard after a reduce-scatter.
+func zeroBytes(prog *lower.Program) (params, states, grads int64) {
+	for _, b := range prog.Buffers {
+		switch b.Kind {
+		case lower.Param:
+			params += b.Bytes
+		case lower.State:
+			states += b.Bytes
+		}
+	}
+	for _, in := range prog.Instrs {
+		if in.Op == "sum_squares" {
+			for _, t := range in.ArgTypes {
+				grads += t.Bytes()
+			}
+		}
+	}
+	return params, states, grads
+}
+
+// Under tensor parallelism ZeRO splits over dp what tp leaves of each
+// param, vectors included: a column-parallel bias is split inside each tp
+// block, so with dp=2 and tp=2 each device holds a quarter of every
+// tp-split param and half of every other, except q, k, v's fused bias,
+// which stays whole over dp. Checked for ZeRO-3's params, ZeRO-2's
+// gradients and the optimizer state of every stage.
+func TestZeROMemoryUnderTensorParallelism(t *testing.T) {
+	const d, tp = 2, 2
+	var params, grads, states int64 // expected bytes on one device
+	for _, p := range build(t, "gpt", 0).Params() {
+		n := 4 * p.Type.Shape.NumElements()
+		hint := p.Attrs.Str("parallel")
+		if hint != "" {
+			n /= tp
+		}
+		if !(strings.HasPrefix(hint, "column:") && p.Type.Rank() == 1) {
+			n /= d
+		}
+		params += n
+		grads += n
+		states += 2 * n
+	}
+	for stage := 1; stage <= 3; stage++ {
+		gotParams, gotStates, gotGrads := zeroBytes(compilePlan(t, plan{dp: d, tp: tp, zero: stage}))
+		assert.Equal(t, states, gotStates, "ZeRO-%d: optimizer state bytes", stage)
+		// Under ZeRO-3 the gradients the norm reads come out whole on tp
+		// (the backward of a parameter gathered over both axes), twice
+		// these bytes for tp-split weights: a known gap, not checked here.
+		if stage == 2 {
+			assert.Equal(t, grads, gotGrads, "ZeRO-2: gradient bytes")
+		}
+		if stage == 3 {
+			assert.Equal(t, params, gotParams, "ZeRO-3: param bytes")
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package tests
 import (
 	"fmt"
 	"math"
+	goruntime "runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -15,6 +16,7 @@ import (
 	"gcompile/passes"
 	"gcompile/runtime"
 	"gcompile/runtime/cpu"
+	"gcompile/tests/layerlib"
 )
 
 // The Llama's params carry Hugging Face LlamaForCausalLM's names and
@@ -359,4 +361,32 @@ func TestWholeInputsAreNotSplit(t *testing.T) {
 	ref := run(plan{dp: 1, model: "wholeinput"}, true)
 	assertLossesClose(t, ref, run(plan{dp: 2, micro: 2, model: "wholeinput"}, true), 1e-5)
 	assert.NotEqual(t, ref[1], run(plan{dp: 1, model: "wholeinput"}, false)[1], "the positions fed are the ones used")
+}
+
+// Ops recorded inside a layer library report the line of the user's call
+// into it once the library is registered (frontend.RegisterLibrary), and
+// their own line before.
+func TestRegisteredLibrariesReportTheUsersLine(t *testing.T) {
+	var line int
+	model := func(b *frontend.Builder) {
+		x := b.Param("x", []int{2}, frontend.Ones, frontend.NoParallel)
+		_, _, line, _ = goruntime.Caller(0)
+		y := layerlib.Twice(x) // the line after the Caller
+		line++
+		b.Loss(y.Sum())
+	}
+	addPos := func() ir.Pos {
+		m, err := frontend.Build(model, frontend.Config{})
+		require.NoError(t, err)
+		for _, v := range m.Values {
+			if v.Op == "add" {
+				return v.Pos
+			}
+		}
+		t.Fatal("no add recorded")
+		return ir.Pos{}
+	}
+	assert.Equal(t, "layerlib.go", addPos().File, "an unregistered library reports its own line")
+	frontend.RegisterLibrary("gcompile/tests/layerlib")
+	assert.Equal(t, ir.Pos{File: "families_test.go", Line: line}, addPos())
 }
