@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"path"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -335,6 +336,20 @@ func (b *Builder) Loss(t *Tensor) {
 		return
 	}
 	b.m.SetOutput(ir.OutputLoss, t.v)
+}
+
+// IgnoreOnLoad names tensors a checkpoint of this model's family may hold
+// that the model has no use for (path.Match patterns, e.g. GPT-2's causal
+// mask buffers "h.*.attn.bias"): --load skips them, and refuses any other
+// tensor that is not one of the model's params.
+func (b *Builder) IgnoreOnLoad(patterns ...string) {
+	for _, p := range patterns {
+		if _, err := path.Match(p, ""); err != nil {
+			b.fail(userPos(), fmt.Errorf("IgnoreOnLoad(%q): %w", p, err))
+			continue
+		}
+		b.m.IgnoreOnLoad = append(b.m.IgnoreOnLoad, p)
+	}
 }
 
 // Output reports the scalar t each step under name, beside the loss (in

@@ -25,7 +25,12 @@ type Module struct {
 	// resumes the pipeline after the last of them.
 	Passes  []string
 	Mesh    *Mesh // nil: one device
-	Values  []*Value
+	// IgnoreOnLoad are the patterns (path.Match syntax) of tensor names a
+	// checkpoint may hold that the model has no use for on purpose (GPT-2's
+	// causal-mask buffers): loading skips them and refuses any other
+	// tensor that matches no param.
+	IgnoreOnLoad []string
+	Values       []*Value
 	Outputs []Output
 	Updates []Update
 	nextID  int

@@ -3,6 +3,7 @@ package ir
 import (
 	"fmt"
 	"math"
+	"path"
 	"strconv"
 	"strings"
 )
@@ -42,6 +43,13 @@ func Parse(file, text string) (*Module, error) {
 			p.m.Passes = strings.Split(strings.TrimPrefix(line, "passes "), ",")
 		case strings.HasPrefix(line, "mesh "):
 			p.m.Mesh, err = ParseMesh(strings.TrimPrefix(line, "mesh "))
+		case strings.HasPrefix(line, "ignore-on-load "):
+			var pat string
+			if pat, err = strconv.Unquote(strings.TrimPrefix(line, "ignore-on-load ")); err == nil {
+				if _, err = path.Match(pat, ""); err == nil {
+					p.m.IgnoreOnLoad = append(p.m.IgnoreOnLoad, pat)
+				}
+			}
 		case strings.HasPrefix(line, "%"):
 			err = p.value(line)
 		case strings.HasPrefix(line, "output "):

@@ -22,6 +22,9 @@ func Print(m *Module) string {
 	if m.Mesh != nil {
 		b.WriteString("mesh " + m.Mesh.String() + "\n")
 	}
+	for _, p := range m.IgnoreOnLoad {
+		b.WriteString("ignore-on-load " + strconv.Quote(p) + "\n")
+	}
 	for _, v := range m.Values {
 		b.WriteString(FormatValue(v))
 		b.WriteByte('\n')

@@ -36,7 +36,7 @@ func runAsync(c *config, j *job, res *compile.Result) error {
 	met.Devices = append(met.Devices, deviceMetrics(up, c.DP))
 	var runErr error
 	if c.run {
-		runErr = trainAsync(c, j, gp, up, boundary, met)
+		runErr = trainAsync(c, j, gp, up, boundary, res.Module.IgnoreOnLoad, met)
 	}
 	if c.metrics != "" && j.lead() {
 		if err := met.WriteFile(c.metrics); err != nil {
@@ -46,7 +46,7 @@ func runAsync(c *config, j *job, res *compile.Result) error {
 	return runErr
 }
 
-func trainAsync(c *config, j *job, gp, up *lower.Program, boundary []string, met *runtime.Metrics) error {
+func trainAsync(c *config, j *job, gp, up *lower.Program, boundary, ignoreOnLoad []string, met *runtime.Metrics) error {
 	if c.trace != "" {
 		return errors.New("--trace is not supported with --dp-sync async yet")
 	}
@@ -79,7 +79,7 @@ func trainAsync(c *config, j *job, gp, up *lower.Program, boundary []string, met
 	// replica takes them from there.
 	server := serverWeights{a.Server}
 	if c.load != "" && a.Server != nil {
-		if err := loadWeights(server, []*lower.Program{gp}, c.load); err != nil {
+		if err := loadWeights(server, []*lower.Program{gp}, c.load, ignoreOnLoad); err != nil {
 			return err
 		}
 	}

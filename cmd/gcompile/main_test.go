@@ -616,3 +616,35 @@ func TestLlamaExchangesHuggingFaceWeights(t *testing.T) {
 		}
 	}
 }
+
+// A GPT-2 checkpoint with more position rows than the sequence trained on
+// loads into a model with that context (--set ctx, as Hugging Face's 1024
+// rows do); its causal-mask buffers are ignored on purpose; any other
+// tensor the model has no param for is refused, by name, before training.
+func TestLoadTakesTheContextAndRefusesStrangers(t *testing.T) {
+	dir := t.TempDir()
+	saved, withMask, withJunk := filepath.Join(dir, "saved.safetensors"), filepath.Join(dir, "mask.safetensors"), filepath.Join(dir, "junk.safetensors")
+	tiny := func(set string) []string {
+		return []string{gptModel, "--set", "layers=1,hidden=32,heads=2," + set, "--batch", "4", "--max-data-mb", "1", "--run", "--steps", "1"}
+	}
+	require.NoError(t, mainErr(append(tiny("ctx=64,seq=16"), "--save", saved)))
+	ts, _, err := checkpoint.Load(saved)
+	require.NoError(t, err)
+	for _, x := range ts {
+		if x.Name == "wpe.weight" {
+			assert.Equal(t, []int{64, 32}, x.Shape, "the position table has ctx rows")
+		}
+	}
+	mask := checkpoint.Tensor{Name: "h.0.attn.bias", DType: "F32", Shape: []int{1, 1, 4, 4}, Data: make([]byte, 64)}
+	require.NoError(t, checkpoint.Save(withMask, append(slices.Clone(ts), mask), nil))
+	junk := checkpoint.Tensor{Name: "h.0.mlp.c_gate.weight", DType: "F32", Shape: []int{2}, Data: make([]byte, 8)}
+	require.NoError(t, checkpoint.Save(withJunk, append(slices.Clone(ts), mask, junk), nil))
+
+	require.NoError(t, mainErr(append(tiny("ctx=64,seq=32"), "--load", withMask)), "a longer sequence within the same context, the mask ignored")
+	err = mainErr(append(tiny("ctx=64,seq=16"), "--load", withJunk))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "1 tensor(s) are no param of the model: h.0.mlp.c_gate.weight")
+	assert.NotContains(t, err.Error(), "h.0.attn.bias:", "the mask is ignored on purpose")
+	err = mainErr(append(tiny("seq=16"), "--load", saved))
+	assert.ErrorContains(t, err, `tensor "wpe.weight" is F32[64 32], the model's param is f32[16,32]`)
+}

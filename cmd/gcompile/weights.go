@@ -3,8 +3,11 @@ package main
 import (
 	"encoding/binary"
 	"fmt"
+	"path"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"gcompile/ir"
 	kcpu "gcompile/kernels/cpu"
@@ -75,8 +78,8 @@ func saveWeights(dev weightStore, progs []*lower.Program, path string, step int,
 // loadWeights overwrites params from a safetensors file; every param of the
 // model, on every pipeline rank, must be present with its exact dtype and
 // shape.
-func loadWeights(dev weightStore, progs []*lower.Program, path string) error {
-	ts, _, err := checkpoint.Load(path)
+func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []string) error {
+	ts, _, err := checkpoint.Load(file)
 	if err != nil {
 		return err
 	}
@@ -84,19 +87,40 @@ func loadWeights(dev weightStore, progs []*lower.Program, path string) error {
 	for _, t := range ts {
 		byName[t.Name] = t
 	}
+	// A tensor the model has no param for is a mistake (another model's
+	// file, a renamed layer) unless the model ignores it on purpose.
+	wanted := map[string]bool{}
+	for _, b := range params(progs) {
+		wanted[b.Name] = true
+	}
+	var extra []string
+	for _, t := range ts {
+		if !wanted[t.Name] && !slices.ContainsFunc(ignore, func(p string) bool { ok, _ := path.Match(p, t.Name); return ok }) {
+			extra = append(extra, t.Name)
+		}
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		shown := extra[:min(len(extra), 8)]
+		more := ""
+		if len(extra) > len(shown) {
+			more = fmt.Sprintf(" and %d more", len(extra)-len(shown))
+		}
+		return fmt.Errorf("--load %s: %d tensor(s) are no param of the model: %s%s (load a checkpoint of this model; the model ignores only %q)", file, len(extra), strings.Join(shown, ", "), more, ignore)
+	}
 	for _, b := range params(progs) {
 		t, ok := byName[b.Name]
 		if !ok {
-			return fmt.Errorf("--load %s: no tensor %q for param %s", path, b.Name, b.Value.Where())
+			return fmt.Errorf("--load %s: no tensor %q for param %s", file, b.Name, b.Value.Where())
 		}
 		// Published checkpoints are often bf16 or fp16 (Hugging Face
 		// Llama's are): those widen exactly into the fp32 masters.
 		if b.Global.DType != ir.F32 || (t.DType != "F32" && t.DType != "BF16" && t.DType != "F16") || !ir.Shape(t.Shape).Equal(b.Global.Shape) {
-			return fmt.Errorf("--load %s: tensor %q is %s%v, the model's param is %v (F32, BF16 or F16 tensors of its shape load into an f32 param)", path, b.Name, t.DType, t.Shape, b.Global)
+			return fmt.Errorf("--load %s: tensor %q is %s%v, the model's param is %v (F32, BF16 or F16 tensors of its shape load into an f32 param)", file, b.Name, t.DType, t.Shape, b.Global)
 		}
 		whole, err := widen(t)
 		if err != nil {
-			return fmt.Errorf("--load %s: tensor %q: %w", path, b.Name, err)
+			return fmt.Errorf("--load %s: tensor %q: %w", file, b.Name, err)
 		}
 		if err := dev.SetGlobal(b.Name, whole); err != nil {
 			return err

@@ -30,8 +30,8 @@ func Model(b *frontend.Builder) {
 	targets := b.Input("targets", ir.I32, batch, seq)
 
 	x, wte := nn.Embedding(tokens, "wte", vocab, hidden)
-	wpe := b.Param("wpe.weight", []int{seq, hidden}, frontend.Normal(0.01), frontend.NoParallel)
-	x = x.Add(wpe)
+	wpe := b.Param("wpe.weight", []int{context(b, seq), hidden}, frontend.Normal(0.01), frontend.NoParallel)
+	x = x.Add(firstRows(wpe, seq))
 	for i := range layers {
 		b.Layer(i)
 		x = gpt2.Block(x, fmt.Sprintf("h.%d", i), gpt2.BlockConfig{Heads: heads, Layers: layers, Activation: activation})
@@ -40,4 +40,27 @@ func Model(b *frontend.Builder) {
 	x = nn.LayerNorm(x, "ln_f", gpt2.LayerNormEps)
 	logits := x.Reshape(batch*seq, hidden).MatMulT(wte) // tied LM head
 	b.Loss(nn.CrossEntropy(logits, targets))
+}
+
+// context reads the context length, the rows of the position table
+// (GPT-2's n_positions: 1024 in its published checkpoints), which may
+// exceed the sequence trained on. Those checkpoints also hold the causal
+// mask buffers of Hugging Face's attention, which the model has no use for.
+func context(b *frontend.Builder, seq int) int {
+	ctx := b.Int("ctx", seq, "context length: rows of the position table (GPT-2: 1024), at least seq")
+	if ctx < seq {
+		b.Errorf("--set ctx=%d: the position table needs at least seq=%d rows", ctx, seq)
+		ctx = seq
+	}
+	b.IgnoreOnLoad("h.*.attn.bias", "h.*.attn.masked_bias")
+	return ctx
+}
+
+// firstRows is the position table's first seq rows: all of it when the
+// context is the sequence.
+func firstRows(wpe *frontend.Tensor, seq int) *frontend.Tensor {
+	if wpe.Dim(0) == seq {
+		return wpe
+	}
+	return wpe.Slice(0, 0, seq)
 }
