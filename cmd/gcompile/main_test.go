@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -647,4 +648,48 @@ func TestLoadTakesTheContextAndRefusesStrangers(t *testing.T) {
 	assert.NotContains(t, err.Error(), "h.0.attn.bias:", "the mask is ignored on purpose")
 	err = mainErr(append(tiny("seq=16"), "--load", saved))
 	assert.ErrorContains(t, err, `tensor "wpe.weight" is F32[64 32], the model's param is f32[16,32]`)
+}
+
+// A file saved on one device loads under every plan with every stage's
+// params (the step-1 loss is the one-device run's), and a save under a
+// pipeline writes every param of every stage.
+func TestSaveAndLoadCoverEveryStage(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1", "--run"}
+	saved := filepath.Join(dir, "one.safetensors")
+	// Enough training that the weights are far from any fresh init.
+	require.NoError(t, mainErr(append(slices.Clone(base), "--steps", "8", "--lr", "1e-2", "--warmup", "0", "--save", saved)))
+	ts, _, err := checkpoint.Load(saved)
+	require.NoError(t, err)
+	var names []string
+	for _, x := range ts {
+		names = append(names, x.Name)
+	}
+	require.Len(t, names, 28, "the 2-layer GPT's params")
+	step1 := func(plan ...string) float64 {
+		m := filepath.Join(dir, "m.json")
+		require.NoError(t, mainErr(append(append(slices.Clone(base), "--steps", "1", "--load", saved, "--metrics", m), plan...)))
+		return readMetrics(t, m).Steps[0].Loss
+	}
+	want := step1()
+	m := filepath.Join(dir, "fresh.json")
+	require.NoError(t, mainErr(append(slices.Clone(base), "--steps", "1", "--metrics", m)))
+	fresh := readMetrics(t, m).Steps[0].Loss
+	require.Greater(t, math.Abs(fresh-want)/want, 1e-3, "the loaded weights change the step-1 loss (%v fresh, %v loaded)", fresh, want)
+	for _, plan := range [][]string{
+		{"--devices", "2", "--pp", "2", "--microbatches", "2"},
+		{"--devices", "4", "--pp", "2", "--tp", "2", "--microbatches", "2"},
+		{"--devices", "2", "--dp", "2", "--zero", "3"},
+	} {
+		assert.InEpsilon(t, want, step1(plan...), 1e-5, "%v: step-1 loss from the loaded weights", plan)
+	}
+	again := filepath.Join(dir, "pp.safetensors")
+	require.NoError(t, mainErr(append(slices.Clone(base), "--steps", "1", "--devices", "2", "--pp", "2", "--microbatches", "2", "--save", again)))
+	ts2, _, err := checkpoint.Load(again)
+	require.NoError(t, err)
+	var names2 []string
+	for _, x := range ts2 {
+		names2 = append(names2, x.Name)
+	}
+	assert.ElementsMatch(t, names, names2, "a save under pp2 writes both stages' params")
 }
