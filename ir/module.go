@@ -23,17 +23,17 @@ type Module struct {
 	Name string
 	// Passes lists the passes already applied, in order; a dumped module
 	// resumes the pipeline after the last of them.
-	Passes  []string
-	Mesh    *Mesh // nil: one device
+	Passes []string
+	Mesh   *Mesh // nil: one device
 	// IgnoreOnLoad are the patterns (path.Match syntax) of tensor names a
 	// checkpoint may hold that the model has no use for on purpose (GPT-2's
 	// causal-mask buffers): loading skips them and refuses any other
 	// tensor that matches no param.
 	IgnoreOnLoad []string
 	Values       []*Value
-	Outputs []Output
-	Updates []Update
-	nextID  int
+	Outputs      []Output
+	Updates      []Update
+	nextID       int
 }
 
 // NewModule returns an empty module.
