@@ -354,7 +354,13 @@ func (s *sharder) place(v *ir.Value) error {
 	if v.Meta.Phase != ir.PhaseOpt {
 		for i, a := range v.Args {
 			if s.gatherable[a] {
-				v.Args[i] = s.redistribute(a, ir.Replicated(s.m.Mesh), v, false)
+				// Over dp only: the tensor-parallel split is what the op
+				// computes with.
+				whole := slices.Clone(a.Place)
+				whole[s.dp] = rep
+				if !ir.SamePlacement(a.Place, whole) {
+					v.Args[i] = s.redistribute(a, whole, v, false)
+				}
 			}
 		}
 	}
