@@ -23,6 +23,15 @@ const orderRule = "NCCL pairs sends and receives between two ranks by their orde
 // to shift every later position, and the first few say what went wrong.
 const maxReported = 8
 
+// findings collects the first maxReported problems a check finds.
+type findings []string
+
+func (f *findings) add(format string, args ...any) {
+	if len(*f) < maxReported {
+		*f = append(*f, fmt.Sprintf(format, args...))
+	}
+}
+
 // CheckTransfers proves that the per-rank programs of a pipeline (index =
 // pipeline rank) exchange data consistently, before a runtime that runs
 // each rank in its own process starts them:
@@ -81,7 +90,7 @@ type transfers struct {
 func collectTransfers(progs []*Program) (*transfers, error) {
 	n := len(progs)
 	t := &transfers{progs: progs, sends: make([][][]int, n), recvs: make([][][]int, n)}
-	var bad []string
+	var bad findings
 	for r, p := range progs {
 		if p == nil {
 			return nil, fmt.Errorf("%w: rank %d has no program", ErrTransferOrder, r)
@@ -94,15 +103,11 @@ func collectTransfers(progs []*Program) (*transfers, error) {
 			}
 			t.any = true
 			if in.Peer < 0 || in.Peer >= n || in.Peer == r {
-				if len(bad) < maxReported {
-					bad = append(bad, fmt.Sprintf("rank %d: %s has peer %d; want another rank in [0, %d)", r, t.describe(r, i), in.Peer, n))
-				}
+				bad.add("rank %d: %s has peer %d; want another rank in [0, %d)", r, t.describe(r, i), in.Peer, n)
 				continue
 			}
 			if _, ok := t.bytes(r, i); !ok {
-				if len(bad) < maxReported {
-					bad = append(bad, fmt.Sprintf("rank %d: %s names no buffer of the program", r, t.describe(r, i)))
-				}
+				bad.add("rank %d: %s names no buffer of the program", r, t.describe(r, i))
 				continue
 			}
 			if in.Op == "send" {
@@ -161,12 +166,7 @@ func (t *transfers) describe(rank, i int) string {
 // checkPairs compares, for each ordered pair, the sender's list with the
 // receiver's, position by position.
 func (t *transfers) checkPairs() error {
-	var bad []string
-	report := func(s string) {
-		if len(bad) < maxReported {
-			bad = append(bad, s)
-		}
-	}
+	var bad findings
 	for a := range t.progs {
 		for b := range t.progs {
 			ss, rs := t.sends[a][b], t.recvs[b][a]
@@ -185,16 +185,16 @@ func (t *transfers) checkPairs() error {
 				default:
 					continue
 				}
-				report(fmt.Sprintf("rank %d → rank %d, transfer %d: %s: rank %d's %s, rank %d's %s",
-					a, b, k, what, a, t.describe(a, ss[k]), b, t.describe(b, rs[k])))
+				bad.add("rank %d → rank %d, transfer %d: %s: rank %d's %s, rank %d's %s",
+					a, b, k, what, a, t.describe(a, ss[k]), b, t.describe(b, rs[k]))
 			}
 			switch {
 			case len(ss) > len(rs):
-				report(fmt.Sprintf("rank %d → rank %d: rank %d sends %d values, rank %d receives %d; transfer %d, rank %d's %s, is never received",
-					a, b, a, len(ss), b, len(rs), len(rs), a, t.describe(a, ss[len(rs)])))
+				bad.add("rank %d → rank %d: rank %d sends %d values, rank %d receives %d; transfer %d, rank %d's %s, is never received",
+					a, b, a, len(ss), b, len(rs), len(rs), a, t.describe(a, ss[len(rs)]))
 			case len(rs) > len(ss):
-				report(fmt.Sprintf("rank %d → rank %d: rank %d sends %d values, rank %d receives %d; transfer %d, rank %d's %s, is never sent",
-					a, b, a, len(ss), b, len(rs), len(ss), b, t.describe(b, rs[len(ss)])))
+				bad.add("rank %d → rank %d: rank %d sends %d values, rank %d receives %d; transfer %d, rank %d's %s, is never sent",
+					a, b, a, len(ss), b, len(rs), len(ss), b, t.describe(b, rs[len(ss)]))
 			}
 		}
 	}
@@ -332,12 +332,7 @@ type tagKey struct{ from, to, tag int }
 // checkTags compares, for each ordered pair and tag, the sender's sends
 // with the receiver's receives, occurrence by occurrence.
 func (t *transfers) checkTags() error {
-	var bad []string
-	report := func(s string) {
-		if len(bad) < maxReported {
-			bad = append(bad, s)
-		}
-	}
+	var bad findings
 	for a := range t.progs {
 		for b := range t.progs {
 			sent := map[int][]int{} // tag → a's send instructions, in order
@@ -360,21 +355,21 @@ func (t *transfers) checkTags() error {
 					sn, _ := t.bytes(a, ss[k])
 					rn, _ := t.bytes(b, rs[k])
 					if sn != rn {
-						report(fmt.Sprintf("rank %d → rank %d, tag %d, occurrence %d: sizes differ: rank %d's %s, rank %d's %s",
-							a, b, tag, k, a, t.describe(a, ss[k]), b, t.describe(b, rs[k])))
+						bad.add("rank %d → rank %d, tag %d, occurrence %d: sizes differ: rank %d's %s, rank %d's %s",
+							a, b, tag, k, a, t.describe(a, ss[k]), b, t.describe(b, rs[k]))
 					}
 				}
 				if len(rs) > len(ss) {
-					report(fmt.Sprintf("rank %d → rank %d: rank %d receives tag %d %d times, rank %d sends it %d; rank %d's %s is never sent",
-						a, b, b, tag, len(rs), a, len(ss), b, t.describe(b, rs[len(ss)])))
+					bad.add("rank %d → rank %d: rank %d receives tag %d %d times, rank %d sends it %d; rank %d's %s is never sent",
+						a, b, b, tag, len(rs), a, len(ss), b, t.describe(b, rs[len(ss)]))
 				}
 			}
 			for _, i := range t.sends[a][b] {
 				tag := t.progs[a].Instrs[i].Tag
 				ss, rs := sent[tag], got[tag]
 				if ss[0] == i && len(ss) > len(rs) {
-					report(fmt.Sprintf("rank %d → rank %d: rank %d sends tag %d %d times, rank %d receives it %d; rank %d's %s is never received",
-						a, b, a, tag, len(ss), b, len(rs), a, t.describe(a, ss[len(rs)])))
+					bad.add("rank %d → rank %d: rank %d sends tag %d %d times, rank %d receives it %d; rank %d's %s is never received",
+						a, b, a, tag, len(ss), b, len(rs), a, t.describe(a, ss[len(rs)]))
 				}
 			}
 		}

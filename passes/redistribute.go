@@ -107,20 +107,21 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 	// coarse, so every collective joins or splits contiguous parts. A
 	// finer axis that splits the dim before and after a coarser step is
 	// joined just before it and split again just after.
+	rank := map[int]int{} // position in the split order
+	for i, ax := range m.Mesh.SplitOrder() {
+		rank[ax] = i
+	}
 	for _, st := range append([]conversion(nil), steps...) {
 		d := stepDim(from, st)
 		for ax := range from {
-			if ax != st.axis && d >= 0 && from[ax].Placed(d) && to[ax].Equal(from[ax]) && m.Mesh.InnerSplit(only(len(from), ax, from[ax]), st.axis, d) {
+			finer := rank[ax] > rank[st.axis] && m.Mesh.Axes[ax].Size > 1
+			if finer && d >= 0 && from[ax].Placed(d) && to[ax].Equal(from[ax]) {
 				name := m.Mesh.Axes[ax].Name
 				steps = append(steps,
 					conversion{axis: ax, to: ir.Placement{}, op: "all_gather", attrs: splitAttrs(name, from[ax]), order: st.order - 0.25},
 					conversion{axis: ax, to: from[ax], op: "shard_slice", attrs: splitAttrs(name, from[ax]), order: st.order + 0.25})
 			}
 		}
-	}
-	rank := map[int]int{}
-	for i, ax := range m.Mesh.SplitOrder() {
-		rank[ax] = i
 	}
 	shared := func(st conversion) bool {
 		d := stepDim(from, st)
@@ -171,13 +172,6 @@ func stepDim(from []ir.Placement, st conversion) int {
 		return from[st.axis].Dim
 	}
 	return -1
-}
-
-// only is a placement list of n axes with p on axis ax and nothing else.
-func only(n, ax int, p ir.Placement) []ir.Placement {
-	out := make([]ir.Placement, n)
-	out[ax] = p
-	return out
 }
 
 // splitAttrs are the attributes of a collective that splits or joins the

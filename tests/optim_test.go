@@ -190,7 +190,15 @@ func optimClose(t *testing.T, want, got []float64, tol float64, what string) {
 
 func loadOptim(t *testing.T, opts *passes.Options) (*cpu.Device, *ir.Module) {
 	t.Helper()
-	m, err := frontend.Build(optimModel, frontend.Config{Name: "optim", Float: ir.F64})
+	dev, m, _ := loadDevice(t, optimModel, frontend.Config{Name: "optim", Float: ir.F64}, opts)
+	return dev, m
+}
+
+// loadDevice builds model fn, runs the passes with opts, lowers it for one
+// device and loads it on the CPU backend.
+func loadDevice(t *testing.T, fn frontend.ModelFunc, cfg frontend.Config, opts *passes.Options) (*cpu.Device, *ir.Module, *lower.Program) {
+	t.Helper()
+	m, err := frontend.Build(fn, cfg)
 	require.NoError(t, err)
 	_, err = passes.Run(m, opts, passes.Hooks{})
 	require.NoError(t, err)
@@ -198,7 +206,7 @@ func loadOptim(t *testing.T, opts *passes.Options) (*cpu.Device, *ir.Module) {
 	require.NoError(t, err)
 	dev, err := cpu.Load(prog, cpu.Options{})
 	require.NoError(t, err)
-	return dev, m
+	return dev, m, prog
 }
 
 // Adafactor and SM3 updates match a float64 reference implementation of

@@ -66,17 +66,10 @@ type paramSpec struct {
 func loadOracle(t *testing.T, s oracleModel, dtype ir.DType) *cpu.Device {
 	t.Helper()
 	fn, cfg := s.model(dtype)
-	m, err := frontend.Build(fn, cfg)
-	require.NoError(t, err)
 	opts := passes.DefaultOptions()
 	opts.StopAfter = "autodiff"
 	opts.Verify = true
-	_, err = passes.Run(m, opts, passes.Hooks{})
-	require.NoError(t, err)
-	prog, err := lower.Lower(m)
-	require.NoError(t, err)
-	dev, err := cpu.Load(prog, cpu.Options{})
-	require.NoError(t, err)
+	dev, _, prog := loadDevice(t, fn, cfg, opts)
 
 	// The oracle must cover every parameter gcompile trains: the program's
 	// params are exactly s.params(), with the same shapes.

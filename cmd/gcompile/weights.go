@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/binary"
 	"fmt"
 	"path"
 	"slices"
@@ -10,8 +9,8 @@ import (
 	"strings"
 
 	"gcompile/ir"
-	kcpu "gcompile/kernels/cpu"
 	"gcompile/lower"
+	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
 )
 
@@ -76,8 +75,9 @@ func saveWeights(dev weightStore, progs []*lower.Program, path string, step int,
 }
 
 // loadWeights overwrites params from a safetensors file; every param of the
-// model, on every pipeline rank, must be present with its exact dtype and
-// shape.
+// model, on every pipeline rank, must be present with its exact shape, as
+// F32, or as BF16 or F16 widened exactly (published checkpoints are often
+// 16-bit: Hugging Face Llama's are).
 func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []string) error {
 	ts, _, err := checkpoint.Load(file)
 	if err != nil {
@@ -87,10 +87,11 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 	for _, t := range ts {
 		byName[t.Name] = t
 	}
+	ps := params(progs)
 	// A tensor the model has no param for is a mistake (another model's
 	// file, a renamed layer) unless the model ignores it on purpose.
 	wanted := map[string]bool{}
-	for _, b := range params(progs) {
+	for _, b := range ps {
 		wanted[b.Name] = true
 	}
 	var extra []string
@@ -108,17 +109,16 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 		}
 		return fmt.Errorf("--load %s: %d tensor(s) are no param of the model: %s%s (load a checkpoint of this model; the model ignores only %q)", file, len(extra), strings.Join(shown, ", "), more, ignore)
 	}
-	for _, b := range params(progs) {
+	for _, b := range ps {
 		t, ok := byName[b.Name]
 		if !ok {
 			return fmt.Errorf("--load %s: no tensor %q for param %s", file, b.Name, b.Value.Where())
 		}
-		// Published checkpoints are often bf16 or fp16 (Hugging Face
-		// Llama's are): those widen exactly into the fp32 masters.
-		if b.Global.DType != ir.F32 || (t.DType != "F32" && t.DType != "BF16" && t.DType != "F16") || !ir.Shape(t.Shape).Equal(b.Global.Shape) {
+		dt := loadableDType[t.DType]
+		if b.Global.DType != ir.F32 || dt == ir.Invalid || !ir.Shape(t.Shape).Equal(b.Global.Shape) {
 			return fmt.Errorf("--load %s: tensor %q is %s%v, the model's param is %v (F32, BF16 or F16 tensors of its shape load into an f32 param)", file, b.Name, t.DType, t.Shape, b.Global)
 		}
-		whole, err := widen(t)
+		whole, err := runtime.Decode(ir.T(dt, t.Shape...), t.Data)
 		if err != nil {
 			return fmt.Errorf("--load %s: tensor %q: %w", file, b.Name, err)
 		}
@@ -129,28 +129,6 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 	return nil
 }
 
-// widen reads an F32, BF16 or F16 tensor's little-endian elements as
-// float64, exactly.
-func widen(t checkpoint.Tensor) ([]float64, error) {
-	if t.DType == "F32" {
-		x := checkpoint.BytesFloat32(t.Data)
-		out := make([]float64, len(x))
-		for i, v := range x {
-			out[i] = float64(v)
-		}
-		return out, nil
-	}
-	if len(t.Data)%2 != 0 {
-		return nil, fmt.Errorf("%s data of %d bytes is not whole 2-byte elements", t.DType, len(t.Data))
-	}
-	out := make([]float64, len(t.Data)/2)
-	for i := range out {
-		h := binary.LittleEndian.Uint16(t.Data[2*i:])
-		if t.DType == "BF16" {
-			out[i] = float64(kcpu.F32FromBF16(h))
-		} else {
-			out[i] = float64(kcpu.F32FromF16(h))
-		}
-	}
-	return out, nil
-}
+// loadableDType is the dtype of a safetensors tensor --load widens into an
+// f32 param.
+var loadableDType = map[string]ir.DType{"F32": ir.F32, "BF16": ir.BF16, "F16": ir.F16}

@@ -132,6 +132,30 @@ func RoPEAngle(pos, i, d int, theta float64) float64 {
 	return float64(pos) * math.Pow(theta, -2*float64(i)/float64(d))
 }
 
+// RoPETable holds the cosines and sines of [RoPEAngle] for every position
+// and pair of a row of d elements: the same for every row at a position
+// and every step, so a backend builds it once per instruction.
+type RoPETable struct {
+	positions, d int
+	cos, sin     []float64 // [positions, d/2]
+}
+
+// NewRoPETable tabulates the rotation of positions rows of d elements (d
+// even) with base theta.
+func NewRoPETable(positions, d int, theta float64) RoPETable {
+	if d%2 != 0 {
+		panic("cpu.RoPE: odd row size")
+	}
+	half := d / 2
+	t := RoPETable{positions: positions, d: d, cos: make([]float64, positions*half), sin: make([]float64, positions*half)}
+	for p := range positions {
+		for i := range half {
+			t.sin[p*half+i], t.cos[p*half+i] = math.Sincos(RoPEAngle(p, i, d, theta))
+		}
+	}
+	return t
+}
+
 // RoPE applies rotary position embeddings to x, read as batch·positions
 // rows of d elements (d even) where row r is at position r mod positions.
 // It uses Hugging Face Llama's rotate-half pairing: element i and element
@@ -143,10 +167,13 @@ func RoPEAngle(pos, i, d int, theta float64) float64 {
 // inverse rotates by minus the angle, which is the transpose: the vjp.
 // out may not alias x.
 func RoPE[T Float](out, x []T, batch, positions, d int, theta float64, inverse bool) {
+	RoPEWith(out, x, batch, NewRoPETable(positions, d, theta), inverse)
+}
+
+// RoPEWith is [RoPE] with the angles' table built beforehand.
+func RoPEWith[T Float](out, x []T, batch int, t RoPETable, inverse bool) {
+	positions, d := t.positions, t.d
 	checkRows("RoPE", batch*positions, d, len(out), len(x))
-	if d%2 != 0 {
-		panic("cpu.RoPE: odd row size")
-	}
 	if d == 0 || positions == 0 {
 		return
 	}
@@ -155,25 +182,16 @@ func RoPE[T Float](out, x []T, batch, positions, d int, theta float64, inverse b
 	if inverse {
 		sign = -1
 	}
-	// The table is the same for every row at a position; building it once
-	// per call costs positions·d/2 sines and cosines.
-	cos := make([]float64, positions*half)
-	sin := make([]float64, positions*half)
-	for p := range positions {
-		for i := range half {
-			s, c := math.Sincos(RoPEAngle(p, i, d, theta))
-			cos[p*half+i], sin[p*half+i] = c, sign*s
-		}
-	}
 	ParallelFor(batch*positions, rowGrain(d), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			p := r % positions
 			xr, or := x[r*d:(r+1)*d], out[r*d:(r+1)*d]
-			cs, sn := cos[p*half:(p+1)*half], sin[p*half:(p+1)*half]
+			cs, sn := t.cos[p*half:(p+1)*half], t.sin[p*half:(p+1)*half]
 			for i := range half {
 				a, b := float64(xr[i]), float64(xr[i+half])
-				or[i] = T(a*cs[i] - b*sn[i])
-				or[i+half] = T(b*cs[i] + a*sn[i])
+				s := sign * sn[i]
+				or[i] = T(a*cs[i] - b*s)
+				or[i+half] = T(b*cs[i] + a*s)
 			}
 		}
 	})

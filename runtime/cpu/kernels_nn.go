@@ -106,7 +106,8 @@ func rope[T kcpu.Float](c *Call[T]) (func() error, error) {
 	positions, d := shape[r-2], shape[r-1]
 	batch := int(ir.Shape(shape).NumElements()) / max(positions*d, 1)
 	theta, inverse := c.Instr.Attrs.Float("theta", 0), c.Instr.Attrs.Bool("inverse")
-	return ok(func() { kcpu.RoPE(out, x, batch, positions, d, theta, inverse) }), nil
+	table := kcpu.NewRoPETable(positions, d, theta) // once, at load
+	return ok(func() { kcpu.RoPEWith(out, x, batch, table, inverse) }), nil
 }
 
 func embedding[T kcpu.Float](c *Call[T]) (func() error, error) {
