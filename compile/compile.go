@@ -40,6 +40,9 @@ type Result struct {
 	Async *Async
 	// Elapsed is the time from the first pass to the last program.
 	Elapsed time.Duration
+	// ModelFingerprint identifies the model before any pass
+	// (ir.Module.Fingerprint): the same under every plan.
+	ModelFingerprint string
 }
 
 // Async is asynchronous data parallelism's pair of programs: the
@@ -169,6 +172,7 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 		return nil, err
 	}
 	res.Module = m
+	res.ModelFingerprint = m.Fingerprint()
 	res.Passes, err = passes.Run(m, c.PassOptions(), hooks)
 	if err != nil {
 		return res, err

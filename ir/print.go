@@ -1,6 +1,8 @@
 package ir
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"sort"
 	"strconv"
@@ -12,7 +14,18 @@ const FormatVersion = "gir 1"
 
 // Print renders m in the .gir text form. It never fails on malformed IR
 // (a missing arg prints as %?), so a broken pass's output can still be read.
-func Print(m *Module) string {
+func Print(m *Module) string { return printModule(m, true) }
+
+// Fingerprint is a hex SHA-256 of the module's text without source
+// positions: the same for the same model at the same sizes, whatever file
+// or line it was written at. Taken before any pass, it identifies a model
+// under every plan (a checkpoint records it).
+func (m *Module) Fingerprint() string {
+	sum := sha256.Sum256([]byte(printModule(m, false)))
+	return hex.EncodeToString(sum[:])
+}
+
+func printModule(m *Module, pos bool) string {
 	var b strings.Builder
 	b.WriteString(FormatVersion + "\n")
 	b.WriteString("module " + strconv.Quote(m.Name) + "\n")
@@ -26,7 +39,7 @@ func Print(m *Module) string {
 		b.WriteString("ignore-on-load " + strconv.Quote(p) + "\n")
 	}
 	for _, v := range m.Values {
-		b.WriteString(FormatValue(v))
+		b.WriteString(formatValue(v, pos))
 		b.WriteByte('\n')
 	}
 	for _, o := range m.Outputs {
@@ -53,7 +66,9 @@ func ref(v *Value) string {
 
 // FormatValue renders one value line:
 // %12 = matmul %10, %3 : f32[4,128] {transB=true layer=3 phase=fwd} @model.go:41
-func FormatValue(v *Value) string {
+func FormatValue(v *Value) string { return formatValue(v, true) }
+
+func formatValue(v *Value, pos bool) string {
 	var b strings.Builder
 	b.WriteString(v.Ref() + " = " + v.Op)
 	for i, a := range v.Args {
@@ -103,7 +118,7 @@ func FormatValue(v *Value) string {
 	if len(fields) > 0 {
 		b.WriteString(" {" + strings.Join(fields, " ") + "}")
 	}
-	if v.Pos.IsKnown() {
+	if pos && v.Pos.IsKnown() {
 		b.WriteString(" @" + v.Pos.String())
 	}
 	return b.String()

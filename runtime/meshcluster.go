@@ -507,3 +507,70 @@ func f64Bytes(x []float64) []byte {
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 8*len(x))
 }
+
+// BlockDevice is one device's raw blocks of its params and state, as a
+// checkpoint reads and writes them.
+type BlockDevice interface {
+	Program() *lower.Program
+	Coords() []int
+	Bytes(name string) ([]byte, ir.Type, error)
+	SetBytes(name string, data []byte) error
+}
+
+// Local is this process's devices and their global ranks, ascending.
+func (c *MeshCluster[D]) Local() ([]int, []BlockDevice) {
+	devs := make([]BlockDevice, len(c.Devices))
+	for i, d := range c.Devices {
+		devs[i] = d
+	}
+	return c.Ranks, devs
+}
+
+// Process is this process's index in the job and the job's process
+// count (0 and 1 when the cluster holds every device).
+func (c *MeshCluster[D]) Process() (proc, procs int) {
+	if !c.distributed() {
+		return 0, 1
+	}
+	return c.job.Layout.Proc, c.job.Layout.Procs
+}
+
+// AnyOf is true on every process when flag is true on any: the processes
+// of a job agree on whether to stop, or wait for each other (a barrier:
+// no process returns before every process has called it). It is
+// collective; in one process it is flag itself.
+func (c *MeshCluster[D]) AnyOf(flag bool) (bool, error) {
+	if !c.distributed() {
+		return flag, nil
+	}
+	l := c.job.Layout
+	one := func(b bool) []byte {
+		if b {
+			return []byte{1}
+		}
+		return []byte{0}
+	}
+	up, down := c.hostTag(), c.hostTag()
+	buf := make([]byte, 1)
+	if l.Proc != 0 {
+		if err := c.job.Comm.Send(l.Lead(l.Proc), l.Lead(0), up, ir.Bool, one(flag)); err != nil {
+			return false, fmt.Errorf("agreeing with process 0: %w", err)
+		}
+		if err := c.job.Comm.Recv(l.Lead(0), l.Lead(l.Proc), down, ir.Bool, buf); err != nil {
+			return false, fmt.Errorf("agreeing with process 0: %w", err)
+		}
+		return buf[0] != 0, nil
+	}
+	for p := 1; p < l.Procs; p++ {
+		if err := c.job.Comm.Recv(l.Lead(p), l.Lead(0), up, ir.Bool, buf); err != nil {
+			return false, fmt.Errorf("agreeing with process %d: %w", p, err)
+		}
+		flag = flag || buf[0] != 0
+	}
+	for p := 1; p < l.Procs; p++ {
+		if err := c.job.Comm.Send(l.Lead(0), l.Lead(p), down, ir.Bool, one(flag)); err != nil {
+			return false, fmt.Errorf("agreeing with process %d: %w", p, err)
+		}
+	}
+	return flag, nil
+}

@@ -21,6 +21,19 @@ type Metrics struct {
 	Async     *AsyncMetrics   `json:"async,omitempty"`
 	Steps     []StepMetrics   `json:"steps"`
 	Eval      []EvalMetrics   `json:"eval"`
+	// ResumedFrom is the checkpoint the run continued (--resume); Steps
+	// then start after its step.
+	ResumedFrom *ResumeMetrics `json:"resumed_from,omitempty"`
+	// Checkpoint is the last checkpoint the run wrote; Stopped the signal
+	// that ended it early, if one did.
+	Checkpoint string `json:"checkpoint,omitempty"`
+	Stopped    string `json:"stopped,omitempty"`
+}
+
+// ResumeMetrics names the checkpoint a run resumed from.
+type ResumeMetrics struct {
+	Checkpoint string `json:"checkpoint"`
+	Step       int    `json:"step"`
 }
 
 // PassMetrics is one pass of the pipeline.

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -60,6 +61,39 @@ type TrainConfig struct {
 	// Outputs are the model's auxiliary outputs (b.Output, without the
 	// ir.AuxPrefix) read and reported each step.
 	Outputs []string
+	// Start is where training resumes: the zero State starts a run at
+	// step 1; a checkpoint's state continues one, so that the steps after
+	// it are those of a run that never stopped. Train restores
+	// LossScale from it.
+	Start State
+	// Boundary, when set, is called after every step (after report) with
+	// the state the run has reached: checkpoints are written there. It
+	// returns stop to end the run at that step (preemption) or an error.
+	Boundary func(State) (stop bool, err error)
+}
+
+// State is where a training run stands between two steps: everything
+// besides the devices' params and optimizer state that the rest of the
+// run depends on. The learning-rate schedule's position and the data
+// cursor follow from Step, since batch k is drawn from (Seed, k) alone
+// (data.Corpus.TrainBatch) and the schedule is a function of the step;
+// Samples records the cursor as a global sample index for readers. No
+// other randomness exists at run time: params are initialised from
+// (Seed, name), whatever the plan.
+type State struct {
+	Step    int   `json:"step"`     // steps completed
+	OptStep int   `json:"opt_step"` // optimizer updates applied: a skipped step does not count
+	Samples int64 `json:"samples"`  // global samples consumed (Step × global batch)
+	Seed    int64 `json:"seed"`
+	// LossScale is the mixed-precision loss scaler's state; nil without one.
+	LossScale *ScalerState `json:"loss_scale,omitempty"`
+}
+
+// ScalerState is a LossScaler's state between steps.
+type ScalerState struct {
+	Scale   float64 `json:"scale"`
+	Dynamic bool    `json:"dynamic"`
+	Clean   int     `json:"clean"` // clean steps in a row since the last change
 }
 
 // AuxOutputs lists the auxiliary outputs of modules' outputs (b.Output in
@@ -105,6 +139,31 @@ func NewLossScaler(scale float64) *LossScaler {
 	return &LossScaler{Scale: 65536, Dynamic: true, Growth: 2, Backoff: 0.5, Interval: 2000}
 }
 
+// State is the scaler's state, for a checkpoint.
+func (s *LossScaler) State() *ScalerState {
+	return &ScalerState{Scale: s.Scale, Dynamic: s.Dynamic, Clean: s.clean}
+}
+
+// Restore continues from a checkpoint's state; the growth policy is the
+// run's own.
+func (s *LossScaler) Restore(st ScalerState) error {
+	if st.Dynamic != s.Dynamic {
+		return fmt.Errorf("the checkpoint's loss scale is %s and this run's is %s: keep --loss-scale as it was", scaleKind(st.Dynamic), scaleKind(s.Dynamic))
+	}
+	if !(st.Scale > 0) || math.IsInf(st.Scale, 0) || st.Clean < 0 {
+		return fmt.Errorf("the checkpoint's loss scale %v (after %d clean steps) is not a valid state", st.Scale, st.Clean)
+	}
+	s.Scale, s.clean = st.Scale, st.Clean
+	return nil
+}
+
+func scaleKind(dynamic bool) string {
+	if dynamic {
+		return "dynamic"
+	}
+	return "static"
+}
+
 // Update takes one step's overflow check and reports whether the step was
 // skipped (its gradients were not finite).
 func (s *LossScaler) Update(nonfinite float64) (skipped bool) {
@@ -146,8 +205,9 @@ type EvalMetrics struct {
 	Loss float64 `json:"loss"`
 }
 
-// Train runs cfg.Steps steps on dev, feeding byte tokens from corpus, and
-// calls report after each step (eval is non-nil when one ran).
+// Train runs the steps after cfg.Start up to cfg.Steps on dev, feeding
+// byte tokens from corpus, and calls report after each step (eval is
+// non-nil when one ran).
 func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMetrics, *EvalMetrics)) ([]StepMetrics, []EvalMetrics, error) {
 	if cfg.Steps <= 0 {
 		return nil, nil, fmt.Errorf("--steps must be positive, got %d", cfg.Steps)
@@ -155,10 +215,26 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 	if err := corpus.Check(cfg.Seq); err != nil {
 		return nil, nil, err
 	}
+	st := cfg.Start
+	if st.Step < 0 || st.OptStep < 0 || st.OptStep > st.Step {
+		return nil, nil, fmt.Errorf("a training state at step %d with %d optimizer steps is not valid", st.Step, st.OptStep)
+	}
+	if st.Step >= cfg.Steps {
+		return nil, nil, fmt.Errorf("the run is already at step %d: --steps %d leaves no step to run", st.Step, cfg.Steps)
+	}
+	if (st.LossScale != nil) != (cfg.LossScale != nil) && st.Step > 0 {
+		return nil, nil, errors.New("the checkpoint and this run disagree on loss scaling: resume with the --precision it was saved under")
+	}
+	if st.LossScale != nil {
+		if err := cfg.LossScale.Restore(*st.LossScale); err != nil {
+			return nil, nil, err
+		}
+	}
+	st.Seed = cfg.Seed
 	var steps []StepMetrics
 	var evals []EvalMetrics
-	optStep := 1 // the optimizer's step count: skipped steps do not advance it, as in PyTorch
-	for step := 1; step <= cfg.Steps; step++ {
+	for step := st.Step + 1; step <= cfg.Steps; step++ {
+		optStep := st.OptStep + 1 // the update's 1-based count, as in PyTorch: skipped steps do not advance it
 		tokens, targets := corpus.TrainBatch(cfg.Seed, step, cfg.Batch, cfg.Seq)
 		lr := cfg.Schedule.At(step)
 		if err := feed(dev, tokens, targets); err != nil {
@@ -199,7 +275,7 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 			skipped = cfg.LossScale.Update(bad)
 		}
 		if !skipped {
-			optStep++
+			st.OptStep++
 		} else if math.IsInf(gn, 0) || math.IsNaN(gn) {
 			gn = 0 // the norm of overflowed gradients; JSON has no inf or NaN
 		}
@@ -230,6 +306,20 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 		}
 		if report != nil {
 			report(sm, ev)
+		}
+		st.Step = step
+		st.Samples = int64(step) * int64(cfg.Batch)
+		if cfg.LossScale != nil {
+			st.LossScale = cfg.LossScale.State()
+		}
+		if cfg.Boundary != nil {
+			stop, err := cfg.Boundary(st)
+			if err != nil {
+				return steps, evals, err
+			}
+			if stop {
+				break
+			}
 		}
 	}
 	return steps, evals, nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -27,9 +28,14 @@ type config struct {
 	seed                                   int64
 	maxDataMB                              int
 
-	lr, minLR float64
-	warmup    int
-	decay     string
+	// Checkpoints of the whole training state (see checkpoint.SaveState).
+	ckptDir, resume                string
+	ckptEvery, keepLast, stopAfter int
+
+	lr, minLR        float64
+	initialLossScale float64
+	warmup           int
+	decay            string
 
 	// The job of several processes this one belongs to: from the
 	// launcher's environment, overridden by these flags where given.
@@ -66,6 +72,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.StringVar(&c.Recompute, "recompute", "none", "activation recompute: none|full|selective|every=K")
 	fs.StringVar(&c.Precision, "precision", "fp32", "fp32|fp16|bf16 (fp16/bf16: mixed precision with fp32 master weights)")
 	fs.Float64Var(&c.LossScale, "loss-scale", 0, "static loss scale for --precision fp16|bf16 (0: dynamic for fp16, none for bf16)")
+	fs.Float64Var(&c.initialLossScale, "initial-loss-scale", 65536, "with --precision fp16 and dynamic loss scaling: the scale to start from (Megatron's and PyTorch's default 2^16)")
 	fs.StringVar(&c.Optimizer, "optimizer", "adamw", "adamw|sgd|adafactor|sm3")
 	fs.StringVar(&c.backend, "backend", "cpu", "cpu|cuda")
 	fs.StringVar(&c.dump, "dump", "", "write NN-<pass>.gir after each pass that changed the module, and index.html, to this folder")
@@ -82,7 +89,12 @@ func parseArgs(args []string) (*config, error) {
 	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline schedule (simulated, unit costs) as SVG to this file")
 	fs.StringVar(&c.trace, "trace", "", "write Chrome trace events (first 3 steps) to this file")
 	fs.StringVar(&c.save, "save", "", "save the trained weights as safetensors")
-	fs.StringVar(&c.load, "load", "", "start from weights in a safetensors file")
+	fs.StringVar(&c.load, "load", "", "start from weights in a safetensors file (or a Hugging Face model.safetensors.index.json)")
+	fs.StringVar(&c.ckptDir, "checkpoint-dir", "", "save the whole training state (params, optimizer state, step, loss scale) as sharded checkpoints DIR/step-N, at the end, every --checkpoint-every steps and on SIGTERM/SIGINT")
+	fs.IntVar(&c.ckptEvery, "checkpoint-every", 0, "with --checkpoint-dir: also save every N steps (0: only at the end and when stopped)")
+	fs.IntVar(&c.keepLast, "keep-last", 0, "with --checkpoint-dir: keep only the newest K checkpoints (0: all)")
+	fs.IntVar(&c.stopAfter, "stop-after", 0, "end the run after this step as a preemption would (with a checkpoint under --checkpoint-dir); the schedule is still --steps' (0: run to --steps)")
+	fs.StringVar(&c.resume, "resume", "", "continue training from a checkpoint: a --checkpoint-dir (its latest complete checkpoint) or one step-N folder in it; any plan, same model, batch, optimizer and precision")
 	fs.IntVar(&c.Batch, "batch", 8, "global batch in sequences")
 	fs.StringVar(&c.data, "data", "", "training text: a file or folder (default: the Go standard library sources)")
 	fs.IntVar(&c.maxDataMB, "max-data-mb", 16, "read at most this many MiB of training text")
@@ -174,6 +186,30 @@ func (c *config) validate() error {
 	}
 	if (c.trace != "" || c.save != "") && !c.run {
 		bad("--trace and --save record a training run; add --run")
+	}
+	if c.explicit["initial-loss-scale"] && (c.Precision != "fp16" || c.LossScale != 0) {
+		bad("--initial-loss-scale applies to dynamic loss scaling: --precision fp16 without --loss-scale")
+	}
+	if !(c.initialLossScale > 0) || math.IsInf(c.initialLossScale, 0) {
+		bad("--initial-loss-scale must be a positive finite number, got %g", c.initialLossScale)
+	}
+	if c.ckptEvery < 0 || c.keepLast < 0 || c.stopAfter < 0 {
+		bad("--checkpoint-every, --keep-last and --stop-after must be ≥ 0")
+	}
+	if c.stopAfter > 0 && c.stopAfter >= c.steps {
+		bad("--stop-after %d must be below --steps %d", c.stopAfter, c.steps)
+	}
+	if (c.explicit["checkpoint-every"] || c.explicit["keep-last"]) && c.ckptDir == "" {
+		bad("--checkpoint-every and --keep-last apply to --checkpoint-dir")
+	}
+	if (c.ckptDir != "" || c.resume != "") && !c.run {
+		bad("--checkpoint-dir and --resume checkpoint a training run; add --run")
+	}
+	if c.resume != "" && c.load != "" {
+		bad("--resume continues a run with its own weights; it does not combine with --load")
+	}
+	if c.DPSync == "async" && (c.ckptDir != "" || c.resume != "") {
+		notYet("--checkpoint-dir and --resume with --dp-sync async", "the replicas' in-flight gradients and weight versions are not part of the checkpoint yet")
 	}
 	if c.explicit["token"] && c.token == "" {
 		bad("--token must not be empty (leave it out to use GCOMPILE_TOKEN or the launcher's job id)")

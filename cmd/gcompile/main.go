@@ -28,6 +28,7 @@ import (
 	"gcompile/lower"
 	"gcompile/passes/schedule"
 	"gcompile/runtime"
+	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda"
 )
@@ -40,8 +41,15 @@ func main() {
 }
 
 func mainErr(args []string) (err error) {
-	if len(args) > 0 && args[0] == "launch" {
-		return launchMain(args[1:])
+	if len(args) > 0 {
+		switch args[0] {
+		case "launch":
+			return launchMain(args[1:])
+		case "export":
+			return exportMain(args[1:])
+		case "inspect":
+			return inspectMain(args[1:])
+		}
 	}
 	c, err := parseArgs(args)
 	if err != nil {
@@ -85,6 +93,10 @@ func compileAndRun(c *config, j *job) (err error) {
 				err = errors.Join(err, g.Close())
 			}
 		}()
+	}
+	resumeDir, err := checkCheckpointPaths(c)
+	if err != nil {
+		return err
 	}
 	var dumper *dumper
 	if j.lead() {
@@ -142,7 +154,7 @@ func compileAndRun(c *config, j *job) (err error) {
 	}
 	var runErr error
 	if c.run {
-		runErr = train(c, j, gpus, res, met)
+		runErr = train(c, j, gpus, res, met, resumeDir)
 	}
 	if c.metrics != "" && j.lead() {
 		if err := met.WriteFile(c.metrics); err != nil {
@@ -199,7 +211,11 @@ func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
 func lossScaler(c *config) *runtime.LossScaler {
 	switch c.Precision {
 	case "fp16":
-		return runtime.NewLossScaler(c.LossScale)
+		s := runtime.NewLossScaler(c.LossScale)
+		if s.Dynamic {
+			s.Scale = c.initialLossScale
+		}
+		return s
 	case "bf16":
 		return runtime.NewLossScaler(max(c.LossScale, 1))
 	}
@@ -263,6 +279,7 @@ func firstOnPipelineRank(prog *lower.Program, rank int) bool {
 type cluster interface {
 	runtime.Device
 	weightStore
+	checkpoint.Cluster
 	InitParams(seed uint64) error
 	SetEvalPrograms(progs []*lower.Program) error
 	Peaks() ([]int64, error)
@@ -312,7 +329,7 @@ func newCluster(c *config, j *job, gpus []*cuda.Runtime, progs []*lower.Program)
 	return h, devs, func() error { return nil }, nil
 }
 
-func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *runtime.Metrics) (err error) {
+func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *runtime.Metrics, resumeDir string) (err error) {
 	progs, sched := res.Programs, res.Schedule
 	batch, seq, err := inputShape(progs)
 	if err != nil {
@@ -346,6 +363,17 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		if err := loadWeights(dev, progs, c.load, res.Module.IgnoreOnLoad); err != nil {
 			return err
 		}
+	}
+	plan := checkpointPlan(c, progs, batch, seq, j.world.Size)
+	var start runtime.State
+	if resumeDir != "" {
+		if start, err = resumeState(c, dev, res, resumeDir, plan); err != nil {
+			return err
+		}
+		if j.lead() {
+			fmt.Fprintf(j.log, "resumed from %s at step %d (optimizer step %d)\n", resumeDir, start.Step, start.OptStep)
+		}
+		met.ResumedFrom = &runtime.ResumeMetrics{Checkpoint: resumeDir, Step: start.Step}
 	}
 	// In a job of several processes the trace shows process 0's devices.
 	var tracer *runtime.Tracer
@@ -398,7 +426,16 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
 		EvalEvery: c.evalEvery, EvalBatches: c.evalBatches,
 		LossScale: lossScaler(c),
+		Start:     start,
 	}
+	if start.Step > 0 {
+		cfg.Seed = start.Seed
+	}
+	ck := &checkpointer{c: c, j: j, dev: dev, progs: progs, stop: watchSignals(),
+		opts: checkpoint.SaveOptions{Root: c.ckptDir, Model: res.Module.Name, ModelFingerprint: res.ModelFingerprint,
+			PlanHash: res.Fingerprint(), Plan: plan, KeepLast: c.keepLast}}
+	defer ck.stop.release()
+	cfg.Boundary = ck.boundary
 	for _, o := range res.Module.Outputs {
 		cfg.Outputs = append(cfg.Outputs, o.Name)
 	}
@@ -420,7 +457,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 			tracer.EndStep()
 		}
 		if prof != nil {
-			if s.Step == 1 && c.steps > 1 {
+			if s.Step == start.Step+1 && c.steps > s.Step {
 				prof.reset() // the first step warms caches up
 			}
 			prof.endStep()
@@ -433,6 +470,10 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		bar.done()
 	}
 	met.Steps, met.Eval = steps, evals
+	if ck.stop.requested() {
+		met.Stopped = fmt.Sprint(ck.stop.signal())
+	}
+	met.Checkpoint = ck.saved
 	if trainErr != nil {
 		return trainErr
 	}

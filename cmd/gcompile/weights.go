@@ -23,8 +23,6 @@ type weightStore interface {
 	SetGlobal(name string, x []float64) error
 }
 
-var safetensorsDType = map[ir.DType]string{ir.F32: "F32", ir.F64: "F64", ir.F16: "F16", ir.BF16: "BF16", ir.I32: "I32", ir.I64: "I64", ir.Bool: "BOOL"}
-
 // params are the model's params over every pipeline rank's program, each
 // once, by name: a pipeline splits them over its ranks.
 func params(progs []*lower.Program) []lower.Buffer {
@@ -74,12 +72,13 @@ func saveWeights(dev weightStore, progs []*lower.Program, path string, step int,
 	return checkpoint.Save(path, ts, map[string]string{"format": "pt", "producer": "gcompile", "step": strconv.Itoa(step)})
 }
 
-// loadWeights overwrites params from a safetensors file; every param of the
+// loadWeights overwrites params from a safetensors file (or the shards a
+// Hugging Face index names); every param of the
 // model, on every pipeline rank, must be present with its exact shape, as
 // F32, or as BF16 or F16 widened exactly (published checkpoints are often
 // 16-bit: Hugging Face Llama's are).
 func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []string) error {
-	ts, _, err := checkpoint.Load(file)
+	ts, err := checkpoint.LoadIndexed(file)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math"
 	"os"
@@ -257,20 +258,29 @@ func write(w io.Writer, tensors []Tensor, metadata map[string]string) error {
 // and never leaves a truncated file under the real name. Invalid tensors
 // are rejected before any file is created.
 func Save(path string, tensors []Tensor, metadata map[string]string) error {
-	if err := save(path, tensors, metadata); err != nil {
+	if _, err := save(path, tensors, metadata); err != nil {
 		return fmt.Errorf("checkpoint: save %s: %w", path, err)
 	}
 	return nil
 }
 
-func save(path string, tensors []Tensor, metadata map[string]string) (err error) {
+// Sum is a written file's size and CRC-32C (Castagnoli) checksum, which
+// a sharded checkpoint's manifest records and its load verifies.
+type Sum struct {
+	Bytes  int64  `json:"bytes"`
+	CRC32C string `json:"crc32c"`
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func save(path string, tensors []Tensor, metadata map[string]string) (sum Sum, err error) {
 	if _, err := plan(tensors, metadata); err != nil {
-		return err
+		return Sum{}, err
 	}
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
-		return fmt.Errorf("create temporary file: %w", err)
+		return Sum{}, fmt.Errorf("create temporary file: %w", err)
 	}
 	closed := false
 	defer func() {
@@ -281,25 +291,40 @@ func save(path string, tensors []Tensor, metadata map[string]string) (err error)
 			_ = os.Remove(tmp)
 		}
 	}()
-	bw := bufio.NewWriterSize(f, 1<<20)
+	crc := crc32.New(castagnoli)
+	counted := &countingWriter{w: io.MultiWriter(f, crc)}
+	bw := bufio.NewWriterSize(counted, 1<<20)
 	if err := write(bw, tensors, metadata); err != nil {
-		return fmt.Errorf("%s: %w", tmp, err)
+		return Sum{}, fmt.Errorf("%s: %w", tmp, err)
 	}
 	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("write %s: %w", tmp, err)
+		return Sum{}, fmt.Errorf("write %s: %w", tmp, err)
 	}
+	faultPoint("file written, not synced")
 	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", tmp, err)
+		return Sum{}, fmt.Errorf("sync %s: %w", tmp, err)
 	}
 	closed = true
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
+		return Sum{}, fmt.Errorf("close %s: %w", tmp, err)
 	}
+	faultPoint("file synced, not renamed")
 	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename temporary file: %w", err)
+		return Sum{}, fmt.Errorf("rename temporary file: %w", err)
 	}
 	syncDir(filepath.Dir(path))
-	return nil
+	return Sum{Bytes: counted.n, CRC32C: fmt.Sprintf("%08x", crc.Sum32())}, nil
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // syncDir makes the rename durable where the OS allows syncing a folder;
@@ -487,33 +512,10 @@ func readFullAt(r io.ReaderAt, buf []byte, off int64) error {
 }
 
 func read(r io.ReaderAt, size int64) ([]Tensor, map[string]string, error) {
-	if size < 8 {
-		return nil, nil, fmt.Errorf("file is %d bytes, too short for the 8-byte header length: %w", size, ErrHeaderLength)
-	}
-	var prefix [8]byte
-	if err := readFullAt(r, prefix[:], 0); err != nil {
-		return nil, nil, fmt.Errorf("read header length: %w", err)
-	}
-	n := binary.LittleEndian.Uint64(prefix[:])
-	if n > uint64(size-8) {
-		return nil, nil, fmt.Errorf("header length %d runs past the end of the %d-byte file: %w", n, size, ErrHeaderLength)
-	}
-	if n > MaxHeaderLength {
-		return nil, nil, fmt.Errorf("header length %d exceeds the %d-byte limit: %w", n, MaxHeaderLength, ErrHeaderLength)
-	}
-	header := make([]byte, n)
-	if err := readFullAt(r, header, 8); err != nil {
-		return nil, nil, fmt.Errorf("read header: %w", err)
-	}
-	entries, metadata, err := parseHeader(header)
+	entries, metadata, dataStart, err := index(r, size)
 	if err != nil {
 		return nil, nil, err
 	}
-	dataStart := 8 + int64(n)
-	if err := checkLayout(entries, size-dataStart); err != nil {
-		return nil, nil, err
-	}
-	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.name, b.name) })
 	tensors := make([]Tensor, len(entries))
 	for i, e := range entries {
 		data := make([]byte, e.end-e.begin)
@@ -524,6 +526,103 @@ func read(r io.ReaderAt, size int64) ([]Tensor, map[string]string, error) {
 	}
 	return tensors, metadata, nil
 }
+
+// index reads and validates a file's header: its entries in name order,
+// its metadata and where the data section starts.
+func index(r io.ReaderAt, size int64) ([]entry, map[string]string, int64, error) {
+	if size < 8 {
+		return nil, nil, 0, fmt.Errorf("file is %d bytes, too short for the 8-byte header length: %w", size, ErrHeaderLength)
+	}
+	var prefix [8]byte
+	if err := readFullAt(r, prefix[:], 0); err != nil {
+		return nil, nil, 0, fmt.Errorf("read header length: %w", err)
+	}
+	n := binary.LittleEndian.Uint64(prefix[:])
+	if n > uint64(size-8) {
+		return nil, nil, 0, fmt.Errorf("header length %d runs past the end of the %d-byte file: %w", n, size, ErrHeaderLength)
+	}
+	if n > MaxHeaderLength {
+		return nil, nil, 0, fmt.Errorf("header length %d exceeds the %d-byte limit: %w", n, MaxHeaderLength, ErrHeaderLength)
+	}
+	header := make([]byte, n)
+	if err := readFullAt(r, header, 8); err != nil {
+		return nil, nil, 0, fmt.Errorf("read header: %w", err)
+	}
+	entries, metadata, err := parseHeader(header)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	dataStart := 8 + int64(n)
+	if err := checkLayout(entries, size-dataStart); err != nil {
+		return nil, nil, 0, err
+	}
+	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.name, b.name) })
+	return entries, metadata, dataStart, nil
+}
+
+// File is an open safetensors file whose header has been validated;
+// tensors are read one at a time, so a reader holds only what it uses.
+type File struct {
+	f         *os.File
+	path      string
+	entries   map[string]entry
+	dataStart int64
+	// Metadata is the header's __metadata__ (nil when absent).
+	Metadata map[string]string
+}
+
+// Open opens the safetensors file at path and validates its header.
+func Open(path string) (*File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("not a regular file (mode %v)", fi.Mode())
+	}
+	var entries []entry
+	var meta map[string]string
+	var start int64
+	if err == nil {
+		entries, meta, start, err = index(f, fi.Size())
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("checkpoint: load %s: %w", path, err)
+	}
+	file := &File{f: f, path: path, entries: map[string]entry{}, dataStart: start, Metadata: meta}
+	for _, e := range entries {
+		file.entries[e.name] = e
+	}
+	return file, nil
+}
+
+// Tensor reads the named tensor.
+func (f *File) Tensor(name string) (Tensor, error) {
+	e, ok := f.entries[name]
+	if !ok {
+		return Tensor{}, fmt.Errorf("checkpoint: %s has no tensor %q", f.path, name)
+	}
+	data := make([]byte, e.end-e.begin)
+	if err := readFullAt(f.f, data, f.dataStart+e.begin); err != nil {
+		return Tensor{}, fmt.Errorf("checkpoint: %s: read tensor %q: %w", f.path, name, err)
+	}
+	return Tensor{Name: e.name, DType: e.dtype, Shape: e.shape, Data: data}, nil
+}
+
+// Names lists the file's tensors in name order.
+func (f *File) Names() []string {
+	out := make([]string, 0, len(f.entries))
+	for n := range f.entries {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Close closes the file.
+func (f *File) Close() error { return f.f.Close() }
 
 // Load reads the safetensors file at path; see Read.
 func Load(path string) ([]Tensor, map[string]string, error) {

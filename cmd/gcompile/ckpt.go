@@ -1,0 +1,255 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"gcompile/compile"
+	"gcompile/lower"
+	"gcompile/runtime"
+	"gcompile/runtime/checkpoint"
+)
+
+// checkCheckpointPaths runs before any compile: the folder checkpoints go
+// to must be writable and the checkpoint to resume from must exist, so
+// neither is found out after the work is done. It returns the resolved
+// checkpoint to resume from.
+func checkCheckpointPaths(c *config) (string, error) {
+	if c.ckptDir != "" {
+		if err := os.MkdirAll(c.ckptDir, 0o755); err != nil {
+			return "", fmt.Errorf("--checkpoint-dir: %w", err)
+		}
+		probe, err := os.CreateTemp(c.ckptDir, ".gcompile-probe-*")
+		if err != nil {
+			return "", fmt.Errorf("--checkpoint-dir %s is not writable: %w", c.ckptDir, err)
+		}
+		probe.Close()
+		os.Remove(probe.Name())
+	}
+	if c.resume == "" {
+		return "", nil
+	}
+	dir, err := checkpoint.Find(c.resume)
+	if err != nil {
+		return "", fmt.Errorf("--resume: %w", err)
+	}
+	if _, err := checkpoint.ReadManifest(dir); err != nil {
+		return "", fmt.Errorf("--resume: %w", err)
+	}
+	return dir, nil
+}
+
+// checkpointPlan is what a manifest records of this run's plan.
+func checkpointPlan(c *config, progs []*lower.Program, batch, seq int, procs int) checkpoint.Plan {
+	p := checkpoint.Plan{Devices: c.Devices, Precision: c.Precision, Optimizer: c.Optimizer, Batch: batch, Seq: seq,
+		Flags: c.metricsConfig(procs)}
+	if m := progs[0].Mesh; m != nil {
+		p.Mesh = m.String()
+	}
+	return p
+}
+
+// checkpointer writes the run's checkpoints at step boundaries and stops
+// the run when a signal asks to.
+type checkpointer struct {
+	c     *config
+	j     *job
+	dev   cluster
+	progs []*lower.Program
+	opts  checkpoint.SaveOptions
+	stop  *preemption
+	// saved is the latest checkpoint written, for the closing message.
+	saved string
+}
+
+func (k *checkpointer) boundary(st runtime.State) (bool, error) {
+	c := k.c
+	stop, err := k.dev.AnyOf(k.stop.requested())
+	if err != nil {
+		return false, err
+	}
+	asked := c.stopAfter > 0 && st.Step == c.stopAfter
+	stop = stop || asked
+	if c.ckptDir != "" && (stop || st.Step == c.steps || c.ckptEvery > 0 && st.Step%c.ckptEvery == 0) {
+		start := time.Now()
+		opts := k.opts
+		opts.State = st
+		dir, err := checkpoint.SaveState(k.dev, k.progs, opts)
+		if err != nil {
+			return false, err
+		}
+		k.saved = dir
+		if k.j.lead() {
+			fmt.Fprintf(k.j.log, "checkpoint of step %d saved to %s in %.0f ms\n", st.Step, dir, float64(time.Since(start).Microseconds())/1000)
+		}
+	}
+	if stop && k.j.lead() {
+		how := "no --checkpoint-dir was given, so only the outputs asked for are written"
+		if k.saved != "" {
+			how = "continue with --resume " + k.saved
+		}
+		why := fmt.Sprint(k.stop.signal())
+		if asked {
+			why = "--stop-after"
+		}
+		fmt.Fprintf(k.j.log, "stopped by %s after step %d of %d: %s\n", why, st.Step, c.steps, how)
+	}
+	return stop, nil
+}
+
+// preemption catches SIGTERM and SIGINT during training: the first asks
+// the run to stop at the next step boundary (after a checkpoint); a
+// second exits at once. A checkpoint being written then stays partial and
+// is never loaded; the previous one is intact.
+type preemption struct {
+	got  atomic.Value // os.Signal
+	ch   chan os.Signal
+	done chan struct{}
+}
+
+func watchSignals() *preemption {
+	p := &preemption{ch: make(chan os.Signal, 2), done: make(chan struct{})}
+	signal.Notify(p.ch, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		for {
+			select {
+			case s := <-p.ch:
+				if p.got.Load() != nil {
+					fmt.Fprintf(os.Stderr, "gcompile: second %v: exiting now; the last complete checkpoint is intact\n", s)
+					os.Exit(128 + int(s.(syscall.Signal)))
+				}
+				p.got.Store(s)
+				fmt.Fprintf(os.Stderr, "gcompile: %v: stopping after this step (again to exit now)\n", s)
+			case <-p.done:
+				return
+			}
+		}
+	}()
+	return p
+}
+
+func (p *preemption) requested() bool { return p != nil && p.got.Load() != nil }
+
+func (p *preemption) signal() os.Signal {
+	if s, ok := p.got.Load().(os.Signal); ok {
+		return s
+	}
+	return nil
+}
+
+// release restores the default handling of the signals.
+func (p *preemption) release() {
+	signal.Stop(p.ch)
+	close(p.done)
+}
+
+// resumeState loads the checkpoint into the devices and returns where the
+// run continues from.
+func resumeState(c *config, dev cluster, res *compile.Result, dir string, plan checkpoint.Plan) (runtime.State, error) {
+	m, err := checkpoint.RestoreState(dev, res.Programs, dir, checkpoint.Expect{ModelFingerprint: res.ModelFingerprint, Plan: plan})
+	if err != nil {
+		return runtime.State{}, fmt.Errorf("--resume %s: %w", dir, err)
+	}
+	st := m.State
+	if c.explicit["seed"] && c.seed != st.Seed {
+		return st, fmt.Errorf("--resume %s: the run was seeded with %d, not --seed %d; the data order follows the seed (leave --seed out)", dir, st.Seed, c.seed)
+	}
+	if st.Step >= c.steps {
+		return st, fmt.Errorf("--resume %s: the checkpoint is at step %d; --steps %d leaves nothing to run (--steps is the run's total)", dir, st.Step, c.steps)
+	}
+	return st, nil
+}
+
+// exportMain is `gcompile export CHECKPOINT --out FILE`: the params of a
+// checkpoint, consolidated under the model's names (Hugging Face's for
+// the example models), as one safetensors file or, above
+// --max-shard-size, as shards with an index as Hugging Face writes them.
+func exportMain(args []string) error {
+	fs := newSubcommandFlags("export", "CHECKPOINT --out model.safetensors")
+	out := fs.String("out", "", "write the consolidated weights here (.safetensors)")
+	maxShard := fs.String("max-shard-size", "5GB", "largest shard; bigger models are written as NAME-00001-of-0000N.safetensors and NAME.safetensors.index.json")
+	path, err := parseSubcommand(fs, args)
+	if err != nil {
+		return err
+	}
+	if *out == "" {
+		return errors.New("export: --out FILE is required")
+	}
+	limit, err := parseBytes(*maxShard)
+	if err != nil {
+		return fmt.Errorf("export: --max-shard-size %q: %w", *maxShard, err)
+	}
+	dir, err := checkpoint.Find(path)
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	m, ts, err := checkpoint.Consolidate(dir, lower.Param)
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	files, err := checkpoint.SaveSharded(*out, ts, map[string]string{"format": "pt", "producer": "gcompile", "model": m.Model, "step": fmt.Sprint(m.State.Step)}, limit)
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "exported %d params of %s (step %d) to %v\n", len(ts), m.Model, m.State.Step, files)
+	return nil
+}
+
+// inspectMain is `gcompile inspect CHECKPOINT`: the manifest, the plan
+// that saved it and the bytes each rank wrote.
+func inspectMain(args []string) error {
+	fs := newSubcommandFlags("inspect", "CHECKPOINT")
+	path, err := parseSubcommand(fs, args)
+	if err != nil {
+		return err
+	}
+	dir, err := checkpoint.Find(path)
+	if err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	m, err := checkpoint.ReadManifest(dir)
+	if err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	fmt.Print(checkpoint.Describe(dir, m))
+	return nil
+}
+
+func newSubcommandFlags(name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet("gcompile "+name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: gcompile %s %s\n", name, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseSubcommand parses flags around the one positional argument.
+func parseSubcommand(fs *flag.FlagSet, args []string) (string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return "", err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(positional) != 1 {
+		fs.Usage()
+		return "", fmt.Errorf("%s: want one checkpoint folder, got %d arguments", fs.Name(), len(positional))
+	}
+	return filepath.Clean(positional[0]), nil
+}

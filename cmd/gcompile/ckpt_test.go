@@ -1,0 +1,537 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/compile"
+	"gcompile/lower"
+	"gcompile/passes"
+	"gcompile/runtime"
+	"gcompile/runtime/checkpoint"
+	"gcompile/runtime/cpu"
+	"gcompile/runtime/cuda/fakegpu"
+)
+
+// ckptGPT is the model of the checkpoint tests: two layers, so a
+// pipeline has a layer per stage.
+var ckptGPT = []string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
+	"--run", "--eval-batches", "1", "--warmup", "3"}
+
+// stateSums are a checkpoint's files and their checksums: equal sums of
+// the same plan's checkpoints mean bit-identical params, optimizer state
+// and blocks.
+func stateSums(t *testing.T, dir string) map[string]checkpoint.Sum {
+	t.Helper()
+	m, err := checkpoint.ReadManifest(dir)
+	require.NoError(t, err)
+	return m.Files
+}
+
+func losses(m runtime.Metrics) []float64 {
+	var out []float64
+	for _, s := range m.Steps {
+		out = append(out, s.Loss)
+	}
+	return out
+}
+
+// A run stopped at step 10 and resumed to 20 is bit for bit the run that
+// never stopped: the same losses at steps 11–20, the same held-out loss
+// and the same final params and optimizer state, under every plan.
+func TestResumeIsBitIdentical(t *testing.T) {
+	cases := []struct {
+		name string
+		plan []string
+	}{
+		{"one device", nil},
+		{"dp2 ZeRO-2", []string{"--devices", "2", "--dp", "2", "--zero", "2"}},
+		{"pp2 1F1B", []string{"--devices", "2", "--pp", "2", "--microbatches", "2"}},
+		// Overflows halve the scale from 2^20 for the first steps, on both
+		// sides of the checkpoint.
+		{"fp16 dynamic scaling with skipped steps", []string{"--precision", "fp16", "--initial-loss-scale", "1048576"}},
+	}
+	if fullMatrix() {
+		cases = append(cases, []struct {
+			name string
+			plan []string
+		}{
+			{"tp2 sp", []string{"--devices", "2", "--tp", "2", "--sequence-parallel"}},
+			{"pp2 interleaved", []string{"--devices", "2", "--pp", "2", "--vpp", "2", "--microbatches", "2", "--set", "layers=4,hidden=32,heads=2,seq=16"}},
+			{"2BW", []string{"--devices", "2", "--pp", "2", "--microbatches", "2", "--schedule", "2bw"}},
+			{"bf16", []string{"--precision", "bf16"}},
+			{"offload", []string{"--offload", "optimizer,params"}},
+			{"tp2 pp2 dp2 ZeRO-1", []string{"--devices", "8", "--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1", "--microbatches", "2"}},
+		}...)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			run := func(extra ...string) runtime.Metrics {
+				args := append(append(slices.Clone(ckptGPT), "--steps", "20"), tc.plan...)
+				return runMetrics(t, append(args, extra...)...)
+			}
+			whole := run("--checkpoint-dir", filepath.Join(dir, "whole"))
+			first := run("--checkpoint-dir", filepath.Join(dir, "cut"), "--stop-after", "10")
+			require.Len(t, first.Steps, 10)
+			assert.Equal(t, filepath.Join(dir, "cut", "step-00000010"), first.Checkpoint)
+			rest := run("--checkpoint-dir", filepath.Join(dir, "cut"), "--resume", filepath.Join(dir, "cut"))
+			require.NotNil(t, rest.ResumedFrom)
+			assert.Equal(t, 10, rest.ResumedFrom.Step)
+			require.Len(t, rest.Steps, 10)
+			assert.Equal(t, 11, rest.Steps[0].Step)
+			assert.Equal(t, losses(whole)[10:], losses(rest), "losses of steps 11–20")
+			assert.Equal(t, whole.Eval[len(whole.Eval)-1], rest.Eval[len(rest.Eval)-1], "held-out loss at the end")
+			assert.Equal(t, stateSums(t, checkpoint.StepDir(filepath.Join(dir, "whole"), 20)), stateSums(t, checkpoint.StepDir(filepath.Join(dir, "cut"), 20)),
+				"the final params and optimizer state")
+			if strings.Contains(tc.name, "skipped") {
+				skipped := func(ss []runtime.StepMetrics) int {
+					n := 0
+					for _, s := range ss {
+						if s.Skipped {
+							n++
+						}
+					}
+					return n
+				}
+				require.Positive(t, skipped(first.Steps), "a step before the checkpoint was skipped")
+				assert.Equal(t, losses(whole)[:10], losses(first))
+				m, err := checkpoint.ReadManifest(checkpoint.StepDir(filepath.Join(dir, "cut"), 10))
+				require.NoError(t, err)
+				require.NotNil(t, m.State.LossScale)
+				assert.Equal(t, 10-skipped(first.Steps), m.State.OptStep, "skipped steps do not count as optimizer steps")
+				assert.Equal(t, whole.Steps[10].LossScale, rest.Steps[0].LossScale, "the loss scale continues")
+			}
+		})
+	}
+}
+
+// reshardGPT has heads and layers for tp4 and pp4 with two chunks a rank.
+var reshardGPT = []string{gptModel, "--set", "layers=8,hidden=32,heads=4,seq=16", "--batch", "8", "--max-data-mb", "1",
+	"--run", "--eval-batches", "1", "--warmup", "3", "--steps", "14"}
+
+// A checkpoint saved under one plan continues under any other like the
+// run that never stopped.
+func TestResumeUnderAnotherPlan(t *testing.T) {
+	dir := t.TempDir()
+	whole := runMetrics(t, reshardGPT...)
+	cases := []struct {
+		from []string
+		to   [][]string
+	}{
+		{[]string{"--devices", "8", "--tp", "2", "--pp", "2", "--dp", "2", "--microbatches", "2"}, [][]string{
+			nil,
+			{"--devices", "4", "--dp", "4", "--zero", "3"},
+			{"--devices", "4", "--tp", "4"},
+			{"--devices", "4", "--pp", "4", "--vpp", "2", "--microbatches", "4"},
+		}},
+		{nil, [][]string{{"--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "2"}}},
+	}
+	if !fullMatrix() {
+		cases[0].to = cases[0].to[1:3]
+	}
+	for i, tc := range cases {
+		saved := filepath.Join(dir, strconv.Itoa(i))
+		require.NoError(t, mainErr(append(append(slices.Clone(reshardGPT), tc.from...), "--checkpoint-dir", saved, "--stop-after", "10")))
+		for _, to := range tc.to {
+			t.Run(fmt.Sprintf("%v to %v", tc.from, to), func(t *testing.T) {
+				rest := runMetrics(t, append(append(slices.Clone(reshardGPT), to...), "--resume", saved)...)
+				want := losses(whole)[10:]
+				got := losses(rest)
+				require.Len(t, got, len(want))
+				for k := range want {
+					assert.InEpsilon(t, want[k], got[k], 1e-5, "step %d", 11+k)
+				}
+			})
+		}
+	}
+}
+
+// compiled is a plan of reshardGPT compiled as the CLI does, with its
+// cluster.
+func compiled(t *testing.T, plan ...string) (*compile.Result, *cpu.Cluster) {
+	t.Helper()
+	c, err := parseArgs(append(slices.Clone(reshardGPT), plan...))
+	require.NoError(t, err)
+	res, err := compile.Compile(&c.Config, passes.Hooks{})
+	require.NoError(t, err)
+	cl, err := cpu.NewPipelineCluster(res.Programs, cpu.Options{})
+	require.NoError(t, err)
+	return res, cl
+}
+
+// Loading a checkpoint under another plan and saving it again gives back
+// every param and optimizer state bit for bit: blocks are moved, never
+// converted.
+func TestReshardingKeepsEveryBit(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	require.NoError(t, mainErr(append(slices.Clone(reshardGPT), "--devices", "8", "--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1",
+		"--microbatches", "2", "--checkpoint-dir", src, "--stop-after", "4")))
+	saved := checkpoint.StepDir(src, 4)
+	for i, plan := range [][]string{{"--devices", "4", "--tp", "4"}, {"--devices", "4", "--dp", "2", "--pp", "2", "--vpp", "2", "--zero", "3", "--microbatches", "2"}} {
+		res, cl := compiled(t, plan...)
+		m, err := checkpoint.RestoreState(cl, res.Programs, saved, checkpoint.Expect{ModelFingerprint: res.ModelFingerprint,
+			Plan: checkpoint.Plan{Precision: "fp32", Optimizer: "adamw", Batch: 8, Seq: 16}})
+		require.NoError(t, err, "%v", plan)
+		again, err := checkpoint.SaveState(cl, res.Programs, checkpoint.SaveOptions{Root: filepath.Join(dir, strconv.Itoa(i)), State: m.State})
+		require.NoError(t, err)
+		for _, kind := range []lower.BufferKind{lower.Param, lower.State} {
+			_, want, err := checkpoint.Consolidate(saved, kind)
+			require.NoError(t, err)
+			_, got, err := checkpoint.Consolidate(again, kind)
+			require.NoError(t, err)
+			require.Equal(t, len(want), len(got))
+			for k := range want {
+				require.Equal(t, want[k].Name, got[k].Name)
+				require.True(t, slices.Equal(want[k].Data, got[k].Data), "%v: %s %q changed", plan, kind, want[k].Name)
+			}
+		}
+	}
+}
+
+// snapshot is every file under dir with its content, to show a failed
+// load changed nothing.
+func snapshot(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	require.NoError(t, filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		raw, err := os.ReadFile(p)
+		out[p] = string(raw)
+		return err
+	}))
+	return out
+}
+
+// Every way a checkpoint can be broken or foreign is a named error before
+// any step, and leaves the checkpoint as it was.
+func TestBadCheckpointsAreNamedErrors(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	require.NoError(t, mainErr(append(slices.Clone(ckptGPT), "--steps", "4", "--devices", "2", "--dp", "2", "--checkpoint-dir", good, "--stop-after", "2")))
+	step := checkpoint.StepDir(good, 2)
+	cases := []struct {
+		name   string
+		break_ func(t *testing.T, ck string)
+		args   []string
+		want   []string
+		is     error
+	}{
+		{"missing shard", func(t *testing.T, ck string) {
+			require.NoError(t, os.Remove(filepath.Join(ck, "rank-00000.safetensors")))
+		},
+			nil, []string{"rank-00000.safetensors is missing"}, checkpoint.ErrCorrupt},
+		{"checksum", func(t *testing.T, ck string) { flipByte(t, filepath.Join(ck, "rank-00000.safetensors"), -3) },
+			nil, []string{"CRC-32C", "the manifest says"}, checkpoint.ErrCorrupt},
+		{"truncated", func(t *testing.T, ck string) {
+			p := filepath.Join(ck, "rank-00000.safetensors")
+			fi, err := os.Stat(p)
+			require.NoError(t, err)
+			require.NoError(t, os.Truncate(p, fi.Size()/2))
+		}, nil, []string{"truncated"}, checkpoint.ErrCorrupt},
+		{"newer format", func(t *testing.T, ck string) { editManifest(t, ck, `"version": 1`, `"version": 2`) },
+			nil, []string{"manifest version 2", "reads version 1"}, checkpoint.ErrVersion},
+		{"no manifest", func(t *testing.T, ck string) {
+			require.NoError(t, os.Remove(filepath.Join(ck, checkpoint.ManifestName)))
+		},
+			nil, []string{"no complete checkpoint"}, checkpoint.ErrNoCheckpoint},
+		{"another model", nil, []string{"--set", "layers=2,hidden=32,heads=4,seq=16"}, []string{"another model"}, checkpoint.ErrMismatch},
+		{"another batch", nil, []string{"--batch", "8"}, []string{"--batch 4", "this run has 8"}, checkpoint.ErrMismatch},
+		{"another optimizer", nil, []string{"--optimizer", "sgd"}, []string{"--optimizer adamw"}, checkpoint.ErrMismatch},
+		{"another precision", nil, []string{"--precision", "bf16"}, []string{"--precision fp32"}, checkpoint.ErrMismatch},
+		{"another seed", nil, []string{"--seed", "7"}, []string{"seeded with 1, not --seed 7"}, nil},
+		{"another schedule's state", nil, []string{"--devices", "2", "--pp", "2", "--microbatches", "2", "--schedule", "2bw"},
+			[]string{"lacks", "2bw.prev/"}, checkpoint.ErrMismatch},
+		{"a plan that cannot hold it", nil, []string{"--devices", "3", "--tp", "3"}, []string{"tp=3 must divide"}, nil},
+		{"nothing left to run", nil, []string{"--steps", "2"}, []string{"at step 2; --steps 2 leaves nothing to run"}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ck := filepath.Join(t.TempDir(), "ck")
+			require.NoError(t, os.CopyFS(ck, os.DirFS(step)))
+			if tc.break_ != nil {
+				tc.break_(t, ck)
+			}
+			before := snapshot(t, ck)
+			args := append(append(slices.Clone(ckptGPT), "--steps", "4", "--resume", ck), tc.args...)
+			err := mainErr(args)
+			require.Error(t, err)
+			for _, w := range tc.want {
+				assert.ErrorContains(t, err, w)
+			}
+			if tc.is != nil {
+				assert.ErrorIs(t, err, tc.is)
+			}
+			assert.Equal(t, before, snapshot(t, ck), "the checkpoint is unchanged")
+		})
+	}
+}
+
+func flipByte(t *testing.T, path string, at int) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	raw[len(raw)+at] ^= 0x40
+	require.NoError(t, os.WriteFile(path, raw, 0o644))
+}
+
+func editManifest(t *testing.T, dir, old, new string) {
+	t.Helper()
+	p := filepath.Join(dir, checkpoint.ManifestName)
+	raw, err := os.ReadFile(p)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), old)
+	require.NoError(t, os.WriteFile(p, []byte(strings.Replace(string(raw), old, new, 1)), 0o644))
+}
+
+// Killed (kill -9) at any point of a save, a run leaves a checkpoint
+// folder whose latest complete checkpoint loads, and resuming from it
+// ends bit for bit where the run that was never killed does.
+func TestKilledDuringSaveLeavesALoadableCheckpoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	dir := t.TempDir()
+	args := append(slices.Clone(ckptGPT), "--steps", "6", "--checkpoint-every", "2", "--keep-last", "2")
+	clean := filepath.Join(dir, "clean")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", clean)))
+	want := stateSums(t, checkpoint.StepDir(clean, 6))
+	// A one-device save has 6 fault points: the rank file written and
+	// synced, shards without manifest, manifest, (replacing,) committed;
+	// three saves and pruning give about 18.
+	points := make([]int, 20)
+	for k := range points {
+		points[k] = k + 1
+	}
+	if !fullMatrix() {
+		// Four points, seeded: a different four for another seed.
+		rand.New(rand.NewPCG(12, 0)).Shuffle(len(points), func(i, j int) { points[i], points[j] = points[j], points[i] })
+		points = points[:4]
+	}
+	for _, k := range points {
+		t.Run(fmt.Sprintf("kill at point %d", k), func(t *testing.T) {
+			ck := filepath.Join(t.TempDir(), "ck")
+			cmd := exec.Command(os.Args[0], append(slices.Clone(args), "--checkpoint-dir", ck)...)
+			cmd.Env = append(os.Environ(), asMainEnv+"=1", checkpoint.FaultEnv+"="+strconv.Itoa(k))
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) {
+				// Past the last point the run ends normally.
+				require.NoError(t, err, "%s", out)
+			}
+			found, err := checkpoint.Find(ck)
+			if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+				_, statErr := os.Stat(checkpoint.StepDir(ck, 2))
+				assert.True(t, os.IsNotExist(statErr), "no checkpoint committed yet: %s", out)
+				return
+			}
+			require.NoError(t, err)
+			m, err := checkpoint.ReadManifest(found)
+			require.NoError(t, err)
+			if m.State.Step == 6 {
+				assert.Equal(t, want, stateSums(t, found))
+				return
+			}
+			res := filepath.Join(t.TempDir(), "res")
+			require.NoError(t, mainErr(append(slices.Clone(args), "--resume", found, "--checkpoint-dir", res)))
+			assert.Equal(t, want, stateSums(t, checkpoint.StepDir(res, 6)), "resumed from step %d", m.State.Step)
+		})
+	}
+}
+
+// readerPy reads a safetensors file by hand with Python's standard
+// library (an 8-byte length, a JSON header, raw little-endian data) and
+// prints each tensor's name, dtype, shape and the sum of its F32 values.
+const readerPy = `
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+for name in sorted(k for k in header if k != "__metadata__"):
+    e = header[name]
+    b, end = e["data_offsets"]
+    assert e["dtype"] == "F32", e
+    xs = struct.unpack("<%df" % ((end - b) // 4), data[b:end])
+    print(name, e["dtype"], "x".join(map(str, e["shape"])), repr(sum(xs)))
+`
+
+// export writes a trained GPT's checkpoint as one file that an
+// independent reader takes with Hugging Face GPT-2's names and shapes,
+// that --load starts from, and as shards with an index that --load takes
+// too.
+func TestExportIsHuggingFaceWeights(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	require.NoError(t, mainErr(append(slices.Clone(ckptGPT), "--steps", "4", "--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "2",
+		"--checkpoint-dir", ck, "--save", filepath.Join(dir, "saved.safetensors"))))
+	out := filepath.Join(dir, "model.safetensors")
+	require.NoError(t, mainErr([]string{"export", ck, "--out", out}))
+
+	// The export is --save's file of the same weights, tensor for tensor.
+	saved, _, err := checkpoint.Load(filepath.Join(dir, "saved.safetensors"))
+	require.NoError(t, err)
+	exported, meta, err := checkpoint.Load(out)
+	require.NoError(t, err)
+	assert.Equal(t, "pt", meta["format"])
+	require.Equal(t, len(saved), len(exported))
+	for i := range saved {
+		assert.Equal(t, saved[i].Name, exported[i].Name)
+		assert.Equal(t, saved[i].Shape, exported[i].Shape)
+		assert.True(t, slices.Equal(saved[i].Data, exported[i].Data), "%s", saved[i].Name)
+	}
+
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		missingLauncher(t, "no python3 to read the export independently")
+	}
+	text, err := exec.Command(python, "-c", readerPy, out).CombinedOutput()
+	require.NoError(t, err, "%s", text)
+	lines := strings.Split(strings.TrimSpace(string(text)), "\n")
+	require.Len(t, lines, 28, "the 2-layer GPT-2's tensors")
+	shapes := map[string]string{}
+	for _, l := range lines {
+		f := strings.Fields(l)
+		shapes[f[0]] = f[2]
+	}
+	// Hugging Face GPT-2's names and Conv1D [in,out] layouts.
+	for name, shape := range map[string]string{"wte.weight": "256x32", "wpe.weight": "16x32", "h.0.attn.c_attn.weight": "32x96",
+		"h.1.attn.c_proj.weight": "32x32", "h.0.mlp.c_fc.weight": "32x128", "h.1.mlp.c_proj.bias": "32", "ln_f.weight": "32"} {
+		assert.Equal(t, shape, shapes[name], name)
+	}
+
+	// Shards with an index load like the one file.
+	require.NoError(t, mainErr([]string{"export", ck, "--out", filepath.Join(dir, "sharded", "model.safetensors"), "--max-shard-size", "40KB"}))
+	index := filepath.Join(dir, "sharded", "model.safetensors.index.json")
+	shards, err := filepath.Glob(filepath.Join(dir, "sharded", "model-*-of-*.safetensors"))
+	require.NoError(t, err)
+	require.Greater(t, len(shards), 1)
+	step1 := func(file string) float64 {
+		m := runMetrics(t, append(slices.Clone(ckptGPT), "--steps", "1", "--load", file)...)
+		return m.Steps[0].Loss
+	}
+	assert.Equal(t, step1(out), step1(index))
+}
+
+// inspect shows the state, the plan and every rank's file.
+func TestInspectDescribesTheCheckpoint(t *testing.T) {
+	ck := filepath.Join(t.TempDir(), "ck")
+	require.NoError(t, mainErr(append(slices.Clone(ckptGPT), "--steps", "6", "--devices", "2", "--dp", "2", "--zero", "1",
+		"--checkpoint-dir", ck, "--checkpoint-every", "2", "--keep-last", "2")))
+	entries, err := os.ReadDir(ck)
+	require.NoError(t, err)
+	var kept []string
+	for _, e := range entries {
+		kept = append(kept, e.Name())
+	}
+	assert.Equal(t, []string{"step-00000004", "step-00000006"}, kept, "--keep-last 2")
+	m, err := checkpoint.ReadManifest(checkpoint.StepDir(ck, 6))
+	require.NoError(t, err)
+	text := checkpoint.Describe(ck, m)
+	for _, want := range []string{"state: step 6, optimizer step 6, 24 samples consumed, seed 1", "mesh dp=2", "optimizer adamw",
+		"rank-00000.safetensors", "rank-00001.safetensors"} {
+		assert.Contains(t, text, want)
+	}
+	// ZeRO-1 splits the optimizer state over dp: both ranks write blocks.
+	assert.Len(t, m.Files, 2)
+	require.NoError(t, inspectMain([]string{ck}))
+}
+
+// SIGTERM during training stops at the next step boundary with a
+// checkpoint, exits 0 naming it, and the run resumes from it bit for bit.
+func TestSIGTERMSavesAndExits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	dir := t.TempDir()
+	args := append(slices.Clone(ckptGPT), "--steps", "100")
+	whole := filepath.Join(dir, "whole")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", whole)))
+	ck := filepath.Join(dir, "ck")
+	cmd := exec.Command(os.Args[0], append(slices.Clone(args), "--checkpoint-dir", ck)...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	var log strings.Builder
+	buf := make([]byte, 4096)
+	for !strings.Contains(log.String(), "step 5/100") {
+		n, err := stderr.Read(buf)
+		log.Write(buf[:n])
+		require.NoError(t, err, "%s", log.String())
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	rest, _ := io.ReadAll(stderr)
+	log.Write(rest)
+	require.NoError(t, cmd.Wait(), "exit status 0 after a SIGTERM: %s", log.String())
+	assert.Contains(t, log.String(), "stopped by terminated after step")
+	found, err := checkpoint.Find(ck)
+	require.NoError(t, err)
+	assert.Contains(t, log.String(), "continue with --resume "+found)
+	m, err := checkpoint.ReadManifest(found)
+	require.NoError(t, err)
+	require.Less(t, m.State.Step, 100, "stopped early")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--resume", ck, "--checkpoint-dir", ck)))
+	assert.Equal(t, stateSums(t, checkpoint.StepDir(whole, 100)), stateSums(t, checkpoint.StepDir(ck, 100)))
+}
+
+// A job of two processes writes one checkpoint together, the same bytes
+// as one process running the plan, and resumes from it in either.
+func TestCheckpointAcrossProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	t.Setenv(asMainEnv, "1")
+	dir := t.TempDir()
+	plan := []string{"--devices", "2", "--dp", "2", "--zero", "1"}
+	args := append(append(slices.Clone(ckptGPT), "--steps", "6"), plan...)
+	one := filepath.Join(dir, "one")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", one)))
+	two := filepath.Join(dir, "two")
+	launch := []string{"launch", "--nproc", "2", "--"}
+	require.NoError(t, mainErr(append(append(slices.Clone(launch), args...), "--checkpoint-dir", two, "--stop-after", "3")))
+	m, err := checkpoint.ReadManifest(checkpoint.StepDir(two, 3))
+	require.NoError(t, err)
+	assert.Len(t, m.Files, 2, "each process wrote its rank's blocks")
+	require.NoError(t, mainErr(append(append(slices.Clone(launch), args...), "--checkpoint-dir", two, "--resume", two)))
+	assert.Equal(t, stateSums(t, checkpoint.StepDir(one, 6)), stateSums(t, checkpoint.StepDir(two, 6)))
+}
+
+// Checkpoints cross backends: a CPU checkpoint resumes on the (stand-in)
+// GPU, whose checkpoint resumes on the CPU, and the run goes on as the
+// CPU run that never stopped.
+func TestCheckpointAcrossBackends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains a step in the kernel emulator (seconds); skipped with -short")
+	}
+	fakegpu.Install(t)
+	t.Setenv("GCOMPILE_FAKEGPU_DEVICES", "2")
+	t.Setenv("GCOMPILE_CACHE", t.TempDir())
+	dir := t.TempDir()
+	args := append(slices.Clone(tinyGPT), "--run", "--steps", "3", "--eval-batches", "1", "--devices", "2", "--tp", "2")
+	whole := runMetrics(t, args...)
+	cpuCk, gpuCk := filepath.Join(dir, "cpu"), filepath.Join(dir, "gpu")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", cpuCk, "--stop-after", "1")))
+	onGPU := runMetrics(t, append(slices.Clone(args), "--backend", "cuda", "--resume", cpuCk, "--checkpoint-dir", gpuCk, "--stop-after", "2")...)
+	require.Len(t, onGPU.Steps, 1)
+	assert.InEpsilon(t, whole.Steps[1].Loss, onGPU.Steps[0].Loss, 1e-6, "step 2 on the GPU")
+	back := runMetrics(t, append(slices.Clone(args), "--resume", gpuCk)...)
+	require.Len(t, back.Steps, 1)
+	assert.InEpsilon(t, whole.Steps[2].Loss, back.Steps[0].Loss, 1e-5, "step 3 on the CPU")
+}

@@ -1,0 +1,1037 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/runtime"
+)
+
+// A sharded checkpoint is a folder ROOT/step-NNNNNNNN holding one
+// safetensors file per rank that has blocks to write (rank-NNNNN.safetensors)
+// and manifest.json. Every rank writes the blocks of its params and
+// optimizer state that no lower rank also holds, so replicas are written
+// once. The manifest, written last, says where each block of each tensor
+// lies in the tensor (its corner and size in global coordinates), so a
+// checkpoint loads under any plan: a block the new plan holds whole is
+// read as it is, any other is cut from the tensor assembled from its
+// blocks.
+//
+// Saving is atomic: the folder is built as step-NNNNNNNN.partial and
+// renamed once every file and the manifest are synced, so a crash at any
+// moment leaves every earlier checkpoint intact, and a folder without a
+// manifest is never loaded.
+
+// Format names a manifest; ManifestVersion is the newest version this
+// build reads.
+const (
+	Format          = "gcompile-checkpoint"
+	ManifestVersion = 1
+	ManifestName    = "manifest.json"
+	partialSuffix   = ".partial"
+	stepPrefix      = "step-"
+)
+
+// Sentinel errors of sharded checkpoints, for errors.Is.
+var (
+	// ErrNoCheckpoint: a folder holds no complete checkpoint.
+	ErrNoCheckpoint = errors.New("no complete checkpoint")
+	// ErrCorrupt: a file is missing, truncated or fails its checksum, or
+	// the manifest does not describe a whole tensor.
+	ErrCorrupt = errors.New("corrupt checkpoint")
+	// ErrMismatch: the checkpoint is of another model, optimizer,
+	// precision or batch than the run that loads it.
+	ErrMismatch = errors.New("checkpoint does not match the run")
+	// ErrVersion: the manifest is of a newer format than this build reads.
+	ErrVersion = errors.New("checkpoint format too new")
+)
+
+// Manifest describes one checkpoint.
+type Manifest struct {
+	Format  string `json:"format"`
+	Version int    `json:"version"`
+	// Model is the model's name; ModelFingerprint identifies the model
+	// before any pass (ir.Module.Fingerprint), the same under every plan;
+	// PlanFingerprint the compiled programs that saved it.
+	Model            string        `json:"model"`
+	ModelFingerprint string        `json:"model_fingerprint"`
+	PlanFingerprint  string        `json:"plan_fingerprint"`
+	Plan             Plan          `json:"plan"`
+	State            runtime.State `json:"state"`
+	Created          string        `json:"created"`
+	// Files are the shard files, by name, with their sizes and checksums.
+	Files map[string]Sum `json:"files"`
+	// Tensors are the params and optimizer state, by name.
+	Tensors map[string]*TensorBlocks `json:"tensors"`
+}
+
+// Plan is what a manifest records of the plan that saved it. Precision,
+// Optimizer, Batch and Seq must be the same for a run that resumes; the
+// rest may change (the blocks are resharded).
+type Plan struct {
+	Mesh      string `json:"mesh"` // ir.Mesh.String(); "" for one device
+	Devices   int    `json:"devices"`
+	Precision string `json:"precision"`
+	Optimizer string `json:"optimizer"`
+	Batch     int    `json:"batch"`
+	Seq       int    `json:"seq"`
+	// Flags are the run's settings as the metrics report them.
+	Flags map[string]any `json:"flags,omitempty"`
+}
+
+// TensorBlocks is one tensor: its global type, how the saving plan placed
+// it, and its blocks. View is the global shape with each fused dim split
+// into its parts (ir.BlockBox); blocks' corners and sizes are in it. A
+// view has the global shape's row-major layout, so the tensor's bytes are
+// the same in either.
+type TensorBlocks struct {
+	Kind   string  `json:"kind"`  // param or state
+	DType  string  `json:"dtype"` // safetensors dtype
+	Shape  []int   `json:"shape"`
+	Place  string  `json:"place,omitempty"`
+	View   []int   `json:"view"`
+	Blocks []Block `json:"blocks"`
+}
+
+// Block is one stored block of a tensor: in File under the tensor's name.
+type Block struct {
+	File string `json:"file"`
+	Lo   []int  `json:"lo"`
+	Size []int  `json:"size"`
+}
+
+// Cluster is what a checkpoint needs of the devices of one process
+// (runtime.MeshCluster provides it).
+type Cluster interface {
+	Local() ([]int, []runtime.BlockDevice)
+	Process() (proc, procs int)
+	// AnyOf is collective: true everywhere when flag is true anywhere.
+	AnyOf(flag bool) (bool, error)
+}
+
+// SaveOptions are a checkpoint's identity and place.
+type SaveOptions struct {
+	Root                              string
+	Model, ModelFingerprint, PlanHash string
+	Plan                              Plan
+	State                             runtime.State
+	// KeepLast, when positive, removes the oldest complete checkpoints
+	// once a new one is committed, keeping this many.
+	KeepLast int
+}
+
+// StepDir is the folder of the checkpoint at step under root.
+func StepDir(root string, step int) string {
+	return filepath.Join(root, fmt.Sprintf("%s%08d", stepPrefix, step))
+}
+
+// persistent reports whether buffer b is part of the training state.
+func persistent(b lower.Buffer) bool { return b.Kind == lower.Param || b.Kind == lower.State }
+
+// boxOf is the block of b that the device at rank holds, in b's view.
+func boxOf(b lower.Buffer, mesh *ir.Mesh, rank int) ir.Box {
+	if mesh == nil || b.Place == nil {
+		s := []int(b.Global.Shape.Clone())
+		return ir.Box{Shape: s, Lo: make([]int, len(s)), Size: slices.Clone(s)}
+	}
+	return ir.BlockBox(mesh, b.Place, b.Global.Shape, mesh.Coords(rank))
+}
+
+// writers picks, for every block of every persistent buffer, the lowest
+// rank that holds it: the ranks of a replicated block write it once.
+// The result maps rank → buffer names that rank writes.
+func writers(progs []*lower.Program) (map[int][]string, error) {
+	n, err := lower.MeshDevices(progs)
+	if err != nil {
+		return nil, err
+	}
+	mesh := progs[0].Mesh
+	seen := map[string]bool{}
+	out := map[int][]string{}
+	for r := range n {
+		p := lower.ProgramOf(progs, r)
+		for _, b := range p.Buffers {
+			if !persistent(b) {
+				continue
+			}
+			for _, pl := range b.Place {
+				if pl.Kind == ir.Partial {
+					return nil, fmt.Errorf("%s %q is a partial sum on the mesh; it has no block to save", b.Kind, b.Name)
+				}
+			}
+			key := b.Name + fmt.Sprint(boxOf(b, mesh, r).Lo)
+			if !seen[key] {
+				seen[key] = true
+				out[r] = append(out[r], b.Name)
+			}
+		}
+	}
+	return out, nil
+}
+
+// part is what one process wrote: its files and blocks.
+type part struct {
+	Files   map[string]Sum           `json:"files"`
+	Tensors map[string]*TensorBlocks `json:"tensors"`
+}
+
+func rankFile(rank int) string { return fmt.Sprintf("rank-%05d.safetensors", rank) }
+func partFile(proc int) string { return fmt.Sprintf("part-%05d.json", proc) }
+
+// SaveState writes a checkpoint of the params and optimizer state of the
+// cluster's devices, which run progs (one program per pipeline rank), and
+// of opts.State. Every process of a job calls it at the same step; each
+// writes its own devices' blocks and process 0 commits. It returns the
+// checkpoint's folder.
+func SaveState(cl Cluster, progs []*lower.Program, opts SaveOptions) (string, error) {
+	proc, procs := cl.Process()
+	final := StepDir(opts.Root, opts.State.Step)
+	tmp := final + partialSuffix
+	// agree ends a phase: every process learns whether any failed, so all
+	// stop together and none waits for a process that gave up.
+	agree := func(err error) error {
+		bad, aerr := cl.AnyOf(err != nil)
+		switch {
+		case err != nil:
+			return fmt.Errorf("checkpoint %s: %w", final, err)
+		case aerr != nil:
+			return fmt.Errorf("checkpoint %s: %w", final, aerr)
+		case bad:
+			return fmt.Errorf("checkpoint %s: another process failed to write its part", final)
+		}
+		return nil
+	}
+	var err error
+	if proc == 0 {
+		err = prepare(opts.Root, tmp)
+	}
+	if err := agree(err); err != nil {
+		return "", err
+	}
+	mine, err := writePart(cl, progs, tmp)
+	if err == nil && procs > 1 {
+		err = writeJSON(filepath.Join(tmp, partFile(proc)), mine)
+	}
+	if err := agree(err); err != nil {
+		return "", err
+	}
+	if proc == 0 {
+		err = commit(progs, opts, tmp, final, mine, procs)
+	}
+	if err := agree(err); err != nil {
+		return "", err
+	}
+	return final, nil
+}
+
+// prepare makes the partial folder afresh, removing what crashed saves
+// left behind.
+func prepare(root, tmp string) error {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), stepPrefix) && strings.HasSuffix(e.Name(), partialSuffix) {
+			if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return os.Mkdir(tmp, 0o755)
+}
+
+// writePart writes one file per local rank with the blocks that rank
+// writes.
+func writePart(cl Cluster, progs []*lower.Program, dir string) (part, error) {
+	out := part{Files: map[string]Sum{}, Tensors: map[string]*TensorBlocks{}}
+	who, err := writers(progs)
+	if err != nil {
+		return out, err
+	}
+	ranks, devs := cl.Local()
+	for i, r := range ranks {
+		names := who[r]
+		if len(names) == 0 {
+			continue
+		}
+		dev := devs[i]
+		prog := dev.Program()
+		file := rankFile(r)
+		var ts []Tensor
+		for _, name := range names {
+			b := prog.Buffers[prog.Sources[name]]
+			raw, t, err := dev.Bytes(name)
+			if err != nil {
+				return out, fmt.Errorf("device %d: %w", r, err)
+			}
+			dt, ok := safetensorsDTypes[t.DType]
+			if !ok {
+				return out, fmt.Errorf("%s %q is %v, which safetensors cannot hold", b.Kind, name, t)
+			}
+			ts = append(ts, Tensor{Name: name, DType: dt, Shape: []int(t.Shape.Clone()), Data: raw})
+			box := boxOf(b, prog.Mesh, r)
+			tb := out.Tensors[name]
+			if tb == nil {
+				tb = &TensorBlocks{Kind: b.Kind.String(), DType: dt, Shape: []int(b.Global.Shape.Clone()), View: box.Shape}
+				if b.Place != nil && prog.Mesh != nil {
+					tb.Place = placeString(b.Place)
+				}
+				out.Tensors[name] = tb
+			}
+			tb.Blocks = append(tb.Blocks, Block{File: file, Lo: box.Lo, Size: box.Size})
+		}
+		sum, err := save(filepath.Join(dir, file), ts, map[string]string{"format": Format, "rank": strconv.Itoa(r)})
+		if err != nil {
+			return out, fmt.Errorf("device %d: %w", r, err)
+		}
+		out.Files[file] = sum
+	}
+	return out, nil
+}
+
+func placeString(place []ir.Placement) string {
+	ps := make([]string, len(place))
+	for i, p := range place {
+		ps[i] = p.String()
+	}
+	return "[" + strings.Join(ps, ",") + "]"
+}
+
+// commit merges the processes' parts into the manifest, writes it, and
+// renames the folder into place; then it prunes old checkpoints.
+func commit(progs []*lower.Program, opts SaveOptions, tmp, final string, mine part, procs int) error {
+	m := Manifest{Format: Format, Version: ManifestVersion, Model: opts.Model, ModelFingerprint: opts.ModelFingerprint,
+		PlanFingerprint: opts.PlanHash, Plan: opts.Plan, State: opts.State, Created: time.Now().UTC().Format(time.RFC3339),
+		Files: mine.Files, Tensors: mine.Tensors}
+	for p := 1; p < procs; p++ {
+		var theirs part
+		path := filepath.Join(tmp, partFile(p))
+		raw, err := os.ReadFile(path)
+		if err == nil {
+			err = json.Unmarshal(raw, &theirs)
+		}
+		if err != nil {
+			return fmt.Errorf("process %d's part: %w", p, err)
+		}
+		for f, s := range theirs.Files {
+			m.Files[f] = s
+		}
+		for name, tb := range theirs.Tensors {
+			if have := m.Tensors[name]; have != nil {
+				have.Blocks = append(have.Blocks, tb.Blocks...)
+			} else {
+				m.Tensors[name] = tb
+			}
+		}
+		if err := os.Remove(path); err != nil {
+			return err
+		}
+	}
+	for _, tb := range m.Tensors {
+		sort.Slice(tb.Blocks, func(i, j int) bool { return tb.Blocks[i].File < tb.Blocks[j].File })
+	}
+	if err := checkManifest(&m); err != nil {
+		return fmt.Errorf("the blocks written do not make whole tensors (a bug): %w", err)
+	}
+	faultPoint("shards written, no manifest")
+	if err := writeJSON(filepath.Join(tmp, ManifestName), m); err != nil {
+		return err
+	}
+	syncDir(tmp)
+	faultPoint("manifest written, folder still partial")
+	if _, err := os.Stat(final); err == nil {
+		// The same step saved before (a resumed run passing it again):
+		// the new save replaces it.
+		if err := os.RemoveAll(final); err != nil {
+			return err
+		}
+		faultPoint("old checkpoint of the step removed")
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return err
+	}
+	syncDir(opts.Root)
+	faultPoint("committed")
+	if opts.KeepLast > 0 {
+		steps, err := completeSteps(opts.Root)
+		if err != nil {
+			return err
+		}
+		for len(steps) > opts.KeepLast {
+			if err := os.RemoveAll(StepDir(opts.Root, steps[0])); err != nil {
+				return err
+			}
+			steps = steps[1:]
+		}
+		syncDir(opts.Root)
+	}
+	return nil
+}
+
+// writeJSON writes v as indented JSON, atomically.
+func writeJSON(path string, v any) (err error) {
+	raw, err := json.MarshalIndent(v, "", " ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+		}
+	}()
+	if _, err = f.Write(append(raw, '\n')); err != nil {
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// completeSteps are the steps of the complete checkpoints under root,
+// ascending: folders step-N with a manifest.
+func completeSteps(root string) ([]int, error) {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	var steps []int
+	for _, e := range entries {
+		digits, ok := strings.CutPrefix(e.Name(), stepPrefix)
+		if !ok || !e.IsDir() {
+			continue
+		}
+		n, err := strconv.Atoi(digits)
+		if err != nil || n < 0 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(root, e.Name(), ManifestName)); err == nil {
+			steps = append(steps, n)
+		}
+	}
+	slices.Sort(steps)
+	return steps, nil
+}
+
+// Find resolves what a user names to resume from: a checkpoint folder
+// (one holding a manifest), or a root of them, whose latest complete
+// checkpoint it picks.
+func Find(path string) (string, error) {
+	if _, err := os.Stat(filepath.Join(path, ManifestName)); err == nil {
+		return path, nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("checkpoint %s is a file; name a checkpoint folder or the --checkpoint-dir that holds them", path)
+	}
+	steps, err := completeSteps(path)
+	if err != nil {
+		return "", fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	if len(steps) == 0 {
+		return "", fmt.Errorf("%s: %w (no %sN folder with a %s in it)", path, ErrNoCheckpoint, stepPrefix, ManifestName)
+	}
+	return StepDir(path, steps[len(steps)-1]), nil
+}
+
+// ReadManifest reads and checks the manifest of the checkpoint in dir.
+func ReadManifest(dir string) (*Manifest, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%s: %w (it has no %s)", dir, ErrNoCheckpoint, ManifestName)
+		}
+		return nil, err
+	}
+	var head struct {
+		Format  string `json:"format"`
+		Version int    `json:"version"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, fmt.Errorf("%s: %s is not JSON (%v): %w", dir, ManifestName, err, ErrCorrupt)
+	}
+	if head.Format != Format {
+		return nil, fmt.Errorf("%s: %s is of format %q, not %q: %w", dir, ManifestName, head.Format, Format, ErrCorrupt)
+	}
+	if head.Version > ManifestVersion || head.Version < 1 {
+		return nil, fmt.Errorf("%s: manifest version %d; this build reads version %d and older: %w", dir, head.Version, ManifestVersion, ErrVersion)
+	}
+	var m Manifest
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("%s: %s: %v: %w", dir, ManifestName, err, ErrCorrupt)
+	}
+	if err := checkManifest(&m); err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	return &m, nil
+}
+
+// checkManifest checks that every tensor's blocks lie in its view, are
+// held by listed files, and cover the view exactly once.
+func checkManifest(m *Manifest) error {
+	for _, name := range sortedKeys(m.Tensors) {
+		tb := m.Tensors[name]
+		if _, ok := dtypeSizes[tb.DType]; !ok || tb.Kind != lower.Param.String() && tb.Kind != lower.State.String() {
+			return fmt.Errorf("tensor %q: dtype %q, kind %q: %w", name, tb.DType, tb.Kind, ErrCorrupt)
+		}
+		total, err := product(tb.Shape)
+		if err != nil {
+			return fmt.Errorf("tensor %q: %w: %w", name, err, ErrCorrupt)
+		}
+		if view, err := product(tb.View); err != nil || view != total {
+			return fmt.Errorf("tensor %q: view %v does not hold shape %v: %w", name, tb.View, tb.Shape, ErrCorrupt)
+		}
+		var covered int64
+		seen := map[string]bool{}
+		for _, b := range tb.Blocks {
+			if _, ok := m.Files[b.File]; !ok {
+				return fmt.Errorf("tensor %q: a block in %q, which the manifest does not list: %w", name, b.File, ErrCorrupt)
+			}
+			if len(b.Lo) != len(tb.View) || len(b.Size) != len(tb.View) {
+				return fmt.Errorf("tensor %q: a block of rank %d in a view of rank %d: %w", name, len(b.Lo), len(tb.View), ErrCorrupt)
+			}
+			for d := range b.Lo {
+				if b.Lo[d] < 0 || b.Size[d] < 0 || b.Lo[d]+b.Size[d] > tb.View[d] {
+					return fmt.Errorf("tensor %q: block at %v of size %v lies outside %v: %w", name, b.Lo, b.Size, tb.View, ErrCorrupt)
+				}
+			}
+			key := fmt.Sprint(b.Lo)
+			if seen[key] {
+				return fmt.Errorf("tensor %q: two blocks at %v: %w", name, b.Lo, ErrCorrupt)
+			}
+			seen[key] = true
+			n, _ := product(b.Size)
+			covered += n
+		}
+		// Blocks of one plan are the cells of a grid: distinct corners
+		// inside the view whose sizes add up to it cover it exactly.
+		if covered != total {
+			return fmt.Errorf("tensor %q: its blocks hold %d of its %d elements: %w", name, covered, total, ErrCorrupt)
+		}
+	}
+	return nil
+}
+
+// product is the element count of shape, overflow-checked.
+func product(shape []int) (int64, error) {
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 {
+			return 0, fmt.Errorf("dimension %d: %w", d, ErrShape)
+		}
+		if d != 0 && n > (1<<62)/int64(d) {
+			return 0, fmt.Errorf("shape %v is too large: %w", shape, ErrShape)
+		}
+		n *= int64(d)
+	}
+	return n, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// Expect is what the run that loads a checkpoint requires of it.
+type Expect struct {
+	ModelFingerprint string
+	Plan             Plan
+}
+
+// reader opens each shard file once, verifying its size and checksum
+// before the first tensor is read from it.
+type reader struct {
+	dir   string
+	m     *Manifest
+	files map[string]*File
+}
+
+func (r *reader) open(name string) (*File, error) {
+	if f := r.files[name]; f != nil {
+		return f, nil
+	}
+	path := filepath.Join(r.dir, name)
+	if err := verify(path, r.m.Files[name]); err != nil {
+		return nil, err
+	}
+	f, err := Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
+	}
+	r.files[name] = f
+	return f, nil
+}
+
+func (r *reader) close() {
+	for _, f := range r.files {
+		f.Close()
+	}
+}
+
+// verify checks a file's size and CRC-32C against the manifest's.
+func verify(path string, want Sum) error {
+	f, err := os.Open(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("shard %s is missing: %w", path, ErrCorrupt)
+		}
+		return err
+	}
+	defer f.Close()
+	crc := crc32.New(castagnoli)
+	n, err := io.Copy(crc, f)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	if n != want.Bytes {
+		return fmt.Errorf("shard %s is %d bytes, the manifest says %d (truncated or overwritten): %w", path, n, want.Bytes, ErrCorrupt)
+	}
+	if got := fmt.Sprintf("%08x", crc.Sum32()); got != want.CRC32C {
+		return fmt.Errorf("shard %s has CRC-32C %s, the manifest says %s: %w", path, got, want.CRC32C, ErrCorrupt)
+	}
+	return nil
+}
+
+// block reads one stored block, checking it against the manifest.
+func (r *reader) block(name string, tb *TensorBlocks, b Block) ([]byte, error) {
+	f, err := r.open(b.File)
+	if err != nil {
+		return nil, err
+	}
+	t, err := f.Tensor(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
+	}
+	n, _ := product(b.Size)
+	if want, _ := product(t.Shape); t.DType != tb.DType || want != n {
+		return nil, fmt.Errorf("%s: tensor %q is %s%v, the manifest's block is %s of %d elements: %w", b.File, name, t.DType, t.Shape, tb.DType, n, ErrCorrupt)
+	}
+	return t.Data, nil
+}
+
+// whole assembles a tensor from all its blocks.
+func (r *reader) whole(name string, tb *TensorBlocks) ([]byte, error) {
+	es := dtypeSizes[tb.DType]
+	total, _ := product(tb.Shape)
+	out := make([]byte, total*int64(es))
+	for _, b := range tb.Blocks {
+		data, err := r.block(name, tb, b)
+		if err != nil {
+			return nil, err
+		}
+		copyBox(out, es, tb.View, b.Lo, b.Size, data, true)
+	}
+	return out, nil
+}
+
+// copyBox copies between a row-major array of shape (element size es)
+// and the box at lo of the given size: into the array when in, out of
+// it otherwise. Runs along the last dim are copied whole.
+func copyBox(x []byte, es int, shape, lo, size []int, blk []byte, in bool) {
+	if len(shape) == 0 {
+		if in {
+			copy(x, blk)
+		} else {
+			copy(blk, x)
+		}
+		return
+	}
+	last := len(shape) - 1
+	run := size[last] * es
+	if run == 0 {
+		return
+	}
+	idx := make([]int, last) // position within the box of the leading dims
+	for pos := 0; pos < len(blk); pos += run {
+		off := 0
+		for d := range last {
+			off = off*shape[d] + lo[d] + idx[d]
+		}
+		off = (off*shape[last] + lo[last]) * es
+		if in {
+			copy(x[off:off+run], blk[pos:pos+run])
+		} else {
+			copy(blk[pos:pos+run], x[off:off+run])
+		}
+		for d := last - 1; d >= 0; d-- {
+			idx[d]++
+			if idx[d] < size[d] {
+				break
+			}
+			idx[d] = 0
+		}
+	}
+}
+
+// RestoreState loads the checkpoint in dir into the cluster's devices,
+// which run progs, whatever plan saved it, and returns its manifest.
+// Every param and optimizer state of every program must be in the
+// checkpoint with its global shape and dtype, and every tensor of the
+// checkpoint must be one of them; everything is checked, on every
+// process, before any device is written. It is collective.
+func RestoreState(cl Cluster, progs []*lower.Program, dir string, ex Expect) (*Manifest, error) {
+	m, err := ReadManifest(dir)
+	if err == nil {
+		err = match(m, progs, ex)
+	}
+	var r *reader
+	if err == nil {
+		r = &reader{dir: dir, m: m, files: map[string]*File{}}
+		defer r.close()
+		err = r.verifyNeeded(cl, progs)
+	}
+	bad, aerr := cl.AnyOf(err != nil)
+	switch {
+	case err != nil:
+		return nil, err
+	case aerr != nil:
+		return nil, aerr
+	case bad:
+		return nil, fmt.Errorf("checkpoint %s: another process could not load it", dir)
+	}
+	if err := r.restore(cl); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// match checks that the checkpoint belongs to this model and run, and
+// holds exactly the params and state the programs have.
+func match(m *Manifest, progs []*lower.Program, ex Expect) error {
+	type rule struct {
+		flag      string
+		saved, is any
+	}
+	for _, c := range []rule{{"--precision", m.Plan.Precision, ex.Plan.Precision}, {"--optimizer", m.Plan.Optimizer, ex.Plan.Optimizer},
+		{"--batch", m.Plan.Batch, ex.Plan.Batch}, {"the sequence length", m.Plan.Seq, ex.Plan.Seq}} {
+		if c.saved != c.is {
+			return fmt.Errorf("the checkpoint was saved with %s %v and this run has %v; resume with the same (the plan may change, the training may not): %w", c.flag, c.saved, c.is, ErrMismatch)
+		}
+	}
+	if ex.ModelFingerprint != "" && m.ModelFingerprint != ex.ModelFingerprint {
+		return fmt.Errorf("the checkpoint is of model %q (fingerprint %.12s), this run's model has fingerprint %.12s (another model, or other --set sizes): %w",
+			m.Model, m.ModelFingerprint, ex.ModelFingerprint, ErrMismatch)
+	}
+	have := map[string]lower.Buffer{}
+	for _, p := range progs {
+		for _, b := range p.Buffers {
+			if persistent(b) {
+				have[b.Name] = b
+			}
+		}
+	}
+	var missing, extra, wrong []string
+	for _, name := range sortedKeys(have) {
+		b := have[name]
+		tb := m.Tensors[name]
+		switch {
+		case tb == nil:
+			missing = append(missing, name)
+		case tb.DType != safetensorsDTypes[b.Global.DType] || !ir.Shape(tb.Shape).Equal(b.Global.Shape) || tb.Kind != b.Kind.String():
+			wrong = append(wrong, fmt.Sprintf("%s is %s %s%v, the run's is %s %v", name, tb.Kind, tb.DType, tb.Shape, b.Kind, b.Global))
+		}
+	}
+	for _, name := range sortedKeys(m.Tensors) {
+		if _, ok := have[name]; !ok {
+			extra = append(extra, name)
+		}
+	}
+	var errs []error
+	if len(wrong) > 0 {
+		errs = append(errs, fmt.Errorf("%d tensor(s) differ: %s", len(wrong), list(wrong)))
+	}
+	if len(missing) > 0 {
+		errs = append(errs, fmt.Errorf("the checkpoint lacks %d tensor(s) this run has: %s", len(missing), list(missing)))
+	}
+	if len(extra) > 0 {
+		errs = append(errs, fmt.Errorf("the checkpoint has %d tensor(s) this run does not (state of another schedule or optimizer?): %s", len(extra), list(extra)))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", errors.Join(errs...), ErrMismatch)
+	}
+	return nil
+}
+
+// list names up to eight items.
+func list(xs []string) string {
+	shown := xs[:min(len(xs), 8)]
+	s := strings.Join(shown, ", ")
+	if len(xs) > len(shown) {
+		s += fmt.Sprintf(" and %d more", len(xs)-len(shown))
+	}
+	return s
+}
+
+// verifyNeeded checks the size and checksum of every file this process
+// will read, before anything is loaded.
+func (r *reader) verifyNeeded(cl Cluster, progs []*lower.Program) error {
+	ranks, devs := cl.Local()
+	need := map[string]bool{}
+	for i, rank := range ranks {
+		prog := devs[i].Program()
+		for _, b := range prog.Buffers {
+			if !persistent(b) {
+				continue
+			}
+			tb := r.m.Tensors[b.Name]
+			if blk, ok := exact(tb, boxOf(b, prog.Mesh, rank)); ok {
+				need[blk.File] = true
+				continue
+			}
+			for _, blk := range tb.Blocks {
+				need[blk.File] = true
+			}
+		}
+	}
+	for _, name := range sortedKeys(need) {
+		if _, err := r.open(name); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", r.dir, err)
+		}
+	}
+	return nil
+}
+
+// exact finds the stored block that is the box itself.
+func exact(tb *TensorBlocks, box ir.Box) (Block, bool) {
+	if !slices.Equal(tb.View, box.Shape) {
+		return Block{}, false
+	}
+	for _, b := range tb.Blocks {
+		if slices.Equal(b.Lo, box.Lo) && slices.Equal(b.Size, box.Size) {
+			return b, true
+		}
+	}
+	return Block{}, false
+}
+
+// restore writes every local device's blocks, tensor by tensor, so at
+// most one assembled tensor is held at a time.
+func (r *reader) restore(cl Cluster) error {
+	ranks, devs := cl.Local()
+	for _, name := range sortedKeys(r.m.Tensors) {
+		tb := r.m.Tensors[name]
+		var whole []byte
+		for i, rank := range ranks {
+			prog := devs[i].Program()
+			id, ok := prog.Sources[name]
+			if !ok {
+				continue
+			}
+			b := prog.Buffers[id]
+			box := boxOf(b, prog.Mesh, rank)
+			var data []byte
+			if blk, ok := exact(tb, box); ok {
+				var err error
+				if data, err = r.block(name, tb, blk); err != nil {
+					return fmt.Errorf("checkpoint %s: %w", r.dir, err)
+				}
+			} else {
+				if whole == nil {
+					var err error
+					if whole, err = r.whole(name, tb); err != nil {
+						return fmt.Errorf("checkpoint %s: %w", r.dir, err)
+					}
+				}
+				es := dtypeSizes[tb.DType]
+				n, _ := product(box.Size)
+				data = make([]byte, n*int64(es))
+				copyBox(whole, es, box.Shape, box.Lo, box.Size, data, false)
+			}
+			if err := devs[i].SetBytes(name, data); err != nil {
+				return fmt.Errorf("device %d: %w", rank, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Consolidate assembles the checkpoint's tensors of the given kind
+// (lower.Param for exported weights) whole, in name order.
+func Consolidate(dir string, kind lower.BufferKind) (*Manifest, []Tensor, error) {
+	m, err := ReadManifest(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := &reader{dir: dir, m: m, files: map[string]*File{}}
+	defer r.close()
+	var out []Tensor
+	for _, name := range sortedKeys(m.Tensors) {
+		tb := m.Tensors[name]
+		if tb.Kind != kind.String() {
+			continue
+		}
+		data, err := r.whole(name, tb)
+		if err != nil {
+			return nil, nil, fmt.Errorf("checkpoint %s: %w", dir, err)
+		}
+		out = append(out, Tensor{Name: name, DType: tb.DType, Shape: slices.Clone(tb.Shape), Data: data})
+	}
+	return m, out, nil
+}
+
+// safetensorsDTypes are the safetensors names of the IR's dtypes.
+var safetensorsDTypes = map[ir.DType]string{ir.F32: "F32", ir.F64: "F64", ir.F16: "F16", ir.BF16: "BF16", ir.I32: "I32", ir.I64: "I64", ir.Bool: "BOOL"}
+
+// DTypeName is the safetensors name of an IR dtype ("" when it has none).
+func DTypeName(dt ir.DType) string { return safetensorsDTypes[dt] }
+
+// SaveSharded writes tensors to path as one safetensors file, or, when
+// they hold more than maxShard bytes, as Hugging Face shards beside it:
+// BASE-00001-of-0000N.safetensors and BASE.safetensors.index.json, the
+// index mapping each tensor to its shard. It returns the files written.
+func SaveSharded(path string, tensors []Tensor, metadata map[string]string, maxShard int64) ([]string, error) {
+	var total int64
+	for _, t := range tensors {
+		total += int64(len(t.Data))
+	}
+	if maxShard <= 0 || total <= maxShard {
+		return []string{path}, Save(path, tensors, metadata)
+	}
+	var shards [][]Tensor
+	var size int64
+	for _, t := range tensors {
+		if len(shards) == 0 || size > 0 && size+int64(len(t.Data)) > maxShard {
+			shards = append(shards, nil)
+			size = 0
+		}
+		shards[len(shards)-1] = append(shards[len(shards)-1], t)
+		size += int64(len(t.Data))
+	}
+	base := strings.TrimSuffix(path, ".safetensors")
+	index := struct {
+		Metadata  map[string]any    `json:"metadata"`
+		WeightMap map[string]string `json:"weight_map"`
+	}{map[string]any{"total_size": total}, map[string]string{}}
+	var files []string
+	for i, sh := range shards {
+		name := fmt.Sprintf("%s-%05d-of-%05d.safetensors", filepath.Base(base), i+1, len(shards))
+		file := filepath.Join(filepath.Dir(path), name)
+		if err := Save(file, sh, metadata); err != nil {
+			return files, err
+		}
+		for _, t := range sh {
+			index.WeightMap[t.Name] = name
+		}
+		files = append(files, file)
+	}
+	idx := base + ".safetensors.index.json"
+	if err := writeJSON(idx, index); err != nil {
+		return files, fmt.Errorf("checkpoint: %s: %w", idx, err)
+	}
+	return append(files, idx), nil
+}
+
+// LoadIndexed reads a Hugging Face shard index (NAME.safetensors.index.json)
+// and every shard it names, or one safetensors file.
+func LoadIndexed(path string) ([]Tensor, error) {
+	if !strings.HasSuffix(path, ".index.json") {
+		ts, _, err := Load(path)
+		return ts, err
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	var index struct {
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	if err := json.Unmarshal(raw, &index); err != nil || index.WeightMap == nil {
+		return nil, fmt.Errorf("checkpoint: %s is not a shard index (a JSON object with a weight_map): %v: %w", path, err, ErrHeader)
+	}
+	shards := map[string]bool{}
+	for _, f := range index.WeightMap {
+		if filepath.Base(f) != f {
+			return nil, fmt.Errorf("checkpoint: %s names shard %q outside its folder: %w", path, f, ErrHeader)
+		}
+		shards[f] = true
+	}
+	var out []Tensor
+	for _, f := range sortedKeys(shards) {
+		ts, _, err := Load(filepath.Join(filepath.Dir(path), f))
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range ts {
+			if index.WeightMap[t.Name] != f {
+				return nil, fmt.Errorf("checkpoint: shard %s holds %q, which %s places in %q: %w", f, t.Name, path, index.WeightMap[t.Name], ErrHeader)
+			}
+		}
+		out = append(out, ts...)
+	}
+	return out, nil
+}
+
+// Describe is a checkpoint's manifest for people: the run, its state,
+// the plan and what each rank wrote.
+func Describe(dir string, m *Manifest) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "checkpoint %s (%s v%d, written %s)\n", dir, m.Format, m.Version, m.Created)
+	fmt.Fprintf(&b, "model %s, fingerprint %.16s\n", m.Model, m.ModelFingerprint)
+	st := m.State
+	fmt.Fprintf(&b, "state: step %d, optimizer step %d, %d samples consumed, seed %d", st.Step, st.OptStep, st.Samples, st.Seed)
+	if st.LossScale != nil {
+		fmt.Fprintf(&b, ", loss scale %g (dynamic %v, %d clean steps)", st.LossScale.Scale, st.LossScale.Dynamic, st.LossScale.Clean)
+	}
+	b.WriteString("\n")
+	mesh := m.Plan.Mesh
+	if mesh == "" {
+		mesh = "one device"
+	}
+	fmt.Fprintf(&b, "plan: %d device(s), mesh %s, precision %s, optimizer %s, batch %d × seq %d, plan fingerprint %.16s\n",
+		m.Plan.Devices, mesh, m.Plan.Precision, m.Plan.Optimizer, m.Plan.Batch, m.Plan.Seq, m.PlanFingerprint)
+	var params, state, pn, sn int64
+	perFile := map[string]int{}
+	for _, tb := range m.Tensors {
+		n, _ := product(tb.Shape)
+		bytes := n * int64(dtypeSizes[tb.DType])
+		if tb.Kind == lower.Param.String() {
+			params, pn = params+bytes, pn+n
+		} else {
+			state, sn = state+bytes, sn+n
+		}
+		for _, blk := range tb.Blocks {
+			perFile[blk.File]++
+		}
+	}
+	fmt.Fprintf(&b, "tensors: %d; params %d elements (%d bytes), optimizer state %d elements (%d bytes)\n", len(m.Tensors), pn, params, sn, state)
+	var total int64
+	for _, f := range sortedKeys(m.Files) {
+		s := m.Files[f]
+		total += s.Bytes
+		fmt.Fprintf(&b, "  %-24s %12d bytes  %3d blocks  crc32c %s\n", f, s.Bytes, perFile[f], s.CRC32C)
+	}
+	fmt.Fprintf(&b, "  %-24s %12d bytes\n", "total", total)
+	return b.String()
+}
