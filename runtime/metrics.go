@@ -24,10 +24,19 @@ type Metrics struct {
 	// ResumedFrom is the checkpoint the run continued (--resume); Steps
 	// then start after its step.
 	ResumedFrom *ResumeMetrics `json:"resumed_from,omitempty"`
-	// Checkpoint is the last checkpoint the run wrote; Stopped the signal
-	// that ended it early, if one did.
-	Checkpoint string `json:"checkpoint,omitempty"`
-	Stopped    string `json:"stopped,omitempty"`
+	// Checkpoint is the last checkpoint the run wrote, Checkpoints every
+	// save; Stopped the signal that ended the run early, if one did.
+	Checkpoint  string              `json:"checkpoint,omitempty"`
+	Checkpoints []CheckpointMetrics `json:"checkpoints,omitempty"`
+	Stopped     string              `json:"stopped,omitempty"`
+}
+
+// CheckpointMetrics is one checkpoint save: its step and folder, and the
+// time the run spent on it (all processes' writes and the commit).
+type CheckpointMetrics struct {
+	Step int     `json:"step"`
+	Dir  string  `json:"dir"`
+	Ms   float64 `json:"ms"`
 }
 
 // ResumeMetrics names the checkpoint a run resumed from.

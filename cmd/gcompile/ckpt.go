@@ -65,8 +65,10 @@ type checkpointer struct {
 	progs []*lower.Program
 	opts  checkpoint.SaveOptions
 	stop  *preemption
-	// saved is the latest checkpoint written, for the closing message.
+	// saved is the latest checkpoint written, for the closing message;
+	// saves every one, for the metrics.
 	saved string
+	saves []runtime.CheckpointMetrics
 }
 
 func (k *checkpointer) boundary(st runtime.State) (bool, error) {
@@ -85,9 +87,11 @@ func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 		if err != nil {
 			return false, err
 		}
+		ms := float64(time.Since(start).Microseconds()) / 1000
 		k.saved = dir
+		k.saves = append(k.saves, runtime.CheckpointMetrics{Step: st.Step, Dir: dir, Ms: ms})
 		if k.j.lead() {
-			fmt.Fprintf(k.j.log, "checkpoint of step %d saved to %s in %.0f ms\n", st.Step, dir, float64(time.Since(start).Microseconds())/1000)
+			fmt.Fprintf(k.j.log, "checkpoint of step %d saved to %s in %.0f ms\n", st.Step, dir, ms)
 		}
 	}
 	if stop && k.j.lead() {

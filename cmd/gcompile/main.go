@@ -473,7 +473,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	if ck.stop.requested() {
 		met.Stopped = fmt.Sprint(ck.stop.signal())
 	}
-	met.Checkpoint = ck.saved
+	met.Checkpoint, met.Checkpoints = ck.saved, ck.saves
 	if trainErr != nil {
 		return trainErr
 	}

@@ -1,0 +1,161 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Cutting a tensor into the boxes of a grid and putting them back gives
+// the tensor, for every rank and element size; a box is the sub-array
+// at its corner.
+func TestCopyBoxRoundTrips(t *testing.T) {
+	for _, tc := range []struct {
+		shape, parts []int
+		es           int
+	}{
+		{nil, nil, 4},
+		{[]int{12}, []int{3}, 2},
+		{[]int{4, 6}, []int{2, 3}, 4},
+		{[]int{2, 3, 4}, []int{1, 3, 2}, 8},
+		{[]int{4, 3, 2, 6}, []int{2, 1, 2, 3}, 1},
+	} {
+		n := 1
+		for _, d := range tc.shape {
+			n *= d
+		}
+		x := make([]byte, n*tc.es)
+		for i := range x {
+			x[i] = byte(i*7 + 3)
+		}
+		back := make([]byte, len(x))
+		size := make([]int, len(tc.shape))
+		for d := range size {
+			size[d] = tc.shape[d] / tc.parts[d]
+		}
+		cells := 1
+		for _, p := range tc.parts {
+			cells *= p
+		}
+		for c := range cells {
+			lo := make([]int, len(tc.shape))
+			rest := c
+			for d := len(tc.shape) - 1; d >= 0; d-- {
+				lo[d] = rest % tc.parts[d] * size[d]
+				rest /= tc.parts[d]
+			}
+			m := 1
+			for _, s := range size {
+				m *= s
+			}
+			blk := make([]byte, m*tc.es)
+			copyBox(x, tc.es, tc.shape, lo, size, blk, false)
+			if len(tc.shape) > 0 {
+				// The box's first element is the array's at the corner.
+				off := 0
+				for d := range tc.shape {
+					off = off*tc.shape[d] + lo[d]
+				}
+				assert.Equal(t, x[off*tc.es:(off+1)*tc.es], blk[:tc.es], "%v at %v", tc.shape, lo)
+			}
+			copyBox(back, tc.es, tc.shape, lo, size, blk, true)
+		}
+		assert.Equal(t, x, back, "%v in %v parts", tc.shape, tc.parts)
+	}
+}
+
+// validManifest is a checkpoint of one tensor of 4×6 f32 in two blocks.
+func validManifest() *Manifest {
+	return &Manifest{Format: Format, Version: ManifestVersion,
+		Files: map[string]Sum{"rank-00000.safetensors": {}, "rank-00001.safetensors": {}},
+		Tensors: map[string]*TensorBlocks{"w": {Kind: "param", DType: "F32", Shape: []int{4, 6}, View: []int{4, 6}, Blocks: []Block{
+			{File: "rank-00000.safetensors", Lo: []int{0, 0}, Size: []int{4, 3}},
+			{File: "rank-00001.safetensors", Lo: []int{0, 3}, Size: []int{4, 3}},
+		}}}}
+}
+
+// A manifest whose blocks do not make the tensor whole is refused,
+// naming the tensor and what is wrong.
+func TestManifestMustDescribeWholeTensors(t *testing.T) {
+	require.NoError(t, checkManifest(validManifest()))
+	for _, tc := range []struct {
+		name   string
+		break_ func(m *Manifest)
+		want   string
+	}{
+		{"a block is missing", func(m *Manifest) { m.Tensors["w"].Blocks = m.Tensors["w"].Blocks[:1] }, "hold 12 of its 24 elements"},
+		{"a block twice", func(m *Manifest) { m.Tensors["w"].Blocks[1].Lo = []int{0, 0} }, "two blocks at [0 0]"},
+		{"a block outside", func(m *Manifest) { m.Tensors["w"].Blocks[1].Lo = []int{0, 4} }, "lies outside [4 6]"},
+		{"an unlisted file", func(m *Manifest) { delete(m.Files, "rank-00001.safetensors") }, `block in "rank-00001.safetensors", which the manifest does not list`},
+		{"a view of another size", func(m *Manifest) { m.Tensors["w"].View = []int{4, 7} }, "view [4 7] does not hold shape [4 6]"},
+		{"an unknown dtype", func(m *Manifest) { m.Tensors["w"].DType = "F8" }, `dtype "F8"`},
+		{"a negative dim", func(m *Manifest) { m.Tensors["w"].Shape = []int{-4, -6} }, "dimension -4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := validManifest()
+			tc.break_(m)
+			err := checkManifest(m)
+			require.ErrorIs(t, err, ErrCorrupt)
+			assert.ErrorContains(t, err, `tensor "w"`)
+			assert.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+// Find takes a checkpoint folder or the newest complete one under a
+// root, never a partial one.
+func TestFindSkipsPartialCheckpoints(t *testing.T) {
+	root := t.TempDir()
+	_, err := Find(root)
+	require.ErrorIs(t, err, ErrNoCheckpoint)
+	for _, d := range []string{"step-00000002", "step-00000004", "step-00000006.partial", "step-00000008"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, d), 0o755))
+	}
+	raw, err := json.Marshal(validManifest())
+	require.NoError(t, err)
+	for _, d := range []string{"step-00000002", "step-00000004", "step-00000006.partial"} {
+		require.NoError(t, os.WriteFile(filepath.Join(root, d, ManifestName), raw, 0o644))
+	}
+	got, err := Find(root)
+	require.NoError(t, err)
+	assert.Equal(t, StepDir(root, 4), got, "step 8 has no manifest, step 6 is partial")
+	got, err = Find(StepDir(root, 2))
+	require.NoError(t, err)
+	assert.Equal(t, StepDir(root, 2), got)
+}
+
+// Above the shard size tensors go to Hugging Face shards with an index,
+// which LoadIndexed reads back whole; an index naming a file elsewhere is
+// refused.
+func TestShardedFilesAndIndex(t *testing.T) {
+	dir := t.TempDir()
+	var ts []Tensor
+	for _, name := range []string{"a", "b", "c", "d"} {
+		ts = append(ts, Tensor{Name: name, DType: "F32", Shape: []int{4}, Data: Float32Bytes([]float32{1, 2, 3, float32(len(name))})})
+	}
+	files, err := SaveSharded(filepath.Join(dir, "model.safetensors"), ts, nil, 40)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"},
+		func() []string {
+			var out []string
+			for _, f := range files {
+				out = append(out, filepath.Base(f))
+			}
+			return out
+		}())
+	back, err := LoadIndexed(filepath.Join(dir, "model.safetensors.index.json"))
+	require.NoError(t, err)
+	slices.SortFunc(back, func(a, b Tensor) int { return strings.Compare(a.Name, b.Name) })
+	assert.Equal(t, ts, back)
+
+	bad := filepath.Join(dir, "bad.index.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"weight_map": {"a": "../model-00001-of-00002.safetensors"}}`), 0o644))
+	_, err = LoadIndexed(bad)
+	assert.ErrorContains(t, err, "outside its folder")
+}
