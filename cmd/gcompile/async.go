@@ -8,6 +8,7 @@ import (
 	"gcompile/data"
 	"gcompile/lower"
 	"gcompile/runtime"
+	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cpu"
 )
 
@@ -15,8 +16,8 @@ import (
 // replica and the update program of the parameter server. In a job of
 // several processes replica r runs in the process holding device rank r
 // and the server in process 0, which writes the outputs.
-func runAsync(c *config, j *job, res *compile.Result) error {
-	gp, up, boundary := res.Async.Grad, res.Async.Update, res.Async.Boundary
+func runAsync(c *config, j *job, res *compile.Result, resumeDir string) error {
+	gp, up := res.Async.Grad, res.Async.Update
 	if c.DP != j.layout.Devices {
 		return fmt.Errorf("--dp-sync async runs one replica per device: --dp %d must equal --devices %d", c.DP, j.layout.Devices)
 	}
@@ -36,7 +37,7 @@ func runAsync(c *config, j *job, res *compile.Result) error {
 	met.Devices = append(met.Devices, deviceMetrics(up, c.DP))
 	var runErr error
 	if c.run {
-		runErr = trainAsync(c, j, gp, up, boundary, res.Module.IgnoreOnLoad, met)
+		runErr = trainAsync(c, j, res, met, resumeDir)
 	}
 	if c.metrics != "" && j.lead() {
 		if err := met.WriteFile(c.metrics); err != nil {
@@ -46,7 +47,8 @@ func runAsync(c *config, j *job, res *compile.Result) error {
 	return runErr
 }
 
-func trainAsync(c *config, j *job, gp, up *lower.Program, boundary, ignoreOnLoad []string, met *runtime.Metrics) error {
+func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, resumeDir string) error {
+	gp, up, boundary, ignoreOnLoad := res.Async.Grad, res.Async.Update, res.Async.Boundary, res.Module.IgnoreOnLoad
 	if c.trace != "" {
 		return errors.New("--trace is not supported with --dp-sync async yet")
 	}
@@ -77,9 +79,8 @@ func trainAsync(c *config, j *job, gp, up *lower.Program, boundary, ignoreOnLoad
 	}
 	// The master weights are the server's: process 0 loads them, and every
 	// replica takes them from there.
-	server := serverWeights{a.Server}
 	if c.load != "" && a.Server != nil {
-		if err := loadWeights(server, []*lower.Program{gp}, c.load, ignoreOnLoad); err != nil {
+		if err := loadWeights(serverWeights{a.Server}, []*lower.Program{gp}, c.load, ignoreOnLoad); err != nil {
 			return err
 		}
 	}
@@ -91,15 +92,52 @@ func trainAsync(c *config, j *job, gp, up *lower.Program, boundary, ignoreOnLoad
 	cfg := runtime.TrainConfig{Steps: c.steps, Batch: batch * c.DP, Seq: seq, Seed: c.seed, EvalBatches: c.evalBatches,
 		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
 		LossScale: lossScaler(c)}
+	// The checkpointed state is the server's: the master weights and the
+	// optimizer state, which process 0 saves and loads; every process
+	// reads where the run resumes from the manifest.
+	server := serverCluster{a.Server}
+	updates := []*lower.Program{up}
+	plan := checkpointPlan(c, updates, cfg.Batch, seq, j.world.Size)
+	if resumeDir != "" {
+		if a.Server != nil {
+			if cfg.Start, err = resumeState(c, server, updates, res.ModelFingerprint, resumeDir, plan); err != nil {
+				return err
+			}
+			fmt.Fprintf(j.log, "resumed from %s at step %d (optimizer step %d)\n", resumeDir, cfg.Start.Step, cfg.Start.OptStep)
+			met.ResumedFrom = &runtime.ResumeMetrics{Checkpoint: resumeDir, Step: cfg.Start.Step}
+		} else {
+			m, err := checkpoint.ReadManifest(resumeDir)
+			if err != nil {
+				return fmt.Errorf("--resume: %w", err)
+			}
+			cfg.Start = m.State
+		}
+		cfg.Seed = cfg.Start.Seed
+	}
 	if !j.lead() {
-		// This process's replicas; the server reports every step.
+		// This process's replicas; the server reports every step, and
+		// decides when the run stops: a signal here waits for its word
+		// (the launcher and SLURM signal every process).
+		w := watchSignals()
+		defer w.release()
+		j.preemptible.Store(true)
 		_, _, err := a.Train(corpus, cfg, nil)
+		j.preemptible.Store(false)
 		return err
 	}
+	ck := &checkpointer{c: c, j: j, dev: server, progs: updates, stop: watchSignals(),
+		opts: checkpoint.SaveOptions{Root: c.ckptDir, Model: res.Module.Name, ModelFingerprint: res.ModelFingerprint,
+			PlanHash: lower.Fingerprint(gp, up), Plan: plan, KeepLast: c.keepLast}}
+	defer ck.stop.release()
+	cfg.Boundary = ck.boundary
 	p := newProgress(j.log, c.steps)
+	j.preemptible.Store(true)
 	steps, evals, trainErr := a.Train(corpus, cfg, p.step)
+	j.preemptible.Store(false)
 	p.done()
 	met.Steps, met.Eval = steps, evals
+	met.Stopped = ck.stoppedBy
+	met.Checkpoint, met.Checkpoints = ck.saved, ck.saves
 	met.Async = &runtime.AsyncMetrics{Staleness: c.Staleness, MaxStalenessSeen: a.MaxStaleness()}
 	for r, peak := range a.Peaks() {
 		met.Devices[r].PeakBytesMeasured = peak
@@ -109,7 +147,7 @@ func trainAsync(c *config, j *job, gp, up *lower.Program, boundary, ignoreOnLoad
 		return trainErr
 	}
 	if c.save != "" {
-		if err := saveWeights(server, []*lower.Program{gp}, c.save, c.steps, true); err != nil {
+		if err := saveWeights(serverWeights{a.Server}, []*lower.Program{gp}, c.save, c.steps, true); err != nil {
 			return err
 		}
 		fmt.Fprintf(j.log, "saved weights to %s\n", c.save)
@@ -124,3 +162,16 @@ type serverWeights struct{ d *cpu.Device }
 func (s serverWeights) Global(name string) ([]float64, error) { return s.d.Float64s(name) }
 
 func (s serverWeights) SetGlobal(name string, x []float64) error { return s.d.SetFloat64s(name, x) }
+
+// serverCluster is the parameter server as a checkpoint sees it: the one
+// device whose params and optimizer state are the run's; the replicas
+// hold copies of its weights, taken afresh each step.
+type serverCluster struct{ d *cpu.Device }
+
+func (s serverCluster) Local() ([]int, []runtime.BlockDevice) {
+	return []int{0}, []runtime.BlockDevice{s.d}
+}
+
+func (serverCluster) Process() (proc, procs int) { return 0, 1 }
+
+func (serverCluster) AnyOf(flag bool) (bool, error) { return flag, nil }

@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"gcompile/compile"
 	"gcompile/lower"
 	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
@@ -48,7 +47,7 @@ func checkCheckpointPaths(c *config) (string, error) {
 
 // checkpointPlan is what a manifest records of this run's plan.
 func checkpointPlan(c *config, progs []*lower.Program, batch, seq int, procs int) checkpoint.Plan {
-	p := checkpoint.Plan{Devices: c.Devices, Precision: c.Precision, Optimizer: c.Optimizer, Batch: batch, Seq: seq,
+	p := checkpoint.Plan{Devices: c.Devices, Precision: c.Precision, Optimizer: c.Optimizer, Batch: batch, Seq: seq, DPSync: c.DPSync,
 		Flags: c.metricsConfig(procs)}
 	if m := progs[0].Mesh; m != nil {
 		p.Mesh = m.String()
@@ -61,7 +60,7 @@ func checkpointPlan(c *config, progs []*lower.Program, batch, seq int, procs int
 type checkpointer struct {
 	c     *config
 	j     *job
-	dev   cluster
+	dev   checkpoint.Cluster
 	progs []*lower.Program
 	opts  checkpoint.SaveOptions
 	stop  *preemption
@@ -69,6 +68,8 @@ type checkpointer struct {
 	// saves every one, for the metrics.
 	saved string
 	saves []runtime.CheckpointMetrics
+	// stoppedBy says what ended the run early ("" when nothing did).
+	stoppedBy string
 }
 
 func (k *checkpointer) boundary(st runtime.State) (bool, error) {
@@ -94,18 +95,30 @@ func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 			fmt.Fprintf(k.j.log, "checkpoint of step %d saved to %s in %.0f ms\n", st.Step, dir, ms)
 		}
 	}
-	if stop && k.j.lead() {
-		how := "no --checkpoint-dir was given, so only the outputs asked for are written"
-		if k.saved != "" {
-			how = "continue with --resume " + k.saved
-		}
-		why := fmt.Sprint(k.stop.signal())
-		if asked {
-			why = "--stop-after"
-		}
-		fmt.Fprintf(k.j.log, "stopped by %s after step %d of %d: %s\n", why, st.Step, c.steps, how)
+	if stop {
+		k.note(st, asked)
 	}
 	return stop, nil
+}
+
+// note records why the run stopped early and says how to continue it.
+func (k *checkpointer) note(st runtime.State, asked bool) {
+	why := "a signal to another process"
+	if s := k.stop.signal(); s != nil {
+		why = s.String()
+	}
+	if asked {
+		why = "--stop-after"
+	}
+	k.stoppedBy = why
+	if !k.j.lead() {
+		return
+	}
+	how := "no --checkpoint-dir was given, so only the outputs asked for are written"
+	if k.saved != "" {
+		how = "continue with --resume " + k.saved
+	}
+	fmt.Fprintf(k.j.log, "stopped by %s after step %d of %d: %s\n", why, st.Step, k.c.steps, how)
 }
 
 // preemption catches SIGTERM and SIGINT during training: the first asks
@@ -156,8 +169,8 @@ func (p *preemption) release() {
 
 // resumeState loads the checkpoint into the devices and returns where the
 // run continues from.
-func resumeState(c *config, dev cluster, res *compile.Result, dir string, plan checkpoint.Plan) (runtime.State, error) {
-	m, err := checkpoint.RestoreState(dev, res.Programs, dir, checkpoint.Expect{ModelFingerprint: res.ModelFingerprint, Plan: plan})
+func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fingerprint, dir string, plan checkpoint.Plan) (runtime.State, error) {
+	m, err := checkpoint.RestoreState(dev, progs, dir, checkpoint.Expect{ModelFingerprint: fingerprint, Plan: plan})
 	if err != nil {
 		return runtime.State{}, fmt.Errorf("--resume %s: %w", dir, err)
 	}

@@ -185,7 +185,7 @@ func TestReshardingKeepsEveryBit(t *testing.T) {
 	for i, plan := range [][]string{{"--devices", "4", "--tp", "4"}, {"--devices", "4", "--dp", "2", "--pp", "2", "--vpp", "2", "--zero", "3", "--microbatches", "2"}} {
 		res, cl := compiled(t, plan...)
 		m, err := checkpoint.RestoreState(cl, res.Programs, saved, checkpoint.Expect{ModelFingerprint: res.ModelFingerprint,
-			Plan: checkpoint.Plan{Precision: "fp32", Optimizer: "adamw", Batch: 8, Seq: 16}})
+			Plan: checkpoint.Plan{Precision: "fp32", Optimizer: "adamw", Batch: 8, Seq: 16, DPSync: "sync"}})
 		require.NoError(t, err, "%v", plan)
 		again, err := checkpoint.SaveState(cl, res.Programs, checkpoint.SaveOptions{Root: filepath.Join(dir, strconv.Itoa(i)), State: m.State})
 		require.NoError(t, err)
@@ -534,4 +534,40 @@ func TestCheckpointAcrossBackends(t *testing.T) {
 	back := runMetrics(t, append(slices.Clone(args), "--resume", gpuCk)...)
 	require.Len(t, back.Steps, 1)
 	assert.InEpsilon(t, whole.Steps[2].Loss, back.Steps[0].Loss, 1e-5, "step 3 on the CPU")
+}
+
+// Asynchronous data parallelism checkpoints the parameter server's state.
+// With staleness 0 the run is deterministic and the resumed run is the
+// uninterrupted one bit for bit, in one process or two (the replicas of
+// the other process are told to stop); with staleness 2 the interleaving
+// is timing's, and the resumed run trains as well as the uninterrupted
+// one.
+func TestAsyncResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	t.Setenv(asMainEnv, "1")
+	dir := t.TempDir()
+	plan := []string{"--devices", "2", "--dp", "2", "--dp-sync", "async"}
+	args := append(append(slices.Clone(ckptGPT), "--steps", "20"), plan...)
+	k0 := append(slices.Clone(args), "--staleness", "0")
+	whole := runMetrics(t, append(slices.Clone(k0), "--checkpoint-dir", filepath.Join(dir, "whole"))...)
+	launch := []string{"launch", "--nproc", "2", "--"}
+	cut := filepath.Join(dir, "cut")
+	require.NoError(t, mainErr(append(append(slices.Clone(launch), k0...), "--checkpoint-dir", cut, "--stop-after", "10")))
+	m, err := checkpoint.ReadManifest(checkpoint.StepDir(cut, 10))
+	require.NoError(t, err)
+	assert.Equal(t, 10, m.State.Step)
+	rest := runMetrics(t, append(slices.Clone(k0), "--checkpoint-dir", cut, "--resume", cut)...)
+	assert.Equal(t, losses(whole)[10:], losses(rest), "staleness 0: losses of steps 11–20")
+	assert.Equal(t, stateSums(t, checkpoint.StepDir(filepath.Join(dir, "whole"), 20)), stateSums(t, checkpoint.StepDir(cut, 20)))
+
+	k2 := append(slices.Clone(args), "--staleness", "2")
+	free := runMetrics(t, k2...)
+	cut2 := filepath.Join(dir, "cut2")
+	require.NoError(t, mainErr(append(slices.Clone(k2), "--checkpoint-dir", cut2, "--stop-after", "10")))
+	rest2 := runMetrics(t, append(slices.Clone(k2), "--resume", cut2)...)
+	require.Len(t, rest2.Steps, 10)
+	assert.LessOrEqual(t, rest2.Async.MaxStalenessSeen, 2)
+	assert.InEpsilon(t, free.Eval[0].Loss, rest2.Eval[0].Loss, 0.03, "staleness 2: the held-out loss after 20 steps")
 }

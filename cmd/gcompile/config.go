@@ -208,9 +208,6 @@ func (c *config) validate() error {
 	if c.resume != "" && c.load != "" {
 		bad("--resume continues a run with its own weights; it does not combine with --load")
 	}
-	if c.DPSync == "async" && (c.ckptDir != "" || c.resume != "") {
-		notYet("--checkpoint-dir and --resume with --dp-sync async", "the replicas' in-flight gradients and weight versions are not part of the checkpoint yet")
-	}
 	if c.explicit["token"] && c.token == "" {
 		bad("--token must not be empty (leave it out to use GCOMPILE_TOKEN or the launcher's job id)")
 	}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,6 +45,10 @@ type job struct {
 	// before the process exits.
 	failOnce sync.Once
 	failed   chan struct{}
+	// preemptible is set while training: a signal then stops the run at
+	// the next step boundary (every process agrees, see checkpointer)
+	// instead of failing the job.
+	preemptible atomic.Bool
 
 	log    io.Writer // this process's log: stderr, prefixed for ranks > 0, or a file in --log-dir
 	closer io.Closer
@@ -126,6 +131,9 @@ func startJob(c *config) (*job, error) {
 	go func() {
 		select {
 		case <-sigs.Done():
+			if j.preemptible.Load() {
+				return // the training loop stops at the next step boundary
+			}
 			j.fail(fmt.Errorf("rank %d was interrupted (SIGINT or SIGTERM)", w.Rank))
 		case <-j.ctx.Done():
 		}

@@ -161,6 +161,7 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		signalAll(syscall.SIGTERM)
 	}
 	var kill <-chan time.Time
+	signalled := false
 	for done := 0; done < started; {
 		select {
 		case e := <-exits:
@@ -171,11 +172,19 @@ func supervise(self string, args []string, n, port int, token string, grace time
 				kill = time.After(grace)
 			}
 		case s := <-sigs:
-			if first == nil {
-				first = fmt.Errorf("launch: %v; stopping every rank", s)
-				kill = time.After(grace)
+			// The first signal is passed on: training ranks stop at the
+			// next step boundary (with a checkpoint) and exit 0, others
+			// fail; a second kills them all.
+			if !signalled {
+				signalled = true
+				fmt.Fprintf(os.Stderr, "launch: %v: passed to every rank (again to kill them)\n", s)
+				signalAll(syscall.SIGTERM)
+				continue
 			}
-			signalAll(syscall.SIGTERM)
+			if first == nil {
+				first = fmt.Errorf("launch: %v again; killing every rank", s)
+			}
+			signalAll(syscall.SIGKILL)
 		case <-kill:
 			signalAll(syscall.SIGKILL)
 		}

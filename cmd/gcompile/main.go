@@ -115,7 +115,7 @@ func compileAndRun(c *config, j *job) (err error) {
 		return err
 	}
 	if res.Async != nil {
-		return runAsync(c, j, res)
+		return runAsync(c, j, res, resumeDir)
 	}
 	m, progs, sched := res.Module, res.Programs, res.Schedule
 	compileMs := float64(res.Elapsed.Microseconds()) / 1000
@@ -367,7 +367,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	plan := checkpointPlan(c, progs, batch, seq, j.world.Size)
 	var start runtime.State
 	if resumeDir != "" {
-		if start, err = resumeState(c, dev, res, resumeDir, plan); err != nil {
+		if start, err = resumeState(c, dev, progs, res.ModelFingerprint, resumeDir, plan); err != nil {
 			return err
 		}
 		if j.lead() {
@@ -449,6 +449,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	if j.lead() {
 		bar = newProgress(j.log, c.steps)
 	}
+	j.preemptible.Store(true)
 	steps, evals, trainErr := runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 		if tracer != nil && s.Step >= runtime.TraceSteps {
 			tracing = false
@@ -466,13 +467,12 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 			bar.step(s, e)
 		}
 	})
+	j.preemptible.Store(false)
 	if bar != nil {
 		bar.done()
 	}
 	met.Steps, met.Eval = steps, evals
-	if ck.stop.requested() {
-		met.Stopped = fmt.Sprint(ck.stop.signal())
-	}
+	met.Stopped = ck.stoppedBy
 	met.Checkpoint, met.Checkpoints = ck.saved, ck.saves
 	if trainErr != nil {
 		return trainErr

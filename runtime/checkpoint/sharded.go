@@ -87,6 +87,7 @@ type Plan struct {
 	Optimizer string `json:"optimizer"`
 	Batch     int    `json:"batch"`
 	Seq       int    `json:"seq"`
+	DPSync    string `json:"dp_sync"` // sync or async data parallelism
 	// Flags are the run's settings as the metrics report them.
 	Flags map[string]any `json:"flags,omitempty"`
 }
@@ -735,7 +736,7 @@ func match(m *Manifest, progs []*lower.Program, ex Expect) error {
 		saved, is any
 	}
 	for _, c := range []rule{{"--precision", m.Plan.Precision, ex.Plan.Precision}, {"--optimizer", m.Plan.Optimizer, ex.Plan.Optimizer},
-		{"--batch", m.Plan.Batch, ex.Plan.Batch}, {"the sequence length", m.Plan.Seq, ex.Plan.Seq}} {
+		{"--batch", m.Plan.Batch, ex.Plan.Batch}, {"the sequence length", m.Plan.Seq, ex.Plan.Seq}, {"--dp-sync", m.Plan.DPSync, ex.Plan.DPSync}} {
 		if c.saved != c.is {
 			return fmt.Errorf("the checkpoint was saved with %s %v and this run has %v; resume with the same (the plan may change, the training may not): %w", c.flag, c.saved, c.is, ErrMismatch)
 		}

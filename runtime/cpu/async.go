@@ -58,6 +58,7 @@ type Async struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	version  int              // updates applied (on the server)
+	end      int              // the last step of the run: cfg.Steps, lowered when the run stops early
 	grads    map[int][][]byte // step → replica → its gradients message
 	scales   map[int]float64  // step → the loss scale its gradients were computed with
 	pending  []int            // by replica: the step whose weights another process's replica awaits (0: none)
@@ -208,8 +209,30 @@ func (a *Async) fail(err error) {
 }
 
 // errStopped ends a replica's loop quietly: another part of the run has
-// failed and recorded why.
+// failed and recorded why, or the run stopped early (stopAfter).
 var errStopped = errors.New("stopped after another failure")
+
+// stopVersion is the version of the weights message that tells a replica
+// of another process the run stopped before the step it asked for.
+const stopVersion = -1
+
+// stopAfter ends the run after step t (a preemption's checkpoint): replicas
+// that ask for a later step's weights, here or in another process, are
+// told to stop, and gradients they hand in for later steps are dropped.
+// Their in-flight work is not part of the state: resuming starts every
+// replica afresh from the server's version-t weights, which is an
+// execution the staleness bound allows.
+func (a *Async) stopAfter(t int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.end = t
+	if a.job.Comm != nil {
+		if err := a.answerLocked(); err != nil && a.err == nil {
+			a.err = err
+		}
+	}
+	a.cond.Broadcast()
+}
 
 // Train runs cfg.Steps steps; cfg.Batch is the global batch, split evenly
 // over the replicas. report sees each step once the update program has
@@ -235,10 +258,20 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 		return nil, nil, err
 	}
 	local := cfg.Batch / dp
-	// Each call is a fresh run of steps 1..cfg.Steps from the current
-	// weights; only the largest staleness seen carries over.
+	start := cfg.Start
+	if start.Step < 0 || start.OptStep < 0 || start.OptStep > start.Step || start.Step >= cfg.Steps {
+		return nil, nil, fmt.Errorf("cannot start at step %d (optimizer step %d) of a %d-step run", start.Step, start.OptStep, cfg.Steps)
+	}
+	if start.LossScale != nil && cfg.LossScale != nil {
+		if err := cfg.LossScale.Restore(*start.LossScale); err != nil {
+			return nil, nil, err
+		}
+	}
+	// Each call is a run of steps start.Step+1..cfg.Steps from the
+	// current weights (version start.Step); only the largest staleness
+	// seen carries over.
 	a.mu.Lock()
-	a.version, a.err = 0, nil
+	a.version, a.end, a.err = start.Step, cfg.Steps, nil
 	a.grads, a.scales = map[int][][]byte{}, map[int]float64{}
 	a.pending = make([]int, dp)
 	a.scaler = cfg.LossScale
@@ -261,7 +294,7 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 	for r := range dp {
 		if !a.job.Layout.Holds(r) {
 			wg.Go(func() {
-				if err := a.serve(r, cfg.Steps); err != nil {
+				if err := a.serve(r, start.Step+1, cfg.Steps); err != nil {
 					a.fail(fmt.Errorf("replica %d (%s): %w", r, a.where(r), err))
 				}
 			})
@@ -269,22 +302,42 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 	}
 	var steps []runtime.StepMetrics
 	var stepErr error
-	optStep := 1 // the optimizer's step count: skipped steps do not advance it, as in runtime.Train
-	for t := 1; t <= cfg.Steps; t++ {
-		start := time.Now()
-		sm, err := a.update(t, optStep, cfg)
+	st := start
+	st.Seed = cfg.Seed
+	stopped := false
+	for t := start.Step + 1; t <= cfg.Steps && !stopped; t++ {
+		begin := time.Now()
+		sm, err := a.update(t, st.OptStep+1, cfg) // skipped steps do not advance the optimizer's count, as in runtime.Train
 		if err != nil {
 			stepErr = err
 			a.fail(err)
 			break
 		}
 		if !sm.Skipped {
-			optStep++
+			st.OptStep++
 		}
-		sm.Ms = float64(time.Since(start).Microseconds()) / 1000
-		sm.TokensPerS = float64(cfg.Batch*cfg.Seq) / time.Since(start).Seconds()
+		sm.Ms = float64(time.Since(begin).Microseconds()) / 1000
+		sm.TokensPerS = float64(cfg.Batch*cfg.Seq) / time.Since(begin).Seconds()
 		steps = append(steps, sm)
-		if report != nil && t < cfg.Steps {
+		st.Step, st.Samples = t, int64(t)*int64(cfg.Batch)
+		if cfg.LossScale != nil {
+			st.LossScale = cfg.LossScale.State()
+		}
+		if cfg.Boundary != nil && t < cfg.Steps {
+			if report != nil {
+				report(sm, nil)
+			}
+			stop, err := cfg.Boundary(st)
+			if err != nil {
+				stepErr = err
+				a.fail(err)
+				break
+			}
+			if stop {
+				stopped = true
+				a.stopAfter(t)
+			}
+		} else if report != nil && t < cfg.Steps {
 			report(sm, nil)
 		}
 	}
@@ -296,6 +349,16 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 	}
 	if stepErr != nil {
 		return steps, nil, stepErr
+	}
+	if stopped {
+		return steps, nil, nil
+	}
+	if cfg.Boundary != nil && len(steps) > 0 {
+		// The last step's boundary (its checkpoint) once every replica
+		// has finished.
+		if _, err := cfg.Boundary(st); err != nil {
+			return steps, nil, err
+		}
 	}
 	// Held-out loss of the final weights, on replica 0 (always on the
 	// server's process) at its batch size.
@@ -324,7 +387,7 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 // by calls, the others by messages (fetch and push).
 func (a *Async) replica(r int, w *Device, corpus *data.Corpus, cfg runtime.TrainConfig, local int) error {
 	msg := make([]byte, a.wire.weightsLen)
-	for t := 1; t <= cfg.Steps; t++ {
+	for t := cfg.Start.Step + 1; t <= cfg.Steps; t++ {
 		err := a.fetch(r, t, msg)
 		if errors.Is(err, errStopped) {
 			return nil
@@ -333,6 +396,9 @@ func (a *Async) replica(r int, w *Device, corpus *data.Corpus, cfg runtime.Train
 			return fmt.Errorf("step %d: %w", t, err)
 		}
 		version, scale := a.wire.weightsHeader(msg)
+		if version == stopVersion {
+			return a.stopped(r, t) // the run stopped before step t
+		}
 		stale := t - 1 - version
 		if stale > a.k || stale < 0 {
 			return fmt.Errorf("step %d would use weights of version %d, %d updates old, beyond the staleness bound %d", t, version, stale, a.k)

@@ -163,10 +163,10 @@ func (a *Async) fetch(r, t int, msg []byte) error {
 	if a.Server != nil {
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		for a.err == nil && a.version < t-1-a.k {
+		for a.err == nil && a.version < t-1-a.k && t <= a.end {
 			a.cond.Wait()
 		}
-		if a.err != nil {
+		if a.err != nil || t > a.end {
 			return errStopped
 		}
 		return a.weightsLocked(r, t, msg)
@@ -183,6 +183,20 @@ func (a *Async) fetch(r, t int, msg []byte) error {
 	return nil
 }
 
+// stopPeak marks the gradients message a replica of another process sends
+// in place of step t's gradients when it was told to stop before step t:
+// the server's receive for it ends, and nothing follows.
+const stopPeak = -1
+
+// stopped answers a stop for step t: a message for the server's pending
+// receive of step t's gradients.
+func (a *Async) stopped(r, t int) error {
+	msg := make([]byte, a.wire.gradsLen)
+	peak := int64(stopPeak)
+	binary.LittleEndian.PutUint64(msg[8:], uint64(peak))
+	return a.push(r, t, msg)
+}
+
 // push hands replica r's step-t gradients message to the server.
 func (a *Async) push(r, t int, msg []byte) error {
 	if a.Server != nil {
@@ -195,15 +209,16 @@ func (a *Async) push(r, t int, msg []byte) error {
 	return nil
 }
 
-// serve is the server's side of replica r on another process, for steps
-// 1..steps: it takes each request, answers it now or parks it for the
-// update that publishes the version it needs, and files the gradients.
-// Between the two receives nothing waits, so a receive on the comm is
-// always outstanding for r until its last step.
-func (a *Async) serve(r, steps int) error {
+// serve is the server's side of replica r on another process, from step
+// first to the run's end: it takes each request, answers it now or parks
+// it for the update that publishes the version it needs, and files the
+// gradients. Between the two receives nothing waits, so a receive on the
+// comm is always outstanding for r until its last step. A request past
+// the end (the run stopped early) is answered with a stop.
+func (a *Async) serve(r, first, last int) error {
 	c, s := a.job.Comm, a.serverRank()
 	req := make([]byte, 8)
-	for t := 1; t <= steps; t++ {
+	for t := first; t <= last; t++ {
 		if err := c.Recv(r, s, asyncTag(t, tagRequest), ir.U8, req); err != nil {
 			return fmt.Errorf("waiting for its request for step %d's weights: %w", t, err)
 		}
@@ -225,6 +240,9 @@ func (a *Async) serve(r, steps int) error {
 		if err := c.Recv(r, s, asyncTag(t, tagGradients), ir.U8, msg); err != nil {
 			return fmt.Errorf("waiting for its step %d gradients: %w", t, err)
 		}
+		if a.wire.gradientsPeak(msg) == stopPeak {
+			return nil // it was told to stop, and asks no more
+		}
 		if err := a.deposit(r, t, msg); err != nil {
 			return err
 		}
@@ -237,11 +255,14 @@ func (a *Async) serve(r, steps int) error {
 // waits here.
 func (a *Async) answerLocked() error {
 	for r, t := range a.pending {
-		if t == 0 || a.version < t-1-a.k {
+		if t == 0 || a.version < t-1-a.k && t <= a.end {
 			continue
 		}
 		msg := make([]byte, a.wire.weightsLen)
-		if err := a.weightsLocked(r, t, msg); err != nil {
+		if t > a.end {
+			stop := int64(stopVersion)
+			binary.LittleEndian.PutUint64(msg, uint64(stop))
+		} else if err := a.weightsLocked(r, t, msg); err != nil {
 			return err
 		}
 		s := a.serverRank()
