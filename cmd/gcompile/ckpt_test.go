@@ -160,6 +160,58 @@ func TestResumeUnderAnotherPlan(t *testing.T) {
 	}
 }
 
+// The Llama's grouped-query k/v projections are split over tp2 (2 k/v
+// heads) and replicated over tp4: a checkpoint of one continues in the
+// other.
+func TestLlamaResumesWithKVHeadsReplicated(t *testing.T) {
+	llama := []string{llamaModel, "--set", "layers=4,hidden=32,heads=4,kv_heads=2,ffn=64,seq=16", "--batch", "8", "--max-data-mb", "1",
+		"--run", "--eval-batches", "1", "--warmup", "3", "--steps", "12"}
+	whole := runMetrics(t, llama...)
+	ck := filepath.Join(t.TempDir(), "ck")
+	require.NoError(t, mainErr(append(slices.Clone(llama), "--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "2", "--checkpoint-dir", ck, "--stop-after", "6")))
+	rest := runMetrics(t, append(slices.Clone(llama), "--devices", "4", "--tp", "4", "--resume", ck)...)
+	want, got := losses(whole)[6:], losses(rest)
+	require.Len(t, got, len(want))
+	for k := range want {
+		assert.InEpsilon(t, want[k], got[k], 1e-5, "step %d", 7+k)
+	}
+}
+
+// A file --save writes under any plan loads under that plan and on one
+// device with the same step-1 loss.
+func TestSaveLoadRoundTripsUnderEveryPlan(t *testing.T) {
+	plans := [][]string{
+		{"--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "2"},
+		{"--devices", "2", "--dp", "2", "--zero", "3", "--precision", "bf16"},
+	}
+	if fullMatrix() {
+		plans = append(plans,
+			[]string{"--devices", "2", "--tp", "2", "--sequence-parallel"},
+			[]string{"--devices", "2", "--pp", "2", "--vpp", "2", "--microbatches", "2", "--set", "layers=4,hidden=32,heads=2,seq=16"},
+			[]string{"--devices", "4", "--dp", "4", "--zero", "2"},
+			[]string{"--precision", "fp16"},
+		)
+	}
+	for _, plan := range plans {
+		t.Run(strings.Join(plan, " "), func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "w.safetensors")
+			require.NoError(t, mainErr(append(append(append(slices.Clone(ckptGPT), "--steps", "5", "--lr", "1e-2"), plan...), "--save", file)))
+			step1 := func(plan ...string) float64 {
+				return runMetrics(t, append(append(slices.Clone(ckptGPT), "--steps", "1", "--load", file), plan...)...).Steps[0].Loss
+			}
+			var model []string // the plan's model sizes, if it sets them
+			if i := slices.Index(plan, "--set"); i >= 0 {
+				model = plan[i : i+2]
+			}
+			tol := 1e-5
+			if slices.Contains(plan, "--precision") {
+				tol = 2e-3 // the plan's step runs in 16 bits
+			}
+			assert.InEpsilon(t, step1(model...), step1(plan...), tol, "step-1 loss on one device and under the plan")
+		})
+	}
+}
+
 // compiled is a plan of reshardGPT compiled as the CLI does, with its
 // cluster.
 func compiled(t *testing.T, plan ...string) (*compile.Result, *cpu.Cluster) {
