@@ -253,16 +253,9 @@ func newSubcommandFlags(name, usage string) *flag.FlagSet {
 
 // parseSubcommand parses flags around the one positional argument.
 func parseSubcommand(fs *flag.FlagSet, args []string) (string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return "", err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
+	positional, err := parsePositional(fs, args)
+	if err != nil {
+		return "", err
 	}
 	if len(positional) != 1 {
 		fs.Usage()

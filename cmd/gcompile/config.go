@@ -123,18 +123,9 @@ func parseArgs(args []string) (*config, error) {
 	fs.StringVar(&c.logDir, "log-dir", "", "ranks other than 0 write their log to DIR/rank-N.log instead of stderr (rank 0 always logs to stderr)")
 	fs.BoolVar(&c.packGPU, "pack-gpu", false, "with --backend cuda: put all of this process's devices on one GPU as virtual devices, instead of one GPU each")
 
-	// Go's flag package stops at the first positional argument; the model
-	// path comes first, so parse around it.
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
+	positional, err := parsePositional(fs, args)
+	if err != nil {
+		return nil, err
 	}
 	c.explicit = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { c.explicit[f.Name] = true })
@@ -145,6 +136,23 @@ func parseArgs(args []string) (*config, error) {
 	}
 	c.Model = positional[0]
 	return c, c.validate()
+}
+
+// parsePositional parses flags anywhere among the positional arguments
+// and returns those: Go's flag package stops at the first positional
+// argument, and the model path comes first.
+func parsePositional(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return positional, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
 }
 
 // errNotYet marks a valid request that this build cannot carry out yet.
