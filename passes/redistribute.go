@@ -2,6 +2,7 @@ package passes
 
 import (
 	"fmt"
+	"slices"
 
 	"gcompile/ir"
 )
@@ -54,7 +55,103 @@ func redistribute(m *ir.Module, _ *Options) error {
 		}
 	}
 	m.Values = out
+	sinkSlices(m)
 	return nil
+}
+
+// sinkSlices makes a value that every use cuts with the same local slice
+// (R → S(d) on one axis) be produced split: a broadcast of a replicated
+// operand, or a constant, computes its block as cheaply as the whole, so
+// materialising the whole and slicing it afterwards only costs memory —
+// a [batch, seq, 4h] bias broadcast replicated over dp is dp times its
+// block, and per-device memory then grows with dp. The broadcast's
+// operand is sliced instead where the split dim is one of its own (a
+// [seq, h] position table split on seq under sequence parallelism).
+func sinkSlices(m *ir.Module) {
+	uses := m.Uses()
+	held := map[*ir.Value]bool{} // outputs and updated states keep their placement
+	for _, o := range m.Outputs {
+		held[o.Value] = true
+	}
+	for _, u := range m.Updates {
+		held[u.State], held[u.Value] = true, true
+	}
+	replace := map[*ir.Value]*ir.Value{}
+	var before map[*ir.Value][]*ir.Value
+	for _, v := range m.Values {
+		if v.Op != "broadcast" && v.Op != "const" {
+			continue
+		}
+		axis, dim, ok := commonSlice(m, v, uses[v])
+		if !ok || held[v] {
+			continue
+		}
+		if v.Op == "broadcast" {
+			x := v.Args[0]
+			in, out := x.Type.Shape, v.Type.Shape
+			off := len(out) - len(in)
+			if d := dim - off; d >= 0 && in[d] != 1 {
+				if x.Place[axis].Kind != ir.Replicate {
+					continue
+				}
+				xs, err := m.NewValue("shard_slice", []*ir.Value{x}, splitAttrs(m.Mesh.Axes[axis].Name, ir.Placement{Kind: ir.Shard, Dim: d}), v.Meta, v.Pos)
+				if err != nil {
+					continue
+				}
+				xs.Place = slices.Clone(x.Place)
+				xs.Place[axis] = ir.Placement{Kind: ir.Shard, Dim: d}
+				if before == nil {
+					before = map[*ir.Value][]*ir.Value{}
+				}
+				before[v] = append(before[v], xs)
+				v.Args[0] = xs
+			}
+		}
+		v.Place = slices.Clone(v.Place)
+		v.Place[axis] = ir.Placement{Kind: ir.Shard, Dim: dim}
+		for _, u := range uses[v] {
+			replace[u] = v
+		}
+	}
+	if len(replace) == 0 {
+		return
+	}
+	var kept []*ir.Value
+	for _, v := range m.Values {
+		if replace[v] == nil {
+			kept = append(kept, v)
+		}
+		for i, a := range v.Args {
+			if r := replace[a]; r != nil {
+				v.Args[i] = r
+			}
+		}
+	}
+	m.Values = splice(kept, before, nil)
+}
+
+// commonSlice reports whether every use of v is a shard_slice of one
+// plain split (no fused blocks) on the same axis and dim, from R.
+func commonSlice(m *ir.Module, v *ir.Value, uses []*ir.Value) (axis, dim int, ok bool) {
+	if len(uses) == 0 || m.Mesh == nil || v.Place == nil {
+		return 0, 0, false
+	}
+	axis = -1
+	for _, u := range uses {
+		if u.Op != "shard_slice" || u.Attrs.Int("blocks", 1) > 1 {
+			return 0, 0, false
+		}
+		a := m.Mesh.Axis(u.Attrs.Str("axis"))
+		d := u.Attrs.Int("dim", -1)
+		if a < 0 || d < 0 || axis >= 0 && (a != axis || d != dim) {
+			return 0, 0, false
+		}
+		axis, dim = a, d
+	}
+	if v.Place[axis].Kind != ir.Replicate {
+		return 0, 0, false
+	}
+	return axis, dim, true
 }
 
 type conversion struct {

@@ -213,12 +213,17 @@ func TestShardCollectives(t *testing.T) {
 		}
 
 		// Forward and backward: the loss is all-reduced (a partial mean),
-		// whole bias and position-embedding broadcasts are sliced to the
-		// local batch (5 of them), gradients are all-reduced (ZeRO 0/1) or
+		// bias and position-embedding broadcasts are made at the local
+		// batch (split, never whole and sliced), gradients are all-reduced (ZeRO 0/1) or
 		// reduce-scattered (ZeRO 2/3) as soon as they exist, and ZeRO-3
 		// gathers every param before its forward use and the 8 params the
 		// backward reads (wte, the four matrices, the three LayerNorm γ).
-		want := map[string]int{"all_reduce/fwd": 1, "shard_slice/fwd": 5}
+		want := map[string]int{"all_reduce/fwd": 1}
+		for _, v := range m.Values {
+			if v.Op == "broadcast" && v.Type.Rank() == 3 {
+				assert.Equal(t, "[S(0)]", fmt.Sprint(v.Place), "a batch-shaped broadcast is split over dp: %s", v.Where())
+			}
+		}
 		if zero < 2 {
 			want["all_reduce/bwd"] = shardGPTParams
 		} else {
@@ -385,10 +390,10 @@ func TestShardReducesEachGradientOnce(t *testing.T) {
 	forEachDP(t, func(t *testing.T, dp, zero int) {
 		m, _ := compileDP(t, dp, zero, nil)
 		want := map[int]map[string]int{
-			0: {"all_reduce/fwd": 1, "shard_slice/fwd": 5, "all_reduce/bwd": 16},
-			1: {"all_reduce/fwd": 1, "shard_slice/fwd": 5, "all_reduce/bwd": 16, "shard_slice/opt": 32, "all_gather/opt": 16},
-			2: {"all_reduce/fwd": 1, "shard_slice/fwd": 5, "reduce_scatter/bwd": 16, "all_reduce/opt": 1, "shard_slice/opt": 16, "all_gather/opt": 16},
-			3: {"all_reduce/fwd": 1, "shard_slice/fwd": 5, "all_gather/fwd": 16, "all_gather/bwd": 8, "reduce_scatter/bwd": 16, "all_reduce/opt": 1},
+			0: {"all_reduce/fwd": 1, "all_reduce/bwd": 16},
+			1: {"all_reduce/fwd": 1, "all_reduce/bwd": 16, "shard_slice/opt": 32, "all_gather/opt": 16},
+			2: {"all_reduce/fwd": 1, "reduce_scatter/bwd": 16, "all_reduce/opt": 1, "shard_slice/opt": 16, "all_gather/opt": 16},
+			3: {"all_reduce/fwd": 1, "all_gather/fwd": 16, "all_gather/bwd": 8, "reduce_scatter/bwd": 16, "all_reduce/opt": 1},
 		}[zero]
 		if !assert.Equal(t, want, collectiveCounts(m)) {
 			t.Logf("%s", ir.Print(m))
@@ -588,7 +593,7 @@ func TestShardVerifierRejectsBrokenCollectives(t *testing.T) {
 			func(v *ir.Value) { v.Place = []ir.Placement{{Kind: ir.Replicate}} }, "reduce_scatter on axis dp turns P into S(0), but the arg is P and the result R"},
 		{"all_gather of a whole param", 3, "all_gather", ir.PhaseFwd,
 			func(v *ir.Value) { v.Args[0].Place = []ir.Placement{{Kind: ir.Replicate}} }, "all_gather on axis dp turns S(0) into R, but the arg is R and the result R"},
-		{"shard_slice of a partial", 1, "shard_slice", ir.PhaseFwd,
+		{"shard_slice of a partial", 1, "shard_slice", ir.PhaseOpt,
 			func(v *ir.Value) { v.Args[0].Place = []ir.Placement{{Kind: ir.Partial}} }, "shard_slice on axis dp turns R into S(0), but the arg is P"},
 	}
 	for _, c := range cases {
