@@ -22,7 +22,7 @@ import (
 // keeps the redistribute op's id, so later dumps line up. The backward of
 // each collective is its conjugate because autodiff runs before placement:
 // the gradient graph is placed and redistributed like any other.
-func redistribute(m *ir.Module, _ *Options) error {
+func redistribute(m *ir.Module, o *Options) error {
 	var out []*ir.Value
 	for _, v := range m.Values {
 		if v.Op != "redistribute" {
@@ -55,20 +55,28 @@ func redistribute(m *ir.Module, _ *Options) error {
 		}
 	}
 	m.Values = out
-	sinkSlices(m)
+	sinkSlices(m, o)
 	return nil
 }
 
 // sinkSlices makes a value that every use cuts with the same local slice
-// (R → S(d) on one axis) be produced split: a broadcast of a replicated
+// (R → S(d) on one axis) be produced split. A broadcast of a replicated
 // operand, or a constant, computes its block as cheaply as the whole, so
 // materialising the whole and slicing it afterwards only costs memory —
 // a [batch, seq, 4h] bias broadcast replicated over dp is dp times its
 // block, and per-device memory then grows with dp. The broadcast's
 // operand is sliced instead where the split dim is one of its own (a
-// [seq, h] position table split on seq under sequence parallelism).
-func sinkSlices(m *ir.Module) {
-	uses := m.Uses()
+// [seq, h] position table split on seq under sequence parallelism). An
+// elementwise op computes its block from its arguments' blocks, so the
+// slice moves onto its arguments, and on up while a value exists only to
+// be sliced.
+func sinkSlices(m *ir.Module, o *Options) {
+	if m.Mesh == nil {
+		return
+	}
+	// The ops' own sharding rules say which argument blocks make which
+	// result block; placement preferences do not matter here.
+	s := &sharder{m: m, o: o, dp: m.Mesh.DataAxis(), tp: m.Mesh.WeightAxis(), prefer: map[*ir.Value][]ir.Placement{}}
 	held := map[*ir.Value]bool{} // outputs and updated states keep their placement
 	for _, o := range m.Outputs {
 		held[o.Value] = true
@@ -76,58 +84,188 @@ func sinkSlices(m *ir.Module) {
 	for _, u := range m.Updates {
 		held[u.State], held[u.Value] = true, true
 	}
-	replace := map[*ir.Value]*ir.Value{}
-	var before map[*ir.Value][]*ir.Value
-	for _, v := range m.Values {
-		if v.Op != "broadcast" && v.Op != "const" {
-			continue
-		}
-		axis, dim, ok := commonSlice(m, v, uses[v])
-		if !ok || held[v] {
-			continue
-		}
-		if v.Op == "broadcast" {
-			x := v.Args[0]
-			in, out := x.Type.Shape, v.Type.Shape
-			off := len(out) - len(in)
-			if d := dim - off; d >= 0 && in[d] != 1 {
-				if x.Place[axis].Kind != ir.Replicate {
+	for changed := true; changed; {
+		changed = narrowBroadcasts(m, held)
+		uses := m.Uses()
+		replace := map[*ir.Value]*ir.Value{}
+		before := map[*ir.Value][]*ir.Value{}
+		for _, v := range m.Values {
+			if held[v] || !sinkable(v) {
+				continue
+			}
+			axis, dim, ok := commonSlice(m, v, uses[v])
+			if !ok {
+				continue
+			}
+			split := ir.Placement{Kind: ir.Shard, Dim: dim}
+			if v.Op == "all_reduce" {
+				// Reduced whole and then sliced is a reduce-scatter.
+				if m.Mesh.Axis(v.Attrs.Str("axis")) != axis || v.Attrs.Int("bucket", 0) != 0 {
 					continue
 				}
-				xs, err := m.NewValue("shard_slice", []*ir.Value{x}, splitAttrs(m.Mesh.Axes[axis].Name, ir.Placement{Kind: ir.Shard, Dim: d}), v.Meta, v.Pos)
-				if err != nil {
+				v.Op, v.Attrs = "reduce_scatter", splitAttrs(m.Mesh.Axes[axis].Name, split)
+			} else {
+				cut, ok := cuts(s, v, axis, split)
+				if !ok {
 					continue
 				}
-				xs.Place = slices.Clone(x.Place)
-				xs.Place[axis] = ir.Placement{Kind: ir.Shard, Dim: d}
-				if before == nil {
-					before = map[*ir.Value][]*ir.Value{}
+				for i, a := range v.Args {
+					if cut[i] < 0 {
+						continue
+					}
+					p := ir.Placement{Kind: ir.Shard, Dim: cut[i]}
+					xs, err := m.NewValue("shard_slice", []*ir.Value{a}, splitAttrs(m.Mesh.Axes[axis].Name, p), v.Meta, v.Pos)
+					if err != nil {
+						continue
+					}
+					xs.Place = slices.Clone(a.Place)
+					xs.Place[axis] = p
+					before[v] = append(before[v], xs)
+					v.Args[i] = xs
 				}
-				before[v] = append(before[v], xs)
-				v.Args[0] = xs
+			}
+			v.Place = slices.Clone(v.Place)
+			v.Place[axis] = split
+			for _, u := range uses[v] {
+				replace[u] = v
+			}
+			changed = true
+		}
+		if len(replace) == 0 {
+			continue
+		}
+		var kept []*ir.Value
+		for _, v := range m.Values {
+			if replace[v] == nil {
+				kept = append(kept, v)
+			}
+			for i, a := range v.Args {
+				if r := replace[a]; r != nil {
+					v.Args[i] = r
+				}
 			}
 		}
-		v.Place = slices.Clone(v.Place)
-		v.Place[axis] = ir.Placement{Kind: ir.Shard, Dim: dim}
-		for _, u := range uses[v] {
-			replace[u] = v
+		m.Values = splice(kept, before, nil)
+	}
+}
+
+// sinkable ops may compute a block of their result from blocks of their
+// arguments: constants, broadcasts, and ops with a sharding rule that are
+// not an optimizer's update (those write state, which keeps its place);
+// an all-reduce whose every use slices it is a reduce-scatter.
+func sinkable(v *ir.Value) bool {
+	switch v.Op {
+	case "broadcast", "all_reduce":
+		return true
+	case "const":
+		return len(v.Args) == 0
+	}
+	info, ok := ir.Lookup(v.Op)
+	_, ruled := shardRules[v.Op]
+	return ok && ruled && info.Update == ir.NoUpdate
+}
+
+// cuts finds which argument of v to cut on which dim (-1: none) so that v
+// yields the block split of its result on axis. A broadcast takes its
+// operand's dim under the split one unless it is broadcast (absent or 1);
+// a constant needs nothing; any other op asks its sharding rule, trying
+// argument cuts from the fewest bytes up, for one whose result is split
+// with no redistribution of its arguments.
+func cuts(s *sharder, v *ir.Value, axis int, split ir.Placement) ([]int, bool) {
+	cut := make([]int, len(v.Args))
+	for i := range cut {
+		cut[i] = -1
+	}
+	switch v.Op {
+	case "const":
+		return cut, true
+	case "broadcast":
+		a := v.Args[0]
+		if d := split.Dim - (v.Type.Rank() - a.Type.Rank()); d >= 0 && a.Type.Shape[d] != 1 {
+			if a.Place[axis].Kind != ir.Replicate {
+				return nil, false
+			}
+			cut[0] = d
+		}
+		return cut, true
+	}
+	if len(v.Args) > 4 {
+		return nil, false
+	}
+	best, bestBytes := []int(nil), int64(-1)
+	var try func(i int, bytes int64)
+	try = func(i int, bytes int64) {
+		if bestBytes >= 0 && bytes >= bestBytes {
+			return
+		}
+		if i == len(v.Args) {
+			have := make([]ir.Placement, len(v.Args))
+			for j, a := range v.Args {
+				have[j] = a.Place[axis]
+				if cut[j] >= 0 {
+					have[j] = ir.Placement{Kind: ir.Shard, Dim: cut[j]}
+				}
+			}
+			want, out, err := AxisRule{s: s, v: v, ax: axis, have: have}.apply()
+			if err != nil || !out.Equal(split) || len(want) != len(have) {
+				return
+			}
+			for j := range want {
+				if !want[j].Equal(have[j]) {
+					return
+				}
+			}
+			best, bestBytes = slices.Clone(cut), bytes
+			return
+		}
+		try(i+1, bytes)
+		a := v.Args[i]
+		if a.Place[axis].Kind != ir.Replicate {
+			return
+		}
+		for d := range a.Type.Rank() {
+			cut[i] = d
+			try(i+1, bytes+a.Type.Bytes())
+			cut[i] = -1
 		}
 	}
-	if len(replace) == 0 {
-		return
+	try(0, 0)
+	return best, best != nil
+}
+
+// narrowBroadcasts makes a slice of a broadcast along a dim the broadcast
+// creates (a microbatch's rows of a bias broadcast to the whole batch) a
+// broadcast to the slice's shape, and drops broadcasts left without a use,
+// so the whole batch is never materialised for one microbatch's part.
+func narrowBroadcasts(m *ir.Module, held map[*ir.Value]bool) bool {
+	changed := false
+	for _, v := range m.Values {
+		if v.Op != "slice" || v.Args[0].Op != "broadcast" || held[v] {
+			continue
+		}
+		b := v.Args[0]
+		x := b.Args[0]
+		d := v.Attrs.Int("dim", -1) - (b.Type.Rank() - x.Type.Rank())
+		if d >= 0 && x.Type.Shape[d] != 1 {
+			continue
+		}
+		v.Op, v.Args = "broadcast", []*ir.Value{x}
+		v.Attrs = ir.Attrs{"shape": []int(v.Type.Shape.Clone())}
+		changed = true
 	}
+	if !changed {
+		return false
+	}
+	uses := m.Uses()
 	var kept []*ir.Value
 	for _, v := range m.Values {
-		if replace[v] == nil {
-			kept = append(kept, v)
+		if v.Op == "broadcast" && len(uses[v]) == 0 && !held[v] {
+			continue
 		}
-		for i, a := range v.Args {
-			if r := replace[a]; r != nil {
-				v.Args[i] = r
-			}
-		}
+		kept = append(kept, v)
 	}
-	m.Values = splice(kept, before, nil)
+	m.Values = kept
+	return true
 }
 
 // commonSlice reports whether every use of v is a shard_slice of one
@@ -280,4 +418,27 @@ func splitAttrs(axis string, p ir.Placement) ir.Attrs {
 		a["blocks"] = p.NumBlocks()
 	}
 	return a
+}
+
+// Oversized lists the values every use of which cuts them with the same
+// slice: each device materialises more than it needs (see sinkSlices).
+// Params, optimizer state and inputs are whole on purpose (kept or fed
+// that way) and not listed, nor is a slice sliced again on another axis
+// (a cut over several axes is made one axis at a time).
+func Oversized(m *ir.Module) []*ir.Value {
+	if m.Mesh == nil {
+		return nil
+	}
+	uses := m.Uses()
+	var out []*ir.Value
+	for _, v := range m.Values {
+		switch v.Op {
+		case "param", "state", "input", "shard_slice":
+			continue
+		}
+		if _, _, ok := commonSlice(m, v, uses[v]); ok {
+			out = append(out, v)
+		}
+	}
+	return out
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -39,6 +40,58 @@ func stateSums(t *testing.T, dir string) map[string]checkpoint.Sum {
 	m, err := checkpoint.ReadManifest(dir)
 	require.NoError(t, err)
 	return m.Files
+}
+
+// dumps holds the .gir dumps gir made, by model and sizes; dumpRoot is
+// their folder, removed by TestMain.
+var (
+	dumpsMu  sync.Mutex
+	dumps    = map[string]string{}
+	dumpRoot string
+)
+
+// gir replaces a model.go and its --set and --batch in args by the dump of
+// that model at those sizes before any pass, made once per test binary:
+// parsing a dump takes milliseconds where building a model.go takes a Go
+// build, and the module (its fingerprint too) is the same.
+func gir(t testing.TB, args []string) []string {
+	t.Helper()
+	model := args[0]
+	var set, batch string
+	var rest []string
+	for i := 1; i < len(args); i++ {
+		switch args[i] {
+		case "--set":
+			set, i = args[i+1], i+1
+		case "--batch":
+			batch, i = args[i+1], i+1
+		default:
+			rest = append(rest, args[i])
+		}
+	}
+	key := model + " " + set + " " + batch
+	dumpsMu.Lock()
+	defer dumpsMu.Unlock()
+	path, ok := dumps[key]
+	if !ok {
+		if dumpRoot == "" {
+			var err error
+			dumpRoot, err = os.MkdirTemp("", "gcompile-ckpt-dumps")
+			require.NoError(t, err)
+		}
+		dir := filepath.Join(dumpRoot, strconv.Itoa(len(dumps)))
+		made := []string{model, "--dump", dir}
+		if set != "" {
+			made = append(made, "--set", set)
+		}
+		if batch != "" {
+			made = append(made, "--batch", batch)
+		}
+		require.NoError(t, mainErr(made))
+		path = filepath.Join(dir, "00-input.gir")
+		dumps[key] = path
+	}
+	return append([]string{path}, rest...)
 }
 
 func losses(m runtime.Metrics) []float64 {
@@ -82,7 +135,7 @@ func TestResumeIsBitIdentical(t *testing.T) {
 			dir := t.TempDir()
 			run := func(extra ...string) runtime.Metrics {
 				args := append(append(slices.Clone(ckptGPT), "--steps", "20"), tc.plan...)
-				return runMetrics(t, append(args, extra...)...)
+				return runMetrics(t, gir(t, append(args, extra...))...)
 			}
 			whole := run("--checkpoint-dir", filepath.Join(dir, "whole"))
 			first := run("--checkpoint-dir", filepath.Join(dir, "cut"), "--stop-after", "10")
@@ -127,7 +180,7 @@ var reshardGPT = []string{gptModel, "--set", "layers=8,hidden=32,heads=4,seq=16"
 // run that never stopped.
 func TestResumeUnderAnotherPlan(t *testing.T) {
 	dir := t.TempDir()
-	whole := runMetrics(t, reshardGPT...)
+	whole := runMetrics(t, gir(t, reshardGPT)...)
 	cases := []struct {
 		from []string
 		to   [][]string
@@ -145,10 +198,10 @@ func TestResumeUnderAnotherPlan(t *testing.T) {
 	}
 	for i, tc := range cases {
 		saved := filepath.Join(dir, strconv.Itoa(i))
-		require.NoError(t, mainErr(append(append(slices.Clone(reshardGPT), tc.from...), "--checkpoint-dir", saved, "--stop-after", "10")))
+		require.NoError(t, mainErr(gir(t, append(append(slices.Clone(reshardGPT), tc.from...), "--checkpoint-dir", saved, "--stop-after", "10"))))
 		for _, to := range tc.to {
 			t.Run(fmt.Sprintf("%v to %v", tc.from, to), func(t *testing.T) {
-				rest := runMetrics(t, append(append(slices.Clone(reshardGPT), to...), "--resume", saved)...)
+				rest := runMetrics(t, gir(t, append(append(slices.Clone(reshardGPT), to...), "--resume", saved))...)
 				want := losses(whole)[10:]
 				got := losses(rest)
 				require.Len(t, got, len(want))
@@ -166,10 +219,10 @@ func TestResumeUnderAnotherPlan(t *testing.T) {
 func TestLlamaResumesWithKVHeadsReplicated(t *testing.T) {
 	llama := []string{llamaModel, "--set", "layers=4,hidden=32,heads=4,kv_heads=2,ffn=64,seq=16", "--batch", "8", "--max-data-mb", "1",
 		"--run", "--eval-batches", "1", "--warmup", "3", "--steps", "12"}
-	whole := runMetrics(t, llama...)
+	whole := runMetrics(t, gir(t, llama)...)
 	ck := filepath.Join(t.TempDir(), "ck")
-	require.NoError(t, mainErr(append(slices.Clone(llama), "--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "2", "--checkpoint-dir", ck, "--stop-after", "6")))
-	rest := runMetrics(t, append(slices.Clone(llama), "--devices", "4", "--tp", "4", "--resume", ck)...)
+	require.NoError(t, mainErr(gir(t, append(slices.Clone(llama), "--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "2", "--checkpoint-dir", ck, "--stop-after", "6"))))
+	rest := runMetrics(t, gir(t, append(slices.Clone(llama), "--devices", "4", "--tp", "4", "--resume", ck))...)
 	want, got := losses(whole)[6:], losses(rest)
 	require.Len(t, got, len(want))
 	for k := range want {
@@ -195,9 +248,9 @@ func TestSaveLoadRoundTripsUnderEveryPlan(t *testing.T) {
 	for _, plan := range plans {
 		t.Run(strings.Join(plan, " "), func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "w.safetensors")
-			require.NoError(t, mainErr(append(append(append(slices.Clone(ckptGPT), "--steps", "5", "--lr", "1e-2"), plan...), "--save", file)))
+			require.NoError(t, mainErr(gir(t, append(append(append(slices.Clone(ckptGPT), "--steps", "5", "--lr", "1e-2"), plan...), "--save", file))))
 			step1 := func(plan ...string) float64 {
-				return runMetrics(t, append(append(slices.Clone(ckptGPT), "--steps", "1", "--load", file), plan...)...).Steps[0].Loss
+				return runMetrics(t, gir(t, append(append(slices.Clone(ckptGPT), "--steps", "1", "--load", file), plan...))...).Steps[0].Loss
 			}
 			var model []string // the plan's model sizes, if it sets them
 			if i := slices.Index(plan, "--set"); i >= 0 {
@@ -216,7 +269,7 @@ func TestSaveLoadRoundTripsUnderEveryPlan(t *testing.T) {
 // cluster.
 func compiled(t *testing.T, plan ...string) (*compile.Result, *cpu.Cluster) {
 	t.Helper()
-	c, err := parseArgs(append(slices.Clone(reshardGPT), plan...))
+	c, err := parseArgs(gir(t, append(slices.Clone(reshardGPT), plan...)))
 	require.NoError(t, err)
 	res, err := compile.Compile(&c.Config, passes.Hooks{})
 	require.NoError(t, err)
@@ -231,8 +284,8 @@ func compiled(t *testing.T, plan ...string) (*compile.Result, *cpu.Cluster) {
 func TestReshardingKeepsEveryBit(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
-	require.NoError(t, mainErr(append(slices.Clone(reshardGPT), "--devices", "8", "--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1",
-		"--microbatches", "2", "--checkpoint-dir", src, "--stop-after", "4")))
+	require.NoError(t, mainErr(gir(t, append(slices.Clone(reshardGPT), "--devices", "8", "--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1",
+		"--microbatches", "2", "--checkpoint-dir", src, "--stop-after", "4"))))
 	saved := checkpoint.StepDir(src, 4)
 	for i, plan := range [][]string{{"--devices", "4", "--tp", "4"}, {"--devices", "4", "--dp", "2", "--pp", "2", "--vpp", "2", "--zero", "3", "--microbatches", "2"}} {
 		res, cl := compiled(t, plan...)
@@ -276,7 +329,7 @@ func snapshot(t *testing.T, dir string) map[string]string {
 func TestBadCheckpointsAreNamedErrors(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good")
-	require.NoError(t, mainErr(append(slices.Clone(ckptGPT), "--steps", "4", "--devices", "2", "--dp", "2", "--checkpoint-dir", good, "--stop-after", "2")))
+	require.NoError(t, mainErr(gir(t, append(slices.Clone(ckptGPT), "--steps", "4", "--devices", "2", "--dp", "2", "--checkpoint-dir", good, "--stop-after", "2"))))
 	step := checkpoint.StepDir(good, 2)
 	cases := []struct {
 		name   string
@@ -322,7 +375,7 @@ func TestBadCheckpointsAreNamedErrors(t *testing.T) {
 			}
 			before := snapshot(t, ck)
 			args := append(append(slices.Clone(ckptGPT), "--steps", "4", "--resume", ck), tc.args...)
-			err := mainErr(args)
+			err := mainErr(gir(t, args))
 			require.Error(t, err)
 			for _, w := range tc.want {
 				assert.ErrorContains(t, err, w)
@@ -360,7 +413,7 @@ func TestKilledDuringSaveLeavesALoadableCheckpoint(t *testing.T) {
 		t.Skip("starts processes; skipped with -short")
 	}
 	dir := t.TempDir()
-	args := append(slices.Clone(ckptGPT), "--steps", "6", "--checkpoint-every", "2", "--keep-last", "2")
+	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "6", "--checkpoint-every", "2", "--keep-last", "2"))
 	clean := filepath.Join(dir, "clean")
 	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", clean)))
 	want := stateSums(t, checkpoint.StepDir(clean, 6))
@@ -431,8 +484,8 @@ for name in sorted(k for k in header if k != "__metadata__"):
 func TestExportIsHuggingFaceWeights(t *testing.T) {
 	dir := t.TempDir()
 	ck := filepath.Join(dir, "ck")
-	require.NoError(t, mainErr(append(slices.Clone(ckptGPT), "--steps", "4", "--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "2",
-		"--checkpoint-dir", ck, "--save", filepath.Join(dir, "saved.safetensors"))))
+	require.NoError(t, mainErr(gir(t, append(slices.Clone(ckptGPT), "--steps", "4", "--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "2",
+		"--checkpoint-dir", ck, "--save", filepath.Join(dir, "saved.safetensors")))))
 	out := filepath.Join(dir, "model.safetensors")
 	require.NoError(t, mainErr([]string{"export", ck, "--out", out}))
 
@@ -475,7 +528,7 @@ func TestExportIsHuggingFaceWeights(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, len(shards), 1)
 	step1 := func(file string) float64 {
-		m := runMetrics(t, append(slices.Clone(ckptGPT), "--steps", "1", "--load", file)...)
+		m := runMetrics(t, gir(t, append(slices.Clone(ckptGPT), "--steps", "1", "--load", file))...)
 		return m.Steps[0].Loss
 	}
 	assert.Equal(t, step1(out), step1(index))
@@ -484,8 +537,8 @@ func TestExportIsHuggingFaceWeights(t *testing.T) {
 // inspect shows the state, the plan and every rank's file.
 func TestInspectDescribesTheCheckpoint(t *testing.T) {
 	ck := filepath.Join(t.TempDir(), "ck")
-	require.NoError(t, mainErr(append(slices.Clone(ckptGPT), "--steps", "6", "--devices", "2", "--dp", "2", "--zero", "1",
-		"--checkpoint-dir", ck, "--checkpoint-every", "2", "--keep-last", "2")))
+	require.NoError(t, mainErr(gir(t, append(slices.Clone(ckptGPT), "--steps", "6", "--devices", "2", "--dp", "2", "--zero", "1",
+		"--checkpoint-dir", ck, "--checkpoint-every", "2", "--keep-last", "2"))))
 	entries, err := os.ReadDir(ck)
 	require.NoError(t, err)
 	var kept []string
@@ -512,7 +565,7 @@ func TestSIGTERMSavesAndExits(t *testing.T) {
 		t.Skip("starts processes; skipped with -short")
 	}
 	dir := t.TempDir()
-	args := append(slices.Clone(ckptGPT), "--steps", "100")
+	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "100"))
 	whole := filepath.Join(dir, "whole")
 	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", whole)))
 	ck := filepath.Join(dir, "ck")
@@ -552,7 +605,7 @@ func TestCheckpointAcrossProcesses(t *testing.T) {
 	t.Setenv(asMainEnv, "1")
 	dir := t.TempDir()
 	plan := []string{"--devices", "2", "--dp", "2", "--zero", "1"}
-	args := append(append(slices.Clone(ckptGPT), "--steps", "6"), plan...)
+	args := gir(t, append(append(slices.Clone(ckptGPT), "--steps", "6"), plan...))
 	one := filepath.Join(dir, "one")
 	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", one)))
 	two := filepath.Join(dir, "two")

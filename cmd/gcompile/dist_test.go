@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	code := m.Run()
+	if dumpRoot != "" {
+		os.RemoveAll(dumpRoot)
+	}
 	if jobModelMade.Load() {
 		if path, err := jobModel(); err == nil {
 			os.RemoveAll(filepath.Dir(path))
