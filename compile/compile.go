@@ -144,7 +144,10 @@ func LoadModule(c *Config) (*ir.Module, error) {
 	if c.DPSync == "async" {
 		batch /= c.DP // each replica's program sees its share of the batch
 	}
-	return loader.LoadModel(c.Model, frontend.Config{Name: name, Batch: batch, Set: set})
+	// Progress on stderr: a cold build of the model takes long enough to
+	// look like a hang.
+	l := &loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr}
+	return l.Load(c.Model, frontend.Config{Name: name, Batch: batch, Set: set})
 }
 
 func absOr(p string) string {

@@ -3,8 +3,10 @@ package compile
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"gcompile/ir"
 	"gcompile/lower"
@@ -29,6 +31,9 @@ type Config struct {
 	DPSync                         string // "sync" or "async"
 	Staleness                      int
 	MemLimit                       int64 // bytes per device; 0: unlimited
+	// ModelTimeout bounds building a model.go and, separately, running
+	// its Model() (--model-timeout); 0: the loader's default.
+	ModelTimeout time.Duration
 
 	Beta1, Beta2, WeightDecay, Clip, LossScale float64
 
@@ -65,13 +70,21 @@ func (c *Config) Validate() error {
 	if c.Devices < 1 {
 		bad("--devices must be ≥ 1, got %d", c.Devices)
 	}
+	if c.Devices > MaxDevices {
+		bad("--devices %d: at most %d", c.Devices, MaxDevices)
+	}
 	for _, d := range []struct {
 		name string
 		v    int
 	}{{"tp", c.TP}, {"pp", c.PP}, {"dp", c.DP}, {"ep", c.EP}, {"vpp", c.VPP}} {
-		if d.v < 0 {
-			bad("--%s must be ≥ 0, got %d", d.name, d.v)
+		if d.v < 0 || d.v > MaxDevices {
+			bad("--%s must be in 0..%d, got %d", d.name, MaxDevices, d.v)
 		}
+	}
+	if len(errs) > 0 {
+		// The degrees are multiplied below: out of range, they could
+		// overflow to 0 and divide by it.
+		return errors.Join(errs...)
 	}
 	// Unset degrees: tp, pp, ep default to 1 and dp takes the rest.
 	tp, pp, ep, vpp := or1(c.TP), or1(c.PP), or1(c.EP), or1(c.VPP)
@@ -79,7 +92,9 @@ func (c *Config) Validate() error {
 	if dp == 0 && c.Devices%(tp*pp*ep) == 0 {
 		dp = c.Devices / (tp * pp * ep)
 	}
-	if c.Devices >= 1 && tp*pp*ep*max(dp, 1) != c.Devices {
+	// In float64, which is exact up to 2^53 and so cannot wrap four
+	// degrees of up to 2^20 around to --devices as an int product could.
+	if c.Devices >= 1 && float64(tp)*float64(pp)*float64(ep)*float64(max(dp, 1)) != float64(c.Devices) {
 		bad("tp·pp·dp·ep = %d·%d·%d·%d = %d must equal --devices %d", tp, pp, max(dp, 1), ep, tp*pp*max(dp, 1)*ep, c.Devices)
 	}
 	c.TP, c.PP, c.DP, c.EP, c.VPP = tp, pp, max(dp, 1), ep, vpp
@@ -128,7 +143,8 @@ func (c *Config) Validate() error {
 	}
 	if c.Microbatches < 1 {
 		bad("--microbatches must be ≥ 1, got %d", c.Microbatches)
-	} else if c.Batch%(c.DP*c.Microbatches) != 0 {
+	} else if c.Batch%c.DP != 0 || (c.Batch/c.DP)%c.Microbatches != 0 {
+		// Two divisions, not one by dp·microbatches, which can overflow.
 		bad("--batch %d must be divisible by dp·microbatches = %d", c.Batch, c.DP*c.Microbatches)
 	}
 	if c.Batch < 1 {
@@ -146,13 +162,8 @@ func (c *Config) Validate() error {
 	if !slices.Contains([]string{"fp32", "fp16", "bf16"}, c.Precision) {
 		bad("--precision %q: want fp32, fp16 or bf16", c.Precision)
 	}
-	if c.BucketMB <= 0 {
-		bad("--bucket-mb must be positive, got %g", c.BucketMB)
-	}
-	if c.LossScale < 0 {
-		bad("--loss-scale must be positive (0: dynamic), got %g", c.LossScale)
-	}
-	if c.LossScale != 0 && c.Precision == "fp32" {
+	c.checkNumbers(bad)
+	if c.LossScale > 0 && !math.IsInf(c.LossScale, 0) && c.Precision == "fp32" { // a bad value is named above
 		bad("--loss-scale applies to --precision fp16 or bf16")
 	}
 	if c.MemLimit < 0 {
@@ -188,6 +199,42 @@ func (c *Config) Validate() error {
 		return errors.Join(errs...)
 	}
 	return c.PassOptions().Validate()
+}
+
+// MaxDevices bounds --devices and each parallel degree: their products
+// must fit an int, and a mesh of a million devices is beyond any job.
+const MaxDevices = 1 << 20
+
+// MaxBucketMB bounds --bucket-mb: its bytes must fit an int64, and one
+// bucket of 1 TiB already holds any model's gradients.
+const MaxBucketMB = 1 << 20
+
+// checkNumbers checks the plan's real-valued flags, each failure naming
+// its flag. NaN is refused explicitly, since it passes every comparison
+// (the flag package parses "NaN" and "Inf"), and so is ±Inf: either would
+// only show as a NaN loss after the compile and the first steps.
+func (c *Config) checkNumbers(bad func(string, ...any)) {
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	for _, b := range []struct {
+		name string
+		v    float64
+	}{{"beta1", c.Beta1}, {"beta2", c.Beta2}} {
+		if !(b.v >= 0 && b.v < 1) {
+			bad("--%s must lie in [0, 1), got %g", b.name, b.v)
+		}
+	}
+	if !finite(c.Clip) || c.Clip < 0 {
+		bad("--clip must be a finite norm ≥ 0 (0: off), got %g", c.Clip)
+	}
+	if !finite(c.WeightDecay) || c.WeightDecay < 0 {
+		bad("--weight-decay must be finite and ≥ 0, got %g", c.WeightDecay)
+	}
+	if !(c.BucketMB > 0) || c.BucketMB > MaxBucketMB {
+		bad("--bucket-mb must be positive and at most %d, got %g", MaxBucketMB, c.BucketMB)
+	}
+	if !finite(c.LossScale) || c.LossScale < 0 {
+		bad("--loss-scale must be positive (0: dynamic) and finite, got %g", c.LossScale)
+	}
 }
 
 func or1(n int) int {

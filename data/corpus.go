@@ -34,6 +34,15 @@ const binarySniffLen = 8 << 10
 // callers can tell "wrong folder" apart from I/O failures.
 var ErrNoFiles = errors.New("no usable files")
 
+// ErrBinary is wrapped by Load when the file given as the corpus looks
+// binary (a NUL byte in its first 8 KiB): a folder skips such files, and a
+// file named on its own is refused for the same reason, not trained on.
+var ErrBinary = errors.New("binary file")
+
+// ErrVocab is wrapped by Corpus.CheckVocab when the text holds a byte that
+// is no token of the model.
+var ErrVocab = errors.New("byte outside the vocabulary")
+
 // ErrTooSmall is wrapped by Corpus.Check when a split cannot hold a single
 // training window, so callers can suggest a larger MaxBytes or corpus.
 var ErrTooSmall = errors.New("corpus too small")
@@ -178,6 +187,13 @@ func loadFile(path string, maxBytes int64, frac float64) (*Corpus, error) {
 	}
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("data: corpus file %s is empty: %w", path, ErrNoFiles)
+	}
+	// The sniff a folder's files get (see readTextFile), on the bytes
+	// read: a binary file would only teach the model noise. Past MaxBytes
+	// nothing is trained on, so a short prefix is all that is looked at.
+	if i := bytes.IndexByte(buf[:min(len(buf), binarySniffLen)], 0); i >= 0 {
+		return nil, fmt.Errorf("data: corpus file %s looks binary (a NUL byte at offset %d of its first %d KiB; a folder's binary files are skipped): give a text file or a folder: %w",
+			path, i, binarySniffLen>>10, ErrBinary)
 	}
 	nEval := int(math.Round(float64(len(buf)) * frac))
 	cut := len(buf) - nEval
@@ -351,6 +367,31 @@ func (c *Corpus) Check(seq int) error {
 	if len(c.Eval) <= need {
 		return fmt.Errorf("data: %s: evaluation split has %d bytes from %d files, needs more than %d for one window of sequence length %d (raise EvalFraction or MaxBytes, or add files): %w",
 			c.Source, len(c.Eval), c.EvalFiles, need, seq, ErrTooSmall)
+	}
+	return nil
+}
+
+// CheckVocab reports whether every byte of both splits is a token of a
+// model with vocab tokens: each byte is one token, so a model whose vocab
+// is below 256 cannot take every text, and a byte ≥ vocab would index past
+// its embedding table. Call it once before training, as Check.
+func (c *Corpus) CheckVocab(vocab int) error {
+	if c == nil {
+		return errors.New("data: corpus is nil")
+	}
+	if vocab >= 256 {
+		return nil
+	}
+	for _, split := range []struct {
+		name string
+		text []byte
+	}{{"training", c.Train}, {"evaluation", c.Eval}} {
+		for i, b := range split.text {
+			if int(b) >= vocab {
+				return fmt.Errorf("data: %s: the %s split has byte %d at offset %d, not a token of a model with vocab %d (bytes are tokens: 0..%d): %w",
+					c.Source, split.name, b, i, vocab, vocab-1, ErrVocab)
+			}
+		}
 	}
 	return nil
 }

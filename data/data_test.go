@@ -206,6 +206,10 @@ func TestLoadErrors(t *testing.T) {
 	writeTree(t, binOnly, map[string]string{"x.bin": "\x00\x01\x02"})
 	emptyFile := filepath.Join(dir, "empty.txt")
 	mustNoErr(t, os.WriteFile(emptyFile, nil, 0o644))
+	binFile := filepath.Join(dir, "model.bin")
+	mustNoErr(t, os.WriteFile(binFile, []byte("ELF\x02\x01\x00text after"), 0o644))
+	lateNUL := filepath.Join(dir, "late-nul.bin")
+	mustNoErr(t, os.WriteFile(lateNUL, append(bytes.Repeat([]byte("a"), binarySniffLen-1), 0), 0o644))
 
 	tests := []struct {
 		name    string
@@ -217,6 +221,8 @@ func TestLoadErrors(t *testing.T) {
 		{"empty folder", Options{Path: empty}, ErrNoFiles, empty},
 		{"only binary files", Options{Path: binOnly}, ErrNoFiles, binOnly},
 		{"empty file", Options{Path: emptyFile}, ErrNoFiles, emptyFile},
+		{"binary file", Options{Path: binFile}, ErrBinary, binFile + " looks binary (a NUL byte at offset 5"},
+		{"NUL at the end of the sniffed prefix", Options{Path: lateNUL}, ErrBinary, "offset 8191"},
 		{"negative MaxBytes", Options{Path: dir, MaxBytes: -1}, nil, "MaxBytes"},
 		{"EvalFraction of 1", Options{Path: dir, EvalFraction: 1}, nil, "EvalFraction"},
 		{"negative EvalFraction", Options{Path: dir, EvalFraction: -0.1}, nil, "EvalFraction"},
@@ -252,6 +258,48 @@ func TestCheck(t *testing.T) {
 				return
 			}
 			expectErr(t, err, tt.wantIs, tt.wantErr)
+		})
+	}
+}
+
+// A NUL past the sniffed prefix is text's business (a folder's files are
+// judged the same way), and MaxBytes short of the NUL never sees it.
+func TestSingleFileSniffsOnlyThePrefix(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "corpus.txt")
+	content := append(bytes.Repeat([]byte("abc\n"), binarySniffLen), 0)
+	mustNoErr(t, os.WriteFile(path, content, 0o644))
+	c, err := Load(Options{Path: path})
+	mustNoErr(t, err)
+	expectEqual(t, len(content), len(c.Train)+len(c.Eval), "bytes read")
+}
+
+func TestCheckVocab(t *testing.T) {
+	text := &Corpus{Source: "t.txt", Train: []byte("plain ascii"), Eval: []byte("caf\xc3\xa9")}
+	tests := []struct {
+		name    string
+		corpus  *Corpus
+		vocab   int
+		wantErr []string
+	}{
+		{"bytes", text, 256, nil},
+		{"a larger vocab", text, 50257, nil},
+		{"ascii fits 128 in training", &Corpus{Train: []byte("abc"), Eval: []byte("def")}, 128, nil},
+		{"utf-8 in the held-out split", text, 128, []string{"t.txt", "evaluation split has byte 195 at offset 3", "vocab 128", "0..127"}},
+		{"training split first", text, 100, []string{"training split has byte 112 at offset 0", "vocab 100"}},
+		{"nil corpus", nil, 128, []string{"nil"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.corpus.CheckVocab(tt.vocab)
+			if tt.wantErr == nil {
+				mustNoErr(t, err)
+				return
+			}
+			var target error
+			if tt.corpus != nil {
+				target = ErrVocab
+			}
+			expectErr(t, err, target, tt.wantErr...)
 		})
 	}
 }

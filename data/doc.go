@@ -18,5 +18,8 @@
 //
 // Callers should call Corpus.Check with their sequence length before
 // drawing batches; the batch functions return nil rather than failing
-// when the corpus is too small.
+// when the corpus is too small. A model whose vocabulary is below 256
+// cannot take every byte: Corpus.CheckVocab finds the first byte it
+// cannot. A file given on its own that looks binary (a NUL byte in its
+// first 8 KiB) is refused, as a folder's binary files are skipped.
 package data

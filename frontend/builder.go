@@ -49,6 +49,9 @@ type Builder struct {
 
 // Build runs fn and returns the recorded module, or every DSL error it hit.
 func Build(fn ModelFunc, cfg Config) (*ir.Module, error) {
+	if err := checkBatch(cfg.Batch); err != nil {
+		return nil, err
+	}
 	b := newBuilder(cfg)
 	if err := b.runModel(fn); err != nil {
 		return nil, err
@@ -72,6 +75,16 @@ func (b *Builder) runModel(fn ModelFunc) (err error) {
 		}
 	}()
 	fn(b)
+	return nil
+}
+
+// checkBatch refuses a batch no shape can hold before the model sees it:
+// a model multiplies it into its input shapes, where a negative one would
+// be reported as some tensor's bad dim rather than as the flag.
+func checkBatch(n int) error {
+	if n < 0 {
+		return fmt.Errorf("--batch %d: want a positive number of sequences", n)
+	}
 	return nil
 }
 
@@ -283,7 +296,12 @@ func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Ten
 // every device and every step: never split over the batch, never trained,
 // never saved.
 func (b *Builder) Constant(name string, values []float64, shape ...int) *Tensor {
-	if n := ir.Shape(shape).NumElements(); int64(len(values)) != n {
+	n, err := ir.Shape(shape).Elements()
+	if err != nil {
+		b.fail(userPos(), fmt.Errorf("constant %q: %w", name, err))
+		return &Tensor{b: b}
+	}
+	if int64(len(values)) != n {
 		b.fail(userPos(), fmt.Errorf("constant %q: %d values for shape %v (%d elements)", name, len(values), shape, n))
 		return &Tensor{b: b}
 	}
@@ -316,6 +334,12 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 	}
 	if b.m.Source(attrs.Str("name")) != nil {
 		b.fail(pos, fmt.Errorf("%s %q is declared twice", op, attrs.Str("name")))
+		return &Tensor{b: b}
+	}
+	// Shapes of sources are where user sizes (--set, --batch) enter the
+	// IR; the error names the tensor, which AddSource's cannot.
+	if err := ir.CheckType(t); err != nil {
+		b.fail(pos, fmt.Errorf("%s %q: %w", op, attrs.Str("name"), err))
 		return &Tensor{b: b}
 	}
 	v, err := b.m.AddSource(op, t, attrs, b.sourceMeta(op), pos)

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -12,9 +13,27 @@ import (
 	"gcompile/ir"
 )
 
+// Result-file protocol between the model driver and the loader. The
+// loader passes -out FILE; the driver writes FILE whole (through a rename,
+// so a driver killed mid-write leaves no half result) as a status line,
+// DriverOK or DriverError, followed by the module text, the parameter list
+// or the error. The module does not travel on stdout because model code
+// may print there; a missing FILE tells the loader that the driver never
+// got to the end of Model() (os.Exit, a crash, a kill).
+const (
+	DriverOK    = "ok\n"
+	DriverError = "error\n"
+	// DriverFailPrefix starts the one line the driver writes to stderr
+	// when it cannot write its result file, so the loader can tell that
+	// apart from the model's own exit.
+	DriverFailPrefix = "gcompile model driver: "
+)
+
 // Main is the model driver's entry point: it records fn with the settings
-// from the command line and prints the module (or, with -describe, the
-// model parameters as JSON). DSL errors go to stderr, exit status 2.
+// from the command line and writes the module (or, with -describe, the
+// model parameters as JSON). With -out FILE it writes the result file
+// described at DriverOK; without it, it prints the module to stdout and
+// DSL errors to stderr with exit status 2, for running a driver by hand.
 func Main(fn ModelFunc) {
 	fs := flag.NewFlagSet("driver", flag.ExitOnError)
 	name := fs.String("name", "model", "module name")
@@ -22,11 +41,41 @@ func Main(fn ModelFunc) {
 	float := fs.String("float", "f32", "param dtype")
 	set := fs.String("set", "", "model parameters k=v,…")
 	describe := fs.Bool("describe", false, "list model parameters as JSON")
+	out := fs.String("out", "", "write the result file the loader reads here instead of printing the module")
 	fs.Parse(os.Args[1:])
-	if err := driverMain(os.Stdout, fn, *name, *batch, *float, *set, *describe); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	if *out == "" {
+		if err := driverMain(os.Stdout, fn, *name, *batch, *float, *set, *describe); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		return
+	}
+	var payload bytes.Buffer
+	err := driverMain(&payload, fn, *name, *batch, *float, *set, *describe)
+	result := DriverOK + payload.String()
+	if err != nil {
+		result = DriverError + err.Error()
+	}
+	if werr := writeResult(*out, result); werr != nil {
+		fmt.Fprintf(os.Stderr, "%s%v\n", DriverFailPrefix, werr)
+		os.Exit(1)
+	}
+	if err != nil {
 		os.Exit(2)
 	}
+}
+
+// writeResult writes the result file through a temporary name and a
+// rename, so the loader sees either the whole result or none.
+func writeResult(path, result string) error {
+	tmp := path + ".part"
+	if err := os.WriteFile(tmp, []byte(result), 0o600); err != nil {
+		return fmt.Errorf("writing the result: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("writing the result: %w", err)
+	}
+	return nil
 }
 
 func driverMain(w io.Writer, fn ModelFunc, name string, batch int, float, set string, describe bool) error {

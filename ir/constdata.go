@@ -17,8 +17,12 @@ func ConstData(v *Value) ([]float64, error) {
 	if _, filled := v.Attrs["value"]; filled {
 		return nil, fmt.Errorf("const %q has both a value and data", v.Name())
 	}
+	n, err := v.Type.Shape.Elements()
+	if err != nil {
+		return nil, fmt.Errorf("const %q: %w", v.Name(), err)
+	}
 	fields := strings.Fields(text)
-	if n := v.Type.Shape.NumElements(); int64(len(fields)) != n {
+	if int64(len(fields)) != n {
 		return nil, fmt.Errorf("const %q %v holds %d numbers, want %d", v.Name(), v.Type, len(fields), n)
 	}
 	out := make([]float64, len(fields))

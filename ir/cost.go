@@ -22,6 +22,10 @@ package ir
 //     transfer) and the bytes of their local argument and result. What
 //     crosses the links depends on the group size, the algorithm and the
 //     topology, which a cost model adds from the mesh.
+//   - counts saturate at math.MaxInt64 (SatMul, SatAdd): a type that
+//     passed CheckType fits in int64 bytes, but FLOPs of a GEMM or the
+//     traffic of several such tensors need not, and a wrapped count
+//     would read as cheap.
 
 // TranscendentalFlops is what one exp, log, tanh, sqrt or rsqrt counts
 // as: the special-function units of a GPU issue about a quarter as many
@@ -34,7 +38,7 @@ func elems(t Type) int64 { return t.Shape.NumElements() }
 func ioBytes(args []Type, out Type) int64 {
 	n := out.Bytes()
 	for _, t := range args {
-		n += t.Bytes()
+		n = SatAdd(n, t.Bytes())
 	}
 	return n
 }
@@ -42,7 +46,7 @@ func ioBytes(args []Type, out Type) int64 {
 // perOut is the cost of an op doing k flops per result element.
 func perOut(k int64) CostFunc {
 	return func(args []Type, out Type, _ Attrs) (int64, int64) {
-		return k * elems(out), ioBytes(args, out)
+		return SatMul(k, elems(out)), ioBytes(args, out)
 	}
 }
 
@@ -50,7 +54,7 @@ func perOut(k int64) CostFunc {
 // (reductions, and ops whose result is smaller than their input).
 func perArg(i int, k int64) CostFunc {
 	return func(args []Type, out Type, _ Attrs) (int64, int64) {
-		return k * elems(args[i]), ioBytes(args, out)
+		return SatMul(k, elems(args[i])), ioBytes(args, out)
 	}
 }
 
@@ -60,9 +64,9 @@ func perArgs(k int64) CostFunc {
 	return func(args []Type, out Type, _ Attrs) (int64, int64) {
 		var n int64
 		for _, t := range args {
-			n += elems(t)
+			n = SatAdd(n, elems(t))
 		}
-		return k * n, ioBytes(args, out)
+		return SatMul(k, n), ioBytes(args, out)
 	}
 }
 
@@ -81,7 +85,7 @@ func moveCost(args []Type, out Type, _ Attrs) (int64, int64) { return 0, ioBytes
 func noCost([]Type, Type, Attrs) (int64, int64) { return 0, 0 }
 
 // sliceCost: the slice reads only the part it keeps.
-func sliceCost(_ []Type, out Type, _ Attrs) (int64, int64) { return 0, 2 * out.Bytes() }
+func sliceCost(_ []Type, out Type, _ Attrs) (int64, int64) { return 0, SatMul(2, out.Bytes()) }
 
 // matmulCost is 2·m·n·k per batch: one multiply and one add per term of
 // every dot product. k is the contraction dim of the first operand.
@@ -91,32 +95,32 @@ func matmulCost(args []Type, out Type, a Attrs) (int64, int64) {
 	if a.Bool("transA") {
 		k = x.Shape[x.Rank()-2]
 	}
-	return 2 * elems(out) * int64(k), ioBytes(args, out)
+	return SatMul(SatMul(2, elems(out)), int64(k)), ioBytes(args, out)
 }
 
 // reduceMeanCost adds every input element and divides every result.
 func reduceMeanCost(args []Type, out Type, _ Attrs) (int64, int64) {
-	return elems(args[0]) + elems(out), ioBytes(args, out)
+	return SatAdd(elems(args[0]), elems(out)), ioBytes(args, out)
 }
 
 // embeddingCost: a gather moves the ids and, for each, one table row in
 // and one result row out; the rest of the table is not read.
 func embeddingCost(args []Type, out Type, _ Attrs) (int64, int64) {
-	return 0, args[1].Bytes() + 2*out.Bytes()
+	return 0, SatAdd(args[1].Bytes(), SatMul(2, out.Bytes()))
 }
 
 // embeddingGradCost: the result is zeroed, then each id's dy row is added
 // to its row of the result (read, add, write).
 func embeddingGradCost(args []Type, out Type, _ Attrs) (int64, int64) {
 	dy := args[1]
-	return elems(dy), ioBytes(args, out) + 2*dy.Bytes()
+	return elems(dy), SatAdd(ioBytes(args, out), SatMul(2, dy.Bytes()))
 }
 
 // factoredAccCost is Adafactor's row or column accumulator (own, g,
 // step): g² + ε₁ summed for every element of g, then the decayed blend of
 // every accumulator element.
 func factoredAccCost(args []Type, out Type, _ Attrs) (int64, int64) {
-	return 3*elems(args[1]) + 3*elems(out), ioBytes(args, out)
+	return SatAdd(SatMul(3, elems(args[1])), SatMul(3, elems(out))), ioBytes(args, out)
 }
 
 // fusedCost is the sum of the body's steps, each at its own op's cost per
@@ -139,7 +143,7 @@ func fusedCost(args []Type, out Type, a Attrs) (int64, int64) {
 			stepArgs[i] = out
 		}
 		f, _ := info.Cost(stepArgs, out, st.Attrs)
-		flops += f
+		flops = SatAdd(flops, f)
 	}
 	return flops, ioBytes(args, out)
 }

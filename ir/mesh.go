@@ -2,6 +2,7 @@ package ir
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -88,6 +89,20 @@ func (m *Mesh) SizeOf(i int) int {
 	return m.Axes[i].Size
 }
 
+// DeviceCount is Devices, or an error when the product of the axis sizes
+// does not fit in an int (Devices would wrap): meshes read from text or
+// flags are checked with it.
+func (m *Mesh) DeviceCount() (int, error) {
+	n := int64(1)
+	for _, a := range m.Axes {
+		var ok bool
+		if n, ok = MulInt64(n, int64(a.Size)); !ok || n > math.MaxInt {
+			return 0, fmt.Errorf("mesh %v spans more devices than an int holds", m)
+		}
+	}
+	return int(n), nil
+}
+
 // Devices is the number of devices the mesh spans.
 func (m *Mesh) Devices() int {
 	n := 1
@@ -131,6 +146,9 @@ func ParseMesh(s string) (*Mesh, error) {
 			return nil, fmt.Errorf("bad mesh axis %q: size must be at least 1", f)
 		}
 		m.Axes = append(m.Axes, MeshAxis{Name: name, Size: n})
+		if _, err := m.DeviceCount(); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
 }

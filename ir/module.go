@@ -81,7 +81,7 @@ func (m *Module) AddSource(op string, t Type, attrs Attrs, meta Meta, pos Pos) (
 	if !ok || !info.Source {
 		return nil, fmt.Errorf("%v: %q is not a source op", pos, op)
 	}
-	if err := checkShape(t); err != nil {
+	if err := CheckType(t); err != nil {
 		return nil, fmt.Errorf("%v: %s: %w", pos, op, err)
 	}
 	if err := checkAttrs(info, attrs); err != nil {
@@ -120,19 +120,17 @@ func InferType(info *OpInfo, args []*Value, attrs Attrs) (Type, error) {
 		}
 		ts[i] = a.Type
 	}
-	return info.Infer(ts, attrs)
-}
-
-func checkShape(t Type) error {
-	if t.DType == Invalid || t.DType.Size() == 0 {
-		return fmt.Errorf("invalid dtype in %v", t)
+	t, err := info.Infer(ts, attrs)
+	if err != nil {
+		return Type{}, err
 	}
-	for _, d := range t.Shape {
-		if d <= 0 {
-			return fmt.Errorf("dims must be positive, got %v", t)
-		}
+	// Type rules multiply and add dims taken from attributes (broadcast,
+	// reshape, repeat, concat), so a result can be too large even when
+	// every argument is fine.
+	if err := checkDims(t); err != nil {
+		return Type{}, err
 	}
-	return nil
+	return t, nil
 }
 
 func checkAttrs(info *OpInfo, a Attrs) error {

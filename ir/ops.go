@@ -488,7 +488,11 @@ func inferReshape(args []Type, a Attrs) (Type, error) {
 			return Type{}, fmt.Errorf("reshape to %v: dims must be positive", s)
 		}
 	}
-	if s.NumElements() != args[0].Shape.NumElements() {
+	n, err := s.Elements()
+	if err != nil {
+		return Type{}, fmt.Errorf("reshape to %v: %w", s, err)
+	}
+	if n != args[0].Shape.NumElements() {
 		return Type{}, fmt.Errorf("reshape %v to %v changes the element count", args[0], s)
 	}
 	return Type{DType: args[0].DType, Shape: s.Clone()}, nil
@@ -539,7 +543,7 @@ func inferSliceGrad(args []Type, a Attrs) (Type, error) {
 		return Type{}, err
 	}
 	start, size := a.Int("start", 0), a.Int("size", 0)
-	if start < 0 || start+dy.Shape[dim] > size {
+	if start < 0 || start > size-dy.Shape[dim] { // not start+rows > size: a huge start would wrap
 		return Type{}, fmt.Errorf("slice_grad places %d rows at %d in a dim of size %d", dy.Shape[dim], start, size)
 	}
 	out := dy.Shape.Clone()
@@ -564,7 +568,11 @@ func inferRepeatInterleave(args []Type, a Attrs) (Type, error) {
 		return Type{}, err
 	}
 	out := args[0].Shape.Clone()
-	out[dim] *= repeats
+	n, ok := MulInt64(int64(out[dim]), int64(repeats))
+	if !ok || n > math.MaxInt {
+		return Type{}, fmt.Errorf("repeating dim %d of %v %d times gives more than an int holds", dim, args[0], repeats)
+	}
+	out[dim] = int(n)
 	return Type{DType: args[0].DType, Shape: out}, nil
 }
 
@@ -597,7 +605,11 @@ func inferConcat(args []Type, a Attrs) (Type, error) {
 				return Type{}, fmt.Errorf("arg %d is %v, arg 0 is %v: dims other than %d must agree", i+1, t, args[0], dim)
 			}
 		}
-		out[dim] += t.Shape[dim]
+		n, ok := AddInt64(int64(out[dim]), int64(t.Shape[dim]))
+		if !ok || n > math.MaxInt {
+			return Type{}, fmt.Errorf("concatenating %d args on dim %d gives more than an int holds", len(args), dim)
+		}
+		out[dim] = int(n)
 	}
 	return Type{DType: args[0].DType, Shape: out}, nil
 }
@@ -619,6 +631,11 @@ func BroadcastCompatible(from, to Shape) bool {
 
 func inferBroadcast(args []Type, a Attrs) (Type, error) {
 	to := Shape(a.Ints("shape"))
+	for _, d := range to {
+		if d <= 0 {
+			return Type{}, fmt.Errorf("broadcast to %v: dims must be positive", to)
+		}
+	}
 	if !BroadcastCompatible(args[0].Shape, to) {
 		return Type{}, fmt.Errorf("cannot broadcast %v to %v", args[0], to)
 	}

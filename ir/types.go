@@ -2,6 +2,7 @@ package ir
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -62,11 +63,15 @@ func ParseDType(s string) (DType, error) {
 // Shape is a static shape; a scalar has no dims.
 type Shape []int
 
-// NumElements is the product of the dims (1 for a scalar).
+// NumElements is the product of the dims (1 for a scalar), for shapes
+// already checked (see size.go). A shape that is not valid — a negative
+// dim, a product past int64 — counts math.MaxInt64 rather than wrapping,
+// so a missed check shows up as "too large" and never as a small or
+// negative size something then allocates. Elements says what is wrong.
 func (s Shape) NumElements() int64 {
-	n := int64(1)
-	for _, d := range s {
-		n *= int64(d)
+	n, err := s.Elements()
+	if err != nil {
+		return math.MaxInt64
 	}
 	return n
 }
@@ -112,8 +117,15 @@ func T(d DType, dims ...int) Type { return Type{DType: d, Shape: Shape(dims)} }
 // Rank is the number of dims.
 func (t Type) Rank() int { return len(t.Shape) }
 
-// Bytes is the storage size of a value of this type.
-func (t Type) Bytes() int64 { return t.Shape.NumElements() * t.DType.Size() }
+// Bytes is the storage size of a value of this type, saturating at
+// math.MaxInt64 like NumElements; ByteSize says why a size is invalid.
+func (t Type) Bytes() int64 {
+	n, err := t.ByteSize()
+	if err != nil {
+		return math.MaxInt64
+	}
+	return n
+}
 
 // Equal reports whether both dtype and shape agree.
 func (t Type) Equal(u Type) bool { return t.DType == u.DType && t.Shape.Equal(u.Shape) }
@@ -141,6 +153,12 @@ func ParseType(s string) (Type, error) {
 			return Type{}, fmt.Errorf("bad dim %q in type %q", f, s)
 		}
 		t.Shape = append(t.Shape, n)
+	}
+	// A zero dim is the verifier's to name (it knows the value); a
+	// negative one or a size past int64 would be misread by everything
+	// before it, so the text is refused here.
+	if _, err := t.ByteSize(); err != nil {
+		return Type{}, err
 	}
 	return t, nil
 }

@@ -80,7 +80,7 @@ func Verify(m *Module, pass string) error {
 			if len(v.Args) > 0 {
 				fail(v, RuleOpRule, "source op %s takes no args, got %d", v.Op, len(v.Args))
 			}
-			if err := checkShape(v.Type); err != nil {
+			if err := CheckType(v.Type); err != nil {
 				fail(v, RuleOpRule, "%v", err)
 			}
 			if err := checkAttrs(info, v.Attrs); err != nil {
@@ -166,8 +166,11 @@ func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...an
 			fail(v, RulePlacement, "S(%d) on axis %s: %v has no dim %d", p.Dim, axis.Name, v.Type, p.Dim)
 		} else if axis.Size < 1 {
 			fail(v, RulePlacement, "S(%d) on axis %s: the axis has size %d", p.Dim, axis.Name, axis.Size)
-		} else if v.Type.Shape[p.Dim]%(axis.Size*p.NumBlocks()) != 0 {
-			fail(v, RulePlacement, "%v on axis %s: dim size %d is not divisible by %d", p, axis.Name, v.Type.Shape[p.Dim], axis.Size*p.NumBlocks())
+		} else if parts, ok := MulInt64(int64(axis.Size), int64(p.NumBlocks())); !ok {
+			// Wrapped, the product could be 0: a division panic.
+			fail(v, RulePlacement, "%v on axis %s: %d parts of %d blocks are more than an int64 holds", p, axis.Name, axis.Size, p.NumBlocks())
+		} else if int64(v.Type.Shape[p.Dim])%parts != 0 {
+			fail(v, RulePlacement, "%v on axis %s: dim size %d is not divisible by %d", p, axis.Name, v.Type.Shape[p.Dim], parts)
 		}
 	}
 	checkCollective(m, v, fail)

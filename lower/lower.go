@@ -215,6 +215,9 @@ func LowerWith(m *ir.Module, o Options) (*Program, error) {
 	}
 	// Copies inserted in the forward move the loss's instruction.
 	p.ForwardEnd = forwardEnd(p, m, bufOf)
+	if err := checkArena(p); err != nil {
+		return nil, err
+	}
 	planMemory(p)
 	return p, nil
 }
@@ -500,8 +503,7 @@ func (p *Program) CheckFits(device string, limit int64) error {
 		if i == 5 {
 			break
 		}
-		buf := p.Buffers[id]
-		fmt.Fprintf(&b, "\n    %s %s %v %s (%s, layer %d) @%v", buf.Value.Ref(), buf.Value.Op, buf.Type, human(buf.Bytes), buf.Category(), buf.Value.Meta.Layer, buf.Value.Pos)
+		b.WriteString("\n    " + describeBuffer(p.Buffers[id]))
 	}
 	return fmt.Errorf("%w: %s", ErrDoesNotFit, b.String())
 }
@@ -511,6 +513,10 @@ var ErrDoesNotFit = errors.New("out of device memory")
 
 func human(n int64) string {
 	switch {
+	case n >= 1<<50:
+		return fmt.Sprintf("%.2f PiB", float64(n)/(1<<50))
+	case n >= 1<<40:
+		return fmt.Sprintf("%.2f TiB", float64(n)/(1<<40))
 	case n >= 1<<30:
 		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
 	case n >= 1<<20:

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"sort"
+
+	"gcompile/ir"
 )
 
 // The static memory planner. Persistent buffers (params, optimizer state,
@@ -220,7 +222,7 @@ func tryGreedyOrders(p *Program, temps []int, spans []span, base, peak int64, be
 		func(i int) int64 { return int64(spans[i].from) },
 		func(i int) int64 { return -life(i) },
 		func(i int) int64 { return -int64(spans[i].to) },
-		func(i int) int64 { return -bytes(i) * (life(i) + 1) },
+		func(i int) int64 { return -ir.SatMul(bytes(i), life(i)+1) }, // saturates: a key, not a size
 	}
 	order := make([]int, len(spans))
 	key := make([]int64, len(spans))

@@ -293,6 +293,9 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		if err := offload(prog, o); err != nil {
 			return nil, err
 		}
+		if err := checkArena(prog); err != nil {
+			return nil, err
+		}
 		planMemory(prog)
 		prog.ForwardEnd = -1 // no forward-only prefix: evaluation needs a forward schedule
 		progs[r] = prog

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"gcompile/compile"
-	"gcompile/data"
 	"gcompile/lower"
 	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
@@ -39,12 +38,14 @@ func runAsync(c *config, j *job, res *compile.Result, resumeDir string) error {
 	if c.run {
 		runErr = trainAsync(c, j, res, met, resumeDir)
 	}
+	// Each output on its own, every failure reported (outputs.go).
+	var outErr error
 	if c.metrics != "" && j.lead() {
-		if err := met.WriteFile(c.metrics); err != nil {
-			return errors.Join(runErr, err)
-		}
+		outErr = writeOutput("metrics", c.metrics, met.WriteFile)
 	}
-	return runErr
+	reportFolder(c)
+	// The report and the closing summary (summary.go).
+	return errors.Join(finishRun(c, j, res, met, runErr), outErr)
 }
 
 func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, resumeDir string) error {
@@ -56,7 +57,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	if err != nil {
 		return err
 	}
-	corpus, err := data.Load(data.Options{Path: c.data, MaxBytes: int64(c.maxDataMB) << 20})
+	corpus, err := loadCorpus(c, res.Module, seq)
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,9 @@ import (
 // checkpoint to resume from.
 func checkCheckpointPaths(c *config) (string, error) {
 	if c.ckptDir != "" {
+		// A folder made only for the check is removed again, so a run
+		// refused later leaves nothing behind; the first save makes it.
+		_, statErr := os.Stat(c.ckptDir)
 		if err := os.MkdirAll(c.ckptDir, 0o755); err != nil {
 			return "", fmt.Errorf("--checkpoint-dir: %w", err)
 		}
@@ -31,6 +34,9 @@ func checkCheckpointPaths(c *config) (string, error) {
 		}
 		probe.Close()
 		os.Remove(probe.Name())
+		if os.IsNotExist(statErr) {
+			os.Remove(c.ckptDir)
+		}
 	}
 	if c.resume == "" {
 		return "", nil
@@ -245,7 +251,7 @@ func inspectMain(args []string) error {
 func newSubcommandFlags(name, usage string) *flag.FlagSet {
 	fs := flag.NewFlagSet("gcompile "+name, flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: gcompile %s %s\n", name, usage)
+		fmt.Fprintf(fs.Output(), "usage: gcompile %s %s\n", name, usage)
 		fs.PrintDefaults()
 	}
 	return fs
@@ -258,8 +264,7 @@ func parseSubcommand(fs *flag.FlagSet, args []string) (string, error) {
 		return "", err
 	}
 	if len(positional) != 1 {
-		fs.Usage()
-		return "", fmt.Errorf("%s: want one checkpoint folder, got %d arguments", fs.Name(), len(positional))
+		return "", fmt.Errorf("%s: want one checkpoint folder, got %d arguments (see %s -h)", fs.Name(), len(positional), fs.Name())
 	}
 	return filepath.Clean(positional[0]), nil
 }

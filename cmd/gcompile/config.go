@@ -4,13 +4,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"gcompile/compile"
+	"gcompile/data"
 	"gcompile/lower"
 	"gcompile/runtime"
 )
@@ -45,15 +48,25 @@ type config struct {
 	timeout                                    time.Duration
 	packGPU                                    bool
 
+	// report is --report's page (report.go); started when compiling
+	// began, for the closing summary's wall time (summary.go).
+	report  string
+	started time.Time
+
+	// corpus is the training text, read with --run before the compile
+	// (checkPaths) so that a bad --data is refused before any work.
+	corpus *data.Corpus
+
 	explicit map[string]bool // flags the user gave
 }
 
 func parseArgs(args []string) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("gcompile", flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
+	// The usage goes where parsePositional points the output: stdout for
+	// -h (asked for, exit 0), nowhere for a mistake (one line says it).
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: gcompile MODEL.go|MODEL.gir [flags]\n       gcompile launch --nproc N [launch flags] -- MODEL.go [flags]\n\n")
+		fmt.Fprintf(fs.Output(), "usage: gcompile MODEL.go|MODEL.gir [flags]\n       gcompile launch --nproc N [launch flags] -- MODEL.go [flags]\n\n")
 		fs.PrintDefaults()
 	}
 	fs.IntVar(&c.Devices, "devices", 1, "number of devices in the whole job (all processes together)")
@@ -87,6 +100,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.BoolVar(&c.Fuse, "fuse", false, "merge groups of fp32 elementwise ops into one fused kernel each (cpu backend)")
 	fs.StringVar(&c.Compress, "compress-activations", "", "stash activations for the backward compressed: relu (lossless 1-bit ReLU masks), lowp (bf16), or relu,lowp")
 	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline schedule (simulated, unit costs) as SVG to this file")
+	fs.StringVar(&c.report, "report", "", "write one self-contained HTML page of the run (loss and speed curves, memory per device, pipeline schedule, pass times) to FILE.html; without --run, of the compiled plan")
 	fs.StringVar(&c.trace, "trace", "", "write Chrome trace events (first 3 steps) to this file")
 	fs.StringVar(&c.save, "save", "", "save the trained weights as safetensors")
 	fs.StringVar(&c.load, "load", "", "start from weights in a safetensors file (or a Hugging Face model.safetensors.index.json)")
@@ -100,6 +114,14 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.maxDataMB, "max-data-mb", 16, "read at most this many MiB of training text")
 	fs.StringVar(&c.Set, "set", "", "model parameters key=value,… (see --help-model)")
 	fs.BoolVar(&c.helpModel, "help-model", false, "list the model parameters MODEL.go reads, then exit")
+	fs.Func("model-timeout", "how long type-checking and building MODEL.go may take, and then running its Model(), each (default 2m0s)", func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err == nil && d <= 0 {
+			err = fmt.Errorf("must be positive, got %v", d)
+		}
+		c.ModelTimeout = d
+		return err
+	})
 	fs.Float64Var(&c.lr, "lr", 3e-3, "peak learning rate")
 	fs.Float64Var(&c.minLR, "min-lr", 3e-4, "learning rate at the end of cosine decay")
 	fs.IntVar(&c.warmup, "warmup", 10, "linear warm-up steps")
@@ -109,7 +131,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.Float64Var(&c.Beta1, "beta1", 0.9, "Adam β1")
 	fs.Float64Var(&c.Beta2, "beta2", 0.95, "Adam β2")
 	fs.IntVar(&c.evalEvery, "eval-every", 0, "held-out evaluation every N steps (0: at the end only)")
-	fs.IntVar(&c.evalBatches, "eval-batches", 8, "held-out batches per evaluation")
+	fs.IntVar(&c.evalBatches, "eval-batches", 8, "held-out batches per evaluation (-1: no held-out evaluation)")
 	// A job of several processes: torchrun, srun and mpirun set these
 	// through the environment; the flags override it.
 	fs.IntVar(&c.rank, "rank", -1, "this process's rank in a job of several processes (default: from RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK)")
@@ -131,8 +153,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.Visit(func(f *flag.Flag) { c.explicit[f.Name] = true })
 	c.Explicit = c.explicit
 	if len(positional) != 1 {
-		fs.Usage()
-		return nil, fmt.Errorf("want exactly one MODEL.go or MODEL.gir, got %d arguments", len(positional))
+		return nil, fmt.Errorf("want exactly one MODEL.go or MODEL.gir, got %d arguments (see gcompile -h)", len(positional))
 	}
 	c.Model = positional[0]
 	return c, c.validate()
@@ -141,11 +162,25 @@ func parseArgs(args []string) (*config, error) {
 // parsePositional parses flags anywhere among the positional arguments
 // and returns those: Go's flag package stops at the first positional
 // argument, and the model path comes first.
+//
+// A mistake on the command line is one line that points to -h, not the
+// whole usage (which buries the line that says what is wrong); -h and
+// --help print the usage on stdout and return flag.ErrHelp, which the
+// command treats as success.
 func parsePositional(fs *flag.FlagSet, args []string) ([]string, error) {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	defer func() { fs.Usage = usage; fs.SetOutput(out) }()
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, err
+			if errors.Is(err, flag.ErrHelp) {
+				fs.SetOutput(os.Stdout)
+				usage()
+				return nil, flag.ErrHelp
+			}
+			return nil, fmt.Errorf("%w (see %s -h)", err, fs.Name())
 		}
 		if fs.NArg() == 0 {
 			return positional, nil
@@ -167,18 +202,19 @@ func (c *config) validate() error {
 	if c.deviceMemory != "" {
 		n, err := parseBytes(c.deviceMemory)
 		if err != nil {
-			bad("--device-memory %q: %v", c.deviceMemory, err)
+			bad("--device-memory %q: %w", c.deviceMemory, err)
 		}
 		c.MemLimit = n
 	}
 	if err := c.Config.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.steps < 1 {
-		bad("--batch and --steps must be ≥ 1")
-	}
+	c.checkNumbers(bad)
 	if c.timeline != "" && c.PP == 1 {
 		bad("--timeline draws a pipeline schedule; it needs --pp > 1")
+	}
+	if c.report != "" && !strings.HasSuffix(strings.ToLower(c.report), ".html") {
+		bad("--report %q: the report is an HTML page; give a FILE.html", c.report)
 	}
 	if !slices.Contains([]string{"cpu", "cuda"}, c.backend) {
 		bad("--backend %q: want cpu or cuda", c.backend)
@@ -186,23 +222,11 @@ func (c *config) validate() error {
 	if c.decay != "cosine" && c.decay != "constant" {
 		bad("--lr-decay %q: want cosine or constant", c.decay)
 	}
-	if !(c.lr > 0) || !(c.minLR >= 0) || c.minLR > c.lr || c.warmup < 0 {
-		bad("learning rate: want --lr > 0, 0 ≤ --min-lr ≤ --lr and --warmup ≥ 0")
-	}
-	if c.maxDataMB < 1 {
-		bad("--max-data-mb must be ≥ 1")
-	}
 	if (c.trace != "" || c.save != "") && !c.run {
 		bad("--trace and --save record a training run; add --run")
 	}
 	if c.explicit["initial-loss-scale"] && (c.Precision != "fp16" || c.LossScale != 0) {
 		bad("--initial-loss-scale applies to dynamic loss scaling: --precision fp16 without --loss-scale")
-	}
-	if !(c.initialLossScale > 0) || math.IsInf(c.initialLossScale, 0) {
-		bad("--initial-loss-scale must be a positive finite number, got %g", c.initialLossScale)
-	}
-	if c.ckptEvery < 0 || c.keepLast < 0 || c.stopAfter < 0 {
-		bad("--checkpoint-every, --keep-last and --stop-after must be ≥ 0")
 	}
 	if c.stopAfter > 0 && c.stopAfter >= c.steps {
 		bad("--stop-after %d must be below --steps %d", c.stopAfter, c.steps)
@@ -219,9 +243,6 @@ func (c *config) validate() error {
 	if c.explicit["token"] && c.token == "" {
 		bad("--token must not be empty (leave it out to use GCOMPILE_TOKEN or the launcher's job id)")
 	}
-	if c.timeout <= 0 {
-		bad("--timeout must be positive, got %v", c.timeout)
-	}
 	if c.packGPU && c.backend != "cuda" {
 		bad("--pack-gpu applies to --backend cuda")
 	}
@@ -235,13 +256,84 @@ func (c *config) validate() error {
 	return errors.Join(errs...)
 }
 
+// maxDataMB bounds --max-data-mb: the byte count (MiB << 20) must fit an
+// int64, and the text is held in memory, so 1 TiB is already far more
+// than any machine this reads on.
+const maxDataMB = 1 << 20
+
+// checkNumbers checks every numeric flag of the run (the plan's are
+// compile.Config.Validate's), each failure naming its flag. NaN and ±Inf
+// are refused explicitly: the flag package parses "NaN" and "Inf" as
+// numbers, a NaN passes every comparison, and it would only surface as a
+// NaN loss after the compile and the first steps.
+func (c *config) checkNumbers(bad func(string, ...any)) {
+	if c.steps < 1 {
+		bad("--steps must be ≥ 1, got %d", c.steps)
+	}
+	if !(c.lr > 0) || math.IsInf(c.lr, 0) {
+		bad("learning rate: want --lr > 0 and finite, got %g", c.lr)
+	} else if !(c.minLR >= 0) || c.minLR > c.lr {
+		bad("learning rate: want 0 ≤ --min-lr ≤ --lr (%g), got --min-lr %g", c.lr, c.minLR)
+	}
+	if c.warmup < 0 {
+		bad("--warmup must be ≥ 0, got %d", c.warmup)
+	}
+	if c.evalEvery < 0 {
+		bad("--eval-every must be ≥ 0 (0: at the end only), got %d", c.evalEvery)
+	}
+	// -1 is the trainer's "no held-out evaluation" (the benchmarks use
+	// it); 0 would silently mean one batch.
+	if c.evalBatches < -1 || c.evalBatches == 0 {
+		bad("--eval-batches must be ≥ 1 (or -1: no held-out evaluation), got %d", c.evalBatches)
+	}
+	if c.maxDataMB < 1 || c.maxDataMB > maxDataMB {
+		bad("--max-data-mb must be in 1..%d, got %d", maxDataMB, c.maxDataMB)
+	}
+	if !(c.initialLossScale > 0) || math.IsInf(c.initialLossScale, 0) {
+		bad("--initial-loss-scale must be a positive finite number, got %g", c.initialLossScale)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"checkpoint-every", c.ckptEvery}, {"keep-last", c.keepLast}, {"stop-after", c.stopAfter}} {
+		if f.v < 0 {
+			bad("--%s must be ≥ 0, got %d", f.name, f.v)
+		}
+	}
+	if c.timeout <= 0 {
+		bad("--timeout must be positive, got %v", c.timeout)
+	}
+	// The job's flags: -1 and 0 are "from the launcher's environment",
+	// so only a value the user gave is checked here; the world as a
+	// whole is checked when the job starts.
+	if c.explicit["rank"] && c.rank < 0 {
+		bad("--rank must be ≥ 0, got %d", c.rank)
+	}
+	if c.explicit["local-rank"] && c.localRank < 0 {
+		bad("--local-rank must be ≥ 0, got %d", c.localRank)
+	}
+	if c.explicit["world-size"] && c.worldSize < 1 {
+		bad("--world-size must be ≥ 1, got %d", c.worldSize)
+	}
+	if c.explicit["local-world-size"] && c.localWorldSize < 1 {
+		bad("--local-world-size must be ≥ 1, got %d", c.localWorldSize)
+	}
+	if c.masterPort < 0 || c.masterPort > 65535 {
+		bad("--master-port %d is not a port (0..65535; 0: from the launcher)", c.masterPort)
+	}
+}
+
 // parseBytes reads a size: a number with an optional unit (B, KB/KiB,
-// MB/MiB, GB/GiB, TB/TiB; decimal units are powers of 1000).
+// MB/MiB, GB/GiB, TB/TiB; decimal units are powers of 1000). The whole
+// string must be the size: "12XB" is no size with some junk ignored, and
+// a size is a positive whole number of bytes that fits an int64 (so no
+// NaN, Inf, 0.5B or 1e400GB).
 func parseBytes(s string) (int64, error) {
 	units := []struct {
 		suffix string
 		mult   float64
 	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	want := errors.New("want a positive size in whole bytes, like 80GiB, 512MiB or 1e9")
 	t := strings.TrimSpace(s)
 	mult := 1.0
 	for _, u := range units {
@@ -250,9 +342,15 @@ func parseBytes(s string) (int64, error) {
 			break
 		}
 	}
-	var x float64
-	if _, err := fmt.Sscan(t, &x); err != nil || x <= 0 {
-		return 0, fmt.Errorf("want a positive size like 80GiB, 512MiB or 1e9")
+	x, err := strconv.ParseFloat(t, 64)
+	if err != nil {
+		return 0, want
 	}
-	return int64(x * mult), nil
+	n := x * mult
+	// 2^63 is exactly representable; every float below it that is a
+	// whole number converts to int64 exactly.
+	if math.IsNaN(n) || n < 1 || n >= 1<<63 || n != math.Trunc(n) {
+		return 0, want
+	}
+	return int64(n), nil
 }

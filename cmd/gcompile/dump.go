@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"gcompile/ir"
 	"gcompile/passes"
@@ -33,6 +34,8 @@ func (d *dumper) hooks() passes.Hooks {
 	}
 	if err := os.MkdirAll(d.dir, 0o755); err != nil {
 		d.err = err
+	} else {
+		d.err = clearDump(d.dir)
 	}
 	return passes.Hooks{
 		Before: func(m *ir.Module) {
@@ -77,4 +80,40 @@ func (d *dumper) finish(m *ir.Module, passErr error) error {
 		return fmt.Errorf("--dump %s: %w", d.dir, d.err)
 	}
 	return nil
+}
+
+// clearDump removes what an earlier dump left in dir before this one is
+// written: a pass that changed the module then but not now would leave
+// its NN-<pass>.gir beside this run's, where it reads as this run's and
+// resumes a different compile. Only the names a dump writes go (NN-*.gir,
+// index.html, schedule.txt, and only regular files): the folder may hold
+// the user's own files.
+func clearDump(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Type().IsRegular() && isDumpFile(e.Name()) {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// isDumpFile reports whether name is one a dump writes: NN-<pass>.gir
+// (two or more digits, NN-<pass>.failed.gir included), index.html or
+// schedule.txt.
+func isDumpFile(name string) bool {
+	if name == "index.html" || name == "schedule.txt" {
+		return true
+	}
+	digits := 0
+	for digits < len(name) && name[digits] >= '0' && name[digits] <= '9' {
+		digits++
+	}
+	rest := name[digits:]
+	return digits >= 2 && len(rest) > len("-.gir") && rest[0] == '-' && strings.HasSuffix(rest, ".gir")
 }

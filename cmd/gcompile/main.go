@@ -13,6 +13,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,7 +22,6 @@ import (
 	"time"
 
 	"gcompile/compile"
-	"gcompile/data"
 	"gcompile/frontend"
 	"gcompile/frontend/loader"
 	"gcompile/ir"
@@ -41,6 +41,12 @@ func main() {
 }
 
 func mainErr(args []string) (err error) {
+	// -h asked for the usage, which is printed: that is success.
+	defer func() {
+		if errors.Is(err, flag.ErrHelp) {
+			err = nil
+		}
+	}()
 	if len(args) > 0 {
 		switch args[0] {
 		case "launch":
@@ -81,6 +87,7 @@ func mainErr(args []string) (err error) {
 // several processes every process compiles the same plan and runs its
 // share of the devices; process 0 writes the outputs.
 func compileAndRun(c *config, j *job) (err error) {
+	c.started = time.Now() // the closing summary's wall time counts compile and training
 	var gpus []*cuda.Runtime
 	if c.run && c.backend == "cuda" {
 		// Find the GPUs before any work: on a machine without the CUDA
@@ -98,18 +105,23 @@ func compileAndRun(c *config, j *job) (err error) {
 	if err != nil {
 		return err
 	}
+	if err := checkPaths(c, j.lead()); err != nil {
+		return err
+	}
+	// An output that fails to be written is reported at the end with the
+	// run's own error (outputs.go): it neither stops the run nor keeps
+	// another output from being written.
+	var outErrs []error
 	var dumper *dumper
 	if j.lead() {
 		dumper = newDumper(c.dump)
 	}
 	res, passErr := compile.Compile(&c.Config, dumper.hooks())
 	if res != nil && res.Module != nil {
-		if err := dumper.finish(res.Module, passErr); err != nil {
-			return err
-		}
+		outErrs = append(outErrs, dumper.finish(res.Module, passErr))
 	}
 	if passErr != nil {
-		return passErr
+		return errors.Join(append([]error{passErr}, outErrs...)...)
 	}
 	if err := j.checkPlan(res.Fingerprint()); err != nil {
 		return err
@@ -138,14 +150,14 @@ func compileAndRun(c *config, j *job) (err error) {
 		if j.lead() {
 			if c.dump != "" {
 				// The schedule is IR too: dumped beside the passes, one line per rank.
-				if err := os.WriteFile(filepath.Join(c.dump, "schedule.txt"), []byte(sched.String()), 0o644); err != nil {
-					return err
-				}
+				outErrs = append(outErrs, writeOutput("dump", filepath.Join(c.dump, "schedule.txt"), func(p string) error {
+					return os.WriteFile(p, []byte(sched.String()), 0o644)
+				}))
 			}
 			if c.timeline != "" {
-				if err := writeTimeline(c.timeline, sched, res.Simulated, compile.UnitCost(sched)); err != nil {
-					return err
-				}
+				outErrs = append(outErrs, writeOutput("timeline", c.timeline, func(p string) error {
+					return writeTimeline(p, sched, res.Simulated, compile.UnitCost(sched))
+				}))
 			}
 		}
 	}
@@ -156,12 +168,18 @@ func compileAndRun(c *config, j *job) (err error) {
 	if c.run {
 		runErr = train(c, j, gpus, res, met, resumeDir)
 	}
-	if c.metrics != "" && j.lead() {
-		if err := met.WriteFile(c.metrics); err != nil {
-			return errors.Join(runErr, err)
-		}
+	outErr := errors.Join(outErrs...)
+	if refused(runErr) {
+		// Nothing was trained: the outputs that record a run keep what
+		// a previous run left there.
+		return errors.Join(runErr, outErr)
 	}
-	return runErr
+	if c.metrics != "" && j.lead() {
+		outErr = errors.Join(outErr, writeOutput("metrics", c.metrics, met.WriteFile))
+	}
+	reportFolder(c)
+	// The report and the closing summary (summary.go).
+	return errors.Join(finishRun(c, j, res, met, runErr), outErr)
 }
 
 // newMetrics starts the metrics of a compiled plan.
@@ -232,7 +250,7 @@ func (c *config) metricsConfig(procs int) map[string]any {
 }
 
 func helpModel(c *config) error {
-	docs, err := loader.DescribeModel(c.Model, frontend.Config{Batch: c.Batch})
+	docs, err := (&loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr}).Describe(c.Model, frontend.Config{Batch: c.Batch})
 	if err != nil {
 		return err
 	}
@@ -316,9 +334,9 @@ func newCluster(c *config, j *job, gpus []*cuda.Runtime, progs []*lower.Program)
 		if cerr != nil {
 			return nil, nil, nil, cerr
 		}
-		h, err = cpu.NewJobCluster(progs, cpu.Options{}, &runtime.Job{Layout: j.layout, Comm: net})
+		h, err = cpu.NewJobCluster(progs, cpu.Options{MemoryCap: c.MemLimit}, &runtime.Job{Layout: j.layout, Comm: net})
 	} else {
-		h, err = cpu.NewPipelineCluster(progs, cpu.Options{})
+		h, err = cpu.NewPipelineCluster(progs, cpu.Options{MemoryCap: c.MemLimit})
 	}
 	if err != nil {
 		return nil, nil, nil, err
@@ -330,16 +348,20 @@ func newCluster(c *config, j *job, gpus []*cuda.Runtime, progs []*lower.Program)
 }
 
 func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *runtime.Metrics, resumeDir string) (err error) {
+	// Until the first step a failure refuses the run (refusedError).
+	started := false
+	defer func() {
+		if err != nil && !started {
+			err = refusedError{err}
+		}
+	}()
 	progs, sched := res.Programs, res.Schedule
 	batch, seq, err := inputShape(progs)
 	if err != nil {
 		return err
 	}
-	corpus, err := data.Load(data.Options{Path: c.data, MaxBytes: int64(c.maxDataMB) << 20})
+	corpus, err := loadCorpus(c, res.Module, seq)
 	if err != nil {
-		return err
-	}
-	if err := corpus.Check(seq); err != nil {
 		return err
 	}
 	met.Data = &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
@@ -449,6 +471,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	if j.lead() {
 		bar = newProgress(j.log, c.steps)
 	}
+	started = true
 	j.preemptible.Store(true)
 	steps, evals, trainErr := runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 		if tracer != nil && s.Step >= runtime.TraceSteps {
@@ -474,36 +497,39 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	met.Steps, met.Eval = steps, evals
 	met.Stopped = ck.stoppedBy
 	met.Checkpoint, met.Checkpoints = ck.saved, ck.saves
-	if trainErr != nil {
-		return trainErr
-	}
-	peaks, err := dev.Peaks()
-	if err != nil {
-		return err
-	}
-	for r, p := range peaks {
-		met.Devices[r].PeakBytesMeasured = p
-	}
+	// What the run did is written out whatever else fails: each output on
+	// its own, every failure reported. The trace of a failed run is what
+	// one wants to look at; its weights, perhaps half updated by the step
+	// that failed, are not saved (the metrics are, by compileAndRun).
+	errs := []error{trainErr}
 	if tracer != nil {
-		if err := tracer.WriteFile(c.trace); err != nil {
-			return err
+		errs = append(errs, writeOutput("trace", c.trace, tracer.WriteFile))
+	}
+	if trainErr != nil {
+		return errors.Join(errs...)
+	}
+	if peaks, err := dev.Peaks(); err != nil {
+		errs = append(errs, err)
+	} else {
+		for r, p := range peaks {
+			met.Devices[r].PeakBytesMeasured = p
 		}
 	}
 	if prof != nil {
-		sim, err := schedule.Simulate(sched, prof.cost)
-		if err != nil {
-			return err
+		if sim, err := schedule.Simulate(sched, prof.cost); err != nil {
+			errs = append(errs, err)
+		} else {
+			met.Schedule.BubbleProfiled = &sim.Bubble
+			fmt.Fprintf(j.log, "schedule %s with the measured F/B/W times: simulated bubble %.4f (unit costs: %.4f)\n", sched.Name, sim.Bubble, met.Schedule.BubbleSimulated)
 		}
-		met.Schedule.BubbleProfiled = &sim.Bubble
-		fmt.Fprintf(j.log, "schedule %s with the measured F/B/W times: simulated bubble %.4f (unit costs: %.4f)\n", sched.Name, sim.Bubble, met.Schedule.BubbleSimulated)
 	}
 	if c.save != "" {
+		// Every process takes part (the weights are gathered); process 0 writes.
 		if err := saveWeights(dev, progs, c.save, c.steps, j.lead()); err != nil {
-			return err
-		}
-		if j.lead() {
+			errs = append(errs, err)
+		} else if j.lead() {
 			fmt.Fprintf(j.log, "saved weights to %s\n", c.save)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -85,6 +85,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 	}{
 		{[]string{"--devices", "4", "--tp", "3"}, "tp·pp·dp·ep = 3·1·1·1 = 3 must equal --devices 4"},
 		{[]string{"--vpp", "2"}, "--vpp 2 needs --pp > 1"},
+		{[]string{"--model-timeout", "0"}, `invalid value "0" for flag -model-timeout: must be positive`},
 		{[]string{"--schedule", "1f1b"}, "--schedule 1f1b needs --pp > 1"},
 		{[]string{"--schedule", "fast"}, `--schedule "fast": want gpipe, 1f1b, interleaved, 2bw or zb`},
 		{[]string{"--zero", "2"}, "--zero 2 needs --dp > 1"},

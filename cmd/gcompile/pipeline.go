@@ -12,10 +12,16 @@ import (
 	"gcompile/passes/schedule"
 )
 
-// writeTimeline draws the simulated schedule: one row per pipeline rank,
+// writeTimeline draws the simulated schedule to path as an SVG file.
+func writeTimeline(path string, s *schedule.Schedule, res *schedule.Result, cost schedule.Cost) error {
+	return os.WriteFile(path, []byte(timelineSVG(s, res, cost)), 0o644)
+}
+
+// timelineSVG draws the simulated schedule: one row per pipeline rank,
 // one box per action (forward blue, backward green, weight gradient
 // orange), labelled chunk·microbatch, so the interleaving can be seen.
-func writeTimeline(path string, s *schedule.Schedule, res *schedule.Result, cost schedule.Cost) error {
+// --report embeds the same drawing in its page.
+func timelineSVG(s *schedule.Schedule, res *schedule.Result, cost schedule.Cost) string {
 	const unit, row, left = 28.0, 34.0, 70.0
 	width := left + res.StepTime*unit + 20
 	height := row*float64(len(s.Actions)) + 60
@@ -38,7 +44,7 @@ func writeTimeline(path string, s *schedule.Schedule, res *schedule.Result, cost
 		}
 	}
 	b.WriteString("</svg>\n")
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	return b.String()
 }
 
 // blockProfile accumulates measured kernel time per schedule action kind

@@ -7,17 +7,23 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"gcompile/runtime"
 )
 
 // progress draws a bar on a terminal and prints one line per step
-// otherwise (CI logs, pipes).
+// otherwise (CI logs, pipes), each with an estimate of the time left.
 type progress struct {
 	w     io.Writer
 	total int
 	tty   bool
 	eval  string
+	// ran and ranMs are the steps this run did and their summed time: a
+	// resumed run starts after its checkpoint's step, so the step number
+	// does not say how many steps the mean is over.
+	ran   int
+	ranMs float64
 }
 
 func newProgress(w io.Writer, total int) *progress {
@@ -31,6 +37,8 @@ func newProgress(w io.Writer, total int) *progress {
 }
 
 func (p *progress) step(s runtime.StepMetrics, e *runtime.EvalMetrics) {
+	p.ran++
+	p.ranMs += s.Ms
 	if e != nil {
 		p.eval = fmt.Sprintf(" eval %.4f", e.Loss)
 	}
@@ -39,6 +47,9 @@ func (p *progress) step(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 		line += fmt.Sprintf(" %s %.4g", name, s.Outputs[name])
 	}
 	line += fmt.Sprintf(" lr %.2e |g| %.3f %.0f ms %.0f tok/s", s.LR, s.GradNorm, s.Ms, s.TokensPerS)
+	if eta, ok := p.eta(s.Step); ok {
+		line += " eta " + formatDuration(eta)
+	}
 	if !p.tty {
 		evalNote := ""
 		if e != nil {
@@ -48,13 +59,37 @@ func (p *progress) step(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 		return
 	}
 	const width = 30
-	filled := width * s.Step / max(p.total, 1)
+	filled := min(width, width*s.Step/max(p.total, 1))
 	bar := strings.Repeat("█", filled) + strings.Repeat("·", width-filled)
 	fmt.Fprintf(p.w, "\r%s %s%s\x1b[K", bar, line, p.eval)
+}
+
+// eta is the time the steps after step should take at this run's mean
+// step time; there is none after the last step.
+func (p *progress) eta(step int) (time.Duration, bool) {
+	left := p.total - step
+	if left <= 0 || p.ran == 0 {
+		return 0, false
+	}
+	mean := p.ranMs / float64(p.ran)
+	return time.Duration(mean * float64(left) * float64(time.Millisecond)), true
 }
 
 func (p *progress) done() {
 	if p.tty {
 		fmt.Fprintln(p.w)
 	}
+}
+
+// formatDuration writes d as people read it in a log: whole seconds from
+// 10 s up (1m23s, 2h5m0s), tenths below, so a short run's estimate is not
+// a row of 0s.
+func formatDuration(d time.Duration) string {
+	if d < 100*time.Millisecond {
+		return "<0.1s"
+	}
+	if d < 10*time.Second {
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	}
+	return d.Round(time.Second).String()
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"path"
 	"slices"
 	"sort"
@@ -46,7 +47,7 @@ func params(progs []*lower.Program) []lower.Buffer {
 
 // saveWeights writes every param under its model name (HF GPT-2 names
 // for the reference model), so other tools can read them. Every process
-// of a job calls it; the one that writes is write.
+// of a job calls it; the one that writes is write. Errors name --save.
 func saveWeights(dev weightStore, progs []*lower.Program, path string, step int, write bool) error {
 	var ts []checkpoint.Tensor
 	for _, b := range params(progs) {
@@ -55,7 +56,7 @@ func saveWeights(dev weightStore, progs []*lower.Program, path string, step int,
 		}
 		whole, err := dev.Global(b.Name)
 		if err != nil {
-			return err
+			return fmt.Errorf("--save: param %q: %w", b.Name, err)
 		}
 		if !write {
 			continue
@@ -69,18 +70,21 @@ func saveWeights(dev weightStore, progs []*lower.Program, path string, step int,
 	if !write {
 		return nil
 	}
-	return checkpoint.Save(path, ts, map[string]string{"format": "pt", "producer": "gcompile", "step": strconv.Itoa(step)})
+	return writeOutput("save", path, func(path string) error {
+		return checkpoint.Save(path, ts, map[string]string{"format": "pt", "producer": "gcompile", "step": strconv.Itoa(step)})
+	})
 }
 
 // loadWeights overwrites params from a safetensors file (or the shards a
 // Hugging Face index names); every param of the
 // model, on every pipeline rank, must be present with its exact shape, as
 // F32, or as BF16 or F16 widened exactly (published checkpoints are often
-// 16-bit: Hugging Face Llama's are).
+// 16-bit: Hugging Face Llama's are), and finite: a NaN or Inf weight makes
+// every loss NaN from the first step, far from the file that caused it.
 func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []string) error {
 	ts, err := checkpoint.LoadIndexed(file)
 	if err != nil {
-		return err
+		return fmt.Errorf("--load: %w", err)
 	}
 	byName := map[string]checkpoint.Tensor{}
 	for _, t := range ts {
@@ -121,6 +125,9 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 		if err != nil {
 			return fmt.Errorf("--load %s: tensor %q: %w", file, b.Name, err)
 		}
+		if err := checkFinite(whole); err != nil {
+			return fmt.Errorf("--load %s: tensor %q: %w (a diverged run's weights? load a checkpoint from before it)", file, b.Name, err)
+		}
 		if err := dev.SetGlobal(b.Name, whole); err != nil {
 			return err
 		}
@@ -131,3 +138,20 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 // loadableDType is the dtype of a safetensors tensor --load widens into an
 // f32 param.
 var loadableDType = map[string]ir.DType{"F32": ir.F32, "BF16": ir.BF16, "F16": ir.F16}
+
+// checkFinite says where x holds NaN or ±Inf, and how many such values.
+func checkFinite(x []float64) error {
+	first, n := -1, 0
+	for i, v := range x {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			if n == 0 {
+				first = i
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("holds %d non-finite value(s) of %d, the first %v at index %d", n, len(x), x[first], first)
+}

@@ -2,22 +2,33 @@
 // package with go/packages, builds a driver program around the package's
 // Model function (frontend.Main) and runs it. It is separate from frontend
 // so the driver, which imports frontend, does not link go/packages.
+//
+// The model's code runs only in the driver, a process of its own group
+// that is killed with all it started when the load ends, times out, or
+// (on Linux) when gcompile dies; the module comes back in a result file,
+// not on stdout, which the model may print to. A model outside any Go
+// module is built against the gcompile source tree the loader came from.
 package loader
 
 import (
-	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"go/types"
+	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"golang.org/x/tools/go/packages"
 
@@ -30,23 +41,98 @@ const ModelFuncName = "Model"
 
 const frontendPath = "gcompile/frontend"
 
+const (
+	// DefaultTimeout bounds type-checking and building a model, and
+	// separately running its Model(), when Loader.Timeout is zero
+	// (--model-timeout's default).
+	DefaultTimeout = 2 * time.Minute
+	// DefaultProgressAfter is how long a load runs before the loader says
+	// on Loader.Progress that it is building the model: a cold build of
+	// the driver takes many seconds, a warm one well under this, so fast
+	// builds stay quiet.
+	DefaultProgressAfter = time.Second
+	// WorkDirPrefix starts the name of the temporary folder each load
+	// builds in (under Loader.TempDir); the folder is removed before the
+	// load returns.
+	WorkDirPrefix = "gcompile-driver-"
+)
+
+// Loader loads model files. The zero value is ready to use: it applies
+// DefaultTimeout, prints no progress and passes the model's own output to
+// os.Stderr.
+type Loader struct {
+	// Timeout bounds running Model() (0: DefaultTimeout), and, unless
+	// BuildTimeout is set, type-checking and building the model, each on
+	// its own: a cold build must not eat the model's time. When it passes,
+	// the go command or the driver is killed (with all they started) and
+	// the load returns a *TimeoutError.
+	Timeout time.Duration
+	// BuildTimeout bounds type-checking and building the model (0:
+	// Timeout), for callers that know one of the two is slow.
+	BuildTimeout time.Duration
+	// Progress receives one line ("building model FILE …") when a load
+	// takes longer than ProgressAfter; nil: none. The CLI passes
+	// os.Stderr; tests leave it quiet.
+	Progress io.Writer
+	// ProgressAfter is the delay before the progress line (0:
+	// DefaultProgressAfter).
+	ProgressAfter time.Duration
+	// Output receives what the model itself printed, to stdout or
+	// stderr, once the driver has ended (nil: os.Stderr). The module does
+	// not travel on the driver's stdout, so prints cannot corrupt it, and
+	// they are not dropped: they may be the user's debugging.
+	Output io.Writer
+	// TempDir is the folder the per-load work folder is created in (""
+	// : os.TempDir()).
+	TempDir string
+}
+
+// TimeoutError is a load that ran past Loader.Timeout: the go command or
+// the driver was killed.
+type TimeoutError struct {
+	File  string // the model file, as the errors name it
+	What  string // what did not finish, e.g. "Model() did not return"
+	Limit time.Duration
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("%s: %s within %v (--model-timeout)", e.File, e.What, e.Limit)
+}
+
+// Unwrap lets callers test for context.DeadlineExceeded.
+func (e *TimeoutError) Unwrap() error { return context.DeadlineExceeded }
+
 // LoadModel type-checks the Go package holding path, then builds and runs
 // a small driver program that calls the package's Model function and
-// prints the module; the module is parsed back from that text. Go errors
+// writes the module; the module is parsed back from that text. Go errors
 // and DSL errors come back as "model.go:LINE: message" lines; no model code
 // runs inside the compiler's process, so a model that crashes cannot take
-// the compiler down with it.
+// the compiler down with it. It is the command line's loader: default
+// timeout, progress on os.Stderr.
 func LoadModel(path string, cfg frontend.Config) (*ir.Module, error) {
-	out, err := runDriver(path, cfg, false)
+	l := &Loader{Progress: os.Stderr}
+	return l.Load(path, cfg)
+}
+
+// DescribeModel lists the model parameters a model file reads (--help-model),
+// with LoadModel's settings.
+func DescribeModel(path string, cfg frontend.Config) ([]frontend.ParamDoc, error) {
+	l := &Loader{Progress: os.Stderr}
+	return l.Describe(path, cfg)
+}
+
+// Load builds the module of the model file path (see LoadModel).
+func (l *Loader) Load(path string, cfg frontend.Config) (*ir.Module, error) {
+	out, err := l.run(path, cfg, false)
 	if err != nil {
 		return nil, err
 	}
 	return ir.Parse(filepath.Base(path), string(out))
 }
 
-// DescribeModel lists the model parameters a model file reads (--help-model).
-func DescribeModel(path string, cfg frontend.Config) ([]frontend.ParamDoc, error) {
-	out, err := runDriver(path, cfg, true)
+// Describe lists the model parameters the model file path reads.
+func (l *Loader) Describe(path string, cfg frontend.Config) ([]frontend.ParamDoc, error) {
+	out, err := l.run(path, cfg, true)
 	if err != nil {
 		return nil, err
 	}
@@ -57,55 +143,301 @@ func DescribeModel(path string, cfg frontend.Config) ([]frontend.ParamDoc, error
 	return docs, nil
 }
 
-func runDriver(path string, cfg frontend.Config, describe bool) ([]byte, error) {
+func (l *Loader) timeout() time.Duration {
+	if l.Timeout > 0 {
+		return l.Timeout
+	}
+	return DefaultTimeout
+}
+
+func (l *Loader) output() io.Writer {
+	if l.Output != nil {
+		return l.Output
+	}
+	return os.Stderr
+}
+
+// run type-checks, builds and runs the model's driver and returns the
+// payload of its result. Everything it starts is killed, and its work
+// folder removed, before it returns, whichever way it returns.
+func (l *Loader) run(path string, cfg frontend.Config, describe bool) (out []byte, err error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("model file: %w", err)
 	}
 	if _, err := os.Stat(abs); err != nil {
 		return nil, fmt.Errorf("model file: %w", err)
 	}
-	pkg, err := typeCheck(abs)
+	name := relPath(abs)
+	after := l.ProgressAfter
+	if after <= 0 {
+		after = DefaultProgressAfter
+	}
+	stop := startProgress(l.Progress, after, fmt.Sprintf("building model %s …\n", name))
+	defer stop()
+
+	work, err := os.MkdirTemp(l.TempDir, WorkDirPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("creating the model's build folder: %w", err)
+	}
+	defer func() {
+		// buildDriver and runDriver kill what they started before they
+		// return, so nothing writes here any more.
+		if rerr := os.RemoveAll(work); rerr != nil && err == nil {
+			err = fmt.Errorf("removing the model's build folder: %w", rerr)
+		}
+	}()
+	// The go command's own scratch folders go in the work folder too, so
+	// that a go command killed at the timeout leaves none in $TMPDIR.
+	gotmp := filepath.Join(work, "gotmp")
+	if err := os.Mkdir(gotmp, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the model's build folder: %w", err)
+	}
+	mod, err := setupModule(filepath.Dir(abs))
 	if err != nil {
 		return nil, err
 	}
-	work, err := os.MkdirTemp("", "gcompile-driver-")
-	if err != nil {
-		return nil, err
+	env := append(os.Environ(), "CGO_ENABLED=0", "GOTMPDIR="+gotmp)
+	env = append(env, mod.env...)
+
+	timeout := l.timeout()
+	if l.BuildTimeout > 0 {
+		timeout = l.BuildTimeout
 	}
-	defer os.RemoveAll(work)
-	bin, err := buildDriver(pkg, work)
-	if err != nil {
-		return nil, err
+	buildCtx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	pkg, err := typeCheck(buildCtx, abs, mod, env)
+	if err == nil {
+		var bin string
+		if bin, err = buildDriver(buildCtx, name, pkg, work, mod, env); err == nil {
+			cancel()
+			return l.runDriver(bin, name, work, cfg, describe)
+		}
 	}
+	if buildCtx.Err() != nil {
+		return nil, &TimeoutError{File: name, What: "type-checking and building the model did not finish", Limit: timeout}
+	}
+	return nil, err
+}
+
+// startProgress writes msg to w once after has passed, unless the
+// returned stop is called first; stop waits for a write in progress, so
+// nothing is written to w once it returned.
+func startProgress(w io.Writer, after time.Duration, msg string) (stop func()) {
+	if w == nil {
+		return func() {}
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTimer(after)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			// A progress line that cannot be written is no reason to fail
+			// the load.
+			_, _ = io.WriteString(w, msg)
+		case <-done:
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(done)
+			<-finished
+		})
+	}
+}
+
+// runDriver runs the built driver and reads its result file (see
+// frontend.DriverOK). What the model printed goes to l.Output.
+func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe bool) ([]byte, error) {
 	if cfg.Float == ir.Invalid {
 		cfg.Float = ir.F32
 	}
 	if cfg.Batch == 0 {
 		cfg.Batch = 8
 	}
-	args := []string{"-name", cfg.Name, "-batch", strconv.Itoa(cfg.Batch), "-float", cfg.Float.String(), "-set", frontend.FormatSet(cfg.Set)}
+	resultFile := filepath.Join(work, "result")
+	args := []string{"-name", cfg.Name, "-batch", strconv.Itoa(cfg.Batch), "-float", cfg.Float.String(), "-set", frontend.FormatSet(cfg.Set), "-out", resultFile}
 	if describe {
 		args = append(args, "-describe")
 	}
-	cmd := exec.Command(bin, args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		if msg := strings.TrimSpace(stderr.String()); msg != "" {
-			return nil, errors.New(msg)
-		}
+	// The model's stdout and stderr go to one file rather than pipes: no
+	// copying goroutine can then block on a pipe that something the model
+	// started keeps open, and prints keep their order.
+	outFile, err := os.Create(filepath.Join(work, "output"))
+	if err != nil {
 		return nil, fmt.Errorf("running the model driver: %w", err)
 	}
-	return stdout.Bytes(), nil
+	defer outFile.Close()
+
+	timeout := l.timeout()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = outFile, outFile
+	isolate(cmd)
+	cmd.Cancel = func() error {
+		killGroup(cmd)
+		return nil
+	}
+	// On every way out, including a panic here: the driver and anything
+	// the model started (same process group) are killed.
+	defer killGroup(cmd)
+	// Linux's Pdeathsig (see isolate) fires when the thread that started
+	// the child ends; holding this goroutine to its thread until the child
+	// is gone keeps any other goroutine from ending that thread (a
+	// goroutine that exits locked to its thread takes the thread along).
+	runtime.LockOSThread()
+	runErr := cmd.Run()
+	runtime.UnlockOSThread()
+	// The driver has ended; what the model started in the background
+	// must not outlive the load either.
+	killGroup(cmd)
+
+	result, rerr := os.ReadFile(resultFile)
+	switch {
+	case rerr == nil:
+		l.copyOutput(outFile, -1)
+		return parseResult(result)
+	case !errors.Is(rerr, fs.ErrNotExist):
+		return nil, fmt.Errorf("reading the model driver's result: %w", rerr)
+	case ctx.Err() != nil:
+		l.copyOutput(outFile, -1)
+		return nil, &TimeoutError{File: name, What: ModelFuncName + "() did not return", Limit: timeout}
+	}
+	return nil, l.explainExit(name, runErr, outFile)
 }
 
-// typeCheck loads the package of file and reports Go errors as
-// "file:line: message", relative to the working directory when shorter.
-func typeCheck(file string) (*packages.Package, error) {
+// parseResult splits the driver's result file into its status and payload.
+func parseResult(result []byte) ([]byte, error) {
+	s := string(result)
+	switch {
+	case strings.HasPrefix(s, frontend.DriverOK):
+		return result[len(frontend.DriverOK):], nil
+	case strings.HasPrefix(s, frontend.DriverError):
+		return nil, errors.New(strings.TrimSpace(s[len(frontend.DriverError):]))
+	}
+	return nil, fmt.Errorf("the model driver's result starts with %q, not a status line", firstLine(s))
+}
+
+// maxCrashReport bounds the part of a crash's output put into the error;
+// a stack overflow prints megabytes of frames.
+const maxCrashReport = 8 << 10
+
+// explainExit says why the driver ended without a result: the model
+// called os.Exit, the Go runtime crashed it (a panic on a goroutine the
+// model started, a stack overflow, …), or a signal killed it.
+func (l *Loader) explainExit(name string, runErr error, outFile *os.File) error {
+	var exitErr *exec.ExitError
+	if runErr != nil && !errors.As(runErr, &exitErr) {
+		return fmt.Errorf("running the model driver: %w", runErr)
+	}
+	output, err := readAll(outFile)
+	if err != nil {
+		return fmt.Errorf("reading the model's output: %w", err)
+	}
+	if runErr == nil {
+		l.copyOutput(outFile, -1)
+		return fmt.Errorf("%s: %s() called os.Exit(0) before returning", name, ModelFuncName)
+	}
+	code := exitErr.ExitCode()
+	if code < 0 { // killed by a signal
+		l.copyOutput(outFile, -1)
+		return fmt.Errorf("%s: the model driver was killed before %s() returned: %w", name, ModelFuncName, runErr)
+	}
+	if at := crashStart(output); at >= 0 {
+		// What the model printed before the crash is its own output; the
+		// crash report is the error.
+		l.copyOutput(outFile, int64(at))
+		report := strings.TrimSpace(string(output[at:]))
+		if len(report) > maxCrashReport {
+			report = report[:maxCrashReport] + fmt.Sprintf("\n… (%d more bytes)", len(report)-maxCrashReport)
+		}
+		return fmt.Errorf("%s: the model crashed before %s() returned (%w):\n%s", name, ModelFuncName, runErr, report)
+	}
+	for _, line := range strings.Split(string(output), "\n") {
+		if msg, ok := strings.CutPrefix(line, frontend.DriverFailPrefix); ok {
+			l.copyOutput(outFile, -1)
+			return fmt.Errorf("%s: the model driver failed: %s", name, msg)
+		}
+		if line == "flag provided but not defined: -out" {
+			// The model's module requires a gcompile older than this
+			// loader: its frontend.Main prints the module on stdout.
+			return fmt.Errorf("%s: the model's module requires a gcompile whose model driver predates this one (it has no -out flag): update its gcompile requirement", name)
+		}
+	}
+	l.copyOutput(outFile, -1)
+	return fmt.Errorf("%s: %s() called os.Exit(%d) before returning", name, ModelFuncName, code)
+}
+
+// crashStart finds where the Go runtime's crash report starts in the
+// driver's output: the first line starting "panic: ", "fatal error: " or
+// "runtime: " (a stack overflow's first line); -1 if there is none.
+func crashStart(output []byte) int {
+	s := string(output)
+	best := -1
+	for _, head := range []string{"panic: ", "fatal error: ", "runtime: "} {
+		for i := 0; i < len(s); {
+			j := strings.Index(s[i:], head)
+			if j < 0 {
+				break
+			}
+			at := i + j
+			if at == 0 || s[at-1] == '\n' {
+				if best < 0 || at < best {
+					best = at
+				}
+				break
+			}
+			i = at + len(head)
+		}
+	}
+	return best
+}
+
+// copyOutput passes the first n bytes of what the model printed (all when
+// n < 0) on to l.Output.
+func (l *Loader) copyOutput(f *os.File, n int64) {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return
+	}
+	var r io.Reader = f
+	if n >= 0 {
+		r = io.LimitReader(f, n)
+	}
+	// The model's prints are a courtesy; failing to pass them on must not
+	// fail the load.
+	_, _ = io.Copy(l.output(), r)
+}
+
+func readAll(f *os.File) ([]byte, error) {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	return io.ReadAll(f)
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// typeCheck loads the package of file and reports Go errors: syntax errors
+// as the Go parser reports them, "file:line:col: message", and only those
+// when there are any (as go build does: type errors in a file that does
+// not parse are mostly echoes of the syntax error); otherwise type errors
+// as "file:line: message". Files are named relative to the working
+// directory when that is shorter.
+func typeCheck(ctx context.Context, file string, mod *moduleSetup, env []string) (*packages.Package, error) {
 	cfg := &packages.Config{
-		Mode: packages.NeedName | packages.NeedFiles | packages.NeedTypes | packages.NeedModule,
-		Dir:  filepath.Dir(file),
+		Context:    ctx,
+		Mode:       packages.NeedName | packages.NeedFiles | packages.NeedTypes | packages.NeedModule,
+		Dir:        filepath.Dir(file),
+		Env:        env,
+		BuildFlags: mod.flags,
+		Overlay:    mod.overlay,
 	}
 	pkgs, err := packages.Load(cfg, "file="+file)
 	if err != nil {
@@ -116,17 +448,7 @@ func typeCheck(file string) (*packages.Package, error) {
 	}
 	pkg := pkgs[0]
 	if len(pkg.Errors) > 0 {
-		// A type error is reported twice: by the type checker and inside the
-		// build log of `go list`; keep the type checker's, which has a position.
-		typed := slices.ContainsFunc(pkg.Errors, func(e packages.Error) bool { return e.Kind == packages.TypeError })
-		var errs []error
-		for _, e := range pkg.Errors {
-			if typed && e.Kind != packages.TypeError {
-				continue
-			}
-			errs = append(errs, errors.New(formatGoError(e)))
-		}
-		return nil, errors.Join(errs...)
+		return nil, goErrors(pkg.Errors, filepath.Dir(file))
 	}
 	if pkg.Name == "main" {
 		return nil, fmt.Errorf("%s:1: package main cannot be imported by the model driver; name the package after the model (e.g. package gpt)", relPath(file))
@@ -142,6 +464,62 @@ func typeCheck(file string) (*packages.Package, error) {
 	return pkg, nil
 }
 
+// goErrors picks and formats the errors go/packages found in the package
+// in folder dir. Syntax errors come first and alone. A type error is reported twice, by the type
+// checker and inside the build log of `go list`; the type checker's is
+// kept, it has a position.
+func goErrors(all []packages.Error, dir string) error {
+	var kind packages.ErrorKind = packages.UnknownError
+	for _, k := range []packages.ErrorKind{packages.ParseError, packages.TypeError} {
+		if slices.ContainsFunc(all, func(e packages.Error) bool { return e.Kind == k }) {
+			kind = k
+			break
+		}
+	}
+	var errs []error
+	seen := map[string]bool{}
+	for _, e := range all {
+		if kind != packages.UnknownError && e.Kind != kind {
+			continue
+		}
+		if e.Kind == packages.ParseError {
+			// go/packages parses with parser.AllErrors; the go command and
+			// gofmt report only the first syntax error of a line, the
+			// rest being the parser losing its way.
+			file, line, _ := splitPos(e.Pos)
+			if seen[file+":"+line] {
+				continue
+			}
+			seen[file+":"+line] = true
+		}
+		if e.Pos == "" && strings.HasPrefix(e.Msg, "# ") {
+			errs = append(errs, errors.New(buildLog(e.Msg, dir)))
+			continue
+		}
+		errs = append(errs, errors.New(formatGoError(e, e.Kind == packages.ParseError)))
+	}
+	return errors.Join(errs...)
+}
+
+// buildLog turns a compiler log that go list passes on ("# pkgpath", then
+// "./model.go:5:6: message" lines relative to the package folder dir)
+// into lines that name the file as the other errors do; the package path
+// line is dropped, it is the loader's business (gcompile_model for a model
+// outside any module).
+func buildLog(msg, dir string) string {
+	var out []string
+	for _, line := range strings.Split(msg, "\n") {
+		if strings.HasPrefix(line, "# ") {
+			continue
+		}
+		if f, rest, ok := strings.Cut(line, ":"); ok && strings.HasSuffix(f, ".go") && !filepath.IsAbs(f) {
+			line = relPath(filepath.Join(dir, f)) + ":" + rest
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "\n")
+}
+
 func isModelFunc(fn *types.Func) bool {
 	sig, ok := fn.Type().(*types.Signature)
 	if !ok || sig.Params().Len() != 1 || sig.Results().Len() != 0 {
@@ -155,18 +533,47 @@ func isModelFunc(fn *types.Func) bool {
 	return ok && named.Obj().Name() == "Builder" && named.Obj().Pkg() != nil && named.Obj().Pkg().Path() == frontendPath
 }
 
-// formatGoError turns "dir/model.go:12:5: msg" into "model.go:12: msg".
-func formatGoError(e packages.Error) string {
+// formatGoError turns "dir/model.go:12:5: msg" into "model.go:12: msg", or
+// "model.go:12:5: msg" with withCol. The position is split from the right,
+// since a Windows path holds a colon of its own.
+func formatGoError(e packages.Error, withCol bool) string {
 	pos := e.Pos
 	if pos == "" || pos == "-" {
 		return e.Msg
 	}
-	parts := strings.Split(pos, ":")
-	if len(parts) >= 3 {
-		pos = strings.Join(parts[:len(parts)-1], ":") // drop the column
+	file, line, col := splitPos(pos)
+	if line == "" {
+		return relPath(file) + ": " + e.Msg
 	}
-	file, line, _ := strings.Cut(pos, ":")
+	if withCol && col != "" {
+		return relPath(file) + ":" + line + ":" + col + ": " + e.Msg
+	}
 	return relPath(file) + ":" + line + ": " + e.Msg
+}
+
+// splitPos splits "file:line:col" or "file:line"; line and col are empty
+// where the position has none.
+func splitPos(pos string) (file, line, col string) {
+	isNum := func(s string) bool {
+		_, err := strconv.Atoi(s)
+		return err == nil
+	}
+	rest, last, ok := cutLast(pos)
+	if !ok || !isNum(last) {
+		return pos, "", ""
+	}
+	if f, l, ok := cutLast(rest); ok && isNum(l) {
+		return f, l, last
+	}
+	return rest, last, ""
+}
+
+func cutLast(s string) (before, after string, ok bool) {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+1:], true
 }
 
 func relPath(p string) string {
@@ -180,36 +587,69 @@ func relPath(p string) string {
 	return p
 }
 
-// buildDriver compiles a main package that calls pkg's Model. The driver
+// buildDriver compiles a main package that calls pkg's Model (of the file
+// the errors call name). The driver
 // source lives only in a build overlay, placed virtually inside the
 // model's module so it resolves the same dependencies; nothing is written
-// into the user's tree.
-func buildDriver(pkg *packages.Package, work string) (string, error) {
+// into the user's tree. The go command runs in its own process group and
+// is killed with everything it started when ctx ends.
+func buildDriver(ctx context.Context, name string, pkg *packages.Package, work string, mod *moduleSetup, env []string) (string, error) {
 	src := fmt.Sprintf("package main\n\nimport (\n\tmodel %q\n\t%q\n)\n\nfunc main() { frontend.Main(model.%s) }\n", pkg.PkgPath, frontendPath, ModelFuncName)
 	sum := sha256.Sum256([]byte(src))
 	dir := filepath.Join(pkg.Module.Dir, "gcompile_driver_"+hex.EncodeToString(sum[:6]))
 	srcFile := filepath.Join(work, "main.go")
 	if err := os.WriteFile(srcFile, []byte(src), 0o644); err != nil {
-		return "", err
+		return "", fmt.Errorf("writing the model driver: %w", err)
 	}
-	overlay, err := json.Marshal(map[string]map[string]string{"Replace": {filepath.Join(dir, "main.go"): srcFile}})
+	replace := map[string]string{filepath.Join(dir, "main.go"): srcFile}
+	// The virtual go.mod and go.sum of a model outside any module: the
+	// build overlay names files, so they are written to the work folder.
+	i := 0
+	for virtual, data := range mod.overlay {
+		onDisk := filepath.Join(work, fmt.Sprintf("overlay%d_%s", i, filepath.Base(virtual)))
+		i++
+		if err := os.WriteFile(onDisk, data, 0o644); err != nil {
+			return "", fmt.Errorf("writing the model's build overlay: %w", err)
+		}
+		replace[virtual] = onDisk
+	}
+	overlay, err := json.Marshal(map[string]map[string]string{"Replace": replace})
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("writing the model's build overlay: %w", err)
 	}
 	overlayFile := filepath.Join(work, "overlay.json")
 	if err := os.WriteFile(overlayFile, overlay, 0o644); err != nil {
-		return "", err
+		return "", fmt.Errorf("writing the model's build overlay: %w", err)
 	}
 	bin := filepath.Join(work, "driver")
+	if runtime.GOOS == "windows" {
+		bin += ".exe"
+	}
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		return "", fmt.Errorf("building the model needs the go command: %w", err)
 	}
-	cmd := exec.Command(goTool, "build", "-overlay", overlayFile, "-o", bin, filepath.Join(dir, "main.go"))
+	args := append([]string{"build"}, mod.flags...)
+	// -buildvcs=false: the driver needs no version stamp, and stamping
+	// fails in a repository whose VCS tool is not installed.
+	args = append(args, "-buildvcs=false", "-overlay", overlayFile, "-o", bin, filepath.Join(dir, "main.go"))
+	cmd := exec.CommandContext(ctx, goTool, args...)
 	cmd.Dir = pkg.Module.Dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Env = env
+	isolate(cmd)
+	cmd.Cancel = func() error {
+		killGroup(cmd)
+		return nil
+	}
+	// The compiler and linker the go command started share its pipe;
+	// once the group is killed, do not wait long for it to close.
+	cmd.WaitDelay = 5 * time.Second
+	defer killGroup(cmd)
+	// As for the driver (see runDriver): Pdeathsig is per thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building the model driver: %w\n%s", err, out)
+		return "", fmt.Errorf("%s: building the model driver failed (%w):\n%s", name, err, strings.TrimSpace(buildLog(string(out), pkg.Module.Dir)))
 	}
 	return bin, nil
 }

@@ -80,6 +80,12 @@ func NewAsync(grad, update *lower.Program, boundary []string, dp, staleness int)
 // the replicas' requests, weights and gradients; every process of the job
 // calls NewAsyncJob and then Train.
 func NewAsyncJob(grad, update *lower.Program, boundary []string, staleness int, job *runtime.Job) (*Async, error) {
+	return newAsyncJob(grad, update, boundary, staleness, job, Options{})
+}
+
+// newAsyncJob is NewAsyncJob loading its programs with opts (tests give
+// it a memory source of their own).
+func newAsyncJob(grad, update *lower.Program, boundary []string, staleness int, job *runtime.Job, opts Options) (*Async, error) {
 	l := job.Layout
 	dp := l.Devices
 	if dp < 2 {
@@ -96,8 +102,21 @@ func NewAsyncJob(grad, update *lower.Program, boundary []string, staleness int, 
 	}
 	a := &Async{boundary: boundary, dp: dp, k: staleness, job: *job, grads: map[int][][]byte{}, peaks: make([]int64, dp)}
 	a.cond = sync.NewCond(&a.mu)
+	// The replicas and the server share the machine's memory, as a
+	// cluster's devices do: their arenas must fit together.
+	var progs []*lower.Program
+	var names []string
 	for _, r := range l.Local() {
-		d, err := Load(grad, Options{})
+		progs, names = append(progs, grad), append(names, fmt.Sprintf("replica %d", r))
+	}
+	if l.Proc == 0 {
+		progs, names = append(progs, update), append(names, "the update program")
+	}
+	if err := checkMemory(progs, names, opts); err != nil {
+		return nil, err
+	}
+	for _, r := range l.Local() {
+		d, err := loadChecked(grad, opts)
 		if err != nil {
 			return nil, fmt.Errorf("replica %d: %w", r, err)
 		}
@@ -106,7 +125,7 @@ func NewAsyncJob(grad, update *lower.Program, boundary []string, staleness int, 
 	}
 	if l.Proc == 0 {
 		var err error
-		if a.Server, err = Load(update, Options{}); err != nil {
+		if a.Server, err = loadChecked(update, opts); err != nil {
 			return nil, fmt.Errorf("update program: %w", err)
 		}
 	}

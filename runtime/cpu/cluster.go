@@ -79,10 +79,20 @@ func load(progs []*lower.Program, opts Options, cm runtime.Comm, job *runtime.Jo
 			return nil, err
 		}
 	}
-	for _, r := range ranks {
+	mine := make([]*lower.Program, len(ranks))
+	names := make([]string, len(ranks))
+	for i, r := range ranks {
+		mine[i], names[i] = lower.ProgramOf(progs, r), deviceName(r)
+	}
+	// The devices share the machine's memory: all their arenas must fit
+	// together, which is known before the first is allocated.
+	if err := checkMemory(mine, names, opts); err != nil {
+		return nil, err
+	}
+	for i, r := range ranks {
 		o := opts
 		o.Rank, o.Comm = r, cm
-		d, err := Load(lower.ProgramOf(progs, r), o)
+		d, err := loadChecked(mine[i], o)
 		if err != nil {
 			return nil, fmt.Errorf("device %d: %w", r, err)
 		}

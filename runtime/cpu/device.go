@@ -19,6 +19,10 @@ import (
 type Options struct {
 	// MemoryCap is the most arena bytes the device may hold; 0 means unlimited.
 	MemoryCap int64
+	// HostMemory says what the machine can still give; the arenas of all
+	// the devices a load allocates must fit in it together. Nil reads
+	// Linux's figures (HostMemory).
+	HostMemory MemorySource
 	// Rank is the device's global rank in the mesh and Comm connects it
 	// to the others (nil for one device): collectives and pipeline
 	// transfers.
@@ -49,13 +53,21 @@ type Device struct {
 	runtime.HostView
 }
 
-// Load allocates the arena and prepares every instruction.
+// Load allocates the arena and prepares every instruction. It refuses,
+// before allocating, an arena larger than opts.MemoryCap or than the
+// memory the machine has available.
 func Load(p *lower.Program, opts Options) (*Device, error) {
+	if err := checkMemory([]*lower.Program{p}, []string{deviceName(opts.Rank)}, opts); err != nil {
+		return nil, err
+	}
+	return loadChecked(p, opts)
+}
+
+// loadChecked is Load once checkMemory has passed p: a cluster checks all
+// its devices' arenas together, then loads each.
+func loadChecked(p *lower.Program, opts Options) (*Device, error) {
 	if registryErr != nil {
 		return nil, fmt.Errorf("the cpu backend's kernels: %w", registryErr)
-	}
-	if opts.MemoryCap > 0 && p.ArenaBytes > opts.MemoryCap {
-		return nil, fmt.Errorf("program %q needs an arena of %d bytes, more than the device cap of %d bytes", p.Name, p.ArenaBytes, opts.MemoryCap)
 	}
 	d := &Device{prog: p, arena: make([]uint64, (p.ArenaBytes+7)/8), rank: opts.Rank, comm: opts.Comm}
 	if p.Mesh != nil {

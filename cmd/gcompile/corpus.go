@@ -1,0 +1,86 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"gcompile/data"
+	"gcompile/ir"
+)
+
+// loadCorpus is the training text (read by checkPaths, or now), checked
+// against the compiled model before any step: long enough for one window
+// of seq tokens, and every byte a token of the model (a byte ≥ the vocab
+// would index past the embedding table and the logits). Errors name
+// --data and, for the vocab, what to change.
+func loadCorpus(c *config, m *ir.Module, seq int) (*data.Corpus, error) {
+	corpus := c.corpus
+	if corpus == nil {
+		var err error
+		if corpus, err = data.Load(data.Options{Path: c.data, MaxBytes: int64(c.maxDataMB) << 20}); err != nil {
+			return nil, dataErr(c, err)
+		}
+	}
+	if err := corpus.Check(seq); err != nil {
+		return nil, dataErr(c, err)
+	}
+	vocab, where := tokenRange(m)
+	if vocab == 0 {
+		return corpus, nil // no embedding or cross-entropy reads the batch: nothing to bound
+	}
+	if err := corpus.CheckVocab(vocab); err != nil {
+		fix := fmt.Sprintf("raise it with --set vocab=256 (one token per byte) or give text whose bytes are all below %d", vocab)
+		if !strings.HasSuffix(c.Model, ".go") {
+			fix = fmt.Sprintf("a .gir dump has its sizes fixed: give text whose bytes are all below %d", vocab)
+		}
+		return nil, dataErr(c, fmt.Errorf("%w; the model's vocab is %s: %s", err, where, fix))
+	}
+	return corpus, nil
+}
+
+// dataErr names --data in an error about the training text, when the
+// flag was given (the default corpus has none to name).
+func dataErr(c *config, err error) error {
+	if c.data == "" {
+		return err
+	}
+	return fmt.Errorf("--data %s: %w", c.data, err)
+}
+
+// tokenRange is how many token ids the module takes and, for messages,
+// where that is decided: the rows of the embedding table the "tokens" input indexes and
+// the classes of the cross-entropy the "targets" input labels, whichever
+// is fewer. The ids are followed through integer ops (reshapes, the
+// microbatch pass's slices) from the inputs; float values are not ids. It
+// is 0 when neither input reaches such an op.
+func tokenRange(m *ir.Module) (int, string) {
+	from := map[*ir.Value]string{} // integer values computed from an input, by input name
+	vocab, where := 0, ""
+	bound := func(n int, v *ir.Value, what, unit string) {
+		if n > 0 && (vocab == 0 || n < vocab) {
+			vocab, where = n, fmt.Sprintf("its %s's %d %s (%s)", what, n, unit, v.Where())
+		}
+	}
+	for _, v := range m.Values {
+		if v.Op == "input" && (v.Name() == ir.InputTokens || v.Name() == ir.InputTargets) {
+			from[v] = v.Name()
+			continue
+		}
+		switch {
+		case v.Op == "embedding" && len(v.Args) == 2 && from[v.Args[1]] == ir.InputTokens && v.Args[0].Type.Rank() == 2:
+			bound(v.Args[0].Type.Shape[0], v, "embedding table", "rows")
+		case v.Op == "cross_entropy" && len(v.Args) == 2 && from[v.Args[1]] == ir.InputTargets && v.Args[0].Type.Rank() >= 1:
+			bound(v.Args[0].Type.Shape[v.Args[0].Type.Rank()-1], v, "cross-entropy", "classes")
+		}
+		if !v.Type.DType.IsInt() {
+			continue
+		}
+		for _, a := range v.Args {
+			if name, ok := from[a]; ok {
+				from[v] = name
+				break
+			}
+		}
+	}
+	return vocab, where
+}

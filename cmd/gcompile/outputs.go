@@ -1,0 +1,219 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"gcompile/data"
+)
+
+// checkPaths runs before any compile or training: every output the run
+// is asked for must be writable, every input file must exist and the
+// training text must be text, so that none of it is found out after the
+// work is done (a metrics file that cannot be written after hours of
+// training loses them). Outputs are checked by
+// the process that writes them, process 0 (lead); inputs by every process,
+// each of which reads them. --checkpoint-dir and --resume are
+// checkCheckpointPaths'.
+func checkPaths(c *config, lead bool) error {
+	var errs []error
+	if c.load != "" {
+		if err := checkInputFile("load", c.load); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.run {
+		// Read now, kept for training (loadCorpus), not read twice.
+		corpus, err := data.Load(data.Options{Path: c.data, MaxBytes: int64(c.maxDataMB) << 20})
+		if err != nil {
+			errs = append(errs, dataErr(c, err))
+		}
+		c.corpus = corpus
+	}
+	if lead {
+		errs = append(errs, checkOutputs(c))
+	}
+	return errors.Join(errs...)
+}
+
+// outputPath is a file the run writes at its end, by its flag.
+type outputPath struct{ flag, path string }
+
+// outputPaths are the run's file outputs that were asked for.
+func (c *config) outputPaths() []outputPath {
+	var out []outputPath
+	for _, o := range []outputPath{{"metrics", c.metrics}, {"trace", c.trace}, {"save", c.save}, {"timeline", c.timeline}, {"report", c.report}} {
+		if o.path != "" {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// checkOutputs checks each output path, and that no two outputs would
+// write the same file (one would silently replace the other).
+func checkOutputs(c *config) error {
+	var errs []error
+	seen := map[string]string{}
+	for _, o := range c.outputPaths() {
+		if err := checkOutputFile(o.flag, o.path); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		key := o.path
+		if abs, err := filepath.Abs(o.path); err == nil {
+			key = abs
+		}
+		if other, ok := seen[key]; ok {
+			errs = append(errs, fmt.Errorf("--%s and --%s both write %s; give each its own file", other, o.flag, o.path))
+			continue
+		}
+		seen[key] = o.flag
+	}
+	if c.dump != "" {
+		if err := checkOutputDir("dump", c.dump); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkOutputFile checks that path can be written as a file by --flag:
+// its folder exists or can be created, a file can be created in it (the
+// outputs are written next to their path and renamed over it), and an
+// existing file at path is a regular file that can be opened for writing.
+// The probe leaves everything as it found it: an existing file is opened
+// without truncation and closed, and the probe file and any folder made
+// for it are removed.
+func checkOutputFile(flag, path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.IsDir():
+		return fmt.Errorf("--%s %s is a folder; it wants a file path", flag, path)
+	case err == nil && !fi.Mode().IsRegular():
+		// A device or pipe: writing next to it and renaming over it
+		// would replace it (as root, /dev/null).
+		return fmt.Errorf("--%s %s is not a regular file (%v); it wants a file path", flag, path, fi.Mode().Type())
+	case err == nil:
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("--%s %s cannot be written: %w", flag, path, err)
+		}
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("--%s %s cannot be written: %w", flag, path, err)
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		// A part of the path that is a file, a folder that cannot be
+		// searched: the message of the stat says which.
+		return fmt.Errorf("--%s %s: %w", flag, path, err)
+	}
+	return probeFolder(flag, filepath.Dir(path))
+}
+
+// checkOutputDir checks that dir is, or can be made, a folder that files
+// can be written in.
+func checkOutputDir(flag, dir string) error {
+	fi, err := os.Stat(dir)
+	switch {
+	case err == nil && !fi.IsDir():
+		return fmt.Errorf("--%s %s is a file; it wants a folder", flag, dir)
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("--%s %s: %w", flag, dir, err)
+	}
+	return probeFolder(flag, dir)
+}
+
+// probeFolder creates dir where it is missing, creates and removes a file
+// in it, and removes the folders it created: a refused run leaves no trace,
+// and the writers create the folder again when they write.
+func probeFolder(flag, dir string) (err error) {
+	var made []string // the missing folders, deepest first
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil || !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		made = append(made, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	defer func() {
+		for _, d := range made {
+			_ = os.Remove(d) // only empty folders go; one that is not was not ours alone
+		}
+	}()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--%s: cannot create the folder %s: %w", flag, dir, err)
+	}
+	f, err := os.CreateTemp(dir, ".gcompile-probe-*")
+	if err != nil {
+		return fmt.Errorf("--%s: cannot write in %s: %w", flag, dir, err)
+	}
+	name := f.Name()
+	cerr := f.Close()
+	if rerr := os.Remove(name); rerr != nil && cerr == nil {
+		cerr = rerr
+	}
+	if cerr != nil {
+		return fmt.Errorf("--%s: cannot write in %s: %w", flag, dir, cerr)
+	}
+	return nil
+}
+
+// checkInputFile checks that --flag names a file that can be read.
+func checkInputFile(flag, path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("--%s: %w", flag, err)
+	}
+	if fi.IsDir() {
+		return fmt.Errorf("--%s %s is a folder; it wants a file", flag, path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("--%s: %w", flag, err)
+	}
+	return f.Close()
+}
+
+// writeOutput writes one output of the run with write, creating its folder
+// first (checkPaths made sure it can be, then left none behind), and names
+// --flag in the error. Each output is written on its own: a failure is
+// reported with the others', and never keeps another output from being
+// written.
+func writeOutput(flag, path string, write func(path string) error) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("--%s: %w", flag, err)
+	}
+	if err := write(path); err != nil {
+		return fmt.Errorf("--%s: %w", flag, err)
+	}
+	return nil
+}
+
+// reportFolder creates --report's folder, which checkPaths made sure can
+// be created and left none behind, before report.go writes the page into
+// it; a failure is left to that write to report, naming --report.
+func reportFolder(c *config) {
+	if c.report != "" {
+		_ = os.MkdirAll(filepath.Dir(c.report), 0o755)
+	}
+}
+
+// refusedError is a failure of train before its first step: nothing was
+// trained, so the outputs that record a run (the metrics) are not written
+// over what a previous run left there.
+type refusedError struct{ err error }
+
+func (e refusedError) Error() string { return e.err.Error() }
+
+func (e refusedError) Unwrap() error { return e.err }
+
+// refused reports whether err is a run refused before its first step.
+func refused(err error) bool {
+	var r refusedError
+	return errors.As(err, &r)
+}

@@ -1,0 +1,591 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"html/template"
+	"maps"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gcompile/compile"
+	"gcompile/lower"
+	"gcompile/runtime"
+)
+
+// writeReport writes --report: one HTML page a person can open from
+// anywhere (a laptop, a CI artifact) — styles inline, charts as inline SVG
+// drawn here, no scripts, fonts or links to fetch — with what the metrics
+// JSON holds: loss and speed per step, memory per device, the pipeline
+// schedule and the passes. runErr, when the run failed, heads the page.
+func writeReport(path string, c *config, res *compile.Result, met *runtime.Metrics, runErr error) error {
+	page, err := renderReport(c, res, met, runErr)
+	if err != nil {
+		return err
+	}
+	// Replaced atomically like the metrics: a browser reloading the page
+	// never sees half of it.
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err := os.WriteFile(tmp, page, 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// fact is one labelled line of the page's overview.
+type fact struct{ Label, Value string }
+
+// reportPage is what the template draws. Strings are the model's and the
+// user's (paths, names, config values): html/template escapes them. The
+// SVG fields are drawn by this file, which escapes the text it puts in.
+type reportPage struct {
+	Title, Generated, Error string
+	Overview, Config        []fact
+	Trained                 bool
+	Loss, Speed, GradNorm   template.HTML
+	LossNote                string
+	Categories              []string
+	Memory                  []memoryRow
+	MemoryChart             template.HTML
+	Schedule                []fact
+	Timeline                template.HTML
+	Passes                  []passRow
+	Checkpoints             []runtime.CheckpointMetrics
+	Files                   []outputFile
+}
+
+type memoryRow struct {
+	Rank                                    int
+	Predicted, Measured, Match, Arena, Host cell
+	Breakdown                               []cell
+}
+
+// cell is a byte count for people, with the exact count on hover.
+type cell struct{ Text, Exact string }
+
+func bytesCell(n int64) cell {
+	return cell{humanBytes(n), strconv.FormatInt(n, 10) + " B"}
+}
+
+type passRow struct {
+	Name, Ms, Skipped string
+	Changed           bool
+	BarPx             float64
+}
+
+// memoryCategories are lower.Breakdown's fields in the order the table and
+// the bars show them, with their JSON names and colours.
+var memoryCategories = []struct {
+	name, color string
+	bytes       func(lower.Breakdown) int64
+}{
+	{"params", "#4e79a7", func(b lower.Breakdown) int64 { return b.Params }},
+	{"gradients", "#59a14f", func(b lower.Breakdown) int64 { return b.Gradients }},
+	{"optimizer state", "#f28e2b", func(b lower.Breakdown) int64 { return b.Optimizer }},
+	{"activations", "#e15759", func(b lower.Breakdown) int64 { return b.Activations }},
+	{"inputs", "#76b7b2", func(b lower.Breakdown) int64 { return b.Inputs }},
+	{"workspace", "#b07aa1", func(b lower.Breakdown) int64 { return b.Workspace }},
+}
+
+func renderReport(c *config, res *compile.Result, met *runtime.Metrics, runErr error) ([]byte, error) {
+	name := c.Model
+	if res != nil && res.Module != nil {
+		name = res.Module.Name
+	}
+	p := reportPage{
+		Title:     "gcompile: " + name,
+		Generated: time.Now().Format("2006-01-02 15:04:05 MST"),
+		Trained:   len(met.Steps) > 0,
+	}
+	if runErr != nil {
+		p.Error = runErr.Error()
+	}
+	p.Overview = overview(c, name, met)
+	for _, k := range slices.Sorted(maps.Keys(met.Config)) {
+		p.Config = append(p.Config, fact{k, fmt.Sprint(met.Config[k])})
+	}
+	if p.Trained {
+		p.Loss, p.LossNote = lossChart(met)
+		p.Speed = speedChart(met)
+		p.GradNorm = gradNormChart(met)
+	}
+	for _, cat := range memoryCategories {
+		p.Categories = append(p.Categories, cat.name)
+	}
+	for _, d := range met.Devices {
+		p.Memory = append(p.Memory, memoryRowOf(d))
+	}
+	p.MemoryChart = template.HTML(memoryChart(met.Devices))
+	if res != nil && res.Schedule != nil && res.Simulated != nil {
+		s := met.Schedule
+		p.Schedule = []fact{
+			{"schedule", fmt.Sprintf("%s: p=%d v=%d m=%d", s.Name, res.Schedule.Ranks, res.Schedule.Chunks, res.Schedule.Micro)},
+			{"bubble in theory", fmt.Sprintf("%.4f", s.BubbleTheory)},
+			{"bubble simulated (unit costs)", fmt.Sprintf("%.4f", s.BubbleSimulated)},
+		}
+		if s.BubbleProfiled != nil {
+			p.Schedule = append(p.Schedule, fact{"bubble simulated (measured F/B/W times)", fmt.Sprintf("%.4f", *s.BubbleProfiled)})
+		}
+		if len(s.StashPeak) > 0 {
+			p.Schedule = append(p.Schedule, fact{"activations stashed per rank (microbatches)", fmt.Sprint(s.StashPeak)})
+		}
+		// The drawing --timeline writes. Inline SVG in HTML needs no
+		// namespace, and leaving it out keeps every http:// string, which a
+		// reader may take for a link, out of the page.
+		svg := timelineSVG(res.Schedule, res.Simulated, compile.UnitCost(res.Schedule))
+		p.Timeline = template.HTML(strings.Replace(svg, ` xmlns="http://www.w3.org/2000/svg"`, "", 1))
+	}
+	var slowest float64
+	for _, ps := range met.Passes {
+		slowest = max(slowest, ps.Ms)
+	}
+	for _, ps := range met.Passes {
+		r := passRow{Name: ps.Name, Ms: fmt.Sprintf("%.2f", ps.Ms), Changed: ps.Changed, Skipped: ps.Skipped}
+		if slowest > 0 {
+			r.BarPx = math.Round(160*ps.Ms/slowest*10) / 10
+		}
+		p.Passes = append(p.Passes, r)
+	}
+	p.Checkpoints = met.Checkpoints
+	if runErr == nil {
+		p.Files = outputs(c, met)
+	}
+	var b bytes.Buffer
+	if err := reportTemplate.Execute(&b, p); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// overview is the page's first table: the model, the plan and the outcome.
+func overview(c *config, name string, met *runtime.Metrics) []fact {
+	f := []fact{{"model", c.Model + " (" + name + ")"}, {"params", groupDigits(met.Model.Params)}}
+	f = append(f, fact{"devices", fmt.Sprintf("%d (processes %v)", len(met.Devices), met.Config["processes"])})
+	f = append(f, fact{"compile", fmt.Sprintf("%.0f ms", met.CompileMs)})
+	if met.Data != nil {
+		f = append(f, fact{"data", fmt.Sprintf("%s (%s train / %s held-out bytes)", met.Data.Source, groupDigits(int64(met.Data.TrainBytes)), groupDigits(int64(met.Data.EvalBytes)))})
+	}
+	if met.ResumedFrom != nil {
+		f = append(f, fact{"resumed from", fmt.Sprintf("%s (step %d)", met.ResumedFrom.Checkpoint, met.ResumedFrom.Step)})
+	}
+	t, ok := totals(met)
+	if !ok {
+		if !c.run {
+			f = append(f, fact{"training", "none: compiled only (add --run to train)"})
+		} else {
+			f = append(f, fact{"training", "no step ran"})
+		}
+		return f
+	}
+	f = append(f, fact{"trained", fmt.Sprintf("%s of %d", t.steps(), c.steps)})
+	if met.Stopped != "" {
+		f = append(f, fact{"stopped by", met.Stopped})
+	}
+	f = append(f, fact{"final train loss", fmt.Sprintf("%.4f (step %d)", t.trainLoss, t.last)})
+	if t.eval != nil {
+		f = append(f, fact{"held-out loss", fmt.Sprintf("%.4f (step %d)", t.eval.Loss, t.eval.Step)})
+	}
+	if t.tokPerS > 0 && !math.IsInf(t.tokPerS, 0) {
+		f = append(f, fact{"mean tokens/s", fmt.Sprintf("%.0f over %s", t.tokPerS, t.tokSteps)})
+	}
+	if met.Async != nil {
+		f = append(f, fact{"staleness", fmt.Sprintf("largest seen %d (bound %d)", met.Async.MaxStalenessSeen, met.Async.Staleness)})
+	}
+	if met.Checkpoint != "" {
+		f = append(f, fact{"last checkpoint", met.Checkpoint})
+	}
+	return f
+}
+
+// memoryRowOf is one device's line of the memory table. A device that was
+// not run (compile only, or a run that failed before its end) has no
+// measured peak.
+func memoryRowOf(d runtime.DeviceMetrics) memoryRow {
+	r := memoryRow{Rank: d.Rank, Predicted: bytesCell(d.PeakBytesPredicted), Arena: bytesCell(d.ArenaBytes), Host: bytesCell(d.HostBytes)}
+	switch diff := d.PeakBytesMeasured - d.PeakBytesPredicted; {
+	case d.PeakBytesMeasured == 0:
+		r.Measured, r.Match = cell{"not measured", ""}, cell{"", ""}
+	case diff == 0:
+		r.Measured, r.Match = bytesCell(d.PeakBytesMeasured), cell{"to the byte", ""}
+	default:
+		sign := "+"
+		if diff < 0 {
+			sign, diff = "−", -diff
+		}
+		r.Measured, r.Match = bytesCell(d.PeakBytesMeasured), cell{sign + humanBytes(diff), sign + strconv.FormatInt(diff, 10) + " B"}
+	}
+	for _, cat := range memoryCategories {
+		if d.PeakBreakdown == nil {
+			r.Breakdown = append(r.Breakdown, cell{"—", "no breakdown"})
+			continue
+		}
+		r.Breakdown = append(r.Breakdown, bytesCell(cat.bytes(*d.PeakBreakdown)))
+	}
+	return r
+}
+
+// humanBytes writes n in binary units, as the compiler's memory errors do.
+func humanBytes(n int64) string {
+	switch a := math.Abs(float64(n)); {
+	case a >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case a >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
+	case a >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// groupDigits writes 1234567 as 1 234 567 (a thin space: no locale's
+// decimal mark).
+func groupDigits(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteString("\u2009")
+		}
+		b.WriteRune(r)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// series is one line of a chart: points (x, y), finite.
+type series struct {
+	name, color string
+	points      [][2]float64
+	dashed      bool
+	// markers draws a dot with a tooltip per point: for sparse series
+	// (held-out evaluations), where a line alone hides where they are.
+	markers bool
+}
+
+func lossChart(met *runtime.Metrics) (template.HTML, string) {
+	train := series{name: "train loss", color: "#4e79a7"}
+	bad := 0
+	for _, s := range met.Steps {
+		if isFinite(s.Loss) {
+			train.points = append(train.points, [2]float64{float64(s.Step), s.Loss})
+		} else {
+			bad++
+		}
+	}
+	held := series{name: "held-out loss", color: "#e15759", markers: true}
+	for _, e := range met.Eval {
+		if isFinite(e.Loss) {
+			held.points = append(held.points, [2]float64{float64(e.Step), e.Loss})
+		}
+	}
+	note := ""
+	if bad > 0 {
+		note = fmt.Sprintf("%d step(s) with a non-finite loss are not drawn.", bad)
+	}
+	return template.HTML(lineChart("loss per step", "step", "loss (nats per token)", []series{train, held})), note
+}
+
+func speedChart(met *runtime.Metrics) template.HTML {
+	tok := series{name: "tokens/s", color: "#59a14f"}
+	for _, s := range met.Steps {
+		if isFinite(s.TokensPerS) {
+			tok.points = append(tok.points, [2]float64{float64(s.Step), s.TokensPerS})
+		}
+	}
+	ss := []series{tok}
+	if t, ok := totals(met); ok && t.tokPerS > 0 && isFinite(t.tokPerS) && len(tok.points) > 0 {
+		// Across the steps the mean is over: the first is left out.
+		first, last := tok.points[0][0], tok.points[len(tok.points)-1][0]
+		if len(tok.points) > 1 {
+			first = tok.points[1][0]
+		}
+		ss = append(ss, series{name: "mean over " + t.tokSteps, color: "#333333", dashed: true,
+			points: [][2]float64{{first, t.tokPerS}, {last, t.tokPerS}}})
+	}
+	return template.HTML(lineChart("tokens per second", "step", "tokens/s", ss))
+}
+
+func gradNormChart(met *runtime.Metrics) template.HTML {
+	g := series{name: "gradient norm (before clipping)", color: "#b07aa1"}
+	for _, s := range met.Steps {
+		if isFinite(s.GradNorm) {
+			g.points = append(g.points, [2]float64{float64(s.Step), s.GradNorm})
+		}
+	}
+	return template.HTML(lineChart("global gradient norm", "step", "‖g‖", []series{g}))
+}
+
+func isFinite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// Chart geometry, in SVG pixels.
+const (
+	chartW, chartH                       = 760.0, 300.0
+	chartLeft, chartRight                = 70.0, 20.0
+	chartTop, chartBottom                = 34.0, 44.0
+	plotW, plotH                         = chartW - chartLeft - chartRight, chartH - chartTop - chartBottom
+	chartFont                            = `font-family="sans-serif" font-size="11"`
+	svgOpen                              = `<svg class="chart" viewBox="0 0 %.0f %.0f" width="%.0f" height="%.0f" role="img" ` + chartFont + `>`
+	axisColor, gridColor                 = "#444444", "#e4e4e4"
+	memRowH, memBarH, memLeft, memLegend = 30.0, 18.0, 70.0, 28.0
+)
+
+// lineChart draws series on shared axes with ticks at round numbers. Each
+// series is one polyline with one point per entry, named by data-series.
+func lineChart(title, xLabel, yLabel string, ss []series) string {
+	var xs, ys []float64
+	for _, s := range ss {
+		for _, pt := range s.points {
+			xs, ys = append(xs, pt[0]), append(ys, pt[1])
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, svgOpen, chartW, chartH, chartW, chartH)
+	fmt.Fprintf(&b, `<title>%s</title>`, esc(title))
+	if len(xs) == 0 {
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">no finite values to draw</text></svg>`, chartLeft, chartTop+20)
+		return b.String()
+	}
+	xTicks, x0, x1 := niceTicks(slices.Min(xs), slices.Max(xs), 8, true)
+	yTicks, y0, y1 := niceTicks(slices.Min(ys), slices.Max(ys), 6, false)
+	px := func(x float64) float64 { return chartLeft + (x-x0)/(x1-x0)*plotW }
+	py := func(y float64) float64 { return chartTop + plotH - (y-y0)/(y1-y0)*plotH }
+	yDigits, xDigits := tickDigits(yTicks), tickDigits(xTicks)
+	for _, y := range yTicks {
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s"/>`, chartLeft, py(y), chartLeft+plotW, py(y), gridColor)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end">%s</text>`, chartLeft-6, py(y)+4, strconv.FormatFloat(y, 'f', yDigits, 64))
+	}
+	for _, x := range xTicks {
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s"/>`, px(x), chartTop+plotH, px(x), chartTop+plotH+4, axisColor)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, px(x), chartTop+plotH+17, strconv.FormatFloat(x, 'f', xDigits, 64))
+	}
+	fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="%s"/>`, chartLeft, chartTop, plotW, plotH, axisColor)
+	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, chartLeft+plotW/2, chartH-6, esc(xLabel))
+	fmt.Fprintf(&b, `<text transform="translate(14 %.1f) rotate(-90)" text-anchor="middle">%s</text>`, chartTop+plotH/2, esc(yLabel))
+	legendX := chartLeft
+	for _, s := range ss {
+		dash := ""
+		if s.dashed {
+			dash = ` stroke-dasharray="6 4"`
+		}
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="16" x2="%.1f" y2="16" stroke="%s" stroke-width="2"%s/>`, legendX, legendX+22, s.color, dash)
+		fmt.Fprintf(&b, `<text x="%.1f" y="20">%s</text>`, legendX+27, esc(s.name))
+		legendX += 40 + 6.5*float64(len([]rune(s.name)))
+		pts := make([]string, len(s.points))
+		for i, pt := range s.points {
+			pts[i] = fmt.Sprintf("%.1f,%.1f", px(pt[0]), py(pt[1]))
+		}
+		fmt.Fprintf(&b, `<polyline data-series="%s" fill="none" stroke="%s" stroke-width="1.5" stroke-linejoin="round"%s points="%s"><title>%s</title></polyline>`,
+			esc(s.name), s.color, dash, strings.Join(pts, " "), esc(s.name))
+		if s.markers {
+			for _, pt := range s.points {
+				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s"><title>%s</title></circle>`,
+					px(pt[0]), py(pt[1]), s.color, esc(fmt.Sprintf("step %.0f: %s %.4f", pt[0], s.name, pt[1])))
+			}
+		}
+	}
+	b.WriteString("</svg>")
+	return b.String()
+}
+
+// niceTicks covers [lo, hi] with about n ticks at 1, 2 or 5 times a power
+// of ten, and returns them with the range they span. Integer axes (steps)
+// never get fractional ticks.
+func niceTicks(lo, hi float64, n int, integer bool) (ticks []float64, t0, t1 float64) {
+	if hi <= lo {
+		pad := math.Max(math.Abs(lo)*0.05, 1)
+		if integer {
+			pad = 1
+		}
+		lo, hi = lo-pad, hi+pad
+	}
+	raw := (hi - lo) / float64(n)
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := mag
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*mag >= raw {
+			step = m * mag
+			break
+		}
+	}
+	if integer {
+		step = math.Max(1, math.Round(step))
+	}
+	t0, t1 = math.Floor(lo/step)*step, math.Ceil(hi/step)*step
+	for i := 0; ; i++ {
+		t := t0 + float64(i)*step
+		if t > t1+step/2 || i > 4*n {
+			break
+		}
+		ticks = append(ticks, t)
+	}
+	return ticks, t0, t1
+}
+
+// tickDigits is how many decimals tell the ticks apart.
+func tickDigits(ticks []float64) int {
+	if len(ticks) < 2 {
+		return 0
+	}
+	step := ticks[1] - ticks[0]
+	return max(0, int(-math.Floor(math.Log10(step)+1e-9)))
+}
+
+// memoryChart draws each device's predicted peak as a bar split by what
+// the bytes hold, with its measured peak as a black tick.
+func memoryChart(devs []runtime.DeviceMetrics) string {
+	var most int64
+	measured := false
+	for _, d := range devs {
+		most = max(most, d.PeakBytesPredicted, d.PeakBytesMeasured)
+		measured = measured || d.PeakBytesMeasured > 0
+	}
+	w := memLeft + plotW + 90
+	h := memLegend + memRowH*float64(len(devs)) + 10
+	var b strings.Builder
+	fmt.Fprintf(&b, svgOpen, w, h, w, h)
+	b.WriteString(`<title>peak memory per device by category</title>`)
+	x := memLeft
+	for _, cat := range memoryCategories {
+		fmt.Fprintf(&b, `<rect x="%.1f" y="6" width="12" height="12" fill="%s"/><text x="%.1f" y="16">%s</text>`, x, cat.color, x+16, esc(cat.name))
+		x += 30 + 6.5*float64(len(cat.name))
+	}
+	if measured {
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="4" x2="%.1f" y2="20" stroke="#000000" stroke-width="2"/><text x="%.1f" y="16">measured peak</text>`, x, x, x+6)
+	}
+	if most == 0 {
+		b.WriteString("</svg>")
+		return b.String()
+	}
+	scale := plotW / float64(most)
+	for i, d := range devs {
+		y := memLegend + memRowH*float64(i)
+		fmt.Fprintf(&b, `<g data-rank="%d"><text x="4" y="%.1f">rank %d</text>`, d.Rank, y+memBarH-4, d.Rank)
+		x := memLeft
+		if d.PeakBreakdown != nil {
+			for _, cat := range memoryCategories {
+				n := cat.bytes(*d.PeakBreakdown)
+				if n <= 0 {
+					continue
+				}
+				fmt.Fprintf(&b, `<rect x="%.2f" y="%.1f" width="%.2f" height="%.1f" fill="%s"><title>%s</title></rect>`,
+					x, y, float64(n)*scale, memBarH, cat.color, esc(fmt.Sprintf("rank %d %s: %s", d.Rank, cat.name, humanBytes(n))))
+				x += float64(n) * scale
+			}
+		} else {
+			fmt.Fprintf(&b, `<rect x="%.2f" y="%.1f" width="%.2f" height="%.1f" fill="#bbbbbb"/>`, x, y, float64(d.PeakBytesPredicted)*scale, memBarH)
+		}
+		if d.PeakBytesMeasured > 0 {
+			mx := memLeft + float64(d.PeakBytesMeasured)*scale
+			fmt.Fprintf(&b, `<line x1="%.2f" y1="%.1f" x2="%.2f" y2="%.1f" stroke="#000000" stroke-width="2"><title>%s</title></line>`,
+				mx, y-3, mx, y+memBarH+3, esc(fmt.Sprintf("rank %d measured peak %s", d.Rank, humanBytes(d.PeakBytesMeasured))))
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">%s</text></g>`, memLeft+plotW+8, y+memBarH-4, esc(humanBytes(d.PeakBytesPredicted)))
+	}
+	b.WriteString("</svg>")
+	return b.String()
+}
+
+// esc escapes text for the SVG this file writes into the page.
+func esc(s string) string { return template.HTMLEscapeString(s) }
+
+// reportTemplate is the page. It stays well-formed XML (closed empty
+// elements, no named entities but XML's own) so the tests can parse it
+// with encoding/xml, and browsers read it as HTML5.
+var reportTemplate = template.Must(template.New("report").Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8"/>
+<meta name="viewport" content="width=device-width, initial-scale=1"/>
+<title>{{.Title}}</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1000px; padding: 0 16px; color: #222; }
+h1 { font-size: 1.4em; margin-bottom: 0.2em; }
+h2 { font-size: 1.15em; margin-top: 1.8em; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+table { border-collapse: collapse; font-size: 0.9em; }
+th, td { padding: 3px 10px; text-align: left; border-bottom: 1px solid #eee; vertical-align: top; }
+td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.facts th { font-weight: normal; color: #555; }
+.muted { color: #777; font-size: 0.9em; }
+.error { background: #fdecea; border: 1px solid #e15759; padding: 8px 12px; white-space: pre-wrap; }
+.scroll { overflow-x: auto; }
+.bar { display: inline-block; height: 10px; background: #4e79a7; }
+svg.chart { max-width: 100%; height: auto; display: block; margin: 8px 0; }
+code { font-size: 0.95em; }
+</style>
+</head>
+<body>
+<h1>{{.Title}}</h1>
+<p class="muted">written by gcompile --report at {{.Generated}}; the same numbers are in the --metrics JSON</p>
+{{if .Error}}<p class="error" id="error">The run failed: {{.Error}}</p>{{end}}
+<table class="facts" id="overview">
+{{range .Overview}}<tr><th>{{.Label}}</th><td>{{.Value}}</td></tr>
+{{end}}</table>
+
+<h2 id="training">Training</h2>
+{{if .Trained}}{{.Loss}}
+{{if .LossNote}}<p class="muted">{{.LossNote}}</p>{{end}}
+{{.Speed}}
+{{.GradNorm}}
+{{else}}<p class="muted">No training steps: the plan was compiled only (add --run to train).</p>
+{{end}}
+<h2 id="memory">Memory per device</h2>
+<p class="muted">The compile-time plan's peak, split by what the bytes hold{{if .Trained}}, and the peak the runtime measured{{end}}.</p>
+{{.MemoryChart}}
+<div class="scroll">
+<table id="memory-table">
+<thead><tr><th>rank</th><th class="n">predicted peak</th><th class="n">measured peak</th><th class="n">measured − predicted</th>{{range .Categories}}<th class="n">{{.}}</th>{{end}}<th class="n">arena</th><th class="n">host (offloaded)</th></tr></thead>
+<tbody>
+{{range .Memory}}<tr data-rank="{{.Rank}}"><td>{{.Rank}}</td><td class="n" title="{{.Predicted.Exact}}">{{.Predicted.Text}}</td><td class="n" title="{{.Measured.Exact}}">{{.Measured.Text}}</td><td class="n" title="{{.Match.Exact}}">{{.Match.Text}}</td>{{range .Breakdown}}<td class="n" title="{{.Exact}}">{{.Text}}</td>{{end}}<td class="n" title="{{.Arena.Exact}}">{{.Arena.Text}}</td><td class="n" title="{{.Host.Exact}}">{{.Host.Text}}</td></tr>
+{{end}}</tbody>
+</table>
+</div>
+{{if .Schedule}}
+<h2 id="schedule">Pipeline schedule</h2>
+<table class="facts">
+{{range .Schedule}}<tr><th>{{.Label}}</th><td>{{.Value}}</td></tr>
+{{end}}</table>
+<p class="muted">Simulated with unit costs, as --timeline draws it: forward blue, backward green, weight gradient yellow; each box is chunk·microbatch.</p>
+<div class="scroll" id="timeline">{{.Timeline}}</div>
+{{end}}
+<h2 id="passes">Compiler passes</h2>
+<table id="passes-table">
+<thead><tr><th>pass</th><th class="n">ms</th><th></th><th>changed the module</th><th>skipped</th></tr></thead>
+<tbody>
+{{range .Passes}}<tr><td><code>{{.Name}}</code></td><td class="n">{{.Ms}}</td><td><span class="bar" style="width: {{printf "%.1f" .BarPx}}px"></span></td><td>{{if .Changed}}yes{{else}}no{{end}}</td><td>{{.Skipped}}</td></tr>
+{{end}}</tbody>
+</table>
+{{if .Checkpoints}}
+<h2 id="checkpoints">Checkpoints</h2>
+<table>
+<thead><tr><th class="n">step</th><th>folder</th><th class="n">ms</th></tr></thead>
+<tbody>
+{{range .Checkpoints}}<tr><td class="n">{{.Step}}</td><td><code>{{.Dir}}</code></td><td class="n">{{printf "%.0f" .Ms}}</td></tr>
+{{end}}</tbody>
+</table>
+{{end}}
+{{if .Files}}
+<h2 id="files">Files written</h2>
+<table class="facts">
+{{range .Files}}<tr><th>{{.What}}</th><td><code>{{.Path}}</code></td></tr>
+{{end}}</table>
+{{end}}
+<h2 id="config">Configuration</h2>
+<table class="facts">
+{{range .Config}}<tr><th>{{.Label}}</th><td><code>{{.Value}}</code></td></tr>
+{{end}}</table>
+</body>
+</html>
+`))

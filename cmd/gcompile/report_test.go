@@ -1,0 +1,395 @@
+package main
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/lower"
+	"gcompile/runtime"
+)
+
+// captureStderr runs f with os.Stderr going to a pipe (a single process
+// logs there: startJob sets the job log to os.Stderr) and returns what f
+// wrote, echoed to the real stderr so a failing test still shows it.
+func captureStderr(t *testing.T, f func() error) (string, error) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	saved := os.Stderr
+	os.Stderr = w
+	var out bytes.Buffer
+	done := make(chan struct{})
+	go func() {
+		io.Copy(io.MultiWriter(&out, saved), r)
+		close(done)
+	}()
+	ferr := f()
+	os.Stderr = saved
+	w.Close()
+	<-done
+	r.Close()
+	return out.String(), ferr
+}
+
+// xmlNode is an element of the report, parsed as XML: the page is kept
+// well-formed so a strict XML parser checks it (golang.org/x/net/html is
+// not among the module's dependencies).
+type xmlNode struct {
+	name string
+	attr map[string]string
+	kids []*xmlNode
+	text string // all text inside, children's included
+}
+
+func parsePage(t *testing.T, page []byte) *xmlNode {
+	t.Helper()
+	d := xml.NewDecoder(bytes.NewReader(page))
+	d.Strict = true
+	root := &xmlNode{name: "#document"}
+	stack := []*xmlNode{root}
+	for {
+		tok, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err, "the report must be well-formed")
+		switch tok := tok.(type) {
+		case xml.StartElement:
+			n := &xmlNode{name: tok.Name.Local, attr: map[string]string{}}
+			for _, a := range tok.Attr {
+				n.attr[a.Name.Local] = a.Value
+			}
+			top := stack[len(stack)-1]
+			top.kids = append(top.kids, n)
+			stack = append(stack, n)
+		case xml.EndElement:
+			stack = stack[:len(stack)-1]
+		case xml.CharData:
+			for _, n := range stack {
+				n.text += string(tok)
+			}
+		}
+	}
+	require.Len(t, stack, 1, "every element is closed")
+	return root
+}
+
+// find returns the elements under n (n included) that match.
+func (n *xmlNode) find(match func(*xmlNode) bool) []*xmlNode {
+	var out []*xmlNode
+	if match(n) {
+		out = append(out, n)
+	}
+	for _, k := range n.kids {
+		out = append(out, k.find(match)...)
+	}
+	return out
+}
+
+func byName(name string) func(*xmlNode) bool {
+	return func(n *xmlNode) bool { return n.name == name }
+}
+
+func byAttr(key, value string) func(*xmlNode) bool {
+	return func(n *xmlNode) bool { return n.attr != nil && n.attr[key] == value }
+}
+
+// seriesPoints is how many points the chart line named name has.
+func seriesPoints(t *testing.T, page *xmlNode, name string) int {
+	t.Helper()
+	lines := page.find(func(n *xmlNode) bool { return n.name == "polyline" && n.attr["data-series"] == name })
+	require.Len(t, lines, 1, "one %q line", name)
+	return len(strings.Fields(lines[0].attr["points"]))
+}
+
+// assertSelfContained checks the page fetches nothing: no scripts, no
+// http(s) URL anywhere, no element pointing at another file.
+func assertSelfContained(t *testing.T, raw []byte, page *xmlNode) {
+	t.Helper()
+	assert.NotRegexp(t, `(?i)https?:`, string(raw))
+	assert.Empty(t, page.find(byName("script")))
+	assert.Empty(t, page.find(byName("link")))
+	for _, n := range page.find(func(*xmlNode) bool { return true }) {
+		for _, k := range []string{"src", "href"} {
+			if v, ok := n.attr[k]; ok {
+				assert.True(t, strings.HasPrefix(v, "#"), "<%s %s=%q> points outside the page", n.name, k, v)
+			}
+		}
+	}
+	assert.NotContains(t, string(raw), "@import")
+	assert.NotContains(t, string(raw), "url(")
+}
+
+// A training run ends with a summary on the log, and --report draws the
+// run: a point per step on the loss and speed curves, every device's
+// memory by category, the pass times.
+func TestRunWritesSummaryAndReport(t *testing.T) {
+	dir := t.TempDir()
+	metrics, report := filepath.Join(dir, "m.json"), filepath.Join(dir, "run.html")
+	weights, trace, dumps := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "t.json"), filepath.Join(dir, "d")
+	ck := filepath.Join(dir, "ck")
+	const steps = 6
+	log, err := captureStderr(t, func() error {
+		return mainErr(append(slices.Clone(tinyGPT), "--run", "--steps", fmt.Sprint(steps), "--eval-every", "2", "--eval-batches", "1",
+			"--metrics", metrics, "--report", report, "--save", weights, "--trace", trace, "--dump", dumps, "--checkpoint-dir", ck))
+	})
+	require.NoError(t, err)
+	m := readMetrics(t, metrics)
+	require.Len(t, m.Steps, steps)
+	require.Len(t, m.Eval, 3)
+
+	// The progress lines estimate the time left, except on the last step.
+	for i := 1; i < steps; i++ {
+		assert.Regexp(t, fmt.Sprintf(`(?m)^step %d/%d .* eta (<0\.1s|\d+\.\ds|[0-9hms]+)( held-out loss [0-9.]+)?$`, i, steps), log)
+	}
+	assert.Regexp(t, fmt.Sprintf(`(?m)^step %d/%d .* tok/s held-out loss [0-9.]+$`, steps, steps), log)
+
+	// The summary: one block at the end, with the metrics' own figures.
+	i := strings.Index(log, "summary: ")
+	require.GreaterOrEqual(t, i, 0, "no summary in the log:\n%s", log)
+	summary := log[i:]
+	assert.LessOrEqual(t, strings.Count(summary, "\n"), 5, "a compact block:\n%s", summary)
+	assert.Regexp(t, fmt.Sprintf(`^summary: steps 1–%d of %d in [0-9.ms]+ wall time\n`, steps, steps), summary)
+	last, eval := m.Steps[steps-1], m.Eval[len(m.Eval)-1]
+	assert.Contains(t, summary, fmt.Sprintf("train %.4f at step %d, held-out %.4f at step %d", last.Loss, steps, eval.Loss, eval.Step))
+	var tokens, secs float64
+	for _, s := range m.Steps[1:] {
+		tokens += s.TokensPerS * s.Ms / 1000
+		secs += s.Ms / 1000
+	}
+	assert.Contains(t, summary, fmt.Sprintf("%.0f tokens/s mean over steps 2–%d", tokens/secs, steps))
+	require.NotEmpty(t, m.Checkpoint)
+	for _, f := range []string{"metrics " + metrics, "report " + report, "weights " + weights, "checkpoint " + m.Checkpoint,
+		"trace " + trace, "dumps " + filepath.Join(dumps, "index.html")} {
+		assert.Contains(t, summary, f)
+	}
+
+	raw, err := os.ReadFile(report)
+	require.NoError(t, err)
+	page := parsePage(t, raw)
+	assertSelfContained(t, raw, page)
+	assert.Equal(t, steps, seriesPoints(t, page, "train loss"), "one point per step")
+	assert.Equal(t, len(m.Eval), seriesPoints(t, page, "held-out loss"), "one point per evaluation")
+	assert.Equal(t, steps, seriesPoints(t, page, "tokens/s"), "one point per step")
+	assert.Equal(t, steps, seriesPoints(t, page, "gradient norm (before clipping)"))
+	overview := page.find(byAttr("id", "overview"))
+	require.Len(t, overview, 1)
+	assert.Contains(t, overview[0].text, fmt.Sprintf("%.4f (step %d)", last.Loss, steps))
+	assert.Contains(t, overview[0].text, fmt.Sprintf("%.4f (step %d)", eval.Loss, eval.Step))
+
+	rows := page.find(func(n *xmlNode) bool { return n.name == "tr" && n.attr["data-rank"] != "" })
+	require.Len(t, rows, len(m.Devices))
+	cells := rows[0].find(byName("td"))
+	require.Len(t, cells, 4+len(memoryCategories)+2)
+	assert.Equal(t, fmt.Sprintf("%d B", m.Devices[0].PeakBytesPredicted), cells[1].attr["title"])
+	assert.Equal(t, fmt.Sprintf("%d B", m.Devices[0].PeakBytesMeasured), cells[2].attr["title"])
+	assert.Equal(t, "to the byte", cells[3].text, "measured equals predicted on the CPU backend")
+	b := m.Devices[0].PeakBreakdown
+	require.NotNil(t, b)
+	for k, want := range []int64{b.Params, b.Gradients, b.Optimizer, b.Activations, b.Inputs, b.Workspace} {
+		assert.Equal(t, fmt.Sprintf("%d B", want), cells[4+k].attr["title"], memoryCategories[k].name)
+	}
+	header := page.find(byAttr("id", "memory-table"))[0].find(byName("th"))
+	var heads []string
+	for _, h := range header {
+		heads = append(heads, h.text)
+	}
+	assert.Subset(t, heads, []string{"params", "gradients", "optimizer state", "activations", "inputs", "workspace"})
+
+	passRows := page.find(byAttr("id", "passes-table"))[0].find(byName("tr"))
+	require.Len(t, passRows, len(m.Passes)+1, "a header and one row per pass")
+	for k, p := range m.Passes {
+		assert.Contains(t, passRows[k+1].text, p.Name)
+	}
+	assert.Empty(t, page.find(byAttr("id", "timeline")), "no pipeline, no schedule")
+}
+
+// --report without --run draws the compiled plan: every device's predicted
+// memory, and the pipeline schedule --timeline would draw.
+func TestReportOfACompiledPipelinePlan(t *testing.T) {
+	report := filepath.Join(t.TempDir(), "plan.html")
+	log, err := captureStderr(t, func() error {
+		return mainErr([]string{gptModel, "--set", "layers=4,hidden=32,heads=2,seq=16", "--batch", "8",
+			"--devices", "4", "--pp", "2", "--dp", "2", "--microbatches", "4", "--report", report})
+	})
+	require.NoError(t, err)
+	assert.Contains(t, log, "report of the compiled plan: "+report)
+	assert.NotContains(t, log, "summary:", "nothing trained")
+	raw, err := os.ReadFile(report)
+	require.NoError(t, err)
+	page := parsePage(t, raw)
+	assertSelfContained(t, raw, page)
+	assert.Empty(t, page.find(byName("polyline")), "no curves without training")
+	assert.Contains(t, page.text, "compiled only")
+	rows := page.find(func(n *xmlNode) bool { return n.name == "tr" && n.attr["data-rank"] != "" })
+	require.Len(t, rows, 4, "every device")
+	for r, row := range rows {
+		assert.Equal(t, fmt.Sprint(r), row.attr["data-rank"])
+		assert.Contains(t, row.text, "not measured")
+	}
+	bars := page.find(func(n *xmlNode) bool { return n.name == "g" && n.attr["data-rank"] != "" })
+	assert.Len(t, bars, 4, "a memory bar per device")
+	timeline := page.find(byAttr("id", "timeline"))
+	require.Len(t, timeline, 1)
+	assert.Contains(t, timeline[0].text, "1f1b: p=2 v=1 m=4")
+	assert.Contains(t, timeline[0].text, "rank 1")
+	assert.Len(t, timeline[0].find(byName("rect")), 2*2*4, "forward and backward of 4 microbatches on 2 ranks")
+	assert.Contains(t, page.text, "bubble in theory")
+}
+
+// Strings from the model and the user reach the page as text, never as
+// markup: the page stays well-formed and holds no element they spelled.
+func TestReportEscapesUserStrings(t *testing.T) {
+	evil := `<script>alert("x")</script>&amp;'`
+	c := &config{run: true, steps: 2, metrics: "m" + evil + ".json"}
+	c.Model = "model" + evil + ".go"
+	met := &runtime.Metrics{
+		Config:      map[string]any{"set": evil, "model": c.Model},
+		Passes:      []runtime.PassMetrics{{Name: "pass" + evil, Ms: 1, Skipped: evil}},
+		Devices:     []runtime.DeviceMetrics{{Rank: 0, PeakBytesPredicted: 100, PeakBytesMeasured: 90, PeakBreakdown: &lower.Breakdown{Params: 60, Activations: 40}}},
+		Steps:       []runtime.StepMetrics{{Step: 5, Loss: 2, Ms: 10, TokensPerS: 100}, {Step: 6, Loss: 1.5, Ms: 10, TokensPerS: 120}},
+		Eval:        []runtime.EvalMetrics{{Step: 6, Loss: 1.75}},
+		ResumedFrom: &runtime.ResumeMetrics{Checkpoint: "ck" + evil, Step: 4},
+		Checkpoint:  "ck" + evil + "/step-6",
+		Checkpoints: []runtime.CheckpointMetrics{{Step: 6, Dir: "ck" + evil + "/step-6", Ms: 3}},
+		Stopped:     "sig" + evil,
+		Data:        &runtime.DataMetrics{Source: "data" + evil},
+	}
+	for _, runErr := range []error{nil, errors.New("boom" + evil)} {
+		raw, err := renderReport(c, nil, met, runErr)
+		require.NoError(t, err)
+		page := parsePage(t, raw)
+		assertSelfContained(t, raw, page)
+		assert.NotContains(t, string(raw), "<script")
+		for _, want := range []string{c.Model, "pass" + evil, "ck" + evil + "/step-6", "sig" + evil, "data" + evil} {
+			assert.Contains(t, page.text, want, "the text reaches the reader unchanged")
+		}
+		assert.Equal(t, 2, seriesPoints(t, page, "train loss"))
+		assert.Contains(t, page.text, "−10 B", "a measured peak below the prediction")
+		if runErr != nil {
+			errs := page.find(byAttr("id", "error"))
+			require.Len(t, errs, 1)
+			assert.Contains(t, errs[0].text, "boom"+evil)
+		}
+	}
+}
+
+func TestReportFlagWantsAnHTMLFile(t *testing.T) {
+	_, err := parseArgs([]string{gptModel, "--report", "r.json"})
+	assert.ErrorContains(t, err, `--report "r.json": the report is an HTML page; give a FILE.html`)
+	c, err := parseArgs([]string{gptModel, "--report", "out/R.HTML"})
+	require.NoError(t, err)
+	assert.Equal(t, "out/R.HTML", c.report)
+}
+
+// The estimate is the mean step time of the steps this run did times the
+// steps left: a resumed run counts from its checkpoint's step.
+func TestProgressETA(t *testing.T) {
+	var b bytes.Buffer
+	p := &progress{w: &b, total: 10}
+	for i, ms := range []float64{1000, 2000, 3000} {
+		p.step(runtime.StepMetrics{Step: i + 1, Loss: 3, Ms: ms}, nil)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	require.Len(t, lines, 3)
+	assert.True(t, strings.HasSuffix(lines[0], " eta 9.0s"), lines[0]) // 1 s × 9 left
+	assert.True(t, strings.HasSuffix(lines[1], " eta 12s"), lines[1])  // 1.5 s × 8
+	assert.True(t, strings.HasSuffix(lines[2], " eta 14s"), lines[2])  // 2 s × 7
+	assert.Equal(t, "1m23s", formatDuration(83*time.Second+200*time.Millisecond))
+	assert.Equal(t, "<0.1s", formatDuration(20*time.Millisecond))
+
+	// Resumed at step 150 of 200: after its first step, 49 steps left at
+	// 0.4 s each. Dividing by the step number would promise 0.1 s.
+	b.Reset()
+	p = &progress{w: &b, total: 200}
+	p.step(runtime.StepMetrics{Step: 151, Loss: 3, Ms: 400}, nil)
+	assert.Contains(t, b.String(), "step 151/200 ")
+	assert.True(t, strings.HasSuffix(strings.TrimSpace(b.String()), " eta 20s"), b.String())
+	p.step(runtime.StepMetrics{Step: 152, Loss: 3, Ms: 800}, &runtime.EvalMetrics{Step: 152, Loss: 2.5})
+	assert.True(t, strings.HasSuffix(strings.TrimSpace(b.String()), " eta 29s held-out loss 2.5000"), b.String()) // 0.6 s × 48
+
+	// The last step has nothing left to estimate.
+	b.Reset()
+	p.step(runtime.StepMetrics{Step: 200, Loss: 3, Ms: 400}, nil)
+	assert.NotContains(t, b.String(), "eta")
+
+	// On a terminal the bar carries it too.
+	b.Reset()
+	p = &progress{w: &b, total: 100, tty: true}
+	p.step(runtime.StepMetrics{Step: 1, Loss: 3, Ms: 1000}, nil)
+	assert.Regexp(t, `^\r█*·+ step 1/100 .* eta 1m39s\x1b\[K$`, b.String())
+}
+
+// A resumed run's progress and summary count the steps it did, after its
+// checkpoint's.
+func TestProgressAndSummaryOfAResumedRun(t *testing.T) {
+	ck := filepath.Join(t.TempDir(), "ck")
+	args := append(slices.Clone(tinyGPT), "--run", "--steps", "6", "--eval-batches", "1", "--checkpoint-dir", ck)
+	first, err := captureStderr(t, func() error { return mainErr(append(slices.Clone(args), "--stop-after", "3")) })
+	require.NoError(t, err)
+	assert.Contains(t, first, "summary: steps 1–3 of 6, stopped by --stop-after in ")
+	log, err := captureStderr(t, func() error { return mainErr(append(slices.Clone(args), "--resume", ck)) })
+	require.NoError(t, err)
+	assert.NotRegexp(t, `(?m)^step [1-3]/6 `, log)
+	assert.Regexp(t, `(?m)^step 4/6 .* eta `, log)
+	assert.Regexp(t, `(?m)^step 5/6 .* eta `, log)
+	assert.Regexp(t, `summary: steps 4–6 of 6 \(resumed from [^)]*step-0*3\) in `, log)
+	assert.Contains(t, log, "tokens/s mean over steps 5–6")
+}
+
+// The summary of a run that wrote nothing says how to keep its numbers.
+func TestProgressSummaryWithoutOutputs(t *testing.T) {
+	var b bytes.Buffer
+	c := &config{run: true, steps: 1}
+	writeSummary(&b, c, &runtime.Metrics{Steps: []runtime.StepMetrics{{Step: 1, Loss: 2, Ms: 100, TokensPerS: 640}}}, 0)
+	assert.Equal(t, "summary: step 1 of 1\n  loss      train 2.0000 at step 1, no held-out evaluation\n  speed     640 tokens/s mean over step 1\n"+
+		"  wrote     nothing (--metrics FILE or --report FILE.html keep these numbers)\n", b.String())
+
+	// Only what this command wrote is listed: not a file an earlier run
+	// left where a write failed, nor one that is not there at all.
+	dir := t.TempDir()
+	c = &config{run: true, steps: 1, started: time.Now(), metrics: filepath.Join(dir, "m.json"), save: filepath.Join(dir, "missing.safetensors"),
+		report: filepath.Join(dir, "r.html")}
+	require.NoError(t, os.WriteFile(c.metrics, nil, 0o644))
+	require.NoError(t, os.Chtimes(c.metrics, time.Now().Add(-time.Hour), time.Now().Add(-time.Hour)))
+	require.NoError(t, os.WriteFile(c.report, nil, 0o644))
+	assert.Equal(t, []outputFile{{"report", c.report}}, outputs(c, &runtime.Metrics{}))
+}
+
+// A browser, where there is one, renders the page: its text comes out of
+// the layout engine. Most machines running the tests have none.
+func TestReportRendersInABrowser(t *testing.T) {
+	var browser string
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			browser = p
+			break
+		}
+	}
+	if browser == "" {
+		t.Skip("no headless Chromium on PATH (chromium, chromium-browser, google-chrome): the page's well-formedness and content are checked by TestRunWritesSummaryAndReport")
+	}
+	dir := t.TempDir()
+	report := filepath.Join(dir, "r.html")
+	require.NoError(t, mainErr(append(slices.Clone(tinyGPT), "--run", "--steps", "3", "--eval-batches", "1", "--report", report)))
+	out, err := exec.Command(browser, "--headless", "--disable-gpu", "--no-sandbox", "--user-data-dir="+filepath.Join(dir, "profile"),
+		"--dump-dom", "file://"+report).Output()
+	require.NoError(t, err)
+	dom := string(out)
+	assert.Contains(t, dom, "train loss")
+	assert.Regexp(t, regexp.MustCompile(`<polyline[^>]*data-series="train loss"`), dom)
+}

@@ -1,0 +1,404 @@
+package loader
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/frontend"
+	"gcompile/ir"
+)
+
+// behaveSrc is a model outside any Go module (it is written to a temporary
+// folder) that imports gcompile's packages and does what --set mode=N
+// asks before recording a tiny model: 1 return, 2 os.Exit(3), 3
+// os.Exit(0), 4 panic on a goroutine of its own, 5 a DSL error, 6 never
+// return. It prints to stdout and stderr first, may start a grandchild
+// (spawn=2) and writes its pid (and the grandchild's) to pidfile.
+const behaveSrc = `// Package behave misbehaves on request.
+package behave
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"time"
+
+	"gcompile/frontend"
+	"gcompile/frontend/nn"
+	"gcompile/ir"
+)
+
+// Model does what mode asks.
+func Model(b *frontend.Builder) {
+	mode := b.Int("mode", 1, "what to do")
+	spawn := b.Int("spawn", 1, "2: start a grandchild first")
+	pidfile := b.String("pidfile", "none", "write the pids here")
+	fmt.Println("hello on stdout")
+	fmt.Fprintln(os.Stderr, "hello on stderr")
+	pids := strconv.Itoa(os.Getpid())
+	if spawn == 2 {
+		cmd := exec.Command("sleep", "300")
+		if err := cmd.Start(); err == nil {
+			pids += " " + strconv.Itoa(cmd.Process.Pid)
+		}
+	}
+	if pidfile != "none" {
+		_ = os.WriteFile(pidfile+".tmp", []byte(pids), 0o644)
+		_ = os.Rename(pidfile+".tmp", pidfile)
+	}
+	switch mode {
+	case 2:
+		os.Exit(3)
+	case 3:
+		os.Exit(0)
+	case 4:
+		go func() { panic("boom on a goroutine") }()
+		time.Sleep(time.Minute)
+	case 5:
+		b.Errorf("mode 5 fails") // DSL error line
+	case 6:
+		for {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	tokens := b.Input("tokens", ir.I32, b.Batch(), 4)
+	x, _ := nn.Embedding(tokens, "wte", 16, 8)
+	b.Loss(x.Sum())
+}
+`
+
+// behaveModel is behaveSrc's file, shared by the tests so that the go
+// command compiles it once (its cache keys on the file's folder).
+var behaveModel string
+
+// helperEnv makes the test binary a loader that is killed by its parent
+// test (TestDriverDiesWithTheLoader): it loads the model it names.
+const helperEnv = "GCOMPILE_LOADER_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if model := os.Getenv(helperEnv); model != "" {
+		os.Exit(helperLoad(model))
+	}
+	dir, err := os.MkdirTemp("", "gcompile-loader-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	behaveModel = filepath.Join(dir, "behave", "model.go")
+	if err := os.Mkdir(filepath.Dir(behaveModel), 0o755); err == nil {
+		err = os.WriteFile(behaveModel, []byte(behaveSrc), 0o644)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// helperLoad loads model with mode 6 (never returns) and its pid file
+// next to it, as a gcompile would; the parent test kills this process.
+func helperLoad(model string) int {
+	l := &Loader{TempDir: os.Getenv(helperEnv + "_TMP"), Output: &bytes.Buffer{}}
+	_, err := l.Load(model, frontend.Config{Set: map[string]string{"mode": "6", "pidfile": os.Getenv(helperEnv + "_PIDFILE")}})
+	fmt.Fprintln(os.Stderr, "Load returned:", err)
+	return 1
+}
+
+// testLoader is a quiet loader whose work folders go to a fresh folder,
+// which assertNoWorkDirs checks.
+func testLoader(t *testing.T) (*Loader, *bytes.Buffer, *bytes.Buffer) {
+	t.Helper()
+	var output, progress bytes.Buffer
+	return &Loader{TempDir: t.TempDir(), Output: &output, Progress: &progress}, &output, &progress
+}
+
+// assertNoWorkDirs checks that the load left nothing in l.TempDir.
+func assertNoWorkDirs(t *testing.T, l *Loader) {
+	t.Helper()
+	entries, err := os.ReadDir(l.TempDir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	assert.Empty(t, names, "the load left its work folder behind")
+}
+
+// lineOf is the 1-based line of the first line of src containing s.
+func lineOf(t *testing.T, src, s string) int {
+	t.Helper()
+	for i, line := range strings.Split(src, "\n") {
+		if strings.Contains(line, s) {
+			return i + 1
+		}
+	}
+	t.Fatalf("%q not in the source", s)
+	return 0
+}
+
+func writeModel(t *testing.T, src string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "model.go")
+	require.NoError(t, os.WriteFile(path, []byte(src), 0o644))
+	return path
+}
+
+// Each way a model can end is reported as what it is, the model's prints
+// are passed on without disturbing the module, and the work folder goes
+// away whatever happened. The model lives outside any Go module.
+func TestLoadReportsWhatTheModelDid(t *testing.T) {
+	name := behaveModel // absolute: it is not below the working directory
+	tests := []struct {
+		name, mode string
+		describe   bool
+		wantErr    string   // the whole error; "" for none
+		errHas     []string // parts of the error
+		outHas     []string // parts of what the model printed, passed on
+		outHasNot  []string
+	}{
+		{name: "prints and returns", mode: "1", outHas: []string{"hello on stdout\n", "hello on stderr\n"}},
+		{name: "describe", mode: "1", describe: true, outHas: []string{"hello on stdout\n"}},
+		{name: "os.Exit(3)", mode: "2", wantErr: name + ": Model() called os.Exit(3) before returning", outHas: []string{"hello on stdout\n"}},
+		{name: "os.Exit(0)", mode: "3", wantErr: name + ": Model() called os.Exit(0) before returning"},
+		{
+			name: "panic on the model's goroutine", mode: "4",
+			errHas:    []string{name + ": the model crashed before Model() returned (exit status 2):\npanic: boom on a goroutine", "model.go:"},
+			outHas:    []string{"hello on stdout\n"},
+			outHasNot: []string{"panic"},
+		},
+		{name: "DSL error", mode: "5", wantErr: fmt.Sprintf("model.go:%d: mode 5 fails", lineOf(t, behaveSrc, "mode 5 fails"))},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l, output, progress := testLoader(t)
+			l.ProgressAfter = time.Hour
+			cfg := frontend.Config{Batch: 2, Set: map[string]string{"mode": tt.mode}}
+			var err error
+			var m *ir.Module
+			var docs []frontend.ParamDoc
+			if tt.describe {
+				docs, err = l.Describe(behaveModel, cfg)
+			} else {
+				m, err = l.Load(behaveModel, cfg)
+			}
+			switch {
+			case tt.wantErr != "":
+				require.Error(t, err)
+				assert.Equal(t, tt.wantErr, err.Error())
+			case len(tt.errHas) > 0:
+				require.Error(t, err)
+				for _, s := range tt.errHas {
+					assert.Contains(t, err.Error(), s)
+				}
+			case tt.describe:
+				require.NoError(t, err)
+				var keys []string
+				for _, d := range docs {
+					keys = append(keys, d.Key)
+				}
+				assert.Equal(t, []string{"mode", "spawn", "pidfile"}, keys)
+			default:
+				require.NoError(t, err)
+				require.NotNil(t, m)
+				assert.NotNil(t, m.Output(ir.OutputLoss), "the module came through whole")
+			}
+			for _, s := range tt.outHas {
+				assert.Contains(t, output.String(), s)
+			}
+			for _, s := range tt.outHasNot {
+				assert.NotContains(t, output.String(), s)
+			}
+			assert.Empty(t, progress.String(), "a load quicker than ProgressAfter says nothing")
+			assertNoWorkDirs(t, l)
+		})
+	}
+}
+
+// Syntax errors come as the Go parser reports them, with their column,
+// and alone (type errors in a file that does not parse are mostly echoes
+// of it); type errors name file and line, as do the compiler's errors
+// that go list passes on; only the linker's come from the driver build.
+func TestGoErrorsNameTheUsersLine(t *testing.T) {
+	const syntaxSrc = `package bad
+
+import "gcompile/frontend"
+
+func Model(b *frontend.Builder) {
+	x := 1 +
+}
+
+func other() int { return "s" }
+`
+	const typeSrc = `package bad
+
+import "gcompile/frontend"
+
+func Model(b *frontend.Builder) {
+	var n int = "two"
+	_ = n
+}
+`
+	const noModelSrc = `package bad
+
+import "gcompile/frontend"
+
+func Build(b *frontend.Builder) {}
+`
+	const noBodySrc = `package bad
+
+import "gcompile/frontend"
+
+func helper() // no body: fine for the type checker, not for the compiler
+
+func Model(b *frontend.Builder) { helper() }
+`
+	// Passes the type checker and the compiler; only the linker sees it.
+	const linkSrc = `package bad
+
+import (
+	_ "unsafe"
+
+	"gcompile/frontend"
+)
+
+//go:linkname helper gcompile/frontend.doesNotExist
+func helper()
+
+func Model(b *frontend.Builder) { helper() }
+`
+	tests := []struct {
+		name, src string
+		first     string // the error's first line, after the file name
+		lines     int    // lines in the whole error
+		hasNot    []string
+		has       []string // instead of first and lines
+	}{
+		{"syntax error", syntaxSrc, ":7:1: expected operand, found '}'", 2, []string{"declared and not used", "return values", "syntax error:"}, nil},
+		{"one syntax error a line", "package bad\n\nfunc Model(b *frontend.Builder) {\n", ":3:35: expected ';', found 'EOF'", 1, nil, nil},
+		{"type error", typeSrc, `:6: cannot use "two" (untyped string constant) as int value in variable declaration`, 1, nil, nil},
+		{"no Model", noModelSrc, ":1: package bad has no func Model(b *frontend.Builder)", 1, nil, nil},
+		{"compile error", noBodySrc, ":5:6: missing function body", 1, []string{"# "}, nil},
+		{"link error", linkSrc, "", 0, []string{"# "}, []string{": building the model driver failed (exit status 1):\n", "doesNotExist"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := writeModel(t, tt.src)
+			l, _, _ := testLoader(t)
+			_, err := l.Load(path, frontend.Config{})
+			require.Error(t, err)
+			if tt.has != nil {
+				for _, s := range tt.has {
+					assert.Contains(t, err.Error(), s)
+				}
+			} else {
+				first, _, _ := strings.Cut(err.Error(), "\n")
+				assert.Equal(t, path+tt.first, first)
+				assert.Len(t, strings.Split(err.Error(), "\n"), tt.lines, err.Error())
+			}
+			for _, s := range tt.hasNot {
+				assert.NotContains(t, err.Error(), s)
+			}
+			assertNoWorkDirs(t, l)
+		})
+	}
+}
+
+// The progress line comes only when a load takes longer than
+// ProgressAfter, and never after the load returned.
+func TestProgressLineOnlyForSlowLoads(t *testing.T) {
+	path := writeModel(t, "package bad\n\nfunc Model(b *frontend.Builder) {\n")
+	tests := []struct {
+		name  string
+		after time.Duration
+		want  string
+	}{
+		{"slow", time.Nanosecond, "building model " + path + " …\n"},
+		{"fast", time.Hour, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l, _, progress := testLoader(t)
+			l.ProgressAfter = tt.after
+			_, err := l.Load(path, frontend.Config{})
+			require.Error(t, err)
+			assert.Equal(t, tt.want, progress.String())
+		})
+	}
+}
+
+// A build that runs past its time is stopped and says so in one line.
+func TestBuildTimeout(t *testing.T) {
+	l, _, _ := testLoader(t)
+	l.BuildTimeout = time.Millisecond
+	_, err := l.Load(behaveModel, frontend.Config{})
+	require.Error(t, err)
+	assert.Equal(t, behaveModel+": type-checking and building the model did not finish within 1ms (--model-timeout)", err.Error())
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assertNoWorkDirs(t, l)
+}
+
+func TestGcompileRoot(t *testing.T) {
+	want, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	root, err := gcompileRoot()
+	require.NoError(t, err)
+	assert.Equal(t, want, root)
+
+	t.Setenv(RootEnv, t.TempDir())
+	_, err = gcompileRoot()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "$"+RootEnv+"=")
+	assert.Contains(t, err.Error(), "not gcompile's source folder")
+}
+
+func TestStandaloneGoMod(t *testing.T) {
+	tests := []struct {
+		name, in string
+		want     []string
+		err      string
+	}{
+		{"gcompile", "module gcompile // the compiler\n\ngo 1.26.0\n\nrequire golang.org/x/tools v0.52.0\n",
+			[]string{"module gcompile_model\n", "go 1.26.0\n", "require golang.org/x/tools v0.52.0\n", "require gcompile v0.0.0-00010101000000-000000000000\n", "replace gcompile => /src/gc\n"}, ""},
+		{"another module", "module example.com/other\n", nil, "declares module example.com/other"},
+		{"no module line", "go 1.26\n", nil, "has no module line"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := standaloneGoMod([]byte(tt.in), "/src/gc")
+			if tt.err != "" {
+				require.ErrorContains(t, err, tt.err)
+				return
+			}
+			require.NoError(t, err)
+			for _, w := range tt.want {
+				assert.Contains(t, string(out), w)
+			}
+		})
+	}
+	assert.Equal(t, `"/a b/gc"`, quoteModPath("/a b/gc"))
+}
+
+func TestSplitPos(t *testing.T) {
+	tests := []struct{ pos, file, line, col string }{
+		{"/a/model.go:7:1", "/a/model.go", "7", "1"},
+		{"/a/model.go:7", "/a/model.go", "7", ""},
+		{`C:\a\model.go:7:1`, `C:\a\model.go`, "7", "1"},
+		{"/a/model.go", "/a/model.go", "", ""},
+	}
+	for _, tt := range tests {
+		file, line, col := splitPos(tt.pos)
+		assert.Equal(t, []string{tt.file, tt.line, tt.col}, []string{file, line, col}, tt.pos)
+	}
+}
