@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +31,9 @@ type config struct {
 	steps, evalEvery, evalBatches          int
 	seed                                   int64
 	maxDataMB                              int
+
+	// loadIgnore are glob patterns of tensors --load skips on purpose.
+	loadIgnore string
 
 	// Checkpoints of the whole training state (see checkpoint.SaveState).
 	ckptDir, resume                string
@@ -104,6 +108,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.StringVar(&c.trace, "trace", "", "write Chrome trace events (first 3 steps) to this file")
 	fs.StringVar(&c.save, "save", "", "save the trained weights as safetensors")
 	fs.StringVar(&c.load, "load", "", "start from weights in a safetensors file (or a Hugging Face model.safetensors.index.json)")
+	fs.StringVar(&c.loadIgnore, "load-ignore", "", "with --load: tensors of the file that are no param of the model and are skipped on purpose, as comma-separated glob patterns (e.g. 'lm_head.*,*.rotary_emb.inv_freq')")
 	fs.StringVar(&c.ckptDir, "checkpoint-dir", "", "save the whole training state (params, optimizer state, step, loss scale) as sharded checkpoints DIR/step-N, at the end, every --checkpoint-every steps and on SIGTERM/SIGINT")
 	fs.IntVar(&c.ckptEvery, "checkpoint-every", 0, "with --checkpoint-dir: also save every N steps (0: only at the end and when stopped)")
 	fs.IntVar(&c.keepLast, "keep-last", 0, "with --checkpoint-dir: keep only the newest K checkpoints (0: all)")
@@ -236,6 +241,14 @@ func (c *config) validate() error {
 	}
 	if (c.ckptDir != "" || c.resume != "") && !c.run {
 		bad("--checkpoint-dir and --resume checkpoint a training run; add --run")
+	}
+	if c.loadIgnore != "" && c.load == "" {
+		bad("--load-ignore applies to --load")
+	}
+	for _, p := range strings.Split(c.loadIgnore, ",") {
+		if _, err := path.Match(p, ""); err != nil {
+			bad("--load-ignore pattern %q: %v", p, err)
+		}
 	}
 	if c.resume != "" && c.load != "" {
 		bad("--resume continues a run with its own weights; it does not combine with --load")

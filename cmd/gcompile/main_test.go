@@ -647,6 +647,8 @@ func TestLoadTakesTheContextAndRefusesStrangers(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "1 tensor(s) are no param of the model: h.0.mlp.c_gate.weight")
 	assert.NotContains(t, err.Error(), "h.0.attn.bias:", "the mask is ignored on purpose")
+	assert.Contains(t, err.Error(), "--load-ignore")
+	require.NoError(t, mainErr(append(tiny("ctx=64,seq=16"), "--load", withJunk, "--load-ignore", "*.c_gate.*")), "skipped on purpose")
 	err = mainErr(append(tiny("seq=16"), "--load", saved))
 	assert.ErrorContains(t, err, `tensor "wpe.weight" is F32[64 32], the model's param is f32[16,32]`)
 }

@@ -110,7 +110,7 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 		if len(extra) > len(shown) {
 			more = fmt.Sprintf(" and %d more", len(extra)-len(shown))
 		}
-		return fmt.Errorf("--load %s: %d tensor(s) are no param of the model: %s%s (load a checkpoint of this model; the model ignores only %q)", file, len(extra), strings.Join(shown, ", "), more, ignore)
+		return fmt.Errorf("--load %s: %d tensor(s) are no param of the model: %s%s (load a checkpoint of this model, or skip them on purpose with --load-ignore; ignored now: %q)", file, len(extra), strings.Join(shown, ", "), more, ignore)
 	}
 	for _, b := range ps {
 		t, ok := byName[b.Name]
@@ -154,4 +154,16 @@ func checkFinite(x []float64) error {
 		return nil
 	}
 	return fmt.Errorf("holds %d non-finite value(s) of %d, the first %v at index %d", n, len(x), x[first], first)
+}
+
+// ignoredOnLoad are the patterns of tensors --load skips: the model's own
+// (b.IgnoreOnLoad) and the user's (--load-ignore).
+func (c *config) ignoredOnLoad(model []string) []string {
+	out := slices.Clone(model)
+	for _, p := range strings.Split(c.loadIgnore, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
