@@ -2,6 +2,8 @@
 # `make test` runs vet and every test. Both work from a fresh clone with
 # only Go installed.
 GO      ?= go
+# pipefail: a failing `go test` is not hidden by the reporter after it.
+SHELL   := /bin/bash -o pipefail
 OUT     ?= out
 export CGO_ENABLED = 0
 
@@ -24,13 +26,15 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1)
 	$(GO) vet ./...
 
+# Plain `go test` hides skipped tests; tools/testreport lists each with its
+# reason after the package lines, and prints failed tests' output whole.
 test: vet
-	$(GO) test -count=1 -timeout 15m ./...
+	$(GO) test -count=1 -timeout 15m -json ./... | $(GO) run ./tools/testreport
 
 # make test covers each feature once; this adds the rest of the matrices
 # (more plans across processes, more CUDA cases on the stand-in GPU).
 test-full: vet
-	GCOMPILE_FULL_TESTS=1 $(GO) test -count=1 -timeout 30m ./...
+	GCOMPILE_FULL_TESTS=1 $(GO) test -count=1 -timeout 30m -json ./... | $(GO) run ./tools/testreport
 
 # Benchmarks: compile time of GPT-3 175B shapes, GEMM GFLOP/s, step time.
 # Compare runs with benchstat (golang.org/x/perf/cmd/benchstat).
