@@ -146,7 +146,7 @@ func LoadModule(c *Config) (*ir.Module, error) {
 	}
 	// Progress on stderr: a cold build of the model takes long enough to
 	// look like a hang.
-	l := &loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr}
+	l := &loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr, Context: c.Interrupt}
 	return l.Load(c.Model, frontend.Config{Name: name, Batch: batch, Set: set})
 }
 

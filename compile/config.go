@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -34,6 +35,10 @@ type Config struct {
 	// ModelTimeout bounds building a model.go and, separately, running
 	// its Model() (--model-timeout); 0: the loader's default.
 	ModelTimeout time.Duration
+	// Interrupt, when it ends, stops building a model.go (the go command
+	// and the model's driver are killed, their work folder removed); the
+	// CLI ends it on SIGINT or SIGTERM. nil: never.
+	Interrupt context.Context
 
 	Beta1, Beta2, WeightDecay, Clip, LossScale float64
 

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -558,9 +559,10 @@ func TestInspectDescribesTheCheckpoint(t *testing.T) {
 	require.NoError(t, inspectMain([]string{ck}))
 }
 
-// SIGTERM during training stops at the next step boundary with a
-// checkpoint, exits 0 naming it, and the run resumes from it bit for bit.
-func TestSIGTERMSavesAndExits(t *testing.T) {
+// SIGTERM or SIGINT during training stops at the next step boundary with
+// a checkpoint and the outputs asked for, exits 0 naming it, and the run
+// resumes from it bit for bit.
+func TestSignalSavesAndExits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
@@ -568,32 +570,103 @@ func TestSIGTERMSavesAndExits(t *testing.T) {
 	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "100"))
 	whole := filepath.Join(dir, "whole")
 	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", whole)))
-	ck := filepath.Join(dir, "ck")
-	cmd := exec.Command(os.Args[0], append(slices.Clone(args), "--checkpoint-dir", ck)...)
-	cmd.Env = append(os.Environ(), asMainEnv+"=1")
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	var log strings.Builder
-	buf := make([]byte, 4096)
-	for !strings.Contains(log.String(), "step 5/100") {
-		n, err := stderr.Read(buf)
-		log.Write(buf[:n])
-		require.NoError(t, err, "%s", log.String())
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			ck, metrics := filepath.Join(t.TempDir(), "ck"), filepath.Join(t.TempDir(), "m.json")
+			cmd := exec.Command(os.Args[0], append(slices.Clone(args), "--checkpoint-dir", ck, "--metrics", metrics)...)
+			cmd.Env = append(os.Environ(), asMainEnv+"=1")
+			stderr, err := cmd.StderrPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			var log strings.Builder
+			buf := make([]byte, 4096)
+			for !strings.Contains(log.String(), "step 5/100") {
+				n, err := stderr.Read(buf)
+				log.Write(buf[:n])
+				require.NoError(t, err, "%s", log.String())
+			}
+			require.NoError(t, cmd.Process.Signal(sig))
+			rest, _ := io.ReadAll(stderr)
+			log.Write(rest)
+			require.NoError(t, cmd.Wait(), "exit status 0 after a %v: %s", sig, log.String())
+			assert.Contains(t, log.String(), "stopped by "+sig.String()+" after step")
+			found, err := checkpoint.Find(ck)
+			require.NoError(t, err)
+			assert.Contains(t, log.String(), "continue with --resume "+found)
+			m, err := checkpoint.ReadManifest(found)
+			require.NoError(t, err)
+			require.Less(t, m.State.Step, 100, "stopped early")
+			met := readMetrics(t, metrics)
+			assert.Equal(t, sig.String(), met.Stopped)
+			assert.Len(t, met.Steps, m.State.Step, "the metrics hold every step run")
+			require.NoError(t, mainErr(append(slices.Clone(args), "--resume", ck, "--checkpoint-dir", ck)))
+			assert.Equal(t, stateSums(t, checkpoint.StepDir(whole, 100)), stateSums(t, checkpoint.StepDir(ck, 100)))
+		})
 	}
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	rest, _ := io.ReadAll(stderr)
-	log.Write(rest)
-	require.NoError(t, cmd.Wait(), "exit status 0 after a SIGTERM: %s", log.String())
-	assert.Contains(t, log.String(), "stopped by terminated after step")
-	found, err := checkpoint.Find(ck)
+}
+
+// A signal while the model is built stops the build: gcompile exits with
+// an error saying so, and neither the driver process nor its work folder
+// outlives it.
+func TestSignalDuringModelBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	dir := t.TempDir()
+	model := filepath.Join(dir, "hang", "model.go")
+	require.NoError(t, os.MkdirAll(filepath.Dir(model), 0o755))
+	require.NoError(t, os.WriteFile(model, []byte(`package hang
+
+import (
+	"os"
+	"time"
+
+	"gcompile/frontend"
+)
+
+func Model(b *frontend.Builder) {
+	os.WriteFile(os.Getenv("HANG_PID_FILE"), []byte(itoa(os.Getpid())), 0o644)
+	for {
+		time.Sleep(time.Second)
+	}
+}
+
+func itoa(n int) string {
+	s := ""
+	for ; n > 0; n /= 10 {
+		s = string(rune('0'+n%10)) + s
+	}
+	return s
+}
+`), 0o644))
+	tmp, pidFile := filepath.Join(dir, "tmp"), filepath.Join(dir, "driver.pid")
+	require.NoError(t, os.MkdirAll(tmp, 0o755))
+	cmd := exec.Command(os.Args[0], model)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1", "TMPDIR="+tmp, "HANG_PID_FILE="+pidFile)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if _, err := os.Stat(pidFile); err == nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "Model() never ran: %s", out.String())
+		time.Sleep(50 * time.Millisecond)
+	}
+	raw, err := os.ReadFile(pidFile)
 	require.NoError(t, err)
-	assert.Contains(t, log.String(), "continue with --resume "+found)
-	m, err := checkpoint.ReadManifest(found)
+	driver, err := strconv.Atoi(string(raw))
 	require.NoError(t, err)
-	require.Less(t, m.State.Step, 100, "stopped early")
-	require.NoError(t, mainErr(append(slices.Clone(args), "--resume", ck, "--checkpoint-dir", ck)))
-	assert.Equal(t, stateSums(t, checkpoint.StepDir(whole, 100)), stateSums(t, checkpoint.StepDir(ck, 100)))
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out.String())
+	assert.Contains(t, out.String(), "building the model was interrupted")
+	assert.Error(t, syscall.Kill(driver, 0), "the driver (pid %d) is gone", driver)
+	left, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	assert.Empty(t, left, "no work folder is left in TMPDIR")
 }
 
 // A job of two processes writes one checkpoint together, the same bytes

@@ -12,12 +12,15 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -116,7 +119,12 @@ func compileAndRun(c *config, j *job) (err error) {
 	if j.lead() {
 		dumper = newDumper(c.dump)
 	}
+	// A signal while the model is built stops the build and removes its
+	// work folder (the default would end gcompile with both left behind).
+	interrupt, stopInterrupt := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	c.Interrupt = interrupt
 	res, passErr := compile.Compile(&c.Config, dumper.hooks())
+	stopInterrupt()
 	if res != nil && res.Module != nil {
 		outErrs = append(outErrs, dumper.finish(res.Module, passErr))
 	}
@@ -250,7 +258,9 @@ func (c *config) metricsConfig(procs int) map[string]any {
 }
 
 func helpModel(c *config) error {
-	docs, err := (&loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr}).Describe(c.Model, frontend.Config{Batch: c.Batch})
+	interrupt, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	docs, err := (&loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr, Context: interrupt}).Describe(c.Model, frontend.Config{Batch: c.Batch})
 	if err != nil {
 		return err
 	}

@@ -85,6 +85,40 @@ type Loader struct {
 	// TempDir is the folder the per-load work folder is created in (""
 	// : os.TempDir()).
 	TempDir string
+	// Context, when it ends, stops the load as a timeout does (the CLI
+	// ends it on SIGINT or SIGTERM): the go command or the driver is
+	// killed, the work folder removed, and the load returns an
+	// *InterruptedError. nil: never.
+	Context context.Context
+}
+
+// InterruptedError is a load stopped by Loader.Context (a signal).
+type InterruptedError struct {
+	File string
+	err  error
+}
+
+func (e *InterruptedError) Error() string {
+	return fmt.Sprintf("%s: building the model was interrupted (%v); it was stopped and its work folder removed", e.File, e.err)
+}
+
+// Unwrap gives the context's error (context.Canceled, or its cause).
+func (e *InterruptedError) Unwrap() error { return e.err }
+
+// parent is the context loads run under.
+func (l *Loader) parent() context.Context {
+	if l.Context != nil {
+		return l.Context
+	}
+	return context.Background()
+}
+
+// interrupted reports the load's context having ended, if it has.
+func (l *Loader) interrupted(name string) error {
+	if err := l.parent().Err(); err != nil {
+		return &InterruptedError{File: name, err: context.Cause(l.parent())}
+	}
+	return nil
 }
 
 // TimeoutError is a load that ran past Loader.Timeout: the go command or
@@ -204,7 +238,7 @@ func (l *Loader) run(path string, cfg frontend.Config, describe bool) (out []byt
 	if l.BuildTimeout > 0 {
 		timeout = l.BuildTimeout
 	}
-	buildCtx, cancel := context.WithTimeout(context.Background(), timeout)
+	buildCtx, cancel := context.WithTimeout(l.parent(), timeout)
 	defer cancel()
 	pkg, err := typeCheck(buildCtx, abs, mod, env)
 	if err == nil {
@@ -213,6 +247,9 @@ func (l *Loader) run(path string, cfg frontend.Config, describe bool) (out []byt
 			cancel()
 			return l.runDriver(bin, name, work, cfg, describe)
 		}
+	}
+	if ierr := l.interrupted(name); ierr != nil {
+		return nil, ierr
 	}
 	if buildCtx.Err() != nil {
 		return nil, &TimeoutError{File: name, What: "type-checking and building the model did not finish", Limit: timeout}
@@ -273,7 +310,7 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 	defer outFile.Close()
 
 	timeout := l.timeout()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(l.parent(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stdout, cmd.Stderr = outFile, outFile
@@ -295,6 +332,9 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 	// The driver has ended; what the model started in the background
 	// must not outlive the load either.
 	killGroup(cmd)
+	if ierr := l.interrupted(name); ierr != nil {
+		return nil, ierr
+	}
 
 	result, rerr := os.ReadFile(resultFile)
 	switch {
