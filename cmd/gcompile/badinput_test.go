@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"math"
@@ -391,6 +392,10 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
+			// Nothing gcompile starts outlives a refused run: no folder in
+			// its temporary folder, no child process.
+			tmp := t.TempDir()
+			t.Setenv("TMPDIR", tmp)
 			if tc.setup != nil {
 				tc.setup(t, dir)
 			}
@@ -421,8 +426,38 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 				assert.ErrorIs(t, err, tc.is)
 			}
 			assert.Equal(t, before, tree(t, dir), "the run's files are as they were")
+			left, err := os.ReadDir(tmp)
+			require.NoError(t, err)
+			assert.Empty(t, left, "nothing is left in TMPDIR")
+			assert.Empty(t, children(t), "no process gcompile started is still running")
 		})
 	}
+}
+
+// children are this process's child processes still alive (Linux: from
+// /proc; elsewhere none are seen). Zombies are not counted: they have
+// ended, and Go reaps what exec started.
+func children(t *testing.T) []string {
+	t.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", os.Getpid()))
+	if err != nil || len(tasks) == 0 {
+		return nil
+	}
+	var out []string
+	for _, f := range tasks {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, pid := range strings.Fields(string(raw)) {
+			stat, err := os.ReadFile("/proc/" + pid + "/stat")
+			if err != nil || strings.Contains(string(stat), ") Z ") {
+				continue
+			}
+			out = append(out, pid+": "+string(stat[:min(len(stat), 60)]))
+		}
+	}
+	return out
 }
 
 // Values at the edges of their range are taken: any seed, -1 held-out
