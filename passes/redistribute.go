@@ -155,7 +155,7 @@ func sinkSlices(m *ir.Module, o *Options) {
 // an all-reduce whose every use slices it is a reduce-scatter.
 func sinkable(v *ir.Value) bool {
 	switch v.Op {
-	case "broadcast", "all_reduce":
+	case "broadcast", "all_reduce", "embedding_grad":
 		return true
 	case "const":
 		return len(v.Args) == 0
@@ -179,6 +179,12 @@ func cuts(s *sharder, v *ir.Value, axis int, split ir.Placement) ([]int, bool) {
 	switch v.Op {
 	case "const":
 		return cut, true
+	case "embedding_grad":
+		// Whole ids and dy give any rows of the table's gradient: the
+		// backends' kernels sum only the ids in the device's rows
+		// (runtime.VocabRows), as a vocab-parallel lookup reads only them.
+		ok := split.Dim == 0 && v.Args[0].Place[axis].Kind == ir.Replicate && v.Args[1].Place[axis].Kind == ir.Replicate
+		return cut, ok
 	case "broadcast":
 		a := v.Args[0]
 		if d := split.Dim - (v.Type.Rank() - a.Type.Rank()); d >= 0 && a.Type.Shape[d] != 1 {

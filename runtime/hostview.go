@@ -391,3 +391,20 @@ func Unblock[T any](whole []T, b lower.Buffer, mesh *ir.Mesh, coords []int, blk 
 	box := ir.BlockBox(mesh, b.Place, b.Global.Shape, coords)
 	unblock(whole, box.Shape, box.Lo, box.Size, blk)
 }
+
+// VocabRows reports whether value v (a [vocab, dim] table or its
+// gradient) is split by rows on mesh, and then the first row the device
+// at coords holds and the whole vocabulary: a vocab-parallel embedding's
+// gradient keeps only the device's rows.
+func VocabRows(mesh *ir.Mesh, v *ir.Value, coords []int) (offset, vocab int, split bool) {
+	if mesh == nil || v == nil || v.Place == nil || v.Type.Rank() != 2 {
+		return 0, 0, false
+	}
+	for _, p := range v.Place {
+		if p.Kind == ir.Shard && p.Dim == 0 {
+			box := ir.BlockBox(mesh, v.Place, v.Type.Shape, coords)
+			return box.Lo[0], v.Type.Shape[0], true
+		}
+	}
+	return 0, 0, false
+}

@@ -224,7 +224,7 @@ var kernels = []Kernel{
 	{"gc_rope", sig("float* out, const float* x, long long rows, long long positions, long long half, float theta, int inverse"), GridStride, "rows*half"},
 	{"gc_embedding", sig("float* out, int* status, const float* table, const int* ids, long long count, long long vocab, long long dim"), GridStride, "count*dim"},
 	{"gc_embedding_range", sig("float* out, const float* table, const int* ids, long long count, long long offset, long long rows, long long dim"), GridStride, "count*dim"},
-	{"gc_embedding_grad", sig("float* dtable, int* status, const int* ids, const float* dy, long long count, long long vocab, long long dim"), BlockPerRow, "vocab"},
+	{"gc_embedding_grad", sig("float* dtable, int* status, const int* ids, const float* dy, long long count, long long vocab, long long dim, long long offset, long long total"), BlockPerRow, "vocab"},
 	{"gc_cross_entropy_rows", sig("float* loss, int* status, const float* logits, const int* labels, long long rows, long long vocab"), BlockPerRow, "rows"},
 	{"gc_cross_entropy_grad", sig("float* dlogits, int* status, const float* logits, const int* labels, const float* dloss, long long rows, long long vocab"), BlockPerRow, "rows"},
 	{"gc_vocab_ce_max", sig("float* rowmax, const float* logits, long long rows, long long vocab"), BlockPerRow, "rows"},

@@ -269,19 +269,20 @@ extern "C" __global__ void gc_embedding_range(float* out, const float* table, co
   }
 }
 
-// gc_embedding_grad: dtable ([vocab, dim]) = Σ over positions i with
-// ids[i] = v of dy[i,:]. One block per vocab row scans all ids in chunks
+// gc_embedding_grad: dtable ([rows, dim], the rows [offset, offset+rows)
+// of a [total, dim] table: all of it unless the table is split by rows
+// across devices) = Σ over positions i with ids[i] = offset+v of dy[i,:]. One block per vocab row scans all ids in chunks
 // of blockDim, compacts the chunk's matches in position order (warp
 // ballots and a prefix over warps), and adds their dy rows; each column
 // belongs to one thread, so every sum runs in increasing position order,
 // in float, exactly as the CPU kernel's serial loop: deterministic and
 // bit-identical, with no atomics. The price is that every block reads
-// all ids (vocab·count reads, served from cache); a sort by id would
-// avoid it. An id outside [0, vocab) sets status[0] to 1 (block of row 0
+// all ids (rows·count reads, served from cache); a sort by id would
+// avoid it. An id outside [0, total) sets status[0] to 1 (block of row 0
 // checks) and is otherwise ignored.
 extern "C" __global__ void gc_embedding_grad(float* dtable, int* status, const int* ids,
                                              const float* dy, long long count, long long vocab,
-                                             long long dim) {
+                                             long long dim, long long offset, long long total) {
   __shared__ int hits[32];
   __shared__ int list[1024];
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -291,8 +292,8 @@ extern "C" __global__ void gc_embedding_grad(float* dtable, int* status, const i
     for (long long base = 0; base < count; base += blockDim.x) {
       const long long i = base + threadIdx.x;
       const int id = i < count ? ids[i] : -1;
-      if (v == 0 && i < count && (id < 0 || id >= vocab)) gc_atomic_max_int(status, 1);
-      const bool hit = id == v;
+      if (v == 0 && i < count && (id < 0 || id >= total)) gc_atomic_max_int(status, 1);
+      const bool hit = id == offset + v;
       const unsigned ballot = gc_ballot(hit);
       if (lane == 0) hits[warp] = gc_popc(ballot);
       __syncthreads();

@@ -150,8 +150,21 @@ func TestEmbedding(t *testing.T) {
 				wantG, gotG := make([]float32, vocab*dim), out(vocab*dim)
 				require.NoError(t, kcpu.EmbeddingGrad(wantG, dy, ids, vocab, dim))
 				for _, grid := range []uint32{uint32(min(vocab, 50)), 3} {
-					launch(t, "gc_embedding_grad", grid, block, gotG, status, ids, dy, count, vocab, dim)
+					launch(t, "gc_embedding_grad", grid, block, gotG, status, ids, dy, count, vocab, dim, 0, vocab)
 					requireBits(t, wantG, gotG, "gc_embedding_grad")
+				}
+				require.Zero(t, status[0])
+
+				// Vocab-parallel gradient: each shard's rows, bit for bit
+				// the CPU kernel's, and together the whole gradient.
+				for p, lo := 0, 0; lo < vocab; p++ {
+					hi := min(lo+(vocab+2)/3, vocab)
+					wantS, gotS := make([]float32, (hi-lo)*dim), out((hi-lo)*dim)
+					require.NoError(t, kcpu.EmbeddingGradRange(wantS, dy, ids, lo, hi-lo, dim, vocab))
+					require.Equal(t, wantG[lo*dim:hi*dim], wantS, "shard %d of the CPU gradient", p)
+					launch(t, "gc_embedding_grad", uint32(min(hi-lo, 50)), block, gotS, status, ids, dy, count, hi-lo, dim, lo, vocab)
+					requireBits(t, wantS, gotS, fmt.Sprintf("gc_embedding_grad rows [%d,%d)", lo, hi))
+					lo = hi
 				}
 				require.Zero(t, status[0])
 
@@ -188,7 +201,7 @@ func TestEmbeddingBadIDs(t *testing.T) {
 
 	status[0] = 0
 	dt := out(vocab * dim)
-	launch(t, "gc_embedding_grad", 4, 32, dt, status, ids, randNorm(newRand(2), len(ids)*dim, 1), len(ids), vocab, dim)
+	launch(t, "gc_embedding_grad", 4, 32, dt, status, ids, randNorm(newRand(2), len(ids)*dim, 1), len(ids), vocab, dim, 0, vocab)
 	require.Equal(t, int32(1), status[0])
 	checkGuard(t, dt)
 

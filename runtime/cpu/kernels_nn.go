@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"gcompile/runtime"
 	"math"
 
 	"gcompile/ir"
@@ -130,8 +131,13 @@ func embeddingGrad[T kcpu.Float](c *Call[T]) (func() error, error) {
 		return nil, err
 	}
 	dy, outShape := c.Arg(1), c.OutShape()
-	vocab, dim := outShape[0], outShape[1]
-	return func() error { return kcpu.EmbeddingGrad(out, dy, ids, vocab, dim) }, nil
+	rows, dim := outShape[0], outShape[1]
+	if offset, vocab, split := runtime.VocabRows(c.d.prog.Mesh, c.Instr.Value, c.d.coords); split {
+		// The device's rows of a vocab-split gradient (vocab-parallel
+		// embedding): ids of other rows add nothing here.
+		return func() error { return kcpu.EmbeddingGradRange(out, dy, ids, offset, rows, dim, vocab) }, nil
+	}
+	return func() error { return kcpu.EmbeddingGrad(out, dy, ids, rows, dim) }, nil
 }
 
 func crossEntropy[T kcpu.Float](c *Call[T]) (func() error, error) {

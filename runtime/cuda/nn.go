@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"gcompile/runtime"
 	"fmt"
 	"math"
 
@@ -137,7 +138,14 @@ func (c *compiler) embedding() (func() error, error) {
 
 func (c *compiler) embeddingGrad() (func() error, error) {
 	outShape := c.outShape()
-	return c.one("gc_embedding_grad", c.out(), c.status(), c.arg(0), c.arg(1), numel(c.shape(0)), int64(outShape[0]), int64(outShape[1]))
+	rows := int64(outShape[0])
+	offset, total := int64(0), rows
+	if o, vocab, split := runtime.VocabRows(c.d.prog.Mesh, c.in.Value, c.d.coords); split {
+		// The device's rows of a vocab-split gradient (see the CPU
+		// backend's embeddingGrad).
+		offset, total = int64(o), int64(vocab)
+	}
+	return c.one("gc_embedding_grad", c.out(), c.status(), c.arg(0), c.arg(1), numel(c.shape(0)), rows, int64(outShape[1]), offset, total)
 }
 
 // crossEntropy computes a (loss, count) pair per row into the workspace,
