@@ -1,8 +1,8 @@
 package cuda
 
 import (
-	"gcompile/runtime"
 	"fmt"
+	"gcompile/runtime"
 	"math"
 
 	"gcompile/ir"
