@@ -19,6 +19,7 @@ package lower
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -512,6 +513,9 @@ func (p *Program) CheckFits(device string, limit int64) error {
 var ErrDoesNotFit = errors.New("out of device memory")
 
 func human(n int64) string {
+	if n < 0 && n > math.MinInt64 {
+		return "-" + human(-n) // a difference of two sizes
+	}
 	switch {
 	case n >= 1<<50:
 		return fmt.Sprintf("%.2f PiB", float64(n)/(1<<50))

@@ -73,7 +73,7 @@ type memoryRow struct {
 type cell struct{ Text, Exact string }
 
 func bytesCell(n int64) cell {
-	return cell{humanBytes(n), strconv.FormatInt(n, 10) + " B"}
+	return cell{lower.HumanBytes(n), strconv.FormatInt(n, 10) + " B"}
 }
 
 type passRow struct {
@@ -221,7 +221,7 @@ func memoryRowOf(d runtime.DeviceMetrics) memoryRow {
 		if diff < 0 {
 			sign, diff = "−", -diff
 		}
-		r.Measured, r.Match = bytesCell(d.PeakBytesMeasured), cell{sign + humanBytes(diff), sign + strconv.FormatInt(diff, 10) + " B"}
+		r.Measured, r.Match = bytesCell(d.PeakBytesMeasured), cell{sign + lower.HumanBytes(diff), sign + strconv.FormatInt(diff, 10) + " B"}
 	}
 	for _, cat := range memoryCategories {
 		if d.PeakBreakdown == nil {
@@ -231,19 +231,6 @@ func memoryRowOf(d runtime.DeviceMetrics) memoryRow {
 		r.Breakdown = append(r.Breakdown, bytesCell(cat.bytes(*d.PeakBreakdown)))
 	}
 	return r
-}
-
-// humanBytes writes n in binary units, as the compiler's memory errors do.
-func humanBytes(n int64) string {
-	switch a := math.Abs(float64(n)); {
-	case a >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
-	case a >= 1<<20:
-		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
-	case a >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
 
 // groupDigits writes 1234567 as 1 234 567 (a thin space: no locale's
@@ -481,7 +468,7 @@ func memoryChart(devs []runtime.DeviceMetrics) string {
 					continue
 				}
 				fmt.Fprintf(&b, `<rect x="%.2f" y="%.1f" width="%.2f" height="%.1f" fill="%s"><title>%s</title></rect>`,
-					x, y, float64(n)*scale, memBarH, cat.color, esc(fmt.Sprintf("rank %d %s: %s", d.Rank, cat.name, humanBytes(n))))
+					x, y, float64(n)*scale, memBarH, cat.color, esc(fmt.Sprintf("rank %d %s: %s", d.Rank, cat.name, lower.HumanBytes(n))))
 				x += float64(n) * scale
 			}
 		} else {
@@ -490,9 +477,9 @@ func memoryChart(devs []runtime.DeviceMetrics) string {
 		if d.PeakBytesMeasured > 0 {
 			mx := memLeft + float64(d.PeakBytesMeasured)*scale
 			fmt.Fprintf(&b, `<line x1="%.2f" y1="%.1f" x2="%.2f" y2="%.1f" stroke="#000000" stroke-width="2"><title>%s</title></line>`,
-				mx, y-3, mx, y+memBarH+3, esc(fmt.Sprintf("rank %d measured peak %s", d.Rank, humanBytes(d.PeakBytesMeasured))))
+				mx, y-3, mx, y+memBarH+3, esc(fmt.Sprintf("rank %d measured peak %s", d.Rank, lower.HumanBytes(d.PeakBytesMeasured))))
 		}
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">%s</text></g>`, memLeft+plotW+8, y+memBarH-4, esc(humanBytes(d.PeakBytesPredicted)))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">%s</text></g>`, memLeft+plotW+8, y+memBarH-4, esc(lower.HumanBytes(d.PeakBytesPredicted)))
 	}
 	b.WriteString("</svg>")
 	return b.String()
