@@ -211,7 +211,7 @@ func TestInitParamsSameBitsAsCPU(t *testing.T) {
 func TestSequenceParallelStep(t *testing.T) {
 	slow(t)
 	rt := openTest(t)
-	loss, param, cl := compareWithCPU(t, rt, config{name: "tp2_sp", mesh: tp2, edit: func(o *passes.Options) { o.SequenceParallel = true }}, 1)
+	loss, param, cl := compareWithCPU(t, rt, config{name: "tp2_sp", mesh: tp2, set: tiny.set, batch: tiny.batch, edit: func(o *passes.Options) { o.SequenceParallel = true }}, 1)
 	// Measured on the fake GPU: losses identical, weights within 1.4e-6.
 	t.Logf("tp2 sequence parallel, 1 step: worst loss difference %.3g, worst param difference %.3g", loss, param)
 	assert.LessOrEqual(t, loss, tol(1e-6, 1e-4))
@@ -233,7 +233,7 @@ func TestSequenceParallelStep(t *testing.T) {
 func TestOffloadStep(t *testing.T) {
 	slow(t)
 	rt := openTest(t)
-	c := config{name: "offload", lower: lower.Options{Offload: "optimizer,params"}}
+	c := config{name: "offload", set: tiny.set, batch: tiny.batch, lower: lower.Options{Offload: "optimizer,params"}}
 	loss, param, cl := compareWithCPU(t, rt, c, 1)
 	// Measured on the fake GPU: losses identical, weights within 1.8e-6.
 	t.Logf("offload optimizer,params, 1 step: worst loss difference %.3g, worst param difference %.3g", loss, param)
