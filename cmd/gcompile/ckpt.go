@@ -22,20 +22,8 @@ import (
 // checkpoint to resume from.
 func checkCheckpointPaths(c *config) (string, error) {
 	if c.ckptDir != "" {
-		// A folder made only for the check is removed again, so a run
-		// refused later leaves nothing behind; the first save makes it.
-		_, statErr := os.Stat(c.ckptDir)
-		if err := os.MkdirAll(c.ckptDir, 0o755); err != nil {
-			return "", fmt.Errorf("--checkpoint-dir: %w", err)
-		}
-		probe, err := os.CreateTemp(c.ckptDir, ".gcompile-probe-*")
-		if err != nil {
-			return "", fmt.Errorf("--checkpoint-dir %s is not writable: %w", c.ckptDir, err)
-		}
-		probe.Close()
-		os.Remove(probe.Name())
-		if os.IsNotExist(statErr) {
-			os.Remove(c.ckptDir)
+		if err := checkOutputDir("checkpoint-dir", c.ckptDir); err != nil {
+			return "", err
 		}
 	}
 	if c.resume == "" {
