@@ -38,6 +38,11 @@ func runAsync(c *config, j *job, res *compile.Result, resumeDir string) error {
 	if c.run {
 		runErr = trainAsync(c, j, res, met, resumeDir)
 	}
+	if refused(runErr) {
+		// Nothing was trained: the outputs that record a run keep what
+		// a previous run left there, as for synchronous runs.
+		return runErr
+	}
 	// Each output on its own, every failure reported (outputs.go).
 	var outErr error
 	if c.metrics != "" && j.lead() {
@@ -48,7 +53,14 @@ func runAsync(c *config, j *job, res *compile.Result, resumeDir string) error {
 	return errors.Join(finishRun(c, j, res, met, runErr), outErr)
 }
 
-func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, resumeDir string) error {
+func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, resumeDir string) (err error) {
+	// Until the first step a failure refuses the run (refusedError).
+	started := false
+	defer func() {
+		if err != nil && !started {
+			err = refusedError{err}
+		}
+	}()
 	gp, up, boundary, ignoreOnLoad := res.Async.Grad, res.Async.Update, res.Async.Boundary, res.Module.IgnoreOnLoad
 	if c.trace != "" {
 		return errors.New("--trace is not supported with --dp-sync async yet")
@@ -122,6 +134,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		w := watchSignals()
 		defer w.release()
 		j.preemptible.Store(true)
+		started = true
 		_, _, err := a.Train(corpus, cfg, nil)
 		j.preemptible.Store(false)
 		return err
@@ -133,6 +146,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	cfg.Boundary = ck.boundary
 	p := newProgress(j.log, c.steps)
 	j.preemptible.Store(true)
+	started = true
 	steps, evals, trainErr := a.Train(corpus, cfg, p.step)
 	j.preemptible.Store(false)
 	p.done()

@@ -314,6 +314,12 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 					return setF32(t, ts, "wte.weight", 5, float32(math.NaN()))
 				})
 			}, want: []string{"--load ", `tensor "wte.weight"`, "1 non-finite value(s)", "NaN at index 5"}},
+		{name: "load NaN weight under async dp", args: run("--load", "$D/w.safetensors", "--devices", "2", "--dp", "2", "--dp-sync", "async"),
+			setup: func(t *testing.T, dir string) {
+				fx.withTensors(t, filepath.Join(dir, "w.safetensors"), func(ts []checkpoint.Tensor) []checkpoint.Tensor {
+					return setF32(t, ts, "wte.weight", 5, float32(math.NaN()))
+				})
+			}, want: []string{"--load ", `tensor "wte.weight"`, "NaN at index 5"}},
 		{name: "load Inf weight", args: run("--load", "$D/w.safetensors"),
 			setup: func(t *testing.T, dir string) {
 				fx.withTensors(t, filepath.Join(dir, "w.safetensors"), func(ts []checkpoint.Tensor) []checkpoint.Tensor {
