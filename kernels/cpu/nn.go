@@ -220,15 +220,26 @@ func Embedding[T Float](out, table []T, ids []int32, vocab, dim int) error {
 // Repeated ids accumulate. An out-of-range id is reported before anything
 // is written.
 func EmbeddingGrad[T Float](dtable, dy []T, ids []int32, vocab, dim int) error {
-	checkRows("EmbeddingGrad", vocab, dim, len(dtable))
-	checkRows("EmbeddingGrad", len(ids), dim, len(dy))
-	if err := checkIDs("EmbeddingGrad", "id", ids, vocab); err != nil {
+	return embeddingGradRows("EmbeddingGrad", dtable, dy, ids, 0, vocab, dim, vocab)
+}
+
+// embeddingGradRows is EmbeddingGrad for the rows [offset, offset+rows)
+// of a [vocab, dim] table (all of them, or a device's vocab-parallel
+// share: see EmbeddingGradRange); ids outside them add nothing.
+func embeddingGradRows[T Float](kernel string, dtable, dy []T, ids []int32, offset, rows, dim, vocab int) error {
+	checkRows(kernel, rows, dim, len(dtable))
+	checkRows(kernel, len(ids), dim, len(dy))
+	if err := checkIDs(kernel, "id", ids, vocab); err != nil {
 		return err
 	}
 	clear(dtable)
 	// Serial on purpose: repeated ids would make a parallel scatter race.
 	for i, id := range ids {
-		d, g := dtable[int(id)*dim:(int(id)+1)*dim], dy[i*dim:(i+1)*dim]
+		r := int(id) - offset
+		if r < 0 || r >= rows {
+			continue
+		}
+		d, g := dtable[r*dim:(r+1)*dim], dy[i*dim:(i+1)*dim]
 		for j, v := range g {
 			d[j] += v
 		}

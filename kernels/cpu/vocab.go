@@ -22,21 +22,5 @@ func EmbeddingRange[T Float](out, table []T, ids []int32, offset, rows, dim int)
 // EmbeddingGrad does, so the shards are the whole gradient's rows bit for
 // bit.
 func EmbeddingGradRange[T Float](dtable, dy []T, ids []int32, offset, rows, dim, vocab int) error {
-	checkRows("EmbeddingGradRange", rows, dim, len(dtable))
-	checkRows("EmbeddingGradRange", len(ids), dim, len(dy))
-	if err := checkIDs("EmbeddingGradRange", "id", ids, vocab); err != nil {
-		return err
-	}
-	clear(dtable)
-	for i, id := range ids {
-		r := int(id) - offset
-		if r < 0 || r >= rows {
-			continue
-		}
-		d, g := dtable[r*dim:(r+1)*dim], dy[i*dim:(i+1)*dim]
-		for j, v := range g {
-			d[j] += v
-		}
-	}
-	return nil
+	return embeddingGradRows("EmbeddingGradRange", dtable, dy, ids, offset, rows, dim, vocab)
 }

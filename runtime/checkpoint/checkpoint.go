@@ -611,16 +611,6 @@ func (f *File) Tensor(name string) (Tensor, error) {
 	return Tensor{Name: e.name, DType: e.dtype, Shape: e.shape, Data: data}, nil
 }
 
-// Names lists the file's tensors in name order.
-func (f *File) Names() []string {
-	out := make([]string, 0, len(f.entries))
-	for n := range f.entries {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // Close closes the file.
 func (f *File) Close() error { return f.f.Close() }
 

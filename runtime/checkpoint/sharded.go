@@ -905,9 +905,6 @@ func Consolidate(dir string, kind lower.BufferKind) (*Manifest, []Tensor, error)
 // safetensorsDTypes are the safetensors names of the IR's dtypes.
 var safetensorsDTypes = map[ir.DType]string{ir.F32: "F32", ir.F64: "F64", ir.F16: "F16", ir.BF16: "BF16", ir.I32: "I32", ir.I64: "I64", ir.Bool: "BOOL"}
 
-// DTypeName is the safetensors name of an IR dtype ("" when it has none).
-func DTypeName(dt ir.DType) string { return safetensorsDTypes[dt] }
-
 // SaveSharded writes tensors to path as one safetensors file, or, when
 // they hold more than maxShard bytes, as Hugging Face shards beside it:
 // BASE-00001-of-0000N.safetensors and BASE.safetensors.index.json, the

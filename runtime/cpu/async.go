@@ -342,10 +342,13 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 		if cfg.LossScale != nil {
 			st.LossScale = cfg.LossScale.State()
 		}
-		if cfg.Boundary != nil && t < cfg.Steps {
-			if report != nil {
-				report(sm, nil)
-			}
+		if t == cfg.Steps {
+			break // the last step is reported, and its boundary called, once every replica is done
+		}
+		if report != nil {
+			report(sm, nil)
+		}
+		if cfg.Boundary != nil {
 			stop, err := cfg.Boundary(st)
 			if err != nil {
 				stepErr = err
@@ -356,8 +359,6 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 				stopped = true
 				a.stopAfter(t)
 			}
-		} else if report != nil && t < cfg.Steps {
-			report(sm, nil)
 		}
 	}
 	wg.Wait()

@@ -31,8 +31,8 @@ func compileVocabParallel[T kcpu.Float](d *Device, in lower.Instr) (f func() err
 	}
 	switch in.Op {
 	case "embedding":
-		ax := vocabAxis(in.Value.Args[0], 0)
-		if ax < 0 {
+		offset, _, split := runtime.VocabRows(d.prog.Mesh, in.Value.Args[0], d.coords)
+		if !split {
 			return nil, false, nil
 		}
 		ids, err := int32Arg(d, in, 1)
@@ -41,7 +41,6 @@ func compileVocabParallel[T kcpu.Float](d *Device, in lower.Instr) (f func() err
 		}
 		table, out := view[T](d, in.Args[0]), view[T](d, in.Out)
 		rows, dim := in.ArgTypes[0].Shape[0], in.ArgTypes[0].Shape[1]
-		offset := d.coords[ax] * rows
 		return ok(func() { kcpu.EmbeddingRange(out, table, ids, offset, rows, dim) }), true, nil
 	case "cross_entropy", "cross_entropy_grad":
 		ax := vocabAxis(in.Value.Args[0], 1)

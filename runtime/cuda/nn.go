@@ -2,10 +2,10 @@ package cuda
 
 import (
 	"fmt"
-	"gcompile/runtime"
 	"math"
 
 	"gcompile/ir"
+	"gcompile/runtime"
 )
 
 // Neural-network layers: softmax, the causal mask, LayerNorm, RMSNorm,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"gcompile/ir"
+	"gcompile/runtime"
 	"gcompile/runtime/cuda/driver"
 )
 
@@ -44,13 +45,13 @@ func (c *compiler) vocabParallel() (f func() error, handled bool, err error) {
 	}
 	switch in.Op {
 	case "embedding":
-		ax := vocabAxis(in.Value.Args[0], 0)
-		if ax < 0 {
+		offset, _, split := runtime.VocabRows(d.prog.Mesh, in.Value.Args[0], d.coords)
+		if !split {
 			return nil, false, nil
 		}
 		s := c.shape(0)
 		rows, dim := int64(s[0]), int64(s[1])
-		f, err := c.one("gc_embedding_range", c.out(), c.arg(0), c.arg(1), numel(c.shape(1)), int64(d.coords[ax])*rows, rows, dim)
+		f, err := c.one("gc_embedding_range", c.out(), c.arg(0), c.arg(1), numel(c.shape(1)), int64(offset), rows, dim)
 		return f, true, err
 	case "cross_entropy", "cross_entropy_grad":
 	default:
