@@ -14,9 +14,11 @@ import (
 	"gcompile/passes"
 )
 
-// Config is a compilation: the model and the parallel plan. The zero
-// values of the degrees mean "chosen by the planner"; until the planner
-// exists, tp, pp, ep and vpp default to 1 and dp takes the devices left.
+// Config is a compilation: the model and the parallel plan. Validate
+// resolves degrees left at zero simply: tp, pp, ep and vpp default to 1
+// and dp takes the devices left. Package planner chooses them instead when
+// asked (the CLI's --plan, or --run with --hardware): it fills in a Config
+// per candidate and validates each.
 type Config struct {
 	Model string // MODEL.go or MODEL.gir
 	Set   string // model parameters key=value,… (a model.go only)

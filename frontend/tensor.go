@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"fmt"
+	"math"
 	"slices"
 
 	"gcompile/ir"
@@ -157,6 +158,30 @@ func (t *Tensor) RMSNorm(gamma *Tensor, eps float64) *Tensor {
 // base theta, in Hugging Face Llama's rotate-half layout: element i of a
 // row at position p turns with element i+d/2 by p·theta^(−2i/d).
 func (t *Tensor) RoPE(theta float64) *Tensor { return t.op("rope", ir.Attrs{"theta": theta}) }
+
+// Attention is fused scaled dot-product attention, softmax(t·kᵀ/√hd
+// [+ causal mask])·v, for t = q [batch, heads, seq, hd] and k, v
+// [batch, kvHeads, seq, hd] with heads a multiple of kvHeads (grouped-query
+// attention: query head i reads k/v head i/(heads/kvHeads), no copies of
+// k and v). The result is [batch, seq, heads, hd], FlashAttention's layout:
+// Reshape(batch, seq, heads·hd) merges the heads without a copy. It is one
+// op, attention, computed block by block with an online softmax as
+// FlashAttention-2 does: no [seq, seq] scores or probabilities exist, in
+// the forward or in the backward. Under causal, query i sees keys
+// j ≤ i + (kv seq − q seq).
+func (t *Tensor) Attention(k, v *Tensor, causal bool) *Tensor {
+	return t.ScaledAttention(k, v, causal, 1/math.Sqrt(float64(max(t.Dim(-1), 1))))
+}
+
+// ScaledAttention is Attention with the scores multiplied by scale
+// instead of 1/√hd.
+func (t *Tensor) ScaledAttention(k, v *Tensor, causal bool, scale float64) *Tensor {
+	attrs := ir.Attrs{"scale": scale}
+	if causal {
+		attrs["causal"] = true
+	}
+	return t.op("attention", attrs, k, v)
+}
 
 // MatMul multiplies the last two dims: [...,m,k]·[k,n] or batched [...,m,k]·[...,k,n].
 func (t *Tensor) MatMul(w *Tensor) *Tensor { return t.op("matmul", nil, w) }

@@ -66,6 +66,23 @@ func TestOpCostByHand(t *testing.T) {
 		// The body's steps at their own cost; only the fused op's traffic.
 		{"fused", "fused", types(f32(2, 8), f32(2, 8)), f32(2, 8), ir.Attrs{"body": "t0=add a0 a1; t1=gelu t0"}, 16 * (1 + 8 + tr), 3 * 16 * 4},
 		{"const", "const", nil, f32(4, 8), ir.Attrs{"value": 1.0}, 0, 0},
+		// b·h = 2·4 heads of 16·16 pairs, (4·8 + 4 + exp) each; q, k, v
+		// (k/v with 2 heads), out.
+		{"attention", "attention", types(f32(2, 4, 16, 8), f32(2, 2, 16, 8), f32(2, 2, 16, 8)), f32(2, 16, 4, 8), attn(false),
+			8 * 256 * (4*8 + 4 + tr), (1024 + 512 + 512 + 1024) * 4},
+		// Causal: 16·17/2 = 136 pairs a head.
+		{"causal attention", "attention", types(f32(2, 4, 16, 8), f32(2, 2, 16, 8), f32(2, 2, 16, 8)), f32(2, 16, 4, 8), attn(true),
+			8 * 136 * (4*8 + 4 + tr), (1024 + 512 + 512 + 1024) * 4},
+		// 4 queries aligned to the end of 6 keys: 3+4+5+6 = 18 pairs.
+		{"causal attention over a longer key", "attention", types(f32(1, 1, 4, 2), f32(1, 1, 6, 2), f32(1, 1, 6, 2)), f32(1, 4, 1, 2), attn(true),
+			18 * (4*2 + 4 + tr), (8 + 12 + 12 + 8) * 4},
+		// The sweep plus D's 2 per element of dout; fp32 stats from bf16.
+		{"attention_stats", "attention_stats", types(bf16(1, 2, 4, 2), bf16(1, 2, 4, 2), bf16(1, 4, 2, 2), bf16(1, 4, 2, 2)), f32(1, 2, 4, 2), attn(false),
+			2*16*(2*2+4+tr) + 2*16, 4*16*2 + 16*4},
+		{"attention_grad_q", "attention_grad_q", types(f32(1, 2, 4, 2), f32(1, 1, 4, 2), f32(1, 1, 4, 2), f32(1, 4, 2, 2), f32(1, 2, 4, 2)), f32(1, 2, 4, 2), attn(true),
+			2 * 10 * (6*2 + 4 + tr), (16 + 8 + 8 + 16 + 16 + 16) * 4},
+		{"attention_grad_v", "attention_grad_v", types(f32(1, 2, 4, 2), f32(1, 1, 4, 2), f32(1, 4, 2, 2), f32(1, 2, 4, 2)), f32(1, 1, 4, 2), attn(false),
+			2 * 16 * (4*2 + 2 + tr), (16 + 8 + 16 + 16 + 8) * 4},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

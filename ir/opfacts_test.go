@@ -94,6 +94,7 @@ func TestRegisterRefuses(t *testing.T) {
 		{"no args", &ir.OpInfo{Name: "toy_arity", Infer: infer, Cost: cost}, "arity 0"},
 		{"source with a rule", &ir.OpInfo{Name: "toy_source", Source: true, Infer: infer, Cost: cost}, "source op"},
 		{"no-gradient argument out of range", &ir.OpInfo{Name: "toy_nograd", Arity: 2, Infer: infer, Cost: cost, NoGradArgs: []int{2}}, "argument 2 is out of range"},
+		{"fp32 argument out of range", &ir.OpInfo{Name: "toy_f32", Arity: 2, Infer: infer, Cost: cost, F32Args: []int{2}}, "fp32 argument 2 is out of range"},
 		{"gradient argument missing", &ir.OpInfo{Name: "toy_update", Arity: 1, Infer: infer, Cost: cost, Update: ir.UpdateFromGrad}, "reads it from argument 1"},
 		{"undefined class", &ir.OpInfo{Name: "toy_class", Arity: 1, Infer: infer, Cost: cost, Precision: 7}, "not defined"},
 	}

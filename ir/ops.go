@@ -73,6 +73,12 @@ type OpInfo struct {
 	InPlace bool
 	// Precision is the op's class under mixed precision.
 	Precision PrecisionClass
+	// F32Args lists the arguments that stay fp32 (float64 in a float64
+	// program) when the op runs in fp16 or bf16: statistics another op
+	// computed in fp32 for it, which a 16-bit copy would spoil (the
+	// attention gradients' log-sum-exp). The mixed-precision pass does not
+	// cast them down.
+	F32Args []int
 	// Cost gives the flops and bytes of one execution on device-local
 	// types, by the conventions in cost.go. Every op has one.
 	Cost CostFunc
@@ -167,7 +173,7 @@ func checkOpInfo(o *OpInfo) error {
 		if o.Arity != 0 || o.Infer != nil {
 			return fail("a source op takes no args and declares its type, so it has no arity or type rule")
 		}
-		if o.Update != NoUpdate || o.InPlace || len(o.NoGradArgs) > 0 {
+		if o.Update != NoUpdate || o.InPlace || len(o.NoGradArgs) > 0 || len(o.F32Args) > 0 {
 			return fail("a source op has no arguments to update, overwrite or stop gradients at")
 		}
 		return nil
@@ -181,6 +187,11 @@ func checkOpInfo(o *OpInfo) error {
 	for _, i := range o.NoGradArgs {
 		if i < 0 || o.Arity != Variadic && i >= o.Arity {
 			return fail("no-gradient argument %d is out of range for arity %d", i, o.Arity)
+		}
+	}
+	for _, i := range o.F32Args {
+		if i < 0 || o.Arity != Variadic && i >= o.Arity {
+			return fail("fp32 argument %d is out of range for arity %d", i, o.Arity)
 		}
 	}
 	if o.Update == UpdateFromGrad && o.Arity != Variadic && o.Arity <= UpdateGradArg {
@@ -288,6 +299,20 @@ func init() {
 	// so half a transcendental each), two multiplies and an add.
 	register(&OpInfo{Name: "rope", Arity: 1, Attrs: []AttrSpec{req("theta", AttrFloat), opt("inverse", AttrBool)}, Infer: inferRoPE, Cost: perOut(3 + tr),
 		Doc: "x[...,s,d] (d even): element pairs (i, i+d/2) of row p rotated by p·theta^(−2i/d) (inverse: by minus that, the vjp); angles in float64"})
+	// Fused attention (attention.go): the forward, the statistics its
+	// gradients share, and one op per gradient; none holds an [s, s]
+	// tensor. scale multiplies the scores; causal hides key j > i+(sk−sq).
+	attnAttrs := func() []AttrSpec { return []AttrSpec{req("scale", AttrFloat), opt("causal", AttrBool)} }
+	register(&OpInfo{Name: "attention", Arity: 3, Attrs: attnAttrs(), Infer: inferAttention, Cost: attentionFwdCost,
+		Doc: "args (q[b,h,sq,hd], k[b,kv,sk,hd], v[b,kv,sk,hd]), h a multiple of kv → [b,sq,h,hd]: softmax(scale·q·kᵀ, causal-masked when causal)·v, query head i reading k/v head i/(h/kv), blocked with an online softmax (no [sq,sk] tensor)"})
+	register(&OpInfo{Name: "attention_stats", Arity: 4, Attrs: attnAttrs(), Infer: inferAttentionStats, Grad: GradNotImplemented, Cost: attentionStatsCost,
+		Doc: "vjp: args (q, k, out[b,sq,h,hd], dout[b,sq,h,hd]) → f32[b,h,sq,2] (f64 in a float64 program): per query row the log-sum-exp of its scaled, masked scores and D = Σ dout·out"})
+	register(&OpInfo{Name: "attention_grad_q", Arity: 5, Attrs: attnAttrs(), Infer: inferAttentionGrad(false), Grad: GradNotImplemented, F32Args: []int{4}, Cost: attentionGradQK,
+		Doc: "vjp: args (q, k, v, dout, stats) → dq = scale·Σⱼ p·(dout·vⱼ − D)·kⱼ, p recomputed block by block from the log-sum-exp"})
+	register(&OpInfo{Name: "attention_grad_k", Arity: 5, Attrs: attnAttrs(), Infer: inferAttentionGrad(true), Grad: GradNotImplemented, F32Args: []int{4}, Cost: attentionGradQK,
+		Doc: "vjp: args (q, k, v, dout, stats) → dk = scale·Σᵢ p·(dout·v − D)·qᵢ over the query heads sharing the k/v head"})
+	register(&OpInfo{Name: "attention_grad_v", Arity: 4, Attrs: attnAttrs(), Infer: inferAttentionGradV, Grad: GradNotImplemented, F32Args: []int{3}, Cost: attentionGradV,
+		Doc: "vjp: args (q, k, dout, stats) → dv = Σᵢ pᵀ·doutᵢ over the query heads sharing the k/v head"})
 	register(&OpInfo{Name: "embedding", Arity: 2, Infer: inferEmbedding, NoGradArgs: []int{1}, Cost: embeddingCost, Doc: "args (table[V,D], ids[...]) → [...,D]"})
 	register(&OpInfo{Name: "embedding_grad", Arity: 2, Attrs: []AttrSpec{req("vocab", AttrInt)}, Infer: inferEmbeddingGrad, Grad: GradNotImplemented, NoGradArgs: []int{0}, Cost: embeddingGradCost,
 		Doc: "vjp: args (ids, dy) → [vocab,D]"})

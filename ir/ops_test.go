@@ -117,6 +117,13 @@ var validOps = []struct {
 	{"embedding", types(f32(256, 32), i32(2, 16)), nil, f32(2, 16, 32)},
 	{"embedding", types(bf16(10, 4), i64()), nil, bf16(4)},
 	{"embedding_grad", types(i32(2, 16), f32(2, 16, 32)), ir.Attrs{"vocab": 256}, f32(256, 32)},
+	{"attention", types(f32(2, 4, 16, 8), f32(2, 2, 16, 8), f32(2, 2, 16, 8)), attn(true), f32(2, 16, 4, 8)},
+	{"attention", types(bf16(1, 2, 3, 4), bf16(1, 2, 5, 4), bf16(1, 2, 5, 4)), attn(false), bf16(1, 3, 2, 4)},
+	{"attention_stats", types(bf16(2, 4, 16, 8), bf16(2, 1, 16, 8), bf16(2, 16, 4, 8), bf16(2, 16, 4, 8)), attn(true), f32(2, 4, 16, 2)},
+	{"attention_stats", types(f64(1, 2, 3, 4), f64(1, 2, 3, 4), f64(1, 3, 2, 4), f64(1, 3, 2, 4)), attn(false), f64(1, 2, 3, 2)},
+	{"attention_grad_q", types(bf16(2, 4, 16, 8), bf16(2, 2, 16, 8), bf16(2, 2, 16, 8), bf16(2, 16, 4, 8), f32(2, 4, 16, 2)), attn(true), bf16(2, 4, 16, 8)},
+	{"attention_grad_k", types(f32(2, 4, 16, 8), f32(2, 2, 16, 8), f32(2, 2, 16, 8), f32(2, 16, 4, 8), f32(2, 4, 16, 2)), attn(true), f32(2, 2, 16, 8)},
+	{"attention_grad_v", types(f32(2, 4, 16, 8), f32(2, 2, 16, 8), f32(2, 16, 4, 8), f32(2, 4, 16, 2)), attn(true), f32(2, 2, 16, 8)},
 	{"cross_entropy", types(f32(32, 256), i32(32)), nil, f32()},
 	{"cross_entropy_grad", types(f32(32, 256), i64(32), f32()), nil, f32(32, 256)},
 	{"cast", types(f32(4, 8)), ir.Attrs{"to": "bf16"}, bf16(4, 8)},
@@ -322,7 +329,21 @@ var invalidOps = []struct {
 	{"sm3", types(f32(4, 8), f32(4, 8), f32(4), f32(8), i64()), nil, "learning rate must be a float scalar, got i64[]"},
 	{"sm3", types(f32(2, 4, 8), f32(2, 4, 8), f32(4), f32(8), f32()), nil, "parameter must be a float matrix, got f32[2,4,8]"},
 	{"sm3_vec", types(f32(8), f32(8), f32(8), f32(1)), nil, "learning rate must be a float scalar, got f32[1]"},
+	{"attention", types(f32(2, 16, 8), f32(2, 16, 8), f32(2, 16, 8)), attn(false), "q must be a float tensor [batch, heads, seq, head_dim]"},
+	{"attention", types(f32(2, 4, 16, 8), f32(2, 3, 16, 8), f32(2, 3, 16, 8)), attn(false), "4 query heads cannot share 3 k/v heads evenly"},
+	{"attention", types(f32(2, 4, 16, 8), f32(2, 2, 16, 4), f32(2, 2, 16, 4)), attn(false), "k must be f32[2, kv_heads, seq, 8]"},
+	{"attention", types(f32(2, 4, 16, 8), f32(2, 2, 16, 8), f32(2, 2, 12, 8)), attn(false), "v must be f32[2,2,16,8] like k"},
+	{"attention", types(f32(1, 2, 8, 4), f32(1, 2, 4, 4), f32(1, 2, 4, 4)), attn(true), "causal attention of 8 queries over 4 keys"},
+	{"attention", types(f32(1, 2, 8, 4), f32(1, 2, 8, 4), f32(1, 2, 8, 4)), ir.Attrs{"scale": -1.0}, "scale must be a finite positive number"},
+	{"attention", types(f32(1, 2, 8, 4), f32(1, 2, 8, 4), f32(1, 2, 8, 4)), ir.Attrs{"causal": true}, "missing required attribute scale"},
+	{"attention_stats", types(f32(1, 2, 8, 4), f32(1, 2, 8, 4), f32(1, 8, 2, 4), f32(1, 2, 8, 4)), attn(false), "dout must be f32[1,8,2,4] (attention's output for q f32[1,2,8,4])"},
+	{"attention_grad_q", types(bf16(1, 2, 8, 4), bf16(1, 2, 8, 4), bf16(1, 2, 8, 4), bf16(1, 8, 2, 4), bf16(1, 2, 8, 2)), attn(false), "stats must be f32[1,2,8,2]"},
+	{"attention_grad_k", types(f32(1, 2, 8, 4), f32(1, 2, 8, 4), f32(1, 2, 8, 4), f32(1, 8, 2, 4), f32(1, 2, 8, 1)), attn(false), "stats must be f32[1,2,8,2]"},
+	{"attention_grad_v", types(f32(1, 2, 8, 4), f32(1, 2, 8, 4), f32(1, 2, 8, 4), f32(1, 2, 8, 2)), attn(false), "dout must be f32[1,8,2,4]"},
 }
+
+// attn is the attributes of an attention op over head dim 8.
+func attn(causal bool) ir.Attrs { return ir.Attrs{"scale": 0.125, "causal": causal} }
 
 func TestOpTypeRulesValid(t *testing.T) {
 	for i, tt := range validOps {

@@ -497,6 +497,20 @@ func gradCases() []gradCase {
 			// A small base turns every pair by a visible angle.
 			return g.op("rope", ir.Attrs{"theta": 3.0, "inverse": true}, g.param("x", normal(1), 6, 4))
 		}},
+		// Fused attention: q, k and v all params, so the one case checks
+		// attention_stats and the three gradient ops together.
+		{name: "attention/causal-grouped", op: "attention", build: func(g *graph) *ir.Value {
+			return g.op("attention", ir.Attrs{"scale": 1 / math.Sqrt(3), "causal": true},
+				g.param("q", normal(1), 1, 4, 5, 3), g.param("k", normal(1), 1, 2, 5, 3), g.param("v", normal(1), 1, 2, 5, 3))
+		}},
+		{name: "attention/fewer-queries", op: "attention", build: func(g *graph) *ir.Value {
+			return g.op("attention", ir.Attrs{"scale": 0.5},
+				g.param("q", normal(1), 2, 2, 3, 4), g.param("k", normal(1), 2, 2, 5, 4), g.param("v", normal(1), 2, 2, 5, 4))
+		}},
+		{name: "attention/causal-one-kv-head", op: "attention", build: func(g *graph) *ir.Value {
+			return g.op("attention", ir.Attrs{"scale": 0.7, "causal": true},
+				g.param("q", normal(1), 1, 4, 6, 2), g.param("k", normal(1), 1, 1, 6, 2), g.param("v", normal(1), 1, 1, 6, 2))
+		}},
 		{name: "repeat_interleave/heads", op: "repeat_interleave", build: func(g *graph) *ir.Value {
 			return g.op("repeat_interleave", ir.Attrs{"dim": 1, "repeats": 3}, g.param("kv", normal(1), 2, 2, 3, 4))
 		}},

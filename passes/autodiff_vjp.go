@@ -155,6 +155,7 @@ var vjps = map[string]VJP{
 		// Masked entries do not reach the output, so their gradient is 0.
 		return []*ir.Value{ad.Op("causal_mask", ir.Attrs{"fill": 0.0}, dy)}
 	},
+	"attention": vjpAttention,
 	"layernorm": normVJP,
 	"rmsnorm":   normVJP,
 	"embedding": func(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
@@ -287,4 +288,20 @@ func vjpMatMul(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
 		db = mm(ad, dy, a, true, true)
 	}
 	return []*ir.Value{da, db}
+}
+
+// vjpAttention differentiates the fused attention as FlashAttention-2's
+// backward does: the per-row log-sum-exp and D = Σ dy·out are computed
+// once (attention_stats, fp32), and each gradient op recomputes the
+// probabilities block by block from q, k and them, so no [s, s] tensor
+// is made in the backward either. A gradient no param needs is dropped
+// with the rest of the dead backward.
+func vjpAttention(ad *VJPBuilder, v, dy *ir.Value) []*ir.Value {
+	q, k, val := v.Args[0], v.Args[1], v.Args[2]
+	stats := ad.Op("attention_stats", v.Attrs.Clone(), q, k, v, dy)
+	return []*ir.Value{
+		ad.Op("attention_grad_q", v.Attrs.Clone(), q, k, val, dy, stats),
+		ad.Op("attention_grad_k", v.Attrs.Clone(), q, k, val, dy, stats),
+		ad.Op("attention_grad_v", v.Attrs.Clone(), q, k, dy, stats),
+	}
 }

@@ -167,6 +167,7 @@ func lowPrecisionStash(m *ir.Module) error {
 	after := map[*ir.Value][]*ir.Value{}
 	before := map[*ir.Value][]*ir.Value{}
 	widened := map[*ir.Value]*ir.Value{}
+	narrowed := map[*ir.Value]*ir.Value{}
 	for _, v := range m.Values {
 		if v.Meta.Phase != ir.PhaseFwd || v.Type.DType != ir.F32 || v.Type.Rank() < 2 {
 			continue
@@ -183,10 +184,21 @@ func lowPrecisionStash(m *ir.Module) error {
 		if first == nil {
 			continue
 		}
-		narrow, err := m.NewValue("cast", []*ir.Value{v}, ir.Attrs{"to": "bf16"}, v.Meta, v.Pos)
+		var narrow *ir.Value
+		var err error
+		if n := narrowed[v.Args[0]]; v.Op == "reshape" && n != nil {
+			// A reshape is a view: when what it views is stashed too (the
+			// fused attention's output, read by its gradient, and the same
+			// buffer merged to [b, s, h] for the output projection), its
+			// bf16 copy is a view of that one rather than a second copy.
+			narrow, err = m.NewValue("reshape", []*ir.Value{n}, v.Attrs.Clone(), v.Meta, v.Pos)
+		} else {
+			narrow, err = m.NewValue("cast", []*ir.Value{v}, ir.Attrs{"to": "bf16"}, v.Meta, v.Pos)
+		}
 		if err != nil {
 			return err
 		}
+		narrowed[v] = narrow
 		wide, err := m.NewValue("cast", []*ir.Value{narrow}, ir.Attrs{"to": "f32"}, first.Meta, v.Pos)
 		if err != nil {
 			return err

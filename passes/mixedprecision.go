@@ -2,6 +2,7 @@ package passes
 
 import (
 	"fmt"
+	"slices"
 
 	"gcompile/ir"
 )
@@ -31,6 +32,10 @@ const (
 //     fp32 arguments and give fp32 results; values
 //     that depend on no weight (the batch inputs, the loss mean over
 //     microbatches) stay fp32;
+//   - an op's arguments the table lists in F32Args (the attention
+//     gradients' log-sum-exp statistics) are read in fp32 even by a
+//     16-bit op: a 16-bit copy of a log-sum-exp would be off by up to a
+//     few percent in every probability recomputed from it;
 //   - autodiff's seed dloss = 1 becomes the f32 input loss_scale, so every
 //     gradient is scaled; the optimizer reads each gradient cast to fp32
 //     and multiplied by 1/loss_scale, before the global norm and clipping;
@@ -131,6 +136,8 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 			}
 			for i, a := range args {
 				switch {
+				case toLow && a.Type.DType == ir.F32 && slices.Contains(info.F32Args, i):
+					// fp32 statistics the op reads as they are.
 				case toLow && a.Type.DType == ir.F32:
 					args[i] = b.cast(a, low, v)
 				case !toLow && a.Type.DType == low:

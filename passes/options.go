@@ -68,6 +68,19 @@ type Options struct {
 	// (bf16). The pass only adds the loss_scale input; the runtime's
 	// LossScaler decides the value each step.
 	LossScale float64
+
+	// notes collects the running pass's notes (Result.Note); Run gives
+	// each pass a copy of the options with its own.
+	notes *[]string
+}
+
+// notef records a note of the running pass for Result.Note. Outside Run
+// (a pass function called directly) there is nowhere to put it, and it
+// is dropped.
+func (o *Options) notef(format string, args ...any) {
+	if o.notes != nil {
+		*o.notes = append(*o.notes, fmt.Sprintf(format, args...))
+	}
 }
 
 // DefaultOptions are AdamW(β=(0.9,0.95), ε=1e-8, wd=0.1) with clipping at 1.0.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
 	"gcompile/ir"
@@ -100,6 +101,10 @@ type Result struct {
 	Ms      float64
 	Changed bool
 	Skipped string // why the pass did not run: "already applied" or "disabled"
+	// Note is what the pass found worth telling the user that is not an
+	// error: a request it had nothing to do for, and why (selective
+	// recompute of a model whose attention is the fused op).
+	Note string
 }
 
 // Hooks observe a Run; the dump writer uses them. Nil fields are skipped.
@@ -140,8 +145,8 @@ func Run(m *ir.Module, opts *Options, hooks Hooks) ([]Result, error) {
 			continue
 		}
 		start := time.Now()
-		err := runOne(p, m, opts)
-		r := Result{Name: p.Name, Ms: float64(time.Since(start).Microseconds()) / 1000}
+		note, err := runOne(p, m, opts)
+		r := Result{Name: p.Name, Ms: float64(time.Since(start).Microseconds()) / 1000, Note: note}
 		if err == nil {
 			m.MarkPass(p.Name)
 		}
@@ -167,16 +172,21 @@ func Run(m *ir.Module, opts *Options, hooks Hooks) ([]Result, error) {
 	return results, nil
 }
 
-func runOne(p Pass, m *ir.Module, opts *Options) (err error) {
+func runOne(p Pass, m *ir.Module, opts *Options) (note string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("panic during pass %q while compiling %q: %v\n%s", p.Name, m.Name, r, debug.Stack())
 		}
 	}()
-	if err := p.Fn(m, opts); err != nil {
-		return fmt.Errorf("pass %q: %w", p.Name, err)
+	// The pass gets its own copy of the options, whose notes are its own:
+	// the caller's options are not written to.
+	o := *opts
+	var notes []string
+	o.notes = &notes
+	if err := p.Fn(m, &o); err != nil {
+		return strings.Join(notes, "; "), fmt.Errorf("pass %q: %w", p.Name, err)
 	}
-	return nil
+	return strings.Join(notes, "; "), nil
 }
 
 // checkResume accepts a module whose applied passes are a prefix of the

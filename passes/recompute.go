@@ -18,9 +18,13 @@ import (
 //	full      every layer is a segment: only each layer's input is kept
 //	every=K   segments of K layers (every=sqrt: K = ⌈√L⌉, the O(√n) plan)
 //	selective only what the model tags (Meta.Selective, b.RecomputeSelective
-//	          in the DSL) is replayed: for a transformer, the attention
-//	          core (q·kᵀ, its scaling, the causal mask and the softmax:
-//	          the [b, heads, s, s] tensors), as Korthikanti et al. do
+//	          in the DSL) is replayed: for a transformer written with the
+//	          unfused attention, its core (q·kᵀ, its scaling, the causal
+//	          mask and the softmax: the [b, heads, s, s] tensors), as
+//	          Korthikanti et al. do. The fused attention op makes no such
+//	          tensor, so there it has nothing to drop: the pass notes that
+//	          (Result.Note) and replays only what else is tagged; full and
+//	          every=K replay the fused op like any other forward op.
 //
 // It runs before placement, so the replayed values are placed like any
 // other (a ZeRO-3 parameter is gathered again, a tensor-parallel collective
@@ -43,12 +47,32 @@ func recompute(m *ir.Module, o *Options) error {
 	case mode == "full":
 		replay = func(v *ir.Value) (int, bool) { return v.Meta.Layer, v.Meta.Layer >= 0 }
 	case mode == "selective":
-		tagged := false
+		tagged, fused := false, 0
 		for _, v := range m.Values {
-			tagged = tagged || v.Meta.Selective && v.Meta.Phase == ir.PhaseFwd
+			if v.Meta.Phase != ir.PhaseFwd {
+				continue
+			}
+			tagged = tagged || v.Meta.Selective
+			if v.Op == "attention" {
+				fused++
+			}
+		}
+		if fused > 0 {
+			// What selective recompute exists to drop, the [b, heads, s,
+			// s] scores and probabilities, the fused op never makes: it
+			// keeps only its inputs and output, which the backward reads
+			// anyway. Say so rather than look as if it did something.
+			what := "nothing else is tagged, so nothing is replayed"
+			if tagged {
+				what = "the values the model tags are replayed"
+			}
+			o.notef("selective: %d fused attention op(s) keep no [batch, heads, seq, seq] scores or probabilities, so there is nothing to drop there; %s", fused, what)
 		}
 		if !tagged {
-			return fmt.Errorf("--recompute selective: model %q tags no value that selective recompute may drop (record them inside b.RecomputeSelective, as the layer library's attention does for its core); use --recompute full or every=K, or tag the ops", m.Name)
+			if fused > 0 {
+				return nil
+			}
+			return fmt.Errorf("--recompute selective: model %q tags no value that selective recompute may drop (record them inside b.RecomputeSelective, as the layer library's unfused attention does for its core); use --recompute full or every=K, or tag the ops", m.Name)
 		}
 		replay = func(v *ir.Value) (int, bool) { return v.Meta.Layer, v.Meta.Selective }
 	case strings.HasPrefix(mode, "every="):

@@ -126,6 +126,9 @@ func init() {
 		"rmsnorm", "rmsnorm_grad_x", "rmsnorm_grad_gamma", "rope"} {
 		shardRules[op] = rowwiseRule
 	}
+	for _, op := range []string{"attention", "attention_stats", "attention_grad_q", "attention_grad_k", "attention_grad_v"} {
+		shardRules[op] = attentionRule
+	}
 	shardRules["embedding"] = embeddingRule
 	shardRules["embedding_grad"] = embeddingGradRule
 	shardRules["cross_entropy"] = crossEntropyRule
@@ -654,4 +657,107 @@ func whereFiniteRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		p = r.Resolve(2)
 	}
 	return []ir.Placement{rep, p, p}, p, nil
+}
+
+// attentionRole is what an operand of an attention op is shaped like:
+// q ([b, heads, sq, ·]: q and the statistics), k ([b, kvHeads, sk, hd]:
+// k, v and their gradients) or the output ([b, sq, heads, hd]: out and
+// dout). Their heads are dim 1, 1 and 2.
+type attentionRole int
+
+const (
+	attQ attentionRole = iota
+	attKV
+	attOut
+)
+
+func (r attentionRole) headDim() int {
+	if r == attOut {
+		return 2
+	}
+	return 1
+}
+
+// attentionRoles gives the roles of an attention op's arguments and of
+// its result. Every attention op reads q first and k second.
+func attentionRoles(op string) (args []attentionRole, result attentionRole) {
+	switch op {
+	case "attention":
+		return []attentionRole{attQ, attKV, attKV}, attOut
+	case "attention_stats":
+		return []attentionRole{attQ, attKV, attOut, attOut}, attQ
+	case "attention_grad_q":
+		return []attentionRole{attQ, attKV, attKV, attOut, attQ}, attQ
+	case "attention_grad_k":
+		return []attentionRole{attQ, attKV, attKV, attOut, attQ}, attKV
+	}
+	return []attentionRole{attQ, attKV, attOut, attQ}, attKV // attention_grad_v
+}
+
+// attentionRule places the fused attention ops. Batch split over the
+// axis (dp, or the microbatch pass's virtual axis): every argument and the
+// result split on the batch. Heads split (tp, Megatron's layout): q, the
+// output and the values shaped like them split on their heads; k and v
+// split on theirs when the axis divides the k/v heads, else kept whole,
+// each device reading the k/v heads of its own query heads (the kernels
+// find them from the two placements, runtime.AttentionDims), and the
+// gradient of whole k/v is then a partial sum of each device's query
+// heads. Anything else (the sequence or head dim split, partial sums that
+// resolve whole) runs on whole arguments: a query needs every key, so
+// sequence parallelism gathers the sequence before attention, as it did
+// before the op existed.
+func attentionRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
+	v := r.v
+	roles, result := attentionRoles(v.Op)
+	have := slices.Clone(r.have)
+	for i, p := range have {
+		if p.Kind == ir.Partial {
+			have[i] = r.Resolve(i) // attention is not linear in its arguments
+		}
+	}
+	split := func(head bool) bool {
+		for i, p := range have {
+			d := 0
+			if head {
+				d = roles[i].headDim()
+			}
+			if p.Kind == ir.Shard && p.Dim == d && p.NumBlocks() == 1 {
+				return true
+			}
+		}
+		return false
+	}
+	n := r.s.m.Mesh.Axes[r.ax].Size
+	heads, kvHeads := v.Args[0].Type.Shape[1], v.Args[1].Type.Shape[1]
+	want := make([]ir.Placement, len(have))
+	switch {
+	case split(false):
+		for i := range want {
+			want[i] = shardOn(0)
+		}
+		return want, shardOn(0), nil
+	case split(true) && heads%n == 0:
+		kv := rep
+		if kvHeads%n == 0 {
+			kv = shardOn(1)
+		}
+		for i, role := range roles {
+			want[i] = shardOn(role.headDim())
+			if role == attKV {
+				want[i] = kv
+			}
+		}
+		switch {
+		case result != attKV:
+			return want, shardOn(result.headDim()), nil
+		case kv.Kind == ir.Shard:
+			return want, kv, nil
+		}
+		// Each device adds its query heads' share into whole k/v heads.
+		return want, par, nil
+	}
+	for i := range want {
+		want[i] = rep
+	}
+	return want, rep, nil
 }

@@ -51,6 +51,9 @@ type PassMetrics struct {
 	Ms      float64 `json:"ms"`
 	Changed bool    `json:"changed"`
 	Skipped string  `json:"skipped,omitempty"`
+	// Note is the pass's note (passes.Result.Note): a request it had
+	// nothing to do for, and why.
+	Note string `json:"note,omitempty"`
 }
 
 // DeviceMetrics is the memory of one device: predicted by the compile-time

@@ -24,7 +24,7 @@ import (
 // utilisation against $GCOMPILE_PEAK_TFLOPS (default 989, H100 SXM bf16
 // dense), with the FLOPs of Narayanan et al. (2021) without recompute,
 // 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) — the same count
-// bench/gpu/torch_gpt.py uses for PyTorch eager on the same model.
+// bench/torch_gpt.py uses for PyTorch eager on the same model.
 func BenchmarkCUDAGPTStep(b *testing.B) {
 	if os.Getenv("GCOMPILE_GPU_TESTS") != "1" {
 		b.Skip("needs an NVIDIA GPU and its libraries: set GCOMPILE_GPU_TESTS=1")

@@ -36,12 +36,16 @@ type plan struct {
 	fuse                bool   // the fuse pass: elementwise groups as fused ops
 	model               string // the model family: "" (gpt) or "llama"
 	layers              int    // layers, when not the family's default
+	attention           string // the family's attention core: "" (fused) or "unfused"
 }
 
 func (p plan) String() string {
 	s := fmt.Sprintf("dp%d_tp%d_zero%d_micro%d_bucket%g_sp%v", max(p.dp, 1), max(p.tp, 1), p.zero, max(p.micro, 1), p.bucketMB, p.sp)
 	if p.model != "" {
 		s = p.model + "_" + s
+	}
+	if p.attention != "" {
+		s += "_" + p.attention
 	}
 	return s
 }
@@ -100,7 +104,18 @@ func matrixFor[P any](model string, all, subset []P) []P {
 // build records family name at equivalence size.
 func build(t testing.TB, name string, layers int) *ir.Module {
 	t.Helper()
+	return buildAttention(t, name, layers, "")
+}
+
+// buildAttention records family name at equivalence size with the given
+// attention core (--set attention=…; "" keeps the family's default, the
+// fused op).
+func buildAttention(t testing.TB, name string, layers int, attention string) *ir.Module {
+	t.Helper()
 	f := familyOf(name, layers)
+	if attention != "" {
+		f.set["attention"] = attention
+	}
 	m, err := frontend.Build(f.fn, frontend.Config{Name: f.name, Batch: eqBatch, Set: f.set})
 	require.NoError(t, err)
 	return m
@@ -142,7 +157,7 @@ func corpus() *data.Corpus {
 
 func compilePlan(t testing.TB, p plan) *lower.Program {
 	t.Helper()
-	m := build(t, p.model, p.layers)
+	m := buildAttention(t, p.model, p.layers, p.attention)
 	opts := passes.DefaultOptions()
 	opts.Verify = true
 	opts.Zero = p.zero
@@ -222,6 +237,10 @@ func globals(t testing.TB, cl *cpu.Cluster, prog *lower.Program, kinds ...lower.
 // Every data- and tensor-parallel configuration trains like one device: the same loss
 // at every step (1e-5 relative) and the same final parameters (1e-4
 // relative to the tensor's largest entry), in fp32, on every model family.
+// The GPT's key biases are left out of the weights (isKeyBias): their
+// gradient is zero in exact arithmetic, so Adam's steps there follow the
+// rounding noise of each plan's summation order (measured up to 1.2e-4
+// with the fused attention, 7e-5 with the unfused one).
 func TestDataParallelMatchesOneDevice(t *testing.T) {
 	gptPlans := []plan{{dp: 2}, {dp: 4}, {dp: 4, zero: 1}, {dp: 4, zero: 2}, {dp: 4, zero: 3}, {dp: 2, zero: 3}, {dp: 2, bucketMB: 0.01},
 		{tp: 2}, {tp: 4}, {dp: 2, tp: 2, zero: 1}, {micro: 4}, {dp: 2, tp: 2, micro: 4}, {dp: 2, micro: 2, zero: 2},
@@ -237,7 +256,7 @@ func TestDataParallelMatchesOneDevice(t *testing.T) {
 			t.Run(p.String(), func(t *testing.T) {
 				got := train(t, p)
 				worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
-				worstParam := paramError(t, ref.params, got.params, nil)
+				worstParam := paramError(t, ref.params, got.params, isKeyBias)
 				assert.LessOrEqual(t, worstParam, 1e-4)
 				for r, peak := range got.peaks {
 					assert.Equal(t, got.prog.PeakBytes, peak, "device %d: measured peak equals predicted", r)

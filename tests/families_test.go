@@ -90,8 +90,9 @@ func TestLlamaKVHeadsSplitOrReplicated(t *testing.T) {
 func TestSelectiveRecomputeDropsTheTaggedValues(t *testing.T) {
 	for _, model := range families {
 		t.Run(model, func(t *testing.T) {
-			ref := compilePlan(t, plan{dp: 1, model: model})
-			sel := compilePlan(t, plan{dp: 1, model: model, recompute: "selective"})
+			// The unfused attention: the fused op has nothing to tag.
+			ref := compilePlan(t, plan{dp: 1, model: model, attention: "unfused"})
+			sel := compilePlan(t, plan{dp: 1, model: model, recompute: "selective", attention: "unfused"})
 			tagged := map[int]int64{}
 			var total int64
 			for _, b := range readByBackward(ref) {
@@ -138,7 +139,7 @@ func readByBackward(prog *lower.Program) []lower.Buffer {
 // A model that tags nothing cannot be compiled with --recompute selective:
 // the error names the flag and the model, rather than doing nothing.
 func TestSelectiveRecomputeWithoutTagsIsAnError(t *testing.T) {
-	m := build(t, "llama", 0)
+	m := buildAttention(t, "llama", 0, "unfused")
 	for _, v := range m.Values {
 		v.Meta.Selective = false
 	}

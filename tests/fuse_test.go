@@ -1,11 +1,14 @@
 package tests
 
 import (
+	"errors"
 	"math"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -15,6 +18,7 @@ import (
 	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/runtime/cuda"
+	"gcompile/runtime/cuda/fakegpu"
 )
 
 // The GPT trains bit-identically with and without --fuse: the fused
@@ -85,8 +89,8 @@ func TestFusePipelineBitIdentical(t *testing.T) {
 	}
 }
 
-// The CLI trains with --fuse and prints the same losses as without it;
-// --fuse with the CUDA backend is refused before any work, naming why.
+// The CLI trains with --fuse and prints the same losses as without it,
+// on the CPU backend and on the CUDA backend (the fake GPU).
 func TestFuseCLI(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -109,22 +113,42 @@ func TestFuseCLI(t *testing.T) {
 		require.Len(t, ls, 3, "%s", out)
 		return ls
 	}
-	assert.Equal(t, losses(), losses("--fuse"))
+	plain := losses()
+	assert.Equal(t, plain, losses("--fuse"))
 
-	out, err = exec.Command(bin, "../examples/gpt/model.go", "--fuse", "--backend", "cuda").CombinedOutput()
-	require.Error(t, err)
-	assert.Contains(t, string(out), "--backend cuda with --fuse: not yet supported")
+	if testing.Short() {
+		return
+	}
+	// One step on the fake GPU (seconds in the kernel emulator).
+	libs := fakegpu.Install(t)
+	gpuArgs := slices.Clone(args)
+	gpuArgs[slices.Index(gpuArgs, "--steps")+1] = "1"
+	cmd := exec.Command(bin, append(gpuArgs, "--fuse", "--backend", "cuda")...)
+	cmd.Env = append(append(os.Environ(), libs.Env()...), cuda.LaunchEnv+"=32x4", "GCOMPILE_CACHE="+t.TempDir())
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	m := regexp.MustCompile(`step 1/1 loss (\S+)`).FindStringSubmatch(string(out))
+	require.NotNil(t, m, "%s", out)
+	want, err1 := strconv.ParseFloat(plain[0], 64)
+	got, err2 := strconv.ParseFloat(m[1], 64)
+	require.NoError(t, errors.Join(err1, err2))
+	assert.InDelta(t, want, got, 1e-3, "--fuse on the fake GPU, the CPU backend unfused")
 }
 
-// The CUDA backend does not build fused kernels yet: preparing a fused
-// program for it is an error that names the op, never a silent fallback.
-func TestFuseNotYetOnCUDA(t *testing.T) {
+// The CUDA backend prepares a fused program as it prepares the unfused
+// one: every fused instruction launches the kernel codegen writes for its
+// body (no silent fallback to the ops one by one).
+func TestFuseOnCUDAPlans(t *testing.T) {
 	prog := compilePlan(t, plan{dp: 1, fuse: true})
-	_, _, err := cuda.Plan([]*lower.Program{prog}, 0)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "no kernel for op fused")
-
-	plain := compilePlan(t, plan{dp: 1})
-	_, _, err = cuda.Plan([]*lower.Program{plain}, 0)
-	require.NoError(t, err, "the same program unfused plans")
+	plan, _, err := cuda.Plan([]*lower.Program{prog}, 0)
+	require.NoError(t, err)
+	fused := 0
+	for i, in := range prog.Instrs {
+		if in.Op == ir.FusedOp {
+			fused++
+			require.NotEmpty(t, plan[i].Steps)
+			assert.Regexp(t, `^gc_fused_[0-9a-f]{16}<<<`, plan[i].Steps[0])
+		}
+	}
+	assert.Positive(t, fused)
 }

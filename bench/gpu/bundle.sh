@@ -29,6 +29,6 @@ gir gpt-1.3b-b4 4 layers=24,hidden=2048,heads=16,seq=2048,vocab=51200
 # Corpus: the Go standard library's sources, 16 MiB (bytes ≥ 51200 are never
 # produced, so the byte-level tokens fit every vocabulary here).
 { find "$(go env GOROOT)/src" -name "*.go" -not -path "*/testdata/*" | sort | xargs cat || true; } | head -c $((16 << 20)) >"$out/corpus.txt" || true
-cp bench/gpu/*.py bench/gpu/run.sh "$out/"
+cp bench/gpu/*.py bench/torch_gpt.py bench/gpu/run.sh "$out/"
 git rev-parse HEAD >"$out/REVISION"
 du -sh "$out"

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"gcompile/compile"
+	"gcompile/cost"
 	"gcompile/data"
 	"gcompile/lower"
 	"gcompile/runtime"
@@ -56,6 +57,19 @@ type config struct {
 	// began, for the closing summary's wall time (summary.go).
 	report  string
 	started time.Time
+
+	// hardware is --hardware (a preset or a JSON file), hw what it
+	// names (an explicit cpu is calibrated once, when first used:
+	// calibrated); plan is --plan, planTop --plan-top; planned is set once
+	// the planner has chosen the degrees (planner.go); planTrace is
+	// --plan-trace, the predicted step as a Chrome trace (plan.go).
+	hardware   string
+	hw         *cost.Hardware
+	calibrated bool
+	plan       bool
+	planTop    int
+	planned    bool
+	planTrace  string
 
 	// corpus is the training text, read with --run before the compile
 	// (checkPaths) so that a bad --data is refused before any work.
@@ -115,6 +129,10 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.stopAfter, "stop-after", 0, "end the run after this step as a preemption would (with a checkpoint under --checkpoint-dir); the schedule is still --steps' (0: run to --steps)")
 	fs.StringVar(&c.resume, "resume", "", "continue training from a checkpoint: a --checkpoint-dir (its latest complete checkpoint) or one step-N folder in it; any plan, same model, batch, optimizer and precision")
 	fs.IntVar(&c.Batch, "batch", 8, "global batch in sequences")
+	fs.StringVar(&c.hardware, "hardware", "", "the devices the planner and cost model assume: "+strings.Join(cost.Presets(), ", ")+", or a JSON file (see docs/architecture.md); with --run and no --tp/--pp/--dp, train the planner's best plan")
+	fs.BoolVar(&c.plan, "plan", false, "print the planner's best plans for --devices, --batch and --hardware (default cpu) as a table, and --metrics as JSON; axes given as flags stay fixed")
+	fs.IntVar(&c.planTop, "plan-top", 5, "with --plan: how many plans to compile and report")
+	fs.StringVar(&c.planTrace, "plan-trace", "", "write the cost model's predicted step of the compiled plan (with --plan, the planner's best) as Chrome trace events to FILE.json, in --trace's format, for --hardware (default cpu)")
 	fs.StringVar(&c.data, "data", "", "training text: a file or folder (default: the Go standard library sources)")
 	fs.IntVar(&c.maxDataMB, "max-data-mb", 16, "read at most this many MiB of training text")
 	fs.StringVar(&c.Set, "set", "", "model parameters key=value,… (see --help-model)")
@@ -211,7 +229,29 @@ func (c *config) validate() error {
 		}
 		c.MemLimit = n
 	}
-	if err := c.Config.Validate(); err != nil {
+	if c.hardware != "" || c.plan || c.planTrace != "" {
+		spec := c.hardware
+		if spec == "" {
+			spec = "cpu"
+		}
+		hw, err := cost.Load(spec)
+		if err != nil {
+			bad("--hardware %q: %w", spec, err)
+		}
+		c.hw = hw
+	}
+	if c.explicit["plan-top"] && !c.plan {
+		bad("--plan-top applies to --plan")
+	}
+	if c.planTrace != "" && c.DPSync == "async" {
+		bad("--plan-trace prices synchronous plans; it does not combine with --dp-sync async")
+	}
+	if c.planTop < 1 || c.planTop > 100 {
+		bad("--plan-top must be in 1..100, got %d", c.planTop)
+	}
+	if c.planning() {
+		errs = append(errs, c.validateForPlanner()...)
+	} else if err := c.Config.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	c.checkNumbers(bad)
@@ -260,9 +300,6 @@ func (c *config) validate() error {
 		bad("--pack-gpu applies to --backend cuda")
 	}
 
-	if c.backend == "cuda" && c.Fuse {
-		notYet("--backend cuda with --fuse", "the CUDA backend does not compile the fused kernels into its program yet")
-	}
 	if c.backend == "cuda" && c.DPSync == "async" {
 		notYet("--backend cuda with --dp-sync async", "the asynchronous trainer runs on the cpu backend")
 	}

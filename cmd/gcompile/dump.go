@@ -45,7 +45,7 @@ func (d *dumper) hooks() passes.Hooks {
 		},
 		After: func(r passes.Result, m *ir.Module) {
 			d.n++
-			col := dump.Column{Pass: r.Name, Changed: r.Changed, Millis: r.Ms}
+			col := dump.Column{Pass: r.Name, Changed: r.Changed, Millis: r.Ms, Note: r.Note}
 			if r.Changed {
 				col.Text = ir.Print(m)
 				d.write(fmt.Sprintf("%02d-%s.gir", d.n, r.Name), col.Text)

@@ -67,6 +67,11 @@ func mainErr(args []string) (err error) {
 	if c.helpModel {
 		return helpModel(c)
 	}
+	if c.planning() {
+		if err := runPlanner(c); err != nil || !c.run {
+			return err
+		}
+	}
 	j, err := startJob(c)
 	if err != nil {
 		return err
@@ -144,6 +149,11 @@ func compileAndRun(c *config, j *job) (err error) {
 		for r, p := range progs {
 			fmt.Fprintf(j.log, "  program %d: %s\n", r, p.Describe())
 		}
+		for _, r := range res.Passes {
+			if r.Note != "" {
+				fmt.Fprintf(j.log, "note: pass %s: %s\n", r.Name, r.Note)
+			}
+		}
 		if sched != nil {
 			fmt.Fprintf(j.log, "schedule %s (p=%d v=%d m=%d): bubble %.4f in theory, %.4f simulated; activations stashed per rank %v\n%s",
 				sched.Name, sched.Ranks, sched.Chunks, sched.Micro, c.BubbleTheory(), res.Simulated.Bubble, res.Simulated.StashPeak, sched)
@@ -151,6 +161,9 @@ func compileAndRun(c *config, j *job) (err error) {
 		if c.dump != "" {
 			fmt.Fprintf(j.log, "dumps: %s\n", filepath.Join(c.dump, "index.html"))
 		}
+	}
+	if c.planTrace != "" && j.lead() {
+		outErrs = append(outErrs, writeOutput("plan-trace", c.planTrace, func(p string) error { return writePlanTrace(c, res, p, j.log) }))
 	}
 	met := newMetrics(c, j, res, compileMs)
 	if sched != nil {
@@ -201,7 +214,7 @@ func newMetrics(c *config, j *job, res *compile.Result, compileMs float64) *runt
 		Eval:      []runtime.EvalMetrics{},
 	}
 	for _, r := range res.Passes {
-		met.Passes = append(met.Passes, runtime.PassMetrics{Name: r.Name, Ms: r.Ms, Changed: r.Changed, Skipped: r.Skipped})
+		met.Passes = append(met.Passes, runtime.PassMetrics{Name: r.Name, Ms: r.Ms, Changed: r.Changed, Skipped: r.Skipped, Note: r.Note})
 	}
 	return met
 }

@@ -45,7 +45,7 @@ type outputPath struct{ flag, path string }
 // outputPaths are the run's file outputs that were asked for.
 func (c *config) outputPaths() []outputPath {
 	var out []outputPath
-	for _, o := range []outputPath{{"metrics", c.metrics}, {"trace", c.trace}, {"save", c.save}, {"timeline", c.timeline}, {"report", c.report}} {
+	for _, o := range []outputPath{{"metrics", c.metrics}, {"trace", c.trace}, {"save", c.save}, {"timeline", c.timeline}, {"report", c.report}, {"plan-trace", c.planTrace}} {
 		if o.path != "" {
 			out = append(out, o)
 		}

@@ -77,9 +77,9 @@ func bytesCell(n int64) cell {
 }
 
 type passRow struct {
-	Name, Ms, Skipped string
-	Changed           bool
-	BarPx             float64
+	Name, Ms, Skipped, Note string
+	Changed                 bool
+	BarPx                   float64
 }
 
 // memoryCategories are lower.Breakdown's fields in the order the table and
@@ -149,7 +149,7 @@ func renderReport(c *config, res *compile.Result, met *runtime.Metrics, runErr e
 		slowest = max(slowest, ps.Ms)
 	}
 	for _, ps := range met.Passes {
-		r := passRow{Name: ps.Name, Ms: fmt.Sprintf("%.2f", ps.Ms), Changed: ps.Changed, Skipped: ps.Skipped}
+		r := passRow{Name: ps.Name, Ms: fmt.Sprintf("%.2f", ps.Ms), Changed: ps.Changed, Skipped: ps.Skipped, Note: ps.Note}
 		if slowest > 0 {
 			r.BarPx = math.Round(160*ps.Ms/slowest*10) / 10
 		}
@@ -549,9 +549,9 @@ code { font-size: 0.95em; }
 {{end}}
 <h2 id="passes">Compiler passes</h2>
 <table id="passes-table">
-<thead><tr><th>pass</th><th class="n">ms</th><th></th><th>changed the module</th><th>skipped</th></tr></thead>
+<thead><tr><th>pass</th><th class="n">ms</th><th></th><th>changed the module</th><th>skipped</th><th>note</th></tr></thead>
 <tbody>
-{{range .Passes}}<tr><td><code>{{.Name}}</code></td><td class="n">{{.Ms}}</td><td><span class="bar" style="width: {{printf "%.1f" .BarPx}}px"></span></td><td>{{if .Changed}}yes{{else}}no{{end}}</td><td>{{.Skipped}}</td></tr>
+{{range .Passes}}<tr><td><code>{{.Name}}</code></td><td class="n">{{.Ms}}</td><td><span class="bar" style="width: {{printf "%.1f" .BarPx}}px"></span></td><td>{{if .Changed}}yes{{else}}no{{end}}</td><td>{{.Skipped}}</td><td>{{.Note}}</td></tr>
 {{end}}</tbody>
 </table>
 {{if .Checkpoints}}

@@ -24,8 +24,8 @@ func Model(b *frontend.Builder) {
 	vocab := b.Int("vocab", 256, "vocabulary size (256: bytes)")
 	seq := b.Int("seq", 64, "sequence length")
 	activation := b.String("activation", "gelu", "MLP activation", "gelu", "relu")
+	attention := b.String("attention", "fused", "attention core: one fused op, or primitive ops with [batch, heads, seq, seq] scores and probabilities", "fused", "unfused")
 	batch := b.Batch()
-
 	tokens := b.Input("tokens", ir.I32, batch, seq)
 	targets := b.Input("targets", ir.I32, batch, seq)
 
@@ -34,7 +34,7 @@ func Model(b *frontend.Builder) {
 	x = x.Add(firstRows(wpe, seq))
 	for i := range layers {
 		b.Layer(i)
-		x = gpt2.Block(x, fmt.Sprintf("h.%d", i), gpt2.BlockConfig{Heads: heads, Layers: layers, Activation: activation})
+		x = gpt2.Block(x, fmt.Sprintf("h.%d", i), gpt2.BlockConfig{Heads: heads, Layers: layers, Activation: activation, Unfused: attention == "unfused"})
 	}
 	b.Layer(-1)
 	x = nn.LayerNorm(x, "ln_f", gpt2.LayerNormEps)

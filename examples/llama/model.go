@@ -30,13 +30,14 @@ func Model(b *frontend.Builder) {
 	seq := b.Int("seq", 64, "sequence length")
 	theta := b.Float("rope_theta", 10000, "rotary embedding base")
 	eps := b.Float("rms_norm_eps", 1e-5, "RMSNorm epsilon")
+	attention := b.String("attention", "fused", "attention core: one fused op, or primitive ops with k/v repeated to the query heads", "fused", "unfused")
 	batch := b.Batch()
 
 	tokens := b.Input("tokens", ir.I32, batch, seq)
 	targets := b.Input("targets", ir.I32, batch, seq)
 
 	x, _ := nn.Embedding(tokens, "model.embed_tokens", vocab, hidden)
-	attn := nn.AttentionConfig{Heads: heads, KVHeads: kvHeads, Theta: theta}
+	attn := nn.AttentionConfig{Heads: heads, KVHeads: kvHeads, Theta: theta, Unfused: attention == "unfused"}
 	for i := range layers {
 		b.Layer(i)
 		name := fmt.Sprintf("model.layers.%d", i)

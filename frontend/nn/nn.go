@@ -1,7 +1,8 @@
 // Package nn holds model-agnostic layers written in the frontend DSL:
 // linear layers in either weight layout, with or without bias; LayerNorm
 // and RMSNorm; token embeddings; rotary position embeddings; the SwiGLU
-// MLP; causal self-attention with grouped-query heads; the token loss.
+// MLP; causal self-attention with grouped-query heads, as the fused
+// attention op or as primitive ops; the token loss.
 // Compositions of them (GPT-2's block, package gpt2; Llama's, in
 // examples/llama) live elsewhere.
 //
@@ -113,16 +114,33 @@ func SplitHeads(x *frontend.Tensor, heads int) *frontend.Tensor {
 // heads, seq, hd] and k, v [batch, kvHeads, seq, hd], merged back to
 // [batch, seq, heads·hd]. With fewer k/v heads than query heads
 // (grouped-query attention) each k/v head serves heads/kvHeads
-// consecutive query heads. The scores and probabilities, the
-// [batch, heads, seq, seq] tensors, are what --recompute selective drops.
+// consecutive query heads. It is the fused attention op (Tensor.Attention):
+// no [batch, heads, seq, seq] tensor is made, so --recompute selective has
+// nothing to drop here, and the pass says so. CausalAttentionUnfused is
+// the same attention as primitive ops.
 func CausalAttention(q, k, v *frontend.Tensor) *frontend.Tensor {
-	b := q.Builder()
+	if !sharedHeads(q, k) {
+		return q.Builder().Poisoned()
+	}
+	// The op's output is [batch, seq, heads, hd]: merging the heads is a
+	// view, no transpose.
 	batch, heads, seq, hd := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
-	if kv := k.Dim(1); kv != heads && kv > 0 {
-		if heads%kv != 0 {
-			b.Errorf("attention: %d query heads cannot share %d k/v heads evenly", heads, kv)
-			return b.Poisoned()
-		}
+	return q.Attention(k, v, true).Reshape(batch, seq, heads*hd)
+}
+
+// CausalAttentionUnfused is CausalAttention written as primitive ops:
+// k and v repeated to the query heads, q·kᵀ, its scaling, the causal mask
+// and the softmax, then the product with v. Its scores and probabilities,
+// the [batch, heads, seq, seq] tensors, are tagged as what --recompute
+// selective drops. It is kept to check the fused op against and for
+// studying the memory the fused op saves.
+func CausalAttentionUnfused(q, k, v *frontend.Tensor) *frontend.Tensor {
+	b := q.Builder()
+	if !sharedHeads(q, k) {
+		return b.Poisoned()
+	}
+	batch, heads, seq, hd := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
+	if kv := k.Dim(1); kv != heads {
 		k = k.RepeatInterleave(1, heads/kv)
 		v = v.RepeatInterleave(1, heads/kv)
 	}
@@ -133,6 +151,19 @@ func CausalAttention(q, k, v *frontend.Tensor) *frontend.Tensor {
 	return att.MatMul(v).Transpose(0, 2, 1, 3).Reshape(batch, seq, heads*hd)
 }
 
+// sharedHeads reports whether k's heads divide q's, reporting the error
+// when they do not (a poisoned tensor has been reported already).
+func sharedHeads(q, k *frontend.Tensor) bool {
+	if q.Value() == nil || k.Value() == nil {
+		return false
+	}
+	if heads, kv := q.Dim(1), k.Dim(1); kv <= 0 || heads%kv != 0 {
+		q.Builder().Errorf("attention: %d query heads cannot share %d k/v heads evenly", heads, kv)
+		return false
+	}
+	return true
+}
+
 // AttentionConfig sizes grouped-query self-attention.
 type AttentionConfig struct {
 	Heads   int
@@ -141,6 +172,9 @@ type AttentionConfig struct {
 	Theta   float64 // RoPE base; 0: no rotary embedding
 	Bias    bool    // biases on q, k and v (Qwen2 has them; Llama does not)
 	ProjStd float64 // init std of the output projection (0: InitStd)
+	// Unfused writes the attention core as primitive ops
+	// (CausalAttentionUnfused) instead of the fused attention op.
+	Unfused bool
 }
 
 // GroupedQueryAttention is causal self-attention over x [batch,seq,hidden]
@@ -179,7 +213,11 @@ func GroupedQueryAttention(x *frontend.Tensor, name string, cfg AttentionConfig)
 	if cfg.Theta != 0 {
 		q, k = q.RoPE(cfg.Theta), k.RoPE(cfg.Theta)
 	}
-	y := CausalAttention(q, k, v)
+	core := CausalAttention
+	if cfg.Unfused {
+		core = CausalAttentionUnfused
+	}
+	y := core(q, k, v)
 	return Dense(y, name+".o_proj", hidden, LinearConfig{OutIn: true, Parallel: frontend.RowParallel, Std: cfg.ProjStd})
 }
 

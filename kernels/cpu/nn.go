@@ -20,10 +20,7 @@ func checkRows(kernel string, rows, n int, xs ...int) {
 // whose entries are all −Inf has no mass anywhere, so it becomes all zeros
 // rather than the NaNs that −Inf − (−Inf) would produce.
 func softmaxRow[T Float](out, x []T) float64 {
-	m := math.Inf(-1)
-	for _, v := range x {
-		m = math.Max(m, float64(v))
-	}
+	m := rowMax(x)
 	if math.IsInf(m, -1) {
 		clear(out)
 		return m
@@ -289,10 +286,7 @@ func CrossEntropy[T Float](logits []T, labels []int32, rows, vocab int) (T, erro
 
 // logSumExp returns log Σ exp(x) computed stably in float64.
 func logSumExp[T Float](x []T) float64 {
-	m := math.Inf(-1)
-	for _, v := range x {
-		m = math.Max(m, float64(v))
-	}
+	m := rowMax(x)
 	if math.IsInf(m, 0) {
 		return m
 	}
@@ -301,6 +295,23 @@ func logSumExp[T Float](x []T) float64 {
 		s += math.Exp(float64(v) - m)
 	}
 	return m + math.Log(s)
+}
+
+// rowMax is the largest element of x as math.Max would fold it (NaN if
+// any element is NaN, −Inf for an empty row), without math.Max's per-call
+// handling of signed zeros, which cannot change a softmax.
+func rowMax[T Float](x []T) float64 {
+	m := math.Inf(-1)
+	for _, v := range x {
+		f := float64(v)
+		if f != f {
+			return f
+		}
+		if f > m {
+			m = f
+		}
+	}
+	return m
 }
 
 // CrossEntropyGrad writes the gradient of [CrossEntropy] scaled by the

@@ -7,8 +7,8 @@
 // # Sources
 //
 // common.cuh is the prelude, prepended to the kernel files (elementwise,
-// shape, reduce, nn, optim .cu); [Program] returns the whole unit for
-// NVRTC. The prelude holds the loop helpers, block reductions, and the
+// shape, reduce, nn, attention, optim .cu); [Program] returns the whole
+// unit for NVRTC. The prelude holds the loop helpers, block reductions, and the
 // fp16/bf16 conversions written by hand so that they round bit for bit as
 // the CPU backend does (github.com/x448/float16 and kernels/cpu/half.go).
 // No file includes a header: the same text compiles under NVRTC, under
@@ -47,9 +47,17 @@
 // partial sum, a row's mean) is stored as a pair of floats, hi + lo.
 // Reductions combine in a fixed order for a given block size (warp
 // butterflies, then the first warp), so results are reproducible run to
-// run; column reductions walk rows in order and match the CPU bit for bit,
-// as does repeat_interleave's gradient, which adds each slice's copies in
-// order.
+// run. Column reductions (bias, β and γ gradients, Adafactor's and SM3's
+// column statistics) split a tile of columns' rows among the block's
+// warps and combine the partials in a fixed order too (common.cuh's
+// gc_cols): reproducible, and within the last bit of the CPU's serial
+// sum rather than equal to it. repeat_interleave's gradient adds each
+// slice's few copies in order and matches the CPU bit for bit.
+// Row kernels that need a row's statistics before writing it (softmax,
+// LayerNorm, RMSNorm, cross-entropy) read it once for them (an online
+// softmax, Welford-style moments) and keep it in registers to write when
+// it fits (GC_ROW_CACHE values per thread); transposes that move the last
+// dim go through 32×33 shared-memory tiles.
 // fp16 and bf16 buffers are emulated as the CPU backend does: widen the
 // arguments into float32 scratch, run the float32 kernel, round the result
 // ([Sixteen]).
@@ -61,7 +69,9 @@
 // partial per block and finish in one block; cross-entropy writes a loss
 // per row and finishes the mean; Adafactor takes four launches because two
 // global norms come before any update; the vocab-parallel cross-entropy
-// puts an all-gather and an all-reduce between its kernels.
+// puts an all-gather and an all-reduce between its kernels; the embedding
+// gradient counts, scans and places the token positions by row before the
+// rows are summed.
 //
 // # Errors
 //
@@ -73,9 +83,11 @@
 //
 // # Determinism of the embedding gradient
 //
-// gc_embedding_grad has one block per vocabulary row scan every token id
-// and add the matching rows of dy in position order. Each column belongs
-// to one thread, so every sum is formed in the same order as the CPU's
-// serial loop: no atomics, bit-identical results, at the cost of every
-// block reading all ids (a sort by id would avoid that; not built).
+// The embedding gradient adds each vocabulary row's dy rows in position
+// order, in float, as the CPU's serial loop does: no float atomics,
+// bit-identical results. A counting sort of the positions by row (integer
+// atomics, exact in any order) gives each row its positions; the row's
+// block sorts them back into position order in shared memory (a row with
+// more than 2048 scans the ids in order instead) and adds. Five launches
+// over a workspace of rows + count ints; see nn.cu.
 package cuda

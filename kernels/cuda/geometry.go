@@ -25,6 +25,24 @@ func (g Gather) Args() []any {
 	return a
 }
 
+// Tiled reports whether gc_gather moves g through 32×33 shared-memory
+// tiles (shape.cu's gc_gather_tiled) rather than element by element:
+// when out's last dim is not contiguous in the input (stride ≠ 1) but some
+// other out dim is, and both have at least 16 elements, so that a tile
+// reads rows of the input and writes rows of out. This mirrors the
+// kernel's own test; the result is the same either way.
+func (g Gather) Tiled() bool {
+	if g.N == 0 || g.Strides[GatherRank-1] == 1 || g.Dims[GatherRank-1] < 16 {
+		return false
+	}
+	for i := GatherRank - 2; i >= 0; i-- {
+		if g.Strides[i] == 1 && g.Dims[i] >= 16 {
+			return true
+		}
+	}
+	return false
+}
+
 // gatherOf merges out dims whose strides chain (stepping over dim k is
 // stepping once over the whole of dim k+1) and drops size-1 dims, then
 // pads to GatherRank. Merging is what lets a rank-8 transpose that only

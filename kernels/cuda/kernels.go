@@ -109,7 +109,10 @@ const (
 	// GridStride: any grid and block; threads stride over Over elements.
 	GridStride Launch = iota
 	// BlockPerRow: one block per row (Over rows); a smaller grid loops
-	// over the remaining rows, a larger one leaves blocks idle.
+	// over the remaining rows, a larger one leaves blocks idle. Column
+	// reductions launch this way too, one block per tile of up to 32
+	// columns: Over (outer·inner, or the columns) bounds the tiles, and
+	// blocks beyond them return at once.
 	BlockPerRow
 	// SingleBlock: one block does all the work (Over elements); extra
 	// blocks return at once.
@@ -154,6 +157,10 @@ func sig(s string) []Param {
 }
 
 const (
+	// attDims are the sizes every attention kernel takes after its
+	// pointers (attention.cu).
+	attDims = "long long batch, long long heads, long long kv_heads, long long sq, long long sk, long long hd, long long tiles, " +
+		"long long group, long long q_off, long long kv_off, float scale, int causal"
 	unary   = "float* out, const float* x, long long n"
 	binary  = "float* out, const float* a, const float* b, long long n"
 	actGrad = "float* dx, const float* x, const float* dy, long long n"
@@ -199,10 +206,10 @@ var kernels = []Kernel{
 
 	// reduce.cu
 	{"gc_reduce_sum_rows", sig("float* out, const float* in, long long rows, long long n, int mean"), BlockPerRow, "rows"},
-	{"gc_reduce_sum_cols", sig("float* out, const float* in, long long outer, long long r, long long inner, int mean"), GridStride, "outer*inner"},
+	{"gc_reduce_sum_cols", sig("float* out, const float* in, long long outer, long long r, long long inner, int mean"), BlockPerRow, "outer*inner"},
 	{"gc_reduce_max_rows", sig("float* out, const float* in, long long rows, long long n"), BlockPerRow, "rows"},
-	{"gc_reduce_max_cols", sig("float* out, const float* in, long long outer, long long r, long long inner"), GridStride, "outer*inner"},
-	{"gc_reduce_max_grad", sig("float* dx, const float* x, const float* y, const float* dy, long long outer, long long r, long long inner"), GridStride, "outer*inner"},
+	{"gc_reduce_max_cols", sig("float* out, const float* in, long long outer, long long r, long long inner"), BlockPerRow, "outer*inner"},
+	{"gc_reduce_max_grad", sig("float* dx, const float* x, const float* y, const float* dy, long long outer, long long r, long long inner"), BlockPerRow, "outer*inner"},
 	{"gc_repeat_interleave_grad", sig("float* dx, const float* dy, long long outer, long long n, long long inner, long long repeats"), GridStride, "outer*n*inner"},
 	{"gc_sum_squares_partial", sig("float* partial, const float* x, long long n"), GridStride, "n"},
 	{"gc_finish_sum", sig("float* out, const float* pairs, long long count, long long divisor"), SingleBlock, "count"},
@@ -216,21 +223,32 @@ var kernels = []Kernel{
 	{"gc_layernorm", sig("float* out, const float* x, const float* gamma, const float* beta, long long rows, long long n, float eps"), BlockPerRow, "rows"},
 	{"gc_layernorm_grad_x", sig("float* dx, const float* x, const float* gamma, const float* dy, long long rows, long long n, float eps"), BlockPerRow, "rows"},
 	{"gc_layernorm_stats", sig("float* stats, const float* x, long long rows, long long n, float eps"), BlockPerRow, "rows"},
-	{"gc_layernorm_grad_gamma", sig("float* dgamma, const float* x, const float* dy, const float* stats, long long rows, long long n"), GridStride, "n"},
+	{"gc_layernorm_grad_gamma", sig("float* dgamma, const float* x, const float* dy, const float* stats, long long rows, long long n"), BlockPerRow, "n"},
 	{"gc_rmsnorm", sig("float* out, const float* x, const float* gamma, long long rows, long long n, float eps"), BlockPerRow, "rows"},
 	{"gc_rmsnorm_grad_x", sig("float* dx, const float* x, const float* gamma, const float* dy, long long rows, long long n, float eps"), BlockPerRow, "rows"},
 	{"gc_rmsnorm_stats", sig("float* stats, const float* x, long long rows, long long n, float eps"), BlockPerRow, "rows"},
-	{"gc_rmsnorm_grad_gamma", sig("float* dgamma, const float* x, const float* dy, const float* stats, long long rows, long long n"), GridStride, "n"},
+	{"gc_rmsnorm_grad_gamma", sig("float* dgamma, const float* x, const float* dy, const float* stats, long long rows, long long n"), BlockPerRow, "n"},
 	{"gc_rope", sig("float* out, const float* x, long long rows, long long positions, long long half, float theta, int inverse"), GridStride, "rows*half"},
 	{"gc_embedding", sig("float* out, int* status, const float* table, const int* ids, long long count, long long vocab, long long dim"), GridStride, "count*dim"},
 	{"gc_embedding_range", sig("float* out, const float* table, const int* ids, long long count, long long offset, long long rows, long long dim"), GridStride, "count*dim"},
-	{"gc_embedding_grad", sig("float* dtable, int* status, const int* ids, const float* dy, long long count, long long vocab, long long dim, long long offset, long long total"), BlockPerRow, "vocab"},
+	{"gc_embedding_grad_clear", sig("int* index, long long vocab"), GridStride, "vocab"},
+	{"gc_embedding_grad_count", sig("int* index, int* status, const int* ids, long long count, long long vocab, long long offset, long long total"), GridStride, "count"},
+	{"gc_embedding_grad_scan", sig("int* index, long long vocab"), SingleBlock, "vocab"},
+	{"gc_embedding_grad_place", sig("int* list, int* index, const int* ids, long long count, long long vocab, long long offset"), GridStride, "count"},
+	{"gc_embedding_grad", sig("float* dtable, const int* index, const int* list, const int* ids, const float* dy, long long count, long long vocab, long long dim, long long offset"), BlockPerRow, "vocab"},
 	{"gc_cross_entropy_rows", sig("float* loss, int* status, const float* logits, const int* labels, long long rows, long long vocab"), BlockPerRow, "rows"},
 	{"gc_cross_entropy_grad", sig("float* dlogits, int* status, const float* logits, const int* labels, const float* dloss, long long rows, long long vocab"), BlockPerRow, "rows"},
 	{"gc_vocab_ce_max", sig("float* rowmax, const float* logits, long long rows, long long vocab"), BlockPerRow, "rows"},
 	{"gc_vocab_ce_sums", sig("float* sums, float* gmax, const float* logits, const int* labels, const float* maxes, long long rows, long long vocab, long long offset, int parts"), BlockPerRow, "rows"},
 	{"gc_vocab_ce_loss", sig("float* out, const float* sums, const float* gmax, long long rows"), SingleBlock, "rows"},
 	{"gc_vocab_ce_grad", sig("float* dlogits, const float* logits, const int* labels, const float* gmax, const float* sums, const float* dloss, long long rows, long long vocab, long long offset"), GridStride, "rows*vocab"},
+
+	// attention.cu
+	{"gc_attention", sig("float* out, const float* q, const float* k, const float* v, " + attDims), BlockPerRow, "batch*heads*tiles"},
+	{"gc_attention_stats", sig("float* stats, const float* q, const float* k, const float* out, const float* dout, " + attDims), BlockPerRow, "batch*heads*tiles"},
+	{"gc_attention_grad_q", sig("float* dq, const float* q, const float* k, const float* v, const float* dout, const float* stats, " + attDims), BlockPerRow, "batch*heads*tiles"},
+	{"gc_attention_grad_k", sig("float* dk, const float* q, const float* k, const float* v, const float* dout, const float* stats, " + attDims), BlockPerRow, "batch*kv_heads*tiles"},
+	{"gc_attention_grad_v", sig("float* dv, const float* q, const float* k, const float* dout, const float* stats, " + attDims), BlockPerRow, "batch*kv_heads*tiles"},
 
 	// optim.cu
 	{"gc_adam_m", sig("float* out, const float* m, const float* g, long long n, float beta1"), GridStride, "n"},
@@ -239,7 +257,7 @@ var kernels = []Kernel{
 	{"gc_sgd_buf", sig("float* out, const float* buf, const float* g, const float* p, long long n, float momentum, float wd"), GridStride, "n"},
 	{"gc_sgd", sig("float* out, const float* p, const float* buf, const float* lr, long long n"), GridStride, "n"},
 	{"gc_adafactor_row", sig("float* out, const float* row, const float* g, const long long* step, long long n, long long m, float eps1, float decay"), BlockPerRow, "n"},
-	{"gc_adafactor_col", sig("float* out, const float* col, const float* g, const long long* step, long long n, long long m, float eps1, float decay"), GridStride, "m"},
+	{"gc_adafactor_col", sig("float* out, const float* col, const float* g, const long long* step, long long n, long long m, float eps1, float decay"), BlockPerRow, "m"},
 	{"gc_adafactor_v", sig("float* out, const float* v, const float* g, const long long* step, long long n, float eps1, float decay"), GridStride, "n"},
 	{"gc_adafactor_rowsum", sig("float* ws, const float* row, long long n"), SingleBlock, "n"},
 	{"gc_adafactor_partial", sig("float* partial, const float* p, const float* g, const float* row, const float* col, const float* ws, long long n, long long m"), GridStride, "n*m"},
@@ -248,7 +266,7 @@ var kernels = []Kernel{
 	{"gc_adafactor_apply", sig("float* out, const float* p, const float* g, const float* row, const float* col, const float* ws, long long n, long long m"), GridStride, "n*m"},
 	{"gc_adafactor_vec_apply", sig("float* out, const float* p, const float* g, const float* v, const float* ws, long long n"), GridStride, "n"},
 	{"gc_sm3_row", sig("float* out, const float* row, const float* col, const float* g, long long n, long long m"), BlockPerRow, "n"},
-	{"gc_sm3_col", sig("float* out, const float* row, const float* col, const float* g, long long n, long long m"), GridStride, "m"},
+	{"gc_sm3_col", sig("float* out, const float* row, const float* col, const float* g, long long n, long long m"), BlockPerRow, "m"},
 	{"gc_sm3", sig("float* out, const float* p, const float* g, const float* row, const float* col, const float* lr, long long n, long long m"), GridStride, "n*m"},
 	{"gc_sm3_v", sig("float* out, const float* v, const float* g, long long n"), GridStride, "n"},
 	{"gc_sm3_vec", sig("float* out, const float* p, const float* g, const float* v, const float* lr, long long n"), GridStride, "n"},

@@ -150,7 +150,7 @@ func TestEmbedding(t *testing.T) {
 				wantG, gotG := make([]float32, vocab*dim), out(vocab*dim)
 				require.NoError(t, kcpu.EmbeddingGrad(wantG, dy, ids, vocab, dim))
 				for _, grid := range []uint32{uint32(min(vocab, 50)), 3} {
-					launch(t, "gc_embedding_grad", grid, block, gotG, status, ids, dy, count, vocab, dim, 0, vocab)
+					embeddingGrad(t, grid, block, gotG, status, ids, dy, vocab, dim, 0, vocab)
 					requireBits(t, wantG, gotG, "gc_embedding_grad")
 				}
 				require.Zero(t, status[0])
@@ -162,7 +162,7 @@ func TestEmbedding(t *testing.T) {
 					wantS, gotS := make([]float32, (hi-lo)*dim), out((hi-lo)*dim)
 					require.NoError(t, kcpu.EmbeddingGradRange(wantS, dy, ids, lo, hi-lo, dim, vocab))
 					require.Equal(t, wantG[lo*dim:hi*dim], wantS, "shard %d of the CPU gradient", p)
-					launch(t, "gc_embedding_grad", uint32(min(hi-lo, 50)), block, gotS, status, ids, dy, count, hi-lo, dim, lo, vocab)
+					embeddingGrad(t, uint32(min(hi-lo, 50)), block, gotS, status, ids, dy, hi-lo, dim, lo, vocab)
 					requireBits(t, wantS, gotS, fmt.Sprintf("gc_embedding_grad rows [%d,%d)", lo, hi))
 					lo = hi
 				}
@@ -187,6 +187,63 @@ func TestEmbedding(t *testing.T) {
 	}
 }
 
+// embeddingGrad runs the embedding gradient as the runtime does, five
+// launches over a workspace of rows + len(ids) ints: clear, count (and
+// validate), scan in one block, place, then one block per row. The
+// workspace starts as junk, as scratch memory does.
+func embeddingGrad(t *testing.T, grid, block uint32, dtable []float32, status, ids []int32, dy []float32, rows, dim, offset, total int) {
+	t.Helper()
+	count := len(ids)
+	index, list := make([]int32, max(rows, 1)), make([]int32, max(count, 1))
+	for i := range index {
+		index[i] = -7
+	}
+	for i := range list {
+		list[i] = -7
+	}
+	launch(t, "gc_embedding_grad_clear", grid, block, index, rows)
+	launch(t, "gc_embedding_grad_count", grid, block, index, status, ids, count, rows, offset, total)
+	launch(t, "gc_embedding_grad_scan", 2, block, index, rows)
+	launch(t, "gc_embedding_grad_place", grid, block, list, index, ids, count, rows, offset)
+	launch(t, "gc_embedding_grad", grid, block, dtable, index, list, ids, dy, count, rows, dim, offset)
+}
+
+// Rows with many positions: one past what a block sorts in shared memory
+// (2048; it scans the ids in order instead), one of exactly 2048, and
+// rows with one position or none. 300 counts cross the scan's rounds
+// (8 counts per thread). Bit for bit the CPU's serial sums.
+func TestEmbeddingGradLongRows(t *testing.T) {
+	const vocab, dim, count = 300, 3, 4200
+	r := newRand(99)
+	ids := make([]int32, count)
+	for i := range ids {
+		switch {
+		case i < 2049:
+			ids[i] = 7
+		case i < 2049+2048:
+			ids[i] = 250
+		default:
+			ids[i] = int32(r.IntN(vocab))
+		}
+	}
+	r.Shuffle(count, func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+	dy := randNorm(r, count*dim, 1)
+	want := make([]float32, vocab*dim)
+	require.NoError(t, kcpu.EmbeddingGrad(want, dy, ids, vocab, dim))
+	for _, block := range []uint32{32, 96} {
+		got, status := out(vocab*dim), []int32{0}
+		embeddingGrad(t, 64, block, got, status, ids, dy, vocab, dim, 0, vocab)
+		requireBits(t, want, got, fmt.Sprintf("gc_embedding_grad block %d", block))
+		require.Zero(t, status[0])
+	}
+	// A device's rows [200, 300) of the table, with the row of 2048.
+	wantS, gotS, status := make([]float32, 100*dim), out(100*dim), []int32{0}
+	require.NoError(t, kcpu.EmbeddingGradRange(wantS, dy, ids, 200, 100, dim, vocab))
+	embeddingGrad(t, 16, 32, gotS, status, ids, dy, 100, dim, 200, vocab)
+	requireBits(t, wantS, gotS, "gc_embedding_grad rows [200, 300)")
+	require.Zero(t, status[0])
+}
+
 // A bad id is flagged, never read out of bounds.
 func TestEmbeddingBadIDs(t *testing.T) {
 	vocab, dim := 10, 4
@@ -201,9 +258,16 @@ func TestEmbeddingBadIDs(t *testing.T) {
 
 	status[0] = 0
 	dt := out(vocab * dim)
-	launch(t, "gc_embedding_grad", 4, 32, dt, status, ids, randNorm(newRand(2), len(ids)*dim, 1), len(ids), vocab, dim, 0, vocab)
+	dy := randNorm(newRand(2), len(ids)*dim, 1)
+	embeddingGrad(t, 4, 32, dt, status, ids, dy, vocab, dim, 0, vocab)
 	require.Equal(t, int32(1), status[0])
-	checkGuard(t, dt)
+	// The bad ids add nothing; the good ones their rows.
+	want := make([]float32, vocab*dim)
+	require.NoError(t, kcpu.EmbeddingGrad(want, dy[:dim], ids[:1], vocab, dim))
+	for i, v := range dy[3*dim : 4*dim] {
+		want[3*dim+i] = v
+	}
+	requireBits(t, want, dt, "gc_embedding_grad with bad ids")
 
 	status[0] = 0
 	loss := make([]float32, 2*2)
@@ -462,5 +526,119 @@ func TestRoPE(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// The γ gradients are column reductions over rows: rows across warps and
+// a block's rows (33, 257, 1025) and tiles of 8 and of 32 columns with an
+// overhang (40). Any grid gives the same bits.
+func TestNormGammaGradColumns(t *testing.T) {
+	const eps32 = float32(1e-5)
+	eps := float64(eps32)
+	for _, s := range [][2]int{{1025, 5}, {257, 40}, {33, 40}} {
+		rows, n := s[0], s[1]
+		r := newRand(uint64(rows*n) + 21)
+		x, dy := randNorm(r, rows*n, 2), randNorm(r, rows*n, 1)
+		for j := range n {
+			x[j] += 1000 // a row with a large mean
+		}
+		// The statistics are row kernels, tested above: one warp each.
+		stats, rs := make([]float32, 4*rows), make([]float32, 2*rows)
+		launch(t, "gc_layernorm_stats", 7, 32, stats, x, rows, n, eps32)
+		launch(t, "gc_rmsnorm_stats", 7, 32, rs, x, rows, n, eps32)
+		for _, block := range []uint32{32, 256} {
+			t.Run(fmt.Sprintf("r%d_n%d_b%d", rows, n, block), func(t *testing.T) {
+				want, got := make([]float32, n), out(n)
+				kcpu.LayerNormGradGamma(want, x, dy, rows, n, eps)
+				launch(t, "gc_layernorm_grad_gamma", 3, block, got, x, dy, stats, rows, n)
+				requireClose(t, want, got, ulp2, 1e-6, "gc_layernorm_grad_gamma")
+				again := out(n)
+				launch(t, "gc_layernorm_grad_gamma", 1, block, again, x, dy, stats, rows, n)
+				requireBits(t, got, again, "gc_layernorm_grad_gamma on one block")
+
+				scale, _ := rmsScales(x, make([]float32, n), dy, rows, n, eps)
+				want, got = make([]float32, n), out(n)
+				kcpu.RMSNormGradGamma(want, x, dy, rows, n, eps)
+				launch(t, "gc_rmsnorm_grad_gamma", 3, block, got, x, dy, rs, rows, n)
+				bound := make([]float64, n)
+				for j := range n {
+					sum := 0.0
+					for row := range rows {
+						sum += math.Abs(float64(dy[row*n+j]) * float64(x[row*n+j]) * scale[row])
+					}
+					bound[j] = ulp2*math.Abs(float64(want[j])) + sum/(1<<38) + 1e-38
+				}
+				requireWithin(t, want, got, bound, "gc_rmsnorm_grad_gamma")
+			})
+		}
+	}
+}
+
+// Rows longer than a block holds in registers are read in sweeps: the
+// softmax statistics move from sweep to sweep (a rising row), skip sweeps
+// that are all −Inf (masked at the start or the end), and LayerNorm's
+// merges and shifted sums meet a row whose first element is far from its
+// mean. Block 32 streams these rows of 1100 (16·32 < 1100), block 96
+// keeps them in registers; both agree with the CPU kernels.
+func TestRowSweeps(t *testing.T) {
+	const rows, n = 4, 1100
+	r := newRand(5)
+	x := randNorm(r, rows*n, 3)
+	for j := range n {
+		switch {
+		case j < 600:
+			x[j] = float32(math.Inf(-1)) // row 0: masked start
+		case j >= 500:
+			x[n+j] = float32(math.Inf(-1)) // row 1: masked end
+		}
+		x[2*n+j] = float32(j) / 64 // row 2: rising, the max moves every sweep
+	}
+	x[3*n] = 40 // row 3: its first element far above the rest
+	labels := []int32{700, 3, 1099, 0}
+	for _, block := range []uint32{32, 96} {
+		t.Run(fmt.Sprintf("b%d", block), func(t *testing.T) {
+			want, got := make([]float32, rows*n), out(rows*n)
+			kcpu.Softmax(want, x, rows, n)
+			launch(t, "gc_softmax", 2, block, got, x, rows, n)
+			requireWithin(t, want, got, softmaxBound(x, rows, n, want), "gc_softmax")
+
+			wantLoss, err := kcpu.CrossEntropy(x, labels, rows, n)
+			require.NoError(t, err)
+			status, perRow, loss := []int32{0}, make([]float32, 2*rows), out(1)
+			launch(t, "gc_cross_entropy_rows", 3, block, perRow, status, x, labels, rows, n)
+			launch(t, "gc_finish_sum", 1, block, loss, perRow, rows, rows)
+			requireClose(t, []float32{wantLoss}, loss, 2e-6, 1e-6, "cross-entropy loss")
+			dloss := []float32{0.5}
+			wantG, gotG := make([]float32, rows*n), out(rows*n)
+			require.NoError(t, kcpu.CrossEntropyGrad(wantG, x, labels, dloss[0], rows, n))
+			launch(t, "gc_cross_entropy_grad", 3, block, gotG, status, x, labels, dloss, rows, n)
+			bound := ceGradBound(x, rows, n, wantG, float64(dloss[0])/rows)
+			for i, v := range x {
+				if math.IsInf(float64(v), -1) {
+					bound[i] = 0 // exactly 0 (the bound's ∞·0 is NaN)
+				}
+			}
+			requireWithin(t, wantG, gotG, bound, "gc_cross_entropy_grad")
+			require.Zero(t, status[0])
+
+			// LayerNorm on the finite rows (2 and 3), shifted to a large mean.
+			const eps = 1e-5
+			ln := append([]float32(nil), x[2*n:]...)
+			for i := range ln {
+				ln[i] += 1000
+			}
+			gamma, beta, dy := randNorm(r, n, 1), randNorm(r, n, 1), randNorm(r, 2*n, 1)
+			wantL, gotL := make([]float32, 2*n), out(2*n)
+			kcpu.LayerNorm(wantL, ln, gamma, beta, 2, n, eps)
+			launch(t, "gc_layernorm", 2, block, gotL, ln, gamma, beta, 2, n, float32(eps))
+			requireClose(t, wantL, gotL, ulp2, 1e-6, "gc_layernorm")
+			wantL, gotL = make([]float32, 2*n), out(2*n)
+			kcpu.LayerNormGradX(wantL, ln, gamma, dy, 2, n, eps)
+			launch(t, "gc_layernorm_grad_x", 2, block, gotL, ln, gamma, dy, 2, n, float32(eps))
+			requireClose(t, wantL, gotL, ulp2, 1e-6, "gc_layernorm_grad_x")
+			inPlace := append(out(2 * n)[:0], dy...)
+			launch(t, "gc_layernorm_grad_x", 2, block, inPlace, ln, gamma, inPlace, 2, n, float32(eps))
+			requireBits(t, gotL, inPlace, "gc_layernorm_grad_x in place of dy")
+		})
 	}
 }

@@ -54,7 +54,8 @@ var opTable = []OpKernels{
 	{"rmsnorm_grad_gamma", []string{"gc_rmsnorm_stats", "gc_rmsnorm_grad_gamma"}, "stats (2 floats per row of workspace), then the column sums"},
 	{"rope", []string{"gc_rope"}, "rows of the last dim d = 2·half, positions = shape[-2]; theta as a float (must be exact in float32), inverse as 0 or 1"},
 	{"embedding", []string{"gc_embedding", "gc_embedding_range"}, "range when the table is split by vocabulary (offset = rank·rows)"},
-	{"embedding_grad", []string{"gc_embedding_grad"}, "one block per vocab row"},
+	{"embedding_grad", []string{"gc_embedding_grad_clear", "gc_embedding_grad_count", "gc_embedding_grad_scan", "gc_embedding_grad_place", "gc_embedding_grad"},
+		"a counting sort of the positions by row in vocab + count ints of workspace (index, list), then one block per row; offset and total as for the vocab-parallel lookup"},
 	{"cross_entropy", []string{"gc_cross_entropy_rows", "gc_finish_sum", "gc_vocab_ce_max", "gc_vocab_ce_sums", "gc_vocab_ce_loss"},
 		"rows (2 floats per row of workspace) then finish with divisor rows; vocab-parallel: max, all-gather, sums, all-reduce, loss"},
 	{"cross_entropy_grad", []string{"gc_cross_entropy_grad", "gc_vocab_ce_max", "gc_vocab_ce_sums", "gc_vocab_ce_grad"},
@@ -78,6 +79,11 @@ var opTable = []OpKernels{
 	{"sm3", []string{"gc_sm3"}, ""},
 	{"sm3_v", []string{"gc_sm3_v"}, ""},
 	{"sm3_vec", []string{"gc_sm3_vec"}, ""},
+	{"attention", []string{"gc_attention"}, "one block per (batch·head, query tile); tiles = ⌈sq/rows⌉, rows = min(32, 2048/hd); head offsets from runtime.AttentionDims"},
+	{"attention_stats", []string{"gc_attention_stats"}, "as attention; f32 [b,h,sq,2] result even for 16-bit operands"},
+	{"attention_grad_q", []string{"gc_attention_grad_q"}, "as attention"},
+	{"attention_grad_k", []string{"gc_attention_grad_k"}, "one block per (batch·k/v head, key tile); tiles = ⌈sk/rows⌉"},
+	{"attention_grad_v", []string{"gc_attention_grad_v"}, "as attention_grad_k"},
 	{"cast", []string{"gc_f32_to_f16", "gc_f32_to_bf16", "gc_f16_to_f32", "gc_bf16_to_f32", "gc_i32_to_f32"}, "same-type casts are copies"},
 }
 

@@ -71,15 +71,24 @@ extern "C" __global__ void gc_adafactor_row(float* out, const float* row, const 
   }
 }
 
-// gc_adafactor_col: the column sums; one thread per column, rows in order.
+// gc_adafactor_col: the column sums, over column tiles (common.cuh's
+// gc_cols): the block's warps split the n rows of 32 adjacent columns and
+// combine in a fixed order, where a thread per column walked all n rows
+// alone. Same bytes (g read once), many more loads in flight.
 extern "C" __global__ void gc_adafactor_col(float* out, const float* col, const float* g,
                                             const long long* step, long long n, long long m,
                                             float eps1, float decay) {
   const double beta = gc_adafactor_beta2(step, decay);
-  GC_FOR_EACH(j, m) {
-    double s = 0;
-    for (long long i = 0; i < n; i++) s += (double)g[i * m + j] * (double)g[i * m + j] + (double)eps1;
-    out[j] = (float)(beta * (double)col[j] + (1.0 - beta) * s);
+  const gc_cols t = gc_cols_of(1, n, m);
+  GC_FOR_ROWS(tile, t.tiles) {
+    long long o;
+    const long long j = gc_cols_column(t, tile, &o);
+    double s = gc_cols_walk(
+        t, j < m, 0.0,
+        [&](long long i) { return (double)g[i * m + j] * (double)g[i * m + j] + (double)eps1; },
+        gc_add_op());
+    s = gc_cols_combine(t, s, gc_add_op());
+    if (threadIdx.x < (unsigned)t.cw && j < m) out[j] = (float)(beta * (double)col[j] + (1.0 - beta) * s);
   }
 }
 
@@ -214,13 +223,20 @@ extern "C" __global__ void gc_sm3_row(float* out, const float* row, const float*
   }
 }
 
-// gc_sm3_col: out[j] = maxᵢ ν[i,j]; one thread per column.
+// gc_sm3_col: out[j] = maxᵢ ν[i,j], over column tiles as
+// gc_adafactor_col (g read once, as before; a max is exact in any order).
 extern "C" __global__ void gc_sm3_col(float* out, const float* row, const float* col, const float* g,
                                       long long n, long long m) {
-  GC_FOR_EACH(j, m) {
-    double best = -1.0 / 0.0;
-    for (long long i = 0; i < n; i++) best = gc_max(best, gc_sm3_nu(row[i], col[j], g[i * m + j]));
-    if (n > 0) out[j] = (float)best;
+  const gc_cols t = gc_cols_of(1, n, m);
+  GC_FOR_ROWS(tile, t.tiles) {
+    long long o;
+    const long long j = gc_cols_column(t, tile, &o);
+    const float cj = j < m ? col[j] : 0.0f;
+    double best = gc_cols_walk(
+        t, j < m, -1.0 / 0.0, [&](long long i) { return gc_sm3_nu(row[i], cj, g[i * m + j]); },
+        gc_max_op());
+    best = gc_cols_combine(t, best, gc_max_op());
+    if (threadIdx.x < (unsigned)t.cw && j < m && n > 0) out[j] = (float)best;
   }
 }
 

@@ -88,6 +88,9 @@ func TestAdafactor(t *testing.T) {
 					kcpu.AdafactorCols(wantCol, col0, g, n, m, beta, eps1)
 					launch(t, "gc_adafactor_col", 2, block, gotCol, col0, g, st, n, m, float32(eps1), float32(decay))
 					requireClose(t, wantCol, gotCol, ulp2, 0, "gc_adafactor_col")
+					again := out(m)
+					launch(t, "gc_adafactor_col", 5, block, again, col0, g, st, n, m, float32(eps1), float32(decay))
+					requireBits(t, gotCol, again, "gc_adafactor_col on another grid")
 
 					wantV, gotV := make([]float32, n*m), out(n*m)
 					v0 := randVec(r, n*m, 0, 1e-3)
@@ -145,6 +148,9 @@ func TestSM3(t *testing.T) {
 				kcpu.SM3Cols(wantCol, row, col, g, n, m)
 				launch(t, "gc_sm3_col", 2, block, gotCol, row, col, g, n, m)
 				requireClose(t, wantCol, gotCol, ulp2, 0, "gc_sm3_col")
+				again := out(m)
+				launch(t, "gc_sm3_col", 5, block, again, row, col, g, n, m)
+				requireBits(t, gotCol, again, "gc_sm3_col on another grid")
 
 				want, got := make([]float32, n*m), out(n*m)
 				kcpu.SM3(want, p, g, row, col, n, m, float64(lr[0]))

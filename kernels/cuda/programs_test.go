@@ -17,9 +17,9 @@ import (
 )
 
 // gptPrograms compiles the example GPT for one configuration.
-func gptPrograms(t *testing.T, mesh *ir.Mesh, edit func(*passes.Options)) []*lower.Program {
+func gptPrograms(t *testing.T, mesh *ir.Mesh, edit func(*passes.Options), attention string) []*lower.Program {
 	t.Helper()
-	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 4, Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16"}})
+	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 4, Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16", "attention": attention}})
 	require.NoError(t, err)
 	opts := passes.DefaultOptions()
 	opts.Mesh = mesh
@@ -101,7 +101,8 @@ func checkInstr(t *testing.T, p *lower.Program, in lower.Instr) {
 // Every instruction of the example GPT's programs — one device, tensor
 // parallel (vocab-parallel embedding and loss), sequence parallel with
 // data parallelism and ZeRO, pipeline parallel, each optimizer, fp16 and
-// bf16 mixed precision, compressed stashes — has kernels here or runs
+// bf16 mixed precision, compressed stashes, the fused attention and the
+// unfused one — has kernels here or runs
 // elsewhere (GEMM, copies, collectives), and its shapes fit the kernels.
 func TestGPTProgramsHaveKernels(t *testing.T) {
 	tp2 := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "tp", Size: 2}}}
@@ -111,22 +112,27 @@ func TestGPTProgramsHaveKernels(t *testing.T) {
 		name string
 		mesh *ir.Mesh
 		edit func(*passes.Options)
+		// attention is the model's attention core: the fused op, or
+		// primitive ops (softmax, the causal mask and their gradients).
+		attention string
 	}{
-		{"1dev", nil, nil},
-		{"tp2", tp2, nil},
-		{"dp2_tp2_sp_zero2", dp2tp2, func(o *passes.Options) { o.SequenceParallel = true; o.Zero = 2 }},
-		{"pp2", pp2, func(o *passes.Options) { o.Microbatches = 2 }},
-		{"sgd", nil, func(o *passes.Options) { o.Optimizer = "sgd" }},
-		{"adafactor", nil, func(o *passes.Options) { o.Optimizer = "adafactor" }},
-		{"sm3", nil, func(o *passes.Options) { o.Optimizer = "sm3" }},
-		{"fp16", nil, func(o *passes.Options) { o.Precision = "fp16" }},
-		{"bf16_tp2", tp2, func(o *passes.Options) { o.Precision = "bf16" }},
-		{"recompute_lowp", nil, func(o *passes.Options) { o.Recompute = "selective"; o.Compress = "lowp" }},
+		{"1dev", nil, nil, "fused"},
+		{"tp2", tp2, nil, "fused"},
+		{"dp2_tp2_sp_zero2", dp2tp2, func(o *passes.Options) { o.SequenceParallel = true; o.Zero = 2 }, "fused"},
+		{"pp2", pp2, func(o *passes.Options) { o.Microbatches = 2 }, "fused"},
+		{"sgd", nil, func(o *passes.Options) { o.Optimizer = "sgd" }, "fused"},
+		{"adafactor", nil, func(o *passes.Options) { o.Optimizer = "adafactor" }, "fused"},
+		{"sm3", nil, func(o *passes.Options) { o.Optimizer = "sm3" }, "fused"},
+		{"fp16", nil, func(o *passes.Options) { o.Precision = "fp16" }, "fused"},
+		{"bf16_tp2", tp2, func(o *passes.Options) { o.Precision = "bf16" }, "fused"},
+		{"unfused_tp2", tp2, nil, "unfused"},
+		{"recompute_lowp", nil, func(o *passes.Options) { o.Recompute = "selective"; o.Compress = "lowp" }, "unfused"},
+		{"recompute_full_lowp", nil, func(o *passes.Options) { o.Recompute = "full"; o.Compress = "lowp" }, "fused"},
 	}
 	seen := map[string]bool{}
 	for _, c := range configs {
 		t.Run(c.name, func(t *testing.T) {
-			for _, p := range gptPrograms(t, c.mesh, c.edit) {
+			for _, p := range gptPrograms(t, c.mesh, c.edit, c.attention) {
 				for _, in := range p.Instrs {
 					seen[in.Op] = true
 					checkInstr(t, p, in)
@@ -143,6 +149,7 @@ func TestGPTProgramsHaveKernels(t *testing.T) {
 	// The walk is only worth something if it met the ops that matter.
 	for _, op := range []string{"embedding", "embedding_grad", "layernorm", "layernorm_grad_x", "layernorm_grad_gamma",
 		"softmax", "softmax_grad", "causal_mask", "gelu", "gelu_grad", "cross_entropy", "cross_entropy_grad",
+		"attention", "attention_stats", "attention_grad_q", "attention_grad_k", "attention_grad_v",
 		"transpose", "slice", "reduce_sum", "adamw", "sgd", "adafactor", "sm3", "cast", "nonfinite_count", "where_finite"} {
 		assert.True(t, seen[op], "no program had %s", op)
 	}

@@ -2,10 +2,12 @@
 // clipping and the overflow check need. A reduction over any axes is
 // first merged (kernels.go's ReduceGeometry) into [outer, r, inner] with
 // r reduced: inner = 1 is a row reduction (one block per row), otherwise
-// a column reduction (one thread per output element, walking r in order).
-// Sums accumulate in double, as the CPU kernels do; max is exact. The
-// gradient of repeat_interleave is a sum of the same kind, over the
-// copies of each slice, and lives here too.
+// a column reduction over tiles of columns (common.cuh's gc_cols: the
+// block's warps split the rows of a tile, reads coalesce along the
+// columns, partials combine in a fixed order). Sums accumulate in double,
+// as the CPU kernels do; max is exact. The gradient of repeat_interleave
+// is a sum of the same kind, over the copies of each slice, and lives here
+// too.
 
 // gc_reduce_sum_rows sums each of rows rows of n elements; with mean set
 // the sum is multiplied by 1/n (as ReduceMean: NaN when n is 0).
@@ -21,16 +23,26 @@ extern "C" __global__ void gc_reduce_sum_rows(float* out, const float* in, long 
 }
 
 // gc_reduce_sum_cols sums in ([outer, r, inner]) over r into out
-// ([outer, inner]), each output in input order, so the result is the
-// CPU kernel's to the last bit.
+// ([outer, inner]). Shaped as column tiles (gc_cols) rather than a thread
+// per output: the bytes read are the same, 4 per input element, but all
+// the block's warps load rows of a tile at once instead of one thread
+// walking r rows alone. Launch: blocks over tiles (Over outer·inner bounds
+// them; extra blocks find no tile and return). The order of the double
+// sum is fixed by blockDim, so results repeat run to run; they may differ
+// from the CPU's serial order in the last bit of the float.
 extern "C" __global__ void gc_reduce_sum_cols(float* out, const float* in, long long outer,
                                               long long r, long long inner, int mean) {
-  GC_FOR_EACH(i, outer * inner) {
-    const long long o = i / inner, k = i - o * inner;
+  const gc_cols g = gc_cols_of(outer, r, inner);
+  GC_FOR_ROWS(t, g.tiles) {
+    long long o;
+    const long long k = gc_cols_column(g, t, &o);
     const float* x = in + o * r * inner + k;
-    double s = 0;
-    for (long long j = 0; j < r; j++) s += (double)x[j * inner];
-    out[i] = (float)(mean ? s * (1.0 / (double)r) : s);
+    double s = gc_cols_walk(
+        g, k < inner, 0.0, [&](long long j) { return (double)x[j * inner]; }, gc_add_op());
+    s = gc_cols_combine(g, s, gc_add_op());
+    if (threadIdx.x < (unsigned)g.cw && k < inner) {
+      out[o * inner + k] = (float)(mean ? s * (1.0 / (double)r) : s);
+    }
   }
 }
 
@@ -44,30 +56,49 @@ extern "C" __global__ void gc_reduce_max_rows(float* out, const float* in, long 
   }
 }
 
+// gc_reduce_max_cols: the column maxima, tiled as gc_reduce_sum_cols
+// (same 4 bytes per element, more loads in flight; a max is exact, so any
+// order gives the CPU's result; a NaN wins).
 extern "C" __global__ void gc_reduce_max_cols(float* out, const float* in, long long outer,
                                               long long r, long long inner) {
-  GC_FOR_EACH(i, outer * inner) {
-    const long long o = i / inner, k = i - o * inner;
+  const gc_cols g = gc_cols_of(outer, r, inner);
+  GC_FOR_ROWS(t, g.tiles) {
+    long long o;
+    const long long k = gc_cols_column(g, t, &o);
     const float* x = in + o * r * inner + k;
-    float m = gc_neg_inf();
-    for (long long j = 0; j < r; j++) m = gc_max(m, x[j * inner]);
-    out[i] = m;
+    float m = gc_cols_walk(
+        g, k < inner, gc_neg_inf(), [&](long long j) { return x[j * inner]; }, gc_max_op());
+    m = gc_cols_combine(g, m, gc_max_op());
+    if (threadIdx.x < (unsigned)g.cw && k < inner) out[o * inner + k] = m;
   }
 }
 
 // gc_reduce_max_grad splits each group's dy evenly among the elements
 // equal to the group's max y, zero elsewhere ([outer, r, inner] as
-// above; one thread per output element counts, then writes).
+// above). Column tiles again: the block counts each column's ties (an
+// integer sum, exact), then the same threads write their rows. Where a
+// thread per output walked r strided elements twice (for inner = 1 a
+// whole row per thread, uncoalesced), each warp now reads and writes
+// adjacent elements; x is still read twice, dx written once.
 extern "C" __global__ void gc_reduce_max_grad(float* dx, const float* x, const float* y,
                                               const float* dy, long long outer, long long r,
                                               long long inner) {
-  GC_FOR_EACH(i, outer * inner) {
-    const long long o = i / inner, k = i - o * inner, base = o * r * inner + k;
-    const float m = y[i];
-    long long count = 0;
-    for (long long j = 0; j < r; j++) count += x[base + j * inner] == m;
-    const float share = dy[i] / (float)count;
-    for (long long j = 0; j < r; j++) dx[base + j * inner] = x[base + j * inner] == m ? share : 0.0f;
+  const gc_cols g = gc_cols_of(outer, r, inner);
+  GC_FOR_ROWS(t, g.tiles) {
+    long long o;
+    const long long k = gc_cols_column(g, t, &o);
+    const bool active = k < inner;
+    const long long base = o * r * inner + k;
+    const float m = active ? y[o * inner + k] : 0.0f;
+    long long count = gc_cols_walk(
+        g, active, 0LL, [&](long long j) { return (long long)(x[base + j * inner] == m); },
+        gc_add_op());
+    count = gc_cols_combine(g, count, gc_add_op());
+    if (!active) continue;
+    const float share = dy[o * inner + k] / (float)count;
+    for (long long j = g.row0; j < r; j += g.step) {
+      dx[base + j * inner] = x[base + j * inner] == m ? share : 0.0f;
+    }
   }
 }
 

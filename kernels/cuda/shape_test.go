@@ -30,7 +30,14 @@ func TestGatherTranspose(t *testing.T) {
 		{[]int{2, 1, 3, 1, 2, 2, 3, 2}, []int{7, 6, 5, 4, 3, 2, 1, 0}}, // rank 8, six dims after merging
 		{[]int{1, 1}, []int{1, 0}},
 		{[]int{4, 0, 3}, []int{2, 1, 0}},
+		// Through shared-memory tiles: tile edges inside both dims, a
+		// batch dim before them, between them, and merged ones.
+		{[]int{33, 65}, []int{1, 0}},
+		{[]int{2, 40, 33}, []int{0, 2, 1}},
+		{[]int{33, 3, 40}, []int{2, 1, 0}},
+		{[]int{17, 2, 3, 16}, []int{3, 1, 2, 0}},
 	}
+	tiled := map[string]bool{"[37 53]": true, "[33 65]": true, "[2 40 33]": true, "[33 3 40]": true, "[17 2 3 16]": true}
 	for _, c := range cases {
 		for _, block := range blockSizes {
 			t.Run(fmt.Sprintf("%v_%v_b%d", c.shape, c.perm, block), func(t *testing.T) {
@@ -40,6 +47,7 @@ func TestGatherTranspose(t *testing.T) {
 				kcpu.Transpose(want, x, c.shape, c.perm)
 				g, err := cuda.TransposeGather(c.shape, c.perm)
 				require.NoError(t, err)
+				require.Equal(t, tiled[fmt.Sprint(c.shape)], g.Tiled(), "tiled")
 				for _, grid := range grids(n, block) {
 					got := out(n)
 					launch(t, "gc_gather", grid, block, append([]any{got, x}, g.Args()...)...)
@@ -68,6 +76,7 @@ func TestGatherBroadcast(t *testing.T) {
 				kcpu.Broadcast(want, x, c.in, c.out)
 				g, err := cuda.BroadcastGather(c.in, c.out)
 				require.NoError(t, err)
+				require.False(t, g.Tiled(), "a broadcast reads along out's last dim")
 				for _, grid := range grids(n, block) {
 					got := out(n)
 					launch(t, "gc_gather", grid, block, append([]any{got, x}, g.Args()...)...)

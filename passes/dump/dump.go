@@ -16,6 +16,7 @@ type Column struct {
 	Changed bool    // false: the pass left the module as it was (collapsed column, Text may be empty)
 	Text    string  // full gir text after the pass (only needed when Changed, or for the first column)
 	Millis  float64 // time the pass took
+	Note    string  // what the pass noted (passes.Result.Note), shown under its name
 }
 
 // chunkLines is how many lines share one lazily laid out block. Big enough

@@ -151,7 +151,9 @@ func (p *printer) column(index int, c *Column, cur, prev *snapshot) {
 	}
 	p.s(" <span class=\"nt\">")
 	p.int(len(cur.defs))
-	p.s(" values</span></div></div>\n<div class=\"body\">\n")
+	p.s(" values</span></div>")
+	p.note(c.Note)
+	p.s("</div>\n<div class=\"body\">\n")
 
 	for start := 0; start < len(cur.lines); start += chunkLines {
 		end := min(start+chunkLines, len(cur.lines))
@@ -203,9 +205,22 @@ func (p *printer) fold(first int, run []Column) {
 		p.esc(run[k].Pass)
 		p.s("</span> <span class=\"ms\">")
 		p.s(fmtMillis(run[k].Millis))
-		p.s("</span></li>\n")
+		p.s("</span>")
+		p.note(run[k].Note)
+		p.s("</li>\n")
 	}
 	p.s("</ol>\n</section>\n")
+}
+
+// note writes a pass's note (passes.Result.Note), if it has one, under
+// its name: a pass that had nothing to do for a request says why there.
+func (p *printer) note(text string) {
+	if text == "" {
+		return
+	}
+	p.s("<div class=\"pnote\" style=\"color:#a70;font-size:11px;white-space:normal\">")
+	p.esc(text)
+	p.s("</div>")
 }
 
 // lineKind is how a line relates to the previous full column.

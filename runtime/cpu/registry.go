@@ -60,8 +60,9 @@ type Kernel struct {
 // registry holds every op the backend runs, by lower.Instr.Op. The
 // built-in kernels are registered at init by the file of their kind
 // (kernels_elementwise.go, kernels_shape.go, kernels_linalg.go,
-// kernels_nn.go, kernels_optim.go, collective.go, kernels_transfer.go,
-// kernels_cast.go), others by RegisterKernel; loads only read it.
+// kernels_nn.go, kernels_attention.go, kernels_optim.go, collective.go,
+// kernels_transfer.go, kernels_cast.go), others by RegisterKernel; loads
+// only read it.
 var registry = struct {
 	sync.RWMutex
 	kernels map[string]Kernel

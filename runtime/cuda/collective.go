@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"slices"
 
 	"gcompile/ir"
 	kcuda "gcompile/kernels/cuda"
@@ -137,7 +138,7 @@ func (c *compiler) collective() (func() error, error) {
 	switch in.Op {
 	case "all_reduce":
 		if in.Bucket > 0 {
-			return c.bucket(g, s)
+			return c.bucket(g, s, ax)
 		}
 		count := numel(outShape)
 		tmp := c.scratch(4 * count)
@@ -194,9 +195,36 @@ func (c *compiler) collective() (func() error, error) {
 	return nil, fmt.Errorf("the cuda backend has no %s", in.Op)
 }
 
+// bucketPlan is one gradient bucket as the device runs it: the
+// instruction that reduces it (the bucket's first all_reduce), how many
+// all_reduces it stands for, their results, the mesh axis, and the two
+// events that order the comm stream after the gradients and the compute
+// stream after the sums. wait is the instruction before which the compute
+// stream waits for the sums (-1: the end of the step).
+type bucketPlan struct {
+	leader, members int
+	outs            []int
+	axis            string
+	ready, done     driver.Event
+	wait            int
+}
+
 // bucket: the first all_reduce of a gradient bucket reduces every
 // member's buffer in one collective; the others have nothing left to do.
-func (c *compiler) bucket(g group, s *site) (func() error, error) {
+//
+// The reduction runs on the device's comm stream, so that it overlaps the
+// rest of the backward: on the compute stream each gradient is copied
+// into its result buffer and an event is recorded; the comm stream waits
+// for it and reduces the results in place, then records done, which the
+// compute stream waits for before the first instruction that touches a
+// result or uses the axis's collectives again (planBucketWaits). The
+// copies stay on the compute stream because the gradients die at the
+// bucket: the memory plan hands their bytes to the next temporaries at
+// once, while the results stay live, and no other buffer may share their
+// bytes, until the optimizer reads them. So nothing the comm stream
+// touches is reused before the wait, and the memory plan needs no longer
+// lifetimes.
+func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 	in, d := c.in, c.d
 	i := c.index
 	if i > 0 && d.prog.Instrs[i-1].Bucket == in.Bucket && d.prog.Instrs[i-1].Op == "all_reduce" {
@@ -209,35 +237,147 @@ func (c *compiler) bucket(g group, s *site) (func() error, error) {
 	srcs := make([]loc, len(members))
 	outs := make([]loc, len(members))
 	counts := make([]int64, len(members))
-	var total int64
 	for _, m := range members[1:] {
 		// The leader's closure reads and writes the later members'
 		// buffers: a pending copy into any of them is waited for here.
 		d.touches[i] = append(d.touches[i], m.Args[0], m.Out)
 	}
+	plan := &bucketPlan{leader: i, members: len(members), axis: d.prog.Mesh.Axes[ax].Name, wait: -1}
 	for k, m := range members {
 		if c.dtype(m.Out) != ir.F32 || is16(c.buf(m.Args[0]).Type.DType) {
 			return nil, fmt.Errorf("bucketed all_reduce of %v: the cuda backend reduces fp32 buckets", c.buf(m.Out).Type)
 		}
 		srcs[k], outs[k] = at(c.buf(m.Args[0])), at(c.buf(m.Out))
 		counts[k] = m.OutType.Shape.NumElements()
-		total += counts[k]
+		plan.outs = append(plan.outs, m.Out)
 	}
-	tmp := c.scratch(4 * total)
-	c.note(fmt.Sprintf("bucket of %d all_reduces", len(members)))
 	cm := d.comm
+	var tmp loc
+	if cm.stagesSums() {
+		tmp = d.bucketScratch()
+	}
+	var err error
+	if plan.ready, err = d.event(); err != nil {
+		return nil, err
+	}
+	if plan.done, err = d.event(); err != nil {
+		return nil, err
+	}
+	comms, err := d.commStream()
+	if err != nil {
+		return nil, err
+	}
+	d.buckets = append(d.buckets, plan)
+	c.note(fmt.Sprintf("bucket of %d all_reduces on the comm stream", len(members)))
 	// The members' buffers share bytes where one's result starts after
 	// another's input dies, as the memory plan has it for one at a time:
 	// each input is copied into its result in order before any sum is
 	// made, as the CPU backend does, and the sums are made in place.
 	return func() error {
+		drv := d.rt.drv
 		bufs := make([]driver.DevicePtr, len(outs))
 		for k := range srcs {
 			bufs[k] = d.ptr(outs[k])
-			if err := d.rt.drv.MemcpyDtoDAsync(bufs[k], d.ptr(srcs[k]), uint64(4*counts[k]), d.compute); err != nil {
+			if err := drv.MemcpyDtoDAsync(bufs[k], d.ptr(srcs[k]), uint64(4*counts[k]), d.compute); err != nil {
 				return err
 			}
 		}
-		return cm.allReduce(d, g, s, bufs, counts, d.ptr(tmp))
+		if err := drv.EventRecord(plan.ready, d.compute); err != nil {
+			return err
+		}
+		if err := drv.StreamWaitEvent(comms, plan.ready); err != nil {
+			return err
+		}
+		if err := cm.allReduceOn(d, g, s, comms, bufs, counts, d.ptr(tmp)); err != nil {
+			return err
+		}
+		return drv.EventRecord(plan.done, comms)
 	}, nil
+}
+
+// bucketScratch is the workspace the fabric reduces a bucket into: one
+// region, as large as the largest bucket of the program, outside the
+// per-instruction scratch (later instructions reuse that while the
+// reduction runs). The comm stream runs the buckets one after another, so
+// they share it.
+func (d *Device) bucketScratch() loc {
+	if d.bucketTmp == nil {
+		sizes := map[int]int64{}
+		for _, in := range d.prog.Instrs {
+			if in.Op == "all_reduce" && in.Bucket > 0 {
+				sizes[in.Bucket] += 4 * in.OutType.Shape.NumElements()
+			}
+		}
+		var most int64
+		for _, n := range sizes {
+			most = max(most, n)
+		}
+		l := loc{inKeep, d.keep.take(most)}
+		d.bucketTmp = &l
+	}
+	return *d.bucketTmp
+}
+
+// commStream is the device's stream for gradient buckets' reductions,
+// made the first time a bucket asks for it.
+func (d *Device) commStream() (driver.Stream, error) {
+	if d.comms != 0 || d.rt.drv == nil {
+		return d.comms, nil
+	}
+	s, err := d.rt.drv.StreamCreate(driver.StreamDefault)
+	if err != nil {
+		return 0, err
+	}
+	d.comms = s
+	return s, nil
+}
+
+// planBucketWaits decides, once at load, where the compute stream waits
+// for each bucket's reduction: before the first instruction after the
+// bucket that reads or writes bytes of the bucket's results (the
+// optimizer reading a gradient, as a rule; the results stay live until
+// then, so no other buffer holds those bytes before), or that runs a
+// collective on the bucket's mesh axis outside the comm stream, so that
+// the collectives of one group (one NCCL communicator) never run at once.
+// A bucket whose wait falls past the end of what a step runs is waited
+// for at the end of the step, when every stream is synchronized.
+func (d *Device) planBucketWaits() {
+	instrs := d.prog.Instrs
+	for _, b := range d.buckets {
+		var spans [][2]int64
+		for _, id := range b.outs {
+			buf := d.prog.Buffers[id]
+			spans = append(spans, [2]int64{buf.Offset, buf.Offset + buf.Bytes})
+		}
+		for j := b.leader + b.members; j < len(instrs) && b.wait < 0; j++ {
+			in := instrs[j]
+			if ir.Collectives[in.Op] && in.Attrs.Str("axis") == b.axis && !(in.Op == "all_reduce" && in.Bucket > 0) {
+				b.wait = j
+			}
+			for _, id := range d.operands(j) {
+				buf := d.prog.Buffers[id]
+				for _, sp := range spans {
+					if !buf.Host && buf.Bytes > 0 && buf.Offset < sp[1] && sp[0] < buf.Offset+buf.Bytes {
+						b.wait = j
+					}
+				}
+			}
+		}
+		if b.wait >= 0 {
+			d.waitBefore[b.wait] = append(d.waitBefore[b.wait], b.done)
+			d.notes[b.wait] = append(d.notes[b.wait], fmt.Sprintf("wait for the bucket reduced by instruction %d", b.leader))
+		}
+	}
+}
+
+// operands are the buffers instruction i's closure reads or writes: its
+// arguments, its result and what it touches besides (a bucket's first
+// all_reduce works on every member's buffers).
+func (d *Device) operands(i int) []int {
+	in := d.prog.Instrs[i]
+	ids := append(slices.Clone(in.Args), d.touches[i]...)
+	if in.Out >= 0 {
+		ids = append(ids, in.Out)
+	}
+	return ids
 }

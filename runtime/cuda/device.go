@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"gcompile/codegen"
 	"gcompile/lower"
 	"gcompile/runtime"
 	"gcompile/runtime/cuda/cublaslt"
@@ -44,11 +45,22 @@ type Device struct {
 	statusOf []int
 
 	compute, copies driver.Stream
-	lt              cublaslt.Handle
-	plans           []*cublaslt.Plan
-	gemmBytes       uint64
-	launches        []*launch
-	events          []driver.Event
+	// comms runs gradient buckets' reductions beside the compute stream
+	// (made when the program has a bucket); buckets are those
+	// reductions, in program order, and bucketTmp the workspace the
+	// fabric reduces them into.
+	comms     driver.Stream
+	buckets   []*bucketPlan
+	bucketTmp *loc
+
+	lt        cublaslt.Handle
+	plans     []*cublaslt.Plan
+	gemmBytes uint64
+	launches  []*launch
+	events    []driver.Event
+	// generated are the kernels written at load for the program's fused
+	// ops, by name (one per distinct body).
+	generated map[string]codegen.CUDAKernel
 
 	steps []func() error
 	// fetches are the host-to-device copies (on the copy stream), by
@@ -81,6 +93,9 @@ type Device struct {
 	// measured with events on the compute stream (the Chrome trace).
 	OnInstr func(i int, start time.Time, d time.Duration)
 	timing  []driver.Event
+	// onIssue, when set, is told each instruction's index before its
+	// waits and work are queued (tests mark the fake GPU's call trace).
+	onIssue func(i int)
 
 	// notes describe each instruction's launches (launch plans).
 	notes [][]string
@@ -152,10 +167,19 @@ func load(rt *Runtime, p *lower.Program, opts Options, rank int, cm comm) (d *De
 	}
 	d.peak = runtime.NewPeakMeter(p)
 	d.planCopyWaits()
+	d.planBucketWaits()
+	if err := rt.loadGenerated(d.generated); err != nil {
+		return d, err
+	}
 	if err := d.allocate(); err != nil {
 		return d, err
 	}
 	for _, l := range d.launches {
+		if l.fn == 0 && rt.drv != nil {
+			if l.fn, err = rt.generatedFunction(l.k.Name); err != nil {
+				return d, err
+			}
+		}
 		d.finalize(l)
 	}
 	for _, b := range p.Buffers {
@@ -250,7 +274,7 @@ func (d *Device) release() error {
 		errs = append(errs, drv.StreamSynchronize(s), drv.StreamDestroy(s))
 		delete(d.links, k)
 	}
-	for _, s := range []*driver.Stream{&d.compute, &d.copies} {
+	for _, s := range []*driver.Stream{&d.compute, &d.copies, &d.comms} {
 		if *s != 0 {
 			errs = append(errs, drv.StreamSynchronize(*s), drv.StreamDestroy(*s))
 			*s = 0
@@ -343,6 +367,9 @@ func (d *Device) exec(n int) (err error) {
 		if err != nil {
 			_ = drv.StreamSynchronize(d.compute)
 			_ = drv.StreamSynchronize(d.copies)
+			if d.comms != 0 {
+				_ = drv.StreamSynchronize(d.comms)
+			}
 			for _, s := range d.links {
 				_ = drv.StreamSynchronize(s)
 			}
@@ -368,6 +395,9 @@ func (d *Device) exec(n int) (err error) {
 	d.peak.Start()
 	for i, f := range d.steps[:n] {
 		in := &d.prog.Instrs[i]
+		if d.onIssue != nil {
+			d.onIssue(i)
+		}
 		d.peak.Issue(i)
 		for _, e := range d.waitBefore[i] {
 			if err := drv.StreamWaitEvent(d.compute, e); err != nil {
@@ -396,6 +426,14 @@ func (d *Device) exec(n int) (err error) {
 	}
 	if err := drv.StreamSynchronize(d.copies); err != nil {
 		return err
+	}
+	// A bucket whose results nothing in this step waited for (the end of
+	// a forward-only run, a program whose gradients are outputs) is done
+	// before the host reads anything.
+	if d.comms != 0 {
+		if err := drv.StreamSynchronize(d.comms); err != nil {
+			return err
+		}
 	}
 	if err := drv.StreamSynchronize(d.compute); err != nil {
 		return err

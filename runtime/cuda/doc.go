@@ -31,12 +31,38 @@
 // collectives on the device's compute stream. The preparations mirror
 // runtime/cpu op by op and are registered by kind (elementwise.go,
 // shape.go, nn.go, optim.go, matmul.go, collective.go, copy.go,
-// precision.go); HasOp and Ops report which ops the backend runs, and an
-// instruction of any other op is an error at load. Host-to-device copies
-// of offloaded buffers run on a second stream, ordered by events, so a
-// prefetch overlaps the compute before its use. A step queues every
-// instruction and synchronizes once at its end; then the status words of
-// the kernels that validate token ids and labels are checked.
+// precision.go, fused.go); HasOp and Ops report which ops the backend
+// runs, and an instruction of any other op is an error at load.
+// Host-to-device copies of offloaded buffers run on a second stream,
+// ordered by events, so a prefetch overlaps the compute before its use.
+// A step queues every instruction and synchronizes once at its end; then
+// the status words of the kernels that validate token ids and labels are
+// checked.
+//
+// # Fused ops
+//
+// A fused op (the fuse pass's group of elementwise ops) runs as one
+// kernel that package codegen writes from its body, named after the body:
+// at load the device collects its program's kernels, and those the
+// runtime has not loaded yet are compiled with NVRTC in one unit after
+// the kernel program (whose helpers they call) through the disk cache,
+// loaded as a module of their own and kept by name, so a body met again
+// in another instruction, device or program reuses its kernel. Each
+// kernel evaluates every op with its own kernel's expression and keeps
+// each intermediate rounded to float, so a fused program computes the
+// unfused one's bits.
+//
+// # Gradient buckets
+//
+// A data-parallel gradient bucket is reduced on a third stream, the comm
+// stream, so that its all-reduce overlaps the rest of the backward: the
+// compute stream copies the bucket's gradients into their result buffers
+// and records an event, the comm stream waits for it, reduces the results
+// in place and records another, which the compute stream waits for before
+// the first instruction that touches a result (the optimizer) or runs a
+// collective on the same mesh axis. The gradients are free once copied,
+// and the results stay live until the optimizer reads them, so nothing
+// the comm stream uses is reused by the memory plan before the wait.
 //
 // Every kernel works for any block of whole warps and any grid; launches
 // take a block sized to the work (a warp for rows of 32) and a few blocks

@@ -19,9 +19,15 @@ type comm interface {
 	// site prepares one call site (an instruction's collective) at load.
 	site(d *Device) (*site, error)
 	// allReduce sums every member's bufs[k] (counts[k] fp32 elements) in
-	// place. tmp is workspace of the total count: the fabric reduces
-	// into it and copies the sums back once no member reads its buffers.
+	// place on d's compute stream. tmp is workspace of the total count
+	// when stagesSums says so: the fabric reduces into it and copies the
+	// sums back once no member reads its buffers.
 	allReduce(d *Device, g group, s *site, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error
+	// allReduceOn is allReduce queued on stream st of d: the comm stream,
+	// for a gradient bucket.
+	allReduceOn(d *Device, g group, s *site, st driver.Stream, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error
+	// stagesSums reports whether allReduce needs its tmp workspace.
+	stagesSums() bool
 	// reduceScatter: out (count fp32 elements) becomes the sum over
 	// members of chunk pos of their src (group size × count elements).
 	reduceScatter(d *Device, g group, s *site, src, out driver.DevicePtr, count int64) error
@@ -221,11 +227,12 @@ func (f *fabric) depart(m *meeting, pos int, done driver.Event) error {
 	return nil
 }
 
-// meet runs one collective on the member's stream: work reads the other
-// members' buffers (their ptrs) between the two rendezvous.
-func (f *fabric) meet(d *Device, g group, s *site, what string, ptrs []driver.DevicePtr, work func(m *meeting) error) error {
+// meet runs one collective on the member's stream st: work reads the
+// other members' buffers (their ptrs) between the two rendezvous, queued
+// on st too.
+func (f *fabric) meet(d *Device, g group, s *site, st driver.Stream, what string, ptrs []driver.DevicePtr, work func(m *meeting) error) error {
 	drv := d.rt.drv
-	if err := drv.EventRecord(s.ready, d.compute); err != nil {
+	if err := drv.EventRecord(s.ready, st); err != nil {
 		return err
 	}
 	m, err := f.arrive(g, slot{what: what, ready: s.ready, ptrs: ptrs})
@@ -234,7 +241,7 @@ func (f *fabric) meet(d *Device, g group, s *site, what string, ptrs []driver.De
 	}
 	for q, sl := range m.slots {
 		if q != g.pos {
-			if err := drv.StreamWaitEvent(d.compute, sl.ready); err != nil {
+			if err := drv.StreamWaitEvent(st, sl.ready); err != nil {
 				return err
 			}
 		}
@@ -242,7 +249,7 @@ func (f *fabric) meet(d *Device, g group, s *site, what string, ptrs []driver.De
 	if err := work(m); err != nil {
 		return err
 	}
-	if err := drv.EventRecord(s.done, d.compute); err != nil {
+	if err := drv.EventRecord(s.done, st); err != nil {
 		return err
 	}
 	if err := f.depart(m, g.pos, s.done); err != nil {
@@ -250,7 +257,7 @@ func (f *fabric) meet(d *Device, g group, s *site, what string, ptrs []driver.De
 	}
 	for q, sl := range m.slots {
 		if q != g.pos {
-			if err := drv.StreamWaitEvent(d.compute, sl.done); err != nil {
+			if err := drv.StreamWaitEvent(st, sl.done); err != nil {
 				return err
 			}
 		}
@@ -259,31 +266,37 @@ func (f *fabric) meet(d *Device, g group, s *site, what string, ptrs []driver.De
 }
 
 // sum writes into out the sum of the members' buffers at index k of
-// their ptrs, offset by off elements: a copy of position 0's, then one
-// add per further position, in order.
-func sum(d *Device, m *meeting, k int, off, count int64, out driver.DevicePtr) error {
+// their ptrs, offset by off elements, on stream st: a copy of position
+// 0's, then one add per further position, in order.
+func sum(d *Device, st driver.Stream, m *meeting, k int, off, count int64, out driver.DevicePtr) error {
 	if count == 0 {
 		return nil
 	}
 	drv := d.rt.drv
 	at := func(q int) driver.DevicePtr { return m.slots[q].ptrs[k].Add(uint64(4 * off)) }
-	if err := drv.MemcpyDtoDAsync(out, at(0), uint64(4*count), d.compute); err != nil {
+	if err := drv.MemcpyDtoDAsync(out, at(0), uint64(4*count), st); err != nil {
 		return err
 	}
 	for q := 1; q < len(m.slots); q++ {
-		if err := d.call("gc_add", abs{out, ir.F32}, abs{out, ir.F32}, abs{at(q), ir.F32}, count); err != nil {
+		if err := d.call(st, "gc_add", abs{out, ir.F32}, abs{out, ir.F32}, abs{at(q), ir.F32}, count); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+func (f *fabric) stagesSums() bool { return true }
+
 func (f *fabric) allReduce(d *Device, g group, s *site, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error {
+	return f.allReduceOn(d, g, s, d.compute, bufs, counts, tmp)
+}
+
+func (f *fabric) allReduceOn(d *Device, g group, s *site, st driver.Stream, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error {
 	what := fmt.Sprintf("all_reduce of %v fp32 elements", counts)
-	err := f.meet(d, g, s, what, bufs, func(m *meeting) error {
+	err := f.meet(d, g, s, st, what, bufs, func(m *meeting) error {
 		var off int64
 		for k := range bufs {
-			if err := sum(d, m, k, 0, counts[k], tmp.Add(uint64(4*off))); err != nil {
+			if err := sum(d, st, m, k, 0, counts[k], tmp.Add(uint64(4*off))); err != nil {
 				return err
 			}
 			off += counts[k]
@@ -297,7 +310,7 @@ func (f *fabric) allReduce(d *Device, g group, s *site, bufs []driver.DevicePtr,
 	var off int64
 	for k, b := range bufs {
 		if counts[k] > 0 {
-			if err := d.rt.drv.MemcpyDtoDAsync(b, tmp.Add(uint64(4*off)), uint64(4*counts[k]), d.compute); err != nil {
+			if err := d.rt.drv.MemcpyDtoDAsync(b, tmp.Add(uint64(4*off)), uint64(4*counts[k]), st); err != nil {
 				return err
 			}
 		}
@@ -308,14 +321,14 @@ func (f *fabric) allReduce(d *Device, g group, s *site, bufs []driver.DevicePtr,
 
 func (f *fabric) reduceScatter(d *Device, g group, s *site, src, out driver.DevicePtr, count int64) error {
 	what := fmt.Sprintf("reduce_scatter into %d fp32 elements", count)
-	return f.meet(d, g, s, what, []driver.DevicePtr{src}, func(m *meeting) error {
-		return sum(d, m, 0, int64(g.pos)*count, count, out)
+	return f.meet(d, g, s, d.compute, what, []driver.DevicePtr{src}, func(m *meeting) error {
+		return sum(d, d.compute, m, 0, int64(g.pos)*count, count, out)
 	})
 }
 
 func (f *fabric) allGather(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error {
 	what := fmt.Sprintf("all_gather of %d bytes each", bytes)
-	return f.meet(d, g, s, what, []driver.DevicePtr{src}, func(m *meeting) error {
+	return f.meet(d, g, s, d.compute, what, []driver.DevicePtr{src}, func(m *meeting) error {
 		for q, sl := range m.slots {
 			if err := d.rt.drv.MemcpyDtoDAsync(out.Add(uint64(int64(q)*bytes)), sl.ptrs[0], uint64(bytes), d.compute); err != nil {
 				return err
@@ -327,7 +340,7 @@ func (f *fabric) allGather(d *Device, g group, s *site, src, out driver.DevicePt
 
 func (f *fabric) allToAll(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error {
 	what := fmt.Sprintf("all_to_all of %d-byte chunks", bytes)
-	return f.meet(d, g, s, what, []driver.DevicePtr{src}, func(m *meeting) error {
+	return f.meet(d, g, s, d.compute, what, []driver.DevicePtr{src}, func(m *meeting) error {
 		for q, sl := range m.slots {
 			from := sl.ptrs[0].Add(uint64(int64(g.pos) * bytes))
 			if err := d.rt.drv.MemcpyDtoDAsync(out.Add(uint64(int64(q)*bytes)), from, uint64(bytes), d.compute); err != nil {

@@ -98,6 +98,14 @@ func (d *Device) newLaunch(name string, grid uint32, args ...any) (*launch, erro
 	if !ok {
 		return nil, fmt.Errorf("no kernel %s in the kernel table", name)
 	}
+	return d.newLaunchOf(k, grid, args...)
+}
+
+// newLaunchOf is newLaunch for a kernel given by its entry: one of the
+// table's, or one generated at load (a fused body's), whose function is
+// found once its module is loaded (see Runtime.fusedFunction).
+func (d *Device) newLaunchOf(k kcuda.Kernel, grid uint32, args ...any) (*launch, error) {
+	name := k.Name
 	if len(args) != len(k.Params) {
 		return nil, fmt.Errorf("%s takes %d arguments, got %d", name, len(k.Params), len(args))
 	}
@@ -266,8 +274,11 @@ func (d *Device) finalize(l *launch) {
 }
 
 // run queues the call on the device's compute stream.
-func (d *Device) run(l *launch) error {
-	if err := d.rt.drv.LaunchKernel(l.fn, driver.Dim3{X: l.grid, Y: 1, Z: 1}, driver.Dim3{X: l.block, Y: 1, Z: 1}, 0, d.compute, l.params); err != nil {
+func (d *Device) run(l *launch) error { return d.runOn(l, d.compute) }
+
+// runOn queues the call on stream s.
+func (d *Device) runOn(l *launch, s driver.Stream) error {
+	if err := d.rt.drv.LaunchKernel(l.fn, driver.Dim3{X: l.grid, Y: 1, Z: 1}, driver.Dim3{X: l.block, Y: 1, Z: 1}, 0, s, l.params); err != nil {
 		return fmt.Errorf("%s: %w", l, err)
 	}
 	return nil
@@ -289,13 +300,25 @@ func (c *compiler) kernelGrid(name string, grid uint32, args ...any) (*launch, e
 	return l, nil
 }
 
+// generated plans a call of a kernel generated at load, as kernel does
+// for the table's.
+func (c *compiler) generated(k kcuda.Kernel, args ...any) (*launch, error) {
+	l, err := c.d.newLaunchOf(k, 0, args...)
+	if err != nil {
+		return nil, err
+	}
+	c.d.launches = append(c.d.launches, l)
+	c.note(l.String())
+	return l, nil
+}
+
 // call runs a kernel on addresses known only at run time (other devices'
-// buffers), checking its arguments as at load.
-func (d *Device) call(name string, args ...any) error {
+// buffers) on stream s, checking its arguments as at load.
+func (d *Device) call(s driver.Stream, name string, args ...any) error {
 	l, err := d.newLaunch(name, 0, args...)
 	if err != nil {
 		return err
 	}
 	d.finalize(l)
-	return d.run(l)
+	return d.runOn(l, s)
 }

@@ -16,8 +16,11 @@ import (
 // ncclComm connects devices that each have a GPU of their own through
 // NCCL, in one process or across processes: one communicator per group of
 // devices along each mesh axis, used for collectives on each device's
-// compute stream, and one two-rank communicator per ordered pair of
-// devices that exchange pipeline transfers, used for nothing else.
+// compute stream (gradient buckets' all-reduces on its comm stream,
+// ordered against the compute stream's collectives of the same group by
+// events, see planBucketWaits), and one two-rank communicator per ordered
+// pair of devices that exchange pipeline transfers, used for nothing
+// else.
 //
 // NCCL pairs a send with a receive by their order on a communicator, not
 // by tag, and its sends wait for the receiver. The pipeline lowering
@@ -249,7 +252,14 @@ func (nc *ncclComm) comm(g group) (nccl.Comm, error) {
 
 func (nc *ncclComm) site(*Device) (*site, error) { return nil, nil }
 
-func (nc *ncclComm) allReduce(d *Device, g group, _ *site, bufs []driver.DevicePtr, counts []int64, _ driver.DevicePtr) error {
+// stagesSums is false: NCCL reduces in place.
+func (nc *ncclComm) stagesSums() bool { return false }
+
+func (nc *ncclComm) allReduce(d *Device, g group, s *site, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error {
+	return nc.allReduceOn(d, g, s, d.compute, bufs, counts, tmp)
+}
+
+func (nc *ncclComm) allReduceOn(d *Device, g group, _ *site, st driver.Stream, bufs []driver.DevicePtr, counts []int64, _ driver.DevicePtr) error {
 	c, err := nc.comm(g)
 	if err != nil {
 		return err
@@ -261,7 +271,7 @@ func (nc *ncclComm) allReduce(d *Device, g group, _ *site, bufs []driver.DeviceP
 	}
 	var errs []error
 	for k := range bufs {
-		if err := nc.lib.AllReduce(bufs[k], bufs[k], uint64(counts[k]), nccl.Float32, nccl.Sum, c, d.compute); err != nil {
+		if err := nc.lib.AllReduce(bufs[k], bufs[k], uint64(counts[k]), nccl.Float32, nccl.Sum, c, st); err != nil {
 			errs = append(errs, err)
 			break
 		}

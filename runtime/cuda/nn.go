@@ -145,7 +145,31 @@ func (c *compiler) embeddingGrad() (func() error, error) {
 		// backend's embeddingGrad).
 		offset, total = int64(o), int64(vocab)
 	}
-	return c.one("gc_embedding_grad", c.out(), c.status(), c.arg(0), c.arg(1), numel(c.shape(0)), rows, int64(outShape[1]), offset, total)
+	// A counting sort of the positions by row, then one block per row
+	// (kernels/cuda/nn.cu): index holds each row's end, list the
+	// positions row by row.
+	count := numel(c.shape(0))
+	index := parg{at: c.scratch(4 * max(rows, 1)), dt: ir.I32}
+	list := parg{at: c.scratch(4 * max(count, 1)), dt: ir.I32}
+	steps := []struct {
+		name string
+		args []any
+	}{
+		{"gc_embedding_grad_clear", []any{index, rows}},
+		{"gc_embedding_grad_count", []any{index, c.status(), c.arg(0), count, rows, offset, total}},
+		{"gc_embedding_grad_scan", []any{index, rows}},
+		{"gc_embedding_grad_place", []any{list, index, c.arg(0), count, rows, offset}},
+		{"gc_embedding_grad", []any{c.out(), index, list, c.arg(0), c.arg(1), count, rows, int64(outShape[1]), offset}},
+	}
+	ls := make([]*launch, len(steps))
+	for i, s := range steps {
+		l, err := c.kernel(s.name, s.args...)
+		if err != nil {
+			return nil, err
+		}
+		ls[i] = l
+	}
+	return c.runs(ls...), nil
 }
 
 // crossEntropy computes a (loss, count) pair per row into the workspace,

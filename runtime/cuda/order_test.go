@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -28,16 +27,6 @@ func planDevice(t *testing.T, progs []*lower.Program) *Device {
 	d, err := load(planningRuntime(), prog, Options{}, 0, cm)
 	require.NoError(t, err)
 	return d
-}
-
-// operands are the buffers instruction i's closure reads or writes.
-func (d *Device) operands(i int) []int {
-	in := d.prog.Instrs[i]
-	ids := append(slices.Clone(in.Args), d.touches[i]...)
-	if in.Out >= 0 {
-		ids = append(ids, in.Out)
-	}
-	return ids
 }
 
 // checkCopyOrder replays the planned waits of d the way a GPU orders

@@ -29,9 +29,10 @@ var planConfigs = []config{
 	{name: "sgd", edit: func(o *passes.Options) { o.Optimizer = "sgd" }},
 	{name: "adafactor", edit: func(o *passes.Options) { o.Optimizer = "adafactor" }},
 	{name: "sm3", edit: func(o *passes.Options) { o.Optimizer = "sm3" }},
-	{name: "recompute_compress", set: map[string]string{"activation": "relu"}, edit: func(o *passes.Options) { o.Recompute = "selective"; o.Compress = "relu,lowp" }},
+	{name: "recompute_compress", set: map[string]string{"activation": "relu", "attention": "unfused"}, edit: func(o *passes.Options) { o.Recompute = "selective"; o.Compress = "relu,lowp" }},
 	{name: "offload", lower: lower.Options{Offload: "optimizer,params"}},
 	{name: "pp2_tp2_bf16", mesh: []ir.MeshAxis{{Name: "pp", Size: 2}, {Name: "tp", Size: 2}}, pp: 2, micro: 2, edit: func(o *passes.Options) { o.Precision = "bf16" }},
+	{name: "fuse_recompute_dp2_tp2", mesh: dp2tp2, edit: func(o *passes.Options) { o.Fuse = true; o.Recompute = "full"; o.BucketMB = 0.01 }},
 }
 
 // Every instruction of every device's program gets a launch plan: kernels
@@ -74,7 +75,7 @@ func TestEveryInstructionHasALaunchPlan(t *testing.T) {
 		})
 	}
 	for _, op := range []string{"matmul", "embedding", "embedding_grad", "layernorm_grad_gamma", "cross_entropy", "adamw", "sgd", "adafactor",
-		"sm3", "cast", "where_finite", "nonfinite_count", "all_reduce", "reduce_scatter", "all_gather", "shard_slice", "send", "recv", "copy", "relu_mask"} {
+		"sm3", "cast", "where_finite", "nonfinite_count", "all_reduce", "reduce_scatter", "all_gather", "shard_slice", "send", "recv", "copy", "relu_mask", ir.FusedOp} {
 		assert.True(t, seen[op], "no program had %s", op)
 	}
 }

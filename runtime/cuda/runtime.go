@@ -98,6 +98,13 @@ type Runtime struct {
 	mod    driver.Module
 	fns    map[string]driver.Function
 
+	// Kernels generated at load (fused ops' bodies), by name, the modules
+	// they were loaded in, and how many compilations made them.
+	genMu     sync.Mutex
+	genFns    map[string]driver.Function
+	genMods   []driver.Module
+	genBuilds int
+
 	ncclOnce sync.Once
 	nccl     *nccl.NCCL
 	ncclErr  error
@@ -202,17 +209,10 @@ func (rt *Runtime) loadKernels() error {
 	if err != nil {
 		return fmt.Errorf("cuda backend: %w", err)
 	}
-	version, err := rt.drv.Version()
+	cache, err := rt.nvrtcCache()
 	if err != nil {
-		return fmt.Errorf("cuda backend: %w", err)
+		return err
 	}
-	dir := rt.cfg.CacheDir
-	if dir == "" {
-		if dir, err = nvrtc.DefaultDir(); err != nil {
-			return fmt.Errorf("cuda backend: %w", err)
-		}
-	}
-	cache := &nvrtc.Cache{Dir: dir, Compiler: rt.nv, DriverVersion: version}
 	cubin, err := cache.Compile(nvrtc.Request{Name: KernelSourceName, Source: src, Arch: rt.props.Arch(), Options: kernelOptions})
 	if err != nil {
 		return fmt.Errorf("cuda backend: compiling the kernels for %s (%s): %w", rt.props.Name, rt.props.Arch(), err)
@@ -229,6 +229,21 @@ func (rt *Runtime) loadKernels() error {
 		rt.fns[k.Name] = f
 	}
 	return nil
+}
+
+// nvrtcCache is the NVRTC disk cache the runtime compiles through.
+func (rt *Runtime) nvrtcCache() (*nvrtc.Cache, error) {
+	version, err := rt.drv.Version()
+	if err != nil {
+		return nil, fmt.Errorf("cuda backend: %w", err)
+	}
+	dir := rt.cfg.CacheDir
+	if dir == "" {
+		if dir, err = nvrtc.DefaultDir(); err != nil {
+			return nil, fmt.Errorf("cuda backend: %w", err)
+		}
+	}
+	return &nvrtc.Cache{Dir: dir, Compiler: rt.nv, DriverVersion: version}, nil
 }
 
 // enter locks the calling goroutine to its OS thread and makes the
@@ -267,17 +282,21 @@ func (rt *Runtime) NCCL() (*nccl.NCCL, error) {
 	return rt.nccl, rt.ncclErr
 }
 
-// Close unloads the kernels, releases the context and closes the
-// libraries. Devices loaded on the runtime must be closed first.
+// Close unloads the kernels (the generated ones too), releases the
+// context and closes the libraries. Devices loaded on the runtime must be closed first.
 func (rt *Runtime) Close() error {
 	if rt == nil || rt.drv == nil {
 		return nil
 	}
 	var errs []error
-	if rt.mod != 0 || rt.ctx != 0 {
+	if rt.mod != 0 || len(rt.genMods) > 0 || rt.ctx != 0 {
 		if leave, err := rt.enter(); err != nil {
 			errs = append(errs, err)
 		} else {
+			for _, m := range rt.genMods {
+				errs = append(errs, rt.drv.ModuleUnload(m))
+			}
+			rt.genMods, rt.genFns = nil, nil
 			if rt.mod != 0 {
 				errs = append(errs, rt.drv.ModuleUnload(rt.mod))
 				rt.mod = 0

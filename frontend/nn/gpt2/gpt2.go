@@ -17,8 +17,20 @@ const LayerNormEps = 1e-5
 // Attention is causal multi-head self-attention over x [batch,seq,hidden]
 // with fused q,k,v (name.c_attn, column-parallel: heads split across tensor
 // ranks) and output projection name.c_proj (row-parallel). projStd is the
-// output projection's init std (GPT-2 scales it by 1/√(2·layers)).
+// output projection's init std (GPT-2 scales it by 1/√(2·layers)). The
+// attention core is the fused attention op (nn.CausalAttention).
 func Attention(x *frontend.Tensor, name string, heads int, projStd float64) *frontend.Tensor {
+	return attention(x, name, heads, projStd, nn.CausalAttention)
+}
+
+// AttentionUnfused is Attention with the core written as primitive ops
+// (nn.CausalAttentionUnfused), whose [batch, heads, seq, seq] scores and
+// probabilities --recompute selective may drop.
+func AttentionUnfused(x *frontend.Tensor, name string, heads int, projStd float64) *frontend.Tensor {
+	return attention(x, name, heads, projStd, nn.CausalAttentionUnfused)
+}
+
+func attention(x *frontend.Tensor, name string, heads int, projStd float64, core func(q, k, v *frontend.Tensor) *frontend.Tensor) *frontend.Tensor {
 	b := x.Builder()
 	hidden := x.Dim(2)
 	if heads <= 0 || hidden%heads != 0 {
@@ -32,7 +44,7 @@ func Attention(x *frontend.Tensor, name string, heads int, projStd float64) *fro
 		return nn.SplitHeads(qkv.Slice(2, i*hidden, (i+1)*hidden), heads)
 	}
 	q, k, v := split(0), split(1), split(2)
-	return nn.Linear(nn.CausalAttention(q, k, v), name+".c_proj", hidden, frontend.RowParallel, projStd)
+	return nn.Linear(core(q, k, v), name+".c_proj", hidden, frontend.RowParallel, projStd)
 }
 
 // MLP is c_fc (4·hidden, column-parallel) → activation → c_proj (row-parallel).
@@ -54,12 +66,19 @@ type BlockConfig struct {
 	Heads      int
 	Layers     int    // total layers, for GPT-2's residual projection init scaling
 	Activation string // "gelu" or "relu"
+	// Unfused writes the attention core as primitive ops
+	// (AttentionUnfused) instead of the fused attention op.
+	Unfused bool
 }
 
 // Block is GPT-2's pre-LayerNorm block: x + attn(ln_1(x)), then
 // + mlp(ln_2(·)).
 func Block(x *frontend.Tensor, name string, cfg BlockConfig) *frontend.Tensor {
 	projStd := nn.InitStd / math.Sqrt(2*float64(max(cfg.Layers, 1)))
-	x = x.Add(Attention(nn.LayerNorm(x, name+".ln_1", LayerNormEps), name+".attn", cfg.Heads, projStd))
+	attn := Attention
+	if cfg.Unfused {
+		attn = AttentionUnfused
+	}
+	x = x.Add(attn(nn.LayerNorm(x, name+".ln_1", LayerNormEps), name+".attn", cfg.Heads, projStd))
 	return x.Add(MLP(nn.LayerNorm(x, name+".ln_2", LayerNormEps), name+".mlp", cfg.Activation, projStd))
 }

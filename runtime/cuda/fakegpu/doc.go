@@ -9,6 +9,7 @@
 //	                   thread), streams, events, memory, modules, launches
 //	libnvrtc.so.12     a "compiler" that checks options, fails on #error with
 //	                   NVRTC's log format, and lists the kernels it finds
+//	                   (with their parameters' types and the source)
 //	libcublasLt.so.12  real (naive) GEMMs in f32, f16 and bf16 with f32
 //	                   accumulation and round-to-nearest-even outputs
 //	libnccl.so.2       communicators of any size, between threads of one
@@ -39,10 +40,27 @@
 // [Libs.MemUsed] reads the driver's count of device memory in use, for
 // tests that check a backend frees what it allocates.
 //
-// What it cannot do: run kernels that are not in the kernels/cuda table
-// (generated kernels compile and load, but launching them fails with
-// CUDA_ERROR_LAUNCH_FAILED); catch out-of-bounds accesses inside a kernel
-// (those touch host memory, and may crash the test); overlap work or model
+// Kernels that are not in the kernels/cuda table (those a backend
+// generates at run time, such as package codegen's fused ones) run too:
+// the module image carries its source, and the first launch of such a
+// kernel builds an emulator of the module with the table's compiler and
+// flags (once per source, kept under gen/ in the emulator's folder, the
+// shim's runtime compiled once for all of them). A source the emulator
+// cannot build (CUDA intrinsics the shim lacks) fails that launch with
+// CUDA_ERROR_LAUNCH_FAILED and the compiler's message.
+//
+// Streams and events exist and are checked, but everything completes when
+// queued, so a missing ordering edge cannot show in results. Two things
+// make such edges testable: a wait on an event that was never recorded
+// fails with CUDA_ERROR_INVALID_VALUE (a GPU would wait for nothing), and
+// [Libs.StartTrace] records every call that queues work or orders
+// streams (launches, copies, memsets, event records, stream waits and
+// synchronizations, the fake NCCL's collectives and transfers) with its
+// stream and event, for [Libs.StopTrace]; [Libs.TraceMark] adds a line
+// of the caller's between them.
+//
+// What it cannot do: catch out-of-bounds accesses inside a kernel (those
+// touch host memory, and may crash the test); overlap work or model
 // stream ordering (everything completes when queued).
 //
 // # NCCL

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -94,6 +95,98 @@ func (l Libs) MemUsed(device int) (uint64, error) {
 		return 0, fmt.Errorf("fakegpu: no device %d", device)
 	}
 	return uint64(n), nil
+}
+
+// TraceCall is one call the fake driver recorded while tracing: what it
+// did (launch, copy, memset, record, wait, sync, or nccl for the fake
+// NCCL's collectives and transfers, or a mark a caller added), the kernel
+// or function, and the stream and event handles involved (0 where none;
+// the legacy default stream is 1).
+type TraceCall struct {
+	Op     string
+	Name   string
+	Stream uintptr
+	Event  uintptr
+	// Line is the call as recorded.
+	Line string
+}
+
+// StartTrace empties the fake driver's call trace and starts recording
+// every call that queues work on a stream or orders streams: the fake GPU
+// runs everything when it is queued, so a test checks the order a
+// backend asks for rather than the order work ran in.
+func (l Libs) StartTrace() error {
+	var fn func()
+	if err := l.bindDriver(&fn, "gcFakeGPUTraceStart"); err != nil {
+		return err
+	}
+	fn()
+	return nil
+}
+
+// TraceMark adds text to the trace between the calls around it.
+func (l Libs) TraceMark(text string) error {
+	var fn func(string)
+	if err := l.bindDriver(&fn, "gcFakeGPUTraceAppend"); err != nil {
+		return err
+	}
+	fn("mark " + text)
+	return nil
+}
+
+// StopTrace stops recording and returns the calls recorded since
+// StartTrace, in the order they were made (calls of several threads
+// interleave). An error says if the trace overflowed.
+func (l Libs) StopTrace() ([]TraceCall, error) {
+	var stop func()
+	var read func() string
+	if err := l.bindDriver(&stop, "gcFakeGPUTraceStop"); err != nil {
+		return nil, err
+	}
+	if err := l.bindDriver(&read, "gcFakeGPUTraceRead"); err != nil {
+		return nil, err
+	}
+	stop()
+	var calls []TraceCall
+	for _, line := range strings.Split(strings.TrimSuffix(read(), "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		if line == "truncated" {
+			return calls, errors.New("fakegpu: the call trace overflowed; calls were dropped")
+		}
+		calls = append(calls, parseTraceLine(line))
+	}
+	return calls, nil
+}
+
+// parseTraceLine reads "OP [NAME] key=value …".
+func parseTraceLine(line string) TraceCall {
+	c := TraceCall{Line: line}
+	if rest, ok := strings.CutPrefix(line, "mark "); ok {
+		c.Op, c.Name = "mark", rest
+		return c
+	}
+	for i, f := range strings.Fields(line) {
+		k, v, kv := strings.Cut(f, "=")
+		switch {
+		case i == 0:
+			c.Op = f
+		case !kv && c.Name == "":
+			c.Name = f
+		case k == "stream" || k == "event":
+			n, err := strconv.ParseUint(strings.TrimPrefix(v, "0x"), 16, 64)
+			if err != nil {
+				continue
+			}
+			if k == "stream" {
+				c.Stream = uintptr(n)
+			} else {
+				c.Event = uintptr(n)
+			}
+		}
+	}
+	return c
 }
 
 var (
@@ -210,6 +303,7 @@ type library struct {
 	source string // path of the source file, for messages
 	text   []byte
 	cxx    bool
+	defs   []string // -D flags before the source
 	libs   []string // linker flags after the source
 }
 
@@ -235,7 +329,16 @@ func gatherInputs(tc toolchain) (inputs, error) {
 		if err != nil {
 			return in, fmt.Errorf("fakegpu: embedded %s: %w", l.src, err)
 		}
-		in.libs = append(in.libs, library{file: l.file, source: l.src, text: b, cxx: true, libs: l.libs})
+		lib := library{file: l.file, source: l.src, text: b, cxx: true, libs: l.libs}
+		if l.file == "libcuda.so.1" {
+			// The driver builds the emulator of kernels generated at run
+			// time with the compiler and flags of the table's.
+			lib.defs = []string{
+				fmt.Sprintf("-DGC_FAKE_EMU_CXX=%q", tc.gxx),
+				fmt.Sprintf("-DGC_FAKE_EMU_FLAGS=%q", strings.Join(emu.CompilerFlags, " ")),
+			}
+		}
+		in.libs = append(in.libs, lib)
 	}
 	lt, err := cublasLtSource()
 	if err != nil {
@@ -261,6 +364,7 @@ func gatherInputs(tc toolchain) (inputs, error) {
 	for _, l := range in.libs {
 		field(l.file)
 		field(string(l.text))
+		field(strings.Join(l.defs, " "))
 		field(strings.Join(l.libs, " "))
 	}
 	field(strings.Join(cxxFlags, " "))
@@ -436,7 +540,7 @@ func compile(tc toolchain, dir string, l library) error {
 	if l.cxx {
 		cc, flags = tc.gxx, cxxFlags
 	}
-	args := append(append(append([]string(nil), flags...), "-o", tmp.Name(), src), l.libs...)
+	args := append(append(append(append([]string(nil), flags...), l.defs...), "-o", tmp.Name(), src), l.libs...)
 	cmd := exec.Command(cc, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

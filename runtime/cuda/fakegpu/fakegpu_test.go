@@ -600,7 +600,10 @@ __global__ void mangled(float* x) {}
 
 func TestLaunchFailures(t *testing.T) {
 	s := open(t)
-	mod := s.compileAndLoad(t, `extern "C" __global__ void not_emulated(float* x) {}`+"\n"+mustProgram(t), "k.cu")
+	mod := s.compileAndLoad(t, mustProgram(t), "k.cu")
+	// __nanosleep is CUDA's, not the emulator shim's: a GPU runs the kernel,
+	// the emulator cannot build it.
+	bad := s.compileAndLoad(t, `extern "C" __global__ void not_emulated(float* x) { __nanosleep(100); }`, "bad.cu")
 	add, err := s.drv.ModuleGetFunction(mod, "gc_add")
 	require.NoError(t, err)
 	p := s.alloc(t, 64)
@@ -610,10 +613,15 @@ func TestLaunchFailures(t *testing.T) {
 
 	t.Run("no emulation", func(t *testing.T) {
 		s.enter(t)
-		f, err := s.drv.ModuleGetFunction(mod, "not_emulated")
+		f, err := s.drv.ModuleGetFunction(bad, "not_emulated")
 		require.NoError(t, err)
 		var a driver.Args
 		a.Ptr(p)
+		requireCode(t, s.drv.LaunchKernel(f, one, block, 0, 0, a.Pointers()), driver.ErrorLaunchFailed)
+		assert.Contains(t, s.lastError(t), "not_emulated has no CPU emulation: building it from the module's source")
+		assert.Contains(t, s.lastError(t), "__nanosleep")
+		// The build is tried once per module: the next launch fails alike
+		// without compiling again.
 		requireCode(t, s.drv.LaunchKernel(f, one, block, 0, 0, a.Pointers()), driver.ErrorLaunchFailed)
 		assert.Contains(t, s.lastError(t), "not_emulated has no CPU emulation")
 	})
@@ -661,6 +669,89 @@ func TestLaunchFailures(t *testing.T) {
 	})
 }
 
+// A kernel the emulator's table does not hold (one a backend generates at
+// run time) runs all the same: its module's image carries the source, and
+// the first launch builds an emulator of it, which may call what the
+// source defines before it and leaves the table's kernels to the table.
+func TestGeneratedKernelsRun(t *testing.T) {
+	s := open(t)
+	src := `static __device__ float twice(float v) { return 2.0f * v; }
+extern "C" __global__ void gen_fill(float* x, const float* __restrict__ v, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)blockDim.x * gridDim.x) {
+    x[i] = twice(v[0]) + (float)i;
+  }
+}
+extern "C" __global__ void gen_none() {}
+`
+	mod := s.compileAndLoad(t, src, "generated.cu")
+	fill, err := s.drv.ModuleGetFunction(mod, "gen_fill")
+	require.NoError(t, err)
+	const n = 1000
+	out, v := s.alloc(t, 4*n), s.upload(t, []float32{1.5})
+	var args driver.Args
+	args.Ptr(out).Ptr(v).Int64(n)
+	require.NoError(t, s.drv.LaunchKernel(fill, driver.Dim3{X: 3, Y: 1, Z: 1}, driver.Dim3{X: 64, Y: 1, Z: 1}, 0, 0, args.Pointers()))
+	got := s.download(t, out, n)
+	for i := range got {
+		require.Equal(t, 3+float32(i), got[i], "element %d", i)
+	}
+	_, err = s.drv.ModuleGetFunction(mod, "gen_none")
+	require.NoError(t, err, "a kernel without parameters is listed (and dispatched) too")
+}
+
+// A stream that waits for an event nobody recorded would wait for nothing
+// on a GPU: almost always an ordering edge whose other end is missing. The
+// fake refuses it.
+func TestWaitOnUnrecordedEventFails(t *testing.T) {
+	s := open(t)
+	st, err := s.drv.StreamCreate(driver.StreamDefault)
+	require.NoError(t, err)
+	defer s.drv.StreamDestroy(st)
+	e, err := s.drv.EventCreate(driver.EventDisableTiming)
+	require.NoError(t, err)
+	defer s.drv.EventDestroy(e)
+	requireCode(t, s.drv.StreamWaitEvent(st, e), driver.ErrorInvalidValue)
+	assert.Contains(t, s.lastError(t), "has never been recorded")
+	require.NoError(t, s.drv.EventRecord(e, 0))
+	require.NoError(t, s.drv.StreamWaitEvent(st, e))
+}
+
+// The trace lists the calls that queue work or order streams, with their
+// streams and events, in order, and the marks a caller adds between them.
+func TestTraceRecordsStreamsAndEvents(t *testing.T) {
+	s := open(t)
+	mod := loadKernels(t, s)
+	add, err := s.drv.ModuleGetFunction(mod, "gc_add")
+	require.NoError(t, err)
+	st, err := s.drv.StreamCreate(driver.StreamDefault)
+	require.NoError(t, err)
+	defer s.drv.StreamDestroy(st)
+	e, err := s.drv.EventCreate(driver.EventDisableTiming)
+	require.NoError(t, err)
+	defer s.drv.EventDestroy(e)
+	p := s.alloc(t, 64)
+	var args driver.Args
+	args.Ptr(p).Ptr(p).Ptr(p).Int64(16)
+
+	require.NoError(t, s.libs.StartTrace())
+	require.NoError(t, s.drv.LaunchKernel(add, driver.Dim3{X: 1, Y: 1, Z: 1}, driver.Dim3{X: 32, Y: 1, Z: 1}, 0, st, args.Pointers()))
+	require.NoError(t, s.drv.EventRecord(e, st))
+	require.NoError(t, s.libs.TraceMark("between"))
+	require.NoError(t, s.drv.StreamWaitEvent(0, e))
+	require.NoError(t, s.drv.MemcpyDtoDAsync(p, p.Add(32), 32, st))
+	calls, err := s.libs.StopTrace()
+	require.NoError(t, err)
+	require.NoError(t, s.drv.StreamSynchronize(st)) // not recorded: the trace stopped
+	require.Len(t, calls, 5, "%v", calls)
+	assert.Equal(t, TraceCall{Op: "launch", Name: "gc_add", Stream: uintptr(st), Line: calls[0].Line}, calls[0])
+	assert.Equal(t, TraceCall{Op: "record", Stream: uintptr(st), Event: uintptr(e), Line: calls[1].Line}, calls[1])
+	assert.Equal(t, TraceCall{Op: "mark", Name: "between", Line: "mark between"}, calls[2])
+	assert.Equal(t, TraceCall{Op: "wait", Stream: 0, Event: uintptr(e), Line: calls[3].Line}, calls[3])
+	assert.Equal(t, "copy", calls[4].Op)
+	assert.Equal(t, "cuMemcpyDtoDAsync", calls[4].Name)
+	assert.Equal(t, uintptr(st), calls[4].Stream)
+}
+
 func mustProgram(t *testing.T) string {
 	t.Helper()
 	src, err := cuda.Program()
@@ -696,7 +787,7 @@ func TestNVRTCErrors(t *testing.T) {
 		src := "#if defined(SOMETHING_ELSE)\n#error not for NVRTC\n#endif\nextern \"C\" __global__ void k(float* x) {}\n"
 		cubin, err := cc.Compile(src, "cond.cu", arch)
 		require.NoError(t, err)
-		assert.Contains(t, string(cubin), "kernel k\n")
+		assert.Contains(t, string(cubin), "kernel k\tfloat*\n")
 	})
 	t.Run("duplicate kernel", func(t *testing.T) {
 		src := "extern \"C\" __global__ void k(float* x) {}\n\nextern \"C\" __global__ void k(float* y) {}\n"

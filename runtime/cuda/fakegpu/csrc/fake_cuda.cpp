@@ -19,6 +19,22 @@
 // (fake_nccl.cpp) learn each rank's device and check its buffers, as NCCL
 // asks the CUDA runtime.
 //
+// Kernels a backend generates at run time are not in the emulator's
+// table. The image of their module carries its source (fake_nvrtc.cpp), so
+// the first launch of such a kernel builds an emulator of the module with
+// the same compiler and flags as the table's (GC_FAKE_EMU_CXX and
+// GC_FAKE_EMU_FLAGS, set when this library is built), from the shim
+// sources beside the emulator library, and keeps it on disk under a hash
+// of its inputs (gen/ in the emulator's folder).
+//
+// Work completes when it is queued, so stream ordering cannot go wrong
+// here; what a backend asks of it can be checked instead. A wait on an
+// event that was never recorded fails (on a GPU it would silently wait for
+// nothing), and gcFakeGPUTraceStart records every call that queues work or
+// orders streams (launches, copies, event records, stream waits, and the
+// fake NCCL's calls through gcFakeGPUTraceAppend) with its stream, for
+// gcFakeGPUTraceRead.
+//
 // Configuration, read by cuInit whenever no primary context is retained:
 //   GCOMPILE_FAKEGPU_DEVICES  number of devices (default 1, 0 to 64)
 //   GCOMPILE_FAKEGPU_MEMORY   bytes per device, with an optional K, M, G or
@@ -29,13 +45,19 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,6 +68,18 @@
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
+
+extern char** environ;
+
+// The compiler and flags of generated kernels' emulators; the Go package
+// that builds this library sets them to the kernel emulator's.
+#ifndef GC_FAKE_EMU_CXX
+#define GC_FAKE_EMU_CXX "g++"
+#endif
+#ifndef GC_FAKE_EMU_FLAGS
+#define GC_FAKE_EMU_FLAGS \
+  "-std=c++20 -O1 -fPIC -shared -pthread -ffp-contract=off -fno-fast-math -Wall -Wno-unused-function -Werror"
+#endif
 
 namespace {
 
@@ -145,9 +179,25 @@ struct Event {
 
 struct Module;
 
+// The kernel emulator's entry point (gc_emu_launch, see kernels/cuda/emu).
+typedef int (*EmuLaunch)(const char*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void**);
+
+// Code is what a module's image says about its source: every kernel with
+// its parameters' C types, and the source itself. The emulator of the
+// kernels the table lacks is built from it on the first launch of one.
+struct Code {
+  std::string source;
+  std::vector<std::pair<std::string, std::vector<std::string>>> kernels;
+  std::mutex mu;  // guards what follows
+  bool tried = false;
+  EmuLaunch launch = nullptr;
+  std::string error;
+};
+
 struct Func {
   Module* mod;
   std::string name;
+  std::shared_ptr<Code> code;
 };
 
 struct Module {
@@ -205,6 +255,39 @@ CUresult fail(CUresult code, const char* fn, const char* fmt, ...) {
   if (v && strcmp(v, "1") == 0) fprintf(stderr, "fakegpu: %s\n", msg.c_str());
   return code;
 }
+
+// The call trace (gcFakeGPUTraceStart). Entries are bounded so that a
+// forgotten trace cannot take the host's memory.
+std::atomic<bool> tracing{false};
+std::mutex trace_mu;
+std::vector<std::string> trace_log;
+bool trace_full = false;
+constexpr size_t kTraceMax = 1 << 20;
+
+void trace_line(const std::string& line) {
+  std::lock_guard<std::mutex> g(trace_mu);
+  if (!tracing.load()) return;
+  if (trace_log.size() >= kTraceMax) {
+    trace_full = true;
+    return;
+  }
+  trace_log.push_back(line);
+}
+
+void trace(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void trace(const char* fmt, ...) {
+  if (!tracing.load()) return;
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  trace_line(buf);
+}
+
+// handle prints a stream or event handle for the trace: 0 is the legacy
+// default stream.
+unsigned long long handle(const void* p) { return (unsigned long long)(uintptr_t)p; }
 
 // parse_size reads a byte count with an optional K/M/G/T suffix (powers of
 // 1024, an optional trailing "iB" or "B").
@@ -375,7 +458,6 @@ void destroy_context(Ctx* ctx) {
 }
 
 // The kernel emulator, loaded on first launch from GCOMPILE_FAKEGPU_EMU.
-typedef int (*EmuLaunch)(const char*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void**);
 std::mutex emu_mu;
 std::map<std::string, EmuLaunch> emu_loaded;
 
@@ -404,6 +486,220 @@ CUresult load_emulator(EmuLaunch* out) {
   EmuLaunch fn = (EmuLaunch)sym;
   emu_loaded[path] = fn;
   *out = fn;
+  return CUDA_SUCCESS;
+}
+
+bool read_file(const std::string& path, std::string* out) {
+  FILE* f = fopen(path.c_str(), "rb");
+  if (!f) return false;
+  out->clear();
+  char buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
+  const bool ok = !ferror(f);
+  fclose(f);
+  return ok;
+}
+
+bool write_file(const std::string& path, const std::string& data) {
+  FILE* f = fopen(path.c_str(), "wb");
+  if (!f) return false;
+  const bool ok = fwrite(data.data(), 1, data.size(), f) == data.size();
+  return fclose(f) == 0 && ok;
+}
+
+// fnv64 hashes the inputs of a generated emulator.
+unsigned long long fnv64(const std::vector<const std::string*>& parts) {
+  unsigned long long h = 1469598103934665603ull;
+  for (const std::string* p : parts) {
+    for (unsigned char c : *p) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;  // a separator no text contains
+  }
+  return h;
+}
+
+// emu_dispatch writes what kernels/cuda/emu's Dispatch writes for the
+// table: per kernel an argument struct, a body calling the kernel with it
+// and an unpacker of cuLaunchKernel's parameter array, and the
+// gc_emu_launch entry point that finds a kernel by name.
+std::string emu_dispatch(const std::vector<const std::pair<std::string, std::vector<std::string>>*>& ks) {
+  std::string b = "\n// Generated by the fake CUDA driver for the module's own kernels.\nnamespace {\n\n";
+  b += "using gc_emu_unpack = int (*)(const gc_emu::Dims&, void**);\n\n";
+  for (const auto* k : ks) {
+    const std::string& n = k->first;
+    const std::vector<std::string>& ps = k->second;
+    b += "struct args_" + n + " {\n";
+    for (size_t i = 0; i < ps.size(); i++) b += "  " + ps[i] + " a" + std::to_string(i) + ";\n";
+    b += "};\n\nvoid body_" + n + "(void* p) {\n";
+    if (ps.empty()) {
+      b += "  (void)p;\n  " + n + "();\n}\n\n";
+    } else {
+      b += "  const args_" + n + "& a = *static_cast<const args_" + n + "*>(p);\n  " + n + "(";
+      for (size_t i = 0; i < ps.size(); i++) b += (i ? ", a.a" : "a.a") + std::to_string(i);
+      b += ");\n}\n\n";
+    }
+    b += "int unpack_" + n + "(const gc_emu::Dims& d, void** params) {\n  args_" + n + " a{};\n";
+    for (size_t i = 0; i < ps.size(); i++) {
+      const std::string k = std::to_string(i);
+      b += "  if (params[" + k + "] == nullptr) return GC_EMU_BAD_PARAMS;\n";
+      b += "  std::memcpy(&a.a" + k + ", params[" + k + "], sizeof(a.a" + k + "));\n";
+    }
+    b += "  return gc_emu::run(d, body_" + n + ", &a);\n}\n\n";
+  }
+  b += "struct gc_emu_entry {\n  const char* name;\n  gc_emu_unpack unpack;\n};\n\n";
+  b += "const gc_emu_entry gc_emu_table[] = {\n";
+  for (const auto* k : ks) b += "    {\"" + k->first + "\", unpack_" + k->first + "},\n";
+  b += "};\n\n}  // namespace\n\n";
+  b += "extern \"C\" int gc_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,\n"
+       "                             unsigned by, unsigned bz, unsigned shmem, void** params) {\n"
+       "  if (name == nullptr) return GC_EMU_UNKNOWN_KERNEL;\n"
+       "  for (const gc_emu_entry& e : gc_emu_table) {\n"
+       "    if (std::strcmp(e.name, name) == 0) {\n"
+       "      if (params == nullptr) return GC_EMU_BAD_PARAMS;\n"
+       "      return e.unpack(gc_emu::Dims{gx, gy, gz, bx, by, bz, shmem}, params);\n"
+       "    }\n"
+       "  }\n"
+       "  return GC_EMU_UNKNOWN_KERNEL;\n"
+       "}\n";
+  return b;
+}
+
+// run_compiler runs the emulator's compiler with its flags, then args,
+// its output going to log; on failure it returns the output in *why.
+bool run_compiler(const std::vector<std::string>& extra, const std::string& log, std::string* why) {
+  std::vector<std::string> args = {GC_FAKE_EMU_CXX};
+  const std::string flags = GC_FAKE_EMU_FLAGS;
+  for (size_t i = 0; i < flags.size();) {
+    size_t j = flags.find(' ', i);
+    if (j == std::string::npos) j = flags.size();
+    if (j > i) args.push_back(flags.substr(i, j - i));
+    i = j + 1;
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(&a[0]);
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    *why = std::string("starting ") + argv[0] + ": " + strerror(rc);
+    return false;
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      *why = std::string("waiting for ") + argv[0] + ": " + strerror(errno);
+      return false;
+    }
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  std::string out;
+  read_file(log, &out);
+  if (out.size() > 400) out = out.substr(0, 400) + "...";
+  *why = std::string(argv[0]) + " failed: " + out;
+  return false;
+}
+
+// build_once makes target (in gen) unless it exists: it writes files into
+// a fresh folder, compiles there with args (where "@" stands for the
+// output) and renames the output into place, so a process making the same
+// target at the same time never loads half of it.
+bool build_once(const std::string& gen, const std::string& target,
+                const std::vector<std::pair<std::string, const std::string*>>& files,
+                const std::vector<std::string>& args, std::string* why) {
+  if (access(target.c_str(), R_OK) == 0) return true;
+  std::string dir = gen + "/build.XXXXXX";
+  if (!mkdtemp(&dir[0])) {
+    *why = "making a build folder in " + gen + ": " + strerror(errno);
+    return false;
+  }
+  bool ok = true;
+  for (const auto& f : files) {
+    if (ok && !write_file(dir + "/" + f.first, *f.second)) {
+      ok = false;
+      *why = "writing " + dir + "/" + f.first + ": " + strerror(errno);
+    }
+  }
+  const std::string out = dir + "/out";
+  std::vector<std::string> full;
+  for (const std::string& a : args) full.push_back(a == "@" ? out : a[0] == '+' ? dir + "/" + a.substr(1) : a);
+  if (ok) ok = run_compiler(full, dir + "/log", why);
+  if (ok && rename(out.c_str(), target.c_str()) != 0) {
+    ok = false;
+    *why = "installing " + target + ": " + strerror(errno);
+  }
+  for (const auto& f : files) unlink((dir + "/" + f.first).c_str());
+  unlink((dir + "/log").c_str());
+  unlink(out.c_str());
+  rmdir(dir.c_str());
+  return ok;
+}
+
+// build_generated builds (or finds on disk) the emulator of code's kernels
+// that base does not run and returns its entry point, or "" and why not.
+// The shim's runtime is compiled once into an object all such emulators
+// link.
+std::string build_generated(const Code& code, EmuLaunch base, EmuLaunch* out) {
+  const char* path = getenv("GCOMPILE_FAKEGPU_EMU");
+  std::string dir = path ? path : "";
+  const size_t slash = dir.rfind('/');
+  dir = slash == std::string::npos ? "." : dir.substr(0, slash);
+  std::string shim, runtime;
+  if (!read_file(dir + "/emu.h", &shim) || !read_file(dir + "/emu.cpp", &runtime)) {
+    return "the emulator's folder " + dir + " has no emu.h and emu.cpp (kernels/cuda/emu.Build writes them there)";
+  }
+  std::vector<const std::pair<std::string, std::vector<std::string>>*> extra;
+  for (const auto& k : code.kernels) {
+    if (base(k.first.c_str(), 1, 1, 1, 1, 1, 1, 0, nullptr) == 1) extra.push_back(&k);
+  }
+  const std::string unit = "// A module's kernels for the emulator, written by the fake CUDA driver.\n#include \"emu.h\"\n" +
+                           code.source + "\n" + emu_dispatch(extra);
+  const std::string cxx = GC_FAKE_EMU_CXX, flags = GC_FAKE_EMU_FLAGS;
+  const std::string gen = dir + "/gen";
+  if (mkdir(gen.c_str(), 0755) != 0 && errno != EEXIST) return "making " + gen + ": " + strerror(errno);
+  char name[64];
+  snprintf(name, sizeof name, "/emu-%016llx.o", fnv64({&cxx, &flags, &shim, &runtime}));
+  const std::string obj = gen + name;
+  std::string why;
+  if (!build_once(gen, obj, {{"emu.h", &shim}, {"emu.cpp", &runtime}}, {"-c", "-o", "@", "+emu.cpp"}, &why)) {
+    return "building the emulator's runtime: " + why;
+  }
+  snprintf(name, sizeof name, "/%016llx.so", fnv64({&cxx, &flags, &shim, &runtime, &unit}));
+  const std::string lib = gen + name;
+  // Each emulator resolves its own symbols (its thread pool, the index
+  // variables) whatever else the process has loaded.
+  if (!build_once(gen, lib, {{"emu.h", &shim}, {"unit.cpp", &unit}}, {"-Wl,-Bsymbolic", "-o", "@", "+unit.cpp", obj},
+                  &why)) {
+    return "building it from the module's source: " + why;
+  }
+  void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = dlerror();
+    return "loading " + lib + ": " + (e ? e : "dlopen failed");
+  }
+  *out = (EmuLaunch)dlsym(h, "gc_emu_launch");
+  if (!*out) return lib + " has no gc_emu_launch";
+  return "";
+}
+
+// generated_emulator is the emulator of code's kernels the table lacks,
+// built on the first call.
+CUresult generated_emulator(const std::string& kernel, Code* code, EmuLaunch base, EmuLaunch* out) {
+  std::lock_guard<std::mutex> g(code->mu);
+  if (!code->tried) {
+    code->tried = true;
+    code->error = build_generated(*code, base, &code->launch);
+  }
+  if (!code->launch) {
+    return fail(CUDA_ERROR_LAUNCH_FAILED, "cuLaunchKernel", "%s has no CPU emulation: %s", kernel.c_str(),
+                code->error.c_str());
+  }
+  *out = code->launch;
   return CUDA_SUCCESS;
 }
 
@@ -609,7 +905,9 @@ CUresult cuStreamDestroy_v2(void* s) {
 CUresult cuStreamSynchronize(void* s) {
   std::lock_guard<std::mutex> g(mu);
   if (CUresult r = need_ctx("cuStreamSynchronize")) return r;
-  return need_stream("cuStreamSynchronize", s);
+  if (CUresult r = need_stream("cuStreamSynchronize", s)) return r;
+  trace("sync stream=0x%llx", handle(s));
+  return CUDA_SUCCESS;
 }
 
 CUresult cuStreamWaitEvent(void* s, void* e, unsigned int flags) {
@@ -618,6 +916,13 @@ CUresult cuStreamWaitEvent(void* s, void* e, unsigned int flags) {
   if (CUresult r = need_stream("cuStreamWaitEvent", s)) return r;
   if (CUresult r = need_event("cuStreamWaitEvent", e)) return r;
   if (flags > 1) return fail(CUDA_ERROR_INVALID_VALUE, "cuStreamWaitEvent", "unknown flags 0x%x", flags);
+  // Stricter than a GPU, which would wait for nothing: such a wait is an
+  // ordering edge whose other end is missing.
+  if (!((Event*)e)->recorded) {
+    return fail(CUDA_ERROR_INVALID_VALUE, "cuStreamWaitEvent",
+                "event %llu has never been recorded: the stream would wait for nothing", ((Event*)e)->id);
+  }
+  trace("wait stream=0x%llx event=0x%llx", handle(s), handle(e));
   return CUDA_SUCCESS;
 }
 
@@ -641,6 +946,7 @@ CUresult cuEventRecord(void* e, void* s) {
   Event* ev = (Event*)e;
   ev->recorded = true;
   ev->ns = now_ns();
+  trace("record event=0x%llx stream=0x%llx", handle(e), handle(s));
   return CUDA_SUCCESS;
 }
 
@@ -769,6 +1075,8 @@ static CUresult copy(const char* fn, void* s, bool check_stream, void* dst, bool
     return fail(CUDA_ERROR_INVALID_VALUE, fn, "NULL host source");
   }
   memmove(dst, src, n);
+  trace("copy %s stream=0x%llx dst=0x%llx src=0x%llx bytes=%zu", fn, check_stream ? handle(s) : handle((void*)kStreamLegacy),
+        handle(dst), handle(src), n);
   return CUDA_SUCCESS;
 }
 
@@ -813,6 +1121,7 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, void* s) {
   if (CUresult r = need_range("cuMemsetD32Async", "destination", dst, n * 4)) return r;
   uint32_t* p = (uint32_t*)(uintptr_t)dst;
   for (size_t i = 0; i < n; i++) p[i] = v;
+  trace("memset stream=0x%llx dst=0x%llx bytes=%zu", handle(s), dst, n * 4);
   return CUDA_SUCCESS;
 }
 
@@ -829,7 +1138,7 @@ CUresult cuModuleLoadData(void** m, const void* image) {
   }
   s += sizeof kImageMagic - 1;
   std::string arch;
-  std::vector<std::string> names;
+  auto code = std::make_shared<Code>();
   bool ended = false;
   while (*s && !ended) {
     const char* nl = strchr(s, '\n');
@@ -839,7 +1148,24 @@ CUresult cuModuleLoadData(void** m, const void* image) {
     if (line.compare(0, 5, "arch ") == 0) {
       arch = line.substr(5);
     } else if (line.compare(0, 7, "kernel ") == 0) {
-      names.push_back(line.substr(7));
+      // kernel NAME, then each parameter's type after a tab.
+      std::vector<std::string> fields;
+      size_t i = 7;
+      for (;;) {
+        size_t j = line.find('\t', i);
+        fields.push_back(line.substr(i, j == std::string::npos ? std::string::npos : j - i));
+        if (j == std::string::npos) break;
+        i = j + 1;
+      }
+      code->kernels.push_back({fields[0], std::vector<std::string>(fields.begin() + 1, fields.end())});
+    } else if (line.compare(0, 7, "source ") == 0) {
+      char* end = nullptr;
+      const unsigned long long n = strtoull(line.c_str() + 7, &end, 10);
+      if (*end != '\0' || strnlen(s, n) < n || s[n] != '\n') {
+        return fail(CUDA_ERROR_INVALID_IMAGE, "cuModuleLoadData", "the image's source block is malformed");
+      }
+      code->source.assign(s, n);
+      s += n + 1;
     } else if (line == "end") {
       ended = true;
     } else {
@@ -860,8 +1186,11 @@ CUresult cuModuleLoadData(void** m, const void* image) {
                 "the image was built for %s; the device is sm_%d%d", arch.c_str(), dev_major, dev_minor);
   }
   Module* mod = new Module{next_id++, current, {}};
-  for (const std::string& n : names) {
-    mod->funcs.push_back(std::unique_ptr<Func>(new Func{mod, n}));
+  const auto kernels = code->kernels;
+  // Without a source only the table's kernels can run.
+  if (code->source.empty()) code.reset();
+  for (const auto& k : kernels) {
+    mod->funcs.push_back(std::unique_ptr<Func>(new Func{mod, k.first, code}));
     funcs.insert(mod->funcs.back().get());
   }
   modules.insert(mod);
@@ -903,12 +1232,14 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
                         unsigned shared, void* s, void** params, void** extra) {
   const char* fn = "cuLaunchKernel";
   std::string name;
+  std::shared_ptr<Code> code;
   {
     std::lock_guard<std::mutex> g(mu);
     if (CUresult r = need_ctx(fn)) return r;
     if (!funcs.count((Func*)f)) return fail(CUDA_ERROR_INVALID_HANDLE, fn, "function %p is not loaded", f);
     if (CUresult r = need_stream(fn, s)) return r;
     name = ((Func*)f)->name;
+    code = ((Func*)f)->code;
   }
   if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) {
     return fail(CUDA_ERROR_INVALID_VALUE, fn, "%s: grid (%u,%u,%u) or block (%u,%u,%u) has a zero dimension", name.c_str(),
@@ -930,12 +1261,21 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
   if (extra) return fail(CUDA_ERROR_INVALID_VALUE, fn, "%s: the extra parameter buffer is not supported", name.c_str());
   EmuLaunch launch = nullptr;
   if (CUresult r = load_emulator(&launch)) return r;
-  const int rc = launch(name.c_str(), gx, gy, gz, bx, by, bz, shared, params);
+  trace("launch %s stream=0x%llx", name.c_str(), handle(s));
+  int rc = launch(name.c_str(), gx, gy, gz, bx, by, bz, shared, params);
+  if (rc == 1 && code) {
+    // Not in the table: a kernel generated at run time, emulated from its
+    // module's source.
+    EmuLaunch generated = nullptr;
+    if (CUresult r = generated_emulator(name, code.get(), launch, &generated)) return r;
+    rc = generated(name.c_str(), gx, gy, gz, bx, by, bz, shared, params);
+  }
   switch (rc) {
     case 0:
       return CUDA_SUCCESS;
     case 1:
-      return fail(CUDA_ERROR_LAUNCH_FAILED, fn, "%s has no CPU emulation (it is not in the kernels/cuda table)",
+      return fail(CUDA_ERROR_LAUNCH_FAILED, fn,
+                  "%s has no CPU emulation (it is neither in the kernels/cuda table nor in its module's source)",
                   name.c_str());
     case 2:
       return fail(CUDA_ERROR_INVALID_VALUE, fn, "%s: the emulator rejected grid (%u,%u,%u) block (%u,%u,%u) shared %u",
@@ -1035,6 +1375,35 @@ int gcFakeGPUCheckBuffer(unsigned long long p, unsigned long long n, int device,
   }
   snprintf(msg, len, "0x%llx is not in any live device or pinned host allocation", p);
   return -1;
+}
+
+// gcFakeGPUTraceStart empties the call trace and starts recording.
+void gcFakeGPUTraceStart(void) {
+  std::lock_guard<std::mutex> g(trace_mu);
+  trace_log.clear();
+  trace_full = false;
+  tracing.store(true);
+}
+
+// gcFakeGPUTraceStop stops recording; the trace stays readable.
+void gcFakeGPUTraceStop(void) { tracing.store(false); }
+
+// gcFakeGPUTraceAppend adds a line to the trace while it records: the
+// fake NCCL's calls, or a caller's marks between its own calls.
+void gcFakeGPUTraceAppend(const char* line) {
+  if (line) trace_line(line);
+}
+
+// gcFakeGPUTraceRead is the trace, one call per line, with a last line
+// "truncated" if entries were dropped. The pointer stays valid on the
+// calling thread until its next call.
+const char* gcFakeGPUTraceRead(void) {
+  thread_local std::string copy;
+  std::lock_guard<std::mutex> g(trace_mu);
+  copy.clear();
+  for (const std::string& l : trace_log) copy += l + "\n";
+  if (trace_full) copy += "truncated\n";
+  return copy.c_str();
 }
 
 // gcFakeGPUMemUsed is the device memory in use on device d, in bytes (each

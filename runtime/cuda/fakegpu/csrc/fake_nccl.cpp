@@ -251,6 +251,7 @@ struct Driver {
   void* handle = nullptr;
   int (*current_device)(void) = nullptr;
   int (*check_buffer)(unsigned long long, unsigned long long, int, char*, unsigned long) = nullptr;
+  void (*trace)(const char*) = nullptr;
 
   Driver() {
     const char* path = getenv("GCOMPILE_LIBCUDA");
@@ -263,7 +264,8 @@ struct Driver {
     current_device = (int (*)(void))dlsym(handle, "gcFakeGPUCurrentDevice");
     using Check = int (*)(unsigned long long, unsigned long long, int, char*, unsigned long);
     check_buffer = (Check)dlsym(handle, "gcFakeGPUCheckBuffer");
-    if (!current_device || !check_buffer) dlerror();
+    trace = (void (*)(const char*))dlsym(handle, "gcFakeGPUTraceAppend");
+    if (!current_device || !check_buffer || !trace) dlerror();
   }
   ~Driver() {
     if (handle) dlclose(handle);
@@ -271,6 +273,17 @@ struct Driver {
   Driver(const Driver&) = delete;
   Driver& operator=(const Driver&) = delete;
 };
+
+// trace_call adds a call that queues work on a stream to the fake
+// driver's call trace (when it records one), so that a test sees which
+// stream each collective was queued on.
+void trace_call(const char* fn, const void* stream) {
+  Driver d;
+  if (!d.trace) return;
+  char buf[128];
+  snprintf(buf, sizeof buf, "nccl %s stream=0x%llx", fn, (unsigned long long)(uintptr_t)stream);
+  d.trace(buf);
+}
 
 // calling_device is the device a rank created now would use: the current
 // context's, device 0 without one (the CUDA runtime's default), or -1 when
@@ -2119,38 +2132,38 @@ ncclResult_t ncclCommCuDevice(Comm* c, int* device) {
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, int type, int op, Comm* c, void* stream) {
-  (void)stream;
+  trace_call("ncclAllReduce", stream);
   return collective("ncclAllReduce", kAllReduce, send, recv, count, type, op, 0, c);
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, int type, int op, Comm* c,
                                void* stream) {
-  (void)stream;
+  trace_call("ncclReduceScatter", stream);
   return collective("ncclReduceScatter", kReduceScatter, send, recv, recvcount, type, op, 0, c);
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, int type, Comm* c, void* stream) {
-  (void)stream;
+  trace_call("ncclAllGather", stream);
   return collective("ncclAllGather", kAllGather, send, recv, sendcount, type, 0, 0, c);
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, int type, int root, Comm* c, void* stream) {
-  (void)stream;
+  trace_call("ncclBroadcast", stream);
   return collective("ncclBroadcast", kBroadcast, send, recv, count, type, 0, root, c);
 }
 
 ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count, int type, Comm* c, void* stream) {
-  (void)stream;
+  trace_call("ncclAlltoAll", stream);
   return collective("ncclAlltoAll", kAlltoAll, send, recv, count, type, 0, 0, c);
 }
 
 ncclResult_t ncclSend(const void* send, size_t count, int type, int peer, Comm* c, void* stream) {
-  (void)stream;
+  trace_call("ncclSend", stream);
   return p2p("ncclSend", true, (void*)send, count, type, peer, c);
 }
 
 ncclResult_t ncclRecv(void* recv, size_t count, int type, int peer, Comm* c, void* stream) {
-  (void)stream;
+  trace_call("ncclRecv", stream);
   return p2p("ncclRecv", false, recv, count, type, peer, c);
 }
 

@@ -16,10 +16,14 @@
 //     directive: ..."), so the backend's error path can be tested;
 //   - two extern "C" kernels with the same name fail the same way;
 //   - the CUBIN is a text image that fake_cuda.cpp's cuModuleLoadData reads:
-//       GCFAKECUBIN 1\n arch sm_90\n kernel <name>\n ... end\n NUL
+//       GCFAKECUBIN 1\n arch sm_90\n kernel <name>[\t<param type>]...\n ...
+//       source <bytes>\n<the source>\n end\n NUL
 //     listing every extern "C" __global__ function of the source (comments,
-//     strings and preprocessor lines skipped), so that loading a kernel the
-//     source does not define fails as it would on a GPU.
+//     strings and preprocessor lines skipped) with its parameters' C types,
+//     so that loading a kernel the source does not define fails as it would
+//     on a GPU. The source travels with the image: a kernel the emulator's
+//     table does not hold (one a backend generates at run time) is built
+//     from it by the driver when it is first launched (fake_cuda.cpp).
 
 #include <stdint.h>
 #include <stdio.h>
@@ -246,9 +250,10 @@ long kernel_at(const std::vector<Token>& t, size_t i) {
   return -1;
 }
 
-// kernels lists the extern "C" __global__ functions' name tokens.
-std::vector<const Token*> kernels(const std::vector<Token>& t) {
-  std::vector<const Token*> out;
+// kernels lists the extern "C" __global__ functions' name tokens, as
+// indices into t.
+std::vector<size_t> kernels(const std::vector<Token>& t) {
+  std::vector<size_t> out;
   for (size_t i = 0; i + 1 < t.size(); i++) {
     if (!(t[i].kind == Token::Ident && t[i].text == "extern" && t[i + 1].kind == Token::String &&
           t[i + 1].text == "\"C\"")) {
@@ -263,7 +268,7 @@ std::vector<const Token*> kernels(const std::vector<Token>& t) {
         const std::string& x = t[j].text;
         if (decl_start && depth == 1) {
           long k = kernel_at(t, j);
-          if (k >= 0) out.push_back(&t[(size_t)k]);
+          if (k >= 0) out.push_back((size_t)k);
         }
         decl_start = false;
         if (x == "{") depth++;
@@ -277,7 +282,45 @@ std::vector<const Token*> kernels(const std::vector<Token>& t) {
       continue;
     }
     long k = kernel_at(t, j);
-    if (k >= 0) out.push_back(&t[(size_t)k]);
+    if (k >= 0) out.push_back((size_t)k);
+  }
+  return out;
+}
+
+// param_types reads the parameter list after the kernel name at t[name]
+// and returns each parameter's C type as a declaration spells it, without
+// the parameter's name ("const float*", "long long"). A list of one
+// "void", or none, has no parameters.
+std::vector<std::string> param_types(const std::vector<Token>& t, size_t name) {
+  std::vector<std::string> out;
+  size_t i = name + 1;
+  if (i >= t.size() || t[i].text != "(") return out;
+  std::vector<std::vector<const Token*>> params(1);
+  int depth = 1;
+  for (i++; i < t.size(); i++) {
+    const std::string& x = t[i].text;
+    if (x == "(" || x == "[" || x == "<") depth++;
+    if (x == ")" || x == "]" || x == ">") {
+      if (--depth == 0) break;
+    }
+    if (x == "," && depth == 1) {
+      params.emplace_back();
+      continue;
+    }
+    params.back().push_back(&t[i]);
+  }
+  for (const auto& p : params) {
+    size_t n = p.size();
+    if (n == 0 || (n == 1 && p[0]->text == "void")) continue;
+    // The last identifier after a type is the parameter's name.
+    if (n > 1 && p[n - 1]->kind == Token::Ident) n--;
+    std::string ty;
+    for (size_t k = 0; k < n; k++) {
+      const std::string& x = p[k]->text;
+      if (!ty.empty() && x != "*" && x != "&") ty += ' ';
+      ty += x;
+    }
+    out.push_back(ty);
   }
   return out;
 }
@@ -399,9 +442,10 @@ nvrtcResult nvrtcCompileProgram(Program* p, int num_options, const char* const* 
     log += where(s, e.first) + ": error: #error directive: " + e.second + "\n\n";
     errors++;
   }
-  const std::vector<const Token*> names = kernels(s.tokens);
+  const std::vector<size_t> names = kernels(s.tokens);
   std::set<std::string> seen;
-  for (const Token* k : names) {
+  for (size_t i : names) {
+    const Token* k = &s.tokens[i];
     if (!seen.insert(k->text).second) {
       log += where(s, k->line) + ": error: function \"" + k->text + "\" has already been defined\n\n";
       errors++;
@@ -417,7 +461,12 @@ nvrtcResult nvrtcCompileProgram(Program* p, int num_options, const char* const* 
   p->compiled = true;
   if (real) {
     std::string img = "GCFAKECUBIN 1\narch " + arch + "\n";
-    for (const Token* k : names) img += "kernel " + k->text + "\n";
+    for (size_t i : names) {
+      img += "kernel " + s.tokens[i].text;
+      for (const std::string& ty : param_types(s.tokens, i)) img += "\t" + ty;
+      img += "\n";
+    }
+    img += "source " + std::to_string(p->src.size()) + "\n" + p->src + "\n";
     img += "end\n";
     img.push_back('\0');
     p->cubin = img;

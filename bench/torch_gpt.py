@@ -1,11 +1,12 @@
 """The reference GPT (examples/gpt/model.go) in PyTorch eager, timed on the
-same GPU as gcompile's CUDA backend.
+same device as gcompile: a GPU beside the CUDA backend (bench/gpu/run.sh),
+or the CPU beside the CPU backend (bench/cpu/compare.sh).
 
 Same architecture: token + learned position embeddings, pre-LayerNorm
 blocks (fused q,k,v; causal softmax attention; GELU tanh MLP of 4h), final
 LayerNorm, LM head tied to the token embedding, mean cross-entropy, AdamW.
 Mixed precision is bf16 autocast with fp32 master weights, like
-`--precision bf16`. Prints median step time, tokens/s and model FLOPs
+`--precision bf16` (GPU only). Prints median step time, tokens/s and model FLOPs
 utilisation, with FLOPs per step from Narayanan et al. (2021) without
 recompute: 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)).
 """
@@ -13,6 +14,7 @@ import argparse
 import json
 import math
 import statistics
+import time
 
 import torch
 import torch.nn as nn
@@ -58,6 +60,8 @@ class GPT(nn.Module):
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--threads", type=int, default=0, help="CPU: intra-op threads (0: PyTorch's default)")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--heads", type=int, default=16)
@@ -66,42 +70,59 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--attention", default="naive", choices=["naive", "sdpa"],
-                   help="naive matches gcompile's unfused attention; sdpa is PyTorch's fused kernel")
+                   help="naive matches gcompile's unfused attention; sdpa is PyTorch's fused kernel (PyTorch >= 2.0)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100 SXM: 989)")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense peak of the device (H100 SXM bf16: 989)")
     args = p.parse_args()
+    dev = args.device
+    if dev == "cpu":
+        # Autocast on a CPU is bf16 emulation, not what gcompile's CPU
+        # backend runs; compare fp32 with fp32.
+        args.precision = "fp32"
+        if args.threads:
+            torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(1)
-    model = GPT(args.layers, args.hidden, args.heads, args.vocab, args.seq).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    model = GPT(args.layers, args.hidden, args.heads, args.vocab, args.seq).to(dev)
+    # The fused AdamW exists only for CUDA tensors (and only from PyTorch 2.0).
+    extra = {"fused": True} if dev == "cuda" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **extra)
     params = sum(p.numel() for p in model.parameters())
     b, s, l, h, v = args.batch, args.seq, args.layers, args.hidden, args.vocab
     flops = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    tokens = torch.randint(0, v, (b, s), device="cuda", generator=gen)
-    targets = torch.randint(0, v, (b, s), device="cuda", generator=gen)
+    gen = torch.Generator(device=dev).manual_seed(2)
+    tokens = torch.randint(0, v, (b, s), device=dev, generator=gen)
+    targets = torch.randint(0, v, (b, s), device=dev, generator=gen)
     times, losses = [], []
     for step in range(args.warmup + args.steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        if dev == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            t0 = time.perf_counter()
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
             loss = model(tokens, targets, args.attention == "sdpa")
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        end.record()
-        end.synchronize()
+        if dev == "cuda":
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            ms = (time.perf_counter() - t0) * 1e3
         losses.append(loss.item())
         if step >= args.warmup:
-            times.append(start.elapsed_time(end))
+            times.append(ms)
     ms = statistics.median(times)
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "params": params,
+    out = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+           "threads": torch.get_num_threads(), "torch": torch.__version__, "params": params,
            "layers": l, "hidden": h, "heads": args.heads, "vocab": v, "seq": s, "batch": b,
            "precision": args.precision, "attention": args.attention, "median_step_ms": ms,
            "tokens_per_s": b * s / (ms * 1e-3), "model_tflops_per_step": flops / 1e12,
            "mfu": flops / (ms * 1e-3) / (args.peak_tflops * 1e12),
-           "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+           "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None,
            "first_losses": losses[:3], "spread_ms": [min(times), max(times)]}
     print("torch_gpt", json.dumps(out))
 

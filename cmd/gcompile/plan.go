@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"gcompile/compile"
+	"gcompile/cost"
+	"gcompile/ir"
+	"gcompile/passes"
+	"gcompile/planner"
+)
+
+// planAxes are the flags the planner searches; one the user gives stays
+// fixed.
+var planAxes = []string{"tp", "pp", "dp", "vpp", "microbatches", "zero", "sequence-parallel", "recompute", "offload", "schedule"}
+
+// planning says whether the planner chooses the plan: --plan, or --run
+// with --hardware and none of --tp, --pp, --dp given on more than one
+// device. Without --hardware, --run keeps the plan it always had (dp
+// takes the devices), so existing command lines train what they trained.
+func (c *config) planning() bool {
+	if c.planned {
+		return false
+	}
+	if c.plan {
+		return true
+	}
+	return c.run && c.explicit["hardware"] && c.Devices > 1 &&
+		!c.explicit["tp"] && !c.explicit["pp"] && !c.explicit["dp"]
+}
+
+// validateForPlanner checks every flag that is not a searched axis, by
+// validating the configuration on one device with the searched axes at
+// their defaults; the fixed axes are checked with each candidate, and a
+// search that ends with none names their reasons.
+func (c *config) validateForPlanner() []error {
+	var errs []error
+	if c.Devices < 1 || c.Devices > compile.MaxDevices {
+		errs = append(errs, fmt.Errorf("--devices must be in 1..%d, got %d", compile.MaxDevices, c.Devices))
+	}
+	for _, d := range []struct {
+		name string
+		v    int
+	}{{"tp", c.TP}, {"pp", c.PP}, {"dp", c.DP}, {"vpp", c.VPP}} {
+		if d.v < 0 || d.v > compile.MaxDevices {
+			errs = append(errs, fmt.Errorf("--%s must be in 0..%d, got %d", d.name, compile.MaxDevices, d.v))
+		}
+	}
+	if c.DPSync == "async" {
+		errs = append(errs, errors.New("--plan searches synchronous plans; it does not combine with --dp-sync async"))
+	}
+	if c.EP > 1 {
+		errs = append(errs, fmt.Errorf("ep=%d: %w (expert parallelism comes with the mixture-of-experts layers)", c.EP, compile.ErrNotYet))
+	}
+	probe := c.Config
+	probe.Explicit = map[string]bool{}
+	for k, v := range c.explicit {
+		probe.Explicit[k] = v
+	}
+	for _, a := range planAxes {
+		delete(probe.Explicit, a)
+	}
+	probe.Devices, probe.TP, probe.PP, probe.DP, probe.VPP, probe.EP = 1, 1, 1, 1, 0, 0
+	probe.Microbatches, probe.Zero, probe.SequenceParallel, probe.Schedule = 1, 0, false, ""
+	if c.Recompute == "selective" {
+		probe.Recompute = "none" // whether the model tags anything is known once it is built
+	}
+	if c.explicit["microbatches"] && c.Microbatches < 1 {
+		errs = append(errs, fmt.Errorf("--microbatches must be ≥ 1, got %d", c.Microbatches))
+	}
+	if c.explicit["zero"] && (c.Zero < 0 || c.Zero > 3) {
+		errs = append(errs, fmt.Errorf("--zero %d: want 0, 1, 2 or 3", c.Zero))
+	}
+	if err := probe.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// runPlanner builds the model, searches, prints the table (stdout) and,
+// with --metrics, writes it as JSON. With --run it then adopts the best
+// plan and says so; the caller goes on to compile and train it.
+func runPlanner(c *config) error {
+	if c.planTrace != "" && !c.run {
+		// Without --run nothing else probes the outputs: refuse a bad
+		// path before the search.
+		if err := checkOutputFile("plan-trace", c.planTrace); err != nil {
+			return err
+		}
+	}
+	calibrateCPU(c)
+	interrupt, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	base := c.Config
+	base.Interrupt = interrupt
+	m, err := compile.LoadModule(&base)
+	if err != nil {
+		return err
+	}
+	base.Explicit = map[string]bool{}
+	for _, a := range planAxes {
+		if c.explicit[a] {
+			base.Explicit[a] = true
+		}
+	}
+	for _, f := range []string{"offload-prefetch", "loss-scale"} {
+		if c.explicit[f] {
+			base.Explicit[f] = true
+		}
+	}
+	affordable := compileAffordable(m, c.Batch)
+	if c.planTrace != "" && !c.run && !affordable {
+		return fmt.Errorf("--plan-trace draws the compiled plan's instructions, and %s at batch %d is too large to compile quickly (%d values); give its plan with --tp/--pp/--dp and compile it without --plan", m.Name, c.Batch, len(m.Values))
+	}
+	res, err := planner.Plan(planner.Request{Base: base, Hardware: c.hw, Module: m, TopK: c.planTop, MemoryBytes: c.MemLimit,
+		NoCompile: !affordable})
+	if err != nil {
+		return err
+	}
+	if c.plan {
+		if err := planner.WriteTable(os.Stdout, res, c.hw); err != nil {
+			return err
+		}
+		if c.metrics != "" {
+			if err := writeOutput("metrics", c.metrics, func(p string) error { return planner.WriteJSON(p, res, c.hw) }); err != nil {
+				return err
+			}
+		}
+		if !c.run {
+			if c.planTrace != "" {
+				return tracePlan(c, m, res.Ranked[0].Config)
+			}
+			return nil
+		}
+	}
+	best := res.Ranked[0].Config
+	best.Model, best.Set, best.Interrupt = c.Model, c.Set, nil
+	best.Explicit = c.explicit
+	best.MemLimit = c.MemLimit
+	c.Config = best
+	c.planned = true
+	fmt.Fprintf(os.Stderr, "planner: training the best plan on %s: %s (predicted %.3g ms a step)\n", c.hw.Name, planner.Describe(best), res.Ranked[0].StepSeconds()*1e3)
+	return c.validate()
+}
+
+// compileAffordable says whether compiling the top plans is quick enough
+// to do on every --plan: the step's program grows with the module's
+// values times the microbatches. Above the limit (GPT-3-sized models) the
+// table reports the estimate, memory marked as estimated.
+func compileAffordable(m *ir.Module, batch int) bool {
+	return len(m.Values)*min(batch, 256) <= 200_000
+}
+
+// tracePlan compiles the planner's best plan from the built module and
+// writes its predicted step (--plan --plan-trace without --run; with
+// --run the plan is compiled to be trained, and compileAndRun writes it).
+func tracePlan(c *config, m *ir.Module, best compile.Config) error {
+	dir, err := os.MkdirTemp("", "gcompile-plan-trace-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	gir := filepath.Join(dir, "model.gir")
+	if err := os.WriteFile(gir, []byte(ir.Print(m)), 0o644); err != nil {
+		return err
+	}
+	best.Model, best.Set, best.Interrupt = gir, "", nil
+	best.Explicit, best.MemLimit = map[string]bool{}, 0
+	res, err := compile.Compile(&best, passes.Hooks{})
+	if err != nil {
+		return fmt.Errorf("--plan-trace: compiling %s: %w", planner.Describe(best), err)
+	}
+	return writeOutput("plan-trace", c.planTrace, func(p string) error { return writePlanTrace(c, res, p, os.Stderr) })
+}
+
+// writePlanTrace prices the compiled plan on --hardware and writes the
+// predicted step as Chrome trace events (cost.WriteTrace: the runtime's
+// --trace format, processes 2 and 3 so the two files' traceEvents can be
+// concatenated), and says so on log.
+func writePlanTrace(c *config, res *compile.Result, path string, log io.Writer) error {
+	calibrateCPU(c)
+	pred, err := c.hw.Predict(res.Programs, res.Schedule)
+	if err != nil {
+		return err
+	}
+	if err := cost.WriteTrace(path, res.Programs, pred); err != nil {
+		return err
+	}
+	fmt.Fprintf(log, "plan-trace: predicted step %.4g ms on %s written to %s\n", pred.StepSeconds*1e3, c.hw.Name, path)
+	return nil
+}
+
+// calibrateCPU replaces the cpu preset by this machine's measured figures
+// (cost.Calibrate, a few hundred milliseconds, nothing cached) the first
+// time the cost model is used, when --hardware cpu was given. Left at its
+// default (--plan alone) the preset stays, so such plans do not vary from
+// run to run; in a job of several processes too, since each process plans
+// on its own and all must choose the same plan. A failed calibration
+// keeps the preset and says why.
+func calibrateCPU(c *config) {
+	if c.calibrated || c.hardware != "cpu" {
+		return
+	}
+	c.calibrated = true
+	if w, err := worldOf(c); err != nil || w.Size > 1 {
+		fmt.Fprintln(os.Stderr, "hardware: cpu preset as is (processes of a job must plan alike, so none calibrates)")
+		return
+	}
+	hw, err := cost.Calibrate()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hardware: calibrating the cpu preset failed, keeping its defaults: %v\n", err)
+		return
+	}
+	c.hw = hw
+	fmt.Fprintf(os.Stderr, "hardware: %s\n", hw.Source)
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPlanFlagsBadValues: every bad value of the planner's flags is a
+// named error from parseArgs, before any work.
+func TestPlanFlagsBadValues(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "gpu.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"name": "x", "peak_tflops": {"fp32": -1}}`), 0o644))
+	for _, c := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"unknown preset", []string{"--plan", "--hardware", "tpu-v9"}, []string{`--hardware "tpu-v9"`, "unknown hardware", "a100-80g"}},
+		{"missing file", []string{"--plan", "--hardware", filepath.Join(dir, "none.json")}, []string{"bad hardware description", "none.json"}},
+		{"bad file", []string{"--plan", "--hardware", bad}, []string{"peak_tflops.fp32 must be positive", "vector_tflops"}},
+		{"plan-top zero", []string{"--plan", "--plan-top", "0"}, []string{"--plan-top must be in 1..100, got 0"}},
+		{"plan-top without plan", []string{"--plan-top", "3"}, []string{"--plan-top applies to --plan"}},
+		{"plan async", []string{"--plan", "--devices", "2", "--dp-sync", "async"}, []string{"does not combine with --dp-sync async"}},
+		{"plan bad precision", []string{"--plan", "--devices", "4", "--precision", "fp8"}, []string{`--precision "fp8"`}},
+		{"plan bad devices", []string{"--plan", "--devices", "0"}, []string{"--devices must be in 1.."}},
+		{"plan bad zero", []string{"--plan", "--devices", "4", "--zero", "7"}, []string{"--zero 7"}},
+		{"plan-trace async", []string{"--devices", "2", "--dp-sync", "async", "--plan-trace", filepath.Join(dir, "p.json")}, []string{"--plan-trace prices synchronous plans"}},
+		{"plan-trace bad hardware", []string{"--plan-trace", filepath.Join(dir, "p.json"), "--hardware", "tpu-v9"}, []string{`--hardware "tpu-v9"`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parseArgs(append([]string{gptModel}, c.args...))
+			require.Error(t, err)
+			for _, w := range c.want {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+// TestPlanPrintsTableAndJSON: --plan prints the ranked plans and the
+// reason the first wins; --metrics gets the same rows as JSON; the fixed
+// --dp holds in every row.
+func TestPlanPrintsTableAndJSON(t *testing.T) {
+	met := filepath.Join(t.TempDir(), "plan.json")
+	args := append(append([]string{}, tinyGPT...), "--devices", "4", "--dp", "4", "--plan", "--plan-top", "2", "--metrics", met)
+	out := captureStdout(t, func() { require.NoError(t, mainNoPanic(t, args)) })
+	assert.Contains(t, out, "step ms")
+	assert.Contains(t, out, "best: tp=1 pp=1 dp=4")
+	raw, err := os.ReadFile(met)
+	require.NoError(t, err)
+	var got struct {
+		Hardware string `json:"hardware"`
+		Plans    []struct {
+			DP        int     `json:"dp"`
+			StepMs    float64 `json:"predicted_step_ms"`
+			TFLOPS    float64 `json:"tflops_per_device"`
+			PeakBytes int64   `json:"peak_bytes"`
+			Exact     bool    `json:"peak_exact"`
+		} `json:"plans"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &got))
+	assert.Equal(t, "cpu", got.Hardware)
+	require.NotEmpty(t, got.Plans)
+	for _, p := range got.Plans {
+		assert.Equal(t, 4, p.DP)
+		assert.Positive(t, p.StepMs)
+		assert.Positive(t, p.PeakBytes)
+		assert.True(t, p.Exact, "the plans of a small model are compiled")
+	}
+	assert.True(t, strings.Count(out, "\n") >= 3)
+}
+
+// traceEvents reads a Chrome trace file's events.
+func traceEvents(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var tr struct {
+		TraceEvents []map[string]any `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &tr), "%s is no JSON trace", path)
+	return tr.TraceEvents
+}
+
+// slicesByTrack counts the complete ("X") events per process and thread.
+func slicesByTrack(events []map[string]any) map[[2]int]int {
+	n := map[[2]int]int{}
+	for _, e := range events {
+		if e["ph"] == "X" {
+			n[[2]int{int(e["pid"].(float64)), int(e["tid"].(float64))}]++
+		}
+	}
+	return n
+}
+
+// TestPlanTrace: --plan-trace writes the predicted step of the planner's
+// best plan (--plan) and of a plan given by its flags (compiled, not
+// run) as Chrome trace events: instruction slices on every device's track
+// of the predicted kernels (process 2), schedule actions under a pipeline
+// (process 3); a folder is refused before any work. Beside a --trace of
+// the same run its processes do not collide with the runtime's (0, 1).
+func TestPlanTrace(t *testing.T) {
+	dir := t.TempDir()
+	planned := filepath.Join(dir, "planned.json")
+	args := []string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "4", "--devices", "4", "--pp", "2", "--plan", "--plan-top", "1", "--plan-trace", planned}
+	captureStdout(t, func() { require.NoError(t, mainNoPanic(t, args)) })
+	tracks := slicesByTrack(traceEvents(t, planned))
+	for d := range 4 {
+		assert.Positive(t, tracks[[2]int{2, d}], "device %d has no predicted instruction", d)
+		assert.Positive(t, tracks[[2]int{3, d}], "device %d has no predicted schedule action", d)
+	}
+
+	given := filepath.Join(dir, "given.json")
+	require.NoError(t, mainNoPanic(t, append(append([]string{}, tinyGPT...), "--devices", "2", "--tp", "2", "--plan-trace", given)))
+	tracks = slicesByTrack(traceEvents(t, given))
+	assert.Positive(t, tracks[[2]int{2, 0}])
+	assert.Positive(t, tracks[[2]int{2, 1}])
+	assert.Zero(t, tracks[[2]int{3, 0}], "no pipeline, no actions")
+
+	err := mainNoPanic(t, append(append([]string{}, tinyGPT...), "--plan", "--devices", "2", "--plan-trace", dir))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--plan-trace "+dir+" is a folder")
+
+	measured, predicted := filepath.Join(dir, "measured.json"), filepath.Join(dir, "predicted.json")
+	require.NoError(t, mainNoPanic(t, append(append([]string{}, tinyGPT...), "--devices", "2", "--dp", "2", "--run", "--steps", "1",
+		"--trace", measured, "--plan-trace", predicted)))
+	for track := range slicesByTrack(traceEvents(t, measured)) {
+		assert.Less(t, track[0], 2, "the runtime's trace uses processes 0 and 1")
+	}
+	for track := range slicesByTrack(traceEvents(t, predicted)) {
+		assert.GreaterOrEqual(t, track[0], 2, "the predicted trace uses processes 2 and 3")
+	}
+}
+
+// TestPlanCalibratesCPU: --hardware cpu prices the plans with this
+// machine's measured figures (the JSON names the calibration), while
+// --plan alone keeps the preset's.
+func TestPlanCalibratesCPU(t *testing.T) {
+	source := func(extra ...string) string {
+		met := filepath.Join(t.TempDir(), "plan.json")
+		args := append(append(append([]string{}, tinyGPT...), "--devices", "2", "--plan", "--plan-top", "1", "--metrics", met), extra...)
+		captureStdout(t, func() { require.NoError(t, mainNoPanic(t, args)) })
+		raw, err := os.ReadFile(met)
+		require.NoError(t, err)
+		var got struct {
+			Hardware string `json:"hardware"`
+			Source   string `json:"hardware_source"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &got))
+		assert.Equal(t, "cpu", got.Hardware)
+		return got.Source
+	}
+	assert.Contains(t, source("--hardware", "cpu"), "calibrated on this machine")
+	assert.Contains(t, source(), "uncalibrated defaults")
+}

@@ -1,0 +1,436 @@
+package cost
+
+import (
+	"fmt"
+	"math"
+
+	"gcompile/passes/schedule"
+)
+
+// Transformer is the shape of a GPT-style decoder, what the analytic
+// estimate needs to know of a model: L blocks of attention (fused q,k,v
+// projections, output projection) and an MLP of width FFN, token and
+// position embeddings, a head of Vocab rows (tied to the embedding).
+type Transformer struct {
+	Layers, Hidden, Heads, Seq, Vocab, FFN int
+	// FusedAttention: the attention core is one op (no [s, s] scores kept
+	// for the backward), as the reference GPT's default.
+	FusedAttention bool
+}
+
+// Params is the parameter count: per block 4h² + 4h (attention) + 2·h·f
+// + f + h (MLP) + 4h (two LayerNorms); embeddings (V + s)·h; final LN 2h.
+func (t Transformer) Params() float64 {
+	h, f := float64(t.Hidden), float64(t.FFN)
+	layer := 4*h*h + 4*h + 2*h*f + f + h + 4*h
+	return float64(t.Layers)*layer + float64(t.Vocab+t.Seq)*h + 2*h
+}
+
+// LayerParams is one block's parameter count.
+func (t Transformer) LayerParams() float64 {
+	h, f := float64(t.Hidden), float64(t.FFN)
+	return 4*h*h + 4*h + 2*h*f + f + h + 4*h
+}
+
+// ModelFLOPs is the work of one step without recompute, for a global
+// batch of B sequences: three times the forward GEMMs (forward, and a
+// backward of twice the forward), as Narayanan et al. count model FLOPs:
+// 72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h)) when f = 4h.
+func (t Transformer) ModelFLOPs(batch int) float64 {
+	return 3 * t.fwdFLOPsPerSeq() * float64(batch)
+}
+
+// fwdFLOPsPerSeq is one sequence's forward GEMM flops: per block
+// 2·s·(3h² + h² + 2·h·f) for the projections and MLP plus 4·s²·h for
+// the attention core (QKᵀ and PV); the head 2·s·h·V.
+func (t Transformer) fwdFLOPsPerSeq() float64 {
+	s, h, f, v := float64(t.Seq), float64(t.Hidden), float64(t.FFN), float64(t.Vocab)
+	layer := 2*s*(4*h*h+2*h*f) + 4*s*s*h
+	return float64(t.Layers)*layer + 2*s*h*v
+}
+
+// Plan is one point of the search space.
+type Plan struct {
+	TP, PP, DP, VPP  int
+	MicroBatch       int // sequences per microbatch per data-parallel rank (b)
+	Microbatches     int // m
+	Zero             int
+	SequenceParallel bool
+	Recompute        string // none, selective, full
+	Offload          string // "", optimizer, params, optimizer,params
+	Precision        string // fp32, fp16, bf16
+	Schedule         string // "" without a pipeline
+	Optimizer        string // adamw (2 states), sgd (1), others factored (≈0)
+}
+
+// Devices is tp·pp·dp.
+func (p Plan) Devices() int { return p.TP * p.PP * p.DP }
+
+// Estimate is the analytic prediction for one plan.
+type Estimate struct {
+	StepSeconds float64
+	Bubble      float64
+	// ModelFLOPs is the step's work without recompute (MFU's numerator);
+	// FLOPs with it (hardware FLOPs).
+	ModelFLOPs, FLOPs float64
+	// MemoryLowerBound is the persistent bytes the busiest device must
+	// hold whatever the memory plan does (params and optimizer state
+	// after every split): a plan above the device's memory cannot fit, so
+	// pruning on it never drops a plan that fits. MemoryEstimate adds
+	// gradients and stashed activations (for ranking, not pruning).
+	MemoryLowerBound, MemoryEstimate int64
+	CommSeconds                      map[string]float64
+	CommBytes                        map[string]float64
+	ComputeSeconds                   float64
+}
+
+func (p Plan) actBytes() float64 {
+	if p.Precision == "fp16" || p.Precision == "bf16" {
+		return 2
+	}
+	return 4
+}
+
+func (p Plan) dtype() string {
+	if p.Precision == "fp16" || p.Precision == "bf16" {
+		return p.Precision
+	}
+	return "fp32"
+}
+
+// states is the optimizer's fp32 words per parameter.
+func (p Plan) states() float64 {
+	switch p.Optimizer {
+	case "", "adamw":
+		return 2
+	case "sgd":
+		return 1
+	}
+	return 0
+}
+
+// gemm prices a GEMM of m×k by k×n.
+func (h *Hardware) gemm(m, n, k float64, dtype string, eb float64) float64 {
+	f := 2 * m * n * k
+	peak := h.Peak(dtype)
+	half := peak * h.GEMMHalfUS * 1e-6
+	compute := f / (peak * h.GEMMEfficiency * f / (f + half))
+	return h.LaunchUS*1e-6 + math.Max(compute, h.memTime(eb*(m*k+k*n+m*n)))
+}
+
+// Estimate predicts a step of t under plan p from the shape alone; see
+// docs/architecture.md for each term. It is what the planner ranks and
+// prunes with before compiling, and what it reports for models too large
+// to compile quickly.
+func (h *Hardware) Estimate(t Transformer, p Plan) (*Estimate, error) {
+	return h.estimate(t, p, true)
+}
+
+// EstimateFast is Estimate with the pipeline priced in closed form rather
+// than simulated: the busiest rank's work plus (p−1) chunk round trips
+// (F + B of one chunk), which is the simulator's answer for uniform
+// chunks under 1F1B, interleaved and GPipe, and a third of it for
+// zero-bubble. The search ranks tens of thousands of plans with it.
+func (h *Hardware) EstimateFast(t Transformer, p Plan) (*Estimate, error) {
+	return h.estimate(t, p, false)
+}
+
+func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, error) {
+	if p.TP < 1 || p.PP < 1 || p.DP < 1 || p.MicroBatch < 1 || p.Microbatches < 1 {
+		return nil, fmt.Errorf("plan %+v: degrees and batch sizes must be ≥ 1", p)
+	}
+	v := max(p.VPP, 1)
+	if t.Layers%(p.PP*v) != 0 {
+		return nil, fmt.Errorf("%d layers do not split into pp·vpp = %d chunks", t.Layers, p.PP*v)
+	}
+	e := &Estimate{CommSeconds: map[string]float64{}, CommBytes: map[string]float64{}}
+	tp, b := float64(p.TP), float64(p.MicroBatch)
+	s, hd, f, V := float64(t.Seq), float64(t.Hidden), float64(t.FFN), float64(t.Vocab)
+	a := float64(t.Heads)
+	eb, dt := p.actBytes(), p.dtype()
+	tokens := b * s
+
+	// One block's forward on one microbatch: the GEMMs (split over tp),
+	// the attention core, and the elementwise traffic (LayerNorms,
+	// residuals, biases, GELU), replicated over tp unless sequence
+	// parallel splits it.
+	gemms := h.gemm(tokens, 3*hd/tp, hd, dt, eb) + h.gemm(tokens, hd, hd/tp, dt, eb) +
+		h.gemm(tokens, f/tp, hd, dt, eb) + h.gemm(tokens, hd, f/tp, dt, eb)
+	core := 2 * h.gemm(s, s, hd/a, dt, eb) * b * a / tp // QKᵀ and PV per head
+	if !t.FusedAttention {
+		core += 3 * h.memTime(eb*b*a/tp*s*s) // scores, mask, softmax through memory
+	}
+	rep := 10.0
+	if p.SequenceParallel {
+		rep /= tp
+	}
+	elem := h.memTime(eb*tokens*hd*(rep+(4+3*f/hd)/tp)) + 10*h.LaunchUS*1e-6
+	layerF := gemms + core + elem
+	layerB := 2 * layerF
+	switch p.Recompute {
+	case "full":
+		layerB += layerF
+	case "selective":
+		layerB += core
+	}
+	chunks := p.PP * v
+	perChunk := float64(t.Layers / chunks)
+	// Tensor parallelism: two all-reduces of [b,s,h] forward, two
+	// backward (and two more when full recompute replays the forward);
+	// sequence parallelism moves the same bytes as reduce-scatter +
+	// all-gather. Groups are tp consecutive ranks.
+	tpLink := h.LinkFor(consecutive(p.TP))
+	arBytes := eb * tokens * hd
+	tpF, tpB := 0.0, 0.0
+	if p.TP > 1 {
+		one := Collective("all_reduce", p.TP, arBytes, tpLink)
+		tpF, tpB = 2*one, 2*one
+		if p.Recompute == "full" {
+			tpB += 2 * one
+		}
+		per := 4.0
+		if p.Recompute == "full" {
+			per = 6
+		}
+		e.CommSeconds["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (tpF + tpB)
+		e.CommBytes["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * per * 2 * arBytes * (tp - 1) / tp
+	}
+	layerF += tpF
+	layerB += tpB
+	// The head (vocab-parallel logits and cross-entropy) on the last chunk,
+	// the embedding on the first.
+	headF := h.gemm(tokens, V/tp, hd, dt, eb) + h.memTime(4*tokens*V/tp*3)
+	headB := 2*h.gemm(tokens, V/tp, hd, dt, eb) + h.memTime(4*tokens*V/tp*3)
+	embF := h.memTime(eb * tokens * hd * 3)
+	embB := h.memTime(eb * tokens * hd * 3)
+
+	stageParams := perChunk*float64(v)*t.LayerParams()/tp + V*hd/tp
+	// A dp group is every tp-th rank of a stage: one member per node once
+	// tp fills the node, up to a node's worth when tp is 1 (LinkFor).
+	dpLink := h.LinkFor(strided(p.DP, p.TP))
+	// Pipeline: chunk costs into the schedule simulator. A transfer
+	// between stages (neighbours tp·dp ranks apart) carries b·s·h/t per tp
+	// rank: without sequence parallelism the value is whole on every tp
+	// rank, so each sends its 1/t slice and the receiver all-gathers the
+	// slices over tp (Megatron's scatter/gather, as lower.recvGathered
+	// emits it); under sequence parallelism each rank already holds its
+	// own 1/t and no gather follows.
+	ppLink := h.LinkFor([]int{0, p.TP * p.DP})
+	p2p := P2P(eb*tokens*hd/tp, ppLink)
+	if p.TP > 1 && !p.SequenceParallel {
+		p2p += Collective("all_gather", p.TP, eb*tokens*hd, tpLink)
+	}
+	chunkF := func(j int) float64 {
+		c := perChunk * layerF
+		if j == 0 {
+			c += embF
+		}
+		if j == chunks-1 {
+			c += headF
+		}
+		if j > 0 {
+			c += p2p
+		}
+		return c
+	}
+	chunkB := func(j int) float64 {
+		c := perChunk * layerB
+		if j == 0 {
+			c += embB
+		}
+		if j == chunks-1 {
+			c += headB
+		}
+		if j < chunks-1 {
+			c += p2p
+		}
+		return c
+	}
+	var pipe float64
+	if p.PP > 1 {
+		name := p.Schedule
+		if name == "" {
+			name = "1f1b"
+			if v > 1 {
+				name = "interleaved"
+			}
+		}
+		fc, bc := make([]float64, chunks), make([]float64, chunks)
+		for j := range chunks {
+			fc[j], bc[j] = chunkF(j), chunkB(j)
+		}
+		if !simulate {
+			if p.Microbatches < p.PP && name != "gpipe" {
+				return nil, fmt.Errorf("schedule %s with pp=%d needs at least %d microbatches, got %d", name, p.PP, p.PP, p.Microbatches)
+			}
+			if name == "interleaved" && p.Microbatches%p.PP != 0 {
+				return nil, fmt.Errorf("schedule interleaved needs microbatches a multiple of pp=%d, got %d", p.PP, p.Microbatches)
+			}
+			busy := make([]float64, p.PP)
+			var round float64
+			for j := range chunks {
+				busy[j%p.PP] += float64(p.Microbatches) * (fc[j] + bc[j])
+				round = math.Max(round, fc[j]+bc[j])
+			}
+			ideal := 0.0
+			for _, b := range busy {
+				ideal = math.Max(ideal, b)
+			}
+			wait := float64(p.PP-1) * round
+			if name == "zb" {
+				wait /= 3
+			}
+			pipe, e.Bubble = ideal+wait, wait/ideal
+			e.CommSeconds["pp"] = 2 * float64(p.Microbatches*v) * p2p
+			e.CommBytes["pp"] = 2 * float64(p.Microbatches*v) * eb * tokens * hd / tp
+		} else {
+			sched, err := schedule.New(name, p.PP, v, p.Microbatches)
+			if err != nil {
+				return nil, err
+			}
+			cost := func(a schedule.Action) float64 {
+				switch a.Kind {
+				case schedule.F:
+					return fc[a.Chunk]
+				case schedule.B:
+					if name == "zb" {
+						return bc[a.Chunk] / 2
+					}
+					return bc[a.Chunk]
+				case schedule.W:
+					return bc[a.Chunk] / 2
+				}
+				return 0
+			}
+			sim, err := schedule.Simulate(sched, cost)
+			if err != nil {
+				return nil, err
+			}
+			pipe, e.Bubble = sim.StepTime, sim.Bubble
+			e.CommSeconds["pp"] = 2 * float64(p.Microbatches*v) * p2p
+			e.CommBytes["pp"] = 2 * float64(p.Microbatches*v) * eb * tokens * hd / tp
+		}
+	} else {
+		pipe = float64(p.Microbatches) * (chunkF(0) + chunkB(0))
+	}
+
+	// Data parallelism and the optimizer, after the last backward (both
+	// backends issue reductions in program order on the compute stream).
+	var tail float64
+	if p.DP > 1 {
+		g := 4 * stageParams // gradients reduced in fp32 after unscaling
+		var c float64
+		if p.Zero == 0 {
+			c = Collective("all_reduce", p.DP, g, dpLink)
+		} else {
+			c = Collective("reduce_scatter", p.DP, g, dpLink) + Collective("all_gather", p.DP, g, dpLink)
+		}
+		if p.Zero == 3 {
+			// Params gathered before each microbatch's forward and backward.
+			c += 2 * float64(p.Microbatches) * Collective("all_gather", p.DP, eb*stageParams, dpLink)
+		}
+		tail += c
+		e.CommSeconds["dp"] = c
+		e.CommBytes["dp"] = 2 * g * float64(p.DP-1) / float64(p.DP)
+	}
+	optParams := stageParams
+	if p.Zero >= 1 {
+		optParams /= float64(p.DP)
+	}
+	tail += h.memTime(optParams * 4 * (2 + 2*p.states() + 1 + p.states()))
+	if p.Offload != "" && p.Offload != "none" {
+		var host float64
+		if contains(p.Offload, "optimizer") {
+			host += 2 * 4 * p.states() * optParams
+		}
+		if contains(p.Offload, "params") {
+			host += 3 * 4 * stageParams
+		}
+		e.CommSeconds["host"] = host / (h.HostGBps * 1e9)
+		e.CommBytes["host"] = host
+		tail += e.CommSeconds["host"] // the update waits for its state
+	}
+	e.StepSeconds = pipe + tail
+	e.ComputeSeconds = float64(p.Microbatches) * perChunk * float64(v) * (layerF + layerB - tpF - tpB)
+
+	batch := float64(p.MicroBatch * p.Microbatches * p.DP)
+	e.ModelFLOPs = t.ModelFLOPs(int(batch))
+	e.FLOPs = e.ModelFLOPs
+	if p.Recompute == "full" {
+		e.FLOPs += t.fwdFLOPsPerSeq() * batch
+	}
+
+	// Memory: persistent bytes are a lower bound (see Estimate's doc).
+	params := 4 * stageParams
+	state := 4 * p.states() * stageParams
+	if p.Zero >= 1 {
+		state /= float64(p.DP)
+	}
+	if p.Zero == 3 {
+		params /= float64(p.DP)
+	}
+	if contains(p.Offload, "optimizer") {
+		state = 0
+	}
+	if contains(p.Offload, "params") {
+		params = 0
+	}
+	// The first stage is the busiest holder of persistent bytes (its
+	// layers and the embedding), so its persistent bytes bound the largest
+	// peak from below. LayerNorm vectors and the position table, which tp
+	// does not split, are counted as if it did: under, never over.
+	e.MemoryLowerBound = int64(0.98 * (params + state))
+	grads := eb * stageParams
+	if p.Zero >= 2 {
+		grads /= float64(p.DP)
+	}
+	inflight := float64(min(p.Microbatches, p.PP))
+	if p.Schedule == "gpipe" {
+		inflight = float64(p.Microbatches)
+	}
+	act := tokens * hd * eb * (17 + 12/tp)
+	if p.SequenceParallel {
+		act = tokens * hd * eb * 17 / tp * 2
+	}
+	if !t.FusedAttention && p.Recompute != "selective" {
+		act += 2.5 * eb * b * a * s * s / tp
+	}
+	if p.Recompute == "full" {
+		act = 2 * tokens * hd * eb
+	}
+	actBytes := act*perChunk*float64(v)*inflight + eb*tokens*V/tp*2
+	e.MemoryEstimate = int64(params + state + grads + actBytes + eb*stageParams)
+	return e, nil
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+// consecutive is ranks 0..n−1: a tensor-parallel group, adjacent ranks.
+func consecutive(n int) []int {
+	r := make([]int, n)
+	for i := range r {
+		r[i] = i
+	}
+	return r
+}
+
+// strided is n ranks stride apart from rank 0: a data-parallel group
+// (the mesh puts tp fastest, then dp).
+func strided(n, stride int) []int {
+	r := make([]int, n)
+	for i := range r {
+		r[i] = i * stride
+	}
+	return r
+}
+
+// DTypeName is the matrix dtype the plan computes in (fp32, bf16, fp16),
+// the peak MFU is measured against.
+func (p Plan) DTypeName() string { return p.dtype() }

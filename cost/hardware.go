@@ -1,0 +1,260 @@
+// Package cost predicts how long a training step takes and how much it
+// moves, for a compiled plan (per-device lower.Programs and the pipeline
+// schedule) or, before anything is compiled, for a transformer's shape
+// under a candidate plan (analytic.go). Every figure comes from a
+// Hardware description: a preset from datasheets, a JSON file the user
+// writes, or the CPU backend measured on the machine it runs on.
+//
+// The model is deliberately simple and stated in full in
+// docs/architecture.md ("Cost model and planner"): an op is a roofline
+// (compute at an achieved fraction of peak that grows with the op's size,
+// or memory traffic at an achieved fraction of bandwidth, whichever is
+// slower, plus a launch overhead); a collective is α-β by algorithm, at
+// the bandwidth of the slowest link its group spans; a pipeline step is
+// the schedule simulator run with per-action costs.
+package cost
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// Hardware is one kind of device and how devices are connected. Rates are
+// per device and per direction; latencies are the fixed cost of one step
+// of a collective algorithm (α) on that link.
+type Hardware struct {
+	Name   string `json:"name"`
+	Source string `json:"source,omitempty"` // where the figures come from
+	// PeakTFLOPS is the dense peak per dtype ("fp32", "bf16", "fp16",
+	// "f64"), in TFLOP/s, for matrix multiplies; VectorTFLOPS the peak of
+	// elementwise arithmetic (GPUs: the fp32 CUDA cores).
+	PeakTFLOPS   map[string]float64 `json:"peak_tflops"`
+	VectorTFLOPS float64            `json:"vector_tflops"`
+	// MemoryGiB is the device memory; MemoryGBps its bandwidth.
+	MemoryGiB  float64 `json:"memory_gib"`
+	MemoryGBps float64 `json:"memory_gbps"`
+	// Intra-node links (NVLink/NVSwitch) and inter-node links (the
+	// InfiniBand share of one device), GB/s per direction, latency in µs.
+	IntraGBps      float64 `json:"intra_node_gbps"`
+	IntraLatencyUS float64 `json:"intra_node_latency_us"`
+	InterGBps      float64 `json:"inter_node_gbps"`
+	InterLatencyUS float64 `json:"inter_node_latency_us"`
+	DevicesPerNode int     `json:"devices_per_node"`
+	// HostGBps is the host link offloaded buffers cross (PCIe).
+	HostGBps float64 `json:"host_gbps"`
+
+	// Achieved efficiency. A GEMM of f flops runs at
+	// GEMMEfficiency·f/(f + F½) of peak, F½ = peak·GEMMHalfUS: small GEMMs
+	// cannot fill the machine. Memory-bound ops reach MemEfficiency of
+	// the bandwidth on large tensors, half of that at MemHalfUS' worth of
+	// traffic. Every kernel pays LaunchUS.
+	GEMMEfficiency float64 `json:"gemm_efficiency"`
+	GEMMHalfUS     float64 `json:"gemm_half_us"`
+	MemEfficiency  float64 `json:"mem_efficiency"`
+	MemHalfUS      float64 `json:"mem_half_us"`
+	LaunchUS       float64 `json:"launch_us"`
+	// HostCores, when > 0, says the devices are virtual devices sharing
+	// this many host cores (the CPU backend): devices then compete for
+	// cores, and a step takes at least the whole work over the cores.
+	HostCores int `json:"host_cores,omitempty"`
+}
+
+// Errors of a hardware description, so callers can tell a missing preset
+// from a malformed file.
+var (
+	ErrUnknownHardware = errors.New("unknown hardware")
+	ErrBadHardware     = errors.New("bad hardware description")
+)
+
+// presets are datasheet figures (see docs/architecture.md for the
+// sources). Efficiencies are what published measurements achieve, not
+// fitted to any run: ~80 % of peak for large bf16 GEMMs (REFERENCE.md: an
+// 8192³ GEMM reaches ~790 of H100's 989 TFLOP/s), ~85 % of HBM bandwidth.
+var presets = map[string]Hardware{
+	"a100-40g": {
+		Name: "a100-40g", Source: "NVIDIA A100 datasheet (SXM4 40GB); DGX A100: 8 GPUs, NVLink3 600 GB/s bidirectional, 8x HDR 200 Gb/s",
+		PeakTFLOPS: map[string]float64{"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "f64": 19.5}, VectorTFLOPS: 19.5,
+		MemoryGiB: 40, MemoryGBps: 1555, IntraGBps: 300, IntraLatencyUS: 5, InterGBps: 25, InterLatencyUS: 10, DevicesPerNode: 8, HostGBps: 25,
+		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
+	},
+	"a100-80g": {
+		Name: "a100-80g", Source: "NVIDIA A100 datasheet (SXM4 80GB); DGX A100: 8 GPUs, NVLink3 600 GB/s bidirectional, 8x HDR 200 Gb/s",
+		PeakTFLOPS: map[string]float64{"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "f64": 19.5}, VectorTFLOPS: 19.5,
+		MemoryGiB: 80, MemoryGBps: 2039, IntraGBps: 300, IntraLatencyUS: 5, InterGBps: 25, InterLatencyUS: 10, DevicesPerNode: 8, HostGBps: 25,
+		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
+	},
+	"h100-sxm": {
+		Name: "h100-sxm", Source: "NVIDIA H100 datasheet (SXM5 80GB, dense); DGX H100: 8 GPUs, NVLink4 900 GB/s bidirectional, 8x NDR 400 Gb/s",
+		PeakTFLOPS: map[string]float64{"fp32": 67, "tf32": 494, "bf16": 989, "fp16": 989, "f64": 67}, VectorTFLOPS: 67,
+		MemoryGiB: 80, MemoryGBps: 3350, IntraGBps: 450, IntraLatencyUS: 4, InterGBps: 50, InterLatencyUS: 8, DevicesPerNode: 8, HostGBps: 50,
+		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
+	},
+	"h200": {
+		Name: "h200", Source: "NVIDIA H200 datasheet (SXM 141GB, dense); HGX H200: 8 GPUs, NVLink4 900 GB/s bidirectional, 8x NDR 400 Gb/s",
+		PeakTFLOPS: map[string]float64{"fp32": 67, "tf32": 494, "bf16": 989, "fp16": 989, "f64": 67}, VectorTFLOPS: 67,
+		MemoryGiB: 140, MemoryGBps: 4800, IntraGBps: 450, IntraLatencyUS: 4, InterGBps: 50, InterLatencyUS: 8, DevicesPerNode: 8, HostGBps: 50,
+		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
+	},
+	// cpu is the CPU backend before calibration: virtual devices in one
+	// process sharing the host's cores and memory, each kernel using every
+	// core (hence host_cores 1). Calibrate (calibrate.go) replaces the
+	// rates with ones measured on the machine; the CLI does so when
+	// --hardware cpu is given.
+	"cpu": {
+		Name: "cpu", Source: "CPU backend, uncalibrated defaults (--hardware cpu measures this machine: cost.Calibrate)",
+		PeakTFLOPS: map[string]float64{"fp32": 0.02, "bf16": 0.01, "fp16": 0.01, "f64": 0.01}, VectorTFLOPS: 0.002,
+		MemoryGiB: 16, MemoryGBps: 5, IntraGBps: 3, IntraLatencyUS: 20, InterGBps: 1, InterLatencyUS: 100, DevicesPerNode: 1 << 20, HostGBps: 5,
+		GEMMEfficiency: 1, GEMMHalfUS: 20, MemEfficiency: 1, MemHalfUS: 1, LaunchUS: 0.5, HostCores: 1,
+	},
+}
+
+// Presets lists the preset names, sorted.
+func Presets() []string {
+	names := make([]string, 0, len(presets))
+	for n := range presets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Preset returns a copy of the named preset.
+func Preset(name string) (*Hardware, error) {
+	h, ok := presets[name]
+	if !ok {
+		return nil, fmt.Errorf("%w %q: want one of %s, or a JSON file (NAME.json)", ErrUnknownHardware, name, strings.Join(Presets(), ", "))
+	}
+	h.PeakTFLOPS = maps(h.PeakTFLOPS)
+	return &h, nil
+}
+
+func maps(m map[string]float64) map[string]float64 {
+	out := make(map[string]float64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// Load reads --hardware: a preset name, or a path ending in .json.
+func Load(spec string) (*Hardware, error) {
+	if strings.HasSuffix(strings.ToLower(spec), ".json") {
+		return LoadFile(spec)
+	}
+	return Preset(spec)
+}
+
+// LoadFile reads a hardware description from a JSON file. Unknown fields
+// are errors (a misspelt key would otherwise silently keep its zero), and
+// so is trailing data; Validate then checks every figure.
+func LoadFile(path string) (*Hardware, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadHardware, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var h Hardware
+	if err := dec.Decode(&h); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: %s: data after the JSON object", ErrBadHardware, path)
+	}
+	if err := h.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &h, nil
+}
+
+// Validate checks that every figure is usable: positive and finite where
+// it divides, fractions in (0, 1], a known dtype for each peak. Each
+// problem is named by its JSON key.
+func (h *Hardware) Validate() error {
+	var errs []string
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
+	pos := func(key string, v float64) {
+		if !(v > 0) || math.IsInf(v, 0) {
+			bad("%s must be positive and finite, got %g", key, v)
+		}
+	}
+	nonNeg := func(key string, v float64) {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			bad("%s must be finite and ≥ 0, got %g", key, v)
+		}
+	}
+	frac := func(key string, v float64) {
+		if !(v > 0 && v <= 1) {
+			bad("%s must lie in (0, 1], got %g", key, v)
+		}
+	}
+	if strings.TrimSpace(h.Name) == "" {
+		bad("name must not be empty")
+	}
+	if len(h.PeakTFLOPS) == 0 {
+		bad("peak_tflops needs at least fp32")
+	}
+	keys := make([]string, 0, len(h.PeakTFLOPS))
+	for k := range h.PeakTFLOPS {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !slices.Contains([]string{"fp32", "tf32", "bf16", "fp16", "f64"}, k) {
+			bad("peak_tflops: unknown dtype %q (want fp32, tf32, bf16, fp16, f64)", k)
+			continue
+		}
+		pos("peak_tflops."+k, h.PeakTFLOPS[k])
+	}
+	if _, ok := h.PeakTFLOPS["fp32"]; !ok && len(h.PeakTFLOPS) > 0 {
+		bad("peak_tflops needs fp32")
+	}
+	pos("vector_tflops", h.VectorTFLOPS)
+	pos("memory_gib", h.MemoryGiB)
+	pos("memory_gbps", h.MemoryGBps)
+	pos("intra_node_gbps", h.IntraGBps)
+	pos("inter_node_gbps", h.InterGBps)
+	pos("host_gbps", h.HostGBps)
+	nonNeg("intra_node_latency_us", h.IntraLatencyUS)
+	nonNeg("inter_node_latency_us", h.InterLatencyUS)
+	nonNeg("gemm_half_us", h.GEMMHalfUS)
+	nonNeg("mem_half_us", h.MemHalfUS)
+	nonNeg("launch_us", h.LaunchUS)
+	frac("gemm_efficiency", h.GEMMEfficiency)
+	frac("mem_efficiency", h.MemEfficiency)
+	if h.DevicesPerNode < 1 {
+		bad("devices_per_node must be ≥ 1, got %d", h.DevicesPerNode)
+	}
+	if h.HostCores < 0 {
+		bad("host_cores must be ≥ 0, got %d", h.HostCores)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %s", ErrBadHardware, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// MemoryBytes is the device memory in bytes.
+func (h *Hardware) MemoryBytes() int64 { return int64(h.MemoryGiB * (1 << 30)) }
+
+// Peak is the matrix peak in FLOP/s for a dtype name ("f32" and "fp32"
+// alike); an unknown dtype falls back to fp32.
+func (h *Hardware) Peak(dtype string) float64 {
+	switch dtype {
+	case "f32":
+		dtype = "fp32"
+	case "f16":
+		dtype = "fp16"
+	}
+	if v, ok := h.PeakTFLOPS[dtype]; ok {
+		return v * 1e12
+	}
+	return h.PeakTFLOPS["fp32"] * 1e12
+}

@@ -1,0 +1,138 @@
+package cost
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestPresetsValidate(t *testing.T) {
+	for _, name := range []string{"a100-40g", "a100-80g", "h100-sxm", "h200", "cpu"} {
+		h, err := Load(name)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if err := h.Validate(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := Load("a100"); !errors.Is(err, ErrUnknownHardware) {
+		t.Errorf("unknown preset: got %v", err)
+	}
+}
+
+// TestLoadFile: a preset written out loads back equal; each malformed
+// file is refused with ErrBadHardware and names its problem.
+func TestLoadFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := `{"name": "mygpu", "peak_tflops": {"fp32": 50, "bf16": 400}, "vector_tflops": 50,
+	  "memory_gib": 48, "memory_gbps": 1000, "intra_node_gbps": 100, "intra_node_latency_us": 5,
+	  "inter_node_gbps": 25, "inter_node_latency_us": 10, "devices_per_node": 4, "host_gbps": 25,
+	  "gemm_efficiency": 0.7, "gemm_half_us": 3, "mem_efficiency": 0.8, "mem_half_us": 2, "launch_us": 3}`
+	h, err := Load(write("good.json", good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Name != "mygpu" || h.Peak("bf16") != 400e12 || h.DevicesPerNode != 4 {
+		t.Errorf("loaded %+v", h)
+	}
+	for _, c := range []struct{ name, text, want string }{
+		{"unknown-key.json", strings.Replace(good, `"launch_us"`, `"launch_usec"`, 1), "unknown field"},
+		{"trailing.json", good + ` {}`, "data after"},
+		{"not-json.json", `peak = 5`, "invalid character"},
+		{"negative.json", strings.Replace(good, `"memory_gib": 48`, `"memory_gib": -1`, 1), "memory_gib must be positive"},
+		{"efficiency.json", strings.Replace(good, `"gemm_efficiency": 0.7`, `"gemm_efficiency": 1.5`, 1), "gemm_efficiency must lie in (0, 1]"},
+		{"dtype.json", strings.Replace(good, `"bf16": 400`, `"bf17": 400`, 1), `unknown dtype "bf17"`},
+		{"no-fp32.json", strings.Replace(good, `"fp32": 50, `, ``, 1), "needs fp32"},
+		{"node.json", strings.Replace(good, `"devices_per_node": 4`, `"devices_per_node": 0`, 1), "devices_per_node must be ≥ 1"},
+		{"empty-name.json", strings.Replace(good, `"mygpu"`, `" "`, 1), "name must not be empty"},
+	} {
+		_, err := Load(write(c.name, c.text))
+		if !errors.Is(err, ErrBadHardware) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want ErrBadHardware with %q", c.name, err, c.want)
+		}
+	}
+	if _, err := Load(filepath.Join(dir, "missing.json")); !errors.Is(err, ErrBadHardware) {
+		t.Errorf("missing file: got %v", err)
+	}
+}
+
+// TestCollectives checks the α-β formulas against hand-computed values
+// and that a group spanning nodes takes the inter-node link.
+func TestCollectives(t *testing.T) {
+	h, _ := Preset("a100-80g")
+	intra, inter := h.LinkFor([]int{0, 1, 2, 3}), h.LinkFor([]int{6, 7, 8, 9})
+	if intra.InterNode || !inter.InterNode {
+		t.Fatalf("links: %+v %+v", intra, inter)
+	}
+	l := Link{GBps: 100, LatencyUS: 10}
+	// Ring all-reduce of 1 GB over 4: 6 steps of 10 µs + 2·3/4·1e9/1e11 s.
+	got := Collective("all_reduce", 4, 1e9, l)
+	if want := 6*10e-6 + 1.5e-2; math.Abs(got-want) > 1e-12 {
+		t.Errorf("all_reduce %g, want %g", got, want)
+	}
+	// A tiny all-reduce over 64 takes the tree: 2·6 latencies.
+	if got, want := Collective("all_reduce", 64, 8, l), 12*10e-6+2*8/1e11; math.Abs(got-want) > 1e-12 {
+		t.Errorf("tree all_reduce %g, want %g", got, want)
+	}
+	if got, want := Collective("all_gather", 8, 8e8, l), 7*10e-6+7.0/8*8e8/1e11; math.Abs(got-want) > 1e-12 {
+		t.Errorf("all_gather %g, want %g", got, want)
+	}
+	if Collective("all_reduce", 1, 1e9, l) != 0 {
+		t.Error("a group of one moves nothing")
+	}
+}
+
+// TestGEMMEfficiencyGrows: a larger GEMM runs closer to peak.
+func TestGEMMEfficiencyGrows(t *testing.T) {
+	h, _ := Preset("h100-sxm")
+	small := h.gemm(256, 256, 256, "bf16", 2)
+	large := h.gemm(8192, 8192, 8192, "bf16", 2)
+	effSmall := 2 * 256 * 256 * 256 / small / h.Peak("bf16")
+	effLarge := 2 * 8192.0 * 8192 * 8192 / large / h.Peak("bf16")
+	if !(effSmall < effLarge && effLarge <= h.GEMMEfficiency && effLarge > 0.75) {
+		t.Errorf("efficiency small %.3f large %.3f", effSmall, effLarge)
+	}
+}
+
+// TestLinkForSpreadsOverCards: a group spanning nodes crosses them on the
+// cards of its members on each node (k·inter_node_gbps, at most NVLink):
+// one member a node gets one card's 25 GB/s on a100-80g, two get 50, a
+// whole node's eight get 200; a group inside a node gets NVLink.
+func TestLinkForSpreadsOverCards(t *testing.T) {
+	h, _ := Preset("a100-80g")
+	every := func(n, stride int) []int {
+		r := make([]int, n)
+		for i := range r {
+			r[i] = i * stride
+		}
+		return r
+	}
+	for _, c := range []struct {
+		ranks []int
+		gbps  float64
+		inter bool
+	}{
+		{every(32, 8), 25, true},   // dp over tp-8 replicas
+		{every(32, 4), 50, true},   // tp 4
+		{every(32, 1), 200, true},  // tp 1: every GPU of 4 nodes
+		{every(8, 1), 300, false},  // one node
+		{[]int{7, 8}, 25, true},    // neighbours across a node boundary
+		{[]int{0, 1, 8}, 25, true}, // the least-populated node decides
+	} {
+		l := h.LinkFor(c.ranks)
+		if l.GBps != c.gbps || l.InterNode != c.inter {
+			t.Errorf("LinkFor(%v) = %+v, want %g GB/s (inter-node %v)", c.ranks, l, c.gbps, c.inter)
+		}
+	}
+}

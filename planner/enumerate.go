@@ -1,0 +1,138 @@
+package planner
+
+import (
+	"gcompile/compile"
+	"gcompile/cost"
+)
+
+// enumerate lists the candidate configurations: every split of the
+// devices into tp·pp·dp that the model's shape allows (tp divides heads,
+// the MLP width and the vocabulary; pp·vpp divides the layers), every
+// microbatch count that divides each replica's batch, and the memory
+// options (ZeRO with dp > 1, sequence parallelism with tp > 1, recompute,
+// optimizer offload). An axis the user fixed (Base.Explicit) takes only
+// the user's value. tp stays within a node unless no split does.
+// Validate, run by the caller, drops combinations the compiler refuses.
+func enumerate(base compile.Config, t cost.Transformer, hw *cost.Hardware, selective bool) []compile.Config {
+	fixed := func(name string) bool { return base.Explicit[name] }
+	n := base.Devices
+	var out []compile.Config
+	tps := choices(fixed("tp"), base.TP, divisors(n), func(tp int) bool {
+		return t.Heads%tp == 0 && t.FFN%tp == 0 && t.Vocab%tp == 0
+	})
+	if !fixed("tp") {
+		var inNode []int
+		for _, tp := range tps {
+			if tp <= hw.DevicesPerNode {
+				inNode = append(inNode, tp)
+			}
+		}
+		if len(inNode) > 0 {
+			tps = inNode
+		}
+	}
+	for _, tp := range tps {
+		pps := choices(fixed("pp"), base.PP, divisors(n/max(tp, 1)), func(pp int) bool { return t.Layers%pp == 0 })
+		for _, pp := range pps {
+			if tp*pp == 0 || n%(tp*pp) != 0 {
+				continue
+			}
+			dp := n / (tp * pp)
+			if fixed("dp") && base.DP != dp {
+				continue
+			}
+			if dp < 1 || base.Batch%dp != 0 {
+				continue
+			}
+			vpps := []int{1}
+			if pp > 1 {
+				vpps = choices(fixed("vpp"), base.VPP, upTo(maxVPP), func(v int) bool { return t.Layers%(pp*v) == 0 })
+			} else if fixed("vpp") {
+				vpps = []int{base.VPP}
+			}
+			ms := choices(fixed("microbatches"), base.Microbatches, divisors(base.Batch/dp), func(m int) bool {
+				return pp == 1 && m <= 64 || pp > 1 && m >= pp
+			})
+			zeros := choices(fixed("zero"), base.Zero, []int{0, 1, 2, 3}, func(z int) bool { return z == 0 || dp > 1 })
+			sps := []bool{false}
+			if fixed("sequence-parallel") {
+				sps = []bool{base.SequenceParallel}
+			} else if tp > 1 {
+				sps = []bool{false, true}
+			}
+			recomputes := []string{"none", "full"}
+			if selective {
+				recomputes = append(recomputes, "selective")
+			}
+			if fixed("recompute") {
+				recomputes = []string{base.Recompute}
+			}
+			offloads := []string{"", "optimizer"}
+			if fixed("offload") {
+				offloads = []string{base.Offload}
+			}
+			for _, v := range vpps {
+				for _, m := range ms {
+					for _, z := range zeros {
+						for _, sp := range sps {
+							for _, rc := range recomputes {
+								for _, off := range offloads {
+									c := base
+									c.TP, c.PP, c.DP, c.VPP, c.Microbatches = tp, pp, dp, v, m
+									c.Zero, c.SequenceParallel, c.Recompute, c.Offload = z, sp, rc, off
+									if !fixed("schedule") {
+										c.Schedule = ""
+									}
+									out = append(out, c)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// maxVPP bounds the virtual stages searched: every v up to it that
+// divides a stage's layers (Megatron's rule; 3 chunks of one layer for
+// 105 layers on 35 stages, as Korthikanti et al. ran 530B). Interleaving
+// cuts the bubble by v but multiplies the pipeline transfers by v, so the
+// gain from one more chunk shrinks as 1/v², and each value multiplies the
+// candidates.
+const maxVPP = 8
+
+// choices is the user's value when fixed, else the allowed options.
+func choices(fixed bool, value int, options []int, ok func(int) bool) []int {
+	if fixed {
+		return []int{value}
+	}
+	var out []int
+	for _, o := range options {
+		if ok(o) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// divisors of n in increasing order.
+func divisors(n int) []int {
+	var d []int
+	for i := 1; i <= n; i++ {
+		if n%i == 0 {
+			d = append(d, i)
+		}
+	}
+	return d
+}
+
+// upTo is 1..n.
+func upTo(n int) []int {
+	r := make([]int, n)
+	for i := range r {
+		r[i] = i + 1
+	}
+	return r
+}

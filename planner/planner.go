@@ -1,0 +1,312 @@
+// Package planner chooses a parallel plan: it enumerates every valid
+// (tp, pp, vpp, dp, microbatch size and count, ZeRO stage, sequence
+// parallelism, recompute, offload) for a model, a device count, a global
+// batch and a hardware description, prunes with the cost model's fast
+// analytic estimate, and compiles the most promising plans with the
+// compile driver so that what it reports — peak memory per device and the
+// detailed predicted step — is the compiled plan's own.
+//
+// Why two stages: compiling a plan costs from milliseconds to seconds, and
+// a large job has tens of thousands of candidates, so the search ranks by
+// a closed-form estimate and pays for compiles only at the top. The
+// estimate's memory is a lower bound (persistent bytes), so pruning on it
+// never drops a plan that fits; whether a plan near the limit fits is
+// decided by its compiled memory plan.
+package planner
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"gcompile/compile"
+	"gcompile/cost"
+	"gcompile/ir"
+	"gcompile/passes"
+)
+
+// Request is what to plan for.
+type Request struct {
+	// Base is the user's configuration: the model, batch, devices and
+	// every flag; an axis named in Base.Explicit is fixed at Base's value
+	// ("tp", "pp", "dp", "vpp", "microbatches", "zero", "sequence-parallel",
+	// "recompute", "offload", "schedule"); the others are searched.
+	Base     compile.Config
+	Hardware *cost.Hardware
+	// Module is the model as the frontend built it (before any pass) at
+	// Base.Batch; the planner reads its shape and compiles copies of it.
+	Module *ir.Module
+	// Shape stands in for Module when nothing is compiled (NoCompile):
+	// planning a model too large to build quickly, from its shape alone.
+	Shape *cost.Transformer
+	// TopK is how many plans to compile and report (default 5); 0 with
+	// NoCompile reports estimates only.
+	TopK      int
+	NoCompile bool
+	// MemoryBytes is the memory per device (default: the hardware's).
+	MemoryBytes int64
+}
+
+// Candidate is one plan and what is known of it.
+type Candidate struct {
+	Config   compile.Config
+	Plan     cost.Plan
+	Estimate *cost.Estimate
+	// Prediction and PeakBytes (the largest device's compiled peak) are
+	// set when the plan was compiled.
+	Prediction *cost.Prediction
+	PeakBytes  int64
+	Compiled   bool
+	// Rejected says why the plan was dropped ("" for a ranked plan).
+	Rejected string
+}
+
+// StepSeconds is the detailed prediction when compiled, else the
+// estimate.
+func (c *Candidate) StepSeconds() float64 {
+	if c.Prediction != nil {
+		return c.Prediction.StepSeconds
+	}
+	return c.Estimate.StepSeconds
+}
+
+// MemoryBytes is the compiled peak, or the estimate.
+func (c *Candidate) MemoryBytes() int64 {
+	if c.Compiled {
+		return c.PeakBytes
+	}
+	return c.Estimate.MemoryEstimate
+}
+
+// Result is the search's outcome.
+type Result struct {
+	Shape cost.Transformer
+	// Ranked are the reported plans, fastest first; Rejected the plans
+	// dropped, each with its reason (memory, a compile error); Considered
+	// counts every candidate enumerated.
+	Ranked, Rejected []*Candidate
+	Considered       int
+	// RejectedCount counts every rejected candidate (Rejected keeps the
+	// first maxRejected).
+	RejectedCount int
+	// Pruned counts candidates dropped by the memory lower bound (their
+	// reasons are in Rejected, up to a limit).
+	Pruned int
+}
+
+// ErrNoPlan is returned when no candidate survives.
+var ErrNoPlan = errors.New("no plan fits")
+
+// Plan runs the search.
+func Plan(req Request) (*Result, error) {
+	if req.Hardware == nil || req.Module == nil && (req.Shape == nil || !req.NoCompile) {
+		return nil, fmt.Errorf("planner: a hardware description and a module (or, without compiling, a shape) are needed")
+	}
+	var shape cost.Transformer
+	selective := true // a shape alone: assume the layer library's tags
+	if req.Module != nil {
+		var err error
+		if shape, err = ShapeOf(req.Module); err != nil {
+			return nil, err
+		}
+		selective = false
+		for _, v := range req.Module.Values {
+			if v.Meta.Selective {
+				selective = true
+				break
+			}
+		}
+	} else {
+		shape = *req.Shape
+	}
+	capBytes := req.MemoryBytes
+	if capBytes <= 0 {
+		capBytes = req.Hardware.MemoryBytes()
+	}
+	topK := req.TopK
+	if topK <= 0 {
+		topK = 5
+	}
+	res := &Result{Shape: shape}
+	var feasible []*Candidate
+	for _, cfg := range enumerate(req.Base, shape, req.Hardware, selective) {
+		res.Considered++
+		c := &Candidate{Config: cfg, Plan: planOf(cfg)}
+		probe := cfg
+		probe.Explicit = map[string]bool{}
+		for k, v := range cfg.Explicit {
+			probe.Explicit[k] = v
+		}
+		if err := probe.Validate(); err != nil {
+			c.Rejected = firstLine(err)
+			res.reject(c)
+			continue
+		}
+		c.Config = probe
+		c.Plan = planOf(probe)
+		e, err := req.Hardware.EstimateFast(shape, c.Plan)
+		if err != nil {
+			c.Rejected = err.Error()
+			res.reject(c)
+			continue
+		}
+		c.Estimate = e
+		if e.MemoryLowerBound > capBytes {
+			c.Rejected = fmt.Sprintf("params and optimizer state alone need %s per device, over the %s available", gib(e.MemoryLowerBound), gib(capBytes))
+			res.Pruned++
+			res.reject(c)
+			continue
+		}
+		feasible = append(feasible, c)
+	}
+	// Plans whose estimate fits rank before those whose estimate does not
+	// (which only a compile can settle); then by estimated step.
+	sort.SliceStable(feasible, func(i, j int) bool {
+		fi, fj := feasible[i].Estimate.MemoryEstimate <= capBytes, feasible[j].Estimate.MemoryEstimate <= capBytes
+		if fi != fj {
+			return fi
+		}
+		return feasible[i].Estimate.StepSeconds < feasible[j].Estimate.StepSeconds
+	})
+	if req.NoCompile {
+		for i, c := range feasible {
+			if i >= topK {
+				break
+			}
+			// The simulator's pipeline step for the reported plans.
+			if e, err := req.Hardware.Estimate(shape, c.Plan); err == nil {
+				c.Estimate = e
+			}
+			res.Ranked = append(res.Ranked, c)
+		}
+	} else {
+		dir, err := os.MkdirTemp("", "gcompile-plan-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		gir := filepath.Join(dir, "model.gir")
+		if err := os.WriteFile(gir, []byte(ir.Print(req.Module)), 0o644); err != nil {
+			return nil, err
+		}
+		tries := 0
+		for _, c := range feasible {
+			if len(res.Ranked) >= topK || tries >= 3*topK {
+				break
+			}
+			tries++
+			if err := compileCandidate(c, gir, req.Hardware, capBytes); err != nil {
+				c.Rejected = err.Error()
+				res.reject(c)
+				continue
+			}
+			res.Ranked = append(res.Ranked, c)
+		}
+	}
+	sort.SliceStable(res.Ranked, func(i, j int) bool { return res.Ranked[i].StepSeconds() < res.Ranked[j].StepSeconds() })
+	if len(res.Ranked) == 0 {
+		var why []string
+		for i, c := range res.Rejected {
+			if i >= 5 {
+				why = append(why, fmt.Sprintf("… and %d more", len(res.Rejected)-i))
+				break
+			}
+			why = append(why, fmt.Sprintf("%s: %s", Describe(c.Config), c.Rejected))
+		}
+		return res, fmt.Errorf("%w on %d devices (%d candidates): %s", ErrNoPlan, req.Base.Devices, res.Considered, strings.Join(why, "; "))
+	}
+	return res, nil
+}
+
+// maxRejected bounds the reasons kept: a large search rejects thousands.
+const maxRejected = 200
+
+func (r *Result) reject(c *Candidate) {
+	r.RejectedCount++
+	if len(r.Rejected) < maxRejected {
+		r.Rejected = append(r.Rejected, c)
+	}
+}
+
+// compileCandidate compiles the plan from the module's .gir with the
+// compile driver, records the largest device's peak and prices the
+// programs in detail.
+func compileCandidate(c *Candidate, gir string, hw *cost.Hardware, capBytes int64) error {
+	cfg := c.Config
+	cfg.Model = gir
+	cfg.Set = ""
+	cfg.Explicit = map[string]bool{}
+	cfg.MemLimit = 0
+	res, err := compile.Compile(&cfg, passes.Hooks{})
+	if err != nil {
+		return fmt.Errorf("compile: %s", firstLine(err))
+	}
+	var peak int64
+	for r := range res.Devices() {
+		peak = max(peak, res.ProgramOf(r).PeakBytes)
+	}
+	c.PeakBytes, c.Compiled = peak, true
+	if peak > capBytes {
+		return fmt.Errorf("the compiled plan's peak is %s per device, over the %s available", gib(peak), gib(capBytes))
+	}
+	pred, err := hw.Predict(res.Programs, res.Schedule)
+	if err != nil {
+		return err
+	}
+	c.Prediction = pred
+	return nil
+}
+
+// planOf is the cost model's view of a configuration.
+func planOf(c compile.Config) cost.Plan {
+	dp := max(c.DP, 1)
+	m := max(c.Microbatches, 1)
+	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, VPP: max(c.VPP, 1),
+		MicroBatch: max(c.Batch/(dp*m), 1), Microbatches: m, Zero: c.Zero,
+		SequenceParallel: c.SequenceParallel, Recompute: c.Recompute, Offload: c.Offload,
+		Precision: c.Precision, Schedule: c.Schedule, Optimizer: c.Optimizer}
+}
+
+// Describe is a plan in the flags' words.
+func Describe(c compile.Config) string {
+	s := fmt.Sprintf("tp=%d pp=%d dp=%d", max(c.TP, 1), max(c.PP, 1), max(c.DP, 1))
+	if c.VPP > 1 {
+		s += fmt.Sprintf(" vpp=%d", c.VPP)
+	}
+	s += fmt.Sprintf(" mb=%d×%d", max(c.Batch/(max(c.DP, 1)*max(c.Microbatches, 1)), 1), max(c.Microbatches, 1))
+	if c.Zero > 0 {
+		s += fmt.Sprintf(" zero=%d", c.Zero)
+	}
+	if c.SequenceParallel {
+		s += " sp"
+	}
+	if c.Recompute != "" && c.Recompute != "none" {
+		s += " rc=" + c.Recompute
+	}
+	if c.Offload != "" && c.Offload != "none" {
+		s += " offload=" + c.Offload
+	}
+	return s
+}
+
+func firstLine(err error) string {
+	s := err.Error()
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	return s
+}
+
+func gib(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d KiB", int64(math.Ceil(float64(n)/1024)))
+}

@@ -1,0 +1,177 @@
+package planner
+
+import (
+	"strings"
+	"testing"
+
+	"gcompile/compile"
+	"gcompile/cost"
+	"gcompile/examples/gpt"
+	"gcompile/frontend"
+	"gcompile/ir"
+)
+
+// smallGPT is the reference GPT at test size: 2 layers, h 32, 4 heads,
+// seq 16, at a global batch of 8.
+func smallGPT(t testing.TB, batch int) *ir.Module {
+	t.Helper()
+	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: batch,
+		Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func baseConfig(devices, batch int) compile.Config {
+	return compile.Config{Model: "model.go", Batch: batch, Devices: devices, Microbatches: 1,
+		Precision: "fp32", Optimizer: "adamw", Beta1: 0.9, Beta2: 0.95, WeightDecay: 0.1, Clip: 1, BucketMB: 25,
+		Explicit: map[string]bool{}}
+}
+
+func cpuHardware(t testing.TB) *cost.Hardware {
+	h, err := cost.Preset("cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func TestShapeOf(t *testing.T) {
+	s, err := ShapeOf(smallGPT(t, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := cost.Transformer{Layers: 2, Hidden: 32, Heads: 4, Seq: 16, Vocab: 256, FFN: 128, FusedAttention: true}
+	if s != want {
+		t.Fatalf("shape %+v, want %+v", s, want)
+	}
+}
+
+// TestReportedPeakIsCompiledPeak: every reported plan was compiled, and
+// compiling its configuration again from the model gives the same peak.
+func TestReportedPeakIsCompiledPeak(t *testing.T) {
+	m := smallGPT(t, 8)
+	res, err := Plan(Request{Base: baseConfig(4, 8), Hardware: cpuHardware(t), Module: m, TopK: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Ranked) == 0 {
+		t.Fatal("no plan")
+	}
+	gir := writeGir(t, m)
+	for _, c := range res.Ranked {
+		if !c.Compiled || c.Prediction == nil {
+			t.Fatalf("%s: reported without compiling", Describe(c.Config))
+		}
+		cfg := c.Config
+		cfg.Model, cfg.Explicit = gir, map[string]bool{}
+		r, err := compile.Compile(&cfg, passesHooks())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var peak int64
+		for d := range r.Devices() {
+			peak = max(peak, r.ProgramOf(d).PeakBytes)
+		}
+		if peak != c.PeakBytes {
+			t.Errorf("%s: reported peak %d, compiled %d", Describe(c.Config), c.PeakBytes, peak)
+		}
+		if c.Estimate.MemoryLowerBound > peak {
+			t.Errorf("%s: lower bound %d above the compiled peak %d", Describe(c.Config), c.Estimate.MemoryLowerBound, peak)
+		}
+	}
+	for i := 1; i < len(res.Ranked); i++ {
+		if res.Ranked[i].StepSeconds() < res.Ranked[i-1].StepSeconds() {
+			t.Errorf("ranking out of order at %d", i)
+		}
+	}
+}
+
+// TestFixedAxesRespected: an axis given as a flag is the same in every
+// reported plan; with every axis fixed the one plan is that plan.
+func TestFixedAxesRespected(t *testing.T) {
+	m := smallGPT(t, 8)
+	base := baseConfig(4, 8)
+	base.PP, base.Explicit["pp"] = 2, true
+	res, err := Plan(Request{Base: base, Hardware: cpuHardware(t), Module: m, TopK: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range res.Ranked {
+		if c.Config.PP != 2 || c.Config.DP*c.Config.TP != 2 {
+			t.Errorf("pp fixed at 2, got %s", Describe(c.Config))
+		}
+	}
+	all := baseConfig(4, 8)
+	all.TP, all.PP, all.DP, all.Microbatches, all.Zero, all.Recompute, all.Offload = 1, 2, 2, 2, 1, "full", ""
+	for _, a := range []string{"tp", "pp", "dp", "vpp", "microbatches", "zero", "sequence-parallel", "recompute", "offload", "schedule"} {
+		all.Explicit[a] = true
+	}
+	res, err = Plan(Request{Base: all, Hardware: cpuHardware(t), Module: m, TopK: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Ranked) != 1 || res.Considered != 1 {
+		t.Fatalf("every axis fixed: %d ranked of %d considered, want exactly that plan", len(res.Ranked), res.Considered)
+	}
+	got := res.Ranked[0].Config
+	if got.TP != 1 || got.PP != 2 || got.DP != 2 || got.Microbatches != 2 || got.Zero != 1 || got.Recompute != "full" || got.Schedule != "1f1b" {
+		t.Errorf("fixed plan came back as %s (schedule %s)", Describe(got), got.Schedule)
+	}
+}
+
+// TestLowerBoundNeverAboveCompiledPeak: over a sweep of plans (every
+// layout of 4 devices, ZeRO stages, recompute, offload, microbatches),
+// the memory bound the search prunes with never exceeds the compiled
+// peak, so a plan that fits is never pruned.
+func TestLowerBoundNeverAboveCompiledPeak(t *testing.T) {
+	m := smallGPT(t, 8)
+	shape, err := ShapeOf(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gir := writeGir(t, m)
+	hw := cpuHardware(t)
+	n := 0
+	for i, cfg := range enumerate(baseConfig(4, 8), shape, hw, true) {
+		if i%5 != 0 || n >= 12 { // a spread of the 200-odd candidates keeps the test short
+			continue
+		}
+		if err := cfg.Validate(); err != nil {
+			continue
+		}
+		e, err := hw.EstimateFast(shape, planOf(cfg))
+		if err != nil {
+			continue
+		}
+		cfg.Model, cfg.Explicit = gir, map[string]bool{}
+		r, err := compile.Compile(&cfg, passesHooks())
+		if err != nil {
+			// The planner rejects such a plan with this reason.
+			t.Logf("%s does not compile: %v", Describe(cfg), firstLine(err))
+			continue
+		}
+		var peak int64
+		for d := range r.Devices() {
+			peak = max(peak, r.ProgramOf(d).PeakBytes)
+		}
+		if e.MemoryLowerBound > peak {
+			t.Errorf("%s: lower bound %d > compiled peak %d", Describe(cfg), e.MemoryLowerBound, peak)
+		}
+		n++
+	}
+	if n < 8 {
+		t.Fatalf("only %d plans checked", n)
+	}
+	t.Logf("%d plans checked", n)
+}
+
+// TestMemoryLimitRejectsWithReason: a memory smaller than any plan's
+// params and state leaves no plan, and the error says why.
+func TestMemoryLimitRejectsWithReason(t *testing.T) {
+	_, err := Plan(Request{Base: baseConfig(2, 8), Hardware: cpuHardware(t), Module: smallGPT(t, 8), MemoryBytes: 1000})
+	if err == nil || !strings.Contains(err.Error(), "params and optimizer state alone need") {
+		t.Fatalf("want a memory rejection, got %v", err)
+	}
+}

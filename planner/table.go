@@ -1,0 +1,191 @@
+package planner
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"gcompile/cost"
+)
+
+// Row is one reported plan as the table and --metrics show it.
+type Row struct {
+	Rank             int                `json:"rank"`
+	Plan             string             `json:"plan"`
+	TP               int                `json:"tp"`
+	PP               int                `json:"pp"`
+	DP               int                `json:"dp"`
+	VPP              int                `json:"vpp"`
+	MicroBatch       int                `json:"microbatch_size"`
+	Microbatches     int                `json:"microbatches"`
+	Zero             int                `json:"zero"`
+	SequenceParallel bool               `json:"sequence_parallel"`
+	Recompute        string             `json:"recompute"`
+	Offload          string             `json:"offload"`
+	Schedule         string             `json:"schedule"`
+	StepMs           float64            `json:"predicted_step_ms"`
+	TokensPerSec     float64            `json:"tokens_per_s"`
+	TFLOPSPerDevice  float64            `json:"tflops_per_device"`
+	MFU              float64            `json:"mfu"`
+	Bubble           float64            `json:"bubble"`
+	PeakBytes        int64              `json:"peak_bytes"`
+	PeakExact        bool               `json:"peak_exact"`
+	CommMs           map[string]float64 `json:"comm_ms"`
+}
+
+// Rows turns the ranked plans into rows.
+func Rows(res *Result, hw *cost.Hardware) []Row {
+	var rows []Row
+	for i, c := range res.Ranked {
+		cfg := c.Config
+		step := c.StepSeconds()
+		flops, model, bubble := c.Estimate.FLOPs, c.Estimate.ModelFLOPs, c.Estimate.Bubble
+		comm := c.Estimate.CommSeconds
+		if c.Prediction != nil {
+			flops, bubble, comm = c.Prediction.FLOPs, c.Prediction.Bubble, c.Prediction.CommSeconds
+			model = c.Prediction.ModelFLOPs
+		}
+		n := float64(cfg.Devices)
+		r := Row{Rank: i + 1, Plan: Describe(cfg), TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, VPP: cfg.VPP,
+			MicroBatch: c.Plan.MicroBatch, Microbatches: cfg.Microbatches, Zero: cfg.Zero, SequenceParallel: cfg.SequenceParallel,
+			Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule,
+			StepMs: step * 1e3, TokensPerSec: float64(cfg.Batch*res.Shape.Seq) / step,
+			TFLOPSPerDevice: flops / step / n / 1e12, MFU: model / (step * n * hw.Peak(c.Plan.DTypeName())),
+			Bubble: bubble, PeakBytes: c.MemoryBytes(), PeakExact: c.Compiled, CommMs: map[string]float64{}}
+		for k, v := range comm {
+			r.CommMs[k] = v * 1e3
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// WriteTable prints the rows, then why the first one wins.
+func WriteTable(w io.Writer, res *Result, hw *cost.Hardware) error {
+	rows := Rows(res, hw)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "#\tplan\tstep ms\ttokens/s\tTFLOP/s/dev\tMFU\tbubble\tmem/dev\tcomm ms (axis)\t")
+	for _, r := range rows {
+		mem := gib(r.PeakBytes)
+		if !r.PeakExact {
+			mem = "~" + mem
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%.3f\t%.0f\t%.3g\t%.1f%%\t%.3f\t%s\t%s\t\n", r.Rank, r.Plan, r.StepMs, r.TokensPerSec,
+			r.TFLOPSPerDevice, 100*r.MFU, r.Bubble, mem, commString(r.CommMs))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%d candidates on %s: %d ranked, %d dropped by the memory bound, %d rejected in all",
+		res.Considered, hw.Name, len(res.Ranked), res.Pruned, res.RejectedCount)
+	if len(rows) > 0 && !rows[0].PeakExact {
+		fmt.Fprint(w, " (memory marked ~ is estimated: the plans were not compiled)")
+	}
+	fmt.Fprintln(w)
+	if why := Why(res, hw); why != "" {
+		fmt.Fprintln(w, why)
+	}
+	return nil
+}
+
+func commString(m map[string]float64) string {
+	keys := make([]string, 0, len(m))
+	for k, v := range m {
+		if v > 0 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %.3g", k, m[k]))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Why explains the winner against the runner-up: which part of the step
+// (compute, the bubble, communication per axis) makes the difference.
+func Why(res *Result, hw *cost.Hardware) string {
+	if len(res.Ranked) == 0 {
+		return ""
+	}
+	best := res.Ranked[0]
+	if len(res.Ranked) == 1 {
+		return fmt.Sprintf("best: %s, the only plan that fits", Describe(best.Config))
+	}
+	next := res.Ranked[1]
+	parts := func(c *Candidate) map[string]float64 {
+		out := map[string]float64{}
+		if c.Prediction != nil {
+			out["compute"] = c.Prediction.ComputeSeconds
+			for k, v := range c.Prediction.CommSeconds {
+				out[k+" communication"] = v
+			}
+			out["pipeline bubble and waiting"] = c.Prediction.StepSeconds - c.Prediction.Busy[argmax(c.Prediction.Busy)]
+			return out
+		}
+		out["compute"] = c.Estimate.ComputeSeconds
+		for k, v := range c.Estimate.CommSeconds {
+			out[k+" communication"] = v
+		}
+		return out
+	}
+	a, b := parts(best), parts(next)
+	type diff struct {
+		name string
+		d    float64
+	}
+	var ds []diff
+	for k := range merge(a, b) {
+		ds = append(ds, diff{k, b[k] - a[k]})
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i].d > ds[j].d })
+	s := fmt.Sprintf("best: %s, %.1f %% faster than %s", Describe(best.Config),
+		100*(next.StepSeconds()-best.StepSeconds())/next.StepSeconds(), Describe(next.Config))
+	if len(ds) > 0 && ds[0].d > 0 {
+		s += fmt.Sprintf(": %.3g ms less %s", ds[0].d*1e3, ds[0].name)
+	}
+	return s
+}
+
+func merge(a, b map[string]float64) map[string]bool {
+	out := map[string]bool{}
+	for k := range a {
+		out[k] = true
+	}
+	for k := range b {
+		out[k] = true
+	}
+	return out
+}
+
+func argmax(xs []float64) int {
+	best := 0
+	for i, x := range xs {
+		if x > xs[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// WriteJSON writes the rows (--metrics with --plan).
+func WriteJSON(path string, res *Result, hw *cost.Hardware) error {
+	data, err := json.MarshalIndent(struct {
+		Hardware   string `json:"hardware"`
+		Source     string `json:"hardware_source"` // where its figures come from (a calibration's measurements)
+		Considered int    `json:"candidates"`
+		Plans      []Row  `json:"plans"`
+	}{hw.Name, hw.Source, res.Considered, Rows(res, hw)}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
