@@ -41,30 +41,43 @@ median_steps() { # metrics.json → median ms of the steps after the warm-up
 	echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)  cores: $(nproc)  threads: $THREADS"
 	echo "go: $(go version | cut -d' ' -f3)  torch: $("$PY" -c 'import torch; print(torch.__version__)')  blas: $blas"
 } | tee "$OUT/compare.txt"
-declare -A gc fu pt
+declare -A gc fu un pt
 for ((r = 1; r <= REPEAT; r++)); do
 	for c in "${configs[@]}"; do
 		IFS='|' read -r name set tflags batch <<<"$c"
-		for fuse in "" "--fuse"; do
+		# The model as written (fused attention), with --fuse, and with the
+		# unfused attention composition PyTorch's script runs.
+		for variant in plain fuse unfused; do
+			flags=(--set "$set")
+			case $variant in
+			fuse) flags+=(--fuse) ;;
+			unfused) flags=(--set "$set,attention=unfused") ;;
+			esac
 			GOMAXPROCS=$THREADS "$OUT/gcompile" examples/gpt/model.go --devices 1 --run --steps "$STEPS" \
-				--batch "$batch" --set "$set" $fuse --metrics "$OUT/m.json" >/dev/null 2>&1
+				--batch "$batch" "${flags[@]}" --metrics "$OUT/m.json" >/dev/null 2>&1
 			ms=$(median_steps "$OUT/m.json")
-			if [ -z "$fuse" ]; then gc[$name]+="$ms "; else fu[$name]+="$ms "; fi
+			case $variant in
+			plain) gc[$name]+="$ms " ;;
+			fuse) fu[$name]+="$ms " ;;
+			unfused) un[$name]+="$ms " ;;
+			esac
 		done
 		ms=$(OMP_NUM_THREADS=$THREADS "$PY" bench/torch_gpt.py --device cpu --threads "$THREADS" $tflags \
 			--vocab 256 --batch "$batch" --steps $((STEPS - WARMUP)) --warmup "$WARMUP" |
 			"$PY" -c 'import json,sys; print("%.1f" % json.loads(sys.stdin.read().split(" ", 1)[1])["median_step_ms"])')
 		pt[$name]+="$ms "
-		echo "run $r $name: gcompile ${gc[$name]} / fused ${fu[$name]} / torch ${pt[$name]}" >&2
+		echo "run $r $name: gcompile ${gc[$name]}/ --fuse ${fu[$name]}/ unfused attention ${un[$name]}/ torch ${pt[$name]}" >&2
 	done
 done
 med() { printf '%s\n' $1 | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 {
-	printf '%-14s %12s %14s %12s %10s %10s\n' model "gcompile ms" "--fuse ms" "torch ms" ratio "fuse ratio"
+	echo "ms per step (median); in brackets, gcompile's time over PyTorch's"
+	printf '%-14s %16s %16s %18s %10s\n' model gcompile "--fuse" "unfused attention" torch
 	for c in "${configs[@]}"; do
 		IFS='|' read -r name _ _ _ <<<"$c"
-		g=$(med "${gc[$name]}") f=$(med "${fu[$name]}") p=$(med "${pt[$name]}")
-		printf '%-14s %12s %14s %12s %9.2fx %9.2fx\n' "$name" "$g" "$f" "$p" "$(echo "$g / $p" | bc -l)" "$(echo "$f / $p" | bc -l)"
-		echo "  runs: gcompile [${gc[$name]% }] fused [${fu[$name]% }] torch [${pt[$name]% }]"
+		g=$(med "${gc[$name]}") f=$(med "${fu[$name]}") u=$(med "${un[$name]}") p=$(med "${pt[$name]}")
+		printf '%-14s %9s (%.2fx) %9s (%.2fx) %11s (%.2fx) %10s\n' "$name" "$g" "$(echo "$g / $p" | bc -l)" \
+			"$f" "$(echo "$f / $p" | bc -l)" "$u" "$(echo "$u / $p" | bc -l)" "$p"
+		echo "  runs: gcompile [${gc[$name]% }] --fuse [${fu[$name]% }] unfused [${un[$name]% }] torch [${pt[$name]% }]"
 	done
 } | tee -a "$OUT/compare.txt"

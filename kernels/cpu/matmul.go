@@ -21,7 +21,8 @@ var blasImpl gonum.Implementation
 //
 // When b is shared and a is not transposed, the batch is folded into m and
 // solved as one large product, which keeps the GEMM well shaped. Other
-// batched calls run their problems in parallel.
+// batched calls run small problems in parallel, one per goroutine, and
+// large ones one after another, each using every core.
 func MatMul[T Float](c, a, b []T, batch, m, n, k int, transA, transB, bShared bool) {
 	checkNonNeg("MatMul", batch, m, n, k)
 	checkLen("MatMul", "a", len(a), batch*m*k)
@@ -95,16 +96,25 @@ func matMul[E float32 | float64](c, a, b []E, batch, m, n, k int, transA, transB
 			b[i*strideB:i*strideB+k*n], ldb,
 			c[i*m*n:(i+1)*m*n], n)
 	}
-	if batch == 1 {
-		one(0)
+	// Large problems each use every core themselves; a batch of tiny
+	// ones is over before goroutines would start.
+	if batch == 1 || m*n*k >= sgemmParallelMin || batch*m*n*k < batchSerialMax {
+		for i := range batch {
+			one(i)
+		}
 		return
 	}
-	ParallelFor(batch, 1, func(lo, hi int) {
+	parallelChunks(batch, 1, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			one(i)
 		}
 	})
 }
+
+// batchSerialMax is the batch·m·n·k under which a batched product runs
+// on the calling goroutine: about a microsecond of work, what starting a
+// goroutine costs.
+const batchSerialMax = 1 << 16
 
 func blasTrans(t bool) blas.Transpose {
 	if t {
@@ -113,7 +123,8 @@ func blasTrans(t bool) blas.Transpose {
 	return blas.NoTrans
 }
 
-// gemm32Gonum is the reference fp32 product through gonum's Sgemm.
+// gemm32Gonum is fp32 through gonum's Sgemm: the benchmarks' baseline and
+// an independent check in the tests.
 func gemm32Gonum(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
 	blasImpl.Sgemm(blasTrans(transA), blasTrans(transB), m, n, k, 1, a, lda, b, ldb, 0, c, ldc)
 }
@@ -123,8 +134,8 @@ func gemm64(transA, transB bool, m, n, k int, a []float64, lda int, b []float64,
 	blasImpl.Dgemm(blasTrans(transA), blasTrans(transB), m, n, k, 1, a, lda, b, ldb, 0, c, ldc)
 }
 
-// matMulGonum32 is MatMul with the fp32 path pinned to gonum's Sgemm, kept so
-// the benchmarks can compare it with the packed kernel.
+// matMulGonum32 is MatMul with the fp32 path pinned to gonum's Sgemm, so
+// the benchmarks can compare the packed GEMM with it on equal terms.
 func matMulGonum32(c, a, b []float32, batch, m, n, k int, transA, transB, bShared bool) {
 	matMul(c, a, b, batch, m, n, k, transA, transB, bShared, gemm32Gonum)
 }

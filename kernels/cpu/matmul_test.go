@@ -51,8 +51,8 @@ func mmCases() []mmCase {
 	shapes := [][4]int{
 		{1, 1, 1, 1}, {1, 3, 5, 7}, {1, 1, 9, 4}, {1, 8, 1, 6}, {1, 5, 4, 1},
 		{3, 6, 5, 4}, {2, 17, 13, 11},
-		// Large enough to take the blocked fp32 path, with ragged edges
-		// and more than one k block.
+		// Ragged edges for every kernel's tile, more than one k block,
+		// more than one nc block of the portable kernel.
 		{1, 70, 45, 300}, {2, 40, 33, 64}, {1, 33, 1030, 20},
 		{1, 4, 3, 0}, {0, 4, 3, 2}, {2, 0, 3, 2},
 	}
@@ -87,8 +87,8 @@ func testMatMul[T Float](t *testing.T) {
 
 func TestMatMul(t *testing.T) { both(t, testMatMul[float32], testMatMul[float64]) }
 
-// TestMatMulKernelsAgree runs the fp32 paths against each other directly, so
-// the blocked kernel is exercised even if MatMul stops selecting it.
+// TestMatMulKernelsAgree checks the packed GEMM against gonum's Sgemm, the
+// benchmarks' baseline, as an independent fp32 implementation.
 func TestMatMulKernelsAgree(t *testing.T) {
 	r := newRand(2)
 	for _, c := range mmCases() {
@@ -107,7 +107,7 @@ func TestMatMulKernelsAgree(t *testing.T) {
 		x := make([]float32, c.m*c.n)
 		y := make([]float32, c.m*c.n)
 		gemm32Gonum(c.transA, c.transB, c.m, c.n, c.k, a, lda, b, ldb, x, c.n)
-		gemm32Blocked(c.transA, c.transB, c.m, c.n, c.k, a, lda, b, ldb, y, c.n)
+		gemm32(c.transA, c.transB, c.m, c.n, c.k, a, lda, b, ldb, y, c.n)
 		requireClose(t, to64(x), y, 1e-5*math.Sqrt(float64(c.k)), fmt.Sprintf("%+v", c))
 	}
 }
