@@ -7,6 +7,7 @@ import (
 
 	"gcompile/ir"
 	"gcompile/lower"
+	"gcompile/runtime"
 )
 
 // Trace processes. The runtime's --trace numbers its kernels 0 and its
@@ -23,18 +24,6 @@ const (
 // run the same timeline), so a 3072-GPU plan does not write a gigabyte.
 const maxTraceDevices = 64
 
-// traceEvent is one Chrome trace event, as runtime.Tracer writes them.
-type traceEvent struct {
-	Name string         `json:"name"`
-	Cat  string         `json:"cat"`
-	Ph   string         `json:"ph"`
-	Ts   float64        `json:"ts"`
-	Dur  float64        `json:"dur"`
-	Pid  int            `json:"pid"`
-	Tid  int            `json:"tid"`
-	Args map[string]any `json:"args,omitempty"`
-}
-
 // traceEvents is the prediction's timeline as Chrome trace events in the
 // runtime's --trace format (chrome://tracing, Perfetto): per device a
 // track of one slice per instruction, named by its op, its category the
@@ -45,7 +34,7 @@ type traceEvent struct {
 // schedule action ("F c1 m3") on a second process. Times are microseconds
 // from the step's start; the step is one (args.step 1), where the runtime
 // traces its first runtime.TraceSteps.
-func traceEvents(progs []*lower.Program, pred *Prediction) ([]traceEvent, error) {
+func traceEvents(progs []*lower.Program, pred *Prediction) ([]runtime.TraceEvent, error) {
 	tl := pred.Timeline
 	if tl == nil || len(progs) == 0 {
 		return nil, fmt.Errorf("trace: the prediction has no timeline")
@@ -65,7 +54,7 @@ func traceEvents(progs []*lower.Program, pred *Prediction) ([]traceEvent, error)
 			}
 		}
 	}
-	events := []traceEvent{
+	events := []runtime.TraceEvent{
 		{Name: "process_name", Ph: "M", Pid: tracePidKernels, Args: map[string]any{"name": "predicted kernels"}},
 		{Name: "process_name", Ph: "M", Pid: tracePidActions, Args: map[string]any{"name": "predicted schedule actions"}},
 	}
@@ -78,10 +67,10 @@ func traceEvents(progs []*lower.Program, pred *Prediction) ([]traceEvent, error)
 	for _, d := range drawn {
 		name := fmt.Sprintf("device %d", d)
 		for _, pid := range []int{tracePidKernels, tracePidActions} {
-			events = append(events, traceEvent{Name: "thread_name", Ph: "M", Pid: pid, Tid: d, Args: map[string]any{"name": name}})
+			events = append(events, runtime.TraceEvent{Name: "thread_name", Ph: "M", Pid: pid, Tid: d, Args: map[string]any{"name": name}})
 		}
 		if hasCopies[tl.RankOfDevice[d]] {
-			events = append(events, traceEvent{Name: "thread_name", Ph: "M", Pid: tracePidKernels, Tid: devices + d, Args: map[string]any{"name": name + " copies"}})
+			events = append(events, runtime.TraceEvent{Name: "thread_name", Ph: "M", Pid: tracePidKernels, Tid: devices + d, Args: map[string]any{"name": name + " copies"}})
 		}
 	}
 	for _, d := range drawn {
@@ -108,11 +97,11 @@ func traceEvents(progs []*lower.Program, pred *Prediction) ([]traceEvent, error)
 			if s.Copy {
 				tid = devices + d
 			}
-			events = append(events, traceEvent{Name: in.Op, Cat: cat, Ph: "X", Ts: s.Start * 1e6, Dur: s.Seconds * 1e6, Pid: tracePidKernels, Tid: tid, Args: args})
+			events = append(events, runtime.TraceEvent{Name: in.Op, Cat: cat, Ph: "X", Ts: s.Start * 1e6, Dur: s.Seconds * 1e6, Pid: tracePidKernels, Tid: tid, Args: args})
 		}
 		if tl.Actions != nil {
 			for _, a := range tl.Actions[r] {
-				events = append(events, traceEvent{Name: a.Name, Cat: "schedule", Ph: "X", Ts: a.Start * 1e6, Dur: a.Seconds * 1e6,
+				events = append(events, runtime.TraceEvent{Name: a.Name, Cat: "schedule", Ph: "X", Ts: a.Start * 1e6, Dur: a.Seconds * 1e6,
 					Pid: tracePidActions, Tid: d, Args: map[string]any{"step": 1}})
 			}
 		}

@@ -23,12 +23,15 @@ type Tracer struct {
 	progs  []*lower.Program // per device
 	origin time.Time
 	mu     sync.Mutex
-	events []traceEvent
+	events []TraceEvent
 	step   int
-	open   []*traceEvent // per device: the action slice being extended
+	open   []*TraceEvent // per device: the action slice being extended
 }
 
-type traceEvent struct {
+// TraceEvent is one Chrome trace event (chrome://tracing, Perfetto) as
+// --trace writes them; the cost model's predicted traces use it too, so
+// a measured and a predicted file can be merged.
+type TraceEvent struct {
 	Name string         `json:"name"`
 	Cat  string         `json:"cat"`
 	Ph   string         `json:"ph"`
@@ -41,7 +44,7 @@ type traceEvent struct {
 
 // NewTracer starts a trace of devices running progs (progs[i] on device i).
 func NewTracer(progs []*lower.Program) *Tracer {
-	return &Tracer{progs: progs, origin: time.Now(), step: 1, open: make([]*traceEvent, len(progs))}
+	return &Tracer{progs: progs, origin: time.Now(), step: 1, open: make([]*TraceEvent, len(progs))}
 }
 
 // Hook returns device dev's per-instruction hook.
@@ -65,7 +68,7 @@ func (t *Tracer) record(dev, i int, start time.Time, d time.Duration) {
 	if in.Op == "send" || in.Op == "recv" || ir.Collectives[in.Op] {
 		cat = "comm"
 	}
-	t.events = append(t.events, traceEvent{Name: name, Cat: cat, Ph: "X", Ts: ts, Dur: dur, Pid: 0, Tid: dev, Args: args})
+	t.events = append(t.events, TraceEvent{Name: name, Cat: cat, Ph: "X", Ts: ts, Dur: dur, Pid: 0, Tid: dev, Args: args})
 	if in.Block == "" {
 		return
 	}
@@ -75,7 +78,7 @@ func (t *Tracer) record(dev, i int, start time.Time, d time.Duration) {
 		return
 	}
 	t.flush(dev)
-	t.open[dev] = &traceEvent{Name: in.Block, Cat: "schedule", Ph: "X", Ts: ts, Dur: dur, Pid: 1, Tid: dev, Args: map[string]any{"step": t.step}}
+	t.open[dev] = &TraceEvent{Name: in.Block, Cat: "schedule", Ph: "X", Ts: ts, Dur: dur, Pid: 1, Tid: dev, Args: map[string]any{"step": t.step}}
 }
 
 func (t *Tracer) flush(dev int) {
@@ -102,12 +105,12 @@ func (t *Tracer) WriteFile(path string) error {
 	for dev := range t.open {
 		t.flush(dev)
 	}
-	var meta []traceEvent
-	meta = append(meta, traceEvent{Name: "process_name", Ph: "M", Pid: 0, Args: map[string]any{"name": "kernels"}},
-		traceEvent{Name: "process_name", Ph: "M", Pid: 1, Args: map[string]any{"name": "schedule actions"}})
+	var meta []TraceEvent
+	meta = append(meta, TraceEvent{Name: "process_name", Ph: "M", Pid: 0, Args: map[string]any{"name": "kernels"}},
+		TraceEvent{Name: "process_name", Ph: "M", Pid: 1, Args: map[string]any{"name": "schedule actions"}})
 	for dev := range t.progs {
 		for pid := range 2 {
-			meta = append(meta, traceEvent{Name: "thread_name", Ph: "M", Pid: pid, Tid: dev, Args: map[string]any{"name": fmt.Sprintf("device %d", dev)}})
+			meta = append(meta, TraceEvent{Name: "thread_name", Ph: "M", Pid: pid, Tid: dev, Args: map[string]any{"name": fmt.Sprintf("device %d", dev)}})
 		}
 	}
 	b, err := json.Marshal(map[string]any{"traceEvents": append(meta, t.events...), "displayTimeUnit": "ms"})
