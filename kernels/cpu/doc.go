@@ -22,6 +22,8 @@
 //
 // Parallelism: row-wise and large elementwise kernels split their work with
 // [ParallelFor] over runtime.GOMAXPROCS(0) goroutines; matrix products go
-// through [MatMul], which uses gonum's BLAS or, for the fp32 shapes where it
-// measured faster, a cache-blocked GEMM of its own.
+// through [MatMul]: float32 products run the package's packed GEMM, whose
+// micro-kernel (AVX-512 or AVX2 assembly, or portable Go) is chosen at
+// start-up by what the CPU supports, split over rows of the result so
+// every element sums in one order; float64 products use gonum's BLAS.
 package cpu

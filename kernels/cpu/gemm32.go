@@ -74,7 +74,9 @@ const (
 	sgemmParallelMin = 1 << 21
 	// sgemmDirectMax is the largest n (m) for which a (b) is read in
 	// place rather than packed: a panel is then used by at most this
-	// many columns (rows) of c, too few to repay copying it.
+	// many columns (rows) of c, too few to repay copying it. On the
+	// attention shapes (batches of 128×128×32) that measured 15–20 %
+	// faster than packing; at 2048×256×768 the two were even.
 	sgemmDirectMax = 256
 	// sgemmAliasFloats: leading dimensions that are multiples of this
 	// (4 KiB) put every row of a panel in the same L1 set, so such
