@@ -3,6 +3,7 @@ package cost
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"sync"
 	"time"
@@ -43,7 +44,7 @@ func Calibrate() (*Hardware, error) {
 		return nil, err
 	}
 	base := *h
-	base.PeakTFLOPS = maps(h.PeakTFLOPS)
+	base.PeakTFLOPS = maps.Clone(h.PeakTFLOPS)
 
 	// GEMM: on the roofline a GEMM of f flops takes launch + (f + F½)/P,
 	// a line in f: its slope is 1/P and its intercept the fixed cost,

@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -78,30 +79,10 @@ var (
 // fitted to any run: ~80 % of peak for large bf16 GEMMs (REFERENCE.md: an
 // 8192³ GEMM reaches ~790 of H100's 989 TFLOP/s), ~85 % of HBM bandwidth.
 var presets = map[string]Hardware{
-	"a100-40g": {
-		Name: "a100-40g", Source: "NVIDIA A100 datasheet (SXM4 40GB); DGX A100: 8 GPUs, NVLink3 600 GB/s bidirectional, 8x HDR 200 Gb/s",
-		PeakTFLOPS: map[string]float64{"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "f64": 19.5}, VectorTFLOPS: 19.5,
-		MemoryGiB: 40, MemoryGBps: 1555, IntraGBps: 300, IntraLatencyUS: 5, InterGBps: 25, InterLatencyUS: 10, DevicesPerNode: 8, HostGBps: 25,
-		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
-	},
-	"a100-80g": {
-		Name: "a100-80g", Source: "NVIDIA A100 datasheet (SXM4 80GB); DGX A100: 8 GPUs, NVLink3 600 GB/s bidirectional, 8x HDR 200 Gb/s",
-		PeakTFLOPS: map[string]float64{"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "f64": 19.5}, VectorTFLOPS: 19.5,
-		MemoryGiB: 80, MemoryGBps: 2039, IntraGBps: 300, IntraLatencyUS: 5, InterGBps: 25, InterLatencyUS: 10, DevicesPerNode: 8, HostGBps: 25,
-		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
-	},
-	"h100-sxm": {
-		Name: "h100-sxm", Source: "NVIDIA H100 datasheet (SXM5 80GB, dense); DGX H100: 8 GPUs, NVLink4 900 GB/s bidirectional, 8x NDR 400 Gb/s",
-		PeakTFLOPS: map[string]float64{"fp32": 67, "tf32": 494, "bf16": 989, "fp16": 989, "f64": 67}, VectorTFLOPS: 67,
-		MemoryGiB: 80, MemoryGBps: 3350, IntraGBps: 450, IntraLatencyUS: 4, InterGBps: 50, InterLatencyUS: 8, DevicesPerNode: 8, HostGBps: 50,
-		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
-	},
-	"h200": {
-		Name: "h200", Source: "NVIDIA H200 datasheet (SXM 141GB, dense); HGX H200: 8 GPUs, NVLink4 900 GB/s bidirectional, 8x NDR 400 Gb/s",
-		PeakTFLOPS: map[string]float64{"fp32": 67, "tf32": 494, "bf16": 989, "fp16": 989, "f64": 67}, VectorTFLOPS: 67,
-		MemoryGiB: 140, MemoryGBps: 4800, IntraGBps: 450, IntraLatencyUS: 4, InterGBps: 50, InterLatencyUS: 8, DevicesPerNode: 8, HostGBps: 50,
-		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
-	},
+	"a100-40g": a100("a100-40g", "SXM4 40GB", 40, 1555),
+	"a100-80g": a100("a100-80g", "SXM4 80GB", 80, 2039),
+	"h100-sxm": hopper("h100-sxm", "NVIDIA H100 datasheet (SXM5 80GB, dense); DGX H100", 80, 3350),
+	"h200":     hopper("h200", "NVIDIA H200 datasheet (SXM 141GB, dense); HGX H200", 140, 4800),
 	// cpu is the CPU backend before calibration: virtual devices in one
 	// process sharing the host's cores and memory, each kernel using every
 	// core (hence host_cores 1). Calibrate (calibrate.go) replaces the
@@ -113,6 +94,26 @@ var presets = map[string]Hardware{
 		MemoryGiB: 16, MemoryGBps: 5, IntraGBps: 3, IntraLatencyUS: 20, InterGBps: 1, InterLatencyUS: 100, DevicesPerNode: 1 << 20, HostGBps: 5,
 		GEMMEfficiency: 1, GEMMHalfUS: 20, MemEfficiency: 1, MemHalfUS: 1, LaunchUS: 0.5, HostCores: 1,
 	},
+}
+
+// a100 and hopper are the A100 and H100/H200 presets, which differ only
+// in memory within a generation: the same GPU die, NVLink and network.
+func a100(name, board string, memGiB, memGBps float64) Hardware {
+	return Hardware{
+		Name: name, Source: "NVIDIA A100 datasheet (" + board + "); DGX A100: 8 GPUs, NVLink3 600 GB/s bidirectional, 8x HDR 200 Gb/s",
+		PeakTFLOPS: map[string]float64{"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "f64": 19.5}, VectorTFLOPS: 19.5,
+		MemoryGiB: memGiB, MemoryGBps: memGBps, IntraGBps: 300, IntraLatencyUS: 5, InterGBps: 25, InterLatencyUS: 10, DevicesPerNode: 8, HostGBps: 25,
+		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
+	}
+}
+
+func hopper(name, source string, memGiB, memGBps float64) Hardware {
+	return Hardware{
+		Name: name, Source: source + ": 8 GPUs, NVLink4 900 GB/s bidirectional, 8x NDR 400 Gb/s",
+		PeakTFLOPS: map[string]float64{"fp32": 67, "tf32": 494, "bf16": 989, "fp16": 989, "f64": 67}, VectorTFLOPS: 67,
+		MemoryGiB: memGiB, MemoryGBps: memGBps, IntraGBps: 450, IntraLatencyUS: 4, InterGBps: 50, InterLatencyUS: 8, DevicesPerNode: 8, HostGBps: 50,
+		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
+	}
 }
 
 // Presets lists the preset names, sorted.
@@ -131,16 +132,8 @@ func Preset(name string) (*Hardware, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q: want one of %s, or a JSON file (NAME.json)", ErrUnknownHardware, name, strings.Join(Presets(), ", "))
 	}
-	h.PeakTFLOPS = maps(h.PeakTFLOPS)
+	h.PeakTFLOPS = maps.Clone(h.PeakTFLOPS)
 	return &h, nil
-}
-
-func maps(m map[string]float64) map[string]float64 {
-	out := make(map[string]float64, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // Load reads --hardware: a preset name, or a path ending in .json.
