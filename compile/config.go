@@ -199,9 +199,6 @@ func (c *Config) Validate() error {
 			seen[mode] = true
 		}
 	}
-	if c.EP > 1 {
-		notYet(fmt.Sprintf("ep=%d", c.EP), "expert parallelism comes with the mixture-of-experts layers")
-	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
@@ -292,11 +289,12 @@ func (c *Config) PassOptions() *passes.Options {
 }
 
 // Mesh lays the devices out as Megatron-LM does: tensor-parallel ranks
-// adjacent (tp is the last, fastest axis), then data parallel, pipeline
+// adjacent (tp is the last, fastest axis), then expert parallel (the
+// ranks an all_to_all joins next to each other), data parallel, pipeline
 // stages outermost. Axes of size 1 are left out; nil for one device.
 func (c *Config) Mesh() *ir.Mesh {
 	m := &ir.Mesh{}
-	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.PP}, {Name: "dp", Size: c.DP}, {Name: "tp", Size: c.TP}} {
+	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.PP}, {Name: "dp", Size: c.DP}, {Name: "ep", Size: c.EP}, {Name: "tp", Size: c.TP}} {
 		if a.Size > 1 {
 			m.Axes = append(m.Axes, a)
 		}

@@ -442,3 +442,14 @@ func userPos() ir.Pos {
 		}
 	}
 }
+
+// ExpertParallel is the hint of a mixture-of-experts weight [E, …]: its
+// experts are split over the ep axis, and within each expert it is split
+// over tp as p says of an [in,out] matrix (ColumnParallel,
+// RowParallel, or NoParallel for none).
+func ExpertParallel(p Parallel) Parallel {
+	if p == NoParallel {
+		return "expert"
+	}
+	return "expert|" + p
+}

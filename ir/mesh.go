@@ -75,6 +75,10 @@ func (m *Mesh) AxisFor(r AxisRole) int {
 // replicas), or -1; an expert axis (ep) is a batch axis too but not this.
 func (m *Mesh) DataAxis() int { return m.Axis("dp") }
 
+// ExpertAxis is the expert-parallel axis (ep: a batch axis over which
+// mixture-of-experts weights are split by expert), or -1.
+func (m *Mesh) ExpertAxis() int { return m.Axis("ep") }
+
 // WeightAxis is the tensor-parallel axis (role weight), or -1.
 func (m *Mesh) WeightAxis() int { return m.AxisFor(RoleWeight) }
 

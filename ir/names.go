@@ -19,6 +19,13 @@ const (
 	// (Adam's bias correction, Adafactor's decay); a step skipped for
 	// overflowed gradients does not advance it.
 	InputStep = "step"
+	// InputRandomKey is a batch of per-token random keys, i32 [batch,
+	// seq], that a model's random ops (MoE router noise, jitter, expert
+	// dropout) draw from. The runtime fills it each training step from
+	// the seed, the step and each token's global index, so a token's
+	// random numbers do not depend on the plan; evaluation feeds −1,
+	// which gives each distribution's centre (no noise).
+	InputRandomKey = "random_key"
 	// InputLossScale is mixed precision's f32 loss scale, which replaces
 	// autodiff's seed dloss = 1 (the runtime's LossScaler sets it).
 	InputLossScale = "loss_scale"

@@ -523,6 +523,46 @@ func gradCases() []gradCase {
 		{name: "silu/swiglu", op: "silu", build: func(g *graph) *ir.Value {
 			return g.op("mul", nil, g.op("silu", nil, g.param("gate", normal(2), 4, 6)), g.param("up", normal(1), 4, 6))
 		}},
+		// Mixture of experts: groups G=2 of T=3 tokens, E=2 experts of C=2
+		// slots, hidden 3. Token 0 of group 0 sits in both experts, token
+		// 1 of group 1 in none (dropped), and some slots are empty.
+		{name: "moe_dispatch/weighted", op: "moe_dispatch", build: func(g *graph) *ir.Value {
+			return g.op("moe_dispatch", nil, g.param("x", normal(1), 2, 3, 3), moeSrc(g), g.param("w", normal(1), 2, 2, 2))
+		}},
+		{name: "moe_dispatch/plain", op: "moe_dispatch", build: func(g *graph) *ir.Value {
+			return g.op("moe_dispatch", nil, g.param("x", normal(1), 2, 3, 3), moeSrc(g))
+		}},
+		{name: "moe_combine/weighted", op: "moe_combine", build: func(g *graph) *ir.Value {
+			return g.op("moe_combine", ir.Attrs{"tokens": 3}, g.param("y", normal(1), 2, 2, 2, 3), moeSrc(g), g.param("w", normal(1), 2, 2, 2))
+		}},
+		{name: "moe_combine/plain", op: "moe_combine", build: func(g *graph) *ir.Value {
+			return g.op("moe_combine", ir.Attrs{"tokens": 3}, g.param("y", normal(1), 2, 2, 2, 3), moeSrc(g))
+		}},
+		{name: "moe_slot_gather", op: "moe_slot_gather", build: func(g *graph) *ir.Value {
+			return g.op("moe_slot_gather", nil, g.param("p", normal(1), 2, 3, 2), moeSrc(g))
+		}},
+		{name: "normal_cdf", op: "normal_cdf", build: func(g *graph) *ir.Value {
+			return g.op("normal_cdf", nil, g.param("x", normal(1.5), 3, 4))
+		}},
+		{name: "moe_slot_scatter", op: "moe_slot_scatter", build: func(g *graph) *ir.Value {
+			return g.op("moe_slot_scatter", ir.Attrs{"tokens": 3}, g.param("w", normal(1), 2, 2, 2), moeSrc(g))
+		}},
+		{
+			// A whole Switch layer: the router's gradient reaches its
+			// weight only through the gate values; routing (top_k_mask,
+			// moe_route) is a constant, and the scores are far enough
+			// apart that no difference step changes it.
+			name: "moe_slot_gather/switch-layer", op: "moe_slot_gather",
+			build: func(g *graph) *ir.Value {
+				x := g.param("x", normal(1), 2, 4, 3)
+				probs := g.op("softmax", nil, g.op("matmul", nil, x, g.param("router", normal(1), 3, 3)))
+				src := g.op("moe_route", ir.Attrs{"capacity": 2}, probs, g.op("top_k_mask", ir.Attrs{"k": 1}, probs))
+				buf := g.op("moe_dispatch", nil, x, src)
+				h := g.op("tanh", nil, g.op("matmul", nil, g.op("reshape", ir.Attrs{"shape": []int{3, 4, 3}}, buf), g.param("experts", normal(1), 3, 3, 3)))
+				y := g.op("reshape", ir.Attrs{"shape": []int{3, 2, 2, 3}}, h)
+				return g.op("moe_combine", ir.Attrs{"tokens": 4}, y, src, g.op("moe_slot_gather", nil, probs, src))
+			},
+		},
 		{name: "embedding/repeated-ids", op: "embedding", build: func(g *graph) *ir.Value {
 			ids := g.ids("ids", []int32{0, 3, 3, 1, 4, 3, 0, 0}, 2, 4)
 			return g.op("embedding", nil, g.param("table", normal(1), 5, 3), ids)
@@ -780,4 +820,10 @@ func TestGPTGradientCheck(t *testing.T) {
 	for _, name := range names {
 		assert.NotZero(t, maxAbs(grads[name]), "grad/%s", name)
 	}
+}
+
+// moeSrc is a fixed slot → token index [G=2, E=2, C=2] over groups of 3
+// tokens.
+func moeSrc(g *graph) *ir.Value {
+	return g.ids("src", []int32{2, 0, 1, 0, -1, -1, 0, 2}, 2, 2, 2)
 }

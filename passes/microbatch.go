@@ -25,7 +25,9 @@ func microbatch(m *ir.Module, o *Options) error {
 	if n <= 1 {
 		return nil
 	}
-	dp := o.Mesh.SizeOf(o.Mesh.DataAxis())
+	// The batch is split over dp×ep (dp coarser): each device's block is
+	// one of dp·ep.
+	dp := o.Mesh.SizeOf(o.Mesh.DataAxis()) * o.Mesh.SizeOf(o.Mesh.ExpertAxis())
 	loss := m.Output(ir.OutputLoss)
 	if loss == nil {
 		return fmt.Errorf("module %q has no %q output", m.Name, ir.OutputLoss)
@@ -46,6 +48,8 @@ func microbatch(m *ir.Module, o *Options) error {
 	if err != nil {
 		return err
 	}
+	seeded := seededByLoss(m.Values)
+	rescale := map[*ir.Value]*ir.Value{}
 	microMesh := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "micro", Size: n}}}
 	m.Values = sources
 	// Values that do not depend on the batch are the same for every
@@ -85,6 +89,16 @@ func microbatch(m *ir.Module, o *Options) error {
 					// ones: this microbatch's block of it.
 					d := slices[a]
 					b := a.Type.Shape[d] / n
+					if seeded[a] {
+						// A gradient of the whole batch's mean (a
+						// reduce_mean's vjp, 1/rows of the batch) reaching
+						// one microbatch's rows: the microbatch's own loss
+						// is a mean over n times fewer rows, and the
+						// gradients are averaged over microbatches.
+						if a, err = rescaled(m, rescale, a, n); err != nil {
+							return err
+						}
+					}
 					s, err := m.Add("slice", []*ir.Value{a}, ir.Attrs{"dim": d, "start": k * b, "end": (k + 1) * b}, meta, v.Pos)
 					if err != nil {
 						return err
@@ -157,6 +171,45 @@ func microbatch(m *ir.Module, o *Options) error {
 		}
 	}
 	return nil
+}
+
+// rescaled is a times n, made once (shared by the microbatches).
+func rescaled(m *ir.Module, done map[*ir.Value]*ir.Value, a *ir.Value, n int) (*ir.Value, error) {
+	if r := done[a]; r != nil {
+		return r, nil
+	}
+	c, err := m.AddSource("const", ir.T(a.Type.DType), ir.Attrs{"value": float64(n)}, a.Meta, a.Pos)
+	if err != nil {
+		return nil, err
+	}
+	r, err := m.Add("scale", []*ir.Value{a, c}, nil, a.Meta, a.Pos)
+	done[a] = r
+	return r, err
+}
+
+// seededByLoss marks the backward values that depend on autodiff's seed
+// (the first backward value, dloss = 1): gradients of the loss, as
+// opposed to forward values the backward reads again.
+func seededByLoss(values []*ir.Value) map[*ir.Value]bool {
+	seeded := map[*ir.Value]bool{}
+	first := true
+	for _, v := range values {
+		if v.Meta.Phase != ir.PhaseBwd {
+			continue
+		}
+		if first {
+			first = false
+			seeded[v] = v.Op == "const"
+			continue
+		}
+		for _, a := range v.Args {
+			if seeded[a] {
+				seeded[v] = true
+				break
+			}
+		}
+	}
+	return seeded
 }
 
 // microPlacements places every value on a virtual axis of n microbatches

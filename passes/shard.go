@@ -38,14 +38,14 @@ func shard(m *ir.Module, o *Options) error {
 		switch {
 		case a.Role() == ir.RoleUnknown:
 			return fmt.Errorf("mesh axis %s=%d has no role: name axes dp (data), ep (experts), tp (tensor) or pp (pipeline)", a.Name, a.Size)
-		case i != m.Mesh.DataAxis() && i != m.Mesh.WeightAxis() && i != m.Mesh.PipelineAxis():
-			return fmt.Errorf("mesh axis %s=%d: only one data (dp), one tensor (tp) and one pipeline (pp) axis are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
+		case i != m.Mesh.DataAxis() && i != m.Mesh.ExpertAxis() && i != m.Mesh.WeightAxis() && i != m.Mesh.PipelineAxis():
+			return fmt.Errorf("mesh axis %s=%d: only one data (dp), one expert (ep), one tensor (tp) and one pipeline (pp) axis are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
 		}
 	}
 	if o.SequenceParallel && m.Mesh.SizeOf(m.Mesh.WeightAxis()) == 1 {
 		return fmt.Errorf("sequence parallelism splits activations over tp, and the mesh %v has no tp axis larger than 1", m.Mesh)
 	}
-	s := &sharder{m: m, o: o, dp: m.Mesh.DataAxis(), tp: m.Mesh.WeightAxis(), params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
+	s := &sharder{m: m, o: o, dp: m.Mesh.DataAxis(), ep: m.Mesh.ExpertAxis(), tp: m.Mesh.WeightAxis(), params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
 		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}}
 	if err := s.planGradients(); err != nil {
 		return err
@@ -94,7 +94,7 @@ var ErrNotYet = fmt.Errorf("not yet supported")
 type sharder struct {
 	m             *ir.Module
 	o             *Options
-	dp, tp        int // index of the dp and tp axes, or -1
+	dp, ep, tp    int // index of the dp, ep and tp axes, or -1
 	params        map[string]*ir.Value
 	before, after map[*ir.Value][]*ir.Value
 	cache         map[string]*ir.Value
@@ -139,6 +139,9 @@ func (s *sharder) planGradients() error {
 				return err
 			}
 			want[s.tp] = t
+		}
+		if s.ep >= 0 {
+			want[s.ep] = s.expertSeed(p)
 		}
 		if s.o.Zero >= 2 && s.dp >= 0 && p.Type.Rank() > 0 {
 			d, err := s.zeroPlace(p, want, fmt.Sprintf("ZeRO-%d", s.o.Zero))
@@ -225,6 +228,20 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 		}
 		place[s.tp] = p
 	}
+	if s.ep >= 0 {
+		place[s.ep] = s.expertSeed(v)
+		if n := s.m.Mesh.Axes[s.ep].Size; v.Op == "param" && place[s.ep].Kind == ir.Shard && v.Type.Shape[0]%n != 0 {
+			return nil, fmt.Errorf("%s: expert parallelism ep=%d must divide the %d experts of %q %v", v.Where(), n, v.Type.Shape[0], v.Name(), v.Type)
+		}
+		if v.Op == "input" && v.Type.Rank() > 0 && !v.Attrs.Bool("whole") {
+			// Tokens are split over dp×ep, dp the coarser split.
+			n := s.m.Mesh.SizeOf(s.dp) * s.m.Mesh.Axes[s.ep].Size
+			if v.Type.Shape[0]%n != 0 {
+				return nil, fmt.Errorf("%s: data and expert parallelism split %q %v along dim 0 over dp·ep = %d, which does not divide it", v.Where(), v.Name(), v.Type, n)
+			}
+			place[s.ep] = shardOn(0)
+		}
+	}
 	if s.dp < 0 {
 		return place, nil
 	}
@@ -279,6 +296,9 @@ func (s *sharder) tensorSeed(v *ir.Value) (ir.Placement, error) {
 		return rep, nil
 	}
 	hint := v.Attrs.Str("parallel")
+	if inner, ok := expertHint(hint); ok {
+		return expertTensorSeed(v, inner, t)
+	}
 	split, layout, _ := strings.Cut(hint, ",")
 	kind, blocksText, _ := strings.Cut(split, ":")
 	blocks, unit := 1, 0
@@ -490,7 +510,9 @@ func (s *sharder) redistribute(v *ir.Value, want []ir.Placement, user *ir.Value,
 	// once per phase, so a ZeRO-3 parameter is not kept whole from the
 	// forward pass to the backward pass.
 	phase := user.Meta.Phase
-	if reduces(v.Place, want) {
+	if reduces(v.Place, want) || onlyMoves(v.Place, want) {
+		// An all_to_all keeps the bytes a device holds: the moved copy
+		// can serve the backward pass too, in place of its source.
 		phase = ir.PhaseNone
 	}
 	key := fmt.Sprintf("%d %s %v", v.ID, ir.PlacementString(want), phase)
@@ -556,4 +578,74 @@ func placeNames(ps []ir.Placement) string {
 		b.WriteString(p.String())
 	}
 	return b.String()
+}
+
+// expertHint reports whether hint marks a mixture-of-experts weight
+// [E, in, out] ("expert", or "expert|column" / "expert|row" for its split
+// inside each expert over tp) and returns that inner split.
+func expertHint(hint string) (inner string, ok bool) {
+	rest, ok := strings.CutPrefix(hint, "expert")
+	if !ok || rest != "" && rest[0] != '|' {
+		return "", false
+	}
+	return strings.TrimPrefix(rest, "|"), true
+}
+
+// expertTensorSeed places an expert weight [E, in, out] on tp: each
+// expert's matrix split as Megatron splits a dense MLP's, column-parallel
+// on out, row-parallel on in.
+func expertTensorSeed(v *ir.Value, inner string, t int) (ir.Placement, error) {
+	var dim int
+	switch {
+	case v.Type.Rank() != 3:
+		return rep, fmt.Errorf("%s: expert hint of param %q %v: an expert weight is [experts, in, out]", v.Where(), v.Name(), v.Type)
+	case inner == "":
+		return rep, nil
+	case inner == "column":
+		dim = 2
+	case inner == "row":
+		dim = 1
+	default:
+		return rep, fmt.Errorf("%s: parallel hint %q of param %q: within an expert only column or row splits exist", v.Where(), v.Attrs.Str("parallel"), v.Name())
+	}
+	if v.Type.Shape[dim]%t != 0 {
+		return rep, fmt.Errorf("%s: tensor parallelism tp=%d must divide dim %d (%d) of expert weight %q %v", v.Where(), t, dim, v.Type.Shape[dim], v.Name(), v.Type)
+	}
+	return shardOn(dim), nil
+}
+
+// expertSeed is a param's or optimizer state's placement on ep: an expert
+// weight [E, …] split by expert, everything else whole (its gradient is
+// then summed over ep like over dp).
+func (s *sharder) expertSeed(v *ir.Value) ir.Placement {
+	switch v.Op {
+	case "state":
+		_, name, _ := strings.Cut(v.Name(), "/")
+		if p := s.params[name]; p != nil && p.Place != nil {
+			return p.Place[s.ep]
+		}
+	case "param":
+		if _, ok := expertHint(v.Attrs.Str("parallel")); ok && v.Type.Rank() > 0 {
+			return shardOn(0)
+		}
+	}
+	return rep
+}
+
+// onlyMoves reports whether going from have to want only moves shards
+// from one dim to another on some axes (all_to_all), with nothing
+// gathered, sliced or reduced.
+func onlyMoves(have, want []ir.Placement) bool {
+	moved := false
+	for i, p := range have {
+		q := want[i]
+		switch {
+		case p.Equal(q):
+		case p.Kind == ir.Shard && q.Kind == ir.Shard && p.NumBlocks() == 1 && q.NumBlocks() == 1:
+			moved = true
+		default:
+			return false
+		}
+	}
+	return moved
 }

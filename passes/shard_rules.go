@@ -353,6 +353,16 @@ func matmulRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	if rb > 2 && pb.Kind == ir.Shard && pb.Dim < rb-2 && pa.Kind == ir.Replicate {
 		pa = pb
 	}
+	// Expert parallelism: weights split by expert (a batch dim) meet
+	// tokens split another way (by routing group); the tokens move to
+	// their experts' devices, an all_to_all, rather than the weights to
+	// the tokens.
+	if rb > 2 && pb.Kind == ir.Shard && pb.Dim < rb-2 && pb.NumBlocks() == 1 && pa.Kind == ir.Shard && pa.Dim != pb.Dim && pa.NumBlocks() == 1 {
+		pa = pb
+	}
+	if rb > 2 && pa.Kind == ir.Shard && pa.Dim < ra-2 && pa.NumBlocks() == 1 && pb.Kind == ir.Shard && pb.Dim != pa.Dim && pb.NumBlocks() == 1 {
+		pb = pa
+	}
 	if out, ok := try(pa, pb); ok {
 		return []ir.Placement{pa, pb}, out, nil
 	}

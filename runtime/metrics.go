@@ -73,6 +73,10 @@ type DeviceMetrics struct {
 	HostBytes      int64 `json:"host_bytes,omitempty"`
 	// PeakBreakdown divides the predicted peak by what the bytes hold.
 	PeakBreakdown *lower.Breakdown `json:"peak_breakdown,omitempty"`
+	// CollectiveBytes is, per collective and axis ("all_to_all/ep"), the
+	// bytes of the device's operands in one step
+	// (lower.Program.CollectiveBytes).
+	CollectiveBytes map[string]int64 `json:"collective_bytes_per_step,omitempty"`
 }
 
 // ScheduleMetrics describes the pipeline schedule; with one stage there is

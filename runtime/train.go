@@ -10,6 +10,7 @@ import (
 
 	"gcompile/data"
 	"gcompile/ir"
+	kcpu "gcompile/kernels/cpu"
 )
 
 // Device is what the training loop needs from a backend's device.
@@ -61,6 +62,11 @@ type TrainConfig struct {
 	// Outputs are the model's auxiliary outputs (b.Output, without the
 	// ir.AuxPrefix) read and reported each step.
 	Outputs []string
+	// RandomKey, for a program with an ir.InputRandomKey input (a model
+	// with random ops: MoE router noise, jitter, expert dropout), fills
+	// it each training step with RandomKeys and with −1 (no noise) for
+	// evaluation.
+	RandomKey bool
 	// Start is where training resumes: the zero State starts a run at
 	// step 1; a checkpoint's state continues one, so that the steps after
 	// it are those of a run that never stopped. Train restores
@@ -79,7 +85,8 @@ type TrainConfig struct {
 // (data.Corpus.TrainBatch) and the schedule is a function of the step;
 // Samples records the cursor as a global sample index for readers. No
 // other randomness exists at run time: params are initialised from
-// (Seed, name), whatever the plan.
+// (Seed, name), whatever the plan, and a model's random ops draw from
+// per-token keys that are a function of (Seed, Step, token index).
 type State struct {
 	Step    int   `json:"step"`     // steps completed
 	OptStep int   `json:"opt_step"` // optimizer updates applied: a skipped step does not count
@@ -240,6 +247,11 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 		if err := feed(dev, tokens, targets); err != nil {
 			return steps, evals, err
 		}
+		if cfg.RandomKey {
+			if err := dev.SetInt32(ir.InputRandomKey, RandomKeys(cfg.Seed, step, len(tokens))); err != nil {
+				return steps, evals, err
+			}
+		}
 		if err := dev.SetScalar(ir.InputLR, lr); err != nil {
 			return steps, evals, err
 		}
@@ -334,6 +346,11 @@ func Evaluate(dev Device, corpus *data.Corpus, cfg TrainConfig) (float64, error)
 		if err := feed(dev, tokens, targets); err != nil {
 			return 0, err
 		}
+		if cfg.RandomKey {
+			if err := dev.SetInt32(ir.InputRandomKey, evalKeys(len(tokens))); err != nil {
+				return 0, err
+			}
+		}
 		if err := dev.Forward(); err != nil {
 			return 0, fmt.Errorf("eval: %w", err)
 		}
@@ -351,4 +368,27 @@ func feed(dev Device, tokens, targets []int32) error {
 		return err
 	}
 	return dev.SetInt32(ir.InputTargets, targets)
+}
+
+// RandomKeys are the per-token random keys of training step step: key i
+// (the i-th token of the global batch, row-major) is a hash of (seed,
+// step, i), non-negative, so each token's draws are the same whatever
+// device holds it.
+func RandomKeys(seed int64, step, n int) []int32 {
+	keys := make([]int32, n)
+	base := kcpu.Mix64(uint64(seed)*0x9e3779b97f4a7c15 ^ kcpu.Mix64(uint64(step)))
+	for i := range keys {
+		keys[i] = int32(kcpu.Mix64(base+uint64(i)) >> 33)
+	}
+	return keys
+}
+
+// evalKeys are evaluation's keys: −1, which random ops read as "no
+// noise".
+func evalKeys(n int) []int32 {
+	keys := make([]int32, n)
+	for i := range keys {
+		keys[i] = -1
+	}
+	return keys
 }

@@ -31,3 +31,20 @@ func TestScheduleWarmupThenCosine(t *testing.T) {
 	}
 	assert.False(t, math.IsNaN(Schedule{LR: 1, Steps: 0, Decay: "cosine"}.At(3)))
 }
+
+// TestRandomKeys: a step's keys are a function of (seed, step, token
+// index), non-negative (−1 is evaluation's), and differ across steps and
+// seeds.
+func TestRandomKeys(t *testing.T) {
+	a := RandomKeys(3, 7, 1024)
+	assert.Equal(t, a, RandomKeys(3, 7, 1024))
+	assert.Equal(t, a[:100], RandomKeys(3, 7, 100), "a token's key does not depend on the batch around it")
+	assert.NotEqual(t, a, RandomKeys(3, 8, 1024))
+	assert.NotEqual(t, a, RandomKeys(4, 7, 1024))
+	seen := map[int32]bool{}
+	for _, k := range a {
+		assert.GreaterOrEqual(t, k, int32(0))
+		seen[k] = true
+	}
+	assert.Len(t, seen, len(a), "1024 distinct keys")
+}

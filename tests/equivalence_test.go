@@ -14,6 +14,7 @@ import (
 	"gcompile/data"
 	"gcompile/examples/gpt"
 	"gcompile/examples/llama"
+	"gcompile/examples/moe"
 	"gcompile/frontend"
 	"gcompile/ir"
 	"gcompile/lower"
@@ -25,6 +26,7 @@ import (
 // plan is one parallel configuration of the equivalence matrix.
 type plan struct {
 	dp, tp, zero, micro int
+	ep                  int // expert parallelism (the moe families)
 	bucketMB            float64
 	sp                  bool
 	twoBW               bool // PipeDream-2BW's 1-stale weight update
@@ -41,6 +43,9 @@ type plan struct {
 
 func (p plan) String() string {
 	s := fmt.Sprintf("dp%d_tp%d_zero%d_micro%d_bucket%g_sp%v", max(p.dp, 1), max(p.tp, 1), p.zero, max(p.micro, 1), p.bucketMB, p.sp)
+	if p.ep > 1 {
+		s = fmt.Sprintf("ep%d_", p.ep) + s
+	}
 	if p.model != "" {
 		s = p.model + "_" + s
 	}
@@ -79,6 +84,18 @@ func familyOf(name string, layers int) family {
 		f = family{name: "wholeinput", fn: wholeInputModel, set: map[string]string{}}
 	case "ropetable":
 		f = family{name: "ropetable", fn: ropeTableModel, set: map[string]string{}}
+	case "moe-switch", "moe-gshard", "moe-switch-drop", "moe-noisy-topk":
+		router, capacity := strings.TrimPrefix(name, "moe-"), "4"
+		if router == "switch-drop" {
+			router, capacity = "switch", "1"
+		}
+		f = family{name: name, fn: moe.Model, set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16",
+			"experts": "4", "ffn": "32", "router": router, "capacity": capacity}}
+		if router == "noisy-topk" {
+			// Every source of randomness: router noise, jitter and
+			// dropout inside the experts.
+			f.set["jitter"], f.set["expert_dropout"] = "0.01", "0.1"
+		}
 	}
 	set := map[string]string{}
 	for k, v := range f.set {
@@ -126,6 +143,9 @@ func (p plan) mesh() *ir.Mesh {
 	m := &ir.Mesh{}
 	if p.dp > 1 {
 		m.Axes = append(m.Axes, ir.MeshAxis{Name: "dp", Size: p.dp})
+	}
+	if p.ep > 1 {
+		m.Axes = append(m.Axes, ir.MeshAxis{Name: "ep", Size: p.ep})
 	}
 	if p.tp > 1 {
 		m.Axes = append(m.Axes, ir.MeshAxis{Name: "tp", Size: p.tp})
@@ -206,6 +226,7 @@ func trainKeeping(t testing.TB, p plan, kinds ...lower.BufferKind) trajectory {
 	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
 		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"},
 		Outputs:  runtime.AuxOutputs(slices.Collect(maps.Keys(prog.Outputs)))}
+	_, cfg.RandomKey = prog.Sources[ir.InputRandomKey]
 	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
 	require.NoError(t, err)
 	tr := trajectory{prog: prog, eval: evals[len(evals)-1].Loss}

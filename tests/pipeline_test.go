@@ -20,6 +20,7 @@ import (
 // pipePlan is a pipeline configuration of the equivalence matrix.
 type pipePlan struct {
 	pp, vpp, micro, dp, tp int
+	ep                     int // expert parallelism (the moe families)
 	order                  func(t *testing.T, p, v, m int) [][]lower.Block
 	name                   string
 	model                  string // the model family: "" (gpt) or "llama"
@@ -73,6 +74,9 @@ func compilePipeline(t *testing.T, pl pipePlan, layers int, s pipeSetup) (*ir.Mo
 	if pl.dp > 1 {
 		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "dp", Size: pl.dp})
 	}
+	if pl.ep > 1 {
+		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "ep", Size: pl.ep})
+	}
 	if pl.tp > 1 {
 		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "tp", Size: pl.tp})
 	}
@@ -114,7 +118,7 @@ func runPipeline(t *testing.T, m *ir.Module, progs, evals []*lower.Program) pipe
 	}
 	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
 		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"},
-		Outputs:  runtime.AuxOutputs(outputs)}
+		Outputs:  runtime.AuxOutputs(outputs), RandomKey: m.Source(ir.InputRandomKey) != nil}
 	steps, evalLosses, err := runtime.Train(cl, corpus(), cfg, nil)
 	require.NoError(t, err)
 	run := pipelineRun{trajectory: trajectory{params: map[string][]float64{}, eval: evalLosses[len(evalLosses)-1].Loss}, progs: progs}

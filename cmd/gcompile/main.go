@@ -225,7 +225,8 @@ func newMetrics(c *config, j *job, res *compile.Result, compileMs float64) *runt
 // shard under ZeRO-2/3).
 func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
 	peak := prog.Peak
-	dm := runtime.DeviceMetrics{Rank: rank, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes, HostBytes: prog.HostBytes, PeakBreakdown: &peak}
+	dm := runtime.DeviceMetrics{Rank: rank, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes, HostBytes: prog.HostBytes, PeakBreakdown: &peak,
+		CollectiveBytes: prog.CollectiveBytes()}
 	for _, b := range prog.Buffers {
 		switch b.Kind {
 		case lower.Param:
@@ -485,6 +486,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		cfg.Outputs = append(cfg.Outputs, o.Name)
 	}
 	cfg.Outputs = runtime.AuxOutputs(cfg.Outputs)
+	cfg.RandomKey = res.Module.Source(ir.InputRandomKey) != nil
 	if res.EvalPrograms != nil {
 		if err := dev.SetEvalPrograms(res.EvalPrograms); err != nil {
 			return err

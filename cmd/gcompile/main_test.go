@@ -94,7 +94,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--precision", "fp8"}, `--precision "fp8": want fp32, fp16 or bf16`},
 		{[]string{"--recompute", "some"}, `--recompute "some": want none, full, selective or every=K`},
 		{[]string{"--save", "w.safetensors"}, "--trace and --save record a training run; add --run"},
-		{[]string{"--devices", "8", "--ep", "2"}, "ep=2: not yet supported"},
+		{[]string{"--devices", "8", "--ep", "3"}, "tp·pp·dp·ep = 1·1·1·3 = 3 must equal --devices 8"},
 		{[]string{"--sequence-parallel"}, "--sequence-parallel needs --tp > 1"},
 		{[]string{"--bucket-mb", "0"}, "--bucket-mb must be positive"},
 		{[]string{"--offload", "disk"}, `--offload "disk": want optimizer, params or optimizer,params (got "disk")`},

@@ -57,7 +57,7 @@ func (c *config) validateForPlanner() []error {
 		errs = append(errs, errors.New("--plan searches synchronous plans; it does not combine with --dp-sync async"))
 	}
 	if c.EP > 1 {
-		errs = append(errs, fmt.Errorf("ep=%d: %w (expert parallelism comes with the mixture-of-experts layers)", c.EP, compile.ErrNotYet))
+		errs = append(errs, fmt.Errorf("--plan with ep=%d: %w (the planner neither searches nor prices expert parallelism; drop --plan to compile this plan)", c.EP, compile.ErrNotYet))
 	}
 	probe := c.Config
 	probe.Explicit = map[string]bool{}

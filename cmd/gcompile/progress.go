@@ -43,9 +43,7 @@ func (p *progress) step(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 		p.eval = fmt.Sprintf(" eval %.4f", e.Loss)
 	}
 	line := fmt.Sprintf("step %d/%d loss %.4f", s.Step, p.total, s.Loss)
-	for _, name := range slices.Sorted(maps.Keys(s.Outputs)) {
-		line += fmt.Sprintf(" %s %.4g", name, s.Outputs[name])
-	}
+	line += outputsLine(s.Outputs)
 	line += fmt.Sprintf(" lr %.2e |g| %.3f %.0f ms %.0f tok/s", s.LR, s.GradNorm, s.Ms, s.TokensPerS)
 	if eta, ok := p.eta(s.Step); ok {
 		line += " eta " + formatDuration(eta)
@@ -92,4 +90,44 @@ func formatDuration(d time.Duration) string {
 		return fmt.Sprintf("%.1fs", d.Seconds())
 	}
 	return d.Round(time.Second).String()
+}
+
+// outputsLine prints the model's outputs, sorted; a MoE layer's
+// per-expert loads (NAME.load.eI) as one range NAME.load min–max, since
+// a line of every expert's figure would not fit (the metrics keep them).
+func outputsLine(outs map[string]float64) string {
+	var parts []string
+	at := map[string]int{} // a layer's load range: its index in parts
+	lo, hi := map[string]float64{}, map[string]float64{}
+	for _, name := range slices.Sorted(maps.Keys(outs)) {
+		v := outs[name]
+		i := strings.LastIndex(name, ".load.e")
+		if i <= 0 || !isDigits(name[i+len(".load.e"):]) {
+			parts = append(parts, fmt.Sprintf("%s %.4g", name, v))
+			continue
+		}
+		layer := name[:i] + ".load"
+		if _, seen := at[layer]; !seen {
+			at[layer], lo[layer], hi[layer] = len(parts), v, v
+			parts = append(parts, "")
+		}
+		lo[layer], hi[layer] = min(lo[layer], v), max(hi[layer], v)
+		parts[at[layer]] = fmt.Sprintf("%s %.3g–%.3g", layer, lo[layer], hi[layer])
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " " + strings.Join(parts, " ")
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }

@@ -57,6 +57,7 @@ extern "C" __device__ double __nv_exp(double);
 extern "C" __device__ double __nv_pow(double, double);
 extern "C" __device__ double __nv_sin(double);
 extern "C" __device__ double __nv_cos(double);
+extern "C" __device__ double __nv_erfc(double);
 static __device__ __forceinline__ float expf(float x) { return __nv_expf(x); }
 static __device__ __forceinline__ float logf(float x) { return __nv_logf(x); }
 static __device__ __forceinline__ float tanhf(float x) { return __nv_tanhf(x); }
@@ -67,6 +68,7 @@ static __device__ __forceinline__ double exp(double x) { return __nv_exp(x); }
 static __device__ __forceinline__ double pow(double x, double y) { return __nv_pow(x, y); }
 static __device__ __forceinline__ double sin(double x) { return __nv_sin(x); }
 static __device__ __forceinline__ double cos(double x) { return __nv_cos(x); }
+static __device__ __forceinline__ double erfc(double x) { return __nv_erfc(x); }
 static __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
 // __syncthreads is a clang builtin for NVPTX.
 

@@ -7,10 +7,11 @@
 // # Sources
 //
 // common.cuh is the prelude, prepended to the kernel files (elementwise,
-// shape, reduce, nn, attention, optim .cu); [Program] returns the whole
-// unit for NVRTC. The prelude holds the loop helpers, block reductions, and the
-// fp16/bf16 conversions written by hand so that they round bit for bit as
-// the CPU backend does (github.com/x448/float16 and kernels/cpu/half.go).
+// shape, reduce, nn, attention, optim, moe, random .cu); [Program]
+// returns the whole unit for NVRTC. The prelude holds the loop helpers,
+// block reductions, and the fp16/bf16 conversions written by hand so that
+// they round bit for bit as the CPU backend does (github.com/x448/float16
+// and kernels/cpu/half.go).
 // No file includes a header: the same text compiles under NVRTC, under
 // clang -x cuda -nocudainc (the prelude declares what clang then lacks)
 // and under g++ through the emulator's shim (package emu).
@@ -76,10 +77,10 @@
 // # Errors
 //
 // A kernel cannot return an error. The ones whose input the runtime
-// cannot vouch for (token ids and labels) set status[0] to 1 on a bad
-// value and carry on without reading out of bounds; the caller zeroes the
-// status word before the step, checks it after, and names the offending
-// id from its host copy.
+// cannot vouch for (token ids, labels, MoE slot indices) set status[0]
+// to 1 on a bad value and carry on without reading out of bounds; the
+// caller zeroes the status word before the step, checks it after, and
+// names the offending id from its host copy.
 //
 // # Determinism of the embedding gradient
 //

@@ -164,6 +164,9 @@ const (
 	unary   = "float* out, const float* x, long long n"
 	binary  = "float* out, const float* a, const float* b, long long n"
 	actGrad = "float* dx, const float* x, const float* dy, long long n"
+	// moeSizes are the routing sizes the dispatch, combine and slot-dot
+	// kernels take after their pointers (moe.cu).
+	moeSizes = "long long groups, long long tokens, long long hidden, long long experts, long long capacity"
 )
 
 var kernels = []Kernel{
@@ -272,6 +275,23 @@ var kernels = []Kernel{
 	{"gc_sm3_vec", sig("float* out, const float* p, const float* g, const float* v, const float* lr, long long n"), GridStride, "n"},
 	{"gc_where_finite", sig("float* out, const float* count, const float* fresh, const float* old, long long n"), GridStride, "n"},
 	{"gc_clip_coef", sig("float* out, const float* sumsq, float max_norm"), SingleBlock, "1"},
+
+	// moe.cu
+	{"gc_top_k_mask", sig("float* out, const float* x, long long rows, long long n, long long k"), BlockPerRow, "rows"},
+	{"gc_less", sig(binary), GridStride, "n"},
+	{"gc_moe_route_rank", sig("int* rank, const float* scores, const float* mask, long long groups, long long tokens, long long experts"), GridStride, "groups*tokens*experts"},
+	{"gc_moe_route_fill", sig("int* src, const int* rank, long long groups, long long tokens, long long experts, long long capacity"), GridStride, "groups*experts"},
+	{"gc_moe_dispatch", sig("float* out, int* status, const float* x, const int* src, const float* w, " + moeSizes + ", int weighted"), GridStride, "experts*groups*capacity*hidden"},
+	{"gc_moe_combine", sig("float* out, int* status, const float* y, const int* src, const float* w, " + moeSizes + ", int weighted"), BlockPerRow, "groups*tokens"},
+	{"gc_moe_slot_dot", sig("float* out, int* status, const float* y, const int* src, const float* x, " + moeSizes), BlockPerRow, "groups*experts*capacity"},
+	{"gc_moe_slot_gather", sig("float* out, int* status, const float* p, const int* src, long long groups, long long tokens, long long experts, long long capacity"), GridStride, "groups*experts*capacity"},
+	{"gc_moe_slot_scatter", sig("float* out, int* status, const float* w, const int* src, long long groups, long long tokens, long long experts, long long capacity"), GridStride, "groups*experts*tokens"},
+
+	// random.cu
+	{"gc_random_uniform", sig("float* out, const int* key, long long keys, long long n, long long stream"), GridStride, "keys*n"},
+	{"gc_random_normal", sig("float* out, const int* key, long long keys, long long n, long long stream"), GridStride, "keys*n"},
+	{"gc_random_dropout", sig("float* out, const int* key, long long keys, long long n, long long stream, long long keep, float scale"), GridStride, "keys*n"},
+	{"gc_normal_cdf", sig(unary), GridStride, "n"},
 }
 
 var byName = func() map[string]*Kernel {

@@ -85,6 +85,17 @@ var opTable = []OpKernels{
 	{"attention_grad_k", []string{"gc_attention_grad_k"}, "one block per (batch·k/v head, key tile); tiles = ⌈sk/rows⌉"},
 	{"attention_grad_v", []string{"gc_attention_grad_v"}, "as attention_grad_k"},
 	{"cast", []string{"gc_f32_to_f16", "gc_f32_to_bf16", "gc_f16_to_f32", "gc_bf16_to_f32", "gc_i32_to_f32"}, "same-type casts are copies"},
+	{"top_k_mask", []string{"gc_top_k_mask"}, "rows over the last dim"},
+	{"less", []string{"gc_less"}, "same-shape operands"},
+	{"moe_route", []string{"gc_moe_route_rank", "gc_moe_route_fill"}, "ranks (groups·tokens·experts ints of workspace), then one thread per (group, expert) fills its slots"},
+	{"moe_dispatch", []string{"gc_moe_dispatch"}, "sizes from the local x and src; weighted = 0 without w"},
+	{"moe_combine", []string{"gc_moe_combine"}, "one block per (group, token); weighted = 0 without w"},
+	{"moe_slot_dot", []string{"gc_moe_slot_dot"}, "one block per slot; f32 result for 16-bit operands"},
+	{"moe_slot_gather", []string{"gc_moe_slot_gather"}, ""},
+	{"moe_slot_scatter", []string{"gc_moe_slot_scatter"}, "one thread per result element"},
+	{"random", []string{"gc_random_uniform", "gc_random_normal", "gc_random_dropout"},
+		"one kernel by dist; keys = the local key's elements, n = the product of dims (whole on every device), stream from the attribute; dropout's keep and scale from DropoutArgs(p)"},
+	{"normal_cdf", []string{"gc_normal_cdf"}, "in double; not fused (not marked Elementwise)"},
 }
 
 // Elsewhere lists the ops that need no kernel of this package, and why.

@@ -515,6 +515,8 @@ func (d *Device) badIDs(in lower.Instr) string {
 	idArg, tableArg, dim := 1, 0, 0 // embedding: (table, ids); cross-entropy: (logits, labels)
 	what := "token id"
 	switch in.Op {
+	case "moe_dispatch", "moe_combine", "moe_slot_dot", "moe_slot_gather", "moe_slot_scatter":
+		return d.badSlots(in)
 	case "embedding_grad":
 		idArg, dim = 0, -1
 	case "cross_entropy", "cross_entropy_grad":

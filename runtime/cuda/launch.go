@@ -74,6 +74,7 @@ var rowParam = map[string]string{
 	"gc_rmsnorm_stats": "n", "gc_embedding_grad": "dim",
 	"gc_cross_entropy_rows": "vocab", "gc_cross_entropy_grad": "vocab", "gc_vocab_ce_max": "vocab",
 	"gc_vocab_ce_sums": "vocab", "gc_adafactor_row": "m", "gc_sm3_row": "m",
+	"gc_top_k_mask": "n", "gc_moe_slot_dot": "hidden",
 }
 
 // threadsFor is a block size for work of n elements: a multiple of the

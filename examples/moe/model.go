@@ -1,0 +1,87 @@
+// Package moe is the GPT of examples/gpt with every other block's MLP
+// replaced by a mixture of experts (GShard's and Switch's layout: odd
+// blocks are MoE blocks).
+//
+//	gcompile examples/moe/model.go --set router=switch,experts=8 --run
+//
+// The loss trained on is the mean next-token cross-entropy plus each MoE
+// layer's weighted balancing and z losses; the cross-entropy alone is
+// reported as the output lm_loss.
+package moe
+
+import (
+	"fmt"
+	"math"
+
+	"gcompile/frontend"
+	"gcompile/frontend/nn"
+	"gcompile/frontend/nn/gpt2"
+	"gcompile/ir"
+)
+
+// Model records the MoE GPT into b.
+func Model(b *frontend.Builder) {
+	layers := b.Int("layers", 2, "transformer blocks (odd ones are MoE blocks)")
+	hidden := b.Int("hidden", 128, "model width h")
+	heads := b.Int("heads", 4, "attention heads (must divide hidden)")
+	vocab := b.Int("vocab", 256, "vocabulary size (256: bytes)")
+	seq := b.Int("seq", 64, "sequence length")
+	cfg := nn.MoEConfig{
+		Experts:        b.Int("experts", 4, "experts per MoE layer"),
+		Router:         b.String("router", nn.RouterSwitch, "router", nn.RouterKinds...),
+		K:              b.Int("k", 2, "experts per token (noisy-topk)"),
+		CapacityFactor: b.Float("capacity", 2, "capacity factor: slots per expert = ⌈k·group·factor/experts⌉"),
+		GroupSize:      b.Int("group", 0, "tokens per routing group (0: one sequence)"),
+		AuxLoss:        b.Float("aux", 0, "weight of the balancing loss (0: 1e-2, and 1e-2·experts² for gshard, whose loss (1/E)·Σ(c_e/S)·m_e is E² times smaller than Switch's E·Σf·P)"),
+		ZLoss:          b.Float("zloss", 1e-3, "weight of the router z-loss"),
+		FFN:            b.Int("ffn", 0, "each expert's hidden width (0: 4·hidden)"),
+		Jitter:         b.Float("jitter", 0, "router input jitter ε (Switch: 1e-2)"),
+		ExpertDropout:  b.Float("expert_dropout", 0, "dropout inside experts"),
+	}
+	if cfg.AuxLoss == 0 {
+		cfg.AuxLoss = 1e-2
+		if cfg.Router == nn.RouterGShard {
+			cfg.AuxLoss *= float64(cfg.Experts * cfg.Experts)
+		}
+	}
+	if b.Int("random_second", 1, "gshard: keep the second expert with probability g₂/0.2 (1) or always (0)") == 0 {
+		cfg.SecondThreshold = -1
+	}
+	batch := b.Batch()
+	tokens := b.Input("tokens", ir.I32, batch, seq)
+	targets := b.Input("targets", ir.I32, batch, seq)
+
+	x, wte := nn.Embedding(tokens, "wte", vocab, hidden)
+	wpe := b.Param("wpe.weight", []int{seq, hidden}, frontend.Normal(0.01), frontend.NoParallel)
+	x = x.Add(wpe)
+	projStd := nn.InitStd / math.Sqrt(2*float64(max(layers, 1)))
+	cfg.ProjStd = projStd
+	var aux *frontend.Tensor
+	for i := range layers {
+		b.Layer(i)
+		name := fmt.Sprintf("h.%d", i)
+		x = x.Add(gpt2.Attention(nn.LayerNorm(x, name+".ln_1", gpt2.LayerNormEps), name+".attn", heads, projStd))
+		h := nn.LayerNorm(x, name+".ln_2", gpt2.LayerNormEps)
+		if i%2 == 0 {
+			x = x.Add(gpt2.MLP(h, name+".mlp", "gelu", projStd))
+			continue
+		}
+		y, a := nn.MoE(h, name+".moe", cfg)
+		x = x.Add(y)
+		if aux == nil {
+			aux = a
+		} else if a != nil {
+			aux = aux.Add(a)
+		}
+	}
+	b.Layer(-1)
+	x = nn.LayerNorm(x, "ln_f", gpt2.LayerNormEps)
+	logits := x.Reshape(batch*seq, hidden).MatMulT(wte) // tied LM head
+	lm := nn.CrossEntropy(logits, targets)
+	if aux == nil {
+		b.Loss(lm)
+		return
+	}
+	b.Output("lm_loss", lm)
+	b.Loss(lm.Add(aux))
+}

@@ -1,0 +1,326 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"gcompile/frontend"
+)
+
+// Router kinds of a mixture-of-experts layer.
+const (
+	RouterSwitch       = "switch"        // top-1 (Fedus et al. 2021)
+	RouterGShard       = "gshard"        // top-2 with random second expert (Lepikhin et al. 2020)
+	RouterNoisyTopK    = "noisy-topk"    // top-k of noisy logits (Shazeer et al. 2017)
+	RouterExpertChoice = "expert-choice" // each expert takes its top tokens (Zhou et al. 2022)
+)
+
+// RouterKinds lists the routers MoE accepts.
+var RouterKinds = []string{RouterSwitch, RouterGShard, RouterNoisyTopK, RouterExpertChoice}
+
+// MoEConfig describes a mixture-of-experts layer.
+type MoEConfig struct {
+	Experts int    // E
+	Router  string // one of RouterKinds
+	// K is the number of experts per token for noisy-topk (switch takes 1,
+	// gshard 2; expert choice routes by capacity instead).
+	K int
+	// CapacityFactor sizes each expert's buffer per routing group:
+	// C = ⌈k·T·CapacityFactor/E⌉ slots for T tokens (at most T); for
+	// expert choice each expert takes T·CapacityFactor/E tokens.
+	CapacityFactor float64
+	// GroupSize is the tokens per routing group (0: one sequence).
+	// Capacity and drops are decided per group, so they do not depend on
+	// how groups are spread over devices.
+	GroupSize int
+	// AuxLoss weighs the router's balancing loss (Switch's α·E·Σf·P,
+	// GShard's (1/E)·Σ(c_e/S)·m_e, noisy top-k's CV² of importance);
+	// expert choice has none. ZLoss weighs ST-MoE's router z-loss.
+	AuxLoss, ZLoss float64
+	// FFN is each expert's hidden width (0: 4·hidden); Activation "gelu"
+	// or "relu".
+	FFN        int
+	Activation string
+	// ProjStd is the init std of each expert's output projection (0:
+	// InitStd).
+	ProjStd float64
+	// Jitter ε multiplies the router's input by U(1−ε, 1+ε) in training
+	// (Switch; 0: none).
+	Jitter float64
+	// SecondThreshold is GShard's τ: the second expert is kept with
+	// probability min(1, g₂/τ) (0: τ = 0.2, Mesh-TF's; negative: always
+	// kept).
+	SecondThreshold float64
+	// ExpertDropout drops each expert's hidden units with this
+	// probability in training (Switch fine-tuning: 0.4).
+	ExpertDropout float64
+}
+
+// MoE replaces a block's MLP on x [batch, seq, hidden] with E expert MLPs
+// (weights name.experts.fc [E,h,F] and name.experts.proj [E,F,h], no
+// bias) and a router (name.router.weight [h,E], kept in fp32 under mixed
+// precision). It returns the combined experts' output, zeros for tokens
+// no expert took (the block's residual carries them), and the weighted
+// auxiliary losses to add to the loss. Each step it reports, as outputs,
+// name.aux and name.z (the unweighted losses), name.dropped (the
+// fraction of routing choices dropped over capacity) and name.load.eI
+// (the fraction of the group's tokens expert I processed).
+func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tensor) {
+	b := x.Builder()
+	batch, seq, hidden := x.Dim(0), x.Dim(1), x.Dim(2)
+	if err := checkMoE(cfg, batch, seq); err != nil {
+		b.Errorf("MoE %s: %v", name, err)
+		return x, nil
+	}
+	group := cfg.GroupSize
+	if group == 0 {
+		group = seq
+	}
+	groups, experts := batch*seq/group, cfg.Experts
+	xg := x.Reshape(groups, group, hidden)
+
+	var keys *frontend.Tensor
+	random := cfg.Jitter > 0 || cfg.Router == RouterNoisyTopK || cfg.Router == RouterGShard && cfg.SecondThreshold >= 0 || cfg.ExpertDropout > 0
+	if random {
+		keys = b.RandomKeys(batch, seq).Reshape(groups, group)
+	}
+	var logits, gates, mask *frontend.Tensor
+	var capacity, k int
+	var auxRaw *frontend.Tensor
+	b.KeepFP32(func() {
+		std := InitStd
+		switch cfg.Router {
+		case RouterSwitch:
+			std = math.Sqrt(0.1 / float64(hidden))
+		case RouterNoisyTopK:
+			std = 0 // Shazeer et al. start both router weights at zero
+		}
+		init := frontend.Normal(std)
+		if std == 0 {
+			init = frontend.Zeros
+		}
+		xr := xg
+		if cfg.Jitter > 0 {
+			// Multiplicative U(1−ε, 1+ε) on the router's input (Switch,
+			// Mesh-TF): 1 + ε·(2u − 1).
+			u := keys.Random("uniform", name+"/jitter", hidden)
+			xr = xr.Mul(u.Scale(2 * cfg.Jitter).Add(b.Scalar(1 - cfg.Jitter)))
+		}
+		wg := b.Param(name+".router.weight", []int{hidden, experts}, init, frontend.NoParallel)
+		logits = xr.MatMul(wg)
+		switch cfg.Router {
+		case RouterSwitch:
+			k = 1
+			probs := logits.Softmax()
+			mask = probs.TopKMask(1)
+			gates = probs
+			auxRaw = balance(probs, mask).Scale(float64(experts))
+		case RouterGShard:
+			k = 2
+			probs := logits.Softmax()
+			top1 := probs.TopKMask(1)
+			top2 := probs.TopKMask(2)
+			g := probs.Mul(top2)
+			gates = g.Div(g.Sum(2).Reshape(groups, group, 1))
+			mask = top2
+			if cfg.SecondThreshold >= 0 {
+				// The second expert is kept with probability
+				// min(1, g₂/τ), g₂ normalised by g₁ + g₂ (Mesh-TF's
+				// random routing); the first expert's gate stays g₁.
+				tau := cfg.SecondThreshold
+				if tau == 0 {
+					tau = 0.2
+				}
+				u := keys.Random("uniform", name+"/second", 1).Scale(tau)
+				mask = top1.Add(top2.Sub(top1).Mul(u.Less(gates)))
+			}
+			auxRaw = balance(probs, top1).Scale(1 / float64(experts))
+		case RouterNoisyTopK:
+			k = cfg.K
+			noisy, clean, noiseStd := noisyLogits(b, xr, keys, logits, name, experts)
+			probs := noisy.Softmax()
+			mask = noisy.TopKMask(k)
+			g := probs.Mul(mask)
+			gates = g.Div(g.Sum(2).Reshape(groups, group, 1))
+			auxRaw = cvSquared(gates.Sum(1))
+			if k < experts {
+				auxRaw = auxRaw.Add(cvSquared(smoothLoad(noisy, clean, noiseStd, mask, k).Sum(1)))
+			}
+		case RouterExpertChoice:
+			k = 1
+			probs := logits.Softmax()
+			mask = probs.Transpose(0, 2, 1).TopKMask(expertChoiceCapacity(group, experts, cfg.CapacityFactor)).Transpose(0, 2, 1)
+			gates = probs
+		}
+	})
+	capacity = tokenCapacity(k, group, experts, cfg.CapacityFactor)
+	if cfg.Router == RouterExpertChoice {
+		capacity = expertChoiceCapacity(group, experts, cfg.CapacityFactor)
+	}
+	src := frontend.MoERoute(gates, mask, capacity)
+	var w *frontend.Tensor
+	b.KeepFP32(func() { w = gates.MoESlotGather(src) })
+
+	ffn := cfg.FFN
+	if ffn == 0 {
+		ffn = 4 * hidden
+	}
+	projStd := cfg.ProjStd
+	if projStd == 0 {
+		projStd = InitStd
+	}
+	buf := xg.MoEDispatch(src, nil).Reshape(experts, groups*capacity, hidden)
+	fc := b.Param(name+".experts.fc", []int{experts, hidden, ffn}, frontend.Normal(InitStd), frontend.ExpertParallel(frontend.ColumnParallel))
+	proj := b.Param(name+".experts.proj", []int{experts, ffn, hidden}, frontend.Normal(projStd), frontend.ExpertParallel(frontend.RowParallel))
+	h := buf.MatMul(fc)
+	if cfg.Activation == "relu" {
+		h = h.Relu()
+	} else {
+		h = h.Gelu()
+	}
+	if cfg.ExpertDropout > 0 {
+		// Each token's mask over the hidden units travels with it to its
+		// experts, so it is the same whatever devices the experts are on.
+		drop := keys.DropoutMask(name+"/expert-dropout", cfg.ExpertDropout, ffn).MoEDispatch(src, nil)
+		h = h.Mul(drop.Reshape(experts, groups*capacity, ffn))
+	}
+	out := h.MatMul(proj).Reshape(experts, groups, capacity, hidden)
+	y = out.MoECombine(src, w, group).Reshape(batch, seq, hidden)
+
+	// Statistics: a slot is filled where the mask holds at its token.
+	var z *frontend.Tensor
+	b.KeepFP32(func() {
+		filled := mask.MoESlotGather(src)                    // [G,E,C]
+		perExpert := filled.Sum(2).Scale(1 / float64(group)) // [G,E]
+		chosen := mask.Sum(1, 2).Scale(1 / float64(group))   // [G]
+		done := perExpert.Sum(1)                             // [G]
+		dropped := chosen.Sub(done).Div(chosen).Mean()       // fraction of choices
+		load := perExpert.Mean(0)                            // [E]
+		z = zLoss(logits, groups, group)
+		b.Output(name+".dropped", dropped)
+		for e := range experts {
+			b.Output(fmt.Sprintf("%s.load.e%d", name, e), load.Slice(0, e, e+1).Reshape())
+		}
+		b.Output(name+".z", z)
+		aux = z.Scale(cfg.ZLoss)
+		if auxRaw != nil {
+			b.Output(name+".aux", auxRaw)
+			aux = aux.Add(auxRaw.Scale(cfg.AuxLoss))
+		}
+	})
+	return y, aux
+}
+
+// checkMoE names the first rule cfg breaks for a batch of batch×seq
+// tokens.
+func checkMoE(cfg MoEConfig, batch, seq int) error {
+	if !slices.Contains(RouterKinds, cfg.Router) {
+		return fmt.Errorf("router %q does not exist: choose one of %v", cfg.Router, RouterKinds)
+	}
+	if cfg.Experts < 1 {
+		return fmt.Errorf("experts must be at least 1, got %d", cfg.Experts)
+	}
+	if cfg.Router == RouterNoisyTopK && (cfg.K < 1 || cfg.K > cfg.Experts) {
+		return fmt.Errorf("k=%d experts per token must be in 1..%d (the experts)", cfg.K, cfg.Experts)
+	}
+	if cfg.Router == RouterGShard && cfg.Experts < 2 {
+		return fmt.Errorf("gshard routes every token to 2 experts, but there are %d", cfg.Experts)
+	}
+	if !(cfg.CapacityFactor > 0) || math.IsInf(cfg.CapacityFactor, 0) {
+		return fmt.Errorf("capacity factor must be a positive number, got %g", cfg.CapacityFactor)
+	}
+	group := cfg.GroupSize
+	if group == 0 {
+		group = seq
+	}
+	if group < 1 || (batch*seq)%group != 0 || (group%seq != 0 && seq%group != 0) {
+		return fmt.Errorf("group size %d must divide the %d×%d tokens of a batch and divide or be a multiple of seq=%d", group, batch, seq, seq)
+	}
+	if cfg.Router == RouterExpertChoice && expertChoiceCapacity(group, cfg.Experts, cfg.CapacityFactor) < 1 {
+		return fmt.Errorf("expert choice gives each of %d experts %d×%g/%d < 1 tokens of a %d-token group: raise the capacity factor or the group", cfg.Experts, group, cfg.CapacityFactor, cfg.Experts, group)
+	}
+	if cfg.Activation != "" && cfg.Activation != "gelu" && cfg.Activation != "relu" {
+		return fmt.Errorf("activation %q: want gelu or relu", cfg.Activation)
+	}
+	return nil
+}
+
+// tokenCapacity is a token-choice router's slots per expert and group:
+// ⌈k·T·cf/E⌉ (Megatron's and DeepSpeed's rounding), at most T, since a
+// token takes at most one slot of an expert.
+func tokenCapacity(k, group, experts int, cf float64) int {
+	c := int(math.Ceil(float64(k*group) * cf / float64(experts)))
+	return max(1, min(c, group))
+}
+
+// expertChoiceCapacity is the tokens each expert takes from a group:
+// T·c/E, rounded down, at most T.
+func expertChoiceCapacity(group, experts int, cf float64) int {
+	return min(group, int(float64(group)*cf/float64(experts)))
+}
+
+// balance is Σ_e f_e·P_e per group, averaged over groups: f_e the
+// fraction of the group's tokens whose choice (mask [G,T,E]) is expert e,
+// P_e the mean router probability of e.
+// (The sum over experts is E times the mean over groups and experts
+// together: one reduction, whose gradient the microbatch pass can cut.)
+func balance(probs, mask *frontend.Tensor) *frontend.Tensor {
+	return mask.Mean(1).Mul(probs.Mean(1)).Mean().Scale(float64(mask.Dim(2)))
+}
+
+// cvSquared is the squared coefficient of variation of each row of v
+// [G,E] (population variance over the mean squared, as Shazeer et al.'s
+// code computes it), averaged over the rows. The rows here are gate sums,
+// whose mean is T/E > 0, so no ε guards the division.
+func cvSquared(v *frontend.Tensor) *frontend.Tensor {
+	g := v.Dim(0)
+	mean := v.Mean(1).Reshape(g, 1)
+	dev := v.Sub(mean)
+	m := mean.Reshape(g)
+	return dev.Mul(dev).Mean(1).Div(m.Mul(m)).Mean()
+}
+
+// zLoss is ST-MoE's router z-loss: the mean over tokens of the squared
+// log-sum-exp of the router logits [G,T,E].
+func zLoss(logits *frontend.Tensor, groups, group int) *frontend.Tensor {
+	m := logits.Max(2).Reshape(groups, group, 1)
+	lse := logits.Sub(m).Exp().Sum(2).Log().Add(m.Reshape(groups, group))
+	return lse.Mul(lse).Mean()
+}
+
+// noisyLogits is Shazeer et al.'s H(x) = x·W_g + N(0,1)·(softplus(x·W_noise)
+// + 10⁻²) in training (the noise is 0 for evaluation's keys), with the
+// clean logits and the noise's std the load estimate needs.
+func noisyLogits(b *frontend.Builder, x, keys, clean *frontend.Tensor, name string, experts int) (noisy, _, std *frontend.Tensor) {
+	wn := b.Param(name+".router.noise", []int{x.Dim(2), experts}, frontend.Zeros, frontend.NoParallel)
+	std = x.MatMul(wn).Exp().Add(b.Scalar(1)).Log().Add(b.Scalar(1e-2))
+	n := keys.Random("normal", name+"/noise", experts)
+	return clean.Add(n.Mul(std)), clean, std
+}
+
+// smoothLoad is Shazeer et al.'s smooth estimate of each expert's load
+// [G,T,E]: the probability that expert e stays in the token's top k if
+// only its own noise were drawn again, Φ((clean − threshold)/std), the
+// threshold being the k-th largest noisy logit of the others: the
+// (k+1)-th largest of all for a selected expert, the k-th for another.
+func smoothLoad(noisy, clean, std, topK *frontend.Tensor, k int) *frontend.Tensor {
+	b := noisy.Builder()
+	g, t := noisy.Dim(0), noisy.Dim(1)
+	// The j-th largest of a row is the largest once the top j−1 are
+	// pushed far below it.
+	kth := func(above *frontend.Tensor) *frontend.Tensor {
+		v := noisy
+		if above != nil {
+			v = v.Sub(above.Scale(1e9))
+		}
+		return v.Max(2).Reshape(g, t, 1)
+	}
+	var topKm1 *frontend.Tensor
+	if k > 1 {
+		topKm1 = noisy.TopKMask(k - 1)
+	}
+	in := clean.Sub(kth(topK)).Div(std).NormalCDF()
+	out := clean.Sub(kth(topKm1)).Div(std).NormalCDF()
+	return topK.Mul(in).Add(b.Scalar(1).Sub(topK).Mul(out))
+}

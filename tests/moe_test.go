@@ -1,0 +1,341 @@
+package tests
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/frontend"
+	"gcompile/frontend/nn"
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+	"gcompile/runtime/cpu"
+)
+
+// Mixture-of-experts plans train like one device: losses (1e-5
+// relative), final params (1e-4), and the per-expert loads and dropped
+// fractions every step, for Switch and GShard routers, with and without
+// tokens dropped over capacity. Routing is decided per group, so which
+// tokens drop does not depend on the plan.
+func TestMoEMatchesOneDevice(t *testing.T) {
+	type moeCase struct {
+		family   string
+		capacity int // slots per expert and group of 16 tokens
+		moves    int // all_to_alls of an [E, G, C, 32] buffer per step: 0 means 4
+		plans    []plan
+		pipes    []pipePlan
+	}
+	oneF1B := scheduleOrder("1f1b")
+	cases := []moeCase{
+		{family: "moe-switch", capacity: 16,
+			plans: []plan{{ep: 2}, {dp: 2, ep: 2, zero: 1}, {tp: 2, ep: 2}, {ep: 2, micro: 2}},
+			pipes: []pipePlan{{pp: 2, ep: 2, micro: 2, order: oneF1B, name: "1f1b"}}},
+		{family: "moe-gshard", capacity: 16, plans: []plan{{ep: 4}, {dp: 2, ep: 2}}},
+		{family: "moe-switch-drop", capacity: 4, plans: []plan{{dp: 2, ep: 2}}},
+		{family: "moe-noisy-topk", capacity: 16, moves: 5, plans: []plan{{dp: 2, ep: 2, micro: 2}}},
+	}
+	if fullMatrix() {
+		all := []plan{{ep: 2}, {ep: 4}, {dp: 2, ep: 2}, {tp: 2, ep: 2}, {dp: 2, ep: 2, zero: 1}, {dp: 2, ep: 2, zero: 3}, {dp: 2, ep: 2, tp: 2, zero: 2, micro: 2}}
+		pipes := []pipePlan{{pp: 2, ep: 2, micro: 2, order: oneF1B, name: "1f1b"}, {pp: 2, ep: 2, micro: 4, order: scheduleOrder("gpipe"), name: "gpipe"}}
+		for i := range cases {
+			cases[i].plans, cases[i].pipes = all, pipes
+		}
+	}
+	for _, c := range cases {
+		ref := train(t, plan{model: c.family})
+		require.Less(t, ref.losses[eqSteps-1], ref.losses[0]-0.5, "%s: the reference run must actually learn", c.family)
+		dropped := 0.0
+		for _, o := range ref.outputs {
+			dropped += o["h.1.moe.dropped"]
+		}
+		if strings.HasSuffix(c.family, "drop") {
+			require.Positive(t, dropped, "capacity factor 1 must drop tokens for the check to mean anything")
+		} else {
+			require.Zero(t, dropped, "the capacity factor must leave room for every token")
+		}
+		check := func(t *testing.T, got trajectory) {
+			// The key biases' gradient is zero in exact arithmetic, so
+			// Adam's steps there follow each plan's rounding (as in
+			// TestDataParallelMatchesOneDevice).
+			worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
+			worstParam := paramError(t, ref.params, got.params, isKeyBias)
+			assert.LessOrEqual(t, worstParam, 1e-4)
+			assert.InDelta(t, ref.eval, got.eval, 1e-5*ref.eval, "held-out loss of the final weights")
+			t.Logf("worst loss rel err %.2g, worst param err %.2g (of max |w|)", worst, worstParam)
+			for step := range ref.outputs {
+				for name, want := range ref.outputs[step] {
+					assert.InDelta(t, want, got.outputs[step][name], 1e-6, "step %d output %s", step+1, name)
+				}
+			}
+		}
+		for _, p := range c.plans {
+			p.model = c.family
+			t.Run(c.family+"/"+p.String(), func(t *testing.T) {
+				got := train(t, p)
+				check(t, got)
+				for d, peak := range got.peaks {
+					assert.Equal(t, got.prog.PeakBytes, peak, "device %d: measured peak equals predicted", d)
+				}
+				if p.ep > 1 {
+					// Four all_to_alls of the [E, G, C, M] buffer per MoE
+					// layer and step (dispatch and combine, forward and
+					// backward), each device holding 1/(dp·ep) of it; a
+					// fifth moves the expert-dropout mask (ffn = M here).
+					const experts, groups, hidden = 4, eqBatch, 32
+					moves := c.moves
+					if moves == 0 {
+						moves = 4
+					}
+					want := int64(moves * experts * groups * c.capacity * hidden * 4 / (max(p.dp, 1) * p.ep))
+					assert.Equal(t, want, got.prog.CollectiveBytes()["all_to_all/ep"], "all_to_all bytes per device and step")
+				}
+			})
+		}
+		for _, pl := range c.pipes {
+			pl.model = c.family
+			t.Run(c.family+"/"+pl.String(), func(t *testing.T) {
+				check(t, trainPipeline(t, pl, 2))
+			})
+		}
+	}
+}
+
+// TestMoEExpertGradientsReduceOverDataOnly: under dp×ep an expert's
+// weights live on one ep rank, so their gradients are summed over dp
+// alone; every other gradient over dp and ep.
+func TestMoEExpertGradientsReduceOverDataOnly(t *testing.T) {
+	m, err := frontend.Build(moeFamily(t), frontend.Config{Name: "moe", Batch: eqBatch, Set: familyOf("moe-switch", 0).set})
+	require.NoError(t, err)
+	opts := passes.DefaultOptions()
+	opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: 2}, {Name: "ep", Size: 2}}}
+	_, err = passes.Run(m, opts, passes.Hooks{})
+	require.NoError(t, err)
+	axes := map[string][]string{} // param name → axes its gradient is reduced over
+	for _, u := range m.Updates {
+		if u.State.Op != "param" {
+			continue
+		}
+		name := u.State.Name()
+		seen := map[*ir.Value]bool{}
+		var walk func(v *ir.Value)
+		walk = func(v *ir.Value) {
+			// The global norm reads every gradient: stop there.
+			if seen[v] || v.Meta.Phase == ir.PhaseFwd || v.Op == "clip_coef" {
+				return
+			}
+			seen[v] = true
+			if v.Op == "all_reduce" || v.Op == "reduce_scatter" {
+				axes[name] = append(axes[name], v.Attrs.Str("axis"))
+			}
+			for _, a := range v.Args {
+				walk(a)
+			}
+		}
+		walk(u.Value)
+	}
+	require.NotEmpty(t, axes)
+	for name, got := range axes {
+		slices.Sort(got)
+		got = slices.Compact(got)
+		want := []string{"dp", "ep"}
+		if strings.Contains(name, ".experts.") {
+			want = []string{"dp"}
+		}
+		assert.Equal(t, want, got, "%s", name)
+	}
+	for _, p := range m.Params() {
+		if strings.Contains(p.Name(), ".experts.") {
+			assert.Equal(t, ir.Placement{Kind: ir.Shard, Dim: 0}, p.Place[1], "%s is split by expert over ep", p.Name())
+		}
+	}
+}
+
+func moeFamily(t *testing.T) frontend.ModelFunc {
+	t.Helper()
+	return familyOf("moe-switch", 0).fn
+}
+
+// TestMoEAuxLossesByHand: each router's losses on a fixed input equal
+// the formulas computed here: Switch's α·E·Σf·P, GShard's
+// (1/E)·Σ(c_e/S)·m_e (top-1 counts), the z-loss, and noisy top-k's CV² of
+// the gate sums plus the CV² of Shazeer et al.'s smooth load estimate.
+func TestMoEAuxLossesByHand(t *testing.T) {
+	const groups, tokens, hidden, experts = 2, 3, 2, 3
+	x := []float64{1, 0, 0, 1, 1, 1, -1, 2, 0.5, -0.5, 2, 1}
+	w := []float64{0.3, -0.2, 0.1, 0.5, 0.4, -0.6}
+	// logits[g,t,e] = Σ_h x[g,t,h]·w[h,e]; probabilities by softmax.
+	logits := make([][]float64, groups*tokens)
+	probs := make([][]float64, groups*tokens)
+	for i := range logits {
+		logits[i] = make([]float64, experts)
+		for e := range experts {
+			for h := range hidden {
+				logits[i][e] += x[i*hidden+h] * w[h*experts+e]
+			}
+		}
+		probs[i] = softmax(logits[i])
+	}
+	argmax := func(p []float64) int { return slices.Index(p, slices.Max(p)) }
+	var switchAux, gshardAux, z, cv float64
+	for g := range groups {
+		f, P := make([]float64, experts), make([]float64, experts)
+		imp, load := make([]float64, experts), make([]float64, experts)
+		for tok := range tokens {
+			p := probs[g*tokens+tok]
+			f[argmax(p)] += 1.0 / tokens
+			for e := range experts {
+				P[e] += p[e] / tokens
+			}
+			// Noisy top-k with k=2 and no noise: gates are the top two
+			// probabilities renormalised.
+			top := slices.Clone(p)
+			slices.Sort(top)
+			for e := range experts {
+				if p[e] >= top[experts-2] {
+					imp[e] += p[e] / (top[experts-1] + top[experts-2])
+				}
+			}
+			// Its smooth load estimate: W_noise starts at zero, so the
+			// noise std is softplus(0) + 10⁻²; the threshold of a selected
+			// expert is the third logit, of the other the second.
+			l := logits[g*tokens+tok]
+			sorted := slices.Clone(l)
+			slices.Sort(sorted)
+			std := math.Log(2) + 1e-2
+			for e := range experts {
+				thr := sorted[experts-2]
+				if l[e] >= sorted[experts-2] {
+					thr = sorted[experts-3]
+				}
+				load[e] += 0.5 * math.Erfc(-(l[e]-thr)/std/math.Sqrt2)
+			}
+			lse := 0.0
+			for _, l := range logits[g*tokens+tok] {
+				lse += math.Exp(l)
+			}
+			lse = math.Log(lse)
+			z += lse * lse / (groups * tokens)
+		}
+		for e := range experts {
+			switchAux += experts * f[e] * P[e] / groups
+			gshardAux += f[e] * P[e] / experts / groups
+		}
+		cv += (cvSquared(imp) + cvSquared(load)) / groups
+	}
+	for _, c := range []struct {
+		router string
+		aux    float64
+	}{{nn.RouterSwitch, switchAux}, {nn.RouterGShard, gshardAux}, {nn.RouterNoisyTopK, cv}} {
+		t.Run(c.router, func(t *testing.T) {
+			model := func(b *frontend.Builder) {
+				in := b.Constant("x", x, 1, groups*tokens, hidden)
+				y, aux := nn.MoE(in, "moe", nn.MoEConfig{Experts: experts, Router: c.router, K: 2, CapacityFactor: 4, GroupSize: tokens, AuxLoss: 1, ZLoss: 1, SecondThreshold: -1})
+				b.Loss(y.Mean().Add(aux))
+			}
+			m, err := frontend.Build(model, frontend.Config{Name: "aux", Batch: 1, Float: ir.F64})
+			require.NoError(t, err)
+			opts := passes.DefaultOptions()
+			_, err = passes.Run(m, opts, passes.Hooks{})
+			require.NoError(t, err)
+			prog, err := lower.Lower(m)
+			require.NoError(t, err)
+			cl, err := cpu.NewCluster(prog, cpu.Options{})
+			require.NoError(t, err)
+			require.NoError(t, cl.InitParams(1))
+			require.NoError(t, cl.SetGlobal("moe.router.weight", w))
+			if c.router == nn.RouterNoisyTopK {
+				// Evaluation's keys: no noise.
+				require.NoError(t, cl.SetInt32(ir.InputRandomKey, []int32{-1, -1, -1, -1, -1, -1}))
+			}
+			require.NoError(t, cl.Devices[0].Forward())
+			got := func(name string) float64 {
+				v, err := cl.Scalar(ir.AuxPrefix + name)
+				require.NoError(t, err)
+				return v
+			}
+			assert.InDelta(t, c.aux, got("moe.aux"), 1e-12, "balancing loss")
+			assert.InDelta(t, z, got("moe.z"), 1e-12, "z-loss")
+			assert.InDelta(t, 0, got("moe.dropped"), 1e-12)
+			load := 0.0
+			for e := range experts {
+				load += got(fmt.Sprintf("moe.load.e%d", e))
+			}
+			k := 1.0
+			if c.router != nn.RouterSwitch {
+				k = 2
+			}
+			assert.InDelta(t, k, load, 1e-12, "every token's k choices are processed")
+		})
+	}
+}
+
+// TestMoEBadConfigs: each rule a config can break is named before any
+// work, with the user's line.
+func TestMoEBadConfigs(t *testing.T) {
+	cases := []struct {
+		set  map[string]string
+		want string
+	}{
+		{map[string]string{"router": "noisy-topk", "k": "5"}, "k=5 experts per token must be in 1..4"},
+		{map[string]string{"capacity": "0"}, "capacity factor must be a positive number, got 0"},
+		{map[string]string{"capacity": "NaN"}, "capacity factor"},
+		{map[string]string{"group": "12"}, "group size 12 must divide"},
+		{map[string]string{"router": "sinkhorn"}, "router"},
+		{map[string]string{"experts": "0"}, "--set experts=0"},
+	}
+	for _, c := range cases {
+		t.Run(c.want, func(t *testing.T) {
+			set := familyOf("moe-switch", 0).set
+			for k, v := range c.set {
+				set[k] = v
+			}
+			_, err := frontend.Build(moeFamily(t), frontend.Config{Name: "moe", Batch: eqBatch, Set: set})
+			require.Error(t, err)
+			assert.ErrorContains(t, err, c.want)
+			assert.Contains(t, err.Error(), "model.go:", "the error names the model's line")
+		})
+	}
+	t.Run("experts not divisible by ep", func(t *testing.T) {
+		set := familyOf("moe-switch", 0).set
+		set["experts"] = "3"
+		m, err := frontend.Build(moeFamily(t), frontend.Config{Name: "moe", Batch: eqBatch, Set: set})
+		require.NoError(t, err)
+		opts := passes.DefaultOptions()
+		opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "ep", Size: 2}}}
+		_, err = passes.Run(m, opts, passes.Hooks{})
+		assert.ErrorContains(t, err, "expert parallelism ep=2 must divide the 3 experts")
+	})
+}
+
+func softmax(x []float64) []float64 {
+	m := slices.Max(x)
+	out := make([]float64, len(x))
+	sum := 0.0
+	for i, v := range x {
+		out[i] = math.Exp(v - m)
+		sum += out[i]
+	}
+	for i := range out {
+		out[i] /= sum
+	}
+	return out
+}
+
+// cvSquared is the population variance of v over its mean squared.
+func cvSquared(v []float64) float64 {
+	mean := 0.0
+	for _, x := range v {
+		mean += x / float64(len(v))
+	}
+	d := 0.0
+	for _, x := range v {
+		d += (x - mean) * (x - mean) / float64(len(v))
+	}
+	return d / (mean * mean)
+}
