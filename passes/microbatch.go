@@ -85,8 +85,9 @@ func microbatch(m *ir.Module, o *Options) error {
 				case copyOf[a] != nil:
 					args[i] = copyOf[a]
 				case slices[a] >= 0 && place[a].Kind == ir.Replicate && !place[v].Equal(ir.Placement{}):
-					// A whole value (a broadcast) used with per-microbatch
-					// ones: this microbatch's block of it.
+					// A whole value, the same along the batch (a
+					// broadcast), used with per-microbatch ones: this
+					// microbatch's block of it.
 					d := slices[a]
 					b := a.Type.Shape[d] / n
 					if seeded[a] {
@@ -247,7 +248,7 @@ func microPlacements(m *ir.Module, sources, body []*ir.Value, n int) (map[*ir.Va
 			if want[i].Equal(have[i]) {
 				continue
 			}
-			if have[i].Kind == ir.Replicate && want[i].Kind == ir.Shard && a.Op == "broadcast" && broadcastExpands(a, want[i].Dim) {
+			if have[i].Kind == ir.Replicate && want[i].Kind == ir.Shard && uniformAlong(a, want[i].Dim) {
 				slices[a] = want[i].Dim
 				continue
 			}
@@ -256,6 +257,37 @@ func microPlacements(m *ir.Module, sources, body []*ir.Value, n int) (map[*ir.Va
 		place[v] = out
 	}
 	return place, slices, nil
+}
+
+// uniformAlong reports whether every block of v along dim d is the same,
+// so that cutting it per microbatch is exact: a broadcast that creates d
+// or passes it through from such a value, a constant filled with one
+// value, and elementwise ops (and scale) of such values. The gradient of
+// a mean over the batch times a table (Σ x⊙R's) is one.
+func uniformAlong(v *ir.Value, d int) bool {
+	switch v.Op {
+	case "broadcast":
+		if broadcastExpands(v, d) {
+			return true
+		}
+		x := v.Args[0]
+		in := d - (v.Type.Rank() - x.Type.Rank())
+		return in >= 0 && x.Type.Shape[in] == v.Type.Shape[d] && uniformAlong(x, in)
+	case "const":
+		return v.Attrs.Str("data") == ""
+	case "scale":
+		return uniformAlong(v.Args[0], d)
+	}
+	info, ok := ir.Lookup(v.Op)
+	if !ok || !info.Elementwise {
+		return false
+	}
+	for _, a := range v.Args {
+		if a.Type.Rank() == v.Type.Rank() && !uniformAlong(a, d) {
+			return false
+		}
+	}
+	return true
 }
 
 // broadcastExpands reports whether a broadcast creates dim d (every block

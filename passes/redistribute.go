@@ -134,15 +134,25 @@ func sinkSlices(m *ir.Module, o *Options) {
 		if len(replace) == 0 {
 			continue
 		}
+		rewrite := func(v *ir.Value) {
+			for i, a := range v.Args {
+				if r := replace[a]; r != nil {
+					v.Args[i] = r
+				}
+			}
+		}
 		var kept []*ir.Value
 		for _, v := range m.Values {
 			if replace[v] == nil {
 				kept = append(kept, v)
 			}
-			for i, a := range v.Args {
-				if r := replace[a]; r != nil {
-					v.Args[i] = r
-				}
+			rewrite(v)
+		}
+		// A slice made this round may cut a slice another value of this
+		// round replaced (the second axis of a dim split over dp and ep).
+		for _, xs := range before {
+			for _, v := range xs {
+				rewrite(v)
 			}
 		}
 		m.Values = splice(kept, before, nil)
