@@ -127,7 +127,11 @@ func Blocks(s *schedule.Schedule) [][]lower.Block {
 // LoadModule builds the model's module: a model.go through the loader (at
 // the plan's batch, each asynchronous replica's share of it), or a .gir
 // dump parsed as it is.
-func LoadModule(c *Config) (*ir.Module, error) {
+func LoadModule(c *Config) (*ir.Module, error) { return loadModule(c, false) }
+
+// loadModule builds the training module, or with eval the module
+// evaluation runs (frontend.Config.Eval).
+func loadModule(c *Config, eval bool) (*ir.Module, error) {
 	if strings.HasSuffix(c.Model, ".gir") {
 		text, err := os.ReadFile(c.Model)
 		if err != nil {
@@ -147,7 +151,7 @@ func LoadModule(c *Config) (*ir.Module, error) {
 	// Progress on stderr: a cold build of the model takes long enough to
 	// look like a hang.
 	l := &loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr, Context: c.Interrupt}
-	return l.Load(c.Model, frontend.Config{Name: name, Batch: batch, Set: set})
+	return l.Load(c.Model, frontend.Config{Name: name, Batch: batch, Set: set, Eval: eval})
 }
 
 func absOr(p string) string {
@@ -222,6 +226,11 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 		}
 		res.Programs = []*lower.Program{prog}
 	}
+	if m.EvalDiffers && !strings.HasSuffix(c.Model, ".gir") {
+		if res.EvalPrograms, err = compileEval(c, res.Schedule != nil, lo); err != nil {
+			return res, fmt.Errorf("the evaluation module: %w", err)
+		}
+	}
 	if c.MemLimit > 0 {
 		for r := range res.Devices() {
 			if err := lower.ProgramOf(res.Programs, r).CheckFits(fmt.Sprintf("device %d", r), c.MemLimit); err != nil {
@@ -231,6 +240,35 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 	}
 	res.Elapsed = time.Since(start)
 	return res, nil
+}
+
+// compileEval builds the model for evaluation (its shapes differ from
+// training's: b.Evaluating), runs the same passes and lowers its forward:
+// forward-only programs under pipeline parallelism, otherwise the whole
+// program, whose forward prefix evaluation runs. The runtime copies the
+// training run's params into them before each evaluation. A module loaded
+// from a .gir dump has no model to rebuild and evaluates with its
+// training shapes.
+func compileEval(c *Config, pipeline bool, lo lower.Options) ([]*lower.Program, error) {
+	m, err := loadModule(c, true)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := passes.Run(m, c.PassOptions(), passes.Hooks{}); err != nil {
+		return nil, err
+	}
+	if !pipeline {
+		prog, err := lower.LowerWith(m, lo)
+		if err != nil {
+			return nil, err
+		}
+		return []*lower.Program{prog}, nil
+	}
+	progs, err := lower.LowerPipelineForwardWith(m, c.PP, max(c.VPP, 1), c.Microbatches, lo)
+	if err != nil {
+		return nil, err
+	}
+	return progs, lower.CheckTransfersByTag(progs)
 }
 
 // ProgramOf is the program device rank runs.

@@ -26,6 +26,9 @@ type Config struct {
 	// Float is the dtype of params and float constants: F32 (default) to
 	// train, F64 for gradient checks and oracle comparisons.
 	Float ir.DType
+	// Eval builds the module evaluation runs, for a model whose shapes
+	// depend on it (Builder.Evaluating).
+	Eval bool
 }
 
 // ParamDoc describes one model parameter, for --help-model.
@@ -452,4 +455,14 @@ func ExpertParallel(p Parallel) Parallel {
 		return "expert"
 	}
 	return "expert|" + p
+}
+
+// Evaluating reports whether the module is being built for evaluation
+// rather than training. A model that asks may record other shapes for
+// evaluation (a MoE layer's evaluation capacity factor); the compiler
+// then builds the model a second time for evaluation and lowers that
+// module's forward on its own, with the training run's params.
+func (b *Builder) Evaluating() bool {
+	b.m.EvalDiffers = true
+	return b.cfg.Eval
 }

@@ -39,19 +39,20 @@ func Main(fn ModelFunc) {
 	name := fs.String("name", "model", "module name")
 	batch := fs.Int("batch", 8, "global batch")
 	float := fs.String("float", "f32", "param dtype")
+	eval := fs.Bool("eval", false, "build the module evaluation runs")
 	set := fs.String("set", "", "model parameters k=v,…")
 	describe := fs.Bool("describe", false, "list model parameters as JSON")
 	out := fs.String("out", "", "write the result file the loader reads here instead of printing the module")
 	fs.Parse(os.Args[1:])
 	if *out == "" {
-		if err := driverMain(os.Stdout, fn, *name, *batch, *float, *set, *describe); err != nil {
+		if err := driverMain(os.Stdout, fn, Config{Name: *name, Batch: *batch, Eval: *eval}, *float, *set, *describe); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
 		return
 	}
 	var payload bytes.Buffer
-	err := driverMain(&payload, fn, *name, *batch, *float, *set, *describe)
+	err := driverMain(&payload, fn, Config{Name: *name, Batch: *batch, Eval: *eval}, *float, *set, *describe)
 	result := DriverOK + payload.String()
 	if err != nil {
 		result = DriverError + err.Error()
@@ -78,7 +79,7 @@ func writeResult(path, result string) error {
 	return nil
 }
 
-func driverMain(w io.Writer, fn ModelFunc, name string, batch int, float, set string, describe bool) error {
+func driverMain(w io.Writer, fn ModelFunc, cfg Config, float, set string, describe bool) error {
 	kv, err := ParseSet(set)
 	if err != nil {
 		return err
@@ -87,7 +88,7 @@ func driverMain(w io.Writer, fn ModelFunc, name string, batch int, float, set st
 	if err != nil {
 		return err
 	}
-	cfg := Config{Name: name, Batch: batch, Set: kv, Float: dt}
+	cfg.Set, cfg.Float = kv, dt
 	if describe {
 		docs, err := Describe(fn, cfg)
 		if err != nil {

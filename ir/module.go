@@ -30,10 +30,15 @@ type Module struct {
 	// causal-mask buffers): loading skips them and refuses any other
 	// tensor that matches no param.
 	IgnoreOnLoad []string
-	Values       []*Value
-	Outputs      []Output
-	Updates      []Update
-	nextID       int
+	// EvalDiffers says the model's shapes depend on whether it is built
+	// for evaluation (b.Evaluating in the DSL: a MoE layer's evaluation
+	// capacity), so the compiler builds and lowers an evaluation module
+	// of its own.
+	EvalDiffers bool
+	Values      []*Value
+	Outputs     []Output
+	Updates     []Update
+	nextID      int
 }
 
 // NewModule returns an empty module.

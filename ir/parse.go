@@ -50,6 +50,8 @@ func Parse(file, text string) (*Module, error) {
 					p.m.IgnoreOnLoad = append(p.m.IgnoreOnLoad, pat)
 				}
 			}
+		case line == "evaluation-differs":
+			p.m.EvalDiffers = true
 		case strings.HasPrefix(line, "%"):
 			err = p.value(line)
 		case strings.HasPrefix(line, "output "):

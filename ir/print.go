@@ -38,6 +38,9 @@ func printModule(m *Module, pos bool) string {
 	for _, p := range m.IgnoreOnLoad {
 		b.WriteString("ignore-on-load " + strconv.Quote(p) + "\n")
 	}
+	if m.EvalDiffers {
+		b.WriteString("evaluation-differs\n")
+	}
 	for _, v := range m.Values {
 		b.WriteString(formatValue(v, pos))
 		b.WriteByte('\n')

@@ -195,6 +195,18 @@ type edgeCase struct {
 
 var edgeCases = []edgeCase{
 	{
+		name: "a model whose evaluation differs",
+		text: `gir 1
+module "moe"
+evaluation-differs
+%0 = input : f32[] {name="lr"}
+output "y" = %0
+`,
+		check: func(t *testing.T, m *ir.Module) {
+			assert.True(t, m.EvalDiffers)
+		},
+	},
+	{
 		name: "scalars and empty int lists",
 		text: `gir 1
 module "scalar"

@@ -207,7 +207,15 @@ func (c *MeshCluster[D]) Forward() error {
 		}
 	}
 	c.evaluated = true
-	return c.eval.Step()
+	// Forward-only pipeline programs run whole; a training program of
+	// the evaluation module (its shapes differ from training's) runs its
+	// forward prefix.
+	return c.eval.Each(func(d D) error {
+		if d.Program().ForwardEnd >= 0 {
+			return d.Forward()
+		}
+		return d.Step()
+	})
 }
 
 // InitParams initialises every device's block of every param.

@@ -440,3 +440,67 @@ func TestMoEDispatchCombineRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestMoEEvalCapacity: with an evaluation capacity factor of its own the
+// model is built a second time for evaluation, and the held-out loss is
+// that of the training run's weights in a model of the evaluation
+// capacity, bit for bit; training is unchanged.
+func TestMoEEvalCapacity(t *testing.T) {
+	set := func(kv ...string) map[string]string {
+		s := familyOf("moe-switch", 0).set
+		for i := 0; i < len(kv); i += 2 {
+			s[kv[i]] = kv[i+1]
+		}
+		return s
+	}
+	mesh := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "ep", Size: 2}}}
+	compileModule := func(s map[string]string, eval bool) (*ir.Module, *lower.Program) {
+		m, err := frontend.Build(moeFamily(t), frontend.Config{Name: "moe", Batch: eqBatch, Set: s, Eval: eval})
+		require.NoError(t, err)
+		opts := passes.DefaultOptions()
+		opts.Mesh = mesh
+		_, err = passes.Run(m, opts, passes.Hooks{})
+		require.NoError(t, err)
+		prog, err := lower.Lower(m)
+		require.NoError(t, err)
+		return m, prog
+	}
+	cfg := runtime.TrainConfig{Steps: 5, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 2,
+		Schedule: runtime.Schedule{LR: 3e-3, Warmup: 2, Steps: 5, Decay: "constant"}}
+
+	train, prog := compileModule(set("capacity", "1", "eval_capacity", "4"), false)
+	require.True(t, train.EvalDiffers, "the model asked b.Evaluating()")
+	_, evalProg := compileModule(set("capacity", "1", "eval_capacity", "4"), true)
+	cl, err := cpu.NewCluster(prog, cpu.Options{})
+	require.NoError(t, err)
+	require.NoError(t, cl.SetEvalPrograms([]*lower.Program{evalProg}))
+	require.NoError(t, cl.InitParams(1))
+	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
+	require.NoError(t, err)
+
+	// Training is capacity 1's.
+	_, plain := compileModule(set("capacity", "1"), false)
+	pc, err := cpu.NewCluster(plain, cpu.Options{})
+	require.NoError(t, err)
+	require.NoError(t, pc.InitParams(1))
+	plainSteps, plainEvals, err := runtime.Train(pc, corpus(), cfg, nil)
+	require.NoError(t, err)
+	for i := range steps {
+		require.Equal(t, plainSteps[i].Loss, steps[i].Loss, "step %d", i+1)
+	}
+
+	// Evaluation is capacity 4's on the trained weights.
+	_, wide := compileModule(set("capacity", "4"), false)
+	wc, err := cpu.NewCluster(wide, cpu.Options{})
+	require.NoError(t, err)
+	for _, p := range train.Params() {
+		w, err := cl.Global(p.Name())
+		require.NoError(t, err)
+		require.NoError(t, wc.SetGlobal(p.Name(), w))
+	}
+	want, err := runtime.Evaluate(wc, corpus(), cfg)
+	require.NoError(t, err)
+	got := evals[len(evals)-1].Loss
+	assert.Equal(t, want, got, "held-out loss at the evaluation capacity")
+	assert.NotEqual(t, plainEvals[len(plainEvals)-1].Loss, got, "capacity 1 drops tokens at evaluation, capacity 4 does not")
+}

@@ -27,16 +27,17 @@ func Model(b *frontend.Builder) {
 	vocab := b.Int("vocab", 256, "vocabulary size (256: bytes)")
 	seq := b.Int("seq", 64, "sequence length")
 	cfg := nn.MoEConfig{
-		Experts:        b.Int("experts", 4, "experts per MoE layer"),
-		Router:         b.String("router", nn.RouterSwitch, "router", nn.RouterKinds...),
-		K:              b.Int("k", 2, "experts per token (noisy-topk)"),
-		CapacityFactor: b.Float("capacity", 2, "capacity factor: slots per expert = ⌈k·group·factor/experts⌉"),
-		GroupSize:      b.Int("group", 0, "tokens per routing group (0: one sequence)"),
-		AuxLoss:        b.Float("aux", -1, "weight of the balancing loss (negative: 1e-2, and 1e-2·experts² for gshard, whose loss (1/E)·Σ(c_e/S)·m_e is E² times smaller than Switch's E·Σf·P; 0: none)"),
-		ZLoss:          b.Float("zloss", 1e-3, "weight of the router z-loss"),
-		FFN:            b.Int("ffn", 0, "each expert's hidden width (0: 4·hidden)"),
-		Jitter:         b.Float("jitter", 0, "router input jitter ε (Switch: 1e-2)"),
-		ExpertDropout:  b.Float("expert_dropout", 0, "dropout inside experts"),
+		Experts:            b.Int("experts", 4, "experts per MoE layer"),
+		Router:             b.String("router", nn.RouterSwitch, "router", nn.RouterKinds...),
+		K:                  b.Int("k", 2, "experts per token (noisy-topk)"),
+		CapacityFactor:     b.Float("capacity", 2, "capacity factor: slots per expert = ⌈k·group·factor/experts⌉"),
+		EvalCapacityFactor: b.Float("eval_capacity", 0, "evaluation's capacity factor (0: the training one)"),
+		GroupSize:          b.Int("group", 0, "tokens per routing group (0: one sequence)"),
+		AuxLoss:            b.Float("aux", -1, "weight of the balancing loss (negative: 1e-2, and 1e-2·experts² for gshard, whose loss (1/E)·Σ(c_e/S)·m_e is E² times smaller than Switch's E·Σf·P; 0: none)"),
+		ZLoss:              b.Float("zloss", 1e-3, "weight of the router z-loss"),
+		FFN:                b.Int("ffn", 0, "each expert's hidden width (0: 4·hidden)"),
+		Jitter:             b.Float("jitter", 0, "router input jitter ε (Switch: 1e-2)"),
+		ExpertDropout:      b.Float("expert_dropout", 0, "dropout inside experts"),
 	}
 	if cfg.AuxLoss < 0 {
 		cfg.AuxLoss = 1e-2

@@ -297,6 +297,9 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 	}
 	resultFile := filepath.Join(work, "result")
 	args := []string{"-name", cfg.Name, "-batch", strconv.Itoa(cfg.Batch), "-float", cfg.Float.String(), "-set", frontend.FormatSet(cfg.Set), "-out", resultFile}
+	if cfg.Eval {
+		args = append(args, "-eval")
+	}
 	if describe {
 		args = append(args, "-describe")
 	}

@@ -29,7 +29,10 @@ type MoEConfig struct {
 	// CapacityFactor sizes each expert's buffer per routing group:
 	// C = ⌈k·T·CapacityFactor/E⌉ slots for T tokens (at most T); for
 	// expert choice each expert takes T·CapacityFactor/E tokens.
-	CapacityFactor float64
+	// EvalCapacityFactor, when positive and different, is evaluation's
+	// (Mesh-TF: 1.25 train, 2.0 eval); the compiler then builds the
+	// model's evaluation separately (b.Evaluating).
+	CapacityFactor, EvalCapacityFactor float64
 	// GroupSize is the tokens per routing group (0: one sequence).
 	// Capacity and drops are decided per group, so they do not depend on
 	// how groups are spread over devices.
@@ -72,6 +75,9 @@ func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tenso
 	if err := checkMoE(cfg, batch, seq); err != nil {
 		b.Errorf("MoE %s: %v", name, err)
 		return x, nil
+	}
+	if cfg.EvalCapacityFactor > 0 && cfg.EvalCapacityFactor != cfg.CapacityFactor && b.Evaluating() {
+		cfg.CapacityFactor = cfg.EvalCapacityFactor
 	}
 	group := cfg.GroupSize
 	if group == 0 {
@@ -229,6 +235,9 @@ func checkMoE(cfg MoEConfig, batch, seq int) error {
 	}
 	if !(cfg.CapacityFactor > 0) || math.IsInf(cfg.CapacityFactor, 0) {
 		return fmt.Errorf("capacity factor must be a positive number, got %g", cfg.CapacityFactor)
+	}
+	if cfg.EvalCapacityFactor < 0 || math.IsNaN(cfg.EvalCapacityFactor) || math.IsInf(cfg.EvalCapacityFactor, 0) {
+		return fmt.Errorf("evaluation capacity factor must be a positive number (or 0: the training one), got %g", cfg.EvalCapacityFactor)
 	}
 	group := cfg.GroupSize
 	if group == 0 {
