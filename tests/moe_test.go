@@ -504,3 +504,40 @@ func TestMoEEvalCapacity(t *testing.T) {
 	assert.Equal(t, want, got, "held-out loss at the evaluation capacity")
 	assert.NotEqual(t, plainEvals[len(plainEvals)-1].Loss, got, "capacity 1 drops tokens at evaluation, capacity 4 does not")
 }
+
+// TestMoERouterStaysFP32: under bf16 the router (its matmul, softmax,
+// top-k and the gates) runs in fp32 and the experts in bf16, the gates
+// reaching the combine as fp32 weights.
+func TestMoERouterStaysFP32(t *testing.T) {
+	m, err := frontend.Build(moeFamily(t), frontend.Config{Name: "moe", Batch: eqBatch, Set: familyOf("moe-switch", 0).set})
+	require.NoError(t, err)
+	opts := passes.DefaultOptions()
+	opts.Precision = "bf16"
+	_, err = passes.Run(m, opts, passes.Hooks{})
+	require.NoError(t, err)
+	seen := map[string]bool{}
+	for _, v := range m.Values {
+		if v.Meta.Phase != ir.PhaseFwd {
+			continue
+		}
+		switch {
+		case v.Op == "matmul" && len(v.Args) == 2 && v.Args[1].Op == "cast" && v.Args[1].Args[0].Op == "param" && v.Args[1].Args[0].Name() == "h.1.moe.router.weight":
+			t.Errorf("%s: the router weight is cast down", v.Where())
+		case v.Op == "softmax" && v.Type.Rank() == 3 && v.Type.Shape[2] == 4:
+			assert.Equal(t, ir.F32, v.Type.DType, "router softmax %s", v.Where())
+			seen["softmax"] = true
+		case v.Op == "top_k_mask", v.Op == "moe_slot_gather":
+			assert.Equal(t, ir.F32, v.Type.DType, "%s %s", v.Op, v.Where())
+			seen[v.Op] = true
+		case v.Op == "moe_dispatch":
+			assert.Equal(t, ir.BF16, v.Type.DType, "the experts run in bf16: %s", v.Where())
+			seen[v.Op] = true
+		case v.Op == "moe_combine":
+			assert.Equal(t, ir.BF16, v.Type.DType)
+			require.Len(t, v.Args, 3)
+			assert.Equal(t, ir.F32, v.Args[2].Type.DType, "the gates stay fp32 (F32Args)")
+			seen[v.Op] = true
+		}
+	}
+	assert.Len(t, seen, 5, "found %v", seen)
+}

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"unsafe"
 
 	"gonum.org/v1/gonum/blas"
 )
@@ -18,7 +19,12 @@ import (
 // at a time. Like the other kernels of the package they compute in
 // float64 and round once: the blocks are widened once and multiplied by
 // gonum's dgemm, serial at these sizes, so a task always sums in the same
-// order and results do not depend on how the work is split.
+// order and results do not depend on how the work is split. That is the
+// float64 path; float32 (and types derived from it, all that the runtime
+// runs below float64) takes attention_f32.go's kernels, which keep the
+// blocks in float32 and multiply them with the packed GEMM's micro-kernel,
+// several times faster. The internal functions below hand over to them
+// after checking the dims when told to (fast; see attPlan).
 //
 // The backward splits into the ops of the IR (ir/attention.go): the
 // statistics pass (log-sum-exp and D = Σ dout·out per query row), then
@@ -29,10 +35,44 @@ import (
 // reduction.
 
 // Block sizes: attBlockQ query rows share each visit of attBlockK keys.
+// The float32 kernels (attention_f32.go) take twice the query rows: each
+// key block is then transposed for the micro-kernel half as often, which
+// measured 10–15 % faster at sequence 1024 and in the forward at 128;
+// their scratch stays near 200 KiB per worker.
 const (
-	attBlockQ = 64
-	attBlockK = 64
+	attBlockQ   = 64
+	attBlockK   = 64
+	attBlockQ32 = 128
+	attBlockK32 = 64
 )
+
+// attFastMin is the per-head work, SQ·SK·HeadDim, from which the exported
+// kernels run float32 on attention_f32.go's kernels; below it they keep
+// the float64 staging of this file. Such heads take microseconds either
+// way, and the float64 path rounds once where the float32 one rounds
+// like the unfused composition (about twice the error): the small models
+// of the equivalence tests (tests/), which check that sharded training
+// follows one device within 1e-4 after 20 steps, were calibrated with it
+// and stay on it. Per head, so that splitting the batch or the heads
+// never changes which path a head takes.
+const attFastMin = 1 << 15
+
+// attF32 reports whether T can take the float32 kernels at all (a head
+// dim of 0 keeps the behaviour it always had: gonum rejects the empty
+// blocks).
+func attF32[T Float](d AttentionDims) bool {
+	var z T
+	return unsafe.Sizeof(z) == 4 && d.HeadDim > 0
+}
+
+// attPlan is how the exported kernels run d in T: the block sizes and
+// whether on the float32 kernels.
+func attPlan[T Float](d AttentionDims) (bq, bk int, fast bool) {
+	if attF32[T](d) && d.SQ*d.SK*d.HeadDim >= attFastMin {
+		return attBlockQ32, attBlockK32, true
+	}
+	return attBlockQ, attBlockK, false
+}
 
 // AttentionDims is one attention problem as a device holds it: the local
 // shapes of q [Batch, Heads, SQ, HeadDim] and k, v [Batch, KVHeads, SK,
@@ -175,11 +215,19 @@ func gemm(transA, transB bool, m, n, k int, alpha float64, a []float64, lda int,
 // gradients), the layout the output projection reads. out must not alias
 // q, k or v.
 func Attention[T Float](out, q, k, v []T, d AttentionDims) {
-	attentionForward(out, q, k, v, d, attBlockQ, attBlockK)
+	bq, bk, fast := attPlan[T](d)
+	attentionForward(out, q, k, v, d, bq, bk, fast)
 }
 
-func attentionForward[T Float](out, q, k, v []T, d AttentionDims, bq, bk int) {
+func attentionForward[T Float](out, q, k, v []T, d AttentionDims, bq, bk int, fast bool) {
 	d.check("Attention", map[string][2]int{"out": {len(out), d.qLen()}, "q": {len(q), d.qLen()}, "k": {len(k), d.kvLen()}, "v": {len(v), d.kvLen()}})
+	if o32, ok := as32(out); ok && fast {
+		q32, _ := as32(q)
+		k32, _ := as32(k)
+		v32, _ := as32(v)
+		attentionForward32(sgemmKernels[0], o32, q32, k32, v32, d, bq, bk)
+		return
+	}
 	hd := d.HeadDim
 	ParallelFor(d.Batch*d.Heads, 1, func(lo, hi int) {
 		qf, kt, vf, acc := make([]float64, bq*hd), make([]float64, hd*bk), make([]float64, bk*hd), make([]float64, bq*hd)
@@ -246,12 +294,21 @@ func attentionForward[T Float](out, q, k, v []T, d AttentionDims, bq, bk int) {
 // Σ dout·out, the two statistics the attention gradients share (rows in
 // q's order, [Batch, Heads, SQ, 2]).
 func AttentionStats[T Float](stats, q, k, out, dout []T, d AttentionDims) {
-	attentionStats(stats, q, k, out, dout, d, attBlockQ, attBlockK)
+	bq, bk, fast := attPlan[T](d)
+	attentionStats(stats, q, k, out, dout, d, bq, bk, fast)
 }
 
-func attentionStats[T Float](stats, q, k, out, dout []T, d AttentionDims, bq, bk int) {
+func attentionStats[T Float](stats, q, k, out, dout []T, d AttentionDims, bq, bk int, fast bool) {
 	d.check("AttentionStats", map[string][2]int{"stats": {len(stats), d.statsLen()}, "q": {len(q), d.qLen()}, "k": {len(k), d.kvLen()},
 		"out": {len(out), d.qLen()}, "dout": {len(dout), d.qLen()}})
+	if s32, ok := as32(stats); ok && fast {
+		q32, _ := as32(q)
+		k32, _ := as32(k)
+		o32, _ := as32(out)
+		g32, _ := as32(dout)
+		attentionStats32(sgemmKernels[0], s32, q32, k32, o32, g32, d, bq, bk)
+		return
+	}
 	hd := d.HeadDim
 	ParallelFor(d.Batch*d.Heads, 1, func(lo, hi int) {
 		qf, kt, sf := make([]float64, bq*hd), make([]float64, hd*bk), make([]float64, bq*bk)
@@ -321,12 +378,22 @@ func dsBlock[T Float](s, dp []float64, ld, rows, keys int, stats []T, row0 int, 
 // AttentionGradQ sets dq = Scale·Σⱼ pᵢⱼ·(doutᵢ·vⱼ − Dᵢ)·kⱼ with p
 // recomputed from q, k and the log-sum-exp in stats.
 func AttentionGradQ[T Float](dq, q, k, v, dout, stats []T, d AttentionDims) {
-	attentionGradQ(dq, q, k, v, dout, stats, d, attBlockQ, attBlockK)
+	bq, bk, fast := attPlan[T](d)
+	attentionGradQ(dq, q, k, v, dout, stats, d, bq, bk, fast)
 }
 
-func attentionGradQ[T Float](dq, q, k, v, dout, stats []T, d AttentionDims, bq, bk int) {
+func attentionGradQ[T Float](dq, q, k, v, dout, stats []T, d AttentionDims, bq, bk int, fast bool) {
 	d.check("AttentionGradQ", map[string][2]int{"dq": {len(dq), d.qLen()}, "q": {len(q), d.qLen()}, "k": {len(k), d.kvLen()},
 		"v": {len(v), d.kvLen()}, "dout": {len(dout), d.qLen()}, "stats": {len(stats), d.statsLen()}})
+	if dq32, ok := as32(dq); ok && fast {
+		q32, _ := as32(q)
+		k32, _ := as32(k)
+		v32, _ := as32(v)
+		g32, _ := as32(dout)
+		s32, _ := as32(stats)
+		attentionGradQ32(sgemmKernels[0], dq32, q32, k32, v32, g32, s32, d, bq, bk)
+		return
+	}
 	hd := d.HeadDim
 	ParallelFor(d.Batch*d.Heads, 1, func(lo, hi int) {
 		qf, gf, acc := make([]float64, bq*hd), make([]float64, bq*hd), make([]float64, bq*hd)
@@ -368,7 +435,8 @@ func attentionGradQ[T Float](dq, q, k, v, dout, stats []T, d AttentionDims, bq, 
 func AttentionGradK[T Float](dk, q, k, v, dout, stats []T, d AttentionDims) {
 	d.check("AttentionGradK", map[string][2]int{"dk": {len(dk), d.kvLen()}, "q": {len(q), d.qLen()}, "k": {len(k), d.kvLen()},
 		"v": {len(v), d.kvLen()}, "dout": {len(dout), d.qLen()}, "stats": {len(stats), d.statsLen()}})
-	attentionGradKV(dk, q, k, v, dout, stats, d, attBlockQ, attBlockK)
+	bq, bk, fast := attPlan[T](d)
+	attentionGradKV(dk, q, k, v, dout, stats, d, bq, bk, fast)
 }
 
 // AttentionGradV sets dv = Σᵢ pᵢⱼ·doutᵢ, summed over the device's query
@@ -376,7 +444,8 @@ func AttentionGradK[T Float](dk, q, k, v, dout, stats []T, d AttentionDims) {
 func AttentionGradV[T Float](dv, q, k, dout, stats []T, d AttentionDims) {
 	d.check("AttentionGradV", map[string][2]int{"dv": {len(dv), d.kvLen()}, "q": {len(q), d.qLen()}, "k": {len(k), d.kvLen()},
 		"dout": {len(dout), d.qLen()}, "stats": {len(stats), d.statsLen()}})
-	attentionGradKV(dv, q, k, nil, dout, stats, d, attBlockQ, attBlockK)
+	bq, bk, fast := attPlan[T](d)
+	attentionGradKV(dv, q, k, nil, dout, stats, d, bq, bk, fast)
 }
 
 // attentionGradKV is dk (v given) or dv (v nil). One task per (batch,
@@ -384,7 +453,16 @@ func AttentionGradV[T Float](dv, q, k, dout, stats []T, d AttentionDims) {
 // a query block at a time, every query row of every query head sharing
 // the k/v head that sees the block, so the sums over heads and queries
 // are in one fixed order.
-func attentionGradKV[T Float](dkv, q, k, v, dout, stats []T, d AttentionDims, bq, bk int) {
+func attentionGradKV[T Float](dkv, q, k, v, dout, stats []T, d AttentionDims, bq, bk int, fast bool) {
+	if r32, ok := as32(dkv); ok && fast {
+		q32, _ := as32(q)
+		k32, _ := as32(k)
+		v32, _ := as32(v)
+		g32, _ := as32(dout)
+		s32, _ := as32(stats)
+		attentionGradKV32(sgemmKernels[0], r32, q32, k32, v32, g32, s32, d, bq, bk, v != nil)
+		return
+	}
 	hd := d.HeadDim
 	ParallelFor(d.Batch*d.KVHeads, 1, func(lo, hi int) {
 		kt, vt, acc := make([]float64, hd*bk), make([]float64, hd*bk), make([]float64, bk*hd)
