@@ -265,7 +265,14 @@ func TestMoESlotKernels(t *testing.T) {
 						}
 						bound[s] = bound[s]*0x1p-45 + math.Abs(float64(want[s]))*0x1p-24
 					}
-					for _, grid := range []uint32{uint32(slots), 2} {
+					// One block per slot: at 256 threads the emulator
+					// runs mostly idle lanes, so the widest block takes
+					// only the looping grid.
+					dotGrids := []uint32{uint32(slots), 2}
+					if block > 96 {
+						dotGrids = dotGrids[1:]
+					}
+					for _, grid := range dotGrids {
 						got := out(slots)
 						launch(t, "gc_moe_slot_dot", grid, block, got, status, y, src, x, d.G, d.T, d.M, d.E, d.C)
 						requireWithin(t, want, got, bound, "gc_moe_slot_dot")
