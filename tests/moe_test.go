@@ -241,14 +241,7 @@ func TestMoEAuxLossesByHand(t *testing.T) {
 			}
 			m, err := frontend.Build(model, frontend.Config{Name: "aux", Batch: 1, Float: ir.F64})
 			require.NoError(t, err)
-			opts := passes.DefaultOptions()
-			_, err = passes.Run(m, opts, passes.Hooks{})
-			require.NoError(t, err)
-			prog, err := lower.Lower(m)
-			require.NoError(t, err)
-			cl, err := cpu.NewCluster(prog, cpu.Options{})
-			require.NoError(t, err)
-			require.NoError(t, cl.InitParams(1))
+			cl, _ := loadedCluster(t, m, passes.DefaultOptions())
 			require.NoError(t, cl.SetGlobal("moe.router.weight", w))
 			if c.router == nn.RouterNoisyTopK {
 				// Evaluation's keys: no noise.
@@ -392,13 +385,7 @@ func TestMoEDispatchCombineRoundTrip(t *testing.T) {
 		opts.Verify = true
 		opts.Optimizer, opts.ClipNorm, opts.WeightDecay = "sgd", 0, 0
 		opts.Mesh, opts.Microbatches = mesh, micro
-		_, err = passes.Run(m, opts, passes.Hooks{})
-		require.NoError(t, err)
-		prog, err := lower.Lower(m)
-		require.NoError(t, err)
-		cl, err := cpu.NewCluster(prog, cpu.Options{})
-		require.NoError(t, err)
-		require.NoError(t, cl.InitParams(1))
+		cl, _ := loadedCluster(t, m, opts)
 		if !direct {
 			require.NoError(t, cl.SetGlobal("experts.eye", eye))
 		}
@@ -446,43 +433,30 @@ func TestMoEDispatchCombineRoundTrip(t *testing.T) {
 // that of the training run's weights in a model of the evaluation
 // capacity, bit for bit; training is unchanged.
 func TestMoEEvalCapacity(t *testing.T) {
-	set := func(kv ...string) map[string]string {
+	build := func(eval bool, kv ...string) (*ir.Module, *cpu.Cluster, *lower.Program) {
 		s := familyOf("moe-switch", 0).set
 		for i := 0; i < len(kv); i += 2 {
 			s[kv[i]] = kv[i+1]
 		}
-		return s
-	}
-	mesh := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "ep", Size: 2}}}
-	compileModule := func(s map[string]string, eval bool) (*ir.Module, *lower.Program) {
 		m, err := frontend.Build(moeFamily(t), frontend.Config{Name: "moe", Batch: eqBatch, Set: s, Eval: eval})
 		require.NoError(t, err)
 		opts := passes.DefaultOptions()
-		opts.Mesh = mesh
-		_, err = passes.Run(m, opts, passes.Hooks{})
-		require.NoError(t, err)
-		prog, err := lower.Lower(m)
-		require.NoError(t, err)
-		return m, prog
+		opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "ep", Size: 2}}}
+		cl, prog := loadedCluster(t, m, opts)
+		return m, cl, prog
 	}
 	cfg := runtime.TrainConfig{Steps: 5, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 2,
 		Schedule: runtime.Schedule{LR: 3e-3, Warmup: 2, Steps: 5, Decay: "constant"}}
 
-	train, prog := compileModule(set("capacity", "1", "eval_capacity", "4"), false)
+	train, cl, _ := build(false, "capacity", "1", "eval_capacity", "4")
 	require.True(t, train.EvalDiffers, "the model asked b.Evaluating()")
-	_, evalProg := compileModule(set("capacity", "1", "eval_capacity", "4"), true)
-	cl, err := cpu.NewCluster(prog, cpu.Options{})
-	require.NoError(t, err)
+	_, _, evalProg := build(true, "capacity", "1", "eval_capacity", "4")
 	require.NoError(t, cl.SetEvalPrograms([]*lower.Program{evalProg}))
-	require.NoError(t, cl.InitParams(1))
 	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
 	require.NoError(t, err)
 
 	// Training is capacity 1's.
-	_, plain := compileModule(set("capacity", "1"), false)
-	pc, err := cpu.NewCluster(plain, cpu.Options{})
-	require.NoError(t, err)
-	require.NoError(t, pc.InitParams(1))
+	_, pc, _ := build(false, "capacity", "1")
 	plainSteps, plainEvals, err := runtime.Train(pc, corpus(), cfg, nil)
 	require.NoError(t, err)
 	for i := range steps {
@@ -490,9 +464,7 @@ func TestMoEEvalCapacity(t *testing.T) {
 	}
 
 	// Evaluation is capacity 4's on the trained weights.
-	_, wide := compileModule(set("capacity", "4"), false)
-	wc, err := cpu.NewCluster(wide, cpu.Options{})
-	require.NoError(t, err)
+	_, wc, _ := build(false, "capacity", "4")
 	for _, p := range train.Params() {
 		w, err := cl.Global(p.Name())
 		require.NoError(t, err)
@@ -540,4 +512,18 @@ func TestMoERouterStaysFP32(t *testing.T) {
 		}
 	}
 	assert.Len(t, seen, 5, "found %v", seen)
+}
+
+// loadedCluster runs the passes on m with opts, lowers it and loads it on
+// CPU devices with params initialised from seed 1.
+func loadedCluster(t *testing.T, m *ir.Module, opts *passes.Options) (*cpu.Cluster, *lower.Program) {
+	t.Helper()
+	_, err := passes.Run(m, opts, passes.Hooks{})
+	require.NoError(t, err)
+	prog, err := lower.Lower(m)
+	require.NoError(t, err)
+	cl, err := cpu.NewCluster(prog, cpu.Options{})
+	require.NoError(t, err)
+	require.NoError(t, cl.InitParams(1))
+	return cl, prog
 }
