@@ -511,8 +511,9 @@ func (s *sharder) redistribute(v *ir.Value, want []ir.Placement, user *ir.Value,
 	// forward pass to the backward pass.
 	phase := user.Meta.Phase
 	if reduces(v.Place, want) || onlyMoves(v.Place, want) {
-		// An all_to_all keeps the bytes a device holds: the moved copy
-		// can serve the backward pass too, in place of its source.
+		// An all_to_all keeps the bytes a device holds (a local slice
+		// only drops some): the moved copy can serve the backward pass
+		// too, in place of its source.
 		phase = ir.PhaseNone
 	}
 	key := fmt.Sprintf("%d %s %v", v.ID, ir.PlacementString(want), phase)
@@ -632,9 +633,10 @@ func (s *sharder) expertSeed(v *ir.Value) ir.Placement {
 	return rep
 }
 
-// onlyMoves reports whether going from have to want only moves shards
-// from one dim to another on some axes (all_to_all), with nothing
-// gathered, sliced or reduced.
+// onlyMoves reports whether going from have to want moves shards from
+// one dim to another on some axis (all_to_all) and otherwise at most
+// slices whole values locally: nothing is gathered or reduced, so the
+// result holds no more bytes than its source.
 func onlyMoves(have, want []ir.Placement) bool {
 	moved := false
 	for i, p := range have {
@@ -643,6 +645,7 @@ func onlyMoves(have, want []ir.Placement) bool {
 		case p.Equal(q):
 		case p.Kind == ir.Shard && q.Kind == ir.Shard && p.NumBlocks() == 1 && q.NumBlocks() == 1:
 			moved = true
+		case p.Kind == ir.Replicate && q.Kind == ir.Shard:
 		default:
 			return false
 		}
