@@ -62,8 +62,12 @@ type config struct {
 	// names (an explicit cpu is calibrated once, when first used:
 	// calibrated); plan is --plan, planTop --plan-top; planned is set once
 	// the planner has chosen the degrees (planner.go); planTrace is
-	// --plan-trace, the predicted step as a Chrome trace (plan.go).
-	hardware   string
+	// --plan-trace, the predicted step as a Chrome trace (plan.go);
+	// refineTrace and saveHardware are --refine-trace and --save-hardware
+	// (plan.go: refineHardware).
+	hardware     string
+	refineTrace  string
+	saveHardware string
 	hw         *cost.Hardware
 	calibrated bool
 	plan       bool
@@ -91,7 +95,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.TP, "tp", 0, "tensor-parallel degree (0: chosen by the planner)")
 	fs.IntVar(&c.PP, "pp", 0, "pipeline-parallel degree (0: chosen by the planner)")
 	fs.IntVar(&c.DP, "dp", 0, "data-parallel degree (0: the devices left over)")
-	fs.IntVar(&c.EP, "ep", 0, "expert-parallel degree (0: chosen by the planner)")
+	fs.IntVar(&c.EP, "ep", 0, "expert-parallel degree: mixture-of-experts weights split by expert, tokens over dp×ep (0: 1; the planner does not search it yet)")
 	fs.IntVar(&c.VPP, "vpp", 0, "virtual pipeline stages per rank (0: 1)")
 	fs.IntVar(&c.Microbatches, "microbatches", 1, "microbatches per step")
 	fs.StringVar(&c.DPSync, "dp-sync", "sync", "data-parallel synchronisation: sync (all-reduce) or async (bounded staleness)")
@@ -133,6 +137,8 @@ func parseArgs(args []string) (*config, error) {
 	fs.BoolVar(&c.plan, "plan", false, "print the planner's best plans for --devices, --batch and --hardware (default cpu) as a table, and --metrics as JSON; axes given as flags stay fixed")
 	fs.IntVar(&c.planTop, "plan-top", 5, "with --plan: how many plans to compile and report")
 	fs.StringVar(&c.planTrace, "plan-trace", "", "write the cost model's predicted step of the compiled plan (with --plan, the planner's best) as Chrome trace events to FILE.json, in --trace's format, for --hardware (default cpu)")
+	fs.StringVar(&c.refineTrace, "refine-trace", "", "with --plan and --hardware: refine the preset's efficiencies, launch and link figures from FILE.json, a --trace of a run of this plan (every plan axis as it ran), and plan with the refined preset")
+	fs.StringVar(&c.saveHardware, "save-hardware", "", "with --refine-trace: write the refined preset to FILE.json, which --hardware FILE.json reads")
 	fs.StringVar(&c.data, "data", "", "training text: a file or folder (default: the Go standard library sources)")
 	fs.IntVar(&c.maxDataMB, "max-data-mb", 16, "read at most this many MiB of training text")
 	fs.StringVar(&c.Set, "set", "", "model parameters key=value,… (see --help-model)")
@@ -239,6 +245,18 @@ func (c *config) validate() error {
 			bad("--hardware %q: %w", spec, err)
 		}
 		c.hw = hw
+	}
+	if c.refineTrace != "" && (!c.plan || c.hardware == "") {
+		bad("--refine-trace refines the --hardware preset for --plan: it needs both")
+	}
+	if c.refineTrace != "" && c.run {
+		bad("--refine-trace applies to --plan without --run: save the refined preset (--save-hardware) and train with --hardware FILE.json")
+	}
+	if c.saveHardware != "" && c.refineTrace == "" {
+		bad("--save-hardware writes the preset --refine-trace refines: it needs --refine-trace")
+	}
+	if c.saveHardware != "" && !strings.HasSuffix(strings.ToLower(c.saveHardware), ".json") {
+		bad("--save-hardware %q: the file must end in .json, as --hardware reads it", c.saveHardware)
 	}
 	if c.explicit["plan-top"] && !c.plan {
 		bad("--plan-top applies to --plan")

@@ -95,6 +95,11 @@ func runPlanner(c *config) error {
 			return err
 		}
 	}
+	if c.saveHardware != "" {
+		if err := checkOutputFile("save-hardware", c.saveHardware); err != nil {
+			return err
+		}
+	}
 	calibrateCPU(c)
 	interrupt, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -113,6 +118,11 @@ func runPlanner(c *config) error {
 	for _, f := range []string{"offload-prefetch", "loss-scale"} {
 		if c.explicit[f] {
 			base.Explicit[f] = true
+		}
+	}
+	if c.refineTrace != "" {
+		if err := refineHardware(c, m, os.Stderr); err != nil {
+			return err
 		}
 	}
 	affordable := compileAffordable(m, c.Batch)
@@ -148,6 +158,55 @@ func runPlanner(c *config) error {
 	c.planned = true
 	fmt.Fprintf(os.Stderr, "planner: training the best plan on %s: %s (predicted %.3g ms a step)\n", c.hw.Name, planner.Describe(best), res.Ranked[0].StepSeconds()*1e3)
 	return c.validate()
+}
+
+// refineHardware compiles the plan the flags fix (the one --trace
+// recorded: the axes not given take their defaults, as a run without
+// --plan would) from the built module, refines --hardware from the
+// trace (cost.Hardware.Refine), prints each parameter before and after
+// on log, writes --save-hardware and plans with the refined preset.
+func refineHardware(c *config, m *ir.Module, log io.Writer) error {
+	events, err := cost.ReadTrace(c.refineTrace)
+	if err != nil {
+		return fmt.Errorf("--refine-trace: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "gcompile-refine-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	gir := filepath.Join(dir, "model.gir")
+	if err := os.WriteFile(gir, []byte(ir.Print(m)), 0o644); err != nil {
+		return err
+	}
+	cfg := c.Config
+	cfg.Model, cfg.Set, cfg.Interrupt, cfg.MemLimit = gir, "", nil, 0
+	cfg.Explicit = c.explicit
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("--refine-trace: the traced plan: %w", err)
+	}
+	res, err := compile.Compile(&cfg, passes.Hooks{})
+	if err != nil {
+		return fmt.Errorf("--refine-trace: compiling %s: %w", planner.Describe(cfg), err)
+	}
+	hw, rep, err := c.hw.Refine(res.Programs, events)
+	if err != nil {
+		return fmt.Errorf("--refine-trace %s against %s: %w", c.refineTrace, planner.Describe(cfg), err)
+	}
+	fmt.Fprintf(log, "refine: %s from %d instructions of %s, steps %v\n", c.hw.Name, rep.Instructions, c.refineTrace, rep.Steps)
+	for _, p := range rep.Params {
+		if p.Kept {
+			fmt.Fprintf(log, "refine: %-24s %.4g kept (%s)\n", p.Key, p.Before, p.Why)
+			continue
+		}
+		fmt.Fprintf(log, "refine: %-24s %.4g → %.4g (%d samples)\n", p.Key, p.Before, p.After, p.Samples)
+	}
+	fmt.Fprintf(log, "refine: median |log(predicted/measured)| per instruction %.3f → %.3f\n", rep.LogErrorBefore, rep.LogErrorAfter)
+	c.hw = hw
+	if c.saveHardware != "" {
+		return writeOutput("save-hardware", c.saveHardware, hw.Save)
+	}
+	return nil
 }
 
 // compileAffordable says whether compiling the top plans is quick enough
