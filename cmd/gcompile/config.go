@@ -68,12 +68,12 @@ type config struct {
 	hardware     string
 	refineTrace  string
 	saveHardware string
-	hw         *cost.Hardware
-	calibrated bool
-	plan       bool
-	planTop    int
-	planned    bool
-	planTrace  string
+	hw           *cost.Hardware
+	calibrated   bool
+	plan         bool
+	planTop      int
+	planned      bool
+	planTrace    string
 
 	// corpus is the training text, read with --run before the compile
 	// (checkPaths) so that a bad --data is refused before any work.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -181,7 +182,10 @@ func refineHardware(c *config, m *ir.Module, log io.Writer) error {
 	}
 	cfg := c.Config
 	cfg.Model, cfg.Set, cfg.Interrupt, cfg.MemLimit = gir, "", nil, 0
-	cfg.Explicit = c.explicit
+	// The module is built: its sizes are no flags of the compile any more.
+	cfg.Explicit = maps.Clone(c.explicit)
+	delete(cfg.Explicit, "set")
+	delete(cfg.Explicit, "batch")
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("--refine-trace: the traced plan: %w", err)
 	}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/cost"
+)
+
+// TestRefineTraceFlags: --refine-trace and --save-hardware without what
+// they need are named errors from parseArgs, before any work.
+func TestRefineTraceFlags(t *testing.T) {
+	dir := t.TempDir()
+	tr := filepath.Join(dir, "trace.json")
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no plan", []string{"--hardware", "a100-80g", "--refine-trace", tr}, "--refine-trace refines the --hardware preset for --plan: it needs both"},
+		{"no hardware", []string{"--plan", "--refine-trace", tr}, "--refine-trace refines the --hardware preset for --plan: it needs both"},
+		{"with run", []string{"--plan", "--run", "--hardware", "cpu", "--refine-trace", tr}, "--refine-trace applies to --plan without --run"},
+		{"save alone", []string{"--plan", "--hardware", "cpu", "--save-hardware", filepath.Join(dir, "hw.json")}, "--save-hardware writes the preset --refine-trace refines"},
+		{"save not json", []string{"--plan", "--hardware", "cpu", "--refine-trace", tr, "--save-hardware", filepath.Join(dir, "hw.txt")}, "must end in .json"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parseArgs(append([]string{gptModel}, c.args...))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), c.want)
+		})
+	}
+}
+
+// TestRefineTraceCLI: a --trace of a short run refines the cpu preset
+// for --plan, --save-hardware writes it, and --hardware reads it back;
+// a trace of another plan is refused naming the mismatch.
+func TestRefineTraceCLI(t *testing.T) {
+	dir := t.TempDir()
+	tr := filepath.Join(dir, "trace.json")
+	plan := []string{"--devices", "2", "--tp", "2", "--dp", "1", "--pp", "1"}
+	run := append(append(append([]string{}, tinyGPT...), plan...), "--run", "--steps", "3", "--eval-batches", "-1", "--trace", tr)
+	require.NoError(t, mainNoPanic(t, run))
+
+	saved := filepath.Join(dir, "refined.json")
+	args := append(append(append([]string{}, tinyGPT...), plan...), "--plan", "--plan-top", "1", "--hardware", "cpu", "--refine-trace", tr, "--save-hardware", saved)
+	var out string
+	log, err := captureStderr(t, func() error {
+		var err error
+		out = captureStdout(t, func() { err = mainNoPanic(t, args) })
+		return err
+	})
+	require.NoError(t, err, log)
+	assert.Contains(t, log, "refine: gemm_efficiency")
+	assert.Contains(t, log, "median |log(predicted/measured)|")
+	assert.Contains(t, out, "best: tp=2 pp=1 dp=1")
+	hw, err := cost.Load(saved)
+	require.NoError(t, err)
+	assert.Contains(t, hw.Source, "refined")
+
+	again := append(append(append([]string{}, tinyGPT...), plan...), "--plan", "--plan-top", "1", "--hardware", saved)
+	out = captureStdout(t, func() { require.NoError(t, mainNoPanic(t, again)) })
+	assert.Contains(t, out, "best: tp=2 pp=1 dp=1")
+
+	other := append(append([]string{}, tinyGPT...), "--devices", "2", "--dp", "2", "--tp", "1", "--pp", "1", "--plan", "--hardware", "cpu", "--refine-trace", tr)
+	err = mainNoPanic(t, other)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, cost.ErrTraceMismatch)
+}

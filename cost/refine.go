@@ -1,0 +1,645 @@
+package cost
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/runtime"
+)
+
+// ErrTraceMismatch is a trace that was not recorded from the programs it
+// is matched to: refining from it would fit the preset to another plan.
+var ErrTraceMismatch = errors.New("trace does not match the plan")
+
+// minSamples is the fewest instructions of a class that refine its
+// parameters: with fewer, one noisy kernel would set them.
+const minSamples = 3
+
+// RefinedParam is one parameter of a refinement: its JSON key, its value
+// before and after, and how many measured instructions decided it. A kept
+// parameter has After == Before and says why in Why.
+type RefinedParam struct {
+	Key           string
+	Before, After float64
+	Samples       int
+	Kept          bool
+	Why           string
+}
+
+// RefineReport says what Refine fitted and how well the model then
+// predicts the measured instructions.
+type RefineReport struct {
+	Params []RefinedParam
+	// Instructions is the number of (device, instruction) pairs matched,
+	// Steps the trace steps their medians were taken over.
+	Instructions int
+	Steps        []int
+	// LogErrorBefore and LogErrorAfter are the median |ln(predicted /
+	// measured)| over the priced instructions, under the preset and the
+	// refined one.
+	LogErrorBefore, LogErrorAfter float64
+}
+
+// ReadTrace reads the events of a Chrome trace file as --trace and
+// --plan-trace write it (an object with traceEvents, or a bare array).
+func ReadTrace(path string) ([]runtime.TraceEvent, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	var obj struct {
+		TraceEvents []runtime.TraceEvent `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		var arr []runtime.TraceEvent
+		if err2 := json.Unmarshal(raw, &arr); err2 != nil {
+			return nil, fmt.Errorf("trace %s: %w", path, err)
+		}
+		obj.TraceEvents = arr
+	}
+	return obj.TraceEvents, nil
+}
+
+// Save writes h as a JSON hardware file that Load reads back.
+func (h *Hardware) Save(path string) error {
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(h, "", "  ")
+	if err != nil {
+		return fmt.Errorf("hardware: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("hardware: %w", err)
+	}
+	return nil
+}
+
+// measured is one instruction's median time in the trace.
+type measured struct {
+	dev, idx int
+	seconds  float64
+}
+
+// matchTrace pairs the kernel events of a trace with the instructions of
+// progs that produced them and returns each instruction's median time
+// over the steady-state steps (all but the first, when there are more:
+// the first warms caches and allocators). An event is its device's
+// instruction by value ref and op, the k-th such event of a step the
+// k-th such instruction, so instructions sharing a value (the copies of
+// an update) still pair up one to one. A measured trace (process 0) is
+// preferred over a predicted one (process 2) in a merged file.
+func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured, []int, error) {
+	if len(progs) == 0 {
+		return nil, nil, fmt.Errorf("%w: no programs", ErrTraceMismatch)
+	}
+	devices := 1
+	if progs[0].Mesh != nil {
+		devices = progs[0].Mesh.Devices()
+	}
+	pid := -1
+	for _, e := range events {
+		if e.Ph == "X" && (e.Pid == 0 || e.Pid == tracePidKernels) && (pid < 0 || e.Pid < pid) {
+			pid = e.Pid
+		}
+	}
+	if pid < 0 {
+		return nil, nil, fmt.Errorf("%w: the trace has no kernel events (process 0 of --trace or %d of --plan-trace)", ErrTraceMismatch, tracePidKernels)
+	}
+	devOf := func(tid int) int {
+		if pid == tracePidKernels && tid >= devices {
+			return tid - devices // the predicted copies' track
+		}
+		return tid
+	}
+	seen := map[int]bool{}
+	type ev struct {
+		dev, step int
+		ts, dur   float64
+		ref, op   string
+	}
+	var evs []ev
+	for _, e := range events {
+		if e.Pid != pid {
+			continue
+		}
+		if e.Ph == "M" && e.Name == "thread_name" {
+			if name, _ := e.Args["name"].(string); strings.HasPrefix(name, "device ") && !strings.HasSuffix(name, " copies") {
+				seen[e.Tid] = true
+			}
+			continue
+		}
+		if e.Ph != "X" {
+			continue
+		}
+		d := devOf(e.Tid)
+		if d < 0 || d >= devices {
+			return nil, nil, fmt.Errorf("%w: an event on device %d, the plan has %d devices", ErrTraceMismatch, e.Tid, devices)
+		}
+		seen[d] = true
+		step := 1
+		switch s := e.Args["step"].(type) {
+		case float64:
+			step = int(s)
+		case int:
+			step = s
+		}
+		ref, _ := e.Args["value"].(string)
+		evs = append(evs, ev{dev: d, step: step, ts: e.Ts, dur: e.Dur, ref: ref, op: e.Name})
+	}
+	if devices <= maxTraceDevices && len(seen) != devices {
+		return nil, nil, fmt.Errorf("%w: the trace has %d devices, the plan %d", ErrTraceMismatch, len(seen), devices)
+	}
+	var steps []int
+	for _, e := range evs {
+		if !slices.Contains(steps, e.step) {
+			steps = append(steps, e.step)
+		}
+	}
+	sort.Ints(steps)
+	if len(steps) > 1 {
+		steps = steps[1:]
+	}
+	sort.SliceStable(evs, func(i, j int) bool {
+		a, b := evs[i], evs[j]
+		if a.dev != b.dev {
+			return a.dev < b.dev
+		}
+		if a.step != b.step {
+			return a.step < b.step
+		}
+		return a.ts < b.ts
+	})
+	type index struct {
+		refs  map[string]bool
+		byKey map[string][]int
+	}
+	indexes := map[int]*index{}
+	indexOf := func(d int) *index {
+		if x, ok := indexes[d]; ok {
+			return x
+		}
+		x := &index{refs: map[string]bool{}, byKey: map[string][]int{}}
+		for i, in := range lower.ProgramOf(progs, d).Instrs {
+			ref := ""
+			if in.Value != nil {
+				ref = in.Value.Ref()
+				x.refs[ref] = true
+			}
+			k := ref + "\x00" + in.Op
+			x.byKey[k] = append(x.byKey[k], i)
+		}
+		indexes[d] = x
+		return x
+	}
+	times := map[[2]int][]float64{}
+	occ := map[string]int{}
+	curDev, curStep := -1, -1
+	for _, e := range evs {
+		if e.dev != curDev || e.step != curStep {
+			curDev, curStep = e.dev, e.step
+			clear(occ)
+		}
+		x := indexOf(e.dev)
+		if e.ref != "" && !x.refs[e.ref] {
+			return nil, nil, fmt.Errorf("%w: device %d: the trace names value %s, which the plan's program does not have", ErrTraceMismatch, e.dev, e.ref)
+		}
+		k := e.ref + "\x00" + e.op
+		n := occ[k]
+		occ[k]++
+		if n >= len(x.byKey[k]) {
+			return nil, nil, fmt.Errorf("%w: device %d, step %d: %s %s occurs %d times, the program has it %d times", ErrTraceMismatch, e.dev, e.step, e.op, e.ref, n+1, len(x.byKey[k]))
+		}
+		if !slices.Contains(steps, e.step) {
+			continue
+		}
+		key := [2]int{e.dev, x.byKey[k][n]}
+		times[key] = append(times[key], e.dur*1e-6)
+	}
+	if len(times) == 0 {
+		return nil, nil, fmt.Errorf("%w: no instruction events", ErrTraceMismatch)
+	}
+	out := make([]measured, 0, len(times))
+	for k, ts := range times {
+		out = append(out, measured{dev: k[0], idx: k[1], seconds: median(ts)})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].dev != out[j].dev {
+			return out[i].dev < out[j].dev
+		}
+		return out[i].idx < out[j].idx
+	})
+	return out, steps, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	n := len(s)
+	if n == 0 {
+		return math.NaN()
+	}
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// Instruction classes of the fit: which parameters an instruction's time
+// depends on under the roofline, as OpTime and instrCosts price it.
+const (
+	clsNone  = iota // not fitted: copies, sends, unpriced ops, hidden collectives
+	clsGEMM         // t = launch + (x + gemm_half_us)/E, x = flops/peak
+	clsMem          // t = launch + (x + mem_half_us)/E_mem, x = bytes/bandwidth
+	clsVec          // t = launch + x/E_mem, x = flops/vector peak
+	clsIntra        // t = launch + a·α + b·β on the intra-node link
+	clsInter        // the same on the inter-node link
+)
+
+type feature struct {
+	cls  int
+	x    float64
+	a, b float64
+}
+
+// features classifies every instruction of prog as device rank runs it
+// under h. The split between compute- and memory-bound, and between ring
+// and tree all-reduce, follows h, so Refine reclassifies after each fit.
+func (h *Hardware) features(prog *lower.Program, rank int) []feature {
+	out := make([]feature, len(prog.Instrs))
+	mesh := prog.Mesh
+	var coords []int
+	if mesh != nil {
+		coords = mesh.Coords(rank)
+	}
+	group := func(axis string) []int {
+		if mesh == nil || mesh.Axis(axis) < 0 {
+			return nil
+		}
+		return mesh.AxisRanks(coords, mesh.Axis(axis))
+	}
+	bucketBytes := map[int]float64{}
+	for _, in := range prog.Instrs {
+		if in.Bucket > 0 && ir.Collectives[in.Op] {
+			bucketBytes[in.Bucket] += float64(wholeBytes(in))
+		}
+	}
+	// link classifies a transfer over ranks; a node-crossing one capped at
+	// the NVLink rate does not depend on inter_node_gbps and is left out.
+	link := func(ranks []int, a, b float64) feature {
+		l := h.LinkFor(ranks)
+		if !l.InterNode {
+			return feature{cls: clsIntra, a: a, b: b}
+		}
+		k := l.GBps / h.InterGBps
+		if l.GBps >= h.IntraGBps {
+			return feature{}
+		}
+		return feature{cls: clsInter, a: a, b: b / k}
+	}
+	seenBucket := map[int]bool{}
+	for i, in := range prog.Instrs {
+		switch {
+		case ir.Collectives[in.Op]:
+			ranks := group(in.Attrs.Str("axis"))
+			if ranks == nil && in.Value != nil {
+				ranks = group(in.Value.Attrs.Str("axis"))
+			}
+			n := float64(len(ranks))
+			s := float64(wholeBytes(in))
+			if in.Bucket > 0 {
+				if seenBucket[in.Bucket] {
+					continue
+				}
+				seenBucket[in.Bucket] = true
+				s = bucketBytes[in.Bucket]
+			}
+			if n <= 1 || s <= 0 {
+				continue
+			}
+			a, b := n-1, (n-1)/n*s
+			if in.Op == "all_reduce" {
+				a, b = 2*a, 2*b
+				l := h.LinkFor(ranks)
+				ta, tb := 2*math.Ceil(math.Log2(n)), 2*s
+				if ta*l.LatencyUS*1e-6+tb/(l.GBps*1e9) < a*l.LatencyUS*1e-6+b/(l.GBps*1e9) {
+					a, b = ta, tb
+				}
+			}
+			out[i] = link(ranks, a, b)
+		case in.Op == "recv" && mesh != nil && mesh.PipelineAxis() >= 0:
+			c := slices.Clone(coords)
+			c[mesh.PipelineAxis()] = in.Peer
+			out[i] = link([]int{rank, mesh.Rank(c)}, 1, float64(in.OutType.Bytes()))
+		case in.Op == "send" || in.Op == "recv" || in.Op == "copy" && isHostCopy(prog, in):
+		default:
+			info, ok := ir.Lookup(in.Op)
+			if !ok || info.Cost == nil {
+				continue
+			}
+			if (in.Op == "cross_entropy" || in.Op == "cross_entropy_grad") && in.Value != nil && mesh != nil && vocabAxis(in.Value.Args[0]) >= 0 {
+				continue // collectives hidden inside: not a kernel's time
+			}
+			var attrs ir.Attrs
+			if in.Value != nil {
+				attrs = in.Value.Attrs
+			}
+			f, by := info.Cost(in.ArgTypes, in.OutType, attrs)
+			dt := in.OutType.DType
+			if len(in.ArgTypes) > 0 && in.Op == "matmul" {
+				dt = in.ArgTypes[0].DType
+			}
+			mem := h.memTime(float64(by))
+			xm := float64(by) / (h.MemoryGBps * 1e9)
+			if onMatrixUnits(in.Op) && f > 0 {
+				peak := h.Peak(dt.String())
+				xg := float64(f) / peak
+				if (xg+h.GEMMHalfUS*1e-6)/h.GEMMEfficiency >= mem {
+					out[i] = feature{cls: clsGEMM, x: xg}
+				} else {
+					out[i] = feature{cls: clsMem, x: xm}
+				}
+				continue
+			}
+			xv := float64(f) / (h.VectorTFLOPS * 1e12)
+			if by <= 0 || xv/h.MemEfficiency > mem {
+				out[i] = feature{cls: clsVec, x: xv}
+			} else {
+				out[i] = feature{cls: clsMem, x: xm}
+			}
+		}
+	}
+	return out
+}
+
+// Refine fits h's achieved-efficiency figures to a measured trace of the
+// compiled plan progs (--trace of a run of it) and returns the refined
+// copy; h is not changed. Each instruction's median time over the
+// steady-state steps is a sample, and each class of instruction fits the
+// parameters its roofline depends on, by least squares in relative error
+// (fitLine, as Calibrate):
+//
+//   - GEMMs (matmul, the attention ops) that are compute-bound: t is a
+//     line in flops/peak, slope 1/gemm_efficiency, intercept launch +
+//     gemm_half_us/E;
+//   - memory-bound kernels: a line in bytes/bandwidth, slope
+//     1/mem_efficiency, intercept launch + mem_half_us/E_mem;
+//   - launch_us from the smallest instructions: the vector-bound kernels,
+//     whose roofline has no fixed cost but the launch. Without them (on
+//     GPUs every elementwise kernel is memory-bound) the launch and the
+//     memory fixed cost cannot be told apart: launch_us takes the
+//     smallest memory-bound kernels' fixed cost beyond mem_half_us, which
+//     is kept;
+//   - collectives and pipeline receives: α and β of the link they cross
+//     (intra-node when the whole group is in one node).
+//
+// A class with fewer than minSamples instructions keeps its parameters.
+// Which class an instruction falls in (compute- or memory-bound, ring or
+// tree) depends on the figures, so the fit is repeated until it settles.
+// An efficiency fitted above 1 means the peak is higher than the preset
+// says: the efficiency becomes 1 and the peak rises instead, so that the
+// result stays a valid description.
+func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (*Hardware, *RefineReport, error) {
+	if len(events) == 0 {
+		return nil, nil, fmt.Errorf("%w: the trace has no events", ErrTraceMismatch)
+	}
+	ms, steps, err := matchTrace(progs, events)
+	if err != nil {
+		return nil, nil, err
+	}
+	progOf := map[int]*lower.Program{}
+	for _, m := range ms {
+		if progOf[m.dev] == nil {
+			progOf[m.dev] = lower.ProgramOf(progs, m.dev)
+		}
+	}
+	cur := h.clone()
+	var counts [clsInter + 1]int
+	var prevCls []int
+	for range 8 {
+		feats := map[int][]feature{}
+		for d, p := range progOf {
+			feats[d] = cur.features(p, d)
+		}
+		cls := make([]int, len(ms))
+		var xs, ts [clsInter + 1][]float64
+		var as, bs [clsInter + 1][]float64
+		for k, m := range ms {
+			f := feats[m.dev][m.idx]
+			cls[k] = f.cls
+			if f.cls == clsNone || !(m.seconds > 0) {
+				continue
+			}
+			xs[f.cls] = append(xs[f.cls], f.x)
+			as[f.cls] = append(as[f.cls], f.a)
+			bs[f.cls] = append(bs[f.cls], f.b)
+			ts[f.cls] = append(ts[f.cls], m.seconds)
+		}
+		for c := range counts {
+			counts[c] = len(ts[c])
+		}
+		next := cur.clone()
+		// Memory first: its slope prices the vector-bound kernels too.
+		var memFixed float64
+		memFit := false
+		if len(ts[clsMem]) >= minSamples {
+			if c, s := fitLine(xs[clsMem], ts[clsMem]); s > 0 {
+				next.MemEfficiency, memFixed, memFit = 1/s, c, true
+			}
+		}
+		sMem := 1 / next.MemEfficiency
+		launch := cur.LaunchUS * 1e-6
+		memHalfFit := false
+		if len(ts[clsVec]) >= minSamples {
+			sx, st := smallest(xs[clsVec], ts[clsVec])
+			launch = median(residuals(sx, st, sMem, 0))
+			memHalfFit = memFit
+		} else if memFit {
+			sx, st := smallest(xs[clsMem], ts[clsMem])
+			launch = median(residuals(sx, st, sMem, cur.MemHalfUS*1e-6*sMem))
+		}
+		launch = math.Max(launch, 0)
+		next.LaunchUS = launch * 1e6
+		if memHalfFit {
+			next.MemHalfUS = math.Max(memFixed-launch, 0) / sMem * 1e6
+		}
+		if len(ts[clsGEMM]) >= minSamples {
+			if c, s := fitLine(xs[clsGEMM], ts[clsGEMM]); s > 0 {
+				next.GEMMEfficiency = 1 / s
+				next.GEMMHalfUS = math.Max(c-launch, 0) / s * 1e6
+			}
+		}
+		for _, l := range []struct {
+			cls       int
+			gbps, lat *float64
+		}{{clsIntra, &next.IntraGBps, &next.IntraLatencyUS}, {clsInter, &next.InterGBps, &next.InterLatencyUS}} {
+			if len(ts[l.cls]) < minSamples {
+				continue
+			}
+			ys := make([]float64, len(ts[l.cls]))
+			for i, t := range ts[l.cls] {
+				ys[i] = t - launch
+			}
+			if alpha, beta, ok := fitAlphaBeta(as[l.cls], bs[l.cls], ys, ts[l.cls]); ok {
+				*l.lat, *l.gbps = alpha*1e6, 1/beta/1e9
+			}
+		}
+		cur = next
+		if slices.Equal(cls, prevCls) {
+			break
+		}
+		prevCls = cls
+	}
+	cur.normalize()
+	rep := &RefineReport{Instructions: len(ms), Steps: steps}
+	param := func(key string, before, after float64, n int, why string) {
+		p := RefinedParam{Key: key, Before: before, After: after, Samples: n, Kept: why != "", Why: why}
+		rep.Params = append(rep.Params, p)
+	}
+	few := func(n int, what string) string {
+		if n >= minSamples {
+			return ""
+		}
+		return fmt.Sprintf("%d %s in the trace, %d needed", n, what, minSamples)
+	}
+	param("gemm_efficiency", h.GEMMEfficiency, cur.GEMMEfficiency, counts[clsGEMM], few(counts[clsGEMM], "compute-bound GEMMs"))
+	param("gemm_half_us", h.GEMMHalfUS, cur.GEMMHalfUS, counts[clsGEMM], few(counts[clsGEMM], "compute-bound GEMMs"))
+	if p := cur.Peak("fp32") / h.Peak("fp32"); math.Abs(p-1) > 1e-9 {
+		param("peak_tflops.fp32 (all dtypes scaled)", h.PeakTFLOPS["fp32"], cur.PeakTFLOPS["fp32"], counts[clsGEMM], "")
+	}
+	param("mem_efficiency", h.MemEfficiency, cur.MemEfficiency, counts[clsMem], few(counts[clsMem], "memory-bound kernels"))
+	if cur.MemoryGBps != h.MemoryGBps {
+		param("memory_gbps", h.MemoryGBps, cur.MemoryGBps, counts[clsMem], "")
+		param("vector_tflops", h.VectorTFLOPS, cur.VectorTFLOPS, counts[clsMem], "")
+	}
+	halfWhy := few(counts[clsMem], "memory-bound kernels")
+	if halfWhy == "" && counts[clsVec] < minSamples {
+		halfWhy = "no vector-bound kernels to tell the launch from the memory fixed cost"
+	}
+	param("mem_half_us", h.MemHalfUS, cur.MemHalfUS, counts[clsMem], halfWhy)
+	launchWhy := ""
+	if counts[clsVec] < minSamples && counts[clsMem] < minSamples {
+		launchWhy = fmt.Sprintf("%d small kernels in the trace, %d needed", counts[clsVec]+counts[clsMem], minSamples)
+	}
+	param("launch_us", h.LaunchUS, cur.LaunchUS, max(counts[clsVec], counts[clsMem]), launchWhy)
+	for _, l := range []struct {
+		cls            int
+		name           string
+		gbps, lat      float64
+		newGBps, newLt float64
+	}{{clsIntra, "intra_node", h.IntraGBps, h.IntraLatencyUS, cur.IntraGBps, cur.IntraLatencyUS},
+		{clsInter, "inter_node", h.InterGBps, h.InterLatencyUS, cur.InterGBps, cur.InterLatencyUS}} {
+		why := few(counts[l.cls], "collectives on this link")
+		param(l.name+"_latency_us", l.lat, l.newLt, counts[l.cls], why)
+		param(l.name+"_gbps", l.gbps, l.newGBps, counts[l.cls], why)
+	}
+	if err := cur.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("refined hardware: %w", err)
+	}
+	if !strings.Contains(cur.Source, "refined") {
+		cur.Source = strings.TrimSpace(cur.Source + "; refined from a measured trace")
+	}
+	rep.LogErrorBefore = h.logError(progOf, ms)
+	rep.LogErrorAfter = cur.logError(progOf, ms)
+	return cur, rep, nil
+}
+
+func (h *Hardware) clone() *Hardware {
+	c := *h
+	c.PeakTFLOPS = make(map[string]float64, len(h.PeakTFLOPS))
+	for k, v := range h.PeakTFLOPS {
+		c.PeakTFLOPS[k] = v
+	}
+	return &c
+}
+
+// normalize turns an efficiency above 1 into a higher peak at efficiency
+// 1, the same times under OpTime: compute f/(P·E) + F½/(P·E) with P·E
+// the new peak and the fixed cost F½/E.
+func (h *Hardware) normalize() {
+	if e := h.GEMMEfficiency; e > 1 {
+		for k := range h.PeakTFLOPS {
+			h.PeakTFLOPS[k] *= e
+		}
+		h.GEMMEfficiency, h.GEMMHalfUS = 1, h.GEMMHalfUS/e
+	}
+	if e := h.MemEfficiency; e > 1 {
+		h.MemoryGBps *= e
+		h.VectorTFLOPS *= e
+		h.MemEfficiency, h.MemHalfUS = 1, h.MemHalfUS/e
+	}
+}
+
+// smallest keeps the smaller half (at least minSamples) of the samples
+// by measured time: the instructions whose fixed cost is most of their
+// time.
+func smallest(xs, ts []float64) ([]float64, []float64) {
+	idx := make([]int, len(ts))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.Slice(idx, func(a, b int) bool { return ts[idx[a]] < ts[idx[b]] })
+	n := min(len(idx), max(minSamples, len(idx)/2))
+	sx, st := make([]float64, n), make([]float64, n)
+	for k, i := range idx[:n] {
+		sx[k], st[k] = xs[i], ts[i]
+	}
+	return sx, st
+}
+
+// residuals is t − slope·x − fixed for each sample.
+func residuals(xs, ts []float64, slope, fixed float64) []float64 {
+	out := make([]float64, len(ts))
+	for i := range ts {
+		out[i] = ts[i] - slope*xs[i] - fixed
+	}
+	return out
+}
+
+// fitAlphaBeta is the least-squares y = a·α + b·β in relative error to
+// the measured t (weights 1/t²), α ≥ 0; ok is false when β comes out
+// non-positive (the trace cannot tell the bandwidth).
+func fitAlphaBeta(as, bs, ys, ts []float64) (alpha, beta float64, ok bool) {
+	var saa, sab, sbb, say, sby float64
+	for i := range ys {
+		w := 1 / (ts[i] * ts[i])
+		saa, sab, sbb = saa+w*as[i]*as[i], sab+w*as[i]*bs[i], sbb+w*bs[i]*bs[i]
+		say, sby = say+w*as[i]*ys[i], sby+w*bs[i]*ys[i]
+	}
+	if d := saa*sbb - sab*sab; d > 0 {
+		alpha = (sbb*say - sab*sby) / d
+		beta = (saa*sby - sab*say) / d
+	}
+	if !(alpha >= 0) && sbb > 0 {
+		alpha, beta = 0, sby/sbb
+	}
+	return alpha, beta, beta > 0 && !math.IsInf(beta, 0)
+}
+
+// logError is the median |ln(predicted/measured)| over the instructions
+// Refine fits.
+func (h *Hardware) logError(progOf map[int]*lower.Program, ms []measured) float64 {
+	costs := map[int][]instrCost{}
+	feats := map[int][]feature{}
+	for d, p := range progOf {
+		costs[d] = h.instrCosts(p, d)
+		feats[d] = h.features(p, d)
+	}
+	var errs []float64
+	for _, m := range ms {
+		p := costs[m.dev][m.idx].seconds
+		if feats[m.dev][m.idx].cls == clsNone || !(p > 0) || !(m.seconds > 0) {
+			continue
+		}
+		errs = append(errs, math.Abs(math.Log(p/m.seconds)))
+	}
+	return median(errs)
+}

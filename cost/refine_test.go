@@ -1,0 +1,215 @@
+package cost_test
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/cost"
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/runtime"
+	"gcompile/runtime/cpu"
+)
+
+// fields are the parameters Refine fits, by JSON key.
+func fields(h *cost.Hardware) map[string]float64 {
+	return map[string]float64{
+		"gemm_efficiency": h.GEMMEfficiency, "gemm_half_us": h.GEMMHalfUS,
+		"mem_efficiency": h.MemEfficiency, "mem_half_us": h.MemHalfUS, "launch_us": h.LaunchUS,
+		"intra_node_gbps": h.IntraGBps, "intra_node_latency_us": h.IntraLatencyUS,
+		"inter_node_gbps": h.InterGBps, "inter_node_latency_us": h.InterLatencyUS,
+	}
+}
+
+// TestRefineRoundTrip: a trace predicted under a preset with known
+// efficiencies, latencies and bandwidths, refined from a different
+// starting preset, gives back the known figures; those the trace cannot
+// decide stay at the start's and the report says so.
+func TestRefineRoundTrip(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		preset string
+		truth  func(h *cost.Hardware)
+		start  func(h *cost.Hardware)
+		fitted []string
+	}{
+		{"a100 two nodes", "a100-80g",
+			func(h *cost.Hardware) {
+				h.GEMMEfficiency, h.GEMMHalfUS, h.MemEfficiency, h.LaunchUS = 0.6, 5, 0.7, 4.5
+				h.IntraGBps, h.IntraLatencyUS, h.InterGBps, h.InterLatencyUS = 200, 7, 20, 12
+				h.DevicesPerNode = 2
+			},
+			func(h *cost.Hardware) { h.DevicesPerNode = 2 },
+			[]string{"gemm_efficiency", "gemm_half_us", "mem_efficiency", "launch_us", "intra_node_gbps", "intra_node_latency_us",
+				"inter_node_gbps", "inter_node_latency_us"}},
+		{"cpu", "cpu",
+			func(h *cost.Hardware) {
+				h.GEMMEfficiency, h.GEMMHalfUS, h.MemEfficiency, h.MemHalfUS, h.LaunchUS = 0.5, 40, 0.6, 3, 2
+				h.IntraGBps, h.IntraLatencyUS = 2, 30
+			},
+			func(*cost.Hardware) {},
+			[]string{"gemm_efficiency", "gemm_half_us", "mem_efficiency", "mem_half_us", "launch_us", "intra_node_gbps", "intra_node_latency_us"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			res := compileGPT(t, 2, 1, 1)
+			truth, err := cost.Preset(c.preset)
+			require.NoError(t, err)
+			c.truth(truth)
+			start, err := cost.Preset(c.preset)
+			require.NoError(t, err)
+			c.start(start)
+			pred, err := truth.Predict(res.Programs, res.Schedule)
+			require.NoError(t, err)
+			path := filepath.Join(t.TempDir(), "trace.json")
+			require.NoError(t, cost.WriteTrace(path, res.Programs, pred))
+			events, err := cost.ReadTrace(path)
+			require.NoError(t, err)
+
+			got, rep, err := start.Refine(res.Programs, events)
+			require.NoError(t, err)
+			want, before, after := fields(truth), fields(start), fields(got)
+			for _, p := range rep.Params {
+				t.Logf("%s %g → %g (%d samples) kept=%v %s", p.Key, p.Before, p.After, p.Samples, p.Kept, p.Why)
+			}
+			kept := map[string]bool{}
+			for _, p := range rep.Params {
+				kept[p.Key] = p.Kept
+			}
+			for _, k := range c.fitted {
+				assert.False(t, kept[k], "%s should be fitted", k)
+				assert.InEpsilon(t, want[k], after[k], 0.03, k)
+			}
+			for k, v := range after {
+				if kept[k] {
+					assert.Equal(t, before[k], v, "%s is kept", k)
+				}
+			}
+			assert.Less(t, rep.LogErrorAfter, 0.01)
+			assert.Greater(t, rep.LogErrorBefore, rep.LogErrorAfter)
+			assert.Positive(t, rep.Instructions)
+			assert.False(t, math.IsNaN(rep.LogErrorAfter))
+		})
+	}
+}
+
+// TestRefineMismatch: a trace of another plan is refused, naming why.
+func TestRefineMismatch(t *testing.T) {
+	res := compileGPT(t, 2, 1, 1)
+	other := compileGPT(t, 1, 1, 1)
+	hw, err := cost.Preset("a100-80g")
+	require.NoError(t, err)
+	pred, err := hw.Predict(res.Programs, res.Schedule)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "trace.json")
+	require.NoError(t, cost.WriteTrace(path, res.Programs, pred))
+	events, err := cost.ReadTrace(path)
+	require.NoError(t, err)
+	renamed := make([]runtime.TraceEvent, len(events))
+	copy(renamed, events)
+	for i, e := range renamed {
+		if e.Ph == "X" && e.Args["value"] != nil {
+			args := map[string]any{}
+			for k, v := range e.Args {
+				args[k] = v
+			}
+			args["value"] = "%999999"
+			renamed[i].Args = args
+			break
+		}
+	}
+	var fewer []runtime.TraceEvent
+	for _, e := range events {
+		if e.Tid != 3 {
+			fewer = append(fewer, e)
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		progs  []*lower.Program
+		events []runtime.TraceEvent
+		want   string
+	}{
+		{"no events", res.Programs, nil, "no events"},
+		{"unknown value", res.Programs, renamed, "%999999"},
+		{"other device count", res.Programs, fewer, "the trace has 3 devices, the plan 4"},
+		{"other plan", other.Programs, events, "device 0"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := hw.Refine(c.progs, c.events)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, cost.ErrTraceMismatch), "%v", err)
+			assert.Contains(t, err.Error(), c.want)
+		})
+	}
+}
+
+// TestRefineFromCPURun: refining the calibrated cpu preset from a trace
+// of a few real steps on the CPU backend brings the per-instruction
+// predictions closer to what was measured. Timings are noisy, so only
+// the improvement is asserted.
+func TestRefineFromCPURun(t *testing.T) {
+	res := compileGPT(t, 2, 1, 1)
+	cl, err := cpu.NewPipelineCluster(res.Programs, cpu.Options{})
+	require.NoError(t, err)
+	require.NoError(t, cl.InitParams(1))
+	views := make([]*lower.Program, len(cl.Devices))
+	for i, d := range cl.Devices {
+		views[i] = d.Program()
+	}
+	tr := runtime.NewTracer(views)
+	for i, d := range cl.Devices {
+		d.OnInstr = tr.Hook(i)
+	}
+	start := time.Now()
+	for step := range runtime.TraceSteps {
+		require.NoError(t, cl.SetScalar(ir.InputStep, float64(step+1)))
+		require.NoError(t, cl.SetScalar(ir.InputLR, 1e-3))
+		require.NoError(t, cl.Step())
+		tr.EndStep()
+	}
+	t.Logf("%d steps in %v", runtime.TraceSteps, time.Since(start))
+	path := filepath.Join(t.TempDir(), "trace.json")
+	require.NoError(t, tr.WriteFile(path))
+	events, err := cost.ReadTrace(path)
+	require.NoError(t, err)
+	hw, err := cost.Calibrate()
+	require.NoError(t, err)
+	got, rep, err := hw.Refine(res.Programs, events)
+	require.NoError(t, err)
+	for _, p := range rep.Params {
+		t.Logf("%s %g → %g (%d samples) %s", p.Key, p.Before, p.After, p.Samples, p.Why)
+	}
+	t.Logf("median |log error| %.3f → %.3f over %d instructions, steps %v", rep.LogErrorBefore, rep.LogErrorAfter, rep.Instructions, rep.Steps)
+	assert.Equal(t, []int{2, 3}, rep.Steps, "the first step is left out")
+	assert.Less(t, rep.LogErrorAfter, rep.LogErrorBefore)
+	require.NoError(t, got.Validate())
+}
+
+// TestSaveHardwareRoundTrip: a refined preset saved as JSON loads back
+// through --hardware FILE.json unchanged.
+func TestSaveHardwareRoundTrip(t *testing.T) {
+	for _, name := range cost.Presets() {
+		t.Run(name, func(t *testing.T) {
+			hw, err := cost.Preset(name)
+			require.NoError(t, err)
+			hw.GEMMEfficiency, hw.LaunchUS = 0.55, 4.25
+			path := filepath.Join(t.TempDir(), "hw.json")
+			require.NoError(t, hw.Save(path))
+			back, err := cost.Load(path)
+			require.NoError(t, err)
+			assert.Equal(t, hw, back)
+		})
+	}
+	bad := &cost.Hardware{Name: "x"}
+	path := filepath.Join(t.TempDir(), "bad.json")
+	assert.ErrorIs(t, bad.Save(path), cost.ErrBadHardware)
+	_, err := os.Stat(path)
+	assert.True(t, os.IsNotExist(err), "nothing written for an invalid description")
+}
