@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out/bench-plans}
 STEPS=${STEPS:-10}
+# HARDWARE: the preset to predict with (cpu calibrates this machine first;
+# a JSON file, e.g. one --save-hardware refined from a trace, is used as is).
+HARDWARE=${HARDWARE:-cpu}
 mkdir -p "$OUT"
 CGO_ENABLED=0 go build -o "$OUT/gcompile" ./cmd/gcompile
 plans=(
@@ -31,7 +34,7 @@ common=(examples/gpt/model.go --batch 16)
 : >"$OUT/rows.tsv"
 for p in "${plans[@]}"; do
 	# shellcheck disable=SC2086
-	"$OUT/gcompile" "${common[@]}" $p --hardware cpu --plan --plan-top 100 --metrics "$OUT/plan.json" >/dev/null 2>&1
+	"$OUT/gcompile" "${common[@]}" $p --hardware "$HARDWARE" --plan --plan-top 100 --metrics "$OUT/plan.json" >/dev/null 2>&1
 	# shellcheck disable=SC2086
 	"$OUT/gcompile" "${common[@]}" $p --run --steps "$STEPS" --metrics "$OUT/run.json" >/dev/null 2>&1
 	python3 - "$OUT/plan.json" "$OUT/run.json" "$p" >>"$OUT/rows.tsv" <<'PY'
