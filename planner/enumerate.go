@@ -13,9 +13,15 @@ import (
 // optimizer offload). An axis the user fixed (Base.Explicit) takes only
 // the user's value. tp stays within a node unless no split does.
 // Validate, run by the caller, drops combinations the compiler refuses.
+// Expert parallelism is not searched: a fixed ep takes its share of the
+// devices first, and the batch is split over dp·ep.
 func enumerate(base compile.Config, t cost.Transformer, hw *cost.Hardware, selective bool) []compile.Config {
 	fixed := func(name string) bool { return base.Explicit[name] }
-	n := base.Devices
+	ep := max(base.EP, 1)
+	if base.Devices%ep != 0 {
+		return nil
+	}
+	n := base.Devices / ep
 	var out []compile.Config
 	tps := choices(fixed("tp"), base.TP, divisors(n), func(tp int) bool {
 		return t.Heads%tp == 0 && t.FFN%tp == 0 && t.Vocab%tp == 0
@@ -41,7 +47,7 @@ func enumerate(base compile.Config, t cost.Transformer, hw *cost.Hardware, selec
 			if fixed("dp") && base.DP != dp {
 				continue
 			}
-			if dp < 1 || base.Batch%dp != 0 {
+			if dp < 1 || base.Batch%(dp*ep) != 0 {
 				continue
 			}
 			vpps := []int{1}
@@ -50,7 +56,7 @@ func enumerate(base compile.Config, t cost.Transformer, hw *cost.Hardware, selec
 			} else if fixed("vpp") {
 				vpps = []int{base.VPP}
 			}
-			ms := choices(fixed("microbatches"), base.Microbatches, divisors(base.Batch/dp), func(m int) bool {
+			ms := choices(fixed("microbatches"), base.Microbatches, divisors(base.Batch/(dp*ep)), func(m int) bool {
 				return pp == 1 && m <= 64 || pp > 1 && m >= pp
 			})
 			zeros := choices(fixed("zero"), base.Zero, []int{0, 1, 2, 3}, func(z int) bool { return z == 0 || dp > 1 })

@@ -261,9 +261,12 @@ func compileCandidate(c *Candidate, gir string, hw *cost.Hardware, capBytes int6
 	return nil
 }
 
-// planOf is the cost model's view of a configuration.
+// planOf is the cost model's view of a configuration. The analytic
+// estimate knows no experts: under expert parallelism it sees the ep ranks
+// as more data-parallel replicas, which is what they are for every layer
+// but the experts' (the compiled plans are priced exactly).
 func planOf(c compile.Config) cost.Plan {
-	dp := max(c.DP, 1)
+	dp := max(c.DP, 1) * max(c.EP, 1)
 	m := max(c.Microbatches, 1)
 	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, VPP: max(c.VPP, 1),
 		MicroBatch: max(c.Batch/(dp*m), 1), Microbatches: m, Zero: c.Zero,
@@ -274,10 +277,13 @@ func planOf(c compile.Config) cost.Plan {
 // Describe is a plan in the flags' words.
 func Describe(c compile.Config) string {
 	s := fmt.Sprintf("tp=%d pp=%d dp=%d", max(c.TP, 1), max(c.PP, 1), max(c.DP, 1))
+	if c.EP > 1 {
+		s += fmt.Sprintf(" ep=%d", c.EP)
+	}
 	if c.VPP > 1 {
 		s += fmt.Sprintf(" vpp=%d", c.VPP)
 	}
-	s += fmt.Sprintf(" mb=%d×%d", max(c.Batch/(max(c.DP, 1)*max(c.Microbatches, 1)), 1), max(c.Microbatches, 1))
+	s += fmt.Sprintf(" mb=%d×%d", max(c.Batch/(max(c.DP, 1)*max(c.EP, 1)*max(c.Microbatches, 1)), 1), max(c.Microbatches, 1))
 	if c.Zero > 0 {
 		s += fmt.Sprintf(" zero=%d", c.Zero)
 	}

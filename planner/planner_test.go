@@ -7,6 +7,7 @@ import (
 	"gcompile/compile"
 	"gcompile/cost"
 	"gcompile/examples/gpt"
+	"gcompile/examples/moe"
 	"gcompile/frontend"
 	"gcompile/ir"
 )
@@ -173,5 +174,37 @@ func TestMemoryLimitRejectsWithReason(t *testing.T) {
 	_, err := Plan(Request{Base: baseConfig(2, 8), Hardware: cpuHardware(t), Module: smallGPT(t, 8), MemoryBytes: 1000})
 	if err == nil || !strings.Contains(err.Error(), "params and optimizer state alone need") {
 		t.Fatalf("want a memory rejection, got %v", err)
+	}
+}
+
+// TestFixedExpertParallelism: the planner does not search ep, but a fixed
+// ep takes its share of the devices in every plan, the batch is split
+// over dp·ep, and the compiled plans price the all_to_alls on ep.
+func TestFixedExpertParallelism(t *testing.T) {
+	m, err := frontend.Build(moe.Model, frontend.Config{Name: "moe", Batch: 8,
+		Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16", "experts": "4", "ffn": "32"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := baseConfig(8, 8)
+	base.EP, base.Explicit["ep"] = 2, true
+	res, err := Plan(Request{Base: base, Hardware: cpuHardware(t), Module: m, TopK: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Ranked) == 0 {
+		t.Fatal("no plan")
+	}
+	for _, c := range res.Ranked {
+		cfg := c.Config
+		if cfg.EP != 2 || cfg.TP*cfg.PP*cfg.DP*cfg.EP != 8 || !strings.Contains(Describe(cfg), "ep=2") {
+			t.Errorf("ep fixed at 2 on 8 devices, got %s", Describe(cfg))
+		}
+		if !c.Compiled || c.Prediction == nil {
+			t.Fatalf("%s: reported without compiling", Describe(cfg))
+		}
+		if c.Prediction.CommSeconds["ep"] <= 0 {
+			t.Errorf("%s: no time priced for the all_to_alls on ep: %v", Describe(cfg), c.Prediction.CommSeconds)
+		}
 	}
 }

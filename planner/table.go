@@ -19,6 +19,7 @@ type Row struct {
 	TP               int                `json:"tp"`
 	PP               int                `json:"pp"`
 	DP               int                `json:"dp"`
+	EP               int                `json:"ep"`
 	VPP              int                `json:"vpp"`
 	MicroBatch       int                `json:"microbatch_size"`
 	Microbatches     int                `json:"microbatches"`
@@ -50,7 +51,7 @@ func Rows(res *Result, hw *cost.Hardware) []Row {
 			model = c.Prediction.ModelFLOPs
 		}
 		n := float64(cfg.Devices)
-		r := Row{Rank: i + 1, Plan: Describe(cfg), TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, VPP: cfg.VPP,
+		r := Row{Rank: i + 1, Plan: Describe(cfg), TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), VPP: cfg.VPP,
 			MicroBatch: c.Plan.MicroBatch, Microbatches: cfg.Microbatches, Zero: cfg.Zero, SequenceParallel: cfg.SequenceParallel,
 			Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule,
 			StepMs: step * 1e3, TokensPerSec: float64(cfg.Batch*res.Shape.Seq) / step,

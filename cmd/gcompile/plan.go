@@ -57,8 +57,8 @@ func (c *config) validateForPlanner() []error {
 	if c.DPSync == "async" {
 		errs = append(errs, errors.New("--plan searches synchronous plans; it does not combine with --dp-sync async"))
 	}
-	if c.EP > 1 {
-		errs = append(errs, fmt.Errorf("--plan with ep=%d: %w (the planner neither searches nor prices expert parallelism; drop --plan to compile this plan)", c.EP, compile.ErrNotYet))
+	if c.EP < 0 || c.EP > compile.MaxDevices {
+		errs = append(errs, fmt.Errorf("--ep must be in 0..%d, got %d", compile.MaxDevices, c.EP))
 	}
 	probe := c.Config
 	probe.Explicit = map[string]bool{}
