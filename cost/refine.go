@@ -203,6 +203,17 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 	times := map[[2]int][]float64{}
 	occ := map[string]int{}
 	curDev, curStep := -1, -1
+	// A collective's event on a device lasts from that device's arrival
+	// to the end, so it includes waiting for the slowest member of the
+	// group. Its cost is the time from the last arrival to the end: the
+	// events of one collective (same step, value, op and occurrence, the
+	// same coordinates off its axis) are gathered and cut there.
+	type arrival struct {
+		key     [2]int
+		ts, end float64
+	}
+	groups := map[string][]arrival{}
+	mesh := progs[0].Mesh
 	for _, e := range evs {
 		if e.dev != curDev || e.step != curStep {
 			curDev, curStep = e.dev, e.step
@@ -222,7 +233,26 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 			continue
 		}
 		key := [2]int{e.dev, x.byKey[k][n]}
+		in := lower.ProgramOf(progs, e.dev).Instrs[key[1]]
+		if ir.Collectives[in.Op] && mesh != nil {
+			if ax := mesh.Axis(in.Attrs.Str("axis")); ax >= 0 {
+				coords := slices.Clone(mesh.Coords(e.dev))
+				coords[ax] = -1
+				g := fmt.Sprint(e.step, k, n, coords)
+				groups[g] = append(groups[g], arrival{key: key, ts: e.ts, end: e.ts + e.dur})
+				continue
+			}
+		}
 		times[key] = append(times[key], e.dur*1e-6)
+	}
+	for _, members := range groups {
+		last := members[0].ts
+		for _, a := range members {
+			last = max(last, a.ts)
+		}
+		for _, a := range members {
+			times[a.key] = append(times[a.key], max(a.end-last, 0)*1e-6)
+		}
 	}
 	if len(times) == 0 {
 		return nil, nil, fmt.Errorf("%w: no instruction events", ErrTraceMismatch)
