@@ -258,6 +258,7 @@ func compileEval(c *Config, pipeline bool, lo lower.Options) ([]*lower.Program, 
 		return nil, err
 	}
 	if !pipeline {
+		keepLoss(m)
 		prog, err := lower.LowerWith(m, lo)
 		if err != nil {
 			return nil, err
@@ -269,6 +270,34 @@ func compileEval(c *Config, pipeline bool, lo lower.Options) ([]*lower.Program, 
 		return nil, err
 	}
 	return progs, lower.CheckTransfersByTag(progs)
+}
+
+// keepLoss cuts m down to what its loss needs: no backward, optimizer,
+// updates or other outputs, so the evaluation program's memory plan holds
+// only the forward's buffers.
+func keepLoss(m *ir.Module) {
+	loss := m.Output(ir.OutputLoss)
+	need := map[*ir.Value]bool{}
+	var mark func(v *ir.Value)
+	mark = func(v *ir.Value) {
+		if need[v] {
+			return
+		}
+		need[v] = true
+		for _, a := range v.Args {
+			mark(a)
+		}
+	}
+	mark(loss)
+	kept := m.Values[:0]
+	for _, v := range m.Values {
+		if need[v] {
+			kept = append(kept, v)
+		}
+	}
+	m.Values = kept
+	m.Outputs = []ir.Output{{Name: ir.OutputLoss, Value: loss}}
+	m.Updates = nil
 }
 
 // ProgramOf is the program device rank runs.

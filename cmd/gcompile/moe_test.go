@@ -1,0 +1,63 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/compile"
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+)
+
+const moeModel = "../../examples/moe/model.go"
+
+// TestMoEEvaluationModule: a model with an evaluation capacity of its
+// own is built a second time for evaluation, and without pipelines that
+// module is lowered forward-only: only the loss, no backward, optimizer
+// state or updates, so its memory plan is the forward's.
+func TestMoEEvaluationModule(t *testing.T) {
+	c, err := parseArgs([]string{moeModel, "--set", "layers=2,hidden=32,heads=4,seq=16,experts=4,capacity=1,eval_capacity=4", "--batch", "4", "--devices", "2", "--ep", "2"})
+	require.NoError(t, err)
+	res, err := compile.Compile(&c.Config, passes.Hooks{})
+	require.NoError(t, err)
+	require.True(t, res.Module.EvalDiffers)
+	require.Len(t, res.EvalPrograms, 1)
+	train, eval := res.Programs[0], res.EvalPrograms[0]
+	for _, in := range eval.Instrs {
+		if in.Value != nil {
+			assert.Equal(t, ir.PhaseFwd, in.Value.Meta.Phase, "%s %s in the evaluation program", in.Op, in.Value.Ref())
+		}
+	}
+	for _, b := range eval.Buffers {
+		assert.NotEqual(t, lower.State, b.Kind, "optimizer state %s in the evaluation program", b.Name)
+	}
+	assert.Equal(t, []string{ir.OutputLoss}, keys(eval.Outputs))
+	assert.Equal(t, len(eval.Instrs), eval.ForwardEnd)
+	assert.Less(t, eval.PeakBytes, train.PeakBytes)
+	// Capacity factor 4 against 1: 16 slots per expert and group of 16
+	// tokens against 4.
+	assert.Equal(t, 4, routeCapacity(t, train))
+	assert.Equal(t, 16, routeCapacity(t, eval))
+}
+
+func routeCapacity(t *testing.T, p *lower.Program) int {
+	t.Helper()
+	for _, in := range p.Instrs {
+		if in.Op == "moe_route" {
+			return in.OutType.Shape[2]
+		}
+	}
+	t.Fatal("no moe_route")
+	return 0
+}
+
+func keys(m map[string]int) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
