@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"gcompile/compile"
 	"gcompile/cost"
 	"gcompile/ir"
 	"gcompile/lower"
@@ -65,12 +66,7 @@ func TestRefineRoundTrip(t *testing.T) {
 			start, err := cost.Preset(c.preset)
 			require.NoError(t, err)
 			c.start(start)
-			pred, err := truth.Predict(res.Programs, res.Schedule)
-			require.NoError(t, err)
-			path := filepath.Join(t.TempDir(), "trace.json")
-			require.NoError(t, cost.WriteTrace(path, res.Programs, pred))
-			events, err := cost.ReadTrace(path)
-			require.NoError(t, err)
+			events := predictedTrace(t, res, truth)
 
 			got, rep, err := start.Refine(res.Programs, events)
 			require.NoError(t, err)
@@ -105,12 +101,7 @@ func TestRefineMismatch(t *testing.T) {
 	other := compileGPT(t, 1, 1, 1)
 	hw, err := cost.Preset("a100-80g")
 	require.NoError(t, err)
-	pred, err := hw.Predict(res.Programs, res.Schedule)
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "trace.json")
-	require.NoError(t, cost.WriteTrace(path, res.Programs, pred))
-	events, err := cost.ReadTrace(path)
-	require.NoError(t, err)
+	events := predictedTrace(t, res, hw)
 	renamed := make([]runtime.TraceEvent, len(events))
 	copy(renamed, events)
 	for i, e := range renamed {
@@ -223,12 +214,7 @@ func TestRefineIgnoresWaitForStragglers(t *testing.T) {
 	truth, err := cost.Preset("cpu")
 	require.NoError(t, err)
 	truth.IntraGBps, truth.IntraLatencyUS = 2, 30
-	pred, err := truth.Predict(res.Programs, res.Schedule)
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "trace.json")
-	require.NoError(t, cost.WriteTrace(path, res.Programs, pred))
-	events, err := cost.ReadTrace(path)
-	require.NoError(t, err)
+	events := predictedTrace(t, res, truth)
 	waited := 0
 	for i, e := range events {
 		if e.Ph == "X" && e.Tid == 0 && ir.Collectives[e.Name] {
@@ -244,4 +230,18 @@ func TestRefineIgnoresWaitForStragglers(t *testing.T) {
 	require.NoError(t, err)
 	assert.InEpsilon(t, truth.IntraGBps, got.IntraGBps, 0.03)
 	assert.InEpsilon(t, truth.IntraLatencyUS, got.IntraLatencyUS, 0.03)
+}
+
+// predictedTrace is the trace the cost model predicts for res under h,
+// written and read back as --plan-trace's file: a measured trace whose
+// figures are known.
+func predictedTrace(t *testing.T, res *compile.Result, h *cost.Hardware) []runtime.TraceEvent {
+	t.Helper()
+	pred, err := h.Predict(res.Programs, res.Schedule)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "trace.json")
+	require.NoError(t, cost.WriteTrace(path, res.Programs, pred))
+	events, err := cost.ReadTrace(path)
+	require.NoError(t, err)
+	return events
 }
