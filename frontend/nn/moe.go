@@ -249,6 +249,25 @@ func checkMoE(cfg MoEConfig, batch, seq int) error {
 	if cfg.Router == RouterExpertChoice && expertChoiceCapacity(group, cfg.Experts, cfg.CapacityFactor) < 1 {
 		return fmt.Errorf("expert choice gives each of %d experts %d×%g/%d < 1 tokens of a %d-token group: raise the capacity factor or the group", cfg.Experts, group, cfg.CapacityFactor, cfg.Experts, group)
 	}
+	for _, w := range []struct {
+		name string
+		v    float64
+	}{{"aux loss weight", cfg.AuxLoss}, {"z-loss weight", cfg.ZLoss}} {
+		if !(w.v >= 0) || math.IsInf(w.v, 0) {
+			return fmt.Errorf("%s must be a finite number ≥ 0, got %g", w.name, w.v)
+		}
+	}
+	for _, p := range []struct {
+		name string
+		v    float64
+	}{{"jitter", cfg.Jitter}, {"expert dropout", cfg.ExpertDropout}} {
+		if !(p.v >= 0 && p.v < 1) {
+			return fmt.Errorf("%s must be in [0, 1), got %g", p.name, p.v)
+		}
+	}
+	if math.IsNaN(cfg.SecondThreshold) || math.IsInf(cfg.SecondThreshold, 0) {
+		return fmt.Errorf("gshard's second-expert threshold must be a number, got %g", cfg.SecondThreshold)
+	}
 	if cfg.Activation != "" && cfg.Activation != "gelu" && cfg.Activation != "relu" {
 		return fmt.Errorf("activation %q: want gelu or relu", cfg.Activation)
 	}
