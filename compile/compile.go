@@ -272,6 +272,24 @@ func compileEval(c *Config, pipeline bool, lo lower.Options) ([]*lower.Program, 
 	return progs, lower.CheckTransfersByTag(progs)
 }
 
+// TempModuleFile writes a built module to a .gir file in a new temporary
+// folder, for compiling it (several times, under several plans) with
+// Config.Model: the passes change the module they run on, so every
+// compile parses its own copy. remove deletes the folder.
+func TempModuleFile(m *ir.Module) (path string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "gcompile-module-")
+	if err != nil {
+		return "", nil, err
+	}
+	remove = func() { os.RemoveAll(dir) }
+	path = filepath.Join(dir, "model.gir")
+	if err := os.WriteFile(path, []byte(ir.Print(m)), 0o644); err != nil {
+		remove()
+		return "", nil, err
+	}
+	return path, remove, nil
+}
+
 // keepLoss cuts m down to what its loss needs: no backward, optimizer,
 // updates or other outputs, so the evaluation program's memory plan holds
 // only the forward's buffers.

@@ -66,6 +66,20 @@ type Plan struct {
 // Devices is tp·pp·dp.
 func (p Plan) Devices() int { return p.TP * p.PP * p.DP }
 
+// String is the plan in the flags' words, as the published-run tables
+// print it.
+func (p Plan) String() string {
+	s := fmt.Sprintf("tp=%d pp=%d dp=%d", p.TP, p.PP, p.DP)
+	if p.VPP > 1 {
+		s += fmt.Sprintf(" vpp=%d", p.VPP)
+	}
+	s += fmt.Sprintf(" mb=%d×%d", p.MicroBatch, p.Microbatches)
+	if p.SequenceParallel {
+		s += " sp"
+	}
+	return s + " rc=" + p.Recompute
+}
+
 // Estimate is the analytic prediction for one plan.
 type Estimate struct {
 	StepSeconds float64

@@ -54,7 +54,7 @@ func TestPublishedRuns(t *testing.T) {
 		case r.MFU > 0:
 			figure = fmt.Sprintf("%.3f / %.3f", e.ModelFLOPs/(e.StepSeconds*float64(r.GPUs)*h.Peak("fp16")), r.MFU)
 		}
-		fmt.Fprintf(&sb, "%-20s %5d %-34s %9.3f %9.3f %+7.1f  %s\n", r.Name, r.GPUs, describe(p), e.StepSeconds, pub, rel, figure)
+		fmt.Fprintf(&sb, "%-20s %5d %-34s %9.3f %9.3f %+7.1f  %s\n", r.Name, r.GPUs, p.String(), e.StepSeconds, pub, rel, figure)
 	}
 	var all float64
 	var n int
@@ -69,18 +69,4 @@ func TestPublishedRuns(t *testing.T) {
 	}
 	fmt.Fprintf(&sb, "all: mean absolute error %.1f %% over %d runs", all/float64(n), n)
 	t.Log(sb.String())
-}
-
-// describe is a plan in the flags' words (the planner's Describe, which
-// this package cannot import).
-func describe(p Plan) string {
-	s := fmt.Sprintf("tp%d pp%d dp%d", p.TP, p.PP, p.DP)
-	if p.VPP > 1 {
-		s += fmt.Sprintf(" v%d", p.VPP)
-	}
-	s += fmt.Sprintf(" b%d×%d", p.MicroBatch, p.Microbatches)
-	if p.SequenceParallel {
-		s += " sp"
-	}
-	return s + " " + p.Recompute
 }

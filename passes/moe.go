@@ -88,9 +88,6 @@ func moeRule(d moeOpDims) ShardRule {
 	return func(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		n := len(r.have)
 		out := len(d.group) - 1
-		if n == 2 && len(d.group) == 4 { // dispatch or combine without weights
-			out = 3
-		}
 		for i, p := range r.have {
 			if p.Kind == ir.Shard && p.Dim == d.group[i] && p.NumBlocks() == 1 {
 				want := make([]ir.Placement, n)

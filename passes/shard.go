@@ -286,11 +286,7 @@ func (s *sharder) tensorSeed(v *ir.Value) (ir.Placement, error) {
 	t := s.m.Mesh.Axes[s.tp].Size
 	switch v.Op {
 	case "state":
-		_, name, _ := strings.Cut(v.Name(), "/")
-		if p := s.params[name]; p != nil && p.Place != nil {
-			return p.Place[s.tp], nil
-		}
-		return rep, nil
+		return s.paramPlace(v, s.tp), nil
 	case "param":
 	default:
 		return rep, nil
@@ -621,10 +617,7 @@ func expertTensorSeed(v *ir.Value, inner string, t int) (ir.Placement, error) {
 func (s *sharder) expertSeed(v *ir.Value) ir.Placement {
 	switch v.Op {
 	case "state":
-		_, name, _ := strings.Cut(v.Name(), "/")
-		if p := s.params[name]; p != nil && p.Place != nil {
-			return p.Place[s.ep]
-		}
+		return s.paramPlace(v, s.ep)
 	case "param":
 		if _, ok := expertHint(v.Attrs.Str("parallel")); ok && v.Type.Rank() > 0 {
 			return shardOn(0)
@@ -651,4 +644,14 @@ func onlyMoves(have, want []ir.Placement) bool {
 		}
 	}
 	return moved
+}
+
+// paramPlace is where optimizer state (adam.m/NAME, …) goes on axis: like
+// its param NAME, placed already; whole when there is none.
+func (s *sharder) paramPlace(state *ir.Value, axis int) ir.Placement {
+	_, name, _ := strings.Cut(state.Name(), "/")
+	if p := s.params[name]; p != nil && p.Place != nil {
+		return p.Place[axis]
+	}
+	return rep
 }

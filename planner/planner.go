@@ -18,8 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 
@@ -184,15 +182,11 @@ func Plan(req Request) (*Result, error) {
 			res.Ranked = append(res.Ranked, c)
 		}
 	} else {
-		dir, err := os.MkdirTemp("", "gcompile-plan-")
+		gir, remove, err := compile.TempModuleFile(req.Module)
 		if err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(dir)
-		gir := filepath.Join(dir, "model.gir")
-		if err := os.WriteFile(gir, []byte(ir.Print(req.Module)), 0o644); err != nil {
-			return nil, err
-		}
+		defer remove()
 		tries := 0
 		for _, c := range feasible {
 			if len(res.Ranked) >= topK || tries >= 3*topK {

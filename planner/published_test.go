@@ -46,25 +46,12 @@ func TestPlannerBeatsPublished(t *testing.T) {
 			fits = fmt.Sprintf(" (est. %s: over memory)", gib(paper.MemoryEstimate))
 		}
 		gain := (paper.StepSeconds/best.StepSeconds() - 1) * 100
-		fmt.Fprintf(&sb, "%-22s %-36s %9.3f %-40s %9.3f %+7.1f %d plans, %.1fs\n", r.Name, planString(r.Plan())+fits, paper.StepSeconds,
+		fmt.Fprintf(&sb, "%-22s %-36s %9.3f %-40s %9.3f %+7.1f %d plans, %.1fs\n", r.Name, r.Plan().String()+fits, paper.StepSeconds,
 			Describe(best.Config), best.StepSeconds(), gain, res.Considered, time.Since(start).Seconds())
 		if best.StepSeconds() > paper.StepSeconds*(1+1e-9) {
 			t.Errorf("%s: the planner's pick %s (%.3f s) is predicted slower than the paper's %s (%.3f s)",
-				r.Name, Describe(best.Config), best.StepSeconds(), planString(r.Plan()), paper.StepSeconds)
+				r.Name, Describe(best.Config), best.StepSeconds(), r.Plan().String(), paper.StepSeconds)
 		}
 	}
 	t.Log("\n" + sb.String())
-}
-
-// planString is a cost.Plan in Describe's words.
-func planString(p cost.Plan) string {
-	s := fmt.Sprintf("tp=%d pp=%d dp=%d", p.TP, p.PP, p.DP)
-	if p.VPP > 1 {
-		s += fmt.Sprintf(" vpp=%d", p.VPP)
-	}
-	s += fmt.Sprintf(" mb=%d×%d", p.MicroBatch, p.Microbatches)
-	if p.SequenceParallel {
-		s += " sp"
-	}
-	return s + " rc=" + p.Recompute
 }

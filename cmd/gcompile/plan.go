@@ -8,7 +8,6 @@ import (
 	"maps"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"gcompile/compile"
@@ -171,15 +170,11 @@ func refineHardware(c *config, m *ir.Module, log io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--refine-trace: %w", err)
 	}
-	dir, err := os.MkdirTemp("", "gcompile-refine-")
+	gir, remove, err := compile.TempModuleFile(m)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	gir := filepath.Join(dir, "model.gir")
-	if err := os.WriteFile(gir, []byte(ir.Print(m)), 0o644); err != nil {
-		return err
-	}
+	defer remove()
 	cfg := c.Config
 	cfg.Model, cfg.Set, cfg.Interrupt, cfg.MemLimit = gir, "", nil, 0
 	// The module is built: its sizes are no flags of the compile any more.
@@ -225,15 +220,11 @@ func compileAffordable(m *ir.Module, batch int) bool {
 // writes its predicted step (--plan --plan-trace without --run; with
 // --run the plan is compiled to be trained, and compileAndRun writes it).
 func tracePlan(c *config, m *ir.Module, best compile.Config) error {
-	dir, err := os.MkdirTemp("", "gcompile-plan-trace-")
+	gir, remove, err := compile.TempModuleFile(m)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	gir := filepath.Join(dir, "model.gir")
-	if err := os.WriteFile(gir, []byte(ir.Print(m)), 0o644); err != nil {
-		return err
-	}
+	defer remove()
 	best.Model, best.Set, best.Interrupt = gir, "", nil
 	best.Explicit, best.MemLimit = map[string]bool{}, 0
 	res, err := compile.Compile(&best, passes.Hooks{})

@@ -27,59 +27,48 @@ func RandomBits(key int32, stream, j int) uint64 {
 // both float types and the CUDA kernel agree.
 func unit23(bits uint64) float64 { return (float64(bits&0x7fffff) + 0.5) / (1 << 23) }
 
-// RandomUniform fills out with n draws per key, U(0, 1); key −1 gives
-// 0.5 (evaluation: no noise).
-func RandomUniform[T Float](out []T, keys []int32, stream, n int) {
-	checkRows("RandomUniform", len(keys), n, len(out))
+// fillDraws fills out with n values per key: draw of the key's j-th
+// 64-bit draw in stream, or centre for key −1 (evaluation: no noise).
+func fillDraws[T Float](kernel string, out []T, keys []int32, stream, n int, centre T, draw func(bits uint64) T) {
+	checkRows(kernel, len(keys), n, len(out))
 	for i, k := range keys {
 		o := out[i*n : (i+1)*n]
 		for j := range o {
 			if k == -1 {
-				o[j] = 0.5
+				o[j] = centre
 				continue
 			}
-			o[j] = T(unit23(RandomBits(k, stream, j) >> 41))
+			o[j] = draw(RandomBits(k, stream, j))
 		}
 	}
+}
+
+// RandomUniform fills out with n draws per key, U(0, 1); key −1 gives
+// 0.5 (evaluation: no noise).
+func RandomUniform[T Float](out []T, keys []int32, stream, n int) {
+	fillDraws("RandomUniform", out, keys, stream, n, 0.5, func(b uint64) T { return T(unit23(b >> 41)) })
 }
 
 // RandomNormal fills out with n draws per key, N(0, 1) by Box–Muller from
 // two 23-bit uniforms of one 64-bit draw; key −1 gives 0.
 func RandomNormal[T Float](out []T, keys []int32, stream, n int) {
-	checkRows("RandomNormal", len(keys), n, len(out))
-	for i, k := range keys {
-		o := out[i*n : (i+1)*n]
-		for j := range o {
-			if k == -1 {
-				o[j] = 0
-				continue
-			}
-			b := RandomBits(k, stream, j)
-			u1, u2 := unit23(b>>41), unit23(b>>17)
-			o[j] = T(math.Sqrt(-2*math.Log(u1)) * math.Cos(2*math.Pi*u2))
-		}
-	}
+	fillDraws("RandomNormal", out, keys, stream, n, 0, func(b uint64) T {
+		u1, u2 := unit23(b>>41), unit23(b>>17)
+		return T(math.Sqrt(-2*math.Log(u1)) * math.Cos(2*math.Pi*u2))
+	})
 }
 
 // RandomDropout fills out with n inverted-dropout multipliers per key:
 // 1/(1−p) where the key's uniform draw (RandomUniform's) is below 1−p,
 // else 0; key −1 gives 1 (evaluation: no dropout).
 func RandomDropout[T Float](out []T, keys []int32, stream, n int, p float64) {
-	checkRows("RandomDropout", len(keys), n, len(out))
 	keep, scale := 1-p, T(1/(1-p))
-	for i, k := range keys {
-		o := out[i*n : (i+1)*n]
-		for j := range o {
-			switch {
-			case k == -1:
-				o[j] = 1
-			case unit23(RandomBits(k, stream, j)>>41) < keep:
-				o[j] = scale
-			default:
-				o[j] = 0
-			}
+	fillDraws("RandomDropout", out, keys, stream, n, 1, func(b uint64) T {
+		if unit23(b>>41) < keep {
+			return scale
 		}
-	}
+		return 0
+	})
 }
 
 // NormalCDF sets out[i] = Φ(x[i]) = erfc(−x/√2)/2, the standard normal
