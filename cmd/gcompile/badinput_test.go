@@ -19,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"gcompile/compile"
 	"gcompile/data"
@@ -674,4 +675,17 @@ func TestVocabIsReadFromTheModule(t *testing.T) {
 	writeFile(t, path, text(6000))
 	m := runMetrics(t, gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16,vocab=128", "--batch", "4", "--data", path, "--run", "--steps", "1", "--eval-batches", "1")
 	assert.Len(t, m.Steps, 1)
+}
+
+// The processes of one job check the same missing output folder at once;
+// one removing the folder it made must not fail another's check.
+func TestOutputFolderProbedConcurrently(t *testing.T) {
+	for round := range 20 {
+		dir := filepath.Join(t.TempDir(), fmt.Sprint("ckpt", round), "deep")
+		var g errgroup.Group
+		for range 8 {
+			g.Go(func() error { return checkOutputDir("checkpoint-dir", dir) })
+		}
+		require.NoError(t, g.Wait())
+	}
 }

@@ -126,39 +126,48 @@ func checkOutputDir(flag, dir string) error {
 	return probeFolder(flag, dir)
 }
 
-// probeFolder creates dir where it is missing, creates and removes a file
-// in it, and removes the folders it created: a refused run leaves no trace,
-// and the writers create the folder again when they write.
-func probeFolder(flag, dir string) (err error) {
-	var made []string // the missing folders, deepest first
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Lstat(d); err == nil || !errors.Is(err, fs.ErrNotExist) {
+// probeFolder checks that dir can be written in, or made where it is
+// missing: it writes and removes a file in dir, or a folder of its own in
+// the deepest folder above dir that exists. It makes none of dir's missing
+// folders, so a refused run leaves no trace, the processes of one job can
+// probe the same folder at once, and the writers make the folder when they
+// write.
+func probeFolder(flag, dir string) error {
+	d := dir
+	for {
+		fi, err := os.Stat(d)
+		if err == nil && !fi.IsDir() {
+			return fmt.Errorf("--%s: cannot create the folder %s: %s is a file", flag, dir, d)
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("--%s: cannot create the folder %s: %w", flag, dir, err)
+		}
+		if err == nil || filepath.Dir(d) == d {
 			break
 		}
-		made = append(made, d)
-		if filepath.Dir(d) == d {
-			break
-		}
+		d = filepath.Dir(d)
 	}
-	defer func() {
-		for _, d := range made {
-			_ = os.Remove(d) // only empty folders go; one that is not was not ours alone
+	if d == dir {
+		f, err := os.CreateTemp(dir, ".gcompile-probe-*")
+		if err != nil {
+			return fmt.Errorf("--%s: cannot write in %s: %w", flag, dir, err)
 		}
-	}()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+		name := f.Name()
+		cerr := f.Close()
+		if rerr := os.Remove(name); rerr != nil && cerr == nil {
+			cerr = rerr
+		}
+		if cerr != nil {
+			return fmt.Errorf("--%s: cannot write in %s: %w", flag, dir, cerr)
+		}
+		return nil
+	}
+	made, err := os.MkdirTemp(d, ".gcompile-probe-*")
+	if err != nil {
 		return fmt.Errorf("--%s: cannot create the folder %s: %w", flag, dir, err)
 	}
-	f, err := os.CreateTemp(dir, ".gcompile-probe-*")
-	if err != nil {
-		return fmt.Errorf("--%s: cannot write in %s: %w", flag, dir, err)
-	}
-	name := f.Name()
-	cerr := f.Close()
-	if rerr := os.Remove(name); rerr != nil && cerr == nil {
-		cerr = rerr
-	}
-	if cerr != nil {
-		return fmt.Errorf("--%s: cannot write in %s: %w", flag, dir, cerr)
+	if err := os.Remove(made); err != nil {
+		return fmt.Errorf("--%s: cannot create the folder %s: %w", flag, dir, err)
 	}
 	return nil
 }
