@@ -213,7 +213,23 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 		ts, end float64
 	}
 	groups := map[string][]arrival{}
+	// A receive's event likewise starts when the receiver is ready and
+	// includes waiting for the sender; the transfer is what follows the
+	// later of that start and the end of the matching send (buffered: the
+	// data is there once the send returns). A send and its receive share
+	// the step, the value, the occurrence and the (sender, receiver) pair.
+	type transfer struct {
+		haveSend bool
+		sendEnd  float64
+		recv     arrival
+		haveRecv bool
+	}
+	transfers := map[string]*transfer{}
 	mesh := progs[0].Mesh
+	pa := -1
+	if mesh != nil {
+		pa = mesh.PipelineAxis()
+	}
 	for _, e := range evs {
 		if e.dev != curDev || e.step != curStep {
 			curDev, curStep = e.dev, e.step
@@ -243,7 +259,38 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 				continue
 			}
 		}
+		if (in.Op == "send" || in.Op == "recv") && pa >= 0 {
+			c := slices.Clone(mesh.Coords(e.dev))
+			c[pa] = in.Peer
+			from, to := e.dev, mesh.Rank(c)
+			if in.Op == "recv" {
+				from, to = to, from
+			}
+			g := fmt.Sprint(e.step, e.ref, n, from, to)
+			tr := transfers[g]
+			if tr == nil {
+				tr = &transfer{}
+				transfers[g] = tr
+			}
+			if in.Op == "send" {
+				tr.haveSend, tr.sendEnd = true, e.ts+e.dur
+				times[key] = append(times[key], e.dur*1e-6)
+			} else {
+				tr.haveRecv, tr.recv = true, arrival{key: key, ts: e.ts, end: e.ts + e.dur}
+			}
+			continue
+		}
 		times[key] = append(times[key], e.dur*1e-6)
+	}
+	for _, tr := range transfers {
+		if !tr.haveRecv {
+			continue
+		}
+		start := tr.recv.ts
+		if tr.haveSend {
+			start = max(start, tr.sendEnd)
+		}
+		times[tr.recv.key] = append(times[tr.recv.key], max(tr.recv.end-start, 0)*1e-6)
 	}
 	for _, members := range groups {
 		last := members[0].ts

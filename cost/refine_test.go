@@ -2,9 +2,11 @@ package cost_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -244,4 +246,43 @@ func predictedTrace(t *testing.T, res *compile.Result, h *cost.Hardware) []runti
 	events, err := cost.ReadTrace(path)
 	require.NoError(t, err)
 	return events
+}
+
+// TestRefineIgnoresWaitForSender: a receive that starts before its sender
+// has sent waits inside its event; that wait is no link cost, so a trace
+// where every send ends 300 µs after its receive began refines to the
+// same link figures as the trace without the wait.
+func TestRefineIgnoresWaitForSender(t *testing.T) {
+	res := compileGPT(t, 1, 2, 2)
+	truth, err := cost.Preset("cpu")
+	require.NoError(t, err)
+	truth.IntraGBps, truth.IntraLatencyUS = 2, 30
+	events := predictedTrace(t, res, truth)
+	mesh := res.Programs[0].Mesh
+	pa := mesh.PipelineAxis()
+	offPipe := func(dev int) string {
+		c := slices.Clone(mesh.Coords(dev))
+		c[pa] = -1
+		return fmt.Sprint(c)
+	}
+	delayed := 0
+	for i, r := range events {
+		if r.Ph != "X" || r.Name != "recv" {
+			continue
+		}
+		for j, s := range events {
+			if s.Ph == "X" && s.Name == "send" && s.Args["value"] == r.Args["value"] && s.Tid != r.Tid && offPipe(s.Tid) == offPipe(r.Tid) {
+				events[j].Ts = r.Ts + 300 - s.Dur
+				events[i].Dur += 300
+				delayed++
+			}
+		}
+	}
+	require.Positive(t, delayed)
+	start, err := cost.Preset("cpu")
+	require.NoError(t, err)
+	got, _, err := start.Refine(res.Programs, events)
+	require.NoError(t, err)
+	assert.InEpsilon(t, truth.IntraGBps, got.IntraGBps, 0.03)
+	assert.InEpsilon(t, truth.IntraLatencyUS, got.IntraLatencyUS, 0.03)
 }
