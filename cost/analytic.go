@@ -16,20 +16,78 @@ type Transformer struct {
 	// FusedAttention: the attention core is one op (no [s, s] scores kept
 	// for the backward), as the reference GPT's default.
 	FusedAttention bool
+	// Mixture of experts, when Experts > 0: MoELayers of the blocks have,
+	// in place of the MLP, a router of RouterParams weights and Experts
+	// MLPs of width ExpertFFN; each token takes Slots expert slots on
+	// average (E·C/T for C slots per expert and T tokens per routing
+	// group: k times the capacity factor, empty slots included, as the
+	// dispatch buffer holds and the experts compute them).
+	Experts, MoELayers, ExpertFFN, RouterParams int
+	Slots                                       float64
+	// ExpertParams is one expert's parameter count when known (the
+	// module's own); 0 means an MLP's, 2·h·f + f + h.
+	ExpertParams int
 }
 
-// Params is the parameter count: per block 4h² + 4h (attention) + 2·h·f
-// + f + h (MLP) + 4h (two LayerNorms); embeddings (V + s)·h; final LN 2h.
+// expertParams is one expert's parameter count.
+func (t Transformer) expertParams() float64 {
+	if t.ExpertParams > 0 {
+		return float64(t.ExpertParams)
+	}
+	return mlpParams(t.Hidden, t.ExpertFFN)
+}
+
+// Params is the parameter count: per dense block 4h² + 4h (attention) +
+// 2·h·f + f + h (MLP) + 4h (two LayerNorms), a MoE block's MLP replaced
+// by its router and E experts' MLPs; embeddings (V + s)·h; final LN 2h.
 func (t Transformer) Params() float64 {
-	h, f := float64(t.Hidden), float64(t.FFN)
-	layer := 4*h*h + 4*h + 2*h*f + f + h + 4*h
-	return float64(t.Layers)*layer + float64(t.Vocab+t.Seq)*h + 2*h
+	h := float64(t.Hidden)
+	dense := float64(t.Layers - t.moeLayers())
+	return dense*t.LayerParams() + float64(t.moeLayers())*t.moeLayerParams() + float64(t.Vocab+t.Seq)*h + 2*h
 }
 
-// LayerParams is one block's parameter count.
+// LayerParams is one dense block's parameter count.
 func (t Transformer) LayerParams() float64 {
+	return t.attnParams() + mlpParams(t.Hidden, t.FFN)
+}
+
+// attnParams is a block's attention and LayerNorm parameters.
+func (t Transformer) attnParams() float64 {
+	h := float64(t.Hidden)
+	return 4*h*h + 4*h + 4*h
+}
+
+// mlpParams is an MLP's parameters: two matrices and two biases.
+func mlpParams(hidden, ffn int) float64 {
+	h, f := float64(hidden), float64(ffn)
+	return 2*h*f + f + h
+}
+
+// Per device under tensor parallelism (Megatron's splits): the q, k, v
+// projection and its bias, the output projection's matrix, the MLP's
+// first matrix and bias and its second matrix are split over tp; the
+// LayerNorms and the row-parallel layers' biases are whole on every rank.
+func (t Transformer) attnParamsPerDevice(tp float64) float64 {
+	h := float64(t.Hidden)
+	return (4*h*h+3*h)/tp + 5*h
+}
+
+func (t Transformer) layerParamsPerDevice(tp float64) float64 {
 	h, f := float64(t.Hidden), float64(t.FFN)
-	return 4*h*h + 4*h + 2*h*f + f + h + 4*h
+	return t.attnParamsPerDevice(tp) + (2*h*f+f)/tp + h
+}
+
+// moeLayers is the number of MoE blocks (0 for a dense model).
+func (t Transformer) moeLayers() int {
+	if t.Experts <= 0 {
+		return 0
+	}
+	return t.MoELayers
+}
+
+// moeLayerParams is one MoE block's parameter count.
+func (t Transformer) moeLayerParams() float64 {
+	return t.attnParams() + float64(t.RouterParams) + float64(t.Experts)*t.expertParams()
 }
 
 // ModelFLOPs is the work of one step without recompute, for a global
@@ -46,12 +104,15 @@ func (t Transformer) ModelFLOPs(batch int) float64 {
 func (t Transformer) fwdFLOPsPerSeq() float64 {
 	s, h, f, v := float64(t.Seq), float64(t.Hidden), float64(t.FFN), float64(t.Vocab)
 	layer := 2*s*(4*h*h+2*h*f) + 4*s*s*h
-	return float64(t.Layers)*layer + 2*s*h*v
+	moe := 2*s*(4*h*h+2*h*float64(t.ExpertFFN)*t.Slots+h*float64(t.Experts)) + 4*s*s*h
+	dense := float64(t.Layers - t.moeLayers())
+	return dense*layer + float64(t.moeLayers())*moe + 2*s*h*v
 }
 
 // Plan is one point of the search space.
 type Plan struct {
 	TP, PP, DP, VPP  int
+	EP               int // expert-parallel degree (0 or 1: none); tokens split over dp·ep
 	MicroBatch       int // sequences per microbatch per data-parallel rank (b)
 	Microbatches     int // m
 	Zero             int
@@ -63,13 +124,16 @@ type Plan struct {
 	Optimizer        string // adamw (2 states), sgd (1), others factored (≈0)
 }
 
-// Devices is tp·pp·dp.
-func (p Plan) Devices() int { return p.TP * p.PP * p.DP }
+// Devices is tp·pp·dp·ep.
+func (p Plan) Devices() int { return p.TP * p.PP * p.DP * max(p.EP, 1) }
 
 // String is the plan in the flags' words, as the published-run tables
 // print it.
 func (p Plan) String() string {
 	s := fmt.Sprintf("tp=%d pp=%d dp=%d", p.TP, p.PP, p.DP)
+	if p.EP > 1 {
+		s += fmt.Sprintf(" ep=%d", p.EP)
+	}
 	if p.VPP > 1 {
 		s += fmt.Sprintf(" vpp=%d", p.VPP)
 	}
@@ -157,6 +221,13 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	if t.Layers%(p.PP*v) != 0 {
 		return nil, fmt.Errorf("%d layers do not split into pp·vpp = %d chunks", t.Layers, p.PP*v)
 	}
+	ep := max(p.EP, 1)
+	if ep > 1 && t.moeLayers() == 0 {
+		return nil, fmt.Errorf("ep=%d: the model has no experts to split", ep)
+	}
+	if t.moeLayers() > 0 && t.Experts%ep != 0 {
+		return nil, fmt.Errorf("%d experts do not split over ep=%d", t.Experts, ep)
+	}
 	e := &Estimate{CommSeconds: map[string]float64{}, CommBytes: map[string]float64{}}
 	tp, b := float64(p.TP), float64(p.MicroBatch)
 	s, hd, f, V := float64(t.Seq), float64(t.Hidden), float64(t.FFN), float64(t.Vocab)
@@ -168,8 +239,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// the attention core, and the elementwise traffic (LayerNorms,
 	// residuals, biases, GELU), replicated over tp unless sequence
 	// parallel splits it.
-	gemms := h.gemm(tokens, 3*hd/tp, hd, dt, eb) + h.gemm(tokens, hd, hd/tp, dt, eb) +
-		h.gemm(tokens, f/tp, hd, dt, eb) + h.gemm(tokens, hd, f/tp, dt, eb)
+	attn := h.gemm(tokens, 3*hd/tp, hd, dt, eb) + h.gemm(tokens, hd, hd/tp, dt, eb)
 	core := 2 * h.gemm(s, s, hd/a, dt, eb) * b * a / tp // QKᵀ and PV per head
 	if !t.FusedAttention {
 		core += 3 * h.memTime(eb*b*a/tp*s*s) // scores, mask, softmax through memory
@@ -178,8 +248,33 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	if p.SequenceParallel {
 		rep /= tp
 	}
-	elem := h.memTime(eb*tokens*hd*(rep+(4+3*f/hd)/tp)) + 10*h.LaunchUS*1e-6
-	layerF := gemms + core + elem
+	// elem is the block's elementwise traffic with an MLP of width w over
+	// rows tokens (the dense MLP, or a MoE block's expert slots).
+	elem := func(rows, w float64) float64 {
+		return h.memTime(eb*tokens*hd*(rep+4/tp)+eb*rows*w*3/tp) + 10*h.LaunchUS*1e-6
+	}
+	denseF := attn + h.gemm(tokens, f/tp, hd, dt, eb) + h.gemm(tokens, hd, f/tp, dt, eb) + core + elem(tokens, f)
+	// A MoE block: the router in fp32, the routing and the moves into
+	// and out of the expert buffers through memory, and this device's E/ep
+	// experts, each over its share of the tokens·Slots rows the
+	// all_to_all brings (split within each expert over tp).
+	layerF := denseF
+	moeWeight := 0.0
+	var a2a float64
+	if nm := t.moeLayers(); nm > 0 {
+		E, fe := float64(t.Experts), float64(t.ExpertFFN)
+		rows := tokens * t.Slots
+		local := E / float64(ep)
+		experts := local * (h.gemm(rows/local, fe/tp, hd, dt, eb) + h.gemm(rows/local, hd, fe/tp, dt, eb))
+		router := h.gemm(tokens, float64(t.RouterParams)/hd, hd, "fp32", 4) + h.memTime(4*tokens*E*8)
+		moves := h.memTime(eb * rows * hd * 4)
+		moeF := attn + experts + router + moves + core + elem(rows, fe)
+		moeWeight = float64(nm) / float64(t.Layers)
+		layerF = (1-moeWeight)*denseF + moeWeight*moeF
+		// Rows travel to their experts' ranks and back: tp consecutive
+		// ranks form the innermost axis, so an ep group is strided by tp.
+		a2a = Collective("all_to_all", ep, eb*rows*hd, h.LinkFor(strided(ep, p.TP)))
+	}
 	layerB := 2 * layerF
 	switch p.Recompute {
 	case "full":
@@ -209,8 +304,22 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		e.CommSeconds["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (tpF + tpB)
 		e.CommBytes["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * per * 2 * arBytes * (tp - 1) / tp
 	}
-	layerF += tpF
-	layerB += tpB
+	// Two all_to_alls forward (dispatch, combine) and two backward, two
+	// more when full recompute replays the forward; per layer on average.
+	epF, epB := 2*a2a*moeWeight, 2*a2a*moeWeight
+	if p.Recompute == "full" {
+		epB += epF
+	}
+	if ep > 1 {
+		e.CommSeconds["ep"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (epF + epB)
+		per := 4.0
+		if p.Recompute == "full" {
+			per = 6
+		}
+		e.CommBytes["ep"] = float64(t.Layers/p.PP) * moeWeight * float64(p.Microbatches) * per * eb * tokens * t.Slots * hd * float64(ep-1) / float64(ep)
+	}
+	layerF += tpF + epF
+	layerB += tpB + epB
 	// The head (vocab-parallel logits and cross-entropy) on the last chunk,
 	// the embedding on the first.
 	headF := h.gemm(tokens, V/tp, hd, dt, eb) + h.memTime(4*tokens*V/tp*3)
@@ -218,10 +327,23 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	embF := h.memTime(eb * tokens * hd * 3)
 	embB := h.memTime(eb * tokens * hd * 3)
 
-	stageParams := perChunk*float64(v)*t.LayerParams()/tp + V*hd/tp
-	// A dp group is every tp-th rank of a stage: one member per node once
-	// tp fills the node, up to a node's worth when tp is 1 (LinkFor).
-	dpLink := h.LinkFor(strided(p.DP, p.TP))
+	// A stage's parameters per device: a MoE block holds its router whole
+	// and E/ep experts; expertParams are those experts, reduced over dp
+	// only, the rest over every data rank (dp·ep).
+	layerParams := (1 - moeWeight) * t.layerParamsPerDevice(tp)
+	var expertParams float64
+	if moeWeight > 0 {
+		expertParams = perChunk * float64(v) * moeWeight * float64(t.Experts/ep) * t.expertParams() / tp
+		layerParams += moeWeight * (t.attnParamsPerDevice(tp) + float64(t.RouterParams))
+	}
+	// The word embedding is split over tp (vocab-parallel); the position
+	// table is whole, on the first stage; the final LayerNorm on the last.
+	stageParams := perChunk*float64(v)*layerParams + expertParams + V*hd/tp + s*hd + 2*hd
+	// The mesh is (pp, dp, ep, tp), tp innermost. A dp group is every
+	// tp·ep-th rank of a stage: one member per node once tp fills the
+	// node, up to a node's worth otherwise (LinkFor).
+	data := p.DP * ep
+	dpLink := h.LinkFor(strided(p.DP, p.TP*ep))
 	// Pipeline: chunk costs into the schedule simulator. A transfer
 	// between stages (neighbours tp·dp ranks apart) carries b·s·h/t per tp
 	// rank: without sequence parallelism the value is whole on every tp
@@ -229,7 +351,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// slices over tp (Megatron's scatter/gather, as lower.recvGathered
 	// emits it); under sequence parallelism each rank already holds its
 	// own 1/t and no gather follows.
-	ppLink := h.LinkFor([]int{0, p.TP * p.DP})
+	ppLink := h.LinkFor([]int{0, p.TP * data})
 	p2p := P2P(eb*tokens*hd/tp, ppLink)
 	if p.TP > 1 && !p.SequenceParallel {
 		p2p += Collective("all_gather", p.TP, eb*tokens*hd, tpLink)
@@ -331,14 +453,19 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// Data parallelism and the optimizer, after the last backward (both
 	// backends issue reductions in program order on the compute stream).
 	var tail float64
-	if p.DP > 1 {
-		g := 4 * stageParams // gradients reduced in fp32 after unscaling
-		var c float64
-		if p.Zero == 0 {
-			c = Collective("all_reduce", p.DP, g, dpLink)
-		} else {
-			c = Collective("reduce_scatter", p.DP, g, dpLink) + Collective("all_gather", p.DP, g, dpLink)
+	if data > 1 {
+		// Gradients reduced in fp32 after unscaling, over dp; under expert
+		// parallelism the shared ones first over ep (as the shard pass
+		// places them: partial over both axes, reduced one axis at a time),
+		// the experts' over dp only.
+		reduce := func(n int, g float64, l Link) float64 {
+			if p.Zero == 0 {
+				return Collective("all_reduce", n, g, l)
+			}
+			return Collective("reduce_scatter", n, g, l) + Collective("all_gather", n, g, l)
 		}
+		g := 4 * stageParams
+		c := reduce(p.DP, g, dpLink)
 		if p.Zero == 3 {
 			// Params gathered before each microbatch's forward and backward.
 			c += 2 * float64(p.Microbatches) * Collective("all_gather", p.DP, eb*stageParams, dpLink)
@@ -346,6 +473,13 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		tail += c
 		e.CommSeconds["dp"] = c
 		e.CommBytes["dp"] = 2 * g * float64(p.DP-1) / float64(p.DP)
+		if ep > 1 {
+			shared := 4 * (stageParams - expertParams)
+			c := Collective("all_reduce", ep, shared, h.LinkFor(strided(ep, p.TP)))
+			tail += c
+			e.CommSeconds["ep"] += c
+			e.CommBytes["ep"] += 2 * shared * float64(ep-1) / float64(ep)
+		}
 	}
 	optParams := stageParams
 	if p.Zero >= 1 {
@@ -365,9 +499,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		tail += e.CommSeconds["host"] // the update waits for its state
 	}
 	e.StepSeconds = pipe + tail
-	e.ComputeSeconds = float64(p.Microbatches) * perChunk * float64(v) * (layerF + layerB - tpF - tpB)
+	e.ComputeSeconds = float64(p.Microbatches) * perChunk * float64(v) * (layerF + layerB - tpF - tpB - epF - epB)
 
-	batch := float64(p.MicroBatch * p.Microbatches * p.DP)
+	batch := float64(p.MicroBatch * p.Microbatches * data)
 	e.ModelFLOPs = t.ModelFLOPs(int(batch))
 	e.FLOPs = e.ModelFLOPs
 	if p.Recompute == "full" {
@@ -375,25 +509,36 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	}
 
 	// Memory: persistent bytes are a lower bound (see Estimate's doc).
-	params := 4 * stageParams
-	state := 4 * p.states() * stageParams
-	if p.Zero >= 1 {
-		state /= float64(p.DP)
+	persistent := func(n float64) (params, state float64) {
+		params, state = 4*n, 4*p.states()*n
+		if p.Zero >= 1 {
+			state /= float64(p.DP)
+		}
+		if p.Zero == 3 {
+			params /= float64(p.DP)
+		}
+		if contains(p.Offload, "optimizer") {
+			state = 0
+		}
+		if contains(p.Offload, "params") {
+			params = 0
+		}
+		return params, state
 	}
-	if p.Zero == 3 {
-		params /= float64(p.DP)
+	params, state := persistent(stageParams)
+	// The first stage holds the embeddings and its layers, so its
+	// persistent bytes bound the largest peak from below; with experts it
+	// may hold fewer MoE blocks than the average, so each of its blocks is
+	// counted as the lighter kind.
+	low := t.layerParamsPerDevice(tp)
+	if moeWeight > 0 {
+		moe := t.attnParamsPerDevice(tp) + float64(t.RouterParams) + float64(t.Experts/ep)*t.expertParams()/tp
+		if moeWeight == 1 || moe < low {
+			low = moe
+		}
 	}
-	if contains(p.Offload, "optimizer") {
-		state = 0
-	}
-	if contains(p.Offload, "params") {
-		params = 0
-	}
-	// The first stage is the busiest holder of persistent bytes (its
-	// layers and the embedding), so its persistent bytes bound the largest
-	// peak from below. LayerNorm vectors and the position table, which tp
-	// does not split, are counted as if it did: under, never over.
-	e.MemoryLowerBound = int64(0.98 * (params + state))
+	lp, ls := persistent(perChunk*float64(v)*low + V*hd/tp + s*hd)
+	e.MemoryLowerBound = int64(0.98 * (lp + ls))
 	grads := eb * stageParams
 	if p.Zero >= 2 {
 		grads /= float64(p.DP)
@@ -408,6 +553,13 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	}
 	if !t.FusedAttention && p.Recompute != "selective" {
 		act += 2.5 * eb * b * a * s * s / tp
+	}
+	if moeWeight > 0 {
+		// A MoE block keeps its expert buffers (rows in and out, the
+		// experts' hidden before and after the activation) where a dense
+		// one keeps its MLP's hidden.
+		rows := tokens * t.Slots
+		act += moeWeight * eb * math.Max(rows*(2*hd+2*float64(t.ExpertFFN)/tp)-tokens*2*f/tp, 0)
 	}
 	if p.Recompute == "full" {
 		act = 2 * tokens * hd * eb

@@ -13,14 +13,31 @@ import (
 // optimizer offload). An axis the user fixed (Base.Explicit) takes only
 // the user's value. tp stays within a node unless no split does.
 // Validate, run by the caller, drops combinations the compiler refuses.
-// Expert parallelism is not searched: a fixed ep takes its share of the
-// devices first, and the batch is split over dp·ep.
+// For a model with experts, ep is searched too (every divisor of the
+// experts that divides the devices, unless the user fixed it); it takes
+// its share of the devices first, and the batch is split over dp·ep.
 func enumerate(base compile.Config, t cost.Transformer, hw *cost.Hardware, selective bool) []compile.Config {
 	fixed := func(name string) bool { return base.Explicit[name] }
-	ep := max(base.EP, 1)
-	if base.Devices%ep != 0 {
-		return nil
+	eps := []int{max(base.EP, 1)}
+	if !fixed("ep") && t.Experts > 0 && t.MoELayers > 0 {
+		eps = choices(false, 0, divisors(base.Devices), func(ep int) bool { return t.Experts%ep == 0 })
 	}
+	var out []compile.Config
+	for _, ep := range eps {
+		if base.Devices%ep != 0 {
+			continue
+		}
+		b := base
+		b.EP = ep
+		out = append(out, enumerateEP(b, t, hw, selective)...)
+	}
+	return out
+}
+
+// enumerateEP is enumerate with ep fixed at base.EP.
+func enumerateEP(base compile.Config, t cost.Transformer, hw *cost.Hardware, selective bool) []compile.Config {
+	fixed := func(name string) bool { return base.Explicit[name] }
+	ep := max(base.EP, 1)
 	n := base.Devices / ep
 	var out []compile.Config
 	tps := choices(fixed("tp"), base.TP, divisors(n), func(tp int) bool {

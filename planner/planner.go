@@ -31,7 +31,7 @@ import (
 type Request struct {
 	// Base is the user's configuration: the model, batch, devices and
 	// every flag; an axis named in Base.Explicit is fixed at Base's value
-	// ("tp", "pp", "dp", "vpp", "microbatches", "zero", "sequence-parallel",
+	// ("tp", "pp", "dp", "ep", "vpp", "microbatches", "zero", "sequence-parallel",
 	// "recompute", "offload", "schedule"); the others are searched.
 	Base     compile.Config
 	Hardware *cost.Hardware
@@ -255,15 +255,12 @@ func compileCandidate(c *Candidate, gir string, hw *cost.Hardware, capBytes int6
 	return nil
 }
 
-// planOf is the cost model's view of a configuration. The analytic
-// estimate knows no experts: under expert parallelism it sees the ep ranks
-// as more data-parallel replicas, which is what they are for every layer
-// but the experts' (the compiled plans are priced exactly).
+// planOf is the cost model's view of a configuration.
 func planOf(c compile.Config) cost.Plan {
-	dp := max(c.DP, 1) * max(c.EP, 1)
+	dp, ep := max(c.DP, 1), max(c.EP, 1)
 	m := max(c.Microbatches, 1)
-	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, VPP: max(c.VPP, 1),
-		MicroBatch: max(c.Batch/(dp*m), 1), Microbatches: m, Zero: c.Zero,
+	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, EP: ep, VPP: max(c.VPP, 1),
+		MicroBatch: max(c.Batch/(dp*ep*m), 1), Microbatches: m, Zero: c.Zero,
 		SequenceParallel: c.SequenceParallel, Recompute: c.Recompute, Offload: c.Offload,
 		Precision: c.Precision, Schedule: c.Schedule, Optimizer: c.Optimizer}
 }

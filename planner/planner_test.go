@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -177,15 +178,110 @@ func TestMemoryLimitRejectsWithReason(t *testing.T) {
 	}
 }
 
-// TestFixedExpertParallelism: the planner does not search ep, but a fixed
-// ep takes its share of the devices in every plan, the batch is split
-// over dp·ep, and the compiled plans price the all_to_alls on ep.
-func TestFixedExpertParallelism(t *testing.T) {
+// smallMoE is the MoE example at test size: 2 layers (the second a MoE
+// block of 4 experts of width 32, top-1 at capacity factor 2), h 32, 4
+// heads, seq 16, at a global batch of 8.
+func smallMoE(t testing.TB) *ir.Module {
+	t.Helper()
 	m, err := frontend.Build(moe.Model, frontend.Config{Name: "moe", Batch: 8,
 		Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16", "experts": "4", "ffn": "32"}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m
+}
+
+// TestShapeOfMoE: the planner reads the experts, their width and
+// parameters, the router's and the slots per token from the module, and
+// the shape's parameter count is the module's.
+func TestShapeOfMoE(t *testing.T) {
+	m := smallMoE(t)
+	s, err := ShapeOf(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Capacity ⌈1·16·2/4⌉ = 8 slots per expert for a group of 16 tokens.
+	want := cost.Transformer{Layers: 2, Hidden: 32, Heads: 4, Seq: 16, Vocab: 256, FFN: 128, FusedAttention: true,
+		Experts: 4, MoELayers: 1, ExpertFFN: 32, RouterParams: 32 * 4, Slots: 4 * 8 / 16.0, ExpertParams: 2 * 32 * 32}
+	if s != want {
+		t.Fatalf("shape %+v, want %+v", s, want)
+	}
+	var n int64
+	for _, p := range m.Params() {
+		n += p.Type.Shape.NumElements()
+	}
+	if s.Params() != float64(n) {
+		t.Errorf("shape counts %.0f params, the module has %d", s.Params(), n)
+	}
+}
+
+// TestPlannerSearchesExpertParallelism: with ep not given, every ep that
+// divides the experts and the devices is a candidate; the reported plans
+// are compiled; the estimate's bytes on ep are the compiled plan's,
+// and its memory bound stays under the compiled peak.
+func TestPlannerSearchesExpertParallelism(t *testing.T) {
+	m := smallMoE(t)
+	shape, err := ShapeOf(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hw := cpuHardware(t)
+	seen := map[int]bool{}
+	for _, c := range enumerate(baseConfig(8, 8), shape, hw, false) {
+		seen[c.EP] = true
+	}
+	if !seen[1] || !seen[2] || !seen[4] || seen[8] || len(seen) != 3 {
+		t.Errorf("ep searched over %v, want 1, 2 and 4 (the divisors of 4 experts)", seen)
+	}
+	res, err := Plan(Request{Base: baseConfig(8, 8), Hardware: hw, Module: m, TopK: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range res.Ranked {
+		if !c.Compiled {
+			t.Errorf("%s reported without compiling", Describe(c.Config))
+		}
+	}
+	gir := writeGir(t, m)
+	for _, layout := range [][3]int{{1, 2, 4}, {1, 4, 2}, {2, 2, 2}, {4, 2, 1}} { // tp, ep, dp
+		cfg := baseConfig(8, 8)
+		cfg.TP, cfg.EP, cfg.DP, cfg.Model = layout[0], layout[1], layout[2], gir
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		e, err := hw.EstimateFast(shape, planOf(cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := compile.Compile(&cfg, passesHooks())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pred, err := hw.Predict(r.Programs, r.Schedule)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// On ep: the all_to_alls and the shared gradients' reduction; the
+		// compiled plan adds the layer's scalar outputs (aux, z, loads:
+		// 4 bytes each), which the estimate leaves out.
+		if got, want := e.CommBytes["ep"], pred.CommBytes["ep"]; math.Abs(got-want) > 1e-3*want || want == 0 {
+			t.Errorf("%s: estimated bytes on ep %.0f, the compiled plan's %.0f", Describe(cfg), got, want)
+		}
+		var peak int64
+		for d := range r.Devices() {
+			peak = max(peak, r.ProgramOf(d).PeakBytes)
+		}
+		if e.MemoryLowerBound > peak {
+			t.Errorf("%s: lower bound %d > compiled peak %d", Describe(cfg), e.MemoryLowerBound, peak)
+		}
+	}
+}
+
+// TestFixedExpertParallelism: a fixed ep takes its share of the devices
+// in every plan, the batch is split over dp·ep, and the compiled plans
+// price the all_to_alls on ep.
+func TestFixedExpertParallelism(t *testing.T) {
+	m := smallMoE(t)
 	base := baseConfig(8, 8)
 	base.EP, base.Explicit["ep"] = 2, true
 	res, err := Plan(Request{Base: base, Hardware: cpuHardware(t), Module: m, TopK: 2})

@@ -2,6 +2,8 @@ package planner
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"gcompile/cost"
 	"gcompile/ir"
@@ -16,8 +18,15 @@ import (
 // refused: the estimate would be meaningless for it.
 func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 	var t cost.Transformer
-	layers := map[int]bool{}
+	layers, moeLayers := map[int]bool{}, map[int]bool{}
+	var route ir.Shape // the first MoE block's slot index [G, E, C]
 	for _, v := range m.Values {
+		if v.Op == "moe_route" && v.Type.Rank() == 3 {
+			moeLayers[v.Meta.Layer] = true
+			if route == nil {
+				route = v.Type.Shape
+			}
+		}
 		if v.Meta.Layer >= 0 && v.Op != "param" {
 			layers[v.Meta.Layer] = true
 		}
@@ -33,8 +42,13 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 		}
 	}
 	t.Layers = len(layers)
+	if route != nil {
+		if err := moeShape(m, &t, route, moeLayers); err != nil {
+			return t, err
+		}
+	}
 	for _, p := range m.Params() {
-		if p.Meta.Layer == 0 && p.Type.Rank() == 2 {
+		if p.Meta.Layer == 0 && p.Type.Rank() == 2 && !moeLayers[0] {
 			for _, d := range p.Type.Shape {
 				if d != t.Hidden && d != 3*t.Hidden && d > t.FFN {
 					t.FFN = d
@@ -42,8 +56,59 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 			}
 		}
 	}
+	if t.FFN == 0 && t.Experts > 0 && t.MoELayers == t.Layers {
+		t.FFN = t.ExpertFFN // no dense block
+	}
 	if t.Seq == 0 || t.Vocab == 0 || t.Hidden == 0 || t.Layers == 0 || t.Heads == 0 || t.FFN == 0 {
 		return t, fmt.Errorf("the planner models decoder transformers (tokens [batch, seq], an embedding, layers tagged with b.Layer, attention, an MLP); %s does not read as one: %+v", m.Name, t)
 	}
 	return t, nil
+}
+
+// moeShape reads the mixture of experts from the module: the blocks with
+// a router (moe_route), the experts and slots per group from the first
+// one's slot index [G, E, C] (T = batch·seq/G tokens per group, so a token
+// takes E·C/T slots on average), the experts' width from that block's
+// expert weights [E, in, out] (the "expert" hint), and its router's
+// weights (its other matrices with an E-wide dim).
+func moeShape(m *ir.Module, t *cost.Transformer, route ir.Shape, moeLayers map[int]bool) error {
+	var tokens int
+	for _, v := range m.Values {
+		if v.Op == "input" && v.Name() == ir.InputTokens && v.Type.Rank() == 2 {
+			tokens = v.Type.Shape[0] * v.Type.Shape[1]
+		}
+	}
+	g, e, c := route[0], route[1], route[2]
+	if g <= 0 || e <= 0 || tokens%g != 0 {
+		return fmt.Errorf("the planner reads a MoE block's slot index [groups, experts, capacity] over the batch's tokens; %s has %v for %d tokens", m.Name, route, tokens)
+	}
+	first := -1
+	for l := range moeLayers {
+		if first < 0 || l < first {
+			first = l
+		}
+	}
+	t.Experts, t.MoELayers = e, len(moeLayers)
+	t.Slots = float64(e*c) / float64(tokens/g)
+	for _, p := range m.Params() {
+		if p.Meta.Layer != first {
+			continue
+		}
+		if strings.HasPrefix(p.Attrs.Str("parallel"), "expert") && p.Type.Rank() == 3 && p.Type.Shape[0] == e {
+			// [E, h, f] or [E, f, h]: the width is the dim that is not h
+			// (or h itself when both are).
+			w := p.Type.Shape[1]
+			if w == t.Hidden {
+				w = p.Type.Shape[2]
+			}
+			t.ExpertFFN = max(t.ExpertFFN, w)
+			t.ExpertParams += int(p.Type.Shape.NumElements()) / e
+		} else if p.Type.Rank() == 2 && slices.Contains(p.Type.Shape, e) {
+			t.RouterParams += int(p.Type.Shape.NumElements())
+		}
+	}
+	if t.ExpertFFN == 0 {
+		return fmt.Errorf("the planner reads a MoE block's experts from its weights [experts, in, out] with the expert hint (frontend.ExpertParallel); %s's block %d has none", m.Name, first)
+	}
+	return nil
 }

@@ -14,6 +14,9 @@ STEPS=${STEPS:-10}
 HARDWARE=${HARDWARE:-cpu}
 mkdir -p "$OUT"
 CGO_ENABLED=0 go build -o "$OUT/gcompile" ./cmd/gcompile
+# MODEL=moe: the MoE example (8 experts, every other block) over plans
+# that split it by ep, dp and tp instead.
+MODEL=${MODEL:-gpt}
 plans=(
 	"--devices 4 --dp 4"
 	"--devices 4 --dp 4 --zero 1"
@@ -31,6 +34,23 @@ plans=(
 	"--devices 8 --pp 2 --tp 2 --dp 2 --microbatches 4"
 )
 common=(examples/gpt/model.go --batch 16)
+if [ "$MODEL" = moe ]; then
+	plans=(
+		"--devices 4 --dp 4"
+		"--devices 4 --ep 2 --dp 2"
+		"--devices 4 --ep 4 --dp 1"
+		"--devices 4 --tp 2 --ep 2 --dp 1"
+		"--devices 4 --ep 2 --dp 2 --zero 1"
+		"--devices 4 --pp 2 --ep 2 --dp 1 --microbatches 4"
+		"--devices 8 --dp 8"
+		"--devices 8 --ep 2 --dp 4"
+		"--devices 8 --ep 4 --dp 2"
+		"--devices 8 --ep 8 --dp 1"
+		"--devices 8 --tp 2 --ep 4 --dp 1"
+		"--devices 8 --tp 2 --ep 2 --dp 2"
+	)
+	common=(examples/moe/model.go --batch 16 --set experts=8)
+fi
 : >"$OUT/rows.tsv"
 for p in "${plans[@]}"; do
 	# shellcheck disable=SC2086
@@ -47,7 +67,7 @@ recompute = flags[flags.index("--recompute") + 1] if "--recompute" in flags else
 # The plan the run trains: the search varies every axis the flags leave
 # open (sp, offload, ZeRO, microbatches, recompute), so pick the row with
 # the run's defaults for those.
-want = dict(tp=flag("--tp", 1), pp=flag("--pp", 1), dp=flag("--dp", 1), zero=flag("--zero", 0),
+want = dict(tp=flag("--tp", 1), pp=flag("--pp", 1), dp=flag("--dp", 1), ep=flag("--ep", 1), zero=flag("--zero", 0),
             microbatches=flag("--microbatches", 1), sequence_parallel="--sequence-parallel" in flags,
             recompute=recompute, offload="")
 row = next(r for r in plan if all(r[k] == v for k, v in want.items()))

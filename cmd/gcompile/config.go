@@ -95,7 +95,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.IntVar(&c.TP, "tp", 0, "tensor-parallel degree (0: chosen by the planner)")
 	fs.IntVar(&c.PP, "pp", 0, "pipeline-parallel degree (0: chosen by the planner)")
 	fs.IntVar(&c.DP, "dp", 0, "data-parallel degree (0: the devices left over)")
-	fs.IntVar(&c.EP, "ep", 0, "expert-parallel degree: mixture-of-experts weights split by expert, tokens over dp×ep (0: 1; the planner does not search it yet)")
+	fs.IntVar(&c.EP, "ep", 0, "expert-parallel degree: mixture-of-experts weights split by expert, tokens over dp×ep (0: 1, or chosen by the planner for a model with experts)")
 	fs.IntVar(&c.VPP, "vpp", 0, "virtual pipeline stages per rank (0: 1)")
 	fs.IntVar(&c.Microbatches, "microbatches", 1, "microbatches per step")
 	fs.StringVar(&c.DPSync, "dp-sync", "sync", "data-parallel synchronisation: sync (all-reduce) or async (bounded staleness)")

@@ -19,7 +19,7 @@ import (
 
 // planAxes are the flags the planner searches; one the user gives stays
 // fixed.
-var planAxes = []string{"tp", "pp", "dp", "vpp", "microbatches", "zero", "sequence-parallel", "recompute", "offload", "schedule"}
+var planAxes = []string{"tp", "pp", "dp", "ep", "vpp", "microbatches", "zero", "sequence-parallel", "recompute", "offload", "schedule"}
 
 // planning says whether the planner chooses the plan: --plan, or --run
 // with --hardware and none of --tp, --pp, --dp given on more than one
