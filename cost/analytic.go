@@ -122,7 +122,14 @@ type Plan struct {
 	Precision        string // fp32, fp16, bf16
 	Schedule         string // "" without a pipeline
 	Optimizer        string // adamw (2 states), sgd (1), others factored (≈0)
+	// SerialReductions: the data-parallel reduction follows the backward
+	// even where the hardware's runtime overlaps buckets with it
+	// (Hardware.OverlapBuckets), as Megatron-LM's local DDP of 2021 did.
+	SerialReductions bool
 }
+
+// defaultBucketBytes is --bucket-mb's default, 25 MiB of gradients.
+const defaultBucketBytes = 25 << 20
 
 // Devices is tp·pp·dp·ep.
 func (p Plan) Devices() int { return p.TP * p.PP * p.DP * max(p.EP, 1) }
@@ -470,9 +477,17 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			// Params gathered before each microbatch's forward and backward.
 			c += 2 * float64(p.Microbatches) * Collective("all_gather", p.DP, eb*stageParams, dpLink)
 		}
-		tail += c
 		e.CommSeconds["dp"] = c
 		e.CommBytes["dp"] = 2 * g * float64(p.DP-1) / float64(p.DP)
+		if h.OverlapBuckets && !p.SerialReductions && p.Zero == 0 && p.PP == 1 {
+			// Buckets of defaultBucketBytes reduce on their own stream as
+			// the last microbatch's backward produces them: all but the
+			// last bucket can hide behind that backward.
+			buckets := math.Ceil(g / defaultBucketBytes)
+			lastBackward := perChunk * float64(v) * layerB
+			c -= math.Min(c*(1-1/buckets), lastBackward)
+		}
+		tail += c
 		if ep > 1 {
 			shared := 4 * (stageParams - expertParams)
 			c := Collective("all_reduce", ep, shared, h.LinkFor(strided(ep, p.TP)))

@@ -65,6 +65,11 @@ type Hardware struct {
 	// this many host cores (the CPU backend): devices then compete for
 	// cores, and a step takes at least the whole work over the cores.
 	HostCores int `json:"host_cores,omitempty"`
+	// OverlapBuckets says the runtime reduces data-parallel gradient
+	// buckets (all-reduce) on a stream of their own while the backward
+	// goes on, as the CUDA backend does; without it they run in program
+	// order on the compute stream, as on the CPU backend.
+	OverlapBuckets bool `json:"overlap_buckets,omitempty"`
 }
 
 // Errors of a hardware description, so callers can tell a missing preset
@@ -103,7 +108,7 @@ func a100(name, board string, memGiB, memGBps float64) Hardware {
 		Name: name, Source: "NVIDIA A100 datasheet (" + board + "); DGX A100: 8 GPUs, NVLink3 600 GB/s bidirectional, 8x HDR 200 Gb/s",
 		PeakTFLOPS: map[string]float64{"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "f64": 19.5}, VectorTFLOPS: 19.5,
 		MemoryGiB: memGiB, MemoryGBps: memGBps, IntraGBps: 300, IntraLatencyUS: 5, InterGBps: 25, InterLatencyUS: 10, DevicesPerNode: 8, HostGBps: 25,
-		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
+		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3, OverlapBuckets: true,
 	}
 }
 
@@ -112,7 +117,7 @@ func hopper(name, source string, memGiB, memGBps float64) Hardware {
 		Name: name, Source: source + ": 8 GPUs, NVLink4 900 GB/s bidirectional, 8x NDR 400 Gb/s",
 		PeakTFLOPS: map[string]float64{"fp32": 67, "tf32": 494, "bf16": 989, "fp16": 989, "f64": 67}, VectorTFLOPS: 67,
 		MemoryGiB: memGiB, MemoryGBps: memGBps, IntraGBps: 450, IntraLatencyUS: 4, InterGBps: 50, InterLatencyUS: 8, DevicesPerNode: 8, HostGBps: 50,
-		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3,
+		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3, OverlapBuckets: true,
 	}
 }
 

@@ -84,8 +84,9 @@ type instrCost struct {
 // they cost only what exceeds the compute they overlap. Collectives are
 // priced in program order on the compute stream, so nothing else
 // overlaps: a data-parallel reduction delays the backward work after it
-// by its whole time. That is the CPU backend; the CUDA backend's comm
-// stream hides dp buckets behind the backward, which is not priced yet.
+// by its whole time. That is the CPU backend; with h.OverlapBuckets (the
+// CUDA backend's comm stream) buckets' all-reduces overlap the backward
+// when there is no pipeline.
 //
 // The devices of one pipeline rank run the same program in lockstep: a
 // collective ends when its slowest member's does, so the rank's time for
@@ -178,8 +179,20 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 	}
 	if sched == nil {
 		// One rank: the instructions one after another, copies on their
-		// own stream from the moment they are issued.
-		var clock, copyClock, copies float64
+		// own stream from the moment they are issued. With OverlapBuckets
+		// a bucket's all-reduce runs on the comm stream from the moment it
+		// is issued (after the comm stream's previous bucket), and the
+		// compute stream waits for it before the first instruction that
+		// reads one of its results or runs a collective on its axis, as
+		// the CUDA backend orders them.
+		var clock, copyClock, copies, commClock float64
+		prog := rankProg[0]
+		type pendingBucket struct {
+			outs map[int]bool
+			axis string
+			end  float64
+		}
+		var pending []pendingBucket
 		for i := range tl.Instrs[0] {
 			sl := &tl.Instrs[0][i]
 			if sl.Copy {
@@ -188,10 +201,41 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 				copies += sl.Seconds
 				continue
 			}
+			in := prog.Instrs[i]
+			if h.OverlapBuckets && len(pending) > 0 {
+				axis := ""
+				if ir.Collectives[in.Op] {
+					axis = in.Attrs.Str("axis")
+				}
+				kept := pending[:0]
+				for _, b := range pending {
+					reads := axis != "" && axis == b.axis && in.Bucket == 0
+					for _, a := range in.Args {
+						reads = reads || b.outs[a]
+					}
+					if reads {
+						clock = math.Max(clock, b.end)
+						continue
+					}
+					kept = append(kept, b)
+				}
+				pending = kept
+			}
+			if h.OverlapBuckets && in.Op == "all_reduce" && in.Bucket > 0 {
+				sl.Start = math.Max(clock, commClock)
+				commClock = sl.Start + sl.Seconds
+				if i == 0 || prog.Instrs[i-1].Bucket != in.Bucket {
+					pending = append(pending, pendingBucket{outs: map[int]bool{}, axis: in.Attrs.Str("axis")})
+				}
+				b := &pending[len(pending)-1]
+				b.outs[in.Out] = true
+				b.end = commClock
+				continue
+			}
 			sl.Start = clock
 			clock += sl.Seconds
 		}
-		pred.StepSeconds = math.Max(clock, copies)
+		pred.StepSeconds = math.Max(math.Max(clock, commClock), copies)
 	} else if err := h.pipelineStep(pred, tl, rankProg, sched); err != nil {
 		return nil, err
 	}

@@ -90,12 +90,13 @@ func PublishedRuns() []PublishedRun {
 }
 
 // Plan is the run's configuration as a cost.Plan (fp16 mixed precision,
-// Adam).
+// Adam, the gradient all-reduce after the backward: Megatron-LM's local
+// DDP of those papers did not overlap it).
 func (r PublishedRun) Plan() Plan {
 	dp := r.GPUs / (r.TP * r.PP)
 	p := Plan{TP: r.TP, PP: r.PP, DP: dp, VPP: r.VPP, MicroBatch: r.MicroBatch,
 		Microbatches: r.Batch / (dp * r.MicroBatch), SequenceParallel: r.SequenceParallel,
-		Recompute: r.Recompute, Precision: "fp16", Optimizer: "adamw"}
+		Recompute: r.Recompute, Precision: "fp16", Optimizer: "adamw", SerialReductions: true}
 	if r.PP > 1 {
 		p.Schedule = "1f1b"
 		if r.VPP > 1 {

@@ -24,6 +24,12 @@ import (
 // heads, seq 16, batch 8) on 4 devices under the given degrees.
 func compileGPT(t *testing.T, tp, pp, microbatches int) *compile.Result {
 	t.Helper()
+	return compileGPTBuckets(t, tp, pp, microbatches, 25)
+}
+
+// compileGPTBuckets is compileGPT with gradient buckets of bucketMB.
+func compileGPTBuckets(t *testing.T, tp, pp, microbatches int, bucketMB float64) *compile.Result {
+	t.Helper()
 	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 8,
 		Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16"}})
 	if err != nil {
@@ -34,7 +40,7 @@ func compileGPT(t *testing.T, tp, pp, microbatches int) *compile.Result {
 		t.Fatal(err)
 	}
 	cfg := compile.Config{Model: gir, Batch: 8, Devices: 4, TP: tp, PP: pp, Microbatches: microbatches,
-		Precision: "fp32", Optimizer: "adamw", Beta1: 0.9, Beta2: 0.95, WeightDecay: 0.1, Clip: 1, BucketMB: 25,
+		Precision: "fp32", Optimizer: "adamw", Beta1: 0.9, Beta2: 0.95, WeightDecay: 0.1, Clip: 1, BucketMB: bucketMB,
 		Explicit: map[string]bool{}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
