@@ -25,6 +25,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"gcompile/ir"
 )
 
 // Hardware is one kind of device and how devices are connected. Rates are
@@ -70,6 +72,12 @@ type Hardware struct {
 	// goes on, as the CUDA backend does; without it they run in program
 	// order on the compute stream, as on the CPU backend.
 	OverlapBuckets bool `json:"overlap_buckets,omitempty"`
+	// OpScale multiplies the roofline time (beyond the launch) of the
+	// named ops: what a backend's kernel for that op reaches against the
+	// roofline of its flops and bytes (the CPU backend's scalar GELU or
+	// cross-entropy are far from the memory bound a copy reaches). Refine
+	// fits it from a trace; a missing op is 1.
+	OpScale map[string]float64 `json:"op_scale,omitempty"`
 }
 
 // Errors of a hardware description, so callers can tell a missing preset
@@ -213,6 +221,14 @@ func (h *Hardware) Validate() error {
 	}
 	if _, ok := h.PeakTFLOPS["fp32"]; !ok && len(h.PeakTFLOPS) > 0 {
 		bad("peak_tflops needs fp32")
+	}
+	opKeys := slices.Sorted(maps.Keys(h.OpScale))
+	for _, op := range opKeys {
+		if _, ok := ir.Lookup(op); !ok {
+			bad("op_scale: unknown op %q", op)
+			continue
+		}
+		pos("op_scale."+op, h.OpScale[op])
 	}
 	pos("vector_tflops", h.VectorTFLOPS)
 	pos("memory_gib", h.MemoryGiB)

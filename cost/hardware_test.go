@@ -56,6 +56,8 @@ func TestLoadFile(t *testing.T) {
 		{"no-fp32.json", strings.Replace(good, `"fp32": 50, `, ``, 1), "needs fp32"},
 		{"node.json", strings.Replace(good, `"devices_per_node": 4`, `"devices_per_node": 0`, 1), "devices_per_node must be ≥ 1"},
 		{"empty-name.json", strings.Replace(good, `"mygpu"`, `" "`, 1), "name must not be empty"},
+		{"op-scale-op.json", strings.Replace(good, `"name": "mygpu",`, `"name": "mygpu", "op_scale": {"gelux": 2},`, 1), `op_scale: unknown op "gelux"`},
+		{"op-scale-value.json", strings.Replace(good, `"name": "mygpu",`, `"name": "mygpu", "op_scale": {"gelu": 0},`, 1), "op_scale.gelu must be positive"},
 	} {
 		_, err := Load(write(c.name, c.text))
 		if !errors.Is(err, ErrBadHardware) || !strings.Contains(err.Error(), c.want) {

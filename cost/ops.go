@@ -27,7 +27,11 @@ func (h *Hardware) OpTime(op string, dtype ir.DType, flops, bytes int64) float64
 			compute = f / (h.VectorTFLOPS * 1e12 * h.MemEfficiency)
 		}
 	}
-	return h.LaunchUS*1e-6 + math.Max(compute, h.memTime(float64(bytes)))
+	t := math.Max(compute, h.memTime(float64(bytes)))
+	if k, ok := h.OpScale[op]; ok {
+		t *= k
+	}
+	return h.LaunchUS*1e-6 + t
 }
 
 // memTime is the time to move n bytes through device memory at the

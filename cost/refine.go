@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -97,7 +98,14 @@ type measured struct {
 // k-th such instruction, so instructions sharing a value (the copies of
 // an update) still pair up one to one. A measured trace (process 0) is
 // preferred over a predicted one (process 2) in a merged file.
-func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured, []int, error) {
+//
+// With shared set (virtual devices sharing the host's cores, as
+// Hardware.HostCores says), an instruction's event lasts longer while
+// other devices' instructions run at once: each of k running together
+// gets 1/k of the cores. Its time is then its duration over k, the
+// mean number of events running during it (its own included), which is
+// what the model's "step ≥ summed work over the cores" adds up.
+func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool) ([]measured, []int, error) {
 	if len(progs) == 0 {
 		return nil, nil, fmt.Errorf("%w: no programs", ErrTraceMismatch)
 	}
@@ -125,6 +133,7 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 		dev, step int
 		ts, dur   float64
 		ref, op   string
+		share     float64 // 1/k of shared: the part of its duration that is its own
 	}
 	var evs []ev
 	for _, e := range events {
@@ -153,7 +162,48 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 			step = s
 		}
 		ref, _ := e.Args["value"].(string)
-		evs = append(evs, ev{dev: d, step: step, ts: e.Ts, dur: e.Dur, ref: ref, op: e.Name})
+		evs = append(evs, ev{dev: d, step: step, ts: e.Ts, dur: e.Dur, ref: ref, op: e.Name, share: 1})
+	}
+	if shared {
+		var maxEventSpan float64
+		for _, e := range evs {
+			maxEventSpan = max(maxEventSpan, e.dur)
+		}
+		byTs := make([]int, len(evs))
+		for i := range byTs {
+			byTs[i] = i
+		}
+		sort.Slice(byTs, func(a, b int) bool { return evs[byTs[a]].ts < evs[byTs[b]].ts })
+		// Collectives and transfers mostly wait for their peers, which
+		// takes no cores: they neither contend nor are scaled.
+		waits := func(op string) bool { return ir.Collectives[op] || op == "send" || op == "recv" }
+		for n, i := range byTs {
+			e := &evs[i]
+			if !(e.dur > 0) || waits(e.op) {
+				continue
+			}
+			end := e.ts + e.dur
+			busy := e.dur // device-time spent by all events within e's span
+			for _, j := range byTs[n+1:] {
+				o := evs[j]
+				if o.ts >= end {
+					break
+				}
+				if o.dev != e.dev && !waits(o.op) {
+					busy += min(end, o.ts+o.dur) - o.ts
+				}
+			}
+			for _, j := range slices.Backward(byTs[:n]) {
+				o := evs[j]
+				if o.ts+o.dur > e.ts && o.dev != e.dev && !waits(o.op) {
+					busy += min(end, o.ts+o.dur) - e.ts
+				}
+				if e.ts-o.ts > maxEventSpan {
+					break
+				}
+			}
+			e.share = e.dur / busy
+		}
 	}
 	if devices <= maxTraceDevices && len(seen) != devices {
 		return nil, nil, fmt.Errorf("%w: the trace has %d devices, the plan %d", ErrTraceMismatch, len(seen), devices)
@@ -209,8 +259,8 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 	// events of one collective (same step, value, op and occurrence, the
 	// same coordinates off its axis) are gathered and cut there.
 	type arrival struct {
-		key     [2]int
-		ts, end float64
+		key            [2]int
+		ts, end, share float64
 	}
 	groups := map[string][]arrival{}
 	// A receive's event likewise starts when the receiver is ready and
@@ -255,7 +305,7 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 				coords := slices.Clone(mesh.Coords(e.dev))
 				coords[ax] = -1
 				g := fmt.Sprint(e.step, k, n, coords)
-				groups[g] = append(groups[g], arrival{key: key, ts: e.ts, end: e.ts + e.dur})
+				groups[g] = append(groups[g], arrival{key: key, ts: e.ts, end: e.ts + e.dur, share: e.share})
 				continue
 			}
 		}
@@ -274,13 +324,13 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 			}
 			if in.Op == "send" {
 				tr.haveSend, tr.sendEnd = true, e.ts+e.dur
-				times[key] = append(times[key], e.dur*1e-6)
+				times[key] = append(times[key], e.dur*e.share*1e-6)
 			} else {
-				tr.haveRecv, tr.recv = true, arrival{key: key, ts: e.ts, end: e.ts + e.dur}
+				tr.haveRecv, tr.recv = true, arrival{key: key, ts: e.ts, end: e.ts + e.dur, share: e.share}
 			}
 			continue
 		}
-		times[key] = append(times[key], e.dur*1e-6)
+		times[key] = append(times[key], e.dur*e.share*1e-6)
 	}
 	for _, tr := range transfers {
 		if !tr.haveRecv {
@@ -290,7 +340,7 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 		if tr.haveSend {
 			start = max(start, tr.sendEnd)
 		}
-		times[tr.recv.key] = append(times[tr.recv.key], max(tr.recv.end-start, 0)*1e-6)
+		times[tr.recv.key] = append(times[tr.recv.key], max(tr.recv.end-start, 0)*tr.recv.share*1e-6)
 	}
 	for _, members := range groups {
 		last := members[0].ts
@@ -298,7 +348,7 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent) ([]measured
 			last = max(last, a.ts)
 		}
 		for _, a := range members {
-			times[a.key] = append(times[a.key], max(a.end-last, 0)*1e-6)
+			times[a.key] = append(times[a.key], max(a.end-last, 0)*a.share*1e-6)
 		}
 	}
 	if len(times) == 0 {
@@ -488,7 +538,7 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 	if len(events) == 0 {
 		return nil, nil, fmt.Errorf("%w: the trace has no events", ErrTraceMismatch)
 	}
-	ms, steps, err := matchTrace(progs, events)
+	ms, steps, err := matchTrace(progs, events, h.HostCores > 0)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -499,6 +549,7 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 		}
 	}
 	cur := h.clone()
+	cur.OpScale = nil // the class fit prices plain rooflines; the scales are fitted after it
 	var counts [clsInter + 1]int
 	var prevCls []int
 	for range 8 {
@@ -576,6 +627,8 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 		prevCls = cls
 	}
 	cur.normalize()
+	var opSamples map[string]int
+	cur.OpScale, opSamples = cur.fitOpScale(progOf, ms)
 	rep := &RefineReport{Instructions: len(ms), Steps: steps}
 	param := func(key string, before, after float64, n int, why string) {
 		p := RefinedParam{Key: key, Before: before, After: after, Samples: n, Kept: why != "", Why: why}
@@ -618,6 +671,13 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 		param(l.name+"_latency_us", l.lat, l.newLt, counts[l.cls], why)
 		param(l.name+"_gbps", l.gbps, l.newGBps, counts[l.cls], why)
 	}
+	for _, op := range slices.Sorted(maps.Keys(cur.OpScale)) {
+		before, ok := h.OpScale[op]
+		if !ok {
+			before = 1
+		}
+		param("op_scale."+op, before, cur.OpScale[op], opSamples[op], "")
+	}
 	if err := cur.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("refined hardware: %w", err)
 	}
@@ -635,6 +695,7 @@ func (h *Hardware) clone() *Hardware {
 	for k, v := range h.PeakTFLOPS {
 		c.PeakTFLOPS[k] = v
 	}
+	c.OpScale = maps.Clone(h.OpScale)
 	return &c
 }
 
@@ -719,4 +780,47 @@ func (h *Hardware) logError(progOf map[int]*lower.Program, ms []measured) float6
 		errs = append(errs, math.Abs(math.Log(p/m.seconds)))
 	}
 	return median(errs)
+}
+
+// opScaleTolerance is how far an op's kernels may sit from the fitted
+// roofline before it gets a scale of its own: within it, the class fit
+// already prices the op.
+const opScaleTolerance = 0.1
+
+// fitOpScale is each kernel op's median measured time over its roofline
+// time under h (both beyond the launch), for the ops whose kernels the
+// class fit leaves more than opScaleTolerance off, with the number of
+// instructions behind each. GEMMs, collectives and transfers have their
+// own parameters and get none.
+func (h *Hardware) fitOpScale(progOf map[int]*lower.Program, ms []measured) (map[string]float64, map[string]int) {
+	feats := map[int][]feature{}
+	costs := map[int][]instrCost{}
+	for d, p := range progOf {
+		feats[d] = h.features(p, d)
+		costs[d] = h.instrCosts(p, d)
+	}
+	ratios := map[string][]float64{}
+	launch := h.LaunchUS * 1e-6
+	for _, m := range ms {
+		f := feats[m.dev][m.idx]
+		if f.cls != clsMem && f.cls != clsVec {
+			continue
+		}
+		pred := costs[m.dev][m.idx].seconds - launch
+		if !(pred > 0) || !(m.seconds > launch) {
+			continue
+		}
+		op := progOf[m.dev].Instrs[m.idx].Op
+		ratios[op] = append(ratios[op], (m.seconds-launch)/pred)
+	}
+	scale, n := map[string]float64{}, map[string]int{}
+	for op, rs := range ratios {
+		if k := median(rs); math.Abs(math.Log(k)) > math.Log1p(opScaleTolerance) {
+			scale[op], n[op] = k, len(rs)
+		}
+	}
+	if len(scale) == 0 {
+		return nil, nil
+	}
+	return scale, n
 }

@@ -56,8 +56,9 @@ func TestRefineRoundTrip(t *testing.T) {
 			func(h *cost.Hardware) {
 				h.GEMMEfficiency, h.GEMMHalfUS, h.MemEfficiency, h.MemHalfUS, h.LaunchUS = 0.5, 40, 0.6, 3, 2
 				h.IntraGBps, h.IntraLatencyUS = 2, 30
+				ownCores(h)
 			},
-			func(*cost.Hardware) {},
+			ownCores,
 			[]string{"gemm_efficiency", "gemm_half_us", "mem_efficiency", "mem_half_us", "launch_us", "intra_node_gbps", "intra_node_latency_us"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -216,6 +217,7 @@ func TestRefineIgnoresWaitForStragglers(t *testing.T) {
 	truth, err := cost.Preset("cpu")
 	require.NoError(t, err)
 	truth.IntraGBps, truth.IntraLatencyUS = 2, 30
+	ownCores(truth)
 	events := predictedTrace(t, res, truth)
 	waited := 0
 	for i, e := range events {
@@ -228,6 +230,7 @@ func TestRefineIgnoresWaitForStragglers(t *testing.T) {
 	require.Positive(t, waited)
 	start, err := cost.Preset("cpu")
 	require.NoError(t, err)
+	ownCores(start)
 	got, _, err := start.Refine(res.Programs, events)
 	require.NoError(t, err)
 	assert.InEpsilon(t, truth.IntraGBps, got.IntraGBps, 0.03)
@@ -257,6 +260,7 @@ func TestRefineIgnoresWaitForSender(t *testing.T) {
 	truth, err := cost.Preset("cpu")
 	require.NoError(t, err)
 	truth.IntraGBps, truth.IntraLatencyUS = 2, 30
+	ownCores(truth)
 	events := predictedTrace(t, res, truth)
 	mesh := res.Programs[0].Mesh
 	pa := mesh.PipelineAxis()
@@ -281,8 +285,69 @@ func TestRefineIgnoresWaitForSender(t *testing.T) {
 	require.Positive(t, delayed)
 	start, err := cost.Preset("cpu")
 	require.NoError(t, err)
+	ownCores(start)
 	got, _, err := start.Refine(res.Programs, events)
 	require.NoError(t, err)
 	assert.InEpsilon(t, truth.IntraGBps, got.IntraGBps, 0.03)
 	assert.InEpsilon(t, truth.IntraLatencyUS, got.IntraLatencyUS, 0.03)
+}
+
+// TestRefineFitsOpScale: kernels of some ops far from the roofline (a
+// trace predicted with GELU 3× and LayerNorm 0.4× their roofline) refine
+// to those ops' scales, and the other ops, which the class fit prices,
+// get none.
+func TestRefineFitsOpScale(t *testing.T) {
+	res := compileGPT(t, 2, 1, 1)
+	truth, err := cost.Preset("cpu")
+	require.NoError(t, err)
+	truth.OpScale = map[string]float64{"gelu": 3, "layernorm": 0.4}
+	ownCores(truth)
+	events := predictedTrace(t, res, truth)
+	start, err := cost.Preset("cpu")
+	require.NoError(t, err)
+	ownCores(start)
+	got, rep, err := start.Refine(res.Programs, events)
+	require.NoError(t, err)
+	assert.InEpsilon(t, 3, got.OpScale["gelu"], 0.1)
+	assert.InEpsilon(t, 0.4, got.OpScale["layernorm"], 0.1)
+	assert.Len(t, got.OpScale, 2, "scales only for the ops off the roofline: %v", got.OpScale)
+	assert.Less(t, rep.LogErrorAfter, 0.05)
+	require.NoError(t, got.Validate())
+	path := filepath.Join(t.TempDir(), "refined.json")
+	require.NoError(t, got.Save(path))
+	back, err := cost.LoadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, got.OpScale, back.OpScale)
+}
+
+// ownCores makes h a CPU description whose devices each have the cores to
+// themselves, as a predicted trace draws them: Refine then takes each
+// event's duration as the instruction's time.
+func ownCores(h *cost.Hardware) { h.HostCores = 0 }
+
+// TestRefineSharesCores: on virtual devices sharing the host's cores, four
+// devices running their kernels at once take four times as long each; a
+// trace stretched so refines, under a description with shared cores, to
+// the kernels' own figures.
+func TestRefineSharesCores(t *testing.T) {
+	res := compileGPT(t, 2, 1, 1) // tp 2, dp 2: four devices in lockstep
+	truth, err := cost.Preset("cpu")
+	require.NoError(t, err)
+	truth.GEMMEfficiency, truth.MemEfficiency, truth.LaunchUS = 0.5, 0.6, 2
+	ownCores(truth)
+	events := predictedTrace(t, res, truth)
+	for i, e := range events {
+		if e.Ph == "X" && !ir.Collectives[e.Name] {
+			events[i].Ts, events[i].Dur = 4*e.Ts, 4*e.Dur
+		}
+	}
+	start, err := cost.Preset("cpu")
+	require.NoError(t, err)
+	require.Positive(t, start.HostCores)
+	got, _, err := start.Refine(res.Programs, events)
+	require.NoError(t, err)
+	assert.InEpsilon(t, truth.GEMMEfficiency, got.GEMMEfficiency, 0.03)
+	assert.InEpsilon(t, truth.MemEfficiency, got.MemEfficiency, 0.03)
+	assert.InEpsilon(t, truth.LaunchUS, got.LaunchUS, 0.03)
+	assert.Empty(t, got.OpScale)
 }
