@@ -382,12 +382,21 @@ func groupBuckets(p *Program) error {
 			readAt[a] = append(readAt[a], i)
 		}
 	}
+	// A reader that is itself bucketed runs where its bucket goes: a dp
+	// bucket reading an ep bucket's sums (passes.dataParallel) waits for
+	// its own last gradient, after the ep bucket.
+	at := func(r int) int {
+		if b := p.Instrs[r].Bucket; b > 0 {
+			return last[b]
+		}
+		return r
+	}
 	moved := map[int][]Instr{}
 	var out []Instr
 	for i, in := range p.Instrs {
 		if in.Bucket > 0 && i != last[in.Bucket] {
 			for _, r := range readAt[in.Out] {
-				if r <= last[in.Bucket] {
+				if at(r) <= last[in.Bucket] {
 					return fmt.Errorf("%s: bucket %d cannot wait for its last gradient: %s reads the result first", in.Value.Where(), in.Bucket-1, p.Instrs[r].Value.Where())
 				}
 			}

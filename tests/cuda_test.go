@@ -81,6 +81,14 @@ func cudaCases() []cudaCase {
 			// within 5.2e-6. make test checks the MoE kernels one by one
 			// (runtime/cuda's TestMoE*, TestRandom*).
 			cudaCase{name: "moe_noisy_ep2", progs: single(plan{model: "moe-noisy-topk", ep: 2}), fake: fp32Fake, gpu: fp32GPU},
+			// The shared gradients' ep buckets on the comm stream, each
+			// read by a dp bucket after it. Measured on the fake GPU:
+			// losses identical over 2 steps, weights within 6.3e-5 (the
+			// same with the ep reductions unbucketed): the reductions sum
+			// in another order than the CPU's, and Adam's first steps,
+			// g/(|g|+ε), magnify the last-bit differences of the small
+			// gradients.
+			cudaCase{name: "moe_dp2_ep2", progs: single(plan{model: "moe-switch", dp: 2, ep: 2}), fake: tolerance{1e-6, 1e-4}, gpu: fp32GPU},
 		)
 		// Tensor parallelism on virtual devices is also checked against
 		// the CPU backend by the CLI's test of --backend cuda (one step).

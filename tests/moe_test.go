@@ -157,6 +157,77 @@ func TestMoEExpertGradientsReduceOverDataOnly(t *testing.T) {
 	}
 }
 
+// TestMoESharedGradientsBucketed: under expert parallelism the shared
+// gradients, reduced over ep and then over dp, are bucketed on both axes:
+// every backward reduction over ep is in a bucket; with dp, each ep
+// bucket holds exactly the ep sums one dp bucket reads, so the lowered
+// program issues one ep call per dp bucket, before it.
+func TestMoESharedGradientsBucketed(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		axes []ir.MeshAxis
+	}{
+		{"dp2 ep2", []ir.MeshAxis{{Name: "dp", Size: 2}, {Name: "ep", Size: 2}}},
+		{"ep2", []ir.MeshAxis{{Name: "ep", Size: 2}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := frontend.Build(moeFamily(t), frontend.Config{Name: "moe", Batch: eqBatch, Set: familyOf("moe-switch", 0).set})
+			require.NoError(t, err)
+			opts := passes.DefaultOptions()
+			opts.BucketMB = 4.0 / 1024 // several buckets
+			opts.Mesh = &ir.Mesh{Axes: c.axes}
+			_, err = passes.Run(m, opts, passes.Hooks{})
+			require.NoError(t, err)
+			uses := m.Uses()
+			readers := map[int]map[int]bool{} // ep bucket → the dp buckets reading it
+			epCalls := 0
+			for _, v := range m.Values {
+				if v.Op != "all_reduce" || v.Attrs.Str("axis") != "ep" || v.Meta.Phase != ir.PhaseBwd {
+					continue
+				}
+				epCalls++
+				b, ok := v.Attrs["bucket"].(int)
+				require.True(t, ok, "%s: an ep gradient reduction outside any bucket", v.Where())
+				if len(c.axes) == 1 {
+					continue
+				}
+				require.Len(t, uses[v], 1, v.Where())
+				u := uses[v][0]
+				require.Equal(t, "dp", u.Attrs.Str("axis"), "%s is read by %s", v.Where(), u.Where())
+				if readers[b] == nil {
+					readers[b] = map[int]bool{}
+				}
+				readers[b][u.Attrs.Int("bucket", -1)] = true
+			}
+			require.Positive(t, epCalls)
+			for b, dps := range readers {
+				assert.Len(t, dps, 1, "ep bucket %d is read by dp buckets %v", b, dps)
+			}
+			prog, err := lower.LowerWith(m, lower.Options{})
+			require.NoError(t, err)
+			epDone := map[int]int{} // ep bucket → its last instruction
+			for i, in := range prog.Instrs {
+				if in.Bucket > 0 && in.Attrs.Str("axis") == "ep" {
+					epDone[in.Bucket] = i
+				}
+			}
+			assert.Less(t, len(epDone), epCalls, "fewer ep calls than tensors")
+			for i, in := range prog.Instrs {
+				if in.Bucket == 0 || in.Attrs.Str("axis") != "dp" {
+					continue
+				}
+				for _, a := range in.Args {
+					for j := range i {
+						if prog.Instrs[j].Out == a && prog.Instrs[j].Bucket > 0 && prog.Instrs[j].Attrs.Str("axis") == "ep" {
+							assert.Greater(t, i, epDone[prog.Instrs[j].Bucket], "a dp bucket issued before the ep bucket it reads")
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
 func moeFamily(t *testing.T) frontend.ModelFunc {
 	t.Helper()
 	return familyOf("moe-switch", 0).fn
