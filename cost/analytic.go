@@ -63,15 +63,17 @@ func mlpParams(hidden, ffn int) float64 {
 	return 2*h*f + f + h
 }
 
-// Per device under tensor parallelism (Megatron's splits): the q, k, v
-// projection and its bias, the output projection's matrix, the MLP's
-// first matrix and bias and its second matrix are split over tp; the
-// LayerNorms and the row-parallel layers' biases are whole on every rank.
+// attnParamsPerDevice is attnParams on one of tp ranks, as Megatron
+// splits them: the q, k, v projection and its bias and the output
+// projection's matrix over tp; the LayerNorms and the output projection's
+// bias (a row-parallel layer's) whole on every rank.
 func (t Transformer) attnParamsPerDevice(tp float64) float64 {
 	h := float64(t.Hidden)
 	return (4*h*h+3*h)/tp + 5*h
 }
 
+// layerParamsPerDevice is LayerParams on one of tp ranks: the MLP's first
+// matrix and bias and its second matrix split, its second bias whole.
 func (t Transformer) layerParamsPerDevice(tp float64) float64 {
 	h, f := float64(t.Hidden), float64(t.FFN)
 	return t.attnParamsPerDevice(tp) + (2*h*f+f)/tp + h
