@@ -100,11 +100,13 @@ type measured struct {
 // preferred over a predicted one (process 2) in a merged file.
 //
 // With shared set (virtual devices sharing the host's cores, as
-// Hardware.HostCores says), an instruction's event lasts longer while
-// other devices' instructions run at once: each of k running together
-// gets 1/k of the cores. Its time is then its duration over k, the
-// mean number of events running during it (its own included), which is
-// what the model's "step ≥ summed work over the cores" adds up.
+// Hardware.HostCores says), a kernel's event lasts longer while other
+// devices' kernels run at once: each of k running together gets 1/k of
+// the cores. Its time is then its duration over k, the mean number of
+// kernels running during it (its own included), which is what the
+// model's "step ≥ summed work over the cores" adds up. Collectives and
+// transfers, which mostly wait for their peers, neither count nor are
+// divided.
 func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool) ([]measured, []int, error) {
 	if len(progs) == 0 {
 		return nil, nil, fmt.Errorf("%w: no programs", ErrTraceMismatch)
@@ -165,37 +167,37 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool
 		evs = append(evs, ev{dev: d, step: step, ts: e.Ts, dur: e.Dur, ref: ref, op: e.Name, share: 1})
 	}
 	if shared {
-		var maxEventSpan float64
-		for _, e := range evs {
-			maxEventSpan = max(maxEventSpan, e.dur)
-		}
-		byTs := make([]int, len(evs))
-		for i := range byTs {
-			byTs[i] = i
-		}
-		sort.Slice(byTs, func(a, b int) bool { return evs[byTs[a]].ts < evs[byTs[b]].ts })
 		// Collectives and transfers mostly wait for their peers, which
 		// takes no cores: they neither contend nor are scaled.
 		waits := func(op string) bool { return ir.Collectives[op] || op == "send" || op == "recv" }
+		var byTs []int // the kernel events, by start
+		var maxEventSpan float64
+		for i, e := range evs {
+			if !waits(e.op) {
+				byTs = append(byTs, i)
+				maxEventSpan = max(maxEventSpan, e.dur)
+			}
+		}
+		sort.Slice(byTs, func(a, b int) bool { return evs[byTs[a]].ts < evs[byTs[b]].ts })
 		for n, i := range byTs {
 			e := &evs[i]
-			if !(e.dur > 0) || waits(e.op) {
+			if !(e.dur > 0) {
 				continue
 			}
 			end := e.ts + e.dur
-			busy := e.dur // device-time spent by all events within e's span
+			busy := e.dur // kernel time of all devices within e's span
 			for _, j := range byTs[n+1:] {
 				o := evs[j]
 				if o.ts >= end {
 					break
 				}
-				if o.dev != e.dev && !waits(o.op) {
+				if o.dev != e.dev {
 					busy += min(end, o.ts+o.dur) - o.ts
 				}
 			}
 			for _, j := range slices.Backward(byTs[:n]) {
 				o := evs[j]
-				if o.ts+o.dur > e.ts && o.dev != e.dev && !waits(o.op) {
+				if o.ts+o.dur > e.ts && o.dev != e.dev {
 					busy += min(end, o.ts+o.dur) - e.ts
 				}
 				if e.ts-o.ts > maxEventSpan {
