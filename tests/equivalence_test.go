@@ -52,6 +52,11 @@ func (p plan) String() string {
 	if p.attention != "" {
 		s += "_" + p.attention
 	}
+	for _, o := range []string{p.recompute, p.offload} {
+		if o != "" {
+			s += "_" + o
+		}
+	}
 	return s
 }
 
@@ -84,10 +89,13 @@ func familyOf(name string, layers int) family {
 		f = family{name: "wholeinput", fn: wholeInputModel, set: map[string]string{}}
 	case "ropetable":
 		f = family{name: "ropetable", fn: ropeTableModel, set: map[string]string{}}
-	case "moe-switch", "moe-gshard", "moe-switch-drop", "moe-noisy-topk":
+	case "moe-switch", "moe-gshard", "moe-switch-drop", "moe-noisy-topk", "moe-expert-choice":
 		router, capacity := strings.TrimPrefix(name, "moe-"), "4"
-		if router == "switch-drop" {
+		switch router {
+		case "switch-drop":
 			router, capacity = "switch", "1"
+		case "expert-choice":
+			capacity = "2" // each expert takes 16·2/4 = 8 of a group's 16 tokens
 		}
 		f = family{name: name, fn: moe.Model, set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16",
 			"experts": "4", "ffn": "32", "router": router, "capacity": capacity}}

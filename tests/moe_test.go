@@ -40,9 +40,11 @@ func TestMoEMatchesOneDevice(t *testing.T) {
 		{family: "moe-gshard", capacity: 16, plans: []plan{{ep: 4}, {dp: 2, ep: 2}}},
 		{family: "moe-switch-drop", capacity: 4, plans: []plan{{dp: 2, ep: 2}}},
 		{family: "moe-noisy-topk", capacity: 16, moves: 5, plans: []plan{{dp: 2, ep: 2, micro: 2}}},
+		{family: "moe-expert-choice", capacity: 8, plans: []plan{{dp: 2, ep: 2}}},
 	}
 	if fullMatrix() {
-		all := []plan{{ep: 2}, {ep: 4}, {dp: 2, ep: 2}, {tp: 2, ep: 2}, {dp: 2, ep: 2, zero: 1}, {dp: 2, ep: 2, zero: 3}, {dp: 2, ep: 2, tp: 2, zero: 2, micro: 2}}
+		all := []plan{{ep: 2}, {ep: 4}, {dp: 2, ep: 2}, {tp: 2, ep: 2}, {dp: 2, ep: 2, zero: 1}, {dp: 2, ep: 2, zero: 3}, {dp: 2, ep: 2, tp: 2, zero: 2, micro: 2},
+			{dp: 2, ep: 2, recompute: "full"}, {dp: 2, ep: 2, offload: "optimizer"}}
 		pipes := []pipePlan{{pp: 2, ep: 2, micro: 2, order: oneF1B, name: "1f1b"}, {pp: 2, ep: 2, micro: 4, order: scheduleOrder("gpipe"), name: "gpipe"}}
 		for i := range cases {
 			cases[i].plans, cases[i].pipes = all, pipes
@@ -59,6 +61,15 @@ func TestMoEMatchesOneDevice(t *testing.T) {
 			require.Positive(t, dropped, "capacity factor 1 must drop tokens for the check to mean anything")
 		} else {
 			require.Zero(t, dropped, "the capacity factor must leave room for every token")
+		}
+		if c.family == "moe-expert-choice" {
+			// Each expert takes its capacity of every group's tokens: the
+			// load is equal by construction, C/T of the tokens each.
+			for step, o := range ref.outputs {
+				for e := range 4 {
+					assert.InDelta(t, float64(c.capacity)/16, o[fmt.Sprintf("h.1.moe.load.e%d", e)], 1e-12, "step %d expert %d", step+1, e)
+				}
+			}
 		}
 		check := func(t *testing.T, got trajectory) {
 			// The key biases' gradient is zero in exact arithmetic, so
@@ -92,6 +103,11 @@ func TestMoEMatchesOneDevice(t *testing.T) {
 					moves := c.moves
 					if moves == 0 {
 						moves = 4
+					}
+					if p.recompute == "full" {
+						// The replayed forward moves again what the
+						// forward moved: all but the backward's two.
+						moves += moves - 2
 					}
 					want := int64(moves * experts * groups * c.capacity * hidden * 4 / (max(p.dp, 1) * p.ep))
 					assert.Equal(t, want, got.prog.CollectiveBytes()["all_to_all/ep"], "all_to_all bytes per device and step")
