@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 
@@ -14,14 +15,22 @@ import (
 
 // moeCases cover capacities that drop tokens (T·k > E·C) and ones that
 // leave slots empty, groups of one token, and rows and index runs longer
-// than a warp.
-var moeCases = []kcpu.MoEDims{
+// than a warp; GCOMPILE_FULL_TESTS=1 adds a wider one (two groups of 40
+// tokens, 9 slots), which is most of the emulator's time.
+var moeCases = append([]kcpu.MoEDims{
 	{G: 1, T: 8, E: 4, C: 2, M: 3},
 	{G: 3, T: 7, E: 5, C: 6, M: 5},
-	{G: 2, T: 40, E: 8, C: 9, M: 33},
+	{G: 1, T: 40, E: 8, C: 6, M: 33},
 	{G: 2, T: 5, E: 3, C: 1, M: 1},
 	{G: 1, T: 1, E: 1, C: 1, M: 2},
 	{G: 2, T: 12, E: 6, C: 7, M: 70},
+}, widerMoECases()...)
+
+func widerMoECases() []kcpu.MoEDims {
+	if os.Getenv("GCOMPILE_FULL_TESTS") != "1" {
+		return nil
+	}
+	return []kcpu.MoEDims{{G: 2, T: 40, E: 8, C: 9, M: 33}}
 }
 
 func (c moeCase) String() string {
