@@ -32,7 +32,13 @@ import (
 //   - collectives: an all-reduce between two virtual devices through the
 //     backend's comm (runtime/comm.Local) of 4 KiB and 4 MiB: the α and β
 //     of the intra-node link (all devices of the CPU backend share one
-//     process, so there is no other link).
+//     process, so there is no other link);
+//   - the transformer's elementwise and row kernels (GELU and its
+//     gradient, add, scale, LayerNorm and its gradients, cross-entropy
+//     and its gradient, a column sum, Adam's moments and update) run on a
+//     block's worth of activations: each op whose time is more than 10 %
+//     off the roofline of its flops and bytes gets that ratio as its
+//     op_scale (calibrateOps).
 //
 // Each measurement keeps the fastest of repeated runs (the machine's
 // capability, not its noise), and the whole takes well under a second.
@@ -105,8 +111,10 @@ func Calibrate() (*Hardware, error) {
 	h.InterGBps, h.InterLatencyUS = h.IntraGBps, h.IntraLatencyUS
 	h.HostGBps = h.MemoryGBps
 
-	h.Source = fmt.Sprintf("CPU backend, calibrated on this machine in %.0f ms: fp32 GEMM %.1f GFLOP/s (F½ %.3g µs), f64 %.1f GFLOP/s, memory %.1f GB/s, launch %.2f µs, all-reduce between 2 virtual devices %.2f GB/s after %.1f µs",
-		float64(time.Since(start).Microseconds())/1e3, peak/1e9, h.GEMMHalfUS, f64/1e9, h.MemoryGBps, h.LaunchUS, h.IntraGBps, 2*h.IntraLatencyUS)
+	h.OpScale = calibrateOps(h)
+
+	h.Source = fmt.Sprintf("CPU backend, calibrated on this machine in %.0f ms: fp32 GEMM %.1f GFLOP/s (F½ %.3g µs), f64 %.1f GFLOP/s, memory %.1f GB/s, launch %.2f µs, all-reduce between 2 virtual devices %.2f GB/s after %.1f µs, %d kernels' op scales",
+		float64(time.Since(start).Microseconds())/1e3, peak/1e9, h.GEMMHalfUS, f64/1e9, h.MemoryGBps, h.LaunchUS, h.IntraGBps, 2*h.IntraLatencyUS, len(h.OpScale))
 	if err := h.Validate(); err != nil {
 		return nil, fmt.Errorf("calibration: %w", err)
 	}
@@ -201,4 +209,86 @@ func allReduceTime(n, reps int) (float64, error) {
 		best = math.Min(best, time.Since(t).Seconds())
 	}
 	return best, nil
+}
+
+// calibrateOps times the CPU backend's kernels of the ops a transformer
+// step spends its non-GEMM time in, on a block's worth of data (1024
+// tokens of width 256, an MLP of 1024, a vocabulary of 512), and returns
+// each op's measured time over its roofline time under h (both beyond the
+// launch) where they differ by more than opScaleTolerance, as Refine
+// fits it from a trace. The kernels are the ones the backend runs, so the
+// scale holds their float64 arithmetic and transcendental functions that
+// a roofline of flops and bytes does not see.
+func calibrateOps(h *Hardware) map[string]float64 {
+	const rows, width, ffn, vocab = 1024, 256, 1024, 512
+	f32 := func(shape ...int) ir.Type { return ir.T(ir.F32, shape...) }
+	fill := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(i%13)*0.1 - 0.6
+		}
+		return x
+	}
+	act, hid := rows*width, rows*ffn
+	x, y, out := fill(act), fill(act), make([]float32, act)
+	hx, hy, hout := fill(hid), fill(hid), make([]float32, hid)
+	gamma, beta, dgamma := fill(width), fill(width), make([]float32, width)
+	logits, dlogits := fill(rows*vocab), make([]float32, rows*vocab)
+	labels := make([]int32, rows)
+	for i := range labels {
+		labels[i] = int32(i % vocab)
+	}
+	p, m, v := fill(act), fill(act), make([]float32, act)
+	for i := range v {
+		v[i] = 0.01
+	}
+	bench := []struct {
+		op    string
+		args  []ir.Type
+		out   ir.Type
+		attrs ir.Attrs
+		run   func()
+	}{
+		{"gelu", []ir.Type{f32(rows, ffn)}, f32(rows, ffn), nil, func() { kcpu.Gelu(hout, hx) }},
+		{"gelu_grad", []ir.Type{f32(rows, ffn), f32(rows, ffn)}, f32(rows, ffn), nil, func() { kcpu.GeluGrad(hout, hx, hy) }},
+		{"add", []ir.Type{f32(rows, width), f32(rows, width)}, f32(rows, width), nil, func() { kcpu.Add(out, x, y) }},
+		{"scale", []ir.Type{f32(rows, width), f32()}, f32(rows, width), nil, func() { kcpu.Scale(out, x, 0.5) }},
+		{"layernorm", []ir.Type{f32(rows, width), f32(width), f32(width)}, f32(rows, width), ir.Attrs{"eps": 1e-5},
+			func() { kcpu.LayerNorm(out, x, gamma, beta, rows, width, 1e-5) }},
+		{"layernorm_grad_x", []ir.Type{f32(rows, width), f32(width), f32(rows, width)}, f32(rows, width), ir.Attrs{"eps": 1e-5},
+			func() { kcpu.LayerNormGradX(out, x, gamma, y, rows, width, 1e-5) }},
+		{"layernorm_grad_gamma", []ir.Type{f32(rows, width), f32(rows, width)}, f32(width), ir.Attrs{"eps": 1e-5},
+			func() { kcpu.LayerNormGradGamma(dgamma, x, y, rows, width, 1e-5) }},
+		{"cross_entropy", []ir.Type{f32(rows, vocab), ir.T(ir.I32, rows)}, f32(), nil,
+			func() { _, _ = kcpu.CrossEntropy(logits, labels, rows, vocab) }},
+		{"cross_entropy_grad", []ir.Type{f32(rows, vocab), ir.T(ir.I32, rows), f32()}, f32(rows, vocab), nil,
+			func() { _ = kcpu.CrossEntropyGrad(dlogits, logits, labels, 1, rows, vocab) }},
+		{"reduce_sum", []ir.Type{f32(rows, ffn)}, f32(ffn), ir.Attrs{"axes": []int{0}},
+			func() { kcpu.ReduceSum(hout[:ffn], hx, []int{rows, ffn}, []int{0}) }},
+		{"adam_m", []ir.Type{f32(rows, width), f32(rows, width)}, f32(rows, width), ir.Attrs{"beta1": 0.9},
+			func() { kcpu.AdamMoment1(out, m, x, 0.9) }},
+		{"adam_v", []ir.Type{f32(rows, width), f32(rows, width)}, f32(rows, width), ir.Attrs{"beta2": 0.95},
+			func() { kcpu.AdamMoment2(out, v, x, 0.95) }},
+		{"adamw", []ir.Type{f32(rows, width), f32(rows, width), f32(rows, width), f32(), ir.T(ir.I32)}, f32(rows, width),
+			ir.Attrs{"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "wd": 0.1},
+			func() { kcpu.AdamW(out, p, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.1, 3) }},
+	}
+	scale := map[string]float64{}
+	launch := h.LaunchUS * 1e-6
+	for _, b := range bench {
+		info, ok := ir.Lookup(b.op)
+		if !ok || info.Cost == nil {
+			continue
+		}
+		f, by := info.Cost(b.args, b.out, b.attrs)
+		roof := h.OpTime(b.op, b.out.DType, f, by) - launch
+		t := fastest(10*time.Millisecond, 20, b.run) - launch
+		if k := t / roof; roof > 0 && t > 0 && math.Abs(math.Log(k)) > math.Log1p(opScaleTolerance) {
+			scale[b.op] = k
+		}
+	}
+	if len(scale) == 0 {
+		return nil
+	}
+	return scale
 }
