@@ -294,19 +294,9 @@ func TempModuleFile(m *ir.Module) (path string, remove func(), err error) {
 // updates or other outputs, so the evaluation program's memory plan holds
 // only the forward's buffers.
 func keepLoss(m *ir.Module) {
-	loss := m.Output(ir.OutputLoss)
-	need := map[*ir.Value]bool{}
-	var mark func(v *ir.Value)
-	mark = func(v *ir.Value) {
-		if need[v] {
-			return
-		}
-		need[v] = true
-		for _, a := range v.Args {
-			mark(a)
-		}
-	}
-	mark(loss)
+	m.Outputs = []ir.Output{{Name: ir.OutputLoss, Value: m.Output(ir.OutputLoss)}}
+	m.Updates = nil
+	need := m.Live()
 	kept := m.Values[:0]
 	for _, v := range m.Values {
 		if need[v] {
@@ -314,8 +304,6 @@ func keepLoss(m *ir.Module) {
 		}
 	}
 	m.Values = kept
-	m.Outputs = []ir.Output{{Name: ir.OutputLoss, Value: loss}}
-	m.Updates = nil
 }
 
 // ProgramOf is the program device rank runs.

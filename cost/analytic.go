@@ -299,32 +299,23 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// all-gather. Groups are tp consecutive ranks.
 	tpLink := h.LinkFor(consecutive(p.TP))
 	arBytes := eb * tokens * hd
+	// Both tp and ep move twice a layer forward and twice backward, and
+	// twice more when full recompute replays the forward.
+	per := 4.0
+	if p.Recompute == "full" {
+		per = 6
+	}
 	tpF, tpB := 0.0, 0.0
 	if p.TP > 1 {
 		one := Collective("all_reduce", p.TP, arBytes, tpLink)
-		tpF, tpB = 2*one, 2*one
-		if p.Recompute == "full" {
-			tpB += 2 * one
-		}
-		per := 4.0
-		if p.Recompute == "full" {
-			per = 6
-		}
+		tpF, tpB = 2*one, (per-2)*one
 		e.CommSeconds["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (tpF + tpB)
 		e.CommBytes["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * per * 2 * arBytes * (tp - 1) / tp
 	}
-	// Two all_to_alls forward (dispatch, combine) and two backward, two
-	// more when full recompute replays the forward; per layer on average.
-	epF, epB := 2*a2a*moeWeight, 2*a2a*moeWeight
-	if p.Recompute == "full" {
-		epB += epF
-	}
+	// The all_to_alls (dispatch, combine), per layer on average.
+	epF, epB := 2*a2a*moeWeight, (per-2)*a2a*moeWeight
 	if ep > 1 {
 		e.CommSeconds["ep"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (epF + epB)
-		per := 4.0
-		if p.Recompute == "full" {
-			per = 6
-		}
 		e.CommBytes["ep"] = float64(t.Layers/p.PP) * moeWeight * float64(p.Microbatches) * per * eb * tokens * t.Slots * hd * float64(ep-1) / float64(ep)
 	}
 	layerF += tpF + epF

@@ -426,16 +426,28 @@ func replicaCount(m *ir.Mesh, ppAxis int) int {
 // instrFlops is an instruction's flops from the op table (0 for
 // transfers and copies).
 func instrFlops(in lower.Instr) (float64, bool) {
+	f, _, _, ok := kernelCost(in)
+	return float64(f), ok
+}
+
+// kernelCost is an instruction's flops and bytes from the op table and
+// the dtype it computes in (a matmul's operands'); ok is false for an op
+// the table does not price.
+func kernelCost(in lower.Instr) (flops, bytes int64, dt ir.DType, ok bool) {
 	info, ok := ir.Lookup(in.Op)
 	if !ok || info.Cost == nil {
-		return 0, false
+		return 0, 0, 0, false
 	}
 	var attrs ir.Attrs
 	if in.Value != nil {
 		attrs = in.Value.Attrs
 	}
-	f, _ := info.Cost(in.ArgTypes, in.OutType, attrs)
-	return float64(f), true
+	flops, bytes = info.Cost(in.ArgTypes, in.OutType, attrs)
+	dt = in.OutType.DType
+	if len(in.ArgTypes) > 0 && in.Op == "matmul" {
+		dt = in.ArgTypes[0].DType
+	}
+	return flops, bytes, dt, true
 }
 
 // instrCosts prices every instruction of prog as device rank runs it.
@@ -518,18 +530,9 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 			ic.copy, ic.bytes = true, n
 			ic.seconds = n / (h.HostGBps * 1e9)
 		default:
-			info, ok := ir.Lookup(in.Op)
-			if !ok || info.Cost == nil {
+			f, b, dt, ok := kernelCost(in)
+			if !ok {
 				continue
-			}
-			var attrs ir.Attrs
-			if in.Value != nil {
-				attrs = in.Value.Attrs
-			}
-			f, b := info.Cost(in.ArgTypes, in.OutType, attrs)
-			dt := in.OutType.DType
-			if len(in.ArgTypes) > 0 && in.Op == "matmul" {
-				dt = in.ArgTypes[0].DType
 			}
 			ic.seconds = h.OpTime(in.Op, dt, f, b)
 			// Megatron's vocab-parallel cross-entropy exchanges per-row

@@ -470,21 +470,12 @@ func (h *Hardware) features(prog *lower.Program, rank int) []feature {
 			out[i] = link([]int{rank, mesh.Rank(c)}, 1, float64(in.OutType.Bytes()))
 		case in.Op == "send" || in.Op == "recv" || in.Op == "copy" && isHostCopy(prog, in):
 		default:
-			info, ok := ir.Lookup(in.Op)
-			if !ok || info.Cost == nil {
+			f, by, dt, ok := kernelCost(in)
+			if !ok {
 				continue
 			}
 			if (in.Op == "cross_entropy" || in.Op == "cross_entropy_grad") && in.Value != nil && mesh != nil && vocabAxis(in.Value.Args[0]) >= 0 {
 				continue // collectives hidden inside: not a kernel's time
-			}
-			var attrs ir.Attrs
-			if in.Value != nil {
-				attrs = in.Value.Attrs
-			}
-			f, by := info.Cost(in.ArgTypes, in.OutType, attrs)
-			dt := in.OutType.DType
-			if len(in.ArgTypes) > 0 && in.Op == "matmul" {
-				dt = in.ArgTypes[0].DType
 			}
 			mem := h.memTime(float64(by))
 			xm := float64(by) / (h.MemoryGBps * 1e9)

@@ -235,6 +235,26 @@ func (m *Module) Uses() map[*Value][]*Value {
 	return uses
 }
 
+// Live is the set of values some output or update needs, directly or
+// through the values computed from them (Values is in dependency order).
+func (m *Module) Live() map[*Value]bool {
+	live := map[*Value]bool{}
+	for _, o := range m.Outputs {
+		live[o.Value] = true
+	}
+	for _, u := range m.Updates {
+		live[u.Value] = true
+	}
+	for _, v := range slices.Backward(m.Values) {
+		if live[v] {
+			for _, a := range v.Args {
+				live[a] = true
+			}
+		}
+	}
+	return live
+}
+
 // MarkPass records that a pass has run.
 func (m *Module) MarkPass(name string) { m.Passes = append(m.Passes, name) }
 

@@ -85,21 +85,7 @@ func autodiff(m *ir.Module, _ *Options) error {
 // (the constant factor of a scale, say) that work would still run and keep
 // its inputs alive until the backward.
 func removeDeadBackward(m *ir.Module) {
-	live := map[*ir.Value]bool{}
-	for _, o := range m.Outputs {
-		live[o.Value] = true
-	}
-	for _, u := range m.Updates {
-		live[u.Value] = true
-	}
-	for i := len(m.Values) - 1; i >= 0; i-- {
-		v := m.Values[i]
-		if live[v] {
-			for _, a := range v.Args {
-				live[a] = true
-			}
-		}
-	}
+	live := m.Live()
 	kept := m.Values[:0]
 	for _, v := range m.Values {
 		if v.Meta.Phase == ir.PhaseBwd && !live[v] {

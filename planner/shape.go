@@ -20,6 +20,7 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 	var t cost.Transformer
 	layers, moeLayers := map[int]bool{}, map[int]bool{}
 	var route ir.Shape // the first MoE block's slot index [G, E, C]
+	var tokens int     // the batch's
 	for _, v := range m.Values {
 		if v.Op == "moe_route" && v.Type.Rank() == 3 {
 			moeLayers[v.Meta.Layer] = true
@@ -32,7 +33,7 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 		}
 		switch {
 		case v.Op == "input" && v.Name() == ir.InputTokens && v.Type.Rank() == 2:
-			t.Seq = v.Type.Shape[1]
+			t.Seq, tokens = v.Type.Shape[1], v.Type.Shape[0]*v.Type.Shape[1]
 		case v.Op == "embedding" && t.Vocab == 0 && len(v.Args) > 0 && v.Args[0].Type.Rank() == 2:
 			t.Vocab, t.Hidden = v.Args[0].Type.Shape[0], v.Args[0].Type.Shape[1]
 		case v.Op == "attention" && t.Heads == 0 && len(v.Args) > 1:
@@ -43,7 +44,7 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 	}
 	t.Layers = len(layers)
 	if route != nil {
-		if err := moeShape(m, &t, route, moeLayers); err != nil {
+		if err := moeShape(m, &t, route, tokens, moeLayers); err != nil {
 			return t, err
 		}
 	}
@@ -71,13 +72,7 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 // takes E·C/T slots on average), the experts' width from that block's
 // expert weights [E, in, out] (the "expert" hint), and its router's
 // weights (its other matrices with an E-wide dim).
-func moeShape(m *ir.Module, t *cost.Transformer, route ir.Shape, moeLayers map[int]bool) error {
-	var tokens int
-	for _, v := range m.Values {
-		if v.Op == "input" && v.Name() == ir.InputTokens && v.Type.Rank() == 2 {
-			tokens = v.Type.Shape[0] * v.Type.Shape[1]
-		}
-	}
+func moeShape(m *ir.Module, t *cost.Transformer, route ir.Shape, tokens int, moeLayers map[int]bool) error {
 	g, e, c := route[0], route[1], route[2]
 	if g <= 0 || e <= 0 || tokens%g != 0 {
 		return fmt.Errorf("the planner reads a MoE block's slot index [groups, experts, capacity] over the batch's tokens; %s has %v for %d tokens", m.Name, route, tokens)
