@@ -541,87 +541,19 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 			progOf[m.dev] = lower.ProgramOf(progs, m.dev)
 		}
 	}
-	cur := h.clone()
-	cur.OpScale = nil // the class fit prices plain rooflines; the scales are fitted after it
-	var counts [clsInter + 1]int
-	var prevCls []int
-	for range 8 {
-		feats := map[int][]feature{}
-		for d, p := range progOf {
-			feats[d] = cur.features(p, d)
-		}
-		cls := make([]int, len(ms))
-		var xs, ts [clsInter + 1][]float64
-		var as, bs [clsInter + 1][]float64
-		for k, m := range ms {
-			f := feats[m.dev][m.idx]
-			cls[k] = f.cls
-			if f.cls == clsNone || !(m.seconds > 0) {
-				continue
-			}
-			xs[f.cls] = append(xs[f.cls], f.x)
-			as[f.cls] = append(as[f.cls], f.a)
-			bs[f.cls] = append(bs[f.cls], f.b)
-			ts[f.cls] = append(ts[f.cls], m.seconds)
-		}
-		for c := range counts {
-			counts[c] = len(ts[c])
-		}
-		next := cur.clone()
-		// Memory first: its slope prices the vector-bound kernels too.
-		var memFixed float64
-		memFit := false
-		if len(ts[clsMem]) >= minSamples {
-			if c, s := fitLine(xs[clsMem], ts[clsMem]); s > 0 {
-				next.MemEfficiency, memFixed, memFit = 1/s, c, true
-			}
-		}
-		sMem := 1 / next.MemEfficiency
-		launch := cur.LaunchUS * 1e-6
-		memHalfFit := false
-		if len(ts[clsVec]) >= minSamples {
-			sx, st := smallest(xs[clsVec], ts[clsVec])
-			launch = median(residuals(sx, st, sMem, 0))
-			memHalfFit = memFit
-		} else if memFit {
-			sx, st := smallest(xs[clsMem], ts[clsMem])
-			launch = median(residuals(sx, st, sMem, cur.MemHalfUS*1e-6*sMem))
-		}
-		launch = math.Max(launch, 0)
-		next.LaunchUS = launch * 1e6
-		if memHalfFit {
-			next.MemHalfUS = math.Max(memFixed-launch, 0) / sMem * 1e6
-		}
-		if len(ts[clsGEMM]) >= minSamples {
-			if c, s := fitLine(xs[clsGEMM], ts[clsGEMM]); s > 0 {
-				next.GEMMEfficiency = 1 / s
-				next.GEMMHalfUS = math.Max(c-launch, 0) / s * 1e6
-			}
-		}
-		for _, l := range []struct {
-			cls       int
-			gbps, lat *float64
-		}{{clsIntra, &next.IntraGBps, &next.IntraLatencyUS}, {clsInter, &next.InterGBps, &next.InterLatencyUS}} {
-			if len(ts[l.cls]) < minSamples {
-				continue
-			}
-			ys := make([]float64, len(ts[l.cls]))
-			for i, t := range ts[l.cls] {
-				ys[i] = t - launch
-			}
-			if alpha, beta, ok := fitAlphaBeta(as[l.cls], bs[l.cls], ys, ts[l.cls]); ok {
-				*l.lat, *l.gbps = alpha*1e6, 1/beta/1e9
-			}
-		}
-		cur = next
-		if slices.Equal(cls, prevCls) {
-			break
-		}
-		prevCls = cls
+	// The fit's classes (compute- or memory-bound, vector- or memory-bound)
+	// follow the figures it starts from, and a start far from the trace
+	// (rates measured while the machine was busy) settles where its own
+	// misclassification put it. The trace alone gives a second start, its
+	// kernels' best achieved rates; the fit from each start is kept by how
+	// well it predicts the trace, so a noisy preset cannot make the
+	// refinement worse than the trace's own figures.
+	cur, counts, opSamples := h.fitFrom(progOf, ms)
+	alt, altCounts, altSamples := traceStart(h, progOf, ms).fitFrom(progOf, ms)
+	_, fromPreset := cur.logErrors(progOf, ms)
+	if _, fromTrace := alt.logErrors(progOf, ms); fromTrace < fromPreset-1e-12 {
+		cur, counts, opSamples = alt, altCounts, altSamples
 	}
-	cur.normalize()
-	var opSamples map[string]int
-	cur.OpScale, opSamples = cur.fitOpScale(progOf, ms)
 	rep := &RefineReport{Instructions: len(ms), Steps: steps}
 	param := func(key string, before, after float64, n int, why string) {
 		p := RefinedParam{Key: key, Before: before, After: after, Samples: n, Kept: why != "", Why: why}
@@ -680,6 +612,196 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 	rep.LogErrorBefore = h.logError(progOf, ms)
 	rep.LogErrorAfter = cur.logError(progOf, ms)
 	return cur, rep, nil
+}
+
+// fitFrom is the whole fit started from h: the class fit, then the op
+// scales over it, with how many instructions decided each.
+func (h *Hardware) fitFrom(progOf map[int]*lower.Program, ms []measured) (*Hardware, classCounts, map[string]int) {
+	cur, counts := h.fitClasses(progOf, ms)
+	var opSamples map[string]int
+	cur.OpScale, opSamples = cur.fitOpScale(progOf, ms)
+	return cur, counts, opSamples
+}
+
+// classCounts is how many instructions each class of the fit had.
+type classCounts [clsInter + 1]int
+
+// fitClasses is the class fit of Refine started from h: each class's
+// parameters fitted to its instructions, the instructions reclassified
+// under the new figures, until the classes settle (at most 8 rounds). The
+// launch cost is never set above launchCeiling of the trace: every
+// kernel pays it, so it cannot exceed what the fastest kernels took.
+func (h *Hardware) fitClasses(progOf map[int]*lower.Program, ms []measured) (*Hardware, classCounts) {
+	cur := h.clone()
+	cur.OpScale = nil // the class fit prices plain rooflines; the scales are fitted after it
+	ceiling := launchCeiling(progOf, ms)
+	var counts classCounts
+	var prevCls []int
+	for range 8 {
+		feats := map[int][]feature{}
+		for d, p := range progOf {
+			feats[d] = cur.features(p, d)
+		}
+		cls := make([]int, len(ms))
+		var xs, ts [clsInter + 1][]float64
+		var as, bs [clsInter + 1][]float64
+		for k, m := range ms {
+			f := feats[m.dev][m.idx]
+			cls[k] = f.cls
+			if f.cls == clsNone || !(m.seconds > 0) {
+				continue
+			}
+			xs[f.cls] = append(xs[f.cls], f.x)
+			as[f.cls] = append(as[f.cls], f.a)
+			bs[f.cls] = append(bs[f.cls], f.b)
+			ts[f.cls] = append(ts[f.cls], m.seconds)
+		}
+		for c := range counts {
+			counts[c] = len(ts[c])
+		}
+		next := cur.clone()
+		// Memory first: its slope prices the vector-bound kernels too.
+		var memFixed float64
+		memFit := false
+		if len(ts[clsMem]) >= minSamples {
+			if c, s := fitLine(xs[clsMem], ts[clsMem]); s > 0 {
+				next.MemEfficiency, memFixed, memFit = 1/s, c, true
+			}
+		}
+		sMem := 1 / next.MemEfficiency
+		launch := cur.LaunchUS * 1e-6
+		memHalfFit := false
+		if len(ts[clsVec]) >= minSamples {
+			sx, st := smallest(xs[clsVec], ts[clsVec])
+			launch = median(residuals(sx, st, sMem, 0))
+			memHalfFit = memFit
+		} else if memFit {
+			sx, st := smallest(xs[clsMem], ts[clsMem])
+			launch = median(residuals(sx, st, sMem, cur.MemHalfUS*1e-6*sMem))
+		}
+		launch = min(math.Max(launch, 0), ceiling)
+		next.LaunchUS = launch * 1e6
+		if memHalfFit {
+			next.MemHalfUS = math.Max(memFixed-launch, 0) / sMem * 1e6
+		}
+		if len(ts[clsGEMM]) >= minSamples {
+			if c, s := fitLine(xs[clsGEMM], ts[clsGEMM]); s > 0 {
+				next.GEMMEfficiency = 1 / s
+				next.GEMMHalfUS = math.Max(c-launch, 0) / s * 1e6
+			}
+		}
+		for _, l := range []struct {
+			cls       int
+			gbps, lat *float64
+		}{{clsIntra, &next.IntraGBps, &next.IntraLatencyUS}, {clsInter, &next.InterGBps, &next.InterLatencyUS}} {
+			if len(ts[l.cls]) < minSamples {
+				continue
+			}
+			ys := make([]float64, len(ts[l.cls]))
+			for i, t := range ts[l.cls] {
+				ys[i] = t - launch
+			}
+			if alpha, beta, ok := fitAlphaBeta(as[l.cls], bs[l.cls], ys, ts[l.cls]); ok {
+				*l.lat, *l.gbps = alpha*1e6, 1/beta/1e9
+			}
+		}
+		cur = next
+		if slices.Equal(cls, prevCls) {
+			break
+		}
+		prevCls = cls
+	}
+	cur.normalize()
+	return cur, counts
+}
+
+// launchQuantile is the share of a trace's kernels whose time bounds the
+// launch cost from above: a low quantile rather than the fastest one, so
+// that one timer glitch does not set it.
+const launchQuantile = 0.05
+
+// launchCeiling is the launchQuantile quantile of the measured times of
+// the trace's priced kernels (+Inf without any).
+func launchCeiling(progOf map[int]*lower.Program, ms []measured) float64 {
+	var ts []float64
+	for _, m := range ms {
+		if _, _, _, ok := kernelCost(progOf[m.dev].Instrs[m.idx]); ok && m.seconds > 0 {
+			ts = append(ts, m.seconds)
+		}
+	}
+	if len(ts) == 0 {
+		return math.Inf(1)
+	}
+	sort.Float64s(ts)
+	return ts[int(launchQuantile*float64(len(ts)-1))]
+}
+
+// bestRateQuantile picks a kernel class's achieved rate in the trace
+// start: a high quantile of the per-kernel rates, since the fastest
+// kernels are the nearest to the roofline that the efficiencies scale.
+const bestRateQuantile = 0.9
+
+// traceStart is h with its rates taken from the trace itself: the peak
+// from the matrix kernels' flops per second, the memory bandwidth from
+// the other kernels' bytes per second, the vector rate from their flops
+// per second (each the bestRateQuantile of its kernels), at efficiency 1,
+// no fixed costs, and the launch at the trace's launchCeiling. Links keep
+// h's figures, which the α–β fit does not start from. A rate with no
+// kernel to measure it keeps h's.
+func traceStart(h *Hardware, progOf map[int]*lower.Program, ms []measured) *Hardware {
+	var gemm, mem, vec []float64
+	for _, m := range ms {
+		in := progOf[m.dev].Instrs[m.idx]
+		if ir.Collectives[in.Op] || !(m.seconds > 0) {
+			continue
+		}
+		f, by, _, ok := kernelCost(in)
+		if !ok {
+			continue
+		}
+		if onMatrixUnits(in.Op) {
+			if f > 0 {
+				gemm = append(gemm, float64(f)/m.seconds)
+			}
+			continue
+		}
+		if by > 0 {
+			mem = append(mem, float64(by)/m.seconds)
+		}
+		if f > 0 {
+			vec = append(vec, float64(f)/m.seconds)
+		}
+	}
+	s := h.clone()
+	s.OpScale = nil
+	if q := quantile(gemm, bestRateQuantile); q > 0 {
+		r := q / (h.Peak("fp32") * 1e12)
+		for k := range s.PeakTFLOPS {
+			s.PeakTFLOPS[k] *= r
+		}
+	}
+	if q := quantile(mem, bestRateQuantile); q > 0 {
+		s.MemoryGBps = q / 1e9
+	}
+	if q := quantile(vec, bestRateQuantile); q > 0 {
+		s.VectorTFLOPS = q / 1e12
+	}
+	s.GEMMEfficiency, s.MemEfficiency = 1, 1
+	s.GEMMHalfUS, s.MemHalfUS = 0, 0
+	if c := launchCeiling(progOf, ms); !math.IsInf(c, 0) {
+		s.LaunchUS = c * 1e6
+	}
+	return s
+}
+
+// quantile is the q-quantile of xs (nearest rank; 0 when empty).
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	return s[int(q*float64(len(s)-1))]
 }
 
 func (h *Hardware) clone() *Hardware {
@@ -758,6 +880,14 @@ func fitAlphaBeta(as, bs, ys, ts []float64) (alpha, beta float64, ok bool) {
 // logError is the median |ln(predicted/measured)| over the instructions
 // Refine fits.
 func (h *Hardware) logError(progOf map[int]*lower.Program, ms []measured) float64 {
+	med, _ := h.logErrors(progOf, ms)
+	return med
+}
+
+// logErrors is the median and the mean |ln(predicted/measured)| over the
+// instructions Refine fits. The median is the figure reported; the mean,
+// which every instruction moves, chooses between fits whose medians tie.
+func (h *Hardware) logErrors(progOf map[int]*lower.Program, ms []measured) (med, mean float64) {
 	costs := map[int][]instrCost{}
 	feats := map[int][]feature{}
 	for d, p := range progOf {
@@ -770,9 +900,14 @@ func (h *Hardware) logError(progOf map[int]*lower.Program, ms []measured) float6
 		if feats[m.dev][m.idx].cls == clsNone || !(p > 0) || !(m.seconds > 0) {
 			continue
 		}
-		errs = append(errs, math.Abs(math.Log(p/m.seconds)))
+		e := math.Abs(math.Log(p / m.seconds))
+		errs = append(errs, e)
+		mean += e
 	}
-	return median(errs)
+	if len(errs) > 0 {
+		mean /= float64(len(errs))
+	}
+	return median(errs), mean
 }
 
 // opScaleTolerance is how far an op's kernels may sit from the fitted
