@@ -625,7 +625,10 @@ import (
 )
 
 func Model(b *frontend.Builder) {
-	os.WriteFile(os.Getenv("HANG_PID_FILE"), []byte(itoa(os.Getpid())), 0o644)
+	// Written whole, then renamed: the test reads the file once it exists.
+	pidFile := os.Getenv("HANG_PID_FILE")
+	os.WriteFile(pidFile+".tmp", []byte(itoa(os.Getpid())), 0o644)
+	os.Rename(pidFile+".tmp", pidFile)
 	for {
 		time.Sleep(time.Second)
 	}
@@ -646,6 +649,16 @@ func itoa(n int) string {
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
+	driver := 0
+	// A failing test leaves neither the command nor the model's looping
+	// driver behind.
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_, _ = cmd.Process.Wait()
+		if driver > 0 && t.Failed() {
+			_ = syscall.Kill(driver, syscall.SIGKILL)
+		}
+	})
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		if _, err := os.Stat(pidFile); err == nil {
@@ -656,8 +669,8 @@ func itoa(n int) string {
 	}
 	raw, err := os.ReadFile(pidFile)
 	require.NoError(t, err)
-	driver, err := strconv.Atoi(string(raw))
-	require.NoError(t, err)
+	driver, err = strconv.Atoi(string(raw))
+	require.NoError(t, err, "pid file %q", raw)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	err = cmd.Wait()
 	var exit *exec.ExitError
