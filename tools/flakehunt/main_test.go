@@ -55,7 +55,6 @@ func TestHuntReportsPassesAndFailures(t *testing.T) {
 	assert.Contains(t, string(raw), "TestBroken")
 }
 
-
 type nopWriter struct{}
 
 func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
