@@ -389,6 +389,43 @@ func TestBadCheckpointsAreNamedErrors(t *testing.T) {
 	}
 }
 
+// --resume takes a step folder as people type it (ck/step-2 for
+// ck/step-00000002); a step never saved is refused before any work,
+// naming the checkpoints there are, newest first.
+func TestResumeTakesTheStepAsTyped(t *testing.T) {
+	ck := filepath.Join(t.TempDir(), "ck")
+	args := append(slices.Clone(ckptGPT), "--steps", "4")
+	require.NoError(t, mainErr(gir(t, append(slices.Clone(args), "--checkpoint-dir", ck, "--checkpoint-every", "1", "--stop-after", "3"))))
+	tests := []struct {
+		resume string
+		step   int    // the checkpoint resumed from
+		err    string // or the error
+	}{
+		{"step-2", 2, ""},
+		{"step-0002", 2, ""},
+		{"step-00000001", 1, ""},
+		{"step-7", 0, "--resume: checkpoint " + filepath.Join(ck, "step-7") + " does not exist; " + ck + " holds " +
+			strings.Join([]string{checkpoint.StepDir(ck, 3), checkpoint.StepDir(ck, 2), checkpoint.StepDir(ck, 1)}, ", ") + " (newest first)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.resume, func(t *testing.T) {
+			resume := filepath.Join(ck, tc.resume)
+			if tc.err != "" {
+				err := mainErr(gir(t, append(slices.Clone(args), "--resume", resume)))
+				require.Error(t, err)
+				assert.ErrorContains(t, err, tc.err)
+				return
+			}
+			m := runMetrics(t, gir(t, append(slices.Clone(args), "--resume", resume))...)
+			require.NotNil(t, m.ResumedFrom)
+			assert.Equal(t, checkpoint.StepDir(ck, tc.step), m.ResumedFrom.Checkpoint)
+			assert.Equal(t, tc.step, m.ResumedFrom.Step)
+			require.NotEmpty(t, m.Steps)
+			assert.Equal(t, tc.step+1, m.Steps[0].Step)
+		})
+	}
+}
+
 func flipByte(t *testing.T, path string, at int) {
 	t.Helper()
 	raw, err := os.ReadFile(path)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -441,12 +442,17 @@ func completeSteps(root string) ([]int, error) {
 
 // Find resolves what a user names to resume from: a checkpoint folder
 // (one holding a manifest), or a root of them, whose latest complete
-// checkpoint it picks.
+// checkpoint it picks. A step folder may be named with any zero padding
+// (ck/step-20 is ck/step-00000020). A path that does not exist is an
+// error that lists the complete checkpoints beside it, newest first.
 func Find(path string) (string, error) {
 	if _, err := os.Stat(filepath.Join(path, ManifestName)); err == nil {
 		return path, nil
 	}
 	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return findStep(path, err)
+	}
 	if err != nil {
 		return "", fmt.Errorf("checkpoint %s: %w", path, err)
 	}
@@ -462,6 +468,56 @@ func Find(path string) (string, error) {
 	}
 	return StepDir(path, steps[len(steps)-1]), nil
 }
+
+// listedSteps is how many checkpoints an error about a missing one lists.
+const listedSteps = 5
+
+// findStep resolves a path that does not exist: ROOT/step-N with another
+// zero padding than StepDir's names the complete checkpoint of step N
+// under ROOT. Anything else is an error that lists the complete
+// checkpoints in the path's folder, newest first, or says there are none;
+// when that folder is missing too, notExist (the failed stat) says it.
+// Every one of them is an fs.ErrNotExist.
+func findStep(path string, notExist error) (string, error) {
+	root, base := filepath.Dir(path), filepath.Base(path)
+	digits, isStep := strings.CutPrefix(base, stepPrefix)
+	step, err := strconv.Atoi(digits)
+	isStep = isStep && err == nil && digits != "" && strings.Trim(digits, "0123456789") == ""
+	steps, err := completeSteps(root)
+	if err != nil {
+		// The folder above is missing too: the stat's error says it all.
+		return "", fmt.Errorf("checkpoint %s: %w", path, notExist)
+	}
+	if isStep && slices.Contains(steps, step) {
+		return StepDir(root, step), nil
+	}
+	why := fmt.Sprintf("checkpoint %s does not exist", path)
+	if isStep {
+		if _, err := os.Stat(StepDir(root, step) + partialSuffix); err == nil {
+			why = fmt.Sprintf("the checkpoint of step %d is incomplete (%s: a save that did not finish is never loaded)", step, StepDir(root, step)+partialSuffix)
+		}
+	}
+	if len(steps) == 0 {
+		return "", notFound(fmt.Sprintf("%s, and %s holds no complete checkpoint (no %sN folder with a %s in it)", why, root, stepPrefix, ManifestName))
+	}
+	var names []string
+	for i := len(steps) - 1; i >= 0 && len(names) < listedSteps; i-- {
+		names = append(names, StepDir(root, steps[i]))
+	}
+	if more := len(steps) - len(names); more > 0 {
+		names = append(names, fmt.Sprintf("%d older", more))
+	}
+	return "", notFound(fmt.Sprintf("%s; %s holds %s (newest first): name one of them, or %s for the newest",
+		why, root, strings.Join(names, ", "), root))
+}
+
+// notFound is a checkpoint that does not exist, for errors.Is(err,
+// fs.ErrNotExist), with a message that says what does.
+type notFound string
+
+func (e notFound) Error() string { return string(e) }
+
+func (e notFound) Unwrap() error { return fs.ErrNotExist }
 
 // ReadManifest reads and checks the manifest of the checkpoint in dir.
 func ReadManifest(dir string) (*Manifest, error) {

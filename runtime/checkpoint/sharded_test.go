@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"encoding/json"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -128,6 +129,55 @@ func TestFindSkipsPartialCheckpoints(t *testing.T) {
 	got, err = Find(StepDir(root, 2))
 	require.NoError(t, err)
 	assert.Equal(t, StepDir(root, 2), got)
+}
+
+// A step folder is found under any zero padding; a checkpoint that does
+// not exist is an fs.ErrNotExist that lists the complete ones beside it,
+// newest first, five at most.
+func TestFindStepByNumber(t *testing.T) {
+	dir := t.TempDir()
+	root := filepath.Join(dir, "ck")
+	raw, err := json.Marshal(validManifest())
+	require.NoError(t, err)
+	for s := 10; s <= 70; s += 10 {
+		require.NoError(t, os.MkdirAll(StepDir(root, s), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(StepDir(root, s), ManifestName), raw, 0o644))
+	}
+	require.NoError(t, os.MkdirAll(StepDir(root, 80)+partialSuffix, 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "empty"), 0o755))
+	newest := strings.Join([]string{StepDir(root, 70), StepDir(root, 60), StepDir(root, 50), StepDir(root, 40), StepDir(root, 30), "2 older"}, ", ")
+	tests := []struct {
+		name, path string
+		want       string // the folder found; "" for an error
+		errHas     []string
+	}{
+		{"no padding", filepath.Join(root, "step-20"), StepDir(root, 20), nil},
+		{"other padding", filepath.Join(root, "step-0020"), StepDir(root, 20), nil},
+		{"the folder's own name", StepDir(root, 30), StepDir(root, 30), nil},
+		{"the root", root, StepDir(root, 70), nil},
+		{"a step never saved", filepath.Join(root, "step-25"), "", []string{
+			"checkpoint " + filepath.Join(root, "step-25") + " does not exist", root + " holds " + newest + " (newest first)", "or " + root + " for the newest"}},
+		{"a partial save", filepath.Join(root, "step-80"), "", []string{"the checkpoint of step 80 is incomplete", StepDir(root, 80) + partialSuffix, newest}},
+		{"not a step name", filepath.Join(root, "latest"), "", []string{"checkpoint " + filepath.Join(root, "latest") + " does not exist", newest}},
+		{"signed step", filepath.Join(root, "step-+20"), "", []string{"does not exist", newest}},
+		{"an empty root", filepath.Join(dir, "empty", "step-3"), "", []string{"and " + filepath.Join(dir, "empty") + " holds no complete checkpoint"}},
+		{"a missing root", filepath.Join(dir, "nope", "step-3"), "", []string{"checkpoint " + filepath.Join(dir, "nope", "step-3") + ": stat", "no such file or directory"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Find(tc.path)
+			if tc.want != "" {
+				require.NoError(t, err)
+				assert.Equal(t, tc.want, got)
+				return
+			}
+			require.Error(t, err)
+			assert.ErrorIs(t, err, fs.ErrNotExist)
+			for _, w := range tc.errHas {
+				assert.ErrorContains(t, err, w)
+			}
+		})
+	}
 }
 
 // Above the shard size tensors go to Hugging Face shards with an index,
