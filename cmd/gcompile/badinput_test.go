@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	goruntime "runtime"
 	"runtime/debug"
 	"slices"
@@ -551,6 +552,38 @@ func TestHelpAndFlagMistakes(t *testing.T) {
 	_, stderr, code = run(gptModel, "--lr", "NaN")
 	assert.Equal(t, 1, code)
 	assert.Equal(t, "gcompile: learning rate: want --lr > 0 and finite, got NaN\n", stderr)
+}
+
+// -h lists every command mainErr dispatches, each with its arguments and
+// a line that says what it does; each name reaches its own command (its
+// -h is its usage), and no command a user has been told of goes missing.
+// --fuse's line names both backends, which both run fused ops.
+func TestHelpListsEverySubcommand(t *testing.T) {
+	out := captureStdout(t, func() { require.NoError(t, mainNoPanic(t, []string{"-h"})) })
+	names := map[string]bool{}
+	for _, sc := range subcommandTable() {
+		names[sc.name] = true
+	}
+	for _, want := range []string{"launch", "inspect", "export"} {
+		assert.True(t, names[want], "gcompile %s is dispatched", want)
+	}
+	for _, sc := range subcommandTable() {
+		t.Run(sc.name, func(t *testing.T) {
+			require.NotEmpty(t, sc.doc)
+			assert.Contains(t, out, "gcompile "+sc.name+" "+sc.args+"\n", "the usage line")
+			assert.Regexp(t, `(?m)^  `+regexp.QuoteMeta(sc.name)+` +`+regexp.QuoteMeta(sc.doc)+`$`, out, "the command's line under commands:")
+			// The subcommands' own usage goes to stdout (export, inspect)
+			// or stderr (launch's flag set).
+			var help string
+			stdout := captureStdout(t, func() {
+				var err error
+				help, err = captureStderr(t, func() error { return mainNoPanic(t, []string{sc.name, "-h"}) })
+				assert.NoError(t, err)
+			})
+			assert.Contains(t, stdout+help, "usage: gcompile "+sc.name+" ")
+		})
+	}
+	assert.Regexp(t, `-fuse\n\s+merge .*on either backend \(cpu: .*; cuda: .*NVRTC\)`, out)
 }
 
 // captureStdout runs f with os.Stdout going to a pipe and returns what it

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"gcompile/compile"
@@ -88,7 +89,17 @@ func parseArgs(args []string) (*config, error) {
 	// The usage goes where parsePositional points the output: stdout for
 	// -h (asked for, exit 0), nowhere for a mistake (one line says it).
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: gcompile MODEL.go|MODEL.gir [flags]\n       gcompile launch --nproc N [launch flags] -- MODEL.go [flags]\n\n")
+		w := tabwriter.NewWriter(fs.Output(), 0, 4, 2, ' ', 0)
+		fmt.Fprintf(w, "usage: gcompile MODEL.go|MODEL.gir [flags]\n")
+		for _, sc := range subcommandTable() {
+			fmt.Fprintf(w, "       gcompile %s %s\n", sc.name, sc.args)
+		}
+		fmt.Fprintf(w, "\ncommands:\n")
+		for _, sc := range subcommandTable() {
+			fmt.Fprintf(w, "  %s\t%s\n", sc.name, sc.doc)
+		}
+		fmt.Fprintf(w, "\nflags of gcompile MODEL.go|MODEL.gir (and of the processes gcompile launch starts):\n")
+		w.Flush()
 		fs.PrintDefaults()
 	}
 	fs.IntVar(&c.Devices, "devices", 1, "number of devices in the whole job (all processes together)")
@@ -119,7 +130,7 @@ func parseArgs(args []string) (*config, error) {
 	fs.StringVar(&c.deviceMemory, "device-memory", "", "memory per device, e.g. 80GiB or 512MiB (default: unlimited on cpu); a plan that does not fit is a compile error")
 	fs.StringVar(&c.Offload, "offload", "", "keep state in host memory, copied to the device ahead of each use: optimizer (optimizer state), params (parameters), or both as optimizer,params")
 	fs.IntVar(&c.OffloadPrefetch, "offload-prefetch", lower.DefaultPrefetchLayers, "with --offload: copy a layer's offloaded buffers to the device this many layer blocks ahead of use (0: right before use)")
-	fs.BoolVar(&c.Fuse, "fuse", false, "merge groups of fp32 elementwise ops into one fused kernel each (cpu backend)")
+	fs.BoolVar(&c.Fuse, "fuse", false, "merge groups of fp32 elementwise ops into one fused kernel each, on either backend (cpu: one Go closure; cuda: one CUDA kernel compiled with NVRTC)")
 	fs.StringVar(&c.Compress, "compress-activations", "", "stash activations for the backward compressed: relu (lossless 1-bit ReLU masks), lowp (bf16), or relu,lowp")
 	fs.StringVar(&c.timeline, "timeline", "", "draw the pipeline schedule (simulated, unit costs) as SVG to this file")
 	fs.StringVar(&c.report, "report", "", "write one self-contained HTML page of the run (loss and speed curves, memory per device, pipeline schedule, pass times) to FILE.html; without --run, of the compiled plan")

@@ -3,11 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -374,21 +374,111 @@ func TestJobRefusesADifferentPlan(t *testing.T) {
 	}
 }
 
-// The launcher stops every process when one fails, and says which.
+// The launcher stops every process when one fails, and says which: here
+// every process's compile refuses the plan (a check that needs the
+// compiled plan, which the launcher does not compile).
 func TestLaunchStopsTheJobWhenOneFails(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
 	t.Setenv(asMainEnv, "1")
-	dir := t.TempDir()
-	// A missing model fails every process at once; the launcher still
-	// returns, naming one.
-	err := mainErr([]string{"launch", "--nproc", "2", "--", filepath.Join(dir, "missing.gir"), "--devices", "2"})
+	model, err := jobModel()
+	require.NoError(t, err)
+	err = mainErr([]string{"launch", "--nproc", "2", "--", model, "--devices", "2", "--device-memory", "10KiB"})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "launch: rank")
-	assert.Contains(t, err.Error(), "failed")
-	var exitErr *exec.ExitError
-	assert.False(t, errors.As(err, &exitErr) && exitErr.ExitCode() == 0)
+	assert.Regexp(t, `^launch: rank [01] failed \(exit status 1\); stopping the others$`, err.Error())
+}
+
+// What the launcher can check itself is checked once, before any process
+// starts: one error, under no rank, and nothing started (a started
+// process would print its own, labelled with its rank).
+func TestLaunchChecksTheJobBeforeStarting(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the launcher as a process; skipped with -short")
+	}
+	model, err := jobModel()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	notDir, folder := filepath.Join(dir, "file"), filepath.Join(dir, "model.go")
+	require.NoError(t, os.WriteFile(notDir, []byte("x"), 0o644))
+	require.NoError(t, os.Mkdir(folder, 0o755))
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing model", []string{filepath.Join(dir, "nope", "model.go"), "--devices", "4"},
+			"gcompile: launch: no process started: model file: stat " + filepath.Join(dir, "nope", "model.go") + ": no such file or directory"},
+		{"model is a folder", []string{folder, "--devices", "4"}, "gcompile: launch: no process started: model file " + folder + " is a folder"},
+		{"flag value", []string{model, "--devices", "4", "--zero", "7"}, "gcompile: launch: no process started: --zero 7: want 0, 1, 2 or 3"},
+		{"unknown flag", []string{model, "--devices", "4", "--bogus"}, "gcompile: launch: no process started: flag provided but not defined: -bogus (see gcompile -h)"},
+		{"devices over processes", []string{model, "--devices", "6", "--tp", "6"},
+			"gcompile: launch: no process started: --devices 6 over --nproc 4 processes: 6 devices do not split evenly over 4 processes"},
+		{"missing checkpoint", []string{model, "--devices", "4", "--run", "--resume", filepath.Join(dir, "ck", "step-20")},
+			"gcompile: launch: no process started: --resume: checkpoint " + filepath.Join(dir, "ck", "step-20") + ": stat"},
+		{"missing --load", []string{model, "--devices", "4", "--run", "--load", filepath.Join(dir, "w.safetensors")},
+			"gcompile: launch: no process started: --load: stat " + filepath.Join(dir, "w.safetensors") + ": no such file or directory"},
+		{"output under a file", []string{model, "--devices", "4", "--metrics", filepath.Join(notDir, "m.json")},
+			"gcompile: launch: no process started: --metrics " + filepath.Join(notDir, "m.json") + ": stat " + filepath.Join(notDir, "m.json") + ": not a directory"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], append([]string{"launch", "--nproc", "4", "--"}, tc.args...)...)
+			cmd.Env = append(os.Environ(), asMainEnv+"=1")
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "%s", out)
+			assert.Equal(t, 1, exit.ExitCode())
+			assert.True(t, strings.HasPrefix(string(out), tc.want), "want %q, got:\n%s", tc.want, out)
+			assert.Equal(t, 1, strings.Count(string(out), "gcompile:"), "one error line:\n%s", out)
+			assert.NotContains(t, string(out), "rank", "no process started:\n%s", out)
+		})
+	}
+}
+
+// In a job whose processes fail, every error line starts with the rank
+// of the process that prints it: the process that failed names itself,
+// and the processes its failure stopped say so, naming it after their own.
+func TestJobErrorsNameTheirOwnRank(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	model, err := jobModel()
+	require.NoError(t, err)
+	self, err := os.Executable()
+	require.NoError(t, err)
+	port, err := freePort()
+	require.NoError(t, err)
+	const n, failing = 4, 2
+	ps := make([]*proc, n)
+	for r := range n {
+		args := []string{model, "--devices", "4", "--run", "--timeout", "20s"}
+		if r == failing {
+			args = append(args, "--device-memory", "10KiB") // only this process's compile fails
+		}
+		p := &proc{cmd: exec.Command(self, args...)}
+		p.cmd.Env = append(childEnv(r, n, port, "secret"), asMainEnv+"=1")
+		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		require.NoError(t, p.cmd.Start())
+		ps[r] = p
+	}
+	waitAll(t, ps, 60*time.Second)
+	label := regexp.MustCompile(`(?m)^gcompile: rank (\d+)\b`)
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d", r)
+		out := p.output()
+		labels := label.FindAllStringSubmatch(out, -1)
+		require.NotEmpty(t, labels, "rank %d labels its error:\n%s", r, out)
+		for _, l := range labels {
+			assert.Equal(t, strconv.Itoa(r), l[1], "process %d printed a line labelled rank %s:\n%s", r, l[1], out)
+		}
+		want := fmt.Sprintf("gcompile: rank %d: stopped by another process's failure: rank %d: out of device memory", r, failing)
+		if r == failing {
+			want = fmt.Sprintf("gcompile: rank %d: out of device memory", r)
+		}
+		assert.Contains(t, out, want, "rank %d", r)
+	}
 }
 
 func lastLine(s string) string {

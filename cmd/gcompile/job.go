@@ -273,10 +273,7 @@ func (j *job) report(err error) {
 	// reason there before the comm's abort closes this process's sockets.
 	if j.store != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		msg := err.Error()
-		if !strings.HasPrefix(msg, "rank ") {
-			msg = fmt.Sprintf("rank %d: %s", j.world.Rank, msg)
-		}
+		msg := labelled(j.world.Rank, err).Error()
 		// The first report wins: a failure echoing an earlier one must not
 		// hide its cause.
 		if ok, err := j.store.Check(ctx, keyAbort); err == nil && !ok {
@@ -327,6 +324,63 @@ func (j *job) cause(err error) error {
 		}
 	}
 	return err
+}
+
+// stoppedBy is the error this process reports, own its failure (in a job
+// of several processes, labelled with its rank): own; or what stopped the
+// job first, when that was this process too (a signal to it); or, when it
+// was another process's failure, that one, said to have stopped this
+// process. A process that failed the same way on its own (every process
+// of a job refused by the same check) reports its own.
+func (j *job) stoppedBy(own error) error {
+	cause := j.cause(own)
+	if !j.multi() || cause == own || sameFailure(cause.Error(), own.Error()) {
+		return own
+	}
+	if r, _, ok := rankLabel(cause.Error()); ok && r == j.world.Rank {
+		return cause
+	}
+	return fmt.Errorf("rank %d: stopped by another process's failure: %w", j.world.Rank, cause)
+}
+
+// labelled is err as process rank reports it: starting with its rank, so
+// that in the output of a job, where every process prints its error,
+// each line says which process printed it.
+func labelled(rank int, err error) error {
+	if r, _, ok := rankLabel(err.Error()); ok && r == rank {
+		return err
+	}
+	return fmt.Errorf("rank %d: %w", rank, err)
+}
+
+// rankLabel reads the rank a message starts with ("rank 3: …" or
+// "rank 3 was interrupted"); after a label with a colon, rest is the
+// message that follows it, otherwise the whole message.
+func rankLabel(msg string) (rank int, rest string, ok bool) {
+	after, ok := strings.CutPrefix(msg, "rank ")
+	if !ok {
+		return 0, msg, false
+	}
+	end := strings.IndexFunc(after, func(r rune) bool { return r < '0' || r > '9' })
+	if end <= 0 {
+		return 0, msg, false
+	}
+	rank, err := strconv.Atoi(after[:end])
+	if err != nil {
+		return 0, msg, false
+	}
+	if rest, ok := strings.CutPrefix(after[end:], ": "); ok {
+		return rank, rest, true
+	}
+	return rank, msg, strings.HasPrefix(after[end:], " ")
+}
+
+// sameFailure says whether two processes' messages report the same
+// failure, each under its own process's label.
+func sameFailure(a, b string) bool {
+	_, a, _ = rankLabel(a)
+	_, b, _ = rankLabel(b)
+	return a == b
 }
 
 // connect builds the comm between every device of the job.

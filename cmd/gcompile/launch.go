@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"gcompile/runtime"
 )
 
 // launchMain is `gcompile launch`: it starts --nproc processes of this
@@ -62,6 +64,15 @@ func launchMain(args []string) error {
 			}
 		}
 	}
+	c, err := checkJob(rest, *nproc)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return err // the usage was asked for, and printed once
+	case err != nil:
+		return fmt.Errorf("launch: no process started: %w", err)
+	case c.helpModel:
+		return helpModel(c)
+	}
 	if *port == 0 {
 		p, err := freePort()
 		if err != nil {
@@ -82,6 +93,54 @@ func launchMain(args []string) error {
 		token = hex.EncodeToString(b)
 	}
 	return supervise(self, rest, *nproc, *port, token, *grace)
+}
+
+// checkJob checks, once and before any process starts, what every
+// process would otherwise find wrong on its own and print, each under
+// its rank: the command line (flags and their combinations), the model
+// file, the split of --devices over the processes, and the inputs and
+// outputs checkPaths and checkCheckpointPaths check (the processes run on
+// this machine and see its files). What needs the compiled plan or the
+// other processes is still found by the processes.
+func checkJob(args []string, nproc int) (*config, error) {
+	c, err := parseArgs(args)
+	if err != nil || c.helpModel {
+		return c, err
+	}
+	if err := checkModelFile(c.Model); err != nil {
+		return nil, err
+	}
+	layout := runtime.Layout{Devices: c.Devices, Procs: nproc}
+	if err := layout.Check(); err != nil {
+		return nil, fmt.Errorf("--devices %d over --nproc %d processes: %w", c.Devices, nproc, err)
+	}
+	if c.packGPU && nproc > 1 {
+		return nil, fmt.Errorf("--pack-gpu runs one process's devices as virtual devices on one GPU; --nproc %d processes need one GPU per device (leave --pack-gpu out, or launch one process)", nproc)
+	}
+	if _, err := checkCheckpointPaths(c); err != nil {
+		return nil, err
+	}
+	if err := checkPaths(c, true); err != nil {
+		return nil, err
+	}
+	c.corpus = nil // each process reads its own
+	return c, nil
+}
+
+// checkModelFile checks that the model names a file that can be read.
+func checkModelFile(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("model file: %w", err)
+	}
+	if fi.IsDir() {
+		return fmt.Errorf("model file %s is a folder; name its MODEL.go or a MODEL.gir", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("model file: %w", err)
+	}
+	return f.Close()
 }
 
 // freePort asks the system for a port no one listens on.

@@ -34,6 +34,7 @@ import (
 	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda"
+	"gcompile/runtime/dist"
 )
 
 func main() {
@@ -51,44 +52,80 @@ func mainErr(args []string) (err error) {
 		}
 	}()
 	if len(args) > 0 {
-		switch args[0] {
-		case "launch":
-			return launchMain(args[1:])
-		case "export":
-			return exportMain(args[1:])
-		case "inspect":
-			return inspectMain(args[1:])
+		for _, sc := range subcommandTable() {
+			if args[0] == sc.name {
+				return sc.main(args[1:])
+			}
 		}
 	}
 	c, err := parseArgs(args)
 	if err != nil {
-		return err
+		return labelFromLauncher(c, err)
 	}
 	if c.helpModel {
 		return helpModel(c)
 	}
 	if c.planning() {
 		if err := runPlanner(c); err != nil || !c.run {
-			return err
+			return labelFromLauncher(c, err)
 		}
 	}
 	j, err := startJob(c)
 	if err != nil {
-		return err
+		return labelFromLauncher(c, err)
 	}
 	defer func() {
 		if err != nil {
-			if j.multi() && !strings.HasPrefix(err.Error(), "rank ") {
-				err = fmt.Errorf("rank %d: %w", j.world.Rank, err)
+			if j.multi() {
+				err = labelled(j.world.Rank, err)
 			}
 			j.fail(err)
 			// Another process's failure that stopped this one is the
 			// error to report: this one's is its echo.
-			err = j.cause(err)
+			err = j.stoppedBy(err)
 		}
 		err = errors.Join(err, j.close())
 	}()
 	return compileAndRun(c, j)
+}
+
+// subcommand is a command of gcompile other than compiling a model: its
+// name is the first argument. -h lists them all (config.go's usage).
+type subcommand struct {
+	name, args, doc string
+	main            func(args []string) error
+}
+
+// subcommandTable is the commands mainErr dispatches, in the order -h
+// lists them. A function, not a variable: launchMain reaches the usage
+// that lists them through parseArgs, a cycle no variable may start.
+func subcommandTable() []subcommand {
+	return []subcommand{
+		{"launch", "--nproc N [launch flags] -- MODEL.go|MODEL.gir [flags]", "start N processes of one job on this machine and watch them (see gcompile launch -h)", launchMain},
+		{"inspect", "CHECKPOINT", "print a checkpoint's training state, the plan that saved it and the bytes each rank wrote", inspectMain},
+		{"export", "CHECKPOINT --out FILE.safetensors", "write a checkpoint's params as one safetensors file (or Hugging Face shards) under the model's names", exportMain},
+	}
+}
+
+// labelFromLauncher is an error found before this process joined its job:
+// in a job of several processes, each printing it, it starts with the rank
+// the launcher (or --rank) gave this one. c is nil when the command line
+// did not parse.
+func labelFromLauncher(c *config, err error) error {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	var w dist.World
+	var werr error
+	if c != nil {
+		w, werr = worldOf(c)
+	} else {
+		w, werr = dist.FromEnv(os.Getenv)
+	}
+	if werr != nil || w.Size <= 1 {
+		return err
+	}
+	return labelled(w.Rank, err)
 }
 
 // compileAndRun compiles the plan and, with --run, trains it. In a job of
@@ -134,6 +171,9 @@ func compileAndRun(c *config, j *job) (err error) {
 		outErrs = append(outErrs, dumper.finish(res.Module, passErr))
 	}
 	if passErr != nil {
+		if c.report != "" && j.lead() {
+			outErrs = append(outErrs, reportCompileFailure(c, j, res, passErr))
+		}
 		return errors.Join(append([]error{passErr}, outErrs...)...)
 	}
 	if err := j.checkPlan(res.Fingerprint()); err != nil {
@@ -166,20 +206,17 @@ func compileAndRun(c *config, j *job) (err error) {
 		outErrs = append(outErrs, writeOutput("plan-trace", c.planTrace, func(p string) error { return writePlanTrace(c, res, p, j.log) }))
 	}
 	met := newMetrics(c, j, res, compileMs)
-	if sched != nil {
-		met.Schedule = runtime.ScheduleMetrics{Name: c.Schedule, BubbleTheory: c.BubbleTheory(), BubbleSimulated: res.Simulated.Bubble, StashPeak: res.Simulated.StashPeak}
-		if j.lead() {
-			if c.dump != "" {
-				// The schedule is IR too: dumped beside the passes, one line per rank.
-				outErrs = append(outErrs, writeOutput("dump", filepath.Join(c.dump, "schedule.txt"), func(p string) error {
-					return os.WriteFile(p, []byte(sched.String()), 0o644)
-				}))
-			}
-			if c.timeline != "" {
-				outErrs = append(outErrs, writeOutput("timeline", c.timeline, func(p string) error {
-					return writeTimeline(p, sched, res.Simulated, compile.UnitCost(sched))
-				}))
-			}
+	if sched != nil && j.lead() {
+		if c.dump != "" {
+			// The schedule is IR too: dumped beside the passes, one line per rank.
+			outErrs = append(outErrs, writeOutput("dump", filepath.Join(c.dump, "schedule.txt"), func(p string) error {
+				return os.WriteFile(p, []byte(sched.String()), 0o644)
+			}))
+		}
+		if c.timeline != "" {
+			outErrs = append(outErrs, writeOutput("timeline", c.timeline, func(p string) error {
+				return writeTimeline(p, sched, res.Simulated, compile.UnitCost(sched))
+			}))
 		}
 	}
 	for r := range res.Devices() {
@@ -203,15 +240,24 @@ func compileAndRun(c *config, j *job) (err error) {
 	return errors.Join(finishRun(c, j, res, met, runErr), outErr)
 }
 
-// newMetrics starts the metrics of a compiled plan.
+// newMetrics starts the metrics of a compiled plan, or of as much of it
+// as a failed compile got to (res nil: the model did not load).
 func newMetrics(c *config, j *job, res *compile.Result, compileMs float64) *runtime.Metrics {
 	met := &runtime.Metrics{
 		Config:    c.metricsConfig(j.world.Size),
 		CompileMs: compileMs,
 		Schedule:  runtime.ScheduleMetrics{Name: "none"},
-		Model:     runtime.ModelMetrics{Params: compile.ParamCount(res.Module)},
 		Steps:     []runtime.StepMetrics{},
 		Eval:      []runtime.EvalMetrics{},
+	}
+	if res == nil {
+		return met
+	}
+	if res.Module != nil {
+		met.Model.Params = compile.ParamCount(res.Module)
+	}
+	if res.Schedule != nil && res.Simulated != nil {
+		met.Schedule = runtime.ScheduleMetrics{Name: c.Schedule, BubbleTheory: c.BubbleTheory(), BubbleSimulated: res.Simulated.Bubble, StashPeak: res.Simulated.StashPeak}
 	}
 	for _, r := range res.Passes {
 		met.Passes = append(met.Passes, runtime.PassMetrics{Name: r.Name, Ms: r.Ms, Changed: r.Changed, Skipped: r.Skipped, Note: r.Note})

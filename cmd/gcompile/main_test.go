@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"html"
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -695,4 +697,37 @@ func TestSaveAndLoadCoverEveryStage(t *testing.T) {
 		names2 = append(names2, x.Name)
 	}
 	assert.ElementsMatch(t, names, names2, "a save under pp2 writes both stages' params")
+}
+
+// --report is written after a compile that fails too, headed by the
+// error: with the predicted memory of each device when the plan was
+// lowered and refused (what one wants to see next to "out of device
+// memory"), and with the error alone when the model did not load.
+func TestReportAfterCompileFailure(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.gir")
+	writeFile(t, bad, "garbage\n")
+	tests := []struct {
+		name    string
+		args    []string
+		want    string
+		devices bool // the page has a memory row per device
+	}{
+		{"plan over --device-memory", gir(t, append(slices.Clone(tinyGPT), "--device-memory", "10KiB")), "out of device memory: device 0 does not fit", true},
+		{"module that does not load", []string{bad}, `first line must be "gir 1", got "garbage"`, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			report := filepath.Join(t.TempDir(), "new", "r.html") // the folder is made
+			log, err := captureStderr(t, func() error { return mainNoPanic(t, append(slices.Clone(tc.args), "--report", report)) })
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			raw, rerr := os.ReadFile(report)
+			require.NoError(t, rerr, "the report of the failed compile is written")
+			page := html.UnescapeString(string(raw))
+			assert.Regexp(t, `<p class="error" id="error">[^<]*`+regexp.QuoteMeta(tc.want), page)
+			assert.Equal(t, tc.devices, strings.Contains(page, `<tr data-rank="0">`), "a memory row for device 0")
+			assert.Contains(t, log, "report of the failed compile: "+report)
+		})
+	}
 }

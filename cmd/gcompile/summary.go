@@ -45,6 +45,30 @@ func finishRun(c *config, j *job, res *compile.Result, met *runtime.Metrics, run
 	return runErr
 }
 
+// reportCompileFailure writes --report after a compile that failed: the
+// page is headed by the error and shows what the compile got to: the
+// passes that ran and, when the plan was lowered (a plan refused by
+// --device-memory is), each device's predicted memory. res may be nil
+// (the model did not load).
+func reportCompileFailure(c *config, j *job, res *compile.Result, compileErr error) error {
+	var ms float64
+	if !c.started.IsZero() {
+		ms = float64(time.Since(c.started).Microseconds()) / 1000
+	}
+	met := newMetrics(c, j, res, ms)
+	if res != nil && len(res.Programs) > 0 {
+		for r := range res.Devices() {
+			met.Devices = append(met.Devices, deviceMetrics(res.ProgramOf(r), r))
+		}
+	}
+	err := writeOutput("report", c.report, func(p string) error { return writeReport(p, c, res, met, compileErr) })
+	if err == nil {
+		// The error follows; the page shows what the compile got to.
+		fmt.Fprintf(j.log, "report of the failed compile: %s\n", c.report)
+	}
+	return err
+}
+
 // runTotals are the figures the summary and the report both lead with.
 type runTotals struct {
 	first, last int // the steps this run did (Steps' first and last)
