@@ -2,8 +2,11 @@ package dump
 
 // pageCSS lays the page out as a fixed-height viewport with a horizontally
 // scrolling row of columns, each scrolling vertically on its own, so columns
-// of very different lengths can be compared at any depth. The line height
-// is fixed (lineHeightPx) so skipped chunks can be sized exactly.
+// of very different lengths can be compared at any depth. A line longer
+// than its column wraps, with the rest indented, rather than running under
+// the next column: gir lines carry their attributes and source position at
+// the end, which is what a reader looks for. A line's height is one
+// lineHeightPx unless it wraps, so skipped chunks are sized about right.
 const pageCSS = `*{box-sizing:border-box}
 html,body{margin:0;height:100%}
 body{display:flex;flex-direction:column;font:13px/1.35 system-ui,sans-serif;color:#222;background:#f4f4f4}
@@ -11,32 +14,30 @@ body{display:flex;flex-direction:column;font:13px/1.35 system-ui,sans-serif;colo
 #top h1{margin:0;font-size:15px}
 .sum{color:#444}
 .help{color:#666;font-size:12px}
-#top .key{display:inline-block;height:auto;padding:0 4px}
+#top .key{display:inline-block;min-height:0;padding:0 4px;text-indent:0}
 #cols{flex:1;min-height:0;display:flex;overflow-x:auto;overflow-y:hidden}
 .col{flex:none;width:64ch;min-width:14ch;display:flex;flex-direction:column;overflow:hidden;resize:horizontal;background:#fff;border-right:1px solid #aaa}
-.col.fold{width:18ch;resize:none;background:#ececec}
-.hd{flex:none;height:42px;padding:3px 6px;overflow:hidden;white-space:nowrap;background:#e8ecf8;border-bottom:1px solid #bbb}
-.fold .hd{background:#dedede}
+.hd{flex:none;padding:3px 6px;background:#e8ecf8;border-bottom:1px solid #bbb;overflow-wrap:anywhere}
 .pn{font-weight:bold}
+.same{color:#555}
+.sm{color:#777}
+.pnote{color:#a70;font-size:11px}
 .ix{margin-right:.4em;color:#888;font-size:11px}
 .st{color:#555;font-size:11px}
 .na{color:#070}
 .nr{color:#b00}
 .nm{color:#a70}
 .body{flex:1;min-height:0;overflow:auto;font:12px/16px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-.ch{content-visibility:auto;width:max-content;min-width:100%}
-.l{height:16px;padding:0 6px;white-space:pre}
+.ch{content-visibility:auto}
+.l{min-height:16px;padding:0 6px 0 calc(6px + 4ch);text-indent:-4ch;white-space:pre-wrap;overflow-wrap:anywhere}
 .l.pb{background:#f4f1ff}
 .l.po{background:#fff6e6}
 .l.a{background:#ccf2c4}
 .l.m{box-shadow:inset 4px 0 #e0a000}
 .l.c{color:#888}
 .l.r{color:#a55;background:#fbe9e9;text-decoration:line-through}
-.rm{width:max-content;min-width:100%;margin-top:8px;border-top:2px solid #e99}
+.rm{margin-top:8px;border-top:2px solid #e99}
 .rh{padding:2px 6px;color:#b00;font:bold 11px system-ui,sans-serif}
-.fl{flex:1;min-height:0;overflow:auto;list-style:none;margin:0;padding:4px 6px;font-size:12px}
-.fl li{margin-bottom:4px;word-break:break-all}
-.fl .ms{color:#777;font-size:11px;white-space:nowrap}
 .empty{padding:1em}
 .v{cursor:pointer;border-radius:2px}
 .v:hover{text-decoration:underline}

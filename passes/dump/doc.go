@@ -9,8 +9,10 @@
 //   - one column per pass that changed the module, each scrolling on its own,
 //     with a header giving the pass name, its time and the value counts
 //     (+added, −removed, ~rewritten in place, total);
-//   - runs of passes that changed nothing folded into one narrow column that
-//     only lists their names and times;
+//   - passes that changed nothing merged into the column before them, as
+//     GOSSAFUNC merges passes with identical output: the header lists their
+//     names ("autodiff + cse + dce"), their times on hover, their notes;
+//   - lines longer than the column wrapped, the rest indented;
 //   - lines defining values that the pass added highlighted, lines whose
 //     value kept its id but changed text marked in the margin, and the lines
 //     of values it removed listed struck through at the column's bottom;

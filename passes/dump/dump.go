@@ -13,7 +13,7 @@ import (
 // they ran in the pipeline and what they cost.
 type Column struct {
 	Pass    string  // pass name, e.g. "autodiff"
-	Changed bool    // false: the pass left the module as it was (collapsed column, Text may be empty)
+	Changed bool    // false: the pass left the module as it was (listed in the previous column's header, Text may be empty)
 	Text    string  // full gir text after the pass (only needed when Changed, or for the first column)
 	Millis  float64 // time the pass took
 	Note    string  // what the pass noted (passes.Result.Note), shown under its name
@@ -25,33 +25,33 @@ type Column struct {
 const chunkLines = 512
 
 // lineHeightPx must match the .l rule in pageCSS: the page sizes skipped
-// chunks from it so the scrollbars are right before they are rendered.
+// chunks from it so the scrollbars are about right before they are
+// rendered (long lines wrap, so a chunk may end up taller; the browser
+// keeps the real size once it has laid a chunk out).
 const lineHeightPx = 16
 
 // WriteHTML renders cols as a side-by-side page. cols[0] is shown in full
 // whatever its Changed flag, since it is the baseline the rest are read
-// against; later columns with Changed false are folded into narrow columns.
-// It fails only when w does (the error wraps w's), leaving it to the driver
-// to decide whether a broken dump should stop a compile.
+// against; a later column with Changed false merges into the column before
+// it, as GOSSAFUNC's ssa.html merges passes with identical output: its text
+// is that column's, so the page lists the pass in that column's header
+// instead of repeating the text. It fails only when w does (the error wraps
+// w's), leaving it to the driver to decide whether a broken dump should stop
+// a compile.
 func WriteHTML(w io.Writer, title string, cols []Column) error {
 	p := &printer{w: bufio.NewWriterSize(w, 64<<10)}
 	p.head(title, cols)
 
 	var prev *snapshot
 	for i := 0; i < len(cols); {
-		if i > 0 && !cols[i].Changed {
-			j := i
-			for j < len(cols) && !cols[j].Changed {
-				j++
-			}
-			p.fold(i, cols[i:j])
-			i = j
-			continue
+		j := i + 1
+		for j < len(cols) && !cols[j].Changed {
+			j++
 		}
 		cur := parse(cols[i].Text)
-		p.column(i, &cols[i], cur, prev)
+		p.column(i, &cols[i], cols[i+1:j], cur, prev)
 		prev = cur
-		i++
+		i = j
 	}
 	if len(cols) == 0 {
 		p.s(`<p class="empty">no passes recorded</p>`)

@@ -114,8 +114,8 @@ func ids(re *regexp.Regexp, s string) []string {
 
 func TestAddedAndRemoved(t *testing.T) {
 	secs := sections(render(t, "t", fixture()))
-	if len(secs) != 5 {
-		t.Fatalf("got %d sections, want 5 (input, autodiff, fold, fuse, fold)", len(secs))
+	if len(secs) != 3 {
+		t.Fatalf("got %d sections, want 3 (input, autodiff + cse + dce, fuse + verify)", len(secs))
 	}
 	tests := []struct {
 		name           string
@@ -125,7 +125,7 @@ func TestAddedAndRemoved(t *testing.T) {
 	}{
 		{"input", secs[0], nil, nil, `<span class="nt">4 values</span>`},
 		{"autodiff", secs[1], []string{"5", "6", "7", "8"}, nil, `<span class="na">+4</span> <span class="nr">−0</span> <span class="nm">~0</span> <span class="nt">8 values</span>`},
-		{"fuse", secs[3], []string{"9"}, []string{"5", "6"}, `<span class="na">+1</span> <a class="nr" href="#c4-rm">−2</a> <span class="nm">~1</span> <span class="nt">7 values</span>`},
+		{"fuse", secs[2], []string{"9"}, []string{"5", "6"}, `<span class="na">+1</span> <a class="nr" href="#c4-rm">−2</a> <span class="nm">~1</span> <span class="nt">7 values</span>`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -147,16 +147,16 @@ func TestAddedAndRemoved(t *testing.T) {
 	}
 	// Removed lines must not carry the definition marker, or revealing a
 	// value would scroll to a line that no longer exists in that column.
-	rm := secs[3][strings.Index(secs[3], `class="rm"`):]
+	rm := secs[2][strings.Index(secs[2], `class="rm"`):]
 	if strings.Contains(rm, " d\"") {
 		t.Errorf("removed section marks a definition:\n%s", rm)
 	}
-	if got := ids(defRE, secs[3]); !slices.Equal(got, []string{"1", "2", "3", "4", "9", "7", "8"}) {
+	if got := ids(defRE, secs[2]); !slices.Equal(got, []string{"1", "2", "3", "4", "9", "7", "8"}) {
 		t.Errorf("fuse defs = %v", got)
 	}
 	// fuse rewired %7's operand: same id, new text, so it is marked changed.
 	modRE := regexp.MustCompile(`<div class="l m[^"]*"><span class="v v(\d+) d">`)
-	if got := ids(modRE, secs[3]); !slices.Equal(got, []string{"7"}) {
+	if got := ids(modRE, secs[2]); !slices.Equal(got, []string{"7"}) {
 		t.Errorf("fuse modified ids = %v, want [7]", got)
 	}
 	if got := ids(modRE, secs[1]); got != nil {
@@ -165,8 +165,8 @@ func TestAddedAndRemoved(t *testing.T) {
 }
 
 // TestAddedAgainstPreviousShown checks that "added" is relative to the
-// previous column shown in full, not to the immediately preceding entry,
-// which may be a folded pass without text.
+// previous column shown, not to the immediately preceding entry, which
+// may be an unchanged pass whose text is not the module's.
 func TestAddedAgainstPreviousShown(t *testing.T) {
 	cols := []Column{
 		{Pass: "input", Text: "%1 = a\n%2 = b\n"},
@@ -174,13 +174,13 @@ func TestAddedAgainstPreviousShown(t *testing.T) {
 		{Pass: "p", Changed: true, Text: "%1 = a\n%2 = b\n%3 = c %1, %2\n"},
 	}
 	secs := sections(render(t, "t", cols))
-	if len(secs) != 3 {
-		t.Fatalf("got %d sections, want 3", len(secs))
+	if len(secs) != 2 {
+		t.Fatalf("got %d sections, want 2", len(secs))
 	}
-	if got := ids(addedRE, secs[2]); !slices.Equal(got, []string{"3"}) {
+	if got := ids(addedRE, secs[1]); !slices.Equal(got, []string{"3"}) {
 		t.Errorf("added = %v, want [3]", got)
 	}
-	if got := ids(rmRE, secs[2]); got != nil {
+	if got := ids(rmRE, secs[1]); got != nil {
 		t.Errorf("removed = %v, want none", got)
 	}
 }
@@ -231,12 +231,15 @@ func TestEscaping(t *testing.T) {
 	checkWellFormed(t, page)
 }
 
-func TestUnchangedCollapsed(t *testing.T) {
+// Passes that leave the module unchanged merge into the column before
+// them, as GOSSAFUNC's ssa.html does: their names, times and notes in its
+// header, no column and no text of their own.
+func TestUnchangedMergeIntoThePreviousColumn(t *testing.T) {
 	const secret = "%1 = SHOULD_NOT_APPEAR"
 	cols := []Column{
 		{Pass: "input", Text: "%1 = a\n"},
 		{Pass: "cse", Text: secret, Millis: 1},
-		{Pass: "dce", Text: secret, Millis: 2},
+		{Pass: "dce", Text: secret, Millis: 2, Note: "nothing <dead>"},
 		{Pass: "fuse", Changed: true, Text: "%1 = a\n%2 = b %1\n"},
 		{Pass: "verify", Millis: 3},
 	}
@@ -245,40 +248,46 @@ func TestUnchangedCollapsed(t *testing.T) {
 		t.Errorf("text of an unchanged pass was rendered")
 	}
 	secs := sections(page)
-	if len(secs) != 4 {
-		t.Fatalf("got %d sections, want 4 (input, fold, fuse, fold)", len(secs))
+	if len(secs) != 2 {
+		t.Fatalf("got %d sections, want 2 (input + cse + dce, fuse + verify)", len(secs))
 	}
-	for _, k := range []int{1, 3} {
-		if !strings.HasPrefix(secs[k], `class="col fold"`) {
-			t.Errorf("section %d is not folded: %.80s", k, secs[k])
-		}
-		if strings.Contains(secs[k], `class="body"`) || strings.Contains(secs[k], `class="l`) {
-			t.Errorf("folded section %d has gir lines", k)
+	for _, want := range []string{
+		`<span class="pn" title="input">input</span> + <span class="same" title="cse: 1.00 ms, left the module unchanged"><span class="ix">1</span><span class="fn">cse</span></span>`,
+		` + <span class="same" title="dce: 2.00 ms, left the module unchanged"><span class="ix">2</span><span class="fn">dce</span></span></div>`,
+		`<span class="sm">then 2 passes without change, 3.00 ms</span>`,
+		`<div class="pnote">dce: nothing &lt;dead&gt;</div>`,
+	} {
+		if !strings.Contains(secs[0], want) {
+			t.Errorf("first column's header lacks %q:\n%.800s", want, secs[0])
 		}
 	}
 	for _, want := range []string{
-		`<span class="fn">cse</span> <span class="ms">1.00 ms</span>`,
-		`<span class="fn">dce</span> <span class="ms">2.00 ms</span>`,
-		`<div class="st">2 passes</div>`,
+		`<span class="ix">3</span><span class="pn" title="fuse">fuse</span> + <span class="same" title="verify: 3.00 ms, left the module unchanged"><span class="ix">4</span><span class="fn">verify</span></span>`,
+		`<span class="sm">then 1 pass without change, 3.00 ms</span>`,
 	} {
 		if !strings.Contains(secs[1], want) {
-			t.Errorf("fold lacks %q", want)
+			t.Errorf("trailing column's header lacks %q:\n%.800s", want, secs[1])
 		}
 	}
-	if !strings.Contains(secs[3], `<span class="fn">verify</span>`) || !strings.Contains(secs[3], "1 pass<") {
-		t.Errorf("trailing fold wrong: %s", secs[3])
+	if !strings.Contains(page, `5 passes in 2 columns`) {
+		t.Errorf("summary does not count passes and columns")
 	}
-	if strings.Contains(secs[0], "fold") || strings.Contains(secs[2], "fold") {
-		t.Errorf("changed columns folded")
+	// Each section holds its own text once, the merged passes none.
+	if n := strings.Count(secs[0], `<div class="l`); n != 1 {
+		t.Errorf("first column has %d lines, want 1", n)
 	}
+	if n := strings.Count(secs[1], `<div class="l`); n != 2 {
+		t.Errorf("fuse column has %d lines, want 2", n)
+	}
+	checkWellFormed(t, page)
 }
 
 // TestFirstColumnAlwaysFull: the input is the baseline of the first diff, so
 // it is shown even though nothing "changed" it.
 func TestFirstColumnAlwaysFull(t *testing.T) {
 	secs := sections(render(t, "t", []Column{{Pass: "input", Text: "%7 = a\n"}}))
-	if len(secs) != 1 || strings.Contains(secs[0], "fold") {
-		t.Fatalf("first column folded: %v", secs)
+	if len(secs) != 1 {
+		t.Fatalf("want one column: %v", secs)
 	}
 	if !strings.Contains(secs[0], `<div class="l"><span class="v v7 d">%7</span> = a</div>`) {
 		t.Errorf("first column content wrong:\n%s", secs[0])

@@ -16,6 +16,17 @@ func (p *printer) s(str string) { _, _ = p.w.WriteString(str) }
 
 func (p *printer) int(n int) { p.s(strconv.Itoa(n)) }
 
+// count writes n and the noun's singular or plural.
+func (p *printer) count(n int, one, many string) {
+	p.int(n)
+	p.s(" ")
+	if n == 1 {
+		p.s(one)
+	} else {
+		p.s(many)
+	}
+}
+
 // esc writes str HTML-escaped, with the same replacements as
 // html.EscapeString but without allocating, since it runs once per line of
 // text on modules with tens of thousands of lines.
@@ -53,18 +64,18 @@ func (p *printer) head(title string, cols []Column) {
 	p.esc(title)
 	p.s("</h1><span class=\"sum\">")
 
-	changed := 0
+	shown := 0
 	total := 0.0
 	for i, c := range cols {
 		if i == 0 || c.Changed {
-			changed++
+			shown++
 		}
 		total += c.Millis
 	}
-	p.int(len(cols))
-	p.s(" columns, ")
-	p.int(changed)
-	p.s(" shown in full, ")
+	p.count(len(cols), "pass", "passes")
+	p.s(" in ")
+	p.count(shown, "column", "columns")
+	p.s(" (a pass that changed nothing is listed in the column before it), ")
 	p.s(fmtMillis(total))
 	p.s(" in passes</span><span class=\"help\">")
 	p.s("click a %N to highlight it in every column (again to clear, Esc clears all); " +
@@ -80,9 +91,10 @@ func (p *printer) tail() {
 	p.s("</script>\n</body>\n</html>\n")
 }
 
-// column writes one full column; prev is the previous full column, or nil
-// for the first, which then has nothing to be diffed against.
-func (p *printer) column(index int, c *Column, cur, prev *snapshot) {
+// column writes one full column; same are the passes after it that left
+// the module unchanged, listed in its header; prev is the previous column,
+// or nil for the first, which then has nothing to be diffed against.
+func (p *printer) column(index int, c *Column, same []Column, cur, prev *snapshot) {
 	// One map lookup per line on each side: this is the hot loop for big
 	// modules. Counts use only the first definition of an id so that a
 	// malformed module with duplicate definitions is not double counted.
@@ -123,13 +135,25 @@ func (p *printer) column(index int, c *Column, cur, prev *snapshot) {
 	id := "c" + strconv.Itoa(index)
 	p.s("<section class=\"col\" id=\"")
 	p.s(id)
-	p.s("\">\n<div class=\"hd\"><span class=\"ix\">")
+	p.s("\">\n<div class=\"hd\"><div class=\"ps\"><span class=\"ix\">")
 	p.int(index)
 	p.s("</span><span class=\"pn\" title=\"")
 	p.esc(c.Pass)
 	p.s("\">")
 	p.esc(c.Pass)
-	p.s("</span><div class=\"st\"><span class=\"ms\">")
+	p.s("</span>")
+	for k := range same {
+		p.s(" + <span class=\"same\" title=\"")
+		p.esc(same[k].Pass)
+		p.s(": ")
+		p.s(fmtMillis(same[k].Millis))
+		p.s(", left the module unchanged\"><span class=\"ix\">")
+		p.int(index + 1 + k)
+		p.s("</span><span class=\"fn\">")
+		p.esc(same[k].Pass)
+		p.s("</span></span>")
+	}
+	p.s("</div><div class=\"st\"><span class=\"ms\">")
 	p.s(fmtMillis(c.Millis))
 	p.s("</span>")
 	if prev != nil {
@@ -151,8 +175,23 @@ func (p *printer) column(index int, c *Column, cur, prev *snapshot) {
 	}
 	p.s(" <span class=\"nt\">")
 	p.int(len(cur.defs))
-	p.s(" values</span></div>")
-	p.note(c.Note)
+	p.s(" values</span>")
+	if len(same) > 0 {
+		var ms float64
+		for _, c := range same {
+			ms += c.Millis
+		}
+		p.s(" <span class=\"sm\">then ")
+		p.count(len(same), "pass", "passes")
+		p.s(" without change, ")
+		p.s(fmtMillis(ms))
+		p.s("</span>")
+	}
+	p.s("</div>")
+	p.note("", c.Note)
+	for k := range same {
+		p.note(same[k].Pass, same[k].Note)
+	}
 	p.s("</div>\n<div class=\"body\">\n")
 
 	for start := 0; start < len(cur.lines); start += chunkLines {
@@ -186,39 +225,18 @@ func (p *printer) column(index int, c *Column, cur, prev *snapshot) {
 	p.s("</div>\n</section>\n")
 }
 
-// fold writes a run of passes that left the module unchanged as one narrow
-// column: there is nothing to diff, but their place in the pipeline and their
-// cost still matter.
-func (p *printer) fold(first int, run []Column) {
-	p.s("<section class=\"col fold\">\n<div class=\"hd\"><span class=\"pn\">unchanged</span><div class=\"st\">")
-	p.int(len(run))
-	if len(run) == 1 {
-		p.s(" pass")
-	} else {
-		p.s(" passes")
-	}
-	p.s("</div></div>\n<ol class=\"fl\">\n")
-	for k := range run {
-		p.s("<li><span class=\"ix\">")
-		p.int(first + k)
-		p.s("</span><span class=\"fn\">")
-		p.esc(run[k].Pass)
-		p.s("</span> <span class=\"ms\">")
-		p.s(fmtMillis(run[k].Millis))
-		p.s("</span>")
-		p.note(run[k].Note)
-		p.s("</li>\n")
-	}
-	p.s("</ol>\n</section>\n")
-}
-
 // note writes a pass's note (passes.Result.Note), if it has one, under
-// its name: a pass that had nothing to do for a request says why there.
-func (p *printer) note(text string) {
+// the column's pass names: a pass that had nothing to do for a request
+// says why there. pass names it when the note is not the column's own.
+func (p *printer) note(pass, text string) {
 	if text == "" {
 		return
 	}
-	p.s("<div class=\"pnote\" style=\"color:#a70;font-size:11px;white-space:normal\">")
+	p.s("<div class=\"pnote\">")
+	if pass != "" {
+		p.esc(pass)
+		p.s(": ")
+	}
 	p.esc(text)
 	p.s("</div>")
 }
