@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"html"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -11,41 +9,6 @@ import (
 	"gcompile/lower"
 	"gcompile/passes/schedule"
 )
-
-// writeTimeline draws the simulated schedule to path as an SVG file.
-func writeTimeline(path string, s *schedule.Schedule, res *schedule.Result, cost schedule.Cost) error {
-	return os.WriteFile(path, []byte(timelineSVG(s, res, cost)), 0o644)
-}
-
-// timelineSVG draws the simulated schedule: one row per pipeline rank,
-// one box per action (forward blue, backward green, weight gradient
-// orange), labelled chunk·microbatch, so the interleaving can be seen.
-// --report embeds the same drawing in its page.
-func timelineSVG(s *schedule.Schedule, res *schedule.Result, cost schedule.Cost) string {
-	const unit, row, left = 28.0, 34.0, 70.0
-	width := left + res.StepTime*unit + 20
-	height := row*float64(len(s.Actions)) + 60
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="monospace" font-size="10">`+"\n", width, height)
-	fmt.Fprintf(&b, `<text x="4" y="16" font-size="13">%s</text>`+"\n",
-		html.EscapeString(fmt.Sprintf("%s: p=%d v=%d m=%d, simulated bubble %.3f", s.Name, s.Ranks, s.Chunks, s.Micro, res.Bubble)))
-	colors := map[schedule.Kind]string{schedule.F: "#8ab4f8", schedule.B: "#81c995", schedule.W: "#fdd663"}
-	for r, acts := range s.Actions {
-		y := 30 + row*float64(r)
-		fmt.Fprintf(&b, `<text x="4" y="%.0f">rank %d</text>`+"\n", y+row/2, r)
-		for i, a := range acts {
-			col, ok := colors[a.Kind]
-			if !ok {
-				continue
-			}
-			x, w := left+res.Start[r][i]*unit, cost(a)*unit
-			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" stroke="#333" stroke-width="0.5"/>`+"\n", x, y, w, row-6, col)
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">%s</text>`+"\n", x+2, y+row/2, html.EscapeString(a.String()))
-		}
-	}
-	b.WriteString("</svg>\n")
-	return b.String()
-}
 
 // blockProfile accumulates measured kernel time per schedule action kind
 // and chunk (receives, which wait for other ranks, are left out), to
