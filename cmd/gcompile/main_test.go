@@ -725,7 +725,7 @@ func TestReportAfterCompileFailure(t *testing.T) {
 			raw, rerr := os.ReadFile(report)
 			require.NoError(t, rerr, "the report of the failed compile is written")
 			page := html.UnescapeString(string(raw))
-			assert.Regexp(t, `<p class="error" id="error">[^<]*`+regexp.QuoteMeta(tc.want), page)
+			assert.Regexp(t, `<p class="error" id="error">The compile failed: [^<]*`+regexp.QuoteMeta(tc.want), page)
 			assert.Equal(t, tc.devices, strings.Contains(page, `<tr data-rank="0">`), "a memory row for device 0")
 			assert.Contains(t, log, "report of the failed compile: "+report)
 		})

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"errors"
 	"fmt"
 	"html/template"
 	"maps"
@@ -42,6 +43,13 @@ func writeReport(path string, c *config, res *compile.Result, met *runtime.Metri
 	return nil
 }
 
+// compileFailure marks an error of the compile (not of training) for the
+// report's heading.
+type compileFailure struct{ err error }
+
+func (e *compileFailure) Error() string { return e.err.Error() }
+func (e *compileFailure) Unwrap() error { return e.err }
+
 // fact is one labelled line of the page's overview.
 type fact struct{ Label, Value string }
 
@@ -50,7 +58,10 @@ type fact struct{ Label, Value string }
 // SVG fields are drawn by this file, which escapes the text it puts in.
 type reportPage struct {
 	Title, Generated, Error string
-	Overview, Config        []fact
+	// Failed is what failed: "run", or "compile" when no program was
+	// built to run.
+	Failed           string
+	Overview, Config []fact
 	// CompileOnly: no --run, so nothing of training applies: no training
 	// section, no measured memory, no training settings.
 	CompileOnly           bool
@@ -115,7 +126,11 @@ func renderReport(c *config, res *compile.Result, met *runtime.Metrics, runErr e
 		Trained:     len(met.Steps) > 0,
 	}
 	if runErr != nil {
-		p.Error = runErr.Error()
+		p.Error, p.Failed = runErr.Error(), "run"
+		var ce *compileFailure
+		if errors.As(runErr, &ce) {
+			p.Failed = "compile"
+		}
 	}
 	p.Overview = overview(c, name, met)
 	for _, k := range slices.Sorted(maps.Keys(met.Config)) {
@@ -755,7 +770,7 @@ code { font-size: 0.95em; overflow-wrap: anywhere; }
 <body>
 <h1>{{.Title}}</h1>
 <p class="muted">written by gcompile --report at {{.Generated}}; the same numbers are in the --metrics JSON</p>
-{{if .Error}}<p class="error" id="error">The run failed: {{.Error}}</p>{{end}}
+{{if .Error}}<p class="error" id="error">The {{.Failed}} failed: {{.Error}}</p>{{end}}
 <div class="scroll">
 <table class="facts" id="overview">
 {{range .Overview}}<tr><th>{{.Label}}</th><td>{{.Value}}</td></tr>

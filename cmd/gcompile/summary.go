@@ -61,7 +61,7 @@ func reportCompileFailure(c *config, j *job, res *compile.Result, compileErr err
 			met.Devices = append(met.Devices, deviceMetrics(res.ProgramOf(r), r))
 		}
 	}
-	err := writeOutput("report", c.report, func(p string) error { return writeReport(p, c, res, met, compileErr) })
+	err := writeOutput("report", c.report, func(p string) error { return writeReport(p, c, res, met, &compileFailure{compileErr}) })
 	if err == nil {
 		// The error follows; the page shows what the compile got to.
 		fmt.Fprintf(j.log, "report of the failed compile: %s\n", c.report)
