@@ -3,9 +3,29 @@
 # builds it): the CUDA tests on the real device, the CUDA backend against the
 # CPU backend, cuBLASLt GEMM against PyTorch's matmul, and the GPT step time
 # against PyTorch eager on the same model. Raw output goes to $OUT (default
-# ./out); the last lines printed are a summary.
+# ./out); the last lines printed are a summary. First it unpacks kit.tar.xz
+# beside itself (bin/, models/, corpus.txt, the yardsticks); `bash run.sh
+# unpack` stops there, for running the binaries by hand.
 set -uo pipefail
 cd "$(dirname "$0")"
+# tar calls xz, which a slim image may lack; Python, there for PyTorch, reads
+# .tar.xz itself (tarfile with lzma). No Go is needed.
+if [ -f kit.tar.xz ]; then
+	if command -v xz >/dev/null && tar -xJf kit.tar.xz; then
+		:
+	elif python3 -c 'import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(".", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' kit.tar.xz; then
+		:
+	else
+		echo "run.sh: cannot unpack kit.tar.xz: needs tar and xz, or python3 with lzma" >&2
+		exit 1
+	fi
+elif [ ! -x bin/gcompile ]; then
+	echo "run.sh: neither kit.tar.xz nor bin/gcompile is here; make gpu-bundle builds them" >&2
+	exit 1
+fi
+[ "${1:-}" = unpack ] && exit 0
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 log() { tee -a "$OUT/run.log"; }
