@@ -10,10 +10,10 @@ export CGO_ENABLED = 0
 .PHONY: demo test test-full build vet bench fuzz clean gpu-bundle
 
 # bin/gcompile, the command the README's examples call. A first build on a
-# fresh machine fetches the modules and compiles everything (about a
-# minute on 2 cores); later ones take seconds.
+# fresh machine fetches the modules and compiles everything (15–20 s on 2
+# cores); later ones take a second or two.
 build:
-	@echo "building bin/gcompile (the first build on a machine fetches modules and takes about a minute) …"
+	@echo "building bin/gcompile (a first build fetches modules and compiles everything: 15–20 s on 2 cores) …"
 	$(GO) build -o bin/gcompile ./cmd/gcompile
 
 # The main job: the reference GPT (byte-level, 2 layers, h=128) compiled for
