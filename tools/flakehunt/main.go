@@ -28,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -56,7 +57,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "append the summary to this file")
 	flag.StringVar(&o.repo, "repo", ".", "repository whose HEAD is cloned")
 	flag.BoolVar(&o.keep, "keep", false, "keep the clones and logs (printed) instead of removing them")
-	flag.DurationVar(&o.timeout, "timeout", 30*time.Minute, "longest one run may take")
+	flag.DurationVar(&o.timeout, "timeout", 90*time.Minute, "longest one run may take (CI's limit); the run's whole process group is killed then")
 	flag.Parse()
 	if o.rounds < 1 || o.parallel < 1 || o.burn < 0 {
 		fmt.Fprintln(os.Stderr, "flakehunt: -rounds and -parallel must be ≥ 1 and -burn ≥ 0")
@@ -156,6 +157,11 @@ func run(o options, round, clone int, repo, dir string) result {
 	cmd := exec.CommandContext(ctx, "make", o.target)
 	cmd.Dir = repo
 	cmd.Stdout, cmd.Stderr = f, f
+	// make, go test and the test binaries in a group of their own, so that
+	// a run past -timeout leaves nothing running into the next round.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
 	start := time.Now()
 	r.err = cmd.Run()
 	r.wall = time.Since(start)
@@ -166,8 +172,10 @@ func run(o options, round, clone int, repo, dir string) result {
 }
 
 var (
-	failTest = regexp.MustCompile(`^\s*--- FAIL: (\S+)`)
-	failPkg  = regexp.MustCompile(`^FAIL\s+(\S+)`)
+	failTest   = regexp.MustCompile(`^\s*--- FAIL: (\S+)`)
+	unfinished = regexp.MustCompile(`^--- did not finish: (\S+)`)
+	timedOut   = regexp.MustCompile(`^panic: (test timed out after \S+)`)
+	failPkg    = regexp.MustCompile(`^FAIL\s+(\S+)`)
 )
 
 // failures lists the failed tests and packages testreport printed.
@@ -182,6 +190,10 @@ func failures(log string) []string {
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
 		if m := failTest.FindStringSubmatch(sc.Text()); m != nil {
+			out = append(out, m[1])
+		} else if m := unfinished.FindStringSubmatch(sc.Text()); m != nil {
+			out = append(out, m[1]+" (did not finish)")
+		} else if m := timedOut.FindStringSubmatch(sc.Text()); m != nil {
 			out = append(out, m[1])
 		} else if m := failPkg.FindStringSubmatch(sc.Text()); m != nil {
 			out = append(out, "package "+m[1])

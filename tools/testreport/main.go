@@ -10,7 +10,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -67,6 +69,17 @@ func report(r io.Reader, w io.Writer) (failed bool, err error) {
 			delete(outputs, key)
 		case "fail", "build-fail":
 			failed = true
+			if e.Test == "" {
+				// Tests still running when their binary died (a timeout's
+				// panic, a crash) never get an action of their own: their
+				// output, the panic's included, is shown with the package.
+				for _, k := range slices.Sorted(maps.Keys(outputs)) {
+					if pkg, test, _ := strings.Cut(k, " "); pkg == e.Package && test != "" {
+						fmt.Fprintf(w, "--- did not finish: %s\n%s", test, strings.Join(outputs[k], ""))
+						delete(outputs, k)
+					}
+				}
+			}
 			fmt.Fprint(w, strings.Join(outputs[key], ""))
 			if e.Test == "" {
 				fmt.Fprintf(w, "FAIL\t%s\t%.3fs\n", e.Package, e.Elapsed)

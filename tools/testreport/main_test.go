@@ -35,3 +35,21 @@ func TestReportListsSkipsAndFailures(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, failed)
 }
+
+// A binary that dies with tests still running (go test -timeout's panic)
+// fails its package only: the unfinished tests' output, where the panic
+// and the running tests' names are, is shown with it.
+func TestReportShowsTestsThatDidNotFinish(t *testing.T) {
+	in := `{"Action":"run","Package":"p","Test":"TestSlow"}
+{"Action":"output","Package":"p","Test":"TestSlow","Output":"=== RUN   TestSlow\n"}
+{"Action":"output","Package":"p","Test":"TestSlow","Output":"panic: test timed out after 15m0s\n"}
+{"Action":"output","Package":"p","Test":"TestSlow","Output":"\trunning tests:\n\t\tTestSlow (14m59s)\n"}
+{"Action":"output","Package":"q","Test":"TestOther","Output":"=== RUN   TestOther\n"}
+{"Action":"fail","Package":"p","Elapsed":900.1}
+`
+	var out strings.Builder
+	failed, err := report(strings.NewReader(in), &out)
+	require.NoError(t, err)
+	assert.True(t, failed)
+	assert.Equal(t, "--- did not finish: TestSlow\n=== RUN   TestSlow\npanic: test timed out after 15m0s\n\trunning tests:\n\t\tTestSlow (14m59s)\nFAIL\tp\t900.100s\n", out.String())
+}
