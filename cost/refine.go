@@ -548,11 +548,12 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 	// kernels' best achieved rates; the fit from each start is kept by how
 	// well it predicts the trace, so a noisy preset cannot make the
 	// refinement worse than the trace's own figures.
-	cur, counts, opSamples := h.fitFrom(progOf, ms)
-	alt, altCounts, altSamples := traceStart(h, progOf, ms).fitFrom(progOf, ms)
-	_, fromPreset := cur.logErrors(progOf, ms)
-	if _, fromTrace := alt.logErrors(progOf, ms); fromTrace < fromPreset-1e-12 {
-		cur, counts, opSamples = alt, altCounts, altSamples
+	ceiling := launchCeiling(progOf, ms)
+	cur, counts, opSamples := h.fitFrom(progOf, ms, ceiling)
+	alt, altCounts, altSamples := traceStart(h, progOf, ms, ceiling).fitFrom(progOf, ms, ceiling)
+	after, fromPreset := cur.logErrors(progOf, ms)
+	if altAfter, fromTrace := alt.logErrors(progOf, ms); fromTrace < fromPreset-1e-12 {
+		cur, counts, opSamples, after = alt, altCounts, altSamples, altAfter
 	}
 	rep := &RefineReport{Instructions: len(ms), Steps: steps}
 	param := func(key string, before, after float64, n int, why string) {
@@ -610,14 +611,14 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 		cur.Source = strings.TrimSpace(cur.Source + "; refined from a measured trace")
 	}
 	rep.LogErrorBefore = h.logError(progOf, ms)
-	rep.LogErrorAfter = cur.logError(progOf, ms)
+	rep.LogErrorAfter = after
 	return cur, rep, nil
 }
 
 // fitFrom is the whole fit started from h: the class fit, then the op
 // scales over it, with how many instructions decided each.
-func (h *Hardware) fitFrom(progOf map[int]*lower.Program, ms []measured) (*Hardware, classCounts, map[string]int) {
-	cur, counts := h.fitClasses(progOf, ms)
+func (h *Hardware) fitFrom(progOf map[int]*lower.Program, ms []measured, ceiling float64) (*Hardware, classCounts, map[string]int) {
+	cur, counts := h.fitClasses(progOf, ms, ceiling)
 	var opSamples map[string]int
 	cur.OpScale, opSamples = cur.fitOpScale(progOf, ms)
 	return cur, counts, opSamples
@@ -629,12 +630,11 @@ type classCounts [clsInter + 1]int
 // fitClasses is the class fit of Refine started from h: each class's
 // parameters fitted to its instructions, the instructions reclassified
 // under the new figures, until the classes settle (at most 8 rounds). The
-// launch cost is never set above launchCeiling of the trace: every
-// kernel pays it, so it cannot exceed what the fastest kernels took.
-func (h *Hardware) fitClasses(progOf map[int]*lower.Program, ms []measured) (*Hardware, classCounts) {
+// launch cost is never set above ceiling, the trace's launchCeiling:
+// every kernel pays it, so it cannot exceed what the fastest kernels took.
+func (h *Hardware) fitClasses(progOf map[int]*lower.Program, ms []measured, ceiling float64) (*Hardware, classCounts) {
 	cur := h.clone()
 	cur.OpScale = nil // the class fit prices plain rooflines; the scales are fitted after it
-	ceiling := launchCeiling(progOf, ms)
 	var counts classCounts
 	var prevCls []int
 	for range 8 {
@@ -732,8 +732,7 @@ func launchCeiling(progOf map[int]*lower.Program, ms []measured) float64 {
 	if len(ts) == 0 {
 		return math.Inf(1)
 	}
-	sort.Float64s(ts)
-	return ts[int(launchQuantile*float64(len(ts)-1))]
+	return quantile(ts, launchQuantile)
 }
 
 // bestRateQuantile picks a kernel class's achieved rate in the trace
@@ -745,10 +744,10 @@ const bestRateQuantile = 0.9
 // from the matrix kernels' flops per second, the memory bandwidth from
 // the other kernels' bytes per second, the vector rate from their flops
 // per second (each the bestRateQuantile of its kernels), at efficiency 1,
-// no fixed costs, and the launch at the trace's launchCeiling. Links keep
-// h's figures, which the α–β fit does not start from. A rate with no
-// kernel to measure it keeps h's.
-func traceStart(h *Hardware, progOf map[int]*lower.Program, ms []measured) *Hardware {
+// no fixed costs, and the launch at ceiling, the trace's launchCeiling.
+// Links keep h's figures, which the α–β fit does not start from. A rate
+// with no kernel to measure it keeps h's.
+func traceStart(h *Hardware, progOf map[int]*lower.Program, ms []measured, ceiling float64) *Hardware {
 	var gemm, mem, vec []float64
 	for _, m := range ms {
 		in := progOf[m.dev].Instrs[m.idx]
@@ -788,8 +787,8 @@ func traceStart(h *Hardware, progOf map[int]*lower.Program, ms []measured) *Hard
 	}
 	s.GEMMEfficiency, s.MemEfficiency = 1, 1
 	s.GEMMHalfUS, s.MemHalfUS = 0, 0
-	if c := launchCeiling(progOf, ms); !math.IsInf(c, 0) {
-		s.LaunchUS = c * 1e6
+	if !math.IsInf(ceiling, 0) {
+		s.LaunchUS = ceiling * 1e6
 	}
 	return s
 }

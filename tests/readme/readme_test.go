@@ -216,7 +216,7 @@ func TestREADMECommands(t *testing.T) {
 		// What --allow-run-as-root says, for README's mpirun lines.
 		env = append(env, "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 	}
-	out, err := run(t, work, env, "make build\n", 5*time.Minute)
+	out, err := runSplit(t, work, env, "make build\n", false, 5*time.Minute)
 	require.NoError(t, err, "make build: %s", out)
 	full := os.Getenv("GCOMPILE_FULL_TESTS") != ""
 	for _, bs := range all {
@@ -300,10 +300,6 @@ func copyTree(t *testing.T, root string) string {
 		require.NoError(t, o.Close())
 	}
 	return dst
-}
-
-func run(t *testing.T, dir string, env []string, script string, timeout time.Duration) (string, error) {
-	return runSplit(t, dir, env, script, false, timeout)
 }
 
 // runSplit runs script with bash in dir; it returns stdout and stderr
