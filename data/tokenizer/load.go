@@ -1,0 +1,597 @@
+package tokenizer
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Load reads a tokenizer: path is a tokenizer.json, a folder holding
+// tokenizer.json, or GPT-2's vocab.json/encoder.json, in which case merges
+// (merges.txt/vocab.bpe) must be given (a folder holding vocab.json+merges.txt
+// or encoder.json+vocab.bpe also works). merges is "" otherwise.
+//
+// Any of these files may be gzipped (recognised by its magic bytes, whatever
+// its name), and a folder is searched for name.gz as well as name, so large
+// tokenizer.json files can be kept compressed. A tokenizer_config.json (or
+// .gz) beside the main file supplies the eos_token and bos_token; without
+// one they are found by their usual names (see EOS).
+//
+// A GPT-2 pair gets the HF GPT-2 tokenizer's behaviour: the GPT-2 split
+// pattern, no prefix space, and <|endoftext|> as a special token that is
+// never split.
+func Load(path, merges string) (*Tokenizer, error) {
+	main, mergesPath, err := resolve(path, merges)
+	if err != nil {
+		return nil, err
+	}
+	data, err := readFile(main)
+	if err != nil {
+		return nil, err
+	}
+	top, err := topLevel(main, data)
+	if err != nil {
+		return nil, err
+	}
+	var sp *spec
+	if m := bytes.TrimSpace(top["model"]); len(m) > 0 && m[0] == '{' {
+		if mergesPath != "" {
+			return nil, fmt.Errorf("%w: %s is a tokenizer.json, which holds its own merges, but a merges file (%s) was given too", ErrFormat, main, mergesPath)
+		}
+		sp, err = parseTokenizerJSON(main, top)
+	} else {
+		if !looksLikeVocab(top) {
+			return nil, fmt.Errorf("%w: %s is neither a tokenizer.json (no \"model\" key) nor a GPT-2 vocab.json (token to id)", ErrFormat, main)
+		}
+		if mergesPath == "" {
+			return nil, fmt.Errorf("%w: %s is a GPT-2 vocab.json/encoder.json; give its merges.txt/vocab.bpe", ErrMissingMerges, main)
+		}
+		sp, err = parsePair(main, top, mergesPath)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := readConfig(sp, filepath.Dir(main)); err != nil {
+		return nil, err
+	}
+	return build(sp)
+}
+
+// resolve turns Load's arguments into the main file and the merges file.
+func resolve(path, merges string) (main, mergesPath string, err error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", "", fmt.Errorf("tokenizer: %w", err)
+	}
+	if !fi.IsDir() {
+		return path, merges, nil
+	}
+	if p := findFile(path, "tokenizer.json"); p != "" {
+		if merges != "" {
+			return "", "", fmt.Errorf("%w: %s holds a tokenizer.json, which holds its own merges, but a merges file (%s) was given too", ErrFormat, path, merges)
+		}
+		return p, "", nil
+	}
+	for _, pair := range [][2]string{{"vocab.json", "merges.txt"}, {"encoder.json", "vocab.bpe"}} {
+		v := findFile(path, pair[0])
+		if v == "" {
+			continue
+		}
+		if merges != "" {
+			return v, merges, nil
+		}
+		m := findFile(path, pair[1])
+		if m == "" {
+			return "", "", fmt.Errorf("%w: %s holds %s but no %s", ErrMissingMerges, path, filepath.Base(v), pair[1])
+		}
+		return v, m, nil
+	}
+	return "", "", fmt.Errorf("tokenizer: %s: no tokenizer.json, vocab.json+merges.txt or encoder.json+vocab.bpe in this folder: %w", path, fs.ErrNotExist)
+}
+
+// findFile returns dir/name or dir/name.gz, whichever exists first, or "".
+func findFile(dir, name string) string {
+	for _, n := range []string{name, name + ".gz"} {
+		p := filepath.Join(dir, n)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+			return p
+		}
+	}
+	return ""
+}
+
+// readFile reads a whole file, gunzipping it when it starts with gzip's magic
+// bytes.
+func readFile(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	if len(data) < 2 || data[0] != 0x1f || data[1] != 0x8b {
+		return data, nil
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: gzip: %v", ErrFormat, path, err)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: gzip: %v", ErrFormat, path, err)
+	}
+	return out, nil
+}
+
+// topLevel splits a JSON object into its members without decoding them.
+func topLevel(path string, data []byte) (map[string]json.RawMessage, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrFormat, path, err)
+	}
+	if top == nil {
+		return nil, fmt.Errorf("%w: %s: not a JSON object", ErrFormat, path)
+	}
+	return top, nil
+}
+
+// looksLikeVocab says whether a JSON object maps tokens to ids, as GPT-2's
+// vocab.json does.
+func looksLikeVocab(top map[string]json.RawMessage) bool {
+	if len(top) == 0 {
+		return false
+	}
+	for _, v := range top {
+		if len(v) == 0 || !(v[0] == '-' || (v[0] >= '0' && v[0] <= '9')) {
+			return false
+		}
+	}
+	return true
+}
+
+// jsonModel is the part of tokenizer.json's "model" this package reads; the
+// vocabulary and merges stay raw until the type is known to be BPE, because
+// other model types spell them differently.
+type jsonModel struct {
+	Type                    string          `json:"type"`
+	Vocab                   json.RawMessage `json:"vocab"`
+	Merges                  json.RawMessage `json:"merges"`
+	UnkToken                *string         `json:"unk_token"`
+	ContinuingSubwordPrefix *string         `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string         `json:"end_of_word_suffix"`
+	FuseUnk                 bool            `json:"fuse_unk"`
+	ByteFallback            bool            `json:"byte_fallback"`
+	IgnoreMerges            bool            `json:"ignore_merges"`
+	Dropout                 *float64        `json:"dropout"`
+}
+
+type jsonAdded struct {
+	ID         *int64 `json:"id"`
+	Content    string `json:"content"`
+	SingleWord bool   `json:"single_word"`
+	LStrip     bool   `json:"lstrip"`
+	RStrip     bool   `json:"rstrip"`
+	Normalized *bool  `json:"normalized"`
+	Special    bool   `json:"special"`
+}
+
+type jsonPattern struct {
+	Regex  *string `json:"Regex"`
+	String *string `json:"String"`
+}
+
+// jsonComponent covers the fields of the normalizers, pre-tokenizers and
+// decoders this package understands; each type reads the ones it has.
+type jsonComponent struct {
+	Type           string            `json:"type"`
+	Normalizers    []json.RawMessage `json:"normalizers"`
+	Pretokenizers  []json.RawMessage `json:"pretokenizers"`
+	Decoders       []json.RawMessage `json:"decoders"`
+	Pattern        *jsonPattern      `json:"pattern"`
+	Behavior       string            `json:"behavior"`
+	Invert         bool              `json:"invert"`
+	AddPrefixSpace *bool             `json:"add_prefix_space"`
+	UseRegex       *bool             `json:"use_regex"`
+	Prepend        *string           `json:"prepend"`
+	Content        *string           `json:"content"`
+	Start          int               `json:"start"`
+	Stop           int               `json:"stop"`
+	Replacement    *string           `json:"replacement"`
+	PrependScheme  *string           `json:"prepend_scheme"`
+}
+
+func isNull(raw json.RawMessage) bool {
+	s := bytes.TrimSpace(raw)
+	return len(s) == 0 || string(s) == "null"
+}
+
+func parseTokenizerJSON(path string, top map[string]json.RawMessage) (*spec, error) {
+	var m jsonModel
+	if err := json.Unmarshal(top["model"], &m); err != nil {
+		return nil, fmt.Errorf("%w: %s: model: %v", ErrFormat, path, err)
+	}
+	typ := m.Type
+	if typ == "" && m.Merges != nil {
+		typ = "BPE" // files written before the type tag existed
+	}
+	if typ != "BPE" {
+		if typ == "" {
+			typ = "(none)"
+		}
+		return nil, fmt.Errorf("%w: %s: model.type %q: only BPE (byte-level or SentencePiece-style) is built", ErrUnsupported, path, typ)
+	}
+	if m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "" {
+		return nil, fmt.Errorf("%w: %s: BPE continuing_subword_prefix %q", ErrUnsupported, path, *m.ContinuingSubwordPrefix)
+	}
+	if m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "" {
+		return nil, fmt.Errorf("%w: %s: BPE end_of_word_suffix %q", ErrUnsupported, path, *m.EndOfWordSuffix)
+	}
+	if m.Dropout != nil && *m.Dropout != 0 {
+		return nil, fmt.Errorf("%w: %s: BPE dropout %v makes ids random", ErrUnsupported, path, *m.Dropout)
+	}
+	sp := &spec{path: path, byteFallback: m.ByteFallback, fuseUnk: m.FuseUnk, ignoreMerges: m.IgnoreMerges, unk: m.UnkToken}
+	var err error
+	if sp.vocab, err = parseVocab(m.Vocab); err != nil {
+		return nil, fmt.Errorf("%w: %s: model.vocab: %v", ErrFormat, path, err)
+	}
+	if sp.merges, err = parseMerges(m.Merges); err != nil {
+		return nil, fmt.Errorf("%w: %s: model.merges: %v", ErrFormat, path, err)
+	}
+	if raw, ok := top["added_tokens"]; ok && !isNull(raw) {
+		var added []jsonAdded
+		if err := json.Unmarshal(raw, &added); err != nil {
+			return nil, fmt.Errorf("%w: %s: added_tokens: %v", ErrFormat, path, err)
+		}
+		for i, a := range added {
+			if a.ID == nil || *a.ID < 0 || *a.ID >= maxID {
+				return nil, fmt.Errorf("%w: %s: added_tokens[%d] (%q): missing or out-of-range id", ErrFormat, path, i, a.Content)
+			}
+			normalized := !a.Special // the HF default when the flag is absent
+			if a.Normalized != nil {
+				normalized = *a.Normalized
+			}
+			sp.added = append(sp.added, addedToken{id: int32(*a.ID), content: a.Content, singleWord: a.SingleWord,
+				lstrip: a.LStrip, rstrip: a.RStrip, normalized: normalized})
+		}
+	}
+	byteLevel := false
+	if raw := top["pre_tokenizer"]; !isNull(raw) {
+		if byteLevel, err = parsePreTokenizer(sp, raw); err != nil {
+			return nil, fmt.Errorf("%s: pre_tokenizer: %w", path, err)
+		}
+	}
+	if raw := top["normalizer"]; !isNull(raw) {
+		if err := parseNormalizer(sp, raw); err != nil {
+			return nil, fmt.Errorf("%s: normalizer: %w", path, err)
+		}
+	}
+	switch {
+	case byteLevel:
+		sp.kind = kindByteLevel
+	case sp.byteFallback || hasMetaNormalizer(sp.norm):
+		sp.kind = kindSentencePiece
+	default:
+		return nil, fmt.Errorf("%w: %s: BPE with neither a ByteLevel pre-tokenizer nor SentencePiece's byte_fallback or %q normalizer", ErrUnsupported, path, metaSpace)
+	}
+	known := false
+	if raw := top["decoder"]; !isNull(raw) {
+		if known, err = parseDecoder(sp, raw); err != nil {
+			return nil, fmt.Errorf("%s: decoder: %w", path, err)
+		}
+	}
+	if sp.kind == kindSentencePiece && !known {
+		// No decoder this package knows: decode as Llama 2's does.
+		sp.decodeBytes, sp.metaDecode, sp.stripStart = sp.byteFallback, true, 1
+	}
+	return sp, nil
+}
+
+// Known split patterns, matched by their exact text as tokenizer.json
+// spells them.
+const (
+	patternGPT2   = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+	patternLlama3 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	patternQwen2  = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+)
+
+var knownPatterns = map[string]pattern{
+	patternGPT2:   patGPT2,
+	patternLlama3: patLlama3,
+	patternQwen2:  patQwen2,
+}
+
+// parsePreTokenizer turns the pre-tokenizer into steps; it reports whether
+// a ByteLevel pre-tokenizer was present.
+func parsePreTokenizer(sp *spec, raw json.RawMessage) (bool, error) {
+	var c jsonComponent
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return false, fmt.Errorf("%w: %v", ErrFormat, err)
+	}
+	var parts []jsonComponent
+	if c.Type == "Sequence" {
+		for _, r := range c.Pretokenizers {
+			var p jsonComponent
+			if err := json.Unmarshal(r, &p); err != nil {
+				return false, fmt.Errorf("%w: %v", ErrFormat, err)
+			}
+			parts = append(parts, p)
+		}
+	} else {
+		parts = []jsonComponent{c}
+	}
+	byteLevel := false
+	for i, p := range parts {
+		switch p.Type {
+		case "Split":
+			if byteLevel {
+				return false, fmt.Errorf("%w: Split after ByteLevel", ErrUnsupported)
+			}
+			if p.Pattern == nil || p.Pattern.Regex == nil {
+				return false, fmt.Errorf("%w: Split on a plain string (only the known regexes are built)", ErrUnsupported)
+			}
+			pat, ok := knownPatterns[*p.Pattern.Regex]
+			if !ok {
+				return false, fmt.Errorf("%w: %w: Split regex %q (known: GPT-2, Llama 3, Qwen 2)", ErrUnsupported, ErrUnknownPattern, *p.Pattern.Regex)
+			}
+			if p.Behavior != "Isolated" || p.Invert {
+				return false, fmt.Errorf("%w: Split behavior %q invert %v (only Isolated, not inverted)", ErrUnsupported, p.Behavior, p.Invert)
+			}
+			sp.steps = append(sp.steps, step{split: pat})
+		case "ByteLevel":
+			if byteLevel {
+				return false, fmt.Errorf("%w: two ByteLevel pre-tokenizers", ErrUnsupported)
+			}
+			if i != len(parts)-1 {
+				return false, fmt.Errorf("%w: ByteLevel pre-tokenizer before another one", ErrUnsupported)
+			}
+			byteLevel = true
+			if p.AddPrefixSpace != nil && *p.AddPrefixSpace {
+				sp.steps = append(sp.steps, step{prefixSpace: true})
+			}
+			if p.UseRegex == nil || *p.UseRegex {
+				sp.steps = append(sp.steps, step{split: patGPT2})
+			}
+		default:
+			return false, fmt.Errorf("%w: pre-tokenizer type %q", ErrUnsupported, p.Type)
+		}
+	}
+	if len(sp.steps) > maxSteps {
+		return false, fmt.Errorf("%w: %d pre-tokenizer steps (at most %d)", ErrUnsupported, len(sp.steps), maxSteps)
+	}
+	if !byteLevel {
+		return false, fmt.Errorf("%w: Split without a ByteLevel pre-tokenizer", ErrUnsupported)
+	}
+	return true, nil
+}
+
+func parseNormalizer(sp *spec, raw json.RawMessage) error {
+	var c jsonComponent
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return fmt.Errorf("%w: %v", ErrFormat, err)
+	}
+	switch c.Type {
+	case "Sequence":
+		for _, r := range c.Normalizers {
+			if err := parseNormalizer(sp, r); err != nil {
+				return err
+			}
+		}
+	case "NFC":
+		sp.norm = append(sp.norm, normOp{nfc: true})
+	case "Prepend":
+		if c.Prepend == nil {
+			return fmt.Errorf("%w: Prepend without \"prepend\"", ErrFormat)
+		}
+		sp.norm = append(sp.norm, normOp{prepend: true, to: *c.Prepend})
+	case "Replace":
+		if c.Pattern == nil || c.Pattern.String == nil {
+			return fmt.Errorf("%w: Replace with a regex pattern (only plain strings are built)", ErrUnsupported)
+		}
+		if c.Content == nil {
+			return fmt.Errorf("%w: Replace without \"content\"", ErrFormat)
+		}
+		if *c.Pattern.String != "" {
+			sp.norm = append(sp.norm, normOp{from: *c.Pattern.String, to: *c.Content})
+		}
+	default:
+		return fmt.Errorf("%w: normalizer type %q", ErrUnsupported, c.Type)
+	}
+	return nil
+}
+
+// parseDecoder reads what Decode needs: whether <0xNN> tokens are bytes,
+// whether ▁ is a space, and how many spaces the Strip (or Metaspace)
+// decoder removes. known reports whether any of these was found. The
+// decoder does not change ids, so one this package does not know is
+// ignored and Decode uses its kind's usual rule.
+func parseDecoder(sp *spec, raw json.RawMessage) (known bool, err error) {
+	var c jsonComponent
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return false, fmt.Errorf("%w: %v", ErrFormat, err)
+	}
+	parts := []jsonComponent{c}
+	if c.Type == "Sequence" {
+		parts = parts[:0]
+		for _, r := range c.Decoders {
+			var p jsonComponent
+			if err := json.Unmarshal(r, &p); err != nil {
+				return false, fmt.Errorf("%w: %v", ErrFormat, err)
+			}
+			parts = append(parts, p)
+		}
+	}
+	for _, p := range parts {
+		switch p.Type {
+		case "ByteFallback":
+			sp.decodeBytes, known = true, true
+		case "Strip":
+			if p.Content != nil && *p.Content == " " {
+				sp.stripStart, sp.stripStop, known = p.Start, p.Stop, true
+			}
+		case "Metaspace":
+			sp.metaDecode, known = true, true
+			if p.PrependScheme == nil || *p.PrependScheme != "never" {
+				if p.AddPrefixSpace == nil || *p.AddPrefixSpace {
+					sp.stripStart = 1
+				}
+			}
+		case "Replace":
+			if p.Pattern != nil && p.Pattern.String != nil && *p.Pattern.String == metaSpace && p.Content != nil && *p.Content == " " {
+				sp.metaDecode, known = true, true
+			}
+		}
+	}
+	return known, nil
+}
+
+// parsePair reads GPT-2's original files: vocab.json/encoder.json and
+// merges.txt/vocab.bpe.
+func parsePair(path string, top map[string]json.RawMessage, mergesPath string) (*spec, error) {
+	sp := &spec{path: path, kind: kindByteLevel, steps: []step{{split: patGPT2}}}
+	sp.vocab = make(map[string]int32, len(top))
+	for k, v := range top {
+		var id int64
+		if err := json.Unmarshal(v, &id); err != nil || id < 0 || id >= maxID {
+			return nil, fmt.Errorf("%w: %s: token %q: id %s is not a non-negative integer", ErrFormat, path, k, v)
+		}
+		sp.vocab[k] = int32(id)
+	}
+	data, err := readFile(mergesPath)
+	if err != nil {
+		return nil, err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64*1024), len(data)+1)
+	line := 0
+	for sc.Scan() {
+		line++
+		s := strings.TrimSuffix(sc.Text(), "\r")
+		if s == "" || strings.HasPrefix(s, "#version") {
+			continue
+		}
+		a, b, ok := strings.Cut(s, " ")
+		if !ok || a == "" || b == "" || strings.Contains(b, " ") {
+			return nil, fmt.Errorf("%w: %s line %d: %q is not two tokens separated by one space", ErrFormat, mergesPath, line, s)
+		}
+		sp.merges = append(sp.merges, [2]string{a, b})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrFormat, mergesPath, err)
+	}
+	sp.mergesFile = mergesPath
+	// HF's GPT-2 tokenizer treats <|endoftext|> as a special token.
+	if id, ok := sp.vocab[gpt2EOT]; ok {
+		sp.added = append(sp.added, addedToken{id: id, content: gpt2EOT, normalized: true})
+	}
+	return sp, nil
+}
+
+// readConfig takes eos_token and bos_token from a tokenizer_config.json
+// beside the main file. A key that is absent leaves the name-based default; a
+// key set to null means the tokenizer has no such token.
+func readConfig(sp *spec, dir string) error {
+	p := findFile(dir, "tokenizer_config.json")
+	if p == "" {
+		return nil
+	}
+	data, err := readFile(p)
+	if err != nil {
+		return err
+	}
+	var cfg map[string]json.RawMessage
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrFormat, p, err)
+	}
+	for _, k := range []struct {
+		key string
+		ref *tokenRef
+	}{{"eos_token", &sp.eos}, {"bos_token", &sp.bos}} {
+		raw, ok := cfg[k.key]
+		if !ok {
+			continue
+		}
+		k.ref.set = true
+		k.ref.file = p
+		if isNull(raw) {
+			continue
+		}
+		var name string
+		if err := json.Unmarshal(raw, &name); err != nil {
+			var obj struct {
+				Content *string `json:"content"`
+			}
+			if err := json.Unmarshal(raw, &obj); err != nil || obj.Content == nil {
+				return fmt.Errorf("%w: %s: %s is neither a string nor an object with \"content\"", ErrFormat, p, k.key)
+			}
+			name = *obj.Content
+		}
+		k.ref.name = name
+		k.ref.named = true
+	}
+	return nil
+}
+
+// parseVocab reads model.vocab, a JSON object from token to id.
+func parseVocab(raw json.RawMessage) (map[string]int32, error) {
+	if isNull(raw) {
+		return nil, fmt.Errorf("missing")
+	}
+	var v map[string]int64
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, err
+	}
+	out := make(map[string]int32, len(v))
+	for k, id := range v {
+		if id < 0 || id >= maxID {
+			return nil, fmt.Errorf("token %q: id %d out of range", k, id)
+		}
+		out[k] = int32(id)
+	}
+	return out, nil
+}
+
+// parseMerges reads model.merges in either spelling: "a b" strings (older
+// files) or [a, b] pairs (tokenizers 0.20 and later, which can hold tokens
+// with spaces).
+func parseMerges(raw json.RawMessage) ([][2]string, error) {
+	s := bytes.TrimSpace(raw)
+	if isNull(s) {
+		return nil, nil
+	}
+	if len(s) < 2 || s[0] != '[' {
+		return nil, fmt.Errorf("not a list")
+	}
+	first := bytes.TrimSpace(s[1:])
+	if len(first) > 0 && first[0] == '[' {
+		var pairs [][]string
+		if err := json.Unmarshal(s, &pairs); err != nil {
+			return nil, err
+		}
+		out := make([][2]string, len(pairs))
+		for i, p := range pairs {
+			if len(p) != 2 {
+				return nil, fmt.Errorf("merge %d has %d parts, want 2", i, len(p))
+			}
+			out[i] = [2]string{p[0], p[1]}
+		}
+		return out, nil
+	}
+	var strs []string
+	if err := json.Unmarshal(s, &strs); err != nil {
+		return nil, err
+	}
+	out := make([][2]string, len(strs))
+	for i, m := range strs {
+		a, b, ok := strings.Cut(m, " ")
+		if !ok {
+			return nil, fmt.Errorf("merge %d (%q) is not two tokens separated by a space", i, m)
+		}
+		out[i] = [2]string{a, b}
+	}
+	return out, nil
+}

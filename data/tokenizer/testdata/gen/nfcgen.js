@@ -1,0 +1,152 @@
+// nfcgen.js writes ../../nfc_tables.go, the Unicode data behind the NFC
+// normalizer (Qwen's tokenizers normalize with NFC), using this node's own
+// ICU String.prototype.normalize as the source of truth:
+//
+//   node nfcgen.js && gofmt -w ../../nfc_tables.go
+//
+// What it derives, code point by code point:
+//   - the full canonical decomposition (NFD) of every decomposable
+//     character except Hangul syllables (those are computed);
+//   - the order of the non-zero canonical combining classes: JavaScript
+//     does not expose the classes, but canonical reordering does, since
+//     NFD(a b) swaps two marks exactly when class(a) > class(b) > 0. Only
+//     that order matters to NFC, so the table holds ranks, not the
+//     published numbers;
+//   - the composition pairs: for a primary composite P (NFD(P) != P and
+//     NFC(P) == P), L = NFC(NFD(P) without its last character) and C = that
+//     last character, checked by NFC(L C) == P;
+//   - the characters NFC can change or that can change what precedes
+//     them: non-zero class, second half of a pair, or NFC(x) != x. Text
+//     without any of them is already in NFC.
+"use strict";
+
+const fs = require("fs");
+const path = require("path");
+
+const out = path.join(__dirname, "..", "..", "nfc_tables.go");
+const MAX = 0x10ffff;
+const isSurrogate = (cp) => cp >= 0xd800 && cp <= 0xdfff;
+const isHangulSyllable = (cp) => cp >= 0xac00 && cp <= 0xd7a3;
+const str = (cps) => String.fromCodePoint(...cps);
+const cpsOf = (s) => Array.from(s, (c) => c.codePointAt(0));
+
+// Decompositions.
+const decomp = [];
+for (let cp = 0; cp <= MAX; cp++) {
+  if (isSurrogate(cp) || isHangulSyllable(cp)) continue;
+  const s = String.fromCodePoint(cp);
+  const d = s.normalize("NFD");
+  if (d !== s) decomp.push([cp, cpsOf(d)]);
+}
+
+// Non-zero combining classes. U+0345 has the highest class (240) and
+// U+0334 the lowest (1): a mark with any non-zero class swaps with one of
+// them.
+const HIGH = "\u0345";
+const LOW = "\u0334";
+const marks = [];
+for (let cp = 0; cp <= MAX; cp++) {
+  if (isSurrogate(cp)) continue;
+  const s = String.fromCodePoint(cp);
+  if (s.normalize("NFD") !== s) continue;
+  if ((HIGH + s).normalize("NFD") === s + HIGH || (s + LOW).normalize("NFD") === LOW + s || cp === 0x345 || cp === 0x334) {
+    marks.push(cp);
+  }
+}
+// Order: a before b when class(a) < class(b).
+const cmp = (a, b) => {
+  if (a === b) return 0;
+  const sa = String.fromCodePoint(a);
+  const sb = String.fromCodePoint(b);
+  if ((sa + sb).normalize("NFD") === sb + sa) return 1; // class(a) > class(b)
+  if ((sb + sa).normalize("NFD") === sa + sb) return -1;
+  return 0;
+};
+marks.sort((a, b) => cmp(a, b) || a - b);
+const rank = new Map();
+let r = 0;
+for (let i = 0; i < marks.length; i++) {
+  if (i === 0 || cmp(marks[i - 1], marks[i]) !== 0) r++;
+  rank.set(marks[i], r);
+}
+if (r > 255) throw new Error(`too many classes: ${r}`);
+// Check the order is consistent on every pair of class representatives.
+{
+  const reps = [];
+  for (const cp of marks) if (reps.length < rank.get(cp)) reps.push(cp);
+  for (let i = 0; i < reps.length; i++)
+    for (let j = 0; j < reps.length; j++) {
+      const want = Math.sign(rank.get(reps[i]) - rank.get(reps[j]));
+      if (cmp(reps[i], reps[j]) !== want) throw new Error(`inconsistent classes at U+${reps[i].toString(16)} U+${reps[j].toString(16)}`);
+    }
+}
+const cccRanges = [];
+for (const cp of [...marks].sort((a, b) => a - b)) {
+  const last = cccRanges[cccRanges.length - 1];
+  if (last && last[1] === cp - 1 && last[2] === rank.get(cp)) last[1] = cp;
+  else cccRanges.push([cp, cp, rank.get(cp)]);
+}
+
+// Composition pairs.
+const pairs = [];
+for (const [cp, d] of decomp) {
+  const s = String.fromCodePoint(cp);
+  if (s.normalize("NFC") !== s) continue; // excluded, singleton or non-starter decomposition
+  const c = d[d.length - 1];
+  const l = cpsOf(str(d.slice(0, -1)).normalize("NFC"));
+  if (l.length !== 1 || (str(l) + String.fromCodePoint(c)).normalize("NFC") !== s) {
+    throw new Error(`no pair found for U+${cp.toString(16)}`);
+  }
+  pairs.push([l[0], c, cp]);
+}
+
+// Characters that make text possibly not NFC.
+const interesting = new Set(marks);
+for (const [, c] of pairs) interesting.add(c);
+for (const [cp] of decomp) {
+  const s = String.fromCodePoint(cp);
+  if (s.normalize("NFC") !== s) interesting.add(cp);
+}
+for (let cp = 0x1161; cp <= 0x1175; cp++) interesting.add(cp); // Hangul vowels
+for (let cp = 0x11a8; cp <= 0x11c2; cp++) interesting.add(cp); // Hangul trailing consonants
+const intRanges = [];
+for (const cp of [...interesting].sort((a, b) => a - b)) {
+  const last = intRanges[intRanges.length - 1];
+  if (last && last[1] === cp - 1) last[1] = cp;
+  else intRanges.push([cp, cp]);
+}
+
+const hex = (cp) => "0x" + cp.toString(16).toUpperCase().padStart(4, "0");
+const lines = [];
+const row = (items, per) => {
+  for (let i = 0; i < items.length; i += per) lines.push("\t" + items.slice(i, i + per).join(" "));
+};
+lines.push("// Code generated by testdata/gen/nfcgen.js from ICU " + process.versions.icu + " (Unicode " + process.versions.unicode + "); DO NOT EDIT.");
+lines.push("");
+lines.push("package tokenizer");
+lines.push("");
+lines.push("// nfcDecompositions lists each decomposable character (Hangul syllables");
+lines.push("// aside) followed by its full canonical decomposition, each entry ended by 0.");
+lines.push("var nfcDecompositions = [...]rune{");
+row(decomp.map(([cp, d]) => [cp, ...d, 0].map(hex).join(", ") + ","), 3);
+lines.push("}");
+lines.push("");
+lines.push("// nfcClassRanges are lo, hi, rank: the characters of non-zero canonical");
+lines.push("// combining class, with the classes replaced by their rank in class order.");
+lines.push("var nfcClassRanges = [...]rune{");
+row(cccRanges.map(([lo, hi, k]) => `${hex(lo)}, ${hex(hi)}, ${k},`), 4);
+lines.push("}");
+lines.push("");
+lines.push("// nfcPairs are starter, combining character, composite: the canonical");
+lines.push("// compositions NFC performs (Hangul aside).");
+lines.push("var nfcPairs = [...]rune{");
+row(pairs.map((p) => p.map(hex).join(", ") + ","), 4);
+lines.push("}");
+lines.push("");
+lines.push("// nfcUnstableRanges are lo, hi: the characters that NFC may change or");
+lines.push("// combine with what precedes them. Text without them is already NFC.");
+lines.push("var nfcUnstableRanges = [...]rune{");
+row(intRanges.map(([lo, hi]) => `${hex(lo)}, ${hex(hi)},`), 6);
+lines.push("}");
+fs.writeFileSync(out, lines.join("\n") + "\n");
+console.log(`wrote ${out}: ${decomp.length} decompositions, ${marks.length} marks in ${r} classes (${cccRanges.length} ranges), ${pairs.length} pairs, ${intRanges.length} unstable ranges`);
