@@ -1,0 +1,7 @@
+//go:build !linux
+
+package indexed
+
+// dropPages does nothing where madvise is not available: the pages of a
+// scanned mapping stay resident until the kernel needs them back.
+func dropPages([]byte) {}

@@ -1,0 +1,154 @@
+package prepare
+
+import (
+	"bytes"
+	"encoding/json"
+	"unicode/utf8"
+)
+
+// lineStatus is what a JSON Lines line yielded.
+type lineStatus uint8
+
+const (
+	lineOK        lineStatus = iota // a string under the key
+	lineNotJSON                     // not valid JSON
+	lineNotObject                   // valid JSON, but not an object
+	lineNoKey                       // an object without the key
+	lineNotString                   // the key holds a number, null, an array or an object
+)
+
+// jsonField is the string under key in line, a JSON object, as
+// encoding/json would decode it into a map (the last of duplicate keys
+// wins, invalid UTF-8 becomes U+FFFD). It validates the line once and then
+// walks only its top level, copying nothing when the value has no escapes:
+// decoding every line into a map would cost more than tokenizing it.
+func jsonField(line []byte, key string) ([]byte, lineStatus) {
+	if !json.Valid(line) {
+		return nil, lineNotJSON
+	}
+	i := skipSpace(line, 0)
+	if i >= len(line) || line[i] != '{' {
+		return nil, lineNotObject
+	}
+	vStart, vEnd := -1, -1
+	i = skipSpace(line, i+1)
+	for i < len(line) && line[i] == '"' {
+		kEnd := stringEnd(line, i)
+		match := keyEquals(line[i:kEnd], key)
+		i = skipSpace(line, kEnd)
+		i = skipSpace(line, i+1) // past ':'
+		end := valueEnd(line, i)
+		if match {
+			vStart, vEnd = i, end
+		}
+		i = skipSpace(line, end)
+		if i < len(line) && line[i] == ',' {
+			i = skipSpace(line, i+1)
+		}
+	}
+	if vStart < 0 {
+		return nil, lineNoKey
+	}
+	if line[vStart] != '"' {
+		return nil, lineNotString
+	}
+	raw := line[vStart+1 : vEnd-1]
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		return raw, lineOK
+	}
+	var s string
+	if err := json.Unmarshal(line[vStart:vEnd], &s); err != nil {
+		return nil, lineNotJSON // unreachable for a line json.Valid accepted
+	}
+	return []byte(s), lineOK
+}
+
+// keyEquals says whether quoted, a JSON string with its quotes, is key.
+func keyEquals(quoted []byte, key string) bool {
+	raw := quoted[1 : len(quoted)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw) == key
+	}
+	var s string
+	return json.Unmarshal(quoted, &s) == nil && s == key
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// stringEnd is the index just past the JSON string starting at b[i] == '"'.
+func stringEnd(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return len(b)
+}
+
+// valueEnd is the index just past the JSON value starting at b[i], in a
+// document already known to be valid.
+func valueEnd(b []byte, i int) int {
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				j = stringEnd(b, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(b)
+	}
+	for j := i; j < len(b); j++ {
+		switch b[j] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return j
+		}
+	}
+	return len(b)
+}
+
+// describe says what is wrong with a line, for the error that stops a run.
+func (s lineStatus) describe(key string) string {
+	switch s {
+	case lineNotJSON:
+		return "not valid JSON"
+	case lineNotObject:
+		return "not a JSON object"
+	case lineNoKey:
+		return "no " + quote(key) + " key"
+	case lineNotString:
+		return "the " + quote(key) + " value is not a string"
+	}
+	return "fine"
+}
+
+func quote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
