@@ -1,0 +1,211 @@
+package sample
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// indexFiles is the epoch index files in dir, sorted.
+func indexFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, "gpt-*.idx"))
+	require.NoError(t, err)
+	slices.Sort(m)
+	return m
+}
+
+func TestCacheBuiltOnceThenReused(t *testing.T) {
+	dir := t.TempDir()
+	lens := lengths(200, 1, 50, 3)
+	cfg := Config{Seq: 8, Range: [2]int{0, 200}, CacheDir: dir, Identity: "reuse", Shuffle: true}
+	g, err := NewGPT(newFake(lens), cfg)
+	require.NoError(t, err)
+	s := g.SamplesPerEpoch()
+	want := draw(t, g, 5, []int64{0, 1, s - 1, 5*s + 3})
+	assert.Equal(t, Stats{Built: 3, Dir: dir}, g.Stats(), "the summary, epoch 0 and epoch 5")
+	assert.Len(t, indexFiles(t, dir), 2, "only the epochs touched are built")
+	assert.Contains(t, indexFiles(t, dir)[1], "gpt-e5-")
+	require.NoError(t, g.Close())
+
+	f := newFake(lens)
+	g, err = NewGPT(f, cfg)
+	require.NoError(t, err)
+	defer g.Close()
+	assert.Zero(t, f.lenCalls.Load(), "a reused summary reads no document length")
+	assert.Equal(t, want, draw(t, g, 5, []int64{0, 1, s - 1, 5*s + 3}))
+	assert.Equal(t, Stats{Reused: 3, Dir: dir}, g.Stats())
+	// Leftover temporary files would mean a write was not renamed.
+	tmp, _ := filepath.Glob(filepath.Join(dir, ".*.tmp"))
+	assert.Empty(t, tmp)
+}
+
+// TestCacheCorruptRebuilt damages the index file in several ways; each is
+// noticed (by the header, the size or a value out of bounds) and rebuilt,
+// and the samples stay the same.
+func TestCacheCorruptRebuilt(t *testing.T) {
+	lens := lengths(100, 1, 30, 4)
+	damages := []struct {
+		name string
+		hurt func(t *testing.T, path string)
+	}{
+		{"header byte", func(t *testing.T, path string) {
+			b, err := os.ReadFile(path)
+			require.NoError(t, err)
+			b[50] ^= 0xff
+			require.NoError(t, os.WriteFile(path, b, 0o644))
+		}},
+		{"truncated", func(t *testing.T, path string) {
+			st, err := os.Stat(path)
+			require.NoError(t, err)
+			require.NoError(t, os.Truncate(path, st.Size()-3))
+		}},
+		{"empty", func(t *testing.T, path string) {
+			require.NoError(t, os.WriteFile(path, nil, 0o644))
+		}},
+		{"body out of bounds", func(t *testing.T, path string) {
+			b, err := os.ReadFile(path)
+			require.NoError(t, err)
+			for i := headerSize; i < len(b); i++ {
+				b[i] = 0xff
+			}
+			require.NoError(t, os.WriteFile(path, b, 0o644))
+		}},
+		{"foreign file", func(t *testing.T, path string) {
+			require.NoError(t, os.WriteFile(path, []byte(strings.Repeat("not an index ", 40)), 0o644))
+		}},
+	}
+	for _, d := range damages {
+		t.Run(d.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := Config{Seq: 6, Range: [2]int{0, 100}, CacheDir: dir, Identity: "corrupt", Shuffle: true}
+			g, err := NewGPT(newFake(lens), cfg)
+			require.NoError(t, err)
+			ks := span64(0, g.SamplesPerEpoch())
+			want := draw(t, g, 8, ks)
+			require.NoError(t, g.Close())
+			files := indexFiles(t, dir)
+			require.Len(t, files, 1)
+			d.hurt(t, files[0])
+
+			g, err = NewGPT(newFake(lens), cfg)
+			require.NoError(t, err)
+			defer g.Close()
+			assert.Equal(t, want, draw(t, g, 8, ks))
+			st := g.Stats()
+			assert.Equal(t, 1, st.Rebuilt, "%+v", st)
+			assert.Equal(t, 1, st.Built)
+		})
+	}
+
+	// A damaged summary is rebuilt too.
+	dir := t.TempDir()
+	cfg := Config{Seq: 6, Range: [2]int{0, 100}, CacheDir: dir, Identity: "corrupt", Shuffle: true}
+	_, err := NewGPT(newFake(lens), cfg)
+	require.NoError(t, err)
+	sums, _ := filepath.Glob(filepath.Join(dir, "docs-*.sum"))
+	require.Len(t, sums, 1)
+	require.NoError(t, os.WriteFile(sums[0], []byte("junk"), 0o644))
+	g, err := NewGPT(newFake(lens), cfg)
+	require.NoError(t, err)
+	assert.Equal(t, Stats{Built: 1, Rebuilt: 1, Dir: dir}, g.Stats())
+}
+
+// TestCacheKeys checks that every input of an index gets its own file.
+func TestCacheKeys(t *testing.T) {
+	dir := t.TempDir()
+	lens := lengths(80, 1, 20, 5)
+	base := Config{Seq: 4, Range: [2]int{0, 70}, CacheDir: dir, Identity: "keys", Shuffle: true}
+	variants := []struct {
+		name string
+		cfg  Config
+		seed int64
+	}{
+		{"base", base, 1},
+		{"seed", base, 2},
+		{"seq", func() Config { c := base; c.Seq = 5; return c }(), 1},
+		{"range", func() Config { c := base; c.Range = [2]int{70, 80}; return c }(), 1},
+		{"identity", func() Config { c := base; c.Identity = "other"; return c }(), 1},
+		{"unshuffled", func() Config { c := base; c.Shuffle = false; return c }(), 1},
+	}
+	seen := map[string]string{}
+	for _, v := range variants {
+		g, err := NewGPT(newFake(lens), v.cfg)
+		require.NoError(t, err)
+		before := indexFiles(t, dir)
+		require.NoError(t, g.Sample(v.seed, 0, make([]int32, v.cfg.Seq+1)))
+		after := indexFiles(t, dir)
+		require.Len(t, after, len(before)+1, "%s makes a new file", v.name)
+		for _, f := range after {
+			if !slices.Contains(before, f) {
+				assert.NotContains(t, seen, f)
+				seen[f] = v.name
+			}
+		}
+		require.NoError(t, g.Close())
+	}
+}
+
+// TestFirstLookupIndependentOfDocs checks that a run reusing its index does
+// work independent of the dataset's size before its first sample: the
+// same handful of length reads and token reads for 10^4 as for 10^6
+// documents.
+func TestFirstLookupIndependentOfDocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds an index of a million documents")
+	}
+	for _, docs := range []int{10_000, 1_000_000} {
+		dir := t.TempDir()
+		lens := lengths(docs, 1, 600, 6)
+		cfg := Config{Seq: 1024, Range: [2]int{0, docs}, CacheDir: dir, Identity: "big", Shuffle: true}
+		g, err := NewGPT(newFake(lens), cfg)
+		require.NoError(t, err)
+		require.NoError(t, g.Sample(1, 0, make([]int32, 1025)))
+		require.NoError(t, g.Close())
+
+		f := newFake(lens)
+		g, err = NewGPT(f, cfg)
+		require.NoError(t, err)
+		require.Equal(t, int64(0), g.Epoch(777))
+		require.NoError(t, g.Sample(1, 777, make([]int32, 1025)))
+		assert.Equal(t, Stats{Reused: 2, Dir: dir}, g.Stats())
+		require.NoError(t, g.Close())
+		t.Logf("%d documents: first lookup on a reused index read %d lengths and made %d token reads", docs, f.lenCalls.Load(), f.reads.Load())
+		assert.Less(t, f.lenCalls.Load(), int64(30))
+	}
+}
+
+func TestDefaultCacheDir(t *testing.T) {
+	root := t.TempDir()
+	prefix := filepath.Join(root, "data", "corpus_text_document")
+	require.NoError(t, os.MkdirAll(filepath.Dir(prefix), 0o755))
+	assert.Equal(t, filepath.Join(root, "data", "gcompile-index"), DefaultCacheDir(prefix))
+	_, err := os.Stat(filepath.Join(root, "data", "gcompile-index"))
+	assert.True(t, os.IsNotExist(err), "finding the folder does not create it")
+	entries, err := os.ReadDir(filepath.Join(root, "data"))
+	require.NoError(t, err)
+	assert.Empty(t, entries, "the probe file is removed")
+
+	// Data under a path that cannot be a folder falls back to the user's
+	// cache folder.
+	cache := filepath.Join(root, "home-cache")
+	t.Setenv("XDG_CACHE_HOME", cache)
+	t.Setenv("HOME", root)
+	file := filepath.Join(root, "afile")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	assert.Equal(t, filepath.Join(cache, "gcompile", "index"), DefaultCacheDir(filepath.Join(file, "corpus")))
+
+	if os.Geteuid() == 0 {
+		t.Skip("root writes into read-only folders")
+	}
+	ro := filepath.Join(root, "ro")
+	require.NoError(t, os.MkdirAll(ro, 0o755))
+	require.NoError(t, os.Chmod(ro, 0o555))
+	t.Cleanup(func() { _ = os.Chmod(ro, 0o755) })
+	assert.Equal(t, filepath.Join(cache, "gcompile", "index"), DefaultCacheDir(filepath.Join(ro, "corpus")))
+}
