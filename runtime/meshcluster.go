@@ -582,3 +582,48 @@ func (c *MeshCluster[D]) AnyOf(flag bool) (bool, error) {
 	}
 	return flag, nil
 }
+
+// HeldRows says which rows (the first dim) of the named batch inputs this
+// process's devices hold, so the data source reads only those: a process
+// of a job of several, or one whose devices are all later pipeline stages,
+// reads none of the others' samples. A row counts as held when any local
+// device's block of any of the inputs has an element of it, whatever the
+// placement (found by cutting a tensor of row numbers as the inputs are
+// cut).
+func (c *MeshCluster[D]) HeldRows(names ...string) (func(row int) bool, error) {
+	var held []bool
+	for _, name := range names {
+		if _, err := c.holders(name); err != nil {
+			return nil, err
+		}
+		for _, d := range c.Devices {
+			id, ok := d.Program().Sources[name]
+			if !ok {
+				continue
+			}
+			buf := d.Program().Buffers[id]
+			shape := buf.Global.Shape
+			if len(shape) == 0 || shape[0] <= 0 {
+				return nil, nil // a scalar input has no rows to choose: read everything
+			}
+			rows := shape[0]
+			if held == nil {
+				held = make([]bool, rows)
+			} else if len(held) != rows {
+				return nil, fmt.Errorf("the batch inputs disagree on their rows: %q has %d, another %d", name, rows, len(held))
+			}
+			per := int(shape.NumElements()) / rows
+			index := make([]int32, rows*per)
+			for i := range index {
+				index[i] = int32(i / per)
+			}
+			for _, r := range Block(index, buf, d.Program().Mesh, d.Coords()) {
+				held[r] = true
+			}
+		}
+	}
+	if held == nil {
+		return func(int) bool { return false }, nil
+	}
+	return func(row int) bool { return row >= 0 && row < len(held) && held[row] }, nil
+}

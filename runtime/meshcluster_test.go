@@ -117,3 +117,27 @@ func TestMeshDevicesWantsOneProgramPerPipelineRank(t *testing.T) {
 		assert.Same(t, p, lower.ProgramOf([]*lower.Program{p}, r), "without pp every device runs the one program")
 	}
 }
+
+// HeldRows is the rows of a batch input the process's devices hold: all of
+// them with every device, one dp half with the devices of that half, and
+// an unknown input is an error naming it.
+func TestHeldRowsFollowsTheBatchSplit(t *testing.T) {
+	p := lowerText(t, shardedText)
+	rows := func(devs []*cpu.Device) []bool {
+		cl, err := cpu.NewCluster(p, cpu.Options{})
+		require.NoError(t, err)
+		if devs != nil {
+			cl.Devices = devs
+		}
+		want, err := cl.HeldRows("ids")
+		require.NoError(t, err)
+		return []bool{want(0), want(1), want(-1), want(2)}
+	}
+	cl, err := cpu.NewCluster(p, cpu.Options{})
+	require.NoError(t, err)
+	assert.Equal(t, []bool{true, true, false, false}, rows(nil))
+	assert.Equal(t, []bool{true, false, false, false}, rows(cl.Devices[:2]), "dp rank 0's devices (tp varies fastest)")
+	assert.Equal(t, []bool{false, true, false, false}, rows(cl.Devices[2:]), "dp rank 1's devices")
+	_, err = cl.HeldRows("nope")
+	assert.ErrorContains(t, err, `no device holds a param, state or input named "nope"`)
+}

@@ -100,9 +100,17 @@ type ModelMetrics struct {
 
 // DataMetrics says what the run trained on.
 type DataMetrics struct {
-	Source     string `json:"source"`
-	TrainBytes int    `json:"train_bytes"`
-	EvalBytes  int    `json:"eval_bytes"`
+	Source string `json:"source"`
+	// Byte-level text: the bytes of each split.
+	TrainBytes int `json:"train_bytes,omitempty"`
+	EvalBytes  int `json:"eval_bytes,omitempty"`
+	// Token datasets: their documents and tokens in all, the --split, the
+	// tokenizer file, and the identity a resumed run must match.
+	Documents int64  `json:"documents,omitempty"`
+	Tokens    int64  `json:"tokens,omitempty"`
+	Split     string `json:"split,omitempty"`
+	Tokenizer string `json:"tokenizer,omitempty"`
+	Identity  string `json:"identity,omitempty"`
 }
 
 // WriteFile writes m as indented JSON, replacing path atomically.

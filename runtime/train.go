@@ -212,14 +212,36 @@ type EvalMetrics struct {
 	Loss float64 `json:"loss"`
 }
 
+// RowHolder is a device that knows which rows (the first dim) of its
+// batch inputs it holds: a MeshCluster of a job of several processes, or
+// of a pipeline whose later stages take no tokens. The training loop asks
+// its data source for those rows only.
+type RowHolder interface {
+	HeldRows(names ...string) (func(row int) bool, error)
+}
+
+// heldRows is which rows of the tokens and targets dev holds; nil (every
+// row) for a device that does not say.
+func heldRows(dev Device) (func(row int) bool, error) {
+	h, ok := dev.(RowHolder)
+	if !ok {
+		return nil, nil
+	}
+	return h.HeldRows(ir.InputTokens, ir.InputTargets)
+}
+
 // Train runs the steps after cfg.Start up to cfg.Steps on dev, feeding
-// byte tokens from corpus, and calls report after each step (eval is
-// non-nil when one ran).
-func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMetrics, *EvalMetrics)) ([]StepMetrics, []EvalMetrics, error) {
+// tokens from src, and calls report after each step (eval is non-nil when
+// one ran).
+func Train(dev Device, src data.Source, cfg TrainConfig, report func(StepMetrics, *EvalMetrics)) ([]StepMetrics, []EvalMetrics, error) {
 	if cfg.Steps <= 0 {
 		return nil, nil, fmt.Errorf("--steps must be positive, got %d", cfg.Steps)
 	}
-	if err := corpus.Check(cfg.Seq); err != nil {
+	if err := src.Check(cfg.Seq); err != nil {
+		return nil, nil, err
+	}
+	want, err := heldRows(dev)
+	if err != nil {
 		return nil, nil, err
 	}
 	st := cfg.Start
@@ -242,7 +264,10 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 	var evals []EvalMetrics
 	for step := st.Step + 1; step <= cfg.Steps; step++ {
 		optStep := st.OptStep + 1 // the update's 1-based count, as in PyTorch: skipped steps do not advance it
-		tokens, targets := corpus.TrainBatch(cfg.Seed, step, cfg.Batch, cfg.Seq)
+		tokens, targets, err := src.TrainRows(cfg.Seed, step, cfg.Batch, cfg.Seq, want)
+		if err != nil {
+			return steps, evals, fmt.Errorf("step %d: the data: %w", step, err)
+		}
 		lr := cfg.Schedule.At(step)
 		if err := feed(dev, tokens, targets); err != nil {
 			return steps, evals, err
@@ -309,7 +334,7 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 		steps = append(steps, sm)
 		var ev *EvalMetrics
 		if cfg.EvalBatches >= 0 && (step == cfg.Steps || (cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0)) {
-			l, err := Evaluate(dev, corpus, cfg)
+			l, err := evaluate(dev, src, cfg, want)
 			if err != nil {
 				return steps, evals, err
 			}
@@ -338,11 +363,22 @@ func Train(dev Device, corpus *data.Corpus, cfg TrainConfig, report func(StepMet
 }
 
 // Evaluate averages the loss over the first cfg.EvalBatches held-out batches.
-func Evaluate(dev Device, corpus *data.Corpus, cfg TrainConfig) (float64, error) {
+func Evaluate(dev Device, src data.Source, cfg TrainConfig) (float64, error) {
+	want, err := heldRows(dev)
+	if err != nil {
+		return 0, err
+	}
+	return evaluate(dev, src, cfg, want)
+}
+
+func evaluate(dev Device, src data.Source, cfg TrainConfig, want func(int) bool) (float64, error) {
 	n := max(cfg.EvalBatches, 1)
 	var sum float64
 	for i := range n {
-		tokens, targets := corpus.EvalBatch(i, cfg.Batch, cfg.Seq)
+		tokens, targets, err := src.EvalRows(i, cfg.Batch, cfg.Seq, want)
+		if err != nil {
+			return 0, fmt.Errorf("eval batch %d: the data: %w", i, err)
+		}
 		if err := feed(dev, tokens, targets); err != nil {
 			return 0, err
 		}

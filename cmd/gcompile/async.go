@@ -73,11 +73,11 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	if err != nil {
 		return err
 	}
-	corpus, err := loadCorpus(c, res.Module, seq)
+	corpus, err := loadSource(c, j, res.Module, seq)
 	if err != nil {
 		return err
 	}
-	met.Data = &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
+	met.Data = dataMetrics(c, corpus)
 	var a *cpu.Async
 	if j.multi() {
 		net, err := j.connect()

@@ -43,6 +43,9 @@ func checkCheckpointPaths(c *config) (string, error) {
 func checkpointPlan(c *config, progs []*lower.Program, batch, seq int, procs int) checkpoint.Plan {
 	p := checkpoint.Plan{Devices: c.Devices, Precision: c.Precision, Optimizer: c.Optimizer, Batch: batch, Seq: seq, DPSync: c.DPSync,
 		Flags: c.metricsConfig(procs)}
+	if c.tokens != nil {
+		p.Data = c.tokens.identity(c)
+	}
 	if m := progs[0].Mesh; m != nil {
 		p.Mesh = m.String()
 	}

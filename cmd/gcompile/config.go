@@ -77,8 +77,15 @@ type config struct {
 	planTrace    string
 
 	// corpus is the training text, read with --run before the compile
-	// (checkPaths) so that a bad --data is refused before any work.
+	// (checkPaths) so that a bad --data is refused before any work; tokens
+	// are the token datasets instead, opened and checked then (tokens.go).
 	corpus *data.Corpus
+	tokens *tokenData
+
+	// The token-dataset flags: --tokenizer (and GPT-2's --merges),
+	// --split, --data-cache-dir, --make-vocab-size-divisible-by.
+	tokenizer, merges, split, dataCacheDir string
+	vocabDivisible                         int
 
 	explicit map[string]bool // flags the user gave
 }
@@ -150,8 +157,13 @@ func parseArgs(args []string) (*config, error) {
 	fs.StringVar(&c.planTrace, "plan-trace", "", "write the cost model's predicted step of the compiled plan (with --plan, the planner's best) as Chrome trace events to FILE.json, in --trace's format, for --hardware (default cpu)")
 	fs.StringVar(&c.refineTrace, "refine-trace", "", "with --plan and --hardware: refine the preset's efficiencies, launch and link figures from FILE.json, a --trace of a run of this plan (every plan axis as it ran), and plan with the refined preset")
 	fs.StringVar(&c.saveHardware, "save-hardware", "", "with --refine-trace: write the refined preset to FILE.json, which --hardware FILE.json reads")
-	fs.StringVar(&c.data, "data", "", "training text: a file or folder (default: the Go standard library sources)")
-	fs.IntVar(&c.maxDataMB, "max-data-mb", 16, "read at most this many MiB of training text")
+	fs.StringVar(&c.data, "data", "", "training data: a text file or folder, one byte per token (default: the Go standard library sources); or a token dataset PREFIX (PREFIX.bin/.idx, Megatron's format, from gcompile data prepare); or a blend \"0.3 PREFIX_A 0.7 PREFIX_B\"")
+	fs.IntVar(&c.maxDataMB, "max-data-mb", 16, "read at most this many MiB of training text (a token dataset is memory-mapped, never read whole)")
+	fs.StringVar(&c.tokenizer, "tokenizer", "", "with a token dataset: the Hugging Face tokenizer.json (or its folder, or GPT-2's vocab.json with --merges) the data was prepared with; the model's vocab follows it")
+	fs.StringVar(&c.merges, "merges", "", "with --tokenizer vocab.json: GPT-2's merges.txt")
+	fs.StringVar(&c.split, "split", "98,2", "with a token dataset: training and held-out shares of its documents, as Megatron's --split (a third share, test, is not used)")
+	fs.StringVar(&c.dataCacheDir, "data-cache-dir", "", "with a token dataset: where its sample index is cached (default: gcompile-index beside the data, or the user cache folder when that is not writable)")
+	fs.IntVar(&c.vocabDivisible, "make-vocab-size-divisible-by", 128, "with a token dataset: pad the model's vocab (from the tokenizer or the data) up to a multiple of this times --tp, as Megatron-LM does")
 	fs.StringVar(&c.Set, "set", "", "model parameters key=value,… (see --help-model)")
 	fs.BoolVar(&c.helpModel, "help-model", false, "list the model parameters MODEL.go reads, then exit")
 	fs.Func("model-timeout", "how long type-checking and building MODEL.go may take, and then running its Model(), each (default 2m0s)", func(s string) error {
@@ -364,6 +376,9 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 	// it); 0 would silently mean one batch.
 	if c.evalBatches < -1 || c.evalBatches == 0 {
 		bad("--eval-batches must be ≥ 1 (or -1: no held-out evaluation), got %d", c.evalBatches)
+	}
+	if c.vocabDivisible < 1 {
+		bad("--make-vocab-size-divisible-by must be ≥ 1, got %d", c.vocabDivisible)
 	}
 	if c.maxDataMB < 1 || c.maxDataMB > maxDataMB {
 		bad("--max-data-mb must be in 1..%d, got %d", maxDataMB, c.maxDataMB)

@@ -6,7 +6,56 @@ import (
 
 	"gcompile/data"
 	"gcompile/ir"
+	"gcompile/runtime"
 )
+
+// loadSource is the run's data: the token datasets checkPaths opened, with
+// their sample index built or reused for seq, or the byte-level text.
+func loadSource(c *config, j *job, m *ir.Module, seq int) (data.Source, error) {
+	if c.tokens == nil && c.run && isTokenData(c.data) {
+		td, err := openTokenData(c) // a process of a launched job: checkJob closed the launcher's
+		if err != nil {
+			return nil, err
+		}
+		c.tokens = td
+	}
+	if c.tokens != nil {
+		log := func(string, ...any) {}
+		if j.lead() {
+			log = func(f string, a ...any) { fmt.Fprintf(j.log, f, a...) }
+		}
+		return c.tokens.source(c, m, seq, log)
+	}
+	return loadCorpus(c, m, seq)
+}
+
+// describeSource is the data's line in the log.
+func describeSource(src data.Source) string {
+	if corpus, ok := src.(*data.Corpus); ok {
+		return fmt.Sprintf("%s (%d train / %d held-out bytes)", corpus.Source, len(corpus.Train), len(corpus.Eval))
+	}
+	return src.String()
+}
+
+// dataMetrics is the metrics' account of the data.
+func dataMetrics(c *config, src data.Source) *runtime.DataMetrics {
+	if corpus, ok := src.(*data.Corpus); ok {
+		return &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
+	}
+	dm := &runtime.DataMetrics{Source: src.String()}
+	if td := c.tokens; td != nil {
+		for _, ds := range td.sets {
+			dm.Tokens += ds.Tokens()
+			dm.Documents += int64(ds.NumSequences())
+		}
+		dm.Identity = td.identity(c)
+		dm.Split = c.split
+		if td.tok != nil {
+			dm.Tokenizer = td.tok.Path()
+		}
+	}
+	return dm
+}
 
 // loadCorpus is the training text (read by checkPaths, or now), checked
 // against the compiled model before any step: long enough for one window

@@ -124,6 +124,10 @@ func checkJob(args []string, nproc int) (*config, error) {
 		return nil, err
 	}
 	c.corpus = nil // each process reads its own
+	if c.tokens != nil {
+		c.tokens.close()
+		c.tokens = nil
+	}
 	return c, nil
 }
 

@@ -103,6 +103,7 @@ func subcommandTable() []subcommand {
 	return []subcommand{
 		{"launch", "--nproc N [launch flags] -- MODEL.go|MODEL.gir [flags]", "start N processes of one job on this machine and watch them (see gcompile launch -h)", launchMain},
 		{"inspect", "CHECKPOINT", "print a checkpoint's training state, the plan that saved it and the bytes each rank wrote", inspectMain},
+		{"data", "prepare --tokenizer T --output-prefix PREFIX INPUT…", "tokenize text, folders or JSON Lines into a token dataset (Megatron-LM's .bin/.idx) that --data PREFIX trains on", dataMain},
 		{"export", "CHECKPOINT --out FILE.safetensors", "write a checkpoint's params as one safetensors file (or Hugging Face shards) under the model's names", exportMain},
 	}
 }
@@ -151,6 +152,12 @@ func compileAndRun(c *config, j *job) (err error) {
 		return err
 	}
 	if err := checkPaths(c, j.lead()); err != nil {
+		return err
+	}
+	if c.tokens != nil {
+		defer c.tokens.close()
+	}
+	if err := c.applyVocab(); err != nil {
 		return err
 	}
 	// An output that fails to be written is reported at the end with the
@@ -430,11 +437,11 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	if err != nil {
 		return err
 	}
-	corpus, err := loadCorpus(c, res.Module, seq)
+	corpus, err := loadSource(c, j, res.Module, seq)
 	if err != nil {
 		return err
 	}
-	met.Data = &runtime.DataMetrics{Source: corpus.Source, TrainBytes: len(corpus.Train), EvalBytes: len(corpus.Eval)}
+	met.Data = dataMetrics(c, corpus)
 	dev, devs, closeDev, err := newCluster(c, j, gpus, progs)
 	if err != nil {
 		return err
@@ -511,7 +518,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		fmt.Fprintf(j.log, "%d %s, mesh %v, ZeRO-%d\n", mesh.Devices(), where, mesh, c.Zero)
 	}
 	if j.lead() {
-		fmt.Fprintf(j.log, "training on %s (%d train / %d held-out bytes), batch %d × seq %d\n", corpus.Source, len(corpus.Train), len(corpus.Eval), batch, seq)
+		fmt.Fprintf(j.log, "training on %s, batch %d × seq %d\n", describeSource(corpus), batch, seq)
 	}
 	cfg := runtime.TrainConfig{
 		Steps: c.steps, Batch: batch, Seq: seq, Seed: c.seed,

@@ -25,8 +25,26 @@ func checkPaths(c *config, lead bool) error {
 			errs = append(errs, err)
 		}
 	}
-	if c.run {
-		// Read now, kept for training (loadCorpus), not read twice.
+	switch {
+	case c.run && isTokenData(c.data):
+		// Opened and checked now, kept for training (loadSource).
+		td, err := openTokenData(c)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		c.tokens = td
+	case c.run:
+		for _, f := range []string{"split", "data-cache-dir", "make-vocab-size-divisible-by", "merges"} {
+			if c.explicit[f] {
+				errs = append(errs, fmt.Errorf("--%s applies to a token dataset (--data PREFIX, from gcompile data prepare); --data %q is text", f, c.data))
+			}
+		}
+		if c.tokenizer != "" {
+			errs = append(errs, fmt.Errorf("--tokenizer %s: --data %q is text, which trains one byte per token; tokenize it first with gcompile data prepare --tokenizer %s --output-prefix PREFIX %s, then train on --data PREFIX",
+				c.tokenizer, c.data, c.tokenizer, orDefault(c.data)))
+			break
+		}
+		// Read now, kept for training (loadSource), not read twice.
 		corpus, err := data.Load(data.Options{Path: c.data, MaxBytes: int64(c.maxDataMB) << 20})
 		if err != nil {
 			errs = append(errs, dataErr(c, err))
@@ -37,6 +55,18 @@ func checkPaths(c *config, lead bool) error {
 		errs = append(errs, checkOutputs(c))
 	}
 	return errors.Join(errs...)
+}
+
+// orDefault is --data as a command line argument: the default corpus's
+// folder when it was not given.
+func orDefault(path string) string {
+	if path != "" {
+		return path
+	}
+	if p, err := data.DefaultPath(); err == nil {
+		return p
+	}
+	return "TEXT"
 }
 
 // outputPath is a file the run writes at its end, by its flag.

@@ -89,6 +89,10 @@ type Plan struct {
 	Batch     int    `json:"batch"`
 	Seq       int    `json:"seq"`
 	DPSync    string `json:"dp_sync"` // sync or async data parallelism
+	// Data identifies a run's token datasets, blend, split and tokenizer
+	// ("" for byte-level text): which tokens a step sees follows from it,
+	// so a resumed run must have the same.
+	Data string `json:"data,omitempty"`
 	// Flags are the run's settings as the metrics report them.
 	Flags map[string]any `json:"flags,omitempty"`
 }
@@ -784,6 +788,14 @@ func RestoreState(cl Cluster, progs []*lower.Program, dir string, ex Expect) (*M
 	return m, nil
 }
 
+// orText names byte-level text, whose Plan.Data is empty.
+func orText(data string) string {
+	if data == "" {
+		return "byte-level text"
+	}
+	return data
+}
+
 // match checks that the checkpoint belongs to this model and run, and
 // holds exactly the params and state the programs have.
 func match(m *Manifest, progs []*lower.Program, ex Expect) error {
@@ -796,6 +808,10 @@ func match(m *Manifest, progs []*lower.Program, ex Expect) error {
 		if c.saved != c.is {
 			return fmt.Errorf("the checkpoint was saved with %s %v and this run has %v; resume with the same (the plan may change, the training may not): %w", c.flag, c.saved, c.is, ErrMismatch)
 		}
+	}
+	if m.Plan.Data != ex.Plan.Data {
+		return fmt.Errorf("the checkpoint was trained on other data (%s) than this run's (%s): a step's tokens follow from the datasets, blend, --split and tokenizer; resume with the same --data, --split and --tokenizer: %w",
+			orText(m.Plan.Data), orText(ex.Plan.Data), ErrMismatch)
 	}
 	if ex.ModelFingerprint != "" && m.ModelFingerprint != ex.ModelFingerprint {
 		return fmt.Errorf("the checkpoint is of model %q (fingerprint %.12s), this run's model has fingerprint %.12s (another model, or other --set sizes): %w",

@@ -259,7 +259,7 @@ func (a *Async) stopAfter(t int) {
 // replica 0. In a job of several processes every process calls Train;
 // only the server's (process 0) returns the steps and the held-out loss,
 // and calls report.
-func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(runtime.StepMetrics, *runtime.EvalMetrics)) ([]runtime.StepMetrics, []runtime.EvalMetrics, error) {
+func (a *Async) Train(corpus data.Source, cfg runtime.TrainConfig, report func(runtime.StepMetrics, *runtime.EvalMetrics)) ([]runtime.StepMetrics, []runtime.EvalMetrics, error) {
 	dp := a.dp
 	if cfg.Batch%dp != 0 {
 		return nil, nil, fmt.Errorf("global batch %d is not divisible by %d replicas", cfg.Batch, dp)
@@ -405,7 +405,7 @@ func (a *Async) Train(corpus *data.Corpus, cfg runtime.TrainConfig, report func(
 // replica is one worker's loop: take weights, compute its share of the
 // step's gradients, hand them in. Replicas on the server's process do it
 // by calls, the others by messages (fetch and push).
-func (a *Async) replica(r int, w *Device, corpus *data.Corpus, cfg runtime.TrainConfig, local int) error {
+func (a *Async) replica(r int, w *Device, corpus data.Source, cfg runtime.TrainConfig, local int) error {
 	msg := make([]byte, a.wire.weightsLen)
 	for t := cfg.Start.Step + 1; t <= cfg.Steps; t++ {
 		err := a.fetch(r, t, msg)
@@ -436,7 +436,11 @@ func (a *Async) replica(r int, w *Device, corpus *data.Corpus, cfg runtime.Train
 				return err
 			}
 		}
-		tokens, targets := corpus.TrainBatch(cfg.Seed, t, cfg.Batch, cfg.Seq)
+		mine := func(row int) bool { return row/local == r }
+		tokens, targets, err := corpus.TrainRows(cfg.Seed, t, cfg.Batch, cfg.Seq, mine)
+		if err != nil {
+			return fmt.Errorf("step %d: the data: %w", t, err)
+		}
 		n := local * cfg.Seq
 		if err := w.SetInt32(ir.InputTokens, tokens[r*n:(r+1)*n]); err != nil {
 			return err

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"gcompile/data/indexed"
+	"gcompile/data/prepare"
+	"gcompile/data/tokenizer"
+)
+
+// dataMain is `gcompile data SUBCOMMAND`: the data tools. There is one,
+// prepare.
+func dataMain(args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
+		fmt.Fprint(os.Stderr, "usage: gcompile data prepare --tokenizer T --output-prefix PREFIX INPUT…\n\n"+
+			"  prepare   tokenize text files, folders or JSON Lines into a token dataset in Megatron-LM's\n"+
+			"            indexed format (PREFIX.bin, PREFIX.idx), which --data PREFIX trains on\n")
+		if len(args) == 0 {
+			return errors.New("data: name a subcommand (prepare)")
+		}
+		return nil
+	}
+	if args[0] != "prepare" {
+		return fmt.Errorf("data: unknown subcommand %q (want prepare; see gcompile data -h)", args[0])
+	}
+	return prepareMain(args[1:], os.Stdout, os.Stderr)
+}
+
+// prepareMain is `gcompile data prepare`.
+func prepareMain(args []string, stdout, stderr io.Writer) error {
+	fs := newSubcommandFlags("data prepare", "--tokenizer T --output-prefix PREFIX INPUT…\n\nINPUT is a text file (one document), a folder (its files, recursively, in name order), or JSON Lines (.jsonl, one document per line; .gz read as gzip).")
+	tok := fs.String("tokenizer", "", "a Hugging Face tokenizer.json, a folder holding one, or GPT-2's vocab.json (with --merges)")
+	merges := fs.String("merges", "", "with --tokenizer vocab.json: GPT-2's merges.txt")
+	out := fs.String("output-prefix", "", "write PREFIX.bin, PREFIX.idx (Megatron-LM's indexed format) and PREFIX.json (what made them)")
+	key := fs.String("json-key", "text", "the field of each JSON Lines object that holds the document's text")
+	skip := fs.Bool("skip-bad-lines", false, "skip (and count) JSON Lines lines that are not JSON or lack --json-key; by default such a line stops the run, naming file:line")
+	workers := fs.Int("workers", 0, "tokenizing goroutines (0: one per core); the output is the same for any number")
+	noEOS := fs.Bool("no-eos", false, "do not append the tokenizer's end-of-document token to each document")
+	quiet := fs.Bool("quiet", false, "no progress line")
+	inputs, err := parsePositional(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case *tok == "":
+		return errors.New("data prepare: --tokenizer is required (a tokenizer.json, its folder, or GPT-2's vocab.json with --merges)")
+	case *out == "":
+		return errors.New("data prepare: --output-prefix PREFIX is required")
+	case len(inputs) == 0:
+		return errors.New("data prepare: name at least one INPUT (a text file, a folder or a .jsonl file)")
+	case *workers < 0:
+		return fmt.Errorf("data prepare: --workers must be ≥ 0, got %d", *workers)
+	}
+	// The output's folder is made, as --dump's and --checkpoint-dir's are.
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		return fmt.Errorf("data prepare: --output-prefix %s: %w", *out, err)
+	}
+	t, err := tokenizer.Load(*tok, *merges)
+	if err != nil {
+		return fmt.Errorf("data prepare: --tokenizer %s: %w", *tok, err)
+	}
+	if _, ok := t.EOS(); !ok && !*noEOS {
+		return fmt.Errorf("data prepare: --tokenizer %s has no end-of-document token to append to each document; give --no-eos to write documents without one", *tok)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	opt := prepare.Options{
+		Inputs: inputs, OutputPrefix: *out, JSONKey: *key, SkipBadLines: *skip, Workers: *workers,
+		AppendEOS: !*noEOS, DType: indexed.DTypeFor(t.VocabSize()),
+		Tokenizer: t.Fingerprint(), TokenizerPath: t.Path(),
+	}
+	var last time.Time
+	if !*quiet {
+		opt.Progress = func(p prepare.Progress) {
+			if time.Since(last) < 400*time.Millisecond {
+				return
+			}
+			last = time.Now()
+			fmt.Fprintf(stderr, "\r%s", p)
+		}
+	}
+	fmt.Fprintf(stderr, "tokenizing with %s (%s, %d tokens) into %s.bin/.idx (%s)\n", t.Path(), t.Kind(), t.VocabSize(), *out, opt.DType)
+	sum, err := prepare.Run(ctx, t, opt)
+	if !*quiet {
+		fmt.Fprintln(stderr)
+	}
+	if err != nil {
+		return fmt.Errorf("data prepare: %w (nothing was written under %s)", err, *out)
+	}
+	fmt.Fprintf(stdout, "%s.bin, %s.idx: %s\n", *out, *out, sum)
+	return nil
+}

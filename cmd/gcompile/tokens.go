@@ -1,0 +1,315 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"gcompile/data"
+	"gcompile/data/indexed"
+	"gcompile/data/prepare"
+	"gcompile/data/sample"
+	"gcompile/data/tokenizer"
+	"gcompile/ir"
+)
+
+// tokenData is a run on token datasets (--data PREFIX, or a blend
+// "W1 PREFIX1 W2 PREFIX2"): the datasets are opened and checked, and the
+// tokenizer loaded, before any compile (checkPaths), so that a bad file is
+// refused before any work; the sample index is built or reused once the
+// compiled model gives the sequence length (source).
+type tokenData struct {
+	parts []sample.BlendPart
+	sets  []*indexed.Dataset
+	tok   *tokenizer.Tokenizer // nil when --tokenizer was not given
+	// need is how many token ids the data needs the model to take: the
+	// tokenizer's vocabulary, else the one the dataset was prepared with,
+	// else its largest id + 1; where says which, for messages.
+	need  int
+	where string
+	// maxID is the largest id in any of the datasets.
+	maxID int32
+}
+
+// isTokenData says whether --data names token datasets rather than text: a
+// blend (weights and prefixes), a PREFIX.idx, a PREFIX.bin beside its .idx,
+// or a prefix whose .idx exists. A lone .bin is a file like any other (the
+// text loader refuses it as binary).
+func isTokenData(s string) bool {
+	if strings.ContainsAny(strings.TrimSpace(s), " \t\n") || strings.HasSuffix(s, ".idx") {
+		return true
+	}
+	_, err := os.Stat(datasetPrefix(s) + ".idx")
+	return err == nil
+}
+
+// datasetPrefix is the prefix of PREFIX, PREFIX.bin or PREFIX.idx.
+func datasetPrefix(p string) string {
+	return strings.TrimSuffix(strings.TrimSuffix(p, ".bin"), ".idx")
+}
+
+// openTokenData opens every dataset of --data and the tokenizer, and checks
+// them against each other: every id of the data is a token of the
+// tokenizer, and a dataset prepared with another tokenizer is refused.
+// Nothing of the data is read but the index files and, for a dataset
+// without gcompile's metadata, one scan for its largest id (cached).
+func openTokenData(c *config) (*tokenData, error) {
+	parts, err := sample.ParseBlend(c.data)
+	if err != nil {
+		return nil, fmt.Errorf("--data %q: %w", c.data, err)
+	}
+	td := &tokenData{parts: parts, maxID: -1}
+	if c.tokenizer != "" {
+		if td.tok, err = tokenizer.Load(c.tokenizer, c.merges); err != nil {
+			return nil, fmt.Errorf("--tokenizer %s: %w", c.tokenizer, err)
+		}
+	}
+	fail := func(err error) (*tokenData, error) {
+		td.close()
+		return nil, err
+	}
+	metaVocab, metaFrom := 0, ""
+	for i := range td.parts {
+		p := &td.parts[i]
+		p.Prefix = datasetPrefix(p.Prefix)
+		ds, err := indexed.Open(p.Prefix)
+		if err != nil {
+			return fail(fmt.Errorf("--data %s: %w", p.Prefix, err))
+		}
+		td.sets = append(td.sets, ds)
+		meta, ok, err := prepare.ReadMeta(p.Prefix)
+		if err != nil {
+			return fail(fmt.Errorf("--data %s: %w", p.Prefix, err))
+		}
+		var maxID int32
+		if ok {
+			maxID = meta.MaxToken
+			if td.tok != nil && meta.Tokenizer != "" && meta.Tokenizer != td.tok.Fingerprint() {
+				return fail(fmt.Errorf("--data %s was prepared with the tokenizer %s, not --tokenizer %s (their vocabularies or merges differ): give the tokenizer the data was prepared with, or prepare the data again: %w",
+					p.Prefix, orUnknown(meta.TokenizerPath), c.tokenizer, errDataMismatch))
+			}
+			if meta.VocabSize > metaVocab {
+				metaVocab, metaFrom = meta.VocabSize, fmt.Sprintf("the vocabulary of %s's tokenizer (%d)", p.Prefix, meta.VocabSize)
+			}
+		} else if maxID, err = cachedMaxToken(ds, p.Prefix, c.dataCacheDir); err != nil {
+			return fail(fmt.Errorf("--data %s: %w", p.Prefix, err))
+		}
+		if td.tok != nil && int(maxID) >= td.tok.VocabSize() {
+			return fail(fmt.Errorf("--data %s holds token id %d, but --tokenizer %s has %d tokens (ids 0..%d): the data was made with another tokenizer: %w",
+				p.Prefix, maxID, c.tokenizer, td.tok.VocabSize(), td.tok.VocabSize()-1, errDataMismatch))
+		}
+		td.maxID = max(td.maxID, maxID)
+	}
+	switch {
+	case td.tok != nil:
+		td.need, td.where = td.tok.VocabSize(), fmt.Sprintf("--tokenizer %s's %d tokens", c.tokenizer, td.tok.VocabSize())
+	case metaVocab > 0:
+		td.need, td.where = metaVocab, metaFrom
+	default:
+		td.need, td.where = int(td.maxID)+1, fmt.Sprintf("the data's largest token id (%d) + 1", td.maxID)
+	}
+	td.need = max(td.need, int(td.maxID)+1)
+	return td, nil
+}
+
+// errDataMismatch marks a tokenizer that is not the one the data was made
+// with.
+var errDataMismatch = errors.New("the tokenizer does not match the dataset")
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "(unknown)"
+	}
+	return s
+}
+
+func (td *tokenData) close() {
+	for _, ds := range td.sets {
+		ds.Close()
+	}
+}
+
+// paddedVocab is the model vocabulary for need token ids: rounded up to a
+// multiple of divisible·tp, as Megatron-LM's --make-vocab-size-divisible-by
+// does, so that a vocab-parallel embedding and head split evenly over tp
+// and the GEMMs get friendly sizes. The padding rows are never a target.
+func paddedVocab(need, divisible, tp int) int {
+	m := max(divisible, 1) * max(tp, 1)
+	return (need + m - 1) / m * m
+}
+
+// applyVocab gives a model.go the vocabulary the data needs (--set
+// vocab=N, padded), unless --set names one, which must then be large
+// enough; a .gir has its vocabulary fixed and is checked after the
+// compile (source).
+func (c *config) applyVocab() error {
+	td := c.tokens
+	if td == nil || !strings.HasSuffix(c.Model, ".go") {
+		return nil
+	}
+	if v, ok := setValue(c.Set, "vocab"); ok {
+		n, err := strconv.Atoi(v)
+		if err == nil && n < td.need {
+			return fmt.Errorf("--set vocab=%d is smaller than %s: leave vocab out of --set (it is then %d, padded to a multiple of %d) or raise it",
+				n, td.where, paddedVocab(td.need, c.vocabDivisible, c.TP), max(c.vocabDivisible, 1)*max(c.TP, 1))
+		}
+		return nil
+	}
+	v := paddedVocab(td.need, c.vocabDivisible, c.TP)
+	if c.Set == "" {
+		c.Set = "vocab=" + strconv.Itoa(v)
+	} else {
+		c.Set += ",vocab=" + strconv.Itoa(v)
+	}
+	return nil
+}
+
+// setValue is key's value in a --set list.
+func setValue(set, key string) (string, bool) {
+	for _, kv := range strings.Split(set, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v), true
+		}
+	}
+	return "", false
+}
+
+// source builds the training and held-out samples of the datasets for
+// windows of seq tokens (the sample index is built once and cached beside
+// the data, then reused), after checking that every id of the data is a
+// row of the compiled model's embedding and a class of its loss.
+func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, ...any)) (data.Source, error) {
+	if vocab, where := tokenRange(m); vocab > 0 && int(td.maxID) >= vocab {
+		return nil, fmt.Errorf("--data holds token id %d, but the model takes %d (%s): %w; %s",
+			td.maxID, vocab, where, data.ErrVocab, vocabFix(c, td))
+	}
+	split, err := sample.ParseSplit(c.split)
+	if err != nil {
+		return nil, fmt.Errorf("--split %q: %w", c.split, err)
+	}
+	var trains, evals []sample.Sampler
+	var weights []float64
+	for i, ds := range td.sets {
+		p := td.parts[i]
+		ranges := sample.SplitRanges(ds.NumSequences(), split)
+		cache := c.dataCacheDir
+		if cache == "" {
+			cache = sample.DefaultCacheDir(p.Prefix)
+		}
+		id := ds.Fingerprint()
+		tr, err := sample.NewGPT(ds, sample.Config{Seq: seq, Range: ranges[0], CacheDir: cache, Identity: id, Shuffle: true})
+		if err != nil {
+			return nil, fmt.Errorf("--data %s, training split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[0][0], ranges[0][1], ds.NumSequences(), c.split, err)
+		}
+		trains = append(trains, tr)
+		weights = append(weights, p.Weight)
+		if len(ranges) > 1 && ranges[1][1] > ranges[1][0] {
+			ev, err := sample.NewGPT(ds, sample.Config{Seq: seq, Range: ranges[1], CacheDir: cache, Identity: id})
+			if err != nil {
+				return nil, fmt.Errorf("--data %s, held-out split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[1][0], ranges[1][1], ds.NumSequences(), c.split, err)
+			}
+			evals = append(evals, ev)
+		}
+		log("data %s: %d documents, %d tokens (%s); %d training samples of %d+1 tokens per epoch; index in %s\n",
+			p.Prefix, ds.NumSequences(), ds.Tokens(), ds.DType(), tr.SamplesPerEpoch(), seq, cache)
+	}
+	var train, eval sample.Sampler = trains[0], nil
+	if len(trains) > 1 {
+		if train, err = sample.NewBlend(weights, trains); err != nil {
+			return nil, fmt.Errorf("--data: %w", err)
+		}
+	}
+	switch {
+	case len(evals) == 1:
+		eval = evals[0]
+	case len(evals) > 1:
+		// Held-out samples blend with the training weights, as Megatron's
+		// validation blend does.
+		var ws []float64
+		for i, ds := range td.sets {
+			if r := sample.SplitRanges(ds.NumSequences(), split); len(r) > 1 && r[1][1] > r[1][0] {
+				ws = append(ws, td.parts[i].Weight)
+			}
+		}
+		if eval, err = sample.NewBlend(ws, evals); err != nil {
+			return nil, fmt.Errorf("--data, held-out split: %w", err)
+		}
+	}
+	return sample.New(train, eval, td.describe()), nil
+}
+
+// describe names the data for the log and the metrics.
+func (td *tokenData) describe() string {
+	var parts []string
+	for i, p := range td.parts {
+		s := p.Prefix
+		if len(td.parts) > 1 {
+			s = fmt.Sprintf("%.3g × %s", p.Weight, p.Prefix)
+		}
+		parts = append(parts, fmt.Sprintf("%s (%d tokens)", s, td.sets[i].Tokens()))
+	}
+	what := strings.Join(parts, " + ")
+	if td.tok != nil {
+		what += fmt.Sprintf(", tokenizer %s (%s, %d tokens)", td.tok.Path(), td.tok.Kind(), td.tok.VocabSize())
+	}
+	return what
+}
+
+// identity is what resume compares: the datasets (by fingerprint), their
+// weights, the split and the tokenizer. Resuming on other data would go on
+// silently on tokens the run never saw in the order it assumed.
+func (td *tokenData) identity(c *config) string {
+	var b strings.Builder
+	for i, p := range td.parts {
+		fmt.Fprintf(&b, "%g %s %s;", p.Weight, filepath.Base(p.Prefix), td.sets[i].ContentFingerprint())
+	}
+	fmt.Fprintf(&b, "split %s", c.split)
+	if td.tok != nil {
+		fmt.Fprintf(&b, ";tokenizer %s", td.tok.Fingerprint())
+	}
+	return b.String()
+}
+
+// vocabFix says how to give the model the vocabulary the data needs.
+func vocabFix(c *config, td *tokenData) string {
+	if !strings.HasSuffix(c.Model, ".go") {
+		return "a .gir dump has its sizes fixed: compile the model.go with the data (its vocab follows the tokenizer)"
+	}
+	return fmt.Sprintf("leave vocab out of --set (it then follows %s, padded to %d)", td.where, paddedVocab(td.need, c.vocabDivisible, c.TP))
+}
+
+// cachedMaxToken is a dataset's largest id: one scan of its .bin the first
+// time (a dataset gcompile did not prepare has no metadata saying it),
+// remembered in the index cache under the dataset's fingerprint.
+func cachedMaxToken(ds *indexed.Dataset, prefix, cacheDir string) (int32, error) {
+	if cacheDir == "" {
+		cacheDir = sample.DefaultCacheDir(prefix)
+	}
+	file := filepath.Join(cacheDir, "maxtoken-"+ds.Fingerprint())
+	if b, err := os.ReadFile(file); err == nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 32); err == nil && n >= 0 {
+			return int32(n), nil
+		}
+	}
+	n, err := ds.MaxToken()
+	if err != nil {
+		return 0, err
+	}
+	// A cache that cannot be written costs a scan next time, nothing more.
+	if os.MkdirAll(cacheDir, 0o755) == nil {
+		tmp, err := os.CreateTemp(cacheDir, ".maxtoken-*")
+		if err == nil {
+			_, werr := fmt.Fprintf(tmp, "%d\n", n)
+			if cerr := tmp.Close(); werr == nil && cerr == nil {
+				_ = os.Rename(tmp.Name(), file)
+			} else {
+				_ = os.Remove(tmp.Name())
+			}
+		}
+	}
+	return n, nil
+}

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/data/indexed"
+	"gcompile/runtime/checkpoint"
+)
+
+// tokenDataset writes a token dataset of docs documents of 1..2·mean ids
+// below vocab (seeded, so the same call writes the same files) and returns
+// its prefix.
+func tokenDataset(t testing.TB, dir string, docs, mean, vocab int, seed uint64) string {
+	t.Helper()
+	prefix := filepath.Join(dir, fmt.Sprintf("tokens-%d-%d-%d-%d", docs, mean, vocab, seed))
+	w, err := indexed.Create(prefix, indexed.DTypeFor(vocab))
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	for range docs {
+		doc := make([]int32, 1+rng.IntN(2*mean))
+		for i := range doc {
+			doc[i] = int32(rng.IntN(vocab))
+		}
+		doc[len(doc)-1] = int32(vocab - 1) // the largest id, at the end of every document as an EOS is
+		require.NoError(t, w.Add(doc))
+	}
+	require.NoError(t, w.Commit())
+	return prefix
+}
+
+// tokenGPT is the checkpoint tests' model on a token dataset of ids below
+// 256 (the .gir's vocabulary), small enough that 20 steps of batch 4 × 17
+// tokens cross several epochs of its training split.
+func tokenGPT(t testing.TB, prefix string, extra ...string) []string {
+	args := append(slices.Clone(ckptGPT), "--data", prefix, "--data-cache-dir", filepath.Join(filepath.Dir(prefix), "cache"))
+	return gir(t, append(args, extra...))
+}
+
+// A run on a token dataset stopped at step 10 and resumed is the run that
+// never stopped, bit for bit, across epoch boundaries; resuming on other
+// data is refused, naming both.
+func TestTokenDatasetResumeIsBitIdentical(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 40, 12, 250, 1) // about 500 tokens: an epoch is about 30 samples
+	run := func(extra ...string) (string, error) {
+		path := filepath.Join(t.TempDir(), "m.json")
+		err := mainErr(tokenGPT(t, prefix, append([]string{"--steps", "20", "--split", "80,20", "--metrics", path}, extra...)...))
+		return path, err
+	}
+	wholeMetrics, err := run("--checkpoint-dir", filepath.Join(dir, "whole"))
+	require.NoError(t, err)
+	whole := readMetrics(t, wholeMetrics)
+	require.NotNil(t, whole.Data)
+	assert.Positive(t, whole.Data.Tokens)
+	assert.Equal(t, "80,20", whole.Data.Split)
+	assert.Contains(t, whole.Data.Source, prefix)
+	_, err = run("--checkpoint-dir", filepath.Join(dir, "cut"), "--stop-after", "10")
+	require.NoError(t, err)
+	restMetrics, err := run("--checkpoint-dir", filepath.Join(dir, "cut"), "--resume", filepath.Join(dir, "cut"))
+	require.NoError(t, err)
+	rest := readMetrics(t, restMetrics)
+	require.Len(t, rest.Steps, 10)
+	assert.Equal(t, losses(whole)[10:], losses(rest), "losses of steps 11–20")
+	assert.Equal(t, whole.Eval[len(whole.Eval)-1], rest.Eval[len(rest.Eval)-1], "held-out loss at the end")
+	assert.Equal(t, stateSums(t, checkpoint.StepDir(filepath.Join(dir, "whole"), 20)), stateSums(t, checkpoint.StepDir(filepath.Join(dir, "cut"), 20)))
+
+	_, err = run("--checkpoint-dir", filepath.Join(dir, "cut2"), "--resume", filepath.Join(dir, "cut"), "--split", "70,30")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the checkpoint was trained on other data")
+	assert.Contains(t, err.Error(), "split 80,20")
+	assert.Contains(t, err.Error(), "split 70,30")
+}
+
+// A job of two processes (dp2·tp2) on a token dataset trains bit for bit as
+// one process does.
+func TestTokenDatasetJobMatchesOneProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	t.Setenv(asMainEnv, "1")
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 200, 30, 256, 2)
+	plan := []string{"--devices", "4", "--dp", "2", "--tp", "2", "--data", prefix, "--data-cache-dir", filepath.Join(dir, "cache")}
+	require.NoError(t, mainErr(append([]string{"launch", "--nproc", "2", "--"}, jobArgs(t, dir, plan...)...)))
+	got := assertMatchesOneProcess(t, plan, 2, dir)
+	require.NotNil(t, got.Data)
+	assert.Contains(t, got.Data.Source, prefix)
+}
+
+// A model.go takes its vocabulary from the data, padded as Megatron-LM
+// pads it; a --set vocab too small for the data is refused before the
+// build.
+func TestVocabFollowsTheData(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 30, 20, 300, 3)
+	args := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "2", "--eval-batches", "1",
+		"--data", prefix, "--devices", "2", "--tp", "2", "--make-vocab-size-divisible-by", "64"}
+	m := runMetrics(t, args...)
+	assert.Equal(t, "layers=1,hidden=32,heads=2,seq=16,vocab=384", m.Config["set"], "300 ids padded to a multiple of 64·tp2")
+	require.Len(t, m.Steps, 2)
+
+	bad := slices.Clone(args)
+	bad[2] = "layers=1,hidden=32,heads=2,seq=16,vocab=256"
+	err := mainErr(bad)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--set vocab=256 is smaller than the data's largest token id (299) + 1")
+}
+
+// Bad token data is a named error before any work: nothing is written.
+func TestBadTokenDataIsNamed(t *testing.T) {
+	dir := t.TempDir()
+	good := tokenDataset(t, dir, 30, 20, 200, 4)
+	wide := tokenDataset(t, dir, 30, 20, 300, 5) // ids up to 299: past the .gir's 256
+	truncated := filepath.Join(dir, "truncated")
+	for _, ext := range []string{".bin", ".idx"} {
+		raw, err := os.ReadFile(good + ext)
+		require.NoError(t, err)
+		if ext == ".bin" {
+			raw = raw[:len(raw)-10]
+		}
+		require.NoError(t, os.WriteFile(truncated+ext, raw, 0o644))
+	}
+	textFile := filepath.Join(dir, "text.txt")
+	require.NoError(t, os.WriteFile(textFile, []byte(text(4096)), 0o644))
+	cases := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"tokenizer on text", []string{"--data", textFile, "--tokenizer", filepath.Join(dir, "tokenizer.json")}, []string{"--data " + strconv.Quote(textFile) + " is text", "gcompile data prepare --tokenizer"}},
+		{"split on text", []string{"--data", textFile, "--split", "90,10"}, []string{"--split applies to a token dataset"}},
+		{"negative blend weight", []string{"--data", "-0.5 " + good + " 1.5 " + good}, []string{"--data", "negative"}},
+		{"blend weight not a number", []string{"--data", "half " + good + " 0.5 " + good}, []string{"--data", `"half"`}},
+		{"truncated .bin", []string{"--data", truncated}, []string{"--data " + truncated, "truncated.bin"}},
+		{"missing dataset", []string{"--data", filepath.Join(dir, "nothing.idx")}, []string{"--data " + filepath.Join(dir, "nothing")}},
+		{"id past the model's vocab", []string{"--data", wide}, []string{"token id 299", "the model takes 256"}},
+		{"bad split", []string{"--data", good, "--split", "98,-2"}, []string{"--split", "98,-2"}},
+		{"divisible-by zero", []string{"--data", good, "--make-vocab-size-divisible-by", "0"}, []string{"--make-vocab-size-divisible-by must be ≥ 1, got 0"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "m.json")
+			err := mainErr(tokenGPT(t, good, append([]string{"--steps", "2", "--metrics", out}, tc.args...)...))
+			require.Error(t, err)
+			for _, w := range tc.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			assert.NoFileExists(t, out, "nothing is written")
+		})
+	}
+}
+
+// gcompile data prepare tokenizes a folder and JSON Lines with a real
+// tokenizer into a dataset that trains, and names a bad JSON Lines line.
+func TestDataPrepareThenTrain(t *testing.T) {
+	dir := t.TempDir()
+	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
+	docs := filepath.Join(dir, "docs")
+	require.NoError(t, os.MkdirAll(docs, 0o755))
+	for i := range 6 {
+		require.NoError(t, os.WriteFile(filepath.Join(docs, fmt.Sprintf("%d.txt", i)), []byte(strings.Repeat(fmt.Sprintf("Document %d says hello to the world. ", i), 20)), 0o644))
+	}
+	jsonl := filepath.Join(dir, "more.jsonl")
+	require.NoError(t, os.WriteFile(jsonl, []byte("{\"text\": \"one more document\"}\n{\"text\": \"and another, with ünïcode\"}\n"), 0o644))
+	prefix := filepath.Join(dir, "prepared")
+	tok := []string{"--tokenizer", filepath.Join(gpt2, "encoder.json.gz"), "--merges", filepath.Join(gpt2, "vocab.bpe.gz")}
+	var stdout, stderr strings.Builder
+	require.NoError(t, prepareMain(append(append(slices.Clone(tok), "--output-prefix", prefix, "--quiet"), docs, jsonl), &stdout, &stderr))
+	assert.Contains(t, stdout.String(), "8 documents")
+	ds, err := indexed.Open(prefix)
+	require.NoError(t, err)
+	assert.Equal(t, 8, ds.NumSequences())
+	require.NoError(t, ds.Close())
+
+	m := runMetrics(t, append([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "2", "--eval-batches", "1",
+		"--data", prefix, "--split", "60,40"}, tok...)...)
+	assert.Equal(t, "layers=1,hidden=32,heads=2,seq=16,vocab=50304", m.Config["set"], "GPT-2's 50257 tokens padded to a multiple of 128")
+	assert.Contains(t, m.Data.Tokenizer, "encoder.json.gz")
+
+	// Llama 2's tokenizer has 32000 tokens: GPT-2's ids reach 50256.
+	llama2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama2")
+	err = mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "2",
+		"--data", prefix, "--split", "60,40", "--tokenizer", llama2})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "was prepared with the tokenizer")
+	assert.ErrorIs(t, err, errDataMismatch)
+
+	bad := filepath.Join(dir, "bad.jsonl")
+	require.NoError(t, os.WriteFile(bad, []byte("{\"text\": \"fine\"}\nnot json\n"), 0o644))
+	err = prepareMain(append(append(slices.Clone(tok), "--output-prefix", filepath.Join(dir, "bad"), "--quiet"), bad), &stdout, &stderr)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), bad+":2")
+	assert.NoFileExists(t, filepath.Join(dir, "bad.bin"))
+	assert.NoFileExists(t, filepath.Join(dir, "bad.idx"))
+}
+
+// A blend of two datasets trains, and its record names both with their
+// weights; a resumed run must give the same blend.
+func TestTrainsOnABlend(t *testing.T) {
+	dir := t.TempDir()
+	a := tokenDataset(t, dir, 60, 20, 200, 6)
+	b := tokenDataset(t, dir, 60, 20, 256, 7)
+	path := filepath.Join(dir, "m.json")
+	require.NoError(t, mainErr(tokenGPT(t, a, "--steps", "2", "--split", "80,20", "--data", "0.3 "+a+" 0.7 "+b, "--metrics", path, "--checkpoint-dir", filepath.Join(dir, "ck"))))
+	m := readMetrics(t, path)
+	require.Len(t, m.Steps, 2)
+	assert.Contains(t, m.Data.Source, "0.3 × "+a)
+	assert.Contains(t, m.Data.Source, "0.7 × "+b)
+	err := mainErr(tokenGPT(t, a, "--steps", "4", "--split", "80,20", "--data", "0.5 "+a+" 0.5 "+b, "--resume", filepath.Join(dir, "ck")))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the checkpoint was trained on other data")
+}
