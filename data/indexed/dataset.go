@@ -101,6 +101,7 @@ func (d *Dataset) open() error {
 		if err != nil {
 			return fmt.Errorf("%s: memory-map %d bytes: %w", d.binPath, binInfo.Size(), err)
 		}
+		adviseRandom(bin)
 		d.bin = bin
 		return nil
 	}

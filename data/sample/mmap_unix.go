@@ -34,5 +34,6 @@ func mapFile(path string) ([]byte, func() error, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("mapping %s: %w", path, err)
 	}
+	adviseRandom(b)
 	return b, func() error { return syscall.Munmap(b) }, nil
 }
