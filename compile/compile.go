@@ -151,7 +151,7 @@ func loadModule(c *Config, eval bool) (*ir.Module, error) {
 	// Progress on stderr: a cold build of the model takes long enough to
 	// look like a hang.
 	l := &loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr, Context: c.Interrupt}
-	return l.Load(c.Model, frontend.Config{Name: name, Batch: batch, Set: set, Eval: eval})
+	return l.Load(c.Model, frontend.Config{Name: name, Batch: batch, Set: set, Eval: eval, Classes: c.Classes})
 }
 
 func absOr(p string) string {

@@ -34,6 +34,9 @@ type Config struct {
 	DPSync                         string // "sync" or "async"
 	Staleness                      int
 	MemLimit                       int64 // bytes per device; 0: unlimited
+	// Classes is how many token ids the data holds when the model's
+	// vocabulary is padded past them (a model.go only; frontend.Config).
+	Classes int
 	// ModelTimeout bounds building a model.go and, separately, running
 	// its Model() (--model-timeout); 0: the loader's default.
 	ModelTimeout time.Duration

@@ -29,6 +29,11 @@ type Config struct {
 	// Eval builds the module evaluation runs, for a model whose shapes
 	// depend on it (Builder.Evaluating).
 	Eval bool
+	// Classes is how many token ids the training data can hold (its
+	// tokenizer's vocabulary) when the model's vocabulary is padded past
+	// it (Megatron-LM's --make-vocab-size-divisible-by); 0 when it is not.
+	// nn.CrossEntropy then masks the padding classes out of the softmax.
+	Classes int
 }
 
 // ParamDoc describes one model parameter, for --help-model.
@@ -130,6 +135,10 @@ func (b *Builder) finish() (*ir.Module, error) {
 
 // Batch is the global batch in sequences, the same whatever the plan.
 func (b *Builder) Batch() int { return b.cfg.Batch }
+
+// Classes is Config.Classes: the token ids the data can hold when the
+// vocabulary is padded past them, 0 otherwise.
+func (b *Builder) Classes() int { return b.cfg.Classes }
 
 func (b *Builder) setting(key, kind, def, doc string) (string, bool) {
 	b.used[key] = true

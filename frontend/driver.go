@@ -40,19 +40,20 @@ func Main(fn ModelFunc) {
 	batch := fs.Int("batch", 8, "global batch")
 	float := fs.String("float", "f32", "param dtype")
 	eval := fs.Bool("eval", false, "build the module evaluation runs")
+	classes := fs.Int("classes", 0, "token ids the data holds when the vocabulary is padded past them (0: not padded)")
 	set := fs.String("set", "", "model parameters k=v,…")
 	describe := fs.Bool("describe", false, "list model parameters as JSON")
 	out := fs.String("out", "", "write the result file the loader reads here instead of printing the module")
 	fs.Parse(os.Args[1:])
 	if *out == "" {
-		if err := driverMain(os.Stdout, fn, Config{Name: *name, Batch: *batch, Eval: *eval}, *float, *set, *describe); err != nil {
+		if err := driverMain(os.Stdout, fn, Config{Name: *name, Batch: *batch, Eval: *eval, Classes: *classes}, *float, *set, *describe); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
 		return
 	}
 	var payload bytes.Buffer
-	err := driverMain(&payload, fn, Config{Name: *name, Batch: *batch, Eval: *eval}, *float, *set, *describe)
+	err := driverMain(&payload, fn, Config{Name: *name, Batch: *batch, Eval: *eval, Classes: *classes}, *float, *set, *describe)
 	result := DriverOK + payload.String()
 	if err != nil {
 		result = DriverError + err.Error()

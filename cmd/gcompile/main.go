@@ -66,6 +66,11 @@ func mainErr(args []string) (err error) {
 		return helpModel(c)
 	}
 	if c.planning() {
+		// The planner compiles the model: with a token dataset, at the
+		// vocabulary the data needs.
+		if err := c.openTokenData(); err != nil {
+			return labelFromLauncher(c, err)
+		}
 		if err := runPlanner(c); err != nil || !c.run {
 			return labelFromLauncher(c, err)
 		}
@@ -156,9 +161,6 @@ func compileAndRun(c *config, j *job) (err error) {
 	}
 	if c.tokens != nil {
 		defer c.tokens.close()
-	}
-	if err := c.applyVocab(); err != nil {
-		return err
 	}
 	// An output that fails to be written is reported at the end with the
 	// run's own error (outputs.go): it neither stops the run nor keeps

@@ -27,12 +27,11 @@ func checkPaths(c *config, lead bool) error {
 	}
 	switch {
 	case c.run && isTokenData(c.data):
-		// Opened and checked now, kept for training (loadSource).
-		td, err := openTokenData(c)
-		if err != nil {
+		// Opened and checked now (or before planning), kept for training
+		// (loadSource).
+		if err := c.openTokenData(); err != nil {
 			errs = append(errs, err)
 		}
-		c.tokens = td
 	case c.run:
 		for _, f := range []string{"split", "data-cache-dir", "make-vocab-size-divisible-by", "merges"} {
 			if c.explicit[f] {

@@ -51,6 +51,20 @@ func datasetPrefix(p string) string {
 	return strings.TrimSuffix(strings.TrimSuffix(p, ".bin"), ".idx")
 }
 
+// openTokenData opens --data's token datasets once, when it names some, and
+// gives a model.go the vocabulary they need (applyVocab).
+func (c *config) openTokenData() error {
+	if c.tokens != nil || c.data == "" || !isTokenData(c.data) {
+		return nil
+	}
+	td, err := openTokenData(c)
+	if err != nil {
+		return err
+	}
+	c.tokens = td
+	return c.applyVocab()
+}
+
 // openTokenData opens every dataset of --data and the tokenizer, and checks
 // them against each other: every id of the data is a token of the
 // tokenizer, and a dataset prepared with another tokenizer is refused.
@@ -135,7 +149,8 @@ func (td *tokenData) close() {
 // paddedVocab is the model vocabulary for need token ids: rounded up to a
 // multiple of divisible·tp, as Megatron-LM's --make-vocab-size-divisible-by
 // does, so that a vocab-parallel embedding and head split evenly over tp
-// and the GEMMs get friendly sizes. The padding rows are never a target.
+// and the GEMMs get friendly sizes. The padding rows are never a target,
+// and the loss masks them out of the softmax (compile.Config.Classes).
 func paddedVocab(need, divisible, tp int) int {
 	m := max(divisible, 1) * max(tp, 1)
 	return (need + m - 1) / m * m
@@ -150,6 +165,9 @@ func (c *config) applyVocab() error {
 	if td == nil || !strings.HasSuffix(c.Model, ".go") {
 		return nil
 	}
+	// The classes past the data's ids are padding, masked out of the loss
+	// (nn.CrossEntropy) whatever the vocabulary is.
+	c.Classes = td.need
 	if v, ok := setValue(c.Set, "vocab"); ok {
 		n, err := strconv.Atoi(v)
 		if err == nil && n < td.need {

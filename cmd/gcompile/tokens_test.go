@@ -220,3 +220,35 @@ func TestTrainsOnABlend(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the checkpoint was trained on other data")
 }
+
+// The padding rows of a vocabulary padded past the data's ids are masked
+// out of the loss: the tied embedding's padding rows take no gradient, so
+// with no weight decay they are the same bytes after 1 and after 3 steps,
+// while the real rows train; under tp2 (vocab-parallel) too.
+func TestPaddingClassesTakeNoGradient(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 60, 20, 200, 8) // 200 classes, padded to 256
+	for _, plan := range [][]string{nil, {"--devices", "2", "--tp", "2", "--make-vocab-size-divisible-by", "64"}} {
+		t.Run(fmt.Sprint(plan), func(t *testing.T) {
+			rows := map[int][]byte{}
+			for _, steps := range []int{1, 3} {
+				out := filepath.Join(t.TempDir(), "w.safetensors")
+				args := append([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", strconv.Itoa(steps),
+					"--eval-batches", "1", "--split", "80,20", "--weight-decay", "0", "--warmup", "0", "--data", prefix, "--save", out}, plan...)
+				require.NoError(t, mainErr(args))
+				tensors, _, err := checkpoint.Load(out)
+				require.NoError(t, err)
+				for _, tn := range tensors {
+					if tn.Name == "wte.weight" || tn.Name == "wte" {
+						require.Equal(t, []int{256, 32}, tn.Shape)
+						rows[steps] = tn.Data
+					}
+				}
+				require.Contains(t, rows, steps, "the saved weights hold the embedding")
+			}
+			row := 32 * 4 // bytes of one f32 row
+			assert.Equal(t, rows[1][200*row:], rows[3][200*row:], "padding rows 200..255 never change")
+			assert.NotEqual(t, rows[1][:200*row], rows[3][:200*row], "the real rows train")
+		})
+	}
+}

@@ -300,6 +300,9 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 	if cfg.Eval {
 		args = append(args, "-eval")
 	}
+	if cfg.Classes > 0 {
+		args = append(args, "-classes", strconv.Itoa(cfg.Classes))
+	}
 	if describe {
 		args = append(args, "-describe")
 	}

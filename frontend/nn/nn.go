@@ -14,6 +14,7 @@
 package nn
 
 import (
+	"fmt"
 	"math"
 
 	"gcompile/frontend"
@@ -233,6 +234,12 @@ func SwiGLU(x *frontend.Tensor, name string, ffn int, downStd float64) *frontend
 
 // CrossEntropy is the mean token loss of logits [..., vocab] against
 // integer labels of the leading shape.
+//
+// When the vocabulary is padded past the ids the data can hold
+// (Builder.Classes, from the tokenizer), the padding classes are masked out
+// of the softmax: a constant row of 0 for real classes and −1e30 for the
+// padding is added to the logits, so their probability is exactly 0, they
+// take no gradient, and the loss is the one an unpadded vocabulary gives.
 func CrossEntropy(logits, labels *frontend.Tensor) *frontend.Tensor {
 	if logits.Value() == nil {
 		return logits
@@ -242,5 +249,25 @@ func CrossEntropy(logits, labels *frontend.Tensor) *frontend.Tensor {
 	for _, d := range shape[:max(len(shape)-1, 0)] {
 		rows *= d
 	}
-	return logits.Reshape(rows, logits.Dim(-1)).CrossEntropy(labels.Reshape(rows))
+	vocab := logits.Dim(-1)
+	flat := logits.Reshape(rows, vocab)
+	if classes := logits.Builder().Classes(); classes > 0 && classes < vocab {
+		flat = flat.Add(vocabMask(logits.Builder(), classes, vocab))
+	}
+	return flat.CrossEntropy(labels.Reshape(rows))
+}
+
+// PaddingLogit is what the vocabulary mask adds to a padding class's
+// logit: far below any real logit, so exp of it is 0 in every float type
+// (fp16 rounds it to −Inf), yet finite, so no 0·∞ can turn into a NaN.
+const PaddingLogit = -1e30
+
+// vocabMask is the [1, vocab] table of 0 for the first classes classes and
+// PaddingLogit for the rest.
+func vocabMask(b *frontend.Builder, classes, vocab int) *frontend.Tensor {
+	mask := make([]float64, vocab)
+	for i := classes; i < vocab; i++ {
+		mask[i] = PaddingLogit
+	}
+	return b.Constant(fmt.Sprintf("vocab_mask_%d_of_%d", classes, vocab), mask, 1, vocab)
 }
