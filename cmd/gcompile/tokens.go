@@ -225,7 +225,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 		}
 		trains = append(trains, tr)
 		weights = append(weights, p.Weight)
-		if len(ranges) > 1 && ranges[1][1] > ranges[1][0] {
+		if c.evalBatches >= 0 && len(ranges) > 1 && ranges[1][1] > ranges[1][0] {
 			ev, err := sample.NewGPT(ds, sample.Config{Seq: seq, Range: ranges[1], CacheDir: cache, Identity: id})
 			if err != nil {
 				return nil, fmt.Errorf("--data %s, held-out split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[1][0], ranges[1][1], ds.NumSequences(), c.split, err)
@@ -234,6 +234,9 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 		}
 		log("data %s: %d documents, %d tokens (%s); %d training samples of %d+1 tokens per epoch; index in %s\n",
 			p.Prefix, ds.NumSequences(), ds.Tokens(), ds.DType(), tr.SamplesPerEpoch(), seq, cache)
+	}
+	if c.evalBatches >= 0 && len(evals) == 0 {
+		return nil, fmt.Errorf("--split %s leaves no held-out documents in --data to evaluate on: give the held-out part a share (as 98,2 does) or turn evaluation off with --eval-batches -1", c.split)
 	}
 	var train, eval sample.Sampler = trains[0], nil
 	if len(trains) > 1 {
@@ -249,7 +252,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 		// validation blend does.
 		var ws []float64
 		for i, ds := range td.sets {
-			if r := sample.SplitRanges(ds.NumSequences(), split); len(r) > 1 && r[1][1] > r[1][0] {
+			if r := sample.SplitRanges(ds.NumSequences(), split); r[1][1] > r[1][0] {
 				ws = append(ws, td.parts[i].Weight)
 			}
 		}

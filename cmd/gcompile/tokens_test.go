@@ -157,6 +157,7 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		{"missing dataset", []string{"--data", filepath.Join(dir, "nothing.idx")}, []string{"--data " + filepath.Join(dir, "nothing")}},
 		{"id past the model's vocab", []string{"--data", wide}, []string{"token id 299", "the model takes 256"}},
 		{"bad split", []string{"--data", good, "--split", "98,-2"}, []string{"--split", "98,-2"}},
+		{"no held-out documents", []string{"--data", good, "--split", "100,0"}, []string{"--split 100,0 leaves no held-out documents", "--eval-batches -1"}},
 		{"divisible-by zero", []string{"--data", good, "--make-vocab-size-divisible-by", "0"}, []string{"--make-vocab-size-divisible-by must be ≥ 1, got 0"}},
 	}
 	for _, tc := range cases {
@@ -231,6 +232,12 @@ func TestTrainsOnABlend(t *testing.T) {
 	err := mainErr(tokenGPT(t, a, "--steps", "4", "--split", "80,20", "--data", "0.5 "+a+" 0.5 "+b, "--resume", filepath.Join(dir, "ck")))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the checkpoint was trained on other data")
+
+	// A held-out split too small for a window is no obstacle when nothing
+	// is evaluated.
+	small := tokenDataset(t, dir, 40, 12, 250, 1)
+	require.Error(t, mainErr(tokenGPT(t, small, "--steps", "1")), "98,2 leaves 15 held-out tokens for windows of 17")
+	require.NoError(t, mainErr(tokenGPT(t, small, "--steps", "1", "--eval-batches", "-1")))
 }
 
 // The padding rows of a vocabulary padded past the data's ids are masked
