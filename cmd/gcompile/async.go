@@ -97,7 +97,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	// The master weights are the server's: process 0 loads them, and every
 	// replica takes them from there.
 	if c.load != "" && a.Server != nil {
-		if err := loadWeights(serverWeights{a.Server}, []*lower.Program{gp}, c.load, c.ignoredOnLoad(ignoreOnLoad)); err != nil {
+		if err := loadWeights(serverWeights{a.Server}, []*lower.Program{gp}, c.load, c.ignoredOnLoad(ignoreOnLoad), c.Classes); err != nil {
 			return err
 		}
 	}

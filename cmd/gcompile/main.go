@@ -461,7 +461,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		return err
 	}
 	if c.load != "" {
-		if err := loadWeights(dev, progs, c.load, c.ignoredOnLoad(res.Module.IgnoreOnLoad)); err != nil {
+		if err := loadWeights(dev, progs, c.load, c.ignoredOnLoad(res.Module.IgnoreOnLoad), c.Classes); err != nil {
 			return err
 		}
 	}

@@ -271,3 +271,20 @@ func TestPaddingClassesTakeNoGradient(t *testing.T) {
 		})
 	}
 }
+
+// Weights of a model whose vocabulary is exactly the data's classes (as
+// Hugging Face files are: GPT-2's 50257 rows) load into the padded model,
+// which then gives the same loss: the padding is masked out of it.
+func TestLoadIntoAPaddedVocabulary(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 60, 20, 200, 9)
+	base := []string{gptModel, "--batch", "4", "--run", "--steps", "1", "--eval-batches", "1", "--split", "80,20", "--data", prefix}
+	exact := filepath.Join(dir, "exact.safetensors")
+	require.NoError(t, mainErr(append(slices.Clone(base), "--set", "layers=1,hidden=32,heads=2,seq=16,vocab=200", "--save", exact)))
+	unpadded := runMetrics(t, append(slices.Clone(base), "--set", "layers=1,hidden=32,heads=2,seq=16,vocab=200", "--load", exact)...)
+	padded := runMetrics(t, append(slices.Clone(base), "--set", "layers=1,hidden=32,heads=2,seq=16", "--load", exact)...)
+	assert.Equal(t, "layers=1,hidden=32,heads=2,seq=16,vocab=256", padded.Config["set"])
+	t.Logf("step 1 loss %.17g unpadded, %.17g padded; held-out %.17g, %.17g", unpadded.Steps[0].Loss, padded.Steps[0].Loss, unpadded.Eval[0].Loss, padded.Eval[0].Loss)
+	assert.InEpsilon(t, unpadded.Steps[0].Loss, padded.Steps[0].Loss, 1e-6, "the same loss with 56 padding classes")
+	assert.InEpsilon(t, unpadded.Eval[0].Loss, padded.Eval[0].Loss, 1e-6, "the same held-out loss after one step")
+}

@@ -81,7 +81,12 @@ func saveWeights(dev weightStore, progs []*lower.Program, path string, step int,
 // F32, or as BF16 or F16 widened exactly (published checkpoints are often
 // 16-bit: Hugging Face Llama's are), and finite: a NaN or Inf weight makes
 // every loss NaN from the first step, far from the file that caused it.
-func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []string) error {
+//
+// With a vocabulary padded past the data's classes, a table of exactly
+// classes rows (Hugging Face's vocab_size: GPT-2's 50257) loads into the
+// first rows of a param of the padded size; the padding rows keep their
+// initial values, which the loss never sees (nn.CrossEntropy masks them).
+func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []string, classes int) error {
 	ts, err := checkpoint.LoadIndexed(file)
 	if err != nil {
 		return fmt.Errorf("--load: %w", err)
@@ -118,7 +123,8 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 			return fmt.Errorf("--load %s: no tensor %q for param %s", file, b.Name, b.Value.Where())
 		}
 		dt := loadableDType[t.DType]
-		if b.Global.DType != ir.F32 || dt == ir.Invalid || !ir.Shape(t.Shape).Equal(b.Global.Shape) {
+		padded := padsVocab(t.Shape, b.Global.Shape, classes)
+		if b.Global.DType != ir.F32 || dt == ir.Invalid || !(ir.Shape(t.Shape).Equal(b.Global.Shape) || padded) {
 			return fmt.Errorf("--load %s: tensor %q is %s%v, the model's param is %v (F32, BF16 or F16 tensors of its shape load into an f32 param)", file, b.Name, t.DType, t.Shape, b.Global)
 		}
 		whole, err := runtime.Decode(ir.T(dt, t.Shape...), t.Data)
@@ -128,11 +134,29 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 		if err := checkFinite(whole); err != nil {
 			return fmt.Errorf("--load %s: tensor %q: %w (a diverged run's weights? load a checkpoint from before it)", file, b.Name, err)
 		}
+		if padded {
+			init, err := dev.Global(b.Name)
+			if err != nil {
+				return err
+			}
+			copy(init, whole) // the rows come first in row-major order
+			whole = init
+		}
 		if err := dev.SetGlobal(b.Name, whole); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// padsVocab says whether a file's tensor of shape file is a vocabulary
+// table of exactly classes rows for a param of shape param padded past
+// them: the same but for more rows.
+func padsVocab(file []int, param ir.Shape, classes int) bool {
+	if classes <= 0 || len(file) != len(param) || len(file) == 0 || file[0] != classes || param[0] <= classes {
+		return false
+	}
+	return slices.Equal(file[1:], []int(param[1:]))
 }
 
 // loadableDType is the dtype of a safetensors tensor --load widens into an
