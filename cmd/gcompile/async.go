@@ -78,6 +78,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		return err
 	}
 	met.Data = dataMetrics(c, corpus)
+	c.vocabTables = vocabTables(res.Module, c.Classes)
 	var a *cpu.Async
 	if j.multi() {
 		net, err := j.connect()
@@ -166,7 +167,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		return trainErr
 	}
 	if c.save != "" {
-		if err := saveWeights(serverWeights{a.Server}, []*lower.Program{gp}, c.save, c.steps, true); err != nil {
+		if err := saveWeights(serverWeights{a.Server}, []*lower.Program{gp}, c.save, c.steps, true, c.vocabTables); err != nil {
 			return err
 		}
 		fmt.Fprintf(j.log, "saved weights to %s\n", c.save)

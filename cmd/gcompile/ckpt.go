@@ -46,6 +46,7 @@ func checkpointPlan(c *config, progs []*lower.Program, batch, seq int, procs int
 	if c.tokens != nil {
 		p.Data = c.tokens.identity(c)
 	}
+	p.VocabTables = c.vocabTables
 	if m := progs[0].Mesh; m != nil {
 		p.Mesh = m.String()
 	}
@@ -208,6 +209,7 @@ func exportMain(args []string) error {
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
+	trimVocab(ts, m.Plan.VocabTables) // as --save writes them
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}

@@ -86,6 +86,9 @@ type config struct {
 	// --split, --data-cache-dir, --make-vocab-size-divisible-by.
 	tokenizer, merges, split, dataCacheDir string
 	vocabDivisible                         int
+	// vocabTables are the params --save trims to the data's classes
+	// (vocabTables), found once the model is compiled.
+	vocabTables map[string]int
 
 	explicit map[string]bool // flags the user gave
 }

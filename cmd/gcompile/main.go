@@ -444,6 +444,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		return err
 	}
 	met.Data = dataMetrics(c, corpus)
+	c.vocabTables = vocabTables(res.Module, c.Classes)
 	dev, devs, closeDev, err := newCluster(c, j, gpus, progs)
 	if err != nil {
 		return err
@@ -605,7 +606,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	}
 	if c.save != "" {
 		// Every process takes part (the weights are gathered); process 0 writes.
-		if err := saveWeights(dev, progs, c.save, c.steps, j.lead()); err != nil {
+		if err := saveWeights(dev, progs, c.save, c.steps, j.lead(), c.vocabTables); err != nil {
 			errs = append(errs, err)
 		} else if j.lead() {
 			fmt.Fprintf(j.log, "saved weights to %s\n", c.save)

@@ -14,6 +14,7 @@ import (
 	"gcompile/data/sample"
 	"gcompile/data/tokenizer"
 	"gcompile/ir"
+	"gcompile/runtime/checkpoint"
 )
 
 // tokenData is a run on token datasets (--data PREFIX, or a blend
@@ -333,4 +334,92 @@ func cachedMaxToken(ds *indexed.Dataset, prefix, cacheDir string) (int32, error)
 		}
 	}
 	return n, nil
+}
+
+// vocabMaskPrefix starts the name of the constant nn.CrossEntropy adds to
+// masked logits.
+const vocabMaskPrefix = "vocab_mask_"
+
+// vocabTables are the params whose rows are the padded vocabulary of a
+// model built with classes < vocab, by name, with the rows that are real
+// classes: the embedding table the tokens index, and the weight whose rows
+// make the masked logits (x·Wᵀ: the tied embedding, or Llama's lm_head).
+// --save and export write only those rows, as Hugging Face's vocab_size
+// has them, and --load pads them back (padsVocab). The walk goes through
+// the ops the passes wrap a param in (casts, gathers, reshapes: one
+// argument each), so it finds them under any plan.
+func vocabTables(m *ir.Module, classes int) map[string]int {
+	vocab, _ := tokenRange(m)
+	if classes <= 0 || vocab <= classes {
+		return nil
+	}
+	out := map[string]int{}
+	take := func(v *ir.Value) {
+		if p := paramThrough(v); p != nil && p.Type.Rank() == 2 && p.Type.Shape[0] == vocab {
+			out[p.Name()] = classes
+		}
+	}
+	isMask := func(v *ir.Value) bool {
+		for range 8 {
+			if v == nil {
+				return false
+			}
+			if v.Op == "const" {
+				return strings.HasPrefix(v.Name(), vocabMaskPrefix)
+			}
+			if len(v.Args) != 1 {
+				return false
+			}
+			v = v.Args[0]
+		}
+		return false
+	}
+	for _, v := range m.Values {
+		switch {
+		case v.Op == "embedding" && len(v.Args) == 2:
+			take(v.Args[0])
+		case v.Op == "add" && len(v.Args) == 2 && isMask(v.Args[1]):
+			x := v.Args[0]
+			for range 8 {
+				if x.Op != "reshape" && x.Op != "convert" {
+					break
+				}
+				x = x.Args[0]
+			}
+			if x.Op == "matmul" && x.Attrs.Bool("transB") && len(x.Args) == 2 {
+				take(x.Args[1])
+			}
+		}
+	}
+	return out
+}
+
+// paramThrough is the param v is, or wraps in one-argument ops.
+func paramThrough(v *ir.Value) *ir.Value {
+	for range 8 {
+		if v == nil {
+			return nil
+		}
+		if v.Op == "param" {
+			return v
+		}
+		if len(v.Args) != 1 {
+			return nil
+		}
+		v = v.Args[0]
+	}
+	return nil
+}
+
+// trimVocab cuts the padding rows off the vocabulary tables among ts.
+func trimVocab(ts []checkpoint.Tensor, tables map[string]int) {
+	for i, t := range ts {
+		rows, ok := tables[t.Name]
+		if !ok || len(t.Shape) != 2 || t.Shape[0] <= rows {
+			continue
+		}
+		per := len(t.Data) / t.Shape[0]
+		ts[i].Data = t.Data[:rows*per]
+		ts[i].Shape = []int{rows, t.Shape[1]}
+	}
 }

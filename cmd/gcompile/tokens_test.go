@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/data/indexed"
+	"gcompile/lower"
 	"gcompile/runtime/checkpoint"
 )
 
@@ -251,11 +252,12 @@ func TestPaddingClassesTakeNoGradient(t *testing.T) {
 		t.Run(fmt.Sprint(plan), func(t *testing.T) {
 			rows := map[int][]byte{}
 			for _, steps := range []int{1, 3} {
-				out := filepath.Join(t.TempDir(), "w.safetensors")
+				// The checkpoint keeps the padding rows (--save trims them).
+				ck := filepath.Join(t.TempDir(), "ck")
 				args := append([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", strconv.Itoa(steps),
-					"--eval-batches", "1", "--split", "80,20", "--weight-decay", "0", "--warmup", "0", "--data", prefix, "--save", out}, plan...)
+					"--eval-batches", "1", "--split", "80,20", "--weight-decay", "0", "--warmup", "0", "--data", prefix, "--checkpoint-dir", ck}, plan...)
 				require.NoError(t, mainErr(args))
-				tensors, _, err := checkpoint.Load(out)
+				_, tensors, err := checkpoint.Consolidate(checkpoint.StepDir(ck, steps), lower.Param)
 				require.NoError(t, err)
 				for _, tn := range tensors {
 					if tn.Name == "wte.weight" || tn.Name == "wte" {
@@ -287,4 +289,30 @@ func TestLoadIntoAPaddedVocabulary(t *testing.T) {
 	t.Logf("step 1 loss %.17g unpadded, %.17g padded; held-out %.17g, %.17g", unpadded.Steps[0].Loss, padded.Steps[0].Loss, unpadded.Eval[0].Loss, padded.Eval[0].Loss)
 	assert.InEpsilon(t, unpadded.Steps[0].Loss, padded.Steps[0].Loss, 1e-6, "the same loss with 56 padding classes")
 	assert.InEpsilon(t, unpadded.Eval[0].Loss, padded.Eval[0].Loss, 1e-6, "the same held-out loss after one step")
+}
+
+// --save and export write a padded vocabulary's tables at the data's
+// classes (Hugging Face's vocab_size) and every other param whole, even
+// one whose first dim happens to equal the padded vocabulary (the MLP's
+// c_proj [4·64, 64] beside 256 padded classes); the file loads back.
+func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 60, 20, 200, 10)
+	args := []string{gptModel, "--set", "layers=1,hidden=64,heads=2,seq=16", "--batch", "4", "--run", "--steps", "2", "--eval-batches", "1",
+		"--split", "80,20", "--data", prefix}
+	saved, ck, exported := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "ck"), filepath.Join(dir, "x.safetensors")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--save", saved, "--checkpoint-dir", ck)))
+	require.NoError(t, mainErr([]string{"export", ck, "--out", exported}))
+	for _, file := range []string{saved, exported} {
+		tensors, _, err := checkpoint.Load(file)
+		require.NoError(t, err)
+		shapes := map[string][]int{}
+		for _, tn := range tensors {
+			shapes[tn.Name] = tn.Shape
+		}
+		assert.Equal(t, []int{200, 64}, shapes["wte.weight"], "%s: the tied embedding at the data's 200 classes", file)
+		assert.Equal(t, []int{256, 64}, shapes["h.0.mlp.c_proj.weight"], "%s: a [256, 64] param that is no vocabulary table", file)
+	}
+	m := runMetrics(t, append(slices.Clone(args), "--load", saved)...)
+	require.Len(t, m.Steps, 2)
 }

@@ -47,8 +47,9 @@ func params(progs []*lower.Program) []lower.Buffer {
 
 // saveWeights writes every param under its model name (HF GPT-2 names
 // for the reference model), so other tools can read them. Every process
-// of a job calls it; the one that writes is write. Errors name --save.
-func saveWeights(dev weightStore, progs []*lower.Program, path string, step int, write bool) error {
+// of a job calls it; the one that writes is write. Errors name --save. The
+// vocabulary tables in tables are written without their padding rows.
+func saveWeights(dev weightStore, progs []*lower.Program, path string, step int, write bool, tables map[string]int) error {
 	var ts []checkpoint.Tensor
 	for _, b := range params(progs) {
 		if b.Global.DType != ir.F32 {
@@ -70,6 +71,7 @@ func saveWeights(dev weightStore, progs []*lower.Program, path string, step int,
 	if !write {
 		return nil
 	}
+	trimVocab(ts, tables)
 	return writeOutput("save", path, func(path string) error {
 		return checkpoint.Save(path, ts, map[string]string{"format": "pt", "producer": "gcompile", "step": strconv.Itoa(step)})
 	})

@@ -269,5 +269,6 @@ func vocabMask(b *frontend.Builder, classes, vocab int) *frontend.Tensor {
 	for i := classes; i < vocab; i++ {
 		mask[i] = PaddingLogit
 	}
+	// The name's prefix is how --save finds the head's table to trim.
 	return b.Constant(fmt.Sprintf("vocab_mask_%d_of_%d", classes, vocab), mask, 1, vocab)
 }

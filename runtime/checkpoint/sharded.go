@@ -93,6 +93,9 @@ type Plan struct {
 	// ("" for byte-level text): which tokens a step sees follows from it,
 	// so a resumed run must have the same.
 	Data string `json:"data,omitempty"`
+	// VocabTables are the params whose rows past the data's classes are
+	// vocabulary padding, with the classes: export writes only those rows.
+	VocabTables map[string]int `json:"vocab_tables,omitempty"`
 	// Flags are the run's settings as the metrics report them.
 	Flags map[string]any `json:"flags,omitempty"`
 }
