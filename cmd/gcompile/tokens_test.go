@@ -303,6 +303,11 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 	saved, ck, exported := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "ck"), filepath.Join(dir, "x.safetensors")
 	require.NoError(t, mainErr(append(slices.Clone(args), "--save", saved, "--checkpoint-dir", ck)))
 	require.NoError(t, mainErr([]string{"export", ck, "--out", exported}))
+	man, err := checkpoint.ReadManifest(checkpoint.StepDir(ck, 2))
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int{"wte.weight": 200}, man.Plan.VocabTables)
+	assert.Contains(t, man.Plan.Data, "split 80,20")
+	assert.Contains(t, checkpoint.Describe(ck, man), "vocabulary table wte.weight: rows past 200 are padding")
 	for _, file := range []string{saved, exported} {
 		tensors, _, err := checkpoint.Load(file)
 		require.NoError(t, err)

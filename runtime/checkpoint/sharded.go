@@ -1084,6 +1084,10 @@ func Describe(dir string, m *Manifest) string {
 	}
 	fmt.Fprintf(&b, "plan: %d device(s), mesh %s, precision %s, optimizer %s, batch %d × seq %d, plan fingerprint %.16s\n",
 		m.Plan.Devices, mesh, m.Plan.Precision, m.Plan.Optimizer, m.Plan.Batch, m.Plan.Seq, m.PlanFingerprint)
+	fmt.Fprintf(&b, "data: %s\n", orText(m.Plan.Data))
+	for _, name := range sortedKeys(m.Plan.VocabTables) {
+		fmt.Fprintf(&b, "vocabulary table %s: rows past %d are padding (export writes %d)\n", name, m.Plan.VocabTables[name], m.Plan.VocabTables[name])
+	}
 	var params, state, pn, sn int64
 	perFile := map[string]int{}
 	for _, tb := range m.Tensors {
