@@ -77,6 +77,9 @@ func openTokenData(c *config) (*tokenData, error) {
 		return nil, fmt.Errorf("--data %q: %w", c.data, err)
 	}
 	td := &tokenData{parts: parts, maxID: -1}
+	if c.merges != "" && c.tokenizer == "" {
+		return nil, fmt.Errorf("--merges %s is GPT-2's merges file for --tokenizer vocab.json, and no --tokenizer was given", c.merges)
+	}
 	if c.tokenizer != "" {
 		if td.tok, err = tokenizer.Load(c.tokenizer, c.merges); err != nil {
 			return nil, fmt.Errorf("--tokenizer %s: %w", c.tokenizer, err)

@@ -158,6 +158,8 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		{"missing dataset", []string{"--data", filepath.Join(dir, "nothing.idx")}, []string{"--data " + filepath.Join(dir, "nothing")}},
 		{"id past the model's vocab", []string{"--data", wide}, []string{"token id 299", "the model takes 256"}},
 		{"bad split", []string{"--data", good, "--split", "98,-2"}, []string{"--split", "98,-2"}},
+		{"merges without a tokenizer", []string{"--data", good, "--merges", filepath.Join(dir, "merges.txt")}, []string{"--merges", "no --tokenizer was given"}},
+		{"tokenizer that does not exist", []string{"--data", good, "--tokenizer", filepath.Join(dir, "nothing.json")}, []string{"--tokenizer " + filepath.Join(dir, "nothing.json")}},
 		{"no held-out documents", []string{"--data", good, "--split", "100,0"}, []string{"--split 100,0 leaves no held-out documents", "--eval-batches -1"}},
 		{"divisible-by zero", []string{"--data", good, "--make-vocab-size-divisible-by", "0"}, []string{"--make-vocab-size-divisible-by must be ≥ 1, got 0"}},
 	}
