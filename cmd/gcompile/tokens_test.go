@@ -211,6 +211,19 @@ func TestDataPrepareThenTrain(t *testing.T) {
 	assert.Contains(t, err.Error(), "was prepared with the tokenizer")
 	assert.ErrorIs(t, err, errDataMismatch)
 
+	// A tokenizer kind not built, and an input that is not there: named
+	// before any work.
+	wordpiece := filepath.Join(dir, "wordpiece.json")
+	require.NoError(t, os.WriteFile(wordpiece, []byte(`{"model": {"type": "WordPiece", "vocab": {"a": 0}}}`), 0o644))
+	err = prepareMain([]string{"--tokenizer", wordpiece, "--output-prefix", filepath.Join(dir, "wp"), "--quiet", jsonl}, &stdout, &stderr)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), wordpiece)
+	assert.Contains(t, err.Error(), "WordPiece")
+	err = prepareMain(append(append(slices.Clone(tok), "--output-prefix", filepath.Join(dir, "gone"), "--quiet"), filepath.Join(dir, "missing.txt")), &stdout, &stderr)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), filepath.Join(dir, "missing.txt"))
+	assert.NoFileExists(t, filepath.Join(dir, "gone.bin"))
+
 	bad := filepath.Join(dir, "bad.jsonl")
 	require.NoError(t, os.WriteFile(bad, []byte("{\"text\": \"fine\"}\nnot json\n"), 0o644))
 	err = prepareMain(append(append(slices.Clone(tok), "--output-prefix", filepath.Join(dir, "bad"), "--quiet"), bad), &stdout, &stderr)
