@@ -210,7 +210,11 @@ func overview(c *config, name string, met *runtime.Metrics) []fact {
 	}
 	f = append(f, fact{"compile", fmt.Sprintf("%.0f ms", met.CompileMs)})
 	if met.Data != nil {
-		f = append(f, fact{"data", fmt.Sprintf("%s (%s train / %s held-out bytes)", met.Data.Source, groupDigits(int64(met.Data.TrainBytes)), groupDigits(int64(met.Data.EvalBytes)))})
+		if d := met.Data; d.Tokens > 0 {
+			f = append(f, fact{"data", fmt.Sprintf("%s: %s documents, %s tokens, --split %s", d.Source, groupDigits(d.Documents), groupDigits(d.Tokens), d.Split)})
+		} else {
+			f = append(f, fact{"data", fmt.Sprintf("%s (%s train / %s held-out bytes)", d.Source, groupDigits(int64(d.TrainBytes)), groupDigits(int64(d.EvalBytes)))})
+		}
 	}
 	if met.ResumedFrom != nil {
 		f = append(f, fact{"resumed from", fmt.Sprintf("%s (step %d)", met.ResumedFrom.Checkpoint, met.ResumedFrom.Step)})
