@@ -147,12 +147,18 @@ var benchIDsSHA256 = map[string]string{
 	"llama3": "bae63fa83db95b40f251449d7a00cb0792116dcdc3c05eb7f98a090adc4a0a0c",
 	"llama2": "80d639d36daa547cea37ac08827ee26139a51df15f1320ecd41c83e3997026bf",
 	"qwen3":  "576c38b2891f9e6b55db901756285e0d16adad88f74255e8cb488208d4610c42",
+	// HF tokenizers (Rust) on the Metaspace variants of testdata/metaspace.json.
+	"metaspace_first":       "1b2b18846d3fdc4b71bd47dae500d5d224144133a3506ec7f161ff2f3c731ab7",
+	"metaspace_legacy":      "b00a12de40c45829d236bbc8f073030a1f516b7c00198bac5f8d054a163c9a4c",
+	"metaspace_first_split": "976a85ace7bcde5ba89df5c6def16c23015e8264240f2c8a1ab2866a892d39ac",
+	"metaspace_never":       "5cd8065a2e249daf9027bb18356ee20c369d506e3e90702f326da5f34fd664b4",
 }
 
 // benchDocTokens are the reference implementations' token counts with the
 // bench text encoded document by document (as BenchmarkEncodeAll cuts it),
 // printed by testdata/gen/bench.js.
-var benchDocTokens = map[string]int{"gpt2": 327037, "llama3": 286938, "llama2": 368434, "qwen3": 336041}
+var benchDocTokens = map[string]int{"gpt2": 327037, "llama3": 286938, "llama2": 368434, "qwen3": 336041,
+	"metaspace_first": 368353, "metaspace_legacy": 373625, "metaspace_first_split": 373607, "metaspace_never": 367878}
 
 func TestBenchTextIDs(t *testing.T) {
 	text := []byte(benchText())

@@ -238,6 +238,7 @@ type encState struct {
 	next   []int32
 	heap   []uint64
 	norm   [2][]byte
+	meta   []byte
 	runes  []rune
 	prefix [maxSteps][]byte
 }

@@ -60,6 +60,47 @@ type normOp struct {
 	from, to     string
 }
 
+// prependScheme is when the Metaspace pre-tokenizer puts ▁ in front of a
+// stretch of text.
+type prependScheme uint8
+
+const (
+	prependAlways prependScheme = iota + 1 // every stretch between added tokens
+	prependFirst                           // only the stretch at the start of the text
+	prependNever
+)
+
+// metaspace is the Metaspace pre-tokenizer (or, with rep and prepend only,
+// decoder): spaces become ▁, ▁ goes in front as prepend says unless the
+// stretch already starts with one, and with split the text is cut before
+// every ▁, each piece merged on its own.
+type metaspace struct {
+	rep     rune
+	prepend prependScheme
+	split   bool
+}
+
+// decKind names a decoder step.
+type decKind uint8
+
+const (
+	decReplace      decKind = iota + 1 // each token: from becomes to
+	decByteFallback                    // runs of <0xNN> tokens become their bytes
+	decFuse                            // all tokens become one
+	decStrip                           // each token: char dropped from its ends
+	decMetaspace                       // each token: char becomes a space (dropped in the first token when first)
+)
+
+// decStep is one decoder of the chain, as HF applies it to the list of
+// token strings.
+type decStep struct {
+	kind        decKind
+	from, to    string // Replace
+	char        rune   // Strip: the character removed; Metaspace: the replacement
+	start, stop int    // Strip: at most this many from the start and the end
+	first       bool   // Metaspace: the first token loses its replacement characters
+}
+
 // tokenRef is an eos/bos token as tokenizer_config.json names it.
 type tokenRef struct {
 	set, named bool // the key was present; it named a token (not null)
@@ -77,8 +118,8 @@ type spec struct {
 	norm                                []normOp
 	unk                                 *string
 	byteFallback, fuseUnk, ignoreMerges bool
-	decodeBytes, metaDecode             bool
-	stripStart, stripStop               int
+	meta                                *metaspace
+	decoder                             []decStep
 	eos, bos                            tokenRef
 }
 
@@ -161,7 +202,7 @@ func build(sp *spec) (*Tokenizer, error) {
 	t := &Tokenizer{
 		path: sp.path, kind: sp.kind, steps: sp.steps, norm: sp.norm,
 		byteFallback: sp.byteFallback, fuseUnk: sp.fuseUnk, ignoreMerges: sp.ignoreMerges,
-		stripStart: sp.stripStart, stripStop: sp.stripStop, unkID: -1,
+		meta: sp.meta, unkID: -1,
 	}
 	if len(sp.vocab) == 0 {
 		return nil, fmt.Errorf("%w: %s: empty vocabulary", ErrFormat, sp.path)
@@ -283,33 +324,44 @@ func build(sp *spec) (*Tokenizer, error) {
 	t.raw = newTrie(rawPats, rawIdx)
 	t.normed = newTrie(normPats, normIdx)
 
-	// Decode table.
+	// Decode table: per id, its bytes as Decode writes them (see
+	// decodeTable), or, for a decoder chain that needs the token strings
+	// themselves, the token's text.
 	addedByID := make(map[int32]string, len(sp.added))
 	for _, a := range sp.added {
 		addedByID[a.id] = a.content
 	}
+	var perToken []decStep
+	if sp.kind == kindSentencePiece {
+		var ok bool
+		if perToken, t.stripStart, t.stripStop, ok = decodeTable(sp.decoder); !ok {
+			t.decoder = sp.decoder
+			t.present = make([]bool, size)
+		}
+	}
 	t.decOff = make([]uint32, size+1)
 	for id := 0; id < size; id++ {
 		t.decOff[id] = uint32(len(t.dec))
-		if c, ok := addedByID[int32(id)]; ok {
-			t.dec = append(t.dec, c...)
-			continue
+		tok, ok := addedByID[int32(id)]
+		if !ok {
+			if !has[id] {
+				continue
+			}
+			tok = names[id]
 		}
-		if !has[id] {
-			continue
-		}
-		tok := names[id]
 		switch {
-		case sp.kind == kindByteLevel:
-			raw, _ := byteLevelBytes(tok)
-			t.dec = append(t.dec, raw...)
-		case sp.decodeBytes && isByteTokenName(tok):
-			b, _ := byteToken(tok)
-			t.dec = append(t.dec, b)
-		case sp.metaDecode:
-			t.dec = append(t.dec, strings.ReplaceAll(tok, metaSpace, " ")...)
-		default:
+		case t.present != nil:
+			t.present[id] = true
 			t.dec = append(t.dec, tok...)
+		case sp.kind == kindByteLevel:
+			if ok {
+				t.dec = append(t.dec, tok...)
+			} else {
+				raw, _ := byteLevelBytes(tok)
+				t.dec = append(t.dec, raw...)
+			}
+		default:
+			t.dec = appendDecodedToken(t.dec, tok, perToken)
 		}
 	}
 	t.decOff[size] = uint32(len(t.dec))
@@ -458,5 +510,59 @@ func fingerprint(sp *spec, t *Tokenizer, names []string, has []bool, pairs [][2]
 	num(int64(t.unkID))
 	num(int64(t.eos))
 	num(int64(t.bos))
+	// Added in a way that leaves the fingerprints of tokenizers without a
+	// Metaspace pre-tokenizer as they were.
+	if m := sp.meta; m != nil {
+		str("metaspace")
+		num(int64(m.rep))
+		num(int64(m.prepend))
+		flag(m.split)
+	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// decodeTable says whether a SentencePiece decoder chain can be run from a
+// table of per-id bytes: per-token Replace steps, then ByteFallback, then
+// Fuse and a Strip of spaces from the whole (Llama's and Gemma's chains,
+// and the default). It returns the per-token steps and how many spaces
+// the Strip drops at the start and at the end. Other chains (a Metaspace
+// decoder, whose first token differs from the rest; a Strip of each token)
+// run step by step.
+func decodeTable(steps []decStep) (perToken []decStep, start, stop int, ok bool) {
+	i := 0
+	for i < len(steps) && steps[i].kind == decReplace {
+		i++
+	}
+	if i < len(steps) && steps[i].kind == decByteFallback {
+		i++
+	}
+	perToken = steps[:i]
+	if i < len(steps) && steps[i].kind == decFuse {
+		i++
+		if i < len(steps) && steps[i].kind == decStrip && steps[i].char == ' ' {
+			start, stop = steps[i].start, steps[i].stop
+			i++
+		}
+		for i < len(steps) && steps[i].kind == decFuse {
+			i++
+		}
+	}
+	return perToken, start, stop, i == len(steps)
+}
+
+// appendDecodedToken appends what per-token decoder steps (Replace, then
+// ByteFallback) make of one token. A byte token becomes its byte as it
+// is: HF writes U+FFFD for bytes that do not form valid UTF-8.
+func appendDecodedToken(dst []byte, tok string, steps []decStep) []byte {
+	for _, s := range steps {
+		switch s.kind {
+		case decReplace:
+			tok = strings.ReplaceAll(tok, s.from, s.to)
+		case decByteFallback:
+			if b, ok := byteToken(tok); ok {
+				return append(dst, b)
+			}
+		}
+	}
+	return append(dst, tok...)
 }

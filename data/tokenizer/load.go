@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 )
 
 // Load reads a tokenizer: path is a tokenizer.json, a folder holding
@@ -203,6 +204,7 @@ type jsonComponent struct {
 	Stop           int               `json:"stop"`
 	Replacement    *string           `json:"replacement"`
 	PrependScheme  *string           `json:"prepend_scheme"`
+	Split          *bool             `json:"split"`
 }
 
 func isNull(raw json.RawMessage) bool {
@@ -273,22 +275,34 @@ func parseTokenizerJSON(path string, top map[string]json.RawMessage) (*spec, err
 	switch {
 	case byteLevel:
 		sp.kind = kindByteLevel
-	case sp.byteFallback || hasMetaNormalizer(sp.norm):
+	case sp.byteFallback || hasMetaNormalizer(sp.norm) || sp.meta != nil:
 		sp.kind = kindSentencePiece
 	default:
-		return nil, fmt.Errorf("%w: %s: BPE with neither a ByteLevel pre-tokenizer nor SentencePiece's byte_fallback or %q normalizer", ErrUnsupported, path, metaSpace)
+		return nil, fmt.Errorf("%w: %s: BPE with neither a ByteLevel pre-tokenizer nor SentencePiece's byte_fallback, %q normalizer or Metaspace pre-tokenizer", ErrUnsupported, path, metaSpace)
 	}
-	known := false
-	if raw := top["decoder"]; !isNull(raw) {
-		if known, err = parseDecoder(sp, raw); err != nil {
+	if err := checkFirstScheme(sp); err != nil {
+		return nil, fmt.Errorf("%s: pre_tokenizer: %w", path, err)
+	}
+	// Byte-level BPE decodes by its byte map, whatever the decoder says.
+	if raw := top["decoder"]; !isNull(raw) && sp.kind == kindSentencePiece {
+		if err := parseDecoder(sp, raw); err != nil {
 			return nil, fmt.Errorf("%s: decoder: %w", path, err)
 		}
 	}
-	if sp.kind == kindSentencePiece && !known {
+	if sp.kind == kindSentencePiece && len(sp.decoder) == 0 {
 		// No decoder this package knows: decode as Llama 2's does.
-		sp.decodeBytes, sp.metaDecode, sp.stripStart = sp.byteFallback, true, 1
+		sp.decoder = llamaDecoder
 	}
 	return sp, nil
+}
+
+// llamaDecoder is Llama 2's decoder: ▁ is a space, <0xNN> tokens are
+// bytes, and one leading space of the whole is dropped.
+var llamaDecoder = []decStep{
+	{kind: decReplace, from: metaSpace, to: " "},
+	{kind: decByteFallback},
+	{kind: decFuse},
+	{kind: decStrip, char: ' ', start: 1},
 }
 
 // Known split patterns, matched by their exact text as tokenizer.json
@@ -327,6 +341,16 @@ func parsePreTokenizer(sp *spec, raw json.RawMessage) (bool, error) {
 	byteLevel := false
 	for i, p := range parts {
 		switch p.Type {
+		case "Metaspace":
+			if len(parts) != 1 {
+				return false, fmt.Errorf("%w: Metaspace in a Sequence with other pre-tokenizers", ErrUnsupported)
+			}
+			m, err := parseMetaspace(p, true)
+			if err != nil {
+				return false, err
+			}
+			sp.meta = &m
+			return false, nil
 		case "Split":
 			if byteLevel {
 				return false, fmt.Errorf("%w: Split after ByteLevel", ErrUnsupported)
@@ -404,15 +428,82 @@ func parseNormalizer(sp *spec, raw json.RawMessage) error {
 	return nil
 }
 
-// parseDecoder reads what Decode needs: whether <0xNN> tokens are bytes,
-// whether ▁ is a space, and how many spaces the Strip (or Metaspace)
-// decoder removes. known reports whether any of these was found. The
-// decoder does not change ids, so one this package does not know is
-// ignored and Decode uses its kind's usual rule.
-func parseDecoder(sp *spec, raw json.RawMessage) (known bool, err error) {
+// parseMetaspace reads a Metaspace pre-tokenizer or decoder. Files
+// written by tokenizers 0.19 and later spell it with prepend_scheme
+// ("always", "first" or "never", always when absent) and split (true when
+// absent); older ones with add_prefix_space, where false means never. HF
+// reads add_prefix_space false together with a prepend_scheme other than
+// never as an error, and so does this package; add_prefix_space false
+// alone, which HF 0.19 and later also reject, is read as the tokenizers
+// that wrote it did: never. pre says whether it is the pre-tokenizer,
+// which works only with ▁ as its replacement (the decoder takes any
+// character).
+func parseMetaspace(c jsonComponent, pre bool) (metaspace, error) {
+	var m metaspace
+	if c.Replacement == nil || utf8.RuneCountInString(*c.Replacement) != 1 {
+		return m, fmt.Errorf("%w: Metaspace replacement must be one character", ErrFormat)
+	}
+	if pre && *c.Replacement != metaSpace {
+		return m, fmt.Errorf("%w: Metaspace replacement %q (only %q is built)", ErrUnsupported, *c.Replacement, metaSpace)
+	}
+	m.rep, _ = utf8.DecodeRuneInString(*c.Replacement)
+	m.prepend = prependAlways
+	if c.PrependScheme != nil {
+		switch *c.PrependScheme {
+		case "always":
+			m.prepend = prependAlways
+		case "first":
+			m.prepend = prependFirst
+		case "never":
+			m.prepend = prependNever
+		default:
+			return m, fmt.Errorf("%w: Metaspace prepend_scheme %q (want always, first or never)", ErrFormat, *c.PrependScheme)
+		}
+	}
+	if c.AddPrefixSpace != nil && !*c.AddPrefixSpace {
+		if c.PrependScheme != nil && m.prepend != prependNever {
+			return m, fmt.Errorf("%w: Metaspace add_prefix_space false contradicts prepend_scheme %q", ErrFormat, *c.PrependScheme)
+		}
+		m.prepend = prependNever
+	}
+	m.split = c.Split == nil || *c.Split
+	return m, nil
+}
+
+// checkFirstScheme refuses prepend_scheme first where this package could
+// not tell exactly which stretch of text HF treats as the first. HF
+// prepends ▁ to a stretch whose offset in the original text is 0, reading
+// the offset through the normalizer's alignments: a normalizer that
+// deletes the first characters, or an added token matched in normalized
+// text inside what the first character became, moves it. Without a
+// normalizer the first stretch is the one at byte 0; with NFC alone it is
+// too, unless added tokens are matched in normalized text.
+func checkFirstScheme(sp *spec) error {
+	if sp.meta == nil || sp.meta.prepend != prependFirst || len(sp.norm) == 0 {
+		return nil
+	}
+	for _, op := range sp.norm {
+		if !op.nfc {
+			return fmt.Errorf("%w: Metaspace prepend_scheme first after a Prepend or Replace normalizer (which text counts as first depends on HF's offset alignment)", ErrUnsupported)
+		}
+	}
+	for _, a := range sp.added {
+		if a.normalized && a.content != "" {
+			return fmt.Errorf("%w: Metaspace prepend_scheme first with a normalizer and added tokens matched in normalized text (%q)", ErrUnsupported, a.content)
+		}
+	}
+	return nil
+}
+
+// parseDecoder reads the decoder as a chain of steps for Decode:
+// Replace of a plain string, ByteFallback, Fuse, Strip and Metaspace, in
+// the file's order. The decoder does not change ids, so a decoder this
+// package does not know (BPEDecoder, WordPiece, CTC, a Replace by regex)
+// is left out of the chain rather than refused.
+func parseDecoder(sp *spec, raw json.RawMessage) error {
 	var c jsonComponent
 	if err := json.Unmarshal(raw, &c); err != nil {
-		return false, fmt.Errorf("%w: %v", ErrFormat, err)
+		return fmt.Errorf("%w: %v", ErrFormat, err)
 	}
 	parts := []jsonComponent{c}
 	if c.Type == "Sequence" {
@@ -420,7 +511,7 @@ func parseDecoder(sp *spec, raw json.RawMessage) (known bool, err error) {
 		for _, r := range c.Decoders {
 			var p jsonComponent
 			if err := json.Unmarshal(r, &p); err != nil {
-				return false, fmt.Errorf("%w: %v", ErrFormat, err)
+				return fmt.Errorf("%w: %v", ErrFormat, err)
 			}
 			parts = append(parts, p)
 		}
@@ -428,25 +519,28 @@ func parseDecoder(sp *spec, raw json.RawMessage) (known bool, err error) {
 	for _, p := range parts {
 		switch p.Type {
 		case "ByteFallback":
-			sp.decodeBytes, known = true, true
+			sp.decoder = append(sp.decoder, decStep{kind: decByteFallback})
+		case "Fuse":
+			sp.decoder = append(sp.decoder, decStep{kind: decFuse})
 		case "Strip":
-			if p.Content != nil && *p.Content == " " {
-				sp.stripStart, sp.stripStop, known = p.Start, p.Stop, true
+			if p.Content == nil || utf8.RuneCountInString(*p.Content) != 1 || p.Start < 0 || p.Stop < 0 {
+				return fmt.Errorf("%w: Strip content must be one character, start and stop not negative", ErrFormat)
 			}
+			r, _ := utf8.DecodeRuneInString(*p.Content)
+			sp.decoder = append(sp.decoder, decStep{kind: decStrip, char: r, start: p.Start, stop: p.Stop})
 		case "Metaspace":
-			sp.metaDecode, known = true, true
-			if p.PrependScheme == nil || *p.PrependScheme != "never" {
-				if p.AddPrefixSpace == nil || *p.AddPrefixSpace {
-					sp.stripStart = 1
-				}
+			m, err := parseMetaspace(p, false)
+			if err != nil {
+				return err
 			}
+			sp.decoder = append(sp.decoder, decStep{kind: decMetaspace, char: m.rep, first: m.prepend != prependNever})
 		case "Replace":
-			if p.Pattern != nil && p.Pattern.String != nil && *p.Pattern.String == metaSpace && p.Content != nil && *p.Content == " " {
-				sp.metaDecode, known = true, true
+			if p.Pattern != nil && p.Pattern.String != nil && *p.Pattern.String != "" && p.Content != nil {
+				sp.decoder = append(sp.decoder, decStep{kind: decReplace, from: *p.Pattern.String, to: *p.Content})
 			}
 		}
 	}
-	return known, nil
+	return nil
 }
 
 // parsePair reads GPT-2's original files: vocab.json/encoder.json and

@@ -157,7 +157,8 @@ func TestErrors(t *testing.T) {
 			[]error{ErrUnsupported}, []string{"rm.json", "Removed"}},
 		{"nfkc normalizer", file("nfkc.json", tokJSON(bpeModel(bl, []string{"a b"}), nil, byteLevelPre, map[string]any{"type": "NFKC"}, nil)), "",
 			[]error{ErrUnsupported}, []string{"nfkc.json", `"NFKC"`}},
-		{"metaspace pre-tokenizer", file("meta.json", tokJSON(bpeModel(bl, []string{"a b"}), nil, map[string]any{"type": "Metaspace", "replacement": "▁"}, nil, nil)), "",
+		{"metaspace with ByteLevel", file("meta.json", tokJSON(bpeModel(bl, []string{"a b"}), nil, map[string]any{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "Metaspace", "replacement": "▁"}, byteLevelPre}}, nil, nil)), "",
 			[]error{ErrUnsupported}, []string{"meta.json", "Metaspace"}},
 		{"plain bpe", file("plain.json", tokJSON(bpeModel(bl, []string{"a b"}), nil, nil, nil, nil)), "",
 			[]error{ErrUnsupported}, []string{"plain.json", "ByteLevel"}},

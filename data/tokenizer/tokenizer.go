@@ -31,13 +31,19 @@ type Tokenizer struct {
 
 	steps []step
 	norm  []normOp
+	meta  *metaspace // SentencePiece: the Metaspace pre-tokenizer, if any
 
 	added       []addedToken
 	raw, normed *trie
 
+	// dec[decOff[id]:decOff[id+1]] is what Decode writes for id, or, when
+	// decoder is set (a chain the table cannot express), the token's text,
+	// which the chain then decodes; present marks the ids that have one.
 	dec                   []byte
 	decOff                []uint32
 	stripStart, stripStop int
+	decoder               []decStep
+	present               []bool
 
 	vocabSize      int
 	eos, bos       int32
@@ -75,10 +81,11 @@ func (t *Tokenizer) AppendEncode(dst []int32, text []byte) []int32 {
 }
 
 // encode splits out the added tokens that match the raw text, then hands
-// each stretch between them on.
+// each stretch between them on, saying whether it starts the text (for
+// Metaspace's prepend_scheme first).
 func (t *Tokenizer) encode(st *encState, dst []int32, text []byte) []int32 {
 	if t.raw == nil {
-		return t.encodePiece(st, dst, text)
+		return t.encodePiece(st, dst, text, true)
 	}
 	pos := 0
 	for {
@@ -86,18 +93,20 @@ func (t *Tokenizer) encode(st *encState, dst []int32, text []byte) []int32 {
 		if !ok {
 			break
 		}
-		dst = t.encodePiece(st, dst, text[pos:s])
+		dst = t.encodePiece(st, dst, text[pos:s], pos == 0)
 		dst = append(dst, id)
 		pos = e
 	}
-	return t.encodePiece(st, dst, text[pos:])
+	return t.encodePiece(st, dst, text[pos:], pos == 0)
 }
 
 // encodePiece normalizes a stretch of text between added tokens, splits
 // out the added tokens that match normalized text, and runs the model on
 // what is left. HF normalizes each stretch on its own, so a SentencePiece
-// Prepend applies after every added token, not only at the start.
-func (t *Tokenizer) encodePiece(st *encState, dst []int32, piece []byte) []int32 {
+// Prepend applies after every added token, not only at the start. first
+// says the stretch starts the text; of its parts, only the one before any
+// added token does.
+func (t *Tokenizer) encodePiece(st *encState, dst []int32, piece []byte, first bool) []int32 {
 	if len(piece) == 0 {
 		return dst
 	}
@@ -106,7 +115,7 @@ func (t *Tokenizer) encodePiece(st *encState, dst []int32, piece []byte) []int32
 		piece = st.norm[0]
 	}
 	if t.normed == nil {
-		return t.encodeModel(st, dst, piece)
+		return t.encodeModel(st, dst, piece, first)
 	}
 	pos := 0
 	for {
@@ -114,18 +123,21 @@ func (t *Tokenizer) encodePiece(st *encState, dst []int32, piece []byte) []int32
 		if !ok {
 			break
 		}
-		dst = t.encodeModel(st, dst, piece[pos:s])
+		dst = t.encodeModel(st, dst, piece[pos:s], first && pos == 0)
 		dst = append(dst, id)
 		pos = e
 	}
-	return t.encodeModel(st, dst, piece[pos:])
+	return t.encodeModel(st, dst, piece[pos:], first && pos == 0)
 }
 
-func (t *Tokenizer) encodeModel(st *encState, dst []int32, text []byte) []int32 {
+func (t *Tokenizer) encodeModel(st *encState, dst []int32, text []byte, first bool) []int32 {
 	if len(text) == 0 {
 		return dst
 	}
 	if t.kind == kindSentencePiece {
+		if t.meta != nil {
+			return t.encodeMetaspace(st, dst, text, first)
+		}
 		return t.encodeSP(st, dst, text)
 	}
 	if len(t.steps) == 1 && !t.steps[0].prefixSpace {
@@ -202,6 +214,60 @@ func normalize(src []byte, ops []normOp) []byte {
 	var runes []rune
 	out, _ := normalizeInto(nil, nil, src, ops, &runes)
 	return out
+}
+
+// encodeMetaspace runs the Metaspace pre-tokenizer on a stretch of
+// (normalized) text and the model on what it makes, as HF does: every
+// space (U+0020 only) becomes ▁; ▁ goes in front when the prepend scheme
+// says so (always, or first and this stretch starts the text) unless the
+// stretch now starts with ▁; with split the result is cut before every ▁,
+// so each word, its ▁ in front, merges on its own (and with ignore_merges
+// is looked up whole), and each space of a run becomes a ▁ token of its
+// own. Without split the stretch is one word, as under the Prepend/Replace
+// normalizers.
+func (t *Tokenizer) encodeMetaspace(st *encState, dst []int32, text []byte, first bool) []int32 {
+	meta := []byte(metaSpace)
+	buf := st.meta[:0]
+	if p := t.meta.prepend; (p == prependAlways || p == prependFirst && first) && text[0] != ' ' && !bytes.HasPrefix(text, meta) {
+		buf = append(buf, meta...)
+	}
+	for {
+		i := bytes.IndexByte(text, ' ')
+		if i < 0 {
+			break
+		}
+		buf = append(append(buf, text[:i]...), meta...)
+		text = text[i+1:]
+	}
+	buf = append(buf, text...)
+	st.meta = buf
+	if !t.meta.split {
+		return t.encodeSP(st, dst, buf)
+	}
+	start := 0
+	for {
+		// A ▁ found from start+1 on is never the one at start: its second
+		// byte is a continuation byte, and ▁ starts with a lead byte.
+		k := bytes.Index(buf[start+1:], meta)
+		if k < 0 {
+			break
+		}
+		end := start + 1 + k
+		dst = t.encodeSPPiece(st, dst, buf[start:end])
+		start = end
+	}
+	return t.encodeSPPiece(st, dst, buf[start:])
+}
+
+// encodeSPPiece encodes one pre-token: whole when ignore_merges finds it
+// in the vocabulary, otherwise merged.
+func (t *Tokenizer) encodeSPPiece(st *encState, dst []int32, w []byte) []int32 {
+	if t.ignoreMerges {
+		if id, ok := t.vocab[string(w)]; ok {
+			return append(dst, id)
+		}
+	}
+	return t.encodeSPWord(st, dst, w)
 }
 
 // encodeSP runs SentencePiece-style BPE on normalized text.
@@ -312,17 +378,32 @@ func (t *Tokenizer) encodeSPWord(st *encState, dst []int32, w []byte) []int32 {
 // with an NFC normalizer, as Qwen's, it is NFC(x)). HF would turn bytes
 // that do not form valid UTF-8 into U+FFFD instead.
 //
-// SentencePiece BPE turns ▁ into a space, <0xNN> tokens into their bytes
-// (again raw, where HF would write U+FFFD for invalid UTF-8) and then,
-// following the Strip decoder, drops one leading space of the whole
-// output. Because Encode prepends ▁ to every stretch of text between
-// added tokens, for a tokenizer with byte_fallback (so that no character
-// becomes unk) Decode(Encode(x)) == x exactly when x contains no ▁
-// (U+2581, which comes back as a space) and no added token followed by
-// more text (that text comes back with a space in front, as from HF).
-// Text that starts with spaces round-trips: only the prepended one is
-// dropped.
+// SentencePiece BPE runs the tokenizer's decoder chain as HF does, step by
+// step on the list of token strings: Replace (▁ to a space), ByteFallback
+// (<0xNN> tokens to their bytes, kept raw where HF writes U+FFFD for bytes
+// that are not valid UTF-8), Fuse, Strip (Llama's drops one leading space
+// of the whole output) and Metaspace (▁ to a space, except that the first
+// token loses its ▁ unless the prepend scheme is never). A tokenizer.json
+// without a decoder this package knows decodes as Llama 2's.
+//
+// Round trips, for a tokenizer with byte_fallback (so that no character
+// becomes unk) and Llama's decoder: every stretch of text between added
+// tokens comes back with its spaces and its ▁ (U+2581) as spaces, after a
+// space for the ▁ that the encoding put in front of it, then one leading
+// space of the whole is dropped. Under the Prepend/Replace normalizers a
+// ▁ goes in front of every stretch, so Decode(Encode(x)) == x exactly when
+// x contains no ▁ and no added token followed by more text (that text
+// comes back with a space in front, as from HF); text that starts with
+// spaces round-trips, only the prepended one is dropped. Under a Metaspace
+// pre-tokenizer the ▁ goes in front only where its prepend scheme says
+// (always: every stretch; first: the stretch at the start of the text;
+// never: none) and only to a stretch that does not already start with a
+// space or ▁: so with first, x comes back exactly when it contains no ▁
+// and does not start with a space (that one space is lost, as in HF).
 func (t *Tokenizer) Decode(ids []int32) []byte {
+	if t.decoder != nil {
+		return t.decodeChain(ids)
+	}
 	out := make([]byte, 0, len(ids)*4)
 	for _, id := range ids {
 		if id >= 0 && int(id) < t.vocabSize {
@@ -340,6 +421,96 @@ func (t *Tokenizer) Decode(ids []int32) []byte {
 		}
 	}
 	return out
+}
+
+// decodeChain runs the decoder chain step by step on the ids' token
+// strings, for chains the per-id table cannot express.
+func (t *Tokenizer) decodeChain(ids []int32) []byte {
+	toks := make([][]byte, 0, len(ids))
+	for _, id := range ids {
+		if id >= 0 && int(id) < t.vocabSize && t.present[id] {
+			toks = append(toks, t.dec[t.decOff[id]:t.decOff[id+1]:t.decOff[id+1]])
+		}
+	}
+	for _, s := range t.decoder {
+		toks = s.apply(toks)
+	}
+	return bytes.Join(toks, nil)
+}
+
+// apply runs one decoder step on the token strings. Slices may share
+// memory with the decode table, so a token is replaced, never changed in
+// place.
+func (s *decStep) apply(toks [][]byte) [][]byte {
+	switch s.kind {
+	case decReplace:
+		from, to := []byte(s.from), []byte(s.to)
+		for i, tok := range toks {
+			if bytes.Contains(tok, from) {
+				toks[i] = bytes.ReplaceAll(tok, from, to)
+			}
+		}
+	case decByteFallback:
+		out := toks[:0:0]
+		var run []byte
+		inRun := false
+		for _, tok := range toks {
+			if b, ok := byteToken(string(tok)); ok {
+				run, inRun = append(run, b), true
+				continue
+			}
+			if inRun {
+				out, run, inRun = append(out, run), nil, false
+			}
+			out = append(out, tok)
+		}
+		if inRun {
+			out = append(out, run)
+		}
+		return out
+	case decFuse:
+		return [][]byte{bytes.Join(toks, nil)}
+	case decStrip:
+		for i, tok := range toks {
+			toks[i] = stripRune(tok, s.char, s.start, s.stop)
+		}
+	case decMetaspace:
+		rep := utf8.AppendRune(nil, s.char)
+		for i, tok := range toks {
+			if !bytes.Contains(tok, rep) {
+				continue
+			}
+			if i == 0 && s.first {
+				toks[i] = bytes.ReplaceAll(tok, rep, nil)
+			} else {
+				toks[i] = bytes.ReplaceAll(tok, rep, []byte(" "))
+			}
+		}
+	}
+	return toks
+}
+
+// stripRune drops up to start leading and stop trailing c from tok, as
+// HF's Strip decoder does (which would panic where the two overlap; here
+// the token becomes empty).
+func stripRune(tok []byte, c rune, start, stop int) []byte {
+	i := 0
+	for k := 0; k < start && i < len(tok); k++ {
+		r, n := utf8.DecodeRune(tok[i:])
+		if r != c || n == 1 && r == utf8.RuneError && c != utf8.RuneError {
+			break
+		}
+		i += n
+	}
+	j := len(tok)
+	for k := 0; k < stop && j > i; k++ {
+		r, n := utf8.DecodeLastRune(tok[i:j])
+		if r != c || n == 1 && r == utf8.RuneError && c != utf8.RuneError {
+			break
+		}
+		j -= n
+	}
+	return tok[i:j]
 }
 
 // VocabSize is 1 + the largest id of the vocabulary and added tokens: the

