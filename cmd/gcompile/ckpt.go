@@ -213,6 +213,11 @@ func exportMain(args []string) error {
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
+	// Probed as --save is: a device, a pipe or a folder under that name is
+	// refused, never renamed over.
+	if err := checkOutputFile("out", *out); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
 	files, err := checkpoint.SaveSharded(*out, ts, map[string]string{"format": "pt", "producer": "gcompile", "model": m.Model, "step": fmt.Sprint(m.State.Step)}, limit)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)

@@ -63,6 +63,11 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		return fmt.Errorf("data prepare: --output-prefix %s: %w", *out, err)
 	}
+	for _, ext := range []string{".bin", ".idx", ".json"} {
+		if err := checkOutputFile("output-prefix", *out+ext); err != nil {
+			return fmt.Errorf("data prepare: %w", err)
+		}
+	}
 	t, err := tokenizer.Load(*tok, *merges)
 	if err != nil {
 		return fmt.Errorf("data prepare: --tokenizer %s: %w", *tok, err)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -224,6 +225,12 @@ func TestDataPrepareThenTrain(t *testing.T) {
 	assert.Contains(t, err.Error(), filepath.Join(dir, "missing.txt"))
 	assert.NoFileExists(t, filepath.Join(dir, "gone.bin"))
 
+	pipe := filepath.Join(dir, "piped")
+	require.NoError(t, syscall.Mkfifo(pipe+".idx", 0o644))
+	err = prepareMain(append(append(slices.Clone(tok), "--output-prefix", pipe, "--quiet"), jsonl), &stdout, &stderr)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--output-prefix "+pipe+".idx is not a regular file")
+
 	bad := filepath.Join(dir, "bad.jsonl")
 	require.NoError(t, os.WriteFile(bad, []byte("{\"text\": \"fine\"}\nnot json\n"), 0o644))
 	err = prepareMain(append(append(slices.Clone(tok), "--output-prefix", filepath.Join(dir, "bad"), "--quiet"), bad), &stdout, &stderr)
@@ -339,4 +346,15 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 	}
 	m := runMetrics(t, append(slices.Clone(args), "--load", saved)...)
 	require.Len(t, m.Steps, 2)
+
+	// A target that is no regular file (a pipe here; /dev/full as root
+	// was replaced once) is refused, never renamed over.
+	fifo := filepath.Join(dir, "pipe.safetensors")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+	err = mainErr([]string{"export", ck, "--out", fifo})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--out "+fifo+" is not a regular file")
+	fi, err := os.Stat(fifo)
+	require.NoError(t, err)
+	assert.Equal(t, os.ModeNamedPipe, fi.Mode().Type(), "the pipe is still there")
 }
