@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 
@@ -113,9 +114,28 @@ type DataMetrics struct {
 	Identity  string `json:"identity,omitempty"`
 }
 
-// WriteFile writes m as indented JSON, replacing path atomically.
+// WriteFile writes m as indented JSON, replacing path atomically. Lists
+// are always lists ([] when a run ended before its first step), and a
+// figure that is not finite (a diverged run's loss or gradient norm) is
+// written as null rather than losing the file.
 func (m *Metrics) WriteFile(path string) error {
+	if m.Steps == nil {
+		m.Steps = []StepMetrics{}
+	}
+	if m.Eval == nil {
+		m.Eval = []EvalMetrics{}
+	}
+	if m.Passes == nil {
+		m.Passes = []PassMetrics{}
+	}
+	if m.Devices == nil {
+		m.Devices = []DeviceMetrics{}
+	}
 	b, err := json.MarshalIndent(m, "", "  ")
+	var nonFinite *json.UnsupportedValueError
+	if errors.As(err, &nonFinite) {
+		b, err = finiteJSON(m)
+	}
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
