@@ -594,6 +594,19 @@ func TestInspectDescribesTheCheckpoint(t *testing.T) {
 	// ZeRO-1 splits the optimizer state over dp: both ranks write blocks.
 	assert.Len(t, m.Files, 2)
 	require.NoError(t, inspectMain([]string{ck}))
+
+	// A flipped byte in a shard makes inspect fail, naming the file, as a
+	// resume from it would.
+	shard := filepath.Join(checkpoint.StepDir(ck, 6), "rank-00001.safetensors")
+	raw, err := os.ReadFile(shard)
+	require.NoError(t, err)
+	raw[len(raw)-1] ^= 0xff
+	require.NoError(t, os.WriteFile(shard, raw, 0o644))
+	err = inspectMain([]string{ck})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cannot be resumed")
+	assert.Contains(t, err.Error(), "rank-00001.safetensors has CRC-32C")
+	assert.ErrorIs(t, err, checkpoint.ErrCorrupt)
 }
 
 // SIGTERM or SIGINT during training stops at the next step boundary with
