@@ -121,6 +121,9 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 			if cfg.Start, err = resumeState(c, server, updates, res.ModelFingerprint, resumeDir, plan); err != nil {
 				return err
 			}
+			if cfg.Start.Step == c.steps {
+				return fmt.Errorf("--resume %s: the checkpoint is at step %d; --steps %d leaves nothing to run (--dp-sync async does not write a finished run's outputs from its checkpoint yet)", resumeDir, cfg.Start.Step, c.steps)
+			}
 			fmt.Fprintf(j.log, "resumed from %s at step %d (optimizer step %d)\n", resumeDir, cfg.Start.Step, cfg.Start.OptStep)
 			met.ResumedFrom = &runtime.ResumeMetrics{Checkpoint: resumeDir, Step: cfg.Start.Step}
 		} else {

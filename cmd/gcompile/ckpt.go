@@ -176,8 +176,8 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 	if c.explicit["seed"] && c.seed != st.Seed {
 		return st, fmt.Errorf("--resume %s: the run was seeded with %d, not --seed %d; the data order follows the seed (leave --seed out)", dir, st.Seed, c.seed)
 	}
-	if st.Step >= c.steps {
-		return st, fmt.Errorf("--resume %s: the checkpoint is at step %d; --steps %d leaves nothing to run (--steps is the run's total)", dir, st.Step, c.steps)
+	if st.Step > c.steps {
+		return st, fmt.Errorf("--resume %s: the checkpoint is at step %d, past --steps %d (--steps is the run's total)", dir, st.Step, c.steps)
 	}
 	return st, nil
 }

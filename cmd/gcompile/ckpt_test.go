@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -365,7 +366,7 @@ func TestBadCheckpointsAreNamedErrors(t *testing.T) {
 		{"another schedule's state", nil, []string{"--devices", "2", "--pp", "2", "--microbatches", "2", "--schedule", "2bw"},
 			[]string{"lacks", "2bw.prev/"}, checkpoint.ErrMismatch},
 		{"a plan that cannot hold it", nil, []string{"--devices", "3", "--tp", "3"}, []string{"tp=3 must divide"}, nil},
-		{"nothing left to run", nil, []string{"--steps", "2"}, []string{"at step 2; --steps 2 leaves nothing to run"}, nil},
+		{"past the run's steps", nil, []string{"--steps", "1"}, []string{"at step 2, past --steps 1"}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -387,6 +388,33 @@ func TestBadCheckpointsAreNamedErrors(t *testing.T) {
 			assert.Equal(t, before, snapshot(t, ck), "the checkpoint is unchanged")
 		})
 	}
+}
+
+// A run killed after its last checkpoint, before its outputs were
+// written, finishes when the same command runs again with --resume: it
+// writes the weights and metrics it owed (the weights the uninterrupted
+// run saved, byte for byte; its held-out loss) and exits 0.
+func TestResumingAFinishedRunWritesItsOutputs(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	args := func(tag string) []string {
+		return gir(t, append(slices.Clone(ckptGPT), "--steps", "4", "--checkpoint-dir", ck,
+			"--save", filepath.Join(dir, tag+".safetensors"), "--metrics", filepath.Join(dir, tag+".json")))
+	}
+	require.NoError(t, mainErr(args("first")))
+	require.NoError(t, mainErr(append(args("again"), "--resume", ck)))
+	first, again := readMetrics(t, filepath.Join(dir, "first.json")), readMetrics(t, filepath.Join(dir, "again.json"))
+	assert.Empty(t, again.Steps, "no step ran")
+	require.NotNil(t, again.Steps, "a list, not null")
+	require.NotEmpty(t, first.Eval)
+	require.Len(t, again.Eval, 1)
+	assert.Equal(t, first.Eval[len(first.Eval)-1], again.Eval[0], "the final held-out loss")
+	assert.Equal(t, checkpoint.StepDir(ck, 4), again.Checkpoint)
+	w1, err := os.ReadFile(filepath.Join(dir, "first.safetensors"))
+	require.NoError(t, err)
+	w2, err := os.ReadFile(filepath.Join(dir, "again.safetensors"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(w1, w2), "the weights it owed are the finished run's")
 }
 
 // --resume takes a step folder as people type it (ck/step-2 for

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"gcompile/compile"
+	"gcompile/data"
 	"gcompile/frontend"
 	"gcompile/frontend/loader"
 	"gcompile/ir"
@@ -426,6 +427,19 @@ func newCluster(c *config, j *job, gpus []*cuda.Runtime, progs []*lower.Program)
 	return h, devs, func() error { return nil }, nil
 }
 
+// finishedRun is what a run resumed at its last step still measures: the
+// held-out loss of its final weights (none with --eval-batches -1).
+func finishedRun(dev runtime.Device, src data.Source, cfg runtime.TrainConfig) ([]runtime.EvalMetrics, error) {
+	if cfg.EvalBatches < 0 {
+		return nil, nil
+	}
+	l, err := runtime.Evaluate(dev, src, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return []runtime.EvalMetrics{{Step: cfg.Start.Step, Loss: l}}, nil
+}
+
 func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *runtime.Metrics, resumeDir string) (err error) {
 	// Until the first step a failure refuses the run (refusedError).
 	started := false
@@ -554,23 +568,37 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	}
 	started = true
 	j.preemptible.Store(true)
-	steps, evals, trainErr := runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
-		if tracer != nil && s.Step >= runtime.TraceSteps {
-			tracing = false
+	var steps []runtime.StepMetrics
+	var evals []runtime.EvalMetrics
+	var trainErr error
+	if start.Step == c.steps {
+		// A run killed after its last checkpoint and before its outputs:
+		// rerunning the same command finishes it instead of failing, so a
+		// requeue loop ends with the weights and metrics it was owed.
+		if j.lead() {
+			fmt.Fprintf(j.log, "the checkpoint is at step %d of %d: the run is finished; writing the outputs it owes\n", start.Step, c.steps)
 		}
-		if tracer != nil {
-			tracer.EndStep()
-		}
-		if prof != nil {
-			if s.Step == start.Step+1 && c.steps > s.Step {
-				prof.reset() // the first step warms caches up
+		evals, trainErr = finishedRun(dev, corpus, cfg)
+		ck.saved = resumeDir
+	} else {
+		steps, evals, trainErr = runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
+			if tracer != nil && s.Step >= runtime.TraceSteps {
+				tracing = false
 			}
-			prof.endStep()
-		}
-		if bar != nil {
-			bar.step(s, e)
-		}
-	})
+			if tracer != nil {
+				tracer.EndStep()
+			}
+			if prof != nil {
+				if s.Step == start.Step+1 && c.steps > s.Step {
+					prof.reset() // the first step warms caches up
+				}
+				prof.endStep()
+			}
+			if bar != nil {
+				bar.step(s, e)
+			}
+		})
+	}
 	j.preemptible.Store(false)
 	if bar != nil {
 		bar.done()
