@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -839,4 +840,51 @@ func TestAsyncResume(t *testing.T) {
 	require.Len(t, rest2.Steps, 10)
 	assert.LessOrEqual(t, rest2.Async.MaxStalenessSeen, 2)
 	assert.InEpsilon(t, free.Eval[0].Loss, rest2.Eval[0].Loss, 0.03, "staleness 2: the held-out loss after 20 steps")
+}
+
+// A --checkpoint-dir another live run holds is refused before any work,
+// naming that run; a lock whose process is gone is taken over, with the
+// partial folders its interrupted saves left; the lock goes with the run.
+func TestCheckpointDirIsLocked(t *testing.T) {
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	dead := exec.Command("true")
+	require.NoError(t, dead.Run())
+	cases := []struct {
+		name string
+		lock ckptLock
+		want string // the error; "" when the run takes the folder
+	}{
+		{"held by a live run", ckptLock{Host: host, PID: os.Getpid(), Start: processStart(os.Getpid()), Since: "2026-12-04T00:00:00Z", Command: "gcompile other"},
+			fmt.Sprintf("is in use by another run: pid %d on %s since 2026-12-04T00:00:00Z (gcompile other)", os.Getpid(), host)},
+		{"held on another host", ckptLock{Host: "node7", PID: 1, Since: "2026-12-04T00:00:00Z", Command: "gcompile other"}, "pid 1 on node7"},
+		{"left by a run that is gone", ckptLock{Host: host, PID: dead.Process.Pid, Since: "2026-12-04T00:00:00Z"}, ""},
+		{"left by a pid now reused", ckptLock{Host: host, PID: os.Getpid(), Start: "1", Since: "2026-12-04T00:00:00Z"}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ck := filepath.Join(t.TempDir(), "ck")
+			require.NoError(t, os.MkdirAll(filepath.Join(ck, "step-00000002.partial"), 0o755))
+			raw, err := json.Marshal(tc.lock)
+			require.NoError(t, err)
+			lock := filepath.Join(ck, lockName)
+			require.NoError(t, os.WriteFile(lock, raw, 0o644))
+			metrics := filepath.Join(t.TempDir(), "m.json")
+			err = mainErr(gir(t, append(slices.Clone(ckptGPT), "--steps", "2", "--checkpoint-dir", ck, "--metrics", metrics)))
+			if tc.want != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.want)
+				assert.Contains(t, err.Error(), "remove "+lock)
+				assert.NoFileExists(t, metrics, "refused before any work")
+				after, err := os.ReadFile(lock)
+				require.NoError(t, err)
+				assert.Equal(t, raw, after, "the holder's lock is left alone")
+				return
+			}
+			require.NoError(t, err)
+			assert.NoFileExists(t, lock, "released at the end")
+			assert.NoDirExists(t, filepath.Join(ck, "step-00000002.partial"), "the dead run's partial save is gone")
+			assert.DirExists(t, checkpoint.StepDir(ck, 2))
+		})
+	}
 }

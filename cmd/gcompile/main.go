@@ -163,6 +163,13 @@ func compileAndRun(c *config, j *job) (err error) {
 	if c.tokens != nil {
 		defer c.tokens.close()
 	}
+	if c.run && c.ckptDir != "" && j.lead() {
+		unlock, err := lockCheckpointDir(c.ckptDir)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+	}
 	// An output that fails to be written is reported at the end with the
 	// run's own error (outputs.go): it neither stops the run nor keeps
 	// another output from being written.

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// lockName is the file in a --checkpoint-dir that says which run writes
+// its checkpoints there.
+const lockName = "gcompile.lock"
+
+// ckptLock is what the lock file holds: enough to name the holder and to
+// tell a live holder from a dead one on the same host (a pid is reused,
+// a pid with its start time is not).
+type ckptLock struct {
+	Host    string `json:"host"`
+	PID     int    `json:"pid"`
+	Start   string `json:"process_start,omitempty"` // /proc/PID/stat's start time, in clock ticks since boot
+	Since   string `json:"since"`
+	Command string `json:"command"`
+}
+
+// lockCheckpointDir makes this run the only one writing checkpoints into
+// dir, before it trains: a second run on the same folder would otherwise
+// die at its first checkpoint with a rename error, its training lost. A
+// lock left by a run that is gone (same host, no such process) is taken
+// over, and the folders its interrupted saves left (step-N.partial) are
+// removed. The function returned releases the lock.
+func lockCheckpointDir(dir string) (func(), error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("--checkpoint-dir %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, lockName)
+	host, _ := os.Hostname()
+	me := ckptLock{Host: host, PID: os.Getpid(), Start: processStart(os.Getpid()), Since: time.Now().UTC().Format(time.RFC3339),
+		Command: strings.Join(os.Args, " ")}
+	raw, err := json.Marshal(me)
+	if err != nil {
+		return nil, err
+	}
+	for attempt := 0; ; attempt++ {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil {
+			_, werr := f.Write(append(raw, '\n'))
+			if cerr := f.Close(); werr == nil {
+				werr = cerr
+			}
+			if werr != nil {
+				os.Remove(path)
+				return nil, fmt.Errorf("--checkpoint-dir %s: writing %s: %w", dir, lockName, werr)
+			}
+			removePartials(dir)
+			return func() { releaseLock(path, me) }, nil
+		}
+		if !errors.Is(err, fs.ErrExist) || attempt > 0 {
+			return nil, fmt.Errorf("--checkpoint-dir %s: taking %s: %w", dir, lockName, err)
+		}
+		held, readErr := readLock(path)
+		if readErr == nil && held.alive(host) {
+			return nil, fmt.Errorf("--checkpoint-dir %s is in use by another run: pid %d on %s since %s (%s); two runs writing one folder would overwrite each other's checkpoints: give this run another --checkpoint-dir, or remove %s if that run is gone",
+				dir, held.PID, held.Host, held.Since, held.Command, path)
+		}
+		// A stale lock (its process is gone) or an unreadable one (a
+		// crash while writing it): take it over.
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("--checkpoint-dir %s: removing the stale %s: %w", dir, lockName, err)
+		}
+	}
+}
+
+func readLock(path string) (ckptLock, error) {
+	var l ckptLock
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return l, err
+	}
+	err = json.Unmarshal(raw, &l)
+	return l, err
+}
+
+// alive says whether the lock's process still runs. On another host that
+// cannot be known: the lock then counts as held, and the message says how
+// to clear it.
+func (l ckptLock) alive(host string) bool {
+	if l.Host != host {
+		return true
+	}
+	if l.PID <= 0 {
+		return false
+	}
+	if err := syscall.Kill(l.PID, 0); errors.Is(err, syscall.ESRCH) {
+		return false
+	}
+	// The pid runs; it is the holder unless it was reused since.
+	if l.Start != "" {
+		if now := processStart(l.PID); now != "" && now != l.Start {
+			return false
+		}
+	}
+	return true
+}
+
+// releaseLock removes the lock if it is still this run's.
+func releaseLock(path string, me ckptLock) {
+	if held, err := readLock(path); err == nil && held.PID == me.PID && held.Host == me.Host && held.Start == me.Start {
+		os.Remove(path)
+	}
+}
+
+// processStart is a process's start time as /proc/PID/stat gives it
+// (field 22), "" where there is no /proc.
+func processStart(pid int) string {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	s := string(raw)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		fields := strings.Fields(s[i+1:])
+		if len(fields) > 19 {
+			return fields[19] // field 22 counted from the state, field 3
+		}
+	}
+	return ""
+}
+
+// removePartials removes the step-N.partial folders interrupted saves
+// left: with the lock held, no other run is writing one.
+func removePartials(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "step-") && strings.HasSuffix(e.Name(), ".partial") {
+			os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+}
