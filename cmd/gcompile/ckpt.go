@@ -68,6 +68,9 @@ type checkpointer struct {
 	saves []runtime.CheckpointMetrics
 	// stoppedBy says what ended the run early ("" when nothing did).
 	stoppedBy string
+	// finalErr is the failure of the last step's checkpoint, which ends
+	// the run with an error after its other outputs are written.
+	finalErr error
 }
 
 func (k *checkpointer) boundary(st runtime.State) (bool, error) {
@@ -83,6 +86,14 @@ func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 		opts := k.opts
 		opts.State = st
 		dir, err := checkpoint.SaveState(k.dev, k.progs, opts)
+		if err != nil && st.Step == c.steps && !stop {
+			// The training is done and its weights are whole: the end's
+			// checkpoint failing (a full disk) must not cost the --save
+			// weights and the metrics too. The failure is reported beside
+			// the outputs written (train).
+			k.finalErr = fmt.Errorf("the checkpoint of the last step (%d): %w", st.Step, err)
+			return false, nil
+		}
 		if err != nil {
 			return false, err
 		}

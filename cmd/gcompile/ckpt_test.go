@@ -888,3 +888,28 @@ func TestCheckpointDirIsLocked(t *testing.T) {
 		})
 	}
 }
+
+// The last step's checkpoint failing (a full disk; here a file-size limit
+// of 200 KB, which the 139 KB weights fit and the 410 KB shard does not)
+// fails the run, but the weights and metrics of the finished training are
+// written, and the error says what failed.
+func TestFailedFinalCheckpointKeepsTheOtherOutputs(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("needs bash for ulimit -f")
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	w, m := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "m.json")
+	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "2", "--checkpoint-dir", ck, "--save", w, "--metrics", m))
+	cmd := exec.Command("bash", append([]string{"-c", `ulimit -f 400; exec "$0" "$@"`, self}, args...)...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, string(out), "the checkpoint of the last step (2)")
+	assert.Contains(t, string(out), "file too large")
+	assert.FileExists(t, w, "the weights of the finished training")
+	assert.Len(t, readMetrics(t, m).Steps, 2, "the metrics of every step")
+	assert.NoDirExists(t, checkpoint.StepDir(ck, 2), "no checkpoint claims to be complete")
+}

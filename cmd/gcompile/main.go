@@ -647,5 +647,6 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 			fmt.Fprintf(j.log, "saved weights to %s\n", c.save)
 		}
 	}
+	errs = append(errs, ck.finalErr)
 	return errors.Join(errs...)
 }
