@@ -151,6 +151,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		opts: checkpoint.SaveOptions{Root: c.ckptDir, Model: res.Module.Name, ModelFingerprint: res.ModelFingerprint,
 			PlanHash: lower.Fingerprint(gp, up), Plan: plan, KeepLast: c.keepLast}}
 	defer ck.stop.release()
+	ck.stop.last.Store(resumeDir)
 	cfg.Boundary = ck.boundary
 	p := newProgress(j.log, c.steps)
 	j.preemptible.Store(true)

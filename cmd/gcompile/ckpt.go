@@ -99,6 +99,7 @@ func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 		}
 		ms := float64(time.Since(start).Microseconds()) / 1000
 		k.saved = dir
+		k.stop.last.Store(dir)
 		k.saves = append(k.saves, runtime.CheckpointMetrics{Step: st.Step, Dir: dir, Ms: ms})
 		if k.j.lead() {
 			fmt.Fprintf(k.j.log, "checkpoint of step %d saved to %s in %.0f ms\n", st.Step, dir, ms)
@@ -138,6 +139,10 @@ type preemption struct {
 	got  atomic.Value // os.Signal
 	ch   chan os.Signal
 	done chan struct{}
+	// last is the newest complete checkpoint of the run (a string: the
+	// one it resumed from, then each it saved), for what a second signal
+	// says.
+	last atomic.Value
 }
 
 func watchSignals() *preemption {
@@ -148,7 +153,11 @@ func watchSignals() *preemption {
 			select {
 			case s := <-p.ch:
 				if p.got.Load() != nil {
-					fmt.Fprintf(os.Stderr, "gcompile: second %v: exiting now; the last complete checkpoint is intact\n", s)
+					if last, _ := p.last.Load().(string); last != "" {
+						fmt.Fprintf(os.Stderr, "gcompile: second %v: exiting now; the last complete checkpoint, %s, is intact (a save cut short is never loaded)\n", s, last)
+					} else {
+						fmt.Fprintf(os.Stderr, "gcompile: second %v: exiting now; this run has no complete checkpoint (a save cut short is never loaded, and the next run on its --checkpoint-dir removes it)\n", s)
+					}
 					os.Exit(128 + int(s.(syscall.Signal)))
 				}
 				p.got.Store(s)

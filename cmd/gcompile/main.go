@@ -558,6 +558,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		opts: checkpoint.SaveOptions{Root: c.ckptDir, Model: res.Module.Name, ModelFingerprint: res.ModelFingerprint,
 			PlanHash: res.Fingerprint(), Plan: plan, KeepLast: c.keepLast}}
 	defer ck.stop.release()
+	ck.stop.last.Store(resumeDir)
 	cfg.Boundary = ck.boundary
 	for _, o := range res.Module.Outputs {
 		cfg.Outputs = append(cfg.Outputs, o.Name)
