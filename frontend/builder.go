@@ -161,6 +161,22 @@ func (b *Builder) Int(key string, def int, doc string) int {
 	return n
 }
 
+// IntOrZero reads an integer model parameter from --set, or def, that may
+// be 0: its "off" or "automatic" value, as the doc says (a routing group
+// of 0 tokens meaning one sequence, say). Negative values are refused.
+func (b *Builder) IntOrZero(key string, def int, doc string) int {
+	s, ok := b.setting(key, "int", strconv.Itoa(def), doc)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		b.fail(userPos(), fmt.Errorf("--set %s=%s: want an integer ≥ 0", key, s))
+		return def
+	}
+	return n
+}
+
 // Float reads a float model parameter from --set, or def.
 func (b *Builder) Float(key string, def float64, doc string) float64 {
 	s, ok := b.setting(key, "float", strconv.FormatFloat(def, 'g', -1, 64), doc)

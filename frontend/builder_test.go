@@ -98,8 +98,22 @@ func TestSettings(t *testing.T) {
 	assert.Equal(t, ir.Shape{5}, m.Params()[0].Type.Shape)
 	_, err = frontend.Build(model, frontend.Config{Set: map[string]string{"n": "-1"}})
 	assert.ErrorContains(t, err, "--set n=-1: want a positive integer")
+	_, err = frontend.Build(model, frontend.Config{Set: map[string]string{"n": "0"}})
+	assert.ErrorContains(t, err, "--set n=0: want a positive integer")
 	_, err = frontend.Build(model, frontend.Config{Set: map[string]string{"act": "tanh"}})
 	assert.ErrorContains(t, err, "--set act=tanh: want one of gelu, relu")
+
+	// A parameter whose 0 means "off" or "automatic" takes 0, never -1.
+	var got int
+	optional := func(b *frontend.Builder) {
+		got = b.IntOrZero("group", 4, "tokens per group (0: one sequence)")
+		b.Loss(b.Param("x", []int{2}, frontend.Ones, frontend.NoParallel).Sum())
+	}
+	_, err = frontend.Build(optional, frontend.Config{Set: map[string]string{"group": "0"}})
+	require.NoError(t, err)
+	assert.Equal(t, 0, got)
+	_, err = frontend.Build(optional, frontend.Config{Set: map[string]string{"group": "-1"}})
+	assert.ErrorContains(t, err, "--set group=-1: want an integer ≥ 0")
 	_, err = frontend.Build(model, frontend.Config{Set: map[string]string{"sz": "3"}})
 	assert.ErrorContains(t, err, "unknown model parameter(s) sz (this model reads: n, scale, act)")
 	docs, err := frontend.Describe(model, frontend.Config{})

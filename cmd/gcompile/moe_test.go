@@ -61,3 +61,13 @@ func keys(m map[string]int) []string {
 	}
 	return out
 }
+
+// The MoE model's settings whose 0 is documented (group 0: one sequence;
+// ffn 0: 4·hidden; random_second 0: always keep the second expert) take
+// 0 from --set; a negative one is refused, naming it.
+func TestMoESettingsTakeZero(t *testing.T) {
+	require.NoError(t, mainErr([]string{moeModel, "--set", "layers=2,hidden=32,heads=4,seq=16,router=gshard,random_second=0,group=0,ffn=0", "--batch", "4"}))
+	err := mainErr([]string{moeModel, "--set", "layers=2,hidden=32,heads=4,seq=16,group=-1", "--batch", "4"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--set group=-1: want an integer ≥ 0")
+}

@@ -32,10 +32,10 @@ func Model(b *frontend.Builder) {
 		K:                  b.Int("k", 2, "experts per token (noisy-topk)"),
 		CapacityFactor:     b.Float("capacity", 2, "capacity factor: slots per expert = ⌈k·group·factor/experts⌉"),
 		EvalCapacityFactor: b.Float("eval_capacity", 0, "evaluation's capacity factor (0: the training one)"),
-		GroupSize:          b.Int("group", 0, "tokens per routing group (0: one sequence)"),
+		GroupSize:          b.IntOrZero("group", 0, "tokens per routing group (0: one sequence)"),
 		AuxLoss:            b.Float("aux", -1, "weight of the balancing loss (negative: 1e-2, and 1e-2·experts² for gshard, whose loss (1/E)·Σ(c_e/S)·m_e is E² times smaller than Switch's E·Σf·P; 0: none)"),
 		ZLoss:              b.Float("zloss", 1e-3, "weight of the router z-loss"),
-		FFN:                b.Int("ffn", 0, "each expert's hidden width (0: 4·hidden)"),
+		FFN:                b.IntOrZero("ffn", 0, "each expert's hidden width (0: 4·hidden)"),
 		Jitter:             b.Float("jitter", 0, "router input jitter ε (Switch: 1e-2)"),
 		ExpertDropout:      b.Float("expert_dropout", 0, "dropout inside experts"),
 	}
@@ -45,7 +45,7 @@ func Model(b *frontend.Builder) {
 			cfg.AuxLoss *= float64(cfg.Experts * cfg.Experts)
 		}
 	}
-	if b.Int("random_second", 1, "gshard: keep the second expert with probability g₂/0.2 (1) or always (0)") == 0 {
+	if b.IntOrZero("random_second", 1, "gshard: keep the second expert with probability g₂/0.2 (1) or always (0)") == 0 {
 		cfg.SecondThreshold = -1
 	}
 	batch := b.Batch()
