@@ -731,9 +731,12 @@ func lastDimVector(x, v Type, what string) error {
 	return nil
 }
 
-func inferLayerNorm(args []Type, _ Attrs) (Type, error) {
+func inferLayerNorm(args []Type, attrs Attrs) (Type, error) {
 	x, err := inferFloatRank1(args[:1], nil)
 	if err != nil {
+		return Type{}, err
+	}
+	if err := checkEps(attrs); err != nil {
 		return Type{}, err
 	}
 	if err := lastDimVector(x, args[1], "gamma"); err != nil {
@@ -767,12 +770,25 @@ func inferLayerNormGradGamma(args []Type, _ Attrs) (Type, error) {
 	return T(x.DType, x.Shape[x.Rank()-1]), nil
 }
 
-func inferRMSNorm(args []Type, _ Attrs) (Type, error) {
+func inferRMSNorm(args []Type, attrs Attrs) (Type, error) {
 	x, err := inferFloatRank1(args[:1], nil)
 	if err != nil {
 		return Type{}, err
 	}
+	if err := checkEps(attrs); err != nil {
+		return Type{}, err
+	}
 	return x, lastDimVector(x, args[1], "gamma")
+}
+
+// checkEps refuses a normalisation's epsilon that is negative or not
+// finite: the square root of a negative variance is a NaN loss at the
+// first step, far from the setting that caused it.
+func checkEps(attrs Attrs) error {
+	if eps := attrs.Float("eps", 0); !(eps >= 0) || math.IsInf(eps, 0) {
+		return fmt.Errorf("eps must be a finite number ≥ 0, got %v", eps)
+	}
+	return nil
 }
 
 func inferRoPE(args []Type, attrs Attrs) (Type, error) {

@@ -29,6 +29,11 @@ func Model(b *frontend.Builder) {
 	vocab := b.Int("vocab", 256, "vocabulary size (256: bytes)")
 	seq := b.Int("seq", 64, "sequence length")
 	theta := b.Float("rope_theta", 10000, "rotary embedding base")
+	if !(theta > 1) {
+		// The layer library reads 0 as "no rotary embedding"; a Llama
+		// always has one.
+		b.Errorf("--set rope_theta=%v: want a base > 1 (Llama 2: 10000, Llama 3: 500000)", theta)
+	}
 	eps := b.Float("rms_norm_eps", 1e-5, "RMSNorm epsilon")
 	attention := b.String("attention", "fused", "attention core: one fused op, or primitive ops with k/v repeated to the query heads", "fused", "unfused")
 	batch := b.Batch()

@@ -185,6 +185,11 @@ type AttentionConfig struct {
 // otherwise), name.o_proj (row-parallel), and rotary embeddings on q and k.
 func GroupedQueryAttention(x *frontend.Tensor, name string, cfg AttentionConfig) *frontend.Tensor {
 	b := x.Builder()
+	if x.Value() == nil {
+		// An earlier op failed and said why; its poisoned result has no
+		// sizes to check (a "hidden size 0" here would be noise).
+		return x
+	}
 	hidden := x.Dim(-1)
 	kvHeads, hd := cfg.KVHeads, cfg.HeadDim
 	if kvHeads == 0 {
