@@ -653,6 +653,21 @@ func TestLoadTakesTheContextAndRefusesStrangers(t *testing.T) {
 	require.NoError(t, mainErr(append(tiny("ctx=64,seq=16"), "--load", withJunk, "--load-ignore", "*.c_gate.*")), "skipped on purpose")
 	err = mainErr(append(tiny("seq=16"), "--load", saved))
 	assert.ErrorContains(t, err, `tensor "wpe.weight" is F32[64 32], the model's param is f32[16,32]`)
+
+	// Hugging Face's GPT2LMHeadModel names every tensor transformer.…:
+	// the wrapper's prefix is dropped where the rest is the model's name
+	// (the attention masks' too, which are then ignored as usual), and
+	// the loss after loading is that of the file without it.
+	wrapped := filepath.Join(dir, "wrapped.safetensors")
+	var prefixed []checkpoint.Tensor
+	for _, x := range append(slices.Clone(ts), mask) {
+		x.Name = "transformer." + x.Name
+		prefixed = append(prefixed, x)
+	}
+	require.NoError(t, checkpoint.Save(wrapped, prefixed, nil))
+	plain := runMetrics(t, append(tiny("ctx=64,seq=16"), "--load", saved)...)
+	fromWrapped := runMetrics(t, append(tiny("ctx=64,seq=16"), "--load", wrapped)...)
+	assert.Equal(t, plain.Steps[0].Loss, fromWrapped.Steps[0].Loss)
 }
 
 // A file saved on one device loads under every plan with every stage's

@@ -93,20 +93,38 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 	if err != nil {
 		return fmt.Errorf("--load: %w", err)
 	}
-	byName := map[string]checkpoint.Tensor{}
-	for _, t := range ts {
-		byName[t.Name] = t
-	}
 	ps := params(progs)
-	// A tensor the model has no param for is a mistake (another model's
-	// file, a renamed layer) unless the model ignores it on purpose.
 	wanted := map[string]bool{}
 	for _, b := range ps {
 		wanted[b.Name] = true
 	}
+	ignored := func(name string) bool {
+		return slices.ContainsFunc(ignore, func(p string) bool { ok, _ := path.Match(p, name); return ok })
+	}
+	// A wrapper's prefix is dropped where the rest of the name is the
+	// model's: Hugging Face's GPT2LMHeadModel writes "transformer.h.0…",
+	// DDP "module.…", torch.compile "_orig_mod.…".
+	inFile := map[string]bool{}
+	for _, t := range ts {
+		inFile[t.Name] = true
+	}
+	for i, t := range ts {
+		if wanted[t.Name] || ignored(t.Name) {
+			continue
+		}
+		if _, rest, ok := strings.Cut(t.Name, "."); ok && !inFile[rest] && (wanted[rest] || ignored(rest)) {
+			ts[i].Name = rest
+		}
+	}
+	byName := map[string]checkpoint.Tensor{}
+	for _, t := range ts {
+		byName[t.Name] = t
+	}
+	// A tensor the model has no param for is a mistake (another model's
+	// file, a renamed layer) unless the model ignores it on purpose.
 	var extra []string
 	for _, t := range ts {
-		if !wanted[t.Name] && !slices.ContainsFunc(ignore, func(p string) bool { ok, _ := path.Match(p, t.Name); return ok }) {
+		if !wanted[t.Name] && !ignored(t.Name) {
 			extra = append(extra, t.Name)
 		}
 	}
