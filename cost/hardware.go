@@ -232,6 +232,10 @@ func (h *Hardware) Validate() error {
 	}
 	pos("vector_tflops", h.VectorTFLOPS)
 	pos("memory_gib", h.MemoryGiB)
+	if h.MemoryGiB > maxMemoryGiB {
+		// Its bytes would overflow the int64 the memory plan counts in.
+		bad("memory_gib %g is beyond any device (at most %d GiB)", h.MemoryGiB, maxMemoryGiB)
+	}
 	pos("memory_gbps", h.MemoryGBps)
 	pos("intra_node_gbps", h.IntraGBps)
 	pos("inter_node_gbps", h.InterGBps)
@@ -254,6 +258,10 @@ func (h *Hardware) Validate() error {
 	}
 	return nil
 }
+
+// maxMemoryGiB bounds a device's memory: 2^32 GiB (4 EiB) is far past
+// any device and its bytes still fit an int64.
+const maxMemoryGiB = 1 << 32
 
 // MemoryBytes is the device memory in bytes.
 func (h *Hardware) MemoryBytes() int64 { return int64(h.MemoryGiB * (1 << 30)) }

@@ -51,6 +51,7 @@ func TestLoadFile(t *testing.T) {
 		{"trailing.json", good + ` {}`, "data after"},
 		{"not-json.json", `peak = 5`, "invalid character"},
 		{"negative.json", strings.Replace(good, `"memory_gib": 48`, `"memory_gib": -1`, 1), "memory_gib must be positive"},
+		{"huge.json", strings.Replace(good, `"memory_gib": 48`, `"memory_gib": 1e308`, 1), "memory_gib 1e+308 is beyond any device (at most 4294967296 GiB)"},
 		{"efficiency.json", strings.Replace(good, `"gemm_efficiency": 0.7`, `"gemm_efficiency": 1.5`, 1), "gemm_efficiency must lie in (0, 1]"},
 		{"dtype.json", strings.Replace(good, `"bf16": 400`, `"bf17": 400`, 1), `unknown dtype "bf17"`},
 		{"no-fp32.json", strings.Replace(good, `"fp32": 50, `, ``, 1), "needs fp32"},

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -27,6 +28,13 @@ import (
 // the others are stopped; a signal to the launcher reaches them all; none
 // outlives it. Runs on several machines go through torchrun, srun or
 // mpirun instead, which start the same program.
+// isRunFlag says whether name is a flag of gcompile MODEL (the processes'
+// command line), for a launch flag error that names the fix.
+func isRunFlag(name string) bool {
+	_, err := parseArgs([]string{"model.go", "-" + name})
+	return err == nil || !strings.Contains(err.Error(), "flag provided but not defined")
+}
+
 func launchMain(args []string) error {
 	fs := flag.NewFlagSet("gcompile launch", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
@@ -34,11 +42,22 @@ func launchMain(args []string) error {
 	port := fs.Int("master-port", 0, "rendezvous port (0: a free one)")
 	grace := fs.Duration("grace", 10*time.Second, "after one process fails, how long the others get to exit before they are killed")
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: gcompile launch --nproc N [flags] -- MODEL.go|MODEL.gir [gcompile flags]\n\n")
+		fmt.Fprintf(fs.Output(), "usage: gcompile launch --nproc N [flags] -- MODEL.go|MODEL.gir [gcompile flags]\n\n")
 		fs.PrintDefaults()
 	}
+	// The usage is printed for -h only; a mistake gets one line saying
+	// what to change.
+	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(os.Stderr)
+			fs.Usage()
+			return err
+		}
+		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok && isRunFlag(name) {
+			return fmt.Errorf("launch: -%s is a flag of the processes, not of launch: put it after -- (gcompile launch --nproc N -- MODEL.go -%s …)", name, name)
+		}
+		return fmt.Errorf("launch: %w (see gcompile launch -h)", err)
 	}
 	rest := fs.Args()
 	if len(rest) > 0 && rest[0] == "--" {

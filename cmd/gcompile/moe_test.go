@@ -90,3 +90,14 @@ func TestLlamaSettingsAreNamed(t *testing.T) {
 		assert.Equal(t, 1, strings.Count(err.Error(), "model.go:"), "one error: %v", err)
 	}
 }
+
+// A gcompile flag put before launch's -- is named with the fix, not
+// answered with launch's usage; an unknown one points at launch -h.
+func TestLaunchNamesAMisplacedFlag(t *testing.T) {
+	err := mainErr([]string{"launch", "--nproc", "2", "--steps", "3", "--", gptModel})
+	require.Error(t, err)
+	assert.Equal(t, "launch: -steps is a flag of the processes, not of launch: put it after -- (gcompile launch --nproc N -- MODEL.go -steps …)", err.Error())
+	err = mainErr([]string{"launch", "--nproc", "2", "--bogus", "--", gptModel})
+	require.Error(t, err)
+	assert.Equal(t, "launch: flag provided but not defined: -bogus (see gcompile launch -h)", err.Error())
+}
