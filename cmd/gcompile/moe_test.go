@@ -1,7 +1,6 @@
 package main
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -61,43 +60,4 @@ func keys(m map[string]int) []string {
 		out = append(out, k)
 	}
 	return out
-}
-
-// The MoE model's settings whose 0 is documented (group 0: one sequence;
-// ffn 0: 4·hidden; random_second 0: always keep the second expert) take
-// 0 from --set; a negative one is refused, naming it.
-func TestMoESettingsTakeZero(t *testing.T) {
-	require.NoError(t, mainErr([]string{moeModel, "--set", "layers=2,hidden=32,heads=4,seq=16,router=gshard,random_second=0,group=0,ffn=0", "--batch", "4"}))
-	err := mainErr([]string{moeModel, "--set", "layers=2,hidden=32,heads=4,seq=16,group=-1", "--batch", "4"})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "--set group=-1: want an integer ≥ 0")
-}
-
-// The Llama's settings are checked where they are used, one error each:
-// a rope_theta of 0 (which the layer library reads as "no rotary
-// embedding") and a negative rms_norm_eps are named, and a failed op adds
-// no second error about the sizes of its poisoned result.
-func TestLlamaSettingsAreNamed(t *testing.T) {
-	for _, tc := range []struct{ set, want string }{
-		{"rope_theta=0", "--set rope_theta=0: want a base > 1"},
-		{"rms_norm_eps=-1", "rmsnorm: eps must be a finite number ≥ 0, got -1"},
-	} {
-		err := mainErr([]string{llamaModel, "--set", "layers=1,hidden=32,heads=2,kv_heads=1,ffn=64,seq=16," + tc.set, "--batch", "4"})
-		require.Error(t, err, tc.set)
-		assert.Contains(t, err.Error(), tc.want)
-		assert.NotContains(t, err.Error(), "hidden size 0")
-		assert.NotContains(t, err.Error(), "--lr")
-		assert.Equal(t, 1, strings.Count(err.Error(), "model.go:"), "one error: %v", err)
-	}
-}
-
-// A gcompile flag put before launch's -- is named with the fix, not
-// answered with launch's usage; an unknown one points at launch -h.
-func TestLaunchNamesAMisplacedFlag(t *testing.T) {
-	err := mainErr([]string{"launch", "--nproc", "2", "--steps", "3", "--", gptModel})
-	require.Error(t, err)
-	assert.Equal(t, "launch: -steps is a flag of the processes, not of launch: put it after -- (gcompile launch --nproc N -- MODEL.go -steps …)", err.Error())
-	err = mainErr([]string{"launch", "--nproc", "2", "--bogus", "--", gptModel})
-	require.Error(t, err)
-	assert.Equal(t, "launch: flag provided but not defined: -bogus (see gcompile launch -h)", err.Error())
 }
