@@ -106,6 +106,11 @@ func runPlanner(c *config) error {
 	base := c.Config
 	base.Interrupt = interrupt
 	m, err := compile.LoadModule(&base)
+	// Past the model's build (whose work folder a signal must remove) a
+	// signal ends the search as it ends any program: the search does not
+	// watch for one, and a scheduler's SIGTERM must not be swallowed.
+	stop()
+	base.Interrupt = nil
 	if err != nil {
 		return err
 	}
