@@ -68,18 +68,3 @@ func (c *Corpus) shapeErr(err error, batch, seq int) error {
 	}
 	return fmt.Errorf("a batch of %d rows of %d tokens cannot be drawn", batch, seq)
 }
-
-// Rows is how many of a batch's rows want selects (all of them for nil),
-// for sources that report what they read.
-func Rows(batch int, want func(row int) bool) int {
-	if want == nil {
-		return batch
-	}
-	n := 0
-	for r := range batch {
-		if want(r) {
-			n++
-		}
-	}
-	return n
-}

@@ -34,8 +34,6 @@ func TestCorpusIsASource(t *testing.T) {
 	} {
 		expect(t, tc.err != nil && strings.Contains(tc.err.Error(), tc.want), "%s: got %v, want an error containing %q", tc.name, tc.err, tc.want)
 	}
-	expectEqual(t, 4, Rows(4, nil), "every row")
-	expectEqual(t, 2, Rows(4, func(r int) bool { return r%2 == 1 }), "odd rows")
 }
 
 func second(_, _ []int32, err error) error { return err }

@@ -16,21 +16,15 @@ import (
 // metrics file). Field names, omitempty and field order follow the json
 // tags as encoding/json reads them.
 func finiteJSON(v any) ([]byte, error) {
+	raw, err := json.Marshal(finiteTree(reflect.ValueOf(v)))
+	if err != nil {
+		return nil, err
+	}
 	var buf bytes.Buffer
-	if err := json.Indent(&buf, mustMarshal(finiteTree(reflect.ValueOf(v))), "", "  "); err != nil {
+	if err := json.Indent(&buf, raw, "", "  "); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil
-}
-
-func mustMarshal(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		// finiteTree leaves nothing encoding/json refuses; a type with a
-		// MarshalJSON of its own that fails is reported as its text.
-		b, _ = json.Marshal(err.Error())
-	}
-	return b
 }
 
 // object is a JSON object whose keys keep their order.

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"gcompile/runtime/checkpoint"
 )
 
 // lockName is the file in a --checkpoint-dir that says which run writes
@@ -57,7 +59,9 @@ func lockCheckpointDir(dir string) (func(), error) {
 				os.Remove(path)
 				return nil, fmt.Errorf("--checkpoint-dir %s: writing %s: %w", dir, lockName, werr)
 			}
-			removePartials(dir)
+			// A partial save left by a run that is gone: the next save
+			// would remove it too, but the folder is ours from now.
+			_ = checkpoint.RemovePartials(dir)
 			return func() { releaseLock(path, me) }, nil
 		}
 		if !errors.Is(err, fs.ErrExist) || attempt > 0 {
@@ -131,18 +135,4 @@ func processStart(pid int) string {
 		}
 	}
 	return ""
-}
-
-// removePartials removes the step-N.partial folders interrupted saves
-// left: with the lock held, no other run is writing one.
-func removePartials(dir string) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		if e.IsDir() && strings.HasPrefix(e.Name(), "step-") && strings.HasSuffix(e.Name(), ".partial") {
-			os.RemoveAll(filepath.Join(dir, e.Name()))
-		}
-	}
 }

@@ -12,13 +12,6 @@ import (
 // loadSource is the run's data: the token datasets checkPaths opened, with
 // their sample index built or reused for seq, or the byte-level text.
 func loadSource(c *config, j *job, m *ir.Module, seq int) (data.Source, error) {
-	if c.tokens == nil && c.run && isTokenData(c.data) {
-		td, err := openTokenData(c) // a process of a launched job: checkJob closed the launcher's
-		if err != nil {
-			return nil, err
-		}
-		c.tokens = td
-	}
 	if c.tokens != nil {
 		log := func(string, ...any) {}
 		if j.lead() {

@@ -264,8 +264,6 @@ func newMetrics(c *config, j *job, res *compile.Result, compileMs float64) *runt
 		Config:    c.metricsConfig(j.world.Size),
 		CompileMs: compileMs,
 		Schedule:  runtime.ScheduleMetrics{Name: "none"},
-		Steps:     []runtime.StepMetrics{},
-		Eval:      []runtime.EvalMetrics{},
 	}
 	if res == nil {
 		return met

@@ -214,7 +214,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 		return nil, fmt.Errorf("--split %q: %w", c.split, err)
 	}
 	var trains, evals []sample.Sampler
-	var weights []float64
+	var weights, evalWeights []float64
 	for i, ds := range td.sets {
 		p := td.parts[i]
 		ranges := sample.SplitRanges(ds.NumSequences(), split)
@@ -235,6 +235,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 				return nil, fmt.Errorf("--data %s, held-out split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[1][0], ranges[1][1], ds.NumSequences(), c.split, err)
 			}
 			evals = append(evals, ev)
+			evalWeights = append(evalWeights, p.Weight)
 		}
 		log("data %s: %d documents, %d tokens (%s); %d training samples of %d+1 tokens per epoch; index in %s\n",
 			p.Prefix, ds.NumSequences(), ds.Tokens(), ds.DType(), tr.SamplesPerEpoch(), seq, cache)
@@ -254,13 +255,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 	case len(evals) > 1:
 		// Held-out samples blend with the training weights, as Megatron's
 		// validation blend does.
-		var ws []float64
-		for i, ds := range td.sets {
-			if r := sample.SplitRanges(ds.NumSequences(), split); r[1][1] > r[1][0] {
-				ws = append(ws, td.parts[i].Weight)
-			}
-		}
-		if eval, err = sample.NewBlend(ws, evals); err != nil {
+		if eval, err = sample.NewBlend(evalWeights, evals); err != nil {
 			return nil, fmt.Errorf("--data, held-out split: %w", err)
 		}
 	}
@@ -358,24 +353,13 @@ func vocabTables(m *ir.Module, classes int) map[string]int {
 	}
 	out := map[string]int{}
 	take := func(v *ir.Value) {
-		if p := paramThrough(v); p != nil && p.Type.Rank() == 2 && p.Type.Shape[0] == vocab {
+		if p := unwrap(v, "param"); p != nil && p.Type.Rank() == 2 && p.Type.Shape[0] == vocab {
 			out[p.Name()] = classes
 		}
 	}
 	isMask := func(v *ir.Value) bool {
-		for range 8 {
-			if v == nil {
-				return false
-			}
-			if v.Op == "const" {
-				return strings.HasPrefix(v.Name(), vocabMaskPrefix)
-			}
-			if len(v.Args) != 1 {
-				return false
-			}
-			v = v.Args[0]
-		}
-		return false
+		c := unwrap(v, "const")
+		return c != nil && strings.HasPrefix(c.Name(), vocabMaskPrefix)
 	}
 	for _, v := range m.Values {
 		switch {
@@ -397,13 +381,11 @@ func vocabTables(m *ir.Module, classes int) map[string]int {
 	return out
 }
 
-// paramThrough is the param v is, or wraps in one-argument ops.
-func paramThrough(v *ir.Value) *ir.Value {
+// unwrap is the value of op op that v is, or wraps in one-argument ops
+// (casts, gathers, reshapes, broadcasts); nil when there is none.
+func unwrap(v *ir.Value, op string) *ir.Value {
 	for range 8 {
-		if v == nil {
-			return nil
-		}
-		if v.Op == "param" {
+		if v == nil || v.Op == op {
 			return v
 		}
 		if len(v.Args) != 1 {

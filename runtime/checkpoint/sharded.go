@@ -251,6 +251,16 @@ func prepare(root, tmp string) error {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return err
 	}
+	if err := RemovePartials(root); err != nil {
+		return err
+	}
+	return os.Mkdir(tmp, 0o755)
+}
+
+// RemovePartials removes the step-N.partial folders that saves cut short
+// left in root. Only the one run writing root may call it (the next save
+// does, and a run that has just locked the folder).
+func RemovePartials(root string) error {
 	entries, err := os.ReadDir(root)
 	if err != nil {
 		return err
@@ -262,7 +272,7 @@ func prepare(root, tmp string) error {
 			}
 		}
 	}
-	return os.Mkdir(tmp, 0o755)
+	return nil
 }
 
 // writePart writes one file per local rank with the blocks that rank
