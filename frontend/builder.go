@@ -34,6 +34,9 @@ type Config struct {
 	// it (Megatron-LM's --make-vocab-size-divisible-by); 0 when it is not.
 	// nn.CrossEntropy then masks the padding classes out of the softmax.
 	Classes int
+	// Generate builds the module one step of generation runs (see
+	// Generation); nil builds the training module.
+	Generate *Generation
 }
 
 // ParamDoc describes one model parameter, for --help-model.
@@ -53,11 +56,21 @@ type Builder struct {
 	// Scopes the model opened: what ops recorded now are tagged with.
 	selective bool
 	precision ir.DType
+	// Generation's bookkeeping: the sequence read by Sequence, the
+	// positions input, the caches made so far and the logits the loss
+	// reads.
+	trainedSeq int
+	positions  *Tensor
+	caches     int
+	logits     *ir.Value
 }
 
 // Build runs fn and returns the recorded module, or every DSL error it hit.
 func Build(fn ModelFunc, cfg Config) (*ir.Module, error) {
 	if err := checkBatch(cfg.Batch); err != nil {
+		return nil, err
+	}
+	if err := checkGeneration(cfg.Generate); err != nil {
 		return nil, err
 	}
 	b := newBuilder(cfg)
@@ -124,7 +137,9 @@ func (b *Builder) finish() (*ir.Module, error) {
 		}
 		b.errs = append(b.errs, fmt.Errorf("--set: unknown model parameter(s) %s (this model reads: %s)", strings.Join(unknown, ", "), strings.Join(known, ", ")))
 	}
-	if b.m.Output(ir.OutputLoss) == nil && len(b.errs) == 0 {
+	if b.cfg.Generate != nil {
+		b.finishGeneration()
+	} else if b.m.Output(ir.OutputLoss) == nil && len(b.errs) == 0 {
 		b.errs = append(b.errs, errors.New("model did not call b.Loss(…): there is nothing to train"))
 	}
 	if len(b.errs) > 0 {
@@ -489,5 +504,5 @@ func ExpertParallel(p Parallel) Parallel {
 // module's forward on its own, with the training run's params.
 func (b *Builder) Evaluating() bool {
 	b.m.EvalDiffers = true
-	return b.cfg.Eval
+	return b.cfg.Eval || b.cfg.Generate != nil
 }

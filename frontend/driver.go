@@ -41,19 +41,25 @@ func Main(fn ModelFunc) {
 	float := fs.String("float", "f32", "param dtype")
 	eval := fs.Bool("eval", false, "build the module evaluation runs")
 	classes := fs.Int("classes", 0, "token ids the data holds when the vocabulary is padded past them (0: not padded)")
+	genStep := fs.Int("gen-step", 0, "build one step of generation of this many tokens per sequence (0: the training module)")
+	genContext := fs.Int("gen-context", 0, "with -gen-step: the positions each key/value cache holds")
 	set := fs.String("set", "", "model parameters k=v,…")
 	describe := fs.Bool("describe", false, "list model parameters as JSON")
 	out := fs.String("out", "", "write the result file the loader reads here instead of printing the module")
 	fs.Parse(os.Args[1:])
+	cfg := Config{Name: *name, Batch: *batch, Eval: *eval, Classes: *classes}
+	if *genStep > 0 {
+		cfg.Generate = &Generation{Step: *genStep, Context: *genContext}
+	}
 	if *out == "" {
-		if err := driverMain(os.Stdout, fn, Config{Name: *name, Batch: *batch, Eval: *eval, Classes: *classes}, *float, *set, *describe); err != nil {
+		if err := driverMain(os.Stdout, fn, cfg, *float, *set, *describe); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
 		return
 	}
 	var payload bytes.Buffer
-	err := driverMain(&payload, fn, Config{Name: *name, Batch: *batch, Eval: *eval, Classes: *classes}, *float, *set, *describe)
+	err := driverMain(&payload, fn, cfg, *float, *set, *describe)
 	result := DriverOK + payload.String()
 	if err != nil {
 		result = DriverError + err.Error()

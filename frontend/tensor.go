@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -157,7 +158,15 @@ func (t *Tensor) RMSNorm(gamma *Tensor, eps float64) *Tensor {
 // RoPE rotates t [..., positions, d] by rotary position embeddings with
 // base theta, in Hugging Face Llama's rotate-half layout: element i of a
 // row at position p turns with element i+d/2 by p·theta^(−2i/d).
-func (t *Tensor) RoPE(theta float64) *Tensor { return t.op("rope", ir.Attrs{"theta": theta}) }
+//
+// When the model is built for generation, the position of a row is the
+// token's absolute position (Builder.Positions), not its row.
+func (t *Tensor) RoPE(theta float64) *Tensor {
+	if t.b.Generating() {
+		return t.op("rope_at", ir.Attrs{"theta": theta}, t.b.Positions())
+	}
+	return t.op("rope", ir.Attrs{"theta": theta})
+}
 
 // Attention is fused scaled dot-product attention, softmax(t·kᵀ/√hd
 // [+ causal mask])·v, for t = q [batch, heads, seq, hd] and k, v
@@ -175,7 +184,13 @@ func (t *Tensor) Attention(k, v *Tensor, causal bool) *Tensor {
 
 // ScaledAttention is Attention with the scores multiplied by scale
 // instead of 1/√hd.
+//
+// When the model is built for generation, causal attention keeps its keys
+// and values in a cache of its own (see Generation).
 func (t *Tensor) ScaledAttention(k, v *Tensor, causal bool, scale float64) *Tensor {
+	if t.b.Generating() {
+		return t.cachedAttention(k, v, causal, scale)
+	}
 	attrs := ir.Attrs{"scale": scale}
 	if causal {
 		attrs["causal"] = true
@@ -274,7 +289,18 @@ func (t *Tensor) LayerNorm(gamma, beta *Tensor, eps float64) *Tensor {
 func (t *Tensor) Gather(ids *Tensor) *Tensor { return t.op("embedding", nil, ids) }
 
 // CrossEntropy is the mean over rows of −log softmax(t)[label].
-func (t *Tensor) CrossEntropy(labels *Tensor) *Tensor { return t.op("cross_entropy", nil, labels) }
+//
+// When the model is built for generation, t is what the module outputs
+// (OutputLogits): the loss itself is not computed.
+func (t *Tensor) CrossEntropy(labels *Tensor) *Tensor {
+	if t.b.Generating() && t.v != nil {
+		if t.b.logits != nil {
+			t.b.fail(userPos(), errors.New("CrossEntropy is called twice: generation needs one set of logits to sample from"))
+		}
+		t.b.logits = t.v
+	}
+	return t.op("cross_entropy", nil, labels)
+}
 
 // Cast converts the element type.
 func (t *Tensor) Cast(d ir.DType) *Tensor { return t.op("cast", ir.Attrs{"to": d.String()}) }

@@ -222,8 +222,8 @@ func init() {
 	src("param", "trainable parameter (fp32 master copy); init is normal(std), zeros or ones; parallel is the tensor-parallel hint (column, row, vocab)",
 		req("name", AttrString), opt("init", AttrString), opt("parallel", AttrString))
 	src("state", "optimizer state carried between steps, zero-initialised", req("name", AttrString), opt("init", AttrString))
-	src("input", "per-step input fed by the runtime (tokens, targets, lr, step); split over the batch on dim 0 unless whole",
-		req("name", AttrString), opt("whole", AttrBool))
+	src("input", "per-step input fed by the runtime (tokens, targets, lr, step); split over the batch on dim 0 unless whole; limit bounds its values (generation's positions: the rows of a position table)",
+		req("name", AttrString), opt("whole", AttrBool), opt("limit", AttrInt))
 	src("const", "tensor filled with one value, or, with data, a table the model computed (named: the same on every device, never split over the batch)",
 		opt("value", AttrFloat), opt("name", AttrString), opt("data", AttrString))
 

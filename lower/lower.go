@@ -124,6 +124,8 @@ type Breakdown struct {
 	Activations int64 `json:"activations"`
 	Inputs      int64 `json:"inputs"`
 	Workspace   int64 `json:"workspace"`
+	// KVCache is generation's key/value caches (ir.KVCachePrefix).
+	KVCache int64 `json:"kv_cache,omitempty"`
 }
 
 // Category names where a buffer's bytes count in a Breakdown.
@@ -134,6 +136,8 @@ func (b Buffer) Category() string {
 		// temporary copy of either (offload's device copy, a pipeline
 		// rank's received param).
 		return "params"
+	case b.Kind == State && strings.HasPrefix(b.Name, ir.KVCachePrefix):
+		return "kv_cache"
 	case b.Kind == State || b.Value.Op == "state":
 		return "optimizer_state"
 	case b.Kind == Input || b.Kind == Const:
@@ -156,6 +160,8 @@ func (bd *Breakdown) add(category string, n int64) {
 		bd.Optimizer += n
 	case "inputs":
 		bd.Inputs += n
+	case "kv_cache":
+		bd.KVCache += n
 	case "activations":
 		bd.Activations += n
 	case "gradients":
@@ -508,6 +514,9 @@ func (p *Program) CheckFits(device string, limit int64) error {
 	bd := p.Peak
 	fmt.Fprintf(&b, "\n  at the peak: params %s, gradients %s, optimizer state %s, activations %s, inputs %s, workspace %s",
 		human(bd.Params), human(bd.Gradients), human(bd.Optimizer), human(bd.Activations), human(bd.Inputs), human(bd.Workspace))
+	if bd.KVCache > 0 {
+		fmt.Fprintf(&b, ", key/value cache %s", human(bd.KVCache))
+	}
 	b.WriteString("\n  largest live tensors:")
 	for i, id := range p.PeakLive {
 		if i == 5 {

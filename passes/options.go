@@ -69,6 +69,13 @@ type Options struct {
 	// LossScaler decides the value each step.
 	LossScale float64
 
+	// Generate compiles one step of generation: a forward-only module
+	// whose outputs are logits and whose states are key/value caches
+	// (frontend.Generation). The passes that make the backward, the
+	// optimizer, and what serves them (mixed precision's master weights,
+	// recompute, compression, gradient buckets) do not run.
+	Generate bool
+
 	// notes collects the running pass's notes (Result.Note); Run gives
 	// each pass a copy of the options with its own.
 	notes *[]string
@@ -133,8 +140,12 @@ func (o *Options) Validate() error {
 	return nil
 }
 
-func verifyInput(m *ir.Module, _ *Options) error {
-	if m.Output(ir.OutputLoss) == nil {
+func verifyInput(m *ir.Module, o *Options) error {
+	if o.Generate {
+		if len(m.Outputs) == 0 {
+			return fmt.Errorf("module %q has no output: a generation step outputs its logits", m.Name)
+		}
+	} else if m.Output(ir.OutputLoss) == nil {
 		return fmt.Errorf("module %q has no %q output", m.Name, ir.OutputLoss)
 	}
 	return ir.Verify(m, "")

@@ -40,6 +40,11 @@ var passes = [...]Pass{
 	{Name: "data-parallel", Fn: dataParallel, Doc: "bucket the gradient reductions over dp and ep"},
 }
 
+// trainingOnly are the passes a generation step skips: it has no loss to
+// differentiate, no weights to update, and nothing kept for a backward.
+var trainingOnly = map[string]bool{"autodiff": true, "microbatch": true, "optimizer": true, "mixed-precision": true,
+	"recompute": true, "compress": true, "data-parallel": true}
+
 type constraint struct {
 	before, after, why string
 }
@@ -135,6 +140,10 @@ func Run(m *ir.Module, opts *Options, hooks Hooks) ([]Result, error) {
 			if p.Name == opts.StopAfter {
 				break // a resumed module already past StopAfter runs nothing more
 			}
+			continue
+		}
+		if opts.Generate && trainingOnly[p.Name] {
+			results = append(results, Result{Name: p.Name, Skipped: "forward only (generation)"})
 			continue
 		}
 		if slices.Contains(opts.Disable, p.Name) {

@@ -355,6 +355,12 @@ func blockShard(dim, blocks int) ir.Placement {
 
 func (s *sharder) place(v *ir.Value) error {
 	info, _ := ir.Lookup(v.Op)
+	if isKVCache(v) {
+		return nil // placed at its kv_write (placeKVCache)
+	}
+	if v.Op == "kv_write" {
+		placeKVCache(v)
+	}
 	if info.Source {
 		p, err := s.seed(v)
 		v.Place = p

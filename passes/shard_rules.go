@@ -692,7 +692,7 @@ func (r attentionRole) headDim() int {
 // its result. Every attention op reads q first and k second.
 func attentionRoles(op string) (args []attentionRole, result attentionRole) {
 	switch op {
-	case "attention":
+	case "attention", "attention_at":
 		return []attentionRole{attQ, attKV, attKV}, attOut
 	case "attention_stats":
 		return []attentionRole{attQ, attKV, attOut, attOut}, attQ

@@ -627,3 +627,51 @@ func (c *MeshCluster[D]) HeldRows(names ...string) (func(row int) bool, error) {
 	}
 	return func(row int) bool { return row >= 0 && row < len(held) && held[row] }, nil
 }
+
+// WholeOutput reads an output every device holds whole (generation's
+// logits, made whole by the shard pass) from this process's first device.
+func (c *MeshCluster[D]) WholeOutput(name string) ([]float64, error) {
+	if len(c.Devices) == 0 {
+		return nil, fmt.Errorf("output %q: this process holds no device", name)
+	}
+	d := c.Devices[0]
+	id, ok := d.Program().Outputs[name]
+	if !ok {
+		return nil, fmt.Errorf("the program has no output %q", name)
+	}
+	for _, p := range d.Program().Buffers[id].Place {
+		if p.Kind != ir.Replicate {
+			return nil, fmt.Errorf("output %q is not whole on every device (%v)", name, d.Program().Buffers[id].Place)
+		}
+	}
+	return d.Float64s(name)
+}
+
+// CopySources copies the named sources (params, states) of every local
+// device of src into the same device of dst, byte for byte: two programs
+// of one plan that hold them alike (generation's prefill and decode
+// programs) then run on the same weights and caches without assembling
+// them whole.
+func CopySources[D Member](dst, src *MeshCluster[D], names []string) error {
+	if len(dst.Devices) != len(src.Devices) {
+		return fmt.Errorf("copying %d sources: %d devices into %d", len(names), len(src.Devices), len(dst.Devices))
+	}
+	for i, from := range src.Devices {
+		to := dst.Devices[i]
+		for _, name := range names {
+			raw, t, err := from.Bytes(name)
+			if err != nil {
+				return err
+			}
+			if _, u, err := to.Bytes(name); err != nil {
+				return err
+			} else if !u.Equal(t) {
+				return fmt.Errorf("%q is %v on one program's device %d and %v on the other's", name, t, i, u)
+			}
+			if err := to.SetBytes(name, raw); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -375,28 +375,56 @@ func evaluate(dev Device, src data.Source, cfg TrainConfig, want func(int) bool)
 	n := max(cfg.EvalBatches, 1)
 	var sum float64
 	for i := range n {
-		tokens, targets, err := src.EvalRows(i, cfg.Batch, cfg.Seq, want)
-		if err != nil {
-			return 0, fmt.Errorf("eval batch %d: the data: %w", i, err)
-		}
-		if err := feed(dev, tokens, targets); err != nil {
-			return 0, err
-		}
-		if cfg.RandomKey {
-			if err := dev.SetInt32(ir.InputRandomKey, evalKeys(len(tokens))); err != nil {
-				return 0, err
-			}
-		}
-		if err := dev.Forward(); err != nil {
-			return 0, fmt.Errorf("eval: %w", err)
-		}
-		l, err := dev.Scalar(ir.OutputLoss)
+		l, err := evalBatch(dev, src, cfg, want, i)
 		if err != nil {
 			return 0, err
 		}
 		sum += l
 	}
 	return sum / float64(n), nil
+}
+
+// Evaluator runs held-out batches one at a time (gcompile eval, which
+// shows its progress), each as Evaluate runs it.
+type Evaluator struct {
+	dev  Device
+	src  data.Source
+	cfg  TrainConfig
+	want func(int) bool
+}
+
+// NewEvaluator finds the rows dev's devices hold, once.
+func NewEvaluator(dev Device, src data.Source, cfg TrainConfig) (*Evaluator, error) {
+	want, err := heldRows(dev)
+	if err != nil {
+		return nil, err
+	}
+	return &Evaluator{dev: dev, src: src, cfg: cfg, want: want}, nil
+}
+
+// Batch is the mean loss of held-out batch index: the mean of Batch(0)…
+// Batch(n−1) is Evaluate's figure with EvalBatches n.
+func (e *Evaluator) Batch(index int) (float64, error) {
+	return evalBatch(e.dev, e.src, e.cfg, e.want, index)
+}
+
+func evalBatch(dev Device, src data.Source, cfg TrainConfig, want func(int) bool, i int) (float64, error) {
+	tokens, targets, err := src.EvalRows(i, cfg.Batch, cfg.Seq, want)
+	if err != nil {
+		return 0, fmt.Errorf("eval batch %d: the data: %w", i, err)
+	}
+	if err := feed(dev, tokens, targets); err != nil {
+		return 0, err
+	}
+	if cfg.RandomKey {
+		if err := dev.SetInt32(ir.InputRandomKey, evalKeys(len(tokens))); err != nil {
+			return 0, err
+		}
+	}
+	if err := dev.Forward(); err != nil {
+		return 0, fmt.Errorf("eval: %w", err)
+	}
+	return dev.Scalar(ir.OutputLoss)
 }
 
 func feed(dev Device, tokens, targets []int32) error {

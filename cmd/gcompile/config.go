@@ -30,9 +30,12 @@ type config struct {
 	dump, metrics, trace, save, load, data string
 	timeline, deviceMemory                 string
 	run, helpModel                         bool
-	steps, evalEvery, evalBatches          int
-	seed                                   int64
-	maxDataMB                              int
+	// evalOnly is gcompile eval: the held-out loss of --load's or
+	// --resume's weights, no training (eval.go).
+	evalOnly                      bool
+	steps, evalEvery, evalBatches int
+	seed                          int64
+	maxDataMB                     int
 
 	// loadIgnore are glob patterns of tensors --load skips on purpose.
 	loadIgnore string
@@ -93,7 +96,12 @@ type config struct {
 	explicit map[string]bool // flags the user gave
 }
 
-func parseArgs(args []string) (*config, error) {
+func parseArgs(args []string) (*config, error) { return parseArgsWith(args, nil) }
+
+// parseArgsWith is parseArgs with mode applied before the command line is
+// validated: a subcommand that takes gcompile's flags (eval) says what it
+// does with them.
+func parseArgsWith(args []string, mode func(*config)) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("gcompile", flag.ContinueOnError)
 	// The usage goes where parsePositional points the output: stdout for
@@ -211,6 +219,9 @@ func parseArgs(args []string) (*config, error) {
 		return nil, fmt.Errorf("want exactly one MODEL.go or MODEL.gir, got %d arguments (see gcompile -h)", len(positional))
 	}
 	c.Model = positional[0]
+	if mode != nil {
+		mode(c)
+	}
 	return c, c.validate()
 }
 
@@ -311,6 +322,22 @@ func (c *config) validate() error {
 	if c.decay != "cosine" && c.decay != "constant" {
 		bad("--lr-decay %q: want cosine or constant", c.decay)
 	}
+	if c.evalOnly {
+		switch {
+		case c.load == "" && c.resume == "":
+			bad("eval: give the weights with --load FILE.safetensors or --resume CHECKPOINT")
+		case c.load != "" && c.resume != "":
+			bad("eval: --load and --resume both give the weights; give one")
+		}
+		for _, f := range []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "dp-sync"} {
+			if c.explicit[f] {
+				bad("eval: --%s belongs to training; eval only measures the held-out loss", f)
+			}
+		}
+		if c.evalBatches < 0 {
+			bad("eval: --eval-batches %d: want a number of held-out batches (0: the whole held-out split of a token dataset)", c.evalBatches)
+		}
+	}
 	if (c.trace != "" || c.save != "") && !c.run {
 		bad("--trace and --save record a training run; add --run")
 	}
@@ -377,7 +404,8 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 	}
 	// -1 is the trainer's "no held-out evaluation" (the benchmarks use
 	// it); 0 would silently mean one batch.
-	if c.evalBatches < -1 || c.evalBatches == 0 {
+	// (gcompile eval reads 0 as the whole held-out split.)
+	if !c.evalOnly && (c.evalBatches < -1 || c.evalBatches == 0) {
 		bad("--eval-batches must be ≥ 1 (or -1: no held-out evaluation), got %d", c.evalBatches)
 	}
 	if c.vocabDivisible < 1 {

@@ -93,6 +93,12 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 	if err != nil {
 		return fmt.Errorf("--load: %w", err)
 	}
+	return loadTensors(dev, progs, ts, "--load "+file, ignore, classes)
+}
+
+// loadTensors is loadWeights of tensors read already (a safetensors file,
+// a consolidated checkpoint); from names the source in errors.
+func loadTensors(dev weightStore, progs []*lower.Program, ts []checkpoint.Tensor, from string, ignore []string, classes int) error {
 	ps := params(progs)
 	wanted := map[string]bool{}
 	for _, b := range ps {
@@ -121,7 +127,7 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 		byName[t.Name] = t
 	}
 	// A tensor the model has no param for is a mistake (another model's
-	// file, a renamed layer) unless the model ignores it on purpose.
+	// from, a renamed layer) unless the model ignores it on purpose.
 	var extra []string
 	for _, t := range ts {
 		if !wanted[t.Name] && !ignored(t.Name) {
@@ -135,24 +141,24 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 		if len(extra) > len(shown) {
 			more = fmt.Sprintf(" and %d more", len(extra)-len(shown))
 		}
-		return fmt.Errorf("--load %s: %d tensor(s) are no param of the model: %s%s (load a checkpoint of this model, or skip them on purpose with --load-ignore; ignored now: %q)", file, len(extra), strings.Join(shown, ", "), more, ignore)
+		return fmt.Errorf("%s: %d tensor(s) are no param of the model: %s%s (load a checkpoint of this model, or skip them on purpose with --load-ignore; ignored now: %q)", from, len(extra), strings.Join(shown, ", "), more, ignore)
 	}
 	for _, b := range ps {
 		t, ok := byName[b.Name]
 		if !ok {
-			return fmt.Errorf("--load %s: no tensor %q for param %s", file, b.Name, b.Value.Where())
+			return fmt.Errorf("%s: no tensor %q for param %s", from, b.Name, b.Value.Where())
 		}
 		dt := loadableDType[t.DType]
 		padded := padsVocab(t.Shape, b.Global.Shape, classes)
 		if b.Global.DType != ir.F32 || dt == ir.Invalid || !(ir.Shape(t.Shape).Equal(b.Global.Shape) || padded) {
-			return fmt.Errorf("--load %s: tensor %q is %s%v, the model's param is %v (F32, BF16 or F16 tensors of its shape load into an f32 param)", file, b.Name, t.DType, t.Shape, b.Global)
+			return fmt.Errorf("%s: tensor %q is %s%v, the model's param is %v (F32, BF16 or F16 tensors of its shape load into an f32 param)", from, b.Name, t.DType, t.Shape, b.Global)
 		}
 		whole, err := runtime.Decode(ir.T(dt, t.Shape...), t.Data)
 		if err != nil {
-			return fmt.Errorf("--load %s: tensor %q: %w", file, b.Name, err)
+			return fmt.Errorf("%s: tensor %q: %w", from, b.Name, err)
 		}
 		if err := checkFinite(whole); err != nil {
-			return fmt.Errorf("--load %s: tensor %q: %w (a diverged run's weights? load a checkpoint from before it)", file, b.Name, err)
+			return fmt.Errorf("%s: tensor %q: %w (a diverged run's weights? load a checkpoint from before it)", from, b.Name, err)
 		}
 		if padded {
 			init, err := dev.Global(b.Name)
@@ -202,9 +208,13 @@ func checkFinite(x []float64) error {
 
 // ignoredOnLoad are the patterns of tensors --load skips: the model's own
 // (b.IgnoreOnLoad) and the user's (--load-ignore).
-func (c *config) ignoredOnLoad(model []string) []string {
+func (c *config) ignoredOnLoad(model []string) []string { return ignorePatterns(model, c.loadIgnore) }
+
+// ignorePatterns is the model's own patterns and those of a
+// --load-ignore list.
+func ignorePatterns(model []string, flag string) []string {
 	out := slices.Clone(model)
-	for _, p := range strings.Split(c.loadIgnore, ",") {
+	for _, p := range strings.Split(flag, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			out = append(out, p)
 		}

@@ -154,3 +154,12 @@ func (d *Dataset) String() string {
 	}
 	return fmt.Sprintf("token data (%d training samples per epoch)", d.train.SamplesPerEpoch())
 }
+
+// HeldOutSamples is how many distinct samples the held-out split holds
+// (0 without one): EvalRows' batches visit them in order and wrap.
+func (d *Dataset) HeldOutSamples() int64 {
+	if d == nil || isNil(d.eval) {
+		return 0
+	}
+	return d.eval.SamplesPerEpoch()
+}

@@ -22,7 +22,7 @@ func Model(b *frontend.Builder) {
 	hidden := b.Int("hidden", 128, "model width h")
 	heads := b.Int("heads", 4, "attention heads (must divide hidden)")
 	vocab := b.Int("vocab", 256, "vocabulary size (256: bytes)")
-	seq := b.Int("seq", 64, "sequence length")
+	seq := b.Sequence(64)
 	activation := b.String("activation", "gelu", "MLP activation", "gelu", "relu")
 	attention := b.String("attention", "fused", "attention core: one fused op, or primitive ops with [batch, heads, seq, seq] scores and probabilities", "fused", "unfused")
 	batch := b.Batch()
@@ -30,8 +30,8 @@ func Model(b *frontend.Builder) {
 	targets := b.Input("targets", ir.I32, batch, seq)
 
 	x, wte := nn.Embedding(tokens, "wte", vocab, hidden)
-	wpe := b.Param("wpe.weight", []int{context(b, seq), hidden}, frontend.Normal(0.01), frontend.NoParallel)
-	x = x.Add(firstRows(wpe, seq))
+	wpe := b.Param("wpe.weight", []int{context(b), hidden}, frontend.Normal(0.01), frontend.NoParallel)
+	x = nn.PositionEmbedding(x, wpe)
 	for i := range layers {
 		b.Layer(i)
 		x = gpt2.Block(x, fmt.Sprintf("h.%d", i), gpt2.BlockConfig{Heads: heads, Layers: layers, Activation: activation, Unfused: attention == "unfused"})
@@ -46,7 +46,8 @@ func Model(b *frontend.Builder) {
 // (GPT-2's n_positions: 1024 in its published checkpoints), which may
 // exceed the sequence trained on. Those checkpoints also hold the causal
 // mask buffers of Hugging Face's attention, which the model has no use for.
-func context(b *frontend.Builder, seq int) int {
+func context(b *frontend.Builder) int {
+	seq := b.TrainedSequence()
 	ctx := b.Int("ctx", seq, "context length: rows of the position table (GPT-2: 1024), at least seq")
 	if ctx < seq {
 		b.Errorf("--set ctx=%d: the position table needs at least seq=%d rows", ctx, seq)
@@ -54,13 +55,4 @@ func context(b *frontend.Builder, seq int) int {
 	}
 	b.IgnoreOnLoad("h.*.attn.bias", "h.*.attn.masked_bias")
 	return ctx
-}
-
-// firstRows is the position table's first seq rows: all of it when the
-// context is the sequence.
-func firstRows(wpe *frontend.Tensor, seq int) *frontend.Tensor {
-	if wpe.Dim(0) == seq {
-		return wpe
-	}
-	return wpe.Slice(0, 0, seq)
 }

@@ -27,7 +27,7 @@ func Model(b *frontend.Builder) {
 	kvHeads := b.Int("kv_heads", 2, "key/value heads (num_key_value_heads; must divide heads)")
 	ffn := b.Int("ffn", 352, "SwiGLU width (intermediate_size)")
 	vocab := b.Int("vocab", 256, "vocabulary size (256: bytes)")
-	seq := b.Int("seq", 64, "sequence length")
+	seq := b.Sequence(64)
 	theta := b.Float("rope_theta", 10000, "rotary embedding base")
 	if !(theta > 1) {
 		// The layer library reads 0 as "no rotary embedding"; a Llama

@@ -25,7 +25,7 @@ func Model(b *frontend.Builder) {
 	hidden := b.Int("hidden", 128, "model width h")
 	heads := b.Int("heads", 4, "attention heads (must divide hidden)")
 	vocab := b.Int("vocab", 256, "vocabulary size (256: bytes)")
-	seq := b.Int("seq", 64, "sequence length")
+	seq := b.Sequence(64)
 	cfg := nn.MoEConfig{
 		Experts:            b.Int("experts", 4, "experts per MoE layer"),
 		Router:             b.String("router", nn.RouterSwitch, "router", nn.RouterKinds...),
@@ -53,8 +53,8 @@ func Model(b *frontend.Builder) {
 	targets := b.Input("targets", ir.I32, batch, seq)
 
 	x, wte := nn.Embedding(tokens, "wte", vocab, hidden)
-	wpe := b.Param("wpe.weight", []int{seq, hidden}, frontend.Normal(0.01), frontend.NoParallel)
-	x = x.Add(wpe)
+	wpe := b.Param("wpe.weight", []int{b.TrainedSequence(), hidden}, frontend.Normal(0.01), frontend.NoParallel)
+	x = nn.PositionEmbedding(x, wpe)
 	projStd := nn.InitStd / math.Sqrt(2*float64(max(layers, 1)))
 	cfg.ProjStd = projStd
 	var aux *frontend.Tensor

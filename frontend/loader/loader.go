@@ -303,6 +303,9 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 	if cfg.Classes > 0 {
 		args = append(args, "-classes", strconv.Itoa(cfg.Classes))
 	}
+	if g := cfg.Generate; g != nil {
+		args = append(args, "-gen-step", strconv.Itoa(g.Step), "-gen-context", strconv.Itoa(g.Context))
+	}
 	if describe {
 		args = append(args, "-describe")
 	}

@@ -103,6 +103,31 @@ func Embedding(ids *frontend.Tensor, name string, vocab, dim int) (out, table *f
 	return table.Gather(ids), table
 }
 
+// PositionEmbedding adds learned position embeddings to x [batch, seq,
+// dim] from table [positions, dim]: row p of the table to the token at
+// position p. In training a token's position is its row, so that is the
+// table's first seq rows (the table itself when it has seq rows); when the
+// model is built for generation it is the table gathered at each token's
+// position (Builder.Positions).
+func PositionEmbedding(x, table *frontend.Tensor) *frontend.Tensor {
+	b := x.Builder()
+	if x.Value() == nil || table.Value() == nil {
+		return b.Poisoned()
+	}
+	if b.Generating() {
+		pos := b.Positions()
+		// The table's rows bound the positions the runtime may feed.
+		if v := pos.Value(); v != nil && (v.Attrs.Int("limit", 0) == 0 || v.Attrs.Int("limit", 0) > table.Dim(0)) {
+			v.Attrs["limit"] = table.Dim(0)
+		}
+		return x.Add(table.Gather(pos))
+	}
+	if seq := x.Dim(1); table.Dim(0) != seq {
+		table = table.Slice(0, 0, seq)
+	}
+	return x.Add(table)
+}
+
 // SplitHeads views x [batch, seq, heads·hd] as [batch, heads, seq, hd].
 // Heads stay a dim of their own (not merged with the batch) so they can be
 // split across tensor-parallel ranks.
@@ -135,8 +160,15 @@ func CausalAttention(q, k, v *frontend.Tensor) *frontend.Tensor {
 // the [batch, heads, seq, seq] tensors, are tagged as what --recompute
 // selective drops. It is kept to check the fused op against and for
 // studying the memory the fused op saves.
+//
+// When the model is built for generation it is CausalAttention: the keys
+// and values are cached, and the fused op over the cache is the only
+// attention generation records.
 func CausalAttentionUnfused(q, k, v *frontend.Tensor) *frontend.Tensor {
 	b := q.Builder()
+	if b.Generating() {
+		return CausalAttention(q, k, v)
+	}
 	if !sharedHeads(q, k) {
 		return b.Poisoned()
 	}

@@ -67,3 +67,44 @@ func attentionGradV[T kcpu.Float](c *Call[T]) (func() error, error) {
 	dv, q, k, dout, stats := c.Out(), c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3)
 	return ok(func() { kcpu.AttentionGradV(dv, q, k, dout, stats, d) }), nil
 }
+
+// Generation's ops (kernels/cpu/generate.go): positions come from the
+// step's positions input, and a position outside the cache fails the step
+// with its sequence named instead of writing out of bounds.
+func init() {
+	builtin(Kernel{F32: ropeAt[float32], F64: ropeAt[float64]}, "rope_at")
+	builtin(Kernel{F32: kvWrite[float32], F64: kvWrite[float64]}, "kv_write")
+	builtin(Kernel{F32: attentionAt[float32], F64: attentionAt[float64]}, "attention_at")
+}
+
+func ropeAt[T kcpu.Float](c *Call[T]) (func() error, error) {
+	pos, err := c.Int32(1)
+	if err != nil {
+		return nil, err
+	}
+	out, x, s := c.Out(), c.Arg(0), c.Shape(0)
+	theta := c.Instr.Attrs.Float("theta", 0)
+	return ok(func() { kcpu.RoPEAt(out, x, pos, s[0], s[1], s[2], s[3], theta) }), nil
+}
+
+func kvWrite[T kcpu.Float](c *Call[T]) (func() error, error) {
+	pos, err := c.Int32(2)
+	if err != nil {
+		return nil, err
+	}
+	out, cache, n, s, step := c.Out(), c.Arg(0), c.Arg(1), c.Shape(0), c.Shape(1)[2]
+	return func() error { return kcpu.KVWrite(out, cache, n, pos, s[0], s[1], s[2], step, s[3]) }, nil
+}
+
+func attentionAt[T kcpu.Float](c *Call[T]) (func() error, error) {
+	d, err := attentionDims(c)
+	if err != nil {
+		return nil, err
+	}
+	pos, err := c.Int32(3)
+	if err != nil {
+		return nil, err
+	}
+	out, q, k, v := c.Out(), c.Arg(0), c.Arg(1), c.Arg(2)
+	return func() error { return kcpu.AttentionAt(out, q, k, v, pos, d) }, nil
+}

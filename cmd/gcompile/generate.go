@@ -1,0 +1,463 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"time"
+
+	"gcompile/compile"
+	"gcompile/data/tokenizer"
+	"gcompile/generate"
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+	"gcompile/runtime/checkpoint"
+	"gcompile/runtime/cpu"
+)
+
+// genConfig is `gcompile generate`'s command line.
+type genConfig struct {
+	compile.Config
+	load, loadIgnore, resume string
+	prompt, promptFile       string
+	maxNew, context, batch   int
+	sampling                 generate.Sampling
+	stops                    []string
+	output                   string
+	tokenizer, merges        string
+	vocabDivisible           int
+	dump, deviceMemory       string
+	backend                  string
+}
+
+// generateMain is `gcompile generate MODEL.go --load W|--resume CKPT
+// --prompt TEXT|--prompt-file F`: the model compiled for generation (a
+// prefill and a decode program with key/value caches, under the plan's
+// dp and tp), its weights loaded, and each prompt continued.
+func generateMain(args []string) error { return runGenerate(args, os.Stdout, os.Stderr) }
+
+func parseGenerate(args []string) (*genConfig, error) {
+	g := &genConfig{}
+	fs := newSubcommandFlags("generate", "MODEL.go (--load W | --resume CKPT) (--prompt TEXT | --prompt-file F) [flags]")
+	fs.StringVar(&g.Set, "set", "", "model parameters key=value,… as the weights were trained with")
+	fs.IntVar(&g.Devices, "devices", 1, "devices to generate on")
+	fs.IntVar(&g.TP, "tp", 0, "tensor-parallel degree: heads and the MLP split over tp devices (0: 1)")
+	fs.IntVar(&g.DP, "dp", 0, "data-parallel degree: prompts split over dp devices (0: the devices left over)")
+	// Training's plan flags that generation does not have are accepted to
+	// be refused by name (compile.CheckGenerationPlan).
+	fs.IntVar(&g.PP, "pp", 0, "pipeline-parallel degree (generation: 1)")
+	fs.IntVar(&g.EP, "ep", 0, "expert-parallel degree (generation: 1)")
+	fs.IntVar(&g.Zero, "zero", 0, "ZeRO stage (generation: 0)")
+	fs.BoolVar(&g.SequenceParallel, "sequence-parallel", false, "sequence parallelism (generation: off)")
+	fs.StringVar(&g.Precision, "precision", "fp32", "generation runs in fp32")
+	fs.StringVar(&g.load, "load", "", "the weights: a safetensors file (or a Hugging Face model.safetensors.index.json)")
+	fs.StringVar(&g.loadIgnore, "load-ignore", "", "with --load: tensors of the file that are no param of the model, skipped on purpose (comma-separated glob patterns)")
+	fs.StringVar(&g.resume, "resume", "", "the weights of a training checkpoint: a --checkpoint-dir (its latest complete checkpoint) or one step-N folder")
+	fs.StringVar(&g.prompt, "prompt", "", "the text to continue")
+	fs.StringVar(&g.promptFile, "prompt-file", "", "a file of prompts, one per line, generated as one batch")
+	fs.IntVar(&g.maxNew, "max-new-tokens", 64, "tokens to generate per prompt at most")
+	fs.IntVar(&g.batch, "batch", 0, "prompts generated together in one step (0: all of them); a multiple of dp")
+	fs.IntVar(&g.context, "context", 0, "positions each key/value cache holds (0: the longest prompt plus --max-new-tokens)")
+	fs.Float64Var(&g.sampling.Temperature, "temperature", 1, "softmax temperature (0: greedy, the most likely token)")
+	fs.IntVar(&g.sampling.TopK, "top-k", 0, "sample among the k most likely tokens (0: all)")
+	fs.Float64Var(&g.sampling.TopP, "top-p", 1, "sample among the most likely tokens whose probability reaches p (nucleus; 1: all)")
+	var seed int64
+	fs.Int64Var(&seed, "seed", 1, "sampling seed: the same seed gives the same tokens under every plan")
+	fs.Func("stop", "end a prompt's generation where its text contains this string (repeatable; the string is not printed)", func(s string) error {
+		if s == "" {
+			return errors.New("an empty stop string would stop at once")
+		}
+		g.stops = append(g.stops, s)
+		return nil
+	})
+	fs.StringVar(&g.output, "output", "text", "text (the continuations, streamed as they are made) or json (one object per prompt: prompt, prompt_ids, ids, text, stop)")
+	fs.StringVar(&g.tokenizer, "tokenizer", "", "the Hugging Face tokenizer.json (or its folder) of the model's vocabulary (default: bytes, one token per byte)")
+	fs.StringVar(&g.merges, "merges", "", "with --tokenizer vocab.json: GPT-2's merges.txt")
+	fs.IntVar(&g.vocabDivisible, "make-vocab-size-divisible-by", 128, "with --tokenizer: the model's vocab is the tokenizer's padded to a multiple of this times --tp, as in training")
+	fs.StringVar(&g.dump, "dump", "", "write the decode program's module after each pass, and index.html, to this folder")
+	fs.StringVar(&g.deviceMemory, "device-memory", "", "memory per device, e.g. 16GiB: programs and caches that do not fit are refused")
+	fs.StringVar(&g.backend, "backend", "cpu", "cpu (generation's ops have no CUDA kernels yet)")
+	positional, err := parsePositional(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	if len(positional) != 1 {
+		return nil, fmt.Errorf("generate: want exactly one MODEL.go, got %d arguments (see gcompile generate -h)", len(positional))
+	}
+	g.Model = positional[0]
+	g.sampling.Seed = uint64(seed)
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	return g, g.validate(explicit)
+}
+
+// validate refuses a bad command line before any work, naming every
+// mistake at once.
+func (g *genConfig) validate(explicit map[string]bool) error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if !strings.HasSuffix(g.Model, ".go") {
+		bad("generate %s: want a MODEL.go (generation builds the model again, at one token per step)", g.Model)
+	}
+	switch {
+	case g.load == "" && g.resume == "":
+		bad("generate: give the weights with --load FILE.safetensors or --resume CHECKPOINT")
+	case g.load != "" && g.resume != "":
+		bad("generate: --load and --resume both give the weights; give one")
+	}
+	switch {
+	case explicit["prompt"] == (g.promptFile != ""):
+		bad("generate: give the text with --prompt TEXT or --prompt-file FILE (one of them)")
+	case explicit["prompt"] && g.prompt == "":
+		bad("--prompt \"\": the prompt is empty; there is no token to continue from")
+	}
+	if g.maxNew < 1 {
+		bad("--max-new-tokens %d: want at least 1", g.maxNew)
+	}
+	if g.batch < 0 {
+		bad("--batch %d: want a number of prompts per step (0: all of them)", g.batch)
+	}
+	if g.context < 0 {
+		bad("--context %d: want a number of positions (0: the longest prompt plus --max-new-tokens)", g.context)
+	}
+	if err := g.sampling.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if g.output != "text" && g.output != "json" {
+		bad("--output %q: want text or json", g.output)
+	}
+	if g.backend != "cpu" {
+		bad("--backend %s: generation's ops (rope_at, kv_write, attention_at) have no CUDA kernels yet: %w; generate with --backend cpu", g.backend, errNotYet)
+	}
+	if g.merges != "" && g.tokenizer == "" {
+		bad("--merges needs --tokenizer vocab.json")
+	}
+	if g.deviceMemory != "" {
+		n, err := parseBytes(g.deviceMemory)
+		if err != nil {
+			bad("--device-memory %q: %w", g.deviceMemory, err)
+		}
+		g.MemLimit = n
+	}
+	if g.loadIgnore != "" && g.load == "" {
+		bad("--load-ignore needs --load")
+	}
+	// The plan: dp and tp only (compile.CheckGenerationPlan).
+	g.Microbatches, g.Optimizer, g.DPSync, g.Recompute = 1, "adamw", "sync", "none"
+	g.BucketMB, g.Clip, g.Beta1, g.Beta2 = 25, 1, 0.9, 0.95
+	g.Batch = max(g.Devices, 1) // a placeholder until the prompts are counted
+	g.Explicit = explicit
+	if len(errs) == 0 {
+		if err := g.Config.Validate(); err != nil {
+			errs = append(errs, err)
+		} else if err := compile.CheckGenerationPlan(&g.Config); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// codec is how prompts become ids and ids text: a tokenizer, or bytes.
+type codec struct {
+	tok *tokenizer.Tokenizer
+}
+
+func (t codec) encode(s string) []int32 {
+	if t.tok != nil {
+		return t.tok.Encode([]byte(s))
+	}
+	ids := make([]int32, len(s))
+	for i := range len(s) {
+		ids[i] = int32(s[i])
+	}
+	return ids
+}
+
+func (t codec) decode(ids []int32, eos int32) string {
+	if len(ids) > 0 && ids[len(ids)-1] == eos {
+		ids = ids[:len(ids)-1]
+	}
+	if t.tok != nil {
+		return string(t.tok.Decode(ids))
+	}
+	b := make([]byte, len(ids))
+	for i, id := range ids {
+		b[i] = byte(id)
+	}
+	return string(b)
+}
+
+// readPrompts is --prompt, or --prompt-file's lines (a last newline ends
+// the last prompt; any other empty line is an empty prompt, refused).
+func (g *genConfig) readPrompts() ([]string, error) {
+	if g.promptFile == "" {
+		return []string{g.prompt}, nil
+	}
+	raw, err := os.ReadFile(g.promptFile)
+	if err != nil {
+		return nil, fmt.Errorf("--prompt-file: %w", err)
+	}
+	s := strings.TrimSuffix(strings.ReplaceAll(string(raw), "\r\n", "\n"), "\n")
+	if s == "" {
+		return nil, fmt.Errorf("--prompt-file %s: no prompts (the file is empty)", g.promptFile)
+	}
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if l == "" {
+			return nil, fmt.Errorf("--prompt-file %s:%d: the prompt is empty; there is no token to continue from", g.promptFile, i+1)
+		}
+	}
+	return lines, nil
+}
+
+// genResult is --output json's object for one prompt.
+type genResult struct {
+	Prompt    string  `json:"prompt"`
+	PromptIDs []int32 `json:"prompt_ids"`
+	IDs       []int32 `json:"ids"`
+	Text      string  `json:"text"`
+	// Stop is why generation ended: "eos", "stop" (a --stop string) or
+	// "length" (--max-new-tokens).
+	Stop string `json:"stop"`
+}
+
+func runGenerate(args []string, stdout, stderr io.Writer) error {
+	g, err := parseGenerate(args)
+	if err != nil {
+		return err
+	}
+	tx := codec{}
+	eos := int32(-1)
+	if g.tokenizer != "" {
+		if tx.tok, err = tokenizer.Load(g.tokenizer, g.merges); err != nil {
+			return fmt.Errorf("--tokenizer: %w", err)
+		}
+		if id, ok := tx.tok.EOS(); ok {
+			eos = id
+		}
+		g.Classes = tx.tok.VocabSize()
+		if _, ok := setValue(g.Set, "vocab"); !ok {
+			g.Set = strings.TrimPrefix(g.Set+",vocab="+fmt.Sprint(paddedVocab(g.Classes, g.vocabDivisible, g.TP)), ",")
+		}
+	}
+	texts, err := g.readPrompts()
+	if err != nil {
+		return err
+	}
+	prompts := make([][]int32, len(texts))
+	longest := 0
+	for i, s := range texts {
+		prompts[i] = tx.encode(s)
+		if len(prompts[i]) == 0 {
+			return fmt.Errorf("%w: prompt %d encodes to no tokens", generate.ErrBadPrompt, i+1)
+		}
+		longest = max(longest, len(prompts[i]))
+	}
+	context := g.context
+	if context == 0 {
+		context = longest + g.maxNew
+	}
+	if longest+g.maxNew > context {
+		return fmt.Errorf("%w: the longest prompt has %d tokens and %d are to be generated: %d positions, past --context %d", generate.ErrBadPrompt, longest, g.maxNew, longest+g.maxNew, context)
+	}
+	dp := max(g.DP, 1)
+	batch := len(prompts)
+	if g.batch > 0 {
+		batch = min(batch, g.batch)
+	}
+	batch = (batch + dp - 1) / dp * dp
+	g.Batch = batch
+
+	start := time.Now()
+	d := newDumper(g.dump)
+	hooks := d.hooks()
+	var last *ir.Module
+	if after := hooks.After; after != nil {
+		hooks.After = func(r passes.Result, m *ir.Module) { last = m; after(r, m) }
+	}
+	gen, err := compile.CompileGeneration(&g.Config, nil, batch, longest, context, hooks)
+	if last != nil {
+		if derr := d.finish(last, err); derr != nil && err == nil {
+			err = derr
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if limit := positionLimit(gen.Decode); limit > 0 && context > limit {
+		return fmt.Errorf("%w: %d positions (the longest prompt, %d tokens, plus --max-new-tokens %d, or --context) are past the model's position table of %d rows", generate.ErrBadPrompt, context, longest, g.maxNew, limit)
+	}
+	// The prompts against the model's vocabulary, before any weight is
+	// read.
+	req := generate.Request{Prompts: prompts, MaxNew: g.maxNew, Sampling: g.sampling, EOS: eos}
+	shape := (&generate.Engine{Batch: batch, Prompt: longest, Context: context, Vocab: logitsWidth(gen.Decode)})
+	if err := shape.Check(&req); err != nil {
+		return err
+	}
+	pre, err := cpu.NewCluster(gen.Prefill, cpu.Options{MemoryCap: g.MemLimit})
+	if err != nil {
+		return err
+	}
+	dec, err := cpu.NewCluster(gen.Decode, cpu.Options{MemoryCap: g.MemLimit})
+	if err != nil {
+		return err
+	}
+	progs := []*lower.Program{gen.Prefill}
+	if g.load != "" {
+		err = loadWeights(pre, progs, g.load, ignorePatterns(gen.IgnoreOnLoad, g.loadIgnore), g.Classes)
+	} else {
+		err = loadCheckpointParams(pre, progs, g.resume, gen.IgnoreOnLoad, g.Classes)
+	}
+	if err != nil {
+		return err
+	}
+	if err := generate.ShareWeights(&dec.MeshCluster, &pre.MeshCluster); err != nil {
+		return err
+	}
+	eng, err := generate.NewMeshEngine(&pre.MeshCluster, &dec.MeshCluster, batch, longest, context)
+	if err != nil {
+		return err
+	}
+	compiled := time.Since(start)
+
+	out := bufio.NewWriter(stdout)
+	defer out.Flush()
+	stream := g.output == "text" && len(prompts) == 1
+	printed := 0
+	stopped := make([]bool, len(prompts))
+	req.StopWhen = func(seq int, ids []int32) bool {
+		if len(g.stops) == 0 {
+			return false
+		}
+		_, hit := generate.StopAt(tx.decode(ids, eos), g.stops)
+		stopped[seq] = stopped[seq] || hit
+		return hit
+	}
+	var made []int32
+	if stream {
+		fmt.Fprint(out, texts[0])
+		out.Flush()
+		req.OnToken = func(_ int, id int32) {
+			made = append(made, id)
+			s := tx.decode(made, eos)
+			if cut, ok := generate.StopAt(s, g.stops); ok {
+				s = s[:cut]
+			} else {
+				s = s[:len(s)-generate.Holdback(s, g.stops)]
+			}
+			s = completeRunes(s)
+			if len(s) > printed {
+				fmt.Fprint(out, s[printed:])
+				printed = len(s)
+				out.Flush()
+			}
+		}
+	}
+	t0 := time.Now()
+	ids, err := eng.Run(req)
+	if err != nil {
+		return err
+	}
+	elapsed := time.Since(t0)
+	tokens := 0
+	enc := json.NewEncoder(out)
+	enc.SetEscapeHTML(false)
+	for i, got := range ids {
+		tokens += len(got)
+		s := tx.decode(got, eos)
+		stop := "length"
+		switch {
+		case len(got) > 0 && got[len(got)-1] == eos:
+			stop = "eos"
+		case stopped[i]:
+			stop = "stop"
+			if cut, ok := generate.StopAt(s, g.stops); ok {
+				s = s[:cut]
+			}
+		}
+		switch {
+		case g.output == "json":
+			if err := enc.Encode(genResult{Prompt: texts[i], PromptIDs: prompts[i], IDs: got, Text: s, Stop: stop}); err != nil {
+				return err
+			}
+		case stream:
+			if len(s) > printed {
+				fmt.Fprint(out, s[printed:])
+			}
+			fmt.Fprintln(out)
+		default:
+			fmt.Fprintf(out, "%s%s\n", texts[i], s)
+			if i+1 < len(ids) {
+				fmt.Fprintln(out)
+			}
+		}
+	}
+	fmt.Fprintf(stderr, "generated %d tokens for %d prompt(s) in %.2f s (%.1f tokens/s; compiled and loaded in %.2f s) on %d device(s): %s and %s, key/value cache %s per device\n",
+		tokens, len(prompts), elapsed.Seconds(), float64(tokens)/math.Max(elapsed.Seconds(), 1e-9), compiled.Seconds(), gen.Devices(),
+		gen.Prefill.Name, gen.Decode.Name, lower.HumanBytes(compile.KVCacheBytes(gen.Decode)))
+	return nil
+}
+
+// completeRunes drops a UTF-8 sequence cut short at the end of s, which
+// the next token completes: a stream prints whole characters.
+func completeRunes(s string) string {
+	for i := 1; i <= 3 && i <= len(s); i++ {
+		c := s[len(s)-i]
+		if c < 0x80 {
+			return s
+		}
+		if c >= 0xC0 { // a leading byte: is its sequence whole?
+			need := 2
+			switch {
+			case c >= 0xF0:
+				need = 4
+			case c >= 0xE0:
+				need = 3
+			}
+			if need > i {
+				return s[:len(s)-i]
+			}
+			return s
+		}
+	}
+	return s
+}
+
+// logitsWidth is the vocabulary of p's logits (0 when it has none).
+func logitsWidth(p *lower.Program) int {
+	id, ok := p.Outputs["logits"]
+	if !ok || p.Buffers[id].Global.Rank() != 2 {
+		return 0
+	}
+	return p.Buffers[id].Global.Shape[1]
+}
+
+// positionLimit is the rows of the position table the program gathers
+// at the positions input (0: none, positions are unbounded).
+func positionLimit(p *lower.Program) int {
+	id, ok := p.Sources[ir.PositionsInput]
+	if !ok {
+		return 0
+	}
+	return p.Buffers[id].Value.Attrs.Int("limit", 0)
+}
+
+// loadCheckpointParams loads the params of a training checkpoint.
+func loadCheckpointParams(dev weightStore, progs []*lower.Program, path string, ignore []string, classes int) error {
+	dir, err := checkpoint.Find(path)
+	if err != nil {
+		return fmt.Errorf("--resume: %w", err)
+	}
+	_, ts, err := checkpoint.Consolidate(dir, lower.Param)
+	if err != nil {
+		return fmt.Errorf("--resume: %w", err)
+	}
+	return loadTensors(dev, progs, ts, "--resume "+dir, ignore, classes)
+}

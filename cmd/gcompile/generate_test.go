@@ -1,0 +1,161 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// genGPT is a GPT small enough to train in a second, with a position
+// table longer than its training sequence (ctx) so generation can run
+// past it.
+var genGPT = []string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--batch", "4", "--max-data-mb", "1"}
+
+// trainedTiny trains genGPT once for every test that needs its weights:
+// --save's file and --checkpoint-dir's checkpoint of the same run.
+var trainedTiny = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "gcompile-generate-")
+	if err != nil {
+		return "", err
+	}
+	args := append(append([]string{}, genGPT...), "--run", "--steps", "4", "--save", filepath.Join(dir, "w.safetensors"),
+		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--metrics", filepath.Join(dir, "metrics.json"))
+	return dir, mainErr(args)
+})
+
+func tinyWeights(t *testing.T) string {
+	t.Helper()
+	dir, err := trainedTiny()
+	require.NoError(t, err)
+	return dir
+}
+
+// generateJSON runs gcompile generate with --output json and returns one
+// result per prompt.
+func generateJSON(t *testing.T, args ...string) []genResult {
+	t.Helper()
+	var out bytes.Buffer
+	require.NoError(t, runGenerate(append(args, "--output", "json"), &out, io.Discard))
+	var res []genResult
+	dec := json.NewDecoder(&out)
+	for dec.More() {
+		var r genResult
+		require.NoError(t, dec.Decode(&r))
+		res = append(res, r)
+	}
+	return res
+}
+
+// Sampling draws one uniform number per (seed, prompt, token), so a seed
+// gives the same tokens on one device, under tp2 and under dp2, for a
+// batch of ragged prompts; --load and --resume of the same run's weights
+// give the same tokens; greedy decoding is the argmax.
+func TestGenerateIsTheSameUnderEveryPlan(t *testing.T) {
+	dir := tinyWeights(t)
+	prompts := filepath.Join(t.TempDir(), "prompts.txt")
+	require.NoError(t, os.WriteFile(prompts, []byte("func main() {\n\treturn x\n"), 0o644))
+	base := []string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--prompt-file", prompts,
+		"--max-new-tokens", "12", "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "3"}
+	load := append(append([]string{}, base...), "--load", filepath.Join(dir, "w.safetensors"))
+	one := generateJSON(t, load...)
+	require.Len(t, one, 2)
+	for i, r := range one {
+		assert.Len(t, r.IDs, 12, "prompt %d runs to --max-new-tokens", i)
+		assert.Equal(t, "length", r.Stop)
+	}
+	assert.Equal(t, []int32{102, 117, 110, 99, 32, 109, 97, 105, 110, 40, 41, 32, 123}, one[0].PromptIDs, "bytes in")
+	for _, plan := range [][]string{{"--devices", "2", "--tp", "2"}, {"--devices", "2", "--dp", "2"}, {"--devices", "4", "--tp", "2", "--dp", "2"}} {
+		got := generateJSON(t, append(append([]string{}, load...), plan...)...)
+		assert.Equal(t, one, got, "plan %v", plan)
+	}
+	resumed := generateJSON(t, append(append([]string{}, base...), "--resume", filepath.Join(dir, "ckpt"))...)
+	assert.Equal(t, one, resumed, "--resume reads the same weights as --load")
+	other := generateJSON(t, append(append([]string{}, load...), "--seed", "4")...)
+	assert.NotEqual(t, one, other, "another seed draws other tokens")
+}
+
+// A bad request is refused with the rule it breaks, before any token is
+// generated.
+func TestGenerateBadInput(t *testing.T) {
+	dir := tinyWeights(t)
+	w := filepath.Join(dir, "w.safetensors")
+	set := "layers=1,hidden=32,heads=4,seq=16,ctx=48"
+	empty := filepath.Join(t.TempDir(), "empty-line.txt")
+	require.NoError(t, os.WriteFile(empty, []byte("one\n\nthree\n"), 0o644))
+	llamaDir := t.TempDir()
+	llamaW := filepath.Join(llamaDir, "l.safetensors")
+	require.NoError(t, mainErr([]string{llamaModel, "--set", "layers=1,hidden=32,heads=4,kv_heads=2,ffn=48,seq=16", "--batch", "4", "--max-data-mb", "1", "--run", "--steps", "1", "--save", llamaW}))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"empty prompt", []string{"--prompt", ""}, `--prompt "": the prompt is empty`},
+		{"empty line", []string{"--prompt-file", empty}, "empty-line.txt:2: the prompt is empty"},
+		{"no prompt", nil, "give the text with --prompt TEXT or --prompt-file FILE"},
+		{"past the table", []string{"--prompt", strings.Repeat("x", 40), "--max-new-tokens", "9"}, "49 positions (the longest prompt, 40 tokens, plus --max-new-tokens 9, or --context) are past the model's position table of 48 rows"},
+		{"past --context", []string{"--prompt", "abcdef", "--context", "8", "--max-new-tokens", "3"}, "the longest prompt has 6 tokens and 3 are to be generated: 9 positions, past --context 8"},
+		{"above the vocabulary", []string{"--prompt", "ok é", "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48,vocab=128"}, "prompt 1's token 4 is id 195, outside the model's vocabulary of 128"},
+		{"top-p 0", []string{"--prompt", "a", "--top-p", "0"}, "--top-p 0"},
+		{"top-p 1.5", []string{"--prompt", "a", "--top-p", "1.5"}, "--top-p 1.5"},
+		{"temperature -1", []string{"--prompt", "a", "--temperature", "-1"}, "--temperature -1"},
+		{"another model", []string{"--prompt", "a", "--load", llamaW}, "no param of the model"},
+		{"cuda", []string{"--prompt", "a", "--backend", "cuda"}, "no CUDA kernels yet"},
+		{"pipeline", []string{"--prompt", "a", "--devices", "2", "--pp", "2"}, "--pp 2: generation runs on data and tensor parallelism"},
+		{"cache does not fit", []string{"--prompt", "abc", "--max-new-tokens", "40", "--device-memory", "90KiB"},
+			"key/value cache is 10.8 KiB per device: 2 caches (k and v of 1 layers) of f32[1,4,43,8] [batch, kv_heads, context, head_dim] = 5.4 KiB each"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{gptModel, "--set", set, "--max-new-tokens", "8"}
+			if !strings.Contains(strings.Join(tc.args, " "), "--load") {
+				args = append(args, "--load", w)
+			}
+			var out bytes.Buffer
+			err := runGenerate(append(args, tc.args...), &out, io.Discard)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Empty(t, out.String(), "nothing is generated")
+		})
+	}
+}
+
+// gcompile eval of a run's --save weights gives the held-out loss the run
+// reported at its end, to the last digit on the same plan, and under
+// tensor and data parallelism to 1e-6.
+func TestEvalGivesTheRunsHeldOutLoss(t *testing.T) {
+	dir := tinyWeights(t)
+	m := readMetrics(t, filepath.Join(dir, "metrics.json"))
+	require.NotEmpty(t, m.Eval)
+	want := m.Eval[len(m.Eval)-1].Loss
+	eval := func(extra ...string) evalResult {
+		t.Helper()
+		out := captureStdout(t, func() {
+			require.NoError(t, mainErr(append(append([]string{"eval"}, genGPT...), append([]string{"--load", filepath.Join(dir, "w.safetensors")}, extra...)...)))
+		})
+		var r evalResult
+		require.NoError(t, json.Unmarshal([]byte(out), &r), "%s", out)
+		require.NotNil(t, r.Loss)
+		return r
+	}
+	r := eval()
+	assert.Equal(t, want, *r.Loss, "the same figure as the run's last evaluation")
+	assert.Equal(t, 8, r.Batches, "training's --eval-batches default")
+	for _, plan := range [][]string{{"--devices", "2", "--tp", "2"}, {"--devices", "2", "--dp", "2"}} {
+		assert.InDelta(t, want, *eval(plan...).Loss, 1e-6, "plan %v", plan)
+	}
+	err := mainErr(append(append([]string{"eval"}, genGPT...), "--load", filepath.Join(dir, "w.safetensors"), "--eval-batches", "0"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--eval-batches 0 (the whole held-out split) needs a token dataset")
+	err = mainErr(append(append([]string{"eval"}, genGPT...), "--save", "x.safetensors"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "give the weights with --load")
+	assert.Contains(t, err.Error(), "--save belongs to training")
+}

@@ -1,0 +1,184 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+)
+
+// Generation's kernels (the ops rope_at, kv_write and attention_at): each
+// token's position comes from a positions tensor [batch, step] instead
+// of its row, so a decode step at position t rotates, stores and attends
+// as row t of one long sequence would.
+
+// RoPEAt is [RoPE] with row (b, h, i) of x [batch, heads, step, d] at
+// position pos[b·step + i]: the same angles ([RoPEAngle]) and pairing, so
+// a token rotated here equals the row at its position in a whole-sequence
+// RoPE. out may not alias x.
+func RoPEAt[T Float](out, x []T, pos []int32, batch, heads, step, d int, theta float64) {
+	checkRows("RoPEAt", batch*heads*step, d, len(out), len(x))
+	if len(pos) != batch*step {
+		panic(fmt.Sprintf("cpu.RoPEAt: %d positions for batch %d × step %d", len(pos), batch, step))
+	}
+	if d == 0 {
+		return
+	}
+	half := d / 2
+	// The angles of each (b, i), shared by every head.
+	cos, sin := make([]float64, batch*step*half), make([]float64, batch*step*half)
+	for r, p := range pos {
+		for i := range half {
+			sin[r*half+i], cos[r*half+i] = math.Sincos(RoPEAngle(int(p), i, d, theta))
+		}
+	}
+	ParallelFor(batch*heads*step, rowGrain(d), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			b, i := r/(heads*step), r%step
+			t := (b*step + i) * half
+			cs, sn := cos[t:t+half], sin[t:t+half]
+			xr, or := x[r*d:(r+1)*d], out[r*d:(r+1)*d]
+			for j := range half {
+				a, c := float64(xr[j]), float64(xr[j+half])
+				or[j] = T(a*cs[j] - c*sn[j])
+				or[j+half] = T(c*cs[j] + a*sn[j])
+			}
+		}
+	})
+}
+
+// KVWrite stores the step's keys or values new [batch, kv, step, hd] into
+// cache [batch, kv, ctx, hd]: row i of sequence b goes to row pos[b·step+i].
+// out is the cache after the write: when it is cache itself (the lowering
+// writes in place) only the step's rows are touched; otherwise the cache
+// is copied first. A position outside the cache is an error, not a write
+// out of bounds.
+func KVWrite[T Float](out, cache, new []T, pos []int32, batch, kv, ctx, step, hd int) error {
+	checkNonNeg("KVWrite", batch, kv, ctx, step, hd)
+	n := batch * kv * ctx * hd
+	if len(out) != n || len(cache) != n || len(new) != batch*kv*step*hd || len(pos) != batch*step {
+		panic(fmt.Sprintf("cpu.KVWrite: lengths out %d, cache %d, new %d, positions %d for [%d,%d,%d,%d] and step %d", len(out), len(cache), len(new), len(pos), batch, kv, ctx, hd, step))
+	}
+	for r, p := range pos {
+		if p < 0 || int(p) >= ctx {
+			return fmt.Errorf("kv_write: sequence %d's token %d is at position %d, outside the cache of %d positions", r/max(step, 1), r%max(step, 1), p, ctx)
+		}
+	}
+	if n > 0 && unsafe.SliceData(out) != unsafe.SliceData(cache) {
+		copy(out, cache)
+	}
+	for b := range batch {
+		for g := range kv {
+			for i := range step {
+				src := ((b*kv+g)*step + i) * hd
+				dst := ((b*kv+g)*ctx + int(pos[b*step+i])) * hd
+				copy(out[dst:dst+hd], new[src:src+hd])
+			}
+		}
+	}
+	return nil
+}
+
+// AttentionAt is attention of q [Batch, Heads, SQ, HeadDim] over a cache
+// k, v [Batch, KVHeads, SK, HeadDim] in which query (b, i) sees the keys
+// at positions 0…pos[b·SQ+i]: the causal attention of a token at that
+// position in one long sequence, however many tokens the step holds.
+// Keys past a query's position are never read, so a step's work grows
+// with the tokens so far, not with the cache's size. d.Causal is not
+// read; the positions are the mask. Scores and the softmax are in float64.
+// out is [Batch, SQ, Heads, HeadDim] like [Attention]'s and may not alias
+// q, k or v.
+func AttentionAt[T Float](out, q, k, v []T, pos []int32, d AttentionDims) error {
+	checkNonNeg("AttentionAt", d.Batch, d.Heads, d.KVHeads, d.SQ, d.SK, d.HeadDim, d.QHeadOffset, d.KVHeadOffset)
+	if d.Group < 1 || !(d.Scale > 0) || len(out) != d.qLen() || len(q) != d.qLen() || len(k) != d.kvLen() || len(v) != d.kvLen() || len(pos) != d.Batch*d.SQ {
+		panic(fmt.Sprintf("cpu.AttentionAt: dims %+v do not match out %d, q %d, k %d, v %d, positions %d", d, len(out), len(q), len(k), len(v), len(pos)))
+	}
+	for r, p := range pos {
+		if p < 0 || int(p) >= d.SK {
+			return fmt.Errorf("attention_at: sequence %d's token %d is at position %d, outside the cache of %d positions", r/max(d.SQ, 1), r%max(d.SQ, 1), p, d.SK)
+		}
+	}
+	if p0, ok := commonOffset(pos, d.Batch, d.SQ); ok && d.SQ > 1 {
+		attentionPrefix(out, q, k, v, p0, d)
+		return nil
+	}
+	hd := d.HeadDim
+	ParallelFor(d.Batch*d.Heads, 1, func(lo, hi int) {
+		s := make([]float64, d.SK)
+		acc := make([]float64, hd)
+		qf := make([]float64, hd)
+		for task := lo; task < hi; task++ {
+			b, h := task/d.Heads, task%d.Heads
+			g := d.kvHead(h)
+			for i := range d.SQ {
+				keys := int(pos[b*d.SQ+i]) + 1
+				qr := q[d.qRow(b, h, i):][:hd]
+				for x := range hd {
+					qf[x] = float64(qr[x])
+				}
+				m := math.Inf(-1)
+				for j := range keys {
+					kr := k[d.kvRow(b, g, j):][:hd]
+					dot := 0.0
+					for x, kx := range kr {
+						dot += qf[x] * float64(kx)
+					}
+					s[j] = dot * d.Scale
+					m = math.Max(m, s[j])
+				}
+				clear(acc)
+				sum := 0.0
+				for j := range keys {
+					p := math.Exp(s[j] - m)
+					sum += p
+					vr := v[d.kvRow(b, g, j):][:hd]
+					for x, vx := range vr {
+						acc[x] += p * float64(vx)
+					}
+				}
+				o := out[d.oRow(b, h, i):][:hd]
+				inv := 1 / sum
+				for x, a := range acc {
+					o[x] = T(a * inv)
+				}
+			}
+		}
+	})
+	return nil
+}
+
+// commonOffset reports whether every sequence's tokens sit at p0, p0+1, …
+// for one p0: a prefill from an empty cache, or a decode step of
+// sequences of equal length.
+func commonOffset(pos []int32, batch, step int) (int, bool) {
+	if len(pos) == 0 {
+		return 0, false
+	}
+	p0 := int(pos[0])
+	for b := range batch {
+		for i := range step {
+			if int(pos[b*step+i]) != p0+i {
+				return 0, false
+			}
+		}
+	}
+	return p0, true
+}
+
+// attentionPrefix is AttentionAt when every query row i sits at p0+i
+// and there are several (a prefill; one query gains nothing from the
+// copy and the blocking):
+// causal attention over the cache's first p0+SQ positions, the queries
+// aligned to their end, which is what [Attention] computes. Those
+// positions are copied out of the cache (its rows are SK apart) so the
+// blocked kernels, with their float32 path, run on them.
+func attentionPrefix[T Float](out, q, k, v []T, p0 int, d AttentionDims) {
+	keys := p0 + d.SQ
+	hd := d.HeadDim
+	kp, vp := make([]T, d.Batch*d.KVHeads*keys*hd), make([]T, d.Batch*d.KVHeads*keys*hd)
+	for bg := range d.Batch * d.KVHeads {
+		copy(kp[bg*keys*hd:(bg+1)*keys*hd], k[bg*d.SK*hd:])
+		copy(vp[bg*keys*hd:(bg+1)*keys*hd], v[bg*d.SK*hd:])
+	}
+	d.SK, d.Causal = keys, true
+	Attention(out, q, kp, vp, d)
+}

@@ -1,0 +1,180 @@
+package tests
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"gcompile/compile"
+	"gcompile/examples/gpt"
+	"gcompile/examples/llama"
+	"gcompile/examples/moe"
+	"gcompile/frontend"
+	"gcompile/generate"
+	"gcompile/ir"
+	"gcompile/lower"
+	"gcompile/passes"
+	"gcompile/runtime"
+	"gcompile/runtime/cpu"
+)
+
+// genModel is a small model of each family for the generation tests:
+// GPT-2 with a learned position table longer than its training sequence,
+// and the Llama with fewer k/v heads than tp2 can split evenly across
+// query heads (kv_heads 1: each tp rank holds the one k/v head whole).
+var genModels = []struct {
+	name string
+	fn   frontend.ModelFunc
+	set  string
+}{
+	{"gpt", gpt.Model, "layers=2,hidden=32,heads=4,seq=16,ctx=40"},
+	{"llama", llama.Model, "layers=2,hidden=32,heads=4,kv_heads=1,ffn=48,seq=16,rope_theta=100"},
+	// Evaluation capacity of every token of a sequence per expert: no
+	// token overflows, so a token's expert does not depend on which
+	// tokens share its step (with drops, prefill and decode would differ
+	// as any capacity-bound router's full and incremental passes do).
+	{"moe", moe.Model, "layers=2,hidden=32,heads=4,seq=16,experts=4,eval_capacity=4"},
+}
+
+// genCompile compiles a model's prefill and decode programs for plan
+// (dp, tp) and loads each on CPU devices, with the same random weights.
+func genCompile(t testing.TB, fn frontend.ModelFunc, set string, dp, tp, batch, prompt, context int) (*compile.Generation, *cpu.Cluster, *cpu.Cluster) {
+	t.Helper()
+	sizes, err := frontend.ParseSet(set)
+	require.NoError(t, err)
+	build := func(fc frontend.Config) (*ir.Module, error) {
+		fc.Set = sizes
+		return frontend.Build(fn, fc)
+	}
+	c := compile.Config{Model: "model.go", Batch: batch, Devices: dp * tp, DP: dp, TP: tp, Microbatches: 1, Optimizer: "adamw", DPSync: "sync",
+		Recompute: "none", Precision: "fp32", BucketMB: 25, Clip: 1, Beta1: 0.9, Beta2: 0.95, Verify: true}
+	require.NoError(t, c.Validate())
+	require.NoError(t, compile.CheckGenerationPlan(&c))
+	g, err := compile.CompileGeneration(&c, build, batch, prompt, context, passes.Hooks{})
+	require.NoError(t, err)
+	pre, err := cpu.NewCluster(g.Prefill, cpu.Options{})
+	require.NoError(t, err)
+	dec, err := cpu.NewCluster(g.Decode, cpu.Options{})
+	require.NoError(t, err)
+	require.NoError(t, pre.InitParams(7))
+	spreadWeights(t, pre, 7)
+	require.NoError(t, generate.ShareWeights(&dec.MeshCluster, &pre.MeshCluster))
+	return g, pre, dec
+}
+
+// spreadWeights adds N(0, 0.2²) noise to every param: with GPT-2's init
+// (std 0.02) the logits are near 0 and attention near uniform, which would
+// hide a key at a wrong position.
+func spreadWeights(t testing.TB, c *cpu.Cluster, seed uint64) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, 1))
+	for _, name := range generate.Sources(c.Devices[0].Program(), func(b lower.Buffer) bool { return b.Kind == lower.Param }) {
+		x, err := c.Global(name)
+		require.NoError(t, err)
+		for i := range x {
+			x[i] += 0.2 * r.NormFloat64()
+		}
+		require.NoError(t, c.SetGlobal(name, x))
+	}
+}
+
+// step feeds one program tokens at positions and returns its logits.
+func genStep(t testing.TB, c *cpu.Cluster, tokens, positions []int32) []float64 {
+	t.Helper()
+	require.NoError(t, c.SetInt32("tokens", tokens))
+	require.NoError(t, c.SetInt32(ir.PositionsInput, positions))
+	require.NoError(t, c.Step())
+	l, err := c.WholeOutput(frontend.OutputLogits)
+	require.NoError(t, err)
+	return l
+}
+
+// relClose asserts |a−b| ≤ tol·max|want| element by element: relative to
+// the row's largest logit, so small logits are held to the same absolute
+// bound as the large ones that decide the token.
+func relClose(t testing.TB, want, got []float64, tol float64, what string) {
+	t.Helper()
+	require.Len(t, got, len(want), what)
+	scale := 0.0
+	for _, w := range want {
+		scale = math.Max(scale, math.Abs(w))
+	}
+	for i := range want {
+		if d := math.Abs(want[i] - got[i]); !(d <= tol*scale) {
+			require.Failf(t, "logits differ", "%s: element %d: %v vs %v (|Δ| %.3g > %.3g)", what, i, want[i], got[i], d, tol*scale)
+		}
+	}
+}
+
+// Decoding token by token against the key/value cache gives, at every
+// position, the logits one prefill over the whole sequence gives: the
+// cache holds exactly the keys and values of the earlier tokens, and
+// positions (learned rows, rotary angles) follow the cache. Two sequences
+// of different prompt lengths share each step (ragged prompts, padded on
+// the right), on one device and under tp2.
+func TestDecodeMatchesPrefill(t *testing.T) {
+	const batch, total = 2, 12
+	prompts := []int{3, 7}
+	for _, m := range genModels {
+		for _, tp := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s/tp%d", m.name, tp), func(t *testing.T) {
+				_, pre, dec := genCompile(t, m.fn, m.set, 1, tp, batch, total, total)
+				seqs := make([]int32, batch*total)
+				for i := range seqs {
+					seqs[i] = int32((i*37 + 11) % 256)
+				}
+				positions := make([]int32, batch*total)
+				for i := range positions {
+					positions[i] = int32(i % total)
+				}
+				full := genStep(t, pre, seqs, positions)
+				vocab := len(full) / (batch * total)
+
+				// The prompts, padded with other tokens past their ends.
+				padded := make([]int32, len(seqs))
+				for i := range padded {
+					padded[i] = 5
+				}
+				for b, n := range prompts {
+					copy(padded[b*total:b*total+n], seqs[b*total:b*total+n])
+				}
+				got := genStep(t, pre, padded, positions)
+				for b, n := range prompts {
+					for i := range n {
+						row := (b*total + i) * vocab
+						relClose(t, full[row:row+vocab], got[row:row+vocab], 1e-5, fmt.Sprintf("prefill seq %d pos %d", b, i))
+					}
+				}
+				require.NoError(t, runtime.CopySources(&dec.MeshCluster, &pre.MeshCluster, generate.Sources(dec.Devices[0].Program(), isCache)))
+				// Each sequence decodes its own next token at its own position.
+				for k := 0; ; k++ {
+					tok, pos := make([]int32, batch), make([]int32, batch)
+					left := false
+					for b, n := range prompts {
+						p := min(n+k, total-1)
+						left = left || n+k < total
+						tok[b], pos[b] = seqs[b*total+p], int32(p)
+					}
+					if !left {
+						break
+					}
+					out := genStep(t, dec, tok, pos)
+					for b, n := range prompts {
+						if p := n + k; p < total {
+							row := (b*total + p) * vocab
+							relClose(t, full[row:row+vocab], out[b*vocab:(b+1)*vocab], 1e-5, fmt.Sprintf("decode seq %d pos %d", b, p))
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+func isCache(b lower.Buffer) bool {
+	return b.Kind == lower.State && strings.HasPrefix(b.Name, ir.KVCachePrefix)
+}
