@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"gcompile/compile"
@@ -113,7 +114,8 @@ func relClose(t testing.TB, want, got []float64, tol float64, what string) {
 // Decoding token by token against the key/value cache gives, at every
 // position, the logits one prefill over the whole sequence gives: the
 // cache holds exactly the keys and values of the earlier tokens, and
-// positions (learned rows, rotary angles) follow the cache. Two sequences
+// positions (learned rows, rotary angles) follow the cache; the measured
+// peak of every device is the one the memory plan predicts. Two sequences
 // of different prompt lengths share each step (ragged prompts, padded on
 // the right), on one device and under tp2.
 func TestDecodeMatchesPrefill(t *testing.T) {
@@ -122,7 +124,7 @@ func TestDecodeMatchesPrefill(t *testing.T) {
 	for _, m := range genModels {
 		for _, tp := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%s/tp%d", m.name, tp), func(t *testing.T) {
-				_, pre, dec := genCompile(t, m.fn, m.set, 1, tp, batch, total, total)
+				g, pre, dec := genCompile(t, m.fn, m.set, 1, tp, batch, total, total)
 				seqs := make([]int32, batch*total)
 				for i := range seqs {
 					seqs[i] = int32((i*37 + 11) % 256)
@@ -170,6 +172,19 @@ func TestDecodeMatchesPrefill(t *testing.T) {
 						}
 					}
 				}
+				// The memory plan holds the caches: each device's measured peak
+				// is the program's predicted one.
+				for _, c := range []struct {
+					cl   *cpu.Cluster
+					want int64
+				}{{pre, g.Prefill.PeakBytes}, {dec, g.Decode.PeakBytes}} {
+					peaks, err := c.cl.Peaks()
+					require.NoError(t, err)
+					for r, p := range peaks {
+						assert.Equal(t, c.want, p, "device %d: measured peak = predicted", r)
+					}
+				}
+				assert.Positive(t, g.Decode.Peak.KVCache, "the caches are in the plan")
 			})
 		}
 	}

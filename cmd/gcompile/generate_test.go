@@ -159,3 +159,29 @@ func TestEvalGivesTheRunsHeldOutLoss(t *testing.T) {
 	assert.Contains(t, err.Error(), "give the weights with --load")
 	assert.Contains(t, err.Error(), "--save belongs to training")
 }
+
+// --stop ends a prompt's text where a stop string begins (the string is
+// not kept), and says so; the streamed text is the same text. The text is
+// compared as printed (a byte-level model's bytes need not be UTF-8,
+// which JSON would replace).
+func TestGenerateStopsAtAStopString(t *testing.T) {
+	dir := tinyWeights(t)
+	args := []string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--load", filepath.Join(dir, "w.safetensors"),
+		"--prompt", "x := ", "--max-new-tokens", "24", "--temperature", "0.7", "--seed", "5"}
+	text := func(extra ...string) string {
+		var out bytes.Buffer
+		require.NoError(t, runGenerate(append(append([]string{}, args...), extra...), &out, io.Discard))
+		return strings.TrimSuffix(strings.TrimPrefix(out.String(), "x := "), "\n")
+	}
+	full := text()
+	require.GreaterOrEqual(t, len(full), 8)
+	stop := full[5:7]
+	cut := strings.Index(full, stop)
+	assert.Equal(t, full[:cut], text("--stop", stop))
+	all := generateJSON(t, args...)
+	got := generateJSON(t, append(append([]string{}, args...), "--stop", stop)...)
+	assert.Equal(t, "stop", got[0].Stop)
+	assert.Equal(t, "length", all[0].Stop)
+	assert.Less(t, len(got[0].IDs), len(all[0].IDs))
+	assert.Equal(t, all[0].IDs[:len(got[0].IDs)], got[0].IDs, "the same tokens up to the one that completed the stop string")
+}

@@ -84,7 +84,8 @@ func KVWrite[T Float](out, cache, new []T, pos []int32, batch, kv, ctx, step, hd
 // position in one long sequence, however many tokens the step holds.
 // Keys past a query's position are never read, so a step's work grows
 // with the tokens so far, not with the cache's size. d.Causal is not
-// read; the positions are the mask. Scores and the softmax are in float64.
+// read; the positions are the mask. Scores and the softmax are computed
+// in float64.
 // out is [Batch, SQ, Heads, HeadDim] like [Attention]'s and may not alias
 // q, k or v.
 func AttentionAt[T Float](out, q, k, v []T, pos []int32, d AttentionDims) error {
@@ -101,49 +102,127 @@ func AttentionAt[T Float](out, q, k, v []T, pos []int32, d AttentionDims) error 
 		attentionPrefix(out, q, k, v, p0, d)
 		return nil
 	}
+	if o32, ok := as32(out); ok && d.HeadDim > 0 {
+		q32, _ := as32(q)
+		k32, _ := as32(k)
+		v32, _ := as32(v)
+		attentionAt32(o32, q32, k32, v32, pos, d)
+		return nil
+	}
 	hd := d.HeadDim
-	ParallelFor(d.Batch*d.Heads, 1, func(lo, hi int) {
-		s := make([]float64, d.SK)
-		acc := make([]float64, hd)
-		qf := make([]float64, hd)
+	// float32 takes the blocked kernels' exponential (exp2N, below
+	// float32's rounding and a few times faster than math.Exp, which is
+	// most of a long cache's cost); float64 keeps math.Exp.
+	var z T
+	fast := unsafe.Sizeof(z) == 4
+	// One task per (sequence, k/v head): the query heads that share a
+	// k/v head read each of its rows once, together.
+	ParallelFor(d.Batch*d.KVHeads, 1, func(lo, hi int) {
 		for task := lo; task < hi; task++ {
-			b, h := task/d.Heads, task%d.Heads
-			g := d.kvHead(h)
+			b, g := task/d.KVHeads, task%d.KVHeads
+			h0, h1 := d.queryHeads(g)
+			n := h1 - h0
+			if n == 0 {
+				continue
+			}
+			s := make([]float64, n*d.SK)
+			acc := make([]float64, n*hd)
+			qf := make([]float64, n*hd)
+			m, sum := make([]float64, n), make([]float64, n)
 			for i := range d.SQ {
 				keys := int(pos[b*d.SQ+i]) + 1
-				qr := q[d.qRow(b, h, i):][:hd]
-				for x := range hd {
-					qf[x] = float64(qr[x])
+				for hh := range n {
+					qr := q[d.qRow(b, h0+hh, i):][:hd]
+					for x := range hd {
+						qf[hh*hd+x] = float64(qr[x])
+					}
+					m[hh], sum[hh] = math.Inf(-1), 0
 				}
-				m := math.Inf(-1)
 				for j := range keys {
 					kr := k[d.kvRow(b, g, j):][:hd]
-					dot := 0.0
-					for x, kx := range kr {
-						dot += qf[x] * float64(kx)
+					for hh := range n {
+						x := dotRow(qf[hh*hd:(hh+1)*hd], kr) * d.Scale
+						s[hh*d.SK+j] = x
+						m[hh] = math.Max(m[hh], x)
 					}
-					s[j] = dot * d.Scale
-					m = math.Max(m, s[j])
+				}
+				for hh := range n {
+					row := s[hh*d.SK : hh*d.SK+keys]
+					for j, x := range row {
+						var p float64
+						if fast {
+							p = exp2N((x - m[hh]) * expK)
+						} else {
+							p = math.Exp(x - m[hh])
+						}
+						row[j] = p
+						sum[hh] += p
+					}
 				}
 				clear(acc)
-				sum := 0.0
 				for j := range keys {
-					p := math.Exp(s[j] - m)
-					sum += p
 					vr := v[d.kvRow(b, g, j):][:hd]
-					for x, vx := range vr {
-						acc[x] += p * float64(vx)
+					for hh := range n {
+						axpyRow(acc[hh*hd:(hh+1)*hd], s[hh*d.SK+j], vr)
 					}
 				}
-				o := out[d.oRow(b, h, i):][:hd]
-				inv := 1 / sum
-				for x, a := range acc {
-					o[x] = T(a * inv)
+				for hh := range n {
+					o := out[d.oRow(b, h0+hh, i):][:hd]
+					inv := 1 / sum[hh]
+					for x, a := range acc[hh*hd : (hh+1)*hd] {
+						o[x] = T(a * inv)
+					}
 				}
 			}
 		}
 	})
 	return nil
+}
+
+// attentionAt32 is AttentionAt in float32 on the packed GEMM kernels:
+// per query row and k/v head, the scores of the query heads that share it
+// are one product with the visible keys (S = Q·Kᵀ), the softmax runs on
+// S's rows (exp2N), and the output is P·V, with float32 sums as the
+// blocked attention kernels have.
+func attentionAt32(out, q, k, v []float32, pos []int32, d AttentionDims) {
+	hd := d.HeadDim
+	kern := sgemmKernels[0]
+	ParallelFor(d.Batch*d.KVHeads, 1, func(lo, hi int) {
+		for task := lo; task < hi; task++ {
+			b, g := task/d.KVHeads, task%d.KVHeads
+			h0, h1 := d.queryHeads(g)
+			n := h1 - h0
+			if n == 0 {
+				continue
+			}
+			sc := make([]float32, n*d.SK)
+			for i := range d.SQ {
+				keys := int(pos[b*d.SQ+i]) + 1
+				kb := k[d.kvRow(b, g, 0):][:keys*hd]
+				vb := v[d.kvRow(b, g, 0):][:keys*hd]
+				// q's heads of row i are SQ·hd apart; out's are hd apart.
+				qa := q[d.qRow(b, h0, i):][:(n-1)*d.SQ*hd+hd]
+				sgemm(kern, false, false, true, n, keys, hd, qa, d.SQ*hd, kb, hd, sc, keys)
+				for hh := range n {
+					row := sc[hh*keys : (hh+1)*keys]
+					m := float64(rowMax32(row))
+					sum := 0.0
+					a, c := d.Scale*expK, m*d.Scale*expK
+					for j, x := range row {
+						p := float32(exp2N(float64(x)*a - c))
+						row[j] = p
+						sum += float64(p)
+					}
+					inv := float32(1 / sum)
+					for j := range row {
+						row[j] *= inv
+					}
+				}
+				oa := out[d.oRow(b, h0, i):][:n*hd]
+				sgemm(kern, false, false, false, n, hd, keys, sc[:n*keys], keys, vb, hd, oa, hd)
+			}
+		}
+	})
 }
 
 // commonOffset reports whether every sequence's tokens sit at p0, p0+1, …
@@ -181,4 +260,36 @@ func attentionPrefix[T Float](out, q, k, v []T, p0 int, d AttentionDims) {
 	}
 	d.SK, d.Causal = keys, true
 	Attention(out, q, kp, vp, d)
+}
+
+// dotRow is q·k with four partial sums, which the CPU can overlap.
+func dotRow[T Float](q []float64, k []T) float64 {
+	k = k[:len(q)]
+	var s0, s1, s2, s3 float64
+	x := 0
+	for ; x+4 <= len(q); x += 4 {
+		s0 += q[x] * float64(k[x])
+		s1 += q[x+1] * float64(k[x+1])
+		s2 += q[x+2] * float64(k[x+2])
+		s3 += q[x+3] * float64(k[x+3])
+	}
+	for ; x < len(q); x++ {
+		s0 += q[x] * float64(k[x])
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// axpyRow is acc += p·v.
+func axpyRow[T Float](acc []float64, p float64, v []T) {
+	v = v[:len(acc)]
+	x := 0
+	for ; x+4 <= len(acc); x += 4 {
+		acc[x] += p * float64(v[x])
+		acc[x+1] += p * float64(v[x+1])
+		acc[x+2] += p * float64(v[x+2])
+		acc[x+3] += p * float64(v[x+3])
+	}
+	for ; x < len(acc); x++ {
+		acc[x] += p * float64(v[x])
+	}
 }

@@ -65,9 +65,16 @@ func TestAttentionAtOffsets(t *testing.T) {
 	const batch, heads, kv, sq, ctx, hd = 2, 4, 2, 3, 40, 8
 	q, k, v := randSlice(r, batch*heads*sq*hd), randSlice(r, batch*kv*ctx*hd), randSlice(r, batch*kv*ctx*hd)
 	d := AttentionDims{Batch: batch, Heads: heads, KVHeads: kv, SQ: sq, SK: ctx, HeadDim: hd, Group: heads / kv, Scale: 0.3}
-	for _, pos := range [][]int32{{20, 21, 22, 20, 21, 22}, {5, 6, 7, 30, 31, 32}, {0, 1, 2, 0, 1, 2}} {
+	q32, k32, v32 := toF32(q), toF32(k), toF32(v)
+	for _, pos := range [][]int32{{20, 21, 22, 20, 21, 22}, {5, 6, 7, 30, 31, 32}, {0, 1, 2, 0, 1, 2}, {9, 3, 7, 39, 0, 12}} {
 		got := make([]float64, batch*heads*sq*hd)
 		require.NoError(t, AttentionAt(got, q, k, v, pos, d))
+		// float32 takes other kernels (packed GEMMs, exp2N).
+		got32 := make([]float32, len(got))
+		require.NoError(t, AttentionAt(got32, q32, k32, v32, pos, d))
+		for i := range got {
+			assert.InDelta(t, got[i], float64(got32[i]), 2e-6, "float32, positions %v, element %d", pos, i)
+		}
 		// Each query alone, over exactly its visible keys.
 		for b := range batch {
 			for i := range sq {
@@ -85,4 +92,12 @@ func TestAttentionAtOffsets(t *testing.T) {
 			}
 		}
 	}
+}
+
+func toF32(x []float64) []float32 {
+	y := make([]float32, len(x))
+	for i, v := range x {
+		y[i] = float32(v)
+	}
+	return y
 }
