@@ -96,18 +96,29 @@ type config struct {
 	explicit map[string]bool // flags the user gave
 }
 
-func parseArgs(args []string) (*config, error) { return parseArgsWith(args, nil) }
+func parseArgs(args []string) (*config, error) { return parseArgsWith(args, "", nil) }
 
-// parseArgsWith is parseArgs with mode applied before the command line is
-// validated: a subcommand that takes gcompile's flags (eval) says what it
-// does with them.
-func parseArgsWith(args []string, mode func(*config)) (*config, error) {
+// parseArgsWith is parseArgs for the subcommand sub ("" for none) that
+// takes gcompile's flags (eval), with mode applied before the command
+// line is validated: what the subcommand does with them.
+func parseArgsWith(args []string, sub string, mode func(*config)) (*config, error) {
 	c := &config{}
-	fs := flag.NewFlagSet("gcompile", flag.ContinueOnError)
+	name := strings.TrimSpace("gcompile " + sub)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	// The usage goes where parsePositional points the output: stdout for
 	// -h (asked for, exit 0), nowhere for a mistake (one line says it).
 	fs.Usage = func() {
 		w := tabwriter.NewWriter(fs.Output(), 0, 4, 2, ' ', 0)
+		if sub != "" {
+			for _, sc := range subcommandTable() {
+				if sc.name == sub {
+					fmt.Fprintf(w, "usage: gcompile %s %s\n%s.\n\nflags (gcompile's; those that only record a training run, --save, --checkpoint-dir, --trace, are refused):\n", sc.name, sc.args, sc.doc)
+				}
+			}
+			w.Flush()
+			fs.PrintDefaults()
+			return
+		}
 		fmt.Fprintf(w, "usage: gcompile MODEL.go|MODEL.gir [flags]\n")
 		for _, sc := range subcommandTable() {
 			fmt.Fprintf(w, "       gcompile %s %s\n", sc.name, sc.args)
@@ -216,7 +227,7 @@ func parseArgsWith(args []string, mode func(*config)) (*config, error) {
 	fs.Visit(func(f *flag.Flag) { c.explicit[f.Name] = true })
 	c.Explicit = c.explicit
 	if len(positional) != 1 {
-		return nil, fmt.Errorf("want exactly one MODEL.go or MODEL.gir, got %d arguments (see gcompile -h)", len(positional))
+		return nil, fmt.Errorf("want exactly one MODEL.go or MODEL.gir, got %d arguments (see %s -h)", len(positional), name)
 	}
 	c.Model = positional[0]
 	if mode != nil {

@@ -21,7 +21,7 @@ import (
 // --batch and --eval-batches give the same figure). Progress goes to
 // stderr, the result as one JSON object to stdout.
 func evalMain(args []string) error {
-	c, err := parseArgsWith(args, func(c *config) {
+	c, err := parseArgsWith(args, "eval", func(c *config) {
 		c.run, c.evalOnly = true, true
 		if !c.explicit["eval-batches"] {
 			c.evalBatches = 8 // training's default, so the figures compare

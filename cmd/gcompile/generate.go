@@ -20,6 +20,7 @@ import (
 	"gcompile/passes"
 	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cpu"
+	"gcompile/runtime/cuda"
 )
 
 // genConfig is `gcompile generate`'s command line.
@@ -35,6 +36,7 @@ type genConfig struct {
 	vocabDivisible           int
 	dump, deviceMemory       string
 	backend                  string
+	packGPU                  bool
 }
 
 // generateMain is `gcompile generate MODEL.go --load W|--resume CKPT
@@ -83,7 +85,8 @@ func parseGenerate(args []string) (*genConfig, error) {
 	fs.IntVar(&g.vocabDivisible, "make-vocab-size-divisible-by", 128, "with --tokenizer: the model's vocab is the tokenizer's padded to a multiple of this times --tp, as in training")
 	fs.StringVar(&g.dump, "dump", "", "write the decode program's module after each pass, and index.html, to this folder")
 	fs.StringVar(&g.deviceMemory, "device-memory", "", "memory per device, e.g. 16GiB: programs and caches that do not fit are refused")
-	fs.StringVar(&g.backend, "backend", "cpu", "cpu (generation's ops have no CUDA kernels yet)")
+	fs.StringVar(&g.backend, "backend", "cpu", "cpu|cuda")
+	fs.BoolVar(&g.packGPU, "pack-gpu", false, "with --backend cuda: every device on one GPU as virtual devices, instead of one GPU each")
 	positional, err := parsePositional(fs, args)
 	if err != nil {
 		return nil, err
@@ -133,8 +136,11 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	if g.output != "text" && g.output != "json" {
 		bad("--output %q: want text or json", g.output)
 	}
-	if g.backend != "cpu" {
-		bad("--backend %s: generation's ops (rope_at, kv_write, attention_at) have no CUDA kernels yet: %w; generate with --backend cpu", g.backend, errNotYet)
+	if g.backend != "cpu" && g.backend != "cuda" {
+		bad("--backend %q: want cpu or cuda", g.backend)
+	}
+	if g.packGPU && g.backend != "cuda" {
+		bad("--pack-gpu needs --backend cuda")
 	}
 	if g.merges != "" && g.tokenizer == "" {
 		bad("--merges needs --tokenizer vocab.json")
@@ -228,7 +234,7 @@ type genResult struct {
 	Stop string `json:"stop"`
 }
 
-func runGenerate(args []string, stdout, stderr io.Writer) error {
+func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	g, err := parseGenerate(args)
 	if err != nil {
 		return err
@@ -301,30 +307,18 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if err := shape.Check(&req); err != nil {
 		return err
 	}
-	pre, err := cpu.NewCluster(gen.Prefill, cpu.Options{MemoryCap: g.MemLimit})
+	loadW := func(pre weightStore) error {
+		progs := []*lower.Program{gen.Prefill}
+		if g.load != "" {
+			return loadWeights(pre, progs, g.load, ignorePatterns(gen.IgnoreOnLoad, g.loadIgnore), g.Classes)
+		}
+		return loadCheckpointParams(pre, progs, g.resume, gen.IgnoreOnLoad, g.Classes)
+	}
+	eng, device, closeAll, err := g.loadGeneration(gen, loadW)
 	if err != nil {
 		return err
 	}
-	dec, err := cpu.NewCluster(gen.Decode, cpu.Options{MemoryCap: g.MemLimit})
-	if err != nil {
-		return err
-	}
-	progs := []*lower.Program{gen.Prefill}
-	if g.load != "" {
-		err = loadWeights(pre, progs, g.load, ignorePatterns(gen.IgnoreOnLoad, g.loadIgnore), g.Classes)
-	} else {
-		err = loadCheckpointParams(pre, progs, g.resume, gen.IgnoreOnLoad, g.Classes)
-	}
-	if err != nil {
-		return err
-	}
-	if err := generate.ShareWeights(&dec.MeshCluster, &pre.MeshCluster); err != nil {
-		return err
-	}
-	eng, err := generate.NewMeshEngine(&pre.MeshCluster, &dec.MeshCluster, batch, longest, context)
-	if err != nil {
-		return err
-	}
+	defer func() { err = errors.Join(err, closeAll()) }()
 	compiled := time.Since(start)
 
 	out := bufio.NewWriter(stdout)
@@ -399,10 +393,88 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
-	fmt.Fprintf(stderr, "generated %d tokens for %d prompt(s) in %.2f s (%.1f tokens/s; compiled and loaded in %.2f s) on %d device(s): %s and %s, key/value cache %s per device\n",
-		tokens, len(prompts), elapsed.Seconds(), float64(tokens)/math.Max(elapsed.Seconds(), 1e-9), compiled.Seconds(), gen.Devices(),
+	fmt.Fprintf(stderr, "generated %d tokens for %d prompt(s) in %.2f s (%.1f tokens/s; compiled and loaded in %.2f s) on %d %s device(s): %s and %s, key/value cache %s per device\n",
+		tokens, len(prompts), elapsed.Seconds(), float64(tokens)/math.Max(elapsed.Seconds(), 1e-9), compiled.Seconds(), gen.Devices(), device,
 		gen.Prefill.Name, gen.Decode.Name, lower.HumanBytes(compile.KVCacheBytes(gen.Decode)))
 	return nil
+}
+
+// loadGeneration loads the prefill and decode programs on the backend,
+// the weights into the prefill program through load, and copies them into
+// the decode program. device names the devices; closeAll releases them.
+func (g *genConfig) loadGeneration(gen *compile.Generation, load func(weightStore) error) (eng *generate.Engine, device string, closeAll func() error, err error) {
+	b, p, c := gen.Batch, gen.Prompt, gen.Context
+	if g.backend == "cpu" {
+		pre, err := cpu.NewCluster(gen.Prefill, cpu.Options{MemoryCap: g.MemLimit})
+		if err != nil {
+			return nil, "", nil, err
+		}
+		dec, err := cpu.NewCluster(gen.Decode, cpu.Options{MemoryCap: g.MemLimit})
+		if err != nil {
+			return nil, "", nil, err
+		}
+		if err := load(pre); err != nil {
+			return nil, "", nil, err
+		}
+		if err := generate.ShareWeights(&dec.MeshCluster, &pre.MeshCluster); err != nil {
+			return nil, "", nil, err
+		}
+		eng, err := generate.NewMeshEngine(&pre.MeshCluster, &dec.MeshCluster, b, p, c)
+		return eng, "cpu", func() error { return nil }, err
+	}
+	// CUDA: one GPU per device (NCCL between them), or every device on
+	// one GPU with --pack-gpu, as training places them.
+	n := gen.Devices()
+	if g.packGPU {
+		n = 1
+	}
+	var rts []*cuda.Runtime
+	var closers []func() error
+	closeAll = func() error {
+		var errs []error
+		for i := len(closers) - 1; i >= 0; i-- {
+			errs = append(errs, closers[i]())
+		}
+		return errors.Join(errs...)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, closeAll())
+		}
+	}()
+	for i := range n {
+		rt, err := cuda.Open(cuda.Config{Ordinal: i})
+		if err != nil {
+			return nil, "", closeAll, err
+		}
+		rts = append(rts, rt)
+		closers = append(closers, rt.Close)
+	}
+	cluster := func(prog *lower.Program) (*cuda.Cluster, error) {
+		progs := []*lower.Program{prog}
+		if len(rts) == 1 {
+			return cuda.NewPipelineCluster(rts[0], progs, cuda.Options{})
+		}
+		return cuda.NewNCCLCluster(rts, progs, cuda.Options{})
+	}
+	pre, err := cluster(gen.Prefill)
+	if err != nil {
+		return nil, "", closeAll, err
+	}
+	closers = append(closers, pre.Close)
+	dec, err := cluster(gen.Decode)
+	if err != nil {
+		return nil, "", closeAll, err
+	}
+	closers = append(closers, dec.Close)
+	if err := load(pre); err != nil {
+		return nil, "", closeAll, err
+	}
+	if err := generate.ShareWeights(&dec.MeshCluster, &pre.MeshCluster); err != nil {
+		return nil, "", closeAll, err
+	}
+	eng, err = generate.NewMeshEngine(&pre.MeshCluster, &dec.MeshCluster, b, p, c)
+	return eng, rts[0].Name(), closeAll, err
 }
 
 // completeRunes drops a UTF-8 sequence cut short at the end of s, which

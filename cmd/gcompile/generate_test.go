@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +13,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"gcompile/data/tokenizer"
+	"gcompile/runtime/cuda/fakegpu"
 )
 
 // genGPT is a GPT small enough to train in a second, with a position
@@ -108,7 +112,7 @@ func TestGenerateBadInput(t *testing.T) {
 		{"top-p 1.5", []string{"--prompt", "a", "--top-p", "1.5"}, "--top-p 1.5"},
 		{"temperature -1", []string{"--prompt", "a", "--temperature", "-1"}, "--temperature -1"},
 		{"another model", []string{"--prompt", "a", "--load", llamaW}, "no param of the model"},
-		{"cuda", []string{"--prompt", "a", "--backend", "cuda"}, "no CUDA kernels yet"},
+		{"pack-gpu on cpu", []string{"--prompt", "a", "--pack-gpu"}, "--pack-gpu needs --backend cuda"},
 		{"pipeline", []string{"--prompt", "a", "--devices", "2", "--pp", "2"}, "--pp 2: generation runs on data and tensor parallelism"},
 		{"cache does not fit", []string{"--prompt", "abc", "--max-new-tokens", "40", "--device-memory", "90KiB"},
 			"key/value cache is 10.8 KiB per device: 2 caches (k and v of 1 layers) of f32[1,4,43,8] [batch, kv_heads, context, head_dim] = 5.4 KiB each"},
@@ -184,4 +188,70 @@ func TestGenerateStopsAtAStopString(t *testing.T) {
 	assert.Equal(t, "length", all[0].Stop)
 	assert.Less(t, len(got[0].IDs), len(all[0].IDs))
 	assert.Equal(t, all[0].IDs[:len(got[0].IDs)], got[0].IDs, "the same tokens up to the one that completed the stop string")
+}
+
+// With a Hugging Face tokenizer, prompts are encoded and the new tokens
+// decoded through it, the model's vocabulary is the tokenizer's padded as
+// in training (the file --save trimmed to 50257 rows loads into 50304),
+// and the padding classes, masked out of the logits, are never drawn.
+func TestGenerateThroughATokenizer(t *testing.T) {
+	dir := t.TempDir()
+	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
+	tok := []string{"--tokenizer", filepath.Join(gpt2, "encoder.json.gz"), "--merges", filepath.Join(gpt2, "vocab.bpe.gz")}
+	docs := filepath.Join(dir, "docs.jsonl")
+	var lines strings.Builder
+	for i := range 12 {
+		fmt.Fprintf(&lines, "{\"text\": \"Document %d says hello to the world, again and again.\"}\n", i)
+	}
+	require.NoError(t, os.WriteFile(docs, []byte(lines.String()), 0o644))
+	prefix := filepath.Join(dir, "prepared")
+	var stdout, stderr strings.Builder
+	require.NoError(t, prepareMain(append(append([]string{}, tok...), "--output-prefix", prefix, "--quiet", docs), &stdout, &stderr))
+	w := filepath.Join(dir, "w.safetensors")
+	set := []string{"--set", "layers=1,hidden=32,heads=2,seq=16,ctx=64"}
+	require.NoError(t, mainErr(append(append([]string{gptModel, "--batch", "4", "--run", "--steps", "2", "--eval-batches", "1", "--data", prefix, "--split", "60,40", "--save", w}, set...), tok...)))
+
+	res := generateJSON(t, append(append([]string{gptModel, "--load", w, "--prompt", "Document 3 says", "--max-new-tokens", "30", "--seed", "2"}, set...), tok...)...)
+	require.Len(t, res, 1)
+	tk, err := tokenizer.Load(tok[1], tok[3])
+	require.NoError(t, err)
+	assert.Equal(t, tk.Encode([]byte("Document 3 says")), res[0].PromptIDs)
+	for _, id := range res[0].IDs {
+		assert.Less(t, id, int32(50257), "a padding class was drawn")
+	}
+	eos, _ := tk.EOS()
+	ids := res[0].IDs
+	if res[0].Stop == "eos" {
+		assert.Equal(t, eos, ids[len(ids)-1])
+		ids = ids[:len(ids)-1]
+	}
+	// Through JSON as the command prints it: bytes that are not UTF-8
+	// become U+FFFD.
+	raw, err := json.Marshal(string(tk.Decode(ids)))
+	require.NoError(t, err)
+	var want string
+	require.NoError(t, json.Unmarshal(raw, &want))
+	assert.Equal(t, want, res[0].Text)
+}
+
+// On the CUDA backend (the fake GPU: the kernels in the emulator),
+// generation gives the CPU backend's tokens, one GPU per device through
+// NCCL under tp2.
+func TestGenerateOnTheCUDABackend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the programs in the kernel emulator (seconds); skipped with -short")
+	}
+	dir := tinyWeights(t)
+	args := []string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--load", filepath.Join(dir, "w.safetensors"),
+		"--prompt", "func main() {", "--max-new-tokens", "6", "--temperature", "0", "--devices", "2", "--tp", "2"}
+	want := generateJSON(t, args...)
+	fakegpu.Install(t)
+	t.Setenv("GCOMPILE_FAKEGPU_DEVICES", "2")
+	t.Setenv("GCOMPILE_CACHE", t.TempDir())
+	got := generateJSON(t, append(args, "--backend", "cuda")...)
+	assert.Equal(t, want, got)
+	t.Setenv("GCOMPILE_LIBCUDA", filepath.Join(t.TempDir(), "libcuda.so.1"))
+	err := runGenerate(append(args, "--backend", "cuda"), io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cannot load CUDA driver from GCOMPILE_LIBCUDA")
 }

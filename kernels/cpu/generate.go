@@ -84,8 +84,9 @@ func KVWrite[T Float](out, cache, new []T, pos []int32, batch, kv, ctx, step, hd
 // position in one long sequence, however many tokens the step holds.
 // Keys past a query's position are never read, so a step's work grows
 // with the tokens so far, not with the cache's size. d.Causal is not
-// read; the positions are the mask. Scores and the softmax are computed
-// in float64.
+// read; the positions are the mask. Several queries at one offset (a
+// prefill) run on the blocked kernels (attentionPrefix); otherwise
+// float32 takes packed GEMMs (attentionAt32) and float64 a plain loop.
 // out is [Batch, SQ, Heads, HeadDim] like [Attention]'s and may not alias
 // q, k or v.
 func AttentionAt[T Float](out, q, k, v []T, pos []int32, d AttentionDims) error {
@@ -109,69 +110,49 @@ func AttentionAt[T Float](out, q, k, v []T, pos []int32, d AttentionDims) error 
 		attentionAt32(o32, q32, k32, v32, pos, d)
 		return nil
 	}
+	// float64 (the oracle tests' programs): a plain loop, math.Exp.
 	hd := d.HeadDim
-	// float32 takes the blocked kernels' exponential (exp2N, below
-	// float32's rounding and a few times faster than math.Exp, which is
-	// most of a long cache's cost); float64 keeps math.Exp.
-	var z T
-	fast := unsafe.Sizeof(z) == 4
-	// One task per (sequence, k/v head): the query heads that share a
-	// k/v head read each of its rows once, together.
-	ParallelFor(d.Batch*d.KVHeads, 1, func(lo, hi int) {
-		for task := lo; task < hi; task++ {
-			b, g := task/d.KVHeads, task%d.KVHeads
-			h0, h1 := d.queryHeads(g)
-			n := h1 - h0
-			if n == 0 {
-				continue
+	eachGroup(d, func(b, g, h0, n int) {
+		s := make([]float64, n*d.SK)
+		acc := make([]float64, n*hd)
+		qf := make([]float64, n*hd)
+		m, sum := make([]float64, n), make([]float64, n)
+		for i := range d.SQ {
+			keys := int(pos[b*d.SQ+i]) + 1
+			for hh := range n {
+				qr := q[d.qRow(b, h0+hh, i):][:hd]
+				for x := range hd {
+					qf[hh*hd+x] = float64(qr[x])
+				}
+				m[hh], sum[hh] = math.Inf(-1), 0
 			}
-			s := make([]float64, n*d.SK)
-			acc := make([]float64, n*hd)
-			qf := make([]float64, n*hd)
-			m, sum := make([]float64, n), make([]float64, n)
-			for i := range d.SQ {
-				keys := int(pos[b*d.SQ+i]) + 1
+			for j := range keys {
+				kr := k[d.kvRow(b, g, j):][:hd]
 				for hh := range n {
-					qr := q[d.qRow(b, h0+hh, i):][:hd]
-					for x := range hd {
-						qf[hh*hd+x] = float64(qr[x])
-					}
-					m[hh], sum[hh] = math.Inf(-1), 0
+					x := dotRow(qf[hh*hd:(hh+1)*hd], kr) * d.Scale
+					s[hh*d.SK+j] = x
+					m[hh] = math.Max(m[hh], x)
 				}
-				for j := range keys {
-					kr := k[d.kvRow(b, g, j):][:hd]
-					for hh := range n {
-						x := dotRow(qf[hh*hd:(hh+1)*hd], kr) * d.Scale
-						s[hh*d.SK+j] = x
-						m[hh] = math.Max(m[hh], x)
-					}
+			}
+			for hh := range n {
+				row := s[hh*d.SK : hh*d.SK+keys]
+				for j, x := range row {
+					row[j] = math.Exp(x - m[hh])
+					sum[hh] += row[j]
 				}
+			}
+			clear(acc)
+			for j := range keys {
+				vr := v[d.kvRow(b, g, j):][:hd]
 				for hh := range n {
-					row := s[hh*d.SK : hh*d.SK+keys]
-					for j, x := range row {
-						var p float64
-						if fast {
-							p = exp2N((x - m[hh]) * expK)
-						} else {
-							p = math.Exp(x - m[hh])
-						}
-						row[j] = p
-						sum[hh] += p
-					}
+					axpyRow(acc[hh*hd:(hh+1)*hd], s[hh*d.SK+j], vr)
 				}
-				clear(acc)
-				for j := range keys {
-					vr := v[d.kvRow(b, g, j):][:hd]
-					for hh := range n {
-						axpyRow(acc[hh*hd:(hh+1)*hd], s[hh*d.SK+j], vr)
-					}
-				}
-				for hh := range n {
-					o := out[d.oRow(b, h0+hh, i):][:hd]
-					inv := 1 / sum[hh]
-					for x, a := range acc[hh*hd : (hh+1)*hd] {
-						o[x] = T(a * inv)
-					}
+			}
+			for hh := range n {
+				o := out[d.oRow(b, h0+hh, i):][:hd]
+				inv := 1 / sum[hh]
+				for x, a := range acc[hh*hd : (hh+1)*hd] {
+					o[x] = T(a * inv)
 				}
 			}
 		}
@@ -187,39 +168,45 @@ func AttentionAt[T Float](out, q, k, v []T, pos []int32, d AttentionDims) error 
 func attentionAt32(out, q, k, v []float32, pos []int32, d AttentionDims) {
 	hd := d.HeadDim
 	kern := sgemmKernels[0]
+	eachGroup(d, func(b, g, h0, n int) {
+		sc := make([]float32, n*d.SK)
+		for i := range d.SQ {
+			keys := int(pos[b*d.SQ+i]) + 1
+			kb := k[d.kvRow(b, g, 0):][:keys*hd]
+			vb := v[d.kvRow(b, g, 0):][:keys*hd]
+			// q's heads of row i are SQ·hd apart; out's are hd apart.
+			qa := q[d.qRow(b, h0, i):][:(n-1)*d.SQ*hd+hd]
+			sgemm(kern, false, false, true, n, keys, hd, qa, d.SQ*hd, kb, hd, sc, keys)
+			for hh := range n {
+				row := sc[hh*keys : (hh+1)*keys]
+				m := float64(rowMax32(row))
+				sum := 0.0
+				a, c := d.Scale*expK, m*d.Scale*expK
+				for j, x := range row {
+					p := float32(exp2N(float64(x)*a - c))
+					row[j] = p
+					sum += float64(p)
+				}
+				inv := float32(1 / sum)
+				for j := range row {
+					row[j] *= inv
+				}
+			}
+			oa := out[d.oRow(b, h0, i):][:n*hd]
+			sgemm(kern, false, false, false, n, hd, keys, sc[:n*keys], keys, vb, hd, oa, hd)
+		}
+	})
+}
+
+// eachGroup runs fn, in parallel, for every (sequence b, k/v head g)
+// with the device's query heads that read g, [h0, h0+n): they are
+// computed together, reading each of g's keys and values once.
+func eachGroup(d AttentionDims, fn func(b, g, h0, n int)) {
 	ParallelFor(d.Batch*d.KVHeads, 1, func(lo, hi int) {
 		for task := lo; task < hi; task++ {
 			b, g := task/d.KVHeads, task%d.KVHeads
-			h0, h1 := d.queryHeads(g)
-			n := h1 - h0
-			if n == 0 {
-				continue
-			}
-			sc := make([]float32, n*d.SK)
-			for i := range d.SQ {
-				keys := int(pos[b*d.SQ+i]) + 1
-				kb := k[d.kvRow(b, g, 0):][:keys*hd]
-				vb := v[d.kvRow(b, g, 0):][:keys*hd]
-				// q's heads of row i are SQ·hd apart; out's are hd apart.
-				qa := q[d.qRow(b, h0, i):][:(n-1)*d.SQ*hd+hd]
-				sgemm(kern, false, false, true, n, keys, hd, qa, d.SQ*hd, kb, hd, sc, keys)
-				for hh := range n {
-					row := sc[hh*keys : (hh+1)*keys]
-					m := float64(rowMax32(row))
-					sum := 0.0
-					a, c := d.Scale*expK, m*d.Scale*expK
-					for j, x := range row {
-						p := float32(exp2N(float64(x)*a - c))
-						row[j] = p
-						sum += float64(p)
-					}
-					inv := float32(1 / sum)
-					for j := range row {
-						row[j] *= inv
-					}
-				}
-				oa := out[d.oRow(b, h0, i):][:n*hd]
-				sgemm(kern, false, false, false, n, hd, keys, sc[:n*keys], keys, vb, hd, oa, hd)
+			if h0, h1 := d.queryHeads(g); h1 > h0 {
+				fn(b, g, h0, h1-h0)
 			}
 		}
 	})
