@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -254,4 +256,32 @@ func TestGenerateOnTheCUDABackend(t *testing.T) {
 	err := runGenerate(append(args, "--backend", "cuda"), io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "cannot load CUDA driver from GCOMPILE_LIBCUDA")
+}
+
+// On a token dataset, gcompile eval --eval-batches 0 reads the whole
+// held-out split (its samples over the batch): the mean of as many
+// batches as a run evaluating that many would report; --resume reads
+// the params of a training checkpoint under another plan.
+func TestEvalOnATokenDataset(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 200, 40, 256, 3)
+	base := []string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16", "--batch", "4", "--data", prefix, "--split", "80,20",
+		"--data-cache-dir", filepath.Join(dir, "cache")}
+	ck := filepath.Join(dir, "ck")
+	require.NoError(t, mainErr(append(append([]string{}, base...), "--run", "--steps", "3", "--checkpoint-dir", ck)))
+	eval := func(extra ...string) evalResult {
+		t.Helper()
+		out := captureStdout(t, func() {
+			require.NoError(t, mainErr(append(append([]string{"eval"}, base...), append([]string{"--resume", ck}, extra...)...)))
+		})
+		var r evalResult
+		require.NoError(t, json.Unmarshal([]byte(out), &r), "%s", out)
+		require.NotNil(t, r.Loss)
+		return r
+	}
+	whole := eval("--eval-batches", "0")
+	require.Greater(t, whole.Batches, 8, "the held-out split holds more than training's 8 batches")
+	same := eval("--eval-batches", strconv.Itoa(whole.Batches), "--devices", "2", "--tp", "2")
+	assert.InDelta(t, *whole.Loss, *same.Loss, 1e-6, "the whole split is that many batches, under any plan")
+	assert.InDelta(t, math.Exp(*whole.Loss), *whole.Perplexity, 1e-9)
 }
