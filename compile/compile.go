@@ -296,14 +296,7 @@ func TempModuleFile(m *ir.Module) (path string, remove func(), err error) {
 func keepLoss(m *ir.Module) {
 	m.Outputs = []ir.Output{{Name: ir.OutputLoss, Value: m.Output(ir.OutputLoss)}}
 	m.Updates = nil
-	need := m.Live()
-	kept := m.Values[:0]
-	for _, v := range m.Values {
-		if need[v] {
-			kept = append(kept, v)
-		}
-	}
-	m.Values = kept
+	m.DropDead()
 }
 
 // ProgramOf is the program device rank runs.

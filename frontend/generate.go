@@ -117,16 +117,8 @@ func (b *Builder) finishGeneration() {
 		b.errs = append(b.errs, errors.New("model has no causal attention: there are no keys and values to cache, and generation would see one token at a time"))
 		return
 	}
-	m := b.m
-	m.Outputs = []ir.Output{{Name: OutputLogits, Value: b.logits}}
-	live := m.Live()
-	kept := m.Values[:0]
-	for _, v := range m.Values {
-		if live[v] {
-			kept = append(kept, v)
-		}
-	}
-	m.Values = kept
+	b.m.Outputs = []ir.Output{{Name: OutputLogits, Value: b.logits}}
+	b.m.DropDead()
 }
 
 // checkGeneration refuses sizes no cache can hold before the model runs.

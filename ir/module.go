@@ -255,6 +255,20 @@ func (m *Module) Live() map[*Value]bool {
 	return live
 }
 
+// DropDead removes the values no output or update needs (Live), keeping
+// the rest in order: a module cut down to some of its outputs.
+func (m *Module) DropDead() {
+	live := m.Live()
+	kept := m.Values[:0]
+	for _, v := range m.Values {
+		if live[v] {
+			kept = append(kept, v)
+		}
+	}
+	clear(m.Values[len(kept):])
+	m.Values = kept
+}
+
 // MarkPass records that a pass has run.
 func (m *Module) MarkPass(name string) { m.Passes = append(m.Passes, name) }
 

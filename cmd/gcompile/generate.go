@@ -321,38 +321,13 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	defer func() { err = errors.Join(err, closeAll()) }()
 	compiled := time.Since(start)
 
-	out := bufio.NewWriter(stdout)
-	defer out.Flush()
-	stream := g.output == "text" && len(prompts) == 1
-	printed := 0
-	stopped := make([]bool, len(prompts))
-	req.StopWhen = func(seq int, ids []int32) bool {
-		if len(g.stops) == 0 {
-			return false
-		}
-		_, hit := generate.StopAt(tx.decode(ids, eos), g.stops)
-		stopped[seq] = stopped[seq] || hit
-		return hit
-	}
-	var made []int32
-	if stream {
-		fmt.Fprint(out, texts[0])
-		out.Flush()
-		req.OnToken = func(_ int, id int32) {
-			made = append(made, id)
-			s := tx.decode(made, eos)
-			if cut, ok := generate.StopAt(s, g.stops); ok {
-				s = s[:cut]
-			} else {
-				s = s[:len(s)-generate.Holdback(s, g.stops)]
-			}
-			s = completeRunes(s)
-			if len(s) > printed {
-				fmt.Fprint(out, s[printed:])
-				printed = len(s)
-				out.Flush()
-			}
-		}
+	out := &genOutput{g: g, tx: tx, eos: eos, texts: texts, prompts: prompts, w: bufio.NewWriter(stdout), stopped: make([]bool, len(prompts))}
+	defer out.w.Flush()
+	req.StopWhen = out.stopWhen
+	if out.streaming() {
+		fmt.Fprint(out.w, texts[0])
+		out.w.Flush()
+		req.OnToken = out.onToken
 	}
 	t0 := time.Now()
 	ids, err := eng.Run(req)
@@ -360,43 +335,100 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		return err
 	}
 	elapsed := time.Since(t0)
-	tokens := 0
-	enc := json.NewEncoder(out)
-	enc.SetEscapeHTML(false)
-	for i, got := range ids {
-		tokens += len(got)
-		s := tx.decode(got, eos)
-		stop := "length"
-		switch {
-		case len(got) > 0 && got[len(got)-1] == eos:
-			stop = "eos"
-		case stopped[i]:
-			stop = "stop"
-			if cut, ok := generate.StopAt(s, g.stops); ok {
-				s = s[:cut]
-			}
-		}
-		switch {
-		case g.output == "json":
-			if err := enc.Encode(genResult{Prompt: texts[i], PromptIDs: prompts[i], IDs: got, Text: s, Stop: stop}); err != nil {
-				return err
-			}
-		case stream:
-			if len(s) > printed {
-				fmt.Fprint(out, s[printed:])
-			}
-			fmt.Fprintln(out)
-		default:
-			fmt.Fprintf(out, "%s%s\n", texts[i], s)
-			if i+1 < len(ids) {
-				fmt.Fprintln(out)
-			}
-		}
+	tokens, err := out.finish(ids)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(stderr, "generated %d tokens for %d prompt(s) in %.2f s (%.1f tokens/s; compiled and loaded in %.2f s) on %d %s device(s): %s and %s, key/value cache %s per device\n",
 		tokens, len(prompts), elapsed.Seconds(), float64(tokens)/math.Max(elapsed.Seconds(), 1e-9), compiled.Seconds(), gen.Devices(), device,
 		gen.Prefill.Name, gen.Decode.Name, lower.HumanBytes(compile.KVCacheBytes(gen.Decode)))
 	return nil
+}
+
+// genOutput prints what generate made: a single prompt's text streamed
+// as its tokens arrive, several prompts' texts when they are done, or one
+// JSON object per prompt.
+type genOutput struct {
+	g       *genConfig
+	tx      codec
+	eos     int32
+	texts   []string
+	prompts [][]int32
+	w       *bufio.Writer
+	// stopped says which prompts a --stop string ended; made and printed
+	// are the streamed prompt's tokens and the bytes of its text out.
+	stopped []bool
+	made    []int32
+	printed int
+}
+
+func (o *genOutput) streaming() bool { return o.g.output == "text" && len(o.prompts) == 1 }
+
+// stopWhen is the engine's StopWhen: whether prompt seq's text so far
+// contains a --stop string.
+func (o *genOutput) stopWhen(seq int, ids []int32) bool {
+	if len(o.g.stops) == 0 {
+		return false
+	}
+	_, hit := generate.StopAt(o.tx.decode(ids, o.eos), o.g.stops)
+	o.stopped[seq] = o.stopped[seq] || hit
+	return hit
+}
+
+// onToken prints the streamed text's new bytes, holding back those that
+// may start a stop string or that end in the middle of a character.
+func (o *genOutput) onToken(_ int, id int32) {
+	o.made = append(o.made, id)
+	s := o.tx.decode(o.made, o.eos)
+	if cut, ok := generate.StopAt(s, o.g.stops); ok {
+		s = s[:cut]
+	} else {
+		s = s[:len(s)-generate.Holdback(s, o.g.stops)]
+	}
+	if s = completeRunes(s); len(s) > o.printed {
+		fmt.Fprint(o.w, s[o.printed:])
+		o.printed = len(s)
+		o.w.Flush()
+	}
+}
+
+// finish prints every prompt's result and returns how many tokens were
+// made.
+func (o *genOutput) finish(ids [][]int32) (int, error) {
+	tokens := 0
+	enc := json.NewEncoder(o.w)
+	enc.SetEscapeHTML(false)
+	for i, got := range ids {
+		tokens += len(got)
+		s := o.tx.decode(got, o.eos)
+		stop := "length"
+		switch {
+		case len(got) > 0 && got[len(got)-1] == o.eos:
+			stop = "eos"
+		case o.stopped[i]:
+			stop = "stop"
+			if cut, ok := generate.StopAt(s, o.g.stops); ok {
+				s = s[:cut]
+			}
+		}
+		switch {
+		case o.g.output == "json":
+			if err := enc.Encode(genResult{Prompt: o.texts[i], PromptIDs: o.prompts[i], IDs: got, Text: s, Stop: stop}); err != nil {
+				return tokens, err
+			}
+		case o.streaming():
+			if len(s) > o.printed {
+				fmt.Fprint(o.w, s[o.printed:])
+			}
+			fmt.Fprintln(o.w)
+		default:
+			fmt.Fprintf(o.w, "%s%s\n", o.texts[i], s)
+			if i+1 < len(ids) {
+				fmt.Fprintln(o.w)
+			}
+		}
+	}
+	return tokens, nil
 }
 
 // loadGeneration loads the prefill and decode programs on the backend,
