@@ -161,6 +161,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	p.done()
 	met.Steps, met.Eval = steps, evals
 	met.Stopped = ck.stoppedBy
+	c.stopStatus = ck.stopStatus
 	met.Checkpoint, met.Checkpoints = ck.saved, ck.saves
 	met.Async = &runtime.AsyncMetrics{Staleness: c.Staleness, MaxStalenessSeen: a.MaxStaleness()}
 	for r, peak := range a.Peaks() {

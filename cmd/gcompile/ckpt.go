@@ -66,8 +66,11 @@ type checkpointer struct {
 	// saves every one, for the metrics.
 	saved string
 	saves []runtime.CheckpointMetrics
-	// stoppedBy says what ended the run early ("" when nothing did).
-	stoppedBy string
+	// stoppedBy says what ended the run early ("" when nothing did);
+	// stopStatus is the exit status that says so (exitStatus: 0 for
+	// --stop-after, which the user asked for).
+	stoppedBy  string
+	stopStatus int
 	// finalErr is the failure of the last step's checkpoint, which ends
 	// the run with an error after its other outputs are written.
 	finalErr error
@@ -113,14 +116,16 @@ func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 
 // note records why the run stopped early and says how to continue it.
 func (k *checkpointer) note(st runtime.State, asked bool) {
-	why := "a signal to another process"
+	// A signal to another process of the job stops this one too, with
+	// SIGTERM's status: the job was terminated.
+	why, status := "a signal to another process", signalStatus(syscall.SIGTERM)
 	if s := k.stop.signal(); s != nil {
-		why = s.String()
+		why, status = signalName(s), signalStatus(s)
 	}
 	if asked {
-		why = "--stop-after"
+		why, status = "--stop-after", 0
 	}
-	k.stoppedBy = why
+	k.stoppedBy, k.stopStatus = why, status
 	if !k.j.lead() {
 		return
 	}

@@ -639,8 +639,9 @@ func TestInspectDescribesTheCheckpoint(t *testing.T) {
 }
 
 // SIGTERM or SIGINT during training stops at the next step boundary with
-// a checkpoint and the outputs asked for, exits 0 naming it, and the run
-// resumes from it bit for bit.
+// a checkpoint and the outputs asked for, names it, and exits with the
+// signal's status (143, 130: the run did not finish); the run resumes
+// from it bit for bit.
 func TestSignalSavesAndExits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
@@ -667,8 +668,12 @@ func TestSignalSavesAndExits(t *testing.T) {
 			require.NoError(t, cmd.Process.Signal(sig))
 			rest, _ := io.ReadAll(stderr)
 			log.Write(rest)
-			require.NoError(t, cmd.Wait(), "exit status 0 after a %v: %s", sig, log.String())
-			assert.Contains(t, log.String(), "stopped by "+sig.String()+" after step")
+			var exit *exec.ExitError
+			require.ErrorAs(t, cmd.Wait(), &exit, "%s", log.String())
+			assert.Equal(t, 128+int(sig), exit.ExitCode(), "exit status after a %v: %s", sig, log.String())
+			name := map[syscall.Signal]string{syscall.SIGTERM: "SIGTERM", syscall.SIGINT: "SIGINT"}[sig]
+			assert.Contains(t, log.String(), "stopped by "+name+" after step")
+			assert.Contains(t, log.String(), fmt.Sprintf("exit status %d, so that a scheduler does not take it for finished", 128+int(sig)))
 			found, err := checkpoint.Find(ck)
 			require.NoError(t, err)
 			assert.Contains(t, log.String(), "continue with --resume "+found)
@@ -676,7 +681,7 @@ func TestSignalSavesAndExits(t *testing.T) {
 			require.NoError(t, err)
 			require.Less(t, m.State.Step, 100, "stopped early")
 			met := readMetrics(t, metrics)
-			assert.Equal(t, sig.String(), met.Stopped)
+			assert.Equal(t, name, met.Stopped)
 			assert.Len(t, met.Steps, m.State.Step, "the metrics hold every step run")
 			require.NoError(t, mainErr(append(slices.Clone(args), "--resume", ck, "--checkpoint-dir", ck)))
 			assert.Equal(t, stateSums(t, checkpoint.StepDir(whole, 100)), stateSums(t, checkpoint.StepDir(ck, 100)))
@@ -754,6 +759,7 @@ func itoa(n int) string {
 	err = cmd.Wait()
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit, "%s", out.String())
+	assert.Equal(t, 130, exit.ExitCode(), "SIGINT's status, 128 + 2")
 	assert.Contains(t, out.String(), "building the model was interrupted")
 	assert.Error(t, syscall.Kill(driver, 0), "the driver (pid %d) is gone", driver)
 	left, err := os.ReadDir(tmp)

@@ -32,7 +32,10 @@ type config struct {
 	run, helpModel                         bool
 	// evalOnly is gcompile eval: the held-out loss of --load's or
 	// --resume's weights, no training (eval.go).
-	evalOnly                      bool
+	evalOnly bool
+	// stopStatus is the exit status of a run a signal stopped before its
+	// last step (exitStatus); 0 otherwise.
+	stopStatus                    int
 	steps, evalEvery, evalBatches int
 	seed                          int64
 	maxDataMB                     int

@@ -528,8 +528,9 @@ func TestCUDAJobAcrossProcesses(t *testing.T) {
 
 // SIGTERM to one process during training stops the whole job at the
 // same step boundary: every process saves its part of the checkpoint and
-// exits 0, and rank 0 says why and how to continue. Before training a
-// signal fails the job (TestJobTimesOutOnAStalledProcess's neighbours).
+// exits 143 (the job did not finish), and rank 0 says why and how to
+// continue. Before training a signal fails the job, every process with
+// the signal's status.
 func TestJobStopsOnASignalToOneProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
@@ -540,7 +541,9 @@ func TestJobStopsOnASignalToOneProcess(t *testing.T) {
 	require.NoError(t, ps[1].cmd.Process.Signal(syscall.SIGTERM))
 	waitAll(t, ps, 20*time.Second)
 	for r, p := range ps {
-		require.NoError(t, p.err, "rank %d:\n%s", r, lastLine(p.output()))
+		var exit *exec.ExitError
+		require.ErrorAs(t, p.err, &exit, "rank %d:\n%s", r, lastLine(p.output()))
+		assert.Equal(t, 143, exit.ExitCode(), "rank %d:\n%s", r, lastLine(p.output()))
 	}
 	found, err := checkpoint.Find(ck)
 	require.NoError(t, err)
@@ -549,4 +552,57 @@ func TestJobStopsOnASignalToOneProcess(t *testing.T) {
 	m, err := checkpoint.ReadManifest(found)
 	require.NoError(t, err)
 	assert.Len(t, m.Files, 4, "both processes wrote their ranks' blocks (ZeRO-1 splits the optimizer state over dp, ranks 2 and 3 being process 1's)")
+}
+
+// A signal to a process before training (here while it waits for a
+// process that never comes) ends it within seconds with the signal's
+// status, as a signal during training does (TestSignalSavesAndExits): the
+// job did not finish.
+func TestJobSignalledBeforeTraining(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	ps := startProcs(t, 2, faultArgs(t, 100000), nil)
+	require.NoError(t, ps[1].cmd.Process.Kill())
+	time.Sleep(time.Second) // rank 0 is in the rendezvous, its signals caught
+	require.NoError(t, ps[0].cmd.Process.Signal(syscall.SIGINT))
+	start := time.Now()
+	waitAll(t, ps, 20*time.Second)
+	assert.Less(t, time.Since(start), 15*time.Second)
+	var exit *exec.ExitError
+	require.ErrorAs(t, ps[0].err, &exit, "%s", ps[0].output())
+	assert.Equal(t, 130, exit.ExitCode(), "%s", ps[0].output())
+	assert.Contains(t, ps[0].output(), "rank 0 was interrupted by SIGINT before training")
+}
+
+// SIGTERM to gcompile launch reaches every rank: they stop at a step
+// boundary, and the launcher exits 143, not 0 (the run did not finish)
+// nor 1 (nothing failed).
+func TestLaunchPassesASignalOn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	cmd := exec.Command(os.Args[0], append([]string{"launch", "--nproc", "2", "--"}, faultArgs(t, 100000)...)...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	out := &proc{cmd: cmd}
+	cmd.Stdout, cmd.Stderr = &out.out, &out.out
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(out.output(), "step 2/") {
+		require.True(t, time.Now().Before(deadline), "no training: %s", out.output())
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	err := cmd.Wait()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out.output())
+	assert.Equal(t, 143, exit.ExitCode(), "%s", out.output())
+	assert.Contains(t, out.output(), "launch: stopped by SIGTERM: every rank stopped")
+	assert.NotContains(t, out.output(), "failed")
 }

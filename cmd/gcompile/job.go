@@ -7,13 +7,11 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"gcompile/runtime"
@@ -127,14 +125,15 @@ func startJob(c *config) (*job, error) {
 	}
 	// A signal to any process of a job stops the job: the others hear of
 	// it through the comm and the store, and say which rank it was.
-	sigs, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sigs, got, stopSignals := signalContext()
 	go func() {
 		select {
 		case <-sigs.Done():
 			if j.preemptible.Load() {
 				return // the training loop stops at the next step boundary
 			}
-			j.fail(fmt.Errorf("rank %d was interrupted (SIGINT or SIGTERM)", w.Rank))
+			// Every process exits with the signal's status (exitCode).
+			j.fail(fmt.Errorf("rank %d was interrupted by %s before training", w.Rank, signalName(got())))
 		case <-j.ctx.Done():
 		}
 	}()
@@ -151,6 +150,11 @@ func startJob(c *config) (*job, error) {
 		}
 	}
 	if err := j.rendezvous(); err != nil {
+		// A signal or another process's failure ended the wait: that is
+		// the cause to report, not the wait's own "context canceled".
+		if cause := context.Cause(j.ctx); j.ctx.Err() != nil && cause != nil {
+			err = cause
+		}
 		j.close()
 		return nil, err
 	}

@@ -243,11 +243,15 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		signalAll(syscall.SIGTERM)
 	}
 	var kill <-chan time.Time
-	signalled := false
+	var signalled os.Signal
 	for done := 0; done < started; {
 		select {
 		case e := <-exits:
 			done++
+			var ee *exec.ExitError
+			if signalled != nil && errors.As(e.err, &ee) && ee.ExitCode() == signalStatus(syscall.SIGTERM) {
+				continue // stopped as asked: the status the launcher exits with below
+			}
 			if e.err != nil && first == nil {
 				first = fmt.Errorf("launch: rank %d failed (%v); stopping the others", e.rank, e.err)
 				signalAll(syscall.SIGTERM)
@@ -255,10 +259,10 @@ func supervise(self string, args []string, n, port int, token string, grace time
 			}
 		case s := <-sigs:
 			// The first signal is passed on: training ranks stop at the
-			// next step boundary (with a checkpoint) and exit 0, others
-			// fail; a second kills them all.
-			if !signalled {
-				signalled = true
+			// next step boundary (with a checkpoint) and exit 143, as
+			// ranks before training do; a second kills them all.
+			if signalled == nil {
+				signalled = s
 				fmt.Fprintf(os.Stderr, "launch: %v: passed to every rank (again to kill them)\n", s)
 				signalAll(syscall.SIGTERM)
 				continue
@@ -270,6 +274,9 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		case <-kill:
 			signalAll(syscall.SIGKILL)
 		}
+	}
+	if first == nil && signalled != nil {
+		return &exitStatus{code: signalStatus(signalled), err: fmt.Errorf("launch: stopped by %s: every rank stopped (the run did not finish)", signalName(signalled))}
 	}
 	return first
 }

@@ -41,7 +41,7 @@ import (
 func main() {
 	if err := mainErr(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "gcompile:", strings.ReplaceAll(err.Error(), "\n", "\ngcompile: "))
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -81,7 +81,8 @@ func mainErr(args []string) (err error) {
 		return labelFromLauncher(c, err)
 	}
 	defer func() {
-		if err != nil {
+		var stopped *exitStatus
+		if err != nil && !errors.As(err, &stopped) {
 			if j.multi() {
 				err = labelled(j.world.Rank, err)
 			}
@@ -182,10 +183,13 @@ func compileAndRun(c *config, j *job) (err error) {
 	}
 	// A signal while the model is built stops the build and removes its
 	// work folder (the default would end gcompile with both left behind).
-	interrupt, stopInterrupt := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	interrupt, interrupted, stopInterrupt := signalContext()
 	c.Interrupt = interrupt
 	res, passErr := compile.Compile(&c.Config, dumper.hooks())
 	stopInterrupt()
+	if sig := interrupted(); sig != nil && passErr != nil {
+		passErr = &exitStatus{err: passErr, code: signalStatus(sig)}
+	}
 	if res != nil && res.Module != nil {
 		outErrs = append(outErrs, dumper.finish(res.Module, passErr))
 	}
@@ -259,7 +263,11 @@ func compileAndRun(c *config, j *job) (err error) {
 	}
 	reportFolder(c)
 	// The report and the closing summary (summary.go).
-	return errors.Join(finishRun(c, j, res, met, runErr), outErr)
+	if err := errors.Join(finishRun(c, j, res, met, runErr), outErr); err != nil || c.stopStatus == 0 {
+		return err
+	}
+	// Everything owed is written, but the run did not finish.
+	return &exitStatus{code: c.stopStatus, err: fmt.Errorf("the run stopped at a step boundary before its last step (%s; exit status %d, so that a scheduler does not take it for finished)", met.Stopped, c.stopStatus)}
 }
 
 // newMetrics starts the metrics of a compiled plan, or of as much of it
@@ -616,6 +624,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	}
 	met.Steps, met.Eval = steps, evals
 	met.Stopped = ck.stoppedBy
+	c.stopStatus = ck.stopStatus
 	met.Checkpoint, met.Checkpoints = ck.saved, ck.saves
 	// What the run did is written out whatever else fails: each output on
 	// its own, every failure reported. The trace of a failed run is what
