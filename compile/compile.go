@@ -150,7 +150,11 @@ func loadModule(c *Config, eval bool) (*ir.Module, error) {
 	}
 	// Progress on stderr: a cold build of the model takes long enough to
 	// look like a hang.
-	l := &loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr, Context: c.Interrupt}
+	progress := c.Progress
+	if progress == nil {
+		progress = os.Stderr
+	}
+	l := &loader.Loader{Timeout: c.ModelTimeout, Progress: progress, Context: c.Interrupt}
 	return l.Load(c.Model, frontend.Config{Name: name, Batch: batch, Set: set, Eval: eval, Classes: c.Classes})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -44,6 +45,10 @@ type Config struct {
 	// and the model's driver are killed, their work folder removed); the
 	// CLI ends it on SIGINT or SIGTERM. nil: never.
 	Interrupt context.Context
+	// Progress is where building a model.go says what it is doing (the
+	// loader's "building model …"): nil is stderr. The processes of a job
+	// other than rank 0 discard it, or a job of 64 prints it 64 times.
+	Progress io.Writer
 
 	Beta1, Beta2, WeightDecay, Clip, LossScale float64
 

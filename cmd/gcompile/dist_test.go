@@ -606,3 +606,34 @@ func TestLaunchPassesASignalOn(t *testing.T) {
 	assert.Contains(t, out.output(), "launch: stopped by SIGTERM: every rank stopped")
 	assert.NotContains(t, out.output(), "failed")
 }
+
+// Only rank 0 says that it builds the model: a job of N processes prints
+// the line once, not N times. The model takes 1.5 s to record, past the
+// loader's one second before it says so.
+func TestJobSaysItBuildsTheModelOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	model := filepath.Join(t.TempDir(), "slow", "model.go")
+	require.NoError(t, os.MkdirAll(filepath.Dir(model), 0o755))
+	require.NoError(t, os.WriteFile(model, []byte(`package slow
+
+import (
+	"time"
+
+	"gcompile/examples/gpt"
+	"gcompile/frontend"
+)
+
+func Model(b *frontend.Builder) {
+	time.Sleep(1500 * time.Millisecond)
+	gpt.Model(b)
+}
+`), 0o644))
+	cmd := exec.Command(os.Args[0], "launch", "--nproc", "3", "--", model, "--set", "layers=1,hidden=32,heads=2,seq=16",
+		"--max-data-mb", "1", "--devices", "3", "--batch", "3")
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Equal(t, 1, strings.Count(string(out), "building model "), "%s", out)
+}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -185,6 +186,9 @@ func compileAndRun(c *config, j *job) (err error) {
 	// work folder (the default would end gcompile with both left behind).
 	interrupt, interrupted, stopInterrupt := signalContext()
 	c.Interrupt = interrupt
+	if !j.lead() {
+		c.Progress = io.Discard // rank 0 says it for the job
+	}
 	res, passErr := compile.Compile(&c.Config, dumper.hooks())
 	stopInterrupt()
 	if sig := interrupted(); sig != nil && passErr != nil {
