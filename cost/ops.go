@@ -2,6 +2,7 @@ package cost
 
 import (
 	"math"
+	"slices"
 	"strings"
 
 	"gcompile/ir"
@@ -65,15 +66,29 @@ type Link struct {
 // tensor-parallel replicas, a pipeline transfer) gets one card's share.
 func (h *Hardware) LinkFor(ranks []int) Link {
 	if len(ranks) > 0 {
-		perNode := map[int]int{}
-		for _, r := range ranks {
-			perNode[r/h.DevicesPerNode]++
-		}
-		if len(perNode) > 1 {
-			k := len(ranks)
+		// Groups are rank-ordered (Mesh.AxisRanks): a node's ranks are
+		// one run, counted in a pass; other orders take a map.
+		nodes, k := 0, len(ranks)
+		if slices.IsSorted(ranks) {
+			for i := 0; i < len(ranks); {
+				j := i + 1
+				for j < len(ranks) && ranks[j]/h.DevicesPerNode == ranks[i]/h.DevicesPerNode {
+					j++
+				}
+				nodes, k = nodes+1, min(k, j-i)
+				i = j
+			}
+		} else {
+			perNode := map[int]int{}
+			for _, r := range ranks {
+				perNode[r/h.DevicesPerNode]++
+			}
+			nodes = len(perNode)
 			for _, n := range perNode {
 				k = min(k, n)
 			}
+		}
+		if nodes > 1 {
 			return Link{GBps: math.Min(h.IntraGBps, float64(k)*h.InterGBps), LatencyUS: h.InterLatencyUS, InterNode: true}
 		}
 	}

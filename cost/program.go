@@ -3,6 +3,7 @@ package cost
 import (
 	"fmt"
 	"math"
+	"strconv"
 
 	"gcompile/ir"
 	"gcompile/lower"
@@ -116,6 +117,7 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 	}
 	tl := &Timeline{Instrs: make([][]Slice, ranks), RankOfDevice: make([]int, devices)}
 	rankProg := make([]*lower.Program, ranks)
+	classes := map[string]*devicePrice{}
 	busiest := -1.0
 	for r := range devices {
 		prog := lower.ProgramOf(progs, r)
@@ -124,31 +126,8 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 			pr = mesh.Coords(r)[ppAxis]
 		}
 		tl.RankOfDevice[r] = pr
-		ics := h.instrCosts(prog, r)
-		if tl.Instrs[pr] == nil {
-			rankProg[pr] = prog
-			tl.Instrs[pr] = make([]Slice, len(prog.Instrs))
-			for i, ic := range ics {
-				tl.Instrs[pr][i] = Slice{Axis: ic.axis, Copy: ic.copy}
-			}
-		}
-		comm, bytes := map[string]float64{}, map[string]float64{}
-		var compute, copies float64
-		for i, in := range prog.Instrs {
-			ic := ics[i]
-			sl := &tl.Instrs[pr][i]
-			sl.Seconds = math.Max(sl.Seconds, ic.seconds)
-			if ic.copy {
-				copies += ic.seconds
-				comm["host"] += ic.seconds
-				bytes["host"] += ic.bytes
-			} else if ic.axis != "" {
-				comm[ic.axis] += ic.seconds
-				bytes[ic.axis] += ic.bytes
-			} else {
-				compute += ic.seconds
-			}
-			if mesh == nil || isFirstReplica(mesh, r, ppAxis) {
+		if mesh == nil || isFirstReplica(mesh, r, ppAxis) {
+			for _, in := range prog.Instrs {
 				if f, ok := instrFlops(in); ok {
 					pred.FLOPs += f
 					if in.Value == nil || in.Value.Meta.Phase != ir.PhaseRecompute {
@@ -157,17 +136,31 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 				}
 			}
 		}
-		t := compute
-		for _, s := range comm {
-			t += s
+		// Devices alike in their program and in where their groups sit
+		// among the nodes cost the same: each class is priced once, so a
+		// mesh of a million devices is priced in the time of a few.
+		key := deviceClass(mesh, r, pr, h.DevicesPerNode)
+		dc, seen := classes[key]
+		if !seen {
+			dc = h.priceDevice(prog, r)
+			classes[key] = dc
+			if tl.Instrs[pr] == nil {
+				rankProg[pr] = prog
+				tl.Instrs[pr] = make([]Slice, len(prog.Instrs))
+				for i, ic := range dc.ics {
+					tl.Instrs[pr][i] = Slice{Axis: ic.axis, Copy: ic.copy}
+				}
+			}
+			for i, ic := range dc.ics {
+				sl := &tl.Instrs[pr][i]
+				sl.Seconds = math.Max(sl.Seconds, ic.seconds)
+			}
 		}
-		t -= copies
-		t = math.Max(t, copies)
-		pred.Busy[r] = t
-		if t > busiest {
-			busiest = t
-			pred.ComputeSeconds = compute
-			pred.CommSeconds, pred.CommBytes = comm, bytes
+		pred.Busy[r] = dc.busy
+		if dc.busy > busiest {
+			busiest = dc.busy
+			pred.ComputeSeconds = dc.compute
+			pred.CommSeconds, pred.CommBytes = dc.comm, dc.bytes
 		}
 	}
 	// FLOPs were counted on one replica of each program (see
@@ -407,6 +400,62 @@ func (h *Hardware) pipelineStep(pred *Prediction, tl *Timeline, progs []*lower.P
 // isFirstReplica says whether device r has coordinate 0 on every axis but
 // pp: one device per pipeline rank, whose program every other device of
 // that rank runs too (SPMD).
+// devicePrice is one device's instructions priced, and their sums.
+type devicePrice struct {
+	ics                   []instrCost
+	comm, bytes           map[string]float64
+	compute, copies, busy float64
+}
+
+// priceDevice prices rank r's instructions and sums them: compute, the
+// time on each axis's links, and copies to and from the host, which
+// overlap the rest.
+func (h *Hardware) priceDevice(prog *lower.Program, r int) *devicePrice {
+	dc := &devicePrice{ics: h.instrCosts(prog, r), comm: map[string]float64{}, bytes: map[string]float64{}}
+	for _, ic := range dc.ics {
+		switch {
+		case ic.copy:
+			dc.copies += ic.seconds
+			dc.comm["host"] += ic.seconds
+			dc.bytes["host"] += ic.bytes
+		case ic.axis != "":
+			dc.comm[ic.axis] += ic.seconds
+			dc.bytes[ic.axis] += ic.bytes
+		default:
+			dc.compute += ic.seconds
+		}
+	}
+	t := dc.compute
+	for _, s := range dc.comm {
+		t += s
+	}
+	dc.busy = math.Max(t-dc.copies, dc.copies)
+	return dc
+}
+
+// deviceClass is what a device's price depends on besides the programs:
+// its pipeline rank, and where it and each of its axis groups start among
+// the devices of a node (a group of ranks base + i·stride spans the same
+// pattern of nodes for every base with the same base mod perNode).
+func deviceClass(m *ir.Mesh, r, pr, perNode int) string {
+	if m == nil {
+		return ""
+	}
+	if perNode >= m.Devices() {
+		return strconv.Itoa(pr) // one node: every group is within it
+	}
+	perNode = max(perNode, 1)
+	key := fmt.Sprintf("%d/%d", pr, r%perNode)
+	coords := m.Coords(r)
+	for ax := range m.Axes {
+		c := coords[ax]
+		coords[ax] = 0
+		key += fmt.Sprintf("/%d", m.Rank(coords)%perNode)
+		coords[ax] = c
+	}
+	return key
+}
+
 func isFirstReplica(m *ir.Mesh, r, ppAxis int) bool {
 	for i, c := range m.Coords(r) {
 		if i != ppAxis && c != 0 {
@@ -458,15 +507,33 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 	if mesh != nil {
 		coords = mesh.Coords(rank)
 	}
+	// One rank list per axis, made once: a program has hundreds of
+	// collectives, and an axis may hold a million ranks (--plan over a
+	// large --devices).
+	groups := map[string][]int{}
 	group := func(axis string) ([]int, string) {
 		if mesh == nil {
 			return nil, axis
+		}
+		if g, ok := groups[axis]; ok {
+			return g, axis
 		}
 		ax := mesh.Axis(axis)
 		if ax < 0 {
 			return nil, axis
 		}
-		return mesh.AxisRanks(coords, ax), axis
+		groups[axis] = mesh.AxisRanks(coords, ax)
+		return groups[axis], axis
+	}
+	// The link an axis's group spans, likewise once per axis.
+	links := map[string]Link{}
+	linkOf := func(axis string, ranks []int) Link {
+		l, ok := links[axis]
+		if !ok {
+			l = h.LinkFor(ranks)
+			links[axis] = l
+		}
+		return l
 	}
 	// Buckets: one call per bucket, priced at its first instruction.
 	bucketBytes := map[int]float64{}
@@ -495,7 +562,7 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 				seenBucket[in.Bucket] = true
 				b = bucketBytes[in.Bucket]
 			}
-			ic.seconds = Collective(in.Op, n, b, h.LinkFor(ranks)) + h.LaunchUS*1e-6
+			ic.seconds = Collective(in.Op, n, b, linkOf(axis, ranks)) + h.LaunchUS*1e-6
 			if in.Bucket > 0 {
 				b = float64(wholeBytes(in))
 			}
@@ -542,9 +609,9 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 			// here.
 			if (in.Op == "cross_entropy" || in.Op == "cross_entropy_grad") && in.Value != nil && mesh != nil {
 				if ax := vocabAxis(in.Value.Args[0]); ax >= 0 {
-					ranks := mesh.AxisRanks(coords, ax)
+					ranks, name := group(mesh.Axes[ax].Name)
 					rows := float64(in.ArgTypes[0].Shape[0])
-					l := h.LinkFor(ranks)
+					l := linkOf(name, ranks)
 					n := len(ranks)
 					extra := Collective("all_gather", n, rows*8*float64(n), l) + Collective("all_reduce", n, 2*rows*8, l)
 					ic.seconds += extra

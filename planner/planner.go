@@ -202,6 +202,9 @@ func Plan(req Request) (*Result, error) {
 		}
 	}
 	sort.SliceStable(res.Ranked, func(i, j int) bool { return res.Ranked[i].StepSeconds() < res.Ranked[j].StepSeconds() })
+	if res.Considered == 0 {
+		return res, fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, req.Base.Devices, noCandidates(req.Base, shape))
+	}
 	if len(res.Ranked) == 0 {
 		var why []string
 		for i, c := range res.Rejected {
@@ -214,6 +217,26 @@ func Plan(req Request) (*Result, error) {
 		return res, fmt.Errorf("%w on %d devices (%d candidates): %s", ErrNoPlan, req.Base.Devices, res.Considered, strings.Join(why, "; "))
 	}
 	return res, nil
+}
+
+// noCandidates says why the search had nothing to try: the rules every
+// candidate's degrees must meet, with the ones the user fixed.
+func noCandidates(base compile.Config, t cost.Transformer) string {
+	var fixed []string
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"tp", base.TP}, {"pp", base.PP}, {"dp", base.DP}, {"ep", base.EP}, {"vpp", base.VPP}, {"microbatches", base.Microbatches}} {
+		if base.Explicit[f.name] {
+			fixed = append(fixed, fmt.Sprintf("--%s %d", f.name, f.v))
+		}
+	}
+	given := ""
+	if len(fixed) > 0 {
+		given = " with " + strings.Join(fixed, ", ") + " as given"
+	}
+	return fmt.Sprintf("no tp·pp·dp·ep = %d%s has tp dividing the %d heads, the FFN width %d and the vocabulary %d, pp dividing the %d layers, and dp·ep dividing --batch %d (give a --devices or --batch with more divisors)",
+		base.Devices, given, t.Heads, t.FFN, t.Vocab, t.Layers, base.Batch)
 }
 
 // maxRejected bounds the reasons kept: a large search rejects thousands.
