@@ -252,6 +252,52 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool
 		indexes[d] = x
 		return x
 	}
+	// A step that ran more of an instruction than one step has is left
+	// out, on every device: a run's last step carries its evaluation's
+	// forward in the same trace window (a short run's trace has no other
+	// steps), and its collectives would not pair up with one step's.
+	over := map[int]string{}
+	{
+		counts := map[string]int{}
+		cd, cs := -1, -1
+		for _, e := range evs {
+			if e.dev != cd || e.step != cs {
+				cd, cs = e.dev, e.step
+				clear(counts)
+			}
+			k := e.ref + "\x00" + e.op
+			counts[k]++
+			if have := len(indexOf(e.dev).byKey[k]); counts[k] > have && have > 0 && over[e.step] == "" {
+				over[e.step] = fmt.Sprintf("device %d, step %d: %s %s occurs %d times, the program has it %d times", e.dev, e.step, e.op, e.ref, counts[k], have)
+			}
+		}
+	}
+	if len(over) > 0 {
+		kept := evs[:0]
+		for _, e := range evs {
+			if over[e.step] == "" {
+				kept = append(kept, e)
+			}
+		}
+		if len(kept) == 0 {
+			var why []string
+			for _, w := range over {
+				why = append(why, w)
+			}
+			sort.Strings(why)
+			return nil, nil, fmt.Errorf("%w: no traced step is one step of the plan (%s): a run's last step holds its evaluation too, so trace a run longer than the steps --trace records (%d)", ErrTraceMismatch, strings.Join(why, "; "), runtime.TraceSteps)
+		}
+		evs = kept
+		steps = slices.DeleteFunc(steps, func(st int) bool { return over[st] != "" })
+		if len(steps) == 0 {
+			// Only the warm-up step is left: price it.
+			for _, e := range evs {
+				if !slices.Contains(steps, e.step) {
+					steps = append(steps, e.step)
+				}
+			}
+		}
+	}
 	times := map[[2]int][]float64{}
 	occ := map[string]int{}
 	curDev, curStep := -1, -1

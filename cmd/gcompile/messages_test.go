@@ -1,6 +1,7 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -59,4 +60,17 @@ func TestPlannerSaysWhyAndAnswers(t *testing.T) {
 		require.NoError(t, mainErr([]string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--plan", "--devices", "65536", "--batch", "65536", "--hardware", "h100-sxm"}))
 	})
 	assert.Contains(t, out, "dp=65536")
+}
+
+// A trace of a run as short as the steps --trace records refines the
+// preset: its last step, which holds the evaluation's forward too, is
+// left out instead of failing the match ("embedding occurs 2 times").
+func TestRefineFromAShortRunsTrace(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "t.json")
+	set := []string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--batch", "4"}
+	require.NoError(t, mainErr(append(append([]string{}, set...), "--max-data-mb", "1", "--run", "--steps", "2", "--trace", trace)))
+	out := captureStdout(t, func() {
+		require.NoError(t, mainErr(append(append([]string{}, set...), "--plan", "--hardware", "cpu", "--tp", "1", "--pp", "1", "--dp", "1", "--refine-trace", trace)))
+	})
+	assert.Contains(t, out, "tp=1 pp=1 dp=1")
 }
