@@ -314,6 +314,9 @@ type serverConn struct {
 	remote string
 	rank   int32
 	ready  bool // handshake done; guarded by s.mu
+	// claimed: the handshake accepted this connection as its rank's
+	// (with ServerOptions.Ranks); guarded by s.mu.
+	claimed bool
 
 	wmu sync.Mutex // one frame at a time on the wire
 
@@ -428,6 +431,22 @@ func (c *serverConn) handshake() bool {
 		status, reason = statusBadToken, fmt.Sprintf("wrong token (claimed rank %d); it belongs to another job or was mistyped", h.rank)
 	case s.opts.Ranks > 0 && (h.rank < 0 || int(h.rank) >= s.opts.Ranks):
 		status, reason = statusBadRank, fmt.Sprintf("rank %d is not in [0, %d)", h.rank, s.opts.Ranks)
+	}
+	if status == statusOK && s.opts.Ranks > 0 {
+		// A rank belongs to one process: a second claim (two processes
+		// given one RANK) is refused for good, naming both hosts, so the
+		// process with the wrong rank fails at once.
+		s.mu.Lock()
+		for o := range s.conns {
+			if o != c && o.claimed && o.rank == h.rank {
+				status, reason = statusBadRank, fmt.Sprintf("rank %d is already in the job, from %s; this process at %s claims it too: two processes were given one rank (check RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK, and --rank)", h.rank, o.remote, c.remote)
+				break
+			}
+		}
+		if status == statusOK {
+			c.claimed = true
+		}
+		s.mu.Unlock()
 	}
 	if status != statusOK {
 		c.logf("refused: %s", reason)

@@ -505,6 +505,36 @@ func TestHandshakeRefusals(t *testing.T) {
 	}
 }
 
+// Two processes claiming one rank: the second is refused at once and
+// for good (DialNear does not sweep on), naming the rank and both
+// addresses; once the first has gone, the rank can be claimed again.
+func TestDuplicateRankIsRefused(t *testing.T) {
+	s, logs := startServer(t, ServerOptions{Ranks: 2})
+	first, err := Dial(ctxFor(t, hang), s.Addr(), testToken, 1)
+	require.NoError(t, err)
+	start := time.Now()
+	host, port, err := net.SplitHostPort(s.Addr())
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	_, err = DialNear(ctxFor(t, hang), host, p, 1, testToken, 1)
+	require.ErrorIs(t, err, ErrRefused)
+	assert.Less(t, time.Since(start), hang/2, "a refusal is final, not retried")
+	assert.Regexp(t, `rank 1 is already in the job, from 127\.0\.0\.1:\d+; this process at 127\.0\.0\.1:\d+ claims it too`, err.Error())
+	logs.waitFor(t, "refused", "rank 1 is already in the job")
+	other, err := Dial(ctxFor(t, hang), s.Addr(), testToken, 0)
+	require.NoError(t, err, "another rank still joins")
+	require.NoError(t, other.Close())
+	require.NoError(t, first.Close())
+	require.Eventually(t, func() bool {
+		c, err := Dial(ctxFor(t, hang), s.Addr(), testToken, 1)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, hang, 10*time.Millisecond, "the rank is free again once its connection closed")
+}
+
 // rawConn connects to addr and, when token is not empty, completes the
 // handshake by hand: tests use it to send what no Client would.
 func rawConn(t *testing.T, addr, token string) net.Conn {
