@@ -637,3 +637,43 @@ func Model(b *frontend.Builder) {
 	require.NoError(t, err, "%s", out)
 	assert.Equal(t, 1, strings.Count(string(out), "building model "), "%s", out)
 }
+
+// Two processes given one rank (ranks 0, 1, 1 of a job of 4, ranks 2 and
+// 3 never started): the job fails within seconds on every process,
+// naming the rank and both addresses. The second claim was accepted
+// before, and the job waited for the missing ranks until --timeout.
+func TestJobRefusesTwoProcessesWithOneRank(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	model, err := jobModel()
+	require.NoError(t, err)
+	self, err := os.Executable()
+	require.NoError(t, err)
+	port, err := freePort()
+	require.NoError(t, err)
+	var ps []*proc
+	for _, r := range []int{0, 1, 1} {
+		p := &proc{cmd: exec.Command(self, model, "--devices", "4", "--run", "--steps", "3", "--max-data-mb", "1")}
+		p.cmd.Env = append(childEnv(r, 4, port, "secret"), asMainEnv+"=1")
+		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		require.NoError(t, p.cmd.Start())
+		ps = append(ps, p)
+	}
+	t.Cleanup(func() {
+		for _, p := range ps {
+			if p.cmd.ProcessState == nil {
+				p.cmd.Process.Kill()
+				p.cmd.Wait()
+			}
+		}
+	})
+	start := time.Now()
+	waitAll(t, ps, 30*time.Second)
+	assert.Less(t, time.Since(start), 15*time.Second, "the job fails at once, not after --timeout")
+	for i, p := range ps {
+		require.Error(t, p.err, "process %d", i)
+		assert.Regexp(t, `rank 1 is already in the job, from 127\.0\.0\.1:\d+; this process at 127\.0\.0\.1:\d+ claims it too`, p.output(), "process %d", i)
+	}
+}

@@ -47,6 +47,8 @@ type job struct {
 	// the next step boundary (every process agrees, see checkpointer)
 	// instead of failing the job.
 	preemptible atomic.Bool
+	// started is set once every process has met at the rendezvous.
+	started atomic.Bool
 
 	log    io.Writer // this process's log: stderr, prefixed for ranks > 0, or a file in --log-dir
 	closer io.Closer
@@ -201,7 +203,15 @@ func (j *job) rendezvous() error {
 	w := j.world
 	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
 	defer cancel()
-	opts := dist.ServerOptions{Token: j.token, Ranks: w.Size, Logf: func(f string, a ...any) { j.logf("rendezvous: "+f, a...) }}
+	opts := dist.ServerOptions{Token: j.token, Ranks: w.Size, Logf: func(f string, a ...any) { j.logf("rendezvous: "+f, a...) },
+		// Two processes with one rank: the job cannot start; rank 0 ends
+		// its wait, and its store tells the others why.
+		// (Once the job has started, the latecomer alone is refused.)
+		OnDuplicateRank: func(reason string) {
+			if !j.started.Load() {
+				j.cancel(fmt.Errorf("the job cannot start: %s", reason))
+			}
+		}}
 	host := dist.BindHost(w.MasterAddr)
 	// The store takes the first free port from StorePort on (MASTER_PORT,
 	// or the port above it where torchrun's agent store holds
@@ -222,6 +232,7 @@ func (j *job) rendezvous() error {
 	if err := j.store.Barrier(ctx, "job/start", w.Size); err != nil {
 		return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %w", w.Rank, w.Size, err)
 	}
+	j.started.Store(true)
 	return nil
 }
 
@@ -442,7 +453,11 @@ func (j *job) close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), drain)
 		j.server.WaitDrained(ctx, j.world.Size)
 		cancel()
-		j.server.Close()
+		if cause := context.Cause(j.ctx); j.ctx.Err() != nil && cause != nil {
+			j.server.Shutdown(cause.Error())
+		} else {
+			j.server.Close()
+		}
 	}
 	j.cancel(errors.New("the job is over"))
 	if j.closer != nil {

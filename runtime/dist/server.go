@@ -23,6 +23,10 @@ type ServerOptions struct {
 	MaxValue         int                              // bytes; 0 means 16 MiB
 	HandshakeTimeout time.Duration                    // 0 means 10 s: a connection that does not complete the handshake in time is closed; also how long a frame, once begun, may stall
 	Logf             func(format string, args ...any) // refusals and protocol errors, one line each naming the remote address and the reason; nil: discarded
+	// OnDuplicateRank, when set, hears of a process refused for claiming
+	// a rank already in the job (with Ranks): the job cannot start, and
+	// its host can say so at once rather than wait for the missing rank.
+	OnDuplicateRank func(reason string)
 }
 
 // Defaults of ServerOptions.
@@ -206,7 +210,11 @@ func (s *Server) Addr() string { return s.addr }
 // Close stops accepting, closes every connection (telling each client
 // that the store is shutting down) and wakes every waiting call; it
 // returns once all of the store's goroutines are gone. It is idempotent.
-func (s *Server) Close() error {
+func (s *Server) Close() error { return s.Shutdown("store is shutting down") }
+
+// Shutdown is Close telling each client why: a job that cannot start
+// says so to the processes still waiting in the rendezvous.
+func (s *Server) Shutdown(reason string) error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
@@ -223,7 +231,7 @@ func (s *Server) Close() error {
 		close(s.done)
 		err = s.ln.Close()
 		for _, c := range ready {
-			c.goodbye("store is shutting down")
+			c.goodbye(reason)
 		}
 		// A goodbye frame in the middle of a handshake would read as a
 		// wrong magic; a plain close reads as what it is.
@@ -447,6 +455,9 @@ func (c *serverConn) handshake() bool {
 			c.claimed = true
 		}
 		s.mu.Unlock()
+		if status != statusOK && s.opts.OnDuplicateRank != nil {
+			defer s.opts.OnDuplicateRank(reason)
+		}
 	}
 	if status != statusOK {
 		c.logf("refused: %s", reason)
