@@ -33,6 +33,7 @@ type genConfig struct {
 	stops                    []string
 	output                   string
 	tokenizer, merges        string
+	bos                      bool
 	vocabDivisible           int
 	dump, deviceMemory       string
 	backend                  string
@@ -82,6 +83,7 @@ func parseGenerate(args []string) (*genConfig, error) {
 	fs.StringVar(&g.output, "output", "text", "text (the continuations, streamed as they are made) or json (one object per prompt: prompt, prompt_ids, ids, text, stop)")
 	fs.StringVar(&g.tokenizer, "tokenizer", "", "the Hugging Face tokenizer.json (or its folder) of the model's vocabulary (default: bytes, one token per byte)")
 	fs.StringVar(&g.merges, "merges", "", "with --tokenizer vocab.json: GPT-2's merges.txt")
+	fs.BoolVar(&g.bos, "bos", false, "with --tokenizer: begin every prompt with the tokenizer's BOS token, as Hugging Face's Llama tokenizers do (data prepared by gcompile has none)")
 	fs.IntVar(&g.vocabDivisible, "make-vocab-size-divisible-by", 128, "with --tokenizer: the model's vocab is the tokenizer's padded to a multiple of this times --tp, as in training")
 	fs.StringVar(&g.dump, "dump", "", "write the decode program's module after each pass, and index.html, to this folder")
 	fs.StringVar(&g.deviceMemory, "device-memory", "", "memory per device, e.g. 16GiB: programs and caches that do not fit are refused")
@@ -141,6 +143,9 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	}
 	if g.packGPU && g.backend != "cuda" {
 		bad("--pack-gpu needs --backend cuda")
+	}
+	if g.bos && g.tokenizer == "" {
+		bad("--bos needs --tokenizer (a byte-level model has no BOS token)")
 	}
 	if g.merges != "" && g.tokenizer == "" {
 		bad("--merges needs --tokenizer vocab.json")
@@ -259,8 +264,16 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	}
 	prompts := make([][]int32, len(texts))
 	longest := 0
+	var bos []int32
+	if g.bos {
+		id, ok := tx.tok.BOS()
+		if !ok {
+			return fmt.Errorf("--bos: the tokenizer %s has no BOS token", g.tokenizer)
+		}
+		bos = []int32{id}
+	}
 	for i, s := range texts {
-		prompts[i] = tx.encode(s)
+		prompts[i] = append(append([]int32(nil), bos...), tx.encode(s)...)
 		if len(prompts[i]) == 0 {
 			return fmt.Errorf("%w: prompt %d encodes to no tokens", generate.ErrBadPrompt, i+1)
 		}

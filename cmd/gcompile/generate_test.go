@@ -285,3 +285,22 @@ func TestEvalOnATokenDataset(t *testing.T) {
 	assert.InDelta(t, *whole.Loss, *same.Loss, 1e-6, "the whole split is that many batches, under any plan")
 	assert.InDelta(t, math.Exp(*whole.Loss), *whole.Perplexity, 1e-9)
 }
+
+// --bos begins every prompt with the tokenizer's BOS, as Hugging Face's
+// Llama tokenizers do (Llama 2's <s> is id 1); a byte-level model has none.
+func TestGenerateWithBOS(t *testing.T) {
+	dir := t.TempDir()
+	w := filepath.Join(dir, "w.safetensors")
+	set := []string{"--set", "layers=1,hidden=32,heads=2,seq=16,ctx=48,vocab=32000"}
+	require.NoError(t, mainErr(append([]string{gptModel, "--batch", "4", "--max-data-mb", "1", "--run", "--steps", "1", "--eval-batches", "-1", "--save", w}, set...)))
+	llama2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama2")
+	res := generateJSON(t, append([]string{gptModel, "--load", w, "--prompt", "Hello", "--max-new-tokens", "2", "--tokenizer", llama2, "--bos"}, set...)...)
+	require.Len(t, res, 1)
+	require.NotEmpty(t, res[0].PromptIDs)
+	assert.Equal(t, int32(1), res[0].PromptIDs[0])
+	plain := generateJSON(t, append([]string{gptModel, "--load", w, "--prompt", "Hello", "--max-new-tokens", "2", "--tokenizer", llama2}, set...)...)
+	assert.Equal(t, res[0].PromptIDs[1:], plain[0].PromptIDs)
+	err := runGenerate([]string{gptModel, "--load", w, "--prompt", "Hello", "--bos"}, io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--bos needs --tokenizer")
+}
