@@ -195,21 +195,32 @@ type proc struct {
 // left and checks that nothing is.
 func startProcs(t *testing.T, n int, args []string, env func(r int) []string) []*proc {
 	t.Helper()
+	ranks := make([]int, n)
+	for r := range ranks {
+		ranks[r] = r
+	}
+	return startRanks(t, n, ranks, args, env)
+}
+
+// startRanks is startProcs for a job of world processes of which those of
+// ranks are started, one process each (a rank may be given twice).
+func startRanks(t *testing.T, world int, ranks []int, args []string, env func(r int) []string) []*proc {
+	t.Helper()
 	self, err := os.Executable()
 	require.NoError(t, err)
 	port, err := freePort()
 	require.NoError(t, err)
-	ps := make([]*proc, n)
-	for r := range n {
+	ps := make([]*proc, len(ranks))
+	for i, r := range ranks {
 		p := &proc{cmd: exec.Command(self, args...)}
-		p.cmd.Env = append(childEnv(r, n, port, "secret"), asMainEnv+"=1")
+		p.cmd.Env = append(childEnv(r, world, port, "secret"), asMainEnv+"=1")
 		if env != nil {
 			p.cmd.Env = append(p.cmd.Env, env(r)...)
 		}
 		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		require.NoError(t, p.cmd.Start())
-		ps[r] = p
+		ps[i] = p
 	}
 	t.Cleanup(func() {
 		for _, p := range ps {
@@ -648,27 +659,7 @@ func TestJobRefusesTwoProcessesWithOneRank(t *testing.T) {
 	}
 	model, err := jobModel()
 	require.NoError(t, err)
-	self, err := os.Executable()
-	require.NoError(t, err)
-	port, err := freePort()
-	require.NoError(t, err)
-	var ps []*proc
-	for _, r := range []int{0, 1, 1} {
-		p := &proc{cmd: exec.Command(self, model, "--devices", "4", "--run", "--steps", "3", "--max-data-mb", "1")}
-		p.cmd.Env = append(childEnv(r, 4, port, "secret"), asMainEnv+"=1")
-		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		require.NoError(t, p.cmd.Start())
-		ps = append(ps, p)
-	}
-	t.Cleanup(func() {
-		for _, p := range ps {
-			if p.cmd.ProcessState == nil {
-				p.cmd.Process.Kill()
-				p.cmd.Wait()
-			}
-		}
-	})
+	ps := startRanks(t, 4, []int{0, 1, 1}, []string{model, "--devices", "4", "--run", "--steps", "3", "--max-data-mb", "1"}, nil)
 	start := time.Now()
 	waitAll(t, ps, 30*time.Second)
 	assert.Less(t, time.Since(start), 15*time.Second, "the job fails at once, not after --timeout")
