@@ -356,6 +356,28 @@ func TestJobRefusesAWrongToken(t *testing.T) {
 	assert.Contains(t, ps[0].output(), "token", "rank 0 logs the refusal:\n%s", ps[0].output())
 }
 
+// Under a launcher that names the job (torchrun's run id here), a process
+// given another token than the rest fails within seconds, told that its
+// own job's store refused it, instead of sweeping the ports until
+// --timeout as it would for another job's store.
+func TestJobWithOneSidedTokenFailsFast(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	ps := startProcs(t, 2, faultArgs(t, 2), func(r int) []string {
+		env := []string{"TORCHELASTIC_RUN_ID=run-7"}
+		if r == 1 {
+			env = append(env, "GCOMPILE_TOKEN=not-the-secret")
+		}
+		return env
+	})
+	start := time.Now()
+	waitAll(t, ps[1:], 30*time.Second)
+	assert.Less(t, time.Since(start), 15*time.Second, "rank 1 fails at once, not after --timeout")
+	require.Error(t, ps[1].err)
+	assert.Contains(t, ps[1].output(), "so the job's processes were given different tokens: give them all one GCOMPILE_TOKEN", ps[1].output())
+}
+
 // A process that compiled another plan is named before any training.
 func TestJobRefusesADifferentPlan(t *testing.T) {
 	if testing.Short() {

@@ -203,7 +203,8 @@ func (j *job) rendezvous() error {
 	w := j.world
 	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
 	defer cancel()
-	opts := dist.ServerOptions{Token: j.token, Ranks: w.Size, Logf: func(f string, a ...any) { j.logf("rendezvous: "+f, a...) },
+	job := dist.JobIdentity(w)
+	opts := dist.ServerOptions{Token: j.token, Ranks: w.Size, JobID: job, Logf: func(f string, a ...any) { j.logf("rendezvous: "+f, a...) },
 		// Two processes with one rank: the job cannot start; rank 0 ends
 		// its wait, and its store tells the others why.
 		// (Once the job has started, the latecomer alone is refused.)
@@ -226,7 +227,7 @@ func (j *job) rendezvous() error {
 			return fmt.Errorf("rank 0 cannot host the rendezvous on %s ports %d–%d: %w", host, port, port+tries-1, err)
 		}
 	}
-	if j.store, err = dist.DialNear(ctx, w.MasterAddr, port, tries, j.token, w.Rank); err != nil {
+	if j.store, err = dist.DialNearJob(ctx, w.MasterAddr, port, tries, j.token, w.Rank, job); err != nil {
 		return fmt.Errorf("rank %d: joining the job's rendezvous at %s ports %d–%d: %w", w.Rank, w.MasterAddr, port, port+tries-1, err)
 	}
 	if err := j.store.Barrier(ctx, "job/start", w.Size); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -111,6 +112,15 @@ func Dial(ctx context.Context, addr, token string, rank int) (*Client, error) {
 // then lists what each port said. A store that accepts the token but
 // refuses the rank is this job's store: that refusal is final.
 func DialNear(ctx context.Context, host string, port, tries int, token string, rank int) (*Client, error) {
+	return DialNearJob(ctx, host, port, tries, token, rank, "")
+}
+
+// DialNearJob is DialNear for the job whose public identity is job
+// (JobIdentity; "" when the launcher gives none). A store that refuses the
+// token but names the same job is this job's store: its processes were
+// given different tokens, and that refusal is final, not another job's
+// store to sweep past.
+func DialNearJob(ctx context.Context, host string, port, tries int, token string, rank int, job string) (*Client, error) {
 	if err := checkPortRange(port, tries); err != nil {
 		return nil, fmt.Errorf("dial store on %s: %w", host, err)
 	}
@@ -129,6 +139,9 @@ func DialNear(ctx context.Context, host string, port, tries int, token string, r
 			var r *refusal
 			if errors.As(err, &r) && r.status == statusBadRank {
 				return nil, fmt.Errorf("dial store at %s: %w", addr, err)
+			}
+			if errors.As(err, &r) && r.status == statusBadToken && job != "" && strings.Contains(r.reason, jobMark(job)) {
+				return nil, fmt.Errorf("dial store at %s: %w: it is this job's store (job %s), so the job's processes were given different tokens: give them all one GCOMPILE_TOKEN (or --token), or none", addr, err, job)
 			}
 			if said[i] == "" || ctx.Err() == nil {
 				said[i] = fmt.Sprintf("%d: %v", port+i, err)

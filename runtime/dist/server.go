@@ -27,6 +27,10 @@ type ServerOptions struct {
 	// a rank already in the job (with Ranks): the job cannot start, and
 	// its host can say so at once rather than wait for the missing rank.
 	OnDuplicateRank func(reason string)
+	// JobID is the job's public identity (JobIdentity): a refusal of the
+	// token names it, so that a process of this job with another token
+	// knows it reached its own store (DialNearJob), not another job's.
+	JobID string
 }
 
 // Defaults of ServerOptions.
@@ -437,6 +441,9 @@ func (c *serverConn) handshake() bool {
 		// Hashes of equal length: the comparison's time says nothing
 		// about the token's length either.
 		status, reason = statusBadToken, fmt.Sprintf("wrong token (claimed rank %d); it belongs to another job or was mistyped", h.rank)
+		if s.opts.JobID != "" {
+			reason += " " + jobMark(s.opts.JobID)
+		}
 	case s.opts.Ranks > 0 && (h.rank < 0 || int(h.rank) >= s.opts.Ranks):
 		status, reason = statusBadRank, fmt.Sprintf("rank %d is not in [0, %d)", h.rank, s.opts.Ranks)
 	}

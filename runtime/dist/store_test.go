@@ -535,6 +535,31 @@ func TestDuplicateRankIsRefused(t *testing.T) {
 	}, hang, 10*time.Millisecond, "the rank is free again once its connection closed")
 }
 
+// A store of the same job that refuses the token ends the search at once
+// (the job's processes were given different tokens); another job's store
+// refusing it is swept past, as before.
+func TestTokenRefusedByOwnJobIsFinal(t *testing.T) {
+	s, _ := startServer(t, ServerOptions{Ranks: 2, JobID: "0123456789abcdef"})
+	host, port, err := net.SplitHostPort(s.Addr())
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = DialNearJob(ctxFor(t, hang), host, p, 1, "a-different-token", 1, "0123456789abcdef")
+	require.ErrorIs(t, err, ErrRefused)
+	assert.Less(t, time.Since(start), hang/2, "final, not swept again")
+	assert.Contains(t, err.Error(), "it is this job's store (job 0123456789abcdef), so the job's processes were given different tokens")
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = DialNearJob(short, host, p, 1, "a-different-token", 1, "fedcba9876543210")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "another job's store is swept past until the context ends")
+	assert.Empty(t, JobIdentity(World{Size: 2, MasterAddr: "h", MasterPort: 1}), "no launcher id, no identity")
+	a := JobIdentity(World{Launcher: "slurm", JobID: "77", Size: 2, MasterAddr: "h", MasterPort: 1})
+	assert.Len(t, a, 16)
+	assert.NotEqual(t, a, JobIdentity(World{Launcher: "slurm", JobID: "78", Size: 2, MasterAddr: "h", MasterPort: 1}))
+}
+
 // rawConn connects to addr and, when token is not empty, completes the
 // handshake by hand: tests use it to send what no Client would.
 func rawConn(t *testing.T, addr, token string) net.Conn {
