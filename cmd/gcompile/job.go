@@ -157,6 +157,10 @@ func startJob(c *config) (*job, error) {
 		if cause := context.Cause(j.ctx); j.ctx.Err() != nil && cause != nil {
 			err = cause
 		}
+		// The job never started: close neither waits at the exit
+		// barrier (a second --timeout) nor long for the others, and the
+		// store tells those still waiting why.
+		j.cancel(err)
 		j.close()
 		return nil, err
 	}
@@ -201,7 +205,13 @@ func (j *job) lead() bool { return j.world.Rank == 0 }
 // takes the first free port above it and the others look for it there.
 func (j *job) rendezvous() error {
 	w := j.world
-	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
+	// Rank 0 gives up first: it knows which ranks never joined and its
+	// store tells the others, who wait a moment longer to hear it.
+	limit := j.timeout
+	if w.Rank != 0 {
+		limit += rendezvousGrace
+	}
+	ctx, cancel := context.WithTimeout(j.ctx, limit)
 	defer cancel()
 	job := dist.JobIdentity(w)
 	opts := dist.ServerOptions{Token: j.token, Ranks: w.Size, JobID: job, Logf: func(f string, a ...any) { j.logf("rendezvous: "+f, a...) },
@@ -231,10 +241,37 @@ func (j *job) rendezvous() error {
 		return fmt.Errorf("rank %d: joining the job's rendezvous at %s ports %d–%d: %w", w.Rank, w.MasterAddr, port, port+tries-1, err)
 	}
 	if err := j.store.Barrier(ctx, "job/start", w.Size); err != nil {
+		if missing := j.missingRanks(); missing != "" && j.ctx.Err() == nil {
+			return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %s never joined (not started, or they cannot reach %s): %w", w.Rank, w.Size, missing, w.MasterHostPort(), err)
+		}
 		return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %w", w.Rank, w.Size, err)
 	}
 	j.started.Store(true)
 	return nil
+}
+
+// rendezvousGrace is how much longer than rank 0 the other processes wait
+// at the rendezvous: enough for rank 0's reason to reach them.
+const rendezvousGrace = 3 * time.Second
+
+// missingRanks names the ranks the store (on rank 0) has not seen, "" when
+// this process hosts no store or none is missing.
+func (j *job) missingRanks() string {
+	if j.server == nil {
+		return ""
+	}
+	m := j.server.MissingRanks()
+	if len(m) == 0 {
+		return ""
+	}
+	parts := make([]string, len(m))
+	for i, r := range m {
+		parts[i] = strconv.Itoa(r)
+	}
+	if len(m) == 1 {
+		return "rank " + parts[0]
+	}
+	return "ranks " + strings.Join(parts, ", ")
 }
 
 // watchAbort ends the job's context when another process reports a
@@ -451,9 +488,13 @@ func (j *job) close() error {
 		if len(errs) > 0 || j.ctx.Err() != nil {
 			drain = 2 * time.Second
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), drain)
-		j.server.WaitDrained(ctx, j.world.Size)
-		cancel()
+		if j.started.Load() {
+			// Before the start the others wait for rank 0's word, which
+			// the shutdown below is: nothing to drain.
+			ctx, cancel := context.WithTimeout(context.Background(), drain)
+			j.server.WaitDrained(ctx, j.world.Size)
+			cancel()
+		}
 		if cause := context.Cause(j.ctx); j.ctx.Err() != nil && cause != nil {
 			j.server.Shutdown(cause.Error())
 		} else {

@@ -128,6 +128,7 @@ func DialNearJob(ctx context.Context, host string, port, tries int, token string
 		return nil, fmt.Errorf("dial store on %s: %w", host, err)
 	}
 	said := make([]string, tries)
+	wasRefused := make([]bool, tries)
 	backoff := 20 * time.Millisecond
 	for {
 		for i := range tries {
@@ -143,8 +144,11 @@ func DialNearJob(ctx context.Context, host string, port, tries int, token string
 			if errors.As(err, &r) && r.status == statusBadToken && job != "" && strings.Contains(r.reason, jobMark(job)) {
 				return nil, fmt.Errorf("dial store at %s: %w: it is this job's store (job %s), so the job's processes were given different tokens: give them all one GCOMPILE_TOKEN (or --token), or none", addr, err, job)
 			}
-			if said[i] == "" || ctx.Err() == nil {
+			// What a store said outlives the store: a refusal is kept over
+			// the dial errors after it closed, being the more telling.
+			if said[i] == "" || ctx.Err() == nil && (errors.As(err, &r) || !wasRefused[i]) {
 				said[i] = fmt.Sprintf("%d: %v", port+i, err)
+				wasRefused[i] = errors.As(err, &r)
 			}
 			if ctx.Err() != nil {
 				break

@@ -250,6 +250,29 @@ func (s *Server) Shutdown(reason string) error {
 	return nil
 }
 
+// MissingRanks are the ranks in [0, Ranks) that no open connection holds
+// (nil without ServerOptions.Ranks): the processes a job is waiting for.
+func (s *Server) MissingRanks() []int {
+	if s.opts.Ranks <= 0 {
+		return nil
+	}
+	s.mu.Lock()
+	held := map[int32]bool{}
+	for c := range s.conns {
+		if c.claimed {
+			held[c.rank] = true
+		}
+	}
+	s.mu.Unlock()
+	var out []int
+	for r := range s.opts.Ranks {
+		if !held[int32(r)] {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // WaitDrained returns once at least clients clients have connected to the
 // store (completed the handshake) and none is connected any more, or when
 // ctx ends. Rank 0 calls it between its own exit barrier and Close, so
