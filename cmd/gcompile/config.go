@@ -57,7 +57,7 @@ type config struct {
 	rank, worldSize, localRank, localWorldSize int
 	masterAddr, token, logDir                  string
 	masterPort                                 int
-	timeout                                    time.Duration
+	timeout, rdzvTimeout                       time.Duration
 	packGPU                                    bool
 
 	// report is --report's page (report.go); started when compiling
@@ -218,7 +218,8 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.StringVar(&c.masterAddr, "master-addr", "", "host of rank 0, which hosts the rendezvous (default: MASTER_ADDR, the first SLURM node, or 127.0.0.1)")
 	fs.IntVar(&c.masterPort, "master-port", 0, "rendezvous port on the master (default: MASTER_PORT, else derived from the SLURM or MPI job id, else 29500); the store takes the first free port from there")
 	fs.StringVar(&c.token, "token", "", "the job's token, presented by every connection (default: GCOMPILE_TOKEN, else derived from the launcher's job id)")
-	fs.DurationVar(&c.timeout, "timeout", runtime.DefaultTimeout, "how long any rank waits for another before the job fails (collectives, transfers, rendezvous)")
+	fs.DurationVar(&c.timeout, "timeout", runtime.DefaultTimeout, "how long any rank waits for another before the job fails (collectives, transfers, the plan check)")
+	fs.DurationVar(&c.rdzvTimeout, "rdzv-timeout", defaultRdzvTimeout, "how long the processes of a job wait for each other to start (the rendezvous); then rank 0 names those that never joined")
 	fs.StringVar(&c.logDir, "log-dir", "", "ranks other than 0 write their log to DIR/rank-N.log instead of stderr (rank 0 always logs to stderr)")
 	fs.BoolVar(&c.packGPU, "pack-gpu", false, "with --backend cuda: put all of this process's devices on one GPU as virtual devices, instead of one GPU each")
 
@@ -438,6 +439,9 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 		if f.v < 0 {
 			bad("--%s must be ≥ 0, got %d", f.name, f.v)
 		}
+	}
+	if c.rdzvTimeout <= 0 {
+		bad("--rdzv-timeout must be positive, got %v", c.rdzvTimeout)
 	}
 	if c.timeout <= 0 {
 		bad("--timeout must be positive, got %v", c.timeout)

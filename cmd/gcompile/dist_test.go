@@ -691,19 +691,21 @@ func TestJobRefusesTwoProcessesWithOneRank(t *testing.T) {
 	}
 }
 
-// A job some of whose processes never start fails after one --timeout,
-// not two (the exit barrier no longer waits again), and rank 0 names the
-// ranks that never joined; the processes that came hear why from it.
+// A job some of whose processes never start fails after its rendezvous
+// deadline (--rdzv-timeout, here 3 s; --timeout stays 10 minutes), not
+// after two --timeouts (the exit barrier no longer waits again), and rank
+// 0 names the ranks that never joined; the processes that came hear why
+// from it.
 func TestJobNamesTheRanksThatNeverJoined(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
 	model, err := jobModel()
 	require.NoError(t, err)
-	ps := startRanks(t, 4, []int{0, 1}, []string{model, "--devices", "4", "--run", "--steps", "3", "--max-data-mb", "1", "--timeout", "3s"}, nil)
+	ps := startRanks(t, 4, []int{0, 1}, []string{model, "--devices", "4", "--run", "--steps", "3", "--max-data-mb", "1", "--rdzv-timeout", "3s"}, nil)
 	start := time.Now()
 	waitAll(t, ps, 30*time.Second)
-	assert.Less(t, time.Since(start), 9*time.Second, "one --timeout (3 s) and the short drain, not two timeouts")
+	assert.Less(t, time.Since(start), 9*time.Second, "the rendezvous deadline (3 s), not --timeout")
 	for r, p := range ps {
 		require.Error(t, p.err, "rank %d", r)
 		assert.Contains(t, p.output(), "ranks 2, 3 never joined (not started, or they cannot reach 127.0.0.1:", "rank %d", r)

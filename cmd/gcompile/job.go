@@ -27,7 +27,10 @@ type job struct {
 	world   dist.World
 	layout  runtime.Layout
 	timeout time.Duration
-	token   string
+	// rdzvTimeout bounds the rendezvous (--rdzv-timeout): still starting
+	// is told from never coming sooner than a collective's --timeout.
+	rdzvTimeout time.Duration
+	token       string
 
 	server *dist.Server
 	store  *dist.Client
@@ -109,7 +112,7 @@ func startJob(c *config) (*job, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &job{world: w, timeout: c.timeout, log: os.Stderr, failed: make(chan struct{})}
+	j := &job{world: w, timeout: c.timeout, rdzvTimeout: c.rdzvTimeout, log: os.Stderr, failed: make(chan struct{})}
 	j.layout = runtime.Layout{Devices: c.Devices, Procs: w.Size, Proc: w.Rank}
 	if w.Size > 1 {
 		if err := j.layout.Check(); err != nil {
@@ -207,7 +210,11 @@ func (j *job) rendezvous() error {
 	w := j.world
 	// Rank 0 gives up first: it knows which ranks never joined and its
 	// store tells the others, who wait a moment longer to hear it.
+	// The rendezvous deadline, never longer than --timeout.
 	limit := j.timeout
+	if j.rdzvTimeout > 0 {
+		limit = min(limit, j.rdzvTimeout)
+	}
 	if w.Rank != 0 {
 		limit += rendezvousGrace
 	}
@@ -249,6 +256,12 @@ func (j *job) rendezvous() error {
 	j.started.Store(true)
 	return nil
 }
+
+// defaultRdzvTimeout is --rdzv-timeout's default: processes of a large
+// job may start minutes apart (containers pulled, nodes booted), but a
+// process that never comes is named well before a collective's 10-minute
+// --timeout.
+const defaultRdzvTimeout = 5 * time.Minute
 
 // rendezvousGrace is how much longer than rank 0 the other processes wait
 // at the rendezvous: enough for rank 0's reason to reach them.
