@@ -21,7 +21,7 @@ import (
 // Both hold the same params and caches (by name, with the same local
 // shapes), so the runtime loads the weights into each and moves the
 // caches from the prefill program to the decode program once per batch
-// of prompts. Each outputs frontend.OutputLogits, [batch·step, vocab],
+// of prompts. Each outputs ir.OutputLogits, [batch·step, vocab],
 // whole on every device.
 type Generation struct {
 	Prefill, Decode *lower.Program
@@ -162,7 +162,7 @@ func compileStep(c *Config, build ModelBuilder, batch, step, context int, hooks 
 func KVCacheBytes(p *lower.Program) int64 {
 	var n int64
 	for _, b := range p.Buffers {
-		if b.Kind == lower.State && strings.HasPrefix(b.Name, ir.KVCachePrefix) {
+		if b.KVCache() {
 			n += b.Bytes
 		}
 	}
@@ -175,7 +175,7 @@ func kvCacheShapes(p *lower.Program) string {
 	var n int
 	var t ir.Type
 	for _, b := range p.Buffers {
-		if b.Kind == lower.State && strings.HasPrefix(b.Name, ir.KVCachePrefix) {
+		if b.KVCache() {
 			n++
 			t = b.Type
 		}

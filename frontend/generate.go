@@ -29,10 +29,6 @@ type Generation struct {
 	Context int
 }
 
-// OutputLogits is the output a module built for generation produces: the
-// logits of every token of the step, [batch·step, vocab].
-const OutputLogits = "logits"
-
 // Generating reports whether the model is being built for generation
 // (Config.Generate).
 func (b *Builder) Generating() bool { return b.cfg.Generate != nil }
@@ -117,7 +113,7 @@ func (b *Builder) finishGeneration() {
 		b.errs = append(b.errs, errors.New("model has no causal attention: there are no keys and values to cache, and generation would see one token at a time"))
 		return
 	}
-	b.m.Outputs = []ir.Output{{Name: OutputLogits, Value: b.logits}}
+	b.m.Outputs = []ir.Output{{Name: ir.OutputLogits, Value: b.logits}}
 	b.m.DropDead()
 }
 

@@ -291,7 +291,7 @@ func (t *Tensor) Gather(ids *Tensor) *Tensor { return t.op("embedding", nil, ids
 // CrossEntropy is the mean over rows of −log softmax(t)[label].
 //
 // When the model is built for generation, t is what the module outputs
-// (OutputLogits): the loss itself is not computed.
+// (ir.OutputLogits): the loss itself is not computed.
 func (t *Tensor) CrossEntropy(labels *Tensor) *Tensor {
 	if t.b.Generating() && t.v != nil {
 		if t.b.logits != nil {

@@ -3,7 +3,6 @@ package generate
 import (
 	"fmt"
 	"sort"
-	"strings"
 
 	"gcompile/ir"
 	"gcompile/lower"
@@ -15,31 +14,28 @@ type meshStepper[D runtime.Member] struct{ c *runtime.MeshCluster[D] }
 
 func (s meshStepper[D]) SetInt32(name string, x []int32) error { return s.c.SetInt32(name, x) }
 func (s meshStepper[D]) Step() error                           { return s.c.Step() }
-func (s meshStepper[D]) Logits() ([]float64, error)            { return s.c.WholeOutput(outputLogits) }
-
-// outputLogits is frontend.OutputLogits (not imported: the host side of
-// generation does not build models).
-const outputLogits = "logits"
+func (s meshStepper[D]) Logits() ([]float64, error)            { return s.c.WholeOutput(ir.OutputLogits) }
 
 // NewMeshEngine is the engine of a prefill and a decode program loaded on
-// clusters of one backend, laid out alike (the same plan): the caches move
-// from one to the other device by device. The weights must be in pre;
-// ShareWeights copies them to dec.
+// clusters of one backend, laid out alike (the same plan), with the
+// weights in pre: it copies them into dec (ShareWeights), and the caches
+// move from one to the other device by device.
 func NewMeshEngine[D runtime.Member](pre, dec *runtime.MeshCluster[D], batch, prompt, context int) (*Engine, error) {
 	if len(pre.Devices) == 0 || len(dec.Devices) == 0 {
 		return nil, fmt.Errorf("generation needs its programs loaded on at least one device")
 	}
-	id, ok := dec.Devices[0].Program().Outputs[outputLogits]
+	if err := ShareWeights(dec, pre); err != nil {
+		return nil, err
+	}
+	id, ok := dec.Devices[0].Program().Outputs[ir.OutputLogits]
 	if !ok {
-		return nil, fmt.Errorf("the decode program has no %q output: it was not compiled for generation", outputLogits)
+		return nil, fmt.Errorf("the decode program has no %q output: it was not compiled for generation", ir.OutputLogits)
 	}
 	lt := dec.Devices[0].Program().Buffers[id].Global
 	if lt.Rank() != 2 || lt.Shape[0] != batch {
 		return nil, fmt.Errorf("the decode program's logits are %v, not [%d, vocab]", lt, batch)
 	}
-	caches := Sources(dec.Devices[0].Program(), func(b lower.Buffer) bool {
-		return b.Kind == lower.State && strings.HasPrefix(b.Name, ir.KVCachePrefix)
-	})
+	caches := Sources(dec.Devices[0].Program(), lower.Buffer.KVCache)
 	return &Engine{
 		Prefill: meshStepper[D]{pre}, Decode: meshStepper[D]{dec},
 		MoveCaches: func() error { return runtime.CopySources(dec, pre, caches) },

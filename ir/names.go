@@ -8,6 +8,9 @@ const (
 	// OutputLoss is the scalar the model minimises; autodiff
 	// differentiates it and evaluation runs the program up to it.
 	OutputLoss = "loss"
+	// OutputLogits is what a module built for generation outputs: the
+	// logits of every token of the step, [batch·step, vocab].
+	OutputLogits = "logits"
 	// InputTokens and InputTargets are a language model's per-step batch:
 	// i32 token ids [batch, seq] and the ids to predict.
 	InputTokens  = "tokens"

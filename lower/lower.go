@@ -128,6 +128,12 @@ type Breakdown struct {
 	KVCache int64 `json:"kv_cache,omitempty"`
 }
 
+// KVCache reports whether b is one of generation's key/value caches
+// (state named ir.KVCachePrefix…).
+func (b Buffer) KVCache() bool {
+	return b.Kind == State && strings.HasPrefix(b.Name, ir.KVCachePrefix)
+}
+
 // Category names where a buffer's bytes count in a Breakdown.
 func (b Buffer) Category() string {
 	switch {
@@ -136,7 +142,7 @@ func (b Buffer) Category() string {
 		// temporary copy of either (offload's device copy, a pipeline
 		// rank's received param).
 		return "params"
-	case b.Kind == State && strings.HasPrefix(b.Name, ir.KVCachePrefix):
+	case b.KVCache():
 		return "kv_cache"
 	case b.Kind == State || b.Value.Op == "state":
 		return "optimizer_state"

@@ -14,6 +14,7 @@ import (
 	"gcompile/examples/llama"
 	"gcompile/frontend"
 	"gcompile/generate"
+	"gcompile/lower"
 	"gcompile/runtime"
 )
 
@@ -59,7 +60,7 @@ func BenchmarkDecode(b *testing.B) {
 				start := time.Now()
 				genStep(b, pre, tokens, positions)
 				prefill := time.Since(start)
-				require.NoError(b, runtime.CopySources(&dec.MeshCluster, &pre.MeshCluster, generate.Sources(dec.Devices[0].Program(), isCache)))
+				require.NoError(b, runtime.CopySources(&dec.MeshCluster, &pre.MeshCluster, generate.Sources(dec.Devices[0].Program(), lower.Buffer.KVCache)))
 				tok, pos := []int32{1}, []int32{0}
 				b.ResetTimer()
 				for i := range b.N {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -89,7 +88,7 @@ func genStep(t testing.TB, c *cpu.Cluster, tokens, positions []int32) []float64 
 	require.NoError(t, c.SetInt32("tokens", tokens))
 	require.NoError(t, c.SetInt32(ir.PositionsInput, positions))
 	require.NoError(t, c.Step())
-	l, err := c.WholeOutput(frontend.OutputLogits)
+	l, err := c.WholeOutput(ir.OutputLogits)
 	require.NoError(t, err)
 	return l
 }
@@ -151,7 +150,7 @@ func TestDecodeMatchesPrefill(t *testing.T) {
 						relClose(t, full[row:row+vocab], got[row:row+vocab], 1e-5, fmt.Sprintf("prefill seq %d pos %d", b, i))
 					}
 				}
-				require.NoError(t, runtime.CopySources(&dec.MeshCluster, &pre.MeshCluster, generate.Sources(dec.Devices[0].Program(), isCache)))
+				require.NoError(t, runtime.CopySources(&dec.MeshCluster, &pre.MeshCluster, generate.Sources(dec.Devices[0].Program(), lower.Buffer.KVCache)))
 				// Each sequence decodes its own next token at its own position.
 				for k := 0; ; k++ {
 					tok, pos := make([]int32, batch), make([]int32, batch)
@@ -188,8 +187,4 @@ func TestDecodeMatchesPrefill(t *testing.T) {
 			})
 		}
 	}
-}
-
-func isCache(b lower.Buffer) bool {
-	return b.Kind == lower.State && strings.HasPrefix(b.Name, ir.KVCachePrefix)
 }

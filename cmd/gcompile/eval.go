@@ -10,6 +10,7 @@ import (
 
 	"gcompile/compile"
 	"gcompile/data/sample"
+	"gcompile/ir"
 	"gcompile/runtime"
 	"gcompile/runtime/cuda"
 )
@@ -106,7 +107,7 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		}
 	}
 	cfg := runtime.TrainConfig{Batch: batch, Seq: seq, Seed: c.seed, EvalBatches: n}
-	cfg.RandomKey = res.Module.Source("random_key") != nil
+	cfg.RandomKey = res.Module.Source(ir.InputRandomKey) != nil
 	ev, err := runtime.NewEvaluator(dev, src, cfg)
 	if err != nil {
 		return err

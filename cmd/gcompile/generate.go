@@ -18,6 +18,7 @@ import (
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
+	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda"
@@ -448,7 +449,6 @@ func (o *genOutput) finish(ids [][]int32) (int, error) {
 // the weights into the prefill program through load, and copies them into
 // the decode program. device names the devices; closeAll releases them.
 func (g *genConfig) loadGeneration(gen *compile.Generation, load func(weightStore) error) (eng *generate.Engine, device string, closeAll func() error, err error) {
-	b, p, c := gen.Batch, gen.Prompt, gen.Context
 	if g.backend == "cpu" {
 		pre, err := cpu.NewCluster(gen.Prefill, cpu.Options{MemoryCap: g.MemLimit})
 		if err != nil {
@@ -458,13 +458,7 @@ func (g *genConfig) loadGeneration(gen *compile.Generation, load func(weightStor
 		if err != nil {
 			return nil, "", nil, err
 		}
-		if err := load(pre); err != nil {
-			return nil, "", nil, err
-		}
-		if err := generate.ShareWeights(&dec.MeshCluster, &pre.MeshCluster); err != nil {
-			return nil, "", nil, err
-		}
-		eng, err := generate.NewMeshEngine(&pre.MeshCluster, &dec.MeshCluster, b, p, c)
+		eng, err := meshEngine(&pre.MeshCluster, &dec.MeshCluster, gen, load)
 		return eng, "cpu", func() error { return nil }, err
 	}
 	// CUDA: one GPU per device (NCCL between them), or every device on
@@ -512,14 +506,17 @@ func (g *genConfig) loadGeneration(gen *compile.Generation, load func(weightStor
 		return nil, "", closeAll, err
 	}
 	closers = append(closers, dec.Close)
-	if err := load(pre); err != nil {
-		return nil, "", closeAll, err
-	}
-	if err := generate.ShareWeights(&dec.MeshCluster, &pre.MeshCluster); err != nil {
-		return nil, "", closeAll, err
-	}
-	eng, err = generate.NewMeshEngine(&pre.MeshCluster, &dec.MeshCluster, b, p, c)
+	eng, err = meshEngine(&pre.MeshCluster, &dec.MeshCluster, gen, load)
 	return eng, rts[0].Name(), closeAll, err
+}
+
+// meshEngine loads the weights into the prefill cluster and makes the
+// engine of the two, on either backend.
+func meshEngine[D runtime.Member](pre, dec *runtime.MeshCluster[D], gen *compile.Generation, load func(weightStore) error) (*generate.Engine, error) {
+	if err := load(pre); err != nil {
+		return nil, err
+	}
+	return generate.NewMeshEngine(pre, dec, gen.Batch, gen.Prompt, gen.Context)
 }
 
 // completeRunes drops a UTF-8 sequence cut short at the end of s, which
@@ -549,7 +546,7 @@ func completeRunes(s string) string {
 
 // logitsWidth is the vocabulary of p's logits (0 when it has none).
 func logitsWidth(p *lower.Program) int {
-	id, ok := p.Outputs["logits"]
+	id, ok := p.Outputs[ir.OutputLogits]
 	if !ok || p.Buffers[id].Global.Rank() != 2 {
 		return 0
 	}

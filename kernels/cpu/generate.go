@@ -58,10 +58,8 @@ func KVWrite[T Float](out, cache, new []T, pos []int32, batch, kv, ctx, step, hd
 	if len(out) != n || len(cache) != n || len(new) != batch*kv*step*hd || len(pos) != batch*step {
 		panic(fmt.Sprintf("cpu.KVWrite: lengths out %d, cache %d, new %d, positions %d for [%d,%d,%d,%d] and step %d", len(out), len(cache), len(new), len(pos), batch, kv, ctx, hd, step))
 	}
-	for r, p := range pos {
-		if p < 0 || int(p) >= ctx {
-			return fmt.Errorf("kv_write: sequence %d's token %d is at position %d, outside the cache of %d positions", r/max(step, 1), r%max(step, 1), p, ctx)
-		}
+	if err := checkCachePositions("kv_write", pos, step, ctx); err != nil {
+		return err
 	}
 	if n > 0 && unsafe.SliceData(out) != unsafe.SliceData(cache) {
 		copy(out, cache)
@@ -94,10 +92,8 @@ func AttentionAt[T Float](out, q, k, v []T, pos []int32, d AttentionDims) error 
 	if d.Group < 1 || !(d.Scale > 0) || len(out) != d.qLen() || len(q) != d.qLen() || len(k) != d.kvLen() || len(v) != d.kvLen() || len(pos) != d.Batch*d.SQ {
 		panic(fmt.Sprintf("cpu.AttentionAt: dims %+v do not match out %d, q %d, k %d, v %d, positions %d", d, len(out), len(q), len(k), len(v), len(pos)))
 	}
-	for r, p := range pos {
-		if p < 0 || int(p) >= d.SK {
-			return fmt.Errorf("attention_at: sequence %d's token %d is at position %d, outside the cache of %d positions", r/max(d.SQ, 1), r%max(d.SQ, 1), p, d.SK)
-		}
+	if err := checkCachePositions("attention_at", pos, d.SQ, d.SK); err != nil {
+		return err
 	}
 	if p0, ok := commonOffset(pos, d.Batch, d.SQ); ok && d.SQ > 1 {
 		attentionPrefix(out, q, k, v, p0, d)
@@ -279,4 +275,15 @@ func axpyRow[T Float](acc []float64, p float64, v []T) {
 	for ; x < len(acc); x++ {
 		acc[x] += p * float64(v[x])
 	}
+}
+
+// checkCachePositions refuses a token position outside a cache of ctx
+// positions, naming the sequence and token (positions are [batch, step]).
+func checkCachePositions(op string, pos []int32, step, ctx int) error {
+	for r, p := range pos {
+		if p < 0 || int(p) >= ctx {
+			return fmt.Errorf("%s: sequence %d's token %d is at position %d, outside the cache of %d positions", op, r/max(step, 1), r%max(step, 1), p, ctx)
+		}
+	}
+	return nil
 }

@@ -103,16 +103,15 @@ type cpuOrCUDA struct {
 }
 
 // engine joins a prefill cluster (c) and a decode cluster of the same
-// backend, the weights copied from the first into the second.
+// backend (NewMeshEngine copies the weights from the first into the
+// second).
 func (c *cpuOrCUDA) engine(t *testing.T, dec *cpuOrCUDA, batch, prompt, context int) *generate.Engine {
 	t.Helper()
 	var e *generate.Engine
 	var err error
 	if c.cpu != nil {
-		require.NoError(t, generate.ShareWeights(&dec.cpu.MeshCluster, &c.cpu.MeshCluster))
 		e, err = generate.NewMeshEngine(&c.cpu.MeshCluster, &dec.cpu.MeshCluster, batch, prompt, context)
 	} else {
-		require.NoError(t, generate.ShareWeights(&dec.gpu.MeshCluster, &c.gpu.MeshCluster))
 		e, err = generate.NewMeshEngine(&c.gpu.MeshCluster, &dec.gpu.MeshCluster, batch, prompt, context)
 	}
 	require.NoError(t, err)
