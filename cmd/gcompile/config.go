@@ -56,6 +56,7 @@ type config struct {
 	// launcher's environment, overridden by these flags where given.
 	rank, worldSize, localRank, localWorldSize int
 	masterAddr, token, logDir                  string
+	advertiseAddr                              string
 	masterPort                                 int
 	timeout, rdzvTimeout                       time.Duration
 	packGPU                                    bool
@@ -97,6 +98,38 @@ type config struct {
 	vocabTables map[string]int
 
 	explicit map[string]bool // flags the user gave
+	// settings are the flags that make the run what it is, as
+	// "name=value" (runSettings): the processes of a job compare them.
+	settings []string
+}
+
+// perProcessFlags may differ between the processes of one job: where a
+// process sits and meets the others, what its machine has
+// (--device-memory only checks that the plan fits), how long it waits,
+// where it writes (only rank 0 writes the job's outputs), and where it
+// finds files, whose paths may differ between machines while their
+// contents (checked by other means) do not.
+var perProcessFlags = map[string]bool{
+	"rank": true, "world-size": true, "local-rank": true, "local-world-size": true,
+	"master-addr": true, "master-port": true, "advertise-addr": true, "token": true, "timeout": true,
+	"rdzv-timeout": true, "log-dir": true, "model-timeout": true, "device-memory": true,
+	"dump": true, "metrics": true, "report": true, "trace": true, "save": true,
+	"timeline": true, "plan-trace": true, "save-hardware": true,
+	"data": true, "tokenizer": true, "merges": true, "data-cache-dir": true,
+	"load": true, "resume": true, "checkpoint-dir": true, "hardware": true,
+	"refine-trace": true,
+}
+
+// runSettings are the values of every flag that makes the run what it is
+// (all but perProcessFlags), given or by default, in name order.
+func runSettings(fs *flag.FlagSet) []string {
+	var out []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if !perProcessFlags[f.Name] {
+			out = append(out, f.Name+"="+f.Value.String())
+		}
+	})
+	return out
 }
 
 func parseArgs(args []string) (*config, error) { return parseArgsWith(args, "", nil) }
@@ -216,6 +249,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.localRank, "local-rank", -1, "this process's rank on its node; picks its GPU (default: from LOCAL_RANK, SLURM_LOCALID or OMPI_COMM_WORLD_LOCAL_RANK)")
 	fs.IntVar(&c.localWorldSize, "local-world-size", 0, "processes on this node (default: from the launcher)")
 	fs.StringVar(&c.masterAddr, "master-addr", "", "host of rank 0, which hosts the rendezvous (default: MASTER_ADDR, the first SLURM node, or 127.0.0.1)")
+	fs.StringVar(&c.advertiseAddr, "advertise-addr", "", "the address the job's other processes reach this one's transport at, which it also listens on (default: GCOMPILE_ADVERTISE_ADDR, else this machine's address on its route to the master, else, on the master's machine, the address the other machines reached the rendezvous at)")
 	fs.IntVar(&c.masterPort, "master-port", 0, "rendezvous port on the master (default: MASTER_PORT, else derived from the SLURM or MPI job id, else 29500); the store takes the first free port from there")
 	fs.StringVar(&c.token, "token", "", "the job's token, presented by every connection (default: GCOMPILE_TOKEN, else derived from the launcher's job id)")
 	fs.DurationVar(&c.timeout, "timeout", runtime.DefaultTimeout, "how long any rank waits for another before the job fails (collectives, transfers, the plan check)")
@@ -230,6 +264,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	c.explicit = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { c.explicit[f.Name] = true })
 	c.Explicit = c.explicit
+	c.settings = runSettings(fs)
 	if len(positional) != 1 {
 		return nil, fmt.Errorf("want exactly one MODEL.go or MODEL.gir, got %d arguments (see %s -h)", len(positional), name)
 	}

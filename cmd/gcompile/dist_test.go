@@ -2,12 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -212,29 +216,29 @@ func startRanks(t *testing.T, world int, ranks []int, args []string, env func(r 
 	require.NoError(t, err)
 	ps := make([]*proc, len(ranks))
 	for i, r := range ranks {
-		p := &proc{cmd: exec.Command(self, args...)}
-		p.cmd.Env = append(childEnv(r, world, port, "secret"), asMainEnv+"=1")
-		if env != nil {
-			p.cmd.Env = append(p.cmd.Env, env(r)...)
-		}
-		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		require.NoError(t, p.cmd.Start())
-		ps[i] = p
+		ps[i] = startProc(t, self, args, append(append(childEnv(r, world, port, "secret"), asMainEnv+"=1"), envOf(env, r)...))
 	}
-	t.Cleanup(func() {
-		for _, p := range ps {
-			if p.cmd.ProcessState == nil {
-				p.cmd.Process.Kill()
-				p.cmd.Wait()
-			}
-		}
-		for r, p := range ps {
-			// Signal 0 checks that the process is gone (reaped above).
-			assert.Error(t, p.cmd.Process.Signal(syscall.Signal(0)), "rank %d is still running", r)
-		}
-	})
 	return ps
+}
+
+// startProc starts one process of a job, killed with the test if still
+// running then.
+func startProc(t *testing.T, self string, args, env []string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(self, args...)}
+	p.cmd.Env = env
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, p.cmd.Start())
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+		// Signal 0 checks that the process is gone (reaped above).
+		assert.Error(t, p.cmd.Process.Signal(syscall.Signal(0)), "a process is still running")
+	})
+	return p
 }
 
 // waitAll waits for every process, failing the test after limit.
@@ -336,49 +340,140 @@ func TestJobTimesOutOnAStalledProcess(t *testing.T) {
 	ps[1].cmd.Wait()
 }
 
-// A process that presents another token is refused by the rendezvous
-// with the reason; the job does not start.
-func TestJobRefusesAWrongToken(t *testing.T) {
+// A misconfigured job fails within seconds on every process, each naming
+// the cause, under the default --timeout (10 minutes) and
+// --rdzv-timeout (5): before, each of these waited for one of them.
+func TestMisconfiguredJobsFailFast(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
-	ps := startProcs(t, 2, faultArgs(t, 2, "--timeout", "2s"), func(r int) []string {
-		if r == 1 {
-			return []string{"GCOMPILE_TOKEN=not-the-secret"}
-		}
+	model, err := jobModel()
+	require.NoError(t, err)
+	args := []string{model, "--devices", "2", "--run", "--steps", "2", "--max-data-mb", "1", "--eval-batches", "1"}
+	const unresolvable = "gcompile-no-such-host.invalid"
+	tests := []struct {
+		name  string
+		env   func(r int) []string
+		extra func(r int) []string
+		want  []string // in every process's output, by rank
+		skip  func() string
+	}{
+		{
+			name: "one-sided token",
+			env: func(r int) []string {
+				if r == 1 {
+					return []string{"GCOMPILE_TOKEN=not-the-secret"}
+				}
+				return nil
+			},
+			want: []string{
+				"the job cannot start: rank 1 at 127.0.0.1:",
+				"so the job's processes were given different tokens: give them all one GCOMPILE_TOKEN",
+			},
+		},
+		{
+			name: "one-sided token, the launcher names the job",
+			env: func(r int) []string {
+				env := []string{"TORCHELASTIC_RUN_ID=run-7"}
+				if r == 1 {
+					env = append(env, "GCOMPILE_TOKEN=not-the-secret")
+				}
+				return env
+			},
+			want: []string{
+				"names this job but holds another token",
+				"it is this job's store (job ",
+			},
+		},
+		{
+			name: "world size differs",
+			// Four devices: a layout for both two and four processes.
+			extra: func(int) []string { return []string{"--devices", "4"} },
+			env: func(r int) []string {
+				if r == 1 {
+					return []string{"WORLD_SIZE=4", "LOCAL_WORLD_SIZE=4"}
+				}
+				return nil
+			},
+			want: []string{
+				"the job cannot start: rank 1 at 127.0.0.1:",
+				"was told the job has 4 processes, the store's process (rank 0) was told 2",
+			},
+		},
+		{
+			name: "a flag differs",
+			extra: func(r int) []string {
+				if r == 1 {
+					return []string{"--seed", "7"}
+				}
+				return nil
+			},
+			want: []string{
+				`rank 1 was given other flags than rank 0: --seed "7" (rank 0: "1")`,
+				`rank 1 was given other flags than rank 0: --seed "7" (rank 0: "1")`,
+			},
+		},
+		{
+			name: "master address does not resolve",
+			env:  func(int) []string { return []string{"MASTER_ADDR=" + unresolvable} },
+			want: []string{
+				`the master address "` + unresolvable + `" does not resolve on this machine`,
+				`the master address "` + unresolvable + `" does not resolve on this machine`,
+			},
+			skip: func() string {
+				_, err := net.DefaultResolver.LookupHost(context.Background(), unresolvable)
+				var dnsErr *net.DNSError
+				if !errors.As(err, &dnsErr) || !dnsErr.IsNotFound {
+					return fmt.Sprintf("this machine's resolver does not say that %s does not exist: %v", unresolvable, err)
+				}
+				return ""
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if tc.skip != nil {
+				if why := tc.skip(); why != "" {
+					t.Skip(why)
+				}
+			}
+			ps := make([]*proc, 2)
+			self, err := os.Executable()
+			require.NoError(t, err)
+			port, err := freePort()
+			require.NoError(t, err)
+			for r := range ps {
+				a := slices.Clone(args)
+				if tc.extra != nil {
+					a = append(a, tc.extra(r)...)
+				}
+				ps[r] = startProc(t, self, a, append(append(childEnv(r, 2, port, "secret"), asMainEnv+"=1"), envOf(tc.env, r)...))
+			}
+			start := time.Now()
+			waitAll(t, ps, 60*time.Second)
+			assert.Less(t, time.Since(start), 15*time.Second, "the job fails within seconds, not after a timeout")
+			for r, p := range ps {
+				t.Logf("rank %d:\n%s", r, p.output())
+				require.Error(t, p.err, "rank %d:\n%s", r, p.output())
+				assert.Contains(t, p.output(), tc.want[r], "rank %d", r)
+				assert.NotContains(t, p.output(), "building model", "rank %d builds nothing", r)
+			}
+		})
+	}
+}
+
+// envOf is env(r), or nothing when env is nil.
+func envOf(env func(int) []string, r int) []string {
+	if env == nil {
 		return nil
-	})
-	waitAll(t, ps, 30*time.Second)
-	for r, p := range ps {
-		require.Error(t, p.err, "rank %d", r)
 	}
-	assert.Contains(t, ps[1].output(), "token", "rank 1 hears why:\n%s", ps[1].output())
-	assert.Contains(t, ps[0].output(), "token", "rank 0 logs the refusal:\n%s", ps[0].output())
+	return env(r)
 }
 
-// Under a launcher that names the job (torchrun's run id here), a process
-// given another token than the rest fails within seconds, told that its
-// own job's store refused it, instead of sweeping the ports until
-// --timeout as it would for another job's store.
-func TestJobWithOneSidedTokenFailsFast(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes; skipped with -short")
-	}
-	ps := startProcs(t, 2, faultArgs(t, 2), func(r int) []string {
-		env := []string{"TORCHELASTIC_RUN_ID=run-7"}
-		if r == 1 {
-			env = append(env, "GCOMPILE_TOKEN=not-the-secret")
-		}
-		return env
-	})
-	start := time.Now()
-	waitAll(t, ps[1:], 30*time.Second)
-	assert.Less(t, time.Since(start), 15*time.Second, "rank 1 fails at once, not after --timeout")
-	require.Error(t, ps[1].err)
-	assert.Contains(t, ps[1].output(), "so the job's processes were given different tokens: give them all one GCOMPILE_TOKEN", ps[1].output())
-}
-
-// A process that compiled another plan is named before any training.
+// A process that compiled another plan (here: another model file, with
+// one LayerNorm's eps changed; its flags are rank 0's) is named before
+// any training.
 func TestJobRefusesADifferentPlan(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
@@ -387,17 +482,20 @@ func TestJobRefusesADifferentPlan(t *testing.T) {
 	require.NoError(t, err)
 	port, err := freePort()
 	require.NoError(t, err)
+	model, err := jobModel()
+	require.NoError(t, err)
+	src, err := os.ReadFile(model)
+	require.NoError(t, err)
+	require.Contains(t, string(src), "eps=1e-05")
+	other := filepath.Join(t.TempDir(), "other.gir")
+	require.NoError(t, os.WriteFile(other, []byte(strings.Replace(string(src), "eps=1e-05", "eps=2e-05", 1)), 0o644))
 	ps := make([]*proc, 2)
 	for r := range 2 {
 		args := faultArgs(t, 2, "--timeout", "20s")
 		if r == 1 {
-			args = append(args, "--weight-decay", "0.01") // the optimizer's update ops differ
+			args[0] = other
 		}
-		p := &proc{cmd: exec.Command(self, args...)}
-		p.cmd.Env = append(childEnv(r, 2, port, "secret"), asMainEnv+"=1")
-		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-		require.NoError(t, p.cmd.Start())
-		ps[r] = p
+		ps[r] = startProc(t, self, args, append(childEnv(r, 2, port, "secret"), asMainEnv+"=1"))
 	}
 	waitAll(t, ps, 60*time.Second)
 	for r, p := range ps {

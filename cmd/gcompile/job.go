@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,12 @@ type job struct {
 	// is told from never coming sooner than a collective's --timeout.
 	rdzvTimeout time.Duration
 	token       string
+	// settings are this process's run-defining flags (config.settings),
+	// compared with rank 0's at the rendezvous.
+	settings []string
+	// advertise is --advertise-addr (or GCOMPILE_ADVERTISE_ADDR), "" for
+	// the address found on the route to the master.
+	advertise string
 
 	server *dist.Server
 	store  *dist.Client
@@ -61,6 +68,8 @@ type job struct {
 const (
 	keyAbort       = "job/abort"        // the first failure, "rank N: why"
 	keyFingerprint = "job/fingerprint/" // + process rank: its compiled plan's fingerprint
+	keySettings    = "job/settings/"    // + process rank: its run-defining flags
+	keyReachedAt   = "job/reached-at"   // the master's address as the other machines reached it (Server.ReachedAt)
 )
 
 // rendezvousPorts is how many ports from its first the store may look
@@ -112,7 +121,10 @@ func startJob(c *config) (*job, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &job{world: w, timeout: c.timeout, rdzvTimeout: c.rdzvTimeout, log: os.Stderr, failed: make(chan struct{})}
+	j := &job{world: w, timeout: c.timeout, rdzvTimeout: c.rdzvTimeout, settings: c.settings, advertise: c.advertiseAddr, log: os.Stderr, failed: make(chan struct{})}
+	if !c.explicit["advertise-addr"] {
+		j.advertise = os.Getenv("GCOMPILE_ADVERTISE_ADDR")
+	}
 	j.layout = runtime.Layout{Devices: c.Devices, Procs: w.Size, Proc: w.Rank}
 	if w.Size > 1 {
 		if err := j.layout.Check(); err != nil {
@@ -151,7 +163,7 @@ func startJob(c *config) (*job, error) {
 		var secret bool
 		j.token, secret = dist.DefaultToken(w, os.Getenv)
 		if !secret && w.Rank == 0 {
-			j.logf("the job token is derived from the launcher's job id (set GCOMPILE_TOKEN or --token for a secret one)")
+			j.logf("%s", derivedTokenNote(w))
 		}
 	}
 	if err := j.rendezvous(); err != nil {
@@ -220,16 +232,12 @@ func (j *job) rendezvous() error {
 	}
 	ctx, cancel := context.WithTimeout(j.ctx, limit)
 	defer cancel()
+	if err := checkResolves(ctx, w.MasterAddr); err != nil {
+		return fmt.Errorf("rank %d: %w", w.Rank, err)
+	}
 	job := dist.JobIdentity(w)
 	opts := dist.ServerOptions{Token: j.token, Ranks: w.Size, JobID: job, Logf: func(f string, a ...any) { j.logf("rendezvous: "+f, a...) },
-		// Two processes with one rank: the job cannot start; rank 0 ends
-		// its wait, and its store tells the others why.
-		// (Once the job has started, the latecomer alone is refused.)
-		OnDuplicateRank: func(reason string) {
-			if !j.started.Load() {
-				j.cancel(fmt.Errorf("the job cannot start: %s", reason))
-			}
-		}}
+		OnMisfit: j.misfit}
 	host := dist.BindHost(w.MasterAddr)
 	// The store takes the first free port from StorePort on (MASTER_PORT,
 	// or the port above it where torchrun's agent store holds
@@ -244,7 +252,8 @@ func (j *job) rendezvous() error {
 			return fmt.Errorf("rank 0 cannot host the rendezvous on %s ports %d–%d: %w", host, port, port+tries-1, err)
 		}
 	}
-	if j.store, err = dist.DialNearJob(ctx, w.MasterAddr, port, tries, j.token, w.Rank, job); err != nil {
+	me := dist.Member{Token: j.token, Rank: w.Rank, Size: w.Size, Job: job, JobNamed: w.JobID != ""}
+	if j.store, err = dist.DialNearAs(ctx, w.MasterAddr, port, tries, me); err != nil {
 		return fmt.Errorf("rank %d: joining the job's rendezvous at %s ports %d–%d: %w", w.Rank, w.MasterAddr, port, port+tries-1, err)
 	}
 	if err := j.store.Barrier(ctx, "job/start", w.Size); err != nil {
@@ -254,7 +263,143 @@ func (j *job) rendezvous() error {
 		return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %w", w.Rank, w.Size, err)
 	}
 	j.started.Store(true)
+	if j.server != nil {
+		// Every process has joined: the other machines' connections say
+		// where they reach this one.
+		if err := j.store.Set(ctx, keyReachedAt, []byte(j.server.ReachedAt())); err != nil {
+			return fmt.Errorf("rank 0: publishing the master's address: %w", err)
+		}
+	}
+	return j.checkSettings(ctx)
+}
+
+// checkSettings compares every process's run-defining flags with rank
+// 0's: a process given another --seed, --lr or --steps would train
+// another run and exchange garbage, or hang when its steps run out. The
+// error, the same on every process, names the first process that differs
+// and each flag with both values.
+func (j *job) checkSettings(ctx context.Context) error {
+	me := strings.Join(j.settings, "\n")
+	if err := j.store.Set(ctx, keySettings+strconv.Itoa(j.world.Rank), []byte(me)); err != nil {
+		return fmt.Errorf("rank %d: publishing this process's flags: %w", j.world.Rank, err)
+	}
+	var first []string
+	for r := range j.world.Size {
+		v, err := j.store.Get(ctx, keySettings+strconv.Itoa(r))
+		if err != nil {
+			return fmt.Errorf("rank %d: waiting for rank %d's flags: %w", j.world.Rank, r, err)
+		}
+		theirs := strings.Split(string(v), "\n")
+		if r == 0 {
+			first = theirs
+			continue
+		}
+		if diff := settingsDiff(first, theirs); diff != "" {
+			return fmt.Errorf("rank %d was given other flags than rank 0: %s; every process of a job must be given the same flags (only where it sits and where it writes may differ)", r, diff)
+		}
+	}
 	return nil
+}
+
+// settingsDiff names the flags whose values differ between rank 0's
+// settings and another rank's ("--seed 7 (rank 0: 1)"), "" if none.
+func settingsDiff(zero, other []string) string {
+	values := func(list []string) map[string]string {
+		m := map[string]string{}
+		for _, kv := range list {
+			k, v, _ := strings.Cut(kv, "=")
+			m[k] = v
+		}
+		return m
+	}
+	a, b := values(zero), values(other)
+	var names []string
+	for k := range a {
+		names = append(names, k)
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	var diffs []string
+	for _, k := range names {
+		va, okA := a[k]
+		vb, okB := b[k]
+		switch {
+		case !okA || !okB:
+			// Another gcompile build: its fingerprint check would name it
+			// too, but later.
+			diffs = append(diffs, fmt.Sprintf("--%s is known to one of them only (another gcompile build?)", k))
+		case va != vb:
+			diffs = append(diffs, fmt.Sprintf("--%s %q (rank 0: %q)", k, vb, va))
+		}
+	}
+	return strings.Join(diffs, ", ")
+}
+
+// checkResolves fails when the master address is a name the resolver
+// says does not exist: retrying it until the rendezvous deadline would
+// only delay the same answer. A lookup that fails otherwise (a resolver
+// that is slow or down) is left to the dial's retries.
+func checkResolves(ctx context.Context, master string) error {
+	host := strings.TrimSuffix(strings.TrimPrefix(master, "["), "]")
+	if host == "" || net.ParseIP(host) != nil {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := net.DefaultResolver.LookupHost(lctx, host)
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		return fmt.Errorf("the master address %q does not resolve on this machine (%w): set MASTER_ADDR (or --master-addr; under SLURM, the first host of the node list) to a name or address every machine of the job resolves", master, err)
+	}
+	return nil
+}
+
+// misfit hears of a process of this job that rank 0's store refused.
+// Before the job starts, the job cannot start: two processes with one
+// rank, or one told another job size, end the rendezvous at once (the
+// store tells the others why); one that names this job but not its token
+// ends it when that rank has not joined with the right token within
+// misfitGrace (the process fails at once on its side, but the claim is
+// unproven: another job on the same master address may have made it).
+// Once the job has started, the latecomer alone is refused.
+func (j *job) misfit(m dist.Misfit) {
+	if j.started.Load() {
+		return
+	}
+	stop := func() {
+		if !j.started.Load() {
+			j.cancel(fmt.Errorf("the job cannot start: %s", m.Reason))
+		}
+	}
+	if !m.Unproven {
+		stop()
+		return
+	}
+	time.AfterFunc(misfitGrace, func() {
+		if j.server != nil && slices.Contains(j.server.MissingRanks(), m.Rank) {
+			stop()
+		}
+	})
+}
+
+// misfitGrace is how long rank 0 waits for a rank whose process named
+// this job with another token to join with the right one.
+const misfitGrace = 2 * time.Second
+
+// derivedTokenNote is what rank 0 says of a token derived from public
+// facts: a note on one machine, where the store listens on loopback or
+// a local address; a warning, with the fix, for a job across machines,
+// where anyone who can reach the master can compute the token and join.
+func derivedTokenNote(w dist.World) string {
+	if w.LocalSize >= w.Size {
+		return "the job token is derived from the job's public facts (set GCOMPILE_TOKEN or --token for a secret one)"
+	}
+	return fmt.Sprintf(`WARNING: this job spans several machines and its rendezvous token is derived from public facts (the launcher, its job id, the master address %s): anyone who can reach the master can compute it, join the job and stop it.
+WARNING: set GCOMPILE_TOKEN to the same secret in every process's environment, e.g. in the sbatch script or before the launcher: export GCOMPILE_TOKEN=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')`, w.MasterHostPort())
 }
 
 // defaultRdzvTimeout is --rdzv-timeout's default: processes of a large
@@ -453,12 +598,9 @@ func sameFailure(a, b string) bool {
 func (j *job) connect() (*comm.Net, error) {
 	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
 	defer cancel()
-	bind := dist.BindHost(j.world.MasterAddr)
-	advertise := ""
-	if bind == "0.0.0.0" {
-		// The others reach this process on the address it reaches the
-		// store from.
-		advertise = outboundHost(j.world.MasterHostPort())
+	bind, advertise, err := j.transportAddr(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: %w", j.world.Rank, err)
 	}
 	n, err := comm.NewNet(ctx, comm.NetConfig{
 		Layout: j.layout, Token: j.token, Bind: bind, Advertise: advertise, Timeout: j.timeout,
@@ -544,6 +686,66 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+// transportAddr is where this process's transport listens (bind) and the
+// address the others dial it at (advertise; "" means bind's):
+//
+//   - --advertise-addr (or GCOMPILE_ADVERTISE_ADDR), both;
+//   - otherwise this machine's address on its route to the master, both:
+//     where the master reaches it, and only there;
+//   - on the master's machine, whose route to the master is loopback: for
+//     a job on one machine, loopback as the store's; for a job across
+//     machines, the address the other machines reached the rendezvous at
+//     (Server.ReachedAt), since a hosts file that maps the machine's own
+//     name to 127.0.1.1 (Debian's and Ubuntu's default) makes the route
+//     loopback while the others reach it on its real address.
+//
+// A loopback address in a job across machines is refused, saying what to
+// set: the others could never connect.
+func (j *job) transportAddr(ctx context.Context) (bind, advertise string, err error) {
+	w := j.world
+	spans := w.LocalSize < w.Size
+	loopbackErr := func(addr, why string) error {
+		return fmt.Errorf("this process's transport address would be %s, a loopback address (%s), but the job spans machines (LOCAL_WORLD_SIZE %d < WORLD_SIZE %d), whose processes cannot reach it: set --advertise-addr (or GCOMPILE_ADVERTISE_ADDR) to this machine's address on the job's network, or map the master's name (%s) to that address, not to 127.0.1.1, in /etc/hosts", addr, why, w.LocalSize, w.Size, w.MasterAddr)
+	}
+	if a := j.advertise; a != "" {
+		if spans && isLoopbackHost(a) {
+			return "", "", loopbackErr(a, "from --advertise-addr or GCOMPILE_ADVERTISE_ADDR")
+		}
+		return a, a, nil
+	}
+	out := outboundHost(w.MasterHostPort())
+	if out != "" && !isLoopbackHost(out) {
+		return out, out, nil
+	}
+	if !spans || out == "" {
+		// One machine, or no route found: the store's choice, which the
+		// others reach, as before.
+		bind = dist.BindHost(w.MasterAddr)
+		if bind == "0.0.0.0" {
+			return bind, out, nil
+		}
+		return bind, "", nil
+	}
+	// This process is on the master's machine, in a job across machines.
+	v, err := j.store.Get(ctx, keyReachedAt)
+	if err != nil {
+		return "", "", fmt.Errorf("reading the master's address: %w", err)
+	}
+	if len(v) == 0 {
+		return "", "", loopbackErr(out, "the route to the master "+w.MasterAddr+" is loopback, and no process of another machine reached the rendezvous")
+	}
+	return string(v), string(v), nil
+}
+
+// isLoopbackHost reports whether host is a loopback address or localhost.
+func isLoopbackHost(host string) bool {
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	return strings.EqualFold(host, "localhost")
 }
 
 // outboundHost is this machine's address on the route to addr: the one

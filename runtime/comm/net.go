@@ -228,10 +228,7 @@ func (n *Net) dial(ctx context.Context, p int, addr, token string) error {
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
 			c.SetDeadline(time.Now().Add(handshakeTimeout))
-			err = writeHello(c, n.layout.Proc, token)
-			if err == nil {
-				err = readVerdict(c)
-			}
+			err = dialHandshake(c, n.layout.Proc, p, token)
 			if err == nil {
 				c.SetDeadline(time.Time{})
 				n.peers[p] = newPeer(n, p, addr, c)
@@ -276,13 +273,12 @@ func (n *Net) acceptAll(ctx context.Context, ln net.Listener, token string, logf
 			return fmt.Errorf("comm: process(es) %v never connected: %w", missing, err)
 		}
 		c.SetDeadline(time.Now().Add(handshakeTimeout))
-		p, refusal := readHello(c, token, procs)
-		if refusal == nil && (p <= me || n.peers[p] != nil) {
-			refusal = fmt.Errorf("process %d must not dial process %d (or dialed twice)", p, me)
-		}
-		if err := writeVerdict(c, refusal); err != nil && refusal == nil {
-			refusal = err
-		}
+		p, refusal := acceptHandshake(c, me, procs, token, func(p int) error {
+			if p <= me || n.peers[p] != nil {
+				return fmt.Errorf("process %d must not dial process %d (or dialed twice)", p, me)
+			}
+			return nil
+		})
 		if refusal != nil {
 			logf("comm: refused a connection from %s: %v", c.RemoteAddr(), refusal)
 			c.Close()

@@ -399,3 +399,50 @@ func BenchmarkNetAllReduce(b *testing.B) {
 		})
 	}
 }
+
+// recordConn keeps every byte written through it.
+type recordConn struct {
+	net.Conn
+	mu  *sync.Mutex
+	out *[]byte
+}
+
+func (r recordConn) Write(b []byte) (int, error) {
+	r.mu.Lock()
+	*r.out = append(*r.out, b...)
+	r.mu.Unlock()
+	return r.Conn.Write(b)
+}
+
+// The handshake between two processes proves the token without sending
+// it, refuses a dialer with another token on either side's word, and
+// never repeats its bytes.
+func TestHandshakeKeepsTheTokenOffTheWire(t *testing.T) {
+	const token = "comm-secret-token"
+	run := func(dialToken, acceptToken string) (wire []byte, dialErr, acceptErr error) {
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		var mu sync.Mutex
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, acceptErr = acceptHandshake(recordConn{b, &mu, &wire}, 0, 2, acceptToken, func(int) error { return nil })
+		}()
+		dialErr = dialHandshake(recordConn{a, &mu, &wire}, 1, 0, dialToken)
+		<-done
+		return wire, dialErr, acceptErr
+	}
+	wire, dErr, aErr := run(token, token)
+	require.NoError(t, dErr)
+	require.NoError(t, aErr)
+	assert.NotContains(t, string(wire), token)
+	again, _, _ := run(token, token)
+	assert.NotEqual(t, wire, again, "fresh nonces every time")
+
+	wire, dErr, aErr = run(token+"-other", token)
+	assert.ErrorContains(t, aErr, "wrong job token")
+	assert.ErrorIs(t, dErr, errRefused)
+	assert.NotContains(t, string(wire), "-other")
+	assert.ErrorContains(t, dErr, "wrong job token", "the acceptor's verdict reaches the dialer")
+}

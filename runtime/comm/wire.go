@@ -1,13 +1,14 @@
 package comm
 
 import (
-	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"time"
+
+	"gcompile/runtime/auth"
 )
 
 // Frame kinds on a connection between two processes.
@@ -62,56 +63,126 @@ func decodeHeader(b []byte) header {
 	}
 }
 
-// The handshake opens every connection between two processes of a job:
-// the dialer sends the magic, its process index and the job's token; the
-// acceptor answers with a status byte, then (on refusal) the reason.
-var handshakeMagic = [8]byte{'G', 'C', 'N', 'E', 'T', 0, 0, 1}
+// The handshake opens every connection between two processes of a job,
+// a challenge-response in which the job's token never crosses the wire
+// (package auth). The dialer sends
+//
+//	magic[8] proc u32 nonce[32]
+//
+// the acceptor answers 0, its nonce[32] and its proof (role
+// roleAcceptor), or refuses the hello (1, reason); the dialer sends its
+// proof (roleDialer; 32 zero bytes when the acceptor's did not check),
+// and the acceptor's verdict ends it: 0, or 1 and the reason. Both proofs
+// cover both process indexes, so a proof for one pair passes for no
+// other.
+var handshakeMagic = [8]byte{'G', 'C', 'N', 'E', 'T', 0, 0, 2}
 
-const maxToken = 1 << 10
+// The roles the two proofs of a handshake name.
+const (
+	roleAcceptor = "gcompile comm acceptor"
+	roleDialer   = "gcompile comm dialer"
+)
 
 // errRefused marks a handshake the other side refused; the reason is in
 // the message.
 var errRefused = errors.New("connection refused by the peer")
 
-func writeHello(c net.Conn, proc int, token string) error {
-	if len(token) > maxToken {
-		return fmt.Errorf("the job token is %d bytes; at most %d", len(token), maxToken)
-	}
-	b := make([]byte, 0, 16+len(token))
-	b = append(b, handshakeMagic[:]...)
-	b = binary.LittleEndian.AppendUint32(b, uint32(proc))
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(token)))
-	b = append(b, token...)
-	_, err := c.Write(b)
-	return err
+// pairClaims are the facts both proofs cover: who dialed whom.
+func pairClaims(dialer, acceptor int) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, uint32(dialer))
+	return binary.LittleEndian.AppendUint32(b, uint32(acceptor))
 }
 
-// readHello reads a dialer's hello and checks it; the error is the reason
-// the connection is refused.
-func readHello(c net.Conn, token string, procs int) (int, error) {
-	var b [16]byte
-	if _, err := io.ReadFull(c, b[:]); err != nil {
+// dialHandshake is the dialer's side: process me proves the token to
+// process to and checks that process's proof.
+func dialHandshake(c net.Conn, me, to int, token string) error {
+	nonce, err := auth.NewNonce()
+	if err != nil {
+		return err
+	}
+	b := append(handshakeMagic[:], binary.LittleEndian.AppendUint32(nil, uint32(me))...)
+	if _, err := c.Write(append(b, nonce[:]...)); err != nil {
+		return err
+	}
+	var status [1]byte
+	if _, err := io.ReadFull(c, status[:]); err != nil {
+		return fmt.Errorf("reading the handshake's challenge: %w", err)
+	}
+	if status[0] != 0 {
+		return readRefusal(c)
+	}
+	var ch [auth.NonceLen + auth.ProofLen]byte
+	if _, err := io.ReadFull(c, ch[:]); err != nil {
+		return fmt.Errorf("reading the handshake's challenge: %w", err)
+	}
+	theirs := auth.Nonce(ch[:auth.NonceLen])
+	claims := pairClaims(me, to)
+	proven := auth.Check(ch[auth.NonceLen:], token, roleAcceptor, theirs, nonce, claims)
+	var answer [auth.ProofLen]byte
+	if proven {
+		answer = auth.Proof(token, roleDialer, nonce, theirs, claims)
+	}
+	if _, err := c.Write(answer[:]); err != nil {
+		return err
+	}
+	if err := readVerdict(c); err != nil {
+		return err
+	}
+	if !proven {
+		return fmt.Errorf("%w: it could not prove the job's token", errRefused)
+	}
+	return nil
+}
+
+// acceptHandshake is the acceptor's side for process me of procs: it
+// reads the dialer's hello, proves the token, checks the dialer's proof
+// and then check(dialer). It returns the dialer's index, and the reason
+// it was refused (already told to the dialer), or nil.
+func acceptHandshake(c net.Conn, me, procs int, token string, check func(p int) error) (int, error) {
+	var b [8 + 4 + auth.NonceLen]byte
+	// The magic first: a stray peer's short message is named for what it
+	// is, not as a truncated hello.
+	if _, err := io.ReadFull(c, b[:8]); err != nil {
 		return 0, fmt.Errorf("reading the handshake: %w", err)
 	}
 	if [8]byte(b[:8]) != handshakeMagic {
-		return 0, errors.New("not a gcompile comm handshake (bad magic)")
+		err := errors.New("not a gcompile comm handshake (bad magic)")
+		writeVerdict(c, err)
+		return 0, err
+	}
+	if _, err := io.ReadFull(c, b[8:]); err != nil {
+		return 0, fmt.Errorf("reading the handshake: %w", err)
 	}
 	proc := int(int32(binary.LittleEndian.Uint32(b[8:])))
-	n := binary.LittleEndian.Uint32(b[12:])
-	if n > maxToken {
-		return 0, fmt.Errorf("token of %d bytes; at most %d", n, maxToken)
-	}
-	got := make([]byte, n)
-	if _, err := io.ReadFull(c, got); err != nil {
-		return 0, fmt.Errorf("reading the token: %w", err)
-	}
-	if subtle.ConstantTimeCompare(got, []byte(token)) != 1 {
-		return proc, errors.New("wrong job token")
-	}
 	if proc < 0 || proc >= procs {
-		return proc, fmt.Errorf("process index %d is outside the job's [0,%d)", proc, procs)
+		err := fmt.Errorf("process index %d is outside the job's [0,%d)", proc, procs)
+		writeVerdict(c, err)
+		return proc, err
 	}
-	return proc, nil
+	theirs := auth.Nonce(b[12:])
+	nonce, err := auth.NewNonce()
+	if err != nil {
+		return proc, err
+	}
+	claims := pairClaims(proc, me)
+	proof := auth.Proof(token, roleAcceptor, nonce, theirs, claims)
+	if _, err := c.Write(append(append([]byte{0}, nonce[:]...), proof[:]...)); err != nil {
+		return proc, err
+	}
+	var answer [auth.ProofLen]byte
+	if _, err := io.ReadFull(c, answer[:]); err != nil {
+		return proc, fmt.Errorf("reading the proof of the token: %w", err)
+	}
+	var refusal error
+	if !auth.Check(answer[:], token, roleDialer, theirs, nonce, claims) {
+		refusal = errors.New("wrong job token")
+	} else {
+		refusal = check(proc)
+	}
+	if err := writeVerdict(c, refusal); err != nil && refusal == nil {
+		refusal = err
+	}
+	return proc, refusal
 }
 
 func writeVerdict(c net.Conn, refusal error) error {
@@ -133,6 +204,11 @@ func readVerdict(c net.Conn) error {
 	if b[0] == 0 {
 		return nil
 	}
+	return readRefusal(c)
+}
+
+// readRefusal reads a refusal's reason, its status byte already read.
+func readRefusal(c net.Conn) error {
 	var n [4]byte
 	if _, err := io.ReadFull(c, n[:]); err != nil {
 		return fmt.Errorf("%w (reason unreadable: %w)", errRefused, err)

@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"gcompile/runtime/auth"
 )
 
 // Errors a caller may want to tell apart; returned errors wrap them.
@@ -65,6 +66,7 @@ type Client struct {
 type refusal struct {
 	status byte
 	reason string
+	job    string // the store's job identity, when it got as far as saying
 }
 
 func (r *refusal) Error() string {
@@ -73,20 +75,66 @@ func (r *refusal) Error() string {
 
 func (r *refusal) Unwrap() error { return ErrRefused }
 
-// Dial connects to the store at addr as process rank, presenting token.
+// Member is how a process presents itself to its job's store.
+type Member struct {
+	// Token is the job's token. It never crosses the wire: the handshake
+	// proves it (see package auth).
+	Token string
+	Rank  int
+	// Size is the job's process count as this process was told; a store
+	// told another refuses it (0: not said).
+	Size int
+	// Job is the job's public identity (JobIdentity), "" if none. A store
+	// of the same identity that refuses the token is this job's store:
+	// the job's processes were given different tokens.
+	Job string
+	// JobNamed says the launcher named the job (World.JobID): then that
+	// refusal is final at once. Otherwise the identity comes from the
+	// master address alone, which another job may share, so DialNearAs
+	// keeps looking for sameJobGrace before giving up.
+	JobNamed bool
+}
+
+// sameJobGrace is how long DialNearAs keeps sweeping after a store of its
+// job's identity refused its token, when the launcher did not name the
+// job: the store may be another job's on the same master address, and
+// this job's own store may still be starting.
+var sameJobGrace = 5 * time.Second
+
+func (m Member) check() error {
+	if len(m.Token) > maxTokenLen {
+		return fmt.Errorf("token of %d bytes exceeds %d", len(m.Token), maxTokenLen)
+	}
+	if m.Token == "" {
+		return errors.New("the token is empty")
+	}
+	if m.Rank < -1<<31 || m.Rank > 1<<31-1 {
+		return fmt.Errorf("rank %d does not fit the protocol's int32", m.Rank)
+	}
+	if m.Size < 0 || m.Size > 1<<31-1 {
+		return fmt.Errorf("size %d does not fit the protocol's u32", m.Size)
+	}
+	if len(m.Job) > maxJobLen {
+		return fmt.Errorf("job identity of %d bytes exceeds %d", len(m.Job), maxJobLen)
+	}
+	return nil
+}
+
+// Dial connects to the store at addr as process rank, proving token.
 // Until the store answers it retries with a short backoff, since rank 0
 // may start its store after the others dial; it gives up when ctx ends,
 // with an error that wraps ctx.Err() and says what the last attempt met.
 // A store's refusal, or an answer from something that is not a store, is
 // final and returned at once.
 func Dial(ctx context.Context, addr, token string, rank int) (*Client, error) {
-	if err := checkHello(token, rank); err != nil {
+	m := Member{Token: token, Rank: rank}
+	if err := m.check(); err != nil {
 		return nil, fmt.Errorf("dial store at %s: %w", addr, err)
 	}
 	backoff := 10 * time.Millisecond
 	var last error
 	for {
-		c, err := dialOnce(ctx, addr, token, rank)
+		c, err := dialOnce(ctx, addr, m)
 		if err == nil {
 			return c, nil
 		}
@@ -110,39 +158,48 @@ func Dial(ctx context.Context, addr, token string, rank int) (*Client, error) {
 // answers, and where a store refuses the token (another job's store),
 // sweeping the range again after a short pause until ctx ends; the error
 // then lists what each port said. A store that accepts the token but
-// refuses the rank is this job's store: that refusal is final.
+// refuses the process (its rank, its job size) is this job's store: that
+// refusal is final.
 func DialNear(ctx context.Context, host string, port, tries int, token string, rank int) (*Client, error) {
-	return DialNearJob(ctx, host, port, tries, token, rank, "")
+	return DialNearAs(ctx, host, port, tries, Member{Token: token, Rank: rank})
 }
 
-// DialNearJob is DialNear for the job whose public identity is job
-// (JobIdentity; "" when the launcher gives none). A store that refuses the
-// token but names the same job is this job's store: its processes were
-// given different tokens, and that refusal is final, not another job's
-// store to sweep past.
-func DialNearJob(ctx context.Context, host string, port, tries int, token string, rank int, job string) (*Client, error) {
+// DialNearAs is DialNear for a process that says more of itself (its
+// job's size and identity): a store of the same job identity that refuses
+// its token ends the search (see Member.JobNamed), naming the cause, so a
+// job whose processes were given different tokens fails within seconds
+// instead of sweeping until ctx ends.
+func DialNearAs(ctx context.Context, host string, port, tries int, m Member) (*Client, error) {
 	if err := checkPortRange(port, tries); err != nil {
 		return nil, fmt.Errorf("dial store on %s: %w", host, err)
 	}
-	if err := checkHello(token, rank); err != nil {
+	if err := m.check(); err != nil {
 		return nil, fmt.Errorf("dial store on %s: %w", host, err)
 	}
 	said := make([]string, tries)
 	wasRefused := make([]bool, tries)
 	backoff := 20 * time.Millisecond
+	var sameJob error // a refusal of the token by a store of this job's identity
+	var sameJobAt time.Time
 	for {
 		for i := range tries {
 			addr := net.JoinHostPort(host, strconv.Itoa(port+i))
-			c, err := dialOnce(ctx, addr, token, rank)
+			c, err := dialOnce(ctx, addr, m)
 			if err == nil {
 				return c, nil
 			}
 			var r *refusal
-			if errors.As(err, &r) && r.status == statusBadRank {
+			if errors.As(err, &r) && (r.status == statusBadRank || r.status == statusBadSize) {
 				return nil, fmt.Errorf("dial store at %s: %w", addr, err)
 			}
-			if errors.As(err, &r) && r.status == statusBadToken && job != "" && strings.Contains(r.reason, jobMark(job)) {
-				return nil, fmt.Errorf("dial store at %s: %w: it is this job's store (job %s), so the job's processes were given different tokens: give them all one GCOMPILE_TOKEN (or --token), or none", addr, err, job)
+			if errors.As(err, &r) && r.status == statusBadToken && m.Job != "" && r.job == m.Job {
+				e := fmt.Errorf("dial store at %s: %w: it is this job's store (job %s), so the job's processes were given different tokens: give them all one GCOMPILE_TOKEN (or --token), or none", addr, err, m.Job)
+				if m.JobNamed {
+					return nil, e
+				}
+				if sameJob == nil {
+					sameJob, sameJobAt = e, time.Now()
+				}
 			}
 			// What a store said outlives the store: a refusal is kept over
 			// the dial errors after it closed, being the more telling.
@@ -153,6 +210,9 @@ func DialNearJob(ctx context.Context, host string, port, tries int, token string
 			if ctx.Err() != nil {
 				break
 			}
+		}
+		if sameJob != nil && time.Since(sameJobAt) >= sameJobGrace {
+			return nil, fmt.Errorf("%w (no other store on ports %d..%d accepted it within %v)", sameJob, port, port+tries-1, sameJobGrace)
 		}
 		if cerr := sleepCtx(ctx, backoff); cerr != nil {
 			return nil, fmt.Errorf("dial store on %s ports %d..%d: %w; %s", host, port, port+tries-1, cerr, summarize(compact(said)))
@@ -172,16 +232,6 @@ func compact(said []string) []string {
 	return out
 }
 
-func checkHello(token string, rank int) error {
-	if len(token) > maxTokenLen {
-		return fmt.Errorf("token of %d bytes exceeds %d", len(token), maxTokenLen)
-	}
-	if rank < -1<<31 || rank > 1<<31-1 {
-		return fmt.Errorf("rank %d does not fit the protocol's int32", rank)
-	}
-	return nil
-}
-
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -195,7 +245,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // dialOnce makes one connection attempt: connect, handshake, start the
 // client's reader and writer.
-func dialOnce(ctx context.Context, addr, token string, rank int) (*Client, error) {
+func dialOnce(ctx context.Context, addr string, m Member) (*Client, error) {
 	actx, cancel := context.WithTimeout(ctx, attemptTimeout)
 	defer cancel()
 	d := net.Dialer{KeepAliveConfig: keepAlive}
@@ -206,7 +256,7 @@ func dialOnce(ctx context.Context, addr, token string, rank int) (*Client, error
 	// The context, not a fixed deadline, bounds the handshake; closing the
 	// connection is how a blocked read learns the context ended.
 	stop := context.AfterFunc(actx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	w, err := handshake(nc, token, rank)
+	w, err := handshake(nc, m)
 	if !stop() {
 		nc.Close()
 		if err == nil || isTimeout(err) {
@@ -224,10 +274,7 @@ func dialOnce(ctx context.Context, addr, token string, rank int) (*Client, error
 	switch {
 	case w.status != statusOK:
 		nc.Close()
-		return nil, &refusal{status: w.status, reason: w.reason}
-	case w.version != protoVersion:
-		nc.Close()
-		return nil, &refusal{status: statusBadVersion, reason: fmt.Sprintf("store speaks protocol version %d, this client %d", w.version, protoVersion)}
+		return nil, &refusal{status: w.status, reason: w.reason, job: w.job}
 	case w.maxKey < 1 || w.maxValue < 8 || w.maxValue > maxValueLimit:
 		nc.Close()
 		return nil, fmt.Errorf("store at %s announced unusable limits (key %d, value %d bytes): %w", addr, w.maxKey, w.maxValue, ErrNotStore)
@@ -253,11 +300,44 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-func handshake(nc net.Conn, token string, rank int) (welcome, error) {
-	if _, err := nc.Write(appendHello(nil, hello{version: protoVersion, rank: int32(rank), token: token})); err != nil {
+// handshake proves m's token to the store and checks the store's proof
+// of it (see the protocol in wire.go). A store that could not prove the
+// token is refused whatever it answers.
+func handshake(nc net.Conn, m Member) (welcome, error) {
+	nonce, err := auth.NewNonce()
+	if err != nil {
 		return welcome{}, err
 	}
-	return readWelcome(nc)
+	h := hello{version: protoVersion, rank: int32(m.Rank), size: uint32(m.Size), nonce: nonce, job: m.Job}
+	if _, err := nc.Write(appendHello(nil, h)); err != nil {
+		return welcome{}, err
+	}
+	ch, err := readChallenge(nc)
+	switch {
+	case err != nil:
+		return welcome{}, err
+	case ch.status != statusOK:
+		return welcome{status: ch.status, reason: ch.reason}, nil
+	case ch.version != protoVersion:
+		return welcome{status: statusBadVersion, reason: fmt.Sprintf("store speaks protocol version %d, this client %d", ch.version, protoVersion)}, nil
+	}
+	proven := auth.Check(ch.proof[:], m.Token, roleStore, ch.nonce, nonce, h.claims())
+	var answer [auth.ProofLen]byte
+	if proven {
+		answer = auth.Proof(m.Token, roleClient, nonce, ch.nonce, h.claims())
+	}
+	if _, err := nc.Write(answer[:]); err != nil {
+		return welcome{}, err
+	}
+	w, err := readWelcome(nc)
+	if err != nil {
+		return welcome{}, err
+	}
+	w.job = ch.job
+	if !proven && w.status == statusOK {
+		w.status, w.reason = statusBadToken, "the store could not prove the job's token (another job's store, or a peer posing as one)"
+	}
+	return w, nil
 }
 
 // Addr is the store's address.

@@ -32,9 +32,11 @@
 // # Trust
 //
 // The store authenticates connections by a token shared by the job (see
-// DefaultToken). Without GCOMPILE_TOKEN the token is derived from public
-// facts about the job: it keeps a process of another job from joining by
-// mistake, not an attacker. The protocol is not encrypted. Whatever the
-// token, nothing a peer sends can crash the server or make one connection
-// block another.
+// DefaultToken), which never crosses the wire: the handshake is a
+// challenge-response both ways (package auth, protocol in wire.go).
+// Without GCOMPILE_TOKEN the token is derived from public facts about the
+// job: it keeps a process of another job from joining by mistake, not an
+// attacker. Frames after the handshake are neither encrypted nor
+// authenticated. Whatever the token, nothing a peer sends can crash the
+// server or make one connection block another.
 package dist

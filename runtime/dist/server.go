@@ -2,17 +2,18 @@ package dist
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"gcompile/runtime/auth"
 )
 
 // ServerOptions configure a store server.
@@ -23,14 +24,32 @@ type ServerOptions struct {
 	MaxValue         int                              // bytes; 0 means 16 MiB
 	HandshakeTimeout time.Duration                    // 0 means 10 s: a connection that does not complete the handshake in time is closed; also how long a frame, once begun, may stall
 	Logf             func(format string, args ...any) // refusals and protocol errors, one line each naming the remote address and the reason; nil: discarded
-	// OnDuplicateRank, when set, hears of a process refused for claiming
-	// a rank already in the job (with Ranks): the job cannot start, and
-	// its host can say so at once rather than wait for the missing rank.
-	OnDuplicateRank func(reason string)
-	// JobID is the job's public identity (JobIdentity): a refusal of the
-	// token names it, so that a process of this job with another token
-	// knows it reached its own store (DialNearJob), not another job's.
+	// OnMisfit, when set, hears of each process of this job the store
+	// refused (see Misfit): the job cannot start as it is, and its host
+	// can say so at once rather than wait for the process until a
+	// timeout. It is called after the refusal is sent.
+	OnMisfit func(Misfit)
+	// JobID is the job's public identity (JobIdentity). The store's
+	// challenge names it, so that a process of this job with another token
+	// knows it reached its own store (DialNearAs), not another job's; a
+	// client naming it with a wrong token is a misfit.
 	JobID string
+}
+
+// Misfit is a process of this job that the store refused: one that
+// proved the token but was told another job size, or claimed a rank
+// another process holds; or one that names this job's identity but holds
+// another token (Unproven).
+type Misfit struct {
+	Rank   int
+	Reason string
+	// Duplicate: the rank is held by another process.
+	Duplicate bool
+	// Unproven: the process did not prove the token. It names this job,
+	// but so could another job with the same master address, or anyone
+	// who knows the job's public identity, so a caller may wait to see
+	// whether the rank comes with the right token.
+	Unproven bool
 }
 
 // Defaults of ServerOptions.
@@ -51,19 +70,19 @@ const serverWriteTimeout = 30 * time.Second
 // Server is a rendezvous store: a key-value map shared by the processes
 // of one job over TCP. It is safe for concurrent use.
 type Server struct {
-	opts    ServerOptions
-	ln      net.Listener
-	addr    string
-	tokenID [sha256.Size]byte
+	opts ServerOptions
+	ln   net.Listener
+	addr string
 
 	mu       sync.Mutex
 	data     map[string][]byte
 	notify   map[string]chan struct{} // closed when the key is next written
 	barriers map[string]*barrier
 	conns    map[*serverConn]struct{}
-	joined   int           // connections that completed the handshake, ever
-	active   int           // of those, still open
-	changed  chan struct{} // closed and replaced when joined or active change
+	refusals map[string]refusalLog // by peer host and text: see serverConn.refusal
+	joined   int                   // connections that completed the handshake, ever
+	active   int                   // of those, still open
+	changed  chan struct{}         // closed and replaced when joined or active change
 	closed   bool
 
 	done      chan struct{} // closed by Close: wakes every waiter
@@ -110,11 +129,11 @@ func start(ln net.Listener, opts ServerOptions) *Server {
 		opts:     opts,
 		ln:       ln,
 		addr:     ln.Addr().String(),
-		tokenID:  sha256.Sum256([]byte(opts.Token)),
 		data:     map[string][]byte{},
 		notify:   map[string]chan struct{}{},
 		barriers: map[string]*barrier{},
 		conns:    map[*serverConn]struct{}{},
+		refusals: map[string]refusalLog{},
 		changed:  make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -273,6 +292,40 @@ func (s *Server) MissingRanks() []int {
 	return out
 }
 
+// ReachedAt is the address of this machine at which the other machines'
+// processes reached the store: the local address of most of the open
+// connections that came from another machine (a non-loopback address),
+// "" when none did. A process on the master's machine, whose own route to
+// the master is loopback (a hosts file mapping the machine's name to
+// 127.0.1.1), advertises it to the processes elsewhere.
+func (s *Server) ReachedAt() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	count := map[string]int{}
+	best := ""
+	for c := range s.conns {
+		if !c.ready {
+			continue
+		}
+		remote, _, err1 := net.SplitHostPort(c.remote)
+		local, _, err2 := net.SplitHostPort(c.local)
+		if err1 != nil || err2 != nil || isLoopback(remote) || isLoopback(local) || remote == local {
+			continue
+		}
+		count[local]++
+		if count[local] > count[best] || count[local] == count[best] && local < best {
+			best = local
+		}
+	}
+	return best
+}
+
+// isLoopback reports whether host is a loopback IP address.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // WaitDrained returns once at least clients clients have connected to the
 // store (completed the handshake) and none is connected any more, or when
 // ctx ends. Rank 0 calls it between its own exit barrier and Close, so
@@ -328,7 +381,7 @@ func (s *Server) accept() {
 			continue
 		}
 		backoff = 5 * time.Millisecond
-		c := &serverConn{s: s, nc: nc, remote: nc.RemoteAddr().String(), pending: map[uint32]chan struct{}{}}
+		c := &serverConn{s: s, nc: nc, remote: nc.RemoteAddr().String(), local: nc.LocalAddr().String(), pending: map[uint32]chan struct{}{}}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -347,6 +400,7 @@ type serverConn struct {
 	s      *Server
 	nc     net.Conn
 	remote string
+	local  string // the store's address as this client reached it
 	rank   int32
 	ready  bool // handshake done; guarded by s.mu
 	// claimed: the handshake accepted this connection as its rank's
@@ -437,36 +491,65 @@ func (c *serverConn) readFailed(err error) {
 	c.logf("rank %d: closing: read: %v", c.rank, err)
 }
 
-// handshake reads the hello and answers it; false means the connection
-// was refused (and logged) or broke.
+// handshake reads the hello, proves the token to the client and checks
+// the client's proof (see the protocol in wire.go); false means the
+// connection was refused (and logged) or broke.
 func (c *serverConn) handshake() bool {
 	s := c.s
 	c.nc.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	h, err := readHello(c.nc)
+	if err == nil && h.version != protoVersion {
+		err = fmt.Errorf("client speaks protocol version %d, this store speaks %d", h.version, protoVersion)
+		c.refusal("refused: %v", err)
+		c.refuseHello(statusBadVersion, err.Error())
+		return false
+	}
 	if err != nil {
 		select {
 		case <-s.done:
 			return false
 		default:
 		}
-		c.logf("refused: %v", err)
-		c.refuse(statusBadHello, "bad hello: "+err.Error())
+		c.refusal("refused: %v", err)
+		c.refuseHello(statusBadHello, "bad hello: "+err.Error())
 		return false
 	}
 	c.rank = h.rank
+	nonce, err := auth.NewNonce()
+	if err != nil {
+		c.logf("handshake: %v", err)
+		return false
+	}
+	ch := challenge{version: protoVersion, status: statusOK, nonce: nonce, job: s.opts.JobID,
+		proof: auth.Proof(s.opts.Token, roleStore, nonce, h.nonce, h.claims())}
+	if _, err := c.nc.Write(appendChallenge(nil, ch)); err != nil {
+		c.logf("handshake: %v", err)
+		return false
+	}
+	var answer [auth.ProofLen]byte
+	if _, err := io.ReadFull(c.nc, answer[:]); err != nil {
+		select {
+		case <-s.done:
+		default:
+			c.refusal("refused: %v", truncated("proof of the token", err))
+		}
+		return false
+	}
 	var status byte
 	var reason string
-	got := sha256.Sum256([]byte(h.token))
+	// misfit: a process of this job that cannot join as it is.
+	var misfit *Misfit
+	sameJob := s.opts.JobID != "" && h.job == s.opts.JobID
 	switch {
-	case h.version != protoVersion:
-		status, reason = statusBadVersion, fmt.Sprintf("client speaks protocol version %d, this store speaks %d", h.version, protoVersion)
-	case subtle.ConstantTimeCompare(got[:], s.tokenID[:]) != 1:
-		// Hashes of equal length: the comparison's time says nothing
-		// about the token's length either.
+	case !auth.Check(answer[:], s.opts.Token, roleClient, h.nonce, nonce, h.claims()):
 		status, reason = statusBadToken, fmt.Sprintf("wrong token (claimed rank %d); it belongs to another job or was mistyped", h.rank)
-		if s.opts.JobID != "" {
-			reason += " " + jobMark(s.opts.JobID)
+		if sameJob {
+			misfit = &Misfit{Rank: int(h.rank), Unproven: true,
+				Reason: fmt.Sprintf("rank %d at %s names this job but holds another token: give every process of the job one GCOMPILE_TOKEN (or --token), or none", h.rank, c.remote)}
 		}
+	case s.opts.Ranks > 0 && h.size != 0 && int(h.size) != s.opts.Ranks:
+		status, reason = statusBadSize, fmt.Sprintf("rank %d at %s was told the job has %d processes, the store's process (rank 0) was told %d: give every process the same WORLD_SIZE (or --world-size; torchrun's --nnodes × --nproc-per-node, SLURM's task count)", h.rank, c.remote, h.size, s.opts.Ranks)
+		misfit = &Misfit{Rank: int(h.rank), Reason: reason}
 	case s.opts.Ranks > 0 && (h.rank < 0 || int(h.rank) >= s.opts.Ranks):
 		status, reason = statusBadRank, fmt.Sprintf("rank %d is not in [0, %d)", h.rank, s.opts.Ranks)
 	}
@@ -478,6 +561,7 @@ func (c *serverConn) handshake() bool {
 		for o := range s.conns {
 			if o != c && o.claimed && o.rank == h.rank {
 				status, reason = statusBadRank, fmt.Sprintf("rank %d is already in the job, from %s; this process at %s claims it too: two processes were given one rank (check RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK, and --rank)", h.rank, o.remote, c.remote)
+				misfit = &Misfit{Rank: int(h.rank), Reason: reason, Duplicate: true}
 				break
 			}
 		}
@@ -485,16 +569,17 @@ func (c *serverConn) handshake() bool {
 			c.claimed = true
 		}
 		s.mu.Unlock()
-		if status != statusOK && s.opts.OnDuplicateRank != nil {
-			defer s.opts.OnDuplicateRank(reason)
-		}
+	}
+	if misfit != nil && s.opts.OnMisfit != nil {
+		defer s.opts.OnMisfit(*misfit)
 	}
 	if status != statusOK {
-		c.logf("refused: %s", reason)
-		c.refuse(status, reason)
+		c.refusal("refused: %s", reason)
+		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		c.nc.Write(appendWelcome(nil, welcome{status: status, reason: reason}))
 		return false
 	}
-	ok := appendWelcome(nil, welcome{version: protoVersion, status: statusOK, maxKey: uint32(s.opts.MaxKey), maxValue: uint32(s.opts.MaxValue)})
+	ok := appendWelcome(nil, welcome{status: statusOK, maxKey: uint32(s.opts.MaxKey), maxValue: uint32(s.opts.MaxValue)})
 	if _, err := c.nc.Write(ok); err != nil {
 		c.logf("handshake: %v", err)
 		return false
@@ -503,9 +588,52 @@ func (c *serverConn) handshake() bool {
 	return true
 }
 
-func (c *serverConn) refuse(status byte, reason string) {
+// refuseHello refuses a hello before the challenge.
+func (c *serverConn) refuseHello(status byte, reason string) {
 	c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-	c.nc.Write(appendWelcome(nil, welcome{version: protoVersion, status: status, reason: reason}))
+	c.nc.Write(appendChallenge(nil, challenge{version: protoVersion, status: status, reason: reason}))
+}
+
+// refusalLogEvery is how often one peer's same refusal is logged again:
+// another job's processes sweeping past this store, or a process retrying
+// with a wrong token, would otherwise fill the log with a line per try.
+const refusalLogEvery = time.Minute
+
+// maxRefusalLogs bounds the refusals remembered for refusalLogEvery.
+const maxRefusalLogs = 1024
+
+// refusal logs a refusal, once per refusalLogEvery for the same peer
+// host and text, saying how many were left unsaid since.
+func (c *serverConn) refusal(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	host, _, _ := net.SplitHostPort(c.remote)
+	key := host + "\x00" + msg
+	s := c.s
+	s.mu.Lock()
+	last, seen := s.refusals[key]
+	now := time.Now()
+	if seen && now.Sub(last.at) < refusalLogEvery {
+		last.quiet++
+		s.refusals[key] = last
+		s.mu.Unlock()
+		return
+	}
+	if len(s.refusals) >= maxRefusalLogs {
+		clear(s.refusals) // a peer sending ever new junk must not grow it
+	}
+	s.refusals[key] = refusalLog{at: now}
+	s.mu.Unlock()
+	if last.quiet > 0 {
+		msg += fmt.Sprintf(" (and %d times more from %s since %s)", last.quiet, host, last.at.Format(time.TimeOnly))
+	}
+	c.logf("%s", msg)
+}
+
+// refusalLog is when a refusal was last logged and how many like it were
+// not since.
+type refusalLog struct {
+	at    time.Time
+	quiet int
 }
 
 // limit is the largest body a request type may carry.

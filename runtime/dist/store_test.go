@@ -2,7 +2,9 @@ package dist
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"gcompile/runtime/auth"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -430,10 +434,17 @@ func fakeStore(t *testing.T, goodbye string) string {
 			return
 		}
 		defer nc.Close()
-		if _, err := readHello(nc); err != nil {
+		h, err := readHello(nc)
+		if err != nil {
 			return
 		}
-		nc.Write(appendWelcome(nil, welcome{version: protoVersion, maxKey: 64, maxValue: 64}))
+		nonce := auth.Nonce{1}
+		nc.Write(appendChallenge(nil, challenge{version: protoVersion, status: statusOK, nonce: nonce,
+			proof: auth.Proof(testToken, roleStore, nonce, h.nonce, h.claims())}))
+		if _, err := io.ReadFull(nc, make([]byte, auth.ProofLen)); err != nil {
+			return
+		}
+		nc.Write(appendWelcome(nil, welcome{maxKey: 64, maxValue: 64}))
 		var hdr [headerLen]byte
 		io.ReadFull(nc, hdr[:])
 		// The whole request is read: unread data would make the close a
@@ -535,29 +546,166 @@ func TestDuplicateRankIsRefused(t *testing.T) {
 	}, hang, 10*time.Millisecond, "the rank is free again once its connection closed")
 }
 
-// A store of the same job that refuses the token ends the search at once
-// (the job's processes were given different tokens); another job's store
-// refusing it is swept past, as before.
+// A store of the same job that refuses the token ends the search (the
+// job's processes were given different tokens), at once when the
+// launcher named the job and after sameJobGrace when only the master
+// address did; another job's store refusing it is swept past, as before.
+// The store hears of the process of its job with the wrong token.
 func TestTokenRefusedByOwnJobIsFinal(t *testing.T) {
-	s, _ := startServer(t, ServerOptions{Ranks: 2, JobID: "0123456789abcdef"})
+	const job = "0123456789abcdef"
+	misfits := make(chan Misfit, 64)
+	s, _ := startServer(t, ServerOptions{Ranks: 2, JobID: job, OnMisfit: func(m Misfit) {
+		select {
+		case misfits <- m:
+		default:
+		}
+	}})
 	host, port, err := net.SplitHostPort(s.Addr())
 	require.NoError(t, err)
 	p, err := strconv.Atoi(port)
 	require.NoError(t, err)
 	start := time.Now()
-	_, err = DialNearJob(ctxFor(t, hang), host, p, 1, "a-different-token", 1, "0123456789abcdef")
+	_, err = DialNearAs(ctxFor(t, hang), host, p, 1, Member{Token: "a-different-token", Rank: 1, Job: job, JobNamed: true})
 	require.ErrorIs(t, err, ErrRefused)
 	assert.Less(t, time.Since(start), hang/2, "final, not swept again")
 	assert.Contains(t, err.Error(), "it is this job's store (job 0123456789abcdef), so the job's processes were given different tokens")
+	m := <-misfits
+	assert.Equal(t, 1, m.Rank)
+	assert.True(t, m.Unproven)
+	assert.Contains(t, m.Reason, "names this job but holds another token")
+
+	defer func(g time.Duration) { sameJobGrace = g }(sameJobGrace)
+	sameJobGrace = 200 * time.Millisecond
+	start = time.Now()
+	_, err = DialNearAs(ctxFor(t, hang), host, p, 1, Member{Token: "a-different-token", Rank: 1, Job: job})
+	require.ErrorIs(t, err, ErrRefused)
+	assert.GreaterOrEqual(t, time.Since(start), sameJobGrace, "another job on the same master address gets its grace")
+	assert.Contains(t, err.Error(), "no other store on ports")
+	require.Eventually(t, func() bool { return len(misfits) > 0 }, hang, time.Millisecond)
+	for len(misfits) > 0 {
+		<-misfits
+	}
+
 	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	_, err = DialNearJob(short, host, p, 1, "a-different-token", 1, "fedcba9876543210")
+	_, err = DialNearAs(short, host, p, 1, Member{Token: "a-different-token", Rank: 0, Job: "fedcba9876543210", JobNamed: true})
 	require.Error(t, err)
 	assert.ErrorIs(t, err, context.DeadlineExceeded, "another job's store is swept past until the context ends")
-	assert.Empty(t, JobIdentity(World{Size: 2, MasterAddr: "h", MasterPort: 1}), "no launcher id, no identity")
+	for len(misfits) > 0 {
+		assert.Equal(t, 1, (<-misfits).Rank, "a process of another job is no misfit of this one")
+	}
+
 	a := JobIdentity(World{Launcher: "slurm", JobID: "77", Size: 2, MasterAddr: "h", MasterPort: 1})
 	assert.Len(t, a, 16)
 	assert.NotEqual(t, a, JobIdentity(World{Launcher: "slurm", JobID: "78", Size: 2, MasterAddr: "h", MasterPort: 1}))
+	assert.Equal(t, a, JobIdentity(World{Launcher: "slurm", JobID: "77", Size: 3, MasterAddr: "h", MasterPort: 1}), "a process told another size is of the same job (and refused for it)")
+	plain := JobIdentity(World{Size: 2, MasterAddr: "h", MasterPort: 1})
+	assert.Len(t, plain, 16, "without a launcher's id the master address names the job")
+	assert.NotEqual(t, plain, JobIdentity(World{Size: 2, MasterAddr: "h", MasterPort: 2}))
+}
+
+// A process told another job size than rank 0 is refused for good, and
+// the store hears of it: WORLD_SIZE differing between processes fails the
+// job at once instead of after a timeout.
+func TestSizeMismatchIsFinal(t *testing.T) {
+	misfits := make(chan Misfit, 1)
+	s, _ := startServer(t, ServerOptions{Ranks: 2, OnMisfit: func(m Misfit) { misfits <- m }})
+	host, port, err := net.SplitHostPort(s.Addr())
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	_, err = DialNearAs(ctxFor(t, hang), host, p, 1, Member{Token: testToken, Rank: 1, Size: 3})
+	require.ErrorIs(t, err, ErrRefused)
+	assert.Contains(t, err.Error(), "was told the job has 3 processes, the store's process (rank 0) was told 2")
+	m := <-misfits
+	assert.Equal(t, 1, m.Rank)
+	assert.False(t, m.Unproven)
+	c, err := DialNearAs(ctxFor(t, hang), host, p, 1, Member{Token: testToken, Rank: 1, Size: 2})
+	require.NoError(t, err)
+	c.Close()
+}
+
+// The token never crosses the wire: every byte of a handshake that
+// succeeds, and of one that fails, passes a recorder that finds neither
+// token, nor its hex or base64 forms.
+func TestTokenNeverOnTheWire(t *testing.T) {
+	const token = "a-secret-token-that-must-not-leak"
+	s, err := Serve("127.0.0.1:0", ServerOptions{Token: token, Ranks: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	rec := newRecordingProxy(t, s.Addr())
+	c, err := Dial(ctxFor(t, hang), rec.addr, token, 1)
+	require.NoError(t, err)
+	require.NoError(t, c.Set(ctxFor(t, hang), "k", []byte("v")))
+	c.Close()
+	_, err = Dial(ctxFor(t, hang), rec.addr, token+"-wrong", 0)
+	require.ErrorIs(t, err, ErrRefused)
+	wire := rec.bytes()
+	require.Contains(t, string(wire), magic, "the recorder saw the handshakes")
+	for _, form := range []string{token, token + "-wrong", hex.EncodeToString([]byte(token)), base64.StdEncoding.EncodeToString([]byte(token))} {
+		assert.NotContains(t, string(wire), form)
+	}
+	// Two handshakes never send the same bytes: nothing to replay.
+	again := newRecordingProxy(t, s.Addr())
+	c, err = Dial(ctxFor(t, hang), again.addr, token, 1)
+	require.NoError(t, err)
+	c.Close()
+	first := wire[:min(len(wire), len(again.bytes()))]
+	assert.NotEqual(t, first, again.bytes()[:len(first)])
+}
+
+// recordingProxy forwards connections to a store, keeping every byte in
+// either direction.
+type recordingProxy struct {
+	addr string
+	mu   sync.Mutex
+	buf  []byte
+}
+
+func newRecordingProxy(t *testing.T, target string) *recordingProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	p := &recordingProxy{addr: ln.Addr().String()}
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			pipe := func(dst, src net.Conn) {
+				b := make([]byte, 4096)
+				for {
+					n, err := src.Read(b)
+					p.mu.Lock()
+					p.buf = append(p.buf, b[:n]...)
+					p.mu.Unlock()
+					if n > 0 {
+						dst.Write(b[:n])
+					}
+					if err != nil {
+						dst.Close()
+						src.Close()
+						return
+					}
+				}
+			}
+			go pipe(out, in)
+			go pipe(in, out)
+		}
+	}()
+	return p
+}
+
+func (p *recordingProxy) bytes() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]byte(nil), p.buf...)
 }
 
 // rawConn connects to addr and, when token is not empty, completes the
@@ -569,7 +717,7 @@ func rawConn(t *testing.T, addr, token string) net.Conn {
 	t.Cleanup(func() { nc.Close() })
 	nc.SetDeadline(time.Now().Add(hang))
 	if token != "" {
-		w, err := handshake(nc, token, 0)
+		w, err := handshake(nc, Member{Token: token, Rank: 0})
 		require.NoError(t, err)
 		require.Equal(t, statusOK, w.status, w.reason)
 	}
@@ -620,8 +768,10 @@ func TestProtocolViolationsCloseTheConnection(t *testing.T) {
 		{"cancel with body", testToken, appendFrame(nil, reqCancel, 1, []byte("x")), "exceeds the limit of 0"},
 		{"http", "", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), "not a store client"},
 		{"stalled hello", "", []byte(magic + "\x00"), "stalled inside a hello"},
-		{"bad version", "", appendHello(nil, hello{version: 9, token: testToken}), "protocol version 9"},
-		{"long token", "", append([]byte(magic), 0, 1, 0, 0, 0, 0, 0xff, 0xff), "token of 65535 bytes exceeds"},
+		{"bad version", "", appendHello(nil, hello{version: 9}), "protocol version 9"},
+		{"the first protocol", "", append([]byte(magic), 0, 1, 0, 0, 0, 0, 0, 32), "protocol version 1"},
+		{"no proof of the token", "", appendHello(nil, hello{version: protoVersion, rank: 1}), "stalled inside a proof of the token"},
+		{"short job", "", appendHello(nil, hello{version: protoVersion, rank: 1, job: "job"})[:helloLen+1], "stalled inside a hello's job"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

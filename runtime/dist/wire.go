@@ -8,17 +8,32 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"gcompile/runtime/auth"
 )
 
 // The store's protocol. Integers are big-endian.
 //
-// A connection opens with the client's hello:
+// A connection opens with a challenge-response in which the job's token
+// never crosses the wire (package auth). The client's hello:
 //
-//	magic[4] version u16 rank i32 tokenLen u16 token[tokenLen]
+//	magic[4] version u16 rank i32 size u32 nonce[32] jobLen u8 job[jobLen]
 //
-// and the server's answer:
+// (size: the job's process count as the client was told, 0 if unsaid;
+// job: the job's public identity, JobIdentity). The store's challenge:
 //
 //	magic[4] version u16 status u8, then
+//	  status ok:  nonce[32] proof[32] jobLen u8 job[jobLen]
+//	  otherwise:  reasonLen u16 reason[reasonLen]   (a bad hello or version)
+//
+// where the store's proof is auth.Proof(token, roleStore, its nonce, the
+// client's, claims) and claims are rank, size and job as the hello gave
+// them. The client answers with its own proof (roleClient, nonces the
+// other way round), or 32 zero bytes when the store's proof did not check:
+// a peer that could not prove the token gets nothing to guess it from.
+// The store's verdict:
+//
+//	status u8, then
 //	  status ok:  maxKey u32 maxValue u32
 //	  otherwise:  reasonLen u16 reason[reasonLen]
 //
@@ -47,10 +62,15 @@ import (
 // the reason.
 const (
 	magic        = "gcRZ"
-	protoVersion = 1
+	protoVersion = 2
 
-	helloLen    = 4 + 2 + 4 + 2
+	helloLen    = 4 + 2 + 4 + 4 + auth.NonceLen + 1
 	maxTokenLen = 4096
+	maxJobLen   = 255
+
+	// The roles the two proofs of a handshake name.
+	roleStore  = "gcompile store"
+	roleClient = "gcompile store client"
 
 	headerLen = 4 + 1 + 4 // length, type, id
 
@@ -95,6 +115,7 @@ const (
 	statusBadRank
 	statusBadVersion
 	statusBadHello
+	statusBadSize
 )
 
 var reqNames = map[byte]string{
@@ -294,67 +315,92 @@ func truncated(what string, err error) error {
 	return err
 }
 
-// hello is the client's first message.
+// hello is the client's first message: who it says it is and its
+// challenge to the store.
 type hello struct {
 	version uint16
 	rank    int32
-	token   string
+	size    uint32 // processes in the job as the client was told; 0: not said
+	nonce   auth.Nonce
+	job     string // the job's public identity as the client knows it
+}
+
+// claims are the hello's facts both proofs cover: a proof made for one
+// rank, size and job does not pass for another.
+func (h hello) claims() []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(h.rank))
+	b = binary.BigEndian.AppendUint32(b, h.size)
+	return append(b, h.job...)
 }
 
 func appendHello(dst []byte, h hello) []byte {
 	dst = append(dst, magic...)
 	dst = binary.BigEndian.AppendUint16(dst, h.version)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(h.rank))
-	dst = binary.BigEndian.AppendUint16(dst, uint16(len(h.token)))
-	return append(dst, h.token...)
+	dst = binary.BigEndian.AppendUint32(dst, h.size)
+	dst = append(dst, h.nonce[:]...)
+	dst = append(dst, byte(len(h.job)))
+	return append(dst, h.job...)
 }
 
 // readHello reads a hello. A wrong magic is reported with what came
-// instead, so the log says what kind of peer knocked.
+// instead, so the log says what kind of peer knocked. A hello of another
+// protocol version is returned after its version, unread further: its
+// layout is not this one's.
 func readHello(r io.Reader) (hello, error) {
 	var b [helloLen]byte
-	if n, err := io.ReadFull(r, b[:]); err != nil {
+	if n, err := io.ReadFull(r, b[:6]); err != nil {
 		if n >= len(magic) && string(b[:len(magic)]) != magic {
 			return hello{}, badFrame("not a store client (it sent %q)", b[:n])
 		}
 		return hello{}, truncated("hello", err)
 	}
 	if string(b[:4]) != magic {
-		return hello{}, badFrame("not a store client (it sent %q)", b[:])
+		return hello{}, badFrame("not a store client (it sent %q)", b[:6])
 	}
-	h := hello{
-		version: binary.BigEndian.Uint16(b[4:]),
-		rank:    int32(binary.BigEndian.Uint32(b[6:])),
+	h := hello{version: binary.BigEndian.Uint16(b[4:])}
+	if h.version != protoVersion {
+		return h, nil
 	}
-	n := int(binary.BigEndian.Uint16(b[10:]))
-	if n > maxTokenLen {
-		return hello{}, badFrame("token of %d bytes exceeds %d", n, maxTokenLen)
+	if _, err := io.ReadFull(r, b[6:]); err != nil {
+		return hello{}, truncated("hello", err)
 	}
-	tok := make([]byte, n)
-	if _, err := io.ReadFull(r, tok); err != nil {
-		return hello{}, truncated("hello's token", err)
+	h.rank = int32(binary.BigEndian.Uint32(b[6:]))
+	h.size = binary.BigEndian.Uint32(b[10:])
+	copy(h.nonce[:], b[14:])
+	job := make([]byte, b[helloLen-1])
+	if _, err := io.ReadFull(r, job); err != nil {
+		return hello{}, truncated("hello's job", err)
 	}
-	h.token = string(tok)
+	h.job = string(job)
 	return h, nil
 }
 
-// welcome is the server's answer to a hello.
-type welcome struct {
-	version          uint16
-	status           byte
-	maxKey, maxValue uint32
-	reason           string
+// challenge is the store's answer to a hello: its own nonce and its proof
+// of the token, or a refusal of the hello itself.
+type challenge struct {
+	version uint16
+	status  byte
+	nonce   auth.Nonce
+	proof   [auth.ProofLen]byte
+	job     string // the store's job identity
+	reason  string
 }
 
-func appendWelcome(dst []byte, w welcome) []byte {
+func appendChallenge(dst []byte, c challenge) []byte {
 	dst = append(dst, magic...)
-	dst = binary.BigEndian.AppendUint16(dst, w.version)
-	dst = append(dst, w.status)
-	if w.status == statusOK {
-		dst = binary.BigEndian.AppendUint32(dst, w.maxKey)
-		return binary.BigEndian.AppendUint32(dst, w.maxValue)
+	dst = binary.BigEndian.AppendUint16(dst, c.version)
+	dst = append(dst, c.status)
+	if c.status != statusOK {
+		return appendReason(dst, c.reason)
 	}
-	r := w.reason
+	dst = append(dst, c.nonce[:]...)
+	dst = append(dst, c.proof[:]...)
+	dst = append(dst, byte(len(c.job)))
+	return append(dst, c.job...)
+}
+
+func appendReason(dst []byte, r string) []byte {
 	if len(r) > maxReasonLen {
 		r = r[:maxReasonLen]
 	}
@@ -362,7 +408,19 @@ func appendWelcome(dst []byte, w welcome) []byte {
 	return append(dst, r...)
 }
 
-// notStoreError is what readWelcome returns for a peer that answers
+func readReason(r io.Reader) (string, error) {
+	var l [2]byte
+	if _, err := io.ReadFull(r, l[:]); err != nil {
+		return "", fmt.Errorf("handshake refusal truncated: %w", err)
+	}
+	reason := make([]byte, min(int(binary.BigEndian.Uint16(l[:])), maxReasonLen))
+	if _, err := io.ReadFull(r, reason); err != nil {
+		return "", fmt.Errorf("handshake refusal truncated: %w", err)
+	}
+	return string(reason), nil
+}
+
+// notStoreError is what readChallenge returns for a peer that answers
 // with something other than the store's magic.
 type notStoreError struct{ got []byte }
 
@@ -372,22 +430,70 @@ func (e *notStoreError) Error() string {
 
 func (e *notStoreError) Unwrap() error { return ErrNotStore }
 
-func readWelcome(r io.Reader) (welcome, error) {
+func readChallenge(r io.Reader) (challenge, error) {
 	var b [7]byte
 	n, err := io.ReadFull(r, b[:])
 	if n > 0 {
 		k := min(n, len(magic))
 		if string(b[:k]) != magic[:k] {
-			return welcome{}, &notStoreError{got: b[:n]}
+			return challenge{}, &notStoreError{got: b[:n]}
 		}
 	}
 	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return challenge{}, fmt.Errorf("closed the connection during the handshake: %w", io.ErrUnexpectedEOF)
+		}
+		return challenge{}, err
+	}
+	c := challenge{version: binary.BigEndian.Uint16(b[4:]), status: b[6]}
+	if c.status != statusOK {
+		c.reason, err = readReason(r)
+		return c, err
+	}
+	if c.version != protoVersion {
+		return c, nil // its layout is not this one's; dialOnce refuses it
+	}
+	var body [auth.NonceLen + auth.ProofLen + 1]byte
+	if _, err := io.ReadFull(r, body[:]); err != nil {
+		return challenge{}, fmt.Errorf("handshake challenge truncated: %w", err)
+	}
+	copy(c.nonce[:], body[:])
+	copy(c.proof[:], body[auth.NonceLen:])
+	job := make([]byte, body[len(body)-1])
+	if _, err := io.ReadFull(r, job); err != nil {
+		return challenge{}, fmt.Errorf("handshake challenge truncated: %w", err)
+	}
+	c.job = string(job)
+	return c, nil
+}
+
+// welcome is the store's last word in the handshake: accepted with its
+// limits, or refused with the reason.
+type welcome struct {
+	status           byte
+	maxKey, maxValue uint32
+	reason           string
+	job              string // the store's job identity, from its challenge
+}
+
+func appendWelcome(dst []byte, w welcome) []byte {
+	dst = append(dst, w.status)
+	if w.status == statusOK {
+		dst = binary.BigEndian.AppendUint32(dst, w.maxKey)
+		return binary.BigEndian.AppendUint32(dst, w.maxValue)
+	}
+	return appendReason(dst, w.reason)
+}
+
+func readWelcome(r io.Reader) (welcome, error) {
+	var b [1]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return welcome{}, fmt.Errorf("closed the connection during the handshake: %w", io.ErrUnexpectedEOF)
 		}
 		return welcome{}, err
 	}
-	w := welcome{version: binary.BigEndian.Uint16(b[4:]), status: b[6]}
+	w := welcome{status: b[0]}
 	if w.status == statusOK {
 		var lim [8]byte
 		if _, err := io.ReadFull(r, lim[:]); err != nil {
@@ -397,14 +503,7 @@ func readWelcome(r io.Reader) (welcome, error) {
 		w.maxValue = binary.BigEndian.Uint32(lim[4:])
 		return w, nil
 	}
-	var l [2]byte
-	if _, err := io.ReadFull(r, l[:]); err != nil {
-		return welcome{}, fmt.Errorf("handshake refusal truncated: %w", err)
-	}
-	reason := make([]byte, min(int(binary.BigEndian.Uint16(l[:])), maxReasonLen))
-	if _, err := io.ReadFull(r, reason); err != nil {
-		return welcome{}, fmt.Errorf("handshake refusal truncated: %w", err)
-	}
-	w.reason = string(reason)
-	return w, nil
+	var err error
+	w.reason, err = readReason(r)
+	return w, err
 }

@@ -450,23 +450,18 @@ func DefaultToken(w World, getenv func(string) string) (token string, secret boo
 	return hex.EncodeToString(h.Sum(nil))[:32], false
 }
 
-// JobIdentity is a public name of the job, "" when the launcher gives it
-// no id: a hash of what every process of the job knows (the launcher, its
-// job id, the master and the world size), which names no secret (the
-// derived token comes from the same facts). A store puts it in a
-// refusal of the token, so a process of the job that was given another
-// token learns at once that it reached its own job's store.
+// JobIdentity is a public name of the job: a hash of what every process
+// of the job knows (the launcher, its job id when it gives one, and the
+// master address), which names no secret (the derived token comes from
+// the same facts). The store's handshake says it, so a process of the job
+// that was given another token learns that it reached its own job's
+// store, not another job's. Without a launcher's job id (World.JobID) two
+// jobs that share a master address and port share it too.
 func JobIdentity(w World) string {
-	if w.JobID == "" {
-		return ""
-	}
 	h := sha256.New()
-	for _, part := range []string{"gcompile job v1", w.Launcher, w.JobID, w.MasterHostPort(), strconv.Itoa(w.Size)} {
+	for _, part := range []string{"gcompile job v2", w.Launcher, w.JobID, w.MasterHostPort()} {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
-
-// jobMark is how a refusal names a job.
-func jobMark(job string) string { return "[job " + job + "]" }
