@@ -307,10 +307,14 @@ func assertLossNamed(t *testing.T, ps []*proc, victim int) {
 	waitAll(t, ps, 20*time.Second)
 	t.Logf("the job ended %v after the kill", time.Since(start).Round(time.Millisecond))
 	want := fmt.Sprintf("process %d (rank %d", victim, victim)
+	// The error line leads with the lost process, whichever step and op
+	// each process noticed it in.
+	first := regexp.MustCompile(fmt.Sprintf(`(?m)^gcompile: rank \d+: (stopped by another process's failure: rank \d+: )?lost process %d \(rank %d`, victim, victim))
 	for r, p := range ps {
 		require.Error(t, p.err, "rank %d", r)
 		if r != victim {
 			assert.Contains(t, p.output(), want, "rank %d names the lost process:\n%s", r, p.output())
+			assert.Regexp(t, first, p.output(), "rank %d names the lost process first", r)
 		}
 	}
 }
@@ -335,6 +339,7 @@ func TestJobTimesOutOnAStalledProcess(t *testing.T) {
 	}
 	require.Error(t, ps[0].err)
 	assert.Contains(t, ps[0].output(), "timed out after 3s waiting for rank")
+	assert.Regexp(t, `(?m)^gcompile: rank 0: no answer from rank [23] \(process 1 \(ranks 2–3`, ps[0].output(), "the silent process first")
 	assert.Contains(t, ps[0].output(), "(process 1 (ranks 2–3")
 	ps[1].cmd.Process.Signal(syscall.SIGKILL)
 	ps[1].cmd.Wait()

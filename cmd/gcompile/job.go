@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -563,6 +564,50 @@ func labelled(rank int, err error) error {
 	}
 	return fmt.Errorf("rank %d: %w", rank, err)
 }
+
+// headline puts the peer a failure names first: in a job's output the
+// process that was lost or fell silent is what to look at, not the step
+// and op where this process noticed, nor the process that passed the
+// news on (an abort carries the text of its cause). A lost process
+// explains a silence, so it wins; of several, the innermost (last)
+// mention is the cause. A label of this process's own rank moves in
+// front of it (labelled puts it back).
+func headline(rank int, err error) error {
+	msg := err.Error()
+	var head string
+	if m := lostPeer.FindAllStringSubmatch(msg, -1); m != nil {
+		head = "lost " + m[len(m)-1][1]
+	} else if m := silentPeer.FindAllStringSubmatch(msg, -1); m != nil {
+		head = "no answer from " + m[len(m)-1][1]
+	} else {
+		return err
+	}
+	if r, rest, ok := rankLabel(msg); ok && r == rank && rest != msg {
+		msg = rest
+	}
+	if strings.HasPrefix(msg, head) {
+		return err
+	}
+	return &headlined{msg: head + ": " + msg, err: err}
+}
+
+// lostPeer and silentPeer find the peer in runtime/comm's messages:
+// "peer lost: process 2 (rank 2 at …)" and "timed out after 3s waiting
+// for rank 2 (process 1 (ranks 2–3 at …))".
+var (
+	lostPeer   = regexp.MustCompile(`peer lost: (?:writing to )?(process \d+ \([^()]*\))`)
+	silentPeer = regexp.MustCompile(`waiting for (rank \d+ \(process \d+ \([^()]*\)\))`)
+)
+
+// headlined is an error with its message rewritten (headline); errors.Is
+// and As still see the original.
+type headlined struct {
+	msg string
+	err error
+}
+
+func (h *headlined) Error() string { return h.msg }
+func (h *headlined) Unwrap() error { return h.err }
 
 // rankLabel reads the rank a message starts with ("rank 3: …" or
 // "rank 3 was interrupted"); after a label with a colon, rest is the

@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"gcompile/runtime/dist"
 )
 
 // twoHosts is two "machines" on one: network namespaces joined by a veth
@@ -119,4 +122,17 @@ func TestJobAcrossTwoHostsWithHostnameOnLoopback(t *testing.T) {
 	require.Error(t, ps[0].err)
 	require.Contains(t, ps[0].output(), "a loopback address (from --advertise-addr or GCOMPILE_ADVERTISE_ADDR), but the job spans machines (LOCAL_WORLD_SIZE 1 < WORLD_SIZE 2)")
 	require.Error(t, ps[1].err, "rank 1 stops too:\n%s", ps[1].output())
+}
+
+// A token derived from public facts is a note on one machine and a
+// warning with the fix for a job across machines, where anyone who can
+// reach the master could compute it.
+func TestDerivedTokenWarnsAcrossMachines(t *testing.T) {
+	one := derivedTokenNote(dist.World{Size: 4, LocalSize: 4, MasterAddr: "127.0.0.1", MasterPort: 29500})
+	assert.NotContains(t, one, "WARNING")
+	assert.Contains(t, one, "set GCOMPILE_TOKEN or --token for a secret one")
+	many := derivedTokenNote(dist.World{Size: 16, LocalSize: 8, MasterAddr: "node0", MasterPort: 10042, Launcher: "slurm", JobID: "42"})
+	assert.True(t, strings.HasPrefix(many, "WARNING: this job spans several machines"), many)
+	assert.Contains(t, many, "node0:10042")
+	assert.Contains(t, many, "export GCOMPILE_TOKEN=")
 }
