@@ -419,6 +419,32 @@ func TestMisconfiguredJobsFailFast(t *testing.T) {
 			},
 		},
 		{
+			name: "a process fails before it joins",
+			extra: func(r int) []string {
+				if r == 1 {
+					return []string{"--devices", "3"}
+				}
+				return nil
+			},
+			want: []string{
+				"the job cannot start: rank 1: --batch 8 must be divisible by dp·microbatches = 3",
+				"rank 1: --batch 8 must be divisible by dp·microbatches = 3",
+			},
+		},
+		{
+			name: "rank 0 fails before it joins",
+			extra: func(r int) []string {
+				if r == 0 {
+					return []string{"--steps", "-5"}
+				}
+				return nil
+			},
+			want: []string{
+				"rank 0: --steps",
+				"the job cannot start: rank 0: --steps",
+			},
+		},
+		{
 			name: "master address does not resolve",
 			env:  func(int) []string { return []string{"MASTER_ADDR=" + unresolvable} },
 			want: []string{

@@ -33,7 +33,7 @@ func evalMain(args []string) error {
 	}
 	j, err := startJob(c)
 	if err != nil {
-		return err
+		return labelFromLauncher(c, err)
 	}
 	defer func() { err = errors.Join(err, j.close()) }()
 	return compileAndRun(c, j)

@@ -178,10 +178,65 @@ func startJob(c *config) (*job, error) {
 		// store tells those still waiting why.
 		j.cancel(err)
 		j.close()
-		return nil, err
+		return nil, &rendezvousError{err}
 	}
-	go j.watchAbort()
 	return j, nil
+}
+
+// rendezvousError is a failure of the rendezvous itself, which the job
+// has heard of: tellJob has nothing to add.
+type rendezvousError struct{ error }
+
+func (e *rendezvousError) Unwrap() error { return e.error }
+
+// tellJobWait bounds how long a process that failed before joining its
+// job spends telling the others: long enough for processes started
+// together to meet, short enough not to hold up a launcher that would
+// stop them anyway once this one exits.
+const tellJobWait = 10 * time.Second
+
+// tellJob tells a job that this process failed before it joined (a bad
+// flag, a layout its world size cannot have), so that the others fail
+// within seconds with its reason instead of waiting for it until
+// --rdzv-timeout. Rank 0 hosts the store for a moment and shuts it down
+// with the reason once the others have connected; another rank reports
+// the reason as the job's failure, which rank 0 watches during the
+// rendezvous. It is best effort: with a launcher that stops the job when
+// one process exits (gcompile launch, torchrun, mpirun) it changes
+// nothing; a process whose token or place is wrong cannot tell anyone.
+func tellJob(c *config, w dist.World, cause error) {
+	token, _ := dist.DefaultToken(w, os.Getenv)
+	if c != nil && c.explicit["token"] {
+		token = c.token
+	}
+	if token == "" || w.MasterAddr == "" || w.MasterPort == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), tellJobWait)
+	defer cancel()
+	port := w.StorePort()
+	tries := min(rendezvousPorts, 65536-port)
+	reason := fmt.Sprintf("the job cannot start: %v", cause)
+	if w.Rank == 0 {
+		s, err := dist.ServeNear(dist.BindHost(w.MasterAddr), port, tries, dist.ServerOptions{Token: token, Ranks: w.Size, JobID: dist.JobIdentity(w)})
+		if err != nil {
+			return
+		}
+		for ctx.Err() == nil && len(s.MissingRanks()) > 1 { // rank 0 itself never joins
+			time.Sleep(50 * time.Millisecond)
+		}
+		s.Shutdown(reason)
+		return
+	}
+	me := dist.Member{Token: token, Rank: w.Rank, Size: w.Size, Job: dist.JobIdentity(w), JobNamed: w.JobID != ""}
+	store, err := dist.DialNearAs(ctx, w.MasterAddr, port, tries, me)
+	if err != nil {
+		return
+	}
+	defer store.Close()
+	if ok, err := store.Check(ctx, keyAbort); err == nil && !ok {
+		store.Set(ctx, keyAbort, []byte(reason))
+	}
 }
 
 // openLog sends the log of a rank other than 0 to --log-dir/rank-N.log,
@@ -257,6 +312,9 @@ func (j *job) rendezvous() error {
 	if j.store, err = dist.DialNearAs(ctx, w.MasterAddr, port, tries, me); err != nil {
 		return fmt.Errorf("rank %d: joining the job's rendezvous at %s ports %d–%d: %w", w.Rank, w.MasterAddr, port, port+tries-1, err)
 	}
+	// From here a process that failed before joining (tellJob), or fails
+	// later, ends every process's wait with its reason.
+	go j.watchAbort()
 	if err := j.store.Barrier(ctx, "job/start", w.Size); err != nil {
 		if missing := j.missingRanks(); missing != "" && j.ctx.Err() == nil {
 			return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %s never joined (not started, or they cannot reach %s): %w", w.Rank, w.Size, missing, w.MasterHostPort(), err)

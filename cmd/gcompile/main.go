@@ -136,7 +136,12 @@ func labelFromLauncher(c *config, err error) error {
 	if werr != nil || w.Size <= 1 {
 		return err
 	}
-	return labelled(w.Rank, err)
+	err = labelled(w.Rank, err)
+	var joined *rendezvousError
+	if !errors.As(err, &joined) {
+		tellJob(c, w, err)
+	}
+	return err
 }
 
 // compileAndRun compiles the plan and, with --run, trains it. In a job of
