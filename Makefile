@@ -17,13 +17,16 @@ build:
 	$(GO) build -o bin/gcompile ./cmd/gcompile
 
 # The main job: the reference GPT (byte-level, 2 layers, h=128) compiled for
-# one CPU device and trained on the Go standard library's sources, with
-# pass-by-pass dumps and metrics in $(OUT)/. DEMO_FLAGS are appended (a
-# later flag wins): make demo DEMO_FLAGS="--steps 20".
+# four virtual CPU devices, tensor parallelism 2 × a 2-stage pipeline (1F1B,
+# 4 microbatches), and trained on the Go standard library's sources, with
+# pass-by-pass dumps (the stage cut, the sharding, the collectives) and
+# metrics in $(OUT)/. It trains exactly as one device would: the same loss
+# at every step. DEMO_FLAGS are appended (a later flag wins): make demo
+# DEMO_FLAGS="--steps 20".
 DEMO_FLAGS ?=
 demo: build
 	@mkdir -p $(OUT)
-	bin/gcompile examples/gpt/model.go --devices 1 --run \
+	bin/gcompile examples/gpt/model.go --devices 4 --tp 2 --pp 2 --microbatches 4 --run \
 		--steps 250 --batch 16 --lr 3e-3 --min-lr 3e-4 --warmup 20 --seed 1 \
 		--eval-every 50 --eval-batches 16 \
 		--metrics $(OUT)/demo-metrics.json --dump $(OUT)/dump --save $(OUT)/gpt.safetensors $(DEMO_FLAGS)

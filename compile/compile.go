@@ -132,6 +132,9 @@ func LoadModule(c *Config) (*ir.Module, error) { return loadModule(c, false) }
 // loadModule builds the training module, or with eval the module
 // evaluation runs (frontend.Config.Eval).
 func loadModule(c *Config, eval bool) (*ir.Module, error) {
+	if c.Built != "" && !eval {
+		return ir.Parse(c.Model, c.Built)
+	}
 	if strings.HasSuffix(c.Model, ".gir") {
 		text, err := os.ReadFile(c.Model)
 		if err != nil {

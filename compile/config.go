@@ -26,7 +26,11 @@ type Config struct {
 	Batch int    // global batch in sequences
 
 	Devices, TP, PP, DP, EP, VPP, Microbatches, Zero int
-	Schedule, Recompute, Precision, Optimizer        string
+	// MicroBatchSize, when set, is the sequences of one microbatch on
+	// each data-parallel replica (Megatron-LM's --micro-batch-size):
+	// Microbatches follows as Batch/(DP·EP·MicroBatchSize). 0: unset.
+	MicroBatchSize                            int
+	Schedule, Recompute, Precision, Optimizer string
 
 	SequenceParallel, Verify, Fuse bool
 	Offload, Compress              string
@@ -45,6 +49,11 @@ type Config struct {
 	// and the model's driver are killed, their work folder removed); the
 	// CLI ends it on SIGINT or SIGTERM. nil: never.
 	Interrupt context.Context
+	// Built, when set, is the training module already built from Model
+	// at these sizes (ir.Print's text; the planner builds it to search):
+	// the compile parses it instead of building Model again. The
+	// evaluation module is built anyway.
+	Built string
 	// Progress is where building a model.go says what it is doing (the
 	// loader's "building model …"): nil is stderr. The processes of a job
 	// other than rank 0 discard it, or a job of 64 prints it 64 times.
@@ -155,6 +164,19 @@ func (c *Config) Validate() error {
 		bad("--zero %d: want 0, 1, 2 or 3", c.Zero)
 	} else if c.Zero > 0 && c.DP == 1 {
 		bad("--zero %d needs --dp > 1 (ZeRO shards across data-parallel ranks)", c.Zero)
+	}
+	if c.MicroBatchSize < 0 {
+		bad("--micro-batch-size must be ≥ 1, got %d", c.MicroBatchSize)
+	} else if mbs := c.MicroBatchSize; mbs > 0 && c.Batch > 0 {
+		replicas := c.DP * c.EP
+		switch {
+		case c.Batch%replicas != 0 || (c.Batch/replicas)%mbs != 0:
+			bad("--batch %d must be divisible by dp·ep·micro-batch-size = %d·%d·%d", c.Batch, c.DP, c.EP, mbs)
+		case c.Explicit["microbatches"] && c.Microbatches*mbs*replicas != c.Batch:
+			bad("--micro-batch-size %d and --microbatches %d disagree: dp·ep·micro-batch-size·microbatches = %d, --batch is %d (give one of them)", mbs, c.Microbatches, replicas*mbs*c.Microbatches, c.Batch)
+		default:
+			c.Microbatches = c.Batch / replicas / mbs
+		}
 	}
 	if c.Microbatches < 1 {
 		bad("--microbatches must be ≥ 1, got %d", c.Microbatches)

@@ -129,6 +129,24 @@ func hopper(name, source string, memGiB, memGBps float64) Hardware {
 	}
 }
 
+// PresetForGPU is the preset that describes a GPU by the name its driver
+// gives it, "" when none does: an H200, an H100 in SXM form (the PCIe
+// card has other clocks and links), an A100 of 80 or 40 GB.
+func PresetForGPU(name string) string {
+	n := strings.ToUpper(name)
+	switch {
+	case strings.Contains(n, "H200"):
+		return "h200"
+	case strings.Contains(n, "H100") && !strings.Contains(n, "PCIE") && !strings.Contains(n, "NVL"):
+		return "h100-sxm"
+	case strings.Contains(n, "A100") && !strings.Contains(n, "PCIE") && strings.Contains(n, "80GB"):
+		return "a100-80g"
+	case strings.Contains(n, "A100") && !strings.Contains(n, "PCIE"):
+		return "a100-40g"
+	}
+	return ""
+}
+
 // Presets lists the preset names, sorted.
 func Presets() []string {
 	names := make([]string, 0, len(presets))

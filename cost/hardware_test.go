@@ -139,3 +139,28 @@ func TestLinkForSpreadsOverCards(t *testing.T) {
 		}
 	}
 }
+
+// TestPresetForGPU: the planner's default preset follows the name the
+// CUDA driver gives the GPU, and names none for a GPU it does not
+// describe (the CLI then asks for --hardware).
+func TestPresetForGPU(t *testing.T) {
+	for name, want := range map[string]string{
+		"NVIDIA H100 80GB HBM3":   "h100-sxm",
+		"NVIDIA H200":             "h200",
+		"NVIDIA A100-SXM4-80GB":   "a100-80g",
+		"NVIDIA A100-SXM4-40GB":   "a100-40g",
+		"NVIDIA H100 PCIe":        "",
+		"NVIDIA A100 80GB PCIe":   "",
+		"NVIDIA GeForce RTX 4090": "",
+		"Tesla V100-SXM2-32GB":    "",
+	} {
+		if got := PresetForGPU(name); got != want {
+			t.Errorf("PresetForGPU(%q) = %q, want %q", name, got, want)
+		}
+		if want != "" {
+			if _, err := Preset(want); err != nil {
+				t.Errorf("%q maps to %q, which is no preset: %v", name, want, err)
+			}
+		}
+	}
+}

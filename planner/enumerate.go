@@ -1,6 +1,8 @@
 package planner
 
 import (
+	"slices"
+
 	"gcompile/compile"
 	"gcompile/cost"
 )
@@ -76,6 +78,13 @@ func enumerateEP(base compile.Config, t cost.Transformer, hw *cost.Hardware, sel
 			ms := choices(fixed("microbatches"), base.Microbatches, divisors(base.Batch/(dp*ep)), func(m int) bool {
 				return pp == 1 && m <= 64 || pp > 1 && m >= pp
 			})
+			if mbs := base.MicroBatchSize; mbs > 0 {
+				// A pinned microbatch size leaves one count, or none.
+				ms = slices.DeleteFunc(ms, func(m int) bool { return m*mbs*dp*ep != base.Batch })
+				if len(ms) == 0 && !fixed("microbatches") && base.Batch%(dp*ep*mbs) == 0 {
+					ms = []int{base.Batch / (dp * ep * mbs)}
+				}
+			}
 			zeros := choices(fixed("zero"), base.Zero, []int{0, 1, 2, 3}, func(z int) bool { return z == 0 || dp > 1 })
 			sps := []bool{false}
 			if fixed("sequence-parallel") {

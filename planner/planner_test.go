@@ -123,6 +123,66 @@ func TestFixedAxesRespected(t *testing.T) {
 	}
 }
 
+// TestEveryOptionCanBePinned: each axis and option the search chooses,
+// given alone (with the pipeline it needs), holds in every plan ranked,
+// including the values that turn an option off (sequence parallelism,
+// ZeRO stage 0, recompute none), which a flag that can only switch an
+// option on could not pin.
+func TestEveryOptionCanBePinned(t *testing.T) {
+	m := smallGPT(t, 8)
+	hw := cpuHardware(t)
+	tests := []struct {
+		name string
+		pin  func(c *compile.Config)
+		ok   func(c compile.Config) bool
+	}{
+		{"sequence parallelism off", func(c *compile.Config) { c.SequenceParallel = false; c.Explicit["sequence-parallel"] = true },
+			func(c compile.Config) bool { return !c.SequenceParallel }},
+		{"sequence parallelism on", func(c *compile.Config) {
+			c.SequenceParallel, c.TP = true, 2
+			c.Explicit["sequence-parallel"], c.Explicit["tp"] = true, true
+		}, func(c compile.Config) bool { return c.SequenceParallel && c.TP == 2 }},
+		{"ZeRO stage 0", func(c *compile.Config) { c.Zero = 0; c.Explicit["zero"] = true },
+			func(c compile.Config) bool { return c.Zero == 0 }},
+		{"recompute none", func(c *compile.Config) { c.Recompute = "none"; c.Explicit["recompute"] = true },
+			func(c compile.Config) bool { return c.Recompute == "none" }},
+		{"recompute full", func(c *compile.Config) { c.Recompute = "full"; c.Explicit["recompute"] = true },
+			func(c compile.Config) bool { return c.Recompute == "full" }},
+		{"microbatches", func(c *compile.Config) { c.Microbatches = 4; c.Explicit["microbatches"] = true },
+			func(c compile.Config) bool { return c.Microbatches == 4 }},
+		{"microbatch size", func(c *compile.Config) { c.MicroBatchSize = 1; c.Explicit["micro-batch-size"] = true },
+			func(c compile.Config) bool { return c.Batch/(c.DP*max(c.EP, 1)*c.Microbatches) == 1 }},
+		{"no virtual stages", func(c *compile.Config) {
+			c.PP, c.VPP = 2, 1
+			c.Explicit["pp"], c.Explicit["vpp"] = true, true
+		}, func(c compile.Config) bool { return c.PP == 2 && c.VPP <= 1 && c.Schedule == "1f1b" }},
+		{"schedule", func(c *compile.Config) {
+			c.PP, c.Schedule = 2, "gpipe"
+			c.Explicit["pp"], c.Explicit["schedule"] = true, true
+		}, func(c compile.Config) bool { return c.Schedule == "gpipe" }},
+		{"offload", func(c *compile.Config) { c.Offload = "optimizer"; c.Explicit["offload"] = true },
+			func(c compile.Config) bool { return c.Offload == "optimizer" }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			base := baseConfig(4, 8)
+			tc.pin(&base)
+			res, err := Plan(Request{Base: base, Hardware: hw, Module: m, TopK: 3, NoCompile: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Ranked) == 0 {
+				t.Fatal("no plan ranked")
+			}
+			for _, c := range res.Ranked {
+				if !tc.ok(c.Config) {
+					t.Errorf("%s pinned, got %s (schedule %q)", tc.name, Describe(c.Config), c.Config.Schedule)
+				}
+			}
+		})
+	}
+}
+
 // TestLowerBoundNeverAboveCompiledPeak: over a sweep of plans (every
 // layout of 4 devices, ZeRO stages, recompute, offload, microbatches),
 // the memory bound the search prunes with never exceeds the compiled

@@ -174,6 +174,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.EP, "ep", 0, "expert-parallel degree: mixture-of-experts weights split by expert, tokens over dp×ep (0: 1, or chosen by the planner for a model with experts)")
 	fs.IntVar(&c.VPP, "vpp", 0, "virtual pipeline stages per rank (0: 1)")
 	fs.IntVar(&c.Microbatches, "microbatches", 1, "microbatches per step")
+	fs.IntVar(&c.MicroBatchSize, "micro-batch-size", 0, "sequences per microbatch on each data-parallel replica, as Megatron-LM's --micro-batch-size: --microbatches follows as batch/(dp·ep·size) (0: from --microbatches)")
 	fs.StringVar(&c.DPSync, "dp-sync", "sync", "data-parallel synchronisation: sync (all-reduce) or async (bounded staleness)")
 	fs.IntVar(&c.Staleness, "staleness", 0, "with --dp-sync async: how many updates old a replica's weights may be")
 	fs.BoolVar(&c.SequenceParallel, "sequence-parallel", false, "shard LayerNorm/residual activations on the sequence dim over tp (needs --tp > 1)")
@@ -322,16 +323,15 @@ func (c *config) validate() error {
 		}
 		c.MemLimit = n
 	}
-	if c.hardware != "" || c.plan || c.planTrace != "" {
-		spec := c.hardware
-		if spec == "" {
-			spec = "cpu"
-		}
-		hw, err := cost.Load(spec)
+	if c.hardware != "" || c.plan || c.planTrace != "" || c.planning() {
+		spec, err := c.hardwareSpec()
 		if err != nil {
+			bad("%w", err)
+		} else if hw, err := cost.Load(spec); err != nil {
 			bad("--hardware %q: %w", spec, err)
+		} else {
+			c.hw = hw
 		}
-		c.hw = hw
 	}
 	if c.refineTrace != "" && (!c.plan || c.hardware == "") {
 		bad("--refine-trace refines the --hardware preset for --plan: it needs both")

@@ -422,13 +422,13 @@ func TestMisconfiguredJobsFailFast(t *testing.T) {
 			name: "a process fails before it joins",
 			extra: func(r int) []string {
 				if r == 1 {
-					return []string{"--devices", "3"}
+					return []string{"--zero", "7"}
 				}
 				return nil
 			},
 			want: []string{
-				"the job cannot start: rank 1: --batch 8 must be divisible by dp·microbatches = 3",
-				"rank 1: --batch 8 must be divisible by dp·microbatches = 3",
+				"the job cannot start: rank 1: --zero 7: want 0, 1, 2 or 3",
+				"rank 1: --zero 7: want 0, 1, 2 or 3",
 			},
 		},
 		{
@@ -614,7 +614,7 @@ func TestJobErrorsNameTheirOwnRank(t *testing.T) {
 	const n, failing = 4, 2
 	ps := make([]*proc, n)
 	for r := range n {
-		args := []string{model, "--devices", "4", "--run", "--timeout", "20s"}
+		args := []string{model, "--devices", "4", "--dp", "4", "--run", "--timeout", "20s"}
 		if r == failing {
 			args = append(args, "--device-memory", "10KiB") // only this process's compile fails
 		}

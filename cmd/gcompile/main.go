@@ -67,13 +67,18 @@ func mainErr(args []string) (err error) {
 	if c.helpModel {
 		return helpModel(c)
 	}
+	if w, err := worldOf(c); err == nil && w.Rank > 0 {
+		c.Progress = io.Discard // rank 0 says it for the job
+	}
 	if c.planning() {
 		// The planner compiles the model: with a token dataset, at the
 		// vocabulary the data needs.
 		if err := c.openTokenData(); err != nil {
 			return labelFromLauncher(c, err)
 		}
-		if err := runPlanner(c); err != nil || !c.run {
+		// --plan without --run prints the table and stops; a plan chosen
+		// for --devices alone is compiled (and with --run trained).
+		if err := runPlanner(c); err != nil || c.plan && !c.run {
 			return labelFromLauncher(c, err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"gcompile/compile"
@@ -15,25 +16,111 @@ import (
 	"gcompile/ir"
 	"gcompile/passes"
 	"gcompile/planner"
+	"gcompile/runtime/cuda"
 )
 
 // planAxes are the flags the planner searches; one the user gives stays
 // fixed.
-var planAxes = []string{"tp", "pp", "dp", "ep", "vpp", "microbatches", "zero", "sequence-parallel", "recompute", "offload", "schedule"}
+var planAxes = []string{"tp", "pp", "dp", "ep", "vpp", "microbatches", "micro-batch-size", "zero", "sequence-parallel", "recompute", "offload", "schedule"}
 
-// planning says whether the planner chooses the plan: --plan, or --run
-// with --hardware and none of --tp, --pp, --dp given on more than one
-// device. Without --hardware, --run keeps the plan it always had (dp
-// takes the devices), so existing command lines train what they trained.
+// meshAxes are the axes that split the devices: a command line that gives
+// one of them has chosen its plan's shape.
+var meshAxes = []string{"tp", "pp", "dp", "ep"}
+
+// planning says whether the planner chooses the plan: --plan, or more than
+// one device with none of --tp, --pp, --dp, --ep given (`gcompile
+// model.go --devices 8`), the options the user gave staying fixed. A
+// command line that gives an axis gets exactly its plan, the axes not
+// given taking their defaults (tp, pp, ep 1 and dp the devices left), as
+// before. Asynchronous data parallelism has no other plan, and gcompile
+// eval evaluates under the plan it is given.
 func (c *config) planning() bool {
-	if c.planned {
+	if c.planned || c.evalOnly {
 		return false
 	}
 	if c.plan {
 		return true
 	}
-	return c.run && c.explicit["hardware"] && c.Devices > 1 &&
-		!c.explicit["tp"] && !c.explicit["pp"] && !c.explicit["dp"]
+	if c.Devices <= 1 || c.DPSync == "async" {
+		return false
+	}
+	for _, a := range meshAxes {
+		if c.explicit[a] {
+			return false
+		}
+	}
+	return true
+}
+
+// hardwareSpec is the description the cost model prices plans on:
+// --hardware; else, on the CUDA backend, the preset of the GPU this
+// machine has (GPU 0, by the name its driver gives); else the cpu preset
+// as it is (not calibrated, so that every process of a job and every run
+// chooses the same plan).
+func (c *config) hardwareSpec() (string, error) {
+	if c.hardware != "" {
+		return c.hardware, nil
+	}
+	if c.backend != "cuda" || c.plan {
+		return "cpu", nil
+	}
+	name, err := cuda.GPUName(cuda.Config{}, 0)
+	if err != nil {
+		return "", fmt.Errorf("--devices %d with no --tp/--pp/--dp: the planner prices plans on the GPU it finds, and found none (%w): give --hardware (%s or a JSON file) or the plan's axes", c.Devices, err, strings.Join(cost.Presets(), ", "))
+	}
+	spec := cost.PresetForGPU(name)
+	if spec == "" {
+		return "", fmt.Errorf("--devices %d with no --tp/--pp/--dp: the planner has no description of this GPU (%s): give --hardware (%s or a JSON file) or the plan's axes", c.Devices, name, strings.Join(cost.Presets(), ", "))
+	}
+	return spec, nil
+}
+
+// givenAndChosen says which of the plan's axes the command line gave
+// (fixed) and which the planner chose.
+func givenAndChosen(explicit map[string]bool) string {
+	var given, chosen []string
+	for _, a := range planAxes {
+		switch {
+		case explicit[a]:
+			given = append(given, "--"+a)
+		case a == "micro-batch-size":
+			// The count and the size are one choice.
+		case a == "microbatches" && explicit["micro-batch-size"]:
+		default:
+			chosen = append(chosen, a)
+		}
+	}
+	g := "none"
+	if len(given) > 0 {
+		g = strings.Join(given, " ")
+	}
+	return fmt.Sprintf("axes given: %s; chosen by the planner: %s", g, strings.Join(chosen, ", "))
+}
+
+// pinFlags are the flags that give exactly plan c: the command line that
+// trains it again without the planner.
+func pinFlags(c compile.Config) string {
+	f := []string{fmt.Sprintf("--tp %d --pp %d --dp %d", max(c.TP, 1), max(c.PP, 1), max(c.DP, 1))}
+	if c.EP > 1 {
+		f = append(f, fmt.Sprintf("--ep %d", c.EP))
+	}
+	if c.VPP > 1 {
+		f = append(f, fmt.Sprintf("--vpp %d", c.VPP))
+	}
+	f = append(f, fmt.Sprintf("--microbatches %d --zero %d", max(c.Microbatches, 1), c.Zero))
+	f = append(f, fmt.Sprintf("--sequence-parallel=%t", c.SequenceParallel))
+	rc := c.Recompute
+	if rc == "" {
+		rc = "none"
+	}
+	f = append(f, "--recompute "+rc)
+	if c.Offload != "" && c.Offload != "none" {
+		f = append(f, "--offload "+c.Offload)
+	}
+	if c.Schedule != "" && c.PP > 1 {
+		f = append(f, "--schedule "+c.Schedule)
+	}
+	return strings.Join(f, " ")
 }
 
 // validateForPlanner checks every flag that is not a searched axis, by
@@ -143,6 +230,7 @@ func runPlanner(c *config) error {
 		if err := planner.WriteTable(os.Stdout, res, c.hw); err != nil {
 			return err
 		}
+		fmt.Println(givenAndChosen(c.explicit))
 		if c.metrics != "" {
 			if err := writeOutput("metrics", c.metrics, func(p string) error { return planner.WriteJSON(p, res, c.hw) }); err != nil {
 				return err
@@ -155,14 +243,42 @@ func runPlanner(c *config) error {
 			return nil
 		}
 	}
-	best := res.Ranked[0].Config
+	top := res.Ranked[0]
+	best := top.Config
 	best.Model, best.Set, best.Interrupt = c.Model, c.Set, nil
 	best.Explicit = c.explicit
 	best.MemLimit = c.MemLimit
+	best.Progress = c.Progress
+	best.Built = ir.Print(m) // the model is built once
 	c.Config = best
 	c.planned = true
-	fmt.Fprintf(os.Stderr, "planner: training the best plan on %s: %s (predicted %.3g ms a step)\n", c.hw.Name, planner.Describe(best), res.Ranked[0].StepSeconds()*1e3)
+	verb := "compiling"
+	if c.run {
+		verb = "training"
+	}
+	mem := "compiled peak"
+	if !top.Compiled {
+		mem = "estimated"
+	}
+	// Every process of a job plans alike; one says so.
+	if w, err := worldOf(c); err == nil && w.Rank == 0 {
+		fmt.Fprintf(os.Stderr, "planner: %s the best plan of %d devices on %s: %s, predicted %.3g ms a step, %s a device (%s)\n", verb, c.Devices, c.hw.Name, planner.Describe(best), top.StepSeconds()*1e3, gib(top.MemoryBytes()), mem)
+		if !c.plan {
+			fmt.Fprintf(os.Stderr, "planner: %s; pin it with %s (--plan lists the alternatives)\n", givenAndChosen(c.explicit), pinFlags(best))
+		}
+	}
 	return c.validate()
+}
+
+// gib is a byte count in the unit that reads best.
+func gib(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 }
 
 // refineHardware compiles the plan the flags fix (the one --trace

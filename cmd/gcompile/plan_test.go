@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -159,4 +160,65 @@ func TestPlanCalibratesCPU(t *testing.T) {
 	}
 	assert.Contains(t, source("--hardware", "cpu"), "calibrated on this machine")
 	assert.Contains(t, source(), "uncalibrated defaults")
+}
+
+// TestDevicesAlonePlan: more than one device and no axis given, gcompile
+// compiles the planner's best plan on the cpu preset and prints it with
+// the flags that pin it; those flags then compile that very plan without
+// the planner. A model too large for dp alone under --device-memory
+// still compiles (the planner splits it). An axis given keeps the old
+// meaning: exactly that plan, dp taking the devices left.
+func TestDevicesAlonePlan(t *testing.T) {
+	out, err := captureStderr(t, func() error {
+		return mainNoPanic(t, append(append([]string{}, tinyGPT...), "--devices", "4"))
+	})
+	require.NoError(t, err)
+	assert.Regexp(t, `planner: compiling the best plan of 4 devices on cpu: tp=\d+ pp=\d+ dp=\d+`, out)
+	assert.Contains(t, out, "axes given: none; chosen by the planner: tp, pp, dp")
+	pin := regexp.MustCompile(`pin it with (.*) \(--plan lists the alternatives\)`).FindStringSubmatch(out)
+	require.Len(t, pin, 2, out)
+	mesh := regexp.MustCompile(`\d+ virtual devices, mesh [^\n]*|program \d+:`).FindAllString(out, -1)
+
+	pinned, err := captureStderr(t, func() error {
+		return mainNoPanic(t, append(append([]string{}, tinyGPT...), append([]string{"--devices", "4"}, strings.Fields(pin[1])...)...))
+	})
+	require.NoError(t, err)
+	assert.NotContains(t, pinned, "planner:", "pinned, nothing to choose")
+	assert.Equal(t, mesh, regexp.MustCompile(`\d+ virtual devices, mesh [^\n]*|program \d+:`).FindAllString(pinned, -1), "the pin flags give the chosen plan")
+
+	given, err := captureStderr(t, func() error {
+		return mainNoPanic(t, append(append([]string{}, tinyGPT...), "--devices", "4", "--tp", "2"))
+	})
+	require.NoError(t, err)
+	assert.NotContains(t, given, "planner:")
+
+	// dp alone needs every param on every device; tp·pp splits them.
+	split, err := captureStderr(t, func() error {
+		return mainNoPanic(t, []string{gptModel, "--set", "layers=4,hidden=64,heads=4,seq=16", "--batch", "8", "--devices", "4", "--device-memory", "1200KiB"})
+	})
+	require.NoError(t, err, split)
+	err = mainNoPanic(t, []string{gptModel, "--set", "layers=4,hidden=64,heads=4,seq=16", "--batch", "8", "--devices", "4", "--dp", "4", "--device-memory", "1200KiB"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "out of device memory")
+}
+
+// TestMicroBatchSize: --micro-batch-size sets the microbatch count from
+// the batch and the replicas, as Megatron-LM's does, and is refused where
+// it does not divide or disagrees with --microbatches.
+func TestMicroBatchSize(t *testing.T) {
+	c, err := parseArgs(append(append([]string{}, tinyGPT...), "--batch", "8", "--devices", "2", "--dp", "2", "--micro-batch-size", "2"))
+	require.NoError(t, err)
+	assert.Equal(t, 2, c.Microbatches, "8 sequences over dp 2 in microbatches of 2")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--micro-batch-size", "3"}, "--batch 8 must be divisible by dp·ep·micro-batch-size = 2·1·3"},
+		{[]string{"--micro-batch-size", "2", "--microbatches", "4"}, "--micro-batch-size 2 and --microbatches 4 disagree"},
+		{[]string{"--micro-batch-size", "-1"}, "--micro-batch-size must be ≥ 1, got -1"},
+	} {
+		_, err := parseArgs(append(append(append([]string{}, tinyGPT...), "--batch", "8", "--devices", "2", "--dp", "2"), tc.args...))
+		require.Error(t, err, "%v", tc.args)
+		assert.Contains(t, err.Error(), tc.want)
+	}
 }

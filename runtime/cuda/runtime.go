@@ -202,6 +202,32 @@ func VisibleGPUs(cfg Config) (int, error) {
 	return n, nil
 }
 
+// GPUName is the name the driver gives GPU ordinal ("NVIDIA H100 80GB
+// HBM3"), read without creating a context: the planner picks the cost
+// model's preset by it before any GPU is opened.
+func GPUName(cfg Config, ordinal int) (string, error) {
+	s := dl.DefaultSearch()
+	if cfg.Search != nil {
+		s = *cfg.Search
+	}
+	drv, err := driver.LoadFrom(s)
+	if err != nil {
+		return "", fmt.Errorf("cuda backend: %w", err)
+	}
+	if err := drv.Init(); err != nil {
+		return "", fmt.Errorf("cuda backend: %w", err)
+	}
+	dev, err := drv.Device(ordinal)
+	if err != nil {
+		return "", fmt.Errorf("cuda backend: %w", err)
+	}
+	name, err := drv.DeviceName(dev)
+	if err != nil {
+		return "", fmt.Errorf("cuda backend: %w", err)
+	}
+	return name, nil
+}
+
 // loadKernels compiles the kernel unit for the GPU's architecture (or
 // takes it from the cache), loads it and finds every kernel of the table.
 func (rt *Runtime) loadKernels() error {
