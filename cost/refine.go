@@ -47,6 +47,8 @@ type RefineReport struct {
 	// measured)| over the priced instructions, under the preset and the
 	// refined one.
 	LogErrorBefore, LogErrorAfter float64
+	// Fitted is how many parameters the refinement changed.
+	Fitted int
 }
 
 // ReadTrace reads the events of a Chrome trace file as --trace and
@@ -601,10 +603,18 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 	if altAfter, fromTrace := alt.logErrors(progOf, ms); fromTrace < fromPreset-1e-12 {
 		cur, counts, opSamples, after = alt, altCounts, altSamples, altAfter
 	}
+	bounded := cur.boundRefined(figuresOf(h, progOf, ms, ceiling), opSamples)
+	after, _ = cur.logErrors(progOf, ms)
 	rep := &RefineReport{Instructions: len(ms), Steps: steps}
 	param := func(key string, before, after float64, n int, why string) {
 		p := RefinedParam{Key: key, Before: before, After: after, Samples: n, Kept: why != "", Why: why}
+		if !p.Kept {
+			p.Why = bounded[key]
+		}
 		rep.Params = append(rep.Params, p)
+		if !p.Kept && p.After != p.Before {
+			rep.Fitted++
+		}
 	}
 	few := func(n int, what string) string {
 		if n >= minSamples {
@@ -650,6 +660,15 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 		}
 		param("op_scale."+op, before, cur.OpScale[op], opSamples[op], "")
 	}
+	for _, op := range slices.Sorted(maps.Keys(opSamples)) {
+		if _, kept := cur.OpScale[op]; !kept {
+			before, ok := h.OpScale[op]
+			if !ok {
+				before = 1
+			}
+			param("op_scale."+op, before, before, opSamples[op], bounded["op_scale."+op])
+		}
+	}
 	if err := cur.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("refined hardware: %w", err)
 	}
@@ -659,6 +678,111 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 	rep.LogErrorBefore = h.logError(progOf, ms)
 	rep.LogErrorAfter = after
 	return cur, rep, nil
+}
+
+// The bounds of a refinement are the trace's own figures, not the
+// description's (a preset may be 100× off a CPU): an achieved GEMM or
+// memory rate (peak × efficiency) at least half the best the trace's
+// kernels reached and at most refineBound times it (small kernels are
+// launch-bound, so the best seen can sit far below what large ones would
+// reach, but not without limit), a half-size at most refineBound times
+// the longest kernel of its kind in the trace (beyond it no kernel
+// measured tells it), an op's scale from at least minOpSamples kernels
+// and within opScaleBound of 1. A short trace's few timings (a kernel
+// that ran twice, the first run cold) must not turn into a 1000× figure
+// that then prices every plan.
+const (
+	refineBound  = 100
+	opScaleBound = 30
+	minOpSamples = 3
+)
+
+// traceFigures are what a trace says directly: its best achieved GEMM,
+// memory and vector rates (traceStart's figures) and its longest GEMM
+// and memory-bound kernel.
+type traceFigures struct {
+	gemmFLOPS, memBps, vecFLOPS float64
+	longestGEMM, longestMem     float64 // seconds
+}
+
+func figuresOf(h *Hardware, progOf map[int]*lower.Program, ms []measured, ceiling float64) traceFigures {
+	st := traceStart(h, progOf, ms, ceiling)
+	f := traceFigures{gemmFLOPS: st.Peak("fp32") * 1e12, memBps: st.MemoryGBps * 1e9, vecFLOPS: st.VectorTFLOPS * 1e12}
+	for _, m := range ms {
+		in := progOf[m.dev].Instrs[m.idx]
+		if ir.Collectives[in.Op] || !(m.seconds > 0) {
+			continue
+		}
+		if _, _, _, ok := kernelCost(in); !ok {
+			continue
+		}
+		if onMatrixUnits(in.Op) {
+			f.longestGEMM = math.Max(f.longestGEMM, m.seconds)
+		} else {
+			f.longestMem = math.Max(f.longestMem, m.seconds)
+		}
+	}
+	return f
+}
+
+// boundRefined holds h's fitted figures within the trace's bounds (see
+// refineBound), drops the op scales fitted from fewer than minOpSamples
+// kernels, and says for each figure it changed why, by its report key.
+func (h *Hardware) boundRefined(tr traceFigures, opSamples map[string]int) map[string]string {
+	notes := map[string]string{}
+	within := func(key string, v, lo, hi float64, unit string) float64 {
+		switch {
+		case lo > 0 && v < lo:
+			notes[key] = fmt.Sprintf("bounded below at %.4g%s by the trace (the fit wanted %.4g)", lo, unit, v)
+			return lo
+		case hi > 0 && v > hi:
+			notes[key] = fmt.Sprintf("bounded above at %.4g%s by the trace (the fit wanted %.4g)", hi, unit, v)
+			return hi
+		}
+		return v
+	}
+	// Achieved rates: peak × efficiency.
+	if tr.gemmFLOPS > 0 {
+		got := h.Peak("fp32") * 1e12 * h.GEMMEfficiency
+		want := within("peak_tflops.fp32 (all dtypes scaled)", got, tr.gemmFLOPS/2, tr.gemmFLOPS*refineBound, " FLOP/s achieved")
+		for d := range h.PeakTFLOPS {
+			h.PeakTFLOPS[d] *= want / got
+		}
+	}
+	if tr.memBps > 0 {
+		got := h.MemoryGBps * 1e9 * h.MemEfficiency
+		h.MemoryGBps *= within("memory_gbps", got, tr.memBps/2, tr.memBps*refineBound, " B/s achieved") / got
+	}
+	if tr.vecFLOPS > 0 {
+		// Elementwise kernels are the most launch-bound: only the floor.
+		h.VectorTFLOPS = within("vector_tflops", h.VectorTFLOPS*1e12, tr.vecFLOPS/2, 0, " FLOP/s") / 1e12
+	}
+	if tr.longestGEMM > 0 {
+		h.GEMMHalfUS = within("gemm_half_us", h.GEMMHalfUS, 0, refineBound*tr.longestGEMM*1e6, " µs, 100× its longest GEMM,")
+	}
+	if tr.longestMem > 0 {
+		h.MemHalfUS = within("mem_half_us", h.MemHalfUS, 0, refineBound*tr.longestMem*1e6, " µs, 100× its longest memory-bound kernel,")
+	}
+	for op, n := range opSamples {
+		key := "op_scale." + op
+		v, ok := h.OpScale[op]
+		switch {
+		case !ok:
+		case n < minOpSamples:
+			notes[key] = fmt.Sprintf("%d kernels of %s in the trace, %d needed (the fit wanted %.4g)", n, op, minOpSamples, v)
+			delete(h.OpScale, op)
+		case v > opScaleBound:
+			notes[key] = fmt.Sprintf("bounded at %g× (the fit wanted %.4g)", float64(opScaleBound), v)
+			h.OpScale[op] = opScaleBound
+		case v < 1.0/opScaleBound:
+			notes[key] = fmt.Sprintf("bounded at 1/%g (the fit wanted %.4g)", float64(opScaleBound), v)
+			h.OpScale[op] = 1.0 / opScaleBound
+		}
+	}
+	if len(h.OpScale) == 0 {
+		h.OpScale = nil
+	}
+	return notes
 }
 
 // fitFrom is the whole fit started from h: the class fit, then the op

@@ -452,3 +452,52 @@ func TestRefineSharesCores(t *testing.T) {
 	assert.InEpsilon(t, truth.LaunchUS, got.LaunchUS, 0.03)
 	assert.Empty(t, got.OpScale)
 }
+
+// TestRefineBoundsWhatATraceCannotTell: an op whose kernels ran 2000×
+// slower (a cold first run) gets no scale from too few kernels, and a
+// scale within opScaleBound from many; the report says what it left out
+// or bounded, and how many parameters it fitted.
+func TestRefineBoundsWhatATraceCannotTell(t *testing.T) {
+	res := compileGPT(t, 2, 1, 1)
+	truth, err := cost.Preset("cpu")
+	require.NoError(t, err)
+	ownCores(truth)
+	truth.OpScale = map[string]float64{"gelu": 2000}
+	events := predictedTrace(t, res, truth)
+	// Leave two gelu kernels in the trace: rename the others away.
+	var gelus []int
+	for i, e := range events {
+		if e.Ph == "X" && e.Name == "gelu" {
+			gelus = append(gelus, i)
+		}
+	}
+	require.Greater(t, len(gelus), 3, "the model has gelu kernels")
+	start, err := cost.Preset("cpu")
+	require.NoError(t, err)
+	ownCores(start)
+
+	got, rep, err := start.Refine(res.Programs, events)
+	require.NoError(t, err)
+	assert.Equal(t, 30.0, got.OpScale["gelu"], "many kernels: bounded at 30×")
+	why := map[string]string{}
+	for _, p := range rep.Params {
+		why[p.Key] = p.Why
+	}
+	assert.Contains(t, why["op_scale.gelu"], "bounded at 30× (the fit wanted")
+	assert.Positive(t, rep.Fitted)
+
+	few := slices.Clone(events)
+	for _, i := range gelus[2:] {
+		few[i].Ph = "i" // not a kernel slice any more: Refine skips it
+	}
+	got, rep, err = start.Refine(res.Programs, few)
+	require.NoError(t, err)
+	_, scaled := got.OpScale["gelu"]
+	assert.False(t, scaled, "two kernels fit no scale: %v", got.OpScale)
+	for _, p := range rep.Params {
+		if p.Key == "op_scale.gelu" {
+			assert.True(t, p.Kept)
+			assert.Contains(t, p.Why, "kernels of gelu in the trace, 3 needed")
+		}
+	}
+}

@@ -76,12 +76,14 @@ type config struct {
 	hardware     string
 	refineTrace  string
 	saveHardware string
-	hw           *cost.Hardware
-	calibrated   bool
-	plan         bool
-	planTop      int
-	planned      bool
-	planTrace    string
+	// calibrate is --calibrate: measured step times of whole plans.
+	calibrate  string
+	hw         *cost.Hardware
+	calibrated bool
+	plan       bool
+	planTop    int
+	planned    bool
+	planTrace  string
 
 	// corpus is the training text, read with --run before the compile
 	// (checkPaths) so that a bad --data is refused before any work; tokens
@@ -215,7 +217,8 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.planTop, "plan-top", 5, "with --plan: how many plans to compile and report")
 	fs.StringVar(&c.planTrace, "plan-trace", "", "write the cost model's predicted step of the compiled plan (with --plan, the planner's best) as Chrome trace events to FILE.json, in --trace's format, for --hardware (default cpu)")
 	fs.StringVar(&c.refineTrace, "refine-trace", "", "with --plan and --hardware: refine the preset's efficiencies, launch and link figures from FILE.json, a --trace of a run of this plan (every plan axis as it ran), and plan with the refined preset")
-	fs.StringVar(&c.saveHardware, "save-hardware", "", "with --refine-trace: write the refined preset to FILE.json, which --hardware FILE.json reads")
+	fs.StringVar(&c.saveHardware, "save-hardware", "", "with --refine-trace or --calibrate: write the refined preset to FILE.json, which --hardware FILE.json reads")
+	fs.StringVar(&c.calibrate, "calibrate", "", "with --plan (or --devices alone): fit the hardware's GEMM efficiency, links and fixed costs to the measured step times of the plans in FILE.json (a list of --plan --metrics rows, each with step_ms; or a run's --metrics), print what was fitted and the leave-one-out error, and plan with the result")
 	fs.StringVar(&c.data, "data", "", "training data: a text file or folder, one byte per token (default: the Go standard library sources); or a token dataset PREFIX (PREFIX.bin/.idx, Megatron's format, from gcompile data prepare); or a blend \"0.3 PREFIX_A 0.7 PREFIX_B\"")
 	fs.IntVar(&c.maxDataMB, "max-data-mb", 16, "read at most this many MiB of training text (a token dataset is memory-mapped, never read whole)")
 	fs.StringVar(&c.tokenizer, "tokenizer", "", "with a token dataset: the Hugging Face tokenizer.json (or its folder, or GPT-2's vocab.json with --merges) the data was prepared with; the model's vocab follows it")
@@ -339,8 +342,14 @@ func (c *config) validate() error {
 	if c.refineTrace != "" && c.run {
 		bad("--refine-trace applies to --plan without --run: save the refined preset (--save-hardware) and train with --hardware FILE.json")
 	}
-	if c.saveHardware != "" && c.refineTrace == "" {
-		bad("--save-hardware writes the preset --refine-trace refines: it needs --refine-trace")
+	if c.calibrate != "" && !c.planning() {
+		bad("--calibrate fits the hardware the planner prices plans on: it needs --plan, or --devices > 1 with no --tp/--pp/--dp/--ep")
+	}
+	if c.calibrate != "" && c.refineTrace != "" {
+		bad("--calibrate and --refine-trace each refine the hardware: give one")
+	}
+	if c.saveHardware != "" && c.refineTrace == "" && c.calibrate == "" {
+		bad("--save-hardware writes the preset --refine-trace or --calibrate refines: it needs one of them")
 	}
 	if c.saveHardware != "" && !strings.HasSuffix(strings.ToLower(c.saveHardware), ".json") {
 		bad("--save-hardware %q: the file must end in .json, as --hardware reads it", c.saveHardware)

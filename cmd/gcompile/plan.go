@@ -217,6 +217,11 @@ func runPlanner(c *config) error {
 			return err
 		}
 	}
+	if c.calibrate != "" {
+		if err := calibrateHardware(c, m, base, os.Stderr); err != nil {
+			return err
+		}
+	}
 	affordable := compileAffordable(m, c.Batch)
 	if c.planTrace != "" && !c.run && !affordable {
 		return fmt.Errorf("--plan-trace draws the compiled plan's instructions, and %s at batch %d is too large to compile quickly (%d values); give its plan with --tp/--pp/--dp and compile it without --plan", m.Name, c.Batch, len(m.Values))
@@ -313,15 +318,80 @@ func refineHardware(c *config, m *ir.Module, log io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--refine-trace %s against %s: %w", c.refineTrace, planner.Describe(cfg), err)
 	}
-	fmt.Fprintf(log, "refine: %s from %d instructions of %s, steps %v\n", c.hw.Name, rep.Instructions, c.refineTrace, rep.Steps)
+	fmt.Fprintf(log, "refine: %s from %d instructions of %s, steps %v: %d parameters fitted\n", c.hw.Name, rep.Instructions, c.refineTrace, rep.Steps, rep.Fitted)
 	for _, p := range rep.Params {
-		if p.Kept {
+		switch {
+		case p.Kept:
 			fmt.Fprintf(log, "refine: %-24s %.4g kept (%s)\n", p.Key, p.Before, p.Why)
-			continue
+		case p.Why != "":
+			fmt.Fprintf(log, "refine: %-24s %.4g → %.4g (%d samples; %s)\n", p.Key, p.Before, p.After, p.Samples, p.Why)
+		default:
+			fmt.Fprintf(log, "refine: %-24s %.4g → %.4g (%d samples)\n", p.Key, p.Before, p.After, p.Samples)
 		}
-		fmt.Fprintf(log, "refine: %-24s %.4g → %.4g (%d samples)\n", p.Key, p.Before, p.After, p.Samples)
 	}
 	fmt.Fprintf(log, "refine: median |log(predicted/measured)| per instruction %.3f → %.3f\n", rep.LogErrorBefore, rep.LogErrorAfter)
+	c.hw = hw
+	if c.saveHardware != "" {
+		return writeOutput("save-hardware", c.saveHardware, hw.Save)
+	}
+	return nil
+}
+
+// calibrateHardware fits --hardware to the measured plans of
+// --calibrate (planner.CalibrateSteps), prints each parameter and the
+// errors before, after and left out on log, writes --save-hardware and
+// plans with the result.
+func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writer) error {
+	points, err := planner.ReadMeasured(c.calibrate)
+	if err != nil {
+		return fmt.Errorf("--calibrate: %w", err)
+	}
+	// Price the measured plans as the table will: compiled and predicted
+	// for a model small enough to compile, estimated otherwise.
+	var hw *cost.Hardware
+	var rep *cost.StepCalibration
+	if compileAffordable(m, c.Batch) {
+		gir, remove, err := compile.TempModuleFile(m)
+		if err != nil {
+			return err
+		}
+		defer remove()
+		hw, rep, err = planner.CalibrateCompiled(c.hw, gir, base, points)
+		if err != nil {
+			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
+		}
+	} else {
+		shape, err := planner.ShapeOf(m)
+		if err != nil {
+			return fmt.Errorf("--calibrate: %w", err)
+		}
+		if hw, rep, err = planner.CalibrateSteps(c.hw, shape, base, points); err != nil {
+			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
+		}
+	}
+	fmt.Fprintf(log, "calibrate: %s from %d measured plans of %s: %d parameters fitted\n", c.hw.Name, len(points), c.calibrate, rep.Fitted)
+	for _, p := range rep.Params {
+		switch {
+		case p.Kept:
+			fmt.Fprintf(log, "calibrate: %-24s %.4g not fitted: %s\n", p.Key, p.Before, p.Why)
+		case p.Why != "":
+			fmt.Fprintf(log, "calibrate: %-24s %.4g → %.4g, %s\n", p.Key, p.Before, p.After, p.Why)
+		default:
+			fmt.Fprintf(log, "calibrate: %-24s %.4g → %.4g\n", p.Key, p.Before, p.After)
+		}
+	}
+	for _, pt := range rep.Points {
+		loo := ""
+		if rep.HasLOO {
+			loo = fmt.Sprintf(", left out %.4g ms (%+.1f %%)", pt.LeftOut*1e3, 100*(pt.LeftOut/pt.Measured-1))
+		}
+		fmt.Fprintf(log, "calibrate: %-40s measured %.4g ms, predicted %.4g → %.4g ms%s\n", pt.Name, pt.Measured*1e3, pt.Before*1e3, pt.After*1e3, loo)
+	}
+	loo := "no leave-one-out error with a single plan"
+	if rep.HasLOO {
+		loo = fmt.Sprintf("leave-one-out %.1f %%", 100*rep.LeaveOneOut)
+	}
+	fmt.Fprintf(log, "calibrate: mean |predicted/measured − 1| %.1f %% → %.1f %%, %s\n", 100*rep.ErrorBefore, 100*rep.ErrorAfter, loo)
 	c.hw = hw
 	if c.saveHardware != "" {
 		return writeOutput("save-hardware", c.saveHardware, hw.Save)

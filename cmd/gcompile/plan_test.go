@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"gcompile/cost"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -221,4 +223,78 @@ func TestMicroBatchSize(t *testing.T) {
 		require.Error(t, err, "%v", tc.args)
 		assert.Contains(t, err.Error(), tc.want)
 	}
+}
+
+// TestCalibrateCLI: --calibrate fits the preset to measured step times of
+// plans in --plan --metrics' schema, says what it fitted and the
+// leave-one-out error, plans with the result (the table then predicts the
+// measured plans' times) and writes it with --save-hardware; bad points
+// are named errors before any search.
+func TestCalibrateCLI(t *testing.T) {
+	dir := t.TempDir()
+	met := filepath.Join(dir, "plans.json")
+	args := append(append([]string{}, tinyGPT...), "--devices", "4", "--plan", "--plan-top", "3")
+	captureStdout(t, func() { require.NoError(t, mainNoPanic(t, append(append([]string{}, args...), "--metrics", met))) })
+	raw, err := os.ReadFile(met)
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	plans := doc["plans"].([]any)
+	require.Len(t, plans, 3)
+	for _, p := range plans {
+		row := p.(map[string]any)
+		row["step_ms"] = 1.6 * row["predicted_step_ms"].(float64) // a machine 1.6× slower than the preset
+	}
+	measured := filepath.Join(dir, "measured.json")
+	raw, err = json.Marshal(doc)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(measured, raw, 0o644))
+	saved := filepath.Join(dir, "cal.json")
+	var out string
+	log, err := captureStderr(t, func() error {
+		var err error
+		out = captureStdout(t, func() {
+			err = mainNoPanic(t, append(append([]string{}, args...), "--calibrate", measured, "--save-hardware", saved))
+		})
+		return err
+	})
+	require.NoError(t, err, log)
+	assert.Regexp(t, `calibrate: cpu from 3 measured plans of .*: [12] parameters fitted`, log)
+	assert.Contains(t, log, "gemm_efficiency")
+	assert.Contains(t, log, "not fitted: ")
+	assert.Regexp(t, `mean \|predicted/measured − 1\| \d+\.\d % → \d\.\d %, leave-one-out \d+\.\d %`, log)
+	hw, err := cost.LoadFile(saved)
+	require.NoError(t, err)
+	assert.Contains(t, hw.Source, "calibrated on 3 measured steps")
+	assert.Contains(t, out, "best: ")
+
+	for _, tc := range []struct {
+		name, body, want string
+	}{
+		{"no such plan", `[{"tp": 3, "pp": 1, "dp": 1, "microbatches": 1, "step_ms": 10}]`, "calibration point 1 (tp=3 pp=1 dp=1"},
+		{"negative time", `[{"tp": 1, "pp": 1, "dp": 4, "microbatches": 1, "step_ms": -3}]`, "plan 1: step_ms must be a positive time, got -3"},
+		{"no time", `{"plans": [{"tp": 1, "pp": 1, "dp": 4}]}`, "plan 1: step_ms must be a positive time, got 0"},
+		{"not JSON", `NaN`, "neither a list of measured plans"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(t.TempDir(), "m.json")
+			require.NoError(t, os.WriteFile(f, []byte(tc.body), 0o644))
+			err := mainNoPanic(t, append(append([]string{}, args...), "--calibrate", f))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	_, err = parseArgs(append(append([]string{}, tinyGPT...), "--devices", "4", "--tp", "2", "--calibrate", measured))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--calibrate fits the hardware the planner prices plans on")
+	bad := filepath.Join(dir, "eff.json")
+	cpu, err := cost.Preset("cpu")
+	require.NoError(t, err)
+	cpu.GEMMEfficiency = 1.5
+	raw, err = json.Marshal(cpu) // Save would refuse it
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bad, raw, 0o644))
+	_, err = parseArgs(append(append([]string{}, tinyGPT...), "--plan", "--hardware", bad))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "gemm_efficiency must lie in (0, 1], got 1.5")
 }

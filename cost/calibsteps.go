@@ -1,0 +1,236 @@
+package cost
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+)
+
+// StepPoint is one measured step for CalibrateSteps: a plan that ran, its
+// measured step time, and how to price it under a hardware description.
+type StepPoint struct {
+	Name     string  // how the report names it (the plan)
+	Measured float64 // seconds
+	Price    func(*Hardware) (float64, error)
+}
+
+// PointFit is one point of a calibration: measured, predicted under the
+// preset, under the fitted description, and with the point left out of
+// the fit (LeftOut; 0 when there was nothing to fit without it).
+type PointFit struct {
+	Name                             string
+	Measured, Before, After, LeftOut float64
+}
+
+// StepCalibration says what CalibrateSteps fitted and how well the
+// result predicts the points: mean |predicted/measured − 1| before and
+// after, and leave-one-out (each point predicted by a fit to the others:
+// the error to expect on a plan not measured).
+type StepCalibration struct {
+	Params                  []RefinedParam
+	Fitted                  int
+	Points                  []PointFit
+	ErrorBefore, ErrorAfter float64
+	// LeaveOneOut is the mean error of the left-out predictions; HasLOO
+	// is false with a single point.
+	LeaveOneOut float64
+	HasLOO      bool
+}
+
+// stepParam is a figure CalibrateSteps may fit, with the bounds no fit
+// may cross: efficiencies stay in (0, 1], and every other figure within
+// a factor of the description's own (a datasheet's link is not 10× off;
+// a fit that wants it to be is fitting noise or a missing term).
+type stepParam struct {
+	key    string
+	get    func(*Hardware) float64
+	set    func(*Hardware, float64)
+	lo, hi func(v float64) float64
+}
+
+// stepParams in the order they are fitted: with fewer points than
+// parameters, the first ones (those every step depends on most) are.
+var stepParams = []stepParam{
+	{"gemm_efficiency", func(h *Hardware) float64 { return h.GEMMEfficiency }, func(h *Hardware, v float64) { h.GEMMEfficiency = v },
+		func(float64) float64 { return 0.05 }, func(float64) float64 { return 1 }},
+	{"inter_node_gbps", func(h *Hardware) float64 { return h.InterGBps }, func(h *Hardware, v float64) { h.InterGBps = v },
+		func(v float64) float64 { return v / 10 }, func(v float64) float64 { return v * 2 }},
+	{"intra_node_gbps", func(h *Hardware) float64 { return h.IntraGBps }, func(h *Hardware, v float64) { h.IntraGBps = v },
+		func(v float64) float64 { return v / 10 }, func(v float64) float64 { return v * 2 }},
+	{"gemm_half_us", func(h *Hardware) float64 { return h.GEMMHalfUS }, func(h *Hardware, v float64) { h.GEMMHalfUS = v },
+		func(v float64) float64 { return v / 10 }, func(v float64) float64 { return v * 10 }},
+	{"launch_us", func(h *Hardware) float64 { return h.LaunchUS }, func(h *Hardware, v float64) { h.LaunchUS = v },
+		func(v float64) float64 { return v / 10 }, func(v float64) float64 { return v * 10 }},
+	{"mem_efficiency", func(h *Hardware) float64 { return h.MemEfficiency }, func(h *Hardware, v float64) { h.MemEfficiency = v },
+		func(float64) float64 { return 0.05 }, func(float64) float64 { return 1 }},
+	{"inter_node_latency_us", func(h *Hardware) float64 { return h.InterLatencyUS }, func(h *Hardware, v float64) { h.InterLatencyUS = v },
+		func(v float64) float64 { return v / 4 }, func(v float64) float64 { return v * 20 }},
+}
+
+// sensitivity is the relative change of a point's prediction, below
+// which a parameter is taken to be one the points say nothing about.
+const sensitivity = 0.005
+
+// CalibrateSteps fits h's efficiencies, links and fixed costs to measured
+// step times (seconds) of whole plans: least squares on
+// ln(predicted/measured), each parameter within its bounds
+// (stepParams). It fits at most one parameter fewer than there are
+// points (one with a single point), in stepParams' order, and only those
+// some point's prediction depends on; the report says of every parameter
+// whether it was fitted and why not, and gives the leave-one-out error.
+func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibration, error) {
+	if len(points) == 0 {
+		return nil, nil, errors.New("calibration: no measured steps")
+	}
+	for i, p := range points {
+		if !(p.Measured > 0) || math.IsInf(p.Measured, 0) {
+			return nil, nil, fmt.Errorf("calibration point %d (%s): the measured step must be a positive time, got %g s", i+1, p.Name, p.Measured)
+		}
+		pred, err := p.Price(h)
+		if err != nil {
+			return nil, nil, fmt.Errorf("calibration point %d (%s): %w", i+1, p.Name, err)
+		}
+		if !(pred > 0) || math.IsInf(pred, 0) {
+			return nil, nil, fmt.Errorf("calibration point %d (%s): the plan prices at %g s", i+1, p.Name, pred)
+		}
+	}
+	rep := &StepCalibration{}
+	var movable []int
+	why := map[string]string{}
+	for pi, sp := range stepParams {
+		if moves(h, sp, points) {
+			movable = append(movable, pi)
+		} else {
+			why[sp.key] = "no measured plan's step depends on it"
+		}
+	}
+	limit := max(len(points)-1, 1)
+	if len(movable) > limit {
+		for _, pi := range movable[limit:] {
+			why[stepParams[pi].key] = fmt.Sprintf("%d measured plans fit at most %d parameters", len(points), limit)
+		}
+		movable = movable[:limit]
+	}
+	fitted, err := h.fitSteps(movable, points)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, sp := range stepParams {
+		before, after := sp.get(h), sp.get(fitted)
+		p := RefinedParam{Key: sp.key, Before: before, After: after, Samples: len(points), Kept: why[sp.key] != "", Why: why[sp.key]}
+		if !p.Kept {
+			rep.Fitted++
+			lo, hi := sp.lo(before), sp.hi(before)
+			if math.Abs(math.Log(after/lo)) < 0.01 || math.Abs(math.Log(after/hi)) < 0.01 {
+				p.Why = fmt.Sprintf("at its bound [%.4g, %.4g]: the points ask for more, which this parameter alone should not explain", lo, hi)
+			}
+		}
+		rep.Params = append(rep.Params, p)
+	}
+	for i, p := range points {
+		before, _ := p.Price(h)
+		after, err := p.Price(fitted)
+		if err != nil {
+			return nil, nil, fmt.Errorf("calibration point %d (%s): %w", i+1, p.Name, err)
+		}
+		rep.Points = append(rep.Points, PointFit{Name: p.Name, Measured: p.Measured, Before: before, After: after})
+		rep.ErrorBefore += math.Abs(before/p.Measured-1) / float64(len(points))
+		rep.ErrorAfter += math.Abs(after/p.Measured-1) / float64(len(points))
+	}
+	if len(points) >= 2 {
+		rep.HasLOO = true
+		for i := range points {
+			rest := slices.Delete(slices.Clone(points), i, i+1)
+			k := min(len(movable), max(len(rest)-1, 1))
+			loo, err := h.fitSteps(movable[:k], rest)
+			if err != nil {
+				return nil, nil, err
+			}
+			pred, err := points[i].Price(loo)
+			if err != nil {
+				return nil, nil, err
+			}
+			rep.Points[i].LeftOut = pred
+			rep.LeaveOneOut += math.Abs(pred/points[i].Measured-1) / float64(len(points))
+		}
+	}
+	if err := fitted.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("calibrated hardware: %w", err)
+	}
+	fitted.Source += fmt.Sprintf("; %d parameters calibrated on %d measured steps", rep.Fitted, len(points))
+	return fitted, rep, nil
+}
+
+// moves says whether changing parameter sp changes some point's
+// prediction by more than sensitivity.
+func moves(h *Hardware, sp stepParam, points []StepPoint) bool {
+	v := sp.get(h)
+	probe := h.clone()
+	w := v * 1.5
+	if w > sp.hi(v) {
+		w = v / 1.5
+	}
+	sp.set(probe, w)
+	for _, p := range points {
+		a, err1 := p.Price(h)
+		b, err2 := p.Price(probe)
+		if err1 == nil && err2 == nil && math.Abs(b/a-1) > sensitivity {
+			return true
+		}
+	}
+	return false
+}
+
+// fitSteps minimizes Σ ln²(predicted/measured) over the parameters
+// stepParams[idx], by coordinate descent: a golden-section search of
+// each parameter's logarithm within its bounds, in turn, for a few
+// sweeps. Bounds are the starting description's.
+func (h *Hardware) fitSteps(idx []int, points []StepPoint) (*Hardware, error) {
+	cur := h.clone()
+	loss := func(c *Hardware) float64 {
+		var s float64
+		for _, p := range points {
+			pred, err := p.Price(c)
+			if err != nil || !(pred > 0) {
+				return math.Inf(1)
+			}
+			l := math.Log(pred / p.Measured)
+			s += l * l
+		}
+		return s
+	}
+	const sweeps, iters = 8, 30
+	phi := (math.Sqrt(5) - 1) / 2
+	for range sweeps {
+		for _, pi := range idx {
+			sp := stepParams[pi]
+			v0 := sp.get(h)
+			a, b := math.Log(sp.lo(v0)), math.Log(sp.hi(v0))
+			at := func(x float64) float64 {
+				c := cur.clone()
+				sp.set(c, math.Exp(x))
+				return loss(c)
+			}
+			x1, x2 := b-phi*(b-a), a+phi*(b-a)
+			f1, f2 := at(x1), at(x2)
+			for range iters {
+				if f1 < f2 {
+					b, x2, f2 = x2, x1, f1
+					x1 = b - phi*(b-a)
+					f1 = at(x1)
+				} else {
+					a, x1, f1 = x1, x2, f2
+					x2 = a + phi*(b-a)
+					f2 = at(x2)
+				}
+			}
+			best := (a + b) / 2
+			// Keep the current value unless the search found better.
+			if at(best) < loss(cur) {
+				sp.set(cur, math.Exp(best))
+			}
+		}
+	}
+	return cur, nil
+}

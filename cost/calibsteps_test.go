@@ -1,0 +1,131 @@
+package cost
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// stepPoints prices each run's plan under a description; measured by
+// truth when given, else the published step.
+func stepPoints(runs []PublishedRun, truth *Hardware) []StepPoint {
+	var pts []StepPoint
+	for _, r := range runs {
+		r := r
+		price := func(h *Hardware) (float64, error) {
+			e, err := h.EstimateFast(r.Shape, r.Plan())
+			if err != nil {
+				return 0, err
+			}
+			return e.StepSeconds, nil
+		}
+		m := r.PublishedStep()
+		if truth != nil {
+			m, _ = price(truth)
+		}
+		pts = append(pts, StepPoint{Name: r.Source + " " + r.Name, Measured: m, Price: price})
+	}
+	return pts
+}
+
+// A cluster whose GEMMs reach 55 % of peak and whose network gives each
+// GPU 20 GB/s: step times it "measured" (priced under it) let the fit
+// find both figures from the a100-80g preset, and predict every plan
+// left out within 1 %.
+func TestCalibrateStepsRecoversTheFigures(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	truth := h.clone()
+	truth.GEMMEfficiency, truth.InterGBps = 0.55, 20
+	pts := stepPoints(PublishedRuns()[:8], truth)
+	got, rep, err := h.CalibrateSteps(pts)
+	require.NoError(t, err)
+	assert.InDelta(t, 0.55, got.GEMMEfficiency, 0.02)
+	assert.InDelta(t, 20, got.InterGBps, 2)
+	assert.Less(t, rep.ErrorAfter, 0.01)
+	assert.Greater(t, rep.ErrorBefore, 0.1, "the preset was off before")
+	require.True(t, rep.HasLOO)
+	assert.Less(t, rep.LeaveOneOut, 0.02)
+	assert.LessOrEqual(t, rep.Fitted, len(pts)-1)
+	assert.Contains(t, got.Source, "calibrated on 8 measured steps")
+}
+
+// With one measured plan one parameter is fitted, the others say why
+// not, and there is no leave-one-out error to give.
+func TestCalibrateStepsOnePointFitsOneParameter(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	pts := stepPoints(PublishedRuns()[3:4], nil)
+	got, rep, err := h.CalibrateSteps(pts)
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.Fitted)
+	assert.False(t, rep.HasLOO)
+	assert.Less(t, rep.ErrorAfter, 0.01, "one scale fits one point")
+	for _, p := range rep.Params {
+		if p.Key == "gemm_efficiency" {
+			assert.False(t, p.Kept)
+			continue
+		}
+		assert.True(t, p.Kept, p.Key)
+		assert.NotEmpty(t, p.Why, p.Key)
+		assert.Equal(t, p.Before, p.After, "%s not fitted, not changed", p.Key)
+	}
+	assert.LessOrEqual(t, got.GEMMEfficiency, 1.0)
+}
+
+// Calibrated on one published run of a paper, the preset predicts that
+// paper's other runs (the same cluster) within the 10 % mean
+// error; go test -v prints the table.
+func TestCalibrateOnOnePublishedRun(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	bySource := map[string][]PublishedRun{}
+	var sources []string
+	for _, r := range PublishedRuns() {
+		if bySource[r.Source] == nil {
+			sources = append(sources, r.Source)
+		}
+		bySource[r.Source] = append(bySource[r.Source], r)
+	}
+	var sb strings.Builder
+	for _, src := range sources {
+		runs := bySource[src]
+		cal, _, err := h.CalibrateSteps(stepPoints(runs[:1], nil))
+		require.NoError(t, err)
+		var before, after float64
+		for _, p := range stepPoints(runs[1:], nil) {
+			b, _ := p.Price(h)
+			a, _ := p.Price(cal)
+			before += math.Abs(b/p.Measured-1) / float64(len(runs)-1)
+			after += math.Abs(a/p.Measured-1) / float64(len(runs)-1)
+		}
+		fmt.Fprintf(&sb, "%s: calibrated on %s: mean error on the other %d runs %.1f %% → %.1f %%\n", src, runs[0].Name, len(runs)-1, 100*before, 100*after)
+		assert.Less(t, after, 0.10, src)
+	}
+	t.Log("\n" + sb.String())
+}
+
+// Bad measured steps are named errors.
+func TestCalibrateStepsRefusesBadPoints(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	good := stepPoints(PublishedRuns()[:1], nil)[0]
+	for _, m := range []float64{-1, 0, math.NaN(), math.Inf(1)} {
+		p := good
+		p.Measured = m
+		_, _, err := h.CalibrateSteps([]StepPoint{p})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "calibration point 1")
+		assert.Contains(t, err.Error(), "must be a positive time")
+	}
+	bad := good
+	bad.Price = func(*Hardware) (float64, error) { return 0, fmt.Errorf("13 layers do not split into pp·vpp = 4 chunks") }
+	_, _, err = h.CalibrateSteps([]StepPoint{good, bad})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "calibration point 2")
+	assert.Contains(t, err.Error(), "do not split")
+}

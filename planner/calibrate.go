@@ -1,0 +1,175 @@
+package planner
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+
+	"gcompile/compile"
+	"gcompile/cost"
+	"gcompile/passes"
+)
+
+// MeasuredPlan is a plan that ran, with its measured step time: the plan
+// fields of a --plan --metrics row (Row) and step_ms.
+type MeasuredPlan struct {
+	TP               int     `json:"tp"`
+	PP               int     `json:"pp"`
+	DP               int     `json:"dp"`
+	EP               int     `json:"ep"`
+	VPP              int     `json:"vpp"`
+	MicroBatch       int     `json:"microbatch_size"`
+	Microbatches     int     `json:"microbatches"`
+	Zero             int     `json:"zero"`
+	SequenceParallel bool    `json:"sequence_parallel"`
+	Recompute        string  `json:"recompute"`
+	Offload          string  `json:"offload"`
+	Schedule         string  `json:"schedule"`
+	StepMs           float64 `json:"step_ms"`
+	// Batch, from a run's metrics, is the batch it ran (0: the planner's).
+	Batch int `json:"batch,omitempty"`
+}
+
+// ReadMeasured reads measured plans from a JSON file: a list of
+// MeasuredPlan, an object whose "plans" are (--plan --metrics' schema
+// with step_ms added to each row), or the --metrics file of a training
+// run (its plan from "config", its step time the median of its steps
+// after the first, which warms up).
+func ReadMeasured(path string) ([]MeasuredPlan, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	strict := func(v any) error {
+		d := json.NewDecoder(bytes.NewReader(raw))
+		return d.Decode(v)
+	}
+	var list []MeasuredPlan
+	if err := strict(&list); err == nil {
+		return checkMeasured(path, list)
+	}
+	var obj struct {
+		Plans  []MeasuredPlan `json:"plans"`
+		Config *MeasuredPlan  `json:"config"`
+		Steps  []struct {
+			Ms float64 `json:"ms"`
+		} `json:"steps"`
+	}
+	if err := strict(&obj); err != nil {
+		return nil, fmt.Errorf("%s: neither a list of measured plans, {\"plans\": [...]} nor a run's --metrics: %w", path, err)
+	}
+	switch {
+	case obj.Plans != nil:
+		return checkMeasured(path, obj.Plans)
+	case obj.Config != nil:
+		if len(obj.Steps) < 2 {
+			return nil, fmt.Errorf("%s: a run's metrics with %d steps: at least 2 are needed (the first warms up)", path, len(obj.Steps))
+		}
+		ms := make([]float64, 0, len(obj.Steps)-1)
+		for _, s := range obj.Steps[1:] {
+			ms = append(ms, s.Ms)
+		}
+		slices.Sort(ms)
+		p := *obj.Config
+		p.StepMs = ms[len(ms)/2]
+		return checkMeasured(path, []MeasuredPlan{p})
+	}
+	return nil, fmt.Errorf("%s: no measured plans (want a list, {\"plans\": [...]} or a run's --metrics)", path)
+}
+
+func checkMeasured(path string, ps []MeasuredPlan) ([]MeasuredPlan, error) {
+	if len(ps) == 0 {
+		return nil, fmt.Errorf("%s: no measured plans", path)
+	}
+	for i, p := range ps {
+		if !(p.StepMs > 0) || math.IsInf(p.StepMs, 0) {
+			return nil, fmt.Errorf("%s: plan %d: step_ms must be a positive time, got %g", path, i+1, p.StepMs)
+		}
+	}
+	return ps, nil
+}
+
+// Config is the measured plan over base (the model and options of the
+// command line; the batch too, unless the row gives its own: batch, or
+// microbatch_size × microbatches × dp·ep); its Validate names a plan that
+// cannot exist.
+func (p MeasuredPlan) Config(base compile.Config) compile.Config {
+	c := base
+	c.TP, c.PP, c.DP, c.EP, c.VPP = max(p.TP, 1), max(p.PP, 1), max(p.DP, 1), max(p.EP, 1), p.VPP
+	switch {
+	case p.Batch > 0:
+		c.Batch = p.Batch
+	case p.MicroBatch > 0 && p.Microbatches > 0:
+		// A row says its batch: microbatch size × count × replicas.
+		c.Batch = p.MicroBatch * p.Microbatches * c.DP * c.EP
+	}
+	c.Devices = c.TP * c.PP * c.DP * c.EP
+	c.Microbatches = max(p.Microbatches, 1)
+	c.MicroBatchSize = 0
+	if p.MicroBatch > 0 && p.Microbatches == 0 {
+		c.MicroBatchSize = p.MicroBatch
+	}
+	c.Zero, c.SequenceParallel, c.Recompute, c.Offload, c.Schedule = p.Zero, p.SequenceParallel, p.Recompute, p.Offload, p.Schedule
+	c.Explicit = map[string]bool{"microbatches": p.Microbatches > 0, "micro-batch-size": c.MicroBatchSize > 0}
+	return c
+}
+
+// CalibrateCompiled is CalibrateSteps for a model small enough to
+// compile (the planner's table then reports compiled plans' predictions):
+// each measured plan is compiled once from gir, the model's module file,
+// and priced by cost.Hardware.Predict, as the table prices it.
+func CalibrateCompiled(hw *cost.Hardware, gir string, base compile.Config, ps []MeasuredPlan) (*cost.Hardware, *cost.StepCalibration, error) {
+	var pts []cost.StepPoint
+	for i, p := range ps {
+		cfg := p.Config(base)
+		cfg.Model, cfg.Set, cfg.Built, cfg.MemLimit = gir, "", "", 0
+		delete(cfg.Explicit, "set")
+		delete(cfg.Explicit, "batch")
+		name := Describe(cfg)
+		if err := cfg.Validate(); err != nil {
+			return nil, nil, fmt.Errorf("calibration point %d (%s): %w", i+1, name, err)
+		}
+		res, err := compile.Compile(&cfg, passes.Hooks{})
+		if err != nil {
+			return nil, nil, fmt.Errorf("calibration point %d (%s): %w", i+1, name, err)
+		}
+		pts = append(pts, cost.StepPoint{Name: name, Measured: p.StepMs / 1e3, Price: func(h *cost.Hardware) (float64, error) {
+			pred, err := h.Predict(res.Programs, res.Schedule)
+			if err != nil {
+				return 0, err
+			}
+			return pred.StepSeconds, nil
+		}})
+	}
+	return hw.CalibrateSteps(pts)
+}
+
+// CalibrateSteps fits hw to the measured plans of the model of shape t,
+// each priced by the planner's estimate (its pipeline in closed form), as
+// cost.Hardware.CalibrateSteps does. A plan that cannot exist for the
+// model is a named error.
+func CalibrateSteps(hw *cost.Hardware, t cost.Transformer, base compile.Config, ps []MeasuredPlan) (*cost.Hardware, *cost.StepCalibration, error) {
+	var pts []cost.StepPoint
+	for i, p := range ps {
+		cfg := p.Config(base)
+		if err := cfg.Validate(); err != nil {
+			return nil, nil, fmt.Errorf("calibration point %d (%s): %w", i+1, Describe(cfg), err)
+		}
+		plan := planOf(cfg)
+		pts = append(pts, cost.StepPoint{Name: Describe(cfg), Measured: p.StepMs / 1e3, Price: func(h *cost.Hardware) (float64, error) {
+			e, err := h.EstimateFast(t, plan)
+			if err != nil {
+				return 0, err
+			}
+			return e.StepSeconds, nil
+		}})
+	}
+	if len(pts) == 0 {
+		return nil, nil, errors.New("calibration: no measured plans")
+	}
+	return hw.CalibrateSteps(pts)
+}
