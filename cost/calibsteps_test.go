@@ -123,7 +123,9 @@ func TestCalibrateStepsRefusesBadPoints(t *testing.T) {
 		assert.Contains(t, err.Error(), "must be a positive time")
 	}
 	bad := good
-	bad.Price = func(*Hardware) (float64, error) { return 0, fmt.Errorf("13 layers do not split into pp·vpp = 4 chunks") }
+	bad.Price = func(*Hardware) (float64, error) {
+		return 0, fmt.Errorf("13 layers do not split into pp·vpp = 4 chunks")
+	}
 	_, _, err = h.CalibrateSteps([]StepPoint{good, bad})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "calibration point 2")
