@@ -23,7 +23,7 @@ func TestRefineTraceFlags(t *testing.T) {
 		{"no plan", []string{"--hardware", "a100-80g", "--refine-trace", tr}, "--refine-trace refines the --hardware preset for --plan: it needs both"},
 		{"no hardware", []string{"--plan", "--refine-trace", tr}, "--refine-trace refines the --hardware preset for --plan: it needs both"},
 		{"with run", []string{"--plan", "--run", "--hardware", "cpu", "--refine-trace", tr}, "--refine-trace applies to --plan without --run"},
-		{"save alone", []string{"--plan", "--hardware", "cpu", "--save-hardware", filepath.Join(dir, "hw.json")}, "--save-hardware writes the preset --refine-trace refines"},
+		{"save alone", []string{"--plan", "--hardware", "cpu", "--save-hardware", filepath.Join(dir, "hw.json")}, "--save-hardware writes the preset --refine-trace or --calibrate refines: it needs one of them"},
 		{"save not json", []string{"--plan", "--hardware", "cpu", "--refine-trace", tr, "--save-hardware", filepath.Join(dir, "hw.txt")}, "must end in .json"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
