@@ -88,7 +88,9 @@ func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 		start := time.Now()
 		opts := k.opts
 		opts.State = st
+		k.j.setPhase(fmt.Sprintf("saving the checkpoint of step %d", st.Step))
 		dir, err := checkpoint.SaveState(k.dev, k.progs, opts)
+		k.j.setPhase("training")
 		if err != nil && st.Step == c.steps && !stop {
 			// The training is done and its weights are whole: the end's
 			// checkpoint failing (a full disk) must not cost the --save

@@ -71,6 +71,8 @@ const (
 	keyFingerprint = "job/fingerprint/" // + process rank: its compiled plan's fingerprint
 	keySettings    = "job/settings/"    // + process rank: its run-defining flags
 	keyReachedAt   = "job/reached-at"   // the master's address as the other machines reached it (Server.ReachedAt)
+	keyBeat        = "job/beat/"        // + process rank: its heartbeat, a counter
+	keyPhase       = "job/phase/"       // + process rank: what it is doing, when that is long (a checkpoint save)
 )
 
 // rendezvousPorts is how many ports from its first the store may look
@@ -322,6 +324,8 @@ func (j *job) rendezvous() error {
 		return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %w", w.Rank, w.Size, err)
 	}
 	j.started.Store(true)
+	j.setPhase("training")
+	go j.beat()
 	if j.server != nil {
 		// Every process has joined: the other machines' connections say
 		// where they reach this one.
@@ -489,6 +493,119 @@ func (j *job) missingRanks() string {
 		return "rank " + parts[0]
 	}
 	return "ranks " + strings.Join(parts, ", ")
+}
+
+// beatEvery is how often a process of a job says in the store that it is
+// alive: a process stopped (SIGSTOP, a hung filesystem call holding every
+// thread, a machine frozen) stops its heartbeat, one that is merely busy
+// does not (the beat is a goroutine of its own).
+const beatEvery = time.Second
+
+// beat counts this process's heartbeat in the store until the job ends.
+func (j *job) beat() {
+	t := time.NewTicker(beatEvery)
+	defer t.Stop()
+	key := keyBeat + strconv.Itoa(j.world.Rank)
+	for {
+		if _, err := j.store.Add(j.ctx, key, 1); err != nil {
+			return
+		}
+		select {
+		case <-t.C:
+		case <-j.ctx.Done():
+			return
+		}
+	}
+}
+
+// setPhase says in the store what this process is doing, so that a
+// process stalled in it is named with it.
+func (j *job) setPhase(what string) {
+	if !j.multi() || j.store == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(j.ctx, 5*time.Second)
+	defer cancel()
+	j.store.Set(ctx, keyPhase+strconv.Itoa(j.world.Rank), []byte(what))
+}
+
+// stalled names the processes whose heartbeat stopped, with what each
+// was last doing, "" when every other process still beats. A process
+// that timed out waiting for another calls it: the one it waited for may
+// itself be waiting for the one that stalled (every process of a
+// collective waits for its slowest), and only the heartbeats tell which.
+// A store that does not answer is rank 0's process, which hosts it.
+func (j *job) stalled() string {
+	if !j.multi() || j.store == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*beatEvery)
+	defer cancel()
+	read := func() ([]int64, error) {
+		out := make([]int64, j.world.Size)
+		for p := range out {
+			v, err := j.store.Add(ctx, keyBeat+strconv.Itoa(p), 0)
+			if err != nil {
+				return nil, err
+			}
+			out[p] = v
+		}
+		return out, nil
+	}
+	noStore := fmt.Sprintf("%s stopped answering (it hosts the rendezvous store, which does not answer either)", j.procName(0))
+	before, err := read()
+	if err != nil {
+		return noStore
+	}
+	time.Sleep(5 * beatEvery / 2)
+	after, err := read()
+	if err != nil {
+		return noStore
+	}
+	var out []string
+	for p := range after {
+		if p == j.world.Rank || after[p] != before[p] {
+			continue
+		}
+		what := ""
+		pctx, pcancel := context.WithTimeout(ctx, beatEvery)
+		if ok, err := j.store.Check(pctx, keyPhase+strconv.Itoa(p)); err == nil && ok {
+			if v, err := j.store.Get(pctx, keyPhase+strconv.Itoa(p)); err == nil {
+				what = ", last " + string(v)
+			}
+		}
+		pcancel()
+		out = append(out, fmt.Sprintf("%s stopped answering (no heartbeat for %v%s)", j.procName(p), 5*beatEvery/2, what))
+	}
+	return strings.Join(out, "; ")
+}
+
+// procName names process p by its ranks: "process 1 (ranks 2–3)".
+func (j *job) procName(p int) string {
+	k := j.layout.PerProc()
+	if k == 1 {
+		return fmt.Sprintf("process %d (rank %d)", p, p)
+	}
+	return fmt.Sprintf("process %d (ranks %d–%d)", p, p*k, p*k+k-1)
+}
+
+// explainTimeout leads a timeout's message with the processes that
+// stalled, when their heartbeats say so: the rank this process waited for
+// is often healthy and waiting too. A timeout another process passed on
+// (its abort carries only text) counts as well.
+func (j *job) explainTimeout(err error) error {
+	if !j.multi() || !errors.Is(err, runtime.ErrTimeout) && !strings.Contains(err.Error(), "timed out after") {
+		return err
+	}
+	who := j.stalled()
+	if who == "" {
+		return err
+	}
+	msg := err.Error()
+	if _, rest, ok := rankLabel(msg); ok && rest != msg {
+		msg = rest
+	}
+	return &headlined{msg: who + ": " + msg, err: err}
 }
 
 // watchAbort ends the job's context when another process reports a

@@ -90,7 +90,7 @@ func mainErr(args []string) (err error) {
 		var stopped *exitStatus
 		if err != nil && !errors.As(err, &stopped) {
 			if j.multi() {
-				err = labelled(j.world.Rank, headline(j.world.Rank, err))
+				err = labelled(j.world.Rank, j.explainTimeout(headline(j.world.Rank, err)))
 			}
 			j.fail(err)
 			// Another process's failure that stopped this one is the
