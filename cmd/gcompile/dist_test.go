@@ -315,6 +315,7 @@ func assertLossNamed(t *testing.T, ps []*proc, victim int) {
 		if r != victim {
 			assert.Contains(t, p.output(), want, "rank %d names the lost process:\n%s", r, p.output())
 			assert.Regexp(t, first, p.output(), "rank %d names the lost process first", r)
+			assert.Equal(t, 1, strings.Count(p.output(), "gcompile: "), "rank %d prints its failure once:\n%s", r, p.output())
 		}
 	}
 }
@@ -366,6 +367,7 @@ func TestJobNamesTheStalledProcess(t *testing.T) {
 	waitAll(t, ps[:3], 40*time.Second)
 	for r, p := range ps[:3] {
 		require.Error(t, p.err, "rank %d", r)
+		assert.Equal(t, 1, strings.Count(p.output(), "gcompile: "), "rank %d prints its failure once:\n%s", r, p.output())
 		assert.Regexp(t, `(?m)^gcompile: rank \d+: (stopped by another process's failure: rank \d+: )?process 3 \(rank 3\) stopped answering \(no heartbeat for 2\.5s, last (training|saving the checkpoint of step \d+)\): `, p.output(), "rank %d names the stalled process first", r)
 	}
 }
