@@ -17,20 +17,10 @@ import (
 // MeasuredPlan is a plan that ran, with its measured step time: the plan
 // fields of a --plan --metrics row (Row) and step_ms.
 type MeasuredPlan struct {
-	TP               int     `json:"tp"`
-	PP               int     `json:"pp"`
-	DP               int     `json:"dp"`
-	EP               int     `json:"ep"`
-	VPP              int     `json:"vpp"`
-	MicroBatch       int     `json:"microbatch_size"`
-	Microbatches     int     `json:"microbatches"`
-	Zero             int     `json:"zero"`
-	SequenceParallel bool    `json:"sequence_parallel"`
-	Recompute        string  `json:"recompute"`
-	Offload          string  `json:"offload"`
-	Schedule         string  `json:"schedule"`
-	StepMs           float64 `json:"step_ms"`
-	// Batch, from a run's metrics, is the batch it ran (0: the planner's).
+	PlanFields
+	StepMs float64 `json:"step_ms"`
+	// Batch, from a run's metrics, is the batch it ran (0: the row's or
+	// the command line's).
 	Batch int `json:"batch,omitempty"`
 }
 

@@ -14,28 +14,34 @@ import (
 
 // Row is one reported plan as the table and --metrics show it.
 type Row struct {
-	Rank             int                `json:"rank"`
-	Plan             string             `json:"plan"`
-	TP               int                `json:"tp"`
-	PP               int                `json:"pp"`
-	DP               int                `json:"dp"`
-	EP               int                `json:"ep"`
-	VPP              int                `json:"vpp"`
-	MicroBatch       int                `json:"microbatch_size"`
-	Microbatches     int                `json:"microbatches"`
-	Zero             int                `json:"zero"`
-	SequenceParallel bool               `json:"sequence_parallel"`
-	Recompute        string             `json:"recompute"`
-	Offload          string             `json:"offload"`
-	Schedule         string             `json:"schedule"`
-	StepMs           float64            `json:"predicted_step_ms"`
-	TokensPerSec     float64            `json:"tokens_per_s"`
-	TFLOPSPerDevice  float64            `json:"tflops_per_device"`
-	MFU              float64            `json:"mfu"`
-	Bubble           float64            `json:"bubble"`
-	PeakBytes        int64              `json:"peak_bytes"`
-	PeakExact        bool               `json:"peak_exact"`
-	CommMs           map[string]float64 `json:"comm_ms"`
+	Rank int    `json:"rank"`
+	Plan string `json:"plan"`
+	PlanFields
+	StepMs          float64            `json:"predicted_step_ms"`
+	TokensPerSec    float64            `json:"tokens_per_s"`
+	TFLOPSPerDevice float64            `json:"tflops_per_device"`
+	MFU             float64            `json:"mfu"`
+	Bubble          float64            `json:"bubble"`
+	PeakBytes       int64              `json:"peak_bytes"`
+	PeakExact       bool               `json:"peak_exact"`
+	CommMs          map[string]float64 `json:"comm_ms"`
+}
+
+// PlanFields are a plan's axes as the JSON of --plan --metrics names
+// them: a row's, and a measured plan's for --calibrate (MeasuredPlan).
+type PlanFields struct {
+	TP               int    `json:"tp"`
+	PP               int    `json:"pp"`
+	DP               int    `json:"dp"`
+	EP               int    `json:"ep"`
+	VPP              int    `json:"vpp"`
+	MicroBatch       int    `json:"microbatch_size"`
+	Microbatches     int    `json:"microbatches"`
+	Zero             int    `json:"zero"`
+	SequenceParallel bool   `json:"sequence_parallel"`
+	Recompute        string `json:"recompute"`
+	Offload          string `json:"offload"`
+	Schedule         string `json:"schedule"`
 }
 
 // Rows turns the ranked plans into rows.
@@ -51,9 +57,9 @@ func Rows(res *Result, hw *cost.Hardware) []Row {
 			model = c.Prediction.ModelFLOPs
 		}
 		n := float64(cfg.Devices)
-		r := Row{Rank: i + 1, Plan: Describe(cfg), TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), VPP: cfg.VPP,
+		r := Row{Rank: i + 1, Plan: Describe(cfg), PlanFields: PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), VPP: cfg.VPP,
 			MicroBatch: c.Plan.MicroBatch, Microbatches: cfg.Microbatches, Zero: cfg.Zero, SequenceParallel: cfg.SequenceParallel,
-			Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule,
+			Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule},
 			StepMs: step * 1e3, TokensPerSec: float64(cfg.Batch*res.Shape.Seq) / step,
 			TFLOPSPerDevice: flops / step / n / 1e12, MFU: model / (step * n * hw.Peak(c.Plan.DTypeName())),
 			Bubble: bubble, PeakBytes: c.MemoryBytes(), PeakExact: c.Compiled, CommMs: map[string]float64{}}

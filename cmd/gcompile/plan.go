@@ -14,6 +14,7 @@ import (
 	"gcompile/compile"
 	"gcompile/cost"
 	"gcompile/ir"
+	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/planner"
 	"gcompile/runtime/cuda"
@@ -267,23 +268,12 @@ func runPlanner(c *config) error {
 	}
 	// Every process of a job plans alike; one says so.
 	if w, err := worldOf(c); err == nil && w.Rank == 0 {
-		fmt.Fprintf(os.Stderr, "planner: %s the best plan of %d devices on %s: %s, predicted %.3g ms a step, %s a device (%s)\n", verb, c.Devices, c.hw.Name, planner.Describe(best), top.StepSeconds()*1e3, gib(top.MemoryBytes()), mem)
+		fmt.Fprintf(os.Stderr, "planner: %s the best plan of %d devices on %s: %s, predicted %.3g ms a step, %s a device (%s)\n", verb, c.Devices, c.hw.Name, planner.Describe(best), top.StepSeconds()*1e3, lower.HumanBytes(top.MemoryBytes()), mem)
 		if !c.plan {
 			fmt.Fprintf(os.Stderr, "planner: %s; pin it with %s (--plan lists the alternatives)\n", givenAndChosen(c.explicit), pinFlags(best))
 		}
 	}
 	return c.validate()
-}
-
-// gib is a byte count in the unit that reads best.
-func gib(b int64) string {
-	switch {
-	case b >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
-	case b >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
-	}
-	return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 }
 
 // refineHardware compiles the plan the flags fix (the one --trace
