@@ -126,8 +126,13 @@ type Plan struct {
 	Optimizer        string // adamw (2 states), sgd (1), others factored (≈0)
 	// SerialReductions: the data-parallel reduction follows the backward
 	// even where the hardware's runtime overlaps buckets with it
-	// (Hardware.OverlapBuckets), as Megatron-LM's local DDP of 2021 did.
+	// (Hardware.OverlapBuckets), as Megatron-LM's local DDP of 2021 did:
+	// one reduction of every gradient.
 	SerialReductions bool
+	// BucketBytes is the gradient bytes of one data-parallel reduction
+	// (--bucket-mb; 0: 25 MiB). Each bucket is its own collective and pays
+	// its latency; all but the last can hide behind the backward.
+	BucketBytes float64
 }
 
 // defaultBucketBytes is --bucket-mb's default, 25 MiB of gradients.
@@ -458,13 +463,21 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		// parallelism the shared ones first over ep (as the shard pass
 		// places them: partial over both axes, reduced one axis at a time),
 		// the experts' over dp only.
+		g := 4 * stageParams
+		bucket := p.BucketBytes
+		if !(bucket > 0) {
+			bucket = defaultBucketBytes
+		}
+		buckets := math.Max(math.Ceil(g/bucket), 1)
+		if p.SerialReductions {
+			buckets = 1
+		}
 		reduce := func(n int, g float64, l Link) float64 {
 			if p.Zero == 0 {
-				return Collective("all_reduce", n, g, l)
+				return buckets * Collective("all_reduce", n, g/buckets, l)
 			}
 			return Collective("reduce_scatter", n, g, l) + Collective("all_gather", n, g, l)
 		}
-		g := 4 * stageParams
 		c := reduce(p.DP, g, dpLink)
 		if p.Zero == 3 {
 			// Params gathered before each microbatch's forward and backward.
@@ -473,10 +486,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		e.CommSeconds["dp"] = c
 		e.CommBytes["dp"] = 2 * g * float64(p.DP-1) / float64(p.DP)
 		if h.OverlapBuckets && !p.SerialReductions && p.Zero == 0 && p.PP == 1 {
-			// Buckets of defaultBucketBytes reduce on their own stream as
-			// the last microbatch's backward produces them: all but the
-			// last bucket can hide behind that backward.
-			buckets := math.Ceil(g / defaultBucketBytes)
+			// The buckets reduce on their own stream as the last
+			// microbatch's backward produces them: all but the last can
+			// hide behind that backward.
 			lastBackward := perChunk * float64(v) * layerB
 			c -= math.Min(c*(1-1/buckets), lastBackward)
 		}

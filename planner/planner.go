@@ -285,7 +285,7 @@ func planOf(c compile.Config) cost.Plan {
 	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, EP: ep, VPP: max(c.VPP, 1),
 		MicroBatch: max(c.Batch/(dp*ep*m), 1), Microbatches: m, Zero: c.Zero,
 		SequenceParallel: c.SequenceParallel, Recompute: c.Recompute, Offload: c.Offload,
-		Precision: c.Precision, Schedule: c.Schedule, Optimizer: c.Optimizer}
+		Precision: c.Precision, Schedule: c.Schedule, Optimizer: c.Optimizer, BucketBytes: c.BucketMB * (1 << 20)}
 }
 
 // Describe is a plan in the flags' words.
