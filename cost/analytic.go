@@ -287,7 +287,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		layerF = (1-moeWeight)*denseF + moeWeight*moeF
 		// Rows travel to their experts' ranks and back: tp consecutive
 		// ranks form the innermost axis, so an ep group is strided by tp.
-		a2a = Collective("all_to_all", ep, eb*rows*hd, h.LinkFor(strided(ep, p.TP)))
+		a2a = Collective("all_to_all", ep, eb*rows*hd, h.axisLink(ep, p.TP, p.Devices()))
 	}
 	layerB := 2 * layerF
 	switch p.Recompute {
@@ -302,7 +302,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// backward (and two more when full recompute replays the forward);
 	// sequence parallelism moves the same bytes as reduce-scatter +
 	// all-gather. Groups are tp consecutive ranks.
-	tpLink := h.LinkFor(consecutive(p.TP))
+	tpLink := h.axisLink(p.TP, 1, p.Devices())
 	arBytes := eb * tokens * hd
 	// Both tp and ep move twice a layer forward and twice backward, and
 	// twice more when full recompute replays the forward.
@@ -348,7 +348,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// tp·ep-th rank of a stage: one member per node once tp fills the
 	// node, up to a node's worth otherwise (LinkFor).
 	data := p.DP * ep
-	dpLink := h.LinkFor(strided(p.DP, p.TP*ep))
+	dpLink := h.axisLink(p.DP, p.TP*ep, p.Devices())
 	// Pipeline: chunk costs into the schedule simulator. A transfer
 	// between stages (neighbours tp·dp ranks apart) carries b·s·h/t per tp
 	// rank: without sequence parallelism the value is whole on every tp
@@ -356,7 +356,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// slices over tp (Megatron's scatter/gather, as lower.recvGathered
 	// emits it); under sequence parallelism each rank already holds its
 	// own 1/t and no gather follows.
-	ppLink := h.LinkFor([]int{0, p.TP * data})
+	ppLink := h.pairLink(p.TP*data, p.Devices())
 	p2p := P2P(eb*tokens*hd/tp, ppLink)
 	if p.TP > 1 && !p.SequenceParallel {
 		p2p += Collective("all_gather", p.TP, eb*tokens*hd, tpLink)
@@ -495,7 +495,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		tail += c
 		if ep > 1 {
 			shared := 4 * (stageParams - expertParams)
-			c := Collective("all_reduce", ep, shared, h.LinkFor(strided(ep, p.TP)))
+			c := Collective("all_reduce", ep, shared, h.axisLink(ep, p.TP, p.Devices()))
 			tail += c
 			e.CommSeconds["ep"] += c
 			e.CommBytes["ep"] += 2 * shared * float64(ep-1) / float64(ep)
@@ -598,23 +598,66 @@ func contains(s, sub string) bool {
 	return false
 }
 
-// consecutive is ranks 0..n−1: a tensor-parallel group, adjacent ranks.
-func consecutive(n int) []int {
-	r := make([]int, n)
-	for i := range r {
-		r[i] = i
+// axisLink is the slowest link of any group of a mesh axis whose groups
+// are n members stride apart (the mesh is pp, dp, ep, tp, tp fastest, as
+// Megatron-LM lays ranks out: a tp group is adjacent ranks, an ep group
+// strides tp, a dp group tp·ep). A collective ends with its slowest
+// group, and rank 0's is not always it: tp 3 on nodes of 4 keeps ranks
+// 0–2 in a node while ranks 3–5 straddle two. The placement of the groups
+// on nodes repeats every lcm(n·stride, DevicesPerNode) ranks (or ends
+// with the mesh's devices), which is all it looks at.
+func (h *Hardware) axisLink(n, stride, devices int) Link {
+	members := make([]int, n)
+	for i := range members {
+		members[i] = i * stride
 	}
-	return r
+	worst := h.LinkFor(members)
+	if n <= 1 || h.DevicesPerNode <= 1 {
+		return worst
+	}
+	// Shifting a group by a whole node shifts all its members' nodes
+	// alike, so offsets j beyond a node's worth repeat, and so do blocks
+	// beyond lcm(block, DevicesPerNode).
+	block := n * stride
+	period := min(block/gcd(block, h.DevicesPerNode)*h.DevicesPerNode, devices)
+	for b := 0; b < period; b += block {
+		for j := range min(stride, h.DevicesPerNode) {
+			if b == 0 && j == 0 {
+				continue
+			}
+			for i := range members {
+				members[i] = b + j + i*stride
+			}
+			if l := h.LinkFor(members); l.GBps < worst.GBps || l.GBps == worst.GBps && l.LatencyUS > worst.LatencyUS {
+				worst = l
+			}
+		}
+	}
+	return worst
 }
 
-// strided is n ranks stride apart from rank 0: a data-parallel group
-// (the mesh puts tp fastest, then dp).
-func strided(n, stride int) []int {
-	r := make([]int, n)
-	for i := range r {
-		r[i] = i * stride
+// pairLink is the slowest link between two ranks stride apart: a pipeline
+// transfer between neighbouring stages (stride tp·dp·ep), over every
+// placement, which repeats every lcm(stride, DevicesPerNode) ranks.
+func (h *Hardware) pairLink(stride, devices int) Link {
+	worst := h.LinkFor([]int{0, stride})
+	if h.DevicesPerNode <= 1 {
+		return worst
 	}
-	return r
+	// Pairs a whole node apart cross alike.
+	for x := 1; x < min(h.DevicesPerNode, devices-stride); x++ {
+		if l := h.LinkFor([]int{x, x + stride}); l.GBps < worst.GBps || l.GBps == worst.GBps && l.LatencyUS > worst.LatencyUS {
+			worst = l
+		}
+	}
+	return worst
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // DTypeName is the matrix dtype the plan computes in (fp32, bf16, fp16),

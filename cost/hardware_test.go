@@ -164,3 +164,37 @@ func TestPresetForGPU(t *testing.T) {
 		}
 	}
 }
+
+// TestAxisLinkIsTheSlowestGroup: an axis is priced by its slowest group,
+// not rank 0's: tp 3 on nodes of 4 keeps ranks 0–2 inside a node, but
+// ranks 3–5 straddle two nodes; tp 4 fits every node; a pipeline transfer
+// 6 ranks apart stays inside a node of 8 for rank 0 and crosses for rank 2.
+func TestAxisLinkIsTheSlowestGroup(t *testing.T) {
+	h, err := Preset("a100-80g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.DevicesPerNode = 4
+	if l := h.LinkFor([]int{0, 1, 2}); l.InterNode {
+		t.Fatal("rank 0's tp 3 group is inside node 0")
+	}
+	if l := h.axisLink(3, 1, 12); !l.InterNode {
+		t.Errorf("tp 3 on nodes of 4: some group straddles two nodes, got %+v", l)
+	}
+	if l := h.axisLink(4, 1, 12); l.InterNode {
+		t.Errorf("tp 4 on nodes of 4 stays inside nodes, got %+v", l)
+	}
+	if l := h.axisLink(2, 4, 8); !l.InterNode || l.GBps != h.InterGBps {
+		t.Errorf("dp 2 over tp 4: one member per node, one card's share, got %+v", l)
+	}
+	h.DevicesPerNode = 8
+	if l := h.pairLink(6, 16); !l.InterNode {
+		t.Errorf("a transfer 6 ranks apart on nodes of 8 crosses for ranks 2→8, got %+v", l)
+	}
+	if l := h.pairLink(8, 16); !l.InterNode {
+		t.Errorf("a transfer 8 ranks apart always crosses, got %+v", l)
+	}
+	if l := h.pairLink(4, 16); !l.InterNode {
+		t.Errorf("4 apart: ranks 4→8 cross, got %+v", l)
+	}
+}
