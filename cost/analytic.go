@@ -7,12 +7,26 @@ import (
 	"gcompile/passes/schedule"
 )
 
-// Transformer is the shape of a GPT-style decoder, what the analytic
-// estimate needs to know of a model: L blocks of attention (fused q,k,v
-// projections, output projection) and an MLP of width FFN, token and
-// position embeddings, a head of Vocab rows (tied to the embedding).
+// Transformer is the shape of a decoder, what the analytic estimate needs
+// to know of a model: L blocks of attention (q, k, v projections, output
+// projection) and an MLP of width FFN, token (and position) embeddings, a
+// head of Vocab rows. The GPT's, unless the fields below say otherwise:
+// grouped-query attention, a gated MLP (SwiGLU, as Llama's), and the
+// parameter counts as a module has them (no biases, RMSNorm, an untied
+// head, no position table).
 type Transformer struct {
 	Layers, Hidden, Heads, Seq, Vocab, FFN int
+	// KVHeads is the key/value heads of grouped-query attention (0: Heads).
+	KVHeads int
+	// GatedMLP: the MLP has a gate beside its up projection (SwiGLU:
+	// three h×f matrices where the GPT's has two).
+	GatedMLP bool
+	// LayerParamCount, when set, is a dense block's parameters as the
+	// module has them and LayerSplit the part tensor parallelism splits;
+	// OuterParams the parameters outside the blocks (embeddings, position
+	// table, head, final norm) and OuterSplit their split part (the
+	// vocab-parallel tables). Unset, the GPT's formulas stand.
+	LayerParamCount, LayerSplit, OuterParams, OuterSplit float64
 	// FusedAttention: the attention core is one op (no [s, s] scores kept
 	// for the backward), as the reference GPT's default.
 	FusedAttention bool
@@ -41,20 +55,59 @@ func (t Transformer) expertParams() float64 {
 // 2·h·f + f + h (MLP) + 4h (two LayerNorms), a MoE block's MLP replaced
 // by its router and E experts' MLPs; embeddings (V + s)·h; final LN 2h.
 func (t Transformer) Params() float64 {
-	h := float64(t.Hidden)
 	dense := float64(t.Layers - t.moeLayers())
-	return dense*t.LayerParams() + float64(t.moeLayers())*t.moeLayerParams() + float64(t.Vocab+t.Seq)*h + 2*h
+	return dense*t.LayerParams() + float64(t.moeLayers())*t.moeLayerParams() + t.outerParams()
+}
+
+// outerParams are the parameters outside the blocks: the module's count,
+// or the GPT's embeddings (V + s)·h and final LayerNorm 2h.
+func (t Transformer) outerParams() float64 {
+	if t.OuterParams > 0 {
+		return t.OuterParams
+	}
+	h := float64(t.Hidden)
+	return float64(t.Vocab+t.Seq)*h + 2*h
+}
+
+// outerParamsPerDevice is outerParams on one of tp ranks: the
+// vocab-parallel tables split, the rest whole.
+func (t Transformer) outerParamsPerDevice(tp float64) float64 {
+	if t.OuterParams > 0 {
+		return t.OuterSplit/tp + t.OuterParams - t.OuterSplit
+	}
+	h := float64(t.Hidden)
+	return float64(t.Vocab)*h/tp + float64(t.Seq)*h + 2*h
 }
 
 // LayerParams is one dense block's parameter count.
 func (t Transformer) LayerParams() float64 {
-	return t.attnParams() + mlpParams(t.Hidden, t.FFN)
+	if t.LayerParamCount > 0 {
+		return t.LayerParamCount
+	}
+	return t.attnParams() + t.mlpParams(t.FFN)
+}
+
+// kvWidth is the width of the k (or v) projection: h·KVHeads/Heads.
+func (t Transformer) kvWidth() float64 {
+	if t.KVHeads <= 0 || t.Heads <= 0 {
+		return float64(t.Hidden)
+	}
+	return float64(t.Hidden) * float64(t.KVHeads) / float64(t.Heads)
 }
 
 // attnParams is a block's attention and LayerNorm parameters.
 func (t Transformer) attnParams() float64 {
 	h := float64(t.Hidden)
-	return 4*h*h + 4*h + 4*h
+	return 2*h*h + 2*h*t.kvWidth() + 4*h + 4*h
+}
+
+// mlpParams is a block's MLP of width ffn: two matrices and two biases,
+// or three matrices when gated.
+func (t Transformer) mlpParams(ffn int) float64 {
+	if t.GatedMLP {
+		return 3 * float64(t.Hidden) * float64(ffn)
+	}
+	return mlpParams(t.Hidden, ffn)
 }
 
 // mlpParams is an MLP's parameters: two matrices and two biases.
@@ -69,13 +122,20 @@ func mlpParams(hidden, ffn int) float64 {
 // bias (a row-parallel layer's) whole on every rank.
 func (t Transformer) attnParamsPerDevice(tp float64) float64 {
 	h := float64(t.Hidden)
-	return (4*h*h+3*h)/tp + 5*h
+	return (2*h*h+2*h*t.kvWidth()+3*h)/tp + 5*h
 }
 
 // layerParamsPerDevice is LayerParams on one of tp ranks: the MLP's first
-// matrix and bias and its second matrix split, its second bias whole.
+// matrix and bias and its second matrix split, its second bias whole (or
+// the module's split and whole parts).
 func (t Transformer) layerParamsPerDevice(tp float64) float64 {
+	if t.LayerParamCount > 0 {
+		return t.LayerSplit/tp + t.LayerParamCount - t.LayerSplit
+	}
 	h, f := float64(t.Hidden), float64(t.FFN)
+	if t.GatedMLP {
+		return t.attnParamsPerDevice(tp) + 3*h*f/tp
+	}
 	return t.attnParamsPerDevice(tp) + (2*h*f+f)/tp + h
 }
 
@@ -105,7 +165,11 @@ func (t Transformer) ModelFLOPs(batch int) float64 {
 // the attention core (QKᵀ and PV); the head 2·s·h·V.
 func (t Transformer) fwdFLOPsPerSeq() float64 {
 	s, h, f, v := float64(t.Seq), float64(t.Hidden), float64(t.FFN), float64(t.Vocab)
-	layer := 2*s*(4*h*h+2*h*f) + 4*s*s*h
+	mlp := 2.0
+	if t.GatedMLP {
+		mlp = 3
+	}
+	layer := 2*s*(2*h*h+2*h*t.kvWidth()+mlp*h*f) + 4*s*s*h
 	moe := 2*s*(4*h*h+2*h*float64(t.ExpertFFN)*t.Slots+h*float64(t.Experts)) + 4*s*s*h
 	dense := float64(t.Layers - t.moeLayers())
 	return dense*layer + float64(t.moeLayers())*moe + 2*s*h*v
@@ -253,7 +317,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// the attention core, and the elementwise traffic (LayerNorms,
 	// residuals, biases, GELU), replicated over tp unless sequence
 	// parallel splits it.
-	attn := h.gemm(tokens, 3*hd/tp, hd, dt, eb) + h.gemm(tokens, hd, hd/tp, dt, eb)
+	attn := h.gemm(tokens, (hd+2*t.kvWidth())/tp, hd, dt, eb) + h.gemm(tokens, hd, hd/tp, dt, eb)
 	core := 2 * h.gemm(s, s, hd/a, dt, eb) * b * a / tp // QKᵀ and PV per head
 	if !t.FusedAttention {
 		core += 3 * h.memTime(eb*b*a/tp*s*s) // scores, mask, softmax through memory
@@ -268,6 +332,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		return h.memTime(eb*tokens*hd*(rep+4/tp)+eb*rows*w*3/tp) + 10*h.LaunchUS*1e-6
 	}
 	denseF := attn + h.gemm(tokens, f/tp, hd, dt, eb) + h.gemm(tokens, hd, f/tp, dt, eb) + core + elem(tokens, f)
+	if t.GatedMLP {
+		denseF += h.gemm(tokens, f/tp, hd, dt, eb) // the gate
+	}
 	// A MoE block: the router in fp32, the routing and the moves into
 	// and out of the expert buffers through memory, and this device's E/ep
 	// experts, each over its share of the tokens·Slots rows the
@@ -343,7 +410,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	}
 	// The word embedding is split over tp (vocab-parallel); the position
 	// table is whole, on the first stage; the final LayerNorm on the last.
-	stageParams := perChunk*float64(v)*layerParams + expertParams + V*hd/tp + s*hd + 2*hd
+	stageParams := perChunk*float64(v)*layerParams + expertParams + t.outerParamsPerDevice(tp)
 	// The mesh is (pp, dp, ep, tp), tp innermost. A dp group is every
 	// tp·ep-th rank of a stage: one member per node once tp fills the
 	// node, up to a node's worth otherwise (LinkFor).
@@ -557,7 +624,13 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			low = moe
 		}
 	}
-	lp, ls := persistent(perChunk*float64(v)*low + V*hd/tp + s*hd)
+	// Of the parameters outside the blocks the first stage surely holds
+	// the token embedding (and the GPT's position table).
+	first := V * hd / tp
+	if t.OuterParams == 0 {
+		first += s * hd
+	}
+	lp, ls := persistent(perChunk*float64(v)*low + first)
 	e.MemoryLowerBound = int64(0.98 * (lp + ls))
 	grads := eb * stageParams
 	if p.Zero >= 2 {

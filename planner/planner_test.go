@@ -8,6 +8,7 @@ import (
 	"gcompile/compile"
 	"gcompile/cost"
 	"gcompile/examples/gpt"
+	"gcompile/examples/llama"
 	"gcompile/examples/moe"
 	"gcompile/frontend"
 	"gcompile/ir"
@@ -44,9 +45,44 @@ func TestShapeOf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := cost.Transformer{Layers: 2, Hidden: 32, Heads: 4, Seq: 16, Vocab: 256, FFN: 128, FusedAttention: true}
+	// The module's counts are the GPT formulas' own: attention 4h²+8h,
+	// MLP 2hf+f+h; outside the blocks (V+s)·h + 2h, the tables split.
+	want := cost.Transformer{Layers: 2, Hidden: 32, Heads: 4, Seq: 16, Vocab: 256, FFN: 128, FusedAttention: true,
+		LayerParamCount: 4*32*32 + 8*32 + 2*32*128 + 128 + 32, LayerSplit: 12512, OuterParams: (256+16)*32 + 2*32, OuterSplit: 256 * 32}
 	if s != want {
 		t.Fatalf("shape %+v, want %+v", s, want)
+	}
+}
+
+// TestShapeOfLlama: grouped-query attention, the SwiGLU MLP and an
+// untied head are read from the module, and the shape's parameter count
+// and FLOPs are the module's, not the GPT formulas'.
+func TestShapeOfLlama(t *testing.T) {
+	m, err := frontend.Build(llama.Model, frontend.Config{Name: "llama", Batch: 4,
+		Set: map[string]string{"layers": "2", "hidden": "64", "heads": "4", "kv_heads": "2", "ffn": "176", "seq": "16"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ShapeOf(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.KVHeads != 2 || !s.GatedMLP || s.FFN != 176 {
+		t.Fatalf("shape %+v: want kv_heads 2, a gated MLP of width 176", s)
+	}
+	var n int64
+	for _, p := range m.Params() {
+		n += p.Type.Shape.NumElements()
+	}
+	if got := s.Params(); got != float64(n) {
+		t.Errorf("shape's params %g, the module's %d", got, n)
+	}
+	// Forward GEMM flops per sequence: q and o h², k and v h·h/2 (2 of 4
+	// heads), three h×f matrices, the attention core 4·s²·h, the head.
+	h, f, sq, v := 64.0, 176.0, 16.0, 256.0
+	want := 2*(2*sq*(2*h*h+2*h*h/2+3*h*f)+4*sq*sq*h) + 2*sq*h*v
+	if got := s.ModelFLOPs(1) / 3; math.Abs(got-want) > 1e-6*want {
+		t.Errorf("forward flops per sequence %g, want %g", got, want)
 	}
 }
 
@@ -262,7 +298,8 @@ func TestShapeOfMoE(t *testing.T) {
 	}
 	// Capacity ⌈1·16·2/4⌉ = 8 slots per expert for a group of 16 tokens.
 	want := cost.Transformer{Layers: 2, Hidden: 32, Heads: 4, Seq: 16, Vocab: 256, FFN: 128, FusedAttention: true,
-		Experts: 4, MoELayers: 1, ExpertFFN: 32, RouterParams: 32 * 4, Slots: 4 * 8 / 16.0, ExpertParams: 2 * 32 * 32}
+		Experts: 4, MoELayers: 1, ExpertFFN: 32, RouterParams: 32 * 4, Slots: 4 * 8 / 16.0, ExpertParams: 2 * 32 * 32,
+		LayerParamCount: 4*32*32 + 8*32 + 2*32*128 + 128 + 32, LayerSplit: 12512, OuterParams: (256+16)*32 + 2*32, OuterSplit: 256 * 32}
 	if s != want {
 		t.Fatalf("shape %+v, want %+v", s, want)
 	}

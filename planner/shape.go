@@ -37,7 +37,11 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 		case v.Op == "embedding" && t.Vocab == 0 && len(v.Args) > 0 && v.Args[0].Type.Rank() == 2:
 			t.Vocab, t.Hidden = v.Args[0].Type.Shape[0], v.Args[0].Type.Shape[1]
 		case v.Op == "attention" && t.Heads == 0 && len(v.Args) > 1:
-			t.Heads, t.FusedAttention = ir.AttentionShapeOf(v.Args[0].Type, v.Args[1].Type).Heads, true
+			as := ir.AttentionShapeOf(v.Args[0].Type, v.Args[1].Type)
+			t.Heads, t.FusedAttention = as.Heads, true
+			if as.KVHeads > 0 && as.KVHeads != as.Heads {
+				t.KVHeads = as.KVHeads
+			}
 		case v.Op == "softmax" && t.Heads == 0 && v.Type.Rank() == 4:
 			t.Heads = v.Type.Shape[1]
 		}
@@ -60,6 +64,7 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 	if t.FFN == 0 && t.Experts > 0 && t.MoELayers == t.Layers {
 		t.FFN = t.ExpertFFN // no dense block
 	}
+	countParams(m, &t, moeLayers)
 	if t.Seq == 0 || t.Vocab == 0 || t.Hidden == 0 || t.Layers == 0 || t.Heads == 0 || t.FFN == 0 {
 		return t, fmt.Errorf("the planner models decoder transformers (tokens [batch, seq], an embedding, layers tagged with b.Layer, attention, an MLP); %s does not read as one: %+v", m.Name, t)
 	}
@@ -106,4 +111,41 @@ func moeShape(m *ir.Module, t *cost.Transformer, route ir.Shape, tokens int, moe
 		return fmt.Errorf("the planner reads a MoE block's experts from its weights [experts, in, out] with the expert hint (frontend.ExpertParallel); %s's block %d has none", m.Name, first)
 	}
 	return nil
+}
+
+// countParams reads the parameter counts the formulas would guess: a
+// dense block's (its first), and what tensor parallelism splits of it
+// (the weights with a column or row hint); the parameters outside the
+// blocks and their vocab-parallel part; and whether the MLP is gated
+// (three matrices of the MLP's width, as SwiGLU's, where the GPT's has
+// two).
+func countParams(m *ir.Module, t *cost.Transformer, moeLayers map[int]bool) {
+	dense := -1
+	for l := 0; l < t.Layers; l++ {
+		if !moeLayers[l] {
+			dense = l
+			break
+		}
+	}
+	wide := 0
+	for _, p := range m.Params() {
+		n := float64(p.Type.Shape.NumElements())
+		split := p.Attrs.Str("parallel") != ""
+		switch {
+		case p.Meta.Layer < 0:
+			t.OuterParams += n
+			if split {
+				t.OuterSplit += n
+			}
+		case p.Meta.Layer == dense:
+			t.LayerParamCount += n
+			if split {
+				t.LayerSplit += n
+			}
+			if p.Type.Rank() == 2 && slices.Contains(p.Type.Shape, t.FFN) && t.FFN != t.Hidden {
+				wide++
+			}
+		}
+	}
+	t.GatedMLP = wide >= 3
 }
