@@ -562,6 +562,16 @@ func (j *job) stalled() string {
 	if err != nil {
 		return noStore
 	}
+	// Stalled is relative: a process whose count did not move while
+	// another's moved at least twice. A machine so loaded that nobody beat
+	// says nothing.
+	moved := int64(0)
+	for p := range after {
+		moved = max(moved, after[p]-before[p])
+	}
+	if moved < 2 {
+		return ""
+	}
 	var out []string
 	for p := range after {
 		if p == j.world.Rank || after[p] != before[p] {
