@@ -193,6 +193,11 @@ type Plan struct {
 	// (Hardware.OverlapBuckets), as Megatron-LM's local DDP of 2021 did:
 	// one reduction of every gradient.
 	SerialReductions bool
+	// OverlapTP: the tensor-parallel collectives run in chunks beside the
+	// GEMMs they feed and follow (Megatron-Core's --tp-comm-overlap), so a
+	// block pays the larger of its GEMMs and its tp communication, not
+	// their sum.
+	OverlapTP bool
 	// BucketBytes is the gradient bytes of one data-parallel reduction
 	// (--bucket-mb; 0: 25 MiB). Each bucket is its own collective and pays
 	// its latency; all but the last can hide behind the backward.
@@ -331,10 +336,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	elem := func(rows, w float64) float64 {
 		return h.memTime(eb*tokens*hd*(rep+4/tp)+eb*rows*w*3/tp) + 10*h.LaunchUS*1e-6
 	}
-	denseF := attn + h.gemm(tokens, f/tp, hd, dt, eb) + h.gemm(tokens, hd, f/tp, dt, eb) + core + elem(tokens, f)
+	mlpGEMMs := h.gemm(tokens, f/tp, hd, dt, eb) + h.gemm(tokens, hd, f/tp, dt, eb)
 	if t.GatedMLP {
-		denseF += h.gemm(tokens, f/tp, hd, dt, eb) // the gate
+		mlpGEMMs += h.gemm(tokens, f/tp, hd, dt, eb) // the gate
 	}
+	denseF := attn + mlpGEMMs + core + elem(tokens, f)
 	// A MoE block: the router in fp32, the routing and the moves into
 	// and out of the expert buffers through memory, and this device's E/ep
 	// experts, each over its share of the tokens·Slots rows the
@@ -383,6 +389,12 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		tpF, tpB = 2*one, (per-2)*one
 		e.CommSeconds["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (tpF + tpB)
 		e.CommBytes["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * per * 2 * arBytes * (tp - 1) / tp
+		if p.OverlapTP {
+			// Hidden behind the block's projections and MLP GEMMs (twice
+			// as long backward), what they cannot hide stays.
+			gemms := attn + mlpGEMMs
+			tpF, tpB = math.Max(tpF-gemms, 0), math.Max(tpB-2*gemms, 0)
+		}
 	}
 	// The all_to_alls (dispatch, combine), per layer on average.
 	epF, epB := 2*a2a*moeWeight, (per-2)*a2a*moeWeight

@@ -1,5 +1,7 @@
 package cost
 
+import "fmt"
+
 // PublishedRun is a measured training run from the literature: a model's
 // shape, the parallel configuration the authors ran, and what they
 // measured. The cost model is checked against these runs afterwards
@@ -24,6 +26,35 @@ type PublishedRun struct {
 	// Checked says where the row's figures were confirmed in a source
 	// found in the search index; Assumed what had to be chosen.
 	Checked, Assumed string
+	// Hardware is the preset the run is priced on ("": a100-80g), with
+	// the inter-node share per GPU overridden when the cluster's network
+	// is not the preset's (InterGBps > 0). Precision "" is fp16.
+	Hardware  string
+	InterGBps float64
+	Precision string
+	// Zero is the optimizer sharding (ZeRO-1 for a distributed
+	// optimizer); Overlap says the framework overlapped the data-parallel
+	// reduction with the backward (Megatron-Core, FSDP), where the 2021
+	// papers' local DDP reduced after it; OverlapTP the tensor-parallel
+	// communication with the GEMMs (Megatron-Core's --tp-comm-overlap).
+	Zero               int
+	Overlap, OverlapTP bool
+}
+
+// HardwareFor is the description the run is priced on.
+func (r PublishedRun) HardwareFor() (*Hardware, error) {
+	name := r.Hardware
+	if name == "" {
+		name = "a100-80g"
+	}
+	h, err := Preset(name)
+	if err != nil {
+		return nil, err
+	}
+	if r.InterGBps > 0 {
+		h.InterGBps = r.InterGBps
+	}
+	return h, nil
 }
 
 // narayanan is Narayanan et al. 2021 ("Efficient Large-Scale Language
@@ -94,9 +125,14 @@ func PublishedRuns() []PublishedRun {
 // DDP of those papers did not overlap it).
 func (r PublishedRun) Plan() Plan {
 	dp := r.GPUs / (r.TP * r.PP)
+	prec := r.Precision
+	if prec == "" {
+		prec = "fp16"
+	}
 	p := Plan{TP: r.TP, PP: r.PP, DP: dp, VPP: r.VPP, MicroBatch: r.MicroBatch,
 		Microbatches: r.Batch / (dp * r.MicroBatch), SequenceParallel: r.SequenceParallel,
-		Recompute: r.Recompute, Precision: "fp16", Optimizer: "adamw", SerialReductions: true}
+		Recompute: r.Recompute, Precision: prec, Optimizer: "adamw", SerialReductions: !r.Overlap, Zero: r.Zero,
+		OverlapTP: r.OverlapTP}
 	if r.PP > 1 {
 		p.Schedule = "1f1b"
 		if r.VPP > 1 {
@@ -118,8 +154,91 @@ func (r PublishedRun) PaperFLOPs() float64 {
 // PublishedStep is the measured iteration time: given, or derived from
 // the published throughput and PaperFLOPs.
 func (r PublishedRun) PublishedStep() float64 {
-	if r.StepSeconds > 0 {
+	switch {
+	case r.StepSeconds > 0:
 		return r.StepSeconds
+	case r.TFLOPSPerGPU > 0:
+		return r.PaperFLOPs() / (float64(r.GPUs) * r.TFLOPSPerGPU * 1e12)
 	}
-	return r.PaperFLOPs() / (float64(r.GPUs) * r.TFLOPSPerGPU * 1e12)
+	// From the model FLOPs utilisation: the model's FLOPs (no recompute,
+	// full attention, as PaLM's MFU counts them) over the dense peak of
+	// the run's precision.
+	h, err := r.HardwareFor()
+	if err != nil || !(r.MFU > 0) {
+		return 0
+	}
+	return r.Shape.ModelFLOPs(r.Batch) / (float64(r.GPUs) * r.MFU * h.Peak(r.Plan().DTypeName()))
+}
+
+// MorePublishedRuns are published runs beyond Megatron-LM's 2021–2022
+// papers: other frameworks, networks and GPUs, each row with its source
+// and what had to be assumed. They are checked the same way
+// (cost.TestMorePublishedRuns), each on its own hardware, nothing fitted.
+func MorePublishedRuns() []PublishedRun {
+	var runs []PublishedRun
+	bloom := PublishedRun{Source: "BLOOM-176B (BigScience tr11-176B-ml)", Name: "BLOOM-176B",
+		Shape: Transformer{Layers: 72, Hidden: 14336, Heads: 112, Seq: 2048, Vocab: 250880, FFN: 4 * 14336},
+		GPUs:  384, TP: 4, PP: 12, VPP: 1, Batch: 2048, MicroBatch: 2, Recompute: "full", Precision: "bf16", Zero: 1,
+		StepSeconds: 104.70, InterGBps: 4 * 12.5 / 8,
+		Checked: "bigscience-workshop/bigscience train/tr11-176B-ml/README.md (Architecture, Replica setup, Hardware, " +
+			"Important checkpoints: \"elapsed time per iteration (s): 104.70 … TFLOPs: 149.77\" at GBS 2048) and tr11-176B-ml.slurm " +
+			"(NLAYERS 70, NHIDDEN 14336, NHEADS 112, TP 4, PP 12, MICRO_BATCH_SIZE 2, --pad-vocab-size-to 250880, --bf16, " +
+			"activation checkpointing); no sequence parallelism (the Hugging Face blog on BLOOM's training)",
+		Assumed: "the 70 layers priced as 72, 6 a stage (the run put 6 on every stage but the first and last, which held 5 and an embedding: the busiest stages are priced); " +
+			"Jean Zay's 4 Omni-Path links per 8-GPU node at 100 Gb/s each (the README names 4 links, not their rate), " +
+			"so 6.25 GB/s of network per GPU; DeepSpeed's pipeline priced as 1F1B; the attention core not fused (softmax through memory)"}
+	runs = append(runs, bloom)
+	for _, r := range []struct {
+		nodes int
+		step  float64
+	}{{280, 60.1}, {350, 50.2}, {420, 44.4}} {
+		runs = append(runs, PublishedRun{Source: "Smith et al. 2022 (MT-NLG 530B), §2.4", Name: fmt.Sprintf("MT-NLG 530B ×%d", r.nodes),
+			Shape: Transformer{Layers: 105, Hidden: 20480, Heads: 128, Seq: 2048, Vocab: 51200, FFN: 4 * 20480},
+			GPUs:  8 * r.nodes, TP: 8, PP: 35, VPP: 1, Batch: 1920, MicroBatch: 1, Recompute: "full", Precision: "bf16", Zero: 1,
+			StepSeconds: r.step,
+			Checked: "arXiv:2201.11990 §2.4 and §3.2 as quoted by cli99/llm-analysis examples/megatron-turing-nlg and other notes " +
+				"(105 layers, h 20480, 128 heads, s 2048, batch 1920, tp 8, pp 35; iterations of 60.1, 50.2 and 44.4 s on 280, 350 and 420 DGX A100 nodes)",
+			Assumed: "microbatch 1, full recompute (the published 126/121/113 TFLOP/s follow Narayanan's equation 3, which counts it), " +
+				"1F1B, vocabulary 51,200, ZeRO-1; the paper's own text was not read"})
+	}
+	for _, r := range []struct {
+		gpus, dp, perDP int
+		mfu             float64
+	}{{8192, 64, 32, 0.43}, {16384, 128, 16, 0.41}} {
+		runs = append(runs, PublishedRun{Source: "Llama 3 405B (Llama Team 2024), Table 4", Name: fmt.Sprintf("Llama 3 405B ×%d", r.gpus),
+			Shape: Transformer{Layers: 128, Hidden: 16384, Heads: 128, KVHeads: 8, Seq: 8192, Vocab: 128256, FFN: 53248,
+				GatedMLP: true, FusedAttention: true},
+			GPUs: r.gpus, TP: 8, PP: 16, VPP: 4, Batch: r.dp * r.perDP, MicroBatch: 1, SequenceParallel: true, Recompute: "none",
+			Precision: "bf16", Zero: 2, Overlap: true, MFU: r.mfu, Hardware: "h100-sxm",
+			Checked: "arXiv:2407.21783 Table 3 (126 layers, h 16384, 128 heads, 8 k/v heads, FFN 53248, SwiGLU) and Table 4 " +
+				"(tp 8, cp 1, pp 16, dp 64 or 128, s 8192, 32 or 16 sequences per dp group, BF16 MFU 43 % and 41 %); §3.3.2: no activation " +
+				"checkpointing at 8K, FSDP sharding optimizer states and gradients",
+			Assumed: "the 126 layers priced as 128 (the estimate needs pp·vpp to divide them; the paper takes one layer off the first and last stages), " +
+				"4 chunks per rank, microbatch 1, sequence parallelism, the dp reduction overlapped; vocabulary 128,256"})
+	}
+	for _, r := range []struct {
+		name                          string
+		heads, hidden, layers, tp, pp int
+		gpus, batch                   int
+		mfu                           float64
+	}{
+		{"1.7B", 16, 2048, 24, 1, 1, 48, 192, 0.41},
+		{"7.1B", 32, 4096, 30, 2, 1, 96, 192, 0.47},
+		{"16B", 48, 6144, 32, 4, 1, 192, 192, 0.49},
+		{"32B", 56, 7168, 48, 8, 1, 384, 192, 0.46},
+		{"70B", 64, 8192, 84, 8, 2, 768, 384, 0.42},
+		{"119B", 80, 10240, 92, 8, 4, 1536, 768, 0.43},
+		{"177B", 96, 12288, 96, 8, 6, 2304, 1152, 0.44},
+		{"314B", 128, 16384, 96, 8, 8, 3072, 1536, 0.48},
+		{"462B", 144, 18432, 112, 8, 16, 6144, 3072, 0.47},
+	} {
+		runs = append(runs, PublishedRun{Source: "Megatron-LM README, H100 table (Megatron-Core r0.8.0)", Name: "MCore " + r.name,
+			Shape: Transformer{Layers: r.layers, Hidden: r.hidden, Heads: r.heads, Seq: 4096, Vocab: 131072, FFN: 4 * r.hidden, FusedAttention: true},
+			GPUs:  r.gpus, TP: r.tp, PP: r.pp, VPP: 1, Batch: r.batch, MicroBatch: 1, SequenceParallel: r.tp > 1, Recompute: "none",
+			Precision: "bf16", Zero: 1, Overlap: true, OverlapTP: r.tp > 1, MFU: r.mfu, Hardware: "h100-sxm",
+			Checked: "NVIDIA/Megatron-LM README since commit f2e5db40 (\"New scaling figures on H100 GPUs\"): heads, h, layers, tp, pp, dp 48, GPUs, " +
+				"batch, MFU; vocabulary 131,072 and s 4096 for all; overlapped dp, tp and pp communication",
+			Assumed: "microbatch 1, 1F1B without interleaving, sequence parallelism with tp, no recompute, bf16, FFN 4h, the distributed optimizer (ZeRO-1)"})
+	}
+	return runs
 }

@@ -707,7 +707,7 @@ type traceFigures struct {
 
 func figuresOf(h *Hardware, progOf map[int]*lower.Program, ms []measured, ceiling float64) traceFigures {
 	st := traceStart(h, progOf, ms, ceiling)
-	f := traceFigures{gemmFLOPS: st.Peak("fp32") * 1e12, memBps: st.MemoryGBps * 1e9, vecFLOPS: st.VectorTFLOPS * 1e12}
+	f := traceFigures{gemmFLOPS: st.Peak("fp32"), memBps: st.MemoryGBps * 1e9, vecFLOPS: st.VectorTFLOPS * 1e12}
 	for _, m := range ms {
 		in := progOf[m.dev].Instrs[m.idx]
 		if ir.Collectives[in.Op] || !(m.seconds > 0) {
@@ -743,7 +743,7 @@ func (h *Hardware) boundRefined(tr traceFigures, opSamples map[string]int) map[s
 	}
 	// Achieved rates: peak × efficiency.
 	if tr.gemmFLOPS > 0 {
-		got := h.Peak("fp32") * 1e12 * h.GEMMEfficiency
+		got := h.Peak("fp32") * h.GEMMEfficiency
 		want := within("peak_tflops.fp32 (all dtypes scaled)", got, tr.gemmFLOPS/2, tr.gemmFLOPS*refineBound, " FLOP/s achieved")
 		for d := range h.PeakTFLOPS {
 			h.PeakTFLOPS[d] *= want / got
@@ -944,7 +944,7 @@ func traceStart(h *Hardware, progOf map[int]*lower.Program, ms []measured, ceili
 	s := h.clone()
 	s.OpScale = nil
 	if q := quantile(gemm, bestRateQuantile); q > 0 {
-		r := q / (h.Peak("fp32") * 1e12)
+		r := q / h.Peak("fp32")
 		for k := range s.PeakTFLOPS {
 			s.PeakTFLOPS[k] *= r
 		}
