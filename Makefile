@@ -7,7 +7,7 @@ SHELL   := /bin/bash -o pipefail
 OUT     ?= out
 export CGO_ENABLED = 0
 
-.PHONY: demo test test-full build vet bench fuzz clean gpu-bundle
+.PHONY: demo test test-full build vet bench fuzz clean gpu-bundle cost-tables
 
 # bin/gcompile, the command the README's examples call. A first build on a
 # fresh machine fetches the modules and compiles everything (15–20 s on 2
@@ -60,6 +60,12 @@ bench:
 # under 60 MiB.
 gpu-bundle:
 	bash bench/gpu/bundle.sh gpu-bundle
+
+# The cost model's tables against published runs, and calibrated on one
+# row of each source, as the README and docs/architecture.md quote them.
+cost-tables:
+	@mkdir -p $(OUT)
+	$(GO) test -count 1 -v -run 'TestPublishedRuns|TestMorePublishedRuns|TestCalibrateOnOnePublishedRun' ./cost/ | tee $(OUT)/cost-tables.txt
 
 fuzz:
 	$(GO) test ./ir -run '^$$' -fuzz FuzzParse -fuzztime 60s
