@@ -65,7 +65,7 @@ gpu-bundle:
 # row of each source, as the README and docs/architecture.md quote them.
 cost-tables:
 	@mkdir -p $(OUT)
-	$(GO) test -count 1 -v -run 'TestPublishedRuns|TestMorePublishedRuns|TestCalibrateOnOnePublishedRun' ./cost/ | tee $(OUT)/cost-tables.txt
+	$(GO) test -count 1 -v -run 'TestPublishedRuns|TestMorePublishedRuns|TestPublishedRunsRankAlike|TestCalibrateOnOnePublishedRun' ./cost/ | tee $(OUT)/cost-tables.txt
 
 fuzz:
 	$(GO) test ./ir -run '^$$' -fuzz FuzzParse -fuzztime 60s

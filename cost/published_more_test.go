@@ -69,3 +69,71 @@ func TestMorePublishedRuns(t *testing.T) {
 	}
 	t.Log(sb.String())
 }
+
+// TestPublishedRunsRankAlike: within each source, the runs of one model
+// (its shape) rank alike predicted and published: Spearman's rank
+// correlation of predicted and published step times is at least 0.9 (for
+// two runs: the same order). Plans of one model are what a planner
+// chooses between, so their order is what its pick rests on.
+func TestPublishedRunsRankAlike(t *testing.T) {
+	type key struct {
+		source        string
+		layers, width int
+	}
+	pred, pub := map[key][]float64{}, map[key][]float64{}
+	var keys []key
+	for _, r := range append(PublishedRuns(), MorePublishedRuns()...) {
+		h, err := r.HardwareFor()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := h.Estimate(r.Shape, r.Plan())
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := key{r.Source, r.Shape.Layers, r.Shape.Hidden}
+		if _, ok := pred[k]; !ok {
+			keys = append(keys, k)
+		}
+		pred[k] = append(pred[k], e.StepSeconds)
+		pub[k] = append(pub[k], r.PublishedStep())
+	}
+	groups := 0
+	for _, k := range keys {
+		if len(pred[k]) < 2 {
+			continue
+		}
+		groups++
+		rho := spearman(pred[k], pub[k])
+		t.Logf("%s, %d layers × %d: %d runs, Spearman %.2f", k.source, k.layers, k.width, len(pred[k]), rho)
+		if rho < 0.9 {
+			t.Errorf("%s, %d layers × %d: predicted %v and published %v rank differently (Spearman %.2f)", k.source, k.layers, k.width, pred[k], pub[k], rho)
+		}
+	}
+	if groups < 3 {
+		t.Fatalf("only %d groups of runs of one model", groups)
+	}
+}
+
+// spearman is the rank correlation of xs and ys (no ties expected).
+func spearman(xs, ys []float64) float64 {
+	rank := func(v []float64) []float64 {
+		r := make([]float64, len(v))
+		for i := range v {
+			for j := range v {
+				if v[j] < v[i] {
+					r[i]++
+				}
+			}
+		}
+		return r
+	}
+	rx, ry := rank(xs), rank(ys)
+	n := float64(len(xs))
+	var d2 float64
+	for i := range rx {
+		d := rx[i] - ry[i]
+		d2 += d * d
+	}
+	return 1 - 6*d2/(n*(n*n-1))
+}
