@@ -77,8 +77,8 @@ func TestMorePublishedRuns(t *testing.T) {
 // chooses between, so their order is what its pick rests on.
 func TestPublishedRunsRankAlike(t *testing.T) {
 	type key struct {
-		source        string
-		layers, width int
+		source              string
+		layers, width, gpus int
 	}
 	pred, pub := map[key][]float64{}, map[key][]float64{}
 	var keys []key
@@ -91,7 +91,7 @@ func TestPublishedRunsRankAlike(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		k := key{r.Source, r.Shape.Layers, r.Shape.Hidden}
+		k := key{r.Source, r.Shape.Layers, r.Shape.Hidden, 0}
 		if _, ok := pred[k]; !ok {
 			keys = append(keys, k)
 		}
@@ -112,6 +112,50 @@ func TestPublishedRunsRankAlike(t *testing.T) {
 	}
 	if groups < 3 {
 		t.Fatalf("only %d groups of runs of one model", groups)
+	}
+	// On the same GPUs, the run predicted fastest is within 3 % of the
+	// fastest published: what a planner that picked by the model would
+	// have lost.
+	same := map[key][2][]float64{}
+	var sameKeys []key
+	for _, r := range append(PublishedRuns(), MorePublishedRuns()...) {
+		h, _ := r.HardwareFor()
+		e, err := h.Estimate(r.Shape, r.Plan())
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := key{r.Source, r.Shape.Layers, r.Shape.Hidden, r.GPUs}
+		if _, ok := same[k]; !ok {
+			sameKeys = append(sameKeys, k)
+		}
+		g := same[k]
+		g[0], g[1] = append(g[0], e.StepSeconds), append(g[1], r.PublishedStep())
+		same[k] = g
+	}
+	picks := 0
+	for _, k := range sameKeys {
+		g := same[k]
+		if len(g[0]) < 2 {
+			continue
+		}
+		picks++
+		best, pick := 0, 0
+		for i := range g[0] {
+			if g[1][i] < g[1][best] {
+				best = i
+			}
+			if g[0][i] < g[0][pick] {
+				pick = i
+			}
+		}
+		loss := g[1][pick]/g[1][best] - 1
+		t.Logf("%s, %d layers × %d on %d GPUs: the pick is %.1f %% slower than the fastest published", k.source, k.layers, k.width, k.gpus, 100*loss)
+		if loss > 0.03 {
+			t.Errorf("%s, %d layers on %d GPUs: the predicted fastest ran %.1f %% slower than the fastest published", k.source, k.layers, k.gpus, 100*loss)
+		}
+	}
+	if picks == 0 {
+		t.Fatal("no source publishes two plans of one model on the same GPUs")
 	}
 }
 
