@@ -713,7 +713,7 @@ func (h *Hardware) axisLink(n, stride, devices int) Link {
 			for i := range members {
 				members[i] = b + j + i*stride
 			}
-			if l := h.LinkFor(members); l.GBps < worst.GBps || l.GBps == worst.GBps && l.LatencyUS > worst.LatencyUS {
+			if l := h.LinkFor(members); l.slower(worst) {
 				worst = l
 			}
 		}
@@ -731,11 +731,17 @@ func (h *Hardware) pairLink(stride, devices int) Link {
 	}
 	// Pairs a whole node apart cross alike.
 	for x := 1; x < min(h.DevicesPerNode, devices-stride); x++ {
-		if l := h.LinkFor([]int{x, x + stride}); l.GBps < worst.GBps || l.GBps == worst.GBps && l.LatencyUS > worst.LatencyUS {
+		if l := h.LinkFor([]int{x, x + stride}); l.slower(worst) {
 			worst = l
 		}
 	}
 	return worst
+}
+
+// slower says whether l is a slower link than o: less bandwidth, or as
+// much with more latency.
+func (l Link) slower(o Link) bool {
+	return l.GBps < o.GBps || l.GBps == o.GBps && l.LatencyUS > o.LatencyUS
 }
 
 func gcd(a, b int) int {

@@ -80,9 +80,9 @@ func TestPublishedRunsRankAlike(t *testing.T) {
 		source              string
 		layers, width, gpus int
 	}
-	pred, pub := map[key][]float64{}, map[key][]float64{}
-	var keys []key
-	for _, r := range append(PublishedRuns(), MorePublishedRuns()...) {
+	runs := append(PublishedRuns(), MorePublishedRuns()...)
+	steps := make([]float64, len(runs))
+	for i, r := range runs {
 		h, err := r.HardwareFor()
 		if err != nil {
 			t.Fatal(err)
@@ -91,23 +91,36 @@ func TestPublishedRunsRankAlike(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		k := key{r.Source, r.Shape.Layers, r.Shape.Hidden, 0}
-		if _, ok := pred[k]; !ok {
-			keys = append(keys, k)
-		}
-		pred[k] = append(pred[k], e.StepSeconds)
-		pub[k] = append(pub[k], r.PublishedStep())
+		steps[i] = e.StepSeconds
 	}
+	// group is the predicted and published steps of the runs by key, in
+	// the keys' first-seen order.
+	group := func(of func(PublishedRun) key) ([]key, map[key][2][]float64) {
+		var keys []key
+		g := map[key][2][]float64{}
+		for i, r := range runs {
+			k := of(r)
+			v, ok := g[k]
+			if !ok {
+				keys = append(keys, k)
+			}
+			v[0], v[1] = append(v[0], steps[i]), append(v[1], r.PublishedStep())
+			g[k] = v
+		}
+		return keys, g
+	}
+	keys, models := group(func(r PublishedRun) key { return key{r.Source, r.Shape.Layers, r.Shape.Hidden, 0} })
 	groups := 0
 	for _, k := range keys {
-		if len(pred[k]) < 2 {
+		pred, pub := models[k][0], models[k][1]
+		if len(pred) < 2 {
 			continue
 		}
 		groups++
-		rho := spearman(pred[k], pub[k])
-		t.Logf("%s, %d layers × %d: %d runs, Spearman %.2f", k.source, k.layers, k.width, len(pred[k]), rho)
+		rho := spearman(pred, pub)
+		t.Logf("%s, %d layers × %d: %d runs, Spearman %.2f", k.source, k.layers, k.width, len(pred), rho)
 		if rho < 0.9 {
-			t.Errorf("%s, %d layers × %d: predicted %v and published %v rank differently (Spearman %.2f)", k.source, k.layers, k.width, pred[k], pub[k], rho)
+			t.Errorf("%s, %d layers × %d: predicted %v and published %v rank differently (Spearman %.2f)", k.source, k.layers, k.width, pred, pub, rho)
 		}
 	}
 	if groups < 3 {
@@ -116,22 +129,7 @@ func TestPublishedRunsRankAlike(t *testing.T) {
 	// On the same GPUs, the run predicted fastest is within 3 % of the
 	// fastest published: what a planner that picked by the model would
 	// have lost.
-	same := map[key][2][]float64{}
-	var sameKeys []key
-	for _, r := range append(PublishedRuns(), MorePublishedRuns()...) {
-		h, _ := r.HardwareFor()
-		e, err := h.Estimate(r.Shape, r.Plan())
-		if err != nil {
-			t.Fatal(err)
-		}
-		k := key{r.Source, r.Shape.Layers, r.Shape.Hidden, r.GPUs}
-		if _, ok := same[k]; !ok {
-			sameKeys = append(sameKeys, k)
-		}
-		g := same[k]
-		g[0], g[1] = append(g[0], e.StepSeconds), append(g[1], r.PublishedStep())
-		same[k] = g
-	}
+	sameKeys, same := group(func(r PublishedRun) key { return key{r.Source, r.Shape.Layers, r.Shape.Hidden, r.GPUs} })
 	picks := 0
 	for _, k := range sameKeys {
 		g := same[k]

@@ -3,7 +3,6 @@ package planner
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -113,27 +112,22 @@ func (p MeasuredPlan) Config(base compile.Config) compile.Config {
 // each measured plan is compiled once from gir, the model's module file,
 // and priced by cost.Hardware.Predict, as the table prices it.
 func CalibrateCompiled(hw *cost.Hardware, gir string, base compile.Config, ps []MeasuredPlan) (*cost.Hardware, *cost.StepCalibration, error) {
-	var pts []cost.StepPoint
-	for i, p := range ps {
-		cfg := p.Config(base)
-		cfg.Model, cfg.Set, cfg.Built, cfg.MemLimit = gir, "", "", 0
-		delete(cfg.Explicit, "set")
-		delete(cfg.Explicit, "batch")
-		name := Describe(cfg)
-		if err := cfg.Validate(); err != nil {
-			return nil, nil, fmt.Errorf("calibration point %d (%s): %w", i+1, name, err)
-		}
+	base.Model, base.Set, base.Built, base.MemLimit = gir, "", "", 0
+	pts, err := stepPoints(base, ps, func(cfg compile.Config) (func(*cost.Hardware) (float64, error), error) {
 		res, err := compile.Compile(&cfg, passes.Hooks{})
 		if err != nil {
-			return nil, nil, fmt.Errorf("calibration point %d (%s): %w", i+1, name, err)
+			return nil, err
 		}
-		pts = append(pts, cost.StepPoint{Name: name, Measured: p.StepMs / 1e3, Price: func(h *cost.Hardware) (float64, error) {
+		return func(h *cost.Hardware) (float64, error) {
 			pred, err := h.Predict(res.Programs, res.Schedule)
 			if err != nil {
 				return 0, err
 			}
 			return pred.StepSeconds, nil
-		}})
+		}, nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	return hw.CalibrateSteps(pts)
 }
@@ -143,23 +137,38 @@ func CalibrateCompiled(hw *cost.Hardware, gir string, base compile.Config, ps []
 // cost.Hardware.CalibrateSteps does. A plan that cannot exist for the
 // model is a named error.
 func CalibrateSteps(hw *cost.Hardware, t cost.Transformer, base compile.Config, ps []MeasuredPlan) (*cost.Hardware, *cost.StepCalibration, error) {
-	var pts []cost.StepPoint
-	for i, p := range ps {
-		cfg := p.Config(base)
-		if err := cfg.Validate(); err != nil {
-			return nil, nil, fmt.Errorf("calibration point %d (%s): %w", i+1, Describe(cfg), err)
-		}
+	pts, err := stepPoints(base, ps, func(cfg compile.Config) (func(*cost.Hardware) (float64, error), error) {
 		plan := planOf(cfg)
-		pts = append(pts, cost.StepPoint{Name: Describe(cfg), Measured: p.StepMs / 1e3, Price: func(h *cost.Hardware) (float64, error) {
+		return func(h *cost.Hardware) (float64, error) {
 			e, err := h.EstimateFast(t, plan)
 			if err != nil {
 				return 0, err
 			}
 			return e.StepSeconds, nil
-		}})
-	}
-	if len(pts) == 0 {
-		return nil, nil, errors.New("calibration: no measured plans")
+		}, nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	return hw.CalibrateSteps(pts)
+}
+
+// stepPoints are the measured plans over base as calibration points,
+// each validated (a plan that cannot exist is named by its place in the
+// file and its axes) and priced as price says.
+func stepPoints(base compile.Config, ps []MeasuredPlan, price func(compile.Config) (func(*cost.Hardware) (float64, error), error)) ([]cost.StepPoint, error) {
+	var pts []cost.StepPoint
+	for i, p := range ps {
+		cfg := p.Config(base)
+		name := Describe(cfg)
+		if err := cfg.Validate(); err != nil {
+			return nil, fmt.Errorf("calibration point %d (%s): %w", i+1, name, err)
+		}
+		pr, err := price(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("calibration point %d (%s): %w", i+1, name, err)
+		}
+		pts = append(pts, cost.StepPoint{Name: Describe(cfg), Measured: p.StepMs / 1e3, Price: pr})
+	}
+	return pts, nil
 }

@@ -79,6 +79,22 @@ const (
 // through for a free one.
 const rendezvousPorts = 16
 
+// storePorts are where a job's store may be: the first free port of
+// rendezvousPorts from StorePort (MASTER_PORT, or the port above it where
+// torchrun's agent store holds MASTER_PORT), so a port taken by someone
+// else, or a derived port two jobs share, does not stop the job; the
+// others look for it there, skipping anything that is not this job's
+// store.
+func storePorts(w dist.World) (port, tries int) {
+	port = w.StorePort()
+	return port, min(rendezvousPorts, 65536-port)
+}
+
+// memberOf is how a process of job w presents itself to the job's store.
+func memberOf(w dist.World, token string) dist.Member {
+	return dist.Member{Token: token, Rank: w.Rank, Size: w.Size, Job: dist.JobIdentity(w), JobNamed: w.JobID != ""}
+}
+
 // worldOf reads the launcher's environment and lays the command line's
 // flags over it.
 func worldOf(c *config) (dist.World, error) {
@@ -216,11 +232,11 @@ func tellJob(c *config, w dist.World, cause error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), tellJobWait)
 	defer cancel()
-	port := w.StorePort()
-	tries := min(rendezvousPorts, 65536-port)
+	port, tries := storePorts(w)
+	me := memberOf(w, token)
 	reason := fmt.Sprintf("the job cannot start: %v", cause)
 	if w.Rank == 0 {
-		s, err := dist.ServeNear(dist.BindHost(w.MasterAddr), port, tries, dist.ServerOptions{Token: token, Ranks: w.Size, JobID: dist.JobIdentity(w)})
+		s, err := dist.ServeNear(dist.BindHost(w.MasterAddr), port, tries, dist.ServerOptions{Token: token, Ranks: w.Size, JobID: me.Job})
 		if err != nil {
 			return
 		}
@@ -230,7 +246,6 @@ func tellJob(c *config, w dist.World, cause error) {
 		s.Shutdown(reason)
 		return
 	}
-	me := dist.Member{Token: token, Rank: w.Rank, Size: w.Size, Job: dist.JobIdentity(w), JobNamed: w.JobID != ""}
 	store, err := dist.DialNearAs(ctx, w.MasterAddr, port, tries, me)
 	if err != nil {
 		return
@@ -293,24 +308,17 @@ func (j *job) rendezvous() error {
 	if err := checkResolves(ctx, w.MasterAddr); err != nil {
 		return fmt.Errorf("rank %d: %w", w.Rank, err)
 	}
-	job := dist.JobIdentity(w)
-	opts := dist.ServerOptions{Token: j.token, Ranks: w.Size, JobID: job, Logf: func(f string, a ...any) { j.logf("rendezvous: "+f, a...) },
+	me := memberOf(w, j.token)
+	opts := dist.ServerOptions{Token: j.token, Ranks: w.Size, JobID: me.Job, Logf: func(f string, a ...any) { j.logf("rendezvous: "+f, a...) },
 		OnMisfit: j.misfit}
 	host := dist.BindHost(w.MasterAddr)
-	// The store takes the first free port from StorePort on (MASTER_PORT,
-	// or the port above it where torchrun's agent store holds
-	// MASTER_PORT), so a port taken by someone else, or a derived port two
-	// jobs share, does not stop the job; the others look for it there,
-	// skipping anything that is not this job's store.
-	port := w.StorePort()
-	tries := min(rendezvousPorts, 65536-port)
+	port, tries := storePorts(w)
 	var err error
 	if w.Rank == 0 {
 		if j.server, err = dist.ServeNear(host, port, tries, opts); err != nil {
 			return fmt.Errorf("rank 0 cannot host the rendezvous on %s ports %d–%d: %w", host, port, port+tries-1, err)
 		}
 	}
-	me := dist.Member{Token: j.token, Rank: w.Rank, Size: w.Size, Job: job, JobNamed: w.JobID != ""}
 	if j.store, err = dist.DialNearAs(ctx, w.MasterAddr, port, tries, me); err != nil {
 		return fmt.Errorf("rank %d: joining the job's rendezvous at %s ports %d–%d: %w", w.Rank, w.MasterAddr, port, port+tries-1, err)
 	}

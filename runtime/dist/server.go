@@ -79,7 +79,7 @@ type Server struct {
 	notify   map[string]chan struct{} // closed when the key is next written
 	barriers map[string]*barrier
 	conns    map[*serverConn]struct{}
-	refusals map[string]refusalLog // by peer host and text: see serverConn.refusal
+	refusals map[string]refusalLog // by peer host and text: see serverConn.logRefusal
 	joined   int                   // connections that completed the handshake, ever
 	active   int                   // of those, still open
 	changed  chan struct{}         // closed and replaced when joined or active change
@@ -500,7 +500,7 @@ func (c *serverConn) handshake() bool {
 	h, err := readHello(c.nc)
 	if err == nil && h.version != protoVersion {
 		err = fmt.Errorf("client speaks protocol version %d, this store speaks %d", h.version, protoVersion)
-		c.refusal("refused: %v", err)
+		c.logRefusal("refused: %v", err)
 		c.refuseHello(statusBadVersion, err.Error())
 		return false
 	}
@@ -510,7 +510,7 @@ func (c *serverConn) handshake() bool {
 			return false
 		default:
 		}
-		c.refusal("refused: %v", err)
+		c.logRefusal("refused: %v", err)
 		c.refuseHello(statusBadHello, "bad hello: "+err.Error())
 		return false
 	}
@@ -531,7 +531,7 @@ func (c *serverConn) handshake() bool {
 		select {
 		case <-s.done:
 		default:
-			c.refusal("refused: %v", truncated("proof of the token", err))
+			c.logRefusal("refused: %v", truncated("proof of the token", err))
 		}
 		return false
 	}
@@ -574,7 +574,7 @@ func (c *serverConn) handshake() bool {
 		defer s.opts.OnMisfit(*misfit)
 	}
 	if status != statusOK {
-		c.refusal("refused: %s", reason)
+		c.logRefusal("refused: %s", reason)
 		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
 		c.nc.Write(appendWelcome(nil, welcome{status: status, reason: reason}))
 		return false
@@ -602,9 +602,9 @@ const refusalLogEvery = time.Minute
 // maxRefusalLogs bounds the refusals remembered for refusalLogEvery.
 const maxRefusalLogs = 1024
 
-// refusal logs a refusal, once per refusalLogEvery for the same peer
+// logRefusal logs a refusal, once per refusalLogEvery for the same peer
 // host and text, saying how many were left unsaid since.
-func (c *serverConn) refusal(format string, args ...any) {
+func (c *serverConn) logRefusal(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	host, _, _ := net.SplitHostPort(c.remote)
 	key := host + "\x00" + msg
