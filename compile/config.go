@@ -26,6 +26,12 @@ type Config struct {
 	Batch int    // global batch in sequences
 
 	Devices, TP, PP, DP, EP, VPP, Microbatches, Zero int
+	// CP is the context-parallel degree: every activation's sequence is
+	// split over cp ranks, attention included (CPImpl: "ring", K/V blocks
+	// passed around the cp ranks and merged by their log-sum-exp, or
+	// "all2all", DeepSpeed-Ulysses' exchange of sequence for heads).
+	CP     int
+	CPImpl string
 	// MicroBatchSize, when set, is the sequences of one microbatch on
 	// each data-parallel replica (Megatron-LM's --micro-batch-size):
 	// Microbatches follows as Batch/(DP·EP·MicroBatchSize). 0: unset.
@@ -100,7 +106,7 @@ func (c *Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    int
-	}{{"tp", c.TP}, {"pp", c.PP}, {"dp", c.DP}, {"ep", c.EP}, {"vpp", c.VPP}} {
+	}{{"tp", c.TP}, {"pp", c.PP}, {"dp", c.DP}, {"ep", c.EP}, {"cp", c.CP}, {"vpp", c.VPP}} {
 		if d.v < 0 || d.v > MaxDevices {
 			bad("--%s must be in 0..%d, got %d", d.name, MaxDevices, d.v)
 		}
@@ -110,18 +116,27 @@ func (c *Config) Validate() error {
 		// overflow to 0 and divide by it.
 		return errors.Join(errs...)
 	}
-	// Unset degrees: tp, pp, ep default to 1 and dp takes the rest.
-	tp, pp, ep, vpp := or1(c.TP), or1(c.PP), or1(c.EP), or1(c.VPP)
+	// Unset degrees: tp, pp, ep, cp default to 1 and dp takes the rest.
+	tp, pp, ep, cp, vpp := or1(c.TP), or1(c.PP), or1(c.EP), or1(c.CP), or1(c.VPP)
 	dp := c.DP
-	if dp == 0 && c.Devices%(tp*pp*ep) == 0 {
-		dp = c.Devices / (tp * pp * ep)
+	if dp == 0 && c.Devices%(tp*pp*ep*cp) == 0 {
+		dp = c.Devices / (tp * pp * ep * cp)
 	}
-	// In float64, which is exact up to 2^53 and so cannot wrap four
+	// In float64, which is exact up to 2^53 and so cannot wrap five
 	// degrees of up to 2^20 around to --devices as an int product could.
-	if c.Devices >= 1 && float64(tp)*float64(pp)*float64(ep)*float64(max(dp, 1)) != float64(c.Devices) {
-		bad("tp·pp·dp·ep = %d·%d·%d·%d = %d must equal --devices %d", tp, pp, max(dp, 1), ep, tp*pp*max(dp, 1)*ep, c.Devices)
+	if c.Devices >= 1 && float64(tp)*float64(pp)*float64(ep)*float64(cp)*float64(max(dp, 1)) != float64(c.Devices) {
+		bad("tp·pp·dp·ep·cp = %d·%d·%d·%d·%d = %d must equal --devices %d", tp, pp, max(dp, 1), ep, cp, tp*pp*max(dp, 1)*ep*cp, c.Devices)
 	}
-	c.TP, c.PP, c.DP, c.EP, c.VPP = tp, pp, max(dp, 1), ep, vpp
+	c.TP, c.PP, c.DP, c.EP, c.CP, c.VPP = tp, pp, max(dp, 1), ep, cp, vpp
+	switch {
+	case c.CPImpl == "":
+		c.CPImpl = "ring"
+	case c.CPImpl != "ring" && c.CPImpl != "all2all":
+		bad("--cp-impl %q: want ring or all2all", c.CPImpl)
+	}
+	if c.Explicit["cp-impl"] && c.CP == 1 {
+		bad("--cp-impl %s applies to --cp > 1 (it is how attention runs over the context-parallel ranks)", c.CPImpl)
+	}
 	if c.DPSync == "" {
 		c.DPSync = "sync"
 	}
@@ -132,8 +147,8 @@ func (c *Config) Validate() error {
 		bad("--staleness applies to --dp-sync async")
 	case c.DPSync == "async" && c.DP < 2:
 		bad("--dp-sync async needs --dp > 1 (replicas to run asynchronously)")
-	case c.DPSync == "async" && (c.TP > 1 || c.PP > 1 || c.EP > 1 || c.Zero > 0):
-		bad("--dp-sync async runs whole replicas around one optimizer: it does not combine with tp, pp, ep or ZeRO")
+	case c.DPSync == "async" && (c.TP > 1 || c.PP > 1 || c.EP > 1 || c.CP > 1 || c.Zero > 0):
+		bad("--dp-sync async runs whole replicas around one optimizer: it does not combine with tp, pp, ep, cp or ZeRO")
 	case c.Staleness < 0:
 		bad("--staleness must be ≥ 0, got %d", c.Staleness)
 	}
@@ -312,6 +327,7 @@ func (c *Config) PassOptions() *passes.Options {
 	o.BucketMB = c.BucketMB
 	o.Precision, o.LossScale = c.Precision, c.LossScale
 	o.Mesh = c.Mesh()
+	o.CPImpl = c.CPImpl
 	if c.DPSync == "async" {
 		o.Mesh = nil // replicas are whole single-device programs
 	}
@@ -319,12 +335,13 @@ func (c *Config) PassOptions() *passes.Options {
 }
 
 // Mesh lays the devices out as Megatron-LM does: tensor-parallel ranks
-// adjacent (tp is the last, fastest axis), then expert parallel (the
-// ranks an all_to_all joins next to each other), data parallel, pipeline
-// stages outermost. Axes of size 1 are left out; nil for one device.
+// adjacent (tp is the last, fastest axis), then context parallel (the
+// ring's neighbours next to each other, after tp), expert parallel (the
+// ranks an all_to_all joins), data parallel, pipeline stages outermost.
+// Axes of size 1 are left out; nil for one device.
 func (c *Config) Mesh() *ir.Mesh {
 	m := &ir.Mesh{}
-	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.PP}, {Name: "dp", Size: c.DP}, {Name: "ep", Size: c.EP}, {Name: "tp", Size: c.TP}} {
+	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.PP}, {Name: "dp", Size: c.DP}, {Name: "ep", Size: c.EP}, {Name: "cp", Size: c.CP}, {Name: "tp", Size: c.TP}} {
 		if a.Size > 1 {
 			m.Axes = append(m.Axes, a)
 		}

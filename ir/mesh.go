@@ -29,6 +29,10 @@ const (
 	RoleWeight
 	// RolePipeline axes hold different layers: pipeline parallelism (pp).
 	RolePipeline
+	// RoleSequence axes split every activation's sequence dim through the
+	// whole block, attention included: context parallelism (cp). Weights
+	// are whole on it, and their gradients are summed over it as over dp.
+	RoleSequence
 )
 
 func (r AxisRole) String() string {
@@ -39,15 +43,17 @@ func (r AxisRole) String() string {
 		return "weight"
 	case RolePipeline:
 		return "pipeline"
+	case RoleSequence:
+		return "sequence"
 	}
 	return "unknown"
 }
 
 // axisRoles gives each conventional axis name its role.
-var axisRoles = map[string]AxisRole{"dp": RoleBatch, "ep": RoleBatch, "tp": RoleWeight, "pp": RolePipeline}
+var axisRoles = map[string]AxisRole{"dp": RoleBatch, "ep": RoleBatch, "tp": RoleWeight, "pp": RolePipeline, "cp": RoleSequence}
 
 // Role is the axis's role, from its conventional name (dp, ep: batch; tp:
-// weight; pp: pipeline); any other name has no role.
+// weight; pp: pipeline; cp: sequence); any other name has no role.
 func (a MeshAxis) Role() AxisRole { return axisRoles[a.Name] }
 
 // Mesh is the logical arrangement of devices: the product of the axis sizes
@@ -84,6 +90,9 @@ func (m *Mesh) WeightAxis() int { return m.AxisFor(RoleWeight) }
 
 // PipelineAxis is the pipeline axis (role pipeline), or -1.
 func (m *Mesh) PipelineAxis() int { return m.AxisFor(RolePipeline) }
+
+// SequenceAxis is the context-parallel axis (role sequence), or -1.
+func (m *Mesh) SequenceAxis() int { return m.AxisFor(RoleSequence) }
 
 // SizeOf is the size of axis i, or 1 when i is -1 (no such axis).
 func (m *Mesh) SizeOf(i int) int {
@@ -363,42 +372,62 @@ func (m *Mesh) InnerSplit(place []Placement, ax, d int) bool {
 // shape placed by place on m. A dim split by several axes is split in
 // SplitOrder: the first splitting axis picks the coarsest part, so the
 // device's index along the dim is its coordinates on those axes read as
-// digits.
+// digits. A dim split in blocks (S(d)xK) is viewed as [K, n/K]: the axis
+// that splits it in blocks, and any later in SplitOrder, split inside
+// each block; an earlier axis splits the blocks themselves. That is how a
+// sequence split over cp reads after [batch, seq] is merged into one dim
+// of batch·seq rows: each sequence is a block split over cp, and dp, the
+// coarser split, takes whole sequences.
 func BlockBox(m *Mesh, place []Placement, global Shape, coords []int) Box {
-	local := LocalShape(global, place, m)
-	blocks := make([]int, len(global))
+	blocks, blockAxis := make([]int, len(global)), make([]int, len(global))
 	for i := range blocks {
-		blocks[i] = 1
+		blocks[i], blockAxis[i] = 1, -1
 	}
-	for _, p := range place {
-		if p.Kind == Shard && p.Dim < len(global) {
-			blocks[p.Dim] = p.NumBlocks()
+	for i, p := range place {
+		if p.Kind == Shard && p.Dim < len(global) && p.NumBlocks() > 1 {
+			blocks[p.Dim], blockAxis[p.Dim] = p.NumBlocks(), i
 		}
 	}
-	var b Box
-	at := make([]int, len(global)) // where dim d's inner part starts in the view
-	for d, n := range global {
-		if blocks[d] > 1 {
-			b.Shape = append(b.Shape, blocks[d])
-			b.Lo = append(b.Lo, 0)
-			b.Size = append(b.Size, blocks[d])
-		}
-		at[d] = len(b.Shape)
-		b.Shape = append(b.Shape, n/blocks[d])
-		b.Lo = append(b.Lo, 0)
-		b.Size = append(b.Size, local[d]/blocks[d])
+	// The device's part along each dim, in split order: outer over the
+	// blocks, index inside each.
+	outer, outerN := make([]int, len(global)), make([]int, len(global))
+	index, innerN := make([]int, len(global)), make([]int, len(global))
+	for d := range global {
+		outerN[d], innerN[d] = 1, 1
 	}
-	index := make([]int, len(global)) // the device's part along each dim, in split order
+	inside := make([]bool, len(global))
 	for _, i := range m.SplitOrder() {
 		if i >= len(place) {
 			continue
 		}
-		if p := place[i]; p.Kind == Shard && p.Dim < len(global) {
-			index[p.Dim] = index[p.Dim]*m.Axes[i].Size + coords[i]
+		p := place[i]
+		if p.Kind != Shard || p.Dim >= len(global) {
+			continue
 		}
+		d := p.Dim
+		if i == blockAxis[d] {
+			inside[d] = true
+		}
+		if blockAxis[d] >= 0 && !inside[d] {
+			outer[d] = outer[d]*m.Axes[i].Size + coords[i]
+			outerN[d] *= m.Axes[i].Size
+			continue
+		}
+		index[d] = index[d]*m.Axes[i].Size + coords[i]
+		innerN[d] *= m.Axes[i].Size
 	}
-	for d := range global {
-		b.Lo[at[d]] = index[d] * b.Size[at[d]]
+	var b Box
+	for d, n := range global {
+		if blocks[d] > 1 {
+			size := blocks[d] / outerN[d]
+			b.Shape = append(b.Shape, blocks[d])
+			b.Lo = append(b.Lo, outer[d]*size)
+			b.Size = append(b.Size, size)
+		}
+		size := n / blocks[d] / innerN[d]
+		b.Shape = append(b.Shape, n/blocks[d])
+		b.Lo = append(b.Lo, index[d]*size)
+		b.Size = append(b.Size, size)
 	}
 	return b
 }

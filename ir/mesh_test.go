@@ -81,15 +81,18 @@ func TestMatMulGEMM(t *testing.T) {
 }
 
 // Passes find axes by role, not by name: dp and ep split the batch, tp the
-// weights, pp the layers; other names have no role; a nil mesh has no axes.
+// weights, pp the layers, cp the sequence; other names have no role; a nil
+// mesh has no axes.
 func TestMeshAxesByRole(t *testing.T) {
-	m := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "pp", Size: 2}, {Name: "dp", Size: 2}, {Name: "ep", Size: 2}, {Name: "tp", Size: 4}, {Name: "cp", Size: 1}}}
+	m := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "pp", Size: 2}, {Name: "dp", Size: 2}, {Name: "ep", Size: 2}, {Name: "tp", Size: 4}, {Name: "cp", Size: 1}, {Name: "sp", Size: 1}}}
 	assert.Equal(t, 0, m.PipelineAxis())
 	assert.Equal(t, 1, m.DataAxis())
 	assert.Equal(t, 1, m.AxisFor(ir.RoleBatch), "the first batch axis")
 	assert.Equal(t, 3, m.WeightAxis())
 	assert.Equal(t, ir.RoleBatch, m.Axes[2].Role())
-	assert.Equal(t, ir.RoleUnknown, m.Axes[4].Role())
+	assert.Equal(t, ir.RoleSequence, m.Axes[4].Role())
+	assert.Equal(t, 4, m.SequenceAxis())
+	assert.Equal(t, ir.RoleUnknown, m.Axes[5].Role())
 	assert.Equal(t, 4, m.SizeOf(m.WeightAxis()))
 	assert.Equal(t, 1, m.SizeOf(-1))
 	var none *ir.Mesh

@@ -11,43 +11,59 @@ import (
 // reduction; the lowering issues a bucket's reductions together once its
 // last gradient exists.
 //
-// The data axes are dp and, under expert parallelism, ep: a gradient
-// shared by the ep ranks (everything but the experts') is partial over
-// both and reduced over ep, then over dp. Reductions that nothing reads
+// The data axes are dp and, under expert parallelism, ep, and under
+// context parallelism cp: a gradient shared by the ep ranks (everything
+// but the experts') is partial over both and reduced over ep, then over
+// dp; every gradient is partial over cp too. Reductions that nothing reads
 // before the optimizer (all-reduce, or reduce-scatter under ZeRO-2/3) are
-// bucketed by size on their axis; an ep reduction whose one reader is a
-// bucketed dp reduction joins an ep bucket that mirrors that dp bucket,
-// so each ep bucket's gradients are summed before the dp bucket that
-// reads them is issued.
+// bucketed by size on their axis; an ep (or cp) reduction whose one
+// reader is a bucketed dp reduction joins an ep bucket that mirrors that
+// dp bucket, so each ep bucket's gradients are summed before the dp
+// bucket that reads them is issued.
 func dataParallel(m *ir.Module, o *Options) error {
 	limit := int64(o.BucketMB * (1 << 20))
 	uses := m.Uses()
 	next := 0
-	for _, ax := range []int{m.Mesh.DataAxis(), m.Mesh.ExpertAxis()} {
+	for _, ax := range []int{m.Mesh.DataAxis(), m.Mesh.ExpertAxis(), m.Mesh.SequenceAxis()} {
 		if ax >= 0 {
 			next = bucketFinal(m, uses, m.Mesh.Axes[ax].Name, limit, next)
 		}
 	}
-	dp, ep := m.Mesh.DataAxis(), m.Mesh.ExpertAxis()
-	if dp < 0 || ep < 0 {
-		return nil
+	// A reduction over ep or cp that a bucketed reduction over another
+	// data axis reads joins the bucket that mirrors that one; twice, so a
+	// chain (cp, then ep, then dp) is mirrored whichever way it runs.
+	type key struct {
+		bucket int
+		axis   string
 	}
-	mirror := map[int]int{} // dp bucket → its ep bucket
-	for _, v := range m.Values {
-		if !isGradReduction(v, m.Mesh.Axes[ep].Name) || len(uses[v]) != 1 {
-			continue
+	mirror := map[key]int{}
+	for range 2 {
+		for _, ax := range []int{m.Mesh.ExpertAxis(), m.Mesh.SequenceAxis()} {
+			if ax < 0 {
+				continue
+			}
+			axis := m.Mesh.Axes[ax].Name
+			for _, v := range m.Values {
+				if !isGradReduction(v, axis) || len(uses[v]) != 1 {
+					continue
+				}
+				if _, done := v.Attrs["bucket"].(int); done {
+					continue
+				}
+				u := uses[v][0]
+				b, ok := u.Attrs["bucket"].(int)
+				if !ok || u.Op != "all_reduce" && u.Op != "reduce_scatter" || u.Meta.Phase != ir.PhaseBwd || u.Attrs.Str("axis") == axis {
+					continue
+				}
+				k := key{b, axis}
+				id, ok := mirror[k]
+				if !ok {
+					id, next = next, next+1
+					mirror[k] = id
+				}
+				v.Attrs["bucket"] = id
+			}
 		}
-		u := uses[v][0]
-		b, ok := u.Attrs["bucket"].(int)
-		if !ok || !isGradReduction(u, m.Mesh.Axes[dp].Name) {
-			continue
-		}
-		id, ok := mirror[b]
-		if !ok {
-			id, next = next, next+1
-			mirror[b] = id
-		}
-		v.Attrs["bucket"] = id
 	}
 	return nil
 }

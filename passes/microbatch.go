@@ -222,7 +222,7 @@ func seededByLoss(values []*ir.Value) map[*ir.Value]bool {
 // or -1. A value an op would need whole but that depends on the batch
 // cannot be split into microbatches: that is an error naming the op.
 func microPlacements(m *ir.Module, sources, body []*ir.Value, n int) (map[*ir.Value]ir.Placement, map[*ir.Value]int, error) {
-	s := &sharder{m: &ir.Module{Mesh: &ir.Mesh{Axes: []ir.MeshAxis{{Name: "micro", Size: n}}}}, prefer: map[*ir.Value][]ir.Placement{}, tp: -1, dp: -1}
+	s := &sharder{m: &ir.Module{Mesh: &ir.Mesh{Axes: []ir.MeshAxis{{Name: "micro", Size: n}}}}, prefer: map[*ir.Value][]ir.Placement{}, tp: -1, dp: -1, ep: -1, cp: -1}
 	place := map[*ir.Value]ir.Placement{}
 	slices := map[*ir.Value]int{}
 	for _, x := range sources {

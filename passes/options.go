@@ -27,6 +27,12 @@ type Options struct {
 	// reduce-scattered instead of all-reduced, and gathered again before
 	// column-parallel matmuls.
 	SequenceParallel bool
+	// CPImpl is how attention runs over a context-parallel (cp) axis:
+	// "ring" (each rank keeps its sequence chunk and K/V chunks travel
+	// around the ring inside the attention instruction) or "all2all"
+	// (Ulysses: all_to_all from sequence- to head-split q/k/v, attention
+	// on whole sequences, and back). "" is ring.
+	CPImpl string
 	// VPP is the number of model chunks per pipeline rank (interleaved
 	// schedule); 0 or 1 means contiguous stages.
 	VPP int

@@ -76,7 +76,7 @@ func sinkSlices(m *ir.Module, o *Options) {
 	}
 	// The ops' own sharding rules say which argument blocks make which
 	// result block; placement preferences do not matter here.
-	s := &sharder{m: m, o: o, dp: m.Mesh.DataAxis(), tp: m.Mesh.WeightAxis(), prefer: map[*ir.Value][]ir.Placement{}}
+	s := &sharder{m: m, o: o, dp: m.Mesh.DataAxis(), tp: m.Mesh.WeightAxis(), ep: m.Mesh.ExpertAxis(), cp: m.Mesh.SequenceAxis(), prefer: map[*ir.Value][]ir.Placement{}}
 	held := map[*ir.Value]bool{} // outputs and updated states keep their placement
 	for _, o := range m.Outputs {
 		held[o.Value] = true

@@ -37,16 +37,17 @@ func shard(m *ir.Module, o *Options) error {
 		}
 		switch {
 		case a.Role() == ir.RoleUnknown:
-			return fmt.Errorf("mesh axis %s=%d has no role: name axes dp (data), ep (experts), tp (tensor) or pp (pipeline)", a.Name, a.Size)
-		case i != m.Mesh.DataAxis() && i != m.Mesh.ExpertAxis() && i != m.Mesh.WeightAxis() && i != m.Mesh.PipelineAxis():
-			return fmt.Errorf("mesh axis %s=%d: only one data (dp), one expert (ep), one tensor (tp) and one pipeline (pp) axis are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
+			return fmt.Errorf("mesh axis %s=%d has no role: name axes dp (data), ep (experts), tp (tensor), cp (context) or pp (pipeline)", a.Name, a.Size)
+		case i != m.Mesh.DataAxis() && i != m.Mesh.ExpertAxis() && i != m.Mesh.WeightAxis() && i != m.Mesh.PipelineAxis() && i != m.Mesh.SequenceAxis():
+			return fmt.Errorf("mesh axis %s=%d: only one data (dp), one expert (ep), one tensor (tp), one context (cp) and one pipeline (pp) axis are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
 		}
 	}
 	if o.SequenceParallel && m.Mesh.SizeOf(m.Mesh.WeightAxis()) == 1 {
 		return fmt.Errorf("sequence parallelism splits activations over tp, and the mesh %v has no tp axis larger than 1", m.Mesh)
 	}
-	s := &sharder{m: m, o: o, dp: m.Mesh.DataAxis(), ep: m.Mesh.ExpertAxis(), tp: m.Mesh.WeightAxis(), params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
-		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}}
+	s := &sharder{m: m, o: o, dp: m.Mesh.DataAxis(), ep: m.Mesh.ExpertAxis(), tp: m.Mesh.WeightAxis(), cp: m.Mesh.SequenceAxis(),
+		params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
+		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}, settle: map[*ir.Value][]ir.Placement{}}
 	if err := s.planGradients(); err != nil {
 		return err
 	}
@@ -75,11 +76,17 @@ func shard(m *ir.Module, o *Options) error {
 	m.Values = splice(values, s.before, s.after)
 	// A dim split by two axes is split in the mesh's split order (tp
 	// first, ir.Mesh.SplitOrder), and the redistribute pass keeps its
-	// collectives in that order; fused blocks split twice are not placed.
+	// collectives in that order; fused blocks split twice are not placed,
+	// except a sequence split over cp merged into rows (S(0)xbatch on cp),
+	// whose blocks the coarser batch axes split (ir.BlockBox).
 	for _, v := range m.Values {
 		for i, p := range v.Place {
 			for j := i + 1; j < len(v.Place); j++ {
-				if q := v.Place[j]; p.Kind == ir.Shard && q.Kind == ir.Shard && p.Dim == q.Dim && (p.NumBlocks() > 1 || q.NumBlocks() > 1) {
+				q := v.Place[j]
+				if s.sequenceRows(i, p, j, q) || s.sequenceRows(j, q, i, p) {
+					continue
+				}
+				if p.Kind == ir.Shard && q.Kind == ir.Shard && p.Dim == q.Dim && (p.NumBlocks() > 1 || q.NumBlocks() > 1) {
 					return fmt.Errorf("%s: dim %d of %v would be split in fused blocks over both %s and %s, which is %w", v.Where(), p.Dim, v.Type, m.Mesh.Axes[i].Name, m.Mesh.Axes[j].Name, ErrNotYet)
 				}
 			}
@@ -95,6 +102,7 @@ type sharder struct {
 	m             *ir.Module
 	o             *Options
 	dp, ep, tp    int // index of the dp, ep and tp axes, or -1
+	cp            int // index of the context-parallel axis, or -1
 	params        map[string]*ir.Value
 	before, after map[*ir.Value][]*ir.Value
 	cache         map[string]*ir.Value
@@ -105,6 +113,10 @@ type sharder struct {
 	// gatherable values are stored sharded but used whole: ZeRO-3
 	// parameters, all-gathered before each forward and backward use.
 	gatherable map[*ir.Value]bool
+	// settle holds where a value's users other than attention ops read
+	// it: an all2all attention's head-split result goes back to the
+	// sequence split (contextParallelAttention).
+	settle map[*ir.Value][]ir.Placement
 }
 
 // planGradients finds the gradient each optimizer op consumes (before and
@@ -241,6 +253,13 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 			}
 			place[s.ep] = shardOn(0)
 		}
+	}
+	if s.cp >= 0 && v.Op == "input" && v.Type.Rank() >= 2 && !v.Attrs.Bool("whole") {
+		// Every [batch, seq, …] input is split on its sequence over cp.
+		if n := s.m.Mesh.Axes[s.cp].Size; v.Type.Shape[1]%n != 0 {
+			return nil, fmt.Errorf("%s: context parallelism splits %q %v along its sequence (dim 1) over cp=%d, which does not divide it", v.Where(), v.Name(), v.Type, n)
+		}
+		place[s.cp] = shardOn(1)
 	}
 	if s.dp < 0 {
 		return place, nil
@@ -386,6 +405,13 @@ func (s *sharder) place(v *ir.Value) error {
 			}
 		}
 	}
+	if !isAttentionOp(v.Op) {
+		for i, a := range v.Args {
+			if want, ok := s.settle[a]; ok {
+				v.Args[i] = s.redistribute(a, want, v, false)
+			}
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		want, out, err := s.rule(v)
 		if err != nil {
@@ -400,8 +426,40 @@ func (s *sharder) place(v *ir.Value) error {
 		}
 		if !changed || attempt > 0 {
 			v.Place = out
+			s.settleAttention(v)
 			return nil
 		}
+	}
+}
+
+// sequenceRows reports whether axis a's placement p is a sequence split
+// over cp merged into rows (S(d)xbatch) and axis b a batch axis splitting
+// the same dim whole: b takes whole sequences, cp splits each.
+func (s *sharder) sequenceRows(a int, p ir.Placement, b int, q ir.Placement) bool {
+	return a == s.cp && p.Kind == ir.Shard && q.Kind == ir.Shard && p.Dim == q.Dim && p.NumBlocks() > 1 && q.NumBlocks() == 1 && s.m.Mesh.Axes[b].Role() == ir.RoleBatch
+}
+
+// isAttentionOp reports whether op is one of the fused attention ops.
+func isAttentionOp(op string) bool {
+	switch op {
+	case "attention", "attention_stats", "attention_grad_q", "attention_grad_k", "attention_grad_v":
+		return true
+	}
+	return false
+}
+
+// settleAttention records that an all2all attention's head-split result
+// (not its statistics, which only the gradients read) is read by others
+// split on its sequence again: the all_to_all back of Ulysses.
+func (s *sharder) settleAttention(v *ir.Value) {
+	if s.cp < 0 || !isAttentionOp(v.Op) || v.Op == "attention_stats" {
+		return
+	}
+	_, result := attentionRoles(v.Op)
+	if p := v.Place[s.cp]; p.Kind == ir.Shard && p.Dim == result.headDim() {
+		want := slices.Clone(v.Place)
+		want[s.cp] = shardOn(result.seqDim())
+		s.settle[v] = want
 	}
 }
 

@@ -58,6 +58,9 @@ func (r AxisRule) Resolve(i int) ir.Placement {
 	return rep
 }
 
+// sequence reports whether this axis is the context-parallel one (cp).
+func (r AxisRule) sequence() bool { return r.ax == r.s.cp }
+
 // seqParallel reports whether this axis is tp with sequence parallelism on.
 func (r AxisRule) seqParallel() bool {
 	return r.s.o != nil && r.s.o.SequenceParallel && r.ax == r.s.tp
@@ -380,6 +383,11 @@ func reshapeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	in, out := r.v.Args[0].Type.Shape, r.v.Type.Shape
 	n := r.s.m.Mesh.Axes[r.ax].Size
 	prefix := in[:p.Dim].NumElements()
+	if r.sequence() {
+		if q, ok := mergeSequence(in, out, p, n); ok {
+			return r.have, q, nil
+		}
+	}
 	for d := range out {
 		if out[:d].NumElements() != prefix {
 			continue
@@ -396,6 +404,26 @@ func reshapeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		return []ir.Placement{rep}, rep, nil // gather the sequence first
 	}
 	return nil, rep, fmt.Errorf("reshape %v → %v cannot keep dim %d (size %d) split over %s=%d: no dim of the result holds the same blocks (e.g. the heads are not divisible by %d)", in, out, p.Dim, in[p.Dim], r.s.axisName(r.ax), n, n)
+}
+
+// mergeSequence places a reshape of a sequence split over cp that merges
+// the sequence with the dims before it ([batch, seq, h] → [batch·seq, h]:
+// each sequence becomes a block of the rows, split over cp, S(0)xbatch)
+// or splits such a merged dim again. Other reshapes take reshapeRule's
+// general path.
+func mergeSequence(in, out ir.Shape, p ir.Placement, n int) (ir.Placement, bool) {
+	prefix := in[:p.Dim].NumElements()
+	k := int64(p.NumBlocks())
+	for d := range out {
+		before := out[:d].NumElements()
+		switch {
+		case k == 1 && before < prefix && prefix%before == 0 && int64(out[d]) == prefix/before*int64(in[p.Dim]) && in[p.Dim]%n == 0:
+			return blockShard(d, int(prefix/before)), true
+		case k > 1 && before == prefix*k && int64(out[d])*k == int64(in[p.Dim]) && out[d]%n == 0:
+			return shardOn(d), true
+		}
+	}
+	return ir.Placement{}, false
 }
 
 // repeatRule: a split of the repeated dim stays a split when the axis
@@ -533,8 +561,11 @@ func reduceMaxGradRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 func rowwiseRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	x := r.v.Args[0].Type
 	inner := 1
-	if r.v.Op == "causal_mask" || r.v.Op == "rope" {
-		inner = 2 // the mask and the rotation depend on the row's position
+	if r.v.Op == "causal_mask" || r.v.Op == "rope" && !r.sequence() {
+		// The mask and the rotation depend on the row's position. Over cp
+		// the rotation finds its rows' global positions from the
+		// placement (runtime.SeqPositions).
+		inner = 2
 	}
 	target := rep
 	for i, p := range r.have {
@@ -612,7 +643,15 @@ func crossEntropyRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		return want, rep, nil
 	}
 	if want[0].Kind == ir.Shard || labels.Kind == ir.Shard {
-		want[0], want[1] = shardOn(0), shardOn(0)
+		// Rows split; in blocks when they are sequences split over cp.
+		rows := shardOn(0)
+		for _, p := range []ir.Placement{want[0], labels} {
+			if p.Kind == ir.Shard && p.Dim == 0 {
+				rows = p
+				break
+			}
+		}
+		want[0], want[1] = rows, rows
 	}
 	if len(want) == 3 {
 		want[2] = rep // dloss
@@ -688,6 +727,15 @@ func (r attentionRole) headDim() int {
 	return 1
 }
 
+// seqDim is the operand's sequence dim: 2 for q- and k-shaped operands,
+// 1 for the output's layout.
+func (r attentionRole) seqDim() int {
+	if r == attOut {
+		return 1
+	}
+	return 2
+}
+
 // attentionRoles gives the roles of an attention op's arguments and of
 // its result. Every attention op reads q first and k second.
 func attentionRoles(op string) (args []attentionRole, result attentionRole) {
@@ -724,6 +772,9 @@ func attentionRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		if p.Kind == ir.Partial {
 			have[i] = r.Resolve(i) // attention is not linear in its arguments
 		}
+	}
+	if r.sequence() {
+		return r.contextParallelAttention(roles, result)
 	}
 	split := func(head bool) bool {
 		for i, p := range have {
@@ -770,4 +821,51 @@ func attentionRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		want[i] = rep
 	}
 	return want, rep, nil
+}
+
+// contextParallelAttention places an attention op on the context-parallel
+// axis. Ring (Megatron-Core's context parallelism): every operand stays
+// split on its sequence dim, and the instruction passes K/V chunks around
+// the cp ranks itself, merging partial results by their log-sum-exp, so a
+// query row still sees every key. All2all (DeepSpeed-Ulysses): operands
+// are made head-split (all_to_all from the sequence split), attention
+// runs on whole sequences of heads/cp heads, and the result goes back to
+// the sequence split before anything else reads it (sharder.settle); the
+// statistics stay head-split, since only the gradients read them.
+func (r AxisRule) contextParallelAttention(roles []attentionRole, result attentionRole) ([]ir.Placement, ir.Placement, error) {
+	v := r.v
+	want := make([]ir.Placement, len(roles))
+	if r.s.o == nil || r.s.o.CPImpl != "all2all" {
+		for i, role := range roles {
+			want[i] = shardOn(role.seqDim())
+		}
+		return want, shardOn(result.seqDim()), nil
+	}
+	n := r.s.m.Mesh.Axes[r.ax].Size
+	// The heads the other axes (tp) leave each device.
+	heads := func(arg int) (local, whole int) {
+		a := v.Args[arg]
+		whole = a.Type.Shape[1]
+		local = whole
+		for ax, p := range a.Place {
+			if ax != r.ax && p.Kind == ir.Shard && p.Dim == 1 {
+				local /= r.s.m.Mesh.Axes[ax].Size
+			}
+		}
+		return local, whole
+	}
+	for _, arg := range []int{0, 1} {
+		local, whole := heads(arg)
+		if local%n != 0 {
+			what := "query heads"
+			if arg == 1 {
+				what = "key/value heads"
+			}
+			return nil, rep, fmt.Errorf("--cp-impl all2all splits the %s over cp=%d, and the device's %d of the model's %d are not divisible by it: give --cp a divisor of them, or use --cp-impl ring", what, n, local, whole)
+		}
+	}
+	for i, role := range roles {
+		want[i] = shardOn(role.headDim())
+	}
+	return want, shardOn(result.headDim()), nil
 }

@@ -676,7 +676,7 @@ func TestShardErrors(t *testing.T) {
 			[]string{`pass "shard"`, "input @model.go:29", `data and expert parallelism split "tokens" i32[8,16] along dim 0 over dp·ep = 6`}},
 		{"a second data axis", func(t *testing.T) *ir.Module { return buildShardGPT(t, 8) },
 			&ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: 2}, {Name: "ep", Size: 2}, {Name: "ep", Size: 2}}}, 0, passes.ErrNotYet,
-			[]string{`pass "shard"`, "mesh axis ep=2: only one data (dp), one expert (ep), one tensor (tp) and one pipeline (pp) axis are placed yet", "not yet supported"}},
+			[]string{`pass "shard"`, "mesh axis ep=2: only one data (dp), one expert (ep), one tensor (tp), one context (cp) and one pipeline (pp) axis are placed yet", "not yet supported"}},
 		{"tp does not divide the vocab", func(t *testing.T) *ir.Module { return buildShardGPT(t, 8) },
 			&ir.Mesh{Axes: []ir.MeshAxis{{Name: "tp", Size: 3}}}, 0, nil,
 			[]string{`pass "shard"`, "param @model.go:32", `tensor parallelism tp=3 must divide dim 0 (256) of vocab-parallel "wte.weight" f32[256,32]`}},

@@ -26,7 +26,9 @@ import (
 // plan is one parallel configuration of the equivalence matrix.
 type plan struct {
 	dp, tp, zero, micro int
-	ep                  int // expert parallelism (the moe families)
+	ep                  int    // expert parallelism (the moe families)
+	cp                  int    // context parallelism
+	cpImpl              string // "" (ring) or "all2all"
 	bucketMB            float64
 	sp                  bool
 	twoBW               bool // PipeDream-2BW's 1-stale weight update
@@ -45,6 +47,9 @@ func (p plan) String() string {
 	s := fmt.Sprintf("dp%d_tp%d_zero%d_micro%d_bucket%g_sp%v", max(p.dp, 1), max(p.tp, 1), p.zero, max(p.micro, 1), p.bucketMB, p.sp)
 	if p.ep > 1 {
 		s = fmt.Sprintf("ep%d_", p.ep) + s
+	}
+	if p.cp > 1 {
+		s = fmt.Sprintf("cp%d%s_", p.cp, p.cpImpl) + s
 	}
 	if p.model != "" {
 		s = p.model + "_" + s
@@ -146,7 +151,8 @@ func buildAttention(t testing.TB, name string, layers int, attention string) *ir
 	return m
 }
 
-// mesh has the axes of size > 1, tp last (fastest), as in Megatron-LM.
+// mesh has the axes of size > 1, tp last (fastest), cp next to it, as in
+// Megatron-LM.
 func (p plan) mesh() *ir.Mesh {
 	m := &ir.Mesh{}
 	if p.dp > 1 {
@@ -154,6 +160,9 @@ func (p plan) mesh() *ir.Mesh {
 	}
 	if p.ep > 1 {
 		m.Axes = append(m.Axes, ir.MeshAxis{Name: "ep", Size: p.ep})
+	}
+	if p.cp > 1 {
+		m.Axes = append(m.Axes, ir.MeshAxis{Name: "cp", Size: p.cp})
 	}
 	if p.tp > 1 {
 		m.Axes = append(m.Axes, ir.MeshAxis{Name: "tp", Size: p.tp})
@@ -191,6 +200,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts.Zero = p.zero
 	opts.Microbatches = max(p.micro, 1)
 	opts.SequenceParallel = p.sp
+	opts.CPImpl = p.cpImpl
 	opts.TwoBW = p.twoBW
 	opts.Recompute = p.recompute
 	opts.Compress = p.compress

@@ -35,7 +35,7 @@ func TestMoEMatchesOneDevice(t *testing.T) {
 	oneF1B := scheduleOrder("1f1b")
 	cases := []moeCase{
 		{family: "moe-switch", capacity: 16,
-			plans: []plan{{ep: 2}, {dp: 2, ep: 2, zero: 1}, {tp: 2, ep: 2}, {ep: 2, micro: 2}},
+			plans: []plan{{ep: 2}, {dp: 2, ep: 2, zero: 1}, {tp: 2, ep: 2}, {ep: 2, micro: 2}, {cp: 2, ep: 2}},
 			pipes: []pipePlan{{pp: 2, ep: 2, micro: 2, order: oneF1B, name: "1f1b"}}},
 		{family: "moe-gshard", capacity: 16, plans: []plan{{ep: 4}, {dp: 2, ep: 2}}},
 		{family: "moe-switch-drop", capacity: 4, plans: []plan{{dp: 2, ep: 2}}},

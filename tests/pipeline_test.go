@@ -21,6 +21,7 @@ import (
 type pipePlan struct {
 	pp, vpp, micro, dp, tp int
 	ep                     int // expert parallelism (the moe families)
+	cp                     int // context parallelism (ring attention)
 	order                  func(t *testing.T, p, v, m int) [][]lower.Block
 	name                   string
 	model                  string // the model family: "" (gpt) or "llama"
@@ -49,6 +50,9 @@ func scheduleOrder(name string) func(t *testing.T, p, v, m int) [][]lower.Block 
 
 func (pl pipePlan) String() string {
 	s := fmt.Sprintf("%s_pp%d_vpp%d_m%d_dp%d_tp%d", pl.name, pl.pp, max(pl.vpp, 1), pl.micro, max(pl.dp, 1), max(pl.tp, 1))
+	if pl.cp > 1 {
+		s += fmt.Sprintf("_cp%d", pl.cp)
+	}
 	if pl.model != "" {
 		s = pl.model + "_" + s
 	}
@@ -76,6 +80,9 @@ func compilePipeline(t *testing.T, pl pipePlan, layers int, s pipeSetup) (*ir.Mo
 	}
 	if pl.ep > 1 {
 		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "ep", Size: pl.ep})
+	}
+	if pl.cp > 1 {
+		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "cp", Size: pl.cp})
 	}
 	if pl.tp > 1 {
 		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "tp", Size: pl.tp})

@@ -174,6 +174,8 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.PP, "pp", 0, "pipeline-parallel degree (0: chosen by the planner)")
 	fs.IntVar(&c.DP, "dp", 0, "data-parallel degree (0: the devices left over)")
 	fs.IntVar(&c.EP, "ep", 0, "expert-parallel degree: mixture-of-experts weights split by expert, tokens over dp×ep (0: 1, or chosen by the planner for a model with experts)")
+	fs.IntVar(&c.CP, "cp", 0, "context-parallel degree: every activation's sequence split over cp devices, attention included (0: 1)")
+	fs.StringVar(&c.CPImpl, "cp-impl", "ring", "attention over the context-parallel ranks: ring (K/V passed around, merged by log-sum-exp) or all2all (Ulysses: sequence exchanged for heads; cp must divide the heads and k/v heads)")
 	fs.IntVar(&c.VPP, "vpp", 0, "virtual pipeline stages per rank (0: 1)")
 	fs.IntVar(&c.Microbatches, "microbatches", 1, "microbatches per step")
 	fs.IntVar(&c.MicroBatchSize, "micro-batch-size", 0, "sequences per microbatch on each data-parallel replica, as Megatron-LM's --micro-batch-size: --microbatches follows as batch/(dp·ep·size) (0: from --microbatches)")

@@ -352,7 +352,7 @@ func lossScaler(c *config) *runtime.LossScaler {
 
 func (c *config) metricsConfig(procs int) map[string]any {
 	return map[string]any{"processes": procs,
-		"model": c.Model, "devices": c.Devices, "tp": c.TP, "pp": c.PP, "dp": c.DP, "ep": c.EP, "vpp": c.VPP,
+		"model": c.Model, "devices": c.Devices, "tp": c.TP, "pp": c.PP, "dp": c.DP, "ep": c.EP, "cp": c.CP, "vpp": c.VPP,
 		"microbatches": c.Microbatches, "sequence_parallel": c.SequenceParallel, "offload": c.Offload, "schedule": c.Schedule, "zero": c.Zero, "recompute": c.Recompute,
 		"precision": c.Precision, "optimizer": c.Optimizer, "backend": c.backend, "batch": c.Batch,
 		"steps": c.steps, "seed": c.seed, "lr": c.lr, "min_lr": c.minLR, "warmup": c.warmup, "set": c.Set,

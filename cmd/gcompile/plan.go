@@ -26,7 +26,7 @@ var planAxes = []string{"tp", "pp", "dp", "ep", "vpp", "microbatches", "micro-ba
 
 // meshAxes are the axes that split the devices: a command line that gives
 // one of them has chosen its plan's shape.
-var meshAxes = []string{"tp", "pp", "dp", "ep"}
+var meshAxes = []string{"tp", "pp", "dp", "ep", "cp"}
 
 // planning says whether the planner chooses the plan: --plan, or more than
 // one device with none of --tp, --pp, --dp, --ep given (`gcompile
@@ -104,6 +104,9 @@ func pinFlags(c compile.Config) string {
 	f := []string{fmt.Sprintf("--tp %d --pp %d --dp %d", max(c.TP, 1), max(c.PP, 1), max(c.DP, 1))}
 	if c.EP > 1 {
 		f = append(f, fmt.Sprintf("--ep %d", c.EP))
+	}
+	if c.CP > 1 {
+		f = append(f, fmt.Sprintf("--cp %d --cp-impl %s", c.CP, c.CPImpl))
 	}
 	if c.VPP > 1 {
 		f = append(f, fmt.Sprintf("--vpp %d", c.VPP))

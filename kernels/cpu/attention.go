@@ -88,8 +88,15 @@ type AttentionDims struct {
 	// under tensor parallelism the offsets of the device's block of q and
 	// of k (0 when k is whole).
 	QHeadOffset, KVHeadOffset int
-	// Causal hides key j from query i when j > i + (SK − SQ).
-	Causal bool
+	// Causal hides key j from query i when j > i + (SK − SQ), or, when
+	// Positioned, when KPos+j > QPos+i: the rows' global positions, for a
+	// device that holds one chunk of the queries and is given another
+	// chunk of the keys (ring attention over a context-parallel axis). A
+	// query that sees none of the keys gets an output of zeros and a
+	// log-sum-exp of −Inf (AttentionLSE).
+	Causal     bool
+	Positioned bool
+	QPos, KPos int
 	// Scale multiplies the scores.
 	Scale float64
 }
@@ -108,16 +115,22 @@ func (d AttentionDims) queryHeads(j int) (lo, hi int) {
 // visible is the end of the keys query i may see: all SK, or under
 // causal i + (SK − SQ) + 1.
 func (d AttentionDims) visible(i int) int {
-	if !d.Causal {
+	switch {
+	case !d.Causal:
 		return d.SK
+	case d.Positioned:
+		return min(d.SK, max(0, d.QPos+i-d.KPos+1))
 	}
 	return min(d.SK, i+d.SK-d.SQ+1)
 }
 
 // firstQuery is the first query that sees key j (causal), else 0.
 func (d AttentionDims) firstQuery(j int) int {
-	if !d.Causal {
+	switch {
+	case !d.Causal:
 		return 0
+	case d.Positioned:
+		return min(d.SQ, max(0, d.KPos+j-d.QPos))
 	}
 	return max(0, j-(d.SK-d.SQ))
 }
@@ -127,7 +140,7 @@ func (d AttentionDims) firstQuery(j int) int {
 // runtime derives them from the compiled graph, so a mismatch is a bug.
 func (d AttentionDims) check(kernel string, lens map[string][2]int) {
 	checkNonNeg(kernel, d.Batch, d.Heads, d.KVHeads, d.SQ, d.SK, d.HeadDim, d.QHeadOffset, d.KVHeadOffset)
-	if d.Group < 1 || d.Causal && d.SQ > d.SK || !(d.Scale > 0) {
+	if d.Group < 1 || d.Causal && !d.Positioned && d.SQ > d.SK || !(d.Scale > 0) {
 		panic(fmt.Sprintf("cpu.%s: bad attention dims %+v", kernel, d))
 	}
 	for h := range d.Heads {
@@ -216,16 +229,48 @@ func gemm(transA, transB bool, m, n, k int, alpha float64, a []float64, lda int,
 // q, k or v.
 func Attention[T Float](out, q, k, v []T, d AttentionDims) {
 	bq, bk, fast := attPlan[T](d)
-	attentionForward(out, q, k, v, d, bq, bk, fast)
+	attentionForward(out, nil, q, k, v, d, bq, bk, fast)
 }
 
-func attentionForward[T Float](out, q, k, v []T, d AttentionDims, bq, bk int, fast bool) {
+// AttentionLSE is [Attention] that also writes each query row's
+// log-sum-exp of its visible scaled scores to lse ([Batch, Heads, SQ], q's
+// row order): what merges partial results over chunks of the keys
+// (o = Σ e^(lseₜ−lse)·oₜ with lse = log Σ e^lseₜ). A row that sees no key
+// gets zeros and −Inf.
+func AttentionLSE[T Float](out []T, lse []float64, q, k, v []T, d AttentionDims) {
+	if len(lse) != d.Batch*d.Heads*d.SQ {
+		panic(fmt.Sprintf("cpu.AttentionLSE: lse has %d elements, want %d", len(lse), d.Batch*d.Heads*d.SQ))
+	}
+	bq, bk, fast := attPlan[T](d)
+	attentionForward(out, lse, q, k, v, d, bq, bk, fast)
+}
+
+// finishRow writes a query row's output acc/l (zeros when the row saw
+// no key) and, when lse is not nil, its log-sum-exp m + log l.
+func finishRow[T Float, A float32 | float64](o []T, acc []A, m, l float64, lse []float64, row int) {
+	if l == 0 {
+		clear(o)
+		if lse != nil {
+			lse[row] = math.Inf(-1)
+		}
+		return
+	}
+	inv := 1 / l
+	for x, a := range acc {
+		o[x] = T(float64(a) * inv)
+	}
+	if lse != nil {
+		lse[row] = m + math.Log(l)
+	}
+}
+
+func attentionForward[T Float](out []T, lse []float64, q, k, v []T, d AttentionDims, bq, bk int, fast bool) {
 	d.check("Attention", map[string][2]int{"out": {len(out), d.qLen()}, "q": {len(q), d.qLen()}, "k": {len(k), d.kvLen()}, "v": {len(v), d.kvLen()}})
 	if o32, ok := as32(out); ok && fast {
 		q32, _ := as32(q)
 		k32, _ := as32(k)
 		v32, _ := as32(v)
-		attentionForward32(sgemmKernels[0], o32, q32, k32, v32, d, bq, bk)
+		attentionForward32(sgemmKernels[0], o32, lse, q32, k32, v32, d, bq, bk)
 		return
 	}
 	hd := d.HeadDim
@@ -278,11 +323,7 @@ func attentionForward[T Float](out, q, k, v []T, d AttentionDims, bq, bk int, fa
 					gemm(false, false, rows, hd, keys, 1, sf, bk, vf, hd, 1, acc, hd)
 				}
 				for r := range rows {
-					o := out[d.oRow(b, h, i0+r):][:hd]
-					inv := 1 / l[r]
-					for x, a := range acc[r*hd : (r+1)*hd] {
-						o[x] = T(a * inv)
-					}
+					finishRow(out[d.oRow(b, h, i0+r):][:hd], acc[r*hd:(r+1)*hd], m[r], l[r], lse, (b*d.Heads+h)*d.SQ+i0+r)
 				}
 			}
 		}

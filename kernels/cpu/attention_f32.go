@@ -438,7 +438,7 @@ func dot32(a, b []float32) float64 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-func attentionForward32(kern *sgemmKernel, out, q, k, v []float32, d AttentionDims, bq, bk int) {
+func attentionForward32(kern *sgemmKernel, out []float32, lse []float64, q, k, v []float32, d AttentionDims, bq, bk int) {
 	a := newAtt32(kern, d, bq, bk)
 	hd, hdp := d.HeadDim, a.hdp
 	a.run(d.Batch*d.Heads*a.nqb, func(sc *attScratch32, t int) {
@@ -459,11 +459,7 @@ func attentionForward32(kern *sgemmKernel, out, q, k, v []float32, d AttentionDi
 			a.mulAdd(sc.acc, sc.s, a.kvRows(sc.kb, v, b, g, j0, keys), i0, rows, j0, keys)
 		}
 		for r := range rows {
-			o := out[d.oRow(b, h, i0+r):][:hd]
-			inv := 1 / sc.l[r]
-			for x, v := range sc.acc[r*hdp : r*hdp+hd] {
-				o[x] = float32(float64(v) * inv)
-			}
+			finishRow(out[d.oRow(b, h, i0+r):][:hd], sc.acc[r*hdp:r*hdp+hd], sc.m[r], sc.l[r], lse, (b*d.Heads+h)*d.SQ+i0+r)
 		}
 	})
 }

@@ -143,6 +143,13 @@ type RoPETable struct {
 // NewRoPETable tabulates the rotation of positions rows of d elements (d
 // even) with base theta.
 func NewRoPETable(positions, d int, theta float64) RoPETable {
+	return NewRoPETableFrom(0, positions, d, theta)
+}
+
+// NewRoPETableFrom is [NewRoPETable] for rows at positions first,
+// first+1, …: a device's chunk of a sequence split over a context-parallel
+// axis.
+func NewRoPETableFrom(first, positions, d int, theta float64) RoPETable {
 	if d%2 != 0 {
 		panic("cpu.RoPE: odd row size")
 	}
@@ -150,7 +157,7 @@ func NewRoPETable(positions, d int, theta float64) RoPETable {
 	t := RoPETable{positions: positions, d: d, cos: make([]float64, positions*half), sin: make([]float64, positions*half)}
 	for p := range positions {
 		for i := range half {
-			t.sin[p*half+i], t.cos[p*half+i] = math.Sincos(RoPEAngle(p, i, d, theta))
+			t.sin[p*half+i], t.cos[p*half+i] = math.Sincos(RoPEAngle(first+p, i, d, theta))
 		}
 	}
 	return t

@@ -28,6 +28,9 @@ func attention[T kcpu.Float](c *Call[T]) (func() error, error) {
 	if err != nil {
 		return nil, err
 	}
+	if f, ring, err := compileRingAttention(c, d); ring || err != nil {
+		return f, err
+	}
 	out, q, k, v := c.Out(), c.Arg(0), c.Arg(1), c.Arg(2)
 	return ok(func() { kcpu.Attention(out, q, k, v, d) }), nil
 }
@@ -36,6 +39,9 @@ func attentionStats[T kcpu.Float](c *Call[T]) (func() error, error) {
 	d, err := attentionDims(c)
 	if err != nil {
 		return nil, err
+	}
+	if f, ring, err := compileRingAttention(c, d); ring || err != nil {
+		return f, err
 	}
 	stats, q, k, out, dout := c.Out(), c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3)
 	return ok(func() { kcpu.AttentionStats(stats, q, k, out, dout, d) }), nil
@@ -46,6 +52,9 @@ func attentionGradQ[T kcpu.Float](c *Call[T]) (func() error, error) {
 	if err != nil {
 		return nil, err
 	}
+	if f, ring, err := compileRingAttention(c, d); ring || err != nil {
+		return f, err
+	}
 	dq, q, k, v, dout, stats := c.Out(), c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3), c.Arg(4)
 	return ok(func() { kcpu.AttentionGradQ(dq, q, k, v, dout, stats, d) }), nil
 }
@@ -55,6 +64,9 @@ func attentionGradK[T kcpu.Float](c *Call[T]) (func() error, error) {
 	if err != nil {
 		return nil, err
 	}
+	if f, ring, err := compileRingAttention(c, d); ring || err != nil {
+		return f, err
+	}
 	dk, q, k, v, dout, stats := c.Out(), c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3), c.Arg(4)
 	return ok(func() { kcpu.AttentionGradK(dk, q, k, v, dout, stats, d) }), nil
 }
@@ -63,6 +75,9 @@ func attentionGradV[T kcpu.Float](c *Call[T]) (func() error, error) {
 	d, err := attentionDims(c)
 	if err != nil {
 		return nil, err
+	}
+	if f, ring, err := compileRingAttention(c, d); ring || err != nil {
+		return f, err
 	}
 	dv, q, k, dout, stats := c.Out(), c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3)
 	return ok(func() { kcpu.AttentionGradV(dv, q, k, dout, stats, d) }), nil

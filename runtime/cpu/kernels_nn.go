@@ -107,7 +107,13 @@ func rope[T kcpu.Float](c *Call[T]) (func() error, error) {
 	positions, d := shape[r-2], shape[r-1]
 	batch := int(ir.Shape(shape).NumElements()) / max(positions*d, 1)
 	theta, inverse := c.Instr.Attrs.Float("theta", 0), c.Instr.Attrs.Bool("inverse")
-	table := kcpu.NewRoPETable(positions, d, theta) // once, at load
+	// Under context parallelism the device's rows are a chunk of the
+	// sequence: their angles are those of their global positions.
+	first, err := runtime.SeqOffset(c.d.prog.Mesh, c.Instr.Value, r-2, c.d.coords)
+	if err != nil {
+		return nil, err
+	}
+	table := kcpu.NewRoPETableFrom(first, positions, d, theta) // once, at load
 	return ok(func() { kcpu.RoPEWith(out, x, batch, table, inverse) }), nil
 }
 

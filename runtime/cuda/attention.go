@@ -30,6 +30,11 @@ const (
 // attention launches the instruction's kernel, gc_<op>, over its
 // operands in order and the problem's sizes.
 func (c *compiler) attention() (func() error, error) {
+	if v := c.in.Value; v != nil && len(v.Args) > 0 {
+		if ax, split := runtime.SplitOverSequence(c.d.prog.Mesh, v.Args[0], 2); split {
+			return nil, fmt.Errorf("%s: ring attention (q split on its sequence over %s) is not yet supported on the CUDA backend: use --cp-impl all2all, or the CPU backend", c.in.Op, ax)
+		}
+	}
 	d, err := runtime.AttentionDims(c.d.prog.Mesh, c.in, c.d.coords)
 	if err != nil {
 		return nil, err

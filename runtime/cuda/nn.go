@@ -122,6 +122,9 @@ func (c *compiler) rope() (func() error, error) {
 	if r < 2 || s[r-1]%2 != 0 {
 		return nil, fmt.Errorf("rope needs [..., positions, d] with d even, got %v", c.in.OutType)
 	}
+	if ax, split := runtime.SplitOverSequence(c.d.prog.Mesh, c.in.Value, r-2); split {
+		return nil, fmt.Errorf("rope: rows split on their sequence over %s (context parallelism) are not yet supported on the CUDA backend, whose kernel numbers positions from 0: use the CPU backend", ax)
+	}
 	positions, d := int64(s[r-2]), int64(s[r-1])
 	theta := c.in.Attrs.Float("theta", 0)
 	if float64(float32(theta)) != theta {

@@ -1,0 +1,393 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"gcompile/ir"
+
+	kcpu "gcompile/kernels/cpu"
+	"gcompile/lower"
+	"gcompile/runtime"
+)
+
+// Ring attention (Megatron-Core's context parallelism, Liu et al.'s ring
+// attention): under a context-parallel axis every attention operand
+// stays split on its sequence, the device holding one contiguous chunk of
+// the queries and of the keys. An attention instruction passes chunks
+// around the cp ranks itself, one step per rank, by point-to-point sends
+// that are buffered (runtime.Comm.Send), so a device sends its chunk,
+// computes on the one it holds, then receives the next:
+//
+//   - attention: K/V chunks travel; each step's partial output is merged
+//     into the running one by the log-sum-exp of its rows (kcpu.AttentionLSE);
+//   - attention_stats: K chunks travel; the log-sum-exp merges the same
+//     way, D = dout·out is local;
+//   - attention_grad_q: K/V chunks travel; with the whole rows'
+//     statistics each chunk's share of dq simply adds;
+//   - attention_grad_k and _v: K (and V) travel with the gradient of their
+//     chunk, each device adding its queries' share, and the finished
+//     gradient takes one more step home to its owner.
+//
+// Under a causal mask a chunk of keys wholly after a device's queries is
+// passed on without computing; the global positions of the rows (the
+// chunk's index times its length) decide (kcpu.AttentionDims.Positioned).
+
+// ring is one device's place on the cp ring.
+type ring struct {
+	c          runtime.Comm
+	rank       int // the device's global rank
+	next, prev int // global ranks it sends to and receives from
+	pos, n     int // its position on the ring, and the ring's size
+	tag        int // the first of the instruction's tags
+}
+
+// ringTagBase puts ring transfers in a tag range of their own: pipeline
+// transfers use value IDs, host exchanges negative tags.
+const ringTagBase = 1 << 28
+
+// ringSend posts x to the next device on the ring, stream s of the tag.
+func ringSend[T kcpu.Float](r ring, s int, x []T) error {
+	return r.c.Send(r.rank, r.next, r.tag+s, floatDType[T](), asBytes(x))
+}
+
+// ringRecv takes the previous device's next chunk of stream s into x.
+func ringRecv[T kcpu.Float](r ring, s int, x []T) error {
+	return r.c.Recv(r.prev, r.rank, r.tag+s, floatDType[T](), asBytes(x))
+}
+
+// floatDType is the IR dtype of T's elements.
+func floatDType[T kcpu.Float]() ir.DType {
+	var z T
+	if unsafe.Sizeof(z) == 4 {
+		return ir.F32
+	}
+	return ir.F64
+}
+
+// src is the position of the device whose chunk the ring holds at step t.
+func (r ring) src(t int) int { return ((r.pos-t)%r.n + r.n) % r.n }
+
+// chunk is d with the queries at this device's chunk and the keys at the
+// chunk of position src, and whether a causal mask hides all of it.
+func (r ring) chunk(d kcpu.AttentionDims, src int) (kcpu.AttentionDims, bool) {
+	d.Positioned, d.QPos, d.KPos = true, r.pos*d.SQ, src*d.SK
+	return d, d.Causal && d.KPos > d.QPos+d.SQ-1
+}
+
+// ringAttentionOf finds the ring an attention instruction runs on: its q
+// is split on the sequence (dim 2) over the mesh's context-parallel axis.
+// ok is false otherwise.
+func ringAttentionOf(d *Device, in lower.Instr) (r ring, ok bool, err error) {
+	m := d.prog.Mesh
+	ax := m.SequenceAxis()
+	if ax < 0 || m.Axes[ax].Size == 1 || in.Value == nil || len(in.Value.Args) < 2 {
+		return ring{}, false, nil
+	}
+	q, k := in.Value.Args[0], in.Value.Args[1]
+	if !q.Place[ax].Placed(2) {
+		return ring{}, false, nil
+	}
+	if !k.Place[ax].Placed(2) || q.Type.Shape[2] != k.Type.Shape[2] {
+		return ring{}, true, fmt.Errorf("%s: ring attention needs q and k split alike on their sequence over %s (q %v %v, k %v %v)",
+			in.Op, m.Axes[ax].Name, q.Type, q.Place, k.Type, k.Place)
+	}
+	g := d.axisGroup(ax)
+	n, pos := g.Size(), d.coords[ax]
+	return ring{c: d.comm, rank: d.rank, next: g.Ranks[(pos+1)%n], prev: g.Ranks[(pos+n-1)%n], pos: pos, n: n,
+		tag: ringTagBase + 4*in.Value.ID}, true, nil
+}
+
+// compileRingAttention compiles an attention instruction as ring
+// attention when its operands are split over cp; handled is false when
+// they are not.
+func compileRingAttention[T kcpu.Float](c *Call[T], dims kcpu.AttentionDims) (f func() error, handled bool, err error) {
+	r, ok, err := ringAttentionOf(c.d, c.Instr)
+	if !ok || err != nil {
+		return nil, ok, err
+	}
+	out := c.Out()
+	switch c.Instr.Op {
+	case "attention":
+		q, k, v := c.Arg(0), c.Arg(1), c.Arg(2)
+		w := newRingForward[T](dims)
+		return func() error { return w.run(r, out, q, k, v) }, true, nil
+	case "attention_stats":
+		q, k, o, dout := c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3)
+		w := newRingStats[T](dims)
+		return func() error { return w.run(r, out, q, k, o, dout) }, true, nil
+	case "attention_grad_q":
+		q, k, v, dout, stats := c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3), c.Arg(4)
+		w := newRingGradQ[T](dims)
+		return func() error { return w.run(r, out, q, k, v, dout, stats) }, true, nil
+	case "attention_grad_k":
+		q, k, v, dout, stats := c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3), c.Arg(4)
+		w := newRingGradKV[T](dims, true)
+		return func() error { return w.run(r, out, q, k, v, dout, stats) }, true, nil
+	case "attention_grad_v":
+		q, k, dout, stats := c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3)
+		w := newRingGradKV[T](dims, false)
+		return func() error { return w.run(r, out, q, k, nil, dout, stats) }, true, nil
+	}
+	return nil, true, fmt.Errorf("ring attention: op %s is not an attention op", c.Instr.Op)
+}
+
+// kvChunks holds the K/V chunk a device computes with and the one it
+// receives, swapped each step.
+type kvChunks[T kcpu.Float] struct {
+	cur, next [][]T
+}
+
+func newKVChunks[T kcpu.Float](streams, n int) kvChunks[T] {
+	c := kvChunks[T]{cur: make([][]T, streams), next: make([][]T, streams)}
+	for i := range streams {
+		c.cur[i], c.next[i] = make([]T, n), make([]T, n)
+	}
+	return c
+}
+
+// step sends the current chunks on (streams 0…), runs f on them, and
+// receives the next ones, except at the last step t = n−1.
+func (c *kvChunks[T]) step(r ring, t int, f func(cur [][]T) error) error {
+	last := t == r.n-1
+	if !last {
+		for s, x := range c.cur {
+			if err := ringSend(r, s, x); err != nil {
+				return fmt.Errorf("ring attention, step %d: %w", t, err)
+			}
+		}
+	}
+	if err := f(c.cur); err != nil {
+		return err
+	}
+	if !last {
+		for s, x := range c.next {
+			if err := ringRecv(r, s, x); err != nil {
+				return fmt.Errorf("ring attention, step %d: %w", t, err)
+			}
+		}
+		c.cur, c.next = c.next, c.cur
+	}
+	return nil
+}
+
+// ringForward is the forward's scratch: the running output and
+// log-sum-exp of every query row, and one step's.
+type ringForward[T kcpu.Float] struct {
+	d        kcpu.AttentionDims
+	kv       kvChunks[T]
+	acc      []float64
+	lse, lsT []float64
+	part     []T
+}
+
+func newRingForward[T kcpu.Float](d kcpu.AttentionDims) *ringForward[T] {
+	rows := d.Batch * d.Heads * d.SQ
+	return &ringForward[T]{d: d, kv: newKVChunks[T](2, d.Batch*d.KVHeads*d.SK*d.HeadDim),
+		acc: make([]float64, rows*d.HeadDim), lse: make([]float64, rows), lsT: make([]float64, rows), part: make([]T, rows*d.HeadDim)}
+}
+
+func (w *ringForward[T]) run(r ring, out, q, k, v []T) error {
+	d := w.d
+	copy(w.kv.cur[0], k)
+	copy(w.kv.cur[1], v)
+	clear(w.acc)
+	for i := range w.lse {
+		w.lse[i] = math.Inf(-1)
+	}
+	for t := range r.n {
+		err := w.kv.step(r, t, func(cur [][]T) error {
+			dc, hidden := r.chunk(d, r.src(t))
+			if hidden {
+				return nil
+			}
+			kcpu.AttentionLSE(w.part, w.lsT, q, cur[0], cur[1], dc)
+			mergeLSE(w.acc, w.lse, w.part, w.lsT, d)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for i, a := range w.acc {
+		out[i] = T(a)
+	}
+	return nil
+}
+
+// mergeLSE folds one chunk's partial output part (rows normalised over
+// that chunk's keys, log-sum-exp lsT) into the running acc and lse:
+// o = e^(lse−new)·o + e^(lsT−new)·part with new = log(e^lse + e^lsT). Rows
+// are in q's order for lse and in the output's layout [Batch, SQ, Heads,
+// HeadDim] for acc and part.
+func mergeLSE[T kcpu.Float](acc, lse []float64, part []T, lsT []float64, d kcpu.AttentionDims) {
+	hd := d.HeadDim
+	for b := range d.Batch {
+		for h := range d.Heads {
+			for i := range d.SQ {
+				row := (b*d.Heads+h)*d.SQ + i
+				l2 := lsT[row]
+				if math.IsInf(l2, -1) {
+					continue // the chunk hides every key from this row
+				}
+				l1 := lse[row]
+				hi := math.Max(l1, l2)
+				merged := hi + math.Log(math.Exp(l1-hi)+math.Exp(l2-hi))
+				a, c := math.Exp(l1-merged), math.Exp(l2-merged)
+				o := ((b*d.SQ+i)*d.Heads + h) * hd
+				for x := range hd {
+					acc[o+x] = acc[o+x]*a + float64(part[o+x])*c
+				}
+				lse[row] = merged
+			}
+		}
+	}
+}
+
+// ringStats is attention_stats' scratch: each chunk's statistics, and
+// the running log-sum-exp.
+type ringStats[T kcpu.Float] struct {
+	d    kcpu.AttentionDims
+	k    kvChunks[T]
+	part []T
+	lse  []float64
+}
+
+func newRingStats[T kcpu.Float](d kcpu.AttentionDims) *ringStats[T] {
+	rows := d.Batch * d.Heads * d.SQ
+	return &ringStats[T]{d: d, k: newKVChunks[T](1, d.Batch*d.KVHeads*d.SK*d.HeadDim), part: make([]T, 2*rows), lse: make([]float64, rows)}
+}
+
+func (w *ringStats[T]) run(r ring, stats, q, k, out, dout []T) error {
+	copy(w.k.cur[0], k)
+	for i := range w.lse {
+		w.lse[i] = math.Inf(-1)
+	}
+	for t := range r.n {
+		err := w.k.step(r, t, func(cur [][]T) error {
+			dc, hidden := r.chunk(w.d, r.src(t))
+			if hidden {
+				return nil
+			}
+			kcpu.AttentionStats(w.part, q, cur[0], out, dout, dc)
+			for row, l := range w.lse {
+				l2 := float64(w.part[2*row])
+				if t == 0 {
+					stats[2*row+1] = w.part[2*row+1] // D = dout·out: the same every step
+				}
+				if math.IsInf(l2, -1) {
+					continue
+				}
+				hi := math.Max(l, l2)
+				w.lse[row] = hi + math.Log(math.Exp(l-hi)+math.Exp(l2-hi))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for row, l := range w.lse {
+		stats[2*row] = T(l)
+	}
+	return nil
+}
+
+// ringGradQ is attention_grad_q's scratch: one chunk's share of dq.
+type ringGradQ[T kcpu.Float] struct {
+	d    kcpu.AttentionDims
+	kv   kvChunks[T]
+	part []T
+	acc  []float64
+}
+
+func newRingGradQ[T kcpu.Float](d kcpu.AttentionDims) *ringGradQ[T] {
+	n := d.Batch * d.Heads * d.SQ * d.HeadDim
+	return &ringGradQ[T]{d: d, kv: newKVChunks[T](2, d.Batch*d.KVHeads*d.SK*d.HeadDim), part: make([]T, n), acc: make([]float64, n)}
+}
+
+func (w *ringGradQ[T]) run(r ring, dq, q, k, v, dout, stats []T) error {
+	copy(w.kv.cur[0], k)
+	copy(w.kv.cur[1], v)
+	clear(w.acc)
+	for t := range r.n {
+		err := w.kv.step(r, t, func(cur [][]T) error {
+			dc, hidden := r.chunk(w.d, r.src(t))
+			if hidden {
+				return nil
+			}
+			kcpu.AttentionGradQ(w.part, q, cur[0], cur[1], dout, stats, dc)
+			for i, x := range w.part {
+				w.acc[i] += float64(x)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for i, a := range w.acc {
+		dq[i] = T(a)
+	}
+	return nil
+}
+
+// ringGradKV is attention_grad_k's (or _v's) scratch: the K (and V)
+// chunk travels with the gradient of that chunk (the last stream), to
+// which every device adds its queries' share.
+type ringGradKV[T kcpu.Float] struct {
+	d      kcpu.AttentionDims
+	k      bool // dk (K and V travel), or dv (K travels)
+	chunks kvChunks[T]
+	part   []T
+}
+
+func newRingGradKV[T kcpu.Float](d kcpu.AttentionDims, k bool) *ringGradKV[T] {
+	streams := 2
+	if k {
+		streams = 3
+	}
+	n := d.Batch * d.KVHeads * d.SK * d.HeadDim
+	return &ringGradKV[T]{d: d, k: k, chunks: newKVChunks[T](streams, n), part: make([]T, n)}
+}
+
+func (w *ringGradKV[T]) run(r ring, grad, q, k, v, dout, stats []T) error {
+	c := &w.chunks
+	copy(c.cur[0], k)
+	if w.k {
+		copy(c.cur[1], v)
+	}
+	g := len(c.cur) - 1 // the gradient's stream
+	clear(c.cur[g])
+	// Each step adds this device's share before the chunk moves on, so
+	// the sends go after the compute here: the gradient stream carries it.
+	for t := range r.n {
+		dc, hidden := r.chunk(w.d, r.src(t))
+		if !hidden {
+			if w.k {
+				kcpu.AttentionGradK(w.part, q, c.cur[0], c.cur[1], dout, stats, dc)
+			} else {
+				kcpu.AttentionGradV(w.part, q, c.cur[0], dout, stats, dc)
+			}
+			for i, x := range w.part {
+				c.cur[g][i] += x
+			}
+		}
+		if t == r.n-1 {
+			break
+		}
+		if err := c.step(r, t, func([][]T) error { return nil }); err != nil {
+			return err
+		}
+	}
+	// The chunk held now is the next device's, complete: it goes home,
+	// and this device's own comes from the previous one.
+	if err := ringSend(r, g, c.cur[g]); err != nil {
+		return fmt.Errorf("ring attention, returning the gradient: %w", err)
+	}
+	if err := ringRecv(r, g, grad); err != nil {
+		return fmt.Errorf("ring attention, returning the gradient: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,115 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	kcpu "gcompile/kernels/cpu"
+	"gcompile/runtime/comm"
+)
+
+// Ring attention over n devices, each holding one chunk of the sequence,
+// computes what the single-device fused kernels compute on the whole
+// sequence, in float64 to rounding: the output, the statistics (the
+// log-sum-exp merged over chunks, D), and dq, dk, dv, causal or not, with
+// grouped-query attention. The single-device kernels are themselves
+// checked by finite differences (kernels/cpu TestAttentionGradFD).
+func TestRingAttentionMatchesOneDevice(t *testing.T) {
+	for _, c := range []struct {
+		n, seq, heads, kv int
+		causal            bool
+	}{
+		{2, 8, 2, 1, true}, {2, 8, 2, 2, false}, {3, 12, 4, 2, true}, {4, 16, 2, 1, true}, {4, 8, 2, 2, false},
+	} {
+		t.Run(fmt.Sprintf("n%d_seq%d_h%d_kv%d_causal%v", c.n, c.seq, c.heads, c.kv, c.causal), func(t *testing.T) {
+			const batch, hd = 2, 4
+			whole := kcpu.AttentionDims{Batch: batch, Heads: c.heads, KVHeads: c.kv, SQ: c.seq, SK: c.seq, HeadDim: hd,
+				Group: c.heads / c.kv, Causal: c.causal, Scale: 1 / math.Sqrt(hd)}
+			rng := rand.New(rand.NewPCG(1, uint64(c.n)))
+			fill := func(n int) []float64 {
+				x := make([]float64, n)
+				for i := range x {
+					x[i] = rng.NormFloat64()
+				}
+				return x
+			}
+			qLen, kvLen := batch*c.heads*c.seq*hd, batch*c.kv*c.seq*hd
+			q, k, v, dout := fill(qLen), fill(kvLen), fill(kvLen), fill(qLen)
+			out, stats := make([]float64, qLen), make([]float64, 2*batch*c.heads*c.seq)
+			dq, dk, dv := make([]float64, qLen), make([]float64, kvLen), make([]float64, kvLen)
+			kcpu.Attention(out, q, k, v, whole)
+			kcpu.AttentionStats(stats, q, k, out, dout, whole)
+			kcpu.AttentionGradQ(dq, q, k, v, dout, stats, whole)
+			kcpu.AttentionGradK(dk, q, k, v, dout, stats, whole)
+			kcpu.AttentionGradV(dv, q, k, dout, stats, whole)
+
+			// Each device's chunk: rows [pos·L, (pos+1)·L) of dim 2 of
+			// q, k, v, stats ([b, h, s, ·]) and of dim 1 of out, dout
+			// ([b, s, h, hd]).
+			L := c.seq / c.n
+			part := whole
+			part.SQ, part.SK = L, L
+			seqChunk := func(x []float64, outer, inner, pos int) []float64 {
+				// x is [outer, seq, inner]; the chunk is [outer, L, inner].
+				y := make([]float64, 0, outer*L*inner)
+				for o := range outer {
+					y = append(y, x[(o*c.seq+pos*L)*inner:(o*c.seq+(pos+1)*L)*inner]...)
+				}
+				return y
+			}
+			qChunk := func(x []float64, pos int) []float64 { return seqChunk(x, batch*c.heads, hd, pos) }
+			kvChunk := func(x []float64, pos int) []float64 { return seqChunk(x, batch*c.kv, hd, pos) }
+			oChunk := func(x []float64, pos int) []float64 { return seqChunk(x, batch, c.heads*hd, pos) }
+			sChunk := func(x []float64, pos int) []float64 { return seqChunk(x, batch*c.heads, 2, pos) }
+
+			cm := comm.NewLocal(c.n)
+			type result struct{ out, stats, dq, dk, dv []float64 }
+			got := make([]result, c.n)
+			errs := make([]error, c.n)
+			var wg sync.WaitGroup
+			for pos := range c.n {
+				wg.Go(func() {
+					r := ring{c: cm, rank: pos, next: (pos + 1) % c.n, prev: (pos + c.n - 1) % c.n, pos: pos, n: c.n, tag: ringTagBase}
+					qc, kc, vc, gc := qChunk(q, pos), kvChunk(k, pos), kvChunk(v, pos), oChunk(dout, pos)
+					res := result{out: make([]float64, len(gc)), stats: make([]float64, 2*batch*c.heads*L),
+						dq: make([]float64, len(qc)), dk: make([]float64, len(kc)), dv: make([]float64, len(kc))}
+					steps := []func() error{
+						func() error { return newRingForward[float64](part).run(r, res.out, qc, kc, vc) },
+						func() error { return newRingStats[float64](part).run(r, res.stats, qc, kc, res.out, gc) },
+						func() error { return newRingGradQ[float64](part).run(r, res.dq, qc, kc, vc, gc, res.stats) },
+						func() error { return newRingGradKV[float64](part, true).run(r, res.dk, qc, kc, vc, gc, res.stats) },
+						func() error { return newRingGradKV[float64](part, false).run(r, res.dv, qc, kc, nil, gc, res.stats) },
+					}
+					for _, f := range steps {
+						if errs[pos] = f(); errs[pos] != nil {
+							cm.Abort(errs[pos])
+							return
+						}
+					}
+					got[pos] = res
+				})
+			}
+			wg.Wait()
+			for pos := range c.n {
+				require.NoError(t, errs[pos], "device %d", pos)
+				for _, x := range []struct {
+					name      string
+					got, want []float64
+				}{
+					{"out", got[pos].out, oChunk(out, pos)}, {"stats", got[pos].stats, sChunk(stats, pos)},
+					{"dq", got[pos].dq, qChunk(dq, pos)}, {"dk", got[pos].dk, kvChunk(dk, pos)}, {"dv", got[pos].dv, kvChunk(dv, pos)},
+				} {
+					require.Len(t, x.got, len(x.want))
+					for i := range x.want {
+						require.InDelta(t, x.want[i], x.got[i], 1e-12*(1+math.Abs(x.want[i])), "device %d: %s[%d]", pos, x.name, i)
+					}
+				}
+			}
+		})
+	}
+}
