@@ -147,6 +147,7 @@ func (e *fpEncoder) program(p *Program) {
 		e.int(int64(in.Tag))
 		e.str(in.Block)
 		e.ints(in.Frees)
+		e.ints(in.Scratch)
 	}
 
 	e.names(p.Outputs)

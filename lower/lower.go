@@ -60,6 +60,9 @@ type Buffer struct {
 	Value  *ir.Value // the value that defines the buffer
 	// Host buffers live in the host arena (offloaded), not the device's.
 	Host bool
+	// Scratch buffers are live only while one instruction runs (its
+	// Instr.Scratch): ring attention's chunks in flight. Workspace.
+	Scratch bool
 }
 
 // Instr is one kernel launch, a collective (Op all_reduce, …), or, with
@@ -87,6 +90,10 @@ type Instr struct {
 	Block string
 	// Frees lists buffers whose last use is this instruction.
 	Frees []int
+	// Scratch lists temporary buffers live only while this instruction
+	// runs: ring attention's chunks in flight and running results
+	// (RingScratch). The memory plan counts them there.
+	Scratch []int
 }
 
 // Program is what one device executes each step.
@@ -137,6 +144,8 @@ func (b Buffer) KVCache() bool {
 // Category names where a buffer's bytes count in a Breakdown.
 func (b Buffer) Category() string {
 	switch {
+	case b.Scratch:
+		return "workspace"
 	case isWeight(b.Value):
 		// A param, a weight version kept as state (PipeDream-2BW), or a
 		// temporary copy of either (offload's device copy, a pipeline
@@ -280,6 +289,16 @@ func (b *builder) value(v *ir.Value) {
 		}
 		if bk, ok := v.Attrs["bucket"].(int); ok {
 			in.Bucket = bk + 1
+		}
+		if RingAttention(v, p.Mesh) {
+			var n int64
+			for _, piece := range RingScratch(v.Op, in.ArgTypes[0], in.ArgTypes[1]) {
+				n += piece
+			}
+			t := ir.Type{DType: ir.F64, Shape: ir.Shape{int(n / 8)}}
+			id := len(p.Buffers)
+			p.Buffers = append(p.Buffers, Buffer{ID: id, Kind: Temp, Type: t, Global: t, Bytes: n, Value: v, Scratch: true})
+			in.Scratch = []int{id}
 		}
 		p.Instrs = append(p.Instrs, in)
 	}

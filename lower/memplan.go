@@ -133,6 +133,9 @@ func liveRanges(p *Program) (first, last []int) {
 		for _, a := range in.Args {
 			last[a] = i
 		}
+		for _, sc := range in.Scratch {
+			first[sc], last[sc] = i, i
+		}
 	}
 	for _, b := range p.Outputs {
 		last[b] = len(p.Instrs)

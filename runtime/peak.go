@@ -41,6 +41,9 @@ func (m *PeakMeter) Issue(i int) {
 	if m.born[i] {
 		m.live += m.prog.Buffers[m.prog.Instrs[i].Out].Bytes
 	}
+	for _, b := range m.prog.Instrs[i].Scratch {
+		m.live += m.prog.Buffers[b].Bytes
+	}
 	m.high = max(m.high, m.live)
 }
 

@@ -1,12 +1,16 @@
 package tests
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"gcompile/examples/llama"
+	"gcompile/frontend"
 	"gcompile/ir"
+	"gcompile/lower"
 	"gcompile/passes"
 )
 
@@ -101,4 +105,90 @@ func assertAttentionOverCP(t *testing.T, got trajectory, impl string) {
 		}
 	}
 	assert.Positive(t, n, "the program has attention instructions")
+}
+
+// compileCP compiles the Llama at the given sizes for one device's
+// program under the mesh (nil: one device).
+func compileCP(t testing.TB, set map[string]string, batch int, mesh *ir.Mesh, edit func(*passes.Options)) *lower.Program {
+	t.Helper()
+	m, err := frontend.Build(llama.Model, frontend.Config{Name: "llama", Batch: batch, Set: set})
+	require.NoError(t, err)
+	opts := passes.DefaultOptions()
+	opts.Mesh = mesh
+	if edit != nil {
+		edit(opts)
+	}
+	_, err = passes.Run(m, opts, passes.Hooks{})
+	require.NoError(t, err)
+	p, err := lower.Lower(m)
+	require.NoError(t, err)
+	return p
+}
+
+// Context parallelism divides activation memory by cp at a fixed
+// sequence length: the Llama at 32768 tokens stashes 640 MiB of
+// activations for its backward on one device (40 tensors of 32768×128
+// floats, and the 4-byte loss) and exactly an eighth of that on each of
+// 8 devices under cp8, the loss aside; the ring's chunks and running
+// results are scratch each attention instruction holds only while it
+// runs, sized exactly (here the forward's: K and V chunks held and
+// received, the running output in float64, two log-sum-exps, one step's
+// output), and the device's peak is at most its eighth plus that scratch.
+func TestContextParallelMemory(t *testing.T) {
+	set := map[string]string{"seq": "32768"}
+	one := compileCP(t, set, 1, nil, nil)
+	cp8 := compileCP(t, set, 1, &ir.Mesh{Axes: []ir.MeshAxis{{Name: "cp", Size: 8}}}, nil)
+	const loss = 4
+	assert.Equal(t, int64(40*32768*128*4+loss), one.Peak.Activations, "one device: activations at the peak")
+	assert.Equal(t, (one.Peak.Activations-loss)/8+loss, cp8.Peak.Activations, "cp8: an eighth of the activations at the peak")
+
+	// Scratch of the forward ring instruction on one device: batch 1,
+	// 4 heads, 2 k/v heads, 32768/8 = 4096 rows, head dim 32, float32.
+	const rows, hd = 4 * 4096, 32
+	const kv = 2 * 4096 * hd * 4
+	wantFwd := int64(4*kv + rows*hd*8 + 2*rows*8 + rows*hd*4)
+	var scratch []int64
+	for _, in := range cp8.Instrs {
+		if len(in.Scratch) > 0 {
+			b := cp8.Buffers[in.Scratch[0]]
+			assert.True(t, b.Scratch)
+			assert.Equal(t, "workspace", b.Category())
+			if in.Op == "attention" {
+				assert.Equal(t, wantFwd, b.Bytes, "the forward's ring scratch")
+			}
+			scratch = append(scratch, b.Bytes)
+		}
+	}
+	require.Len(t, scratch, 2*5, "two layers of five ring attention instructions each")
+	most := slices.Max(scratch)
+	assert.LessOrEqual(t, cp8.PeakBytes-cp8.PersistentBytes, (one.PeakBytes-one.PersistentBytes)/8+most,
+		"cp8's live bytes at its peak are at most an eighth of one device's plus the largest ring scratch")
+	t.Logf("one device: peak %d B (activations %d); cp8: peak %d B (activations %d), ring scratch %d–%d B per instruction",
+		one.PeakBytes, one.Peak.Activations, cp8.PeakBytes, cp8.Peak.Activations, slices.Min(scratch), most)
+}
+
+// llama3At128K is Llama 3 8B at 131072 tokens of context.
+var llama3At128K = map[string]string{"layers": "32", "hidden": "4096", "heads": "32", "kv_heads": "8", "ffn": "14336",
+	"vocab": "128256", "seq": "131072", "rope_theta": "500000"}
+
+// llama3At128KMesh is 64 devices: tp8 (with sequence parallelism) × cp8.
+var llama3At128KMesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "cp", Size: 8}, {Name: "tp", Size: 8}}}
+
+// Llama 3 8B trained at 131072 tokens of context on 64 GPUs, tp8 × cp8,
+// bf16 with fp32 master weights: each device's program fits an 80 GB
+// H100 (BenchmarkCompileLlama3At128K times the compile).
+func TestContextParallelLlama3At128KFits(t *testing.T) {
+	p := compileCP(t, llama3At128K, 1, llama3At128KMesh, func(o *passes.Options) {
+		o.SequenceParallel, o.Precision = true, "bf16"
+	})
+	assert.Less(t, p.PeakBytes, int64(80e9), "fits an 80 GB H100")
+	t.Logf("Llama 3 8B at seq 131072, tp8·cp8: predicted peak %.1f GB per device (%.1f GB persistent)", float64(p.PeakBytes)/1e9, float64(p.PersistentBytes)/1e9)
+}
+
+// BenchmarkCompileLlama3At128K times building, passing and lowering
+// Llama 3 8B at 131072 tokens for 64 devices (tp8 × cp8).
+func BenchmarkCompileLlama3At128K(b *testing.B) {
+	for b.Loop() {
+		compileCP(b, llama3At128K, 1, llama3At128KMesh, func(o *passes.Options) { o.SequenceParallel, o.Precision = true, "bf16" })
+	}
 }

@@ -107,30 +107,67 @@ func compileRingAttention[T kcpu.Float](c *Call[T], dims kcpu.AttentionDims) (f 
 	if !ok || err != nil {
 		return nil, ok, err
 	}
+	if len(c.Instr.Scratch) != 1 {
+		return nil, true, fmt.Errorf("%s: ring attention needs its scratch buffer, and the program gives it %d", c.Instr.Op, len(c.Instr.Scratch))
+	}
+	sc := &carver{b: c.d.raw(c.d.prog.Buffers[c.Instr.Scratch[0]])}
 	out := c.Out()
+	var run func() error
 	switch c.Instr.Op {
 	case "attention":
 		q, k, v := c.Arg(0), c.Arg(1), c.Arg(2)
-		w := newRingForward[T](dims)
-		return func() error { return w.run(r, out, q, k, v) }, true, nil
+		w := newRingForward[T](dims, sc)
+		run = func() error { return w.run(r, out, q, k, v) }
 	case "attention_stats":
 		q, k, o, dout := c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3)
-		w := newRingStats[T](dims)
-		return func() error { return w.run(r, out, q, k, o, dout) }, true, nil
+		w := newRingStats[T](dims, sc)
+		run = func() error { return w.run(r, out, q, k, o, dout) }
 	case "attention_grad_q":
 		q, k, v, dout, stats := c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3), c.Arg(4)
-		w := newRingGradQ[T](dims)
-		return func() error { return w.run(r, out, q, k, v, dout, stats) }, true, nil
+		w := newRingGradQ[T](dims, sc)
+		run = func() error { return w.run(r, out, q, k, v, dout, stats) }
 	case "attention_grad_k":
 		q, k, v, dout, stats := c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3), c.Arg(4)
-		w := newRingGradKV[T](dims, true)
-		return func() error { return w.run(r, out, q, k, v, dout, stats) }, true, nil
+		w := newRingGradKV[T](dims, true, sc)
+		run = func() error { return w.run(r, out, q, k, v, dout, stats) }
 	case "attention_grad_v":
 		q, k, dout, stats := c.Arg(0), c.Arg(1), c.Arg(2), c.Arg(3)
-		w := newRingGradKV[T](dims, false)
-		return func() error { return w.run(r, out, q, k, nil, dout, stats) }, true, nil
+		w := newRingGradKV[T](dims, false, sc)
+		run = func() error { return w.run(r, out, q, k, nil, dout, stats) }
 	}
-	return nil, true, fmt.Errorf("ring attention: op %s is not an attention op", c.Instr.Op)
+	if run == nil {
+		return nil, true, fmt.Errorf("ring attention: op %s is not an attention op", c.Instr.Op)
+	}
+	if sc.err == nil && len(sc.b) > 0 {
+		sc.err = fmt.Errorf("ring attention's scratch has %d bytes it does not use", len(sc.b))
+	}
+	if sc.err != nil {
+		return nil, true, fmt.Errorf("%s: %w (lower.RingScratch and the runtime disagree)", c.Instr.Op, sc.err)
+	}
+	return run, true, nil
+}
+
+// carver hands out the pieces of an instruction's scratch buffer in the
+// order lower.RingScratch sizes them, each rounded up to 8 bytes; with no
+// buffer (a kernel test) it allocates.
+type carver struct {
+	b   []byte
+	err error
+}
+
+func take[T float32 | float64 | kcpu.Float](c *carver, n int) []T {
+	var z T
+	size := (n*int(unsafe.Sizeof(z)) + 7) &^ 7
+	if c == nil || c.b == nil {
+		return make([]T, n)
+	}
+	if size > len(c.b) {
+		c.err = fmt.Errorf("ring attention's scratch is %d bytes short", size-len(c.b))
+		return make([]T, n)
+	}
+	x := unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(c.b))), n)
+	c.b = c.b[size:]
+	return x
 }
 
 // kvChunks holds the K/V chunk a device computes with and the one it
@@ -139,10 +176,13 @@ type kvChunks[T kcpu.Float] struct {
 	cur, next [][]T
 }
 
-func newKVChunks[T kcpu.Float](streams, n int) kvChunks[T] {
+func newKVChunks[T kcpu.Float](sc *carver, streams, n int) kvChunks[T] {
 	c := kvChunks[T]{cur: make([][]T, streams), next: make([][]T, streams)}
 	for i := range streams {
-		c.cur[i], c.next[i] = make([]T, n), make([]T, n)
+		c.cur[i] = take[T](sc, n)
+	}
+	for i := range streams {
+		c.next[i] = take[T](sc, n)
 	}
 	return c
 }
@@ -182,10 +222,12 @@ type ringForward[T kcpu.Float] struct {
 	part     []T
 }
 
-func newRingForward[T kcpu.Float](d kcpu.AttentionDims) *ringForward[T] {
+func newRingForward[T kcpu.Float](d kcpu.AttentionDims, sc *carver) *ringForward[T] {
 	rows := d.Batch * d.Heads * d.SQ
-	return &ringForward[T]{d: d, kv: newKVChunks[T](2, d.Batch*d.KVHeads*d.SK*d.HeadDim),
-		acc: make([]float64, rows*d.HeadDim), lse: make([]float64, rows), lsT: make([]float64, rows), part: make([]T, rows*d.HeadDim)}
+	w := &ringForward[T]{d: d, kv: newKVChunks[T](sc, 2, d.Batch*d.KVHeads*d.SK*d.HeadDim)}
+	w.acc, w.lse, w.lsT = take[float64](sc, rows*d.HeadDim), take[float64](sc, rows), take[float64](sc, rows)
+	w.part = take[T](sc, rows*d.HeadDim)
+	return w
 }
 
 func (w *ringForward[T]) run(r ring, out, q, k, v []T) error {
@@ -254,9 +296,11 @@ type ringStats[T kcpu.Float] struct {
 	lse  []float64
 }
 
-func newRingStats[T kcpu.Float](d kcpu.AttentionDims) *ringStats[T] {
+func newRingStats[T kcpu.Float](d kcpu.AttentionDims, sc *carver) *ringStats[T] {
 	rows := d.Batch * d.Heads * d.SQ
-	return &ringStats[T]{d: d, k: newKVChunks[T](1, d.Batch*d.KVHeads*d.SK*d.HeadDim), part: make([]T, 2*rows), lse: make([]float64, rows)}
+	w := &ringStats[T]{d: d, k: newKVChunks[T](sc, 1, d.Batch*d.KVHeads*d.SK*d.HeadDim)}
+	w.part, w.lse = take[T](sc, 2*rows), take[float64](sc, rows)
+	return w
 }
 
 func (w *ringStats[T]) run(r ring, stats, q, k, out, dout []T) error {
@@ -302,9 +346,11 @@ type ringGradQ[T kcpu.Float] struct {
 	acc  []float64
 }
 
-func newRingGradQ[T kcpu.Float](d kcpu.AttentionDims) *ringGradQ[T] {
+func newRingGradQ[T kcpu.Float](d kcpu.AttentionDims, sc *carver) *ringGradQ[T] {
 	n := d.Batch * d.Heads * d.SQ * d.HeadDim
-	return &ringGradQ[T]{d: d, kv: newKVChunks[T](2, d.Batch*d.KVHeads*d.SK*d.HeadDim), part: make([]T, n), acc: make([]float64, n)}
+	w := &ringGradQ[T]{d: d, kv: newKVChunks[T](sc, 2, d.Batch*d.KVHeads*d.SK*d.HeadDim)}
+	w.part, w.acc = take[T](sc, n), take[float64](sc, n)
+	return w
 }
 
 func (w *ringGradQ[T]) run(r ring, dq, q, k, v, dout, stats []T) error {
@@ -343,13 +389,15 @@ type ringGradKV[T kcpu.Float] struct {
 	part   []T
 }
 
-func newRingGradKV[T kcpu.Float](d kcpu.AttentionDims, k bool) *ringGradKV[T] {
+func newRingGradKV[T kcpu.Float](d kcpu.AttentionDims, k bool, sc *carver) *ringGradKV[T] {
 	streams := 2
 	if k {
 		streams = 3
 	}
 	n := d.Batch * d.KVHeads * d.SK * d.HeadDim
-	return &ringGradKV[T]{d: d, k: k, chunks: newKVChunks[T](streams, n), part: make([]T, n)}
+	w := &ringGradKV[T]{d: d, k: k, chunks: newKVChunks[T](sc, streams, n)}
+	w.part = take[T](sc, n)
+	return w
 }
 
 func (w *ringGradKV[T]) run(r ring, grad, q, k, v, dout, stats []T) error {

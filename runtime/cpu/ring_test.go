@@ -79,11 +79,11 @@ func TestRingAttentionMatchesOneDevice(t *testing.T) {
 					res := result{out: make([]float64, len(gc)), stats: make([]float64, 2*batch*c.heads*L),
 						dq: make([]float64, len(qc)), dk: make([]float64, len(kc)), dv: make([]float64, len(kc))}
 					steps := []func() error{
-						func() error { return newRingForward[float64](part).run(r, res.out, qc, kc, vc) },
-						func() error { return newRingStats[float64](part).run(r, res.stats, qc, kc, res.out, gc) },
-						func() error { return newRingGradQ[float64](part).run(r, res.dq, qc, kc, vc, gc, res.stats) },
-						func() error { return newRingGradKV[float64](part, true).run(r, res.dk, qc, kc, vc, gc, res.stats) },
-						func() error { return newRingGradKV[float64](part, false).run(r, res.dv, qc, kc, nil, gc, res.stats) },
+						func() error { return newRingForward[float64](part, nil).run(r, res.out, qc, kc, vc) },
+						func() error { return newRingStats[float64](part, nil).run(r, res.stats, qc, kc, res.out, gc) },
+						func() error { return newRingGradQ[float64](part, nil).run(r, res.dq, qc, kc, vc, gc, res.stats) },
+						func() error { return newRingGradKV[float64](part, true, nil).run(r, res.dk, qc, kc, vc, gc, res.stats) },
+						func() error { return newRingGradKV[float64](part, false, nil).run(r, res.dv, qc, kc, nil, gc, res.stats) },
 					}
 					for _, f := range steps {
 						if errs[pos] = f(); errs[pos] != nil {
