@@ -83,7 +83,9 @@ func TestRingAttentionMatchesOneDevice(t *testing.T) {
 						func() error { return newRingStats[float64](part, nil).run(r, res.stats, qc, kc, res.out, gc) },
 						func() error { return newRingGradQ[float64](part, nil).run(r, res.dq, qc, kc, vc, gc, res.stats) },
 						func() error { return newRingGradKV[float64](part, true, nil).run(r, res.dk, qc, kc, vc, gc, res.stats) },
-						func() error { return newRingGradKV[float64](part, false, nil).run(r, res.dv, qc, kc, nil, gc, res.stats) },
+						func() error {
+							return newRingGradKV[float64](part, false, nil).run(r, res.dv, qc, kc, nil, gc, res.stats)
+						},
 					}
 					for _, f := range steps {
 						if errs[pos] = f(); errs[pos] != nil {
