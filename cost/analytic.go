@@ -177,8 +177,13 @@ func (t Transformer) fwdFLOPsPerSeq() float64 {
 
 // Plan is one point of the search space.
 type Plan struct {
-	TP, PP, DP, VPP  int
-	EP               int // expert-parallel degree (0 or 1: none); tokens split over dp·ep
+	TP, PP, DP, VPP int
+	EP              int // expert-parallel degree (0 or 1: none); tokens split over dp·ep
+	// CP is the context-parallel degree (0 or 1: none): every
+	// activation's sequence split over cp ranks; CPImpl how attention
+	// runs over them, "ring" ("" too) or "all2all" (Ulysses).
+	CP               int
+	CPImpl           string
 	MicroBatch       int // sequences per microbatch per data-parallel rank (b)
 	Microbatches     int // m
 	Zero             int
@@ -207,8 +212,8 @@ type Plan struct {
 // defaultBucketBytes is --bucket-mb's default, 25 MiB of gradients.
 const defaultBucketBytes = 25 << 20
 
-// Devices is tp·pp·dp·ep.
-func (p Plan) Devices() int { return p.TP * p.PP * p.DP * max(p.EP, 1) }
+// Devices is tp·pp·dp·ep·cp.
+func (p Plan) Devices() int { return p.TP * p.PP * p.DP * max(p.EP, 1) * max(p.CP, 1) }
 
 // String is the plan in the flags' words, as the published-run tables
 // print it.
@@ -216,6 +221,12 @@ func (p Plan) String() string {
 	s := fmt.Sprintf("tp=%d pp=%d dp=%d", p.TP, p.PP, p.DP)
 	if p.EP > 1 {
 		s += fmt.Sprintf(" ep=%d", p.EP)
+	}
+	if p.CP > 1 {
+		s += fmt.Sprintf(" cp=%d", p.CP)
+		if p.CPImpl == "all2all" {
+			s += " all2all"
+		}
 	}
 	if p.VPP > 1 {
 		s += fmt.Sprintf(" vpp=%d", p.VPP)
@@ -311,12 +322,34 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	if t.moeLayers() > 0 && t.Experts%ep != 0 {
 		return nil, fmt.Errorf("%d experts do not split over ep=%d", t.Experts, ep)
 	}
+	cp := max(p.CP, 1)
+	if t.Seq%cp != 0 {
+		return nil, fmt.Errorf("cp=%d does not divide the sequence of %d tokens", cp, t.Seq)
+	}
+	if cp > 1 && p.CPImpl == "all2all" {
+		// Ulysses splits each device's heads over cp: k/v heads split
+		// over tp, or whole on it when tp does not divide them.
+		kv := t.KVHeads
+		if kv == 0 {
+			kv = t.Heads
+		}
+		kvLocal := kv
+		if kv%p.TP == 0 {
+			kvLocal = kv / p.TP
+		}
+		if t.Heads%(p.TP*cp) != 0 || kvLocal%cp != 0 {
+			return nil, fmt.Errorf("cp=%d all2all: cp must divide each device's heads (%d/tp=%d) and k/v heads (%d)", cp, t.Heads, p.TP, kvLocal)
+		}
+	}
 	e := &Estimate{CommSeconds: map[string]float64{}, CommBytes: map[string]float64{}}
 	tp, b := float64(p.TP), float64(p.MicroBatch)
 	s, hd, f, V := float64(t.Seq), float64(t.Hidden), float64(t.FFN), float64(t.Vocab)
 	a := float64(t.Heads)
 	eb, dt := p.actBytes(), p.dtype()
-	tokens := b * s
+	// A device's tokens of a microbatch: context parallelism splits every
+	// sequence over cp.
+	fcp := float64(cp)
+	tokens := b * s / fcp
 
 	// One block's forward on one microbatch: the GEMMs (split over tp),
 	// the attention core, and the elementwise traffic (LayerNorms,
@@ -326,6 +359,45 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	core := 2 * h.gemm(s, s, hd/a, dt, eb) * b * a / tp // QKᵀ and PV per head
 	if !t.FusedAttention {
 		core += 3 * h.memTime(eb*b*a/tp*s*s) // scores, mask, softmax through memory
+	}
+	// Context parallelism: Ulysses runs whole sequences on a/(tp·cp)
+	// heads; the ring runs a device's s/cp queries against every chunk of
+	// s/cp keys, one chunk a step, and its K/V chunks travel meanwhile
+	// (their own stream on a GPU): each step pays the larger of its
+	// compute and its transfer. The backward moves four chunks a step
+	// (K for the statistics, K and V for dq, K, V and dK for dk, K and dV
+	// for dv) against twice the compute, and two gradients home at the
+	// end. The layout is contiguous, so the busiest rank (the last under a
+	// causal mask) computes every chunk.
+	var cpF, cpB float64
+	cpLink := h.axisLink(cp, p.TP, p.Devices())
+	if cp > 1 {
+		kvHeadsPerTP := t.kvWidth() / tp
+		if t.KVHeads > 0 && t.KVHeads%p.TP != 0 {
+			kvHeadsPerTP = t.kvWidth() // k/v projections replicated over tp
+		}
+		chunk := eb * tokens * kvHeadsPerTP // one K (or V) chunk
+		if p.CPImpl == "all2all" {
+			core = 2 * h.gemm(s, s, hd/a, dt, eb) * b * a / (tp * fcp)
+			q := Collective("all_to_all", cp, eb*tokens*hd/tp, cpLink)
+			kv := Collective("all_to_all", cp, chunk, cpLink)
+			// Forward: q, k, v to heads, the output back. Backward: dout to
+			// heads (the statistics read the forward's head-split output
+			// and q, k, v), dq, dk, dv back.
+			cpF = 2*q + 2*kv
+			cpB = 2*q + 2*kv
+			e.CommBytes["cp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (4*eb*tokens*hd/tp + 4*chunk) * (fcp - 1) / fcp
+		} else {
+			step := 2 * h.gemm(s/fcp, s/fcp, hd/a, dt, eb) * b * a / tp
+			if !t.FusedAttention {
+				step += 3 * h.memTime(eb*b*a/tp*s*s/(fcp*fcp))
+			}
+			core = fcp * step
+			p2p := P2P(2*chunk, cpLink)
+			cpF = (fcp - 1) * math.Max(p2p-step, 0)
+			cpB = (fcp-1)*math.Max(4*p2p-2*step, 0) + 2*P2P(chunk, cpLink)
+			e.CommBytes["cp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * ((fcp-1)*10*chunk + 2*chunk)
+		}
 	}
 	rep := 10.0
 	if p.SequenceParallel {
@@ -360,7 +432,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		layerF = (1-moeWeight)*denseF + moeWeight*moeF
 		// Rows travel to their experts' ranks and back: tp consecutive
 		// ranks form the innermost axis, so an ep group is strided by tp.
-		a2a = Collective("all_to_all", ep, eb*rows*hd, h.axisLink(ep, p.TP, p.Devices()))
+		a2a = Collective("all_to_all", ep, eb*rows*hd, h.axisLink(ep, p.TP*cp, p.Devices()))
 	}
 	layerB := 2 * layerF
 	switch p.Recompute {
@@ -402,8 +474,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		e.CommSeconds["ep"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (epF + epB)
 		e.CommBytes["ep"] = float64(t.Layers/p.PP) * moeWeight * float64(p.Microbatches) * per * eb * tokens * t.Slots * hd * float64(ep-1) / float64(ep)
 	}
-	layerF += tpF + epF
-	layerB += tpB + epB
+	if cp > 1 {
+		e.CommSeconds["cp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (cpF + cpB)
+	}
+	layerF += tpF + epF + cpF
+	layerB += tpB + epB + cpB
 	// The head (vocab-parallel logits and cross-entropy) on the last chunk,
 	// the embedding on the first.
 	headF := h.gemm(tokens, V/tp, hd, dt, eb) + h.memTime(4*tokens*V/tp*3)
@@ -427,7 +502,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// tp·ep-th rank of a stage: one member per node once tp fills the
 	// node, up to a node's worth otherwise (LinkFor).
 	data := p.DP * ep
-	dpLink := h.axisLink(p.DP, p.TP*ep, p.Devices())
+	dpLink := h.axisLink(p.DP, p.TP*cp*ep, p.Devices())
 	// Pipeline: chunk costs into the schedule simulator. A transfer
 	// between stages (neighbours tp·dp ranks apart) carries b·s·h/t per tp
 	// rank: without sequence parallelism the value is whole on every tp
@@ -435,7 +510,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// slices over tp (Megatron's scatter/gather, as lower.recvGathered
 	// emits it); under sequence parallelism each rank already holds its
 	// own 1/t and no gather follows.
-	ppLink := h.pairLink(p.TP*data, p.Devices())
+	ppLink := h.pairLink(p.TP*cp*data, p.Devices())
 	p2p := P2P(eb*tokens*hd/tp, ppLink)
 	if p.TP > 1 && !p.SequenceParallel {
 		p2p += Collective("all_gather", p.TP, eb*tokens*hd, tpLink)
@@ -537,7 +612,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// Data parallelism and the optimizer, after the last backward (both
 	// backends issue reductions in program order on the compute stream).
 	var tail float64
-	if data > 1 {
+	if data > 1 || cp > 1 {
 		// Gradients reduced in fp32 after unscaling, over dp; under expert
 		// parallelism the shared ones first over ep (as the shard pass
 		// places them: partial over both axes, reduced one axis at a time),
@@ -558,6 +633,14 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			return Collective("reduce_scatter", n, g, l) + Collective("all_gather", n, g, l)
 		}
 		c := reduce(p.DP, g, dpLink)
+		if cp > 1 {
+			// Every gradient is summed over cp first (the weights are
+			// whole on it), in buckets like dp's.
+			r := buckets * Collective("all_reduce", cp, g/buckets, cpLink)
+			c += r
+			e.CommSeconds["cp"] += r
+			e.CommBytes["cp"] += 2 * g * (fcp - 1) / fcp
+		}
 		if p.Zero == 3 {
 			// Params gathered before each microbatch's forward and backward.
 			c += 2 * float64(p.Microbatches) * Collective("all_gather", p.DP, eb*stageParams, dpLink)
@@ -574,7 +657,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		tail += c
 		if ep > 1 {
 			shared := 4 * (stageParams - expertParams)
-			c := Collective("all_reduce", ep, shared, h.axisLink(ep, p.TP, p.Devices()))
+			c := Collective("all_reduce", ep, shared, h.axisLink(ep, p.TP*cp, p.Devices()))
 			tail += c
 			e.CommSeconds["ep"] += c
 			e.CommBytes["ep"] += 2 * shared * float64(ep-1) / float64(ep)
@@ -598,7 +681,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		tail += e.CommSeconds["host"] // the update waits for its state
 	}
 	e.StepSeconds = pipe + tail
-	e.ComputeSeconds = float64(p.Microbatches) * perChunk * float64(v) * (layerF + layerB - tpF - tpB - epF - epB)
+	e.ComputeSeconds = float64(p.Microbatches) * perChunk * float64(v) * (layerF + layerB - tpF - tpB - epF - epB - cpF - cpB)
 
 	batch := float64(p.MicroBatch * p.Microbatches * data)
 	e.ModelFLOPs = t.ModelFLOPs(int(batch))
@@ -670,6 +753,13 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		act = 2 * tokens * hd * eb
 	}
 	actBytes := act*perChunk*float64(v)*inflight + eb*tokens*V/tp*2
+	if cp > 1 && p.CPImpl != "all2all" {
+		// The ring's scratch while its forward runs (lower.RingScratch):
+		// two K/V chunks held and received, the running output in
+		// float64 and one step's.
+		kv := 4 * tokens * t.kvWidth() / tp * 4
+		actBytes += 2*kv + tokens*hd/tp*(8+4)
+	}
 	e.MemoryEstimate = int64(params + state + grads + actBytes + eb*stageParams)
 	return e, nil
 }

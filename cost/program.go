@@ -71,6 +71,11 @@ type instrCost struct {
 	axis    string // "" for compute
 	bytes   float64
 	copy    bool // a host↔device copy (its own stream on the GPU)
+	// hidden is the part of a compute instruction's seconds that is
+	// communication on axis hiddenAxis it could not hide (ring attention's
+	// transfers beyond its compute), and hiddenBytes what it moves there.
+	hiddenAxis          string
+	hidden, hiddenBytes float64
 }
 
 // Predict prices one step of the programs (one per pipeline rank, as
@@ -422,7 +427,11 @@ func (h *Hardware) priceDevice(prog *lower.Program, r int) *devicePrice {
 			dc.comm[ic.axis] += ic.seconds
 			dc.bytes[ic.axis] += ic.bytes
 		default:
-			dc.compute += ic.seconds
+			dc.compute += ic.seconds - ic.hidden
+			if ic.hiddenAxis != "" {
+				dc.comm[ic.hiddenAxis] += ic.hidden
+				dc.bytes[ic.hiddenAxis] += ic.hiddenBytes
+			}
 		}
 	}
 	t := dc.compute
@@ -492,6 +501,10 @@ func kernelCost(in lower.Instr) (flops, bytes int64, dt ir.DType, ok bool) {
 		attrs = in.Value.Attrs
 	}
 	flops, bytes = info.Cost(in.ArgTypes, in.OutType, attrs)
+	if n := ringSteps(in); n > 1 {
+		// Ring attention: the kernel runs once per chunk of the keys.
+		flops, bytes = flops*int64(n), bytes*int64(n)
+	}
 	dt = in.OutType.DType
 	if len(in.ArgTypes) > 0 && in.Op == "matmul" {
 		dt = in.ArgTypes[0].DType
@@ -602,6 +615,11 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 				continue
 			}
 			ic.seconds = h.OpTime(in.Op, dt, f, b)
+			if lower.RingAttention(in.Value, mesh) {
+				ax := mesh.SequenceAxis()
+				ranks, name := group(mesh.Axes[ax].Name)
+				h.priceRing(ic, in, linkOf(name, ranks), name)
+			}
 			// Megatron's vocab-parallel cross-entropy exchanges per-row
 			// statistics inside the one instruction (runtime/cpu/vocab.go:
 			// an all-gather of the row maxima, an all-reduce of the sums
@@ -622,6 +640,42 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 		}
 	}
 	return out
+}
+
+// priceRing prices a ring attention instruction (lower.RingAttention)
+// whose one chunk's kernel ic.seconds already holds: cp steps of it, each
+// beside the transfer of the chunks that travel (their own stream on a
+// GPU, so a step pays the larger of the two), and for dk and dv the
+// finished gradient's step home. Chunks travel in float32 (16-bit
+// operands are widened) or float64.
+func (h *Hardware) priceRing(ic *instrCost, in lower.Instr, l Link, axis string) {
+	cp := float64(ringSteps(in))
+	e := int64(4)
+	if in.ArgTypes[0].DType == ir.F64 {
+		e = 8
+	}
+	chunk := float64(in.ArgTypes[1].Shape.NumElements() * e)
+	streams := map[string]float64{"attention": 2, "attention_stats": 1, "attention_grad_q": 2, "attention_grad_k": 3, "attention_grad_v": 2}[in.Op]
+	step := ic.seconds / cp // kernelCost priced every step
+	move := P2P(streams*chunk, l)
+	exposed := (cp - 1) * math.Max(move-step, 0)
+	ic.hiddenBytes = (cp - 1) * streams * chunk
+	if in.Op == "attention_grad_k" || in.Op == "attention_grad_v" {
+		exposed += P2P(chunk, l)
+		ic.hiddenBytes += chunk
+	}
+	ic.seconds += exposed
+	ic.hidden, ic.hiddenAxis = exposed, axis
+}
+
+// ringSteps is how many chunks of the keys a ring attention instruction
+// (one with scratch, lower.RingScratch) computes on: its q's whole
+// sequence over its local one; 1 for any other instruction.
+func ringSteps(in lower.Instr) int {
+	if len(in.Scratch) == 0 || in.Value == nil || len(in.Value.Args) == 0 || len(in.ArgTypes) == 0 || in.ArgTypes[0].Rank() != 4 {
+		return 1
+	}
+	return in.Value.Args[0].Type.Shape[2] / max(in.ArgTypes[0].Shape[2], 1)
 }
 
 // busFactor is how many times a ring collective's per-step share crosses

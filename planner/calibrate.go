@@ -88,7 +88,10 @@ func checkMeasured(path string, ps []MeasuredPlan) ([]MeasuredPlan, error) {
 // cannot exist.
 func (p MeasuredPlan) Config(base compile.Config) compile.Config {
 	c := base
-	c.TP, c.PP, c.DP, c.EP, c.VPP = max(p.TP, 1), max(p.PP, 1), max(p.DP, 1), max(p.EP, 1), p.VPP
+	c.TP, c.PP, c.DP, c.EP, c.CP, c.VPP = max(p.TP, 1), max(p.PP, 1), max(p.DP, 1), max(p.EP, 1), max(p.CP, 1), p.VPP
+	if p.CPImpl != "" {
+		c.CPImpl = p.CPImpl
+	}
 	switch {
 	case p.Batch > 0:
 		c.Batch = p.Batch
@@ -96,7 +99,7 @@ func (p MeasuredPlan) Config(base compile.Config) compile.Config {
 		// A row says its batch: microbatch size × count × replicas.
 		c.Batch = p.MicroBatch * p.Microbatches * c.DP * c.EP
 	}
-	c.Devices = c.TP * c.PP * c.DP * c.EP
+	c.Devices = c.TP * c.PP * c.DP * c.EP * c.CP
 	c.Microbatches = max(p.Microbatches, 1)
 	c.MicroBatchSize = 0
 	if p.MicroBatch > 0 && p.Microbatches == 0 {

@@ -29,18 +29,60 @@ func enumerate(base compile.Config, t cost.Transformer, hw *cost.Hardware, selec
 		if base.Devices%ep != 0 {
 			continue
 		}
-		b := base
-		b.EP = ep
-		out = append(out, enumerateEP(b, t, hw, selective)...)
+		for _, cp := range cpChoices(base, t, base.Devices/ep) {
+			for _, impl := range cpImpls(base, t, cp) {
+				b := base
+				b.EP, b.CP, b.CPImpl = ep, cp, impl
+				out = append(out, enumerateEP(b, t, hw, selective)...)
+			}
+		}
 	}
 	return out
+}
+
+// longSequence is the context from which the planner tries context
+// parallelism, and minChunk the fewest tokens it leaves each cp rank:
+// below them attention's s² is small next to the rest of a block and
+// a chunk too small to keep a GPU busy.
+const (
+	longSequence = 8192
+	minChunk     = 1024
+)
+
+// cpChoices are the context-parallel degrees searched within n devices:
+// the user's, or for a long sequence every divisor of n that divides it
+// and leaves each rank minChunk tokens or more.
+func cpChoices(base compile.Config, t cost.Transformer, n int) []int {
+	if base.Explicit["cp"] {
+		return []int{max(base.CP, 1)}
+	}
+	if t.Seq < longSequence {
+		return []int{1}
+	}
+	return choices(false, 0, divisors(n), func(cp int) bool { return t.Seq%cp == 0 && t.Seq/cp >= minChunk })
+}
+
+// cpImpls are the attention strategies searched at cp: the user's, or
+// the ring, and Ulysses where cp divides the heads and the k/v heads.
+func cpImpls(base compile.Config, t cost.Transformer, cp int) []string {
+	switch {
+	case cp == 1:
+		return []string{base.CPImpl}
+	case base.Explicit["cp-impl"]:
+		return []string{base.CPImpl}
+	}
+	impls := []string{"ring"}
+	if kv := max(t.KVHeads, 0); t.Heads%cp == 0 && (kv == 0 || kv%cp == 0) {
+		impls = append(impls, "all2all")
+	}
+	return impls
 }
 
 // enumerateEP is enumerate with ep fixed at base.EP.
 func enumerateEP(base compile.Config, t cost.Transformer, hw *cost.Hardware, selective bool) []compile.Config {
 	fixed := func(name string) bool { return base.Explicit[name] }
-	ep := max(base.EP, 1)
-	n := base.Devices / ep
+	ep, cp := max(base.EP, 1), max(base.CP, 1)
+	n := base.Devices / (ep * cp)
 	var out []compile.Config
 	tps := choices(fixed("tp"), base.TP, divisors(n), func(tp int) bool {
 		return t.Heads%tp == 0 && t.FFN%tp == 0 && t.Vocab%tp == 0
@@ -89,7 +131,9 @@ func enumerateEP(base compile.Config, t cost.Transformer, hw *cost.Hardware, sel
 			sps := []bool{false}
 			if fixed("sequence-parallel") {
 				sps = []bool{base.SequenceParallel}
-			} else if tp > 1 {
+			} else if tp > 1 && cp == 1 {
+				// Under cp the sequence is split already, and tp's
+				// split of it is not placed (docs/architecture.md).
 				sps = []bool{false, true}
 			}
 			recomputes := []string{"none", "full"}

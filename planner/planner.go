@@ -226,7 +226,7 @@ func noCandidates(base compile.Config, t cost.Transformer) string {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"tp", base.TP}, {"pp", base.PP}, {"dp", base.DP}, {"ep", base.EP}, {"vpp", base.VPP}, {"microbatches", base.Microbatches}} {
+	}{{"tp", base.TP}, {"pp", base.PP}, {"dp", base.DP}, {"ep", base.EP}, {"cp", base.CP}, {"vpp", base.VPP}, {"microbatches", base.Microbatches}} {
 		if base.Explicit[f.name] {
 			fixed = append(fixed, fmt.Sprintf("--%s %d", f.name, f.v))
 		}
@@ -235,7 +235,7 @@ func noCandidates(base compile.Config, t cost.Transformer) string {
 	if len(fixed) > 0 {
 		given = " with " + strings.Join(fixed, ", ") + " as given"
 	}
-	return fmt.Sprintf("no tp·pp·dp·ep = %d%s has tp dividing the %d heads, the FFN width %d and the vocabulary %d, pp dividing the %d layers, and dp·ep dividing --batch %d (give a --devices or --batch with more divisors)",
+	return fmt.Sprintf("no tp·pp·dp·ep·cp = %d%s has tp dividing the %d heads, the FFN width %d and the vocabulary %d, pp dividing the %d layers, and dp·ep dividing --batch %d (give a --devices or --batch with more divisors)",
 		base.Devices, given, t.Heads, t.FFN, t.Vocab, t.Layers, base.Batch)
 }
 
@@ -282,7 +282,7 @@ func compileCandidate(c *Candidate, gir string, hw *cost.Hardware, capBytes int6
 func planOf(c compile.Config) cost.Plan {
 	dp, ep := max(c.DP, 1), max(c.EP, 1)
 	m := max(c.Microbatches, 1)
-	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, EP: ep, VPP: max(c.VPP, 1),
+	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, EP: ep, CP: max(c.CP, 1), CPImpl: c.CPImpl, VPP: max(c.VPP, 1),
 		MicroBatch: max(c.Batch/(dp*ep*m), 1), Microbatches: m, Zero: c.Zero,
 		SequenceParallel: c.SequenceParallel, Recompute: c.Recompute, Offload: c.Offload,
 		Precision: c.Precision, Schedule: c.Schedule, Optimizer: c.Optimizer, BucketBytes: c.BucketMB * (1 << 20)}
@@ -293,6 +293,12 @@ func Describe(c compile.Config) string {
 	s := fmt.Sprintf("tp=%d pp=%d dp=%d", max(c.TP, 1), max(c.PP, 1), max(c.DP, 1))
 	if c.EP > 1 {
 		s += fmt.Sprintf(" ep=%d", c.EP)
+	}
+	if c.CP > 1 {
+		s += fmt.Sprintf(" cp=%d", c.CP)
+		if c.CPImpl == "all2all" {
+			s += " all2all"
+		}
 	}
 	if c.VPP > 1 {
 		s += fmt.Sprintf(" vpp=%d", c.VPP)

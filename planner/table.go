@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"gcompile/compile"
 	"gcompile/cost"
 )
 
@@ -34,6 +35,8 @@ type PlanFields struct {
 	PP               int    `json:"pp"`
 	DP               int    `json:"dp"`
 	EP               int    `json:"ep"`
+	CP               int    `json:"cp"`
+	CPImpl           string `json:"cp_impl,omitempty"`
 	VPP              int    `json:"vpp"`
 	MicroBatch       int    `json:"microbatch_size"`
 	Microbatches     int    `json:"microbatches"`
@@ -42,6 +45,14 @@ type PlanFields struct {
 	Recompute        string `json:"recompute"`
 	Offload          string `json:"offload"`
 	Schedule         string `json:"schedule"`
+}
+
+// cpImpl is the plan's attention over cp, or "" without cp.
+func cpImpl(c compile.Config) string {
+	if c.CP > 1 {
+		return c.CPImpl
+	}
+	return ""
 }
 
 // Rows turns the ranked plans into rows.
@@ -57,7 +68,7 @@ func Rows(res *Result, hw *cost.Hardware) []Row {
 			model = c.Prediction.ModelFLOPs
 		}
 		n := float64(cfg.Devices)
-		r := Row{Rank: i + 1, Plan: Describe(cfg), PlanFields: PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), VPP: cfg.VPP,
+		r := Row{Rank: i + 1, Plan: Describe(cfg), PlanFields: PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), CP: max(cfg.CP, 1), CPImpl: cpImpl(cfg), VPP: cfg.VPP,
 			MicroBatch: c.Plan.MicroBatch, Microbatches: cfg.Microbatches, Zero: cfg.Zero, SequenceParallel: cfg.SequenceParallel,
 			Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule},
 			StepMs: step * 1e3, TokensPerSec: float64(cfg.Batch*res.Shape.Seq) / step,

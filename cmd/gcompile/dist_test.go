@@ -98,6 +98,9 @@ func TestJobAcrossProcessesMatchesOneProcess(t *testing.T) {
 		{2, []string{"--devices", "2", "--pp", "2", "--microbatches", "2"}},
 		{4, []string{"--devices", "4", "--dp", "2", "--tp", "2", "--zero", "1"}},
 		{4, []string{"--devices", "4", "--pp", "2", "--tp", "2", "--vpp", "2", "--microbatches", "4"}},
+		// The ring's K/V chunks cross processes: cp neighbours are tp = 2
+		// ranks apart, on different processes.
+		{2, []string{"--devices", "4", "--cp", "2", "--tp", "2"}},
 	}
 	if fullMatrix() {
 		cases = append(cases, []struct {

@@ -22,7 +22,7 @@ import (
 
 // planAxes are the flags the planner searches; one the user gives stays
 // fixed.
-var planAxes = []string{"tp", "pp", "dp", "ep", "vpp", "microbatches", "micro-batch-size", "zero", "sequence-parallel", "recompute", "offload", "schedule"}
+var planAxes = []string{"tp", "pp", "dp", "ep", "cp", "cp-impl", "vpp", "microbatches", "micro-batch-size", "zero", "sequence-parallel", "recompute", "offload", "schedule"}
 
 // meshAxes are the axes that split the devices: a command line that gives
 // one of them has chosen its plan's shape.
@@ -139,7 +139,7 @@ func (c *config) validateForPlanner() []error {
 	for _, d := range []struct {
 		name string
 		v    int
-	}{{"tp", c.TP}, {"pp", c.PP}, {"dp", c.DP}, {"vpp", c.VPP}} {
+	}{{"tp", c.TP}, {"pp", c.PP}, {"dp", c.DP}, {"cp", c.CP}, {"vpp", c.VPP}} {
 		if d.v < 0 || d.v > compile.MaxDevices {
 			errs = append(errs, fmt.Errorf("--%s must be in 0..%d, got %d", d.name, compile.MaxDevices, d.v))
 		}
@@ -158,7 +158,7 @@ func (c *config) validateForPlanner() []error {
 	for _, a := range planAxes {
 		delete(probe.Explicit, a)
 	}
-	probe.Devices, probe.TP, probe.PP, probe.DP, probe.VPP, probe.EP = 1, 1, 1, 1, 0, 0
+	probe.Devices, probe.TP, probe.PP, probe.DP, probe.VPP, probe.EP, probe.CP = 1, 1, 1, 1, 0, 0, 0
 	probe.Microbatches, probe.Zero, probe.SequenceParallel, probe.Schedule = 1, 0, false, ""
 	if c.Recompute == "selective" {
 		probe.Recompute = "none" // whether the model tags anything is known once it is built

@@ -1,0 +1,96 @@
+package planner
+
+import (
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/compile"
+	"gcompile/examples/llama"
+	"gcompile/frontend"
+	"gcompile/ir"
+)
+
+// longLlama is the test Llama (4 heads, 2 k/v heads) at a long context.
+func longLlama(t testing.TB, seq string) *ir.Module {
+	t.Helper()
+	m, err := frontend.Build(llama.Model, frontend.Config{Name: "llama", Batch: 8,
+		Set: map[string]string{"layers": "2", "hidden": "64", "heads": "4", "kv_heads": "2", "ffn": "128", "seq": seq}})
+	require.NoError(t, err)
+	return m
+}
+
+// The planner searches context parallelism for long sequences: every cp
+// that divides the devices and leaves each rank a chunk of 1024 tokens
+// or more, by the ring, and by Ulysses where cp divides the heads and the
+// k/v heads; at a short context it does not. The estimate prices what
+// the compiled plan moves on cp: the ring's chunks (ten a step, and two
+// gradients home, per layer), Ulysses' all_to_alls, and the gradients'
+// reduction over cp; and the compiled plan's flops count every chunk the
+// ring computes, the same as without cp (within 0.1 %: a causal chunk on
+// the diagonal is priced as the average chunk).
+func TestPlannerSearchesContextParallelism(t *testing.T) {
+	hw := cpuHardware(t)
+	long := longLlama(t, "8192")
+	shape, err := ShapeOf(long)
+	require.NoError(t, err)
+	type choice struct {
+		cp   int
+		impl string
+	}
+	seen := map[choice]bool{}
+	for _, c := range enumerate(baseConfig(8, 8), shape, hw, false) {
+		if c.CP > 1 {
+			seen[choice{c.CP, c.CPImpl}] = true
+		} else {
+			seen[choice{1, ""}] = true
+		}
+	}
+	want := []choice{{1, ""}, {2, "ring"}, {2, "all2all"}, {4, "ring"}, {8, "ring"}}
+	got := slices.Collect(func(yield func(choice) bool) {
+		for c := range seen {
+			if !yield(c) {
+				return
+			}
+		}
+	})
+	assert.ElementsMatch(t, want, got, "cp and its strategy searched at seq 8192 (4 heads, 2 k/v heads)")
+
+	short, err := ShapeOf(longLlama(t, "1024"))
+	require.NoError(t, err)
+	for _, c := range enumerate(baseConfig(8, 8), short, hw, false) {
+		require.LessOrEqual(t, c.CP, 1, "no cp at a 1024-token context")
+	}
+
+	gir := writeGir(t, long)
+	var flops []float64
+	for _, pl := range []struct {
+		cp, dp int
+		impl   string
+	}{{1, 4, ""}, {2, 2, "ring"}, {4, 1, "ring"}, {2, 2, "all2all"}} {
+		cfg := baseConfig(4, 8)
+		cfg.Model, cfg.CP, cfg.DP, cfg.CPImpl = gir, pl.cp, pl.dp, pl.impl
+		require.NoError(t, cfg.Validate())
+		e, err := hw.EstimateFast(shape, planOf(cfg))
+		require.NoError(t, err)
+		r, err := compile.Compile(&cfg, passesHooks())
+		require.NoError(t, err)
+		pred, err := hw.Predict(r.Programs, r.Schedule)
+		require.NoError(t, err)
+		flops = append(flops, pred.ModelFLOPs)
+		if pl.cp > 1 {
+			got, want := e.CommBytes["cp"], pred.CommBytes["cp"]
+			assert.InDelta(t, want, got, 0.02*want, "%s: bytes on cp, estimated and compiled", Describe(cfg))
+			assert.Positive(t, want)
+		}
+		t.Logf("%s: step %.1f ms estimated, %.1f ms from the compiled plan; cp %.0f B estimated, %.0f B compiled", Describe(cfg),
+			e.StepSeconds*1e3, pred.StepSeconds*1e3, e.CommBytes["cp"], pred.CommBytes["cp"])
+	}
+	for _, f := range flops[1:] {
+		assert.InDelta(t, flops[0], f, 1e-3*flops[0], "model flops do not depend on cp")
+	}
+	assert.False(t, math.IsNaN(flops[0]))
+}
