@@ -32,6 +32,11 @@ type Config struct {
 	// "all2all", DeepSpeed-Ulysses' exchange of sequence for heads).
 	CP     int
 	CPImpl string
+	// CPLayout is how the ring splits the sequence: "zigzag" (each rank
+	// holds chunks i and 2·cp−1−i of 2·cp, so that every rank does the
+	// same share of a causal attention's work) or "contiguous" (rank i
+	// the i-th of cp). "" is zigzag for the ring; all2all is contiguous.
+	CPLayout string
 	// MicroBatchSize, when set, is the sequences of one microbatch on
 	// each data-parallel replica (Megatron-LM's --micro-batch-size):
 	// Microbatches follows as Batch/(DP·EP·MicroBatchSize). 0: unset.
@@ -136,6 +141,16 @@ func (c *Config) Validate() error {
 	}
 	if c.Explicit["cp-impl"] && c.CP == 1 {
 		bad("--cp-impl %s applies to --cp > 1 (it is how attention runs over the context-parallel ranks)", c.CPImpl)
+	}
+	switch {
+	case c.CPLayout != "" && c.CPLayout != "zigzag" && c.CPLayout != "contiguous":
+		bad("--cp-layout %q: want zigzag or contiguous", c.CPLayout)
+	case c.CPImpl == "all2all" && c.CPLayout == "zigzag" && c.Explicit["cp-layout"] && c.CP > 1:
+		bad("--cp-layout zigzag balances the ring's causal work; --cp-impl all2all runs whole sequences, so it takes --cp-layout contiguous")
+	case c.CPImpl == "all2all":
+		c.CPLayout = "contiguous"
+	case c.CPLayout == "":
+		c.CPLayout = "zigzag"
 	}
 	if c.DPSync == "" {
 		c.DPSync = "sync"
@@ -341,7 +356,7 @@ func (c *Config) PassOptions() *passes.Options {
 // Axes of size 1 are left out; nil for one device.
 func (c *Config) Mesh() *ir.Mesh {
 	m := &ir.Mesh{}
-	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.PP}, {Name: "dp", Size: c.DP}, {Name: "ep", Size: c.EP}, {Name: "cp", Size: c.CP}, {Name: "tp", Size: c.TP}} {
+	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.PP}, {Name: "dp", Size: c.DP}, {Name: "ep", Size: c.EP}, {Name: "cp", Size: c.CP, Zigzag: c.CPLayout == "zigzag"}, {Name: "tp", Size: c.TP}} {
 		if a.Size > 1 {
 			m.Axes = append(m.Axes, a)
 		}

@@ -182,8 +182,12 @@ type Plan struct {
 	// CP is the context-parallel degree (0 or 1: none): every
 	// activation's sequence split over cp ranks; CPImpl how attention
 	// runs over them, "ring" ("" too) or "all2all" (Ulysses).
-	CP               int
-	CPImpl           string
+	CP     int
+	CPImpl string
+	// CPLayout is the ring's split of the sequence: "zigzag" ("" too),
+	// every rank the same share of causal work, or "contiguous", the last
+	// rank the most.
+	CPLayout         string
 	MicroBatch       int // sequences per microbatch per data-parallel rank (b)
 	Microbatches     int // m
 	Zero             int
@@ -367,8 +371,10 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// compute and its transfer. The backward moves four chunks a step
 	// (K for the statistics, K and V for dq, K, V and dK for dk, K and dV
 	// for dv) against twice the compute, and two gradients home at the
-	// end. The layout is contiguous, so the busiest rank (the last under a
-	// causal mask) computes every chunk.
+	// end. The model prices a causal s×s like a full one (the cp = 1
+	// core above), so in its units the zigzag layout gives every rank cp
+	// chunks' work; in contiguous chunks the last rank, the busiest,
+	// sees every earlier chunk whole, 2·cp−1 of them.
 	var cpF, cpB float64
 	cpLink := h.axisLink(cp, p.TP, p.Devices())
 	if cp > 1 {
@@ -393,6 +399,10 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 				step += 3 * h.memTime(eb*b*a/tp*s*s/(fcp*fcp))
 			}
 			core = fcp * step
+			if p.CPLayout == "contiguous" {
+				core = (2*fcp - 1) * step
+			}
+			step = core / fcp
 			p2p := P2P(2*chunk, cpLink)
 			cpF = (fcp - 1) * math.Max(p2p-step, 0)
 			cpB = (fcp-1)*math.Max(4*p2p-2*step, 0) + 2*P2P(chunk, cpLink)

@@ -618,7 +618,7 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 			if lower.RingAttention(in.Value, mesh) {
 				ax := mesh.SequenceAxis()
 				ranks, name := group(mesh.Axes[ax].Name)
-				h.priceRing(ic, in, linkOf(name, ranks), name)
+				h.priceRing(ic, in, linkOf(name, ranks), name, mesh.Axes[ax].Zigzag)
 			}
 			// Megatron's vocab-parallel cross-entropy exchanges per-row
 			// statistics inside the one instruction (runtime/cpu/vocab.go:
@@ -643,13 +643,20 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 }
 
 // priceRing prices a ring attention instruction (lower.RingAttention)
-// whose one chunk's kernel ic.seconds already holds: cp steps of it, each
+// whose cp chunks' kernels ic.seconds already holds (kernelCost): cp steps, each
 // beside the transfer of the chunks that travel (their own stream on a
 // GPU, so a step pays the larger of the two), and for dk and dv the
 // finished gradient's step home. Chunks travel in float32 (16-bit
 // operands are widened) or float64.
-func (h *Hardware) priceRing(ic *instrCost, in lower.Instr, l Link, axis string) {
+func (h *Hardware) priceRing(ic *instrCost, in lower.Instr, l Link, axis string, zigzag bool) {
 	cp := float64(ringSteps(in))
+	if L := float64(in.ArgTypes[0].Shape[2]); !zigzag && in.Value.Attrs.Bool("causal") {
+		// kernelCost counted cp chunks of the average rank's causal work,
+		// L(L+1)/2 pairs each; in contiguous chunks the last rank sees
+		// every earlier chunk whole: (cp−1)·L² + L(L+1)/2.
+		diag := L * (L + 1) / 2
+		ic.seconds *= ((cp-1)*L*L + diag) / (cp * diag)
+	}
 	e := int64(4)
 	if in.ArgTypes[0].DType == ir.F64 {
 		e = 8

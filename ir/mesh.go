@@ -11,6 +11,23 @@ import (
 type MeshAxis struct {
 	Name string
 	Size int
+	// Zigzag changes how the axis splits a dim: into 2·Size equal
+	// chunks, device i holding chunks i and 2·Size−1−i in that order,
+	// where a plain split gives device i the i-th of Size. A sequence
+	// split so over a context-parallel axis gives every device the same
+	// share of a causal attention's work (Megatron-Core's load balance).
+	// Printed cp=4:zigzag.
+	Zigzag bool
+}
+
+// ZigzagChunk is the chunk of the whole dim (of 2·n) that sits k-th in
+// the order a zigzag axis of n devices holds them: device k/2's first
+// (k even) or second chunk.
+func ZigzagChunk(k, n int) int {
+	if k%2 == 0 {
+		return k / 2
+	}
+	return 2*n - 1 - k/2
 }
 
 // AxisRole is what a mesh axis parallelises, which is what passes ask
@@ -142,15 +159,19 @@ func (m *Mesh) String() string {
 	parts := make([]string, len(m.Axes))
 	for i, a := range m.Axes {
 		parts[i] = a.Name + "=" + strconv.Itoa(a.Size)
+		if a.Zigzag {
+			parts[i] += ":zigzag"
+		}
 	}
 	return strings.Join(parts, ",")
 }
 
-// ParseMesh reads "dp=2,tp=4".
+// ParseMesh reads "dp=2,tp=4" (an axis may end in :zigzag).
 func ParseMesh(s string) (*Mesh, error) {
 	m := &Mesh{}
 	for _, f := range strings.Split(s, ",") {
 		name, size, ok := strings.Cut(f, "=")
+		size, zigzag := strings.CutSuffix(size, ":zigzag")
 		n, err := strconv.Atoi(size)
 		if !ok || err != nil || name == "" {
 			return nil, fmt.Errorf("bad mesh axis %q: want name=size", f)
@@ -158,7 +179,7 @@ func ParseMesh(s string) (*Mesh, error) {
 		if n < 1 {
 			return nil, fmt.Errorf("bad mesh axis %q: size must be at least 1", f)
 		}
-		m.Axes = append(m.Axes, MeshAxis{Name: name, Size: n})
+		m.Axes = append(m.Axes, MeshAxis{Name: name, Size: n, Zigzag: zigzag})
 		if _, err := m.DeviceCount(); err != nil {
 			return nil, err
 		}

@@ -94,7 +94,11 @@ func (e *fpEncoder) program(p *Program) {
 	} else {
 		e.int(int64(len(p.Mesh.Axes)))
 		for _, a := range p.Mesh.Axes {
-			e.str(a.Name)
+			name := a.Name
+			if a.Zigzag {
+				name += ":zigzag"
+			}
+			e.str(name)
 			e.int(int64(a.Size))
 		}
 	}

@@ -255,9 +255,14 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 		}
 	}
 	if s.cp >= 0 && v.Op == "input" && v.Type.Rank() >= 2 && !v.Attrs.Bool("whole") {
-		// Every [batch, seq, …] input is split on its sequence over cp.
-		if n := s.m.Mesh.Axes[s.cp].Size; v.Type.Shape[1]%n != 0 {
-			return nil, fmt.Errorf("%s: context parallelism splits %q %v along its sequence (dim 1) over cp=%d, which does not divide it", v.Where(), v.Name(), v.Type, n)
+		// Every [batch, seq, …] input is split on its sequence over cp;
+		// the zigzag layout cuts it into 2·cp chunks.
+		a := s.m.Mesh.Axes[s.cp]
+		if a.Zigzag && v.Type.Shape[1]%(2*a.Size) != 0 {
+			return nil, fmt.Errorf("%s: context parallelism in the zigzag layout splits %q %v along its sequence (dim 1) into 2·cp = %d chunks, which do not divide it (give a --cp that does, or --cp-layout contiguous)", v.Where(), v.Name(), v.Type, 2*a.Size)
+		}
+		if v.Type.Shape[1]%a.Size != 0 {
+			return nil, fmt.Errorf("%s: context parallelism splits %q %v along its sequence (dim 1) over cp=%d, which does not divide it", v.Where(), v.Name(), v.Type, a.Size)
 		}
 		place[s.cp] = shardOn(1)
 	}

@@ -842,6 +842,9 @@ func (r AxisRule) contextParallelAttention(roles []attentionRole, result attenti
 		return want, shardOn(result.seqDim()), nil
 	}
 	n := r.s.m.Mesh.Axes[r.ax].Size
+	if r.s.m.Mesh.Axes[r.ax].Zigzag {
+		return nil, rep, fmt.Errorf("--cp-impl all2all splits heads over cp, which the zigzag layout (for the ring) cannot: use --cp-layout contiguous")
+	}
 	// The heads the other axes (tp) leave each device.
 	heads := func(arg int) (local, whole int) {
 		a := v.Args[arg]

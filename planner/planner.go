@@ -282,7 +282,7 @@ func compileCandidate(c *Candidate, gir string, hw *cost.Hardware, capBytes int6
 func planOf(c compile.Config) cost.Plan {
 	dp, ep := max(c.DP, 1), max(c.EP, 1)
 	m := max(c.Microbatches, 1)
-	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, EP: ep, CP: max(c.CP, 1), CPImpl: c.CPImpl, VPP: max(c.VPP, 1),
+	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, EP: ep, CP: max(c.CP, 1), CPImpl: c.CPImpl, CPLayout: c.CPLayout, VPP: max(c.VPP, 1),
 		MicroBatch: max(c.Batch/(dp*ep*m), 1), Microbatches: m, Zero: c.Zero,
 		SequenceParallel: c.SequenceParallel, Recompute: c.Recompute, Offload: c.Offload,
 		Precision: c.Precision, Schedule: c.Schedule, Optimizer: c.Optimizer, BucketBytes: c.BucketMB * (1 << 20)}

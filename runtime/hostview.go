@@ -377,6 +377,7 @@ func Block[T any](x []T, b lower.Buffer, mesh *ir.Mesh, coords []int) []T {
 	if mesh == nil || b.Place == nil {
 		return x
 	}
+	x = zigzagHeld(x, b.Global.Shape, ZigzagSplits(mesh, b.Place))
 	box := ir.BlockBox(mesh, b.Place, b.Global.Shape, coords)
 	return block(x, box.Shape, box.Lo, box.Size)
 }
@@ -389,7 +390,21 @@ func Unblock[T any](whole []T, b lower.Buffer, mesh *ir.Mesh, coords []int, blk 
 		return
 	}
 	box := ir.BlockBox(mesh, b.Place, b.Global.Shape, coords)
-	unblock(whole, box.Shape, box.Lo, box.Size, blk)
+	splits := ZigzagSplits(mesh, b.Place)
+	if len(splits) == 0 {
+		unblock(whole, box.Shape, box.Lo, box.Size, blk)
+		return
+	}
+	// In the held order the block is a box; the rest of whole keeps what
+	// it had.
+	held := zigzagHeld(whole, b.Global.Shape, splits)
+	unblock(held, box.Shape, box.Lo, box.Size, blk)
+	for i := len(splits) - 1; i >= 0; i-- {
+		Zigzag(whole, held, b.Global.Shape, splits[i], false)
+		if i > 0 {
+			copy(held, whole)
+		}
+	}
 }
 
 // VocabRows reports whether value v (a [vocab, dim] table or its

@@ -16,16 +16,18 @@ import (
 
 // Context parallelism trains like one device: every activation's
 // sequence split over cp, attention by the ring (K/V chunks passed
-// around, partial results merged by their log-sum-exp) or by Ulysses'
-// all_to_alls, alone and with tensor and sequence parallelism, data
-// parallelism with ZeRO, and a 1F1B pipeline; on the GPT (learned
+// around, partial results merged by their log-sum-exp; the sequence in
+// the zigzag layout, rank i holding chunks i and 2·cp−1−i, or in
+// contiguous chunks) or by Ulysses' all_to_alls, alone and with tensor
+// and sequence parallelism, data parallelism with ZeRO, and a 1F1B
+// pipeline; on the GPT (learned
 // positions) and the Llama (rotary positions, grouped-query attention):
 // the same loss at every step (1e-5 relative), the same final weights
 // (1e-5 of each tensor's largest entry, the key biases aside as in
 // TestDataParallelMatchesOneDevice), the same held-out loss, and every
 // device's measured peak equal to the planned one.
 func TestContextParallelMatchesOneDevice(t *testing.T) {
-	plans := []plan{{cp: 2}, {cp: 4}, {cp: 2, cpImpl: "all2all"}, {cp: 2, tp: 2, sp: true}, {cp: 2, dp: 2, zero: 1}}
+	plans := []plan{{cp: 2}, {cp: 4}, {cp: 4, cpLayout: "contiguous"}, {cp: 2, cpImpl: "all2all"}, {cp: 2, tp: 2, sp: true}, {cp: 2, dp: 2, zero: 1}}
 	for _, model := range families {
 		ref := train(t, plan{model: model})
 		check := func(t *testing.T, got trajectory) {
@@ -63,6 +65,8 @@ func TestContextParallelBadPlans(t *testing.T) {
 		want  string
 	}{
 		{"cp does not divide the sequence", "gpt", []ir.MeshAxis{{Name: "cp", Size: 3}}, "", "context parallelism splits \"tokens\" i32[8,16] along its sequence (dim 1) over cp=3, which does not divide it"},
+		{"2·cp does not divide the sequence (zigzag)", "gpt", []ir.MeshAxis{{Name: "cp", Size: 16, Zigzag: true}}, "", "into 2·cp = 32 chunks, which do not divide it"},
+		{"all2all in the zigzag layout", "gpt", []ir.MeshAxis{{Name: "cp", Size: 2, Zigzag: true}}, "all2all", "use --cp-layout contiguous"},
 		{"all2all, k/v heads not divisible", "llama", []ir.MeshAxis{{Name: "cp", Size: 4}}, "all2all", "--cp-impl all2all splits the key/value heads over cp=4, and the device's 2 of the model's 2 are not divisible by it"},
 		{"all2all, heads left by tp not divisible", "gpt", []ir.MeshAxis{{Name: "cp", Size: 4}, {Name: "tp", Size: 2}}, "all2all", "the device's 2 of the model's 4 are not divisible by it"},
 	}

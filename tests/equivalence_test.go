@@ -29,6 +29,7 @@ type plan struct {
 	ep                  int    // expert parallelism (the moe families)
 	cp                  int    // context parallelism
 	cpImpl              string // "" (ring) or "all2all"
+	cpLayout            string // the ring's: "" (zigzag) or "contiguous"
 	bucketMB            float64
 	sp                  bool
 	twoBW               bool // PipeDream-2BW's 1-stale weight update
@@ -49,7 +50,7 @@ func (p plan) String() string {
 		s = fmt.Sprintf("ep%d_", p.ep) + s
 	}
 	if p.cp > 1 {
-		s = fmt.Sprintf("cp%d%s_", p.cp, p.cpImpl) + s
+		s = fmt.Sprintf("cp%d%s%s_", p.cp, p.cpImpl, p.cpLayout) + s
 	}
 	if p.model != "" {
 		s = p.model + "_" + s
@@ -162,7 +163,7 @@ func (p plan) mesh() *ir.Mesh {
 		m.Axes = append(m.Axes, ir.MeshAxis{Name: "ep", Size: p.ep})
 	}
 	if p.cp > 1 {
-		m.Axes = append(m.Axes, ir.MeshAxis{Name: "cp", Size: p.cp})
+		m.Axes = append(m.Axes, ir.MeshAxis{Name: "cp", Size: p.cp, Zigzag: p.cpImpl == "" && p.cpLayout == ""})
 	}
 	if p.tp > 1 {
 		m.Axes = append(m.Axes, ir.MeshAxis{Name: "tp", Size: p.tp})

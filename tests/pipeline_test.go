@@ -82,7 +82,7 @@ func compilePipeline(t *testing.T, pl pipePlan, layers int, s pipeSetup) (*ir.Mo
 		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "ep", Size: pl.ep})
 	}
 	if pl.cp > 1 {
-		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "cp", Size: pl.cp})
+		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "cp", Size: pl.cp, Zigzag: true})
 	}
 	if pl.tp > 1 {
 		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "tp", Size: pl.tp})

@@ -176,6 +176,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.EP, "ep", 0, "expert-parallel degree: mixture-of-experts weights split by expert, tokens over dp×ep (0: 1, or chosen by the planner for a model with experts)")
 	fs.IntVar(&c.CP, "cp", 0, "context-parallel degree: every activation's sequence split over cp devices, attention included (0: 1)")
 	fs.StringVar(&c.CPImpl, "cp-impl", "ring", "attention over the context-parallel ranks: ring (K/V passed around, merged by log-sum-exp) or all2all (Ulysses: sequence exchanged for heads; cp must divide the heads and k/v heads)")
+	fs.StringVar(&c.CPLayout, "cp-layout", "", "how the ring splits the sequence: zigzag (rank i holds chunks i and 2·cp−1−i of 2·cp, the same share of causal work on every rank) or contiguous (\"\": zigzag for the ring, contiguous for all2all)")
 	fs.IntVar(&c.VPP, "vpp", 0, "virtual pipeline stages per rank (0: 1)")
 	fs.IntVar(&c.Microbatches, "microbatches", 1, "microbatches per step")
 	fs.IntVar(&c.MicroBatchSize, "micro-batch-size", 0, "sequences per microbatch on each data-parallel replica, as Megatron-LM's --micro-batch-size: --microbatches follows as batch/(dp·ep·size) (0: from --microbatches)")

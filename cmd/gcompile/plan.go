@@ -22,7 +22,7 @@ import (
 
 // planAxes are the flags the planner searches; one the user gives stays
 // fixed.
-var planAxes = []string{"tp", "pp", "dp", "ep", "cp", "cp-impl", "vpp", "microbatches", "micro-batch-size", "zero", "sequence-parallel", "recompute", "offload", "schedule"}
+var planAxes = []string{"tp", "pp", "dp", "ep", "cp", "cp-impl", "cp-layout", "vpp", "microbatches", "micro-batch-size", "zero", "sequence-parallel", "recompute", "offload", "schedule"}
 
 // meshAxes are the axes that split the devices: a command line that gives
 // one of them has chosen its plan's shape.
@@ -106,7 +106,7 @@ func pinFlags(c compile.Config) string {
 		f = append(f, fmt.Sprintf("--ep %d", c.EP))
 	}
 	if c.CP > 1 {
-		f = append(f, fmt.Sprintf("--cp %d --cp-impl %s", c.CP, c.CPImpl))
+		f = append(f, fmt.Sprintf("--cp %d --cp-impl %s --cp-layout %s", c.CP, c.CPImpl, c.CPLayout))
 	}
 	if c.VPP > 1 {
 		f = append(f, fmt.Sprintf("--vpp %d", c.VPP))

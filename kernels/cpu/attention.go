@@ -89,14 +89,20 @@ type AttentionDims struct {
 	// of k (0 when k is whole).
 	QHeadOffset, KVHeadOffset int
 	// Causal hides key j from query i when j > i + (SK − SQ), or, when
-	// Positioned, when KPos+j > QPos+i: the rows' global positions, for a
-	// device that holds one chunk of the queries and is given another
-	// chunk of the keys (ring attention over a context-parallel axis). A
-	// query that sees none of the keys gets an output of zeros and a
-	// log-sum-exp of −Inf (AttentionLSE).
+	// Positioned, when key j's global position is past query i's: for a
+	// device that holds chunks of the queries and is given chunks of the
+	// keys (ring attention over a context-parallel axis). A query that
+	// sees none of the keys gets an output of zeros and a log-sum-exp of
+	// −Inf (AttentionLSE).
 	Causal     bool
 	Positioned bool
-	QPos, KPos int
+	// QPos and KPos place the rows when Positioned, in at most two runs
+	// (the zigzag layout's two chunks): query i < QBreak is at
+	// QPos[0]+i, a later one at QPos[1]+i−QBreak, with QPos[1] ≥
+	// QPos[0]+QBreak so positions rise; keys likewise. QBreak = SQ (KBreak
+	// = SK) is one run.
+	QPos, KPos     [2]int
+	QBreak, KBreak int
 	// Scale multiplies the scores.
 	Scale float64
 }
@@ -119,9 +125,44 @@ func (d AttentionDims) visible(i int) int {
 	case !d.Causal:
 		return d.SK
 	case d.Positioned:
-		return min(d.SK, max(0, d.QPos+i-d.KPos+1))
+		// Keys at or before the query's position: a prefix, positions
+		// rising.
+		q := d.qPos(i)
+		first := min(d.KBreak, max(0, q-d.KPos[0]+1))
+		return first + min(d.SK-d.KBreak, max(0, q-d.KPos[1]+1))
 	}
 	return min(d.SK, i+d.SK-d.SQ+1)
+}
+
+// qPos and kPos are a positioned query's and key's global positions.
+func (d AttentionDims) qPos(i int) int {
+	if i < d.QBreak {
+		return d.QPos[0] + i
+	}
+	return d.QPos[1] + i - d.QBreak
+}
+
+func (d AttentionDims) kPos(j int) int {
+	if j < d.KBreak {
+		return d.KPos[0] + j
+	}
+	return d.KPos[1] + j - d.KBreak
+}
+
+// Pairs is how many (query, key) pairs of one head the mask lets
+// through: the work a causal attention does.
+func (d AttentionDims) Pairs() int {
+	n := 0
+	for i := range d.SQ {
+		n += d.visible(i)
+	}
+	return n
+}
+
+// Hidden reports whether a causal mask hides every key from every
+// query: the first key comes after the last query.
+func (d AttentionDims) Hidden() bool {
+	return d.Causal && d.Positioned && d.SQ > 0 && d.SK > 0 && d.kPos(0) > d.qPos(d.SQ-1)
 }
 
 // firstQuery is the first query that sees key j (causal), else 0.
@@ -130,7 +171,12 @@ func (d AttentionDims) firstQuery(j int) int {
 	case !d.Causal:
 		return 0
 	case d.Positioned:
-		return min(d.SQ, max(0, d.KPos+j-d.QPos))
+		// The first query at or after the key's position.
+		k := d.kPos(j)
+		if k <= d.QPos[0]+d.QBreak-1 {
+			return max(0, k-d.QPos[0])
+		}
+		return d.QBreak + min(d.SQ-d.QBreak, max(0, k-d.QPos[1]))
 	}
 	return max(0, j-(d.SK-d.SQ))
 }

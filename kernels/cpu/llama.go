@@ -1,6 +1,9 @@
 package cpu
 
-import "math"
+import (
+	"fmt"
+	"math"
+)
 
 // The kernels of the Llama family's layers: SiLU (the gate of SwiGLU),
 // RMSNorm and rotary position embeddings. Like the GPT kernels they
@@ -143,21 +146,28 @@ type RoPETable struct {
 // NewRoPETable tabulates the rotation of positions rows of d elements (d
 // even) with base theta.
 func NewRoPETable(positions, d int, theta float64) RoPETable {
-	return NewRoPETableFrom(0, positions, d, theta)
+	return NewRoPETableAt(nil, positions, d, theta)
 }
 
-// NewRoPETableFrom is [NewRoPETable] for rows at positions first,
-// first+1, …: a device's chunk of a sequence split over a context-parallel
-// axis.
-func NewRoPETableFrom(first, positions, d int, theta float64) RoPETable {
+// NewRoPETableAt is [NewRoPETable] for rows at the given global
+// positions (nil: 0, 1, …): a device's chunks of a sequence split over
+// a context-parallel axis.
+func NewRoPETableAt(at []int, positions, d int, theta float64) RoPETable {
 	if d%2 != 0 {
 		panic("cpu.RoPE: odd row size")
+	}
+	if at != nil && len(at) != positions {
+		panic(fmt.Sprintf("cpu.RoPE: %d positions for %d rows", len(at), positions))
 	}
 	half := d / 2
 	t := RoPETable{positions: positions, d: d, cos: make([]float64, positions*half), sin: make([]float64, positions*half)}
 	for p := range positions {
+		pos := p
+		if at != nil {
+			pos = at[p]
+		}
 		for i := range half {
-			t.sin[p*half+i], t.cos[p*half+i] = math.Sincos(RoPEAngle(first+p, i, d, theta))
+			t.sin[p*half+i], t.cos[p*half+i] = math.Sincos(RoPEAngle(pos, i, d, theta))
 		}
 	}
 	return t

@@ -112,8 +112,56 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 		return nil, fmt.Errorf("axis %q is not in mesh %v", in.Attrs.Str("axis"), d.prog.Mesh)
 	}
 	g := d.axisGroup(ax)
-	n := g.Size()
 	src, out := view[T](d, in.Args[0]), view[T](d, in.Out)
+	switch {
+	case in.Op == "all_reduce" && in.Bucket > 0:
+		return d.compileBucket(in, g)
+	case in.Op == "all_to_all":
+		if d.prog.Mesh.Axes[ax].Zigzag && g.Size() > 1 {
+			return nil, fmt.Errorf("all_to_all over %s in the zigzag layout is not supported: its split sequence moves only by slices and gathers", d.prog.Mesh.Axes[ax].Name)
+		}
+		return allToAll(d, in, g, src, out)
+	}
+	f, err := collectiveOn[T](d, in, ax, g)
+	if err != nil {
+		return nil, err
+	}
+	if !d.prog.Mesh.Axes[ax].Zigzag || g.Size() == 1 || in.Op == "all_reduce" {
+		return func() error { return f(src, out) }, nil
+	}
+	// A zigzag axis (ir.MeshAxis.Zigzag: a context-parallel axis in the
+	// balanced layout): in the order the devices hold the chunks of the
+	// split dim it is a plain split, so the whole operand is put in that
+	// order before a slice or a reduce-scatter, and a gathered result
+	// back in the natural order after.
+	z := runtime.ZigzagSplit{Dim: in.Attrs.Int("dim", 0), Blocks: in.Attrs.Int("blocks", 1), N: g.Size()}
+	whole := []int(in.ArgTypes[0].Shape)
+	if in.Op == "all_gather" {
+		whole = in.OutType.Shape
+	}
+	if whole[z.Dim]%(2*z.N*z.Blocks) != 0 {
+		return nil, fmt.Errorf("%s over %s (zigzag, %d devices): dim %d of %v does not cut into 2·%d chunks a block", in.Op, d.prog.Mesh.Axes[ax].Name, z.N, z.Dim, whole, z.N)
+	}
+	held := make([]T, int(ir.Shape(whole).NumElements()))
+	if in.Op == "all_gather" {
+		return func() error {
+			if err := f(src, held); err != nil {
+				return err
+			}
+			runtime.Zigzag(out, held, whole, z, false)
+			return nil
+		}, nil
+	}
+	return func() error {
+		runtime.Zigzag(held, src, whole, z, true)
+		return f(held, out)
+	}, nil
+}
+
+// collectiveOn is a collective instruction (not a bucket, not an
+// all_to_all) as a function of its source and result.
+func collectiveOn[T kcpu.Float](d *Device, in lower.Instr, ax int, g runtime.Group) (func(src, out []T) error, error) {
+	n := g.Size()
 	// Fused blocks: work on the view where the split dim is the inner
 	// part of (blocks, size/blocks), in which every device's part is one
 	// plain slice.
@@ -133,34 +181,28 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 		outShape, _ = blockedView(outShape, split, blocks)
 	}
 	comm, rank, dt := d.comm, d.rank, d.prog.Buffers[in.Out].Type.DType
-	rawSrc, rawOut := asBytes(src), asBytes(out)
 	switch in.Op {
 	case "all_reduce":
-		if in.Bucket > 0 {
-			return d.compileBucket(in, g)
-		}
-		return func() error {
+		return func(src, out []T) error {
 			copy(out, src)
-			return comm.AllReduce(g, rank, dt, rawOut)
+			return comm.AllReduce(g, rank, dt, asBytes(out))
 		}, nil
 	case "reduce_scatter":
 		if contiguous(inShape, dim) {
-			return func() error { return comm.ReduceScatter(g, rank, dt, rawSrc, rawOut) }, nil
+			return func(src, out []T) error { return comm.ReduceScatter(g, rank, dt, asBytes(src), asBytes(out)) }, nil
 		}
-		tmp := make([]T, len(src))
-		rawTmp := asBytes(tmp)
-		return func() error {
+		tmp := make([]T, int(ir.Shape(inShape).NumElements()))
+		return func(src, out []T) error {
 			toPieces(tmp, src, inShape, dim, n)
-			return comm.ReduceScatter(g, rank, dt, rawTmp, rawOut)
+			return comm.ReduceScatter(g, rank, dt, asBytes(tmp), asBytes(out))
 		}, nil
 	case "all_gather":
 		if contiguous(outShape, dim) {
-			return func() error { return comm.AllGather(g, rank, dt, rawSrc, rawOut) }, nil
+			return func(src, out []T) error { return comm.AllGather(g, rank, dt, asBytes(src), asBytes(out)) }, nil
 		}
-		tmp := make([]T, len(out))
-		rawTmp := asBytes(tmp)
-		return func() error {
-			if err := comm.AllGather(g, rank, dt, rawSrc, rawTmp); err != nil {
+		tmp := make([]T, int(ir.Shape(outShape).NumElements()))
+		return func(src, out []T) error {
+			if err := comm.AllGather(g, rank, dt, asBytes(src), asBytes(tmp)); err != nil {
 				return err
 			}
 			fromPieces(out, tmp, outShape, dim, n)
@@ -169,9 +211,10 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 	case "shard_slice":
 		k := outShape[dim]
 		at := d.coords[ax] * k
-		return ok(func() { kcpu.Slice(out, src, inShape, dim, at, at+k) }), nil
-	case "all_to_all":
-		return allToAll(d, in, g, src, out)
+		return func(src, out []T) error {
+			kcpu.Slice(out, src, inShape, dim, at, at+k)
+			return nil
+		}, nil
 	}
 	return nil, fmt.Errorf("the cpu backend has no %s yet", in.Op)
 }

@@ -109,11 +109,11 @@ func rope[T kcpu.Float](c *Call[T]) (func() error, error) {
 	theta, inverse := c.Instr.Attrs.Float("theta", 0), c.Instr.Attrs.Bool("inverse")
 	// Under context parallelism the device's rows are a chunk of the
 	// sequence: their angles are those of their global positions.
-	first, err := runtime.SeqOffset(c.d.prog.Mesh, c.Instr.Value, r-2, c.d.coords)
+	at, err := runtime.SeqPositions(c.d.prog.Mesh, c.Instr.Value, r-2, c.d.coords)
 	if err != nil {
 		return nil, err
 	}
-	table := kcpu.NewRoPETableFrom(first, positions, d, theta) // once, at load
+	table := kcpu.NewRoPETableAt(at, positions, d, theta) // once, at load
 	return ok(func() { kcpu.RoPEWith(out, x, batch, table, inverse) }), nil
 }
 

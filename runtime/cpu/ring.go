@@ -41,6 +41,7 @@ type ring struct {
 	next, prev int // global ranks it sends to and receives from
 	pos, n     int // its position on the ring, and the ring's size
 	tag        int // the first of the instruction's tags
+	zigzag     bool
 }
 
 // ringTagBase puts ring transfers in a tag range of their own: pipeline
@@ -69,11 +70,22 @@ func floatDType[T kcpu.Float]() ir.DType {
 // src is the position of the device whose chunk the ring holds at step t.
 func (r ring) src(t int) int { return ((r.pos-t)%r.n + r.n) % r.n }
 
-// chunk is d with the queries at this device's chunk and the keys at the
-// chunk of position src, and whether a causal mask hides all of it.
+// chunk is d with the queries at this device's rows and the keys at the
+// rows of the device at ring position src, and whether a causal mask
+// hides all of it. Contiguous, position p holds the p-th of n chunks;
+// zigzag, chunks p and 2n−1−p of 2n.
 func (r ring) chunk(d kcpu.AttentionDims, src int) (kcpu.AttentionDims, bool) {
-	d.Positioned, d.QPos, d.KPos = true, r.pos*d.SQ, src*d.SK
-	return d, d.Causal && d.KPos > d.QPos+d.SQ-1
+	d.Positioned = true
+	if r.zigzag {
+		hq, hk := d.SQ/2, d.SK/2
+		d.QPos = [2]int{r.pos * hq, (2*r.n - 1 - r.pos) * hq}
+		d.KPos = [2]int{src * hk, (2*r.n - 1 - src) * hk}
+		d.QBreak, d.KBreak = hq, hk
+	} else {
+		d.QPos, d.KPos = [2]int{r.pos * d.SQ, r.pos * d.SQ}, [2]int{src * d.SK, src * d.SK}
+		d.QBreak, d.KBreak = d.SQ, d.SK
+	}
+	return d, d.Hidden()
 }
 
 // ringAttentionOf finds the ring an attention instruction runs on: its q
@@ -95,8 +107,11 @@ func ringAttentionOf(d *Device, in lower.Instr) (r ring, ok bool, err error) {
 	}
 	g := d.axisGroup(ax)
 	n, pos := g.Size(), d.coords[ax]
+	if m.Axes[ax].Zigzag && q.Type.Shape[2]%(2*n) != 0 {
+		return ring{}, true, fmt.Errorf("%s: the zigzag layout cuts the sequence of %d into 2·%d chunks, which do not divide it", in.Op, q.Type.Shape[2], n)
+	}
 	return ring{c: d.comm, rank: d.rank, next: g.Ranks[(pos+1)%n], prev: g.Ranks[(pos+n-1)%n], pos: pos, n: n,
-		tag: ringTagBase + 4*in.Value.ID}, true, nil
+		tag: ringTagBase + 4*in.Value.ID, zigzag: m.Axes[ax].Zigzag}, true, nil
 }
 
 // compileRingAttention compiles an attention instruction as ring

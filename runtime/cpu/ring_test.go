@@ -13,7 +13,8 @@ import (
 	"gcompile/runtime/comm"
 )
 
-// Ring attention over n devices, each holding one chunk of the sequence,
+// Ring attention over n devices, each holding one chunk of the sequence
+// (or, in the zigzag layout, chunks i and 2n−1−i of 2n),
 // computes what the single-device fused kernels compute on the whole
 // sequence, in float64 to rounding: the output, the statistics (the
 // log-sum-exp merged over chunks, D), and dq, dk, dv, causal or not, with
@@ -22,11 +23,12 @@ import (
 func TestRingAttentionMatchesOneDevice(t *testing.T) {
 	for _, c := range []struct {
 		n, seq, heads, kv int
-		causal            bool
+		causal, zigzag    bool
 	}{
-		{2, 8, 2, 1, true}, {2, 8, 2, 2, false}, {3, 12, 4, 2, true}, {4, 16, 2, 1, true}, {4, 8, 2, 2, false},
+		{2, 8, 2, 1, true, false}, {2, 8, 2, 2, false, false}, {3, 12, 4, 2, true, false}, {4, 16, 2, 1, true, false}, {4, 8, 2, 2, false, false},
+		{2, 8, 2, 1, true, true}, {3, 12, 4, 2, true, true}, {4, 16, 2, 1, true, true}, {4, 16, 2, 2, false, true},
 	} {
-		t.Run(fmt.Sprintf("n%d_seq%d_h%d_kv%d_causal%v", c.n, c.seq, c.heads, c.kv, c.causal), func(t *testing.T) {
+		t.Run(fmt.Sprintf("n%d_seq%d_h%d_kv%d_causal%v_zigzag%v", c.n, c.seq, c.heads, c.kv, c.causal, c.zigzag), func(t *testing.T) {
 			const batch, hd = 2, 4
 			whole := kcpu.AttentionDims{Batch: batch, Heads: c.heads, KVHeads: c.kv, SQ: c.seq, SK: c.seq, HeadDim: hd,
 				Group: c.heads / c.kv, Causal: c.causal, Scale: 1 / math.Sqrt(hd)}
@@ -55,10 +57,18 @@ func TestRingAttentionMatchesOneDevice(t *testing.T) {
 			part := whole
 			part.SQ, part.SK = L, L
 			seqChunk := func(x []float64, outer, inner, pos int) []float64 {
-				// x is [outer, seq, inner]; the chunk is [outer, L, inner].
+				// x is [outer, seq, inner]; the device's rows are
+				// [outer, L, inner].
+				rows := func(o, lo, hi int) []float64 { return x[(o*c.seq+lo)*inner : (o*c.seq+hi)*inner] }
 				y := make([]float64, 0, outer*L*inner)
 				for o := range outer {
-					y = append(y, x[(o*c.seq+pos*L)*inner:(o*c.seq+(pos+1)*L)*inner]...)
+					if c.zigzag {
+						h := L / 2
+						lo, hi := pos, 2*c.n-1-pos
+						y = append(append(y, rows(o, lo*h, (lo+1)*h)...), rows(o, hi*h, (hi+1)*h)...)
+					} else {
+						y = append(y, rows(o, pos*L, (pos+1)*L)...)
+					}
 				}
 				return y
 			}
@@ -74,7 +84,7 @@ func TestRingAttentionMatchesOneDevice(t *testing.T) {
 			var wg sync.WaitGroup
 			for pos := range c.n {
 				wg.Go(func() {
-					r := ring{c: cm, rank: pos, next: (pos + 1) % c.n, prev: (pos + c.n - 1) % c.n, pos: pos, n: c.n, tag: ringTagBase}
+					r := ring{c: cm, rank: pos, next: (pos + 1) % c.n, prev: (pos + c.n - 1) % c.n, pos: pos, n: c.n, tag: ringTagBase, zigzag: c.zigzag}
 					qc, kc, vc, gc := qChunk(q, pos), kvChunk(k, pos), kvChunk(v, pos), oChunk(dout, pos)
 					res := result{out: make([]float64, len(gc)), stats: make([]float64, 2*batch*c.heads*L),
 						dq: make([]float64, len(qc)), dk: make([]float64, len(kc)), dv: make([]float64, len(kc))}
@@ -114,4 +124,45 @@ func TestRingAttentionMatchesOneDevice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The zigzag layout balances a causal ring: every rank attends to the
+// same number of (query, key) pairs over its steps, an even share of the
+// whole's; in contiguous chunks of L rows rank i does i·L² + L(L+1)/2,
+// the last nearly 2·cp−1 times the first's.
+func TestRingZigzagBalancesCausalWork(t *testing.T) {
+	for _, n := range []int{2, 4, 8} {
+		const seq = 64
+		d := kcpu.AttentionDims{Batch: 1, Heads: 1, KVHeads: 1, SQ: seq / n, SK: seq / n, HeadDim: 1, Group: 1, Causal: true, Scale: 1}
+		work := func(zigzag bool) []int {
+			out := make([]int, n)
+			for pos := range n {
+				r := ring{pos: pos, n: n, zigzag: zigzag}
+				for t := range n {
+					if dc, hidden := r.chunk(d, r.src(t)); !hidden {
+						out[pos] += dc.Pairs()
+					}
+				}
+			}
+			return out
+		}
+		whole := seq * (seq + 1) / 2
+		zig, flat := work(true), work(false)
+		for pos := range n {
+			require.Equal(t, whole/n, zig[pos], "cp%d zigzag: rank %d's pairs", n, pos)
+		}
+		require.Equal(t, whole, sum(flat), "cp%d contiguous: every pair once", n)
+		L := seq / n
+		for pos := range n {
+			require.Equal(t, pos*L*L+L*(L+1)/2, flat[pos], "cp%d contiguous: rank %d sees every earlier chunk whole and its own causally", n, pos)
+		}
+	}
+}
+
+func sum(x []int) int {
+	s := 0
+	for _, v := range x {
+		s += v
+	}
+	return s
 }

@@ -94,6 +94,9 @@ func (c *compiler) collective() (func() error, error) {
 	if ax < 0 {
 		return nil, fmt.Errorf("axis %q is not in mesh %v", in.Attrs.Str("axis"), d.prog.Mesh)
 	}
+	if a := d.prog.Mesh.Axes[ax]; a.Zigzag && a.Size > 1 && in.Op != "all_reduce" {
+		return nil, fmt.Errorf("%s over %s in the zigzag layout (context parallelism's balanced ring) is not yet supported on the CUDA backend: use the CPU backend", in.Op, a.Name)
+	}
 	g := d.axisGroup(ax)
 	n := g.size()
 	dt := c.dtype(in.Out)
