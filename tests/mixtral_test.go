@@ -22,16 +22,17 @@ import (
 // loss every step (1e-5 relative), the same final params (1e-5 of each
 // tensor's largest entry), the same held-out loss and the same per-layer
 // loads and shared balancing loss every step. make test runs ep2·tp2 and
-// pp2·dp2 (1F1B); make test-full the rest.
+// pp2·dp2·ep2·tp2 (1F1B, 16 devices); make test-full the rest.
 func TestMixtralMatchesOneDevice(t *testing.T) {
 	oneF1B := scheduleOrder("1f1b")
 	plans := []plan{{ep: 2, tp: 2}}
-	pipes := []pipePlan{{pp: 2, dp: 2, micro: 2, order: oneF1B, name: "1f1b"}}
+	pipes := []pipePlan{{pp: 2, dp: 2, ep: 2, tp: 2, micro: 2, order: oneF1B, name: "1f1b"}}
 	if fullMatrix() {
 		plans = append(plans, plan{ep: 4}, plan{dp: 2, ep: 2, zero: 1}, plan{dp: 2, ep: 2, tp: 2, micro: 2, zero: 2},
 			plan{ep: 2, micro: 2, recompute: "full"}, plan{dp: 2, ep: 2, offload: "optimizer"})
 		pipes = append(pipes, pipePlan{pp: 2, ep: 2, micro: 2, order: oneF1B, name: "1f1b"},
-			pipePlan{pp: 2, ep: 2, tp: 2, micro: 4, order: scheduleOrder("gpipe"), name: "gpipe"})
+			pipePlan{pp: 2, ep: 2, tp: 2, micro: 4, order: scheduleOrder("gpipe"), name: "gpipe"},
+			pipePlan{pp: 2, dp: 2, micro: 2, order: oneF1B, name: "1f1b"})
 	}
 	ref := train(t, plan{model: "mixtral"})
 	require.Less(t, ref.losses[eqSteps-1], ref.losses[0]-0.5, "the reference run must actually learn")
