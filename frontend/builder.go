@@ -497,6 +497,44 @@ func ExpertParallel(p Parallel) Parallel {
 	return "expert|" + p
 }
 
+// Layouts of the pieces a stacked param is saved as (SaveEach).
+const (
+	PieceAsHeld = ir.PieceAsHeld // each piece as the param holds its slice
+	PieceOutIn  = ir.PieceOutIn  // each [in,out] slice stored [out,in] (torch's nn.Linear)
+)
+
+// SaveEach declares that param p, a stack of p.Dim(0) tensors (a MoE
+// layer's experts, [E, in, out]), is written by --save and export, and
+// read by --load, as that many tensors of their own: slice i under
+// template with "{e}" replaced by i, laid out as layout says (PieceAsHeld
+// or PieceOutIn). The program holds, shards (ep splits the stack) and
+// checkpoints p as one tensor; only files exchanged with other tools hold
+// the pieces, named as those tools name them (Hugging Face Mixtral's
+// "model.layers.0.block_sparse_moe.experts.{e}.w1.weight", PieceOutIn).
+func (b *Builder) SaveEach(p *Tensor, template, layout string) {
+	pos := userPos()
+	if p.v == nil {
+		return // its error is reported already
+	}
+	if p.v.Op != "param" {
+		b.fail(pos, fmt.Errorf("SaveEach(%q): %s is a %s, not a param", template, p.v.Ref(), p.v.Op))
+		return
+	}
+	if _, ok := p.v.Attrs[ir.AttrSaveEach]; ok {
+		b.fail(pos, fmt.Errorf("SaveEach(%q): param %q is already saved as %q", template, p.v.Name(), p.v.Attrs.Str(ir.AttrSaveEach)))
+		return
+	}
+	s := ir.SaveEach{Template: template, Layout: layout}
+	if err := s.Check(p.v.Type.Shape); err != nil {
+		b.fail(pos, fmt.Errorf("SaveEach of param %q: %w", p.v.Name(), err))
+		return
+	}
+	p.v.Attrs[ir.AttrSaveEach] = template
+	if layout != PieceAsHeld {
+		p.v.Attrs[ir.AttrSaveLayout] = layout
+	}
+}
+
 // Evaluating reports whether the module is being built for evaluation
 // rather than training. A model that asks may record other shapes for
 // evaluation (a MoE layer's evaluation capacity factor); the compiler

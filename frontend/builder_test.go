@@ -193,3 +193,45 @@ func TestScopesTagTheirOps(t *testing.T) {
 	assert.Equal(t, tags{false, false}, got["add"], "the scopes ended")
 	assert.NotNil(t, m.Output(ir.AuxPrefix+"z_mean"))
 }
+
+// SaveEach marks a stacked param with the names and layout of its pieces
+// in weight files, and refuses what cannot be split so, at the model's
+// line.
+func TestSaveEach(t *testing.T) {
+	m, err := frontend.Build(func(b *frontend.Builder) {
+		w := b.Param("experts.w1", []int{4, 8, 16}, frontend.Normal(1), frontend.ExpertParallel(frontend.ColumnParallel))
+		b.SaveEach(w, "experts.{e}.w1.weight", frontend.PieceOutIn)
+		b.Loss(w.Sum())
+	}, frontend.Config{})
+	require.NoError(t, err)
+	s, ok, err := ir.ParamSaveEach(m.Source("experts.w1"))
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, ir.SaveEach{Template: "experts.{e}.w1.weight", Layout: ir.PieceOutIn}, s)
+	assert.Equal(t, "experts.3.w1.weight", s.Name(3))
+	assert.Equal(t, []int{16, 8}, s.PieceShape(ir.Shape{4, 8, 16}))
+
+	for _, c := range []struct {
+		name string
+		fn   func(b *frontend.Builder, w *frontend.Tensor)
+		want string
+	}{
+		{"no index", func(b *frontend.Builder, w *frontend.Tensor) { b.SaveEach(w, "experts.w1", "") },
+			`SaveEach of param "w": save_each name "experts.w1" must hold {e} exactly once (it holds it 0 times)`},
+		{"not a param", func(b *frontend.Builder, w *frontend.Tensor) { b.SaveEach(w.Scale(2), "e.{e}", "") }, "is a scale, not a param"},
+		{"twice", func(b *frontend.Builder, w *frontend.Tensor) { b.SaveEach(w, "a.{e}", ""); b.SaveEach(w, "b.{e}", "") },
+			`param "w" is already saved as "a.{e}"`},
+		{"layout", func(b *frontend.Builder, w *frontend.Tensor) { b.SaveEach(w, "a.{e}", "in_out") }, `save_layout "in_out"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := frontend.Build(func(b *frontend.Builder) {
+				w := b.Param("w", []int{4, 8, 16}, frontend.Normal(1), frontend.NoParallel)
+				c.fn(b, w)
+				b.Loss(w.Sum())
+			}, frontend.Config{})
+			require.Error(t, err)
+			assert.ErrorContains(t, err, c.want)
+			assert.Contains(t, err.Error(), "builder_test.go:")
+		})
+	}
+}

@@ -219,8 +219,8 @@ func init() {
 	src := func(name, doc string, attrs ...AttrSpec) {
 		register(&OpInfo{Name: name, Source: true, Attrs: attrs, Doc: doc, Cost: noCost})
 	}
-	src("param", "trainable parameter (fp32 master copy); init is normal(std), zeros or ones; parallel is the tensor-parallel hint (column, row, vocab)",
-		req("name", AttrString), opt("init", AttrString), opt("parallel", AttrString))
+	src("param", "trainable parameter (fp32 master copy); init is normal(std), zeros or ones; parallel is the tensor-parallel hint (column, row, vocab); save_each (with save_layout) names the tensors weight files hold for each slice of its first dim (SaveEach)",
+		req("name", AttrString), opt("init", AttrString), opt("parallel", AttrString), opt(AttrSaveEach, AttrString), opt(AttrSaveLayout, AttrString))
 	src("state", "optimizer state carried between steps, zero-initialised", req("name", AttrString), opt("init", AttrString))
 	src("input", "per-step input fed by the runtime (tokens, targets, lr, step); split over the batch on dim 0 unless whole; limit bounds its values (generation's positions: the rows of a position table)",
 		req("name", AttrString), opt("whole", AttrBool), opt("limit", AttrInt))

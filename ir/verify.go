@@ -91,6 +91,11 @@ func Verify(m *Module, pass string) error {
 					fail(v, RuleOpRule, "%v", err)
 				}
 			}
+			if v.Op == "param" {
+				if _, _, err := ParamSaveEach(v); err != nil {
+					fail(v, RuleOpRule, "%v", err)
+				}
+			}
 			if v.Op != "const" || v.Name() != "" {
 				if prev := names[v.Name()]; prev != nil {
 					fail(v, RuleSourceName, "name %q is already used by %s", v.Name(), prev.Where())

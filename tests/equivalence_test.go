@@ -14,6 +14,7 @@ import (
 	"gcompile/data"
 	"gcompile/examples/gpt"
 	"gcompile/examples/llama"
+	"gcompile/examples/mixtral"
 	"gcompile/examples/moe"
 	"gcompile/frontend"
 	"gcompile/ir"
@@ -39,7 +40,7 @@ type plan struct {
 	compress            string // "lowp": bf16 stashes for the backward
 	optimizer           string // "" (AdamW), "sgd", "adafactor" or "sm3"
 	fuse                bool   // the fuse pass: elementwise groups as fused ops
-	model               string // the model family: "" (gpt) or "llama"
+	model               string // the model family: "" (gpt), "llama", "mixtral", … (familyOf)
 	layers              int    // layers, when not the family's default
 	attention           string // the family's attention core: "" (fused) or "unfused"
 }
@@ -79,8 +80,15 @@ type family struct {
 // replicates them.
 var eqLlama = map[string]string{"layers": "2", "hidden": "32", "heads": "4", "kv_heads": "2", "ffn": "64", "seq": "16"}
 
-// families are the model families every matrix runs on.
+// families are the model families every matrix runs on. The Mixtral
+// (familyOf("mixtral")) has matrices of its own, in TestMixtralMatchesOneDevice:
+// several of these tests assert dense-model facts (bf16 stashes halve
+// every layer's) that its i32 routing indices do not share.
 var families = []string{"gpt", "llama"}
+
+// eqMixtral is the Mixtral at equivalence size: the Llama's attention,
+// 4 SwiGLU experts per layer, top-2, dropless.
+var eqMixtral = map[string]string{"layers": "2", "hidden": "32", "heads": "4", "kv_heads": "2", "ffn": "32", "experts": "4", "k": "2", "seq": "16"}
 
 // familyOf is the named family (gpt for ""), its settings with layers
 // overridden when layers > 0.
@@ -89,6 +97,8 @@ func familyOf(name string, layers int) family {
 	switch name {
 	case "llama":
 		f = family{name: "llama", fn: llama.Model, set: eqLlama}
+	case "mixtral":
+		f = family{name: "mixtral", fn: mixtral.Model, set: eqMixtral}
 	case "aux":
 		f = family{name: "aux", fn: auxModel, set: map[string]string{"layers": "2"}}
 	case "wholeinput":

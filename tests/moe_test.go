@@ -251,8 +251,11 @@ func moeFamily(t *testing.T) frontend.ModelFunc {
 
 // TestMoEAuxLossesByHand: each router's losses on a fixed input equal
 // the formulas computed here: Switch's α·E·Σf·P, GShard's
-// (1/E)·Σ(c_e/S)·m_e (top-1 counts), the z-loss, and noisy top-k's CV² of
-// the gate sums plus the CV² of Shazeer et al.'s smooth load estimate.
+// (1/E)·Σ(c_e/S)·m_e (top-1 counts), the z-loss, noisy top-k's CV² of
+// the gate sums plus the CV² of Shazeer et al.'s smooth load estimate,
+// and softmax top-2's E·Σf·P with f counting both choices (Hugging Face's
+// load_balancing_loss_func; TestMixtralRouterByHand checks the rest of
+// that router).
 func TestMoEAuxLossesByHand(t *testing.T) {
 	const groups, tokens, hidden, experts = 2, 3, 2, 3
 	x := []float64{1, 0, 0, 1, 1, 1, -1, 2, 0.5, -0.5, 2, 1}
@@ -270,9 +273,9 @@ func TestMoEAuxLossesByHand(t *testing.T) {
 		probs[i] = softmax(logits[i])
 	}
 	argmax := func(p []float64) int { return slices.Index(p, slices.Max(p)) }
-	var switchAux, gshardAux, z, cv float64
+	var switchAux, gshardAux, topKAux, z, cv float64
 	for g := range groups {
-		f, P := make([]float64, experts), make([]float64, experts)
+		f, f2, P := make([]float64, experts), make([]float64, experts), make([]float64, experts)
 		imp, load := make([]float64, experts), make([]float64, experts)
 		for tok := range tokens {
 			p := probs[g*tokens+tok]
@@ -287,6 +290,7 @@ func TestMoEAuxLossesByHand(t *testing.T) {
 			for e := range experts {
 				if p[e] >= top[experts-2] {
 					imp[e] += p[e] / (top[experts-1] + top[experts-2])
+					f2[e] += 1.0 / tokens // one of the token's top 2
 				}
 			}
 			// Its smooth load estimate: W_noise starts at zero, so the
@@ -313,13 +317,14 @@ func TestMoEAuxLossesByHand(t *testing.T) {
 		for e := range experts {
 			switchAux += experts * f[e] * P[e] / groups
 			gshardAux += f[e] * P[e] / experts / groups
+			topKAux += experts * f2[e] * P[e] / groups
 		}
 		cv += (cvSquared(imp) + cvSquared(load)) / groups
 	}
 	for _, c := range []struct {
 		router string
 		aux    float64
-	}{{nn.RouterSwitch, switchAux}, {nn.RouterGShard, gshardAux}, {nn.RouterNoisyTopK, cv}} {
+	}{{nn.RouterSwitch, switchAux}, {nn.RouterGShard, gshardAux}, {nn.RouterNoisyTopK, cv}, {nn.RouterSoftmaxTopK, topKAux}} {
 		t.Run(c.router, func(t *testing.T) {
 			model := func(b *frontend.Builder) {
 				in := b.Constant("x", x, 1, groups*tokens, hidden)

@@ -24,7 +24,7 @@ type pipePlan struct {
 	cp                     int // context parallelism (ring attention)
 	order                  func(t *testing.T, p, v, m int) [][]lower.Block
 	name                   string
-	model                  string // the model family: "" (gpt) or "llama"
+	model                  string // the model family: "" (gpt), "llama", "mixtral", … (familyOf)
 }
 
 // scheduleOrder builds the named schedule, proves it deadlock-free in the
@@ -50,6 +50,9 @@ func scheduleOrder(name string) func(t *testing.T, p, v, m int) [][]lower.Block 
 
 func (pl pipePlan) String() string {
 	s := fmt.Sprintf("%s_pp%d_vpp%d_m%d_dp%d_tp%d", pl.name, pl.pp, max(pl.vpp, 1), pl.micro, max(pl.dp, 1), max(pl.tp, 1))
+	if pl.ep > 1 {
+		s += fmt.Sprintf("_ep%d", pl.ep)
+	}
 	if pl.cp > 1 {
 		s += fmt.Sprintf("_cp%d", pl.cp)
 	}

@@ -47,6 +47,9 @@ func checkpointPlan(c *config, progs []*lower.Program, batch, seq int, procs int
 		p.Data = c.tokens.identity(c)
 	}
 	p.VocabTables = c.vocabTables
+	// Checked when the weights are saved or loaded; a model's own
+	// declarations are checked when it is built.
+	p.SaveEach, _ = saveEach(params(progs))
 	if m := progs[0].Mesh; m != nil {
 		p.Mesh = m.String()
 	}
@@ -237,6 +240,10 @@ func exportMain(args []string) error {
 		return fmt.Errorf("export: %w", err)
 	}
 	trimVocab(ts, m.Plan.VocabTables) // as --save writes them
+	params := len(ts)
+	if ts, err = checkpoint.SplitEach(ts, m.Plan.SaveEach); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
@@ -249,7 +256,7 @@ func exportMain(args []string) error {
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	fmt.Fprintf(os.Stderr, "exported %d params of %s (step %d) to %v\n", len(ts), m.Model, m.State.Step, files)
+	fmt.Fprintf(os.Stderr, "exported %d params of %s (step %d) to %v\n", params, m.Model, m.State.Step, files)
 	return nil
 }
 

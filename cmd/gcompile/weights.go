@@ -72,6 +72,13 @@ func saveWeights(dev weightStore, progs []*lower.Program, path string, step int,
 		return nil
 	}
 	trimVocab(ts, tables)
+	each, err := saveEach(params(progs))
+	if err != nil {
+		return fmt.Errorf("--save: %w", err)
+	}
+	if ts, err = checkpoint.SplitEach(ts, each); err != nil {
+		return fmt.Errorf("--save: %w", err)
+	}
 	return writeOutput("save", path, func(path string) error {
 		return checkpoint.Save(path, ts, map[string]string{"format": "pt", "producer": "gcompile", "step": strconv.Itoa(step)})
 	})
@@ -100,9 +107,22 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 // a consolidated checkpoint); from names the source in errors.
 func loadTensors(dev weightStore, progs []*lower.Program, ts []checkpoint.Tensor, from string, ignore []string, classes int) error {
 	ps := params(progs)
-	wanted := map[string]bool{}
+	each, err := saveEach(ps)
+	if err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	wanted, shapes := map[string]bool{}, map[string][]int{}
 	for _, b := range ps {
 		wanted[b.Name] = true
+		shapes[b.Name] = []int(b.Global.Shape)
+	}
+	// The pieces a stacked param is saved as (its experts) are the
+	// model's names too.
+	piece := map[string]bool{}
+	for name, s := range each {
+		for i := range shapes[name][0] {
+			piece[s.Name(i)] = true
+		}
 	}
 	ignored := func(name string) bool {
 		return slices.ContainsFunc(ignore, func(p string) bool { ok, _ := path.Match(p, name); return ok })
@@ -115,12 +135,15 @@ func loadTensors(dev weightStore, progs []*lower.Program, ts []checkpoint.Tensor
 		inFile[t.Name] = true
 	}
 	for i, t := range ts {
-		if wanted[t.Name] || ignored(t.Name) {
+		if wanted[t.Name] || piece[t.Name] || ignored(t.Name) {
 			continue
 		}
-		if _, rest, ok := strings.Cut(t.Name, "."); ok && !inFile[rest] && (wanted[rest] || ignored(rest)) {
+		if _, rest, ok := strings.Cut(t.Name, "."); ok && !inFile[rest] && (wanted[rest] || piece[rest] || ignored(rest)) {
 			ts[i].Name = rest
 		}
+	}
+	if ts, err = checkpoint.JoinEach(ts, each, shapes); err != nil {
+		return fmt.Errorf("%s: %w", from, err)
 	}
 	byName := map[string]checkpoint.Tensor{}
 	for _, t := range ts {
@@ -173,6 +196,27 @@ func loadTensors(dev weightStore, progs []*lower.Program, ts []checkpoint.Tensor
 		}
 	}
 	return nil
+}
+
+// saveEach are the params of ps that weight files hold as pieces of their
+// own (ir.SaveEach: a MoE layer's experts under Hugging Face's names), by
+// name.
+func saveEach(ps []lower.Buffer) (map[string]ir.SaveEach, error) {
+	var out map[string]ir.SaveEach
+	for _, b := range ps {
+		s, ok, err := ir.ParamSaveEach(b.Value)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = map[string]ir.SaveEach{}
+		}
+		out[b.Name] = s
+	}
+	return out, nil
 }
 
 // padsVocab says whether a file's tensor of shape file is a vocabulary

@@ -29,7 +29,7 @@ func Model(b *frontend.Builder) {
 	cfg := nn.MoEConfig{
 		Experts:            b.Int("experts", 4, "experts per MoE layer"),
 		Router:             b.String("router", nn.RouterSwitch, "router", nn.RouterKinds...),
-		K:                  b.Int("k", 2, "experts per token (noisy-topk)"),
+		K:                  b.Int("k", 2, "experts per token (noisy-topk, softmax-topk)"),
 		CapacityFactor:     b.Float("capacity", 2, "capacity factor: slots per expert = ⌈k·group·factor/experts⌉"),
 		EvalCapacityFactor: b.Float("eval_capacity", 0, "evaluation's capacity factor (0: the training one)"),
 		GroupSize:          b.IntOrZero("group", 0, "tokens per routing group (0: one sequence)"),

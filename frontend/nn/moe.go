@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"gcompile/frontend"
+	"gcompile/ir"
 )
 
 // Router kinds of a mixture-of-experts layer.
@@ -14,18 +15,49 @@ const (
 	RouterGShard       = "gshard"        // top-2 with random second expert (Lepikhin et al. 2020)
 	RouterNoisyTopK    = "noisy-topk"    // top-k of noisy logits (Shazeer et al. 2017)
 	RouterExpertChoice = "expert-choice" // each expert takes its top tokens (Zhou et al. 2022)
+	RouterSoftmaxTopK  = "softmax-topk"  // softmax, top k, renormalised (Mixtral, Jiang et al. 2024)
 )
 
 // RouterKinds lists the routers MoE accepts.
-var RouterKinds = []string{RouterSwitch, RouterGShard, RouterNoisyTopK, RouterExpertChoice}
+var RouterKinds = []string{RouterSwitch, RouterGShard, RouterNoisyTopK, RouterExpertChoice, RouterSoftmaxTopK}
+
+// Param layouts of a mixture-of-experts layer (MoEConfig.Layout).
+const (
+	// MoELayoutStacked names the router NAME.router.weight [h,E] and the
+	// experts NAME.experts.fc [E,h,F] and NAME.experts.proj [E,F,h] (with
+	// SwiGLU also NAME.experts.up [E,h,F], fc being the gate), each one
+	// tensor in weight files too.
+	MoELayoutStacked = ""
+	// MoELayoutMixtral is Hugging Face's MixtralSparseMoeBlock: the router
+	// NAME.gate.weight [E,h], the SwiGLU experts stacked as
+	// NAME.experts.w1 and NAME.experts.w3 [E,h,F] (gate and up) and
+	// NAME.experts.w2 [E,F,h] (down), which weight files hold per expert
+	// as NAME.experts.I.w1.weight, …w3.weight [F,h] and …w2.weight [h,F],
+	// torch's [out,in] (frontend.Builder.SaveEach).
+	MoELayoutMixtral = "mixtral"
+)
+
+// Activations of the experts (MoEConfig.Activation).
+const (
+	ActivationGELU   = "gelu"
+	ActivationReLU   = "relu"
+	ActivationSwiGLU = "swiglu" // proj(silu(x·fc) ⊙ (x·up)), Llama's and Mixtral's
+)
 
 // MoEConfig describes a mixture-of-experts layer.
 type MoEConfig struct {
 	Experts int    // E
 	Router  string // one of RouterKinds
-	// K is the number of experts per token for noisy-topk (switch takes 1,
-	// gshard 2; expert choice routes by capacity instead).
+	// K is the number of experts per token for noisy-topk and
+	// softmax-topk (switch takes 1, gshard 2; expert choice routes by
+	// capacity instead).
 	K int
+	// Dropless gives each expert a slot for every token of its routing
+	// group (capacity T), so no choice is ever dropped whatever the
+	// routing: with static shapes, E·T slots per group for k·T choices.
+	// CapacityFactor is then not read. Expert choice has a capacity by
+	// construction and refuses it.
+	Dropless bool
 	// CapacityFactor sizes each expert's buffer per routing group:
 	// C = ⌈k·T·CapacityFactor/E⌉ slots for T tokens (at most T); for
 	// expert choice each expert takes T·CapacityFactor/E tokens.
@@ -41,10 +73,18 @@ type MoEConfig struct {
 	// GShard's (1/E)·Σ(c_e/S)·m_e, noisy top-k's CV² of importance);
 	// expert choice has none. ZLoss weighs ST-MoE's router z-loss.
 	AuxLoss, ZLoss float64
-	// FFN is each expert's hidden width (0: 4·hidden); Activation "gelu"
-	// or "relu".
+	// FFN is each expert's hidden width (0: 4·hidden); Activation one of
+	// ActivationGELU (""), ActivationReLU, ActivationSwiGLU.
 	FFN        int
 	Activation string
+	// Layout names the params (MoELayoutStacked or MoELayoutMixtral).
+	Layout string
+	// Balance, when set, takes this layer's routing statistics into one
+	// balancing loss over every layer that shares it (Hugging Face's
+	// load_balancing_loss_func over all layers' router logits at once),
+	// instead of a balancing loss of the layer's own; for the routers
+	// whose loss is E·Σf·P (switch, softmax-topk).
+	Balance *Balance
 	// ProjStd is the init std of each expert's output projection (0:
 	// InitStd).
 	ProjStd float64
@@ -61,14 +101,16 @@ type MoEConfig struct {
 }
 
 // MoE replaces a block's MLP on x [batch, seq, hidden] with E expert MLPs
-// (weights name.experts.fc [E,h,F] and name.experts.proj [E,F,h], no
-// bias) and a router (name.router.weight [h,E], kept in fp32 under mixed
-// precision). It returns the combined experts' output, zeros for tokens
-// no expert took (the block's residual carries them), and the weighted
-// auxiliary losses to add to the loss. Each step it reports, as outputs,
-// name.aux and name.z (the unweighted losses), name.dropped (the
-// fraction of routing choices dropped over capacity) and name.load.eI
-// (the fraction of the group's tokens expert I processed).
+// (stacked weights, no bias: name.experts.fc [E,h,F] and
+// name.experts.proj [E,F,h] in the stacked layout) and a router
+// (name.router.weight [h,E], or name.gate.weight [E,h] in Mixtral's
+// layout, kept in fp32 under mixed precision). It returns the combined
+// experts' output, zeros for tokens no expert took (the block's residual
+// carries them), and the weighted auxiliary losses to add to the loss.
+// Each step it reports, as outputs, name.aux and name.z (the unweighted
+// losses; no name.aux with a shared Balance), name.dropped (the fraction
+// of routing choices dropped over capacity) and name.load.eI (the
+// fraction of the group's tokens expert I processed).
 func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tensor) {
 	b := x.Builder()
 	batch, seq, hidden := x.Dim(0), x.Dim(1), x.Dim(2)
@@ -96,10 +138,12 @@ func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tenso
 	var auxRaw *frontend.Tensor
 	b.KeepFP32(func() {
 		std := InitStd
-		switch cfg.Router {
-		case RouterSwitch:
+		switch {
+		case cfg.Layout == MoELayoutMixtral:
+			// Hugging Face initialises the gate as every linear layer.
+		case cfg.Router == RouterSwitch:
 			std = math.Sqrt(0.1 / float64(hidden))
-		case RouterNoisyTopK:
+		case cfg.Router == RouterNoisyTopK:
 			std = 0 // Shazeer et al. start both router weights at zero
 		}
 		init := frontend.Normal(std)
@@ -113,15 +157,27 @@ func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tenso
 			u := keys.Random("uniform", name+"/jitter", hidden)
 			xr = xr.Mul(u.Scale(2 * cfg.Jitter).Add(b.Scalar(1 - cfg.Jitter)))
 		}
-		wg := b.Param(name+".router.weight", []int{hidden, experts}, init, frontend.NoParallel)
-		logits = xr.MatMul(wg)
+		if cfg.Layout == MoELayoutMixtral {
+			logits = xr.MatMulT(b.Param(name+".gate.weight", []int{experts, hidden}, init, frontend.NoParallel))
+		} else {
+			logits = xr.MatMul(b.Param(name+".router.weight", []int{hidden, experts}, init, frontend.NoParallel))
+		}
 		switch cfg.Router {
 		case RouterSwitch:
 			k = 1
 			probs := logits.Softmax()
 			mask = probs.TopKMask(1)
 			gates = probs
-			auxRaw = balance(probs, mask).Scale(float64(experts))
+			auxRaw = tokenChoiceBalance(b, name, cfg.Balance, probs, mask)
+		case RouterSoftmaxTopK:
+			// Mixtral: the softmax over all experts, the top k of it, their
+			// probabilities renormalised to sum to 1 (norm_topk_prob).
+			k = cfg.K
+			probs := logits.Softmax()
+			mask = probs.TopKMask(k)
+			g := probs.Mul(mask)
+			gates = g.Div(g.Sum(2).Reshape(groups, group, 1))
+			auxRaw = tokenChoiceBalance(b, name, cfg.Balance, probs, mask)
 		case RouterGShard:
 			k = 2
 			probs := logits.Softmax()
@@ -160,9 +216,13 @@ func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tenso
 			gates = probs
 		}
 	})
-	capacity = tokenCapacity(k, group, experts, cfg.CapacityFactor)
-	if cfg.Router == RouterExpertChoice {
+	switch {
+	case cfg.Router == RouterExpertChoice:
 		capacity = expertChoiceCapacity(group, experts, cfg.CapacityFactor)
+	case cfg.Dropless:
+		capacity = group // a token takes at most one slot of an expert
+	default:
+		capacity = tokenCapacity(k, group, experts, cfg.CapacityFactor)
 	}
 	src := frontend.MoERoute(gates, mask, capacity)
 	var w *frontend.Tensor
@@ -177,12 +237,30 @@ func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tenso
 		projStd = InitStd
 	}
 	buf := xg.MoEDispatch(src, nil).Reshape(experts, groups*capacity, hidden)
-	fc := b.Param(name+".experts.fc", []int{experts, hidden, ffn}, frontend.Normal(InitStd), frontend.ExpertParallel(frontend.ColumnParallel))
-	proj := b.Param(name+".experts.proj", []int{experts, ffn, hidden}, frontend.Normal(projStd), frontend.ExpertParallel(frontend.RowParallel))
+	fcName, upName, projName := "fc", "up", "proj"
+	if cfg.Layout == MoELayoutMixtral {
+		fcName, upName, projName = "w1", "w3", "w2"
+	}
+	expert := func(suffix string, in, out int, std float64, hint frontend.Parallel) *frontend.Tensor {
+		w := b.Param(name+".experts."+suffix, []int{experts, in, out}, frontend.Normal(std), frontend.ExpertParallel(hint))
+		if cfg.Layout == MoELayoutMixtral {
+			b.SaveEach(w, name+".experts."+ir.SaveEachIndex+"."+suffix+".weight", frontend.PieceOutIn)
+		}
+		return w
+	}
+	fc := expert(fcName, hidden, ffn, InitStd, frontend.ColumnParallel)
+	var up *frontend.Tensor
+	if cfg.Activation == ActivationSwiGLU {
+		up = expert(upName, hidden, ffn, InitStd, frontend.ColumnParallel)
+	}
+	proj := expert(projName, ffn, hidden, projStd, frontend.RowParallel)
 	h := buf.MatMul(fc)
-	if cfg.Activation == "relu" {
+	switch cfg.Activation {
+	case ActivationReLU:
 		h = h.Relu()
-	} else {
+	case ActivationSwiGLU:
+		h = h.Silu().Mul(buf.MatMul(up))
+	default:
 		h = h.Gelu()
 	}
 	if cfg.ExpertDropout > 0 {
@@ -210,6 +288,9 @@ func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tenso
 		}
 		b.Output(name+".z", z)
 		aux = z.Scale(cfg.ZLoss)
+		if cfg.Balance != nil {
+			return // the shared loss is the model's to add
+		}
 		if auxRaw != nil {
 			b.Output(name+".aux", auxRaw)
 			aux = aux.Add(auxRaw.Scale(cfg.AuxLoss))
@@ -227,13 +308,16 @@ func checkMoE(cfg MoEConfig, batch, seq int) error {
 	if cfg.Experts < 1 {
 		return fmt.Errorf("experts must be at least 1, got %d", cfg.Experts)
 	}
-	if cfg.Router == RouterNoisyTopK && (cfg.K < 1 || cfg.K > cfg.Experts) {
+	if (cfg.Router == RouterNoisyTopK || cfg.Router == RouterSoftmaxTopK) && (cfg.K < 1 || cfg.K > cfg.Experts) {
 		return fmt.Errorf("k=%d experts per token must be in 1..%d (the experts)", cfg.K, cfg.Experts)
 	}
 	if cfg.Router == RouterGShard && cfg.Experts < 2 {
 		return fmt.Errorf("gshard routes every token to 2 experts, but there are %d", cfg.Experts)
 	}
-	if !(cfg.CapacityFactor > 0) || math.IsInf(cfg.CapacityFactor, 0) {
+	if cfg.Dropless && cfg.Router == RouterExpertChoice {
+		return fmt.Errorf("expert choice has a capacity by construction; it cannot be dropless")
+	}
+	if !cfg.Dropless && (!(cfg.CapacityFactor > 0) || math.IsInf(cfg.CapacityFactor, 0)) {
 		return fmt.Errorf("capacity factor must be a positive number, got %g", cfg.CapacityFactor)
 	}
 	if cfg.EvalCapacityFactor < 0 || math.IsNaN(cfg.EvalCapacityFactor) || math.IsInf(cfg.EvalCapacityFactor, 0) {
@@ -268,8 +352,23 @@ func checkMoE(cfg MoEConfig, batch, seq int) error {
 	if math.IsNaN(cfg.SecondThreshold) || math.IsInf(cfg.SecondThreshold, 0) {
 		return fmt.Errorf("gshard's second-expert threshold must be a number, got %g", cfg.SecondThreshold)
 	}
-	if cfg.Activation != "" && cfg.Activation != "gelu" && cfg.Activation != "relu" {
-		return fmt.Errorf("activation %q: want gelu or relu", cfg.Activation)
+	if !slices.Contains([]string{"", ActivationGELU, ActivationReLU, ActivationSwiGLU}, cfg.Activation) {
+		return fmt.Errorf("activation %q: want %s, %s or %s", cfg.Activation, ActivationGELU, ActivationReLU, ActivationSwiGLU)
+	}
+	switch cfg.Layout {
+	case MoELayoutStacked:
+	case MoELayoutMixtral:
+		if cfg.Activation != ActivationSwiGLU {
+			return fmt.Errorf("the %s layout names SwiGLU experts (w1, w3, w2), not activation %q", cfg.Layout, cfg.Activation)
+		}
+		if cfg.Router == RouterNoisyTopK {
+			return fmt.Errorf("the %s layout has one router weight (gate); noisy-topk needs two", cfg.Layout)
+		}
+	default:
+		return fmt.Errorf("layout %q: want %q (stacked) or %q", cfg.Layout, MoELayoutStacked, MoELayoutMixtral)
+	}
+	if cfg.Balance != nil && cfg.Router != RouterSwitch && cfg.Router != RouterSoftmaxTopK {
+		return fmt.Errorf("a shared balancing loss is E·Σf·P over its layers' tokens; router %s has a loss of its own", cfg.Router)
 	}
 	return nil
 }
@@ -288,13 +387,76 @@ func expertChoiceCapacity(group, experts int, cf float64) int {
 	return min(group, int(float64(group)*cf/float64(experts)))
 }
 
+// tokenChoiceBalance is a top-k router's balancing loss E·Σ_e f_e·P_e
+// (Switch's; Hugging Face's load_balancing_loss_func), f_e the fraction of
+// the group's tokens that chose expert e among their k (mask [G,T,E]),
+// P_e the mean router probability of e (probs [G,T,E]), per group and
+// averaged over groups; with a shared Balance the statistics go there and
+// the layer has no loss of its own (nil).
+func tokenChoiceBalance(b *frontend.Builder, name string, shared *Balance, probs, mask *frontend.Tensor) *frontend.Tensor {
+	if shared == nil {
+		return balance(probs, mask).Scale(float64(mask.Dim(2)))
+	}
+	shared.add(b, name, mask.Mean(1), probs.Mean(1))
+	return nil
+}
+
+// Balance is one balancing loss over several MoE layers, as Hugging Face's
+// load_balancing_loss_func computes Mixtral's from the router logits of
+// every layer concatenated: E·Σ_e F_e·P_e, F_e the fraction of the
+// tokens' top-k choices that went to expert e (Σ_e F_e = k) and P_e the
+// mean router probability of e, both over every layer's tokens. Hugging
+// Face takes the means over the whole batch; here they are per routing
+// group (one sequence by default) and the loss is averaged over the
+// groups, so that it does not depend on how the batch is split over
+// devices and microbatches: with one group the two agree. Declare it
+// once, set it as MoEConfig.Balance of every layer, and add Loss(),
+// weighted, to the loss after the last layer.
+type Balance struct {
+	choices, probs *frontend.Tensor // Σ over the layers of [G,E]
+	layers         int
+}
+
+// add takes one layer's f [G,E] and P [G,E].
+func (s *Balance) add(b *frontend.Builder, name string, f, p *frontend.Tensor) {
+	if s.layers > 0 && !slices.Equal(s.choices.Shape(), f.Shape()) {
+		b.Errorf("MoE %s: routing groups and experts %v differ from %v of the other layers sharing its balancing loss", name, f.Shape(), s.choices.Shape())
+		return
+	}
+	if s.layers == 0 {
+		s.choices, s.probs = f, p
+	} else {
+		s.choices, s.probs = s.choices.Add(f), s.probs.Add(p)
+	}
+	s.layers++
+}
+
+// Loss is the unweighted balancing loss of the layers added so far (nil
+// before the first), kept in fp32 under mixed precision.
+func (s *Balance) Loss() *frontend.Tensor {
+	if s.layers == 0 {
+		return nil
+	}
+	var out *frontend.Tensor
+	s.choices.Builder().KeepFP32(func() {
+		l := 1 / float64(s.layers)
+		out = balanceOf(s.choices.Scale(l), s.probs.Scale(l)).Scale(float64(s.choices.Dim(1)))
+	})
+	return out
+}
+
 // balance is Σ_e f_e·P_e per group, averaged over groups: f_e the
 // fraction of the group's tokens whose choice (mask [G,T,E]) is expert e,
 // P_e the mean router probability of e.
 // (The sum over experts is E times the mean over groups and experts
 // together: one reduction, whose gradient the microbatch pass can cut.)
 func balance(probs, mask *frontend.Tensor) *frontend.Tensor {
-	return mask.Mean(1).Mul(probs.Mean(1)).Mean().Scale(float64(mask.Dim(2)))
+	return balanceOf(mask.Mean(1), probs.Mean(1))
+}
+
+// balanceOf is Σ_e f_e·P_e of f and P [G,E], averaged over groups.
+func balanceOf(f, p *frontend.Tensor) *frontend.Tensor {
+	return f.Mul(p).Mean().Scale(float64(f.Dim(1)))
 }
 
 // cvSquared is the squared coefficient of variation of each row of v

@@ -2,7 +2,10 @@
 // linear layers in either weight layout, with or without bias; LayerNorm
 // and RMSNorm; token embeddings; rotary position embeddings; the SwiGLU
 // MLP; causal self-attention with grouped-query heads, as the fused
-// attention op or as primitive ops; the token loss.
+// attention op or as primitive ops; the token loss; mixture-of-experts
+// layers (MoE: five routers, capacity-bounded or dropless, GELU, ReLU or
+// SwiGLU experts, Mixtral's param layout) and the balancing loss that a
+// model's MoE layers may share (Balance).
 // Compositions of them (GPT-2's block, package gpt2; Llama's, in
 // examples/llama) live elsewhere.
 //

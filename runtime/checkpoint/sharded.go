@@ -96,6 +96,10 @@ type Plan struct {
 	// VocabTables are the params whose rows past the data's classes are
 	// vocabulary padding, with the classes: export writes only those rows.
 	VocabTables map[string]int `json:"vocab_tables,omitempty"`
+	// SaveEach are the stacked params that weight files hold as pieces of
+	// their own (ir.SaveEach: a MoE layer's experts under Hugging Face's
+	// names): export writes them so.
+	SaveEach map[string]ir.SaveEach `json:"save_each,omitempty"`
 	// Flags are the run's settings as the metrics report them.
 	Flags map[string]any `json:"flags,omitempty"`
 }
@@ -1110,6 +1114,14 @@ func Describe(dir string, m *Manifest) string {
 	fmt.Fprintf(&b, "data: %s\n", orText(m.Plan.Data))
 	for _, name := range sortedKeys(m.Plan.VocabTables) {
 		fmt.Fprintf(&b, "vocabulary table %s: rows past %d are padding (export writes %d)\n", name, m.Plan.VocabTables[name], m.Plan.VocabTables[name])
+	}
+	for _, name := range sortedKeys(m.Plan.SaveEach) {
+		s := m.Plan.SaveEach[name]
+		layout := ""
+		if s.Layout != ir.PieceAsHeld {
+			layout = ", " + s.Layout
+		}
+		fmt.Fprintf(&b, "stacked param %s: export writes each slice as %s%s\n", name, s.Template, layout)
 	}
 	var params, state, pn, sn int64
 	perFile := map[string]int{}
