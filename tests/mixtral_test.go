@@ -18,14 +18,15 @@ import (
 
 // The Mixtral (top-2 softmax router, renormalised, dropless SwiGLU
 // experts, one balancing loss over all layers) trains like one device
-// under expert, tensor, pipeline and data parallelism together: the same
+// under expert, tensor, context, pipeline and data parallelism: the same
 // loss every step (1e-5 relative), the same final params (1e-5 of each
 // tensor's largest entry), the same held-out loss and the same per-layer
-// loads and shared balancing loss every step. make test runs ep2·tp2 and
-// pp2·dp2·ep2·tp2 (1F1B, 16 devices); make test-full the rest.
+// loads and shared balancing loss every step. make test runs ep2·tp2,
+// cp2·ep2 (the ring, zigzag) and pp2·dp2·ep2·tp2 (1F1B, 16 devices);
+// make test-full the rest.
 func TestMixtralMatchesOneDevice(t *testing.T) {
 	oneF1B := scheduleOrder("1f1b")
-	plans := []plan{{ep: 2, tp: 2}}
+	plans := []plan{{ep: 2, tp: 2}, {cp: 2, ep: 2}}
 	pipes := []pipePlan{{pp: 2, dp: 2, ep: 2, tp: 2, micro: 2, order: oneF1B, name: "1f1b"}}
 	if fullMatrix() {
 		plans = append(plans, plan{ep: 4}, plan{dp: 2, ep: 2, zero: 1}, plan{dp: 2, ep: 2, tp: 2, micro: 2, zero: 2},
