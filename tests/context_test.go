@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
+	"gcompile/runtime/cpu"
 )
 
 // Context parallelism trains like one device: every activation's
@@ -194,5 +196,38 @@ func TestContextParallelLlama3At128KFits(t *testing.T) {
 func BenchmarkCompileLlama3At128K(b *testing.B) {
 	for b.Loop() {
 		compileCP(b, llama3At128K, 1, llama3At128KMesh, func(o *passes.Options) { o.SequenceParallel, o.Precision = true, "bf16" })
+	}
+}
+
+// BenchmarkRingAttentionStep is one training step of the Llama at a 4096-
+// token context (batch 1) on cp virtual CPU devices, the ring in the
+// zigzag layout, against cp1: what splitting the sequence costs or saves
+// on the host's cores (the devices share them), tokens per second.
+func BenchmarkRingAttentionStep(b *testing.B) {
+	const seq = 4096
+	for _, cp := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("cp%d", cp), func(b *testing.B) {
+			var mesh *ir.Mesh
+			if cp > 1 {
+				mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "cp", Size: cp, Zigzag: true}}}
+			}
+			prog := compileCP(b, map[string]string{"seq": fmt.Sprint(seq)}, 1, mesh, nil)
+			cl, err := cpu.NewCluster(prog, cpu.Options{})
+			require.NoError(b, err)
+			require.NoError(b, cl.InitParams(1))
+			tokens := make([]int32, seq)
+			for i := range tokens {
+				tokens[i] = int32(i * 7 % 256)
+			}
+			for _, in := range []string{"tokens", "targets"} {
+				require.NoError(b, cl.SetInt32(in, tokens))
+			}
+			require.NoError(b, cl.SetScalar("lr", 1e-3))
+			require.NoError(b, cl.SetScalar("step", 1))
+			for b.Loop() {
+				require.NoError(b, cl.Step())
+			}
+			b.ReportMetric(float64(seq)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+		})
 	}
 }

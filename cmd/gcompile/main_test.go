@@ -85,7 +85,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--devices", "4", "--tp", "3"}, "tp·pp·dp·ep = 3·1·1·1 = 3 must equal --devices 4"},
+		{[]string{"--devices", "4", "--tp", "3"}, "tp·pp·dp·ep·cp = 3·1·1·1·1 = 3 must equal --devices 4"},
 		{[]string{"--vpp", "2"}, "--vpp 2 needs --pp > 1"},
 		{[]string{"--model-timeout", "0"}, `invalid value "0" for flag -model-timeout: must be positive`},
 		{[]string{"--schedule", "1f1b"}, "--schedule 1f1b needs --pp > 1"},
@@ -96,7 +96,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--precision", "fp8"}, `--precision "fp8": want fp32, fp16 or bf16`},
 		{[]string{"--recompute", "some"}, `--recompute "some": want none, full, selective or every=K`},
 		{[]string{"--save", "w.safetensors"}, "--trace and --save record a training run; add --run"},
-		{[]string{"--devices", "8", "--ep", "3"}, "tp·pp·dp·ep = 1·1·1·3 = 3 must equal --devices 8"},
+		{[]string{"--devices", "8", "--ep", "3"}, "tp·pp·dp·ep·cp = 1·1·1·3·1 = 3 must equal --devices 8"},
 		{[]string{"--sequence-parallel"}, "--sequence-parallel needs --tp > 1"},
 		{[]string{"--bucket-mb", "0"}, "--bucket-mb must be positive"},
 		{[]string{"--offload", "disk"}, `--offload "disk": want optimizer, params or optimizer,params (got "disk")`},
@@ -108,7 +108,13 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--compress-activations", "zip"}, `--compress-activations "zip": want lowp or relu`},
 		{[]string{"--compress-activations", "relu,relu"}, `--compress-activations "relu,relu": want lowp or relu, or both as relu,lowp`},
 		{[]string{"--dp-sync", "async"}, "--dp-sync async needs --dp > 1"},
-		{[]string{"--devices", "4", "--dp", "2", "--tp", "2", "--dp-sync", "async"}, "does not combine with tp, pp, ep or ZeRO"},
+		{[]string{"--devices", "4", "--dp", "2", "--tp", "2", "--dp-sync", "async"}, "does not combine with tp, pp, ep, cp or ZeRO"},
+		{[]string{"--devices", "4", "--dp", "2", "--cp", "2", "--dp-sync", "async"}, "does not combine with tp, pp, ep, cp or ZeRO"},
+		{[]string{"--devices", "4", "--cp", "3"}, "tp·pp·dp·ep·cp = 1·1·1·1·3 = 3 must equal --devices 4"},
+		{[]string{"--cp-impl", "ring"}, "--cp-impl ring applies to --cp > 1"},
+		{[]string{"--devices", "2", "--cp", "2", "--cp-impl", "tree"}, `--cp-impl "tree": want ring or all2all`},
+		{[]string{"--devices", "2", "--cp", "2", "--cp-layout", "spiral"}, `--cp-layout "spiral": want zigzag or contiguous`},
+		{[]string{"--devices", "2", "--cp", "2", "--cp-impl", "all2all", "--cp-layout", "zigzag"}, "--cp-impl all2all runs whole sequences, so it takes --cp-layout contiguous"},
 		{[]string{"--staleness", "2"}, "--staleness applies to --dp-sync async"},
 		{[]string{"--dp-sync", "eventually"}, `--dp-sync "eventually": want sync or async`},
 		{[]string{"--loss-scale", "1024"}, "--loss-scale applies to --precision fp16 or bf16"},

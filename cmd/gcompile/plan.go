@@ -84,8 +84,9 @@ func givenAndChosen(explicit map[string]bool) string {
 		switch {
 		case explicit[a]:
 			given = append(given, "--"+a)
-		case a == "micro-batch-size":
-			// The count and the size are one choice.
+		case a == "micro-batch-size", a == "cp-impl", a == "cp-layout":
+			// The count and the size are one choice; cp's strategy and
+			// layout go with cp.
 		case a == "microbatches" && explicit["micro-batch-size"]:
 		default:
 			chosen = append(chosen, a)
