@@ -42,6 +42,16 @@ func shard(m *ir.Module, o *Options) error {
 			return fmt.Errorf("mesh axis %s=%d: only one data (dp), one expert (ep), one tensor (tp), one context (cp) and one pipeline (pp) axis are placed yet; the sharding rules for %s are %w", a.Name, a.Size, a.Name, ErrNotYet)
 		}
 	}
+	if cp := m.Mesh.SequenceAxis(); cp >= 0 && m.Mesh.Axes[cp].Size > 1 {
+		// The ring and Ulysses are strategies of the fused attention op;
+		// attention composed of primitive ops would need every key on
+		// every rank and its [s, s] scores.
+		for _, v := range m.Values {
+			if v.Op == "causal_mask" {
+				return fmt.Errorf("%s: context parallelism (cp=%d) runs attention as the fused op, by the ring or Ulysses; this is the causal mask of attention composed of primitive ops: build the model with its fused attention (the examples' --set attention=fused)", v.Where(), m.Mesh.Axes[cp].Size)
+			}
+		}
+	}
 	if o.SequenceParallel && m.Mesh.SizeOf(m.Mesh.WeightAxis()) == 1 {
 		return fmt.Errorf("sequence parallelism splits activations over tp, and the mesh %v has no tp axis larger than 1", m.Mesh)
 	}

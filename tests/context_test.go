@@ -3,6 +3,7 @@ package tests
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -71,10 +72,12 @@ func TestContextParallelBadPlans(t *testing.T) {
 		{"all2all in the zigzag layout", "gpt", []ir.MeshAxis{{Name: "cp", Size: 2, Zigzag: true}}, "all2all", "use --cp-layout contiguous"},
 		{"all2all, k/v heads not divisible", "llama", []ir.MeshAxis{{Name: "cp", Size: 4}}, "all2all", "--cp-impl all2all splits the key/value heads over cp=4, and the device's 2 of the model's 2 are not divisible by it"},
 		{"all2all, heads left by tp not divisible", "gpt", []ir.MeshAxis{{Name: "cp", Size: 4}, {Name: "tp", Size: 2}}, "all2all", "the device's 2 of the model's 4 are not divisible by it"},
+		{"unfused attention", "llama-unfused", []ir.MeshAxis{{Name: "cp", Size: 2, Zigzag: true}}, "", "runs attention as the fused op, by the ring or Ulysses; this is the causal mask of attention composed of primitive ops"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			m := build(t, c.model, 0)
+			model, attention, _ := strings.Cut(c.model, "-")
+			m := buildAttention(t, model, 0, attention)
 			opts := passes.DefaultOptions()
 			opts.Mesh = &ir.Mesh{Axes: c.mesh}
 			opts.CPImpl = c.impl
