@@ -227,6 +227,30 @@ func (c *kvChunks[T]) step(r ring, t int, f func(cur [][]T) error) error {
 	return nil
 }
 
+// each runs f on every chunk the ring brings (this device's first) that a
+// causal mask does not wholly hide, with the problem of that chunk.
+func (c *kvChunks[T]) each(r ring, d kcpu.AttentionDims, f func(t int, dc kcpu.AttentionDims, cur [][]T)) error {
+	for t := range r.n {
+		err := c.step(r, t, func(cur [][]T) error {
+			if dc, hidden := r.chunk(d, r.src(t)); !hidden {
+				f(t, dc, cur)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rounded writes acc to out in out's precision.
+func rounded[T kcpu.Float](out []T, acc []float64) {
+	for i, a := range acc {
+		out[i] = T(a)
+	}
+}
+
 // ringForward is the forward's scratch: the running output and
 // log-sum-exp of every query row, and one step's.
 type ringForward[T kcpu.Float] struct {
@@ -253,24 +277,12 @@ func (w *ringForward[T]) run(r ring, out, q, k, v []T) error {
 	for i := range w.lse {
 		w.lse[i] = math.Inf(-1)
 	}
-	for t := range r.n {
-		err := w.kv.step(r, t, func(cur [][]T) error {
-			dc, hidden := r.chunk(d, r.src(t))
-			if hidden {
-				return nil
-			}
-			kcpu.AttentionLSE(w.part, w.lsT, q, cur[0], cur[1], dc)
-			mergeLSE(w.acc, w.lse, w.part, w.lsT, d)
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-	}
-	for i, a := range w.acc {
-		out[i] = T(a)
-	}
-	return nil
+	err := w.kv.each(r, d, func(_ int, dc kcpu.AttentionDims, cur [][]T) {
+		kcpu.AttentionLSE(w.part, w.lsT, q, cur[0], cur[1], dc)
+		mergeLSE(w.acc, w.lse, w.part, w.lsT, d)
+	})
+	rounded(out, w.acc)
+	return err
 }
 
 // mergeLSE folds one chunk's partial output part (rows normalised over
@@ -289,8 +301,7 @@ func mergeLSE[T kcpu.Float](acc, lse []float64, part []T, lsT []float64, d kcpu.
 					continue // the chunk hides every key from this row
 				}
 				l1 := lse[row]
-				hi := math.Max(l1, l2)
-				merged := hi + math.Log(math.Exp(l1-hi)+math.Exp(l2-hi))
+				merged := logAddExp(l1, l2)
 				a, c := math.Exp(l1-merged), math.Exp(l2-merged)
 				o := ((b*d.SQ+i)*d.Heads + h) * hd
 				for x := range hd {
@@ -300,6 +311,12 @@ func mergeLSE[T kcpu.Float](acc, lse []float64, part []T, lsT []float64, d kcpu.
 			}
 		}
 	}
+}
+
+// logAddExp is log(e^a + e^b) for b finite, a finite or −Inf.
+func logAddExp(a, b float64) float64 {
+	hi := math.Max(a, b)
+	return hi + math.Log(math.Exp(a-hi)+math.Exp(b-hi))
 }
 
 // ringStats is attention_stats' scratch: each chunk's statistics, and
@@ -323,29 +340,21 @@ func (w *ringStats[T]) run(r ring, stats, q, k, out, dout []T) error {
 	for i := range w.lse {
 		w.lse[i] = math.Inf(-1)
 	}
-	for t := range r.n {
-		err := w.k.step(r, t, func(cur [][]T) error {
-			dc, hidden := r.chunk(w.d, r.src(t))
-			if hidden {
-				return nil
+	err := w.k.each(r, w.d, func(t int, dc kcpu.AttentionDims, cur [][]T) {
+		kcpu.AttentionStats(w.part, q, cur[0], out, dout, dc)
+		for row, l := range w.lse {
+			l2 := float64(w.part[2*row])
+			if t == 0 {
+				stats[2*row+1] = w.part[2*row+1] // D = dout·out: the same every step
 			}
-			kcpu.AttentionStats(w.part, q, cur[0], out, dout, dc)
-			for row, l := range w.lse {
-				l2 := float64(w.part[2*row])
-				if t == 0 {
-					stats[2*row+1] = w.part[2*row+1] // D = dout·out: the same every step
-				}
-				if math.IsInf(l2, -1) {
-					continue
-				}
-				hi := math.Max(l, l2)
-				w.lse[row] = hi + math.Log(math.Exp(l-hi)+math.Exp(l2-hi))
+			if math.IsInf(l2, -1) {
+				continue
 			}
-			return nil
-		})
-		if err != nil {
-			return err
+			w.lse[row] = logAddExp(l, l2)
 		}
+	})
+	if err != nil {
+		return err
 	}
 	for row, l := range w.lse {
 		stats[2*row] = T(l)
@@ -372,26 +381,14 @@ func (w *ringGradQ[T]) run(r ring, dq, q, k, v, dout, stats []T) error {
 	copy(w.kv.cur[0], k)
 	copy(w.kv.cur[1], v)
 	clear(w.acc)
-	for t := range r.n {
-		err := w.kv.step(r, t, func(cur [][]T) error {
-			dc, hidden := r.chunk(w.d, r.src(t))
-			if hidden {
-				return nil
-			}
-			kcpu.AttentionGradQ(w.part, q, cur[0], cur[1], dout, stats, dc)
-			for i, x := range w.part {
-				w.acc[i] += float64(x)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
+	err := w.kv.each(r, w.d, func(_ int, dc kcpu.AttentionDims, cur [][]T) {
+		kcpu.AttentionGradQ(w.part, q, cur[0], cur[1], dout, stats, dc)
+		for i, x := range w.part {
+			w.acc[i] += float64(x)
 		}
-	}
-	for i, a := range w.acc {
-		dq[i] = T(a)
-	}
-	return nil
+	})
+	rounded(dq, w.acc)
+	return err
 }
 
 // ringGradKV is attention_grad_k's (or _v's) scratch: the K (and V)
