@@ -295,7 +295,7 @@ func (b *builder) value(v *ir.Value) {
 			for _, piece := range RingScratch(v.Op, in.ArgTypes[0], in.ArgTypes[1]) {
 				n += piece
 			}
-			t := ir.Type{DType: ir.F64, Shape: ir.Shape{int(n / 8)}}
+			t := ir.Type{DType: ir.U8, Shape: ir.Shape{int(n)}} // raw bytes, carved by the runtime
 			id := len(p.Buffers)
 			p.Buffers = append(p.Buffers, Buffer{ID: id, Kind: Temp, Type: t, Global: t, Bytes: n, Value: v, Scratch: true})
 			in.Scratch = []int{id}
