@@ -231,7 +231,7 @@ var kernels = []Kernel{
 	{"gc_rmsnorm_grad_x", sig("float* dx, const float* x, const float* gamma, const float* dy, long long rows, long long n, float eps"), BlockPerRow, "rows"},
 	{"gc_rmsnorm_stats", sig("float* stats, const float* x, long long rows, long long n, float eps"), BlockPerRow, "rows"},
 	{"gc_rmsnorm_grad_gamma", sig("float* dgamma, const float* x, const float* dy, const float* stats, long long rows, long long n"), BlockPerRow, "n"},
-	{"gc_rope", sig("float* out, const float* x, long long rows, long long positions, long long half, float theta, int inverse"), GridStride, "rows*half"},
+	{"gc_rope", sig("float* out, const float* x, long long rows, long long positions, long long first, long long brk, long long second, long long half, float theta, int inverse"), GridStride, "rows*half"},
 	{"gc_embedding", sig("float* out, int* status, const float* table, const int* ids, long long count, long long vocab, long long dim"), GridStride, "count*dim"},
 	{"gc_rope_at", sig("float* out, const float* x, const int* pos, long long batch, long long heads, long long step, long long half, float theta"), GridStride, "batch*heads*step*half"},
 	{"gc_kv_write", sig("float* out, int* status, const float* fresh, const int* pos, long long batch, long long kv, long long ctx, long long step, long long hd"), GridStride, "batch*kv*step*hd"},

@@ -448,8 +448,11 @@ extern "C" __global__ void gc_rmsnorm_grad_gamma(float* dgamma, const float* x, 
 }
 
 // gc_rope applies rotary position embeddings in Hugging Face Llama's
-// rotate-half layout: x is rows of d = 2·half elements, row r at position
-// p = r mod positions, and elements i and i + half of a row turn together
+// rotate-half layout: x is rows of d = 2·half elements, row r the
+// (r mod positions)-th of its sequence, at position first + that below brk
+// and second + that − brk from it (a device's chunks of a sequence split
+// over a context-parallel axis; 0, positions, 0 for a whole sequence),
+// and elements i and i + half of a row turn together
 // by p·theta^(−2i/d) (minus that when inverse is not 0, the transpose and
 // so the vjp):
 //   out[i]      = x[i]·cos − x[i+half]·sin
@@ -458,10 +461,12 @@ extern "C" __global__ void gc_rmsnorm_grad_gamma(float* dgamma, const float* x, 
 // once, as the CPU kernel; theta arrives as a float and is widened. One
 // thread per pair; out must not be x.
 extern "C" __global__ void gc_rope(float* out, const float* x, long long rows, long long positions,
-                                   long long half, float theta, int inverse) {
+                                   long long first, long long brk, long long second, long long half, float theta,
+                                   int inverse) {
   const long long d = 2 * half;
   GC_FOR_EACH(e, rows * half) {
-    const long long r = e / half, i = e - r * half, p = r % positions;
+    const long long r = e / half, i = e - r * half, local = r % positions;
+    const long long p = local < brk ? first + local : second + local - brk;
     const double angle = (double)p * pow((double)theta, -2.0 * (double)i / (double)d);
     const double cs = cos(angle), sn = inverse ? -sin(angle) : sin(angle);
     const float* xr = x + r * d;

@@ -494,11 +494,29 @@ func TestRoPE(t *testing.T) {
 				}
 				r := newRand(uint64(rows*d) + uint64(theta) + uint64(inv))
 				x := randNorm(r, rows*d, 1)
+				// Context parallelism's chunks (at the larger base): the
+				// rows' positions in two runs, from 7 and from
+				// 7·positions + 3 halfway.
+				first, brk, second := 0, positions, 0
+				var at []int
+				if positions > 1 && theta == 500000 {
+					first, brk, second = 7, positions/2, 7*positions+3
+					for p := range positions {
+						if p < brk {
+							at = append(at, first+p)
+						} else {
+							at = append(at, second+p-brk)
+						}
+					}
+				}
 				want := make([]float32, rows*d)
-				kcpu.RoPE(want, x, batch, positions, d, theta, inverse)
+				kcpu.RoPEWith(want, x, batch, kcpu.NewRoPETableAt(at, positions, d, theta), inverse)
 				bound := make([]float64, rows*d)
 				for row := range rows {
 					p := row % positions
+					if at != nil {
+						p = at[p]
+					}
 					for i := range half {
 						angle := kcpu.RoPEAngle(p, i, d, theta)
 						k := (math.Abs(float64(x[row*d+i])) + math.Abs(float64(x[row*d+i+half]))) * (1 + angle) / (1 << 48)
@@ -511,7 +529,7 @@ func TestRoPE(t *testing.T) {
 					for _, grid := range grids(rows*half, block) {
 						t.Run(fmt.Sprintf("b%d_p%d_d%d_theta%g_inv%d_b%d_g%d", batch, positions, d, theta, inv, block, grid), func(t *testing.T) {
 							got := out(rows * d)
-							launch(t, "gc_rope", grid, block, got, x, rows, positions, half, float32(theta), inv)
+							launch(t, "gc_rope", grid, block, got, x, rows, positions, first, brk, second, half, float32(theta), inv)
 							requireWithin(t, want, got, bound, "gc_rope")
 						})
 					}

@@ -52,7 +52,7 @@ var opTable = []OpKernels{
 	{"rmsnorm", []string{"gc_rmsnorm"}, "rows over the last dim"},
 	{"rmsnorm_grad_x", []string{"gc_rmsnorm_grad_x"}, "rows over the last dim"},
 	{"rmsnorm_grad_gamma", []string{"gc_rmsnorm_stats", "gc_rmsnorm_grad_gamma"}, "stats (2 floats per row of workspace), then the column sums"},
-	{"rope", []string{"gc_rope"}, "rows of the last dim d = 2·half, positions = shape[-2]; theta as a float (must be exact in float32), inverse as 0 or 1"},
+	{"rope", []string{"gc_rope"}, "rows of the last dim d = 2·half, positions = shape[-2], at global positions first…, second… from brk (a context-parallel chunk); theta as a float (must be exact in float32), inverse as 0 or 1"},
 	{"embedding", []string{"gc_embedding", "gc_embedding_range"}, "range when the table is split by vocabulary (offset = rank·rows)"},
 	{"embedding_grad", []string{"gc_embedding_grad_clear", "gc_embedding_grad_count", "gc_embedding_grad_scan", "gc_embedding_grad_place", "gc_embedding_grad"},
 		"a counting sort of the positions by row in vocab + count ints of workspace (index, list), then one block per row; offset and total as for the vocab-parallel lookup"},

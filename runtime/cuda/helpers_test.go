@@ -17,6 +17,8 @@ import (
 // config is one way of compiling the test GPT.
 type config struct {
 	name string
+	// model is the family (nil: the GPT) built with testModel's sizes.
+	model frontend.ModelFunc
 	mesh []ir.MeshAxis
 	edit func(*passes.Options)
 	// pp > 1 lowers one program per pipeline rank with a 1F1B schedule.
@@ -50,7 +52,11 @@ func programs(t testing.TB, c config) []*lower.Program {
 	if c.batch > 0 {
 		batch = c.batch
 	}
-	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: batch, Set: set, Float: c.float})
+	model := c.model
+	if model == nil {
+		model = gpt.Model
+	}
+	m, err := frontend.Build(model, frontend.Config{Name: "gpt", Batch: batch, Set: set, Float: c.float})
 	require.NoError(t, err)
 	opts := passes.DefaultOptions()
 	opts.Verify = true

@@ -122,16 +122,29 @@ func (c *compiler) rope() (func() error, error) {
 	if r < 2 || s[r-1]%2 != 0 {
 		return nil, fmt.Errorf("rope needs [..., positions, d] with d even, got %v", c.in.OutType)
 	}
-	if ax, split := runtime.SplitOverSequence(c.d.prog.Mesh, c.in.Value, r-2); split {
-		return nil, fmt.Errorf("rope: rows split on their sequence over %s (context parallelism) are not yet supported on the CUDA backend, whose kernel numbers positions from 0: use the CPU backend", ax)
-	}
 	positions, d := int64(s[r-2]), int64(s[r-1])
+	// Under context parallelism the rows are a chunk (two, zigzag) of the
+	// sequence, at their global positions.
+	at, err := runtime.SeqPositions(c.d.prog.Mesh, c.in.Value, r-2, c.d.coords)
+	if err != nil {
+		return nil, err
+	}
+	first, brk, second := int64(0), positions, int64(0)
+	if at != nil {
+		first = int64(at[0])
+		for i := 1; i < len(at); i++ {
+			if at[i] != at[i-1]+1 {
+				brk, second = int64(i), int64(at[i])
+				break
+			}
+		}
+	}
 	theta := c.in.Attrs.Float("theta", 0)
 	if float64(float32(theta)) != theta {
 		return nil, fmt.Errorf("rope: theta %v is not exact in float32, which the kernel takes", theta)
 	}
 	rows := numel(s) / max(d, 1)
-	return c.one("gc_rope", c.out(), c.arg(0), rows, positions, d/2, float32(theta), c.in.Attrs.Bool("inverse"))
+	return c.one("gc_rope", c.out(), c.arg(0), rows, positions, first, brk, second, d/2, float32(theta), c.in.Attrs.Bool("inverse"))
 }
 
 func (c *compiler) embedding() (func() error, error) {
