@@ -19,8 +19,8 @@ type config struct {
 	name string
 	// model is the family (nil: the GPT) built with testModel's sizes.
 	model frontend.ModelFunc
-	mesh []ir.MeshAxis
-	edit func(*passes.Options)
+	mesh  []ir.MeshAxis
+	edit  func(*passes.Options)
 	// pp > 1 lowers one program per pipeline rank with a 1F1B schedule.
 	pp, micro int
 	lower     lower.Options
