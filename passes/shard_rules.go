@@ -345,8 +345,16 @@ func matmulRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		pb = r.Resolve(1)
 	}
 	// Sequence parallel: activations split on the sequence are gathered
-	// before a matmul with a split weight.
-	if r.seqParallel() && pa.Kind == ir.Shard && pa.Dim != kA && pb.Kind == ir.Shard {
+	// before a matmul with a split weight, and so is an operand split on
+	// the sequence where it is contracted with one split another way (the
+	// LM head's weight gradient at batch 1; v whole on tp times heads-split
+	// probabilities).
+	switch {
+	case r.seqParallel() && pa.Kind == ir.Shard && pa.Dim != kA && pb.Kind == ir.Shard && pb.Dim == kB && pa.NumBlocks() == 1 && pb.NumBlocks() == 1:
+		pb = rep
+	case r.seqParallel() && pb.Kind == ir.Shard && pb.Dim != kB && pa.Kind == ir.Shard && pa.Dim == kA && pa.NumBlocks() == 1 && pb.NumBlocks() == 1:
+		pa = rep
+	case r.seqParallel() && pa.Kind == ir.Shard && pa.Dim != kA && pb.Kind == ir.Shard:
 		pa = rep
 	}
 	// A batched pair sharded on the batch of one side: slice the other.
@@ -572,8 +580,20 @@ func rowwiseRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		if r.v.Args[i].Type.Rank() != x.Rank() {
 			continue
 		}
+		if p.Kind == ir.Partial {
+			// A norm is not linear: the sum is made first, scattered on
+			// the sequence under sequence parallelism (Resolve), as the
+			// Llama's first RMSNorm reads its vocab-parallel embedding.
+			p = r.Resolve(i)
+		}
 		if p.Kind == ir.Shard {
 			if p.Dim >= x.Rank()-inner {
+				if r.seqParallel() {
+					// The rotation of k or v projected by a weight whole
+					// on tp (k/v heads tp does not divide): gather the
+					// sequence first.
+					continue
+				}
 				return nil, rep, fmt.Errorf("%s normalises over dim %d, which is sharded", r.v.Op, p.Dim)
 			}
 			target = p
