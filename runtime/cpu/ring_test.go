@@ -77,38 +77,31 @@ func TestRingAttentionMatchesOneDevice(t *testing.T) {
 			oChunk := func(x []float64, pos int) []float64 { return seqChunk(x, batch, c.heads*hd, pos) }
 			sChunk := func(x []float64, pos int) []float64 { return seqChunk(x, batch*c.heads, 2, pos) }
 
-			cm := comm.NewLocal(c.n)
 			type result struct{ out, stats, dq, dk, dv []float64 }
 			got := make([]result, c.n)
-			errs := make([]error, c.n)
-			var wg sync.WaitGroup
-			for pos := range c.n {
-				wg.Go(func() {
-					r := ring{c: cm, rank: pos, next: (pos + 1) % c.n, prev: (pos + c.n - 1) % c.n, pos: pos, n: c.n, tag: ringTagBase, zigzag: c.zigzag}
-					qc, kc, vc, gc := qChunk(q, pos), kvChunk(k, pos), kvChunk(v, pos), oChunk(dout, pos)
-					res := result{out: make([]float64, len(gc)), stats: make([]float64, 2*batch*c.heads*L),
-						dq: make([]float64, len(qc)), dk: make([]float64, len(kc)), dv: make([]float64, len(kc))}
-					steps := []func() error{
-						func() error { return newRingForward[float64](part, nil).run(r, res.out, qc, kc, vc) },
-						func() error { return newRingStats[float64](part, nil).run(r, res.stats, qc, kc, res.out, gc) },
-						func() error { return newRingGradQ[float64](part, nil).run(r, res.dq, qc, kc, vc, gc, res.stats) },
-						func() error { return newRingGradKV[float64](part, true, nil).run(r, res.dk, qc, kc, vc, gc, res.stats) },
-						func() error {
-							return newRingGradKV[float64](part, false, nil).run(r, res.dv, qc, kc, nil, gc, res.stats)
-						},
+			require.NoError(t, ringAll(c.n, c.zigzag, func(r ring) error {
+				pos := r.pos
+				qc, kc, vc, gc := qChunk(q, pos), kvChunk(k, pos), kvChunk(v, pos), oChunk(dout, pos)
+				res := result{out: make([]float64, len(gc)), stats: make([]float64, 2*batch*c.heads*L),
+					dq: make([]float64, len(qc)), dk: make([]float64, len(kc)), dv: make([]float64, len(kc))}
+				steps := []func() error{
+					func() error { return newRingForward[float64](part, nil).run(r, res.out, qc, kc, vc) },
+					func() error { return newRingStats[float64](part, nil).run(r, res.stats, qc, kc, res.out, gc) },
+					func() error { return newRingGradQ[float64](part, nil).run(r, res.dq, qc, kc, vc, gc, res.stats) },
+					func() error { return newRingGradKV[float64](part, true, nil).run(r, res.dk, qc, kc, vc, gc, res.stats) },
+					func() error {
+						return newRingGradKV[float64](part, false, nil).run(r, res.dv, qc, kc, nil, gc, res.stats)
+					},
+				}
+				for _, f := range steps {
+					if err := f(); err != nil {
+						return err
 					}
-					for _, f := range steps {
-						if errs[pos] = f(); errs[pos] != nil {
-							cm.Abort(errs[pos])
-							return
-						}
-					}
-					got[pos] = res
-				})
-			}
-			wg.Wait()
+				}
+				got[pos] = res
+				return nil
+			}))
 			for pos := range c.n {
-				require.NoError(t, errs[pos], "device %d", pos)
 				for _, x := range []struct {
 					name      string
 					got, want []float64
@@ -165,4 +158,104 @@ func sum(x []int) int {
 		s += v
 	}
 	return s
+}
+
+// ringAll runs f on n devices of a ring over a fresh Local comm, device
+// pos getting a ring at pos, and returns the first error.
+func ringAll(n int, zigzag bool, f func(r ring) error) error {
+	cm := comm.NewLocal(n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for pos := range n {
+		wg.Go(func() {
+			r := ring{c: cm, rank: pos, next: (pos + 1) % n, prev: (pos + n - 1) % n, pos: pos, n: n, tag: ringTagBase, zigzag: zigzag}
+			if errs[pos] = f(r); errs[pos] != nil {
+				cm.Abort(errs[pos])
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The ring's gradients are the derivatives of its own forward, by
+// central finite differences in float64: with f = Σ out·dout over every
+// device's chunk, each element of every device's q, k and v chunk is
+// moved by ±h and the change of f compared with that device's dq, dk, dv
+// (zigzag and contiguous, causal, grouped-query).
+func TestRingAttentionGradFD(t *testing.T) {
+	for _, zigzag := range []bool{false, true} {
+		const n, seq, heads, kv, hd = 2, 8, 2, 1, 2
+		L := seq / n
+		d := kcpu.AttentionDims{Batch: 1, Heads: heads, KVHeads: kv, SQ: L, SK: L, HeadDim: hd, Group: heads / kv, Causal: true, Scale: 0.7}
+		rng := rand.New(rand.NewPCG(7, 1))
+		fill := func(m int) [][]float64 {
+			x := make([][]float64, n)
+			for p := range x {
+				x[p] = make([]float64, m)
+				for i := range x[p] {
+					x[p][i] = rng.NormFloat64()
+				}
+			}
+			return x
+		}
+		qLen, kvLen := heads*L*hd, kv*L*hd
+		q, k, v, dout := fill(qLen), fill(kvLen), fill(kvLen), fill(qLen)
+		f := func() float64 {
+			outs := make([][]float64, n)
+			require.NoError(t, ringAll(n, zigzag, func(r ring) error {
+				outs[r.pos] = make([]float64, qLen)
+				return newRingForward[float64](d, nil).run(r, outs[r.pos], q[r.pos], k[r.pos], v[r.pos])
+			}))
+			s := 0.0
+			for p := range n {
+				for i, o := range outs[p] {
+					s += o * dout[p][i]
+				}
+			}
+			return s
+		}
+		dq, dk, dv := make([][]float64, n), make([][]float64, n), make([][]float64, n)
+		require.NoError(t, ringAll(n, zigzag, func(r ring) error {
+			p := r.pos
+			out, stats := make([]float64, qLen), make([]float64, 2*heads*L)
+			dq[p], dk[p], dv[p] = make([]float64, qLen), make([]float64, kvLen), make([]float64, kvLen)
+			if err := newRingForward[float64](d, nil).run(r, out, q[p], k[p], v[p]); err != nil {
+				return err
+			}
+			if err := newRingStats[float64](d, nil).run(r, stats, q[p], k[p], out, dout[p]); err != nil {
+				return err
+			}
+			if err := newRingGradQ[float64](d, nil).run(r, dq[p], q[p], k[p], v[p], dout[p], stats); err != nil {
+				return err
+			}
+			if err := newRingGradKV[float64](d, true, nil).run(r, dk[p], q[p], k[p], v[p], dout[p], stats); err != nil {
+				return err
+			}
+			return newRingGradKV[float64](d, false, nil).run(r, dv[p], q[p], k[p], nil, dout[p], stats)
+		}))
+		const h = 1e-6
+		for _, x := range []struct {
+			name  string
+			in, g [][]float64
+		}{{"q", q, dq}, {"k", k, dk}, {"v", v, dv}} {
+			for p := range n {
+				for i := range x.in[p] {
+					keep := x.in[p][i]
+					x.in[p][i] = keep + h
+					up := f()
+					x.in[p][i] = keep - h
+					down := f()
+					x.in[p][i] = keep
+					fd := (up - down) / (2 * h)
+					require.InDelta(t, fd, x.g[p][i], 1e-7*(1+math.Abs(fd)), "zigzag %v: d%s of device %d, element %d", zigzag, x.name, p, i)
+				}
+			}
+		}
+	}
 }
