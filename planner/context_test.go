@@ -26,7 +26,8 @@ func longLlama(t testing.TB, seq string) *ir.Module {
 // The planner searches context parallelism for long sequences: every cp
 // that divides the devices and leaves each rank a chunk of 1024 tokens
 // or more, by the ring, and by Ulysses where cp divides the heads and the
-// k/v heads; at a short context it does not. The estimate prices what
+// k/v heads; at a short context it does not, unless --cp-impl asks for
+// context parallelism. The estimate prices what
 // the compiled plan moves on cp: the ring's chunks (ten a step, and two
 // gradients home, per layer), Ulysses' all_to_alls, and the gradients'
 // reduction over cp; and the compiled plan's flops count every chunk the
@@ -64,6 +65,15 @@ func TestPlannerSearchesContextParallelism(t *testing.T) {
 	for _, c := range enumerate(baseConfig(8, 8), short, hw, false) {
 		require.LessOrEqual(t, c.CP, 1, "no cp at a 1024-token context")
 	}
+	// Unless asked for: --cp-impl without --cp searches every cp > 1.
+	asked := baseConfig(8, 8)
+	asked.CPImpl, asked.Explicit["cp-impl"] = "ring", true
+	cps := map[int]bool{}
+	for _, c := range enumerate(asked, short, hw, false) {
+		require.Equal(t, "ring", c.CPImpl)
+		cps[c.CP] = true
+	}
+	assert.Equal(t, map[int]bool{2: true, 4: true, 8: true}, cps, "--cp-impl ring at 1024 tokens: cp 2, 4 and 8")
 
 	gir := writeGir(t, long)
 	var flops []float64

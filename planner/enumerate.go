@@ -50,11 +50,18 @@ const (
 )
 
 // cpChoices are the context-parallel degrees searched within n devices:
-// the user's, or for a long sequence every divisor of n that divides it
-// and leaves each rank minChunk tokens or more.
+// the user's; with --cp-impl or --cp-layout given, every divisor of n
+// above 1 that divides the sequence; else, for a long sequence, every
+// divisor of n that divides it and leaves each rank minChunk tokens or
+// more.
 func cpChoices(base compile.Config, t cost.Transformer, n int) []int {
 	if base.Explicit["cp"] {
 		return []int{max(base.CP, 1)}
+	}
+	if base.Explicit["cp-impl"] || base.Explicit["cp-layout"] {
+		// The user asked for context parallelism without its degree:
+		// every cp > 1 that splits the sequence, at any length.
+		return choices(false, 0, divisors(n), func(cp int) bool { return cp > 1 && t.Seq%cp == 0 })
 	}
 	if t.Seq < longSequence {
 		return []int{1}
