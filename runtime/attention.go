@@ -60,28 +60,6 @@ func headOffset(mesh *ir.Mesh, v *ir.Value, coords []int) (int, error) {
 	return ir.BlockBox(mesh, v.Place, v.Type.Shape, coords).Lo[1], nil
 }
 
-// SeqOffset is the global index of the first row along dim of v's block
-// on the device at coords: where a device's chunk of a sequence split over
-// a context-parallel axis starts (0 when the dim is whole). The rotary
-// embedding turns it into its rows' positions.
-func SeqOffset(mesh *ir.Mesh, v *ir.Value, dim int, coords []int) (int, error) {
-	if mesh == nil || v == nil || v.Place == nil || dim >= v.Type.Rank() {
-		return 0, nil
-	}
-	view := dim
-	for _, p := range v.Place {
-		if p.Kind == ir.Shard && p.NumBlocks() > 1 {
-			if p.Dim == dim {
-				return 0, fmt.Errorf("%s: dim %d is split in blocks (%v): its rows are not one chunk", v.Where(), dim, p)
-			}
-			if p.Dim < dim {
-				view++
-			}
-		}
-	}
-	return ir.BlockBox(mesh, v.Place, v.Type.Shape, coords).Lo[view], nil
-}
-
 // SplitOverSequence reports whether dim of v is split over the mesh's
 // context-parallel axis (cp), and names that axis.
 func SplitOverSequence(mesh *ir.Mesh, v *ir.Value, dim int) (string, bool) {

@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"fmt"
+
 	"gcompile/ir"
 )
 
@@ -71,7 +73,7 @@ func zigzagHeld[T any](x []T, shape []int, splits []ZigzagSplit) []T {
 // over a context-parallel axis, two chunks in the zigzag layout. nil
 // when the dim is whole.
 func SeqPositions(mesh *ir.Mesh, v *ir.Value, dim int, coords []int) ([]int, error) {
-	first, err := SeqOffset(mesh, v, dim, coords)
+	first, err := seqOffset(mesh, v, dim, coords)
 	if err != nil || mesh == nil || v == nil || v.Place == nil || dim >= v.Type.Rank() {
 		return nil, err
 	}
@@ -79,7 +81,7 @@ func SeqPositions(mesh *ir.Mesh, v *ir.Value, dim int, coords []int) ([]int, err
 	for ax, p := range v.Place {
 		if a := mesh.Axes[ax]; a.Zigzag && a.Size > 1 && p.Placed(dim) {
 			half := local / 2
-			lo, hi := coords[ax], 2*a.Size-1-coords[ax]
+			lo, hi := ir.ZigzagChunk(2*coords[ax], a.Size), ir.ZigzagChunk(2*coords[ax]+1, a.Size)
 			pos := make([]int, local)
 			for i := range pos {
 				if i < half {
@@ -99,4 +101,25 @@ func SeqPositions(mesh *ir.Mesh, v *ir.Value, dim int, coords []int) ([]int, err
 		pos[i] = first + i
 	}
 	return pos, nil
+}
+
+// seqOffset is the global index of the first row along dim of v's block
+// on the device at coords: where a contiguous chunk of a sequence split
+// over a context-parallel axis starts (0 when the dim is whole).
+func seqOffset(mesh *ir.Mesh, v *ir.Value, dim int, coords []int) (int, error) {
+	if mesh == nil || v == nil || v.Place == nil || dim >= v.Type.Rank() {
+		return 0, nil
+	}
+	view := dim
+	for _, p := range v.Place {
+		if p.Kind == ir.Shard && p.NumBlocks() > 1 {
+			if p.Dim == dim {
+				return 0, fmt.Errorf("%s: dim %d is split in blocks (%v): its rows are not one chunk", v.Where(), dim, p)
+			}
+			if p.Dim < dim {
+				view++
+			}
+		}
+	}
+	return ir.BlockBox(mesh, v.Place, v.Type.Shape, coords).Lo[view], nil
 }

@@ -78,8 +78,8 @@ func (r ring) chunk(d kcpu.AttentionDims, src int) (kcpu.AttentionDims, bool) {
 	d.Positioned = true
 	if r.zigzag {
 		hq, hk := d.SQ/2, d.SK/2
-		d.QPos = [2]int{r.pos * hq, (2*r.n - 1 - r.pos) * hq}
-		d.KPos = [2]int{src * hk, (2*r.n - 1 - src) * hk}
+		d.QPos = [2]int{ir.ZigzagChunk(2*r.pos, r.n) * hq, ir.ZigzagChunk(2*r.pos+1, r.n) * hq}
+		d.KPos = [2]int{ir.ZigzagChunk(2*src, r.n) * hk, ir.ZigzagChunk(2*src+1, r.n) * hk}
 		d.QBreak, d.KBreak = hq, hk
 	} else {
 		d.QPos, d.KPos = [2]int{r.pos * d.SQ, r.pos * d.SQ}, [2]int{src * d.SK, src * d.SK}
