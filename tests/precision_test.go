@@ -76,6 +76,9 @@ func TestMixedPrecisionTracksFP32(t *testing.T) {
 		{plan{precision: "bf16"}, 1, 1e-3, 0.15},
 		{plan{precision: "fp16"}, 0, 2e-4, 0.06},
 		{plan{precision: "bf16", dp: 2, zero: 1}, 1, 1e-3, 0.15},
+		// The ring (cp2, zigzag) runs on the fp32 copies of its 16-bit
+		// operands, its chunks in their scratch.
+		{plan{precision: "bf16", cp: 2}, 1, 1e-3, 0.15},
 		{plan{precision: "fp16", dp: 2, tp: 2, micro: 2}, 1024, 2e-4, 0.06},
 		{plan{precision: "fp16", model: "llama", dp: 2, tp: 2, micro: 2}, 0, 2e-4, 0.06},
 		// The MoE GPT with its experts split over ep, the router in fp32.

@@ -160,7 +160,8 @@ const (
 	// attDims are the sizes every attention kernel takes after its
 	// pointers (attention.cu).
 	attDims = "long long batch, long long heads, long long kv_heads, long long sq, long long sk, long long hd, long long tiles, " +
-		"long long group, long long q_off, long long kv_off, float scale, int causal"
+		"long long group, long long q_off, long long kv_off, float scale, int causal, " +
+		"long long qp0, long long qbrk, long long qp1, long long kp0, long long kbrk, long long kp1"
 	unary   = "float* out, const float* x, long long n"
 	binary  = "float* out, const float* a, const float* b, long long n"
 	actGrad = "float* dx, const float* x, const float* dy, long long n"
@@ -250,11 +251,13 @@ var kernels = []Kernel{
 	{"gc_vocab_ce_grad", sig("float* dlogits, const float* logits, const int* labels, const float* gmax, const float* sums, const float* dloss, long long rows, long long vocab, long long offset"), GridStride, "rows*vocab"},
 
 	// attention.cu
-	{"gc_attention", sig("float* out, const float* q, const float* k, const float* v, " + attDims), BlockPerRow, "batch*heads*tiles"},
+	{"gc_attention", sig("float* out, float* lse, const float* q, const float* k, const float* v, " + attDims), BlockPerRow, "batch*heads*tiles"},
 	{"gc_attention_stats", sig("float* stats, const float* q, const float* k, const float* out, const float* dout, " + attDims), BlockPerRow, "batch*heads*tiles"},
 	{"gc_attention_grad_q", sig("float* dq, const float* q, const float* k, const float* v, const float* dout, const float* stats, " + attDims), BlockPerRow, "batch*heads*tiles"},
 	{"gc_attention_grad_k", sig("float* dk, const float* q, const float* k, const float* v, const float* dout, const float* stats, " + attDims), BlockPerRow, "batch*kv_heads*tiles"},
 	{"gc_attention_grad_v", sig("float* dv, const float* q, const float* k, const float* dout, const float* stats, " + attDims), BlockPerRow, "batch*kv_heads*tiles"},
+	{"gc_att_merge", sig("float* acc, float* lse, const float* part, const float* lsp, long long batch, long long heads, long long sq, long long hd"), GridStride, "batch*heads*sq"},
+	{"gc_att_stats_merge", sig("float* stats, const float* part, long long rows"), GridStride, "rows"},
 
 	// optim.cu
 	{"gc_adam_m", sig("float* out, const float* m, const float* g, long long n, float beta1"), GridStride, "n"},

@@ -32,9 +32,10 @@ func (d *Device) touches16(in lower.Instr) bool {
 // runs there (fp32 accumulation in GEMM, softmax, LayerNorm and
 // reductions), and the result is rounded back to the 16-bit format. Other
 // arguments (ids, the step, fp32 values) are copied into the scratch as
-// they are. The scratch is allocated at load, one per such instruction,
-// outside the arena: the memory plan counts the 16-bit buffers only, so
-// measured peaks do not include it.
+// they are, and its workspace is given room there. The scratch is
+// allocated at load, one per such instruction, outside the arena: the
+// memory plan counts the 16-bit buffers only, so measured peaks do not
+// include it.
 func (d *Device) compile16(in lower.Instr) (func() error, error) {
 	if in.Bucket > 0 {
 		return nil, fmt.Errorf("bucketed %s of 16-bit values is not supported by the cpu backend yet", in.Op)
@@ -45,6 +46,9 @@ func (d *Device) compile16(in lower.Instr) (func() error, error) {
 	if in.Out >= 0 {
 		ids = append(ids, in.Out)
 	}
+	// The instruction's workspace (ring attention's chunks) moves to the
+	// scratch with it: the kernel runs on the shadow device.
+	ids = append(ids, in.Scratch...)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	var size int64

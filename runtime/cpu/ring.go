@@ -34,14 +34,14 @@ import (
 // passed on without computing; the global positions of the rows (the
 // chunk's index times its length) decide (kcpu.AttentionDims.Positioned).
 
-// ring is one device's place on the cp ring.
+// ring is one device's place on the cp ring (runtime.Ring) and how it
+// reaches its neighbours.
 type ring struct {
+	runtime.Ring
 	c          runtime.Comm
 	rank       int // the device's global rank
 	next, prev int // global ranks it sends to and receives from
-	pos, n     int // its position on the ring, and the ring's size
 	tag        int // the first of the instruction's tags
-	zigzag     bool
 }
 
 // ringTagBase puts ring transfers in a tag range of their own: pipeline
@@ -67,51 +67,18 @@ func floatDType[T kcpu.Float]() ir.DType {
 	return ir.F64
 }
 
-// src is the position of the device whose chunk the ring holds at step t.
-func (r ring) src(t int) int { return ((r.pos-t)%r.n + r.n) % r.n }
-
-// chunk is d with the queries at this device's rows and the keys at the
-// rows of the device at ring position src, and whether a causal mask
-// hides all of it. Contiguous, position p holds the p-th of n chunks;
-// zigzag, chunks p and 2n−1−p of 2n.
-func (r ring) chunk(d kcpu.AttentionDims, src int) (kcpu.AttentionDims, bool) {
-	d.Positioned = true
-	if r.zigzag {
-		hq, hk := d.SQ/2, d.SK/2
-		d.QPos = [2]int{ir.ZigzagChunk(2*r.pos, r.n) * hq, ir.ZigzagChunk(2*r.pos+1, r.n) * hq}
-		d.KPos = [2]int{ir.ZigzagChunk(2*src, r.n) * hk, ir.ZigzagChunk(2*src+1, r.n) * hk}
-		d.QBreak, d.KBreak = hq, hk
-	} else {
-		d.QPos, d.KPos = [2]int{r.pos * d.SQ, r.pos * d.SQ}, [2]int{src * d.SK, src * d.SK}
-		d.QBreak, d.KBreak = d.SQ, d.SK
-	}
-	return d, d.Hidden()
-}
-
 // ringAttentionOf finds the ring an attention instruction runs on: its q
 // is split on the sequence (dim 2) over the mesh's context-parallel axis.
 // ok is false otherwise.
 func ringAttentionOf(d *Device, in lower.Instr) (r ring, ok bool, err error) {
-	m := d.prog.Mesh
-	ax := m.SequenceAxis()
-	if ax < 0 || m.Axes[ax].Size == 1 || in.Value == nil || len(in.Value.Args) < 2 {
-		return ring{}, false, nil
+	rg, ok, err := runtime.RingOf(d.prog.Mesh, in, d.coords)
+	if !ok || err != nil {
+		return ring{}, ok, err
 	}
-	q, k := in.Value.Args[0], in.Value.Args[1]
-	if !q.Place[ax].Placed(2) {
-		return ring{}, false, nil
-	}
-	if !k.Place[ax].Placed(2) || q.Type.Shape[2] != k.Type.Shape[2] {
-		return ring{}, true, fmt.Errorf("%s: ring attention needs q and k split alike on their sequence over %s (q %v %v, k %v %v)",
-			in.Op, m.Axes[ax].Name, q.Type, q.Place, k.Type, k.Place)
-	}
-	g := d.axisGroup(ax)
-	n, pos := g.Size(), d.coords[ax]
-	if m.Axes[ax].Zigzag && q.Type.Shape[2]%(2*n) != 0 {
-		return ring{}, true, fmt.Errorf("%s: the zigzag layout cuts the sequence of %d into 2·%d chunks, which do not divide it", in.Op, q.Type.Shape[2], n)
-	}
-	return ring{c: d.comm, rank: d.rank, next: g.Ranks[(pos+1)%n], prev: g.Ranks[(pos+n-1)%n], pos: pos, n: n,
-		tag: ringTagBase + 4*in.Value.ID, zigzag: m.Axes[ax].Zigzag}, true, nil
+	g := d.axisGroup(rg.Axis)
+	n, pos := rg.N, rg.Pos
+	return ring{Ring: rg, c: d.comm, rank: d.rank, next: g.Ranks[(pos+1)%n], prev: g.Ranks[(pos+n-1)%n],
+		tag: ringTagBase + 4*in.Value.ID}, true, nil
 }
 
 // compileRingAttention compiles an attention instruction as ring
@@ -205,7 +172,7 @@ func newKVChunks[T kcpu.Float](sc *carver, streams, n int) kvChunks[T] {
 // step sends the current chunks on (streams 0…), runs f on them, and
 // receives the next ones, except at the last step t = n−1.
 func (c *kvChunks[T]) step(r ring, t int, f func(cur [][]T) error) error {
-	last := t == r.n-1
+	last := t == r.N-1
 	if !last {
 		for s, x := range c.cur {
 			if err := ringSend(r, s, x); err != nil {
@@ -230,9 +197,9 @@ func (c *kvChunks[T]) step(r ring, t int, f func(cur [][]T) error) error {
 // each runs f on every chunk the ring brings (this device's first) that a
 // causal mask does not wholly hide, with the problem of that chunk.
 func (c *kvChunks[T]) each(r ring, d kcpu.AttentionDims, f func(t int, dc kcpu.AttentionDims, cur [][]T)) error {
-	for t := range r.n {
+	for t := range r.N {
 		err := c.step(r, t, func(cur [][]T) error {
-			if dc, hidden := r.chunk(d, r.src(t)); !hidden {
+			if dc, hidden := r.Chunk(d, r.Src(t)); !hidden {
 				f(t, dc, cur)
 			}
 			return nil
@@ -422,8 +389,8 @@ func (w *ringGradKV[T]) run(r ring, grad, q, k, v, dout, stats []T) error {
 	clear(c.cur[g])
 	// Each step adds this device's share before the chunk moves on, so
 	// the sends go after the compute here: the gradient stream carries it.
-	for t := range r.n {
-		dc, hidden := r.chunk(w.d, r.src(t))
+	for t := range r.N {
+		dc, hidden := r.Chunk(w.d, r.Src(t))
 		if !hidden {
 			if w.k {
 				kcpu.AttentionGradK(w.part, q, c.cur[0], c.cur[1], dout, stats, dc)
@@ -434,7 +401,7 @@ func (w *ringGradKV[T]) run(r ring, grad, q, k, v, dout, stats []T) error {
 				c.cur[g][i] += x
 			}
 		}
-		if t == r.n-1 {
+		if t == r.N-1 {
 			break
 		}
 		if err := c.step(r, t, func([][]T) error { return nil }); err != nil {

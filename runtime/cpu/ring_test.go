@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	kcpu "gcompile/kernels/cpu"
+	"gcompile/runtime"
 	"gcompile/runtime/comm"
 )
 
@@ -80,7 +81,7 @@ func TestRingAttentionMatchesOneDevice(t *testing.T) {
 			type result struct{ out, stats, dq, dk, dv []float64 }
 			got := make([]result, c.n)
 			require.NoError(t, ringAll(c.n, c.zigzag, func(r ring) error {
-				pos := r.pos
+				pos := r.Pos
 				qc, kc, vc, gc := qChunk(q, pos), kvChunk(k, pos), kvChunk(v, pos), oChunk(dout, pos)
 				res := result{out: make([]float64, len(gc)), stats: make([]float64, 2*batch*c.heads*L),
 					dq: make([]float64, len(qc)), dk: make([]float64, len(kc)), dv: make([]float64, len(kc))}
@@ -130,9 +131,9 @@ func TestRingZigzagBalancesCausalWork(t *testing.T) {
 		work := func(zigzag bool) []int {
 			out := make([]int, n)
 			for pos := range n {
-				r := ring{pos: pos, n: n, zigzag: zigzag}
+				r := runtime.Ring{Pos: pos, N: n, Zigzag: zigzag}
 				for t := range n {
-					if dc, hidden := r.chunk(d, r.src(t)); !hidden {
+					if dc, hidden := r.Chunk(d, r.Src(t)); !hidden {
 						out[pos] += dc.Pairs()
 					}
 				}
@@ -168,7 +169,7 @@ func ringAll(n int, zigzag bool, f func(r ring) error) error {
 	var wg sync.WaitGroup
 	for pos := range n {
 		wg.Go(func() {
-			r := ring{c: cm, rank: pos, next: (pos + 1) % n, prev: (pos + n - 1) % n, pos: pos, n: n, tag: ringTagBase, zigzag: zigzag}
+			r := ring{Ring: runtime.Ring{Pos: pos, N: n, Zigzag: zigzag}, c: cm, rank: pos, next: (pos + 1) % n, prev: (pos + n - 1) % n, tag: ringTagBase}
 			if errs[pos] = f(r); errs[pos] != nil {
 				cm.Abort(errs[pos])
 			}
@@ -209,8 +210,8 @@ func TestRingAttentionGradFD(t *testing.T) {
 		f := func() float64 {
 			outs := make([][]float64, n)
 			require.NoError(t, ringAll(n, zigzag, func(r ring) error {
-				outs[r.pos] = make([]float64, qLen)
-				return newRingForward[float64](d, nil).run(r, outs[r.pos], q[r.pos], k[r.pos], v[r.pos])
+				outs[r.Pos] = make([]float64, qLen)
+				return newRingForward[float64](d, nil).run(r, outs[r.Pos], q[r.Pos], k[r.Pos], v[r.Pos])
 			}))
 			s := 0.0
 			for p := range n {
@@ -222,7 +223,7 @@ func TestRingAttentionGradFD(t *testing.T) {
 		}
 		dq, dk, dv := make([][]float64, n), make([][]float64, n), make([][]float64, n)
 		require.NoError(t, ringAll(n, zigzag, func(r ring) error {
-			p := r.pos
+			p := r.Pos
 			out, stats := make([]float64, qLen), make([]float64, 2*heads*L)
 			dq[p], dk[p], dv[p] = make([]float64, qLen), make([]float64, kvLen), make([]float64, kvLen)
 			if err := newRingForward[float64](d, nil).run(r, out, q[p], k[p], v[p]); err != nil {

@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 
+	"gcompile/ir"
 	"gcompile/runtime"
 )
 
@@ -30,11 +31,6 @@ const (
 // attention launches the instruction's kernel, gc_<op>, over its
 // operands in order and the problem's sizes.
 func (c *compiler) attention() (func() error, error) {
-	if v := c.in.Value; v != nil && len(v.Args) > 0 {
-		if ax, split := runtime.SplitOverSequence(c.d.prog.Mesh, v.Args[0], 2); split {
-			return nil, fmt.Errorf("%s: ring attention (q split on its sequence over %s) is not yet supported on the CUDA backend: use --cp-impl all2all, or the CPU backend", c.in.Op, ax)
-		}
-	}
 	d, err := runtime.AttentionDims(c.d.prog.Mesh, c.in, c.d.coords)
 	if err != nil {
 		return nil, err
@@ -42,16 +38,24 @@ func (c *compiler) attention() (func() error, error) {
 	if d.HeadDim < 1 || d.HeadDim > attTile {
 		return nil, fmt.Errorf("%s: head dim %d: the kernels stage tiles of at most %d floats, so a head dim of 1 to %d", c.in.Op, d.HeadDim, attTile, attTile)
 	}
+	if r, ok, err := runtime.RingOf(c.d.prog.Mesh, c.in, c.d.coords); err != nil || ok {
+		if err != nil {
+			return nil, err
+		}
+		return c.ringAttention(r, d)
+	}
 	rows := min(attRows, attTile/d.HeadDim)
 	seq := d.SQ // query tiles, or key tiles for dk and dv
 	if c.in.Op == "attention_grad_k" || c.in.Op == "attention_grad_v" {
 		seq = d.SK
 	}
 	args := []any{c.out()}
+	if c.in.Op == "attention" {
+		args = append(args, abs{dt: ir.F32}) // no log-sum-exp wanted
+	}
 	for i := range c.in.Args {
 		args = append(args, c.arg(i))
 	}
-	args = append(args, int64(d.Batch), int64(d.Heads), int64(d.KVHeads), int64(d.SQ), int64(d.SK), int64(d.HeadDim),
-		int64((seq+rows-1)/rows), int64(d.Group), int64(d.QHeadOffset), int64(d.KVHeadOffset), float32(d.Scale), d.Causal)
+	args = append(args, attSizes(d, int64((seq+rows-1)/rows))...)
 	return c.one("gc_"+c.in.Op, args...)
 }

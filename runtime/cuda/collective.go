@@ -94,10 +94,18 @@ func (c *compiler) collective() (func() error, error) {
 	if ax < 0 {
 		return nil, fmt.Errorf("axis %q is not in mesh %v", in.Attrs.Str("axis"), d.prog.Mesh)
 	}
-	if a := d.prog.Mesh.Axes[ax]; a.Zigzag && a.Size > 1 && in.Op != "all_reduce" {
-		return nil, fmt.Errorf("%s over %s in the zigzag layout (context parallelism's balanced ring) is not yet supported on the CUDA backend: use the CPU backend", in.Op, a.Name)
-	}
 	g := d.axisGroup(ax)
+	if a := d.prog.Mesh.Axes[ax]; a.Zigzag && a.Size > 1 && in.Op != "all_reduce" {
+		return c.zigzagCollective(a, g)
+	}
+	return c.collectiveOver(ax, g, c.arg(0), c.out())
+}
+
+// collectiveOver compiles the collective over group g of axis ax from src
+// into out (the instruction's operands, or their copies in the held order
+// of a zigzag axis).
+func (c *compiler) collectiveOver(ax int, g group, src, out parg) (func() error, error) {
+	in, d := c.in, c.d
 	n := g.size()
 	dt := c.dtype(in.Out)
 	switch {
@@ -107,7 +115,7 @@ func (c *compiler) collective() (func() error, error) {
 	default:
 		return nil, fmt.Errorf("the cuda backend cannot run %s on %v", in.Op, dt)
 	}
-	src, out := bits(c.arg(0)), bits(c.out())
+	src, out = bits(src), bits(out)
 	dim, blocks := in.Attrs.Int("dim", 0), in.Attrs.Int("blocks", 1)
 	inShape, outShape := c.shape(0), c.outShape()
 	switch in.Op {
@@ -196,6 +204,85 @@ func (c *compiler) collective() (func() error, error) {
 		return seq(c.runs(cut...), func() error { return cm.allToAll(d, g, s, d.ptr(sendBuf.at), d.ptr(recvBuf.at), chunk) }, c.runs(join...)), nil
 	}
 	return nil, fmt.Errorf("the cuda backend has no %s", in.Op)
+}
+
+// zigzagCollective compiles a slice, gather or reduce-scatter over a
+// zigzag axis (ir.MeshAxis.Zigzag, context parallelism's balanced ring),
+// as the CPU backend does: in the order the devices hold the split dim's
+// 2·n chunks it is a plain split, so the whole operand is put in that
+// order before a slice or a reduce-scatter, and a gathered result back
+// in the natural order after.
+func (c *compiler) zigzagCollective(a ir.MeshAxis, g group) (func() error, error) {
+	in := c.in
+	ax := c.d.prog.Mesh.Axis(a.Name)
+	if in.Op == "all_to_all" {
+		return nil, fmt.Errorf("all_to_all over %s in the zigzag layout is not supported: its split sequence moves only by slices and gathers", a.Name)
+	}
+	whole := c.shape(0)
+	if in.Op == "all_gather" {
+		whole = c.outShape()
+	}
+	dim, blocks, n := in.Attrs.Int("dim", 0), in.Attrs.Int("blocks", 1), g.size()
+	if dim < 0 || dim >= len(whole) || blocks < 1 || whole[dim]%(2*n*blocks) != 0 {
+		return nil, fmt.Errorf("%s over %s (zigzag, %d devices): dim %d of %v does not cut into 2·%d chunks a block", in.Op, a.Name, n, dim, whole, n)
+	}
+	view, vdim := blockedView(whole, dim, blocks)
+	dt := c.dtype(in.Out)
+	size := dt.Size() * numel(whole)
+	held := bits(parg{at: c.scratch(size), dt: dt})
+	tmp := bits(parg{at: c.scratch(size), dt: dt})
+	if in.Op == "all_gather" {
+		f, err := c.collectiveOver(ax, g, c.arg(0), held)
+		if err != nil {
+			return nil, err
+		}
+		back, err := c.zigzagReorder(bits(c.out()), held, tmp, view, vdim, n, false)
+		if err != nil {
+			return nil, err
+		}
+		return seq(f, c.runs(back...)), nil
+	}
+	to, err := c.zigzagReorder(held, bits(c.arg(0)), tmp, view, vdim, n, true)
+	if err != nil {
+		return nil, err
+	}
+	f, err := c.collectiveOver(ax, g, held, c.out())
+	if err != nil {
+		return nil, err
+	}
+	return seq(c.runs(to...), f), nil
+}
+
+// zigzagReorder plans the copies that put src (shape s) into dst with
+// dim's 2·n chunks moved from the natural order into the held one
+// (toHeld: held chunk k is natural chunk ir.ZigzagChunk(k, n)) or back,
+// through tmp, which holds the chunks one after another.
+func (c *compiler) zigzagReorder(dst, src, tmp parg, s []int, dim, n int, toHeld bool) ([]*launch, error) {
+	outer, total, inner, err := kcuda.SliceGeometry(s, dim)
+	if err != nil {
+		return nil, err
+	}
+	k := total / int64(2*n)
+	size := tmp.dt.Size() * numel(s) / int64(2*n)
+	var cut, join []*launch
+	for j := range 2 * n {
+		from, to := int64(j)*k, int64(ir.ZigzagChunk(j, n))*k
+		if toHeld {
+			from, to = to, from
+		}
+		piece := tmp
+		piece.at = piece.at.add(int64(j) * size)
+		l, err := c.kernel("gc_slice", piece, src, outer, total, inner, from, k)
+		if err != nil {
+			return nil, err
+		}
+		cut = append(cut, l)
+		if l, err = c.kernel("gc_concat_piece", dst, piece, outer, total, inner, to, k); err != nil {
+			return nil, err
+		}
+		join = append(join, l)
+	}
+	return append(cut, join...), nil
 }
 
 // bucketPlan is one gradient bucket as the device runs it: the

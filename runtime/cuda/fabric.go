@@ -35,6 +35,10 @@ type comm interface {
 	allGather(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error
 	// allToAll: chunk q of out becomes chunk pos of member q's src.
 	allToAll(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error
+	// shift passes buffers one step round the ring of g's members, on
+	// stream st: each member's dsts[k] becomes the bytes[k] bytes of the
+	// previous member's srcs[k] (ring attention's chunks).
+	shift(d *Device, g group, s *site, st driver.Stream, srcs, dsts []driver.DevicePtr, bytes []int64) error
 	// prepareSend reserves what one send instruction needs, at load;
 	// prepareRecv does the same for a receive from peer.
 	prepareSend(d *Device, peer int, bytes int64) (*sendSlot, error)
@@ -344,6 +348,19 @@ func (f *fabric) allToAll(d *Device, g group, s *site, src, out driver.DevicePtr
 		for q, sl := range m.slots {
 			from := sl.ptrs[0].Add(uint64(int64(g.pos) * bytes))
 			if err := d.rt.drv.MemcpyDtoDAsync(out.Add(uint64(int64(q)*bytes)), from, uint64(bytes), d.compute); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (f *fabric) shift(d *Device, g group, s *site, st driver.Stream, srcs, dsts []driver.DevicePtr, bytes []int64) error {
+	what := fmt.Sprintf("ring shift of %v bytes", bytes)
+	prev := (g.pos + g.size() - 1) % g.size()
+	return f.meet(d, g, s, st, what, srcs, func(m *meeting) error {
+		for k, dst := range dsts {
+			if err := d.rt.drv.MemcpyDtoDAsync(dst, m.slots[prev].ptrs[k], uint64(bytes[k]), st); err != nil {
 				return err
 			}
 		}

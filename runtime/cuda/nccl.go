@@ -306,6 +306,35 @@ func (nc *ncclComm) allToAll(d *Device, g group, _ *site, src, out driver.Device
 	return nc.failed(nc.lib.AllToAll(src, out, uint64(bytes), nccl.Uint8, c, d.compute))
 }
 
+// shift sends each buffer to the next member of g and receives the
+// previous member's, all in one group so that no member waits for another
+// to post first.
+func (nc *ncclComm) shift(d *Device, g group, _ *site, st driver.Stream, srcs, dsts []driver.DevicePtr, bytes []int64) error {
+	c, err := nc.comm(g)
+	if err != nil {
+		return err
+	}
+	n := g.size()
+	next, prev := (g.pos+1)%n, (g.pos+n-1)%n
+	if err := nc.lib.GroupStart(); err != nil {
+		return err
+	}
+	var errs []error
+	for k := range srcs {
+		if err := nc.lib.Send(srcs[k], uint64(bytes[k]), nccl.Uint8, next, c, st); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := nc.lib.Recv(dsts[k], uint64(bytes[k]), nccl.Uint8, prev, c, st); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	// The group is closed even after a failure, so NCCL is not left in it.
+	errs = append(errs, nc.lib.GroupEnd())
+	return nc.failed(errors.Join(errs...))
+}
+
 // prepareSend reserves the send's staging region and the events that order
 // the pair's stream after the copy into it.
 func (nc *ncclComm) prepareSend(d *Device, peer int, bytes int64) (*sendSlot, error) {
