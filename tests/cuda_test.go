@@ -92,7 +92,12 @@ func cudaCases() []cudaCase {
 		)
 		// Tensor parallelism on virtual devices is also checked against
 		// the CPU backend by the CLI's test of --backend cuda (one step).
-		cases = append(cases, cudaCase{name: "tp2", progs: single(plan{tp: 2}), fake: fp32Fake, gpu: fp32GPU})
+		cases = append(cases, cudaCase{name: "tp2", progs: single(plan{tp: 2}), fake: fp32Fake, gpu: fp32GPU},
+			// Ring attention (zigzag) beside tensor parallelism: the cp
+			// ring of each tp rank, k/v heads split over tp. make test
+			// runs the ring on the GPT and the Llama alone (runtime/cuda's
+			// TestContextParallelOnCUDA).
+			cudaCase{name: "llama_cp2_tp2", progs: single(plan{model: "llama", cp: 2, tp: 2}), fake: fp32Fake, gpu: fp32GPU})
 	}
 	return cases
 }
