@@ -234,33 +234,31 @@ func TestRingAttentionOnTheEmulator(t *testing.T) {
 				}
 				return rows
 			}
-			// chunk copies rows of x ([heads, seq, hd] when seqDim is 1,
-			// [seq, heads, hd] when 0) into a device's tensor, or back.
+			// move copies rows of a whole tensor x ([heads, seq, hd]
+			// when seqDim is 1, [seq, heads, hd] when 0) into a device's
+			// tensor y, or back (toWhole).
 			hd := whole.HeadDim
+			move := func(x, y []float32, heads, seqDim int, rows []int, toWhole bool) {
+				for h := range heads {
+					for i, g := range rows {
+						at, mine := (h*seqLen+g)*hd, (h*len(rows)+i)*hd
+						if seqDim == 0 {
+							at, mine = (g*heads+h)*hd, (i*heads+h)*hd
+						}
+						if toWhole {
+							copy(x[at:at+hd], y[mine:mine+hd])
+						} else {
+							copy(y[mine:mine+hd], x[at:at+hd])
+						}
+					}
+				}
+			}
 			chunk := func(x []float32, heads, seqDim int, rows []int) []float32 {
 				y := make([]float32, heads*len(rows)*hd)
-				for h := range heads {
-					for i, g := range rows {
-						src, dst := (h*seqLen+g)*hd, (h*len(rows)+i)*hd
-						if seqDim == 0 {
-							src, dst = (g*heads+h)*hd, (i*heads+h)*hd
-						}
-						copy(y[dst:dst+hd], x[src:src+hd])
-					}
-				}
+				move(x, y, heads, seqDim, rows, false)
 				return y
 			}
-			place := func(x, y []float32, heads, seqDim int, rows []int) {
-				for h := range heads {
-					for i, g := range rows {
-						dst, src := (h*seqLen+g)*hd, (h*len(rows)+i)*hd
-						if seqDim == 0 {
-							dst, src = (g*heads+h)*hd, (i*heads+h)*hd
-						}
-						copy(x[dst:dst+hd], y[src:src+hd])
-					}
-				}
-			}
+			place := func(x, y []float32, heads, seqDim int, rows []int) { move(x, y, heads, seqDim, rows, true) }
 			positions := func(d kcpu.AttentionDims, p, src int) kcpu.AttentionDims {
 				d.Positioned = true
 				if c.zigzag {

@@ -2,8 +2,10 @@ package cuda
 
 import (
 	"fmt"
+	"strconv"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"gcompile/examples/gpt"
@@ -12,6 +14,7 @@ import (
 	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/passes/schedule"
+	"gcompile/runtime/cuda/fakegpu"
 )
 
 // config is one way of compiling the test GPT.
@@ -127,3 +130,19 @@ var (
 	pp2    = []ir.MeshAxis{{Name: "pp", Size: 2}}
 	dp2tp2 = []ir.MeshAxis{{Name: "dp", Size: 2}, {Name: "tp", Size: 2}}
 )
+
+// fakeGPUs installs the fake GPU with n devices and opens a runtime on
+// each: NCCL's one device per GPU.
+func fakeGPUs(t *testing.T, n int) (fakegpu.Libs, []*Runtime) {
+	t.Helper()
+	libs := fakegpu.Install(t)
+	t.Setenv("GCOMPILE_FAKEGPU_DEVICES", strconv.Itoa(n))
+	rts := make([]*Runtime, n)
+	for i := range rts {
+		rt, err := Open(Config{Ordinal: i, CacheDir: t.TempDir(), Launch: emulatorLaunch})
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, rt.Close()) })
+		rts[i] = rt
+	}
+	return libs, rts
+}

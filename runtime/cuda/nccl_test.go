@@ -8,7 +8,6 @@ import (
 
 	"gcompile/lower"
 	"gcompile/runtime/cuda/driver"
-	"gcompile/runtime/cuda/fakegpu"
 )
 
 // One rank per GPU goes through NCCL: the communicator of a group is made
@@ -84,15 +83,7 @@ func TestNCCLPipelineInboxesFollowTheSendersOrder(t *testing.T) {
 	if onGPU() {
 		t.Skip("needs two GPUs; the fake GPU makes two")
 	}
-	fakegpu.Install(t)
-	t.Setenv("GCOMPILE_FAKEGPU_DEVICES", "2")
-	rts := make([]*Runtime, 2)
-	for i := range rts {
-		rt, err := Open(Config{Ordinal: i, CacheDir: t.TempDir(), Launch: emulatorLaunch})
-		require.NoError(t, err)
-		t.Cleanup(func() { assert.NoError(t, rt.Close()) })
-		rts[i] = rt
-	}
+	_, rts := fakeGPUs(t, 2)
 	progs := programs(t, config{name: "pp2", mesh: pp2, pp: 2, micro: 2})
 	cl, err := NewNCCLCluster(rts, progs, Options{})
 	require.NoError(t, err)

@@ -335,15 +335,7 @@ func TestBucketAllReduceOnTheCommStreamOverNCCL(t *testing.T) {
 		t.Skip("needs two GPUs and reads the fake GPU's call trace")
 	}
 	slow(t)
-	libs := fakegpu.Install(t)
-	t.Setenv("GCOMPILE_FAKEGPU_DEVICES", "2")
-	rts := make([]*Runtime, 2)
-	for i := range rts {
-		rt, err := Open(Config{Ordinal: i, CacheDir: t.TempDir(), Launch: emulatorLaunch})
-		require.NoError(t, err)
-		t.Cleanup(func() { assert.NoError(t, rt.Close()) })
-		rts[i] = rt
-	}
+	libs, rts := fakeGPUs(t, 2)
 	progs := programs(t, dp2Buckets)
 	cl, err := NewNCCLCluster(rts, progs, Options{})
 	require.NoError(t, err)

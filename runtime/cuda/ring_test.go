@@ -23,15 +23,7 @@ func TestRingAttentionOverlapsOverNCCL(t *testing.T) {
 		t.Skip("needs two GPUs and reads the fake GPU's call trace")
 	}
 	slow(t)
-	libs := fakegpu.Install(t)
-	t.Setenv("GCOMPILE_FAKEGPU_DEVICES", "2")
-	rts := make([]*Runtime, 2)
-	for i := range rts {
-		rt, err := Open(Config{Ordinal: i, CacheDir: t.TempDir(), Launch: emulatorLaunch})
-		require.NoError(t, err)
-		t.Cleanup(func() { assert.NoError(t, rt.Close()) })
-		rts[i] = rt
-	}
+	libs, rts := fakeGPUs(t, 2)
 	cfg := config{name: "cp2_ring_nccl", mesh: []ir.MeshAxis{{Name: "cp", Size: 2, Zigzag: true}}, set: tiny.set, batch: tiny.batch}
 	progs := programs(t, cfg)
 	cl, err := NewNCCLCluster(rts, progs, Options{})
