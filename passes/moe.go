@@ -78,7 +78,8 @@ var moeDims = map[string]moeOpDims{
 }
 
 // moeRule places an MoE op on one axis. Groups are independent, so a
-// split of the groups runs locally: every operand split on its group dim.
+// split of the groups runs locally: every operand split on its group dim,
+// in the same blocks.
 // Otherwise a split of the hidden size (tensor parallelism inside the
 // experts) runs locally when the op only moves hidden vectors, and gives
 // partial dot products in moe_slot_dot. A partial sum passes through a
@@ -89,12 +90,14 @@ func moeRule(d moeOpDims) ShardRule {
 		n := len(r.have)
 		out := len(d.group) - 1
 		for i, p := range r.have {
-			if p.Kind == ir.Shard && p.Dim == d.group[i] && p.NumBlocks() == 1 {
+			if p.Kind == ir.Shard && p.Dim == d.group[i] {
+				// Blocks: a sequence split over cp into whole groups
+				// (mergeSequence), each sequence's groups a block.
 				want := make([]ir.Placement, n)
 				for j := range want {
-					want[j] = shardOn(d.group[j])
+					want[j] = moved(p, d.group[j])
 				}
-				return want, shardOn(d.group[out]), nil
+				return want, moved(p, d.group[out]), nil
 			}
 		}
 		for i, p := range r.have {

@@ -392,7 +392,11 @@ func reshapeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	n := r.s.m.Mesh.Axes[r.ax].Size
 	prefix := in[:p.Dim].NumElements()
 	if r.sequence() {
-		if q, ok := mergeSequence(in, out, p, n); ok {
+		chunks := n
+		if r.s.m.Mesh.Axes[r.ax].Zigzag {
+			chunks = 2 * n
+		}
+		if q, ok := mergeSequence(in, out, p, n, chunks); ok {
 			return r.have, q, nil
 		}
 	}
@@ -416,19 +420,49 @@ func reshapeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 
 // mergeSequence places a reshape of a sequence split over cp that merges
 // the sequence with the dims before it ([batch, seq, h] → [batch·seq, h]:
-// each sequence becomes a block of the rows, split over cp, S(0)xbatch)
-// or splits such a merged dim again. Other reshapes take reshapeRule's
-// general path.
-func mergeSequence(in, out ir.Shape, p ir.Placement, n int) (ir.Placement, bool) {
+// each sequence becomes a block of the rows, split over cp, S(0)xbatch),
+// cutting it into groups of T tokens on the way ([batch, seq, h] →
+// [batch·seq/T, T, h], the routing groups of a mixture of experts: each
+// sequence's seq/T groups a block split over cp), merges such groups with
+// their tokens or cuts rows into them again (the blocks kept), or undoes
+// such a reshape. chunks is how many pieces the axis cuts a sequence into (2·cp
+// in the zigzag layout): each must hold whole groups. Other reshapes take
+// reshapeRule's general path.
+func mergeSequence(in, out ir.Shape, p ir.Placement, n, chunks int) (ir.Placement, bool) {
 	prefix := in[:p.Dim].NumElements()
 	k := int64(p.NumBlocks())
+	// group is the tokens of one group when dim d holds the groups and
+	// the next dim their tokens (1: no such dim, tokens are rows).
+	group := func(d int, groups int64) int64 {
+		if groups <= 0 || int64(in[p.Dim])%groups != 0 {
+			return 0
+		}
+		t := int64(in[p.Dim]) / groups
+		if t > 1 && (d+1 >= len(out) || int64(out[d+1]) != t) {
+			return 0
+		}
+		return t
+	}
 	for d := range out {
 		before := out[:d].NumElements()
 		switch {
-		case k == 1 && before < prefix && prefix%before == 0 && int64(out[d]) == prefix/before*int64(in[p.Dim]) && in[p.Dim]%n == 0:
-			return blockShard(d, int(prefix/before)), true
-		case k > 1 && before == prefix*k && int64(out[d])*k == int64(in[p.Dim]) && out[d]%n == 0:
-			return shardOn(d), true
+		case k == 1 && before < prefix && prefix%before == 0 && int64(out[d])%(prefix/before) == 0:
+			groups := int64(out[d]) / (prefix / before) // of one sequence
+			if t := group(d, groups); t > 0 && groups%int64(chunks) == 0 {
+				return blockShard(d, int(prefix/before)), true
+			}
+		case k > 1 && before == prefix && out[d]%in[p.Dim] == 0:
+			// The groups merge with their tokens (or capacity slots):
+			// each block's part stays whole groups.
+			return moved(p, d), true
+		case k > 1 && before == prefix && in[p.Dim]%out[d] == 0 && int64(out[d])%(k*int64(chunks)) == 0:
+			// Rows cut into groups again, whole groups on each device.
+			return moved(p, d), true
+		case k > 1 && before == prefix*k && int64(out[d])*k%int64(in[p.Dim]) == 0 && out[d]%n == 0:
+			t := int64(out[d]) * k / int64(in[p.Dim])
+			if t == 1 || p.Dim+1 < len(in) && int64(in[p.Dim+1]) == t {
+				return shardOn(d), true
+			}
 		}
 	}
 	return ir.Placement{}, false

@@ -99,6 +99,11 @@ func familyOf(name string, layers int) family {
 		f = family{name: "llama", fn: llama.Model, set: eqLlama}
 	case "mixtral":
 		f = family{name: "mixtral", fn: mixtral.Model, set: eqMixtral}
+	case "mixtral-groups":
+		// Routing groups of 4 tokens: under cp2 each of the zigzag
+		// layout's 4 chunks of a sequence holds whole groups.
+		f = family{name: name, fn: mixtral.Model, set: maps.Clone(eqMixtral)}
+		f.set["group"] = "4"
 	case "aux":
 		f = family{name: "aux", fn: auxModel, set: map[string]string{"layers": "2"}}
 	case "wholeinput":

@@ -80,6 +80,40 @@ func TestMixtralMatchesOneDevice(t *testing.T) {
 	}
 }
 
+// Under cp, routing groups that a sequence's chunks hold whole are routed
+// where they are: every MoE op stays split over cp (each sequence's
+// groups a block, S(0)xbatch), so no cp rank routes or runs another's
+// tokens, and the Mixtral still trains like one device with the same
+// groups, alone and with its experts over ep (whose sequences split the
+// blocks: a collective over cp then sees batch/ep of them).
+func TestMixtralRoutesItsOwnGroupsUnderCP(t *testing.T) {
+	ref := train(t, plan{model: "mixtral-groups"})
+	for _, p := range []plan{{cp: 2}, {cp: 2, ep: 2}} {
+		p.model = "mixtral-groups"
+		t.Run(p.String(), func(t *testing.T) {
+			got := train(t, p)
+			worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
+			worstParam := paramError(t, ref.params, got.params, nil)
+			assert.LessOrEqual(t, worstParam, 1e-5)
+			for step := range ref.outputs {
+				for name, want := range ref.outputs[step] {
+					assert.InDelta(t, want, got.outputs[step][name], 1e-6, "step %d output %s", step+1, name)
+				}
+			}
+			cp := got.prog.Mesh.SequenceAxis()
+			n := 0
+			for _, in := range got.prog.Instrs {
+				if in.Op == "moe_dispatch" || in.Op == "moe_combine" {
+					n++
+					assert.Equal(t, ir.Shard, in.Value.Place[cp].Kind, "%s placed %v: its groups stay split over cp", in.Op, in.Value.Place)
+				}
+			}
+			assert.Positive(t, n)
+			t.Logf("worst loss rel err %.2g, worst param err %.2g (of max |w|)", worst, worstParam)
+		})
+	}
+}
+
 // mixtralOracle is the Mixtral MoE block computed here in float64 from its
 // weights in Hugging Face's layout: the router's gate [E,h] and each
 // expert's w1, w3 [F,h] and w2 [h,F].

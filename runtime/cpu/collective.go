@@ -134,7 +134,11 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 	// split dim it is a plain split, so the whole operand is put in that
 	// order before a slice or a reduce-scatter, and a gathered result
 	// back in the natural order after.
-	z := runtime.ZigzagSplit{Dim: in.Attrs.Int("dim", 0), Blocks: in.Attrs.Int("blocks", 1), N: g.Size()}
+	blocks, err := runtime.CollectiveBlocks(d.prog.Mesh, in)
+	if err != nil {
+		return nil, err
+	}
+	z := runtime.ZigzagSplit{Dim: in.Attrs.Int("dim", 0), Blocks: blocks, N: g.Size()}
 	whole := []int(in.ArgTypes[0].Shape)
 	if in.Op == "all_gather" {
 		whole = in.OutType.Shape
@@ -165,7 +169,11 @@ func collectiveOn[T kcpu.Float](d *Device, in lower.Instr, ax int, g runtime.Gro
 	// Fused blocks: work on the view where the split dim is the inner
 	// part of (blocks, size/blocks), in which every device's part is one
 	// plain slice.
-	dim, blocks := in.Attrs.Int("dim", 0), in.Attrs.Int("blocks", 1)
+	dim := in.Attrs.Int("dim", 0)
+	blocks, err := runtime.CollectiveBlocks(d.prog.Mesh, in)
+	if err != nil {
+		return nil, err
+	}
 	inShape, outShape := []int(in.ArgTypes[0].Shape), []int(in.OutType.Shape)
 	switch in.Op {
 	case "reduce_scatter", "all_gather", "shard_slice":

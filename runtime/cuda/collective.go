@@ -7,6 +7,7 @@ import (
 	"gcompile/ir"
 	kcuda "gcompile/kernels/cuda"
 	"gcompile/lower"
+	"gcompile/runtime"
 	"gcompile/runtime/cuda/driver"
 )
 
@@ -116,7 +117,11 @@ func (c *compiler) collectiveOver(ax int, g group, src, out parg) (func() error,
 		return nil, fmt.Errorf("the cuda backend cannot run %s on %v", in.Op, dt)
 	}
 	src, out = bits(src), bits(out)
-	dim, blocks := in.Attrs.Int("dim", 0), in.Attrs.Int("blocks", 1)
+	dim := in.Attrs.Int("dim", 0)
+	blocks, err := runtime.CollectiveBlocks(d.prog.Mesh, in)
+	if err != nil {
+		return nil, err
+	}
 	inShape, outShape := c.shape(0), c.outShape()
 	switch in.Op {
 	case "reduce_scatter", "all_gather", "shard_slice":
@@ -222,7 +227,11 @@ func (c *compiler) zigzagCollective(a ir.MeshAxis, g group) (func() error, error
 	if in.Op == "all_gather" {
 		whole = c.outShape()
 	}
-	dim, blocks, n := in.Attrs.Int("dim", 0), in.Attrs.Int("blocks", 1), g.size()
+	dim, n := in.Attrs.Int("dim", 0), g.size()
+	blocks, err := runtime.CollectiveBlocks(c.d.prog.Mesh, in)
+	if err != nil {
+		return nil, err
+	}
 	if dim < 0 || dim >= len(whole) || blocks < 1 || whole[dim]%(2*n*blocks) != 0 {
 		return nil, fmt.Errorf("%s over %s (zigzag, %d devices): dim %d of %v does not cut into 2·%d chunks a block", in.Op, a.Name, n, dim, whole, n)
 	}
