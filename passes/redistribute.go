@@ -314,6 +314,9 @@ type conversion struct {
 	op    string
 	attrs ir.Attrs
 	order float64
+	// wholeBlocks: a finer axis splits the dim in blocks the step moves
+	// whole, so it is not joined around the step.
+	wholeBlocks bool
 }
 
 func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
@@ -362,10 +365,34 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 	for i, ax := range m.Mesh.SplitOrder() {
 		rank[ax] = i
 	}
-	for _, st := range append([]conversion(nil), steps...) {
+	// wholeBlocks: an all_to_all that splits dim d over a coarser axis
+	// while ax splits it in blocks, the coarser axes of the result taking
+	// whole blocks each (ir.BlockBox): cutting the device's part along d
+	// then cuts whole blocks, and nothing need be joined first. The
+	// expert buffer of a mixture of experts whose routing groups are split
+	// over cp in blocks (one a sequence) goes back to its sequences over
+	// ep so.
+	wholeBlocks := func(st conversion, ax, d int) bool {
+		k := from[ax].NumBlocks()
+		if st.op != "all_to_all" || k <= 1 {
+			return false
+		}
+		coarser := 1
+		for a := range to {
+			if rank[a] < rank[ax] && to[a].Kind == ir.Shard && to[a].Dim == d {
+				coarser *= m.Mesh.Axes[a].Size
+			}
+		}
+		return k%coarser == 0
+	}
+	for i, st := range append([]conversion(nil), steps...) {
 		d := stepDim(from, st)
 		for ax := range from {
 			finer := rank[ax] > rank[st.axis] && m.Mesh.Axes[ax].Size > 1
+			if finer && d >= 0 && from[ax].Placed(d) && to[ax].Equal(from[ax]) && wholeBlocks(st, ax, d) {
+				steps[i].wholeBlocks = true
+				continue
+			}
 			if finer && d >= 0 && from[ax].Placed(d) && to[ax].Equal(from[ax]) {
 				name := m.Mesh.Axes[ax].Name
 				steps = append(steps,
@@ -404,7 +431,7 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 	for _, st := range steps {
 		next := append([]ir.Placement(nil), cur...)
 		next[st.axis] = st.to
-		if d := stepDim(cur, st); d >= 0 && (m.Mesh.InnerSplit(cur, st.axis, d) || m.Mesh.InnerSplit(next, st.axis, d)) {
+		if d := stepDim(cur, st); d >= 0 && !st.wholeBlocks && (m.Mesh.InnerSplit(cur, st.axis, d) || m.Mesh.InnerSplit(next, st.axis, d)) {
 			return nil, fmt.Errorf("no conversion from %s to %s: %s on axis %s would join or split dim %d while a finer axis splits it, which is %w",
 				ir.PlacementString(from), ir.PlacementString(to), st.op, m.Mesh.Axes[st.axis].Name, d, ErrNotYet)
 		}

@@ -83,9 +83,11 @@ func TestMixtralMatchesOneDevice(t *testing.T) {
 // Under cp, routing groups that a sequence's chunks hold whole are routed
 // where they are: every MoE op stays split over cp (each sequence's
 // groups a block, S(0)xbatch), so no cp rank routes or runs another's
-// tokens, and the Mixtral still trains like one device with the same
-// groups, alone and with its experts over ep (whose sequences split the
-// blocks: a collective over cp then sees batch/ep of them).
+// tokens and nothing is gathered over cp, and the Mixtral still trains
+// like one device with the same groups, alone and with its experts over
+// ep (whose sequences split the blocks: a collective over cp then sees
+// batch/ep of them, and the expert buffer's all_to_alls over ep move
+// whole sequences without joining cp's split first).
 func TestMixtralRoutesItsOwnGroupsUnderCP(t *testing.T) {
 	ref := train(t, plan{model: "mixtral-groups"})
 	for _, p := range []plan{{cp: 2}, {cp: 2, ep: 2}} {
@@ -109,6 +111,9 @@ func TestMixtralRoutesItsOwnGroupsUnderCP(t *testing.T) {
 				}
 			}
 			assert.Positive(t, n)
+			// Nothing is gathered over cp, not even around the expert
+			// buffer's all_to_alls over ep, which move whole sequences.
+			assert.Zero(t, got.prog.CollectiveBytes()["all_gather/cp"], "bytes all-gathered over cp")
 			t.Logf("worst loss rel err %.2g, worst param err %.2g (of max |w|)", worst, worstParam)
 		})
 	}
