@@ -211,6 +211,19 @@ type Plan struct {
 	// (--bucket-mb; 0: 25 MiB). Each bucket is its own collective and pays
 	// its latency; all but the last can hide behind the backward.
 	BucketBytes float64
+	// Compress is --compress-activations. "lowp" stashes every fp32
+	// forward value the backward reads in bf16 (passes/compress.go): half
+	// the stashed bytes, for a cast after the forward writes each (4 bytes
+	// read, 2 written) and a widening before the backward reads it; it
+	// changes nothing in a 16-bit run. "relu" keeps ReLU inputs as 1-bit
+	// masks, and prices nothing here: these shapes' MLPs are GELU or
+	// SwiGLU.
+	Compress string
+	// OffloadPrefetch is --offload-prefetch: with params offloaded, each
+	// layer block's params are copied to the device this many blocks
+	// ahead of use (0: right before use, exposed). Ahead, the forward's
+	// and the backward's copies run beside the compute.
+	OffloadPrefetch int
 }
 
 // defaultBucketBytes is --bucket-mb's default, 25 MiB of gradients.
@@ -444,7 +457,37 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		// ranks form the innermost axis, so an ep group is strided by tp.
 		a2a = Collective("all_to_all", ep, eb*rows*hd, h.axisLink(ep, p.TP*cp, p.Devices()))
 	}
-	layerB := 2 * layerF
+	// stashed is the bytes a layer keeps from its forward for its
+	// backward, per microbatch.
+	stashed := func() float64 {
+		act := tokens * hd * eb * (17 + 12/tp)
+		if p.SequenceParallel {
+			act = tokens * hd * eb * 17 / tp * 2
+		}
+		if !t.FusedAttention && p.Recompute != "selective" {
+			act += 2.5 * eb * b * a * s * s / tp
+		}
+		if moeWeight > 0 {
+			// A MoE block keeps its expert buffers (rows in and out, the
+			// experts' hidden before and after the activation) where a
+			// dense one keeps its MLP's hidden.
+			rows := tokens * t.Slots
+			act += moeWeight * eb * math.Max(rows*(2*hd+2*float64(t.ExpertFFN)/tp)-tokens*2*f/tp, 0)
+		}
+		if p.Recompute == "full" {
+			act = 2 * tokens * hd * eb
+		}
+		return act
+	}
+	// lowp's casts and widenings of the stash, ten kernels each way like
+	// the elementwise ops.
+	var castF, castB float64
+	if contains(p.Compress, "lowp") && eb == 4 {
+		castF = h.memTime(1.5*stashed()) + 10*h.LaunchUS*1e-6
+		castB = castF
+	}
+	layerF += castF
+	layerB := 2*(layerF-castF) + castB
 	switch p.Recompute {
 	case "full":
 		layerB += layerF
@@ -679,16 +722,23 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	}
 	tail += h.memTime(optParams * 4 * (2 + 2*p.states() + 1 + p.states()))
 	if p.Offload != "" && p.Offload != "none" {
-		var host float64
+		var host, ahead float64
 		if contains(p.Offload, "optimizer") {
 			host += 2 * 4 * p.states() * optParams
 		}
 		if contains(p.Offload, "params") {
 			host += 3 * 4 * stageParams
+			if p.OffloadPrefetch > 0 {
+				// The forward's and the backward's copies of the params
+				// run blocks ahead, beside the compute; the update's
+				// write-back still waits.
+				ahead = 2 * 4 * stageParams
+			}
 		}
-		e.CommSeconds["host"] = host / (h.HostGBps * 1e9)
+		bw := h.HostGBps * 1e9
+		e.CommSeconds["host"] = host / bw
 		e.CommBytes["host"] = host
-		tail += e.CommSeconds["host"] // the update waits for its state
+		tail += (host-ahead)/bw + math.Max(ahead/bw-pipe, 0) // the update waits for its state
 	}
 	e.StepSeconds = pipe + tail
 	e.ComputeSeconds = float64(p.Microbatches) * perChunk * float64(v) * (layerF + layerB - tpF - tpB - epF - epB - cpF - cpB)
@@ -745,24 +795,12 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	if p.Schedule == "gpipe" {
 		inflight = float64(p.Microbatches)
 	}
-	act := tokens * hd * eb * (17 + 12/tp)
-	if p.SequenceParallel {
-		act = tokens * hd * eb * 17 / tp * 2
+	act := stashed()
+	logits := eb * tokens * V / tp * 2
+	if contains(p.Compress, "lowp") && eb == 4 {
+		act, logits = act/2, logits/2
 	}
-	if !t.FusedAttention && p.Recompute != "selective" {
-		act += 2.5 * eb * b * a * s * s / tp
-	}
-	if moeWeight > 0 {
-		// A MoE block keeps its expert buffers (rows in and out, the
-		// experts' hidden before and after the activation) where a dense
-		// one keeps its MLP's hidden.
-		rows := tokens * t.Slots
-		act += moeWeight * eb * math.Max(rows*(2*hd+2*float64(t.ExpertFFN)/tp)-tokens*2*f/tp, 0)
-	}
-	if p.Recompute == "full" {
-		act = 2 * tokens * hd * eb
-	}
-	actBytes := act*perChunk*float64(v)*inflight + eb*tokens*V/tp*2
+	actBytes := act*perChunk*float64(v)*inflight + logits
 	if cp > 1 && p.CPImpl != "all2all" {
 		// The ring's scratch while its forward runs (lower.RingScratch):
 		// two K/V chunks held and received, the running output in

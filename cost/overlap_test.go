@@ -90,3 +90,53 @@ func TestEstimateOverlapsBuckets(t *testing.T) {
 	assert.Greater(t, step(0.01), step(25), "10 KiB buckets: a latency per 10 KiB")
 	assert.Greater(t, step(1<<14), step(25), "one bucket of everything hides nothing")
 }
+
+// --compress-activations lowp and --offload-prefetch are priced. lowp in
+// fp32 halves the stashed bytes (a 1.3B GPT's 17 + 12 hidden-sized values
+// a layer per token, and the logits) and pays a cast and a widening of
+// each stash, 1.5 bytes moved per stashed byte, ten kernels each way; it
+// changes nothing in bf16, and relu nothing on a GELU MLP. Params
+// offloaded with a prefetch distance copy them for the forward and the
+// backward beside the compute: the step is shorter by those copies (two
+// of the three passes over the params), all of them hidden here.
+func TestEstimatePricesCompressionAndPrefetch(t *testing.T) {
+	hw, err := cost.Preset("a100-80g")
+	require.NoError(t, err)
+	const layers, hidden, seq, vocab, micro = 24, 2048, 2048, 51200, 4
+	shape := cost.Transformer{Layers: layers, Hidden: hidden, Heads: 16, Seq: seq, Vocab: vocab, FFN: 4 * hidden, FusedAttention: true}
+	base := cost.Plan{TP: 1, PP: 1, DP: 1, MicroBatch: 1, Microbatches: micro, Precision: "fp32", Optimizer: "adamw"}
+	est := func(p cost.Plan) *cost.Estimate {
+		e, err := hw.Estimate(shape, p)
+		require.NoError(t, err)
+		return e
+	}
+	none := est(base)
+	lowp := base
+	lowp.Compress = "lowp"
+	got := est(lowp)
+	stash := float64(seq * hidden * 4 * (17 + 12)) // a layer's, per microbatch
+	bw := hw.MemoryGBps * 1e9
+	cast := (1.5*stash+bw*hw.MemHalfUS*1e-6)/(bw*hw.MemEfficiency) + 10*hw.LaunchUS*1e-6
+	assert.InEpsilon(t, 2*micro*layers*cast, got.StepSeconds-none.StepSeconds, 1e-9, "a cast and a widening per layer and microbatch")
+	logits := float64(4 * seq * vocab * 2)
+	// One microbatch in flight without a pipeline.
+	assert.InDelta(t, (stash*layers+logits)/2, float64(none.MemoryEstimate-got.MemoryEstimate), 2, "half the stash")
+	for _, p := range []cost.Plan{{Compress: "lowp", Precision: "bf16"}, {Compress: "relu", Precision: "fp32"}} {
+		q, plain := base, base
+		q.Compress, q.Precision, plain.Precision = p.Compress, p.Precision, p.Precision
+		assert.Equal(t, est(plain).StepSeconds, est(q).StepSeconds, "%s in %s", p.Compress, p.Precision)
+		assert.Equal(t, est(plain).MemoryEstimate, est(q).MemoryEstimate, "%s in %s", p.Compress, p.Precision)
+	}
+
+	off := base
+	off.Offload = "params"
+	before := est(off)
+	off.OffloadPrefetch = 1
+	ahead := est(off)
+	copies := 2.0 / 3 * before.CommBytes["host"] / (hw.HostGBps * 1e9)
+	assert.InEpsilon(t, copies, before.StepSeconds-ahead.StepSeconds, 1e-9, "the forward's and backward's copies hide behind the compute")
+	assert.Equal(t, before.CommBytes["host"], ahead.CommBytes["host"], "the same bytes cross")
+	t.Logf("lowp: step %.1f → %.1f ms, memory %.2f → %.2f GiB; params offloaded: step %.1f ms, prefetched %.1f ms",
+		1e3*none.StepSeconds, 1e3*got.StepSeconds, float64(none.MemoryEstimate)/(1<<30), float64(got.MemoryEstimate)/(1<<30),
+		1e3*before.StepSeconds, 1e3*ahead.StepSeconds)
+}
