@@ -139,6 +139,21 @@ func traceStep(t *testing.T, libs fakegpu.Libs, cl *Cluster) []fakegpu.TraceCall
 	return calls
 }
 
+// stepBesideCPU gives cl and a CPU backend cluster of progs the same
+// params and batch and runs one step of each: cl's call trace, and the
+// CPU cluster to compare with.
+func stepBesideCPU(t *testing.T, libs fakegpu.Libs, cl *Cluster, progs []*lower.Program, batch int) ([]fakegpu.TraceCall, *cpu.Cluster) {
+	t.Helper()
+	ref, err := cpu.NewPipelineCluster(progs, cpu.Options{})
+	require.NoError(t, err)
+	require.NoError(t, cl.InitParams(1))
+	require.NoError(t, ref.InitParams(1))
+	setBatch(t, batch, cl, ref)
+	calls := traceStep(t, libs, cl)
+	require.NoError(t, ref.Step())
+	return calls, ref
+}
+
 // deviceTrace is what device d did in a trace: its marks and the calls on
 // its compute and comm streams, in order.
 func deviceTrace(calls []fakegpu.TraceCall, d *Device) []fakegpu.TraceCall {
@@ -189,13 +204,7 @@ func TestBucketReductionRunsOnTheCommStream(t *testing.T) {
 	cl, err := NewPipelineCluster(rt, progs, Options{})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, cl.Close()) }()
-	ref, err := cpu.NewPipelineCluster(progs, cpu.Options{})
-	require.NoError(t, err)
-	require.NoError(t, cl.InitParams(1))
-	require.NoError(t, ref.InitParams(1))
-	setBatch(t, dp2Buckets.batch, cl, ref)
-	calls := traceStep(t, libs, cl)
-	require.NoError(t, ref.Step())
+	calls, ref := stepBesideCPU(t, libs, cl, progs, dp2Buckets.batch)
 
 	for _, d := range cl.Devices {
 		require.NotZero(t, d.comms)
@@ -340,13 +349,7 @@ func TestBucketAllReduceOnTheCommStreamOverNCCL(t *testing.T) {
 	cl, err := NewNCCLCluster(rts, progs, Options{})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, cl.Close()) }()
-	ref, err := cpu.NewPipelineCluster(progs, cpu.Options{})
-	require.NoError(t, err)
-	require.NoError(t, cl.InitParams(1))
-	require.NoError(t, ref.InitParams(1))
-	setBatch(t, dp2Buckets.batch, cl, ref)
-	calls := traceStep(t, libs, cl)
-	require.NoError(t, ref.Step())
+	calls, ref := stepBesideCPU(t, libs, cl, progs, dp2Buckets.batch)
 	for _, d := range cl.Devices {
 		var onComm, onCompute int
 		for _, c := range calls {

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/ir"
-	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda/fakegpu"
 )
 
@@ -29,13 +28,7 @@ func TestRingAttentionOverlapsOverNCCL(t *testing.T) {
 	cl, err := NewNCCLCluster(rts, progs, Options{})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, cl.Close()) }()
-	ref, err := cpu.NewPipelineCluster(progs, cpu.Options{})
-	require.NoError(t, err)
-	require.NoError(t, cl.InitParams(1))
-	require.NoError(t, ref.InitParams(1))
-	setBatch(t, cfg.batch, cl, ref)
-	calls := traceStep(t, libs, cl)
-	require.NoError(t, ref.Step())
+	calls, ref := stepBesideCPU(t, libs, cl, progs, cfg.batch)
 	for _, d := range cl.Devices {
 		tr := deviceTrace(calls, d)
 		fwd := -1
