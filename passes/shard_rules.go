@@ -412,8 +412,10 @@ func reshapeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 			return r.have, shardOn(d), nil
 		}
 	}
-	if r.seqParallel() {
-		return []ir.Placement{rep}, rep, nil // gather the sequence first
+	if r.seqParallel() || r.sequence() {
+		// Gather the sequence first: under cp, routing groups that the
+		// chunks do not hold whole (mergeSequence) are routed whole.
+		return []ir.Placement{rep}, rep, nil
 	}
 	return nil, rep, fmt.Errorf("reshape %v → %v cannot keep dim %d (size %d) split over %s=%d: no dim of the result holds the same blocks (e.g. the heads are not divisible by %d)", in, out, p.Dim, in[p.Dim], r.s.axisName(r.ax), n, n)
 }
