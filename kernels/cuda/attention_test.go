@@ -149,21 +149,23 @@ func TestAttentionLargestHeadDim(t *testing.T) {
 // at, after and straddling the queries', rows that see no key (zero
 // output, −inf log-sum-exp), and the log-sum-exp the forward writes.
 func TestAttentionPositionedMatchesCPU(t *testing.T) {
-	base := kcpu.AttentionDims{Batch: 2, Heads: 4, KVHeads: 2, SQ: 10, SK: 10, HeadDim: 8, Group: 2, Causal: true, Positioned: true}
+	// Chunks of 40 rows at head dim 128 are tiles of 16 rows: the zigzag
+	// runs break inside a tile.
+	base := kcpu.AttentionDims{Batch: 2, Heads: 4, KVHeads: 2, SQ: 40, SK: 40, HeadDim: 128, Group: 2, Causal: true, Positioned: true}
 	cases := []struct {
 		name       string
 		qPos, kPos [2]int
 		qBrk, kBrk int
 	}{
-		{"keys before", [2]int{20, 20}, [2]int{10, 10}, 10, 10},
-		{"keys at", [2]int{10, 10}, [2]int{10, 10}, 10, 10},
-		{"keys after", [2]int{0, 0}, [2]int{10, 10}, 10, 10},
-		{"keys straddle", [2]int{7, 7}, [2]int{3, 3}, 10, 10},
-		// zigzag, 2·4 chunks of 5: device 1 holds chunks 1 and 6.
-		{"zigzag own", [2]int{5, 30}, [2]int{5, 30}, 5, 5},
-		{"zigzag from device 0", [2]int{5, 30}, [2]int{0, 35}, 5, 5},
-		{"zigzag from device 2", [2]int{5, 30}, [2]int{10, 25}, 5, 5},
-		{"zigzag device 0 from 3", [2]int{0, 35}, [2]int{15, 20}, 5, 5},
+		{"keys before", [2]int{80, 80}, [2]int{40, 40}, 40, 40},
+		{"keys at", [2]int{40, 40}, [2]int{40, 40}, 40, 40},
+		{"keys after", [2]int{0, 0}, [2]int{40, 40}, 40, 40},
+		{"keys straddle", [2]int{28, 28}, [2]int{12, 12}, 40, 40},
+		// zigzag, 2·4 chunks of 20: device 1 holds chunks 1 and 6.
+		{"zigzag own", [2]int{20, 120}, [2]int{20, 120}, 20, 20},
+		{"zigzag from device 0", [2]int{20, 120}, [2]int{0, 140}, 20, 20},
+		{"zigzag from device 2", [2]int{20, 120}, [2]int{40, 100}, 20, 20},
+		{"zigzag device 0 from 3", [2]int{0, 140}, [2]int{60, 80}, 20, 20},
 	}
 	for n, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -209,8 +211,10 @@ func TestRingAttentionOnTheEmulator(t *testing.T) {
 		zigzag, causal bool
 	}{{2, true, true}, {4, true, true}, {4, false, true}, {2, true, false}} {
 		t.Run(fmt.Sprintf("n%d_zigzag%v_causal%v", c.n, c.zigzag, c.causal), func(t *testing.T) {
-			const seqLen = 40
-			whole := kcpu.AttentionDims{Batch: 1, Heads: 4, KVHeads: 2, SQ: seqLen, SK: seqLen, HeadDim: 8, Group: 2, Causal: c.causal}
+			// Head dim 128: tiles of 16 rows, so chunks span several
+			// and the zigzag runs break inside one.
+			const seqLen = 80
+			whole := kcpu.AttentionDims{Batch: 1, Heads: 4, KVHeads: 2, SQ: seqLen, SK: seqLen, HeadDim: 128, Group: 2, Causal: c.causal}
 			whole.Scale = 1 / math.Sqrt(float64(whole.HeadDim))
 			r := newRand(uint64(950 + c.n))
 			nq, nk := whole.Heads*seqLen*whole.HeadDim, whole.KVHeads*seqLen*whole.HeadDim
