@@ -509,11 +509,43 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		per = 6
 	}
 	tpF, tpB := 0.0, 0.0
+	// spAG and spRS are one of sequence parallelism's all-gathers and
+	// reduce-scatters over tp, spSize the bytes each moves whole, spCP the
+	// bytes one pair moves over cp (see below).
+	var spAG, spRS, spSize, spCP float64
 	if p.TP > 1 {
 		one := Collective("all_reduce", p.TP, arBytes, tpLink)
 		tpF, tpB = 2*one, (per-2)*one
+		tpBytes := per * 2 * arBytes * (tp - 1) / tp
+		if p.SequenceParallel {
+			// Sequence parallelism: an all-gather before and a
+			// reduce-scatter after attention and the MLP forward, the same
+			// for the gradients backward, and an all-gather more of each
+			// saved input for its weight gradient (the input is kept split,
+			// as Megatron-LM does): 6 all-gathers and 4 reduce-scatters a
+			// layer, 2 and 2 more when full recompute replays the forward.
+			ags, rss := per+2, per
+			size := arBytes
+			ag, rs := Collective("all_gather", p.TP, size, tpLink), Collective("reduce_scatter", p.TP, size, tpLink)
+			if cp > 1 {
+				// Under cp, tp is the coarser split of the sequence
+				// (ir.Mesh.SplitOrder): each collective over tp joins cp's
+				// split first (an all_gather over cp), runs on the whole
+				// sequence, and cuts cp's split again after (a local slice).
+				size = arBytes * fcp
+				ag = Collective("all_gather", p.TP, size, tpLink) + Collective("all_gather", cp, size/tp, cpLink)
+				rs = Collective("reduce_scatter", p.TP, size, tpLink) + Collective("all_gather", cp, size, cpLink)
+				e.CommBytes["cp"] += float64(t.Layers/p.PP) * float64(p.Microbatches) * (ags*size/tp + rss*size) * (fcp - 1) / fcp
+			}
+			tpF, tpB = 2*ag+2*rs, (ags-2)*ag+(rss-2)*rs
+			tpBytes = (ags + rss) * size * (tp - 1) / tp
+			spAG, spRS, spSize = ag, rs, size
+			if cp > 1 {
+				spCP = (size/tp + size) * (fcp - 1) / fcp
+			}
+		}
 		e.CommSeconds["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (tpF + tpB)
-		e.CommBytes["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * per * 2 * arBytes * (tp - 1) / tp
+		e.CommBytes["tp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * tpBytes
 		if p.OverlapTP {
 			// Hidden behind the block's projections and MLP GEMMs (twice
 			// as long backward), what they cannot hide stays.
@@ -538,6 +570,17 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	headB := 2*h.gemm(tokens, V/tp, hd, dt, eb) + h.memTime(4*tokens*V/tp*3)
 	embF := h.memTime(eb * tokens * hd * 3)
 	embB := h.memTime(eb * tokens * hd * 3)
+	if spSize > 0 {
+		// Sequence parallelism outside the blocks: the embedding's partial
+		// sum is reduce-scattered, the head's input all-gathered and its
+		// gradient reduce-scattered.
+		embF += spRS
+		headF += spAG
+		headB += spRS
+		e.CommSeconds["tp"] += float64(p.Microbatches) * (2*spRS + spAG)
+		e.CommBytes["tp"] += float64(p.Microbatches) * 3 * spSize * (tp - 1) / tp
+		e.CommBytes["cp"] += float64(p.Microbatches) * (spCP + spSize*(fcp-1)/fcp)
+	}
 
 	// A stage's parameters per device: a MoE block holds its router whole
 	// and E/ep experts; expertParams are those experts, reduced over dp

@@ -29,8 +29,11 @@ func longLlama(t testing.TB, seq string) *ir.Module {
 // k/v heads; at a short context it does not, unless --cp-impl asks for
 // context parallelism. The estimate prices what
 // the compiled plan moves on cp: the ring's chunks (ten a step, and two
-// gradients home, per layer), Ulysses' all_to_alls, and the gradients'
-// reduction over cp; and the compiled plan's flops count every chunk the
+// gradients home, per layer), Ulysses' all_to_alls, the gradients'
+// reduction over cp, and under sequence parallelism the all_gather over
+// cp that joins cp's split before each of sp's collectives over tp, which
+// then move the whole sequence (cp2·tp2·sp: within 0.1 % on cp, 0.8 % on
+// tp); and the compiled plan's flops count every chunk the
 // ring computes, the same as without cp (within 0.1 %: a causal chunk on
 // the diagonal is priced as the average chunk).
 func TestPlannerSearchesContextParallelism(t *testing.T) {
@@ -78,11 +81,14 @@ func TestPlannerSearchesContextParallelism(t *testing.T) {
 	gir := writeGir(t, long)
 	var flops []float64
 	for _, pl := range []struct {
-		cp, dp int
-		impl   string
-	}{{1, 4, ""}, {2, 2, "ring"}, {4, 1, "ring"}, {2, 2, "all2all"}} {
+		cp, dp, tp int
+		impl       string
+	}{{1, 4, 1, ""}, {2, 2, 1, "ring"}, {4, 1, 1, "ring"}, {2, 2, 1, "all2all"}, {2, 1, 2, "ring"}} {
 		cfg := baseConfig(4, 8)
 		cfg.Model, cfg.CP, cfg.DP, cfg.CPImpl = gir, pl.cp, pl.dp, pl.impl
+		if pl.tp > 1 {
+			cfg.TP, cfg.SequenceParallel = pl.tp, true
+		}
 		require.NoError(t, cfg.Validate())
 		e, err := hw.EstimateFast(shape, planOf(cfg))
 		require.NoError(t, err)
@@ -96,8 +102,12 @@ func TestPlannerSearchesContextParallelism(t *testing.T) {
 			assert.InDelta(t, want, got, 0.02*want, "%s: bytes on cp, estimated and compiled", Describe(cfg))
 			assert.Positive(t, want)
 		}
-		t.Logf("%s: step %.1f ms estimated, %.1f ms from the compiled plan; cp %.0f B estimated, %.0f B compiled", Describe(cfg),
-			e.StepSeconds*1e3, pred.StepSeconds*1e3, e.CommBytes["cp"], pred.CommBytes["cp"])
+		if pl.tp > 1 {
+			got, want := e.CommBytes["tp"], pred.CommBytes["tp"]
+			assert.InDelta(t, want, got, 0.02*want, "%s: bytes on tp, estimated and compiled", Describe(cfg))
+		}
+		t.Logf("%s: step %.1f ms estimated, %.1f ms from the compiled plan; cp %.0f B estimated, %.0f B compiled; tp %.0f B estimated, %.0f B compiled", Describe(cfg),
+			e.StepSeconds*1e3, pred.StepSeconds*1e3, e.CommBytes["cp"], pred.CommBytes["cp"], e.CommBytes["tp"], pred.CommBytes["tp"])
 	}
 	for _, f := range flops[1:] {
 		assert.InDelta(t, flops[0], f, 1e-3*flops[0], "model flops do not depend on cp")
