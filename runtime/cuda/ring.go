@@ -79,16 +79,13 @@ func (c *compiler) ringAttention(r runtime.Ring, d kcpu.AttentionDims) (func() e
 	p := &ringPlan{g: dev.axisGroup(r.Axis), homeSrc: -1}
 	// travel lists the operands that go round: streams of kvLen floats,
 	// the device's own first.
-	travel := func(own ...parg) []parg {
-		cur := make([]parg, len(own))
-		for s, o := range own {
+	travel := func(own ...parg) {
+		for _, o := range own {
 			p.args = append(p.args, o.at)
 			p.bytes = append(p.bytes, 4*kvLen)
 			a, b := take(kvLen), take(kvLen)
 			p.bufs[0], p.bufs[1] = append(p.bufs[0], a.at), append(p.bufs[1], b.at)
-			cur[s] = o
 		}
-		return cur
 	}
 	// chunk is stream s's operand at step t: the device's own at step 0,
 	// then the two buffers in turn.
