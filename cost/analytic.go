@@ -298,13 +298,26 @@ func (p Plan) states() float64 {
 	return 0
 }
 
-// gemm prices a GEMM of m×k by k×n.
+// gemm prices a GEMM of m×k by k×n: its device time, or the host's time
+// to issue it when that is longer (Hardware.HostOpUS).
 func (h *Hardware) gemm(m, n, k float64, dtype string, eb float64) float64 {
+	return math.Max(h.gemmDevice(m, n, k, dtype, eb), h.HostOpUS*1e-6)
+}
+
+// gemmDevice is a GEMM's device time: launch, then compute at the
+// efficiency its flops reach or its memory traffic, whichever is slower.
+func (h *Hardware) gemmDevice(m, n, k float64, dtype string, eb float64) float64 {
 	f := 2 * m * n * k
 	peak := h.Peak(dtype)
 	half := peak * h.GEMMHalfUS * 1e-6
 	compute := f / (peak * h.GEMMEfficiency * f / (f + half))
 	return h.LaunchUS*1e-6 + math.Max(compute, h.memTime(eb*(m*k+k*n+m*n)))
+}
+
+// kernels is n kernels that take device seconds together, or the host's
+// time to issue them when that is longer (Hardware.HostOpUS).
+func (h *Hardware) kernels(n, device float64) float64 {
+	return math.Max(device, n*h.HostOpUS*1e-6)
 }
 
 // Estimate predicts a step of t under plan p from the shape alone; see
@@ -373,9 +386,14 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// residuals, biases, GELU), replicated over tp unless sequence
 	// parallel splits it.
 	attn := h.gemm(tokens, (hd+2*t.kvWidth())/tp, hd, dt, eb) + h.gemm(tokens, hd, hd/tp, dt, eb)
-	core := 2 * h.gemm(s, s, hd/a, dt, eb) * b * a / tp // QKᵀ and PV per head
+	// QKᵀ and PV: one batched kernel each, priced as b·a/tp GEMMs of one
+	// head each on the small-GEMM curve. A batch whose inner dimension is
+	// the head's (64–128) stays far from the large-GEMM efficiency; priced
+	// as one GEMM of all its flops instead, every A100 source is 2–5 points
+	// worse (docs/architecture.md, "Cost model").
+	core := h.kernels(2, 2*h.gemmDevice(s, s, hd/a, dt, eb)*b*a/tp)
 	if !t.FusedAttention {
-		core += 3 * h.memTime(eb*b*a/tp*s*s) // scores, mask, softmax through memory
+		core += h.kernels(3, 3*h.memTime(eb*b*a/tp*s*s)) // scores, mask, softmax through memory
 	}
 	// Context parallelism: Ulysses runs whole sequences on a/(tp·cp)
 	// heads; the ring runs a device's s/cp queries against every chunk of
@@ -397,7 +415,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		}
 		chunk := eb * tokens * kvHeadsPerTP // one K (or V) chunk
 		if p.CPImpl == "all2all" {
-			core = 2 * h.gemm(s, s, hd/a, dt, eb) * b * a / (tp * fcp)
+			core = h.kernels(2, 2*h.gemmDevice(s, s, hd/a, dt, eb)*b*a/(tp*fcp))
 			q := Collective("all_to_all", cp, eb*tokens*hd/tp, cpLink)
 			kv := Collective("all_to_all", cp, chunk, cpLink)
 			// Forward: q, k, v to heads, the output back. Backward: dout to
@@ -407,9 +425,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			cpB = 2*q + 2*kv
 			e.CommBytes["cp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (4*eb*tokens*hd/tp + 4*chunk) * (fcp - 1) / fcp
 		} else {
-			step := 2 * h.gemm(s/fcp, s/fcp, hd/a, dt, eb) * b * a / tp
+			step := h.kernels(2, 2*h.gemmDevice(s/fcp, s/fcp, hd/a, dt, eb)*b*a/tp)
 			if !t.FusedAttention {
-				step += 3 * h.memTime(eb*b*a/tp*s*s/(fcp*fcp))
+				step += h.kernels(3, 3*h.memTime(eb*b*a/tp*s*s/(fcp*fcp)))
 			}
 			core = fcp * step
 			if p.CPLayout == "contiguous" {
@@ -429,7 +447,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// elem is the block's elementwise traffic with an MLP of width w over
 	// rows tokens (the dense MLP, or a MoE block's expert slots).
 	elem := func(rows, w float64) float64 {
-		return h.memTime(eb*tokens*hd*(rep+4/tp)+eb*rows*w*3/tp) + 10*h.LaunchUS*1e-6
+		return h.kernels(10, h.memTime(eb*tokens*hd*(rep+4/tp)+eb*rows*w*3/tp)+10*h.LaunchUS*1e-6)
 	}
 	mlpGEMMs := h.gemm(tokens, f/tp, hd, dt, eb) + h.gemm(tokens, hd, f/tp, dt, eb)
 	if t.GatedMLP {
@@ -483,7 +501,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// the elementwise ops.
 	var castF, castB float64
 	if contains(p.Compress, "lowp") && eb == 4 {
-		castF = h.memTime(1.5*stashed()) + 10*h.LaunchUS*1e-6
+		castF = h.kernels(10, h.memTime(1.5*stashed())+10*h.LaunchUS*1e-6)
 		castB = castF
 	}
 	layerF += castF
@@ -514,7 +532,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// bytes one pair moves over cp (see below).
 	var spAG, spRS, spSize, spCP float64
 	if p.TP > 1 {
-		one := Collective("all_reduce", p.TP, arBytes, tpLink)
+		one := h.kernels(1, Collective("all_reduce", p.TP, arBytes, tpLink))
 		tpF, tpB = 2*one, (per-2)*one
 		tpBytes := per * 2 * arBytes * (tp - 1) / tp
 		if p.SequenceParallel {

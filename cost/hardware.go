@@ -22,8 +22,10 @@ import (
 	"maps"
 	"math"
 	"os"
+	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"gcompile/ir"
@@ -63,6 +65,13 @@ type Hardware struct {
 	MemEfficiency  float64 `json:"mem_efficiency"`
 	MemHalfUS      float64 `json:"mem_half_us"`
 	LaunchUS       float64 `json:"launch_us"`
+	// HostOpUS is the host's time to issue one kernel in the framework
+	// that runs the step, a floor under every kernel of the analytic
+	// estimate: an eager framework (PyTorch running Megatron-LM or
+	// DeepSpeed) spends tens of µs of Python and dispatch per op, so once
+	// a kernel's device time falls below it the device waits on the host
+	// (small microbatches, wide tp, small models). 0: no floor.
+	HostOpUS float64 `json:"host_op_us,omitempty"`
 	// HostCores, when > 0, says the devices are virtual devices sharing
 	// this many host cores (the CPU backend): devices then compete for
 	// cores, and a step takes at least the whole work over the cores.
@@ -111,11 +120,20 @@ var presets = map[string]Hardware{
 
 // a100 and hopper are the A100 and H100/H200 presets, which differ only
 // in memory within a generation: the same GPU die, NVLink and network.
+//
+// The A100's NVLink figures are what NCCL reaches on it, not the
+// datasheet's 300 GB/s a direction: nccl-tests' all_reduce_perf on the 8
+// A100 SXM of one node (the measured tables the vTrain simulator ships,
+// github.com/VIA-Research/vTrain trace/a100/AR_GPU8_1M_1024M_LUT) gives a
+// bus bandwidth of 229 GB/s at 1 GiB and 93 µs at 1 MiB, which a ring's
+// α-β fits with 230 GB/s and 6 µs a step (at 32 MiB, a tp all-reduce's
+// size: 358 µs measured, 328 predicted). The H100's stay the datasheet's: no measurement of it
+// was at hand.
 func a100(name, board string, memGiB, memGBps float64) Hardware {
 	return Hardware{
-		Name: name, Source: "NVIDIA A100 datasheet (" + board + "); DGX A100: 8 GPUs, NVLink3 600 GB/s bidirectional, 8x HDR 200 Gb/s",
+		Name: name, Source: "NVIDIA A100 datasheet (" + board + "); DGX A100: 8 GPUs, NVLink3 600 GB/s bidirectional (all-reduce bus bandwidth 230 GB/s measured by nccl-tests), 8x HDR 200 Gb/s",
 		PeakTFLOPS: map[string]float64{"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "f64": 19.5}, VectorTFLOPS: 19.5,
-		MemoryGiB: memGiB, MemoryGBps: memGBps, IntraGBps: 300, IntraLatencyUS: 5, InterGBps: 25, InterLatencyUS: 10, DevicesPerNode: 8, HostGBps: 25,
+		MemoryGiB: memGiB, MemoryGBps: memGBps, IntraGBps: 230, IntraLatencyUS: 6, InterGBps: 25, InterLatencyUS: 10, DevicesPerNode: 8, HostGBps: 25,
 		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3, OverlapBuckets: true,
 	}
 }
@@ -167,12 +185,71 @@ func Preset(name string) (*Hardware, error) {
 	return &h, nil
 }
 
-// Load reads --hardware: a preset name, or a path ending in .json.
+// Load reads --hardware: a preset name or a path ending in .json,
+// optionally followed by ":key=value,…" that sets numeric figures by
+// their JSON keys (a100-80g:inter_node_gbps=12.5,host_op_us=35: the
+// preset on a cluster with half a DGX's network, priced for an eager
+// framework), so a known difference needs no file.
 func Load(spec string) (*Hardware, error) {
-	if strings.HasSuffix(strings.ToLower(spec), ".json") {
-		return LoadFile(spec)
+	base, sets, hasSets := strings.Cut(spec, ":")
+	var h *Hardware
+	var err error
+	if strings.HasSuffix(strings.ToLower(base), ".json") {
+		h, err = LoadFile(base)
+	} else {
+		h, err = Preset(base)
 	}
-	return Preset(spec)
+	if err != nil || !hasSets {
+		return h, err
+	}
+	return h.with(sets)
+}
+
+// with is h with the figures of "key=value,…" set, validated.
+func (h *Hardware) with(sets string) (*Hardware, error) {
+	fields := map[string]reflect.Value{}
+	v := reflect.ValueOf(h).Elem()
+	for i := range v.NumField() {
+		key, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+		switch v.Field(i).Kind() {
+		case reflect.Float64, reflect.Int, reflect.Bool:
+			fields[key] = v.Field(i)
+		}
+	}
+	for _, set := range strings.Split(sets, ",") {
+		key, val, ok := strings.Cut(set, "=")
+		key = strings.TrimSpace(key)
+		f, known := fields[key]
+		if !ok || !known {
+			return nil, fmt.Errorf("%w: %q: want key=value with a numeric key of the hardware JSON (%s)", ErrBadHardware, set, strings.Join(slices.Sorted(maps.Keys(fields)), ", "))
+		}
+		val = strings.TrimSpace(val)
+		switch f.Kind() {
+		case reflect.Float64:
+			x, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s=%q is not a number", ErrBadHardware, key, val)
+			}
+			f.SetFloat(x)
+		case reflect.Int:
+			x, err := strconv.Atoi(val)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s=%q is not a whole number", ErrBadHardware, key, val)
+			}
+			f.SetInt(int64(x))
+		case reflect.Bool:
+			x, err := strconv.ParseBool(val)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s=%q is not true or false", ErrBadHardware, key, val)
+			}
+			f.SetBool(x)
+		}
+	}
+	h.Source += "; set on the command line: " + sets
+	if err := h.Validate(); err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // LoadFile reads a hardware description from a JSON file. Unknown fields
@@ -263,6 +340,7 @@ func (h *Hardware) Validate() error {
 	nonNeg("gemm_half_us", h.GEMMHalfUS)
 	nonNeg("mem_half_us", h.MemHalfUS)
 	nonNeg("launch_us", h.LaunchUS)
+	nonNeg("host_op_us", h.HostOpUS)
 	frac("gemm_efficiency", h.GEMMEfficiency)
 	frac("mem_efficiency", h.MemEfficiency)
 	if h.DevicesPerNode < 1 {

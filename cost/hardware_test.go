@@ -111,7 +111,8 @@ func TestGEMMEfficiencyGrows(t *testing.T) {
 // TestLinkForSpreadsOverCards: a group spanning nodes crosses them on the
 // cards of its members on each node (k·inter_node_gbps, at most NVLink):
 // one member a node gets one card's 25 GB/s on a100-80g, two get 50, a
-// whole node's eight get 200; a group inside a node gets NVLink.
+// whole node's eight get 200; a group inside a node gets NVLink (the
+// all-reduce bus bandwidth NCCL measures on it).
 func TestLinkForSpreadsOverCards(t *testing.T) {
 	h, _ := Preset("a100-80g")
 	every := func(n, stride int) []int {
@@ -129,7 +130,7 @@ func TestLinkForSpreadsOverCards(t *testing.T) {
 		{every(32, 8), 25, true},   // dp over tp-8 replicas
 		{every(32, 4), 50, true},   // tp 4
 		{every(32, 1), 200, true},  // tp 1: every GPU of 4 nodes
-		{every(8, 1), 300, false},  // one node
+		{every(8, 1), 230, false},  // one node
 		{[]int{7, 8}, 25, true},    // neighbours across a node boundary
 		{[]int{0, 1, 8}, 25, true}, // the least-populated node decides
 	} {
@@ -196,5 +197,37 @@ func TestAxisLinkIsTheSlowestGroup(t *testing.T) {
 	}
 	if l := h.pairLink(4, 16); !l.InterNode {
 		t.Errorf("4 apart: ranks 4→8 cross, got %+v", l)
+	}
+}
+
+// TestLoadSetsFigures: --hardware NAME:key=value,… sets numeric figures of
+// a preset or file by their JSON keys; an unknown key, a non-number or a
+// figure Validate refuses is a named error.
+func TestLoadSetsFigures(t *testing.T) {
+	h, err := Load("a100-80g:inter_node_gbps=12.5, host_op_us=35,devices_per_node=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.InterGBps != 12.5 || h.HostOpUS != 35 || h.DevicesPerNode != 4 || h.IntraGBps != 230 {
+		t.Errorf("got inter %g, host %g, devices a node %d, intra %g", h.InterGBps, h.HostOpUS, h.DevicesPerNode, h.IntraGBps)
+	}
+	if !strings.Contains(h.Source, "set on the command line") {
+		t.Errorf("source %q does not say what was set", h.Source)
+	}
+	for spec, want := range map[string]string{
+		"a100-80g:nvlink=400":            `"nvlink=400": want key=value with a numeric key`,
+		"a100-80g:name=x":                `"name=x": want key=value`,
+		"a100-80g:inter_node_gbps":       `"inter_node_gbps": want key=value`,
+		"a100-80g:inter_node_gbps=fast":  `inter_node_gbps="fast" is not a number`,
+		"a100-80g:devices_per_node=2.5":  `devices_per_node="2.5" is not a whole number`,
+		"a100-80g:gemm_efficiency=1.5":   "gemm_efficiency must lie in (0, 1], got 1.5",
+		"a100-80g:host_op_us=-1":         "host_op_us must be finite and ≥ 0, got -1",
+		"a100-81g:inter_node_gbps=12":    `unknown hardware "a100-81g"`,
+		"a100-80g:overlap_buckets=maybe": `overlap_buckets="maybe" is not true or false`,
+	} {
+		_, err := Load(spec)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Load(%q) = %v, want an error containing %q", spec, err, want)
+		}
 	}
 }

@@ -31,6 +31,9 @@ type PublishedRun struct {
 	// is not the preset's (InterGBps > 0). Precision "" is fp16.
 	Hardware  string
 	InterGBps float64
+	// HostOpUS, when > 0, is the framework's host time to issue a kernel
+	// (Hardware.HostOpUS) for runs whose source measured it.
+	HostOpUS  float64
 	Precision string
 	// Zero is the optimizer sharding (ZeRO-1 for a distributed
 	// optimizer); Overlap says the framework overlapped the data-parallel
@@ -53,6 +56,9 @@ func (r PublishedRun) HardwareFor() (*Hardware, error) {
 	}
 	if r.InterGBps > 0 {
 		h.InterGBps = r.InterGBps
+	}
+	if r.HostOpUS > 0 {
+		h.HostOpUS = r.HostOpUS
 	}
 	return h, nil
 }

@@ -215,7 +215,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.stopAfter, "stop-after", 0, "end the run after this step as a preemption would (with a checkpoint under --checkpoint-dir); the schedule is still --steps' (0: run to --steps)")
 	fs.StringVar(&c.resume, "resume", "", "continue training from a checkpoint: a --checkpoint-dir (its latest complete checkpoint) or one step-N folder in it; any plan, same model, batch, optimizer and precision")
 	fs.IntVar(&c.Batch, "batch", 8, "global batch in sequences")
-	fs.StringVar(&c.hardware, "hardware", "", "the devices the planner and cost model assume: "+strings.Join(cost.Presets(), ", ")+", or a JSON file (see docs/architecture.md); with --run and no --tp/--pp/--dp, train the planner's best plan")
+	fs.StringVar(&c.hardware, "hardware", "", "the devices the planner and cost model assume: "+strings.Join(cost.Presets(), ", ")+", or a JSON file (see docs/architecture.md), either followed by :key=value,… to set figures by their JSON keys (a100-80g:inter_node_gbps=12.5); with --run and no --tp/--pp/--dp, train the planner's best plan")
 	fs.BoolVar(&c.plan, "plan", false, "print the planner's best plans for --devices, --batch and --hardware (default cpu) as a table, and --metrics as JSON; axes given as flags stay fixed")
 	fs.IntVar(&c.planTop, "plan-top", 5, "with --plan: how many plans to compile and report")
 	fs.StringVar(&c.planTrace, "plan-trace", "", "write the cost model's predicted step of the compiled plan (with --plan, the planner's best) as Chrome trace events to FILE.json, in --trace's format, for --hardware (default cpu)")
