@@ -52,6 +52,7 @@ const (
 	StatusBadDims       Status = 2
 	StatusBadParams     Status = 3
 	StatusNoThreads     Status = 4
+	StatusStuck         Status = 5
 )
 
 func (s Status) Error() string {
@@ -63,7 +64,9 @@ func (s Status) Error() string {
 	case StatusBadParams:
 		return "missing kernel parameters"
 	case StatusNoThreads:
-		return "could not start the emulator's worker threads"
+		return "could not make the emulator's threads (their stacks)"
+	case StatusStuck:
+		return "a barrier (__syncthreads or a warp shuffle) that not every thread of the block reached"
 	}
 	return fmt.Sprintf("emulator status %d", int32(s))
 }

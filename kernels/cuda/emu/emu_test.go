@@ -162,3 +162,52 @@ func TestScalarArguments(t *testing.T) {
 	err := e.Launch("gc_reduce_sum_rows", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, out, x, 1, 3, 1<<40)
 	require.ErrorContains(t, err, "does not fit an int")
 }
+
+// Threads are fibers: a barrier some thread of the block never reaches
+// is reported, not waited on, and the emulator runs the next launch as
+// before; a block of 1024 threads meets at every barrier of a kernel that
+// reverses its row through shared memory (each thread reads what another
+// wrote before the barrier).
+func TestBarriersAcrossFibers(t *testing.T) {
+	emulator(t)
+	extra := Extra{Source: `
+extern "C" __global__ void gc_test_stuck(float* out, long long n) {
+  if (threadIdx.x == 5) return;
+  __syncthreads();
+  if (threadIdx.x < n) out[threadIdx.x] = 1.0f;
+}
+extern "C" __global__ void gc_test_reverse(float* out, const float* x, long long n) {
+  __shared__ float row[1024];
+  const unsigned t = threadIdx.x;
+  row[t] = x[blockIdx.x * blockDim.x + t];
+  __syncthreads();
+  const float mine = row[blockDim.x - 1 - t];
+  __syncthreads();
+  row[t] = mine * 2.0f;
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + t] = row[t];
+}
+`, Kernels: []cuda.Kernel{
+		{Name: "gc_test_stuck", Params: []cuda.Param{{Name: "out", Type: cuda.F32Out}, {Name: "n", Type: cuda.Size}}, Launch: cuda.GridStride, Over: "n"},
+		{Name: "gc_test_reverse", Params: []cuda.Param{{Name: "out", Type: cuda.F32Out}, {Name: "x", Type: cuda.F32In}, {Name: "n", Type: cuda.Size}}, Launch: cuda.GridStride, Over: "n"},
+	}}
+	e, err := BuildWith(t.TempDir(), extra)
+	require.NoError(t, err)
+	out := make([]float32, 64)
+	err = e.Launch("gc_test_stuck", [3]uint32{1, 1, 1}, [3]uint32{64, 1, 1}, 0, out, int64(64))
+	require.ErrorIs(t, err, StatusStuck)
+	assert.Contains(t, err.Error(), "not every thread of the block reached")
+
+	const block, blocks = 1024, 3
+	x := make([]float32, block*blocks)
+	for i := range x {
+		x[i] = float32(i)
+	}
+	got := make([]float32, len(x))
+	require.NoError(t, e.Launch("gc_test_reverse", [3]uint32{blocks, 1, 1}, [3]uint32{block, 1, 1}, 0, got, x, int64(len(x))))
+	for b := range blocks {
+		for i := range block {
+			require.Equal(t, 2*x[b*block+block-1-i], got[b*block+i], "block %d thread %d", b, i)
+		}
+	}
+}

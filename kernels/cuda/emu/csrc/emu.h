@@ -1,10 +1,11 @@
 // emu.h — makes CUDA kernel sources compile as C++20 with g++ and run on
-// CPU threads, one OS thread per CUDA thread of a block.
+// the CPU, each CUDA thread of a block a fiber (emu.cpp).
 //
 // Blocks of a launch run one after another, so a function-local static is
 // exactly one block's shared memory: __shared__ becomes `static`. The
 // built-in index variables are per thread (threadIdx) or per launch
-// (blockIdx, blockDim, gridDim, written before the block's threads start).
+// (blockIdx, blockDim, gridDim, written before the block's threads start);
+// threadIdx and tid are the running fiber's, set each time one resumes.
 // __syncthreads is a barrier over the block's threads, and warp shuffles
 // and votes exchange values through a per-warp slot array between two
 // barriers over the warp's threads, so every thread of a warp must reach
@@ -31,15 +32,15 @@ struct dim3 {
 };
 using uint3 = dim3;
 
-extern thread_local uint3 threadIdx;
+extern uint3 threadIdx;
 extern uint3 blockIdx;
 extern dim3 blockDim;
 extern dim3 gridDim;
 
 namespace gc_emu {
 
-// The calling thread's slot in the current block (linear thread id).
-extern thread_local unsigned tid;
+// The running thread's slot in the current block (linear thread id).
+extern unsigned tid;
 
 void sync_block();
 // exchange publishes 8 bytes from this lane and returns every lane's
@@ -139,3 +140,4 @@ int run(const Dims& d, Body body, void* args);
 #define GC_EMU_BAD_DIMS 2
 #define GC_EMU_BAD_PARAMS 3
 #define GC_EMU_NO_THREADS 4
+#define GC_EMU_STUCK 5
