@@ -58,6 +58,11 @@ var stepParams = []stepParam{
 		func(v float64) float64 { return v / 10 }, func(v float64) float64 { return v * 2 }},
 	{"intra_node_gbps", func(h *Hardware) float64 { return h.IntraGBps }, func(h *Hardware, v float64) { h.IntraGBps = v },
 		func(v float64) float64 { return v / 10 }, func(v float64) float64 { return v * 2 }},
+	// host_op_us starts at 0 in the presets: its search runs over
+	// [1, 200] µs (or 10× a figure already set), and a fit that does not
+	// lower the error keeps the start.
+	{"host_op_us", func(h *Hardware) float64 { return h.HostOpUS }, func(h *Hardware, v float64) { h.HostOpUS = v },
+		func(float64) float64 { return 1 }, func(v float64) float64 { return max(200, 10*v) }},
 	{"gemm_half_us", func(h *Hardware) float64 { return h.GEMMHalfUS }, func(h *Hardware, v float64) { h.GEMMHalfUS = v },
 		func(v float64) float64 { return v / 10 }, func(v float64) float64 { return v * 10 }},
 	{"launch_us", func(h *Hardware) float64 { return h.LaunchUS }, func(h *Hardware, v float64) { h.LaunchUS = v },
@@ -168,6 +173,9 @@ func moves(h *Hardware, sp stepParam, points []StepPoint) bool {
 	v := sp.get(h)
 	probe := h.clone()
 	w := v * 1.5
+	if v == 0 {
+		w = sp.hi(v) / 4 // a figure that starts unset: probe well inside its range
+	}
 	if w > sp.hi(v) {
 		w = v / 1.5
 	}

@@ -15,7 +15,8 @@ func onMatrixUnits(op string) bool { return op == "matmul" || strings.HasPrefix(
 
 // OpTime is the time of one op of the given flops and bytes on a device:
 // the slower of compute and memory traffic, each at its achieved
-// efficiency, plus the launch overhead.
+// efficiency, plus the launch overhead, and at least the host's time to
+// issue it (HostOpUS).
 func (h *Hardware) OpTime(op string, dtype ir.DType, flops, bytes int64) float64 {
 	var compute float64
 	if flops > 0 {
@@ -32,7 +33,7 @@ func (h *Hardware) OpTime(op string, dtype ir.DType, flops, bytes int64) float64
 	if k, ok := h.OpScale[op]; ok {
 		t *= k
 	}
-	return h.LaunchUS*1e-6 + t
+	return math.Max(h.LaunchUS*1e-6+t, h.HostOpUS*1e-6)
 }
 
 // memTime is the time to move n bytes through device memory at the

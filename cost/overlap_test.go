@@ -140,3 +140,52 @@ func TestEstimatePricesCompressionAndPrefetch(t *testing.T) {
 		1e3*none.StepSeconds, 1e3*got.StepSeconds, float64(none.MemoryEstimate)/(1<<30), float64(got.MemoryEstimate)/(1<<30),
 		1e3*before.StepSeconds, 1e3*ahead.StepSeconds)
 }
+
+// TestHostFloorBoundsEveryKernel: with host_op_us every instruction of a
+// compiled program takes at least the host's time to issue it, in the
+// timeline Predict builds as in OpTime, and the analytic estimate of a
+// small model grows with the floor while that of a model whose kernels
+// are all longer than it does not.
+func TestHostFloorBoundsEveryKernel(t *testing.T) {
+	res := compileGPTBuckets(t, 1, 1, 1, 0.004)
+	hw, err := cost.Preset("a100-80g")
+	require.NoError(t, err)
+	floored := *hw
+	floored.HostOpUS = 40
+	p, err := floored.Predict(res.Programs, res.Schedule)
+	require.NoError(t, err)
+	kernels := 0
+	for i, ev := range p.Timeline.Instrs[0] {
+		in := res.ProgramOf(0).Instrs[i]
+		if ev.Seconds == 0 {
+			// Not a kernel of its own: a bucket's later members (the
+			// bucket is one collective, priced at its first).
+			require.Positive(t, in.Bucket, "instruction %d (%s) takes no time", i, in.Op)
+			continue
+		}
+		kernels++
+		require.GreaterOrEqual(t, ev.Seconds, 40e-6-1e-15, "instruction %d (%s)", i, in.Op)
+	}
+	require.Greater(t, kernels, 100)
+	plain, err := hw.Predict(res.Programs, res.Schedule)
+	require.NoError(t, err)
+	assert.Greater(t, p.StepSeconds, plain.StepSeconds)
+
+	small := cost.Transformer{Layers: 12, Hidden: 1024, Heads: 16, Seq: 1024, Vocab: 50304, FFN: 4096}
+	big := cost.Transformer{Layers: 8, Hidden: 12288, Heads: 96, Seq: 2048, Vocab: 51200, FFN: 4 * 12288}
+	plan := cost.Plan{TP: 8, PP: 1, DP: 1, MicroBatch: 1, Microbatches: 4, Recompute: "full", Precision: "fp16", Optimizer: "adamw"}
+	for _, c := range []struct {
+		shape cost.Transformer
+		grows bool
+	}{{small, true}, {big, false}} {
+		a, err := hw.Estimate(c.shape, plan)
+		require.NoError(t, err)
+		b, err := floored.Estimate(c.shape, plan)
+		require.NoError(t, err)
+		if c.grows {
+			assert.Greater(t, b.StepSeconds, 1.5*a.StepSeconds, "h %d", c.shape.Hidden)
+		} else {
+			assert.InDelta(t, a.StepSeconds, b.StepSeconds, 0.01*a.StepSeconds, "h %d", c.shape.Hidden)
+		}
+	}
+}

@@ -232,3 +232,38 @@ func TestVTrainMultiNode(t *testing.T) {
 // vtrainRhoBound is each model size's rank correlation reached on
 // 2026-12-05, rounded down.
 var vtrainRhoBound = map[string]float64{"3.6B": 0.95, "18.4B": 0.5, "39.1B": 0.6, "175B": 0.9}
+
+// Calibrating the preset on a handful of the one-node runs finds the host
+// floor by itself: eight runs spread over the set (every 168th), and the
+// fit predicts the other runs far better than the preset did.
+func TestCalibrateFindsTheHostFloor(t *testing.T) {
+	var runs []PublishedRun
+	for _, r := range vtrainRuns(t, "ground_truth_single.csv") {
+		if p := r.Plan(); p.PP == 1 || p.Microbatches >= p.PP {
+			runs = append(runs, r)
+		}
+	}
+	var some, rest []PublishedRun
+	for i, r := range runs {
+		if i%168 == 0 {
+			some = append(some, r)
+		} else {
+			rest = append(rest, r)
+		}
+	}
+	preset, err := Preset("a100-80g")
+	require.NoError(t, err)
+	cal, rep, err := preset.CalibrateSteps(stepPoints(some, nil))
+	require.NoError(t, err)
+	before, _, _ := vtrainError(t, rest, preset)
+	after, _, _ := vtrainError(t, rest, cal)
+	var sb strings.Builder
+	for _, p := range rep.Params {
+		fmt.Fprintf(&sb, "%s: %.4g → %.4g %s\n", p.Key, p.Before, p.After, p.Why)
+	}
+	fmt.Fprintf(&sb, "calibrated on %d runs, the other %d: mean error %.1f %% → %.1f %% (leave-one-out %.1f %%)", len(some), len(rest), 100*before, 100*after, 100*rep.LeaveOneOut)
+	t.Log("\n" + sb.String())
+	assert.InDelta(t, float64(vtrainHostOpUS), cal.HostOpUS, 15, "the fitted host floor")
+	assert.Less(t, after, 0.2)
+	assert.Greater(t, before, 0.4)
+}
