@@ -191,6 +191,9 @@ func Preset(name string) (*Hardware, error) {
 // preset on a cluster with half a DGX's network, priced for an eager
 // framework), so a known difference needs no file.
 func Load(spec string) (*Hardware, error) {
+	if strings.HasSuffix(strings.ToLower(spec), ".json") {
+		return LoadFile(spec) // a path, colons and all
+	}
 	base, sets, hasSets := strings.Cut(spec, ":")
 	var h *Hardware
 	var err error

@@ -1,6 +1,7 @@
 package cost
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
@@ -213,6 +214,29 @@ func TestLoadSetsFigures(t *testing.T) {
 	}
 	if !strings.Contains(h.Source, "set on the command line") {
 		t.Errorf("source %q does not say what was set", h.Source)
+	}
+	// A file whose path has a colon is a file, not a figure set.
+	h100, err := Preset("h100-sxm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(h100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	colon := filepath.Join(t.TempDir(), "rack:7.json")
+	if err := os.WriteFile(colon, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Load(colon); err != nil || got.Name != "h100-sxm" {
+		t.Errorf("Load(%q) = %v, %v", colon, got, err)
+	}
+	plain := filepath.Join(t.TempDir(), "mine.json")
+	if err := os.WriteFile(plain, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Load(plain + ":host_op_us=5"); err != nil || got.HostOpUS != 5 || got.Name != "h100-sxm" {
+		t.Errorf("Load(%q) = %v, %v", plain+":host_op_us=5", got, err)
 	}
 	for spec, want := range map[string]string{
 		"a100-80g:nvlink=400":            `"nvlink=400": want key=value with a numeric key`,
