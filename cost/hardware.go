@@ -66,8 +66,8 @@ type Hardware struct {
 	MemHalfUS      float64 `json:"mem_half_us"`
 	LaunchUS       float64 `json:"launch_us"`
 	// HostOpUS is the host's time to issue one kernel in the framework
-	// that runs the step, a floor under every kernel of the analytic
-	// estimate: an eager framework (PyTorch running Megatron-LM or
+	// that runs the step, a floor under every kernel the estimates price
+	// (Estimate's and Predict's): an eager framework (PyTorch running Megatron-LM or
 	// DeepSpeed) spends tens of µs of Python and dispatch per op, so once
 	// a kernel's device time falls below it the device waits on the host
 	// (small microbatches, wide tp, small models). 0: no floor.
@@ -127,8 +127,8 @@ var presets = map[string]Hardware{
 // github.com/VIA-Research/vTrain trace/a100/AR_GPU8_1M_1024M_LUT) gives a
 // bus bandwidth of 229 GB/s at 1 GiB and 93 µs at 1 MiB, which a ring's
 // α-β fits with 230 GB/s and 6 µs a step (at 32 MiB, a tp all-reduce's
-// size: 358 µs measured, 328 predicted). The H100's stay the datasheet's: no measurement of it
-// was at hand.
+// size: 358 µs measured, 328 predicted). The H100's stay the datasheet's:
+// no measurement of it was at hand.
 func a100(name, board string, memGiB, memGBps float64) Hardware {
 	return Hardware{
 		Name: name, Source: "NVIDIA A100 datasheet (" + board + "); DGX A100: 8 GPUs, NVLink3 600 GB/s bidirectional (all-reduce bus bandwidth 230 GB/s measured by nccl-tests), 8x HDR 200 Gb/s",
@@ -187,7 +187,7 @@ func Preset(name string) (*Hardware, error) {
 
 // Load reads --hardware: a preset name or a path ending in .json,
 // optionally followed by ":key=value,…" that sets numeric figures by
-// their JSON keys (a100-80g:inter_node_gbps=12.5,host_op_us=35: the
+// their JSON keys (a100-80g:inter_node_gbps=12.5,host_op_us=40: the
 // preset on a cluster with half a DGX's network, priced for an eager
 // framework), so a known difference needs no file.
 func Load(spec string) (*Hardware, error) {
