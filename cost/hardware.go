@@ -127,8 +127,10 @@ var presets = map[string]Hardware{
 // github.com/VIA-Research/vTrain trace/a100/AR_GPU8_1M_1024M_LUT) gives a
 // bus bandwidth of 229 GB/s at 1 GiB and 93 µs at 1 MiB, which a ring's
 // α-β fits with 230 GB/s and 6 µs a step (at 32 MiB, a tp all-reduce's
-// size: 358 µs measured, 328 predicted). The H100's stay the datasheet's:
-// no measurement of it was at hand.
+// size: 358 µs measured, 328 predicted). The H100's stay the datasheet's
+// 450 GB/s, which the 460–480 GB/s bus bandwidth cloud operators report
+// for nccl-tests on 8 H100 SXM (NVLink SHARP reducing in the switch; e.g.
+// Alaya NeW's NCCL-tests guide, 2026) bears out; no latency was at hand.
 func a100(name, board string, memGiB, memGBps float64) Hardware {
 	return Hardware{
 		Name: name, Source: "NVIDIA A100 datasheet (" + board + "); DGX A100: 8 GPUs, NVLink3 600 GB/s bidirectional (all-reduce bus bandwidth 230 GB/s measured by nccl-tests), 8x HDR 200 Gb/s",
