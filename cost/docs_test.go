@@ -120,22 +120,11 @@ func sourcesTable(t *testing.T) string {
 	for _, s := range sources {
 		var runs []PublishedRun
 		for _, r := range s.runs {
-			if p := r.Plan(); p.PP > 1 && p.Microbatches < p.PP {
-				continue // 1F1B with fewer microbatches than stages: not priced
+			if r.priceable() {
+				runs = append(runs, r)
 			}
-			runs = append(runs, r)
 		}
-		var before float64
-		for _, r := range runs {
-			hw := s.on
-			if hw == nil {
-				hw, err = r.HardwareFor()
-				require.NoError(t, err)
-			}
-			e, err := hw.Estimate(r.Shape, r.Plan())
-			require.NoError(t, err, r.Name)
-			before += math.Abs(r.PublishedStep()/e.StepSeconds-1) / float64(len(runs))
-		}
+		before, _, _ := meanError(t, runs, s.on)
 		after := "–"
 		if len(runs) > 1 {
 			from := s.on

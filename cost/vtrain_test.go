@@ -81,32 +81,37 @@ func vtrainRuns(t *testing.T, file string) []PublishedRun {
 	return runs
 }
 
-// vtrainError prices runs on hardware h (nil: each run's own) and
-// returns the mean of |measured/predicted − 1| (the throughput's error,
-// as the other published-run tables count it) over the runs it can
-// price, with each run's prediction; a run the estimate refuses (1F1B
-// with fewer microbatches than stages, which DeepSpeed's engine runs) is
-// counted in skipped.
-func vtrainError(t *testing.T, runs []PublishedRun, h *Hardware) (mean float64, pred []float64, skipped int) {
+// priceable says whether the estimate prices r's plan: it refuses 1F1B
+// with fewer microbatches than stages, which DeepSpeed's engine runs.
+func (r PublishedRun) priceable() bool {
+	p := r.Plan()
+	return p.PP == 1 || p.Microbatches >= p.PP
+}
+
+// meanError prices runs on hardware h (nil: each run's own) and returns
+// the mean of |measured/predicted − 1| (the throughput's error, as the
+// other published-run tables count it) over the runs it can price, with
+// each run's prediction (NaN for one it cannot) and how many it could
+// not (priceable).
+func meanError(t *testing.T, runs []PublishedRun, h *Hardware) (mean float64, pred []float64, skipped int) {
 	t.Helper()
 	n := 0
 	for _, r := range runs {
+		if !r.priceable() {
+			pred = append(pred, math.NaN())
+			skipped++
+			continue
+		}
 		hw := h
 		if hw == nil {
 			var err error
 			hw, err = r.HardwareFor()
 			require.NoError(t, err)
 		}
-		p := r.Plan()
-		if p.PP > 1 && p.Microbatches < p.PP {
-			pred = append(pred, math.NaN())
-			skipped++
-			continue
-		}
-		e, err := hw.Estimate(r.Shape, p)
-		require.NoError(t, err, "%s %s", r.Name, p)
+		e, err := hw.Estimate(r.Shape, r.Plan())
+		require.NoError(t, err, "%s %s", r.Name, r.Plan())
 		pred = append(pred, e.StepSeconds)
-		mean += math.Abs(r.StepSeconds/e.StepSeconds - 1)
+		mean += math.Abs(r.PublishedStep()/e.StepSeconds - 1)
 		n++
 	}
 	return mean / float64(n), pred, skipped
@@ -125,7 +130,7 @@ func TestVTrainSingleNodeFitsTheHostFloor(t *testing.T) {
 	var skipped int
 	for us := 0.0; us <= 80; us += 5 {
 		h.HostOpUS = us
-		m, _, sk := vtrainError(t, runs, h)
+		m, _, sk := meanError(t, runs, h)
 		skipped = sk
 		fmt.Fprintf(&sb, "host_op_us %3.0f: mean error %5.1f %%\n", us, 100*m)
 		if m < bestErr {
@@ -139,7 +144,7 @@ func TestVTrainSingleNodeFitsTheHostFloor(t *testing.T) {
 	assert.InDelta(t, float64(vtrainHostOpUS), best, 5, "the grid's best host floor")
 	assert.Less(t, bestErr, 0.16)
 	h.HostOpUS = 0
-	none, _, _ := vtrainError(t, runs, h)
+	none, _, _ := meanError(t, runs, h)
 	assert.Greater(t, none, 0.4, "without the floor")
 }
 
@@ -154,11 +159,11 @@ func TestVTrainSingleNodeFitsTheHostFloor(t *testing.T) {
 func TestVTrainMultiNode(t *testing.T) {
 	runs := vtrainRuns(t, "ground_truth_multi.csv")
 	require.Len(t, runs, 109)
-	own, pred, skipped := vtrainError(t, runs, nil)
+	own, pred, skipped := meanError(t, runs, nil)
 	require.Zero(t, skipped)
 	preset, err := Preset("a100-80g")
 	require.NoError(t, err)
-	plain, _, _ := vtrainError(t, runs, preset)
+	plain, _, _ := meanError(t, runs, preset)
 
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%-12s %5s %-30s %10s %10s %7s\n", "model", "GPUs", "plan", "pred ms", "meas ms", "err %")
@@ -239,7 +244,7 @@ var vtrainRhoBound = map[string]float64{"3.6B": 0.95, "18.4B": 0.5, "39.1B": 0.6
 func TestCalibrateFindsTheHostFloor(t *testing.T) {
 	var runs []PublishedRun
 	for _, r := range vtrainRuns(t, "ground_truth_single.csv") {
-		if p := r.Plan(); p.PP == 1 || p.Microbatches >= p.PP {
+		if r.priceable() {
 			runs = append(runs, r)
 		}
 	}
@@ -255,8 +260,8 @@ func TestCalibrateFindsTheHostFloor(t *testing.T) {
 	require.NoError(t, err)
 	cal, rep, err := preset.CalibrateSteps(stepPoints(some, nil))
 	require.NoError(t, err)
-	before, _, _ := vtrainError(t, rest, preset)
-	after, _, _ := vtrainError(t, rest, cal)
+	before, _, _ := meanError(t, rest, preset)
+	after, _, _ := meanError(t, rest, cal)
 	var sb strings.Builder
 	for _, p := range rep.Params {
 		fmt.Fprintf(&sb, "%s: %.4g → %.4g %s\n", p.Key, p.Before, p.After, p.Why)

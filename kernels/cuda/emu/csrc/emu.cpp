@@ -131,7 +131,6 @@ struct Warp {
 
 // Launch is the state of the launch in progress (one at a time).
 struct Launch {
-  Dims dims{};
   unsigned threads = 0;
   Body body = nullptr;
   void* args = nullptr;
@@ -255,7 +254,6 @@ int run(const Dims& d, Body body, void* args) {
   std::lock_guard<std::mutex> lock(launch_mu);
   if (!grow((unsigned)threads)) return GC_EMU_NO_THREADS;
   Launch l;
-  l.dims = d;
   l.threads = (unsigned)threads;
   l.body = body;
   l.args = args;
