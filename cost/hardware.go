@@ -286,14 +286,22 @@ func LoadFile(path string) (*Hardware, error) {
 func (h *Hardware) Validate() error {
 	var errs []string
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
+	// Rates and fixed costs are bounded far past any device, so that no
+	// figure prices a step at an infinite or zero time.
 	pos := func(key string, v float64) {
-		if !(v > 0) || math.IsInf(v, 0) {
+		switch {
+		case !(v > 0) || math.IsInf(v, 0):
 			bad("%s must be positive and finite, got %g", key, v)
+		case v < minRate || v > maxRate:
+			bad("%s must lie in [%g, %g], got %g", key, minRate, maxRate, v)
 		}
 	}
 	nonNeg := func(key string, v float64) {
-		if !(v >= 0) || math.IsInf(v, 0) {
+		switch {
+		case !(v >= 0) || math.IsInf(v, 0):
 			bad("%s must be finite and ≥ 0, got %g", key, v)
+		case v > maxFixedUS:
+			bad("%s must be at most %g µs (a second), got %g", key, float64(maxFixedUS), v)
 		}
 	}
 	frac := func(key string, v float64) {
@@ -359,6 +367,14 @@ func (h *Hardware) Validate() error {
 	}
 	return nil
 }
+
+// minRate and maxRate bound every rate of a description (TFLOP/s, GB/s,
+// op_scale): a kilobyte a second to an exabyte a second.
+const minRate, maxRate = 1e-6, 1e9
+
+// maxFixedUS bounds every fixed cost (latencies, launch and host time a
+// kernel, half-efficiency sizes): a second.
+const maxFixedUS = 1e6
 
 // maxMemoryGiB bounds a device's memory: 2^32 GiB (4 EiB) is far past
 // any device and its bytes still fit an int64.

@@ -1,12 +1,14 @@
 package planner
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
+	"reflect"
 	"slices"
+	"strings"
 
 	"gcompile/compile"
 	"gcompile/cost"
@@ -27,33 +29,40 @@ type MeasuredPlan struct {
 // MeasuredPlan, an object whose "plans" are (--plan --metrics' schema
 // with step_ms added to each row), or the --metrics file of a training
 // run (its plan from "config", its step time the median of its steps
-// after the first, which warms up).
+// after the first, which warms up). A plan entry may carry the other
+// fields of a --plan --metrics row, which are ignored; any other key is
+// an error, since a misspelt axis would otherwise calibrate a plan that
+// did not run.
 func ReadMeasured(path string) ([]MeasuredPlan, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	strict := func(v any) error {
-		d := json.NewDecoder(bytes.NewReader(raw))
-		return d.Decode(v)
-	}
-	var list []MeasuredPlan
-	if err := strict(&list); err == nil {
-		return checkMeasured(path, list)
+	const want = `want a list of measured plans, {"plans": [...]} or a run's --metrics`
+	switch first := firstByte(raw); first {
+	case '[':
+		var entries []json.RawMessage
+		if err := json.Unmarshal(raw, &entries); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		return readEntries(path, entries)
+	case '{':
+	default:
+		return nil, fmt.Errorf("%s: not a JSON list or object (%s)", path, want)
 	}
 	var obj struct {
-		Plans  []MeasuredPlan `json:"plans"`
-		Config *MeasuredPlan  `json:"config"`
+		Plans  []json.RawMessage `json:"plans"`
+		Config *MeasuredPlan     `json:"config"`
 		Steps  []struct {
 			Ms float64 `json:"ms"`
 		} `json:"steps"`
 	}
-	if err := strict(&obj); err != nil {
-		return nil, fmt.Errorf("%s: neither a list of measured plans, {\"plans\": [...]} nor a run's --metrics: %w", path, err)
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, fmt.Errorf("%s: %s: %w", path, want, err)
 	}
 	switch {
 	case obj.Plans != nil:
-		return checkMeasured(path, obj.Plans)
+		return readEntries(path, obj.Plans)
 	case obj.Config != nil:
 		if len(obj.Steps) < 2 {
 			return nil, fmt.Errorf("%s: a run's metrics with %d steps: at least 2 are needed (the first warms up)", path, len(obj.Steps))
@@ -67,7 +76,64 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		p.StepMs = ms[len(ms)/2]
 		return checkMeasured(path, []MeasuredPlan{p})
 	}
-	return nil, fmt.Errorf("%s: no measured plans (want a list, {\"plans\": [...]} or a run's --metrics)", path)
+	return nil, fmt.Errorf("%s: no measured plans (%s)", path, want)
+}
+
+// firstByte is the first byte of raw that is not JSON white space (0 if
+// none).
+func firstByte(raw []byte) byte {
+	for _, b := range raw {
+		switch b {
+		case ' ', '\t', '\n', '\r':
+			continue
+		}
+		return b
+	}
+	return 0
+}
+
+// entryKeys are the keys a plan entry may have: MeasuredPlan's and a
+// --plan --metrics row's.
+var entryKeys = func() map[string]bool {
+	keys := map[string]bool{}
+	var walk func(reflect.Type)
+	walk = func(t reflect.Type) {
+		for f := range t.Fields() {
+			if f.Anonymous {
+				walk(f.Type)
+				continue
+			}
+			if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
+				keys[name] = true
+			}
+		}
+	}
+	walk(reflect.TypeFor[MeasuredPlan]())
+	walk(reflect.TypeFor[Row]())
+	return keys
+}()
+
+// readEntries decodes each plan entry on its own, so that an error names
+// the entry.
+func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error) {
+	ps := make([]MeasuredPlan, 0, len(entries))
+	for i, e := range entries {
+		var keys map[string]json.RawMessage
+		if err := json.Unmarshal(e, &keys); err != nil {
+			return nil, fmt.Errorf("%s: plan %d: not a JSON object: %w", path, i+1, err)
+		}
+		for _, k := range slices.Sorted(maps.Keys(keys)) {
+			if !entryKeys[k] {
+				return nil, fmt.Errorf("%s: plan %d: unknown key %q (a plan gives tp, pp, dp, ep, cp, vpp, microbatch_size, microbatches, zero, sequence_parallel, recompute, offload, schedule, batch and step_ms)", path, i+1, k)
+			}
+		}
+		var p MeasuredPlan
+		if err := json.Unmarshal(e, &p); err != nil {
+			return nil, fmt.Errorf("%s: plan %d: %w", path, i+1, err)
+		}
+		ps = append(ps, p)
+	}
+	return checkMeasured(path, ps)
 }
 
 func checkMeasured(path string, ps []MeasuredPlan) ([]MeasuredPlan, error) {
@@ -77,6 +143,15 @@ func checkMeasured(path string, ps []MeasuredPlan) ([]MeasuredPlan, error) {
 	for i, p := range ps {
 		if !(p.StepMs > 0) || math.IsInf(p.StepMs, 0) {
 			return nil, fmt.Errorf("%s: plan %d: step_ms must be a positive time, got %g", path, i+1, p.StepMs)
+		}
+		for _, f := range []struct {
+			key string
+			v   int
+		}{{"tp", p.TP}, {"pp", p.PP}, {"dp", p.DP}, {"ep", p.EP}, {"cp", p.CP}, {"vpp", p.VPP},
+			{"microbatch_size", p.MicroBatch}, {"microbatches", p.Microbatches}, {"zero", p.Zero}, {"batch", p.Batch}} {
+			if f.v < 0 {
+				return nil, fmt.Errorf("%s: plan %d: %s must not be negative, got %d (leave it out for the default)", path, i+1, f.key, f.v)
+			}
 		}
 	}
 	return ps, nil

@@ -277,7 +277,7 @@ func TestCalibrateCLI(t *testing.T) {
 		{"no such plan", `[{"tp": 3, "pp": 1, "dp": 1, "microbatches": 1, "step_ms": 10}]`, "calibration point 1 (tp=3 pp=1 dp=1"},
 		{"negative time", `[{"tp": 1, "pp": 1, "dp": 4, "microbatches": 1, "step_ms": -3}]`, "plan 1: step_ms must be a positive time, got -3"},
 		{"no time", `{"plans": [{"tp": 1, "pp": 1, "dp": 4}]}`, "plan 1: step_ms must be a positive time, got 0"},
-		{"not JSON", `NaN`, "neither a list of measured plans"},
+		{"not JSON", `NaN`, "not a JSON list or object"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := filepath.Join(t.TempDir(), "m.json")

@@ -1,0 +1,56 @@
+package planner
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// ReadMeasured takes the three forms a user has at hand and names, for
+// anything else, the entry and the rule it breaks: a misspelt axis or a
+// negative one must not calibrate a plan that did not run.
+func TestReadMeasured(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       []MeasuredPlan
+		err        string
+	}{
+		{"list", `[{"tp": 2, "pp": 1, "dp": 4, "microbatches": 2, "step_ms": 10}]`,
+			[]MeasuredPlan{{PlanFields: PlanFields{TP: 2, PP: 1, DP: 4, Microbatches: 2}, StepMs: 10}}, ""},
+		{"metrics rows with step_ms", `{"plans": [{"rank": 1, "plan": "tp=2", "tp": 2, "predicted_step_ms": 9, "comm_ms": {"tp": 1}, "step_ms": 12, "cp_impl": "ring", "batch": 8}]}`,
+			[]MeasuredPlan{{PlanFields: PlanFields{TP: 2, CPImpl: "ring"}, StepMs: 12, Batch: 8}}, ""},
+		{"a run's metrics", `{"config": {"tp": 1, "dp": 2, "seed": 7}, "steps": [{"ms": 90}, {"ms": 12}, {"ms": 10}, {"ms": 11}]}`,
+			[]MeasuredPlan{{PlanFields: PlanFields{TP: 1, DP: 2}, StepMs: 11}}, ""},
+		{"misspelt axis", `[{"tp": 1, "step_ms": 5}, {"tp": 1, "micro_batch_size": 2, "step_ms": 5}]`, nil,
+			`plan 2: unknown key "micro_batch_size"`},
+		{"negative axis", `[{"tp": -1, "step_ms": 5}]`, nil, "plan 1: tp must not be negative, got -1"},
+		{"negative batch", `{"plans": [{"batch": -8, "step_ms": 5}]}`, nil, "plan 1: batch must not be negative, got -8"},
+		{"time as a string", `[{"tp": 1, "step_ms": 5}, {"tp": 1, "step_ms": "NaN"}]`, nil, "plan 2: json: cannot unmarshal string"},
+		{"time out of range", `[{"tp": 1, "step_ms": 1e400}]`, nil, "cannot unmarshal number 1e400"},
+		{"negative time", `[{"tp": 1, "step_ms": -3}]`, nil, "plan 1: step_ms must be a positive time, got -3"},
+		{"no time", `{"plans": [{"tp": 1}]}`, nil, "plan 1: step_ms must be a positive time, got 0"},
+		{"entry not an object", `[5]`, nil, "plan 1: not a JSON object"},
+		{"empty list", `[]`, nil, "no measured plans"},
+		{"empty object", `{}`, nil, "no measured plans (want a list"},
+		{"one warm-up step", `{"config": {"tp": 1}, "steps": [{"ms": 90}]}`, nil, "at least 2 are needed"},
+		{"not JSON", `NaN`, nil, "not a JSON list or object"},
+		{"truncated", `[{"tp": 1,`, nil, "unexpected end of JSON input"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(t.TempDir(), "m.json")
+			require.NoError(t, os.WriteFile(f, []byte(tc.body), 0o644))
+			got, err := ReadMeasured(f)
+			if tc.err != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.err)
+				assert.Contains(t, err.Error(), f, "the error names the file")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
