@@ -307,11 +307,36 @@ func (h *Hardware) gemm(m, n, k float64, dtype string, eb float64) float64 {
 // gemmDevice is a GEMM's device time: launch, then compute at the
 // efficiency its flops reach or its memory traffic, whichever is slower.
 func (h *Hardware) gemmDevice(m, n, k float64, dtype string, eb float64) float64 {
+	return h.LaunchUS*1e-6 + h.gemmWork(m, n, k, dtype, eb)
+}
+
+// gemmWork is a GEMM's device time without its launch.
+func (h *Hardware) gemmWork(m, n, k float64, dtype string, eb float64) float64 {
 	f := 2 * m * n * k
 	peak := h.Peak(dtype)
 	half := peak * h.GEMMHalfUS * 1e-6
 	compute := f / (peak * h.GEMMEfficiency * f / (f + half))
-	return h.LaunchUS*1e-6 + math.Max(compute, h.memTime(eb*(m*k+k*n+m*n)))
+	return math.Max(compute, h.memTime(eb*(m*k+k*n+m*n)))
+}
+
+// attentionCore is one of the attention core's two batched GEMMs (QKᵀ,
+// PV) over heads heads of s×s by s×dh: one kernel, each head priced on
+// the small-GEMM curve. A batch whose inner dimension is a head's (64–128)
+// stays far from the large-GEMM efficiency; priced as one GEMM of all its
+// flops instead, every A100 source is 2–5 points worse
+// (docs/architecture.md, "Cost model").
+func (h *Hardware) attentionCore(heads, s, dh float64, dtype string, eb float64) float64 {
+	return h.LaunchUS*1e-6 + heads*h.gemmWork(s, s, dh, dtype, eb)
+}
+
+// unfusedScores is the traffic of an attention core that is not fused,
+// over heads heads' s×s scores: the fused scale-mask-softmax reads them
+// and writes the probabilities, and dropout reads those and writes its
+// output and a one-byte mask (the GEMMs' own reads and writes are theirs).
+// Two kernels.
+func (h *Hardware) unfusedScores(heads, s, eb float64) float64 {
+	n := heads * s * s
+	return h.kernels(2, h.memTime(4*eb*n+n)+2*h.LaunchUS*1e-6)
 }
 
 // kernels is n kernels that take device seconds together, or the host's
@@ -386,14 +411,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// residuals, biases, GELU), replicated over tp unless sequence
 	// parallel splits it.
 	attn := h.gemm(tokens, (hd+2*t.kvWidth())/tp, hd, dt, eb) + h.gemm(tokens, hd, hd/tp, dt, eb)
-	// QKᵀ and PV: one batched kernel each, priced as b·a/tp GEMMs of one
-	// head each on the small-GEMM curve. A batch whose inner dimension is
-	// the head's (64–128) stays far from the large-GEMM efficiency; priced
-	// as one GEMM of all its flops instead, every A100 source is 2–5 points
-	// worse (docs/architecture.md, "Cost model").
-	core := h.kernels(2, 2*h.gemmDevice(s, s, hd/a, dt, eb)*b*a/tp)
+	// QKᵀ and PV over this device's b·a/tp heads (attentionCore), and the
+	// scores through memory between them unless the core is fused.
+	core := h.kernels(2, 2*h.attentionCore(b*a/tp, s, hd/a, dt, eb))
 	if !t.FusedAttention {
-		core += h.kernels(3, 3*h.memTime(eb*b*a/tp*s*s)) // scores, mask, softmax through memory
+		core += h.unfusedScores(b*a/tp, s, eb)
 	}
 	// Context parallelism: Ulysses runs whole sequences on a/(tp·cp)
 	// heads; the ring runs a device's s/cp queries against every chunk of
@@ -415,7 +437,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		}
 		chunk := eb * tokens * kvHeadsPerTP // one K (or V) chunk
 		if p.CPImpl == "all2all" {
-			core = h.kernels(2, 2*h.gemmDevice(s, s, hd/a, dt, eb)*b*a/(tp*fcp))
+			core = h.kernels(2, 2*h.attentionCore(b*a/(tp*fcp), s, hd/a, dt, eb))
 			q := Collective("all_to_all", cp, eb*tokens*hd/tp, cpLink)
 			kv := Collective("all_to_all", cp, chunk, cpLink)
 			// Forward: q, k, v to heads, the output back. Backward: dout to
@@ -425,9 +447,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			cpB = 2*q + 2*kv
 			e.CommBytes["cp"] = float64(t.Layers/p.PP) * float64(p.Microbatches) * (4*eb*tokens*hd/tp + 4*chunk) * (fcp - 1) / fcp
 		} else {
-			step := h.kernels(2, 2*h.gemmDevice(s/fcp, s/fcp, hd/a, dt, eb)*b*a/tp)
+			step := h.kernels(2, 2*h.attentionCore(b*a/tp, s/fcp, hd/a, dt, eb))
 			if !t.FusedAttention {
-				step += h.kernels(3, 3*h.memTime(eb*b*a/tp*s*s/(fcp*fcp)))
+				step += h.unfusedScores(b*a/tp, s/fcp, eb)
 			}
 			core = fcp * step
 			if p.CPLayout == "contiguous" {

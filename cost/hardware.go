@@ -189,7 +189,7 @@ func Preset(name string) (*Hardware, error) {
 
 // Load reads --hardware: a preset name or a path ending in .json,
 // optionally followed by ":key=value,…" that sets numeric figures by
-// their JSON keys (a100-80g:inter_node_gbps=12.5,host_op_us=40: the
+// their JSON keys (a100-80g:inter_node_gbps=12.5,host_op_us=45: the
 // preset on a cluster with half a DGX's network, priced for an eager
 // framework), so a known difference needs no file.
 func Load(spec string) (*Hardware, error) {

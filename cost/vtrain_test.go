@@ -35,7 +35,7 @@ const (
 	// (Hardware.HostOpUS), fitted on the single-node runs alone
 	// (TestVTrainSingleNodeFitsTheHostFloor) and then used unchanged on
 	// the multi-node runs.
-	vtrainHostOpUS = 40
+	vtrainHostOpUS = 45
 )
 
 // vtrainRuns reads one of the files: each row a PublishedRun priced on
@@ -139,10 +139,10 @@ func TestVTrainSingleNodeFitsTheHostFloor(t *testing.T) {
 	}
 	fmt.Fprintf(&sb, "%d runs priced (%d with fewer microbatches than stages left out)", len(runs)-skipped, skipped)
 	t.Log("\n" + sb.String())
-	// The error is flat within 5 µs of the best (35 and 40 differ by 0.2
-	// points), so the constant may sit one grid step off it.
+	// The grid's step is 5 µs (40 and 45 differ by 0.7 points), so a
+	// change elsewhere in the model may move the best by one step.
 	assert.InDelta(t, float64(vtrainHostOpUS), best, 5, "the grid's best host floor")
-	assert.Less(t, bestErr, 0.16)
+	assert.Less(t, bestErr, 0.12)
 	h.HostOpUS = 0
 	none, _, _ := meanError(t, runs, h)
 	assert.Greater(t, none, 0.4, "without the floor")
@@ -229,14 +229,14 @@ func TestVTrainMultiNode(t *testing.T) {
 	fmt.Fprintf(&sb, "calibrated on one run, predicting the other 108 (median, best, worst over the 109 choices): from a100-80g %.1f / %.1f / %.1f %%, from the source's cluster %.1f / %.1f / %.1f %%",
 		100*pm, 100*pb, 100*pw, 100*om, 100*ob, 100*ow)
 	t.Log("\n" + sb.String())
-	assert.Less(t, own, 0.10)
-	assert.Less(t, plain, 0.15)
+	assert.Less(t, own, 0.09)
+	assert.Less(t, plain, 0.14)
 	assert.Less(t, om, 0.10)
 }
 
 // vtrainRhoBound is each model size's rank correlation reached on
 // 2026-12-05, rounded down.
-var vtrainRhoBound = map[string]float64{"3.6B": 0.95, "18.4B": 0.5, "39.1B": 0.6, "175B": 0.9}
+var vtrainRhoBound = map[string]float64{"3.6B": 0.95, "18.4B": 0.6, "39.1B": 0.6, "175B": 0.9}
 
 // Calibrating the preset on a handful of the one-node runs finds the host
 // floor by itself: eight runs spread over the set (every 168th), and the
