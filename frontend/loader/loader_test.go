@@ -402,3 +402,63 @@ func TestSplitPos(t *testing.T) {
 		assert.Equal(t, []string{tt.file, tt.line, tt.col}, []string{file, line, col}, tt.pos)
 	}
 }
+
+// editedSrc is a model whose parameter's default comes from another file
+// of its package (edited by TestReloadSeesEveryEdit).
+const editedSrc = `package edited
+
+import (
+	"gcompile/frontend"
+	"gcompile/frontend/nn"
+	"gcompile/ir"
+)
+
+func Model(b *frontend.Builder) {
+	b.Int("n", %s, "a figure")
+	b.Int("m", width, "another")
+	tokens := b.Input("tokens", ir.I32, b.Batch(), 4)
+	x, _ := nn.Embedding(tokens, "wte", 16, 8)
+	b.Loss(x.Sum())
+}
+`
+
+// The go command keeps the drivers it links (buildDriver): a load after
+// an edit, of the model's file or of another file of its package, runs
+// the edited code, and one after the edit is undone runs the first again.
+func TestReloadSeesEveryEdit(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "edited")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	model := filepath.Join(dir, "model.go")
+	write := func(n, width string) {
+		require.NoError(t, os.WriteFile(model, []byte(fmt.Sprintf(editedSrc, n)), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "width.go"), []byte("package edited\n\nconst width = "+width+"\n"), 0o644))
+	}
+	for _, step := range []struct{ n, width string }{{"1", "10"}, {"2", "10"}, {"2", "20"}, {"1", "10"}} {
+		write(step.n, step.width)
+		l, _, _ := testLoader(t)
+		docs, err := l.Describe(model, frontend.Config{})
+		require.NoError(t, err)
+		got := map[string]string{}
+		for _, d := range docs {
+			got[d.Key] = d.Default
+		}
+		assert.Equal(t, map[string]string{"n": step.n, "m": step.width}, got, "n=%s width=%s", step.n, step.width)
+		assertNoWorkDirs(t, l)
+	}
+}
+
+// BenchmarkLoadAgain loads a model that has not changed since its last
+// load: type-checking, the driver (linked once, then kept by the go
+// command) and its run.
+func BenchmarkLoadAgain(b *testing.B) {
+	l := &Loader{TempDir: b.TempDir(), Output: &bytes.Buffer{}}
+	cfg := frontend.Config{Set: map[string]string{"mode": "1"}}
+	if _, err := l.Load(behaveModel, cfg); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := l.Load(behaveModel, cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
