@@ -69,8 +69,13 @@ cost-tables:
 	$(GO) test -count 1 -run TestDocsFiguresAreCurrent ./cost/ -update-docs
 	$(GO) test -count 1 -v -run 'TestPublishedRuns|TestMorePublishedRuns|TestPublishedRunsRankAlike|TestCalibrateOnOnePublishedRun|TestVTrain|TestCalibrateFindsTheHostFloor' ./cost/ | tee $(OUT)/cost-tables.txt
 
+# A minute each for the parser of .gir text and the readers of what a
+# user hands the cost model (--hardware, --calibrate); make test runs
+# their seeds and any crasher kept under testdata/fuzz.
 fuzz:
 	$(GO) test ./ir -run '^$$' -fuzz FuzzParse -fuzztime 60s
+	$(GO) test ./cost -run '^$$' -fuzz FuzzLoadHardware -fuzztime 60s
+	$(GO) test ./planner -run '^$$' -fuzz FuzzReadMeasured -fuzztime 60s
 
 clean:
 	rm -rf $(OUT)

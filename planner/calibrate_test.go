@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -53,4 +54,34 @@ func TestReadMeasured(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 		})
 	}
+}
+
+// FuzzReadMeasured feeds arbitrary files to ReadMeasured. Properties: it
+// never panics, every error names the file, and every plan it accepts has
+// a positive, finite step time and no negative axis.
+func FuzzReadMeasured(f *testing.F) {
+	for _, seed := range []string{
+		`[{"tp": 2, "pp": 1, "dp": 4, "microbatches": 2, "step_ms": 10}]`,
+		`{"plans": [{"rank": 1, "tp": 2, "comm_ms": {"tp": 1}, "step_ms": 12, "batch": 8}]}`,
+		`{"config": {"tp": 1, "dp": 2}, "steps": [{"ms": 90}, {"ms": 12}, {"ms": 10}]}`,
+		`[{"tp": -1, "step_ms": 5}]`, `[{"step_ms": 1e308}]`, `[null]`, `{"plans": null}`, ` [] `, `{"config": {}, "steps": [{}, {}]}`,
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		path := filepath.Join(t.TempDir(), "m.json")
+		require.NoError(t, os.WriteFile(path, []byte(body), 0o644))
+		ps, err := ReadMeasured(path)
+		if err != nil {
+			require.Contains(t, err.Error(), path)
+			return
+		}
+		require.NotEmpty(t, ps)
+		for i, p := range ps {
+			require.Truef(t, p.StepMs > 0 && !math.IsInf(p.StepMs, 0), "plan %d: step_ms %g", i+1, p.StepMs)
+			for _, v := range []int{p.TP, p.PP, p.DP, p.EP, p.CP, p.VPP, p.MicroBatch, p.Microbatches, p.Zero, p.Batch} {
+				require.GreaterOrEqual(t, v, 0, "plan %d: %+v", i+1, p)
+			}
+		}
+	})
 }
