@@ -684,15 +684,15 @@ func buildDriver(ctx context.Context, name string, pkg *packages.Package, work s
 	// comes from the pclntab, kept), and the link is the load's largest
 	// step after type-checking: a load takes 13 % less CPU.
 	flags := append(slices.Clone(mod.flags), "-buildvcs=false", "-ldflags=-s -w", "-overlay", overlayFile)
-	main := filepath.Join(dir, "main.go")
-	args := append(append([]string{"build"}, flags...), "-o", bin, main)
+	driverMain := filepath.Join(dir, "main.go")
+	args := append(append([]string{"build"}, flags...), "-o", bin, driverMain)
 	if cp, err := exec.LookPath("cp"); err == nil {
 		// go run keeps the executables it links in the build cache (since
 		// Go 1.24), keyed like every build action: a model loaded again
 		// with nothing changed is not linked again, which is a third of
 		// a load. -exec cp copies the executable to bin instead of
 		// running it.
-		args = append(append([]string{"run"}, flags...), "-exec", cp, main, bin)
+		args = append(append([]string{"run"}, flags...), "-exec", cp, driverMain, bin)
 	}
 	cmd := exec.CommandContext(ctx, goTool, args...)
 	cmd.Dir = pkg.Module.Dir
