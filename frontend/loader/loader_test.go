@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -461,4 +462,22 @@ func BenchmarkLoadAgain(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// Without a cp on the PATH the driver is built with go build, as before
+// go run kept drivers: the load works the same.
+func TestLoadWithoutCp(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	require.NoError(t, err)
+	bin := t.TempDir()
+	require.NoError(t, os.Symlink(goTool, filepath.Join(bin, "go")))
+	t.Setenv("PATH", bin)
+	_, err = exec.LookPath("cp")
+	require.Error(t, err, "cp is still on the PATH")
+	l, output, _ := testLoader(t)
+	m, err := l.Load(behaveModel, frontend.Config{Set: map[string]string{"mode": "1"}})
+	require.NoError(t, err)
+	assert.NotEmpty(t, m.Params, "the model's parameters")
+	assert.Contains(t, output.String(), "hello on stdout")
+	assertNoWorkDirs(t, l)
 }
