@@ -36,6 +36,10 @@ type StepCalibration struct {
 	// is false with a single point.
 	LeaveOneOut float64
 	HasLOO      bool
+	// Unfitted are the parameters some point depends on that were kept
+	// for want of points: the description keeps its own figures for
+	// them, which a user who knows the cluster's should set.
+	Unfitted []string
 }
 
 // stepParam is a figure CalibrateSteps may fit, with the bounds no fit
@@ -112,8 +116,13 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 	}
 	limit := max(len(points)-1, 1)
 	if len(movable) > limit {
+		verb := "fit"
+		if len(points) == 1 {
+			verb = "fits"
+		}
 		for _, pi := range movable[limit:] {
-			why[stepParams[pi].key] = fmt.Sprintf("%d measured plans fit at most %d parameters", len(points), limit)
+			why[stepParams[pi].key] = fmt.Sprintf("%s %s at most %s", count(len(points), "measured plan"), verb, count(limit, "parameter"))
+			rep.Unfitted = append(rep.Unfitted, stepParams[pi].key)
 		}
 		movable = movable[:limit]
 	}
@@ -165,6 +174,14 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 	}
 	fitted.Source += fmt.Sprintf("; %d parameters calibrated on %d measured steps", rep.Fitted, len(points))
 	return fitted, rep, nil
+}
+
+// count is n things, "1 thing" or "n things".
+func count(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }
 
 // moves says whether changing parameter sp changes some point's

@@ -363,7 +363,14 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
 		}
 	}
-	fmt.Fprintf(log, "calibrate: %s from %d measured plans of %s: %d parameters fitted\n", c.hw.Name, len(points), c.calibrate, rep.Fitted)
+	plans, fitted := "measured plans", "parameters"
+	if len(points) == 1 {
+		plans = "measured plan"
+	}
+	if rep.Fitted == 1 {
+		fitted = "parameter"
+	}
+	fmt.Fprintf(log, "calibrate: %s from %d %s of %s: %d %s fitted\n", c.hw.Name, len(points), plans, c.calibrate, rep.Fitted, fitted)
 	for _, p := range rep.Params {
 		switch {
 		case p.Kept:
@@ -386,6 +393,13 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 		loo = fmt.Sprintf("leave-one-out %.1f %%", 100*rep.LeaveOneOut)
 	}
 	fmt.Fprintf(log, "calibrate: mean |predicted/measured − 1| %.1f %% → %.1f %%, %s\n", 100*rep.ErrorBefore, 100*rep.ErrorAfter, loo)
+	if len(rep.Unfitted) > 0 {
+		// One plan's time cannot tell a slow network from slow GEMMs: the
+		// fit moves the first figure, and a plan whose share of
+		// communication differs is then mispriced.
+		fmt.Fprintf(log, "calibrate: too few plans to fit %s: they keep %s's figures; where the cluster's differ (its network, its framework's host time a kernel), set them (--hardware %s:%s=…) or measure more plans\n",
+			strings.Join(rep.Unfitted, ", "), c.hw.Name, c.hw.Name, rep.Unfitted[0])
+	}
 	c.hw = hw
 	if c.saveHardware != "" {
 		return writeOutput("save-hardware", c.saveHardware, hw.Save)
