@@ -301,7 +301,7 @@ func (p Plan) states() float64 {
 // gemm prices a GEMM of m×k by k×n: its device time, or the host's time
 // to issue it when that is longer (Hardware.HostOpUS).
 func (h *Hardware) gemm(m, n, k float64, dtype string, eb float64) float64 {
-	return math.Max(h.gemmDevice(m, n, k, dtype, eb), h.HostOpUS*1e-6)
+	return h.kernels(1, h.gemmDevice(m, n, k, dtype, eb))
 }
 
 // gemmDevice is a GEMM's device time: launch, then compute at the
@@ -336,13 +336,13 @@ func (h *Hardware) attentionCore(heads, s, dh float64, dtype string, eb float64)
 // Two kernels.
 func (h *Hardware) unfusedScores(heads, s, eb float64) float64 {
 	n := heads * s * s
-	return h.kernels(2, h.memTime(4*eb*n+n)+2*h.LaunchUS*1e-6)
+	return h.memKernels(2, 4*eb*n+n)
 }
 
-// kernels is n kernels that take device seconds together, or the host's
-// time to issue them when that is longer (Hardware.HostOpUS).
-func (h *Hardware) kernels(n, device float64) float64 {
-	return math.Max(device, n*h.HostOpUS*1e-6)
+// memKernels is n memory-bound kernels that move bytes together, each
+// launched.
+func (h *Hardware) memKernels(n, bytes float64) float64 {
+	return h.kernels(n, h.memTime(bytes)+n*h.LaunchUS*1e-6)
 }
 
 // Estimate predicts a step of t under plan p from the shape alone; see
@@ -469,7 +469,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// elem is the block's elementwise traffic with an MLP of width w over
 	// rows tokens (the dense MLP, or a MoE block's expert slots).
 	elem := func(rows, w float64) float64 {
-		return h.kernels(10, h.memTime(eb*tokens*hd*(rep+4/tp)+eb*rows*w*3/tp)+10*h.LaunchUS*1e-6)
+		return h.memKernels(10, eb*tokens*hd*(rep+4/tp)+eb*rows*w*3/tp)
 	}
 	mlpGEMMs := h.gemm(tokens, f/tp, hd, dt, eb) + h.gemm(tokens, hd, f/tp, dt, eb)
 	if t.GatedMLP {
@@ -523,7 +523,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// the elementwise ops.
 	var castF, castB float64
 	if contains(p.Compress, "lowp") && eb == 4 {
-		castF = h.kernels(10, h.memTime(1.5*stashed())+10*h.LaunchUS*1e-6)
+		castF = h.memKernels(10, 1.5*stashed())
 		castB = castF
 	}
 	layerF += castF

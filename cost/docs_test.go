@@ -89,14 +89,7 @@ func sourcesTable(t *testing.T) string {
 	add := func(name string, runs []PublishedRun, on *Hardware, hardware string) {
 		sources = append(sources, source{name, hardware, runs, on})
 	}
-	bySource := map[string][]PublishedRun{}
-	var order []string
-	for _, r := range append(PublishedRuns(), MorePublishedRuns()...) {
-		if bySource[r.Source] == nil {
-			order = append(order, r.Source)
-		}
-		bySource[r.Source] = append(bySource[r.Source], r)
-	}
+	order, bySource := groupBySource(append(PublishedRuns(), MorePublishedRuns()...))
 	for _, s := range order {
 		h, err := bySource[s][0].HardwareFor()
 		require.NoError(t, err)

@@ -33,7 +33,13 @@ func (h *Hardware) OpTime(op string, dtype ir.DType, flops, bytes int64) float64
 	if k, ok := h.OpScale[op]; ok {
 		t *= k
 	}
-	return math.Max(h.LaunchUS*1e-6+t, h.HostOpUS*1e-6)
+	return h.kernels(1, h.LaunchUS*1e-6+t)
+}
+
+// kernels is n kernels that take device seconds together, or the host's
+// time to issue them when that is longer (Hardware.HostOpUS).
+func (h *Hardware) kernels(n, device float64) float64 {
+	return math.Max(device, n*h.HostOpUS*1e-6)
 }
 
 // memTime is the time to move n bytes through device memory at the

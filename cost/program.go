@@ -575,7 +575,7 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 				seenBucket[in.Bucket] = true
 				b = bucketBytes[in.Bucket]
 			}
-			ic.seconds = math.Max(Collective(in.Op, n, b, linkOf(axis, ranks))+h.LaunchUS*1e-6, h.HostOpUS*1e-6)
+			ic.seconds = h.kernels(1, Collective(in.Op, n, b, linkOf(axis, ranks))+h.LaunchUS*1e-6)
 			if in.Bucket > 0 {
 				b = float64(wholeBytes(in))
 			}

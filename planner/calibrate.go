@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -39,14 +40,15 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		return nil, err
 	}
 	const want = `want a list of measured plans, {"plans": [...]} or a run's --metrics`
-	switch first := firstByte(raw); first {
-	case '[':
+	trimmed := bytes.TrimLeft(raw, " \t\r\n") // JSON's white space
+	switch {
+	case bytes.HasPrefix(trimmed, []byte("[")):
 		var entries []json.RawMessage
 		if err := json.Unmarshal(raw, &entries); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 		return readEntries(path, entries)
-	case '{':
+	case bytes.HasPrefix(trimmed, []byte("{")):
 	default:
 		return nil, fmt.Errorf("%s: not a JSON list or object (%s)", path, want)
 	}
@@ -77,19 +79,6 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		return checkMeasured(path, []MeasuredPlan{p})
 	}
 	return nil, fmt.Errorf("%s: no measured plans (%s)", path, want)
-}
-
-// firstByte is the first byte of raw that is not JSON white space (0 if
-// none).
-func firstByte(raw []byte) byte {
-	for _, b := range raw {
-		switch b {
-		case ' ', '\t', '\n', '\r':
-			continue
-		}
-		return b
-	}
-	return 0
 }
 
 // entryKeys are the keys a plan entry may have: MeasuredPlan's and a
