@@ -76,7 +76,7 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		slices.Sort(ms)
 		p := *obj.Config
 		p.StepMs = ms[len(ms)/2]
-		return checkMeasured(path, []MeasuredPlan{p})
+		return checkMeasured(path, []MeasuredPlan{p}, nil)
 	}
 	return nil, fmt.Errorf("%s: no measured plans (%s)", path, want)
 }
@@ -103,9 +103,12 @@ var entryKeys = func() map[string]bool {
 }()
 
 // readEntries decodes each plan entry on its own, so that an error names
-// the entry.
+// the entry. An entry without a step_ms is a plan not run (the other rows
+// of a --plan --metrics table) and is left out; a step_ms that is there
+// must be a time.
 func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error) {
 	ps := make([]MeasuredPlan, 0, len(entries))
+	var nums []int // each kept plan's number in the file
 	for i, e := range entries {
 		var keys map[string]json.RawMessage
 		if err := json.Unmarshal(e, &keys); err != nil {
@@ -120,18 +123,31 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		if err := json.Unmarshal(e, &p); err != nil {
 			return nil, fmt.Errorf("%s: plan %d: %w", path, i+1, err)
 		}
+		if _, ok := keys["step_ms"]; !ok {
+			continue
+		}
 		ps = append(ps, p)
+		nums = append(nums, i+1)
 	}
-	return checkMeasured(path, ps)
+	if len(entries) > 0 && len(ps) == 0 {
+		return nil, fmt.Errorf("%s: no plan in it has a step_ms: add the step time you measured, in milliseconds, to each plan you ran", path)
+	}
+	return checkMeasured(path, ps, nums)
 }
 
-func checkMeasured(path string, ps []MeasuredPlan) ([]MeasuredPlan, error) {
+// checkMeasured refuses a plan that gives no time or a negative axis,
+// naming it by nums[i], its number in the file (i+1 without nums).
+func checkMeasured(path string, ps []MeasuredPlan, nums []int) ([]MeasuredPlan, error) {
 	if len(ps) == 0 {
 		return nil, fmt.Errorf("%s: no measured plans", path)
 	}
 	for i, p := range ps {
+		n := i + 1
+		if nums != nil {
+			n = nums[i]
+		}
 		if !(p.StepMs > 0) || math.IsInf(p.StepMs, 0) {
-			return nil, fmt.Errorf("%s: plan %d: step_ms must be a positive time, got %g", path, i+1, p.StepMs)
+			return nil, fmt.Errorf("%s: plan %d: step_ms must be a positive time, got %g", path, n, p.StepMs)
 		}
 		for _, f := range []struct {
 			key string
@@ -139,7 +155,7 @@ func checkMeasured(path string, ps []MeasuredPlan) ([]MeasuredPlan, error) {
 		}{{"tp", p.TP}, {"pp", p.PP}, {"dp", p.DP}, {"ep", p.EP}, {"cp", p.CP}, {"vpp", p.VPP},
 			{"microbatch_size", p.MicroBatch}, {"microbatches", p.Microbatches}, {"zero", p.Zero}, {"batch", p.Batch}} {
 			if f.v < 0 {
-				return nil, fmt.Errorf("%s: plan %d: %s must not be negative, got %d (leave it out for the default)", path, i+1, f.key, f.v)
+				return nil, fmt.Errorf("%s: plan %d: %s must not be negative, got %d (leave it out for the default)", path, n, f.key, f.v)
 			}
 		}
 	}
