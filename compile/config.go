@@ -47,9 +47,15 @@ type Config struct {
 	Offload, Compress              string
 	OffloadPrefetch                int
 	BucketMB                       float64
-	DPSync                         string // "sync" or "async"
-	Staleness                      int
-	MemLimit                       int64 // bytes per device; 0: unlimited
+	// SerialGradReduce (--overlap-grad-reduce=false) reduces the
+	// data-parallel gradient buckets in program order, as Megatron-LM
+	// without --overlap-grad-reduce and DeepSpeed without overlap_comm
+	// do, instead of beside the backward where the runtime can (the CUDA
+	// backend's comm stream; the CPU backend always reduces in order).
+	SerialGradReduce bool
+	DPSync           string // "sync" or "async"
+	Staleness        int
+	MemLimit         int64 // bytes per device; 0: unlimited
 	// Classes is how many token ids the data holds when the model's
 	// vocabulary is padded past them (a model.go only; frontend.Config).
 	Classes int
@@ -318,7 +324,7 @@ func (c *Config) LowerOptions() (lower.Options, error) {
 	if prefetch == 0 {
 		prefetch = -1 // right before use; Options reads 0 as the default
 	}
-	return lower.Options{Offload: c.Offload, PrefetchLayers: prefetch}, nil
+	return lower.Options{Offload: c.Offload, PrefetchLayers: prefetch, SerialBuckets: c.SerialGradReduce}, nil
 }
 
 // PassOptions are the passes' options for the plan.

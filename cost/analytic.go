@@ -197,10 +197,10 @@ type Plan struct {
 	Precision        string // fp32, fp16, bf16
 	Schedule         string // "" without a pipeline
 	Optimizer        string // adamw (2 states), sgd (1), others factored (≈0)
-	// SerialReductions: the data-parallel reduction follows the backward
-	// even where the hardware's runtime overlaps buckets with it
-	// (Hardware.OverlapBuckets), as Megatron-LM's local DDP of 2021 did:
-	// one reduction of every gradient.
+	// SerialReductions (--overlap-grad-reduce=false): the data-parallel
+	// reductions, a bucket at a time, follow the backward even where the
+	// hardware's runtime could overlap them with it
+	// (Hardware.OverlapBuckets).
 	SerialReductions bool
 	// OverlapTP: the tensor-parallel collectives run in chunks beside the
 	// GEMMs they feed and follow (Megatron-Core's --tp-comm-overlap), so a
@@ -759,9 +759,6 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			bucket = defaultBucketBytes
 		}
 		buckets := math.Max(math.Ceil(g/bucket), 1)
-		if p.SerialReductions {
-			buckets = 1
-		}
 		reduce := func(n int, g float64, l Link) float64 {
 			if p.Zero == 0 {
 				return buckets * Collective("all_reduce", n, g/buckets, l)

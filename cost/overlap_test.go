@@ -14,7 +14,8 @@ import (
 // as the CUDA backend runs them) a gradient bucket's all-reduce runs while
 // the backward goes on: the step is shorter than with the reductions in
 // program order, by no more than their time, and nothing that reads a
-// bucket's sums starts before that bucket is done.
+// bucket's sums starts before that bucket is done; a program that reduces
+// its buckets in order (lower.Program.SerialBuckets) hides none.
 func TestOverlapBucketsHidesReductions(t *testing.T) {
 	res := compileGPTBuckets(t, 1, 1, 1, 0.004) // dp 4, buckets of 4 KiB: several
 	hw, err := cost.Preset("a100-80g")
@@ -53,6 +54,15 @@ func TestOverlapBucketsHidesReductions(t *testing.T) {
 		}
 	}
 	assert.Greater(t, buckets, 1, "the test needs several buckets")
+
+	// A program compiled with --overlap-grad-reduce=false reduces its
+	// buckets in order on any hardware.
+	for _, p := range res.Programs {
+		p.SerialBuckets = true
+	}
+	inOrder, err := hw.Predict(res.Programs, res.Schedule)
+	require.NoError(t, err)
+	assert.InDelta(t, s.StepSeconds, inOrder.StepSeconds, 1e-15)
 }
 
 // TestEstimateOverlapsBuckets: the analytic estimate hides all but the
@@ -77,7 +87,13 @@ func TestEstimateOverlapsBuckets(t *testing.T) {
 	// much of them as the last microbatch's backward lasts.
 	buckets := math.Ceil(4 * shape.Params() / (25 << 20))
 	assert.LessOrEqual(t, hidden, (s.CommSeconds["dp"]-o.CommSeconds["dp"]/buckets)*(1+1e-9))
-	assert.Greater(t, o.CommSeconds["dp"], s.CommSeconds["dp"], "264 collectives pay 264 latencies")
+	// In order (--overlap-grad-reduce=false) the same buckets take as
+	// long; one bucket of everything pays one latency.
+	assert.InDelta(t, o.CommSeconds["dp"], s.CommSeconds["dp"], 1e-12)
+	p.BucketBytes = 1 << 50
+	one, err := hw.Estimate(shape, p)
+	require.NoError(t, err)
+	assert.Greater(t, s.CommSeconds["dp"], one.CommSeconds["dp"], "264 collectives pay 264 latencies")
 
 	// --bucket-mb is priced: tiny buckets pay a latency each, huge ones
 	// hide nothing.

@@ -92,7 +92,8 @@ type instrCost struct {
 // overlaps: a data-parallel reduction delays the backward work after it
 // by its whole time. That is the CPU backend; with h.OverlapBuckets (the
 // CUDA backend's comm stream) buckets' all-reduces overlap the backward
-// when there is no pipeline.
+// when there is no pipeline, unless the program reduces them in order
+// (lower.Program.SerialBuckets).
 //
 // The devices of one pipeline rank run the same program in lockstep: a
 // collective ends when its slowest member's does, so the rank's time for
@@ -191,6 +192,7 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 			end  float64
 		}
 		var pending []pendingBucket
+		overlap := h.OverlapBuckets && !prog.SerialBuckets
 		for i := range tl.Instrs[0] {
 			sl := &tl.Instrs[0][i]
 			if sl.Copy {
@@ -200,7 +202,7 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 				continue
 			}
 			in := prog.Instrs[i]
-			if h.OverlapBuckets && len(pending) > 0 {
+			if overlap && len(pending) > 0 {
 				axis := ""
 				if ir.Collectives[in.Op] {
 					axis = in.Attrs.Str("axis")
@@ -219,7 +221,7 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 				}
 				pending = kept
 			}
-			if h.OverlapBuckets && in.Op == "all_reduce" && in.Bucket > 0 {
+			if overlap && in.Op == "all_reduce" && in.Bucket > 0 {
 				sl.Start = math.Max(clock, commClock)
 				commClock = sl.Start + sl.Seconds
 				if i == 0 || prog.Instrs[i-1].Bucket != in.Bucket {

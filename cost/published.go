@@ -127,8 +127,9 @@ func PublishedRuns() []PublishedRun {
 }
 
 // Plan is the run's configuration as a cost.Plan (fp16 mixed precision,
-// Adam, the gradient all-reduce after the backward: Megatron-LM's local
-// DDP of those papers did not overlap it).
+// Adam, and unless r.Overlap the gradients reduced after the backward in
+// one collective: Megatron-LM's local DDP of those papers reduced one
+// flat buffer).
 func (r PublishedRun) Plan() Plan {
 	dp := r.GPUs / (r.TP * r.PP)
 	prec := r.Precision
@@ -139,6 +140,9 @@ func (r PublishedRun) Plan() Plan {
 		Microbatches: r.Batch / (dp * r.MicroBatch), SequenceParallel: r.SequenceParallel,
 		Recompute: r.Recompute, Precision: prec, Optimizer: "adamw", SerialReductions: !r.Overlap, Zero: r.Zero,
 		OverlapTP: r.OverlapTP}
+	if !r.Overlap {
+		p.BucketBytes = 1 << 50
+	}
 	if r.PP > 1 {
 		p.Schedule = "1f1b"
 		if r.VPP > 1 {

@@ -156,6 +156,11 @@ func (e *fpEncoder) program(p *Program) {
 
 	e.names(p.Outputs)
 	e.names(p.Sources)
+	if p.SerialBuckets {
+		// Last, and only when set: every other program keeps its
+		// fingerprint.
+		e.str("serial buckets")
+	}
 }
 
 // names hashes a name → buffer map in name order.

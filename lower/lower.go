@@ -118,6 +118,9 @@ type Program struct {
 	PeakAt   int
 	Peak     Breakdown
 	PeakLive []int
+	// SerialBuckets: the gradient buckets' reductions run in program
+	// order with the rest (Options.SerialBuckets).
+	SerialBuckets bool
 }
 
 // Breakdown divides a device's live bytes the way memory is usually
@@ -199,6 +202,10 @@ type Options struct {
 	// starts, so the copy can overlap layer l's compute. A negative value
 	// issues each copy right before its first use.
 	PrefetchLayers int
+	// SerialBuckets (--overlap-grad-reduce=false) has the runtime reduce
+	// each gradient bucket in program order on the compute stream, not on
+	// a stream of its own beside the rest of the backward.
+	SerialBuckets bool
 }
 
 // Lower builds the Program for m.
@@ -241,6 +248,7 @@ func LowerWith(m *ir.Module, o Options) (*Program, error) {
 		return nil, err
 	}
 	planMemory(p)
+	p.SerialBuckets = o.SerialBuckets
 	return p, nil
 }
 

@@ -116,7 +116,7 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		}
 		for _, k := range slices.Sorted(maps.Keys(keys)) {
 			if !entryKeys[k] {
-				return nil, fmt.Errorf("%s: plan %d: unknown key %q (a plan gives tp, pp, dp, ep, cp, vpp, microbatch_size, microbatches, zero, sequence_parallel, recompute, offload, schedule, batch and step_ms)", path, i+1, k)
+				return nil, fmt.Errorf("%s: plan %d: unknown key %q (a plan gives tp, pp, dp, ep, cp, vpp, microbatch_size, microbatches, zero, sequence_parallel, recompute, offload, schedule, overlap_grad_reduce, batch and step_ms)", path, i+1, k)
 			}
 		}
 		var p MeasuredPlan
@@ -186,6 +186,9 @@ func (p MeasuredPlan) Config(base compile.Config) compile.Config {
 		c.MicroBatchSize = p.MicroBatch
 	}
 	c.Zero, c.SequenceParallel, c.Recompute, c.Offload, c.Schedule = p.Zero, p.SequenceParallel, p.Recompute, p.Offload, p.Schedule
+	if p.OverlapGradReduce != nil {
+		c.SerialGradReduce = !*p.OverlapGradReduce
+	}
 	c.Explicit = map[string]bool{"microbatches": p.Microbatches > 0, "micro-batch-size": c.MicroBatchSize > 0}
 	return c
 }

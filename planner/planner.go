@@ -285,7 +285,7 @@ func planOf(c compile.Config) cost.Plan {
 	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, EP: ep, CP: max(c.CP, 1), CPImpl: c.CPImpl, CPLayout: c.CPLayout, VPP: max(c.VPP, 1),
 		MicroBatch: max(c.Batch/(dp*ep*m), 1), Microbatches: m, Zero: c.Zero,
 		SequenceParallel: c.SequenceParallel, Recompute: c.Recompute, Offload: c.Offload,
-		Precision: c.Precision, Schedule: c.Schedule, Optimizer: c.Optimizer, BucketBytes: c.BucketMB * (1 << 20),
+		Precision: c.Precision, Schedule: c.Schedule, Optimizer: c.Optimizer, BucketBytes: c.BucketMB * (1 << 20), SerialReductions: c.SerialGradReduce,
 		Compress: c.Compress, OffloadPrefetch: c.OffloadPrefetch}
 }
 

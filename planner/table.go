@@ -45,6 +45,9 @@ type PlanFields struct {
 	Recompute        string `json:"recompute"`
 	Offload          string `json:"offload"`
 	Schedule         string `json:"schedule"`
+	// OverlapGradReduce is --overlap-grad-reduce (nil in a measured plan
+	// that leaves it out: the command line's).
+	OverlapGradReduce *bool `json:"overlap_grad_reduce,omitempty"`
 }
 
 // cpImpl is the plan's attention over cp, or "" without cp.
@@ -70,7 +73,7 @@ func Rows(res *Result, hw *cost.Hardware) []Row {
 		n := float64(cfg.Devices)
 		r := Row{Rank: i + 1, Plan: Describe(cfg), PlanFields: PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), CP: max(cfg.CP, 1), CPImpl: cpImpl(cfg), VPP: cfg.VPP,
 			MicroBatch: c.Plan.MicroBatch, Microbatches: cfg.Microbatches, Zero: cfg.Zero, SequenceParallel: cfg.SequenceParallel,
-			Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule},
+			Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule, OverlapGradReduce: new(!cfg.SerialGradReduce)},
 			StepMs: step * 1e3, TokensPerSec: float64(cfg.Batch*res.Shape.Seq) / step,
 			TFLOPSPerDevice: flops / step / n / 1e12, MFU: model / (step * n * hw.Peak(c.Plan.DTypeName())),
 			Bubble: bubble, PeakBytes: c.MemoryBytes(), PeakExact: c.Compiled, CommMs: map[string]float64{}}

@@ -186,6 +186,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.StringVar(&c.Schedule, "schedule", "", "pipeline schedule: gpipe|1f1b|interleaved|2bw|zb (needs --pp > 1)")
 	fs.IntVar(&c.Zero, "zero", 0, "ZeRO stage 0..3 (needs --dp > 1)")
 	fs.Float64Var(&c.BucketMB, "bucket-mb", 25, "gradient bytes per data-parallel reduction bucket (MiB)")
+	fs.Var(negated{&c.SerialGradReduce}, "overlap-grad-reduce", "reduce data-parallel gradient buckets beside the backward, on a stream of their own (CUDA; the CPU backend reduces in order), as Megatron-LM's --overlap-grad-reduce; =false reduces them in program order, as frameworks without overlap do (default true)")
 	fs.StringVar(&c.Recompute, "recompute", "none", "activation recompute: none|full|selective|every=K")
 	fs.StringVar(&c.Precision, "precision", "fp32", "fp32|fp16|bf16 (fp16/bf16: mixed precision with fp32 master weights)")
 	fs.Float64Var(&c.LossScale, "loss-scale", 0, "static loss scale for --precision fp16|bf16 (0: dynamic for fp16, none for bf16)")
@@ -544,3 +545,26 @@ func parseBytes(s string) (int64, error) {
 	}
 	return int64(n), nil
 }
+
+// negated is a boolean flag that sets the negation of its field: a flag
+// on by default (--overlap-grad-reduce) over a field whose zero value is
+// the default (compile.Config.SerialGradReduce).
+type negated struct{ field *bool }
+
+func (n negated) String() string {
+	if n.field == nil {
+		return "true"
+	}
+	return strconv.FormatBool(!*n.field)
+}
+
+func (n negated) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("want true or false, got %q", s)
+	}
+	*n.field = !v
+	return nil
+}
+
+func (negated) IsBoolFlag() bool { return true }

@@ -125,6 +125,9 @@ func pinFlags(c compile.Config) string {
 	if c.Schedule != "" && c.PP > 1 {
 		f = append(f, "--schedule "+c.Schedule)
 	}
+	if c.SerialGradReduce {
+		f = append(f, "--overlap-grad-reduce=false")
+	}
 	return strings.Join(f, " ")
 }
 

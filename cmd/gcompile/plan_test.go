@@ -302,3 +302,40 @@ func TestCalibrateCLI(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "gemm_efficiency must lie in (0, 1], got 1.5")
 }
+
+// TestOverlapGradReduceCLI: --overlap-grad-reduce=false prices a
+// data-parallel plan with its buckets reduced in order (slower, on
+// hardware whose runtime would overlap them), says so in --plan
+// --metrics' rows and a run's metrics, and a bad value is a named error.
+func TestOverlapGradReduceCLI(t *testing.T) {
+	args := append(append([]string{}, tinyGPT...), "--devices", "4", "--dp", "4", "--plan", "--plan-top", "1",
+		"--hardware", "a100-80g:intra_node_gbps=2", "--bucket-mb", "0.004")
+	row := func(extra ...string) map[string]any {
+		t.Helper()
+		met := filepath.Join(t.TempDir(), "plans.json")
+		captureStdout(t, func() {
+			require.NoError(t, mainNoPanic(t, append(append(append([]string{}, args...), extra...), "--metrics", met)))
+		})
+		raw, err := os.ReadFile(met)
+		require.NoError(t, err)
+		var doc struct {
+			Plans []map[string]any `json:"plans"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &doc))
+		require.Len(t, doc.Plans, 1)
+		return doc.Plans[0]
+	}
+	overlapped, inOrder := row(), row("--overlap-grad-reduce=false")
+	assert.Equal(t, true, overlapped["overlap_grad_reduce"])
+	assert.Equal(t, false, inOrder["overlap_grad_reduce"])
+	assert.Greater(t, inOrder["predicted_step_ms"].(float64), overlapped["predicted_step_ms"].(float64), "buckets in order hide nothing")
+
+	c, err := parseArgs(append(append([]string{}, tinyGPT...), "--devices", "2", "--dp", "2", "--overlap-grad-reduce=false"))
+	require.NoError(t, err)
+	assert.True(t, c.SerialGradReduce)
+	assert.Contains(t, pinFlags(c.Config), "--overlap-grad-reduce=false")
+	assert.Equal(t, false, c.metricsConfig(1)["overlap_grad_reduce"])
+	_, err = parseArgs(append(append([]string{}, tinyGPT...), "--overlap-grad-reduce=maybe"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "overlap-grad-reduce")
+}

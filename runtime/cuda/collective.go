@@ -322,7 +322,8 @@ type bucketPlan struct {
 // once, while the results stay live, and no other buffer may share their
 // bytes, until the optimizer reads them. So nothing the comm stream
 // touches is reused before the wait, and the memory plan needs no longer
-// lifetimes.
+// lifetimes. A program with SerialBuckets (--overlap-grad-reduce=false)
+// reduces each bucket on the compute stream where it stands instead.
 func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 	in, d := c.in, c.d
 	i := c.index
@@ -355,6 +356,30 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 	if cm.stagesSums() {
 		tmp = d.bucketScratch()
 	}
+	// copyIn copies each member's gradient into its result on the
+	// compute stream (see below).
+	copyIn := func() ([]driver.DevicePtr, error) {
+		bufs := make([]driver.DevicePtr, len(outs))
+		for k := range srcs {
+			bufs[k] = d.ptr(outs[k])
+			if err := d.rt.drv.MemcpyDtoDAsync(bufs[k], d.ptr(srcs[k]), uint64(4*counts[k]), d.compute); err != nil {
+				return nil, err
+			}
+		}
+		return bufs, nil
+	}
+	if d.prog.SerialBuckets {
+		// --overlap-grad-reduce=false: the sum runs where it stands in
+		// the program, on the compute stream, like any collective.
+		c.note(fmt.Sprintf("bucket of %d all_reduces on the compute stream", len(members)))
+		return func() error {
+			bufs, err := copyIn()
+			if err != nil {
+				return err
+			}
+			return cm.allReduceOn(d, g, s, d.compute, bufs, counts, d.ptr(tmp))
+		}, nil
+	}
 	var err error
 	if plan.ready, err = d.event(); err != nil {
 		return nil, err
@@ -374,12 +399,9 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 	// made, as the CPU backend does, and the sums are made in place.
 	return func() error {
 		drv := d.rt.drv
-		bufs := make([]driver.DevicePtr, len(outs))
-		for k := range srcs {
-			bufs[k] = d.ptr(outs[k])
-			if err := drv.MemcpyDtoDAsync(bufs[k], d.ptr(srcs[k]), uint64(4*counts[k]), d.compute); err != nil {
-				return err
-			}
+		bufs, err := copyIn()
+		if err != nil {
+			return err
 		}
 		if err := drv.EventRecord(plan.ready, d.compute); err != nil {
 			return err

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -303,6 +304,53 @@ func TestBucketReductionRunsOnTheCommStream(t *testing.T) {
 		}
 	}
 	assert.Greater(t, checked, 20)
+
+	// --overlap-grad-reduce=false: the same buckets, each reduced where
+	// it stands on the compute stream; no comm stream, every kernel on a
+	// compute stream, and the same bits.
+	inOrder := dp2Buckets
+	inOrder.lower = lower.Options{SerialBuckets: true}
+	serialProgs := programs(t, inOrder)
+	serial, err := NewPipelineCluster(rt, serialProgs, Options{})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, serial.Close()) }()
+	require.NoError(t, serial.InitParams(1))
+	setBatch(t, dp2Buckets.batch, serial)
+	calls = traceStep(t, libs, serial)
+	for _, d := range serial.Devices {
+		assert.Empty(t, d.buckets)
+		assert.Zero(t, d.comms, "device %d: no comm stream", d.rank)
+		plan, _, err := Plan(serialProgs, d.rank)
+		require.NoError(t, err)
+		ons := 0
+		for _, p := range plan {
+			for _, s := range p.Steps {
+				if strings.HasPrefix(s, "bucket of ") {
+					assert.Contains(t, s, "on the compute stream")
+					ons++
+				}
+			}
+		}
+		assert.Greater(t, ons, 1, "device %d: the gradients still fill several buckets", d.rank)
+	}
+	compute := map[uintptr]bool{}
+	for _, d := range serial.Devices {
+		compute[uintptr(d.compute)] = true
+	}
+	for _, c := range calls {
+		if c.Op == "launch" {
+			require.True(t, compute[c.Stream], "%s launched off the compute streams", c.Name)
+		}
+	}
+	for _, b := range progs[0].Buffers {
+		if b.Kind == lower.Param || b.Kind == lower.State {
+			w, err := serial.Global(b.Name)
+			require.NoError(t, err)
+			g, err := cl.Global(b.Name)
+			require.NoError(t, err)
+			require.Equal(t, w, g, "%s after the step: buckets in order vs on the comm stream", b.Name)
+		}
+	}
 }
 
 // stepDiff compares one step of two clusters: the relative loss
