@@ -292,18 +292,7 @@ func TestBucketReductionRunsOnTheCommStream(t *testing.T) {
 	setBatch(t, dp2Buckets.batch, unbucketed)
 	require.NoError(t, unbucketed.Step())
 	assert.Empty(t, unbucketed.Devices[0].buckets)
-	checked := 0
-	for _, b := range progs[0].Buffers {
-		if b.Kind == lower.Param || b.Kind == lower.State {
-			w, err := unbucketed.Global(b.Name)
-			require.NoError(t, err)
-			g, err := cl.Global(b.Name)
-			require.NoError(t, err)
-			require.Equal(t, w, g, "%s after the step: bucketed on the comm stream vs unbucketed", b.Name)
-			checked++
-		}
-	}
-	assert.Greater(t, checked, 20)
+	sameWeights(t, progs[0], unbucketed, cl, "unbucketed vs bucketed on the comm stream")
 
 	// --overlap-grad-reduce=false: the same buckets, each reduced where
 	// it stands on the compute stream; no comm stream, every kernel on a
@@ -342,15 +331,25 @@ func TestBucketReductionRunsOnTheCommStream(t *testing.T) {
 			require.True(t, compute[c.Stream], "%s launched off the compute streams", c.Name)
 		}
 	}
-	for _, b := range progs[0].Buffers {
-		if b.Kind == lower.Param || b.Kind == lower.State {
-			w, err := serial.Global(b.Name)
+	sameWeights(t, progs[0], serial, cl, "buckets in order vs on the comm stream")
+}
+
+// sameWeights checks that two clusters hold the same bits in every param
+// and optimizer state of prog after a step.
+func sameWeights(t *testing.T, prog *lower.Program, a, b *Cluster, what string) {
+	t.Helper()
+	checked := 0
+	for _, buf := range prog.Buffers {
+		if buf.Kind == lower.Param || buf.Kind == lower.State {
+			x, err := a.Global(buf.Name)
 			require.NoError(t, err)
-			g, err := cl.Global(b.Name)
+			y, err := b.Global(buf.Name)
 			require.NoError(t, err)
-			require.Equal(t, w, g, "%s after the step: buckets in order vs on the comm stream", b.Name)
+			require.Equal(t, x, y, "%s after the step: %s", buf.Name, what)
+			checked++
 		}
 	}
+	assert.Greater(t, checked, 20)
 }
 
 // stepDiff compares one step of two clusters: the relative loss
