@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -218,10 +220,25 @@ func startRanks(t *testing.T, world int, ranks []int, args []string, env func(r 
 	port, err := freePort()
 	require.NoError(t, err)
 	ps := make([]*proc, len(ranks))
+	token := jobToken(t)
 	for i, r := range ranks {
-		ps[i] = startProc(t, self, args, append(append(childEnv(r, world, port, "secret"), asMainEnv+"=1"), envOf(env, r)...))
+		ps[i] = startProc(t, self, args, append(append(childEnv(r, world, port, token), asMainEnv+"=1"), envOf(env, r)...))
 	}
 	return ps
+}
+
+// jobToken is a fresh token for one job of a test. Jobs of tests that run
+// at once would otherwise share one, and two whose stores' port ranges
+// meet (freePort's ports are the system's, and a store looks through
+// rendezvousPorts of them) would take each other's processes and failure
+// reports, as two real jobs given one GCOMPILE_TOKEN on nearby ports
+// would.
+func jobToken(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 16)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return hex.EncodeToString(b)
 }
 
 // startProc starts one process of a job, killed with the test if still
@@ -504,12 +521,13 @@ func TestMisconfiguredJobsFailFast(t *testing.T) {
 			require.NoError(t, err)
 			port, err := freePort()
 			require.NoError(t, err)
+			token := jobToken(t)
 			for r := range ps {
 				a := slices.Clone(args)
 				if tc.extra != nil {
 					a = append(a, tc.extra(r)...)
 				}
-				ps[r] = startProc(t, self, a, append(append(childEnv(r, 2, port, "secret"), asMainEnv+"=1"), envOf(tc.env, r)...))
+				ps[r] = startProc(t, self, a, append(append(childEnv(r, 2, port, token), asMainEnv+"=1"), envOf(tc.env, r)...))
 			}
 			start := time.Now()
 			waitAll(t, ps, 60*time.Second)
@@ -551,12 +569,13 @@ func TestJobRefusesADifferentPlan(t *testing.T) {
 	other := filepath.Join(t.TempDir(), "other.gir")
 	require.NoError(t, os.WriteFile(other, []byte(strings.Replace(string(src), "eps=1e-05", "eps=2e-05", 1)), 0o644))
 	ps := make([]*proc, 2)
+	token := jobToken(t)
 	for r := range 2 {
 		args := faultArgs(t, 2, "--timeout", "20s")
 		if r == 1 {
 			args[0] = other
 		}
-		ps[r] = startProc(t, self, args, append(childEnv(r, 2, port, "secret"), asMainEnv+"=1"))
+		ps[r] = startProc(t, self, args, append(childEnv(r, 2, port, token), asMainEnv+"=1"))
 	}
 	waitAll(t, ps, 60*time.Second)
 	for r, p := range ps {
@@ -643,13 +662,14 @@ func TestJobErrorsNameTheirOwnRank(t *testing.T) {
 	require.NoError(t, err)
 	const n, failing = 4, 2
 	ps := make([]*proc, n)
+	token := jobToken(t)
 	for r := range n {
 		args := []string{model, "--devices", "4", "--dp", "4", "--run", "--timeout", "20s"}
 		if r == failing {
 			args = append(args, "--device-memory", "10KiB") // only this process's compile fails
 		}
 		p := &proc{cmd: exec.Command(self, args...)}
-		p.cmd.Env = append(childEnv(r, n, port, "secret"), asMainEnv+"=1")
+		p.cmd.Env = append(childEnv(r, n, port, token), asMainEnv+"=1")
 		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		require.NoError(t, p.cmd.Start())
