@@ -59,7 +59,11 @@ func TestHuntReportsPassesAndFailures(t *testing.T) {
 	assert.Contains(t, string(raw), "round 1 clone 1: FAIL")
 	assert.Contains(t, string(raw), "TestBroken")
 
-	// A run past -timeout is killed with everything it started.
+	// A run past -timeout is killed with everything it started. Its
+	// clone is kept in a temporary folder of this test's own: another
+	// suite running at once (a flakehunt of flakehunt) has clones of the
+	// same names in the shared one, and removes them.
+	t.Setenv("TMPDIR", t.TempDir())
 	start := time.Now()
 	failed, err = hunt(options{rounds: 1, parallel: 1, target: "hang", repo: repo, timeout: 2 * time.Second, keep: true}, &w)
 	require.NoError(t, err)
