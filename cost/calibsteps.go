@@ -176,6 +176,12 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 	return fitted, rep, nil
 }
 
+// Headline says how many measured plans of source fitted how many
+// parameters.
+func (r *StepCalibration) Headline(source string) string {
+	return fmt.Sprintf("from %s of %s: %s fitted", count(len(r.Points), "measured plan"), source, count(r.Fitted, "parameter"))
+}
+
 // count is n things, "1 thing" or "n things".
 func count(n int, thing string) string {
 	if n == 1 {

@@ -76,7 +76,7 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		slices.Sort(ms)
 		p := *obj.Config
 		p.StepMs = ms[len(ms)/2]
-		return checkMeasured(path, []MeasuredPlan{p}, nil)
+		return checkMeasured(path, []MeasuredPlan{p}, []int{1})
 	}
 	return nil, fmt.Errorf("%s: no measured plans (%s)", path, want)
 }
@@ -136,16 +136,13 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 }
 
 // checkMeasured refuses a plan that gives no time or a negative axis,
-// naming it by nums[i], its number in the file (i+1 without nums).
+// naming it by nums[i], its number in the file.
 func checkMeasured(path string, ps []MeasuredPlan, nums []int) ([]MeasuredPlan, error) {
 	if len(ps) == 0 {
 		return nil, fmt.Errorf("%s: no measured plans", path)
 	}
 	for i, p := range ps {
-		n := i + 1
-		if nums != nil {
-			n = nums[i]
-		}
+		n := nums[i]
 		if !(p.StepMs > 0) || math.IsInf(p.StepMs, 0) {
 			return nil, fmt.Errorf("%s: plan %d: step_ms must be a positive time, got %g", path, n, p.StepMs)
 		}

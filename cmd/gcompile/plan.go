@@ -366,14 +366,7 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
 		}
 	}
-	plans, fitted := "measured plans", "parameters"
-	if len(points) == 1 {
-		plans = "measured plan"
-	}
-	if rep.Fitted == 1 {
-		fitted = "parameter"
-	}
-	fmt.Fprintf(log, "calibrate: %s from %d %s of %s: %d %s fitted\n", c.hw.Name, len(points), plans, c.calibrate, rep.Fitted, fitted)
+	fmt.Fprintf(log, "calibrate: %s %s\n", c.hw.Name, rep.Headline(c.calibrate))
 	for _, p := range rep.Params {
 		switch {
 		case p.Kept:
