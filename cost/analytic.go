@@ -187,16 +187,29 @@ type Plan struct {
 	// CPLayout is the ring's split of the sequence: "zigzag" ("" too),
 	// every rank the same share of causal work, or "contiguous", the last
 	// rank the most.
-	CPLayout         string
+	CPLayout string
+	// CPShardsFirst: under cp and sequence parallelism, the sequence is
+	// split over cp first and each cp rank's share over tp (Megatron-Core's
+	// layout), so sequence parallelism's tp collectives move a cp rank's
+	// tokens and nothing crosses cp around them. gcompile's lowering splits
+	// over tp first (ir.Mesh.SplitOrder: the weight axes are the coarsest
+	// split), so each of them joins cp's split before and cuts it after;
+	// false prices that.
+	CPShardsFirst    bool
 	MicroBatch       int // sequences per microbatch per data-parallel rank (b)
 	Microbatches     int // m
 	Zero             int
 	SequenceParallel bool
 	Recompute        string // none, selective, full
 	Offload          string // "", optimizer, params, optimizer,params
-	Precision        string // fp32, fp16, bf16
-	Schedule         string // "" without a pipeline
-	Optimizer        string // adamw (2 states), sgd (1), others factored (≈0)
+	// Precision is fp32, fp16 or bf16 (mixed, fp32 master weights), or
+	// fp8: Transformer Engine's recipe, which a run another framework made
+	// is priced with (the compiler emits no fp8): the blocks' linear
+	// GEMMs in fp8, their inputs and output gradients cast to it; the
+	// attention core, the head and every elementwise op in bf16.
+	Precision string
+	Schedule  string // "" without a pipeline
+	Optimizer string // adamw (2 states), sgd (1), others factored (≈0)
 	// SerialReductions (--overlap-grad-reduce=false): the data-parallel
 	// reductions, a bucket at a time, follow the backward even where the
 	// hardware's runtime could overlap them with it
@@ -274,17 +287,31 @@ type Estimate struct {
 }
 
 func (p Plan) actBytes() float64 {
-	if p.Precision == "fp16" || p.Precision == "bf16" {
+	switch p.Precision {
+	case "fp16", "bf16", "fp8":
 		return 2
 	}
 	return 4
 }
 
+// dtype is what everything but the blocks' linear GEMMs computes in.
 func (p Plan) dtype() string {
-	if p.Precision == "fp16" || p.Precision == "bf16" {
+	switch p.Precision {
+	case "fp16", "bf16":
 		return p.Precision
+	case "fp8":
+		return "bf16"
 	}
 	return "fp32"
+}
+
+// linearDtype is what the blocks' linear GEMMs (QKV, the projection, the
+// MLP's, the experts') compute in.
+func (p Plan) linearDtype() string {
+	if p.Precision == "fp8" {
+		return "fp8"
+	}
+	return p.dtype()
 }
 
 // states is the optimizer's fp32 words per parameter.
@@ -396,11 +423,20 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			return nil, fmt.Errorf("cp=%d all2all: cp must divide each device's heads (%d/tp=%d) and k/v heads (%d)", cp, t.Heads, p.TP, kvLocal)
 		}
 	}
+	switch p.Precision {
+	case "", "fp32", "fp16", "bf16":
+	case "fp8":
+		if h.PeakTFLOPS["fp8"] <= 0 {
+			return nil, fmt.Errorf("precision fp8: %s has no FP8 matrix peak (peak_tflops.fp8): FP8 tensor cores came with Hopper", h.Name)
+		}
+	default:
+		return nil, fmt.Errorf("precision %q: want fp32, fp16, bf16 or fp8", p.Precision)
+	}
 	e := &Estimate{CommSeconds: map[string]float64{}, CommBytes: map[string]float64{}}
 	tp, b := float64(p.TP), float64(p.MicroBatch)
 	s, hd, f, V := float64(t.Seq), float64(t.Hidden), float64(t.FFN), float64(t.Vocab)
 	a := float64(t.Heads)
-	eb, dt := p.actBytes(), p.dtype()
+	eb, dt, ldt := p.actBytes(), p.dtype(), p.linearDtype()
 	// A device's tokens of a microbatch: context parallelism splits every
 	// sequence over cp.
 	fcp := float64(cp)
@@ -410,7 +446,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// the attention core, and the elementwise traffic (LayerNorms,
 	// residuals, biases, GELU), replicated over tp unless sequence
 	// parallel splits it.
-	attn := h.gemm(tokens, (hd+2*t.kvWidth())/tp, hd, dt, eb) + h.gemm(tokens, hd, hd/tp, dt, eb)
+	attn := h.gemm(tokens, (hd+2*t.kvWidth())/tp, hd, ldt, eb) + h.gemm(tokens, hd, hd/tp, ldt, eb)
 	// QKᵀ and PV over this device's b·a/tp heads (attentionCore), and the
 	// scores through memory between them unless the core is fused.
 	core := h.kernels(2, 2*h.attentionCore(b*a/tp, s, hd/a, dt, eb))
@@ -471,11 +507,24 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	elem := func(rows, w float64) float64 {
 		return h.memKernels(10, eb*tokens*hd*(rep+4/tp)+eb*rows*w*3/tp)
 	}
-	mlpGEMMs := h.gemm(tokens, f/tp, hd, dt, eb) + h.gemm(tokens, hd, f/tp, dt, eb)
+	mlpGEMMs := h.gemm(tokens, f/tp, hd, ldt, eb) + h.gemm(tokens, hd, f/tp, ldt, eb)
 	if t.GatedMLP {
-		mlpGEMMs += h.gemm(tokens, f/tp, hd, dt, eb) // the gate
+		mlpGEMMs += h.gemm(tokens, f/tp, hd, ldt, eb) // the gate
 	}
-	denseF := attn + mlpGEMMs + core + elem(tokens, f)
+	// fp8 casts: each linear GEMM's input (QKV's and the MLP's whole
+	// [tokens, h] after any all-gather, the projection's and the MLP
+	// output's this device's share) read in bf16 and written in fp8 with
+	// its transpose for the weight gradient, 4 kernels; the backward casts
+	// the output gradients the same way, twice the bytes (a dgrad and a
+	// wgrad operand each). The weights' own casts, once a step, are in
+	// the tail.
+	var f8F, f8B float64
+	if ldt == "fp8" {
+		in := tokens * (2*hd + hd/tp + f/tp)
+		f8F = h.memKernels(4, in*(2+1+1))
+		f8B = 2 * f8F
+	}
+	denseF := attn + mlpGEMMs + core + elem(tokens, f) + f8F
 	// A MoE block: the router in fp32, the routing and the moves into
 	// and out of the expert buffers through memory, and this device's E/ep
 	// experts, each over its share of the tokens·Slots rows the
@@ -487,10 +536,10 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		E, fe := float64(t.Experts), float64(t.ExpertFFN)
 		rows := tokens * t.Slots
 		local := E / float64(ep)
-		experts := local * (h.gemm(rows/local, fe/tp, hd, dt, eb) + h.gemm(rows/local, hd, fe/tp, dt, eb))
+		experts := local * (h.gemm(rows/local, fe/tp, hd, ldt, eb) + h.gemm(rows/local, hd, fe/tp, ldt, eb))
 		router := h.gemm(tokens, float64(t.RouterParams)/hd, hd, "fp32", 4) + h.memTime(4*tokens*E*8)
 		moves := h.memTime(eb * rows * hd * 4)
-		moeF := attn + experts + router + moves + core + elem(rows, fe)
+		moeF := attn + experts + router + moves + core + elem(rows, fe) + f8F
 		moeWeight = float64(nm) / float64(t.Layers)
 		layerF = (1-moeWeight)*denseF + moeWeight*moeF
 		// Rows travel to their experts' ranks and back: tp consecutive
@@ -527,7 +576,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		castB = castF
 	}
 	layerF += castF
-	layerB := 2*(layerF-castF) + castB
+	layerB := 2*(layerF-castF-f8F) + castB + f8B
 	switch p.Recompute {
 	case "full":
 		layerB += layerF
@@ -567,7 +616,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			ags, rss := per+2, per
 			size := arBytes
 			ag, rs := Collective("all_gather", p.TP, size, tpLink), Collective("reduce_scatter", p.TP, size, tpLink)
-			if cp > 1 {
+			if cp > 1 && !p.CPShardsFirst {
 				// Under cp, tp is the coarser split of the sequence
 				// (ir.Mesh.SplitOrder): each collective over tp joins cp's
 				// split first (an all_gather over cp), runs on the whole
@@ -580,7 +629,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			tpF, tpB = 2*ag+2*rs, (ags-2)*ag+(rss-2)*rs
 			tpBytes = (ags + rss) * size * (tp - 1) / tp
 			spAG, spRS, spSize = ag, rs, size
-			if cp > 1 {
+			if cp > 1 && !p.CPShardsFirst {
 				spCP = (size/tp + size) * (fcp - 1) / fcp
 			}
 		}
@@ -619,7 +668,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		headB += spRS
 		e.CommSeconds["tp"] += float64(p.Microbatches) * (2*spRS + spAG)
 		e.CommBytes["tp"] += float64(p.Microbatches) * 3 * spSize * (tp - 1) / tp
-		e.CommBytes["cp"] += float64(p.Microbatches) * (spCP + spSize*(fcp-1)/fcp)
+		if !p.CPShardsFirst {
+			e.CommBytes["cp"] += float64(p.Microbatches) * (spCP + spSize*(fcp-1)/fcp)
+		}
 	}
 
 	// A stage's parameters per device: a MoE block holds its router whole
@@ -801,6 +852,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		optParams /= float64(p.DP)
 	}
 	tail += h.memTime(optParams * 4 * (2 + 2*p.states() + 1 + p.states()))
+	if ldt == "fp8" {
+		// Each weight cast to fp8 with its transpose on the step's first
+		// microbatch (the later ones reuse them): 2 bytes read, 2 written.
+		tail += h.memTime(4 * stageParams)
+	}
 	if p.Offload != "" && p.Offload != "none" {
 		var host, ahead float64
 		if contains(p.Offload, "optimizer") {
@@ -889,6 +945,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		actBytes += 2*kv + tokens*hd/tp*(8+4)
 	}
 	e.MemoryEstimate = int64(params + state + grads + actBytes + eb*stageParams)
+	if ldt == "fp8" {
+		e.MemoryEstimate += int64(2 * stageParams) // the fp8 weights and their transposes
+	}
 	return e, nil
 }
 
@@ -969,6 +1028,6 @@ func gcd(a, b int) int {
 	return a
 }
 
-// DTypeName is the matrix dtype the plan computes in (fp32, bf16, fp16),
-// the peak MFU is measured against.
-func (p Plan) DTypeName() string { return p.dtype() }
+// DTypeName is the matrix dtype of the plan's linear GEMMs (fp32, bf16,
+// fp16, fp8), the peak MFU is measured against.
+func (p Plan) DTypeName() string { return p.linearDtype() }

@@ -38,7 +38,7 @@ type Hardware struct {
 	Name   string `json:"name"`
 	Source string `json:"source,omitempty"` // where the figures come from
 	// PeakTFLOPS is the dense peak per dtype ("fp32", "bf16", "fp16",
-	// "f64"), in TFLOP/s, for matrix multiplies; VectorTFLOPS the peak of
+	// "fp8" where the GPU has FP8 tensor cores, "f64"), in TFLOP/s, for matrix multiplies; VectorTFLOPS the peak of
 	// elementwise arithmetic (GPUs: the fp32 CUDA cores).
 	PeakTFLOPS   map[string]float64 `json:"peak_tflops"`
 	VectorTFLOPS float64            `json:"vector_tflops"`
@@ -143,7 +143,7 @@ func a100(name, board string, memGiB, memGBps float64) Hardware {
 func hopper(name, source string, memGiB, memGBps float64) Hardware {
 	return Hardware{
 		Name: name, Source: source + ": 8 GPUs, NVLink4 900 GB/s bidirectional, 8x NDR 400 Gb/s",
-		PeakTFLOPS: map[string]float64{"fp32": 67, "tf32": 494, "bf16": 989, "fp16": 989, "f64": 67}, VectorTFLOPS: 67,
+		PeakTFLOPS: map[string]float64{"fp32": 67, "tf32": 494, "bf16": 989, "fp16": 989, "fp8": 1979, "f64": 67}, VectorTFLOPS: 67,
 		MemoryGiB: memGiB, MemoryGBps: memGBps, IntraGBps: 450, IntraLatencyUS: 4, InterGBps: 50, InterLatencyUS: 8, DevicesPerNode: 8, HostGBps: 50,
 		GEMMEfficiency: 0.8, GEMMHalfUS: 3, MemEfficiency: 0.85, MemHalfUS: 2, LaunchUS: 3, OverlapBuckets: true,
 	}
@@ -321,8 +321,8 @@ func (h *Hardware) Validate() error {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if !slices.Contains([]string{"fp32", "tf32", "bf16", "fp16", "f64"}, k) {
-			bad("peak_tflops: unknown dtype %q (want fp32, tf32, bf16, fp16, f64)", k)
+		if !slices.Contains([]string{"fp32", "tf32", "bf16", "fp16", "fp8", "f64"}, k) {
+			bad("peak_tflops: unknown dtype %q (want fp32, tf32, bf16, fp16, fp8, f64)", k)
 			continue
 		}
 		pos("peak_tflops."+k, h.PeakTFLOPS[k])

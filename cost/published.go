@@ -16,8 +16,10 @@ type PublishedRun struct {
 	// where they state them; where they do not (Narayanan et al.'s Table 1)
 	// they are the choice stated in Assumed, made before comparing.
 	TP, PP, VPP, Batch, MicroBatch int
-	SequenceParallel               bool
-	Recompute                      string // full or selective
+	// CP is the context-parallel degree (0 or 1: none).
+	CP               int
+	SequenceParallel bool
+	Recompute        string // full or selective
 	// What was measured: the iteration time in seconds (0 when the paper
 	// gives only throughput), the throughput per GPU in TFLOP/s in the
 	// paper's FLOPs convention (PaperFLOPs), the model FLOPs utilisation
@@ -131,15 +133,16 @@ func PublishedRuns() []PublishedRun {
 // one collective: Megatron-LM's local DDP of those papers reduced one
 // flat buffer).
 func (r PublishedRun) Plan() Plan {
-	dp := r.GPUs / (r.TP * r.PP)
+	cp := max(r.CP, 1)
+	dp := r.GPUs / (r.TP * r.PP * cp)
 	prec := r.Precision
 	if prec == "" {
 		prec = "fp16"
 	}
-	p := Plan{TP: r.TP, PP: r.PP, DP: dp, VPP: r.VPP, MicroBatch: r.MicroBatch,
+	p := Plan{TP: r.TP, PP: r.PP, DP: dp, CP: cp, VPP: r.VPP, MicroBatch: r.MicroBatch,
 		Microbatches: r.Batch / (dp * r.MicroBatch), SequenceParallel: r.SequenceParallel,
 		Recompute: r.Recompute, Precision: prec, Optimizer: "adamw", SerialReductions: !r.Overlap, Zero: r.Zero,
-		OverlapTP: r.OverlapTP}
+		OverlapTP: r.OverlapTP, CPShardsFirst: cp > 1}
 	if !r.Overlap {
 		p.BucketBytes = 1 << 50
 	}
@@ -249,6 +252,54 @@ func MorePublishedRuns() []PublishedRun {
 			Checked: "NVIDIA/Megatron-LM README since commit f2e5db40 (\"New scaling figures on H100 GPUs\"): heads, h, layers, tp, pp, dp 48, GPUs, " +
 				"batch, MFU; vocabulary 131,072 and s 4096 for all; overlapped dp, tp and pp communication",
 			Assumed: "microbatch 1, 1F1B without interleaving, sequence parallelism with tp, no recompute, bf16, FFN 4h, the distributed optimizer (ZeRO-1)"})
+	}
+	// MLPerf Training v3.1's GPT-3 175B on NVIDIA's Eos (DGX H100 nodes,
+	// 8 ConnectX-7 400 Gb/s links each: the h100-sxm preset), FP8, from
+	// the submission's logs: every step's train_step_timing, at 512 to
+	// 10,752 GPUs.
+	for _, r := range []struct {
+		gpus, batch int
+		step        float64
+		log         string
+	}{
+		{512, 2048, 11.04, "eos_n64_ngc23.09_nemo"},
+		{4096, 2048, 1.605, "eos-dfw_n512_ngc23.09_nemo"},
+		{8192, 4096, 1.625, "eos-dfw_n1024_ngc23.09_nemo"},
+		{10752, 2688, 0.929, "eos-dfw_n1344_ngc23.09_nemo"},
+	} {
+		runs = append(runs, PublishedRun{Source: "MLPerf Training v3.1, NVIDIA Eos, GPT-3 175B (FP8)", Name: fmt.Sprintf("GPT-3 175B ×%d", r.gpus),
+			Shape: Transformer{Layers: 96, Hidden: 12288, Heads: 96, Seq: 2048, Vocab: 50688, FFN: 4 * 12288, FusedAttention: true},
+			GPUs:  r.gpus, TP: 4, PP: 8, VPP: 12, Batch: r.batch, MicroBatch: 1, SequenceParallel: true, Recompute: "none",
+			Precision: "fp8", Zero: 1, Overlap: true, OverlapTP: true, Hardware: "h100-sxm", StepSeconds: r.step,
+			Checked: "mlcommons/training_results_v3.1 NVIDIA/results/" + r.log + "/gpt3/result_0.txt (the last block's " +
+				"train_step_timing; the step counter advances by batch × 2048 tokens) and NVIDIA/benchmarks/gpt3/implementations/pytorch: " +
+				"config_DGXH100_*x8x{16,8}x4x8_mbs1.sh (tp 4, pp 8, microbatch 1, TP_COMM_OVERLAP), config_fp8.sh (FP8 hybrid), " +
+				"conf/custom.yaml (96 layers, h 12288, 96 heads, s 2048, interleaving 12, sequence parallel, no recompute); " +
+				"v3.0's megatron_gpt_config.yaml: distributed_fused_adam overlapping the gradient and parameter syncs",
+			Assumed: "config_common.sh (not in the index) leaves custom.yaml's defaults (12 chunks a rank, no recompute) as they are; " +
+				"the vocabulary 50,257 padded to 50,688 (a multiple of 128·tp); Transformer Engine's fused attention; the distributed optimizer priced as ZeRO-1"})
+	}
+	// Megatron-Bridge's performance summary, NeMo 25.11 container,
+	// DGX-H100, FP8 with current scaling: tokens/s/GPU, so the step is
+	// batch·s over that times the GPUs.
+	for _, r := range []struct {
+		name                                 string
+		layers, hidden, heads, ffn           int
+		gpus, batch, tp, pp, cp, vpp, tokens int
+	}{
+		{"Llama 3 70B", 80, 8192, 64, 28672, 64, 128, 4, 8, 1, 5, 1602},
+		{"Llama 3.1 405B", 128, 16384, 128, 53248, 1024, 512, 8, 8, 2, 8, 292},
+	} {
+		runs = append(runs, PublishedRun{Source: "Megatron-Bridge performance summary, NeMo 25.11, DGX-H100 (FP8)", Name: fmt.Sprintf("%s ×%d", r.name, r.gpus),
+			Shape: Transformer{Layers: r.layers, Hidden: r.hidden, Heads: r.heads, KVHeads: 8, Seq: 8192, Vocab: 128256, FFN: r.ffn,
+				GatedMLP: true, FusedAttention: true},
+			GPUs: r.gpus, TP: r.tp, PP: r.pp, CP: r.cp, VPP: r.vpp, Batch: r.batch, MicroBatch: 1, SequenceParallel: true, Recompute: "none",
+			Precision: "fp8", Zero: 1, Overlap: true, OverlapTP: true, Hardware: "h100-sxm",
+			StepSeconds: float64(r.batch*8192) / float64(r.tokens*r.gpus),
+			Checked: "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md, 25.11, DGX-H100 rows (GPUs, FP8-CS, GBS, MBS 1, s 8192, FSDP 0, tp, pp, cp, vp, " +
+				"tokens/s/GPU) and scripts/performance/configs/llama/llama3_workload_base_configs.py (the 70B H100 FP8-CS preset: tp 4, pp 8, vp 5, no recompute)",
+			Assumed: "the 405B's 126 layers priced as 128 (pp·vp must divide them), the distributed optimizer (ZeRO-1) with its reductions overlapped, " +
+				"tp communication overlapped, the ring for cp; Llama 3 shapes from its paper (8 k/v heads, SwiGLU, vocabulary 128,256)"})
 	}
 	return runs
 }
