@@ -137,8 +137,14 @@ var launcherJobTimeout = []string{"--timeout", "60s"}
 // With the static rendezvous (--master_addr/--master_port) torchrun's
 // agent hosts torch's TCPStore at MASTER_PORT and says so with
 // TORCHELASTIC_USE_AGENT_STORE=True: gcompile's store must take a port
-// above it. With --standalone (a c10d rendezvous on a port of its own),
-// torch 1.13 leaves MASTER_PORT free for gcompile.
+// above it. With a c10d rendezvous (what --standalone sets up) torch 1.13
+// leaves MASTER_PORT free for gcompile. The test asks for that rendezvous
+// on port 0, a free one, rather than with --standalone, which in torch
+// 1.13 always takes 29400: of two jobs on one machine at once (two suites,
+// or this test beside the README's) the second fails to bind it, joins the
+// first's rendezvous as a client, and fails when the first job ends and
+// closes it ("RendezvousConnectionError: ... Broken pipe", after its own
+// training finished).
 //
 // Debian's python3-torch 1.13 on Python 3.11 crashes at start with its
 // default --redirects 0 and --tee 0 ("'NoneType' object has no attribute
@@ -170,7 +176,9 @@ func TestTorchrunMatchesOneProcess(t *testing.T) {
 		}, "True"},
 		// torch 1.13 sets False here; later versions may share the c10d
 		// store with the processes, which is the case above again.
-		{"standalone pp2", launcherPP2, func(*testing.T) []string { return []string{"--standalone"} }, ""},
+		{"c10d rendezvous pp2", launcherPP2, func(*testing.T) []string {
+			return []string{"--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--nnodes", "1"}
+		}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
