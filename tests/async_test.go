@@ -263,7 +263,18 @@ func TestAsyncOverflowSkipsAndRecovers(t *testing.T) {
 				}
 			}
 			assert.Less(t, skipped, len(steps), "training resumes once the scale fits")
-			assert.False(t, steps[len(steps)-1].Skipped, "the last step trains")
+			// Once the scale fits, steps train. A later overflow (a
+			// gradient spike) still skips its step, and under staleness up
+			// to K more computed at the old scale, so the last step may be
+			// a skip (at K = 2 a loaded machine's interleaving made it
+			// one), but most of the last steps train.
+			tail, trained := steps[len(steps)-20:], 0
+			for _, s := range tail {
+				if !s.Skipped {
+					trained++
+				}
+			}
+			assert.Greater(t, trained, len(tail)/2, "most of the last %d steps train", len(tail))
 			assert.Less(t, scaler.Scale, 65536.0*2)
 			requireFinite(t, serverBuffers(t, a, up, lower.Param))
 			t.Logf("K=%d: %d of %d steps skipped while backing off from 1e30; scale now %g; max staleness %d",
