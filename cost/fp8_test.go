@@ -7,11 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// gpt175B is GPT-3 175B as MLPerf trains it.
-func gpt175B() Transformer {
-	return Transformer{Layers: 96, Hidden: 12288, Heads: 96, Seq: 2048, Vocab: 50688, FFN: 4 * 12288, FusedAttention: true}
-}
-
 // An fp8 plan prices the blocks' linear GEMMs at the fp8 peak and casts
 // their operands through memory; everything else stays bf16. So on
 // h100-sxm it is faster than bf16 but by less than half (the attention
@@ -22,7 +17,7 @@ func gpt175B() Transformer {
 func TestFP8Priced(t *testing.T) {
 	h100, err := Preset("h100-sxm")
 	require.NoError(t, err)
-	m := gpt175B()
+	m := mlperfGPT3()
 	plan := func(prec string) Plan {
 		return Plan{TP: 4, PP: 8, DP: 16, VPP: 12, MicroBatch: 1, Microbatches: 16, SequenceParallel: true, Recompute: "none",
 			Precision: prec, Optimizer: "adamw", Zero: 1, Schedule: "interleaved"}

@@ -38,8 +38,9 @@ type Hardware struct {
 	Name   string `json:"name"`
 	Source string `json:"source,omitempty"` // where the figures come from
 	// PeakTFLOPS is the dense peak per dtype ("fp32", "bf16", "fp16",
-	// "fp8" where the GPU has FP8 tensor cores, "f64"), in TFLOP/s, for matrix multiplies; VectorTFLOPS the peak of
-	// elementwise arithmetic (GPUs: the fp32 CUDA cores).
+	// "fp8" where the GPU has FP8 tensor cores, "f64"), in TFLOP/s, for
+	// matrix multiplies; VectorTFLOPS the peak of elementwise arithmetic
+	// (GPUs: the fp32 CUDA cores).
 	PeakTFLOPS   map[string]float64 `json:"peak_tflops"`
 	VectorTFLOPS float64            `json:"vector_tflops"`
 	// MemoryGiB is the device memory; MemoryGBps its bandwidth.
