@@ -359,10 +359,12 @@ func (c *Config) PassOptions() *passes.Options {
 // adjacent (tp is the last, fastest axis), then context parallel (the
 // ring's neighbours next to each other, after tp), expert parallel (the
 // ranks an all_to_all joins), data parallel, pipeline stages outermost.
-// Axes of size 1 are left out; nil for one device.
+// The ring's cp splits the sequence before tp (ir.MeshAxis.Outer, also
+// Megatron-Core's layout), Ulysses' after it: its heads need tp as the
+// coarser split. Axes of size 1 are left out; nil for one device.
 func (c *Config) Mesh() *ir.Mesh {
 	m := &ir.Mesh{}
-	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.PP}, {Name: "dp", Size: c.DP}, {Name: "ep", Size: c.EP}, {Name: "cp", Size: c.CP, Zigzag: c.CPLayout == "zigzag"}, {Name: "tp", Size: c.TP}} {
+	for _, a := range []ir.MeshAxis{{Name: "pp", Size: c.PP}, {Name: "dp", Size: c.DP}, {Name: "ep", Size: c.EP}, {Name: "cp", Size: c.CP, Zigzag: c.CPLayout == "zigzag", Outer: c.CPImpl != "all2all"}, {Name: "tp", Size: c.TP}} {
 		if a.Size > 1 {
 			m.Axes = append(m.Axes, a)
 		}

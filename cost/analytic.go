@@ -175,27 +175,28 @@ func (t Transformer) fwdFLOPsPerSeq() float64 {
 	return dense*layer + float64(t.moeLayers())*moe + 2*s*h*v
 }
 
+// cpShardsFirst says whether the sequence is split over cp before tp:
+// the ring's layout, not Ulysses' (Plan.CPImpl).
+func (p Plan) cpShardsFirst() bool { return p.CPImpl != "all2all" }
+
 // Plan is one point of the search space.
 type Plan struct {
 	TP, PP, DP, VPP int
 	EP              int // expert-parallel degree (0 or 1: none); tokens split over dp·ep
 	// CP is the context-parallel degree (0 or 1: none): every
 	// activation's sequence split over cp ranks; CPImpl how attention
-	// runs over them, "ring" ("" too) or "all2all" (Ulysses).
+	// runs over them, "ring" ("" too) or "all2all" (Ulysses). Under
+	// sequence parallelism the ring splits the sequence over cp first and
+	// each cp rank's share over tp (ir.MeshAxis.Outer, Megatron-Core's
+	// layout), so sp's tp collectives move a cp rank's tokens; Ulysses
+	// splits over tp first (its heads need it), so each of them joins cp's
+	// split before and cuts it after (cpShardsFirst).
 	CP     int
 	CPImpl string
 	// CPLayout is the ring's split of the sequence: "zigzag" ("" too),
 	// every rank the same share of causal work, or "contiguous", the last
 	// rank the most.
-	CPLayout string
-	// CPShardsFirst: under cp and sequence parallelism, the sequence is
-	// split over cp first and each cp rank's share over tp (Megatron-Core's
-	// layout), so sequence parallelism's tp collectives move a cp rank's
-	// tokens and nothing crosses cp around them. gcompile's lowering splits
-	// over tp first (ir.Mesh.SplitOrder: the weight axes are the coarsest
-	// split), so each of them joins cp's split before and cuts it after;
-	// false prices that.
-	CPShardsFirst    bool
+	CPLayout         string
 	MicroBatch       int // sequences per microbatch per data-parallel rank (b)
 	Microbatches     int // m
 	Zero             int
@@ -616,9 +617,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			ags, rss := per+2, per
 			size := arBytes
 			ag, rs := Collective("all_gather", p.TP, size, tpLink), Collective("reduce_scatter", p.TP, size, tpLink)
-			if cp > 1 && !p.CPShardsFirst {
-				// Under cp, tp is the coarser split of the sequence
-				// (ir.Mesh.SplitOrder): each collective over tp joins cp's
+			if cp > 1 && !p.cpShardsFirst() {
+				// Under Ulysses, tp is the coarser split of the sequence
+				// (ir.Mesh.SplitOrderOn): each collective over tp joins cp's
 				// split first (an all_gather over cp), runs on the whole
 				// sequence, and cuts cp's split again after (a local slice).
 				size = arBytes * fcp
@@ -629,7 +630,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			tpF, tpB = 2*ag+2*rs, (ags-2)*ag+(rss-2)*rs
 			tpBytes = (ags + rss) * size * (tp - 1) / tp
 			spAG, spRS, spSize = ag, rs, size
-			if cp > 1 && !p.CPShardsFirst {
+			if cp > 1 && !p.cpShardsFirst() {
 				spCP = (size/tp + size) * (fcp - 1) / fcp
 			}
 		}
@@ -668,7 +669,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		headB += spRS
 		e.CommSeconds["tp"] += float64(p.Microbatches) * (2*spRS + spAG)
 		e.CommBytes["tp"] += float64(p.Microbatches) * 3 * spSize * (tp - 1) / tp
-		if !p.CPShardsFirst {
+		if !p.cpShardsFirst() {
 			e.CommBytes["cp"] += float64(p.Microbatches) * (spCP + spSize*(fcp-1)/fcp)
 		}
 	}

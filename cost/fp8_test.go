@@ -52,29 +52,27 @@ func TestFP8Priced(t *testing.T) {
 	}
 }
 
-// Under cp with sequence parallelism, Megatron-Core's layout (the
-// sequence split over cp first, each cp rank's share over tp) runs every
-// tp collective on a cp rank's tokens: exactly what the same plan moves
-// without cp on a sequence cp times shorter. gcompile's layout (tp the
-// coarser split) joins cp's split around each, which costs more and puts
-// bytes on cp.
-func TestCPShardsFirstPricesMegatronsLayout(t *testing.T) {
+// Under cp with sequence parallelism, the ring's layout (the sequence
+// split over cp first, each cp rank's share over tp, as Megatron-Core lays
+// it out) runs every tp collective on a cp rank's tokens: exactly what
+// the same plan moves without cp on a sequence cp times shorter. Ulysses'
+// layout (tp the coarser split) joins cp's split around each, which costs
+// more and puts bytes on cp besides its all_to_alls.
+func TestRingSplitsTheSequenceOverCPFirst(t *testing.T) {
 	h100, err := Preset("h100-sxm")
 	require.NoError(t, err)
 	long, short := llama3_8B(16384), llama3_8B(8192)
-	p := Plan{TP: 8, PP: 1, DP: 2, CP: 2, MicroBatch: 1, Microbatches: 4, SequenceParallel: true, Recompute: "none",
+	p := Plan{TP: 4, PP: 1, DP: 2, CP: 2, MicroBatch: 1, Microbatches: 4, SequenceParallel: true, Recompute: "none",
 		Precision: "bf16", Optimizer: "adamw", Zero: 1}
-	ours, err := h100.EstimateFast(long, p)
+	ring, err := h100.EstimateFast(long, p)
 	require.NoError(t, err)
-	p.CPShardsFirst = true
-	megatron, err := h100.EstimateFast(long, p)
+	p.CPImpl = "all2all"
+	ulysses, err := h100.EstimateFast(long, p)
 	require.NoError(t, err)
-	p.CP, p.CPShardsFirst = 1, false
+	p.CP, p.CPImpl = 1, ""
 	halved, err := h100.EstimateFast(short, p)
 	require.NoError(t, err)
-	assert.InDelta(t, halved.CommSeconds["tp"], megatron.CommSeconds["tp"], 1e-12, "tp collectives on a cp rank's tokens")
-	assert.InDelta(t, halved.CommBytes["tp"], megatron.CommBytes["tp"], 1e-3)
-	assert.Greater(t, ours.CommSeconds["tp"], megatron.CommSeconds["tp"], "tp first joins cp's split around every collective")
-	assert.Greater(t, ours.CommBytes["cp"], megatron.CommBytes["cp"])
-	assert.Less(t, megatron.StepSeconds, ours.StepSeconds)
+	assert.InDelta(t, halved.CommSeconds["tp"], ring.CommSeconds["tp"], 1e-12, "tp collectives on a cp rank's tokens")
+	assert.InDelta(t, halved.CommBytes["tp"], ring.CommBytes["tp"], 1e-3)
+	assert.Greater(t, ulysses.CommSeconds["tp"], ring.CommSeconds["tp"], "tp first joins cp's split around every collective")
 }

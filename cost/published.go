@@ -142,7 +142,7 @@ func (r PublishedRun) Plan() Plan {
 	p := Plan{TP: r.TP, PP: r.PP, DP: dp, CP: cp, VPP: r.VPP, MicroBatch: r.MicroBatch,
 		Microbatches: r.Batch / (dp * r.MicroBatch), SequenceParallel: r.SequenceParallel,
 		Recompute: r.Recompute, Precision: prec, Optimizer: "adamw", SerialReductions: !r.Overlap, Zero: r.Zero,
-		OverlapTP: r.OverlapTP, CPShardsFirst: cp > 1}
+		OverlapTP: r.OverlapTP}
 	if !r.Overlap {
 		p.BucketBytes = 1 << 50
 	}

@@ -18,6 +18,15 @@ type MeshAxis struct {
 	// share of a causal attention's work (Megatron-Core's load balance).
 	// Printed cp=4:zigzag.
 	Zigzag bool
+	// Outer makes a sequence axis split a dim it shares with the weight
+	// axes before they do: on the sequence dim under sequence
+	// parallelism, each cp rank's chunk is split over tp, as Megatron-Core
+	// lays it out, so sp's collectives over tp move one cp rank's tokens
+	// and nothing crosses cp around them. Without it tp is the coarser
+	// split everywhere (SplitOrder), which Ulysses' exchange of sequence
+	// for heads needs: its heads are split over cp inside each tp block.
+	// Printed cp=4:outer.
+	Outer bool
 }
 
 // ZigzagChunk is the chunk of the whole dim (of 2·n) that sits k-th in
@@ -162,15 +171,20 @@ func (m *Mesh) String() string {
 		if a.Zigzag {
 			parts[i] += ":zigzag"
 		}
+		if a.Outer {
+			parts[i] += ":outer"
+		}
 	}
 	return strings.Join(parts, ",")
 }
 
-// ParseMesh reads "dp=2,tp=4" (an axis may end in :zigzag).
+// ParseMesh reads "dp=2,tp=4" (an axis may end in :zigzag, :outer or
+// both, in that order).
 func ParseMesh(s string) (*Mesh, error) {
 	m := &Mesh{}
 	for _, f := range strings.Split(s, ",") {
 		name, size, ok := strings.Cut(f, "=")
+		size, outer := strings.CutSuffix(size, ":outer")
 		size, zigzag := strings.CutSuffix(size, ":zigzag")
 		n, err := strconv.Atoi(size)
 		if !ok || err != nil || name == "" {
@@ -179,7 +193,11 @@ func ParseMesh(s string) (*Mesh, error) {
 		if n < 1 {
 			return nil, fmt.Errorf("bad mesh axis %q: size must be at least 1", f)
 		}
-		m.Axes = append(m.Axes, MeshAxis{Name: name, Size: n, Zigzag: zigzag})
+		a := MeshAxis{Name: name, Size: n, Zigzag: zigzag, Outer: outer}
+		if outer && a.Role() != RoleSequence {
+			return nil, fmt.Errorf("bad mesh axis %q: only a sequence axis (cp) can split before the weight axes (:outer)", f)
+		}
+		m.Axes = append(m.Axes, a)
 		if _, err := m.DeviceCount(); err != nil {
 			return nil, err
 		}
@@ -372,12 +390,43 @@ func (m *Mesh) SplitOrder() []int {
 	return order
 }
 
-// InnerSplit reports whether an axis later than ax in SplitOrder splits
+// SplitOrderOn is the order in which the axes split dim d of a value
+// placed by any of places: SplitOrder, except on a dim an outer sequence
+// axis (MeshAxis.Outer) splits, where the axes go in mesh order, the
+// weight axes last: the batch axes take whole sequences, the sequence
+// axis its chunk of each, and the weight axes split that chunk. Passing
+// both sides of a conversion gives one order for both.
+func (m *Mesh) SplitOrderOn(d int, places ...[]Placement) []int {
+	for i, a := range m.Axes {
+		if !a.Outer || a.Size == 1 {
+			continue
+		}
+		for _, place := range places {
+			if i < len(place) && place[i].Kind == Shard && place[i].Dim == d {
+				var order []int
+				for j, b := range m.Axes {
+					if b.Role() != RoleWeight {
+						order = append(order, j)
+					}
+				}
+				for j, b := range m.Axes {
+					if b.Role() == RoleWeight {
+						order = append(order, j)
+					}
+				}
+				return order
+			}
+		}
+	}
+	return m.SplitOrder()
+}
+
+// InnerSplit reports whether an axis later than ax in SplitOrderOn splits
 // place's dim d: a collective over ax on dim d would then not join or
 // split contiguous parts.
 func (m *Mesh) InnerSplit(place []Placement, ax, d int) bool {
 	seen := false
-	for _, i := range m.SplitOrder() {
+	for _, i := range m.SplitOrderOn(d, place) {
 		if i == ax {
 			seen = true
 			continue
@@ -391,10 +440,10 @@ func (m *Mesh) InnerSplit(place []Placement, ax, d int) bool {
 
 // BlockBox is the box the device at coords holds of a tensor of global
 // shape placed by place on m. A dim split by several axes is split in
-// SplitOrder: the first splitting axis picks the coarsest part, so the
+// SplitOrderOn: the first splitting axis picks the coarsest part, so the
 // device's index along the dim is its coordinates on those axes read as
 // digits. A dim split in blocks (S(d)xK) is viewed as [K, n/K]: the axis
-// that splits it in blocks, and any later in SplitOrder, split inside
+// that splits it in blocks, and any later in SplitOrderOn, split inside
 // each block; an earlier axis splits the blocks themselves. That is how a
 // sequence split over cp reads after [batch, seq] is merged into one dim
 // of batch·seq rows: each sequence is a block split over cp, and dp, the
@@ -417,25 +466,25 @@ func BlockBox(m *Mesh, place []Placement, global Shape, coords []int) Box {
 		outerN[d], innerN[d] = 1, 1
 	}
 	inside := make([]bool, len(global))
-	for _, i := range m.SplitOrder() {
-		if i >= len(place) {
-			continue
+	for d := range global {
+		for _, i := range m.SplitOrderOn(d, place) {
+			if i >= len(place) {
+				continue
+			}
+			if p := place[i]; p.Kind != Shard || p.Dim != d {
+				continue
+			}
+			if i == blockAxis[d] {
+				inside[d] = true
+			}
+			if blockAxis[d] >= 0 && !inside[d] {
+				outer[d] = outer[d]*m.Axes[i].Size + coords[i]
+				outerN[d] *= m.Axes[i].Size
+				continue
+			}
+			index[d] = index[d]*m.Axes[i].Size + coords[i]
+			innerN[d] *= m.Axes[i].Size
 		}
-		p := place[i]
-		if p.Kind != Shard || p.Dim >= len(global) {
-			continue
-		}
-		d := p.Dim
-		if i == blockAxis[d] {
-			inside[d] = true
-		}
-		if blockAxis[d] >= 0 && !inside[d] {
-			outer[d] = outer[d]*m.Axes[i].Size + coords[i]
-			outerN[d] *= m.Axes[i].Size
-			continue
-		}
-		index[d] = index[d]*m.Axes[i].Size + coords[i]
-		innerN[d] *= m.Axes[i].Size
 	}
 	var b Box
 	for d, n := range global {

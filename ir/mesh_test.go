@@ -69,6 +69,51 @@ func TestBlockBoxSplitsInsideTensorParallelBlocks(t *testing.T) {
 	assert.False(t, m.InnerSplit(place, 0, 0), "nothing splits inside dp's part")
 }
 
+// An outer cp (the ring's) splits the sequence before tp: each cp rank's
+// chunk is split over tp, as Megatron-Core lays it out, while a dim cp
+// does not split keeps tp first (ZeRO's dp split inside tp's block), and
+// without :outer tp is the coarser split of the sequence too.
+func TestOuterSequenceAxisSplitsBeforeTensorParallelism(t *testing.T) {
+	for _, tc := range []struct {
+		mesh string
+		// starts of each (dp, cp, tp) device's part of the sequence dim
+		// (dim 1 of [2, 8], split over cp and tp; dp splits dim 0)
+		want map[[3]int]int
+	}{
+		{"dp=2,cp=2:outer,tp=2", map[[3]int]int{{0, 0, 0}: 0, {0, 0, 1}: 2, {0, 1, 0}: 4, {0, 1, 1}: 6}},
+		{"dp=2,cp=2,tp=2", map[[3]int]int{{0, 0, 0}: 0, {0, 0, 1}: 4, {0, 1, 0}: 2, {0, 1, 1}: 6}},
+	} {
+		t.Run(tc.mesh, func(t *testing.T) {
+			m, err := ir.ParseMesh(tc.mesh)
+			require.NoError(t, err)
+			assert.Equal(t, tc.mesh, m.String(), "printed as parsed")
+			place := []ir.Placement{{Kind: ir.Shard, Dim: 0}, {Kind: ir.Shard, Dim: 1}, {Kind: ir.Shard, Dim: 1}}
+			got := map[[3]int]int{}
+			for r := range m.Devices() {
+				c := m.Coords(r)
+				b := ir.BlockBox(m, place, ir.Shape{2, 8}, c)
+				assert.Equal(t, c[0], b.Lo[0], "dp takes whole rows")
+				if c[0] == 0 {
+					got[[3]int{c[0], c[1], c[2]}] = b.Lo[1]
+				}
+			}
+			assert.Equal(t, tc.want, got)
+			outer := m.Axes[1].Outer
+			assert.Equal(t, !outer, m.InnerSplit(place, 2, 1), "cp inside tp's part unless outer")
+			assert.Equal(t, outer, m.InnerSplit(place, 1, 1), "tp inside cp's part when outer")
+			// A dim cp does not split: tp first, dp inside its block.
+			zero := []ir.Placement{{Kind: ir.Shard, Dim: 0}, {}, {Kind: ir.Shard, Dim: 0}}
+			assert.Equal(t, []int{2, 0, 1}, m.SplitOrderOn(0, zero))
+			assert.True(t, m.InnerSplit(zero, 2, 0), "dp splits inside tp's part")
+		})
+	}
+	_, err := ir.ParseMesh("tp=2:outer")
+	require.ErrorContains(t, err, "only a sequence axis (cp) can split before the weight axes")
+	m, err := ir.ParseMesh("cp=4:zigzag:outer")
+	require.NoError(t, err)
+	assert.Equal(t, ir.MeshAxis{Name: "cp", Size: 4, Zigzag: true, Outer: true}, m.Axes[0])
+}
+
 func TestMatMulGEMM(t *testing.T) {
 	g, err := ir.MatMulGEMM(ir.Shape{4, 3, 8, 5}, ir.Shape{5, 7}, false, false)
 	require.NoError(t, err)

@@ -356,14 +356,23 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 			steps[i].order = 0.5
 		}
 	}
-	// A dim split by several axes is split in the mesh's split order (tp
-	// first): on such a dim slices go coarse to fine and gathers fine to
-	// coarse, so every collective joins or splits contiguous parts. A
-	// finer axis that splits the dim before and after a coarser step is
-	// joined just before it and split again just after.
-	rank := map[int]int{} // position in the split order
-	for i, ax := range m.Mesh.SplitOrder() {
-		rank[ax] = i
+	// A dim split by several axes is split in the mesh's split order for
+	// that dim (ir.Mesh.SplitOrderOn: tp first, except under an outer cp):
+	// on such a dim slices go coarse to fine and gathers fine to coarse,
+	// so every collective joins or splits contiguous parts. A finer axis
+	// that splits the dim before and after a coarser step is joined just
+	// before it and split again just after.
+	ranks := map[int]map[int]int{} // dim → axis → position in its split order
+	rankOn := func(d int) map[int]int {
+		if r, ok := ranks[d]; ok {
+			return r
+		}
+		r := map[int]int{}
+		for i, ax := range m.Mesh.SplitOrderOn(d, from, to) {
+			r[ax] = i
+		}
+		ranks[d] = r
+		return r
 	}
 	// wholeBlocks: an all_to_all that splits dim d over a coarser axis
 	// while ax splits it in blocks, the coarser axes of the result taking
@@ -378,6 +387,7 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 			return false
 		}
 		coarser := 1
+		rank := rankOn(d)
 		for a := range to {
 			if rank[a] < rank[ax] && to[a].Kind == ir.Shard && to[a].Dim == d {
 				coarser *= m.Mesh.Axes[a].Size
@@ -387,6 +397,7 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 	}
 	for i, st := range append([]conversion(nil), steps...) {
 		d := stepDim(from, st)
+		rank := rankOn(d)
 		for ax := range from {
 			finer := rank[ax] > rank[st.axis] && m.Mesh.Axes[ax].Size > 1
 			if finer && d >= 0 && from[ax].Placed(d) && to[ax].Equal(from[ax]) && wholeBlocks(st, ax, d) {
@@ -417,6 +428,7 @@ func conversions(m *ir.Module, from, to []ir.Placement) ([]conversion, error) {
 		if !shared(a) || !shared(b) || stepDim(from, a) != stepDim(from, b) {
 			return false // stable: mesh order
 		}
+		rank := rankOn(stepDim(from, a))
 		if a.op == "all_gather" {
 			return rank[a.axis] > rank[b.axis]
 		}

@@ -84,8 +84,9 @@ func shard(m *ir.Module, o *Options) error {
 		}
 	}
 	m.Values = splice(values, s.before, s.after)
-	// A dim split by two axes is split in the mesh's split order (tp
-	// first, ir.Mesh.SplitOrder), and the redistribute pass keeps its
+	// A dim split by two axes is split in the mesh's split order for it
+	// (tp first, but the ring's cp before tp: ir.Mesh.SplitOrderOn), and
+	// the redistribute pass keeps its
 	// collectives in that order; fused blocks split twice are not placed,
 	// except a sequence split over cp merged into rows (S(0)xbatch on cp),
 	// whose blocks the coarser batch axes split (ir.BlockBox).

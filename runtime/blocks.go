@@ -9,7 +9,7 @@ import (
 
 // CollectiveBlocks is how many blocks of a collective's split dim (its
 // blocks attribute, S(d)xK) the device's operand holds: where an axis
-// coarser than the collective's (earlier in ir.Mesh.SplitOrder) splits
+// coarser than the collective's (earlier in ir.Mesh.SplitOrderOn) splits
 // that dim too, it splits the blocks themselves (ir.BlockBox), and the
 // device holds K over its size of them. A sequence cut into routing
 // groups and split over cp (S(0)xbatch) whose sequences ep also splits is
@@ -22,11 +22,12 @@ func CollectiveBlocks(mesh *ir.Mesh, in lower.Instr) (int, error) {
 	ax := mesh.Axis(in.Attrs.Str("axis"))
 	d := in.Attrs.Int("dim", 0)
 	coarser := 1
-	for _, a := range mesh.SplitOrder() {
+	place := in.Value.Args[0].Place
+	for _, a := range mesh.SplitOrderOn(d, place) {
 		if a == ax {
 			break
 		}
-		if p := in.Value.Args[0].Place; a < len(p) && p[a].Kind == ir.Shard && p[a].Dim == d && p[a].NumBlocks() == 1 {
+		if p := place; a < len(p) && p[a].Kind == ir.Shard && p[a].Dim == d && p[a].NumBlocks() == 1 {
 			coarser *= mesh.Axes[a].Size
 		}
 	}

@@ -22,8 +22,9 @@ import (
 // around, partial results merged by their log-sum-exp; the sequence in
 // the zigzag layout, rank i holding chunks i and 2·cp−1−i, or in
 // contiguous chunks) or by Ulysses' all_to_alls, alone and with tensor
-// and sequence parallelism, data parallelism with ZeRO, and a 1F1B
-// pipeline; on the GPT (learned
+// and sequence parallelism (the ring's cp the coarser split of the
+// sequence, so sp gathers nothing more over cp), data parallelism with
+// ZeRO, and a 1F1B pipeline; on the GPT (learned
 // positions) and the Llama (rotary positions, grouped-query attention):
 // the same loss at every step (1e-5 relative), the same final weights
 // (1e-5 of each tensor's largest entry, the key biases aside as in
@@ -48,6 +49,7 @@ func TestContextParallelMatchesOneDevice(t *testing.T) {
 			assert.InDelta(t, ref.eval, got.eval, 1e-5*ref.eval, "held-out loss of the final weights")
 			t.Logf("worst loss rel err %.2g, worst param err %.2g (of max |w|)", worst, worstParam)
 		}
+		ringGathered := int64(-1)
 		for _, p := range plans {
 			p.model = model
 			t.Run(p.String(), func(t *testing.T) {
@@ -57,6 +59,17 @@ func TestContextParallelMatchesOneDevice(t *testing.T) {
 					assert.Equal(t, got.prog.PeakBytes, peak, "device %d: measured peak equals predicted", d)
 				}
 				assertAttentionOverCP(t, got, p.cpImpl)
+				// The ring splits the sequence over cp before tp, so sp's
+				// collectives over tp move a cp rank's tokens: nothing is
+				// gathered over cp that the plan without tp does not.
+				gathered := got.prog.CollectiveBytes()["all_gather/cp"]
+				switch {
+				case p.cpImpl == "" && p.tp <= 1 && p.dp <= 1 && p.cp == 2:
+					ringGathered = gathered
+				case p.cpImpl == "" && p.tp > 1 && p.sp && p.cp == 2:
+					require.GreaterOrEqual(t, ringGathered, int64(0), "the plan without tp runs first")
+					assert.Equal(t, ringGathered, gathered, "bytes gathered over cp with tp and sp, and without tp")
+				}
 			})
 		}
 		pl := pipePlan{pp: 2, cp: 2, micro: 2, order: scheduleOrder("1f1b"), name: "1f1b", model: model}
@@ -220,25 +233,55 @@ func BenchmarkRingAttentionStep(b *testing.B) {
 		b.Run(fmt.Sprintf("cp%d", cp), func(b *testing.B) {
 			var mesh *ir.Mesh
 			if cp > 1 {
-				mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "cp", Size: cp, Zigzag: true}}}
+				mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "cp", Size: cp, Zigzag: true, Outer: true}}}
 			}
-			prog := compileCP(b, map[string]string{"seq": fmt.Sprint(seq)}, 1, mesh, nil)
-			cl, err := cpu.NewCluster(prog, cpu.Options{})
-			require.NoError(b, err)
-			require.NoError(b, cl.InitParams(1))
-			tokens := make([]int32, seq)
-			for i := range tokens {
-				tokens[i] = int32(i * 7 % 256)
-			}
-			for _, in := range []string{"tokens", "targets"} {
-				require.NoError(b, cl.SetInt32(in, tokens))
-			}
-			require.NoError(b, cl.SetScalar("lr", 1e-3))
-			require.NoError(b, cl.SetScalar("step", 1))
-			for b.Loop() {
-				require.NoError(b, cl.Step())
-			}
-			b.ReportMetric(float64(seq)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+			benchStep(b, compileCP(b, map[string]string{"seq": fmt.Sprint(seq)}, 1, mesh, nil), seq)
 		})
 	}
+}
+
+// BenchmarkSequenceParallelUnderCP is a training step of the Llama at a
+// 4096-token context on cp2·tp2 with sequence parallelism, the sequence
+// split over cp first (outer, the ring's layout) or over tp first: what
+// the split order saves, in step time and in bytes moved over cp.
+func BenchmarkSequenceParallelUnderCP(b *testing.B) {
+	const seq = 4096
+	sp := func(o *passes.Options) { o.SequenceParallel = true }
+	for _, outer := range []bool{true, false} {
+		name := map[bool]string{true: "cp_first", false: "tp_first"}[outer]
+		b.Run(name, func(b *testing.B) {
+			mesh := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "cp", Size: 2, Zigzag: true, Outer: outer}, {Name: "tp", Size: 2}}}
+			prog := compileCP(b, map[string]string{"seq": fmt.Sprint(seq)}, 1, mesh, sp)
+			bytes := prog.CollectiveBytes()
+			var cp int64
+			for k, v := range bytes {
+				if strings.HasSuffix(k, "/cp") {
+					cp += v
+				}
+			}
+			benchStep(b, prog, seq)
+			b.ReportMetric(float64(cp), "cp-bytes/step")
+		})
+	}
+}
+
+// benchStep times training steps of prog (batch 1, seq tokens) on
+// virtual CPU devices, reporting tokens per second.
+func benchStep(b *testing.B, prog *lower.Program, seq int) {
+	cl, err := cpu.NewCluster(prog, cpu.Options{})
+	require.NoError(b, err)
+	require.NoError(b, cl.InitParams(1))
+	tokens := make([]int32, seq)
+	for i := range tokens {
+		tokens[i] = int32(i * 7 % 256)
+	}
+	for _, in := range []string{"tokens", "targets"} {
+		require.NoError(b, cl.SetInt32(in, tokens))
+	}
+	require.NoError(b, cl.SetScalar("lr", 1e-3))
+	require.NoError(b, cl.SetScalar("step", 1))
+	for b.Loop() {
+		require.NoError(b, cl.Step())
+	}
+	b.ReportMetric(float64(seq)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
 }

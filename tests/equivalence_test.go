@@ -168,7 +168,7 @@ func buildAttention(t testing.TB, name string, layers int, attention string) *ir
 }
 
 // mesh has the axes of size > 1, tp last (fastest), cp next to it, as in
-// Megatron-LM.
+// Megatron-LM and compile.Config.Mesh.
 func (p plan) mesh() *ir.Mesh {
 	m := &ir.Mesh{}
 	if p.dp > 1 {
@@ -178,7 +178,9 @@ func (p plan) mesh() *ir.Mesh {
 		m.Axes = append(m.Axes, ir.MeshAxis{Name: "ep", Size: p.ep})
 	}
 	if p.cp > 1 {
-		m.Axes = append(m.Axes, ir.MeshAxis{Name: "cp", Size: p.cp, Zigzag: p.cpImpl == "" && p.cpLayout == ""})
+		// The ring splits the sequence before tp, Ulysses after (as
+		// compile.Config.Mesh lays them out).
+		m.Axes = append(m.Axes, ir.MeshAxis{Name: "cp", Size: p.cp, Zigzag: p.cpImpl == "" && p.cpLayout == "", Outer: p.cpImpl != "all2all"})
 	}
 	if p.tp > 1 {
 		m.Axes = append(m.Axes, ir.MeshAxis{Name: "tp", Size: p.tp})

@@ -85,7 +85,7 @@ func compilePipeline(t *testing.T, pl pipePlan, layers int, s pipeSetup) (*ir.Mo
 		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "ep", Size: pl.ep})
 	}
 	if pl.cp > 1 {
-		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "cp", Size: pl.cp, Zigzag: true})
+		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "cp", Size: pl.cp, Zigzag: true, Outer: true})
 	}
 	if pl.tp > 1 {
 		mesh.Axes = append(mesh.Axes, ir.MeshAxis{Name: "tp", Size: pl.tp})

@@ -88,7 +88,7 @@ func TestContextParallelComposesOnCUDA(t *testing.T) {
 		t.Skip("make test-full: three plans of two steps each in the kernel emulator")
 	}
 	rt := openTest(t)
-	zigzag := ir.MeshAxis{Name: "cp", Size: 2, Zigzag: true}
+	zigzag := ir.MeshAxis{Name: "cp", Size: 2, Zigzag: true, Outer: true}
 	for _, c := range []config{
 		{name: "dp2_cp2_ring", mesh: []ir.MeshAxis{{Name: "dp", Size: 2}, zigzag}, set: tiny.set, batch: 4, edit: func(o *passes.Options) { o.BucketMB = 0.01 }},
 		{name: "cp2_tp2_ring_sp", mesh: []ir.MeshAxis{zigzag, {Name: "tp", Size: 2}}, set: tiny.set, batch: 2, edit: func(o *passes.Options) { o.SequenceParallel = true }},
