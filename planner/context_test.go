@@ -15,10 +15,13 @@ import (
 )
 
 // longLlama is the test Llama (4 heads, 2 k/v heads) at a long context.
-func longLlama(t testing.TB, seq string) *ir.Module {
+func longLlama(t testing.TB, seq string) *ir.Module { return longLlamaKV(t, seq, "2") }
+
+// longLlamaKV is longLlama with kv k/v heads.
+func longLlamaKV(t testing.TB, seq, kv string) *ir.Module {
 	t.Helper()
 	m, err := frontend.Build(llama.Model, frontend.Config{Name: "llama", Batch: 8,
-		Set: map[string]string{"layers": "2", "hidden": "64", "heads": "4", "kv_heads": "2", "ffn": "128", "seq": seq}})
+		Set: map[string]string{"layers": "2", "hidden": "64", "heads": "4", "kv_heads": kv, "ffn": "128", "seq": seq}})
 	require.NoError(t, err)
 	return m
 }
@@ -30,10 +33,13 @@ func longLlama(t testing.TB, seq string) *ir.Module {
 // context parallelism. The estimate prices what
 // the compiled plan moves on cp: the ring's chunks (ten a step, and two
 // gradients home, per layer), Ulysses' all_to_alls, the gradients'
-// reduction over cp, and under sequence parallelism the all_gather over
-// cp that joins cp's split before each of sp's collectives over tp, which
-// then move the whole sequence (cp2·tp2·sp: within 0.1 % on cp, 0.8 % on
-// tp); and the compiled plan's flops count every chunk the
+// reduction over cp, and under sequence parallelism sp's collectives over
+// tp: on a cp rank's tokens for the ring (cp the coarser split of the
+// sequence), and for Ulysses (tp the coarser) on the whole sequence, with
+// an all_gather over cp joining cp's split before each (cp2·tp2·sp: ring
+// within 0.1 % on cp, 1.6 % on tp; Ulysses on the Llama with 4 k/v
+// heads, 0.1 % and 0.8 %: the ring moves half Ulysses' bytes over tp);
+// and the compiled plan's flops count every chunk the
 // ring computes, the same as without cp (within 0.1 %: a causal chunk on
 // the diagonal is priced as the average chunk).
 func TestPlannerSearchesContextParallelism(t *testing.T) {
@@ -79,13 +85,24 @@ func TestPlannerSearchesContextParallelism(t *testing.T) {
 	assert.Equal(t, map[int]bool{2: true, 4: true, 8: true}, cps, "--cp-impl ring at 1024 tokens: cp 2, 4 and 8")
 
 	gir := writeGir(t, long)
+	// Ulysses under tp needs cp to divide each tp rank's k/v heads: the
+	// same Llama with 4 of them.
+	wide := longLlamaKV(t, "8192", "4")
+	wideShape, err := ShapeOf(wide)
+	require.NoError(t, err)
+	wideGir := writeGir(t, wide)
 	var flops []float64
 	for _, pl := range []struct {
 		cp, dp, tp int
 		impl       string
-	}{{1, 4, 1, ""}, {2, 2, 1, "ring"}, {4, 1, 1, "ring"}, {2, 2, 1, "all2all"}, {2, 1, 2, "ring"}} {
+		wide       bool
+	}{{1, 4, 1, "", false}, {2, 2, 1, "ring", false}, {4, 1, 1, "ring", false}, {2, 2, 1, "all2all", false}, {2, 1, 2, "ring", false}, {2, 1, 2, "all2all", true}} {
 		cfg := baseConfig(4, 8)
 		cfg.Model, cfg.CP, cfg.DP, cfg.CPImpl = gir, pl.cp, pl.dp, pl.impl
+		shape := shape
+		if pl.wide {
+			cfg.Model, shape = wideGir, wideShape
+		}
 		if pl.tp > 1 {
 			cfg.TP, cfg.SequenceParallel = pl.tp, true
 		}
@@ -109,7 +126,7 @@ func TestPlannerSearchesContextParallelism(t *testing.T) {
 		t.Logf("%s: step %.1f ms estimated, %.1f ms from the compiled plan; cp %.0f B estimated, %.0f B compiled; tp %.0f B estimated, %.0f B compiled", Describe(cfg),
 			e.StepSeconds*1e3, pred.StepSeconds*1e3, e.CommBytes["cp"], pred.CommBytes["cp"], e.CommBytes["tp"], pred.CommBytes["tp"])
 	}
-	for _, f := range flops[1:] {
+	for _, f := range flops[1 : len(flops)-1] {
 		assert.InDelta(t, flops[0], f, 1e-3*flops[0], "model flops do not depend on cp")
 	}
 	assert.False(t, math.IsNaN(flops[0]))
