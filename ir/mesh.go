@@ -178,14 +178,26 @@ func (m *Mesh) String() string {
 	return strings.Join(parts, ",")
 }
 
-// ParseMesh reads "dp=2,tp=4" (an axis may end in :zigzag, :outer or
-// both, in that order).
+// ParseMesh reads "dp=2,tp=4" (an axis's size may be followed by
+// :zigzag and :outer, in either order).
 func ParseMesh(s string) (*Mesh, error) {
 	m := &Mesh{}
 	for _, f := range strings.Split(s, ",") {
-		name, size, ok := strings.Cut(f, "=")
-		size, outer := strings.CutSuffix(size, ":outer")
-		size, zigzag := strings.CutSuffix(size, ":zigzag")
+		name, rest, ok := strings.Cut(f, "=")
+		size, flags, flagged := strings.Cut(rest, ":")
+		var zigzag, outer bool
+		if flagged {
+			for _, fl := range strings.Split(flags, ":") {
+				switch {
+				case fl == "zigzag" && !zigzag:
+					zigzag = true
+				case fl == "outer" && !outer:
+					outer = true
+				default:
+					return nil, fmt.Errorf("bad mesh axis %q: %q is not a layout (want zigzag or outer, each at most once)", f, fl)
+				}
+			}
+		}
 		n, err := strconv.Atoi(size)
 		if !ok || err != nil || name == "" {
 			return nil, fmt.Errorf("bad mesh axis %q: want name=size", f)

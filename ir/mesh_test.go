@@ -109,9 +109,15 @@ func TestOuterSequenceAxisSplitsBeforeTensorParallelism(t *testing.T) {
 	}
 	_, err := ir.ParseMesh("tp=2:outer")
 	require.ErrorContains(t, err, "only a sequence axis (cp) can split before the weight axes")
-	m, err := ir.ParseMesh("cp=4:zigzag:outer")
-	require.NoError(t, err)
-	assert.Equal(t, ir.MeshAxis{Name: "cp", Size: 4, Zigzag: true, Outer: true}, m.Axes[0])
+	for _, text := range []string{"cp=4:zigzag:outer", "cp=4:outer:zigzag"} {
+		m, err := ir.ParseMesh(text)
+		require.NoError(t, err)
+		assert.Equal(t, ir.MeshAxis{Name: "cp", Size: 4, Zigzag: true, Outer: true}, m.Axes[0], text)
+	}
+	for _, text := range []string{"cp=4:outer:outer", "cp=4:inner", "cp=4:"} {
+		_, err := ir.ParseMesh(text)
+		require.ErrorContains(t, err, "is not a layout (want zigzag or outer, each at most once)", text)
+	}
 }
 
 func TestMatMulGEMM(t *testing.T) {
