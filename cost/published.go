@@ -301,6 +301,67 @@ func MorePublishedRuns() []PublishedRun {
 			Assumed: "the 405B's 126 layers priced as 128 (pp·vp must divide them), the distributed optimizer (ZeRO-1) with its reductions overlapped, " +
 				"tp communication overlapped, the ring for cp; Llama 3 shapes from its paper (8 k/v heads, SwiGLU, vocabulary 128,256)"})
 	}
+	// NeMo's performance summary, 24.07 container, DGX-H100, FP8: the
+	// models' shapes are confirmed by the table itself (its model TFLOP/s
+	// over its tokens/s is each shape's FLOPs a token within 0.2 %,
+	// TestNeMoShapesMatchTheirFLOPs).
+	return append(runs, nemo2407H100()...)
+}
+
+// nemoRow is a row of NeMo's performance summary: the model, its run
+// and the throughput it reached.
+type nemoRow struct {
+	name                             string
+	shape                            Transformer
+	gpus, batch, mbs, tp, pp, cp, vp int
+	tokens, tflops                   float64 // per GPU a second
+}
+
+// nemo2407H100Rows is NeMo 24.07's pre-training table on DGX-H100 in
+// FP8. Megatron pads the vocabulary to a multiple of 128·tp.
+func nemo2407H100Rows() []nemoRow {
+	pad := func(v, tp int) int { return (v + 128*tp - 1) / (128 * tp) * 128 * tp }
+	gpt := func(l, h, heads, tp int) Transformer {
+		return Transformer{Layers: l, Hidden: h, Heads: heads, Seq: 2048, Vocab: pad(50257, tp), FFN: 4 * h, FusedAttention: true}
+	}
+	llama := func(l, h, heads, kv, ffn, seq, vocab, tp int) Transformer {
+		return Transformer{Layers: l, Hidden: h, Heads: heads, KVHeads: kv, Seq: seq, Vocab: pad(vocab, tp), FFN: ffn, GatedMLP: true, FusedAttention: true}
+	}
+	nemotron := func(l, h, heads, kv, tp int) Transformer {
+		return Transformer{Layers: l, Hidden: h, Heads: heads, KVHeads: kv, Seq: 4096, Vocab: pad(256000, tp), FFN: 4 * h, FusedAttention: true}
+	}
+	return []nemoRow{
+		{"GPT3-5B", gpt(24, 4096, 32, 1), 64, 2048, 4, 1, 1, 1, 1, 22521, 736},
+		{"GPT3-20B", gpt(44, 6144, 48, 2), 64, 256, 2, 2, 1, 1, 1, 5851, 750},
+		{"GPT3-175B", gpt(96, 12288, 96, 4), 128, 256, 1, 4, 8, 1, 6, 726, 782},
+		{"GPT3-175B", gpt(96, 12288, 96, 4), 512, 2048, 2, 4, 8, 1, 6, 782, 842},
+		{"Llama 2 7B", llama(32, 4096, 32, 0, 11008, 4096, 32000, 1), 8, 128, 1, 1, 1, 1, 1, 16847, 776},
+		{"Llama 2 13B", llama(40, 5120, 40, 0, 13824, 4096, 32000, 1), 16, 128, 1, 1, 4, 1, 10, 8646, 754},
+		{"Llama 2 70B", llama(80, 8192, 64, 8, 28672, 4096, 32000, 4), 64, 128, 1, 4, 4, 1, 20, 1707, 759},
+		{"Nemotron 8B", nemotron(32, 4096, 32, 0, 2), 64, 256, 4, 2, 1, 1, 1, 12701, 653},
+		{"Nemotron 22B", nemotron(40, 6144, 48, 0, 2), 64, 256, 2, 2, 4, 1, 10, 4256, 554},
+		{"Nemotron 340B", nemotron(96, 18432, 96, 8, 8), 128, 32, 1, 8, 8, 1, 12, 322, 678},
+		{"Llama 3 8B", llama(32, 4096, 32, 8, 14336, 8192, 128256, 1), 8, 128, 1, 1, 1, 2, 1, 12036, 697},
+		{"Llama 3 70B", llama(80, 8192, 64, 8, 28672, 8192, 128256, 4), 64, 128, 1, 4, 4, 2, 5, 1533, 738},
+	}
+}
+
+// nemo2407H100 is nemo2407H100Rows as published runs: the step is the
+// batch's tokens over the tokens a second of all the GPUs.
+func nemo2407H100() []PublishedRun {
+	var runs []PublishedRun
+	for _, r := range nemo2407H100Rows() {
+		runs = append(runs, PublishedRun{Source: "NeMo performance summary, NeMo 24.07, DGX-H100 (FP8)", Name: fmt.Sprintf("%s ×%d", r.name, r.gpus),
+			Shape: r.shape, GPUs: r.gpus, TP: r.tp, PP: r.pp, CP: r.cp, VPP: r.vp, Batch: r.batch, MicroBatch: r.mbs,
+			SequenceParallel: r.tp > 1, Recompute: "none", Precision: "fp8", Zero: 1, Overlap: true, OverlapTP: r.tp > 1, Hardware: "h100-sxm",
+			StepSeconds: float64(r.batch*r.shape.Seq) / (r.tokens * float64(r.gpus)),
+			Checked: "NVIDIA/NeMo docs/source/performance/performance_summary.md, pre-training at FP8, container NeMo 24.07, System DGX-H100 " +
+				"(GPUs, GBS, MBS, sequence, tp, pp, cp, vp, tokens/s/GPU, model TFLOP/s/GPU)",
+			Assumed: "no activation recompute, sequence parallelism and tp communication overlap wherever tp > 1, the distributed optimizer " +
+				"(ZeRO-1) with its reductions overlapped, the ring for cp, fused attention; shapes from the models' published configurations " +
+				"(GPT-3's 4h MLP and learned positions, Llama's SwiGLU, Nemotron's squared-ReLU MLP of 4h and 8 k/v heads at 340B), " +
+				"the output layer priced as tied (it is untied in Llama and Nemotron: its weights' memory, not its FLOPs, is short)"})
+	}
 	return runs
 }
 

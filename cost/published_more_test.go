@@ -5,6 +5,9 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestMorePublishedRuns prices every row of MorePublishedRuns on its own
@@ -26,6 +29,7 @@ func TestMorePublishedRuns(t *testing.T) {
 		"Megatron-LM README, H100 table (Megatron-Core r0.8.0)":           10,
 		"MLPerf Training v3.1, NVIDIA Eos, GPT-3 175B (FP8)":              9,
 		"Megatron-Bridge performance summary, NeMo 25.11, DGX-H100 (FP8)": 5,
+		"NeMo performance summary, NeMo 24.07, DGX-H100 (FP8)":            8,
 	}
 	var sb strings.Builder
 	sums, counts := map[string]float64{}, map[string]int{}
@@ -78,9 +82,12 @@ func TestMorePublishedRuns(t *testing.T) {
 // two runs: the same order). Plans of one model are what a planner
 // chooses between, so their order is what its pick rests on.
 func TestPublishedRunsRankAlike(t *testing.T) {
+	// A model is its whole shape: two models of one depth and width
+	// (Llama 2 7B and Llama 3 8B) are not plans of one model.
 	type key struct {
-		source              string
-		layers, width, gpus int
+		source string
+		shape  Transformer
+		gpus   int
 	}
 	runs := append(PublishedRuns(), MorePublishedRuns()...)
 	steps := make([]float64, len(runs))
@@ -111,7 +118,7 @@ func TestPublishedRunsRankAlike(t *testing.T) {
 		}
 		return keys, g
 	}
-	keys, models := group(func(r PublishedRun) key { return key{r.Source, r.Shape.Layers, r.Shape.Hidden, 0} })
+	keys, models := group(func(r PublishedRun) key { return key{r.Source, r.Shape, 0} })
 	groups := 0
 	for _, k := range keys {
 		pred, pub := models[k][0], models[k][1]
@@ -120,9 +127,9 @@ func TestPublishedRunsRankAlike(t *testing.T) {
 		}
 		groups++
 		rho := spearman(pred, pub)
-		t.Logf("%s, %d layers × %d: %d runs, Spearman %.2f", k.source, k.layers, k.width, len(pred), rho)
+		t.Logf("%s, %d layers × %d: %d runs, Spearman %.2f", k.source, k.shape.Layers, k.shape.Hidden, len(pred), rho)
 		if rho < 0.9 {
-			t.Errorf("%s, %d layers × %d: predicted %v and published %v rank differently (Spearman %.2f)", k.source, k.layers, k.width, pred, pub, rho)
+			t.Errorf("%s, %d layers × %d: predicted %v and published %v rank differently (Spearman %.2f)", k.source, k.shape.Layers, k.shape.Hidden, pred, pub, rho)
 		}
 	}
 	if groups < 3 {
@@ -131,7 +138,7 @@ func TestPublishedRunsRankAlike(t *testing.T) {
 	// On the same GPUs, the run predicted fastest is within 3 % of the
 	// fastest published: what a planner that picked by the model would
 	// have lost.
-	sameKeys, same := group(func(r PublishedRun) key { return key{r.Source, r.Shape.Layers, r.Shape.Hidden, r.GPUs} })
+	sameKeys, same := group(func(r PublishedRun) key { return key{r.Source, r.Shape, r.GPUs} })
 	picks := 0
 	for _, k := range sameKeys {
 		g := same[k]
@@ -149,9 +156,9 @@ func TestPublishedRunsRankAlike(t *testing.T) {
 			}
 		}
 		loss := g[1][pick]/g[1][best] - 1
-		t.Logf("%s, %d layers × %d on %d GPUs: the pick is %.1f %% slower than the fastest published", k.source, k.layers, k.width, k.gpus, 100*loss)
+		t.Logf("%s, %d layers × %d on %d GPUs: the pick is %.1f %% slower than the fastest published", k.source, k.shape.Layers, k.shape.Hidden, k.gpus, 100*loss)
 		if loss > 0.03 {
-			t.Errorf("%s, %d layers on %d GPUs: the predicted fastest ran %.1f %% slower than the fastest published", k.source, k.layers, k.gpus, 100*loss)
+			t.Errorf("%s, %d layers on %d GPUs: the predicted fastest ran %.1f %% slower than the fastest published", k.source, k.shape.Layers, k.gpus, 100*loss)
 		}
 	}
 	if picks == 0 {
@@ -180,4 +187,18 @@ func spearman(xs, ys []float64) float64 {
 		d2 += d * d
 	}
 	return 1 - 6*d2/(n*(n*n-1))
+}
+
+// NeMo's table gives each run's model TFLOP/s beside its tokens/s: their
+// ratio is the FLOPs a token its model has, so the shapes the rows are
+// priced with are checked against the table itself (within 0.2 %), not
+// only against the models' configurations.
+func TestNeMoShapesMatchTheirFLOPs(t *testing.T) {
+	rows := nemo2407H100Rows()
+	require.Len(t, rows, 12)
+	for _, r := range rows {
+		ours := r.shape.ModelFLOPs(1) / float64(r.shape.Seq)
+		theirs := r.tflops * 1e12 / r.tokens
+		assert.InEpsilon(t, theirs, ours, 0.002, "%s ×%d: FLOPs a token", r.name, r.gpus)
+	}
 }
