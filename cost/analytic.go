@@ -672,6 +672,26 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		if !p.cpShardsFirst() {
 			e.CommBytes["cp"] += float64(p.Microbatches) * (spCP + spSize*(fcp-1)/fcp)
 		}
+	} else if p.TP > 1 {
+		// Without it, the vocab-parallel embedding's partial sum is
+		// all-reduced forward, and so is the gradient of the head's input
+		// backward.
+		one := h.kernels(1, Collective("all_reduce", p.TP, arBytes, tpLink))
+		embF += one
+		headB += one
+		e.CommSeconds["tp"] += float64(p.Microbatches) * 2 * one
+		e.CommBytes["tp"] += float64(p.Microbatches) * 2 * 2 * arBytes * (tp - 1) / tp
+	}
+	if p.TP > 1 {
+		// The vocab-parallel cross-entropy exchanges each row's statistics,
+		// in float64, forward and again in its gradient: an all-gather of
+		// the row maxima and an all-reduce of the sums and target logits
+		// (runtime/cpu/vocab.go; Predict prices the same).
+		stats := Collective("all_gather", p.TP, tokens*8*tp, tpLink) + Collective("all_reduce", p.TP, 2*tokens*8, tpLink)
+		headF += stats
+		headB += stats
+		e.CommSeconds["tp"] += float64(p.Microbatches) * 2 * stats
+		e.CommBytes["tp"] += float64(p.Microbatches) * 2 * 3 * tokens * 8 * (tp - 1)
 	}
 
 	// A stage's parameters per device: a MoE block holds its router whole
