@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/compile"
+	"gcompile/cost"
 	"gcompile/examples/llama"
 	"gcompile/frontend"
 	"gcompile/ir"
@@ -106,13 +107,7 @@ func TestPlannerSearchesContextParallelism(t *testing.T) {
 		if pl.tp > 1 {
 			cfg.TP, cfg.SequenceParallel = pl.tp, true
 		}
-		require.NoError(t, cfg.Validate())
-		e, err := hw.EstimateFast(shape, planOf(cfg))
-		require.NoError(t, err)
-		r, err := compile.Compile(&cfg, passesHooks())
-		require.NoError(t, err)
-		pred, err := hw.Predict(r.Programs, r.Schedule)
-		require.NoError(t, err)
+		e, pred := estimateAndCompile(t, hw, shape, cfg)
 		flops = append(flops, pred.ModelFLOPs)
 		if pl.cp > 1 {
 			got, want := e.CommBytes["cp"], pred.CommBytes["cp"]
@@ -145,15 +140,23 @@ func TestEstimatedTensorParallelBytesAreCompiled(t *testing.T) {
 	for _, sp := range []bool{false, true} {
 		cfg := baseConfig(2, 8)
 		cfg.Model, cfg.TP, cfg.DP, cfg.SequenceParallel = gir, 2, 1, sp
-		require.NoError(t, cfg.Validate())
-		e, err := hw.EstimateFast(shape, planOf(cfg))
-		require.NoError(t, err)
-		r, err := compile.Compile(&cfg, passesHooks())
-		require.NoError(t, err)
-		pred, err := hw.Predict(r.Programs, r.Schedule)
-		require.NoError(t, err)
+		e, pred := estimateAndCompile(t, hw, shape, cfg)
 		want := pred.CommBytes["tp"]
 		require.Positive(t, want)
 		assert.InEpsilon(t, want, e.CommBytes["tp"], 1e-3, "%s: bytes on tp, estimated and compiled", Describe(cfg))
 	}
+}
+
+// estimateAndCompile prices cfg's plan both ways: the analytic estimate
+// of shape, and the compiled programs' prediction.
+func estimateAndCompile(t *testing.T, hw *cost.Hardware, shape cost.Transformer, cfg compile.Config) (*cost.Estimate, *cost.Prediction) {
+	t.Helper()
+	require.NoError(t, cfg.Validate())
+	e, err := hw.EstimateFast(shape, planOf(cfg))
+	require.NoError(t, err)
+	r, err := compile.Compile(&cfg, passesHooks())
+	require.NoError(t, err)
+	pred, err := hw.Predict(r.Programs, r.Schedule)
+	require.NoError(t, err)
+	return e, pred
 }
