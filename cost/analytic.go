@@ -602,10 +602,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// spAG and spRS are one of sequence parallelism's all-gathers and
 	// reduce-scatters over tp, spSize the bytes each moves whole, spCP the
 	// bytes one pair moves over cp (see below).
-	var spAG, spRS, spSize, spCP float64
+	// tpAR is one all-reduce of an activation over tp.
+	var spAG, spRS, spSize, spCP, tpAR float64
 	if p.TP > 1 {
-		one := h.kernels(1, Collective("all_reduce", p.TP, arBytes, tpLink))
-		tpF, tpB = 2*one, (per-2)*one
+		tpAR = h.kernels(1, Collective("all_reduce", p.TP, arBytes, tpLink))
+		tpF, tpB = 2*tpAR, (per-2)*tpAR
 		tpBytes := per * 2 * arBytes * (tp - 1) / tp
 		if p.SequenceParallel {
 			// Sequence parallelism: an all-gather before and a
@@ -672,17 +673,17 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		if !p.cpShardsFirst() {
 			e.CommBytes["cp"] += float64(p.Microbatches) * (spCP + spSize*(fcp-1)/fcp)
 		}
-	} else if p.TP > 1 {
-		// Without it, the vocab-parallel embedding's partial sum is
-		// all-reduced forward, and so is the gradient of the head's input
-		// backward.
-		one := h.kernels(1, Collective("all_reduce", p.TP, arBytes, tpLink))
-		embF += one
-		headB += one
-		e.CommSeconds["tp"] += float64(p.Microbatches) * 2 * one
-		e.CommBytes["tp"] += float64(p.Microbatches) * 2 * 2 * arBytes * (tp - 1) / tp
 	}
 	if p.TP > 1 {
+		if spSize == 0 {
+			// Without sequence parallelism, the vocab-parallel embedding's
+			// partial sum is all-reduced forward, and so is the gradient of
+			// the head's input backward.
+			embF += tpAR
+			headB += tpAR
+			e.CommSeconds["tp"] += float64(p.Microbatches) * 2 * tpAR
+			e.CommBytes["tp"] += float64(p.Microbatches) * 2 * 2 * arBytes * (tp - 1) / tp
+		}
 		// The vocab-parallel cross-entropy exchanges each row's statistics,
 		// in float64, forward and again in its gradient: an all-gather of
 		// the row maxima and an all-reduce of the sums and target logits

@@ -387,16 +387,17 @@ type Box struct {
 // tensor-parallel block is what a device computes with: ZeRO splitting a
 // tp-split vector over dp splits inside each tp block, so gathering over
 // dp gives back the tp block.
-func (m *Mesh) SplitOrder() []int {
+func (m *Mesh) SplitOrder() []int { return m.splitOrder(true) }
+
+// splitOrder lists the weight axes, then the others in mesh order
+// (weightsFirst), or the others first and the weight axes last.
+func (m *Mesh) splitOrder(weightsFirst bool) []int {
 	var order []int
-	for i, a := range m.Axes {
-		if a.Role() == RoleWeight {
-			order = append(order, i)
-		}
-	}
-	for i, a := range m.Axes {
-		if a.Role() != RoleWeight {
-			order = append(order, i)
+	for _, weights := range []bool{weightsFirst, !weightsFirst} {
+		for i, a := range m.Axes {
+			if (a.Role() == RoleWeight) == weights {
+				order = append(order, i)
+			}
 		}
 	}
 	return order
@@ -415,18 +416,7 @@ func (m *Mesh) SplitOrderOn(d int, places ...[]Placement) []int {
 		}
 		for _, place := range places {
 			if i < len(place) && place[i].Kind == Shard && place[i].Dim == d {
-				var order []int
-				for j, b := range m.Axes {
-					if b.Role() != RoleWeight {
-						order = append(order, j)
-					}
-				}
-				for j, b := range m.Axes {
-					if b.Role() == RoleWeight {
-						order = append(order, j)
-					}
-				}
-				return order
+				return m.splitOrder(false)
 			}
 		}
 	}

@@ -27,7 +27,7 @@ func CollectiveBlocks(mesh *ir.Mesh, in lower.Instr) (int, error) {
 		if a == ax {
 			break
 		}
-		if p := place; a < len(p) && p[a].Kind == ir.Shard && p[a].Dim == d && p[a].NumBlocks() == 1 {
+		if a < len(place) && place[a].Kind == ir.Shard && place[a].Dim == d && place[a].NumBlocks() == 1 {
 			coarser *= mesh.Axes[a].Size
 		}
 	}
