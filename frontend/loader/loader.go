@@ -1,7 +1,9 @@
-// Package loader turns a model file into IR: it type-checks the file's Go
-// package with go/packages, builds a driver program around the package's
-// Model function (frontend.Main) and runs it. It is separate from frontend
-// so the driver, which imports frontend, does not link go/packages.
+// Package loader turns a model file into IR: it builds a driver program
+// around the file's package's Model function (frontend.Main) and runs it.
+// Where the file alone cannot name its package, or the build fails, the
+// package is type-checked with go/packages first, for errors that name
+// the user's line. It is separate from frontend so the driver, which
+// imports frontend, does not link go/packages.
 //
 // The model's code runs only in the driver, a process of its own group
 // that is killed with all it started when the load ends, times out, or
@@ -136,9 +138,10 @@ func (e *TimeoutError) Error() string {
 // Unwrap lets callers test for context.DeadlineExceeded.
 func (e *TimeoutError) Unwrap() error { return context.DeadlineExceeded }
 
-// LoadModel type-checks the Go package holding path, then builds and runs
-// a small driver program that calls the package's Model function and
-// writes the module; the module is parsed back from that text. Go errors
+// LoadModel builds and runs (type-checking the Go package holding path
+// first where a build alone would not do, see driverTarget) a small
+// driver program that calls the package's Model function and writes the
+// module; the module is parsed back from that text. Go errors
 // and DSL errors come back as "model.go:LINE: message" lines; no model code
 // runs inside the compiler's process, so a model that crashes cannot take
 // the compiler down with it. It is the command line's loader: default
@@ -191,9 +194,10 @@ func (l *Loader) output() io.Writer {
 	return os.Stderr
 }
 
-// run type-checks, builds and runs the model's driver and returns the
-// payload of its result. Everything it starts is killed, and its work
-// folder removed, before it returns, whichever way it returns.
+// run builds (type-checking first where needed) and runs the model's
+// driver and returns the payload of its result. Everything it starts is
+// killed, and its work folder removed, before it returns, whichever way
+// it returns.
 func (l *Loader) run(path string, cfg frontend.Config, describe bool) (out []byte, err error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -240,12 +244,25 @@ func (l *Loader) run(path string, cfg frontend.Config, describe bool) (out []byt
 	}
 	buildCtx, cancel := context.WithTimeout(l.parent(), timeout)
 	defer cancel()
-	pkg, err := typeCheck(buildCtx, abs, mod, env)
-	if err == nil {
-		var bin string
-		if bin, err = buildDriver(buildCtx, name, pkg, work, mod, env); err == nil {
+	// A model that builds needs only the build: when its file alone names
+	// its package (driverTarget), the driver is built straight away, one
+	// go command instead of the four that listing and type-checking the
+	// package first take. A build that fails is diagnosed the long way,
+	// with the package listed, so every error reads as it always has.
+	if pkgPath, modDir, ok := driverTarget(abs, mod, env); ok {
+		if bin, err := buildDriver(buildCtx, name, pkgPath, modDir, work, mod, env); err == nil {
 			cancel()
 			return l.runDriver(bin, name, work, cfg, describe)
+		}
+	}
+	if buildCtx.Err() == nil {
+		var pkg *packages.Package
+		if pkg, err = typeCheck(buildCtx, abs, mod, env); err == nil {
+			var bin string
+			if bin, err = buildDriver(buildCtx, name, pkg.PkgPath, pkg.Module.Dir, work, mod, env); err == nil {
+				cancel()
+				return l.runDriver(bin, name, work, cfg, describe)
+			}
 		}
 	}
 	if ierr := l.interrupted(name); ierr != nil {
@@ -642,10 +659,10 @@ func relPath(p string) string {
 // model's module so it resolves the same dependencies; nothing is written
 // into the user's tree. The go command runs in its own process group and
 // is killed with everything it started when ctx ends.
-func buildDriver(ctx context.Context, name string, pkg *packages.Package, work string, mod *moduleSetup, env []string) (string, error) {
-	src := fmt.Sprintf("package main\n\nimport (\n\tmodel %q\n\t%q\n)\n\nfunc main() { frontend.Main(model.%s) }\n", pkg.PkgPath, frontendPath, ModelFuncName)
+func buildDriver(ctx context.Context, name, pkgPath, modDir, work string, mod *moduleSetup, env []string) (string, error) {
+	src := fmt.Sprintf("package main\n\nimport (\n\tmodel %q\n\t%q\n)\n\nfunc main() { frontend.Main(model.%s) }\n", pkgPath, frontendPath, ModelFuncName)
 	sum := sha256.Sum256([]byte(src))
-	dir := filepath.Join(pkg.Module.Dir, "gcompile_driver_"+hex.EncodeToString(sum[:6]))
+	dir := filepath.Join(modDir, "gcompile_driver_"+hex.EncodeToString(sum[:6]))
 	srcFile := filepath.Join(work, "main.go")
 	if err := os.WriteFile(srcFile, []byte(src), 0o644); err != nil {
 		return "", fmt.Errorf("writing the model driver: %w", err)
@@ -695,7 +712,7 @@ func buildDriver(ctx context.Context, name string, pkg *packages.Package, work s
 		args = append(append([]string{"run"}, flags...), "-exec", cp, driverMain, bin)
 	}
 	cmd := exec.CommandContext(ctx, goTool, args...)
-	cmd.Dir = pkg.Module.Dir
+	cmd.Dir = modDir
 	cmd.Env = env
 	isolate(cmd)
 	cmd.Cancel = func() error {
@@ -710,7 +727,7 @@ func buildDriver(ctx context.Context, name string, pkg *packages.Package, work s
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%s: building the model driver failed (%w):\n%s", name, err, strings.TrimSpace(buildLog(string(out), pkg.Module.Dir)))
+		return "", fmt.Errorf("%s: building the model driver failed (%w):\n%s", name, err, strings.TrimSpace(buildLog(string(out), modDir)))
 	}
 	return bin, nil
 }

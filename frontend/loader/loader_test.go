@@ -449,8 +449,8 @@ func TestReloadSeesEveryEdit(t *testing.T) {
 }
 
 // BenchmarkLoadAgain loads a model that has not changed since its last
-// load: type-checking, the driver (linked once, then kept by the go
-// command) and its run.
+// load: the driver's build (linked once, then kept by the go command;
+// no type-check, driverTarget) and its run.
 func BenchmarkLoadAgain(b *testing.B) {
 	l := &Loader{TempDir: b.TempDir(), Output: &bytes.Buffer{}}
 	cfg := frontend.Config{Set: map[string]string{"mode": "1"}}

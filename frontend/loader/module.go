@@ -5,10 +5,16 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/build"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"golang.org/x/mod/modfile"
 )
 
 // gcompileModule is the module path of gcompile itself, which every model
@@ -166,4 +172,84 @@ func checkRoot(root string) error {
 		}
 	}
 	return errors.New("not gcompile's source folder: its go.mod has no module line")
+}
+
+// driverTarget names the model file's package (its import path and its
+// module's root) from the files alone, as the go command would, so that
+// the driver can be built without listing the package first. ok is false
+// wherever the files alone might not tell (a file the build would leave
+// out, a package main, a Model that is not a plain function in this
+// file, GOPATH mode, another go.mod than the one found): the package is
+// then listed and type-checked first, as it always was.
+func driverTarget(file string, mod *moduleSetup, env []string) (pkgPath, modDir string, ok bool) {
+	gomodule := ""
+	for _, kv := range env {
+		// A later assignment wins, as in the go command's environment.
+		if v, found := strings.CutPrefix(kv, "GO111MODULE="); found {
+			gomodule = v
+		}
+		if v, found := strings.CutPrefix(kv, "GOFLAGS="); found && strings.Contains(v, "-modfile") {
+			return "", "", false
+		}
+	}
+	if gomodule == "off" {
+		return "", "", false
+	}
+	if !modelFileIsPlain(file) {
+		return "", "", false
+	}
+	dir := filepath.Dir(file)
+	if mod.overlay != nil {
+		// The virtual go.mod sits beside the model.
+		return standaloneModule, dir, true
+	}
+	gomod, found := findEnclosingModule(dir)
+	if !found {
+		return "", "", false
+	}
+	data, err := os.ReadFile(gomod)
+	if err != nil {
+		return "", "", false
+	}
+	modPath := modfile.ModulePath(data)
+	if modPath == "" {
+		return "", "", false
+	}
+	modDir = filepath.Dir(gomod)
+	rel, err := filepath.Rel(modDir, dir)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return "", "", false
+	}
+	if rel == "." {
+		return modPath, modDir, true
+	}
+	return modPath + "/" + filepath.ToSlash(rel), modDir, true
+}
+
+// modelFileIsPlain says the build takes file into its package as it is
+// (no build constraint, not a test file, a name no GOOS or GOARCH suffix
+// excludes, without cgo), that the package is not main, and that the file
+// declares Model as a function of one parameter and no results: then a
+// driver that builds calls what a type-check would have accepted.
+func modelFileIsPlain(file string) bool {
+	base := filepath.Base(file)
+	if !strings.HasSuffix(base, ".go") || strings.HasSuffix(base, "_test.go") {
+		return false
+	}
+	bctx := build.Default
+	bctx.CgoEnabled = false
+	if match, err := bctx.MatchFile(filepath.Dir(file), base); err != nil || !match {
+		return false
+	}
+	f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.SkipObjectResolution)
+	if err != nil || f.Name.Name == "main" {
+		return false
+	}
+	for _, d := range f.Decls {
+		fn, isFunc := d.(*ast.FuncDecl)
+		if isFunc && fn.Recv == nil && fn.Name.Name == ModelFuncName {
+			return fn.Type.TypeParams == nil && fn.Type.Params.NumFields() == 1 && fn.Type.Results.NumFields() == 0
+		}
+	}
+	return false
 }
