@@ -18,6 +18,7 @@ import (
 	"gcompile/cost"
 	"gcompile/data"
 	"gcompile/lower"
+	"gcompile/planner"
 	"gcompile/runtime"
 )
 
@@ -76,8 +77,13 @@ type config struct {
 	hardware     string
 	refineTrace  string
 	saveHardware string
-	// calibrate is --calibrate: measured step times of whole plans.
-	calibrate  string
+	// calibrate is --calibrate: measured step times of whole plans;
+	// measured is the file as read, before the model is built, so that
+	// a bad file is named before any work.
+	calibrate string
+	measured  []planner.MeasuredPlan
+	// traced is --refine-trace's file as read, before the model is built.
+	traced     []runtime.TraceEvent
 	hw         *cost.Hardware
 	calibrated bool
 	plan       bool
@@ -348,6 +354,20 @@ func (c *config) validate() error {
 	}
 	if c.calibrate != "" && !c.planning() {
 		bad("--calibrate fits the hardware the planner prices plans on: it needs --plan, or --devices > 1 with no --tp/--pp/--dp/--ep")
+	}
+	if c.calibrate != "" {
+		if points, err := planner.ReadMeasured(c.calibrate); err != nil {
+			bad("--calibrate: %w", err)
+		} else {
+			c.measured = points
+		}
+	}
+	if c.refineTrace != "" {
+		if events, err := cost.ReadTrace(c.refineTrace); err != nil {
+			bad("--refine-trace: %w", err)
+		} else {
+			c.traced = events
+		}
 	}
 	if c.calibrate != "" && c.refineTrace != "" {
 		bad("--calibrate and --refine-trace each refine the hardware: give one")

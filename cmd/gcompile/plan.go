@@ -289,10 +289,7 @@ func runPlanner(c *config) error {
 // trace (cost.Hardware.Refine), prints each parameter before and after
 // on log, writes --save-hardware and plans with the refined preset.
 func refineHardware(c *config, m *ir.Module, log io.Writer) error {
-	events, err := cost.ReadTrace(c.refineTrace)
-	if err != nil {
-		return fmt.Errorf("--refine-trace: %w", err)
-	}
+	events := c.traced
 	gir, remove, err := compile.TempModuleFile(m)
 	if err != nil {
 		return err
@@ -339,10 +336,7 @@ func refineHardware(c *config, m *ir.Module, log io.Writer) error {
 // errors before, after and left out on log, writes --save-hardware and
 // plans with the result.
 func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writer) error {
-	points, err := planner.ReadMeasured(c.calibrate)
-	if err != nil {
-		return fmt.Errorf("--calibrate: %w", err)
-	}
+	points := c.measured
 	// Price the measured plans as the table will: compiled and predicted
 	// for a model small enough to compile, estimated otherwise.
 	var hw *cost.Hardware

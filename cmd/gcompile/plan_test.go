@@ -274,11 +274,15 @@ func TestCalibrateCLI(t *testing.T) {
 
 	for _, tc := range []struct {
 		name, body, want string
+		// early: the file alone is wrong, which the command line's
+		// checks name before the model is built.
+		early bool
 	}{
-		{"no such plan", `[{"tp": 3, "pp": 1, "dp": 1, "microbatches": 1, "step_ms": 10}]`, "calibration point 1 (tp=3 pp=1 dp=1"},
-		{"negative time", `[{"tp": 1, "pp": 1, "dp": 4, "microbatches": 1, "step_ms": -3}]`, "plan 1: step_ms must be a positive time, got -3"},
-		{"no time", `{"plans": [{"tp": 1, "pp": 1, "dp": 4}]}`, "no plan in it has a step_ms"},
-		{"not JSON", `NaN`, "not a JSON list or object"},
+		{"no such plan", `[{"tp": 3, "pp": 1, "dp": 1, "microbatches": 1, "step_ms": 10}]`, "calibration point 1 (tp=3 pp=1 dp=1", false},
+		{"negative time", `[{"tp": 1, "pp": 1, "dp": 4, "microbatches": 1, "step_ms": -3}]`, "plan 1: step_ms must be a positive time, got -3", true},
+		{"no time", `{"plans": [{"tp": 1, "pp": 1, "dp": 4}]}`, "no plan in it has a step_ms", true},
+		{"not JSON", `NaN`, "not a JSON list or object", true},
+		{"a misspelt axis", `[{"tp": 1, "pp": 1, "dpp": 4, "step_ms": 10}]`, `plan 1: unknown key "dpp"`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := filepath.Join(t.TempDir(), "m.json")
@@ -286,6 +290,13 @@ func TestCalibrateCLI(t *testing.T) {
 			err := mainNoPanic(t, append(append([]string{}, args...), "--calibrate", f))
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
+			_, err = parseArgs(append(append([]string{}, args...), "--calibrate", f))
+			if tc.early {
+				require.Error(t, err, "the command line's checks pass %s", tc.body)
+				assert.Contains(t, err.Error(), tc.want)
+			} else {
+				assert.NoError(t, err)
+			}
 		})
 	}
 	_, err = parseArgs(append(append([]string{}, tinyGPT...), "--devices", "4", "--tp", "2", "--calibrate", measured))

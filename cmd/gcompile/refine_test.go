@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -15,6 +16,8 @@ import (
 func TestRefineTraceFlags(t *testing.T) {
 	dir := t.TempDir()
 	tr := filepath.Join(dir, "trace.json")
+	cut := filepath.Join(dir, "cut.json")
+	require.NoError(t, os.WriteFile(cut, []byte(`{"traceEvents": [{"name": "matmul"`), 0o644))
 	for _, c := range []struct {
 		name string
 		args []string
@@ -25,6 +28,8 @@ func TestRefineTraceFlags(t *testing.T) {
 		{"with run", []string{"--plan", "--run", "--hardware", "cpu", "--refine-trace", tr}, "--refine-trace applies to --plan without --run"},
 		{"save alone", []string{"--plan", "--hardware", "cpu", "--save-hardware", filepath.Join(dir, "hw.json")}, "--save-hardware writes the preset --refine-trace or --calibrate refines: it needs one of them"},
 		{"save not json", []string{"--plan", "--hardware", "cpu", "--refine-trace", tr, "--save-hardware", filepath.Join(dir, "hw.txt")}, "must end in .json"},
+		{"no such trace", []string{"--plan", "--hardware", "cpu", "--refine-trace", tr}, "--refine-trace: trace: open " + tr + ": no such file or directory"},
+		{"a cut trace", []string{"--plan", "--hardware", "cpu", "--refine-trace", cut}, "--refine-trace: trace " + cut + ": unexpected end of JSON input"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := parseArgs(append([]string{gptModel}, c.args...))
