@@ -76,6 +76,21 @@ func (c *config) hardwareSpec() (string, error) {
 	return spec, nil
 }
 
+// attentionNote says how the table priced the model's attention core
+// when it is the fused op: as one kernel that keeps no [batch, heads,
+// seq, seq] scores, which prices a run of another framework as if it had
+// flash attention. The core is the model's choice, not an axis, so the
+// note says how to price the other one ("" for a model without it).
+func attentionNote(m *ir.Module) string {
+	for _, v := range m.Values {
+		if v.Op == "attention" {
+			return "attention: the model's fused core is priced as one kernel that keeps no [batch, heads, seq, seq] scores (flash attention); " +
+				"to price a framework that materializes them, build the model with primitive ops (examples/gpt and examples/llama: --set attention=unfused)"
+		}
+	}
+	return ""
+}
+
 // givenAndChosen says which of the plan's axes the command line gave
 // (fixed) and which the planner chose.
 func givenAndChosen(explicit map[string]bool) string {
@@ -244,6 +259,9 @@ func runPlanner(c *config) error {
 			return err
 		}
 		fmt.Println(givenAndChosen(c.explicit))
+		if note := attentionNote(m); note != "" {
+			fmt.Println(note)
+		}
 		if c.metrics != "" {
 			if err := writeOutput("metrics", c.metrics, func(p string) error { return planner.WriteJSON(p, res, c.hw) }); err != nil {
 				return err

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"gcompile/cost"
+	"gcompile/examples/gpt"
+	"gcompile/frontend"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -349,4 +351,23 @@ func TestOverlapGradReduceCLI(t *testing.T) {
 	_, err = parseArgs(append(append([]string{}, tinyGPT...), "--overlap-grad-reduce=maybe"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "overlap-grad-reduce")
+}
+
+// The --plan table says how it priced a fused attention core (as flash
+// attention) and how to price a framework that keeps the scores; a model
+// built from primitive ops needs no note.
+func TestAttentionNote(t *testing.T) {
+	for _, tc := range []struct {
+		attention string
+		note      bool
+	}{{"fused", true}, {"unfused", false}} {
+		m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 4,
+			Set: map[string]string{"layers": "1", "hidden": "32", "heads": "2", "seq": "16", "attention": tc.attention}})
+		require.NoError(t, err)
+		if tc.note {
+			assert.Contains(t, attentionNote(m), "--set attention=unfused", tc.attention)
+		} else {
+			assert.Empty(t, attentionNote(m), tc.attention)
+		}
+	}
 }
