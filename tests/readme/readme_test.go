@@ -34,7 +34,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -340,6 +342,11 @@ func runSplit(t *testing.T, dir string, env []string, script string, stdoutOnly 
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir, cmd.Env = dir, env
+	// At the limit the whole block goes, not bash alone: a make test the
+	// block started would otherwise run on, orphaned, beside the tests
+	// that follow.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 10 * time.Second
 	var out, errOut bytes.Buffer
 	cmd.Stdout = &out
@@ -370,4 +377,25 @@ func tail(s string, n int) string {
 		return s
 	}
 	return "…" + s[len(s)-n:]
+}
+
+// At its time limit a block is killed whole: what it started in the
+// background does not run on beside the tests that follow.
+func TestRunSplitKillsTheWholeBlock(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	_, err := runSplit(t, t.TempDir(), os.Environ(), "sleep 300 & echo $! > "+pidFile+"; wait", false, time.Second)
+	require.Error(t, err)
+	data, err := os.ReadFile(pidFile)
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	require.NoError(t, err)
+	gone := func() bool {
+		if syscall.Kill(pid, 0) != nil {
+			return true
+		}
+		// Killed but not yet reaped by whoever adopted it.
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err != nil || strings.Contains(string(stat), ") Z ")
+	}
+	require.Eventually(t, gone, 5*time.Second, 50*time.Millisecond, "the block's background sleep (pid %d) outlived it", pid)
 }
