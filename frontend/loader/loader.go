@@ -141,10 +141,10 @@ func (e *TimeoutError) Unwrap() error { return context.DeadlineExceeded }
 // LoadModel builds and runs (type-checking the Go package holding path
 // first where a build alone would not do, see driverTarget) a small
 // driver program that calls the package's Model function and writes the
-// module; the module is parsed back from that text. Go errors
-// and DSL errors come back as "model.go:LINE: message" lines; no model code
-// runs inside the compiler's process, so a model that crashes cannot take
-// the compiler down with it. It is the command line's loader: default
+// module; the module is parsed back from that text. Go errors and DSL
+// errors come back as "model.go:LINE: message" lines; no model code runs
+// inside the compiler's process, so a model that crashes cannot take the
+// compiler down with it. It is the command line's loader: default
 // timeout, progress on os.Stderr.
 func LoadModel(path string, cfg frontend.Config) (*ir.Module, error) {
 	l := &Loader{Progress: os.Stderr}
