@@ -661,21 +661,20 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	headB := 2*h.gemm(tokens, V/tp, hd, dt, eb) + h.memTime(4*tokens*V/tp*3)
 	embF := h.memTime(eb * tokens * hd * 3)
 	embB := h.memTime(eb * tokens * hd * 3)
-	if spSize > 0 {
-		// Sequence parallelism outside the blocks: the embedding's partial
-		// sum is reduce-scattered, the head's input all-gathered and its
-		// gradient reduce-scattered.
-		embF += spRS
-		headF += spAG
-		headB += spRS
-		e.CommSeconds["tp"] += float64(p.Microbatches) * (2*spRS + spAG)
-		e.CommBytes["tp"] += float64(p.Microbatches) * 3 * spSize * (tp - 1) / tp
-		if !p.cpShardsFirst() {
-			e.CommBytes["cp"] += float64(p.Microbatches) * (spCP + spSize*(fcp-1)/fcp)
-		}
-	}
 	if p.TP > 1 {
-		if spSize == 0 {
+		if spSize > 0 {
+			// Sequence parallelism outside the blocks: the embedding's
+			// partial sum is reduce-scattered, the head's input
+			// all-gathered and its gradient reduce-scattered.
+			embF += spRS
+			headF += spAG
+			headB += spRS
+			e.CommSeconds["tp"] += float64(p.Microbatches) * (2*spRS + spAG)
+			e.CommBytes["tp"] += float64(p.Microbatches) * 3 * spSize * (tp - 1) / tp
+			if !p.cpShardsFirst() {
+				e.CommBytes["cp"] += float64(p.Microbatches) * (spCP + spSize*(fcp-1)/fcp)
+			}
+		} else {
 			// Without sequence parallelism, the vocab-parallel embedding's
 			// partial sum is all-reduced forward, and so is the gradient of
 			// the head's input backward.

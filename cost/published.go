@@ -317,18 +317,21 @@ type nemoRow struct {
 	tokens, tflops                   float64 // per GPU a second
 }
 
+// padVocab is the vocabulary v as Megatron pads it under tensor
+// parallelism tp: up to a multiple of 128·tp.
+func padVocab(v, tp int) int { return (v + 128*tp - 1) / (128 * tp) * 128 * tp }
+
 // nemo2407H100Rows is NeMo 24.07's pre-training table on DGX-H100 in
-// FP8. Megatron pads the vocabulary to a multiple of 128·tp.
+// FP8, the vocabularies padded (padVocab).
 func nemo2407H100Rows() []nemoRow {
-	pad := func(v, tp int) int { return (v + 128*tp - 1) / (128 * tp) * 128 * tp }
 	gpt := func(l, h, heads, tp int) Transformer {
-		return Transformer{Layers: l, Hidden: h, Heads: heads, Seq: 2048, Vocab: pad(50257, tp), FFN: 4 * h, FusedAttention: true}
+		return Transformer{Layers: l, Hidden: h, Heads: heads, Seq: 2048, Vocab: padVocab(50257, tp), FFN: 4 * h, FusedAttention: true}
 	}
 	llama := func(l, h, heads, kv, ffn, seq, vocab, tp int) Transformer {
-		return Transformer{Layers: l, Hidden: h, Heads: heads, KVHeads: kv, Seq: seq, Vocab: pad(vocab, tp), FFN: ffn, GatedMLP: true, FusedAttention: true}
+		return Transformer{Layers: l, Hidden: h, Heads: heads, KVHeads: kv, Seq: seq, Vocab: padVocab(vocab, tp), FFN: ffn, GatedMLP: true, FusedAttention: true}
 	}
 	nemotron := func(l, h, heads, kv, tp int) Transformer {
-		return Transformer{Layers: l, Hidden: h, Heads: heads, KVHeads: kv, Seq: 4096, Vocab: pad(256000, tp), FFN: 4 * h, FusedAttention: true}
+		return Transformer{Layers: l, Hidden: h, Heads: heads, KVHeads: kv, Seq: 4096, Vocab: padVocab(256000, tp), FFN: 4 * h, FusedAttention: true}
 	}
 	return []nemoRow{
 		{"GPT3-5B", gpt(24, 4096, 32, 1), 64, 2048, 4, 1, 1, 1, 1, 22521, 736},

@@ -62,14 +62,13 @@ func vtrainRuns(t *testing.T, file string) []PublishedRun {
 	var runs []PublishedRun
 	for _, rec := range recs[1:] {
 		hd, tp := int(get(rec, "hidden size")), int(get(rec, "tensor parallelism"))
-		pad := 128 * tp
 		name := fmt.Sprintf("h%d L%d", hd, int(get(rec, "# layers")))
 		if _, ok := col["Parameters (billion)"]; ok {
 			name = fmt.Sprintf("%gB", get(rec, "Parameters (billion)"))
 		}
 		r := PublishedRun{Source: vtrainSource, Name: name,
 			Shape: Transformer{Layers: int(get(rec, "# layers")), Hidden: hd, Heads: int(get(rec, "attention heads")),
-				Seq: int(get(rec, "sequence length")), Vocab: (50257 + pad - 1) / pad * pad, FFN: 4 * hd},
+				Seq: int(get(rec, "sequence length")), Vocab: padVocab(50257, tp), FFN: 4 * hd},
 			GPUs: int(get(rec, "# GPUs")), TP: tp, PP: int(get(rec, "pipeline parallelism")), VPP: 1,
 			Batch: int(get(rec, "global batch")), MicroBatch: int(get(rec, "micro batch")), Recompute: "full",
 			StepSeconds: get(rec, "iteration time (ms)") / 1e3, InterGBps: vtrainInterGBps, HostOpUS: vtrainHostOpUS}

@@ -307,7 +307,6 @@ func runPlanner(c *config) error {
 // trace (cost.Hardware.Refine), prints each parameter before and after
 // on log, writes --save-hardware and plans with the refined preset.
 func refineHardware(c *config, m *ir.Module, log io.Writer) error {
-	events := c.traced
 	gir, remove, err := compile.TempModuleFile(m)
 	if err != nil {
 		return err
@@ -326,7 +325,7 @@ func refineHardware(c *config, m *ir.Module, log io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--refine-trace: compiling %s: %w", planner.Describe(cfg), err)
 	}
-	hw, rep, err := c.hw.Refine(res.Programs, events)
+	hw, rep, err := c.hw.Refine(res.Programs, c.traced)
 	if err != nil {
 		return fmt.Errorf("--refine-trace %s against %s: %w", c.refineTrace, planner.Describe(cfg), err)
 	}
@@ -354,7 +353,6 @@ func refineHardware(c *config, m *ir.Module, log io.Writer) error {
 // errors before, after and left out on log, writes --save-hardware and
 // plans with the result.
 func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writer) error {
-	points := c.measured
 	// Price the measured plans as the table will: compiled and predicted
 	// for a model small enough to compile, estimated otherwise.
 	var hw *cost.Hardware
@@ -365,7 +363,7 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 			return err
 		}
 		defer remove()
-		hw, rep, err = planner.CalibrateCompiled(c.hw, gir, base, points)
+		hw, rep, err = planner.CalibrateCompiled(c.hw, gir, base, c.measured)
 		if err != nil {
 			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
 		}
@@ -374,7 +372,7 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 		if err != nil {
 			return fmt.Errorf("--calibrate: %w", err)
 		}
-		if hw, rep, err = planner.CalibrateSteps(c.hw, shape, base, points); err != nil {
+		if hw, rep, err = planner.CalibrateSteps(c.hw, shape, base, c.measured); err != nil {
 			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
 		}
 	}
