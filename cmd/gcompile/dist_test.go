@@ -242,14 +242,13 @@ func jobToken(t *testing.T) string {
 }
 
 // startProc starts one process of a job, killed with the test if still
-// running then.
+// running then, and with the test binary however it ends (startTied).
 func startProc(t *testing.T, self string, args, env []string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(self, args...)}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, p.cmd.Start())
+	require.NoError(t, startTied(p.cmd))
 	t.Cleanup(func() {
 		if p.cmd.ProcessState == nil {
 			p.cmd.Process.Kill()
@@ -671,8 +670,7 @@ func TestJobErrorsNameTheirOwnRank(t *testing.T) {
 		p := &proc{cmd: exec.Command(self, args...)}
 		p.cmd.Env = append(childEnv(r, n, port, token), asMainEnv+"=1")
 		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		require.NoError(t, p.cmd.Start())
+		require.NoError(t, startTied(p.cmd))
 		ps[r] = p
 	}
 	waitAll(t, ps, 60*time.Second)

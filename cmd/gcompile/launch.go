@@ -210,8 +210,7 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		cmd.Env = childEnv(r, n, port, token)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
 		// The child dies with the launcher, however the launcher ends.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
+		if err := startTied(cmd); err != nil {
 			return fmt.Errorf("launch: starting rank %d: %w", r, err)
 		}
 		mu.Lock()

@@ -318,8 +318,7 @@ func TestSlurmMatchesOneProcess(t *testing.T) {
 				cmd := exec.CommandContext(ctx, self, args...)
 				cmd.Env = launcherEnv(append([]string{"SLURM_PROCID=" + strconv.Itoa(r), "SLURM_LOCALID=" + strconv.Itoa(r)}, common...)...)
 				cmd.Stdout, cmd.Stderr = &outs[r], &outs[r]
-				cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-				require.NoError(t, cmd.Start())
+				require.NoError(t, startTied(cmd))
 				cmds[r] = cmd
 				t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 			}
