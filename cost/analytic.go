@@ -221,6 +221,17 @@ type Plan struct {
 	// block pays the larger of its GEMMs and its tp communication, not
 	// their sum.
 	OverlapTP bool
+	// OverlapShards: under ZeRO-1 or 2 the framework reduce-scatters the
+	// gradients in buckets beside the last microbatch's backward and
+	// all-gathers the updated params beside the next step's first forward
+	// (Megatron-Core's distributed optimizer with --overlap-grad-reduce
+	// and --overlap-param-gather), so a step pays only what each cannot
+	// hide. gcompile's own runtime does neither: its plans leave it off.
+	OverlapShards bool
+	// GatherBytes is the bytes a param the ZeRO all-gather moves: 0 for
+	// fp32 (gcompile gathers master weights), 2 for a framework that
+	// gathers its bf16 model weights, 1 for fp8 params.
+	GatherBytes float64
 	// BucketBytes is the gradient bytes of one data-parallel reduction
 	// (--bucket-mb; 0: 25 MiB). Each bucket is its own collective and pays
 	// its latency; all but the last can hide behind the backward.
@@ -831,33 +842,45 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			bucket = defaultBucketBytes
 		}
 		buckets := math.Max(math.Ceil(g/bucket), 1)
-		reduce := func(n int, g float64, l Link) float64 {
-			if p.Zero == 0 {
-				return buckets * Collective("all_reduce", n, g/buckets, l)
-			}
-			return Collective("reduce_scatter", n, g, l) + Collective("all_gather", n, g, l)
+		gather := 4 * stageParams
+		if p.GatherBytes > 0 {
+			gather = p.GatherBytes * stageParams
 		}
-		c := reduce(p.DP, g, dpLink)
+		var rs, ag float64
+		if p.Zero == 0 {
+			rs = buckets * Collective("all_reduce", p.DP, g/buckets, dpLink)
+		} else {
+			rs, ag = Collective("reduce_scatter", p.DP, g, dpLink), Collective("all_gather", p.DP, gather, dpLink)
+		}
 		if cp > 1 {
 			// Every gradient is summed over cp first (the weights are
 			// whole on it), in buckets like dp's.
 			r := buckets * Collective("all_reduce", cp, g/buckets, cpLink)
-			c += r
+			rs += r
 			e.CommSeconds["cp"] += r
 			e.CommBytes["cp"] += 2 * g * (fcp - 1) / fcp
 		}
+		c := rs + ag
 		if p.Zero == 3 {
 			// Params gathered before each microbatch's forward and backward.
 			c += 2 * float64(p.Microbatches) * Collective("all_gather", p.DP, eb*stageParams, dpLink)
 		}
 		e.CommSeconds["dp"] = c
 		e.CommBytes["dp"] = 2 * g * float64(p.DP-1) / float64(p.DP)
+		if p.Zero >= 1 {
+			e.CommBytes["dp"] = (g + gather) * float64(p.DP-1) / float64(p.DP)
+		}
 		if h.OverlapBuckets && !p.SerialReductions && p.Zero == 0 && p.PP == 1 {
 			// The buckets reduce on their own stream as the last
 			// microbatch's backward produces them: all but the last can
 			// hide behind that backward.
 			lastBackward := perChunk * float64(v) * layerB
 			c -= math.Min(c*(1-1/buckets), lastBackward)
+		}
+		if p.OverlapShards && (p.Zero == 1 || p.Zero == 2) {
+			lastBackward := perChunk * float64(v) * layerB
+			firstForward := perChunk * float64(v) * layerF
+			c -= math.Min(rs*(1-1/buckets), lastBackward) + math.Min(ag*(1-1/buckets), firstForward)
 		}
 		tail += c
 		if ep > 1 {

@@ -107,6 +107,59 @@ func TestEstimateOverlapsBuckets(t *testing.T) {
 	assert.Greater(t, step(1<<14), step(25), "one bucket of everything hides nothing")
 }
 
+// TestEstimateOverlapsTheDistributedOptimizer: a framework's ZeRO-1 or 2
+// (Plan.OverlapShards) hides all but the last bucket of the gradients'
+// reduce-scatter behind the last microbatch's backward and all but the
+// first of the weights' all-gather behind the first forward; the
+// collectives themselves are unchanged, and a plan of gcompile's own
+// (without it) or under ZeRO 0 or 3 hides nothing of them. GatherBytes
+// prices the gather in the weights' dtype.
+func TestEstimateOverlapsTheDistributedOptimizer(t *testing.T) {
+	hw, err := cost.Preset("h100-sxm")
+	require.NoError(t, err)
+	shape := cost.Transformer{Layers: 24, Hidden: 2304, Heads: 24, Seq: 2048, Vocab: 51200, FFN: 4 * 2304, FusedAttention: true}
+	est := func(p cost.Plan) *cost.Estimate {
+		e, err := hw.Estimate(shape, p)
+		require.NoError(t, err)
+		return e
+	}
+	for _, tc := range []struct {
+		name      string
+		zero, mbs int
+		hides     bool
+	}{
+		{"zero 1, one microbatch", 1, 1, true},
+		{"zero 2, eight microbatches", 2, 8, true},
+		{"zero 0", 0, 8, false},
+		{"zero 3", 3, 8, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := cost.Plan{TP: 1, PP: 1, DP: 64, MicroBatch: 1, Microbatches: tc.mbs, Precision: "bf16", Optimizer: "adamw",
+				Zero: tc.zero, SerialReductions: true}
+			own := est(p)
+			p.OverlapShards = true
+			fw := est(p)
+			assert.InDelta(t, own.CommSeconds["dp"], fw.CommSeconds["dp"], 1e-12, "the collectives are the same")
+			hidden := own.StepSeconds - fw.StepSeconds
+			if !tc.hides {
+				assert.InDelta(t, 0, hidden, 1e-12)
+				return
+			}
+			assert.Positive(t, hidden)
+			assert.Less(t, hidden, own.CommSeconds["dp"], "no more hidden than the collectives take")
+		})
+	}
+
+	// The gather in the weights' dtype: fp32 by default (gcompile gathers
+	// its master weights), 2 or 1 bytes a param for a framework's.
+	p := cost.Plan{TP: 1, PP: 1, DP: 64, MicroBatch: 1, Microbatches: 8, Precision: "bf16", Optimizer: "adamw", Zero: 1}
+	fp32 := est(p)
+	p.GatherBytes = 1
+	fp8 := est(p)
+	assert.InEpsilon(t, 3*shape.Params()*63/64, fp32.CommBytes["dp"]-fp8.CommBytes["dp"], 0.01, "3 bytes a param fewer")
+	assert.Less(t, fp8.CommSeconds["dp"], fp32.CommSeconds["dp"])
+}
+
 // --compress-activations lowp and --offload-prefetch are priced. lowp in
 // fp32 halves the stashed bytes (a 1.3B GPT's 17 + 12 hidden-sized values
 // a layer per token, and the logits) and pays a cast and a widening of

@@ -40,10 +40,16 @@ type PublishedRun struct {
 	// Zero is the optimizer sharding (ZeRO-1 for a distributed
 	// optimizer); Overlap says the framework overlapped the data-parallel
 	// reduction with the backward (Megatron-Core, FSDP), where the 2021
-	// papers' local DDP reduced after it; OverlapTP the tensor-parallel
-	// communication with the GEMMs (Megatron-Core's --tp-comm-overlap).
+	// papers' local DDP reduced after it, and under ZeRO the gather of
+	// the updated weights with the next forward (Plan.OverlapShards);
+	// OverlapTP the tensor-parallel communication with the GEMMs
+	// (Megatron-Core's --tp-comm-overlap).
 	Zero               int
 	Overlap, OverlapTP bool
+	// FP8Params: the framework keeps its model weights in fp8 and gathers
+	// them so (Transformer Engine's fp8 params); otherwise a sharded
+	// optimizer gathers 16-bit weights.
+	FP8Params bool
 }
 
 // HardwareFor is the description the run is priced on.
@@ -142,7 +148,10 @@ func (r PublishedRun) Plan() Plan {
 	p := Plan{TP: r.TP, PP: r.PP, DP: dp, CP: cp, VPP: r.VPP, MicroBatch: r.MicroBatch,
 		Microbatches: r.Batch / (dp * r.MicroBatch), SequenceParallel: r.SequenceParallel,
 		Recompute: r.Recompute, Precision: prec, Optimizer: "adamw", SerialReductions: !r.Overlap, Zero: r.Zero,
-		OverlapTP: r.OverlapTP}
+		OverlapTP: r.OverlapTP, OverlapShards: r.Overlap && r.Zero >= 1, GatherBytes: 2}
+	if r.FP8Params {
+		p.GatherBytes = 1
+	}
 	if !r.Overlap {
 		p.BucketBytes = 1 << 50
 	}
@@ -301,6 +310,7 @@ func MorePublishedRuns() []PublishedRun {
 			Assumed: "the 405B's 126 layers priced as 128 (pp·vp must divide them), the distributed optimizer (ZeRO-1) with its reductions overlapped, " +
 				"tp communication overlapped, the ring for cp; Llama 3 shapes from its paper (8 k/v heads, SwiGLU, vocabulary 128,256)"})
 	}
+	runs = append(runs, mlperfH200()...)
 	// NeMo's performance summary, 24.07 container, DGX-H100, FP8: the
 	// models' shapes are confirmed by the table itself (its model TFLOP/s
 	// over its tokens/s is each shape's FLOPs a token within 0.2 %,
@@ -373,4 +383,50 @@ func nemo2407H100() []PublishedRun {
 // attention.
 func mlperfGPT3() Transformer {
 	return Transformer{Layers: 96, Hidden: 12288, Heads: 96, Seq: 2048, Vocab: 50688, FFN: 4 * 12288, FusedAttention: true}
+}
+
+// mlperfH200 is MLPerf Training's pre-training runs on H200 (8 GPUs a
+// node, 8 ConnectX-7 NDR 400 Gb/s links: the h200 preset), NeMo with
+// Megatron-Core in FP8, each step the median of every train_step_time its
+// logs print. Both run the distributed optimizer with the gradients'
+// reduce-scatter and the weights' fp8 all-gather overlapped, and the
+// ring for cp (cp_comm_type p2p).
+func mlperfH200() []PublishedRun {
+	const repo = "mlcommons/training_results_v5.1 "
+	// Llama 3.1 8B as the log prints it (num_layers 32, hidden_size 4096,
+	// 32 heads, num_query_groups 8, ffn_hidden_size 14336, seq 8192,
+	// padded vocab_size 128256, share_embeddings_and_output_weights False).
+	l8 := Transformer{Layers: 32, Hidden: 4096, Heads: 32, KVHeads: 8, Seq: 8192, Vocab: 128256, FFN: 14336, GatedMLP: true, FusedAttention: true}
+	// Llama 3.1 405B (NeMo's Llama31Config405B: h 16384, 128 heads, 8
+	// k/v heads, FFN 53248) with the benchmark's vocabulary, 32,000 padded
+	// to 32,256 at tp 4 as the log prints it; 126 layers priced as 128:
+	// the config's ASYM_PP_EMBED and ASYM_PP_LOSS give the embedding and
+	// the loss a pipeline slot each, 128 in all over pp·vpp = 64 chunks.
+	l405 := Transformer{Layers: 128, Hidden: 16384, Heads: 128, KVHeads: 8, Seq: 8192, Vocab: padVocab(32000, 4), FFN: 53248, GatedMLP: true, FusedAttention: true}
+	runs := []PublishedRun{{Source: "MLPerf Training v5.1, HPE Cray XD670 (H200), Llama 3.1 8B (FP8)", Name: "Llama 3.1 8B ×64",
+		Shape: l8, GPUs: 64, TP: 1, PP: 1, CP: 2, VPP: 1, Batch: 32, MicroBatch: 1, Recompute: "none",
+		Precision: "fp8", Zero: 1, Overlap: true, FP8Params: true, Hardware: "h200", StepSeconds: 0.3531,
+		Checked: repo + "HPE/systems/HPE-Cray-XD670-H200-SXM5-141GB_n8_25.09.json (8 nodes of 8 H200-SXM5-141GB, 8 InfiniBand NDR 400 Gb/s adapters a node) and " +
+			"HPE/benchmarks/llama3_8b/implementations/nemo-x86_64/config_XD670_8x8x1xtp1pp1cp2_8b.sh with the config_common*.sh it sources " +
+			"(tp 1, pp 1, cp 2, microbatch 1, FP8 hybrid, USE_DIST_OPTIMIZER, OVERLAP_GRAD_REDUCE, OVERLAP_PARAM_GATHER, FP8_PARAM_GATHER, " +
+			"full-iteration CUDA graphs; MODEL_TFLOP_PER_SAMPLE 421.59); HPE/results/…/llama31_8b/result_1..10.txt (global_batch_size 32, " +
+			"gradient_accumulation_steps 1, recompute_granularity None; train_step_time medians 0.3529–0.3533 s over the ten runs)",
+		Assumed: "the reduce-scatter in fp32; the attention core in bf16 (the log's fp8_dot_product_attention=False over the config's FP8_DPA)"}}
+	for _, r := range []struct {
+		nodes, perDP int
+		step         float64
+	}{{64, 144, 50.01}, {128, 72, 25.36}} {
+		gpus := r.nodes * 8
+		runs = append(runs, PublishedRun{Source: "MLPerf Training v5.1, Nebius (H200), Llama 3.1 405B (FP8)", Name: fmt.Sprintf("Llama 3.1 405B ×%d", gpus),
+			Shape: l405, GPUs: gpus, TP: 4, PP: 8, CP: 2, VPP: 8, Batch: 1152, MicroBatch: 1, SequenceParallel: true, Recompute: "none",
+			Precision: "fp8", Zero: 1, Overlap: true, OverlapTP: true, FP8Params: true, Hardware: "h200", StepSeconds: r.step,
+			Checked: repo + fmt.Sprintf("Nebius/systems/nebius_h200_n%d.json (H200-SXM5-141GB, 8x ConnectX-7 NDR 400 Gb/s a node), ", r.nodes) +
+				fmt.Sprintf("Nebius/benchmarks/llama31_405b/implementations/nebius_h200_n%d/config_DGXH200_%dx8x%dxtp4pp8cp2.sh and its config_common.sh ", r.nodes, r.nodes, r.perDP) +
+				"(tp 4, pp 8, interleaving 8, cp 2, microbatch 1, TP_COMM_OVERLAP, FP8, FP8_PARAMS, USE_DIST_OPTIMIZER, OVERLAP_GRAD_REDUCE, " +
+				fmt.Sprintf("OVERLAP_PARAM_GATHER) and Nebius/results/nebius_h200_n%d/llama31_405b/result_1..3.txt (global_batch_size 1152, ", r.nodes) +
+				"sequence_parallel true, fp8_recipe delayed, no activation checkpointing, num_layers 126, vocab 32,000 padded to 32,256; " +
+				"train_step_time medians over the three runs)",
+			Assumed: "126 layers priced as 128 (see mlperfH200); the reduce-scatter in fp32"})
+	}
+	return runs
 }
