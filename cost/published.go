@@ -310,7 +310,7 @@ func MorePublishedRuns() []PublishedRun {
 			Assumed: "the 405B's 126 layers priced as 128 (pp·vp must divide them), the distributed optimizer (ZeRO-1) with its reductions overlapped, " +
 				"tp communication overlapped, the ring for cp; Llama 3 shapes from its paper (8 k/v heads, SwiGLU, vocabulary 128,256)"})
 	}
-	runs = append(runs, mlperfH200()...)
+	runs = append(runs, mlperfV51()...)
 	// NeMo's performance summary, 24.07 container, DGX-H100, FP8: the
 	// models' shapes are confirmed by the table itself (its model TFLOP/s
 	// over its tokens/s is each shape's FLOPs a token within 0.2 %,
@@ -385,13 +385,15 @@ func mlperfGPT3() Transformer {
 	return Transformer{Layers: 96, Hidden: 12288, Heads: 96, Seq: 2048, Vocab: 50688, FFN: 4 * 12288, FusedAttention: true}
 }
 
-// mlperfH200 is MLPerf Training's pre-training runs on H200 (8 GPUs a
-// node, 8 ConnectX-7 NDR 400 Gb/s links: the h200 preset), NeMo with
+// mlperfV51 is MLPerf Training v5.1's pre-training runs on Hopper whose
+// configuration and step times are both in the results repository: on
+// H200 (8 GPUs a node, 8 NDR 400 Gb/s links: the h200 preset) HPE's
+// Llama 3.1 8B and Nebius's 405B, and Cisco's 8B on H100; NeMo with
 // Megatron-Core in FP8, each step the median of every train_step_time its
-// logs print. Both run the distributed optimizer with the gradients'
+// logs print. All run the distributed optimizer with the gradients'
 // reduce-scatter and the weights' fp8 all-gather overlapped, and the
 // ring for cp (cp_comm_type p2p).
-func mlperfH200() []PublishedRun {
+func mlperfV51() []PublishedRun {
 	const repo = "mlcommons/training_results_v5.1 "
 	// Llama 3.1 8B as the log prints it (num_layers 32, hidden_size 4096,
 	// 32 heads, num_query_groups 8, ffn_hidden_size 14336, seq 8192,
@@ -412,6 +414,24 @@ func mlperfH200() []PublishedRun {
 			"full-iteration CUDA graphs; MODEL_TFLOP_PER_SAMPLE 421.59); HPE/results/…/llama31_8b/result_1..10.txt (global_batch_size 32, " +
 			"gradient_accumulation_steps 1, recompute_granularity None; train_step_time medians 0.3529–0.3533 s over the ten runs)",
 		Assumed: "the reduce-scatter in fp32; the attention core in bf16 (the log's fp8_dot_product_attention=False over the config's FP8_DPA)"}}
+	// Cisco's Llama 3.1 8B on H100 (the h100-sxm preset: its 8 ConnectX-7
+	// 400 Gb/s links a node are an Ethernet fabric), one sequence a data
+	// rank, no CUDA graphs.
+	for _, r := range []struct {
+		nodes, tp int
+		step      float64
+	}{{8, 1, 0.7205}, {16, 2, 0.4851}} {
+		gpus := r.nodes * 8
+		runs = append(runs, PublishedRun{Source: "MLPerf Training v5.1, Cisco (H100), Llama 3.1 8B (FP8)", Name: fmt.Sprintf("Llama 3.1 8B ×%d", gpus),
+			Shape: l8, GPUs: gpus, TP: r.tp, PP: 1, VPP: 1, Batch: 64, MicroBatch: 1, SequenceParallel: r.tp > 1, Recompute: "none",
+			Precision: "fp8", Zero: 1, Overlap: true, OverlapTP: r.tp > 1, FP8Params: true, Hardware: "h100-sxm", StepSeconds: r.step,
+			Checked: repo + fmt.Sprintf("Cisco/systems/hpf_n%d.json (%d nodes of 8 H100-SXM5-80GB, 8 ConnectX-7 400 Gb/s compute links a node, Ethernet fabric), ", r.nodes, r.nodes) +
+				fmt.Sprintf("Cisco/benchmarks/llama31_8b/implementations/nemo/config_DGXH100_%dx8x1xtp%dpp1cp1.sh, its config_common.sh and conf/custom.yaml ", r.nodes, r.tp) +
+				"(microbatch 1, TP_COMM_OVERLAP, sequence_parallel default True, FP8, FP8_PARAMS, USE_DIST_OPTIMIZER, OVERLAP_GRAD_REDUCE, OVERLAP_PARAM_GATHER, " +
+				fmt.Sprintf("MCORE_CUDA_GRAPH False, s 8192) and Cisco/results/hpf_n%d/llama31_8b/result_0..9.txt (global_batch_size 64, ", r.nodes) +
+				"gradient_accumulation_steps 1; train_step_time medians over the ten runs)",
+			Assumed: "the shape of HPE's log (Cisco's logs print no model configuration); the reduce-scatter in fp32"})
+	}
 	for _, r := range []struct {
 		nodes, perDP int
 		step         float64
@@ -426,7 +446,7 @@ func mlperfH200() []PublishedRun {
 				fmt.Sprintf("OVERLAP_PARAM_GATHER) and Nebius/results/nebius_h200_n%d/llama31_405b/result_1..3.txt (global_batch_size 1152, ", r.nodes) +
 				"sequence_parallel true, fp8_recipe delayed, no activation checkpointing, num_layers 126, vocab 32,000 padded to 32,256; " +
 				"train_step_time medians over the three runs)",
-			Assumed: "126 layers priced as 128 (see mlperfH200); the reduce-scatter in fp32"})
+			Assumed: "126 layers priced as 128 (see mlperfV51); the reduce-scatter in fp32"})
 	}
 	return runs
 }

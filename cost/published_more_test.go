@@ -19,9 +19,10 @@ import (
 // change that loses agreement is seen, and one that gains it can tighten
 // them.
 func TestMorePublishedRuns(t *testing.T) {
-	// The mean errors reached on 2026-12-06, rounded up: MT-NLG's is
-	// far over the 15 % the Megatron papers' rows meet (the model predicts
-	// it 40 % faster than it ran; see docs/architecture.md).
+	// The mean errors reached on 2026-12-06, rounded up: MT-NLG's and
+	// Cisco's are over the 15 % the Megatron papers' rows meet (the model
+	// predicts MT-NLG 40 % faster than it ran, and Cisco's tp 2 run of the
+	// 8B as much; see docs/architecture.md).
 	bound := map[string]float64{
 		"BLOOM-176B (BigScience tr11-176B-ml)":                            9,
 		"Smith et al. 2022 (MT-NLG 530B), §2.4":                           40,
@@ -31,6 +32,7 @@ func TestMorePublishedRuns(t *testing.T) {
 		"Megatron-Bridge performance summary, NeMo 25.11, DGX-H100 (FP8)": 6,
 		"MLPerf Training v5.1, HPE Cray XD670 (H200), Llama 3.1 8B (FP8)": 3,
 		"MLPerf Training v5.1, Nebius (H200), Llama 3.1 405B (FP8)":       10,
+		"MLPerf Training v5.1, Cisco (H100), Llama 3.1 8B (FP8)":          24,
 		"NeMo performance summary, NeMo 24.07, DGX-H100 (FP8)":            11,
 	}
 	var sb strings.Builder
@@ -209,7 +211,7 @@ func TestNeMoShapesMatchTheirFLOPs(t *testing.T) {
 // (MODEL_TFLOP_PER_SAMPLE=421.59), counting half of attention's s² terms
 // (the causal mask's): the shape priced for the H200 row matches it.
 func TestMLPerfLlama8BShapeMatchesItsFLOPs(t *testing.T) {
-	r := mlperfH200()[0]
+	r := mlperfV51()[0]
 	require.Equal(t, "Llama 3.1 8B ×64", r.Name)
 	sh := r.Shape
 	attn := 12 * float64(sh.Layers) * float64(sh.Hidden) * float64(sh.Seq) * float64(sh.Seq) // QKᵀ and PV, forward and backward
