@@ -262,32 +262,7 @@ func MorePublishedRuns() []PublishedRun {
 				"batch, MFU; vocabulary 131,072 and s 4096 for all; overlapped dp, tp and pp communication",
 			Assumed: "microbatch 1, 1F1B without interleaving, sequence parallelism with tp, no recompute, bf16, FFN 4h, the distributed optimizer (ZeRO-1)"})
 	}
-	// MLPerf Training v3.1's GPT-3 175B on NVIDIA's Eos (DGX H100 nodes,
-	// 8 ConnectX-7 400 Gb/s links each: the h100-sxm preset), FP8, from
-	// the submission's logs: every step's train_step_timing, at 512 to
-	// 10,752 GPUs.
-	gpt3 := mlperfGPT3()
-	for _, r := range []struct {
-		gpus, batch int
-		step        float64
-		log         string
-	}{
-		{512, 2048, 11.04, "eos_n64_ngc23.09_nemo"},
-		{4096, 2048, 1.605, "eos-dfw_n512_ngc23.09_nemo"},
-		{8192, 4096, 1.625, "eos-dfw_n1024_ngc23.09_nemo"},
-		{10752, 2688, 0.929, "eos-dfw_n1344_ngc23.09_nemo"},
-	} {
-		runs = append(runs, PublishedRun{Source: "MLPerf Training v3.1, NVIDIA Eos, GPT-3 175B (FP8)", Name: fmt.Sprintf("GPT-3 175B ×%d", r.gpus),
-			Shape: gpt3, GPUs: r.gpus, TP: 4, PP: 8, VPP: 12, Batch: r.batch, MicroBatch: 1, SequenceParallel: true, Recompute: "none",
-			Precision: "fp8", Zero: 1, Overlap: true, OverlapTP: true, Hardware: "h100-sxm", StepSeconds: r.step,
-			Checked: "mlcommons/training_results_v3.1 NVIDIA/results/" + r.log + "/gpt3/result_0.txt (the last block's " +
-				"train_step_timing; the step counter advances by batch × 2048 tokens) and NVIDIA/benchmarks/gpt3/implementations/pytorch: " +
-				"config_DGXH100_*x8x{16,8}x4x8_mbs1.sh (tp 4, pp 8, microbatch 1, TP_COMM_OVERLAP), config_fp8.sh (FP8 hybrid), " +
-				"conf/custom.yaml (96 layers, h 12288, 96 heads, s 2048, interleaving 12, sequence parallel, no recompute); " +
-				"v3.0's megatron_gpt_config.yaml: distributed_fused_adam overlapping the gradient and parameter syncs",
-			Assumed: "config_common.sh (not in the index) leaves custom.yaml's defaults (12 chunks a rank, no recompute) as they are; " +
-				"the vocabulary 50,257 padded to 50,688 (a multiple of 128·tp); Transformer Engine's fused attention; the distributed optimizer priced as ZeRO-1"})
-	}
+	runs = append(runs, mlperfGPT3Hopper()...)
 	// Megatron-Bridge's performance summary, NeMo 25.11 container,
 	// DGX-H100, FP8 with current scaling: tokens/s/GPU, so the step is
 	// batch·s over that times the GPUs.
@@ -311,6 +286,7 @@ func MorePublishedRuns() []PublishedRun {
 				"tp communication overlapped, the ring for cp; Llama 3 shapes from its paper (8 k/v heads, SwiGLU, vocabulary 128,256)"})
 	}
 	runs = append(runs, mlperfV51()...)
+	runs = append(runs, mlperfLlama405H100()...)
 	// NeMo's performance summary, 24.07 container, DGX-H100, FP8: the
 	// models' shapes are confirmed by the table itself (its model TFLOP/s
 	// over its tokens/s is each shape's FLOPs a token within 0.2 %,
@@ -447,6 +423,109 @@ func mlperfV51() []PublishedRun {
 				"sequence_parallel true, fp8_recipe delayed, no activation checkpointing, num_layers 126, vocab 32,000 padded to 32,256; " +
 				"train_step_time medians over the three runs)",
 			Assumed: "126 layers priced as 128 (see mlperfV51); the reduce-scatter in fp32"})
+	}
+	return runs
+}
+
+// mlperfGPT3Hopper is every submission of GPT-3 175B to MLPerf Training
+// v3.0–v4.1 on H100 nodes of 8 GPUs whose logs print each step's
+// train_step_timing (the step counter advances by batch × 2048 tokens):
+// the median over every value of the submission's result files. All run
+// NeMo's GPT-3 recipe: tp 4 · pp 8 with interleaving, sequence
+// parallelism, tp communication overlapped, FP8 (hybrid), no recompute,
+// and the distributed optimizer overlapping the gradient and parameter
+// syncs; from v4.0 on the weights are fp8 (FP8_PARAMS) and gathered so.
+// Each submitter's cluster is a source of its own (the runs a
+// calibration on one of them may predict).
+func mlperfGPT3Hopper() []PublishedRun {
+	type sub struct {
+		source, repo, results, configs, network string
+		fp8Params                               bool
+	}
+	eos31 := sub{"MLPerf Training v3.1, NVIDIA Eos, GPT-3 175B (FP8)", "mlcommons/training_results_v3.1", "NVIDIA/results/",
+		"NVIDIA/benchmarks/gpt3/implementations/pytorch/config_DGXH100_*_mbs1.sh with config_common.sh, config_fp8.sh and conf/custom.yaml",
+		"DGX H100, 8 ConnectX-7 400 Gb/s a node", false}
+	nv30 := sub{"MLPerf Training v3.0, NVIDIA (DGX H100), GPT-3 175B (FP8)", "mlcommons/training_results_v3.0", "NVIDIA/results/",
+		"NVIDIA/benchmarks/gpt3/implementations/pytorch/config_DGXH100_*_mbs1.sh with config_common.sh, config_fp8.sh and config_tp_h100.sh",
+		"DGX H100", false}
+	cw30 := sub{"MLPerf Training v3.0, CoreWeave (HGX H100), GPT-3 175B (FP8)", "mlcommons/training_results_v3.0", "NVIDIA_CoreWeave/results/",
+		"NVIDIA_CoreWeave/benchmarks/gpt3/implementations/pytorch/config_DGXH100_*_mbs1.sh (NVIDIA's v3.0 recipe)",
+		"8 ConnectX-7 NDR 400 Gb/s a node", false}
+	az31 := sub{"MLPerf Training v3.1, Azure ND H100 v5, GPT-3 175B (FP8)", "mlcommons/training_results_v3.1", "Azure+NVIDIA/results/",
+		"Azure+NVIDIA/benchmarks/gpt3/implementations/pytorch/config_DGXH100_1344x8x8x4x8_mbs1.sh (NVIDIA's v3.1 recipe)",
+		"8 Quantum-2 ConnectX-7 InfiniBand 400 Gb/s a node", false}
+	smc40 := sub{"MLPerf Training v4.0, Sustainable Metal Cloud (H100), GPT-3 175B (FP8)", "mlcommons/training_results_v4.0", "smc/results/",
+		"smc/benchmarks/gpt3/implementations/nemo/config_SMCH100_64x8x128x4x8.sh and the configuration its logs print",
+		"InfiniBand NDR", true}
+	or41 := sub{"MLPerf Training v4.1, Oracle (H100), GPT-3 175B (FP8)", "mlcommons/training_results_v4.1", "Oracle/results/",
+		"Oracle/benchmarks/gpt3/DGXH100_128x8x64x4x8_mbs2/config_DGXH100_{192,384}x8x*_mbs2.sh and the configuration its logs print",
+		"RoCE v2 Ethernet, BM.GPU.H100.8 nodes", true}
+	eos41 := sub{"MLPerf Training v4.1, NVIDIA Eos, GPT-3 175B (FP8)", "mlcommons/training_results_v4.1", "NVIDIA/results/",
+		"NVIDIA/benchmarks/gpt3/implementations/eos_n{32,64}_ngc24.09_nemo/config_DGXH100_*_mbs2.sh with config_common.sh and config_fp8.sh",
+		"DGX H100", true}
+	gpt3 := mlperfGPT3()
+	var runs []PublishedRun
+	for _, r := range []struct {
+		sub
+		system              string
+		gpus, batch, vp, mb int
+		step                float64
+	}{
+		{nv30, "dgxh100_n64_nemo", 512, 2048, 12, 1, 12.077},
+		{nv30, "dgxh100_n96_nemo", 768, 3072, 12, 1, 12.126},
+		{cw30, "coreweave_hgxh100_n96_ngc23.04_pytorch", 768, 3072, 12, 1, 12.299},
+		{cw30, "coreweave_hgxh100_n192_ngc23.04_pytorch", 1536, 3072, 12, 1, 6.338},
+		{cw30, "coreweave_hgxh100_n448_ngc23.04_pytorch", 3584, 2688, 12, 1, 2.598},
+		{eos31, "eos_n64_ngc23.09_nemo", 512, 2048, 12, 1, 11.050},
+		{eos31, "eos_n96_ngc23.09_nemo", 768, 3072, 12, 1, 11.075},
+		{eos31, "eos-dfw_n512_ngc23.09_nemo", 4096, 2048, 12, 1, 1.608},
+		{eos31, "eos-dfw_n768_ngc23.09_nemo", 6144, 3072, 12, 1, 1.615},
+		{eos31, "eos-dfw_n1024_ngc23.09_nemo", 8192, 4096, 12, 1, 1.619},
+		{eos31, "eos-dfw_n1280_ngc23.09_nemo", 10240, 2560, 12, 1, 0.926},
+		{eos31, "eos-dfw_n1344_ngc23.09_nemo", 10752, 2688, 12, 1, 0.930},
+		{az31, "ND_H100_v5_n1344_pytorch", 10752, 2688, 12, 1, 0.947},
+		{smc40, "64xSMC-H100-SXM-80GB", 512, 2048, 12, 2, 10.636},
+		{or41, "1536xBM.GPU.H100.8", 1536, 3072, 4, 2, 5.167},
+		{or41, "3072xBM.GPU.H100.8", 3072, 3072, 4, 2, 3.064},
+		{eos41, "eos_n32_ngc24.09_nemo", 256, 2048, 6, 2, 18.378},
+		{eos41, "eos_n64_ngc24.09_nemo", 512, 2048, 6, 2, 9.500},
+	} {
+		runs = append(runs, PublishedRun{Source: r.source, Name: fmt.Sprintf("GPT-3 175B ×%d", r.gpus),
+			Shape: gpt3, GPUs: r.gpus, TP: 4, PP: 8, VPP: r.vp, Batch: r.batch, MicroBatch: r.mb, SequenceParallel: true, Recompute: "none",
+			Precision: "fp8", Zero: 1, Overlap: true, OverlapTP: true, FP8Params: r.fp8Params, Hardware: "h100-sxm", StepSeconds: r.step,
+			Checked: r.repo + " " + r.results + r.system + "/gpt3/result_*.txt (global_batch_size, gradient_accumulation_steps and every " +
+				"train_step_timing; the median) and " + r.configs + " (tp 4, pp 8, interleaving, microbatch, TP_COMM_OVERLAP, FP8 hybrid, " +
+				"sequence parallel, no recompute, the distributed optimizer with overlapped gradient and parameter syncs); " + r.network,
+			Assumed: "the vocabulary 50,257 padded to 50,688 (a multiple of 128·tp); Transformer Engine's fused attention; " +
+				"the distributed optimizer priced as ZeRO-1, its reduce-scatter in fp32"})
+	}
+	return runs
+}
+
+// mlperfLlama405H100 is NVIDIA's Llama 3.1 405B submissions to MLPerf
+// Training v5.0 on Eos (DGX H100): tp 8 · pp 8 · vp 8 · cp 2, microbatch
+// 1, sequence 8,192, FP8 (e4m3, delayed scaling, fp8 weights), tp
+// communication overlapped, the distributed optimizer's syncs
+// overlapped, no CUDA graphs and no recompute; 126 layers priced as 128
+// (the embedding and the loss take a pipeline slot each: ASYM_PP_EMBED,
+// ASYM_PP_LOSS), the benchmark's vocabulary of 32,000 padded to 32,768
+// at tp 8. The step is the median train_step_time of the result files.
+func mlperfLlama405H100() []PublishedRun {
+	l405 := Transformer{Layers: 128, Hidden: 16384, Heads: 128, KVHeads: 8, Seq: 8192, Vocab: padVocab(32000, 8), FFN: 53248, GatedMLP: true, FusedAttention: true}
+	var runs []PublishedRun
+	for _, r := range []struct {
+		nodes, perDP, batch int
+		step                float64
+	}{{64, 288, 1152, 55.134}, {256, 72, 1152, 14.220}, {304, 64, 1216, 12.729}, {320, 56, 1120, 11.174}, {1024, 24, 1536, 5.180}} {
+		gpus := 8 * r.nodes
+		runs = append(runs, PublishedRun{Source: "MLPerf Training v5.0, NVIDIA Eos (H100), Llama 3.1 405B (FP8)", Name: fmt.Sprintf("Llama 3.1 405B ×%d", gpus),
+			Shape: l405, GPUs: gpus, TP: 8, PP: 8, CP: 2, VPP: 8, Batch: r.batch, MicroBatch: 1, SequenceParallel: true, Recompute: "none",
+			Precision: "fp8", Zero: 1, Overlap: true, OverlapTP: true, FP8Params: true, Hardware: "h100-sxm", StepSeconds: r.step,
+			Checked: "mlcommons/training_results_v5.0 " + fmt.Sprintf("NVIDIA/benchmarks/llama31_405b/implementations/eos-dfw_n%d_ngc25.01_nemo/config_DGXH100_%dx8x%dxtp8pp8cp2.sh ", r.nodes, r.nodes, r.perDP) +
+				"and its config_common.sh (tp 8, pp 8, interleaving 8, cp 2, microbatch 1, TP_COMM_OVERLAP, FP8, FP8_PARAMS, USE_DIST_OPTIMIZER, " +
+				fmt.Sprintf("OVERLAP_GRAD_REDUCE, OVERLAP_PARAM_GATHER); NVIDIA/results/eos-dfw_n%d_ngc25.01_nemo/llama31_405b/result_*.txt ", r.nodes) +
+				"(global_batch_size, gradient_accumulation_steps and every train_step_time; the median); NVIDIA/systems: H100-SXM5-80GB",
+			Assumed: "126 layers priced as 128 (see mlperfV51); the attention core in bf16; the reduce-scatter in fp32"})
 	}
 	return runs
 }

@@ -19,21 +19,29 @@ import (
 // change that loses agreement is seen, and one that gains it can tighten
 // them.
 func TestMorePublishedRuns(t *testing.T) {
-	// The mean errors reached on 2026-12-06, rounded up: MT-NLG's and
-	// Cisco's are over the 15 % the Megatron papers' rows meet (the model
-	// predicts MT-NLG 40 % faster than it ran, and Cisco's tp 2 run of the
-	// 8B as much; see docs/architecture.md).
+	// The mean errors reached on 2026-12-06, rounded up. Five are over
+	// the 15 % the Megatron papers' rows meet (see docs/architecture.md):
+	// MT-NLG's (the model predicts it 40 % faster than it ran), Cisco's
+	// (its tp 2 run of the 8B as much), MLPerf v3.0's two (the same plans
+	// as v3.1's, in an older container, 9 % slower) and Oracle's (RoCE).
 	bound := map[string]float64{
-		"BLOOM-176B (BigScience tr11-176B-ml)":                            9,
-		"Smith et al. 2022 (MT-NLG 530B), §2.4":                           40,
-		"Llama 3 405B (Llama Team 2024), Table 4":                         11,
-		"Megatron-LM README, H100 table (Megatron-Core r0.8.0)":           14,
-		"MLPerf Training v3.1, NVIDIA Eos, GPT-3 175B (FP8)":              10,
-		"Megatron-Bridge performance summary, NeMo 25.11, DGX-H100 (FP8)": 6,
-		"MLPerf Training v5.1, HPE Cray XD670 (H200), Llama 3.1 8B (FP8)": 3,
-		"MLPerf Training v5.1, Nebius (H200), Llama 3.1 405B (FP8)":       10,
-		"MLPerf Training v5.1, Cisco (H100), Llama 3.1 8B (FP8)":          24,
-		"NeMo performance summary, NeMo 24.07, DGX-H100 (FP8)":            11,
+		"BLOOM-176B (BigScience tr11-176B-ml)":                                   9,
+		"Smith et al. 2022 (MT-NLG 530B), §2.4":                                  40,
+		"Llama 3 405B (Llama Team 2024), Table 4":                                11,
+		"Megatron-LM README, H100 table (Megatron-Core r0.8.0)":                  14,
+		"MLPerf Training v3.1, NVIDIA Eos, GPT-3 175B (FP8)":                     10,
+		"Megatron-Bridge performance summary, NeMo 25.11, DGX-H100 (FP8)":        6,
+		"MLPerf Training v5.1, HPE Cray XD670 (H200), Llama 3.1 8B (FP8)":        3,
+		"MLPerf Training v5.1, Nebius (H200), Llama 3.1 405B (FP8)":              10,
+		"MLPerf Training v5.1, Cisco (H100), Llama 3.1 8B (FP8)":                 24,
+		"MLPerf Training v3.0, NVIDIA (DGX H100), GPT-3 175B (FP8)":              28,
+		"MLPerf Training v3.0, CoreWeave (HGX H100), GPT-3 175B (FP8)":           29,
+		"MLPerf Training v3.1, Azure ND H100 v5, GPT-3 175B (FP8)":               5,
+		"MLPerf Training v4.0, Sustainable Metal Cloud (H100), GPT-3 175B (FP8)": 16,
+		"MLPerf Training v4.1, Oracle (H100), GPT-3 175B (FP8)":                  17,
+		"MLPerf Training v4.1, NVIDIA Eos, GPT-3 175B (FP8)":                     6,
+		"MLPerf Training v5.0, NVIDIA Eos (H100), Llama 3.1 405B (FP8)":          4,
+		"NeMo performance summary, NeMo 24.07, DGX-H100 (FP8)":                   11,
 	}
 	var sb strings.Builder
 	sums, counts := map[string]float64{}, map[string]int{}
