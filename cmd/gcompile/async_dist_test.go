@@ -2,7 +2,10 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -94,11 +97,52 @@ func TestAsyncJobTimesOutOnAStalledProcess(t *testing.T) {
 			case <-time.After(30 * time.Second):
 				t.Fatalf("process %d did not time out:\n%s", tc.waiter, w.output())
 			}
-			require.Error(t, w.err)
-			assert.Contains(t, w.output(), tc.want)
-			t.Logf("process %d exited %v after the stall: %s", tc.waiter, time.Since(start).Round(time.Millisecond), lastLine(w.output()))
-			ps[tc.stalled].cmd.Process.Signal(syscall.SIGKILL)
-			ps[tc.stalled].cmd.Wait()
+			// What became of the stalled process, for a failure to name:
+			// still stopped, as it should be, or ended by something else
+			// (a signal, which its wait status names).
+			stalled := stalledState(ps[tc.stalled])
+			require.Error(t, w.err, "the stalled process: %s", stalled)
+			assert.Contains(t, w.output(), tc.want, "the stalled process: %s", stalled)
+			t.Logf("process %d exited %v after the stall: %s (the stalled process: %s)", tc.waiter, time.Since(start).Round(time.Millisecond), lastLine(w.output()), stalled)
+			if ps[tc.stalled].cmd.ProcessState == nil {
+				ps[tc.stalled].cmd.Process.Signal(syscall.SIGKILL)
+				ps[tc.stalled].cmd.Wait()
+			}
 		})
 	}
+}
+
+// stalledState says whether p is still stopped (its /proc state "T") or
+// what ended it, reaping it then: a stalled process that is gone before
+// the test kills it was ended by something outside the job.
+func stalledState(p *proc) string {
+	if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)); err == nil {
+		// The state follows the command's closing parenthesis.
+		if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) && stat[i+2] != 'Z' {
+			return fmt.Sprintf("alive, state %c", stat[i+2])
+		}
+	}
+	p.err = p.cmd.Wait()
+	return "ended before the test killed it: " + p.cmd.ProcessState.String()
+}
+
+// stalledState tells a stopped process from one something else ended.
+func TestStalledState(t *testing.T) {
+	p := &proc{cmd: exec.Command("sleep", "60")}
+	require.NoError(t, p.cmd.Start())
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+	})
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGSTOP))
+	require.Eventually(t, func() bool { return stalledState(p) == "alive, state T" }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	var got string
+	require.Eventually(t, func() bool {
+		got = stalledState(p)
+		return p.cmd.ProcessState != nil
+	}, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, "ended before the test killed it: signal: killed", got)
 }
