@@ -870,16 +870,17 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		if p.Zero >= 1 {
 			e.CommBytes["dp"] = (g + gather) * float64(p.DP-1) / float64(p.DP)
 		}
+		// One microbatch's backward and forward over the stage's chunks:
+		// what a reduction overlapped with the last one, or a gather with
+		// the first, can hide behind.
+		lastBackward, firstForward := perChunk*float64(v)*layerB, perChunk*float64(v)*layerF
 		if h.OverlapBuckets && !p.SerialReductions && p.Zero == 0 && p.PP == 1 {
 			// The buckets reduce on their own stream as the last
 			// microbatch's backward produces them: all but the last can
 			// hide behind that backward.
-			lastBackward := perChunk * float64(v) * layerB
 			c -= math.Min(c*(1-1/buckets), lastBackward)
 		}
 		if p.OverlapShards && (p.Zero == 1 || p.Zero == 2) {
-			lastBackward := perChunk * float64(v) * layerB
-			firstForward := perChunk * float64(v) * layerF
 			c -= math.Min(rs*(1-1/buckets), lastBackward) + math.Min(ag*(1-1/buckets), firstForward)
 		}
 		tail += c
