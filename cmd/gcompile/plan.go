@@ -91,6 +91,26 @@ func attentionNote(m *ir.Module) string {
 	return ""
 }
 
+// zeroNote says how a sharded optimizer is priced when a plan in the
+// table shards one over dp: as gcompile runs it, the gradients'
+// reduce-scatter and the weights' gather after the backward. A framework
+// that overlaps them runs the same plan faster, and a user pricing such a
+// run from this table should know it. The CPU backend's table (hw
+// "cpu") is gcompile's own alone and needs no note.
+func zeroNote(hw *cost.Hardware, ranked []*planner.Candidate) string {
+	if hw == nil || hw.Name == "cpu" {
+		return ""
+	}
+	for _, c := range ranked {
+		if (c.Config.Zero == 1 || c.Config.Zero == 2) && c.Config.DP > 1 {
+			return "zero: the sharded optimizer's reduce-scatter and gather are priced after the backward, as gcompile runs them; " +
+				"a framework whose distributed optimizer overlaps them with the backward and the next forward " +
+				"(Megatron-Core's --overlap-grad-reduce --overlap-param-gather) runs such a plan faster"
+		}
+	}
+	return ""
+}
+
 // givenAndChosen says which of the plan's axes the command line gave
 // (fixed) and which the planner chose.
 func givenAndChosen(explicit map[string]bool) string {
@@ -259,8 +279,10 @@ func runPlanner(c *config) error {
 			return err
 		}
 		fmt.Println(givenAndChosen(c.explicit))
-		if note := attentionNote(m); note != "" {
-			fmt.Println(note)
+		for _, note := range []string{attentionNote(m), zeroNote(c.hw, res.Ranked)} {
+			if note != "" {
+				fmt.Println(note)
+			}
 		}
 		if c.metrics != "" {
 			if err := writeOutput("metrics", c.metrics, func(p string) error { return planner.WriteJSON(p, res, c.hw) }); err != nil {

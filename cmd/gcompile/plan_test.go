@@ -8,9 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"gcompile/compile"
 	"gcompile/cost"
 	"gcompile/examples/gpt"
 	"gcompile/frontend"
+	"gcompile/planner"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -369,5 +371,38 @@ func TestAttentionNote(t *testing.T) {
 		} else {
 			assert.Empty(t, attentionNote(m), tc.attention)
 		}
+	}
+}
+
+// The --plan table on a GPU says how a sharded optimizer is priced when
+// one of its plans shards it over dp, and says nothing otherwise, nor on
+// the CPU backend.
+func TestZeroNote(t *testing.T) {
+	gpu, err := cost.Preset("h100-sxm")
+	require.NoError(t, err)
+	cpu, err := cost.Preset("cpu")
+	require.NoError(t, err)
+	cand := func(zero, dp int) *planner.Candidate {
+		return &planner.Candidate{Config: compile.Config{Zero: zero, DP: dp}}
+	}
+	for _, tc := range []struct {
+		name   string
+		ranked []*planner.Candidate
+		note   bool
+	}{
+		{"zero 1 over dp 4", []*planner.Candidate{cand(0, 4), cand(1, 4)}, true},
+		{"zero 2 over dp 2", []*planner.Candidate{cand(2, 2)}, true},
+		{"no sharding", []*planner.Candidate{cand(0, 8)}, false},
+		{"zero 3 (priced per microbatch)", []*planner.Candidate{cand(3, 8)}, false},
+		{"nothing to shard over", []*planner.Candidate{cand(1, 1)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.note {
+				assert.Contains(t, zeroNote(gpu, tc.ranked), "--overlap-param-gather")
+			} else {
+				assert.Empty(t, zeroNote(gpu, tc.ranked))
+			}
+			assert.Empty(t, zeroNote(cpu, tc.ranked), "the CPU backend's table")
+		})
 	}
 }
