@@ -866,8 +866,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			c += 2 * float64(p.Microbatches) * Collective("all_gather", p.DP, eb*stageParams, dpLink)
 		}
 		e.CommSeconds["dp"] = c
-		e.CommBytes["dp"] = 2 * g * float64(p.DP-1) / float64(p.DP)
-		if p.Zero >= 1 {
+		if p.Zero == 0 {
+			e.CommBytes["dp"] = 2 * g * float64(p.DP-1) / float64(p.DP)
+		} else {
 			e.CommBytes["dp"] = (g + gather) * float64(p.DP-1) / float64(p.DP)
 		}
 		// One microbatch's backward and forward over the stage's chunks:

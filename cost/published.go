@@ -361,6 +361,17 @@ func mlperfGPT3() Transformer {
 	return Transformer{Layers: 96, Hidden: 12288, Heads: 96, Seq: 2048, Vocab: 50688, FFN: 4 * 12288, FusedAttention: true}
 }
 
+// mlperfLlama405 is Llama 3.1 405B as MLPerf Training trains it at
+// tensor parallelism tp: NeMo's Llama31Config405B (h 16384, 128 heads, 8
+// k/v heads, FFN 53248) with the benchmark's vocabulary of 32,000 padded
+// (padVocab; 32,256 at tp 4 as Nebius's log prints it), and its 126
+// layers priced as 128: the configs' ASYM_PP_EMBED and ASYM_PP_LOSS give
+// the embedding and the loss a pipeline slot each, 128 in all over
+// pp·vpp = 64 chunks.
+func mlperfLlama405(tp int) Transformer {
+	return Transformer{Layers: 128, Hidden: 16384, Heads: 128, KVHeads: 8, Seq: 8192, Vocab: padVocab(32000, tp), FFN: 53248, GatedMLP: true, FusedAttention: true}
+}
+
 // mlperfV51 is MLPerf Training v5.1's pre-training runs on Hopper whose
 // configuration and step times are both in the results repository: on
 // H200 (8 GPUs a node, 8 NDR 400 Gb/s links: the h200 preset) HPE's
@@ -375,12 +386,6 @@ func mlperfV51() []PublishedRun {
 	// 32 heads, num_query_groups 8, ffn_hidden_size 14336, seq 8192,
 	// padded vocab_size 128256, share_embeddings_and_output_weights False).
 	l8 := Transformer{Layers: 32, Hidden: 4096, Heads: 32, KVHeads: 8, Seq: 8192, Vocab: 128256, FFN: 14336, GatedMLP: true, FusedAttention: true}
-	// Llama 3.1 405B (NeMo's Llama31Config405B: h 16384, 128 heads, 8
-	// k/v heads, FFN 53248) with the benchmark's vocabulary, 32,000 padded
-	// to 32,256 at tp 4 as the log prints it; 126 layers priced as 128:
-	// the config's ASYM_PP_EMBED and ASYM_PP_LOSS give the embedding and
-	// the loss a pipeline slot each, 128 in all over pp·vpp = 64 chunks.
-	l405 := Transformer{Layers: 128, Hidden: 16384, Heads: 128, KVHeads: 8, Seq: 8192, Vocab: padVocab(32000, 4), FFN: 53248, GatedMLP: true, FusedAttention: true}
 	runs := []PublishedRun{{Source: "MLPerf Training v5.1, HPE Cray XD670 (H200), Llama 3.1 8B (FP8)", Name: "Llama 3.1 8B ×64",
 		Shape: l8, GPUs: 64, TP: 1, PP: 1, CP: 2, VPP: 1, Batch: 32, MicroBatch: 1, Recompute: "none",
 		Precision: "fp8", Zero: 1, Overlap: true, FP8Params: true, Hardware: "h200", StepSeconds: 0.3531,
@@ -414,7 +419,7 @@ func mlperfV51() []PublishedRun {
 	}{{64, 144, 50.01}, {128, 72, 25.36}} {
 		gpus := r.nodes * 8
 		runs = append(runs, PublishedRun{Source: "MLPerf Training v5.1, Nebius (H200), Llama 3.1 405B (FP8)", Name: fmt.Sprintf("Llama 3.1 405B ×%d", gpus),
-			Shape: l405, GPUs: gpus, TP: 4, PP: 8, CP: 2, VPP: 8, Batch: 1152, MicroBatch: 1, SequenceParallel: true, Recompute: "none",
+			Shape: mlperfLlama405(4), GPUs: gpus, TP: 4, PP: 8, CP: 2, VPP: 8, Batch: 1152, MicroBatch: 1, SequenceParallel: true, Recompute: "none",
 			Precision: "fp8", Zero: 1, Overlap: true, OverlapTP: true, FP8Params: true, Hardware: "h200", StepSeconds: r.step,
 			Checked: repo + fmt.Sprintf("Nebius/systems/nebius_h200_n%d.json (H200-SXM5-141GB, 8x ConnectX-7 NDR 400 Gb/s a node), ", r.nodes) +
 				fmt.Sprintf("Nebius/benchmarks/llama31_405b/implementations/nebius_h200_n%d/config_DGXH200_%dx8x%dxtp4pp8cp2.sh and its config_common.sh ", r.nodes, r.nodes, r.perDP) +
@@ -422,7 +427,7 @@ func mlperfV51() []PublishedRun {
 				fmt.Sprintf("OVERLAP_PARAM_GATHER) and Nebius/results/nebius_h200_n%d/llama31_405b/result_1..3.txt (global_batch_size 1152, ", r.nodes) +
 				"sequence_parallel true, fp8_recipe delayed, no activation checkpointing, num_layers 126, vocab 32,000 padded to 32,256; " +
 				"train_step_time medians over the three runs)",
-			Assumed: "126 layers priced as 128 (see mlperfV51); the reduce-scatter in fp32"})
+			Assumed: "126 layers priced as 128 (see mlperfLlama405); the reduce-scatter in fp32"})
 	}
 	return runs
 }
@@ -506,12 +511,9 @@ func mlperfGPT3Hopper() []PublishedRun {
 // Training v5.0 on Eos (DGX H100): tp 8 · pp 8 · vp 8 · cp 2, microbatch
 // 1, sequence 8,192, FP8 (e4m3, delayed scaling, fp8 weights), tp
 // communication overlapped, the distributed optimizer's syncs
-// overlapped, no CUDA graphs and no recompute; 126 layers priced as 128
-// (the embedding and the loss take a pipeline slot each: ASYM_PP_EMBED,
-// ASYM_PP_LOSS), the benchmark's vocabulary of 32,000 padded to 32,768
-// at tp 8. The step is the median train_step_time of the result files.
+// overlapped, no CUDA graphs and no recompute (mlperfLlama405's shape at
+// tp 8). The step is the median train_step_time of the result files.
 func mlperfLlama405H100() []PublishedRun {
-	l405 := Transformer{Layers: 128, Hidden: 16384, Heads: 128, KVHeads: 8, Seq: 8192, Vocab: padVocab(32000, 8), FFN: 53248, GatedMLP: true, FusedAttention: true}
 	var runs []PublishedRun
 	for _, r := range []struct {
 		nodes, perDP, batch int
@@ -519,13 +521,13 @@ func mlperfLlama405H100() []PublishedRun {
 	}{{64, 288, 1152, 55.134}, {256, 72, 1152, 14.220}, {304, 64, 1216, 12.729}, {320, 56, 1120, 11.174}, {1024, 24, 1536, 5.180}} {
 		gpus := 8 * r.nodes
 		runs = append(runs, PublishedRun{Source: "MLPerf Training v5.0, NVIDIA Eos (H100), Llama 3.1 405B (FP8)", Name: fmt.Sprintf("Llama 3.1 405B ×%d", gpus),
-			Shape: l405, GPUs: gpus, TP: 8, PP: 8, CP: 2, VPP: 8, Batch: r.batch, MicroBatch: 1, SequenceParallel: true, Recompute: "none",
+			Shape: mlperfLlama405(8), GPUs: gpus, TP: 8, PP: 8, CP: 2, VPP: 8, Batch: r.batch, MicroBatch: 1, SequenceParallel: true, Recompute: "none",
 			Precision: "fp8", Zero: 1, Overlap: true, OverlapTP: true, FP8Params: true, Hardware: "h100-sxm", StepSeconds: r.step,
 			Checked: "mlcommons/training_results_v5.0 " + fmt.Sprintf("NVIDIA/benchmarks/llama31_405b/implementations/eos-dfw_n%d_ngc25.01_nemo/config_DGXH100_%dx8x%dxtp8pp8cp2.sh ", r.nodes, r.nodes, r.perDP) +
 				"and its config_common.sh (tp 8, pp 8, interleaving 8, cp 2, microbatch 1, TP_COMM_OVERLAP, FP8, FP8_PARAMS, USE_DIST_OPTIMIZER, " +
 				fmt.Sprintf("OVERLAP_GRAD_REDUCE, OVERLAP_PARAM_GATHER); NVIDIA/results/eos-dfw_n%d_ngc25.01_nemo/llama31_405b/result_*.txt ", r.nodes) +
 				"(global_batch_size, gradient_accumulation_steps and every train_step_time; the median); NVIDIA/systems: H100-SXM5-80GB",
-			Assumed: "126 layers priced as 128 (see mlperfV51); the attention core in bf16; the reduce-scatter in fp32"})
+			Assumed: "126 layers priced as 128 (see mlperfLlama405); the attention core in bf16; the reduce-scatter in fp32"})
 	}
 	return runs
 }
