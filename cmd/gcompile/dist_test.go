@@ -227,6 +227,23 @@ func startRanks(t *testing.T, world int, ranks []int, args []string, env func(r 
 	return ps
 }
 
+// ownGroup puts the process cmd starts in a process group of its own.
+// The tests stop processes (SIGSTOP) to stand for a stalled rank, and
+// the kernel sends SIGHUP, then SIGCONT, to every process of an orphaned
+// process group that holds a stopped one when an exit leaves it orphaned:
+// a test binary run in the background of a shell that has since ended, as
+// a CI job's may be, is in such a group, and a stalled process in it was
+// seen killed by that SIGHUP 2–3 s after its stop, ending the job by the
+// lost connection instead of the timeout the test waits for. A group of
+// its own, whose leader's parent (the test binary) is in another group of
+// the same session, is not orphaned while the test binary lives.
+func ownGroup(cmd *exec.Cmd) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+}
+
 // jobToken is a fresh token for one job of a test. Jobs of tests that run
 // at once would otherwise share one, and two whose stores' port ranges
 // meet (freePort's ports are the system's, and a store looks through
@@ -242,12 +259,14 @@ func jobToken(t *testing.T) string {
 }
 
 // startProc starts one process of a job, killed with the test if still
-// running then, and with the test binary however it ends (startTied).
+// running then, and with the test binary however it ends (startTied), in
+// a process group of its own (ownGroup).
 func startProc(t *testing.T, self string, args, env []string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(self, args...)}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	ownGroup(p.cmd)
 	require.NoError(t, startTied(p.cmd))
 	t.Cleanup(func() {
 		if p.cmd.ProcessState == nil {
@@ -670,6 +689,7 @@ func TestJobErrorsNameTheirOwnRank(t *testing.T) {
 		p := &proc{cmd: exec.Command(self, args...)}
 		p.cmd.Env = append(childEnv(r, n, port, token), asMainEnv+"=1")
 		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+		ownGroup(p.cmd)
 		require.NoError(t, startTied(p.cmd))
 		ps[r] = p
 	}
