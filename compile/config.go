@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -85,6 +86,14 @@ type Config struct {
 
 // ErrNotYet marks a valid request that this build cannot carry out yet.
 var ErrNotYet = errors.New("not yet supported")
+
+// CheckSchedule names a pipeline schedule that does not exist.
+func CheckSchedule(s string) error {
+	if !slices.Contains([]string{"gpipe", "1f1b", "interleaved", "2bw", "zb"}, s) {
+		return fmt.Errorf("--schedule %q: want gpipe, 1f1b, interleaved, 2bw or zb", s)
+	}
+	return nil
+}
 
 // Validate rejects impossible or unsupported combinations, naming the
 // rule, and resolves the degrees and schedule the user left to the
@@ -180,8 +189,8 @@ func (c *Config) Validate() error {
 		bad("--vpp %d needs --pp > 1 (virtual stages interleave a pipeline)", c.VPP)
 	}
 	if c.Schedule != "" {
-		if !slices.Contains([]string{"gpipe", "1f1b", "interleaved", "2bw", "zb"}, c.Schedule) {
-			bad("--schedule %q: want gpipe, 1f1b, interleaved, 2bw or zb", c.Schedule)
+		if err := CheckSchedule(c.Schedule); err != nil {
+			bad("%w", err)
 		} else if c.PP == 1 {
 			bad("--schedule %s needs --pp > 1 (it orders pipeline stages)", c.Schedule)
 		}
@@ -226,7 +235,11 @@ func (c *Config) Validate() error {
 	if c.Recompute == "" {
 		c.Recompute = "none"
 	}
-	if !slices.Contains([]string{"none", "full", "selective"}, c.Recompute) && !strings.HasPrefix(c.Recompute, "every=") {
+	if k, ok := strings.CutPrefix(c.Recompute, "every="); ok {
+		if n, err := strconv.Atoi(k); k != "sqrt" && (err != nil || n < 1) {
+			bad("--recompute every=%s: want a positive number of layers or sqrt", k)
+		}
+	} else if !slices.Contains([]string{"none", "full", "selective"}, c.Recompute) {
 		bad("--recompute %q: want none, full, selective or every=K", c.Recompute)
 	}
 	if c.Precision == "" {

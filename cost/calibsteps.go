@@ -77,6 +77,12 @@ var stepParams = []stepParam{
 		func(v float64) float64 { return v / 4 }, func(v float64) float64 { return v * 20 }},
 }
 
+// maxStepRatio is the furthest a measured step may lie from the
+// description's price for it: the fitted figures move within a factor of
+// 10 or so (stepParams), so a step 100× off is a wrong unit or another
+// plan's time, and a fit to it would pin figures at their bounds.
+const maxStepRatio = 100.0
+
 // sensitivity is the relative change of a point's prediction, below
 // which a parameter is taken to be one the points say nothing about.
 const sensitivity = 0.005
@@ -102,6 +108,10 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 		}
 		if !(pred > 0) || math.IsInf(pred, 0) {
 			return nil, nil, fmt.Errorf("calibration point %d (%s): the plan prices at %g s", i+1, p.Name, pred)
+		}
+		if r := p.Measured / pred; r > maxStepRatio || r < 1/maxStepRatio {
+			return nil, nil, fmt.Errorf("calibration point %d (%s): measured %.4g ms where %s prices the plan at %.4g ms, %.3g× apart: no figure within its bounds explains that (is the time in milliseconds, of one step of this plan?)",
+				i+1, p.Name, p.Measured*1e3, h.Name, pred*1e3, math.Max(r, 1/r))
 		}
 	}
 	rep := &StepCalibration{}

@@ -155,6 +155,15 @@ func TestCalibrateStepsRefusesBadPoints(t *testing.T) {
 		assert.Contains(t, err.Error(), "calibration point 1")
 		assert.Contains(t, err.Error(), "must be a positive time")
 	}
+	for _, scale := range []float64{1e-3, 1e3} {
+		p := good
+		pred, err := p.Price(h)
+		require.NoError(t, err)
+		p.Measured = scale * pred // a time in another unit
+		_, _, err = h.CalibrateSteps([]StepPoint{p})
+		require.Error(t, err, "a step %g× the price", scale)
+		assert.Contains(t, err.Error(), "no figure within its bounds explains that")
+	}
 	bad := good
 	bad.Price = func(*Hardware) (float64, error) {
 		return 0, fmt.Errorf("13 layers do not split into pp·vpp = 4 chunks")

@@ -16,6 +16,7 @@ package cost
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -208,11 +209,11 @@ func Load(spec string) (*Hardware, error) {
 	if err != nil || !hasSets {
 		return h, err
 	}
-	return h.with(sets)
+	return h.With(sets)
 }
 
-// with is h with the figures of "key=value,…" set, validated.
-func (h *Hardware) with(sets string) (*Hardware, error) {
+// With is h with the figures of "key=value,…" set, validated.
+func (h *Hardware) With(sets string) (*Hardware, error) {
 	fields := map[string]reflect.Value{}
 	v := reflect.ValueOf(h).Elem()
 	for i := range v.NumField() {
@@ -233,7 +234,7 @@ func (h *Hardware) with(sets string) (*Hardware, error) {
 		switch f.Kind() {
 		case reflect.Float64:
 			x, err := strconv.ParseFloat(val, 64)
-			if err != nil {
+			if err != nil || strings.Contains(val, "_") {
 				return nil, fmt.Errorf("%w: %s=%q is not a number", ErrBadHardware, key, val)
 			}
 			f.SetFloat(x)
@@ -266,10 +267,23 @@ func LoadFile(path string) (*Hardware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadHardware, err)
 	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, fmt.Errorf("%w: %s: the file is empty (a hardware file is a JSON object, as --save-hardware writes one)", ErrBadHardware, path)
+	}
+	if err := checkKeys(data); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var h Hardware
 	if err := dec.Decode(&h); err != nil {
+		// json names the Go struct; the user wrote the key.
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			want := map[reflect.Kind]string{reflect.Float64: "number", reflect.Int: "whole number", reflect.Bool: "true or false",
+				reflect.String: "string", reflect.Map: "JSON object"}[te.Type.Kind()]
+			return nil, fmt.Errorf("%w: %s: %s is a JSON %s, want a %s", ErrBadHardware, path, te.Field, te.Value, cmp.Or(want, te.Type.String()))
+		}
 		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, err)
 	}
 	if dec.More() {
@@ -279,6 +293,90 @@ func LoadFile(path string) (*Hardware, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return &h, nil
+}
+
+// hardwareKeys are the JSON keys of Hardware, each saying whether a file
+// must give it: every figure Save writes (the omitempty ones default to
+// zero, which means "none").
+var hardwareKeys = func() map[string]bool {
+	keys := map[string]bool{}
+	t := reflect.TypeFor[Hardware]()
+	for i := range t.NumField() {
+		name, opts, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		keys[name] = opts != "omitempty"
+	}
+	return keys
+}()
+
+// checkKeys checks a hardware file's keys as encoding/json does not: each
+// top-level key exactly one of Hardware's (json matches a key in any
+// case, so "Launch_US" would set launch_us), none given twice at any depth
+// (json keeps the last, silently), and none of the required ones missing
+// (json leaves it zero: a launch cost of 0 µs, not an error).
+func checkKeys(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	top := map[string]bool{}
+	var walk func(depth int, path string) error
+	walk = func(depth int, path string) error {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		d, ok := tok.(json.Delim)
+		if !ok {
+			return nil
+		}
+		switch d {
+		case '[':
+			for dec.More() {
+				if err := walk(depth+1, path+"[]"); err != nil {
+					return err
+				}
+			}
+		case '{':
+			seen := map[string]bool{}
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return err
+				}
+				k, _ := kt.(string)
+				if seen[k] {
+					return fmt.Errorf("key %q%s given twice", k, path)
+				}
+				seen[k] = true
+				if depth == 0 {
+					if _, known := hardwareKeys[k]; !known {
+						return fmt.Errorf("unknown key %q (the keys are %s; their case matters)", k, strings.Join(slices.Sorted(maps.Keys(hardwareKeys)), ", "))
+					}
+					top[k] = true
+				}
+				if err := walk(depth+1, fmt.Sprintf(" in %q", k)); err != nil {
+					return err
+				}
+			}
+		}
+		_, err = dec.Token() // the closing delimiter
+		return err
+	}
+	if err := walk(0, ""); err != nil {
+		return err
+	}
+	if len(top) == 0 {
+		return nil // not an object: the decoder says what it is
+	}
+	var missing []string
+	for k, required := range hardwareKeys {
+		if required && !top[k] {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return fmt.Errorf("missing %s: a hardware file gives every figure (--save-hardware writes one; a preset with :key=value sets a few)", strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // Validate checks that every figure is usable: positive and finite where

@@ -48,7 +48,11 @@ func TestLoadFile(t *testing.T) {
 		t.Errorf("loaded %+v", h)
 	}
 	for _, c := range []struct{ name, text, want string }{
-		{"unknown-key.json", strings.Replace(good, `"launch_us"`, `"launch_usec"`, 1), "unknown field"},
+		{"unknown-key.json", strings.Replace(good, `"launch_us"`, `"launch_usec"`, 1), `unknown key "launch_usec"`},
+		{"key-case.json", strings.Replace(good, `"launch_us"`, `"Launch_US"`, 1), `unknown key "Launch_US"`},
+		{"missing-key.json", strings.Replace(good, `, "launch_us": 3`, ``, 1), "missing launch_us"},
+		{"twice.json", strings.Replace(good, `"launch_us": 3`, `"launch_us": 3, "launch_us": 4`, 1), `key "launch_us" given twice`},
+		{"twice-nested.json", strings.Replace(good, `"bf16": 400`, `"bf16": 400, "bf16": 500`, 1), `key "bf16" in "peak_tflops" given twice`},
 		{"trailing.json", good + ` {}`, "data after"},
 		{"not-json.json", `peak = 5`, "invalid character"},
 		{"negative.json", strings.Replace(good, `"memory_gib": 48`, `"memory_gib": -1`, 1), "memory_gib must be positive"},

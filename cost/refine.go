@@ -80,10 +80,33 @@ func (h *Hardware) Save(path string) error {
 	if err != nil {
 		return fmt.Errorf("hardware: %w", err)
 	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+	if err := runtime.WriteFileAtomic(path, append(b, '\n')); err != nil {
 		return fmt.Errorf("hardware: %w", err)
 	}
 	return nil
+}
+
+// maxEventUS is the longest a traced kernel may last: an hour.
+const maxEventUS = 3.6e9
+
+// valueTypes gives the type of a value of a device's program by its ref,
+// as its trace events print it.
+func valueTypes(progs []*lower.Program) func(d int, ref string) (string, bool) {
+	byDev := map[int]map[string]string{}
+	return func(d int, ref string) (string, bool) {
+		types, ok := byDev[d]
+		if !ok {
+			types = map[string]string{}
+			for _, in := range lower.ProgramOf(progs, d).Instrs {
+				if in.Value != nil {
+					types[in.Value.Ref()] = in.Value.Type.String()
+				}
+			}
+			byDev[d] = types
+		}
+		t, ok := types[ref]
+		return t, ok
+	}
 }
 
 // measured is one instruction's median time in the trace.
@@ -140,6 +163,7 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool
 		share     float64 // 1/k of shared: the part of its duration that is its own
 	}
 	var evs []ev
+	typeOf := valueTypes(progs)
 	for _, e := range events {
 		if e.Pid != pid {
 			continue
@@ -166,7 +190,18 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool
 			step = s
 		}
 		ref, _ := e.Args["value"].(string)
+		if !(e.Dur >= 0) || e.Dur > maxEventUS || math.IsInf(e.Ts, 0) || math.IsNaN(e.Ts) {
+			return nil, nil, fmt.Errorf("%w: event %s %s on device %d lasts %g µs from %g µs: a kernel's time is from 0 to an hour", ErrTraceMismatch, e.Name, ref, d, e.Dur, e.Ts)
+		}
+		if typ, _ := e.Args["type"].(string); typ != "" && ref != "" {
+			if want, ok := typeOf(d, ref); ok && want != typ {
+				return nil, nil, fmt.Errorf("%w: device %d's %s %s computed %s in the trace, %s in the plan: the trace is of another model size or batch", ErrTraceMismatch, d, e.Name, ref, typ, want)
+			}
+		}
 		evs = append(evs, ev{dev: d, step: step, ts: e.Ts, dur: e.Dur, ref: ref, op: e.Name, share: 1})
+	}
+	if busy := slices.ContainsFunc(evs, func(e ev) bool { return e.dur > 0 }); !busy {
+		return nil, nil, fmt.Errorf("%w: every kernel event of the trace lasts 0 µs: nothing to fit", ErrTraceMismatch)
 	}
 	if shared {
 		// Collectives and transfers mostly wait for their peers, which

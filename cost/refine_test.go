@@ -109,25 +109,36 @@ func TestRefineMismatch(t *testing.T) {
 	hw, err := cost.Preset("a100-80g")
 	require.NoError(t, err)
 	events := predictedTrace(t, res, hw)
-	renamed := make([]runtime.TraceEvent, len(events))
-	copy(renamed, events)
-	for i, e := range renamed {
-		if e.Ph == "X" && e.Args["value"] != nil {
-			args := map[string]any{}
-			for k, v := range e.Args {
-				args[k] = v
-			}
-			args["value"] = "%999999"
-			renamed[i].Args = args
-			break
-		}
-	}
 	var fewer []runtime.TraceEvent
 	for _, e := range events {
 		if e.Tid != 3 {
 			fewer = append(fewer, e)
 		}
 	}
+	// edited is events with f applied to each kernel event of a value
+	// (all of them, or the first alone).
+	edited := func(all bool, f func(e *runtime.TraceEvent)) []runtime.TraceEvent {
+		out := make([]runtime.TraceEvent, len(events))
+		copy(out, events)
+		for i, e := range out {
+			if e.Ph == "X" && e.Args["value"] != nil {
+				args := map[string]any{}
+				for k, v := range e.Args {
+					args[k] = v
+				}
+				out[i].Args = args
+				f(&out[i])
+				if !all {
+					break
+				}
+			}
+		}
+		return out
+	}
+	renamed := edited(false, func(e *runtime.TraceEvent) { e.Args["value"] = "%999999" })
+	negative := edited(false, func(e *runtime.TraceEvent) { e.Dur = -1 })
+	idle := edited(true, func(e *runtime.TraceEvent) { e.Dur = 0 })
+	resized := edited(false, func(e *runtime.TraceEvent) { e.Args["type"] = "f32[3,5,7]" })
 	for _, c := range []struct {
 		name   string
 		progs  []*lower.Program
@@ -138,6 +149,9 @@ func TestRefineMismatch(t *testing.T) {
 		{"unknown value", res.Programs, renamed, "%999999"},
 		{"other device count", res.Programs, fewer, "the trace has 3 devices, the plan 4"},
 		{"other plan", other.Programs, events, "device 0"},
+		{"a negative duration", res.Programs, negative, "lasts -1 µs"},
+		{"no time at all", res.Programs, idle, "every kernel event of the trace lasts 0 µs"},
+		{"another size", res.Programs, resized, "computed f32[3,5,7] in the trace"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, _, err := hw.Refine(c.progs, c.events)

@@ -3,7 +3,6 @@ package cost
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 
 	"gcompile/ir"
 	"gcompile/lower"
@@ -120,7 +119,7 @@ func WriteTrace(path string, progs []*lower.Program, pred *Prediction) error {
 	if err != nil {
 		return fmt.Errorf("trace: %w", err)
 	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
+	if err := runtime.WriteFileAtomic(path, b); err != nil {
 		return fmt.Errorf("trace: %w", err)
 	}
 	return nil

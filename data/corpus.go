@@ -353,20 +353,28 @@ func mib(n int) string {
 // seq+1 bytes. Call it once before training: the batch functions have no
 // error result and return nil for a corpus that is too small.
 func (c *Corpus) Check(seq int) error {
+	if err := c.CheckTrain(seq); err != nil {
+		return err
+	}
+	if need := seq + 1; len(c.Eval) <= need {
+		return fmt.Errorf("data: %s: evaluation split has %d bytes from %d files, needs more than %d for one window of sequence length %d (read more of the corpus, or add files): %w",
+			c.Source, len(c.Eval), c.EvalFiles, need, seq, ErrTooSmall)
+	}
+	return nil
+}
+
+// CheckTrain is Check for a run that evaluates nothing: the training
+// split alone must hold a window.
+func (c *Corpus) CheckTrain(seq int) error {
 	if c == nil {
 		return errors.New("data: corpus is nil")
 	}
 	if seq < 1 {
 		return fmt.Errorf("data: sequence length %d must be at least 1", seq)
 	}
-	need := seq + 1
-	if len(c.Train) <= need {
-		return fmt.Errorf("data: %s: training split has %d bytes, needs more than %d for one window of sequence length %d (raise MaxBytes or use a larger corpus): %w",
+	if need := seq + 1; len(c.Train) <= need {
+		return fmt.Errorf("data: %s: training split has %d bytes, needs more than %d for one window of sequence length %d (read more of the corpus, or use a larger one): %w",
 			c.Source, len(c.Train), need, seq, ErrTooSmall)
-	}
-	if len(c.Eval) <= need {
-		return fmt.Errorf("data: %s: evaluation split has %d bytes from %d files, needs more than %d for one window of sequence length %d (raise EvalFraction or MaxBytes, or add files): %w",
-			c.Source, len(c.Eval), c.EvalFiles, need, seq, ErrTooSmall)
 	}
 	return nil
 }

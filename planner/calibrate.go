@@ -24,6 +24,34 @@ type MeasuredPlan struct {
 	// Batch, from a run's metrics, is the batch it ran (0: the row's or
 	// the command line's).
 	Batch int `json:"batch,omitempty"`
+	// Run is what a run's metrics say of the model it trained, which the
+	// model being calibrated must match (nil for a plan of a list).
+	Run *MeasuredRun `json:"-"`
+}
+
+// MeasuredRun is the model a run's --metrics says it trained.
+type MeasuredRun struct {
+	Params    int64
+	Precision string
+}
+
+// Check refuses a run's metrics whose model is not the one given here:
+// other parameters or another precision ran another program, and its
+// time says nothing of this one's.
+func (r *MeasuredRun) Check(params int64, precision string) error {
+	if r == nil {
+		return nil
+	}
+	if r.Params > 0 && r.Params != params {
+		return fmt.Errorf("the run trained a model of %d parameters, and the model given here has %d: calibrate with the model (and --set) that ran", r.Params, params)
+	}
+	if precision == "" {
+		precision = "fp32"
+	}
+	if r.Precision != "" && r.Precision != precision {
+		return fmt.Errorf("the run trained in %s, and this command prices %s: give --precision %s", r.Precision, precision, r.Precision)
+	}
+	return nil
 }
 
 // ReadMeasured reads measured plans from a JSON file: a list of
@@ -54,10 +82,13 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 	}
 	var obj struct {
 		Plans  []json.RawMessage `json:"plans"`
-		Config *MeasuredPlan     `json:"config"`
+		Config json.RawMessage   `json:"config"`
 		Steps  []struct {
-			Ms float64 `json:"ms"`
+			Ms *float64 `json:"ms"`
 		} `json:"steps"`
+		Model struct {
+			Params int64 `json:"params"`
+		} `json:"model"`
 	}
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", path, want, err)
@@ -69,12 +100,34 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		if len(obj.Steps) < 2 {
 			return nil, fmt.Errorf("%s: a run's metrics with %d steps: at least 2 are needed (the first warms up)", path, len(obj.Steps))
 		}
+		var cfg map[string]json.RawMessage
+		if err := json.Unmarshal(obj.Config, &cfg); err != nil {
+			return nil, fmt.Errorf("%s: config: %w", path, err)
+		}
+		for _, k := range []string{"tp", "pp", "dp"} {
+			if _, ok := cfg[k]; !ok {
+				return nil, fmt.Errorf("%s: a run's metrics whose config gives no %s: not a --metrics file of gcompile's, or one cut short", path, k)
+			}
+		}
+		var p MeasuredPlan
+		if err := json.Unmarshal(obj.Config, &p); err != nil {
+			return nil, fmt.Errorf("%s: config: %w", path, err)
+		}
+		var precision string
+		if raw, ok := cfg["precision"]; ok {
+			if err := json.Unmarshal(raw, &precision); err != nil {
+				return nil, fmt.Errorf("%s: config.precision: %w", path, err)
+			}
+		}
+		p.Run = &MeasuredRun{Params: obj.Model.Params, Precision: precision}
 		ms := make([]float64, 0, len(obj.Steps)-1)
-		for _, s := range obj.Steps[1:] {
-			ms = append(ms, s.Ms)
+		for i, s := range obj.Steps[1:] {
+			if s.Ms == nil {
+				return nil, fmt.Errorf("%s: steps[%d] has no ms (each step's time in milliseconds, as gcompile's --metrics writes it)", path, i+1)
+			}
+			ms = append(ms, *s.Ms)
 		}
 		slices.Sort(ms)
-		p := *obj.Config
 		p.StepMs = ms[len(ms)/2]
 		return checkMeasured(path, []MeasuredPlan{p}, []int{1})
 	}
@@ -192,11 +245,17 @@ func (p MeasuredPlan) Config(base compile.Config) compile.Config {
 
 // CalibrateCompiled is CalibrateSteps for a model small enough to
 // compile (the planner's table then reports compiled plans' predictions):
-// each measured plan is compiled once from gir, the model's module file,
-// and priced by cost.Hardware.Predict, as the table prices it.
-func CalibrateCompiled(hw *cost.Hardware, gir string, base compile.Config, ps []MeasuredPlan) (*cost.Hardware, *cost.StepCalibration, error) {
-	base.Model, base.Set, base.Built, base.MemLimit = gir, "", "", 0
+// each measured plan is compiled once from girFor(its batch), the model's
+// module file built at that batch, and priced by cost.Hardware.Predict,
+// as the table prices it.
+func CalibrateCompiled(hw *cost.Hardware, girFor func(batch int) (string, error), base compile.Config, ps []MeasuredPlan) (*cost.Hardware, *cost.StepCalibration, error) {
+	base.Set, base.Built, base.MemLimit = "", "", 0
 	pts, err := stepPoints(base, ps, func(cfg compile.Config) (func(*cost.Hardware) (float64, error), error) {
+		gir, err := girFor(cfg.Batch)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Model = gir
 		res, err := compile.Compile(&cfg, passes.Hooks{})
 		if err != nil {
 			return nil, err
@@ -239,19 +298,56 @@ func CalibrateSteps(hw *cost.Hardware, t cost.Transformer, base compile.Config, 
 // stepPoints are the measured plans over base as calibration points,
 // each validated (a plan that cannot exist is named by its place in the
 // file and its axes) and priced as price says.
+//
+// A plan measured more than once is one point, its time the mean of the
+// measurements: copies of one plan would count as evidence for as many
+// parameters, and the leave-one-out error would predict each copy from
+// the others. Measurements of one plan more than sameRunSpread apart are
+// refused: one of them is not this plan's step.
 func stepPoints(base compile.Config, ps []MeasuredPlan, price func(compile.Config) (func(*cost.Hardware) (float64, error), error)) ([]cost.StepPoint, error) {
 	var pts []cost.StepPoint
+	type seen struct {
+		point, first int // index in pts; the first measurement's number
+		lo, hi       float64
+		times        []float64
+	}
+	byPlan := map[cost.Plan]*seen{} // what the estimate prices: the same key, the same plan
 	for i, p := range ps {
 		cfg := p.Config(base)
 		name := Describe(cfg)
 		if err := cfg.Validate(); err != nil {
 			return nil, fmt.Errorf("calibration point %d (%s): %w", i+1, name, err)
 		}
+		key := planOf(cfg)
+		if s := byPlan[key]; s != nil {
+			s.lo, s.hi = math.Min(s.lo, p.StepMs), math.Max(s.hi, p.StepMs)
+			if s.hi > sameRunSpread*s.lo {
+				return nil, fmt.Errorf("calibration points %d and %d are the same plan (%s), measured at %.4g and %.4g ms: more than %.1f× apart, one of them is not this plan's step",
+					s.first, i+1, name, ps[s.first-1].StepMs, p.StepMs, sameRunSpread)
+			}
+			s.times = append(s.times, p.StepMs/1e3)
+			pts[s.point].Measured = mean(s.times)
+			pts[s.point].Name = fmt.Sprintf("%s (%d measurements)", name, len(s.times))
+			continue
+		}
 		pr, err := price(cfg)
 		if err != nil {
 			return nil, fmt.Errorf("calibration point %d (%s): %w", i+1, name, err)
 		}
-		pts = append(pts, cost.StepPoint{Name: Describe(cfg), Measured: p.StepMs / 1e3, Price: pr})
+		byPlan[key] = &seen{point: len(pts), first: i + 1, lo: p.StepMs, hi: p.StepMs, times: []float64{p.StepMs / 1e3}}
+		pts = append(pts, cost.StepPoint{Name: name, Measured: p.StepMs / 1e3, Price: pr})
 	}
 	return pts, nil
+}
+
+// sameRunSpread is how far apart two measurements of one plan may be:
+// steps of one plan on one cluster vary by percents, not by half.
+const sameRunSpread = 1.5
+
+func mean(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
 }

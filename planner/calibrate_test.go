@@ -23,8 +23,10 @@ func TestReadMeasured(t *testing.T) {
 			[]MeasuredPlan{{PlanFields: PlanFields{TP: 2, PP: 1, DP: 4, Microbatches: 2}, StepMs: 10}}, ""},
 		{"metrics rows with step_ms", `{"plans": [{"rank": 1, "plan": "tp=2", "tp": 2, "predicted_step_ms": 9, "comm_ms": {"tp": 1}, "step_ms": 12, "cp_impl": "ring", "batch": 8}]}`,
 			[]MeasuredPlan{{PlanFields: PlanFields{TP: 2, CPImpl: "ring"}, StepMs: 12, Batch: 8}}, ""},
-		{"a run's metrics", `{"config": {"tp": 1, "dp": 2, "seed": 7}, "steps": [{"ms": 90}, {"ms": 12}, {"ms": 10}, {"ms": 11}]}`,
-			[]MeasuredPlan{{PlanFields: PlanFields{TP: 1, DP: 2}, StepMs: 11}}, ""},
+		{"a run's metrics", `{"config": {"tp": 1, "pp": 1, "dp": 2, "seed": 7, "precision": "bf16"}, "model": {"params": 1000}, "steps": [{"ms": 90}, {"ms": 12}, {"ms": 10}, {"ms": 11}]}`,
+			[]MeasuredPlan{{PlanFields: PlanFields{TP: 1, PP: 1, DP: 2}, StepMs: 11, Run: &MeasuredRun{Params: 1000, Precision: "bf16"}}}, ""},
+		{"a run's metrics with no plan", `{"config": {}, "steps": [{"ms": 90}, {"ms": 12}]}`, nil, "config gives no tp"},
+		{"a run's step without its time", `{"config": {"tp": 1, "pp": 1, "dp": 2}, "steps": [{"ms": 90}, {"loss": 2}]}`, nil, "steps[1] has no ms"},
 		{"misspelt axis", `[{"tp": 1, "step_ms": 5}, {"tp": 1, "micro_batch_size": 2, "step_ms": 5}]`, nil,
 			`plan 2: unknown key "micro_batch_size"`},
 		{"negative axis", `[{"tp": -1, "step_ms": 5}]`, nil, "plan 1: tp must not be negative, got -1"},
@@ -40,7 +42,7 @@ func TestReadMeasured(t *testing.T) {
 		{"entry not an object", `[5]`, nil, "plan 1: not a JSON object"},
 		{"empty list", `[]`, nil, "no measured plans"},
 		{"empty object", `{}`, nil, "no measured plans (want a list"},
-		{"one warm-up step", `{"config": {"tp": 1}, "steps": [{"ms": 90}]}`, nil, "at least 2 are needed"},
+		{"one warm-up step", `{"config": {"tp": 1, "pp": 1, "dp": 1}, "steps": [{"ms": 90}]}`, nil, "at least 2 are needed"},
 		{"not JSON", `NaN`, nil, "not a JSON list or object"},
 		{"truncated", `[{"tp": 1,`, nil, "unexpected end of JSON input"},
 	} {
@@ -67,7 +69,7 @@ func FuzzReadMeasured(f *testing.F) {
 	for _, seed := range []string{
 		`[{"tp": 2, "pp": 1, "dp": 4, "microbatches": 2, "step_ms": 10}]`,
 		`{"plans": [{"rank": 1, "tp": 2, "comm_ms": {"tp": 1}, "step_ms": 12, "batch": 8}]}`,
-		`{"config": {"tp": 1, "dp": 2}, "steps": [{"ms": 90}, {"ms": 12}, {"ms": 10}]}`,
+		`{"config": {"tp": 1, "pp": 1, "dp": 2}, "steps": [{"ms": 90}, {"ms": 12}, {"ms": 10}]}`,
 		`[{"tp": -1, "step_ms": 5}]`, `[{"step_ms": 1e308}]`, `[null]`, `{"plans": null}`, ` [] `, `{"config": {}, "steps": [{}, {}]}`,
 	} {
 		f.Add(seed)

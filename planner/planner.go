@@ -91,6 +91,8 @@ type Result struct {
 	// RejectedCount counts every rejected candidate (Rejected keeps the
 	// first maxRejected).
 	RejectedCount int
+	// rejectedBy counts every rejected candidate by its reason.
+	rejectedBy map[string]int
 	// Pruned counts candidates dropped by the memory lower bound (their
 	// reasons are in Rejected, up to a limit).
 	Pruned int
@@ -206,13 +208,38 @@ func Plan(req Request) (*Result, error) {
 		return res, fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, req.Base.Devices, noCandidates(req.Base, shape))
 	}
 	if len(res.Ranked) == 0 {
-		var why []string
-		for i, c := range res.Rejected {
+		// The rules the fixed axes break by themselves come first: each
+		// candidate's compile error says the same less directly.
+		// A reason many candidates share (an option the user fixed that
+		// no plan can take) is said once, with how many it rejected.
+		why := fixedConflicts(req.Base, shape)
+		var reasons []string
+		first := map[string]*Candidate{}
+		for _, c := range res.Rejected {
+			if first[c.Rejected] == nil {
+				first[c.Rejected] = c
+				reasons = append(reasons, c.Rejected)
+			}
+		}
+		listed := 0
+		for i, r := range reasons {
 			if i >= 5 {
-				why = append(why, fmt.Sprintf("… and %d more", len(res.Rejected)-i))
+				why = append(why, fmt.Sprintf("… and %d more reasons", len(reasons)-i))
 				break
 			}
-			why = append(why, fmt.Sprintf("%s: %s", Describe(c.Config), c.Rejected))
+			n := res.rejectedBy[r]
+			listed += n
+			switch {
+			case n == res.RejectedCount:
+				why = append(why, fmt.Sprintf("every candidate: %s", r))
+			case n > 1:
+				why = append(why, fmt.Sprintf("%s and %d more: %s", Describe(first[r].Config), n-1, r))
+			default:
+				why = append(why, fmt.Sprintf("%s: %s", Describe(first[r].Config), r))
+			}
+		}
+		if rest := res.RejectedCount - listed; rest > 0 && len(reasons) <= 5 {
+			why = append(why, fmt.Sprintf("%d more candidates for other reasons", rest))
 		}
 		return res, fmt.Errorf("%w on %d devices (%d candidates): %s", ErrNoPlan, req.Base.Devices, res.Considered, strings.Join(why, "; "))
 	}
@@ -222,6 +249,9 @@ func Plan(req Request) (*Result, error) {
 // noCandidates says why the search had nothing to try: the rules every
 // candidate's degrees must meet, with the ones the user fixed.
 func noCandidates(base compile.Config, t cost.Transformer) string {
+	if why := fixedConflicts(base, t); len(why) > 0 {
+		return strings.Join(why, "; ")
+	}
 	var fixed []string
 	for _, f := range []struct {
 		name string
@@ -239,11 +269,69 @@ func noCandidates(base compile.Config, t cost.Transformer) string {
 		base.Devices, given, t.Heads, t.FFN, t.Vocab, t.Layers, base.Batch)
 }
 
+// fixedConflicts are the rules the axes the user fixed break by
+// themselves, whatever the planner chooses for the others: each names
+// its flags and the figure it must fit.
+func fixedConflicts(base compile.Config, t cost.Transformer) []string {
+	fixed := func(name string) bool { return base.Explicit[name] }
+	var why []string
+	prod, names, vals, all := 1, []string{}, []string{}, true
+	for _, a := range []struct {
+		name string
+		v    int
+	}{{"tp", base.TP}, {"pp", base.PP}, {"dp", base.DP}, {"ep", base.EP}, {"cp", base.CP}} {
+		if !fixed(a.name) {
+			all = false
+			continue
+		}
+		prod *= max(a.v, 1)
+		names, vals = append(names, a.name), append(vals, fmt.Sprint(max(a.v, 1)))
+	}
+	given := fmt.Sprintf("%s = %s = %d as given", strings.Join(names, "·"), strings.Join(vals, "·"), prod)
+	if len(names) == 1 {
+		given = fmt.Sprintf("--%s %d as given", names[0], prod)
+	}
+	switch {
+	case len(names) > 0 && all && prod != base.Devices:
+		why = append(why, fmt.Sprintf("%s must equal --devices %d", given, base.Devices))
+	case len(names) > 0 && base.Devices%prod != 0:
+		why = append(why, fmt.Sprintf("%s must divide --devices %d", given, base.Devices))
+	}
+	if fixed("tp") && base.TP > 1 {
+		for _, d := range []struct {
+			what string
+			n    int
+		}{{"heads", t.Heads}, {"FFN width", t.FFN}, {"vocabulary", t.Vocab}} {
+			if d.n > 0 && d.n%base.TP != 0 {
+				why = append(why, fmt.Sprintf("--tp %d does not divide the model's %d %s", base.TP, d.n, d.what))
+			}
+		}
+	}
+	if fixed("pp") && base.PP > 1 {
+		if chunks := base.PP * max(base.VPP, 1); t.Layers > 0 && t.Layers%chunks != 0 {
+			why = append(why, fmt.Sprintf("pp·vpp = %d as given does not divide the model's %d layers", chunks, t.Layers))
+		}
+	}
+	if fixed("dp") || fixed("ep") {
+		if r := max(base.DP, 1) * max(base.EP, 1); base.Batch%r != 0 {
+			why = append(why, fmt.Sprintf("dp·ep = %d as given does not divide --batch %d", r, base.Batch))
+		}
+	}
+	if fixed("microbatches") && fixed("micro-batch-size") {
+		why = append(why, fmt.Sprintf("--microbatches %d and --micro-batch-size %d both give the microbatches: give one", base.Microbatches, base.MicroBatchSize))
+	}
+	return why
+}
+
 // maxRejected bounds the reasons kept: a large search rejects thousands.
 const maxRejected = 200
 
 func (r *Result) reject(c *Candidate) {
 	r.RejectedCount++
+	if r.rejectedBy == nil {
+		r.rejectedBy = map[string]int{}
+	}
+	r.rejectedBy[c.Rejected]++
 	if len(r.Rejected) < maxRejected {
 		r.Rejected = append(r.Rejected, c)
 	}

@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
 
 	"gcompile/compile"
 	"gcompile/cost"
+	"gcompile/runtime"
 )
 
 // Row is one reported plan as the table and --metrics show it.
@@ -208,5 +208,5 @@ func WriteJSON(path string, res *Result, hw *cost.Hardware) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(data, '\n'), 0o644)
+	return runtime.WriteFileAtomic(path, append(data, '\n'))
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 
 	"gcompile/lower"
 )
@@ -139,11 +138,7 @@ func (m *Metrics) WriteFile(path string) error {
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := WriteFileAtomic(path, append(b, '\n')); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	return nil

@@ -3,7 +3,6 @@ package runtime
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -117,7 +116,7 @@ func (t *Tracer) WriteFile(path string) error {
 	if err != nil {
 		return fmt.Errorf("trace: %w", err)
 	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
+	if err := WriteFileAtomic(path, b); err != nil {
 		return fmt.Errorf("trace: %w", err)
 	}
 	return nil

@@ -230,6 +230,17 @@ func heldRows(dev Device) (func(row int) bool, error) {
 	return h.HeldRows(ir.InputTokens, ir.InputTargets)
 }
 
+// CheckSource checks that src holds a window of seq tokens to train on,
+// and a held-out one when the run evaluates (a source that can check its
+// training split alone, as text can, is not asked for a held-out split it
+// will never read).
+func CheckSource(src data.Source, seq int, eval bool) error {
+	if t, ok := src.(interface{ CheckTrain(int) error }); ok && !eval {
+		return t.CheckTrain(seq)
+	}
+	return src.Check(seq)
+}
+
 // Train runs the steps after cfg.Start up to cfg.Steps on dev, feeding
 // tokens from src, and calls report after each step (eval is non-nil when
 // one ran).
@@ -237,7 +248,7 @@ func Train(dev Device, src data.Source, cfg TrainConfig, report func(StepMetrics
 	if cfg.Steps <= 0 {
 		return nil, nil, fmt.Errorf("--steps must be positive, got %d", cfg.Steps)
 	}
-	if err := src.Check(cfg.Seq); err != nil {
+	if err := CheckSource(src, cfg.Seq, cfg.EvalBatches >= 0); err != nil {
 		return nil, nil, err
 	}
 	want, err := heldRows(dev)

@@ -128,6 +128,15 @@ var perProcessFlags = map[string]bool{
 	"refine-trace": true,
 }
 
+// pathFlags are the flags whose value names a file or folder (or a
+// hardware description), which an empty value cannot.
+var pathFlags = map[string]bool{
+	"hardware": true, "calibrate": true, "save-hardware": true, "refine-trace": true,
+	"metrics": true, "trace": true, "save": true, "load": true, "report": true, "timeline": true,
+	"plan-trace": true, "dump": true, "tokenizer": true, "merges": true, "resume": true,
+	"checkpoint-dir": true, "data-cache-dir": true, "log-dir": true, "data": true,
+}
+
 // runSettings are the values of every flag that makes the run what it is
 // (all but perProcessFlags), given or by default, in name order.
 func runSettings(fs *flag.FlagSet) []string {
@@ -276,7 +285,25 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 		return nil, err
 	}
 	c.explicit = map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { c.explicit[f.Name] = true })
+	var empty []string
+	fs.Visit(func(f *flag.Flag) {
+		c.explicit[f.Name] = true
+		if pathFlags[f.Name] && f.Value.String() == "" {
+			empty = append(empty, "--"+f.Name)
+		}
+	})
+	// An axis given as 0 is one not given (the flags' help says so: 0 is
+	// chosen by the planner, or the default): the planner searches it.
+	for _, a := range []string{"tp", "pp", "dp", "ep", "cp", "vpp", "micro-batch-size"} {
+		if f := fs.Lookup(a); f != nil && c.explicit[a] && f.Value.String() == "0" {
+			delete(c.explicit, a)
+		}
+	}
+	if len(empty) > 0 {
+		// Most often a shell variable that is not set: read as not given,
+		// it would drop the file asked for without a word.
+		return nil, fmt.Errorf("%s given an empty value: name a file or folder, or leave the flag out (see %s -h)", strings.Join(empty, ", "), name)
+	}
 	c.Explicit = c.explicit
 	c.settings = runSettings(fs)
 	if len(positional) != 1 {
@@ -336,12 +363,19 @@ func (c *config) validate() error {
 		}
 		c.MemLimit = n
 	}
-	if c.hardware != "" || c.plan || c.planTrace != "" || c.planning() {
+	// Once the planner has run (planned), the hardware it priced on (a
+	// calibrated or refined one, or this machine's cpu figures) stays, and
+	// the inputs it read are not read again.
+	if !c.planned && (c.hardware != "" || c.plan || c.planTrace != "" || c.planning()) {
 		spec, err := c.hardwareSpec()
 		if err != nil {
 			bad("%w", err)
 		} else if hw, err := cost.Load(spec); err != nil {
-			bad("--hardware %q: %w", spec, err)
+			if base, _, _ := strings.Cut(spec, ":"); strings.HasSuffix(strings.ToLower(spec), ".json") || strings.HasSuffix(strings.ToLower(base), ".json") {
+				bad("--hardware: %w", err) // a file's error names it
+			} else {
+				bad("--hardware %q: %w", spec, err)
+			}
 		} else {
 			c.hw = hw
 		}
@@ -352,17 +386,17 @@ func (c *config) validate() error {
 	if c.refineTrace != "" && c.run {
 		bad("--refine-trace applies to --plan without --run: save the refined preset (--save-hardware) and train with --hardware FILE.json")
 	}
-	if c.calibrate != "" && !c.planning() {
+	if c.calibrate != "" && !c.planned && !c.planning() {
 		bad("--calibrate fits the hardware the planner prices plans on: it needs --plan, or --devices > 1 with no --tp/--pp/--dp/--ep")
 	}
-	if c.calibrate != "" {
+	if c.calibrate != "" && !c.planned {
 		if points, err := planner.ReadMeasured(c.calibrate); err != nil {
 			bad("--calibrate: %w", err)
 		} else {
 			c.measured = points
 		}
 	}
-	if c.refineTrace != "" {
+	if c.refineTrace != "" && !c.planned {
 		if events, err := cost.ReadTrace(c.refineTrace); err != nil {
 			bad("--refine-trace: %w", err)
 		} else {
@@ -412,9 +446,14 @@ func (c *config) validate() error {
 		case c.load != "" && c.resume != "":
 			bad("eval: --load and --resume both give the weights; give one")
 		}
-		for _, f := range []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "dp-sync"} {
+		for _, f := range []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "dp-sync", "eval-every", "run"} {
 			if c.explicit[f] {
 				bad("eval: --%s belongs to training; eval only measures the held-out loss", f)
+			}
+		}
+		for _, f := range []string{"metrics", "report", "timeline"} {
+			if c.explicit[f] {
+				bad("eval: --%s records a training run; eval prints the held-out loss and writes no file", f)
 			}
 		}
 		if c.evalBatches < 0 {
@@ -491,8 +530,8 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 	if !c.evalOnly && (c.evalBatches < -1 || c.evalBatches == 0) {
 		bad("--eval-batches must be ≥ 1 (or -1: no held-out evaluation), got %d", c.evalBatches)
 	}
-	if c.vocabDivisible < 1 {
-		bad("--make-vocab-size-divisible-by must be ≥ 1, got %d", c.vocabDivisible)
+	if c.vocabDivisible < 1 || c.vocabDivisible > maxVocabDivisible {
+		bad("--make-vocab-size-divisible-by %d: want 1 to %d", c.vocabDivisible, maxVocabDivisible)
 	}
 	if c.maxDataMB < 1 || c.maxDataMB > maxDataMB {
 		bad("--max-data-mb must be in 1..%d, got %d", maxDataMB, c.maxDataMB)

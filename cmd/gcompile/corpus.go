@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -63,7 +64,10 @@ func loadCorpus(c *config, m *ir.Module, seq int) (*data.Corpus, error) {
 			return nil, dataErr(c, err)
 		}
 	}
-	if err := corpus.Check(seq); err != nil {
+	if err := runtime.CheckSource(corpus, seq, c.evalBatches >= 0 || c.evalOnly); err != nil {
+		if errors.Is(err, data.ErrTooSmall) {
+			err = fmt.Errorf("%w; --max-data-mb %d is how much is read", err, c.maxDataMB)
+		}
 		return nil, dataErr(c, err)
 	}
 	vocab, where := tokenRange(m)

@@ -9,8 +9,10 @@ import (
 	"io"
 	"math"
 	"os"
+	"path"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gcompile/compile"
 	"gcompile/data/tokenizer"
@@ -124,8 +126,11 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	case explicit["prompt"] && g.prompt == "":
 		bad("--prompt \"\": the prompt is empty; there is no token to continue from")
 	}
-	if g.maxNew < 1 {
-		bad("--max-new-tokens %d: want at least 1", g.maxNew)
+	if g.maxNew < 1 || g.maxNew > maxPositions {
+		bad("--max-new-tokens %d: want 1 to %d", g.maxNew, maxPositions)
+	}
+	if g.vocabDivisible < 1 || g.vocabDivisible > maxVocabDivisible {
+		bad("--make-vocab-size-divisible-by %d: want 1 to %d", g.vocabDivisible, maxVocabDivisible)
 	}
 	if g.batch < 0 {
 		bad("--batch %d: want a number of prompts per step (0: all of them)", g.batch)
@@ -160,6 +165,11 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	}
 	if g.loadIgnore != "" && g.load == "" {
 		bad("--load-ignore needs --load")
+	}
+	for _, p := range strings.Split(g.loadIgnore, ",") {
+		if _, err := path.Match(p, ""); err != nil {
+			bad("--load-ignore pattern %q: %v", p, err)
+		}
 	}
 	// The plan: dp and tp only (compile.CheckGenerationPlan).
 	g.Microbatches, g.Optimizer, g.DPSync, g.Recompute = 1, "adamw", "sync", "none"
@@ -199,9 +209,15 @@ func (t codec) decode(ids []int32, eos int32) string {
 	if t.tok != nil {
 		return string(t.tok.Decode(ids))
 	}
-	b := make([]byte, len(ids))
-	for i, id := range ids {
-		b[i] = byte(id)
+	// An id past the bytes (a model built with --set vocab above 256)
+	// has no byte: it shows as U+FFFD, as bytes that are not UTF-8 do.
+	b := make([]byte, 0, len(ids))
+	for _, id := range ids {
+		if id < 0 || id > 255 {
+			b = utf8.AppendRune(b, utf8.RuneError)
+			continue
+		}
+		b = append(b, byte(id))
 	}
 	return string(b)
 }

@@ -111,6 +111,7 @@ func TestGenerateBadInput(t *testing.T) {
 		{"past --context", []string{"--prompt", "abcdef", "--context", "8", "--max-new-tokens", "3"}, "the longest prompt has 6 tokens and 3 are to be generated: 9 positions, past --context 8"},
 		{"above the vocabulary", []string{"--prompt", "ok é", "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48,vocab=128"}, "prompt 1's token 4 is id 195, outside the model's vocabulary of 128"},
 		{"top-p 0", []string{"--prompt", "a", "--top-p", "0"}, "--top-p 0"},
+		{"max-new-tokens past 32 bits", []string{"--prompt", "a", "--max-new-tokens", "9223372036854775807"}, "--max-new-tokens 9223372036854775807: want 1 to 1073741824"},
 		{"top-p 1.5", []string{"--prompt", "a", "--top-p", "1.5"}, "--top-p 1.5"},
 		{"temperature -1", []string{"--prompt", "a", "--temperature", "-1"}, "--temperature -1"},
 		{"another model", []string{"--prompt", "a", "--load", llamaW}, "no param of the model"},
@@ -164,6 +165,17 @@ func TestEvalGivesTheRunsHeldOutLoss(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "give the weights with --load")
 	assert.Contains(t, err.Error(), "--save belongs to training")
+	err = mainErr(append(append([]string{"eval"}, genGPT...), "--load", filepath.Join(dir, "w.safetensors"), "--metrics", "m.json", "--run"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--metrics records a training run; eval prints the held-out loss and writes no file")
+	assert.Contains(t, err.Error(), "--run belongs to training")
+}
+
+// A byte-level model's ids past the bytes (a vocabulary set above 256)
+// have no byte: the text shows each as U+FFFD, not as a byte it wraps to.
+func TestByteDecodeMarksIdsPastTheBytes(t *testing.T) {
+	assert.Equal(t, "a\uFFFDb\uFFFD", codec{}.decode([]int32{'a', 256, 'b', 259, 7}, 7))
+	assert.Equal(t, "\x00\xff", codec{}.decode([]int32{0, 255}, -1))
 }
 
 // --stop ends a prompt's text where a stop string begins (the string is

@@ -54,8 +54,11 @@ func TestLaunchNamesAMisplacedFlag(t *testing.T) {
 func TestPlannerSaysWhyAndAnswers(t *testing.T) {
 	err := mainErr([]string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--plan", "--devices", "8", "--tp", "3", "--batch", "8"})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "no plan fits on 8 devices: no candidate exists: no tp·pp·dp·ep·cp = 8 with --tp 3 as given has tp dividing the 4 heads")
+	assert.Contains(t, err.Error(), "no plan fits on 8 devices: no candidate exists: --tp 3 as given must divide --devices 8; --tp 3 does not divide the model's 4 heads")
 	assert.NotContains(t, err.Error(), "(0 candidates)")
+	err = mainErr([]string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--plan", "--devices", "7", "--batch", "8"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no plan fits on 7 devices: no candidate exists: no tp·pp·dp·ep·cp = 7 has tp dividing the 4 heads")
 	out := captureStdout(t, func() {
 		require.NoError(t, mainErr([]string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--plan", "--devices", "65536", "--batch", "65536", "--hardware", "h100-sxm"}))
 	})

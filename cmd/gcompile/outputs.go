@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"gcompile/data"
 )
@@ -38,9 +39,18 @@ func checkPaths(c *config, lead bool) error {
 				errs = append(errs, fmt.Errorf("--%s applies to a token dataset (--data PREFIX, from gcompile data prepare); --data %q is text", f, c.data))
 			}
 		}
+		if _, err := os.Stat(c.data); c.data != "" && err != nil {
+			errs = append(errs, fmt.Errorf("--data %s: no such text file or folder, and no dataset %s.bin and %s.idx: %w", c.data, c.data, c.data, err))
+			break
+		}
 		if c.tokenizer != "" {
 			errs = append(errs, fmt.Errorf("--tokenizer %s: --data %q is text, which trains one byte per token; tokenize it first with gcompile data prepare --tokenizer %s --output-prefix PREFIX %s, then train on --data PREFIX",
 				c.tokenizer, c.data, c.tokenizer, orDefault(c.data)))
+			break
+		}
+		if ds := datasetsIn(c.data); len(ds) > 0 {
+			errs = append(errs, fmt.Errorf("--data %s is a folder of token datasets (%s), not of text: name one, --data %s, or a blend of them",
+				c.data, strings.Join(ds, ", "), filepath.Join(c.data, ds[0])))
 			break
 		}
 		// Read now, kept for training (loadSource), not read twice.
@@ -74,12 +84,42 @@ type outputPath struct{ flag, path string }
 // outputPaths are the run's file outputs that were asked for.
 func (c *config) outputPaths() []outputPath {
 	var out []outputPath
-	for _, o := range []outputPath{{"metrics", c.metrics}, {"trace", c.trace}, {"save", c.save}, {"timeline", c.timeline}, {"report", c.report}, {"plan-trace", c.planTrace}} {
+	for _, o := range []outputPath{{"metrics", c.metrics}, {"trace", c.trace}, {"save", c.save}, {"timeline", c.timeline}, {"report", c.report}, {"plan-trace", c.planTrace}, {"save-hardware", c.saveHardware}} {
 		if o.path != "" {
 			out = append(out, o)
 		}
 	}
 	return out
+}
+
+// inputPaths are the files the run reads that an output could be
+// mistaken for.
+func (c *config) inputPaths() []outputPath {
+	var in []outputPath
+	hw, _, _ := strings.Cut(c.hardware, ":")
+	if !strings.HasSuffix(strings.ToLower(hw), ".json") {
+		hw = ""
+	}
+	for _, o := range []outputPath{{"calibrate", c.calibrate}, {"refine-trace", c.refineTrace}, {"hardware", hw}, {"load", c.load},
+		{"tokenizer", c.tokenizer}, {"merges", c.merges}, {"data", c.data}} {
+		if o.path != "" {
+			in = append(in, o)
+		}
+	}
+	return in
+}
+
+// samePath says whether a and b name one file: the same absolute path, or
+// one existing file under two names (a link).
+func samePath(a, b string) bool {
+	aa, err1 := filepath.Abs(a)
+	ab, err2 := filepath.Abs(b)
+	if err1 == nil && err2 == nil && aa == ab {
+		return true
+	}
+	fa, err1 := os.Stat(a)
+	fb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(fa, fb)
 }
 
 // checkOutputs checks each output path, and that no two outputs would
@@ -101,6 +141,11 @@ func checkOutputs(c *config) error {
 			continue
 		}
 		seen[key] = o.flag
+		for _, in := range c.inputPaths() {
+			if samePath(in.path, o.path) {
+				errs = append(errs, fmt.Errorf("--%s %s is also --%s's input: writing it would destroy what was read; give the output another file", o.flag, o.path, in.flag))
+			}
+		}
 	}
 	if c.dump != "" {
 		if err := checkOutputDir("dump", c.dump); err != nil {

@@ -205,6 +205,11 @@ func (c *config) validateForPlanner() []error {
 	if c.explicit["microbatches"] && c.Microbatches < 1 {
 		errs = append(errs, fmt.Errorf("--microbatches must be ≥ 1, got %d", c.Microbatches))
 	}
+	if c.explicit["schedule"] {
+		if err := compile.CheckSchedule(c.Schedule); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.explicit["zero"] && (c.Zero < 0 || c.Zero > 3) {
 		errs = append(errs, fmt.Errorf("--zero %d: want 0, 1, 2 or 3", c.Zero))
 	}
@@ -218,15 +223,15 @@ func (c *config) validateForPlanner() []error {
 // with --metrics, writes it as JSON. With --run it then adopts the best
 // plan and says so; the caller goes on to compile and train it.
 func runPlanner(c *config) error {
-	if c.planTrace != "" && !c.run {
-		// Without --run nothing else probes the outputs: refuse a bad
-		// path before the search.
-		if err := checkOutputFile("plan-trace", c.planTrace); err != nil {
-			return err
-		}
+	// The outputs are checked before the search, by the process that
+	// writes them, as checkPaths checks them before a run: the search can
+	// take minutes, and a table that cannot be written is lost.
+	lead := true
+	if w, err := worldOf(c); err == nil && w.Rank > 0 {
+		lead = false
 	}
-	if c.saveHardware != "" {
-		if err := checkOutputFile("save-hardware", c.saveHardware); err != nil {
+	if lead {
+		if err := checkOutputs(c); err != nil {
 			return err
 		}
 	}
@@ -273,6 +278,13 @@ func runPlanner(c *config) error {
 		NoCompile: !affordable})
 	if err != nil {
 		return err
+	}
+	// The refined preset is written once the planner has planned with it:
+	// a run that fails before leaves the file the user had.
+	if c.saveHardware != "" && lead {
+		if err := writeOutput("save-hardware", c.saveHardware, c.hw.Save); err != nil {
+			return err
+		}
 	}
 	if c.plan {
 		if err := planner.WriteTable(os.Stdout, res, c.hw); err != nil {
@@ -327,7 +339,8 @@ func runPlanner(c *config) error {
 // recorded: the axes not given take their defaults, as a run without
 // --plan would) from the built module, refines --hardware from the
 // trace (cost.Hardware.Refine), prints each parameter before and after
-// on log, writes --save-hardware and plans with the refined preset.
+// on log and plans with the refined preset (runPlanner writes
+// --save-hardware).
 func refineHardware(c *config, m *ir.Module, log io.Writer) error {
 	gir, remove, err := compile.TempModuleFile(m)
 	if err != nil {
@@ -364,28 +377,28 @@ func refineHardware(c *config, m *ir.Module, log io.Writer) error {
 	}
 	fmt.Fprintf(log, "refine: median |log(predicted/measured)| per instruction %.3f → %.3f\n", rep.LogErrorBefore, rep.LogErrorAfter)
 	c.hw = hw
-	if c.saveHardware != "" {
-		return writeOutput("save-hardware", c.saveHardware, hw.Save)
-	}
 	return nil
 }
 
 // calibrateHardware fits --hardware to the measured plans of
 // --calibrate (planner.CalibrateSteps), prints each parameter and the
-// errors before, after and left out on log, writes --save-hardware and
-// plans with the result.
+// errors before, after and left out on log, and plans with the result
+// (runPlanner writes --save-hardware).
 func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writer) error {
 	// Price the measured plans as the table will: compiled and predicted
 	// for a model small enough to compile, estimated otherwise.
+	for _, p := range c.measured {
+		if err := p.Run.Check(compile.ParamCount(m), c.Precision); err != nil {
+			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
+		}
+	}
 	var hw *cost.Hardware
 	var rep *cost.StepCalibration
 	if compileAffordable(m, c.Batch) {
-		gir, remove, err := compile.TempModuleFile(m)
-		if err != nil {
-			return err
-		}
+		girFor, remove := modulesByBatch(c, m)
 		defer remove()
-		hw, rep, err = planner.CalibrateCompiled(c.hw, gir, base, c.measured)
+		var err error
+		hw, rep, err = planner.CalibrateCompiled(c.hw, girFor, base, c.measured)
 		if err != nil {
 			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
 		}
@@ -429,10 +442,45 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 			strings.Join(rep.Unfitted, ", "), c.hw.Name, c.hw.Name, rep.Unfitted[0])
 	}
 	c.hw = hw
-	if c.saveHardware != "" {
-		return writeOutput("save-hardware", c.saveHardware, hw.Save)
-	}
 	return nil
+}
+
+// modulesByBatch gives the module file of the model built at a batch: m
+// at the command line's, the model file built again at another (a
+// measured plan ran its own batch, and a module's shapes are its batch's),
+// each once. remove deletes the files.
+func modulesByBatch(c *config, m *ir.Module) (girFor func(batch int) (string, error), remove func()) {
+	girs := map[int]string{}
+	var removes []func()
+	girFor = func(batch int) (string, error) {
+		if gir, ok := girs[batch]; ok {
+			return gir, nil
+		}
+		mb := m
+		if batch != c.Batch {
+			if strings.HasSuffix(c.Model, ".gir") {
+				return "", fmt.Errorf("it ran batch %d, and %s is a module built at batch %d: give the model's .go file, which builds at any batch, or measured plans of batch %d", batch, c.Model, c.Batch, c.Batch)
+			}
+			cfg := c.Config
+			cfg.Batch, cfg.Built, cfg.Interrupt = batch, "", nil
+			var err error
+			if mb, err = compile.LoadModule(&cfg); err != nil {
+				return "", fmt.Errorf("building the model at batch %d: %w", batch, err)
+			}
+		}
+		gir, rm, err := compile.TempModuleFile(mb)
+		if err != nil {
+			return "", err
+		}
+		girs[batch] = gir
+		removes = append(removes, rm)
+		return gir, nil
+	}
+	return girFor, func() {
+		for _, rm := range removes {
+			rm()
+		}
+	}
 }
 
 // compileAffordable says whether compiling the top plans is quick enough
@@ -480,13 +528,15 @@ func writePlanTrace(c *config, res *compile.Result, path string, log io.Writer) 
 
 // calibrateCPU replaces the cpu preset by this machine's measured figures
 // (cost.Calibrate, a few hundred milliseconds, nothing cached) the first
-// time the cost model is used, when --hardware cpu was given. Left at its
+// time the cost model is used, when --hardware cpu was given (cpu:key=value,…
+// sets those figures on the measured ones). Left at its
 // default (--plan alone) the preset stays, so such plans do not vary from
 // run to run; in a job of several processes too, since each process plans
 // on its own and all must choose the same plan. A failed calibration
 // keeps the preset and says why.
 func calibrateCPU(c *config) {
-	if c.calibrated || c.hardware != "cpu" {
+	base, sets, _ := strings.Cut(c.hardware, ":")
+	if c.calibrated || base != "cpu" {
 		return
 	}
 	c.calibrated = true
@@ -498,6 +548,14 @@ func calibrateCPU(c *config) {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "hardware: calibrating the cpu preset failed, keeping its defaults: %v\n", err)
 		return
+	}
+	if sets != "" {
+		// Load checked the figures on the preset; on the measured ones
+		// they are the same keys and values.
+		if hw, err = hw.With(sets); err != nil {
+			fmt.Fprintf(os.Stderr, "hardware: %s on the measured cpu figures: %v; keeping the preset with them\n", sets, err)
+			return
+		}
 	}
 	c.hw = hw
 	fmt.Fprintf(os.Stderr, "hardware: %s\n", hw.Source)

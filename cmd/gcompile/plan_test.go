@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -31,7 +32,10 @@ func TestPlanFlagsBadValues(t *testing.T) {
 	}{
 		{"unknown preset", []string{"--plan", "--hardware", "tpu-v9"}, []string{`--hardware "tpu-v9"`, "unknown hardware", "a100-80g"}},
 		{"missing file", []string{"--plan", "--hardware", filepath.Join(dir, "none.json")}, []string{"bad hardware description", "none.json"}},
-		{"bad file", []string{"--plan", "--hardware", bad}, []string{"peak_tflops.fp32 must be positive", "vector_tflops"}},
+		{"bad file", []string{"--plan", "--hardware", bad}, []string{"missing ", "vector_tflops", "a hardware file gives every figure"}},
+		{"empty hardware", []string{"--plan", "--hardware", ""}, []string{"--hardware given an empty value"}},
+		{"schedule that does not exist", []string{"--plan", "--devices", "4", "--schedule", "bogus"}, []string{`--schedule "bogus": want gpipe`}},
+		{"every=0", []string{"--plan", "--devices", "4", "--recompute", "every=0"}, []string{"--recompute every=0: want a positive number of layers or sqrt"}},
 		{"unknown figure set", []string{"--plan", "--hardware", "a100-80g:nvlink=400"}, []string{`--hardware "a100-80g:nvlink=400"`, `"nvlink=400": want key=value with a numeric key`, "host_op_us"}},
 		{"figure set out of range", []string{"--plan", "--hardware", "a100-80g:gemm_efficiency=2"}, []string{"gemm_efficiency must lie in (0, 1], got 2"}},
 		{"figure set not a number", []string{"--plan", "--hardware", "h100-sxm:host_op_us=NaNs"}, []string{`host_op_us="NaNs" is not a number`}},
@@ -287,6 +291,11 @@ func TestCalibrateCLI(t *testing.T) {
 		{"no time", `{"plans": [{"tp": 1, "pp": 1, "dp": 4}]}`, "no plan in it has a step_ms", true},
 		{"not JSON", `NaN`, "not a JSON list or object", true},
 		{"a misspelt axis", `[{"tp": 1, "pp": 1, "dpp": 4, "step_ms": 10}]`, `plan 1: unknown key "dpp"`, true},
+		{"one plan measured twice, far apart", `[{"tp": 1, "pp": 1, "dp": 4, "step_ms": 10}, {"tp": 2, "pp": 1, "dp": 2, "step_ms": 10}, {"tp": 1, "pp": 1, "dp": 4, "step_ms": 30}]`,
+			"calibration points 1 and 3 are the same plan (tp=1 pp=1 dp=4 mb=1×1), measured at 10 and 30 ms", false},
+		{"a time in seconds", `[{"tp": 1, "pp": 1, "dp": 4, "step_ms": 0.0001}]`, "apart: no figure within its bounds explains that (is the time in milliseconds", false},
+		{"another model's run", `{"config": {"tp": 1, "pp": 1, "dp": 4}, "model": {"params": 7}, "steps": [{"ms": 9}, {"ms": 9}]}`,
+			"the run trained a model of 7 parameters, and the model given here has", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := filepath.Join(t.TempDir(), "m.json")
@@ -316,6 +325,93 @@ func TestCalibrateCLI(t *testing.T) {
 	_, err = parseArgs(append(append([]string{}, tinyGPT...), "--plan", "--hardware", bad))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "gemm_efficiency must lie in (0, 1], got 1.5")
+}
+
+// A measured plan is priced at the batch it ran, not the command line's:
+// a row of --plan --metrics at batch 16, calibrated from a command at
+// batch 4, is priced as the table at batch 16 priced it. Without --plan
+// (--devices alone) the calibrated planner picks the plan it compiles.
+func TestCalibratePricesEachPlanAtItsBatch(t *testing.T) {
+	dir := t.TempDir()
+	met := filepath.Join(dir, "b16.json")
+	at := func(batch string, extra ...string) []string {
+		args := append(append([]string{}, tinyGPT...), "--devices", "4", "--batch", batch)
+		return append(args, extra...)
+	}
+	captureStdout(t, func() { require.NoError(t, mainNoPanic(t, at("16", "--plan", "--plan-top", "1", "--metrics", met))) })
+	raw, err := os.ReadFile(met)
+	require.NoError(t, err)
+	var doc struct {
+		Plans []map[string]any `json:"plans"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	row := doc.Plans[0]
+	want := row["predicted_step_ms"].(float64)
+	row["step_ms"] = want
+	measured := filepath.Join(dir, "measured.json")
+	raw, err = json.Marshal([]any{row})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(measured, raw, 0o644))
+	for _, mode := range [][]string{{"--plan"}, nil} {
+		log, err := captureStderr(t, func() error {
+			var err error
+			captureStdout(t, func() { err = mainNoPanic(t, at("4", append(mode, "--calibrate", measured)...)) })
+			return err
+		})
+		require.NoError(t, err, log)
+		m := regexp.MustCompile(`calibrate: \S.* measured [\d.]+ ms, predicted ([\d.]+) → `).FindStringSubmatch(log)
+		require.NotNil(t, m, log)
+		got, err := strconv.ParseFloat(m[1], 64)
+		require.NoError(t, err)
+		assert.InDelta(t, want, got, 1e-3*want, "the row of batch 16 is priced as the table at batch 16 priced it (%v)", mode)
+		if mode == nil {
+			assert.Contains(t, log, "planner: compiling the best plan of 4 devices")
+		}
+	}
+}
+
+// The planner's outputs are checked before the search, an output that
+// is also an input is refused, and --save-hardware is written only once
+// the planner has planned with what it saves.
+func TestPlannerOutputs(t *testing.T) {
+	dir := t.TempDir()
+	measured := filepath.Join(dir, "measured.json")
+	require.NoError(t, os.WriteFile(measured, []byte(`[{"tp": 1, "pp": 1, "dp": 4, "step_ms": 90}]`), 0o644))
+	plan := append(append([]string{}, tinyGPT...), "--devices", "4", "--plan")
+	notADir := filepath.Join(dir, "file")
+	require.NoError(t, os.WriteFile(notADir, nil, 0o644))
+	kept := filepath.Join(dir, "kept.json")
+	require.NoError(t, os.WriteFile(kept, []byte("the user's file"), 0o644))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"metrics under a file", []string{"--metrics", filepath.Join(notADir, "m.json")}, "--metrics " + filepath.Join(notADir, "m.json")},
+		{"metrics over the measurements", []string{"--calibrate", measured, "--metrics", measured}, "--metrics " + measured + " is also --calibrate's input"},
+		{"saved hardware over the measurements", []string{"--calibrate", measured, "--save-hardware", measured}, "is also --calibrate's input"},
+		{"a plan that cannot be", []string{"--calibrate", measured, "--save-hardware", kept, "--tp", "3"}, "--tp 3 as given must divide --devices 4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			out := captureStdout(t, func() { err = mainNoPanic(t, append(append([]string{}, plan...), tc.args...)) })
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Empty(t, out, "no table is printed")
+		})
+	}
+	raw, err := os.ReadFile(measured)
+	require.NoError(t, err)
+	assert.Contains(t, string(raw), "step_ms", "the measurements are intact")
+	raw, err = os.ReadFile(kept)
+	require.NoError(t, err)
+	assert.Equal(t, "the user's file", string(raw), "a failed plan leaves --save-hardware's file as it was")
+
+	// An axis given as 0 is one not given: the planner chooses it.
+	c, err := parseArgs(append(append([]string{}, tinyGPT...), "--devices", "4", "--tp", "0", "--dp", "0"))
+	require.NoError(t, err)
+	assert.True(t, c.planning(), "--devices 4 --tp 0 --dp 0 plans")
+	assert.False(t, c.explicit["tp"] || c.explicit["dp"])
 }
 
 // TestOverlapGradReduceCLI: --overlap-grad-reduce=false prices a

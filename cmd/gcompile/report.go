@@ -8,8 +8,6 @@ import (
 	"html/template"
 	"maps"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,15 +30,7 @@ func writeReport(path string, c *config, res *compile.Result, met *runtime.Metri
 	}
 	// Replaced atomically like the metrics: a browser reloading the page
 	// never sees half of it.
-	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
-	if err := os.WriteFile(tmp, page, 0o644); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
+	return runtime.WriteFileAtomic(path, page)
 }
 
 // compileFailure marks an error of the compile (not of training) for the

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -43,8 +44,31 @@ func isTokenData(s string) bool {
 	if strings.ContainsAny(strings.TrimSpace(s), " \t\n") || strings.HasSuffix(s, ".idx") {
 		return true
 	}
-	_, err := os.Stat(datasetPrefix(s) + ".idx")
-	return err == nil
+	if _, err := os.Stat(datasetPrefix(s) + ".idx"); err == nil {
+		return true
+	}
+	// A prefix that names no file but has its .bin is a dataset without
+	// its index (opening it says so), not a text file that is missing.
+	if _, err := os.Stat(s); errors.Is(err, fs.ErrNotExist) {
+		_, err := os.Stat(s + ".bin")
+		return err == nil
+	}
+	return false
+}
+
+// datasetsIn are the token datasets (PREFIX.idx with its PREFIX.bin) in
+// folder dir, by prefix: a folder of them is not a folder of text, whose
+// reader would skip the binary halves and train on what is left (their
+// .json metadata).
+func datasetsIn(dir string) []string {
+	idx, _ := filepath.Glob(filepath.Join(dir, "*.idx"))
+	var prefixes []string
+	for _, p := range idx {
+		if _, err := os.Stat(datasetPrefix(p) + ".bin"); err == nil {
+			prefixes = append(prefixes, filepath.Base(datasetPrefix(p)))
+		}
+	}
+	return prefixes
 }
 
 // datasetPrefix is the prefix of PREFIX, PREFIX.bin or PREFIX.idx.
@@ -149,6 +173,15 @@ func (td *tokenData) close() {
 		ds.Close()
 	}
 }
+
+// maxVocabDivisible bounds --make-vocab-size-divisible-by: Megatron-LM
+// pads by 128; a multiple of millions would make a vocabulary (and the
+// loss's padding mask, built with the model) of billions of rows.
+const maxVocabDivisible = 1 << 16
+
+// maxPositions bounds a generation's new tokens: the caches' positions
+// are counted in 32 bits.
+const maxPositions = 1 << 30
 
 // paddedVocab is the model vocabulary for need token ids: rounded up to a
 // multiple of divisible·tp, as Megatron-LM's --make-vocab-size-divisible-by

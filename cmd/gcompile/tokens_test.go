@@ -144,6 +144,10 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		}
 		require.NoError(t, os.WriteFile(truncated+ext, raw, 0o644))
 	}
+	noIndex := filepath.Join(dir, "noindex")
+	raw, err := os.ReadFile(good + ".bin")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(noIndex+".bin", raw, 0o644))
 	textFile := filepath.Join(dir, "text.txt")
 	require.NoError(t, os.WriteFile(textFile, []byte(text(4096)), 0o644))
 	cases := []struct {
@@ -162,7 +166,10 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		{"merges without a tokenizer", []string{"--data", good, "--merges", filepath.Join(dir, "merges.txt")}, []string{"--merges", "no --tokenizer was given"}},
 		{"tokenizer that does not exist", []string{"--data", good, "--tokenizer", filepath.Join(dir, "nothing.json")}, []string{"--tokenizer " + filepath.Join(dir, "nothing.json")}},
 		{"no held-out documents", []string{"--data", good, "--split", "100,0"}, []string{"--split 100,0 leaves no held-out documents", "--eval-batches -1"}},
-		{"divisible-by zero", []string{"--data", good, "--make-vocab-size-divisible-by", "0"}, []string{"--make-vocab-size-divisible-by must be ≥ 1, got 0"}},
+		{"divisible-by zero", []string{"--data", good, "--make-vocab-size-divisible-by", "0"}, []string{"--make-vocab-size-divisible-by 0: want 1 to 65536"}},
+		{"divisible-by a billion", []string{"--data", good, "--make-vocab-size-divisible-by", "1000000000"}, []string{"--make-vocab-size-divisible-by 1000000000: want 1 to 65536"}},
+		{"a folder of datasets", []string{"--data", dir}, []string{"--data " + dir + " is a folder of token datasets", "--data " + good}},
+		{"a .bin without its .idx", []string{"--data", noIndex}, []string{"--data " + noIndex, "noindex.idx"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -29,6 +29,9 @@ const (
 	// maxID bounds token ids, so that a malformed file cannot make the
 	// tables indexed by id huge; real vocabularies stay below 300 000.
 	maxID = 1 << 24
+	// maxGap is how many ids beyond twice the tokens a vocabulary may leave
+	// unused (reserved ranges) before it is taken for a typo.
+	maxGap = 1 << 12
 	// maxSteps bounds the pre-tokenizer chain (it recurses once per step).
 	maxSteps = 4
 	// metaSpace is SentencePiece's visible space.
@@ -215,6 +218,13 @@ func build(sp *spec) (*Tokenizer, error) {
 	}
 	for _, a := range sp.added {
 		size = max(size, int(a.id)+1)
+	}
+	// A vocabulary whose ids leave most of the table unused has a stray
+	// id (a typo): the model's vocabulary follows the largest id, and
+	// would be that large.
+	if tokens := len(sp.vocab) + len(sp.added); size > 2*tokens+maxGap {
+		return nil, fmt.Errorf("%w: %s: %d tokens with ids up to %d: the ids leave %d unused; a model's vocabulary follows the largest id, so check it",
+			ErrFormat, sp.path, tokens, size-1, size-tokens)
 	}
 	t.vocabSize = size
 	names := make([]string, size)

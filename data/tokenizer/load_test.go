@@ -115,6 +115,8 @@ func TestErrors(t *testing.T) {
 	}
 	file := func(name string, v any) string { return writeJSON(t, dir, name, v) }
 	dupIDs := bpeModel(map[string]int{"a": 0, "b": 0}, []string{})
+	stray := byteLevelVocab("ab")
+	stray["ab"] = 1<<24 - 1 // a typo of an id: the vocabulary would run to 2^24
 	withCfg := t.TempDir()
 	writeJSON(t, withCfg, "tokenizer.json", tokJSON(bpeModel(bl, []string{"a b"}), nil, byteLevelPre, nil, nil))
 	writeJSON(t, withCfg, "tokenizer_config.json", map[string]any{"eos_token": "<nope>"})
@@ -168,6 +170,8 @@ func TestErrors(t *testing.T) {
 			[]error{ErrUnsupported}, []string{"suffix.json", "</w>"}},
 		{"shared ids", file("dup.json", tokJSON(dupIDs, nil, byteLevelPre, nil, nil)), "",
 			[]error{ErrFormat}, []string{"dup.json", "share id 0"}},
+		{"a stray id", file("stray.json", tokJSON(bpeModel(stray, []string{"a b"}), nil, byteLevelPre, nil, nil)), "",
+			[]error{ErrFormat}, []string{"stray.json", "257 tokens with ids up to 16777215"}},
 		{"unk not in vocab", file("unk.json", tokJSON(model("BPE", map[string]any{"unk_token": "<unk>", "byte_fallback": true}), nil, nil,
 			map[string]any{"type": "Prepend", "prepend": "▁"}, nil)), "",
 			[]error{ErrFormat}, []string{"unk.json", "<unk>"}},

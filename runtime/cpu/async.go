@@ -273,7 +273,7 @@ func (a *Async) Train(corpus data.Source, cfg runtime.TrainConfig, report func(r
 	if !a.scaled && cfg.LossScale != nil {
 		return nil, nil, fmt.Errorf("a loss scaler was given but the programs have no %q input (not mixed precision)", runtime.InputLossScale)
 	}
-	if err := corpus.Check(cfg.Seq); err != nil {
+	if err := runtime.CheckSource(corpus, cfg.Seq, cfg.EvalBatches >= 0); err != nil {
 		return nil, nil, err
 	}
 	local := cfg.Batch / dp
