@@ -144,10 +144,19 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 		before, after := sp.get(h), sp.get(fitted)
 		p := RefinedParam{Key: sp.key, Before: before, After: after, Samples: len(points), Kept: why[sp.key] != "", Why: why[sp.key]}
 		if !p.Kept {
-			rep.Fitted++
 			lo, hi := sp.lo(before), sp.hi(before)
-			if math.Abs(math.Log(after/lo)) < 0.01 || math.Abs(math.Log(after/hi)) < 0.01 {
+			atBound := math.Abs(math.Log(after/lo)) < 0.01 || math.Abs(math.Log(after/hi)) < 0.01
+			switch {
+			case atBound && after == before:
+				// It started at the bound the points push it against: nothing
+				// was fitted.
+				p.Kept = true
+				p.Why = fmt.Sprintf("already at its bound [%.4g, %.4g], and the points ask for more", lo, hi)
+			case atBound:
+				rep.Fitted++
 				p.Why = fmt.Sprintf("at its bound [%.4g, %.4g]: the points ask for more, which this parameter alone should not explain", lo, hi)
+			default:
+				rep.Fitted++
 			}
 		}
 		rep.Params = append(rep.Params, p)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -226,6 +227,10 @@ func exportMain(args []string) error {
 	}
 	if *out == "" {
 		return errors.New("export: --out FILE is required")
+	}
+	if !strings.HasSuffix(*out, ".safetensors") {
+		// Shards and their index are named after it (NAME-00001-of-…).
+		return fmt.Errorf("export: --out %s: the weights are a safetensors file; give a FILE.safetensors", *out)
 	}
 	limit, err := parseBytes(*maxShard)
 	if err != nil {

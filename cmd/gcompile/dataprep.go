@@ -58,6 +58,8 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 		return errors.New("data prepare: name at least one INPUT (a text file, a folder or a .jsonl file)")
 	case *workers < 0:
 		return fmt.Errorf("data prepare: --workers must be ≥ 0, got %d", *workers)
+	case *key == "":
+		return errors.New(`data prepare: --json-key "": name the field that holds each document's text`)
 	}
 	// The output's folder is made, as --dump's and --checkpoint-dir's are.
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
@@ -75,8 +77,22 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	if _, ok := t.EOS(); !ok && !*noEOS {
 		return fmt.Errorf("data prepare: --tokenizer %s has no end-of-document token to append to each document; give --no-eos to write documents without one", *tok)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	// A signal stops the run (nothing is written) with the exit status a
+	// stopped training run has, 128 + the signal.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	caught := make(chan os.Signal, 1)
+	go func() {
+		select {
+		case s := <-sigs:
+			caught <- s
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	opt := prepare.Options{
 		Inputs: inputs, OutputPrefix: *out, JSONKey: *key, SkipBadLines: *skip, Workers: *workers,
 		AppendEOS: !*noEOS, DType: indexed.DTypeFor(t.VocabSize()),
@@ -98,6 +114,11 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr)
 	}
 	if err != nil {
+		select {
+		case s := <-caught:
+			return &exitStatus{err: fmt.Errorf("data prepare: stopped by %v (nothing was written under %s)", s, *out), code: signalStatus(s)}
+		default:
+		}
 		return fmt.Errorf("data prepare: %w (nothing was written under %s)", err, *out)
 	}
 	fmt.Fprintf(stdout, "%s.bin, %s.idx: %s\n", *out, *out, sum)

@@ -412,6 +412,11 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 		}
 	}
 	fmt.Fprintf(log, "calibrate: %s %s\n", c.hw.Name, rep.Headline(c.calibrate))
+	if c.hardware == "" && c.hw.Name == "cpu" {
+		// The fit moves figures within bounds of the preset's; the
+		// preset's rates are guesses a fast machine is far past.
+		fmt.Fprintln(log, "calibrate: the cpu preset's rates are rough defaults, not this machine's: --hardware cpu measures them before the fit")
+	}
 	for _, p := range rep.Params {
 		switch {
 		case p.Kept:

@@ -2,14 +2,18 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -364,4 +368,67 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 	fi, err := os.Stat(fifo)
 	require.NoError(t, err)
 	assert.Equal(t, os.ModeNamedPipe, fi.Mode().Type(), "the pipe is still there")
+}
+
+// data prepare stopped by a signal writes nothing and ends with the exit
+// status a stopped training run has (128 + the signal), naming it.
+func TestDataPrepareStoppedBySignal(t *testing.T) {
+	dir := t.TempDir()
+	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
+	// Text enough to take seconds, stopped at its start.
+	input := filepath.Join(dir, "long.txt")
+	require.NoError(t, os.WriteFile(input, []byte(strings.Repeat("A long document that takes a while to tokenize. ", 1<<19)), 0o644))
+	// The test's own registration keeps a SIGINT that arrives after the
+	// run has ended from ending the test binary.
+	absorb := make(chan os.Signal, 1)
+	signal.Notify(absorb, os.Interrupt)
+	defer signal.Stop(absorb)
+	prefix := filepath.Join(dir, "stopped")
+	started := make(chan struct{})
+	stderr := &signalWhen{marker: "tokenizing with", reached: started}
+	done := make(chan error, 1)
+	go func() {
+		done <- prepareMain([]string{"--tokenizer", filepath.Join(gpt2, "encoder.json.gz"), "--merges", filepath.Join(gpt2, "vocab.bpe.gz"),
+			"--output-prefix", prefix, "--quiet", input}, io.Discard, stderr)
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("data prepare ended before its signal: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("data prepare did not start")
+	}
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGINT))
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("data prepare did not stop on SIGINT")
+	}
+	var st *exitStatus
+	require.ErrorAs(t, err, &st)
+	assert.Equal(t, 130, st.code)
+	assert.Contains(t, err.Error(), "data prepare: stopped by interrupt (nothing was written under "+prefix+")")
+	for _, ext := range []string{".bin", ".idx", ".json"} {
+		assert.NoFileExists(t, prefix+ext)
+	}
+}
+
+// signalWhen is a writer that closes reached once marker has been written.
+type signalWhen struct {
+	mu      sync.Mutex
+	seen    strings.Builder
+	marker  string
+	reached chan struct{}
+}
+
+func (w *signalWhen) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	before := strings.Contains(w.seen.String(), w.marker)
+	w.seen.Write(p)
+	if !before && strings.Contains(w.seen.String(), w.marker) {
+		close(w.reached)
+	}
+	return len(p), nil
 }
