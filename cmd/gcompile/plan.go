@@ -198,6 +198,9 @@ func (c *config) validateForPlanner() []error {
 		delete(probe.Explicit, a)
 	}
 	probe.Devices, probe.TP, probe.PP, probe.DP, probe.VPP, probe.EP, probe.CP = 1, 1, 1, 1, 0, 0, 0
+	if probe.DPSync == "async" {
+		probe.DPSync = "sync" // refused above; its rules need a dp the probe does not have
+	}
 	probe.Microbatches, probe.Zero, probe.SequenceParallel, probe.Schedule = 1, 0, false, ""
 	if c.Recompute == "selective" {
 		probe.Recompute = "none" // whether the model tags anything is known once it is built

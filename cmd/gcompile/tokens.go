@@ -34,6 +34,8 @@ type tokenData struct {
 	where string
 	// maxID is the largest id in any of the datasets.
 	maxID int32
+	// maxFrom says where maxID comes from, for an id past it met later.
+	maxFrom string
 }
 
 // isTokenData says whether --data names token datasets rather than text: a
@@ -143,7 +145,13 @@ func openTokenData(c *config) (*tokenData, error) {
 			return fail(fmt.Errorf("--data %s holds token id %d, but --tokenizer %s has %d tokens (ids 0..%d): the data was made with another tokenizer: %w",
 				p.Prefix, maxID, c.tokenizer, td.tok.VocabSize(), td.tok.VocabSize()-1, errDataMismatch))
 		}
-		td.maxID = max(td.maxID, maxID)
+		if maxID >= td.maxID {
+			td.maxID = maxID
+			td.maxFrom = fmt.Sprintf("the largest id a scan of %s found (%d)", p.Prefix, maxID)
+			if ok {
+				td.maxFrom = fmt.Sprintf("the largest id %s.json records (%d): the .bin changed after the record was written; delete it (the data is then scanned) or prepare the data again", p.Prefix, maxID)
+			}
+		}
 	}
 	switch {
 	case td.tok != nil:
@@ -292,7 +300,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 			return nil, fmt.Errorf("--data, held-out split: %w", err)
 		}
 	}
-	return sample.New(train, eval, td.describe()), nil
+	return sample.New(train, eval, td.describe()).LimitIDs(td.maxID+1, td.maxFrom), nil
 }
 
 // describe names the data for the log and the metrics.

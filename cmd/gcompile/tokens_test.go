@@ -152,6 +152,22 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 	raw, err := os.ReadFile(good + ".bin")
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(noIndex+".bin", raw, 0o644))
+	// A record of the data that says its largest id is 150, where the
+	// .bin (of the recorded size) holds ids up to 199: the .bin changed
+	// after the record was written.
+	stale := filepath.Join(dir, "stale")
+	var binBytes, idxBytes int64
+	for _, ext := range []string{".bin", ".idx"} {
+		raw, err := os.ReadFile(good + ext)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(stale+ext, raw, 0o644))
+		if ext == ".bin" {
+			binBytes = int64(len(raw))
+		} else {
+			idxBytes = int64(len(raw))
+		}
+	}
+	require.NoError(t, os.WriteFile(stale+".json", fmt.Appendf(nil, `{"format": "gcompile indexed dataset", "version": 1, "max_token": 150, "eos": -1, "bin_bytes": %d, "idx_bytes": %d}`, binBytes, idxBytes), 0o644))
 	textFile := filepath.Join(dir, "text.txt")
 	require.NoError(t, os.WriteFile(textFile, []byte(text(4096)), 0o644))
 	cases := []struct {
@@ -172,7 +188,7 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		{"no held-out documents", []string{"--data", good, "--split", "100,0"}, []string{"--split 100,0 leaves no held-out documents", "--eval-batches -1"}},
 		{"divisible-by zero", []string{"--data", good, "--make-vocab-size-divisible-by", "0"}, []string{"--make-vocab-size-divisible-by 0: want 1 to 65536"}},
 		{"divisible-by a billion", []string{"--data", good, "--make-vocab-size-divisible-by", "1000000000"}, []string{"--make-vocab-size-divisible-by 1000000000: want 1 to 65536"}},
-		{"a folder of datasets", []string{"--data", dir}, []string{"--data " + dir + " is a folder of token datasets", "--data " + good}},
+		{"a folder of datasets", []string{"--data", dir}, []string{"--data " + dir + " is a folder of token datasets (stale, " + filepath.Base(good) + ", ", "name one, --data " + stale}},
 		{"a .bin without its .idx", []string{"--data", noIndex}, []string{"--data " + noIndex, "noindex.idx"}},
 	}
 	for _, tc := range cases {
@@ -186,6 +202,12 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 			assert.NoFileExists(t, out, "nothing is written")
 		})
 	}
+	// The record is believed until a batch draws an id past it: the first
+	// step fails, naming the sample and the record, instead of training on
+	// a padding row's loss.
+	err = mainErr(tokenGPT(t, stale, "--steps", "2"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is past the largest id "+stale+".json records (150): the .bin changed after the record was written")
 }
 
 // gcompile data prepare tokenizes a folder and JSON Lines with a real

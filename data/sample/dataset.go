@@ -14,6 +14,10 @@ import (
 type Dataset struct {
 	train, eval Sampler
 	name        string
+	// limit, when above 0, bounds every id drawn (LimitIDs); limitWhy
+	// says where it comes from.
+	limit    int32
+	limitWhy string
 }
 
 var _ data.Source = (*Dataset)(nil)
@@ -23,6 +27,16 @@ var _ data.Source = (*Dataset)(nil)
 // the String for logs.
 func New(train, eval Sampler, name string) *Dataset {
 	return &Dataset{train: train, eval: eval, name: name}
+}
+
+// LimitIDs makes every batch check that its ids lie below n, the ids
+// the data was described with (why says by what: a dataset's recorded
+// largest id, its tokenizer's vocabulary), and fail naming the sample
+// otherwise: the description sized the model's vocabulary, and an id
+// past it would index a padding row or past the table. It returns d.
+func (d *Dataset) LimitIDs(n int32, why string) *Dataset {
+	d.limit, d.limitWhy = n, why
+	return d
 }
 
 // Check refuses a sequence length other than the one the samples were
@@ -137,6 +151,13 @@ func (d *Dataset) rows(s Sampler, seed int64, batch, seq int, want func(int) boo
 		k := sample(r)
 		if err := s.Sample(seed, k, buf); err != nil {
 			return nil, nil, fmt.Errorf("%s sample %d (row %d): %w", what, k, r, err)
+		}
+		if d.limit > 0 {
+			for i, id := range buf {
+				if id < 0 || id >= d.limit {
+					return nil, nil, fmt.Errorf("%s sample %d (row %d): token id %d at position %d is past %s: %w", what, k, r, id, i, d.limitWhy, ErrTokenID)
+				}
+			}
 		}
 		copy(inputs[r*seq:(r+1)*seq], buf[:seq])
 		copy(targets[r*seq:(r+1)*seq], buf[1:])

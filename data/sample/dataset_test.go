@@ -110,6 +110,14 @@ func TestDatasetErrors(t *testing.T) {
 	_, _, err = d.EvalRows(-1, 2, 8, nil)
 	assert.ErrorIs(t, err, ErrBatch)
 
+	// Ids past the data's description (the fake's ids are doc<<16 | off).
+	_, _, err = New(train, eval, "x").LimitIDs(1<<30, "a loose bound").TrainRows(1, 1, 4, 8, nil)
+	require.NoError(t, err)
+	_, _, err = New(train, eval, "x").LimitIDs(1<<16, "the recorded largest id").TrainRows(1, 1, 4, 8, nil)
+	assert.ErrorIs(t, err, ErrTokenID)
+	assert.Contains(t, err.Error(), "is past the recorded largest id")
+	assert.Contains(t, err.Error(), "training sample")
+
 	noEval := New(train, nil, "x")
 	require.NoError(t, noEval.Check(8), "training without a held-out split is allowed")
 	_, _, err = noEval.EvalRows(0, 2, 8, nil)

@@ -72,6 +72,9 @@ var (
 	ErrNoHeldOut = errors.New("no held-out split")
 	// ErrBatch is a step, batch or evaluation index that is out of range.
 	ErrBatch = errors.New("batch out of range")
+	// ErrTokenID is a drawn id past the ids the data was described with
+	// (Dataset.LimitIDs).
+	ErrTokenID = errors.New("token id past the data's description")
 )
 
 // childErr is a sentinel that is also one of another package's, so
