@@ -723,3 +723,28 @@ func TestOutputFolderProbedConcurrently(t *testing.T) {
 		require.NoError(t, g.Wait())
 	}
 }
+
+// A second --set adds to the first, a key given again taking its new
+// value; a key twice in one list is the model's error to name.
+func TestSetFlagJoins(t *testing.T) {
+	for _, tc := range []struct {
+		sets []string
+		want string
+	}{
+		{[]string{"layers=1"}, "layers=1"},
+		{[]string{"layers=1", "hidden=32"}, "layers=1,hidden=32"},
+		{[]string{"layers=1,hidden=64", "hidden=32,heads=2"}, "layers=1,hidden=32,heads=2"},
+		{[]string{"layers=1", ""}, "layers=1"},
+		{[]string{"", "layers=1"}, "layers=1"},
+		{[]string{"layers=1,layers=2"}, "layers=1,layers=2"},
+	} {
+		var got string
+		for _, s := range tc.sets {
+			require.NoError(t, setFlag{&got}.Set(s))
+		}
+		assert.Equal(t, tc.want, got, "%q", tc.sets)
+	}
+	c, err := parseArgs([]string{gptModel, "--set", "layers=1", "--set", "hidden=32,heads=2,seq=16"})
+	require.NoError(t, err)
+	assert.Equal(t, "layers=1,hidden=32,heads=2,seq=16", c.Set)
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -27,26 +28,72 @@ func checkCheckpointPaths(c *config) (string, error) {
 			return "", err
 		}
 	}
-	if c.resume == "" {
-		return "", nil
+	var dir string
+	step := -1
+	if c.resume != "" {
+		var err error
+		if dir, err = checkpoint.Find(c.resume); err != nil {
+			return "", fmt.Errorf("--resume: %w", err)
+		}
+		m, err := checkpoint.ReadManifest(dir)
+		if err != nil {
+			return "", fmt.Errorf("--resume: %w", err)
+		}
+		step = m.State.Step
+		if c.stopAfter > 0 && c.stopAfter <= step {
+			return "", fmt.Errorf("--stop-after %d: the run resumes after step %d (%s), past it", c.stopAfter, step, dir)
+		}
 	}
-	dir, err := checkpoint.Find(c.resume)
-	if err != nil {
-		return "", fmt.Errorf("--resume: %w", err)
+	return dir, checkCheckpointDir(c, dir, step)
+}
+
+// checkCheckpointDir refuses a --checkpoint-dir that holds checkpoints
+// this run does not continue: a new run there would write over them (its
+// step 2 over theirs) and --keep-last, which keeps the newest steps,
+// would delete its own; a run resumed from an older step than the
+// folder's newest would branch into it, and --resume of the folder would
+// then pick the other branch. resumed is the checkpoint resumed from
+// ("" for none), at step.
+func checkCheckpointDir(c *config, resumed string, step int) error {
+	if c.ckptDir == "" {
+		return nil
 	}
-	if _, err := checkpoint.ReadManifest(dir); err != nil {
-		return "", fmt.Errorf("--resume: %w", err)
+	steps, err := checkpoint.Steps(c.ckptDir)
+	if err != nil || len(steps) == 0 {
+		return nil // missing or empty: checkOutputDir has checked it can be written
 	}
-	return dir, nil
+	newest := steps[len(steps)-1]
+	held := fmt.Sprintf("--checkpoint-dir %s holds checkpoints of steps %d to %d", c.ckptDir, steps[0], newest)
+	switch {
+	case resumed == "":
+		return fmt.Errorf("%s: a new run there would write over them, and --keep-last would keep theirs; continue that run with --resume %s, or give this one another --checkpoint-dir", held, c.ckptDir)
+	case !samePath(filepath.Dir(resumed), c.ckptDir):
+		return fmt.Errorf("%s, and this run continues %s from elsewhere: the two runs' checkpoints would mix; give this one another --checkpoint-dir", held, resumed)
+	case step < newest:
+		return fmt.Errorf("%s, and this run resumes from step %d (%s): it would branch into the folder of the newer steps, and --resume %s would then take the other branch; give this run another --checkpoint-dir, or resume from step %d",
+			held, step, resumed, c.ckptDir, newest)
+	}
+	return nil
+}
+
+// dataIdentity names the run's data by its contents (checkpoint
+// Plan.Data): a resumed run and every process of a job must read the
+// same. "" before the data is read.
+func (c *config) dataIdentity() string {
+	switch {
+	case c.tokens != nil:
+		return c.tokens.identity(c)
+	case c.corpus != nil:
+		return checkpoint.TextIdentity(c.corpus.Train, c.corpus.Eval)
+	}
+	return ""
 }
 
 // checkpointPlan is what a manifest records of this run's plan.
 func checkpointPlan(c *config, progs []*lower.Program, batch, seq int, procs int) checkpoint.Plan {
 	p := checkpoint.Plan{Devices: c.Devices, Precision: c.Precision, Optimizer: c.Optimizer, Batch: batch, Seq: seq, DPSync: c.DPSync,
 		Flags: c.metricsConfig(procs)}
-	if c.tokens != nil {
-		p.Data = c.tokens.identity(c)
-	}
+	p.Data = c.dataIdentity()
 	p.VocabTables = c.vocabTables
 	// Checked when the weights are saved or loaded; a model's own
 	// declarations are checked when it is built.
@@ -210,7 +257,28 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 	if st.Step > c.steps {
 		return st, fmt.Errorf("--resume %s: the checkpoint is at step %d, past --steps %d (--steps is the run's total)", dir, st.Step, c.steps)
 	}
+	if notes := scheduleChanges(m.Plan.Flags, c); len(notes) > 0 && c.Progress != io.Discard {
+		// Allowed, as Megatron-LM allows it, but no longer the run that
+		// was checkpointed: say so, once, in the log.
+		fmt.Fprintf(os.Stderr, "resume: %s; the learning-rate schedule follows this run's flags\n", strings.Join(notes, ", "))
+	}
 	return st, nil
+}
+
+// scheduleChanges names the learning-rate flags whose values differ from
+// those the checkpointed run recorded (saved: its metrics config, numbers
+// as JSON reads them).
+func scheduleChanges(saved map[string]any, c *config) []string {
+	var notes []string
+	for _, f := range []struct {
+		key, flag string
+		now       float64
+	}{{"lr", "--lr", c.lr}, {"min_lr", "--min-lr", c.minLR}, {"warmup", "--warmup", float64(c.warmup)}, {"steps", "--steps", float64(c.steps)}} {
+		if was, ok := saved[f.key].(float64); ok && was != f.now {
+			notes = append(notes, fmt.Sprintf("%s %g (the checkpoint's run: %g)", f.flag, f.now, was))
+		}
+	}
+	return notes
 }
 
 // exportMain is `gcompile export CHECKPOINT --out FILE`: the params of a
@@ -239,6 +307,9 @@ func exportMain(args []string) error {
 	dir, err := checkpoint.Find(path)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
+	}
+	if within(dir, *out) {
+		return fmt.Errorf("export: --out %s is inside the checkpoint %s it exports: it would write over the checkpoint's files; give a path outside", *out, dir)
 	}
 	m, ts, err := checkpoint.Consolidate(dir, lower.Param)
 	if err != nil {

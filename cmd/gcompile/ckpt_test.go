@@ -919,3 +919,55 @@ func TestFailedFinalCheckpointKeepsTheOtherOutputs(t *testing.T) {
 	assert.Len(t, readMetrics(t, m).Steps, 2, "the metrics of every step")
 	assert.NoDirExists(t, checkpoint.StepDir(ck, 2), "no checkpoint claims to be complete")
 }
+
+// A --checkpoint-dir that holds checkpoints takes only the run that
+// continues its newest one: a new run there, one resumed from an older
+// step (a branch) or from another folder is refused before it trains,
+// leaving the checkpoints as they were, and so is a --stop-after the
+// resumed run is already past.
+func TestCheckpointDirHoldsOneRun(t *testing.T) {
+	dir := t.TempDir()
+	ck, other := filepath.Join(dir, "ck"), filepath.Join(dir, "other")
+	run := func(args ...string) error { return mainErr(gir(t, append(slices.Clone(ckptGPT), args...))) }
+	require.NoError(t, run("--steps", "4", "--checkpoint-dir", ck, "--checkpoint-every", "2"))
+	require.NoError(t, run("--steps", "2", "--checkpoint-dir", other))
+	before := stateSums(t, checkpoint.StepDir(ck, 4))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a new run", []string{"--steps", "6", "--checkpoint-dir", ck},
+			"--checkpoint-dir " + ck + " holds checkpoints of steps 2 to 4: a new run there would write over them"},
+		{"a branch from an older step", []string{"--steps", "6", "--checkpoint-dir", ck, "--resume", filepath.Join(ck, "step-2")},
+			"this run resumes from step 2 (" + checkpoint.StepDir(ck, 2) + "): it would branch into the folder of the newer steps"},
+		{"another run's folder", []string{"--steps", "6", "--checkpoint-dir", other, "--resume", ck},
+			"--checkpoint-dir " + other + " holds checkpoints of steps 2 to 2, and this run continues " + checkpoint.StepDir(ck, 4) + " from elsewhere"},
+		{"stop-after already past", []string{"--steps", "6", "--checkpoint-dir", ck, "--resume", ck, "--stop-after", "4"},
+			"--stop-after 4: the run resumes after step 4"},
+		{"weights into a checkpoint", []string{"--steps", "6", "--checkpoint-dir", ck, "--resume", ck, "--save", filepath.Join(checkpoint.StepDir(ck, 4), "rank-00000.safetensors")},
+			"--save " + filepath.Join(checkpoint.StepDir(ck, 4), "rank-00000.safetensors") + " is inside --checkpoint-dir " + ck},
+		{"metrics over a manifest", []string{"--steps", "6", "--resume", ck, "--metrics", filepath.Join(checkpoint.StepDir(ck, 4), "manifest.json")},
+			"is inside --resume " + ck},
+		{"other text", []string{"--steps", "6", "--checkpoint-dir", ck, "--resume", ck, "--max-data-mb", "2"},
+			"the checkpoint was trained on other data (byte-level text of "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := run(tc.args...)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			steps, err := checkpoint.Steps(ck)
+			require.NoError(t, err)
+			assert.Equal(t, []int{2, 4}, steps, "the checkpoints are as they were")
+			assert.Equal(t, before, stateSums(t, checkpoint.StepDir(ck, 4)))
+		})
+	}
+	err := mainErr([]string{"export", ck, "--out", filepath.Join(checkpoint.StepDir(ck, 4), "rank-00000.safetensors")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is inside the checkpoint "+checkpoint.StepDir(ck, 4)+" it exports")
+	assert.Equal(t, before, stateSums(t, checkpoint.StepDir(ck, 4)))
+	require.NoError(t, run("--steps", "6", "--checkpoint-dir", ck, "--resume", ck, "--checkpoint-every", "2"), "the run that continues the newest")
+	steps, err := checkpoint.Steps(ck)
+	require.NoError(t, err)
+	assert.Equal(t, []int{2, 4, 6}, steps)
+}

@@ -128,6 +128,39 @@ var perProcessFlags = map[string]bool{
 	"refine-trace": true,
 }
 
+// setFlag is --set: a second --set joins its list to the first, a key
+// it gives again taking its value (as a flag given twice does), rather
+// than replacing the whole list; a key twice in one list stays an error
+// of the model's parameters.
+type setFlag struct{ p *string }
+
+func (f setFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return *f.p
+}
+
+func (f setFlag) Set(v string) error {
+	if *f.p == "" || v == "" {
+		*f.p += v
+		return nil
+	}
+	given := map[string]bool{}
+	for _, kv := range strings.Split(v, ",") {
+		k, _, _ := strings.Cut(kv, "=")
+		given[strings.TrimSpace(k)] = true
+	}
+	var kept []string
+	for _, kv := range strings.Split(*f.p, ",") {
+		if k, _, _ := strings.Cut(kv, "="); !given[strings.TrimSpace(k)] {
+			kept = append(kept, kv)
+		}
+	}
+	*f.p = strings.Join(append(kept, v), ",")
+	return nil
+}
+
 // pathFlags are the flags whose value names a file or folder (or a
 // hardware description), which an empty value cannot.
 var pathFlags = map[string]bool{
@@ -245,7 +278,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.StringVar(&c.split, "split", "98,2", "with a token dataset: training and held-out shares of its documents, as Megatron's --split (a third share, test, is not used)")
 	fs.StringVar(&c.dataCacheDir, "data-cache-dir", "", "with a token dataset: where its sample index is cached (default: gcompile-index beside the data, or the user cache folder when that is not writable)")
 	fs.IntVar(&c.vocabDivisible, "make-vocab-size-divisible-by", 128, "with a token dataset: pad the model's vocab (from the tokenizer or the data) up to a multiple of this times --tp, as Megatron-LM does")
-	fs.StringVar(&c.Set, "set", "", "model parameters key=value,… (see --help-model)")
+	fs.Var(setFlag{&c.Set}, "set", "model parameters key=value,… (see --help-model); a second --set adds to the first, a key given again taking its new value")
 	fs.BoolVar(&c.helpModel, "help-model", false, "list the model parameters MODEL.go reads, then exit")
 	fs.Func("model-timeout", "how long type-checking and building MODEL.go may take, and then running its Model(), each (default 2m0s)", func(s string) error {
 		d, err := time.ParseDuration(s)
@@ -468,6 +501,9 @@ func (c *config) validate() error {
 	}
 	if c.stopAfter > 0 && c.stopAfter >= c.steps {
 		bad("--stop-after %d must be below --steps %d", c.stopAfter, c.steps)
+	}
+	if c.explicit["stop-after"] && !c.run {
+		bad("--stop-after stops a training run; add --run")
 	}
 	if (c.explicit["checkpoint-every"] || c.explicit["keep-last"]) && c.ckptDir == "" {
 		bad("--checkpoint-every and --keep-last apply to --checkpoint-dir")

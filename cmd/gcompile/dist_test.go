@@ -568,6 +568,76 @@ func envOf(env func(int) []string, r int) []string {
 	return env(r)
 }
 
+// A process that read other data than rank 0 (its --data, a path each
+// machine may give its own way, names other text) is named before any
+// training: by the text's contents, not its path.
+func TestJobRefusesOtherDataOnOneProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	port, err := freePort()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	same, copied, other := filepath.Join(dir, "a.txt"), filepath.Join(dir, "copy.txt"), filepath.Join(dir, "b.txt")
+	require.NoError(t, os.WriteFile(same, []byte(text(8192)), 0o644))
+	require.NoError(t, os.WriteFile(copied, []byte(text(8192)), 0o644))
+	require.NoError(t, os.WriteFile(other, []byte(strings.ToUpper(text(8192))), 0o644))
+	for _, tc := range []struct {
+		data string
+		ok   bool
+	}{{copied, true}, {other, false}} {
+		ps := make([]*proc, 2)
+		token := jobToken(t)
+		for r := range 2 {
+			data := same
+			if r == 1 {
+				data = tc.data
+			}
+			ps[r] = startProc(t, self, faultArgs(t, 2, "--data", data), append(childEnv(r, 2, port, token), asMainEnv+"=1"))
+		}
+		waitAll(t, ps, 60*time.Second)
+		for r, p := range ps {
+			if tc.ok {
+				require.NoError(t, p.err, "rank %d, the same text under another name:\n%s", r, p.output())
+				continue
+			}
+			require.Error(t, p.err, "rank %d", r)
+			assert.Contains(t, p.output(), "rank 1 reads other data than rank 0 (byte-level text of ", "rank %d:\n%s", r, p.output())
+			assert.NotContains(t, p.output(), "step 1/", "rank %d trained", r)
+		}
+		port++ // the next job's store
+	}
+}
+
+// The processes of a job write one checkpoint folder: one given a folder
+// the others do not see (here its own path; on a cluster, a disk of its
+// machine) is named before any training, by its own error on every
+// process, not at the first save.
+func TestJobRefusesACheckpointDirItDoesNotShare(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	port, err := freePort()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	ps := make([]*proc, 2)
+	token := jobToken(t)
+	for r := range 2 {
+		ck := filepath.Join(dir, fmt.Sprintf("ck-of-rank-%d", r))
+		ps[r] = startProc(t, self, faultArgs(t, 2, "--checkpoint-dir", ck), append(childEnv(r, 2, port, token), asMainEnv+"=1"))
+	}
+	waitAll(t, ps, 60*time.Second)
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d", r)
+		assert.Contains(t, p.output(), "--checkpoint-dir "+filepath.Join(dir, "ck-of-rank-1")+" is not the folder rank 0 writes", "rank %d:\n%s", r, p.output())
+		assert.NotContains(t, p.output(), "step 1/", "rank %d trained", r)
+	}
+}
+
 // A process that compiled another plan (here: another model file, with
 // one LayerNorm's eps changed; its flags are rank 0's) is named before
 // any training.

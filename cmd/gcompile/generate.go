@@ -52,7 +52,7 @@ func generateMain(args []string) error { return runGenerate(args, os.Stdout, os.
 func parseGenerate(args []string) (*genConfig, error) {
 	g := &genConfig{}
 	fs := newSubcommandFlags("generate", "MODEL.go (--load W | --resume CKPT) (--prompt TEXT | --prompt-file F) [flags]")
-	fs.StringVar(&g.Set, "set", "", "model parameters key=value,… as the weights were trained with")
+	fs.Var(setFlag{&g.Set}, "set", "model parameters key=value,… as the weights were trained with; a second --set adds to the first, a key given again taking its new value")
 	fs.IntVar(&g.Devices, "devices", 1, "devices to generate on")
 	fs.IntVar(&g.TP, "tp", 0, "tensor-parallel degree: heads and the MLP split over tp devices (0: 1)")
 	fs.IntVar(&g.DP, "dp", 0, "data-parallel degree: prompts split over dp devices (0: the devices left over)")

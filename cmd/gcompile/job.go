@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -67,12 +68,13 @@ type job struct {
 
 // Keys of the rendezvous store.
 const (
-	keyAbort       = "job/abort"        // the first failure, "rank N: why"
-	keyFingerprint = "job/fingerprint/" // + process rank: its compiled plan's fingerprint
-	keySettings    = "job/settings/"    // + process rank: its run-defining flags
-	keyReachedAt   = "job/reached-at"   // the master's address as the other machines reached it (Server.ReachedAt)
-	keyBeat        = "job/beat/"        // + process rank: its heartbeat, a counter
-	keyPhase       = "job/phase/"       // + process rank: what it is doing, when that is long (a checkpoint save)
+	keyAbort       = "job/abort"           // the first failure, "rank N: why"
+	keyFingerprint = "job/fingerprint/"    // + process rank: its compiled plan's fingerprint
+	keyCkptLock    = "job/checkpoint-lock" // rank 0's --checkpoint-dir lock, which every process must see
+	keySettings    = "job/settings/"       // + process rank: its run-defining flags
+	keyReachedAt   = "job/reached-at"      // the master's address as the other machines reached it (Server.ReachedAt)
+	keyBeat        = "job/beat/"           // + process rank: its heartbeat, a counter
+	keyPhase       = "job/phase/"          // + process rank: what it is doing, when that is long (a checkpoint save)
 )
 
 // rendezvousPorts is how many ports from its first the store may look
@@ -691,17 +693,20 @@ func (j *job) report(err error) {
 	}
 }
 
-// checkPlan compares every process's fingerprint of its compiled plan: a
-// process that compiled something else (another model file, other flags,
-// another build) would exchange garbage. The error, the same on every
-// process, names the first process that differs from process 0.
-func (j *job) checkPlan(fingerprint string) error {
+// checkPlan compares every process's fingerprint of its compiled plan and
+// the identity of the data it read: a process that compiled something
+// else (another model file, other flags, another build) would exchange
+// garbage, and one that read other data (a --data that names other files
+// on its machine) would train another run beside the job. The error, the
+// same on every process, names the first process that differs from
+// process 0.
+func (j *job) checkPlan(fingerprint, data string) error {
 	if !j.multi() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
 	defer cancel()
-	if err := j.store.Set(ctx, keyFingerprint+strconv.Itoa(j.world.Rank), []byte(fingerprint)); err != nil {
+	if err := j.store.Set(ctx, keyFingerprint+strconv.Itoa(j.world.Rank), []byte(fingerprint+"\n"+data)); err != nil {
 		return j.cause(fmt.Errorf("publishing this process's compiled plan: %w", err))
 	}
 	fps := make([]string, j.world.Size)
@@ -712,10 +717,53 @@ func (j *job) checkPlan(fingerprint string) error {
 		}
 		fps[r] = string(v)
 	}
-	for r, fp := range fps {
-		if fp != fps[0] {
-			return fmt.Errorf("rank %d compiled a different plan than rank 0 (fingerprint %.12s… vs %.12s…): every process must run the same gcompile build with the same model file and flags", r, fp, fps[0])
+	fp0, data0, _ := strings.Cut(fps[0], "\n")
+	for r, v := range fps {
+		fp, data, _ := strings.Cut(v, "\n")
+		if fp != fp0 {
+			return fmt.Errorf("rank %d compiled a different plan than rank 0 (fingerprint %.12s… vs %.12s…): every process must run the same gcompile build with the same model file and flags", r, fp, fp0)
 		}
+		if data != data0 {
+			return fmt.Errorf("rank %d reads other data than rank 0 (%s, rank 0: %s): every process must be given the same --data (its path may differ between machines, its contents may not)", r, data, data0)
+		}
+	}
+	return nil
+}
+
+// checkSharedDir checks that the --checkpoint-dir every process writes
+// its part of each checkpoint into is one folder all of them share: rank
+// 0 publishes the lock it took there, and every other process must find
+// that same lock in the folder it was given. A folder local to each
+// machine (or a path that names another folder on one of them) would
+// otherwise be found at the first save, hours in, with a message about
+// a part another process failed to write.
+func (j *job) checkSharedDir(dir string) error {
+	if !j.multi() || dir == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
+	defer cancel()
+	path := filepath.Join(dir, lockName)
+	if j.lead() {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("--checkpoint-dir %s: reading this run's lock: %w", dir, err)
+		}
+		if err := j.store.Set(ctx, keyCkptLock, raw); err != nil {
+			return j.cause(fmt.Errorf("publishing the --checkpoint-dir lock: %w", err))
+		}
+		return nil
+	}
+	want, err := j.store.Get(ctx, keyCkptLock)
+	if err != nil {
+		return j.cause(fmt.Errorf("waiting for rank 0's --checkpoint-dir lock: %w", err))
+	}
+	got, err := os.ReadFile(path)
+	switch {
+	case err != nil:
+		return fmt.Errorf("--checkpoint-dir %s is not the folder rank 0 writes (rank 0's %s is not there on this machine: %w): every process writes its part of each checkpoint into one folder, which all of them must share, as a network file system is", dir, lockName, err)
+	case !bytes.Equal(got, want):
+		return fmt.Errorf("--checkpoint-dir %s is not the folder rank 0 writes (its %s is another run's: %s): every process writes its part of each checkpoint into one folder, which all of them must share, as a network file system is", dir, lockName, strings.TrimSpace(string(got)))
 	}
 	return nil
 }

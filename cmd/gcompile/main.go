@@ -213,8 +213,13 @@ func compileAndRun(c *config, j *job) (err error) {
 		}
 		return errors.Join(append([]error{passErr}, outErrs...)...)
 	}
-	if err := j.checkPlan(res.Fingerprint()); err != nil {
+	if err := j.checkPlan(res.Fingerprint(), c.dataIdentity()); err != nil {
 		return err
+	}
+	if c.run {
+		if err := j.checkSharedDir(c.ckptDir); err != nil {
+			return err
+		}
 	}
 	if res.Async != nil {
 		return runAsync(c, j, res, resumeDir)

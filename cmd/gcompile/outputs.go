@@ -109,6 +109,17 @@ func (c *config) inputPaths() []outputPath {
 	return in
 }
 
+// within says whether path lies inside folder dir (at any depth).
+func within(dir, path string) bool {
+	d, err1 := filepath.Abs(dir)
+	p, err2 := filepath.Abs(path)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	rel, err := filepath.Rel(d, p)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+}
+
 // samePath says whether a and b name one file: the same absolute path, or
 // one existing file under two names (a link).
 func samePath(a, b string) bool {
@@ -144,6 +155,11 @@ func checkOutputs(c *config) error {
 		for _, in := range c.inputPaths() {
 			if samePath(in.path, o.path) {
 				errs = append(errs, fmt.Errorf("--%s %s is also --%s's input: writing it would destroy what was read; give the output another file", o.flag, o.path, in.flag))
+			}
+		}
+		for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir}, {"resume", c.resume}} {
+			if d.path != "" && within(d.path, o.path) {
+				errs = append(errs, fmt.Errorf("--%s %s is inside --%s %s: it would write over a checkpoint's files; give it a path outside", o.flag, o.path, d.flag, d.path))
 			}
 		}
 	}

@@ -1,6 +1,8 @@
 package checkpoint
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -439,6 +441,12 @@ func writeJSON(path string, v any) (err error) {
 // completeSteps are the steps of the complete checkpoints under root,
 // ascending: folders step-N with a manifest.
 func completeSteps(root string) ([]int, error) {
+	return Steps(root)
+}
+
+// Steps are the steps of the complete checkpoints in root, ascending
+// (folders step-N with a manifest); an error when root cannot be read.
+func Steps(root string) ([]int, error) {
 	entries, err := os.ReadDir(root)
 	if err != nil {
 		return nil, err
@@ -818,12 +826,30 @@ func RestoreState(cl Cluster, progs []*lower.Program, dir string, ex Expect) (*M
 	return m, nil
 }
 
-// orText names byte-level text, whose Plan.Data is empty.
+// orText names byte-level text, whose Plan.Data is empty in a checkpoint
+// saved before text was identified by TextIdentity.
 func orText(data string) string {
 	if data == "" {
-		return "byte-level text"
+		return textData
 	}
 	return data
+}
+
+// textData begins every TextIdentity.
+const textData = "byte-level text"
+
+// TextIdentity is Plan.Data for byte-level text: a digest of the bytes of
+// its training and held-out splits (their contents, not the path, which
+// may differ between machines), so a run resumed on other text, or a job
+// whose processes read different text, is refused.
+func TextIdentity(train, eval []byte) string {
+	h := sha256.New()
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(train)))
+	h.Write(n[:])
+	h.Write(train)
+	h.Write(eval)
+	return fmt.Sprintf("%s of %d + %d bytes, sha256 %.16x", textData, len(train), len(eval), h.Sum(nil))
 }
 
 // match checks that the checkpoint belongs to this model and run, and
@@ -839,7 +865,10 @@ func match(m *Manifest, progs []*lower.Program, ex Expect) error {
 			return fmt.Errorf("the checkpoint was saved with %s %v and this run has %v; resume with the same (the plan may change, the training may not): %w", c.flag, c.saved, c.is, ErrMismatch)
 		}
 	}
-	if m.Plan.Data != ex.Plan.Data {
+	// Text without an identity ("": a checkpoint saved before text had
+	// one, or a caller that does not say) is taken on trust.
+	legacy := func(a, b string) bool { return a == "" && strings.HasPrefix(b, textData) }
+	if m.Plan.Data != ex.Plan.Data && !legacy(m.Plan.Data, ex.Plan.Data) && !legacy(ex.Plan.Data, m.Plan.Data) {
 		return fmt.Errorf("the checkpoint was trained on other data (%s) than this run's (%s): a step's tokens follow from the datasets, blend, --split and tokenizer; resume with the same --data, --split and --tokenizer: %w",
 			orText(m.Plan.Data), orText(ex.Plan.Data), ErrMismatch)
 	}

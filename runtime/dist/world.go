@@ -113,6 +113,14 @@ func FromEnv(getenv func(string) string) (World, error) {
 		w, err = e.mpi()
 	case e.has("SLURM_PROCID") && e.has("SLURM_NTASKS"):
 		w, err = e.slurm()
+	case e.has("OMPI_COMM_WORLD_RANK") || e.has("OMPI_COMM_WORLD_SIZE"):
+		err = e.half("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun")
+	case e.get("SLURM_PROCID") != "" && e.get("SLURM_PROCID") != "0":
+		// A batch script's own shell has SLURM_PROCID 0 and, without
+		// --ntasks, no SLURM_NTASKS, and salloc's shell SLURM_NTASKS
+		// alone: such a process is alone. A task of rank 1 or more is
+		// srun's, which sets both.
+		err = e.half("SLURM_PROCID", "SLURM_NTASKS", "srun")
 	default:
 		w, err = e.single()
 	}
@@ -421,6 +429,17 @@ func (e env) tasksOnThisNode(name, v string) (int, error) {
 
 // single is a process started without a launcher: alone, meeting itself
 // on loopback.
+// half is the error of a launcher's pair of variables of which one is
+// set: a process that took itself for alone would train as rank 0 of a
+// job of one, beside the job it belongs to.
+func (e env) half(rank, size, launcher string) error {
+	set, unset := rank, size
+	if !e.has(rank) {
+		set, unset = size, rank
+	}
+	return fmt.Errorf("%s=%q is set but %s is not: %s sets both", set, e.get(set), unset, launcher)
+}
+
 func (e env) single() (World, error) {
 	port, err := e.port("MASTER_PORT", DefaultMasterPort)
 	if err != nil {

@@ -152,6 +152,17 @@ func TestFromEnv(t *testing.T) {
 			env:  map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "1"},
 			want: World{Size: 1, LocalSize: 1, MasterAddr: "127.0.0.1", MasterPort: 29500, Launcher: "slurm"},
 		},
+		{
+			// sbatch's script without --ntasks, and salloc's shell: alone.
+			name: "a batch script's own process",
+			env:  map[string]string{"SLURM_PROCID": "0"},
+			want: World{Size: 1, LocalSize: 1, MasterAddr: "127.0.0.1", MasterPort: 29500},
+		},
+		{
+			name: "an allocation's shell",
+			env:  map[string]string{"SLURM_NTASKS": "8"},
+			want: World{Size: 1, LocalSize: 1, MasterAddr: "127.0.0.1", MasterPort: 29500},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -193,6 +204,9 @@ func TestFromEnvErrors(t *testing.T) {
 		{"zero world", with(torch, "WORLD_SIZE", "0"), `WORLD_SIZE=0: must be at least 1`},
 		{"rank without world size", map[string]string{"RANK": "1"}, `RANK="1" is set but WORLD_SIZE is not`},
 		{"world size without rank", map[string]string{"WORLD_SIZE": "2"}, `WORLD_SIZE="2" is set but RANK is not`},
+		{"mpi rank without size", map[string]string{"OMPI_COMM_WORLD_RANK": "1"}, `OMPI_COMM_WORLD_RANK="1" is set but OMPI_COMM_WORLD_SIZE is not: mpirun sets both`},
+		{"mpi size without rank", map[string]string{"OMPI_COMM_WORLD_SIZE": "2"}, `OMPI_COMM_WORLD_SIZE="2" is set but OMPI_COMM_WORLD_RANK is not`},
+		{"slurm task 1 without its count", map[string]string{"SLURM_PROCID": "1"}, `SLURM_PROCID="1" is set but SLURM_NTASKS is not: srun sets both`},
 		{"torchrun without master", map[string]string{"RANK": "0", "WORLD_SIZE": "2"}, `MASTER_ADDR is not set`},
 		{"bad port", with(torch, "MASTER_PORT", "http"), `MASTER_PORT="http": not an integer`},
 		{"port out of range", with(torch, "MASTER_PORT", "70000"), `MASTER_PORT=70000: not a port (1..65535)`},
