@@ -7,6 +7,7 @@
 package compile
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -191,6 +192,12 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 	if err != nil {
 		return res, err
 	}
+	// A signal during the passes (c.Interrupt, which the caller cancels on
+	// SIGINT or SIGTERM) stops the compile here, before the lowering: a
+	// run stopped before training must not train.
+	if err := c.interrupted("the compile passes"); err != nil {
+		return res, err
+	}
 	if c.DPSync == "async" {
 		gm, um, boundary, err := lower.SplitAtOptimizer(m)
 		if err != nil {
@@ -211,6 +218,7 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 	if err != nil {
 		return res, err
 	}
+
 	if res.Schedule != nil {
 		if res.Programs, err = lower.LowerPipelineWith(m, Blocks(res.Schedule), lo); err != nil {
 			return res, err
@@ -246,7 +254,16 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 		}
 	}
 	res.Elapsed = time.Since(start)
-	return res, nil
+	return res, c.interrupted("the lowering")
+}
+
+// interrupted is an error naming stage when c.Interrupt was cancelled (a
+// signal the caller caught), nil otherwise.
+func (c *Config) interrupted(stage string) error {
+	if c.Interrupt == nil || c.Interrupt.Err() == nil {
+		return nil
+	}
+	return fmt.Errorf("stopped during %s by %w", stage, context.Cause(c.Interrupt))
 }
 
 // compileEval builds the model for evaluation (its shapes differ from

@@ -297,20 +297,22 @@ const MaxBucketMB = 1 << 20
 // (the flag package parses "NaN" and "Inf"), and so is ±Inf: either would
 // only show as a NaN loss after the compile and the first steps.
 func (c *Config) checkNumbers(bad func(string, ...any)) {
-	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	// The optimizer computes in float32: a figure must be one there too
+	// (0.99999999 rounds to 1, 1e39 overflows).
+	finite := func(v float64) bool { return !math.IsNaN(v) && math.Abs(v) <= math.MaxFloat32 }
 	for _, b := range []struct {
 		name string
 		v    float64
 	}{{"beta1", c.Beta1}, {"beta2", c.Beta2}} {
-		if !(b.v >= 0 && b.v < 1) {
-			bad("--%s must lie in [0, 1), got %g", b.name, b.v)
+		if !(b.v >= 0 && float32(b.v) < 1) {
+			bad("--%s must lie in [0, 1) as a 32-bit float, which the optimizer computes in, got %g", b.name, b.v)
 		}
 	}
 	if !finite(c.Clip) || c.Clip < 0 {
 		bad("--clip must be a finite norm ≥ 0 (0: off), got %g", c.Clip)
 	}
 	if !finite(c.WeightDecay) || c.WeightDecay < 0 {
-		bad("--weight-decay must be finite and ≥ 0, got %g", c.WeightDecay)
+		bad("--weight-decay must be finite as a 32-bit float and ≥ 0, got %g", c.WeightDecay)
 	}
 	if !(c.BucketMB > 0) || c.BucketMB > MaxBucketMB {
 		bad("--bucket-mb must be positive and at most %d, got %g", MaxBucketMB, c.BucketMB)

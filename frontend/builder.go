@@ -46,9 +46,11 @@ type ParamDoc struct {
 
 // Builder records a model into an ir.Module.
 type Builder struct {
-	m      *ir.Module
-	cfg    Config
-	errs   []error
+	m    *ir.Module
+	cfg  Config
+	errs []error
+	// lossAt is where b.Loss was called ("" until it is).
+	lossAt string
 	used   map[string]bool
 	docs   []ParamDoc
 	layer  int
@@ -326,6 +328,16 @@ func FusedColumnParallel(k int) Parallel { return Parallel(fmt.Sprintf("column:%
 
 // Param declares a trainable parameter (fp32 unless Config.Float says otherwise).
 func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Tensor {
+	// Named and initialised as the weights files and the runtime need,
+	// checked here so the error names the line, not a save after training.
+	if name == "" {
+		b.fail(userPos(), errors.New("a param needs a name: weights are saved and loaded under it"))
+		return &Tensor{b: b}
+	}
+	if _, _, err := ir.ParseInit(string(init)); err != nil {
+		b.fail(userPos(), fmt.Errorf("param %q: %w", name, err))
+		return &Tensor{b: b}
+	}
 	attrs := ir.Attrs{"name": name, "init": string(init)}
 	if hint != NoParallel {
 		attrs["parallel"] = string(hint)
@@ -402,6 +414,13 @@ func (b *Builder) Loss(t *Tensor) {
 		b.fail(userPos(), fmt.Errorf("loss must be a scalar, got %v", t.v.Type))
 		return
 	}
+	if b.lossAt != "" {
+		// A second call would silently replace the first: one of them is
+		// not what the model means to minimise.
+		b.fail(userPos(), fmt.Errorf("b.Loss called twice: the loss was set at %s already", b.lossAt))
+		return
+	}
+	b.lossAt = userPos().String()
 	b.m.SetOutput(ir.OutputLoss, t.v)
 }
 

@@ -65,6 +65,20 @@ func TestDSLRules(t *testing.T) {
 			c := b.Constant("table", []float64{1, 2, 3}, 2, 2)
 			b.Loss(c.Sum())
 		}, `constant "table": 3 values for shape [2 2] (4 elements)`},
+		{"loss twice", func(b *frontend.Builder) {
+			x := b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
+			b.Loss(x.Sum())
+			b.Loss(x.Mean())
+		}, "b.Loss called twice: the loss was set at builder_test.go:"},
+		{"param without a name", func(b *frontend.Builder) {
+			b.Loss(b.Param("", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, "a param needs a name"},
+		{"init that does not exist", func(b *frontend.Builder) {
+			b.Loss(b.Param("x", []int{2}, frontend.Init("bogus(3"), frontend.NoParallel).Sum())
+		}, `param "x": unknown init "bogus(3"`},
+		{"negative std", func(b *frontend.Builder) {
+			b.Loss(b.Param("x", []int{2}, frontend.Normal(-1), frontend.NoParallel).Sum())
+		}, `param "x": init "normal(-1)": the std must be a finite number ≥ 0`},
 		{"model panics", func(b *frontend.Builder) {
 			var s []int
 			_ = s[3]

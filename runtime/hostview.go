@@ -6,8 +6,6 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
-	"regexp"
-	"strconv"
 	"strings"
 
 	"gcompile/ir"
@@ -318,8 +316,6 @@ func Decode(t ir.Type, raw []byte) ([]float64, error) {
 	return out, nil
 }
 
-var normalInit = regexp.MustCompile(`^normal\(([^)]+)\)$`)
-
 // InitialBytes is the initial content of param buffer b on the device at
 // coords of mesh (nil mesh: the only device): the little-endian bytes of
 // the device's block, in the buffer's dtype, from the param's init
@@ -332,21 +328,16 @@ func InitialBytes(b lower.Buffer, mesh *ir.Mesh, coords []int, seed uint64) ([]b
 	init := b.Value.Attrs.Str("init")
 	local := b.Type.Shape.NumElements()
 	var x []float64
+	std, normal, err := ir.ParseInit(init)
 	switch {
-	case init == "zeros" || init == "":
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", b.Value.Where(), err)
+	case !normal:
 		x = make([]float64, local)
-	case init == "ones":
-		x = make([]float64, local)
-		kcpu.Fill(x, 1)
+		if std != 0 {
+			kcpu.Fill(x, std)
+		}
 	default:
-		m := normalInit.FindStringSubmatch(init)
-		if m == nil {
-			return nil, fmt.Errorf("%s: unknown init %q (want normal(std), zeros or ones)", b.Value.Where(), init)
-		}
-		std, err := strconv.ParseFloat(m[1], 64)
-		if err != nil || std < 0 || math.IsNaN(std) {
-			return nil, fmt.Errorf("%s: bad std in init %q", b.Value.Where(), init)
-		}
 		if b.Type.DType != ir.F32 && b.Type.DType != ir.F64 {
 			return nil, fmt.Errorf("%s: %q is %v, not a float tensor", b.Value.Where(), b.Name, b.Type)
 		}

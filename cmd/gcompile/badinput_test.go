@@ -171,9 +171,11 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "clip negative", args: []string{"--clip", "-1"}, want: []string{"--clip must be a finite norm ≥ 0"}},
 		{name: "weight-decay NaN", args: []string{"--weight-decay", "NaN"}, want: []string{"--weight-decay", "NaN"}},
 		{name: "weight-decay -Inf", args: []string{"--weight-decay", "-Inf"}, want: []string{"--weight-decay", "-Inf"}},
-		{name: "weight-decay negative", args: []string{"--weight-decay", "-0.1"}, want: []string{"--weight-decay must be finite and ≥ 0, got -0.1"}},
-		{name: "beta1 NaN", args: []string{"--beta1", "NaN"}, want: []string{"--beta1 must lie in [0, 1), got NaN"}},
-		{name: "beta1 one", args: []string{"--beta1", "1"}, want: []string{"--beta1 must lie in [0, 1), got 1"}},
+		{name: "weight-decay negative", args: []string{"--weight-decay", "-0.1"}, want: []string{"--weight-decay must be finite as a 32-bit float and ≥ 0, got -0.1"}},
+		{name: "beta1 NaN", args: []string{"--beta1", "NaN"}, want: []string{"--beta1 must lie in [0, 1) as a 32-bit float, which the optimizer computes in, got NaN"}},
+		{name: "beta2 that rounds to one", args: []string{"--beta2", "0.99999999"}, want: []string{"--beta2 must lie in [0, 1) as a 32-bit float, which the optimizer computes in, got 0.99999999"}},
+		{name: "weight decay past float32", args: []string{"--weight-decay", "1e39"}, want: []string{"--weight-decay must be finite as a 32-bit float and ≥ 0, got 1e+39"}},
+		{name: "beta1 one", args: []string{"--beta1", "1"}, want: []string{"--beta1 must lie in [0, 1) as a 32-bit float, which the optimizer computes in, got 1"}},
 		{name: "beta1 negative", args: []string{"--beta1", "-0.9"}, want: []string{"--beta1", "-0.9"}},
 		{name: "beta2 NaN", args: []string{"--beta2", "NaN"}, want: []string{"--beta2", "NaN"}},
 		{name: "beta2 +Inf", args: []string{"--beta2", "Inf"}, want: []string{"--beta2", "+Inf"}},
@@ -552,7 +554,7 @@ func TestHelpAndFlagMistakes(t *testing.T) {
 	assert.Equal(t, "gcompile: flag provided but not defined: -foo (see gcompile -h)\n", stderr, "one line, not the usage")
 	_, stderr, code = run(gptModel, "--lr", "NaN")
 	assert.Equal(t, 1, code)
-	assert.Equal(t, "gcompile: learning rate: want --lr > 0 and finite, got NaN\n", stderr)
+	assert.Equal(t, "gcompile: learning rate: want --lr > 0 and finite as a 32-bit float, got NaN\n", stderr)
 }
 
 // -h lists every command mainErr dispatches, each with its arguments and

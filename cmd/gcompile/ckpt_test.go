@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -970,4 +971,19 @@ func TestCheckpointDirHoldsOneRun(t *testing.T) {
 	steps, err := checkpoint.Steps(ck)
 	require.NoError(t, err)
 	assert.Equal(t, []int{2, 4, 6}, steps)
+}
+
+// A signal caught while the module is compiled (Config.Interrupt
+// cancelled) stops the compile before the lowering: a run stopped before
+// training does not train. The .gir module needs no build, so the
+// cancelled context meets the passes.
+func TestSignalDuringThePassesStopsTheCompile(t *testing.T) {
+	c, err := parseArgs(gir(t, slices.Clone(reshardGPT)))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(errors.New("SIGINT"))
+	c.Interrupt = ctx
+	_, err = compile.Compile(&c.Config, passes.Hooks{})
+	require.Error(t, err)
+	assert.Equal(t, "stopped during the compile passes by SIGINT", err.Error())
 }

@@ -161,6 +161,25 @@ func (f setFlag) Set(v string) error {
 	return nil
 }
 
+// ignoredWithoutRun names the flags given that only shape the training
+// loop, when there is none (no --run): a note says so, since they would
+// otherwise be dropped without a word ("" when none is).
+func (c *config) ignoredWithoutRun() string {
+	if c.run || c.evalOnly {
+		return ""
+	}
+	var loop []string
+	for _, f := range []string{"steps", "lr", "min-lr", "warmup", "lr-decay", "eval-every", "eval-batches"} {
+		if c.explicit[f] {
+			loop = append(loop, "--"+f)
+		}
+	}
+	if len(loop) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("note: %s shape a training run, and without --run nothing trains: they are not used (add --run to train)", strings.Join(loop, ", "))
+}
+
 // pathFlags are the flags whose value names a file or folder (or a
 // hardware description), which an empty value cannot.
 var pathFlags = map[string]bool{
@@ -396,6 +415,12 @@ func (c *config) validate() error {
 		}
 		c.MemLimit = n
 	}
+	// Before anything below reads an input: a pipe would hang the read.
+	for _, in := range c.inputPaths() {
+		if err := notAFile(in.flag, in.path); err != nil {
+			return err
+		}
+	}
 	// Once the planner has run (planned), the hardware it priced on (a
 	// calibrated or refined one, or this machine's cpu figures) stays, and
 	// the inputs it read are not read again.
@@ -549,8 +574,8 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 	if c.steps < 1 {
 		bad("--steps must be ≥ 1, got %d", c.steps)
 	}
-	if !(c.lr > 0) || math.IsInf(c.lr, 0) {
-		bad("learning rate: want --lr > 0 and finite, got %g", c.lr)
+	if !(c.lr > 0) || c.lr > math.MaxFloat32 {
+		bad("learning rate: want --lr > 0 and finite as a 32-bit float, got %g", c.lr)
 	} else if !(c.minLR >= 0) || c.minLR > c.lr {
 		bad("learning rate: want 0 ≤ --min-lr ≤ --lr (%g), got --min-lr %g", c.lr, c.minLR)
 	}

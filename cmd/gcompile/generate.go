@@ -114,6 +114,11 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	if !strings.HasSuffix(g.Model, ".go") {
 		bad("generate %s: want a MODEL.go (generation builds the model again, at one token per step)", g.Model)
 	}
+	for _, in := range []outputPath{{"", g.Model}, {"load", g.load}, {"prompt-file", g.promptFile}, {"tokenizer", g.tokenizer}} {
+		if err := notAFile(in.flag, in.path); err != nil {
+			return err // before anything reads it: a pipe would hang the read
+		}
+	}
 	switch {
 	case g.load == "" && g.resume == "":
 		bad("generate: give the weights with --load FILE.safetensors or --resume CHECKPOINT")

@@ -69,6 +69,8 @@ func mainErr(args []string) (err error) {
 	}
 	if w, err := worldOf(c); err == nil && w.Rank > 0 {
 		c.Progress = io.Discard // rank 0 says it for the job
+	} else if note := c.ignoredWithoutRun(); note != "" {
+		fmt.Fprintln(os.Stderr, note)
 	}
 	if c.planning() {
 		// The planner compiles the model: with a token dataset, at the
@@ -201,7 +203,11 @@ func compileAndRun(c *config, j *job) (err error) {
 	}
 	res, passErr := compile.Compile(&c.Config, dumper.hooks())
 	stopInterrupt()
-	if sig := interrupted(); sig != nil && passErr != nil {
+	if sig := interrupted(); sig != nil {
+		if passErr == nil {
+			// Caught as the compile returned: it stops the run all the same.
+			passErr = fmt.Errorf("stopped after the compile by %s", signalName(sig))
+		}
 		passErr = &exitStatus{err: passErr, code: signalStatus(sig)}
 	}
 	if res != nil && res.Module != nil {

@@ -93,14 +93,14 @@ func (c *config) outputPaths() []outputPath {
 }
 
 // inputPaths are the files the run reads that an output could be
-// mistaken for.
+// mistaken for; the model file's flag is "".
 func (c *config) inputPaths() []outputPath {
 	var in []outputPath
 	hw, _, _ := strings.Cut(c.hardware, ":")
 	if !strings.HasSuffix(strings.ToLower(hw), ".json") {
 		hw = ""
 	}
-	for _, o := range []outputPath{{"calibrate", c.calibrate}, {"refine-trace", c.refineTrace}, {"hardware", hw}, {"load", c.load},
+	for _, o := range []outputPath{{"", c.Model}, {"calibrate", c.calibrate}, {"refine-trace", c.refineTrace}, {"hardware", hw}, {"load", c.load},
 		{"tokenizer", c.tokenizer}, {"merges", c.merges}, {"data", c.data}} {
 		if o.path != "" {
 			in = append(in, o)
@@ -154,12 +154,20 @@ func checkOutputs(c *config) error {
 		seen[key] = o.flag
 		for _, in := range c.inputPaths() {
 			if samePath(in.path, o.path) {
-				errs = append(errs, fmt.Errorf("--%s %s is also --%s's input: writing it would destroy what was read; give the output another file", o.flag, o.path, in.flag))
+				what := "--" + in.flag + "'s input"
+				if in.flag == "" {
+					what = "the model file"
+				}
+				errs = append(errs, fmt.Errorf("--%s %s is also %s: writing it would destroy what was read; give the output another file", o.flag, o.path, what))
 			}
 		}
-		for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir}, {"resume", c.resume}} {
+		for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir}, {"resume", c.resume}, {"dump", c.dump}} {
 			if d.path != "" && within(d.path, o.path) {
-				errs = append(errs, fmt.Errorf("--%s %s is inside --%s %s: it would write over a checkpoint's files; give it a path outside", o.flag, o.path, d.flag, d.path))
+				what := "a checkpoint's files"
+				if d.flag == "dump" {
+					what = "the dump's files, which every run replaces"
+				}
+				errs = append(errs, fmt.Errorf("--%s %s is inside --%s %s: it would write over %s; give it a path outside", o.flag, o.path, d.flag, d.path, what))
 			}
 		}
 	}
@@ -271,11 +279,30 @@ func checkInputFile(flag, path string) error {
 	if fi.IsDir() {
 		return fmt.Errorf("--%s %s is a folder; it wants a file", flag, path)
 	}
+	if err := notAFile(flag, path); err != nil {
+		return err
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("--%s: %w", flag, err)
 	}
 	return f.Close()
+}
+
+// notAFile refuses an input that exists and is neither a regular file nor
+// a folder: opening a pipe waits for a writer that may never come, and
+// the run would hang before it says a word. A path that does not exist,
+// or cannot be read, is left to the reader to name.
+func notAFile(flag, path string) error {
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().IsRegular() || fi.IsDir() {
+		return nil
+	}
+	what := "--" + flag
+	if flag == "" {
+		what = "the model"
+	}
+	return fmt.Errorf("%s %s is not a regular file (%v): it wants a file it can read to the end", what, path, fi.Mode().Type())
 }
 
 // writeOutput writes one output of the run with write, creating its folder

@@ -438,3 +438,22 @@ func TestProgressSummaryWithoutOutputs(t *testing.T) {
 	require.NoError(t, os.WriteFile(c.report, nil, 0o644))
 	assert.Equal(t, []outputFile{{"report", c.report}}, outputs(c, &runtime.Metrics{}))
 }
+
+// The summary says when steps skipped their update: all of them under a
+// static loss scale the gradients overflow (nothing was trained), some
+// under dynamic scaling, none otherwise.
+func TestSkippedLine(t *testing.T) {
+	steps := func(skipped ...bool) []runtime.StepMetrics {
+		var out []runtime.StepMetrics
+		for i, s := range skipped {
+			out = append(out, runtime.StepMetrics{Step: i + 1, Skipped: s, LossScale: 65536})
+		}
+		return out
+	}
+	static := &config{}
+	static.LossScale = 1e6
+	assert.Equal(t, "", skippedLine(&config{}, steps(false, false)))
+	assert.Contains(t, skippedLine(static, steps(true, true, true)), "every step's update (3): the gradients overflowed at the static --loss-scale 1e+06, so nothing was trained")
+	assert.Contains(t, skippedLine(&config{}, steps(true, true)), "every step's update (2): the gradients overflowed (last at loss scale 65536)")
+	assert.Equal(t, "1 of 3 steps' updates: their gradients overflowed (last at loss scale 65536)", skippedLine(&config{}, steps(true, false, false)))
+}

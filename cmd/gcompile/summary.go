@@ -69,6 +69,29 @@ func reportCompileFailure(c *config, j *job, res *compile.Result, compileErr err
 	return err
 }
 
+// skippedLine says how many of the steps skipped their update because
+// their gradients overflowed under mixed precision ("" when none did): a
+// static --loss-scale too large for the 16-bit gradients skips every
+// step, and the run then trained nothing, which only the metrics said.
+func skippedLine(c *config, steps []runtime.StepMetrics) string {
+	n, scale := 0, 0.0
+	for _, s := range steps {
+		if s.Skipped {
+			n++
+			scale = s.LossScale
+		}
+	}
+	switch {
+	case n == 0:
+		return ""
+	case n == len(steps) && c.LossScale > 0:
+		return fmt.Sprintf("every step's update (%d): the gradients overflowed at the static --loss-scale %g, so nothing was trained; lower it, or leave it out for dynamic scaling", n, c.LossScale)
+	case n == len(steps):
+		return fmt.Sprintf("every step's update (%d): the gradients overflowed (last at loss scale %g), so nothing was trained", n, scale)
+	}
+	return fmt.Sprintf("%d of %d steps' updates: their gradients overflowed (last at loss scale %g)", n, len(steps), scale)
+}
+
 // runTotals are the figures the summary and the report both lead with.
 type runTotals struct {
 	first, last int // the steps this run did (Steps' first and last)
@@ -185,6 +208,9 @@ func writeSummary(w io.Writer, c *config, met *runtime.Metrics, wall time.Durati
 			if t.first != t.last {
 				b.WriteString(" (the first step warms up)")
 			}
+		}
+		if line := skippedLine(c, met.Steps); line != "" {
+			b.WriteString("\n  skipped   " + line)
 		}
 		b.WriteString("\n")
 	}
