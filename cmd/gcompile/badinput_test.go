@@ -175,6 +175,8 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "beta1 NaN", args: []string{"--beta1", "NaN"}, want: []string{"--beta1 must lie in [0, 1) as a 32-bit float, which the optimizer computes in, got NaN"}},
 		{name: "beta2 that rounds to one", args: []string{"--beta2", "0.99999999"}, want: []string{"--beta2 must lie in [0, 1) as a 32-bit float, which the optimizer computes in, got 0.99999999"}},
 		{name: "weight decay past float32", args: []string{"--weight-decay", "1e39"}, want: []string{"--weight-decay must be finite as a 32-bit float and ≥ 0, got 1e+39"}},
+		{name: "lr of adafactor", args: []string{"--optimizer", "adafactor", "--lr", "0.01"}, want: []string{"--lr has no effect with --optimizer adafactor (Adafactor's step is relative"}},
+		{name: "betas of sgd", args: []string{"--optimizer", "sgd", "--beta2", "0.9"}, want: []string{"--beta2 has no effect with --optimizer sgd"}},
 		{name: "beta1 one", args: []string{"--beta1", "1"}, want: []string{"--beta1 must lie in [0, 1) as a 32-bit float, which the optimizer computes in, got 1"}},
 		{name: "beta1 negative", args: []string{"--beta1", "-0.9"}, want: []string{"--beta1", "-0.9"}},
 		{name: "beta2 NaN", args: []string{"--beta2", "NaN"}, want: []string{"--beta2", "NaN"}},

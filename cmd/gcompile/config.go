@@ -161,6 +161,17 @@ func (f setFlag) Set(v string) error {
 	return nil
 }
 
+// unusedByOptimizer are, per optimizer, the flags it does not read.
+var unusedByOptimizer = map[string][]struct{ flag, why string }{
+	"sgd": {{"beta1", "SGD's momentum is 0.9"}, {"beta2", "SGD keeps no second moment"}},
+	"sm3": {{"beta1", "SM3 as built keeps no momentum"}, {"beta2", "SM3's accumulators are sums, not averages"},
+		{"weight-decay", "SM3 as built applies none"}},
+	"adafactor": {{"lr", "Adafactor's step is relative: min(1e-2, 1/√t) times the param's RMS"}, {"min-lr", "Adafactor takes no learning rate"},
+		{"warmup", "Adafactor takes no learning rate"}, {"lr-decay", "Adafactor takes no learning rate"},
+		{"beta1", "Adafactor as built has no first moment"}, {"beta2", "Adafactor's decay is 1 − t^(−0.8)"},
+		{"weight-decay", "Adafactor as built applies none"}},
+}
+
 // ignoredWithoutRun names the flags given that only shape the training
 // loop, when there is none (no --run): a note says so, since they would
 // otherwise be dropped without a word ("" when none is).
@@ -529,6 +540,13 @@ func (c *config) validate() error {
 	}
 	if c.explicit["stop-after"] && !c.run {
 		bad("--stop-after stops a training run; add --run")
+	}
+	// A flag the chosen optimizer has no use for would be dropped without
+	// a word: the run would not be the one asked for.
+	for _, u := range unusedByOptimizer[c.Optimizer] {
+		if c.explicit[u.flag] {
+			bad("--%s has no effect with --optimizer %s (%s); leave it out", u.flag, c.Optimizer, u.why)
+		}
 	}
 	if (c.explicit["checkpoint-every"] || c.explicit["keep-last"]) && c.ckptDir == "" {
 		bad("--checkpoint-every and --keep-last apply to --checkpoint-dir")
