@@ -188,6 +188,10 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 	}
 	res.Module = m
 	res.ModelFingerprint = m.Fingerprint()
+	if c.EP > 1 && !hasExperts(m) {
+		// It would run as a second data-parallel axis, which --dp is.
+		return res, fmt.Errorf("--ep %d: the model has no experts (no moe_ op), and expert parallelism splits a mixture of experts; split the batch with --dp", c.EP)
+	}
 	res.Passes, err = passes.Run(m, c.PassOptions(), hooks)
 	if err != nil {
 		return res, err
@@ -255,6 +259,16 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 	}
 	res.Elapsed = time.Since(start)
 	return res, c.interrupted("the lowering")
+}
+
+// hasExperts says whether m routes tokens to experts.
+func hasExperts(m *ir.Module) bool {
+	for _, v := range m.Values {
+		if strings.HasPrefix(v.Op, "moe_") {
+			return true
+		}
+	}
+	return false
 }
 
 // interrupted is an error naming stage when c.Interrupt was cancelled (a

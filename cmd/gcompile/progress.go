@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -70,7 +71,11 @@ func (p *progress) eta(step int) (time.Duration, bool) {
 		return 0, false
 	}
 	mean := p.ranMs / float64(p.ran)
-	return time.Duration(mean * float64(left) * float64(time.Millisecond)), true
+	ns := mean * float64(left) * float64(time.Millisecond)
+	if ns >= math.MaxInt64 {
+		return time.Duration(math.MaxInt64), true // about 292 years: more than any run
+	}
+	return time.Duration(ns), true
 }
 
 func (p *progress) done() {

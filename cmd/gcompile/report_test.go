@@ -391,6 +391,14 @@ func TestProgressETA(t *testing.T) {
 	p.step(runtime.StepMetrics{Step: 152, Loss: 3, Ms: 800}, &runtime.EvalMetrics{Step: 152, Loss: 2.5})
 	assert.True(t, strings.HasSuffix(strings.TrimSpace(b.String()), " eta 29s held-out loss 2.5000"), b.String()) // 0.6 s × 48
 
+	// A step count past what a time.Duration holds does not wrap round to
+	// a short estimate.
+	b.Reset()
+	huge := &progress{w: &b, total: 1e15}
+	huge.step(runtime.StepMetrics{Step: 1, Loss: 3, Ms: 30}, nil)
+	assert.NotContains(t, b.String(), "eta <0.1s")
+	assert.Contains(t, b.String(), "eta 2562047h")
+
 	// The last step has nothing left to estimate.
 	b.Reset()
 	p.step(runtime.StepMetrics{Step: 200, Loss: 3, Ms: 400}, nil)
