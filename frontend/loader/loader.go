@@ -421,7 +421,13 @@ func (l *Loader) explainExit(name string, runErr error, outFile *os.File) error 
 		if len(report) > maxCrashReport {
 			report = report[:maxCrashReport] + fmt.Sprintf("\n… (%d more bytes)", len(report)-maxCrashReport)
 		}
-		return fmt.Errorf("%s: the model crashed before %s() returned (%w):\n%s", name, ModelFuncName, runErr, report)
+		// The frame in the model file leads, so the error names the line
+		// even when the runtime's report runs to many frames first.
+		where := name
+		if at := modelFrame(report, name); at != "" {
+			where = at
+		}
+		return fmt.Errorf("%s: the model crashed before %s() returned (%w): %s; the Go runtime's report:\n%s", where, ModelFuncName, runErr, firstLine(report), report)
 	}
 	for _, line := range strings.Split(string(output), "\n") {
 		if msg, ok := strings.CutPrefix(line, frontend.DriverFailPrefix); ok {
@@ -441,6 +447,28 @@ func (l *Loader) explainExit(name string, runErr error, outFile *os.File) error 
 // crashStart finds where the Go runtime's crash report starts in the
 // driver's output: the first line starting "panic: ", "fatal error: " or
 // "runtime: " (a stack overflow's first line); -1 if there is none.
+// modelFrame is the first frame of a crash report in the model file name,
+// as name:line ("examples/gpt/model.go:11"), "" when none is: the line of the model's own code
+// where the crash happened, or the deepest call of it on the way there.
+func modelFrame(report, name string) string {
+	base := filepath.Base(name)
+	for _, line := range strings.Split(report, "\n") {
+		line = strings.TrimSpace(line)
+		file, rest, ok := strings.Cut(line, ".go:")
+		if !ok || filepath.Base(file+".go") != base {
+			continue
+		}
+		n := 0
+		for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+			n++
+		}
+		if n > 0 {
+			return name + ":" + rest[:n]
+		}
+	}
+	return ""
+}
+
 func crashStart(output []byte) int {
 	s := string(output)
 	best := -1

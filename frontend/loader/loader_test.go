@@ -175,7 +175,7 @@ func TestLoadReportsWhatTheModelDid(t *testing.T) {
 		{name: "os.Exit(0)", mode: "3", wantErr: name + ": Model() called os.Exit(0) before returning"},
 		{
 			name: "panic on the model's goroutine", mode: "4",
-			errHas:    []string{name + ": the model crashed before Model() returned (exit status 2):\npanic: boom on a goroutine", "model.go:"},
+			errHas:    []string{name + ":40: the model crashed before Model() returned (exit status 2): panic: boom on a goroutine; the Go runtime's report:\npanic: boom on a goroutine", "model.go:"},
 			outHas:    []string{"hello on stdout\n"},
 			outHasNot: []string{"panic"},
 		},
