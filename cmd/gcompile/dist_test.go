@@ -977,4 +977,6 @@ func TestJobNamesTheRanksThatNeverJoined(t *testing.T) {
 		require.Error(t, p.err, "rank %d", r)
 		assert.Contains(t, p.output(), "ranks 2, 3 never joined (not started, or they cannot reach 127.0.0.1:", "rank %d", r)
 	}
+	// While it waited, rank 0 said whom for (after a third of the wait).
+	assert.Contains(t, ps[0].output(), "rendezvous: waiting for ranks 2, 3 of 4 to join at 127.0.0.1:")
 }

@@ -327,7 +327,11 @@ func (j *job) rendezvous() error {
 	// From here a process that failed before joining (tellJob), or fails
 	// later, ends every process's wait with its reason.
 	go j.watchAbort()
-	if err := j.store.Barrier(ctx, "job/start", w.Size); err != nil {
+	waiting := make(chan struct{})
+	go j.sayWhoIsMissing(ctx, waiting)
+	err = j.store.Barrier(ctx, "job/start", w.Size)
+	close(waiting)
+	if err != nil {
 		if missing := j.missingRanks(); missing != "" && j.ctx.Err() == nil {
 			return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %s never joined (not started, or they cannot reach %s): %w", w.Rank, w.Size, missing, w.MasterHostPort(), err)
 		}
@@ -487,6 +491,43 @@ const rendezvousGrace = 3 * time.Second
 
 // missingRanks names the ranks the store (on rank 0) has not seen, "" when
 // this process hosts no store or none is missing.
+// sayWhoIsMissing has rank 0 name, while the rendezvous waits, the
+// ranks that have not joined: after missingAfter (a third of a shorter
+// wait), then every missingEvery until waiting closes, so a wait of
+// minutes for a process that never started is not minutes of silence.
+func (j *job) sayWhoIsMissing(ctx context.Context, waiting <-chan struct{}) {
+	if j.server == nil {
+		return
+	}
+	first := missingAfter
+	if d, ok := ctx.Deadline(); ok {
+		first = min(first, time.Until(d)/3)
+	}
+	t := time.NewTimer(first)
+	defer t.Stop()
+	for {
+		select {
+		case <-waiting:
+			return
+		case <-t.C:
+		}
+		if m := j.missingRanks(); m != "" {
+			left := "until the job's --timeout"
+			if d, ok := ctx.Deadline(); ok {
+				left = fmt.Sprintf("%s more at most (--rdzv-timeout)", time.Until(d).Round(time.Second))
+			}
+			j.logf("rendezvous: waiting for %s of %d to join at %s, %s", m, j.world.Size, j.world.MasterHostPort(), left)
+		}
+		t.Reset(missingEvery)
+	}
+}
+
+// When sayWhoIsMissing speaks.
+const (
+	missingAfter = 10 * time.Second
+	missingEvery = 30 * time.Second
+)
+
 func (j *job) missingRanks() string {
 	if j.server == nil {
 		return ""
