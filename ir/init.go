@@ -17,8 +17,9 @@ func ParseInit(init string) (std float64, normal bool, err error) {
 	case "ones":
 		return 1, false, nil
 	}
-	arg, ok := strings.CutPrefix(init, "normal(")
-	if arg, ok = strings.CutSuffix(arg, ")"); !ok {
+	arg, isNormal := strings.CutPrefix(init, "normal(")
+	arg, closed := strings.CutSuffix(arg, ")")
+	if !isNormal || !closed {
 		return 0, false, fmt.Errorf("unknown init %q (want normal(std), zeros or ones)", init)
 	}
 	std, err = strconv.ParseFloat(arg, 64)

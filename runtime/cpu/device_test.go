@@ -89,10 +89,25 @@ func TestInitDependsOnNameNotOrder(t *testing.T) {
 	assert.NotEqual(t, a1, a3)
 }
 
+// An init that does not exist is refused where the model declares it; a
+// module read from a .gir (edited by hand) can still carry one, which the
+// device refuses when it initialises the param.
 func TestUnknownInitIsAnError(t *testing.T) {
-	p := compile(t, func(b *frontend.Builder) {
+	_, err := frontend.Build(func(b *frontend.Builder) {
 		b.Loss(b.Param("w", []int{2}, frontend.Init("uniform(1)"), frontend.NoParallel).Sum())
+	}, frontend.Config{Name: "t"})
+	assert.ErrorContains(t, err, `param "w": unknown init "uniform(1)"`)
+	p := compile(t, func(b *frontend.Builder) {
+		b.Loss(b.Param("w", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
 	})
+	edited := 0
+	for _, buf := range p.Buffers {
+		if buf.Kind == lower.Param {
+			buf.Value.Attrs["init"] = "uniform(1)"
+			edited++
+		}
+	}
+	require.Equal(t, 1, edited)
 	d, err := cpu.Load(p, cpu.Options{})
 	require.NoError(t, err)
 	assert.ErrorContains(t, d.InitParams(1), `unknown init "uniform(1)"`)
