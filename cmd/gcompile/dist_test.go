@@ -568,6 +568,34 @@ func envOf(env func(int) []string, r int) []string {
 	return env(r)
 }
 
+// twoProcessJob runs a job of two processes to its end, each given the
+// arguments argsOf(rank), and returns them.
+func twoProcessJob(t *testing.T, argsOf func(r int) []string) []*proc {
+	t.Helper()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	port, err := freePort()
+	require.NoError(t, err)
+	ps := make([]*proc, 2)
+	token := jobToken(t)
+	for r := range 2 {
+		ps[r] = startProc(t, self, argsOf(r), append(childEnv(r, 2, port, token), asMainEnv+"=1"))
+	}
+	waitAll(t, ps, 60*time.Second)
+	return ps
+}
+
+// refusedBeforeTraining asserts that both processes of ps failed before
+// any step, each saying want.
+func refusedBeforeTraining(t *testing.T, ps []*proc, want string) {
+	t.Helper()
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d", r)
+		assert.Contains(t, p.output(), want, "rank %d:\n%s\nthe other:\n%s", r, p.output(), ps[1-r].output())
+		assert.NotContains(t, p.output(), "step 1/", "rank %d trained", r)
+	}
+}
+
 // A process that read other data than rank 0 (its --data, a path each
 // machine may give its own way, names other text) is named before any
 // training: by the text's contents, not its path.
@@ -575,40 +603,23 @@ func TestJobRefusesOtherDataOnOneProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
-	self, err := os.Executable()
-	require.NoError(t, err)
-	port, err := freePort()
-	require.NoError(t, err)
 	dir := t.TempDir()
 	same, copied, other := filepath.Join(dir, "a.txt"), filepath.Join(dir, "copy.txt"), filepath.Join(dir, "b.txt")
 	require.NoError(t, os.WriteFile(same, []byte(text(8192)), 0o644))
 	require.NoError(t, os.WriteFile(copied, []byte(text(8192)), 0o644))
 	require.NoError(t, os.WriteFile(other, []byte(strings.ToUpper(text(8192))), 0o644))
-	for _, tc := range []struct {
-		data string
-		ok   bool
-	}{{copied, true}, {other, false}} {
-		ps := make([]*proc, 2)
-		token := jobToken(t)
-		for r := range 2 {
-			data := same
+	dataOf := func(second string) func(r int) []string {
+		return func(r int) []string {
 			if r == 1 {
-				data = tc.data
+				return faultArgs(t, 2, "--data", second)
 			}
-			ps[r] = startProc(t, self, faultArgs(t, 2, "--data", data), append(childEnv(r, 2, port, token), asMainEnv+"=1"))
+			return faultArgs(t, 2, "--data", same)
 		}
-		waitAll(t, ps, 60*time.Second)
-		for r, p := range ps {
-			if tc.ok {
-				require.NoError(t, p.err, "rank %d, the same text under another name:\n%s", r, p.output())
-				continue
-			}
-			require.Error(t, p.err, "rank %d", r)
-			assert.Contains(t, p.output(), "rank 1 reads other data than rank 0 (byte-level text of ", "rank %d:\n%s", r, p.output())
-			assert.NotContains(t, p.output(), "step 1/", "rank %d trained", r)
-		}
-		port++ // the next job's store
 	}
+	for r, p := range twoProcessJob(t, dataOf(copied)) {
+		require.NoError(t, p.err, "rank %d, the same text under another name:\n%s", r, p.output())
+	}
+	refusedBeforeTraining(t, twoProcessJob(t, dataOf(other)), "rank 1 reads other data than rank 0 (byte-level text of ")
 }
 
 // The processes of a job write one checkpoint folder: one given a folder
@@ -619,23 +630,11 @@ func TestJobRefusesACheckpointDirItDoesNotShare(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
-	self, err := os.Executable()
-	require.NoError(t, err)
-	port, err := freePort()
-	require.NoError(t, err)
 	dir := t.TempDir()
-	ps := make([]*proc, 2)
-	token := jobToken(t)
-	for r := range 2 {
-		ck := filepath.Join(dir, fmt.Sprintf("ck-of-rank-%d", r))
-		ps[r] = startProc(t, self, faultArgs(t, 2, "--checkpoint-dir", ck), append(childEnv(r, 2, port, token), asMainEnv+"=1"))
-	}
-	waitAll(t, ps, 60*time.Second)
-	for r, p := range ps {
-		require.Error(t, p.err, "rank %d", r)
-		assert.Contains(t, p.output(), "--checkpoint-dir "+filepath.Join(dir, "ck-of-rank-1")+" is not the folder rank 0 writes", "rank %d:\n%s", r, p.output())
-		assert.NotContains(t, p.output(), "step 1/", "rank %d trained", r)
-	}
+	ps := twoProcessJob(t, func(r int) []string {
+		return faultArgs(t, 2, "--checkpoint-dir", filepath.Join(dir, fmt.Sprintf("ck-of-rank-%d", r)))
+	})
+	refusedBeforeTraining(t, ps, "--checkpoint-dir "+filepath.Join(dir, "ck-of-rank-1")+" is not the folder rank 0 writes")
 }
 
 // A process that compiled another plan (here: another model file, with
@@ -645,10 +644,6 @@ func TestJobRefusesADifferentPlan(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
-	self, err := os.Executable()
-	require.NoError(t, err)
-	port, err := freePort()
-	require.NoError(t, err)
 	model, err := jobModel()
 	require.NoError(t, err)
 	src, err := os.ReadFile(model)
@@ -656,21 +651,14 @@ func TestJobRefusesADifferentPlan(t *testing.T) {
 	require.Contains(t, string(src), "eps=1e-05")
 	other := filepath.Join(t.TempDir(), "other.gir")
 	require.NoError(t, os.WriteFile(other, []byte(strings.Replace(string(src), "eps=1e-05", "eps=2e-05", 1)), 0o644))
-	ps := make([]*proc, 2)
-	token := jobToken(t)
-	for r := range 2 {
+	ps := twoProcessJob(t, func(r int) []string {
 		args := faultArgs(t, 2, "--timeout", "20s")
 		if r == 1 {
 			args[0] = other
 		}
-		ps[r] = startProc(t, self, args, append(childEnv(r, 2, port, token), asMainEnv+"=1"))
-	}
-	waitAll(t, ps, 60*time.Second)
-	for r, p := range ps {
-		require.Error(t, p.err, "rank %d", r)
-		assert.Contains(t, p.output(), "rank 1 compiled a different plan than rank 0", "rank %d:\n%s\nthe other:\n%s", r, p.output(), ps[1-r].output())
-		assert.NotContains(t, p.output(), "step 1/", "rank %d trained", r)
-	}
+		return args
+	})
+	refusedBeforeTraining(t, ps, "rank 1 compiled a different plan than rank 0")
 }
 
 // The launcher stops every process when one fails, and says which: here
