@@ -26,6 +26,7 @@ import (
 	"gcompile/data"
 	"gcompile/passes"
 	"gcompile/runtime/checkpoint"
+	"gcompile/runtime/dist"
 )
 
 // mainNoPanic is mainErr, failing the test instead of crashing it when
@@ -751,4 +752,14 @@ func TestSetFlagJoins(t *testing.T) {
 	c, err := parseArgs([]string{gptModel, "--set", "layers=1", "--set", "hidden=32,heads=2,seq=16"})
 	require.NoError(t, err)
 	assert.Equal(t, "layers=1,hidden=32,heads=2,seq=16", c.Set)
+}
+
+// --master-port 0 keeps the launcher's port, or the default, as its help
+// says, instead of asking for port 0.
+func TestMasterPortZeroKeepsTheDefault(t *testing.T) {
+	c, err := parseArgs([]string{gptModel, "--master-port", "0", "--rank", "0", "--world-size", "2"})
+	require.NoError(t, err)
+	w, err := worldOf(c)
+	require.NoError(t, err)
+	assert.Equal(t, dist.DefaultMasterPort, w.MasterPort)
 }

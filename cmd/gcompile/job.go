@@ -124,8 +124,8 @@ func worldOf(c *config) (dist.World, error) {
 	if c.explicit["master-addr"] {
 		w.MasterAddr = c.masterAddr
 	}
-	if c.explicit["master-port"] {
-		w.MasterPort = c.masterPort
+	if c.explicit["master-port"] && c.masterPort != 0 {
+		w.MasterPort = c.masterPort // 0, as the flag's help says, keeps the launcher's (or the default)
 	}
 	if err := w.Validate(); err != nil {
 		return w, fmt.Errorf("the job's processes: %w", err)
