@@ -211,6 +211,7 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "timeout zero", args: []string{"--timeout", "0s"}, want: []string{"--timeout must be positive, got 0s"}},
 		{name: "timeout negative", args: []string{"--timeout", "-5s"}, want: []string{"--timeout must be positive, got -5s"}},
 		{name: "rdzv-timeout zero", args: []string{"--rdzv-timeout", "0s"}, want: []string{"--rdzv-timeout must be positive, got 0s"}},
+		{name: "rdzv-timeout past timeout", args: []string{"--rdzv-timeout", "20m"}, want: []string{"--rdzv-timeout 20m0s is longer than --timeout 10m0s"}},
 		{name: "timeout without a unit", args: []string{"--timeout", "5"}, want: []string{`invalid value "5" for flag -timeout`}},
 		{name: "checkpoint-every negative", args: run("--checkpoint-dir", "$D/ck", "--checkpoint-every", "-1"), want: []string{"--checkpoint-every must be ≥ 0, got -1"}},
 		{name: "keep-last negative", args: run("--checkpoint-dir", "$D/ck", "--keep-last", "-3"), want: []string{"--keep-last must be ≥ 0, got -3"}},

@@ -629,6 +629,11 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 	if c.rdzvTimeout <= 0 {
 		bad("--rdzv-timeout must be positive, got %v", c.rdzvTimeout)
 	}
+	if c.explicit["rdzv-timeout"] && c.rdzvTimeout > c.timeout {
+		// The rendezvous never waits longer than --timeout: the value
+		// given would be cut without a word.
+		bad("--rdzv-timeout %v is longer than --timeout %v, which bounds the rendezvous too: raise --timeout with it", c.rdzvTimeout, c.timeout)
+	}
 	if c.timeout <= 0 {
 		bad("--timeout must be positive, got %v", c.timeout)
 	}
