@@ -600,6 +600,26 @@ func TestExportIsHuggingFaceWeights(t *testing.T) {
 		return m.Steps[0].Loss
 	}
 	assert.Equal(t, step1(out), step1(index))
+
+	// Exported again under the same name in fewer shards, then as one
+	// file: what the earlier export left and the new one does not
+	// replace is gone, so a loader given the folder reads the new one.
+	names := func() []string {
+		entries, err := os.ReadDir(filepath.Join(dir, "sharded"))
+		require.NoError(t, err)
+		var out []string
+		for _, e := range entries {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	require.NoError(t, mainErr([]string{"export", ck, "--out", filepath.Join(dir, "sharded", "model.safetensors"), "--max-shard-size", "100KB"}))
+	fewer, err := filepath.Glob(filepath.Join(dir, "sharded", "model-*-of-*.safetensors"))
+	require.NoError(t, err)
+	require.Less(t, len(fewer), len(shards))
+	assert.Len(t, names(), len(fewer)+1, "the new shards and their index: %v", names())
+	require.NoError(t, mainErr([]string{"export", ck, "--out", filepath.Join(dir, "sharded", "model.safetensors")}))
+	assert.Equal(t, []string{"model.safetensors"}, names())
 }
 
 // inspect shows the state, the plan and every rank's file.

@@ -1046,7 +1046,10 @@ func SaveSharded(path string, tensors []Tensor, metadata map[string]string, maxS
 		total += int64(len(t.Data))
 	}
 	if maxShard <= 0 || total <= maxShard {
-		return []string{path}, Save(path, tensors, metadata)
+		if err := Save(path, tensors, metadata); err != nil {
+			return nil, err
+		}
+		return []string{path}, removeStale(path, []string{path})
 	}
 	var shards [][]Tensor
 	var size int64
@@ -1079,7 +1082,32 @@ func SaveSharded(path string, tensors []Tensor, metadata map[string]string, maxS
 	if err := writeJSON(idx, index); err != nil {
 		return files, fmt.Errorf("checkpoint: %s: %w", idx, err)
 	}
-	return append(files, idx), nil
+	files = append(files, idx)
+	return files, removeStale(path, files)
+}
+
+// removeStale removes, once the new files are written, what an earlier
+// save under path left that the new one does not replace: the shards of
+// another count and the index beside a single file, or the single file
+// beside an index (a loader given the folder takes NAME.safetensors
+// before the index, so a stale one would shadow the new shards).
+func removeStale(path string, keep []string) error {
+	base := strings.TrimSuffix(path, ".safetensors")
+	// The name's own glob characters are escaped (a backslash, as
+	// filepath.Match reads it on Unix).
+	quoted := strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`).Replace(base)
+	stale, _ := filepath.Glob(quoted + "-*-of-*.safetensors")
+	stale = append(stale, base+".safetensors.index.json", path)
+	var errs []error
+	for _, f := range stale {
+		if slices.Contains(keep, f) {
+			continue
+		}
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("checkpoint: removing the earlier save's %s: %w", f, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // LoadIndexed reads a Hugging Face shard index (NAME.safetensors.index.json)
