@@ -881,12 +881,18 @@ func TestCheckpointDirIsLocked(t *testing.T) {
 		name string
 		lock ckptLock
 		want string // the error; "" when the run takes the folder
+		// empty: the lock file is empty (made and not written yet, or a
+		// crash between the two), last modified age ago.
+		empty bool
+		age   time.Duration
 	}{
 		{"held by a live run", ckptLock{Host: host, PID: os.Getpid(), Start: processStart(os.Getpid()), Since: "2026-12-04T00:00:00Z", Command: "gcompile other"},
-			fmt.Sprintf("is in use by another run: pid %d on %s since 2026-12-04T00:00:00Z (gcompile other)", os.Getpid(), host)},
-		{"held on another host", ckptLock{Host: "node7", PID: 1, Since: "2026-12-04T00:00:00Z", Command: "gcompile other"}, "pid 1 on node7"},
-		{"left by a run that is gone", ckptLock{Host: host, PID: dead.Process.Pid, Since: "2026-12-04T00:00:00Z"}, ""},
-		{"left by a pid now reused", ckptLock{Host: host, PID: os.Getpid(), Start: "1", Since: "2026-12-04T00:00:00Z"}, ""},
+			fmt.Sprintf("is in use by another run: pid %d on %s since 2026-12-04T00:00:00Z (gcompile other)", os.Getpid(), host), false, 0},
+		{"held on another host", ckptLock{Host: "node7", PID: 1, Since: "2026-12-04T00:00:00Z", Command: "gcompile other"}, "pid 1 on node7", false, 0},
+		{"left by a run that is gone", ckptLock{Host: host, PID: dead.Process.Pid, Since: "2026-12-04T00:00:00Z"}, "", false, 0},
+		{"left by a pid now reused", ckptLock{Host: host, PID: os.Getpid(), Start: "1", Since: "2026-12-04T00:00:00Z"}, "", false, 0},
+		{"being made by another run", ckptLock{}, "is being taken by another run", true, 0},
+		{"left empty by a crash", ckptLock{}, "", true, time.Minute},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -894,14 +900,23 @@ func TestCheckpointDirIsLocked(t *testing.T) {
 			require.NoError(t, os.MkdirAll(filepath.Join(ck, "step-00000002.partial"), 0o755))
 			raw, err := json.Marshal(tc.lock)
 			require.NoError(t, err)
+			if tc.empty {
+				raw = []byte{}
+			}
 			lock := filepath.Join(ck, lockName)
 			require.NoError(t, os.WriteFile(lock, raw, 0o644))
+			if tc.age > 0 {
+				then := time.Now().Add(-tc.age)
+				require.NoError(t, os.Chtimes(lock, then, then))
+			}
 			metrics := filepath.Join(t.TempDir(), "m.json")
 			err = mainErr(gir(t, append(slices.Clone(ckptGPT), "--steps", "2", "--checkpoint-dir", ck, "--metrics", metrics)))
 			if tc.want != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tc.want)
-				assert.Contains(t, err.Error(), "remove "+lock)
+				if !tc.empty {
+					assert.Contains(t, err.Error(), "remove "+lock)
+				}
 				assert.NoFileExists(t, metrics, "refused before any work")
 				after, err := os.ReadFile(lock)
 				require.NoError(t, err)

@@ -19,6 +19,10 @@ import (
 // its checkpoints there.
 const lockName = "gcompile.lock"
 
+// lockWriteGrace is how long an unreadable lock is taken to be one
+// another run has made and not written yet, rather than a stale one.
+const lockWriteGrace = 10 * time.Second
+
 // ckptLock is what the lock file holds: enough to name the holder and to
 // tell a live holder from a dead one on the same host (a pid is reused,
 // a pid with its start time is not).
@@ -68,6 +72,14 @@ func lockCheckpointDir(dir string) (func(), error) {
 			return nil, fmt.Errorf("--checkpoint-dir %s: taking %s: %w", dir, lockName, err)
 		}
 		held, readErr := readLock(path)
+		if readErr != nil {
+			// Another run creates the lock and then writes it: one read
+			// between the two is empty, and is not a stale lock.
+			if fi, err := os.Stat(path); err == nil && time.Since(fi.ModTime()) < lockWriteGrace {
+				return nil, fmt.Errorf("--checkpoint-dir %s is being taken by another run (its %s, made %s ago, is not written yet): give this run another --checkpoint-dir, or try again if that run is gone",
+					dir, lockName, time.Since(fi.ModTime()).Round(time.Millisecond))
+			}
+		}
 		if readErr == nil && held.alive(host) {
 			return nil, fmt.Errorf("--checkpoint-dir %s is in use by another run: pid %d on %s since %s (%s); two runs writing one folder would overwrite each other's checkpoints: give this run another --checkpoint-dir, or remove %s if that run is gone",
 				dir, held.PID, held.Host, held.Since, held.Command, path)
