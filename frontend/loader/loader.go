@@ -552,6 +552,12 @@ func typeCheck(ctx context.Context, file string, mod *moduleSetup, env []string)
 	}
 	obj := pkg.Types.Scope().Lookup(ModelFuncName)
 	fn, ok := obj.(*types.Func)
+	if obj != nil && pkg.Fset != nil && (!ok || !isModelFunc(fn)) {
+		// There is a Model, of another kind: say what it is, where.
+		pos := pkg.Fset.Position(obj.Pos())
+		what := types.ObjectString(obj, types.RelativeTo(pkg.Types))
+		return nil, fmt.Errorf("%s:%d: %s: want func %s(b *frontend.Builder)", relPath(pos.Filename), pos.Line, what, ModelFuncName)
+	}
 	if !ok || !isModelFunc(fn) {
 		return nil, fmt.Errorf("%s:1: package %s has no func %s(b *frontend.Builder)", relPath(file), pkg.Name, ModelFuncName)
 	}

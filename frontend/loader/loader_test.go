@@ -290,6 +290,8 @@ func Model(b *frontend.Builder) { helper() }
 		{"one syntax error a line", "package bad\n\nfunc Model(b *frontend.Builder) {\n", ":3:35: expected ';', found 'EOF'", 1, nil, nil},
 		{"type error", typeSrc, `:6: cannot use "two" (untyped string constant) as int value in variable declaration`, 1, nil, nil},
 		{"no Model", noModelSrc, ":1: package bad has no func Model(b *frontend.Builder)", 1, nil, nil},
+		{"a Model of another signature", "package bad\n\nfunc Model(x int) int { return x }\n", ":3: func Model(x int) int: want func Model(b *frontend.Builder)", 1, nil, nil},
+		{"a Model that is a variable", "package bad\n\nvar Model = 3\n", ":3: var Model int: want func Model(b *frontend.Builder)", 1, nil, nil},
 		{"compile error", noBodySrc, ":5:6: missing function body", 1, []string{"# "}, nil},
 		{"link error", linkSrc, "", 0, []string{"# "}, []string{": building the model driver failed (exit status 1):\n", "doesNotExist"}},
 	}
