@@ -79,6 +79,9 @@ func TestDSLRules(t *testing.T) {
 		{"negative std", func(b *frontend.Builder) {
 			b.Loss(b.Param("x", []int{2}, frontend.Normal(-1), frontend.NoParallel).Sum())
 		}, `param "x": init "normal(-1)": the std must be a finite number ≥ 0`},
+		{"concat of nothing", func(b *frontend.Builder) {
+			b.Loss(frontend.Concat(0).Sum())
+		}, "frontend.Concat: no tensors to concatenate"},
 		{"model panics", func(b *frontend.Builder) {
 			var s []int
 			_ = s[3]

@@ -236,7 +236,10 @@ func (t *Tensor) RepeatInterleave(dim, repeats int) *Tensor {
 // Concat joins tensors along dim.
 func Concat(dim int, ts ...*Tensor) *Tensor {
 	if len(ts) == 0 {
-		return &Tensor{}
+		// No tensor, no builder to report to: the build reports a panic
+		// in the model at its line ("model panicked: …"), which a tensor
+		// of nothing would only lead to as "did not call b.Loss".
+		panic("frontend.Concat: no tensors to concatenate")
 	}
 	return ts[0].op("concat", ir.Attrs{"dim": dim}, ts[1:]...)
 }
