@@ -555,7 +555,12 @@ func typeCheck(ctx context.Context, file string, mod *moduleSetup, env []string)
 	if obj != nil && pkg.Fset != nil && (!ok || !isModelFunc(fn)) {
 		// There is a Model, of another kind: say what it is, where.
 		pos := pkg.Fset.Position(obj.Pos())
-		what := types.ObjectString(obj, types.RelativeTo(pkg.Types))
+		what := types.ObjectString(obj, func(p *types.Package) string {
+			if p == pkg.Types {
+				return ""
+			}
+			return p.Name() // frontend.Builder, as the model's source says it
+		})
 		return nil, fmt.Errorf("%s:%d: %s: want func %s(b *frontend.Builder)", relPath(pos.Filename), pos.Line, what, ModelFuncName)
 	}
 	if !ok || !isModelFunc(fn) {

@@ -129,7 +129,7 @@ func TestAPlainModelTakesOneGoCommand(t *testing.T) {
 
 	_, err = l.Load(writeModel(t, "package plain\n\nimport \"gcompile/frontend\"\n\nvar Model = func(b *frontend.Builder) {}\n"), frontend.Config{})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "has no func Model(b *frontend.Builder)")
+	assert.Contains(t, err.Error(), "model.go:5: var Model func(b *frontend.Builder): want func Model(b *frontend.Builder)")
 	assert.Contains(t, calls(), "list", "a model the files alone cannot vouch for is type-checked")
 	assertNoWorkDirs(t, l)
 }
