@@ -998,7 +998,10 @@ func TestCheckpointDirHoldsOneRun(t *testing.T) {
 			assert.Equal(t, before, stateSums(t, checkpoint.StepDir(ck, 4)))
 		})
 	}
-	err := mainErr([]string{"export", ck, "--out", filepath.Join(checkpoint.StepDir(ck, 4), "rank-00000.safetensors")})
+	err := mainErr([]string{"export", ck, "--out", filepath.Join(dir, "weights.bin")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the weights are a safetensors file; give a FILE.safetensors")
+	err = mainErr([]string{"export", ck, "--out", filepath.Join(checkpoint.StepDir(ck, 4), "rank-00000.safetensors")})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is inside the checkpoint "+checkpoint.StepDir(ck, 4)+" it exports")
 	assert.Equal(t, before, stateSums(t, checkpoint.StepDir(ck, 4)))

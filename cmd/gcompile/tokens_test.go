@@ -190,6 +190,8 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		{"divisible-by a billion", []string{"--data", good, "--make-vocab-size-divisible-by", "1000000000"}, []string{"--make-vocab-size-divisible-by 1000000000: want 1 to 65536"}},
 		{"a folder of datasets", []string{"--data", dir}, []string{"--data " + dir + " is a folder of token datasets (stale, " + filepath.Base(good) + ", ", "name one, --data " + stale}},
 		{"a .bin without its .idx", []string{"--data", noIndex}, []string{"--data " + noIndex, "noindex.idx"}},
+		{"a path that is not there, with a tokenizer", []string{"--data", filepath.Join(dir, "nothing"), "--tokenizer", filepath.Join(dir, "tokenizer.json")},
+			[]string{"--data " + filepath.Join(dir, "nothing") + ": no such text file or folder, and no dataset"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -453,4 +455,17 @@ func (w *signalWhen) Write(p []byte) (int, error) {
 		close(w.reached)
 	}
 	return len(p), nil
+}
+
+// Without a held-out evaluation (--eval-batches -1) a text too small to
+// hold out a window trains: only the training split must hold one.
+func TestNoEvaluationNeedsNoHeldOutText(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "one")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.txt"), []byte(text(4096)), 0o644))
+	args := append(slices.Clone(tinyGPT), "--data", dir, "--run", "--steps", "1")
+	err := mainErr(args)
+	require.Error(t, err, "one file: no held-out split")
+	assert.Contains(t, err.Error(), "evaluation split has 0 bytes")
+	require.NoError(t, mainErr(append(args, "--eval-batches", "-1")))
 }
