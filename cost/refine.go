@@ -89,26 +89,6 @@ func (h *Hardware) Save(path string) error {
 // maxEventUS is the longest a traced kernel may last: an hour.
 const maxEventUS = 3.6e9
 
-// valueTypes gives the type of a value of a device's program by its ref,
-// as its trace events print it.
-func valueTypes(progs []*lower.Program) func(d int, ref string) (string, bool) {
-	byDev := map[int]map[string]string{}
-	return func(d int, ref string) (string, bool) {
-		types, ok := byDev[d]
-		if !ok {
-			types = map[string]string{}
-			for _, in := range lower.ProgramOf(progs, d).Instrs {
-				if in.Value != nil {
-					types[in.Value.Ref()] = in.Value.Type.String()
-				}
-			}
-			byDev[d] = types
-		}
-		t, ok := types[ref]
-		return t, ok
-	}
-}
-
 // measured is one instruction's median time in the trace.
 type measured struct {
 	dev, idx int
@@ -163,7 +143,30 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool
 		share     float64 // 1/k of shared: the part of its duration that is its own
 	}
 	var evs []ev
-	typeOf := valueTypes(progs)
+	// A device's program by value: each ref's type (as trace events print
+	// it) and the instructions of each (ref, op).
+	type index struct {
+		refs  map[string]string
+		byKey map[string][]int
+	}
+	indexes := map[int]*index{}
+	indexOf := func(d int) *index {
+		if x, ok := indexes[d]; ok {
+			return x
+		}
+		x := &index{refs: map[string]string{}, byKey: map[string][]int{}}
+		for i, in := range lower.ProgramOf(progs, d).Instrs {
+			ref := ""
+			if in.Value != nil {
+				ref = in.Value.Ref()
+				x.refs[ref] = in.Value.Type.String()
+			}
+			k := ref + "\x00" + in.Op
+			x.byKey[k] = append(x.byKey[k], i)
+		}
+		indexes[d] = x
+		return x
+	}
 	for _, e := range events {
 		if e.Pid != pid {
 			continue
@@ -194,7 +197,7 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool
 			return nil, nil, fmt.Errorf("%w: event %s %s on device %d lasts %g µs from %g µs: a kernel's time is from 0 to an hour", ErrTraceMismatch, e.Name, ref, d, e.Dur, e.Ts)
 		}
 		if typ, _ := e.Args["type"].(string); typ != "" && ref != "" {
-			if want, ok := typeOf(d, ref); ok && want != typ {
+			if want, ok := indexOf(d).refs[ref]; ok && want != typ {
 				return nil, nil, fmt.Errorf("%w: device %d's %s %s computed %s in the trace, %s in the plan: the trace is of another model size or batch", ErrTraceMismatch, d, e.Name, ref, typ, want)
 			}
 		}
@@ -267,28 +270,6 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool
 		}
 		return a.ts < b.ts
 	})
-	type index struct {
-		refs  map[string]bool
-		byKey map[string][]int
-	}
-	indexes := map[int]*index{}
-	indexOf := func(d int) *index {
-		if x, ok := indexes[d]; ok {
-			return x
-		}
-		x := &index{refs: map[string]bool{}, byKey: map[string][]int{}}
-		for i, in := range lower.ProgramOf(progs, d).Instrs {
-			ref := ""
-			if in.Value != nil {
-				ref = in.Value.Ref()
-				x.refs[ref] = true
-			}
-			k := ref + "\x00" + in.Op
-			x.byKey[k] = append(x.byKey[k], i)
-		}
-		indexes[d] = x
-		return x
-	}
 	// A step that ran more of an instruction than one step has is left
 	// out, on every device: a run's last step carries its evaluation's
 	// forward in the same trace window (a short run's trace has no other
@@ -371,7 +352,7 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool
 			clear(occ)
 		}
 		x := indexOf(e.dev)
-		if e.ref != "" && !x.refs[e.ref] {
+		if _, ok := x.refs[e.ref]; e.ref != "" && !ok {
 			return nil, nil, fmt.Errorf("%w: device %d: the trace names value %s, which the plan's program does not have", ErrTraceMismatch, e.dev, e.ref)
 		}
 		k := e.ref + "\x00" + e.op

@@ -84,7 +84,10 @@ func (c *config) dataIdentity() string {
 	case c.tokens != nil:
 		return c.tokens.identity(c)
 	case c.corpus != nil:
-		return checkpoint.TextIdentity(c.corpus.Train, c.corpus.Eval)
+		if c.textID == "" {
+			c.textID = checkpoint.TextIdentity(c.corpus.Train, c.corpus.Eval)
+		}
+		return c.textID
 	}
 	return ""
 }

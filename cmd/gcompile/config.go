@@ -96,6 +96,9 @@ type config struct {
 	// are the token datasets instead, opened and checked then (tokens.go).
 	corpus *data.Corpus
 	tokens *tokenData
+	// textID is the corpus's identity once computed (dataIdentity): a
+	// digest of up to --max-data-mb, taken once a run.
+	textID string
 
 	// The token-dataset flags: --tokenizer (and GPT-2's --merges),
 	// --split, --data-cache-dir, --make-vocab-size-divisible-by.

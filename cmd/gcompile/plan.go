@@ -229,10 +229,8 @@ func runPlanner(c *config) error {
 	// The outputs are checked before the search, by the process that
 	// writes them, as checkPaths checks them before a run: the search can
 	// take minutes, and a table that cannot be written is lost.
-	lead := true
-	if w, err := worldOf(c); err == nil && w.Rank > 0 {
-		lead = false
-	}
+	w, werr := worldOf(c)
+	lead := werr != nil || w.Rank == 0
 	if lead {
 		if err := checkOutputs(c); err != nil {
 			return err
@@ -329,7 +327,7 @@ func runPlanner(c *config) error {
 		mem = "estimated"
 	}
 	// Every process of a job plans alike; one says so.
-	if w, err := worldOf(c); err == nil && w.Rank == 0 {
+	if werr == nil && w.Rank == 0 {
 		fmt.Fprintf(os.Stderr, "planner: %s the best plan of %d devices on %s: %s, predicted %.3g ms a step, %s a device (%s)\n", verb, c.Devices, c.hw.Name, planner.Describe(best), top.StepSeconds()*1e3, lower.HumanBytes(top.MemoryBytes()), mem)
 		if !c.plan {
 			fmt.Fprintf(os.Stderr, "planner: %s; pin it with %s (--plan lists the alternatives)\n", givenAndChosen(c.explicit), pinFlags(best))

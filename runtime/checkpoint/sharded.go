@@ -394,7 +394,7 @@ func commit(progs []*lower.Program, opts SaveOptions, tmp, final string, mine pa
 	syncDir(opts.Root)
 	faultPoint("committed")
 	if opts.KeepLast > 0 {
-		steps, err := completeSteps(opts.Root)
+		steps, err := Steps(opts.Root)
 		if err != nil {
 			return err
 		}
@@ -436,12 +436,6 @@ func writeJSON(path string, v any) (err error) {
 		return err
 	}
 	return os.Rename(tmp, path)
-}
-
-// completeSteps are the steps of the complete checkpoints under root,
-// ascending: folders step-N with a manifest.
-func completeSteps(root string) ([]int, error) {
-	return Steps(root)
 }
 
 // Steps are the steps of the complete checkpoints in root, ascending
@@ -488,7 +482,7 @@ func Find(path string) (string, error) {
 	if !fi.IsDir() {
 		return "", fmt.Errorf("checkpoint %s is a file; name a checkpoint folder or the --checkpoint-dir that holds them", path)
 	}
-	steps, err := completeSteps(path)
+	steps, err := Steps(path)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint %s: %w", path, err)
 	}
@@ -512,7 +506,7 @@ func findStep(path string, notExist error) (string, error) {
 	digits, isStep := strings.CutPrefix(base, stepPrefix)
 	step, err := strconv.Atoi(digits)
 	isStep = isStep && err == nil && digits != "" && strings.Trim(digits, "0123456789") == ""
-	steps, err := completeSteps(root)
+	steps, err := Steps(root)
 	if err != nil {
 		// The folder above is missing too: the stat's error says it all.
 		return "", fmt.Errorf("checkpoint %s: %w", path, notExist)
