@@ -41,7 +41,7 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	merges := fs.String("merges", "", "with --tokenizer vocab.json: GPT-2's merges.txt")
 	out := fs.String("output-prefix", "", "write PREFIX.bin, PREFIX.idx (Megatron-LM's indexed format) and PREFIX.json (what made them)")
 	key := fs.String("json-key", "text", "the field of each JSON Lines object that holds the document's text")
-	skip := fs.Bool("skip-bad-lines", false, "skip (and count) JSON Lines lines that are not JSON or lack --json-key; by default such a line stops the run, naming file:line")
+	skip := fs.Bool("skip-bad-lines", false, "skip (and count) JSON Lines lines that are not JSON objects, lack --json-key, or hold no UTF-8 string under it; by default such a line stops the run, naming file:line")
 	workers := fs.Int("workers", 0, "tokenizing goroutines (0: one per core); the output is the same for any number")
 	noEOS := fs.Bool("no-eos", false, "do not append the tokenizer's end-of-document token to each document")
 	quiet := fs.Bool("quiet", false, "no progress line")

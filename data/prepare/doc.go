@@ -16,7 +16,8 @@
 //     ("text" by default). A .json input is read as JSON Lines, as
 //     Megatron-LM's tools/preprocess_data.py reads its "loose JSON" input.
 //     Blank lines are ignored. A line that is not a JSON object, lacks the
-//     key or holds something other than a string under it stops the run,
+//     key, holds something other than a string under it, or holds a string
+//     with bytes that are not UTF-8 stops the run,
 //     naming FILE:LINE, unless Options.SkipBadLines counts and skips it.
 //   - A folder is walked recursively, depth first, each folder's entries
 //     in name order, so the output does not depend on the file system's

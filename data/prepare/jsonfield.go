@@ -15,11 +15,14 @@ const (
 	lineNotObject                   // valid JSON, but not an object
 	lineNoKey                       // an object without the key
 	lineNotString                   // the key holds a number, null, an array or an object
+	lineNotUTF8                     // the string under the key holds bytes that are not UTF-8
 )
 
 // jsonField is the string under key in line, a JSON object, as
 // encoding/json would decode it into a map (the last of duplicate keys
-// wins, invalid UTF-8 becomes U+FFFD). It validates the line once and then
+// wins). Bytes in the string that are not UTF-8 make the line bad, as
+// Python's strict decoding in Megatron-LM's preprocessing refuses them,
+// rather than text silently changed to U+FFFD. It validates the line once and then
 // walks only its top level, copying nothing when the value has no escapes:
 // decoding every line into a map would cost more than tokenizing it.
 func jsonField(line []byte, key string) ([]byte, lineStatus) {
@@ -53,7 +56,10 @@ func jsonField(line []byte, key string) ([]byte, lineStatus) {
 		return nil, lineNotString
 	}
 	raw := line[vStart+1 : vEnd-1]
-	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+	if !utf8.Valid(raw) {
+		return nil, lineNotUTF8
+	}
+	if bytes.IndexByte(raw, '\\') < 0 {
 		return raw, lineOK
 	}
 	var s string
@@ -66,7 +72,7 @@ func jsonField(line []byte, key string) ([]byte, lineStatus) {
 // keyEquals says whether quoted, a JSON string with its quotes, is key.
 func keyEquals(quoted []byte, key string) bool {
 	raw := quoted[1 : len(quoted)-1]
-	if bytes.IndexByte(raw, '\\') < 0 {
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
 		return string(raw) == key
 	}
 	var s string
@@ -144,6 +150,8 @@ func (s lineStatus) describe(key string) string {
 		return "no " + quote(key) + " key"
 	case lineNotString:
 		return "the " + quote(key) + " value is not a string"
+	case lineNotUTF8:
+		return "the " + quote(key) + " value holds bytes that are not UTF-8 (save the file as UTF-8)"
 	}
 	return "fine"
 }

@@ -3,6 +3,7 @@ package prepare
 import (
 	"encoding/json"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 )
@@ -20,7 +21,9 @@ func TestJSONField(t *testing.T) {
 		{`{"text": "one", "text": "two"}`, "two", lineOK},
 		{`{"te\u0078t": "escaped key"}`, "escaped key", lineOK},
 		{`{"Text": "case matters"}`, "", lineNoKey},
-		{"{\"text\": \"bad utf8 \xff\"}", "bad utf8 \uFFFD", lineOK},
+		{"{\"text\": \"bad utf8 \xff\"}", "", lineNotUTF8},
+		{"{\"text\": \"escaped \\n then bad \xc3\"}", "", lineNotUTF8},
+		{"{\"other\": \"\xff\", \"text\": \"fine\"}", "fine", lineOK},
 		{`{"text": ""}`, "", lineOK},
 		{`{}`, "", lineNoKey},
 		{`{"text": 1}`, "", lineNotString},
@@ -67,6 +70,12 @@ func FuzzJSONField(f *testing.F) {
 		if !ok {
 			if status != lineNoKey {
 				t.Fatalf("%q: status %d, want no key", line, status)
+			}
+			return
+		}
+		if raw[0] == '"' && !utf8.Valid(raw) {
+			if status != lineNotUTF8 {
+				t.Fatalf("%q: status %d, want not UTF-8", line, status)
 			}
 			return
 		}

@@ -216,6 +216,11 @@ func TestRunErrors(t *testing.T) {
 			want:  ErrBadLine, contains: []string{"d.json:1", `the "text" value is not a string`, "read as JSON Lines"},
 		},
 		{
+			name:  "text not UTF-8",
+			files: map[string]string{"d.jsonl": "{\"text\": \"fine\"}\n{\"text\": \"caf\xe9\"}\n"},
+			want:  ErrBadLine, contains: []string{"d.jsonl:2", "not UTF-8", `caf\xe9`},
+		},
+		{
 			name:  "not an object",
 			files: map[string]string{"d.jsonl": "{\"text\": \"a\"}\n\"just a string\"\n"},
 			want:  ErrBadLine, contains: []string{"d.jsonl:2", "not a JSON object"},
