@@ -469,3 +469,19 @@ func TestNoEvaluationNeedsNoHeldOutText(t *testing.T) {
 	assert.Contains(t, err.Error(), "evaluation split has 0 bytes")
 	require.NoError(t, mainErr(append(args, "--eval-batches", "-1")))
 }
+
+// An evaluation that reads more held-out samples than the split holds
+// wraps around it, as Megatron's validation sampler does; the log says so
+// and how many batches read each sample at most once.
+func TestEvalBatchesPastTheHeldOutSplitAreNoted(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 40, 20, 200, 6)
+	base := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "1",
+		"--split", "90,10", "--data", prefix, "--data-cache-dir", filepath.Join(dir, "cache")}
+	log, err := captureStderr(t, func() error { return mainErr(append(slices.Clone(base), "--eval-batches", "1")) })
+	require.NoError(t, err)
+	assert.NotContains(t, log, "reads some twice")
+	log, err = captureStderr(t, func() error { return mainErr(append(slices.Clone(base), "--eval-batches", "50")) })
+	require.NoError(t, err)
+	assert.Regexp(t, `held-out split: \d+ samples, fewer than the 200 an evaluation reads \(--eval-batches 50 × --batch 4\), so it reads some twice or more; --eval-batches \d+ reads each at most once`, log)
+}
