@@ -249,7 +249,11 @@ func (p *preemption) release() {
 // resumeState loads the checkpoint into the devices and returns where the
 // run continues from.
 func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fingerprint, dir string, plan checkpoint.Plan) (runtime.State, error) {
-	m, err := checkpoint.RestoreState(dev, progs, dir, checkpoint.Expect{ModelFingerprint: fingerprint, Plan: plan})
+	ex := checkpoint.Expect{ModelFingerprint: fingerprint, Plan: plan}
+	if c.tokens != nil {
+		ex.DataAlso = []string{c.tokens.namedIdentity(c)}
+	}
+	m, err := checkpoint.RestoreState(dev, progs, dir, ex)
 	if err != nil {
 		return runtime.State{}, fmt.Errorf("--resume %s: %w", dir, err)
 	}

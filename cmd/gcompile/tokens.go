@@ -328,13 +328,25 @@ func (td *tokenData) describe() string {
 	return what
 }
 
-// identity is what resume compares: the datasets (by fingerprint), their
-// weights, the split and the tokenizer. Resuming on other data would go on
-// silently on tokens the run never saw in the order it assumed.
-func (td *tokenData) identity(c *config) string {
+// identity is what resume compares: the datasets (by their contents, not
+// their names, so a dataset moved or renamed resumes), their weights, the
+// split and the tokenizer. Resuming on other data would go on silently on
+// tokens the run never saw in the order it assumed.
+func (td *tokenData) identity(c *config) string { return td.identityWith(c, false) }
+
+// namedIdentity is identity as checkpoints saved before it left the
+// names out spell it, each dataset's base name before its fingerprint:
+// such a checkpoint still resumes (checkpoint.Expect.DataAlso).
+func (td *tokenData) namedIdentity(c *config) string { return td.identityWith(c, true) }
+
+func (td *tokenData) identityWith(c *config, named bool) string {
 	var b strings.Builder
 	for i, p := range td.parts {
-		fmt.Fprintf(&b, "%g %s %s;", p.Weight, filepath.Base(p.Prefix), td.sets[i].ContentFingerprint())
+		if named {
+			fmt.Fprintf(&b, "%g %s %s;", p.Weight, filepath.Base(p.Prefix), td.sets[i].ContentFingerprint())
+		} else {
+			fmt.Fprintf(&b, "%g %s;", p.Weight, td.sets[i].ContentFingerprint())
+		}
 	}
 	fmt.Fprintf(&b, "split %s", c.split)
 	if td.tok != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -91,6 +92,34 @@ func TestTokenDatasetResumeIsBitIdentical(t *testing.T) {
 	for k, want := range losses(whole)[10:] {
 		assert.InEpsilon(t, want, other[k], 1e-6, "step %d resumed under dp2", 11+k)
 	}
+
+	// The data is known by its contents, not its name: a renamed copy
+	// resumes, and so does a checkpoint whose record of the data still
+	// names the dataset (as identities did before they left names out).
+	renamed := filepath.Join(t.TempDir(), "moved")
+	for _, ext := range []string{".bin", ".idx"} {
+		raw, err := os.ReadFile(prefix + ext)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(renamed+ext, raw, 0o644))
+	}
+	_, err = run("--checkpoint-dir", filepath.Join(dir, "renamed"), "--resume", checkpoint.StepDir(filepath.Join(dir, "cut"), 10), "--data", renamed)
+	require.NoError(t, err, "the dataset renamed")
+	named := filepath.Join(dir, "named")
+	require.NoError(t, os.CopyFS(named, os.DirFS(checkpoint.StepDir(filepath.Join(dir, "cut"), 10))))
+	manifest := filepath.Join(named, checkpoint.ManifestName)
+	raw, err := os.ReadFile(manifest)
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(raw, &m))
+	plan := m["plan"].(map[string]any)
+	weight, fp, ok := strings.Cut(plan["data"].(string), " ")
+	require.True(t, ok, "the identity %q", plan["data"])
+	plan["data"] = weight + " " + filepath.Base(prefix) + " " + fp
+	raw, err = json.Marshal(m)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(manifest, raw, 0o644))
+	_, err = run("--checkpoint-dir", filepath.Join(dir, "named-resumed"), "--resume", named)
+	require.NoError(t, err, "a checkpoint whose identity names the dataset")
 
 	_, err = run("--checkpoint-dir", filepath.Join(dir, "cut2"), "--resume", filepath.Join(dir, "cut"), "--split", "70,30")
 	require.Error(t, err)

@@ -648,6 +648,9 @@ func sortedKeys[V any](m map[string]V) []string {
 type Expect struct {
 	ModelFingerprint string
 	Plan             Plan
+	// DataAlso are other spellings of Plan.Data a checkpoint of the same
+	// data may carry (the form an earlier identity took).
+	DataAlso []string
 }
 
 // reader opens each shard file once, verifying its size and checksum
@@ -862,7 +865,7 @@ func match(m *Manifest, progs []*lower.Program, ex Expect) error {
 	// Text without an identity ("": a checkpoint saved before text had
 	// one, or a caller that does not say) is taken on trust.
 	legacy := func(a, b string) bool { return a == "" && strings.HasPrefix(b, textData) }
-	if m.Plan.Data != ex.Plan.Data && !legacy(m.Plan.Data, ex.Plan.Data) && !legacy(ex.Plan.Data, m.Plan.Data) {
+	if m.Plan.Data != ex.Plan.Data && !legacy(m.Plan.Data, ex.Plan.Data) && !legacy(ex.Plan.Data, m.Plan.Data) && !slices.Contains(ex.DataAlso, m.Plan.Data) {
 		return fmt.Errorf("the checkpoint was trained on other data (%s) than this run's (%s): a step's tokens follow from the datasets, blend, --split and tokenizer; resume with the same --data, --split and --tokenizer: %w",
 			orText(m.Plan.Data), orText(ex.Plan.Data), ErrMismatch)
 	}
