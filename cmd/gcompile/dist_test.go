@@ -673,7 +673,7 @@ func TestLaunchStopsTheJobWhenOneFails(t *testing.T) {
 	require.NoError(t, err)
 	err = mainErr([]string{"launch", "--nproc", "2", "--", model, "--devices", "2", "--device-memory", "10KiB"})
 	require.Error(t, err)
-	assert.Regexp(t, `^launch: rank [01] failed \(exit status 1\); stopping the others$`, err.Error())
+	assert.Regexp(t, `^launch: rank [01] failed first \(exit status 1\); stopping the others \(the ranks' messages above name the cause\)$`, err.Error())
 }
 
 // What the launcher can check itself is checked once, before any process

@@ -252,7 +252,10 @@ func supervise(self string, args []string, n, port int, token string, grace time
 				continue // stopped as asked: the status the launcher exits with below
 			}
 			if e.err != nil && first == nil {
-				first = fmt.Errorf("launch: rank %d failed (%v); stopping the others", e.rank, e.err)
+				// The first to exit need not be the cause: a rank whose
+				// peer failed exits too, with the cause its peer reported,
+				// which every rank's own message above names.
+				first = fmt.Errorf("launch: rank %d failed first (%v); stopping the others (the ranks' messages above name the cause)", e.rank, e.err)
 				signalAll(syscall.SIGTERM)
 				kill = time.After(grace)
 			}
