@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"gcompile/compile"
-	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
@@ -65,9 +64,6 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	gp, up, boundary, ignoreOnLoad := res.Async.Grad, res.Async.Update, res.Async.Boundary, res.Module.IgnoreOnLoad
 	if c.trace != "" {
 		return errors.New("--trace is not supported with --dp-sync async yet")
-	}
-	if res.Module.Source(ir.InputRandomKey) != nil {
-		return fmt.Errorf("the model draws random numbers (input %q: MoE noise, jitter or expert dropout), which --dp-sync async does not feed yet", ir.InputRandomKey)
 	}
 	batch, seq, err := inputShape([]*lower.Program{gp})
 	if err != nil {

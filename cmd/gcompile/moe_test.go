@@ -61,3 +61,17 @@ func keys(m map[string]int) []string {
 	}
 	return out
 }
+
+// A model that draws random numbers (here the router's jitter) cannot run
+// asynchronous replicas yet: refused once the model is built, before the
+// passes and the lowering, not at the first step.
+func TestAsyncRefusesARandomModelBeforeCompiling(t *testing.T) {
+	log, err := captureStderr(t, func() error {
+		return mainErr([]string{moeModel, "--set", "layers=2,hidden=32,heads=2,seq=16,experts=2,jitter=0.01", "--batch", "4",
+			"--devices", "2", "--dp", "2", "--dp-sync", "async", "--run", "--steps", "1"})
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `--dp-sync async: the model draws random numbers (input "random_key"`)
+	assert.Contains(t, err.Error(), "--dp-sync sync")
+	assert.NotContains(t, log, "compiled ")
+}
