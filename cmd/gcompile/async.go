@@ -62,9 +62,6 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		}
 	}()
 	gp, up, boundary, ignoreOnLoad := res.Async.Grad, res.Async.Update, res.Async.Boundary, res.Module.IgnoreOnLoad
-	if c.trace != "" {
-		return errors.New("--trace is not supported with --dp-sync async yet")
-	}
 	batch, seq, err := inputShape([]*lower.Program{gp})
 	if err != nil {
 		return err
