@@ -135,9 +135,15 @@ func microbatch(m *ir.Module, o *Options) error {
 			}
 		}
 	}
+	// The sums are kept in fp32 (Meta.Precision), as Megatron-LM keeps its
+	// main_grad: mixed precision then adds the microbatches' 16-bit
+	// gradients in fp32, where a 16-bit sum of n loss-scaled gradients
+	// would overflow n times sooner than one batch's gradient (an fp16
+	// step skipped that one device takes) and bf16 would round each
+	// partial sum to 8 bits.
 	mean := func(vs []*ir.Value, at *ir.Value, phase ir.Phase) (*ir.Value, error) {
 		meta := at.Meta
-		meta.Micro, meta.Phase = -1, phase
+		meta.Micro, meta.Phase, meta.Precision = -1, phase, ir.F32
 		acc := vs[0]
 		for _, v := range vs[1:] {
 			var err error

@@ -170,3 +170,30 @@ func TestLossScalerSchedule(t *testing.T) {
 	assert.True(t, st.Update(1), "a static scaler still skips a step that overflowed")
 	assert.Equal(t, 128.0, st.Scale)
 }
+
+// Gradient accumulation under mixed precision trains like one batch at the
+// same precision: the microbatches' 16-bit gradients are summed in fp32,
+// so an fp16 step at the default dynamic scale (2^16) overflows exactly
+// when one batch's would (summed in fp16, four loss-scaled gradients
+// overflowed four times sooner and the first step was skipped), and bf16
+// does not round each partial sum to 8 bits. The same steps are skipped
+// and the losses agree to float rounding of the 16-bit ops.
+func TestMixedPrecisionMicrobatchesTrainLikeOneBatch(t *testing.T) {
+	for _, tc := range []struct {
+		precision string
+		scale     float64 // 0: dynamic
+		tol       float64
+	}{{"fp16", 0, 1e-5}, {"bf16", 1, 1e-4}} {
+		t.Run(tc.precision, func(t *testing.T) {
+			one := trainMP(t, plan{precision: tc.precision}, runtime.NewLossScaler(tc.scale), 6)
+			four := trainMP(t, plan{precision: tc.precision, micro: 4}, runtime.NewLossScaler(tc.scale), 6)
+			var want, got []float64
+			for i := range one.steps {
+				assert.Equal(t, one.steps[i].Skipped, four.steps[i].Skipped, "step %d skipped with one batch: %v", i+1, one.steps[i].Skipped)
+				want, got = append(want, one.steps[i].Loss), append(got, four.steps[i].Loss)
+			}
+			worst := assertLossesClose(t, want, got, tc.tol)
+			t.Logf("%s, 4 microbatches against 1: worst loss rel err %.2g", tc.precision, worst)
+		})
+	}
+}
