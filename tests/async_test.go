@@ -110,7 +110,10 @@ func TestAsyncStalenessZeroIsSynchronous(t *testing.T) {
 			worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
 			worstParam := paramError(t, ref.params, got.params, isKeyBias) // as TestDataParallelMatchesOneDevice
 			assert.LessOrEqual(t, worstParam, 1e-4)
-			t.Logf("dp%d K=0: worst loss rel err %.2g, worst param err %.2g", dp, worst, worstParam)
+			// The held-out loss is one device's too: replica 0 reads the
+			// same rows, dp batches of a dp-th each per batch of eqBatch.
+			assert.InEpsilon(t, ref.eval, got.evals[0].Loss, 1e-5, "held-out loss")
+			t.Logf("dp%d K=0: worst loss rel err %.2g, worst param err %.2g, held-out %.6f against %.6f", dp, worst, worstParam, got.evals[0].Loss, ref.eval)
 		})
 	}
 }

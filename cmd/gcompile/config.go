@@ -578,6 +578,9 @@ func (c *config) validate() error {
 	if c.backend == "cuda" && c.DPSync == "async" {
 		notYet("--backend cuda with --dp-sync async", "the asynchronous trainer runs on the cpu backend")
 	}
+	if c.evalEvery > 0 && c.DPSync == "async" {
+		notYet("--eval-every with --dp-sync async", "the asynchronous trainer evaluates the final weights; its replicas reach a step at different times")
+	}
 	if c.trace != "" && c.DPSync == "async" {
 		notYet("--trace with --dp-sync async", "the asynchronous trainer's replicas run on their own clocks, which the trace's one timeline does not record")
 	}

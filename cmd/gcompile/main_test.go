@@ -120,6 +120,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--loss-scale", "1024"}, "--loss-scale applies to --precision fp16 or bf16"},
 		{[]string{"--backend", "cuda", "--devices", "2", "--dp", "2", "--dp-sync", "async"}, "--backend cuda with --dp-sync async: not yet supported"},
 		{[]string{"--devices", "2", "--dp", "2", "--dp-sync", "async", "--run", "--trace", "t.json"}, "--trace with --dp-sync async: not yet supported"},
+		{[]string{"--devices", "2", "--dp", "2", "--dp-sync", "async", "--run", "--eval-every", "1"}, "--eval-every with --dp-sync async: not yet supported"},
 		{[]string{"--lr", "0"}, "learning rate: want --lr > 0"},
 	}
 	for _, tt := range tests {

@@ -380,8 +380,14 @@ func (a *Async) Train(corpus data.Source, cfg runtime.TrainConfig, report func(r
 			return steps, nil, err
 		}
 	}
+	if cfg.EvalBatches < 0 {
+		return steps, nil, nil // no held-out evaluation asked for
+	}
 	// Held-out loss of the final weights, on replica 0 (always on the
-	// server's process) at its batch size.
+	// server's process) at its batch size: dp times as many batches of
+	// a dp-th of the rows, which are the rows of the synchronous
+	// evaluation's batches in their order (a held-out batch i of b rows
+	// is rows i·b … i·b+b−1), so the figure is one device's.
 	w := a.Workers[0]
 	a.mu.Lock()
 	err := a.pull(w)
@@ -391,6 +397,7 @@ func (a *Async) Train(corpus data.Source, cfg runtime.TrainConfig, report func(r
 	}
 	evalCfg := cfg
 	evalCfg.Batch = local
+	evalCfg.EvalBatches = max(cfg.EvalBatches, 1) * dp
 	l, err := runtime.Evaluate(w, corpus, evalCfg)
 	if err != nil {
 		return steps, nil, err
