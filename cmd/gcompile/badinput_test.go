@@ -692,6 +692,41 @@ func TestReusedDumpIsCleared(t *testing.T) {
 	}
 }
 
+// A dump's own .gir reloaded with --dump into its folder is refused before
+// anything is removed (the dump would delete it before reading it), and a
+// model that fails to build leaves the previous dump as it was.
+func TestDumpKeepsItsInputsAndTheLastGoodDump(t *testing.T) {
+	dumps := filepath.Join(t.TempDir(), "d")
+	require.NoError(t, mainNoPanic(t, append(slices.Clone(tinyGPT), "--dump", dumps)))
+	before := map[string][]byte{}
+	entries, err := os.ReadDir(dumps)
+	require.NoError(t, err)
+	for _, e := range entries {
+		raw, err := os.ReadFile(filepath.Join(dumps, e.Name()))
+		require.NoError(t, err)
+		before[e.Name()] = raw
+	}
+	unchanged := func(what string) {
+		t.Helper()
+		for name, raw := range before {
+			got, err := os.ReadFile(filepath.Join(dumps, name))
+			require.NoError(t, err, "%s: %s", what, name)
+			assert.Equal(t, raw, got, "%s: %s", what, name)
+		}
+	}
+	gir := filepath.Join(dumps, dumpName(t, "autodiff"))
+	err = mainNoPanic(t, []string{gir, "--dump", dumps})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the model file "+gir+" is in --dump "+dumps)
+	assert.Contains(t, err.Error(), "copy it out, or dump into another folder")
+	unchanged("a .gir reloaded into its dump")
+
+	broken := filepath.Join(t.TempDir(), "model.go")
+	writeFile(t, broken, "package m\n\nfunc Model(b *frontend.Builder) {\n")
+	require.Error(t, mainNoPanic(t, []string{broken, "--dump", dumps}))
+	unchanged("a model that does not build")
+}
+
 // The vocab bound is read from the compiled module under any plan (the
 // ids reach the embedding through the microbatch pass's slices, and the
 // table is vocab-parallel under tp), and a corpus within it trains.

@@ -32,13 +32,15 @@ func (d *dumper) hooks() passes.Hooks {
 	if d == nil {
 		return passes.Hooks{}
 	}
-	if err := os.MkdirAll(d.dir, 0o755); err != nil {
-		d.err = err
-	} else {
-		d.err = clearDump(d.dir)
-	}
 	return passes.Hooks{
 		Before: func(m *ir.Module) {
+			// The old dump goes only now, once the model has loaded: a
+			// model that fails to build leaves the last good dump alone.
+			if err := os.MkdirAll(d.dir, 0o755); err != nil {
+				d.err = err
+			} else {
+				d.err = clearDump(d.dir)
+			}
 			text := ir.Print(m)
 			d.cols = append(d.cols, dump.Column{Pass: "input", Changed: true, Text: text})
 			d.write("00-input.gir", text)

@@ -175,6 +175,18 @@ func checkOutputs(c *config) error {
 		if err := checkOutputDir("dump", c.dump); err != nil {
 			errs = append(errs, err)
 		}
+		// A dump replaces the NN-*.gir, index.html and schedule.txt in
+		// its folder: an input among them would be removed before it is
+		// read (a .gir reloaded from the dump it came from, say).
+		for _, in := range c.inputPaths() {
+			if isDumpFile(filepath.Base(in.path)) && samePath(filepath.Dir(in.path), c.dump) {
+				what := "--" + in.flag + " " + in.path
+				if in.flag == "" {
+					what = "the model file " + in.path
+				}
+				errs = append(errs, fmt.Errorf("%s is in --dump %s, whose NN-*.gir, index.html and schedule.txt every dump replaces: it would be removed before it is read; copy it out, or dump into another folder", what, c.dump))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
