@@ -186,6 +186,11 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if strings.HasSuffix(c.Model, ".gir") {
+		if err := checkResumed(c, m); err != nil {
+			return nil, err
+		}
+	}
 	res.Module = m
 	res.ModelFingerprint = m.Fingerprint()
 	if c.EP > 1 && !hasExperts(m) {

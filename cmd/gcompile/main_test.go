@@ -376,6 +376,38 @@ func TestResumeFromDump(t *testing.T) {
 	require.NoError(t, mainErr([]string{filepath.Join(dumps, dumpName(t, "autodiff"))}))
 }
 
+// A dump past the passes that fix the plan resumes only under that plan:
+// another (or the default one device) is refused naming the flags that
+// give the dump's, where it used to panic or lower programs that did not
+// pair up; under them it trains. Flags only an applied pass reads are
+// refused, not ignored.
+func TestDumpResumesOnlyUnderItsPlan(t *testing.T) {
+	dumps := filepath.Join(t.TempDir(), "d")
+	plan := []string{"--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "2"}
+	model := []string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1"}
+	require.NoError(t, mainErr(append(model, append(plan, "--dump", dumps)...)))
+	sharded := filepath.Join(dumps, dumpName(t, "shard"))
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{nil, []string{`went through pass "shard" for another plan`, "pipeline stages: 2 in the dump, 1 in this run", "the mesh: 4 devices (pp=2,tp=2) in the dump, one device in this run",
+			"run it with --pp 2 --microbatches 2 --devices 4 --tp 2"}},
+		{[]string{"--devices", "8", "--dp", "2", "--tp", "2", "--pp", "2", "--microbatches", "2"}, []string{"the mesh: 4 devices (pp=2,tp=2) in the dump, 8 devices (pp=2,dp=2,tp=2) in this run"}},
+		{[]string{"--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "4"}, []string{"microbatches: 2 in the dump, 4 in this run"}},
+	} {
+		err := mainNoPanic(t, append([]string{sharded, "--run", "--steps", "1", "--max-data-mb", "1"}, tc.args...))
+		require.Error(t, err, "%v", tc.args)
+		for _, w := range tc.want {
+			assert.Contains(t, err.Error(), w, "%v", tc.args)
+		}
+	}
+	require.NoError(t, mainNoPanic(t, append([]string{sharded, "--run", "--steps", "1", "--max-data-mb", "1"}, plan...)))
+	err := mainNoPanic(t, append([]string{filepath.Join(dumps, dumpName(t, "optimizer")), "--beta1", "0.8"}, plan...))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `went through the passes that read --beta1 (pass "optimizer")`)
+}
+
 // --compress-activations relu on a model without ReLUs is an error that
 // says what to change; on a ReLU model it runs, alone or with lowp, and
 // predicts (and measures) a smaller peak than without masks.

@@ -1,0 +1,144 @@
+package compile
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"gcompile/ir"
+)
+
+// checkResumed checks that c describes the plan a module read from a .gir
+// dump was compiled for, as far as the passes the dump went through fixed
+// it: the pipeline's stages and chunks (pipeline-split), the microbatches
+// (microbatch), the precision (mixed-precision) and the device mesh
+// (shard). The remaining passes run for c's plan, so a dump of one plan
+// resumed under another would lower to programs that disagree with the
+// graph (a panic, or transfers that do not pair up) or silently train the
+// dump's plan instead of the one asked for.
+func checkResumed(c *Config, m *ir.Module) error {
+	type fact struct{ what, dump, asked, flags string }
+	var wrong []fact
+	var pass string
+	if m.HasRun("pipeline-split") {
+		pass = "pipeline-split"
+		stages, chunks := map[int]bool{}, map[[2]int]bool{}
+		for _, v := range m.Values {
+			if v.Meta.Stage >= 0 {
+				stages[v.Meta.Stage] = true
+				chunks[[2]int{v.Meta.Stage, v.Meta.Chunk}] = true
+			}
+		}
+		pp := max(len(stages), 1)
+		vpp := max(len(chunks)/pp, 1)
+		if pp != max(c.PP, 1) {
+			wrong = append(wrong, fact{"pipeline stages", fmt.Sprint(pp), fmt.Sprint(max(c.PP, 1)), fmt.Sprintf("--pp %d", pp)})
+		}
+		if vpp != max(c.VPP, 1) {
+			wrong = append(wrong, fact{"chunks per stage", fmt.Sprint(vpp), fmt.Sprint(max(c.VPP, 1)), fmt.Sprintf("--vpp %d", vpp)})
+		}
+	}
+	if m.HasRun("microbatch") {
+		pass = "microbatch"
+		micro := 0
+		for _, v := range m.Values {
+			micro = max(micro, v.Meta.Micro+1)
+		}
+		micro = max(micro, 1)
+		if micro != max(c.Microbatches, 1) {
+			wrong = append(wrong, fact{"microbatches", fmt.Sprint(micro), fmt.Sprint(max(c.Microbatches, 1)), fmt.Sprintf("--microbatches %d", micro)})
+		}
+	}
+	if m.HasRun("mixed-precision") {
+		pass = "mixed-precision"
+		precision := "fp32"
+		if m.Source(ir.InputLossScale) != nil {
+			precision = "bf16"
+			for _, v := range m.Values {
+				if v.Type.DType == ir.F16 {
+					precision = "fp16"
+					break
+				}
+			}
+		}
+		if asked := orDefault(c.Precision, "fp32"); precision != asked {
+			wrong = append(wrong, fact{"precision", precision, asked, "--precision " + precision})
+		}
+	}
+	if m.HasRun("shard") {
+		pass = "shard"
+		dump, asked := "one device", "one device"
+		if m.Mesh != nil && len(m.Mesh.Axes) > 0 {
+			dump = fmt.Sprintf("%d devices (%s)", m.Mesh.Devices(), m.Mesh)
+		}
+		if mesh := c.PassOptions().Mesh; mesh != nil && len(mesh.Axes) > 0 {
+			asked = fmt.Sprintf("%d devices (%s)", mesh.Devices(), mesh)
+		}
+		if dump != asked {
+			wrong = append(wrong, fact{"the mesh", dump, asked, meshFlags(m.Mesh)})
+		}
+	}
+	// Flags read only by a pass the dump already went through would be
+	// ignored without a word: the optimizer's update, say, is in the dump.
+	var ignored []string
+	for _, pf := range passFlags {
+		if m.HasRun(pf.pass) {
+			for _, f := range pf.flags {
+				if c.Explicit[f] {
+					ignored = append(ignored, fmt.Sprintf("--%s (pass %q)", f, pf.pass))
+				}
+			}
+		}
+	}
+	if len(ignored) > 0 {
+		return fmt.Errorf("%s went through the passes that read %s: the dump has them applied, so they would change nothing; leave them out, or start from its 00-input.gir",
+			c.Model, strings.Join(ignored, ", "))
+	}
+	if len(wrong) == 0 {
+		return nil
+	}
+	var diffs, flags []string
+	for _, w := range wrong {
+		diffs = append(diffs, fmt.Sprintf("%s: %s in the dump, %s in this run", w.what, w.dump, w.asked))
+		for _, f := range strings.Split(w.flags, " --") {
+			if f = "--" + strings.TrimPrefix(f, "--"); !slices.Contains(flags, f) {
+				flags = append(flags, f)
+			}
+		}
+	}
+	return fmt.Errorf("%s went through pass %q for another plan (%s): the passes it went through keep their plan; run it with %s, or start from its 00-input.gir to compile for this one",
+		c.Model, pass, strings.Join(diffs, "; "), strings.Join(flags, " "))
+}
+
+// passFlags are the flags only one pass reads (the plan's axes, which
+// several read, are compared with the dump's instead).
+var passFlags = []struct {
+	pass  string
+	flags []string
+}{
+	{"optimizer", []string{"optimizer", "beta1", "beta2", "weight-decay", "clip"}},
+	{"recompute", []string{"recompute"}},
+	{"compress", []string{"compress-activations"}},
+	{"shard", []string{"zero", "sequence-parallel"}},
+	{"fuse", []string{"fuse"}},
+	{"data-parallel", []string{"bucket-mb"}},
+}
+
+// meshFlags are the flags that give mesh.
+func meshFlags(mesh *ir.Mesh) string {
+	if mesh == nil || len(mesh.Axes) == 0 {
+		return "--devices 1"
+	}
+	flags := []string{fmt.Sprintf("--devices %d", mesh.Devices())}
+	for _, a := range mesh.Axes {
+		flags = append(flags, fmt.Sprintf("--%s %d", a.Name, a.Size))
+	}
+	return strings.Join(flags, " ")
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
