@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -224,6 +225,11 @@ func compileAndRun(c *config, j *job) (err error) {
 	}
 	if c.run {
 		if err := j.checkSharedDir(c.ckptDir); err != nil {
+			return err
+		}
+	}
+	if c.run {
+		if err := checkFedInputs(res.Module); err != nil {
 			return err
 		}
 	}
@@ -687,5 +693,22 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		}
 	}
 	errs = append(errs, ck.finalErr)
+	return errors.Join(errs...)
+}
+
+// fedInputs are the inputs training and evaluation feed: the batch, the
+// random keys, and what the passes add (the learning rate, the step, the
+// loss scale).
+var fedInputs = []string{ir.InputTokens, ir.InputTargets, ir.InputRandomKey, ir.InputLR, ir.InputStep, ir.InputLossScale}
+
+// checkFedInputs refuses a model input the runtime would never feed: it
+// would stay zero every step, and the model would train on nothing.
+func checkFedInputs(m *ir.Module) error {
+	var errs []error
+	for _, v := range m.Values {
+		if name := v.Attrs.Str("name"); v.Op == "input" && !slices.Contains(fedInputs, name) {
+			errs = append(errs, fmt.Errorf("%s: input %q is never fed: training feeds %q and %q each step (and %q to a model that draws random numbers); read the batch from those", v.Pos, name, ir.InputTokens, ir.InputTargets, ir.InputRandomKey))
+		}
+	}
 	return errors.Join(errs...)
 }

@@ -80,6 +80,16 @@ func TestModelErrorsNameTheUsersLine(t *testing.T) {
 	}
 }
 
+// A model input the runtime never feeds would stay zero: a run is refused
+// naming it and its line, where it used to train on nothing.
+func TestUnfedInputIsRefused(t *testing.T) {
+	model := "testdata/unfed/model.go"
+	require.NoError(t, mainErr([]string{model, "--batch", "2"}), "compiling alone is fine")
+	err := mainErr([]string{model, "--batch", "2", "--max-data-mb", "1", "--run", "--steps", "1"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `model.go:15: input "mask" is never fed`)
+}
+
 func TestConfigValidationNamesTheRule(t *testing.T) {
 	tests := []struct {
 		args []string
