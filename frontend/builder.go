@@ -3,6 +3,7 @@ package frontend
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"path"
 	"path/filepath"
@@ -10,6 +11,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"unicode"
+	"unicode/utf8"
 
 	"gcompile/ir"
 )
@@ -58,6 +62,8 @@ type Builder struct {
 	// Scopes the model opened: what ops recorded now are tagged with.
 	selective bool
 	precision ir.DType
+	// done is set once Model has returned (live).
+	done atomic.Bool
 	// Generation's bookkeeping: the sequence read by Sequence, the
 	// positions input, the caches made so far and the logits the loss
 	// reads.
@@ -93,12 +99,37 @@ func Describe(fn ModelFunc, cfg Config) ([]ParamDoc, error) {
 // user's line, not as a crash of the compiler.
 func (b *Builder) runModel(fn ModelFunc) (err error) {
 	defer func() {
+		b.done.Store(true)
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%v: model panicked: %v", userPos(), r)
+			// A panic after a DSL error is most often its consequence (a
+			// poisoned tensor's empty shape indexed): the error first.
+			err = errors.Join(append(slices.Clone(b.errs), err)...)
 		}
 	}()
 	fn(b)
 	return nil
+}
+
+// live panics when the model records after Model returned (a builder kept
+// in a global, a goroutine still running): the module is already built,
+// and a late op would change it at random.
+func (b *Builder) live() {
+	if b.done.Load() {
+		panic(fmt.Sprintf("%v: the model's builder was used after Model returned: record the whole model inside Model (not from a goroutine or a builder kept for later)", userPos()))
+	}
+}
+
+// foreign reports a tensor another builder recorded: its value belongs
+// to another module, where its id names something else.
+func (b *Builder) foreign(pos ir.Pos, ts ...*Tensor) bool {
+	for _, t := range ts {
+		if t != nil && t.b != b {
+			b.fail(pos, errors.New("a tensor recorded by another builder (another model's build) is used here: every tensor of a model comes from its own builder"))
+			return true
+		}
+	}
+	return false
 }
 
 // checkBatch refuses a batch no shape can hold before the model sees it:
@@ -158,8 +189,17 @@ func (b *Builder) Batch() int { return b.cfg.Batch }
 func (b *Builder) Classes() int { return b.cfg.Classes }
 
 func (b *Builder) setting(key, kind, def, doc string) (string, bool) {
+	b.live()
 	b.used[key] = true
-	b.docs = append(b.docs, ParamDoc{Key: key, Kind: kind, Default: def, Doc: doc})
+	if i := slices.IndexFunc(b.docs, func(d ParamDoc) bool { return d.Key == key }); i >= 0 {
+		// Read again (a library and the model both reading "seq", say):
+		// one parameter, so one kind and one default.
+		if d := b.docs[i]; d.Kind != kind || d.Default != def {
+			b.fail(userPos(), fmt.Errorf("model parameter %q is read twice, as %s %s and as %s %s: --set %s would set both; give them one kind and default, or two names", key, d.Kind, d.Default, kind, def, key))
+		}
+	} else {
+		b.docs = append(b.docs, ParamDoc{Key: key, Kind: kind, Default: def, Doc: doc})
+	}
 	v, ok := b.cfg.Set[key]
 	return v, ok
 }
@@ -326,12 +366,61 @@ func HeadParallel(headDim int) Parallel { return Parallel(fmt.Sprintf("heads:%d"
 // every block, as Megatron-LM lays out its fused QKV weight.
 func FusedColumnParallel(k int) Parallel { return Parallel(fmt.Sprintf("column:%d", k)) }
 
+// checkHint checks a parallel hint's spelling and that it fits a param of
+// the given rank, so a typo is named at the model's line on one device too,
+// not only once a plan splits over tp (where the shard pass reads it).
+func checkHint(hint Parallel, rank int) error {
+	h := string(hint)
+	if h == "" {
+		return nil
+	}
+	if inner, ok := strings.CutPrefix(h, "expert"); ok && (inner == "" || inner[0] == '|') {
+		inner = strings.TrimPrefix(inner, "|")
+		switch {
+		case inner != "" && inner != "column" && inner != "row":
+			return fmt.Errorf("parallel hint %q: within an expert only column or row splits exist", h)
+		case rank != 3:
+			return fmt.Errorf("parallel hint %q: an expert weight is [experts, in, out], not rank %d", h, rank)
+		}
+		return nil
+	}
+	split, layout, hasLayout := strings.Cut(h, ",")
+	kind, count, hasCount := strings.Cut(split, ":")
+	if hasCount {
+		if n, err := strconv.Atoi(count); err != nil || n < 1 {
+			return fmt.Errorf("parallel hint %q: %q is not a positive count", h, count)
+		}
+	}
+	fits := map[string][]int{"column": {1, 2}, "row": {2}, "vocab": {2}, "heads": {1, 2}}[kind]
+	switch {
+	case fits == nil:
+		return fmt.Errorf("parallel hint %q: unknown split %q (column, row, vocab, heads:N, column:K, expert…; see frontend.Parallel)", h, kind)
+	case kind == "heads" && !hasCount:
+		return fmt.Errorf("parallel hint %q: heads needs the head width, heads:N (HeadParallel)", h)
+	case hasLayout && (layout != "out_in" || rank != 2 || kind == "vocab"):
+		return fmt.Errorf("parallel hint %q: a layout (,out_in) applies to a column or row matrix", h)
+	case !slices.Contains(fits, rank):
+		return fmt.Errorf("parallel hint %q does not fit a param of rank %d", h, rank)
+	}
+	return nil
+}
+
 // Param declares a trainable parameter (fp32 unless Config.Float says otherwise).
 func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Tensor {
 	// Named and initialised as the weights files and the runtime need,
 	// checked here so the error names the line, not a save after training.
 	if name == "" {
 		b.fail(userPos(), errors.New("a param needs a name: weights are saved and loaded under it"))
+		return &Tensor{b: b}
+	}
+	if strings.IndexFunc(name, func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r) || r == '"' || r == utf8.RuneError
+	}) >= 0 {
+		b.fail(userPos(), fmt.Errorf("param name %q: want printable UTF-8 without spaces or quotes (weights files and dumps name params by it)", name))
+		return &Tensor{b: b}
+	}
+	if err := checkHint(hint, len(shape)); err != nil {
+		b.fail(userPos(), fmt.Errorf("param %q: %w", name, err))
 		return &Tensor{b: b}
 	}
 	if _, _, err := ir.ParseInit(string(init)); err != nil {
@@ -364,6 +453,10 @@ func (b *Builder) Constant(name string, values []float64, shape ...int) *Tensor 
 		b.fail(userPos(), fmt.Errorf("constant: a table needs a name"))
 		return &Tensor{b: b}
 	}
+	if i := slices.IndexFunc(values, math.IsNaN); i >= 0 {
+		b.fail(userPos(), fmt.Errorf("constant %q: value %d is NaN, which would make every value computed from it NaN", name, i))
+		return &Tensor{b: b}
+	}
 	return b.source("const", ir.T(b.cfg.Float, shape...), ir.Attrs{"name": name, "data": ir.FormatConstData(values)})
 }
 
@@ -382,6 +475,7 @@ func (b *Builder) WholeInput(name string, dtype ir.DType, shape ...int) *Tensor 
 }
 
 func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
+	b.live()
 	pos := userPos()
 	if len(b.errs) > 0 && slices.Contains(t.Shape, 0) {
 		// The size came from a poisoned tensor; its error is already reported.
@@ -407,11 +501,12 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 
 // Loss marks t (a scalar) as the value training minimises.
 func (b *Builder) Loss(t *Tensor) {
-	if t.v == nil {
+	b.live()
+	if t.v == nil || b.foreign(userPos(), t) {
 		return
 	}
-	if t.v.Type.Rank() != 0 {
-		b.fail(userPos(), fmt.Errorf("loss must be a scalar, got %v", t.v.Type))
+	if t.v.Type.Rank() != 0 || !t.v.Type.DType.IsFloat() {
+		b.fail(userPos(), fmt.Errorf("loss must be a float scalar, got %v", t.v.Type))
 		return
 	}
 	if b.lossAt != "" {
@@ -445,9 +540,10 @@ func (b *Builder) IgnoreOnLoad(patterns ...string) {
 // the figure not to depend on the plan. It is not trained on; add it to
 // the loss for that.
 func (b *Builder) Output(name string, t *Tensor) {
+	b.live()
 	pos := userPos()
 	switch {
-	case t.v == nil:
+	case t.v == nil, b.foreign(pos, t):
 		return
 	case name == "" || strings.ContainsAny(name, " \t\n\"/"):
 		b.fail(pos, fmt.Errorf("output name %q: want a non-empty name without spaces, quotes or slashes", name))

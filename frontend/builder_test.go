@@ -2,6 +2,8 @@ package frontend_test
 
 import (
 	"bytes"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -26,6 +28,10 @@ func TestDSLErrorsNameTheCallerAndDoNotCascade(t *testing.T) {
 	assert.Regexp(t, `^builder_test\.go:\d+: matmul: inner dims differ: f32\[4,8\] · f32\[3,2\]`, lines[0])
 }
 
+// lateBuild is a call the "builder used after Model returns" case makes
+// after its build.
+var lateBuild func()
+
 func TestDSLRules(t *testing.T) {
 	tests := []struct {
 		name string
@@ -35,7 +41,45 @@ func TestDSLRules(t *testing.T) {
 		{"no loss", func(b *frontend.Builder) { b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel) }, "did not call b.Loss"},
 		{"loss not scalar", func(b *frontend.Builder) {
 			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel))
-		}, "loss must be a scalar, got f32[2]"},
+		}, "loss must be a float scalar, got f32[2]"},
+		{"tensor of another builder", func(b *frontend.Builder) {
+			var other *frontend.Tensor
+			_, _ = frontend.Build(func(b2 *frontend.Builder) {
+				other = b2.Param("o", []int{2}, frontend.Zeros, frontend.NoParallel)
+				b2.Loss(other.Sum())
+			}, frontend.Config{})
+			x := b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
+			b.Loss(x.Mul(other).Sum())
+		}, "a tensor recorded by another builder (another model's build) is used here"},
+		{"set key read twice", func(b *frontend.Builder) {
+			b.Int("hidden", 16, "width")
+			b.Int("hidden", 8, "width again")
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, `model parameter "hidden" is read twice, as int 16 and as int 8`},
+		{"dim out of range", func(b *frontend.Builder) {
+			x := b.Param("x", []int{2, 3}, frontend.Zeros, frontend.NoParallel)
+			b.Loss(b.Param("y", []int{x.Dim(5)}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, "Dim(5) of f32[2,3]: a rank-2 tensor has dims -2..1"},
+		{"unknown parallel hint", func(b *frontend.Builder) {
+			b.Loss(b.Param("w", []int{4, 4}, frontend.Zeros, frontend.Parallel("diagonal")).Sum())
+		}, `param "w": parallel hint "diagonal": unknown split "diagonal"`},
+		{"hint of another rank", func(b *frontend.Builder) {
+			b.Loss(b.Param("w", []int{4}, frontend.Zeros, frontend.RowParallel).Sum())
+		}, `param "w": parallel hint "row" does not fit a param of rank 1`},
+		{"param name with a space", func(b *frontend.Builder) {
+			b.Loss(b.Param("my weight", []int{4}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, `param name "my weight": want printable UTF-8 without spaces or quotes`},
+		{"NaN constant", func(b *frontend.Builder) {
+			b.Loss(b.Constant("t", []float64{1, math.NaN()}, 2).Sum())
+		}, `constant "t": value 1 is NaN`},
+		{"infinite scale", func(b *frontend.Builder) {
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Scale(math.Inf(1)).Sum())
+		}, "Scale(+Inf): the factor must be a finite number"},
+		{"a panic after a DSL error", func(b *frontend.Builder) {
+			x := b.Param("x", []int{2, 3}, frontend.Zeros, frontend.NoParallel)
+			s := x.Reshape(4, 4).Shape()
+			_ = s[0]
+		}, "reshape"},
 		{"duplicate param", func(b *frontend.Builder) {
 			b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
 			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
@@ -82,6 +126,12 @@ func TestDSLRules(t *testing.T) {
 		{"concat of nothing", func(b *frontend.Builder) {
 			b.Loss(frontend.Concat(0).Sum())
 		}, "frontend.Concat: no tensors to concatenate"},
+		{"builder used after Model returns", func(b *frontend.Builder) {
+			saved := b
+			x := b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
+			b.Loss(x.Sum())
+			lateBuild = func() { saved.Param("late", []int{2}, frontend.Zeros, frontend.NoParallel) }
+		}, ""},
 		{"model panics", func(b *frontend.Builder) {
 			var s []int
 			_ = s[3]
@@ -90,6 +140,19 @@ func TestDSLRules(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := frontend.Build(tt.fn, frontend.Config{})
+			if tt.want == "" {
+				// Built fine; recording into it afterwards panics, naming
+				// the late call's line.
+				require.NoError(t, err)
+				defer func() {
+					r := recover()
+					require.NotNil(t, r)
+					assert.Contains(t, fmt.Sprint(r), "the model's builder was used after Model returned")
+					assert.Contains(t, fmt.Sprint(r), "builder_test.go:")
+				}()
+				lateBuild()
+				return
+			}
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tt.want)
 			if tt.name != "no loss" { // a missing call has no line to point at

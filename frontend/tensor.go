@@ -39,8 +39,13 @@ func (t *Tensor) Dim(i int) int {
 	if t.v == nil {
 		return 0
 	}
+	r := t.v.Type.Rank()
+	if i < -r || i >= r {
+		t.b.fail(userPos(), fmt.Errorf("Dim(%d) of %v: a rank-%d tensor has dims %d..%d", i, t.v.Type, r, -r, r-1))
+		return 0
+	}
 	if i < 0 {
-		i += t.v.Type.Rank()
+		i += r
 	}
 	return t.v.Type.Shape[i]
 }
@@ -57,6 +62,9 @@ func (t *Tensor) DType() ir.DType {
 func (t *Tensor) Builder() *Builder { return t.b }
 
 func (t *Tensor) op(op string, attrs ir.Attrs, others ...*Tensor) *Tensor {
+	if t.b.foreign(userPos(), others...) {
+		return &Tensor{b: t.b}
+	}
 	args := []*ir.Value{t.v}
 	for _, o := range others {
 		args = append(args, o.v)
@@ -65,6 +73,7 @@ func (t *Tensor) op(op string, attrs ir.Attrs, others ...*Tensor) *Tensor {
 }
 
 func (b *Builder) record(pos ir.Pos, op string, attrs ir.Attrs, args []*ir.Value) *Tensor {
+	b.live()
 	if slices.Contains(args, nil) {
 		return &Tensor{b: b}
 	}
@@ -86,7 +95,7 @@ func (b *Builder) record(pos ir.Pos, op string, attrs ir.Attrs, args []*ir.Value
 
 // binary broadcasts the smaller operand NumPy-style, then applies op.
 func (t *Tensor) binary(op string, u *Tensor) *Tensor {
-	if t.v == nil || u.v == nil {
+	if t.v == nil || u.v == nil || t.b.foreign(userPos(), u) {
 		return &Tensor{b: t.b}
 	}
 	pos := userPos()
@@ -122,6 +131,10 @@ func (t *Tensor) Scale(s float64) *Tensor {
 		return t
 	}
 	pos := userPos()
+	if math.IsNaN(s) || math.IsInf(s, 0) {
+		t.b.fail(pos, fmt.Errorf("Scale(%g): the factor must be a finite number", s))
+		return &Tensor{b: t.b}
+	}
 	return t.b.record(pos, "scale", nil, []*ir.Value{t.v, t.b.scalarConst(s, pos)})
 }
 

@@ -2,6 +2,8 @@ package passes
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"gcompile/ir"
 )
@@ -16,7 +18,7 @@ const GradPrefix = ir.GradPrefix
 // each gradient as an output. Values the loss does not depend on, or that
 // do not depend on a param through a gradient (see differentiable), get no
 // backward ops.
-func autodiff(m *ir.Module, _ *Options) error {
+func autodiff(m *ir.Module, o *Options) error {
 	loss := m.Output(ir.OutputLoss)
 	if loss == nil {
 		return fmt.Errorf("module %q has no %q output to differentiate", m.Name, ir.OutputLoss)
@@ -63,6 +65,18 @@ func autodiff(m *ir.Module, _ *Options) error {
 		if ad.err != nil {
 			return ad.err
 		}
+	}
+	var unreached []string
+	for _, p := range m.Params() {
+		if ad.grads[p] == nil {
+			unreached = append(unreached, p.Name())
+		}
+	}
+	if n := len(m.Params()); n > 0 && len(unreached) == n {
+		return fmt.Errorf("%s: the loss depends on no param through a differentiable op (a comparison's 0/1 or an integer path has no gradient): training would change nothing", loss.Where())
+	}
+	if len(unreached) > 0 {
+		o.notef("the loss does not reach %d of %d params, which keep their initial values: %s", len(unreached), len(m.Params()), strings.Join(firstFew(unreached, 5), ", "))
 	}
 	for _, p := range m.Params() {
 		g := ad.grads[p]
@@ -198,4 +212,12 @@ func (ad *VJPBuilder) Scalar(x float64, d ir.DType) *ir.Value {
 		ad.err = err
 	}
 	return v
+}
+
+// firstFew is names, or its first n and how many more.
+func firstFew(names []string, n int) []string {
+	if len(names) <= n {
+		return names
+	}
+	return append(slices.Clone(names[:n]), fmt.Sprintf("and %d more", len(names)-n))
 }

@@ -708,6 +708,22 @@ func TestAutodiffUnusedParamGetsZeroGradient(t *testing.T) {
 	}
 }
 
+// The params the loss does not reach are named in the pass's note: they
+// keep their initial values, which is rarely what the model meant.
+func TestAutodiffNotesUnreachedParams(t *testing.T) {
+	g := newGraph(t, 8)
+	x := g.param("x", normal(1), 3, 4)
+	g.param("unused", normal(1), 2, 5)
+	g.weightedLoss(g.op("tanh", nil, x))
+	opts := passes.DefaultOptions()
+	opts.StopAfter = "autodiff"
+	res, err := passes.Run(g.m, opts, passes.Hooks{})
+	require.NoError(t, err)
+	i := slices.IndexFunc(res, func(r passes.Result) bool { return r.Name == "autodiff" })
+	require.GreaterOrEqual(t, i, 0)
+	assert.Equal(t, "the loss does not reach 1 of 2 params, which keep their initial values: unused", res[i].Note)
+}
+
 // TestAutodiffErrors: what autodiff refuses, and that it says why.
 func TestAutodiffErrors(t *testing.T) {
 	cases := []struct {
@@ -723,6 +739,12 @@ func TestAutodiffErrors(t *testing.T) {
 		{"loss not scalar", func(g *graph) {
 			g.m.SetOutput("loss", g.op("exp", nil, g.param("x", normal(1), 3)))
 		}, "loss must be a float scalar"},
+		{"loss reaches no param", func(g *graph) {
+			x := g.param("x", normal(1), 3)
+			// A comparison's 0/1 has no gradient: the loss is a float, but
+			// training it would change nothing.
+			g.weightedLoss(g.op("less", nil, x, g.param("y", normal(1), 3)))
+		}, "the loss depends on no param through a differentiable op"},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
