@@ -187,6 +187,9 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 		return nil, err
 	}
 	if strings.HasSuffix(c.Model, ".gir") {
+		if err := checkGir(m); err != nil {
+			return nil, fmt.Errorf("%s: %w", c.Model, err)
+		}
 		if err := checkResumed(c, m); err != nil {
 			return nil, err
 		}

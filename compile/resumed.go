@@ -2,6 +2,7 @@ package compile
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -123,6 +124,56 @@ var passFlags = []struct {
 	{"fuse", []string{"fuse"}},
 	{"data-parallel", []string{"bucket-mb"}},
 }
+
+// checkGir checks what a .gir dump says beyond its syntax, which a
+// hand edit can break and which the passes it already went through would
+// not check again: the graph's types and shapes (ir.Verify), every param's
+// and state's init, ids the passes can add to, and, past the optimizer,
+// that every param is updated with sane hyperparameters.
+func checkGir(m *ir.Module) error {
+	if err := ir.Verify(m, ""); err != nil {
+		return err
+	}
+	if m.NextID() > maxGirID {
+		return fmt.Errorf("%s: value ids up to %d: the ids the passes add after them would overflow (gcompile numbers values from 0)", m.Name, m.NextID()-1)
+	}
+	updated := map[*ir.Value]bool{}
+	for _, u := range m.Updates {
+		updated[u.State] = true
+	}
+	for _, v := range m.Values {
+		switch v.Op {
+		case "param", "state":
+			init := v.Attrs.Str("init")
+			if from, ok := strings.CutPrefix(init, ir.InitCopyPrefix); ok && v.Op == "state" {
+				if from == "" {
+					return fmt.Errorf("%s: state %q: init %q names no param to copy", v.Where(), v.Name(), init)
+				}
+			} else if _, _, err := ir.ParseInit(init); err != nil {
+				return fmt.Errorf("%s: %s %q: %w", v.Where(), v.Op, v.Name(), err)
+			}
+			if v.Op == "param" && m.HasRun("optimizer") && !updated[v] {
+				return fmt.Errorf("%s: param %q has no update, though the dump went through the optimizer: it would stay at its initial value (an update line was removed?)", v.Where(), v.Name())
+			}
+		}
+		for _, k := range []string{"beta1", "beta2"} {
+			if b, ok := v.Attrs[k].(float64); ok && !(b >= 0 && b < 1) {
+				return fmt.Errorf("%s: %s=%g: an exponential moving average's decay is in [0, 1)", v.Where(), k, b)
+			}
+		}
+		if e, ok := v.Attrs["eps"].(float64); ok && v.Op == "adamw" && !(e > 0 && !math.IsInf(e, 0)) {
+			return fmt.Errorf("%s: eps=%g: want a positive number", v.Where(), e)
+		}
+		if wd, ok := v.Attrs["wd"].(float64); ok && !(wd >= 0 && !math.IsInf(wd, 0)) {
+			return fmt.Errorf("%s: wd=%g: weight decay is a finite number ≥ 0", v.Where(), wd)
+		}
+	}
+	return nil
+}
+
+// maxGirID bounds a .gir's value ids: far more values than any model has,
+// and the passes' new ids after the largest stay far from overflow.
+const maxGirID = 1 << 40
 
 // meshFlags are the flags that give mesh.
 func meshFlags(mesh *ir.Mesh) string {

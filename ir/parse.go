@@ -36,6 +36,12 @@ func Parse(file, text string) (*Module, error) {
 				err = fmt.Errorf("first line must be %q, got %q", FormatVersion, line)
 			}
 			sawHeader = true
+		case strings.HasPrefix(line, "module ") && sawModule,
+			strings.HasPrefix(line, "passes ") && p.m.Passes != nil,
+			strings.HasPrefix(line, "mesh ") && p.m.Mesh != nil:
+			// A second one would silently replace the first.
+			key, _, _ := strings.Cut(line, " ")
+			err = fmt.Errorf("a second %s line: a module has one", key)
 		case strings.HasPrefix(line, "module "):
 			p.m.Name, err = strconv.Unquote(strings.TrimPrefix(line, "module "))
 			sawModule = true
@@ -354,3 +360,4 @@ func (p *parser) update(s string) error {
 	p.m.Updates = append(p.m.Updates, Update{State: st, Value: v})
 	return nil
 }
+

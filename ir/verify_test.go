@@ -675,6 +675,7 @@ var parseErrorCases = []struct {
 	{"negative value id", verifyBase + "%-2 = neg %0 : f32[4,8]\n", 5, `bad value id "%-2"`},
 	{"value id whose successor overflows", verifyBase + "%9223372036854775807 = neg %0 : f32[4,8]\n", 5, `bad value id "%9223372036854775807"`},
 	{"value id out of range", verifyBase + "%99999999999999999999 = neg %0 : f32[4,8]\n", 5, `bad value id "%99999999999999999999"`},
+	{"module twice", verifyBase + "module \"other\"\n", 5, `a second module line: a module has one`},
 	{"value defined twice", verifyBase + "%1 = neg %0 : f32[4,8]\n", 5, `%1 is defined twice`},
 	{"value without type", verifyBase + "%2 = neg %0\n", 5, `missing " : type" in "%2 = neg %0"`},
 	{"unknown op", verifyBase + "%2 = frob %0 : f32[4,8]\n", 5, `unknown op "frob"`},

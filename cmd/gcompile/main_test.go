@@ -418,6 +418,39 @@ func TestDumpResumesOnlyUnderItsPlan(t *testing.T) {
 	assert.Contains(t, err.Error(), `went through the passes that read --beta1 (pass "optimizer")`)
 }
 
+// A hand-edited dump is checked for what its syntax does not say, before
+// any pass: inits, the optimizer's hyperparameters, a param whose update
+// was removed, ids the passes would overflow, a second module line.
+func TestEditedDumpIsChecked(t *testing.T) {
+	dumps := filepath.Join(t.TempDir(), "d")
+	require.NoError(t, mainErr(append(slices.Clone(tinyGPT), "--dump", dumps)))
+	raw, err := os.ReadFile(filepath.Join(dumps, dumpName(t, "optimizer")))
+	require.NoError(t, err)
+	text := string(raw)
+	require.Contains(t, text, `init="normal(0.02)" name="wte.weight"`)
+	require.Regexp(t, `beta1=0.9\b`, text)
+	wte := regexp.MustCompile(`(?m)^(%\d+) = param .*name="wte.weight"`).FindStringSubmatch(text)
+	require.NotNil(t, wte)
+	update := regexp.MustCompile(`(?m)^update ` + wte[1] + ` = %\d+$`).FindStringSubmatch(text)
+	require.NotNil(t, update, "wte.weight's update")
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, edited, want string
+	}{
+		{"bad init", strings.Replace(text, `init="normal(0.02)" name="wte.weight"`, `init="normal(-3)" name="wte.weight"`, 1), `param "wte.weight": init "normal(-3)": the std must be a finite number ≥ 0`},
+		{"beta out of range", strings.Replace(text, "beta1=0.9", "beta1=7", 1), "beta1=7: an exponential moving average's decay is in [0, 1)"},
+		{"update removed", strings.Replace(text, update[0]+"\n", "", 1), "has no update, though the dump went through the optimizer"},
+		{"huge id", strings.Replace(text, "\noutput ", "\n%9223372036854775806 = neg "+wte[1]+" : f32[256,32]\noutput ", 1), "the ids the passes add after them would overflow"},
+		{"two module lines", strings.Replace(text, "module \"gpt\"\n", "module \"gpt\"\nmodule \"other\"\n", 1), "a second module line: a module has one"},
+	} {
+		path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".gir")
+		writeFile(t, path, tc.edited)
+		err := mainNoPanic(t, []string{path})
+		require.Error(t, err, tc.name)
+		assert.Contains(t, err.Error(), tc.want, tc.name)
+	}
+}
+
 // --compress-activations relu on a model without ReLUs is an error that
 // says what to change; on a ReLU model it runs, alone or with lowp, and
 // predicts (and measures) a smaller peak than without masks.
