@@ -360,4 +360,3 @@ func (p *parser) update(s string) error {
 	p.m.Updates = append(p.m.Updates, Update{State: st, Value: v})
 	return nil
 }
-
