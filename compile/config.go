@@ -225,9 +225,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Microbatches < 1 {
 		bad("--microbatches must be ≥ 1, got %d", c.Microbatches)
-	} else if c.Batch%c.DP != 0 || (c.Batch/c.DP)%c.Microbatches != 0 {
-		// Two divisions, not one by dp·microbatches, which can overflow.
-		bad("--batch %d must be divisible by dp·microbatches = %d", c.Batch, c.DP*c.Microbatches)
+	} else if replicas := max(c.DP, 1) * max(c.EP, 1); c.Batch%replicas != 0 || (c.Batch/replicas)%c.Microbatches != 0 {
+		// Two divisions, not one by dp·ep·microbatches, which can
+		// overflow. The batch is split over dp and ep alike.
+		if c.EP > 1 {
+			bad("--batch %d must be divisible by dp·ep·microbatches = %d·%d·%d", c.Batch, c.DP, c.EP, c.Microbatches)
+		} else {
+			bad("--batch %d must be divisible by dp·microbatches = %d", c.Batch, c.DP*c.Microbatches)
+		}
 	}
 	if c.Batch < 1 {
 		bad("--batch must be ≥ 1")

@@ -309,7 +309,7 @@ func broadcastExpands(b *ir.Value, d int) bool {
 func microSlice(m *ir.Module, x *ir.Value, k, n, dp int) (*ir.Value, error) {
 	b := x.Type.Shape[0]
 	if b%(dp*n) != 0 {
-		return nil, fmt.Errorf("%s: batch input %q %v: dim 0 (%d) must be divisible by dp·microbatches = %d", x.Where(), x.Name(), x.Type, b, dp*n)
+		return nil, fmt.Errorf("%s: batch input %q %v: dim 0 (%d) must be divisible by dp·ep·microbatches = %d", x.Where(), x.Name(), x.Type, b, dp*n)
 	}
 	meta := x.Meta
 	meta.Micro = k

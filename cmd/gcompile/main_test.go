@@ -103,6 +103,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--zero", "2"}, "--zero 2 needs --dp > 1"},
 		{[]string{"--zero", "7"}, "--zero 7: want 0, 1, 2 or 3"},
 		{[]string{"--batch", "6", "--microbatches", "4"}, "--batch 6 must be divisible by dp·microbatches = 4"},
+		{[]string{"--batch", "8", "--devices", "4", "--ep", "4", "--microbatches", "4"}, "--batch 8 must be divisible by dp·ep·microbatches = 1·4·4"},
 		{[]string{"--precision", "fp8"}, `--precision "fp8": want fp32, fp16 or bf16`},
 		{[]string{"--recompute", "some"}, `--recompute "some": want none, full, selective or every=K`},
 		{[]string{"--save", "w.safetensors"}, "--trace and --save record a training run; add --run"},
