@@ -277,6 +277,18 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 		}
 		place[s.cp] = shardOn(1)
 	}
+	if s.tp >= 0 && s.o != nil && s.o.SequenceParallel && v.Op == "input" && v.Type.Rank() >= 2 && !v.Attrs.Bool("whole") {
+		// The activations of a [batch, seq, …] input are split on the
+		// sequence over tp (after cp's split): said here once, not by
+		// every op the split reaches.
+		n := s.m.Mesh.Axes[s.tp].Size
+		if s.cp >= 0 {
+			n *= s.m.Mesh.Axes[s.cp].Size
+		}
+		if v.Type.Shape[1]%n != 0 {
+			return nil, fmt.Errorf("%s: --sequence-parallel splits %q %v along its sequence (dim 1) over tp (·cp) = %d, which does not divide it: give a sequence length it divides, or leave sequence parallelism off", v.Where(), v.Name(), v.Type, n)
+		}
+	}
 	if s.dp < 0 {
 		return place, nil
 	}

@@ -352,7 +352,9 @@ func matmulRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	switch {
 	case r.seqParallel() && pa.Kind == ir.Shard && pa.Dim != kA && pb.Kind == ir.Shard && pb.Dim == kB && pa.NumBlocks() == 1 && pb.NumBlocks() == 1:
 		pb = rep
-	case r.seqParallel() && pb.Kind == ir.Shard && pb.Dim != kB && pa.Kind == ir.Shard && pa.Dim == kA && pa.NumBlocks() == 1 && pb.NumBlocks() == 1:
+	case r.seqParallel() && pb.Kind == ir.Shard && pb.Dim != kB && pa.Kind == ir.Shard && pa.Dim == kA && pa.NumBlocks() == 1:
+		// pb may be a fused weight's gradient, split in blocks (GPT-2's
+		// c_attn at batch 1): only pa is gathered.
 		pa = rep
 	case r.seqParallel() && pa.Kind == ir.Shard && pa.Dim != kA && pb.Kind == ir.Shard:
 		pa = rep

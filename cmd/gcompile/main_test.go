@@ -858,3 +858,22 @@ func TestReportAfterCompileFailure(t *testing.T) {
 		})
 	}
 }
+
+// Sequence parallelism at a batch of one sequence: the tokens' rows are
+// the sequence, so the fused c_attn's weight gradient meets them split on
+// tp; they are gathered first (the pass had no rule for it) and training
+// is one device's.
+func TestSequenceParallelAtBatchOne(t *testing.T) {
+	args := []string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--batch", "1", "--max-data-mb", "1", "--run", "--steps", "2"}
+	one := runMetrics(t, args...)
+	sp := runMetrics(t, append(slices.Clone(args), "--devices", "2", "--tp", "2", "--sequence-parallel")...)
+	require.Len(t, sp.Steps, 2)
+	for i := range one.Steps {
+		assert.InEpsilon(t, one.Steps[i].Loss, sp.Steps[i].Loss, 1e-6, "step %d", i+1)
+	}
+	// A sequence tp does not divide is named once, at the tokens.
+	err := mainErr([]string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=3", "--batch", "4", "--devices", "2", "--tp", "2", "--sequence-parallel"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `--sequence-parallel splits "tokens" i32[4,3] along its sequence (dim 1) over tp (·cp) = 2, which does not divide it`)
+	assert.Equal(t, 1, strings.Count(err.Error(), "\n")+1, "one error: %v", err)
+}
