@@ -413,7 +413,7 @@ func (s *sharder) place(v *ir.Value) error {
 		v.Place = p
 		return err
 	}
-	if v.Op == "sum_squares" {
+	if v.Op == "sum_squares" || v.Op == "nonfinite_count" {
 		if err := s.splitSumSquares(v); err != nil {
 			return err
 		}
@@ -495,7 +495,10 @@ func (s *sharder) settleAttention(v *ir.Value) {
 // ways (split over tp, whole over tp, split over dp by ZeRO) into one
 // sum_squares per placement and a sum of the scalars: each group's squares
 // add up locally, and the scalars' placement rules reduce the partial ones
-// with one all-reduce per group, not one per tensor.
+// with one all-reduce per group, not one per tensor. Mixed precision's
+// nonfinite_count over the same gradients is split the same way: slicing
+// a whole tensor to match the others would split q, k, v's bias, in fused
+// blocks over tp and whole over dp under ZeRO, twice.
 func (s *sharder) splitSumSquares(v *ir.Value) error {
 	groups := map[string][]*ir.Value{}
 	var order []string
@@ -520,7 +523,7 @@ func (s *sharder) splitSumSquares(v *ir.Value) error {
 	for _, key := range order {
 		meta := v.Meta
 		meta.Stage = groups[key][0].Meta.Stage
-		g, err := s.m.NewValue("sum_squares", groups[key], nil, meta, v.Pos)
+		g, err := s.m.NewValue(v.Op, groups[key], nil, meta, v.Pos)
 		if err != nil {
 			return err
 		}

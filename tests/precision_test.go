@@ -76,6 +76,10 @@ func TestMixedPrecisionTracksFP32(t *testing.T) {
 		{plan{precision: "bf16"}, 1, 1e-3, 0.15},
 		{plan{precision: "fp16"}, 0, 2e-4, 0.06},
 		{plan{precision: "bf16", dp: 2, zero: 1}, 1, 1e-3, 0.15},
+		// ZeRO-2/3 under tp: q, k, v's bias (fused blocks over tp) stays
+		// whole over dp, and the overflow count groups the gradients by
+		// placement as the norm does.
+		{plan{precision: "bf16", dp: 2, tp: 2, zero: 3}, 1, 1e-3, 0.15},
 		// The ring (cp2, zigzag) runs on the fp32 copies of its 16-bit
 		// operands, its chunks in their scratch.
 		{plan{precision: "bf16", cp: 2}, 1, 1e-3, 0.15},
