@@ -597,7 +597,10 @@ func reduceMaxGradRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 			}
 		}
 	}
-	return []ir.Placement{x, shardOn(d), shardOn(d)}, x, nil
+	// The max and its gradient keep x's split of that dim, blocks too
+	// (an MoE router's [groups, tokens, experts] under cp: each
+	// sequence's groups a block).
+	return []ir.Placement{x, moved(x, d), moved(x, d)}, x, nil
 }
 
 // rowwiseRule covers ops that normalise over the last dim(s): the row dims

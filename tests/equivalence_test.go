@@ -110,8 +110,12 @@ func familyOf(name string, layers int) family {
 		f = family{name: "wholeinput", fn: wholeInputModel, set: map[string]string{}}
 	case "ropetable":
 		f = family{name: "ropetable", fn: ropeTableModel, set: map[string]string{}}
-	case "moe-switch", "moe-gshard", "moe-switch-drop", "moe-noisy-topk", "moe-expert-choice":
+	case "moe-switch", "moe-gshard", "moe-switch-drop", "moe-noisy-topk", "moe-expert-choice", "moe-switch-groups":
 		router, capacity := strings.TrimPrefix(name, "moe-"), "4"
+		groups := router == "switch-groups"
+		if groups {
+			router = "switch"
+		}
 		switch router {
 		case "switch-drop":
 			router, capacity = "switch", "1"
@@ -120,6 +124,10 @@ func familyOf(name string, layers int) family {
 		}
 		f = family{name: name, fn: moe.Model, set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16",
 			"experts": "4", "ffn": "32", "router": router, "capacity": capacity}}
+		if groups {
+			// Routing groups of 4 tokens, which cp2's chunks hold whole.
+			f.set["group"] = "4"
+		}
 		if router == "noisy-topk" {
 			// Every source of randomness: router noise, jitter and
 			// dropout inside the experts.

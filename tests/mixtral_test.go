@@ -132,6 +132,29 @@ func TestMixtralRoutesItsOwnGroupsUnderCP(t *testing.T) {
 	}
 }
 
+// The GPT MoE's Switch router under cp with groups the chunks hold whole:
+// its top-1 (a reduce_max over the experts) and the max's gradient keep
+// the groups' blocked split over cp (the gradient's placement used to drop
+// the blocks, which no collective could then convert), and it trains like
+// one device with the same groups, alone and with its experts over ep.
+func TestSwitchRoutesItsOwnGroupsUnderCP(t *testing.T) {
+	ref := train(t, plan{model: "moe-switch-groups"})
+	for _, p := range []plan{{cp: 2}, {cp: 2, ep: 2}} {
+		p.model = "moe-switch-groups"
+		t.Run(p.String(), func(t *testing.T) {
+			got := train(t, p)
+			worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
+			// The bound of the MoE GPT's other plans (TestMoEMatchesOneDevice):
+			// Adam turns the router's float-rounding differences into
+			// steps of up to lr. Measured 6e-5 and 7e-5.
+			worstParam := paramError(t, ref.params, got.params, isKeyBias)
+			assert.LessOrEqual(t, worstParam, 1e-4)
+			assert.InDelta(t, ref.eval, got.eval, 1e-5*ref.eval, "held-out loss of the final weights")
+			t.Logf("worst loss rel err %.2g, worst param err %.2g (of max |w|)", worst, worstParam)
+		})
+	}
+}
+
 // mixtralOracle is the Mixtral MoE block computed here in float64 from its
 // weights in Hugging Face's layout: the router's gate [E,h] and each
 // expert's w1, w3 [F,h] and w2 [h,F].
