@@ -310,7 +310,7 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "load a folder", args: run("--load", "$D"), want: []string{"--load ", "is a folder"}},
 		{name: "load a text file", args: run("--load", "$D/w.safetensors"),
 			setup: func(t *testing.T, dir string) { writeFile(t, filepath.Join(dir, "w.safetensors"), "not weights\n") },
-			want:  []string{"--load: ", "w.safetensors"}},
+			want:  []string{"--load: ", "w.safetensors", `the file starts with text ("not weig"), so it is not safetensors`}},
 		{name: "load truncated", args: run("--load", "$D/w.safetensors"),
 			setup: func(t *testing.T, dir string) {
 				raw, err := os.ReadFile(fx.weights)

@@ -535,6 +535,9 @@ func (c *config) validate() error {
 	if (c.trace != "" || c.save != "") && !c.run {
 		bad("--trace and --save record a training run; add --run")
 	}
+	if c.load != "" && !c.run {
+		bad("--load reads the weights a training run starts from; add --run (gcompile eval and generate take --load too)")
+	}
 	if c.explicit["initial-loss-scale"] && (c.Precision != "fp16" || c.LossScale != 0) {
 		bad("--initial-loss-scale applies to dynamic loss scaling: --precision fp16 without --loss-scale")
 	}

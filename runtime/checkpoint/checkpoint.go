@@ -539,7 +539,13 @@ func index(r io.ReaderAt, size int64) ([]entry, map[string]string, int64, error)
 	}
 	n := binary.LittleEndian.Uint64(prefix[:])
 	if n > uint64(size-8) {
-		return nil, nil, 0, fmt.Errorf("header length %d runs past the end of the %d-byte file: %w", n, size, ErrHeaderLength)
+		what := "the file is truncated, or not safetensors"
+		if printable(prefix[:]) {
+			// A safetensors file starts with a little-endian length, not
+			// text: a .gir, a JSON or a script named as weights.
+			what = fmt.Sprintf("the file starts with text (%q), so it is not safetensors", prefix[:])
+		}
+		return nil, nil, 0, fmt.Errorf("header length %d runs past the end of the %d-byte file (%s): %w", n, size, what, ErrHeaderLength)
 	}
 	if n > MaxHeaderLength {
 		return nil, nil, 0, fmt.Errorf("header length %d exceeds the %d-byte limit: %w", n, MaxHeaderLength, ErrHeaderLength)
@@ -660,4 +666,14 @@ func BytesFloat32(b []byte) []float32 {
 		x[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}
 	return x
+}
+
+// printable reports whether b is all printable ASCII or whitespace.
+func printable(b []byte) bool {
+	for _, c := range b {
+		if (c < 0x20 || c > 0x7e) && c != '\n' && c != '\r' && c != '\t' {
+			return false
+		}
+	}
+	return true
 }
