@@ -32,6 +32,19 @@ func TestDSLErrorsNameTheCallerAndDoNotCascade(t *testing.T) {
 // after its build.
 var lateBuild func()
 
+// Concat takes a dim counted from the end, as the reductions do.
+func TestConcatTakesANegativeDim(t *testing.T) {
+	m, err := frontend.Build(func(b *frontend.Builder) {
+		x := b.Param("x", []int{2, 3}, frontend.Zeros, frontend.NoParallel)
+		y := b.Param("y", []int{2, 5}, frontend.Zeros, frontend.NoParallel)
+		c := frontend.Concat(-1, x, y)
+		assert.Equal(t, []int{2, 8}, c.Shape())
+		b.Loss(c.Sum())
+	}, frontend.Config{})
+	require.NoError(t, err)
+	require.NotNil(t, m)
+}
+
 func TestDSLRules(t *testing.T) {
 	tests := []struct {
 		name string
@@ -69,6 +82,9 @@ func TestDSLRules(t *testing.T) {
 		{"param name with a space", func(b *frontend.Builder) {
 			b.Loss(b.Param("my weight", []int{4}, frontend.Zeros, frontend.NoParallel).Sum())
 		}, `param name "my weight": want printable UTF-8 without spaces or quotes`},
+		{"reduction axis out of range", func(b *frontend.Builder) {
+			b.Loss(b.Param("x", []int{2, 3}, frontend.Zeros, frontend.NoParallel).Sum(-3).Sum())
+		}, "reduce_sum over axis -3 of f32[2,3]: a rank-2 tensor has axes -2..1"},
 		{"NaN constant", func(b *frontend.Builder) {
 			b.Loss(b.Constant("t", []float64{1, math.NaN()}, 2).Sum())
 		}, `constant "t": value 1 is NaN`},

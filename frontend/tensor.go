@@ -254,6 +254,9 @@ func Concat(dim int, ts ...*Tensor) *Tensor {
 		// of nothing would only lead to as "did not call b.Loss".
 		panic("frontend.Concat: no tensors to concatenate")
 	}
+	if t := ts[0]; t.v != nil && dim < 0 && dim >= -t.v.Type.Rank() {
+		dim += t.v.Type.Rank() // counted from the end, as the reductions take it
+	}
 	return ts[0].op("concat", ir.Attrs{"dim": dim}, ts[1:]...)
 }
 
@@ -281,9 +284,16 @@ func (t *Tensor) reduce(op string, axes []int) *Tensor {
 		}
 	}
 	axes = slices.Clone(axes)
+	r := t.v.Type.Rank()
 	for i, a := range axes {
+		if a < -r || a >= r {
+			// Named as written: normalised, -3 of a rank-2 tensor would
+			// read as -1.
+			t.b.fail(userPos(), fmt.Errorf("%s over axis %d of %v: a rank-%d tensor has axes %d..%d", op, a, t.v.Type, r, -r, r-1))
+			return &Tensor{b: t.b}
+		}
 		if a < 0 {
-			axes[i] = a + t.v.Type.Rank()
+			axes[i] = a + r
 		}
 	}
 	slices.Sort(axes)

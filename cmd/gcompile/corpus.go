@@ -75,7 +75,7 @@ func loadCorpus(c *config, m *ir.Module, seq int) (*data.Corpus, error) {
 		return corpus, nil // no embedding or cross-entropy reads the batch: nothing to bound
 	}
 	if err := corpus.CheckVocab(vocab); err != nil {
-		fix := fmt.Sprintf("raise it with --set vocab=256 (one token per byte) or give text whose bytes are all below %d", vocab)
+		fix := fmt.Sprintf("raise the model's vocabulary to 256 or more, one token per byte (the examples read it from --set vocab=256), or give text whose bytes are all below %d", vocab)
 		if !strings.HasSuffix(c.Model, ".go") {
 			fix = fmt.Sprintf("a .gir dump has its sizes fixed: give text whose bytes are all below %d", vocab)
 		}

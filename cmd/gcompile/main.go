@@ -706,8 +706,15 @@ var fedInputs = []string{ir.InputTokens, ir.InputTargets, ir.InputRandomKey, ir.
 func checkFedInputs(m *ir.Module) error {
 	var errs []error
 	for _, v := range m.Values {
-		if name := v.Attrs.Str("name"); v.Op == "input" && !slices.Contains(fedInputs, name) {
+		name := v.Attrs.Str("name")
+		switch {
+		case v.Op != "input":
+		case !slices.Contains(fedInputs, name):
 			errs = append(errs, fmt.Errorf("%s: input %q is never fed: training feeds %q and %q each step (and %q to a model that draws random numbers); read the batch from those", v.Pos, name, ir.InputTokens, ir.InputTargets, ir.InputRandomKey))
+		case (name == ir.InputTokens || name == ir.InputTargets || name == ir.InputRandomKey) && (v.Type.DType != ir.I32 || v.Type.Rank() != 2):
+			// Fed as i32 [batch, seq]: another type fails only when the
+			// first batch is set, without the model's line.
+			errs = append(errs, fmt.Errorf("%s: input %q is %v: training feeds it i32 [batch, seq]", v.Pos, name, v.Type))
 		}
 	}
 	return errors.Join(errs...)

@@ -81,13 +81,17 @@ func TestModelErrorsNameTheUsersLine(t *testing.T) {
 }
 
 // A model input the runtime never feeds would stay zero: a run is refused
-// naming it and its line, where it used to train on nothing.
+// naming it and its line, where it used to train on nothing; so is a batch
+// input of another type than the one fed.
 func TestUnfedInputIsRefused(t *testing.T) {
 	model := "testdata/unfed/model.go"
 	require.NoError(t, mainErr([]string{model, "--batch", "2"}), "compiling alone is fine")
 	err := mainErr([]string{model, "--batch", "2", "--max-data-mb", "1", "--run", "--steps", "1"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `model.go:15: input "mask" is never fed`)
+	err = mainErr([]string{"testdata/tokf32/model.go", "--batch", "2", "--max-data-mb", "1", "--run", "--steps", "1"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `model.go:12: input "tokens" is f32[2,8]: training feeds it i32 [batch, seq]`)
 }
 
 func TestConfigValidationNamesTheRule(t *testing.T) {

@@ -74,3 +74,17 @@ func BenchmarkCompileGShard(b *testing.B) {
 		})
 	}
 }
+
+// k is read by the routers that take a count; the others fix their own,
+// and a k given to them is refused rather than ignored.
+func TestKOnlyWhereTheRouterTakesIt(t *testing.T) {
+	for _, router := range []string{"noisy-topk", "softmax-topk"} {
+		_, err := frontend.Build(moe.Model, frontend.Config{Batch: 2, Set: map[string]string{"layers": "2", "hidden": "32", "heads": "2", "seq": "16", "router": router, "k": "3"}})
+		assert.NoError(t, err, router)
+	}
+	for _, router := range []string{"switch", "gshard", "expert-choice"} {
+		_, err := frontend.Build(moe.Model, frontend.Config{Batch: 2, Set: map[string]string{"layers": "2", "hidden": "32", "heads": "2", "seq": "16", "router": router, "k": "3"}})
+		require.Error(t, err, router)
+		assert.Contains(t, err.Error(), fmt.Sprintf("--set k=3: the %s router does not take k", router))
+	}
+}
