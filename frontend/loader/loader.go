@@ -417,7 +417,7 @@ func (l *Loader) explainExit(name string, runErr error, outFile *os.File) error 
 		// What the model printed before the crash is its own output; the
 		// crash report is the error.
 		l.copyOutput(outFile, int64(at))
-		report := strings.TrimSpace(string(output[at:]))
+		report := firstGoroutine(strings.TrimSpace(string(output[at:])))
 		if len(report) > maxCrashReport {
 			report = report[:maxCrashReport] + fmt.Sprintf("\n… (%d more bytes)", len(report)-maxCrashReport)
 		}
@@ -442,6 +442,23 @@ func (l *Loader) explainExit(name string, runErr error, outFile *os.File) error 
 	}
 	l.copyOutput(outFile, -1)
 	return fmt.Errorf("%s: %s() called os.Exit(%d) before returning", name, ModelFuncName, code)
+}
+
+// firstGoroutine is a crash report cut after the stack of the goroutine
+// that crashed, the first one listed: a runtime failure (out of memory)
+// lists every goroutine, a hundred lines of the driver's own.
+func firstGoroutine(report string) string {
+	first := strings.Index(report, "\ngoroutine ")
+	if first < 0 {
+		return report
+	}
+	rest := report[first+1:]
+	next := strings.Index(rest, "\n\ngoroutine ")
+	if next < 0 {
+		return report
+	}
+	more := strings.Count(rest[next:], "\n\ngoroutine ")
+	return report[:first+1+next] + fmt.Sprintf("\n… (%d more goroutines)", more)
 }
 
 // crashStart finds where the Go runtime's crash report starts in the

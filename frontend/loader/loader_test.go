@@ -483,3 +483,13 @@ func TestLoadWithoutCp(t *testing.T) {
 	assert.Contains(t, output.String(), "hello on stdout")
 	assertNoWorkDirs(t, l)
 }
+
+// A runtime failure that lists every goroutine is cut after the first,
+// the one that crashed, with a count of the rest.
+func TestCrashReportKeepsTheFirstGoroutine(t *testing.T) {
+	report := "fatal error: runtime: out of memory\n\nruntime stack:\nruntime.throw(...)\n\ngoroutine 1 [running]:\nmain.Model(...)\n\tmodel.go:12 +0x1\n\ngoroutine 2 [chan receive]:\nos.signal\n\ngoroutine 3 [syscall]:\nruntime.x\n"
+	got := firstGoroutine(report)
+	assert.Equal(t, "fatal error: runtime: out of memory\n\nruntime stack:\nruntime.throw(...)\n\ngoroutine 1 [running]:\nmain.Model(...)\n\tmodel.go:12 +0x1\n… (2 more goroutines)", got)
+	one := "panic: boom\n\ngoroutine 1 [running]:\nmain.Model()\n"
+	assert.Equal(t, one, firstGoroutine(one))
+}
