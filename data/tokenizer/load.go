@@ -249,10 +249,17 @@ func parseTokenizerJSON(path string, top map[string]json.RawMessage) (*spec, err
 		if err := json.Unmarshal(raw, &added); err != nil {
 			return nil, fmt.Errorf("%w: %s: added_tokens: %v", ErrFormat, path, err)
 		}
+		seen := map[int64]string{}
 		for i, a := range added {
 			if a.ID == nil || *a.ID < 0 || *a.ID >= maxID {
 				return nil, fmt.Errorf("%w: %s: added_tokens[%d] (%q): missing or out-of-range id", ErrFormat, path, i, a.Content)
 			}
+			// Two contents under one id: text would encode to an id that
+			// decodes as the other.
+			if other, dup := seen[*a.ID]; dup && other != a.Content {
+				return nil, fmt.Errorf("%w: %s: added_tokens %q and %q share id %d", ErrFormat, path, other, a.Content, *a.ID)
+			}
+			seen[*a.ID] = a.Content
 			normalized := !a.Special // the HF default when the flag is absent
 			if a.Normalized != nil {
 				normalized = *a.Normalized
