@@ -923,6 +923,16 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		tail += (host-ahead)/bw + math.Max(ahead/bw-pipe, 0) // the update waits for its state
 	}
 	e.StepSeconds = pipe + tail
+	if h.HostCores > 0 {
+		// Virtual devices sharing the host's cores (the CPU backend) take
+		// at least their work together over the cores, as Predict prices
+		// a compiled plan: without it the search ranks plans by a step
+		// the compile then prices far higher, and the few it compiles
+		// miss the best.
+		work := pipe/(1+e.Bubble) + tail // a device's work, the bubble left out
+		devices := float64(p.TP * p.PP * p.DP * ep * cp)
+		e.StepSeconds = math.Max(e.StepSeconds, devices*work/float64(h.HostCores))
+	}
 	e.ComputeSeconds = float64(p.Microbatches) * perChunk * float64(v) * (layerF + layerB - tpF - tpB - epF - epB - cpF - cpB)
 
 	batch := float64(p.MicroBatch * p.Microbatches * data)

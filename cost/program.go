@@ -2,7 +2,9 @@ package cost
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 
 	"gcompile/ir"
@@ -436,9 +438,12 @@ func (h *Hardware) priceDevice(prog *lower.Program, r int) *devicePrice {
 			}
 		}
 	}
+	// Summed in the axes' order, not the map's: a float sum in a random
+	// order differs in its last bits from run to run, and plans that tie
+	// would rank differently in every process of a job.
 	t := dc.compute
-	for _, s := range dc.comm {
-		t += s
+	for _, axis := range slices.Sorted(maps.Keys(dc.comm)) {
+		t += dc.comm[axis]
 	}
 	dc.busy = math.Max(t-dc.copies, dc.copies)
 	return dc

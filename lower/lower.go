@@ -539,7 +539,9 @@ func (p *Program) CheckFits(device string, limit int64) error {
 		return nil
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s does not fit: the plan needs %s (arena; %s live at the peak), --device-memory is %s", device, human(p.ArenaBytes), human(p.PeakBytes), human(limit))
+	// Exact bytes beside the rounded sizes: a limit a few bytes short
+	// would otherwise read as met.
+	fmt.Fprintf(&b, "%s does not fit: the plan's arena needs %s (%d bytes; %s live at the peak), --device-memory is %s (%d bytes)", device, human(p.ArenaBytes), p.ArenaBytes, human(p.PeakBytes), human(limit), limit)
 	if p.PeakAt < len(p.Instrs) {
 		v := p.Instrs[p.PeakAt].Value
 		fmt.Fprintf(&b, "\n  peak at instruction %d: %s (phase %v, layer %d)", p.PeakAt, v.Where(), v.Meta.Phase, v.Meta.Layer)

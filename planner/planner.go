@@ -203,7 +203,7 @@ func Plan(req Request) (*Result, error) {
 			res.Ranked = append(res.Ranked, c)
 		}
 	}
-	sort.SliceStable(res.Ranked, func(i, j int) bool { return res.Ranked[i].StepSeconds() < res.Ranked[j].StepSeconds() })
+	rankPlans(res.Ranked)
 	if res.Considered == 0 {
 		return res, fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, req.Base.Devices, noCandidates(req.Base, shape))
 	}
@@ -244,6 +244,35 @@ func Plan(req Request) (*Result, error) {
 		return res, fmt.Errorf("%w on %d devices (%d candidates): %s", ErrNoPlan, req.Base.Devices, res.Considered, strings.Join(why, "; "))
 	}
 	return res, nil
+}
+
+// rankPlans orders plans by predicted step, and plans within 0.1 % of one
+// another (a step in tiers of 0.1 %, far finer than the cost model's
+// accuracy) by how much machinery they use: the one without ZeRO, offload
+// or recompute first. Ties otherwise fell to the last bits of the price,
+// so the pick depended on how many plans were compiled.
+func rankPlans(cs []*Candidate) {
+	tier := func(c *Candidate) int64 { return int64(math.Floor(math.Log(c.StepSeconds()) / math.Log1p(1e-3))) }
+	sort.SliceStable(cs, func(i, j int) bool {
+		ti, tj := tier(cs[i]), tier(cs[j])
+		if ti != tj {
+			return ti < tj
+		}
+		return machinery(cs[i].Config) < machinery(cs[j].Config)
+	})
+}
+
+// machinery scores what a plan adds to plain parallelism: ZeRO's stage,
+// offload, recompute.
+func machinery(c compile.Config) int {
+	n := c.Zero
+	if c.Offload != "" && c.Offload != "none" {
+		n += 4
+	}
+	if c.Recompute != "" && c.Recompute != "none" {
+		n += 2
+	}
+	return n
 }
 
 // noCandidates says why the search had nothing to try: the rules every
@@ -350,13 +379,17 @@ func compileCandidate(c *Candidate, gir string, hw *cost.Hardware, capBytes int6
 	if err != nil {
 		return fmt.Errorf("compile: %s", firstLine(err))
 	}
-	var peak int64
+	// What must fit is each device's arena (lower.Program.CheckFits, as
+	// --device-memory checks a run): the live bytes at the peak plus what
+	// the memory plan's placement leaves between them.
+	var peak, arena int64
 	for r := range res.Devices() {
-		peak = max(peak, res.ProgramOf(r).PeakBytes)
+		p := res.ProgramOf(r)
+		peak, arena = max(peak, p.PeakBytes), max(arena, p.ArenaBytes)
 	}
 	c.PeakBytes, c.Compiled = peak, true
-	if peak > capBytes {
-		return fmt.Errorf("the compiled plan's peak is %s per device, over the %s available", gib(peak), gib(capBytes))
+	if arena > capBytes {
+		return fmt.Errorf("the compiled plan's arena is %s per device (%s live at the peak), over the %s available", gib(arena), gib(peak), gib(capBytes))
 	}
 	pred, err := hw.Predict(res.Programs, res.Schedule)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -139,6 +140,9 @@ func Why(res *Result, hw *cost.Hardware) string {
 	}
 	best := res.Ranked[0]
 	if len(res.Ranked) == 1 {
+		if len(res.Rejected) == 0 && res.Considered > 1 {
+			return fmt.Sprintf("best: %s, the only plan compiled (--plan-top 1: the others were ranked by the estimate alone)", Describe(best.Config))
+		}
 		return fmt.Sprintf("best: %s, the only plan that fits", Describe(best.Config))
 	}
 	next := res.Ranked[1]
@@ -149,7 +153,15 @@ func Why(res *Result, hw *cost.Hardware) string {
 			for k, v := range c.Prediction.CommSeconds {
 				out[k+" communication"] = v
 			}
-			out["pipeline bubble and waiting"] = c.Prediction.StepSeconds - c.Prediction.Busy[argmax(c.Prediction.Busy)]
+			wait := "pipeline bubble and waiting"
+			switch {
+			case c.Config.PP > 1:
+			case hw.HostCores > 0:
+				wait = "waiting for the host's shared cores"
+			default:
+				wait = "waiting"
+			}
+			out[wait] = c.Prediction.StepSeconds - c.Prediction.Busy[argmax(c.Prediction.Busy)]
 			return out
 		}
 		out["compute"] = c.Estimate.ComputeSeconds
@@ -168,8 +180,12 @@ func Why(res *Result, hw *cost.Hardware) string {
 		ds = append(ds, diff{k, b[k] - a[k]})
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i].d > ds[j].d })
-	s := fmt.Sprintf("best: %s, %.1f %% faster than %s", Describe(best.Config),
-		100*(next.StepSeconds()-best.StepSeconds())/next.StepSeconds(), Describe(next.Config))
+	gain := (next.StepSeconds() - best.StepSeconds()) / next.StepSeconds()
+	if math.Abs(gain) < 1e-3 {
+		// A tie: the simpler plan leads (rankPlans).
+		return fmt.Sprintf("best: %s, as fast as %s (within 0.1 %%) with less machinery", Describe(best.Config), Describe(next.Config))
+	}
+	s := fmt.Sprintf("best: %s, %.1f %% faster than %s", Describe(best.Config), 100*gain, Describe(next.Config))
 	if len(ds) > 0 && ds[0].d > 0 {
 		s += fmt.Sprintf(": %.3g ms less %s", ds[0].d*1e3, ds[0].name)
 	}

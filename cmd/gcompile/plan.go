@@ -154,9 +154,13 @@ func pinFlags(c compile.Config) string {
 		rc = "none"
 	}
 	f = append(f, "--recompute "+rc)
-	if c.Offload != "" && c.Offload != "none" {
-		f = append(f, "--offload "+c.Offload)
+	// Every searched option is written, none included: a flag left out
+	// is searched again when the line is pasted into --plan.
+	off := c.Offload
+	if off == "" {
+		off = "none"
 	}
+	f = append(f, "--offload "+off)
 	if c.Schedule != "" && c.PP > 1 {
 		f = append(f, "--schedule "+c.Schedule)
 	}
