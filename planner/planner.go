@@ -425,6 +425,10 @@ func Describe(c compile.Config) string {
 	if c.VPP > 1 {
 		s += fmt.Sprintf(" vpp=%d", c.VPP)
 	}
+	if c.PP > 1 && c.Schedule != "" && c.Schedule != "1f1b" && c.Schedule != "interleaved" {
+		// 1F1B, or interleaved where vpp says so, unless named.
+		s += " " + c.Schedule
+	}
 	s += fmt.Sprintf(" mb=%d×%d", max(c.Batch/(max(c.DP, 1)*max(c.EP, 1)*max(c.Microbatches, 1)), 1), max(c.Microbatches, 1))
 	if c.Zero > 0 {
 		s += fmt.Sprintf(" zero=%d", c.Zero)
