@@ -29,7 +29,7 @@ var planAxes = []string{"tp", "pp", "dp", "ep", "cp", "cp-impl", "cp-layout", "v
 var meshAxes = []string{"tp", "pp", "dp", "ep", "cp"}
 
 // planning says whether the planner chooses the plan: --plan, or more than
-// one device with none of --tp, --pp, --dp, --ep given (`gcompile
+// one device with none of --tp, --pp, --dp, --ep, --cp given (`gcompile
 // model.go --devices 8`), the options the user gave staying fixed. A
 // command line that gives an axis gets exactly its plan, the axes not
 // given taking their defaults (tp, pp, ep 1 and dp the devices left), as
