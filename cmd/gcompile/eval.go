@@ -83,6 +83,11 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		}
 	}
 	weights := c.load
+	if c.load == "" {
+		if err := checkpointModel(c.Config, resumeDir, res.ModelFingerprint); err != nil {
+			return err
+		}
+	}
 	if c.load != "" {
 		err = loadWeights(dev, progs, c.load, c.ignoredOnLoad(res.Module.IgnoreOnLoad), c.Classes)
 	} else {

@@ -277,7 +277,12 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		}
 		g.Classes = tx.tok.VocabSize()
 		if _, ok := setValue(g.Set, "vocab"); !ok {
-			g.Set = strings.TrimPrefix(g.Set+",vocab="+fmt.Sprint(paddedVocab(g.Classes, g.vocabDivisible, g.TP)), ",")
+			g.Set = strings.TrimPrefix(g.Set+",vocab="+fmt.Sprint(resumedVocab(g.resume, g.Classes, g.vocabDivisible, g.TP)), ",")
+		}
+	}
+	if g.resume != "" {
+		if err := checkpointModel(g.Config, g.resume, ""); err != nil {
+			return err
 		}
 	}
 	texts, err := g.readPrompts()
@@ -585,6 +590,41 @@ func positionLimit(p *lower.Program) int {
 }
 
 // loadCheckpointParams loads the params of a training checkpoint.
+// checkpointModel refuses a checkpoint of another model before its
+// weights are read: one whose params have this model's shapes but not its
+// maths (other heads, another activation, another rotary base) would load
+// and give wrong figures without a word. The model is built at the
+// checkpoint's batch (unless the caller's build, fingerprint, already is)
+// and its fingerprint compared with the manifest's, as a resumed training
+// run compares it.
+func checkpointModel(cfg compile.Config, resume, fingerprint string) error {
+	dir, err := checkpoint.Find(resume)
+	if err != nil {
+		return fmt.Errorf("--resume: %w", err)
+	}
+	m, err := checkpoint.ReadManifest(dir)
+	if err != nil {
+		return fmt.Errorf("--resume: %w", err)
+	}
+	if m.ModelFingerprint == "" || m.Plan.DPSync == "async" || m.Plan.Batch <= 0 || !strings.HasSuffix(cfg.Model, ".go") {
+		return nil // an older checkpoint, a replica's model, or a .gir's fixed one: the shapes are checked on load
+	}
+	if fingerprint == "" || cfg.Batch != m.Plan.Batch {
+		cfg.Batch, cfg.DPSync = m.Plan.Batch, "sync"
+		mod, err := compile.LoadModule(&cfg)
+		if err != nil {
+			return err
+		}
+		fingerprint = mod.Fingerprint()
+	}
+	if fingerprint == m.ModelFingerprint {
+		return nil
+	}
+	set, _ := m.Plan.Flags["set"].(string)
+	return fmt.Errorf("--resume %s: the checkpoint is of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so give the --set it was trained with: %w",
+		dir, m.Model, set, m.ModelFingerprint, cfg.Set, fingerprint, checkpoint.ErrMismatch)
+}
+
 func loadCheckpointParams(dev weightStore, progs []*lower.Program, path string, ignore []string, classes int) error {
 	dir, err := checkpoint.Find(path)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -315,4 +316,50 @@ func TestGenerateWithBOS(t *testing.T) {
 	err := runGenerate([]string{gptModel, "--load", w, "--prompt", "Hello", "--bos"}, io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--bos needs --tokenizer")
+}
+
+// Megatron-LM pads the vocabulary to a multiple of the divisor times tp,
+// so a checkpoint trained under tp 2 on 300 token ids has 512 rows where
+// tp 1 would make 384: evaluating or resuming it under tp 1 takes the
+// checkpoint's padding (its rows past the ids are masked out of the loss),
+// where it used to fail on the table's shape or the model's fingerprint.
+func TestACheckpointKeepsItsVocabularyPaddingUnderAnotherTP(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 200, 40, 300, 4)
+	base := []string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16", "--batch", "4", "--data", prefix, "--split", "80,20",
+		"--data-cache-dir", filepath.Join(dir, "cache")}
+	ck := filepath.Join(dir, "ck")
+	trained := runMetrics(t, append(slices.Clone(base), "--run", "--steps", "2", "--eval-batches", "2", "--devices", "2", "--tp", "2", "--checkpoint-dir", ck)...)
+	assert.Contains(t, trained.Config["set"], "vocab=512")
+	for _, plan := range [][]string{nil, {"--devices", "2", "--tp", "2"}} {
+		out := captureStdout(t, func() {
+			require.NoError(t, mainErr(append(append([]string{"eval"}, base...), append([]string{"--resume", ck, "--eval-batches", "2"}, plan...)...)))
+		})
+		var r evalResult
+		require.NoError(t, json.Unmarshal([]byte(out), &r), "%s", out)
+		require.NotNil(t, r.Loss)
+		assert.InDelta(t, trained.Eval[len(trained.Eval)-1].Loss, *r.Loss, 1e-6, "eval under %v", plan)
+	}
+	resumed := runMetrics(t, append(slices.Clone(base), "--run", "--steps", "3", "--eval-batches", "2", "--resume", ck, "--checkpoint-dir", filepath.Join(dir, "ck1"))...)
+	require.Len(t, resumed.Steps, 1, "step 3 under tp 1")
+}
+
+// eval and generate refuse a checkpoint of another model, as a resumed
+// training run does: eight heads of four wide hold the same params as
+// four of eight, but compute something else, and used to load and give
+// another loss and other text without a word. The model it was trained as
+// evaluates at any batch.
+func TestEvalAndGenerateRefuseACheckpointOfAnotherModel(t *testing.T) {
+	ck := filepath.Join(tinyWeights(t), "ckpt")
+	other := []string{gptModel, "--set", "layers=1,hidden=32,heads=8,seq=16,ctx=48", "--batch", "4", "--max-data-mb", "1"}
+	err := mainErr(append(append([]string{"eval"}, other...), "--resume", ck))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `the checkpoint is of model "gpt" trained with --set "layers=1,hidden=32,heads=4,seq=16,ctx=48"`)
+	assert.Contains(t, err.Error(), "give the --set it was trained with")
+	err = runGenerate(append(slices.Clone(other[:3]), "--resume", ck, "--prompt", "abc", "--max-new-tokens", "2"), io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `the checkpoint is of model "gpt"`)
+	captureStdout(t, func() {
+		require.NoError(t, mainErr(append(append([]string{"eval"}, genGPT...), "--resume", ck, "--batch", "8")))
+	})
 }

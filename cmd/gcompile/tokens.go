@@ -221,13 +221,42 @@ func (c *config) applyVocab() error {
 		}
 		return nil
 	}
-	v := paddedVocab(td.need, c.vocabDivisible, c.TP)
+	v := resumedVocab(c.resume, td.need, c.vocabDivisible, c.TP)
 	if c.Set == "" {
 		c.Set = "vocab=" + strconv.Itoa(v)
 	} else {
 		c.Set += ",vocab=" + strconv.Itoa(v)
 	}
 	return nil
+}
+
+// resumedVocab is the padded vocabulary of a model built for need token
+// ids: the checkpoint's, when resuming (or evaluating, or generating) from
+// one whose padding holds the ids and splits over this tp, else
+// paddedVocab's. Megatron-LM pads to a multiple of the divisor times tp,
+// so a checkpoint saved under tp 2 has more rows than tp 1 would make;
+// its own padding lets it resume under another tp, where the rows past
+// the ids are masked out of the loss either way.
+func resumedVocab(resume string, need, divisible, tp int) int {
+	v := paddedVocab(need, divisible, tp)
+	if resume == "" {
+		return v
+	}
+	dir, err := checkpoint.Find(resume)
+	if err != nil {
+		return v // the resume itself says why
+	}
+	m, err := checkpoint.ReadManifest(dir)
+	if err != nil {
+		return v
+	}
+	set, _ := m.Plan.Flags["set"].(string)
+	saved, ok := setValue(set, "vocab")
+	n, err := strconv.Atoi(saved)
+	if !ok || err != nil || n < need || n%max(tp, 1) != 0 {
+		return v
+	}
+	return n
 }
 
 // setValue is key's value in a --set list.
