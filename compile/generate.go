@@ -94,6 +94,13 @@ func CompileGeneration(c *Config, build ModelBuilder, batch, prompt, context int
 	if g.Prefill, g.PrefillPasses, err = compileStep(c, build, batch, prompt, context, passes.Hooks{}, &g.IgnoreOnLoad); err != nil {
 		return nil, fmt.Errorf("the prefill program (%d tokens per sequence): %w", prompt, err)
 	}
+	// Named by its role, also for a prompt of one token, whose prefill
+	// is a decode step's shape.
+	tokens := "tokens"
+	if prompt == 1 {
+		tokens = "token"
+	}
+	g.Prefill.Name = fmt.Sprintf("prefill (%d %s × %d sequences)", prompt, tokens, batch)
 	if g.Decode, g.DecodePasses, err = compileStep(c, build, batch, 1, context, hooks, &g.IgnoreOnLoad); err != nil {
 		return nil, fmt.Errorf("the decode program: %w", err)
 	}
@@ -152,9 +159,6 @@ func compileStep(c *Config, build ModelBuilder, batch, step, context int, hooks 
 		return nil, res, err
 	}
 	prog.Name = fmt.Sprintf("decode (1 token × %d sequences)", batch)
-	if step > 1 {
-		prog.Name = fmt.Sprintf("prefill (%d tokens × %d sequences)", step, batch)
-	}
 	return prog, res, nil
 }
 

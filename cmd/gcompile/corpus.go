@@ -20,7 +20,16 @@ func loadSource(c *config, j *job, m *ir.Module, seq int) (data.Source, error) {
 		}
 		return c.tokens.source(c, m, seq, log)
 	}
-	return loadCorpus(c, m, seq)
+	corpus, err := loadCorpus(c, m, seq)
+	if err == nil && j.lead() && c.evalBatches > 0 {
+		// An evaluation's windows wrap around a held-out part with fewer
+		// offsets, as the token data's samples do (tokenData.source).
+		if windows, want := int64(len(corpus.Eval)-seq-1), int64(c.evalBatches)*int64(c.Batch); windows > 0 && want > windows {
+			fmt.Fprintf(j.log, "held-out text: %d windows of %d+1 bytes, fewer than the %d an evaluation reads (--eval-batches %d × --batch %d), so it reads some twice or more; --eval-batches %d reads each at most once\n",
+				windows, seq, want, c.evalBatches, c.Batch, max(windows/int64(c.Batch), 1))
+		}
+	}
+	return corpus, err
 }
 
 // describeSource is the data's line in the log.

@@ -318,6 +318,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	if g.batch > 0 {
 		batch = min(batch, g.batch)
 	}
+	if batch%dp != 0 {
+		// The help says --batch is a multiple of dp: said, not silently
+		// changed.
+		fmt.Fprintf(stderr, "generate: %d sequences a batch rounded up to %d, a multiple of dp=%d (the extra rows run a one-token prompt whose results are dropped)\n", batch, (batch+dp-1)/dp*dp, dp)
+	}
 	batch = (batch + dp - 1) / dp * dp
 	g.Batch = batch
 

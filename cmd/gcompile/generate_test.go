@@ -363,3 +363,15 @@ func TestEvalAndGenerateRefuseACheckpointOfAnotherModel(t *testing.T) {
 		require.NoError(t, mainErr(append(append([]string{"eval"}, genGPT...), "--resume", ck, "--batch", "8")))
 	})
 }
+
+// A --batch that dp does not divide is rounded up, and the log says so,
+// where it used to change without a word; the tokens are the same.
+func TestGenerateSaysItRoundsTheBatch(t *testing.T) {
+	dir := tinyWeights(t)
+	args := []string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--prompt", "abc", "--max-new-tokens", "3",
+		"--temperature", "0", "--load", filepath.Join(dir, "w.safetensors")}
+	var log bytes.Buffer
+	require.NoError(t, runGenerate(append(slices.Clone(args), "--devices", "2", "--dp", "2", "--batch", "1", "--output", "json"), io.Discard, &log))
+	assert.Contains(t, log.String(), "generate: 1 sequences a batch rounded up to 2, a multiple of dp=2")
+	assert.Contains(t, log.String(), "prefill (3 tokens × 2 sequences) and decode (1 token × 2 sequences)")
+}

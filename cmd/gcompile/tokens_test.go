@@ -513,4 +513,13 @@ func TestEvalBatchesPastTheHeldOutSplitAreNoted(t *testing.T) {
 	log, err = captureStderr(t, func() error { return mainErr(append(slices.Clone(base), "--eval-batches", "50")) })
 	require.NoError(t, err)
 	assert.Regexp(t, `held-out split: \d+ samples, fewer than the 200 an evaluation reads \(--eval-batches 50 × --batch 4\), so it reads some twice or more; --eval-batches \d+ reads each at most once`, log)
+
+	// Byte text too: its last 5 % (100 bytes) holds 83 windows of 16+1.
+	text := filepath.Join(dir, "small.txt")
+	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("hello world, a short text for the held-out part. ", 41)[:2000]), 0o644))
+	log, err = captureStderr(t, func() error {
+		return mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--data", text, "--run", "--steps", "1", "--eval-batches", "30"})
+	})
+	require.NoError(t, err)
+	assert.Contains(t, log, "held-out text: 83 windows of 16+1 bytes, fewer than the 120 an evaluation reads (--eval-batches 30 × --batch 4), so it reads some twice or more; --eval-batches 20 reads each at most once")
 }

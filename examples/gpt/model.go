@@ -48,7 +48,7 @@ func Model(b *frontend.Builder) {
 // mask buffers of Hugging Face's attention, which the model has no use for.
 func context(b *frontend.Builder) int {
 	seq := b.TrainedSequence()
-	ctx := b.Int("ctx", seq, "context length: rows of the position table (GPT-2: 1024), at least seq")
+	ctx := b.Int("ctx", seq, "context length: rows of the position table (default: seq; GPT-2: 1024), at least seq")
 	if ctx < seq {
 		b.Errorf("--set ctx=%d: the position table needs at least seq=%d rows", ctx, seq)
 		ctx = seq
