@@ -12,6 +12,7 @@ import (
 	"gcompile/data/sample"
 	"gcompile/ir"
 	"gcompile/runtime"
+	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cuda"
 )
 
@@ -86,6 +87,13 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 	if c.load == "" {
 		if err := checkpointModel(c.Config, resumeDir, res.ModelFingerprint); err != nil {
 			return err
+		}
+		// Evaluating on other data than the training's is allowed (another
+		// corpus, another split), but said: the figure is not the run's.
+		if dir, err := checkpoint.Find(resumeDir); err == nil && j.lead() {
+			if m, err := checkpoint.ReadManifest(dir); err == nil && m.Plan.Data != "" && c.dataIdentity() != "" && m.Plan.Data != c.dataIdentity() {
+				fmt.Fprintf(j.log, "note: the checkpoint was trained on %s; this evaluation reads %s\n", m.Plan.Data, c.dataIdentity())
+			}
 		}
 	}
 	if c.load != "" {

@@ -292,6 +292,17 @@ func TestEvalOnATokenDataset(t *testing.T) {
 		require.NotNil(t, r.Loss)
 		return r
 	}
+	// Another split than the training's is evaluated, and said.
+	log, err := captureStderr(t, func() error {
+		out := captureStdout(t, func() {
+			require.NoError(t, mainErr(append(append([]string{"eval"}, base...), "--resume", ck, "--split", "70,30")))
+		})
+		require.NotEmpty(t, out)
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Contains(t, log, "note: the checkpoint was trained on ")
+	assert.Contains(t, log, "split 80,20; this evaluation reads ")
 	whole := eval("--eval-batches", "0")
 	require.Greater(t, whole.Batches, 8, "the held-out split holds more than training's 8 batches")
 	same := eval("--eval-batches", strconv.Itoa(whole.Batches), "--devices", "2", "--tp", "2")
