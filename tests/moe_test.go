@@ -249,6 +249,27 @@ func moeFamily(t *testing.T) frontend.ModelFunc {
 	return familyOf("moe-switch", 0).fn
 }
 
+// Noisy top-k's noise scale softplus(x·W_noise) stays finite past
+// float32's exp range (x·W_noise > 88.7): evaluation's zero noise times
+// an infinite scale used to make the loss NaN.
+func TestNoisyTopKNoiseScaleStaysFinite(t *testing.T) {
+	x := []float64{1, 0, 0, 1, 1, 1, -1, 2, 0.5, -0.5, 2, 1}
+	model := func(b *frontend.Builder) {
+		in := b.Constant("x", x, 1, 6, 2)
+		y, aux := nn.MoE(in, "moe", nn.MoEConfig{Experts: 3, Router: nn.RouterNoisyTopK, K: 2, CapacityFactor: 4, GroupSize: 3, AuxLoss: 1, ZLoss: 1})
+		b.Loss(y.Mean().Add(aux))
+	}
+	m, err := frontend.Build(model, frontend.Config{Name: "noisy", Batch: 1})
+	require.NoError(t, err)
+	cl, _ := loadedCluster(t, m, passes.DefaultOptions())
+	require.NoError(t, cl.SetGlobal("moe.router.noise", []float64{60, -60, 60, 60, 60, -60}))
+	require.NoError(t, cl.SetInt32(ir.InputRandomKey, []int32{-1, -1, -1, -1, -1, -1}))
+	require.NoError(t, cl.Devices[0].Forward())
+	loss, err := cl.Scalar(ir.OutputLoss)
+	require.NoError(t, err)
+	assert.False(t, math.IsNaN(loss) || math.IsInf(loss, 0), "loss %v with x·W_noise up to 180", loss)
+}
+
 // TestMoEAuxLossesByHand: each router's losses on a fixed input equal
 // the formulas computed here: Switch's α·E·Σf·P, GShard's
 // (1/E)·Σ(c_e/S)·m_e (top-1 counts), the z-loss, noisy top-k's CV² of

@@ -484,7 +484,14 @@ func zLoss(logits *frontend.Tensor, groups, group int) *frontend.Tensor {
 // clean logits and the noise's std the load estimate needs.
 func noisyLogits(b *frontend.Builder, x, keys, clean *frontend.Tensor, name string, experts int) (noisy, _, std *frontend.Tensor) {
 	wn := b.Param(name+".router.noise", []int{x.Dim(2), experts}, frontend.Zeros, frontend.NoParallel)
-	std = x.MatMul(wn).Exp().Add(b.Scalar(1)).Log().Add(b.Scalar(1e-2))
+	// softplus(v) = log(exp(v) + 1) overflows to inf once v passes 88.7
+	// in float32, and evaluation's zero noise times inf is NaN: past 80
+	// it is taken as log(exp(80) + 1) + (v − 80), equal to float
+	// precision there, and the same (gradient too, 1/2 at the zero
+	// init) below.
+	v := x.MatMul(wn)
+	over := v.Sub(b.Scalar(80)).Relu()
+	std = v.Sub(over).Exp().Add(b.Scalar(1)).Log().Add(over).Add(b.Scalar(1e-2))
 	n := keys.Random("normal", name+"/noise", experts)
 	return clean.Add(n.Mul(std)), clean, std
 }
