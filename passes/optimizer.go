@@ -98,8 +98,8 @@ func optimizer(m *ir.Module, o *Options) error {
 	return nil
 }
 
-// Adafactor's constants: the defaults of Shazeer & Stern (2018), which
-// REFERENCE.md lists. They are attributes of the ops, so a dump shows them.
+// Adafactor's constants: the defaults of Shazeer & Stern (2018). They
+// are attributes of the ops, so a dump shows them.
 const (
 	adafactorEps1    = 1e-30 // ε₁, added to G² so that no accumulator is 0
 	adafactorEps2    = 1e-3  // ε₂, the smallest parameter scale: zero-initialised params still move

@@ -24,9 +24,12 @@ type Device interface {
 	PeakBytes() int64
 }
 
-// Schedule is a learning-rate schedule as in Megatron-LM and nanoGPT:
-// linear warm-up to LR over Warmup steps, then cosine decay to MinLR at
-// step Steps ("cosine") or LR held ("constant").
+// Schedule is a learning-rate schedule of Megatron-LM's and nanoGPT's
+// shape: linear warm-up to LR over Warmup steps, then cosine decay to
+// MinLR at step Steps ("cosine") or LR held ("constant"). Steps count
+// from 1, so the first step runs at LR/Warmup rather than 0 (Megatron-LM
+// evaluates the same formula at the steps already done, its first at 0)
+// and the last at MinLR.
 type Schedule struct {
 	LR, MinLR float64
 	Warmup    int

@@ -374,6 +374,7 @@ func (c *config) metricsConfig(procs int) map[string]any {
 		"precision": c.Precision, "optimizer": c.Optimizer, "backend": c.backend, "batch": c.Batch,
 		"steps": c.steps, "seed": c.seed, "lr": c.lr, "min_lr": c.minLR, "warmup": c.warmup, "set": c.Set,
 		"overlap_grad_reduce": !c.SerialGradReduce,
+		"beta1":               c.Beta1, "beta2": c.Beta2, "weight_decay": c.WeightDecay, "clip": c.Clip,
 	}
 }
 

@@ -45,7 +45,14 @@ func (p *progress) step(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 	}
 	line := fmt.Sprintf("step %d/%d loss %.4f", s.Step, p.total, s.Loss)
 	line += outputsLine(s.Outputs)
-	line += fmt.Sprintf(" lr %.2e |g| %.3f %.0f ms %.0f tok/s", s.LR, s.GradNorm, s.Ms, s.TokensPerS)
+	if s.Skipped {
+		// Nothing was updated: the gradients held an inf or NaN at this
+		// loss scale, which the scaler now lowers (its |g| is not a norm).
+		line += fmt.Sprintf(" skipped: inf/NaN gradients at loss scale %g", s.LossScale)
+	} else {
+		line += fmt.Sprintf(" lr %.2e |g| %.3f", s.LR, s.GradNorm)
+	}
+	line += fmt.Sprintf(" %.0f ms %.0f tok/s", s.Ms, s.TokensPerS)
 	if eta, ok := p.eta(s.Step); ok {
 		line += " eta " + formatDuration(eta)
 	}
