@@ -202,6 +202,29 @@ func Plan(req Request) (*Result, error) {
 			}
 			res.Ranked = append(res.Ranked, c)
 		}
+		// The estimate ranks the machinery (ZeRO, offload, recompute)
+		// of one layout less well than the layouts themselves: the
+		// best compiled layout is also compiled with less of it, up to
+		// two variants, which then compete on their compiled prices.
+		rankPlans(res.Ranked)
+		if len(res.Ranked) > 0 {
+			best := res.Ranked[0]
+			var variants []*Candidate
+			for _, c := range feasible {
+				if !c.Compiled && c.Rejected == "" && sameLayout(c.Config, best.Config) && machinery(c.Config) < machinery(best.Config) {
+					variants = append(variants, c)
+				}
+			}
+			sort.SliceStable(variants, func(i, j int) bool { return machinery(variants[i].Config) < machinery(variants[j].Config) })
+			for _, c := range variants[:min(len(variants), 2)] {
+				if err := compileCandidate(c, gir, req.Hardware, capBytes); err != nil {
+					c.Rejected = err.Error()
+					res.reject(c)
+					continue
+				}
+				res.Ranked = append(res.Ranked, c)
+			}
+		}
 	}
 	rankPlans(res.Ranked)
 	if res.Considered == 0 {
@@ -260,6 +283,14 @@ func rankPlans(cs []*Candidate) {
 		}
 		return machinery(cs[i].Config) < machinery(cs[j].Config)
 	})
+}
+
+// sameLayout says whether a and b split the model and the batch alike
+// (the axes, chunks, microbatches, schedule and sequence parallelism),
+// whatever their ZeRO, offload and recompute.
+func sameLayout(a, b compile.Config) bool {
+	return a.TP == b.TP && a.PP == b.PP && a.DP == b.DP && a.EP == b.EP && a.CP == b.CP && a.CPImpl == b.CPImpl &&
+		a.VPP == b.VPP && a.Microbatches == b.Microbatches && a.Schedule == b.Schedule && a.SequenceParallel == b.SequenceParallel
 }
 
 // machinery scores what a plan adds to plain parallelism: ZeRO's stage,

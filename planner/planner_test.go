@@ -480,3 +480,18 @@ func TestFixedExpertParallelism(t *testing.T) {
 		}
 	}
 }
+
+// The default search finds the plan a search that compiles far more
+// does: the estimate ranks one layout's ZeRO and offload variants less
+// well than the layouts, so the best compiled layout is compiled again
+// with less machinery (on 4 CPU devices the tiny GPT's pp 2·dp 2 without
+// ZeRO, which the estimate put below its ZeRO-1 twin).
+func TestDefaultSearchFindsTheWideSearchsBest(t *testing.T) {
+	m := smallGPT(t, 8)
+	narrow, err := Plan(Request{Base: baseConfig(4, 8), Hardware: cpuHardware(t), Module: m, TopK: 5})
+	require.NoError(t, err)
+	wide, err := Plan(Request{Base: baseConfig(4, 8), Hardware: cpuHardware(t), Module: m, TopK: 40})
+	require.NoError(t, err)
+	assert.InEpsilon(t, wide.Ranked[0].StepSeconds(), narrow.Ranked[0].StepSeconds(), 1e-3,
+		"--plan-top 5 picked %s, 40 picked %s", Describe(narrow.Ranked[0].Config), Describe(wide.Ranked[0].Config))
+}
