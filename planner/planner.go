@@ -205,7 +205,8 @@ func Plan(req Request) (*Result, error) {
 		// The estimate ranks the machinery (ZeRO, offload, recompute)
 		// of one layout less well than the layouts themselves: the
 		// best compiled layout is also compiled with less of it, up to
-		// two variants, which then compete on their compiled prices.
+		// two variants, which then compete on their compiled prices for
+		// the topK rows reported.
 		rankPlans(res.Ranked)
 		if len(res.Ranked) > 0 {
 			best := res.Ranked[0]
@@ -224,6 +225,8 @@ func Plan(req Request) (*Result, error) {
 				}
 				res.Ranked = append(res.Ranked, c)
 			}
+			rankPlans(res.Ranked)
+			res.Ranked = res.Ranked[:min(len(res.Ranked), topK)]
 		}
 	}
 	rankPlans(res.Ranked)
