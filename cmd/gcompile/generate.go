@@ -369,12 +369,24 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	out := &genOutput{g: g, tx: tx, eos: eos, texts: texts, prompts: prompts, w: bufio.NewWriter(stdout), stopped: make([]bool, len(prompts))}
 	defer out.w.Flush()
 	req.StopWhen = out.stopWhen
+	t0 := time.Now()
 	if out.streaming() {
 		fmt.Fprint(out.w, texts[0])
 		out.w.Flush()
 		req.OnToken = out.onToken
+	} else {
+		// Nothing is printed until every prompt is done (JSON, several
+		// prompts): say how far it is every few seconds, so a long
+		// request does not look hung.
+		made, last, total := 0, t0, len(prompts)*g.maxNew
+		req.OnToken = func(int, int32) {
+			made++
+			if now := time.Now(); now.Sub(last) >= 5*time.Second {
+				last = now
+				fmt.Fprintf(stderr, "generate: %d of at most %d tokens in %.0f s\n", made, total, now.Sub(t0).Seconds())
+			}
+		}
 	}
-	t0 := time.Now()
 	ids, err := eng.Run(req)
 	if err != nil {
 		return err
