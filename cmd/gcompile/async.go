@@ -49,8 +49,9 @@ func runAsync(c *config, j *job, res *compile.Result, resumeDir string) error {
 		outErr = writeOutput("metrics", c.metrics, met.WriteFile)
 	}
 	reportFolder(c)
-	// The report and the closing summary (summary.go).
-	return errors.Join(finishRun(c, j, res, met, runErr), outErr)
+	// The report and the closing summary (summary.go), then the status of
+	// a run a signal stopped before its last step, as runs do (main.go).
+	return stoppedStatus(c, met, errors.Join(finishRun(c, j, res, met, runErr), outErr))
 }
 
 func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, resumeDir string) (err error) {

@@ -710,6 +710,35 @@ func TestSignalSavesAndExits(t *testing.T) {
 	}
 }
 
+// Asynchronous data parallelism stopped by a signal exits with its
+// status too (it exited 0 after saying it stopped).
+func TestAsyncSignalExitsWithItsStatus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "100000", "--devices", "2", "--dp", "2", "--dp-sync", "async", "--staleness", "1"))
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	var log strings.Builder
+	buf := make([]byte, 4096)
+	for !strings.Contains(log.String(), "step 3/") {
+		n, err := stderr.Read(buf)
+		log.Write(buf[:n])
+		require.NoError(t, err, "%s", log.String())
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	rest, _ := io.ReadAll(stderr)
+	log.Write(rest)
+	var exit *exec.ExitError
+	require.ErrorAs(t, cmd.Wait(), &exit, "%s", log.String())
+	assert.Equal(t, 130, exit.ExitCode(), "%s", log.String())
+	assert.Contains(t, log.String(), "exit status 130, so that a scheduler does not take it for finished")
+}
+
 // A signal while the model is built stops the build: gcompile exits with
 // an error saying so, and neither the driver process nor its work folder
 // outlives it.

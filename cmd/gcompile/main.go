@@ -294,10 +294,15 @@ func compileAndRun(c *config, j *job) (err error) {
 	}
 	reportFolder(c)
 	// The report and the closing summary (summary.go).
-	if err := errors.Join(finishRun(c, j, res, met, runErr), outErr); err != nil || c.stopStatus == 0 {
+	return stoppedStatus(c, met, errors.Join(finishRun(c, j, res, met, runErr), outErr))
+}
+
+// stoppedStatus is err, or, when everything owed was written but a signal
+// stopped the run before its last step, the exit status that says so.
+func stoppedStatus(c *config, met *runtime.Metrics, err error) error {
+	if err != nil || c.stopStatus == 0 {
 		return err
 	}
-	// Everything owed is written, but the run did not finish.
 	return &exitStatus{code: c.stopStatus, err: fmt.Errorf("the run stopped at a step boundary before its last step (%s; exit status %d, so that a scheduler does not take it for finished)", met.Stopped, c.stopStatus)}
 }
 
