@@ -490,6 +490,15 @@ func (c *config) validate() error {
 	if c.planTrace != "" && c.DPSync == "async" {
 		bad("--plan-trace prices synchronous plans; it does not combine with --dp-sync async")
 	}
+	if c.plan && !c.run {
+		// --plan alone prints the table and compiles nothing to report:
+		// these would be dropped without a word.
+		for _, f := range []string{"report", "timeline"} {
+			if c.explicit[f] {
+				bad("--%s with --plan records the plan it trains: add --run, or drop --plan for the compiled plan of the given axes", f)
+			}
+		}
+	}
 	if c.planTop < 1 || c.planTop > 100 {
 		bad("--plan-top must be in 1..100, got %d", c.planTop)
 	}

@@ -137,6 +137,8 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--devices", "2", "--dp", "2", "--dp-sync", "async", "--run", "--trace", "t.json"}, "--trace with --dp-sync async: not yet supported"},
 		{[]string{"--devices", "2", "--dp", "2", "--dp-sync", "async", "--run", "--eval-every", "1"}, "--eval-every with --dp-sync async: not yet supported"},
 		{[]string{"--load", "w.safetensors"}, "--load reads the weights a training run starts from; add --run"},
+		{[]string{"--devices", "2", "--plan", "--report", "r.html"}, "--report with --plan records the plan it trains: add --run"},
+		{[]string{"--devices", "2", "--plan", "--timeline", "t.svg"}, "--timeline with --plan records the plan it trains: add --run"},
 		{[]string{"--lr", "0"}, "learning rate: want --lr > 0"},
 	}
 	for _, tt := range tests {
