@@ -727,6 +727,30 @@ func TestDumpKeepsItsInputsAndTheLastGoodDump(t *testing.T) {
 	unchanged("a model that does not build")
 }
 
+// A pass that fails leaves the module as it left it in NN-<pass>.failed.gir;
+// a failure after the passes (here the memory plan over --device-memory)
+// is no pass's, and leaves none.
+func TestDumpNamesOnlyAFailingPass(t *testing.T) {
+	failed := func(d string) []string {
+		var out []string
+		entries, err := os.ReadDir(d)
+		require.NoError(t, err)
+		for _, e := range entries {
+			if strings.HasSuffix(e.Name(), ".failed.gir") {
+				out = append(out, e.Name())
+			}
+		}
+		return out
+	}
+	model := []string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=15", "--batch", "8", "--devices", "2", "--tp", "2"}
+	d := filepath.Join(t.TempDir(), "d")
+	require.Error(t, mainNoPanic(t, append(slices.Clone(model), "--sequence-parallel", "--dump", d)))
+	assert.Equal(t, []string{dumpName(t, "shard")[:3] + "shard.failed.gir"}, failed(d))
+	d = filepath.Join(t.TempDir(), "d")
+	require.Error(t, mainNoPanic(t, append(slices.Clone(model), "--device-memory", "100KB", "--dump", d)))
+	assert.Empty(t, failed(d))
+}
+
 // The vocab bound is read from the compiled module under any plan (the
 // ids reach the embedding through the microbatch pass's slices, and the
 // table is vocab-parallel under tp), and a corpus within it trains.

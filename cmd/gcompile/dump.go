@@ -70,8 +70,12 @@ func (d *dumper) finish(m *ir.Module, passErr error) error {
 		return nil
 	}
 	if passErr != nil && len(d.cols) > 0 {
-		last := d.cols[len(d.cols)-1]
-		d.write(fmt.Sprintf("%02d-%s.failed.gir", d.n, last.Pass), ir.Print(m))
+		// Only a pass's own failure: one after the passes (the memory
+		// plan, a signal during the lowering) is not the last pass's,
+		// whose module is already written as it left it.
+		if last := d.cols[len(d.cols)-1]; strings.Contains(passErr.Error(), fmt.Sprintf("pass %q", last.Pass)) {
+			d.write(fmt.Sprintf("%02d-%s.failed.gir", d.n, last.Pass), ir.Print(m))
+		}
 	}
 	var buf bytes.Buffer
 	if err := dump.WriteHTML(&buf, "gcompile: "+m.Name, d.cols); err != nil {
