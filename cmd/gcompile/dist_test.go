@@ -865,13 +865,27 @@ func TestJobSignalledBeforeTraining(t *testing.T) {
 
 // SIGTERM to gcompile launch reaches every rank: they stop at a step
 // boundary, and the launcher exits 143, not 0 (the run did not finish)
-// nor 1 (nothing failed).
+// nor 1 (nothing failed). A terminal's Ctrl-C, SIGINT to the launcher's
+// whole process group, does the same with 130: the ranks run in groups
+// of their own, so they hear it once, from the launcher (heard twice,
+// they exited at once as on a second signal, with no checkpoint).
 func TestLaunchPassesASignalOn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
+	for _, tc := range []struct {
+		sig   syscall.Signal
+		group bool
+		code  int
+	}{{syscall.SIGTERM, false, 143}, {syscall.SIGINT, true, 130}} {
+		t.Run(fmt.Sprintf("%v group=%v", tc.sig, tc.group), func(t *testing.T) { launchAndSignal(t, tc.sig, tc.group, tc.code) })
+	}
+}
+
+func launchAndSignal(t *testing.T, sig syscall.Signal, group bool, code int) {
 	cmd := exec.Command(os.Args[0], append([]string{"launch", "--nproc", "2", "--"}, faultArgs(t, 100000)...)...)
 	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the launcher leads a group, as a terminal's foreground job does
 	out := &proc{cmd: cmd}
 	cmd.Stdout, cmd.Stderr = &out.out, &out.out
 	require.NoError(t, cmd.Start())
@@ -886,13 +900,18 @@ func TestLaunchPassesASignalOn(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "no training: %s", out.output())
 		time.Sleep(20 * time.Millisecond)
 	}
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	if group {
+		require.NoError(t, syscall.Kill(-cmd.Process.Pid, sig))
+	} else {
+		require.NoError(t, cmd.Process.Signal(sig))
+	}
 	err := cmd.Wait()
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit, "%s", out.output())
-	assert.Equal(t, 143, exit.ExitCode(), "%s", out.output())
-	assert.Contains(t, out.output(), "launch: stopped by SIGTERM: every rank stopped")
+	assert.Equal(t, code, exit.ExitCode(), "%s", out.output())
+	assert.Contains(t, out.output(), "launch: stopped by "+signalName(sig)+": every rank stopped")
 	assert.NotContains(t, out.output(), "failed")
+	assert.NotContains(t, out.output(), "exiting now")
 }
 
 // Only rank 0 says that it builds the model: a job of N processes prints

@@ -209,6 +209,12 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		cmd := exec.Command(self, args...)
 		cmd.Env = childEnv(r, n, port, token)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
+		// In a process group of its own: a terminal's Ctrl-C (or timeout's
+		// signal to the launcher's group) reaches the launcher alone,
+		// which passes it on once. Reaching every rank too, beside the
+		// one passed on, it read as a second signal and the ranks exited
+		// at once, with no checkpoint.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		// The child dies with the launcher, however the launcher ends.
 		if err := startTied(cmd); err != nil {
 			return fmt.Errorf("launch: starting rank %d: %w", r, err)
@@ -248,8 +254,23 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		case e := <-exits:
 			done++
 			var ee *exec.ExitError
-			if signalled != nil && errors.As(e.err, &ee) && ee.ExitCode() == signalStatus(syscall.SIGTERM) {
+			if signalled != nil && errors.As(e.err, &ee) && ee.ExitCode() == signalStatus(signalled) {
 				continue // stopped as asked: the status the launcher exits with below
+			}
+			if signalled == nil && first == nil && errors.As(e.err, &ee) {
+				// A rank a signal stopped at a step boundary (sent to it
+				// alone, by a scheduler or by hand): the others stop the
+				// same way, and the job exits as a stopped run.
+				for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+					if ee.ExitCode() == signalStatus(sig) {
+						signalled = sig
+						fmt.Fprintf(os.Stderr, "launch: rank %d stopped on %s: passed to every rank\n", e.rank, signalName(sig))
+						signalAll(sig)
+					}
+				}
+				if signalled != nil {
+					continue
+				}
 			}
 			if e.err != nil && first == nil {
 				// The first to exit need not be the cause: a rank whose
@@ -260,13 +281,14 @@ func supervise(self string, args []string, n, port int, token string, grace time
 				kill = time.After(grace)
 			}
 		case s := <-sigs:
-			// The first signal is passed on: training ranks stop at the
-			// next step boundary (with a checkpoint) and exit 143, as
-			// ranks before training do; a second kills them all.
+			// The first signal is passed on as it came: training ranks
+			// stop at the next step boundary (with a checkpoint) and
+			// exit 128 + its number, as ranks before training do; a
+			// second kills them all.
 			if signalled == nil {
 				signalled = s
 				fmt.Fprintf(os.Stderr, "launch: %v: passed to every rank (again to kill them)\n", s)
-				signalAll(syscall.SIGTERM)
+				signalAll(s)
 				continue
 			}
 			if first == nil {
