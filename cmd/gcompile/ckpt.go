@@ -253,6 +253,15 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 	if c.tokens != nil {
 		ex.DataAlso = []string{c.tokens.namedIdentity(c)}
 	}
+	// An asynchronous run's model is one replica's, built at its share of
+	// the batch: its checkpoint resumes at the dp it ran, or the model's
+	// fingerprint differs for a reason that fingerprint cannot name.
+	if saved, err := checkpoint.ReadManifest(dir); err == nil && saved.Plan.DPSync == "async" && c.DPSync == "async" {
+		if dp, ok := saved.Plan.Flags["dp"].(float64); ok && int(dp) != c.DP {
+			return runtime.State{}, fmt.Errorf("--resume %s: the checkpoint is of asynchronous data parallelism over %d replicas, whose model is one replica's share of the batch: resume it with --dp %d (another dp builds another replica): %w",
+				dir, int(dp), int(dp), checkpoint.ErrMismatch)
+		}
+	}
 	m, err := checkpoint.RestoreState(dev, progs, dir, ex)
 	if err != nil {
 		return runtime.State{}, fmt.Errorf("--resume %s: %w", dir, err)

@@ -1054,3 +1054,17 @@ func TestSignalDuringThePassesStopsTheCompile(t *testing.T) {
 	require.Error(t, err)
 	assert.Equal(t, "stopped during the compile passes by SIGINT", err.Error())
 }
+
+// An asynchronous run's checkpoint resumes at the dp it ran: its model is
+// one replica's share of the batch, and another dp is refused naming
+// that, not as "another model".
+func TestAsyncCheckpointResumesAtItsDP(t *testing.T) {
+	dir := t.TempDir()
+	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "4", "--dp-sync", "async", "--staleness", "0"))
+	require.NoError(t, mainErr(append(slices.Clone(args), "--devices", "4", "--dp", "4", "--stop-after", "2", "--checkpoint-dir", filepath.Join(dir, "ck"))))
+	err := mainErr(append(slices.Clone(args), "--devices", "2", "--dp", "2", "--resume", filepath.Join(dir, "ck"), "--checkpoint-dir", filepath.Join(dir, "ck2")))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the checkpoint is of asynchronous data parallelism over 4 replicas")
+	assert.Contains(t, err.Error(), "resume it with --dp 4")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--devices", "4", "--dp", "4", "--resume", filepath.Join(dir, "ck"), "--checkpoint-dir", filepath.Join(dir, "ck3"))))
+}
