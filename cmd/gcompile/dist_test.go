@@ -965,6 +965,23 @@ func TestJobRefusesTwoProcessesWithOneRank(t *testing.T) {
 	}
 }
 
+// The same with every rank present (ranks 0, 1, 1 of a job of 2): the
+// job that started with one of the two stops on every process too, where
+// it went on training and only the latecomer failed.
+func TestCompleteJobStopsOnADuplicateRank(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	model, err := jobModel()
+	require.NoError(t, err)
+	ps := startRanks(t, 2, []int{0, 1, 1}, []string{model, "--devices", "2", "--run", "--steps", "100000", "--max-data-mb", "1"}, nil)
+	waitAll(t, ps, 60*time.Second)
+	for i, p := range ps {
+		require.Error(t, p.err, "process %d", i)
+		assert.Regexp(t, `rank 1 is already in the job, from 127\.0\.0\.1:\d+; this process at 127\.0\.0\.1:\d+ claims it too`, p.output(), "process %d", i)
+	}
+}
+
 // A job some of whose processes never start fails after its rendezvous
 // deadline (--rdzv-timeout, here 3 s; --timeout stays 10 minutes), not
 // after two --timeouts (the exit barrier no longer waits again), and rank

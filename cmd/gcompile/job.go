@@ -445,6 +445,13 @@ func checkResolves(ctx context.Context, master string) error {
 // Once the job has started, the latecomer alone is refused.
 func (j *job) misfit(m dist.Misfit) {
 	if j.started.Load() {
+		// A second process holding the job's token and a rank already
+		// in it: which of the two was meant is unknowable, so the job
+		// stops on every process rather than train with the wrong one
+		// (it went on, and only the latecomer failed).
+		if m.Duplicate && !m.Unproven {
+			go j.fail(fmt.Errorf("the job stops: %s", m.Reason))
+		}
 		return
 	}
 	stop := func() {
