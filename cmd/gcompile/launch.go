@@ -195,6 +195,11 @@ func childEnv(r, n, port int, token string) []string {
 		"GCOMPILE_TOKEN="+token)
 }
 
+// ownStopWait is how long the launcher lets the other ranks stop by
+// themselves after one fails, before it sends them SIGTERM: past the
+// job's grace for a lost peer's own report (job.peerLostGrace).
+const ownStopWait = peerLostGrace + 2*time.Second
+
 // supervise runs the processes to the end: all succeed, or the first
 // failure stops the rest and is the error, naming its rank.
 func supervise(self string, args []string, n, port int, token string, grace time.Duration) error {
@@ -247,7 +252,7 @@ func supervise(self string, args []string, n, port int, token string, grace time
 	if first != nil {
 		signalAll(syscall.SIGTERM)
 	}
-	var kill <-chan time.Time
+	var term, kill <-chan time.Time
 	var signalled os.Signal
 	for done := 0; done < started; {
 		select {
@@ -277,9 +282,15 @@ func supervise(self string, args []string, n, port int, token string, grace time
 				// peer failed exits too, with the cause its peer reported,
 				// which every rank's own message above names.
 				first = fmt.Errorf("launch: rank %d failed first (%v); stopping the others (the ranks' messages above name the cause)", e.rank, e.err)
-				signalAll(syscall.SIGTERM)
-				kill = time.After(grace)
+				// The others hear of the failure through the job (a lost
+				// peer, the store's abort) and stop with its cause within
+				// a few seconds; a SIGTERM sent at once would be the
+				// reason they gave instead.
+				term = time.After(ownStopWait)
 			}
+		case <-term:
+			signalAll(syscall.SIGTERM)
+			kill = time.After(grace)
 		case s := <-sigs:
 			// The first signal is passed on as it came: training ranks
 			// stop at the next step boundary (with a checkpoint) and
