@@ -494,5 +494,5 @@ func gib(n int64) string {
 	case n >= 1<<20:
 		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 	}
-	return fmt.Sprintf("%d KiB", int64(math.Ceil(float64(n)/1024)))
+	return fmt.Sprintf("%.1f KiB", float64(n)/1024) // as lower.HumanBytes rounds it, so the table and the pick line agree
 }

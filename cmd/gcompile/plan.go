@@ -532,7 +532,25 @@ func writePlanTrace(c *config, res *compile.Result, path string, log io.Writer) 
 	if err := cost.WriteTrace(path, res.Programs, pred); err != nil {
 		return err
 	}
-	fmt.Fprintf(log, "plan-trace: predicted step %.4g ms on %s written to %s\n", pred.StepSeconds*1e3, c.hw.Name, path)
+	end := 0.0
+	if tl := pred.Timeline; tl != nil {
+		for _, rank := range tl.Instrs {
+			for _, sl := range rank {
+				end = max(end, sl.Start+sl.Seconds)
+			}
+		}
+	}
+	note := ""
+	if pred.StepSeconds > end*(1+1e-6) && c.hw.HostCores > 0 {
+		// The trace draws each device's own time; virtual devices that
+		// share the host's cores take longer together than any one.
+		cores := fmt.Sprintf("%d host cores", c.hw.HostCores)
+		if c.hw.HostCores == 1 {
+			cores = "one host core"
+		}
+		note = fmt.Sprintf(" (the trace ends at %.4g ms: its devices share %s, which the step counts and the timeline does not)", end*1e3, cores)
+	}
+	fmt.Fprintf(log, "plan-trace: predicted step %.4g ms on %s written to %s%s\n", pred.StepSeconds*1e3, c.hw.Name, path, note)
 	return nil
 }
 

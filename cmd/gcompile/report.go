@@ -763,7 +763,7 @@ code { font-size: 0.95em; overflow-wrap: anywhere; }
 </head>
 <body>
 <h1>{{.Title}}</h1>
-<p class="muted">written by gcompile --report at {{.Generated}}; the same numbers are in the --metrics JSON</p>
+<p class="muted">written by gcompile --report at {{.Generated}}; a run's numbers are also in its --metrics JSON</p>
 {{if .Error}}<p class="error" id="error">The {{.Failed}} failed: {{.Error}}</p>{{end}}
 <div class="scroll">
 <table class="facts" id="overview">
