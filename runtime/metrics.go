@@ -77,6 +77,11 @@ type DeviceMetrics struct {
 	// bytes of the device's operands in one step
 	// (lower.Program.CollectiveBytes).
 	CollectiveBytes map[string]int64 `json:"collective_bytes_per_step,omitempty"`
+	// Role names what a device runs when it is not one of the plan's
+	// devices: "update" for asynchronous data parallelism's parameter
+	// server, which holds the master weights and the optimizer state
+	// beside the dp replicas ("" for a device of the mesh).
+	Role string `json:"role,omitempty"`
 }
 
 // ScheduleMetrics describes the pipeline schedule; with one stage there is

@@ -33,7 +33,9 @@ func runAsync(c *config, j *job, res *compile.Result, resumeDir string) error {
 	for r := range c.DP {
 		met.Devices = append(met.Devices, deviceMetrics(gp, r))
 	}
-	met.Devices = append(met.Devices, deviceMetrics(up, c.DP))
+	server := deviceMetrics(up, c.DP)
+	server.Role = "update"
+	met.Devices = append(met.Devices, server)
 	var runErr error
 	if c.run {
 		runErr = trainAsync(c, j, res, met, resumeDir)

@@ -557,6 +557,9 @@ func TestAsyncMixedPrecisionRuns(t *testing.T) {
 	}
 	bf16 := run("--precision", "bf16")
 	assert.Equal(t, "bf16", bf16.Config["precision"])
+	// The two replicas, then the update program, named as such.
+	require.Len(t, bf16.Devices, 3)
+	assert.Equal(t, []string{"", "", "update"}, []string{bf16.Devices[0].Role, bf16.Devices[1].Role, bf16.Devices[2].Role})
 	require.NotNil(t, bf16.Async)
 	assert.LessOrEqual(t, bf16.Async.MaxStalenessSeen, 1)
 	require.Len(t, bf16.Steps, 4)

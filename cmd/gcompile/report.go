@@ -193,10 +193,18 @@ var trainingSettings = map[string]bool{
 // overview is the page's first table: the model, the plan and the outcome.
 func overview(c *config, name string, met *runtime.Metrics) []fact {
 	f := []fact{{"model", c.Model + " (" + name + ")"}, {"params", groupDigits(met.Model.Params)}}
+	devices, update := 0, ""
+	for _, d := range met.Devices {
+		if d.Role == "update" {
+			update = " and the update program (asynchronous data parallelism's master weights and optimizer state)"
+			continue
+		}
+		devices++
+	}
 	if c.run {
-		f = append(f, fact{"devices", fmt.Sprintf("%d (processes %v)", len(met.Devices), met.Config["processes"])})
+		f = append(f, fact{"devices", fmt.Sprintf("%d%s (processes %v)", devices, update, met.Config["processes"])})
 	} else {
-		f = append(f, fact{"devices", fmt.Sprint(len(met.Devices))})
+		f = append(f, fact{"devices", fmt.Sprintf("%d%s", devices, update)})
 	}
 	f = append(f, fact{"compile", fmt.Sprintf("%.0f ms", met.CompileMs)})
 	if met.Data != nil {
