@@ -29,6 +29,10 @@ type Metrics struct {
 	Checkpoint  string              `json:"checkpoint,omitempty"`
 	Checkpoints []CheckpointMetrics `json:"checkpoints,omitempty"`
 	Stopped     string              `json:"stopped,omitempty"`
+	// Failed is the error that ended the run before its last step (a
+	// loss that is not finite, a lost process), "" when none did: Steps
+	// then hold the steps that completed.
+	Failed string `json:"failed,omitempty"`
 }
 
 // CheckpointMetrics is one checkpoint save: its step and folder, and the

@@ -47,6 +47,9 @@ func runAsync(c *config, j *job, res *compile.Result, resumeDir string) error {
 	}
 	// Each output on its own, every failure reported (outputs.go).
 	var outErr error
+	if runErr != nil {
+		met.Failed = runErr.Error()
+	}
 	if c.metrics != "" && j.lead() {
 		outErr = writeOutput("metrics", c.metrics, met.WriteFile)
 	}

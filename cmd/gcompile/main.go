@@ -289,6 +289,9 @@ func compileAndRun(c *config, j *job) (err error) {
 		// a previous run left there.
 		return errors.Join(runErr, outErr)
 	}
+	if runErr != nil {
+		met.Failed = runErr.Error()
+	}
 	if c.metrics != "" && j.lead() {
 		outErr = errors.Join(outErr, writeOutput("metrics", c.metrics, met.WriteFile))
 	}

@@ -887,3 +887,15 @@ func TestSequenceParallelAtBatchOne(t *testing.T) {
 	assert.Contains(t, err.Error(), `--sequence-parallel splits "tokens" i32[4,3] along its sequence (dim 1) over tp (·cp) = 2, which does not divide it`)
 	assert.Equal(t, 1, strings.Count(err.Error(), "\n")+1, "one error: %v", err)
 }
+
+// A run that diverges writes the steps it completed and why it ended
+// (metrics "failed"), where its file read as a short run with no reason.
+func TestDivergedRunSaysWhyInItsMetrics(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.json")
+	err := mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
+		"--run", "--steps", "6", "--lr", "1e30", "--warmup", "0", "--clip", "0", "--metrics", path})
+	require.Error(t, err)
+	m := readMetrics(t, path)
+	assert.Contains(t, m.Failed, "loss is NaN")
+	assert.Less(t, len(m.Steps), 6)
+}
