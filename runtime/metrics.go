@@ -29,6 +29,9 @@ type Metrics struct {
 	Checkpoint  string              `json:"checkpoint,omitempty"`
 	Checkpoints []CheckpointMetrics `json:"checkpoints,omitempty"`
 	Stopped     string              `json:"stopped,omitempty"`
+	// Planner is the table the planner chose the run's plan from
+	// (--plan --run), nil otherwise.
+	Planner *PlannerMetrics `json:"planner,omitempty"`
 	// Failed is the error that ended the run before its last step (a
 	// loss that is not finite, a lost process), "" when none did: Steps
 	// then hold the steps that completed.
@@ -158,4 +161,13 @@ func (m *Metrics) WriteFile(path string) error {
 type AsyncMetrics struct {
 	Staleness        int `json:"staleness"`
 	MaxStalenessSeen int `json:"max_staleness_seen"`
+}
+
+// PlannerMetrics is the planner's table in a run's metrics: the hardware
+// it priced on, the candidates it considered and the ranked plans (the
+// rows --plan --metrics writes alone).
+type PlannerMetrics struct {
+	Hardware   string `json:"hardware"`
+	Candidates int    `json:"candidates"`
+	Plans      any    `json:"plans"`
 }

@@ -90,6 +90,9 @@ type config struct {
 	planTop    int
 	planned    bool
 	planTrace  string
+	// plannerMetrics is the table --plan --run chose from, for the run's
+	// metrics.
+	plannerMetrics *runtime.PlannerMetrics
 
 	// corpus is the training text, read with --run before the compile
 	// (checkPaths) so that a bad --data is refused before any work; tokens

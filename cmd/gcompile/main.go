@@ -316,6 +316,7 @@ func newMetrics(c *config, j *job, res *compile.Result, compileMs float64) *runt
 		Config:    c.metricsConfig(j.world.Size),
 		CompileMs: compileMs,
 		Schedule:  runtime.ScheduleMetrics{Name: "none"},
+		Planner:   c.plannerMetrics,
 	}
 	if res == nil {
 		return met

@@ -17,6 +17,7 @@ import (
 	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/planner"
+	"gcompile/runtime"
 	"gcompile/runtime/cuda"
 )
 
@@ -301,7 +302,12 @@ func runPlanner(c *config) error {
 				fmt.Println(note)
 			}
 		}
-		if c.metrics != "" {
+		switch {
+		case c.metrics != "" && c.run:
+			// The run's metrics take the file: the table goes inside
+			// them (newMetrics), rather than be written over.
+			c.plannerMetrics = &runtime.PlannerMetrics{Hardware: c.hw.Name, Candidates: res.Considered, Plans: planner.Rows(res, c.hw)}
+		case c.metrics != "":
 			if err := writeOutput("metrics", c.metrics, func(p string) error { return planner.WriteJSON(p, res, c.hw) }); err != nil {
 				return err
 			}

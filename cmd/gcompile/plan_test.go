@@ -502,3 +502,18 @@ func TestZeroNote(t *testing.T) {
 		})
 	}
 }
+
+// --plan --run --metrics keeps both: the run's metrics, with the table the
+// plan was chosen from under "planner" (the table used to be written and
+// then replaced by the run's).
+func TestPlanRunMetricsKeepTheTable(t *testing.T) {
+	m := runMetrics(t, gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--batch", "8", "--max-data-mb", "1",
+		"--devices", "2", "--plan", "--run", "--steps", "2")
+	require.Len(t, m.Steps, 2)
+	require.NotNil(t, m.Planner)
+	assert.Equal(t, "cpu", m.Planner.Hardware)
+	assert.Positive(t, m.Planner.Candidates)
+	rows, ok := m.Planner.Plans.([]any)
+	require.True(t, ok, "%T", m.Planner.Plans)
+	assert.NotEmpty(t, rows)
+}
