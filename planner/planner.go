@@ -189,18 +189,23 @@ func Plan(req Request) (*Result, error) {
 			return nil, err
 		}
 		defer remove()
+		// try ranks c once compiled, or rejects it with why it does not
+		// compile or fit.
+		try := func(c *Candidate) {
+			if err := compileCandidate(c, gir, req.Hardware, capBytes); err != nil {
+				c.Rejected = err.Error()
+				res.reject(c)
+				return
+			}
+			res.Ranked = append(res.Ranked, c)
+		}
 		tries := 0
 		for _, c := range feasible {
 			if len(res.Ranked) >= topK || tries >= 3*topK {
 				break
 			}
 			tries++
-			if err := compileCandidate(c, gir, req.Hardware, capBytes); err != nil {
-				c.Rejected = err.Error()
-				res.reject(c)
-				continue
-			}
-			res.Ranked = append(res.Ranked, c)
+			try(c)
 		}
 		// The estimate ranks the machinery (ZeRO, offload, recompute)
 		// of one layout less well than the layouts themselves: the
@@ -218,12 +223,7 @@ func Plan(req Request) (*Result, error) {
 			}
 			sort.SliceStable(variants, func(i, j int) bool { return machinery(variants[i].Config) < machinery(variants[j].Config) })
 			for _, c := range variants[:min(len(variants), 2)] {
-				if err := compileCandidate(c, gir, req.Hardware, capBytes); err != nil {
-					c.Rejected = err.Error()
-					res.reject(c)
-					continue
-				}
-				res.Ranked = append(res.Ranked, c)
+				try(c)
 			}
 			rankPlans(res.Ranked)
 			res.Ranked = res.Ranked[:min(len(res.Ranked), topK)]
