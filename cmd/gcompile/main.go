@@ -676,15 +676,19 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	if tracer != nil {
 		errs = append(errs, writeOutput("trace", c.trace, tracer.WriteFile))
 	}
-	if trainErr != nil {
-		return errors.Join(errs...)
-	}
+	// The peaks the steps that ran reached, a failed run's too (its
+	// metrics read 0, "not measured", though steps had run).
 	if peaks, err := dev.Peaks(); err != nil {
-		errs = append(errs, err)
+		if trainErr == nil {
+			errs = append(errs, err)
+		}
 	} else {
 		for r, p := range peaks {
 			met.Devices[r].PeakBytesMeasured = p
 		}
+	}
+	if trainErr != nil {
+		return errors.Join(errs...)
 	}
 	if prof != nil {
 		if sim, err := schedule.Simulate(sched, prof.cost); err != nil {

@@ -898,4 +898,7 @@ func TestDivergedRunSaysWhyInItsMetrics(t *testing.T) {
 	m := readMetrics(t, path)
 	assert.Contains(t, m.Failed, "loss is NaN")
 	assert.Less(t, len(m.Steps), 6)
+	// The steps that ran were measured.
+	require.Len(t, m.Devices, 1)
+	assert.Equal(t, m.Devices[0].PeakBytesPredicted, m.Devices[0].PeakBytesMeasured)
 }
