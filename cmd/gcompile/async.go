@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 
 	"gcompile/compile"
@@ -40,23 +39,7 @@ func runAsync(c *config, j *job, res *compile.Result, resumeDir string) error {
 	if c.run {
 		runErr = trainAsync(c, j, res, met, resumeDir)
 	}
-	if refused(runErr) {
-		// Nothing was trained: the outputs that record a run keep what
-		// a previous run left there, as for synchronous runs.
-		return runErr
-	}
-	// Each output on its own, every failure reported (outputs.go).
-	var outErr error
-	if runErr != nil {
-		met.Failed = runErr.Error()
-	}
-	if c.metrics != "" && j.lead() {
-		outErr = writeOutput("metrics", c.metrics, met.WriteFile)
-	}
-	reportFolder(c)
-	// The report and the closing summary (summary.go), then the status of
-	// a run a signal stopped before its last step, as runs do (main.go).
-	return stoppedStatus(c, met, errors.Join(finishRun(c, j, res, met, runErr), outErr))
+	return writeRunOutputs(c, j, res, met, runErr, nil)
 }
 
 func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, resumeDir string) (err error) {

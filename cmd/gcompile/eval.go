@@ -12,7 +12,6 @@ import (
 	"gcompile/data/sample"
 	"gcompile/ir"
 	"gcompile/runtime"
-	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cuda"
 )
 
@@ -85,15 +84,14 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 	}
 	weights := c.load
 	if c.load == "" {
-		if err := checkpointModel(c.Config, resumeDir, res.ModelFingerprint); err != nil {
+		m, err := checkpointModel(c.Config, resumeDir, res.ModelFingerprint)
+		if err != nil {
 			return err
 		}
 		// Evaluating on other data than the training's is allowed (another
 		// corpus, another split), but said: the figure is not the run's.
-		if dir, err := checkpoint.Find(resumeDir); err == nil && j.lead() {
-			if m, err := checkpoint.ReadManifest(dir); err == nil && m.Plan.Data != "" && c.dataIdentity() != "" && m.Plan.Data != c.dataIdentity() {
-				fmt.Fprintf(j.log, "note: the checkpoint was trained on %s; this evaluation reads %s\n", m.Plan.Data, c.dataIdentity())
-			}
+		if data := c.dataIdentity(); j.lead() && m.Plan.Data != "" && data != "" && m.Plan.Data != data {
+			fmt.Fprintf(j.log, "note: the checkpoint was trained on %s; this evaluation reads %s\n", m.Plan.Data, data)
 		}
 	}
 	if c.load != "" {

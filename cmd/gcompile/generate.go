@@ -281,7 +281,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		}
 	}
 	if g.resume != "" {
-		if err := checkpointModel(g.Config, g.resume, ""); err != nil {
+		if _, err := checkpointModel(g.Config, g.resume, ""); err != nil {
 			return err
 		}
 	}
@@ -606,42 +606,42 @@ func positionLimit(p *lower.Program) int {
 	return p.Buffers[id].Value.Attrs.Int("limit", 0)
 }
 
-// loadCheckpointParams loads the params of a training checkpoint.
 // checkpointModel refuses a checkpoint of another model before its
 // weights are read: one whose params have this model's shapes but not its
 // maths (other heads, another activation, another rotary base) would load
 // and give wrong figures without a word. The model is built at the
 // checkpoint's batch (unless the caller's build, fingerprint, already is)
 // and its fingerprint compared with the manifest's, as a resumed training
-// run compares it.
-func checkpointModel(cfg compile.Config, resume, fingerprint string) error {
+// run compares it. It returns the manifest it read.
+func checkpointModel(cfg compile.Config, resume, fingerprint string) (*checkpoint.Manifest, error) {
 	dir, err := checkpoint.Find(resume)
 	if err != nil {
-		return fmt.Errorf("--resume: %w", err)
+		return nil, fmt.Errorf("--resume: %w", err)
 	}
 	m, err := checkpoint.ReadManifest(dir)
 	if err != nil {
-		return fmt.Errorf("--resume: %w", err)
+		return nil, fmt.Errorf("--resume: %w", err)
 	}
 	if m.ModelFingerprint == "" || m.Plan.DPSync == "async" || m.Plan.Batch <= 0 || !strings.HasSuffix(cfg.Model, ".go") {
-		return nil // an older checkpoint, a replica's model, or a .gir's fixed one: the shapes are checked on load
+		return m, nil // an older checkpoint, a replica's model, or a .gir's fixed one: the shapes are checked on load
 	}
 	if fingerprint == "" || cfg.Batch != m.Plan.Batch {
 		cfg.Batch, cfg.DPSync = m.Plan.Batch, "sync"
 		mod, err := compile.LoadModule(&cfg)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		fingerprint = mod.Fingerprint()
 	}
 	if fingerprint == m.ModelFingerprint {
-		return nil
+		return m, nil
 	}
 	set, _ := m.Plan.Flags["set"].(string)
-	return fmt.Errorf("--resume %s: the checkpoint is of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so give the --set it was trained with: %w",
+	return nil, fmt.Errorf("--resume %s: the checkpoint is of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so give the --set it was trained with: %w",
 		dir, m.Model, set, m.ModelFingerprint, cfg.Set, fingerprint, checkpoint.ErrMismatch)
 }
 
+// loadCheckpointParams loads the params of a training checkpoint.
 func loadCheckpointParams(dev weightStore, progs []*lower.Program, path string, ignore []string, classes int) error {
 	dir, err := checkpoint.Find(path)
 	if err != nil {

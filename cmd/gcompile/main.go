@@ -283,10 +283,17 @@ func compileAndRun(c *config, j *job) (err error) {
 	case c.run:
 		runErr = train(c, j, gpus, res, met, resumeDir)
 	}
-	outErr := errors.Join(outErrs...)
+	return writeRunOutputs(c, j, res, met, runErr, errors.Join(outErrs...))
+}
+
+// writeRunOutputs ends a run, synchronous or asynchronous: the metrics
+// (with the error that ended the run early, if one did), the report and
+// the closing summary (summary.go), each on its own and every failure
+// reported with outErr's; then the exit status of a run a signal stopped
+// before its last step. A refused run writes nothing: the outputs that
+// record a run keep what a previous run left there.
+func writeRunOutputs(c *config, j *job, res *compile.Result, met *runtime.Metrics, runErr, outErr error) error {
 	if refused(runErr) {
-		// Nothing was trained: the outputs that record a run keep what
-		// a previous run left there.
 		return errors.Join(runErr, outErr)
 	}
 	if runErr != nil {
@@ -296,14 +303,7 @@ func compileAndRun(c *config, j *job) (err error) {
 		outErr = errors.Join(outErr, writeOutput("metrics", c.metrics, met.WriteFile))
 	}
 	reportFolder(c)
-	// The report and the closing summary (summary.go).
-	return stoppedStatus(c, met, errors.Join(finishRun(c, j, res, met, runErr), outErr))
-}
-
-// stoppedStatus is err, or, when everything owed was written but a signal
-// stopped the run before its last step, the exit status that says so.
-func stoppedStatus(c *config, met *runtime.Metrics, err error) error {
-	if err != nil || c.stopStatus == 0 {
+	if err := errors.Join(finishRun(c, j, res, met, runErr), outErr); err != nil || c.stopStatus == 0 {
 		return err
 	}
 	return &exitStatus{code: c.stopStatus, err: fmt.Errorf("the run stopped at a step boundary before its last step (%s; exit status %d, so that a scheduler does not take it for finished)", met.Stopped, c.stopStatus)}
