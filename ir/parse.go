@@ -120,7 +120,7 @@ func (p *parser) value(line string) error {
 	if !ok {
 		return fmt.Errorf("unknown op %q", opName)
 	}
-	v := &Value{ID: id, Op: opName, Meta: NoMeta}
+	v := &Value{ID: id, Op: opName, Meta: NoMeta, Read: Pos{File: p.file, Line: p.line}}
 	if argText = strings.TrimSpace(argText); argText != "" {
 		for _, tok := range strings.Split(argText, ",") {
 			a, err := p.lookup(strings.TrimSpace(tok))

@@ -404,7 +404,7 @@ module "positions"
 			for i, v := range m.Values {
 				assert.Equal(t, want[i], v.Pos, "%%%d", v.ID)
 			}
-			assert.Equal(t, "%1 neg @/tmp/a:b/model.go:41", m.Values[1].Where())
+			assert.Equal(t, "%1 neg @/tmp/a:b/model.go:41 (edge.gir:4)", m.Values[1].Where())
 		},
 	},
 	{

@@ -138,6 +138,10 @@ type Value struct {
 	Place []Placement // one per mesh axis; nil when unplaced
 	Meta  Meta
 	Pos   Pos
+	// Read is the .gir line the value was parsed from (unknown for a
+	// value built from the DSL or added by a pass): an edited dump's
+	// diagnostics name the line to fix as well as the model's.
+	Read Pos
 }
 
 // Name is the name attribute of a source value (param, state, input).
@@ -146,7 +150,13 @@ func (v *Value) Name() string { return v.Attrs.Str("name") }
 // Ref is how other lines refer to the value: %ID.
 func (v *Value) Ref() string { return "%" + strconv.Itoa(v.ID) }
 
-// Where is the prefix of every diagnostic about v: "%17 matmul @model.go:41".
+// Where is the prefix of every diagnostic about v: "%17 matmul
+// @model.go:41", and "(04-autodiff.gir:88)" after it for a value read
+// from a dump.
 func (v *Value) Where() string {
-	return v.Ref() + " " + v.Op + " @" + v.Pos.String()
+	w := v.Ref() + " " + v.Op + " @" + v.Pos.String()
+	if v.Read.IsKnown() {
+		w += " (" + v.Read.String() + ")"
+	}
+	return w
 }

@@ -471,6 +471,11 @@ func TestVerifyRules(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			m, err := ir.Parse("broken.gir", tt.text)
 			require.NoError(t, err, "the broken module must parse: only Verify rejects it")
+			// The messages as a module built by the DSL gets them
+			// (TestVerifyNamesTheDumpsLine covers the .gir line).
+			for _, v := range m.Values {
+				v.Read = ir.Pos{}
+			}
 			if tt.mutate != nil {
 				require.NoError(t, ir.Verify(m, ""), "the module is valid before the mutation")
 				tt.mutate(m)
@@ -778,4 +783,13 @@ func TestConstTables(t *testing.T) {
 		require.NoError(t, err)
 		assert.ErrorContains(t, ir.Verify(m, ""), tc.want)
 	}
+}
+
+// An edited dump's error names the line to fix besides the model's.
+func TestVerifyNamesTheDumpsLine(t *testing.T) {
+	m, err := ir.Parse("edited.gir", "gir 1\nmodule \"m\"\n\n%0 = input : f32[4,8] {name=\"x\"} @model.go:29\n%1 = param : f32[8,8] {name=\"w\"} @model.go:33\nupdate %1 = %0\n")
+	require.NoError(t, err)
+	err = ir.Verify(m, "")
+	require.Error(t, err)
+	assert.Equal(t, "%1 param @model.go:33 (edited.gir:5): updated with %0 of type f32[4,8], want f32[8,8]", err.Error())
 }

@@ -278,7 +278,7 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "gir bad dims", own: true, args: []string{"$D/m.gir"}, multi: true,
 			setup: func(t *testing.T, dir string) {
 				writeFile(t, filepath.Join(dir, "m.gir"), strings.Replace(fx.gir, "%3 = embedding %2, %0 : f32[4,16,32]", "%3 = embedding %2, %0 : f32[4,16,33]", 1))
-			}, want: []string{"%3 embedding @model.go:32: declared type f32[4,16,33] but the embedding rule gives f32[4,16,32]"}},
+			}, want: []string{"%3 embedding @model.go:32 (", "m.gir:8): declared type f32[4,16,33] but the embedding rule gives f32[4,16,32]"}},
 
 		// Training text.
 		{name: "data missing", args: run("--data", "$D/nope.txt"), want: []string{"--data ", "nope.txt", "no such file"}},
