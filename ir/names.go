@@ -8,6 +8,11 @@ const (
 	// OutputLoss is the scalar the model minimises; autodiff
 	// differentiates it and evaluation runs the program up to it.
 	OutputLoss = "loss"
+	// OutputLMLoss is the auxiliary output (b.Output("lm_loss", …)) of a
+	// model whose loss adds other terms to its language-modelling
+	// cross-entropy (an MoE's balancing loss): held-out evaluation and
+	// perplexity report it rather than the loss (runtime.EvalOutput).
+	OutputLMLoss = "lm_loss"
 	// OutputLogits is what a module built for generation outputs: the
 	// logits of every token of the step, [batch·step, vocab].
 	OutputLogits = "logits"

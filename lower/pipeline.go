@@ -60,6 +60,12 @@ func LowerPipelineForwardWith(m *ir.Module, p, v, micro int, o Options) ([]*Prog
 	return lowerPipeline(m, order, true, o)
 }
 
+// evaluated says whether a forward-only program keeps the output: the
+// loss and the cross-entropy evaluation reads (runtime.EvalOutput).
+func evaluated(output string) bool {
+	return output == ir.OutputLoss || output == ir.AuxPrefix+ir.OutputLMLoss
+}
+
 func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) ([]*Program, error) {
 	if _, _, err := ParseOffload(o.Offload); err != nil {
 		return nil, fmt.Errorf("offload %q: %w", o.Offload, err)
@@ -101,7 +107,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		}
 	}
 	for _, o := range m.Outputs {
-		if forwardOnly && o.Name != ir.OutputLoss {
+		if forwardOnly && !evaluated(o.Name) {
 			continue
 		}
 		if r := owner(o.Value); !slices.Contains(readers[o.Value], r) {
@@ -274,7 +280,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		}
 		prog := b.p
 		for _, o := range m.Outputs {
-			if owner(o.Value) == r && (!forwardOnly || o.Name == ir.OutputLoss) {
+			if owner(o.Value) == r && (!forwardOnly || evaluated(o.Name)) {
 				prog.Outputs[o.Name] = b.bufOf[o.Value]
 			}
 		}

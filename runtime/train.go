@@ -65,6 +65,9 @@ type TrainConfig struct {
 	// Outputs are the model's auxiliary outputs (b.Output, without the
 	// ir.AuxPrefix) read and reported each step.
 	Outputs []string
+	// EvalOutput is the output evaluation averages (EvalOutput; ""
+	// reads the loss).
+	EvalOutput string
 	// RandomKey, for a program with an ir.InputRandomKey input (a model
 	// with random ops: MoE router noise, jitter, expert dropout), fills
 	// it each training step with RandomKeys and with −1 (no noise) for
@@ -104,6 +107,19 @@ type ScalerState struct {
 	Scale   float64 `json:"scale"`
 	Dynamic bool    `json:"dynamic"`
 	Clean   int     `json:"clean"` // clean steps in a row since the last change
+}
+
+// EvalOutput is the output a held-out evaluation of a module with these
+// outputs averages: the language model's cross-entropy alone
+// (ir.OutputLMLoss) where the model reports it beside a loss that adds
+// other terms (an MoE's balancing and z losses), as Megatron-LM's
+// validation reports its "lm loss"; else the loss. Perplexity is exp of
+// it, so a perplexity compares with any other implementation's.
+func EvalOutput(outputs []string) string {
+	if slices.Contains(outputs, ir.AuxPrefix+ir.OutputLMLoss) {
+		return ir.AuxPrefix + ir.OutputLMLoss
+	}
+	return ir.OutputLoss
 }
 
 // AuxOutputs lists the auxiliary outputs of modules' outputs (b.Output in
@@ -438,7 +454,11 @@ func evalBatch(dev Device, src data.Source, cfg TrainConfig, want func(int) bool
 	if err := dev.Forward(); err != nil {
 		return 0, fmt.Errorf("eval: %w", err)
 	}
-	return dev.Scalar(ir.OutputLoss)
+	name := cfg.EvalOutput
+	if name == "" {
+		name = ir.OutputLoss
+	}
+	return dev.Scalar(name)
 }
 
 func feed(dev Device, tokens, targets []int32) error {

@@ -117,7 +117,7 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 			fmt.Fprintf(j.log, "the whole held-out split: %d batches of %d samples (the last %d samples make no whole batch and are left out)\n", n, batch, left)
 		}
 	}
-	cfg := runtime.TrainConfig{Batch: batch, Seq: seq, Seed: c.seed, EvalBatches: n}
+	cfg := runtime.TrainConfig{Batch: batch, Seq: seq, Seed: c.seed, EvalBatches: n, EvalOutput: runtime.EvalOutput(outputNames(res.Module))}
 	cfg.RandomKey = res.Module.Source(ir.InputRandomKey) != nil
 	ev, err := runtime.NewEvaluator(dev, src, cfg)
 	if err != nil {

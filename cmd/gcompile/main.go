@@ -487,6 +487,15 @@ func newCluster(c *config, j *job, gpus []*cuda.Runtime, progs []*lower.Program)
 	return h, devs, func() error { return nil }, nil
 }
 
+// outputNames are m's outputs by name.
+func outputNames(m *ir.Module) []string {
+	var names []string
+	for _, o := range m.Outputs {
+		names = append(names, o.Name)
+	}
+	return names
+}
+
 // finishedRun is what a run resumed at its last step still measures: the
 // held-out loss of its final weights (none with --eval-batches -1).
 func finishedRun(dev runtime.Device, src data.Source, cfg runtime.TrainConfig) ([]runtime.EvalMetrics, error) {
@@ -613,10 +622,8 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	defer ck.stop.release()
 	ck.stop.last.Store(resumeDir)
 	cfg.Boundary = ck.boundary
-	for _, o := range res.Module.Outputs {
-		cfg.Outputs = append(cfg.Outputs, o.Name)
-	}
-	cfg.Outputs = runtime.AuxOutputs(cfg.Outputs)
+	outs := outputNames(res.Module)
+	cfg.Outputs, cfg.EvalOutput = runtime.AuxOutputs(outs), runtime.EvalOutput(outs)
 	cfg.RandomKey = res.Module.Source(ir.InputRandomKey) != nil
 	if res.EvalPrograms != nil {
 		if err := dev.SetEvalPrograms(res.EvalPrograms); err != nil {

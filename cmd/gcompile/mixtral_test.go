@@ -231,3 +231,33 @@ func TestMixtralLoadsExpertsIntoTheirPlaces(t *testing.T) {
 		})
 	}
 }
+
+// A model whose loss adds its balancing loss to the cross-entropy is
+// evaluated on the cross-entropy (its lm_loss output), as Megatron-LM's
+// validation is and as any other implementation's perplexity counts it:
+// the same weights give the same held-out loss with the balancing weight
+// at 0, on one device and under a pipeline, and training's last held-out
+// loss is that figure.
+func TestEvalReportsAnMoEsCrossEntropy(t *testing.T) {
+	dir := t.TempDir()
+	w, met := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "m.json")
+	require.NoError(t, mainErr(append(append([]string{}, tinyMixtral...), "--steps", "3", "--save", w, "--metrics", met)))
+	m := readMetrics(t, met)
+	require.NotEmpty(t, m.Eval)
+	last := m.Steps[len(m.Steps)-1].Outputs
+	require.Greater(t, last["aux"], 0.5, "the balancing loss is far from 0, so adding it would show")
+	eval := func(set string, plan ...string) float64 {
+		t.Helper()
+		args := []string{"eval", mixtralModel, "--set", set, "--batch", "4", "--max-data-mb", "1", "--eval-batches", "1", "--load", w}
+		out := captureStdout(t, func() { require.NoError(t, mainErr(append(args, plan...))) })
+		var r evalResult
+		require.NoError(t, json.Unmarshal([]byte(out), &r), "%s", out)
+		require.NotNil(t, r.Loss)
+		return *r.Loss
+	}
+	shape := tinyMixtral[2]
+	ce := eval(shape + ",aux=0")
+	assert.InDelta(t, ce, eval(shape), 1e-6, "the balancing loss is not in the held-out figure")
+	assert.InDelta(t, ce, eval(shape, "--devices", "2", "--pp", "2", "--microbatches", "2"), 1e-6, "nor under a pipeline's forward-only programs")
+	assert.InDelta(t, ce, m.Eval[len(m.Eval)-1].Loss, 1e-6, "training's held-out loss is the same figure")
+}
