@@ -1,10 +1,10 @@
 package frontend
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
-
 	"path"
 	"path/filepath"
 	"runtime"
@@ -53,12 +53,13 @@ type Builder struct {
 	m    *ir.Module
 	cfg  Config
 	errs []error
-	// lossAt is where b.Loss was called ("" until it is).
-	lossAt string
-	used   map[string]bool
-	docs   []ParamDoc
-	layer  int
-	scalar map[float64]*ir.Value
+	// lossAt is where b.Loss was called ("" until it is), exportConfigAt
+	// where b.ExportConfig was.
+	lossAt, exportConfigAt string
+	used                   map[string]bool
+	docs                   []ParamDoc
+	layer                  int
+	scalar                 map[float64]*ir.Value
 	// Scopes the model opened: what ops recorded now are tagged with.
 	selective bool
 	precision ir.DType
@@ -517,6 +518,35 @@ func (b *Builder) Loss(t *Tensor) {
 	}
 	b.lossAt = userPos().String()
 	b.m.SetOutput(ir.OutputLoss, t.v)
+}
+
+// ExportConfig declares the model's configuration as another framework
+// reads it beside its weights: for a model with Hugging Face's names,
+// the fields of its config.json (model_type, architectures, sizes,
+// epsilons, rotary base). gcompile export writes it as config.json next
+// to the weights, with vocab_size set to the rows it writes when the
+// vocabulary was padded for the data. The model declares the values it
+// computes with, so a user loading the export gets the same maths, not a
+// library's defaults (Llama's rms_norm_eps, GPT-2's n_positions).
+func (b *Builder) ExportConfig(cfg map[string]any) {
+	pos := userPos()
+	if b.exportConfigAt != "" {
+		b.fail(pos, fmt.Errorf("ExportConfig called twice: the configuration was declared at %s already", b.exportConfigAt))
+		return
+	}
+	b.exportConfigAt = pos.String()
+	for k := range cfg {
+		if k == "" {
+			b.fail(pos, errors.New("ExportConfig: an empty key"))
+			return
+		}
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		b.fail(pos, fmt.Errorf("ExportConfig: %w (the values must be JSON: numbers, strings, bools, lists, maps, nil)", err))
+		return
+	}
+	b.m.ExportConfig = string(raw)
 }
 
 // IgnoreOnLoad names tensors a checkpoint of this model's family may hold

@@ -64,6 +64,15 @@ func TestDSLRules(t *testing.T) {
 			x := b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
 			b.Loss(x.Mul(other).Sum())
 		}, "a tensor recorded by another builder (another model's build) is used here"},
+		{"export config twice", func(b *frontend.Builder) {
+			b.ExportConfig(map[string]any{"model_type": "gpt2"})
+			b.ExportConfig(map[string]any{"model_type": "llama"})
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, "ExportConfig called twice: the configuration was declared at builder_test.go:"},
+		{"export config not JSON", func(b *frontend.Builder) {
+			b.ExportConfig(map[string]any{"rope_theta": math.Inf(1)})
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, "ExportConfig: json: unsupported value: +Inf"},
 		{"set key read twice", func(b *frontend.Builder) {
 			b.Int("hidden", 16, "width")
 			b.Int("hidden", 8, "width again")

@@ -1,6 +1,7 @@
 package ir
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 )
@@ -35,10 +36,15 @@ type Module struct {
 	// capacity), so the compiler builds and lowers an evaluation module
 	// of its own.
 	EvalDiffers bool
-	Values      []*Value
-	Outputs     []Output
-	Updates     []Update
-	nextID      int
+	// ExportConfig is a JSON object: the model's configuration as another
+	// framework reads it beside the weights (Hugging Face's config.json,
+	// b.ExportConfig), which export writes. It describes the maths rather
+	// than being part of it, so the fingerprint leaves it out.
+	ExportConfig string
+	Values       []*Value
+	Outputs      []Output
+	Updates      []Update
+	nextID       int
 }
 
 // NewModule returns an empty module.
@@ -274,3 +280,13 @@ func (m *Module) MarkPass(name string) { m.Passes = append(m.Passes, name) }
 
 // HasRun reports whether the named pass has been applied.
 func (m *Module) HasRun(name string) bool { return slices.Contains(m.Passes, name) }
+
+// CheckExportConfig says whether text is a module's ExportConfig: a JSON
+// object.
+func CheckExportConfig(text string) error {
+	var obj map[string]any
+	if err := json.Unmarshal([]byte(text), &obj); err != nil || obj == nil {
+		return fmt.Errorf("export-config %.40q: want a JSON object", text)
+	}
+	return nil
+}

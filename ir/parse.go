@@ -1,6 +1,7 @@
 package ir
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"path"
@@ -58,6 +59,12 @@ func Parse(file, text string) (*Module, error) {
 			}
 		case line == "evaluation-differs":
 			p.m.EvalDiffers = true
+		case strings.HasPrefix(line, "export-config "):
+			if p.m.ExportConfig != "" {
+				err = errors.New("a second export-config line: a module has one")
+			} else if p.m.ExportConfig, err = strconv.Unquote(strings.TrimPrefix(line, "export-config ")); err == nil {
+				err = CheckExportConfig(p.m.ExportConfig)
+			}
 		case strings.HasPrefix(line, "%"):
 			err = p.value(line)
 		case strings.HasPrefix(line, "output "):

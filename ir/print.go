@@ -41,6 +41,10 @@ func printModule(m *Module, pos bool) string {
 	if m.EvalDiffers {
 		b.WriteString("evaluation-differs\n")
 	}
+	if m.ExportConfig != "" && pos {
+		// pos: printed, not fingerprinted (Module.ExportConfig).
+		b.WriteString("export-config " + strconv.Quote(m.ExportConfig) + "\n")
+	}
 	for _, v := range m.Values {
 		b.WriteString(formatValue(v, pos))
 		b.WriteByte('\n')

@@ -681,6 +681,8 @@ var parseErrorCases = []struct {
 	{"value id whose successor overflows", verifyBase + "%9223372036854775807 = neg %0 : f32[4,8]\n", 5, `bad value id "%9223372036854775807"`},
 	{"value id out of range", verifyBase + "%99999999999999999999 = neg %0 : f32[4,8]\n", 5, `bad value id "%99999999999999999999"`},
 	{"module twice", verifyBase + "module \"other\"\n", 5, `a second module line: a module has one`},
+	{"export-config twice", "gir 1\nmodule \"m\"\nexport-config \"{}\"\nexport-config \"{}\"\n", 4, `a second export-config line: a module has one`},
+	{"export-config not an object", "gir 1\nmodule \"m\"\nexport-config \"[1]\"\n", 3, `export-config "[1]": want a JSON object`},
 	{"value defined twice", verifyBase + "%1 = neg %0 : f32[4,8]\n", 5, `%1 is defined twice`},
 	{"value without type", verifyBase + "%2 = neg %0\n", 5, `missing " : type" in "%2 = neg %0"`},
 	{"unknown op", verifyBase + "%2 = frob %0 : f32[4,8]\n", 5, `unknown op "frob"`},

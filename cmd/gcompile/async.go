@@ -61,6 +61,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	}
 	met.Data = dataMetrics(c, corpus)
 	c.vocabTables = vocabTables(res.Module, c.Classes)
+	c.exportConfig = res.Module.ExportConfig
 	var a *cpu.Async
 	if j.multi() {
 		net, err := j.connect()

@@ -270,15 +270,15 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "gir truncated", own: true, args: []string{"$D/m.gir"},
 			setup: func(t *testing.T, dir string) {
 				writeFile(t, filepath.Join(dir, "m.gir"), fx.gir[:strings.Index(fx.gir, "%3 = embedding")+12])
-			}, want: []string{"m.gir:8"}},
+			}, want: []string{"m.gir:9"}},
 		{name: "gir unknown op", own: true, args: []string{"$D/m.gir"},
 			setup: func(t *testing.T, dir string) {
 				writeFile(t, filepath.Join(dir, "m.gir"), strings.Replace(fx.gir, "%3 = embedding", "%3 = embed", 1))
-			}, want: []string{"m.gir:8", "embed"}},
+			}, want: []string{"m.gir:9", "embed"}},
 		{name: "gir bad dims", own: true, args: []string{"$D/m.gir"}, multi: true,
 			setup: func(t *testing.T, dir string) {
 				writeFile(t, filepath.Join(dir, "m.gir"), strings.Replace(fx.gir, "%3 = embedding %2, %0 : f32[4,16,32]", "%3 = embedding %2, %0 : f32[4,16,33]", 1))
-			}, want: []string{"%3 embedding @model.go:32 (", "m.gir:8): declared type f32[4,16,33] but the embedding rule gives f32[4,16,32]"}},
+			}, want: []string{"%3 embedding @model.go:32 (", "m.gir:9): declared type f32[4,16,33] but the embedding rule gives f32[4,16,32]"}},
 
 		// Training text.
 		{name: "data missing", args: run("--data", "$D/nope.txt"), want: []string{"--data ", "nope.txt", "no such file"}},

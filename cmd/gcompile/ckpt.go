@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -98,6 +99,9 @@ func checkpointPlan(c *config, progs []*lower.Program, batch, seq int, procs int
 		Flags: c.metricsConfig(procs)}
 	p.Data = c.dataIdentity()
 	p.VocabTables = c.vocabTables
+	if c.exportConfig != "" {
+		p.ExportConfig = json.RawMessage(c.exportConfig)
+	}
 	// Checked when the weights are saved or loaded; a model's own
 	// declarations are checked when it is built.
 	p.SaveEach, _ = saveEach(params(progs))
@@ -344,12 +348,61 @@ func exportMain(args []string) error {
 	if err := checkOutputFile("out", *out); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
+	if len(m.Plan.ExportConfig) > 0 {
+		// config.json goes beside the weights: found out before they are written.
+		if err := checkOutputFile("out", filepath.Join(filepath.Dir(*out), "config.json")); err != nil {
+			return fmt.Errorf("export: the model's config.json beside the weights: %w", err)
+		}
+	}
 	files, err := checkpoint.SaveSharded(*out, ts, map[string]string{"format": "pt", "producer": "gcompile", "model": m.Model, "step": fmt.Sprint(m.State.Step)}, limit)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "exported %d params of %s (step %d) to %v\n", params, m.Model, m.State.Step, files)
+	if len(m.Plan.ExportConfig) > 0 {
+		cfg, err := writeExportConfig(filepath.Dir(*out), m.Plan.ExportConfig, m.Plan.VocabTables)
+		if err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "wrote %s (the model's configuration as it declares it, b.ExportConfig)\n", cfg)
+	}
 	return nil
+}
+
+// writeExportConfig writes a model's declared configuration as
+// dir/config.json, where Hugging Face's from_pretrained looks for it:
+// vocab_size is the rows export wrote when the vocabulary was padded for
+// the data (tables), and torch_dtype the weights' (export writes the
+// fp32 master weights).
+func writeExportConfig(dir string, raw json.RawMessage, tables map[string]int) (string, error) {
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil || cfg == nil {
+		return "", fmt.Errorf("the checkpoint's export_config is not a JSON object: %v", err)
+	}
+	if _, ok := cfg["vocab_size"]; ok {
+		for _, rows := range tables {
+			cfg["vocab_size"] = rows
+		}
+	}
+	cfg["torch_dtype"] = "float32"
+	text, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "config.json")
+	tmp, err := os.CreateTemp(dir, ".config-*.json")
+	if err != nil {
+		return "", err
+	}
+	_, err = tmp.Write(append(text, '\n'))
+	if err = errors.Join(err, tmp.Close()); err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	return path, nil
 }
 
 // inspectMain is `gcompile inspect CHECKPOINT`: the manifest, the plan

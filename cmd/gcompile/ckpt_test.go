@@ -589,6 +589,19 @@ func TestExportIsHuggingFaceWeights(t *testing.T) {
 		assert.Equal(t, shape, shapes[name], name)
 	}
 
+	// Beside them the model's config.json, as GPT2Config reads it: the
+	// values the model computes with, not the library's defaults
+	// (n_positions 1024).
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	require.NoError(t, err)
+	var cfg map[string]any
+	require.NoError(t, json.Unmarshal(raw, &cfg))
+	for key, want := range map[string]any{"model_type": "gpt2", "architectures": []any{"GPT2LMHeadModel"}, "vocab_size": 256.0, "n_positions": 16.0,
+		"n_embd": 32.0, "n_layer": 2.0, "n_head": 2.0, "n_inner": 128.0, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+		"tie_word_embeddings": true, "torch_dtype": "float32"} {
+		assert.Equal(t, want, cfg[key], key)
+	}
+
 	// Shards with an index load like the one file.
 	require.NoError(t, mainErr([]string{"export", ck, "--out", filepath.Join(dir, "sharded", "model.safetensors"), "--max-shard-size", "40KB"}))
 	index := filepath.Join(dir, "sharded", "model.safetensors.index.json")
@@ -617,9 +630,9 @@ func TestExportIsHuggingFaceWeights(t *testing.T) {
 	fewer, err := filepath.Glob(filepath.Join(dir, "sharded", "model-*-of-*.safetensors"))
 	require.NoError(t, err)
 	require.Less(t, len(fewer), len(shards))
-	assert.Len(t, names(), len(fewer)+1, "the new shards and their index: %v", names())
+	assert.Len(t, names(), len(fewer)+2, "the new shards, their index and config.json: %v", names())
 	require.NoError(t, mainErr([]string{"export", ck, "--out", filepath.Join(dir, "sharded", "model.safetensors")}))
-	assert.Equal(t, []string{"model.safetensors"}, names())
+	assert.Equal(t, []string{"config.json", "model.safetensors"}, names())
 }
 
 // inspect shows the state, the plan and every rank's file.

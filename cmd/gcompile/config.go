@@ -110,6 +110,9 @@ type config struct {
 	// vocabTables are the params --save trims to the data's classes
 	// (vocabTables), found once the model is compiled.
 	vocabTables map[string]int
+	// exportConfig is the model's ir.Module.ExportConfig, which its
+	// checkpoints keep for export.
+	exportConfig string
 
 	explicit map[string]bool // flags the user gave
 	// settings are the flags that make the run what it is, as

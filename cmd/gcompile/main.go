@@ -528,6 +528,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	}
 	met.Data = dataMetrics(c, corpus)
 	c.vocabTables = vocabTables(res.Module, c.Classes)
+	c.exportConfig = res.Module.ExportConfig
 	dev, devs, closeDev, err := newCluster(c, j, gpus, progs)
 	if err != nil {
 		return err

@@ -408,8 +408,22 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 		assert.Equal(t, []int{200, 64}, shapes["wte.weight"], "%s: the tied embedding at the data's 200 classes", file)
 		assert.Equal(t, []int{256, 64}, shapes["h.0.mlp.c_proj.weight"], "%s: a [256, 64] param that is no vocabulary table", file)
 	}
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	require.NoError(t, err)
+	var cfg map[string]any
+	require.NoError(t, json.Unmarshal(raw, &cfg))
+	assert.Equal(t, 200.0, cfg["vocab_size"], "config.json counts the rows export wrote, not the padded table's")
 	m := runMetrics(t, append(slices.Clone(args), "--load", saved)...)
 	require.Len(t, m.Steps, 2)
+
+	// A config.json that cannot be written beside the weights is found
+	// out before they are written.
+	blocked := filepath.Join(dir, "blocked")
+	require.NoError(t, os.MkdirAll(filepath.Join(blocked, "config.json"), 0o755))
+	err = mainErr([]string{"export", ck, "--out", filepath.Join(blocked, "x.safetensors")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "config.json is a folder")
+	assert.NoFileExists(t, filepath.Join(blocked, "x.safetensors"))
 
 	// A target that is no regular file (a pipe here; /dev/full as root
 	// was replaced once) is refused, never renamed over.

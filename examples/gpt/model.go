@@ -40,6 +40,10 @@ func Model(b *frontend.Builder) {
 	x = nn.LayerNorm(x, "ln_f", gpt2.LayerNormEps)
 	logits := x.Reshape(batch*seq, hidden).MatMulT(wte) // tied LM head
 	b.Loss(nn.CrossEntropy(logits, targets))
+	b.ExportConfig(map[string]any{"architectures": []string{"GPT2LMHeadModel"}, "model_type": "gpt2",
+		"vocab_size": vocab, "n_positions": wpe.Dim(0), "n_ctx": wpe.Dim(0), "n_embd": hidden, "n_layer": layers, "n_head": heads,
+		"n_inner": 4 * hidden, "activation_function": map[string]string{"gelu": "gelu_new", "relu": "relu"}[activation],
+		"layer_norm_epsilon": gpt2.LayerNormEps, "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0, "tie_word_embeddings": true})
 }
 
 // context reads the context length, the rows of the position table

@@ -55,4 +55,9 @@ func Model(b *frontend.Builder) {
 	// under tensor parallelism the loss is vocab-parallel.
 	logits := nn.Dense(x.Reshape(batch*seq, hidden), "lm_head", vocab, nn.LinearConfig{OutIn: true, Parallel: frontend.ColumnParallel})
 	b.Loss(nn.CrossEntropy(logits, targets))
+	b.ExportConfig(map[string]any{"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama",
+		"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
+		"num_attention_heads": heads, "num_key_value_heads": kvHeads, "head_dim": hidden / heads,
+		"hidden_act": "silu", "max_position_embeddings": b.TrainedSequence(), "rms_norm_eps": eps, "rope_theta": theta,
+		"attention_bias": false, "mlp_bias": false, "tie_word_embeddings": false})
 }

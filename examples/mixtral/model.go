@@ -87,4 +87,10 @@ func Model(b *frontend.Builder) {
 	b.Output("lm_loss", lm)
 	b.Output("aux", aux)
 	b.Loss(lm.Add(aux.Scale(coef)))
+	b.ExportConfig(map[string]any{"architectures": []string{"MixtralForCausalLM"}, "model_type": "mixtral",
+		"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
+		"num_attention_heads": heads, "num_key_value_heads": kvHeads, "head_dim": hidden / heads,
+		"hidden_act": "silu", "max_position_embeddings": b.TrainedSequence(), "rms_norm_eps": eps, "rope_theta": theta,
+		"num_local_experts": experts, "num_experts_per_tok": k, "router_aux_loss_coef": coef, "output_router_logits": false,
+		"sliding_window": nil, "tie_word_embeddings": false})
 }

@@ -104,6 +104,9 @@ type Plan struct {
 	SaveEach map[string]ir.SaveEach `json:"save_each,omitempty"`
 	// Flags are the run's settings as the metrics report them.
 	Flags map[string]any `json:"flags,omitempty"`
+	// ExportConfig is the model's ir.Module.ExportConfig, a JSON object
+	// export writes beside the weights as config.json.
+	ExportConfig json.RawMessage `json:"export_config,omitempty"`
 }
 
 // TensorBlocks is one tensor: its global type, how the saving plan placed
