@@ -109,6 +109,24 @@ type ScalerState struct {
 	Clean   int     `json:"clean"` // clean steps in a row since the last change
 }
 
+// CheckStep stops a run at a step whose loss is not finite, or whose
+// gradient norm is not finite although no loss scaler skipped the step
+// (fp32, bf16): that update was made from an overflowed or NaN gradient,
+// so clipping zeroed it or it wrote NaN into the weights, and every later
+// step would repeat it while the run reported success (Megatron-LM stops
+// on a NaN norm the same way). Each gradient can be finite while the sum
+// of their squares overflows float32, so the norm is checked as well as
+// the loss.
+func CheckStep(step int, loss, gradNorm float64, skipped bool) error {
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return fmt.Errorf("step %d: loss is %v; lower --lr or check the model", step, loss)
+	}
+	if !skipped && (math.IsNaN(gradNorm) || math.IsInf(gradNorm, 0)) {
+		return fmt.Errorf("step %d: the gradient norm is %v (a gradient, or the sum of their squares, overflowed float32 or is NaN), so the step's update is lost; lower --lr, check the loaded weights or the model, or train in fp16 with a loss scale, which skips such steps", step, gradNorm)
+	}
+	return nil
+}
+
 // EvalOutput is the output a held-out evaluation of a module with these
 // outputs averages: the language model's cross-entropy alone
 // (ir.OutputLMLoss) where the model reports it beside a loss that adds
@@ -346,8 +364,8 @@ func Train(dev Device, src data.Source, cfg TrainConfig, report func(StepMetrics
 		} else if math.IsInf(gn, 0) || math.IsNaN(gn) {
 			gn = 0 // the norm of overflowed gradients; JSON has no inf or NaN
 		}
-		if math.IsNaN(loss) || math.IsInf(loss, 0) {
-			return steps, evals, fmt.Errorf("step %d: loss is %v; lower --lr or check the model", step, loss)
+		if err := CheckStep(step, loss, gn, skipped); err != nil {
+			return steps, evals, err
 		}
 		sm := StepMetrics{Step: step, Loss: loss, Ms: float64(elapsed.Microseconds()) / 1000, LR: lr, GradNorm: gn,
 			TokensPerS: float64(cfg.Batch*cfg.Seq) / elapsed.Seconds(), LossScale: scale, Skipped: skipped}

@@ -902,3 +902,30 @@ func TestDivergedRunSaysWhyInItsMetrics(t *testing.T) {
 	require.Len(t, m.Devices, 1)
 	assert.Equal(t, m.Devices[0].PeakBytesPredicted, m.Devices[0].PeakBytesMeasured)
 }
+
+// A step whose gradient norm overflows float32 (each gradient finite, the
+// sum of their squares not: a loaded bias of 1e19) is not trained past in
+// fp32: clipping would zero every update while the run reported success.
+// The run stops at that step naming the norm, and its metrics say so.
+func TestNonFiniteGradientNormStopsTheRun(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1", "--run", "--eval-batches", "1"}
+	w := filepath.Join(dir, "w.safetensors")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--steps", "1", "--save", w)))
+	ts, meta, err := checkpoint.Load(w)
+	require.NoError(t, err)
+	for i := range ts {
+		if ts[i].Name == "ln_f.bias" {
+			for o := 0; o < len(ts[i].Data); o += 4 {
+				binary.LittleEndian.PutUint32(ts[i].Data[o:], math.Float32bits(1e19))
+			}
+		}
+	}
+	big := filepath.Join(dir, "big.safetensors")
+	require.NoError(t, checkpoint.Save(big, ts, meta))
+	path := filepath.Join(dir, "m.json")
+	err = mainErr(append(slices.Clone(args), "--steps", "3", "--load", big, "--metrics", path))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "step 1: the gradient norm is +Inf")
+	assert.Contains(t, readMetrics(t, path).Failed, "the gradient norm is +Inf")
+}

@@ -593,6 +593,9 @@ func (a *Async) update(t, optStep int, cfg runtime.TrainConfig) (runtime.StepMet
 	for _, msg := range msgs {
 		loss += a.wire.gradientsLoss(msg)
 	}
+	if err := runtime.CheckStep(t, loss/dp, gn, skipped); err != nil {
+		return runtime.StepMetrics{}, err
+	}
 	sm := runtime.StepMetrics{Step: t, Loss: loss / dp, LR: lr, GradNorm: gn, Skipped: skipped}
 	if a.scaled {
 		sm.LossScale = scale
