@@ -78,6 +78,12 @@ type TrainConfig struct {
 	// it are those of a run that never stopped. Train restores
 	// LossScale from it.
 	Start State
+	// Interrupted, when set, says whether the run was asked to stop (a
+	// signal); held-out evaluation asks it between batches, so a long
+	// evaluation does not hold up the stop: the step's evaluation is then
+	// dropped and Boundary ends the run. In a job of several processes it
+	// is collective: every process asks at the same points.
+	Interrupted func() (bool, error)
 	// Boundary, when set, is called after every step (after report) with
 	// the state the run has reached: checkpoints are written there. It
 	// returns stop to end the run at that step (preemption) or an error.
@@ -382,12 +388,14 @@ func Train(dev Device, src data.Source, cfg TrainConfig, report func(StepMetrics
 		steps = append(steps, sm)
 		var ev *EvalMetrics
 		if cfg.EvalBatches >= 0 && (step == cfg.Steps || (cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0)) {
-			l, err := evaluate(dev, src, cfg, want)
+			l, interrupted, err := evaluate(dev, src, cfg, want)
 			if err != nil {
 				return steps, evals, err
 			}
-			evals = append(evals, EvalMetrics{Step: step, Loss: l})
-			ev = &evals[len(evals)-1]
+			if !interrupted {
+				evals = append(evals, EvalMetrics{Step: step, Loss: l})
+				ev = &evals[len(evals)-1]
+			}
 		}
 		if report != nil {
 			report(sm, ev)
@@ -416,20 +424,29 @@ func Evaluate(dev Device, src data.Source, cfg TrainConfig) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return evaluate(dev, src, cfg, want)
+	// Its caller wants the figure: nothing ends it early.
+	cfg.Interrupted = nil
+	l, _, err := evaluate(dev, src, cfg, want)
+	return l, err
 }
 
-func evaluate(dev Device, src data.Source, cfg TrainConfig, want func(int) bool) (float64, error) {
+// evaluate is Evaluate, which stops early when cfg.Interrupted says so.
+func evaluate(dev Device, src data.Source, cfg TrainConfig, want func(int) bool) (loss float64, interrupted bool, err error) {
 	n := max(cfg.EvalBatches, 1)
 	var sum float64
 	for i := range n {
+		if i > 0 && cfg.Interrupted != nil {
+			if stop, err := cfg.Interrupted(); err != nil || stop {
+				return 0, stop, err
+			}
+		}
 		l, err := evalBatch(dev, src, cfg, want, i)
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		sum += l
 	}
-	return sum / float64(n), nil
+	return sum / float64(n), false, nil
 }
 
 // Evaluator runs held-out batches one at a time (gcompile eval, which

@@ -201,3 +201,24 @@ func TestMixedPrecisionMicrobatchesTrainLikeOneBatch(t *testing.T) {
 		})
 	}
 }
+
+// A stop asked for during a held-out evaluation (a signal) ends it
+// between batches: the step's evaluation is dropped, not averaged over
+// the batches run, and the step boundary that ends the run comes next.
+func TestEvaluationStopsWhenInterrupted(t *testing.T) {
+	prog := compilePlan(t, plan{})
+	cl, err := cpu.NewCluster(prog, cpu.Options{})
+	require.NoError(t, err)
+	require.NoError(t, cl.InitParams(1))
+	asked, boundaries := 0, 0
+	cfg := runtime.TrainConfig{Steps: 2, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1000, EvalEvery: 1,
+		Schedule:    runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 1, Steps: 2, Decay: "cosine"},
+		Interrupted: func() (bool, error) { asked++; return asked == 3, nil },
+		Boundary:    func(runtime.State) (bool, error) { boundaries++; return asked >= 3, nil }}
+	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
+	require.NoError(t, err)
+	assert.Len(t, steps, 1, "the run ends at the step whose evaluation was interrupted")
+	assert.Empty(t, evals, "an interrupted evaluation has no figure")
+	assert.Equal(t, 3, asked, "asked between batches, and no more once stopped")
+	assert.Equal(t, 1, boundaries)
+}

@@ -623,6 +623,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	defer ck.stop.release()
 	ck.stop.last.Store(resumeDir)
 	cfg.Boundary = ck.boundary
+	cfg.Interrupted = func() (bool, error) { return ck.dev.AnyOf(ck.stop.requested()) }
 	outs := outputNames(res.Module)
 	cfg.Outputs, cfg.EvalOutput = runtime.AuxOutputs(outs), runtime.EvalOutput(outs)
 	cfg.RandomKey = res.Module.Source(ir.InputRandomKey) != nil
