@@ -37,6 +37,10 @@ type World struct {
 	JobID                string // the launcher's identity of the job (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, OMPI job id, …), "" if none
 }
 
+// MaxSize is the most processes a job has: one a device at most, and
+// compile.MaxDevices devices.
+const MaxSize = 1 << 20
+
 // Validate checks that the fields describe a place in a job: 0 ≤ Rank <
 // Size, 0 ≤ LocalRank < LocalSize ≤ Size, and, when there is more than one
 // process (so a rendezvous is needed), a master address and a port in
@@ -45,6 +49,10 @@ func (w World) Validate() error {
 	switch {
 	case w.Size < 1:
 		return fmt.Errorf("world size %d: must be at least 1", w.Size)
+	case w.Size > MaxSize:
+		// A process holds at least one device: the rendezvous would wait
+		// for, and keep a slot for, processes that can never be.
+		return fmt.Errorf("world size %d: a job has at most %d processes, one a device at most", w.Size, MaxSize)
 	case w.Rank < 0 || w.Rank >= w.Size:
 		return fmt.Errorf("rank %d is not in [0, %d)", w.Rank, w.Size)
 	case w.LocalSize < 1 || w.LocalSize > w.Size:

@@ -202,6 +202,7 @@ func TestFromEnvErrors(t *testing.T) {
 		{"negative rank", with(torch, "RANK", "-1"), `RANK=-1: must be at least 0`},
 		{"rank too large", with(torch, "RANK", "2"), `RANK 2 is not below WORLD_SIZE 2`},
 		{"zero world", with(torch, "WORLD_SIZE", "0"), `WORLD_SIZE=0: must be at least 1`},
+		{"world past the devices a job can have", with(torch, "WORLD_SIZE", "2147483648"), `world size 2147483648: a job has at most 1048576 processes`},
 		{"rank without world size", map[string]string{"RANK": "1"}, `RANK="1" is set but WORLD_SIZE is not`},
 		{"world size without rank", map[string]string{"WORLD_SIZE": "2"}, `WORLD_SIZE="2" is set but RANK is not`},
 		{"mpi rank without size", map[string]string{"OMPI_COMM_WORLD_RANK": "1"}, `OMPI_COMM_WORLD_RANK="1" is set but OMPI_COMM_WORLD_SIZE is not: mpirun sets both`},
