@@ -293,6 +293,13 @@ func (c *Config) Validate() error {
 // must fit an int, and a mesh of a million devices is beyond any job.
 const MaxDevices = 1 << 20
 
+// MinLossScale is the smallest loss scale a float32 holds at full
+// precision (its smallest normal number); LossScaleFits says whether a
+// scale is one float32 holds, between it and math.MaxFloat32.
+const MinLossScale = 0x1p-126
+
+func LossScaleFits(s float64) bool { return s >= MinLossScale && s <= math.MaxFloat32 }
+
 // MaxBucketMB bounds --bucket-mb: its bytes must fit an int64, and one
 // bucket of 1 TiB already holds any model's gradients.
 const MaxBucketMB = 1 << 20
@@ -324,6 +331,8 @@ func (c *Config) checkNumbers(bad func(string, ...any)) {
 	}
 	if !finite(c.LossScale) || c.LossScale < 0 {
 		bad("--loss-scale must be positive (0: dynamic) and finite, got %g", c.LossScale)
+	} else if c.LossScale != 0 && !LossScaleFits(c.LossScale) {
+		bad("--loss-scale %g: the scale multiplies the loss in float32, so it must be a normal float32 (%.3g to %.3g); outside it the scaled loss or its gradients round to 0 or Inf and every step is skipped", c.LossScale, MinLossScale, math.MaxFloat32)
 	}
 }
 

@@ -644,6 +644,8 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 	}
 	if !(c.initialLossScale > 0) || math.IsInf(c.initialLossScale, 0) {
 		bad("--initial-loss-scale must be a positive finite number, got %g", c.initialLossScale)
+	} else if !compile.LossScaleFits(c.initialLossScale) {
+		bad("--initial-loss-scale %g: the scale multiplies the loss in float32, so it must be a normal float32 (%.3g to %.3g); outside it every step overflows or underflows and is skipped", c.initialLossScale, compile.MinLossScale, math.MaxFloat32)
 	}
 	for _, f := range []struct {
 		name string
