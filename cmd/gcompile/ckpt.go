@@ -93,15 +93,42 @@ func (c *config) dataIdentity() string {
 	return ""
 }
 
+// exportConfigOf is the model's declared configuration with the special
+// token ids of the data it trains on: the tokenizer's BOS and EOS, or none
+// for bytes and for token data without a tokenizer. Left out, Hugging
+// Face's classes fill their own (LlamaConfig: bos 1, eos 2), and its
+// generate would stop at a token the model never learned to end with.
+func exportConfigOf(c *config) json.RawMessage {
+	if c.exportConfig == "" {
+		return nil
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal([]byte(c.exportConfig), &cfg); err != nil {
+		return json.RawMessage(c.exportConfig) // checked when the module was read; kept as declared
+	}
+	cfg["bos_token_id"], cfg["eos_token_id"] = nil, nil
+	if c.tokens != nil && c.tokens.tok != nil {
+		if id, ok := c.tokens.tok.BOS(); ok {
+			cfg["bos_token_id"] = id
+		}
+		if id, ok := c.tokens.tok.EOS(); ok {
+			cfg["eos_token_id"] = id
+		}
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return json.RawMessage(c.exportConfig)
+	}
+	return raw
+}
+
 // checkpointPlan is what a manifest records of this run's plan.
 func checkpointPlan(c *config, progs []*lower.Program, batch, seq int, procs int) checkpoint.Plan {
 	p := checkpoint.Plan{Devices: c.Devices, Precision: c.Precision, Optimizer: c.Optimizer, Batch: batch, Seq: seq, DPSync: c.DPSync,
 		Flags: c.metricsConfig(procs)}
 	p.Data = c.dataIdentity()
 	p.VocabTables = c.vocabTables
-	if c.exportConfig != "" {
-		p.ExportConfig = json.RawMessage(c.exportConfig)
-	}
+	p.ExportConfig = exportConfigOf(c)
 	// Checked when the weights are saved or loaded; a model's own
 	// declarations are checked when it is built.
 	p.SaveEach, _ = saveEach(params(progs))
@@ -365,7 +392,13 @@ func exportMain(args []string) error {
 			return fmt.Errorf("export: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, "wrote %s (the model's configuration as it declares it, b.ExportConfig)\n", cfg)
+		return nil
 	}
+	note := "no config.json written: the checkpoint's model declares no configuration (b.ExportConfig)"
+	if _, err := os.Stat(filepath.Join(filepath.Dir(*out), "config.json")); err == nil {
+		note += "; the config.json already in " + filepath.Dir(*out) + " is another export's and was left as it was"
+	}
+	fmt.Fprintln(os.Stderr, note)
 	return nil
 }
 

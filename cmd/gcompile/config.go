@@ -538,6 +538,16 @@ func (c *config) validate() error {
 				bad("eval: --%s belongs to training; eval only measures the held-out loss", f)
 			}
 		}
+		// What only an update, a backward or a run's bookkeeping reads:
+		// eval runs the forward of given weights, so each would be
+		// accepted and change nothing.
+		for _, f := range []string{"lr", "min-lr", "warmup", "lr-decay", "weight-decay", "clip", "beta1", "beta2", "optimizer",
+			"loss-scale", "initial-loss-scale", "staleness", "bucket-mb", "overlap-grad-reduce", "recompute", "compress-activations",
+			"checkpoint-every", "keep-last", "seed", "plan-top", "plan-trace", "refine-trace", "save-hardware", "calibrate"} {
+			if c.explicit[f] {
+				bad("eval: --%s changes only training (the update, the backward or the run's files); eval runs the forward of the weights given, so leave it out", f)
+			}
+		}
 		for _, f := range []string{"metrics", "report", "timeline"} {
 			if c.explicit[f] {
 				bad("eval: --%s records a training run; eval prints the held-out loss and writes no file", f)

@@ -31,6 +31,9 @@ func evalMain(args []string) error {
 	if err != nil {
 		return labelFromLauncher(c, err)
 	}
+	if c.helpModel {
+		return helpModel(c)
+	}
 	j, err := startJob(c)
 	if err != nil {
 		return labelFromLauncher(c, err)

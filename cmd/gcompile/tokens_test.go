@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/data/indexed"
+	"gcompile/data/tokenizer"
 	"gcompile/lower"
 	"gcompile/runtime/checkpoint"
 )
@@ -413,6 +414,7 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 	var cfg map[string]any
 	require.NoError(t, json.Unmarshal(raw, &cfg))
 	assert.Equal(t, 200.0, cfg["vocab_size"], "config.json counts the rows export wrote, not the padded table's")
+	assert.Nil(t, cfg["eos_token_id"], "token data without a tokenizer has no end token to name")
 	m := runMetrics(t, append(slices.Clone(args), "--load", saved)...)
 	require.Len(t, m.Steps, 2)
 
@@ -536,4 +538,28 @@ func TestEvalBatchesPastTheHeldOutSplitAreNoted(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Contains(t, log, "held-out text: 83 windows of 16+1 bytes, fewer than the 120 an evaluation reads (--eval-batches 30 × --batch 4), so it reads some twice or more; --eval-batches 20 reads each at most once")
+}
+
+// The exported config names the special tokens of the data the model
+// trained on (GPT-2's <|endoftext|> for both), and none for bytes, so a
+// Hugging Face generate stops where gcompile generate does rather than
+// at LlamaConfig's default eos 2.
+func TestExportConfigNamesTheTokenizersSpecialTokens(t *testing.T) {
+	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
+	tok, err := tokenizer.Load(filepath.Join(gpt2, "encoder.json.gz"), filepath.Join(gpt2, "vocab.bpe.gz"))
+	require.NoError(t, err)
+	read := func(c *config) map[string]any {
+		var cfg map[string]any
+		require.NoError(t, json.Unmarshal(exportConfigOf(c), &cfg))
+		return cfg
+	}
+	declared := `{"model_type":"llama","vocab_size":50304}`
+	cfg := read(&config{exportConfig: declared, tokens: &tokenData{tok: tok}})
+	assert.Equal(t, 50256.0, cfg["eos_token_id"])
+	assert.Equal(t, 50256.0, cfg["bos_token_id"])
+	assert.Equal(t, "llama", cfg["model_type"])
+	cfg = read(&config{exportConfig: declared})
+	assert.Contains(t, cfg, "eos_token_id")
+	assert.Nil(t, cfg["eos_token_id"], "bytes have no end token")
+	assert.Nil(t, exportConfigOf(&config{}), "a model that declares none")
 }
