@@ -170,6 +170,15 @@ func TestEvalGivesTheRunsHeldOutLoss(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--metrics records a training run; eval prints the held-out loss and writes no file")
 	assert.Contains(t, err.Error(), "--run belongs to training")
+	for _, flag := range [][]string{{"--lr", "0.5"}, {"--optimizer", "sgd"}, {"--seed", "7"}, {"--clip", "0.5"}, {"--recompute", "full"}, {"--plan-trace", "p.json"}} {
+		err = mainErr(append(append(append([]string{"eval"}, genGPT...), "--load", filepath.Join(dir, "w.safetensors")), flag...))
+		require.Error(t, err, "%v", flag)
+		assert.Contains(t, err.Error(), "eval: "+flag[0]+" changes only training")
+	}
+	out := captureStdout(t, func() {
+		require.NoError(t, mainErr(append(append([]string{"eval"}, genGPT...), "--load", filepath.Join(dir, "w.safetensors"), "--help-model")))
+	})
+	assert.NotContains(t, out, "\"loss\"", "--help-model lists the model's parameters and evaluates nothing")
 }
 
 // A byte-level model's ids past the bytes (a vocabulary set above 256)
