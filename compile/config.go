@@ -157,6 +157,9 @@ func (c *Config) Validate() error {
 	if c.Explicit["cp-impl"] && c.CP == 1 {
 		bad("--cp-impl %s applies to --cp > 1 (it is how attention runs over the context-parallel ranks)", c.CPImpl)
 	}
+	if c.Explicit["cp-layout"] && c.CP == 1 {
+		bad("--cp-layout %s applies to --cp > 1 (it is how the sequence is split over the context-parallel ranks)", c.CPLayout)
+	}
 	switch {
 	case c.CPLayout != "" && c.CPLayout != "zigzag" && c.CPLayout != "contiguous":
 		bad("--cp-layout %q: want zigzag or contiguous", c.CPLayout)

@@ -187,6 +187,7 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "loss-scale +Inf", args: []string{"--precision", "fp16", "--loss-scale", "Inf"}, want: []string{"--loss-scale", "+Inf"}},
 		{name: "loss-scale NaN under fp32", args: []string{"--loss-scale", "NaN"}, want: []string{"--loss-scale", "NaN"}},
 		{name: "loss-scale negative", args: []string{"--precision", "bf16", "--loss-scale", "-8"}, want: []string{"--loss-scale must be positive", "-8"}},
+		{name: "cp-layout without cp", args: []string{"--cp-layout", "zigzag"}, want: []string{"--cp-layout zigzag applies to --cp > 1"}},
 		{name: "loss-scale underflows float32", args: []string{"--precision", "fp16", "--loss-scale", "1e-300"}, want: []string{"--loss-scale 1e-300", "must be a normal float32 (1.18e-38 to 3.4e+38)"}},
 		{name: "initial loss scale past float32", args: []string{"--precision", "fp16", "--initial-loss-scale", "1e300"}, want: []string{"--initial-loss-scale 1e+300", "must be a normal float32"}},
 		{name: "initial-loss-scale NaN", args: []string{"--precision", "fp16", "--initial-loss-scale", "NaN"}, want: []string{"--initial-loss-scale", "NaN"}},
