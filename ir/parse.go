@@ -127,7 +127,12 @@ func (p *parser) value(line string) error {
 	if !ok {
 		return fmt.Errorf("unknown op %q", opName)
 	}
-	v := &Value{ID: id, Op: opName, Meta: NoMeta, Read: Pos{File: p.file, Line: p.line}}
+	v := &Value{ID: id, Op: opName, Meta: NoMeta}
+	if strings.HasSuffix(p.file, ".gir") {
+		// A user's dump; the loader's text of a model.go is no file
+		// the user has, and its values point at the model already.
+		v.Read = Pos{File: p.file, Line: p.line}
+	}
 	if argText = strings.TrimSpace(argText); argText != "" {
 		for _, tok := range strings.Split(argText, ",") {
 			a, err := p.lookup(strings.TrimSpace(tok))

@@ -189,7 +189,13 @@ func (c *config) ignoredWithoutRun() string {
 		return ""
 	}
 	var loop []string
-	for _, f := range []string{"steps", "lr", "min-lr", "warmup", "lr-decay", "eval-every", "eval-batches"} {
+	unused := []string{"steps", "lr", "min-lr", "warmup", "lr-decay", "eval-every", "eval-batches", "split", "data-cache-dir", "max-data-mb"}
+	if !isTokenData(c.data) {
+		// A token dataset is opened without --run too (its vocabulary
+		// sizes the model); text is read only to train.
+		unused = append(unused, "data", "tokenizer", "merges")
+	}
+	for _, f := range unused {
 		if c.explicit[f] {
 			loop = append(loop, "--"+f)
 		}

@@ -27,9 +27,10 @@ func checkPaths(c *config, lead bool) error {
 		}
 	}
 	switch {
-	case c.run && isTokenData(c.data):
+	case isTokenData(c.data):
 		// Opened and checked now (or before planning), kept for training
-		// (loadSource).
+		// (loadSource); without --run too, since the data's vocabulary
+		// sizes the model that is compiled.
 		if err := c.openTokenData(); err != nil {
 			errs = append(errs, err)
 		}

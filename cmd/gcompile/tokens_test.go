@@ -563,3 +563,18 @@ func TestExportConfigNamesTheTokenizersSpecialTokens(t *testing.T) {
 	assert.Nil(t, cfg["eos_token_id"], "bytes have no end token")
 	assert.Nil(t, exportConfigOf(&config{}), "a model that declares none")
 }
+
+// Compiled without --run, a model is sized for the token dataset --data
+// names as a run's is: the plan, its memory and its dumps are the run's,
+// not a byte-level model's.
+func TestCompileWithoutRunIsSizedForTheData(t *testing.T) {
+	prefix := tokenDataset(t, t.TempDir(), 40, 20, 300, 11)
+	args := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--data", prefix, "--split", "80,20"}
+	compiled := runMetrics(t, args...)
+	ran := runMetrics(t, append(slices.Clone(args), "--run", "--steps", "1", "--eval-batches", "1")...)
+	require.Len(t, compiled.Devices, 1)
+	assert.Equal(t, ran.Devices[0].ParamBytes, compiled.Devices[0].ParamBytes, "the 300 classes padded to 384 rows, as in the run")
+	assert.Equal(t, ran.Devices[0].PeakBytesPredicted, compiled.Devices[0].PeakBytesPredicted)
+	bytes := runMetrics(t, gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4")
+	assert.Greater(t, compiled.Devices[0].ParamBytes, bytes.Devices[0].ParamBytes)
+}
