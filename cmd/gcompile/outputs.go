@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"gcompile/data"
+	"gcompile/data/sample"
 )
 
 // checkPaths runs before any compile or training: every output the run
@@ -107,7 +108,36 @@ func (c *config) inputPaths() []outputPath {
 			in = append(in, o)
 		}
 	}
+	// A token dataset is named by its prefix, a blend by several: their
+	// files are PREFIX.bin, .idx and gcompile's .json beside them.
+	if isTokenData(c.data) {
+		if parts, err := sample.ParseBlend(c.data); err == nil {
+			for _, p := range parts {
+				for _, ext := range []string{".bin", ".idx", ".json"} {
+					in = append(in, outputPath{"data", p.Prefix + ext})
+				}
+			}
+		}
+	}
+	// The files of an input folder (a text corpus, a tokenizer's folder)
+	// are read too.
+	for _, dir := range []outputPath{{"data", c.data}, {"tokenizer", c.tokenizer}} {
+		if fi, err := os.Stat(dir.path); dir.path != "" && err == nil && fi.IsDir() {
+			in = append(in, outputPath{dir.flag, dir.path + string(filepath.Separator)})
+		}
+	}
 	return in
+}
+
+// reads says whether the run reads the file at path as input in: the
+// same file, or an existing file inside an input folder (in.path ends in
+// a separator).
+func (in outputPath) reads(path string) bool {
+	if dir, ok := strings.CutSuffix(in.path, string(filepath.Separator)); ok {
+		fi, err := os.Stat(path)
+		return err == nil && fi.Mode().IsRegular() && within(dir, path)
+	}
+	return samePath(in.path, path)
 }
 
 // within says whether path lies inside folder dir (at any depth).
@@ -154,7 +184,7 @@ func checkOutputs(c *config) error {
 		}
 		seen[key] = o.flag
 		for _, in := range c.inputPaths() {
-			if samePath(in.path, o.path) {
+			if in.reads(o.path) {
 				what := "--" + in.flag + "'s input"
 				if in.flag == "" {
 					what = "the model file"

@@ -578,3 +578,42 @@ func TestCompileWithoutRunIsSizedForTheData(t *testing.T) {
 	bytes := runMetrics(t, gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4")
 	assert.Greater(t, compiled.Devices[0].ParamBytes, bytes.Devices[0].ParamBytes)
 }
+
+// No output may be written over a file the run reads: a token dataset's
+// .bin, .idx and .json (named by a prefix, or in a blend), a file of a
+// tokenizer's folder or of a text corpus's folder. Each is refused before
+// anything trains, and the input is left whole.
+func TestOutputsNeverOverwriteTheData(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 40, 20, 200, 12)
+	other := tokenDataset(t, dir, 40, 20, 200, 13)
+	text := filepath.Join(dir, "text")
+	require.NoError(t, os.MkdirAll(text, 0o755))
+	writeFile(t, filepath.Join(text, "a.go"), strings.Repeat("package a // some Go text to train on\n", 200))
+	gpt2 := filepath.Join(dir, "gpt2")
+	require.NoError(t, os.CopyFS(gpt2, os.DirFS(filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2"))))
+	base := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "1", "--eval-batches", "1"}
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		output string
+		input  string
+	}{
+		{"a dataset's index", []string{"--data", prefix, "--split", "80,20"}, prefix + ".idx", "--data"},
+		{"a dataset's tokens", []string{"--data", prefix, "--split", "80,20"}, prefix + ".bin", "--data"},
+		{"a blend member's file", []string{"--data", "0.5 " + prefix + " 0.5 " + other, "--split", "80,20"}, other + ".bin", "--data"},
+		{"a tokenizer folder's file", []string{"--data", filepath.Join(text, "a.go"), "--tokenizer", gpt2}, filepath.Join(gpt2, "encoder.json.gz"), "--tokenizer"},
+		{"a text folder's file", []string{"--data", text}, filepath.Join(text, "a.go"), "--data"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, err := os.ReadFile(tc.output)
+			require.NoError(t, err)
+			err = mainErr(append(append(slices.Clone(base), tc.args...), "--metrics", tc.output))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "--metrics "+tc.output+" is also "+tc.input+"'s input")
+			after, err := os.ReadFile(tc.output)
+			require.NoError(t, err)
+			assert.Equal(t, before, after, "the input is whole")
+		})
+	}
+}
