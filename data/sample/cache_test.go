@@ -1,6 +1,8 @@
 package sample
 
 import (
+	"encoding/binary"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"slices"
@@ -114,6 +116,133 @@ func TestCacheCorruptRebuilt(t *testing.T) {
 	g, err := NewGPT(newFake(lens), cfg)
 	require.NoError(t, err)
 	assert.Equal(t, Stats{Built: 1, Rebuilt: 1, Dir: dir}, g.Stats())
+}
+
+// editIndex rewrites the epoch index at path through edit, which sees the
+// file's layout and gets and sets its values by array offset and element.
+func editIndex(t *testing.T, path string, edit func(lay epochLayout, get func(off, i int64) uint64, set func(off, i int64, v uint64))) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	h, err := decodeHeader(b)
+	require.NoError(t, err)
+	lay := layoutOf(int64(h.docs), int64(h.samples), int(h.width), h.flags)
+	w := int64(h.width)
+	get := func(off, i int64) uint64 {
+		if w == 4 {
+			return uint64(binary.LittleEndian.Uint32(b[off+4*i:]))
+		}
+		return binary.LittleEndian.Uint64(b[off+8*i:])
+	}
+	set := func(off, i int64, v uint64) {
+		if w == 4 {
+			binary.LittleEndian.PutUint32(b[off+4*i:], uint32(v))
+		} else {
+			binary.LittleEndian.PutUint64(b[off+8*i:], v)
+		}
+	}
+	edit(lay, get, set)
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+}
+
+// sameSamples asserts got == want, naming how many samples differ and the
+// first, rather than printing every sample of an epoch.
+func sameSamples(t *testing.T, want, got [][]int32) {
+	t.Helper()
+	require.Len(t, got, len(want))
+	var bad []int
+	for k := range want {
+		if !slices.Equal(want[k], got[k]) {
+			bad = append(bad, k)
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("%d of %d samples differ from a fresh build's; sample %d is %v, want %v", len(bad), len(want), bad[0], got[bad[0]], want[bad[0]])
+	}
+}
+
+// TestCacheInRangeDamageRebuilt damages a cached epoch index so that every
+// value stays within the dataset's bounds, which no lookup can notice: the
+// body's checksum must, and the next GPT rebuilds the file and draws the
+// samples a fresh build draws.
+func TestCacheInRangeDamageRebuilt(t *testing.T) {
+	lens := lengths(100, 1, 30, 4)
+	damages := []struct {
+		name string
+		hurt func(lay epochLayout, get func(off, i int64) uint64, set func(off, i int64, v uint64))
+	}{
+		{"window order entry copied from the next", func(lay epochLayout, get func(off, i int64) uint64, set func(off, i int64, v uint64)) {
+			set(lay.shuffle, 0, get(lay.shuffle, 1))
+		}},
+		{"window start moved back 3 tokens", func(lay epochLayout, get func(off, i int64) uint64, set func(off, i int64, v uint64)) {
+			for j := int64(0); ; j++ {
+				if off := get(lay.starts, 2*j+1); off >= 3 {
+					set(lay.starts, 2*j+1, off-3)
+					return
+				}
+			}
+		}},
+		{"document order entry duplicated", func(lay epochLayout, get func(off, i int64) uint64, set func(off, i int64, v uint64)) {
+			set(lay.order, 0, get(lay.order, 1))
+		}},
+	}
+	fresh := func(t *testing.T, cfg Config) [][]int32 {
+		cfg.CacheDir = t.TempDir()
+		g, err := NewGPT(newFake(lens), cfg)
+		require.NoError(t, err)
+		defer g.Close()
+		return draw(t, g, 8, span64(0, g.SamplesPerEpoch()))
+	}
+	for _, d := range damages {
+		t.Run(d.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := Config{Seq: 6, Range: [2]int{0, 100}, CacheDir: dir, Identity: "in range", Shuffle: true}
+			g, err := NewGPT(newFake(lens), cfg)
+			require.NoError(t, err)
+			ks := span64(0, g.SamplesPerEpoch())
+			draw(t, g, 8, ks)
+			require.NoError(t, g.Close())
+			files := indexFiles(t, dir)
+			require.Len(t, files, 1)
+			editIndex(t, files[0], d.hurt)
+
+			g, err = NewGPT(newFake(lens), cfg)
+			require.NoError(t, err)
+			defer g.Close()
+			sameSamples(t, fresh(t, cfg), draw(t, g, 8, ks))
+			assert.Equal(t, Stats{Built: 1, Reused: 1, Rebuilt: 1, Dir: dir}, g.Stats(), "the summary reused, the epoch rebuilt")
+		})
+	}
+}
+
+// TestCacheVersion1Rebuilt puts a file in the layout of format version 1
+// (no body checksum; the header's CRC-32 at byte 104) where an epoch index
+// is looked for: it is rebuilt once, then reused.
+func TestCacheVersion1Rebuilt(t *testing.T) {
+	lens := lengths(100, 1, 30, 4)
+	dir := t.TempDir()
+	cfg := Config{Seq: 6, Range: [2]int{0, 100}, CacheDir: dir, Identity: "v1", Shuffle: true}
+	g, err := NewGPT(newFake(lens), cfg)
+	require.NoError(t, err)
+	ks := span64(0, g.SamplesPerEpoch())
+	want := draw(t, g, 8, ks)
+	require.NoError(t, g.Close())
+	files := indexFiles(t, dir)
+	require.Len(t, files, 1)
+	b, err := os.ReadFile(files[0])
+	require.NoError(t, err)
+	binary.LittleEndian.PutUint32(b[8:], 1)
+	binary.LittleEndian.PutUint32(b[104:], crc32.ChecksumIEEE(b[:104]))
+	binary.LittleEndian.PutUint32(b[108:], 0)
+	require.NoError(t, os.WriteFile(files[0], b, 0o644))
+
+	for _, st := range []Stats{{Built: 1, Reused: 1, Rebuilt: 1, Dir: dir}, {Reused: 2, Dir: dir}} {
+		g, err = NewGPT(newFake(lens), cfg)
+		require.NoError(t, err)
+		assert.Equal(t, want, draw(t, g, 8, ks))
+		assert.Equal(t, st, g.Stats())
+		require.NoError(t, g.Close())
+	}
 }
 
 // TestCacheKeys checks that every input of an index gets its own file.

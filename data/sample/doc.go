@@ -48,12 +48,13 @@
 // identical bytes; one rename wins), and memory-mapped on later use, so a
 // lookup touches a few pages whatever the size of the dataset. The file
 // name carries a hash of everything that determines the content, plus a
-// format version; the header repeats the whole hash and every count and is
-// checked when the file is opened, and every value a lookup reads is
-// checked against the dataset's bounds. A file that fails either check is
-// rebuilt, never trusted. A value corrupted to another in-range value
-// cannot be told apart without reading the whole file, which would undo
-// the point of mapping it; such damage is not detected.
+// format version; the header repeats the whole hash and every count, and
+// carries a CRC-32C of the body. Both are checked when the file is opened
+// (the checksum reads the file once, a fraction of a second for hundreds
+// of MB), since a value overwritten by another in-range value would
+// otherwise give other samples without any error. Every value a lookup
+// reads is also checked against the dataset's bounds. A file that fails a
+// check is rebuilt, never trusted.
 //
 // The number of tokens of each document range is cached the same way, so a
 // run that reuses its index reads neither the document lengths of the whole

@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"math"
+	"os"
 	"path/filepath"
 	"sync"
 )
@@ -225,8 +226,8 @@ func (g *GPT) summary() error {
 		return err
 	}
 	out := header{kind: kindSummary, key: key, docs: uint64(g.docs), tokens: uint64(g.tokens), maxLen: uint64(g.maxLen), size: headerSize}
-	if err := writeAtomic(g.cfg.CacheDir, name, func(w io.Writer) error {
-		_, err := w.Write(out.encode())
+	if err := writeAtomic(g.cfg.CacheDir, name, func(f *os.File) error {
+		_, err := f.Write(out.encode(0))
 		return err
 	}); err != nil {
 		return err
@@ -463,15 +464,24 @@ func (g *GPT) index(seed, epoch int64, force bool) (*epochIndex, error) {
 	return x, nil
 }
 
-// build writes an epoch index, header and body, to w.
-func (g *GPT) build(w io.Writer, h header, seed, epoch int64) error {
-	if _, err := w.Write(h.encode()); err != nil {
-		return err
+// build writes an epoch index to w: a header whose body checksum is 0,
+// then the body. It returns the header with the body's checksum, for the
+// caller to write over the first.
+func (g *GPT) build(w io.Writer, h header, seed, epoch int64) ([]byte, error) {
+	if _, err := w.Write(h.encode(0)); err != nil {
+		return nil, err
 	}
+	var crc uint32
+	var err error
 	if h.width == 4 {
-		return writeEpoch[uint32](w, g, seed, epoch, 4)
+		crc, err = writeEpoch[uint32](w, g, seed, epoch, 4)
+	} else {
+		crc, err = writeEpoch[uint64](w, g, seed, epoch, 8)
 	}
-	return writeEpoch[uint64](w, g, seed, epoch, 8)
+	if err != nil {
+		return nil, err
+	}
+	return h.encode(crc), nil
 }
 
 // buildMemory builds an epoch index into memory, for a GPT without a cache
@@ -481,15 +491,18 @@ func (g *GPT) buildMemory(h header, seed, epoch int64) (*epochIndex, error) {
 	if h.size <= math.MaxInt {
 		b.Grow(int(h.size))
 	}
-	if err := g.build(&b, h, seed, epoch); err != nil {
+	head, err := g.build(&b, h, seed, epoch)
+	if err != nil {
 		return nil, fmt.Errorf("building the index of epoch %d: %w", epoch, err)
 	}
+	copy(b.Bytes(), head)
 	g.stats.Built++
 	return &epochIndex{data: b.Bytes(), width: g.width, lay: layoutOf(g.docs, g.samples, g.width, h.flags)}, nil
 }
 
 // fromCache maps the epoch's file, building it first when it is missing
-// or does not match (or when force says the mapped one proved corrupt).
+// or does not match, header or body checksum (or when force says the
+// mapped one proved corrupt).
 func (g *GPT) fromCache(want header, seed, epoch int64, force bool) (*epochIndex, error) {
 	name := fmt.Sprintf("gpt-e%d-%s.idx", epoch, hex.EncodeToString(want.key[:12]))
 	path := filepath.Join(g.cfg.CacheDir, name)
@@ -517,8 +530,13 @@ func (g *GPT) fromCache(want header, seed, epoch int64, force bool) (*epochIndex
 			stale = true
 		}
 	}
-	if err := writeAtomic(g.cfg.CacheDir, name, func(w io.Writer) error {
-		return g.build(w, want, seed, epoch)
+	if err := writeAtomic(g.cfg.CacheDir, name, func(f *os.File) error {
+		head, err := g.build(f, want, seed, epoch)
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteAt(head, 0)
+		return err
 	}); err != nil {
 		return nil, fmt.Errorf("building the index of epoch %d in %s: %w", epoch, g.cfg.CacheDir, err)
 	}

@@ -9,8 +9,8 @@ import (
 	"syscall"
 )
 
-// mapFile maps a cache file read-only, so a lookup reads only the pages it
-// touches and the kernel shares them between the processes of a job.
+// mapFile maps a cache file read-only, so that the kernel shares its pages
+// between the processes of a job and can drop them under pressure.
 // Files are only ever replaced by rename, never rewritten in place, so a
 // mapping stays valid while another process rebuilds the file.
 func mapFile(path string) ([]byte, func() error, error) {
@@ -34,6 +34,5 @@ func mapFile(path string) ([]byte, func() error, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("mapping %s: %w", path, err)
 	}
-	adviseRandom(b)
 	return b, func() error { return syscall.Munmap(b) }, nil
 }
