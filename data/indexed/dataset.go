@@ -110,9 +110,12 @@ func (d *Dataset) open() error {
 }
 
 // openRegular opens one of the dataset's files, saying what a dataset is
-// when it is missing.
+// when it is missing. It checks that the path is a regular file before
+// opening it: opening a FIFO for reading waits for a writer, so a FIFO
+// (or a pipe from process substitution) in place of the .idx or .bin would
+// hang the run before any check could refuse it.
 func openRegular(path, prefix string) (*os.File, fs.FileInfo, error) {
-	f, err := os.Open(path)
+	info, err := os.Stat(path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			hint := ""
@@ -123,16 +126,33 @@ func openRegular(path, prefix string) (*os.File, fs.FileInfo, error) {
 		}
 		return nil, nil, err
 	}
-	info, err := f.Stat()
+	if err := regular(path, info); err != nil {
+		return nil, nil, err
+	}
+	f, err := os.Open(path)
 	if err != nil {
+		return nil, nil, err
+	}
+	// The file read is the one opened: a path replaced since the Stat is
+	// checked again.
+	if info, err = f.Stat(); err != nil {
 		f.Close()
 		return nil, nil, err
 	}
-	if !info.Mode().IsRegular() {
+	if err := regular(path, info); err != nil {
 		f.Close()
-		return nil, nil, fmt.Errorf("%s: %w: not a regular file (%s)", path, ErrFormat, info.Mode().Type())
+		return nil, nil, err
 	}
 	return f, info, nil
+}
+
+// regular refuses anything but a regular file: a folder, a FIFO, a device
+// or a socket cannot be one of a dataset's files.
+func regular(path string, info fs.FileInfo) error {
+	if !info.Mode().IsRegular() {
+		return fmt.Errorf("%s: %w: not a regular file (%s)", path, ErrFormat, info.Mode().Type())
+	}
+	return nil
 }
 
 func readAll(f *os.File, size int64) ([]byte, error) {

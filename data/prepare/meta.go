@@ -75,10 +75,19 @@ func metaOf(c config, s Summary) Meta {
 // files of other sizes than PREFIX.bin and PREFIX.idx is an ErrMeta error.
 func ReadMeta(prefix string) (Meta, bool, error) {
 	path := metaPath(prefix)
-	raw, err := os.ReadFile(path)
+	// Stat before opening: opening a FIFO for reading waits for a writer,
+	// so a FIFO in place of PREFIX.json would hang the run.
+	fi, err := os.Stat(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Meta{}, false, nil
 	}
+	if err != nil {
+		return Meta{}, false, fmt.Errorf("%s: %w: %w", path, ErrMeta, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return Meta{}, false, fmt.Errorf("%s: %w: not a regular file (%s)", path, ErrMeta, fi.Mode().Type())
+	}
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		return Meta{}, false, fmt.Errorf("%s: %w: %w", path, ErrMeta, err)
 	}

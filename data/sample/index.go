@@ -336,6 +336,21 @@ func openFile(path string, check func(header) error) (header, []byte, func() err
 	return h, b, release, nil
 }
 
+// regular checks that a cache file is a regular file before it is opened:
+// opening a FIFO for reading waits for a writer, so a FIFO where an index
+// file belongs would hang the run. Anything else there is stale, and the
+// rebuild renames a new file over it.
+func regular(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%w: %s is not a regular file (%s)", errStale, path, st.Mode().Type())
+	}
+	return nil
+}
+
 // widthFor is the narrowest width that holds every value of an epoch
 // index: document positions, offsets within a document and window numbers.
 func widthFor(docs, maxLen, samples int64) int {

@@ -10,6 +10,9 @@ import (
 // mapFile reads a cache file whole where memory mapping is not available:
 // lookups stay correct, only the memory saving is lost.
 func mapFile(path string) ([]byte, func() error, error) {
+	if err := regular(path); err != nil {
+		return nil, nil, err
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, err

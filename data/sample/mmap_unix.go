@@ -14,6 +14,9 @@ import (
 // Files are only ever replaced by rename, never rewritten in place, so a
 // mapping stays valid while another process rebuilds the file.
 func mapFile(path string) ([]byte, func() error, error) {
+	if err := regular(path); err != nil {
+		return nil, nil, err
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, err
@@ -22,6 +25,9 @@ func mapFile(path string) ([]byte, func() error, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%w: %s is not a regular file (%s)", errStale, path, st.Mode().Type())
 	}
 	size := st.Size()
 	if size < headerSize {

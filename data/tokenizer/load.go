@@ -109,8 +109,17 @@ func findFile(dir, name string) string {
 }
 
 // readFile reads a whole file, gunzipping it when it starts with gzip's magic
-// bytes.
+// bytes. Anything but a regular file is refused before it is opened:
+// opening a FIFO for reading waits for a writer, so one named as a
+// tokenizer, merges or config file would hang the run.
 func readFile(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s: not a regular file (%s)", ErrFormat, path, fi.Mode().Type())
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
