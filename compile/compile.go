@@ -89,6 +89,11 @@ func (r *Result) Fingerprint() string {
 func Schedule(c *Config) (*schedule.Schedule, *schedule.Result, error) {
 	s, err := schedule.New(c.Schedule, c.PP, c.VPP, c.Microbatches)
 	if err != nil {
+		if !c.Explicit["schedule"] && c.Microbatches < c.PP {
+			// The default schedule: what the user set, or left out, is the
+			// number of microbatches.
+			return nil, nil, fmt.Errorf("--pp %d needs at least %d microbatches to fill its stages (--microbatches %d; the batch is split into them): %w", c.PP, c.PP, c.Microbatches, err)
+		}
 		return nil, nil, fmt.Errorf("--schedule %s: %w", c.Schedule, err)
 	}
 	res, err := schedule.Simulate(s, UnitCost(s))

@@ -705,6 +705,8 @@ func TestLaunchChecksTheJobBeforeStarting(t *testing.T) {
 			"gcompile: launch: no process started: --resume: checkpoint " + filepath.Join(dir, "ck", "step-20") + ": stat"},
 		{"missing --load", []string{model, "--devices", "4", "--run", "--load", filepath.Join(dir, "w.safetensors")},
 			"gcompile: launch: no process started: --load: stat " + filepath.Join(dir, "w.safetensors") + ": no such file or directory"},
+		{"a subcommand", []string{"eval", model, "--devices", "4"},
+			"gcompile: launch: it starts the processes of a training job (gcompile launch --nproc N -- MODEL.go [flags]); run gcompile eval without it"},
 		{"output under a file", []string{model, "--devices", "4", "--metrics", filepath.Join(notDir, "m.json")},
 			"gcompile: launch: no process started: --metrics " + filepath.Join(notDir, "m.json") + ": stat " + filepath.Join(notDir, "m.json") + ": not a directory"},
 	}

@@ -75,6 +75,8 @@ func launchMain(args []string) error {
 		return errors.New("launch: no model given (gcompile launch --nproc N -- MODEL.go [flags])")
 	case rest[0] == "launch":
 		return errors.New("launch: the processes it starts cannot be launchers themselves")
+	case slices.Contains([]string{"eval", "generate", "export", "inspect", "data"}, rest[0]):
+		return fmt.Errorf("launch: it starts the processes of a training job (gcompile launch --nproc N -- MODEL.go [flags]); run gcompile %s without it (eval and generate take --devices and a plan)", rest[0])
 	}
 	for _, a := range rest {
 		for _, f := range []string{"rank", "world-size", "local-rank", "local-world-size", "master-addr", "master-port"} {

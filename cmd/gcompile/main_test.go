@@ -194,7 +194,8 @@ func TestPipelineRules(t *testing.T) {
 	}{
 		{[]string{"--set", "layers=3", "--devices", "2", "--pp", "2", "--microbatches", "2", "--batch", "4"}, "3 layers cannot be cut into pp·vpp = 2·1 = 2 chunks"},
 		{[]string{"--set", "layers=1", "--devices", "2", "--pp", "2", "--microbatches", "2", "--batch", "4"}, "pp=2 is more than the 1 layers"},
-		{[]string{"--set", "layers=4", "--devices", "4", "--pp", "4", "--microbatches", "2", "--batch", "4"}, "m must be ≥ p"},
+		{[]string{"--set", "layers=4", "--devices", "4", "--pp", "4", "--microbatches", "2", "--batch", "4"}, "--pp 4 needs at least 4 microbatches to fill its stages (--microbatches 2"},
+		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--batch", "4"}, "--pp 2 needs at least 2 microbatches to fill its stages (--microbatches 1"},
 		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--vpp", "2", "--microbatches", "3", "--batch", "6"}, "m % p"},
 		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--vpp", "2", "--schedule", "1f1b", "--microbatches", "4", "--batch", "4"}, "--vpp 2 needs --schedule interleaved"},
 		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--schedule", "2bw", "--microbatches", "1", "--batch", "4"}, "m must be ≥ p"},
