@@ -214,6 +214,14 @@ func compileAndRun(c *config, j *job) (err error) {
 	if res != nil && res.Module != nil {
 		outErrs = append(outErrs, dumper.finish(res.Module, passErr))
 	}
+	// An output that failed before training is said now, not only when
+	// the run ends (a full disk found by the dump after an hour's
+	// training would be news too late to act on).
+	sayEarly := func() {
+		if err := errors.Join(outErrs...); err != nil && c.run && j.lead() {
+			fmt.Fprintf(j.log, "warning: %v (the run goes on, writes its other outputs and then exits 1)\n", err)
+		}
+	}
 	if passErr != nil {
 		if c.report != "" && j.lead() {
 			outErrs = append(outErrs, reportCompileFailure(c, j, res, passErr))
@@ -276,6 +284,7 @@ func compileAndRun(c *config, j *job) (err error) {
 	for r := range res.Devices() {
 		met.Devices = append(met.Devices, deviceMetrics(res.ProgramOf(r), r))
 	}
+	sayEarly()
 	var runErr error
 	switch {
 	case c.evalOnly:

@@ -617,3 +617,16 @@ func TestOutputsNeverOverwriteTheData(t *testing.T) {
 		})
 	}
 }
+
+// Without --data a run trains on the Go sources, wherever it starts: token
+// datasets in the working folder are not taken for a --data "" folder of
+// them.
+func TestDefaultDataIgnoresTheWorkingFolder(t *testing.T) {
+	model, err := filepath.Abs(gptModel)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	tokenDataset(t, dir, 10, 20, 200, 14)
+	t.Chdir(dir)
+	require.NoError(t, mainErr([]string{model, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
+		"--run", "--steps", "1", "--eval-batches", "1"}))
+}
