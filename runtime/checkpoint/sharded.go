@@ -205,6 +205,59 @@ type part struct {
 	Tensors map[string]*TensorBlocks `json:"tensors"`
 }
 
+// blockKey begins the shard metadata entry that records where the block
+// a shard holds of a tensor lies in its view (blockPlace), so the
+// manifest's corner for it is checked against the shard itself: two
+// blocks of the same size whose corners or files were swapped in the
+// manifest have the right counts and checksums but would load each into
+// the other's place. Shards written before the entry existed have none
+// and are taken as the manifest places them.
+const blockKey = "block:"
+
+// blockPlace is a block's corner and size as blockKey records them.
+func blockPlace(lo, size []int) string {
+	raw, _ := json.Marshal(struct {
+		Lo   []int `json:"lo"`
+		Size []int `json:"size"`
+	}{lo, size})
+	return string(raw)
+}
+
+// checkBlock checks the header of the shard f that holds tensor name's
+// block b against the manifest: its dtype, its element count and, where
+// the shard records it, its place in the view.
+func checkBlock(f *File, name string, tb *TensorBlocks, b Block) error {
+	e, ok := f.entries[name]
+	if !ok {
+		return fmt.Errorf("%s has no tensor %q, which the manifest places in it: %w", b.File, name, ErrCorrupt)
+	}
+	n, _ := product(b.Size)
+	if have, _ := product(e.shape); e.dtype != tb.DType || have != n {
+		return fmt.Errorf("%s: tensor %q is %s%v, the manifest's block is %s of %d elements: %w", b.File, name, e.dtype, e.shape, tb.DType, n, ErrCorrupt)
+	}
+	recorded, ok := f.Metadata[blockKey+name]
+	if !ok {
+		for k := range f.Metadata {
+			if strings.HasPrefix(k, blockKey) {
+				return fmt.Errorf("%s records where its blocks lie but not tensor %q's: %w", b.File, name, ErrCorrupt)
+			}
+		}
+		return nil
+	}
+	var at struct {
+		Lo   []int `json:"lo"`
+		Size []int `json:"size"`
+	}
+	if err := json.Unmarshal([]byte(recorded), &at); err != nil {
+		return fmt.Errorf("%s: metadata %s%s is %q, not a block's corner and size (%v): %w", b.File, blockKey, name, recorded, err, ErrCorrupt)
+	}
+	if !slices.Equal(at.Lo, b.Lo) || !slices.Equal(at.Size, b.Size) {
+		return fmt.Errorf("%s holds tensor %q's block at %v of size %v, the manifest places it at %v of size %v (corners or files swapped or edited): %w",
+			b.File, name, at.Lo, at.Size, b.Lo, b.Size, ErrCorrupt)
+	}
+	return nil
+}
+
 func rankFile(rank int) string { return fmt.Sprintf("rank-%05d.safetensors", rank) }
 func partFile(proc int) string { return fmt.Sprintf("part-%05d.json", proc) }
 
@@ -302,6 +355,7 @@ func writePart(cl Cluster, progs []*lower.Program, dir string) (part, error) {
 		prog := dev.Program()
 		file := rankFile(r)
 		var ts []Tensor
+		meta := map[string]string{"format": Format, "rank": strconv.Itoa(r)}
 		for _, name := range names {
 			b := prog.Buffers[prog.Sources[name]]
 			raw, t, err := dev.Bytes(name)
@@ -323,8 +377,9 @@ func writePart(cl Cluster, progs []*lower.Program, dir string) (part, error) {
 				out.Tensors[name] = tb
 			}
 			tb.Blocks = append(tb.Blocks, Block{File: file, Lo: box.Lo, Size: box.Size})
+			meta[blockKey+name] = blockPlace(box.Lo, box.Size)
 		}
-		sum, err := save(filepath.Join(dir, file), ts, map[string]string{"format": Format, "rank": strconv.Itoa(r)})
+		sum, err := save(filepath.Join(dir, file), ts, meta)
 		if err != nil {
 			return out, fmt.Errorf("device %d: %w", r, err)
 		}
@@ -602,7 +657,9 @@ func checkManifest(m *Manifest) error {
 				return fmt.Errorf("tensor %q: a block of rank %d in a view of rank %d: %w", name, len(b.Lo), len(tb.View), ErrCorrupt)
 			}
 			for d := range b.Lo {
-				if b.Lo[d] < 0 || b.Size[d] < 0 || b.Lo[d]+b.Size[d] > tb.View[d] {
+				// Written as a difference so that a huge corner or size
+				// cannot overflow past the check.
+				if b.Lo[d] < 0 || b.Size[d] < 0 || b.Lo[d] > tb.View[d]-b.Size[d] {
 					return fmt.Errorf("tensor %q: block at %v of size %v lies outside %v: %w", name, b.Lo, b.Size, tb.View, ErrCorrupt)
 				}
 			}
@@ -614,13 +671,73 @@ func checkManifest(m *Manifest) error {
 			n, _ := product(b.Size)
 			covered += n
 		}
-		// Blocks of one plan are the cells of a grid: distinct corners
-		// inside the view whose sizes add up to it cover it exactly.
+		// Blocks inside the view that share no element and whose sizes
+		// add up to it cover it exactly. Distinct corners are not enough:
+		// a corner moved onto another block keeps the count and leaves a
+		// hole that would load as zeros.
+		if i, j, ok := overlap(tb.Blocks); ok {
+			a, b := tb.Blocks[i], tb.Blocks[j]
+			return fmt.Errorf("tensor %q: the block at %v of size %v in %s overlaps the block at %v of size %v in %s; the blocks must cover the view %v once: %w",
+				name, a.Lo, a.Size, a.File, b.Lo, b.Size, b.File, tb.View, ErrCorrupt)
+		}
 		if covered != total {
 			return fmt.Errorf("tensor %q: its blocks hold %d of its %d elements: %w", name, covered, total, ErrCorrupt)
 		}
 	}
 	return nil
+}
+
+// overlap finds two blocks that share an element; the blocks lie inside
+// their view. They are swept in the order of their corners along the dim
+// whose corners differ most, comparing each only with the blocks that
+// start before it ends there, so the cells of a plan's grid cost far
+// fewer than n² comparisons.
+func overlap(blocks []Block) (int, int, bool) {
+	if len(blocks) < 2 {
+		return 0, 0, false
+	}
+	sweep, most := -1, 0
+	for d := range blocks[0].Lo {
+		distinct := map[int]bool{}
+		for _, b := range blocks {
+			distinct[b.Lo[d]] = true
+		}
+		if len(distinct) > most {
+			sweep, most = d, len(distinct)
+		}
+	}
+	order := make([]int, len(blocks))
+	for i := range order {
+		order[i] = i
+	}
+	if sweep >= 0 {
+		sort.SliceStable(order, func(x, y int) bool { return blocks[order[x]].Lo[sweep] < blocks[order[y]].Lo[sweep] })
+	}
+	for x, i := range order {
+		a := blocks[i]
+		for _, j := range order[x+1:] {
+			b := blocks[j]
+			if sweep >= 0 && b.Lo[sweep] >= a.Lo[sweep]+a.Size[sweep] {
+				break
+			}
+			if intersect(a, b) {
+				return min(i, j), max(i, j), true
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+// intersect reports whether two blocks of the same rank share an element:
+// both hold one and their ranges meet in every dim (a scalar's blocks
+// always meet).
+func intersect(a, b Block) bool {
+	for d := range a.Lo {
+		if a.Size[d] == 0 || b.Size[d] == 0 || max(a.Lo[d], b.Lo[d]) >= min(a.Lo[d]+a.Size[d], b.Lo[d]+b.Size[d]) {
+			return false
+		}
+	}
+	return true
 }
 
 // product is the element count of shape, overflow-checked.
@@ -688,13 +805,41 @@ func (r *reader) close() {
 
 // Verify checks every shard file of the checkpoint in dir against the
 // size and CRC-32C its manifest records, as a resume does before it reads
-// a block; every damaged or missing file is named.
+// a block, and the header of each intact one against the blocks the
+// manifest places in it, as a resume does when it reads them; every
+// damaged or missing file is named.
 func Verify(dir string, m *Manifest) error {
-	var errs []error
-	for _, name := range sortedKeys(m.Files) {
-		if err := verify(filepath.Join(dir, name), m.Files[name]); err != nil {
-			errs = append(errs, err)
+	placed := map[string][]string{}
+	for _, name := range sortedKeys(m.Tensors) {
+		for _, b := range m.Tensors[name].Blocks {
+			if names := placed[b.File]; len(names) == 0 || names[len(names)-1] != name {
+				placed[b.File] = append(names, name)
+			}
 		}
+	}
+	var errs []error
+	for _, file := range sortedKeys(m.Files) {
+		path := filepath.Join(dir, file)
+		if err := verify(path, m.Files[file]); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		f, err := Open(path)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", err, ErrCorrupt))
+			continue
+		}
+		for _, name := range placed[file] {
+			tb := m.Tensors[name]
+			for _, b := range tb.Blocks {
+				if b.File == file {
+					if err := checkBlock(f, name, tb, b); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+		}
+		f.Close()
 	}
 	return errors.Join(errs...)
 }
@@ -729,13 +874,12 @@ func (r *reader) block(name string, tb *TensorBlocks, b Block) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkBlock(f, name, tb, b); err != nil {
+		return nil, err
+	}
 	t, err := f.Tensor(name)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
-	}
-	n, _ := product(b.Size)
-	if want, _ := product(t.Shape); t.DType != tb.DType || want != n {
-		return nil, fmt.Errorf("%s: tensor %q is %s%v, the manifest's block is %s of %d elements: %w", b.File, name, t.DType, t.Shape, tb.DType, n, ErrCorrupt)
 	}
 	return t.Data, nil
 }

@@ -2,13 +2,16 @@ package checkpoint
 
 import (
 	"encoding/json"
+	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"gcompile/lower"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -93,6 +96,9 @@ func TestManifestMustDescribeWholeTensors(t *testing.T) {
 		{"a block is missing", func(m *Manifest) { m.Tensors["w"].Blocks = m.Tensors["w"].Blocks[:1] }, "hold 12 of its 24 elements"},
 		{"a block twice", func(m *Manifest) { m.Tensors["w"].Blocks[1].Lo = []int{0, 0} }, "two blocks at [0 0]"},
 		{"a block outside", func(m *Manifest) { m.Tensors["w"].Blocks[1].Lo = []int{0, 4} }, "lies outside [4 6]"},
+		{"a size that overflows past the view", func(m *Manifest) { m.Tensors["w"].Blocks[1].Size = []int{4, math.MaxInt} }, "lies outside [4 6]"},
+		{"overlapping blocks", func(m *Manifest) { m.Tensors["w"].Blocks[1].Lo = []int{0, 1} },
+			"the block at [0 0] of size [4 3] in rank-00000.safetensors overlaps the block at [0 1] of size [4 3] in rank-00001.safetensors"},
 		{"an unlisted file", func(m *Manifest) { delete(m.Files, "rank-00001.safetensors") }, `block in "rank-00001.safetensors", which the manifest does not list`},
 		{"a view of another size", func(m *Manifest) { m.Tensors["w"].View = []int{4, 7} }, "view [4 7] does not hold shape [4 6]"},
 		{"an unknown dtype", func(m *Manifest) { m.Tensors["w"].DType = "F8" }, `dtype "F8"`},
@@ -208,4 +214,129 @@ func TestShardedFilesAndIndex(t *testing.T) {
 	require.NoError(t, os.WriteFile(bad, []byte(`{"weight_map": {"a": "../model-00001-of-00002.safetensors"}}`), 0o644))
 	_, err = LoadIndexed(bad)
 	assert.ErrorContains(t, err, "outside its folder")
+}
+
+// Every cell of a grid moved by one along any dim onto its neighbour is
+// an overlap, whichever dim the check sweeps; the grid itself is not.
+func TestOverlapFindsAnyMovedCell(t *testing.T) {
+	parts, size := []int{3, 4, 2}, []int{2, 3, 5}
+	var grid []Block
+	for i := range parts[0] {
+		for j := range parts[1] {
+			for k := range parts[2] {
+				grid = append(grid, Block{Lo: []int{i * size[0], j * size[1], k * size[2]}, Size: slices.Clone(size)})
+			}
+		}
+	}
+	_, _, ok := overlap(grid)
+	require.False(t, ok, "a grid's cells share no element")
+	for c := range grid {
+		for d := range parts {
+			for _, by := range []int{-1, 1} {
+				moved := slices.Clone(grid)
+				moved[c] = Block{Lo: slices.Clone(grid[c].Lo), Size: size}
+				moved[c].Lo[d] += by
+				if moved[c].Lo[d] < 0 || moved[c].Lo[d]+size[d] > parts[d]*size[d] {
+					continue
+				}
+				i, j, ok := overlap(moved)
+				require.True(t, ok, "cell %d moved by %d along dim %d", c, by, d)
+				assert.True(t, i == c || j == c, "cell %d moved: the overlap found is %d and %d", c, i, j)
+			}
+		}
+	}
+	// Empty blocks hold no element to share; scalars' blocks always do.
+	_, _, ok = overlap([]Block{{Lo: []int{0, 0}, Size: []int{0, 3}}, {Lo: []int{0, 0}, Size: []int{4, 3}}})
+	assert.False(t, ok)
+	_, _, ok = overlap([]Block{{Lo: []int{}, Size: []int{}}, {Lo: []int{}, Size: []int{}}})
+	assert.True(t, ok)
+}
+
+// writeBlocks writes validManifest's checkpoint into dir: tensor w's two
+// blocks, each in its shard with metadata as SaveState writes it (legacy:
+// as shards written before they recorded where their blocks lie), and
+// returns w's elements.
+func writeBlocks(t *testing.T, dir string, legacy bool) []float32 {
+	t.Helper()
+	m := validManifest()
+	w := make([]float32, 24)
+	for i := range w {
+		w[i] = float32(i)
+	}
+	whole := Float32Bytes(w)
+	for r, b := range m.Tensors["w"].Blocks {
+		blk := make([]byte, 4*3*4)
+		copyBox(whole, 4, m.Tensors["w"].View, b.Lo, b.Size, blk, false)
+		meta := map[string]string{"format": Format, "rank": fmt.Sprint(r)}
+		if !legacy {
+			meta[blockKey+"w"] = blockPlace(b.Lo, b.Size)
+		}
+		sum, err := save(filepath.Join(dir, b.File), []Tensor{{Name: "w", DType: "F32", Shape: []int{4, 3}, Data: blk}}, meta)
+		require.NoError(t, err)
+		m.Files[b.File] = sum
+	}
+	require.NoError(t, writeJSON(filepath.Join(dir, ManifestName), m))
+	return w
+}
+
+// editManifest rewrites the manifest in dir.
+func editManifest(t *testing.T, dir string, edit func(m *Manifest)) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	require.NoError(t, err)
+	var m Manifest
+	require.NoError(t, json.Unmarshal(raw, &m))
+	edit(&m)
+	require.NoError(t, writeJSON(filepath.Join(dir, ManifestName), m))
+}
+
+// Two blocks of the same size whose corners or files are swapped in the
+// manifest keep every count and checksum; the place each shard records
+// of its block refuses them, where inspect verifies and where a load
+// reads. Shards that record no place still load.
+func TestShardsRecordWhereTheirBlocksLie(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(m *Manifest)
+	}{
+		{"corners swapped", func(m *Manifest) {
+			b := m.Tensors["w"].Blocks
+			b[0].Lo, b[1].Lo = b[1].Lo, b[0].Lo
+		}},
+		{"files swapped", func(m *Manifest) {
+			b := m.Tensors["w"].Blocks
+			b[0].File, b[1].File = b[1].File, b[0].File
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			w := writeBlocks(t, dir, false)
+			m, err := ReadManifest(dir)
+			require.NoError(t, err)
+			require.NoError(t, Verify(dir, m))
+			_, ts, err := Consolidate(dir, lower.Param)
+			require.NoError(t, err)
+			require.Len(t, ts, 1)
+			assert.Equal(t, Float32Bytes(w), ts[0].Data)
+
+			editManifest(t, dir, tc.edit)
+			m, err = ReadManifest(dir)
+			require.NoError(t, err, "the edited manifest still describes whole tensors")
+			err = Verify(dir, m)
+			require.ErrorIs(t, err, ErrCorrupt)
+			assert.ErrorContains(t, err, `holds tensor "w"'s block at [0 3] of size [4 3], the manifest places it at [0 0]`)
+			_, _, err = Consolidate(dir, lower.Param)
+			require.ErrorIs(t, err, ErrCorrupt)
+			assert.ErrorContains(t, err, `tensor "w"'s block at`)
+
+			legacy := t.TempDir()
+			w = writeBlocks(t, legacy, true)
+			m, err = ReadManifest(legacy)
+			require.NoError(t, err)
+			require.NoError(t, Verify(legacy, m), "a checkpoint written before shards recorded their blocks' places")
+			_, ts, err = Consolidate(legacy, lower.Param)
+			require.NoError(t, err)
+			assert.Equal(t, Float32Bytes(w), ts[0].Data)
+		})
+	}
 }
