@@ -59,6 +59,9 @@ var (
 	ErrMismatch = errors.New("checkpoint does not match the run")
 	// ErrVersion: the manifest is of a newer format than this build reads.
 	ErrVersion = errors.New("checkpoint format too new")
+	// ErrUnrecognised: an entry named like a step's checkpoint (step-N)
+	// is not one gcompile completed, so it is neither loaded nor deleted.
+	ErrUnrecognised = errors.New("step folder gcompile did not complete")
 )
 
 // Manifest describes one checkpoint.
@@ -313,6 +316,11 @@ func prepare(root, tmp string) error {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return err
 	}
+	// Refused before any shard is written, as well as where the commit
+	// replaces the folder.
+	if err := replaceable(strings.TrimSuffix(tmp, partialSuffix)); err != nil {
+		return err
+	}
 	if err := RemovePartials(root); err != nil {
 		return err
 	}
@@ -438,10 +446,21 @@ func commit(progs []*lower.Program, opts SaveOptions, tmp, final string, mine pa
 	}
 	syncDir(tmp)
 	faultPoint("manifest written, folder still partial")
-	if _, err := os.Stat(final); err == nil {
+	if err := replaceable(final); err != nil {
+		return err
+	}
+	var old string
+	if _, err := os.Lstat(final); err == nil {
 		// The same step saved before (a resumed run passing it again):
-		// the new save replaces it.
-		if err := os.RemoveAll(final); err != nil {
+		// the new save replaces it. It is renamed out of the way before
+		// it is removed, so a crash while removing it leaves a .partial
+		// folder, which the next save removes, and never a step folder
+		// without a manifest, which no save may remove.
+		old = final + ".replaced" + partialSuffix
+		if err := os.RemoveAll(old); err != nil {
+			return err
+		}
+		if err := os.Rename(final, old); err != nil {
 			return err
 		}
 		faultPoint("old checkpoint of the step removed")
@@ -451,13 +470,28 @@ func commit(progs []*lower.Program, opts SaveOptions, tmp, final string, mine pa
 	}
 	syncDir(opts.Root)
 	faultPoint("committed")
+	if old != "" {
+		if err := os.RemoveAll(old); err != nil {
+			return err
+		}
+	}
 	if opts.KeepLast > 0 {
 		steps, err := Steps(opts.Root)
 		if err != nil {
 			return err
 		}
 		for len(steps) > opts.KeepLast {
-			if err := os.RemoveAll(StepDir(opts.Root, steps[0])); err != nil {
+			// Renamed to a .partial folder first, like a replaced step:
+			// a crash while removing leaves what the next save removes.
+			dir := StepDir(opts.Root, steps[0])
+			gone := dir + ".pruned" + partialSuffix
+			if err := os.RemoveAll(gone); err != nil {
+				return err
+			}
+			if err := os.Rename(dir, gone); err != nil {
+				return err
+			}
+			if err := os.RemoveAll(gone); err != nil {
 				return err
 			}
 			steps = steps[1:]
@@ -498,27 +532,119 @@ func writeJSON(path string, v any) (err error) {
 
 // Steps are the steps of the complete checkpoints in root, ascending
 // (folders step-N with a manifest); an error when root cannot be read.
+// List says what else is there.
 func Steps(root string) ([]int, error) {
+	l, err := List(root)
+	return l.Steps, err
+}
+
+// Listing is what a folder of checkpoints holds.
+type Listing struct {
+	// Steps are the steps of the complete checkpoints, ascending.
+	Steps []int
+	// Unrecognised are the entries named like a step's checkpoint that
+	// are not one gcompile completed, by step: gcompile neither loads
+	// nor deletes them, so a caller that picks a checkpoint by step
+	// must not pass over a newer one in silence. step-N.partial folders,
+	// which saves leave and remove, are not among them.
+	Unrecognised []Unrecognised
+}
+
+// Unrecognised is an entry named like the checkpoint of Step that is not
+// one: Why says what it is instead.
+type Unrecognised struct {
+	Step int
+	Path string
+	Why  string
+}
+
+func (u Unrecognised) String() string { return u.Path + " " + u.Why }
+
+// List lists the checkpoints in root; an error when root cannot be read.
+func List(root string) (Listing, error) {
+	var l Listing
 	entries, err := os.ReadDir(root)
 	if err != nil {
-		return nil, err
+		return l, err
 	}
-	var steps []int
 	for _, e := range entries {
 		digits, ok := strings.CutPrefix(e.Name(), stepPrefix)
-		if !ok || !e.IsDir() {
-			continue
+		if !ok || digits == "" || strings.Trim(digits, "0123456789") != "" {
+			continue // another name, or a .partial folder
 		}
 		n, err := strconv.Atoi(digits)
-		if err != nil || n < 0 {
+		if err != nil {
+			continue // too many digits for a step
+		}
+		path := filepath.Join(root, e.Name())
+		why := unrecognised(path)
+		if want := filepath.Base(StepDir(root, n)); why == "" && e.Name() != want {
+			// StepDir names step n's checkpoint otherwise: taken as step
+			// n, this folder would be looked for (and pruned) there.
+			why = fmt.Sprintf("is a checkpoint, but not named %s as gcompile names step %d's", want, n)
+		}
+		if why != "" {
+			l.Unrecognised = append(l.Unrecognised, Unrecognised{Step: n, Path: path, Why: why})
 			continue
 		}
-		if _, err := os.Stat(filepath.Join(root, e.Name(), ManifestName)); err == nil {
-			steps = append(steps, n)
-		}
+		l.Steps = append(l.Steps, n)
 	}
-	slices.Sort(steps)
-	return steps, nil
+	slices.Sort(l.Steps)
+	slices.SortFunc(l.Unrecognised, func(a, b Unrecognised) int { return a.Step - b.Step })
+	return l, nil
+}
+
+// unrecognised says why the entry at path, named like a step's checkpoint,
+// is not a checkpoint gcompile completed, or "" when it is one: a real
+// folder (not a link, which may lead to another run's checkpoint) with a
+// manifest, which a save writes last before it renames the folder into
+// place.
+func unrecognised(path string) string {
+	fi, err := os.Lstat(path)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("cannot be read (%v)", err)
+	case fi.Mode()&fs.ModeSymlink != 0:
+		target, err := os.Readlink(path)
+		if err != nil {
+			return "is a symbolic link"
+		}
+		return fmt.Sprintf("is a symbolic link (to %s)", target)
+	case !fi.IsDir():
+		return "is not a folder"
+	}
+	if _, err := os.Stat(filepath.Join(path, ManifestName)); err == nil {
+		return ""
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Sprintf("has a %s that cannot be read (%v)", ManifestName, err)
+	}
+	entries, err := os.ReadDir(path)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	switch {
+	case err != nil:
+		return fmt.Sprintf("has no %s and cannot be listed (%v)", ManifestName, err)
+	case len(names) == 0:
+		return fmt.Sprintf("has no %s (it is empty)", ManifestName)
+	}
+	return fmt.Sprintf("has no %s (it holds %s)", ManifestName, list(names))
+}
+
+// replaceable refuses a save into final, a step's folder, when something
+// gcompile did not complete is there: a save replaces the checkpoint of
+// its step, but never removes what a user put in its place.
+func replaceable(final string) error {
+	if _, err := os.Lstat(final); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	why := unrecognised(final)
+	if why == "" {
+		return nil
+	}
+	return fmt.Errorf("%s %s: a save replaces only a checkpoint gcompile completed; move it out of %s or save to another --checkpoint-dir: %w",
+		final, why, filepath.Dir(final), ErrUnrecognised)
 }
 
 // Find resolves what a user names to resume from: a checkpoint folder
@@ -540,14 +666,40 @@ func Find(path string) (string, error) {
 	if !fi.IsDir() {
 		return "", fmt.Errorf("checkpoint %s is a file; name a checkpoint folder or the --checkpoint-dir that holds them", path)
 	}
-	steps, err := Steps(path)
+	l, err := List(path)
 	if err != nil {
 		return "", fmt.Errorf("checkpoint %s: %w", path, err)
 	}
+	steps := l.Steps
 	if len(steps) == 0 {
+		if len(l.Unrecognised) > 0 {
+			return "", fmt.Errorf("%s: %w (no %sN folder with a %s in it); %s: %w", path, ErrNoCheckpoint, stepPrefix, ManifestName, describe(l.Unrecognised), ErrUnrecognised)
+		}
 		return "", fmt.Errorf("%s: %w (no %sN folder with a %s in it)", path, ErrNoCheckpoint, stepPrefix, ManifestName)
 	}
-	return StepDir(path, steps[len(steps)-1]), nil
+	newest := steps[len(steps)-1]
+	var newer []Unrecognised
+	for _, u := range l.Unrecognised {
+		if u.Step >= newest {
+			newer = append(newer, u)
+		}
+	}
+	if len(newer) > 0 {
+		// The newest step may be what a user moved or broke: resuming
+		// from an older one in silence would train those steps again.
+		return "", fmt.Errorf("%s: its newest complete checkpoint is %s, but %s: gcompile neither loads nor deletes it; move it out of %s, or name the checkpoint to take: %w",
+			path, StepDir(path, newest), describe(newer), path, ErrUnrecognised)
+	}
+	return StepDir(path, newest), nil
+}
+
+// describe says what entries are, for an error.
+func describe(us []Unrecognised) string {
+	s := make([]string, len(us))
+	for i, u := range us {
+		s[i] = u.String()
+	}
+	return list(s)
 }
 
 // listedSteps is how many checkpoints an error about a missing one lists.
@@ -564,11 +716,12 @@ func findStep(path string, notExist error) (string, error) {
 	digits, isStep := strings.CutPrefix(base, stepPrefix)
 	step, err := strconv.Atoi(digits)
 	isStep = isStep && err == nil && digits != "" && strings.Trim(digits, "0123456789") == ""
-	steps, err := Steps(root)
+	l, err := List(root)
 	if err != nil {
 		// The folder above is missing too: the stat's error says it all.
 		return "", fmt.Errorf("checkpoint %s: %w", path, notExist)
 	}
+	steps := l.Steps
 	if isStep && slices.Contains(steps, step) {
 		return StepDir(root, step), nil
 	}
@@ -576,6 +729,11 @@ func findStep(path string, notExist error) (string, error) {
 	if isStep {
 		if _, err := os.Stat(StepDir(root, step) + partialSuffix); err == nil {
 			why = fmt.Sprintf("the checkpoint of step %d is incomplete (%s: a save that did not finish is never loaded)", step, StepDir(root, step)+partialSuffix)
+		}
+		for _, u := range l.Unrecognised {
+			if u.Step == step {
+				why = fmt.Sprintf("there is no checkpoint of step %d (%s)", step, u)
+			}
 		}
 	}
 	if len(steps) == 0 {

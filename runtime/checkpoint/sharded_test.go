@@ -129,9 +129,13 @@ func TestFindSkipsPartialCheckpoints(t *testing.T) {
 	for _, d := range []string{"step-00000002", "step-00000004", "step-00000006.partial"} {
 		require.NoError(t, os.WriteFile(filepath.Join(root, d, ManifestName), raw, 0o644))
 	}
+	_, err = Find(root)
+	require.ErrorIs(t, err, ErrUnrecognised, "step 8 has no manifest: the newest step is not passed over in silence")
+	assert.ErrorContains(t, err, StepDir(root, 8)+" has no manifest.json (it is empty)")
+	require.NoError(t, os.Remove(StepDir(root, 8)))
 	got, err := Find(root)
 	require.NoError(t, err)
-	assert.Equal(t, StepDir(root, 4), got, "step 8 has no manifest, step 6 is partial")
+	assert.Equal(t, StepDir(root, 4), got, "step 6 is partial")
 	got, err = Find(StepDir(root, 2))
 	require.NoError(t, err)
 	assert.Equal(t, StepDir(root, 2), got)
@@ -339,4 +343,155 @@ func TestShardsRecordWhereTheirBlocksLie(t *testing.T) {
 			assert.Equal(t, Float32Bytes(w), ts[0].Data)
 		})
 	}
+}
+
+// completeCheckpoint writes validManifest's checkpoint into dir.
+func completeCheckpoint(t *testing.T, dir string) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	writeBlocks(t, dir, false)
+}
+
+// An entry named like a step's checkpoint that gcompile did not complete
+// (a folder without a manifest, a link, a file, a checkpoint under
+// another name than StepDir's) is listed as such, and a newer one than
+// the newest checkpoint stops Find from taking an older step in silence.
+func TestListReportsStepFoldersItDidNotComplete(t *testing.T) {
+	root := t.TempDir()
+	elsewhere := filepath.Join(t.TempDir(), "other-run", "step-00000006")
+	completeCheckpoint(t, elsewhere)
+	completeCheckpoint(t, StepDir(root, 2))
+	completeCheckpoint(t, filepath.Join(root, "step-9"))
+	require.NoError(t, os.MkdirAll(StepDir(root, 4), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(StepDir(root, 4), "user-notes.txt"), []byte("mine"), 0o644))
+	require.NoError(t, os.Symlink(elsewhere, StepDir(root, 6)))
+	require.NoError(t, os.WriteFile(StepDir(root, 7), nil, 0o644))
+	require.NoError(t, os.MkdirAll(StepDir(root, 10)+partialSuffix, 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "step-notes"), 0o755))
+
+	l, err := List(root)
+	require.NoError(t, err)
+	assert.Equal(t, []int{2}, l.Steps)
+	assert.Equal(t, []Unrecognised{
+		{4, StepDir(root, 4), "has no manifest.json (it holds user-notes.txt)"},
+		{6, StepDir(root, 6), "is a symbolic link (to " + elsewhere + ")"},
+		{7, StepDir(root, 7), "is not a folder"},
+		{9, filepath.Join(root, "step-9"), "is a checkpoint, but not named step-00000009 as gcompile names step 9's"},
+	}, l.Unrecognised)
+	steps, err := Steps(root)
+	require.NoError(t, err)
+	assert.Equal(t, []int{2}, steps)
+
+	_, err = Find(root)
+	require.ErrorIs(t, err, ErrUnrecognised)
+	for _, u := range l.Unrecognised {
+		assert.ErrorContains(t, err, u.String())
+	}
+	assert.ErrorContains(t, err, "its newest complete checkpoint is "+StepDir(root, 2))
+	got, err := Find(StepDir(root, 2))
+	require.NoError(t, err, "a checkpoint named is taken")
+	assert.Equal(t, StepDir(root, 2), got)
+	_, err = Find(filepath.Join(root, "step-4"))
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	assert.ErrorContains(t, err, "there is no checkpoint of step 4 ("+StepDir(root, 4)+" has no manifest.json")
+
+	// Older ones are listed but do not stop Find.
+	completeCheckpoint(t, StepDir(root, 12))
+	got, err = Find(root)
+	require.NoError(t, err)
+	assert.Equal(t, StepDir(root, 12), got)
+
+	only := t.TempDir()
+	require.NoError(t, os.MkdirAll(StepDir(only, 4), 0o755))
+	_, err = Find(only)
+	require.ErrorIs(t, err, ErrNoCheckpoint)
+	require.ErrorIs(t, err, ErrUnrecognised)
+	assert.ErrorContains(t, err, StepDir(only, 4)+" has no manifest.json (it is empty)")
+}
+
+// stagePart writes a save's partial folder for step under root, as every
+// process's part leaves it before the commit, and returns it and the part.
+func stagePart(t *testing.T, root string, step int) (string, part) {
+	t.Helper()
+	tmp := StepDir(root, step) + partialSuffix
+	require.NoError(t, prepare(root, tmp))
+	writeBlocks(t, tmp, false)
+	m, err := ReadManifest(tmp)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(filepath.Join(tmp, ManifestName)))
+	return tmp, part{Files: m.Files, Tensors: m.Tensors}
+}
+
+// A save replaces the checkpoint of its step, but refuses, before any
+// shard is written and again at the commit, to remove anything else in
+// its place: a user's folder, a link, a file. --keep-last prunes only
+// checkpoints.
+func TestSaveReplacesOnlyCheckpoints(t *testing.T) {
+	root := t.TempDir()
+	opts := SaveOptions{Root: root, KeepLast: 2}
+	for _, step := range []int{2, 4} {
+		opts.State.Step = step
+		tmp, mine := stagePart(t, root, step)
+		require.NoError(t, commit(nil, opts, tmp, StepDir(root, step), mine, 1))
+	}
+	// The same step again (a resumed run) replaces it.
+	opts.State.Step = 4
+	tmp, mine := stagePart(t, root, 4)
+	require.NoError(t, commit(nil, opts, tmp, StepDir(root, 4), mine, 1))
+	m, err := ReadManifest(StepDir(root, 4))
+	require.NoError(t, err)
+	assert.Equal(t, 4, m.State.Step)
+
+	elsewhere := filepath.Join(t.TempDir(), "step-00000008")
+	completeCheckpoint(t, elsewhere)
+	notes := filepath.Join(StepDir(root, 6), "user-notes.txt")
+	require.NoError(t, os.MkdirAll(StepDir(root, 6), 0o755))
+	require.NoError(t, os.WriteFile(notes, []byte("mine"), 0o644))
+	require.NoError(t, os.Symlink(elsewhere, StepDir(root, 8)))
+	require.NoError(t, os.WriteFile(StepDir(root, 10), []byte("mine"), 0o644))
+	for _, tc := range []struct {
+		step int
+		why  string
+	}{
+		{6, "has no manifest.json (it holds user-notes.txt)"},
+		{8, "is a symbolic link (to " + elsewhere + ")"},
+		{10, "is not a folder"},
+	} {
+		final := StepDir(root, tc.step)
+		err := prepare(root, final+partialSuffix)
+		require.ErrorIs(t, err, ErrUnrecognised)
+		assert.ErrorContains(t, err, final+" "+tc.why+": a save replaces only a checkpoint gcompile completed; move it out of "+root)
+		assert.NoDirExists(t, final+partialSuffix, "refused before any shard is written")
+
+		// Put in place while the save was writing its shards.
+		opts.State.Step = tc.step
+		tmp, mine := stagePart(t, root, 12)
+		err = commit(nil, opts, tmp, final, mine, 1)
+		require.ErrorIs(t, err, ErrUnrecognised)
+		assert.ErrorContains(t, err, final+" "+tc.why)
+	}
+	raw, err := os.ReadFile(notes)
+	require.NoError(t, err)
+	assert.Equal(t, "mine", string(raw))
+	target, err := os.Readlink(StepDir(root, 8))
+	require.NoError(t, err)
+	assert.Equal(t, elsewhere, target)
+	assert.FileExists(t, filepath.Join(elsewhere, ManifestName))
+	assert.FileExists(t, StepDir(root, 10))
+
+	// --keep-last 2 keeps the two newest checkpoints and nothing else goes.
+	opts.State.Step = 12
+	tmp, mine = stagePart(t, root, 12)
+	require.NoError(t, commit(nil, opts, tmp, StepDir(root, 12), mine, 1))
+	l, err := List(root)
+	require.NoError(t, err)
+	assert.Equal(t, []int{4, 12}, l.Steps)
+	assert.Len(t, l.Unrecognised, 3)
+	entries, err := os.ReadDir(root)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	assert.Equal(t, []string{"step-00000004", "step-00000006", "step-00000008", "step-00000010", "step-00000012"}, names, "no .partial folder is left")
 }
