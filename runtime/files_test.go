@@ -1,0 +1,76 @@
+package runtime
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// entries are the names in dir.
+func entries(t *testing.T, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// WriteFileAtomic replaces the file and touches nothing else beside it: a
+// user's file named like a fixed temporary name is kept.
+func TestWriteFileAtomicTouchesNoOtherFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.json")
+	require.NoError(t, os.WriteFile(path+".tmp", []byte("the user's"), 0o600))
+	require.NoError(t, WriteFileAtomic(path, []byte("first")))
+	require.NoError(t, WriteFileAtomic(path, []byte("second")))
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "second", string(raw))
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o644), fi.Mode().Perm(), "readable as os.WriteFile's outputs are")
+	raw, err = os.ReadFile(path + ".tmp")
+	require.NoError(t, err)
+	assert.Equal(t, "the user's", string(raw))
+	assert.Equal(t, []string{"m.json", "m.json.tmp"}, entries(t, dir))
+}
+
+// A write that fails (a full disk, here a temporary file that cannot be
+// written; or a folder where the file goes, which the rename cannot
+// replace) leaves the file that was there and no temporary file.
+func TestWriteFileAtomicFailureLeavesNoTemporary(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.json")
+	require.NoError(t, os.WriteFile(path, []byte("before"), 0o644))
+
+	saved := createTemp
+	t.Cleanup(func() { createTemp = saved })
+	createTemp = func(dir, pattern string) (*os.File, error) {
+		f, err := os.CreateTemp(dir, pattern)
+		if err != nil {
+			return nil, err
+		}
+		name := f.Name()
+		require.NoError(t, f.Close())
+		return os.Open(name) // read-only: every write fails
+	}
+	err := WriteFileAtomic(path, []byte("after"))
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "write "+path)
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "before", string(raw))
+	assert.Equal(t, []string{"m.json"}, entries(t, dir))
+	createTemp = saved
+
+	blocked := filepath.Join(dir, "blocked")
+	require.NoError(t, os.MkdirAll(filepath.Join(blocked, "keep"), 0o755))
+	require.Error(t, WriteFileAtomic(blocked, []byte("after")))
+	assert.Equal(t, []string{"blocked", "m.json"}, entries(t, dir))
+}
