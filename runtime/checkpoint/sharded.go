@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -790,9 +791,13 @@ func ReadManifest(dir string) (*Manifest, error) {
 	return &m, nil
 }
 
-// checkManifest checks that every tensor's blocks lie in its view, are
-// held by listed files, and cover the view exactly once.
+// checkManifest checks that the state is one a run reaches, that every
+// tensor's blocks lie in its view, are held by listed files, and cover the
+// view exactly once, and that every listed file holds a block.
 func checkManifest(m *Manifest) error {
+	if err := checkState(m.State); err != nil {
+		return fmt.Errorf("%s %w: %w", ManifestName, err, ErrCorrupt)
+	}
 	for _, name := range sortedKeys(m.Tensors) {
 		tb := m.Tensors[name]
 		if _, ok := dtypeSizes[tb.DType]; !ok || tb.Kind != lower.Param.String() && tb.Kind != lower.State.String() {
@@ -841,6 +846,38 @@ func checkManifest(m *Manifest) error {
 		if covered != total {
 			return fmt.Errorf("tensor %q: its blocks hold %d of its %d elements: %w", name, covered, total, ErrCorrupt)
 		}
+	}
+	used := map[string]bool{}
+	for _, tb := range m.Tensors {
+		for _, b := range tb.Blocks {
+			used[b.File] = true
+		}
+	}
+	for _, f := range sortedKeys(m.Files) {
+		// A save lists only the files it wrote blocks to. An entry no
+		// block uses is refused here, where every command reads the
+		// manifest (after the tensors: a missing block says more),
+		// rather than by inspect alone, which verifies every listed
+		// file, while a load, which reads only the blocks' files,
+		// accepts it.
+		if !used[f] {
+			return fmt.Errorf("%s lists file %q, which holds no block of any tensor: %w", ManifestName, f, ErrCorrupt)
+		}
+	}
+	return nil
+}
+
+// checkState checks what runtime.Train and the loss scaler refuse to
+// start from, so a manifest that says it is refused where it is read,
+// naming it, rather than when a resumed run starts.
+func checkState(st runtime.State) error {
+	switch {
+	case st.Step < 0 || st.OptStep < 0 || st.Samples < 0:
+		return fmt.Errorf("has state: step %d, optimizer step %d, %d samples: none may be negative", st.Step, st.OptStep, st.Samples)
+	case st.OptStep > st.Step:
+		return fmt.Errorf("has state: optimizer step %d is past step %d (a step applies at most one update)", st.OptStep, st.Step)
+	case st.LossScale != nil && (!(st.LossScale.Scale > 0) || math.IsInf(st.LossScale.Scale, 0) || st.LossScale.Clean < 0):
+		return fmt.Errorf("has state: loss scale %v after %d clean steps: the scale must be positive and finite, the count not negative", st.LossScale.Scale, st.LossScale.Clean)
 	}
 	return nil
 }
@@ -1318,6 +1355,9 @@ func Consolidate(dir string, kind lower.BufferKind) (*Manifest, []Tensor, error)
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := checkDerived(m); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", dir, err)
+	}
 	r := &reader{dir: dir, m: m, files: map[string]*File{}}
 	defer r.close()
 	var out []Tensor
@@ -1333,6 +1373,51 @@ func Consolidate(dir string, kind lower.BufferKind) (*Manifest, []Tensor, error)
 		out = append(out, Tensor{Name: name, DType: tb.DType, Shape: slices.Clone(tb.Shape), Data: data})
 	}
 	return m, out, nil
+}
+
+// checkDerived checks that every state tensor is a param's: the
+// optimizers name their state PREFIX/NAME or PREFIX.row:NAME after param
+// NAME. A param whose kind was edited to state would otherwise be left
+// out of the exported weights without a word (a resume refuses it, as
+// the run's param is not the checkpoint's state).
+func checkDerived(m *Manifest) error {
+	// base is the tensor a state's name derives from, when the
+	// checkpoint has it: the name after one of its '/' or ':'.
+	base := func(name string) (string, bool) {
+		for i, c := range name {
+			if c == '/' || c == ':' {
+				if _, ok := m.Tensors[name[i+1:]]; ok {
+					return name[i+1:], true
+				}
+			}
+		}
+		return "", false
+	}
+	var orphans []string
+	stateOf := map[string]string{} // a tensor → a state named after it
+	for _, name := range sortedKeys(m.Tensors) {
+		if m.Tensors[name].Kind != lower.State.String() {
+			continue
+		}
+		b, ok := base(name)
+		if ok {
+			stateOf[b] = name
+		}
+		if !ok || m.Tensors[b].Kind != lower.Param.String() {
+			orphans = append(orphans, name)
+		}
+	}
+	if len(orphans) == 0 {
+		return nil
+	}
+	// A param whose kind was edited leaves its own state orphaned too;
+	// the param is what to name.
+	for _, name := range orphans {
+		if s, ok := stateOf[name]; ok {
+			return fmt.Errorf("%s: tensor %q is of kind state, yet optimizer state %q is named after it as after a param: %w", ManifestName, name, s, ErrCorrupt)
+		}
+	}
+	return fmt.Errorf("%s: tensor %q is optimizer state of no param in the checkpoint (state is named PREFIX/PARAM after its param): %w", ManifestName, orphans[0], ErrCorrupt)
 }
 
 // safetensorsDTypes are the safetensors names of the IR's dtypes.

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"gcompile/lower"
+	"gcompile/runtime"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -494,4 +495,66 @@ func TestSaveReplacesOnlyCheckpoints(t *testing.T) {
 		names = append(names, e.Name())
 	}
 	assert.Equal(t, []string{"step-00000004", "step-00000006", "step-00000008", "step-00000010", "step-00000012"}, names, "no .partial folder is left")
+}
+
+// A manifest whose state no run reaches, or that lists a file no block
+// uses, is refused where it is read, naming it, so inspect, resume and
+// export agree.
+func TestManifestStateAndFilesAreChecked(t *testing.T) {
+	assert.ErrorContains(t, checkState(runtime.State{LossScale: &runtime.ScalerState{Scale: math.Inf(1)}}), "loss scale +Inf", "JSON holds no infinity; a caller's state may")
+	for _, tc := range []struct {
+		name   string
+		break_ func(m *Manifest)
+		want   string
+	}{
+		{"a negative step", func(m *Manifest) { m.State.Step = -1 }, "state: step -1, optimizer step 3, 16 samples: none may be negative"},
+		{"negative samples", func(m *Manifest) { m.State.Samples = -4 }, "none may be negative"},
+		{"an optimizer step past the step", func(m *Manifest) { m.State.Step, m.State.OptStep = 4, 5 }, "optimizer step 5 is past step 4"},
+		{"a zero loss scale", func(m *Manifest) { m.State.LossScale = &runtime.ScalerState{Scale: 0, Dynamic: true} }, "loss scale 0 after 0 clean steps"},
+		{"a negative clean count", func(m *Manifest) { m.State.LossScale = &runtime.ScalerState{Scale: 1024, Clean: -1} }, "after -1 clean steps"},
+		{"a file no block uses", func(m *Manifest) { m.Files["rank-00002.safetensors"] = Sum{Bytes: 8, CRC32C: "00000000"} },
+			`lists file "rank-00002.safetensors", which holds no block of any tensor`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeBlocks(t, dir, false)
+			editManifest(t, dir, func(m *Manifest) {
+				m.State = runtime.State{Step: 4, OptStep: 3, Samples: 16, LossScale: &runtime.ScalerState{Scale: 1024, Dynamic: true, Clean: 2}}
+			})
+			_, err := ReadManifest(dir)
+			require.NoError(t, err, "a step skipped by the loss scaler leaves the optimizer step behind")
+			editManifest(t, dir, tc.break_)
+			_, err = ReadManifest(dir)
+			require.ErrorIs(t, err, ErrCorrupt)
+			assert.ErrorContains(t, err, dir+": "+ManifestName+" ")
+			assert.ErrorContains(t, err, tc.want)
+			_, _, err = Consolidate(dir, lower.Param)
+			assert.ErrorIs(t, err, ErrCorrupt, "export refuses it too")
+		})
+	}
+}
+
+// Every state tensor is a param's (PREFIX/NAME, PREFIX.row:NAME): a
+// param whose kind was edited to state is refused by export rather than
+// left out of the weights.
+func TestConsolidateRefusesStateOfNoParam(t *testing.T) {
+	dir := t.TempDir()
+	writeBlocks(t, dir, false)
+	editManifest(t, dir, func(m *Manifest) { m.Tensors["w"].Kind = "state" })
+	_, ts, err := Consolidate(dir, lower.Param)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorContains(t, err, `tensor "w" is optimizer state of no param in the checkpoint`)
+	assert.Empty(t, ts)
+
+	m := validManifest()
+	m.Tensors["adam.m/w"] = &TensorBlocks{Kind: "state"}
+	m.Tensors["w"].Kind = "state"
+	assert.ErrorContains(t, checkDerived(m), `tensor "w" is of kind state, yet optimizer state "adam.m/w" is named after it as after a param`)
+	m.Tensors["w"].Kind = "param"
+	for _, name := range []string{"adam.m/w", "adafactor.v.row:w", "sgd.momentum/w"} {
+		m.Tensors[name] = &TensorBlocks{Kind: "state"}
+	}
+	require.NoError(t, checkDerived(m))
+	m.Tensors["adam.m/v"] = &TensorBlocks{Kind: "state"}
+	assert.ErrorContains(t, checkDerived(m), `tensor "adam.m/v" is optimizer state of no param`)
 }
