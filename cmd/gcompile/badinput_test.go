@@ -16,6 +16,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -625,9 +626,15 @@ func captureStdout(t *testing.T, f func()) string {
 func TestRunWritesEveryOutputItCan(t *testing.T) {
 	dir := t.TempDir()
 	metrics, weights, trace, dumps := filepath.Join(dir, "m.json"), filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "t.json"), filepath.Join(dir, "d")
-	for _, blocked := range []string{metrics + ".tmp", weights + ".tmp"} {
-		writeFile(t, filepath.Join(blocked, "keep"), "x")
+	// The metrics and the weights fail as a full disk fails them, after
+	// the paths were found writable.
+	failWrite = func(flag string, write func(string) error) func(string) error {
+		if flag != "metrics" && flag != "save" {
+			return write
+		}
+		return func(string) error { return syscall.ENOSPC }
 	}
+	t.Cleanup(func() { failWrite = nil })
 	err := mainNoPanic(t, append(slices.Clone(tinyGPT), "--run", "--steps", "2", "--eval-batches", "1",
 		"--metrics", metrics, "--save", weights, "--trace", trace, "--dump", dumps))
 	require.Error(t, err)

@@ -59,6 +59,12 @@ func checkCheckpointDir(c *config, resumed string, step int) error {
 	if c.ckptDir == "" {
 		return nil
 	}
+	// A step folder gcompile did not complete (a user's files in it, a
+	// link) would stop the run at its save: said now, before training.
+	if l, err := checkpoint.List(c.ckptDir); err == nil && len(l.Unrecognised) > 0 {
+		u := l.Unrecognised[0]
+		return fmt.Errorf("--checkpoint-dir %s: %s: it is named as a checkpoint of step %d but is not one gcompile completed, and a save there would not replace it; move it out of the folder, or give this run another --checkpoint-dir", c.ckptDir, u, u.Step)
+	}
 	steps, err := checkpoint.Steps(c.ckptDir)
 	if err != nil || len(steps) == 0 {
 		return nil // missing or empty: checkOutputDir has checked it can be written

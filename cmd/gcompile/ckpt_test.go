@@ -1081,3 +1081,19 @@ func TestAsyncCheckpointResumesAtItsDP(t *testing.T) {
 	assert.Contains(t, err.Error(), "resume it with --dp 4")
 	require.NoError(t, mainErr(append(slices.Clone(args), "--devices", "4", "--dp", "4", "--resume", filepath.Join(dir, "ck"), "--checkpoint-dir", filepath.Join(dir, "ck3"))))
 }
+
+// A folder named as a step's checkpoint that gcompile did not complete (a
+// user's files in it) is refused before training, not met at the save,
+// and is left as it was.
+func TestCheckpointDirWithAForeignStepFolderIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	args := append(slices.Clone(ckptGPT), "--checkpoint-dir", ck, "--checkpoint-every", "2")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--steps", "2")))
+	notes := filepath.Join(checkpoint.StepDir(ck, 4), "notes.txt")
+	writeFile(t, notes, "mine")
+	err := mainErr(append(slices.Clone(args), "--steps", "6", "--resume", checkpoint.StepDir(ck, 2)))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is named as a checkpoint of step 4 but is not one gcompile completed")
+	assert.FileExists(t, notes)
+}

@@ -348,6 +348,11 @@ func notAFile(flag, path string) error {
 	return fmt.Errorf("%s %s is not a regular file (%v): it wants a file it can read to the end", what, path, fi.Mode().Type())
 }
 
+// failWrite, in tests, replaces an output's write with one that fails (a
+// disk filling up after the paths were probed, which nothing else makes
+// happen to a root process).
+var failWrite func(flag string, write func(string) error) func(string) error
+
 // writeOutput writes one output of the run with write, creating its folder
 // first (checkPaths made sure it can be, then left none behind), and names
 // --flag in the error. Each output is written on its own: a failure is
@@ -356,6 +361,9 @@ func notAFile(flag, path string) error {
 func writeOutput(flag, path string, write func(path string) error) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("--%s: %w", flag, err)
+	}
+	if failWrite != nil {
+		write = failWrite(flag, write)
 	}
 	if err := write(path); err != nil {
 		return fmt.Errorf("--%s: %w", flag, err)

@@ -253,7 +253,8 @@ func write(w io.Writer, tensors []Tensor, metadata map[string]string) error {
 	return nil
 }
 
-// Save writes a safetensors file to path via path+".tmp" and a rename, so
+// Save writes a safetensors file to path via a temporary file beside it
+// and a rename, so
 // a crash or error mid-save leaves any previous checkpoint at path intact
 // and never leaves a truncated file under the real name. Invalid tensors
 // are rejected before any file is created.
@@ -277,9 +278,15 @@ func save(path string, tensors []Tensor, metadata map[string]string) (sum Sum, e
 	if _, err := plan(tensors, metadata); err != nil {
 		return Sum{}, err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	// A temporary name of its own: path+".tmp" could be a user's file.
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
+		return Sum{}, fmt.Errorf("create temporary file: %w", err)
+	}
+	tmp := f.Name()
+	if err := f.Chmod(0o644); err != nil {
+		_ = f.Close()
+		_ = os.Remove(tmp)
 		return Sum{}, fmt.Errorf("create temporary file: %w", err)
 	}
 	closed := false

@@ -508,11 +508,11 @@ func writeJSON(path string, v any) (err error) {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return err
 	}
+	tmp := f.Name()
 	defer func() {
 		if err != nil {
 			_ = f.Close()
@@ -523,6 +523,9 @@ func writeJSON(path string, v any) (err error) {
 		return err
 	}
 	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Chmod(0o644); err != nil {
 		return err
 	}
 	if err = f.Close(); err != nil {
