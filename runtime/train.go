@@ -298,6 +298,14 @@ func Train(dev Device, src data.Source, cfg TrainConfig, report func(StepMetrics
 	if err != nil {
 		return nil, nil, err
 	}
+	if cfg.LossScale == nil {
+		// A mixed-precision program multiplies the loss by its loss_scale
+		// input: never set, it stays 0, every gradient is NaN and the
+		// program's own gate skips every update.
+		if _, err := dev.Scalar(OutputNonFinite); err == nil {
+			return nil, nil, errors.New("the program is mixed precision (it has a loss_scale input and an overflow count): TrainConfig.LossScale must set its scale (1 for bf16)")
+		}
+	}
 	st := cfg.Start
 	if st.Step < 0 || st.OptStep < 0 || st.OptStep > st.Step {
 		return nil, nil, fmt.Errorf("a training state at step %d with %d optimizer steps is not valid", st.Step, st.OptStep)

@@ -271,6 +271,12 @@ func trainKeeping(t testing.TB, p plan, kinds ...lower.BufferKind) trajectory {
 		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"},
 		Outputs:  runtime.AuxOutputs(slices.Collect(maps.Keys(prog.Outputs)))}
 	_, cfg.RandomKey = prog.Sources[ir.InputRandomKey]
+	switch p.precision {
+	case "bf16":
+		cfg.LossScale = runtime.NewLossScaler(1) // as the CLI runs bf16
+	case "fp16":
+		cfg.LossScale = runtime.NewLossScaler(0) // dynamic
+	}
 	steps, evals, err := runtime.Train(cl, corpus(), cfg, nil)
 	require.NoError(t, err)
 	tr := trajectory{prog: prog, eval: evals[len(evals)-1].Loss}

@@ -222,3 +222,15 @@ func TestEvaluationStopsWhenInterrupted(t *testing.T) {
 	assert.Equal(t, 3, asked, "asked between batches, and no more once stopped")
 	assert.Equal(t, 1, boundaries)
 }
+
+// A mixed-precision program trained without a loss scaler would multiply
+// its loss by an unset scale of 0 and skip every update: refused.
+func TestMixedPrecisionNeedsItsLossScale(t *testing.T) {
+	prog := compilePlan(t, plan{precision: "bf16"})
+	cl, err := cpu.NewCluster(prog, cpu.Options{})
+	require.NoError(t, err)
+	require.NoError(t, cl.InitParams(1))
+	_, _, err = runtime.Train(cl, corpus(), runtime.TrainConfig{Steps: 1, Batch: eqBatch, Seq: eqSeq, EvalBatches: -1, Schedule: runtime.Schedule{LR: 1e-3, Steps: 1}}, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "TrainConfig.LossScale must set its scale")
+}

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
@@ -79,6 +80,43 @@ func checkCheckpointDir(c *config, resumed string, step int) error {
 	case step < newest:
 		return fmt.Errorf("%s, and this run resumes from step %d (%s): it would branch into the folder of the newer steps, and --resume %s would then take the other branch; give this run another --checkpoint-dir, or resume from step %d",
 			held, step, resumed, c.ckptDir, newest)
+	}
+	return nil
+}
+
+// checkpointBytes is what one checkpoint of m holds: every param and
+// optimizer state whole, once (the shards write each block once).
+func checkpointBytes(m *ir.Module) int64 {
+	var n int64
+	for _, v := range m.Values {
+		if v.Op == "param" || v.Op == "state" {
+			n += v.Type.Bytes()
+		}
+	}
+	return n
+}
+
+// freeSpace is freeBytes; tests give a folder a full disk's.
+var freeSpace = freeBytes
+
+// checkCheckpointRoom refuses a run whose --checkpoint-dir has less free
+// space than one checkpoint takes, before it trains: the first save would
+// fail after the steps up to it were spent. Less than the --keep-last
+// checkpoints plus the one being written is a warning, since the run gets
+// that far.
+func checkCheckpointRoom(c *config, m *ir.Module, log io.Writer) error {
+	free, ok := freeSpace(c.ckptDir)
+	if !ok {
+		return nil
+	}
+	one := checkpointBytes(m)
+	if free < one {
+		return fmt.Errorf("--checkpoint-dir %s: %s free, and one checkpoint of this model takes %s (its params and optimizer state): the first save would fail after training to it; free some space or give another folder",
+			c.ckptDir, lower.HumanBytes(free), lower.HumanBytes(one))
+	}
+	if keep := int64(c.keepLast) + 1; c.keepLast > 0 && free < keep*one {
+		fmt.Fprintf(log, "warning: --checkpoint-dir %s has %s free; --keep-last %d and the save being written need %s (%s each)\n",
+			c.ckptDir, lower.HumanBytes(free), c.keepLast, lower.HumanBytes(keep*one), lower.HumanBytes(one))
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -1096,4 +1097,37 @@ func TestCheckpointDirWithAForeignStepFolderIsRefused(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is named as a checkpoint of step 4 but is not one gcompile completed")
 	assert.FileExists(t, notes)
+}
+
+// A checkpoint's size is known once the plan is compiled: a folder with
+// less room than one is refused before training, and the estimate is
+// what the saved files take, within their headers and manifest.
+func TestCheckpointDirWithoutRoomIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	args := append(slices.Clone(ckptGPT), "--checkpoint-dir", ck, "--steps", "2", "--devices", "4", "--tp", "2", "--dp", "2", "--zero", "1")
+	require.NoError(t, mainErr(args))
+	var onDisk int64
+	require.NoError(t, filepath.WalkDir(checkpoint.StepDir(ck, 2), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			fi, err := d.Info()
+			require.NoError(t, err)
+			onDisk += fi.Size()
+		}
+		return err
+	}))
+	c, err := parseArgs(args)
+	require.NoError(t, err)
+	res, err := compile.Compile(&c.Config, passes.Hooks{})
+	require.NoError(t, err)
+	want := checkpointBytes(res.Module)
+	assert.LessOrEqual(t, want, onDisk)
+	assert.Less(t, onDisk-want, int64(100<<10), "%d estimated, %d on disk: the rest is headers and the manifest", want, onDisk)
+
+	freeSpace = func(string) (int64, bool) { return want - 1, true }
+	t.Cleanup(func() { freeSpace = freeBytes })
+	err = mainErr(append(slices.Clone(ckptGPT), "--checkpoint-dir", filepath.Join(dir, "other"), "--steps", "2"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the first save would fail after training to it")
+	assert.NoDirExists(t, filepath.Join(dir, "other", "step-00000002"))
 }
