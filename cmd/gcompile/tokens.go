@@ -400,9 +400,13 @@ func cachedMaxToken(ds *indexed.Dataset, prefix, cacheDir string) (int32, error)
 		cacheDir = sample.DefaultCacheDir(prefix)
 	}
 	file := filepath.Join(cacheDir, "maxtoken-"+ds.Fingerprint())
-	if b, err := os.ReadFile(file); err == nil {
-		if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 32); err == nil && n >= 0 {
-			return int32(n), nil
+	// A regular file only: a pipe there would hang the read. Anything
+	// else is replaced by the rename below.
+	if fi, err := os.Stat(file); err == nil && fi.Mode().IsRegular() {
+		if b, err := os.ReadFile(file); err == nil {
+			if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 32); err == nil && n >= 0 {
+				return int32(n), nil
+			}
 		}
 	}
 	n, err := ds.MaxToken()

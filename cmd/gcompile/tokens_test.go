@@ -630,3 +630,32 @@ func TestDefaultDataIgnoresTheWorkingFolder(t *testing.T) {
 	require.NoError(t, mainErr([]string{model, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
 		"--run", "--steps", "1", "--eval-batches", "1"}))
 }
+
+// A pipe where the cached largest id of a dataset belongs is not read (it
+// would hang the run): the id is scanned again and the pipe replaced.
+func TestMaxTokenCacheThatIsAPipeIsReplaced(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 20, 20, 200, 15)
+	ds, err := indexed.Open(prefix)
+	require.NoError(t, err)
+	defer ds.Close()
+	cache := filepath.Join(dir, "cache")
+	require.NoError(t, os.MkdirAll(cache, 0o755))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(cache, "maxtoken-"+ds.Fingerprint()), 0o644))
+	done := make(chan int32)
+	go func() {
+		n, err := cachedMaxToken(ds, prefix, cache)
+		assert.NoError(t, err)
+		done <- n
+	}()
+	select {
+	case n := <-done:
+		assert.Equal(t, int32(199), n)
+	case <-time.After(10 * time.Second):
+		f, err := os.OpenFile(filepath.Join(cache, "maxtoken-"+ds.Fingerprint()), os.O_WRONLY, 0)
+		if err == nil {
+			f.Close() // lets the blocked read end
+		}
+		t.Fatal("reading the cache blocked on the pipe")
+	}
+}
