@@ -526,6 +526,9 @@ func (c *config) validate() error {
 	if c.report != "" && !strings.HasSuffix(strings.ToLower(c.report), ".html") {
 		bad("--report %q: the report is an HTML page; give a FILE.html", c.report)
 	}
+	if c.timeline != "" && !strings.HasSuffix(strings.ToLower(c.timeline), ".svg") {
+		bad("--timeline %q: the timeline is an SVG drawing; give a FILE.svg", c.timeline)
+	}
 	if !slices.Contains([]string{"cpu", "cuda"}, c.backend) {
 		bad("--backend %q: want cpu or cuda", c.backend)
 	}
