@@ -536,6 +536,14 @@ func TestHelpAndFlagMistakes(t *testing.T) {
 	out := captureStdout(t, func() { require.NoError(t, mainNoPanic(t, []string{"-h"})) })
 	assert.Contains(t, out, "-lr float")
 	assert.Contains(t, out, "-checkpoint-dir")
+	// eval's usage lists the flags it takes, not those it refuses.
+	out = captureStdout(t, func() { require.NoError(t, mainNoPanic(t, []string{"eval", "-h"})) })
+	for _, f := range []string{"-load string", "-data string", "-tp int", "-eval-batches int"} {
+		assert.Contains(t, out, f)
+	}
+	for _, f := range []string{"-lr float", "-seed int", "-metrics string", "-checkpoint-dir string"} {
+		assert.NotContains(t, out, f)
+	}
 
 	if testing.Short() {
 		t.Skip("starts the command as a process; skipped with -short")

@@ -351,23 +351,27 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 	if notes := scheduleChanges(m.Plan.Flags, c); len(notes) > 0 && c.Progress != io.Discard {
 		// Allowed, as Megatron-LM allows it, but no longer the run that
 		// was checkpointed: say so, once, in the log.
-		fmt.Fprintf(os.Stderr, "resume: %s; the learning-rate schedule follows this run's flags\n", strings.Join(notes, ", "))
+		fmt.Fprintf(os.Stderr, "resume: %s; the learning-rate schedule and the update follow this run's flags\n", strings.Join(notes, ", "))
 	}
 	return st, nil
 }
 
-// scheduleChanges names the learning-rate flags whose values differ from
-// those the checkpointed run recorded (saved: its metrics config, numbers
-// as JSON reads them).
+// scheduleChanges names the learning-rate and optimizer flags whose
+// values differ from those the checkpointed run recorded (saved: its
+// metrics config, numbers as JSON reads them).
 func scheduleChanges(saved map[string]any, c *config) []string {
 	var notes []string
 	for _, f := range []struct {
 		key, flag string
 		now       float64
-	}{{"lr", "--lr", c.lr}, {"min_lr", "--min-lr", c.minLR}, {"warmup", "--warmup", float64(c.warmup)}, {"steps", "--steps", float64(c.steps)}} {
+	}{{"lr", "--lr", c.lr}, {"min_lr", "--min-lr", c.minLR}, {"warmup", "--warmup", float64(c.warmup)}, {"steps", "--steps", float64(c.steps)},
+		{"weight_decay", "--weight-decay", c.WeightDecay}, {"clip", "--clip", c.Clip}, {"beta1", "--beta1", c.Beta1}, {"beta2", "--beta2", c.Beta2}} {
 		if was, ok := saved[f.key].(float64); ok && was != f.now {
 			notes = append(notes, fmt.Sprintf("%s %g (the checkpoint's run: %g)", f.flag, f.now, was))
 		}
+	}
+	if was, ok := saved["lr_decay"].(string); ok && was != c.decay {
+		notes = append(notes, fmt.Sprintf("--lr-decay %s (the checkpoint's run: %s)", c.decay, was))
 	}
 	return notes
 }

@@ -1131,3 +1131,16 @@ func TestCheckpointDirWithoutRoomIsRefused(t *testing.T) {
 	assert.Contains(t, err.Error(), "the first save would fail after training to it")
 	assert.NoDirExists(t, filepath.Join(dir, "other", "step-00000002"))
 }
+
+// A resumed run that changes the schedule or the update's settings is
+// allowed, and each change is named against the checkpoint's run.
+func TestResumeNamesChangedTrainingSettings(t *testing.T) {
+	saved := map[string]any{"lr": 3e-4, "min_lr": 3e-5, "warmup": 10.0, "steps": 100.0, "weight_decay": 0.1, "clip": 1.0,
+		"beta1": 0.9, "beta2": 0.95, "lr_decay": "cosine"}
+	c := &config{lr: 3e-4, minLR: 3e-5, warmup: 10, steps: 100, decay: "cosine"}
+	c.WeightDecay, c.Clip, c.Beta1, c.Beta2 = 0.1, 1, 0.9, 0.95
+	assert.Empty(t, scheduleChanges(saved, c))
+	c.WeightDecay, c.Clip, c.Beta2, c.decay = 0.01, 0.5, 0.99, "constant"
+	assert.Equal(t, []string{"--weight-decay 0.01 (the checkpoint's run: 0.1)", "--clip 0.5 (the checkpoint's run: 1)",
+		"--beta2 0.99 (the checkpoint's run: 0.95)", "--lr-decay constant (the checkpoint's run: cosine)"}, scheduleChanges(saved, c))
+}

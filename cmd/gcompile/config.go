@@ -229,6 +229,31 @@ func runSettings(fs *flag.FlagSet) []string {
 
 func parseArgs(args []string) (*config, error) { return parseArgsWith(args, "", nil) }
 
+// evalRefuses are the flags gcompile eval refuses, by why: each would
+// be accepted and change nothing, since eval runs the forward of weights
+// it is given.
+var evalRefuses = []struct {
+	why   string
+	flags []string
+}{
+	{"belongs to training; eval only measures the held-out loss", []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "dp-sync", "eval-every", "run"}},
+	{"records a training run; eval prints the held-out loss and writes no file", []string{"metrics", "report", "timeline"}},
+	{"changes only training (the update, the backward or the run's files); eval runs the forward of the weights given, so leave it out", []string{
+		"lr", "min-lr", "warmup", "lr-decay", "weight-decay", "clip", "beta1", "beta2", "optimizer",
+		"loss-scale", "initial-loss-scale", "staleness", "bucket-mb", "overlap-grad-reduce", "recompute", "compress-activations",
+		"checkpoint-every", "keep-last", "seed", "plan-top", "plan-trace", "refine-trace", "save-hardware", "calibrate"}},
+}
+
+// evalRefused says whether gcompile eval refuses flag name.
+func evalRefused(name string) bool {
+	for _, g := range evalRefuses {
+		if slices.Contains(g.flags, name) {
+			return true
+		}
+	}
+	return false
+}
+
 // parseArgsWith is parseArgs for the subcommand sub ("" for none) that
 // takes gcompile's flags (eval), with mode applied before the command
 // line is validated: what the subcommand does with them.
@@ -243,11 +268,24 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 		if sub != "" {
 			for _, sc := range subcommandTable() {
 				if sc.name == sub {
-					fmt.Fprintf(w, "usage: gcompile %s %s\n%s.\n\nflags (gcompile's; those that only record a training run, --save, --checkpoint-dir, --trace, are refused):\n", sc.name, sc.args, sc.doc)
+					fmt.Fprintf(w, "usage: gcompile %s %s\n%s.\n\nflags (training's that it uses; those that only train or record a run are refused):\n", sc.name, sc.args, strings.TrimSuffix(sc.doc, " (see gcompile "+sc.name+" -h)"))
 				}
 			}
 			w.Flush()
-			fs.PrintDefaults()
+			// Only the flags eval takes, and --eval-batches as eval reads it.
+			shown := flag.NewFlagSet(name, flag.ContinueOnError)
+			shown.SetOutput(fs.Output())
+			fs.VisitAll(func(f *flag.Flag) {
+				if sub == "eval" && evalRefused(f.Name) {
+					return
+				}
+				usage := f.Usage
+				if sub == "eval" && f.Name == "eval-batches" {
+					usage = "held-out batches to evaluate, as many as training evaluates by default (0: the whole held-out split of a token dataset)"
+				}
+				shown.Var(f.Value, f.Name, usage)
+			})
+			shown.PrintDefaults()
 			return
 		}
 		fmt.Fprintf(w, "usage: gcompile MODEL.go|MODEL.gir [flags]\n")
@@ -263,8 +301,8 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 		fs.PrintDefaults()
 	}
 	fs.IntVar(&c.Devices, "devices", 1, "number of devices in the whole job (all processes together)")
-	fs.IntVar(&c.TP, "tp", 0, "tensor-parallel degree (0: chosen by the planner)")
-	fs.IntVar(&c.PP, "pp", 0, "pipeline-parallel degree (0: chosen by the planner)")
+	fs.IntVar(&c.TP, "tp", 0, "tensor-parallel degree (0: 1, or the planner's choice when --devices > 1 and no axis is given)")
+	fs.IntVar(&c.PP, "pp", 0, "pipeline-parallel degree (0: 1, or the planner's choice when --devices > 1 and no axis is given)")
 	fs.IntVar(&c.DP, "dp", 0, "data-parallel degree (0: the devices left over)")
 	fs.IntVar(&c.EP, "ep", 0, "expert-parallel degree: mixture-of-experts weights split by expert, tokens over dp×ep (0: 1, or chosen by the planner for a model with experts)")
 	fs.IntVar(&c.CP, "cp", 0, "context-parallel degree: every activation's sequence split over cp devices, attention included (0: 1)")
@@ -309,10 +347,10 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.stopAfter, "stop-after", 0, "end the run after this step as a preemption would (with a checkpoint under --checkpoint-dir); the schedule is still --steps' (0: run to --steps)")
 	fs.StringVar(&c.resume, "resume", "", "continue training from a checkpoint: a --checkpoint-dir (its latest complete checkpoint) or one step-N folder in it; any plan, same model, batch, optimizer and precision")
 	fs.IntVar(&c.Batch, "batch", 8, "global batch in sequences")
-	fs.StringVar(&c.hardware, "hardware", "", "the devices the planner and cost model assume: "+strings.Join(cost.Presets(), ", ")+", or a JSON file (see docs/architecture.md), either followed by :key=value,… to set figures by their JSON keys (a100-80g:inter_node_gbps=12.5); with --run and no --tp/--pp/--dp, train the planner's best plan")
-	fs.BoolVar(&c.plan, "plan", false, "print the planner's best plans for --devices, --batch and --hardware (default cpu) as a table, and --metrics as JSON; axes given as flags stay fixed")
+	fs.StringVar(&c.hardware, "hardware", "", "the devices the planner and cost model assume: "+strings.Join(cost.Presets(), ", ")+", or a JSON file (see docs/architecture.md), either followed by :key=value,… to set figures by their JSON keys (a100-80g:inter_node_gbps=12.5); cpu measures this machine. Without --plan it prices the plan the planner picks when --devices > 1 and no axis (--tp, --pp, --dp, --ep, --cp) is given")
+	fs.BoolVar(&c.plan, "plan", false, "print the planner's best plans for --devices, --batch and --hardware as a table, and --metrics as JSON; axes given as flags stay fixed (without --hardware: the cpu preset's figures, uncalibrated; the GPU found with --backend cuda)")
 	fs.IntVar(&c.planTop, "plan-top", 5, "with --plan: how many plans to compile and report")
-	fs.StringVar(&c.planTrace, "plan-trace", "", "write the cost model's predicted step of the compiled plan (with --plan, the planner's best) as Chrome trace events to FILE.json, in --trace's format, for --hardware (default cpu)")
+	fs.StringVar(&c.planTrace, "plan-trace", "", "write the cost model's predicted step of the compiled plan (with --plan, the planner's best) as Chrome trace events to FILE.json, in --trace's format, for --hardware (as --plan's default without it)")
 	fs.StringVar(&c.refineTrace, "refine-trace", "", "with --plan and --hardware: refine the preset's efficiencies, launch and link figures from FILE.json, a --trace of a run of this plan (every plan axis as it ran), and plan with the refined preset")
 	fs.StringVar(&c.saveHardware, "save-hardware", "", "with --refine-trace or --calibrate: write the refined preset to FILE.json, which --hardware FILE.json reads")
 	fs.StringVar(&c.calibrate, "calibrate", "", "with --plan (or --devices alone): fit the hardware's GEMM efficiency, links and fixed costs to the measured step times of the plans in FILE.json (a list of --plan --metrics rows, each with step_ms; or a run's --metrics), print what was fitted and the leave-one-out error, and plan with the result")
@@ -542,24 +580,11 @@ func (c *config) validate() error {
 		case c.load != "" && c.resume != "":
 			bad("eval: --load and --resume both give the weights; give one")
 		}
-		for _, f := range []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "dp-sync", "eval-every", "run"} {
-			if c.explicit[f] {
-				bad("eval: --%s belongs to training; eval only measures the held-out loss", f)
-			}
-		}
-		// What only an update, a backward or a run's bookkeeping reads:
-		// eval runs the forward of given weights, so each would be
-		// accepted and change nothing.
-		for _, f := range []string{"lr", "min-lr", "warmup", "lr-decay", "weight-decay", "clip", "beta1", "beta2", "optimizer",
-			"loss-scale", "initial-loss-scale", "staleness", "bucket-mb", "overlap-grad-reduce", "recompute", "compress-activations",
-			"checkpoint-every", "keep-last", "seed", "plan-top", "plan-trace", "refine-trace", "save-hardware", "calibrate"} {
-			if c.explicit[f] {
-				bad("eval: --%s changes only training (the update, the backward or the run's files); eval runs the forward of the weights given, so leave it out", f)
-			}
-		}
-		for _, f := range []string{"metrics", "report", "timeline"} {
-			if c.explicit[f] {
-				bad("eval: --%s records a training run; eval prints the held-out loss and writes no file", f)
+		for _, g := range evalRefuses {
+			for _, f := range g.flags {
+				if c.explicit[f] {
+					bad("eval: --%s %s", f, g.why)
+				}
 			}
 		}
 		if c.evalBatches < 0 {
