@@ -27,7 +27,8 @@
 //     binary (a NUL byte in its first 8 KiB) is skipped and counted; one
 //     named on its own is refused.
 //   - .zst, .xz, .bz2, .zip, .tar and similar inputs are refused: decompress
-//     or extract them first.
+//     or extract them first. In a folder they are skipped and counted, as
+//     binary files are.
 //
 // Each document's tokens are followed by the encoder's end-of-document
 // token when Options.AppendEOS is set. A document that encodes to no

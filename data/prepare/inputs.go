@@ -66,6 +66,9 @@ func classify(name string) (f format, gz bool, err error) {
 type collected struct {
 	files   []input
 	skipped int   // folder files skipped as binary
+	// archives are folder files skipped as archives or compressed in a
+	// format that is not read (.tar, .zip, .xz, …).
+	archives int
 	bytes   int64 // total size on disk
 }
 
@@ -133,6 +136,14 @@ func collectInputs(paths []string, outPrefix string) (collected, error) {
 			}
 			if !info.Mode().IsRegular() {
 				return nil // a link to a folder, a socket, a device
+			}
+			if _, _, err := classify(path); err != nil {
+				// An archive among a folder's files (Go's own source
+				// tree holds test .tar and .zip files) is left out and
+				// counted, as a binary file is; named on its own, it is
+				// refused with what to do.
+				c.archives++
+				return nil
 			}
 			in, binary, err := checkFile(path, info, head)
 			if err != nil {

@@ -93,7 +93,7 @@ func Run(ctx context.Context, enc Encoder, opt Options) (Summary, error) {
 	if err != nil {
 		return Summary{}, err
 	}
-	sum.SkippedFiles = in.skipped
+	sum.SkippedFiles, sum.SkippedArchives = in.skipped, in.archives
 	if sum.Documents == 0 {
 		return Summary{}, fmt.Errorf("%w: %d input files, %d empty documents, %d bad lines skipped, %d binary files skipped: nothing to train on",
 			ErrNoDocuments, len(in.files), sum.EmptyDocuments, sum.SkippedLines, in.skipped)
@@ -203,8 +203,9 @@ type Summary struct {
 	// Prefix is the output prefix.
 	Prefix string
 	// Files is the number of input files read; SkippedFiles the number of
-	// a folder's files skipped because they look binary.
-	Files, SkippedFiles int
+	// a folder's files skipped because they look binary, SkippedArchives
+	// because they are archives or compressed in a format not read.
+	Files, SkippedFiles, SkippedArchives int
 	// Documents is the number written, one sequence each.
 	Documents int64
 	// EmptyDocuments is the number of documents with no tokens, not
@@ -232,8 +233,8 @@ type Summary struct {
 // String is the one-line report the command prints.
 func (s Summary) String() string {
 	extra := ""
-	if s.EmptyDocuments > 0 || s.SkippedLines > 0 || s.SkippedFiles > 0 {
-		extra = fmt.Sprintf(" (left out: %d empty documents, %d bad lines, %d binary files)", s.EmptyDocuments, s.SkippedLines, s.SkippedFiles)
+	if s.EmptyDocuments > 0 || s.SkippedLines > 0 || s.SkippedFiles > 0 || s.SkippedArchives > 0 {
+		extra = fmt.Sprintf(" (left out: %d empty documents, %d bad lines, %d binary files, %d archives)", s.EmptyDocuments, s.SkippedLines, s.SkippedFiles, s.SkippedArchives)
 	}
 	rate := 0.0
 	if s.Seconds > 0 {

@@ -28,6 +28,7 @@ func TestRunInputs(t *testing.T) {
 		// counts
 		docs, empty, skippedLines int64
 		nFiles, skippedFiles      int
+		skippedArchives           int
 	}{
 		{
 			name:  "text file",
@@ -52,9 +53,11 @@ func TestRunInputs(t *testing.T) {
 				"c/binary.dat":     "\x00\x01\x02",
 				"c/g.md":           "seventh",
 				"c/h/i/deep.jsonl": "{\"text\": \"eighth\"}",
+				"c/testdata.tar":   "an archive among the sources, as Go's tree has",
+				"c/logs.jsonl.zst": "x",
 			},
 			want: enc.want("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth"),
-			docs: 8, nFiles: 7, skippedFiles: 1,
+			docs: 8, nFiles: 7, skippedFiles: 1, skippedArchives: 2,
 		},
 		{
 			name:   "inputs in the order given",
@@ -133,6 +136,7 @@ func TestRunInputs(t *testing.T) {
 			assert.Equal(t, tc.skippedLines, sum.SkippedLines)
 			assert.Equal(t, tc.nFiles, sum.Files)
 			assert.Equal(t, tc.skippedFiles, sum.SkippedFiles)
+			assert.Equal(t, tc.skippedArchives, sum.SkippedArchives)
 			var tokens int64
 			maxTok := int32(-1)
 			for _, d := range tc.want {
@@ -263,7 +267,10 @@ func TestRunErrors(t *testing.T) {
 		{
 			name:  "zstd",
 			files: map[string]string{"a.jsonl.zst": "x"},
-			want:  ErrInput, contains: []string{"a.jsonl.zst", ".zst files cannot be read", "zstd -d"},
+			prepare: func(t *testing.T, s setup, opt *Options) {
+				opt.Inputs = []string{filepath.Join(s.in, "a.jsonl.zst")} // named on its own; a folder's is skipped
+			},
+			want: ErrInput, contains: []string{"a.jsonl.zst", ".zst files cannot be read", "zstd -d"},
 		},
 		{
 			name:  "input is an output",
