@@ -65,11 +65,11 @@ func classify(name string) (f format, gz bool, err error) {
 // collected is what collectInputs found.
 type collected struct {
 	files   []input
-	skipped int   // folder files skipped as binary
+	skipped int // folder files skipped as binary
 	// archives are folder files skipped as archives or compressed in a
 	// format that is not read (.tar, .zip, .xz, …).
 	archives int
-	bytes   int64 // total size on disk
+	bytes    int64 // total size on disk
 }
 
 // collectInputs expands the inputs to files in reading order and checks
