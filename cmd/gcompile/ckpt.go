@@ -382,8 +382,8 @@ func scheduleChanges(saved map[string]any, c *config) []string {
 // --max-shard-size, as shards with an index as Hugging Face writes them.
 func exportMain(args []string) error {
 	fs := newSubcommandFlags("export", "CHECKPOINT --out model.safetensors")
-	out := fs.String("out", "", "write the consolidated weights here (.safetensors)")
-	maxShard := fs.String("max-shard-size", "5GB", "largest shard; bigger models are written as NAME-00001-of-0000N.safetensors and NAME.safetensors.index.json")
+	out := fs.String("out", "", "write the consolidated weights here (.safetensors), and the model's config.json beside them when it declares one (replacing one there)")
+	maxShard := fs.String("max-shard-size", "5GB", "largest shard: a model above it is written as NAME-00001-of-0000N.safetensors and NAME.safetensors.index.json instead of --out itself")
 	path, err := parseSubcommand(fs, args)
 	if err != nil {
 		return err
