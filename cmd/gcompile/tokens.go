@@ -311,7 +311,11 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 			p.Prefix, ds.NumSequences(), ds.Tokens(), ds.DType(), tr.SamplesPerEpoch(), seq, cache)
 	}
 	if c.evalBatches >= 0 && len(evals) == 0 {
-		return nil, fmt.Errorf("--split %s leaves no held-out documents in --data to evaluate on: give the held-out part a share (as 98,2 does) or turn evaluation off with --eval-batches -1", c.split)
+		var docs int64
+		for _, ds := range c.tokens.sets {
+			docs += int64(ds.NumSequences())
+		}
+		return nil, fmt.Errorf("--split %s leaves no held-out documents in --data to evaluate on (its %d documents split by those shares give the held-out part none, documents being split whole): give the held-out part a larger share, or turn evaluation off with --eval-batches -1", c.split, docs)
 	}
 	var train, eval sample.Sampler = trains[0], nil
 	if len(trains) > 1 {
