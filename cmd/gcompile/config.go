@@ -331,7 +331,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.Int64Var(&c.seed, "seed", 1, "seed for weights and data order")
 	fs.StringVar(&c.metrics, "metrics", "", "write metrics JSON to this file")
 	fs.StringVar(&c.deviceMemory, "device-memory", "", "memory per device, e.g. 80GiB or 512MiB (default: unlimited on cpu); a plan that does not fit is a compile error")
-	fs.StringVar(&c.Offload, "offload", "", "keep state in host memory, copied to the device ahead of each use: optimizer (optimizer state), params (parameters), or both as optimizer,params")
+	fs.StringVar(&c.Offload, "offload", "", "keep state in host memory, copied to the device ahead of each use: optimizer (optimizer state), params (parameters), both as optimizer,params, or none (the default; with --plan, pins the axis)")
 	fs.IntVar(&c.OffloadPrefetch, "offload-prefetch", lower.DefaultPrefetchLayers, "with --offload: copy a layer's offloaded buffers to the device this many layer blocks ahead of use (0: right before use)")
 	fs.BoolVar(&c.Fuse, "fuse", false, "merge groups of fp32 elementwise ops into one fused kernel each, on either backend (cpu: one Go closure; cuda: one CUDA kernel compiled with NVRTC)")
 	fs.StringVar(&c.Compress, "compress-activations", "", "stash activations for the backward compressed: relu (lossless 1-bit ReLU masks), lowp (bf16), or relu,lowp")
