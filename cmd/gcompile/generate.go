@@ -21,6 +21,7 @@ import (
 	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/runtime"
+	"gcompile/runtime/dist"
 	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda"
@@ -265,6 +266,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	g, err := parseGenerate(args)
 	if err != nil {
 		return err
+	}
+	// Generation runs in one process: started as several by a launcher,
+	// each would generate and print the same text.
+	if w, err := dist.FromEnv(os.Getenv); err == nil && w.Size > 1 {
+		return fmt.Errorf("generate runs in one process, and this one is rank %d of %d (%s): each would generate the same text; run it once, with --devices and --tp/--dp for the devices", w.Rank, w.Size, w.Launcher)
 	}
 	tx := codec{}
 	eos := int32(-1)

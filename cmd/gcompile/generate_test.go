@@ -395,3 +395,14 @@ func TestGenerateSaysItRoundsTheBatch(t *testing.T) {
 	assert.Contains(t, log.String(), "generate: 1 sequences a batch rounded up to 2, a multiple of dp=2")
 	assert.Contains(t, log.String(), "prefill (3 tokens × 2 sequences) and decode (1 token × 2 sequences)")
 }
+
+// Started by a launcher as one of several processes, generate refuses:
+// each would generate and print the same text.
+func TestGenerateRefusesALaunchersWorld(t *testing.T) {
+	t.Setenv("RANK", "1")
+	t.Setenv("WORLD_SIZE", "2")
+	t.Setenv("MASTER_ADDR", "localhost")
+	err := runGenerate([]string{gptModel, "--load", "w.safetensors", "--prompt", "a"}, io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "generate runs in one process, and this one is rank 1 of 2")
+}
