@@ -21,10 +21,10 @@ import (
 	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/runtime"
-	"gcompile/runtime/dist"
 	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cpu"
 	"gcompile/runtime/cuda"
+	"gcompile/runtime/dist"
 )
 
 // genConfig is `gcompile generate`'s command line.
