@@ -19,7 +19,8 @@ type Sampling struct {
 	// sharpens the distribution, above 1 it flattens it. 0 is greedy:
 	// the argmax, the lowest id on ties, with TopK, TopP and Seed ignored.
 	Temperature float64
-	// TopK keeps only the K most likely tokens; 0 is no limit.
+	// TopK keeps only the K most likely tokens, and any tied with the
+	// K-th, as Hugging Face does; 0 is no limit.
 	TopK int
 	// TopP keeps only the nucleus: the most likely tokens, in order, up
 	// to and including the one whose cumulative probability first reaches
@@ -71,7 +72,9 @@ func (s Sampling) Validate() error {
 // With Temperature 0 Pick returns the argmax (the lowest id among equal
 // maxima). Otherwise:
 //   - Tokens are ranked by logit, highest first, ties by lower id.
-//   - TopK > 0 keeps the first TopK of that ranking.
+//   - TopK > 0 keeps the first TopK of that ranking, and every token tied
+//     with the TopK-th (HF's TopKLogitsWarper removes only logits below
+//     the K-th largest).
 //   - The kept tokens' probabilities are softmax(logit/Temperature).
 //   - TopP < 1 keeps the nucleus, as Hugging Face's TopPLogitsWarper does:
 //     in ranking order, a token is kept while the probability of the
@@ -132,7 +135,7 @@ func (s Sampling) Pick(logits []float64, seq, step int) int {
 	case k == 0 && p == 0:
 		return w.drawAll(u)
 	case k > 0:
-		kept := ranked(logits, k, n)
+		kept := withTies(logits, ranked(logits, k, n))
 		if p > 0 {
 			kept = w.nucleus(kept, w.sum(kept), p)
 		}
@@ -394,6 +397,27 @@ func ranked(logits []float64, k, n int) []int {
 	}
 	sortRanked(logits, h.ids)
 	return h.ids
+}
+
+// withTies adds to the first k of the ranking (kept, in ranking order)
+// every other token whose logit equals the k-th's, in ranking order after
+// it: Hugging Face's TopKLogitsWarper removes only the logits below the
+// k-th largest, so a tie at the cut keeps all the tied tokens.
+func withTies(logits []float64, kept []int) []int {
+	if len(kept) == 0 {
+		return kept
+	}
+	last := logits[kept[len(kept)-1]]
+	in := make(map[int]bool, len(kept))
+	for _, i := range kept {
+		in[i] = true
+	}
+	for i, x := range logits {
+		if x == last && !in[i] {
+			kept = append(kept, i) // ids increase: the ranking's order among equals
+		}
+	}
+	return kept
 }
 
 func sortRanked(logits []float64, ids []int) {

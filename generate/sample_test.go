@@ -169,12 +169,17 @@ func TestTopK(t *testing.T) {
 		}
 	}
 
-	// Ties at the cut: the lower ids are the ones kept.
+	// Ties at the cut are all kept, as Hugging Face keeps every logit not
+	// below the k-th largest.
 	tied := []float64{0, 5, 5, 5, 1}
-	got := frequencies(Sampling{Temperature: 1, TopK: 2, TopP: 1}, tied, 2000)
-	assert.Zero(t, got[3])
-	assert.InDelta(t, 0.5, got[1], 0.05)
-	assert.InDelta(t, 0.5, got[2], 0.05)
+	got := frequencies(Sampling{Temperature: 1, TopK: 2, TopP: 1}, tied, 3000)
+	for _, id := range []int{1, 2, 3} {
+		assert.InDelta(t, 1.0/3, got[id], 0.05, "id %d", id)
+	}
+	assert.Zero(t, got[0]+got[4])
+	// A tie below the cut changes nothing.
+	got = frequencies(Sampling{Temperature: 1, TopK: 1, TopP: 1}, []float64{0, 9, 5, 5}, 500)
+	assert.Equal(t, 1.0, got[1])
 }
 
 // The nucleus rule: in ranking order, keep tokens until the cumulative
@@ -202,9 +207,11 @@ func TestTopP(t *testing.T) {
 		// After top-k 3 the probabilities are 0.526, 0.316, 0.158.
 		{"after top-k, renormalised", probs, 3, 0.8, []int{0, 1}},
 		{"after top-k, past", probs, 3, 0.85, []int{0, 1, 2}},
-		// Top-k 3 keeps ids 0, 1, 2 (ties by id): 0.5, 0.25, 0.25.
-		{"after top-k, reaching exactly stops", []float64{0.4, 0.2, 0.2, 0.2}, 3, 0.75, []int{0, 1}},
-		{"after top-k, just past", []float64{0.4, 0.2, 0.2, 0.2}, 3, 0.76, []int{0, 1, 2}},
+		// Top-k 3 keeps ids 0, 1, 2: 0.5, 0.25, 0.25.
+		{"after top-k, reaching exactly stops", []float64{0.4, 0.2, 0.2, 0.1, 0.1}, 3, 0.75, []int{0, 1}},
+		{"after top-k, just past", []float64{0.4, 0.2, 0.2, 0.1, 0.1}, 3, 0.76, []int{0, 1, 2}},
+		// Top-k 3 keeps all four: the 4th is tied with the 3rd.
+		{"after top-k with a tie at the cut", []float64{0.4, 0.2, 0.2, 0.2}, 3, 0.85, []int{0, 1, 2, 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logits := logsOf(tc.probs...)
