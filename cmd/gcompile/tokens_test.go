@@ -21,6 +21,7 @@ import (
 
 	"gcompile/data/indexed"
 	"gcompile/data/tokenizer"
+	"gcompile/internal/fifotest"
 	"gcompile/lower"
 	"gcompile/runtime/checkpoint"
 )
@@ -641,21 +642,12 @@ func TestMaxTokenCacheThatIsAPipeIsReplaced(t *testing.T) {
 	defer ds.Close()
 	cache := filepath.Join(dir, "cache")
 	require.NoError(t, os.MkdirAll(cache, 0o755))
-	require.NoError(t, syscall.Mkfifo(filepath.Join(cache, "maxtoken-"+ds.Fingerprint()), 0o644))
-	done := make(chan int32)
-	go func() {
-		n, err := cachedMaxToken(ds, prefix, cache)
-		assert.NoError(t, err)
-		done <- n
-	}()
-	select {
-	case n := <-done:
-		assert.Equal(t, int32(199), n)
-	case <-time.After(10 * time.Second):
-		f, err := os.OpenFile(filepath.Join(cache, "maxtoken-"+ds.Fingerprint()), os.O_WRONLY, 0)
-		if err == nil {
-			f.Close() // lets the blocked read end
-		}
-		t.Fatal("reading the cache blocked on the pipe")
-	}
+	fifo := filepath.Join(cache, "maxtoken-"+ds.Fingerprint())
+	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+	var n int32
+	require.NoError(t, fifotest.OpenWithin(t, fifo, func() (err error) {
+		n, err = cachedMaxToken(ds, prefix, cache)
+		return err
+	}))
+	assert.Equal(t, int32(199), n)
 }

@@ -8,31 +8,12 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-)
 
-// openWithin runs open and returns its error, failing the test when it has
-// not returned after a few seconds: opening a FIFO for reading waits for a
-// writer, so a regression would otherwise hang the test binary.
-func openWithin(t *testing.T, fifo string, open func() error) error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- open() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(5 * time.Second):
-		// A writer lets the blocked open return, so the goroutine ends.
-		if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-			_ = w.Close()
-		}
-		t.Fatalf("still opening after 5 s with %s a FIFO: it must be refused before it is opened", fifo)
-		return nil
-	}
-}
+	"gcompile/internal/fifotest"
+)
 
 // TestOpenRefusesFIFO puts a FIFO in place of each of a dataset's files:
 // Open refuses it, naming it, instead of waiting for a writer.
@@ -48,7 +29,7 @@ func TestOpenRefusesFIFO(t *testing.T) {
 				fifo := prefix + ext
 				require.NoError(t, os.Remove(fifo))
 				require.NoError(t, syscall.Mkfifo(fifo, 0o644))
-				err := openWithin(t, fifo, func() error {
+				err := fifotest.OpenWithin(t, fifo, func() error {
 					d, err := Open(prefix)
 					if err == nil {
 						_ = d.Close()

@@ -4,35 +4,15 @@ package prepare
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-)
 
-// openWithin runs open and returns its error, failing the test when it has
-// not returned after a few seconds: opening a FIFO for reading waits for a
-// writer, so a regression would otherwise hang the test binary.
-func openWithin(t *testing.T, fifo string, open func() error) error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- open() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(5 * time.Second):
-		// A writer lets the blocked open return, so the goroutine ends.
-		if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-			_ = w.Close()
-		}
-		t.Fatalf("still opening after 5 s with %s a FIFO: it must be refused before it is opened", fifo)
-		return nil
-	}
-}
+	"gcompile/internal/fifotest"
+)
 
 // TestFIFORefused puts a FIFO where data prepare or a training run reads a
 // user's file: each is refused (or, in a folder, skipped) without waiting
@@ -69,7 +49,7 @@ func TestFIFORefused(t *testing.T) {
 			writeTree(t, dir, map[string]string{"a.txt": "some text"})
 			fifo := filepath.Join(dir, tc.fifo)
 			require.NoError(t, syscall.Mkfifo(fifo, 0o644))
-			err := openWithin(t, fifo, func() error { return tc.do(dir) })
+			err := fifotest.OpenWithin(t, fifo, func() error { return tc.do(dir) })
 			if tc.want == nil {
 				require.NoError(t, err)
 				return

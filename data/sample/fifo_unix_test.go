@@ -7,31 +7,12 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-)
 
-// openWithin runs open and returns its error, failing the test when it has
-// not returned after a few seconds: opening a FIFO for reading waits for a
-// writer, so a regression would otherwise hang the test binary.
-func openWithin(t *testing.T, fifo string, open func() error) error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- open() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(5 * time.Second):
-		// A writer lets the blocked open return, so the goroutine ends.
-		if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-			_ = w.Close()
-		}
-		t.Fatalf("still opening after 5 s with %s a FIFO: it must be refused before it is opened", fifo)
-		return nil
-	}
-}
+	"gcompile/internal/fifotest"
+)
 
 // TestCacheFIFORebuilt puts a FIFO in place of each kind of cache file: it
 // is taken for a stale file and replaced by a rebuilt one, without waiting
@@ -55,7 +36,7 @@ func TestCacheFIFORebuilt(t *testing.T) {
 			require.NoError(t, syscall.Mkfifo(fifo, 0o644))
 
 			var got [][]int32
-			err = openWithin(t, fifo, func() error {
+			err = fifotest.OpenWithin(t, fifo, func() error {
 				g, err = NewGPT(newFake(lens), cfg)
 				if err != nil {
 					return err
