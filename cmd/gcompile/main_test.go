@@ -774,6 +774,8 @@ func TestLoadTakesTheContextAndRefusesStrangers(t *testing.T) {
 	assert.NotContains(t, err.Error(), "h.0.attn.bias:", "the mask is ignored on purpose")
 	assert.Contains(t, err.Error(), "--load-ignore")
 	require.NoError(t, mainErr(append(tiny("ctx=64,seq=16"), "--load", withJunk, "--load-ignore", "*.c_gate.*")), "skipped on purpose")
+	err = mainErr(append(tiny("ctx=64,seq=16"), "--load", withJunk, "--load-ignore", "*.c_gate.*,h.0.mlp.*"))
+	assert.ErrorContains(t, err, `ignore pattern "h.0.mlp.*" matches the model's param h.0.mlp.c_fc.bias`, "a param is never skipped: it would silently keep its initial value")
 	err = mainErr(append(tiny("seq=16"), "--load", saved))
 	assert.ErrorContains(t, err, `tensor "wpe.weight" is F32[64 32], the model's param is f32[16,32]`)
 

@@ -127,6 +127,16 @@ func loadTensors(dev weightStore, progs []*lower.Program, ts []checkpoint.Tensor
 	ignored := func(name string) bool {
 		return slices.ContainsFunc(ignore, func(p string) bool { ok, _ := path.Match(p, name); return ok })
 	}
+	// A pattern is for tensors the model has no param for: every param is
+	// loaded from the file, so one that matches a param would be taken
+	// for "leave this param at its initial value" and silently not do it.
+	for _, b := range ps {
+		for _, p := range ignore {
+			if ok, _ := path.Match(p, b.Name); ok {
+				return fmt.Errorf("%s: ignore pattern %q matches the model's param %s: --load-ignore skips tensors of the file that are no param of the model, and every param is loaded from the file; narrow the pattern", from, p, b.Name)
+			}
+		}
+	}
 	// A wrapper's prefix is dropped where the rest of the name is the
 	// model's: Hugging Face's GPT2LMHeadModel writes "transformer.h.0…",
 	// DDP "module.…", torch.compile "_orig_mod.…".
