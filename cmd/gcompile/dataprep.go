@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	goruntime "runtime"
 	"syscall"
 	"time"
 
@@ -35,6 +36,9 @@ func dataMain(args []string) error {
 }
 
 // prepareMain is `gcompile data prepare`.
+// maxPrepareWorkers bounds --workers: far past any machine's cores.
+const maxPrepareWorkers = 4096
+
 func prepareMain(args []string, stdout, stderr io.Writer) error {
 	fs := newSubcommandFlags("data prepare", "--tokenizer T --output-prefix PREFIX INPUT…\n\nINPUT is a text file (one document), a folder (its files, recursively, in name order), or JSON Lines (.jsonl, one document per line; .gz read as gzip).")
 	tok := fs.String("tokenizer", "", "a Hugging Face tokenizer.json, a folder holding one, or GPT-2's vocab.json (with --merges)")
@@ -58,6 +62,11 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 		return errors.New("data prepare: name at least one INPUT (a text file, a folder or a .jsonl file)")
 	case *workers < 0:
 		return fmt.Errorf("data prepare: --workers must be ≥ 0, got %d", *workers)
+	case *workers > maxPrepareWorkers:
+		// Each holds a document and its tokens: more than the cores can
+		// run only costs memory and start-up (a million took seconds for
+		// a few bytes).
+		return fmt.Errorf("data prepare: --workers %d: at most %d (0: one per core, %d here)", *workers, maxPrepareWorkers, goruntime.NumCPU())
 	case *key == "":
 		return errors.New(`data prepare: --json-key "": name the field that holds each document's text`)
 	}

@@ -260,6 +260,8 @@ func TestDataPrepareThenTrain(t *testing.T) {
 	var stdout, stderr strings.Builder
 	require.NoError(t, prepareMain(append(append(slices.Clone(tok), "--output-prefix", prefix, "--quiet"), docs, jsonl), &stdout, &stderr))
 	assert.Contains(t, stdout.String(), "8 documents")
+	err := prepareMain(append(slices.Clone(tok), "--output-prefix", filepath.Join(dir, "many"), "--workers", "1000000", jsonl), io.Discard, io.Discard)
+	assert.ErrorContains(t, err, "--workers 1000000: at most 4096")
 	ds, err := indexed.Open(prefix)
 	require.NoError(t, err)
 	assert.Equal(t, 8, ds.NumSequences())
