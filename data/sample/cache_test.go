@@ -22,6 +22,21 @@ func indexFiles(t *testing.T, dir string) []string {
 	return m
 }
 
+// cachedOnce builds cfg's sampler over lens once, draws every sample of
+// epoch 8 and closes it, leaving the one epoch index file it cached: the
+// samples, their indices and the file.
+func cachedOnce(t *testing.T, lens []int, cfg Config) (want [][]int32, ks []int64, file string) {
+	t.Helper()
+	g, err := NewGPT(newFake(lens), cfg)
+	require.NoError(t, err)
+	ks = span64(0, g.SamplesPerEpoch())
+	want = draw(t, g, 8, ks)
+	require.NoError(t, g.Close())
+	files := indexFiles(t, cfg.CacheDir)
+	require.Len(t, files, 1)
+	return want, ks, files[0]
+}
+
 func TestCacheBuiltOnceThenReused(t *testing.T) {
 	dir := t.TempDir()
 	lens := lengths(200, 1, 50, 3)
@@ -86,16 +101,10 @@ func TestCacheCorruptRebuilt(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			dir := t.TempDir()
 			cfg := Config{Seq: 6, Range: [2]int{0, 100}, CacheDir: dir, Identity: "corrupt", Shuffle: true}
-			g, err := NewGPT(newFake(lens), cfg)
-			require.NoError(t, err)
-			ks := span64(0, g.SamplesPerEpoch())
-			want := draw(t, g, 8, ks)
-			require.NoError(t, g.Close())
-			files := indexFiles(t, dir)
-			require.Len(t, files, 1)
-			d.hurt(t, files[0])
+			want, ks, file := cachedOnce(t, lens, cfg)
+			d.hurt(t, file)
 
-			g, err = NewGPT(newFake(lens), cfg)
+			g, err := NewGPT(newFake(lens), cfg)
 			require.NoError(t, err)
 			defer g.Close()
 			assert.Equal(t, want, draw(t, g, 8, ks))
@@ -197,16 +206,10 @@ func TestCacheInRangeDamageRebuilt(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			dir := t.TempDir()
 			cfg := Config{Seq: 6, Range: [2]int{0, 100}, CacheDir: dir, Identity: "in range", Shuffle: true}
-			g, err := NewGPT(newFake(lens), cfg)
-			require.NoError(t, err)
-			ks := span64(0, g.SamplesPerEpoch())
-			draw(t, g, 8, ks)
-			require.NoError(t, g.Close())
-			files := indexFiles(t, dir)
-			require.Len(t, files, 1)
-			editIndex(t, files[0], d.hurt)
+			_, ks, file := cachedOnce(t, lens, cfg)
+			editIndex(t, file, d.hurt)
 
-			g, err = NewGPT(newFake(lens), cfg)
+			g, err := NewGPT(newFake(lens), cfg)
 			require.NoError(t, err)
 			defer g.Close()
 			sameSamples(t, fresh(t, cfg), draw(t, g, 8, ks))
@@ -222,22 +225,16 @@ func TestCacheVersion1Rebuilt(t *testing.T) {
 	lens := lengths(100, 1, 30, 4)
 	dir := t.TempDir()
 	cfg := Config{Seq: 6, Range: [2]int{0, 100}, CacheDir: dir, Identity: "v1", Shuffle: true}
-	g, err := NewGPT(newFake(lens), cfg)
-	require.NoError(t, err)
-	ks := span64(0, g.SamplesPerEpoch())
-	want := draw(t, g, 8, ks)
-	require.NoError(t, g.Close())
-	files := indexFiles(t, dir)
-	require.Len(t, files, 1)
-	b, err := os.ReadFile(files[0])
+	want, ks, file := cachedOnce(t, lens, cfg)
+	b, err := os.ReadFile(file)
 	require.NoError(t, err)
 	binary.LittleEndian.PutUint32(b[8:], 1)
 	binary.LittleEndian.PutUint32(b[104:], crc32.ChecksumIEEE(b[:104]))
 	binary.LittleEndian.PutUint32(b[108:], 0)
-	require.NoError(t, os.WriteFile(files[0], b, 0o644))
+	require.NoError(t, os.WriteFile(file, b, 0o644))
 
 	for _, st := range []Stats{{Built: 1, Reused: 1, Rebuilt: 1, Dir: dir}, {Reused: 2, Dir: dir}} {
-		g, err = NewGPT(newFake(lens), cfg)
+		g, err := NewGPT(newFake(lens), cfg)
 		require.NoError(t, err)
 		assert.Equal(t, want, draw(t, g, 8, ks))
 		assert.Equal(t, st, g.Stats())
