@@ -403,3 +403,25 @@ func (c *Corpus) CheckVocab(vocab int) error {
 	}
 	return nil
 }
+
+// Reads says whether Load of the folder root reads the file at path:
+// inside root, under no hidden folder, not hidden itself, a regular file
+// (a link is not followed), and text by its first 8 KiB. It is how a run
+// tells an output it would write over its corpus from one beside it.
+func Reads(root, path string) bool {
+	rel, err := filepath.Rel(root, path)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return false
+	}
+	for _, part := range strings.Split(filepath.ToSlash(rel), "/") {
+		if strings.HasPrefix(part, ".") {
+			return false
+		}
+	}
+	fi, err := os.Lstat(path)
+	if err != nil || !fi.Mode().IsRegular() {
+		return false
+	}
+	text, err := readTextFile(path, binarySniffLen, true)
+	return err == nil && text != nil
+}

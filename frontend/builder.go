@@ -535,6 +535,10 @@ func (b *Builder) ExportConfig(cfg map[string]any) {
 		return
 	}
 	b.exportConfigAt = pos.String()
+	if cfg == nil {
+		b.fail(pos, errors.New("ExportConfig(nil): give the configuration's fields"))
+		return
+	}
 	for k := range cfg {
 		if k == "" {
 			b.fail(pos, errors.New("ExportConfig: an empty key"))

@@ -2,13 +2,33 @@ package runtime
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 )
 
 // createTemp makes the temporary file WriteFileAtomic writes; a variable
 // so a test can make the write fail as a full disk does.
-var createTemp = os.CreateTemp
+var createTemp = CreateTemp
+
+// CreateTemp is os.CreateTemp with the mode an output gets from
+// os.WriteFile: 0644 less the process's umask, where os.CreateTemp's
+// files are private (0600). An output renamed into place from it is then
+// readable by whom the user's umask allows, as one written in place is.
+func CreateTemp(dir, pattern string) (*os.File, error) {
+	prefix, suffix, _ := strings.Cut(pattern, "*")
+	for range 10000 {
+		name := filepath.Join(dir, prefix+strconv.FormatUint(rand.Uint64(), 36)+suffix)
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		if os.IsExist(err) {
+			continue
+		}
+		return f, err
+	}
+	return nil, &os.PathError{Op: "createtemp", Path: filepath.Join(dir, pattern), Err: os.ErrExist}
+}
 
 // WriteFileAtomic writes b to path through a temporary file of its own in
 // path's folder, renamed over path once complete and synced (as the
@@ -28,11 +48,6 @@ func WriteFileAtomic(path string, b []byte) (err error) {
 			_ = os.Remove(tmp)
 		}
 	}()
-	// CreateTemp makes the file private; outputs are read by others as
-	// os.WriteFile's would be.
-	if err := f.Chmod(0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
 	if _, err := f.Write(b); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}

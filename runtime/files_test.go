@@ -1,8 +1,10 @@
 package runtime
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -73,4 +75,23 @@ func TestWriteFileAtomicFailureLeavesNoTemporary(t *testing.T) {
 	require.NoError(t, os.MkdirAll(filepath.Join(blocked, "keep"), 0o755))
 	require.Error(t, WriteFileAtomic(blocked, []byte("after")))
 	assert.Equal(t, []string{"blocked", "m.json"}, entries(t, dir))
+}
+
+// An output gets the mode os.WriteFile gives a new file, 0644 less the
+// umask: readable by others under umask 022, private under 077.
+func TestWriteFileAtomicKeepsTheUmask(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		umask int
+		want  os.FileMode
+	}{{0o022, 0o644}, {0o077, 0o600}} {
+		old := syscall.Umask(tc.umask)
+		path := filepath.Join(dir, fmt.Sprintf("m-%o.json", tc.umask))
+		err := WriteFileAtomic(path, []byte("{}"))
+		syscall.Umask(old)
+		require.NoError(t, err)
+		fi, err := os.Stat(path)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, fi.Mode().Perm(), "umask %o", tc.umask)
+	}
 }

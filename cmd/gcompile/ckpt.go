@@ -61,10 +61,15 @@ func checkCheckpointDir(c *config, resumed string, step int) error {
 		return nil
 	}
 	// A step folder gcompile did not complete (a user's files in it, a
-	// link) would stop the run at its save: said now, before training.
-	if l, err := checkpoint.List(c.ckptDir); err == nil && len(l.Unrecognised) > 0 {
-		u := l.Unrecognised[0]
-		return fmt.Errorf("--checkpoint-dir %s: %s: it is named as a checkpoint of step %d but is not one gcompile completed, and a save there would not replace it; move it out of the folder, or give this run another --checkpoint-dir", c.ckptDir, u, u.Step)
+	// link) at a step this run may save would stop it there: said now,
+	// before training. One at or below the step resumed from is never
+	// written to.
+	if l, err := checkpoint.List(c.ckptDir); err == nil {
+		for _, u := range l.Unrecognised {
+			if u.Step > step && u.Step <= c.steps {
+				return fmt.Errorf("--checkpoint-dir %s: %s: it is named as a checkpoint of step %d but is not one gcompile completed, and a save there would not replace it; move it out of the folder, or give this run another --checkpoint-dir", c.ckptDir, u, u.Step)
+			}
+		}
 	}
 	steps, err := checkpoint.Steps(c.ckptDir)
 	if err != nil || len(steps) == 0 {
@@ -471,7 +476,7 @@ func writeExportConfig(dir string, raw json.RawMessage, tables map[string]int) (
 		return "", err
 	}
 	path := filepath.Join(dir, "config.json")
-	tmp, err := os.CreateTemp(dir, ".config-*.json")
+	tmp, err := runtime.CreateTemp(dir, ".config-*.json")
 	if err != nil {
 		return "", err
 	}

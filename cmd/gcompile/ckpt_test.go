@@ -1097,6 +1097,13 @@ func TestCheckpointDirWithAForeignStepFolderIsRefused(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is named as a checkpoint of step 4 but is not one gcompile completed")
 	assert.FileExists(t, notes)
+
+	// One below the step resumed from is never written: the run goes on.
+	other := filepath.Join(dir, "other")
+	oargs := append(slices.Clone(ckptGPT), "--checkpoint-dir", other, "--checkpoint-every", "2")
+	require.NoError(t, mainErr(append(slices.Clone(oargs), "--steps", "4")))
+	require.NoError(t, os.Remove(filepath.Join(checkpoint.StepDir(other, 2), "manifest.json")))
+	require.NoError(t, mainErr(append(slices.Clone(oargs), "--steps", "6", "--resume", other)))
 }
 
 // A checkpoint's size is known once the plan is compiled: a folder with

@@ -189,11 +189,12 @@ func (c *config) ignoredWithoutRun() string {
 		return ""
 	}
 	var loop []string
-	unused := []string{"steps", "lr", "min-lr", "warmup", "lr-decay", "eval-every", "eval-batches", "split", "data-cache-dir", "max-data-mb"}
+	unused := []string{"steps", "lr", "min-lr", "warmup", "lr-decay", "eval-every", "eval-batches", "split", "max-data-mb"}
 	if !isTokenData(c.data) {
 		// A token dataset is opened without --run too (its vocabulary
-		// sizes the model); text is read only to train.
-		unused = append(unused, "data", "tokenizer", "merges")
+		// sizes the model, its largest id may be cached); text is read
+		// only to train.
+		unused = append(unused, "data", "tokenizer", "merges", "data-cache-dir")
 	}
 	for _, f := range unused {
 		if c.explicit[f] {
@@ -284,6 +285,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 					usage = "held-out batches to evaluate, as many as training evaluates by default (0: the whole held-out split of a token dataset)"
 				}
 				shown.Var(f.Value, f.Name, usage)
+				shown.Lookup(f.Name).DefValue = f.DefValue // not the value given before -h
 			})
 			shown.PrintDefaults()
 			return

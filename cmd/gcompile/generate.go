@@ -115,7 +115,7 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	if !strings.HasSuffix(g.Model, ".go") {
 		bad("generate %s: want a MODEL.go (generation builds the model again, at one token per step)", g.Model)
 	}
-	for _, in := range []outputPath{{"", g.Model}, {"load", g.load}, {"prompt-file", g.promptFile}, {"tokenizer", g.tokenizer}} {
+	for _, in := range []outputPath{{"", g.Model, nil}, {"load", g.load, nil}, {"prompt-file", g.promptFile, nil}, {"tokenizer", g.tokenizer, nil}} {
 		if err := notAFile(in.flag, in.path); err != nil {
 			return err // before anything reads it: a pipe would hang the read
 		}
@@ -267,10 +267,13 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	// Generation runs in one process: started as several by a launcher,
-	// each would generate and print the same text.
-	if w, err := dist.FromEnv(os.Getenv); err == nil && w.Size > 1 {
-		return fmt.Errorf("generate runs in one process, and this one is rank %d of %d (%s): each would generate the same text; run it once, with --devices and --tp/--dp for the devices", w.Rank, w.Size, w.Launcher)
+	// Generation runs in one process: started as several by a launcher
+	// (or in a batch script whose environment names a world), rank 0
+	// generates and the others step aside, rather than each printing the
+	// same text.
+	if w, err := dist.FromEnv(os.Getenv); err == nil && w.Size > 1 && w.Rank > 0 {
+		fmt.Fprintf(stderr, "generate: rank %d of %d (%s) leaves generation to rank 0: it runs in one process, over --devices\n", w.Rank, w.Size, w.Launcher)
+		return nil
 	}
 	tx := codec{}
 	eos := int32(-1)

@@ -80,13 +80,18 @@ func orDefault(path string) string {
 	return "TEXT"
 }
 
-// outputPath is a file the run writes at its end, by its flag.
-type outputPath struct{ flag, path string }
+// outputPath is a file the run writes at its end, or reads, by its flag;
+// for an input folder, folder says which of its files are read.
+type outputPath struct {
+	flag, path string
+	folder     func(path string) bool
+}
 
 // outputPaths are the run's file outputs that were asked for.
 func (c *config) outputPaths() []outputPath {
 	var out []outputPath
-	for _, o := range []outputPath{{"metrics", c.metrics}, {"trace", c.trace}, {"save", c.save}, {"timeline", c.timeline}, {"report", c.report}, {"plan-trace", c.planTrace}, {"save-hardware", c.saveHardware}} {
+	for _, o := range []outputPath{{"metrics", c.metrics, nil}, {"trace", c.trace, nil}, {"save", c.save, nil}, {"timeline", c.timeline, nil}, {"report", c.report, nil},
+		{"plan-trace", c.planTrace, nil}, {"save-hardware", c.saveHardware, nil}} {
 		if o.path != "" {
 			out = append(out, o)
 		}
@@ -102,40 +107,50 @@ func (c *config) inputPaths() []outputPath {
 	if !strings.HasSuffix(strings.ToLower(hw), ".json") {
 		hw = ""
 	}
-	for _, o := range []outputPath{{"", c.Model}, {"calibrate", c.calibrate}, {"refine-trace", c.refineTrace}, {"hardware", hw}, {"load", c.load},
-		{"tokenizer", c.tokenizer}, {"merges", c.merges}, {"data", c.data}} {
+	for _, o := range []outputPath{{"", c.Model, nil}, {"calibrate", c.calibrate, nil}, {"refine-trace", c.refineTrace, nil}, {"hardware", hw, nil}, {"load", c.load, nil},
+		{"tokenizer", c.tokenizer, nil}, {"merges", c.merges, nil}, {"data", c.data, nil}} {
 		if o.path != "" {
 			in = append(in, o)
 		}
 	}
-	// A token dataset is named by its prefix, a blend by several: their
-	// files are PREFIX.bin, .idx and gcompile's .json beside them.
+	// A token dataset is named by its prefix (or PREFIX.bin, PREFIX.idx),
+	// a blend by several: their files are PREFIX.bin, .idx and
+	// gcompile's .json beside them.
 	if isTokenData(c.data) {
 		if parts, err := sample.ParseBlend(c.data); err == nil {
 			for _, p := range parts {
 				for _, ext := range []string{".bin", ".idx", ".json"} {
-					in = append(in, outputPath{"data", p.Prefix + ext})
+					in = append(in, outputPath{flag: "data", path: datasetPrefix(p.Prefix) + ext})
 				}
 			}
 		}
 	}
-	// The files of an input folder (a text corpus, a tokenizer's folder)
-	// are read too.
-	for _, dir := range []outputPath{{"data", c.data}, {"tokenizer", c.tokenizer}} {
-		if fi, err := os.Stat(dir.path); dir.path != "" && err == nil && fi.IsDir() {
-			in = append(in, outputPath{dir.flag, dir.path + string(filepath.Separator)})
-		}
+	// The files of an input folder that are read: a text corpus's, when
+	// it trains (data.Reads: the loader's own choice), and a tokenizer
+	// folder's tokenizer files.
+	if fi, err := os.Stat(c.data); c.run && c.data != "" && err == nil && fi.IsDir() {
+		dir := c.data
+		in = append(in, outputPath{flag: "data", path: dir, folder: func(p string) bool { return data.Reads(dir, p) }})
+	}
+	if fi, err := os.Stat(c.tokenizer); c.tokenizer != "" && err == nil && fi.IsDir() {
+		dir := c.tokenizer
+		in = append(in, outputPath{flag: "tokenizer", path: dir, folder: func(p string) bool {
+			for _, name := range []string{"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe"} {
+				if samePath(p, filepath.Join(dir, name)) || samePath(p, filepath.Join(dir, name+".gz")) {
+					return true
+				}
+			}
+			return false
+		}})
 	}
 	return in
 }
 
 // reads says whether the run reads the file at path as input in: the
-// same file, or an existing file inside an input folder (in.path ends in
-// a separator).
+// same file, or one of an input folder's files it reads.
 func (in outputPath) reads(path string) bool {
-	if dir, ok := strings.CutSuffix(in.path, string(filepath.Separator)); ok {
-		fi, err := os.Stat(path)
-		return err == nil && fi.Mode().IsRegular() && within(dir, path)
+	if in.folder != nil {
+		return in.folder(path)
 	}
 	return samePath(in.path, path)
 }
@@ -192,7 +207,7 @@ func checkOutputs(c *config) error {
 				errs = append(errs, fmt.Errorf("--%s %s is also %s: writing it would destroy what was read; give the output another file", o.flag, o.path, what))
 			}
 		}
-		for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir}, {"resume", c.resume}, {"dump", c.dump}} {
+		for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir, nil}, {"resume", c.resume, nil}, {"dump", c.dump, nil}} {
 			if d.path != "" && within(d.path, o.path) {
 				what := "a checkpoint's files"
 				if d.flag == "dump" {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -13,10 +14,19 @@ func freeBytes(path string) (n int64, ok bool) {
 	for dir := filepath.Clean(path); ; dir = filepath.Dir(dir) {
 		if _, err := os.Stat(dir); err == nil {
 			var st syscall.Statfs_t
-			if syscall.Statfs(dir, &st) != nil {
+			// A file system that counts no blocks (tmpfs without a size,
+			// some FUSE mounts) does not say what it holds.
+			if syscall.Statfs(dir, &st) != nil || st.Blocks == 0 {
 				return 0, false
 			}
-			return int64(st.Bavail) * int64(st.Bsize), true
+			unit := uint64(st.Frsize) // f_bavail counts fragments
+			if unit == 0 {
+				unit = uint64(st.Bsize)
+			}
+			if unit == 0 || st.Bavail > math.MaxInt64/unit {
+				return math.MaxInt64, true
+			}
+			return int64(st.Bavail * unit), true
 		}
 		if dir == filepath.Dir(dir) {
 			return 0, false

@@ -603,6 +603,8 @@ func TestOutputsNeverOverwriteTheData(t *testing.T) {
 		input  string
 	}{
 		{"a dataset's index", []string{"--data", prefix, "--split", "80,20"}, prefix + ".idx", "--data"},
+		{"a dataset named by its .bin", []string{"--data", prefix + ".bin", "--split", "80,20"}, prefix + ".idx", "--data"},
+		{"a dataset named by its .idx", []string{"--data", prefix + ".idx", "--split", "80,20"}, prefix + ".bin", "--data"},
 		{"a dataset's tokens", []string{"--data", prefix, "--split", "80,20"}, prefix + ".bin", "--data"},
 		{"a blend member's file", []string{"--data", "0.5 " + prefix + " 0.5 " + other, "--split", "80,20"}, other + ".bin", "--data"},
 		{"a tokenizer folder's file", []string{"--data", filepath.Join(text, "a.go"), "--tokenizer", gpt2}, filepath.Join(gpt2, "encoder.json.gz"), "--tokenizer"},
@@ -619,6 +621,15 @@ func TestOutputsNeverOverwriteTheData(t *testing.T) {
 			assert.Equal(t, before, after, "the input is whole")
 		})
 	}
+
+	// Files of those folders the run does not read may be written: a
+	// binary file or one under a hidden folder of the corpus, a file
+	// beside a tokenizer's own.
+	writeFile(t, filepath.Join(text, "w.safetensors"), "\x00binary")
+	for _, out := range []string{filepath.Join(text, "w.safetensors"), filepath.Join(text, ".runs", "m.json")} {
+		require.NoError(t, mainErr(append(append(slices.Clone(base), "--data", text, "--eval-batches", "-1"), "--metrics", out)), out)
+	}
+	require.NoError(t, mainErr(append(append(slices.Clone(base), "--data", prefix, "--split", "80,20", "--tokenizer", gpt2), "--metrics", filepath.Join(gpt2, "m.json"))))
 }
 
 // Without --data a run trains on the Go sources, wherever it starts: token

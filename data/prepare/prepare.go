@@ -95,8 +95,8 @@ func Run(ctx context.Context, enc Encoder, opt Options) (Summary, error) {
 	}
 	sum.SkippedFiles, sum.SkippedArchives = in.skipped, in.archives
 	if sum.Documents == 0 {
-		return Summary{}, fmt.Errorf("%w: %d input files, %d empty documents, %d bad lines skipped, %d binary files skipped: nothing to train on",
-			ErrNoDocuments, len(in.files), sum.EmptyDocuments, sum.SkippedLines, in.skipped)
+		return Summary{}, fmt.Errorf("%w: %d input files, %d empty documents, %d bad lines skipped, %d binary files and %d archives skipped: nothing to train on",
+			ErrNoDocuments, len(in.files), sum.EmptyDocuments, sum.SkippedLines, in.skipped, in.archives)
 	}
 	if err := ctx.Err(); err != nil {
 		return Summary{}, err

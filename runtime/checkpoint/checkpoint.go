@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"gcompile/runtime"
 )
 
 // metadataKey is the reserved header key for free-form string metadata; a
@@ -279,16 +281,11 @@ func save(path string, tensors []Tensor, metadata map[string]string) (sum Sum, e
 		return Sum{}, err
 	}
 	// A temporary name of its own: path+".tmp" could be a user's file.
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	f, err := runtime.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return Sum{}, fmt.Errorf("create temporary file: %w", err)
 	}
 	tmp := f.Name()
-	if err := f.Chmod(0o644); err != nil {
-		_ = f.Close()
-		_ = os.Remove(tmp)
-		return Sum{}, fmt.Errorf("create temporary file: %w", err)
-	}
 	closed := false
 	defer func() {
 		if err != nil {

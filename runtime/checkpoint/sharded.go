@@ -508,7 +508,7 @@ func writeJSON(path string, v any) (err error) {
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	f, err := runtime.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return err
 	}
@@ -523,9 +523,6 @@ func writeJSON(path string, v any) (err error) {
 		return err
 	}
 	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Chmod(0o644); err != nil {
 		return err
 	}
 	if err = f.Close(); err != nil {
