@@ -69,6 +69,10 @@ func TestDSLRules(t *testing.T) {
 			b.ExportConfig(map[string]any{"model_type": "llama"})
 			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
 		}, "ExportConfig called twice: the configuration was declared at builder_test.go:"},
+		{"export config nil", func(b *frontend.Builder) {
+			b.ExportConfig(nil)
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, "ExportConfig(nil): give the configuration's fields"},
 		{"export config not JSON", func(b *frontend.Builder) {
 			b.ExportConfig(map[string]any{"rope_theta": math.Inf(1)})
 			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
