@@ -1002,8 +1002,14 @@ func (r *reader) close() {
 // size and CRC-32C its manifest records, as a resume does before it reads
 // a block, and the header of each intact one against the blocks the
 // manifest places in it, as a resume does when it reads them; every
-// damaged or missing file is named.
+// damaged or missing file is named, and so is a state tensor that belongs
+// to no param, which Consolidate refuses.
 func Verify(dir string, m *Manifest) error {
+	var errs []error
+	// What Consolidate (export) refuses, inspect names too.
+	if err := checkDerived(m); err != nil {
+		errs = append(errs, err)
+	}
 	placed := map[string][]string{}
 	for _, name := range sortedKeys(m.Tensors) {
 		for _, b := range m.Tensors[name].Blocks {
@@ -1012,7 +1018,6 @@ func Verify(dir string, m *Manifest) error {
 			}
 		}
 	}
-	var errs []error
 	for _, file := range sortedKeys(m.Files) {
 		path := filepath.Join(dir, file)
 		if err := verify(path, m.Files[file]); err != nil {

@@ -545,6 +545,9 @@ func TestConsolidateRefusesStateOfNoParam(t *testing.T) {
 	require.ErrorIs(t, err, ErrCorrupt)
 	assert.ErrorContains(t, err, `tensor "w" is optimizer state of no param in the checkpoint`)
 	assert.Empty(t, ts)
+	m0, err := ReadManifest(dir)
+	require.NoError(t, err)
+	assert.ErrorContains(t, Verify(dir, m0), `tensor "w" is optimizer state of no param`, "inspect names what export refuses")
 
 	m := validManifest()
 	m.Tensors["adam.m/w"] = &TensorBlocks{Kind: "state"}
