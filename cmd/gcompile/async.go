@@ -127,7 +127,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		// This process's replicas; the server reports every step, and
 		// decides when the run stops: a signal here waits for its word
 		// (the launcher and SLURM signal every process).
-		w := watchSignals()
+		w := watchSignals(j.log)
 		defer w.release()
 		j.preemptible.Store(true)
 		started = true
@@ -135,7 +135,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		j.preemptible.Store(false)
 		return err
 	}
-	ck := &checkpointer{c: c, j: j, dev: server, progs: updates, stop: watchSignals(),
+	ck := &checkpointer{c: c, j: j, dev: server, progs: updates, stop: watchSignals(j.log),
 		opts: checkpoint.SaveOptions{Root: c.ckptDir, Model: res.Module.Name, ModelFingerprint: res.ModelFingerprint,
 			PlanHash: lower.Fingerprint(gp, up), Plan: plan, KeepLast: c.keepLast}}
 	defer ck.stop.release()

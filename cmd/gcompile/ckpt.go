@@ -286,7 +286,9 @@ type preemption struct {
 	last atomic.Value
 }
 
-func watchSignals() *preemption {
+// watchSignals watches for SIGTERM and SIGINT, saying what it does to log
+// (the job's log: a rank past 0 prefixes its lines with its rank).
+func watchSignals(log io.Writer) *preemption {
 	p := &preemption{ch: make(chan os.Signal, 2), done: make(chan struct{})}
 	signal.Notify(p.ch, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
@@ -295,14 +297,14 @@ func watchSignals() *preemption {
 			case s := <-p.ch:
 				if p.got.Load() != nil {
 					if last, _ := p.last.Load().(string); last != "" {
-						fmt.Fprintf(os.Stderr, "gcompile: second %v: exiting now; the last complete checkpoint, %s, is intact (a save cut short is never loaded)\n", s, last)
+						fmt.Fprintf(log, "gcompile: second %v: exiting now; the last complete checkpoint, %s, is intact (a save cut short is never loaded)\n", s, last)
 					} else {
-						fmt.Fprintf(os.Stderr, "gcompile: second %v: exiting now; this run has no complete checkpoint (a save cut short is never loaded, and the next run on its --checkpoint-dir removes it)\n", s)
+						fmt.Fprintf(log, "gcompile: second %v: exiting now; this run has no complete checkpoint (a save cut short is never loaded, and the next run on its --checkpoint-dir removes it)\n", s)
 					}
 					os.Exit(128 + int(s.(syscall.Signal)))
 				}
 				p.got.Store(s)
-				fmt.Fprintf(os.Stderr, "gcompile: %v: stopping after this step (again to exit now)\n", s)
+				fmt.Fprintf(log, "gcompile: %v: stopping after this step (again to exit now)\n", s)
 			case <-p.done:
 				return
 			}

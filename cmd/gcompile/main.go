@@ -99,6 +99,10 @@ func mainErr(args []string) (err error) {
 			// Another process's failure that stopped this one is the
 			// error to report: this one's is its echo.
 			err = j.stoppedBy(err)
+		} else if err != nil && j.multi() && j.world.Rank > 0 {
+			// A stopped run's reason, said by every process: which one
+			// says it.
+			err = labelled(j.world.Rank, err)
 		}
 		err = errors.Join(err, j.close())
 	}()
@@ -631,7 +635,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	if start.Step > 0 {
 		cfg.Seed = start.Seed
 	}
-	ck := &checkpointer{c: c, j: j, dev: dev, progs: progs, stop: watchSignals(),
+	ck := &checkpointer{c: c, j: j, dev: dev, progs: progs, stop: watchSignals(j.log),
 		opts: checkpoint.SaveOptions{Root: c.ckptDir, Model: res.Module.Name, ModelFingerprint: res.ModelFingerprint,
 			PlanHash: res.Fingerprint(), Plan: plan, KeepLast: c.keepLast}}
 	defer ck.stop.release()
