@@ -93,6 +93,11 @@ func Build(fn ModelFunc, cfg Config) (*ir.Module, error) {
 func Describe(fn ModelFunc, cfg Config) ([]ParamDoc, error) {
 	b := newBuilder(cfg)
 	err := b.runModel(fn)
+	if err == nil {
+		// A key the model reads under none of cfg.Set's values is a typo
+		// the list would otherwise pass over.
+		err = b.unknownSet()
+	}
 	return b.docs, err
 }
 
@@ -156,20 +161,28 @@ func newBuilder(cfg Config) *Builder {
 	return &Builder{m: ir.NewModule(cfg.Name), cfg: cfg, used: map[string]bool{}, layer: -1, scalar: map[float64]*ir.Value{}}
 }
 
-func (b *Builder) finish() (*ir.Module, error) {
+// unknownSet is the error of --set keys the model did not read, or nil.
+func (b *Builder) unknownSet() error {
 	var unknown []string
 	for k := range b.cfg.Set {
 		if !b.used[k] {
 			unknown = append(unknown, k)
 		}
 	}
-	if len(unknown) > 0 {
-		slices.Sort(unknown)
-		var known []string
-		for _, d := range b.docs {
-			known = append(known, d.Key)
-		}
-		b.errs = append(b.errs, fmt.Errorf("--set: unknown model parameter(s) %s (this model reads: %s)", strings.Join(unknown, ", "), strings.Join(known, ", ")))
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	var known []string
+	for _, d := range b.docs {
+		known = append(known, d.Key)
+	}
+	return fmt.Errorf("--set: unknown model parameter(s) %s (this model reads: %s)", strings.Join(unknown, ", "), strings.Join(known, ", "))
+}
+
+func (b *Builder) finish() (*ir.Module, error) {
+	if err := b.unknownSet(); err != nil {
+		b.errs = append(b.errs, err)
 	}
 	if b.cfg.Generate != nil {
 		b.finishGeneration()

@@ -536,6 +536,9 @@ func TestHelpAndFlagMistakes(t *testing.T) {
 	out := captureStdout(t, func() { require.NoError(t, mainNoPanic(t, []string{"-h"})) })
 	assert.Contains(t, out, "-lr float")
 	assert.Contains(t, out, "-checkpoint-dir")
+	// --help-model checks a --set against the parameters the model reads.
+	err := mainNoPanic(t, []string{gptModel, "--help-model", "--set", "layrs=3"})
+	assert.ErrorContains(t, err, "--set: unknown model parameter(s) layrs (this model reads: layers, hidden")
 	// eval's usage lists the flags it takes, not those it refuses.
 	out = captureStdout(t, func() { require.NoError(t, mainNoPanic(t, []string{"eval", "-h"})) })
 	for _, f := range []string{"-load string", "-data string", "-tp int", "-eval-batches int"} {

@@ -403,7 +403,13 @@ func (c *config) metricsConfig(procs int) map[string]any {
 func helpModel(c *config) error {
 	interrupt, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	docs, err := (&loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr, Context: interrupt}).Describe(c.Model, frontend.Config{Batch: c.Batch})
+	// Under --set as given: the keys its values make the model read are
+	// listed, and a key it reads under none of them is named.
+	set, err := frontend.ParseSet(c.Set)
+	if err != nil {
+		return fmt.Errorf("--set: %w", err)
+	}
+	docs, err := (&loader.Loader{Timeout: c.ModelTimeout, Progress: os.Stderr, Context: interrupt}).Describe(c.Model, frontend.Config{Batch: c.Batch, Set: set})
 	if err != nil {
 		return err
 	}
