@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -228,6 +229,31 @@ func (t codec) decode(ids []int32, eos int32) string {
 	return string(b)
 }
 
+// joinTail is how many of a prompt's last tokens decode with a
+// continuation to find its text: enough for any merge or byte sequence
+// across the join, few enough that decoding each new token stays cheap
+// behind a long prompt.
+const joinTail = 16
+
+// continuation is the text generated after prompt: the decode of the
+// prompt's tail with the new ids, less the tail's own decode. Decoded on
+// their own, the new ids would lose what a tokenizer's decoder does at
+// the start of a text (SentencePiece's "strip one leading space": the
+// space before the first new word) and bytes of a character split
+// across the join.
+func (t codec) continuation(prompt, ids []int32, eos int32) string {
+	if len(ids) > 0 && ids[len(ids)-1] == eos {
+		ids = ids[:len(ids)-1]
+	}
+	tail := prompt[max(len(prompt)-joinTail, 0):]
+	head := t.decode(tail, -1)
+	full := t.decode(append(slices.Clone(tail), ids...), -1)
+	if rest, ok := strings.CutPrefix(full, head); ok {
+		return rest
+	}
+	return t.decode(ids, -1)
+}
+
 // readPrompts is --prompt, or --prompt-file's lines (a last newline ends
 // the last prompt; any other empty line is an empty prompt, refused).
 func (g *genConfig) readPrompts() ([]string, error) {
@@ -436,7 +462,7 @@ func (o *genOutput) stopWhen(seq int, ids []int32) bool {
 	if len(o.g.stops) == 0 {
 		return false
 	}
-	_, hit := generate.StopAt(o.tx.decode(ids, o.eos), o.g.stops)
+	_, hit := generate.StopAt(o.tx.continuation(o.prompts[seq], ids, o.eos), o.g.stops)
 	o.stopped[seq] = o.stopped[seq] || hit
 	return hit
 }
@@ -445,7 +471,7 @@ func (o *genOutput) stopWhen(seq int, ids []int32) bool {
 // may start a stop string or that end in the middle of a character.
 func (o *genOutput) onToken(_ int, id int32) {
 	o.made = append(o.made, id)
-	s := o.tx.decode(o.made, o.eos)
+	s := o.tx.continuation(o.prompts[0], o.made, o.eos)
 	if cut, ok := generate.StopAt(s, o.g.stops); ok {
 		s = s[:cut]
 	} else {
@@ -466,7 +492,7 @@ func (o *genOutput) finish(ids [][]int32) (int, error) {
 	enc.SetEscapeHTML(false)
 	for i, got := range ids {
 		tokens += len(got)
-		s := o.tx.decode(got, o.eos)
+		s := o.tx.continuation(o.prompts[i], got, o.eos)
 		stop := "length"
 		switch {
 		case len(got) > 0 && got[len(got)-1] == o.eos:

@@ -408,3 +408,27 @@ func TestGenerateRunsOnRankZeroOfALaunchersWorld(t *testing.T) {
 	assert.Empty(t, out.String())
 	assert.Contains(t, log.String(), "rank 1 of 2 (torchrun) leaves generation to rank 0")
 }
+
+// The text after a prompt is what the prompt and its continuation decode
+// to together, less the prompt: a SentencePiece decoder strips the
+// leading space of a text, so decoded alone "▁main" after "func" lost
+// its space ("funcmain"), and a stop string beginning with it never
+// matched.
+func TestContinuationKeepsTheSpaceAtTheJoin(t *testing.T) {
+	tok, err := tokenizer.Load(filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama2"), "")
+	require.NoError(t, err)
+	tx := codec{tok: tok}
+	ids := tx.encode("func main() { alpha 6")
+	require.Greater(t, len(ids), 3)
+	for cut := 1; cut < len(ids); cut++ {
+		prompt, got := ids[:cut], ids[cut:]
+		assert.Equal(t, tx.decode(ids, -1), tx.decode(prompt, -1)+tx.continuation(prompt, got, -1), "cut at %d", cut)
+	}
+	assert.Equal(t, " main() { alpha 6", tx.continuation(ids[:1], ids[1:], -1))
+	// The end-of-sequence id ends the text, as decode's does.
+	eos, ok := tok.EOS()
+	require.True(t, ok)
+	assert.Equal(t, " main() { alpha 6", tx.continuation(ids[:1], append(slices.Clone(ids[1:]), eos), eos))
+	// Bytes: the continuation is its own bytes.
+	assert.Equal(t, "bc", codec{}.continuation([]int32{'a'}, []int32{'b', 'c'}, -1))
+}
