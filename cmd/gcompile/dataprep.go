@@ -35,10 +35,10 @@ func dataMain(args []string) error {
 	return prepareMain(args[1:], os.Stdout, os.Stderr)
 }
 
-// prepareMain is `gcompile data prepare`.
 // maxPrepareWorkers bounds --workers: far past any machine's cores.
 const maxPrepareWorkers = 4096
 
+// prepareMain is `gcompile data prepare`.
 func prepareMain(args []string, stdout, stderr io.Writer) error {
 	fs := newSubcommandFlags("data prepare", "--tokenizer T --output-prefix PREFIX INPUT…\n\nINPUT is a text file (one document), a folder (its files, recursively, in name order), or JSON Lines (.jsonl, one document per line; .gz read as gzip).")
 	tok := fs.String("tokenizer", "", "a Hugging Face tokenizer.json, a folder holding one, or GPT-2's vocab.json (with --merges)")
@@ -48,6 +48,7 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	skip := fs.Bool("skip-bad-lines", false, "skip (and count) JSON Lines lines that are not JSON objects, lack --json-key, or hold no UTF-8 string under it; by default such a line stops the run, naming file:line")
 	workers := fs.Int("workers", 0, "tokenizing goroutines (0: one per core); the output is the same for any number")
 	noEOS := fs.Bool("no-eos", false, "do not append the tokenizer's end-of-document token to each document")
+	bos := fs.Bool("bos", false, "begin each document with the tokenizer's beginning-of-sequence token, as Hugging Face's Llama tokenizers add it and Megatron-LM's preprocess_data.py writes it with them (then generate with --bos)")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	inputs, err := parsePositional(fs, args)
 	if err != nil {
@@ -86,6 +87,10 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	if _, ok := t.EOS(); !ok && !*noEOS {
 		return fmt.Errorf("data prepare: --tokenizer %s has no end-of-document token to append to each document; give --no-eos to write documents without one", *tok)
 	}
+	bosID, hasBOS := t.BOS()
+	if *bos && !hasBOS {
+		return fmt.Errorf("data prepare: --bos: --tokenizer %s has no beginning-of-sequence token", *tok)
+	}
 	// A signal stops the run (nothing is written) with the exit status a
 	// stopped training run has, 128 + the signal.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -104,7 +109,7 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	}()
 	opt := prepare.Options{
 		Inputs: inputs, OutputPrefix: *out, JSONKey: *key, SkipBadLines: *skip, Workers: *workers,
-		AppendEOS: !*noEOS, DType: indexed.DTypeFor(t.VocabSize()),
+		AppendEOS: !*noEOS, PrependBOS: *bos, BOS: bosID, DType: indexed.DTypeFor(t.VocabSize()),
 		Tokenizer: t.Fingerprint(), TokenizerPath: t.Path(),
 	}
 	var last time.Time

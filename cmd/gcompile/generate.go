@@ -88,7 +88,7 @@ func parseGenerate(args []string) (*genConfig, error) {
 	fs.StringVar(&g.output, "output", "text", "text (the continuations, streamed as they are made) or json (one object per prompt: prompt, prompt_ids, ids, text, stop)")
 	fs.StringVar(&g.tokenizer, "tokenizer", "", "the Hugging Face tokenizer.json (or its folder) of the model's vocabulary (default: bytes, one token per byte)")
 	fs.StringVar(&g.merges, "merges", "", "with --tokenizer vocab.json: GPT-2's merges.txt")
-	fs.BoolVar(&g.bos, "bos", false, "with --tokenizer: begin every prompt with the tokenizer's BOS token, as Hugging Face's Llama tokenizers do (data prepared by gcompile has none)")
+	fs.BoolVar(&g.bos, "bos", false, "with --tokenizer: begin every prompt with the tokenizer's BOS token, as Hugging Face's Llama tokenizers do (data prepared by gcompile has none unless data prepare --bos wrote it)")
 	fs.IntVar(&g.vocabDivisible, "make-vocab-size-divisible-by", 128, "with --tokenizer: the model's vocab is the tokenizer's padded to a multiple of this times --tp, as in training")
 	fs.StringVar(&g.dump, "dump", "", "write the decode program's module after each pass, and index.html, to this folder")
 	fs.StringVar(&g.deviceMemory, "device-memory", "", "memory per device, e.g. 16GiB: programs and caches that do not fit are refused")

@@ -664,3 +664,27 @@ func TestMaxTokenCacheThatIsAPipeIsReplaced(t *testing.T) {
 	}))
 	assert.Equal(t, int32(199), n)
 }
+
+// data prepare --bos begins each document with the tokenizer's BOS, as
+// Hugging Face's Llama tokenizer adds it; without it a document starts
+// with its text.
+func TestDataPrepareBeginsDocumentsWithBOS(t *testing.T) {
+	dir := t.TempDir()
+	llama2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama2")
+	text := filepath.Join(dir, "a.txt")
+	writeFile(t, text, "hello world")
+	first := func(extra ...string) []int32 {
+		prefix := filepath.Join(dir, fmt.Sprint("p", len(extra)))
+		require.NoError(t, prepareMain(append([]string{"--tokenizer", llama2, "--output-prefix", prefix, "--quiet", text}, extra...), io.Discard, io.Discard))
+		ds, err := indexed.Open(prefix)
+		require.NoError(t, err)
+		defer ds.Close()
+		doc := make([]int32, ds.SequenceLen(0))
+		require.NoError(t, ds.Read(0, 0, doc))
+		return doc
+	}
+	plain, with := first(), first("--bos")
+	assert.Equal(t, int32(1), with[0], "<s>")
+	assert.Equal(t, plain, with[1:])
+	assert.Equal(t, int32(2), with[len(with)-1], "</s>")
+}

@@ -40,6 +40,9 @@ type Meta struct {
 	VocabSize int `json:"vocab_size"`
 	// EOS is the end-of-document id appended to each document, -1 if none.
 	EOS int32 `json:"eos"`
+	// BOS is the beginning-of-document id prepended to each document; nil
+	// if none (and in files written before it was recorded).
+	BOS *int32 `json:"bos,omitempty"`
 	// Tokenizer and TokenizerPath are Options.Tokenizer and
 	// Options.TokenizerPath: the encoder's fingerprint and origin.
 	Tokenizer     string `json:"tokenizer"`
@@ -59,10 +62,14 @@ type Meta struct {
 func metaPath(prefix string) string { return prefix + ".json" }
 
 func metaOf(c config, s Summary) Meta {
+	var bos *int32
+	if c.bos >= 0 {
+		bos = &c.bos
+	}
 	return Meta{
 		Format: metaFormat, Version: metaVersion,
 		Documents: s.Documents, Tokens: s.Tokens, DType: c.dtype, MaxToken: s.MaxToken,
-		VocabSize: c.vocabSize, EOS: c.eos, Tokenizer: c.Tokenizer, TokenizerPath: c.TokenizerPath,
+		VocabSize: c.vocabSize, EOS: c.eos, BOS: bos, Tokenizer: c.Tokenizer, TokenizerPath: c.TokenizerPath,
 		JSONKey: c.JSONKey, EmptyDocuments: s.EmptyDocuments, SkippedLines: s.SkippedLines,
 		BinBytes: s.BinBytes, IdxBytes: s.IdxBytes,
 	}

@@ -50,6 +50,11 @@ type Options struct {
 	// The zero value is false; the command sets it unless told not to.
 	// Run refuses it when the encoder has no such id.
 	AppendEOS bool
+	// PrependBOS begins each document with BOS, the tokenizer's
+	// beginning-of-sequence id, as Hugging Face's Llama tokenizers do by
+	// default and Megatron-LM's preprocess_data.py writes with them.
+	PrependBOS bool
+	BOS        int32
 	// DType is how tokens are stored; 0 means indexed.DTypeFor of the
 	// encoder's vocabulary size, as Megatron-LM would choose.
 	DType indexed.DType
@@ -136,12 +141,13 @@ type config struct {
 	Options
 	dtype     indexed.DType
 	eos       int32 // -1: none appended
+	bos       int32 // -1: none prepended
 	vocabSize int
 	workers   int
 }
 
 func settle(enc Encoder, opt Options) (config, error) {
-	c := config{Options: opt, eos: -1}
+	c := config{Options: opt, eos: -1, bos: -1}
 	if enc == nil {
 		return c, errors.New("prepare: no encoder")
 	}
@@ -182,6 +188,12 @@ func settle(enc Encoder, opt Options) (config, error) {
 			return c, fmt.Errorf("prepare: the end-of-document id %d does not fit %s (0..%d): %w", eos, c.dtype, hi, indexed.ErrTokenRange)
 		}
 		c.eos = eos
+	}
+	if opt.PrependBOS {
+		if opt.BOS < 0 || opt.BOS > hi || int(opt.BOS) >= c.vocabSize {
+			return c, fmt.Errorf("prepare: the beginning-of-document id %d is not a token of the encoder's %d: %w", opt.BOS, c.vocabSize, indexed.ErrTokenRange)
+		}
+		c.bos = opt.BOS
 	}
 	for _, ext := range []string{".bin", ".idx", ".json"} {
 		if st, err := os.Stat(opt.OutputPrefix + ext); err == nil && st.IsDir() {
@@ -450,7 +462,13 @@ func (p *pipeline) encode(b *batch) {
 		}
 		before := len(b.tokens)
 		if status == lineOK {
-			b.tokens = p.enc.AppendEncode(b.tokens, text)
+			if p.cfg.bos >= 0 {
+				b.tokens = append(b.tokens, p.cfg.bos)
+			}
+			start := len(b.tokens)
+			if b.tokens = p.enc.AppendEncode(b.tokens, text); len(b.tokens) == start {
+				b.tokens = b.tokens[:before] // an empty document gets no BOS either
+			}
 		}
 		empty := status == lineOK && len(b.tokens) == before
 		if status == lineOK && !empty && p.cfg.eos >= 0 {

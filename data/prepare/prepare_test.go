@@ -111,6 +111,13 @@ func TestRunInputs(t *testing.T) {
 			opt:   Options{AppendEOS: false},
 			want:  [][]int32{{'a', 'b', 'c'}}, docs: 1, nFiles: 1,
 		},
+		{
+			// Id 7 begins each document, an empty one gets none.
+			name:  "a beginning-of-document id",
+			files: map[string]string{"a.txt": "ab", "b.txt": "", "c.txt": "c"},
+			opt:   Options{PrependBOS: true, BOS: 7},
+			want:  [][]int32{{7, 'a', 'b', 256}, {7, 'c', 256}}, docs: 2, empty: 1, nFiles: 3,
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -162,9 +169,13 @@ func TestRunInputs(t *testing.T) {
 			if !opt.AppendEOS {
 				wantEOS = -1
 			}
+			var wantBOS *int32
+			if opt.PrependBOS {
+				wantBOS = &opt.BOS
+			}
 			assert.Equal(t, Meta{
 				Format: metaFormat, Version: 1, Documents: tc.docs, Tokens: tokens, DType: indexed.Uint16,
-				MaxToken: maxTok, VocabSize: 257, EOS: wantEOS, Tokenizer: "fp-123", TokenizerPath: "/tok.json",
+				MaxToken: maxTok, VocabSize: 257, EOS: wantEOS, BOS: wantBOS, Tokenizer: "fp-123", TokenizerPath: "/tok.json",
 				JSONKey:        map[bool]string{true: tc.opt.JSONKey, false: "text"}[tc.opt.JSONKey != ""],
 				EmptyDocuments: tc.empty, SkippedLines: tc.skippedLines, BinBytes: sum.BinBytes, IdxBytes: sum.IdxBytes,
 			}, m)
