@@ -447,6 +447,7 @@ func exportMain(args []string) error {
 			return fmt.Errorf("export: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, "wrote %s (the model's configuration as it declares it, b.ExportConfig)\n", cfg)
+		fmt.Fprintf(os.Stderr, "note: a checkpoint holds no tokenizer: for from_pretrained, copy the training's tokenizer.json (and tokenizer_config.json) into %s\n", filepath.Dir(*out))
 		return nil
 	}
 	note := "no config.json written: the checkpoint's model declares no configuration (b.ExportConfig)"
