@@ -672,8 +672,16 @@ func checkpointModel(cfg compile.Config, resume, fingerprint string) (*checkpoin
 		return m, nil
 	}
 	set, _ := m.Plan.Flags["set"].(string)
-	return nil, fmt.Errorf("--resume %s: the checkpoint is of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so give the --set it was trained with: %w",
-		dir, m.Model, set, m.ModelFingerprint, cfg.Set, fingerprint, checkpoint.ErrMismatch)
+	hint := "give the --set it was trained with"
+	if was, ok := setValue(set, "vocab"); ok && m.Plan.Data != "" && !checkpoint.IsTextIdentity(m.Plan.Data) {
+		if now, _ := setValue(cfg.Set, "vocab"); now != was {
+			// The vocabulary came from the run's token data: setting it
+			// by hand would evaluate the model on other tokens.
+			hint = fmt.Sprintf("its vocab=%s came from the token data it trained on: give --data PREFIX and --tokenizer as the run did (and its --split), not --set vocab", was)
+		}
+	}
+	return nil, fmt.Errorf("--resume %s: the checkpoint is of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so %s: %w",
+		dir, m.Model, set, m.ModelFingerprint, cfg.Set, fingerprint, hint, checkpoint.ErrMismatch)
 }
 
 // loadCheckpointParams loads the params of a training checkpoint.

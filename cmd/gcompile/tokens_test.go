@@ -688,3 +688,18 @@ func TestDataPrepareBeginsDocumentsWithBOS(t *testing.T) {
 	assert.Equal(t, plain, with[1:])
 	assert.Equal(t, int32(2), with[len(with)-1], "</s>")
 }
+
+// eval of a checkpoint trained on token data, given no --data: the
+// vocabulary came from the data, so the error says to give the data and
+// its tokenizer, not to set the vocabulary by hand (which would evaluate
+// the model on bytes).
+func TestEvalOfATokenCheckpointWithoutItsDataNamesIt(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 40, 20, 300, 16)
+	ck := filepath.Join(dir, "ck")
+	set := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4"}
+	require.NoError(t, mainErr(append(slices.Clone(set), "--data", prefix, "--split", "80,20", "--run", "--steps", "1", "--eval-batches", "1", "--checkpoint-dir", ck)))
+	err := mainErr(append(append([]string{"eval"}, set...), "--resume", ck, "--max-data-mb", "1"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "its vocab=384 came from the token data it trained on: give --data PREFIX and --tokenizer as the run did")
+}

@@ -1182,6 +1182,10 @@ func orText(data string) string {
 // textData begins every TextIdentity.
 const textData = "byte-level text"
 
+// IsTextIdentity says whether a Plan.Data names byte-level text
+// (TextIdentity) rather than token datasets.
+func IsTextIdentity(data string) bool { return strings.HasPrefix(data, textData) }
+
 // TextIdentity is Plan.Data for byte-level text: a digest of the bytes of
 // its training and held-out splits (their contents, not the path, which
 // may differ between machines), so a run resumed on other text, or a job
