@@ -10,6 +10,7 @@ import (
 
 	"gcompile/data"
 	"gcompile/data/sample"
+	"gcompile/data/tokenizer"
 )
 
 // checkPaths runs before any compile or training: every output the run
@@ -135,7 +136,7 @@ func (c *config) inputPaths() []outputPath {
 	if fi, err := os.Stat(c.tokenizer); c.tokenizer != "" && err == nil && fi.IsDir() {
 		dir := c.tokenizer
 		in = append(in, outputPath{flag: "tokenizer", path: dir, folder: func(p string) bool {
-			for _, name := range []string{"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe"} {
+			for _, name := range tokenizer.FolderFiles {
 				if samePath(p, filepath.Join(dir, name)) || samePath(p, filepath.Join(dir, name+".gz")) {
 					return true
 				}

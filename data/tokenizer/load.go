@@ -97,6 +97,11 @@ func resolve(path, merges string) (main, mergesPath string, err error) {
 	return "", "", fmt.Errorf("tokenizer: %s: no tokenizer.json, vocab.json+merges.txt or encoder.json+vocab.bpe in this folder: %w", path, fs.ErrNotExist)
 }
 
+// FolderFiles are the names Load reads in a tokenizer's folder, each
+// also gzipped (NAME.gz): what a run that reads the folder must not
+// write over.
+var FolderFiles = []string{"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe"}
+
 // findFile returns dir/name or dir/name.gz, whichever exists first, or "".
 func findFile(dir, name string) string {
 	for _, n := range []string{name, name + ".gz"} {
