@@ -130,8 +130,8 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	switch {
 	case explicit["prompt"] == (g.promptFile != ""):
 		bad("generate: give the text with --prompt TEXT or --prompt-file FILE (one of them)")
-	case explicit["prompt"] && g.prompt == "":
-		bad("--prompt \"\": the prompt is empty; there is no token to continue from")
+	case explicit["prompt"] && g.prompt == "" && !g.bos:
+		bad("--prompt \"\": the prompt is empty; there is no token to continue from (with --bos it is the BOS token alone)")
 	}
 	if g.maxNew < 1 || g.maxNew > maxPositions {
 		bad("--max-new-tokens %d: want 1 to %d", g.maxNew, maxPositions)
@@ -255,7 +255,8 @@ func (t codec) continuation(prompt, ids []int32, eos int32) string {
 }
 
 // readPrompts is --prompt, or --prompt-file's lines (a last newline ends
-// the last prompt; any other empty line is an empty prompt, refused).
+// the last prompt; any other empty line is an empty prompt, refused
+// unless --bos gives it a token).
 func (g *genConfig) readPrompts() ([]string, error) {
 	if g.promptFile == "" {
 		return []string{g.prompt}, nil
@@ -270,8 +271,8 @@ func (g *genConfig) readPrompts() ([]string, error) {
 	}
 	lines := strings.Split(s, "\n")
 	for i, l := range lines {
-		if l == "" {
-			return nil, fmt.Errorf("--prompt-file %s:%d: the prompt is empty; there is no token to continue from", g.promptFile, i+1)
+		if l == "" && !g.bos {
+			return nil, fmt.Errorf("--prompt-file %s:%d: the prompt is empty; there is no token to continue from (with --bos it is the BOS token alone)", g.promptFile, i+1)
 		}
 	}
 	return lines, nil

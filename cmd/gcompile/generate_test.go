@@ -432,3 +432,18 @@ func TestContinuationKeepsTheSpaceAtTheJoin(t *testing.T) {
 	// Bytes: the continuation is its own bytes.
 	assert.Equal(t, "bc", codec{}.continuation([]int32{'a'}, []int32{'b', 'c'}, -1))
 }
+
+// With --bos an empty prompt is the BOS token alone, which a model can
+// continue (as Hugging Face generates from <s>); without it, it is
+// refused.
+func TestEmptyPromptLineNeedsBOS(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "p.txt")
+	require.NoError(t, os.WriteFile(file, []byte("one\n\nthree\n"), 0o644))
+	g := &genConfig{promptFile: file}
+	_, err := g.readPrompts()
+	assert.ErrorContains(t, err, "p.txt:2: the prompt is empty")
+	g.bos = true
+	got, err := g.readPrompts()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"one", "", "three"}, got)
+}
