@@ -212,6 +212,9 @@ func writeSummary(w io.Writer, c *config, met *runtime.Metrics, wall time.Durati
 		if line := skippedLine(c, met.Steps); line != "" {
 			b.WriteString("\n  skipped   " + line)
 		}
+		if n, dirs := c.tokens.rebuilt(); n > 0 {
+			fmt.Fprintf(&b, "\n  data      %d cached sample index file(s) in %s were damaged or stale and were built again", n, strings.Join(dirs, ", "))
+		}
 		b.WriteString("\n")
 	}
 	files := outputs(c, met)

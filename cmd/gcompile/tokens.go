@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -36,6 +37,27 @@ type tokenData struct {
 	maxID int32
 	// maxFrom says where maxID comes from, for an id past it met later.
 	maxFrom string
+	// samplers are the training and held-out splits' samplers, whose
+	// cached indexes the summary reports on (rebuilt).
+	samplers []*sample.GPT
+}
+
+// rebuilt counts the cached sample-index files the run found damaged,
+// foreign or stale and built again, with the folders they were in: said
+// in the summary, since each costs a rebuild the user may wonder about.
+func (td *tokenData) rebuilt() (n int, dirs []string) {
+	if td == nil {
+		return 0, nil
+	}
+	for _, g := range td.samplers {
+		if st := g.Stats(); st.Rebuilt > 0 {
+			n += st.Rebuilt
+			if !slices.Contains(dirs, st.Dir) {
+				dirs = append(dirs, st.Dir)
+			}
+		}
+	}
+	return n, dirs
 }
 
 // isTokenData says whether --data names token datasets rather than text: a
@@ -298,6 +320,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 			return nil, fmt.Errorf("--data %s, training split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[0][0], ranges[0][1], ds.NumSequences(), c.split, err)
 		}
 		trains = append(trains, tr)
+		td.samplers = append(td.samplers, tr)
 		weights = append(weights, p.Weight)
 		if c.evalBatches >= 0 && len(ranges) > 1 && ranges[1][1] > ranges[1][0] {
 			ev, err := sample.NewGPT(ds, sample.Config{Seq: seq, Range: ranges[1], CacheDir: cache, Identity: id})
@@ -305,6 +328,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 				return nil, fmt.Errorf("--data %s, held-out split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[1][0], ranges[1][1], ds.NumSequences(), c.split, err)
 			}
 			evals = append(evals, ev)
+			td.samplers = append(td.samplers, ev)
 			evalWeights = append(evalWeights, p.Weight)
 		}
 		log("data %s: %d documents, %d tokens (%s); %d training samples of %d+1 tokens per epoch; index in %s\n",

@@ -23,6 +23,7 @@ import (
 	"gcompile/data/tokenizer"
 	"gcompile/internal/fifotest"
 	"gcompile/lower"
+	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
 )
 
@@ -702,4 +703,32 @@ func TestEvalOfATokenCheckpointWithoutItsDataNamesIt(t *testing.T) {
 	err := mainErr(append(append([]string{"eval"}, set...), "--resume", ck, "--max-data-mb", "1"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "its vocab=384 came from the token data it trained on: give --data PREFIX and --tokenizer as the run did")
+}
+
+// A cached sample index found damaged is built again, and the summary
+// says so: the run's batches are those of an intact index either way.
+func TestSummaryNamesARebuiltSampleIndex(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 40, 20, 200, 17)
+	cache := filepath.Join(dir, "cache")
+	args := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--data", prefix, "--split", "80,20",
+		"--data-cache-dir", cache, "--run", "--steps", "1", "--eval-batches", "1"}
+	first := runMetrics(t, args...)
+	idx, err := filepath.Glob(filepath.Join(cache, "gpt-e0-*.idx"))
+	require.NoError(t, err)
+	require.NotEmpty(t, idx)
+	for _, f := range idx {
+		raw, err := os.ReadFile(f)
+		require.NoError(t, err)
+		raw[len(raw)-1] ^= 0xff // the body's last byte: its checksum no longer holds
+		require.NoError(t, os.WriteFile(f, raw, 0o644))
+	}
+	var again runtime.Metrics
+	log, err := captureStderr(t, func() error {
+		again = runMetrics(t, args...)
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Contains(t, log, "cached sample index file(s) in "+cache+" were damaged or stale and were built again")
+	assert.Equal(t, first.Steps[0].Loss, again.Steps[0].Loss, "the same batches")
 }
