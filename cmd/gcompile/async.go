@@ -55,10 +55,8 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	if err != nil {
 		return err
 	}
-	if c.ckptDir != "" && j.lead() {
-		if err := checkCheckpointRoom(c, res.Module, j.log); err != nil {
-			return err
-		}
+	if err := checkCheckpointRoom(c, j, res.Module); err != nil {
+		return err
 	}
 	corpus, err := loadSource(c, j, res.Module, seq)
 	if err != nil {

@@ -64,16 +64,18 @@ func checkCheckpointDir(c *config, resumed string, step int) error {
 	// link) at a step this run may save would stop it there: said now,
 	// before training. One at or below the step resumed from is never
 	// written to.
-	if l, err := checkpoint.List(c.ckptDir); err == nil {
-		for _, u := range l.Unrecognised {
-			if u.Step > step && u.Step <= c.steps {
-				return fmt.Errorf("--checkpoint-dir %s: %s: it is named as a checkpoint of step %d but is not one gcompile completed, and a save there would not replace it; move it out of the folder, or give this run another --checkpoint-dir", c.ckptDir, u, u.Step)
-			}
+	l, err := checkpoint.List(c.ckptDir)
+	if err != nil {
+		return nil // missing: checkOutputDir has checked it can be written
+	}
+	for _, u := range l.Unrecognised {
+		if u.Step > step && u.Step <= c.steps {
+			return fmt.Errorf("--checkpoint-dir %s: %s: it is named as a checkpoint of step %d but is not one gcompile completed, and a save there would not replace it; move it out of the folder, or give this run another --checkpoint-dir", c.ckptDir, u, u.Step)
 		}
 	}
-	steps, err := checkpoint.Steps(c.ckptDir)
-	if err != nil || len(steps) == 0 {
-		return nil // missing or empty: checkOutputDir has checked it can be written
+	steps := l.Steps
+	if len(steps) == 0 {
+		return nil
 	}
 	newest := steps[len(steps)-1]
 	held := fmt.Sprintf("--checkpoint-dir %s holds checkpoints of steps %d to %d", c.ckptDir, steps[0], newest)
@@ -109,7 +111,11 @@ var freeSpace = freeBytes
 // fail after the steps up to it were spent. Less than the --keep-last
 // checkpoints plus the one being written is a warning, since the run gets
 // that far.
-func checkCheckpointRoom(c *config, m *ir.Module, log io.Writer) error {
+func checkCheckpointRoom(c *config, j *job, m *ir.Module) error {
+	if c.ckptDir == "" || !j.lead() {
+		return nil
+	}
+	log := j.log
 	free, ok := freeSpace(c.ckptDir)
 	if !ok {
 		return nil
@@ -479,17 +485,8 @@ func writeExportConfig(dir string, raw json.RawMessage, tables map[string]int) (
 		return "", err
 	}
 	path := filepath.Join(dir, "config.json")
-	tmp, err := runtime.CreateTemp(dir, ".config-*.json")
-	if err != nil {
+	if err := runtime.WriteFileAtomic(path, append(text, '\n')); err != nil {
 		return "", err
-	}
-	_, err = tmp.Write(append(text, '\n'))
-	if err = errors.Join(err, tmp.Close()); err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return "", fmt.Errorf("%s: %w", path, err)
 	}
 	return path, nil
 }

@@ -541,10 +541,8 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	if err != nil {
 		return err
 	}
-	if c.ckptDir != "" && j.lead() {
-		if err := checkCheckpointRoom(c, res.Module, j.log); err != nil {
-			return err
-		}
+	if err := checkCheckpointRoom(c, j, res.Module); err != nil {
+		return err
 	}
 	corpus, err := loadSource(c, j, res.Module, seq)
 	if err != nil {

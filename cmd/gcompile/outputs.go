@@ -51,7 +51,7 @@ func checkPaths(c *config, lead bool) error {
 				c.tokenizer, c.data, c.tokenizer, orDefault(c.data)))
 			break
 		}
-		if ds := datasetsIn(c.data); c.data != "" && len(ds) > 0 {
+		if ds := datasetsIn(c.data); len(ds) > 0 {
 			errs = append(errs, fmt.Errorf("--data %s is a folder of token datasets (%s), not of text: name one, --data %s, or a blend of them",
 				c.data, strings.Join(ds, ", "), filepath.Join(c.data, ds[0])))
 			break

@@ -83,8 +83,12 @@ func isTokenData(s string) bool {
 // datasetsIn are the token datasets (PREFIX.idx with its PREFIX.bin) in
 // folder dir, by prefix: a folder of them is not a folder of text, whose
 // reader would skip the binary halves and train on what is left (their
-// .json metadata).
+// .json metadata). "" is none: --data's default is the Go sources, not
+// the working folder.
 func datasetsIn(dir string) []string {
+	if dir == "" {
+		return nil
+	}
 	idx, _ := filepath.Glob(filepath.Join(dir, "*.idx"))
 	var prefixes []string
 	for _, p := range idx {
