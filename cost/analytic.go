@@ -3,6 +3,8 @@ package cost
 import (
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	"gcompile/passes/schedule"
 )
@@ -39,14 +41,21 @@ type Transformer struct {
 	Experts, MoELayers, ExpertFFN, RouterParams int
 	Slots                                       float64
 	// ExpertParams is one expert's parameter count when known (the
-	// module's own); 0 means an MLP's, 2·h·f + f + h.
+	// module's own); 0 means an MLP's, 2·h·f + f + h, or 3·h·f when
+	// GatedExperts.
 	ExpertParams int
+	// GatedExperts: each expert is a gated MLP (Mixtral's SwiGLU experts:
+	// three h×f matrices).
+	GatedExperts bool
 }
 
 // expertParams is one expert's parameter count.
 func (t Transformer) expertParams() float64 {
 	if t.ExpertParams > 0 {
 		return float64(t.ExpertParams)
+	}
+	if t.GatedExperts {
+		return 3 * float64(t.Hidden) * float64(t.ExpertFFN)
 	}
 	return mlpParams(t.Hidden, t.ExpertFFN)
 }
@@ -161,8 +170,10 @@ func (t Transformer) ModelFLOPs(batch int) float64 {
 }
 
 // fwdFLOPsPerSeq is one sequence's forward GEMM flops: per block
-// 2·s·(3h² + h² + 2·h·f) for the projections and MLP plus 4·s²·h for
-// the attention core (QKᵀ and PV); the head 2·s·h·V.
+// 2·s·(2h² + 2·h·kv + 2·h·f) for the projections (q and the output h²
+// each, k and v h·kv) and the MLP (3·h·f gated), plus 4·s²·h for the
+// attention core (QKᵀ and PV); a MoE block's experts take the MLP's
+// place over its slots, and its router 2·s·h·E; the head 2·s·h·V.
 func (t Transformer) fwdFLOPsPerSeq() float64 {
 	s, h, f, v := float64(t.Seq), float64(t.Hidden), float64(t.FFN), float64(t.Vocab)
 	mlp := 2.0
@@ -170,7 +181,11 @@ func (t Transformer) fwdFLOPsPerSeq() float64 {
 		mlp = 3
 	}
 	layer := 2*s*(2*h*h+2*h*t.kvWidth()+mlp*h*f) + 4*s*s*h
-	moe := 2*s*(4*h*h+2*h*float64(t.ExpertFFN)*t.Slots+h*float64(t.Experts)) + 4*s*s*h
+	emlp := 2.0
+	if t.GatedExperts {
+		emlp = 3
+	}
+	moe := 2*s*(2*h*h+2*h*t.kvWidth()+emlp*h*float64(t.ExpertFFN)*t.Slots+h*float64(t.Experts)) + 4*s*s*h
 	dense := float64(t.Layers - t.moeLayers())
 	return dense*layer + float64(t.moeLayers())*moe + 2*s*h*v
 }
@@ -352,6 +367,9 @@ func (h *Hardware) gemmDevice(m, n, k float64, dtype string, eb float64) float64
 // gemmWork is a GEMM's device time without its launch.
 func (h *Hardware) gemmWork(m, n, k float64, dtype string, eb float64) float64 {
 	f := 2 * m * n * k
+	if !(f > 0) {
+		return 0 // an empty GEMM (a router of no weights) is no work
+	}
 	peak := h.Peak(dtype)
 	half := peak * h.GEMMHalfUS * 1e-6
 	compute := f / (peak * h.GEMMEfficiency * f / (f + half))
@@ -393,10 +411,12 @@ func (h *Hardware) Estimate(t Transformer, p Plan) (*Estimate, error) {
 }
 
 // EstimateFast is Estimate with the pipeline priced in closed form rather
-// than simulated: the busiest rank's work plus (p−1) chunk round trips
-// (F + B of one chunk), which is the simulator's answer for uniform
-// chunks under 1F1B, interleaved and GPipe, and a third of it for
-// zero-bubble. The search ranks tens of thousands of plans with it.
+// than simulated: the busiest rank's work plus one chunk round trip (F +
+// B of a chunk, that rank's average) of every other rank, which is the
+// simulator's answer for uniform chunks under 1F1B, interleaved and
+// GPipe, (p−1) round trips, and within 1 % of it when the head makes the
+// last stage heavier; a third of the wait for zero-bubble. The search
+// ranks tens of thousands of plans with it.
 func (h *Hardware) EstimateFast(t Transformer, p Plan) (*Estimate, error) {
 	return h.estimate(t, p, false)
 }
@@ -404,6 +424,12 @@ func (h *Hardware) EstimateFast(t Transformer, p Plan) (*Estimate, error) {
 func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, error) {
 	if p.TP < 1 || p.PP < 1 || p.DP < 1 || p.MicroBatch < 1 || p.Microbatches < 1 {
 		return nil, fmt.Errorf("plan %+v: degrees and batch sizes must be ≥ 1", p)
+	}
+	if err := t.check(); err != nil {
+		return nil, err
+	}
+	if err := p.check(t, simulate); err != nil {
+		return nil, err
 	}
 	v := max(p.VPP, 1)
 	if t.Layers%(p.PP*v) != 0 {
@@ -543,17 +569,25 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// all_to_all brings (split within each expert over tp).
 	layerF := denseF
 	moeWeight := 0.0
+	// blockGEMMs is a block's GEMMs on average (a MoE block's experts in
+	// place of the MLP): what tp's overlapped collectives hide behind.
+	blockGEMMs := attn + mlpGEMMs
 	var a2a float64
 	if nm := t.moeLayers(); nm > 0 {
 		E, fe := float64(t.Experts), float64(t.ExpertFFN)
 		rows := tokens * t.Slots
 		local := E / float64(ep)
-		experts := local * (h.gemm(rows/local, fe/tp, hd, ldt, eb) + h.gemm(rows/local, hd, fe/tp, ldt, eb))
+		one := h.gemm(rows/local, fe/tp, hd, ldt, eb) + h.gemm(rows/local, hd, fe/tp, ldt, eb)
+		if t.GatedExperts {
+			one += h.gemm(rows/local, fe/tp, hd, ldt, eb) // the gate
+		}
+		experts := local * one
 		router := h.gemm(tokens, float64(t.RouterParams)/hd, hd, "fp32", 4) + h.memTime(4*tokens*E*8)
 		moves := h.memTime(eb * rows * hd * 4)
 		moeF := attn + experts + router + moves + core + elem(rows, fe) + f8F
 		moeWeight = float64(nm) / float64(t.Layers)
 		layerF = (1-moeWeight)*denseF + moeWeight*moeF
+		blockGEMMs = attn + (1-moeWeight)*mlpGEMMs + moeWeight*experts
 		// Rows travel to their experts' ranks and back: tp consecutive
 		// ranks form the innermost axis, so an ep group is strided by tp.
 		a2a = Collective("all_to_all", ep, eb*rows*hd, h.axisLink(ep, p.TP*cp, p.Devices()))
@@ -651,8 +685,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		if p.OverlapTP {
 			// Hidden behind the block's projections and MLP GEMMs (twice
 			// as long backward), what they cannot hide stays.
-			gemms := attn + mlpGEMMs
-			tpF, tpB = math.Max(tpF-gemms, 0), math.Max(tpB-2*gemms, 0)
+			tpF, tpB = math.Max(tpF-blockGEMMs, 0), math.Max(tpB-2*blockGEMMs, 0)
 		}
 	}
 	// The all_to_alls (dispatch, combine), per layer on average.
@@ -780,17 +813,30 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			if name == "interleaved" && p.Microbatches%p.PP != 0 {
 				return nil, fmt.Errorf("schedule interleaved needs microbatches a multiple of pp=%d, got %d", p.PP, p.Microbatches)
 			}
+			// Each rank's round trip of one chunk (its chunks' F + B on
+			// average). The busiest rank works m·v of them; every other
+			// rank's round is on the path once, as the first microbatch's
+			// forward fills the pipeline to the busiest rank and the last
+			// one's backward drains it: (p−1)·round for uniform chunks, the
+			// textbook (p−1)/(v·m) bubble, and for a heavy last stage (the
+			// head) its m rounds plus the other stages' once each.
 			busy := make([]float64, p.PP)
-			var round float64
 			for j := range chunks {
-				busy[j%p.PP] += float64(p.Microbatches) * (fc[j] + bc[j])
-				round = math.Max(round, fc[j]+bc[j])
+				busy[j%p.PP] += fc[j] + bc[j]
 			}
-			ideal := 0.0
-			for _, b := range busy {
-				ideal = math.Max(ideal, b)
+			busiest := 0
+			for r, b := range busy {
+				if b > busy[busiest] {
+					busiest = r
+				}
 			}
-			wait := float64(p.PP-1) * round
+			ideal := float64(p.Microbatches) * busy[busiest]
+			wait := 0.0
+			for r, b := range busy {
+				if r != busiest {
+					wait += b / float64(v)
+				}
+			}
 			if name == "zb" {
 				wait /= 3
 			}
@@ -827,6 +873,20 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	} else {
 		pipe = float64(p.Microbatches) * (chunkF(0) + chunkB(0))
 	}
+
+	// Offloaded params copied blocks ahead (--offload-prefetch) travel
+	// beside the compute, on the host link; when they take longer, the
+	// compute waits for them (copyWait), and the reductions below, on
+	// their own links, run through that wait too. Pricing the two
+	// overlaps apart hid both behind the same compute, so that faster
+	// compute made a longer step.
+	var host, ahead float64
+	if contains(p.Offload, "params") && p.OffloadPrefetch > 0 {
+		// The forward's and the backward's copies; the update's
+		// write-back still waits.
+		ahead = 2 * 4 * stageParams
+	}
+	copyWait := math.Max(ahead/(h.HostGBps*1e9)-pipe, 0)
 
 	// Data parallelism and the optimizer, after the last backward (both
 	// backends issue reductions in program order on the compute stream).
@@ -874,7 +934,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		// One microbatch's backward and forward over the stage's chunks:
 		// what a reduction overlapped with the last one, or a gather with
 		// the first, can hide behind.
-		lastBackward, firstForward := perChunk*float64(v)*layerB, perChunk*float64(v)*layerF
+		lastBackward, firstForward := perChunk*float64(v)*layerB+copyWait, perChunk*float64(v)*layerF+copyWait
 		if h.OverlapBuckets && !p.SerialReductions && p.Zero == 0 && p.PP == 1 {
 			// The buckets reduce on their own stream as the last
 			// microbatch's backward produces them: all but the last can
@@ -904,23 +964,16 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		tail += h.memTime(4 * stageParams)
 	}
 	if p.Offload != "" && p.Offload != "none" {
-		var host, ahead float64
 		if contains(p.Offload, "optimizer") {
 			host += 2 * 4 * p.states() * optParams
 		}
 		if contains(p.Offload, "params") {
 			host += 3 * 4 * stageParams
-			if p.OffloadPrefetch > 0 {
-				// The forward's and the backward's copies of the params
-				// run blocks ahead, beside the compute; the update's
-				// write-back still waits.
-				ahead = 2 * 4 * stageParams
-			}
 		}
 		bw := h.HostGBps * 1e9
 		e.CommSeconds["host"] = host / bw
 		e.CommBytes["host"] = host
-		tail += (host-ahead)/bw + math.Max(ahead/bw-pipe, 0) // the update waits for its state
+		tail += (host-ahead)/bw + copyWait // the update waits for its state
 	}
 	e.StepSeconds = pipe + tail
 	if h.HostCores > 0 {
@@ -939,7 +992,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	e.ModelFLOPs = t.ModelFLOPs(int(batch))
 	e.FLOPs = e.ModelFLOPs
 	if p.Recompute == "full" {
-		e.FLOPs += t.fwdFLOPsPerSeq() * batch
+		// The blocks' forward again; the head's output is not dropped
+		// (Narayanan et al.'s eq. 3 counts it so too: V/(16·l·h)).
+		e.FLOPs += (t.fwdFLOPsPerSeq() - 2*float64(t.Seq*t.Hidden)*float64(t.Vocab)) * batch
 	}
 
 	// Memory: persistent bytes are a lower bound (see Estimate's doc).
@@ -1000,11 +1055,125 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		kv := 4 * tokens * t.kvWidth() / tp * 4
 		actBytes += 2*kv + tokens*hd/tp*(8+4)
 	}
-	e.MemoryEstimate = int64(params + state + grads + actBytes + eb*stageParams)
+	// A 16-bit run computes with a copy of its fp32 master weights; an
+	// fp32 run with the masters themselves.
+	working := 0.0
+	if eb < 4 {
+		working = eb * stageParams
+	}
+	e.MemoryEstimate = int64(params + state + grads + actBytes + working)
 	if ldt == "fp8" {
 		e.MemoryEstimate += int64(2 * stageParams) // the fp8 weights and their transposes
 	}
 	return e, nil
+}
+
+// check refuses a shape the formulas cannot price: a dimension of 0
+// (which would divide 0 by 0 into a NaN step), k/v heads that do not
+// divide the heads, experts without their width or layers.
+func (t Transformer) check() error {
+	for _, d := range []struct {
+		name string
+		n    int
+	}{{"layers", t.Layers}, {"hidden", t.Hidden}, {"heads", t.Heads}, {"seq", t.Seq}, {"vocab", t.Vocab}} {
+		if d.n < 1 {
+			return fmt.Errorf("shape: %s = %d, want ≥ 1", d.name, d.n)
+		}
+	}
+	if t.KVHeads < 0 || t.KVHeads > 0 && t.Heads%t.KVHeads != 0 {
+		return fmt.Errorf("shape: %d k/v heads do not divide %d heads", t.KVHeads, t.Heads)
+	}
+	if t.Experts < 0 || t.MoELayers < 0 || t.moeLayers() > t.Layers {
+		return fmt.Errorf("shape: %d experts in %d of %d layers", t.Experts, t.MoELayers, t.Layers)
+	}
+	if t.moeLayers() > 0 && (t.ExpertFFN < 1 || !(t.Slots > 0) || math.IsInf(t.Slots, 0)) {
+		return fmt.Errorf("shape: experts of width %d taking %g slots a token, want both > 0", t.ExpertFFN, t.Slots)
+	}
+	if t.moeLayers() < t.Layers && t.FFN < 1 {
+		return fmt.Errorf("shape: ffn = %d in a model with dense blocks, want ≥ 1", t.FFN)
+	}
+	return nil
+}
+
+// maxScheduleActions bounds the pipeline the simulator builds (pp · vpp ·
+// microbatches, each a forward and a backward): past it the schedule
+// alone would take gigabytes.
+const maxScheduleActions = 1 << 24
+
+// check refuses a plan compile.Config.Validate would refuse, for callers
+// of Estimate that build plans themselves: a priced plan that cannot run
+// is a wrong answer, not an estimate.
+func (p Plan) check(t Transformer, simulate bool) error {
+	if p.VPP < 0 || p.EP < 0 || p.CP < 0 || p.OffloadPrefetch < 0 {
+		return fmt.Errorf("plan %s: vpp, ep, cp and the offload prefetch must be ≥ 0", p)
+	}
+	if p.VPP > 1 && p.PP == 1 {
+		return fmt.Errorf("plan %s: vpp=%d chunks a rank needs a pipeline (pp > 1)", p, p.VPP)
+	}
+	if p.Zero < 0 || p.Zero > 3 {
+		return fmt.Errorf("plan %s: zero stage %d, want 0 to 3", p, p.Zero)
+	}
+	switch p.Recompute {
+	case "", "none", "full", "selective":
+	default:
+		return fmt.Errorf("plan %s: recompute %q, want none, full or selective", p, p.Recompute)
+	}
+	switch p.Offload {
+	case "", "none", "optimizer", "params", "optimizer,params", "params,optimizer":
+	default:
+		return fmt.Errorf("plan %s: offload %q, want none, optimizer, params or optimizer,params", p, p.Offload)
+	}
+	if !(p.GatherBytes >= 0) || !(p.BucketBytes >= 0) || math.IsInf(p.GatherBytes, 0) || math.IsInf(p.BucketBytes, 0) {
+		return fmt.Errorf("plan %s: gather bytes %g and bucket bytes %g, want ≥ 0 (0: the default)", p, p.GatherBytes, p.BucketBytes)
+	}
+	switch p.Optimizer {
+	case "", "adamw", "sgd", "adafactor", "sm3":
+	default:
+		return fmt.Errorf("plan %s: optimizer %q, want adamw, sgd, adafactor or sm3", p, p.Optimizer)
+	}
+	switch p.CPImpl {
+	case "", "ring", "all2all":
+	default:
+		return fmt.Errorf("plan %s: cp attention %q, want ring or all2all", p, p.CPImpl)
+	}
+	switch p.CPLayout {
+	case "", "zigzag", "contiguous":
+	default:
+		return fmt.Errorf("plan %s: cp layout %q, want zigzag or contiguous", p, p.CPLayout)
+	}
+	if p.Compress != "" && p.Compress != "none" {
+		for _, mode := range strings.Split(p.Compress, ",") {
+			if mode != "lowp" && mode != "relu" {
+				return fmt.Errorf("plan %s: activation compression %q, want lowp, relu or relu,lowp", p, p.Compress)
+			}
+		}
+	}
+	if p.SequenceParallel && p.TP == 1 {
+		return fmt.Errorf("plan %s: sequence parallelism splits over tp, which is 1", p)
+	}
+	if t.Heads%p.TP != 0 {
+		return fmt.Errorf("plan %s: tp=%d does not divide %d heads", p, p.TP, t.Heads)
+	}
+	if p.PP > 1 {
+		v := max(p.VPP, 1)
+		name := p.Schedule
+		if name == "" {
+			name = "1f1b"
+			if v > 1 {
+				name = "interleaved"
+			}
+		}
+		if !slices.Contains(schedule.Names(), name) {
+			return fmt.Errorf("plan %s: unknown schedule %q, want one of %s", p, name, strings.Join(schedule.Names(), ", "))
+		}
+		if v > 1 && name != "interleaved" {
+			return fmt.Errorf("plan %s: vpp=%d chunks a rank needs the interleaved schedule, not %s", p, v, name)
+		}
+		if simulate && float64(p.PP)*float64(v)*float64(p.Microbatches) > maxScheduleActions {
+			return fmt.Errorf("plan %s: pp·vpp·microbatches = %g is past the %d the schedule simulator builds", p, float64(p.PP)*float64(v)*float64(p.Microbatches), maxScheduleActions)
+		}
+	}
+	return nil
 }
 
 func contains(s, sub string) bool {

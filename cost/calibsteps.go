@@ -45,7 +45,10 @@ type StepCalibration struct {
 // stepParam is a figure CalibrateSteps may fit, with the bounds no fit
 // may cross: efficiencies stay in (0, 1], and every other figure within
 // a factor of the description's own (a datasheet's link is not 10× off;
-// a fit that wants it to be is fitting noise or a missing term).
+// a fit that wants it to be is fitting noise or a missing term): links
+// within [1/10, 2]×, fixed costs within [1/10, 10]×, the inter-node
+// latency within [1/4, 20]× (a fabric's latency under load is far above
+// its datasheet's, never far below).
 type stepParam struct {
 	key    string
 	get    func(*Hardware) float64
@@ -234,8 +237,9 @@ func moves(h *Hardware, sp stepParam, points []StepPoint) bool {
 
 // fitSteps minimizes Σ ln²(predicted/measured) over the parameters
 // stepParams[idx], by coordinate descent: a golden-section search of
-// each parameter's logarithm within its bounds, in turn, for a few
-// sweeps. Bounds are the starting description's.
+// each parameter's logarithm within its bounds, in turn, sweep after
+// sweep until one no longer lowers the sum. Bounds are the starting
+// description's.
 func (h *Hardware) fitSteps(idx []int, points []StepPoint) (*Hardware, error) {
 	cur := h.clone()
 	loss := func(c *Hardware) float64 {
@@ -250,9 +254,12 @@ func (h *Hardware) fitSteps(idx []int, points []StepPoint) (*Hardware, error) {
 		}
 		return s
 	}
-	const sweeps, iters = 8, 30
+	// Correlated figures (the GEMM efficiency and a link both set most
+	// steps) move a little each sweep: sweep until one gains nothing.
+	const sweeps, iters = 60, 30
 	phi := (math.Sqrt(5) - 1) / 2
 	for range sweeps {
+		before := loss(cur)
 		for _, pi := range idx {
 			sp := stepParams[pi]
 			v0 := sp.get(h)
@@ -280,6 +287,9 @@ func (h *Hardware) fitSteps(idx []int, points []StepPoint) (*Hardware, error) {
 			if at(best) < loss(cur) {
 				sp.set(cur, math.Exp(best))
 			}
+		}
+		if loss(cur) >= before*(1-1e-9) {
+			break
 		}
 	}
 	return cur, nil

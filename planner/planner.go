@@ -61,6 +61,10 @@ type Candidate struct {
 	Compiled   bool
 	// Rejected says why the plan was dropped ("" for a ranked plan).
 	Rejected string
+	// OverMemory: not compiled, and its estimate is over the device's
+	// memory (only a compile can settle it). Such plans rank after every
+	// plan that fits.
+	OverMemory bool
 }
 
 // StepSeconds is the detailed prediction when compiled, else the
@@ -96,6 +100,8 @@ type Result struct {
 	// Pruned counts candidates dropped by the memory lower bound (their
 	// reasons are in Rejected, up to a limit).
 	Pruned int
+	// MemoryBytes is the memory per device the plans were held to.
+	MemoryBytes int64
 }
 
 // ErrNoPlan is returned when no candidate survives.
@@ -131,7 +137,7 @@ func Plan(req Request) (*Result, error) {
 	if topK <= 0 {
 		topK = 5
 	}
-	res := &Result{Shape: shape}
+	res := &Result{Shape: shape, MemoryBytes: capBytes}
 	var feasible []*Candidate
 	for _, cfg := range enumerate(req.Base, shape, req.Hardware, selective) {
 		res.Considered++
@@ -181,6 +187,7 @@ func Plan(req Request) (*Result, error) {
 			if e, err := req.Hardware.Estimate(shape, c.Plan); err == nil {
 				c.Estimate = e
 			}
+			c.OverMemory = c.Estimate.MemoryEstimate > capBytes
 			res.Ranked = append(res.Ranked, c)
 		}
 	} else {
@@ -272,7 +279,8 @@ func Plan(req Request) (*Result, error) {
 	return res, nil
 }
 
-// rankPlans orders plans by predicted step, and plans within 0.1 % of one
+// rankPlans orders the plans that fit before those over memory by their
+// estimate (OverMemory), then by predicted step, and plans within 0.1 % of one
 // another (a step in tiers of 0.1 %, far finer than the cost model's
 // accuracy) by how much machinery they use: the one without ZeRO, offload
 // or recompute first. Ties otherwise fell to the last bits of the price,
@@ -280,6 +288,9 @@ func Plan(req Request) (*Result, error) {
 func rankPlans(cs []*Candidate) {
 	tier := func(c *Candidate) int64 { return int64(math.Floor(math.Log(c.StepSeconds()) / math.Log1p(1e-3))) }
 	sort.SliceStable(cs, func(i, j int) bool {
+		if cs[i].OverMemory != cs[j].OverMemory {
+			return cs[j].OverMemory
+		}
 		ti, tj := tier(cs[i]), tier(cs[j])
 		if ti != tj {
 			return ti < tj

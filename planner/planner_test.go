@@ -173,6 +173,38 @@ func TestRankPlansPrefersLessMachineryOnATie(t *testing.T) {
 	assert.Equal(t, []string{"0.9 zero=3 offload=", "1.00000015 zero=0 offload=", "1.0000002 zero=2 offload=", "1.0000001 zero=1 offload=optimizer", "1.5 zero=0 offload="}, got)
 }
 
+// Without compiling, the plans whose estimate fits the device rank before
+// those over it, whatever their steps: with tp 4 and ZeRO 2 pinned on 8
+// A100 40GB, few plans of an 18B model fit, and the top five used to be
+// re-sorted by step alone, putting a plan estimated at 200 GiB first.
+func TestUncompiledPlansOverMemoryRankLast(t *testing.T) {
+	hw, err := cost.Preset("a100-40g")
+	require.NoError(t, err)
+	shape := cost.Transformer{Layers: 48, Hidden: 6144, Heads: 48, Seq: 2048, Vocab: 51200, FFN: 24576}
+	base := baseConfig(8, 16)
+	base.Precision = "bf16"
+	base.TP, base.Explicit["tp"] = 4, true
+	base.Zero, base.Explicit["zero"] = 2, true
+	res, err := Plan(Request{Base: base, Hardware: hw, Shape: &shape, NoCompile: true, TopK: 5})
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Ranked)
+	over := 0
+	for i, c := range res.Ranked {
+		fits := c.Estimate.MemoryEstimate <= hw.MemoryBytes()
+		assert.Equal(t, !fits, c.OverMemory, "#%d %s", i+1, Describe(c.Config))
+		if fits {
+			assert.Zero(t, over, "#%d %s fits but ranks after a plan over memory", i+1, Describe(c.Config))
+		} else {
+			over++
+		}
+	}
+	require.False(t, res.Ranked[0].OverMemory, "the pick fits")
+	require.Positive(t, over, "the case has plans over memory among the five")
+	var sb strings.Builder
+	require.NoError(t, WriteTable(&sb, res, hw))
+	assert.Contains(t, sb.String(), "plans marked (over) are over the device's 40.00 GiB by the estimate")
+}
+
 // What must fit in the device's memory is the compiled arena, as
 // --device-memory checks it, not only the bytes live at the peak: a plan
 // whose peak fits but whose arena does not is not picked.

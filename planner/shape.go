@@ -90,6 +90,7 @@ func moeShape(m *ir.Module, t *cost.Transformer, route ir.Shape, tokens int, moe
 	}
 	t.Experts, t.MoELayers = e, len(moeLayers)
 	t.Slots = float64(e*c) / float64(tokens/g)
+	matrices := 0
 	for _, p := range m.Params() {
 		if p.Meta.Layer != first {
 			continue
@@ -103,10 +104,14 @@ func moeShape(m *ir.Module, t *cost.Transformer, route ir.Shape, tokens int, moe
 			}
 			t.ExpertFFN = max(t.ExpertFFN, w)
 			t.ExpertParams += int(p.Type.Shape.NumElements()) / e
+			matrices++
 		} else if p.Type.Rank() == 2 && slices.Contains(p.Type.Shape, e) {
 			t.RouterParams += int(p.Type.Shape.NumElements())
 		}
 	}
+	// Three matrices an expert (up, gate, down) make a gated MLP, as
+	// Mixtral's SwiGLU experts; the MoE GPT's have two.
+	t.GatedExperts = matrices >= 3
 	if t.ExpertFFN == 0 {
 		return fmt.Errorf("the planner reads a MoE block's experts from its weights [experts, in, out] with the expert hint (frontend.ExpertParallel); %s's block %d has none", m.Name, first)
 	}

@@ -19,14 +19,17 @@ type Row struct {
 	Rank int    `json:"rank"`
 	Plan string `json:"plan"`
 	PlanFields
-	StepMs          float64            `json:"predicted_step_ms"`
-	TokensPerSec    float64            `json:"tokens_per_s"`
-	TFLOPSPerDevice float64            `json:"tflops_per_device"`
-	MFU             float64            `json:"mfu"`
-	Bubble          float64            `json:"bubble"`
-	PeakBytes       int64              `json:"peak_bytes"`
-	PeakExact       bool               `json:"peak_exact"`
-	CommMs          map[string]float64 `json:"comm_ms"`
+	StepMs          float64 `json:"predicted_step_ms"`
+	TokensPerSec    float64 `json:"tokens_per_s"`
+	TFLOPSPerDevice float64 `json:"tflops_per_device"`
+	MFU             float64 `json:"mfu"`
+	Bubble          float64 `json:"bubble"`
+	PeakBytes       int64   `json:"peak_bytes"`
+	PeakExact       bool    `json:"peak_exact"`
+	// OverMemory: the estimate is over the device's memory (the plan was
+	// not compiled; Candidate.OverMemory).
+	OverMemory bool               `json:"over_memory,omitempty"`
+	CommMs     map[string]float64 `json:"comm_ms"`
 }
 
 // PlanFields are a plan's axes as the JSON of --plan --metrics names
@@ -77,7 +80,7 @@ func Rows(res *Result, hw *cost.Hardware) []Row {
 			Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule, OverlapGradReduce: new(!cfg.SerialGradReduce)},
 			StepMs: step * 1e3, TokensPerSec: float64(cfg.Batch*res.Shape.Seq) / step,
 			TFLOPSPerDevice: flops / step / n / 1e12, MFU: model / (step * n * hw.Peak(c.Plan.DTypeName())),
-			Bubble: bubble, PeakBytes: c.MemoryBytes(), PeakExact: c.Compiled, CommMs: map[string]float64{}}
+			Bubble: bubble, PeakBytes: c.MemoryBytes(), PeakExact: c.Compiled, OverMemory: c.OverMemory, CommMs: map[string]float64{}}
 		for k, v := range comm {
 			r.CommMs[k] = v * 1e3
 		}
@@ -96,6 +99,9 @@ func WriteTable(w io.Writer, res *Result, hw *cost.Hardware) error {
 		if !r.PeakExact {
 			mem = "~" + mem
 		}
+		if r.OverMemory {
+			mem += " (over)"
+		}
 		fmt.Fprintf(tw, "%d\t%s\t%.3f\t%.0f\t%.3g\t%.1f%%\t%.3f\t%s\t%s\t\n", r.Rank, r.Plan, r.StepMs, r.TokensPerSec,
 			r.TFLOPSPerDevice, 100*r.MFU, r.Bubble, mem, commString(r.CommMs))
 	}
@@ -106,6 +112,9 @@ func WriteTable(w io.Writer, res *Result, hw *cost.Hardware) error {
 		res.Considered, hw.Name, len(res.Ranked), res.Pruned, res.RejectedCount)
 	if len(rows) > 0 && !rows[0].PeakExact {
 		fmt.Fprint(w, " (memory marked ~ is estimated: the plans were not compiled)")
+	}
+	if n := len(rows); n > 0 && rows[n-1].OverMemory {
+		fmt.Fprintf(w, "; plans marked (over) are over the device's %s by the estimate and rank after those that fit: compiling one settles it", gib(res.MemoryBytes))
 	}
 	fmt.Fprintln(w)
 	if why := Why(res, hw); why != "" {

@@ -333,7 +333,10 @@ func runPlanner(c *config) error {
 		verb = "training"
 	}
 	mem := "compiled peak"
-	if !top.Compiled {
+	switch {
+	case top.OverMemory:
+		mem = fmt.Sprintf("estimated, over the device's %s: no plan fits by the estimate", lower.HumanBytes(res.MemoryBytes))
+	case !top.Compiled:
 		mem = "estimated"
 	}
 	// Every process of a job plans alike; one says so.
