@@ -393,11 +393,16 @@ func reshapeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	in, out := r.v.Args[0].Type.Shape, r.v.Type.Shape
 	n := r.s.m.Mesh.Axes[r.ax].Size
 	prefix := in[:p.Dim].NumElements()
+	// chunks is how many pieces the axis cuts a dim into: 2·n in the
+	// zigzag layout, rank i holding pieces i and 2n−1−i. A dim cut out
+	// of the split one keeps the layout only if it cuts into as many
+	// pieces: [seq] → [2, seq/2] under zigzag cp2 would hand rank 0 the
+	// first half where it holds the first and last quarters.
+	chunks := n
+	if r.s.m.Mesh.Axes[r.ax].Zigzag {
+		chunks = 2 * n
+	}
 	if r.sequence() {
-		chunks := n
-		if r.s.m.Mesh.Axes[r.ax].Zigzag {
-			chunks = 2 * n
-		}
 		if q, ok := mergeSequence(in, out, p, n, chunks); ok {
 			return r.have, q, nil
 		}
@@ -410,7 +415,7 @@ func reshapeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		if p.NumBlocks() > 1 && out[d] == in[p.Dim] {
 			return r.have, moved(p, d), nil
 		}
-		if p.NumBlocks() == 1 && out[d]%n == 0 && (out[d]%in[p.Dim] == 0 || in[p.Dim]%out[d] == 0) {
+		if p.NumBlocks() == 1 && out[d]%chunks == 0 && in[p.Dim]%chunks == 0 && (out[d]%in[p.Dim] == 0 || in[p.Dim]%out[d] == 0) {
 			return r.have, shardOn(d), nil
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"gcompile/examples/llama"
 	"gcompile/frontend"
+	"gcompile/frontend/nn"
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
@@ -74,6 +75,46 @@ func TestContextParallelMatchesOneDevice(t *testing.T) {
 		}
 		pl := pipePlan{pp: 2, cp: 2, micro: 2, order: scheduleOrder("1f1b"), name: "1f1b", model: model}
 		t.Run(pl.String(), func(t *testing.T) { check(t, trainPipeline(t, pl, 2)) })
+	}
+}
+
+// seqFoldModel folds the sequence into fold pieces and sums them
+// (position t meets t + seq/fold): a reshape that cuts the dim cp splits
+// into an outer dim, as chunked or windowed layers do.
+func seqFoldModel(b *frontend.Builder) {
+	const hidden, vocab = 16, 256
+	fold := b.Int("fold", 2, "pieces the sequence is folded into")
+	batch := b.Batch()
+	tokens := b.Input("tokens", ir.I32, batch, eqSeq)
+	targets := b.Input("targets", ir.I32, batch, eqSeq)
+	x, wte := nn.Embedding(tokens, "embed", vocab, hidden)
+	y := x.Reshape(batch, fold, eqSeq/fold, hidden).Sum(1).Tanh()
+	pen := y.Mul(y).Mean(0, 1, 2)
+	b.Output("pen", pen)
+	logits := x.Reshape(batch*eqSeq, hidden).MatMulT(wte)
+	b.Loss(nn.CrossEntropy(logits, targets).Add(pen.Scale(100)))
+}
+
+// A reshape that cuts the sequence into an outer dim keeps cp's split
+// only when that dim cuts into as many pieces as the layout does: 2·cp
+// under zigzag. [seq] → [2, seq/2] under zigzag cp2 was placed split, so
+// rank 0 took itself for the first half where it holds the first and
+// last quarters, and trained 7e-4 off one device with no error; it is
+// now gathered. Folds into 2·cp pieces stay split.
+func TestContextParallelFoldsTheSequence(t *testing.T) {
+	for _, c := range []struct {
+		fold, cp int
+		layout   string
+	}{{2, 2, ""}, {4, 4, ""}, {4, 2, ""}, {2, 2, "contiguous"}} {
+		t.Run(fmt.Sprintf("fold%d-cp%d%s", c.fold, c.cp, c.layout), func(t *testing.T) {
+			model := fmt.Sprintf("seqfold-%d", c.fold)
+			ref := train(t, plan{model: model})
+			got := train(t, plan{model: model, cp: c.cp, cpLayout: c.layout})
+			assertLossesClose(t, ref.losses, got.losses, 1e-5)
+			for i := range ref.outputs {
+				assert.InDelta(t, ref.outputs[i]["pen"], got.outputs[i]["pen"], 1e-5*ref.outputs[i]["pen"], "step %d", i+1)
+			}
+		})
 	}
 }
 

@@ -106,6 +106,8 @@ func familyOf(name string, layers int) family {
 		f.set["group"] = "4"
 	case "aux":
 		f = family{name: "aux", fn: auxModel, set: map[string]string{"layers": "2"}}
+	case "seqfold-2", "seqfold-4":
+		f = family{name: "seqfold", fn: seqFoldModel, set: map[string]string{"fold": strings.TrimPrefix(name, "seqfold-")}}
 	case "wholeinput":
 		f = family{name: "wholeinput", fn: wholeInputModel, set: map[string]string{}}
 	case "ropetable":
