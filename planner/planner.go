@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -102,7 +103,13 @@ type Result struct {
 	Pruned int
 	// MemoryBytes is the memory per device the plans were held to.
 	MemoryBytes int64
+	// Compiled counts the candidates compiled (0 without compiling).
+	Compiled int
 }
+
+// maxCompiles bounds the candidates one search compiles when none of
+// those the estimate ranked best fits: each is a compile of the model.
+const maxCompiles = 200
 
 // ErrNoPlan is returned when no candidate survives.
 var ErrNoPlan = errors.New("no plan fits")
@@ -214,6 +221,24 @@ func Plan(req Request) (*Result, error) {
 			tries++
 			try(c)
 		}
+		if len(res.Ranked) == 0 && tries < len(feasible) {
+			// None of those the estimate ranked best fits once compiled
+			// (its memory figure is rough near the limit): the rest, the
+			// smallest by that figure first, until one does, so that
+			// "no plan fits" is said only of plans compiled.
+			rest := slices.Clone(feasible[tries:])
+			sort.SliceStable(rest, func(i, j int) bool {
+				return rest[i].Estimate.MemoryEstimate < rest[j].Estimate.MemoryEstimate
+			})
+			for _, c := range rest {
+				if len(res.Ranked) > 0 || tries >= maxCompiles {
+					break
+				}
+				tries++
+				try(c)
+			}
+		}
+		res.Compiled = tries
 		// The estimate ranks the machinery (ZeRO, offload, recompute)
 		// of one layout less well than the layouts themselves: the
 		// best compiled layout is also compiled with less of it, up to
@@ -274,7 +299,11 @@ func Plan(req Request) (*Result, error) {
 		if rest := res.RejectedCount - listed; rest > 0 && len(reasons) <= 5 {
 			why = append(why, fmt.Sprintf("%d more candidates for other reasons", rest))
 		}
-		return res, fmt.Errorf("%w on %d devices (%d candidates): %s", ErrNoPlan, req.Base.Devices, res.Considered, strings.Join(why, "; "))
+		searched := fmt.Sprintf("%d candidates", res.Considered)
+		if res.Compiled > 0 {
+			searched += fmt.Sprintf(", %d of them compiled", res.Compiled)
+		}
+		return res, fmt.Errorf("%w on %d devices (%s): %s", ErrNoPlan, req.Base.Devices, searched, strings.Join(why, "; "))
 	}
 	return res, nil
 }

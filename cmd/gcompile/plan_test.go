@@ -175,6 +175,18 @@ func TestPlanCalibratesCPU(t *testing.T) {
 	assert.Contains(t, source(), "uncalibrated defaults")
 }
 
+// Under a tight --device-memory the plans the estimate ranks best may
+// none fit once compiled (its memory figure is rough near the limit):
+// the search goes on compiling, the smallest first, rather than say no
+// plan fits when tp 2 · pp 2 does (906,804 B against 1000 KiB).
+func TestTightMemoryStillFindsAPlan(t *testing.T) {
+	out, err := captureStderr(t, func() error {
+		return mainNoPanic(t, []string{llamaModel, "--set", "layers=2,hidden=32", "--devices", "4", "--device-memory", "1000KiB"})
+	})
+	require.NoError(t, err, out)
+	assert.Regexp(t, `planner: compiling the best plan of 4 devices on cpu: tp=\d+ pp=\d+`, out)
+}
+
 // TestDevicesAlonePlan: more than one device and no axis given, gcompile
 // compiles the planner's best plan on the cpu preset and prints it with
 // the flags that pin it; those flags then compile that very plan without
