@@ -347,9 +347,15 @@ func TempModuleFile(m *ir.Module) (path string, remove func(), err error) {
 
 // keepLoss cuts m down to what its loss needs: no backward, optimizer,
 // updates or other outputs, so the evaluation program's memory plan holds
-// only the forward's buffers.
+// only the forward's buffers. A model's language-model loss (the MoE's
+// lm_loss, without its balancing term) stays: evaluation reports it
+// (runtime.EvalOutput).
 func keepLoss(m *ir.Module) {
-	m.Outputs = []ir.Output{{Name: ir.OutputLoss, Value: m.Output(ir.OutputLoss)}}
+	keep := []ir.Output{{Name: ir.OutputLoss, Value: m.Output(ir.OutputLoss)}}
+	if lm := m.Output(ir.AuxPrefix + ir.OutputLMLoss); lm != nil {
+		keep = append(keep, ir.Output{Name: ir.AuxPrefix + ir.OutputLMLoss, Value: lm})
+	}
+	m.Outputs = keep
 	m.Updates = nil
 	m.DropDead()
 }

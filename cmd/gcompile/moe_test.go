@@ -1,6 +1,7 @@
 package main
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -16,8 +17,11 @@ const moeModel = "../../examples/moe/model.go"
 
 // TestMoEEvaluationModule: a model with an evaluation capacity of its
 // own is built a second time for evaluation, and without pipelines that
-// module is lowered forward-only: only the loss, no backward, optimizer
-// state or updates, so its memory plan is the forward's.
+// module is lowered forward-only: only the loss and the language-model
+// loss evaluation reports, no backward, optimizer state or updates, so
+// its memory plan is the forward's. Trained with it, the run evaluates
+// (it once stopped at the first evaluation: the program had dropped
+// lm_loss, and the run's --save was lost).
 func TestMoEEvaluationModule(t *testing.T) {
 	c, err := parseArgs([]string{moeModel, "--set", "layers=2,hidden=32,heads=4,seq=16,experts=4,capacity=1,eval_capacity=4", "--batch", "4", "--devices", "2", "--ep", "2"})
 	require.NoError(t, err)
@@ -34,13 +38,18 @@ func TestMoEEvaluationModule(t *testing.T) {
 	for _, b := range eval.Buffers {
 		assert.NotEqual(t, lower.State, b.Kind, "optimizer state %s in the evaluation program", b.Name)
 	}
-	assert.Equal(t, []string{ir.OutputLoss}, keys(eval.Outputs))
+	assert.ElementsMatch(t, []string{ir.OutputLoss, ir.AuxPrefix + ir.OutputLMLoss}, keys(eval.Outputs))
 	assert.Equal(t, len(eval.Instrs), eval.ForwardEnd)
 	assert.Less(t, eval.PeakBytes, train.PeakBytes)
 	// Capacity factor 4 against 1: 16 slots per expert and group of 16
 	// tokens against 4.
 	assert.Equal(t, 4, routeCapacity(t, train))
 	assert.Equal(t, 16, routeCapacity(t, eval))
+
+	w := filepath.Join(t.TempDir(), "w.safetensors")
+	require.NoError(t, mainErr([]string{moeModel, "--set", "layers=2,hidden=32,heads=4,seq=16,experts=4,capacity=1,eval_capacity=4", "--batch", "4",
+		"--max-data-mb", "1", "--run", "--steps", "2", "--eval-batches", "1", "--save", w}))
+	assert.FileExists(t, w)
 }
 
 func routeCapacity(t *testing.T, p *lower.Program) int {
