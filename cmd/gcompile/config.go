@@ -99,6 +99,9 @@ type config struct {
 	// are the token datasets instead, opened and checked then (tokens.go).
 	corpus *data.Corpus
 	tokens *tokenData
+	// vocabPadded: the model's vocab came from the data (applyVocab),
+	// padded for c.TP.
+	vocabPadded bool
 	// textID is the corpus's identity once computed (dataIdentity): a
 	// digest of up to --max-data-mb, taken once a run.
 	textID string

@@ -321,11 +321,17 @@ func runPlanner(c *config) error {
 	}
 	top := res.Ranked[0]
 	best := top.Config
+	best.Built = ir.Print(m) // the model is built once
+	if c.repadVocab(best.TP) {
+		// A vocabulary from the data is padded for the tp chosen, as the
+		// printed pin flags pad it: the search's model had it padded for
+		// tp 1.
+		best.Built = ""
+	}
 	best.Model, best.Set, best.Interrupt = c.Model, c.Set, nil
 	best.Explicit = c.explicit
 	best.MemLimit = c.MemLimit
 	best.Progress = c.Progress
-	best.Built = ir.Print(m) // the model is built once
 	c.Config = best
 	c.planned = true
 	verb := "compiling"

@@ -253,7 +253,31 @@ func (c *config) applyVocab() error {
 	} else {
 		c.Set += ",vocab=" + strconv.Itoa(v)
 	}
+	c.vocabPadded = true
 	return nil
+}
+
+// repadVocab pads the vocabulary applyVocab gave for the tp the planner
+// chose, which applyVocab could not know: Megatron-LM pads to a multiple
+// of the divisor times tp, and the flags the planner prints to pin its
+// plan then build the same model. It says whether the vocabulary changed
+// (the model must be built again).
+func (c *config) repadVocab(tp int) bool {
+	if !c.vocabPadded || c.tokens == nil {
+		return false
+	}
+	v := strconv.Itoa(resumedVocab(c.resume, c.tokens.need, c.vocabDivisible, tp))
+	if old, _ := setValue(c.Set, "vocab"); old == v {
+		return false
+	}
+	var kept []string
+	for _, kv := range strings.Split(c.Set, ",") {
+		if k, _, _ := strings.Cut(strings.TrimSpace(kv), "="); strings.TrimSpace(k) != "vocab" {
+			kept = append(kept, kv)
+		}
+	}
+	c.Set = strings.Join(append(kept, "vocab="+v), ",")
+	return true
 }
 
 // resumedVocab is the padded vocabulary of a model built for need token

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"gcompile/compile"
 	"gcompile/data/indexed"
 	"gcompile/data/tokenizer"
 	"gcompile/internal/fifotest"
@@ -164,6 +165,15 @@ func TestVocabFollowsTheData(t *testing.T) {
 	err := mainErr(bad)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--set vocab=256 is smaller than the data's largest token id (299) + 1")
+
+	// The planner's tp pads it too, as the flags it prints to pin the
+	// plan pad it (the search's model was padded for tp 1).
+	c := &config{vocabPadded: true, tokens: &tokenData{need: 300}, vocabDivisible: 64, Config: compile.Config{Set: "layers=1,vocab=320,seq=16"}}
+	require.True(t, c.repadVocab(4))
+	assert.Equal(t, "layers=1,seq=16,vocab=512", c.Set, "300 ids padded to a multiple of 64·tp4")
+	assert.False(t, c.repadVocab(4), "already padded for tp 4")
+	c.vocabPadded = false
+	assert.False(t, c.repadVocab(2), "a vocab the user set stays")
 }
 
 // Bad token data is a named error before any work: nothing is written.
