@@ -63,16 +63,22 @@ func (c *config) hardwareSpec() (string, error) {
 	if c.hardware != "" {
 		return c.hardware, nil
 	}
-	if c.backend != "cuda" || c.plan {
+	if c.backend != "cuda" {
 		return "cpu", nil
+	}
+	// --plan prices on the same GPU the run would: a table priced on the
+	// cpu preset would pick another plan than the run without --plan.
+	why := fmt.Sprintf("--devices %d with no --tp/--pp/--dp", c.Devices)
+	if c.plan {
+		why = "--plan with --backend cuda"
 	}
 	name, err := cuda.GPUName(cuda.Config{}, 0)
 	if err != nil {
-		return "", fmt.Errorf("--devices %d with no --tp/--pp/--dp: the planner prices plans on the GPU it finds, and found none (%w): give --hardware (%s or a JSON file) or the plan's axes", c.Devices, err, strings.Join(cost.Presets(), ", "))
+		return "", fmt.Errorf("%s: the planner prices plans on the GPU it finds, and found none (%w): give --hardware (%s or a JSON file) or the plan's axes", why, err, strings.Join(cost.Presets(), ", "))
 	}
 	spec := cost.PresetForGPU(name)
 	if spec == "" {
-		return "", fmt.Errorf("--devices %d with no --tp/--pp/--dp: the planner has no description of this GPU (%s): give --hardware (%s or a JSON file) or the plan's axes", c.Devices, name, strings.Join(cost.Presets(), ", "))
+		return "", fmt.Errorf("%s: the planner has no description of this GPU (%s): give --hardware (%s or a JSON file) or the plan's axes", why, name, strings.Join(cost.Presets(), ", "))
 	}
 	return spec, nil
 }

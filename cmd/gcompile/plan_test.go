@@ -175,6 +175,19 @@ func TestPlanCalibratesCPU(t *testing.T) {
 	assert.Contains(t, source(), "uncalibrated defaults")
 }
 
+// --plan with --backend cuda prices on the GPU found, as the run without
+// --plan does: it priced on the cpu preset, so adding --plan to see the
+// table changed the plan trained. Without a GPU it is refused, naming
+// --hardware.
+func TestPlanOnCUDAPricesTheGPU(t *testing.T) {
+	t.Setenv("GCOMPILE_LIBCUDA", filepath.Join(t.TempDir(), "libcuda.so.1"))
+	err := mainNoPanic(t, append(append([]string{}, tinyGPT...), "--backend", "cuda", "--devices", "4", "--plan"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--plan with --backend cuda: the planner prices plans on the GPU it finds, and found none")
+	assert.Contains(t, err.Error(), "give --hardware")
+	require.NoError(t, mainNoPanic(t, append(append([]string{}, tinyGPT...), "--backend", "cuda", "--devices", "4", "--plan", "--hardware", "h100-sxm")))
+}
+
 // Under a tight --device-memory the plans the estimate ranks best may
 // none fit once compiled (its memory figure is rough near the limit):
 // the search goes on compiling, the smallest first, rather than say no
