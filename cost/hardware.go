@@ -223,6 +223,7 @@ func (h *Hardware) With(sets string) (*Hardware, error) {
 			fields[key] = v.Field(i)
 		}
 	}
+	seen := map[string]bool{}
 	for _, set := range strings.Split(sets, ",") {
 		key, val, ok := strings.Cut(set, "=")
 		key = strings.TrimSpace(key)
@@ -230,6 +231,11 @@ func (h *Hardware) With(sets string) (*Hardware, error) {
 		if !ok || !known {
 			return nil, fmt.Errorf("%w: %q: want key=value with a numeric key of the hardware JSON (%s)", ErrBadHardware, set, strings.Join(slices.Sorted(maps.Keys(fields)), ", "))
 		}
+		if seen[key] {
+			// As a file's key given twice: which one was meant?
+			return nil, fmt.Errorf("%w: %s given twice in %q", ErrBadHardware, key, sets)
+		}
+		seen[key] = true
 		val = strings.TrimSpace(val)
 		switch f.Kind() {
 		case reflect.Float64:

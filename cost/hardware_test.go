@@ -243,17 +243,18 @@ func TestLoadSetsFigures(t *testing.T) {
 		t.Errorf("Load(%q) = %v, %v", plain+":host_op_us=5", got, err)
 	}
 	for spec, want := range map[string]string{
-		"a100-80g:nvlink=400":            `"nvlink=400": want key=value with a numeric key`,
-		"a100-80g:name=x":                `"name=x": want key=value`,
-		"a100-80g:inter_node_gbps":       `"inter_node_gbps": want key=value`,
-		"a100-80g:inter_node_gbps=fast":  `inter_node_gbps="fast" is not a number`,
-		"a100-80g:devices_per_node=2.5":  `devices_per_node="2.5" is not a whole number`,
-		"a100-80g:gemm_efficiency=1.5":   "gemm_efficiency must lie in (0, 1], got 1.5",
-		"a100-80g:host_op_us=-1":         "host_op_us must be finite and ≥ 0, got -1",
-		"a100-80g:host_op_us=1e308":      "host_op_us must be at most 1e+06 µs (a second), got 1e+308",
-		"a100-80g:inter_node_gbps=1e-30": "inter_node_gbps must lie in [1e-06, 1e+09], got 1e-30",
-		"a100-81g:inter_node_gbps=12":    `unknown hardware "a100-81g"`,
-		"a100-80g:overlap_buckets=maybe": `overlap_buckets="maybe" is not true or false`,
+		"a100-80g:nvlink=400":                              `"nvlink=400": want key=value with a numeric key`,
+		"a100-80g:name=x":                                  `"name=x": want key=value`,
+		"a100-80g:inter_node_gbps":                         `"inter_node_gbps": want key=value`,
+		"a100-80g:inter_node_gbps=fast":                    `inter_node_gbps="fast" is not a number`,
+		"a100-80g:devices_per_node=2.5":                    `devices_per_node="2.5" is not a whole number`,
+		"a100-80g:gemm_efficiency=1.5":                     "gemm_efficiency must lie in (0, 1], got 1.5",
+		"a100-80g:host_op_us=-1":                           "host_op_us must be finite and ≥ 0, got -1",
+		"a100-80g:host_op_us=1e308":                        "host_op_us must be at most 1e+06 µs (a second), got 1e+308",
+		"a100-80g:inter_node_gbps=1e-30":                   "inter_node_gbps must lie in [1e-06, 1e+09], got 1e-30",
+		"a100-81g:inter_node_gbps=12":                      `unknown hardware "a100-81g"`,
+		"a100-80g:overlap_buckets=maybe":                   `overlap_buckets="maybe" is not true or false`,
+		"a100-80g:inter_node_gbps=12.5,inter_node_gbps=25": `inter_node_gbps given twice in "inter_node_gbps=12.5,inter_node_gbps=25"`,
 	} {
 		_, err := Load(spec)
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -33,17 +33,24 @@ type MeasuredPlan struct {
 type MeasuredRun struct {
 	Params    int64
 	Precision string
+	// Set is the run's --set (config.set).
+	Set string
 }
 
 // Check refuses a run's metrics whose model is not the one given here:
-// other parameters or another precision ran another program, and its
-// time says nothing of this one's.
-func (r *MeasuredRun) Check(params int64, precision string) error {
+// other parameters, another --set (a sequence length or an attention
+// core changes the step, not always the parameters) or another
+// precision ran another program, and its time says nothing of this
+// one's.
+func (r *MeasuredRun) Check(params int64, precision, set string) error {
 	if r == nil {
 		return nil
 	}
 	if r.Params > 0 && r.Params != params {
 		return fmt.Errorf("the run trained a model of %d parameters, and the model given here has %d: calibrate with the model (and --set) that ran", r.Params, params)
+	}
+	if diff := setDiff(r.Set, set); diff != "" {
+		return fmt.Errorf("the run's --set differs from this command's (%s): calibrate with the --set that ran, %q", diff, r.Set)
 	}
 	if precision == "" {
 		precision = "fp32"
@@ -119,7 +126,13 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 				return nil, fmt.Errorf("%s: config.precision: %w", path, err)
 			}
 		}
-		p.Run = &MeasuredRun{Params: obj.Model.Params, Precision: precision}
+		var set string
+		if raw, ok := cfg["set"]; ok {
+			if err := json.Unmarshal(raw, &set); err != nil {
+				return nil, fmt.Errorf("%s: config.set: %w", path, err)
+			}
+		}
+		p.Run = &MeasuredRun{Params: obj.Model.Params, Precision: precision, Set: set}
 		ms := make([]float64, 0, len(obj.Steps)-1)
 		for i, s := range obj.Steps[1:] {
 			if s.Ms == nil {
@@ -350,4 +363,35 @@ func mean(xs []float64) float64 {
 		s += x
 	}
 	return s / float64(len(xs))
+}
+
+// setDiff says how two --set lists differ, key by key ("" when they give
+// the same values): "seq=64 ran, seq=32 here", "attention=unfused ran,
+// not given here".
+func setDiff(ran, here string) string {
+	parse := func(set string) map[string]string {
+		m := map[string]string{}
+		for _, kv := range strings.Split(set, ",") {
+			if k, v, ok := strings.Cut(strings.TrimSpace(kv), "="); ok {
+				m[strings.TrimSpace(k)] = strings.TrimSpace(v)
+			}
+		}
+		return m
+	}
+	a, b := parse(ran), parse(here)
+	var diffs []string
+	for _, k := range slices.Sorted(maps.Keys(a)) {
+		switch v, ok := b[k]; {
+		case !ok:
+			diffs = append(diffs, fmt.Sprintf("%s=%s ran, not given here", k, a[k]))
+		case v != a[k]:
+			diffs = append(diffs, fmt.Sprintf("%s=%s ran, %s=%s here", k, a[k], k, v))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(b)) {
+		if _, ok := a[k]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s=%s here, not given to the run", k, b[k]))
+		}
+	}
+	return strings.Join(diffs, "; ")
 }

@@ -23,8 +23,8 @@ func TestReadMeasured(t *testing.T) {
 			[]MeasuredPlan{{PlanFields: PlanFields{TP: 2, PP: 1, DP: 4, Microbatches: 2}, StepMs: 10}}, ""},
 		{"metrics rows with step_ms", `{"plans": [{"rank": 1, "plan": "tp=2", "tp": 2, "predicted_step_ms": 9, "comm_ms": {"tp": 1}, "step_ms": 12, "cp_impl": "ring", "batch": 8}]}`,
 			[]MeasuredPlan{{PlanFields: PlanFields{TP: 2, CPImpl: "ring"}, StepMs: 12, Batch: 8}}, ""},
-		{"a run's metrics", `{"config": {"tp": 1, "pp": 1, "dp": 2, "seed": 7, "precision": "bf16"}, "model": {"params": 1000}, "steps": [{"ms": 90}, {"ms": 12}, {"ms": 10}, {"ms": 11}]}`,
-			[]MeasuredPlan{{PlanFields: PlanFields{TP: 1, PP: 1, DP: 2}, StepMs: 11, Run: &MeasuredRun{Params: 1000, Precision: "bf16"}}}, ""},
+		{"a run's metrics", `{"config": {"tp": 1, "pp": 1, "dp": 2, "seed": 7, "precision": "bf16", "set": "layers=2"}, "model": {"params": 1000}, "steps": [{"ms": 90}, {"ms": 12}, {"ms": 10}, {"ms": 11}]}`,
+			[]MeasuredPlan{{PlanFields: PlanFields{TP: 1, PP: 1, DP: 2}, StepMs: 11, Run: &MeasuredRun{Params: 1000, Precision: "bf16", Set: "layers=2"}}}, ""},
 		{"a run's metrics with no plan", `{"config": {}, "steps": [{"ms": 90}, {"ms": 12}]}`, nil, "config gives no tp"},
 		{"a run's step without its time", `{"config": {"tp": 1, "pp": 1, "dp": 2}, "steps": [{"ms": 90}, {"loss": 2}]}`, nil, "steps[1] has no ms"},
 		{"misspelt axis", `[{"tp": 1, "step_ms": 5}, {"tp": 1, "micro_batch_size": 2, "step_ms": 5}]`, nil,
@@ -90,4 +90,25 @@ func FuzzReadMeasured(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A run's metrics calibrate only the model that ran: the same parameter
+// count is not enough (a Llama at seq 64 and at seq 32 has the same), so
+// its --set must be this command's, key by key.
+func TestMeasuredRunIsThisModel(t *testing.T) {
+	run := &MeasuredRun{Params: 1000, Precision: "bf16", Set: "layers=2,hidden=32"}
+	require.NoError(t, run.Check(1000, "bf16", "hidden=32, layers=2"))
+	for _, c := range []struct{ set, want string }{
+		{"layers=2,hidden=32,seq=32", "seq=32 here, not given to the run"},
+		{"layers=2,hidden=64", "hidden=32 ran, hidden=64 here"},
+		{"layers=2", "hidden=32 ran, not given here"},
+	} {
+		err := run.Check(1000, "bf16", c.set)
+		require.Error(t, err, c.set)
+		assert.Contains(t, err.Error(), c.want)
+		assert.Contains(t, err.Error(), `calibrate with the --set that ran, "layers=2,hidden=32"`)
+	}
+	err := run.Check(999, "bf16", "layers=2,hidden=32")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "a model of 1000 parameters")
 }

@@ -134,11 +134,14 @@ func givenAndChosen(explicit map[string]bool) string {
 			chosen = append(chosen, a)
 		}
 	}
-	g := "none"
+	g, ch := "none", "none"
 	if len(given) > 0 {
 		g = strings.Join(given, " ")
 	}
-	return fmt.Sprintf("axes given: %s; chosen by the planner: %s", g, strings.Join(chosen, ", "))
+	if len(chosen) > 0 {
+		ch = strings.Join(chosen, ", ")
+	}
+	return fmt.Sprintf("axes given: %s; chosen by the planner: %s", g, ch)
 }
 
 // pinFlags are the flags that give exactly plan c: the command line that
@@ -414,7 +417,7 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 	// Price the measured plans as the table will: compiled and predicted
 	// for a model small enough to compile, estimated otherwise.
 	for _, p := range c.measured {
-		if err := p.Run.Check(compile.ParamCount(m), c.Precision); err != nil {
+		if err := p.Run.Check(compile.ParamCount(m), c.Precision, c.Set); err != nil {
 			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
 		}
 	}

@@ -188,6 +188,17 @@ func TestPlanOnCUDAPricesTheGPU(t *testing.T) {
 	require.NoError(t, mainNoPanic(t, append(append([]string{}, tinyGPT...), "--backend", "cuda", "--devices", "4", "--plan", "--hardware", "h100-sxm")))
 }
 
+// With every axis given, nothing is left to choose, and the line says so.
+func TestGivenAndChosenSaysNone(t *testing.T) {
+	all := map[string]bool{}
+	for _, a := range planAxes {
+		all[a] = true
+	}
+	got := givenAndChosen(all)
+	assert.True(t, strings.HasSuffix(got, "; chosen by the planner: none"), got)
+	assert.Equal(t, "axes given: none; chosen by the planner: tp", givenAndChosen(map[string]bool{})[:len("axes given: none; chosen by the planner: tp")])
+}
+
 // Under a tight --device-memory the plans the estimate ranks best may
 // none fit once compiled (its memory figure is rough near the limit):
 // the search goes on compiling, the smallest first, rather than say no
