@@ -195,7 +195,9 @@ func (s *LossScaler) State() *ScalerState {
 }
 
 // Restore continues from a checkpoint's state; the growth policy is the
-// run's own.
+// run's own, and so is a static scale: it is a flag, not state (as
+// Megatron-LM's constant scaler keeps none), so a resume with another
+// --loss-scale trains at the new one.
 func (s *LossScaler) Restore(st ScalerState) error {
 	if st.Dynamic != s.Dynamic {
 		return fmt.Errorf("the checkpoint's loss scale is %s and this run's is %s: keep --loss-scale as it was", scaleKind(st.Dynamic), scaleKind(s.Dynamic))
@@ -203,7 +205,10 @@ func (s *LossScaler) Restore(st ScalerState) error {
 	if !(st.Scale > 0) || math.IsInf(st.Scale, 0) || st.Clean < 0 {
 		return fmt.Errorf("the checkpoint's loss scale %v (after %d clean steps) is not a valid state", st.Scale, st.Clean)
 	}
-	s.Scale, s.clean = st.Scale, st.Clean
+	if s.Dynamic {
+		s.Scale = st.Scale
+	}
+	s.clean = st.Clean
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -385,6 +386,18 @@ func scheduleChanges(saved map[string]any, c *config) []string {
 	}
 	if was, ok := saved["lr_decay"].(string); ok && was != c.decay {
 		notes = append(notes, fmt.Sprintf("--lr-decay %s (the checkpoint's run: %s)", c.decay, was))
+	}
+	// A static loss scale is the run's own (runtime.LossScaler.Restore);
+	// fp16's 0 is the dynamic scaler, whose state the checkpoint carries
+	// (and a switch between the two is refused).
+	if was, ok := saved["loss_scale"].(float64); ok && was != c.LossScale && !(c.Precision == "fp16" && (was == 0 || c.LossScale == 0)) {
+		scale := func(v float64) string {
+			if v == 0 {
+				return "none"
+			}
+			return strconv.FormatFloat(v, 'g', -1, 64)
+		}
+		notes = append(notes, fmt.Sprintf("--loss-scale %s (the checkpoint's run: %s)", scale(c.LossScale), scale(was)))
 	}
 	return notes
 }

@@ -1150,4 +1150,29 @@ func TestResumeNamesChangedTrainingSettings(t *testing.T) {
 	c.WeightDecay, c.Clip, c.Beta2, c.decay = 0.01, 0.5, 0.99, "constant"
 	assert.Equal(t, []string{"--weight-decay 0.01 (the checkpoint's run: 0.1)", "--clip 0.5 (the checkpoint's run: 1)",
 		"--beta2 0.99 (the checkpoint's run: 0.95)", "--lr-decay constant (the checkpoint's run: cosine)"}, scheduleChanges(saved, c))
+
+	// A static loss scale is the run's own: another is named. fp16's
+	// dynamic scaler (0) against a static one is refused elsewhere.
+	static := map[string]any{"loss_scale": 128.0}
+	c = &config{}
+	c.Precision, c.LossScale = "fp16", 1024
+	assert.Equal(t, []string{"--loss-scale 1024 (the checkpoint's run: 128)"}, scheduleChanges(static, c))
+	c.LossScale = 0
+	assert.Empty(t, scheduleChanges(static, c))
+	c.Precision = "bf16"
+	assert.Equal(t, []string{"--loss-scale none (the checkpoint's run: 128)"}, scheduleChanges(static, c))
+}
+
+// A static loss scale is a flag, not state: restored, the scaler keeps
+// the run's own scale (it took the checkpoint's, and trained a resumed
+// --loss-scale 1024 run at 128 with no word); a dynamic one continues
+// from the checkpoint's.
+func TestStaticLossScaleIsTheRunsOwn(t *testing.T) {
+	s := runtime.NewLossScaler(1024)
+	require.NoError(t, s.Restore(runtime.ScalerState{Scale: 128, Clean: 6}))
+	assert.Equal(t, 1024.0, s.Scale)
+	d := runtime.NewLossScaler(0)
+	require.NoError(t, d.Restore(runtime.ScalerState{Scale: 4096, Dynamic: true, Clean: 6}))
+	assert.Equal(t, 4096.0, d.Scale)
+	require.Error(t, s.Restore(runtime.ScalerState{Scale: 4096, Dynamic: true}))
 }
