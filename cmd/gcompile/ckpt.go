@@ -345,10 +345,24 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 	// An asynchronous run's model is one replica's, built at its share of
 	// the batch: its checkpoint resumes at the dp it ran, or the model's
 	// fingerprint differs for a reason that fingerprint cannot name.
-	if saved, err := checkpoint.ReadManifest(dir); err == nil && saved.Plan.DPSync == "async" && c.DPSync == "async" {
-		if dp, ok := saved.Plan.Flags["dp"].(float64); ok && int(dp) != c.DP {
+	if saved, err := checkpoint.ReadManifest(dir); err == nil {
+		if dp, ok := saved.Plan.Flags["dp"].(float64); ok && saved.Plan.DPSync == "async" && c.DPSync == "async" && int(dp) != c.DP {
 			return runtime.State{}, fmt.Errorf("--resume %s: the checkpoint is of asynchronous data parallelism over %d replicas, whose model is one replica's share of the batch: resume it with --dp %d (another dp builds another replica): %w",
 				dir, int(dp), int(dp), checkpoint.ErrMismatch)
+		}
+		// PipeDream-2BW keeps a second version of the weights, which no
+		// other schedule has or makes: named here, before the tensors'
+		// difference says it less directly.
+		if was, _ := saved.Plan.Flags["schedule"].(string); (was == "2bw") != (c.Schedule == "2bw") {
+			return runtime.State{}, fmt.Errorf("--resume %s: the checkpoint was saved with --schedule %s and this run has --schedule %s; PipeDream-2BW's second weight version has no place in another schedule: resume with --schedule %s: %w",
+				dir, orNone(was), orNone(c.Schedule), orNone(was), checkpoint.ErrMismatch)
+		}
+		// Another model: say which --set the checkpoint's was built with,
+		// as eval does, where the fingerprint alone says only that it
+		// differs.
+		if set, ok := saved.Plan.Flags["set"].(string); ok && set != c.Set && saved.ModelFingerprint != fingerprint {
+			return runtime.State{}, fmt.Errorf("--resume %s: the checkpoint's model was built with --set %q and this run's with --set %q (another model, or other sizes): resume with the checkpoint's --set: %w",
+				dir, set, c.Set, checkpoint.ErrMismatch)
 		}
 	}
 	m, err := checkpoint.RestoreState(dev, progs, dir, ex)
@@ -466,7 +480,10 @@ func exportMain(args []string) error {
 			return fmt.Errorf("export: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, "wrote %s (the model's configuration as it declares it, b.ExportConfig)\n", cfg)
-		fmt.Fprintf(os.Stderr, "note: a checkpoint holds no tokenizer: for from_pretrained, copy the training's tokenizer.json (and tokenizer_config.json) into %s\n", filepath.Dir(*out))
+		if m.Plan.Data != "" && !checkpoint.IsTextIdentity(m.Plan.Data) {
+			// Byte-level text has no tokenizer to copy: its ids are bytes.
+			fmt.Fprintf(os.Stderr, "note: a checkpoint holds no tokenizer: for from_pretrained, copy the training's tokenizer.json (and tokenizer_config.json) into %s\n", filepath.Dir(*out))
+		}
 		return nil
 	}
 	note := "no config.json written: the checkpoint's model declares no configuration (b.ExportConfig)"
@@ -549,4 +566,12 @@ func parseSubcommand(fs *flag.FlagSet, args []string) (string, error) {
 		return "", fmt.Errorf("%s: want one checkpoint folder, got %d arguments (see %s -h)", fs.Name(), len(positional), fs.Name())
 	}
 	return filepath.Clean(positional[0]), nil
+}
+
+// orNone is s, or "none" for an empty flag.
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }

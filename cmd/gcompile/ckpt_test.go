@@ -1083,6 +1083,26 @@ func TestAsyncCheckpointResumesAtItsDP(t *testing.T) {
 	require.NoError(t, mainErr(append(slices.Clone(args), "--devices", "4", "--dp", "4", "--resume", filepath.Join(dir, "ck"), "--checkpoint-dir", filepath.Join(dir, "ck3"))))
 }
 
+// Resuming under PipeDream-2BW from another schedule, or the reverse, is
+// refused naming --schedule (it said the checkpoint had tensors "of
+// another schedule or optimizer?"); another --set names the checkpoint's.
+func TestResumeNamesTheScheduleAndTheSet(t *testing.T) {
+	dir := t.TempDir()
+	args := append(slices.Clone(ckptGPT), "--steps", "4", "--devices", "2", "--pp", "2", "--microbatches", "2")
+	ck := filepath.Join(dir, "ck")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--schedule", "2bw", "--stop-after", "2", "--checkpoint-dir", ck)))
+	err := mainErr(append(slices.Clone(args), "--schedule", "1f1b", "--resume", ck, "--checkpoint-dir", filepath.Join(dir, "ck2")))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the checkpoint was saved with --schedule 2bw and this run has --schedule 1f1b")
+	assert.ErrorIs(t, err, checkpoint.ErrMismatch)
+
+	other := slices.Clone(args)
+	other[2] = "layers=2,hidden=48,heads=2,seq=16"
+	err = mainErr(append(other, "--schedule", "2bw", "--resume", ck, "--checkpoint-dir", filepath.Join(dir, "ck3")))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `the checkpoint's model was built with --set "layers=2,hidden=32,heads=2,seq=16" and this run's with --set "layers=2,hidden=48,heads=2,seq=16"`)
+}
+
 // A folder named as a step's checkpoint that gcompile did not complete (a
 // user's files in it) is refused before training, not met at the save,
 // and is left as it was.

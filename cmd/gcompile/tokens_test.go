@@ -407,7 +407,9 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 		"--split", "80,20", "--data", prefix}
 	saved, ck, exported := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "ck"), filepath.Join(dir, "x.safetensors")
 	require.NoError(t, mainErr(append(slices.Clone(args), "--save", saved, "--checkpoint-dir", ck)))
-	require.NoError(t, mainErr([]string{"export", ck, "--out", exported}))
+	log, err := captureStderr(t, func() error { return mainErr([]string{"export", ck, "--out", exported}) })
+	require.NoError(t, err)
+	assert.Contains(t, log, "copy the training's tokenizer.json", "token data: its tokenizer is to be copied")
 	man, err := checkpoint.ReadManifest(checkpoint.StepDir(ck, 2))
 	require.NoError(t, err)
 	assert.Equal(t, map[string]int{"wte.weight": 200}, man.Plan.VocabTables)
