@@ -68,3 +68,32 @@ func RingScratch(op string, q, k ir.Type) []int64 {
 	}
 	return pieces
 }
+
+// RingSendBytes is what one device sends around a ring of n for a ring
+// attention instruction (q and k its first operands' local types): each
+// of the n−1 steps passes on its chunks (K and V forward; K for the
+// statistics; K and V for dq; K, V and the running dk for dk; K and the
+// running dv for dv), in the kernels' float width (RingScratch), and dk
+// and dv then go home, one chunk more.
+func RingSendBytes(op string, q, k ir.Type, n int) int64 {
+	if n < 2 {
+		return 0
+	}
+	e := int64(4)
+	if q.DType == ir.F64 {
+		e = 8
+	}
+	chunk := k.Shape.NumElements() * e
+	var streams, home int64
+	switch op {
+	case "attention", "attention_grad_q":
+		streams = 2
+	case "attention_stats":
+		streams = 1
+	case "attention_grad_k":
+		streams, home = 3, 1
+	case "attention_grad_v":
+		streams, home = 2, 1
+	}
+	return (int64(n-1)*streams + home) * chunk
+}

@@ -78,6 +78,28 @@ func TestContextParallelMatchesOneDevice(t *testing.T) {
 	}
 }
 
+// The bytes ring attention sends count in the program's collective bytes
+// ("ring/cp", as --metrics reports them; they were left out, so the ring
+// looked free beside Ulysses' all_to_alls): per layer and device, the
+// forward passes K and V on at each of the cp−1 steps, the backward K for
+// the statistics, K and V for dq, K, V and dk for dk, K and dv for dv,
+// and dk and dv go home: (10·(cp−1) + 2) chunks, as the cost model
+// prices them.
+func TestRingBytesAreCounted(t *testing.T) {
+	for _, cp := range []int{2, 4} {
+		prog := compilePlan(t, plan{model: "gpt", cp: cp})
+		var layers, chunk int64
+		for _, in := range prog.Instrs {
+			if in.Op == "attention" {
+				layers++
+				chunk = in.ArgTypes[1].Bytes()
+			}
+		}
+		require.Positive(t, layers)
+		assert.Equal(t, layers*(10*int64(cp-1)+2)*chunk, prog.CollectiveBytes()["ring/cp"], "cp %d", cp)
+	}
+}
+
 // seqFoldModel folds the sequence into fold pieces and sums them
 // (position t meets t + seq/fold): a reshape that cuts the dim cp splits
 // into an outer dim, as chunked or windowed layers do.
