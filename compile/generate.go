@@ -58,6 +58,7 @@ func CheckGenerationPlan(c *Config) error {
 	}
 	rule(c.PP > 1, "--pp %d: generation runs on data and tensor parallelism (dp, tp); a pipeline of one token per step is %v", c.PP, ErrNotYet)
 	rule(c.EP > 1, "--ep %d: expert parallelism in generation is %v", c.EP, ErrNotYet)
+	rule(c.CP > 1, "--cp %d: context parallelism in generation (a key/value cache split over cp) is %v", c.CP, ErrNotYet)
 	rule(c.SequenceParallel, "--sequence-parallel: a decode step has one token per sequence, nothing to split over tp")
 	rule(c.Zero > 0, "--zero %d: generation keeps no optimizer state or gradients to shard", c.Zero)
 	rule(c.Precision != "" && c.Precision != "fp32", "--precision %s: generation runs in fp32; 16-bit generation is %v", c.Precision, ErrNotYet)

@@ -930,7 +930,13 @@ func (r AxisRule) contextParallelAttention(roles []attentionRole, result attenti
 			if arg == 1 {
 				what = "key/value heads"
 			}
-			return nil, rep, fmt.Errorf("--cp-impl all2all splits the %s over cp=%d, and the device's %d of the model's %d are not divisible by it: give --cp a divisor of them, or use --cp-impl ring", what, n, local, whole)
+			hint := "give --cp a divisor of them"
+			if local < whole {
+				// Another axis (tp) split them first: cp splits each
+				// device's share, so tp·cp must divide the heads.
+				hint = fmt.Sprintf("tp·cp must divide the model's %d: give a smaller --tp or --cp", whole)
+			}
+			return nil, rep, fmt.Errorf("--cp-impl all2all splits the %s over cp=%d, and the device's %d of the model's %d are not divisible by it: %s, or use --cp-impl ring", what, n, local, whole, hint)
 		}
 	}
 	for i, role := range roles {

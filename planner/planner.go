@@ -451,7 +451,10 @@ func compileCandidate(c *Candidate, gir string, hw *cost.Hardware, capBytes int6
 	cfg.MemLimit = 0
 	res, err := compile.Compile(&cfg, passes.Hooks{})
 	if err != nil {
-		return fmt.Errorf("compile: %s", firstLine(err))
+		// The search's own copy of the module is no file of the user's:
+		// its line ("(/tmp/gcompile-module-…/model.gir:4)") goes, the
+		// model's own position stays.
+		return fmt.Errorf("compile: %s", strings.ReplaceAll(firstLine(err), gir, "the built module"))
 	}
 	// What must fit is each device's arena (lower.Program.CheckFits, as
 	// --device-memory checks a run): the live bytes at the peak plus what
@@ -492,8 +495,11 @@ func Describe(c compile.Config) string {
 	}
 	if c.CP > 1 {
 		s += fmt.Sprintf(" cp=%d", c.CP)
-		if c.CPImpl == "all2all" {
+		switch {
+		case c.CPImpl == "all2all":
 			s += " all2all"
+		case c.CPLayout == "contiguous":
+			s += " contiguous" // the ring's zigzag layout is the default
 		}
 	}
 	if c.VPP > 1 {

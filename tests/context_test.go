@@ -155,7 +155,7 @@ func TestContextParallelBadPlans(t *testing.T) {
 		{"2·cp does not divide the sequence (zigzag)", "gpt", []ir.MeshAxis{{Name: "cp", Size: 16, Zigzag: true}}, "", "into 2·cp = 32 chunks, which do not divide it"},
 		{"all2all in the zigzag layout", "gpt", []ir.MeshAxis{{Name: "cp", Size: 2, Zigzag: true}}, "all2all", "use --cp-layout contiguous"},
 		{"all2all, k/v heads not divisible", "llama", []ir.MeshAxis{{Name: "cp", Size: 4}}, "all2all", "--cp-impl all2all splits the key/value heads over cp=4, and the device's 2 of the model's 2 are not divisible by it"},
-		{"all2all, heads left by tp not divisible", "gpt", []ir.MeshAxis{{Name: "cp", Size: 4}, {Name: "tp", Size: 2}}, "all2all", "the device's 2 of the model's 4 are not divisible by it"},
+		{"all2all, heads left by tp not divisible", "gpt", []ir.MeshAxis{{Name: "cp", Size: 4}, {Name: "tp", Size: 2}}, "all2all", "the device's 2 of the model's 4 are not divisible by it: tp·cp must divide the model's 4: give a smaller --tp or --cp"},
 		{"unfused attention", "llama-unfused", []ir.MeshAxis{{Name: "cp", Size: 2, Zigzag: true}}, "", "runs attention as the fused op, by the ring or Ulysses; this is the causal mask of attention composed of primitive ops"},
 	}
 	for _, c := range cases {

@@ -62,6 +62,7 @@ func parseGenerate(args []string) (*genConfig, error) {
 	// be refused by name (compile.CheckGenerationPlan).
 	fs.IntVar(&g.PP, "pp", 0, "pipeline-parallel degree (generation: 1)")
 	fs.IntVar(&g.EP, "ep", 0, "expert-parallel degree (generation: 1)")
+	fs.IntVar(&g.CP, "cp", 0, "context-parallel degree (generation: 1)")
 	fs.IntVar(&g.Zero, "zero", 0, "ZeRO stage (generation: 0)")
 	fs.BoolVar(&g.SequenceParallel, "sequence-parallel", false, "sequence parallelism (generation: off)")
 	fs.StringVar(&g.Precision, "precision", "fp32", "generation runs in fp32")

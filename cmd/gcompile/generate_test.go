@@ -118,6 +118,7 @@ func TestGenerateBadInput(t *testing.T) {
 		{"another model", []string{"--prompt", "a", "--load", llamaW}, "no param of the model"},
 		{"pack-gpu on cpu", []string{"--prompt", "a", "--pack-gpu"}, "--pack-gpu needs --backend cuda"},
 		{"pipeline", []string{"--prompt", "a", "--devices", "2", "--pp", "2"}, "--pp 2: generation runs on data and tensor parallelism"},
+		{"context parallel", []string{"--prompt", "a", "--devices", "2", "--cp", "2"}, "--cp 2: context parallelism in generation (a key/value cache split over cp) is not yet supported"},
 		{"cache does not fit", []string{"--prompt", "abc", "--max-new-tokens", "40", "--device-memory", "90KiB"},
 			"key/value cache is 10.8 KiB per device: 2 caches (k and v of 1 layers) of f32[1,4,43,8] [batch, kv_heads, context, head_dim] = 5.4 KiB each"},
 	} {
