@@ -401,6 +401,9 @@ func scheduleChanges(saved map[string]any, c *config) []string {
 	if was, ok := saved["lr_decay"].(string); ok && was != c.decay {
 		notes = append(notes, fmt.Sprintf("--lr-decay %s (the checkpoint's run: %s)", c.decay, was))
 	}
+	if was, ok := saved["staleness"].(float64); ok && c.DPSync == "async" && int(was) != c.Staleness {
+		notes = append(notes, fmt.Sprintf("--staleness %d (the checkpoint's run: %d)", c.Staleness, int(was)))
+	}
 	// A static loss scale is the run's own (runtime.LossScaler.Restore);
 	// fp16's 0 is the dynamic scaler, whose state the checkpoint carries
 	// (and a switch between the two is refused).

@@ -1076,7 +1076,10 @@ func TestAsyncCheckpointResumesAtItsDP(t *testing.T) {
 	dir := t.TempDir()
 	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "4", "--dp-sync", "async", "--staleness", "0"))
 	require.NoError(t, mainErr(append(slices.Clone(args), "--devices", "4", "--dp", "4", "--stop-after", "2", "--checkpoint-dir", filepath.Join(dir, "ck"))))
-	err := mainErr(append(slices.Clone(args), "--devices", "2", "--dp", "2", "--resume", filepath.Join(dir, "ck"), "--checkpoint-dir", filepath.Join(dir, "ck2")))
+	m, err := checkpoint.ReadManifest(checkpoint.StepDir(filepath.Join(dir, "ck"), 2))
+	require.NoError(t, err)
+	assert.Contains(t, checkpoint.Describe(dir, m), "data parallelism: asynchronous over 4 replicas, staleness 0")
+	err = mainErr(append(slices.Clone(args), "--devices", "2", "--dp", "2", "--resume", filepath.Join(dir, "ck"), "--checkpoint-dir", filepath.Join(dir, "ck2")))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the checkpoint is of asynchronous data parallelism over 4 replicas")
 	assert.Contains(t, err.Error(), "resume it with --dp 4")
@@ -1091,7 +1094,10 @@ func TestResumeNamesTheScheduleAndTheSet(t *testing.T) {
 	args := append(slices.Clone(ckptGPT), "--steps", "4", "--devices", "2", "--pp", "2", "--microbatches", "2")
 	ck := filepath.Join(dir, "ck")
 	require.NoError(t, mainErr(append(slices.Clone(args), "--schedule", "2bw", "--stop-after", "2", "--checkpoint-dir", ck)))
-	err := mainErr(append(slices.Clone(args), "--schedule", "1f1b", "--resume", ck, "--checkpoint-dir", filepath.Join(dir, "ck2")))
+	m, err := checkpoint.ReadManifest(checkpoint.StepDir(ck, 2))
+	require.NoError(t, err)
+	assert.Contains(t, checkpoint.Describe(ck, m), "schedule: PipeDream-2BW")
+	err = mainErr(append(slices.Clone(args), "--schedule", "1f1b", "--resume", ck, "--checkpoint-dir", filepath.Join(dir, "ck2")))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the checkpoint was saved with --schedule 2bw and this run has --schedule 1f1b")
 	assert.ErrorIs(t, err, checkpoint.ErrMismatch)
@@ -1173,6 +1179,11 @@ func TestResumeNamesChangedTrainingSettings(t *testing.T) {
 
 	// A static loss scale is the run's own: another is named. fp16's
 	// dynamic scaler (0) against a static one is refused elsewhere.
+	async := map[string]any{"staleness": 0.0}
+	c = &config{}
+	c.DPSync, c.Staleness = "async", 2
+	assert.Equal(t, []string{"--staleness 2 (the checkpoint's run: 0)"}, scheduleChanges(async, c))
+
 	static := map[string]any{"loss_scale": 128.0}
 	c = &config{}
 	c.Precision, c.LossScale = "fp16", 1024

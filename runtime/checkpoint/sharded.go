@@ -1564,6 +1564,15 @@ func Describe(dir string, m *Manifest) string {
 	}
 	fmt.Fprintf(&b, "plan: %d device(s), mesh %s, precision %s, optimizer %s, batch %d × seq %d, plan fingerprint %.16s\n",
 		m.Plan.Devices, mesh, m.Plan.Precision, m.Plan.Optimizer, m.Plan.Batch, m.Plan.Seq, m.PlanFingerprint)
+	// What a resume must keep that the mesh does not show: asynchronous
+	// replicas (their count and staleness) and PipeDream-2BW's second
+	// weight version.
+	if m.Plan.DPSync == "async" {
+		fmt.Fprintf(&b, "data parallelism: asynchronous over %v replicas, staleness %v (resume with --dp-sync async and the same --dp)\n", m.Plan.Flags["dp"], flagOr(m.Plan.Flags, "staleness", "unrecorded"))
+	}
+	if m.Plan.Flags["schedule"] == "2bw" {
+		b.WriteString("schedule: PipeDream-2BW, its previous weight version (2bw.prev/…) kept with the optimizer state (resume with --schedule 2bw)\n")
+	}
 	fmt.Fprintf(&b, "data: %s\n", orText(m.Plan.Data))
 	for _, name := range sortedKeys(m.Plan.VocabTables) {
 		fmt.Fprintf(&b, "vocabulary table %s: rows past %d are padding (export writes %d)\n", name, m.Plan.VocabTables[name], m.Plan.VocabTables[name])
@@ -1599,4 +1608,12 @@ func Describe(dir string, m *Manifest) string {
 	}
 	fmt.Fprintf(&b, "  %-24s %12d bytes\n", "total", total)
 	return b.String()
+}
+
+// flagOr is a recorded flag's value, or or when the run recorded none.
+func flagOr(flags map[string]any, key string, or any) any {
+	if v, ok := flags[key]; ok {
+		return v
+	}
+	return or
 }
