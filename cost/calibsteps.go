@@ -128,7 +128,30 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 		}
 	}
 	limit := max(len(points)-1, 1)
+	fitted, err := h.fitSteps(movable[:min(len(movable), limit)], points)
+	if err != nil {
+		return nil, nil, err
+	}
 	if len(movable) > limit {
+		// A parameter the fit left where it was (at the bound the points
+		// push it against, or where no value lowers the error) gives its
+		// slot to the next one, once.
+		var moved, still []int
+		for _, pi := range movable[:limit] {
+			if sp := stepParams[pi]; sp.get(fitted) != sp.get(h) {
+				moved = append(moved, pi)
+			} else {
+				still = append(still, pi)
+			}
+		}
+		if len(still) > 0 {
+			next := append(moved, movable[limit:]...)
+			cut := min(len(next), limit)
+			movable = append(slices.Clone(next[:cut]), append(still, next[cut:]...)...)
+			if fitted, err = h.fitSteps(movable[:limit], points); err != nil {
+				return nil, nil, err
+			}
+		}
 		verb := "fit"
 		if len(points) == 1 {
 			verb = "fits"
@@ -138,10 +161,6 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 			rep.Unfitted = append(rep.Unfitted, stepParams[pi].key)
 		}
 		movable = movable[:limit]
-	}
-	fitted, err := h.fitSteps(movable, points)
-	if err != nil {
-		return nil, nil, err
 	}
 	for _, sp := range stepParams {
 		before, after := sp.get(h), sp.get(fitted)
@@ -155,6 +174,9 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 				// was fitted.
 				p.Kept = true
 				p.Why = fmt.Sprintf("already at its bound [%.4g, %.4g], and the points ask for more", lo, hi)
+			case after == before:
+				p.Kept = true
+				p.Why = "no value within its bounds lowers the error: kept"
 			case atBound:
 				rep.Fitted++
 				p.Why = fmt.Sprintf("at its bound [%.4g, %.4g]: the points ask for more, which this parameter alone should not explain", lo, hi)

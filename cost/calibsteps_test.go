@@ -173,3 +173,39 @@ func TestCalibrateStepsRefusesBadPoints(t *testing.T) {
 	assert.Contains(t, err.Error(), "calibration point 2")
 	assert.Contains(t, err.Error(), "do not split")
 }
+
+// A parameter the points push against a bound it already sits at frees
+// its slot for the next one: with the GEMM efficiency at 1 and a run
+// twice as fast as the description prices it, one measured plan fits the
+// inter-node bandwidth instead of nothing; a parameter the fit leaves
+// where it was is reported kept, not fitted.
+func TestCalibrateStepsGivesAStuckParametersSlotAway(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	h.GEMMEfficiency = 1
+	run := PublishedRuns()[3] // 18.4B on 256 GPUs: its step depends on the network too
+	price := func(h *Hardware) (float64, error) {
+		e, err := h.EstimateFast(run.Shape, run.Plan())
+		if err != nil {
+			return 0, err
+		}
+		return e.StepSeconds, nil
+	}
+	before, err := price(h)
+	require.NoError(t, err)
+	got, rep, err := h.CalibrateSteps([]StepPoint{{Name: run.Name, Measured: 0.97 * before, Price: price}})
+	require.NoError(t, err)
+	fitted := map[string]RefinedParam{}
+	for _, p := range rep.Params {
+		fitted[p.Key] = p
+	}
+	assert.True(t, fitted["gemm_efficiency"].Kept, "already at 1")
+	assert.False(t, fitted["inter_node_gbps"].Kept, "its slot went to the network")
+	assert.Greater(t, got.InterGBps, h.InterGBps)
+	assert.Equal(t, 1, rep.Fitted)
+	for key, p := range fitted {
+		if !p.Kept {
+			assert.NotEqual(t, p.Before, p.After, "%s is reported fitted but did not move", key)
+		}
+	}
+}

@@ -182,15 +182,19 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		}
 		for _, k := range slices.Sorted(maps.Keys(keys)) {
 			if !entryKeys[k] {
-				return nil, fmt.Errorf("%s: plan %d: unknown key %q (a plan gives tp, pp, dp, ep, cp, vpp, microbatch_size, microbatches, zero, sequence_parallel, recompute, offload, schedule, overlap_grad_reduce, batch and step_ms)", path, i+1, k)
+				return nil, fmt.Errorf("%s: plan %d: unknown key %q (a plan gives tp, pp, dp, ep, cp, cp_impl, vpp, microbatch_size, microbatches, zero, sequence_parallel, recompute, offload, schedule, overlap_grad_reduce, batch and step_ms)", path, i+1, k)
 			}
 		}
 		var p MeasuredPlan
 		if err := json.Unmarshal(e, &p); err != nil {
 			return nil, fmt.Errorf("%s: plan %d: %w", path, i+1, err)
 		}
-		if _, ok := keys["step_ms"]; !ok {
+		raw, ok := keys["step_ms"]
+		if !ok {
 			continue
+		}
+		if string(bytes.TrimSpace(raw)) == "null" {
+			return nil, fmt.Errorf("%s: plan %d: step_ms is null: give the step time you measured, in milliseconds", path, i+1)
 		}
 		ps = append(ps, p)
 		nums = append(nums, i+1)
@@ -327,10 +331,11 @@ func stepPoints(base compile.Config, ps []MeasuredPlan, price func(compile.Confi
 	byPlan := map[cost.Plan]*seen{} // what the estimate prices: the same key, the same plan
 	for i, p := range ps {
 		cfg := p.Config(base)
-		name := Describe(cfg)
 		if err := cfg.Validate(); err != nil {
-			return nil, fmt.Errorf("calibration point %d (%s): %w", i+1, name, err)
+			return nil, fmt.Errorf("calibration point %d (%s): %w", i+1, Describe(cfg), err)
 		}
+		// Named once Validate has made a microbatch size into its count.
+		name := Describe(cfg)
 		key := planOf(cfg)
 		if s := byPlan[key]; s != nil {
 			s.lo, s.hi = math.Min(s.lo, p.StepMs), math.Max(s.hi, p.StepMs)

@@ -8,6 +8,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"gcompile/compile"
+	"gcompile/cost"
 )
 
 // ReadMeasured takes the three forms a user has at hand and names, for
@@ -34,6 +37,7 @@ func TestReadMeasured(t *testing.T) {
 		{"time as a string", `[{"tp": 1, "step_ms": 5}, {"tp": 1, "step_ms": "NaN"}]`, nil, "plan 2: json: cannot unmarshal string"},
 		{"time out of range", `[{"tp": 1, "step_ms": 1e400}]`, nil, "cannot unmarshal number 1e400"},
 		{"negative time", `[{"tp": 1, "step_ms": -3}]`, nil, "plan 1: step_ms must be a positive time, got -3"},
+		{"null time", `[{"tp": 1, "step_ms": null}]`, nil, "plan 1: step_ms is null: give the step time you measured"},
 		{"no time", `{"plans": [{"tp": 1}]}`, nil, "no plan in it has a step_ms: add the step time you measured"},
 		{"rows not run", `{"plans": [{"tp": 1, "predicted_step_ms": 9}, {"tp": 2, "predicted_step_ms": 8, "step_ms": 12}, {"tp": 4}]}`,
 			[]MeasuredPlan{{PlanFields: PlanFields{TP: 2}, StepMs: 12}}, ""},
@@ -111,4 +115,19 @@ func TestMeasuredRunIsThisModel(t *testing.T) {
 	err := run.Check(999, "bf16", "layers=2,hidden=32")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "a model of 1000 parameters")
+}
+
+// A measured row that gives its microbatch size and not the count is
+// named by the plan it prices: 8 sequences over dp 4 in microbatches of
+// 1 is mb=1×2 (it was named mb=2×1, the count before the size applied).
+func TestMeasuredPlanIsNamedAsPriced(t *testing.T) {
+	base := baseConfig(4, 8)
+	base.Model = "model.go"
+	pts, err := stepPoints(base, []MeasuredPlan{{PlanFields: PlanFields{TP: 1, PP: 1, DP: 4, MicroBatch: 1}, StepMs: 10}},
+		func(compile.Config) (func(*cost.Hardware) (float64, error), error) {
+			return func(*cost.Hardware) (float64, error) { return 0.01, nil }, nil
+		})
+	require.NoError(t, err)
+	require.Len(t, pts, 1)
+	assert.Contains(t, pts[0].Name, "mb=1×2")
 }
