@@ -354,8 +354,12 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 		// other schedule has or makes: named here, before the tensors'
 		// difference says it less directly.
 		if was, _ := saved.Plan.Flags["schedule"].(string); (was == "2bw") != (c.Schedule == "2bw") {
-			return runtime.State{}, fmt.Errorf("--resume %s: the checkpoint was saved with --schedule %s and this run has --schedule %s; PipeDream-2BW's second weight version has no place in another schedule: resume with --schedule %s: %w",
-				dir, orNone(was), orNone(c.Schedule), orNone(was), checkpoint.ErrMismatch)
+			fix := "resume with --schedule 2bw"
+			if was != "2bw" {
+				fix = "resume without --schedule 2bw"
+			}
+			return runtime.State{}, fmt.Errorf("--resume %s: the checkpoint was saved with --schedule %s and this run has --schedule %s; PipeDream-2BW's second weight version (2bw.prev/…) has no place in another schedule: %s: %w",
+				dir, orNone(was), orNone(c.Schedule), fix, checkpoint.ErrMismatch)
 		}
 		// Another model: say which --set the checkpoint's was built with,
 		// as eval does, where the fingerprint alone says only that it

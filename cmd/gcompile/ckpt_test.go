@@ -367,7 +367,7 @@ func TestBadCheckpointsAreNamedErrors(t *testing.T) {
 		{"another precision", nil, []string{"--precision", "bf16"}, []string{"--precision fp32"}, checkpoint.ErrMismatch},
 		{"another seed", nil, []string{"--seed", "7"}, []string{"seeded with 1, not --seed 7"}, nil},
 		{"another schedule's state", nil, []string{"--devices", "2", "--pp", "2", "--microbatches", "2", "--schedule", "2bw"},
-			[]string{"lacks", "2bw.prev/"}, checkpoint.ErrMismatch},
+			[]string{"saved with --schedule none and this run has --schedule 2bw", "2bw.prev/", "resume without --schedule 2bw"}, checkpoint.ErrMismatch},
 		{"a plan that cannot hold it", nil, []string{"--devices", "3", "--tp", "3"}, []string{"tp=3 must divide"}, nil},
 		{"past the run's steps", nil, []string{"--steps", "1"}, []string{"at step 2, past --steps 1"}, nil},
 	}
