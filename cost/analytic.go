@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gcompile/passes/schedule"
@@ -216,7 +217,7 @@ type Plan struct {
 	Microbatches     int // m
 	Zero             int
 	SequenceParallel bool
-	Recompute        string // none, selective, full
+	Recompute        string // none, selective, full, every=K
 	Offload          string // "", optimizer, params, optimizer,params
 	// Precision is fp32, fp16 or bf16 (mixed, fp32 master weights), or
 	// fp8: Transformer Engine's recipe, which a run another framework made
@@ -422,6 +423,7 @@ func (h *Hardware) EstimateFast(t Transformer, p Plan) (*Estimate, error) {
 }
 
 func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, error) {
+	var everyK int
 	if p.TP < 1 || p.PP < 1 || p.DP < 1 || p.MicroBatch < 1 || p.Microbatches < 1 {
 		return nil, fmt.Errorf("plan %+v: degrees and batch sizes must be ≥ 1", p)
 	}
@@ -431,6 +433,10 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	if err := p.check(t, simulate); err != nil {
 		return nil, err
 	}
+	// every=K (recompute in segments of K layers: --recompute every=K)
+	// replays every block's forward as full does; it keeps each segment's
+	// input, and a segment's activations while its backward runs.
+	p.Recompute, everyK = p.recomputeSegments(t.Layers)
 	v := max(p.VPP, 1)
 	if t.Layers%(p.PP*v) != 0 {
 		return nil, fmt.Errorf("%d layers do not split into pp·vpp = %d chunks", t.Layers, p.PP*v)
@@ -592,9 +598,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		// ranks form the innermost axis, so an ep group is strided by tp.
 		a2a = Collective("all_to_all", ep, eb*rows*hd, h.axisLink(ep, p.TP*cp, p.Devices()))
 	}
-	// stashed is the bytes a layer keeps from its forward for its
-	// backward, per microbatch.
-	stashed := func() float64 {
+	// kept is the bytes a layer keeps from its forward for its backward,
+	// per microbatch, without recompute; stashed with the plan's.
+	kept := func() float64 {
 		act := tokens * hd * eb * (17 + 12/tp)
 		if p.SequenceParallel {
 			act = tokens * hd * eb * 17 / tp * 2
@@ -609,10 +615,16 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			rows := tokens * t.Slots
 			act += moeWeight * eb * math.Max(rows*(2*hd+2*float64(t.ExpertFFN)/tp)-tokens*2*f/tp, 0)
 		}
-		if p.Recompute == "full" {
-			act = 2 * tokens * hd * eb
-		}
 		return act
+	}
+	stashed := func() float64 {
+		if p.Recompute == "full" {
+			if everyK > 1 {
+				return 2 * tokens * hd * eb / float64(everyK) // a segment's input
+			}
+			return 2 * tokens * hd * eb
+		}
+		return kept()
 	}
 	// lowp's casts and widenings of the stash, ten kernels each way like
 	// the elementwise ops.
@@ -1048,6 +1060,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		act, logits = act/2, logits/2
 	}
 	actBytes := act*perChunk*float64(v)*inflight + logits
+	if everyK > 1 {
+		// The backward of a segment holds its K layers' activations,
+		// replayed, beside the stash.
+		actBytes += float64(min(everyK, int(perChunk))) * kept()
+	}
 	if cp > 1 && p.CPImpl != "all2all" {
 		// The ring's scratch while its forward runs (lower.RingScratch):
 		// two K/V chunks held and received, the running output in
@@ -1096,6 +1113,22 @@ func (t Transformer) check() error {
 	return nil
 }
 
+// recomputeSegments is the plan's recompute as the estimate prices it,
+// and the layers of a segment: every=K (passes' recompute: segments of K
+// layers, sqrt for ⌈√layers⌉) is full with K; the others are themselves,
+// with 0.
+func (p Plan) recomputeSegments(layers int) (string, int) {
+	k, ok := strings.CutPrefix(p.Recompute, "every=")
+	if !ok {
+		return p.Recompute, 0
+	}
+	if k == "sqrt" {
+		return "full", max(1, int(math.Ceil(math.Sqrt(float64(layers)))))
+	}
+	n, _ := strconv.Atoi(k) // checked
+	return "full", n
+}
+
 // maxScheduleActions bounds the pipeline the simulator builds (pp · vpp ·
 // microbatches, each a forward and a backward): past it the schedule
 // alone would take gigabytes.
@@ -1114,10 +1147,14 @@ func (p Plan) check(t Transformer, simulate bool) error {
 	if p.Zero < 0 || p.Zero > 3 {
 		return fmt.Errorf("plan %s: zero stage %d, want 0 to 3", p, p.Zero)
 	}
-	switch p.Recompute {
-	case "", "none", "full", "selective":
+	switch k, every := strings.CutPrefix(p.Recompute, "every="); {
+	case every:
+		if n, err := strconv.Atoi(k); k != "sqrt" && (err != nil || n < 1) {
+			return fmt.Errorf("plan %s: recompute every=%s, want a positive number of layers or sqrt", p, k)
+		}
+	case p.Recompute == "", p.Recompute == "none", p.Recompute == "full", p.Recompute == "selective":
 	default:
-		return fmt.Errorf("plan %s: recompute %q, want none, full or selective", p, p.Recompute)
+		return fmt.Errorf("plan %s: recompute %q, want none, full, selective or every=K", p, p.Recompute)
 	}
 	switch p.Offload {
 	case "", "none", "optimizer", "params", "optimizer,params", "params,optimizer":

@@ -189,3 +189,29 @@ func TestOptimizerStateBytesAParameter(t *testing.T) {
 		assert.InDelta(t, want, float64(e.MemoryEstimate)/shape.Params(), 0.05, "zero %d", zero)
 	}
 }
+
+// --recompute every=K replays every block's forward, as full does, and
+// keeps a segment's input for each K layers plus one segment's
+// activations while its backward runs: the same step as full, memory
+// between full's and none's. It was refused ("want none, full or
+// selective"), which left the planner no plan for --recompute every=1.
+func TestRecomputeInSegments(t *testing.T) {
+	h, err := Preset("h100-sxm")
+	require.NoError(t, err)
+	shape := Transformer{Layers: 16, Hidden: 2048, Heads: 16, Seq: 2048, Vocab: 32000, FFN: 8192}
+	price := func(rc string) *Estimate {
+		e, err := h.Estimate(shape, Plan{TP: 1, PP: 1, DP: 1, MicroBatch: 2, Microbatches: 1, Precision: "bf16", Recompute: rc})
+		require.NoError(t, err, rc)
+		return e
+	}
+	none, full := price("none"), price("full")
+	assert.Equal(t, *full, *price("every=1"), "segments of one layer are full recompute")
+	for _, rc := range []string{"every=4", "every=sqrt"} {
+		e := price(rc)
+		assert.Equal(t, full.StepSeconds, e.StepSeconds, rc)
+		assert.Greater(t, e.MemoryEstimate, full.MemoryEstimate, rc)
+		assert.Less(t, e.MemoryEstimate, none.MemoryEstimate, rc)
+	}
+	_, err = h.Estimate(shape, Plan{TP: 1, PP: 1, DP: 1, MicroBatch: 2, Microbatches: 1, Precision: "bf16", Recompute: "every=0"})
+	assert.ErrorContains(t, err, "recompute every=0, want a positive number of layers or sqrt")
+}

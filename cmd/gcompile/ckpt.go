@@ -338,7 +338,9 @@ func (p *preemption) release() {
 // resumeState loads the checkpoint into the devices and returns where the
 // run continues from.
 func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fingerprint, dir string, plan checkpoint.Plan) (runtime.State, error) {
-	ex := checkpoint.Expect{ModelFingerprint: fingerprint, Plan: plan}
+	// Another model's checkpoint is named with both --set lists, after
+	// the data (another dataset pads another vocabulary).
+	ex := checkpoint.Expect{ModelFingerprint: fingerprint, Plan: plan, Set: c.Set}
 	if c.tokens != nil {
 		ex.DataAlso = []string{c.tokens.namedIdentity(c)}
 	}
@@ -360,13 +362,6 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 			}
 			return runtime.State{}, fmt.Errorf("--resume %s: the checkpoint was saved with --schedule %s and this run has --schedule %s; PipeDream-2BW's second weight version (2bw.prev/…) has no place in another schedule: %s: %w",
 				dir, orNone(was), orNone(c.Schedule), fix, checkpoint.ErrMismatch)
-		}
-		// Another model: say which --set the checkpoint's was built with,
-		// as eval does, where the fingerprint alone says only that it
-		// differs.
-		if set, ok := saved.Plan.Flags["set"].(string); ok && set != c.Set && saved.ModelFingerprint != fingerprint {
-			return runtime.State{}, fmt.Errorf("--resume %s: the checkpoint's model was built with --set %q and this run's with --set %q (another model, or other sizes): resume with the checkpoint's --set: %w",
-				dir, set, c.Set, checkpoint.ErrMismatch)
 		}
 	}
 	m, err := checkpoint.RestoreState(dev, progs, dir, ex)

@@ -1106,7 +1106,8 @@ func TestResumeNamesTheScheduleAndTheSet(t *testing.T) {
 	other[2] = "layers=2,hidden=48,heads=2,seq=16"
 	err = mainErr(append(other, "--schedule", "2bw", "--resume", ck, "--checkpoint-dir", filepath.Join(dir, "ck3")))
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), `the checkpoint's model was built with --set "layers=2,hidden=32,heads=2,seq=16" and this run's with --set "layers=2,hidden=48,heads=2,seq=16"`)
+	assert.Contains(t, err.Error(), `the checkpoint is of model "gpt" built with --set "layers=2,hidden=32,heads=2,seq=16"`)
+	assert.Contains(t, err.Error(), `this run's with --set "layers=2,hidden=48,heads=2,seq=16"`)
 }
 
 // A folder named as a step's checkpoint that gcompile did not complete (a

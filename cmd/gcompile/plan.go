@@ -331,12 +331,6 @@ func runPlanner(c *config) error {
 	top := res.Ranked[0]
 	best := top.Config
 	best.Built = ir.Print(m) // the model is built once
-	if c.repadVocab(best.TP) {
-		// A vocabulary from the data is padded for the tp chosen, as the
-		// printed pin flags pad it: the search's model had it padded for
-		// tp 1.
-		best.Built = ""
-	}
 	best.Model, best.Set, best.Interrupt = c.Model, c.Set, nil
 	best.Explicit = c.explicit
 	best.MemLimit = c.MemLimit
@@ -358,7 +352,7 @@ func runPlanner(c *config) error {
 	if werr == nil && w.Rank == 0 {
 		fmt.Fprintf(os.Stderr, "planner: %s the best plan of %d devices on %s: %s, predicted %.3g ms a step, %s a device (%s)\n", verb, c.Devices, c.hw.Name, planner.Describe(best), top.StepSeconds()*1e3, lower.HumanBytes(top.MemoryBytes()), mem)
 		if !c.plan {
-			fmt.Fprintf(os.Stderr, "planner: %s; pin it with %s (--plan lists the alternatives)\n", givenAndChosen(c.explicit), pinFlags(best))
+			fmt.Fprintf(os.Stderr, "planner: %s; pin it with %s (--plan lists the alternatives)\n", givenAndChosen(c.explicit), pinFlags(best)+c.pinVocab(best.TP))
 		}
 	}
 	return c.validate()

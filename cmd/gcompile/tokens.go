@@ -257,27 +257,20 @@ func (c *config) applyVocab() error {
 	return nil
 }
 
-// repadVocab pads the vocabulary applyVocab gave for the tp the planner
-// chose, which applyVocab could not know: Megatron-LM pads to a multiple
-// of the divisor times tp, and the flags the planner prints to pin its
-// plan then build the same model. It says whether the vocabulary changed
-// (the model must be built again).
-func (c *config) repadVocab(tp int) bool {
+// pinVocab is the --set the planner's pin flags need for a vocabulary
+// from the data ("" when none): the planner built the model before it
+// chose tp, padded for the tp of the command line, where a run with the
+// flags' --tp would pad for that tp (Megatron-LM's divisor · tp) and
+// build another model.
+func (c *config) pinVocab(tp int) string {
 	if !c.vocabPadded || c.tokens == nil {
-		return false
+		return ""
 	}
-	v := strconv.Itoa(resumedVocab(c.resume, c.tokens.need, c.vocabDivisible, tp))
-	if old, _ := setValue(c.Set, "vocab"); old == v {
-		return false
+	v, _ := setValue(c.Set, "vocab")
+	if strconv.Itoa(resumedVocab(c.resume, c.tokens.need, c.vocabDivisible, tp)) == v {
+		return ""
 	}
-	var kept []string
-	for _, kv := range strings.Split(c.Set, ",") {
-		if k, _, _ := strings.Cut(strings.TrimSpace(kv), "="); strings.TrimSpace(k) != "vocab" {
-			kept = append(kept, kv)
-		}
-	}
-	c.Set = strings.Join(append(kept, "vocab="+v), ",")
-	return true
+	return " --set vocab=" + v
 }
 
 // resumedVocab is the padded vocabulary of a model built for need token

@@ -166,14 +166,14 @@ func TestVocabFollowsTheData(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--set vocab=256 is smaller than the data's largest token id (299) + 1")
 
-	// The planner's tp pads it too, as the flags it prints to pin the
-	// plan pad it (the search's model was padded for tp 1).
+	// The planner builds the model before it picks tp: its pin flags
+	// carry the vocabulary it padded, which a run with their --tp would
+	// pad otherwise.
 	c := &config{vocabPadded: true, tokens: &tokenData{need: 300}, vocabDivisible: 64, Config: compile.Config{Set: "layers=1,vocab=320,seq=16"}}
-	require.True(t, c.repadVocab(4))
-	assert.Equal(t, "layers=1,seq=16,vocab=512", c.Set, "300 ids padded to a multiple of 64·tp4")
-	assert.False(t, c.repadVocab(4), "already padded for tp 4")
+	assert.Equal(t, " --set vocab=320", c.pinVocab(4), "tp 4 would pad 300 ids to 512")
+	assert.Empty(t, c.pinVocab(1), "tp 1 pads them to 320 itself")
 	c.vocabPadded = false
-	assert.False(t, c.repadVocab(2), "a vocab the user set stays")
+	assert.Empty(t, c.pinVocab(4), "a vocab the user set is on the command line already")
 }
 
 // Bad token data is a named error before any work: nothing is written.

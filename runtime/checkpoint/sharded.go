@@ -966,6 +966,9 @@ type Expect struct {
 	// DataAlso are other spellings of Plan.Data a checkpoint of the same
 	// data may carry (the form an earlier identity took).
 	DataAlso []string
+	// Set is the run's --set, which the error for another model names
+	// beside the checkpoint's (its Plan.Flags["set"]).
+	Set string
 }
 
 // reader opens each shard file once, verifying its size and checksum
@@ -1221,6 +1224,10 @@ func match(m *Manifest, progs []*lower.Program, ex Expect) error {
 			orText(m.Plan.Data), orText(ex.Plan.Data), ErrMismatch)
 	}
 	if ex.ModelFingerprint != "" && m.ModelFingerprint != ex.ModelFingerprint {
+		if set, ok := m.Plan.Flags["set"].(string); ok && set != ex.Set {
+			return fmt.Errorf("the checkpoint is of model %q built with --set %q (fingerprint %.12s), this run's with --set %q (fingerprint %.12s): another model, or other sizes; resume with the checkpoint's --set: %w",
+				m.Model, set, m.ModelFingerprint, ex.Set, ex.ModelFingerprint, ErrMismatch)
+		}
 		return fmt.Errorf("the checkpoint is of model %q (fingerprint %.12s), this run's model has fingerprint %.12s (another model, or other --set sizes): %w",
 			m.Model, m.ModelFingerprint, ex.ModelFingerprint, ErrMismatch)
 	}
