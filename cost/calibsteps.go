@@ -147,20 +147,25 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 		if len(still) > 0 {
 			next := append(moved, movable[limit:]...)
 			cut := min(len(next), limit)
-			movable = append(slices.Clone(next[:cut]), append(still, next[cut:]...)...)
-			if fitted, err = h.fitSteps(movable[:limit], points); err != nil {
+			movable = append(slices.Clone(next[:cut]), next[cut:]...)
+			if fitted, err = h.fitSteps(movable[:cut], points); err != nil {
 				return nil, nil, err
+			}
+			for _, pi := range still {
+				sp := stepParams[pi]
+				why[sp.key] = fmt.Sprintf("the fit left it at %.4g (its bounds [%.4g, %.4g] hold no value that lowers the error), and gave its place to the next parameter", sp.get(h), sp.lo(sp.get(h)), sp.hi(sp.get(h)))
 			}
 		}
 		verb := "fit"
 		if len(points) == 1 {
 			verb = "fits"
 		}
-		for _, pi := range movable[limit:] {
+		cut := min(len(movable), limit)
+		for _, pi := range movable[cut:] {
 			why[stepParams[pi].key] = fmt.Sprintf("%s %s at most %s", count(len(points), "measured plan"), verb, count(limit, "parameter"))
 			rep.Unfitted = append(rep.Unfitted, stepParams[pi].key)
 		}
-		movable = movable[:limit]
+		movable = movable[:cut]
 	}
 	for _, sp := range stepParams {
 		before, after := sp.get(h), sp.get(fitted)

@@ -175,10 +175,11 @@ func TestCalibrateStepsRefusesBadPoints(t *testing.T) {
 }
 
 // A parameter the points push against a bound it already sits at frees
-// its slot for the next one: with the GEMM efficiency at 1 and a run
-// twice as fast as the description prices it, one measured plan fits the
+// its slot for the next one: with the GEMM efficiency at 1 and a run 3 %
+// faster than the description prices it, one measured plan fits the
 // inter-node bandwidth instead of nothing; a parameter the fit leaves
-// where it was is reported kept, not fitted.
+// where it was is reported kept, with why, not fitted, and is not one
+// the user is asked to set.
 func TestCalibrateStepsGivesAStuckParametersSlotAway(t *testing.T) {
 	h, err := Preset("a100-80g")
 	require.NoError(t, err)
@@ -200,6 +201,8 @@ func TestCalibrateStepsGivesAStuckParametersSlotAway(t *testing.T) {
 		fitted[p.Key] = p
 	}
 	assert.True(t, fitted["gemm_efficiency"].Kept, "already at 1")
+	assert.Contains(t, fitted["gemm_efficiency"].Why, "the fit left it at 1")
+	assert.NotContains(t, rep.Unfitted, "gemm_efficiency")
 	assert.False(t, fitted["inter_node_gbps"].Kept, "its slot went to the network")
 	assert.Greater(t, got.InterGBps, h.InterGBps)
 	assert.Equal(t, 1, rep.Fitted)

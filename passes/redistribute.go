@@ -198,7 +198,7 @@ func cuts(s *sharder, v *ir.Value, axis int, split ir.Placement) ([]int, bool) {
 	case "broadcast":
 		a := v.Args[0]
 		if d := split.Dim - (v.Type.Rank() - a.Type.Rank()); d >= 0 && a.Type.Shape[d] != 1 {
-			if a.Place[axis].Kind != ir.Replicate || !cutsEvenly(s.m, axis, a.Type.Shape[d]) {
+			if a.Place[axis].Kind != ir.Replicate {
 				return nil, false
 			}
 			cut[0] = d
@@ -240,9 +240,6 @@ func cuts(s *sharder, v *ir.Value, axis int, split ir.Placement) ([]int, bool) {
 			return
 		}
 		for d := range a.Type.Rank() {
-			if !cutsEvenly(s.m, axis, a.Type.Shape[d]) {
-				continue
-			}
 			cut[i] = d
 			try(i+1, bytes+a.Type.Bytes())
 			cut[i] = -1
@@ -250,20 +247,6 @@ func cuts(s *sharder, v *ir.Value, axis int, split ir.Placement) ([]int, bool) {
 	}
 	try(0, 0)
 	return best, best != nil
-}
-
-// cutsEvenly says whether a dim of size n splits over the axis into its
-// pieces: the axis's size of them, or twice that in the zigzag layout
-// (ir.MeshAxis.Zigzag), each rank two. A [8, 2, s/2, h] fold of a
-// sequence cannot be split on its dim of 2 over a zigzag cp of 2: rank 0
-// holds the sequence's first and last quarters, not its first half.
-func cutsEvenly(m *ir.Module, axis, n int) bool {
-	a := m.Mesh.Axes[axis]
-	chunks := a.Size
-	if a.Zigzag {
-		chunks *= 2
-	}
-	return n%chunks == 0
 }
 
 // narrowBroadcasts makes a slice of a broadcast along a dim the broadcast

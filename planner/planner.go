@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sort"
 	"strings"
 
@@ -109,7 +108,7 @@ type Result struct {
 
 // maxCompiles bounds the candidates one search compiles when none of
 // those the estimate ranked best fits: each is a compile of the model.
-const maxCompiles = 200
+const maxCompiles = 64
 
 // ErrNoPlan is returned when no candidate survives.
 var ErrNoPlan = errors.New("no plan fits")
@@ -226,7 +225,14 @@ func Plan(req Request) (*Result, error) {
 			// (its memory figure is rough near the limit): the rest, the
 			// smallest by that figure first, until one does, so that
 			// "no plan fits" is said only of plans compiled.
-			rest := slices.Clone(feasible[tries:])
+			var rest []*Candidate
+			for _, c := range feasible[tries:] {
+				// The estimate is rarely 2× off a compiled arena: plans
+				// further over are not worth a compile each.
+				if float64(c.Estimate.MemoryEstimate) <= 2*float64(capBytes) {
+					rest = append(rest, c)
+				}
+			}
 			sort.SliceStable(rest, func(i, j int) bool {
 				return rest[i].Estimate.MemoryEstimate < rest[j].Estimate.MemoryEstimate
 			})

@@ -136,6 +136,25 @@ func TestContextParallelFoldsTheSequence(t *testing.T) {
 			for i := range ref.outputs {
 				assert.InDelta(t, ref.outputs[i]["pen"], got.outputs[i]["pen"], 1e-5*ref.outputs[i]["pen"], "step %d", i+1)
 			}
+			// The forward fold stays split where its outer dim cuts into
+			// the layout's pieces (2·cp zigzag, cp contiguous), and is
+			// gathered where it does not.
+			pieces := 2 * c.cp
+			if c.layout == "contiguous" {
+				pieces = c.cp
+			}
+			folds := 0
+			for _, in := range got.prog.Instrs {
+				// The fold is a view (no instruction of its own): the sum
+				// over its pieces reads it.
+				if in.Op == "reduce_sum" && in.Value.Meta.Phase == ir.PhaseFwd && len(in.ArgTypes) == 1 && in.ArgTypes[0].Rank() == 4 {
+					folds++
+					fold := in.Value.Args[0]
+					split := fold.Place[0].Kind == ir.Shard
+					assert.Equal(t, c.fold%pieces == 0, split, "the fold into %d over cp %d (%s) placed %v", c.fold, c.cp, c.layout, fold.Place)
+				}
+			}
+			assert.Equal(t, 1, folds, "the model's one fold")
 		})
 	}
 }

@@ -68,17 +68,17 @@ func (c *config) hardwareSpec() (string, error) {
 	}
 	// --plan prices on the same GPU the run would: a table priced on the
 	// cpu preset would pick another plan than the run without --plan.
-	why := fmt.Sprintf("--devices %d with no --tp/--pp/--dp", c.Devices)
+	why, or := fmt.Sprintf("--devices %d with no --tp/--pp/--dp", c.Devices), " or the plan's axes"
 	if c.plan {
-		why = "--plan with --backend cuda"
+		why, or = "--plan with --backend cuda", "" // --plan prices even a plan given whole
 	}
 	name, err := cuda.GPUName(cuda.Config{}, 0)
 	if err != nil {
-		return "", fmt.Errorf("%s: the planner prices plans on the GPU it finds, and found none (%w): give --hardware (%s or a JSON file) or the plan's axes", why, err, strings.Join(cost.Presets(), ", "))
+		return "", fmt.Errorf("%s: the planner prices plans on the GPU it finds, and found none (%w): give --hardware (%s or a JSON file)%s", why, err, strings.Join(cost.Presets(), ", "), or)
 	}
 	spec := cost.PresetForGPU(name)
 	if spec == "" {
-		return "", fmt.Errorf("%s: the planner has no description of this GPU (%s): give --hardware (%s or a JSON file) or the plan's axes", why, name, strings.Join(cost.Presets(), ", "))
+		return "", fmt.Errorf("%s: the planner has no description of this GPU (%s): give --hardware (%s or a JSON file)%s", why, name, strings.Join(cost.Presets(), ", "), or)
 	}
 	return spec, nil
 }

@@ -185,6 +185,7 @@ func TestPlanOnCUDAPricesTheGPU(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--plan with --backend cuda: the planner prices plans on the GPU it finds, and found none")
 	assert.Contains(t, err.Error(), "give --hardware")
+	assert.NotContains(t, err.Error(), "the plan's axes", "--plan prices a plan given whole too")
 	require.NoError(t, mainNoPanic(t, append(append([]string{}, tinyGPT...), "--backend", "cuda", "--devices", "4", "--plan", "--hardware", "h100-sxm")))
 }
 
