@@ -664,19 +664,15 @@ func (h *Hardware) priceRing(ic *instrCost, in lower.Instr, l Link, axis string,
 		diag := L * (L + 1) / 2
 		ic.seconds *= ((cp-1)*L*L + diag) / (cp * diag)
 	}
-	e := int64(4)
-	if in.ArgTypes[0].DType == ir.F64 {
-		e = 8
-	}
-	chunk := float64(in.ArgTypes[1].Shape.NumElements() * e)
-	streams := map[string]float64{"attention": 2, "attention_stats": 1, "attention_grad_q": 2, "attention_grad_k": 3, "attention_grad_v": 2}[in.Op]
+	ns, nh, nc := lower.RingTraffic(in.Op, in.ArgTypes[0], in.ArgTypes[1])
+	streams, home, chunk := float64(ns), float64(nh), float64(nc)
 	step := ic.seconds / cp // kernelCost priced every step
 	move := P2P(streams*chunk, l)
 	exposed := (cp - 1) * math.Max(move-step, 0)
 	ic.hiddenBytes = (cp - 1) * streams * chunk
-	if in.Op == "attention_grad_k" || in.Op == "attention_grad_v" {
-		exposed += P2P(chunk, l)
-		ic.hiddenBytes += chunk
+	if home > 0 {
+		exposed += home * P2P(chunk, l)
+		ic.hiddenBytes += home * chunk
 	}
 	ic.seconds += exposed
 	ic.hidden, ic.hiddenAxis = exposed, axis

@@ -69,22 +69,17 @@ func RingScratch(op string, q, k ir.Type) []int64 {
 	return pieces
 }
 
-// RingSendBytes is what one device sends around a ring of n for a ring
-// attention instruction (q and k its first operands' local types): each
-// of the n−1 steps passes on its chunks (K and V forward; K for the
+// RingTraffic is what a ring attention instruction (q and k its first
+// operands' local types) passes around the ring: at each step but the
+// last, streams chunks of chunk bytes (K and V forward; K for the
 // statistics; K and V for dq; K, V and the running dk for dk; K and the
-// running dv for dv), in the kernels' float width (RingScratch), and dk
-// and dv then go home, one chunk more.
-func RingSendBytes(op string, q, k ir.Type, n int) int64 {
-	if n < 2 {
-		return 0
-	}
+// running dv for dv), in the kernels' float width (RingScratch), and at
+// the end home chunks more (dk and dv return to their rank).
+func RingTraffic(op string, q, k ir.Type) (streams, home, chunk int64) {
 	e := int64(4)
 	if q.DType == ir.F64 {
 		e = 8
 	}
-	chunk := k.Shape.NumElements() * e
-	var streams, home int64
 	switch op {
 	case "attention", "attention_grad_q":
 		streams = 2
@@ -95,5 +90,15 @@ func RingSendBytes(op string, q, k ir.Type, n int) int64 {
 	case "attention_grad_v":
 		streams, home = 2, 1
 	}
+	return streams, home, k.Shape.NumElements() * e
+}
+
+// RingSendBytes is what one device sends around a ring of n for a ring
+// attention instruction (RingTraffic).
+func RingSendBytes(op string, q, k ir.Type, n int) int64 {
+	if n < 2 {
+		return 0
+	}
+	streams, home, chunk := RingTraffic(op, q, k)
 	return (int64(n-1)*streams + home) * chunk
 }

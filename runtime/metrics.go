@@ -81,8 +81,9 @@ type DeviceMetrics struct {
 	// PeakBreakdown divides the predicted peak by what the bytes hold.
 	PeakBreakdown *lower.Breakdown `json:"peak_breakdown,omitempty"`
 	// CollectiveBytes is, per collective and axis ("all_to_all/ep"), the
-	// bytes of the device's operands in one step
-	// (lower.Program.CollectiveBytes).
+	// bytes of the device's operands in one step, and under ring attention
+	// the bytes it sends around the ring ("ring/cp";
+	// lower.Program.CollectiveBytes).
 	CollectiveBytes map[string]int64 `json:"collective_bytes_per_step,omitempty"`
 	// Role names what a device runs when it is not one of the plan's
 	// devices: "update" for asynchronous data parallelism's parameter
