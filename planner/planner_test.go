@@ -13,6 +13,7 @@ import (
 	"gcompile/cost"
 	"gcompile/examples/gpt"
 	"gcompile/examples/llama"
+	"gcompile/examples/mixtral"
 	"gcompile/examples/moe"
 	"gcompile/frontend"
 	"gcompile/ir"
@@ -421,6 +422,19 @@ func TestShapeOfMoE(t *testing.T) {
 	if s.Params() != float64(n) {
 		t.Errorf("shape counts %.0f params, the module has %d", s.Params(), n)
 	}
+}
+
+// Mixtral's experts are SwiGLU MLPs (three matrices an expert), which the
+// planner prices with their gate; the MoE GPT's have two (above).
+func TestShapeOfGatedExperts(t *testing.T) {
+	m, err := frontend.Build(mixtral.Model, frontend.Config{Name: "mixtral", Batch: 8,
+		Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "kv_heads": "2", "ffn": "48", "experts": "4", "seq": "16"}})
+	require.NoError(t, err)
+	s, err := ShapeOf(m)
+	require.NoError(t, err)
+	assert.True(t, s.GatedExperts)
+	assert.Equal(t, 48, s.ExpertFFN)
+	assert.Equal(t, 3*32*48, s.ExpertParams)
 }
 
 // TestPlannerSearchesExpertParallelism: with ep not given, every ep that
