@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -174,6 +175,23 @@ func TestVocabFollowsTheData(t *testing.T) {
 	assert.Empty(t, c.pinVocab(1), "tp 1 pads them to 320 itself")
 	c.vocabPadded = false
 	assert.Empty(t, c.pinVocab(4), "a vocab the user set is on the command line already")
+
+	// End to end: the planner's pick on the data, and its pin flags,
+	// train the same model (the same parameters and losses).
+	// (Batch 2 on 8 devices: dp takes at most 2, so tp is 2 or 4.)
+	planned := []string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16", "--batch", "2", "--run", "--steps", "2", "--eval-batches", "1",
+		"--data", prefix, "--devices", "8", "--make-vocab-size-divisible-by", "64"}
+	path := filepath.Join(dir, "planned.json")
+	log, err := captureStderr(t, func() error { return mainErr(append(slices.Clone(planned), "--metrics", path)) })
+	require.NoError(t, err)
+	pin := regexp.MustCompile(`pin it with (.*) \(--plan lists the alternatives\)`).FindStringSubmatch(log)
+	require.Len(t, pin, 2, log)
+	byPlanner := readMetrics(t, path)
+	pinned := runMetrics(t, append(slices.Clone(planned), strings.Fields(pin[1])...)...)
+	assert.Contains(t, pin[1], "--set vocab=320", "the tp chosen would pad the 300 ids to 384 or 512")
+	assert.Equal(t, byPlanner.Model.Params, pinned.Model.Params, "pinned with %s", pin[1])
+	require.Len(t, pinned.Steps, 2)
+	assert.Equal(t, byPlanner.Steps[1].Loss, pinned.Steps[1].Loss)
 }
 
 // Bad token data is a named error before any work: nothing is written.
