@@ -70,8 +70,13 @@ func mainErr(args []string) (err error) {
 	}
 	if w, err := worldOf(c); err == nil && w.Rank > 0 {
 		c.Progress = io.Discard // rank 0 says it for the job
-	} else if note := c.ignoredWithoutRun(); note != "" {
-		fmt.Fprintln(os.Stderr, note)
+	} else {
+		if note := c.ignoredWithoutRun(); note != "" {
+			fmt.Fprintln(os.Stderr, note)
+		}
+		if c.run && c.explicit["max-data-mb"] && isTokenData(c.data) {
+			fmt.Fprintln(os.Stderr, "note: --max-data-mb bounds text read into memory; a token dataset is memory-mapped, never read whole: it is not used")
+		}
 	}
 	if c.planning() {
 		// The planner compiles the model: with a token dataset, at the

@@ -16,6 +16,7 @@ import (
 	"gcompile/data/sample"
 	"gcompile/data/tokenizer"
 	"gcompile/ir"
+	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
 )
 
@@ -155,6 +156,7 @@ func openTokenData(c *config) (*tokenData, error) {
 			return fail(fmt.Errorf("--data %s: %w", p.Prefix, err))
 		}
 		var maxID int32
+		var cached string
 		if ok {
 			maxID = meta.MaxToken
 			if td.tok != nil && meta.Tokenizer != "" && meta.Tokenizer != td.tok.Fingerprint() {
@@ -164,8 +166,18 @@ func openTokenData(c *config) (*tokenData, error) {
 			if meta.VocabSize > metaVocab {
 				metaVocab, metaFrom = meta.VocabSize, fmt.Sprintf("the vocabulary of %s's tokenizer (%d)", p.Prefix, meta.VocabSize)
 			}
-		} else if maxID, err = cachedMaxToken(ds, p.Prefix, c.dataCacheDir); err != nil {
+		} else if maxID, cached, err = cachedMaxToken(ds, p.Prefix, c.dataCacheDir); err != nil {
 			return fail(fmt.Errorf("--data %s: %w", p.Prefix, err))
+		}
+		if td.tok == nil && metaVocab == 0 && int64(maxID) >= maxDataVocab {
+			// The vocabulary would follow the id: an embedding of that
+			// many rows is gigabytes, built before any check could say why.
+			from := "a scan of its .bin"
+			if cached != "" {
+				from = "the scan cached in " + cached + " (delete it to scan again)"
+			}
+			return fail(fmt.Errorf("--data %s holds token id %d (%s): a vocabulary of that many rows is past any tokenizer's (gcompile takes at most %d without --tokenizer); a stray id or a damaged .bin? give the --tokenizer the data was made with, which checks every id, or prepare the data again",
+				p.Prefix, maxID, from, maxDataVocab))
 		}
 		if td.tok != nil && int(maxID) >= td.tok.VocabSize() {
 			return fail(fmt.Errorf("--data %s holds token id %d, but --tokenizer %s has %d tokens (ids 0..%d): the data was made with another tokenizer: %w",
@@ -174,6 +186,9 @@ func openTokenData(c *config) (*tokenData, error) {
 		if maxID >= td.maxID {
 			td.maxID = maxID
 			td.maxFrom = fmt.Sprintf("the largest id a scan of %s found (%d)", p.Prefix, maxID)
+			if cached != "" {
+				td.maxFrom = fmt.Sprintf("the largest id a scan of %s found (%d), cached in %s: delete it if the .bin changed", p.Prefix, maxID, cached)
+			}
 			if ok {
 				td.maxFrom = fmt.Sprintf("the largest id %s.json records (%d): the .bin changed after the record was written; delete it (the data is then scanned) or prepare the data again", p.Prefix, maxID)
 			}
@@ -332,11 +347,15 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 		p := td.parts[i]
 		ranges := sample.SplitRanges(ds.NumSequences(), split)
 		cache := c.dataCacheDir
+		var shared []string
 		if cache == "" {
+			// Beside the data, or (a read-only dataset) in the user's
+			// cache, reading an index built beside the data first.
 			cache = sample.DefaultCacheDir(p.Prefix)
+			shared = sample.SharedCacheDirs(p.Prefix, cache)
 		}
 		id := ds.Fingerprint()
-		tr, err := sample.NewGPT(ds, sample.Config{Seq: seq, Range: ranges[0], CacheDir: cache, Identity: id, Shuffle: true})
+		tr, err := sample.NewGPT(ds, sample.Config{Seq: seq, Range: ranges[0], CacheDir: cache, ReadDirs: shared, Identity: id, Shuffle: true})
 		if err != nil {
 			return nil, fmt.Errorf("--data %s, training split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[0][0], ranges[0][1], ds.NumSequences(), c.split, err)
 		}
@@ -344,7 +363,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 		td.samplers = append(td.samplers, tr)
 		weights = append(weights, p.Weight)
 		if c.evalBatches >= 0 && len(ranges) > 1 && ranges[1][1] > ranges[1][0] {
-			ev, err := sample.NewGPT(ds, sample.Config{Seq: seq, Range: ranges[1], CacheDir: cache, Identity: id})
+			ev, err := sample.NewGPT(ds, sample.Config{Seq: seq, Range: ranges[1], CacheDir: cache, ReadDirs: shared, Identity: id})
 			if err != nil {
 				return nil, fmt.Errorf("--data %s, held-out split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[1][0], ranges[1][1], ds.NumSequences(), c.split, err)
 			}
@@ -441,30 +460,38 @@ func vocabFix(c *config, td *tokenData) string {
 	return fmt.Sprintf("leave vocab out of --set (it then follows %s, padded to %d)", td.where, paddedVocab(td.need, c.vocabDivisible, c.TP))
 }
 
+// maxDataVocab bounds a vocabulary taken from a dataset's largest id
+// alone (no tokenizer or metadata gives it): 2^24 rows, far past any
+// published tokenizer's (Gemma's 256k).
+const maxDataVocab = 1 << 24
+
 // cachedMaxToken is a dataset's largest id: one scan of its .bin the first
 // time (a dataset gcompile did not prepare has no metadata saying it),
-// remembered in the index cache under the dataset's fingerprint.
-func cachedMaxToken(ds *indexed.Dataset, prefix, cacheDir string) (int32, error) {
+// remembered in the index cache under the dataset's fingerprint. cached
+// names the cache file the id was read from ("" when scanned). The file
+// is written with the umask's mode, as the sample index is, so the other
+// users of a shared dataset read it rather than scan again.
+func cachedMaxToken(ds *indexed.Dataset, prefix, cacheDir string) (id int32, cached string, err error) {
+	var shared []string
 	if cacheDir == "" {
 		cacheDir = sample.DefaultCacheDir(prefix)
+		shared = sample.SharedCacheDirs(prefix, cacheDir)
 	}
-	file := filepath.Join(cacheDir, "maxtoken-"+ds.Fingerprint())
-	// A regular file only: a pipe there would hang the read. Anything
-	// else is replaced by the rename below.
-	if fi, err := os.Stat(file); err == nil && fi.Mode().IsRegular() {
-		if b, err := os.ReadFile(file); err == nil {
-			if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 32); err == nil && n >= 0 {
-				return int32(n), nil
-			}
+	// A scan done beside a read-only dataset serves every user.
+	for _, dir := range append(shared, cacheDir) {
+		file := filepath.Join(dir, "maxtoken-"+ds.Fingerprint())
+		if n, ok := readMaxToken(file); ok {
+			return n, file, nil
 		}
 	}
+	file := filepath.Join(cacheDir, "maxtoken-"+ds.Fingerprint())
 	n, err := ds.MaxToken()
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	// A cache that cannot be written costs a scan next time, nothing more.
 	if os.MkdirAll(cacheDir, 0o755) == nil {
-		tmp, err := os.CreateTemp(cacheDir, ".maxtoken-*")
+		tmp, err := runtime.CreateTemp(cacheDir, ".maxtoken-*")
 		if err == nil {
 			_, werr := fmt.Fprintf(tmp, "%d\n", n)
 			if cerr := tmp.Close(); werr == nil && cerr == nil {
@@ -474,7 +501,25 @@ func cachedMaxToken(ds *indexed.Dataset, prefix, cacheDir string) (int32, error)
 			}
 		}
 	}
-	return n, nil
+	return n, "", nil
+}
+
+// readMaxToken reads a cached largest id. A regular file only: a pipe
+// there would hang the read (anything else is replaced when the scan is
+// cached again).
+func readMaxToken(file string) (int32, bool) {
+	if fi, err := os.Stat(file); err != nil || !fi.Mode().IsRegular() {
+		return 0, false
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 32)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return int32(n), true
 }
 
 // vocabMaskPrefix starts the name of the constant nn.CrossEntropy adds to

@@ -690,7 +690,7 @@ func TestMaxTokenCacheThatIsAPipeIsReplaced(t *testing.T) {
 	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
 	var n int32
 	require.NoError(t, fifotest.OpenWithin(t, fifo, func() (err error) {
-		n, err = cachedMaxToken(ds, prefix, cache)
+		n, _, err = cachedMaxToken(ds, prefix, cache)
 		return err
 	}))
 	assert.Equal(t, int32(199), n)
@@ -761,4 +761,36 @@ func TestSummaryNamesARebuiltSampleIndex(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, log, "cached sample index file(s) in "+cache+" were damaged or stale and were built again")
 	assert.Equal(t, first.Steps[0].Loss, again.Steps[0].Loss, "the same batches")
+}
+
+// A dataset whose largest id would make a vocabulary past any tokenizer's
+// (one stray id) is refused before the model is built: the embedding of
+// that many rows was built first, and the run was killed for memory
+// minutes later. The largest id, scanned once, is cached readable by the
+// other users of the data (the umask's mode), who would scan again.
+// --max-data-mb, which bounds text only, is said to be unused.
+func TestStrayTokenIDIsRefusedAndTheScanIsShared(t *testing.T) {
+	dir := t.TempDir()
+	old := syscall.Umask(0o022)
+	t.Cleanup(func() { syscall.Umask(old) })
+	stray := tokenDataset(t, dir, 3, 4, maxDataVocab+1, 16)
+	log, err := captureStderr(t, func() error {
+		return mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=4", "--batch", "2", "--run", "--steps", "1", "--eval-batches", "-1",
+			"--data", stray, "--data-cache-dir", filepath.Join(dir, "cache"), "--max-data-mb", "1"})
+	})
+	require.Error(t, err)
+	assert.Contains(t, log, "note: --max-data-mb bounds text read into memory", "a flag that does nothing here is said to")
+	assert.Contains(t, err.Error(), fmt.Sprintf("holds token id %d (a scan of its .bin)", maxDataVocab))
+	assert.Contains(t, err.Error(), "give the --tokenizer the data was made with")
+
+	ds, err := indexed.Open(stray)
+	require.NoError(t, err)
+	defer ds.Close()
+	fi, err := os.Stat(filepath.Join(dir, "cache", "maxtoken-"+ds.Fingerprint()))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o644), fi.Mode().Perm())
+	err = mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=4", "--batch", "2", "--run", "--steps", "1", "--eval-batches", "-1",
+		"--data", stray, "--data-cache-dir", filepath.Join(dir, "cache")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the scan cached in "+filepath.Join(dir, "cache", "maxtoken-"+ds.Fingerprint()))
 }

@@ -335,3 +335,29 @@ func TestDefaultCacheDir(t *testing.T) {
 	t.Cleanup(func() { _ = os.Chmod(ro, 0o755) })
 	assert.Equal(t, filepath.Join(cache, "gcompile", "index"), DefaultCacheDir(filepath.Join(ro, "corpus")))
 }
+
+// An index built beside a dataset its users cannot write is read from
+// there (Config.ReadDirs, SharedCacheDirs) rather than built again in
+// each user's cache: the same samples, nothing built, nothing written.
+func TestSharedIndexIsReadNotRebuilt(t *testing.T) {
+	root := t.TempDir()
+	prefix := filepath.Join(root, "data", "corpus")
+	beside := filepath.Join(root, "data", "gcompile-index")
+	require.NoError(t, os.MkdirAll(beside, 0o755))
+	lens := lengths(200, 1, 50, 3)
+	cfg := Config{Seq: 8, Range: [2]int{0, 200}, CacheDir: beside, Identity: "shared", Shuffle: true}
+	want, ks, _ := cachedOnce(t, lens, cfg)
+
+	own := filepath.Join(root, "user-cache")
+	assert.Equal(t, []string{beside}, SharedCacheDirs(prefix, own))
+	assert.Empty(t, SharedCacheDirs(prefix, beside), "the folder itself is no other folder")
+	assert.Empty(t, SharedCacheDirs(filepath.Join(root, "elsewhere", "corpus"), own), "none beside that data")
+	cfg.CacheDir, cfg.ReadDirs = own, SharedCacheDirs(prefix, own)
+	g, err := NewGPT(newFake(lens), cfg)
+	require.NoError(t, err)
+	defer g.Close()
+	assert.Equal(t, want, draw(t, g, 8, ks))
+	assert.Equal(t, Stats{Reused: 2, Dir: own}, g.Stats(), "the summary and epoch 8, both read beside the data")
+	_, err = os.Stat(own)
+	assert.True(t, os.IsNotExist(err), "nothing built in the user's cache")
+}

@@ -16,7 +16,7 @@ import (
 // when there is no user cache folder either. Finding out may create and
 // remove a probe file, but never creates the folder itself.
 func DefaultCacheDir(dataPrefix string) string {
-	beside := filepath.Join(filepath.Dir(dataPrefix), "gcompile-index")
+	beside := besideDir(dataPrefix)
 	if writable(beside) {
 		return beside
 	}
@@ -24,6 +24,27 @@ func DefaultCacheDir(dataPrefix string) string {
 		return filepath.Join(dir, "gcompile", "index")
 	}
 	return filepath.Join(os.TempDir(), "gcompile-index")
+}
+
+// besideDir is the index folder beside the data.
+func besideDir(dataPrefix string) string {
+	return filepath.Join(filepath.Dir(dataPrefix), "gcompile-index")
+}
+
+// SharedCacheDirs are the folders whose index files a run on the data at
+// dataPrefix reads before building its own in cacheDir: the one beside
+// the data when it exists and is not cacheDir. Whoever prepared a shared,
+// read-only dataset may have built its index there, which every user
+// then reads rather than build again in their own cache.
+func SharedCacheDirs(dataPrefix, cacheDir string) []string {
+	beside := besideDir(dataPrefix)
+	if filepath.Clean(beside) == filepath.Clean(cacheDir) {
+		return nil
+	}
+	if st, err := os.Stat(beside); err != nil || !st.IsDir() {
+		return nil
+	}
+	return []string{beside}
 }
 
 // writable says whether files can be created in dir, or, when dir does not

@@ -41,6 +41,10 @@ type Config struct {
 	// small data or read-only machines: each process then builds the
 	// epochs it touches, and memory grows with the split.
 	CacheDir string
+	// ReadDirs are folders searched for a matching index file before
+	// CacheDir, never written (SharedCacheDirs: an index built beside a
+	// read-only dataset).
+	ReadDirs []string
 	// Identity fingerprints the dataset, so an index built for other data
 	// is never reused; it must change whenever the documents do. "" makes
 	// NewGPT hash the lengths of the range's documents instead, which
@@ -207,14 +211,23 @@ func (g *GPT) summaryKey() [32]byte {
 func (g *GPT) summary() error {
 	key := g.summaryKey()
 	name := "docs-" + hex.EncodeToString(key[:12]) + ".sum"
-	path := filepath.Join(g.cfg.CacheDir, name)
-	h, _, release, err := openFile(path, func(h header) error {
+	check := func(h header) error {
 		if h.kind != kindSummary || h.key != key || h.docs != uint64(g.docs) ||
 			h.tokens > maxTokens || h.maxLen > h.tokens || h.size != headerSize {
 			return fmt.Errorf("%w: not this range's summary", errStale)
 		}
 		return nil
-	})
+	}
+	for _, dir := range g.cfg.ReadDirs {
+		if h, _, release, err := openFile(filepath.Join(dir, name), check); err == nil {
+			_ = release()
+			g.tokens, g.maxLen = int64(h.tokens), int64(h.maxLen)
+			g.stats.Reused++
+			return nil
+		}
+	}
+	path := filepath.Join(g.cfg.CacheDir, name)
+	h, _, release, err := openFile(path, check)
 	if err == nil {
 		_ = release()
 		g.tokens, g.maxLen = int64(h.tokens), int64(h.maxLen)
@@ -512,15 +525,22 @@ func (g *GPT) fromCache(want header, seed, epoch int64, force bool) (*epochIndex
 		}
 		return nil
 	}
-	open := func() (*epochIndex, error) {
+	openAt := func(path string) (*epochIndex, error) {
 		_, b, release, err := openFile(path, check)
 		if err != nil {
 			return nil, err
 		}
 		return &epochIndex{data: b, release: release, width: g.width, lay: layoutOf(g.docs, g.samples, g.width, want.flags), fromDisk: true}, nil
 	}
+	open := func() (*epochIndex, error) { return openAt(path) }
 	stale := force
 	if !force {
+		for _, dir := range g.cfg.ReadDirs {
+			if x, err := openAt(filepath.Join(dir, name)); err == nil {
+				g.stats.Reused++
+				return x, nil
+			}
+		}
 		x, err := open()
 		if err == nil {
 			g.stats.Reused++
