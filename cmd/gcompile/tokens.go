@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"gcompile/data/sample"
 	"gcompile/data/tokenizer"
 	"gcompile/ir"
+	"gcompile/lower"
 	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
 )
@@ -343,6 +345,8 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 	}
 	var trains, evals []sample.Sampler
 	var weights, evalWeights []float64
+	var trainGPTs []*sample.GPT
+	var caches []string
 	for i, ds := range td.sets {
 		p := td.parts[i]
 		ranges := sample.SplitRanges(ds.NumSequences(), split)
@@ -360,6 +364,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 			return nil, fmt.Errorf("--data %s, training split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[0][0], ranges[0][1], ds.NumSequences(), c.split, err)
 		}
 		trains = append(trains, tr)
+		trainGPTs, caches = append(trainGPTs, tr), append(caches, cache)
 		td.samplers = append(td.samplers, tr)
 		weights = append(weights, p.Weight)
 		if c.evalBatches >= 0 && len(ranges) > 1 && ranges[1][1] > ranges[1][0] {
@@ -380,6 +385,9 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 			docs += int64(ds.NumSequences())
 		}
 		return nil, fmt.Errorf("--split %s leaves no held-out documents in --data to evaluate on (its %d documents split by those shares give the held-out part none, documents being split whole): give the held-out part a larger share, or turn evaluation off with --eval-batches -1", c.split, docs)
+	}
+	if err := checkIndexRoom(c, trainGPTs, caches, weights, log); err != nil {
+		return nil, err
 	}
 	var train, eval sample.Sampler = trains[0], nil
 	if len(trains) > 1 {
@@ -406,6 +414,75 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 		}
 	}
 	return sample.New(train, eval, td.describe()).LimitIDs(td.maxID+1, td.maxFrom), nil
+}
+
+// checkIndexRoom checks, before training, that the index folders have
+// room for the epoch indexes the run will build (each is built the first
+// time a step reaches its epoch, so a full disk otherwise shows then,
+// perhaps hours in). A folder without room for the first one the run
+// needs is refused, unless resuming (whose seed, and so whose files, the
+// checkpoint decides); one without room for them all is warned about.
+// Each dataset of a blend draws its weight's share of the run's samples.
+func checkIndexRoom(c *config, gpts []*sample.GPT, caches []string, weights []float64, log func(string, ...any)) error {
+	if c.steps < 1 || c.Batch < 1 {
+		return nil
+	}
+	var sum float64
+	for _, w := range weights {
+		sum += w
+	}
+	type room struct{ next, total int64 }
+	need := map[string]*room{}
+	var dirs []string
+	for i, g := range gpts {
+		spe := g.SamplesPerEpoch()
+		if spe <= 0 || sum <= 0 {
+			continue
+		}
+		samples := int64(math.Ceil(weights[i]/sum*float64(c.steps)*float64(c.Batch))) + 1
+		next, total := g.MissingIndexBytes(c.seed, 0, (samples-1)/spe)
+		if total == 0 {
+			continue
+		}
+		r := need[caches[i]]
+		if r == nil {
+			r = &room{}
+			need[caches[i]] = r
+			dirs = append(dirs, caches[i])
+		}
+		r.next, r.total = max(r.next, next), r.total+total
+	}
+	for _, dir := range dirs {
+		r := need[dir]
+		free, ok := freeSpace(nearestDir(dir))
+		if !ok {
+			continue
+		}
+		if free < r.next && c.resume == "" {
+			return fmt.Errorf("the sample index folder %s has %s free, and the first epoch index this run builds takes %s: the run would stop at its first step; free some space or give --data-cache-dir another folder",
+				dir, lower.HumanBytes(free), lower.HumanBytes(r.next))
+		}
+		if free < r.total {
+			log("warning: the sample index folder %s has %s free; the %s of epoch indexes this run builds (one as a step first reaches each epoch) will not fit: give --data-cache-dir a larger folder\n",
+				dir, lower.HumanBytes(free), lower.HumanBytes(r.total))
+		}
+	}
+	return nil
+}
+
+// nearestDir is dir, or the nearest folder above it that exists (an
+// index folder is made when its first file is written).
+func nearestDir(dir string) string {
+	for {
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			return dir
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			return dir
+		}
+		dir = up
+	}
 }
 
 // describe names the data for the log and the metrics.

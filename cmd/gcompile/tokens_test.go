@@ -794,3 +794,32 @@ func TestStrayTokenIDIsRefusedAndTheScanIsShared(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the scan cached in "+filepath.Join(dir, "cache", "maxtoken-"+ds.Fingerprint()))
 }
+
+// A sample index folder without room for the first epoch index the run
+// builds is refused before training (it failed at step 1, after the
+// compile; a later epoch's, hours in); without room for every epoch the
+// run reaches it is warned about.
+func TestIndexFolderWithoutRoomIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 40, 20, 200, 17)
+	args := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "60", "--eval-batches", "-1",
+		"--data", prefix, "--data-cache-dir", filepath.Join(dir, "cache")}
+	t.Cleanup(func() { freeSpace = freeBytes })
+	freeSpace = func(string) (int64, bool) { return 10, true }
+	err := mainErr(args)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "has 10 B free, and the first epoch index this run builds takes")
+	built, _ := filepath.Glob(filepath.Join(dir, "cache", "gpt-*.idx"))
+	assert.Empty(t, built, "no epoch index built")
+
+	// Room for one epoch's index, not for the several 60 steps of 4
+	// samples cross (the split holds about 40·10/16 samples an epoch).
+	freeSpace = func(string) (int64, bool) { return 2000, true }
+	log, err := captureStderr(t, func() error { return mainErr(append(slices.Clone(args), "--steps", "2")) })
+	require.NoError(t, err)
+	assert.NotContains(t, log, "sample index folder", "two steps stay in the first epoch")
+	log, err = captureStderr(t, func() error { return mainErr(args) })
+	require.NoError(t, err)
+	assert.Contains(t, log, "warning: the sample index folder")
+	assert.Contains(t, log, "will not fit")
+}

@@ -517,7 +517,7 @@ func (g *GPT) buildMemory(h header, seed, epoch int64) (*epochIndex, error) {
 // or does not match, header or body checksum (or when force says the
 // mapped one proved corrupt).
 func (g *GPT) fromCache(want header, seed, epoch int64, force bool) (*epochIndex, error) {
-	name := fmt.Sprintf("gpt-e%d-%s.idx", epoch, hex.EncodeToString(want.key[:12]))
+	name := epochFile(epoch, want.key)
 	path := filepath.Join(g.cfg.CacheDir, name)
 	check := func(h header) error {
 		if h != want {
@@ -572,4 +572,39 @@ func (g *GPT) fromCache(want header, seed, epoch int64, force bool) (*epochIndex
 	// changed, and building again would not help.
 	x.fromDisk = false
 	return x, nil
+}
+
+// MissingIndexBytes is what building the indexes of epochs first…last
+// for seed would write to CacheDir, each epoch's (its size is known
+// before it is built) whose file is in neither CacheDir nor ReadDirs yet;
+// 0 without a CacheDir. A run checks it against the folder's free space
+// before training, where a full disk would otherwise show at the first
+// step of an epoch, hours in.
+func (g *GPT) MissingIndexBytes(seed, first, last int64) (next, total int64) {
+	if g == nil || g.cfg.CacheDir == "" {
+		return 0, 0
+	}
+	for epoch := first; epoch <= last; epoch++ {
+		h := g.epochHeader(seed, epoch)
+		name := epochFile(epoch, h.key)
+		found := false
+		for _, dir := range append(append([]string(nil), g.cfg.ReadDirs...), g.cfg.CacheDir) {
+			if fi, err := os.Stat(filepath.Join(dir, name)); err == nil && fi.Mode().IsRegular() && fi.Size() == int64(h.size) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			if total == 0 {
+				next = int64(h.size)
+			}
+			total += int64(h.size)
+		}
+	}
+	return next, total
+}
+
+// epochFile names an epoch's index file by its key.
+func epochFile(epoch int64, key [32]byte) string {
+	return fmt.Sprintf("gpt-e%d-%s.idx", epoch, hex.EncodeToString(key[:12]))
 }
