@@ -629,7 +629,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// lowp's casts and widenings of the stash, ten kernels each way like
 	// the elementwise ops.
 	var castF, castB float64
-	if contains(p.Compress, "lowp") && eb == 4 {
+	if strings.Contains(p.Compress, "lowp") && eb == 4 {
 		castF = h.memKernels(10, 1.5*stashed())
 		castB = castF
 	}
@@ -893,7 +893,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// overlaps apart hid both behind the same compute, so that faster
 	// compute made a longer step.
 	var host, ahead float64
-	if contains(p.Offload, "params") && p.OffloadPrefetch > 0 {
+	if strings.Contains(p.Offload, "params") && p.OffloadPrefetch > 0 {
 		// The forward's and the backward's copies; the update's
 		// write-back still waits.
 		ahead = 2 * 4 * stageParams
@@ -976,10 +976,10 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		tail += h.memTime(4 * stageParams)
 	}
 	if p.Offload != "" && p.Offload != "none" {
-		if contains(p.Offload, "optimizer") {
+		if strings.Contains(p.Offload, "optimizer") {
 			host += 2 * 4 * p.states() * optParams
 		}
-		if contains(p.Offload, "params") {
+		if strings.Contains(p.Offload, "params") {
 			host += 3 * 4 * stageParams
 		}
 		bw := h.HostGBps * 1e9
@@ -1018,10 +1018,10 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		if p.Zero == 3 {
 			params /= float64(p.DP)
 		}
-		if contains(p.Offload, "optimizer") {
+		if strings.Contains(p.Offload, "optimizer") {
 			state = 0
 		}
-		if contains(p.Offload, "params") {
+		if strings.Contains(p.Offload, "params") {
 			params = 0
 		}
 		return params, state
@@ -1056,7 +1056,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	}
 	act := stashed()
 	logits := eb * tokens * V / tp * 2
-	if contains(p.Compress, "lowp") && eb == 4 {
+	if strings.Contains(p.Compress, "lowp") && eb == 4 {
 		act, logits = act/2, logits/2
 	}
 	actBytes := act*perChunk*float64(v)*inflight + logits
@@ -1118,15 +1118,22 @@ func (t Transformer) check() error {
 // layers, sqrt for ⌈√layers⌉) is full with K; the others are themselves,
 // with 0.
 func (p Plan) recomputeSegments(layers int) (string, int) {
-	k, ok := strings.CutPrefix(p.Recompute, "every=")
-	if !ok {
-		return p.Recompute, 0
+	rc, k, _ := p.segments(layers)
+	return rc, k
+}
+
+// segments parses every=K: ok is false for a K that is neither a positive
+// number nor sqrt.
+func (p Plan) segments(layers int) (rc string, k int, ok bool) {
+	arg, every := strings.CutPrefix(p.Recompute, "every=")
+	if !every {
+		return p.Recompute, 0, true
 	}
-	if k == "sqrt" {
-		return "full", max(1, int(math.Ceil(math.Sqrt(float64(layers)))))
+	if arg == "sqrt" {
+		return "full", max(1, int(math.Ceil(math.Sqrt(float64(layers))))), true
 	}
-	n, _ := strconv.Atoi(k) // checked
-	return "full", n
+	n, err := strconv.Atoi(arg)
+	return "full", n, err == nil && n >= 1
 }
 
 // maxScheduleActions bounds the pipeline the simulator builds (pp · vpp ·
@@ -1147,10 +1154,10 @@ func (p Plan) check(t Transformer, simulate bool) error {
 	if p.Zero < 0 || p.Zero > 3 {
 		return fmt.Errorf("plan %s: zero stage %d, want 0 to 3", p, p.Zero)
 	}
-	switch k, every := strings.CutPrefix(p.Recompute, "every="); {
-	case every:
-		if n, err := strconv.Atoi(k); k != "sqrt" && (err != nil || n < 1) {
-			return fmt.Errorf("plan %s: recompute every=%s, want a positive number of layers or sqrt", p, k)
+	switch _, _, ok := p.segments(t.Layers); {
+	case strings.HasPrefix(p.Recompute, "every="):
+		if !ok {
+			return fmt.Errorf("plan %s: recompute %s, want a positive number of layers or sqrt", p, p.Recompute)
 		}
 	case p.Recompute == "", p.Recompute == "none", p.Recompute == "full", p.Recompute == "selective":
 	default:
@@ -1212,15 +1219,6 @@ func (p Plan) check(t Transformer, simulate bool) error {
 		}
 	}
 	return nil
-}
-
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
-		}
-	}
-	return false
 }
 
 // axisLink is the slowest link of any group of a mesh axis whose groups

@@ -454,7 +454,7 @@ func checkIndexRoom(c *config, gpts []*sample.GPT, caches []string, weights []fl
 	}
 	for _, dir := range dirs {
 		r := need[dir]
-		free, ok := freeSpace(nearestDir(dir))
+		free, ok := freeSpace(dir) // the nearest folder that exists: an index folder is made with its first file
 		if !ok {
 			continue
 		}
@@ -468,21 +468,6 @@ func checkIndexRoom(c *config, gpts []*sample.GPT, caches []string, weights []fl
 		}
 	}
 	return nil
-}
-
-// nearestDir is dir, or the nearest folder above it that exists (an
-// index folder is made when its first file is written).
-func nearestDir(dir string) string {
-	for {
-		if st, err := os.Stat(dir); err == nil && st.IsDir() {
-			return dir
-		}
-		up := filepath.Dir(dir)
-		if up == dir {
-			return dir
-		}
-		dir = up
-	}
 }
 
 // describe names the data for the log and the metrics.

@@ -584,11 +584,12 @@ func (g *GPT) MissingIndexBytes(seed, first, last int64) (next, total int64) {
 	if g == nil || g.cfg.CacheDir == "" {
 		return 0, 0
 	}
+	dirs := append(append([]string(nil), g.cfg.ReadDirs...), g.cfg.CacheDir)
 	for epoch := first; epoch <= last; epoch++ {
 		h := g.epochHeader(seed, epoch)
 		name := epochFile(epoch, h.key)
 		found := false
-		for _, dir := range append(append([]string(nil), g.cfg.ReadDirs...), g.cfg.CacheDir) {
+		for _, dir := range dirs {
 			if fi, err := os.Stat(filepath.Join(dir, name)); err == nil && fi.Mode().IsRegular() && fi.Size() == int64(h.size) {
 				found = true
 				break
