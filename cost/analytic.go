@@ -904,7 +904,8 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// backends issue reductions in program order on the compute stream).
 	var tail float64
 	if data > 1 || cp > 1 {
-		// Gradients reduced in fp32 after unscaling, over dp; under expert
+		// Gradients reduced in fp32 (a 16-bit gradient's fp32 copy, before
+		// the unscaling), over dp; under expert
 		// parallelism the shared ones first over ep (as the shard pass
 		// places them: partial over both axes, reduced one axis at a time),
 		// the experts' over dp only.

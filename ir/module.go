@@ -275,6 +275,41 @@ func (m *Module) DropDead() {
 	m.Values = kept
 }
 
+// Hoist moves each of vs to just after the last of its arguments, keeping
+// the order of every other value (Values is in dependency order, and so
+// the program order the lowering follows): a value computed as soon as it
+// can be frees what it replaces sooner. vs must list a value after those
+// of its arguments it also lists; values hoisted behind the same value
+// keep the order of vs.
+func (m *Module) Hoist(vs ...*Value) {
+	moving := make(map[*Value]bool, len(vs))
+	for _, v := range vs {
+		moving[v] = true
+	}
+	rest := make([]*Value, 0, len(m.Values))
+	at := map[*Value]int{} // index in rest of the value each moved one follows
+	for _, v := range m.Values {
+		if !moving[v] {
+			at[v] = len(rest)
+			rest = append(rest, v)
+		}
+	}
+	after := map[int][]*Value{}
+	for _, v := range vs {
+		anchor := -1
+		for _, a := range v.Args {
+			anchor = max(anchor, at[a])
+		}
+		at[v] = anchor
+		after[anchor] = append(after[anchor], v)
+	}
+	m.Values = append(m.Values[:0], after[-1]...)
+	for i, v := range rest {
+		m.Values = append(m.Values, v)
+		m.Values = append(m.Values, after[i]...)
+	}
+}
+
 // MarkPass records that a pass has run.
 func (m *Module) MarkPass(name string) { m.Passes = append(m.Passes, name) }
 

@@ -18,6 +18,7 @@ func TestOpFacts(t *testing.T) {
 		noGrad    []int // arguments no gradient flows to
 		update    ir.UpdateRole
 		inPlace   bool
+		overArg   int // the argument an in-place result overwrites
 		precision ir.PrecisionClass
 	}{
 		{op: "matmul"},
@@ -34,7 +35,7 @@ func TestOpFacts(t *testing.T) {
 		{op: "sm3_row", grad: ir.GradNotImplemented, update: ir.UpdateFromGrad, inPlace: true},
 		{op: "adamw", grad: ir.GradNotImplemented, update: ir.UpdateFromState, inPlace: true},
 		{op: "sgd", grad: ir.GradNotImplemented, update: ir.UpdateFromState, inPlace: true},
-		{op: "where_finite", grad: ir.GradNotImplemented, noGrad: []int{0}},
+		{op: "where_finite", grad: ir.GradNotImplemented, noGrad: []int{0}, inPlace: true, overArg: 2},
 	}
 	for _, c := range cases {
 		t.Run(c.op, func(t *testing.T) {
@@ -43,6 +44,7 @@ func TestOpFacts(t *testing.T) {
 			assert.Equal(t, c.grad, info.Grad, "grad")
 			assert.Equal(t, c.update, info.Update, "update role")
 			assert.Equal(t, c.inPlace, info.InPlace, "in place")
+			assert.Equal(t, c.overArg, info.InPlaceArg, "in-place argument")
 			assert.Equal(t, c.precision, info.Precision, "precision class")
 			for i := range 3 {
 				want := true

@@ -67,10 +67,12 @@ type OpInfo struct {
 	NoGradArgs []int
 	// Update is the op's part in the optimizer step.
 	Update UpdateRole
-	// InPlace ops may write their result over their first argument: their
-	// kernels read each element before writing it. The lowering does so
-	// when the op computes a state's update and is the state's last reader.
-	InPlace bool
+	// InPlace ops may write their result over their argument InPlaceArg
+	// (the first unless set): their kernels read each element before
+	// writing it. The lowering does so when the op computes a state's
+	// update and is the state's last reader.
+	InPlace    bool
+	InPlaceArg int
 	// Precision is the op's class under mixed precision.
 	Precision PrecisionClass
 	// F32Args lists the arguments that stay fp32 (float64 in a float64
@@ -193,6 +195,9 @@ func checkOpInfo(o *OpInfo) error {
 		if i < 0 || o.Arity != Variadic && i >= o.Arity {
 			return fail("fp32 argument %d is out of range for arity %d", i, o.Arity)
 		}
+	}
+	if o.InPlaceArg < 0 || o.InPlaceArg > 0 && (!o.InPlace || o.Arity != Variadic && o.InPlaceArg >= o.Arity) {
+		return fail("in-place argument %d is out of range for arity %d, or the op is not InPlace", o.InPlaceArg, o.Arity)
 	}
 	if o.Update == UpdateFromGrad && o.Arity != Variadic && o.Arity <= UpdateGradArg {
 		return fail("an update from a gradient reads it from argument %d, but the op takes %d", UpdateGradArg, o.Arity)
@@ -348,7 +353,8 @@ func init() {
 	register(&OpInfo{Name: "nonfinite_count", Arity: Variadic, Infer: inferSumSquares, Grad: NoGrad, Cost: perArgs(2),
 		Doc: "number of inf or NaN elements over every arg (mixed precision's overflow check; additive, so it reduces like sum_squares)"})
 	register(&OpInfo{Name: "where_finite", Arity: 3, Infer: inferWhereFinite, Grad: GradNotImplemented, NoGradArgs: []int{0}, Cost: perOut(1),
-		Doc: "args (count, new, old): new where the scalar count is 0, else old (mixed precision skips a step whose gradients overflowed)"})
+		InPlace: true, InPlaceArg: 2,
+		Doc: "args (count, new, old): new where the scalar count is 0, else old (mixed precision skips a step whose gradients overflowed); may write over old"})
 	// √, +1e-6, max_norm/…, min.
 	register(&OpInfo{Name: "clip_coef", Arity: 1, Attrs: []AttrSpec{req("max_norm", AttrFloat)}, Infer: inferScalarFloat(1), Grad: GradNotImplemented, Cost: scalarCost(3 + tr),
 		Doc: "min(1, max_norm/(√sumsq+1e-6)), the global-norm clipping factor"})

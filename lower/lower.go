@@ -494,7 +494,7 @@ func planUpdates(p *Program, m *ir.Module, bufOf map[*ir.Value]int) error {
 	for _, u := range m.Updates {
 		dst, src := bufOf[u.State], bufOf[u.Value]
 		i, computed := producer[src]
-		if computed && inPlace(p.Instrs[i].Op) && p.Instrs[i].Args[0] == dst && lastRead[dst] == i && !isOutput(p, src) {
+		if computed && !isOutput(p, src) && (overwrites(p.Instrs[i], dst) && lastRead[dst] == i || writesOver(p, i, src, dst, lastRead)) {
 			// Point every reader of the new value at the state's buffer.
 			for j := i; j < len(p.Instrs); j++ {
 				for k, a := range p.Instrs[j].Args {
@@ -513,13 +513,31 @@ func planUpdates(p *Program, m *ir.Module, bufOf map[*ir.Value]int) error {
 	return nil
 }
 
-// inPlace reports whether the op table lets op write its result over its
-// first argument (its kernels read each element before writing it); the
-// lowering does so only when that instruction is the argument's last
-// reader.
-func inPlace(op string) bool {
-	info, ok := ir.Lookup(op)
-	return ok && info.InPlace
+// writesOver reports whether instruction i, which computes src, may write
+// its result straight into dst, a state src replaces: no instruction reads
+// dst from i on (i itself included, so no kernel reads what it writes),
+// and both buffers are the same device bytes. The new value then never
+// needs room of its own, as ZeRO's gathered params would (a second copy
+// of every param after the update). Instructions run in program order on
+// a device (the CUDA backend's side streams reduce gradients and copy
+// offloaded buffers, never a state's new value), so a read before i is
+// done before i writes.
+func writesOver(p *Program, i, src, dst int, lastRead map[int]int) bool {
+	r, seen := lastRead[dst]
+	s, d := p.Buffers[src], p.Buffers[dst]
+	return (!seen || r < i) && p.Instrs[i].Out == src && !s.Host && !d.Host && s.Bytes == d.Bytes && s.Type.DType == d.Type.DType
+}
+
+// overwrites reports whether the op table lets in write its result over
+// buffer dst, its in-place argument (its kernels read each element before
+// writing it) and no other; the lowering does so only when in is dst's
+// last reader.
+func overwrites(in Instr, dst int) bool {
+	info, ok := ir.Lookup(in.Op)
+	if !ok || !info.InPlace || in.Args[info.InPlaceArg] != dst {
+		return false
+	}
+	return slices.Index(in.Args, dst) == info.InPlaceArg && !slices.Contains(in.Args[info.InPlaceArg+1:], dst)
 }
 
 func isOutput(p *Program, buf int) bool {

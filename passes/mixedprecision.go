@@ -173,10 +173,16 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 	if len(grads) == 0 {
 		return b.err
 	}
+	// Each gradient's fp32 copy is made as soon as the gradient is, in the
+	// backward, not where the optimizer first reads it: the data-parallel
+	// reduction sits on that copy (passes.shard), and a bucket of them
+	// must be complete before anything reads one.
+	m.Hoist(b.gradCasts...)
 	// Each gradient's unscaling runs on its param's pipeline chunk, so the
 	// gradients are their own owners: every chunk counts its own and only
 	// scalar partials meet on the first param's chunk.
 	ob := &optBuilder{m: m, at: params[0]}
+	first := len(m.Values)
 	count := perStage(ob, "nonfinite_count", grads, grads)
 	if ob.err != nil {
 		return ob.err
@@ -191,6 +197,12 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 		}
 		m.Updates[i].Value = g
 	}
+	// The count runs once the last gradient is unscaled and each gate
+	// right after its update, which it then writes over the state in
+	// place (ir's where_finite): appended after every update, the gates
+	// would keep each param's and state's new value alive at once, as
+	// much again as the params and optimizer state.
+	m.Hoist(slices.Clone(m.Values[first:])...)
 	return b.err
 }
 
@@ -208,6 +220,7 @@ type mpBuilder struct {
 	scaled    map[*ir.Value]bool // values multiplied by the loss scale
 	unscaled  map[*ir.Value]*ir.Value
 	inv       map[[2]int]*ir.Value // 1/loss_scale per (stage, chunk)
+	gradCasts []*ir.Value          // the gradients' fp32 copies unscale made
 	err       error
 }
 
@@ -243,7 +256,11 @@ func (b *mpBuilder) unscale(g, user *ir.Value) *ir.Value {
 	}
 	x := g
 	if x.Type.DType != ir.F32 {
+		made := b.casts[castKey{g, ir.F32}] == nil
 		x = b.cast(g, ir.F32, user)
+		if made {
+			b.gradCasts = append(b.gradCasts, x)
+		}
 	}
 	if !b.scaled[g] || b.err != nil {
 		return x

@@ -173,10 +173,18 @@ func (s *sharder) planGradients() error {
 			}
 			want[s.dp] = d
 		}
+		// The optimizer's own scalings (clipping, and mixed precision's
+		// unscaling) are linear: the gradient is reduced before them, where
+		// the backward made it, so its reduction joins a bucket that
+		// overlaps the rest of the backward rather than waiting for the
+		// optimizer. Under mixed precision that is the fp32 copy of the
+		// 16-bit gradient (or the fp32 sum of the microbatches'), scaled
+		// by the loss scale, as Megatron-LM reduces its fp32 main_grad.
 		g := v.Args[ir.UpdateGradArg]
 		s.prefer[g] = want
-		if g.Op == "scale" {
-			s.prefer[g.Args[0]] = want
+		for g.Op == "scale" && g.Meta.Phase == ir.PhaseOpt {
+			g = g.Args[0]
+			s.prefer[g] = want
 		}
 	}
 	return nil

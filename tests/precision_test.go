@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
 	"gcompile/runtime/cpu"
@@ -233,4 +234,26 @@ func TestMixedPrecisionNeedsItsLossScale(t *testing.T) {
 	_, _, err = runtime.Train(cl, corpus(), runtime.TrainConfig{Steps: 1, Batch: eqBatch, Seq: eqSeq, EvalBatches: -1, Schedule: runtime.Schedule{LR: 1e-3, Steps: 1}}, nil)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "TrainConfig.LossScale must set its scale")
+}
+
+// Under mixed precision the data-parallel reductions of the gradients are
+// bucketed in the backward, as fp32's are, so they can overlap it: each
+// sums a gradient's fp32 copy before the unscaling. Reduced after the
+// unscaling, they ran in the optimizer, one collective per gradient.
+// (Scalars, the norm and the overflow count of ZeRO-2's shards, are
+// summed in the optimizer.)
+func TestMixedPrecisionReductionsAreBucketed(t *testing.T) {
+	for _, p := range []plan{{dp: 2, precision: "fp16"}, {dp: 2, zero: 2, precision: "bf16"}, {dp: 2, micro: 2, precision: "fp16"}} {
+		prog := compilePlan(t, p)
+		n := 0
+		for _, in := range prog.Instrs {
+			if (in.Op == "all_reduce" || in.Op == "reduce_scatter") && in.OutType.Rank() > 0 {
+				n++
+				assert.Positive(t, in.Bucket, "%s %s: %s is not bucketed", p.precision, p, in.Value.Where())
+				assert.Equal(t, ir.PhaseBwd, in.Value.Meta.Phase, "%s %s: %s", p.precision, p, in.Value.Where())
+				assert.Equal(t, ir.F32, in.OutType.DType, "%s %s: %s", p.precision, p, in.Value.Where())
+			}
+		}
+		assert.Positive(t, n, "%s %s: no gradient reduction", p.precision, p)
+	}
 }
