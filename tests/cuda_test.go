@@ -65,6 +65,10 @@ func cudaCases() []cudaCase {
 		// The Llama (RMSNorm, rotary embeddings, SwiGLU, grouped-query
 		// attention's repeated k/v heads) in bf16.
 		{name: "llama_bf16", progs: single(plan{model: "llama", precision: "bf16"}), precision: "bf16", fake: tolerance{1e-4, 0.1}, gpu: tolerance{2e-3, 0.2}},
+		// Mixed precision's gradient buckets (each gradient's fp32 copy,
+		// all-reduced on the comm stream) and its overflow gates written
+		// over the state they guard.
+		{name: "dp2_fp16", progs: single(plan{dp: 2, precision: "fp16"}), precision: "fp16", fake: tolerance{1e-4, 0.1}, gpu: tolerance{2e-3, 0.2}},
 	}
 	if fullMatrix() {
 		cases = append(cases,
@@ -139,8 +143,11 @@ func trainCluster(t *testing.T, cl cluster, progs, evals []*lower.Program, steps
 	require.NoError(t, cl.InitParams(1))
 	cfg := runtime.TrainConfig{Steps: steps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: 1,
 		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	if precision == "bf16" {
+	switch precision {
+	case "bf16":
 		cfg.LossScale = runtime.NewLossScaler(1) // as the CLI runs bf16: no scaling
+	case "fp16":
+		cfg.LossScale = runtime.NewLossScaler(0) // dynamic, from 2^16
 	}
 	_, cfg.RandomKey = progs[0].Sources[ir.InputRandomKey]
 	ms, evalsOut, err := runtime.Train(cl, corpus(), cfg, nil)
