@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -360,4 +362,48 @@ func TestSharedIndexIsReadNotRebuilt(t *testing.T) {
 	assert.Equal(t, Stats{Reused: 2, Dir: own}, g.Stats(), "the summary and epoch 8, both read beside the data")
 	_, err = os.Stat(own)
 	assert.True(t, os.IsNotExist(err), "nothing built in the user's cache")
+}
+
+// Two processes of a job that need the same missing epoch index build it
+// once: the second waits for the first's build (a lock beside the file)
+// and maps the file it wrote, rather than building its own copy at the
+// same time. Two GPTs in one process stand in for them (flock locks each
+// open of the file apart). The lock file is gone afterwards.
+func TestConcurrentBuildersBuildOnce(t *testing.T) {
+	dir := t.TempDir()
+	lens := lengths(3000, 1, 50, 5)
+	cfg := Config{Seq: 8, Range: [2]int{0, 3000}, CacheDir: dir, Identity: "together", Shuffle: true}
+	first, second := newFake(lens), newFake(lens)
+	g1, err := NewGPT(first, cfg)
+	require.NoError(t, err)
+	defer g1.Close()
+	g2, err := NewGPT(second, cfg)
+	require.NoError(t, err)
+	defer g2.Close()
+	// The first builder stops at its first document until the second has
+	// had time to look for the file and queue behind the lock.
+	building := make(chan struct{})
+	var once sync.Once
+	first.pause = func() {
+		once.Do(func() {
+			close(building)
+			time.Sleep(300 * time.Millisecond)
+		})
+	}
+	ks := []int64{0, 7, g1.SamplesPerEpoch() - 1}
+	var want [][]int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		want = draw(t, g1, 4, ks)
+	}()
+	<-building
+	got := draw(t, g2, 4, ks)
+	<-done
+	assert.Equal(t, want, got)
+	assert.Equal(t, Stats{Built: 2, Dir: dir}, g1.Stats(), "the summary and the epoch")
+	assert.Equal(t, Stats{Reused: 2, Dir: dir}, g2.Stats(), "the summary, and the epoch the first built")
+	assert.Len(t, indexFiles(t, dir), 1)
+	locks, _ := filepath.Glob(filepath.Join(dir, ".*.lock"))
+	assert.Empty(t, locks)
 }

@@ -14,6 +14,9 @@ type fakeTokens struct {
 	lenCalls atomic.Int64
 	reads    atomic.Int64
 	failDoc  int // Read of this document fails; -1 for none
+	// pause, when set, runs at every SequenceLen: a test holds a build
+	// there.
+	pause func()
 
 	mu     sync.Mutex
 	record bool
@@ -30,6 +33,9 @@ func (f *fakeTokens) NumSequences() int { return len(f.lens) }
 
 func (f *fakeTokens) SequenceLen(i int) int {
 	f.lenCalls.Add(1)
+	if f.pause != nil {
+		f.pause()
+	}
 	if i < 0 || i >= len(f.lens) {
 		return -1
 	}

@@ -550,6 +550,15 @@ func (g *GPT) fromCache(want header, seed, epoch int64, force bool) (*epochIndex
 			stale = true
 		}
 	}
+	unlock := buildLock(g.cfg.CacheDir, name)
+	defer unlock()
+	if !force {
+		// Another process may have built it while this one waited.
+		if x, err := open(); err == nil {
+			g.stats.Reused++
+			return x, nil
+		}
+	}
 	if err := writeAtomic(g.cfg.CacheDir, name, func(f *os.File) error {
 		head, err := g.build(f, want, seed, epoch)
 		if err != nil {
