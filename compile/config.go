@@ -212,6 +212,10 @@ func (c *Config) Validate() error {
 		bad("--zero %d: want 0, 1, 2 or 3", c.Zero)
 	} else if c.Zero > 0 && c.DP == 1 {
 		bad("--zero %d needs --dp > 1 (ZeRO shards across data-parallel ranks)", c.Zero)
+	} else if c.Zero > 0 && c.Schedule == "2bw" {
+		// The previous weights are optimizer state the forward reads as
+		// weights, which no stage of ZeRO places.
+		bad("--zero %d with --schedule 2bw is not supported: PipeDream-2BW's second copy of the weights is read by the forward whole; use --zero 0, or another schedule", c.Zero)
 	}
 	if c.MicroBatchSize < 0 {
 		bad("--micro-batch-size must be ≥ 1, got %d", c.MicroBatchSize)

@@ -245,8 +245,9 @@ type Plan struct {
 	// hide. gcompile's own runtime does neither: its plans leave it off.
 	OverlapShards bool
 	// GatherBytes is the bytes a param the ZeRO all-gather moves: 0 for
-	// fp32 (gcompile gathers master weights), 2 for a framework that
-	// gathers its bf16 model weights, 1 for fp8 params.
+	// gcompile's (the fp32 params, or under mixed precision their 16-bit
+	// copies made from the shards), 2 for a framework that gathers its
+	// bf16 model weights, 1 for fp8 params.
 	GatherBytes float64
 	// BucketBytes is the gradient bytes of one data-parallel reduction
 	// (--bucket-mb; 0: 25 MiB). Each bucket is its own collective and pays
@@ -915,7 +916,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			bucket = defaultBucketBytes
 		}
 		buckets := math.Max(math.Ceil(g/bucket), 1)
-		gather := 4 * stageParams
+		gather := eb * stageParams
 		if p.GatherBytes > 0 {
 			gather = p.GatherBytes * stageParams
 		}
@@ -1016,7 +1017,10 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		if p.Zero >= 1 {
 			state /= float64(p.DP)
 		}
-		if p.Zero == 3 {
+		// Under mixed precision the params are the fp32 master weights,
+		// which ZeRO splits with the optimizer state from stage 1 on (the
+		// 16-bit copy below is gathered for the step).
+		if p.Zero == 3 || p.Zero >= 1 && eb < 4 {
 			params /= float64(p.DP)
 		}
 		if strings.Contains(p.Offload, "optimizer") {
@@ -1047,7 +1051,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	}
 	lp, ls := persistent(perChunk*float64(v)*low + first)
 	e.MemoryLowerBound = int64(0.98 * (lp + ls))
-	grads := eb * stageParams
+	// Gradients are kept in fp32 whatever the precision: a 16-bit one is
+	// copied to fp32 as the backward makes it, and the copies are reduced
+	// and read by the optimizer (Megatron-LM's main_grad: 18 bytes a
+	// param in bf16, 6 + 12/dp with its distributed optimizer, as here).
+	grads := 4 * stageParams
 	if p.Zero >= 2 {
 		grads /= float64(p.DP)
 	}

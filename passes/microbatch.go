@@ -52,6 +52,32 @@ func microbatch(m *ir.Module, o *Options) error {
 	rescale := map[*ir.Value]*ir.Value{}
 	microMesh := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "micro", Size: n}}}
 	m.Values = sources
+	// Each microbatch's backward starts from dloss/n, the gradient of its
+	// share of the step's loss, as Megatron-LM divides each microbatch's
+	// loss by their number: the gradients are then summed, not averaged.
+	// Under mixed precision the seed is the loss scale, and a microbatch's
+	// 16-bit gradients are its share of the step's, as a data-parallel
+	// replica's are; seeded with the whole scale they were n times the
+	// share, and an fp16 step overflowed that one device took.
+	var share *ir.Value
+	if seed := autodiffSeed(sources); seed != nil {
+		c, err := m.AddSource("const", ir.T(seed.Type.DType), ir.Attrs{"value": 1 / float64(n)}, seed.Meta, seed.Pos)
+		if err != nil {
+			return err
+		}
+		if share, err = m.Add("scale", []*ir.Value{seed, c}, nil, seed.Meta, seed.Pos); err != nil {
+			return err
+		}
+		for _, v := range body {
+			for i, a := range v.Args {
+				if a == seed {
+					v.Args[i] = share
+				}
+			}
+		}
+		seeded[share] = true
+		place[share], slices[share] = place[seed], slices[seed]
+	}
 	// Values that do not depend on the batch are the same for every
 	// microbatch: computed once.
 	for _, v := range body {
@@ -141,7 +167,11 @@ func microbatch(m *ir.Module, o *Options) error {
 	// would overflow n times sooner than one batch's gradient (an fp16
 	// step skipped that one device takes) and bf16 would round each
 	// partial sum to 8 bits.
-	mean := func(vs []*ir.Value, at *ir.Value, phase ir.Phase) (*ir.Value, error) {
+	// Each partial sum is added as soon as its microbatch's value exists
+	// (Hoist below): added after the last microbatch, every microbatch's
+	// gradients were alive at once, n times the gradients' bytes.
+	var sums []*ir.Value
+	total := func(vs []*ir.Value, at *ir.Value, phase ir.Phase, mean bool) (*ir.Value, error) {
 		meta := at.Meta
 		meta.Micro, meta.Phase, meta.Precision = -1, phase, ir.F32
 		acc := vs[0]
@@ -150,6 +180,10 @@ func microbatch(m *ir.Module, o *Options) error {
 			if acc, err = m.Add("add", []*ir.Value{acc, v}, nil, meta, at.Pos); err != nil {
 				return nil, err
 			}
+			sums = append(sums, acc)
+		}
+		if !mean {
+			return acc, nil
 		}
 		c, err := m.AddSource("const", ir.T(at.Type.DType), ir.Attrs{"value": 1 / float64(len(vs))}, meta, at.Pos)
 		if err != nil {
@@ -157,7 +191,7 @@ func microbatch(m *ir.Module, o *Options) error {
 		}
 		return m.Add("scale", []*ir.Value{acc, c}, nil, meta, at.Pos)
 	}
-	l, err := mean(losses, loss, ir.PhaseFwd)
+	l, err := total(losses, loss, ir.PhaseFwd, true)
 	if err != nil {
 		return err
 	}
@@ -165,16 +199,31 @@ func microbatch(m *ir.Module, o *Options) error {
 	for i, out := range m.Outputs {
 		if gs := grads[out.Name]; gs != nil {
 			// The model's own outputs are forward values, averaged like
-			// the loss.
-			phase := ir.PhaseBwd
+			// the loss; gradients are sums of the microbatches' shares.
+			phase, mean := ir.PhaseBwd, share == nil
 			if strings.HasPrefix(out.Name, ir.AuxPrefix) {
-				phase = ir.PhaseFwd
+				phase, mean = ir.PhaseFwd, true
 			}
-			g, err := mean(gs, out.Value, phase)
+			g, err := total(gs, out.Value, phase, mean)
 			if err != nil {
 				return err
 			}
 			m.Outputs[i].Value = g
+		}
+	}
+	m.Hoist(sums...)
+	return nil
+}
+
+// autodiffSeed is autodiff's seed, dloss = 1, the first backward value
+// (a scalar const), or nil.
+func autodiffSeed(values []*ir.Value) *ir.Value {
+	for _, v := range values {
+		if v.Meta.Phase == ir.PhaseBwd {
+			if v.Op == "const" && v.Type.Rank() == 0 && v.Attrs.Float("value", 0) == 1 {
+				return v
+			}
+			return nil
 		}
 	}
 	return nil

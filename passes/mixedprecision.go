@@ -65,16 +65,7 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 			return fmt.Errorf("%s: mixed precision needs fp32 master weights, %q is %v", p.Where(), p.Name(), p.Type)
 		}
 	}
-	// Autodiff's seed is the first backward value: a scalar const 1.
-	var seed *ir.Value
-	for _, v := range m.Values {
-		if v.Meta.Phase == ir.PhaseBwd {
-			if v.Op == "const" && v.Type.Rank() == 0 && v.Attrs.Float("value", 0) == 1 {
-				seed = v
-			}
-			break
-		}
-	}
+	seed := autodiffSeed(m.Values)
 	if seed == nil {
 		return fmt.Errorf("module %q: cannot find autodiff's loss-gradient seed (a bwd const 1 before any other backward value)", m.Name)
 	}

@@ -165,7 +165,7 @@ func sinkSlices(m *ir.Module, o *Options) {
 // an all-reduce whose every use slices it is a reduce-scatter.
 func sinkable(v *ir.Value) bool {
 	switch v.Op {
-	case "broadcast", "all_reduce", "embedding_grad":
+	case "broadcast", "all_reduce", "all_gather", "embedding_grad":
 		return true
 	case "const":
 		return len(v.Args) == 0
@@ -188,6 +188,16 @@ func cuts(s *sharder, v *ir.Value, axis int, split ir.Placement) ([]int, bool) {
 	}
 	switch v.Op {
 	case "const":
+		return cut, true
+	case "all_gather":
+		// A gather over another axis, of another dim, gathers the block
+		// as well from the block of its argument: the 16-bit copy of a
+		// position table ZeRO splits over dp on its width, read in rows
+		// over tp under sequence parallelism.
+		if s.m.Mesh.Axis(v.Attrs.Str("axis")) == axis || v.Attrs.Int("dim", -1) == split.Dim || v.Args[0].Place[axis].Kind != ir.Replicate {
+			return nil, false
+		}
+		cut[0] = split.Dim
 		return cut, true
 	case "embedding_grad":
 		// Whole ids and dy give any rows of the table's gradient: the

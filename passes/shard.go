@@ -57,7 +57,8 @@ func shard(m *ir.Module, o *Options) error {
 	}
 	s := &sharder{m: m, o: o, dp: m.Mesh.DataAxis(), ep: m.Mesh.ExpertAxis(), tp: m.Mesh.WeightAxis(), cp: m.Mesh.SequenceAxis(),
 		params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
-		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}, settle: map[*ir.Value][]ir.Placement{}}
+		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}, keepWhole: map[*ir.Value]bool{},
+		settle: map[*ir.Value][]ir.Placement{}}
 	if err := s.planGradients(); err != nil {
 		return err
 	}
@@ -122,8 +123,11 @@ type sharder struct {
 	// scatter) and to R otherwise (all-reduce).
 	prefer map[*ir.Value][]ir.Placement
 	// gatherable values are stored sharded but used whole: ZeRO-3
-	// parameters, all-gathered before each forward and backward use.
-	gatherable map[*ir.Value]bool
+	// parameters, all-gathered before each forward and backward use, and
+	// under mixed precision and ZeRO the 16-bit copies of the params
+	// (made from the shards, so only 16 bits travel); keepWhole marks
+	// those gathered once a step and kept until the backward is done.
+	gatherable, keepWhole map[*ir.Value]bool
 	// settle holds where a value's users other than attention ops read
 	// it: an all2all attention's head-split result goes back to the
 	// sequence split (contextParallelAttention).
@@ -320,9 +324,9 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 			return place, split("data parallelism")
 		}
 	case "param":
-		if s.o.Zero >= 3 && v.Type.Rank() > 0 {
+		if (s.o.Zero >= 3 || s.splitsMasters()) && v.Type.Rank() > 0 {
 			s.gatherable[v] = true
-			return place, split("ZeRO-3")
+			return place, split(fmt.Sprintf("ZeRO-%d", s.o.Zero))
 		}
 	case "state":
 		// A scalar has nothing to split; it stays whole on every device.
@@ -331,6 +335,18 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 		}
 	}
 	return place, nil
+}
+
+// splitsMasters reports whether the params, mixed precision's fp32
+// master weights, are split over dp with the optimizer state, as ZeRO's
+// stages 1 and 2 split them (Rajbhandari et al.: the fp32 copy is part of
+// the optimizer state). The 16-bit copy the forward and backward compute
+// with is made from each device's shard and gathered once a step: the
+// paper's 2Ψ of 16-bit params beside (2+K)Ψ/N of the rest, where keeping
+// the masters whole held 4Ψ of them on every device, and the gather moves
+// 16 bits a param, not 32.
+func (s *sharder) splitsMasters() bool {
+	return s.o.Zero >= 1 && s.dp >= 0 && (s.o.Precision == "fp16" || s.o.Precision == "bf16")
 }
 
 // tensorSeed reads a param's hint: column-parallel weights [in,out] split
@@ -426,9 +442,14 @@ func (s *sharder) place(v *ir.Value) error {
 			return err
 		}
 	}
-	// ZeRO-3: a sharded parameter is gathered whole before each forward
-	// and backward use; the optimizer works on the shards.
-	if v.Meta.Phase != ir.PhaseOpt {
+	// Under mixed precision a sharded param's 16-bit copy is made on the
+	// shard, and that copy is what is gathered (once a step below ZeRO-3).
+	if v.Op == "cast" && s.gatherable[v.Args[0]] && v.Args[0].Op == "param" && v.Meta.Phase != ir.PhaseOpt && v.Type.DType != ir.F32 {
+		s.gatherable[v] = true
+		s.keepWhole[v] = s.o.Zero < 3
+	} else if v.Meta.Phase != ir.PhaseOpt {
+		// ZeRO-3: a sharded parameter is gathered whole before each
+		// forward and backward use; the optimizer works on the shards.
 		for i, a := range v.Args {
 			if s.gatherable[a] {
 				// Over dp only: the tensor-parallel split is what the op
@@ -609,13 +630,20 @@ func (s *sharder) redistribute(v *ir.Value, want []ir.Placement, user *ir.Value,
 	// once per phase, so a ZeRO-3 parameter is not kept whole from the
 	// forward pass to the backward pass.
 	phase := user.Meta.Phase
-	if reduces(v.Place, want) || onlyMoves(v.Place, want) {
+	if reduces(v.Place, want) || onlyMoves(v.Place, want) || s.keepWhole[v] {
 		// An all_to_all keeps the bytes a device holds (a local slice
 		// only drops some): the moved copy can serve the backward pass
 		// too, in place of its source.
 		phase = ir.PhaseNone
 	}
-	key := fmt.Sprintf("%d %s %v", v.ID, ir.PlacementString(want), phase)
+	micro := -1
+	if s.gatherable[v] && !s.keepWhole[v] {
+		// ZeRO-3 gathers a param for each microbatch's forward and
+		// backward and drops it after (DeepSpeed's stage 3): one gather
+		// a phase kept every layer whole across the step's microbatches.
+		micro = user.Meta.Micro
+	}
+	key := fmt.Sprintf("%d %s %v %d", v.ID, ir.PlacementString(want), phase, micro)
 	if r := s.cache[key]; r != nil {
 		return r
 	}

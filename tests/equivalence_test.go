@@ -344,7 +344,12 @@ func TestDataParallelMatchesOneDevice(t *testing.T) {
 
 // Per-device memory of the fp32 model follows the ZeRO formulas exactly:
 // with Ψ parameters and N = dp, params 4Ψ (stage 3: 4Ψ/N), gradients 4Ψ
-// (stages 2–3: 4Ψ/N), Adam state 8Ψ (stages 1–3: 8Ψ/N).
+// (stages 2–3: 4Ψ/N), Adam state 8Ψ (stages 1–3: 8Ψ/N). In bf16 the
+// params are the fp32 master weights, which ZeRO splits from stage 1 on
+// with the rest of the optimizer state (the 16-bit copies are made from
+// the shards and gathered for the step), and the gradients stay fp32:
+// Megatron-LM's distributed optimizer's 4Ψ + 12Ψ/N beside the 16-bit
+// weights.
 func TestZeROMemoryFormulas(t *testing.T) {
 	var psi int64
 	prog := compilePlan(t, plan{dp: 1})
@@ -354,23 +359,25 @@ func TestZeROMemoryFormulas(t *testing.T) {
 		}
 	}
 	const n = 4
-	for stage := range 4 {
-		t.Run(fmt.Sprintf("zero%d", stage), func(t *testing.T) {
-			params, states, grads := zeroBytes(compilePlan(t, plan{dp: n, zero: stage}))
-			wantParams, wantGrads, wantStates := 4*psi, 4*psi, 8*psi
-			if stage >= 1 {
-				wantStates /= n
-			}
-			if stage >= 2 {
-				wantGrads /= n
-			}
-			if stage >= 3 {
-				wantParams /= n
-			}
-			assert.Equal(t, wantParams, params, "param bytes")
-			assert.Equal(t, wantGrads, grads, "gradient bytes")
-			assert.Equal(t, wantStates, states, "optimizer state bytes")
-		})
+	for _, precision := range []string{"", "bf16"} {
+		for stage := range 4 {
+			t.Run(fmt.Sprintf("zero%d_%s", stage, cmp.Or(precision, "fp32")), func(t *testing.T) {
+				params, states, grads := zeroBytes(compilePlan(t, plan{dp: n, zero: stage, precision: precision}))
+				wantParams, wantGrads, wantStates := 4*psi, 4*psi, 8*psi
+				if stage >= 1 {
+					wantStates /= n
+				}
+				if stage >= 2 {
+					wantGrads /= n
+				}
+				if stage >= 3 || stage >= 1 && precision != "" {
+					wantParams /= n
+				}
+				assert.Equal(t, wantParams, params, "param bytes")
+				assert.Equal(t, wantGrads, grads, "gradient bytes")
+				assert.Equal(t, wantStates, states, "optimizer state bytes")
+			})
+		}
 	}
 }
 
@@ -502,6 +509,42 @@ func TestUpdatesWriteOverTheirState(t *testing.T) {
 			if want, ok := fp32[p.zero]; ok && p.tp == 0 {
 				assert.LessOrEqual(t, prog.ArenaBytes, want+2*psi/int64(p.dp), "%s arena against fp32's %d B", p.precision, want)
 			}
+		})
+	}
+}
+
+// Gradient accumulation holds one set of gradients, not one per
+// microbatch: each microbatch's gradients are added to the sum as soon as
+// they exist, so with 4 microbatches the peak is at most one more set of
+// gradients above one microbatch's (whose activations are larger). Added
+// after the last microbatch, as they were, they held 4 sets (1.7 times
+// the peak). Under ZeRO-3 each microbatch's forward and backward gather
+// the params they use and drop them after, as DeepSpeed's stage 3 does;
+// gathered once a phase, every layer's params stayed whole all step.
+func TestGradientAccumulationHoldsOneSetOfGradients(t *testing.T) {
+	for _, p := range []plan{{dp: 2}, {dp: 2, zero: 3}, {dp: 2, zero: 3, precision: "bf16"}} {
+		t.Run(fmt.Sprintf("%v_%s", p, cmp.Or(p.precision, "fp32")), func(t *testing.T) {
+			one := compilePlan(t, p)
+			p.micro = 4
+			four := compilePlan(t, p)
+			var grads int64 // one device's fp32 gradients, whole
+			for _, b := range one.Buffers {
+				if b.Kind == lower.Param {
+					grads += 4 * b.Global.Shape.NumElements()
+				}
+			}
+			assert.LessOrEqual(t, four.PeakBytes, one.PeakBytes+grads, "4 microbatches' peak against one's %d B", one.PeakBytes)
+			if p.zero == 3 {
+				perMicro := make([]int, 4)
+				for _, in := range four.Instrs {
+					if k := in.Value.Meta.Micro; in.Op == "all_gather" && k >= 0 {
+						perMicro[k]++
+					}
+				}
+				assert.Positive(t, perMicro[0])
+				assert.Equal(t, []int{perMicro[0], perMicro[0], perMicro[0], perMicro[0]}, perMicro, "gathers in each microbatch's forward and backward")
+			}
+			t.Logf("peak %d B with one microbatch, %d B with 4 (gradients %d B)", one.PeakBytes, four.PeakBytes, grads)
 		})
 	}
 }

@@ -201,6 +201,20 @@ func TestMixedPrecisionMicrobatchesTrainLikeOneBatch(t *testing.T) {
 			t.Logf("%s, 4 microbatches against 1: worst loss rel err %.2g", tc.precision, worst)
 		})
 	}
+	// Each microbatch's backward starts from its share of the loss scale:
+	// its 16-bit activation gradients are the whole batch's, its weight
+	// gradients a quarter of them, so it overflows no sooner than one
+	// device (here the weight gradients bind: one device overflows at
+	// 2^17 on every step, 4 microbatches only at 2^19). cmd/gcompile's
+	// TestFP16MicrobatchesTakeTheStepsOneDeviceTakes has a run whose
+	// activation gradients bind.
+	for _, scale := range []float64{1 << 16, 1 << 17, 1 << 18, 1 << 19} {
+		one := trainMP(t, plan{precision: "fp16"}, runtime.NewLossScaler(scale), 3)
+		four := trainMP(t, plan{precision: "fp16", micro: 4}, runtime.NewLossScaler(scale), 3)
+		for i := range one.steps {
+			assert.False(t, four.steps[i].Skipped && !one.steps[i].Skipped, "static scale %g: step %d skipped with 4 microbatches, taken by one device", scale, i+1)
+		}
+	}
 }
 
 // A stop asked for during a held-out evaluation (a signal) ends it
