@@ -452,14 +452,24 @@ func groupBuckets(p *Program) error {
 }
 
 // forwardEnd is one past the last instruction the loss depends on.
+//
+// The model's forward outputs (aux/…: an MoE's lm_loss, which evaluation
+// reports) count too: with microbatches their means may come after the
+// loss's, and an evaluation that stopped at the loss read a buffer never
+// written.
 func forwardEnd(p *Program, m *ir.Module, bufOf map[*ir.Value]int) int {
-	loss := m.Output(ir.OutputLoss)
-	if loss == nil {
+	if m.Output(ir.OutputLoss) == nil {
 		return 0
+	}
+	ends := map[int]bool{}
+	for _, o := range m.Outputs {
+		if o.Name == ir.OutputLoss || strings.HasPrefix(o.Name, ir.AuxPrefix) && o.Value.Meta.Phase == ir.PhaseFwd {
+			ends[bufOf[o.Value]] = true
+		}
 	}
 	end := 0
 	for i, in := range p.Instrs {
-		if in.Out == bufOf[loss] {
+		if ends[in.Out] {
 			end = i + 1
 		}
 	}

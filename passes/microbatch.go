@@ -189,7 +189,9 @@ func microbatch(m *ir.Module, o *Options) error {
 		if err != nil {
 			return nil, err
 		}
-		return m.Add("scale", []*ir.Value{acc, c}, nil, meta, at.Pos)
+		avg, err := m.Add("scale", []*ir.Value{acc, c}, nil, meta, at.Pos)
+		sums = append(sums, avg)
+		return avg, err
 	}
 	l, err := total(losses, loss, ir.PhaseFwd, true)
 	if err != nil {

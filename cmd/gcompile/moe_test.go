@@ -84,3 +84,19 @@ func TestAsyncRefusesARandomModelBeforeCompiling(t *testing.T) {
 	assert.Contains(t, err.Error(), "--dp-sync sync")
 	assert.NotContains(t, log, "compiled ")
 }
+
+// A MoE's held-out loss is its lm_loss, whose mean over microbatches the
+// evaluation must run: with 2 microbatches it ran only up to the loss's
+// mean, came after it, and reported a buffer never written (0.0000 for
+// a loss of 5.2).
+func TestMoEHeldOutLossWithMicrobatches(t *testing.T) {
+	heldOut := func(micro string) float64 {
+		m := runMetrics(t, moeModel, "--set", "layers=2,hidden=32,heads=4,seq=16,experts=4", "--batch", "8", "--max-data-mb", "1",
+			"--microbatches", micro, "--run", "--steps", "2", "--eval-batches", "2")
+		require.NotEmpty(t, m.Eval)
+		return m.Eval[len(m.Eval)-1].Loss
+	}
+	one := heldOut("1")
+	assert.Greater(t, one, 1.0)
+	assert.InEpsilon(t, one, heldOut("2"), 1e-5)
+}
