@@ -142,7 +142,12 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		switch {
 		case micro(v) < 0 || v.Meta.Phase == ir.PhaseOpt:
 			perStep = append(perStep, v)
-		case v.Meta.Phase == ir.PhaseBwd:
+		case v.Meta.Phase == ir.PhaseBwd || v.Meta.Phase == ir.PhaseRecompute:
+			// A replayed forward value runs in its microbatch's backward,
+			// on its chunk (passes.recompute keeps a segment on one
+			// chunk): run after the forward, as it was, it kept every
+			// replayed activation from the forward to the backward and
+			// recompute saved nothing.
 			k := key{'B', v.Meta.Stage, micro(v)}
 			blocks[k] = append(blocks[k], v)
 		default:

@@ -84,10 +84,16 @@ func recompute(m *ir.Module, o *Options) error {
 	default:
 		return fmt.Errorf("--recompute %q: want none, full, selective or every=K", mode)
 	}
+	// A segment never spans pipeline chunks: each chunk replays its own
+	// layers in its own backward. A backward on another chunk (the next
+	// chunk's first layer reading this chunk's output) reads the copy it
+	// received in the forward, which it keeps as the kept input of its
+	// own segment; replayed for it, the value would come from this
+	// chunk's backward, which runs after that one.
 	type seg struct {
-		segment, micro int
+		segment, micro, stage int
 	}
-	// Forward values replayed, by segment and microbatch.
+	// Forward values replayed, by segment, microbatch and chunk.
 	inSeg := map[*ir.Value]seg{}
 	for _, v := range m.Values {
 		if v.Meta.Phase != ir.PhaseFwd {
@@ -97,18 +103,19 @@ func recompute(m *ir.Module, o *Options) error {
 			continue
 		}
 		if s, ok := replay(v); ok {
-			inSeg[v] = seg{s, v.Meta.Micro}
+			inSeg[v] = seg{s, v.Meta.Micro, v.Meta.Stage}
 		}
 	}
 	uses := m.Uses()
-	// The first backward use of each segment is where its replay goes.
+	// The first backward use of each segment on its chunk is where its
+	// replay goes.
 	firstUse := map[seg]*ir.Value{}
 	for _, v := range m.Values {
 		if v.Meta.Phase != ir.PhaseBwd {
 			continue
 		}
 		for _, a := range v.Args {
-			if s, ok := inSeg[a]; ok && firstUse[s] == nil {
+			if s, ok := inSeg[a]; ok && s.stage == v.Meta.Stage && firstUse[s] == nil {
 				firstUse[s] = v
 			}
 		}
@@ -128,9 +135,9 @@ func recompute(m *ir.Module, o *Options) error {
 			}
 		}
 	}
-	for v := range inSeg {
+	for v, s := range inSeg {
 		for _, u := range uses[v] {
-			if u.Meta.Phase == ir.PhaseBwd {
+			if u.Meta.Phase == ir.PhaseBwd && u.Meta.Stage == s.stage {
 				need(v)
 			}
 		}
@@ -161,7 +168,16 @@ func recompute(m *ir.Module, o *Options) error {
 		replayed[v] = r
 		before[at] = append(before[at], r)
 	}
-	redirectBackward(m.Values, replayed)
+	for _, v := range m.Values {
+		if v.Meta.Phase != ir.PhaseBwd {
+			continue
+		}
+		for i, a := range v.Args {
+			if r := replayed[a]; r != nil && a.Meta.Stage == v.Meta.Stage {
+				v.Args[i] = r
+			}
+		}
+	}
 	m.Values = splice(m.Values, before, nil)
 	return nil
 }

@@ -114,3 +114,36 @@ func TestPeakDoesNotGrowWithDataParallelism(t *testing.T) {
 		}
 	}
 }
+
+// Activation recompute saves memory on every pipeline rank: each
+// microbatch's layers are replayed in its backward on their own chunk,
+// so between a microbatch's forward and backward a rank keeps only its
+// layers' inputs. The replay ran right after the forward, as it did,
+// keeping every activation as without recompute (and an every=K segment
+// or the first layer of a chunk read across chunks would deadlock the
+// interleaved schedule). Stage 0 of 1F1B holds p microbatches in flight.
+func TestRecomputeSavesMemoryUnderPipelines(t *testing.T) {
+	const set = "layers=8,hidden=64,heads=4,seq=64"
+	for _, c := range []compile.Config{
+		{Devices: 4, PP: 4, Microbatches: 4, Schedule: "1f1b"},
+		{Devices: 4, PP: 4, Microbatches: 8, Schedule: "gpipe"},
+		{Devices: 2, PP: 2, VPP: 2, Microbatches: 4, Schedule: "interleaved"},
+		{Devices: 4, PP: 2, DP: 2, Microbatches: 4, Schedule: "1f1b"},
+	} {
+		for _, rc := range []string{"full", "every=3"} {
+			t.Run(fmt.Sprintf("%s_pp%d_vpp%d_dp%d_m%d_%s", c.Schedule, c.PP, max(c.VPP, 1), max(c.DP, 1), c.Microbatches, rc), func(t *testing.T) {
+				none := compileExample(t, "gpt", set, 32, c)
+				with := c
+				with.Recompute = rc
+				got := compileExample(t, "gpt", set, 32, with)
+				for r := range none.Programs {
+					a, b := none.Programs[r].PeakBytes, got.Programs[r].PeakBytes
+					assert.Less(t, b, a, "rank %d: peak %d B against %d B without recompute", r, b, a)
+					if r == 0 && rc == "full" {
+						assert.Less(t, 2*b, a, "rank 0, with the most microbatches in flight: peak %d B against %d B without recompute", b, a)
+					}
+				}
+			})
+		}
+	}
+}
