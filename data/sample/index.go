@@ -313,7 +313,11 @@ func buildLock(dir, name string) (unlock func()) {
 	path := filepath.Join(dir, "."+name+".lock")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return func() {}
+		// Another user's lock in a shared folder: flock needs only a
+		// descriptor, which reading gives.
+		if f, err = os.Open(path); err != nil {
+			return func() {}
+		}
 	}
 	if err := lockExclusive(f); err != nil {
 		_ = f.Close()
