@@ -2,6 +2,7 @@ package passes
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"gcompile/ir"
@@ -44,12 +45,14 @@ func microbatch(m *ir.Module, o *Options) error {
 			return fmt.Errorf("%s: microbatching runs before the optimizer; found a %v value", v.Where(), v.Meta.Phase)
 		}
 	}
-	place, slices, err := microPlacements(m, sources, body, n)
+	place, batchDim, err := microPlacements(m, sources, body, n)
 	if err != nil {
 		return err
 	}
 	seeded := seededByLoss(m.Values)
 	rescale := map[*ir.Value]*ir.Value{}
+	narrow := map[narrowKey]*ir.Value{}
+	replaced := map[*ir.Value]bool{}
 	microMesh := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "micro", Size: n}}}
 	m.Values = sources
 	// Each microbatch's backward starts from dloss/n, the gradient of its
@@ -76,7 +79,7 @@ func microbatch(m *ir.Module, o *Options) error {
 			}
 		}
 		seeded[share] = true
-		place[share], slices[share] = place[seed], slices[seed]
+		place[share], batchDim[share] = place[seed], batchDim[seed]
 	}
 	// Values that do not depend on the batch are the same for every
 	// microbatch: computed once.
@@ -110,11 +113,23 @@ func microbatch(m *ir.Module, o *Options) error {
 				switch {
 				case copyOf[a] != nil:
 					args[i] = copyOf[a]
-				case slices[a] >= 0 && place[a].Kind == ir.Replicate && !place[v].Equal(ir.Placement{}):
+				case batchDim[a] >= 0 && place[a].Kind == ir.Replicate && !place[v].Equal(ir.Placement{}) && narrowable(a, batchDim[a]):
+					// A broadcast along the batch, used with per-microbatch
+					// values: the same broadcast to one microbatch's rows,
+					// made for each microbatch, so it lives only around
+					// that microbatch's uses. Made for the whole batch and
+					// sliced, it held the whole batch's bytes across every
+					// microbatch (a bias broadcast [batch, seq, 4h] a
+					// layer: m times the activations it stands beside).
+					if args[i], err = narrowed(m, narrow, rescale, a, batchDim[a], n, seeded[a], meta); err != nil {
+						return err
+					}
+					replaced[a] = true
+				case batchDim[a] >= 0 && place[a].Kind == ir.Replicate && !place[v].Equal(ir.Placement{}):
 					// A whole value, the same along the batch (a
 					// broadcast), used with per-microbatch ones: this
 					// microbatch's block of it.
-					d := slices[a]
+					d := batchDim[a]
 					b := a.Type.Shape[d] / n
 					if seeded[a] {
 						// A gradient of the whole batch's mean (a
@@ -167,6 +182,12 @@ func microbatch(m *ir.Module, o *Options) error {
 	// would overflow n times sooner than one batch's gradient (an fp16
 	// step skipped that one device takes) and bf16 would round each
 	// partial sum to 8 bits.
+	// The whole-batch broadcasts narrowed for the microbatches are left
+	// with no reader.
+	if len(narrow) > 0 {
+		uses := m.Uses()
+		m.Values = slices.DeleteFunc(m.Values, func(v *ir.Value) bool { return replaced[v] && len(uses[v]) == 0 })
+	}
 	// Each partial sum is added as soon as its microbatch's value exists
 	// (Hoist below): added after the last microbatch, every microbatch's
 	// gradients were alive at once, n times the gradients' bytes.
@@ -229,6 +250,46 @@ func autodiffSeed(values []*ir.Value) *ir.Value {
 		}
 	}
 	return nil
+}
+
+// narrowable reports whether a is a broadcast whose operand does not vary
+// along dim d (absent there, or 1): the same broadcast to fewer rows is
+// the block of it a microbatch reads.
+func narrowable(a *ir.Value, d int) bool {
+	if a.Op != "broadcast" {
+		return false
+	}
+	x := a.Args[0]
+	od := d - (a.Type.Rank() - x.Type.Rank())
+	return od < 0 || x.Type.Shape[od] == 1
+}
+
+type narrowKey struct {
+	v     *ir.Value
+	micro int
+}
+
+// narrowed is broadcast a made for one microbatch's rows of dim d (n
+// microbatches), once for the microbatch of meta; seeded (a gradient of
+// the whole batch's mean reaching a microbatch's rows) scales its operand
+// by n first, as rescaled does the whole value.
+func narrowed(m *ir.Module, done map[narrowKey]*ir.Value, rescale map[*ir.Value]*ir.Value, a *ir.Value, d, n int, seeded bool, meta ir.Meta) (*ir.Value, error) {
+	key := narrowKey{a, meta.Micro}
+	if r := done[key]; r != nil {
+		return r, nil
+	}
+	x := a.Args[0]
+	if seeded {
+		var err error
+		if x, err = rescaled(m, rescale, x, n); err != nil {
+			return nil, err
+		}
+	}
+	shape := slices.Clone(a.Type.Shape)
+	shape[d] /= n
+	r, err := m.Add("broadcast", []*ir.Value{x}, ir.Attrs{"shape": []int(shape)}, meta, a.Pos)
+	done[key] = r
+	return r, err
 }
 
 // rescaled is a times n, made once (shared by the microbatches).
