@@ -244,6 +244,11 @@ type Plan struct {
 	// and --overlap-param-gather), so a step pays only what each cannot
 	// hide. gcompile's own runtime does neither: its plans leave it off.
 	OverlapShards bool
+	// ReduceOnce: under ZeRO-2/3 the framework sums the microbatches'
+	// gradients whole and reduce-scatters them once a step (Megatron-LM's
+	// distributed optimizer, FSDP's no_sync), where gcompile, as DeepSpeed,
+	// reduce-scatters each microbatch's.
+	ReduceOnce bool
 	// GatherBytes is the bytes a param the ZeRO all-gather moves: 0 for
 	// gcompile's (the fp32 params, or under mixed precision their 16-bit
 	// copies made from the shards), 2 for a framework that gathers its
@@ -925,6 +930,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			rs = buckets * Collective("all_reduce", p.DP, g/buckets, dpLink)
 		} else {
 			rs, ag = Collective("reduce_scatter", p.DP, g, dpLink), Collective("all_gather", p.DP, gather, dpLink)
+			if p.Zero >= 2 && !p.ReduceOnce {
+				// Each microbatch's gradients are reduce-scattered as they
+				// come (passes.shard), as DeepSpeed's stages 2 and 3 do.
+				rs *= float64(p.Microbatches)
+			}
 		}
 		if cp > 1 {
 			// Every gradient is summed over cp first (the weights are
@@ -940,9 +950,12 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			c += 2 * float64(p.Microbatches) * Collective("all_gather", p.DP, eb*stageParams, dpLink)
 		}
 		e.CommSeconds["dp"] = c
-		if p.Zero == 0 {
+		switch {
+		case p.Zero == 0:
 			e.CommBytes["dp"] = 2 * g * float64(p.DP-1) / float64(p.DP)
-		} else {
+		case p.Zero >= 2 && !p.ReduceOnce:
+			e.CommBytes["dp"] = (float64(p.Microbatches)*g + gather) * float64(p.DP-1) / float64(p.DP)
+		default:
 			e.CommBytes["dp"] = (g + gather) * float64(p.DP-1) / float64(p.DP)
 		}
 		// One microbatch's backward and forward over the stage's chunks:

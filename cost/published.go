@@ -148,7 +148,7 @@ func (r PublishedRun) Plan() Plan {
 	p := Plan{TP: r.TP, PP: r.PP, DP: dp, CP: cp, VPP: r.VPP, MicroBatch: r.MicroBatch,
 		Microbatches: r.Batch / (dp * r.MicroBatch), SequenceParallel: r.SequenceParallel,
 		Recompute: r.Recompute, Precision: prec, Optimizer: "adamw", SerialReductions: !r.Overlap, Zero: r.Zero,
-		OverlapTP: r.OverlapTP, OverlapShards: r.Overlap && r.Zero >= 1, GatherBytes: 2}
+		OverlapTP: r.OverlapTP, OverlapShards: r.Overlap && r.Zero >= 1, GatherBytes: 2, ReduceOnce: true}
 	if r.FP8Params {
 		p.GatherBytes = 1
 	}

@@ -190,8 +190,32 @@ func (s *sharder) planGradients() error {
 			g = g.Args[0]
 			s.prefer[g] = want
 		}
+		if s.dp >= 0 && want[s.dp].Kind == ir.Shard {
+			// ZeRO-2/3 with microbatches: each microbatch's gradients are
+			// reduce-scattered as they come and the shards summed, as
+			// DeepSpeed's stages 2 and 3 accumulate, so a device never
+			// holds the whole sum (Megatron-LM's distributed optimizer
+			// sums whole and reduce-scatters once: 4 bytes a param more).
+			s.preferEachMicrobatch(g, want)
+		}
 	}
 	return nil
+}
+
+// preferEachMicrobatch plans the gradients summed into g over microbatches
+// (the microbatch pass's fp32 adds, microbatch -1) to go to want one by
+// one, before they are added.
+func (s *sharder) preferEachMicrobatch(g *ir.Value, want []ir.Placement) {
+	if g.Op != "add" || g.Meta.Micro >= 0 || g.Meta.Phase != ir.PhaseBwd {
+		return
+	}
+	for _, a := range g.Args {
+		if a.Meta.Micro >= 0 {
+			s.prefer[a] = want
+		} else {
+			s.preferEachMicrobatch(a, want)
+		}
+	}
 }
 
 // zeroPlace is where ZeRO splits a param-shaped value over dp: the first
