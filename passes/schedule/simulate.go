@@ -3,6 +3,7 @@ package schedule
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -47,7 +48,9 @@ type Result struct {
 	// Busy is the total cost of every action on each rank.
 	Busy []float64
 	// StashPeak is, per rank, the most (chunk, micro) pairs whose F has run
-	// and whose B has not: the activations the rank must hold at once.
+	// and whose backward has not finished (its W where the schedule splits
+	// the backward, which reads the layer inputs and output gradients the
+	// B kept for it; else its B): the activations the rank holds at once.
 	StashPeak []int
 	// Start is the start time of every action, indexed like Actions, for
 	// timelines and traces.
@@ -128,19 +131,19 @@ func Simulate(s *Schedule, cost Cost) (*Result, error) {
 	for r, acts := range s.Actions {
 		var compute float64
 		stash := 0
+		split := slices.ContainsFunc(acts, func(a Action) bool { return a.Kind == W })
 		for _, a := range acts {
 			c := cost(a)
 			res.Busy[r] += c
-			switch a.Kind {
-			case F:
+			if a.Kind == F || a.Kind == B || a.Kind == W {
 				compute += c
+			}
+			switch {
+			case a.Kind == F:
 				stash++
 				res.StashPeak[r] = max(res.StashPeak[r], stash)
-			case B:
-				compute += c
+			case a.Kind == W || a.Kind == B && !split:
 				stash--
-			case W:
-				compute += c
 			}
 		}
 		res.Ideal = max(res.Ideal, compute)
