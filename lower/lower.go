@@ -149,10 +149,11 @@ func (b Buffer) Category() string {
 	switch {
 	case b.Scratch:
 		return "workspace"
-	case isWeight(b.Value):
+	case isWeight(b.Value) || weightCopy(b.Value):
 		// A param, a weight version kept as state (PipeDream-2BW), or a
 		// temporary copy of either (offload's device copy, a pipeline
-		// rank's received param).
+		// rank's received param, mixed precision's 16-bit copy, ZeRO's
+		// gathered one).
 		return "params"
 	case b.KVCache():
 		return "kv_cache"
@@ -168,6 +169,18 @@ func (b Buffer) Category() string {
 		return "gradients"
 	}
 	return "workspace"
+}
+
+// weightCopy reports whether v is a weight cast to another dtype or
+// gathered whole, or a chain of those.
+func weightCopy(v *ir.Value) bool {
+	for v != nil && (v.Op == "cast" || v.Op == "all_gather") && len(v.Args) == 1 {
+		v = v.Args[0]
+		if isWeight(v) {
+			return true
+		}
+	}
+	return false
 }
 
 func (bd *Breakdown) add(category string, n int64) {
