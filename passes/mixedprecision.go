@@ -132,7 +132,14 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 				case toLow && a.Type.DType == ir.F32:
 					args[i] = b.cast(a, low, v)
 				case !toLow && a.Type.DType == low:
+					made := b.casts[castKey{a, ir.F32}] == nil
 					args[i] = b.cast(a, ir.F32, v)
+					if made && v.Meta.Phase == ir.PhaseBwd && v.Meta.Micro < 0 {
+						// A microbatch's gradient summed over microbatches
+						// (the microbatch pass's fp32 sums): copied as soon
+						// as it is made, where ZeRO-2/3 reduce-scatter it.
+						b.gradCasts = append(b.gradCasts, args[i])
+					}
 				}
 			}
 		}

@@ -556,6 +556,23 @@ func TestGradientAccumulationHoldsOneSetOfGradients(t *testing.T) {
 			}
 			if p.zero >= 2 {
 				each("reduce_scatter")
+				// Each as soon as its gradient is made: before the next
+				// microbatch starts (under mixed precision microbatch 0's
+				// fp32 copies were made at the first sum, after microbatch
+				// 1's backward).
+				start := map[int]int{}
+				for i, in := range four.Instrs {
+					if k := in.Value.Meta.Micro; k >= 0 {
+						if _, ok := start[k]; !ok {
+							start[k] = i
+						}
+					}
+				}
+				for i, in := range four.Instrs {
+					if k := in.Value.Meta.Micro; in.Op == "reduce_scatter" && k >= 0 && k < 3 {
+						assert.Less(t, i, start[k+1], "microbatch %d's %s after microbatch %d started", k, in.Value.Where(), k+1)
+					}
+				}
 			}
 			if p.zero == 3 {
 				each("all_gather")
