@@ -129,6 +129,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 	}
 	blocks := map[key][]*ir.Value{}
 	var perStep []*ir.Value
+	stepValue := map[*ir.Value]bool{}
 	// Without gradient accumulation nothing carries a microbatch: the
 	// whole batch is microbatch 0.
 	micro := func(v *ir.Value) int { return v.Meta.Micro }
@@ -142,6 +143,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		switch {
 		case micro(v) < 0 || v.Meta.Phase == ir.PhaseOpt:
 			perStep = append(perStep, v)
+			stepValue[v] = true
 		case v.Meta.Phase == ir.PhaseBwd || v.Meta.Phase == ir.PhaseRecompute:
 			// A replayed forward value runs in its microbatch's backward,
 			// on its chunk (passes.recompute keeps a segment on one
@@ -172,16 +174,23 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		have := map[*ir.Value]bool{}
 		done := map[*ir.Value]bool{}
 		// need makes v available on rank r: a copy of a const or input, a
-		// receive of another rank's value; its own values are built here.
+		// receive of another rank's value; its own values are built here
+		// (a once-a-step value of this rank a block reads before its
+		// arguments from other ranks were all in: computed now, receiving
+		// them, where it used to be received from this rank itself).
+		var emit func(v *ir.Value)
 		need := func(v *ir.Value) {
 			if have[v] {
 				return
 			}
-			have[v] = true
 			switch {
 			case isSource(v) && (copied(v) || owner(v) == r):
+				have[v] = true
 				b.value(v)
+			case stepValue[v] && owner(v) == r:
+				emit(v)
 			default:
+				have[v] = true
 				if axis, dim := b.scatterDim(v); axis >= 0 {
 					b.recvGathered(v, owner(v), axis, dim)
 				} else {
@@ -202,7 +211,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 				}
 			}
 		}
-		emit := func(v *ir.Value) {
+		emit = func(v *ir.Value) {
 			for _, a := range v.Args {
 				need(a)
 			}

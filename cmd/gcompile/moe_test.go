@@ -2,6 +2,7 @@ package main
 
 import (
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -99,4 +100,21 @@ func TestMoEHeldOutLossWithMicrobatches(t *testing.T) {
 	one := heldOut("1")
 	assert.Greater(t, one, 1.0)
 	assert.InEpsilon(t, one, heldOut("2"), 1e-5)
+}
+
+// A MoE whose expert layers sit on both pipeline stages trains like one
+// device under 1F1B: the balancing losses are summed across the stages
+// once a step, and a block that read that sum before the other stage's
+// part was in made the rank receive it from itself (the programs did not
+// pair up, so no non-interleaved schedule compiled).
+func TestMoEExpertLayersOnEveryStage(t *testing.T) {
+	args := []string{moeModel, "--set", "layers=4,hidden=32,heads=4,seq=16,experts=4", "--batch", "8", "--max-data-mb", "1", "--run", "--steps", "2", "--eval-batches", "1"}
+	one := runMetrics(t, args...)
+	for _, schedule := range []string{"1f1b", "gpipe", "zb"} {
+		got := runMetrics(t, append(slices.Clone(args), "--devices", "2", "--pp", "2", "--microbatches", "2", "--schedule", schedule)...)
+		require.Len(t, got.Steps, 2, schedule)
+		for i := range one.Steps {
+			assert.InEpsilon(t, one.Steps[i].Loss, got.Steps[i].Loss, 1e-5, "%s step %d", schedule, i+1)
+		}
+	}
 }
