@@ -10,8 +10,9 @@ import (
 
 // microbatch unrolls gradient accumulation: with m microbatches it records
 // the forward and backward graph once per microbatch, each on its share of
-// the batch inputs, and replaces the loss and every gradient by the mean
-// over microbatches, which is what the optimizer then consumes. Params and
+// the batch inputs, and replaces the loss by the mean over microbatches
+// and every gradient by the sum of the microbatches' (each backward starts
+// from dloss/m), which is what the optimizer then consumes. Params and
 // constants are shared; each copy's values carry micro=k, which the pipeline
 // schedule will order.
 //
@@ -135,8 +136,8 @@ func microbatch(m *ir.Module, o *Options) error {
 						// A gradient of the whole batch's mean (a
 						// reduce_mean's vjp, 1/rows of the batch) reaching
 						// one microbatch's rows: the microbatch's own loss
-						// is a mean over n times fewer rows, and the
-						// gradients are averaged over microbatches.
+						// is a mean over n times fewer rows, and its share
+						// of the step's is 1/n of it (the seed's share).
 						if a, err = rescaled(m, rescale, a, n); err != nil {
 							return err
 						}
@@ -176,19 +177,19 @@ func microbatch(m *ir.Module, o *Options) error {
 			}
 		}
 	}
+	// The whole-batch broadcasts narrowed for the microbatches are left
+	// with no reader.
+	if len(replaced) > 0 {
+		uses := m.Uses()
+		m.Values = slices.DeleteFunc(m.Values, func(v *ir.Value) bool { return replaced[v] && len(uses[v]) == 0 })
+	}
 	// The sums are kept in fp32 (Meta.Precision), as Megatron-LM keeps its
 	// main_grad: mixed precision then adds the microbatches' 16-bit
 	// gradients in fp32, where a 16-bit sum of n loss-scaled gradients
 	// would overflow n times sooner than one batch's gradient (an fp16
 	// step skipped that one device takes) and bf16 would round each
-	// partial sum to 8 bits.
-	// The whole-batch broadcasts narrowed for the microbatches are left
-	// with no reader.
-	if len(narrow) > 0 {
-		uses := m.Uses()
-		m.Values = slices.DeleteFunc(m.Values, func(v *ir.Value) bool { return replaced[v] && len(uses[v]) == 0 })
-	}
-	// Each partial sum is added as soon as its microbatch's value exists
+	// partial sum to 8 bits. Each partial sum is added as soon as its
+	// microbatch's value exists
 	// (Hoist below): added after the last microbatch, every microbatch's
 	// gradients were alive at once, n times the gradients' bytes.
 	var sums []*ir.Value

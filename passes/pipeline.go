@@ -29,7 +29,7 @@ var passes = [...]Pass{
 	{Name: "verify-input", Fn: verifyInput, Required: true, Doc: "check the module the frontend or a .gir file produced"},
 	{Name: "pipeline-split", Fn: pipelineSplit, Required: true, Doc: "tag every value with its pipeline chunk (pp ranks × vpp chunks)"},
 	{Name: "autodiff", Fn: autodiff, Required: true, Doc: "reverse-mode gradients of the loss for every param"},
-	{Name: "microbatch", Fn: microbatch, Required: true, Doc: "gradient accumulation: one forward and backward per microbatch, gradients averaged"},
+	{Name: "microbatch", Fn: microbatch, Required: true, Doc: "gradient accumulation: one forward and backward per microbatch, each microbatch's share of the gradients summed"},
 	{Name: "optimizer", Fn: optimizer, Required: true, Doc: "global-norm clipping and the AdamW, SGD, Adafactor or SM3 update of every param"},
 	{Name: "mixed-precision", Fn: mixedPrecision, Required: true, Doc: "fp16/bf16 forward and backward on 16-bit weight copies, loss scaling, fp32 master weights (--precision)"},
 	{Name: "recompute", Fn: recompute, Required: true, Doc: "activation recompute: replay forward values in the backward (full, selective, every=K)"},
