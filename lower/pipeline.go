@@ -350,6 +350,27 @@ func splitBackward(vs []*ir.Value, owner func(*ir.Value) int, readers map[*ir.Va
 			}
 		}
 	}
+	// A weight gradient no larger than a vector (a LayerNorm's gain and
+	// bias, a bias's sum over rows) is made in B once what it reads is:
+	// deferred to W, it kept the [rows, hidden] values it reads alive
+	// until W, which a layer's GEMM weight gradients do not all need (the
+	// LayerNorm's input and output gradient: 21·sbh stashed a layer for W
+	// where B keeps 16).
+	for changed := true; changed; {
+		changed = false
+		for _, v := range vs {
+			if needed[v] || v.Type.Rank() > 1 {
+				continue
+			}
+			ready := true
+			for _, a := range v.Args {
+				ready = ready && (!in[a] || needed[a])
+			}
+			if ready {
+				needed[v], changed = true, true
+			}
+		}
+	}
 	for _, v := range vs {
 		if needed[v] {
 			b = append(b, v)
