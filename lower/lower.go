@@ -548,7 +548,7 @@ func planUpdates(p *Program, m *ir.Module, bufOf map[*ir.Value]int) error {
 func writesOver(p *Program, i, src, dst int, lastRead map[int]int) bool {
 	r, seen := lastRead[dst]
 	s, d := p.Buffers[src], p.Buffers[dst]
-	return (!seen || r < i) && p.Instrs[i].Out == src && !s.Host && !d.Host && s.Bytes == d.Bytes && s.Type.DType == d.Type.DType
+	return (!seen || r < i) && !s.Host && !d.Host && s.Bytes == d.Bytes && s.Type.DType == d.Type.DType
 }
 
 // overwrites reports whether the op table lets in write its result over
@@ -557,10 +557,7 @@ func writesOver(p *Program, i, src, dst int, lastRead map[int]int) bool {
 // last reader.
 func overwrites(in Instr, dst int) bool {
 	info, ok := ir.Lookup(in.Op)
-	if !ok || !info.InPlace || in.Args[info.InPlaceArg] != dst {
-		return false
-	}
-	return slices.Index(in.Args, dst) == info.InPlaceArg && !slices.Contains(in.Args[info.InPlaceArg+1:], dst)
+	return ok && info.InPlace && slices.Index(in.Args, dst) == info.InPlaceArg && !slices.Contains(in.Args[info.InPlaceArg+1:], dst)
 }
 
 func isOutput(p *Program, buf int) bool {

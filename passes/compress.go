@@ -207,7 +207,7 @@ func lowPrecisionStash(m *ir.Module) error {
 		before[first] = append(before[first], wide)
 		widened[v] = wide
 	}
-	redirectBackward(m.Values, widened)
+	redirectBackward(m.Values, widened, false)
 	m.Values = splice(m.Values, before, after)
 	return nil
 }

@@ -131,15 +131,13 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 					// fp32 statistics the op reads as they are.
 				case toLow && a.Type.DType == ir.F32:
 					args[i] = b.cast(a, low, v)
+				case !toLow && a.Type.DType == low && v.Meta.Phase == ir.PhaseBwd && v.Meta.Micro < 0:
+					// A microbatch's gradient summed over microbatches
+					// (the microbatch pass's fp32 sums): copied as soon as
+					// it is made, where ZeRO-2/3 reduce-scatter it.
+					args[i] = b.gradCast(a, v)
 				case !toLow && a.Type.DType == low:
-					made := b.casts[castKey{a, ir.F32}] == nil
 					args[i] = b.cast(a, ir.F32, v)
-					if made && v.Meta.Phase == ir.PhaseBwd && v.Meta.Micro < 0 {
-						// A microbatch's gradient summed over microbatches
-						// (the microbatch pass's fp32 sums): copied as soon
-						// as it is made, where ZeRO-2/3 reduce-scatter it.
-						b.gradCasts = append(b.gradCasts, args[i])
-					}
 				}
 			}
 		}
@@ -246,6 +244,17 @@ func (b *mpBuilder) cast(a *ir.Value, to ir.DType, user *ir.Value) *ir.Value {
 	return c
 }
 
+// gradCast is gradient g's fp32 copy for user, made once; a copy made
+// here is hoisted to where g is made (gradCasts).
+func (b *mpBuilder) gradCast(g, user *ir.Value) *ir.Value {
+	made := b.casts[castKey{g, ir.F32}] == nil
+	x := b.cast(g, ir.F32, user)
+	if made {
+		b.gradCasts = append(b.gradCasts, x)
+	}
+	return x
+}
+
 // unscale is gradient g in fp32 divided by the loss scale, for the
 // optimizer op user.
 func (b *mpBuilder) unscale(g, user *ir.Value) *ir.Value {
@@ -254,11 +263,7 @@ func (b *mpBuilder) unscale(g, user *ir.Value) *ir.Value {
 	}
 	x := g
 	if x.Type.DType != ir.F32 {
-		made := b.casts[castKey{g, ir.F32}] == nil
-		x = b.cast(g, ir.F32, user)
-		if made {
-			b.gradCasts = append(b.gradCasts, x)
-		}
+		x = b.gradCast(g, user)
 	}
 	if !b.scaled[g] || b.err != nil {
 		return x

@@ -168,16 +168,7 @@ func recompute(m *ir.Module, o *Options) error {
 		replayed[v] = r
 		before[at] = append(before[at], r)
 	}
-	for _, v := range m.Values {
-		if v.Meta.Phase != ir.PhaseBwd {
-			continue
-		}
-		for i, a := range v.Args {
-			if r := replayed[a]; r != nil && a.Meta.Stage == v.Meta.Stage {
-				v.Args[i] = r
-			}
-		}
-	}
+	redirectBackward(m.Values, replayed, true)
 	m.Values = splice(m.Values, before, nil)
 	return nil
 }

@@ -351,13 +351,7 @@ func TestDataParallelMatchesOneDevice(t *testing.T) {
 // Megatron-LM's distributed optimizer's 4Ψ + 12Ψ/N beside the 16-bit
 // weights.
 func TestZeROMemoryFormulas(t *testing.T) {
-	var psi int64
-	prog := compilePlan(t, plan{dp: 1})
-	for _, b := range prog.Buffers {
-		if b.Kind == lower.Param {
-			psi += b.Global.Shape.NumElements()
-		}
-	}
+	psi := paramCount(compilePlan(t, plan{dp: 1}))
 	const n = 4
 	for _, precision := range []string{"", "bf16"} {
 		for stage := range 4 {
@@ -379,6 +373,16 @@ func TestZeROMemoryFormulas(t *testing.T) {
 			})
 		}
 	}
+}
+
+// paramCount is the number of the model's parameters, whole, in prog.
+func paramCount(prog *lower.Program) (n int64) {
+	for _, b := range prog.Buffers {
+		if b.Kind == lower.Param {
+			n += b.Global.Shape.NumElements()
+		}
+	}
+	return n
 }
 
 // zeroBytes is one device's bytes of params, optimizer state and
@@ -485,12 +489,7 @@ func paramError(t *testing.T, ref, got map[string][]float64, skip func(name stri
 // weights (its activations are half as large): gated after every update,
 // it needed 1.7 times fp32's.
 func TestUpdatesWriteOverTheirState(t *testing.T) {
-	var psi int64
-	for _, b := range compilePlan(t, plan{dp: 1}).Buffers {
-		if b.Kind == lower.Param {
-			psi += b.Global.Shape.NumElements()
-		}
-	}
+	psi := paramCount(compilePlan(t, plan{dp: 1}))
 	fp32 := map[int]int64{}
 	for _, p := range []plan{{dp: 4}, {dp: 4, zero: 1}, {dp: 4, zero: 2, bucketMB: 1}, {dp: 4, zero: 3},
 		{dp: 4, precision: "fp16"}, {dp: 4, zero: 1, precision: "bf16"}, {dp: 2, tp: 2, zero: 2, precision: "fp16"}} {
@@ -531,12 +530,7 @@ func TestGradientAccumulationHoldsOneSetOfGradients(t *testing.T) {
 			one := compilePlan(t, p)
 			p.micro = 4
 			four := compilePlan(t, p)
-			var grads int64 // one device's fp32 gradients, whole
-			for _, b := range one.Buffers {
-				if b.Kind == lower.Param {
-					grads += 4 * b.Global.Shape.NumElements()
-				}
-			}
+			grads := 4 * paramCount(one) // one device's fp32 gradients, whole
 			sum := grads
 			if p.zero >= 2 {
 				// Each microbatch's gradients are reduce-scattered as they
