@@ -418,6 +418,12 @@ func meanScale(v *ir.Value, mesh *ir.Mesh) float64 {
 // bucket's last member, so the runtime issues them as one collective.
 // Moving a reduction later is safe when nothing reads its result before
 // the bucket completes, which holds for gradients (read by the optimizer).
+// Gradient accumulation's adds of a microbatch's reduced gradients
+// (passes.dataParallel buckets ZeRO-2/3's per-microbatch reduce-scatters)
+// move with them, after the bucket, and so does whatever reads a moved
+// add before then (the next microbatch's add); a bucket member that would
+// have to move after its own bucket, or anything else that reads a
+// bucket's result before the bucket completes, is an error.
 func groupBuckets(p *Program) error {
 	last := map[int]int{}
 	for i, in := range p.Instrs {
@@ -428,40 +434,59 @@ func groupBuckets(p *Program) error {
 	if len(last) == 0 {
 		return nil
 	}
-	readAt := map[int][]int{}
-	for i, in := range p.Instrs {
-		for _, a := range in.Args {
-			readAt[a] = append(readAt[a], i)
-		}
-	}
-	// A reader that is itself bucketed runs where its bucket goes: a dp
-	// bucket reading an ep bucket's sums (passes.dataParallel) waits for
-	// its own last gradient, after the ep bucket.
-	at := func(r int) int {
-		if b := p.Instrs[r].Bucket; b > 0 {
-			return last[b]
-		}
-		return r
-	}
-	moved := map[int][]Instr{}
+	// after[id] is the bucket whose end a moved instruction's output
+	// waits for; pending[b] what runs after bucket b's last member.
+	after := map[int]int{}
+	moved := map[int]*ir.Value{}
+	pending := map[int][]Instr{}
 	var out []Instr
 	for i, in := range p.Instrs {
-		if in.Bucket > 0 && i != last[in.Bucket] {
-			for _, r := range readAt[in.Out] {
-				if at(r) <= last[in.Bucket] {
-					return fmt.Errorf("%s: bucket %d cannot wait for its last gradient: %s reads the result first", in.Value.Where(), in.Bucket-1, p.Instrs[r].Value.Where())
+		wait, read := 0, in.Value // the bucket this instruction must follow, and what it reads of it
+		for _, a := range in.Args {
+			if b, ok := after[a]; ok && last[b] > i && (wait == 0 || last[b] > last[wait]) {
+				wait, read = b, moved[a]
+			}
+		}
+		// A bucketed reader runs where its bucket goes: a dp bucket
+		// reading an ep bucket's sums (passes.dataParallel) waits for its
+		// own last gradient, after the ep bucket.
+		if wait > 0 && (in.Bucket > 0 && last[in.Bucket] <= last[wait] || in.Bucket == 0 && !movable(in)) {
+			return fmt.Errorf("%s: bucket %d cannot wait for its last gradient: %s reads the result first", read.Where(), wait-1, in.Value.Where())
+		}
+		switch {
+		case wait > 0 && in.Bucket == 0:
+			pending[wait] = append(pending[wait], in)
+			after[in.Out], moved[in.Out] = wait, in.Value
+		case in.Bucket > 0 && i != last[in.Bucket]:
+			pending[in.Bucket] = append(pending[in.Bucket], in)
+			after[in.Out], moved[in.Out] = in.Bucket, in.Value
+		case in.Bucket > 0:
+			// The members first, then what waited for the bucket.
+			var members, readers []Instr
+			for _, q := range pending[in.Bucket] {
+				if q.Bucket == in.Bucket {
+					members = append(members, q)
+				} else {
+					readers = append(readers, q)
 				}
 			}
-			moved[in.Bucket] = append(moved[in.Bucket], in)
-			continue
+			out = append(out, members...)
+			out = append(out, in)
+			out = append(out, readers...)
+			delete(pending, in.Bucket)
+		default:
+			out = append(out, in)
 		}
-		if in.Bucket > 0 {
-			out = append(out, moved[in.Bucket]...)
-		}
-		out = append(out, in)
 	}
 	p.Instrs = out
 	return nil
+}
+
+// movable says whether in may run later than where it stands for a
+// gradient bucket it reads: gradient accumulation's sums in the backward.
+func movable(in Instr) bool {
+	v := in.Value
+	return v.Op == "add" && v.Meta.Micro < 0 && v.Meta.Phase == ir.PhaseBwd
 }
 
 // forwardEnd is one past the last instruction the loss depends on.

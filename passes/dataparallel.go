@@ -73,33 +73,44 @@ func isGradReduction(v *ir.Value, axis string) bool {
 	return (v.Op == "all_reduce" || v.Op == "reduce_scatter") && v.Attrs.Str("axis") == axis && v.Meta.Phase == ir.PhaseBwd
 }
 
+// accumulates says whether u is the gradient accumulation's add of a
+// microbatch's reduced gradient g into the running sum (the microbatch
+// pass's per-step adds, microbatch -1, in the backward).
+func accumulates(g, u *ir.Value) bool {
+	return g.Meta.Micro >= 0 && u.Op == "add" && u.Meta.Micro < 0 && u.Meta.Phase == ir.PhaseBwd
+}
+
 // bucketFinal buckets the backward reductions over axis that nothing
 // reads before the optimizer, numbering the buckets from first; it
 // returns the next free number.
 func bucketFinal(m *ir.Module, uses map[*ir.Value][]*ir.Value, axis string, limit int64, first int) int {
-	bucket, filled, stage, used := first, int64(0), -2, false
+	bucket, filled, stage, micro, used := first, int64(0), -2, -2, false
 	for _, v := range m.Values {
 		if !isGradReduction(v, axis) {
 			continue
 		}
 		// Only a reduction that nothing reads before the optimizer can
-		// wait for the rest of its bucket.
+		// wait for the rest of its bucket, or one of a microbatch's
+		// gradients (ZeRO-2/3's reduce-scatters under gradient
+		// accumulation) read only by the sum over microbatches, which
+		// the lowering moves after the bucket (lower.groupBuckets).
 		early := false
 		for _, u := range uses[v] {
-			early = early || u.Meta.Phase != ir.PhaseOpt
+			early = early || u.Meta.Phase != ir.PhaseOpt && !accumulates(v, u)
 		}
 		if early {
 			continue
 		}
 		size := v.Type.Bytes()
-		// A bucket never spans pipeline chunks: each chunk's gradients are
-		// ready at a different time on a different rank.
-		if filled > 0 && (filled+size > limit || v.Meta.Stage != stage) {
+		// A bucket never spans pipeline chunks (each chunk's gradients are
+		// ready at a different time on a different rank) nor microbatches
+		// (the next microbatch's come a whole backward later).
+		if filled > 0 && (filled+size > limit || v.Meta.Stage != stage || v.Meta.Micro != micro) {
 			bucket++
 			filled = 0
 		}
 		filled += size
-		stage = v.Meta.Stage
+		stage, micro = v.Meta.Stage, v.Meta.Micro
 		v.Attrs["bucket"] = bucket
 		used = true
 	}

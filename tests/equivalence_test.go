@@ -567,6 +567,22 @@ func TestGradientAccumulationHoldsOneSetOfGradients(t *testing.T) {
 						assert.Less(t, i, start[k+1], "microbatch %d's %s after microbatch %d started", k, in.Value.Where(), k+1)
 					}
 				}
+				// In buckets, as DeepSpeed's: each bucket's reduce-scatters
+				// one microbatch's, issued together.
+				micro, at := map[int]int{}, map[int]int{}
+				for i, in := range four.Instrs {
+					if in.Op != "reduce_scatter" || in.Value.Meta.Micro < 0 {
+						continue
+					}
+					if !assert.Positive(t, in.Bucket, "%s is not bucketed", in.Value.Where()) {
+						continue
+					}
+					if k, ok := micro[in.Bucket]; ok {
+						assert.Equal(t, k, in.Value.Meta.Micro, "bucket %d spans microbatches", in.Bucket)
+						assert.Equal(t, at[in.Bucket]+1, i, "bucket %d's reductions apart", in.Bucket)
+					}
+					micro[in.Bucket], at[in.Bucket] = in.Value.Meta.Micro, i
+				}
 			}
 			if p.zero == 3 {
 				each("all_gather")
