@@ -2,6 +2,7 @@ package passes
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"gcompile/ir"
@@ -34,7 +35,7 @@ func compress(m *ir.Module, o *Options) error {
 		return err
 	}
 	if relu {
-		if err := reluMasks(m); err != nil {
+		if err := reluMasks(m, o.Mesh.SizeOf(o.Mesh.WeightAxis())); err != nil {
 			return err
 		}
 	}
@@ -66,8 +67,9 @@ func compressModes(s string) (relu, lowp bool, err error) {
 // reluMasks replaces, for every ReLU input x that the backward reads only
 // through relu_grad, the stash of x by a packed 1-bit mask. An x that
 // something else in the backward also reads stays live anyway, so it is
-// left alone: a mask beside it would only add bytes.
-func reluMasks(m *ir.Module) error {
+// left alone: a mask beside it would only add bytes. tp is the size of
+// the weight axis.
+func reluMasks(m *ir.Module, tp int) error {
 	relus := 0
 	for _, v := range m.Values {
 		if v.Op == "relu" {
@@ -109,13 +111,24 @@ func reluMasks(m *ir.Module) error {
 		if len(grads) == 0 {
 			continue
 		}
-		if info, _ := ir.Lookup(x.Op); info.Source || other != nil || output[x] {
+		// The weight axis (tp) splits a column-parallel ReLU's input on
+		// its last dim, the one the mask packs 8 to a byte: where a
+		// device's columns would not be whole bytes, the input stays
+		// stashed (shard's packable would refuse the mask).
+		unpackable := false
+		if r := x.Type.Rank(); tp > 1 && r > 0 {
+			unpackable = x.Type.Shape[r-1]%(8*tp) != 0
+		}
+		if info, _ := ir.Lookup(x.Op); info.Source || other != nil || output[x] || unpackable {
 			if kept == "" {
 				why := "a param, state or input: it is never freed"
-				if other != nil {
+				switch {
+				case other != nil:
 					why = "also read by " + other.Where()
-				} else if output[x] {
+				case output[x]:
 					why = "a module output or update"
+				case unpackable:
+					why = fmt.Sprintf("%v, whose last dim a mask packs 8 to a byte: split over tp=%d a device's %d/%d columns are not whole bytes (the dim must be a multiple of %d)", x.Type, tp, x.Type.Shape[x.Type.Rank()-1], tp, 8*tp)
 				}
 				kept = fmt.Sprintf("%s is %s", x.Where(), why)
 			}
@@ -157,16 +170,24 @@ func reluMasks(m *ir.Module) error {
 
 // lowPrecisionStash is the lowp mode: bf16 copies of the fp32 forward
 // values the backward reads, widened back just before their first
-// backward use.
+// backward use on each pipeline chunk that reads them. Recompute's
+// replays count as backward uses: a segment's kept input is stashed in
+// bf16 and widened before its replay (left fp32 for the replay, both
+// copies lived from the forward to the backward).
 func lowPrecisionStash(m *ir.Module) error {
 	uses := m.Uses()
 	pos := make(map[*ir.Value]int, len(m.Values))
 	for i, v := range m.Values {
 		pos[v] = i
 	}
+	backward := func(u *ir.Value) bool { return u.Meta.Phase == ir.PhaseBwd || u.Meta.Phase == ir.PhaseRecompute }
 	after := map[*ir.Value][]*ir.Value{}
 	before := map[*ir.Value][]*ir.Value{}
-	widened := map[*ir.Value]*ir.Value{}
+	type onChunk struct {
+		v     *ir.Value
+		stage int
+	}
+	widened := map[onChunk]*ir.Value{}
 	narrowed := map[*ir.Value]*ir.Value{}
 	for _, v := range m.Values {
 		if v.Meta.Phase != ir.PhaseFwd || v.Type.DType != ir.F32 || v.Type.Rank() < 2 {
@@ -175,13 +196,24 @@ func lowPrecisionStash(m *ir.Module) error {
 		if info, _ := ir.Lookup(v.Op); info.Source {
 			continue
 		}
-		var first *ir.Value
+		// Each chunk that reads v in its backward widens its own copy
+		// in its own backward: a copy widened on one chunk and read on
+		// another would travel between two backward blocks.
+		first := map[int]*ir.Value{}
+		var stages []int
 		for _, u := range uses[v] {
-			if u.Meta.Phase == ir.PhaseBwd && (first == nil || pos[u] < pos[first]) {
-				first = u
+			if !backward(u) {
+				continue
+			}
+			f, ok := first[u.Meta.Stage]
+			if !ok {
+				stages = append(stages, u.Meta.Stage)
+			}
+			if !ok || pos[u] < pos[f] {
+				first[u.Meta.Stage] = u
 			}
 		}
-		if first == nil {
+		if len(stages) == 0 {
 			continue
 		}
 		var narrow *ir.Value
@@ -199,15 +231,28 @@ func lowPrecisionStash(m *ir.Module) error {
 			return err
 		}
 		narrowed[v] = narrow
-		wide, err := m.NewValue("cast", []*ir.Value{narrow}, ir.Attrs{"to": "f32"}, first.Meta, v.Pos)
-		if err != nil {
-			return err
-		}
 		after[v] = append(after[v], narrow)
-		before[first] = append(before[first], wide)
-		widened[v] = wide
+		slices.Sort(stages)
+		for _, st := range stages {
+			f := first[st]
+			wide, err := m.NewValue("cast", []*ir.Value{narrow}, ir.Attrs{"to": "f32"}, f.Meta, v.Pos)
+			if err != nil {
+				return err
+			}
+			before[f] = append(before[f], wide)
+			widened[onChunk{v, st}] = wide
+		}
 	}
-	redirectBackward(m.Values, widened, false)
+	for _, u := range m.Values {
+		if !backward(u) {
+			continue
+		}
+		for i, a := range u.Args {
+			if w := widened[onChunk{a, u.Meta.Stage}]; w != nil {
+				u.Args[i] = w
+			}
+		}
+	}
 	m.Values = splice(m.Values, before, after)
 	return nil
 }

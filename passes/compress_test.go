@@ -1,6 +1,8 @@
 package passes_test
 
 import (
+	"fmt"
+
 	"regexp"
 	"slices"
 	"testing"
@@ -155,6 +157,54 @@ func TestCompressReluSkipsInputsTheBackwardKeeps(t *testing.T) {
 	assert.Contains(t, err.Error(), " mul @")
 }
 
+// Under tp a ReLU input's columns are split over the devices, and a mask
+// packs them 8 to a byte: an input whose columns would not be whole bytes
+// on each device stays stashed (shard could not split its mask), and the
+// others are masked. When none can be, the error says why.
+func TestCompressReluKeepsInputsTPCannotPack(t *testing.T) {
+	build := func(t *testing.T, cols ...int) (*ir.Module, []*ir.Value) {
+		g := newGraph(t, 1)
+		in := g.input("x", normal(1), 4, 8)
+		var out *ir.Value
+		var xs []*ir.Value
+		for i, c := range cols {
+			x := g.op("matmul", nil, in, g.param(fmt.Sprintf("w%d", i), normal(0.5), 8, c))
+			xs = append(xs, x)
+			r := g.op("reduce_sum", ir.Attrs{"axes": []int{1}}, g.op("relu", nil, x))
+			if out == nil {
+				out = r
+			} else {
+				out = g.op("add", nil, out, r)
+			}
+		}
+		g.weightedLoss(out)
+		return g.m, xs
+	}
+	tp2 := func(o *passes.Options) {
+		o.Compress = "relu"
+		o.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "tp", Size: 2}}}
+	}
+	m, xs := build(t, 12, 16)
+	require.NoError(t, runTo(t, m, "compress", tp2))
+	masked := map[*ir.Value]bool{}
+	for _, v := range m.Values {
+		if v.Op == "relu_mask" {
+			masked[v.Args[0]] = true
+		}
+	}
+	assert.False(t, masked[xs[0]], "12 columns over tp=2 are 6 a device, not whole bytes")
+	assert.True(t, masked[xs[1]], "16 columns over tp=2 are 8 a device")
+
+	m, xs = build(t, 12)
+	err := runTo(t, m, "compress", tp2)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--compress-activations relu: no ReLU input can leave the stash ("+xs[0].Where()+" is "+xs[0].Type.String()+", whose last dim a mask packs 8 to a byte: split over tp=2 a device's 12/2 columns are not whole bytes (the dim must be a multiple of 16))")
+
+	// One device packs any width.
+	m, xs = build(t, 12)
+	require.NoError(t, runTo(t, m, "compress", func(o *passes.Options) { o.Compress = "relu" }))
+}
+
 func TestCompressReluNeedsReLU(t *testing.T) {
 	m := reluGPT(t, map[string]string{"activation": "gelu"})
 	err := runTo(t, m, "compress", func(o *passes.Options) { o.Compress = "relu" })
@@ -249,13 +299,14 @@ func TestCompressReluSharding(t *testing.T) {
 	}
 }
 
-// A tp split of the packed dim is refused, naming the op and the user's
-// line, when a device's share of it is not whole bytes: hidden 6 gives
-// 4h = 24 columns, 12 per device over tp=2.
+// A model whose ReLU inputs tp cannot split into whole bytes of mask is
+// refused before placement, naming the value, the user's line and the
+// rule: hidden 6 gives 4h = 24 columns, 12 per device over tp=2. (The
+// shard pass refused the masks, with no way to keep the stash instead.)
 func TestCompressReluSplitMustPackWholeBytes(t *testing.T) {
 	m := reluGPT(t, map[string]string{"hidden": "6", "heads": "2", "seq": "4", "layers": "1"})
 	mesh := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "tp", Size: 2}}}
 	err := runTo(t, m, "", func(o *passes.Options) { o.Compress, o.Mesh = "relu", mesh })
 	require.Error(t, err)
-	assert.Regexp(t, `%\d+ relu_mask @\S*model\.go:\d+: sharding on axis tp: relu_mask packs dim 2 of f32\[8,4,24\] 8 elements to a byte, but split S\(2\) over tp=2 a device holds pieces of 12 elements, not a multiple of 8: the dim must be a multiple of 16`, err.Error())
+	assert.Regexp(t, `pass "compress": --compress-activations relu: no ReLU input can leave the stash \(%\d+ add @\S*model\.go:\d+ is f32\[8,4,24\], whose last dim a mask packs 8 to a byte: split over tp=2 a device's 24/2 columns are not whole bytes \(the dim must be a multiple of 16\)\)`, err.Error())
 }
