@@ -35,12 +35,12 @@ func compress(m *ir.Module, o *Options) error {
 		return err
 	}
 	if relu {
-		if err := reluMasks(m, o.Mesh.SizeOf(o.Mesh.WeightAxis())); err != nil {
+		if err := reluMasks(m, o.Mesh.SizeOf(o.Mesh.WeightAxis()), o); err != nil {
 			return err
 		}
 	}
 	if lowp {
-		return lowPrecisionStash(m)
+		return lowPrecisionStash(m, o)
 	}
 	return nil
 }
@@ -68,8 +68,8 @@ func compressModes(s string) (relu, lowp bool, err error) {
 // through relu_grad, the stash of x by a packed 1-bit mask. An x that
 // something else in the backward also reads stays live anyway, so it is
 // left alone: a mask beside it would only add bytes. tp is the size of
-// the weight axis.
-func reluMasks(m *ir.Module, tp int) error {
+// the weight axis; o takes a note of the inputs left stashed.
+func reluMasks(m *ir.Module, tp int, o *Options) error {
 	relus := 0
 	for _, v := range m.Values {
 		if v.Op == "relu" {
@@ -90,6 +90,7 @@ func reluMasks(m *ir.Module, tp int) error {
 	after := map[*ir.Value][]*ir.Value{}
 	masked := 0
 	var kept string // why the first unmasked ReLU input stays stashed
+	keptN := 0
 	for _, x := range m.Values {
 		if x.Meta.Phase != ir.PhaseFwd && x.Meta.Phase != ir.PhaseRecompute {
 			continue
@@ -120,6 +121,7 @@ func reluMasks(m *ir.Module, tp int) error {
 			unpackable = x.Type.Shape[r-1]%(8*tp) != 0
 		}
 		if info, _ := ir.Lookup(x.Op); info.Source || other != nil || output[x] || unpackable {
+			keptN++
 			if kept == "" {
 				why := "a param, state or input: it is never freed"
 				switch {
@@ -158,6 +160,9 @@ func reluMasks(m *ir.Module, tp int) error {
 		}
 		masked++
 	}
+	if kept != "" && masked > 0 {
+		o.notef("relu: %d of %d ReLU inputs keep their stash (first: %s)", keptN, keptN+masked, kept)
+	}
 	if masked == 0 {
 		if kept == "" {
 			kept = "the backward reads no ReLU input through relu_grad"
@@ -174,7 +179,7 @@ func reluMasks(m *ir.Module, tp int) error {
 // replays count as backward uses: a segment's kept input is stashed in
 // bf16 and widened before its replay (left fp32 for the replay, both
 // copies lived from the forward to the backward).
-func lowPrecisionStash(m *ir.Module) error {
+func lowPrecisionStash(m *ir.Module, o *Options) error {
 	uses := m.Uses()
 	pos := make(map[*ir.Value]int, len(m.Values))
 	for i, v := range m.Values {
@@ -189,6 +194,7 @@ func lowPrecisionStash(m *ir.Module) error {
 	}
 	widened := map[onChunk]*ir.Value{}
 	narrowed := map[*ir.Value]*ir.Value{}
+	var bytes int64 // what the bf16 copies save, over the step
 	for _, v := range m.Values {
 		if v.Meta.Phase != ir.PhaseFwd || v.Type.DType != ir.F32 || v.Type.Rank() < 2 {
 			continue
@@ -232,6 +238,9 @@ func lowPrecisionStash(m *ir.Module) error {
 		}
 		narrowed[v] = narrow
 		after[v] = append(after[v], narrow)
+		if narrow.Op == "cast" {
+			bytes += v.Type.Bytes() / 2
+		}
 		slices.Sort(stages)
 		for _, st := range stages {
 			f := first[st]
@@ -252,6 +261,11 @@ func lowPrecisionStash(m *ir.Module) error {
 				u.Args[i] = w
 			}
 		}
+	}
+	if o.Precision == "fp16" || o.Precision == "bf16" {
+		// Mixed precision stashes 16-bit values already: only the fp32
+		// ones (the logits' upcast, norms' statistics) are left to narrow.
+		o.notef("lowp: under --precision %s the stash is 16-bit already but for %d fp32 value(s), whose bf16 copies save %d bytes while stashed", o.Precision, len(narrowed), bytes)
 	}
 	m.Values = splice(m.Values, before, after)
 	return nil

@@ -310,3 +310,20 @@ func TestCompressReluSplitMustPackWholeBytes(t *testing.T) {
 	require.Error(t, err)
 	assert.Regexp(t, `pass "compress": --compress-activations relu: no ReLU input can leave the stash \(%\d+ add @\S*model\.go:\d+ is f32\[8,4,24\], whose last dim a mask packs 8 to a byte: split over tp=2 a device's 24/2 columns are not whole bytes \(the dim must be a multiple of 16\)\)`, err.Error())
 }
+
+// Under mixed precision the forward's stash is 16-bit already: lowp says
+// how little is left for it to narrow, so a user does not expect fp32's
+// halving; in fp32 it has nothing to say.
+func TestCompressLowpNotesMixedPrecision(t *testing.T) {
+	note := func(precision string) string {
+		opts := passes.DefaultOptions()
+		opts.StopAfter, opts.Compress, opts.Precision = "compress", "lowp", precision
+		res, err := passes.Run(reluGPT(t, nil), opts, passes.Hooks{})
+		require.NoError(t, err)
+		i := slices.IndexFunc(res, func(r passes.Result) bool { return r.Name == "compress" })
+		require.GreaterOrEqual(t, i, 0)
+		return res[i].Note
+	}
+	assert.Empty(t, note(""))
+	assert.Regexp(t, `^lowp: under --precision bf16 the stash is 16-bit already but for \d+ fp32 value\(s\), whose bf16 copies save \d+ bytes while stashed$`, note("bf16"))
+}
