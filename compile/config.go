@@ -378,6 +378,7 @@ func (c *Config) PassOptions() *passes.Options {
 	o.SequenceParallel = c.SequenceParallel
 	o.VPP = c.VPP
 	o.TwoBW = c.Schedule == "2bw"
+	o.DeferWeightGradients = c.Schedule == "zb"
 	o.Recompute = c.Recompute
 	o.Compress = c.Compress
 	o.Fuse = c.Fuse

@@ -625,10 +625,21 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	}
 	stashed := func() float64 {
 		if p.Recompute == "full" {
+			in := 2 * tokens * hd * eb
 			if everyK > 1 {
-				return 2 * tokens * hd * eb / float64(everyK) // a segment's input
+				in /= float64(everyK) // a segment's input
 			}
-			return 2 * tokens * hd * eb
+			if p.Schedule == "zb" {
+				// W replays the GEMMs' inputs (passes.replayForW) but
+				// keeps their output gradients from B: q, k, v, the
+				// projection, the MLP's up (and gate) and down.
+				up := f
+				if t.GatedMLP {
+					up *= 2
+				}
+				in += tokens * eb * (3*hd + 2*t.kvWidth() + up) / tp
+			}
+			return in
 		}
 		return kept()
 	}
@@ -644,6 +655,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	switch p.Recompute {
 	case "full":
 		layerB += layerF
+		if p.Schedule == "zb" && p.PP > 1 {
+			layerB += layerF // replayed again in W
+		}
 	case "selective":
 		layerB += core
 	}

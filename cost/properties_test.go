@@ -216,3 +216,26 @@ func TestRecomputeInSegments(t *testing.T) {
 	_, err = h.Estimate(shape, Plan{TP: 1, PP: 1, DP: 1, MicroBatch: 2, Microbatches: 1, Precision: "bf16", Recompute: "every=0"})
 	assert.ErrorContains(t, err, "recompute every=0, want a positive number of layers or sqrt")
 }
+
+// Zero-bubble with full recompute replays each layer's forward twice, in
+// B and again in W (passes.replayForW), and keeps until W each weight
+// GEMM's output gradient: per in-flight microbatch and layer, b·s·(3h +
+// 2·kv + ffn)/tp elements beyond 1F1B's checkpoint. Priced as 1F1B's
+// stash it looked as small as 1F1B with recompute (the compiled last
+// rank held 2.4 times as much).
+func TestZeroBubbleRecomputeKeepsOutputGradients(t *testing.T) {
+	h, err := Preset("h100-sxm")
+	require.NoError(t, err)
+	shape := Transformer{Layers: 16, Hidden: 2048, Heads: 16, KVHeads: 4, Seq: 2048, Vocab: 32000, FFN: 5632, GatedMLP: true}
+	price := func(schedule, rc string) *Estimate {
+		e, err := h.Estimate(shape, Plan{TP: 2, PP: 4, DP: 1, MicroBatch: 1, Microbatches: 8, Precision: "bf16", Recompute: rc, Schedule: schedule})
+		require.NoError(t, err, "%s %s", schedule, rc)
+		return e
+	}
+	ofob, zb := price("1f1b", "full"), price("zb", "full")
+	const inflight, layers, tp, eb = 4, 4, 2, 2 // min(m, p), layers a stage
+	dy := float64(2048*eb) * (3*2048 + 2*512 + 2*5632) / tp
+	assert.InDelta(t, inflight*layers*dy, float64(zb.MemoryEstimate-ofob.MemoryEstimate), 1)
+	assert.Greater(t, zb.ComputeSeconds, ofob.ComputeSeconds, "the second replay")
+	assert.Less(t, zb.MemoryEstimate, price("zb", "none").MemoryEstimate)
+}

@@ -45,6 +45,10 @@ type Options struct {
 	// TwoBW applies PipeDream-2BW's weight update: gradients are taken at
 	// the previous weight version, W(t+1) = W(t) − ν∇f(W(t−1)).
 	TwoBW bool
+	// DeferWeightGradients says the pipeline schedule makes a backward's
+	// weight gradients in W blocks after its B (zero-bubble): recompute
+	// then replays again in W what the weight gradients read.
+	DeferWeightGradients bool
 	// Microbatches is the number of microbatches per step (gradient
 	// accumulation); 1 means none.
 	Microbatches int

@@ -3,6 +3,7 @@ package passes
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -169,6 +170,113 @@ func recompute(m *ir.Module, o *Options) error {
 		before[at] = append(before[at], r)
 	}
 	redirectBackward(m.Values, replayed, true)
+	m.Values = splice(m.Values, before, nil)
+	if o.DeferWeightGradients {
+		return replayForW(m)
+	}
+	return nil
+}
+
+// replayForW replays again, for the weight gradients a zero-bubble
+// schedule defers to W, the replayed values they read that the B block
+// computes too. Read from B, every such value (each GEMM's input) lived
+// from a microbatch's B to its W, up to p microbatches on every rank, and
+// recompute saved almost nothing (the last rank's peak fell 0.6 %); the
+// price is a second replay of those values in W.
+//
+// B is what lower.splitBackward puts there: what another chunk reads (the
+// gradient sent back) and everything it is computed from within its
+// microbatch's backward, and the vector weight gradients (a LayerNorm's,
+// a bias's) whose arguments B makes. The rest runs in W.
+func replayForW(m *ir.Module) error {
+	type block struct{ stage, micro int }
+	backward := func(v *ir.Value) bool {
+		return v.Meta.Micro >= 0 && (v.Meta.Phase == ir.PhaseBwd || v.Meta.Phase == ir.PhaseRecompute)
+	}
+	in := func(v *ir.Value) (block, bool) { return block{v.Meta.Stage, v.Meta.Micro}, backward(v) }
+	uses := m.Uses()
+	inB := map[*ir.Value]bool{}
+	var mark func(v *ir.Value)
+	mark = func(v *ir.Value) {
+		if inB[v] {
+			return
+		}
+		inB[v] = true
+		k, _ := in(v)
+		for _, a := range v.Args {
+			if ka, ok := in(a); ok && ka == k {
+				mark(a)
+			}
+		}
+	}
+	for _, v := range m.Values {
+		if !backward(v) {
+			continue
+		}
+		for _, u := range uses[v] {
+			if u.Meta.Stage != v.Meta.Stage {
+				mark(v)
+			}
+		}
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, v := range m.Values {
+			if !backward(v) || inB[v] || v.Type.Rank() > 1 {
+				continue
+			}
+			k, _ := in(v)
+			ready := true
+			for _, a := range v.Args {
+				if ka, ok := in(a); ok && ka == k && !inB[a] {
+					ready = false
+				}
+			}
+			if ready {
+				inB[v], changed = true, true
+			}
+		}
+	}
+	before := map[*ir.Value][]*ir.Value{}
+	again := map[*ir.Value]*ir.Value{} // a B replay's copy for W
+	var replayAgain func(r, at *ir.Value) (*ir.Value, error)
+	replayAgain = func(r, at *ir.Value) (*ir.Value, error) {
+		if c := again[r]; c != nil {
+			return c, nil
+		}
+		args := slices.Clone(r.Args)
+		for i, a := range args {
+			if a.Meta.Phase == ir.PhaseRecompute && inB[a] {
+				c, err := replayAgain(a, at)
+				if err != nil {
+					return nil, err
+				}
+				args[i] = c
+			}
+		}
+		c, err := m.NewValue(r.Op, args, r.Attrs.Clone(), r.Meta, r.Pos)
+		if err != nil {
+			return nil, err
+		}
+		again[r] = c
+		before[at] = append(before[at], c)
+		return c, nil
+	}
+	for _, u := range m.Values {
+		if !backward(u) || inB[u] {
+			continue
+		}
+		for i, a := range u.Args {
+			if a.Meta.Phase != ir.PhaseRecompute || !inB[a] {
+				continue
+			}
+			c, err := replayAgain(a, u)
+			if err != nil {
+				return err
+			}
+			u.Args[i] = c
+		}
+	}
 	m.Values = splice(m.Values, before, nil)
 	return nil
 }

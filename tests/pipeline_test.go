@@ -94,6 +94,7 @@ func compilePipeline(t *testing.T, pl pipePlan, layers int, s pipeSetup) (*ir.Mo
 	opts.VPP = pl.vpp
 	opts.Microbatches = pl.micro
 	opts.TwoBW = pl.name == "2bw"
+	opts.DeferWeightGradients = pl.name == "zb"
 	if s.edit != nil {
 		s.edit(opts)
 	}
@@ -204,6 +205,28 @@ func TestPipelineMatchesOneDevice(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// Zero-bubble with recompute replays in W what the weight gradients read
+// (passes.replayForW), a second time after B's: it trains like one
+// device, replays and all.
+func TestZeroBubbleRecomputeMatchesOneDevice(t *testing.T) {
+	const layers = 4
+	ref := trainReference(t, "", layers)
+	for _, rc := range []string{"full", "every=2"} {
+		t.Run(rc, func(t *testing.T) {
+			pl := pipePlan{pp: 2, micro: 4, name: "zb", order: scheduleOrder("zb")}
+			m, progs, evals := compilePipeline(t, pl, layers, pipeSetup{edit: func(o *passes.Options) { o.Recompute = rc }})
+			again := 0
+			for _, v := range m.Values {
+				if v.Meta.Phase == ir.PhaseRecompute {
+					again++
+				}
+			}
+			require.Positive(t, again)
+			assertSameTraining(t, ref, runPipeline(t, m, progs, evals).trajectory)
+		})
 	}
 }
 
