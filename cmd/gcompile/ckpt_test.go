@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -529,6 +530,31 @@ func TestKilledDuringSaveLeavesALoadableCheckpoint(t *testing.T) {
 	}
 }
 
+// Killed after its last checkpoint's commit and before pruning, a run
+// keeps one checkpoint more than --keep-last; rerun, it finds the run
+// finished, writes what it owes and prunes. It kept the extra one.
+func TestFinishedRunPrunesToKeepLast(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "6", "--checkpoint-every", "2", "--keep-last", "2"))
+	ck := filepath.Join(t.TempDir(), "ck")
+	// Five fault points a one-device save, the fifth its commit: the
+	// third save's is the fifteenth.
+	cmd := exec.Command(os.Args[0], append(slices.Clone(args), "--checkpoint-dir", ck)...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1", checkpoint.FaultEnv+"=15")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	steps, err := checkpoint.Steps(ck)
+	require.NoError(t, err)
+	require.Equal(t, []int{2, 4, 6}, steps, "killed before pruning: %s", out)
+	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", ck, "--resume", ck)))
+	steps, err = checkpoint.Steps(ck)
+	require.NoError(t, err)
+	assert.Equal(t, []int{4, 6}, steps, "--keep-last 2")
+}
+
 // readerPy reads a safetensors file by hand with Python's standard
 // library (an 8-byte length, a JSON header, raw little-endian data) and
 // prints each tensor's name, dtype, shape and the sum of its F32 values.
@@ -849,6 +875,17 @@ func TestCheckpointAcrossProcesses(t *testing.T) {
 	m, err := checkpoint.ReadManifest(checkpoint.StepDir(two, 3))
 	require.NoError(t, err)
 	assert.Len(t, m.Files, 2, "each process wrote its rank's blocks")
+	names := func(step int) (got []string) {
+		es, err := os.ReadDir(checkpoint.StepDir(two, step))
+		require.NoError(t, err)
+		for _, e := range es {
+			got = append(got, e.Name())
+		}
+		return got
+	}
+	// Process 0 merged the others' parts and removed them; its own it
+	// kept in memory (it was left behind as part-00000.json).
+	assert.ElementsMatch(t, names(3), append(slices.Collect(maps.Keys(m.Files)), checkpoint.ManifestName))
 	require.NoError(t, mainErr(append(append(slices.Clone(launch), args...), "--checkpoint-dir", two, "--resume", two)))
 	assert.Equal(t, stateSums(t, checkpoint.StepDir(one, 6)), stateSums(t, checkpoint.StepDir(two, 6)))
 }

@@ -677,6 +677,13 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		}
 		evals, trainErr = finishedRun(dev, corpus, cfg)
 		ck.saved = resumeDir
+		if j.lead() && c.ckptDir != "" {
+			// Killed after its last commit and before pruning, the run
+			// left one checkpoint more than --keep-last.
+			if err := checkpoint.Prune(c.ckptDir, c.keepLast); err != nil && trainErr == nil {
+				trainErr = fmt.Errorf("--keep-last %d: %w", c.keepLast, err)
+			}
+		}
 	} else {
 		steps, evals, trainErr = runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 			if tracer != nil && s.Step >= runtime.TraceSteps {

@@ -296,7 +296,8 @@ func SaveState(cl Cluster, progs []*lower.Program, opts SaveOptions) (string, er
 		return "", err
 	}
 	mine, err := writePart(cl, progs, tmp)
-	if err == nil && procs > 1 {
+	if err == nil && proc > 0 {
+		// Process 0 merges its own part from memory (commit).
 		err = writeJSON(filepath.Join(tmp, partFile(proc)), mine)
 	}
 	if err := agree(err); err != nil {
@@ -476,29 +477,38 @@ func commit(progs []*lower.Program, opts SaveOptions, tmp, final string, mine pa
 			return err
 		}
 	}
-	if opts.KeepLast > 0 {
-		steps, err := Steps(opts.Root)
-		if err != nil {
+	return Prune(opts.Root, opts.KeepLast)
+}
+
+// Prune removes the oldest complete checkpoints under root until keep
+// remain (keep ≤ 0: none is removed). A save prunes after it commits; a
+// resumed run that finds its last step already saved prunes too, since
+// a crash between the commit and the pruning left one too many.
+func Prune(root string, keep int) error {
+	if keep <= 0 {
+		return nil
+	}
+	steps, err := Steps(root)
+	if err != nil {
+		return err
+	}
+	for len(steps) > keep {
+		// Renamed to a .partial folder first, like a replaced step: a
+		// crash while removing leaves what the next save removes.
+		dir := StepDir(root, steps[0])
+		gone := dir + ".pruned" + partialSuffix
+		if err := os.RemoveAll(gone); err != nil {
 			return err
 		}
-		for len(steps) > opts.KeepLast {
-			// Renamed to a .partial folder first, like a replaced step:
-			// a crash while removing leaves what the next save removes.
-			dir := StepDir(opts.Root, steps[0])
-			gone := dir + ".pruned" + partialSuffix
-			if err := os.RemoveAll(gone); err != nil {
-				return err
-			}
-			if err := os.Rename(dir, gone); err != nil {
-				return err
-			}
-			if err := os.RemoveAll(gone); err != nil {
-				return err
-			}
-			steps = steps[1:]
+		if err := os.Rename(dir, gone); err != nil {
+			return err
 		}
-		syncDir(opts.Root)
+		if err := os.RemoveAll(gone); err != nil {
+			return err
+		}
+		steps = steps[1:]
 	}
+	syncDir(root)
 	return nil
 }
 
