@@ -158,11 +158,36 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		}
 	}
 	if hasW {
+		// A once-a-step backward value another rank reads, or one a
+		// backward value another rank reads is computed from (the last
+		// chunk's part of a tied embedding's gradient, summed over the
+		// microbatches and sent to the first): what a backward adds into
+		// it is made in B, as a value sent straight to another rank is.
+		// Deferred to W, the head's part kept each microbatch's logits'
+		// gradient alive until its W. (The optimizer's values do not
+		// count: every gradient reaches the global norm, whose scalars
+		// cross the ranks.)
+		uses := m.Uses()
+		sent := map[*ir.Value]bool{}
+		for i := len(perStep) - 1; i >= 0; i-- {
+			v := perStep[i]
+			if v.Meta.Phase != ir.PhaseBwd {
+				continue
+			}
+			for _, r := range readers[v] {
+				sent[v] = sent[v] || r != owner(v)
+			}
+			for _, u := range uses[v] {
+				sent[v] = sent[v] || sent[u]
+			}
+		}
 		for k, vs := range blocks {
 			if k.kind != 'B' {
 				continue
 			}
-			b, w := splitBackward(vs, owner, readers)
+			b, w := splitBackward(vs, owner, readers, func(v *ir.Value) bool {
+				return slices.ContainsFunc(uses[v], func(u *ir.Value) bool { return sent[u] })
+			})
 			blocks[k] = b
 			blocks[key{'W', k.chunk, k.micro}] = w
 		}
@@ -324,9 +349,10 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 }
 
 // splitBackward separates a chunk's backward into what other chunks need
-// (the input gradient, and everything it depends on) and the rest (weight
+// (the input gradient, what feeds a once-a-step value sent to another
+// rank (feedsSent), and everything they depend on) and the rest (weight
 // gradients), which a zero-bubble schedule defers.
-func splitBackward(vs []*ir.Value, owner func(*ir.Value) int, readers map[*ir.Value][]int) (b, w []*ir.Value) {
+func splitBackward(vs []*ir.Value, owner func(*ir.Value) int, readers map[*ir.Value][]int, feedsSent func(*ir.Value) bool) (b, w []*ir.Value) {
 	in := map[*ir.Value]bool{}
 	for _, v := range vs {
 		in[v] = true
@@ -348,6 +374,9 @@ func splitBackward(vs []*ir.Value, owner func(*ir.Value) int, readers map[*ir.Va
 			if r != owner(v) {
 				mark(v)
 			}
+		}
+		if feedsSent(v) {
+			mark(v)
 		}
 	}
 	// A weight gradient no larger than a vector (a LayerNorm's gain and

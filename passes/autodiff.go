@@ -198,6 +198,14 @@ func (ad *VJPBuilder) Op(op string, attrs ir.Attrs, args ...*ir.Value) *ir.Value
 func (ad *VJPBuilder) accumulate(a, g *ir.Value) {
 	if prev := ad.grads[a]; prev != nil {
 		g = ad.Op("add", nil, prev, g)
+		if g != nil && a.Op == "param" {
+			// A param read twice (a tied embedding) has its parts added
+			// in fp32 under mixed precision, as the microbatches' sums
+			// are: on a pipeline its parts are summed on their chunks
+			// and added once (passes.microbatch), and the same sum in
+			// 16 bits on one device rounded each microbatch's to 8 bits.
+			g.Meta.Precision = ir.F32
+		}
 	}
 	ad.grads[a] = g
 }

@@ -94,9 +94,16 @@ func bucketFinal(m *ir.Module, uses map[*ir.Value][]*ir.Value, axis string, limi
 		// gradients (ZeRO-2/3's reduce-scatters under gradient
 		// accumulation) read only by the sum over microbatches, which
 		// the lowering moves after the bucket (lower.groupBuckets).
+		// Nor can the reduction of a sum of two chunks' parts (a tied
+		// embedding's, whose last-chunk part arrives after this chunk's
+		// blocks): its bucket would wait for the other rank, and what
+		// reads the rest of the bucket before then would wait with it.
 		early := false
 		for _, u := range uses[v] {
 			early = early || u.Meta.Phase != ir.PhaseOpt && !accumulates(v, u)
+		}
+		for _, a := range v.Args[0].Args {
+			early = early || a.Meta.Stage != v.Meta.Stage
 		}
 		if early {
 			continue

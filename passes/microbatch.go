@@ -89,8 +89,24 @@ func microbatch(m *ir.Module, o *Options) error {
 			m.Values = append(m.Values, v)
 		}
 	}
+	// A param read on two pipeline chunks (a tied embedding, read by the
+	// first chunk's lookup and the last's head) has a gradient summed from
+	// the two chunks' parts, autodiff's add. Each part is summed over the
+	// microbatches on its own chunk and the two sums are added once, as
+	// Megatron-LM all-reduces the two copies' gradients once a step: added
+	// for each microbatch, the last chunk's part crossed to the first m
+	// times a step.
+	uses := m.Uses()
+	split := map[*ir.Value]bool{}
+	for _, out := range m.Outputs {
+		if v := out.Value; strings.HasPrefix(out.Name, ir.GradPrefix) && v.Op == "add" && len(uses[v]) == 0 &&
+			place[v].Kind != ir.Replicate && v.Args[0].Meta.Stage != v.Args[1].Meta.Stage {
+			split[v] = true
+		}
+	}
 	var losses []*ir.Value
 	grads := map[string][]*ir.Value{}
+	parts := map[string][2][]*ir.Value{}
 	for k := range n {
 		copyOf := map[*ir.Value]*ir.Value{}
 		for _, x := range sources {
@@ -104,7 +120,7 @@ func microbatch(m *ir.Module, o *Options) error {
 			copyOf[x] = slice
 		}
 		for _, v := range body {
-			if place[v].Kind == ir.Replicate {
+			if place[v].Kind == ir.Replicate || split[v] {
 				continue
 			}
 			meta := v.Meta
@@ -168,6 +184,17 @@ func microbatch(m *ir.Module, o *Options) error {
 		}
 		losses = append(losses, lk)
 		for _, out := range m.Outputs {
+			if split[out.Value] {
+				ps := parts[out.Name]
+				for i, a := range out.Value.Args {
+					if c := copyOf[a]; c != nil {
+						a = c
+					}
+					ps[i] = append(ps[i], a)
+				}
+				parts[out.Name] = ps
+				continue
+			}
 			if strings.HasPrefix(out.Name, ir.GradPrefix) || strings.HasPrefix(out.Name, ir.AuxPrefix) {
 				g := out.Value
 				if c := copyOf[g]; c != nil {
@@ -221,6 +248,36 @@ func microbatch(m *ir.Module, o *Options) error {
 	}
 	m.SetOutput(ir.OutputLoss, l)
 	for i, out := range m.Outputs {
+		if ps, ok := parts[out.Name]; ok {
+			v := out.Value
+			a, err := total(ps[0], v.Args[0], ir.PhaseBwd, false)
+			if err != nil {
+				return err
+			}
+			b, err := total(ps[1], v.Args[1], ir.PhaseBwd, false)
+			if err != nil {
+				return err
+			}
+			meta := v.Meta
+			meta.Micro, meta.Precision = -1, ir.F32
+			g, err := m.Add("add", []*ir.Value{a, b}, nil, meta, v.Pos)
+			if err != nil {
+				return err
+			}
+			sums = append(sums, g)
+			if share == nil {
+				c, err := m.AddSource("const", ir.T(v.Type.DType), ir.Attrs{"value": 1 / float64(n)}, meta, v.Pos)
+				if err != nil {
+					return err
+				}
+				if g, err = m.Add("scale", []*ir.Value{g, c}, nil, meta, v.Pos); err != nil {
+					return err
+				}
+				sums = append(sums, g)
+			}
+			m.Outputs[i].Value = g
+			continue
+		}
 		if gs := grads[out.Name]; gs != nil {
 			// The model's own outputs are forward values, averaged like
 			// the loss; gradients are sums of the microbatches' shares.

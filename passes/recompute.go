@@ -185,7 +185,8 @@ func recompute(m *ir.Module, o *Options) error {
 // price is a second replay of those values in W.
 //
 // B is what lower.splitBackward puts there: what another chunk reads (the
-// gradient sent back) and everything it is computed from within its
+// gradient sent back), what feeds a once-a-step value sent to another
+// chunk, and everything they are computed from within its
 // microbatch's backward, and the vector weight gradients (a LayerNorm's,
 // a bias's) whose arguments B makes. The rest runs in W.
 func replayForW(m *ir.Module) error {
@@ -209,12 +210,24 @@ func replayForW(m *ir.Module) error {
 			}
 		}
 	}
+	// Once-a-step backward values another chunk reads, or that one is
+	// computed from (a tied embedding's last-chunk gradient sum): what
+	// feeds them is B's. (Not the optimizer's: every gradient reaches the
+	// global norm, whose scalars cross the chunks.)
+	sent := map[*ir.Value]bool{}
+	for i := len(m.Values) - 1; i >= 0; i-- {
+		if v := m.Values[i]; v.Meta.Micro < 0 && v.Meta.Phase == ir.PhaseBwd {
+			for _, u := range uses[v] {
+				sent[v] = sent[v] || u.Meta.Stage != v.Meta.Stage || sent[u]
+			}
+		}
+	}
 	for _, v := range m.Values {
 		if !backward(v) {
 			continue
 		}
 		for _, u := range uses[v] {
-			if u.Meta.Stage != v.Meta.Stage {
+			if u.Meta.Stage != v.Meta.Stage || sent[u] {
 				mark(v)
 			}
 		}

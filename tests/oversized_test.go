@@ -236,7 +236,11 @@ func TestMicrobatchesHoldOneMicrobatchsActivations(t *testing.T) {
 // only what the weight gradients' GEMMs read. A LayerNorm's and a bias's
 // small gradients are made in B; deferred to W, they kept the LayerNorm's
 // input and output gradient too, and the last rank peaked 22 % above
-// 1F1B's first.
+// 1F1B's first. The last rank also holds the tied head's part of the
+// embedding's gradient, summed over the microbatches (V·h fp32, as
+// Megatron-LM's last stage holds its copy's main_grad), so its peak may
+// exceed 1F1B's first by that, and by a little more for the head's
+// gradient made in B (measured 3,072 B of 10.8 MB).
 func TestZeroBubbleHoldsOneF1BsPeak(t *testing.T) {
 	const set = "layers=8,hidden=64,heads=4,seq=64"
 	peak := func(schedule string) (most int64) {
@@ -247,5 +251,6 @@ func TestZeroBubbleHoldsOneF1BsPeak(t *testing.T) {
 		return most
 	}
 	ofob, zb := peak("1f1b"), peak("zb")
-	assert.LessOrEqual(t, zb, ofob, "zb's largest peak against 1f1b's")
+	const tied = 256 * 64 * 4 // the GPT's vocabulary × hidden, fp32
+	assert.LessOrEqual(t, float64(zb), float64(ofob+tied)*1.001, "zb's largest peak against 1f1b's and the head's gradient sum")
 }

@@ -29,14 +29,21 @@ func compilePipelineMP(t *testing.T, precision string, micro int) (*ir.Module, [
 // decision is global. The stages add their partial gradient norms in a
 // different order than one device, so the clip coefficient can differ in
 // its last bit, and bf16's 8-bit mantissa can turn that into a different
-// rounding of a weight copy. Measured: worst loss rel err bf16 2.7e-5,
-// fp16 0 (bit-identical); asserted 1e-4 and 1e-5.
+// rounding of a weight copy. The tied embedding's gradient is summed on
+// each stage over the microbatches and the two sums added once (one
+// device adds the two parts for each microbatch, in fp32 too), a
+// last-bit difference that a 16-bit weight copy can round apart and Adam
+// turn into up-to-lr steps where a gradient is near zero. Measured: worst
+// loss rel err bf16 2.7e-5, fp16 6e-6; worst weight element (of its
+// tensor's largest) fp16 3.0e-4 (c_proj), bf16 under 1e-3; asserted 1e-4
+// and 1e-5 on the losses, 1e-3 on the weights.
 func TestPipelineMixedPrecisionMatchesOneDevice(t *testing.T) {
 	for _, tc := range []struct {
 		precision string
 		scale     float64
 		tol       float64
-	}{{"bf16", 1, 1e-4}, {"fp16", 1024, 1e-5}} {
+		parmTol   float64
+	}{{"bf16", 1, 1e-4, 1e-3}, {"fp16", 1024, 1e-5, 1e-3}} {
 		t.Run(tc.precision, func(t *testing.T) {
 			ref := trainMP(t, plan{precision: tc.precision, micro: 4}, runtime.NewLossScaler(tc.scale), eqSteps)
 			m, progs := compilePipelineMP(t, tc.precision, 4)
@@ -59,7 +66,7 @@ func TestPipelineMixedPrecisionMatchesOneDevice(t *testing.T) {
 				require.NoError(t, err)
 			}
 			worstParam := paramError(t, ref.params, params, isKeyBias)
-			assert.LessOrEqual(t, worstParam, 10*tc.tol)
+			assert.LessOrEqual(t, worstParam, tc.parmTol)
 			requireFinite(t, params)
 			for r, d := range cl.Devices {
 				assert.Equal(t, d.Program().PeakBytes, d.PeakBytes(), "device %d: measured peak equals predicted", r)

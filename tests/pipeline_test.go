@@ -230,6 +230,29 @@ func TestZeroBubbleRecomputeMatchesOneDevice(t *testing.T) {
 	}
 }
 
+// The tied embedding's gradient crosses from the last stage to the first
+// once a step: the head's part summed over the microbatches there, as
+// Megatron-LM all-reduces its two copies' gradients once. It crossed once
+// a microbatch, m·V·h a step.
+func TestTiedEmbeddingGradientCrossesOnceAStep(t *testing.T) {
+	for _, pl := range []pipePlan{{pp: 2, micro: 4, name: "1f1b"}, {pp: 2, micro: 4, name: "zb"}, {pp: 2, micro: 4, tp: 2, name: "gpipe"}} {
+		t.Run(pl.String(), func(t *testing.T) {
+			pl.order = scheduleOrder(pl.name)
+			m, progs, _ := compilePipeline(t, pl, 4, pipeSetup{})
+			wte := m.Source("wte.weight")
+			require.NotNil(t, wte)
+			var sent []*ir.Value
+			for _, in := range progs[len(progs)-1].Instrs {
+				if in.Op == "send" && in.Value.Meta.Phase == ir.PhaseBwd && in.Value.Type.Equal(wte.Type) {
+					sent = append(sent, in.Value)
+				}
+			}
+			require.Len(t, sent, 1, "the head's gradient part sent to the first stage")
+			assert.Equal(t, -1, sent[0].Meta.Micro, "%s is the sum over the microbatches", sent[0].Where())
+		})
+	}
+}
+
 // PipeDream-2BW on a pipeline equals a single-device run of its update
 // rule W(t+1) = W(t) − ν∇f(W(t−1)): the first step matches plain training
 // (both versions start equal), later steps do not (the gradients are one
