@@ -483,10 +483,17 @@ func groupBuckets(p *Program) error {
 }
 
 // movable says whether in may run later than where it stands for a
-// gradient bucket it reads: gradient accumulation's sums in the backward.
+// gradient bucket it reads: gradient accumulation's sums in the backward,
+// and the optimizer's work. A pipeline rank emits the optimizer's work on
+// a gradient as soon as the gradient is reduced (lower.LowerPipeline);
+// under zero-bubble a bucket holds gradients B finishes (a LayerNorm's)
+// and gradients W finishes, and what read the former (mixed precision's
+// unscale, ZeRO's shard of the gradient) stood before the bucket's end.
+// Every rank of a collective's group runs the same program, so moving a
+// collective keeps their order; a send never waits.
 func movable(in Instr) bool {
 	v := in.Value
-	return v.Op == "add" && v.Meta.Micro < 0 && v.Meta.Phase == ir.PhaseBwd
+	return v.Op == "add" && v.Meta.Micro < 0 && v.Meta.Phase == ir.PhaseBwd || v.Meta.Phase == ir.PhaseOpt
 }
 
 // forwardEnd is one past the last instruction the loss depends on.

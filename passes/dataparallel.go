@@ -1,6 +1,8 @@
 package passes
 
 import (
+	"slices"
+
 	"gcompile/ir"
 )
 
@@ -80,6 +82,17 @@ func accumulates(g, u *ir.Value) bool {
 	return g.Meta.Micro >= 0 && u.Op == "add" && u.Meta.Micro < 0 && u.Meta.Phase == ir.PhaseBwd
 }
 
+// fromOtherChunk says whether x reads another chunk's value than stage,
+// directly or through the scale or cast that makes x from it: the sum of
+// a tied embedding's two parts (passes.microbatch), averaged when the
+// microbatches' gradients are.
+func fromOtherChunk(x *ir.Value, stage int) bool {
+	if (x.Op == "scale" || x.Op == "cast") && len(x.Args) > 0 && x.Args[0].Meta.Stage == stage {
+		x = x.Args[0]
+	}
+	return slices.ContainsFunc(x.Args, func(a *ir.Value) bool { return a.Meta.Stage != stage })
+}
+
 // bucketFinal buckets the backward reductions over axis that nothing
 // reads before the optimizer, numbering the buckets from first; it
 // returns the next free number.
@@ -102,9 +115,7 @@ func bucketFinal(m *ir.Module, uses map[*ir.Value][]*ir.Value, axis string, limi
 		for _, u := range uses[v] {
 			early = early || u.Meta.Phase != ir.PhaseOpt && !accumulates(v, u)
 		}
-		for _, a := range v.Args[0].Args {
-			early = early || a.Meta.Stage != v.Meta.Stage
-		}
+		early = early || fromOtherChunk(v.Args[0], v.Meta.Stage)
 		if early {
 			continue
 		}

@@ -51,6 +51,7 @@ func microbatch(m *ir.Module, o *Options) error {
 		return err
 	}
 	seeded := seededByLoss(m.Values)
+	uses := m.Uses() // before m.Values is rebuilt below
 	rescale := map[*ir.Value]*ir.Value{}
 	narrow := map[narrowKey]*ir.Value{}
 	replaced := map[*ir.Value]bool{}
@@ -96,7 +97,6 @@ func microbatch(m *ir.Module, o *Options) error {
 	// Megatron-LM all-reduces the two copies' gradients once a step: added
 	// for each microbatch, the last chunk's part crossed to the first m
 	// times a step.
-	uses := m.Uses()
 	split := map[*ir.Value]bool{}
 	for _, out := range m.Outputs {
 		if v := out.Value; strings.HasPrefix(out.Name, ir.GradPrefix) && v.Op == "add" && len(uses[v]) == 0 &&

@@ -240,7 +240,10 @@ func TestMicrobatchesHoldOneMicrobatchsActivations(t *testing.T) {
 // embedding's gradient, summed over the microbatches (V·h fp32, as
 // Megatron-LM's last stage holds its copy's main_grad), so its peak may
 // exceed 1F1B's first by that, and by a little more for the head's
-// gradient made in B (measured 3,072 B of 10.8 MB).
+// gradient made in B (measured 3,072 B of 10.8 MB). (On other shapes the
+// rank's peak falls where a microbatch's part is added, and the sum's old
+// and new values are both live: adds are not made in place, so up to
+// 2·V·h.)
 func TestZeroBubbleHoldsOneF1BsPeak(t *testing.T) {
 	const set = "layers=8,hidden=64,heads=4,seq=64"
 	peak := func(schedule string) (most int64) {

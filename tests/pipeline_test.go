@@ -230,6 +230,21 @@ func TestZeroBubbleRecomputeMatchesOneDevice(t *testing.T) {
 	}
 }
 
+// Zero-bubble with data parallelism and optimizer work that reads each
+// gradient as soon as it is reduced (ZeRO-1's shard of it, mixed
+// precision's unscale) compiles and trains like one device. A dp bucket
+// holds gradients B finishes (a LayerNorm's) and gradients W finishes;
+// what read the former stood before the bucket's end, and the plan was
+// refused ("bucket 1 cannot wait for its last gradient").
+func TestZeroBubbleWithDataParallelOptimizerWork(t *testing.T) {
+	const layers = 4
+	ref := trainReference(t, "", layers)
+	pl := pipePlan{pp: 2, dp: 2, micro: 4, name: "zb", order: scheduleOrder("zb")}
+	m, progs, evals := compilePipeline(t, pl, layers, pipeSetup{edit: func(o *passes.Options) { o.Zero = 1 }})
+	assertSameTraining(t, ref, runPipeline(t, m, progs, evals).trajectory)
+	compilePipeline(t, pl, layers, pipeSetup{edit: func(o *passes.Options) { o.Precision = "bf16" }})
+}
+
 // The tied embedding's gradient crosses from the last stage to the first
 // once a step: the head's part summed over the microbatches there, as
 // Megatron-LM all-reduces its two copies' gradients once. It crossed once
