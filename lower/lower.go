@@ -450,7 +450,7 @@ func groupBuckets(p *Program) error {
 		// A bucketed reader runs where its bucket goes: a dp bucket
 		// reading an ep bucket's sums (passes.dataParallel) waits for its
 		// own last gradient, after the ep bucket.
-		if wait > 0 && (in.Bucket > 0 && last[in.Bucket] <= last[wait] || in.Bucket == 0 && !movable(in)) {
+		if wait > 0 && (in.Bucket > 0 && last[in.Bucket] <= last[wait] || in.Bucket == 0 && !movable(in, p.Mesh)) {
 			return fmt.Errorf("%s: bucket %d cannot wait for its last gradient: %s reads the result first", read.Where(), wait-1, in.Value.Where())
 		}
 		switch {
@@ -489,11 +489,22 @@ func groupBuckets(p *Program) error {
 // under zero-bubble a bucket holds gradients B finishes (a LayerNorm's)
 // and gradients W finishes, and what read the former (mixed precision's
 // unscale, ZeRO's shard of the gradient) stood before the bucket's end.
-// Every rank of a collective's group runs the same program, so moving a
-// collective keeps their order; a send never waits.
-func movable(in Instr) bool {
+// A collective moves only on an axis within a pipeline stage (dp, tp, ep,
+// cp), whose ranks all run this program and move it alike; a transfer to
+// or from another stage, whose rank runs another program, never moves.
+func movable(in Instr, mesh *ir.Mesh) bool {
 	v := in.Value
-	return v.Op == "add" && v.Meta.Micro < 0 && v.Meta.Phase == ir.PhaseBwd || v.Meta.Phase == ir.PhaseOpt
+	if v.Op == "add" && v.Meta.Micro < 0 && v.Meta.Phase == ir.PhaseBwd {
+		return true
+	}
+	if v.Meta.Phase != ir.PhaseOpt || in.Op == "send" || in.Op == "recv" {
+		return false
+	}
+	if ir.Collectives[in.Op] {
+		ax := mesh.Axis(in.Attrs.Str("axis"))
+		return ax >= 0 && ax != mesh.PipelineAxis()
+	}
+	return true
 }
 
 // forwardEnd is one past the last instruction the loss depends on.
