@@ -434,17 +434,21 @@ func groupBuckets(p *Program) error {
 	if len(last) == 0 {
 		return nil
 	}
-	// after[id] is the bucket whose end a moved instruction's output
-	// waits for; pending[b] what runs after bucket b's last member.
-	after := map[int]int{}
-	moved := map[int]*ir.Value{}
+	// after[id] is the bucket whose end a moved instruction waits for,
+	// and the instruction's value, by its output; pending[b] what runs
+	// after bucket b's last member.
+	type waiting struct {
+		bucket int
+		v      *ir.Value
+	}
+	after := map[int]waiting{}
 	pending := map[int][]Instr{}
 	var out []Instr
 	for i, in := range p.Instrs {
 		wait, read := 0, in.Value // the bucket this instruction must follow, and what it reads of it
 		for _, a := range in.Args {
-			if b, ok := after[a]; ok && last[b] > i && (wait == 0 || last[b] > last[wait]) {
-				wait, read = b, moved[a]
+			if w, ok := after[a]; ok && last[w.bucket] > i && (wait == 0 || last[w.bucket] > last[wait]) {
+				wait, read = w.bucket, w.v
 			}
 		}
 		// A bucketed reader runs where its bucket goes: a dp bucket
@@ -456,10 +460,10 @@ func groupBuckets(p *Program) error {
 		switch {
 		case wait > 0 && in.Bucket == 0:
 			pending[wait] = append(pending[wait], in)
-			after[in.Out], moved[in.Out] = wait, in.Value
+			after[in.Out] = waiting{wait, in.Value}
 		case in.Bucket > 0 && i != last[in.Bucket]:
 			pending[in.Bucket] = append(pending[in.Bucket], in)
-			after[in.Out], moved[in.Out] = in.Bucket, in.Value
+			after[in.Out] = waiting{in.Bucket, in.Value}
 		case in.Bucket > 0:
 			// The members first, then what waited for the bucket.
 			var members, readers []Instr

@@ -35,7 +35,7 @@ func compress(m *ir.Module, o *Options) error {
 		return err
 	}
 	if relu {
-		if err := reluMasks(m, o.Mesh.SizeOf(o.Mesh.WeightAxis()), o); err != nil {
+		if err := reluMasks(m, o); err != nil {
 			return err
 		}
 	}
@@ -67,9 +67,11 @@ func compressModes(s string) (relu, lowp bool, err error) {
 // reluMasks replaces, for every ReLU input x that the backward reads only
 // through relu_grad, the stash of x by a packed 1-bit mask. An x that
 // something else in the backward also reads stays live anyway, so it is
-// left alone: a mask beside it would only add bytes. tp is the size of
-// the weight axis; o takes a note of the inputs left stashed.
-func reluMasks(m *ir.Module, tp int, o *Options) error {
+// left alone: a mask beside it would only add bytes; so is one the weight
+// axis cannot split into whole bytes of mask. o takes a note of the
+// inputs left stashed.
+func reluMasks(m *ir.Module, o *Options) error {
+	tp := o.Mesh.SizeOf(o.Mesh.WeightAxis())
 	relus := 0
 	for _, v := range m.Values {
 		if v.Op == "relu" {

@@ -220,6 +220,8 @@ func microbatch(m *ir.Module, o *Options) error {
 	// (Hoist below): added after the last microbatch, every microbatch's
 	// gradients were alive at once, n times the gradients' bytes.
 	var sums []*ir.Value
+	// total adds vs up, with at's metadata, and divides the sum by the
+	// number of microbatches when mean is set.
 	total := func(vs []*ir.Value, at *ir.Value, phase ir.Phase, mean bool) (*ir.Value, error) {
 		meta := at.Meta
 		meta.Micro, meta.Phase, meta.Precision = -1, phase, ir.F32
@@ -234,7 +236,7 @@ func microbatch(m *ir.Module, o *Options) error {
 		if !mean {
 			return acc, nil
 		}
-		c, err := m.AddSource("const", ir.T(at.Type.DType), ir.Attrs{"value": 1 / float64(len(vs))}, meta, at.Pos)
+		c, err := m.AddSource("const", ir.T(at.Type.DType), ir.Attrs{"value": 1 / float64(n)}, meta, at.Pos)
 		if err != nil {
 			return nil, err
 		}
@@ -258,22 +260,9 @@ func microbatch(m *ir.Module, o *Options) error {
 			if err != nil {
 				return err
 			}
-			meta := v.Meta
-			meta.Micro, meta.Precision = -1, ir.F32
-			g, err := m.Add("add", []*ir.Value{a, b}, nil, meta, v.Pos)
+			g, err := total([]*ir.Value{a, b}, v, ir.PhaseBwd, share == nil)
 			if err != nil {
 				return err
-			}
-			sums = append(sums, g)
-			if share == nil {
-				c, err := m.AddSource("const", ir.T(v.Type.DType), ir.Attrs{"value": 1 / float64(n)}, meta, v.Pos)
-				if err != nil {
-					return err
-				}
-				if g, err = m.Add("scale", []*ir.Value{g, c}, nil, meta, v.Pos); err != nil {
-					return err
-				}
-				sums = append(sums, g)
 			}
 			m.Outputs[i].Value = g
 			continue

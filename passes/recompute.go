@@ -169,7 +169,7 @@ func recompute(m *ir.Module, o *Options) error {
 		replayed[v] = r
 		before[at] = append(before[at], r)
 	}
-	redirectBackward(m.Values, replayed, true)
+	redirectBackward(m.Values, replayed)
 	m.Values = splice(m.Values, before, nil)
 	if o.DeferWeightGradients {
 		return replayForW(m)

@@ -25,16 +25,16 @@ func splice(values []*ir.Value, before, after map[*ir.Value][]*ir.Value) []*ir.V
 	return out
 }
 
-// redirectBackward makes backward values read to[a] wherever they read a
-// (a replayed or decompressed copy instead of the forward original); with
-// sameChunk, only those on a's pipeline chunk.
-func redirectBackward(values []*ir.Value, to map[*ir.Value]*ir.Value, sameChunk bool) {
+// redirectBackward makes the backward values on a's pipeline chunk read
+// to[a] wherever they read a (a replayed copy instead of the forward
+// original).
+func redirectBackward(values []*ir.Value, to map[*ir.Value]*ir.Value) {
 	for _, v := range values {
 		if v.Meta.Phase != ir.PhaseBwd {
 			continue
 		}
 		for i, a := range v.Args {
-			if c := to[a]; c != nil && (!sameChunk || a.Meta.Stage == v.Meta.Stage) {
+			if c := to[a]; c != nil && a.Meta.Stage == v.Meta.Stage {
 				v.Args[i] = c
 			}
 		}
