@@ -1050,6 +1050,12 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		if p.Zero == 3 || p.Zero >= 1 && eb < 4 {
 			params /= float64(p.DP)
 		}
+		if p.Schedule == "2bw" {
+			// PipeDream-2BW's previous weights, which the forward and
+			// backward read, kept in their dtype (passes.lowPrevWeights)
+			// and offloaded with the params; ZeRO is refused with it.
+			params += eb * n
+		}
 		if strings.Contains(p.Offload, "optimizer") {
 			state = 0
 		}
@@ -1116,7 +1122,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// 23 % over and 5 % under on average (mean |log ratio| 0.31, 0.17), where it
 	// was 50 % and 19 % over (0.42, 0.20) with the copy.)
 	copyBytes := eb * stageParams
-	if eb == 4 {
+	if eb == 4 || p.Schedule == "2bw" {
+		// Under 2BW the forward reads the previous version, whose next
+		// copy the optimizer writes in place.
 		copyBytes = 0
 	}
 	e.MemoryEstimate = int64(params + state + grads + actBytes + copyBytes)

@@ -239,3 +239,30 @@ func TestZeroBubbleRecomputeKeepsOutputGradients(t *testing.T) {
 	assert.Greater(t, zb.ComputeSeconds, ofob.ComputeSeconds, "the second replay")
 	assert.Less(t, zb.MemoryEstimate, price("zb", "none").MemoryEstimate)
 }
+
+// PipeDream-2BW keeps its previous weights beside the params, in the
+// dtype the forward reads them in: an fp32 plan holds 4 bytes a param
+// more than 1F1B, a 16-bit plan as much as 1F1B, its version standing in
+// for the 16-bit copy of the weights (passes.lowPrevWeights). The step is
+// 1F1B's.
+func TestTwoBWHoldsOneMoreWeightVersion(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	shape := Transformer{Layers: 8, Hidden: 1024, Heads: 16, Seq: 1024, Vocab: 32000, FFN: 4096}
+	for _, tc := range []struct {
+		precision string
+		more      float64 // bytes a param of the first stage
+	}{{"fp32", 4}, {"bf16", 0}, {"fp16", 0}} {
+		price := func(schedule string) *Estimate {
+			e, err := h.Estimate(shape, Plan{TP: 1, PP: 2, DP: 1, MicroBatch: 1, Microbatches: 4, Precision: tc.precision, Recompute: "none", Schedule: schedule})
+			require.NoError(t, err, "%s %s", schedule, tc.precision)
+			return e
+		}
+		ofob, twobw := price("1f1b"), price("2bw")
+		// The busiest stage: 4 layers and the embeddings.
+		stage := 4*shape.layerParamsPerDevice(1) + shape.outerParamsPerDevice(1)
+		assert.InDelta(t, tc.more*stage, float64(twobw.MemoryEstimate-ofob.MemoryEstimate), 1, tc.precision)
+		assert.Greater(t, twobw.MemoryLowerBound, ofob.MemoryLowerBound, "%s: the version is persistent", tc.precision)
+		assert.Equal(t, ofob.StepSeconds, twobw.StepSeconds, tc.precision)
+	}
+}

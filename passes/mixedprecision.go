@@ -3,6 +3,7 @@ package passes
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"gcompile/ir"
 )
@@ -78,6 +79,10 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 
 	b := &mpBuilder{m: m, low: low, rep: map[*ir.Value]*ir.Value{}, casts: map[castKey]*ir.Value{},
 		scaled: map[*ir.Value]bool{}, unscaled: map[*ir.Value]*ir.Value{}, inv: map[[2]int]*ir.Value{}}
+	prevCasts, err := lowPrevWeights(m, low)
+	if err != nil {
+		return err
+	}
 	old := m.Values
 	m.Values = make([]*ir.Value, 0, len(old)*5/4)
 	var grads []*ir.Value // unscaled fp32 gradients, in first-use order
@@ -167,6 +172,7 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 		m.Outputs[i].Value = v
 	}
 	if len(grads) == 0 {
+		placeBeforeGates(m, prevCasts)
 		return b.err
 	}
 	// Each gradient's fp32 copy is made as soon as the gradient is, in the
@@ -199,7 +205,82 @@ func mixedPrecision(m *ir.Module, o *Options) error {
 	// would keep each param's and state's new value alive at once, as
 	// much again as the params and optimizer state.
 	m.Hoist(slices.Clone(m.Values[first:])...)
+	placeBeforeGates(m, prevCasts)
 	return b.err
+}
+
+// lowPrevWeights keeps PipeDream-2BW's previous weights in the 16-bit
+// dtype the forward and backward read them in (PipeDream-2BW keeps its
+// stashed version in the compute precision): each step the optimizer
+// casts the param down just before its update, and the state takes that
+// copy. The values are the ones an fp32 version cast down in the forward
+// would give, to the bit, for 2 bytes a param rather than 4 kept and 2
+// more cast every step. It returns each cast by the update it feeds.
+func lowPrevWeights(m *ir.Module, low ir.DType) (map[*ir.Value]*ir.Value, error) {
+	// A version some op reads in fp32 (a router the model keeps in fp32)
+	// stays fp32.
+	readF32 := map[*ir.Value]bool{}
+	for _, v := range m.Values {
+		info, _ := ir.Lookup(v.Op)
+		if v.Meta.Phase == ir.PhaseOpt || info.Source {
+			continue
+		}
+		for i, a := range v.Args {
+			if info.Precision == ir.PrecisionF32 || v.Meta.Precision == ir.F32 || slices.Contains(info.F32Args, i) {
+				readF32[a] = true
+			}
+		}
+	}
+	casts := map[*ir.Value]*ir.Value{}
+	for i, u := range m.Updates {
+		s := u.State
+		if !strings.HasPrefix(s.Name(), ir.PrevPrefix) || s.Type.DType != ir.F32 || u.Value.Op != "param" || readF32[s] {
+			continue
+		}
+		meta := u.Value.Meta
+		meta.Phase = ir.PhaseOpt
+		c, err := m.NewValue("cast", []*ir.Value{u.Value}, ir.Attrs{"to": low.String()}, meta, u.Value.Pos)
+		if err != nil {
+			return nil, err
+		}
+		s.Type.DType = low
+		m.Updates[i].Value = c
+		casts[s] = c
+	}
+	return casts, nil
+}
+
+// placeBeforeGates puts each previous weight's cast (casts, by state)
+// right before the value that updates its state: after the gradients are
+// counted, where the update writes the copy straight into the state, and
+// before the param's own update overwrites what it reads.
+func placeBeforeGates(m *ir.Module, casts map[*ir.Value]*ir.Value) {
+	if len(casts) == 0 {
+		return
+	}
+	before := map[*ir.Value]*ir.Value{}
+	for _, u := range m.Updates {
+		if c := casts[u.State]; c != nil {
+			before[u.Value] = c
+		}
+	}
+	values := make([]*ir.Value, 0, len(m.Values)+len(casts))
+	for _, v := range m.Values {
+		if c := before[v]; c != nil {
+			values = append(values, c)
+			delete(before, v)
+		}
+		values = append(values, v)
+	}
+	// Without gates (no gradient to count) the casts end the step, after
+	// the params' updates: an update that reads its param before the cast
+	// does is then not done in place, and the cast reads the old value.
+	for _, u := range m.Updates {
+		if c := before[u.Value]; c != nil {
+			values = append(values, c)
+		}
+	}
+	m.Values = values
 }
 
 type castKey struct {

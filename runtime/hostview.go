@@ -209,6 +209,17 @@ func (v HostView) InitParams(seed uint64) error {
 		if err != nil {
 			return err
 		}
+		if src.Type.DType != b.Type.DType {
+			// A version kept in the compute dtype (under mixed precision)
+			// starts as the param rounded as the cast kernels round.
+			x, err := Decode(src.Type, raw)
+			if err != nil {
+				return fmt.Errorf("%s: init copies %q: %w", b.Value.Where(), from, err)
+			}
+			if raw, err = Encode(b.Type.DType, x); err != nil {
+				return fmt.Errorf("%s: init copies %q: %w", b.Value.Where(), from, err)
+			}
+		}
 		if err := v.write(b, raw); err != nil {
 			return err
 		}
