@@ -133,6 +133,8 @@ func largestBuffers(p *lower.Program) string {
 // point them at files of their own.
 var (
 	procMeminfo = "/proc/meminfo"
+	procStatus  = "/proc/self/status"
+	asLimit     = addressSpaceLimit
 	cgroups     = []cgroupFiles{
 		{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "inactive_file"},
 		{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file"},
@@ -146,9 +148,22 @@ type cgroupFiles struct{ limit, usage, stat, cache string }
 // HostMemory is the default MemorySource: MemAvailable from /proc/meminfo
 // (what the kernel can hand out without swapping), lowered to the room
 // left under the process's cgroup memory limit when there is one, since
-// a container is killed at its limit whatever the machine has free.
-// Elsewhere than Linux it does not know.
+// a container is killed at its limit whatever the machine has free, and
+// to the room left under its address-space limit (ulimit -v), past which
+// the Go runtime cannot allocate the arena and dies. Elsewhere than
+// Linux it does not know.
 func HostMemory() (int64, string, bool) {
+	avail, from, ok := hostMemory()
+	if limit, set := asLimit(); set {
+		used, known := virtualSize(procStatus)
+		if room := max(limit-used, 0); known && (!ok || room < avail) {
+			avail, ok, from = room, true, "the address-space limit (ulimit -v) less this process's size in "+procStatus
+		}
+	}
+	return avail, from, ok
+}
+
+func hostMemory() (int64, string, bool) {
 	avail, ok := memAvailable(procMeminfo)
 	from := "MemAvailable in " + procMeminfo
 	for _, f := range cgroups {

@@ -46,8 +46,9 @@ func TestHostMemoryReadsLinuxFigures(t *testing.T) {
 				}
 				return p
 			}
-			oldInfo, oldGroups := procMeminfo, cgroups
-			t.Cleanup(func() { procMeminfo, cgroups = oldInfo, oldGroups })
+			oldInfo, oldGroups, oldLimit := procMeminfo, cgroups, asLimit
+			t.Cleanup(func() { procMeminfo, cgroups, asLimit = oldInfo, oldGroups, oldLimit })
+			asLimit = func() (int64, bool) { return 0, false }
 			procMeminfo = write("meminfo", tt.meminfo)
 			cgroups = []cgroupFiles{{filepath.Join(dir, "none.max"), filepath.Join(dir, "none.current"), "", ""}}
 			if tt.cgroup != nil {
@@ -58,6 +59,43 @@ func TestHostMemoryReadsLinuxFigures(t *testing.T) {
 			assert.Equal(t, tt.want, n)
 			assert.Contains(t, from, tt.from)
 		})
+	}
+}
+
+// Under an address-space limit (ulimit -v, prlimit --as) the room is
+// what the limit leaves beside the process's own size: the arena is
+// refused with that cause, where the Go runtime died allocating it ("fatal
+// error: out of memory" and every goroutine's stack).
+func TestHostMemoryHonoursTheAddressSpaceLimit(t *testing.T) {
+	dir := t.TempDir()
+	oldInfo, oldStatus, oldGroups, oldLimit := procMeminfo, procStatus, cgroups, asLimit
+	t.Cleanup(func() { procMeminfo, procStatus, cgroups, asLimit = oldInfo, oldStatus, oldGroups, oldLimit })
+	procMeminfo = filepath.Join(dir, "meminfo")
+	require.NoError(t, os.WriteFile(procMeminfo, []byte("MemAvailable:   8388608 kB\n"), 0o644)) // 8 GiB
+	procStatus = filepath.Join(dir, "status")
+	require.NoError(t, os.WriteFile(procStatus, []byte("Name:\tgcompile\nVmSize:\t 1048576 kB\nVmRSS:\t 1024 kB\n"), 0o644)) // 1 GiB
+	cgroups = nil
+	for _, tt := range []struct {
+		name  string
+		limit int64
+		set   bool
+		want  int64
+		from  string
+	}{
+		{"no limit", 0, false, 8 << 30, "MemAvailable"},
+		{"limit above", 16 << 30, true, 8 << 30, "MemAvailable"},
+		{"limit below", 4 << 30, true, 3 << 30, "ulimit -v"},
+		{"limit under the process's size", 512 << 20, true, 0, "ulimit -v"},
+	} {
+		asLimit = func() (int64, bool) { return tt.limit, tt.set }
+		n, from, ok := HostMemory()
+		assert.True(t, ok, tt.name)
+		assert.Equal(t, tt.want, n, tt.name)
+		assert.Contains(t, from, tt.from, tt.name)
+	}
+	got, ok := virtualSize(procStatus)
+	if assert.True(t, ok) {
+		assert.Equal(t, int64(1<<30), got)
 	}
 }
 
