@@ -133,6 +133,17 @@ func CheckStep(step int, loss, gradNorm float64, skipped bool) error {
 	return nil
 }
 
+// CheckEval stops a run whose held-out loss after step is not finite:
+// the step's loss and gradient norm were finite, but its update left
+// weights that are not (a learning rate far too large), and the run
+// would otherwise end, or checkpoint them, as a success.
+func CheckEval(step int, loss float64) error {
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return fmt.Errorf("step %d: the held-out loss is %v: the update of step %d left weights that are not finite; lower --lr or check the model", step, loss, step)
+	}
+	return nil
+}
+
 // EvalOutput is the output a held-out evaluation of a module with these
 // outputs averages: the language model's cross-entropy alone
 // (ir.OutputLMLoss) where the model reports it beside a loss that adds
@@ -408,6 +419,12 @@ func Train(dev Device, src data.Source, cfg TrainConfig, report func(StepMetrics
 			if !interrupted {
 				evals = append(evals, EvalMetrics{Step: step, Loss: l})
 				ev = &evals[len(evals)-1]
+			}
+			if err := CheckEval(step, l); err != nil {
+				if report != nil {
+					report(sm, ev)
+				}
+				return steps, evals, err
 			}
 		}
 		if report != nil {

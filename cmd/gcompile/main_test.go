@@ -907,6 +907,21 @@ func TestDivergedRunSaysWhyInItsMetrics(t *testing.T) {
 	assert.Equal(t, m.Devices[0].PeakBytesPredicted, m.Devices[0].PeakBytesMeasured)
 }
 
+// A last step whose loss and gradient norm are finite but whose update
+// leaves weights that are not (--lr 1e18) fails at its held-out
+// evaluation, naming it, and saves nothing: it exited 0 and wrote the
+// broken weights, its summary reading "held-out NaN".
+func TestNonFiniteHeldOutLossStopsTheRun(t *testing.T) {
+	dir := t.TempDir()
+	w, path := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "m.json")
+	err := mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
+		"--run", "--steps", "1", "--lr", "1e18", "--eval-batches", "1", "--save", w, "--metrics", path})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "step 1: the held-out loss is NaN")
+	assert.Contains(t, readMetrics(t, path).Failed, "the held-out loss is NaN")
+	assert.NoFileExists(t, w)
+}
+
 // A step whose gradient norm overflows float32 (each gradient finite, the
 // sum of their squares not: a loaded bias of 1e19) is not trained past in
 // fp32: clipping would zero every update while the run reported success.

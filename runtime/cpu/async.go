@@ -406,7 +406,7 @@ func (a *Async) Train(corpus data.Source, cfg runtime.TrainConfig, report func(r
 	if report != nil && len(steps) > 0 {
 		report(steps[len(steps)-1], &evals[0])
 	}
-	return steps, evals, nil
+	return steps, evals, runtime.CheckEval(cfg.Steps, l)
 }
 
 // replica is one worker's loop: take weights, compute its share of the
