@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"gcompile/data"
@@ -156,6 +157,17 @@ func (in outputPath) reads(path string) bool {
 	return samePath(in.path, path)
 }
 
+// isStepFolder says whether dir is one checkpoint's folder (step-NNNNNNNN,
+// or any folder holding a manifest), not the folder of a run's steps.
+func isStepFolder(dir string) bool {
+	if _, err := os.Stat(filepath.Join(dir, "manifest.json")); err == nil {
+		return true
+	}
+	n, ok := strings.CutPrefix(filepath.Base(filepath.Clean(dir)), "step-")
+	_, err := strconv.Atoi(n)
+	return ok && err == nil
+}
+
 // within says whether path lies inside folder dir (at any depth).
 func within(dir, path string) bool {
 	d, err1 := filepath.Abs(dir)
@@ -217,6 +229,18 @@ func checkOutputs(c *config) error {
 				errs = append(errs, fmt.Errorf("--%s %s is inside --%s %s: it would write over %s; give it a path outside", o.flag, o.path, d.flag, d.path, what))
 			}
 		}
+	}
+	// A folder of outputs among the checkpoints mixes its files with the
+	// steps': a dump named like the last step's folder took it, and the
+	// run lost its checkpoint; checkpoints written inside the step they
+	// resumed from were pruned with it.
+	for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir, nil}, {"resume", c.resume, nil}} {
+		if d.path != "" && c.dump != "" && (within(d.path, c.dump) || samePath(d.path, c.dump)) {
+			errs = append(errs, fmt.Errorf("--dump %s is inside --%s %s: its files would mix with the checkpoints' (a dump named like a step's folder takes it); dump into a folder outside", c.dump, d.flag, d.path))
+		}
+	}
+	if c.ckptDir != "" && c.resume != "" && (within(c.resume, c.ckptDir) || samePath(c.resume, c.ckptDir) && isStepFolder(c.resume)) {
+		errs = append(errs, fmt.Errorf("--checkpoint-dir %s is inside the checkpoint --resume %s: new checkpoints would nest in it and go when it is pruned; give the folder that holds the steps (its parent), or another folder", c.ckptDir, c.resume))
 	}
 	if c.dump != "" {
 		if err := checkOutputDir("dump", c.dump); err != nil {
