@@ -33,11 +33,29 @@ var genModels = []struct {
 }{
 	{"gpt", gpt.Model, "layers=2,hidden=32,heads=4,seq=16,ctx=40"},
 	{"llama", llama.Model, "layers=2,hidden=32,heads=4,kv_heads=1,ffn=48,seq=16,rope_theta=100"},
-	// Evaluation capacity of every token of a sequence per expert: no
-	// token overflows, so a token's expert does not depend on which
-	// tokens share its step (with drops, prefill and decode would differ
-	// as any capacity-bound router's full and incremental passes do).
-	{"moe", moe.Model, "layers=2,hidden=32,heads=4,seq=16,experts=4,eval_capacity=4"},
+	// A capacity that drops tokens in training and evaluation, and
+	// groups that do not divide a prefill: generation routes dropless,
+	// each token to its own experts, so neither the padding past a
+	// prompt nor the tokens after a position change its logits.
+	{"moe", moe.Model, "layers=2,hidden=32,heads=4,seq=16,experts=4,router=gshard,capacity=0.5,group=8"},
+}
+
+// Expert choice cannot generate (an expert takes the top tokens of a
+// group, later ones included): compiling it for generation names the
+// router and the routers that can.
+func TestExpertChoiceCannotGenerate(t *testing.T) {
+	sizes, err := frontend.ParseSet("layers=2,hidden=32,heads=4,seq=16,experts=4,router=expert-choice")
+	require.NoError(t, err)
+	build := func(fc frontend.Config) (*ir.Module, error) {
+		fc.Set = sizes
+		return frontend.Build(moe.Model, fc)
+	}
+	c := compile.Config{Model: "model.go", Batch: 1, Devices: 1, Microbatches: 1, Optimizer: "adamw", DPSync: "sync",
+		Recompute: "none", Precision: "fp32", BucketMB: 25, Clip: 1, Beta1: 0.9, Beta2: 0.95}
+	require.NoError(t, c.Validate())
+	_, err = compile.CompileGeneration(&c, build, 1, 8, 8, passes.Hooks{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the expert-choice router cannot generate")
 }
 
 // genCompile compiles a model's prefill and decode programs for plan

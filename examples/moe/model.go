@@ -49,8 +49,12 @@ func Model(b *frontend.Builder) {
 			cfg.AuxLoss *= float64(cfg.Experts * cfg.Experts)
 		}
 	}
-	if b.IntOrZero("random_second", 1, "gshard: keep the second expert with probability g₂/0.2 (1) or always (0)") == 0 {
+	switch rs := b.IntOrZero("random_second", 1, "gshard: keep the second expert with probability g₂/0.2 (1) or always (0)"); rs {
+	case 0:
 		cfg.SecondThreshold = -1
+	case 1:
+	default:
+		b.Errorf("--set random_second=%d: want 1 (keep the second expert with probability g₂/0.2) or 0 (always)", rs)
 	}
 	batch := b.Batch()
 	tokens := b.Input("tokens", ir.I32, batch, seq)

@@ -88,3 +88,17 @@ func TestKOnlyWhereTheRouterTakesIt(t *testing.T) {
 		assert.Contains(t, err.Error(), fmt.Sprintf("--set k=3: the %s router does not take k", router))
 	}
 }
+
+// random_second is a switch, 1 or 0; any other value is refused rather
+// than read as 1.
+func TestRandomSecondIsZeroOrOne(t *testing.T) {
+	build := func(v string) error {
+		_, err := frontend.Build(moe.Model, frontend.Config{Batch: 2, Set: map[string]string{"layers": "2", "hidden": "32", "heads": "2", "seq": "16", "router": "gshard", "random_second": v}})
+		return err
+	}
+	assert.NoError(t, build("0"))
+	assert.NoError(t, build("1"))
+	err := build("5")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--set random_second=5: want 1")
+}

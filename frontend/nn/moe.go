@@ -56,7 +56,7 @@ type MoEConfig struct {
 	// group (capacity T), so no choice is ever dropped whatever the
 	// routing: with static shapes, E·T slots per group for k·T choices.
 	// CapacityFactor is then not read. Expert choice has a capacity by
-	// construction and refuses it.
+	// construction and refuses it. Generation is always dropless.
 	Dropless bool
 	// CapacityFactor sizes each expert's buffer per routing group:
 	// C = ⌈k·T·CapacityFactor/E⌉ slots for T tokens (at most T); for
@@ -114,6 +114,20 @@ type MoEConfig struct {
 func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tensor) {
 	b := x.Builder()
 	batch, seq, hidden := x.Dim(0), x.Dim(1), x.Dim(2)
+	if b.Generating() {
+		// A capacity makes a token's experts depend on the other tokens
+		// of its group: in a prefill on the prompt's padding and its
+		// batch-mates, and on tokens after it, which a decode step
+		// never sees. Generation routes every token to its own top-k
+		// experts (dropless), so its output follows from its own
+		// sequence alone and the cache gives the prefill's logits.
+		// Expert choice has no per-token routing to fall back on.
+		if cfg.Router == RouterExpertChoice {
+			b.Errorf("MoE %s: the expert-choice router cannot generate: each expert takes the top tokens of a group, so a token's experts depend on the tokens after it, which generation has not made yet; generate from a token-choice router (%s, %s, %s, %s)", name, RouterSwitch, RouterSoftmaxTopK, RouterGShard, RouterNoisyTopK)
+			return x, nil
+		}
+		cfg.Dropless, cfg.GroupSize = true, 0
+	}
 	if err := checkMoE(cfg, batch, seq); err != nil {
 		b.Errorf("MoE %s: %v", name, err)
 		return x, nil
