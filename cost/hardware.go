@@ -409,9 +409,14 @@ func (h *Hardware) Validate() error {
 			bad("%s must be at most %g µs (a second), got %g", key, float64(maxFixedUS), v)
 		}
 	}
+	// An efficiency near 0 prices every kernel at an infinite time (a
+	// step of +Inf or 1e302 ms); 0.1 % is below any device's.
 	frac := func(key string, v float64) {
-		if !(v > 0 && v <= 1) {
+		switch {
+		case !(v > 0 && v <= 1):
 			bad("%s must lie in (0, 1], got %g", key, v)
+		case v < minEfficiency:
+			bad("%s must be at least %g (no device runs its kernels at a thousandth of its peak), got %g", key, minEfficiency, v)
 		}
 	}
 	if strings.TrimSpace(h.Name) == "" {
@@ -476,6 +481,9 @@ func (h *Hardware) Validate() error {
 // minRate and maxRate bound every rate of a description (TFLOP/s, GB/s,
 // op_scale): a kilobyte a second to an exabyte a second.
 const minRate, maxRate = 1e-6, 1e9
+
+// minEfficiency bounds gemm_efficiency and mem_efficiency from below.
+const minEfficiency = 1e-3
 
 // maxFixedUS bounds every fixed cost (latencies, launch and host time a
 // kernel, half-efficiency sizes): a second.

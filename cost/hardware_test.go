@@ -249,6 +249,8 @@ func TestLoadSetsFigures(t *testing.T) {
 		"a100-80g:inter_node_gbps=fast":                    `inter_node_gbps="fast" is not a number`,
 		"a100-80g:devices_per_node=2.5":                    `devices_per_node="2.5" is not a whole number`,
 		"a100-80g:gemm_efficiency=1.5":                     "gemm_efficiency must lie in (0, 1], got 1.5",
+		"a100-80g:gemm_efficiency=5e-324":                  "gemm_efficiency must be at least 0.001",
+		"a100-80g:mem_efficiency=1e-300":                   "mem_efficiency must be at least 0.001",
 		"a100-80g:host_op_us=-1":                           "host_op_us must be finite and ≥ 0, got -1",
 		"a100-80g:host_op_us=1e308":                        "host_op_us must be at most 1e+06 µs (a second), got 1e+308",
 		"a100-80g:inter_node_gbps=1e-30":                   "inter_node_gbps must lie in [1e-06, 1e+09], got 1e-30",
