@@ -136,8 +136,8 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		sum += l
 		if j.lead() {
 			el := time.Since(start)
-			eta := time.Duration(float64(el) / float64(i+1) * float64(n-i-1))
-			fmt.Fprintf(j.log, "\reval batch %d/%d  loss %.4f (mean %.4f)  ETA %v   ", i+1, n, l, sum/float64(i+1), eta.Round(time.Second))
+			eta := durationOf(float64(el) / float64(i+1) * float64(n-i-1))
+			fmt.Fprintf(j.log, "\reval batch %d/%d  loss %.4f (mean %.4f)  ETA %s   ", i+1, n, l, sum/float64(i+1), formatDuration(eta))
 		}
 	}
 	if j.lead() {

@@ -78,11 +78,20 @@ func (p *progress) eta(step int) (time.Duration, bool) {
 		return 0, false
 	}
 	mean := p.ranMs / float64(p.ran)
-	ns := mean * float64(left) * float64(time.Millisecond)
-	if ns >= math.MaxInt64 {
-		return time.Duration(math.MaxInt64), true // about 292 years: more than any run
+	return durationOf(mean * float64(left) * float64(time.Millisecond)), true
+}
+
+// durationOf is ns nanoseconds, saturated at the largest Duration (about
+// 292 years: more than any run) where the conversion would wrap around
+// to a negative time.
+func durationOf(ns float64) time.Duration {
+	if math.IsNaN(ns) {
+		return 0
 	}
-	return time.Duration(ns), true
+	if ns >= math.MaxInt64 {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(max(ns, 0))
 }
 
 func (p *progress) done() {
@@ -91,10 +100,17 @@ func (p *progress) done() {
 	}
 }
 
+// maxShownDuration is the longest estimate written out: past it (more
+// than a year) the figure says nothing but that the run is too long.
+const maxShownDuration = 10000 * time.Hour
+
 // formatDuration writes d as people read it in a log: whole seconds from
 // 10 s up (1m23s, 2h5m0s), tenths below, so a short run's estimate is not
 // a row of 0s.
 func formatDuration(d time.Duration) string {
+	if d >= maxShownDuration {
+		return "over 10000h"
+	}
 	if d < 100*time.Millisecond {
 		return "<0.1s"
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -397,7 +398,10 @@ func TestProgressETA(t *testing.T) {
 	huge := &progress{w: &b, total: 1e15}
 	huge.step(runtime.StepMetrics{Step: 1, Loss: 3, Ms: 30}, nil)
 	assert.NotContains(t, b.String(), "eta <0.1s")
-	assert.Contains(t, b.String(), "eta 2562047h")
+	assert.Contains(t, b.String(), "eta over 10000h")
+	// Nor does evaluation's, whose product wrapped to -2562047h.
+	assert.Equal(t, "over 10000h", formatDuration(durationOf(1e18*float64(time.Second))))
+	assert.Equal(t, "<0.1s", formatDuration(durationOf(math.NaN())))
 
 	// The last step has nothing left to estimate.
 	b.Reset()
