@@ -682,6 +682,11 @@ func checkpointModel(cfg compile.Config, resume, fingerprint string) (*checkpoin
 			hint = fmt.Sprintf("its vocab=%s came from the token data it trained on: give --data PREFIX and --tokenizer as the run did (and its --split), not --set vocab", was)
 		}
 	}
+	if set == cfg.Set {
+		// The sizes agree: the model file is another (or has changed).
+		return nil, fmt.Errorf("--resume %s: the checkpoint is of model %q (fingerprint %.12s), and %s with the same --set %q is another model (fingerprint %.12s): give the model file the checkpoint was trained with: %w",
+			dir, m.Model, m.ModelFingerprint, cfg.Model, set, fingerprint, checkpoint.ErrMismatch)
+	}
 	return nil, fmt.Errorf("--resume %s: the checkpoint is of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so %s: %w",
 		dir, m.Model, set, m.ModelFingerprint, cfg.Set, fingerprint, hint, checkpoint.ErrMismatch)
 }

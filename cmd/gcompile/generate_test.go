@@ -383,6 +383,16 @@ func TestEvalAndGenerateRefuseACheckpointOfAnotherModel(t *testing.T) {
 	captureStdout(t, func() {
 		require.NoError(t, mainErr(append(append([]string{"eval"}, genGPT...), "--resume", ck, "--batch", "8")))
 	})
+	// The same --set with another model file: the file is named, not the
+	// --set the checkpoint already has.
+	src, err := os.ReadFile(gptModel)
+	require.NoError(t, err)
+	relu := filepath.Join(t.TempDir(), "model.go")
+	require.NoError(t, os.WriteFile(relu, bytes.Replace(src, []byte(`"activation", "gelu",`), []byte(`"activation", "relu",`), 1), 0o644))
+	err = mainErr([]string{"eval", relu, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--batch", "4", "--max-data-mb", "1", "--resume", ck})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "with the same --set \"layers=1,hidden=32,heads=4,seq=16,ctx=48\" is another model")
+	assert.Contains(t, err.Error(), "give the model file the checkpoint was trained with")
 }
 
 // A --batch that dp does not divide is rounded up, and the log says so,
