@@ -236,6 +236,11 @@ func TestSettings(t *testing.T) {
 	assert.ErrorContains(t, err, "want key=value")
 	_, err = frontend.ParseSet("a=1,a=2")
 	assert.ErrorContains(t, err, "a given twice")
+	// The whole argument is quoted, and the piece that breaks the rule.
+	_, err = frontend.ParseSet("layers=2,")
+	assert.ErrorContains(t, err, `--set "layers=2,": an empty pair (a comma too many)`)
+	_, err = frontend.ParseSet("layers=2,hidden")
+	assert.ErrorContains(t, err, `--set "layers=2,hidden": "hidden" is not key=value`)
 }
 
 func TestPositionsPointAtTheUser(t *testing.T) {

@@ -119,7 +119,10 @@ func ParseSet(s string) (map[string]string, error) {
 	for _, f := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(f), "=")
 		if !ok || k == "" || v == "" {
-			return nil, fmt.Errorf("--set %q: want key=value pairs separated by commas", f)
+			if strings.TrimSpace(f) == "" {
+				return nil, fmt.Errorf("--set %q: an empty pair (a comma too many); want key=value pairs separated by commas", s)
+			}
+			return nil, fmt.Errorf("--set %q: %q is not key=value; want key=value pairs separated by commas", s, f)
 		}
 		if _, dup := kv[k]; dup {
 			return nil, fmt.Errorf("--set: %s given twice", k)
