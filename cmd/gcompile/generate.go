@@ -103,6 +103,9 @@ func parseGenerate(args []string) (*genConfig, error) {
 		return nil, fmt.Errorf("generate: want exactly one MODEL.go, got %d arguments (see gcompile generate -h)", len(positional))
 	}
 	g.Model = positional[0]
+	if err := checkModelFile(g.Model); err != nil {
+		return nil, fmt.Errorf("generate: %w", err)
+	}
 	g.sampling.Seed = uint64(seed)
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })

@@ -134,6 +134,12 @@ func TestGenerateBadInput(t *testing.T) {
 			assert.Empty(t, out.String(), "nothing is generated")
 		})
 	}
+	// A model file that is not there is named as such, not as the prefill
+	// program's failure.
+	err := runGenerate([]string{filepath.Join(t.TempDir(), "nope.go"), "--prompt", "a", "--load", w}, io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "generate: model file: stat ")
+	assert.NotContains(t, err.Error(), "prefill")
 }
 
 // gcompile eval of a run's --save weights gives the held-out loss the run
