@@ -71,6 +71,9 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	case *key == "":
 		return errors.New(`data prepare: --json-key "": name the field that holds each document's text`)
 	}
+	if err := checkPrepareInputs(inputs, *out); err != nil {
+		return fmt.Errorf("data prepare: %w", err)
+	}
 	// The output's folder is made, as --dump's and --checkpoint-dir's are.
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		return fmt.Errorf("data prepare: --output-prefix %s: %w", *out, err)
@@ -137,4 +140,37 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s.bin, %s.idx: %s\n", *out, *out, sum)
 	return nil
+}
+
+// checkPrepareInputs refuses inputs that would read a document twice (an
+// input given twice, or a file inside a folder also given) and outputs
+// that an input would read: inside an input folder, the next prepare of
+// that folder would take the dataset for documents (its .json failed as
+// a bad JSON Lines line), and over an input file it would destroy it.
+func checkPrepareInputs(inputs []string, out string) error {
+	var errs []error
+	for i, in := range inputs {
+		for _, prev := range inputs[:i] {
+			switch {
+			case samePath(prev, in):
+				errs = append(errs, fmt.Errorf("INPUT %s is given twice: its documents would be written twice", in))
+			case within(prev, in):
+				errs = append(errs, fmt.Errorf("INPUT %s is inside INPUT folder %s, which reads it already: its documents would be written twice", in, prev))
+			case within(in, prev):
+				errs = append(errs, fmt.Errorf("INPUT folder %s holds INPUT %s, which it reads already: its documents would be written twice", in, prev))
+			}
+		}
+		for _, ext := range []string{".bin", ".idx", ".json"} {
+			switch {
+			case samePath(in, out+ext):
+				errs = append(errs, fmt.Errorf("--output-prefix %s writes %s, which is INPUT %s: writing it would destroy what is read; give the dataset another prefix", out, out+ext, in))
+			case within(in, out+ext):
+				errs = append(errs, fmt.Errorf("--output-prefix %s is inside INPUT folder %s: the dataset's files would be read as documents by the next prepare of that folder; write it outside", out, in))
+			default:
+				continue
+			}
+			break
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -823,3 +823,36 @@ func TestIndexFolderWithoutRoomIsRefused(t *testing.T) {
 	assert.Contains(t, log, "warning: the sample index folder")
 	assert.Contains(t, log, "will not fit")
 }
+
+// data prepare refuses inputs that would write a document twice (an
+// input given twice, a file inside a folder also given) and a dataset
+// written inside an input folder, whose next prepare would read the
+// dataset as documents, before anything is tokenized.
+func TestDataPrepareRefusesOverlappingInputsAndOutputs(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
+	docs := filepath.Join(dir, "docs")
+	require.NoError(t, os.MkdirAll(docs, 0o755))
+	a := filepath.Join(docs, "a.txt")
+	require.NoError(t, os.WriteFile(a, []byte("hello world"), 0o644))
+	out := filepath.Join(dir, "out", "ds")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"twice", []string{"--output-prefix", out, a, a}, "INPUT " + a + " is given twice"},
+		{"file in a folder", []string{"--output-prefix", out, docs, a}, "INPUT " + a + " is inside INPUT folder " + docs},
+		{"folder after its file", []string{"--output-prefix", out, a, docs}, "INPUT folder " + docs + " holds INPUT " + a},
+		{"output in the input folder", []string{"--output-prefix", filepath.Join(docs, "ds"), docs}, "--output-prefix " + filepath.Join(docs, "ds") + " is inside INPUT folder " + docs},
+		{"output over an input", []string{"--output-prefix", filepath.Join(dir, "x"), filepath.Join(dir, "x.json")}, "which is INPUT " + filepath.Join(dir, "x.json")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := prepareMain(append([]string{"--tokenizer", tok, "--quiet"}, tc.args...), io.Discard, io.Discard)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.NoFileExists(t, out+".bin")
+			assert.NoFileExists(t, filepath.Join(docs, "ds.bin"))
+		})
+	}
+}
