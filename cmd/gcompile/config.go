@@ -17,6 +17,7 @@ import (
 	"gcompile/compile"
 	"gcompile/cost"
 	"gcompile/data"
+	"gcompile/data/sample"
 	"gcompile/lower"
 	"gcompile/planner"
 	"gcompile/runtime"
@@ -541,6 +542,10 @@ func (c *config) validate() error {
 	}
 	if c.explicit["plan-top"] && !c.plan {
 		bad("--plan-top applies to --plan")
+	}
+	if _, err := sample.ParseSplit(c.split); err != nil {
+		// Said before the compile, which it used to follow.
+		bad("--split %q: %v", c.split, err)
 	}
 	if c.planTrace != "" && c.DPSync == "async" {
 		bad("--plan-trace prices synchronous plans; it does not combine with --dp-sync async")

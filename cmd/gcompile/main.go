@@ -84,6 +84,18 @@ func mainErr(args []string) (err error) {
 		if err := c.openTokenData(); err != nil {
 			return labelFromLauncher(c, err)
 		}
+		if c.run {
+			// A run that cannot start (no data, a checkpoint folder of
+			// another run, an output that cannot be written) is refused
+			// before the search, which takes a while, not after it.
+			w, werr := worldOf(c)
+			if _, err := checkCheckpointPaths(c); err != nil {
+				return labelFromLauncher(c, err)
+			}
+			if err := checkPaths(c, werr != nil || w.Rank == 0); err != nil {
+				return labelFromLauncher(c, err)
+			}
+		}
 		// --plan without --run prints the table and stops; a plan chosen
 		// for --devices alone is compiled (and with --run trained).
 		if err := runPlanner(c); err != nil || c.plan && !c.run {

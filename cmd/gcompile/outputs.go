@@ -37,7 +37,7 @@ func checkPaths(c *config, lead bool) error {
 		if err := c.openTokenData(); err != nil {
 			errs = append(errs, err)
 		}
-	case c.run:
+	case c.run && c.corpus == nil:
 		for _, f := range []string{"split", "data-cache-dir", "make-vocab-size-divisible-by", "merges"} {
 			if c.explicit[f] {
 				errs = append(errs, fmt.Errorf("--%s applies to a token dataset (--data PREFIX, from gcompile data prepare); --data %q is text", f, c.data))

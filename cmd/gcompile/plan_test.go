@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -553,4 +554,32 @@ func TestPlanRunMetricsKeepTheTable(t *testing.T) {
 	rows, ok := m.Planner.Plans.([]any)
 	require.True(t, ok, "%T", m.Planner.Plans)
 	assert.NotEmpty(t, rows)
+}
+
+// A planned run that cannot start is refused before the plan search,
+// which prints its table: no data, a --split that is not one, or a
+// --checkpoint-dir that holds another run's checkpoints used to be found
+// after the search had run (and on --hardware cpu, measured the machine).
+func TestPlannedRunChecksItsInputsBeforeTheSearch(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	base := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1", "--run", "--steps", "2"}
+	require.NoError(t, mainErr(append(slices.Clone(base), "--checkpoint-dir", ck)))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no data", []string{"--devices", "2", "--data", filepath.Join(dir, "nope")}, "no such text file or folder"},
+		{"a split that is not one", []string{"--devices", "2", "--split", "98,x"}, `--split "98,x"`},
+		{"another run's checkpoints", []string{"--devices", "2", "--plan", "--checkpoint-dir", ck}, "holds checkpoints of steps 2 to 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			out := captureStdout(t, func() { err = mainErr(append(slices.Clone(base), tc.args...)) })
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.NotContains(t, out, "step ms", "no plan table: the search did not run")
+		})
+	}
 }
