@@ -67,6 +67,11 @@ func checkPaths(c *config, lead bool) error {
 	if lead {
 		errs = append(errs, checkOutputs(c))
 	}
+	if c.logDir != "" {
+		// The other ranks write their logs there: a folder that cannot
+		// be made stopped each of them after the job had started.
+		errs = append(errs, checkOutputDir("log-dir", c.logDir))
+	}
 	return errors.Join(errs...)
 }
 
