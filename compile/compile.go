@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"gcompile/frontend"
@@ -146,7 +147,15 @@ func loadModule(c *Config, eval bool) (*ir.Module, error) {
 		if err != nil {
 			return nil, err
 		}
-		return ir.Parse(c.Model, string(text))
+		m, err := ir.Parse(c.Model, string(text))
+		if err == nil && isTempModule(c.Model) {
+			// Errors name the user's lines alone: the copy's lines are
+			// in a file the user never wrote, removed after the compile.
+			for _, v := range m.Values {
+				v.Read = ir.Pos{}
+			}
+		}
+		return m, err
 	}
 	set, err := frontend.ParseSet(c.Set)
 	if err != nil {
@@ -336,13 +345,25 @@ func TempModuleFile(m *ir.Module) (path string, remove func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	remove = func() { os.RemoveAll(dir) }
 	path = filepath.Join(dir, "model.gir")
+	remove = func() {
+		tempModules.Delete(path)
+		os.RemoveAll(dir)
+	}
 	if err := os.WriteFile(path, []byte(ir.Print(m)), 0o644); err != nil {
 		remove()
 		return "", nil, err
 	}
+	tempModules.Store(path, true)
 	return path, remove, nil
+}
+
+// tempModules holds the paths TempModuleFile wrote and has not removed.
+var tempModules sync.Map
+
+func isTempModule(path string) bool {
+	_, ok := tempModules.Load(path)
+	return ok
 }
 
 // keepLoss cuts m down to what its loss needs: no backward, optimizer,

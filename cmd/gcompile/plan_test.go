@@ -341,6 +341,7 @@ func TestCalibrateCLI(t *testing.T) {
 			err := mainNoPanic(t, append(append([]string{}, args...), "--calibrate", f))
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
+			assert.NotContains(t, err.Error(), "gcompile-module-", "the user's lines, not those of the planner's copy of the module")
 			_, err = parseArgs(append(append([]string{}, args...), "--calibrate", f))
 			if tc.early {
 				require.Error(t, err, "the command line's checks pass %s", tc.body)
