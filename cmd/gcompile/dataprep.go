@@ -85,7 +85,11 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	}
 	t, err := tokenizer.Load(*tok, *merges)
 	if err != nil {
-		return fmt.Errorf("data prepare: --tokenizer %s: %w", *tok, err)
+		given := "--tokenizer " + *tok
+		if *merges != "" {
+			given += " --merges " + *merges
+		}
+		return fmt.Errorf("data prepare: %s: %w", given, err)
 	}
 	if _, ok := t.EOS(); !ok && !*noEOS {
 		return fmt.Errorf("data prepare: --tokenizer %s has no end-of-document token to append to each document; give --no-eos to write documents without one", *tok)
