@@ -259,6 +259,9 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 			setup: func(t *testing.T, dir string) {
 				writeFile(t, filepath.Join(dir, "model.go"), modelHeader+"func Model(b *frontend.Builder) {\n\tvar x int = \"two\"\n\t_ = x\n}\n")
 			}, want: []string{"model.go:6: ", `cannot use "two"`}},
+		{name: "model file empty", own: true, args: []string{"$D/model.go"},
+			setup: func(t *testing.T, dir string) { writeFile(t, filepath.Join(dir, "model.go"), "\n") },
+			want:  []string{"model.go is empty: it needs a package clause (not main) and a func Model(b *frontend.Builder)"}},
 		{name: "model without a Model func", own: true, args: []string{"$D/model.go"},
 			setup: func(t *testing.T, dir string) {
 				writeFile(t, filepath.Join(dir, "model.go"), modelHeader+"func Build(b *frontend.Builder) {}\n")

@@ -13,6 +13,7 @@
 package loader
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -207,6 +208,10 @@ func (l *Loader) run(path string, cfg frontend.Config, describe bool) (out []byt
 		return nil, fmt.Errorf("model file: %w", err)
 	}
 	name := relPath(abs)
+	if src, err := os.ReadFile(abs); err == nil && len(bytes.TrimSpace(src)) == 0 {
+		// The parser would say "expected ';', found 'EOF'".
+		return nil, fmt.Errorf("model file %s is empty: it needs a package clause (not main) and a func %s(b *frontend.Builder)", name, ModelFuncName)
+	}
 	after := l.ProgressAfter
 	if after <= 0 {
 		after = DefaultProgressAfter
