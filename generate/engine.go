@@ -51,6 +51,12 @@ type Request struct {
 // ErrBadPrompt marks a prompt the engine cannot run.
 var ErrBadPrompt = errors.New("bad prompt")
 
+// Positions is how many positions a prompt of n tokens and max new
+// tokens occupy: the prompt and every new token but the last, which is
+// sampled and never fed back (Hugging Face generates one token from a
+// prompt that fills the position table, too).
+func Positions(n, max int) int { return n + max - 1 }
+
 // Check refuses prompts the programs cannot run, naming the prompt: empty,
 // longer than the prefill, ids outside the vocabulary, or more tokens than
 // the cache holds.
@@ -64,8 +70,8 @@ func (e *Engine) Check(r *Request) error {
 			return fmt.Errorf("%w: prompt %d is empty: there is no token to continue from", ErrBadPrompt, i+1)
 		case len(p) > e.Prompt:
 			return fmt.Errorf("%w: prompt %d has %d tokens; the prefill program takes %d", ErrBadPrompt, i+1, len(p), e.Prompt)
-		case len(p)+r.MaxNew > e.Context:
-			return fmt.Errorf("%w: prompt %d has %d tokens and %d are to be generated: %d positions, past the context of %d", ErrBadPrompt, i+1, len(p), r.MaxNew, len(p)+r.MaxNew, e.Context)
+		case Positions(len(p), r.MaxNew) > e.Context:
+			return fmt.Errorf("%w: prompt %d has %d tokens and %d are to be generated: %d positions (the last new token is not fed back), past the context of %d", ErrBadPrompt, i+1, len(p), r.MaxNew, Positions(len(p), r.MaxNew), e.Context)
 		}
 		for j, id := range p {
 			if id < 0 || int(id) >= e.Vocab {

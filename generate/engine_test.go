@@ -80,7 +80,7 @@ func TestEngineChecksPrompts(t *testing.T) {
 	}{
 		{[][]int32{{}}, 1, "prompt 1 is empty"},
 		{[][]int32{{1}, {1, 2, 3, 4, 5}}, 1, "prompt 2 has 5 tokens; the prefill program takes 4"},
-		{[][]int32{{1, 2, 3, 4}}, 3, "prompt 1 has 4 tokens and 3 are to be generated: 7 positions, past the context of 6"},
+		{[][]int32{{1, 2, 3, 4}}, 4, "prompt 1 has 4 tokens and 4 are to be generated: 7 positions (the last new token is not fed back), past the context of 6"},
 		{[][]int32{{1, 50}}, 1, "prompt 1's token 2 is id 50, outside the model's vocabulary of 50"},
 		{[][]int32{{1}}, 0, "--max-new-tokens 0"},
 	} {
@@ -88,4 +88,7 @@ func TestEngineChecksPrompts(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), tc.want)
 	}
+	// The last new token is sampled, never fed back: a prompt of 4 and 3
+	// new tokens fill the 6 positions.
+	assert.NoError(t, e.Check(&Request{Prompts: [][]int32{{1, 2, 3, 4}}, MaxNew: 3}))
 }

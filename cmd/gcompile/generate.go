@@ -346,12 +346,13 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		}
 		longest = max(longest, len(prompts[i]))
 	}
+	need := generate.Positions(longest, g.maxNew)
 	context := g.context
 	if context == 0 {
-		context = longest + g.maxNew
+		context = need
 	}
-	if longest+g.maxNew > context {
-		return fmt.Errorf("%w: the longest prompt has %d tokens and %d are to be generated: %d positions, past --context %d", generate.ErrBadPrompt, longest, g.maxNew, longest+g.maxNew, context)
+	if need > context {
+		return fmt.Errorf("%w: the longest prompt has %d tokens and %d are to be generated: %d positions (the last new token is not fed back), past --context %d", generate.ErrBadPrompt, longest, g.maxNew, need, context)
 	}
 	dp := max(g.DP, 1)
 	batch := len(prompts)
@@ -383,7 +384,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		return err
 	}
 	if limit := positionLimit(gen.Decode); limit > 0 && context > limit {
-		return fmt.Errorf("%w: %d positions (the longest prompt, %d tokens, plus --max-new-tokens %d, or --context) are past the model's position table of %d rows", generate.ErrBadPrompt, context, longest, g.maxNew, limit)
+		return fmt.Errorf("%w: %d positions (the longest prompt, %d tokens, plus --max-new-tokens %d less the last, which is not fed back, or --context) are past the model's position table of %d rows", generate.ErrBadPrompt, context, longest, g.maxNew, limit)
 	}
 	// The prompts against the model's vocabulary, before any weight is
 	// read.

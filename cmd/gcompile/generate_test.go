@@ -108,8 +108,8 @@ func TestGenerateBadInput(t *testing.T) {
 		{"empty prompt", []string{"--prompt", ""}, `--prompt "": the prompt is empty`},
 		{"empty line", []string{"--prompt-file", empty}, "empty-line.txt:2: the prompt is empty"},
 		{"no prompt", nil, "give the text with --prompt TEXT or --prompt-file FILE"},
-		{"past the table", []string{"--prompt", strings.Repeat("x", 40), "--max-new-tokens", "9"}, "49 positions (the longest prompt, 40 tokens, plus --max-new-tokens 9, or --context) are past the model's position table of 48 rows"},
-		{"past --context", []string{"--prompt", "abcdef", "--context", "8", "--max-new-tokens", "3"}, "the longest prompt has 6 tokens and 3 are to be generated: 9 positions, past --context 8"},
+		{"past the table", []string{"--prompt", strings.Repeat("x", 40), "--max-new-tokens", "10"}, "49 positions (the longest prompt, 40 tokens, plus --max-new-tokens 10 less the last, which is not fed back, or --context) are past the model's position table of 48 rows"},
+		{"past --context", []string{"--prompt", "abcdef", "--context", "8", "--max-new-tokens", "4"}, "the longest prompt has 6 tokens and 4 are to be generated: 9 positions (the last new token is not fed back), past --context 8"},
 		{"above the vocabulary", []string{"--prompt", "ok é", "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48,vocab=128"}, "prompt 1's token 4 is id 195, outside the model's vocabulary of 128"},
 		{"top-p 0", []string{"--prompt", "a", "--top-p", "0"}, "--top-p 0"},
 		{"max-new-tokens past 32 bits", []string{"--prompt", "a", "--max-new-tokens", "9223372036854775807"}, "--max-new-tokens 9223372036854775807: want 1 to 1073741824"},
@@ -120,7 +120,7 @@ func TestGenerateBadInput(t *testing.T) {
 		{"pipeline", []string{"--prompt", "a", "--devices", "2", "--pp", "2"}, "--pp 2: generation runs on data and tensor parallelism"},
 		{"context parallel", []string{"--prompt", "a", "--devices", "2", "--cp", "2"}, "--cp 2: context parallelism in generation (a key/value cache split over cp) is not yet supported"},
 		{"cache does not fit", []string{"--prompt", "abc", "--max-new-tokens", "40", "--device-memory", "90KiB"},
-			"key/value cache is 10.8 KiB per device: 2 caches (k and v of 1 layers) of f32[1,4,43,8] [batch, kv_heads, context, head_dim] = 5.4 KiB each"},
+			"key/value cache is 10.5 KiB per device: 2 caches (k and v of 1 layers) of f32[1,4,42,8] [batch, kv_heads, context, head_dim] = 5.2 KiB each"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{gptModel, "--set", set, "--max-new-tokens", "8"}
@@ -140,6 +140,12 @@ func TestGenerateBadInput(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "generate: model file: stat ")
 	assert.NotContains(t, err.Error(), "prefill")
+	// A prompt that fills the position table still gets its one new
+	// token, which is sampled and never fed back (it was refused as 49
+	// positions of 48).
+	var out bytes.Buffer
+	require.NoError(t, runGenerate([]string{gptModel, "--set", set, "--load", w, "--prompt", strings.Repeat("x", 48), "--max-new-tokens", "1", "--output", "json"}, &out, io.Discard))
+	assert.Contains(t, out.String(), `"ids":[`)
 }
 
 // gcompile eval of a run's --save weights gives the held-out loss the run
