@@ -252,6 +252,7 @@ func LowerWith(m *ir.Module, o Options) (*Program, error) {
 	if err := planUpdates(p, m, bufOf); err != nil {
 		return nil, err
 	}
+	accumulateInPlace(p)
 	if err := offload(p, o); err != nil {
 		return nil, err
 	}
@@ -581,6 +582,50 @@ func planUpdates(p *Program, m *ir.Module, bufOf map[*ir.Value]int) error {
 	}
 	p.Instrs = append(p.Instrs, copies...)
 	return nil
+}
+
+// accumulateInPlace writes each partial sum of a gradient over the
+// microbatches (the microbatch pass's once-a-step adds) over the sum
+// before it, where that add is the only reader of the earlier sum: one
+// buffer accumulates, as Megatron-LM's main_grad does. Otherwise the old
+// and the new sum were both live at every add, and a device held a
+// gradient's bytes twice at its peak (the last pipeline rank twice the
+// tied head's V·h). The kernels of add read each element before writing
+// it (ir's elementwise ops).
+func accumulateInPlace(p *Program) {
+	readers := make([]int, len(p.Buffers))
+	for _, in := range p.Instrs {
+		for _, a := range in.Args {
+			readers[a]++
+		}
+	}
+	outputs := map[int]bool{}
+	for _, b := range p.Outputs {
+		outputs[b] = true
+	}
+	for i := range p.Instrs {
+		in := &p.Instrs[i]
+		v := in.Value
+		if in.Op != "add" || v == nil || v.Meta.Phase != ir.PhaseBwd || v.Meta.Micro >= 0 || in.Out < 0 || len(in.Args) != 2 || in.Args[0] == in.Args[1] {
+			continue
+		}
+		src, dst := in.Args[0], in.Out
+		s, d := p.Buffers[src], p.Buffers[dst]
+		if readers[src] != 1 || outputs[src] || outputs[dst] || s.Host || d.Host || s.Scratch || s.Kind.Persistent() || d.Kind.Persistent() ||
+			s.Bytes != d.Bytes || !s.Type.Equal(d.Type) || !s.Global.Equal(d.Global) || !slices.Equal(s.Place, d.Place) {
+			continue
+		}
+		for j := i + 1; j < len(p.Instrs); j++ {
+			for k, a := range p.Instrs[j].Args {
+				if a == dst {
+					p.Instrs[j].Args[k] = src
+				}
+			}
+		}
+		in.Out = src
+		readers[src] = readers[dst]
+		p.Buffers[dst].Bytes = 0 // unused now
+	}
 }
 
 // writesOver reports whether instruction i, which computes src, may write

@@ -344,6 +344,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		if err := planUpdates(prog, &ir.Module{Updates: ups}, b.bufOf); err != nil {
 			return nil, err
 		}
+		accumulateInPlace(prog)
 		if err := offload(prog, o); err != nil {
 			return nil, err
 		}

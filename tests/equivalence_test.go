@@ -538,6 +538,20 @@ func TestGradientAccumulationHoldsOneSetOfGradients(t *testing.T) {
 				sum /= int64(p.dp)
 			}
 			assert.LessOrEqual(t, four.PeakBytes, one.PeakBytes+sum, "4 microbatches' peak against one's %d B", one.PeakBytes)
+			// Each partial sum is written over the one before it
+			// (lower.accumulateInPlace), as Megatron-LM's main_grad
+			// accumulates: the old and the new sum are never both live.
+			adds, inPlace := 0, 0
+			for _, in := range four.Instrs {
+				if v := in.Value; in.Op == "add" && v.Meta.Phase == ir.PhaseBwd && v.Meta.Micro < 0 {
+					adds++
+					if in.Out == in.Args[0] {
+						inPlace++
+					}
+				}
+			}
+			assert.Positive(t, adds)
+			assert.Equal(t, adds, inPlace, "partial sums written over the sum before them")
 			each := func(op string) {
 				perMicro := make([]int, 4)
 				for _, in := range four.Instrs {
