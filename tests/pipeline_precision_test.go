@@ -37,9 +37,7 @@ func trainPipelineMP(t *testing.T, m *ir.Module, progs []*lower.Program, scaler 
 	cl, err := cpu.NewPipelineCluster(progs, cpu.Options{})
 	require.NoError(t, err)
 	require.NoError(t, cl.InitParams(1))
-	cfg := runtime.TrainConfig{Steps: eqSteps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: -1, LossScale: scaler,
-		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	steps, _, err := runtime.Train(cl, corpus(), cfg, nil)
+	steps, _, err := runtime.Train(cl, corpus(), mpConfig(scaler, eqSteps), nil)
 	require.NoError(t, err)
 	var losses []float64
 	for i := range steps {

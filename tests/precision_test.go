@@ -29,11 +29,16 @@ func trainMP(t *testing.T, p plan, scaler *runtime.LossScaler, steps int) mpRun 
 	cl, err := cpu.NewCluster(prog, cpu.Options{})
 	require.NoError(t, err)
 	require.NoError(t, cl.InitParams(1))
-	cfg := runtime.TrainConfig{Steps: steps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: -1, LossScale: scaler,
-		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
-	ms, _, err := runtime.Train(cl, corpus(), cfg, nil)
+	ms, _, err := runtime.Train(cl, corpus(), mpConfig(scaler, steps), nil)
 	require.NoError(t, err)
 	return mpRun{steps: ms, params: globalParams(t, cl, prog), cl: cl, prog: prog}
+}
+
+// mpConfig is the mixed-precision runs' training: steps steps of the
+// equivalence schedule under scaler, without evaluation.
+func mpConfig(scaler *runtime.LossScaler, steps int) runtime.TrainConfig {
+	return runtime.TrainConfig{Steps: steps, Batch: eqBatch, Seq: eqSeq, Seed: 3, EvalBatches: -1, LossScale: scaler,
+		Schedule: runtime.Schedule{LR: 3e-3, MinLR: 3e-4, Warmup: 5, Steps: eqSteps, Decay: "cosine"}}
 }
 
 // globalParams reads prog's params, whole, from cl.

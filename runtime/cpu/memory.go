@@ -202,13 +202,20 @@ func statLine(path, key string) int64 {
 }
 
 // memAvailable reads the MemAvailable line of a meminfo file, in bytes.
-func memAvailable(path string) (int64, bool) {
+func memAvailable(path string) (int64, bool) { return procKB(path, "MemAvailable:") }
+
+// virtualSize is the process's address space in use (VmSize in a
+// /proc/PID/status file), in bytes.
+func virtualSize(status string) (int64, bool) { return procKB(status, "VmSize:") }
+
+// procKB reads the line "key N kB" of a /proc file, in bytes.
+func procKB(path, key string) (int64, bool) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return 0, false
 	}
 	for line := range strings.Lines(string(data)) {
-		rest, found := strings.CutPrefix(line, "MemAvailable:")
+		rest, found := strings.CutPrefix(line, key)
 		if !found {
 			continue
 		}

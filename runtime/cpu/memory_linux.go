@@ -2,9 +2,6 @@ package cpu
 
 import (
 	"math"
-	"os"
-	"strconv"
-	"strings"
 	"syscall"
 )
 
@@ -16,29 +13,4 @@ func addressSpaceLimit() (int64, bool) {
 		return 0, false
 	}
 	return int64(lim.Cur), true
-}
-
-// virtualSize is the process's address space in use (VmSize in a
-// /proc/PID/status file), in bytes.
-func virtualSize(status string) (int64, bool) {
-	data, err := os.ReadFile(status)
-	if err != nil {
-		return 0, false
-	}
-	for line := range strings.Lines(string(data)) {
-		rest, found := strings.CutPrefix(line, "VmSize:")
-		if !found {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) != 2 || f[1] != "kB" {
-			return 0, false
-		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil || kb < 0 || kb > math.MaxInt64/1024 {
-			return 0, false
-		}
-		return kb * 1024, true
-	}
-	return 0, false
 }
