@@ -606,10 +606,16 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	}
 	// kept is the bytes a layer keeps from its forward for its backward,
 	// per microbatch, without recompute; stashed with the plan's.
+	// Korthikanti et al. 2022 (16-bit values, eb 2): sbh·(10 + 24/t)
+	// under tp, the LayerNorms' and the blocks' inputs whole and the rest
+	// split; all 34·sbh split over t under sequence parallelism; plus
+	// 5·as²b/t where the core keeps its scores. The compiled programs
+	// keep the same (34 sbh at tp 1, 21.5 at tp 2, 8.9 at tp 4 with sp);
+	// this priced 34 + 24/t, and 68/t with sp, up to 2.9 times as much.
 	kept := func() float64 {
-		act := tokens * hd * eb * (17 + 12/tp)
+		act := tokens * hd * eb * (5 + 12/tp)
 		if p.SequenceParallel {
-			act = tokens * hd * eb * 17 / tp * 2
+			act = tokens * hd * eb * 17 / tp
 		}
 		if !t.FusedAttention && p.Recompute != "selective" {
 			act += 2.5 * eb * b * a * s * s / tp
@@ -625,7 +631,12 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	}
 	stashed := func() float64 {
 		if p.Recompute == "full" {
-			in := 2 * tokens * hd * eb
+			// Each layer's input (Korthikanti's 2·sbh), split over tp
+			// under sequence parallelism as the compiled programs keep it.
+			in := tokens * hd * eb
+			if p.SequenceParallel {
+				in /= tp
+			}
 			if everyK > 1 {
 				in /= float64(everyK) // a segment's input
 			}
@@ -940,10 +951,20 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			gather = p.GatherBytes * stageParams
 		}
 		var rs, ag float64
-		if p.Zero == 0 {
+		switch {
+		case p.Zero == 0:
 			rs = buckets * Collective("all_reduce", p.DP, g/buckets, dpLink)
-		} else {
-			rs, ag = Collective("reduce_scatter", p.DP, g, dpLink), Collective("all_gather", p.DP, gather, dpLink)
+		case p.Zero == 3:
+			// The updated shards stay split: the gathers before each
+			// microbatch's forward and backward (below) replace the one
+			// after the update.
+			gather = 0
+			fallthrough
+		default:
+			rs = Collective("reduce_scatter", p.DP, g, dpLink)
+			if gather > 0 {
+				ag = Collective("all_gather", p.DP, gather, dpLink)
+			}
 			if p.Zero >= 2 && !p.ReduceOnce {
 				// Each microbatch's gradients are reduce-scattered as they
 				// come (passes.shard), as DeepSpeed's stages 2 and 3 do.
@@ -962,6 +983,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		if p.Zero == 3 {
 			// Params gathered before each microbatch's forward and backward.
 			c += 2 * float64(p.Microbatches) * Collective("all_gather", p.DP, eb*stageParams, dpLink)
+			gather = 2 * float64(p.Microbatches) * eb * stageParams
 		}
 		e.CommSeconds["dp"] = c
 		switch {
@@ -1032,10 +1054,15 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	batch := float64(p.MicroBatch * p.Microbatches * data)
 	e.ModelFLOPs = t.ModelFLOPs(int(batch))
 	e.FLOPs = e.ModelFLOPs
-	if p.Recompute == "full" {
+	switch p.Recompute {
+	case "full":
 		// The blocks' forward again; the head's output is not dropped
 		// (Narayanan et al.'s eq. 3 counts it so too: V/(16·l·h)).
 		e.FLOPs += (t.fwdFLOPsPerSeq() - 2*float64(t.Seq*t.Hidden)*float64(t.Vocab)) * batch
+	case "selective":
+		// The attention core's forward again, 4·s²·h a layer and
+		// sequence (Korthikanti et al.: +2.7 % for GPT-3).
+		e.FLOPs += 4 * float64(t.Seq) * float64(t.Seq) * float64(t.Hidden) * float64(t.Layers) * batch
 	}
 
 	// Memory: persistent bytes are a lower bound (see Estimate's doc).
@@ -1090,7 +1117,14 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// param in bf16, 6 + 12/dp with its distributed optimizer, as here).
 	grads := 4 * stageParams
 	if p.Zero >= 2 {
-		grads /= float64(p.DP)
+		// Each device keeps its shard, and the gradients of the bucket
+		// being reduce-scattered whole (all of a small model's: the
+		// compiled peaks held 4.3–5.3 bytes a param at dp 4, priced 1).
+		bucket := p.BucketBytes
+		if !(bucket > 0) {
+			bucket = defaultBucketBytes
+		}
+		grads = grads/float64(p.DP) + math.Min(grads, bucket)
 	}
 	inflight := float64(min(p.Microbatches, p.PP))
 	if p.Schedule == "gpipe" {
@@ -1102,10 +1136,10 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		act, logits = act/2, logits/2
 	}
 	actBytes := act*perChunk*float64(v)*inflight + logits
-	if everyK > 1 {
-		// The backward of a segment holds its K layers' activations,
-		// replayed, beside the stash.
-		actBytes += float64(min(everyK, int(perChunk))) * kept()
+	if p.Recompute == "full" {
+		// The backward of a segment (one layer under full) holds its K
+		// layers' activations, replayed, beside the stash.
+		actBytes += float64(min(max(everyK, 1), int(perChunk))) * kept()
 	}
 	if cp > 1 && p.CPImpl != "all2all" {
 		// The ring's scratch while its forward runs (lower.RingScratch):
@@ -1122,7 +1156,17 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// 23 % over and 5 % under on average (mean |log ratio| 0.31, 0.17), where it
 	// was 50 % and 19 % over (0.42, 0.20) with the copy.)
 	copyBytes := eb * stageParams
-	if eb == 4 || p.Schedule == "2bw" {
+	switch {
+	case p.Zero == 3:
+		// The copy is split with the masters, and gathered a layer (or
+		// the embedding) at a time for the forward and backward: 16/N
+		// bytes a param and the largest gathered piece, where the whole
+		// copy was priced (ZeRO-3 as heavy as ZeRO-2).
+		copyBytes = eb * (stageParams/float64(p.DP) + math.Max(low, first))
+		if eb == 4 {
+			copyBytes = eb * math.Max(low, first) // fp32 computes with the masters' gathered shards
+		}
+	case eb == 4 || p.Schedule == "2bw":
 		// Under 2BW the forward reads the previous version, whose next
 		// copy the optimizer writes in place.
 		copyBytes = 0

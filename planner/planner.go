@@ -212,6 +212,22 @@ func Plan(req Request) (*Result, error) {
 			}
 			res.Ranked = append(res.Ranked, c)
 		}
+		// Each layout's best-estimated plan is compiled before a second
+		// plan of any layout: the estimate ranks one layout's machinery
+		// (ZeRO, offload, recompute) less well than the layouts, and the
+		// top five were once all ZeRO and offload variants of one layout
+		// that compiled slower than a layout none of them was.
+		seen := map[string]bool{}
+		var order, later []*Candidate
+		for _, c := range feasible {
+			if k := layoutKey(c.Config); !seen[k] {
+				seen[k] = true
+				order = append(order, c)
+			} else {
+				later = append(later, c)
+			}
+		}
+		feasible = append(order, later...)
 		tries := 0
 		for _, c := range feasible {
 			if len(res.Ranked) >= topK || tries >= 3*topK {
@@ -332,6 +348,11 @@ func rankPlans(cs []*Candidate) {
 		}
 		return machinery(cs[i].Config) < machinery(cs[j].Config)
 	})
+}
+
+// layoutKey names a plan's layout: plans sameLayout pairs share it.
+func layoutKey(c compile.Config) string {
+	return fmt.Sprintf("tp%d pp%d dp%d ep%d cp%d %s vpp%d mb%d %s sp%v", c.TP, c.PP, c.DP, c.EP, c.CP, c.CPImpl, c.VPP, c.Microbatches, c.Schedule, c.SequenceParallel)
 }
 
 // sameLayout says whether a and b split the model and the batch alike

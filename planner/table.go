@@ -71,8 +71,11 @@ func Rows(res *Result, hw *cost.Hardware) []Row {
 		flops, model, bubble := c.Estimate.FLOPs, c.Estimate.ModelFLOPs, c.Estimate.Bubble
 		comm := c.Estimate.CommSeconds
 		if c.Prediction != nil {
+			// The compiled plan's FLOPs are its ops' (the optimizer's and
+			// the elementwise ones too); MFU keeps the model's FLOPs of
+			// the formula (Narayanan et al.'s eq. 3 without recompute, as
+			// PaLM defines it), so every row's is the same numerator.
 			flops, bubble, comm = c.Prediction.FLOPs, c.Prediction.Bubble, c.Prediction.CommSeconds
-			model = c.Prediction.ModelFLOPs
 		}
 		n := float64(cfg.Devices)
 		r := Row{Rank: i + 1, Plan: Describe(cfg), PlanFields: PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), CP: max(cfg.CP, 1), CPImpl: cpImpl(cfg), VPP: cfg.VPP,
