@@ -232,6 +232,10 @@ func (c *Config) Validate() error {
 	}
 	if c.Microbatches < 1 {
 		bad("--microbatches must be ≥ 1, got %d", c.Microbatches)
+	} else if c.Microbatches > MaxMicrobatches {
+		// Each microbatch is a block of the compiled program: a million
+		// of them compiled for hours with no word.
+		bad("--microbatches %d: past the %d a compiled program holds (each is a block of its forward and backward, about 25 ms of compile each for a 2-layer GPT); give fewer, larger microbatches (--micro-batch-size)", c.Microbatches, MaxMicrobatches)
 	} else if replicas := max(c.DP, 1) * max(c.EP, 1); c.Batch%replicas != 0 || (c.Batch/replicas)%c.Microbatches != 0 {
 		// Two divisions, not one by dp·ep·microbatches, which can
 		// overflow. The batch is split over dp and ep alike.
@@ -295,6 +299,10 @@ func (c *Config) Validate() error {
 	}
 	return c.PassOptions().Validate()
 }
+
+// MaxMicrobatches bounds the microbatches of a compiled plan (Megatron-
+// LM's published runs use at most a few thousand a replica).
+const MaxMicrobatches = 16384
 
 // MaxDevices bounds --devices and each parallel degree: their products
 // must fit an int, and a mesh of a million devices is beyond any job.

@@ -226,6 +226,7 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "tp negative", args: []string{"--tp", "-2"}, want: []string{"--tp must be in 0..1048576, got -2"}},
 		{name: "degrees whose product overflows", args: []string{"--tp", "4294967296"}, want: []string{"--tp must be in 0..1048576, got 4294967296"}},
 		{name: "microbatches zero", args: []string{"--microbatches", "0"}, want: []string{"--microbatches must be ≥ 1, got 0"}},
+		{name: "microbatches past a program", args: []string{"--batch", "8388608", "--microbatches", "8388608"}, want: []string{"--microbatches 8388608: past the 16384 a compiled program holds"}},
 		{name: "seed not an integer", args: []string{"--seed", "1.5"}, want: []string{`invalid value "1.5" for flag -seed`}},
 		{name: "master-port out of range", args: []string{"--master-port", "70000"}, want: []string{"--master-port 70000 is not a port"}},
 		{name: "rank negative", args: []string{"--rank", "-2"}, want: []string{"--rank must be ≥ 0, got -2"}},
