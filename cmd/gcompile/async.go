@@ -130,6 +130,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		j.preemptible.Store(true)
 		started = true
 		_, _, err := a.Train(corpus, cfg, nil)
+		j.finishing.Store(true)
 		j.preemptible.Store(false)
 		return err
 	}
@@ -143,6 +144,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	j.preemptible.Store(true)
 	started = true
 	steps, evals, trainErr := a.Train(corpus, cfg, p.step)
+	j.finishing.Store(true)
 	j.preemptible.Store(false)
 	p.done()
 	met.Steps, met.Eval = steps, evals

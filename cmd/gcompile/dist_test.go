@@ -384,6 +384,34 @@ func TestJobTimesOutOnAStalledProcess(t *testing.T) {
 	ps[1].cmd.Wait()
 }
 
+// Under a long --timeout (the default ten minutes), a process that stops
+// beating while the others beat (stopped, or killed before the comm
+// connects: while it builds or compiles the model) stops the job after
+// stallLimit, named by rank 0, which watches the heartbeats: it held the
+// others until --timeout.
+func TestJobStopsOnAStalledProcessBeforeTheTimeout(t *testing.T) {
+	if testing.Short() || !fullMatrix() {
+		t.Skip("waits half a minute for the stall limit: GCOMPILE_FULL_TESTS=1")
+	}
+	args := faultArgs(t, 100000)
+	args[len(args)-1] = "10m" // --timeout
+	ps := startProcs(t, 2, args, nil)
+	waitForTraining(t, ps)
+	require.NoError(t, ps[1].cmd.Process.Signal(syscall.SIGSTOP))
+	defer ps[1].cmd.Process.Signal(syscall.SIGKILL)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- ps[0].cmd.Wait() }()
+	select {
+	case ps[0].err = <-done:
+	case <-time.After(stallLimit + 30*time.Second):
+		t.Fatal("rank 0 waited on past the stall limit")
+	}
+	require.Error(t, ps[0].err)
+	assert.Less(t, time.Since(start), stallLimit+20*time.Second)
+	assert.Contains(t, ps[0].output(), "process 1 (ranks 2–3) stopped answering (no heartbeat for 30s, last training, while the others beat: killed or stopped); the job stops rather than wait out --timeout 10m0s")
+}
+
 // A process stopped (SIGSTOP) while the job saves a checkpoint every step
 // is named by every other process as the one that stopped answering, by
 // its heartbeat: the others' own waits may be for a healthy process that

@@ -59,6 +59,10 @@ type job struct {
 	// the next step boundary (every process agrees, see checkpointer)
 	// instead of failing the job.
 	preemptible atomic.Bool
+	// finishing is set once training is over: a signal then lets the
+	// outputs (--save, --metrics) be written, the run being done; it
+	// failed the job "before training" and lost the weights.
+	finishing atomic.Bool
 	// started is set once every process has met at the rendezvous.
 	started atomic.Bool
 
@@ -169,6 +173,10 @@ func startJob(c *config) (*job, error) {
 		case <-sigs.Done():
 			if j.preemptible.Load() {
 				return // the training loop stops at the next step boundary
+			}
+			if j.finishing.Load() {
+				j.logf("rank %d: %s after the last step: the outputs are written first", w.Rank, signalName(got()))
+				return
 			}
 			// Every process exits with the signal's status (exitCode).
 			j.fail(fmt.Errorf("rank %d was interrupted by %s before training", w.Rank, signalName(got())))
@@ -340,6 +348,9 @@ func (j *job) rendezvous() error {
 	j.started.Store(true)
 	j.setPhase("training")
 	go j.beat()
+	if j.server != nil && j.timeout > stallLimit {
+		go j.watchBeats()
+	}
 	if j.server != nil {
 		// Every process has joined: the other machines' connections say
 		// where they reach this one.
@@ -571,6 +582,73 @@ func (j *job) beat() {
 		select {
 		case <-t.C:
 		case <-j.ctx.Done():
+			return
+		}
+	}
+}
+
+// stallLimit is how long a process of a job may go without a heartbeat
+// while another still beats before rank 0 stops the job (under a longer
+// --timeout; a shorter one names the stalled process when it expires): a
+// process killed while it built or compiled the model (before any
+// connection of the comm could tell), or stopped (SIGSTOP), held the
+// others until --timeout, ten minutes by default.
+const stallLimit = 30 * beatEvery
+
+// watchBeats runs on rank 0, which hosts the store: it reads every
+// process's heartbeat each beat and fails the job, naming the process and
+// what it was last doing, once one has not moved for the stall limit
+// while another has moved within the last few beats (a machine too
+// loaded for anyone to beat says nothing, as stalled does).
+func (j *job) watchBeats() {
+	limit := stallLimit
+	t := time.NewTicker(beatEvery)
+	defer t.Stop()
+	n := j.world.Size
+	last, since := make([]int64, n), make([]time.Time, n)
+	start := time.Now()
+	for p := range n {
+		last[p], since[p] = -1, start
+	}
+	for {
+		select {
+		case <-t.C:
+		case <-j.ctx.Done():
+			return
+		}
+		now := time.Now()
+		for p := range n {
+			ctx, cancel := context.WithTimeout(j.ctx, beatEvery)
+			v, err := j.store.Add(ctx, keyBeat+strconv.Itoa(p), 0)
+			cancel()
+			if err != nil {
+				if j.ctx.Err() != nil {
+					return
+				}
+				continue
+			}
+			if v != last[p] {
+				last[p], since[p] = v, now
+			}
+		}
+		for p := range n {
+			if now.Sub(since[p]) < limit {
+				continue
+			}
+			alive := false
+			for q := range n {
+				alive = alive || q != p && now.Sub(since[q]) < 3*beatEvery
+			}
+			if !alive {
+				continue
+			}
+			what := ""
+			ctx, cancel := context.WithTimeout(j.ctx, beatEvery)
+			if v, err := j.store.Get(ctx, keyPhase+strconv.Itoa(p)); err == nil {
+				what = ", last " + string(v)
+			}
+			cancel()
+			j.fail(fmt.Errorf("%s stopped answering (no heartbeat for %v%s, while the others beat: killed or stopped); the job stops rather than wait out --timeout %v", j.procName(p), limit.Round(time.Second), what, j.timeout))
 			return
 		}
 	}

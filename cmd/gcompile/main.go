@@ -715,6 +715,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 			}
 		})
 	}
+	j.finishing.Store(true)
 	j.preemptible.Store(false)
 	if bar != nil {
 		bar.done()
