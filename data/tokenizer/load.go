@@ -136,12 +136,21 @@ func readFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: gzip: %v", ErrFormat, path, err)
 	}
-	out, err := io.ReadAll(zr)
+	out, err := io.ReadAll(io.LimitReader(zr, int64(maxTokenizerFile)+1))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: gzip: %v", ErrFormat, path, err)
 	}
+	if len(out) > maxTokenizerFile {
+		// A few MB compress to a bomb of gigabytes, which ran the
+		// process out of memory.
+		return nil, fmt.Errorf("%w: %s: unpacks to more than %d MiB; no tokenizer file is that large", ErrFormat, path, maxTokenizerFile>>20)
+	}
 	return out, nil
 }
+
+// maxTokenizerFile bounds what a gzipped tokenizer file may unpack to:
+// the largest published tokenizer.json files are tens of MB.
+var maxTokenizerFile = 512 << 20
 
 // topLevel splits a JSON object into its members without decoding them.
 func topLevel(path string, data []byte) (map[string]json.RawMessage, error) {

@@ -389,3 +389,22 @@ func TestLoadPlainFolderAndFile(t *testing.T) {
 	assert.Equal(t, loadFixture(t, "llama3").Fingerprint(), tok.Fingerprint())
 	assert.True(t, bytes.Equal([]byte(filepath.Join(dir, "tokenizer.json")), []byte(tok.Path())))
 }
+
+// A gzipped tokenizer file that unpacks past the bound is refused by
+// name: a few MB of zeros compress to a bomb that ran the process out of
+// memory.
+func TestGzipBombIsRefused(t *testing.T) {
+	old := maxTokenizerFile
+	t.Cleanup(func() { maxTokenizerFile = old })
+	maxTokenizerFile = 1 << 20
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	_, err := zw.Write(make([]byte, 2<<20))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	path := filepath.Join(t.TempDir(), "tokenizer.json.gz")
+	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
+	_, err = readFile(path)
+	require.ErrorIs(t, err, ErrFormat)
+	assert.ErrorContains(t, err, "unpacks to more than 1 MiB")
+}

@@ -808,6 +808,20 @@ func checkManifest(m *Manifest) error {
 	if err := checkState(m.State); err != nil {
 		return fmt.Errorf("%s %w: %w", ManifestName, err, ErrCorrupt)
 	}
+	// A vocabulary table's classes are rows of a param of rank 2 it has:
+	// -1 panicked export's trim, 0 exported an empty table and 100000 a
+	// config.json of 100000 classes for a table of 256 rows.
+	for _, name := range sortedKeys(m.Plan.VocabTables) {
+		rows := m.Plan.VocabTables[name]
+		tb := m.Tensors[name]
+		switch {
+		case tb == nil || tb.Kind != lower.Param.String() || len(tb.Shape) != 2:
+			return fmt.Errorf("%s: plan.vocab_tables names %q, which is not a param of rank 2 in it: %w", ManifestName, name, ErrCorrupt)
+		case rows < 1 || rows > tb.Shape[0]:
+			return fmt.Errorf("%s: plan.vocab_tables gives %q %d classes; its table has %d rows: %w", ManifestName, name, rows, tb.Shape[0], ErrCorrupt)
+		}
+	}
+	need := map[string]float64{} // the bytes of the blocks in each file
 	for _, name := range sortedKeys(m.Tensors) {
 		tb := m.Tensors[name]
 		if _, ok := dtypeSizes[tb.DType]; !ok || tb.Kind != lower.Param.String() && tb.Kind != lower.State.String() {
@@ -825,6 +839,10 @@ func checkManifest(m *Manifest) error {
 		for _, b := range tb.Blocks {
 			if _, ok := m.Files[b.File]; !ok {
 				return fmt.Errorf("tensor %q: a block in %q, which the manifest does not list: %w", name, b.File, ErrCorrupt)
+			}
+			if n, err := product(b.Size); err == nil {
+				// Bytes, in a float64 so that no count can wrap round.
+				need[b.File] += float64(n) * float64(dtypeSizes[tb.DType])
 			}
 			if len(b.Lo) != len(tb.View) || len(b.Size) != len(tb.View) {
 				return fmt.Errorf("tensor %q: a block of rank %d in a view of rank %d: %w", name, len(b.Lo), len(tb.View), ErrCorrupt)
@@ -855,6 +873,11 @@ func checkManifest(m *Manifest) error {
 		}
 		if covered != total {
 			return fmt.Errorf("tensor %q: its blocks hold %d of its %d elements: %w", name, covered, total, ErrCorrupt)
+		}
+	}
+	for _, f := range sortedKeys(need) {
+		if n := m.Files[f].Bytes; n > 0 && need[f] > float64(n) {
+			return fmt.Errorf("%s lists file %q of %d bytes, but the blocks in it hold %.0f: %w", ManifestName, f, m.Files[f].Bytes, need[f], ErrCorrupt)
 		}
 	}
 	used := map[string]bool{}
@@ -1099,6 +1122,18 @@ func (r *reader) block(name string, tb *TensorBlocks, b Block) ([]byte, error) {
 
 // whole assembles a tensor from all its blocks.
 func (r *reader) whole(name string, tb *TensorBlocks) ([]byte, error) {
+	// Every block is checked in its file before the tensor's bytes are
+	// allocated: a manifest naming a tensor of 2⁴⁰ elements, with no file
+	// behind it, made the process die allocating 4 TiB.
+	for _, b := range tb.Blocks {
+		f, err := r.open(b.File)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkBlock(f, name, tb, b); err != nil {
+			return nil, err
+		}
+	}
 	es := dtypeSizes[tb.DType]
 	total, _ := product(tb.Shape)
 	out := make([]byte, total*int64(es))

@@ -114,6 +114,37 @@ func TestManifestMustDescribeWholeTensors(t *testing.T) {
 			assert.ErrorContains(t, err, tc.want)
 		})
 	}
+	// A vocabulary table's classes must be rows of a param of rank 2.
+	for rows, want := range map[int]string{-1: "gives \"w\" -1 classes; its table has 4 rows", 0: "gives \"w\" 0 classes", 5: "gives \"w\" 5 classes"} {
+		m := validManifest()
+		m.Plan.VocabTables = map[string]int{"w": rows}
+		err := checkManifest(m)
+		require.ErrorIs(t, err, ErrCorrupt, "%d rows", rows)
+		assert.ErrorContains(t, err, want)
+	}
+	m := validManifest()
+	m.Plan.VocabTables = map[string]int{"w": 3}
+	require.NoError(t, checkManifest(m))
+	m.Plan.VocabTables = map[string]int{"wte.weight": 3}
+	assert.ErrorContains(t, checkManifest(m), `plan.vocab_tables names "wte.weight", which is not a param of rank 2 in it`)
+	// A file too small for the blocks the manifest places in it.
+	m = validManifest()
+	m.Files["rank-00000.safetensors"] = Sum{Bytes: 40}
+	err := checkManifest(m)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorContains(t, err, `lists file "rank-00000.safetensors" of 40 bytes, but the blocks in it hold 48`)
+}
+
+// A manifest naming a tensor of 2⁴⁰ elements with no file behind it is
+// refused as corrupt before the tensor's bytes are allocated: export
+// died allocating 4 TiB ("fatal error: out of memory").
+func TestConsolidateChecksBlocksBeforeAllocating(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ManifestName), []byte(`{"format":"gcompile-checkpoint","version":1,"files":{"f":{}},`+
+		`"tensors":{"w":{"kind":"param","dtype":"F32","shape":[1099511627776],"view":[1099511627776],"blocks":[{"file":"f","lo":[0],"size":[1099511627776]}]}}}`), 0o644))
+	_, _, err := Consolidate(dir, lower.Param)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorContains(t, err, "is missing")
 }
 
 // Find takes a checkpoint folder or the newest complete one under a
