@@ -363,25 +363,37 @@ func TestJobTimesOutOnAStalledProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
-	args := faultArgs(t, 100000)
-	args[len(args)-1] = "3s" // --timeout
-	ps := startProcs(t, 2, args, nil)
-	waitForTraining(t, ps)
-	require.NoError(t, ps[1].cmd.Process.Signal(syscall.SIGSTOP))
-	done := make(chan error, 1)
-	go func() { done <- ps[0].cmd.Wait() }()
-	select {
-	case err := <-done:
-		ps[0].err = err
-	case <-time.After(30 * time.Second):
-		t.Fatal("rank 0 did not time out")
-	}
-	require.Error(t, ps[0].err)
+	ps, _ := stallProcessOne(t, "3s", 30*time.Second)
 	assert.Contains(t, ps[0].output(), "timed out after 3s waiting for rank")
 	assert.Regexp(t, `(?m)^gcompile: rank 0: process 1 \(ranks 2–3\) stopped answering \(no heartbeat for 2\.5s, last training\): no answer from rank [23] \(process 1 \(ranks 2–3`, ps[0].output(), "the stalled process first, by its heartbeat")
 	assert.Contains(t, ps[0].output(), "(process 1 (ranks 2–3")
-	ps[1].cmd.Process.Signal(syscall.SIGKILL)
-	ps[1].cmd.Wait()
+}
+
+// stallProcessOne starts a job of two processes under --timeout, stops
+// process 1 (SIGSTOP) once it trains, and waits at most wait for process
+// 0 to fail: it returns the processes and how long that took. Process 1
+// is killed when the test ends.
+func stallProcessOne(t *testing.T, timeout string, wait time.Duration) ([]*proc, time.Duration) {
+	t.Helper()
+	args := faultArgs(t, 100000)
+	args[len(args)-1] = timeout
+	ps := startProcs(t, 2, args, nil)
+	waitForTraining(t, ps)
+	require.NoError(t, ps[1].cmd.Process.Signal(syscall.SIGSTOP))
+	t.Cleanup(func() {
+		ps[1].cmd.Process.Signal(syscall.SIGKILL)
+		ps[1].cmd.Wait()
+	})
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- ps[0].cmd.Wait() }()
+	select {
+	case ps[0].err = <-done:
+	case <-time.After(wait):
+		t.Fatalf("process 0 was still running %v after process 1 stopped", wait)
+	}
+	require.Error(t, ps[0].err)
+	return ps, time.Since(start)
 }
 
 // Under a long --timeout (the default ten minutes), a process that stops
@@ -393,22 +405,8 @@ func TestJobStopsOnAStalledProcessBeforeTheTimeout(t *testing.T) {
 	if testing.Short() || !fullMatrix() {
 		t.Skip("waits half a minute for the stall limit: GCOMPILE_FULL_TESTS=1")
 	}
-	args := faultArgs(t, 100000)
-	args[len(args)-1] = "10m" // --timeout
-	ps := startProcs(t, 2, args, nil)
-	waitForTraining(t, ps)
-	require.NoError(t, ps[1].cmd.Process.Signal(syscall.SIGSTOP))
-	defer ps[1].cmd.Process.Signal(syscall.SIGKILL)
-	start := time.Now()
-	done := make(chan error, 1)
-	go func() { done <- ps[0].cmd.Wait() }()
-	select {
-	case ps[0].err = <-done:
-	case <-time.After(stallLimit + 30*time.Second):
-		t.Fatal("rank 0 waited on past the stall limit")
-	}
-	require.Error(t, ps[0].err)
-	assert.Less(t, time.Since(start), stallLimit+20*time.Second)
+	ps, took := stallProcessOne(t, "10m", stallLimit+30*time.Second)
+	assert.Less(t, took, stallLimit+20*time.Second)
 	assert.Contains(t, ps[0].output(), "process 1 (ranks 2–3) stopped answering (no heartbeat for 30s, last training, while the others beat: killed or stopped); the job stops rather than wait out --timeout 10m0s")
 }
 
