@@ -271,7 +271,9 @@ func supervise(self string, args []string, n, port int, token string, grace time
 				for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 					if ee.ExitCode() == signalStatus(sig) {
 						signalled = sig
-						fmt.Fprintf(os.Stderr, "launch: rank %d stopped on %s: passed to every rank\n", e.rank, signalName(sig))
+						// Every rank stops at the same step boundary; the
+						// first to exit need not be the one signalled.
+						fmt.Fprintf(os.Stderr, "launch: the job stopped on %s at a step boundary (rank %d exited first): passed to every rank\n", signalName(sig), e.rank)
 						signalAll(sig)
 					}
 				}
