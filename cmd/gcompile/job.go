@@ -324,12 +324,22 @@ func (j *job) rendezvous() error {
 	host := dist.BindHost(w.MasterAddr)
 	port, tries := storePorts(w)
 	var err error
+	dialPort, dialTries := port, tries
 	if w.Rank == 0 {
 		if j.server, err = dist.ServeNear(host, port, tries, opts); err != nil {
 			return fmt.Errorf("rank 0 cannot host the rendezvous on %s ports %d–%d: %w", host, port, port+tries-1, err)
 		}
+		// Rank 0 joins the store it hosts: dialling from the first port
+		// of the range, it joined another job's store on that port (one
+		// of the same public facts, hence the same token), which then
+		// stopped as having two ranks 0.
+		if _, p, err := net.SplitHostPort(j.server.Addr()); err == nil {
+			if n, err := strconv.Atoi(p); err == nil {
+				dialPort, dialTries = n, 1
+			}
+		}
 	}
-	if j.store, err = dist.DialNearAs(ctx, w.MasterAddr, port, tries, me); err != nil {
+	if j.store, err = dist.DialNearAs(ctx, w.MasterAddr, dialPort, dialTries, me); err != nil {
 		return fmt.Errorf("rank %d: joining the job's rendezvous at %s ports %d–%d: %w", w.Rank, w.MasterAddr, port, port+tries-1, err)
 	}
 	// From here a process that failed before joining (tellJob), or fails
