@@ -1306,6 +1306,10 @@ func (p Plan) check(t Transformer, simulate bool) error {
 		if v > 1 && name != "interleaved" {
 			return fmt.Errorf("plan %s: vpp=%d chunks a rank needs the interleaved schedule, not %s", p, v, name)
 		}
+		if v < 2 && name == "interleaved" {
+			// Estimate's simulator refused it; EstimateFast priced it.
+			return fmt.Errorf("plan %s: the interleaved schedule needs vpp ≥ 2 chunks a rank, got %d", p, v)
+		}
 		if simulate && float64(p.PP)*float64(v)*float64(p.Microbatches) > maxScheduleActions {
 			return fmt.Errorf("plan %s: pp·vpp·microbatches = %g is past the %d the schedule simulator builds", p, float64(p.PP)*float64(v)*float64(p.Microbatches), maxScheduleActions)
 		}

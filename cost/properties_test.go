@@ -342,3 +342,20 @@ func TestSelectiveRecomputeFLOPs(t *testing.T) {
 	assert.InEpsilon(t, 4.0*2048*2048*12288*96, e.FLOPs-e.ModelFLOPs, 1e-12)
 	assert.InDelta(t, 0.027, (e.FLOPs-e.ModelFLOPs)/(e.ModelFLOPs/3), 0.001, "Korthikanti et al.'s figure for GPT-3")
 }
+
+// The interleaved schedule without chunks is refused by both estimates:
+// EstimateFast priced it where Estimate's simulator refused it, so the
+// planner compiled such candidates before they failed.
+func TestInterleavedNeedsChunks(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	shape := Transformer{Layers: 8, Hidden: 1024, Heads: 16, Seq: 1024, Vocab: 32000, FFN: 4096}
+	p := Plan{TP: 1, PP: 2, DP: 1, VPP: 1, MicroBatch: 1, Microbatches: 4, Precision: "bf16", Recompute: "none", Schedule: "interleaved"}
+	_, err = h.EstimateFast(shape, p)
+	assert.ErrorContains(t, err, "the interleaved schedule needs vpp ≥ 2 chunks a rank, got 1")
+	_, err = h.Estimate(shape, p)
+	assert.Error(t, err)
+	p.VPP = 2
+	_, err = h.EstimateFast(shape, p)
+	assert.NoError(t, err)
+}
