@@ -951,24 +951,23 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			gather = p.GatherBytes * stageParams
 		}
 		var rs, ag float64
-		switch {
-		case p.Zero == 0:
+		if p.Zero == 0 {
 			rs = buckets * Collective("all_reduce", p.DP, g/buckets, dpLink)
-		case p.Zero == 3:
-			// The updated shards stay split: the gathers before each
-			// microbatch's forward and backward (below) replace the one
-			// after the update.
-			gather = 0
-			fallthrough
-		default:
+		} else {
 			rs = Collective("reduce_scatter", p.DP, g, dpLink)
-			if gather > 0 {
-				ag = Collective("all_gather", p.DP, gather, dpLink)
-			}
 			if p.Zero >= 2 && !p.ReduceOnce {
 				// Each microbatch's gradients are reduce-scattered as they
 				// come (passes.shard), as DeepSpeed's stages 2 and 3 do.
 				rs *= float64(p.Microbatches)
+			}
+			if p.Zero == 3 {
+				// The updated shards stay split: the params are gathered
+				// before each microbatch's forward and backward, not
+				// after the update.
+				gather = 2 * float64(p.Microbatches) * eb * stageParams
+				ag = 2 * float64(p.Microbatches) * Collective("all_gather", p.DP, eb*stageParams, dpLink)
+			} else {
+				ag = Collective("all_gather", p.DP, gather, dpLink)
 			}
 		}
 		if cp > 1 {
@@ -980,11 +979,6 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			e.CommBytes["cp"] += 2 * g * (fcp - 1) / fcp
 		}
 		c := rs + ag
-		if p.Zero == 3 {
-			// Params gathered before each microbatch's forward and backward.
-			c += 2 * float64(p.Microbatches) * Collective("all_gather", p.DP, eb*stageParams, dpLink)
-			gather = 2 * float64(p.Microbatches) * eb * stageParams
-		}
 		e.CommSeconds["dp"] = c
 		switch {
 		case p.Zero == 0:

@@ -603,8 +603,17 @@ func accumulateInPlace(p *Program) {
 	for _, b := range p.Outputs {
 		outputs[b] = true
 	}
+	// A sum written over its predecessor's buffer is read from there by
+	// every later instruction: renamed as the pass reaches them, in one
+	// pass over the program.
+	rename := map[int]int{}
 	for i := range p.Instrs {
 		in := &p.Instrs[i]
+		for k, a := range in.Args {
+			if r, ok := rename[a]; ok {
+				in.Args[k] = r
+			}
+		}
 		v := in.Value
 		if in.Op != "add" || v == nil || v.Meta.Phase != ir.PhaseBwd || v.Meta.Micro >= 0 || in.Out < 0 || len(in.Args) != 2 || in.Args[0] == in.Args[1] {
 			continue
@@ -615,13 +624,7 @@ func accumulateInPlace(p *Program) {
 			s.Bytes != d.Bytes || !s.Type.Equal(d.Type) || !s.Global.Equal(d.Global) || !slices.Equal(s.Place, d.Place) {
 			continue
 		}
-		for j := i + 1; j < len(p.Instrs); j++ {
-			for k, a := range p.Instrs[j].Args {
-				if a == dst {
-					p.Instrs[j].Args[k] = src
-				}
-			}
-		}
+		rename[dst] = src
 		in.Out = src
 		readers[src] = readers[dst]
 		p.Buffers[dst].Bytes = 0 // unused now

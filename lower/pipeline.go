@@ -276,15 +276,16 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		// that needs it: made at the start of the step it would live
 		// through the step for nothing (PipeDream-2BW's 16-bit copy of a
 		// param, which its next weight version takes).
-		waits := func(v *ir.Value) bool {
-			return v.Meta.Phase == ir.PhaseOpt && !slices.ContainsFunc(v.Args, func(a *ir.Value) bool { return !isSource(a) }) &&
+		waits := map[*ir.Value]bool{}
+		for _, v := range perStep {
+			waits[v] = v.Meta.Phase == ir.PhaseOpt && !slices.ContainsFunc(v.Args, func(a *ir.Value) bool { return !isSource(a) }) &&
 				!slices.ContainsFunc(readers[v], func(q int) bool { return q != r })
 		}
 		flush := func(remoteToo bool) {
 			for progress := true; progress; {
 				progress = false
 				for _, v := range perStep {
-					if done[v] || owner(v) != r || !remoteToo && waits(v) {
+					if done[v] || owner(v) != r || !remoteToo && waits[v] {
 						continue
 					}
 					if remoteToo || localReady(v) {

@@ -217,10 +217,10 @@ func Plan(req Request) (*Result, error) {
 		// (ZeRO, offload, recompute) less well than the layouts, and the
 		// top five were once all ZeRO and offload variants of one layout
 		// that compiled slower than a layout none of them was.
-		seen := map[string]bool{}
+		seen := map[layout]bool{}
 		var order, later []*Candidate
 		for _, c := range feasible {
-			if k := layoutKey(c.Config); !seen[k] {
+			if k := layoutOf(c.Config); !seen[k] {
 				seen[k] = true
 				order = append(order, c)
 			} else {
@@ -350,18 +350,21 @@ func rankPlans(cs []*Candidate) {
 	})
 }
 
-// layoutKey names a plan's layout: plans sameLayout pairs share it.
-func layoutKey(c compile.Config) string {
-	return fmt.Sprintf("tp%d pp%d dp%d ep%d cp%d %s vpp%d mb%d %s sp%v", c.TP, c.PP, c.DP, c.EP, c.CP, c.CPImpl, c.VPP, c.Microbatches, c.Schedule, c.SequenceParallel)
+// layout is how a plan splits the model and the batch (the axes,
+// chunks, microbatches, schedule and sequence parallelism), whatever its
+// ZeRO, offload and recompute.
+type layout struct {
+	tp, pp, dp, ep, cp, vpp, microbatches int
+	cpImpl, schedule                      string
+	sp                                    bool
 }
 
-// sameLayout says whether a and b split the model and the batch alike
-// (the axes, chunks, microbatches, schedule and sequence parallelism),
-// whatever their ZeRO, offload and recompute.
-func sameLayout(a, b compile.Config) bool {
-	return a.TP == b.TP && a.PP == b.PP && a.DP == b.DP && a.EP == b.EP && a.CP == b.CP && a.CPImpl == b.CPImpl &&
-		a.VPP == b.VPP && a.Microbatches == b.Microbatches && a.Schedule == b.Schedule && a.SequenceParallel == b.SequenceParallel
+func layoutOf(c compile.Config) layout {
+	return layout{c.TP, c.PP, c.DP, c.EP, c.CP, c.VPP, c.Microbatches, c.CPImpl, c.Schedule, c.SequenceParallel}
 }
+
+// sameLayout says whether a and b split the model and the batch alike.
+func sameLayout(a, b compile.Config) bool { return layoutOf(a) == layoutOf(b) }
 
 // machinery scores what a plan adds to plain parallelism: ZeRO's stage,
 // offload, recompute.

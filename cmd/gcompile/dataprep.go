@@ -164,16 +164,13 @@ func checkPrepareInputs(inputs []string, out string) error {
 				errs = append(errs, fmt.Errorf("INPUT folder %s holds INPUT %s, which it reads already: its documents would be written twice", in, prev))
 			}
 		}
+		if within(in, out) {
+			errs = append(errs, fmt.Errorf("--output-prefix %s is inside INPUT folder %s: the dataset's files would be read as documents by the next prepare of that folder; write it outside", out, in))
+		}
 		for _, ext := range []string{".bin", ".idx", ".json"} {
-			switch {
-			case samePath(in, out+ext):
+			if samePath(in, out+ext) {
 				errs = append(errs, fmt.Errorf("--output-prefix %s writes %s, which is INPUT %s: writing it would destroy what is read; give the dataset another prefix", out, out+ext, in))
-			case within(in, out+ext):
-				errs = append(errs, fmt.Errorf("--output-prefix %s is inside INPUT folder %s: the dataset's files would be read as documents by the next prepare of that folder; write it outside", out, in))
-			default:
-				continue
 			}
-			break
 		}
 	}
 	return errors.Join(errs...)

@@ -611,7 +611,6 @@ const stallLimit = 30 * beatEvery
 // while another has moved within the last few beats (a machine too
 // loaded for anyone to beat says nothing, as stalled does).
 func (j *job) watchBeats() {
-	limit := stallLimit
 	t := time.NewTicker(beatEvery)
 	defer t.Stop()
 	n := j.world.Size
@@ -642,7 +641,7 @@ func (j *job) watchBeats() {
 			}
 		}
 		for p := range n {
-			if now.Sub(since[p]) < limit {
+			if now.Sub(since[p]) < stallLimit {
 				continue
 			}
 			alive := false
@@ -658,7 +657,7 @@ func (j *job) watchBeats() {
 				what = ", last " + string(v)
 			}
 			cancel()
-			j.fail(fmt.Errorf("%s stopped answering (no heartbeat for %v%s, while the others beat: killed or stopped); the job stops rather than wait out --timeout %v", j.procName(p), limit.Round(time.Second), what, j.timeout))
+			j.fail(fmt.Errorf("%s stopped answering (no heartbeat for %v%s, while the others beat: killed or stopped); the job stops rather than wait out --timeout %v", j.procName(p), stallLimit, what, j.timeout))
 			return
 		}
 	}

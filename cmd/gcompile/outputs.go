@@ -6,12 +6,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"gcompile/data"
 	"gcompile/data/sample"
 	"gcompile/data/tokenizer"
+	"gcompile/runtime/checkpoint"
 )
 
 // checkPaths runs before any compile or training: every output the run
@@ -165,12 +165,11 @@ func (in outputPath) reads(path string) bool {
 // isStepFolder says whether dir is one checkpoint's folder (step-NNNNNNNN,
 // or any folder holding a manifest), not the folder of a run's steps.
 func isStepFolder(dir string) bool {
-	if _, err := os.Stat(filepath.Join(dir, "manifest.json")); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, checkpoint.ManifestName)); err == nil {
 		return true
 	}
-	n, ok := strings.CutPrefix(filepath.Base(filepath.Clean(dir)), "step-")
-	_, err := strconv.Atoi(n)
-	return ok && err == nil
+	_, ok := checkpoint.StepOf(filepath.Base(filepath.Clean(dir)))
+	return ok
 }
 
 // within says whether path lies inside folder dir (at any depth).

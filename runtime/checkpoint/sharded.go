@@ -154,6 +154,17 @@ type SaveOptions struct {
 	KeepLast int
 }
 
+// StepOf is the step of a folder named step-N, whatever N's zero padding,
+// and whether name is one.
+func StepOf(name string) (int, bool) {
+	digits, ok := strings.CutPrefix(name, stepPrefix)
+	if !ok || digits == "" || strings.Trim(digits, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(digits)
+	return n, err == nil
+}
+
 // StepDir is the folder of the checkpoint at step under root.
 func StepDir(root string, step int) string {
 	return filepath.Join(root, fmt.Sprintf("%s%08d", stepPrefix, step))
@@ -579,13 +590,9 @@ func List(root string) (Listing, error) {
 		return l, err
 	}
 	for _, e := range entries {
-		digits, ok := strings.CutPrefix(e.Name(), stepPrefix)
-		if !ok || digits == "" || strings.Trim(digits, "0123456789") != "" {
-			continue // another name, or a .partial folder
-		}
-		n, err := strconv.Atoi(digits)
-		if err != nil {
-			continue // too many digits for a step
+		n, ok := StepOf(e.Name())
+		if !ok {
+			continue // another name, a .partial folder, too many digits
 		}
 		path := filepath.Join(root, e.Name())
 		why := unrecognised(path)
@@ -724,9 +731,7 @@ const listedSteps = 5
 // Every one of them is an fs.ErrNotExist.
 func findStep(path string, notExist error) (string, error) {
 	root, base := filepath.Dir(path), filepath.Base(path)
-	digits, isStep := strings.CutPrefix(base, stepPrefix)
-	step, err := strconv.Atoi(digits)
-	isStep = isStep && err == nil && digits != "" && strings.Trim(digits, "0123456789") == ""
+	step, isStep := StepOf(base)
 	l, err := List(root)
 	if err != nil {
 		// The folder above is missing too: the stat's error says it all.
