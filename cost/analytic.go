@@ -992,11 +992,13 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		// what a reduction overlapped with the last one, or a gather with
 		// the first, can hide behind.
 		lastBackward, firstForward := perChunk*float64(v)*layerB+copyWait, perChunk*float64(v)*layerF+copyWait
-		if h.OverlapBuckets && !p.SerialReductions && p.Zero == 0 && p.PP == 1 {
-			// The buckets reduce on their own stream as the last
-			// microbatch's backward produces them: all but the last can
-			// hide behind that backward.
-			c -= math.Min(c*(1-1/buckets), lastBackward)
+		if h.OverlapBuckets && !p.SerialReductions && !p.OverlapShards && p.PP == 1 && (p.Zero <= 1 || p.Zero == 2 && (p.Microbatches <= 1 || p.ReduceOnce)) {
+			// The buckets reduce (all-reduce, or ZeRO's reduce-scatter) on
+			// their own stream as the last microbatch's backward produces
+			// them: all but the last can hide behind that backward. The
+			// gather after the update cannot; nor can ZeRO-2's and 3's
+			// per-microbatch reductions, whose sums read them at once.
+			c -= math.Min(rs*(1-1/buckets), lastBackward)
 		}
 		if p.OverlapShards && (p.Zero == 1 || p.Zero == 2) {
 			c -= math.Min(rs*(1-1/buckets), lastBackward) + math.Min(ag*(1-1/buckets), firstForward)

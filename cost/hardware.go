@@ -79,7 +79,8 @@ type Hardware struct {
 	// cores, and a step takes at least the whole work over the cores.
 	HostCores int `json:"host_cores,omitempty"`
 	// OverlapBuckets says the runtime reduces data-parallel gradient
-	// buckets (all-reduce) on a stream of their own while the backward
+	// buckets (all-reduce, or ZeRO's reduce-scatter) on a stream of
+	// their own while the backward
 	// goes on, as the CUDA backend does; without it they run in program
 	// order on the compute stream, as on the CPU backend.
 	OverlapBuckets bool `json:"overlap_buckets,omitempty"`

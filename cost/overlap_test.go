@@ -1,23 +1,34 @@
 package cost_test
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"gcompile/compile"
 	"gcompile/cost"
 )
 
 // TestOverlapBucketsHidesReductions: with OverlapBuckets (the GPU presets,
-// as the CUDA backend runs them) a gradient bucket's all-reduce runs while
-// the backward goes on: the step is shorter than with the reductions in
-// program order, by no more than their time, and nothing that reads a
-// bucket's sums starts before that bucket is done; a program that reduces
-// its buckets in order (lower.Program.SerialBuckets) hides none.
+// as the CUDA backend runs them) a gradient bucket's all-reduce (or
+// ZeRO-1's reduce-scatter) runs while the backward goes on: the step is
+// shorter than with the reductions in program order, by no more than
+// their time, and nothing that reads a bucket's sums starts before that
+// bucket is done; a program that reduces its buckets in order
+// (lower.Program.SerialBuckets) hides none.
 func TestOverlapBucketsHidesReductions(t *testing.T) {
-	res := compileGPTBuckets(t, 1, 1, 1, 0.004) // dp 4, buckets of 4 KiB: several
+	for _, zero := range []int{0, 1} {
+		t.Run(fmt.Sprintf("zero%d", zero), func(t *testing.T) {
+			// dp 4, buckets of 4 KiB: several.
+			overlapBucketsHidesReductions(t, compileGPTWith(t, func(c *compile.Config) { c.BucketMB, c.Zero = 0.004, zero }))
+		})
+	}
+}
+
+func overlapBucketsHidesReductions(t *testing.T, res *compile.Result) {
 	hw, err := cost.Preset("a100-80g")
 	require.NoError(t, err)
 	require.True(t, hw.OverlapBuckets, "the GPU presets price the CUDA backend's comm stream")
@@ -36,7 +47,7 @@ func TestOverlapBucketsHidesReductions(t *testing.T) {
 	done := map[int]float64{} // bucket result buffer → its bucket's end
 	buckets := 0
 	for i, in := range prog.Instrs {
-		if in.Op == "all_reduce" && in.Bucket > 0 {
+		if (in.Op == "all_reduce" || in.Op == "reduce_scatter") && in.Bucket > 0 {
 			if i == 0 || prog.Instrs[i-1].Bucket != in.Bucket {
 				buckets++
 			}
@@ -105,6 +116,24 @@ func TestEstimateOverlapsBuckets(t *testing.T) {
 	}
 	assert.Greater(t, step(0.01), step(25), "10 KiB buckets: a latency per 10 KiB")
 	assert.Greater(t, step(1<<14), step(25), "one bucket of everything hides nothing")
+
+	// ZeRO-1's reduce-scatter hides as the all-reduce does, its gather
+	// after the update does not; ZeRO-2's per-microbatch reduce-scatters,
+	// whose shards are summed at once, hide nothing.
+	hiddenUnder := func(zero int) (hidden, comm float64) {
+		p := cost.Plan{TP: 1, PP: 1, DP: 32, MicroBatch: 1, Microbatches: 16, Precision: "fp16", Optimizer: "adamw", Zero: zero}
+		o, err := hw.Estimate(shape, p)
+		require.NoError(t, err)
+		p.SerialReductions = true
+		s, err := hw.Estimate(shape, p)
+		require.NoError(t, err)
+		return s.StepSeconds - o.StepSeconds, s.CommSeconds["dp"]
+	}
+	h1, c1 := hiddenUnder(1)
+	assert.Positive(t, h1, "ZeRO-1's reduce-scatter hides")
+	assert.Less(t, h1, c1)
+	h2, _ := hiddenUnder(2)
+	assert.InDelta(t, 0, h2, 1e-12, "ZeRO-2 with microbatches hides nothing")
 }
 
 // TestEstimateOverlapsTheDistributedOptimizer: a framework's ZeRO-1 or 2

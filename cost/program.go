@@ -181,8 +181,10 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 	if sched == nil {
 		// One rank: the instructions one after another, copies on their
 		// own stream from the moment they are issued. With OverlapBuckets
-		// a bucket's all-reduce runs on the comm stream from the moment it
-		// is issued (after the comm stream's previous bucket), and the
+		// a bucket's all-reduce or reduce-scatter (the consecutive members
+		// of one op: a bucket under ZeRO may all-reduce what it cannot
+		// split) runs on the comm stream from the moment it is issued
+		// (after the comm stream's previous bucket), and the
 		// compute stream waits for it before the first instruction that
 		// reads one of its results or runs a collective on its axis, as
 		// the CUDA backend orders them.
@@ -223,10 +225,10 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 				}
 				pending = kept
 			}
-			if overlap && in.Op == "all_reduce" && in.Bucket > 0 {
+			if overlap && (in.Op == "all_reduce" || in.Op == "reduce_scatter") && in.Bucket > 0 {
 				sl.Start = math.Max(clock, commClock)
 				commClock = sl.Start + sl.Seconds
-				if i == 0 || prog.Instrs[i-1].Bucket != in.Bucket {
+				if i == 0 || prog.Instrs[i-1].Bucket != in.Bucket || prog.Instrs[i-1].Op != in.Op {
 					pending = append(pending, pendingBucket{outs: map[int]bool{}, axis: in.Attrs.Str("axis")})
 				}
 				b := &pending[len(pending)-1]
@@ -555,14 +557,10 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 		}
 		return l
 	}
-	// Buckets: one call per bucket, priced at its first instruction.
-	bucketBytes := map[int]float64{}
-	for _, in := range prog.Instrs {
-		if in.Bucket > 0 && ir.Collectives[in.Op] {
-			bucketBytes[in.Bucket] += float64(wholeBytes(in))
-		}
-	}
-	seenBucket := map[int]bool{}
+	// Buckets: one call per bucket and op, priced at its first
+	// instruction.
+	bucketBytes := bucketCalls(prog)
+	seenBucket := map[bucketCall]bool{}
 	for i, in := range prog.Instrs {
 		ic := &out[i]
 		switch {
@@ -574,13 +572,13 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 			n := len(ranks)
 			ic.axis = axis
 			b := float64(wholeBytes(in))
-			if in.Bucket > 0 {
-				if seenBucket[in.Bucket] {
+			if k := (bucketCall{in.Bucket, in.Op}); in.Bucket > 0 {
+				if seenBucket[k] {
 					ic.bytes = b * float64(max(n-1, 0)) / float64(max(n, 1)) * busFactor(in.Op)
 					continue
 				}
-				seenBucket[in.Bucket] = true
-				b = bucketBytes[in.Bucket]
+				seenBucket[k] = true
+				b = bucketBytes[k]
 			}
 			ic.seconds = h.kernels(1, Collective(in.Op, n, b, linkOf(axis, ranks))+h.LaunchUS*1e-6)
 			if in.Bucket > 0 {
@@ -686,6 +684,25 @@ func ringSteps(in lower.Instr) int {
 		return 1
 	}
 	return in.Value.Args[0].Type.Shape[2] / max(in.ArgTypes[0].Shape[2], 1)
+}
+
+// bucketCall is one collective call of a gradient bucket: its members of
+// one op (a bucket under ZeRO may all-reduce what it cannot split beside
+// its reduce-scatters, and the runtimes call each op once).
+type bucketCall struct {
+	bucket int
+	op     string
+}
+
+// bucketCalls is the whole bytes each bucket call of prog moves.
+func bucketCalls(prog *lower.Program) map[bucketCall]float64 {
+	bytes := map[bucketCall]float64{}
+	for _, in := range prog.Instrs {
+		if in.Bucket > 0 && ir.Collectives[in.Op] {
+			bytes[bucketCall{in.Bucket, in.Op}] += float64(wholeBytes(in))
+		}
+	}
+	return bytes
 }
 
 // busFactor is how many times a ring collective's per-step share crosses

@@ -479,12 +479,7 @@ func (h *Hardware) features(prog *lower.Program, rank int) []feature {
 		}
 		return mesh.AxisRanks(coords, mesh.Axis(axis))
 	}
-	bucketBytes := map[int]float64{}
-	for _, in := range prog.Instrs {
-		if in.Bucket > 0 && ir.Collectives[in.Op] {
-			bucketBytes[in.Bucket] += float64(wholeBytes(in))
-		}
-	}
+	bucketBytes := bucketCalls(prog)
 	// link classifies a transfer over ranks; a node-crossing one capped at
 	// the NVLink rate does not depend on inter_node_gbps and is left out.
 	link := func(ranks []int, a, b float64) feature {
@@ -498,7 +493,7 @@ func (h *Hardware) features(prog *lower.Program, rank int) []feature {
 		}
 		return feature{cls: clsInter, a: a, b: b / k}
 	}
-	seenBucket := map[int]bool{}
+	seenBucket := map[bucketCall]bool{}
 	for i, in := range prog.Instrs {
 		switch {
 		case ir.Collectives[in.Op]:
@@ -508,12 +503,12 @@ func (h *Hardware) features(prog *lower.Program, rank int) []feature {
 			}
 			n := float64(len(ranks))
 			s := float64(wholeBytes(in))
-			if in.Bucket > 0 {
-				if seenBucket[in.Bucket] {
+			if k := (bucketCall{in.Bucket, in.Op}); in.Bucket > 0 {
+				if seenBucket[k] {
 					continue
 				}
-				seenBucket[in.Bucket] = true
-				s = bucketBytes[in.Bucket]
+				seenBucket[k] = true
+				s = bucketBytes[k]
 			}
 			if n <= 1 || s <= 0 {
 				continue

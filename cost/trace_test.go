@@ -30,6 +30,15 @@ func compileGPT(t *testing.T, tp, pp, microbatches int) *compile.Result {
 // compileGPTBuckets is compileGPT with gradient buckets of bucketMB.
 func compileGPTBuckets(t *testing.T, tp, pp, microbatches int, bucketMB float64) *compile.Result {
 	t.Helper()
+	return compileGPTWith(t, func(c *compile.Config) {
+		c.TP, c.PP, c.Microbatches, c.BucketMB = tp, pp, microbatches, bucketMB
+	})
+}
+
+// compileGPTWith compiles the tiny GPT for 4 devices, fp32, with edit's
+// changes to the configuration.
+func compileGPTWith(t *testing.T, edit func(*compile.Config)) *compile.Result {
+	t.Helper()
 	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 8,
 		Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16"}})
 	if err != nil {
@@ -39,9 +48,10 @@ func compileGPTBuckets(t *testing.T, tp, pp, microbatches int, bucketMB float64)
 	if err := os.WriteFile(gir, []byte(ir.Print(m)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := compile.Config{Model: gir, Batch: 8, Devices: 4, TP: tp, PP: pp, Microbatches: microbatches,
-		Precision: "fp32", Optimizer: "adamw", Beta1: 0.9, Beta2: 0.95, WeightDecay: 0.1, Clip: 1, BucketMB: bucketMB,
+	cfg := compile.Config{Model: gir, Batch: 8, Devices: 4, TP: 1, PP: 1, Microbatches: 1,
+		Precision: "fp32", Optimizer: "adamw", Beta1: 0.9, Beta2: 0.95, WeightDecay: 0.1, Clip: 1,
 		Explicit: map[string]bool{}}
+	edit(&cfg)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

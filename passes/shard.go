@@ -170,7 +170,13 @@ func (s *sharder) planGradients() error {
 		if s.ep >= 0 {
 			want[s.ep] = s.expertSeed(p)
 		}
-		if s.o.Zero >= 2 && s.dp >= 0 && p.Type.Rank() > 0 {
+		// From stage 1 on each device updates only its shard of the
+		// optimizer state, so it needs only that shard of the gradient:
+		// the gradient is reduce-scattered, not all-reduced, and the
+		// updated shards are gathered (Ψ·(N−1)/N each way, the traffic of
+		// a plain all-reduce, where an all-reduce and a gather moved half
+		// as much again).
+		if s.o.Zero >= 1 && s.dp >= 0 && p.Type.Rank() > 0 {
 			d, err := s.zeroPlace(p, want, fmt.Sprintf("ZeRO-%d", s.o.Zero))
 			if err != nil {
 				return err
@@ -190,12 +196,13 @@ func (s *sharder) planGradients() error {
 			g = g.Args[0]
 			s.prefer[g] = want
 		}
-		if s.dp >= 0 && want[s.dp].Kind == ir.Shard {
+		if s.o.Zero >= 2 && s.dp >= 0 && want[s.dp].Kind == ir.Shard {
 			// ZeRO-2/3 with microbatches: each microbatch's gradients are
 			// reduce-scattered as they come and the shards summed, as
 			// DeepSpeed's stages 2 and 3 accumulate, so a device never
-			// holds the whole sum (Megatron-LM's distributed optimizer
-			// sums whole and reduce-scatters once: 4 bytes a param more).
+			// holds the whole sum. Stage 1 sums whole and reduce-scatters
+			// once a step, as Megatron-LM's distributed optimizer does: 4
+			// bytes a param more, and one reduction in place of m.
 			s.preferEachMicrobatch(g, want)
 		}
 	}

@@ -32,10 +32,10 @@ type tolerance struct{ loss, param float64 }
 
 // cudaCases are the equivalence GPT on one device in fp32 and bf16,
 // tensor parallel, pipeline parallel (virtual devices on one GPU) and
-// data parallel with ZeRO-1, and the Llama in bf16, tensor parallel
+// data parallel with ZeRO-1 and 2, and the Llama in bf16, tensor parallel
 // (k/v heads split and replicated) and pipeline parallel; make test runs
-// the GPT in fp32 on one device and on a pipeline and the Llama in bf16,
-// the full matrix the rest.
+// the GPT in fp32 on one device, on a pipeline and under ZeRO-1 and the
+// Llama in bf16, the full matrix the rest.
 //
 // On the fake GPU (kernels in the CPU emulator, naive GEMMs) the fp32
 // runs measured equal to the CPU backend's: every loss identical to the
@@ -69,12 +69,15 @@ func cudaCases() []cudaCase {
 		// all-reduced on the comm stream) and its overflow gates written
 		// over the state they guard.
 		{name: "dp2_fp16", progs: single(plan{dp: 2, precision: "fp16"}), precision: "fp16", fake: tolerance{1e-4, 0.1}, gpu: tolerance{2e-3, 0.2}},
+		// ZeRO-1's buckets of reduce-scatters on the comm stream, many of
+		// them, so that their two staging buffers are each reused.
+		{name: "dp2_zero1_buckets", progs: single(plan{dp: 2, zero: 1, bucketMB: 0.01}), fake: fp32Fake, gpu: fp32GPU},
 	}
 	if fullMatrix() {
 		cases = append(cases,
 			// Data parallelism on the CUDA backend also runs in make test
 			// across processes (cmd/gcompile's TestCUDAJobAcrossProcesses).
-			cudaCase{name: "dp2_zero1", progs: single(plan{dp: 2, zero: 1}), fake: fp32Fake, gpu: fp32GPU},
+			cudaCase{name: "dp2_zero2_micro2_buckets", progs: single(plan{dp: 2, zero: 2, micro: 2, bucketMB: 0.01}), fake: fp32Fake, gpu: fp32GPU},
 			cudaCase{name: "bf16", progs: single(plan{precision: "bf16"}), precision: "bf16", fake: tolerance{1e-4, 0.1}, gpu: tolerance{2e-3, 0.2}},
 			cudaCase{name: "llama_tp2", progs: single(plan{model: "llama", tp: 2}), fake: fp32Fake, gpu: fp32GPU}, // k/v heads split
 			cudaCase{name: "llama_tp4", progs: single(plan{model: "llama", tp: 4}), fake: fp32Fake, gpu: fp32GPU}, // k/v heads replicated

@@ -349,27 +349,36 @@ func TestDataParallelMatchesOneDevice(t *testing.T) {
 // with the rest of the optimizer state (the 16-bit copies are made from
 // the shards and gathered for the step), and the gradients stay fp32:
 // Megatron-LM's distributed optimizer's 4Ψ + 12Ψ/N beside the 16-bit
-// weights.
+// weights. From stage 1 on the optimizer reads its shard of the
+// gradients, reduce-scattered; stage 1 sums the microbatches' gradients
+// whole (4Ψ), stages 2–3 their shards (4Ψ/N).
 func TestZeROMemoryFormulas(t *testing.T) {
 	psi := paramCount(compilePlan(t, plan{dp: 1}))
 	const n = 4
 	for _, precision := range []string{"", "bf16"} {
 		for stage := range 4 {
 			t.Run(fmt.Sprintf("zero%d_%s", stage, cmp.Or(precision, "fp32")), func(t *testing.T) {
-				params, states, grads := zeroBytes(compilePlan(t, plan{dp: n, zero: stage, precision: precision}))
-				wantParams, wantGrads, wantStates := 4*psi, 4*psi, 8*psi
+				prog := compilePlan(t, plan{dp: n, zero: stage, precision: precision})
+				params, states, grads := zeroBytes(prog)
+				sums := gradientSumBytes(compilePlan(t, plan{dp: n, zero: stage, precision: precision, micro: 2}))
+				wantParams, wantGrads, wantStates, wantSums := 4*psi, 4*psi, 8*psi, 4*psi
 				if stage >= 1 {
 					wantStates /= n
+					wantGrads /= n
 				}
 				if stage >= 2 {
-					wantGrads /= n
+					wantSums /= n
 				}
 				if stage >= 3 || stage >= 1 && precision != "" {
 					wantParams /= n
 				}
 				assert.Equal(t, wantParams, params, "param bytes")
-				assert.Equal(t, wantGrads, grads, "gradient bytes")
+				assert.Equal(t, wantGrads, grads, "gradient bytes the optimizer reads")
+				assert.Equal(t, wantSums, sums, "bytes of the microbatches' gradient sums")
 				assert.Equal(t, wantStates, states, "optimizer state bytes")
+				if stage >= 1 {
+					assert.Zero(t, allReducedTensors(prog), "ZeRO reduce-scatters its gradients: no tensor is all-reduced")
+				}
 			})
 		}
 	}
@@ -405,6 +414,70 @@ func zeroBytes(prog *lower.Program) (params, states, grads int64) {
 		}
 	}
 	return params, states, grads
+}
+
+// A bucket of ZeRO's reduce-scatters is one call on the CPU backend, as
+// a bucket of all-reduces is: the call's meeting of the devices, not its
+// bytes, is what a call costs there.
+func TestZeROReduceScattersABucketInOneCall(t *testing.T) {
+	for _, p := range []plan{{dp: 2, zero: 1, bucketMB: 0.01}, {dp: 2, zero: 2, micro: 2, bucketMB: 0.01}, {dp: 2, zero: 1, precision: "bf16"}} {
+		t.Run(fmt.Sprintf("%v_%s", p, cmp.Or(p.precision, "fp32")), func(t *testing.T) {
+			prog := compilePlan(t, p)
+			buckets := map[int]bool{}
+			members := 0
+			for _, in := range prog.Instrs {
+				if in.Op == "reduce_scatter" && in.Bucket > 0 {
+					buckets[in.Bucket] = true
+					members++
+				}
+			}
+			require.Greater(t, members, len(buckets), "buckets of several gradients")
+			if p.bucketMB > 0 {
+				require.Greater(t, len(buckets), 1, "several buckets")
+			}
+			cl, err := cpu.NewCluster(prog, cpu.Options{})
+			require.NoError(t, err)
+			require.NoError(t, cl.InitParams(1))
+			tokens := make([]int32, eqBatch*eqSeq)
+			for i := range tokens {
+				tokens[i] = int32(i * 7 % 256)
+			}
+			for _, in := range []string{"tokens", "targets"} {
+				require.NoError(t, cl.SetInt32(in, tokens))
+			}
+			for _, name := range []string{"lr", "step", runtime.InputLossScale} {
+				if _, ok := prog.Sources[name]; ok {
+					require.NoError(t, cl.SetScalar(name, 1))
+				}
+			}
+			before := cl.Comm.Stats().ReduceScatter
+			require.NoError(t, cl.Step())
+			assert.Equal(t, int64(len(buckets)), cl.Comm.Stats().ReduceScatter-before, "one call a bucket (the comm counts a call of the group once)")
+		})
+	}
+}
+
+// gradientSumBytes is one device's bytes of the gradients summed over
+// the microbatches: the buffers the once-a-step adds write.
+func gradientSumBytes(prog *lower.Program) (n int64) {
+	seen := map[int]bool{}
+	for _, in := range prog.Instrs {
+		if v := in.Value; in.Op == "add" && v != nil && v.Meta.Phase == ir.PhaseBwd && v.Meta.Micro < 0 && !seen[in.Out] {
+			seen[in.Out] = true
+			n += prog.Buffers[in.Out].Bytes
+		}
+	}
+	return n
+}
+
+// allReducedTensors counts prog's all-reduces of more than a scalar.
+func allReducedTensors(prog *lower.Program) (n int) {
+	for _, in := range prog.Instrs {
+		if in.Op == "all_reduce" && len(in.ArgTypes) > 0 && in.ArgTypes[0].Rank() > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // Under tensor parallelism ZeRO splits over dp what tp leaves of each

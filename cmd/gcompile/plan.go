@@ -100,18 +100,20 @@ func attentionNote(m *ir.Module) string {
 
 // zeroNote says how a sharded optimizer is priced when a plan in the
 // table shards one over dp: as gcompile runs it, the gradients'
-// reduce-scatter and the weights' gather after the backward. A framework
-// that overlaps them runs the same plan faster, and a user pricing such a
-// run from this table should know it. The CPU backend's table (hw
-// "cpu") is gcompile's own alone and needs no note.
+// reduce-scatter beside the last microbatch's backward (without a
+// pipeline) and the weights' gather after the update. A framework that
+// also overlaps the gather with the next forward runs the same plan
+// faster, and a user pricing such a run from this table should know it.
+// The CPU backend's table (hw "cpu") is gcompile's own alone and needs no
+// note.
 func zeroNote(hw *cost.Hardware, ranked []*planner.Candidate) string {
 	if hw == nil || hw.Name == "cpu" {
 		return ""
 	}
 	for _, c := range ranked {
 		if (c.Config.Zero == 1 || c.Config.Zero == 2) && c.Config.DP > 1 {
-			return "zero: the sharded optimizer's reduce-scatter and gather are priced after the backward, as gcompile runs them; " +
-				"a framework whose distributed optimizer overlaps them with the backward and the next forward " +
+			return "zero: the sharded optimizer's gather is priced after the update, as gcompile runs it (its reduce-scatter beside the last backward only without a pipeline); " +
+				"a framework whose distributed optimizer overlaps both with the backward and the next forward " +
 				"(Megatron-Core's --overlap-grad-reduce --overlap-param-gather) runs such a plan faster"
 		}
 	}

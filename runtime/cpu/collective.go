@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"gcompile/ir"
@@ -116,6 +117,8 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 	switch {
 	case in.Op == "all_reduce" && in.Bucket > 0:
 		return d.compileBucket(in, g)
+	case in.Op == "reduce_scatter" && in.Bucket > 0 && !d.prog.Mesh.Axes[ax].Zigzag:
+		return scatterBucket[T](d, in, g)
 	case in.Op == "all_to_all":
 		if d.prog.Mesh.Axes[ax].Zigzag && g.Size() > 1 {
 			return nil, fmt.Errorf("all_to_all over %s in the zigzag layout is not supported: its split sequence moves only by slices and gathers", d.prog.Mesh.Axes[ax].Name)
@@ -268,6 +271,76 @@ func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g runtime.G
 		}
 		return d.comm.AllReduce(g, d.rank, dt, raw...)
 	}
+}
+
+// scatterBucket: the first reduce_scatter of a gradient bucket (ZeRO's)
+// reduce-scatters every member's gradient in one call; the others have
+// nothing left to do. Device q's chunk of the call is the members'
+// q-th pieces one after another, so the call leaves each device its
+// members' shards one after another, which are copied out. One call a
+// bucket rather than one a gradient: a call's cost on this backend is
+// mostly its meeting of the devices, not its bytes.
+func scatterBucket[T kcpu.Float](d *Device, in lower.Instr, g runtime.Group) (func() error, error) {
+	i := slices.IndexFunc(d.prog.Instrs, func(x lower.Instr) bool { return x.Value == in.Value })
+	if i > 0 && d.prog.Instrs[i-1].Bucket == in.Bucket && d.prog.Instrs[i-1].Op == in.Op {
+		return func() error { return nil }, nil
+	}
+	n := g.Size()
+	dt := d.prog.Buffers[in.Out].Type.DType
+	type member struct {
+		src, out, tmp []T
+		shape         []int
+		dim           int
+	}
+	var members []member
+	var chunk int // elements of one device's chunk: its shard of every member
+	for j := i; j < len(d.prog.Instrs) && d.prog.Instrs[j].Bucket == in.Bucket && d.prog.Instrs[j].Op == in.Op; j++ {
+		m := d.prog.Instrs[j]
+		if got := d.prog.Buffers[m.Out].Type.DType; got != dt {
+			return nil, fmt.Errorf("bucket %d reduce-scatters %v and %v: one call sums one dtype", in.Bucket-1, dt, got)
+		}
+		dim := m.Attrs.Int("dim", 0)
+		blocks, err := runtime.CollectiveBlocks(d.prog.Mesh, m)
+		if err != nil {
+			return nil, err
+		}
+		whole, part := []int(m.ArgTypes[0].Shape), []int(m.OutType.Shape)
+		if !splits(whole, part, dim, blocks, n) {
+			return nil, fmt.Errorf("reduce_scatter on dim %d in %d blocks over %d devices: %v and %v have no such split", dim, blocks, n, m.ArgTypes[0], m.OutType)
+		}
+		e := member{src: view[T](d, m.Args[0]), out: view[T](d, m.Out)}
+		e.shape, e.dim = blockedView(whole, dim, blocks)
+		if !contiguous(e.shape, e.dim) {
+			e.tmp = make([]T, len(e.src))
+		}
+		members = append(members, e)
+		chunk += len(e.out)
+	}
+	send, recv := make([]T, n*chunk), make([]T, chunk)
+	rawSend, rawRecv := asBytes(send), asBytes(recv)
+	return func() error {
+		at := 0
+		for _, e := range members {
+			pieces := e.src
+			if e.tmp != nil {
+				toPieces(e.tmp, e.src, e.shape, e.dim, n)
+				pieces = e.tmp
+			}
+			k := len(e.out)
+			for q := range n {
+				copy(send[q*chunk+at:q*chunk+at+k], pieces[q*k:(q+1)*k])
+			}
+			at += k
+		}
+		if err := d.comm.ReduceScatter(g, d.rank, dt, rawSend, rawRecv); err != nil {
+			return err
+		}
+		at = 0
+		for _, e := range members {
+			at += copy(e.out, recv[at:at+len(e.out)])
+		}
+		return nil
+	}, nil
 }
 
 // allToAll re-splits a value from dim from to dim to (S(from) → S(to)):

@@ -48,16 +48,22 @@ func blockedView(s []int, dim, k int) ([]int, int) {
 // equal blocks laid out one after another (what the flat collectives
 // move), or, with join, put such blocks back together.
 func (c *compiler) pieces(whole, flat parg, s []int, dim, n int, join bool) ([]*launch, error) {
+	return c.piecesEvery(whole, flat, s, dim, n, numel(s)/int64(n), join)
+}
+
+// piecesEvery is pieces with block j at element j·stride of flat: a
+// gradient bucket's reduce-scatter lays each member's blocks among the
+// other members'.
+func (c *compiler) piecesEvery(whole, flat parg, s []int, dim, n int, stride int64, join bool) ([]*launch, error) {
 	outer, total, inner, err := kcuda.SliceGeometry(s, dim)
 	if err != nil {
 		return nil, err
 	}
 	k := total / int64(n)
-	size := numel(s) / int64(n)
 	var ls []*launch
 	for j := range int64(n) {
 		piece := flat
-		piece.at = piece.at.add(4 * j * size)
+		piece.at = piece.at.add(4 * j * stride)
 		var l *launch
 		if join {
 			l, err = c.kernel("gc_concat_piece", whole, piece, outer, total, inner, j*k, k)
@@ -165,16 +171,19 @@ func (c *compiler) collectiveOver(ax int, g group, src, out parg) (func() error,
 			return cm.allReduce(d, g, s, []driver.DevicePtr{d.ptr(out.at)}, []int64{count}, d.ptr(tmp))
 		}, nil
 	case "reduce_scatter":
+		if in.Bucket > 0 {
+			return c.scatterBucket(g, s, ax)
+		}
 		count := numel(outShape)
 		if contiguous(inShape, dim) {
-			return func() error { return cm.reduceScatter(d, g, s, d.ptr(src.at), d.ptr(out.at), count) }, nil
+			return func() error { return cm.reduceScatter(d, g, s, d.compute, d.ptr(src.at), d.ptr(out.at), count) }, nil
 		}
 		tmp := parg{at: c.scratch(4 * numel(inShape)), dt: ir.F32}
 		cut, err := c.pieces(src, tmp, inShape, dim, n, false)
 		if err != nil {
 			return nil, err
 		}
-		return seq(c.runs(cut...), func() error { return cm.reduceScatter(d, g, s, d.ptr(tmp.at), d.ptr(out.at), count) }), nil
+		return seq(c.runs(cut...), func() error { return cm.reduceScatter(d, g, s, d.compute, d.ptr(tmp.at), d.ptr(out.at), count) }), nil
 	case "all_gather":
 		bytes := 4 * numel(inShape)
 		if contiguous(outShape, dim) {
@@ -416,6 +425,159 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 	}, nil
 }
 
+// scatterBucket: the first reduce_scatter of a gradient bucket (ZeRO's)
+// reduce-scatters every member's gradient in one collective; the others
+// have nothing left to do. Device q's chunk of the collective is the
+// members' q-th blocks one after another, cut into a staging buffer, so
+// the collective leaves each device its shards one after another, which
+// are copied into the members' results.
+//
+// As a bucket of all-reduces does, it runs on the comm stream, which
+// waits for the cuts and the compute stream for the results where they
+// are first needed (planBucketWaits). The cuts stay on the compute
+// stream, where the gradients die at the bucket, and the comm stream
+// reads only the staging buffer: two of them, taken in turn, and the
+// cuts into one wait for the bucket before last, which read it, to be
+// done. A program with SerialBuckets runs it all on the compute stream.
+func (c *compiler) scatterBucket(g group, s *site, ax int) (func() error, error) {
+	in, d := c.in, c.d
+	i := c.index
+	if i > 0 && d.prog.Instrs[i-1].Bucket == in.Bucket && d.prog.Instrs[i-1].Op == in.Op {
+		return func() error { return nil }, nil
+	}
+	n := g.size()
+	var members []lower.Instr
+	var chunk int64 // elements of one device's chunk: its shard of every member
+	for j := i; j < len(d.prog.Instrs) && d.prog.Instrs[j].Bucket == in.Bucket && d.prog.Instrs[j].Op == in.Op; j++ {
+		m := d.prog.Instrs[j]
+		if c.dtype(m.Out) != ir.F32 || c.dtype(m.Args[0]) != ir.F32 {
+			return nil, fmt.Errorf("bucketed reduce_scatter of %v: the cuda backend reduces fp32 buckets", c.buf(m.Out).Type)
+		}
+		members = append(members, m)
+		chunk += m.OutType.Shape.NumElements()
+	}
+	for _, m := range members[1:] {
+		// The leader's closure reads and writes the later members'
+		// buffers: a pending copy into any of them is waited for here.
+		d.touches[i] = append(d.touches[i], m.Args[0], m.Out)
+	}
+	k := d.scatterBuckets
+	d.scatterBuckets++
+	send, recv := d.scatterStaging(k % 2)
+	var cuts []*launch
+	var off int64
+	for _, m := range members {
+		dim := m.Attrs.Int("dim", 0)
+		blocks, err := runtime.CollectiveBlocks(d.prog.Mesh, m)
+		if err != nil {
+			return nil, err
+		}
+		whole := []int(m.ArgTypes[0].Shape)
+		if dim < 0 || dim >= len(whole) || blocks < 1 || whole[dim]%(blocks*n) != 0 {
+			return nil, fmt.Errorf("reduce_scatter on dim %d in %d blocks over %d devices: %v has no such split", dim, blocks, n, m.ArgTypes[0])
+		}
+		view, vdim := blockedView(whole, dim, blocks)
+		flat := parg{at: send.add(4 * off), dt: ir.F32}
+		ls, err := c.piecesEvery(c.ptr(m.Args[0]), flat, view, vdim, n, chunk, false)
+		if err != nil {
+			return nil, err
+		}
+		cuts = append(cuts, ls...)
+		off += m.OutType.Shape.NumElements()
+	}
+	cut := c.runs(cuts...)
+	cm, drv := d.comm, d.rt.drv
+	// reduce runs the collective on stream st and copies each member's
+	// shard into its result there.
+	reduce := func(st driver.Stream) error {
+		if err := cm.reduceScatter(d, g, s, st, d.ptr(send), d.ptr(recv), chunk); err != nil {
+			return err
+		}
+		var off int64
+		for _, m := range members {
+			count := m.OutType.Shape.NumElements()
+			if err := drv.MemcpyDtoDAsync(d.ptr(at(c.buf(m.Out))), d.ptr(recv.add(4*off)), uint64(4*count), st); err != nil {
+				return err
+			}
+			off += count
+		}
+		return nil
+	}
+	if d.prog.SerialBuckets {
+		c.note(fmt.Sprintf("bucket of %d reduce_scatters on the compute stream", len(members)))
+		return seq(cut, func() error { return reduce(d.compute) }), nil
+	}
+	plan := &bucketPlan{leader: i, members: len(members), axis: d.prog.Mesh.Axes[ax].Name, wait: -1}
+	for _, m := range members {
+		plan.outs = append(plan.outs, m.Out)
+	}
+	var err error
+	if plan.ready, err = d.event(); err != nil {
+		return nil, err
+	}
+	if plan.done, err = d.event(); err != nil {
+		return nil, err
+	}
+	comms, err := d.commStream()
+	if err != nil {
+		return nil, err
+	}
+	var before *bucketPlan // the bucket before last, which read the same staging
+	if len(d.scatterPlans) >= 2 {
+		before = d.scatterPlans[len(d.scatterPlans)-2]
+	}
+	d.scatterPlans = append(d.scatterPlans, plan)
+	d.buckets = append(d.buckets, plan)
+	c.note(fmt.Sprintf("bucket of %d reduce_scatters on the comm stream", len(members)))
+	return func() error {
+		if before != nil {
+			if err := drv.StreamWaitEvent(d.compute, before.done); err != nil {
+				return err
+			}
+		}
+		if err := cut(); err != nil {
+			return err
+		}
+		if err := drv.EventRecord(plan.ready, d.compute); err != nil {
+			return err
+		}
+		if err := drv.StreamWaitEvent(comms, plan.ready); err != nil {
+			return err
+		}
+		if err := reduce(comms); err != nil {
+			return err
+		}
+		return drv.EventRecord(plan.done, comms)
+	}, nil
+}
+
+// scatterStaging is staging buffer k (0 or 1) of the gradient buckets'
+// reduce-scatters: where the cuts are laid out (the largest bucket's
+// gradients, whole) and where the shards land (its shards), outside the
+// per-instruction scratch, which later instructions reuse while the comm
+// stream reads these.
+func (d *Device) scatterStaging(k int) (send, recv loc) {
+	if d.scatterTmp == nil {
+		whole, shard := map[int]int64{}, map[int]int64{}
+		for _, in := range d.prog.Instrs {
+			if in.Op == "reduce_scatter" && in.Bucket > 0 {
+				whole[in.Bucket] += 4 * in.ArgTypes[0].Shape.NumElements()
+				shard[in.Bucket] += 4 * in.OutType.Shape.NumElements()
+			}
+		}
+		var w, r int64
+		for b := range whole {
+			w, r = max(w, whole[b]), max(r, shard[b])
+		}
+		var l [2][2]loc
+		for j := range l {
+			l[j] = [2]loc{{inKeep, d.keep.take(w)}, {inKeep, d.keep.take(r)}}
+		}
+		d.scatterTmp = &l
+	}
+	return d.scatterTmp[k][0], d.scatterTmp[k][1]
+}
+
 // bucketScratch is the workspace the fabric reduces a bucket into: one
 // region, as large as the largest bucket of the program, outside the
 // per-instruction scratch (later instructions reuse that while the
@@ -472,7 +634,7 @@ func (d *Device) planBucketWaits() {
 		}
 		for j := b.leader + b.members; j < len(instrs) && b.wait < 0; j++ {
 			in := instrs[j]
-			if ir.Collectives[in.Op] && in.Attrs.Str("axis") == b.axis && !(in.Op == "all_reduce" && in.Bucket > 0) {
+			if ir.Collectives[in.Op] && in.Attrs.Str("axis") == b.axis && !(in.Bucket > 0 && (in.Op == "all_reduce" || in.Op == "reduce_scatter")) {
 				b.wait = j
 			}
 			for _, id := range d.operands(j) {

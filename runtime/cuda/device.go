@@ -52,6 +52,12 @@ type Device struct {
 	comms     driver.Stream
 	buckets   []*bucketPlan
 	bucketTmp *loc
+	// scatterPlans are the reduce-scatter buckets on the comm stream, in
+	// program order, scatterBuckets how many such buckets were compiled,
+	// and scatterTmp their two staging buffers (scatterStaging).
+	scatterPlans   []*bucketPlan
+	scatterBuckets int
+	scatterTmp     *[2][2]loc
 
 	lt        cublaslt.Handle
 	plans     []*cublaslt.Plan

@@ -29,8 +29,9 @@ type comm interface {
 	// stagesSums reports whether allReduce needs its tmp workspace.
 	stagesSums() bool
 	// reduceScatter: out (count fp32 elements) becomes the sum over
-	// members of chunk pos of their src (group size × count elements).
-	reduceScatter(d *Device, g group, s *site, src, out driver.DevicePtr, count int64) error
+	// members of chunk pos of their src (group size × count elements),
+	// on stream st of d (the comm stream for a gradient bucket).
+	reduceScatter(d *Device, g group, s *site, st driver.Stream, src, out driver.DevicePtr, count int64) error
 	// allGather: chunk q of out (bytes each) becomes member q's src.
 	allGather(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error
 	// allToAll: chunk q of out becomes chunk pos of member q's src.
@@ -323,10 +324,10 @@ func (f *fabric) allReduceOn(d *Device, g group, s *site, st driver.Stream, bufs
 	return nil
 }
 
-func (f *fabric) reduceScatter(d *Device, g group, s *site, src, out driver.DevicePtr, count int64) error {
+func (f *fabric) reduceScatter(d *Device, g group, s *site, st driver.Stream, src, out driver.DevicePtr, count int64) error {
 	what := fmt.Sprintf("reduce_scatter into %d fp32 elements", count)
-	return f.meet(d, g, s, d.compute, what, []driver.DevicePtr{src}, func(m *meeting) error {
-		return sum(d, d.compute, m, 0, int64(g.pos)*count, count, out)
+	return f.meet(d, g, s, st, what, []driver.DevicePtr{src}, func(m *meeting) error {
+		return sum(d, st, m, 0, int64(g.pos)*count, count, out)
 	})
 }
 

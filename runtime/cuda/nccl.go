@@ -282,12 +282,12 @@ func (nc *ncclComm) allReduceOn(d *Device, g group, _ *site, st driver.Stream, b
 	return nc.failed(errors.Join(errs...))
 }
 
-func (nc *ncclComm) reduceScatter(d *Device, g group, _ *site, src, out driver.DevicePtr, count int64) error {
+func (nc *ncclComm) reduceScatter(d *Device, g group, _ *site, st driver.Stream, src, out driver.DevicePtr, count int64) error {
 	c, err := nc.comm(g)
 	if err != nil {
 		return err
 	}
-	return nc.failed(nc.lib.ReduceScatter(src, out, uint64(count), nccl.Float32, nccl.Sum, c, d.compute))
+	return nc.failed(nc.lib.ReduceScatter(src, out, uint64(count), nccl.Float32, nccl.Sum, c, st))
 }
 
 func (nc *ncclComm) allGather(d *Device, g group, _ *site, src, out driver.DevicePtr, bytes int64) error {

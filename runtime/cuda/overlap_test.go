@@ -42,7 +42,7 @@ func checkBucketWaits(t *testing.T, d *Device) (overlapped int) {
 		end := b.leader + b.members
 		hits := func(j int) bool {
 			in := instrs[j]
-			if ir.Collectives[in.Op] && in.Attrs.Str("axis") == b.axis && (in.Op != "all_reduce" || in.Bucket == 0) {
+			if ir.Collectives[in.Op] && in.Attrs.Str("axis") == b.axis && (in.Op != "all_reduce" && in.Op != "reduce_scatter" || in.Bucket == 0) {
 				return true
 			}
 			for _, id := range d.operands(j) {
@@ -81,11 +81,13 @@ func checkBucketWaits(t *testing.T, d *Device) (overlapped int) {
 
 // Every gradient bucket is reduced on the comm stream and waited for only
 // where its results are needed: on every device of data-parallel plans
-// with buckets, alone, with ZeRO-1, microbatches and tensor parallelism.
+// with buckets, alone, with ZeRO-1 and 2 (buckets of reduce-scatters),
+// microbatches and tensor parallelism.
 func TestPlannedBucketWaits(t *testing.T) {
 	for _, c := range []config{
 		dp2Buckets,
 		{name: "dp2_zero1_buckets", mesh: dp2, edit: func(o *passes.Options) { o.Zero = 1; o.BucketMB = 0.01 }},
+		{name: "dp2_zero2_micro2_buckets", mesh: dp2, micro: 2, edit: func(o *passes.Options) { o.Zero = 2; o.BucketMB = 0.01 }},
 		{name: "dp2_micro2_buckets", mesh: dp2, micro: 2, edit: func(o *passes.Options) { o.BucketMB = 0.01 }},
 		{name: "dp2_tp2_buckets", mesh: dp2tp2, edit: func(o *passes.Options) { o.BucketMB = 0.01 }},
 	} {
@@ -102,7 +104,7 @@ func TestPlannedBucketWaits(t *testing.T) {
 				plan, _, err := Plan(progs, r)
 				require.NoError(t, err)
 				for _, b := range d.buckets {
-					assert.Contains(t, plan[b.leader].Steps, fmt.Sprintf("bucket of %d all_reduces on the comm stream", b.members))
+					assert.Contains(t, plan[b.leader].Steps, fmt.Sprintf("bucket of %d %ss on the comm stream", b.members, prog.Instrs[b.leader].Op))
 					if b.wait >= 0 {
 						assert.Contains(t, plan[b.wait].Steps, fmt.Sprintf("wait for the bucket reduced by instruction %d", b.leader))
 					}
@@ -332,6 +334,111 @@ func TestBucketReductionRunsOnTheCommStream(t *testing.T) {
 		}
 	}
 	sameWeights(t, progs[0], serial, cl, "buckets in order vs on the comm stream")
+}
+
+// ZeRO's buckets of reduce-scatters on the fake GPU: each bucket's
+// gradients are cut into its staging buffer on the compute stream, which
+// records ready; the comm stream waits for it, reduces and copies the
+// shards into their results, and records done, which the compute stream
+// waits for where the optimizer reads them. The two staging buffers are
+// taken in turn, and the cuts into one wait for the bucket before last to
+// be done with it. The weights are the bits of the same buckets reduced
+// in place on the compute stream (--overlap-grad-reduce=false), and of
+// the gradients reduce-scattered one at a time.
+func TestScatterBucketsRunOnTheCommStream(t *testing.T) {
+	if onGPU() {
+		t.Skip("reads the fake GPU's call trace")
+	}
+	slow(t)
+	rt := openTest(t)
+	libs := fakegpu.Install(t)
+	zero1 := dp2Buckets
+	zero1.edit = func(o *passes.Options) { o.BucketMB = 0.004; o.Zero = 1 }
+	progs := programs(t, zero1)
+	cl, err := NewPipelineCluster(rt, progs, Options{})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, cl.Close()) }()
+	calls, ref := stepBesideCPU(t, libs, cl, progs, zero1.batch)
+	for _, d := range cl.Devices {
+		require.Greater(t, len(d.scatterPlans), 2, "device %d: buckets enough to reuse a staging buffer", d.rank)
+		tr := deviceTrace(calls, d)
+		find := func(from int, f func(c fakegpu.TraceCall) bool) int {
+			for k := from; k < len(tr); k++ {
+				if f(tr[k]) {
+					return k
+				}
+			}
+			return -1
+		}
+		for j, b := range d.scatterPlans {
+			at := find(0, func(c fakegpu.TraceCall) bool {
+				return c.Op == "mark" && c.Name == fmt.Sprintf("dev %d instr %d", d.rank, b.leader)
+			})
+			require.GreaterOrEqual(t, at, 0)
+			cut := find(at, func(c fakegpu.TraceCall) bool { return c.Op == "launch" && c.Name == "gc_slice" })
+			ready := find(at, func(c fakegpu.TraceCall) bool { return c.Op == "record" && c.Event == uintptr(b.ready) })
+			require.Positive(t, cut, "device %d: bucket %d cuts its gradients", d.rank, j)
+			require.Greater(t, ready, cut, "device %d: bucket %d records ready after its cuts", d.rank, j)
+			assert.Equal(t, uintptr(d.compute), tr[cut].Stream, "the cuts run on the compute stream")
+			if j >= 2 {
+				reuse := find(at, func(c fakegpu.TraceCall) bool {
+					return c.Op == "wait" && c.Event == uintptr(d.scatterPlans[j-2].done)
+				})
+				require.Positive(t, reuse, "device %d: bucket %d waits for bucket %d's staging", d.rank, j, j-2)
+				assert.Less(t, reuse, cut, "before its cuts")
+				assert.Equal(t, uintptr(d.compute), tr[reuse].Stream)
+			}
+			wait := find(ready, func(c fakegpu.TraceCall) bool { return c.Op == "wait" && c.Event == uintptr(b.ready) })
+			require.Positive(t, wait)
+			assert.Equal(t, uintptr(d.comms), tr[wait].Stream, "the comm stream waits for the cuts")
+			done := find(wait, func(c fakegpu.TraceCall) bool { return c.Op == "record" && c.Event == uintptr(b.done) })
+			require.Positive(t, done)
+			assert.Equal(t, uintptr(d.comms), tr[done].Stream)
+			// After the fabric's sum (a copy, then an add a member), each
+			// shard is copied into its result.
+			copies, added := 0, false
+			for _, c := range tr[wait:done] {
+				switch {
+				case c.Stream != uintptr(d.comms):
+				case c.Op == "launch":
+					require.Equal(t, "gc_add", c.Name, "only the sums are launched on the comm stream")
+					copies, added = 0, true
+				case c.Op == "copy":
+					copies++
+				}
+			}
+			assert.True(t, added, "device %d: bucket %d is summed on the comm stream", d.rank, j)
+			assert.Equal(t, b.members, copies, "device %d: each shard is copied into its result on the comm stream", d.rank)
+			require.GreaterOrEqual(t, b.wait, 0, "the optimizer reads every bucket")
+		}
+	}
+	loss, param := stepDiff(t, ref, cl, progs)
+	assert.LessOrEqual(t, loss, 1e-6)
+	assert.LessOrEqual(t, param, 1e-4)
+
+	serial := zero1
+	serial.lower = lower.Options{SerialBuckets: true}
+	serialProgs := programs(t, serial)
+	inOrder, err := NewPipelineCluster(rt, serialProgs, Options{})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, inOrder.Close()) }()
+	require.NoError(t, inOrder.InitParams(1))
+	setBatch(t, zero1.batch, inOrder)
+	require.NoError(t, inOrder.Step())
+	assert.Empty(t, inOrder.Devices[0].scatterPlans)
+	sameWeights(t, progs[0], inOrder, cl, "reduce-scatter buckets in order vs on the comm stream")
+
+	plain := zero1
+	plain.edit = func(o *passes.Options) { o.Zero = 1; o.Disable = []string{"data-parallel"} }
+	plainProgs := programs(t, plain)
+	unbucketed, err := NewPipelineCluster(rt, plainProgs, Options{})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, unbucketed.Close()) }()
+	require.NoError(t, unbucketed.InitParams(1))
+	setBatch(t, zero1.batch, unbucketed)
+	require.NoError(t, unbucketed.Step())
+	assert.Empty(t, unbucketed.Devices[0].scatterPlans)
+	sameWeights(t, progs[0], unbucketed, cl, "unbucketed vs bucketed reduce-scatters")
 }
 
 // sameWeights checks that two clusters hold the same bits in every param
