@@ -78,9 +78,7 @@ func Rows(res *Result, hw *cost.Hardware) []Row {
 			flops, bubble, comm = c.Prediction.FLOPs, c.Prediction.Bubble, c.Prediction.CommSeconds
 		}
 		n := float64(cfg.Devices)
-		r := Row{Rank: i + 1, Plan: Describe(cfg), PlanFields: PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), CP: max(cfg.CP, 1), CPImpl: cpImpl(cfg), VPP: cfg.VPP,
-			MicroBatch: c.Plan.MicroBatch, Microbatches: cfg.Microbatches, Zero: cfg.Zero, SequenceParallel: cfg.SequenceParallel,
-			Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule, OverlapGradReduce: new(!cfg.SerialGradReduce)},
+		r := Row{Rank: i + 1, Plan: Describe(cfg), PlanFields: fieldsOf(c),
 			StepMs: step * 1e3, TokensPerSec: float64(cfg.Batch*res.Shape.Seq) / step,
 			TFLOPSPerDevice: flops / step / n / 1e12, MFU: model / (step * n * hw.Peak(c.Plan.DTypeName())),
 			Bubble: bubble, PeakBytes: c.MemoryBytes(), PeakExact: c.Compiled, OverMemory: c.OverMemory, CommMs: map[string]float64{}}
@@ -225,14 +223,45 @@ func argmax(xs []float64) int {
 	return best
 }
 
-// WriteJSON writes the rows (--metrics with --plan).
-func WriteJSON(path string, res *Result, hw *cost.Hardware) error {
-	data, err := json.MarshalIndent(struct {
-		Hardware   string `json:"hardware"`
-		Source     string `json:"hardware_source"` // where its figures come from (a calibration's measurements)
-		Considered int    `json:"candidates"`
-		Plans      []Row  `json:"plans"`
-	}{hw.Name, hw.Source, res.Considered, Rows(res, hw)}, "", "  ")
+// fieldsOf is a candidate's axes as the JSON names them.
+func fieldsOf(c *Candidate) PlanFields {
+	cfg := c.Config
+	return PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), CP: max(cfg.CP, 1), CPImpl: cpImpl(cfg), VPP: cfg.VPP,
+		MicroBatch: c.Plan.MicroBatch, Microbatches: cfg.Microbatches, Zero: cfg.Zero, SequenceParallel: cfg.SequenceParallel,
+		Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule, OverlapGradReduce: new(!cfg.SerialGradReduce)}
+}
+
+// RejectedRow is a plan the search dropped, and why.
+type RejectedRow struct {
+	Plan string `json:"plan"`
+	PlanFields
+	Reason string `json:"reason"`
+}
+
+// WriteJSON writes the rows (--metrics with --plan). When the search
+// found no plan (failure, its error) the file still says what was
+// searched: no rows, the error, and the plans dropped with their
+// reasons (the first of them the search keeps), for a script that
+// reads the file rather than the message.
+func WriteJSON(path string, res *Result, hw *cost.Hardware, failure error) error {
+	out := struct {
+		Hardware   string        `json:"hardware"`
+		Source     string        `json:"hardware_source"` // where its figures come from (a calibration's measurements)
+		Considered int           `json:"candidates"`
+		Plans      []Row         `json:"plans"`
+		Error      string        `json:"error,omitempty"`
+		Rejected   []RejectedRow `json:"rejected,omitempty"`
+	}{Hardware: hw.Name, Source: hw.Source, Considered: res.Considered, Plans: Rows(res, hw)}
+	if out.Plans == nil {
+		out.Plans = []Row{}
+	}
+	if failure != nil {
+		out.Error = failure.Error()
+		for _, c := range res.Rejected {
+			out.Rejected = append(out.Rejected, RejectedRow{Plan: Describe(c.Config), PlanFields: fieldsOf(c), Reason: c.Rejected})
+		}
+	}
+	data, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"gcompile/planner"
 )
 
 // The MoE model's settings whose 0 is documented (group 0: one sequence;
@@ -63,6 +67,34 @@ func TestPlannerSaysWhyAndAnswers(t *testing.T) {
 		require.NoError(t, mainErr([]string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--plan", "--devices", "65536", "--batch", "65536", "--hardware", "h100-sxm"}))
 	})
 	assert.Contains(t, out, "dp=65536")
+}
+
+// --plan --metrics writes its table when no plan fits: no rows, the
+// error, and the plans dropped with their reasons, so a script that reads
+// the file learns why.
+func TestPlanMetricsWhenNoPlanFits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "plans.json")
+	err := mainErr([]string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--plan", "--devices", "4", "--batch", "8",
+		"--device-memory", "64KiB", "--metrics", path})
+	require.ErrorIs(t, err, planner.ErrNoPlan)
+	data, rerr := os.ReadFile(path)
+	require.NoError(t, rerr)
+	var got struct {
+		Candidates int                   `json:"candidates"`
+		Plans      []planner.Row         `json:"plans"`
+		Error      string                `json:"error"`
+		Rejected   []planner.RejectedRow `json:"rejected"`
+	}
+	require.NoError(t, json.Unmarshal(data, &got))
+	assert.NotNil(t, got.Plans)
+	assert.Empty(t, got.Plans)
+	assert.Equal(t, err.Error(), got.Error)
+	assert.Positive(t, got.Candidates)
+	require.NotEmpty(t, got.Rejected)
+	for _, r := range got.Rejected {
+		assert.NotEmpty(t, r.Reason, r.Plan)
+		assert.Equal(t, 4, r.TP*r.PP*r.DP*r.EP*r.CP, "%s: the plan's axes", r.Plan)
+	}
 }
 
 // A trace of a run as short as the steps --trace records refines the

@@ -294,6 +294,13 @@ func runPlanner(c *config) error {
 	res, err := planner.Plan(planner.Request{Base: base, Hardware: c.hw, Module: m, TopK: c.planTop, MemoryBytes: c.MemLimit,
 		NoCompile: !affordable})
 	if err != nil {
+		// A search that found no plan still writes its table: no rows,
+		// the reason and the plans it dropped.
+		if errors.Is(err, planner.ErrNoPlan) && res != nil && c.plan && c.metrics != "" && lead {
+			if werr := writeOutput("metrics", c.metrics, func(p string) error { return planner.WriteJSON(p, res, c.hw, err) }); werr != nil {
+				return errors.Join(err, werr)
+			}
+		}
 		return err
 	}
 	// The refined preset is written once the planner has planned with it:
@@ -319,7 +326,7 @@ func runPlanner(c *config) error {
 			// them (newMetrics), rather than be written over.
 			c.plannerMetrics = &runtime.PlannerMetrics{Hardware: c.hw.Name, Candidates: res.Considered, Plans: planner.Rows(res, c.hw)}
 		case c.metrics != "":
-			if err := writeOutput("metrics", c.metrics, func(p string) error { return planner.WriteJSON(p, res, c.hw) }); err != nil {
+			if err := writeOutput("metrics", c.metrics, func(p string) error { return planner.WriteJSON(p, res, c.hw, nil) }); err != nil {
 				return err
 			}
 		}
