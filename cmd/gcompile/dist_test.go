@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -685,6 +686,64 @@ func TestJobRefusesADifferentPlan(t *testing.T) {
 		return args
 	})
 	refusedBeforeTraining(t, ps, "rank 1 compiled a different plan than rank 0")
+}
+
+// A process that runs another gcompile build (here a copy of this
+// executable with a byte appended: a test binary carries no commit, so
+// its build is named by its hash) is named before any training, as the
+// build, even though it compiled the same plan.
+func TestJobRefusesAnotherBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	exe, err := os.ReadFile(self)
+	require.NoError(t, err)
+	other := filepath.Join(t.TempDir(), "gcompile-other")
+	require.NoError(t, os.WriteFile(other, append(exe, 0), 0o755))
+	port, err := freePort()
+	require.NoError(t, err)
+	token := jobToken(t)
+	ps := make([]*proc, 2)
+	for r, bin := range []string{self, other} {
+		ps[r] = startProc(t, bin, faultArgs(t, 2, "--timeout", "20s"), append(childEnv(r, 2, port, token), asMainEnv+"=1"))
+	}
+	waitAll(t, ps, 60*time.Second)
+	refusedBeforeTraining(t, ps, "rank 1 runs another gcompile build than rank 0")
+}
+
+// Processes compare one identity each: the first that differs from
+// process 0's is named, by its build before its plan before its data.
+func TestSameProcesses(t *testing.T) {
+	base := processIdentity{Build: "go1.26 commit a", Plan: "p", Data: "d"}
+	with := func(f func(*processIdentity)) processIdentity { p := base; f(&p); return p }
+	for _, tc := range []struct {
+		name string
+		ids  []processIdentity
+		want string
+	}{
+		{"alike", []processIdentity{base, base, base}, ""},
+		{"build", []processIdentity{base, base, with(func(p *processIdentity) { p.Build, p.Plan = "go1.26 commit b", "q" })}, "rank 2 runs another gcompile build than rank 0 (go1.26 commit b, rank 0: go1.26 commit a)"},
+		{"plan", []processIdentity{base, with(func(p *processIdentity) { p.Plan = "q" }), base}, "rank 1 compiled a different plan than rank 0"},
+		{"data", []processIdentity{base, with(func(p *processIdentity) { p.Data = "e" })}, "rank 1 reads other data than rank 0 (e, rank 0: d)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range tc.ids {
+				tc.ids[i] = parseProcessIdentity(tc.ids[i].String())
+			}
+			err := sameProcesses(tc.ids)
+			if tc.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	assert.NotEmpty(t, buildIdentity())
+	assert.Contains(t, buildIdentity(), goruntime.Version())
+	assert.Equal(t, buildIdentity(), buildIdentity())
 }
 
 // The launcher stops every process when one fails, and says which: here

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -828,41 +830,113 @@ func (j *job) report(err error) {
 	}
 }
 
-// checkPlan compares every process's fingerprint of its compiled plan and
-// the identity of the data it read: a process that compiled something
-// else (another model file, other flags, another build) would exchange
-// garbage, and one that read other data (a --data that names other files
-// on its machine) would train another run beside the job. The error, the
-// same on every process, names the first process that differs from
-// process 0.
+// checkPlan compares every process's gcompile build, fingerprint of its
+// compiled plan and the identity of the data it read: another build can
+// lower the same flags to other kernels or another wire order, a process
+// that compiled something else (another model file, other flags) would
+// exchange garbage, and one that read other data (a --data that names
+// other files on its machine) would train another run beside the job.
+// The error, the same on every process, names the first process that
+// differs from process 0.
 func (j *job) checkPlan(fingerprint, data string) error {
 	if !j.multi() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
 	defer cancel()
-	if err := j.store.Set(ctx, keyFingerprint+strconv.Itoa(j.world.Rank), []byte(fingerprint+"\n"+data)); err != nil {
+	mine := processIdentity{Build: buildIdentity(), Plan: fingerprint, Data: data}
+	if err := j.store.Set(ctx, keyFingerprint+strconv.Itoa(j.world.Rank), []byte(mine.String())); err != nil {
 		return j.cause(fmt.Errorf("publishing this process's compiled plan: %w", err))
 	}
-	fps := make([]string, j.world.Size)
-	for r := range fps {
+	ids := make([]processIdentity, j.world.Size)
+	for r := range ids {
 		v, err := j.store.Get(ctx, keyFingerprint+strconv.Itoa(r))
 		if err != nil {
 			return j.cause(fmt.Errorf("waiting for rank %d's compiled plan: %w", r, err))
 		}
-		fps[r] = string(v)
+		ids[r] = parseProcessIdentity(string(v))
 	}
-	fp0, data0, _ := strings.Cut(fps[0], "\n")
-	for r, v := range fps {
-		fp, data, _ := strings.Cut(v, "\n")
-		if fp != fp0 {
-			return fmt.Errorf("rank %d compiled a different plan than rank 0 (fingerprint %.12s… vs %.12s…): every process must run the same gcompile build with the same model file and flags", r, fp, fp0)
-		}
-		if data != data0 {
-			return fmt.Errorf("rank %d reads other data than rank 0 (%s, rank 0: %s): every process must be given the same --data (its path may differ between machines, its contents may not)", r, data, data0)
+	return sameProcesses(ids)
+}
+
+// processIdentity is what checkPlan compares between processes.
+type processIdentity struct{ Build, Plan, Data string }
+
+func (p processIdentity) String() string { return p.Build + "\n" + p.Plan + "\n" + p.Data }
+
+func parseProcessIdentity(s string) processIdentity {
+	var p processIdentity
+	p.Build, s, _ = strings.Cut(s, "\n")
+	p.Plan, p.Data, _ = strings.Cut(s, "\n")
+	return p
+}
+
+// sameProcesses says how the first process that differs from process 0
+// differs: its build first (another build explains another plan).
+func sameProcesses(ids []processIdentity) error {
+	for r, p := range ids {
+		switch {
+		case p.Build != ids[0].Build:
+			return fmt.Errorf("rank %d runs another gcompile build than rank 0 (%s, rank 0: %s): every process must run the same build", r, p.Build, ids[0].Build)
+		case p.Plan != ids[0].Plan:
+			return fmt.Errorf("rank %d compiled a different plan than rank 0 (fingerprint %.12s… vs %.12s…): every process must run the same gcompile build with the same model file and flags", r, p.Plan, ids[0].Plan)
+		case p.Data != ids[0].Data:
+			return fmt.Errorf("rank %d reads other data than rank 0 (%s, rank 0: %s): every process must be given the same --data (its path may differ between machines, its contents may not)", r, p.Data, ids[0].Data)
 		}
 	}
 	return nil
+}
+
+// buildIdentity names this gcompile build: its Go version, the commit it
+// was built from and the build settings that change code (architecture
+// level, tags), and where the commit does not say it all (a build from
+// a modified tree, or without version control) a hash of the executable.
+// Two machines that build one commit with one Go release agree.
+var buildIdentity = sync.OnceValue(func() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown build " + executableHash()
+	}
+	id := []string{info.GoVersion}
+	revision, modified := "", false
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			revision = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		case "GOARCH", "GOAMD64", "GOARM64", "-tags", "CGO_ENABLED":
+			id = append(id, s.Key+"="+s.Value)
+		}
+	}
+	switch {
+	case revision != "" && !modified:
+		id = append(id, "commit "+revision[:min(12, len(revision))])
+	case revision != "":
+		id = append(id, "commit "+revision[:min(12, len(revision))]+" modified, executable "+executableHash())
+	default:
+		id = append(id, "executable "+executableHash())
+	}
+	return strings.Join(id, " ")
+})
+
+// executableHash is the first bytes of the SHA-256 of this process's
+// executable, or why there is none.
+func executableHash() string {
+	path, err := os.Executable()
+	if err != nil {
+		return "(unreadable)"
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "(unreadable)"
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "(unreadable)"
+	}
+	return fmt.Sprintf("%x", h.Sum(nil)[:6])
 }
 
 // checkSharedDir checks that the --checkpoint-dir every process writes
