@@ -63,6 +63,10 @@
 // collective on the same mesh axis. The gradients are free once copied,
 // and the results stay live until the optimizer reads them, so nothing
 // the comm stream uses is reused by the memory plan before the wait.
+// ZeRO's buckets of reduce-scatters cut the gradients into one of two
+// staging buffers instead (their results are shards), which the comm
+// stream reduce-scatters and copies out of; the cuts into a staging
+// buffer wait for the bucket that last read it.
 //
 // Every kernel works for any block of whole warps and any grid; launches
 // take a block sized to the work (a warp for rows of 32) and a few blocks
