@@ -954,7 +954,13 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		if p.Zero == 0 {
 			rs = buckets * Collective("all_reduce", p.DP, g/buckets, dpLink)
 		} else {
-			rs = Collective("reduce_scatter", p.DP, g, dpLink)
+			rs = buckets * Collective("reduce_scatter", p.DP, g/buckets, dpLink)
+			if p.ReduceOnce {
+				// A published run's distributed optimizer: Megatron-LM
+				// sizes its buckets by the dp size (at least 40M params),
+				// not by BucketBytes, so few that one call prices them.
+				rs = Collective("reduce_scatter", p.DP, g, dpLink)
+			}
 			if p.Zero >= 2 && !p.ReduceOnce {
 				// Each microbatch's gradients are reduce-scattered as they
 				// come (passes.shard), as DeepSpeed's stages 2 and 3 do.
@@ -992,13 +998,25 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		// what a reduction overlapped with the last one, or a gather with
 		// the first, can hide behind.
 		lastBackward, firstForward := perChunk*float64(v)*layerB+copyWait, perChunk*float64(v)*layerF+copyWait
-		if h.OverlapBuckets && !p.SerialReductions && !p.OverlapShards && p.PP == 1 && (p.Zero <= 1 || p.Zero == 2 && (p.Microbatches <= 1 || p.ReduceOnce)) {
-			// The buckets reduce (all-reduce, or ZeRO's reduce-scatter) on
-			// their own stream as the last microbatch's backward produces
-			// them: all but the last can hide behind that backward. The
-			// gather after the update cannot; nor can ZeRO-2's and 3's
-			// per-microbatch reductions, whose sums read them at once.
-			c -= math.Min(rs*(1-1/buckets), lastBackward)
+		if h.OverlapBuckets && !p.SerialReductions && !p.OverlapShards && p.PP == 1 && p.Zero <= 2 {
+			switch m := float64(p.Microbatches); {
+			case p.Zero == 2 && !p.ReduceOnce && m > 1:
+				// Each microbatch's buckets reduce-scatter on their own
+				// stream, and its shards are summed after the next
+				// microbatch's bucket of the same gradients: all but the
+				// last microbatch's can hide behind the next one's forward
+				// and backward; the last's are summed at once.
+				c -= (m - 1) * math.Min(rs/m, lastBackward+firstForward)
+			default:
+				// The buckets reduce (all-reduce, or ZeRO-1's and 2's
+				// reduce-scatter) on their own stream as the last
+				// microbatch's backward produces them: all but the last
+				// can hide behind that backward. The gather after the
+				// update cannot. ZeRO-3's gathers, collectives of the same
+				// group, wait for every bucket before them, and are left
+				// unhidden.
+				c -= math.Min(rs*(1-1/buckets), lastBackward)
+			}
 		}
 		if p.OverlapShards && (p.Zero == 1 || p.Zero == 2) {
 			c -= math.Min(rs*(1-1/buckets), lastBackward) + math.Min(ag*(1-1/buckets), firstForward)

@@ -197,6 +197,7 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 		}
 		var pending []pendingBucket
 		overlap := h.OverlapBuckets && !prog.SerialBuckets
+		onComm := false // the bucket run this instruction stands in runs on the comm stream
 		for i := range tl.Instrs[0] {
 			sl := &tl.Instrs[0][i]
 			if sl.Copy {
@@ -206,6 +207,13 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 				continue
 			}
 			in := prog.Instrs[i]
+			run, leads := prog.BucketRun(i)
+			if leads {
+				// A reduce-scatter of one gradient runs where it stands
+				// (the CUDA backend stages only buckets of several).
+				onComm = overlap && (in.Op == "all_reduce" || in.Op == "reduce_scatter" && len(run) > 1)
+			}
+			inComm := onComm && in.Bucket > 0
 			if overlap && len(pending) > 0 {
 				axis := ""
 				if ir.Collectives[in.Op] {
@@ -213,7 +221,7 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 				}
 				kept := pending[:0]
 				for _, b := range pending {
-					reads := axis != "" && axis == b.axis && in.Bucket == 0
+					reads := axis != "" && axis == b.axis && !inComm
 					for _, a := range in.Args {
 						reads = reads || b.outs[a]
 					}
@@ -225,12 +233,12 @@ func (h *Hardware) Predict(progs []*lower.Program, sched *schedule.Schedule) (*P
 				}
 				pending = kept
 			}
-			if overlap && (in.Op == "all_reduce" || in.Op == "reduce_scatter") && in.Bucket > 0 {
-				sl.Start = math.Max(clock, commClock)
-				commClock = sl.Start + sl.Seconds
-				if i == 0 || prog.Instrs[i-1].Bucket != in.Bucket || prog.Instrs[i-1].Op != in.Op {
+			if inComm {
+				if leads {
 					pending = append(pending, pendingBucket{outs: map[int]bool{}, axis: in.Attrs.Str("axis")})
 				}
+				sl.Start = math.Max(clock, commClock)
+				commClock = sl.Start + sl.Seconds
 				b := &pending[len(pending)-1]
 				b.outs[in.Out] = true
 				b.end = commClock
@@ -559,8 +567,7 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 	}
 	// Buckets: one call per bucket and op, priced at its first
 	// instruction.
-	bucketBytes := bucketCalls(prog)
-	seenBucket := map[bucketCall]bool{}
+	calls := bucketCalls(prog)
 	for i, in := range prog.Instrs {
 		ic := &out[i]
 		switch {
@@ -572,13 +579,12 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 			n := len(ranks)
 			ic.axis = axis
 			b := float64(wholeBytes(in))
-			if k := (bucketCall{in.Bucket, in.Op}); in.Bucket > 0 {
-				if seenBucket[k] {
+			if call, ok := calls[i]; ok {
+				if call == 0 {
 					ic.bytes = b * float64(max(n-1, 0)) / float64(max(n, 1)) * busFactor(in.Op)
 					continue
 				}
-				seenBucket[k] = true
-				b = bucketBytes[k]
+				b = call
 			}
 			ic.seconds = h.kernels(1, Collective(in.Op, n, b, linkOf(axis, ranks))+h.LaunchUS*1e-6)
 			if in.Bucket > 0 {
@@ -686,20 +692,20 @@ func ringSteps(in lower.Instr) int {
 	return in.Value.Args[0].Type.Shape[2] / max(in.ArgTypes[0].Shape[2], 1)
 }
 
-// bucketCall is one collective call of a gradient bucket: its members of
-// one op (a bucket under ZeRO may all-reduce what it cannot split beside
-// its reduce-scatters, and the runtimes call each op once).
-type bucketCall struct {
-	bucket int
-	op     string
-}
-
-// bucketCalls is the whole bytes each bucket call of prog moves.
-func bucketCalls(prog *lower.Program) map[bucketCall]float64 {
-	bytes := map[bucketCall]float64{}
-	for _, in := range prog.Instrs {
-		if in.Bucket > 0 && ir.Collectives[in.Op] {
-			bytes[bucketCall{in.Bucket, in.Op}] += float64(wholeBytes(in))
+// bucketCalls says, for each bucketed collective of prog, whether it
+// leads its call (lower.Program.BucketRun: the consecutive members of its
+// bucket and op, which a runtime issues as one call) and the whole bytes
+// the call moves (0 for the members that follow the leader).
+func bucketCalls(prog *lower.Program) map[int]float64 {
+	bytes := map[int]float64{}
+	for i := range prog.Instrs {
+		run, leads := prog.BucketRun(i)
+		if !leads || !ir.Collectives[run[0].Op] {
+			continue
+		}
+		for k, in := range run {
+			bytes[i+k] = 0
+			bytes[i] += float64(wholeBytes(in))
 		}
 	}
 	return bytes

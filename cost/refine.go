@@ -479,7 +479,7 @@ func (h *Hardware) features(prog *lower.Program, rank int) []feature {
 		}
 		return mesh.AxisRanks(coords, mesh.Axis(axis))
 	}
-	bucketBytes := bucketCalls(prog)
+	calls := bucketCalls(prog)
 	// link classifies a transfer over ranks; a node-crossing one capped at
 	// the NVLink rate does not depend on inter_node_gbps and is left out.
 	link := func(ranks []int, a, b float64) feature {
@@ -493,7 +493,6 @@ func (h *Hardware) features(prog *lower.Program, rank int) []feature {
 		}
 		return feature{cls: clsInter, a: a, b: b / k}
 	}
-	seenBucket := map[bucketCall]bool{}
 	for i, in := range prog.Instrs {
 		switch {
 		case ir.Collectives[in.Op]:
@@ -503,12 +502,11 @@ func (h *Hardware) features(prog *lower.Program, rank int) []feature {
 			}
 			n := float64(len(ranks))
 			s := float64(wholeBytes(in))
-			if k := (bucketCall{in.Bucket, in.Op}); in.Bucket > 0 {
-				if seenBucket[k] {
+			if call, ok := calls[i]; ok {
+				if call == 0 {
 					continue
 				}
-				seenBucket[k] = true
-				s = bucketBytes[k]
+				s = call
 			}
 			if n <= 1 || s <= 0 {
 				continue

@@ -415,6 +415,25 @@ func meanScale(v *ir.Value, mesh *ir.Mesh) float64 {
 	return f
 }
 
+// BucketRun is the run of bucketed collectives instruction i stands in:
+// the consecutive instructions of its bucket and op from i on, which a
+// runtime issues as one call (a bucket under ZeRO may all-reduce the few
+// gradients it cannot split among its reduce-scatters, and each run of
+// one op is a call), and whether i leads the run. It is empty for an
+// instruction outside a bucket.
+func (p *Program) BucketRun(i int) (members []Instr, leads bool) {
+	in := p.Instrs[i]
+	if in.Bucket <= 0 {
+		return nil, false
+	}
+	same := func(j int) bool { return p.Instrs[j].Bucket == in.Bucket && p.Instrs[j].Op == in.Op }
+	j := i
+	for j < len(p.Instrs) && same(j) {
+		j++
+	}
+	return p.Instrs[i:j], i == 0 || !same(i-1)
+}
+
 // groupBuckets moves the reductions of each gradient bucket next to the
 // bucket's last member, so the runtime issues them as one collective.
 // Moving a reduction later is safe when nothing reads its result before

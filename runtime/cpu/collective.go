@@ -118,7 +118,9 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 	case in.Op == "all_reduce" && in.Bucket > 0:
 		return d.compileBucket(in, g)
 	case in.Op == "reduce_scatter" && in.Bucket > 0 && !d.prog.Mesh.Axes[ax].Zigzag:
-		return scatterBucket[T](d, in, g)
+		if f, err := scatterBucket[T](d, in, g); f != nil || err != nil {
+			return f, err
+		}
 	case in.Op == "all_to_all":
 		if d.prog.Mesh.Axes[ax].Zigzag && g.Size() > 1 {
 			return nil, fmt.Errorf("all_to_all over %s in the zigzag layout is not supported: its split sequence moves only by slices and gathers", d.prog.Mesh.Axes[ax].Name)
@@ -233,19 +235,9 @@ func collectiveOn[T kcpu.Float](d *Device, in lower.Instr, ax int, g runtime.Gro
 // compileBucket: the first all_reduce of a bucket reduces every member's
 // buffer in one call; the others have nothing left to do.
 func (d *Device) compileBucket(in lower.Instr, g runtime.Group) (func() error, error) {
-	i := -1
-	for j := range d.prog.Instrs {
-		if d.prog.Instrs[j].Value == in.Value {
-			i = j
-			break
-		}
-	}
-	if i > 0 && d.prog.Instrs[i-1].Bucket == in.Bucket && d.prog.Instrs[i-1].Op == "all_reduce" {
+	members, leads := d.prog.BucketRun(d.indexOf(in))
+	if !leads {
 		return func() error { return nil }, nil
-	}
-	var members []lower.Instr
-	for j := i; j < len(d.prog.Instrs) && d.prog.Instrs[j].Bucket == in.Bucket && d.prog.Instrs[j].Op == "all_reduce"; j++ {
-		members = append(members, d.prog.Instrs[j])
 	}
 	switch in.OutType.DType {
 	case ir.F32:
@@ -254,6 +246,11 @@ func (d *Device) compileBucket(in lower.Instr, g runtime.Group) (func() error, e
 		return bucketAllReduce[float64](d, members, g), nil
 	}
 	return nil, fmt.Errorf("all_reduce of %v", in.OutType)
+}
+
+// indexOf is in's position in the program.
+func (d *Device) indexOf(in lower.Instr) int {
+	return slices.IndexFunc(d.prog.Instrs, func(x lower.Instr) bool { return x.Value == in.Value })
 }
 
 func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g runtime.Group) func() error {
@@ -276,26 +273,31 @@ func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g runtime.G
 // scatterBucket: the first reduce_scatter of a gradient bucket (ZeRO's)
 // reduce-scatters every member's gradient in one call; the others have
 // nothing left to do. Device q's chunk of the call is the members'
-// q-th pieces one after another, so the call leaves each device its
-// members' shards one after another, which are copied out. One call a
-// bucket rather than one a gradient: a call's cost on this backend is
-// mostly its meeting of the devices, not its bytes.
+// q-th pieces one after another, cut into the device's staging buffer,
+// so the call leaves each device its members' shards one after another,
+// which are copied out. One call a bucket rather than one a gradient: a
+// call's cost on this backend is mostly its meeting of the devices, not
+// its bytes. A bucket of one gradient (one larger than the bucket size,
+// as a rule) needs no staging: it is nil here, and runs as any
+// reduce_scatter.
 func scatterBucket[T kcpu.Float](d *Device, in lower.Instr, g runtime.Group) (func() error, error) {
-	i := slices.IndexFunc(d.prog.Instrs, func(x lower.Instr) bool { return x.Value == in.Value })
-	if i > 0 && d.prog.Instrs[i-1].Bucket == in.Bucket && d.prog.Instrs[i-1].Op == in.Op {
+	run, leads := d.prog.BucketRun(d.indexOf(in))
+	switch {
+	case !leads:
 		return func() error { return nil }, nil
+	case len(run) == 1:
+		return nil, nil
 	}
 	n := g.Size()
 	dt := d.prog.Buffers[in.Out].Type.DType
 	type member struct {
-		src, out, tmp []T
-		shape         []int
-		dim           int
+		src, out []T
+		shape    []int
+		dim      int
 	}
 	var members []member
 	var chunk int // elements of one device's chunk: its shard of every member
-	for j := i; j < len(d.prog.Instrs) && d.prog.Instrs[j].Bucket == in.Bucket && d.prog.Instrs[j].Op == in.Op; j++ {
-		m := d.prog.Instrs[j]
+	for _, m := range run {
 		if got := d.prog.Buffers[m.Out].Type.DType; got != dt {
 			return nil, fmt.Errorf("bucket %d reduce-scatters %v and %v: one call sums one dtype", in.Bucket-1, dt, got)
 		}
@@ -310,25 +312,23 @@ func scatterBucket[T kcpu.Float](d *Device, in lower.Instr, g runtime.Group) (fu
 		}
 		e := member{src: view[T](d, m.Args[0]), out: view[T](d, m.Out)}
 		e.shape, e.dim = blockedView(whole, dim, blocks)
-		if !contiguous(e.shape, e.dim) {
-			e.tmp = make([]T, len(e.src))
-		}
 		members = append(members, e)
 		chunk += len(e.out)
 	}
-	send, recv := make([]T, n*chunk), make([]T, chunk)
+	send, recv := scatterStaging[T](d)
+	send, recv = send[:n*chunk], recv[:chunk]
 	rawSend, rawRecv := asBytes(send), asBytes(recv)
 	return func() error {
 		at := 0
 		for _, e := range members {
-			pieces := e.src
-			if e.tmp != nil {
-				toPieces(e.tmp, e.src, e.shape, e.dim, n)
-				pieces = e.tmp
-			}
-			k := len(e.out)
+			k, rows := len(e.out), e.shape[e.dim]/n
 			for q := range n {
-				copy(send[q*chunk+at:q*chunk+at+k], pieces[q*k:(q+1)*k])
+				piece := send[q*chunk+at : q*chunk+at+k]
+				if contiguous(e.shape, e.dim) {
+					copy(piece, e.src[q*k:(q+1)*k])
+				} else {
+					kcpu.Slice(piece, e.src, e.shape, e.dim, q*rows, (q+1)*rows)
+				}
 			}
 			at += k
 		}
@@ -341,6 +341,33 @@ func scatterBucket[T kcpu.Float](d *Device, in lower.Instr, g runtime.Group) (fu
 		}
 		return nil
 	}, nil
+}
+
+// scatterStaging is the device's staging for its buckets of
+// reduce-scatters of several gradients: as large as the largest such
+// bucket's gradients (send) and shards (recv), so at most --bucket-mb
+// and its share, and shared by every bucket (a device runs one
+// instruction at a time).
+func scatterStaging[T kcpu.Float](d *Device) (send, recv []T) {
+	if s, ok := d.scatterStage.(*[2][]T); ok {
+		return s[0], s[1]
+	}
+	var whole, shard int64
+	for i := range d.prog.Instrs {
+		run, leads := d.prog.BucketRun(i)
+		if !leads || len(run) < 2 || run[0].Op != "reduce_scatter" {
+			continue
+		}
+		var w, s int64
+		for _, m := range run {
+			w += m.ArgTypes[0].Shape.NumElements()
+			s += m.OutType.Shape.NumElements()
+		}
+		whole, shard = max(whole, w), max(shard, s)
+	}
+	s := &[2][]T{make([]T, whole), make([]T, shard)}
+	d.scatterStage = s
+	return s[0], s[1]
 }
 
 // allToAll re-splits a value from dim from to dim to (S(from) → S(to)):

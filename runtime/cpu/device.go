@@ -47,6 +47,9 @@ type Device struct {
 	rank   int
 	coords []int // position on each mesh axis
 	comm   runtime.Comm
+	// scatterStage is the staging of the buckets of reduce-scatters
+	// (scatterStaging), *[2][]T for the program's float type.
+	scatterStage any
 
 	// HostView reads and writes the device's params, state, inputs and
 	// outputs by name between steps.

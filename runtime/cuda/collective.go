@@ -6,7 +6,6 @@ import (
 
 	"gcompile/ir"
 	kcuda "gcompile/kernels/cuda"
-	"gcompile/lower"
 	"gcompile/runtime"
 	"gcompile/runtime/cuda/driver"
 )
@@ -172,7 +171,9 @@ func (c *compiler) collectiveOver(ax int, g group, src, out parg) (func() error,
 		}, nil
 	case "reduce_scatter":
 		if in.Bucket > 0 {
-			return c.scatterBucket(g, s, ax)
+			if f, err := c.scatterBucket(g, s, ax); f != nil || err != nil {
+				return f, err
+			}
 		}
 		count := numel(outShape)
 		if contiguous(inShape, dim) {
@@ -334,14 +335,10 @@ type bucketPlan struct {
 // lifetimes. A program with SerialBuckets (--overlap-grad-reduce=false)
 // reduces each bucket on the compute stream where it stands instead.
 func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
-	in, d := c.in, c.d
-	i := c.index
-	if i > 0 && d.prog.Instrs[i-1].Bucket == in.Bucket && d.prog.Instrs[i-1].Op == "all_reduce" {
+	d, i := c.d, c.index
+	members, leads := d.prog.BucketRun(i)
+	if !leads {
 		return func() error { return nil }, nil
-	}
-	var members []lower.Instr
-	for j := i; j < len(d.prog.Instrs) && d.prog.Instrs[j].Bucket == in.Bucket && d.prog.Instrs[j].Op == "all_reduce"; j++ {
-		members = append(members, d.prog.Instrs[j])
 	}
 	srcs := make([]loc, len(members))
 	outs := make([]loc, len(members))
@@ -401,6 +398,7 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 		return nil, err
 	}
 	d.buckets = append(d.buckets, plan)
+	d.markOnComm(i, len(members))
 	c.note(fmt.Sprintf("bucket of %d all_reduces on the comm stream", len(members)))
 	// The members' buffers share bytes where one's result starts after
 	// another's input dies, as the memory plan has it for one at a time:
@@ -439,21 +437,24 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 // reads only the staging buffer: two of them, taken in turn, and the
 // cuts into one wait for the bucket before last, which read it, to be
 // done. A program with SerialBuckets runs it all on the compute stream.
+// A bucket of one gradient (one larger than the bucket size, as a rule,
+// which would size the staging buffers past --bucket-mb) is nil here and
+// runs as any reduce_scatter, on the compute stream.
 func (c *compiler) scatterBucket(g group, s *site, ax int) (func() error, error) {
-	in, d := c.in, c.d
-	i := c.index
-	if i > 0 && d.prog.Instrs[i-1].Bucket == in.Bucket && d.prog.Instrs[i-1].Op == in.Op {
+	d, i := c.d, c.index
+	members, leads := d.prog.BucketRun(i)
+	switch {
+	case !leads:
 		return func() error { return nil }, nil
+	case len(members) == 1:
+		return nil, nil
 	}
 	n := g.size()
-	var members []lower.Instr
 	var chunk int64 // elements of one device's chunk: its shard of every member
-	for j := i; j < len(d.prog.Instrs) && d.prog.Instrs[j].Bucket == in.Bucket && d.prog.Instrs[j].Op == in.Op; j++ {
-		m := d.prog.Instrs[j]
+	for _, m := range members {
 		if c.dtype(m.Out) != ir.F32 || c.dtype(m.Args[0]) != ir.F32 {
 			return nil, fmt.Errorf("bucketed reduce_scatter of %v: the cuda backend reduces fp32 buckets", c.buf(m.Out).Type)
 		}
-		members = append(members, m)
 		chunk += m.OutType.Shape.NumElements()
 	}
 	for _, m := range members[1:] {
@@ -528,6 +529,7 @@ func (c *compiler) scatterBucket(g group, s *site, ax int) (func() error, error)
 	}
 	d.scatterPlans = append(d.scatterPlans, plan)
 	d.buckets = append(d.buckets, plan)
+	d.markOnComm(i, len(members))
 	c.note(fmt.Sprintf("bucket of %d reduce_scatters on the comm stream", len(members)))
 	return func() error {
 		if before != nil {
@@ -552,22 +554,24 @@ func (c *compiler) scatterBucket(g group, s *site, ax int) (func() error, error)
 }
 
 // scatterStaging is staging buffer k (0 or 1) of the gradient buckets'
-// reduce-scatters: where the cuts are laid out (the largest bucket's
-// gradients, whole) and where the shards land (its shards), outside the
-// per-instruction scratch, which later instructions reuse while the comm
-// stream reads these.
+// reduce-scatters of several gradients: where the cuts are laid out (the
+// largest such bucket's gradients, whole: at most --bucket-mb) and where
+// the shards land (its shards), outside the per-instruction scratch,
+// which later instructions reuse while the comm stream reads these.
 func (d *Device) scatterStaging(k int) (send, recv loc) {
 	if d.scatterTmp == nil {
-		whole, shard := map[int]int64{}, map[int]int64{}
-		for _, in := range d.prog.Instrs {
-			if in.Op == "reduce_scatter" && in.Bucket > 0 {
-				whole[in.Bucket] += 4 * in.ArgTypes[0].Shape.NumElements()
-				shard[in.Bucket] += 4 * in.OutType.Shape.NumElements()
-			}
-		}
 		var w, r int64
-		for b := range whole {
-			w, r = max(w, whole[b]), max(r, shard[b])
+		for i := range d.prog.Instrs {
+			run, leads := d.prog.BucketRun(i)
+			if !leads || len(run) < 2 || run[0].Op != "reduce_scatter" {
+				continue
+			}
+			var whole, shard int64
+			for _, m := range run {
+				whole += 4 * m.ArgTypes[0].Shape.NumElements()
+				shard += 4 * m.OutType.Shape.NumElements()
+			}
+			w, r = max(w, whole), max(r, shard)
 		}
 		var l [2][2]loc
 		for j := range l {
@@ -615,6 +619,17 @@ func (d *Device) commStream() (driver.Stream, error) {
 	return s, nil
 }
 
+// markOnComm records that instructions i … i+n−1, a bucket's run, are
+// issued on the comm stream.
+func (d *Device) markOnComm(i, n int) {
+	if d.onComm == nil {
+		d.onComm = map[int]bool{}
+	}
+	for k := range n {
+		d.onComm[i+k] = true
+	}
+}
+
 // planBucketWaits decides, once at load, where the compute stream waits
 // for each bucket's reduction: before the first instruction after the
 // bucket that reads or writes bytes of the bucket's results (the
@@ -634,7 +649,7 @@ func (d *Device) planBucketWaits() {
 		}
 		for j := b.leader + b.members; j < len(instrs) && b.wait < 0; j++ {
 			in := instrs[j]
-			if ir.Collectives[in.Op] && in.Attrs.Str("axis") == b.axis && !(in.Bucket > 0 && (in.Op == "all_reduce" || in.Op == "reduce_scatter")) {
+			if ir.Collectives[in.Op] && in.Attrs.Str("axis") == b.axis && !d.onComm[j] {
 				b.wait = j
 			}
 			for _, id := range d.operands(j) {

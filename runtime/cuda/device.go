@@ -58,6 +58,9 @@ type Device struct {
 	scatterPlans   []*bucketPlan
 	scatterBuckets int
 	scatterTmp     *[2][2]loc
+	// onComm marks the instructions of the bucket runs issued on the comm
+	// stream: every other collective of their axis waits for them.
+	onComm map[int]bool
 
 	lt        cublaslt.Handle
 	plans     []*cublaslt.Plan

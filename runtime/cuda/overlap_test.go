@@ -42,7 +42,7 @@ func checkBucketWaits(t *testing.T, d *Device) (overlapped int) {
 		end := b.leader + b.members
 		hits := func(j int) bool {
 			in := instrs[j]
-			if ir.Collectives[in.Op] && in.Attrs.Str("axis") == b.axis && (in.Op != "all_reduce" && in.Op != "reduce_scatter" || in.Bucket == 0) {
+			if ir.Collectives[in.Op] && in.Attrs.Str("axis") == b.axis && !d.onComm[j] {
 				return true
 			}
 			for _, id := range d.operands(j) {
@@ -361,6 +361,32 @@ func TestScatterBucketsRunOnTheCommStream(t *testing.T) {
 	calls, ref := stepBesideCPU(t, libs, cl, progs, zero1.batch)
 	for _, d := range cl.Devices {
 		require.Greater(t, len(d.scatterPlans), 2, "device %d: buckets enough to reuse a staging buffer", d.rank)
+		// A gradient larger than a bucket (the token embedding's) is a
+		// bucket of its own, reduce-scattered where it stands: the staging
+		// buffers hold buckets of several gradients, at most --bucket-mb
+		// (4 KiB here) each, not the largest gradient.
+		var largest int64
+		single := 0
+		for i, in := range d.prog.Instrs {
+			if in.Op != "reduce_scatter" || in.Bucket == 0 {
+				continue
+			}
+			largest = max(largest, in.ArgTypes[0].Bytes())
+			if run, leads := d.prog.BucketRun(i); leads && len(run) == 1 {
+				single++
+				assert.False(t, d.onComm[i], "device %d: a bucket of one gradient runs on the compute stream", d.rank)
+			}
+		}
+		assert.Positive(t, single, "a gradient larger than a bucket")
+		assert.Greater(t, largest, int64(4<<10))
+		for _, b := range d.scatterPlans {
+			var whole int64
+			for _, m := range d.prog.Instrs[b.leader : b.leader+b.members] {
+				whole += m.ArgTypes[0].Bytes()
+			}
+			assert.LessOrEqual(t, float64(whole), 0.004*(1<<20), "device %d: bucket %d", d.rank, b.leader)
+		}
+		assert.Less(t, d.Workspace().Keep, 2*largest, "device %d: staging sized by the buckets, not the largest gradient", d.rank)
 		tr := deviceTrace(calls, d)
 		find := func(from int, f func(c fakegpu.TraceCall) bool) int {
 			for k := from; k < len(tr); k++ {
