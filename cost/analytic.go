@@ -751,15 +751,18 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	if p.TP > 1 {
 		if spSize > 0 {
 			// Sequence parallelism outside the blocks: the embedding's
-			// partial sum is reduce-scattered, the head's input
-			// all-gathered and its gradient reduce-scattered.
+			// partial sum is reduce-scattered and its gradient gathered
+			// back (the device makes its vocab rows of the table's
+			// gradient from dy whole), the head's input all-gathered and
+			// its gradient reduce-scattered.
 			embF += spRS
+			embB += spAG
 			headF += spAG
 			headB += spRS
-			e.CommSeconds["tp"] += float64(p.Microbatches) * (2*spRS + spAG)
-			e.CommBytes["tp"] += float64(p.Microbatches) * 3 * spSize * (tp - 1) / tp
+			e.CommSeconds["tp"] += float64(p.Microbatches) * 2 * (spRS + spAG)
+			e.CommBytes["tp"] += float64(p.Microbatches) * 4 * spSize * (tp - 1) / tp
 			if !p.cpShardsFirst() {
-				e.CommBytes["cp"] += float64(p.Microbatches) * (spCP + spSize*(fcp-1)/fcp)
+				e.CommBytes["cp"] += float64(p.Microbatches) * 2 * spCP
 			}
 		} else {
 			// Without sequence parallelism, the vocab-parallel embedding's

@@ -58,7 +58,7 @@ func shard(m *ir.Module, o *Options) error {
 	s := &sharder{m: m, o: o, dp: m.Mesh.DataAxis(), ep: m.Mesh.ExpertAxis(), tp: m.Mesh.WeightAxis(), cp: m.Mesh.SequenceAxis(),
 		params: map[string]*ir.Value{}, before: map[*ir.Value][]*ir.Value{}, after: map[*ir.Value][]*ir.Value{},
 		cache: map[string]*ir.Value{}, prefer: map[*ir.Value][]ir.Placement{}, gatherable: map[*ir.Value]bool{}, keepWhole: map[*ir.Value]bool{},
-		settle: map[*ir.Value][]ir.Placement{}}
+		settle: map[*ir.Value][]ir.Placement{}, gradDest: map[*ir.Value][]ir.Placement{}}
 	if err := s.planGradients(); err != nil {
 		return err
 	}
@@ -132,6 +132,10 @@ type sharder struct {
 	// it: an all2all attention's head-split result goes back to the
 	// sequence split (contextParallelAttention).
 	settle map[*ir.Value][]ir.Placement
+	// gradDest is where the gradient an embedding_grad is summed into
+	// goes (planGradients): a vocab-parallel table's gradient is made for
+	// the device's rows only, from whole ids and dy.
+	gradDest map[*ir.Value][]ir.Placement
 }
 
 // planGradients finds the gradient each optimizer op consumes (before and
@@ -205,8 +209,29 @@ func (s *sharder) planGradients() error {
 			// bytes a param more, and one reduction in place of m.
 			s.preferEachMicrobatch(g, want)
 		}
+		s.markEmbeddingGrads(g, want, map[*ir.Value]bool{})
 	}
 	return nil
+}
+
+// markEmbeddingGrads records, for each embedding_grad summed into the
+// gradient g (through the microbatches' sums, a tied head's sum, casts
+// and scalings), where g is planned to go.
+func (s *sharder) markEmbeddingGrads(g *ir.Value, want []ir.Placement, seen map[*ir.Value]bool) {
+	if seen[g] {
+		return
+	}
+	seen[g] = true
+	switch g.Op {
+	case "embedding_grad":
+		s.gradDest[g] = want
+	case "add", "scale", "cast":
+		for _, a := range g.Args {
+			if a.Meta.Phase == ir.PhaseBwd || a.Meta.Phase == ir.PhaseOpt {
+				s.markEmbeddingGrads(a, want, seen)
+			}
+		}
+	}
 }
 
 // preferEachMicrobatch plans the gradients summed into g over microbatches

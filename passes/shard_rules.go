@@ -683,6 +683,15 @@ func embeddingGradRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	case ids.Kind == ir.Replicate && dy.Kind != ir.Shard:
 		return r.have, dy, nil
 	case ids.Kind == ir.Replicate && dy.Kind == ir.Shard && dy.Dim < r.v.Args[0].Type.Rank():
+		if d, ok := r.s.gradDest[r.v]; ok && d[r.ax].Kind == ir.Shard && d[r.ax].Dim == 0 && d[r.ax].NumBlocks() == 1 {
+			// A vocab-parallel table under sequence parallelism: dy is
+			// gathered whole (b·s·h, as Megatron-LM's backward of its
+			// reduce-scatter to the sequence split does) and the device
+			// makes its rows of the gradient only. Taking the ids of its
+			// tokens instead made a partial gradient of the whole table,
+			// V·h a device, reduce-scattered once a step.
+			return []ir.Placement{ids, rep}, rep, nil
+		}
 		return []ir.Placement{dy, dy}, par, nil // take the ids of the local rows
 	}
 	return nil, rep, fmt.Errorf("embedding_grad with ids %v and dy %v has no rule", ids, dy)

@@ -798,3 +798,45 @@ func TestShardOutInAndHeadHints(t *testing.T) {
 		})
 	}
 }
+
+// Under sequence parallelism a vocab-parallel table's gradient is made
+// for the device's rows from dy gathered whole (b·s·h), as Megatron-LM's
+// backward of its reduce-scatter to the sequence split does: no device
+// holds a partial gradient of the whole table (V·h) to reduce-scatter.
+// With microbatches and ZeRO too.
+func TestSequenceParallelEmbeddingGradientIsVocabSplit(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mesh  *ir.Mesh
+		micro int
+		zero  int
+	}{
+		{"tp2", tpMesh(2), 1, 0},
+		{"dp2_tp2_micro2_zero1", &ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: 2}, {Name: "tp", Size: 2}}}, 2, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := buildShardGPT(t, 8)
+			o := passes.DefaultOptions()
+			o.Verify = true
+			o.Mesh = tc.mesh
+			o.SequenceParallel = true
+			o.Microbatches = tc.micro
+			o.Zero = tc.zero
+			_, err := passes.Run(m, o, passes.Hooks{})
+			require.NoError(t, err)
+			tp := tc.mesh.Axis("tp")
+			grads := 0
+			for _, v := range m.Values {
+				if v.Op == "embedding_grad" && v.Type.Shape[0] == 256 {
+					grads++
+					assert.Equal(t, ir.Placement{Kind: ir.Shard, Dim: 0}, v.Place[tp], "%s: the device's rows", v.Where())
+					assert.Equal(t, ir.Replicate, v.Args[1].Place[tp].Kind, "%s: from dy whole", v.Where())
+				}
+				if v.Op == "reduce_scatter" && v.Attrs.Str("axis") == "tp" {
+					assert.NotEqual(t, 256, v.Type.Shape[0], "%s: a table's partial gradient reduce-scattered", v.Where())
+				}
+			}
+			assert.Equal(t, tc.micro, grads)
+		})
+	}
+}
