@@ -746,9 +746,10 @@ func TestSameProcesses(t *testing.T) {
 	assert.Equal(t, buildIdentity(), buildIdentity())
 }
 
-// The launcher stops every process when one fails, and says which: here
-// every process's compile refuses the plan (a check that needs the
-// compiled plan, which the launcher does not compile).
+// The launcher stops every process when one fails, and says which, and
+// the cause (a rank's own error, not another's echo of it): here every
+// process's compile refuses the plan (a check that needs the compiled
+// plan, which the launcher does not compile).
 func TestLaunchStopsTheJobWhenOneFails(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
@@ -758,7 +759,7 @@ func TestLaunchStopsTheJobWhenOneFails(t *testing.T) {
 	require.NoError(t, err)
 	err = mainErr([]string{"launch", "--nproc", "2", "--", model, "--devices", "2", "--device-memory", "10KiB"})
 	require.Error(t, err)
-	assert.Regexp(t, `^launch: rank [01] failed first \(exit status 1\); stopping the others \(the ranks' messages above name the cause\)$`, err.Error())
+	assert.Regexp(t, `^launch: rank [01] failed first \(exit status 1\); stopping the others \(the ranks' messages above name the cause\)\nlaunch: the cause: rank [01]: no plan fits on 2 devices `, err.Error())
 }
 
 // What the launcher can check itself is checked once, before any process
@@ -1092,4 +1093,57 @@ func TestJobNamesTheRanksThatNeverJoined(t *testing.T) {
 	}
 	// While it waited, rank 0 said whom for (after a third of the wait).
 	assert.Contains(t, ps[0].output(), "rendezvous: waiting for ranks 2, 3 of 4 to join at 127.0.0.1:")
+}
+
+// smallFilesJob runs a job of two processes to its end, rank 0 under a
+// file size limit of 8 KiB (ulimit -f: its writes past it fail with EFBIG,
+// as on a full disk), each given faultArgs(2) plus extra.
+func smallFilesJob(t *testing.T, extra ...string) []*proc {
+	t.Helper()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	port, err := freePort()
+	require.NoError(t, err)
+	token := jobToken(t)
+	ps := make([]*proc, 2)
+	for r := range 2 {
+		bin, args := self, faultArgs(t, 2, extra...)
+		if r == 0 {
+			bin, args = "/bin/sh", append([]string{"-c", `ulimit -f 16 && exec "$0" "$@"`, self}, args...)
+		}
+		ps[r] = startProc(t, bin, args, append(childEnv(r, 2, port, token), asMainEnv+"=1"))
+	}
+	waitAll(t, ps, 60*time.Second)
+	for r, p := range ps {
+		t.Logf("rank %d (%v):\n%s", r, p.err, p.output())
+	}
+	return ps
+}
+
+// Rank 0's part of a checkpoint fails to write: every process names
+// rank 0's error, with the file (once), not "another process failed".
+func TestJobNamesTheProcessThatFailedItsCheckpointPart(t *testing.T) {
+	ck := filepath.Join(t.TempDir(), "ck")
+	ps := smallFilesJob(t, "--checkpoint-dir", ck, "--checkpoint-every", "1")
+	want := regexp.MustCompile(`(?m)^gcompile: rank [01]: (stopped by another process's failure: rank 0: )?checkpoint ` + regexp.QuoteMeta(ck) + `/step-0+1: device 0: write .*rank-00000\.safetensors.*: file too large$`)
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d", r)
+		assert.Regexp(t, want, p.output(), "rank %d", r)
+		assert.NotContains(t, p.output(), "another process failed", "rank %d", r)
+		assert.NotContains(t, p.output(), ".tmp: write ", "rank %d: the file named once", r)
+	}
+}
+
+// Rank 0 fails to write --save after training: rank 1, whose share of
+// the save was done, names that failure, not "context canceled".
+func TestJobNamesAFailureAfterTraining(t *testing.T) {
+	w := filepath.Join(t.TempDir(), "w.safetensors")
+	ps := smallFilesJob(t, "--save", w)
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d:\n%s", r, p.output())
+		assert.Contains(t, p.output(), "rank 0: --save: ", "rank %d", r)
+		assert.Contains(t, p.output(), "file too large", "rank %d", r)
+		assert.NotContains(t, p.output(), "context canceled", "rank %d", r)
+	}
+	assert.Contains(t, ps[1].output(), "gcompile: rank 1: stopped by another process's failure: rank 0: --save: ")
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"gcompile/runtime"
+	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/comm"
 	"gcompile/runtime/dist"
 )
@@ -793,10 +794,31 @@ func (j *job) fail(err error) {
 	<-j.failed
 }
 
+// hasFailed reports whether this process called fail.
+func (j *job) hasFailed() bool {
+	select {
+	case <-j.failed:
+		return true
+	default:
+		return false
+	}
+}
+
 // report is fail's work, done once.
 func (j *job) report(err error) {
 	if j.ctx.Err() != nil {
 		return
+	}
+	if j.multi() && j.store != nil && errors.Is(err, checkpoint.ErrPeerFailed) {
+		// Only the echo of another process's failure of its share of a
+		// checkpoint: that process, alive, reports its cause once its
+		// outputs are written. The first report wins, and this one would
+		// hide it.
+		select {
+		case <-j.ctx.Done():
+			return
+		case <-time.After(j.timeout):
+		}
 	}
 	if j.multi() && j.store != nil && errors.Is(err, runtime.ErrPeerLost) {
 		// A lost peer is most often the echo of that peer's own failure,
@@ -1121,9 +1143,15 @@ func (j *job) close() error {
 	if j.ctx.Err() == nil && j.store != nil {
 		ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
 		if err := j.store.Barrier(ctx, "job/exit", j.world.Size); err != nil {
-			errs = append(errs, fmt.Errorf("rank %d: waiting for the other processes to finish: %w", j.world.Rank, err))
+			// Another process's failure ends the wait: that is the cause.
+			errs = append(errs, j.stoppedBy(fmt.Errorf("rank %d: waiting for the other processes to finish: %w", j.world.Rank, err)))
 		}
 		cancel()
+	} else if j.store != nil && j.started.Load() && !j.hasFailed() {
+		// This process finished its work, but another failed (after
+		// training: its --save, --metrics) before this one reached the
+		// barrier: the job failed, and this process says why.
+		errs = append(errs, j.stoppedBy(fmt.Errorf("rank %d: the job failed after this process finished", j.world.Rank)))
 	}
 	if j.net != nil {
 		j.net.Close()

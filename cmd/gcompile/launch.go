@@ -210,12 +210,16 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		err  error
 	}
 	exits := make(chan exit, n)
+	tails := make([]*errorTail, n)
+	for r := range tails {
+		tails[r] = &errorTail{w: os.Stderr}
+	}
 	var mu sync.Mutex
 	var procs []*os.Process
 	start := func(r int) error {
 		cmd := exec.Command(self, args...)
 		cmd.Env = childEnv(r, n, port, token)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, tails[r]
 		// In a process group of its own: a terminal's Ctrl-C (or timeout's
 		// signal to the launcher's group) reaches the launcher alone,
 		// which passes it on once. Reaching every rank too, beside the
@@ -314,8 +318,49 @@ func supervise(self string, args []string, n, port int, token string, grace time
 			signalAll(syscall.SIGKILL)
 		}
 	}
+	if first != nil {
+		// The rank whose own failure the others echo ("stopped by another
+		// process's failure") is the cause; the first to exit may be an echo.
+		for _, t := range tails {
+			if msg := t.last(); msg != "" && !strings.Contains(msg, "stopped by another process's failure") {
+				first = fmt.Errorf("%w\nlaunch: the cause: %s", first, msg)
+				break
+			}
+		}
+	}
 	if first == nil && signalled != nil {
 		return &exitStatus{code: signalStatus(signalled), err: fmt.Errorf("launch: stopped by %s: every rank stopped (the run did not finish)", signalName(signalled))}
 	}
 	return first
+}
+
+// errorTail passes a rank's stderr on and keeps its last "gcompile: "
+// line: the error it exited with.
+type errorTail struct {
+	mu   sync.Mutex
+	w    io.Writer
+	line []byte
+	err  string
+}
+
+func (t *errorTail) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	for _, c := range b {
+		if c == '\n' {
+			if s, ok := strings.CutPrefix(string(t.line), "gcompile: "); ok {
+				t.err = s
+			}
+			t.line = t.line[:0]
+			continue
+		}
+		t.line = append(t.line, c)
+	}
+	t.mu.Unlock()
+	return t.w.Write(b)
+}
+
+func (t *errorTail) last() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err
 }

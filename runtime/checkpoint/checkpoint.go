@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -299,14 +300,14 @@ func save(path string, tensors []Tensor, metadata map[string]string) (sum Sum, e
 	counted := &countingWriter{w: io.MultiWriter(f, crc)}
 	bw := bufio.NewWriterSize(counted, 1<<20)
 	if err := write(bw, tensors, metadata); err != nil {
-		return Sum{}, fmt.Errorf("%s: %w", tmp, err)
+		return Sum{}, fileErr("write", tmp, err)
 	}
 	if err := bw.Flush(); err != nil {
-		return Sum{}, fmt.Errorf("write %s: %w", tmp, err)
+		return Sum{}, fileErr("write", tmp, err)
 	}
 	faultPoint("file written, not synced")
 	if err := f.Sync(); err != nil {
-		return Sum{}, fmt.Errorf("sync %s: %w", tmp, err)
+		return Sum{}, fileErr("sync", tmp, err)
 	}
 	closed = true
 	if err := f.Close(); err != nil {
@@ -318,6 +319,15 @@ func save(path string, tensors []Tensor, metadata map[string]string) (sum Sum, e
 	}
 	syncDir(filepath.Dir(path))
 	return Sum{Bytes: counted.n, CRC32C: fmt.Sprintf("%08x", crc.Sum32())}, nil
+}
+
+// fileErr is err of op on path, which names the path once: the file's
+// own errors (*fs.PathError) already say the op and the path.
+func fileErr(op, path string, err error) error {
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+		return err
+	}
+	return fmt.Errorf("%s %s: %w", op, path, err)
 }
 
 type countingWriter struct {

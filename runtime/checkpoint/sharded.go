@@ -273,6 +273,16 @@ func checkBlock(f *File, name string, tb *TensorBlocks, b Block) error {
 	return nil
 }
 
+// ErrPeerFailed is a save or load that another process of the job failed:
+// this process knows only that it did (AnyOf carries no reason); that
+// process's own report names why.
+var ErrPeerFailed = errors.New("another process failed its share")
+
+type peerFailed string
+
+func (p peerFailed) Error() string        { return string(p) }
+func (p peerFailed) Is(target error) bool { return target == ErrPeerFailed }
+
 func rankFile(rank int) string { return fmt.Sprintf("rank-%05d.safetensors", rank) }
 func partFile(proc int) string { return fmt.Sprintf("part-%05d.json", proc) }
 
@@ -295,7 +305,7 @@ func SaveState(cl Cluster, progs []*lower.Program, opts SaveOptions) (string, er
 		case aerr != nil:
 			return fmt.Errorf("checkpoint %s: %w", final, aerr)
 		case bad:
-			return fmt.Errorf("checkpoint %s: another process failed to write its part", final)
+			return fmt.Errorf("checkpoint %s: %w", final, peerFailed("another process failed to write its part"))
 		}
 		return nil
 	}
@@ -1215,7 +1225,7 @@ func RestoreState(cl Cluster, progs []*lower.Program, dir string, ex Expect) (*M
 	case aerr != nil:
 		return nil, aerr
 	case bad:
-		return nil, fmt.Errorf("checkpoint %s: another process could not load it", dir)
+		return nil, fmt.Errorf("checkpoint %s: %w", dir, peerFailed("another process could not load it"))
 	}
 	if err := r.restore(cl); err != nil {
 		return nil, err
