@@ -359,15 +359,18 @@ func assertLossNamed(t *testing.T, ps []*proc, victim int) {
 	}
 }
 
-// A stalled process (SIGSTOP) is named by the others' timeout.
+// A stalled process (SIGSTOP) is named by the others' timeout, first,
+// by its heartbeat. The collective that timed out may be one with a
+// device of this process (its tp peer, itself waiting for process 1),
+// so which rank it names after is not asserted: that is why the
+// heartbeat leads.
 func TestJobTimesOutOnAStalledProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
 	ps, _ := stallProcessOne(t, "3s", 30*time.Second)
 	assert.Contains(t, ps[0].output(), "timed out after 3s waiting for rank")
-	assert.Regexp(t, `(?m)^gcompile: rank 0: process 1 \(ranks 2–3\) stopped answering \(no heartbeat for 2\.5s, last training\): no answer from rank [23] \(process 1 \(ranks 2–3`, ps[0].output(), "the stalled process first, by its heartbeat")
-	assert.Contains(t, ps[0].output(), "(process 1 (ranks 2–3")
+	assert.Regexp(t, `(?m)^gcompile: rank 0: process 1 \(ranks 2–3\) stopped answering \(no heartbeat for 2\.5s, last training\): no answer from rank [0-3] \(process [01] \(ranks [02]–[13]`, ps[0].output(), "the stalled process first, by its heartbeat")
 }
 
 // stallProcessOne starts a job of two processes under --timeout, stops
