@@ -434,6 +434,26 @@ func (p *Program) BucketRun(i int) (members []Instr, leads bool) {
 	return p.Instrs[i:j], i == 0 || !same(i-1)
 }
 
+// LargestScatterBucket is the elements of the largest bucket run of
+// reduce-scatters of several gradients, whole and its shards: what the
+// runtimes stage such a bucket in (a bucket of one gradient needs no
+// staging). Both are at most the bucket size.
+func (p *Program) LargestScatterBucket() (whole, shard int64) {
+	for i := range p.Instrs {
+		run, leads := p.BucketRun(i)
+		if !leads || len(run) < 2 || run[0].Op != "reduce_scatter" {
+			continue
+		}
+		var w, s int64
+		for _, m := range run {
+			w += m.ArgTypes[0].Shape.NumElements()
+			s += m.OutType.Shape.NumElements()
+		}
+		whole, shard = max(whole, w), max(shard, s)
+	}
+	return whole, shard
+}
+
 // groupBuckets moves the reductions of each gradient bucket next to the
 // bucket's last member, so the runtime issues them as one collective.
 // Moving a reduction later is safe when nothing reads its result before

@@ -352,19 +352,7 @@ func scatterStaging[T kcpu.Float](d *Device) (send, recv []T) {
 	if s, ok := d.scatterStage.(*[2][]T); ok {
 		return s[0], s[1]
 	}
-	var whole, shard int64
-	for i := range d.prog.Instrs {
-		run, leads := d.prog.BucketRun(i)
-		if !leads || len(run) < 2 || run[0].Op != "reduce_scatter" {
-			continue
-		}
-		var w, s int64
-		for _, m := range run {
-			w += m.ArgTypes[0].Shape.NumElements()
-			s += m.OutType.Shape.NumElements()
-		}
-		whole, shard = max(whole, w), max(shard, s)
-	}
+	whole, shard := d.prog.LargestScatterBucket()
 	s := &[2][]T{make([]T, whole), make([]T, shard)}
 	d.scatterStage = s
 	return s[0], s[1]

@@ -6,6 +6,7 @@ import (
 
 	"gcompile/ir"
 	kcuda "gcompile/kernels/cuda"
+	"gcompile/lower"
 	"gcompile/runtime"
 	"gcompile/runtime/cuda/driver"
 )
@@ -348,14 +349,12 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 		// buffers: a pending copy into any of them is waited for here.
 		d.touches[i] = append(d.touches[i], m.Args[0], m.Out)
 	}
-	plan := &bucketPlan{leader: i, members: len(members), axis: d.prog.Mesh.Axes[ax].Name, wait: -1}
 	for k, m := range members {
 		if c.dtype(m.Out) != ir.F32 || is16(c.buf(m.Args[0]).Type.DType) {
 			return nil, fmt.Errorf("bucketed all_reduce of %v: the cuda backend reduces fp32 buckets", c.buf(m.Out).Type)
 		}
 		srcs[k], outs[k] = at(c.buf(m.Args[0])), at(c.buf(m.Out))
 		counts[k] = m.OutType.Shape.NumElements()
-		plan.outs = append(plan.outs, m.Out)
 	}
 	cm := d.comm
 	var tmp loc
@@ -386,19 +385,10 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 			return cm.allReduceOn(d, g, s, d.compute, bufs, counts, d.ptr(tmp))
 		}, nil
 	}
-	var err error
-	if plan.ready, err = d.event(); err != nil {
-		return nil, err
-	}
-	if plan.done, err = d.event(); err != nil {
-		return nil, err
-	}
-	comms, err := d.commStream()
+	plan, comms, err := d.commBucket(i, members, ax)
 	if err != nil {
 		return nil, err
 	}
-	d.buckets = append(d.buckets, plan)
-	d.markOnComm(i, len(members))
 	c.note(fmt.Sprintf("bucket of %d all_reduces on the comm stream", len(members)))
 	// The members' buffers share bytes where one's result starts after
 	// another's input dies, as the memory plan has it for one at a time:
@@ -508,18 +498,7 @@ func (c *compiler) scatterBucket(g group, s *site, ax int) (func() error, error)
 		c.note(fmt.Sprintf("bucket of %d reduce_scatters on the compute stream", len(members)))
 		return seq(cut, func() error { return reduce(d.compute) }), nil
 	}
-	plan := &bucketPlan{leader: i, members: len(members), axis: d.prog.Mesh.Axes[ax].Name, wait: -1}
-	for _, m := range members {
-		plan.outs = append(plan.outs, m.Out)
-	}
-	var err error
-	if plan.ready, err = d.event(); err != nil {
-		return nil, err
-	}
-	if plan.done, err = d.event(); err != nil {
-		return nil, err
-	}
-	comms, err := d.commStream()
+	plan, comms, err := d.commBucket(i, members, ax)
 	if err != nil {
 		return nil, err
 	}
@@ -528,8 +507,6 @@ func (c *compiler) scatterBucket(g group, s *site, ax int) (func() error, error)
 		before = d.scatterPlans[len(d.scatterPlans)-2]
 	}
 	d.scatterPlans = append(d.scatterPlans, plan)
-	d.buckets = append(d.buckets, plan)
-	d.markOnComm(i, len(members))
 	c.note(fmt.Sprintf("bucket of %d reduce_scatters on the comm stream", len(members)))
 	return func() error {
 		if before != nil {
@@ -560,22 +537,10 @@ func (c *compiler) scatterBucket(g group, s *site, ax int) (func() error, error)
 // which later instructions reuse while the comm stream reads these.
 func (d *Device) scatterStaging(k int) (send, recv loc) {
 	if d.scatterTmp == nil {
-		var w, r int64
-		for i := range d.prog.Instrs {
-			run, leads := d.prog.BucketRun(i)
-			if !leads || len(run) < 2 || run[0].Op != "reduce_scatter" {
-				continue
-			}
-			var whole, shard int64
-			for _, m := range run {
-				whole += 4 * m.ArgTypes[0].Shape.NumElements()
-				shard += 4 * m.OutType.Shape.NumElements()
-			}
-			w, r = max(w, whole), max(r, shard)
-		}
+		whole, shard := d.prog.LargestScatterBucket()
 		var l [2][2]loc
 		for j := range l {
-			l[j] = [2]loc{{inKeep, d.keep.take(w)}, {inKeep, d.keep.take(r)}}
+			l[j] = [2]loc{{inKeep, d.keep.take(4 * whole)}, {inKeep, d.keep.take(4 * shard)}}
 		}
 		d.scatterTmp = &l
 	}
@@ -619,15 +584,34 @@ func (d *Device) commStream() (driver.Stream, error) {
 	return s, nil
 }
 
-// markOnComm records that instructions i … i+n−1, a bucket's run, are
-// issued on the comm stream.
-func (d *Device) markOnComm(i, n int) {
+// commBucket plans the bucket run members, led by instruction i over
+// mesh axis ax, on the comm stream: its events, its place among the
+// device's buckets (planBucketWaits) and its instructions marked as
+// issued there; it returns the plan and the comm stream.
+func (d *Device) commBucket(i int, members []lower.Instr, ax int) (*bucketPlan, driver.Stream, error) {
+	plan := &bucketPlan{leader: i, members: len(members), axis: d.prog.Mesh.Axes[ax].Name, wait: -1}
+	for _, m := range members {
+		plan.outs = append(plan.outs, m.Out)
+	}
+	var err error
+	if plan.ready, err = d.event(); err != nil {
+		return nil, 0, err
+	}
+	if plan.done, err = d.event(); err != nil {
+		return nil, 0, err
+	}
+	comms, err := d.commStream()
+	if err != nil {
+		return nil, 0, err
+	}
+	d.buckets = append(d.buckets, plan)
 	if d.onComm == nil {
 		d.onComm = map[int]bool{}
 	}
-	for k := range n {
+	for k := range members {
 		d.onComm[i+k] = true
 	}
+	return plan, comms, nil
 }
 
 // planBucketWaits decides, once at load, where the compute stream waits
