@@ -432,7 +432,8 @@ func TestProgressAndSummaryOfAResumedRun(t *testing.T) {
 	assert.Contains(t, log, "tokens/s mean over steps 5–6")
 }
 
-// The summary of a run that wrote nothing says how to keep its numbers.
+// The summary of a run that wrote nothing says how to keep its numbers,
+// and one whose outputs failed says which.
 func TestProgressSummaryWithoutOutputs(t *testing.T) {
 	var b bytes.Buffer
 	c := &config{run: true, steps: 1}
@@ -449,6 +450,16 @@ func TestProgressSummaryWithoutOutputs(t *testing.T) {
 	require.NoError(t, os.Chtimes(c.metrics, time.Now().Add(-time.Hour), time.Now().Add(-time.Hour)))
 	require.NoError(t, os.WriteFile(c.report, nil, 0o644))
 	assert.Equal(t, []outputFile{{"report", c.report}}, outputs(c, &runtime.Metrics{}))
+	// What was asked and not written is said, not "nothing was asked":
+	// the error that says why follows the summary.
+	b.Reset()
+	writeSummary(&b, c, &runtime.Metrics{Steps: []runtime.StepMetrics{{Step: 1, Loss: 2, Ms: 100, TokensPerS: 640}}}, 0)
+	assert.Contains(t, b.String(), "  wrote     report "+c.report+"\n  failed    --metrics "+c.metrics+", --save "+c.save+" (the error follows)\n")
+	c = &config{run: true, steps: 1, started: time.Now(), metrics: filepath.Join(dir, "none", "m.json")}
+	b.Reset()
+	writeSummary(&b, c, &runtime.Metrics{Steps: []runtime.StepMetrics{{Step: 1, Loss: 2, Ms: 100, TokensPerS: 640}}}, 0)
+	assert.Contains(t, b.String(), "  wrote     nothing\n  failed    --metrics "+c.metrics+" (the error follows)\n")
+	assert.NotContains(t, b.String(), "keep these numbers")
 }
 
 // The summary says when steps skipped their update: all of them under a

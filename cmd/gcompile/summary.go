@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -175,6 +176,20 @@ func outputs(c *config, met *runtime.Metrics) []outputFile {
 	return out
 }
 
+// notWritten is the outputs the command line asked for that outputs did
+// not find written (a write that failed), as flag and path: the summary
+// comes before the run's error, and must not read as if none was asked.
+func notWritten(c *config, written []outputFile) []string {
+	var lost []string
+	for _, o := range []struct{ flag, path string }{{"--metrics", c.metrics}, {"--report", c.report}, {"--save", c.save}, {"--timeline", c.timeline}} {
+		if o.path == "" || o.flag == "--save" && !c.run || slices.ContainsFunc(written, func(f outputFile) bool { return f.Path == o.path }) {
+			continue
+		}
+		lost = append(lost, o.flag+" "+o.path)
+	}
+	return lost
+}
+
 // writeSummary prints the closing block of a training run: how far it
 // got, the losses, the speed, the wall time and where its outputs are.
 func writeSummary(w io.Writer, c *config, met *runtime.Metrics, wall time.Duration) {
@@ -218,14 +233,21 @@ func writeSummary(w io.Writer, c *config, met *runtime.Metrics, wall time.Durati
 		b.WriteString("\n")
 	}
 	files := outputs(c, met)
-	if len(files) == 0 {
+	lost := notWritten(c, files)
+	switch {
+	case len(files) == 0 && len(lost) == 0:
 		b.WriteString("  wrote     nothing (--metrics FILE or --report FILE.html keep these numbers)\n")
-	} else {
+	case len(files) == 0:
+		b.WriteString("  wrote     nothing\n")
+	default:
 		parts := make([]string, len(files))
 		for i, f := range files {
 			parts[i] = f.What + " " + f.Path
 		}
 		fmt.Fprintf(&b, "  wrote     %s\n", strings.Join(parts, ", "))
+	}
+	if len(lost) > 0 {
+		fmt.Fprintf(&b, "  failed    %s (the error follows)\n", strings.Join(lost, ", "))
 	}
 	io.WriteString(w, b.String())
 }
