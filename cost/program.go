@@ -565,8 +565,8 @@ func (h *Hardware) instrCosts(prog *lower.Program, rank int) []instrCost {
 		}
 		return l
 	}
-	// Buckets: one call per bucket and op, priced at its first
-	// instruction.
+	// Buckets: one call per run of one op in a bucket, priced at its
+	// first instruction.
 	calls := bucketCalls(prog)
 	for i, in := range prog.Instrs {
 		ic := &out[i]

@@ -415,23 +415,25 @@ func meanScale(v *ir.Value, mesh *ir.Mesh) float64 {
 	return f
 }
 
-// BucketRun is the run of bucketed collectives instruction i stands in:
-// the consecutive instructions of its bucket and op from i on, which a
-// runtime issues as one call (a bucket under ZeRO may all-reduce the few
-// gradients it cannot split among its reduce-scatters, and each run of
-// one op is a call), and whether i leads the run. It is empty for an
-// instruction outside a bucket.
+// BucketRun says whether instruction i leads a run of bucketed
+// collectives, and the run it leads: the consecutive instructions of its
+// bucket and op from i on, which a runtime issues as one call (a bucket
+// under ZeRO may all-reduce the few gradients it cannot split among its
+// reduce-scatters, and each run of one op is a call). An instruction
+// outside a bucket, or one that follows its run's leader, leads nothing
+// (members nil), so asking of every instruction costs the program's
+// length.
 func (p *Program) BucketRun(i int) (members []Instr, leads bool) {
 	in := p.Instrs[i]
-	if in.Bucket <= 0 {
+	same := func(j int) bool { return p.Instrs[j].Bucket == in.Bucket && p.Instrs[j].Op == in.Op }
+	if in.Bucket <= 0 || i > 0 && same(i-1) {
 		return nil, false
 	}
-	same := func(j int) bool { return p.Instrs[j].Bucket == in.Bucket && p.Instrs[j].Op == in.Op }
 	j := i
 	for j < len(p.Instrs) && same(j) {
 		j++
 	}
-	return p.Instrs[i:j], i == 0 || !same(i-1)
+	return p.Instrs[i:j], true
 }
 
 // LargestScatterBucket is the elements of the largest bucket run of

@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"slices"
 	"unsafe"
 
 	"gcompile/ir"
@@ -248,9 +247,17 @@ func (d *Device) compileBucket(in lower.Instr, g runtime.Group) (func() error, e
 	return nil, fmt.Errorf("all_reduce of %v", in.OutType)
 }
 
-// indexOf is in's position in the program.
+// indexOf is in's position in the program, from an index built once.
 func (d *Device) indexOf(in lower.Instr) int {
-	return slices.IndexFunc(d.prog.Instrs, func(x lower.Instr) bool { return x.Value == in.Value })
+	if d.instrAt == nil {
+		d.instrAt = make(map[*ir.Value]int, len(d.prog.Instrs))
+		for i, x := range d.prog.Instrs {
+			if _, seen := d.instrAt[x.Value]; !seen {
+				d.instrAt[x.Value] = i
+			}
+		}
+	}
+	return d.instrAt[in.Value]
 }
 
 func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g runtime.Group) func() error {

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
 )
@@ -48,8 +49,10 @@ type Device struct {
 	coords []int // position on each mesh axis
 	comm   runtime.Comm
 	// scatterStage is the staging of the buckets of reduce-scatters
-	// (scatterStaging), *[2][]T for the program's float type.
+	// (scatterStaging), *[2][]T for the program's float type; instrAt
+	// each instruction's position by its value (indexOf).
 	scatterStage any
+	instrAt      map[*ir.Value]int
 
 	// HostView reads and writes the device's params, state, inputs and
 	// outputs by name between steps.

@@ -452,9 +452,9 @@ func (c *compiler) scatterBucket(g group, s *site, ax int) (func() error, error)
 		// buffers: a pending copy into any of them is waited for here.
 		d.touches[i] = append(d.touches[i], m.Args[0], m.Out)
 	}
-	k := d.scatterBuckets
-	d.scatterBuckets++
-	send, recv := d.scatterStaging(k % 2)
+	// Each bucket on the comm stream takes the staging buffer the one
+	// before it did not (in order on the compute stream, they share).
+	send, recv := d.scatterStaging(len(d.scatterPlans) % 2)
 	var cuts []*launch
 	var off int64
 	for _, m := range members {

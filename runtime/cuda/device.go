@@ -53,11 +53,10 @@ type Device struct {
 	buckets   []*bucketPlan
 	bucketTmp *loc
 	// scatterPlans are the reduce-scatter buckets on the comm stream, in
-	// program order, scatterBuckets how many such buckets were compiled,
-	// and scatterTmp their two staging buffers (scatterStaging).
-	scatterPlans   []*bucketPlan
-	scatterBuckets int
-	scatterTmp     *[2][2]loc
+	// program order, and scatterTmp their two staging buffers
+	// (scatterStaging).
+	scatterPlans []*bucketPlan
+	scatterTmp   *[2][2]loc
 	// onComm marks the instructions of the bucket runs issued on the comm
 	// stream: every other collective of their axis waits for them.
 	onComm map[int]bool
