@@ -30,6 +30,7 @@ import (
 	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cuda"
 	"gcompile/runtime/cuda/fakegpu"
+	"gcompile/runtime/dist"
 )
 
 // asMainEnv makes the test binary run gcompile's main instead of its
@@ -1149,4 +1150,45 @@ func TestJobNamesAFailureAfterTraining(t *testing.T) {
 		assert.NotContains(t, p.output(), "context canceled", "rank %d", r)
 	}
 	assert.Contains(t, ps[1].output(), "gcompile: rank 1: stopped by another process's failure: rank 0: --save: ")
+}
+
+// A process that only echoes another's failure of its checkpoint share
+// waits for that process's report, but not past the moment it stops
+// answering: rank 0 killed before it reported (and with it the store's
+// other watchers) held the echo until --timeout, ten minutes by default.
+func TestEchoStopsWaitingForAProcessThatStoppedAnswering(t *testing.T) {
+	t.Parallel()
+	srv, err := dist.Serve("127.0.0.1:0", dist.ServerOptions{Token: "t", Ranks: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	peer, err := dist.Dial(ctx, srv.Addr(), "t", 0)
+	require.NoError(t, err)
+	defer peer.Close()
+	store, err := dist.Dial(ctx, srv.Addr(), "t", 1)
+	require.NoError(t, err)
+	defer store.Close()
+
+	jctx, jcancel := context.WithCancelCause(context.Background())
+	j := &job{world: dist.World{Rank: 1, Size: 2}, layout: runtime.Layout{Devices: 2, Procs: 2, Proc: 1},
+		timeout: 10 * time.Minute, store: store, ctx: jctx, cancel: jcancel, failed: make(chan struct{})}
+	defer jcancel(nil)
+	go j.beat()
+	// Process 0 beats a while, then is gone without a report.
+	for range 3 {
+		_, err := peer.Add(ctx, keyBeat+"0", 1)
+		require.NoError(t, err)
+		time.Sleep(beatEvery)
+	}
+	start := time.Now()
+	j.fail(fmt.Errorf("checkpoint step-1: %w", checkpoint.ErrPeerFailed))
+	assert.Less(t, time.Since(start), time.Minute)
+	cause := context.Cause(jctx)
+	require.Error(t, cause)
+	assert.ErrorIs(t, cause, checkpoint.ErrPeerFailed)
+	assert.Regexp(t, `^process 0 \(rank 0\) stopped answering \(no heartbeat for 2\.5s\): checkpoint step-1: another process failed its share$`, cause.Error())
+	abort, err := peer.Get(ctx, keyAbort)
+	require.NoError(t, err)
+	assert.Equal(t, "rank 1: "+cause.Error(), string(abort))
 }

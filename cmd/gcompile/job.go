@@ -784,6 +784,36 @@ func (j *job) watchAbort() {
 // peer's own report before reporting the loss as the cause.
 const peerLostGrace = 2 * time.Second
 
+// echoPoll is how often a process waiting for another's report looks
+// for processes that stopped answering.
+const echoPoll = 2 * beatEvery
+
+// awaitReport waits for another process's report of a failure this one
+// only echoes: it ends the job's context. It gives up after --timeout, or
+// as soon as processes stop answering, and then names them: a process
+// that failed and was killed before it reported (its outputs' writes
+// running out of memory), or rank 0 gone with the store, held this one
+// until --timeout, where rank 0's stall watch, itself waiting here, could
+// not step in.
+func (j *job) awaitReport() (stalled string) {
+	deadline := time.NewTimer(j.timeout)
+	defer deadline.Stop()
+	poll := time.NewTicker(echoPoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-j.ctx.Done():
+			return ""
+		case <-deadline.C:
+			return ""
+		case <-poll.C:
+			if who := j.stalled(); who != "" {
+				return who
+			}
+		}
+	}
+}
+
 // fail stops the job: this process's comm calls end, and every other
 // process hears of it through the comm and the store.
 func (j *job) fail(err error) {
@@ -814,10 +844,12 @@ func (j *job) report(err error) {
 		// checkpoint: that process, alive, reports its cause once its
 		// outputs are written. The first report wins, and this one would
 		// hide it.
-		select {
-		case <-j.ctx.Done():
+		who := j.awaitReport()
+		if who == "" && j.ctx.Err() != nil {
 			return
-		case <-time.After(j.timeout):
+		}
+		if who != "" {
+			err = &headlined{msg: who + ": " + err.Error(), err: err}
 		}
 	}
 	if j.multi() && j.store != nil && errors.Is(err, runtime.ErrPeerLost) {
