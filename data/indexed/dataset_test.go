@@ -2,7 +2,9 @@ package indexed
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -569,4 +571,60 @@ func TestContentFingerprintIgnoresTimes(t *testing.T) {
 	defer b.Close()
 	assert.Equal(t, a.ContentFingerprint(), b.ContentFingerprint())
 	assert.NotEqual(t, a.Fingerprint(), b.Fingerprint())
+}
+
+// TestReadPastFourGiB reads tokens past 4 GiB of .bin and past 2^32
+// tokens, where a 32-bit offset anywhere would wrap: two documents of
+// the longest length an .idx can hold (2^31−1 tokens) and a third. The
+// .bin is sparse, so the test writes only its markers.
+func TestReadPastFourGiB(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "huge")
+	lens := []uint32{math.MaxInt32, math.MaxInt32, 3}
+	idx := append([]byte(nil), magic...)
+	idx = binary.LittleEndian.AppendUint64(idx, 1)
+	idx = append(idx, byte(Uint16))
+	idx = binary.LittleEndian.AppendUint64(idx, uint64(len(lens)))
+	idx = binary.LittleEndian.AppendUint64(idx, uint64(len(lens)+1))
+	for _, n := range lens {
+		idx = binary.LittleEndian.AppendUint32(idx, n)
+	}
+	var ptrs []int64
+	end := int64(0)
+	for _, n := range lens {
+		idx = binary.LittleEndian.AppendUint64(idx, uint64(end))
+		ptrs = append(ptrs, end)
+		end += 2 * int64(n)
+	}
+	for i := range len(lens) + 1 {
+		idx = binary.LittleEndian.AppendUint64(idx, uint64(i))
+	}
+	require.NoError(t, os.WriteFile(prefix+".idx", idx, 0o644))
+	f, err := os.Create(prefix + ".bin")
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(end))
+	for _, m := range []struct {
+		at   int64
+		toks []byte
+	}{{ptrs[1] + 2*(math.MaxInt32-2), []byte{7, 0, 8, 0}}, {ptrs[2], []byte{1, 0, 2, 0, 3, 1}}} {
+		_, err = f.WriteAt(m.toks, m.at)
+		require.NoError(t, err)
+	}
+	require.NoError(t, f.Close())
+	for _, mapped := range []bool{true, false} {
+		t.Run(fmt.Sprintf("mapped=%v", mapped), func(t *testing.T) {
+			if !mapped {
+				withoutMmap(t)
+			}
+			d, err := Open(prefix)
+			require.NoError(t, err)
+			defer d.Close()
+			assert.Equal(t, int64(2*math.MaxInt32+3), d.Tokens())
+			got := make([]int32, 3)
+			require.NoError(t, d.Read(2, 0, got))
+			assert.Equal(t, []int32{1, 2, 259}, got)
+			require.NoError(t, d.Read(1, math.MaxInt32-2, got[:2]))
+			assert.Equal(t, []int32{7, 8}, got[:2])
+			assert.ErrorIs(t, d.Read(2, 1, got), ErrBounds)
+		})
+	}
 }

@@ -333,3 +333,53 @@ func TestGPTDatasetChanged(t *testing.T) {
 	require.Error(t, bad)
 	assert.True(t, errors.Is(bad, ErrCorrupt), "%v", bad)
 }
+
+// offsetTokens is a Tokens whose token is its offset in its document:
+// documents of billions of tokens cost nothing.
+type offsetTokens []int
+
+func (o offsetTokens) NumSequences() int     { return len(o) }
+func (o offsetTokens) SequenceLen(i int) int { return o[i] }
+func (o offsetTokens) Read(doc, off int, dst []int32) error {
+	if off < 0 || off+len(dst) > o[doc] {
+		return fmt.Errorf("read of %d tokens at %d of document %d, which has %d", len(dst), off, doc, o[doc])
+	}
+	for i := range dst {
+		dst[i] = int32(off + i)
+	}
+	return nil
+}
+
+// TestGPTPastFourBillionTokens cuts samples from a split of more than
+// 2^32 tokens (two documents of the longest length an .idx holds), where
+// a 32-bit position anywhere would wrap: in order, sample k starts at
+// token k·seq of the documents laid end to end; shuffled, every sample
+// is still seq+1 consecutive tokens, across a document's end too.
+func TestGPTPastFourBillionTokens(t *testing.T) {
+	docs := offsetTokens{math.MaxInt32, math.MaxInt32, 12345}
+	const seq = 1 << 20
+	for _, shuffle := range []bool{false, true} {
+		g, err := NewGPT(docs, Config{Seq: seq, Range: [2]int{0, len(docs)}, CacheDir: t.TempDir(), Identity: "huge", Shuffle: shuffle})
+		require.NoError(t, err)
+		defer g.Close()
+		n := g.SamplesPerEpoch()
+		require.Equal(t, (2*int64(math.MaxInt32)+12345-1)/seq, n)
+		dst := make([]int32, seq+1)
+		for _, k := range []int64{0, 2047, 2048, 4095, 4096, n - 1, n, 2*n + 1} {
+			require.NoError(t, g.Sample(7, k, dst), "sample %d", k)
+			if !shuffle {
+				at := k % n * seq
+				doc := 0
+				for ; at >= int64(docs[doc]); doc++ {
+					at -= int64(docs[doc])
+				}
+				require.Equal(t, int32(at), dst[0], "sample %d", k)
+			}
+			for i := 1; i < len(dst); i++ {
+				if dst[i] != dst[i-1]+1 && !(dst[i] == 0 && slices.Contains(docs, int(dst[i-1])+1)) {
+					t.Fatalf("shuffle %v, sample %d: token %d is %d after %d", shuffle, k, i, dst[i], dst[i-1])
+				}
+			}
+		}
+	}
+}
