@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,6 +67,8 @@ func launchMain(args []string) error {
 	switch {
 	case *nproc < 1:
 		return fmt.Errorf("launch: --nproc must be ≥ 1, got %d", *nproc)
+	case *nproc > maxLaunchProcs():
+		return fmt.Errorf("launch: --nproc %d is more processes than this machine runs (%d at most: %d a CPU core, every process a whole gcompile); a larger job runs on several machines, started by torchrun, srun or mpirun (README, \"Running on several processes and machines\")", *nproc, maxLaunchProcs(), launchProcsPerCore)
 	case *port < 0 || *port > 65535:
 		return fmt.Errorf("launch: --master-port %d is not a port", *port)
 	case *grace <= 0:
@@ -115,6 +118,17 @@ func launchMain(args []string) error {
 	}
 	return supervise(self, rest, *nproc, *port, token, *grace)
 }
+
+// launchProcsPerCore bounds how many processes launch starts on one
+// machine (all of them run here), with room for jobs that oversubscribe a
+// small machine in tests: a mistyped --nproc 100000 started ranks of
+// 90 MB each until the machine stopped answering, its SIGTERM not heard
+// until every rank had started.
+const launchProcsPerCore = 8
+
+// maxLaunchProcs is the most processes launch starts: launchProcsPerCore a
+// core, at least 16.
+func maxLaunchProcs() int { return max(16, launchProcsPerCore*goruntime.NumCPU()) }
 
 // checkJob checks, once and before any process starts, what every
 // process would otherwise find wrong on its own and print, each under
@@ -248,7 +262,19 @@ func supervise(self string, args []string, n, port int, token string, grace time
 	defer signal.Stop(sigs)
 	started := 0
 	var first error
+	var signalled os.Signal
+starting:
 	for r := range n {
+		select {
+		case s := <-sigs:
+			// Heard between starts, not after the last: the ranks
+			// started stop as the signal asks, and no more start.
+			signalled = s
+			fmt.Fprintf(os.Stderr, "launch: %v while starting rank %d of %d: passed to the %d started, no more started\n", s, r, n, started)
+			signalAll(s)
+			break starting
+		default:
+		}
 		if err := start(r); err != nil {
 			first = err
 			break
@@ -259,14 +285,16 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		signalAll(syscall.SIGTERM)
 	}
 	var term, kill <-chan time.Time
-	var signalled os.Signal
 	for done := 0; done < started; {
 		select {
 		case e := <-exits:
 			done++
 			var ee *exec.ExitError
-			if signalled != nil && errors.As(e.err, &ee) && ee.ExitCode() == signalStatus(signalled) {
-				continue // stopped as asked: the status the launcher exits with below
+			if signalled != nil && errors.As(e.err, &ee) && (ee.ExitCode() == signalStatus(signalled) || killedBy(ee, signalled)) {
+				// Stopped as asked: the status the launcher exits with
+				// below. A rank the signal reached before it set up its
+				// handler was killed by it.
+				continue
 			}
 			if signalled == nil && first == nil && errors.As(e.err, &ee) {
 				// A rank a signal stopped at a step boundary (sent to it
@@ -332,6 +360,12 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		return &exitStatus{code: signalStatus(signalled), err: fmt.Errorf("launch: stopped by %s: every rank stopped (the run did not finish)", signalName(signalled))}
 	}
 	return first
+}
+
+// killedBy reports whether a process ended killed by sig.
+func killedBy(ee *exec.ExitError, sig os.Signal) bool {
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
 }
 
 // errorTail passes a rank's stderr on and keeps its last "gcompile: "

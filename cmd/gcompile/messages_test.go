@@ -2,9 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -50,6 +54,16 @@ func TestLaunchNamesAMisplacedFlag(t *testing.T) {
 	err = mainErr([]string{"launch", "--nproc", "2", "--bogus", "--", gptModel})
 	require.Error(t, err)
 	assert.Equal(t, "launch: flag provided but not defined: -bogus (see gcompile launch -h)", err.Error())
+}
+
+// A --nproc one machine cannot run is refused before anything starts: a
+// mistyped 100000 started ranks until the machine stopped answering.
+func TestLaunchRefusesMoreProcessesThanTheMachineRuns(t *testing.T) {
+	n := maxLaunchProcs() + 1
+	err := mainErr([]string{"launch", "--nproc", strconv.Itoa(n), "--", gptModel, "--devices", strconv.Itoa(n)})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), fmt.Sprintf("launch: --nproc %d is more processes than this machine runs (%d at most: 8 a CPU core", n, n-1))
+	assert.Contains(t, err.Error(), "torchrun, srun or mpirun")
 }
 
 // --plan over sizes with no candidate says which rules no degrees met,
@@ -108,4 +122,17 @@ func TestRefineFromAShortRunsTrace(t *testing.T) {
 		require.NoError(t, mainErr(append(append([]string{}, set...), "--plan", "--hardware", "cpu", "--tp", "1", "--pp", "1", "--dp", "1", "--refine-trace", trace)))
 	})
 	assert.Contains(t, out, "tp=1 pp=1 dp=1")
+}
+
+// A rank the launcher's signal reached before it set up its handler dies
+// of the signal: the launcher counts it stopped as asked, not failed.
+func TestKilledBy(t *testing.T) {
+	err := exec.Command("/bin/sh", "-c", "kill -TERM $$").Run()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	assert.True(t, killedBy(ee, syscall.SIGTERM))
+	assert.False(t, killedBy(ee, syscall.SIGINT))
+	err = exec.Command("/bin/sh", "-c", "exit 143").Run()
+	require.ErrorAs(t, err, &ee)
+	assert.False(t, killedBy(ee, syscall.SIGTERM), "an exit status is not a death by signal")
 }
