@@ -50,6 +50,27 @@ func checkCheckpointPaths(c *config) (string, error) {
 	return dir, checkCheckpointDir(c, dir, step)
 }
 
+// enclosingCheckpoint is the checkpoint (a folder holding a manifest
+// gcompile wrote) that dir is, or lies inside, or "".
+func enclosingCheckpoint(dir string) string {
+	d, err := filepath.Abs(dir)
+	if err != nil {
+		return ""
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(d, checkpoint.ManifestName)); err == nil {
+			if _, err := checkpoint.ReadManifest(d); err == nil {
+				return d
+			}
+		}
+		up := filepath.Dir(d)
+		if up == d {
+			return ""
+		}
+		d = up
+	}
+}
+
 // checkCheckpointDir refuses a --checkpoint-dir that holds checkpoints
 // this run does not continue: a new run there would write over them (its
 // step 2 over theirs) and --keep-last, which keeps the newest steps,

@@ -1073,6 +1073,10 @@ func TestCheckpointDirHoldsOneRun(t *testing.T) {
 			"--checkpoint-dir " + checkpoint.StepDir(ck, 4) + " is inside the checkpoint --resume " + ck},
 		{"checkpoints into the resumed step", []string{"--steps", "6", "--resume", filepath.Join(ck, "step-4"), "--checkpoint-dir", filepath.Join(ck, "step-4")},
 			"is inside the checkpoint --resume " + filepath.Join(ck, "step-4")},
+		{"checkpoints into another run's step", []string{"--steps", "2", "--checkpoint-dir", checkpoint.StepDir(ck, 4)},
+			"--checkpoint-dir " + checkpoint.StepDir(ck, 4) + " is inside checkpoint " + checkpoint.StepDir(ck, 4) + ": this run's steps would be saved into another's checkpoint"},
+		{"checkpoints under another run's step", []string{"--steps", "2", "--checkpoint-dir", filepath.Join(checkpoint.StepDir(ck, 4), "new")},
+			"is inside checkpoint " + checkpoint.StepDir(ck, 4)},
 		{"other text", []string{"--steps", "6", "--checkpoint-dir", ck, "--resume", ck, "--max-data-mb", "2"},
 			"the checkpoint was trained on other data (byte-level text of "},
 	} {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -71,7 +72,13 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	case *key == "":
 		return errors.New(`data prepare: --json-key "": name the field that holds each document's text`)
 	}
-	if err := checkPrepareInputs(inputs, *out); err != nil {
+	if err := checkPrepareInputs(inputs, *out, tokenizer.ReadPaths(*tok, *merges)); err != nil {
+		return fmt.Errorf("data prepare: %w", err)
+	}
+	if fi, err := os.Stat(*out); err == nil && fi.IsDir() {
+		return fmt.Errorf("data prepare: --output-prefix %s is a folder; give a path prefix inside it, such as %s", *out, filepath.Join(*out, "data"))
+	}
+	if err := checkReplaceable(*out); err != nil {
 		return fmt.Errorf("data prepare: %w", err)
 	}
 	// The output's folder is made, as --dump's and --checkpoint-dir's are.
@@ -146,13 +153,44 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// checkReplaceable refuses an output prefix whose files exist and are not
+// a token dataset's: a prepare replaces PREFIX.bin, .idx and .json, which
+// is what a second prepare of a dataset wants, but a PREFIX.json of
+// another kind (a model's config.json under --output-prefix DIR/config),
+// or a PREFIX.bin beside no index, is someone's file that would be lost.
+func checkReplaceable(out string) error {
+	var errs []error
+	if _, err := os.Stat(out + ".json"); err == nil {
+		if _, ours, err := prepare.ReadMeta(out); err == nil && !ours {
+			errs = append(errs, fmt.Errorf("--output-prefix %s would replace %s.json, which is not a dataset record (a gcompile data prepare writes one beside its .bin and .idx); give the dataset another prefix, or remove the file", out, out))
+		}
+	}
+	idx, err := indexed.IsIndexFile(out + ".idx")
+	switch {
+	case err == nil && !idx:
+		errs = append(errs, fmt.Errorf("--output-prefix %s would replace %s.idx, which is not an indexed dataset's index (no MMIDIDX magic); give the dataset another prefix, or remove the file", out, out))
+	case errors.Is(err, fs.ErrNotExist):
+		if _, err := os.Stat(out + ".bin"); err == nil {
+			errs = append(errs, fmt.Errorf("--output-prefix %s would replace %s.bin, which has no index beside it (%s.idx) and so is not a dataset's; give the dataset another prefix, or remove the file", out, out, out))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // checkPrepareInputs refuses inputs that would read a document twice (an
 // input given twice, or a file inside a folder also given) and outputs
 // that an input would read: inside an input folder, the next prepare of
 // that folder would take the dataset for documents (its .json failed as
 // a bad JSON Lines line), and over an input file it would destroy it.
-func checkPrepareInputs(inputs []string, out string) error {
+func checkPrepareInputs(inputs []string, out string, tokenizerReads []string) error {
 	var errs []error
+	for _, ext := range []string{".bin", ".idx", ".json"} {
+		for _, r := range tokenizerReads {
+			if samePath(r, out+ext) {
+				errs = append(errs, fmt.Errorf("--output-prefix %s writes %s, which --tokenizer reads: writing it would destroy the tokenizer; give the dataset another prefix", out, out+ext))
+			}
+		}
+	}
 	for i, in := range inputs {
 		for _, prev := range inputs[:i] {
 			switch {

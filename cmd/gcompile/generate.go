@@ -321,7 +321,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		}
 	}
 	if g.resume != "" {
-		if _, err := checkpointModel(g.Config, g.resume, ""); err != nil {
+		m, err := checkpointModel(g.Config, g.resume, "")
+		if err != nil {
+			return err
+		}
+		if err := sameTokenizer(m, tx.tok, g.tokenizer); err != nil {
 			return err
 		}
 	}
@@ -654,6 +658,19 @@ func positionLimit(p *lower.Program) int {
 // checkpoint's batch (unless the caller's build, fingerprint, already is)
 // and its fingerprint compared with the manifest's, as a resumed training
 // run compares it. It returns the manifest it read.
+// sameTokenizer refuses a tokenizer other than the one the checkpoint's
+// run trained with (its data identity records the fingerprint): with the
+// same number of ids the model loads and answers, in another tokenizer's
+// text. A run on bytes, or on token data without a tokenizer, recorded
+// none; a tokenizer run given none here is caught by the vocabulary.
+func sameTokenizer(m *checkpoint.Manifest, tok *tokenizer.Tokenizer, flag string) error {
+	_, trained, ok := strings.Cut(m.Plan.Data, ";tokenizer ")
+	if !ok || tok == nil || tok.Fingerprint() == trained {
+		return nil
+	}
+	return fmt.Errorf("--tokenizer %s is not the tokenizer the checkpoint's run trained with (fingerprint %.16s, this one's %.16s): the model's ids would be read as another tokenizer's text; give the run's --tokenizer", flag, trained, tok.Fingerprint())
+}
+
 func checkpointModel(cfg compile.Config, resume, fingerprint string) (*checkpoint.Manifest, error) {
 	dir, err := checkpoint.Find(resume)
 	if err != nil {

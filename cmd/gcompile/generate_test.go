@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -236,17 +237,45 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
 	tok := []string{"--tokenizer", filepath.Join(gpt2, "encoder.json.gz"), "--merges", filepath.Join(gpt2, "vocab.bpe.gz")}
 	docs := filepath.Join(dir, "docs.jsonl")
-	var lines strings.Builder
+	var doc strings.Builder
 	for i := range 12 {
-		fmt.Fprintf(&lines, "{\"text\": \"Document %d says hello to the world, again and again.\"}\n", i)
+		fmt.Fprintf(&doc, "{\"text\": \"Document %d says hello to the world, again and again.\"}\n", i)
 	}
-	require.NoError(t, os.WriteFile(docs, []byte(lines.String()), 0o644))
+	require.NoError(t, os.WriteFile(docs, []byte(doc.String()), 0o644))
 	prefix := filepath.Join(dir, "prepared")
 	var stdout, stderr strings.Builder
 	require.NoError(t, prepareMain(append(append([]string{}, tok...), "--output-prefix", prefix, "--quiet", docs), &stdout, &stderr))
 	w := filepath.Join(dir, "w.safetensors")
 	set := []string{"--set", "layers=1,hidden=32,heads=2,seq=16,ctx=64"}
-	require.NoError(t, mainErr(append(append([]string{gptModel, "--batch", "4", "--run", "--steps", "2", "--eval-batches", "1", "--data", prefix, "--split", "60,40", "--save", w}, set...), tok...)))
+	ck := filepath.Join(dir, "ck")
+	require.NoError(t, mainErr(append(append([]string{gptModel, "--batch", "4", "--run", "--steps", "2", "--eval-batches", "1", "--data", prefix, "--split", "60,40", "--save", w, "--checkpoint-dir", ck}, set...), tok...)))
+
+	// Another tokenizer of as many ids (two merges swapped) is not the
+	// run's: its ids would be read as other text.
+	other := filepath.Join(dir, "other")
+	require.NoError(t, os.MkdirAll(other, 0o755))
+	gunzipTo(t, tok[1], filepath.Join(other, "encoder.json"))
+	gunzipTo(t, tok[3], filepath.Join(other, "vocab.bpe"))
+	merges, err := os.ReadFile(filepath.Join(other, "vocab.bpe"))
+	require.NoError(t, err)
+	lines := strings.Split(string(merges), "\n")
+	lines[len(lines)-3], lines[len(lines)-2] = lines[len(lines)-2], lines[len(lines)-3]
+	writeFile(t, filepath.Join(other, "vocab.bpe"), strings.Join(lines, "\n"))
+	otherTok := []string{"--tokenizer", filepath.Join(other, "encoder.json"), "--merges", filepath.Join(other, "vocab.bpe")}
+	err = runGenerate(append(append([]string{gptModel, "--resume", ck, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), otherTok...), io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--tokenizer "+filepath.Join(other, "encoder.json")+" is not the tokenizer the checkpoint's run trained with")
+	// The same tokens without the record of their tokenizer (PREFIX.json).
+	bare := filepath.Join(dir, "bare")
+	for _, ext := range []string{".bin", ".idx"} {
+		b, err := os.ReadFile(prefix + ext)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(bare+ext, b, 0o644))
+	}
+	err = mainErr(append(append([]string{"eval", gptModel, "--batch", "4", "--resume", ck, "--data", bare, "--split", "60,40"}, set...), otherTok...))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is not the tokenizer the checkpoint's run trained with")
+	require.NoError(t, runGenerate(append(append([]string{gptModel, "--resume", ck, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), tok...), io.Discard, io.Discard))
 
 	res := generateJSON(t, append(append([]string{gptModel, "--load", w, "--prompt", "Document 3 says", "--max-new-tokens", "30", "--seed", "2"}, set...), tok...)...)
 	require.Len(t, res, 1)
@@ -469,4 +498,17 @@ func TestEmptyPromptLineNeedsBOS(t *testing.T) {
 	got, err := g.readPrompts()
 	require.NoError(t, err)
 	assert.Equal(t, []string{"one", "", "three"}, got)
+}
+
+// gunzipTo writes the gunzipped contents of src to dst.
+func gunzipTo(t *testing.T, src, dst string) {
+	t.Helper()
+	f, err := os.Open(src)
+	require.NoError(t, err)
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	require.NoError(t, err)
+	b, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(dst, b, 0o644))
 }

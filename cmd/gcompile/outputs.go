@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
 	"gcompile/data"
@@ -40,7 +42,7 @@ func checkPaths(c *config, lead bool) error {
 	case c.run && c.corpus == nil:
 		for _, f := range []string{"split", "data-cache-dir", "make-vocab-size-divisible-by", "merges"} {
 			if c.explicit[f] {
-				errs = append(errs, fmt.Errorf("--%s applies to a token dataset (--data PREFIX, from gcompile data prepare); --data %q is text", f, c.data))
+				errs = append(errs, fmt.Errorf("--%s applies to a token dataset (--data PREFIX, from gcompile data prepare); %s is text", f, textData(c.data)))
 			}
 		}
 		if _, err := os.Stat(c.data); c.data != "" && err != nil {
@@ -48,8 +50,8 @@ func checkPaths(c *config, lead bool) error {
 			break
 		}
 		if c.tokenizer != "" {
-			errs = append(errs, fmt.Errorf("--tokenizer %s: --data %q is text, which trains one byte per token; tokenize it first with gcompile data prepare --tokenizer %s --output-prefix PREFIX %s, then train on --data PREFIX",
-				c.tokenizer, c.data, c.tokenizer, orDefault(c.data)))
+			errs = append(errs, fmt.Errorf("--tokenizer %s: %s is text, which trains one byte per token; tokenize it first with gcompile data prepare --tokenizer %s --output-prefix PREFIX %s, then train on --data PREFIX",
+				c.tokenizer, textData(c.data), c.tokenizer, orDefault(c.data)))
 			break
 		}
 		if ds := datasetsIn(c.data); len(ds) > 0 {
@@ -87,6 +89,15 @@ func orDefault(path string) string {
 	return "TEXT"
 }
 
+// textData names the text a run trains on: --data PATH, or the default
+// data when none was given.
+func textData(path string) string {
+	if path != "" {
+		return "--data " + strconv.Quote(path)
+	}
+	return "the default data (no --data: the Go sources, " + orDefault("") + ")"
+}
+
 // outputPath is a file the run writes at its end, or reads, by its flag;
 // for an input folder, folder says which of its files are read.
 type outputPath struct {
@@ -114,10 +125,16 @@ func (c *config) inputPaths() []outputPath {
 	if !strings.HasSuffix(strings.ToLower(hw), ".json") {
 		hw = ""
 	}
-	for _, o := range []outputPath{{"", c.Model, nil}, {"calibrate", c.calibrate, nil}, {"refine-trace", c.refineTrace, nil}, {"hardware", hw, nil}, {"load", c.load, nil},
+	for _, o := range []outputPath{{"", c.Model, nil}, {"calibrate", c.calibrate, nil}, {"refine-trace", c.refineTrace, nil}, {"hardware", hw, nil},
 		{"tokenizer", c.tokenizer, nil}, {"merges", c.merges, nil}, {"data", c.data, nil}} {
 		if o.path != "" {
 			in = append(in, o)
+		}
+	}
+	// A shard index's shards are read with it.
+	if c.load != "" {
+		for _, f := range checkpoint.IndexedFiles(c.load) {
+			in = append(in, outputPath{flag: "load", path: f})
 		}
 	}
 	// A token dataset is named by its prefix (or PREFIX.bin, PREFIX.idx),
@@ -139,15 +156,10 @@ func (c *config) inputPaths() []outputPath {
 		dir := c.data
 		in = append(in, outputPath{flag: "data", path: dir, folder: func(p string) bool { return data.Reads(dir, p) }})
 	}
-	if fi, err := os.Stat(c.tokenizer); c.tokenizer != "" && err == nil && fi.IsDir() {
-		dir := c.tokenizer
-		in = append(in, outputPath{flag: "tokenizer", path: dir, folder: func(p string) bool {
-			for _, name := range tokenizer.FolderFiles {
-				if samePath(p, filepath.Join(dir, name)) || samePath(p, filepath.Join(dir, name+".gz")) {
-					return true
-				}
-			}
-			return false
+	if c.tokenizer != "" {
+		reads := tokenizer.ReadPaths(c.tokenizer, c.merges)
+		in = append(in, outputPath{flag: "tokenizer", path: c.tokenizer, folder: func(p string) bool {
+			return slices.ContainsFunc(reads, func(r string) bool { return samePath(p, r) })
 		}})
 	}
 	return in
@@ -245,6 +257,22 @@ func checkOutputs(c *config) error {
 	}
 	if c.ckptDir != "" && c.resume != "" && (within(c.resume, c.ckptDir) || samePath(c.resume, c.ckptDir) && isStepFolder(c.resume)) {
 		errs = append(errs, fmt.Errorf("--checkpoint-dir %s is inside the checkpoint --resume %s: new checkpoints would nest in it and go when it is pruned; give the folder that holds the steps (its parent), or another folder", c.ckptDir, c.resume))
+	} else if c.ckptDir != "" {
+		if ck := enclosingCheckpoint(c.ckptDir); ck != "" {
+			errs = append(errs, fmt.Errorf("--checkpoint-dir %s is inside checkpoint %s: this run's steps would be saved into another's checkpoint; give it a folder of its own (the folder that holds the step-NNNNNNNN folders is a run's)", c.ckptDir, ck))
+		}
+	}
+	if c.dataCacheDir != "" {
+		// Checked now, not after the compile: a file there, or a folder
+		// that cannot be made. One that exists is taken as it is, read
+		// only if it must be (its indexes built by another user).
+		if fi, err := os.Stat(c.dataCacheDir); err == nil && !fi.IsDir() {
+			errs = append(errs, fmt.Errorf("--data-cache-dir %s is a file; it wants a folder", c.dataCacheDir))
+		} else if err != nil {
+			if err := checkOutputDir("data-cache-dir", c.dataCacheDir); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	if c.dump != "" {
 		if err := checkOutputDir("dump", c.dump); err != nil {

@@ -153,6 +153,11 @@ func openTokenData(c *config) (*tokenData, error) {
 			return fail(fmt.Errorf("--data %s: %w", p.Prefix, err))
 		}
 		td.sets = append(td.sets, ds)
+		if ds.Tokens() == 0 {
+			// Without a tokenizer the vocabulary follows the largest id,
+			// and there is none: the model file's vocab was blamed.
+			return fail(fmt.Errorf("--data %s holds no tokens (%d documents, every one empty): there is nothing to train on or evaluate; prepare it again from documents with text", p.Prefix, ds.NumDocuments()))
+		}
 		meta, ok, err := prepare.ReadMeta(p.Prefix)
 		if err != nil {
 			return fail(fmt.Errorf("--data %s: %w", p.Prefix, err))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -228,6 +229,17 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		}
 	}
 	require.NoError(t, os.WriteFile(stale+".json", fmt.Appendf(nil, `{"format": "gcompile indexed dataset", "version": 1, "max_token": 150, "eos": -1, "bin_bytes": %d, "idx_bytes": %d}`, binBytes, idxBytes), 0o644))
+	// A dataset of one empty document: no tokens at all.
+	empty := filepath.Join(t.TempDir(), "empty")
+	idx := append([]byte("MMIDIDX\x00\x00"), 1, 0, 0, 0, 0, 0, 0, 0, 8)
+	idx = binary.LittleEndian.AppendUint64(idx, 1) // one sequence
+	idx = binary.LittleEndian.AppendUint64(idx, 2) // one document
+	idx = binary.LittleEndian.AppendUint32(idx, 0) // of no tokens
+	idx = binary.LittleEndian.AppendUint64(idx, 0)
+	idx = binary.LittleEndian.AppendUint64(idx, 0)
+	idx = binary.LittleEndian.AppendUint64(idx, 1)
+	require.NoError(t, os.WriteFile(empty+".idx", idx, 0o644))
+	require.NoError(t, os.WriteFile(empty+".bin", nil, 0o644))
 	textFile := filepath.Join(dir, "text.txt")
 	require.NoError(t, os.WriteFile(textFile, []byte(text(4096)), 0o644))
 	cases := []struct {
@@ -237,6 +249,7 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 	}{
 		{"tokenizer on text", []string{"--data", textFile, "--tokenizer", filepath.Join(dir, "tokenizer.json")}, []string{"--data " + strconv.Quote(textFile) + " is text", "gcompile data prepare --tokenizer"}},
 		{"split on text", []string{"--data", textFile, "--split", "90,10"}, []string{"--split applies to a token dataset"}},
+		{"a dataset without tokens", []string{"--data", empty}, []string{"--data " + empty + " holds no tokens (1 documents, every one empty)"}},
 		{"negative blend weight", []string{"--data", "-0.5 " + good + " 1.5 " + good}, []string{"--data", "negative"}},
 		{"blend weight not a number", []string{"--data", "half " + good + " 0.5 " + good}, []string{"--data", `"half"`}},
 		{"truncated .bin", []string{"--data", truncated}, []string{"--data " + truncated, "truncated.bin"}},
@@ -246,6 +259,9 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		{"merges without a tokenizer", []string{"--data", good, "--merges", filepath.Join(dir, "merges.txt")}, []string{"--merges", "no --tokenizer was given"}},
 		{"tokenizer that does not exist", []string{"--data", good, "--tokenizer", filepath.Join(dir, "nothing.json")}, []string{"--tokenizer " + filepath.Join(dir, "nothing.json")}},
 		{"no held-out documents", []string{"--data", good, "--split", "100,0"}, []string{"--split 100,0 leaves no held-out documents", "--eval-batches -1"}},
+		{"a cache folder that is a file", []string{"--data", good, "--data-cache-dir", textFile}, []string{"--data-cache-dir " + textFile + " is a file; it wants a folder"}},
+		{"a cache folder under a file", []string{"--data", good, "--data-cache-dir", filepath.Join(textFile, "cache")},
+			[]string{"--data-cache-dir " + filepath.Join(textFile, "cache") + ": stat " + filepath.Join(textFile, "cache") + ": not a directory"}},
 		{"divisible-by zero", []string{"--data", good, "--make-vocab-size-divisible-by", "0"}, []string{"--make-vocab-size-divisible-by 0: want 1 to 65536"}},
 		{"divisible-by a billion", []string{"--data", good, "--make-vocab-size-divisible-by", "1000000000"}, []string{"--make-vocab-size-divisible-by 1000000000: want 1 to 65536"}},
 		{"a folder of datasets", []string{"--data", dir}, []string{"--data " + dir + " is a folder of token datasets (stale, " + filepath.Base(good) + ", ", "name one, --data " + stale}},
@@ -264,6 +280,11 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 			assert.NoFileExists(t, out, "nothing is written")
 		})
 	}
+	// Without --data, the default text is named as such, not as --data "".
+	err = mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "1", "--tokenizer", filepath.Join(dir, "tokenizer.json")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--tokenizer "+filepath.Join(dir, "tokenizer.json")+": the default data (no --data: the Go sources, ")
+
 	// The record is believed until a batch draws an id past it: the first
 	// step fails, naming the sample and the record, instead of training on
 	// a padding row's loss.
@@ -626,6 +647,11 @@ func TestOutputsNeverOverwriteTheData(t *testing.T) {
 	writeFile(t, filepath.Join(text, "a.go"), strings.Repeat("package a // some Go text to train on\n", 200))
 	gpt2 := filepath.Join(dir, "gpt2")
 	require.NoError(t, os.CopyFS(gpt2, os.DirFS(filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2"))))
+	llama3 := filepath.Join(dir, "llama3")
+	require.NoError(t, os.CopyFS(llama3, os.DirFS(filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama3"))))
+	index, shard := filepath.Join(dir, "w.safetensors.index.json"), filepath.Join(dir, "w-00002-of-00002.safetensors")
+	writeFile(t, index, `{"weight_map": {"a": "w-00001-of-00002.safetensors", "b": "w-00002-of-00002.safetensors"}}`)
+	writeFile(t, shard, "a shard")
 	base := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "1", "--eval-batches", "1"}
 	for _, tc := range []struct {
 		name   string
@@ -640,6 +666,9 @@ func TestOutputsNeverOverwriteTheData(t *testing.T) {
 		{"a blend member's file", []string{"--data", "0.5 " + prefix + " 0.5 " + other, "--split", "80,20"}, other + ".bin", "--data"},
 		{"a tokenizer folder's file", []string{"--data", filepath.Join(text, "a.go"), "--tokenizer", gpt2}, filepath.Join(gpt2, "encoder.json.gz"), "--tokenizer"},
 		{"a text folder's file", []string{"--data", text}, filepath.Join(text, "a.go"), "--data"},
+		{"the config beside a tokenizer file", []string{"--data", prefix, "--split", "80,20", "--tokenizer", filepath.Join(llama3, "tokenizer.json.gz")},
+			filepath.Join(llama3, "tokenizer_config.json"), "--tokenizer"},
+		{"a shard of a --load index", []string{"--load", index}, shard, "--load"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before, err := os.ReadFile(tc.output)
@@ -855,4 +884,52 @@ func TestDataPrepareRefusesOverlappingInputsAndOutputs(t *testing.T) {
 			assert.NoFileExists(t, filepath.Join(docs, "ds.bin"))
 		})
 	}
+}
+
+// A prepare's outputs never replace what its tokenizer reads (the file,
+// its merges, the config beside it, a folder's files) or a file of the
+// prefix's names that is not a dataset's: each was lost before.
+func TestDataPrepareKeepsTheTokenizerAndOtherFiles(t *testing.T) {
+	dir := t.TempDir()
+	llama3 := filepath.Join(dir, "llama3")
+	require.NoError(t, os.CopyFS(llama3, os.DirFS(filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama3"))))
+	gpt2 := filepath.Join(dir, "gpt2")
+	require.NoError(t, os.CopyFS(gpt2, os.DirFS(filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2"))))
+	text := filepath.Join(dir, "a.txt")
+	writeFile(t, text, "hello world")
+	hf := filepath.Join(dir, "hf")
+	writeFile(t, filepath.Join(hf, "config.json"), `{"model_type": "llama"}`)
+	writeFile(t, filepath.Join(hf, "blob.bin"), "\x00weights")
+	writeFile(t, filepath.Join(hf, "notes.idx"), "an index of something else")
+	for _, tc := range []struct {
+		name, tokenizer, merges, prefix, victim, want string
+	}{
+		{"the tokenizer file", filepath.Join(llama3, "tokenizer.json.gz"), "", filepath.Join(llama3, "tokenizer_config"), filepath.Join(llama3, "tokenizer_config.json"),
+			"writes " + filepath.Join(llama3, "tokenizer_config.json") + ", which --tokenizer reads"},
+		{"a tokenizer folder's file", llama3, "", filepath.Join(llama3, "tokenizer_config"), filepath.Join(llama3, "tokenizer_config.json"), "which --tokenizer reads"},
+		{"a folder's file not there yet", gpt2, "", filepath.Join(gpt2, "encoder"), filepath.Join(gpt2, "encoder.json.gz"), "writes " + filepath.Join(gpt2, "encoder.json") + ", which --tokenizer reads"},
+		{"another JSON", llama3, "", filepath.Join(hf, "config"), filepath.Join(hf, "config.json"), "would replace " + filepath.Join(hf, "config.json") + ", which is not a dataset record"},
+		{"a .bin with no index", llama3, "", filepath.Join(hf, "blob"), filepath.Join(hf, "blob.bin"), "has no index beside it"},
+		{"an .idx of something else", llama3, "", filepath.Join(hf, "notes"), filepath.Join(hf, "notes.idx"), "which is not an indexed dataset's index"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, err := os.ReadFile(tc.victim)
+			require.NoError(t, err)
+			args := []string{"--tokenizer", tc.tokenizer, "--output-prefix", tc.prefix, "--quiet", text}
+			err = prepareMain(args, io.Discard, io.Discard)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			after, err := os.ReadFile(tc.victim)
+			require.NoError(t, err)
+			assert.Equal(t, before, after)
+		})
+	}
+	// A dataset is replaced by a second prepare of its prefix.
+	prefix := filepath.Join(dir, "ds")
+	for range 2 {
+		require.NoError(t, prepareMain([]string{"--tokenizer", llama3, "--output-prefix", prefix, "--quiet", text}, io.Discard, io.Discard))
+	}
+	err := prepareMain([]string{"--tokenizer", llama3, "--output-prefix", dir, "--quiet", text}, io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--output-prefix "+dir+" is a folder; give a path prefix inside it")
 }

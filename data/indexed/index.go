@@ -3,7 +3,11 @@ package indexed
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
 	"math"
+	"os"
 )
 
 // magic opens every .idx Megatron-LM writes.
@@ -131,4 +135,32 @@ func parseIndex(name string, data []byte) (index, error) {
 	}
 	x.binSize = next
 	return x, nil
+}
+
+// IsIndexFile reports whether the file at path starts as an .idx does
+// (Megatron-LM's magic): a writer about to replace PREFIX.idx, or the
+// PREFIX.bin beside it, asks whether they are a dataset's before it
+// destroys someone's other file of that name.
+func IsIndexFile(path string) (bool, error) {
+	// Stat before opening: opening a FIFO for reading waits for a writer.
+	fi, err := os.Stat(path)
+	if err != nil {
+		return false, err
+	}
+	if !fi.Mode().IsRegular() {
+		return false, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	head := make([]byte, len(magic))
+	if _, err := io.ReadFull(f, head); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return false, nil
+		}
+		return false, err
+	}
+	return bytes.Equal(head, magic), nil
 }

@@ -566,6 +566,6 @@ func (p *pipeline) badLine(b *batch, d docRef, s lineStatus) error {
 	if name := strings.ToLower(p.files[d.file].path); strings.HasSuffix(name, ".json") || strings.HasSuffix(name, ".json.gz") {
 		hint = " (a .json input is read as JSON Lines, one object per line, as Megatron-LM reads it)"
 	}
-	return fmt.Errorf("%s: %w: %s%s: %q; skip such lines with SkipBadLines (--skip-bad-lines), or fix the line",
+	return fmt.Errorf("%s: %w: %s%s: %q; skip such lines with --skip-bad-lines, or fix the line",
 		p.where(d), ErrBadLine, s.describe(p.cfg.JSONKey), hint, snippet)
 }

@@ -102,6 +102,30 @@ func resolve(path, merges string) (main, mergesPath string, err error) {
 // write over.
 var FolderFiles = []string{"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe"}
 
+// ReadPaths are the files Load(path, merges) reads or would read, each
+// also gzipped (NAME.gz): a folder's FolderFiles, or the file, the merges
+// file and the tokenizer_config.json beside the file. An output written
+// over one of them would destroy the tokenizer or, over a config not yet
+// there, change it.
+func ReadPaths(path, merges string) []string {
+	var names []string
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		for _, n := range FolderFiles {
+			names = append(names, filepath.Join(path, n))
+		}
+	} else {
+		names = append(names, path, filepath.Join(filepath.Dir(path), "tokenizer_config.json"))
+	}
+	if merges != "" {
+		names = append(names, merges)
+	}
+	var out []string
+	for _, n := range names {
+		out = append(out, n, n+".gz")
+	}
+	return out
+}
+
 // findFile returns dir/name or dir/name.gz, whichever exists first, or "".
 func findFile(dir, name string) string {
 	for _, n := range []string{name, name + ".gz"} {

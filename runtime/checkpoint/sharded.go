@@ -1580,37 +1580,67 @@ func LoadIndexed(path string) ([]Tensor, error) {
 		ts, _, err := Load(path)
 		return ts, err
 	}
-	raw, err := os.ReadFile(path)
+	weightMap, shards, err := readShardIndex(path)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
-	}
-	var index struct {
-		WeightMap map[string]string `json:"weight_map"`
-	}
-	if err := json.Unmarshal(raw, &index); err != nil || index.WeightMap == nil {
-		return nil, fmt.Errorf("checkpoint: %s is not a shard index (a JSON object with a weight_map): %v: %w", path, err, ErrHeader)
-	}
-	shards := map[string]bool{}
-	for _, f := range index.WeightMap {
-		if filepath.Base(f) != f {
-			return nil, fmt.Errorf("checkpoint: %s names shard %q outside its folder: %w", path, f, ErrHeader)
-		}
-		shards[f] = true
+		return nil, err
 	}
 	var out []Tensor
-	for _, f := range sortedKeys(shards) {
+	for _, f := range shards {
 		ts, _, err := Load(filepath.Join(filepath.Dir(path), f))
 		if err != nil {
 			return nil, err
 		}
 		for _, t := range ts {
-			if index.WeightMap[t.Name] != f {
-				return nil, fmt.Errorf("checkpoint: shard %s holds %q, which %s places in %q: %w", f, t.Name, path, index.WeightMap[t.Name], ErrHeader)
+			if weightMap[t.Name] != f {
+				return nil, fmt.Errorf("checkpoint: shard %s holds %q, which %s places in %q: %w", f, t.Name, path, weightMap[t.Name], ErrHeader)
 			}
 		}
 		out = append(out, ts...)
 	}
 	return out, nil
+}
+
+// readShardIndex reads a shard index: its weight map and the shard files
+// it names, sorted.
+func readShardIndex(path string) (weightMap map[string]string, shards []string, err error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	var index struct {
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	if err := json.Unmarshal(raw, &index); err != nil || index.WeightMap == nil {
+		return nil, nil, fmt.Errorf("checkpoint: %s is not a shard index (a JSON object with a weight_map): %v: %w", path, err, ErrHeader)
+	}
+	seen := map[string]bool{}
+	for _, f := range index.WeightMap {
+		if filepath.Base(f) != f {
+			return nil, nil, fmt.Errorf("checkpoint: %s names shard %q outside its folder: %w", path, f, ErrHeader)
+		}
+		seen[f] = true
+	}
+	return index.WeightMap, sortedKeys(seen), nil
+}
+
+// IndexedFiles are the files LoadIndexed(path) reads: the index and its
+// shards, or the one file; an index it cannot read names only itself
+// (its load fails anyway, naming why).
+func IndexedFiles(path string) []string {
+	if !strings.HasSuffix(path, ".index.json") {
+		return []string{path}
+	}
+	files := []string{path}
+	// Only a regular file is read here: a FIFO would wait for a writer.
+	if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
+		return files
+	}
+	if _, shards, err := readShardIndex(path); err == nil {
+		for _, f := range shards {
+			files = append(files, filepath.Join(filepath.Dir(path), f))
+		}
+	}
+	return files
 }
 
 // Describe is a checkpoint's manifest for people: the run, its state,
