@@ -137,6 +137,9 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	fmt.Fprintf(stderr, "tokenizing with %s (%s, %d tokens) into %s.bin/.idx (%s)\n", t.Path(), t.Kind(), t.VocabSize(), *out, opt.DType)
+	if why := t.Lossy(); why != "" {
+		fmt.Fprintf(stderr, "note: the tokenizer drops what it has no token for (%s), as Hugging Face's does: documents holding such text lose it\n", why)
+	}
 	sum, err := prepare.Run(ctx, t, opt)
 	if !*quiet {
 		fmt.Fprintln(stderr)

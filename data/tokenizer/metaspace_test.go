@@ -290,3 +290,27 @@ func TestFingerprintValues(t *testing.T) {
 		assert.Equal(t, fixtureFingerprints[name], loadFixture(t, name).Fingerprint(), name)
 	}
 }
+
+// Lossy names what Encode drops: nothing for GPT-2's byte-level
+// vocabulary or an SP one with an unk token; a byte without a token, or
+// an SP vocabulary with neither unk nor byte fallback.
+func TestLossy(t *testing.T) {
+	gpt2, err := Load(filepath.Join("testdata", "gpt2", "encoder.json.gz"), filepath.Join("testdata", "gpt2", "vocab.bpe.gz"))
+	require.NoError(t, err)
+	assert.Empty(t, gpt2.Lossy())
+	assert.Empty(t, loadJSON(t, tokJSON(metaModel(), metaAdded, metaPre(), nil, nil)).Lossy())
+
+	noHigh := byteLevelVocab("ab")
+	delete(noHigh, string(byteToRune[0xff]))
+	tok := loadJSON(t, tokJSON(bpeModel(noHigh, []string{"a b"}), nil, byteLevelPre, nil, nil))
+	assert.Equal(t, "no token for the bytes 0xFF", tok.Lossy())
+	assert.Equal(t, tok.Encode([]byte("a")), tok.Encode([]byte("a\xff")), "the byte is dropped")
+
+	noUnk := metaModel()
+	noUnk["unk_token"] = nil
+	assert.Equal(t, "no unk token and no byte fallback: a character outside the vocabulary has no token",
+		loadJSON(t, tokJSON(noUnk, metaAdded, metaPre(), nil, nil)).Lossy())
+	noUnk["byte_fallback"] = true
+	assert.Equal(t, "no unk token, and its byte fallback has no token for the bytes 0x00, 0x01, 0x02, 0x03 … (255 bytes)",
+		loadJSON(t, tokJSON(noUnk, metaAdded, metaPre(), nil, nil)).Lossy())
+}

@@ -2,7 +2,9 @@ package tokenizer
 
 import (
 	"bytes"
+	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unicode/utf8"
@@ -511,6 +513,37 @@ func stripRune(tok []byte, c rune, start, stop int) []byte {
 		j -= n
 	}
 	return tok[i:j]
+}
+
+// Lossy says which characters Encode drops, "" when none: a byte-level
+// vocabulary without some byte's token, or a SentencePiece one without an
+// unk token whose byte fallback does not cover every byte. Hugging Face's
+// tokenizers drop them too, silently; a tool that tokenizes a corpus says
+// so before it starts.
+func (t *Tokenizer) Lossy() string {
+	var missing []string
+	for b, id := range t.byteIDs {
+		if id < 0 {
+			missing = append(missing, fmt.Sprintf("0x%02X", b))
+		}
+	}
+	list := func() string {
+		if len(missing) > 4 {
+			return fmt.Sprintf("%s … (%d bytes)", strings.Join(missing[:4], ", "), len(missing))
+		}
+		return strings.Join(missing, ", ")
+	}
+	switch {
+	case t.kind == kindByteLevel && len(missing) > 0:
+		return "no token for the bytes " + list()
+	case t.kind != kindSentencePiece || t.unkID >= 0:
+		return ""
+	case !t.byteFallback:
+		return "no unk token and no byte fallback: a character outside the vocabulary has no token"
+	case len(missing) > 0:
+		return "no unk token, and its byte fallback has no token for the bytes " + list()
+	}
+	return ""
 }
 
 // VocabSize is 1 + the largest id of the vocabulary and added tokens: the
