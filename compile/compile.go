@@ -272,7 +272,7 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 		res.Programs = []*lower.Program{prog}
 	}
 	if m.EvalDiffers && !strings.HasSuffix(c.Model, ".gir") {
-		if res.EvalPrograms, err = compileEval(c, res.Schedule != nil, lo); err != nil {
+		if res.EvalPrograms, err = compileEval(c, m, res.Schedule != nil, lo); err != nil {
 			return res, fmt.Errorf("the evaluation module: %w", err)
 		}
 	}
@@ -313,10 +313,32 @@ func (c *Config) interrupted(stage string) error {
 // training run's params into them before each evaluation. A module loaded
 // from a .gir dump has no model to rebuild and evaluates with its
 // training shapes.
-func compileEval(c *Config, pipeline bool, lo lower.Options) ([]*lower.Program, error) {
+func compileEval(c *Config, trained *ir.Module, pipeline bool, lo lower.Options) ([]*lower.Program, error) {
 	m, err := loadModule(c, true)
 	if err != nil {
 		return nil, err
+	}
+	// Evaluation runs on the trained weights, found by name: a param the
+	// training module lacks was evaluated at zero, and one of another
+	// shape failed after the first training step.
+	params := map[string]*ir.Value{}
+	for _, v := range trained.Values {
+		if v.Op == "param" {
+			params[v.Name()] = v
+		}
+	}
+	for _, v := range m.Values {
+		if v.Op != "param" {
+			continue
+		}
+		switch t, ok := params[v.Name()]; {
+		case !ok:
+			return nil, fmt.Errorf("%s: param %q is declared only when evaluating (b.Evaluating()): evaluation reads the trained weights, and it has none; declare it in training too", v.Where(), v.Name())
+		case !t.Type.Shape.Equal(v.Type.Shape):
+			// Shapes only: the passes may store a trained param in
+			// another dtype (16-bit plans).
+			return nil, fmt.Errorf("%s: param %q is %v when evaluating and %v in training (%s): evaluation reads the trained weights, so it keeps one shape", v.Where(), v.Name(), v.Type.Shape, t.Type.Shape, t.Where())
+		}
 	}
 	if _, err := passes.Run(m, c.PassOptions(), passes.Hooks{}); err != nil {
 		return nil, err

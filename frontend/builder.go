@@ -129,8 +129,12 @@ func (b *Builder) live() {
 // foreign reports a tensor another builder recorded: its value belongs
 // to another module, where its id names something else.
 func (b *Builder) foreign(pos ir.Pos, ts ...*Tensor) bool {
-	for _, t := range ts {
-		if t != nil && t.b != b {
+	for i, t := range ts {
+		if t == nil {
+			b.fail(pos, fmt.Errorf("argument %d is a nil *Tensor (a variable never assigned a tensor?)", i+1))
+			return true
+		}
+		if t.b != b {
 			b.fail(pos, errors.New("a tensor recorded by another builder (another model's build) is used here: every tensor of a model comes from its own builder"))
 			return true
 		}
@@ -204,6 +208,11 @@ func (b *Builder) Classes() int { return b.cfg.Classes }
 
 func (b *Builder) setting(key, kind, def, doc string) (string, bool) {
 	b.live()
+	if key == "" || strings.ContainsAny(key, ",= \t\n") {
+		// --set splits on commas and the first '=': no value could
+		// reach such a key.
+		b.fail(userPos(), fmt.Errorf("model parameter %q: a --set key is a word without commas, '=' or spaces", key))
+	}
 	b.used[key] = true
 	if i := slices.IndexFunc(b.docs, func(d ParamDoc) bool { return d.Key == key }); i >= 0 {
 		// Read again (a library and the model both reading "seq", say):
@@ -220,6 +229,10 @@ func (b *Builder) setting(key, kind, def, doc string) (string, bool) {
 
 // Int reads an integer model parameter from --set, or def.
 func (b *Builder) Int(key string, def int, doc string) int {
+	if def <= 0 {
+		// --set takes positive values only: the default must be one.
+		b.fail(userPos(), fmt.Errorf("model parameter %q: default %d, where --set takes a positive integer (IntOrZero takes 0 too)", key, def))
+	}
 	s, ok := b.setting(key, "int", strconv.Itoa(def), doc)
 	if !ok {
 		return def
@@ -236,6 +249,9 @@ func (b *Builder) Int(key string, def int, doc string) int {
 // be 0: its "off" or "automatic" value, as the doc says (a routing group
 // of 0 tokens meaning one sequence, say). Negative values are refused.
 func (b *Builder) IntOrZero(key string, def int, doc string) int {
+	if def < 0 {
+		b.fail(userPos(), fmt.Errorf("model parameter %q: default %d, where --set takes an integer ≥ 0", key, def))
+	}
 	s, ok := b.setting(key, "int", strconv.Itoa(def), doc)
 	if !ok {
 		return def
@@ -264,6 +280,9 @@ func (b *Builder) Float(key string, def float64, doc string) float64 {
 
 // String reads a model parameter that must be one of choices.
 func (b *Builder) String(key, def, doc string, choices ...string) string {
+	if len(choices) > 0 && !slices.Contains(choices, def) {
+		b.fail(userPos(), fmt.Errorf("model parameter %q: default %q is not one of its choices %s", key, def, strings.Join(choices, ", ")))
+	}
 	s, ok := b.setting(key, "string", def, doc+" ("+strings.Join(choices, "|")+")")
 	if !ok {
 		return def
@@ -516,7 +535,7 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 // Loss marks t (a scalar) as the value training minimises.
 func (b *Builder) Loss(t *Tensor) {
 	b.live()
-	if t.v == nil || b.foreign(userPos(), t) {
+	if b.foreign(userPos(), t) || t.v == nil {
 		return
 	}
 	if t.v.Type.Rank() != 0 || !t.v.Type.DType.IsFloat() {

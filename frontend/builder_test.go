@@ -64,6 +64,34 @@ func TestDSLRules(t *testing.T) {
 			x := b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
 			b.Loss(x.Mul(other).Sum())
 		}, "a tensor recorded by another builder (another model's build) is used here"},
+		{"a nil argument", func(b *frontend.Builder) {
+			var n *frontend.Tensor
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Add(n).Sum())
+		}, "argument 1 is a nil *Tensor (a variable never assigned a tensor?)"},
+		{"a nil operand of an op", func(b *frontend.Builder) {
+			var n *frontend.Tensor
+			b.Loss(b.Param("x", []int{2, 2}, frontend.Zeros, frontend.NoParallel).MatMul(n).Sum())
+		}, "argument 1 is a nil *Tensor"},
+		{"a method of a nil tensor", func(b *frontend.Builder) {
+			var n *frontend.Tensor
+			b.Loss(n.Add(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)).Sum())
+		}, "model panicked: a method called on a nil *Tensor (a variable never assigned a tensor?)"},
+		{"a nil loss", func(b *frontend.Builder) {
+			b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
+			b.Loss(nil)
+		}, "argument 1 is a nil *Tensor"},
+		{"a --set key no flag can spell", func(b *frontend.Builder) {
+			b.Int("a,b=c", 2, "width")
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, `model parameter "a,b=c": a --set key is a word without commas, '=' or spaces`},
+		{"a default --set refuses", func(b *frontend.Builder) {
+			b.Int("neg", -5, "width")
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, `model parameter "neg": default -5, where --set takes a positive integer`},
+		{"a default outside the choices", func(b *frontend.Builder) {
+			b.String("mode", "c", "mode", "a", "b")
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, `model parameter "mode": default "c" is not one of its choices a, b`},
 		{"export config twice", func(b *frontend.Builder) {
 			b.ExportConfig(map[string]any{"model_type": "gpt2"})
 			b.ExportConfig(map[string]any{"model_type": "llama"})

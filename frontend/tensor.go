@@ -61,7 +61,15 @@ func (t *Tensor) DType() ir.DType {
 // Builder returns the builder recording t.
 func (t *Tensor) Builder() *Builder { return t.b }
 
+// errNilTensor is the panic of a method called on a nil *Tensor, which
+// has no builder to record the error in: the loader reports it at the
+// user's line.
+var errNilTensor = errors.New("a method called on a nil *Tensor (a variable never assigned a tensor?)")
+
 func (t *Tensor) op(op string, attrs ir.Attrs, others ...*Tensor) *Tensor {
+	if t == nil {
+		panic(errNilTensor)
+	}
 	if t.b.foreign(userPos(), others...) {
 		return &Tensor{b: t.b}
 	}
@@ -95,7 +103,10 @@ func (b *Builder) record(pos ir.Pos, op string, attrs ir.Attrs, args []*ir.Value
 
 // binary broadcasts the smaller operand NumPy-style, then applies op.
 func (t *Tensor) binary(op string, u *Tensor) *Tensor {
-	if t.v == nil || u.v == nil || t.b.foreign(userPos(), u) {
+	if t == nil {
+		panic(errNilTensor)
+	}
+	if t.b.foreign(userPos(), u) || t.v == nil || u.v == nil {
 		return &Tensor{b: t.b}
 	}
 	pos := userPos()

@@ -76,3 +76,34 @@ func TestArenaArithmeticDoesNotWrap(t *testing.T) {
 		})
 	}
 }
+
+// A matmul whose placements give its arguments local shapes that do not
+// make its own (a .gir whose place attributes were edited: the weight
+// whole where the result is a column shard) is refused at lowering,
+// naming it, where the kernel panicked on an operand of the wrong length.
+// The same module placed consistently lowers.
+func TestLoweringRefusesPlacementsThatDisagree(t *testing.T) {
+	module := func(weight string) string {
+		return "gir 1\nmodule \"m\"\nmesh tp=2\n" +
+			`%0 = input : f32[4,8] {name="x" place=[R]} @model.go:7` + "\n" +
+			`%1 = param : f32[8,6] {name="w" init="zeros" place=[` + weight + `]} @model.go:8` + "\n" +
+			`%2 = matmul %0, %1 : f32[4,6] {place=[S(1)]} @model.go:9` + "\n" +
+			`%3 = reduce_sum %2 : f32[] {axes=[0,1] place=[P]} @model.go:10` + "\n" +
+			`output "loss" = %3` + "\n"
+	}
+	for _, tc := range []struct{ weight, want string }{
+		{"S(1)", ""},
+		{"R", `%2 matmul @model.go:9 (m.gir:6): the placements disagree: on each device its arguments are %0 [R] f32[4,8] and %1 [R] f32[8,6]: they make f32[4,6], and its own placement [S(1)] a shard of f32[4,3]`},
+	} {
+		m, err := ir.Parse("m.gir", module(tc.weight))
+		require.NoError(t, err)
+		var lerr error
+		require.NotPanics(t, func() { _, lerr = lower.Lower(m) })
+		if tc.want == "" {
+			require.NoError(t, lerr)
+			continue
+		}
+		require.Error(t, lerr)
+		assert.Contains(t, lerr.Error(), tc.want)
+	}
+}

@@ -299,6 +299,19 @@ func flatModel(b *frontend.Builder) {
 	b.Loss(x.MatMul(w).Sum())
 }
 
+// layeredModel is two blocks marked b.Layer(id(i)) for block i.
+func layeredModel(id func(i int) int) frontend.ModelFunc {
+	return func(b *frontend.Builder) {
+		x := b.Input("x", ir.F32, 8, 4)
+		for i := range 2 {
+			b.Layer(id(i))
+			x = x.MatMul(b.Param(fmt.Sprintf("w%d", i), []int{4, 4}, frontend.Normal(0.1), frontend.NoParallel))
+		}
+		b.Layer(-1)
+		b.Loss(x.Sum())
+	}
+}
+
 func TestPipelineSplitErrors(t *testing.T) {
 	gptModel := buildSplitGPT
 	flat := func(t *testing.T) *ir.Module {
@@ -307,6 +320,13 @@ func TestPipelineSplitErrors(t *testing.T) {
 		return m
 	}
 	dpMesh2 := &ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: 2}}}
+	layered := func(id func(i int) int) func(t *testing.T) *ir.Module {
+		return func(t *testing.T) *ir.Module {
+			m, err := frontend.Build(layeredModel(id), frontend.Config{Name: "layered", Batch: 8})
+			require.NoError(t, err)
+			return m
+		}
+	}
 	cases := []struct {
 		name  string
 		build func(t *testing.T) *ir.Module
@@ -326,6 +346,12 @@ func TestPipelineSplitErrors(t *testing.T) {
 			"2 virtual stages per rank need pipeline parallelism (pp > 1)"},
 		{"vpp with dp only", gptModel, dpMesh2, 3,
 			"3 virtual stages per rank need pipeline parallelism (pp > 1)"},
+		{"layer ids with a gap", layered(func(i int) int { return 2 * i }), ppMesh(2), 1,
+			"the model marks layers up to 2 (%3 param @pipelinesplit_test.go:"},
+		{"layer ids far from 0", layered(func(i int) int { return i + 1<<40 }), ppMesh(2), 1,
+			"the model marks layers up to 1099511627777 ("},
+		{"layers marked in reverse", layered(func(i int) int { return 1 - i }), ppMesh(2), 1,
+			"%4 matmul @pipelinesplit_test.go:"},
 		{"a model without layers", flat, ppMesh(2), 1,
 			`module "flat" marks no layers (b.Layer in the model): nothing to cut into 2 pipeline chunks`},
 		{"a model without layers, interleaved", flat, ppMesh(2), 2,

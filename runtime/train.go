@@ -125,6 +125,10 @@ type ScalerState struct {
 // the loss.
 func CheckStep(step int, loss, gradNorm float64, skipped bool) error {
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		if step == 1 {
+			// Before any update: the learning rate has not acted yet.
+			return fmt.Errorf("step 1: loss is %v before any update: the model, or the weights it starts from, computes it so (a constant that is not finite, a log of 0?); check the model or --load's weights", loss)
+		}
 		return fmt.Errorf("step %d: loss is %v; lower --lr or check the model", step, loss)
 	}
 	if !skipped && (math.IsNaN(gradNorm) || math.IsInf(gradNorm, 0)) {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestScheduleWarmupThenCosine(t *testing.T) {
@@ -47,4 +48,17 @@ func TestRandomKeys(t *testing.T) {
 		seen[k] = true
 	}
 	assert.Len(t, seen, len(a), "1024 distinct keys")
+}
+
+// A loss that is not finite before any update is the model's or its
+// starting weights', and the message says so rather than "lower --lr";
+// later it may be the learning rate's.
+func TestCheckStepNamesWhatMadeTheLossNotFinite(t *testing.T) {
+	err := CheckStep(1, math.Inf(1), 1, false)
+	require.Error(t, err)
+	assert.Equal(t, "step 1: loss is +Inf before any update: the model, or the weights it starts from, computes it so (a constant that is not finite, a log of 0?); check the model or --load's weights", err.Error())
+	err = CheckStep(3, math.NaN(), 1, false)
+	require.Error(t, err)
+	assert.Equal(t, "step 3: loss is NaN; lower --lr or check the model", err.Error())
+	assert.NoError(t, CheckStep(1, 2.5, 1, false))
 }

@@ -787,5 +787,19 @@ func checkFedInputs(m *ir.Module) error {
 			errs = append(errs, fmt.Errorf("%s: input %q is %v: training feeds it i32 [batch, seq]", v.Pos, name, v.Type))
 		}
 	}
+	// The fed inputs are one batch's rows, cut alike: a targets of another
+	// shape than tokens failed only when the first batch was set, without
+	// the model's line.
+	var first *ir.Value
+	for _, v := range m.Values {
+		if v.Op != "input" || !slices.Contains(fedInputs, v.Attrs.Str("name")) || v.Type.DType != ir.I32 || v.Type.Rank() != 2 {
+			continue
+		}
+		if first == nil {
+			first = v
+		} else if !v.Type.Shape.Equal(first.Type.Shape) {
+			errs = append(errs, fmt.Errorf("%s: input %q is %v, and input %q (%s) is %v: training feeds them the same [batch, seq] rows, so they take one shape", v.Pos, v.Attrs.Str("name"), v.Type, first.Attrs.Str("name"), first.Pos, first.Type))
+		}
+	}
 	return errors.Join(errs...)
 }

@@ -92,6 +92,25 @@ func TestUnfedInputIsRefused(t *testing.T) {
 	err = mainErr([]string{"testdata/tokf32/model.go", "--batch", "2", "--max-data-mb", "1", "--run", "--steps", "1"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `model.go:12: input "tokens" is f32[2,8]: training feeds it i32 [batch, seq]`)
+	err = mainErr([]string{"testdata/tokshape/model.go", "--batch", "2", "--max-data-mb", "1", "--run", "--steps", "1"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `model.go:14: input "targets" is i32[2,9], and input "tokens" (`)
+	assert.Contains(t, err.Error(), `model.go:13) is i32[2,8]: training feeds them the same [batch, seq] rows, so they take one shape`)
+}
+
+// Evaluation reads the trained weights by name: a param declared only
+// when evaluating (it was evaluated at zero), or of another shape there
+// (it failed after the first step), is refused at compile time, naming
+// the model's line.
+func TestEvaluationParamsAreTheTrainedOnes(t *testing.T) {
+	model := "testdata/evalparam/model.go"
+	err := mainErr([]string{model, "--batch", "2"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `the evaluation module: %`)
+	assert.Contains(t, err.Error(), `@model.go:23: param "eval_only.bias" is declared only when evaluating (b.Evaluating()): evaluation reads the trained weights, and it has none`)
+	err = mainErr([]string{model, "--batch", "2", "--set", "shape=1"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `@model.go:20: param "emb.weight" is [256,16] when evaluating and [256,8] in training`)
 }
 
 func TestConfigValidationNamesTheRule(t *testing.T) {

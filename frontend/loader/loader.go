@@ -432,7 +432,12 @@ func (l *Loader) explainExit(name string, runErr error, outFile *os.File) error 
 		if at := modelFrame(report, name); at != "" {
 			where = at
 		}
-		return fmt.Errorf("%s: the model crashed before %s() returned (%w): %s; the Go runtime's report:\n%s", where, ModelFuncName, runErr, firstLine(report), report)
+		when := "before " + ModelFuncName + "() returned"
+		if strings.Contains(report, "used after Model returned") {
+			// A goroutine the model left running recorded an op late.
+			when = "after " + ModelFuncName + "() returned, in a goroutine it left running (wait for it before returning)"
+		}
+		return fmt.Errorf("%s: the model crashed %s (%w): %s; the Go runtime's report:\n%s", where, when, runErr, firstLine(report), report)
 	}
 	for _, line := range strings.Split(string(output), "\n") {
 		if msg, ok := strings.CutPrefix(line, frontend.DriverFailPrefix); ok {

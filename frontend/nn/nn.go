@@ -135,6 +135,10 @@ func PositionEmbedding(x, table *frontend.Tensor) *frontend.Tensor {
 // Heads stay a dim of their own (not merged with the batch) so they can be
 // split across tensor-parallel ranks.
 func SplitHeads(x *frontend.Tensor, heads int) *frontend.Tensor {
+	if heads <= 0 {
+		x.Builder().Errorf("SplitHeads(x, %d): want a positive number of heads", heads)
+		return x
+	}
 	batch, seq := x.Dim(0), x.Dim(1)
 	return x.Reshape(batch, seq, heads, x.Dim(2)/heads).Transpose(0, 2, 1, 3)
 }
