@@ -491,6 +491,9 @@ func (c *config) validate() error {
 			return err
 		}
 	}
+	if fi, err := os.Stat(c.Model); c.Model != "" && err == nil && fi.IsDir() {
+		return fmt.Errorf("model file %s is a folder; name its MODEL.go or a MODEL.gir", c.Model)
+	}
 	// Once the planner has run (planned), the hardware it priced on (a
 	// calibrated or refined one, or this machine's cpu figures) stays, and
 	// the inputs it read are not read again.

@@ -60,6 +60,7 @@ func TestModelErrorsNameTheUsersLine(t *testing.T) {
 		{"unknown --set key", gptModel, []string{"unknown model parameter(s) bogus", "layers, hidden"}},
 		{"heads do not divide hidden", gptModel, []string{"model.go:", "hidden size 30 is not divisible by 4 heads"}},
 		{"missing file", "testdata/nope/model.go", []string{"model file:", "no such file"}},
+		{"a folder", "testdata/unfed", []string{"model file testdata/unfed is a folder; name its MODEL.go or a MODEL.gir"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

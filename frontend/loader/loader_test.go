@@ -318,6 +318,26 @@ func Model(b *frontend.Builder) { helper() }
 	}
 }
 
+// A model file the go command leaves out of its package (a _test.go, a
+// build constraint) is named as such, where the load said it was outside
+// any Go module.
+func TestExcludedModelFileIsNamed(t *testing.T) {
+	const src = "package m\n\nimport \"gcompile/frontend\"\n\nfunc Model(b *frontend.Builder) {}\n"
+	dir := t.TempDir()
+	testFile := filepath.Join(dir, "model_test.go")
+	require.NoError(t, os.WriteFile(testFile, []byte(src), 0o644))
+	ignored := filepath.Join(dir, "model.go")
+	require.NoError(t, os.WriteFile(ignored, []byte("//go:build ignore\n\n"+src), 0o644))
+	l, _, _ := testLoader(t)
+	_, err := l.Load(testFile, frontend.Config{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "model_test.go: a _test.go file is compiled only by go test; name the model file without _test")
+	_, err = l.Load(ignored, frontend.Config{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "model.go: the go command leaves it out of its package on this machine")
+	assert.Contains(t, err.Error(), "a //go:build line")
+}
+
 // The progress line comes only when a load takes longer than
 // ProgressAfter, and never after the load returned.
 func TestProgressLineOnlyForSlowLoads(t *testing.T) {
