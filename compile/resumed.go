@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"gcompile/frontend"
 	"gcompile/ir"
 )
 
@@ -155,6 +156,13 @@ func checkGir(m *ir.Module) error {
 				}
 			} else if _, _, err := ir.ParseInit(init); err != nil {
 				return fmt.Errorf("%s: %s %q: %w", v.Where(), v.Op, v.Name(), err)
+			}
+			if v.Op == "param" {
+				// Checked on one device too, as the model's line is: the
+				// shard pass reads it only when a plan splits over tp.
+				if err := frontend.CheckParallelHint(v.Attrs.Str("parallel"), v.Type.Rank()); err != nil {
+					return fmt.Errorf("%s: param %q: %w", v.Where(), v.Name(), err)
+				}
 			}
 			if v.Op == "param" && m.HasRun("optimizer") && !updated[v] {
 				return fmt.Errorf("%s: param %q has no update, though the dump went through the optimizer: it would stay at its initial value (an update line was removed?)", v.Where(), v.Name())

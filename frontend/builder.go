@@ -399,6 +399,10 @@ func HeadParallel(headDim int) Parallel { return Parallel(fmt.Sprintf("heads:%d"
 // every block, as Megatron-LM lays out its fused QKV weight.
 func FusedColumnParallel(k int) Parallel { return Parallel(fmt.Sprintf("column:%d", k)) }
 
+// CheckParallelHint is checkHint for a hint read back from a .gir, whose
+// params were not declared through a Builder.
+func CheckParallelHint(hint string, rank int) error { return checkHint(Parallel(hint), rank) }
+
 // checkHint checks a parallel hint's spelling and that it fits a param of
 // the given rank, so a typo is named at the model's line on one device too,
 // not only once a plan splits over tp (where the shard pass reads it).

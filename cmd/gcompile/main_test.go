@@ -472,6 +472,7 @@ func TestEditedDumpIsChecked(t *testing.T) {
 		{"update removed", strings.Replace(text, update[0]+"\n", "", 1), "has no update, though the dump went through the optimizer"},
 		{"huge id", strings.Replace(text, "\noutput ", "\n%9223372036854775806 = neg "+wte[1]+" : f32[256,32]\noutput ", 1), "the ids the passes add after them would overflow"},
 		{"two module lines", strings.Replace(text, "module \"gpt\"\n", "module \"gpt\"\nmodule \"other\"\n", 1), "a second module line: a module has one"},
+		{"an unknown parallel hint", strings.Replace(text, `parallel="vocab"`, `parallel="diagonal"`, 1), `param "wte.weight": parallel hint "diagonal": unknown split "diagonal"`},
 	} {
 		path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".gir")
 		writeFile(t, path, tc.edited)
