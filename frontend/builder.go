@@ -229,10 +229,6 @@ func (b *Builder) setting(key, kind, def, doc string) (string, bool) {
 
 // Int reads an integer model parameter from --set, or def.
 func (b *Builder) Int(key string, def int, doc string) int {
-	if def <= 0 {
-		// --set takes positive values only: the default must be one.
-		b.fail(userPos(), fmt.Errorf("model parameter %q: default %d, where --set takes a positive integer (IntOrZero takes 0 too)", key, def))
-	}
 	s, ok := b.setting(key, "int", strconv.Itoa(def), doc)
 	if !ok {
 		return def
@@ -249,9 +245,6 @@ func (b *Builder) Int(key string, def int, doc string) int {
 // be 0: its "off" or "automatic" value, as the doc says (a routing group
 // of 0 tokens meaning one sequence, say). Negative values are refused.
 func (b *Builder) IntOrZero(key string, def int, doc string) int {
-	if def < 0 {
-		b.fail(userPos(), fmt.Errorf("model parameter %q: default %d, where --set takes an integer ≥ 0", key, def))
-	}
 	s, ok := b.setting(key, "int", strconv.Itoa(def), doc)
 	if !ok {
 		return def
@@ -280,9 +273,6 @@ func (b *Builder) Float(key string, def float64, doc string) float64 {
 
 // String reads a model parameter that must be one of choices.
 func (b *Builder) String(key, def, doc string, choices ...string) string {
-	if len(choices) > 0 && !slices.Contains(choices, def) {
-		b.fail(userPos(), fmt.Errorf("model parameter %q: default %q is not one of its choices %s", key, def, strings.Join(choices, ", ")))
-	}
 	s, ok := b.setting(key, "string", def, doc+" ("+strings.Join(choices, "|")+")")
 	if !ok {
 		return def

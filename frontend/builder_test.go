@@ -84,14 +84,6 @@ func TestDSLRules(t *testing.T) {
 			b.Int("a,b=c", 2, "width")
 			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
 		}, `model parameter "a,b=c": a --set key is a word without commas, '=' or spaces`},
-		{"a default --set refuses", func(b *frontend.Builder) {
-			b.Int("neg", -5, "width")
-			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
-		}, `model parameter "neg": default -5, where --set takes a positive integer`},
-		{"a default outside the choices", func(b *frontend.Builder) {
-			b.String("mode", "c", "mode", "a", "b")
-			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
-		}, `model parameter "mode": default "c" is not one of its choices a, b`},
 		{"export config twice", func(b *frontend.Builder) {
 			b.ExportConfig(map[string]any{"model_type": "gpt2"})
 			b.ExportConfig(map[string]any{"model_type": "llama"})

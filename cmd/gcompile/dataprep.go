@@ -163,10 +163,16 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 // or a PREFIX.bin beside no index, is someone's file that would be lost.
 func checkReplaceable(out string) error {
 	var errs []error
-	if _, err := os.Stat(out + ".json"); err == nil {
+	fi, err := os.Stat(out + ".json")
+	switch {
+	case err == nil && fi.Mode().IsRegular():
+		// A record of ours that no longer matches its files (ReadMeta's
+		// error) is replaced like a good one.
 		if _, ours, err := prepare.ReadMeta(out); err == nil && !ours {
 			errs = append(errs, fmt.Errorf("--output-prefix %s would replace %s.json, which is not a dataset record (a gcompile data prepare writes one beside its .bin and .idx); give the dataset another prefix, or remove the file", out, out))
 		}
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		errs = append(errs, fmt.Errorf("--output-prefix %s: %w", out, err))
 	}
 	idx, err := indexed.IsIndexFile(out + ".idx")
 	switch {
@@ -174,7 +180,12 @@ func checkReplaceable(out string) error {
 		errs = append(errs, fmt.Errorf("--output-prefix %s would replace %s.idx, which is not an indexed dataset's index (no MMIDIDX magic); give the dataset another prefix, or remove the file", out, out))
 	case errors.Is(err, fs.ErrNotExist):
 		if _, err := os.Stat(out + ".bin"); err == nil {
-			errs = append(errs, fmt.Errorf("--output-prefix %s would replace %s.bin, which has no index beside it (%s.idx) and so is not a dataset's; give the dataset another prefix, or remove the file", out, out, out))
+			errs = append(errs, fmt.Errorf("--output-prefix %s would replace %s.bin, which has no index beside it (%s.idx) and so is not a dataset's (a prepare stopped while it replaced one may leave it: then remove it); give the dataset another prefix, or remove the file", out, out, out))
+		}
+	case err != nil:
+		// Not a regular file: checkOutputFile names it. Unreadable: said.
+		if fi, serr := os.Stat(out + ".idx"); serr != nil || fi.Mode().IsRegular() {
+			errs = append(errs, fmt.Errorf("--output-prefix %s would replace %w", out, err))
 		}
 	}
 	return errors.Join(errs...)

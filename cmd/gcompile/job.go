@@ -807,7 +807,9 @@ func (j *job) awaitReport() (stalled string) {
 		case <-deadline.C:
 			return ""
 		case <-poll.C:
-			if who := j.stalled(); who != "" {
+			// The report may come while stalled watches the beats: its
+			// sender, gone after it, is no staller.
+			if who := j.stalled(); who != "" && j.ctx.Err() == nil {
 				return who
 			}
 		}

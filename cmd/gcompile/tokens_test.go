@@ -924,12 +924,19 @@ func TestDataPrepareKeepsTheTokenizerAndOtherFiles(t *testing.T) {
 			assert.Equal(t, before, after)
 		})
 	}
-	// A dataset is replaced by a second prepare of its prefix.
+	// A dataset is replaced by a second prepare of its prefix, also when
+	// its record no longer matches its files.
 	prefix := filepath.Join(dir, "ds")
 	for range 2 {
 		require.NoError(t, prepareMain([]string{"--tokenizer", llama3, "--output-prefix", prefix, "--quiet", text}, io.Discard, io.Discard))
 	}
-	err := prepareMain([]string{"--tokenizer", llama3, "--output-prefix", dir, "--quiet", text}, io.Discard, io.Discard)
+	f, err := os.OpenFile(prefix+".bin", os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.Write([]byte{1, 2})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, prepareMain([]string{"--tokenizer", llama3, "--output-prefix", prefix, "--quiet", text}, io.Discard, io.Discard))
+	err = prepareMain([]string{"--tokenizer", llama3, "--output-prefix", dir, "--quiet", text}, io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--output-prefix "+dir+" is a folder; give a path prefix inside it")
 }

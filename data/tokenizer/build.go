@@ -285,22 +285,6 @@ func build(sp *spec) (*Tokenizer, error) {
 		}
 	}
 
-	if sp.kind == kindByteLevel {
-		// Text is split into bytes before any merge, so a byte without a
-		// token is dropped wherever it occurs (Hugging Face drops it too):
-		// a vocabulary without the space's or a letter's token is a
-		// damaged file, whose dataset would lose every such character.
-		var missing []string
-		for b := range t.byteIDs {
-			if t.byteIDs[b] < 0 && (b >= 0x20 && b < 0x7f || b == '\t' || b == '\n' || b == '\r') {
-				missing = append(missing, fmt.Sprintf("%q (%q)", rune(b), byteToRune[b]))
-			}
-		}
-		if len(missing) > 0 {
-			return nil, fmt.Errorf("%w: %s: a byte-level vocabulary without the tokens of %d ASCII characters (%s): text would lose every one of them; the file is damaged or not this tokenizer's",
-				ErrFormat, sp.path, len(missing), strings.Join(missing[:min(len(missing), 5)], ", "))
-		}
-	}
 	if len(sp.merges) == 0 && !sp.ignoreMerges {
 		// BPE makes every token longer than a symbol by merges: without
 		// any, such tokens are never produced, and text comes out a
@@ -313,18 +297,23 @@ func build(sp *spec) (*Tokenizer, error) {
 		if sp.unk != nil {
 			special[*sp.unk] = true
 		}
-		longer := 0
+		longer, single := 0, 0
 		for tok := range sp.vocab {
 			// Added and unknown tokens, byte tokens (<0x41>) and ones
-			// spelt as specials (<s>, <|endoftext|>) are not merges' work.
-			if special[tok] || isByteTokenName(tok) || strings.HasPrefix(tok, "<") && strings.HasSuffix(tok, ">") {
+			// spelt as specials (<s>, [PAD]) are not merges' work.
+			if special[tok] || isByteTokenName(tok) || strings.HasPrefix(tok, "<") && strings.HasSuffix(tok, ">") ||
+				strings.HasPrefix(tok, "[") && strings.HasSuffix(tok, "]") {
 				continue
 			}
 			if utf8.RuneCountInString(tok) > 1 {
 				longer++
+			} else {
+				single++
 			}
 		}
-		if longer > 0 {
+		// A few longer tokens beside an alphabet may be specials spelt
+		// some other way; a vocabulary mostly of them is a BPE's.
+		if longer > single {
 			return nil, fmt.Errorf("%w: %s: no merges, but %d tokens of the vocabulary are longer than one symbol, which only merges make: the merges are missing (an empty merges.txt, or a tokenizer.json without model.merges)", ErrFormat, mergesFile, longer)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -117,8 +118,12 @@ func TestErrors(t *testing.T) {
 	dupIDs := bpeModel(map[string]int{"a": 0, "b": 0}, []string{})
 	stray := byteLevelVocab("ab")
 	stray["ab"] = 1<<24 - 1 // a typo of an id: the vocabulary would run to 2^24
-	noSpace := byteLevelVocab("ab")
-	delete(noSpace, string(byteToRune[' ']))
+	// A vocabulary mostly of words, as a BPE's is, given no merges.
+	var words []string
+	for i := range 300 {
+		words = append(words, fmt.Sprintf("w%03d", i))
+	}
+	wordy := byteLevelVocab(words...)
 	emptyMerges := filepath.Join(dir, "empty_merges.txt")
 	require.NoError(t, os.WriteFile(emptyMerges, []byte("#version: 0.2\n"), 0o644))
 	withCfg := t.TempDir()
@@ -185,11 +190,9 @@ func TestErrors(t *testing.T) {
 		{"merges given with tokenizer.json", file("tj.json", tokJSON(bpeModel(bl, []string{"a b"}), nil, byteLevelPre, nil, nil)), badMerges,
 			[]error{ErrFormat}, []string{"tj.json", "bad_merges.txt"}},
 		{"config names unknown eos", withCfg, "", []error{ErrFormat}, []string{"tokenizer_config.json", "<nope>"}},
-		{"a byte-level vocabulary without the space", file("nospace.json", tokJSON(bpeModel(noSpace, []string{"a b"}), nil, byteLevelPre, nil, nil)), "",
-			[]error{ErrFormat}, []string{"nospace.json", `without the tokens of 1 ASCII characters (' ' ('Ġ'))`}},
-		{"no merges", file("nomerges.json", tokJSON(bpeModel(bl, []string{}), nil, byteLevelPre, nil, nil)), "",
-			[]error{ErrFormat}, []string{"nomerges.json", "no merges, but 1 tokens of the vocabulary are longer than one symbol"}},
-		{"empty merges.txt", file("bl_vocab.json", bl), emptyMerges, []error{ErrFormat}, []string{"empty_merges.txt", "no merges, but 1 tokens"}},
+		{"no merges", file("nomerges.json", tokJSON(bpeModel(wordy, []string{}), nil, byteLevelPre, nil, nil)), "",
+			[]error{ErrFormat}, []string{"nomerges.json", "no merges, but 300 tokens of the vocabulary are longer than one symbol"}},
+		{"empty merges.txt", file("wordy_vocab.json", wordy), emptyMerges, []error{ErrFormat}, []string{"empty_merges.txt", "no merges, but 300 tokens"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -306,6 +306,17 @@ func TestLossy(t *testing.T) {
 	assert.Equal(t, "no token for the bytes 0xFF", tok.Lossy())
 	assert.Equal(t, tok.Encode([]byte("a")), tok.Encode([]byte("a\xff")), "the byte is dropped")
 
+	// An alphabet of the bytes the training text held (a DNA tokenizer's
+	// A, C, G, T) is a real tokenizer: it loads, and Lossy says what it
+	// drops. So does a character vocabulary with a few specials and no
+	// merges.
+	dna := map[string]int{"A": 0, "C": 1, "G": 2, "T": 3, "AC": 4, "GT": 5, "ACGT": 6}
+	tok = loadJSON(t, tokJSON(bpeModel(dna, []string{"A C", "G T", "AC GT"}), nil, byteLevelPre, nil, nil))
+	assert.Equal(t, []int32{6}, tok.Encode([]byte("ACGT")))
+	assert.Contains(t, tok.Lossy(), "no token for the bytes 0x00, 0x01, 0x02, 0x03 … (252 bytes)")
+	chars := byteLevelVocab("[PAD]", "[EOS]")
+	assert.NotNil(t, loadJSON(t, tokJSON(bpeModel(chars, []string{}), nil, byteLevelPre, nil, nil)))
+
 	noUnk := metaModel()
 	noUnk["unk_token"] = nil
 	assert.Equal(t, "no unk token and no byte fallback: a character outside the vocabulary has no token",
