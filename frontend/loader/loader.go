@@ -677,6 +677,12 @@ func isModelFunc(fn *types.Func) bool {
 // "model.go:12:5: msg" with withCol. The position is split from the right,
 // since a Windows path holds a colon of its own.
 func formatGoError(e packages.Error, withCol bool) string {
+	// An import the go command found nowhere reaches the type checker as
+	// a package with no name; say what that means.
+	if path, ok := strings.CutPrefix(e.Msg, "could not import "); ok && strings.HasSuffix(path, ` (invalid package name: "")`) {
+		path = strings.TrimSuffix(path, ` (invalid package name: "")`)
+		e.Msg = fmt.Sprintf("could not import %s: no such package in the standard library, the model's module or its requirements (check the path; a package of another module is added to the model's go.mod with go get)", path)
+	}
 	pos := e.Pos
 	if pos == "" || pos == "-" {
 		return e.Msg

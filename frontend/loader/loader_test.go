@@ -294,6 +294,8 @@ func Model(b *frontend.Builder) { helper() }
 		{"a Model that is a variable", "package bad\n\nvar Model = 3\n", ":3: var Model int: want func Model(b *frontend.Builder)", 1, nil, nil},
 		{"compile error", noBodySrc, ":5:6: missing function body", 1, []string{"# "}, nil},
 		{"link error", linkSrc, "", 0, []string{"# "}, []string{": building the model driver failed (exit status 1):\n", "doesNotExist"}},
+		{"a missing import", "package bad\n\nimport (\n\t\"gcompile/frontend\"\n\t\"example.com/nowhere/pkg\"\n)\n\nfunc Model(b *frontend.Builder) { pkg.X() }\n",
+			"", 0, []string{"invalid package name"}, []string{"model.go:5: could not import example.com/nowhere/pkg: no such package in the standard library, the model's module or its requirements"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
