@@ -3,6 +3,7 @@ package passes
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"gcompile/ir"
 )
@@ -379,7 +380,39 @@ func matmulRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	if out, ok := try(pa, pb); ok {
 		return []ir.Placement{pa, pb}, out, nil
 	}
-	return nil, rep, fmt.Errorf("matmul %v·%v has no rule for operands placed %v and %v", a, b, r.have[0], r.have[1])
+	return nil, rep, fmt.Errorf("matmul %v·%v has no rule for operands placed %v and %v%s%s", a, b, r.have[0], r.have[1],
+		hintOrigin(r.v.Args[0]), hintOrigin(r.v.Args[1]))
+}
+
+// hintOrigin names the params whose parallel hints placed v: v itself, or
+// the hinted params a few ops up its arguments. A misused hint (row on a
+// table added to the activations) shows up as a matmul without a rule,
+// lines away from the param it is written on.
+func hintOrigin(v *ir.Value) string {
+	var found []string
+	seen := map[*ir.Value]bool{}
+	level := []*ir.Value{v}
+	for depth := 0; depth < 4 && len(level) > 0; depth++ {
+		var next []*ir.Value
+		for _, x := range level {
+			if seen[x] {
+				continue
+			}
+			seen[x] = true
+			if x.Op == "param" {
+				if h := x.Attrs.Str("parallel"); h != "" {
+					found = append(found, fmt.Sprintf("%q's hint %q (%s)", x.Name(), h, x.Pos))
+				}
+				continue
+			}
+			next = append(next, x.Args...)
+		}
+		level = next
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %%%d is placed by the parallel hints of %s", v.ID, strings.Join(found, ", "))
 }
 
 // reshapeRule keeps a sharded dim sharded when the reshape leaves the

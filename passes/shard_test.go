@@ -840,3 +840,23 @@ func TestSequenceParallelEmbeddingGradientIsVocabSplit(t *testing.T) {
 		})
 	}
 }
+
+// A matmul that meets two split operands it has no rule for names the
+// params whose hints placed them: a row hint on a table added to the
+// activations was reported only at the matmul, lines away.
+func TestNoRuleNamesTheHints(t *testing.T) {
+	m, err := frontend.Build(func(b *frontend.Builder) {
+		x := b.Input("x", ir.F32, 4, 8)
+		table := b.Param("table", []int{4, 8}, frontend.Normal(0.1), frontend.RowParallel)
+		w := b.Param("w", []int{8, 6}, frontend.Normal(0.1), frontend.ColumnParallel)
+		b.Loss(x.Add(table).MatMul(w).Sum())
+	}, frontend.Config{Name: "misused", Batch: 4})
+	require.NoError(t, err)
+	o := passes.DefaultOptions()
+	o.Mesh = tpMesh(2)
+	_, err = passes.Run(m, o, passes.Hooks{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "has no rule for operands placed S(0) and S(1)")
+	assert.Regexp(t, `is placed by the parallel hints of "table"'s hint "row" \(shard_test\.go:\d+\)`, err.Error())
+	assert.Regexp(t, `is placed by the parallel hints of "w"'s hint "column" \(shard_test\.go:\d+\)`, err.Error())
+}
