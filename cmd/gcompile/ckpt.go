@@ -469,9 +469,24 @@ func exportMain(args []string) error {
 	if within(dir, *out) {
 		return fmt.Errorf("export: --out %s is inside the checkpoint %s it exports: it would write over the checkpoint's files; give a path outside", *out, dir)
 	}
+	if ck := enclosingCheckpoint(filepath.Dir(*out)); ck != "" {
+		return fmt.Errorf("export: --out %s is inside checkpoint %s: it would write over or beside that checkpoint's files; give a path outside", *out, ck)
+	}
+	// Probed as --save is: a device, a pipe or a folder under that name is
+	// refused, never renamed over; a folder that cannot be made is named.
+	if err := checkOutputFile("out", *out); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
 	m, ts, err := checkpoint.Consolidate(dir, lower.Param)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
+	}
+	if len(m.Plan.ExportConfig) > 0 {
+		// Found out before the weights are written, not after.
+		var cfg map[string]any
+		if err := json.Unmarshal(m.Plan.ExportConfig, &cfg); err != nil || cfg == nil {
+			return fmt.Errorf("export: %s: the manifest's export_config is not a JSON object (%v): the checkpoint was edited; nothing was written", dir, err)
+		}
 	}
 	trimVocab(ts, m.Plan.VocabTables) // as --save writes them
 	params := len(ts)
@@ -479,12 +494,7 @@ func exportMain(args []string) error {
 		return fmt.Errorf("export: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-		return fmt.Errorf("export: %w", err)
-	}
-	// Probed as --save is: a device, a pipe or a folder under that name is
-	// refused, never renamed over.
-	if err := checkOutputFile("out", *out); err != nil {
-		return fmt.Errorf("export: %w", err)
+		return fmt.Errorf("export: --out %s: %w", *out, err)
 	}
 	if len(m.Plan.ExportConfig) > 0 {
 		// config.json goes beside the weights: found out before they are written.
@@ -492,7 +502,9 @@ func exportMain(args []string) error {
 			return fmt.Errorf("export: the model's config.json beside the weights: %w", err)
 		}
 	}
+	stop := removeTempsOnSignal(*out)
 	files, err := checkpoint.SaveSharded(*out, ts, map[string]string{"format": "pt", "producer": "gcompile", "model": m.Model, "step": fmt.Sprint(m.State.Step)}, limit)
+	stop()
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
@@ -515,6 +527,33 @@ func exportMain(args []string) error {
 	}
 	fmt.Fprintln(os.Stderr, note)
 	return nil
+}
+
+// removeTempsOnSignal makes a signal during an export's writes remove the
+// temporary files they leave (.NAME*.tmp beside out: the file's and its
+// shards') and exit with 128 + the signal, as a stopped run does; each
+// interrupted export left tens of MB of them. stop ends the watch.
+func removeTempsOnSignal(out string) (stop func()) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	pattern := filepath.Join(filepath.Dir(out), "."+strings.TrimSuffix(filepath.Base(out), ".safetensors")+"*.tmp")
+	go func() {
+		select {
+		case s := <-sigs:
+			tmps, _ := filepath.Glob(pattern)
+			for _, t := range tmps {
+				os.Remove(t)
+			}
+			fmt.Fprintf(os.Stderr, "gcompile: export: stopped by %s; removed its %d temporary files, and what --out held is as it was\n", signalName(s), len(tmps))
+			os.Exit(signalStatus(s))
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(sigs)
+		close(done)
+	}
 }
 
 // writeExportConfig writes a model's declared configuration as

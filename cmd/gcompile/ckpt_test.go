@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -362,6 +363,9 @@ func TestBadCheckpointsAreNamedErrors(t *testing.T) {
 			require.NoError(t, os.Remove(filepath.Join(ck, checkpoint.ManifestName)))
 		},
 			nil, []string{"no complete checkpoint"}, checkpoint.ErrNoCheckpoint},
+		{"a file outside its folder", func(t *testing.T, ck string) {
+			editManifest(t, ck, `"rank-00000.safetensors"`, `"../rank-00000.safetensors"`)
+		}, nil, []string{`file "../rank-00000.safetensors" is not a name in the checkpoint's folder`}, checkpoint.ErrCorrupt},
 		{"another model", nil, []string{"--set", "layers=2,hidden=32,heads=4,seq=16"}, []string{"another model"}, checkpoint.ErrMismatch},
 		{"another batch", nil, []string{"--batch", "8"}, []string{"--batch 4", "this run has 8"}, checkpoint.ErrMismatch},
 		{"another optimizer", nil, []string{"--optimizer", "sgd"}, []string{"--optimizer adamw"}, checkpoint.ErrMismatch},
@@ -1256,4 +1260,75 @@ func TestStaticLossScaleIsTheRunsOwn(t *testing.T) {
 	require.NoError(t, d.Restore(runtime.ScalerState{Scale: 4096, Dynamic: true, Clean: 6}))
 	assert.Equal(t, 4096.0, d.Scale)
 	require.Error(t, s.Restore(runtime.ScalerState{Scale: 4096, Dynamic: true}))
+}
+
+// No output lands in a checkpoint the run does not write, also through a
+// linked folder; one file reached under two names is one output; a name
+// too long for its temporary file is refused before training; a dump
+// folder's files of other kinds are kept. Each of these lost a file.
+func TestOutputsNeverWriteIntoACheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	run := func(args ...string) error { return mainErr(gir(t, append(slices.Clone(ckptGPT), args...))) }
+	require.NoError(t, run("--steps", "2", "--checkpoint-dir", ck))
+	step := checkpoint.StepDir(ck, 2)
+	link := filepath.Join(dir, "link")
+	require.NoError(t, os.Symlink(step, link))
+	outs := filepath.Join(dir, "outs")
+	require.NoError(t, os.MkdirAll(outs, 0o755))
+	outsLink := filepath.Join(dir, "outs-link")
+	require.NoError(t, os.Symlink(outs, outsLink))
+	site := filepath.Join(dir, "site")
+	writeFile(t, filepath.Join(site, "index.html"), "<h1>my site</h1>")
+	before := stateSums(t, step)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"--save into another run's checkpoint", []string{"--steps", "1", "--save", filepath.Join(step, "rank-00000.safetensors")},
+			"--save " + filepath.Join(step, "rank-00000.safetensors") + " is inside checkpoint " + step},
+		{"--save through a linked folder into the resumed checkpoint", []string{"--steps", "3", "--resume", ck, "--save", filepath.Join(link, "rank-00000.safetensors")},
+			"is inside --resume " + ck},
+		{"two outputs, one file under two names", []string{"--steps", "1", "--metrics", filepath.Join(outs, "a.json"), "--trace", filepath.Join(outsLink, "a.json")},
+			"--metrics and --trace both write " + filepath.Join(outsLink, "a.json")},
+		{"a name too long for its temporary file", []string{"--steps", "1", "--save", filepath.Join(outs, strings.Repeat("L", 240)+".safetensors")},
+			"a file name of 252 bytes; written through a temporary file 19 bytes longer, past file systems' 255, it takes at most 236"},
+		{"a dump into a folder of other files", []string{"--steps", "1", "--dump", site}, "--dump " + site + " holds index.html, which is not a dump's"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := run(tc.args...)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Equal(t, before, stateSums(t, step))
+		})
+	}
+	b, err := os.ReadFile(filepath.Join(site, "index.html"))
+	require.NoError(t, err)
+	assert.Equal(t, "<h1>my site</h1>", string(b))
+
+	// An export_config that is not an object (an edited manifest) is
+	// refused before anything is written, not after the weights.
+	edited := filepath.Join(dir, "edited")
+	require.NoError(t, os.CopyFS(edited, os.DirFS(step)))
+	raw, err := os.ReadFile(filepath.Join(edited, checkpoint.ManifestName))
+	require.NoError(t, err)
+	cfg := regexp.MustCompile(`"export_config": (\{[^}]*\}|"[^"]*")`).FindString(string(raw))
+	require.NotEmpty(t, cfg, "the GPT declares its configuration")
+	editManifest(t, edited, cfg, `"export_config": "hello"`)
+	exported := filepath.Join(dir, "exported", "m.safetensors")
+	err = mainErr([]string{"export", edited, "--out", exported})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the manifest's export_config is not a JSON object")
+	assert.NoFileExists(t, exported)
+
+	err = mainErr([]string{"export", ck, "--out", filepath.Join(link, "rank-00000.safetensors")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is inside the checkpoint "+step+" it exports")
+	other := filepath.Join(dir, "other")
+	require.NoError(t, run("--steps", "2", "--checkpoint-dir", other))
+	err = mainErr([]string{"export", ck, "--out", filepath.Join(checkpoint.StepDir(other, 2), "w.safetensors")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is inside checkpoint "+checkpoint.StepDir(other, 2))
+	assert.Equal(t, before, stateSums(t, step))
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,6 +108,43 @@ func clearDump(dir string) error {
 		}
 	}
 	return nil
+}
+
+// foreignDumpFile names the first file of dir that has a name a dump
+// writes (and so replaces) but is not a dump's by its first bytes: an
+// index.html that is not a dump page, a NN-*.gir that is not IR text, a
+// schedule.txt that is not a schedule. "" when there is none.
+func foreignDumpFile(dir string) string {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return ""
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !isDumpFile(e.Name()) {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return e.Name()
+		}
+		head := make([]byte, 512)
+		n, _ := io.ReadFull(f, head)
+		f.Close()
+		text := string(head[:n])
+		ours := false
+		switch e.Name() {
+		case "index.html":
+			ours = strings.Contains(text, "<title>gcompile: ")
+		case "schedule.txt":
+			ours = strings.HasPrefix(text, "schedule ")
+		default:
+			ours = strings.HasPrefix(text, "gir ")
+		}
+		if !ours {
+			return e.Name()
+		}
+	}
+	return ""
 }
 
 // isDumpFile reports whether name is one a dump writes: NN-<pass>.gir

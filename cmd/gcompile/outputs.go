@@ -184,13 +184,35 @@ func isStepFolder(dir string) bool {
 	return ok
 }
 
-// within says whether path lies inside folder dir (at any depth).
-func within(dir, path string) bool {
-	d, err1 := filepath.Abs(dir)
-	p, err2 := filepath.Abs(path)
-	if err1 != nil || err2 != nil {
-		return false
+// maxOutputName is the longest output file name whose temporary file
+// (see checkOutputFile) fits a 255-byte name.
+const maxOutputName = 255 - 19
+
+// realPath is path made absolute with the links of its deepest existing
+// folder resolved (the rest need not exist yet): a folder reached through
+// a link is the folder it names, for outputs that must not land inside
+// another's files.
+func realPath(path string) string {
+	p, err := filepath.Abs(path)
+	if err != nil {
+		return path
 	}
+	rest := ""
+	for d := p; ; d = filepath.Dir(d) {
+		if r, err := filepath.EvalSymlinks(d); err == nil {
+			return filepath.Join(r, rest)
+		}
+		if filepath.Dir(d) == d {
+			return p
+		}
+		rest = filepath.Join(filepath.Base(d), rest)
+	}
+}
+
+// within says whether path lies inside folder dir (at any depth), links
+// resolved.
+func within(dir, path string) bool {
+	d, p := realPath(dir), realPath(path)
 	rel, err := filepath.Rel(d, p)
 	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }
@@ -218,10 +240,9 @@ func checkOutputs(c *config) error {
 			errs = append(errs, err)
 			continue
 		}
-		key := o.path
-		if abs, err := filepath.Abs(o.path); err == nil {
-			key = abs
-		}
+		// The file's folder with its links resolved, and its name: one
+		// file reached through a linked folder is the same file.
+		key := filepath.Join(realPath(filepath.Dir(o.path)), filepath.Base(o.path))
 		if other, ok := seen[key]; ok {
 			errs = append(errs, fmt.Errorf("--%s and --%s both write %s; give each its own file", other, o.flag, o.path))
 			continue
@@ -236,6 +257,7 @@ func checkOutputs(c *config) error {
 				errs = append(errs, fmt.Errorf("--%s %s is also %s: writing it would destroy what was read; give the output another file", o.flag, o.path, what))
 			}
 		}
+		inside := false
 		for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir, nil}, {"resume", c.resume, nil}, {"dump", c.dump, nil}} {
 			if d.path != "" && within(d.path, o.path) {
 				what := "a checkpoint's files"
@@ -243,7 +265,12 @@ func checkOutputs(c *config) error {
 					what = "the dump's files, which every run replaces"
 				}
 				errs = append(errs, fmt.Errorf("--%s %s is inside --%s %s: it would write over %s; give it a path outside", o.flag, o.path, d.flag, d.path, what))
+				inside = true
 			}
+		}
+		// Another run's checkpoint, which this run does not name.
+		if ck := enclosingCheckpoint(filepath.Dir(o.path)); ck != "" && !inside {
+			errs = append(errs, fmt.Errorf("--%s %s is inside checkpoint %s: it would write over or beside that checkpoint's files; give it a path outside", o.flag, o.path, ck))
 		}
 	}
 	// A folder of outputs among the checkpoints mixes its files with the
@@ -278,6 +305,9 @@ func checkOutputs(c *config) error {
 		if err := checkOutputDir("dump", c.dump); err != nil {
 			errs = append(errs, err)
 		}
+		if name := foreignDumpFile(c.dump); name != "" {
+			errs = append(errs, fmt.Errorf("--dump %s holds %s, which is not a dump's: a dump replaces index.html, schedule.txt and NN-*.gir in its folder; dump into another folder, or move the file", c.dump, name))
+		}
 		// A dump replaces the NN-*.gir, index.html and schedule.txt in
 		// its folder: an input among them would be removed before it is
 		// read (a .gir reloaded from the dump it came from, say).
@@ -302,6 +332,12 @@ func checkOutputs(c *config) error {
 // without truncation and closed, and the probe file and any folder made
 // for it are removed.
 func checkOutputFile(flag, path string) error {
+	// Each output is written to a temporary file beside it named after it
+	// (.NAME.RANDOM.tmp, 19 bytes more), then renamed: a name a file system
+	// takes but not its temporary failed after training.
+	if n := len(filepath.Base(path)); n > maxOutputName {
+		return fmt.Errorf("--%s %s: a file name of %d bytes; written through a temporary file 19 bytes longer, past file systems' 255, it takes at most %d", flag, path, n, maxOutputName)
+	}
 	fi, err := os.Stat(path)
 	switch {
 	case err == nil && fi.IsDir():

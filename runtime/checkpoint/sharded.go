@@ -836,6 +836,13 @@ func checkManifest(m *Manifest) error {
 			return fmt.Errorf("%s: plan.vocab_tables gives %q %d classes; its table has %d rows: %w", ManifestName, name, rows, tb.Shape[0], ErrCorrupt)
 		}
 	}
+	// A checkpoint's files are in its folder: a name with a path in it
+	// read (and checksummed) a file elsewhere.
+	for _, f := range sortedKeys(m.Files) {
+		if f == "" || filepath.Base(f) != f || f == "." || f == ".." {
+			return fmt.Errorf("%s: file %q is not a name in the checkpoint's folder: %w", ManifestName, f, ErrCorrupt)
+		}
+	}
 	need := map[string]float64{} // the bytes of the blocks in each file
 	for _, name := range sortedKeys(m.Tensors) {
 		tb := m.Tensors[name]
