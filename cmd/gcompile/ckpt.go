@@ -625,7 +625,9 @@ func parseSubcommand(fs *flag.FlagSet, args []string) (string, error) {
 		return "", err
 	}
 	if len(positional) != 1 {
-		return "", fmt.Errorf("%s: want one checkpoint folder, got %d arguments (see %s -h)", fs.Name(), len(positional), fs.Name())
+		// The error is printed after "gcompile: ": the subcommand alone.
+		name := strings.TrimPrefix(fs.Name(), "gcompile ")
+		return "", fmt.Errorf("%s: want one checkpoint folder, got %d arguments (see gcompile %s -h)", name, len(positional), name)
 	}
 	return filepath.Clean(positional[0]), nil
 }

@@ -136,3 +136,12 @@ func TestKilledBy(t *testing.T) {
 	require.ErrorAs(t, err, &ee)
 	assert.False(t, killedBy(ee, syscall.SIGTERM), "an exit status is not a death by signal")
 }
+
+// A subcommand without its checkpoint says so once, under its own name.
+func TestSubcommandWithoutItsCheckpoint(t *testing.T) {
+	for _, sub := range []string{"inspect", "export"} {
+		err := mainErr([]string{sub})
+		require.Error(t, err)
+		assert.Equal(t, sub+": want one checkpoint folder, got 0 arguments (see gcompile "+sub+" -h)", err.Error())
+	}
+}
