@@ -692,10 +692,19 @@ func TestReusedDumpIsCleared(t *testing.T) {
 	dumps := filepath.Join(t.TempDir(), "d")
 	stale := []string{"07-stale-pass.gir", "99-old.failed.gir", "100-many.gir", "schedule.txt"}
 	kept := []string{"notes.txt", "7-one-digit.gir", "01-pass.gir.txt", "ab-pass.gir", "12-.gir", ".hidden.gir"}
-	for _, f := range append(slices.Clone(stale), kept...) {
+	// An earlier dump's files, as a dump writes them (a file of a dump's
+	// name that is not one is refused: TestOutputsNeverWriteIntoACheckpoint).
+	for _, f := range stale {
+		text := "gir 1\nfrom before\n"
+		if f == "schedule.txt" {
+			text = "schedule 1f1b p=2 v=1 m=4\n"
+		}
+		writeFile(t, filepath.Join(dumps, f), text)
+	}
+	for _, f := range kept {
 		writeFile(t, filepath.Join(dumps, f), "from before\n")
 	}
-	writeFile(t, filepath.Join(dumps, "index.html"), "the previous index\n")
+	writeFile(t, filepath.Join(dumps, "index.html"), "<title>gcompile: the previous index</title>\n")
 	mkdir(t, filepath.Join(dumps, "05-folder.gir"))
 	require.NoError(t, mainNoPanic(t, append(slices.Clone(tinyGPT), "--dump", dumps)))
 	for _, f := range stale {
