@@ -292,15 +292,17 @@ func checkLocalShapes(m *ir.Module, local func(*ir.Value) ir.Type) error {
 			continue
 		}
 		args := make([]*ir.Value, len(v.Args))
-		shapes := make([]string, len(v.Args))
 		for i, a := range v.Args {
 			args[i] = &ir.Value{Type: local(a)}
-			shapes[i] = fmt.Sprintf("%%%d %v %s", a.ID, a.Place, args[i].Type)
 		}
 		got, err := ir.InferType(info, args, v.Attrs)
 		want := local(v)
 		if err == nil && got.Equal(want) {
 			continue
+		}
+		shapes := make([]string, len(v.Args))
+		for i, a := range v.Args {
+			shapes[i] = fmt.Sprintf("%%%d %v %s", a.ID, a.Place, args[i].Type)
 		}
 		why := fmt.Sprintf("they make %s, and its own placement %v a shard of %s", got, v.Place, want)
 		if err != nil {

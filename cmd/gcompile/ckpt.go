@@ -481,10 +481,10 @@ func exportMain(args []string) error {
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
+	var exportCfg map[string]any
 	if len(m.Plan.ExportConfig) > 0 {
 		// Found out before the weights are written, not after.
-		var cfg map[string]any
-		if err := json.Unmarshal(m.Plan.ExportConfig, &cfg); err != nil || cfg == nil {
+		if err := json.Unmarshal(m.Plan.ExportConfig, &exportCfg); err != nil || exportCfg == nil {
 			return fmt.Errorf("export: %s: the manifest's export_config is not a JSON object (%v): the checkpoint was edited; nothing was written", dir, err)
 		}
 	}
@@ -496,7 +496,7 @@ func exportMain(args []string) error {
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		return fmt.Errorf("export: --out %s: %w", *out, err)
 	}
-	if len(m.Plan.ExportConfig) > 0 {
+	if exportCfg != nil {
 		// config.json goes beside the weights: found out before they are written.
 		if err := checkOutputFile("out", filepath.Join(filepath.Dir(*out), "config.json")); err != nil {
 			return fmt.Errorf("export: the model's config.json beside the weights: %w", err)
@@ -509,8 +509,8 @@ func exportMain(args []string) error {
 		return fmt.Errorf("export: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "exported %d params of %s (step %d) to %v\n", params, m.Model, m.State.Step, files)
-	if len(m.Plan.ExportConfig) > 0 {
-		cfg, err := writeExportConfig(filepath.Dir(*out), m.Plan.ExportConfig, m.Plan.VocabTables)
+	if exportCfg != nil {
+		cfg, err := writeExportConfig(filepath.Dir(*out), exportCfg, m.Plan.VocabTables)
 		if err != nil {
 			return fmt.Errorf("export: %w", err)
 		}
@@ -561,11 +561,7 @@ func removeTempsOnSignal(out string) (stop func()) {
 // vocab_size is the rows export wrote when the vocabulary was padded for
 // the data (tables), and torch_dtype the weights' (export writes the
 // fp32 master weights).
-func writeExportConfig(dir string, raw json.RawMessage, tables map[string]int) (string, error) {
-	var cfg map[string]any
-	if err := json.Unmarshal(raw, &cfg); err != nil || cfg == nil {
-		return "", fmt.Errorf("the checkpoint's export_config is not a JSON object: %v", err)
-	}
+func writeExportConfig(dir string, cfg map[string]any, tables map[string]int) (string, error) {
 	if _, ok := cfg["vocab_size"]; ok {
 		for _, rows := range tables {
 			cfg["vocab_size"] = rows

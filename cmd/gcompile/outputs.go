@@ -235,6 +235,7 @@ func samePath(a, b string) bool {
 func checkOutputs(c *config) error {
 	var errs []error
 	seen := map[string]string{}
+	inputs := c.inputPaths()
 	for _, o := range c.outputPaths() {
 		if err := checkOutputFile(o.flag, o.path); err != nil {
 			errs = append(errs, err)
@@ -248,7 +249,7 @@ func checkOutputs(c *config) error {
 			continue
 		}
 		seen[key] = o.flag
-		for _, in := range c.inputPaths() {
+		for _, in := range inputs {
 			if in.reads(o.path) {
 				what := "--" + in.flag + "'s input"
 				if in.flag == "" {
