@@ -7,6 +7,7 @@ import (
 	"math"
 	"path"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -53,6 +54,13 @@ type Builder struct {
 	m    *ir.Module
 	cfg  Config
 	errs []error
+	// alike counts, for each of errs, the later errors that said the same
+	// at the same line about another instance (report).
+	alike map[string]int
+	more  []int
+	// exportErr is ExportConfig's non-JSON value, reported by finish
+	// when nothing else is.
+	exportErr error
 	// lossAt is where b.Loss was called ("" until it is), exportConfigAt
 	// where b.ExportConfig was.
 	lossAt, exportConfigAt string
@@ -110,7 +118,7 @@ func (b *Builder) runModel(fn ModelFunc) (err error) {
 			err = fmt.Errorf("%v: model panicked: %v", userPos(), r)
 			// A panic after a DSL error is most often its consequence (a
 			// poisoned tensor's empty shape indexed): the error first.
-			err = errors.Join(append(slices.Clone(b.errs), err)...)
+			err = errors.Join(append(b.errors(), err)...)
 		}
 	}()
 	fn(b)
@@ -186,15 +194,18 @@ func (b *Builder) unknownSet() error {
 
 func (b *Builder) finish() (*ir.Module, error) {
 	if err := b.unknownSet(); err != nil {
-		b.errs = append(b.errs, err)
+		b.report(err)
+	}
+	if b.exportErr != nil && len(b.errs) == 0 {
+		b.report(b.exportErr)
 	}
 	if b.cfg.Generate != nil {
 		b.finishGeneration()
 	} else if b.m.Output(ir.OutputLoss) == nil && len(b.errs) == 0 {
-		b.errs = append(b.errs, errors.New("model did not call b.Loss(…): there is nothing to train"))
+		b.report(errors.New("model did not call b.Loss(…): there is nothing to train"))
 	}
 	if len(b.errs) > 0 {
-		return nil, errors.Join(b.errs...)
+		return nil, errors.Join(b.errors()...)
 	}
 	return b.m, nil
 }
@@ -264,7 +275,9 @@ func (b *Builder) Float(key string, def float64, doc string) float64 {
 		return def
 	}
 	f, err := strconv.ParseFloat(s, 64)
-	if err != nil {
+	if err != nil || math.IsNaN(f) {
+		// NaN configures nothing; taken as given it fails in every op
+		// that reads it, one error each.
 		b.fail(userPos(), fmt.Errorf("--set %s=%s: want a number", key, s))
 		return def
 	}
@@ -295,7 +308,41 @@ func (b *Builder) Errorf(format string, args ...any) {
 }
 
 func (b *Builder) fail(pos ir.Pos, err error) {
-	b.errs = append(b.errs, fmt.Errorf("%v: %w", pos, err))
+	b.report(fmt.Errorf("%v: %w", pos, err))
+}
+
+// instanceNumber is a numbered part of a dotted name (h.3, layers.11):
+// errors that differ only in it say one thing about many layers.
+var instanceNumber = regexp.MustCompile(`([A-Za-z_])\.[0-9]+`)
+
+// report records err, once: a model that builds its layers in a loop
+// makes the same mistake in each, and a second error with the same text
+// at the same line, up to the layers' numbers, is counted against the
+// first (errors) rather than printed again.
+func (b *Builder) report(err error) {
+	key := instanceNumber.ReplaceAllString(err.Error(), "$1.#")
+	if i, ok := b.alike[key]; ok {
+		b.more[i]++
+		return
+	}
+	if b.alike == nil {
+		b.alike = map[string]int{}
+	}
+	b.alike[key] = len(b.errs)
+	b.errs = append(b.errs, err)
+	b.more = append(b.more, 0)
+}
+
+// errors is what report recorded, each with how many more said the same.
+func (b *Builder) errors() []error {
+	out := make([]error, len(b.errs))
+	for i, err := range b.errs {
+		out[i] = err
+		if i < len(b.more) && b.more[i] > 0 {
+			out[i] = fmt.Errorf("%w (and %d more like it)", err, b.more[i])
+		}
+	}
+	return out
 }
 
 func (b *Builder) meta() ir.Meta {
@@ -520,7 +567,7 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 	}
 	v, err := b.m.AddSource(op, t, attrs, b.sourceMeta(op), pos)
 	if err != nil {
-		b.errs = append(b.errs, err)
+		b.report(err)
 		return &Tensor{b: b}
 	}
 	return &Tensor{b: b, v: v}
@@ -573,7 +620,16 @@ func (b *Builder) ExportConfig(cfg map[string]any) {
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
-		b.fail(pos, fmt.Errorf("ExportConfig: %w (the values must be JSON: numbers, strings, bools, lists, maps, nil)", err))
+		err = fmt.Errorf("%v: ExportConfig: %w (the values must be JSON: numbers, strings, bools, lists, maps, nil)", pos, err)
+		var bad *json.UnsupportedValueError
+		if errors.As(err, &bad) {
+			// An infinite value here most often came from a --set value
+			// that an op or the model names too: said at the end, only if
+			// nothing else was (finish).
+			b.exportErr = err
+			return
+		}
+		b.report(err)
 		return
 	}
 	b.m.ExportConfig = string(raw)

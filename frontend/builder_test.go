@@ -28,6 +28,50 @@ func TestDSLErrorsNameTheCallerAndDoNotCascade(t *testing.T) {
 	assert.Regexp(t, `^builder_test\.go:\d+: matmul: inner dims differ: f32\[4,8\] · f32\[3,2\]`, lines[0])
 }
 
+// A mistake made in every layer of a loop is one error, with a count of
+// the layers that repeat it; two different mistakes stay two. A --set
+// value that an op cannot take is named once, where the model reads it.
+func TestOneMistakeIsOneError(t *testing.T) {
+	layers := func(b *frontend.Builder) {
+		x := b.Param("x", []int{4, 8}, frontend.Normal(1), frontend.NoParallel)
+		for i := range 3 {
+			w := b.Param(fmt.Sprintf("h.%d.w", i), []int{3, 2}, frontend.Normal(1), frontend.NoParallel)
+			b.Errorf("layer h.%d: width 3 does not divide 8", i)
+			x = x.MatMul(w)
+		}
+		b.Loss(x.Sum())
+	}
+	_, err := frontend.Build(layers, frontend.Config{})
+	require.Error(t, err)
+	lines := strings.Split(err.Error(), "\n")
+	require.Len(t, lines, 2, "%v", err)
+	assert.Regexp(t, `^builder_test\.go:\d+: layer h\.0: width 3 does not divide 8 \(and 2 more like it\)$`, lines[0])
+	assert.Regexp(t, `^builder_test\.go:\d+: matmul: inner dims differ: f32\[4,8\] · f32\[3,2\]`, lines[1])
+
+	scaled := func(b *frontend.Builder) {
+		f := b.Float("scale", 0.5, "scale")
+		x := b.Param("x", []int{2}, frontend.Ones, frontend.NoParallel)
+		b.ExportConfig(map[string]any{"scale": f})
+		b.Loss(x.Scale(f).Sum())
+	}
+	_, err = frontend.Build(scaled, frontend.Config{Set: map[string]string{"scale": "NaN"}})
+	require.Error(t, err)
+	assert.Equal(t, 1, strings.Count(err.Error(), "\n")+1, "%v", err)
+	assert.ErrorContains(t, err, "--set scale=NaN: want a number")
+	// An infinite value reaches the op, which names it; the export
+	// configuration it would also spoil says nothing more.
+	_, err = frontend.Build(scaled, frontend.Config{Set: map[string]string{"scale": "Inf"}})
+	require.Error(t, err)
+	assert.Equal(t, 1, strings.Count(err.Error(), "\n")+1, "%v", err)
+	assert.ErrorContains(t, err, "Scale(+Inf): the factor must be a finite number")
+	// Alone, an export configuration that is not JSON is still named.
+	_, err = frontend.Build(func(b *frontend.Builder) {
+		b.ExportConfig(map[string]any{"eps": math.Inf(1)})
+		b.Loss(b.Param("x", []int{2}, frontend.Ones, frontend.NoParallel).Sum())
+	}, frontend.Config{})
+	assert.ErrorContains(t, err, "ExportConfig: json: unsupported value: +Inf")
+}
+
 // lateBuild is a call the "builder used after Model returns" case makes
 // after its build.
 var lateBuild func()

@@ -105,12 +105,12 @@ func (t *Tensor) cachedAttention(k, v *Tensor, causal bool, scale float64) *Tens
 func (b *Builder) finishGeneration() {
 	if b.logits == nil {
 		if len(b.errs) == 0 {
-			b.errs = append(b.errs, errors.New("model did not call CrossEntropy(…): generation needs the logits the loss reads"))
+			b.report(errors.New("model did not call CrossEntropy(…): generation needs the logits the loss reads"))
 		}
 		return
 	}
 	if b.caches == 0 && len(b.errs) == 0 {
-		b.errs = append(b.errs, errors.New("model has no causal attention: there are no keys and values to cache, and generation would see one token at a time"))
+		b.report(errors.New("model has no causal attention: there are no keys and values to cache, and generation would see one token at a time"))
 		return
 	}
 	b.m.Outputs = []ir.Output{{Name: ir.OutputLogits, Value: b.logits}}

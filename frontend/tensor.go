@@ -95,7 +95,7 @@ func (b *Builder) record(pos ir.Pos, op string, attrs ir.Attrs, args []*ir.Value
 	}
 	v, err := b.m.Add(op, args, attrs, meta, pos)
 	if err != nil {
-		b.errs = append(b.errs, err)
+		b.report(err)
 		return &Tensor{b: b}
 	}
 	return &Tensor{b: b, v: v}

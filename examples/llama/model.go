@@ -33,6 +33,7 @@ func Model(b *frontend.Builder) {
 		// The layer library reads 0 as "no rotary embedding"; a Llama
 		// always has one.
 		b.Errorf("--set rope_theta=%v: want a base > 1 (Llama 2: 10000, Llama 3: 500000)", theta)
+		theta = 10000 // named once: the layers go on with the default
 	}
 	eps := b.Float("rms_norm_eps", 1e-5, "RMSNorm epsilon")
 	attention := b.String("attention", "fused", "attention core: one fused op, or primitive ops with k/v repeated to the query heads", "fused", "unfused")

@@ -4,6 +4,7 @@ import (
 	"math"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,7 +89,9 @@ func TestMixtral8x7BPlansWithoutWeights(t *testing.T) {
 }
 
 // Bad settings are refused by name, with the model's line, before
-// anything is compiled.
+// anything is compiled, one error each: what the refused value would
+// have broken further on (a layer's poisoned output, the same check in
+// every layer, the export configuration) says nothing more.
 func TestBadConfigsAreRefused(t *testing.T) {
 	for _, tc := range []struct {
 		set  map[string]string
@@ -99,14 +102,20 @@ func TestBadConfigsAreRefused(t *testing.T) {
 		{map[string]string{"k": "0"}, "--set k=0: want a positive integer"},
 		{map[string]string{"aux": "-1"}, "--set aux=-1: want a finite weight ≥ 0"},
 		{map[string]string{"rope_theta": "1"}, "--set rope_theta=1: want a base > 1"},
-		{map[string]string{"group": "48"}, "group size 48 must divide the 2×64 tokens"},
+		{map[string]string{"group": "48"}, "group size 48 must divide the 2×64 tokens of a batch and divide or be a multiple of seq=64 (and 1 more like it)"},
 		{map[string]string{"kv_heads": "3"}, "4 heads are not a multiple of 3 k/v heads"},
+		{map[string]string{"hidden": "30"}, "hidden size 30 is not divisible by 4 heads"},
+		{map[string]string{"aux": "Inf"}, "--set aux=+Inf: want a finite weight ≥ 0"},
+		{map[string]string{"aux": "NaN"}, "--set aux=NaN: want a number"},
+		{map[string]string{"rope_theta": "-1"}, "--set rope_theta=-1: want a base > 1"},
+		{map[string]string{"rms_norm_eps": "Inf"}, "rmsnorm: eps must be a finite number ≥ 0, got +Inf"},
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			_, err := frontend.Build(mixtral.Model, frontend.Config{Batch: 2, Set: tc.set})
 			require.Error(t, err)
 			assert.ErrorContains(t, err, tc.want)
 			assert.Contains(t, err.Error(), "model.go:", "the error names the model's line")
+			assert.Equal(t, 1, strings.Count(err.Error(), "model.go:"), "one error: %v", err)
 		})
 	}
 }

@@ -49,9 +49,11 @@ func Model(b *frontend.Builder) {
 	batch := b.Batch()
 	if !(theta > 1) {
 		b.Errorf("--set rope_theta=%v: want a base > 1 (Mixtral: 1000000)", theta)
+		theta = 1e6 // named once: the layers go on with the default
 	}
 	if !(coef >= 0) || math.IsInf(coef, 0) {
 		b.Errorf("--set aux=%v: want a finite weight ≥ 0 (Mixtral: 0.02)", coef)
+		coef = 0.02
 	}
 	if k > experts {
 		// Checked here once rather than by each layer.

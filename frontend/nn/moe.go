@@ -113,6 +113,9 @@ type MoEConfig struct {
 // fraction of the group's tokens expert I processed).
 func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tensor) {
 	b := x.Builder()
+	if x.Value() == nil {
+		return x, nil // poisoned: its error is reported
+	}
 	batch, seq, hidden := x.Dim(0), x.Dim(1), x.Dim(2)
 	if b.Generating() {
 		// A capacity makes a token's experts depend on the other tokens
