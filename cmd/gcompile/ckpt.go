@@ -439,6 +439,27 @@ func scheduleChanges(saved map[string]any, c *config) []string {
 	return notes
 }
 
+// checkShardNames checks, before anything is written, the names export
+// writes when the weights go above limit in shards: NAME-00001-of-N and
+// NAME.safetensors.index.json, longer than --out's own name, which
+// checkOutputFile checked.
+func checkShardNames(out string, ts []checkpoint.Tensor, limit int64) error {
+	var total int64
+	for _, t := range ts {
+		total += int64(len(t.Data))
+	}
+	if limit <= 0 || total <= limit {
+		return nil
+	}
+	base := strings.TrimSuffix(out, ".safetensors")
+	for _, name := range []string{base + "-00001-of-00001.safetensors", base + ".safetensors.index.json"} {
+		if err := checkOutputFile("out", name); err != nil {
+			return fmt.Errorf("%d bytes of weights go above --max-shard-size %d in shards named after --out: %w", total, limit, err)
+		}
+	}
+	return nil
+}
+
 // exportMain is `gcompile export CHECKPOINT --out FILE`: the params of a
 // checkpoint, consolidated under the model's names (Hugging Face's for
 // the example models), as one safetensors file or, above
@@ -495,6 +516,9 @@ func exportMain(args []string) error {
 	}
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		return fmt.Errorf("export: --out %s: %w", *out, err)
+	}
+	if err := checkShardNames(*out, ts, limit); err != nil {
+		return fmt.Errorf("export: %w", err)
 	}
 	if exportCfg != nil {
 		// config.json goes beside the weights: found out before they are written.

@@ -634,6 +634,18 @@ func TestExportIsHuggingFaceWeights(t *testing.T) {
 	}
 
 	// Shards with an index load like the one file.
+	// A name that fits as one file but not as a shard's (15 bytes longer)
+	// is refused before anything is written.
+	long := filepath.Join(dir, "long", strings.Repeat("m", maxOutputName-len(".safetensors")-10)+".safetensors")
+	require.NoError(t, mainErr([]string{"export", ck, "--out", long}))
+	require.NoError(t, os.Remove(long))
+	err = mainErr([]string{"export", ck, "--out", long, "--max-shard-size", "40KB"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "go above --max-shard-size 40000 in shards named after --out")
+	assert.Contains(t, err.Error(), "-00001-of-00001.safetensors: a file name of 241 bytes")
+	left, err := os.ReadDir(filepath.Join(dir, "long"))
+	require.NoError(t, err)
+	assert.Len(t, left, 1, "only the config.json of the first export: %v", left)
 	require.NoError(t, mainErr([]string{"export", ck, "--out", filepath.Join(dir, "sharded", "model.safetensors"), "--max-shard-size", "40KB"}))
 	index := filepath.Join(dir, "sharded", "model.safetensors.index.json")
 	shards, err := filepath.Glob(filepath.Join(dir, "sharded", "model-*-of-*.safetensors"))
