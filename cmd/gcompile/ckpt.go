@@ -46,6 +46,11 @@ func checkCheckpointPaths(c *config) (string, error) {
 		if c.stopAfter > 0 && c.stopAfter <= step {
 			return "", fmt.Errorf("--stop-after %d: the run resumes after step %d (%s), past it", c.stopAfter, step, dir)
 		}
+		if c.run && !c.evalOnly {
+			if err := checkResume(c, dir, m); err != nil {
+				return "", err
+			}
+		}
 	}
 	return dir, checkCheckpointDir(c, dir, step)
 }
@@ -356,6 +361,39 @@ func (p *preemption) release() {
 	close(p.done)
 }
 
+// checkResume checks, before the compile, what the manifest of the
+// checkpoint a training run resumes says against this run's flags; what
+// needs the compiled model (its fingerprint, the tensors) is checked when
+// the state is restored (resumeState).
+func checkResume(c *config, dir string, saved *checkpoint.Manifest) error {
+	// An asynchronous run's model is one replica's, built at its share of
+	// the batch: its checkpoint resumes at the dp it ran, or the model's
+	// fingerprint differs for a reason that fingerprint cannot name.
+	if dp, ok := saved.Plan.Flags["dp"].(float64); ok && saved.Plan.DPSync == "async" && c.DPSync == "async" && int(dp) != c.DP {
+		return fmt.Errorf("--resume %s: the checkpoint is of asynchronous data parallelism over %d replicas, whose model is one replica's share of the batch: resume it with --dp %d (another dp builds another replica): %w",
+			dir, int(dp), int(dp), checkpoint.ErrMismatch)
+	}
+	// PipeDream-2BW keeps a second version of the weights, which no
+	// other schedule has or makes: named here, before the tensors'
+	// difference says it less directly.
+	if was, _ := saved.Plan.Flags["schedule"].(string); (was == "2bw") != (c.Schedule == "2bw") {
+		fix := "resume with --schedule 2bw"
+		if was != "2bw" {
+			fix = "resume without --schedule 2bw"
+		}
+		return fmt.Errorf("--resume %s: the checkpoint was saved with --schedule %s and this run has --schedule %s; PipeDream-2BW's second weight version (2bw.prev/…) has no place in another schedule: %s: %w",
+			dir, orNone(was), orNone(c.Schedule), fix, checkpoint.ErrMismatch)
+	}
+	st := saved.State
+	if c.explicit["seed"] && c.seed != st.Seed {
+		return fmt.Errorf("--resume %s: the run was seeded with %d, not --seed %d; the data order follows the seed (leave --seed out)", dir, st.Seed, c.seed)
+	}
+	if st.Step > c.steps {
+		return fmt.Errorf("--resume %s: the checkpoint is at step %d, past --steps %d (--steps is the run's total)", dir, st.Step, c.steps)
+	}
+	return nil
+}
+
 // resumeState loads the checkpoint into the devices and returns where the
 // run continues from.
 func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fingerprint, dir string, plan checkpoint.Plan) (runtime.State, error) {
@@ -365,37 +403,11 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 	if c.tokens != nil {
 		ex.DataAlso = []string{c.tokens.namedIdentity(c)}
 	}
-	// An asynchronous run's model is one replica's, built at its share of
-	// the batch: its checkpoint resumes at the dp it ran, or the model's
-	// fingerprint differs for a reason that fingerprint cannot name.
-	if saved, err := checkpoint.ReadManifest(dir); err == nil {
-		if dp, ok := saved.Plan.Flags["dp"].(float64); ok && saved.Plan.DPSync == "async" && c.DPSync == "async" && int(dp) != c.DP {
-			return runtime.State{}, fmt.Errorf("--resume %s: the checkpoint is of asynchronous data parallelism over %d replicas, whose model is one replica's share of the batch: resume it with --dp %d (another dp builds another replica): %w",
-				dir, int(dp), int(dp), checkpoint.ErrMismatch)
-		}
-		// PipeDream-2BW keeps a second version of the weights, which no
-		// other schedule has or makes: named here, before the tensors'
-		// difference says it less directly.
-		if was, _ := saved.Plan.Flags["schedule"].(string); (was == "2bw") != (c.Schedule == "2bw") {
-			fix := "resume with --schedule 2bw"
-			if was != "2bw" {
-				fix = "resume without --schedule 2bw"
-			}
-			return runtime.State{}, fmt.Errorf("--resume %s: the checkpoint was saved with --schedule %s and this run has --schedule %s; PipeDream-2BW's second weight version (2bw.prev/…) has no place in another schedule: %s: %w",
-				dir, orNone(was), orNone(c.Schedule), fix, checkpoint.ErrMismatch)
-		}
-	}
 	m, err := checkpoint.RestoreState(dev, progs, dir, ex)
 	if err != nil {
 		return runtime.State{}, fmt.Errorf("--resume %s: %w", dir, err)
 	}
 	st := m.State
-	if c.explicit["seed"] && c.seed != st.Seed {
-		return st, fmt.Errorf("--resume %s: the run was seeded with %d, not --seed %d; the data order follows the seed (leave --seed out)", dir, st.Seed, c.seed)
-	}
-	if st.Step > c.steps {
-		return st, fmt.Errorf("--resume %s: the checkpoint is at step %d, past --steps %d (--steps is the run's total)", dir, st.Step, c.steps)
-	}
 	if notes := scheduleChanges(m.Plan.Flags, c); len(notes) > 0 && c.Progress != io.Discard {
 		// Allowed, as Megatron-LM allows it, but no longer the run that
 		// was checkpointed: say so, once, in the log.

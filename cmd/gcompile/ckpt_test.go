@@ -396,6 +396,13 @@ func TestBadCheckpointsAreNamedErrors(t *testing.T) {
 			assert.Equal(t, before, snapshot(t, ck), "the checkpoint is unchanged")
 		})
 	}
+	// What the manifest alone tells is found before the compile: launch
+	// refuses it before any process starts.
+	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "1", "--devices", "2", "--dp", "2", "--resume", step))
+	err := mainErr(append([]string{"launch", "--nproc", "2", "--"}, args...))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "launch: no process started: --resume")
+	assert.Contains(t, err.Error(), "at step 2, past --steps 1")
 }
 
 // A run killed after its last checkpoint, before its outputs were
