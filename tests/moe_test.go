@@ -391,13 +391,14 @@ func TestMoEBadConfigs(t *testing.T) {
 	}{
 		{map[string]string{"router": "noisy-topk", "k": "5"}, "k=5 experts per token must be in 1..4"},
 		{map[string]string{"capacity": "0"}, "capacity factor must be a positive number, got 0"},
-		{map[string]string{"capacity": "NaN"}, "capacity factor"},
+		{map[string]string{"capacity": "Inf"}, "capacity factor must be a positive number, got +Inf"},
+		{map[string]string{"capacity": "NaN"}, "--set capacity=NaN: want a number"},
 		{map[string]string{"group": "12"}, "group size 12 must divide"},
 		{map[string]string{"router": "sinkhorn"}, "router"},
 		{map[string]string{"experts": "0"}, "--set experts=0"},
 		{map[string]string{"jitter": "-0.1"}, "jitter must be in [0, 1), got -0.1"},
 		{map[string]string{"expert_dropout": "1"}, "expert dropout must be in [0, 1), got 1"},
-		{map[string]string{"aux": "NaN"}, "aux loss weight must be a finite number ≥ 0"},
+		{map[string]string{"aux": "Inf"}, "aux loss weight must be a finite number ≥ 0"},
 		{map[string]string{"zloss": "-1"}, "z-loss weight must be a finite number ≥ 0, got -1"},
 		{map[string]string{"eval_capacity": "-2"}, "evaluation capacity factor must be a positive number"},
 	}
