@@ -185,6 +185,9 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 				return nil, fmt.Errorf("%s: plan %d: unknown key %q (a plan gives tp, pp, dp, ep, cp, cp_impl, vpp, microbatch_size, microbatches, zero, sequence_parallel, recompute, offload, schedule, overlap_grad_reduce, batch and step_ms)", path, i+1, k)
 			}
 		}
+		if k := repeatedKey(e); k != "" {
+			return nil, fmt.Errorf("%s: plan %d: key %q given twice (JSON would keep the last, silently)", path, i+1, k)
+		}
 		var p MeasuredPlan
 		if err := json.Unmarshal(e, &p); err != nil {
 			return nil, fmt.Errorf("%s: plan %d: %w", path, i+1, err)
@@ -192,6 +195,9 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		raw, ok := keys["step_ms"]
 		if !ok {
 			continue
+		}
+		if !slices.ContainsFunc([]string{"tp", "pp", "dp", "ep", "cp"}, func(k string) bool { _, ok := keys[k]; return ok }) {
+			return nil, fmt.Errorf("%s: plan %d: a step_ms with no plan: give the tp, pp and dp it ran with (1, 1, 1 on one device)", path, i+1)
 		}
 		if string(bytes.TrimSpace(raw)) == "null" {
 			return nil, fmt.Errorf("%s: plan %d: step_ms is null: give the step time you measured, in milliseconds", path, i+1)
@@ -225,8 +231,62 @@ func checkMeasured(path string, ps []MeasuredPlan, nums []int) ([]MeasuredPlan, 
 				return nil, fmt.Errorf("%s: plan %d: %s must not be negative, got %d (leave it out for the default)", path, n, f.key, f.v)
 			}
 		}
+		// Bounded as the flags are, and their products with them: a
+		// product past an int's range had wrapped to 0 and divided by it.
+		devices, batch := 1, 1
+		for _, f := range []struct {
+			key string
+			v   int
+		}{{"tp", p.TP}, {"pp", p.PP}, {"dp", p.DP}, {"ep", p.EP}, {"cp", p.CP}} {
+			if devices *= max(f.v, 1); f.v > compile.MaxDevices || devices > compile.MaxDevices {
+				return nil, fmt.Errorf("%s: plan %d: %s = %d makes more than %d devices", path, n, f.key, f.v, compile.MaxDevices)
+			}
+		}
+		if p.Microbatches > compile.MaxMicrobatches {
+			return nil, fmt.Errorf("%s: plan %d: microbatches %d: past the %d a compiled program holds", path, n, p.Microbatches, compile.MaxMicrobatches)
+		}
+		for _, f := range []struct {
+			key string
+			v   int
+		}{{"microbatch_size", p.MicroBatch}, {"microbatches", p.Microbatches}, {"dp", p.DP}, {"ep", p.EP}} {
+			if batch *= max(f.v, 1); f.v > maxRowBatch || batch > maxRowBatch {
+				return nil, fmt.Errorf("%s: plan %d: microbatch_size × microbatches × dp·ep is past %d sequences", path, n, maxRowBatch)
+			}
+		}
+		if p.Batch > maxRowBatch {
+			return nil, fmt.Errorf("%s: plan %d: batch %d is past %d sequences", path, n, p.Batch, maxRowBatch)
+		}
 	}
 	return ps, nil
+}
+
+// maxRowBatch bounds a measured row's batch (2^40 sequences: far past
+// any run, and its products with the model's sizes stay in an int).
+const maxRowBatch = 1 << 40
+
+// repeatedKey is a key of the JSON object e given twice, or "".
+func repeatedKey(e json.RawMessage) string {
+	dec := json.NewDecoder(bytes.NewReader(e))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return ""
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		kt, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		k, _ := kt.(string)
+		if seen[k] {
+			return k
+		}
+		seen[k] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return ""
+		}
+	}
+	return ""
 }
 
 // Config is the measured plan over base (the model and options of the

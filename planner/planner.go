@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -211,6 +212,19 @@ func Plan(req Request) (*Result, error) {
 				return
 			}
 			res.Ranked = append(res.Ranked, c)
+		}
+		// A plan of thousands of microbatches (a large --batch over a
+		// pipeline) takes minutes to compile, a block each: the search
+		// leaves it out unless the count was pinned.
+		if !req.Base.Explicit["microbatches"] {
+			feasible = slices.DeleteFunc(feasible, func(c *Candidate) bool {
+				if c.Config.Microbatches <= MaxSearchedMicrobatches {
+					return false
+				}
+				c.Rejected = fmt.Sprintf("more than %d microbatches, which the search does not compile (a block each); pin --microbatches to compile such a plan", MaxSearchedMicrobatches)
+				res.reject(c)
+				return true
+			})
 		}
 		// Each layout's best-estimated plan is compiled before a second
 		// plan of any layout: the estimate ranks one layout's machinery
@@ -506,12 +520,16 @@ func compileCandidate(c *Candidate, gir string, hw *cost.Hardware, capBytes int6
 	return nil
 }
 
+// MaxSearchedMicrobatches is the most microbatches of a plan the search
+// compiles when --microbatches is not pinned.
+const MaxSearchedMicrobatches = 256
+
 // planOf is the cost model's view of a configuration.
 func planOf(c compile.Config) cost.Plan {
 	dp, ep := max(c.DP, 1), max(c.EP, 1)
 	m := max(c.Microbatches, 1)
 	return cost.Plan{TP: max(c.TP, 1), PP: max(c.PP, 1), DP: dp, EP: ep, CP: max(c.CP, 1), CPImpl: c.CPImpl, CPLayout: c.CPLayout, VPP: max(c.VPP, 1),
-		MicroBatch: max(c.Batch/(dp*ep*m), 1), Microbatches: m, Zero: c.Zero,
+		MicroBatch: max(c.Batch/dp/ep/m, 1), Microbatches: m, Zero: c.Zero,
 		SequenceParallel: c.SequenceParallel, Recompute: c.Recompute, Offload: c.Offload,
 		Precision: c.Precision, Schedule: c.Schedule, Optimizer: c.Optimizer, BucketBytes: c.BucketMB * (1 << 20), SerialReductions: c.SerialGradReduce,
 		Compress: c.Compress, OffloadPrefetch: c.OffloadPrefetch}
@@ -539,7 +557,8 @@ func Describe(c compile.Config) string {
 		// 1F1B, or interleaved where vpp says so, unless named.
 		s += " " + c.Schedule
 	}
-	s += fmt.Sprintf(" mb=%d×%d", max(c.Batch/(max(c.DP, 1)*max(c.EP, 1)*max(c.Microbatches, 1)), 1), max(c.Microbatches, 1))
+	// Divided in turn: the product of a measured row's axes may overflow.
+	s += fmt.Sprintf(" mb=%d×%d", max(c.Batch/max(c.DP, 1)/max(c.EP, 1)/max(c.Microbatches, 1), 1), max(c.Microbatches, 1))
 	if c.Zero > 0 {
 		s += fmt.Sprintf(" zero=%d", c.Zero)
 	}

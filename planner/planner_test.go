@@ -559,3 +559,27 @@ func TestMFUCountsTheModelsFLOPs(t *testing.T) {
 		assert.InEpsilon(t, want, rows[i].MFU, 1e-12, Describe(c.Config))
 	}
 }
+
+// A large --batch over a pipeline has thousands of microbatch counts: the
+// search still answers at once (it counted to the batch for its
+// divisors), and compiles no plan of more than MaxSearchedMicrobatches,
+// saying why it left the others out.
+func TestLargeBatchIsSearchedQuickly(t *testing.T) {
+	const batch = 1 << 20
+	res, err := Plan(Request{Base: baseConfig(2, batch), Hardware: cpuHardware(t), Module: smallGPT(t, batch), TopK: 2})
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Ranked)
+	for _, c := range res.Ranked {
+		assert.LessOrEqual(t, c.Config.Microbatches, MaxSearchedMicrobatches, Describe(c.Config))
+	}
+	left := 0
+	for _, c := range res.Rejected {
+		if strings.Contains(c.Rejected, "more than 256 microbatches, which the search does not compile") {
+			left++
+			assert.Greater(t, c.Config.Microbatches, MaxSearchedMicrobatches)
+		}
+	}
+	assert.Positive(t, left, "the plans of more microbatches are named")
+	assert.Equal(t, []int{1, 2, 3, 4, 6, 12}, divisors(12))
+	assert.Equal(t, []int{1, 7, 49}, divisors(49))
+}

@@ -224,6 +224,9 @@ func (c *config) validateForPlanner() []error {
 	if c.explicit["microbatches"] && c.Microbatches < 1 {
 		errs = append(errs, fmt.Errorf("--microbatches must be ≥ 1, got %d", c.Microbatches))
 	}
+	if c.explicit["microbatches"] && c.Microbatches > compile.MaxMicrobatches {
+		errs = append(errs, fmt.Errorf("--microbatches %d: past the %d a compiled program holds; give fewer, larger microbatches (--micro-batch-size)", c.Microbatches, compile.MaxMicrobatches))
+	}
 	if c.explicit["schedule"] {
 		if err := compile.CheckSchedule(c.Schedule); err != nil {
 			errs = append(errs, err)
