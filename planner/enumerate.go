@@ -125,7 +125,7 @@ func enumerateEP(base compile.Config, t cost.Transformer, hw *cost.Hardware, sel
 				vpps = []int{base.VPP}
 			}
 			ms := choices(fixed("microbatches"), base.Microbatches, divisors(base.Batch/(dp*ep)), func(m int) bool {
-				return pp == 1 && m <= 64 || pp > 1 && m >= pp
+				return (pp == 1 && m <= 64 || pp > 1 && m >= pp) && m <= compile.MaxMicrobatches
 			})
 			if mbs := base.MicroBatchSize; mbs > 0 {
 				// A pinned microbatch size leaves one count, or none.
