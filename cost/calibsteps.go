@@ -121,6 +121,10 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 	var movable []int
 	why := map[string]string{}
 	for pi, sp := range stepParams {
+		if h.given[sp.key] {
+			why[sp.key] = fmt.Sprintf("set on the command line (%s=%g): kept", sp.key, sp.get(h))
+			continue
+		}
 		if moves(h, sp, points) {
 			movable = append(movable, pi)
 		} else {

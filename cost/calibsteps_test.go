@@ -55,6 +55,27 @@ func TestCalibrateStepsRecoversTheFigures(t *testing.T) {
 	assert.Contains(t, got.Source, "calibrated on 8 measured steps")
 }
 
+// A figure set on the command line is one the user knows: the fit keeps
+// it and fits the next one in its place.
+func TestCalibrateStepsKeepsFiguresGivenOnTheCommandLine(t *testing.T) {
+	h, err := Load("a100-80g:gemm_efficiency=0.7")
+	require.NoError(t, err)
+	got, rep, err := h.CalibrateSteps(stepPoints(PublishedRuns()[3:4], nil))
+	require.NoError(t, err)
+	assert.Equal(t, 0.7, got.GEMMEfficiency)
+	for _, p := range rep.Params {
+		switch p.Key {
+		case "gemm_efficiency":
+			assert.True(t, p.Kept)
+			assert.Equal(t, "set on the command line (gemm_efficiency=0.7): kept", p.Why)
+		case "inter_node_gbps":
+			assert.False(t, p.Kept, "fitted in its place")
+			assert.NotEqual(t, p.Before, p.After)
+		}
+	}
+	assert.Equal(t, 1, rep.Fitted)
+}
+
 // With one measured plan one parameter is fitted, the others say why
 // not, and there is no leave-one-out error to give.
 func TestCalibrateStepsOnePointFitsOneParameter(t *testing.T) {

@@ -90,6 +90,10 @@ type Hardware struct {
 	// cross-entropy are far from the memory bound a copy reaches). Refine
 	// fits it from a trace; a missing op is 1.
 	OpScale map[string]float64 `json:"op_scale,omitempty"`
+
+	// given are the keys set on the command line (--hardware NAME:key=v):
+	// figures the user knows, which a calibration keeps.
+	given map[string]bool
 }
 
 // Errors of a hardware description, so callers can tell a missing preset
@@ -218,6 +222,9 @@ func (h *Hardware) With(sets string) (*Hardware, error) {
 	fields := map[string]reflect.Value{}
 	v := reflect.ValueOf(h).Elem()
 	for i := range v.NumField() {
+		if !v.Type().Field(i).IsExported() {
+			continue
+		}
 		key, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
 		switch v.Field(i).Kind() {
 		case reflect.Float64, reflect.Int, reflect.Bool:
@@ -260,6 +267,7 @@ func (h *Hardware) With(sets string) (*Hardware, error) {
 		}
 	}
 	h.Source += "; set on the command line: " + sets
+	h.given = seen
 	if err := h.Validate(); err != nil {
 		return nil, err
 	}
@@ -309,6 +317,9 @@ var hardwareKeys = func() map[string]bool {
 	keys := map[string]bool{}
 	t := reflect.TypeFor[Hardware]()
 	for i := range t.NumField() {
+		if !t.Field(i).IsExported() {
+			continue // given: which keys the command line set, not a figure
+		}
 		name, opts, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
 		keys[name] = opts != "omitempty"
 	}

@@ -415,6 +415,10 @@ func refineHardware(c *config, m *ir.Module, log io.Writer) error {
 	return nil
 }
 
+// maxCalibratedError is the largest mean |predicted/measured − 1| a
+// calibration may leave: a fit further off is refused.
+const maxCalibratedError = 1.0
+
 // calibrateHardware fits --hardware to the measured plans of
 // --calibrate (planner.CalibrateSteps), prints each parameter and the
 // errors before, after and left out on log, and plans with the result
@@ -474,6 +478,12 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 		loo = fmt.Sprintf("leave-one-out %.1f %%", 100*rep.LeaveOneOut)
 	}
 	fmt.Fprintf(log, "calibrate: mean |predicted/measured − 1| %.1f %% → %.1f %%, %s\n", 100*rep.ErrorBefore, 100*rep.ErrorAfter, loo)
+	if rep.ErrorAfter > maxCalibratedError {
+		// Figures within their bounds that still miss by this much are
+		// not the cluster's; planning (or --save-hardware) with them
+		// would pass their miss on.
+		return fmt.Errorf("--calibrate %s: fitted, the measured plans are still %.0f %% from their prices on average: no figures within their bounds explain the times; are they of this model, precision and batch, in milliseconds, of one step each? Nothing was planned or saved with them", c.calibrate, 100*rep.ErrorAfter)
+	}
 	if len(rep.Unfitted) > 0 {
 		// One plan's time cannot tell a slow network from slow GEMMs: the
 		// fit moves the first figure, and a plan whose share of

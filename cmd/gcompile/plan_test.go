@@ -333,6 +333,7 @@ func TestCalibrateCLI(t *testing.T) {
 		{"one plan measured twice, far apart", `[{"tp": 1, "pp": 1, "dp": 4, "step_ms": 10}, {"tp": 2, "pp": 1, "dp": 2, "step_ms": 10}, {"tp": 1, "pp": 1, "dp": 4, "step_ms": 30}]`,
 			"calibration points 1 and 3 are the same plan (tp=1 pp=1 dp=4 mb=1×1), measured at 10 and 30 ms", false},
 		{"a time in seconds", `[{"tp": 1, "pp": 1, "dp": 4, "step_ms": 0.0001}]`, "apart: no figure within its bounds explains that (is the time in milliseconds", false},
+		{"a time no figure reaches", `[{"tp": 1, "pp": 1, "dp": 4, "step_ms": 0.1}]`, "fitted, the measured plans are still", false},
 		{"another model's run", `{"config": {"tp": 1, "pp": 1, "dp": 4}, "model": {"params": 7}, "steps": [{"ms": 9}, {"ms": 9}]}`,
 			"the run trained a model of 7 parameters, and the model given here has", false},
 	} {
