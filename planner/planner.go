@@ -393,6 +393,20 @@ func machinery(c compile.Config) int {
 	return n
 }
 
+// CheckFixed refuses, before any search or calibration, the axes the
+// user fixed that break a rule by themselves (fixedConflicts), as the
+// search would once it had found no candidate.
+func CheckFixed(base compile.Config, m *ir.Module) error {
+	shape, err := ShapeOf(m)
+	if err != nil {
+		return err
+	}
+	if why := fixedConflicts(base, shape); len(why) > 0 {
+		return fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, base.Devices, strings.Join(why, "; "))
+	}
+	return nil
+}
+
 // noCandidates says why the search had nothing to try: the rules every
 // candidate's degrees must meet, with the ones the user fixed.
 func noCandidates(base compile.Config, t cost.Transformer) string {

@@ -280,6 +280,11 @@ func runPlanner(c *config) error {
 			base.Explicit[f] = true
 		}
 	}
+	// What the fixed axes break by themselves is said before a
+	// calibration's compiles, not after them.
+	if err := planner.CheckFixed(base, m); err != nil {
+		return err
+	}
 	if c.refineTrace != "" {
 		if err := refineHardware(c, m, os.Stderr); err != nil {
 			return err

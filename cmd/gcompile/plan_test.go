@@ -275,6 +275,19 @@ func TestMicroBatchSize(t *testing.T) {
 	}
 }
 
+// Axes fixed so that no plan can exist are named before a calibration
+// compiles its measured plans, not after.
+func TestFixedAxesAreCheckedBeforeTheCalibration(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "m.json")
+	require.NoError(t, os.WriteFile(f, []byte(`[{"tp": 1, "pp": 1, "dp": 4, "step_ms": 9}]`), 0o644))
+	log, err := captureStderr(t, func() error {
+		return mainNoPanic(t, append(append([]string{}, tinyGPT...), "--devices", "4", "--plan", "--tp", "3", "--calibrate", f))
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no candidate exists: --tp 3 as given must divide --devices 4")
+	assert.NotContains(t, log, "calibrate:", "nothing was calibrated")
+}
+
 // TestCalibrateCLI: --calibrate fits the preset to measured step times of
 // plans in --plan --metrics' schema, says what it fitted and the
 // leave-one-out error, plans with the result (the table then predicts the
