@@ -66,6 +66,10 @@ func checkPaths(c *config, lead bool) error {
 		}
 		c.corpus = corpus
 	}
+	if c.evalOnly && c.evalBatches == 0 && !isTokenData(c.data) {
+		// Said before the compile, not when the evaluation starts.
+		errs = append(errs, fmt.Errorf("eval: --eval-batches 0 (the whole held-out split) needs a token dataset (--data PREFIX); %s is text, evaluated on windows at every offset: give a number of batches", textData(c.data)))
+	}
 	if lead {
 		errs = append(errs, checkOutputs(c))
 	}
