@@ -8,6 +8,7 @@ package compile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -363,29 +364,63 @@ func compileEval(c *Config, trained *ir.Module, pipeline bool, lo lower.Options)
 // Config.Model: the passes change the module they run on, so every
 // compile parses its own copy. remove deletes the folder.
 func TempModuleFile(m *ir.Module) (path string, remove func(), err error) {
+	tempMu.Lock()
+	if tempClosed {
+		tempMu.Unlock()
+		return "", nil, errors.New("stopping: no more copies of the module")
+	}
 	dir, err := os.MkdirTemp("", "gcompile-module-")
 	if err != nil {
+		tempMu.Unlock()
 		return "", nil, err
 	}
 	path = filepath.Join(dir, "model.gir")
+	// Registered before it is written, so that RemoveTempModules, run
+	// from a signal's goroutine, finds every folder made.
+	tempModules[path] = true
+	tempMu.Unlock()
 	remove = func() {
-		tempModules.Delete(path)
+		tempMu.Lock()
+		delete(tempModules, path)
+		tempMu.Unlock()
 		os.RemoveAll(dir)
 	}
 	if err := os.WriteFile(path, []byte(ir.Print(m)), 0o644); err != nil {
 		remove()
 		return "", nil, err
 	}
-	tempModules.Store(path, true)
 	return path, remove, nil
 }
 
-// tempModules holds the paths TempModuleFile wrote and has not removed.
-var tempModules sync.Map
+// tempModules holds the paths TempModuleFile made and has not removed;
+// tempClosed is set once RemoveTempModules ran, after which none is
+// made.
+var (
+	tempMu      sync.Mutex
+	tempModules = map[string]bool{}
+	tempClosed  bool
+)
+
+// RemoveTempModules removes every file TempModuleFile made and has not
+// removed, with its folder, makes no more, and says how many it removed:
+// what a process stopped by a signal, whose deferred removals will not
+// run, calls.
+func RemoveTempModules() int {
+	tempMu.Lock()
+	defer tempMu.Unlock()
+	tempClosed = true
+	for path := range tempModules {
+		os.RemoveAll(filepath.Dir(path))
+	}
+	n := len(tempModules)
+	clear(tempModules)
+	return n
+}
 
 func isTempModule(path string) bool {
-	_, ok := tempModules.Load(path)
-	return ok
+	tempMu.Lock()
+	defer tempMu.Unlock()
+	return tempModules[path]
 }
 
 // keepLoss cuts m down to what its loss needs: no backward, optimizer,

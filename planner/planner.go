@@ -163,7 +163,10 @@ func Plan(req Request) (*Result, error) {
 		c.Plan = planOf(probe)
 		e, err := req.Hardware.EstimateFast(shape, c.Plan)
 		if err != nil {
-			c.Rejected = err.Error()
+			// The candidate is named beside its reason: the estimate's own
+			// naming of it would make every candidate's reason its own,
+			// and the one mistake of a fixed axis a line per candidate.
+			c.Rejected = strings.TrimPrefix(err.Error(), fmt.Sprintf("plan %s: ", c.Plan))
 			res.reject(c)
 			continue
 		}

@@ -570,18 +570,28 @@ func exportMain(args []string) error {
 // shards') and exit with 128 + the signal, as a stopped run does; each
 // interrupted export left tens of MB of them. stop ends the watch.
 func removeTempsOnSignal(out string) (stop func()) {
+	pattern := filepath.Join(filepath.Dir(out), "."+strings.TrimSuffix(filepath.Base(out), ".safetensors")+"*.tmp")
+	return cleanUpOnSignal("export", func() string {
+		tmps, _ := filepath.Glob(pattern)
+		for _, t := range tmps {
+			os.Remove(t)
+		}
+		return fmt.Sprintf("removed its %d temporary files, and what --out held is as it was", len(tmps))
+	})
+}
+
+// cleanUpOnSignal makes a SIGINT or SIGTERM run clean, say what it did
+// (what names the work stopped) and exit with 128 + the signal, as a
+// stopped run does: for work that watches for no signal itself and
+// leaves files a plain exit would not remove. stop ends the watch.
+func cleanUpOnSignal(what string, clean func() string) (stop func()) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	done := make(chan struct{})
-	pattern := filepath.Join(filepath.Dir(out), "."+strings.TrimSuffix(filepath.Base(out), ".safetensors")+"*.tmp")
 	go func() {
 		select {
 		case s := <-sigs:
-			tmps, _ := filepath.Glob(pattern)
-			for _, t := range tmps {
-				os.Remove(t)
-			}
-			fmt.Fprintf(os.Stderr, "gcompile: export: stopped by %s; removed its %d temporary files, and what --out held is as it was\n", signalName(s), len(tmps))
+			fmt.Fprintf(os.Stderr, "gcompile: %s: stopped by %s; %s\n", what, signalName(s), clean())
 			os.Exit(signalStatus(s))
 		case <-done:
 		}

@@ -773,6 +773,38 @@ func TestSignalSavesAndExits(t *testing.T) {
 	}
 }
 
+// A signal during a --plan search ends it with the signal's status and
+// removes the copies of the module the search compiles from, which the
+// deferred removals, not run on a signal, left in $TMPDIR.
+func TestSignalDuringASearchLeavesNoFiles(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	tmp := t.TempDir()
+	args := gir(t, []string{gptModel, "--set", "layers=8,hidden=64,heads=4,seq=32", "--batch", "64"})
+	cmd := exec.Command(os.Args[0], append(args, "--devices", "64", "--plan", "--plan-top", "40")...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1", "TMPDIR="+tmp)
+	var log strings.Builder
+	cmd.Stderr = &log
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	copies := func() []string {
+		m, err := filepath.Glob(filepath.Join(tmp, "gcompile-module-*"))
+		require.NoError(t, err)
+		return m
+	}
+	// The search has begun once it has written its copy.
+	for deadline := time.Now().Add(time.Minute); len(copies()) == 0; time.Sleep(2 * time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "no search began: %s", log.String())
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	var exit *exec.ExitError
+	require.ErrorAs(t, cmd.Wait(), &exit, "the search ended before the signal: %s", log.String())
+	assert.Equal(t, 143, exit.ExitCode(), log.String())
+	assert.Contains(t, log.String(), "gcompile: plan: stopped by SIGTERM; removed the search's")
+	assert.Empty(t, copies())
+}
+
 // Asynchronous data parallelism stopped by a signal exits with its
 // status too (it exited 0 after saying it stopped).
 func TestAsyncSignalExitsWithItsStatus(t *testing.T) {

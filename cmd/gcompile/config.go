@@ -18,6 +18,7 @@ import (
 	"gcompile/cost"
 	"gcompile/data"
 	"gcompile/data/sample"
+	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/planner"
 	"gcompile/runtime"
@@ -432,10 +433,37 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 		return nil, fmt.Errorf("want exactly one MODEL.go or MODEL.gir, got %d arguments (see %s -h)", len(positional), name)
 	}
 	c.Model = positional[0]
+	if b := girBatch(c.Model); b > 0 && !c.explicit["batch"] {
+		// A dump's batch is its own: the plan's rules (dp·microbatches
+		// dividing it) and the planner's search are held to it, not to
+		// --batch's default.
+		c.Batch = b
+	}
 	if mode != nil {
 		mode(c)
 	}
 	return c, c.validate()
+}
+
+// girBatch is the batch a .gir dump was built at (its tokens input's
+// first dimension), or 0 for a model.go or a dump that does not say;
+// a dump that does not parse is named when it is loaded.
+func girBatch(path string) int {
+	if !strings.HasSuffix(path, ".gir") {
+		return 0
+	}
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	m, err := ir.Parse(path, string(text))
+	if err != nil {
+		return 0
+	}
+	if v := m.Source("tokens"); v != nil && v.Type.Rank() >= 1 {
+		return v.Type.Shape[0]
+	}
+	return 0
 }
 
 // parsePositional parses flags anywhere among the positional arguments

@@ -416,6 +416,20 @@ func TestResumeFromDump(t *testing.T) {
 	require.NoError(t, mainErr([]string{filepath.Join(dumps, dumpName(t, "autodiff"))}))
 }
 
+// A dump's batch is its own: the plan's rules are held to it, not to
+// --batch's default of 8 (dp 4 · 4 microbatches of a batch-16 dump were
+// refused as not dividing 8), and the planner searches it.
+func TestDumpKeepsItsBatch(t *testing.T) {
+	dumps := filepath.Join(t.TempDir(), "d")
+	require.NoError(t, mainErr([]string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "16", "--dump", dumps}))
+	input := filepath.Join(dumps, "00-input.gir")
+	require.NoError(t, mainErr([]string{input, "--devices", "4", "--dp", "4", "--microbatches", "4"}))
+	out := captureStdout(t, func() {
+		require.NoError(t, mainErr([]string{input, "--devices", "4", "--dp", "4", "--plan", "--plan-top", "1"}))
+	})
+	assert.Regexp(t, `best: tp=1 pp=1 dp=4 mb=(4×1|2×2|1×4)`, out, "dp 4 over a batch of 16")
+}
+
 // A dump past the passes that fix the plan resumes only under that plan:
 // another (or the default one device) is refused naming the flags that
 // give the dump's, where it used to panic or lower programs that did not

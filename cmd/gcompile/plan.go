@@ -262,10 +262,18 @@ func runPlanner(c *config) error {
 	base.Interrupt = interrupt
 	m, err := compile.LoadModule(&base)
 	// Past the model's build (whose work folder a signal must remove) a
-	// signal ends the search as it ends any program: the search does not
-	// watch for one, and a scheduler's SIGTERM must not be swallowed.
+	// signal ends the search at once, as it ends any program (a
+	// scheduler's SIGTERM must not be swallowed), once the copies of the
+	// module the search compiles from are removed.
 	stop()
 	base.Interrupt = nil
+	stopWatch := cleanUpOnSignal("plan", func() string {
+		if n := compile.RemoveTempModules(); n != 1 {
+			return fmt.Sprintf("removed the search's %d copies of the module", n)
+		}
+		return "removed the search's copy of the module"
+	})
+	defer stopWatch()
 	if err != nil {
 		return err
 	}
