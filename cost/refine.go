@@ -198,7 +198,7 @@ func matchTrace(progs []*lower.Program, events []runtime.TraceEvent, shared bool
 		}
 		if typ, _ := e.Args["type"].(string); typ != "" && ref != "" {
 			if want, ok := indexOf(d).refs[ref]; ok && want != typ {
-				return nil, nil, fmt.Errorf("%w: device %d's %s %s computed %s in the trace, %s in the plan: the trace is of another model size or batch", ErrTraceMismatch, d, e.Name, ref, typ, want)
+				return nil, nil, fmt.Errorf("%w: device %d's %s %s computed %s in the trace, %s in the plan: the trace is of another model size or batch, or of another plan or precision (give every axis, --microbatches, --recompute, --sequence-parallel and --precision as the traced run had them)", ErrTraceMismatch, d, e.Name, ref, typ, want)
 			}
 		}
 		evs = append(evs, ev{dev: d, step: step, ts: e.Ts, dur: e.Dur, ref: ref, op: e.Name, share: 1})
