@@ -478,7 +478,14 @@ func fixedConflicts(base compile.Config, t cost.Transformer) []string {
 	}
 	if fixed("dp") || fixed("ep") {
 		if r := max(base.DP, 1) * max(base.EP, 1); base.Batch%r != 0 {
-			why = append(why, fmt.Sprintf("dp·ep = %d as given does not divide --batch %d", r, base.Batch))
+			name := "dp·ep"
+			switch {
+			case !fixed("ep"):
+				name = "dp"
+			case !fixed("dp"):
+				name = "ep"
+			}
+			why = append(why, fmt.Sprintf("%s = %d as given does not divide --batch %d", name, r, base.Batch))
 		}
 	}
 	if fixed("microbatches") && fixed("micro-batch-size") {

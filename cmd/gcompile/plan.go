@@ -214,6 +214,10 @@ func (c *config) validateForPlanner() []error {
 		delete(probe.Explicit, a)
 	}
 	probe.Devices, probe.TP, probe.PP, probe.DP, probe.VPP, probe.EP, probe.CP = 1, 1, 1, 1, 0, 0, 0
+	if c.explicit["dp"] && c.DP > 1 && c.DP <= compile.MaxDevices {
+		// The batch's rules (micro-batch-size) are said with the dp given.
+		probe.Devices, probe.DP = c.DP, c.DP
+	}
 	if probe.DPSync == "async" {
 		probe.DPSync = "sync" // refused above; its rules need a dp the probe does not have
 	}
