@@ -388,7 +388,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		return err
 	}
 	if limit := positionLimit(gen.Decode); limit > 0 && context > limit {
-		return fmt.Errorf("%w: %d positions (the longest prompt, %d tokens, plus --max-new-tokens %d less the last, which is not fed back, or --context) are past the model's position table of %d rows", generate.ErrBadPrompt, context, longest, g.maxNew, limit)
+		if g.context > need {
+			// The cache asked for, not the prompts, is past the table.
+			return fmt.Errorf("--context %d: past the model's position table of %d rows (the prompts and --max-new-tokens need %d positions; leave --context out for that many)", g.context, limit, need)
+		}
+		return fmt.Errorf("%w: %d positions (the longest prompt, %d tokens, plus --max-new-tokens %d less the last, which is not fed back) are past the model's position table of %d rows", generate.ErrBadPrompt, context, longest, g.maxNew, limit)
 	}
 	// The prompts against the model's vocabulary, before any weight is
 	// read.
