@@ -400,14 +400,22 @@ func machinery(c compile.Config) int {
 // user fixed that break a rule by themselves (fixedConflicts), as the
 // search would once it had found no candidate.
 func CheckFixed(base compile.Config, m *ir.Module) error {
-	shape, err := ShapeOf(m)
-	if err != nil {
+	why, err := FixedConflicts(base, m)
+	if err != nil || len(why) == 0 {
 		return err
 	}
-	if why := fixedConflicts(base, shape); len(why) > 0 {
-		return fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, base.Devices, strings.Join(why, "; "))
+	return fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, base.Devices, strings.Join(why, "; "))
+}
+
+// FixedConflicts are the rules the axes marked explicit in base break by
+// themselves against the model m (tp dividing its heads, pp its layers,
+// …), each naming its flag and the figure it must fit.
+func FixedConflicts(base compile.Config, m *ir.Module) ([]string, error) {
+	shape, err := ShapeOf(m)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	return fixedConflicts(base, shape), nil
 }
 
 // noCandidates says why the search had nothing to try: the rules every

@@ -443,9 +443,21 @@ const maxCalibratedError = 1.0
 func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writer) error {
 	// Price the measured plans as the table will: compiled and predicted
 	// for a model small enough to compile, estimated otherwise.
-	for _, p := range c.measured {
+	for i, p := range c.measured {
 		if err := p.Run.Check(compile.ParamCount(m), c.Precision, c.Set); err != nil {
 			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
+		}
+		// A plan the model cannot have (tp not dividing its heads) is
+		// named by its rule, not by the compile error it would meet.
+		cfg := p.Config(base)
+		cfg.Explicit = map[string]bool{"tp": true, "pp": true, "dp": true, "ep": p.EP > 0, "cp": p.CP > 0, "vpp": p.VPP > 0}
+		why, err := planner.FixedConflicts(cfg, m)
+		if err != nil {
+			return err
+		}
+		if len(why) > 0 {
+			return fmt.Errorf("--calibrate %s: calibration point %d (%s) cannot be this model's plan: %s", c.calibrate, i+1, planner.Describe(cfg),
+				strings.ReplaceAll(strings.Join(why, "; "), " as given", ""))
 		}
 	}
 	var hw *cost.Hardware

@@ -339,7 +339,7 @@ func TestCalibrateCLI(t *testing.T) {
 		// checks name before the model is built.
 		early bool
 	}{
-		{"no such plan", `[{"tp": 3, "pp": 1, "dp": 1, "microbatches": 1, "step_ms": 10}]`, "calibration point 1 (tp=3 pp=1 dp=1", false},
+		{"no such plan", `[{"tp": 3, "pp": 1, "dp": 1, "microbatches": 1, "step_ms": 10}]`, "calibration point 1 (tp=3 pp=1 dp=1 mb=4×1) cannot be this model's plan: --tp 3 does not divide the model's 2 heads", false},
 		{"negative time", `[{"tp": 1, "pp": 1, "dp": 4, "microbatches": 1, "step_ms": -3}]`, "plan 1: step_ms must be a positive time, got -3", true},
 		{"no time", `{"plans": [{"tp": 1, "pp": 1, "dp": 4}]}`, "no plan in it has a step_ms", true},
 		{"not JSON", `NaN`, "not a JSON list or object", true},
