@@ -247,6 +247,8 @@ func (c *Config) Validate() error {
 	}
 	if c.Batch < 1 {
 		bad("--batch must be ≥ 1")
+	} else if c.Batch > MaxBatch {
+		bad("--batch %d: more than %d sequences a step (is it a count of tokens? --batch counts sequences)", c.Batch, MaxBatch)
 	}
 	if c.Recompute == "" {
 		c.Recompute = "none"
@@ -303,6 +305,11 @@ func (c *Config) Validate() error {
 // MaxMicrobatches bounds the microbatches of a compiled plan (Megatron-
 // LM's published runs use at most a few thousand a replica).
 const MaxMicrobatches = 16384
+
+// MaxBatch bounds --batch: 2^30 sequences a step is far past any run's
+// (Megatron-LM's largest published global batches are a few thousand),
+// and its products with a model's sizes stay well within an int.
+const MaxBatch = 1 << 30
 
 // MaxDevices bounds --devices and each parallel degree: their products
 // must fit an int, and a mesh of a million devices is beyond any job.

@@ -260,9 +260,8 @@ func checkMeasured(path string, ps []MeasuredPlan, nums []int) ([]MeasuredPlan, 
 	return ps, nil
 }
 
-// maxRowBatch bounds a measured row's batch (2^40 sequences: far past
-// any run, and its products with the model's sizes stay in an int).
-const maxRowBatch = 1 << 40
+// maxRowBatch bounds a measured row's batch as --batch is bounded.
+const maxRowBatch = compile.MaxBatch
 
 // repeatedKey is a key of the JSON object e given twice, or "".
 func repeatedKey(e json.RawMessage) string {

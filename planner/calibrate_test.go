@@ -38,7 +38,7 @@ func TestReadMeasured(t *testing.T) {
 		{"a key twice", `[{"tp": 1, "tp": 2, "step_ms": 5}]`, nil, `plan 1: key "tp" given twice`},
 		{"axes past any machine", `[{"tp": 1048576, "dp": 1048576, "step_ms": 5}]`, nil, "plan 1: dp = 1048576 makes more than 1048576 devices"},
 		{"microbatches past a program", `[{"dp": 4, "microbatches": 4611686018427387904, "step_ms": 12}]`, nil, "plan 1: microbatches 4611686018427387904: past the 16384"},
-		{"a batch that overflows", `[{"dp": 4, "microbatch_size": 4611686018427387904, "microbatches": 1, "step_ms": 12}]`, nil, "plan 1: microbatch_size × microbatches × dp·ep is past 1099511627776 sequences"},
+		{"a batch that overflows", `[{"dp": 4, "microbatch_size": 4611686018427387904, "microbatches": 1, "step_ms": 12}]`, nil, "plan 1: microbatch_size × microbatches × dp·ep is past 1073741824 sequences"},
 		{"time as a string", `[{"tp": 1, "step_ms": 5}, {"tp": 1, "step_ms": "NaN"}]`, nil, "plan 2: json: cannot unmarshal string"},
 		{"time out of range", `[{"tp": 1, "step_ms": 1e400}]`, nil, "cannot unmarshal number 1e400"},
 		{"negative time", `[{"tp": 1, "step_ms": -3}]`, nil, "plan 1: step_ms must be a positive time, got -3"},

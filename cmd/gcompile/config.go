@@ -539,13 +539,16 @@ func (c *config) validate() error {
 			c.hw = hw
 		}
 	}
-	if c.refineTrace != "" && (!c.plan || c.hardware == "") {
+	if c.calibrate != "" && c.refineTrace != "" {
+		// Said alone: whichever is kept, the other rules then apply.
+		bad("--calibrate and --refine-trace each refine the hardware: give one")
+	} else if c.refineTrace != "" && (!c.plan || c.hardware == "") && !c.evalOnly {
 		bad("--refine-trace refines the --hardware preset for --plan: it needs both")
 	}
-	if c.refineTrace != "" && c.run {
+	if c.refineTrace != "" && c.run && !c.evalOnly {
 		bad("--refine-trace applies to --plan without --run: save the refined preset (--save-hardware) and train with --hardware FILE.json")
 	}
-	if c.calibrate != "" && !c.planned && !c.planning() {
+	if c.calibrate != "" && !c.planned && !c.planning() && !c.evalOnly && c.refineTrace == "" {
 		bad("--calibrate fits the hardware the planner prices plans on: it needs --plan, or --devices > 1 with no --tp/--pp/--dp/--ep")
 	}
 	if c.calibrate != "" && !c.planned {
@@ -561,9 +564,6 @@ func (c *config) validate() error {
 		} else {
 			c.traced = events
 		}
-	}
-	if c.calibrate != "" && c.refineTrace != "" {
-		bad("--calibrate and --refine-trace each refine the hardware: give one")
 	}
 	if c.saveHardware != "" && c.refineTrace == "" && c.calibrate == "" {
 		bad("--save-hardware writes the preset --refine-trace or --calibrate refines: it needs one of them")

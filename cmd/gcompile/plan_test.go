@@ -47,6 +47,7 @@ func TestPlanFlagsBadValues(t *testing.T) {
 		{"plan bad devices", []string{"--plan", "--devices", "0"}, []string{"--devices must be in 1.."}},
 		{"plan bad zero", []string{"--plan", "--devices", "4", "--zero", "7"}, []string{"--zero 7"}},
 		{"plan micro-batch-size with dp given", []string{"--plan", "--devices", "2", "--dp", "2", "--micro-batch-size", "3"}, []string{"--batch 8 must be divisible by dp·ep·micro-batch-size = 2·1·3"}},
+		{"a batch of tokens", []string{"--plan", "--batch", "9223372036854775807"}, []string{"--batch 9223372036854775807: more than 1073741824 sequences a step (is it a count of tokens?"}},
 		{"plan microbatches past a program", []string{"--plan", "--devices", "4", "--dp", "4", "--microbatches", "4611686018427387904"}, []string{"--microbatches 4611686018427387904: past the 16384"}},
 		{"plan-trace async", []string{"--devices", "2", "--dp-sync", "async", "--plan-trace", filepath.Join(dir, "p.json")}, []string{"--plan-trace prices synchronous plans"}},
 		{"plan-trace bad hardware", []string{"--plan-trace", filepath.Join(dir, "p.json"), "--hardware", "tpu-v9"}, []string{`--hardware "tpu-v9"`}},

@@ -39,6 +39,29 @@ func TestRefineTraceFlags(t *testing.T) {
 	}
 }
 
+// Flags that exclude each other, or that a subcommand does not take, are
+// one error, not one more for each rule they then also break.
+func TestExclusiveHardwareFlagsAreOneError(t *testing.T) {
+	dir := t.TempDir()
+	tr, cal := filepath.Join(dir, "trace.json"), filepath.Join(dir, "cal.json")
+	require.NoError(t, os.WriteFile(tr, []byte(`{"traceEvents": [{"name": "matmul", "ph": "X", "ts": 0, "dur": 1, "pid": 0, "tid": 1}]}`), 0o644))
+	require.NoError(t, os.WriteFile(cal, []byte(`[{"tp": 1, "pp": 1, "dp": 4, "step_ms": 9}]`), 0o644))
+	w := filepath.Join(dir, "w.safetensors")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{gptModel, "--plan", "--calibrate", cal, "--refine-trace", tr}, "--calibrate and --refine-trace each refine the hardware: give one"},
+		{[]string{"eval", gptModel, "--load", w, "--calibrate", cal}, "eval: --calibrate changes only training"},
+		{[]string{"eval", gptModel, "--load", w, "--refine-trace", tr}, "eval: --refine-trace changes only training"},
+	} {
+		err := mainErr(tc.args)
+		require.Error(t, err, "%v", tc.args)
+		assert.Contains(t, err.Error(), tc.want)
+		assert.NotContains(t, err.Error(), "\n", "one error: %v", err)
+	}
+}
+
 // TestRefineTraceCLI: a --trace of a short run refines the cpu preset
 // for --plan, --save-hardware writes it, and --hardware reads it back;
 // a trace of another plan is refused naming the mismatch.
