@@ -29,12 +29,14 @@ type MeasuredPlan struct {
 	Run *MeasuredRun `json:"-"`
 }
 
-// MeasuredRun is the model a run's --metrics says it trained.
+// MeasuredRun is the model a run's --metrics says it trained, or a
+// --plan --metrics table says its plans are of (Table).
 type MeasuredRun struct {
 	Params    int64
 	Precision string
 	// Set is the run's --set (config.set).
-	Set string
+	Set   string
+	Table bool
 }
 
 // Check refuses a run's metrics whose model is not the one given here:
@@ -46,17 +48,25 @@ func (r *MeasuredRun) Check(params int64, precision, set string) error {
 	if r == nil {
 		return nil
 	}
+	what, trained := "the run", "trained"
+	if r.Table {
+		what, trained = "the table's plans", "are of"
+	}
 	if r.Params > 0 && r.Params != params {
-		return fmt.Errorf("the run trained a model of %d parameters, and the model given here has %d: calibrate with the model (and --set) that ran", r.Params, params)
+		return fmt.Errorf("%s %s a model of %d parameters, and the model given here has %d: calibrate with the model (and --set) that ran", what, trained, r.Params, params)
 	}
 	if diff := setDiff(r.Set, set); diff != "" {
-		return fmt.Errorf("the run's --set differs from this command's (%s): calibrate with the --set that ran, %q", diff, r.Set)
+		owner := "the run's"
+		if r.Table {
+			owner = "the table's"
+		}
+		return fmt.Errorf("%s --set differs from this command's (%s): calibrate with the --set that ran, %q", owner, diff, r.Set)
 	}
 	if precision == "" {
 		precision = "fp32"
 	}
 	if r.Precision != "" && r.Precision != precision {
-		return fmt.Errorf("the run trained in %s, and this command prices %s: give --precision %s", r.Precision, precision, r.Precision)
+		return fmt.Errorf("%s %s in %s, and this command prices %s: give --precision %s", what, map[bool]string{true: "are", false: "trained"}[r.Table], r.Precision, precision, r.Precision)
 	}
 	return nil
 }
@@ -88,8 +98,10 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		return nil, fmt.Errorf("%s: not a JSON list or object (%s)", path, want)
 	}
 	var obj struct {
-		Plans  []json.RawMessage `json:"plans"`
-		Config json.RawMessage   `json:"config"`
+		Plans     []json.RawMessage `json:"plans"`
+		Precision *string           `json:"precision"`
+		Set       string            `json:"set"`
+		Config    json.RawMessage   `json:"config"`
 		Steps  []struct {
 			Ms *float64 `json:"ms"`
 		} `json:"steps"`
@@ -102,7 +114,15 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 	}
 	switch {
 	case obj.Plans != nil:
-		return readEntries(path, obj.Plans)
+		ps, err := readEntries(path, obj.Plans)
+		if err == nil && obj.Precision != nil {
+			// A --plan --metrics table says what model its plans are of.
+			run := &MeasuredRun{Params: obj.Model.Params, Precision: *obj.Precision, Set: obj.Set, Table: true}
+			for i := range ps {
+				ps[i].Run = run
+			}
+		}
+		return ps, err
 	case obj.Config != nil:
 		if len(obj.Steps) < 2 {
 			return nil, fmt.Errorf("%s: a run's metrics with %d steps: at least 2 are needed (the first warms up)", path, len(obj.Steps))

@@ -105,6 +105,11 @@ type Result struct {
 	MemoryBytes int64
 	// Compiled counts the candidates compiled (0 without compiling).
 	Compiled int
+	// Params, Precision and Set are the model the plans are of (Params 0
+	// for a shape alone), which a calibration from the table's rows
+	// checks its model against.
+	Params         int64
+	Precision, Set string
 }
 
 // maxCompiles bounds the candidates one search compiles when none of
@@ -144,7 +149,10 @@ func Plan(req Request) (*Result, error) {
 	if topK <= 0 {
 		topK = 5
 	}
-	res := &Result{Shape: shape, MemoryBytes: capBytes}
+	res := &Result{Shape: shape, MemoryBytes: capBytes, Precision: req.Base.Precision, Set: req.Base.Set}
+	if req.Module != nil {
+		res.Params = compile.ParamCount(req.Module)
+	}
 	var feasible []*Candidate
 	for _, cfg := range enumerate(req.Base, shape, req.Hardware, selective) {
 		res.Considered++

@@ -244,14 +244,26 @@ type RejectedRow struct {
 // reasons (the first of them the search keeps), for a script that
 // reads the file rather than the message.
 func WriteJSON(path string, res *Result, hw *cost.Hardware, failure error) error {
+	type model struct {
+		Params int64 `json:"params,omitempty"`
+	}
+	precision := res.Precision
+	if precision == "" {
+		precision = "fp32"
+	}
 	out := struct {
-		Hardware   string        `json:"hardware"`
-		Source     string        `json:"hardware_source"` // where its figures come from (a calibration's measurements)
-		Considered int           `json:"candidates"`
-		Plans      []Row         `json:"plans"`
-		Error      string        `json:"error,omitempty"`
-		Rejected   []RejectedRow `json:"rejected,omitempty"`
-	}{Hardware: hw.Name, Source: hw.Source, Considered: res.Considered, Plans: Rows(res, hw)}
+		Hardware   string `json:"hardware"`
+		Source     string `json:"hardware_source"` // where its figures come from (a calibration's measurements)
+		Considered int    `json:"candidates"`
+		// The model the plans are of: a calibration from these rows
+		// (step_ms added) checks that its model is this one.
+		Model     model         `json:"model"`
+		Precision string        `json:"precision"`
+		Set       string        `json:"set,omitempty"`
+		Plans     []Row         `json:"plans"`
+		Error     string        `json:"error,omitempty"`
+		Rejected  []RejectedRow `json:"rejected,omitempty"`
+	}{Hardware: hw.Name, Source: hw.Source, Considered: res.Considered, Model: model{res.Params}, Precision: precision, Set: res.Set, Plans: Rows(res, hw)}
 	if out.Plans == nil {
 		out.Plans = []Row{}
 	}

@@ -333,6 +333,12 @@ func TestCalibrateCLI(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, hw.Source, "calibrated on 3 measured steps")
 	assert.Contains(t, out, "best: ")
+	// The table says what model its plans are of: another's is refused.
+	for _, other := range [][]string{{"--set", "layers=1,hidden=64,heads=2,seq=16"}, {"--precision", "bf16"}} {
+		err := mainNoPanic(t, append(append(append([]string{}, args...), other...), "--calibrate", measured))
+		require.Error(t, err, "%v", other)
+		assert.Regexp(t, `the table's plans are (of a model of \d+ parameters, and the model given here has|in fp32, and this command prices bf16)`, err.Error())
+	}
 
 	for _, tc := range []struct {
 		name, body, want string
