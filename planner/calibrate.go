@@ -102,7 +102,7 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		Precision *string           `json:"precision"`
 		Set       string            `json:"set"`
 		Config    json.RawMessage   `json:"config"`
-		Steps  []struct {
+		Steps     []struct {
 			Ms *float64 `json:"ms"`
 		} `json:"steps"`
 		Model struct {
