@@ -281,6 +281,13 @@ func runPlanner(c *config) error {
 	if err != nil {
 		return err
 	}
+	if v := m.Source("tokens"); c.run && c.corpus != nil && v != nil && v.Type.Rank() == 2 {
+		// Text too short for one window, or with bytes past the model's
+		// vocabulary, is said before the search, not after it.
+		if _, err := loadCorpus(c, m, v.Type.Shape[1]); err != nil {
+			return err
+		}
+	}
 	base.Explicit = map[string]bool{}
 	for _, a := range planAxes {
 		if c.explicit[a] {

@@ -290,6 +290,19 @@ func TestFixedAxesAreCheckedBeforeTheCalibration(t *testing.T) {
 	assert.NotContains(t, log, "calibrate:", "nothing was calibrated")
 }
 
+// --plan --run on text too short for the model's sequence says so before
+// the search, not after it.
+func TestPlanRunChecksTheTextFirst(t *testing.T) {
+	small := filepath.Join(t.TempDir(), "small.txt")
+	require.NoError(t, os.WriteFile(small, []byte("tiny text"), 0o644))
+	log, err := captureStderr(t, func() error {
+		return mainNoPanic(t, append(append([]string{}, tinyGPT...), "--devices", "2", "--plan", "--run", "--steps", "1", "--data", small))
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "training split has 9 bytes, needs more than 17 for one window of sequence length 16")
+	assert.NotContains(t, log, "planner:", "nothing was searched")
+}
+
 // TestCalibrateCLI: --calibrate fits the preset to measured step times of
 // plans in --plan --metrics' schema, says what it fitted and the
 // leave-one-out error, plans with the result (the table then predicts the
