@@ -77,6 +77,9 @@ func mainErr(args []string) (err error) {
 		if c.run && c.explicit["max-data-mb"] && isTokenData(c.data) {
 			fmt.Fprintln(os.Stderr, "note: --max-data-mb bounds text read into memory; a token dataset is memory-mapped, never read whole: it is not used")
 		}
+		if c.explicit["hardware"] && !c.planning() && c.planTrace == "" {
+			fmt.Fprintln(os.Stderr, "note: --hardware describes the devices the planner prices plans on (--plan, --plan-trace, or --devices > 1 with no axis given); this run's plan is given, so it is not used")
+		}
 	}
 	if c.planning() {
 		// The planner compiles the model: with a token dataset, at the

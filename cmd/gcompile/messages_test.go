@@ -145,3 +145,25 @@ func TestSubcommandWithoutItsCheckpoint(t *testing.T) {
 		assert.Equal(t, sub+": want one checkpoint folder, got 0 arguments (see gcompile "+sub+" -h)", err.Error())
 	}
 }
+
+// Flags that have nothing to act on in a run are said to be unused,
+// not dropped without a word: the training loop's without --run, and
+// --hardware when the plan is given (it prices the planner's plans).
+func TestUnusedFlagsAreNoted(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		note string
+	}{
+		{[]string{"--steps", "3"}, "note: --steps, --max-data-mb shape a training run, and without --run nothing trains: they are not used (add --run to train)"},
+		{[]string{"--devices", "2", "--tp", "2", "--hardware", "h100-sxm"}, "note: --hardware describes the devices the planner prices plans on"},
+	} {
+		log, err := captureStderr(t, func() error { return mainErr(append(append([]string{}, tinyGPT...), tc.args...)) })
+		require.NoError(t, err, "%v", tc.args)
+		assert.Contains(t, log, tc.note, "%v", tc.args)
+	}
+	log, err := captureStderr(t, func() error {
+		return mainErr(append(append([]string{}, tinyGPT...), "--devices", "2", "--hardware", "h100-sxm"))
+	})
+	require.NoError(t, err)
+	assert.NotContains(t, log, "note: --hardware", "the planner used it")
+}
