@@ -303,5 +303,10 @@ func everyK(s string, layers int) (int, error) {
 	if err != nil || k < 1 {
 		return 0, fmt.Errorf("--recompute every=%s: want a positive number of layers or sqrt", s)
 	}
+	if layers > 0 && k > layers {
+		// One segment of every layer, replayed whole in the backward:
+		// every=layers says that, and more says nothing else.
+		return 0, fmt.Errorf("--recompute every=%d: more than the model's %d layers; a segment holds at most every layer (every=%d)", k, layers, layers)
+	}
 	return k, nil
 }
