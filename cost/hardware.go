@@ -210,6 +210,14 @@ func Load(spec string) (*Hardware, error) {
 		h, err = LoadFile(base)
 	} else {
 		h, err = Preset(base)
+		if fi, serr := os.Stat(base); err != nil && serr == nil {
+			// A path, not a preset's name: say what it is.
+			what := "a file not named NAME.json"
+			if fi.IsDir() {
+				what = "a folder"
+			}
+			err = fmt.Errorf("%w %q: %s, neither a preset (%s) nor a hardware file (NAME.json)", ErrUnknownHardware, base, what, strings.Join(Presets(), ", "))
+		}
 	}
 	if err != nil || !hasSets {
 		return h, err

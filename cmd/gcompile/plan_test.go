@@ -35,6 +35,7 @@ func TestPlanFlagsBadValues(t *testing.T) {
 		{"missing file", []string{"--plan", "--hardware", filepath.Join(dir, "none.json")}, []string{"bad hardware description", "none.json"}},
 		{"bad file", []string{"--plan", "--hardware", bad}, []string{"missing ", "vector_tflops", "a hardware file gives every figure"}},
 		{"empty hardware", []string{"--plan", "--hardware", ""}, []string{"--hardware given an empty value"}},
+		{"a folder as hardware", []string{"--plan", "--hardware", dir}, []string{"a folder, neither a preset (a100-40g"}},
 		{"schedule that does not exist", []string{"--plan", "--devices", "4", "--schedule", "bogus"}, []string{`--schedule "bogus": want gpipe`}},
 		{"every=0", []string{"--plan", "--devices", "4", "--recompute", "every=0"}, []string{"--recompute every=0: want a positive number of layers or sqrt"}},
 		{"unknown figure set", []string{"--plan", "--hardware", "a100-80g:nvlink=400"}, []string{`--hardware "a100-80g:nvlink=400"`, `"nvlink=400": want key=value with a numeric key`, "host_op_us"}},
