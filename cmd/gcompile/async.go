@@ -160,7 +160,9 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		return trainErr
 	}
 	if c.save != "" {
-		if err := saveWeights(serverWeights{a.Server}, []*lower.Program{gp}, c.save, c.steps, true, c.vocabTables); err != nil {
+		// A replica's model is built at its share of the batch: no
+		// fingerprint of the whole model to check against.
+		if err := saveWeights(serverWeights{a.Server}, []*lower.Program{gp}, c.save, c.steps, true, c.vocabTables, map[string]string{"model": res.Module.Name, "set": c.Set}); err != nil {
 			return err
 		}
 		fmt.Fprintf(j.log, "saved weights to %s\n", c.save)

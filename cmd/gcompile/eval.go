@@ -86,6 +86,15 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		}
 	}
 	weights := c.load
+	if c.load != "" && j.lead() {
+		note, err := savedModel(c.Config, c.load)
+		if err != nil {
+			return err
+		}
+		if note != "" {
+			fmt.Fprintln(j.log, note)
+		}
+	}
 	if c.load == "" {
 		m, err := checkpointModel(c.Config, resumeDir, res.ModelFingerprint)
 		if err != nil {

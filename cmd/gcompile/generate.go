@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -401,6 +402,15 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	if err := shape.Check(&req); err != nil {
 		return err
 	}
+	if g.load != "" {
+		note, err := savedModel(g.Config, g.load)
+		if err != nil {
+			return err
+		}
+		if note != "" {
+			fmt.Fprintln(stderr, note)
+		}
+	}
 	loadW := func(pre weightStore) error {
 		progs := []*lower.Program{gen.Prefill}
 		if g.load != "" {
@@ -699,21 +709,65 @@ func checkpointModel(cfg compile.Config, resume, fingerprint string) (*checkpoin
 		return m, nil
 	}
 	set, _ := m.Plan.Flags["set"].(string)
+	return nil, anotherModel("--resume "+dir, "the checkpoint is", cfg, m.Model, set, m.ModelFingerprint, fingerprint, m.Plan.Data)
+}
+
+// anotherModel is the error of weights (from: the flag and its path;
+// what: "the checkpoint is", "the weights are") trained as model with --set set
+// and fingerprint was, read by cfg's model, whose fingerprint is now;
+// data is the run's data identity ("" unknown), whose vocabulary a
+// --set vocab would not reproduce.
+func anotherModel(from, what string, cfg compile.Config, model, set, was, now, data string) error {
 	hint := "give the --set it was trained with"
-	if was, ok := setValue(set, "vocab"); ok && m.Plan.Data != "" && !checkpoint.IsTextIdentity(m.Plan.Data) {
-		if now, _ := setValue(cfg.Set, "vocab"); now != was {
+	if v, ok := setValue(set, "vocab"); ok && data != "" && !checkpoint.IsTextIdentity(data) {
+		if cur, _ := setValue(cfg.Set, "vocab"); cur != v {
 			// The vocabulary came from the run's token data: setting it
 			// by hand would evaluate the model on other tokens.
-			hint = fmt.Sprintf("its vocab=%s came from the token data it trained on: give --data PREFIX and --tokenizer as the run did (and its --split), not --set vocab", was)
+			hint = fmt.Sprintf("its vocab=%s came from the token data it trained on: give --data PREFIX and --tokenizer as the run did (and its --split), not --set vocab", v)
 		}
 	}
 	if set == cfg.Set {
 		// The sizes agree: the model file is another (or has changed).
-		return nil, fmt.Errorf("--resume %s: the checkpoint is of model %q (fingerprint %.12s), and %s with the same --set %q is another model (fingerprint %.12s): give the model file the checkpoint was trained with: %w",
-			dir, m.Model, m.ModelFingerprint, cfg.Model, set, fingerprint, checkpoint.ErrMismatch)
+		return fmt.Errorf("%s: %s of model %q (fingerprint %.12s), and %s with the same --set %q is another model (fingerprint %.12s): give the model file %s was trained with: %w",
+			from, what, model, was, cfg.Model, set, now, strings.TrimSuffix(strings.TrimSuffix(what, " is"), " are"), checkpoint.ErrMismatch)
 	}
-	return nil, fmt.Errorf("--resume %s: the checkpoint is of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so %s: %w",
-		dir, m.Model, set, m.ModelFingerprint, cfg.Set, fingerprint, hint, checkpoint.ErrMismatch)
+	return fmt.Errorf("%s: %s of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so %s: %w",
+		from, what, model, set, was, cfg.Set, now, hint, checkpoint.ErrMismatch)
+}
+
+// savedModel compares weights that gcompile's --save wrote (its metadata
+// names the model, its --set, the fingerprint of the model it trained and
+// the batch that model was built at) with cfg's model built at that batch,
+// and returns a note when they differ: the same param shapes can hold
+// other maths (heads, activation, rotary base). Only a note, since a
+// loss-only setting (a MoE's aux weight) also changes the fingerprint and
+// evaluating with it changed is what a user may want. Weights from
+// elsewhere, an export, another model's (their names say so on load) or
+// a .gir model's get no note.
+func savedModel(cfg compile.Config, file string) (string, error) {
+	if !strings.HasSuffix(cfg.Model, ".go") || !strings.HasSuffix(file, ".safetensors") {
+		return "", nil
+	}
+	f, err := checkpoint.Open(file)
+	if err != nil {
+		return "", nil // named when the weights are loaded
+	}
+	meta := f.Metadata
+	f.Close()
+	batch, err := strconv.Atoi(meta["batch"])
+	if meta["producer"] != "gcompile" || meta["model_fingerprint"] == "" || err != nil || batch < 1 {
+		return "", nil
+	}
+	cfg.Batch, cfg.DPSync = batch, "sync"
+	mod, err := compile.LoadModule(&cfg)
+	if err != nil {
+		return "", err
+	}
+	if now := mod.Fingerprint(); mod.Name == meta["model"] && now != meta["model_fingerprint"] {
+		return fmt.Sprintf("note: %v; they load if their shapes fit, and compute what this model computes", strings.TrimSuffix(
+			anotherModel("--load "+file, "the weights are", cfg, meta["model"], meta["set"], meta["model_fingerprint"], now, meta["data"]).Error(), ": "+checkpoint.ErrMismatch.Error())), nil
+	}
+	return "", nil
 }
 
 // loadCheckpointParams loads the params of a training checkpoint.

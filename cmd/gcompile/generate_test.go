@@ -150,6 +150,28 @@ func TestGenerateBadInput(t *testing.T) {
 	assert.Contains(t, out.String(), `"ids":[`)
 }
 
+// Weights gcompile saved record the model that trained them: generating
+// from them with a model of other maths but the same param shapes
+// (another activation) is noted, naming both --set lists; the same model
+// is not.
+func TestGenerateNotesWeightsOfAnotherModel(t *testing.T) {
+	w := filepath.Join(tinyWeights(t), "w.safetensors")
+	set := "layers=1,hidden=32,heads=4,seq=16,ctx=48"
+	for _, tc := range []struct {
+		set  string
+		note bool
+	}{{set, false}, {set + ",activation=relu", true}} {
+		var out, log bytes.Buffer
+		require.NoError(t, runGenerate([]string{gptModel, "--set", tc.set, "--load", w, "--prompt", "a", "--max-new-tokens", "1"}, &out, &log))
+		if !tc.note {
+			assert.NotContains(t, log.String(), "note: --load", tc.set)
+			continue
+		}
+		assert.Contains(t, log.String(), `note: --load `+w+`: the weights are of model "gpt" trained with --set "`+set+`"`)
+		assert.Contains(t, log.String(), `with --set "`+tc.set+`" this model is another`)
+	}
+}
+
 // gcompile eval of a run's --save weights gives the held-out loss the run
 // reported at its end, to the last digit on the same plan, and under
 // tensor and data parallelism to 1e-6.

@@ -759,7 +759,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	}
 	if c.save != "" {
 		// Every process takes part (the weights are gathered); process 0 writes.
-		if err := saveWeights(dev, progs, c.save, c.steps, j.lead(), c.vocabTables); err != nil {
+		if err := saveWeights(dev, progs, c.save, c.steps, j.lead(), c.vocabTables, savedAbout(c, res)); err != nil {
 			errs = append(errs, err)
 		} else if j.lead() {
 			fmt.Fprintf(j.log, "saved weights to %s\n", c.save)

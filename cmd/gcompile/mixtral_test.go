@@ -115,7 +115,7 @@ func TestMixtralSavesAndLoadsHuggingFaceNames(t *testing.T) {
 	res, cl := mixtralCluster(t, "--devices", "2", "--ep", "2")
 	require.NoError(t, loadWeights(cl, res.Programs, saved, nil, 0))
 	again := filepath.Join(dir, "again.safetensors")
-	require.NoError(t, saveWeights(cl, res.Programs, again, 2, true, nil))
+	require.NoError(t, saveWeights(cl, res.Programs, again, 2, true, nil, nil))
 	got, _, err = checkpoint.Load(again)
 	require.NoError(t, err)
 	assertSameTensors(t, want, got)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"path"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"gcompile/compile"
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
@@ -49,7 +51,9 @@ func params(progs []*lower.Program) []lower.Buffer {
 // for the reference model), so other tools can read them. Every process
 // of a job calls it; the one that writes is write. Errors name --save. The
 // vocabulary tables in tables are written without their padding rows.
-func saveWeights(dev weightStore, progs []*lower.Program, path string, step int, write bool, tables map[string]int) error {
+// about goes into the file's metadata beside its format (savedAbout: the
+// model that trained, which generate and eval --load check).
+func saveWeights(dev weightStore, progs []*lower.Program, path string, step int, write bool, tables map[string]int, about map[string]string) error {
 	var ts []checkpoint.Tensor
 	for _, b := range params(progs) {
 		if b.Global.DType != ir.F32 {
@@ -80,7 +84,9 @@ func saveWeights(dev weightStore, progs []*lower.Program, path string, step int,
 		return fmt.Errorf("--save: %w", err)
 	}
 	return writeOutput("save", path, func(path string) error {
-		return checkpoint.Save(path, ts, map[string]string{"format": "pt", "producer": "gcompile", "step": strconv.Itoa(step)})
+		meta := map[string]string{"format": "pt", "producer": "gcompile", "step": strconv.Itoa(step)}
+		maps.Copy(meta, about)
+		return checkpoint.Save(path, ts, meta)
 	})
 }
 
@@ -274,4 +280,20 @@ func ignorePatterns(model []string, flag string) []string {
 		}
 	}
 	return out
+}
+
+// savedAbout is what --save's metadata says of the model that trained:
+// its name, --set, fingerprint and the batch it was built at (the
+// fingerprint's), and the data it trained on, so that generate and eval
+// --load can tell another model whose params have the same shapes
+// (savedModel).
+func savedAbout(c *config, res *compile.Result) map[string]string {
+	about := map[string]string{"model": res.Module.Name, "set": c.Set, "model_fingerprint": res.ModelFingerprint, "batch": strconv.Itoa(c.Batch)}
+	if strings.HasSuffix(c.Model, ".gir") {
+		delete(about, "model_fingerprint") // no model file to build again
+	}
+	if d := c.dataIdentity(); d != "" {
+		about["data"] = d
+	}
+	return about
 }
