@@ -58,6 +58,8 @@ type Builder struct {
 	// at the same line about another instance (report).
 	alike map[string]int
 	more  []int
+	// where are the numbered names of those later errors (up to a few).
+	where [][]string
 	// exportErr is ExportConfig's non-JSON value, reported by finish
 	// when nothing else is.
 	exportErr error
@@ -323,6 +325,9 @@ func (b *Builder) report(err error) {
 	key := instanceNumber.ReplaceAllString(err.Error(), "$1.#")
 	if i, ok := b.alike[key]; ok {
 		b.more[i]++
+		if name := numberedName.FindString(err.Error()); name != "" && len(b.where[i]) < maxNamedAlike {
+			b.where[i] = append(b.where[i], name)
+		}
 		return
 	}
 	if b.alike == nil {
@@ -331,7 +336,15 @@ func (b *Builder) report(err error) {
 	b.alike[key] = len(b.errs)
 	b.errs = append(b.errs, err)
 	b.more = append(b.more, 0)
+	b.where = append(b.where, nil)
 }
+
+// numberedName is a dotted name with a number in it (h.3,
+// model.layers.11): what an error alike to another names instead.
+var numberedName = regexp.MustCompile(`[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\.[0-9]+`)
+
+// maxNamedAlike bounds the names an error lists of those alike to it.
+const maxNamedAlike = 4
 
 // errors is what report recorded, each with how many more said the same.
 func (b *Builder) errors() []error {
@@ -339,7 +352,14 @@ func (b *Builder) errors() []error {
 	for i, err := range b.errs {
 		out[i] = err
 		if i < len(b.more) && b.more[i] > 0 {
-			out[i] = fmt.Errorf("%w (and %d more like it)", err, b.more[i])
+			names := ""
+			if len(b.where[i]) > 0 {
+				names = ": " + strings.Join(b.where[i], ", ")
+				if len(b.where[i]) < b.more[i] {
+					names += ", …"
+				}
+			}
+			out[i] = fmt.Errorf("%w (and %d more like it%s)", err, b.more[i], names)
 		}
 	}
 	return out

@@ -45,7 +45,7 @@ func TestOneMistakeIsOneError(t *testing.T) {
 	require.Error(t, err)
 	lines := strings.Split(err.Error(), "\n")
 	require.Len(t, lines, 2, "%v", err)
-	assert.Regexp(t, `^builder_test\.go:\d+: layer h\.0: width 3 does not divide 8 \(and 2 more like it\)$`, lines[0])
+	assert.Regexp(t, `^builder_test\.go:\d+: layer h\.0: width 3 does not divide 8 \(and 2 more like it: h\.1, h\.2\)$`, lines[0])
 	assert.Regexp(t, `^builder_test\.go:\d+: matmul: inner dims differ: f32\[4,8\] · f32\[3,2\]`, lines[1])
 
 	scaled := func(b *frontend.Builder) {

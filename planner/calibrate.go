@@ -55,7 +55,10 @@ func (r *MeasuredRun) Check(params int64, precision, set string) error {
 	if r.Params > 0 && r.Params != params {
 		return fmt.Errorf("%s %s a model of %d parameters, and the model given here has %d: calibrate with the model (and --set) that ran", what, trained, r.Params, params)
 	}
-	if diff := setDiff(r.Set, set); diff != "" {
+	// A table's plans are checked by their model's size and precision
+	// alone: its --set as typed says too little (a default given or
+	// not, a .gir that has none) to refuse by.
+	if diff := setDiff(r.Set, set); diff != "" && !r.Table {
 		owner := "the run's"
 		if r.Table {
 			owner = "the table's"
@@ -216,7 +219,7 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		if !ok {
 			continue
 		}
-		if !slices.ContainsFunc([]string{"tp", "pp", "dp", "ep", "cp"}, func(k string) bool { _, ok := keys[k]; return ok }) {
+		if !slices.ContainsFunc(planKeys, func(k string) bool { _, ok := keys[k]; return ok }) {
 			return nil, fmt.Errorf("%s: plan %d: a step_ms with no plan: give the tp, pp and dp it ran with (1, 1, 1 on one device)", path, i+1)
 		}
 		if string(bytes.TrimSpace(raw)) == "null" {
@@ -279,6 +282,19 @@ func checkMeasured(path string, ps []MeasuredPlan, nums []int) ([]MeasuredPlan, 
 	}
 	return ps, nil
 }
+
+// planKeys are the keys that say something of a measured row's plan
+// (PlanFields' and batch): a row with none of them is a time alone.
+var planKeys = func() []string {
+	var keys []string
+	t := reflect.TypeFor[PlanFields]()
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			keys = append(keys, name)
+		}
+	}
+	return append(keys, "batch")
+}()
 
 // maxRowBatch bounds a measured row's batch as --batch is bounded.
 const maxRowBatch = compile.MaxBatch

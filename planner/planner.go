@@ -20,6 +20,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"gcompile/compile"
@@ -227,12 +228,12 @@ func Plan(req Request) (*Result, error) {
 		// A plan of thousands of microbatches (a large --batch over a
 		// pipeline) takes minutes to compile, a block each: the search
 		// leaves it out unless the count was pinned.
-		if !req.Base.Explicit["microbatches"] {
+		if !req.Base.Explicit["microbatches"] && !req.Base.Explicit["micro-batch-size"] {
 			feasible = slices.DeleteFunc(feasible, func(c *Candidate) bool {
 				if c.Config.Microbatches <= MaxSearchedMicrobatches {
 					return false
 				}
-				c.Rejected = fmt.Sprintf("more than %d microbatches, which the search does not compile (a block each); pin --microbatches to compile such a plan", MaxSearchedMicrobatches)
+				c.Rejected = fmt.Sprintf("more than %d microbatches, which the search does not compile (a block each); pin --microbatches or --micro-batch-size to compile such a plan", MaxSearchedMicrobatches)
 				res.reject(c)
 				return true
 			})
@@ -455,6 +456,10 @@ func noCandidates(base compile.Config, t cost.Transformer) string {
 func fixedConflicts(base compile.Config, t cost.Transformer) []string {
 	fixed := func(name string) bool { return base.Explicit[name] }
 	var why []string
+	if k, err := strconv.Atoi(strings.TrimPrefix(base.Recompute, "every=")); err == nil && strings.HasPrefix(base.Recompute, "every=") && t.Layers > 0 && k > t.Layers {
+		// The recompute pass refuses it in every candidate's compile.
+		why = append(why, fmt.Sprintf("--recompute every=%d: more than the model's %d layers; a segment holds at most every layer (every=%d)", k, t.Layers, t.Layers))
+	}
 	prod, names, vals, all := 1, []string{}, []string{}, true
 	for _, a := range []struct {
 		name string

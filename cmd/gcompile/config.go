@@ -248,6 +248,7 @@ var evalRefuses = []struct {
 		"lr", "min-lr", "warmup", "lr-decay", "weight-decay", "clip", "beta1", "beta2", "optimizer",
 		"loss-scale", "initial-loss-scale", "staleness", "bucket-mb", "overlap-grad-reduce", "recompute", "compress-activations",
 		"checkpoint-every", "keep-last", "seed", "plan-top", "plan-trace", "refine-trace", "save-hardware", "calibrate"}},
+	{"describes the devices the planner prices plans on; eval prices none (its plan is --devices and the axes), so leave it out", []string{"hardware"}},
 }
 
 // evalRefused says whether gcompile eval refuses flag name.
@@ -433,7 +434,9 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 		return nil, fmt.Errorf("want exactly one MODEL.go or MODEL.gir, got %d arguments (see %s -h)", len(positional), name)
 	}
 	c.Model = positional[0]
-	if b := girBatch(c.Model); b > 0 && !c.explicit["batch"] {
+	if b := girBatch(c.Model); b > 0 && !c.explicit["batch"] && c.DPSync != "async" {
+		// (An asynchronous run's dump is one replica's, at its share of
+		// the batch: the flags' batch stays the global one.)
 		// A dump's batch is its own: the plan's rules (dp·microbatches
 		// dividing it) and the planner's search are held to it, not to
 		// --batch's default.

@@ -78,7 +78,7 @@ func mainErr(args []string) (err error) {
 			fmt.Fprintln(os.Stderr, "note: --max-data-mb bounds text read into memory; a token dataset is memory-mapped, never read whole: it is not used")
 		}
 		if c.explicit["hardware"] && !c.planning() && c.planTrace == "" {
-			fmt.Fprintln(os.Stderr, "note: --hardware describes the devices the planner prices plans on (--plan, --plan-trace, or --devices > 1 with no axis given); this run's plan is given, so it is not used")
+			fmt.Fprintln(os.Stderr, "note: --hardware describes the devices the planner prices plans on (--plan, --plan-trace, or --devices > 1 with no axis given); this run prices none, so it is not used")
 		}
 	}
 	if c.planning() {

@@ -428,6 +428,12 @@ func TestDumpKeepsItsBatch(t *testing.T) {
 		require.NoError(t, mainErr([]string{input, "--devices", "4", "--dp", "4", "--plan", "--plan-top", "1"}))
 	})
 	assert.Regexp(t, `best: tp=1 pp=1 dp=4 mb=(4×1|2×2|1×4)`, out, "dp 4 over a batch of 16")
+	// An asynchronous run's dump is one replica's, at its share of the
+	// batch: the flags' batch stays the run's.
+	async := []string{"--devices", "2", "--dp", "2", "--dp-sync", "async", "--microbatches", "4"}
+	replica := filepath.Join(t.TempDir(), "a")
+	require.NoError(t, mainErr(append([]string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "8", "--dump", replica}, async...)))
+	require.NoError(t, mainErr(append([]string{filepath.Join(replica, "00-input.gir")}, async...)))
 }
 
 // A dump past the passes that fix the plan resumes only under that plan:

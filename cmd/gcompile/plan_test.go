@@ -289,6 +289,12 @@ func TestFixedAxesAreCheckedBeforeTheCalibration(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no candidate exists: --tp 3 as given must divide --devices 4")
 	assert.NotContains(t, log, "calibrate:", "nothing was calibrated")
+	// So are options no candidate can take: each candidate's compile
+	// refused them, one search later.
+	err = mainNoPanic(t, append(append([]string{}, tinyGPT...), "--devices", "2", "--plan", "--recompute", "every=7"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no candidate exists: --recompute every=7: more than the model's 1 layers")
+	assert.NotContains(t, err.Error(), "every candidate")
 }
 
 // --plan --run on text too short for the model's sequence says so before
@@ -347,7 +353,14 @@ func TestCalibrateCLI(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, hw.Source, "calibrated on 3 measured steps")
 	assert.Contains(t, out, "best: ")
-	// The table says what model its plans are of: another's is refused.
+	// The table says what model its plans are of: the same model with a
+	// default spelt out calibrates from it, another is refused.
+	captureStdout(t, func() {
+		_, err := captureStderr(t, func() error {
+			return mainNoPanic(t, append(append([]string{}, args...), "--set", "layers=1,hidden=32,heads=2,seq=16,vocab=256", "--calibrate", measured))
+		})
+		require.NoError(t, err)
+	})
 	for _, other := range [][]string{{"--set", "layers=1,hidden=64,heads=2,seq=16"}, {"--precision", "bf16"}} {
 		err := mainNoPanic(t, append(append(append([]string{}, args...), other...), "--calibrate", measured))
 		require.Error(t, err, "%v", other)

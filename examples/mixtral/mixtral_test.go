@@ -102,7 +102,7 @@ func TestBadConfigsAreRefused(t *testing.T) {
 		{map[string]string{"k": "0"}, "--set k=0: want a positive integer"},
 		{map[string]string{"aux": "-1"}, "--set aux=-1: want a finite weight ≥ 0"},
 		{map[string]string{"rope_theta": "1"}, "--set rope_theta=1: want a base > 1"},
-		{map[string]string{"group": "48"}, "group size 48 must divide the 2×64 tokens of a batch and divide or be a multiple of seq=64 (and 1 more like it)"},
+		{map[string]string{"group": "48"}, "group size 48 must divide the 2×64 tokens of a batch and divide or be a multiple of seq=64 (and 1 more like it: model.layers.1)"},
 		{map[string]string{"kv_heads": "3"}, "4 heads are not a multiple of 3 k/v heads"},
 		{map[string]string{"hidden": "30"}, "hidden size 30 is not divisible by 4 heads"},
 		{map[string]string{"aux": "Inf"}, "--set aux=+Inf: want a finite weight ≥ 0"},
