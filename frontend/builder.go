@@ -120,7 +120,7 @@ func (b *Builder) runModel(fn ModelFunc) (err error) {
 			err = fmt.Errorf("%v: model panicked: %v", userPos(), r)
 			// A panic after a DSL error is most often its consequence (a
 			// poisoned tensor's empty shape indexed): the error first.
-			err = errors.Join(append(b.errors(), err)...)
+			err = errors.Join(append(b.reported(), err)...)
 		}
 	}()
 	fn(b)
@@ -207,7 +207,7 @@ func (b *Builder) finish() (*ir.Module, error) {
 		b.report(errors.New("model did not call b.Loss(…): there is nothing to train"))
 	}
 	if len(b.errs) > 0 {
-		return nil, errors.Join(b.errors()...)
+		return nil, errors.Join(b.reported()...)
 	}
 	return b.m, nil
 }
@@ -320,7 +320,7 @@ var instanceNumber = regexp.MustCompile(`([A-Za-z_])\.[0-9]+`)
 // report records err, once: a model that builds its layers in a loop
 // makes the same mistake in each, and a second error with the same text
 // at the same line, up to the layers' numbers, is counted against the
-// first (errors) rather than printed again.
+// first (reported) rather than printed again.
 func (b *Builder) report(err error) {
 	key := instanceNumber.ReplaceAllString(err.Error(), "$1.#")
 	if i, ok := b.alike[key]; ok {
@@ -346,8 +346,8 @@ var numberedName = regexp.MustCompile(`[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\.[0-9]+`)
 // maxNamedAlike bounds the names an error lists of those alike to it.
 const maxNamedAlike = 4
 
-// errors is what report recorded, each with how many more said the same.
-func (b *Builder) errors() []error {
+// reported is what report recorded, each with how many more said the same.
+func (b *Builder) reported() []error {
 	out := make([]error, len(b.errs))
 	for i, err := range b.errs {
 		out[i] = err

@@ -435,11 +435,11 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	}
 	c.Model = positional[0]
 	if b := girBatch(c.Model); b > 0 && !c.explicit["batch"] && c.DPSync != "async" {
-		// (An asynchronous run's dump is one replica's, at its share of
-		// the batch: the flags' batch stays the global one.)
 		// A dump's batch is its own: the plan's rules (dp·microbatches
 		// dividing it) and the planner's search are held to it, not to
-		// --batch's default.
+		// --batch's default. (An asynchronous run's dump is one
+		// replica's, at its share of the batch: the flags' batch stays
+		// the global one.)
 		c.Batch = b
 	}
 	if mode != nil {

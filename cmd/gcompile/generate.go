@@ -713,11 +713,16 @@ func checkpointModel(cfg compile.Config, resume, fingerprint string) (*checkpoin
 }
 
 // anotherModel is the error of weights (from: the flag and its path;
-// what: "the checkpoint is", "the weights are") trained as model with --set set
-// and fingerprint was, read by cfg's model, whose fingerprint is now;
-// data is the run's data identity ("" unknown), whose vocabulary a
-// --set vocab would not reproduce.
+// what: "the checkpoint is", "the weights are") trained as model with
+// --set set and fingerprint was, read by cfg's model, whose fingerprint
+// is now; data is the run's data identity ("" unknown), whose vocabulary
+// a --set vocab would not reproduce.
 func anotherModel(from, what string, cfg compile.Config, model, set, was, now, data string) error {
+	return fmt.Errorf("%s: %w", anotherModelText(from, what, cfg, model, set, was, now, data), checkpoint.ErrMismatch)
+}
+
+// anotherModelText is anotherModel's message.
+func anotherModelText(from, what string, cfg compile.Config, model, set, was, now, data string) string {
 	hint := "give the --set it was trained with"
 	if v, ok := setValue(set, "vocab"); ok && data != "" && !checkpoint.IsTextIdentity(data) {
 		if cur, _ := setValue(cfg.Set, "vocab"); cur != v {
@@ -728,11 +733,11 @@ func anotherModel(from, what string, cfg compile.Config, model, set, was, now, d
 	}
 	if set == cfg.Set {
 		// The sizes agree: the model file is another (or has changed).
-		return fmt.Errorf("%s: %s of model %q (fingerprint %.12s), and %s with the same --set %q is another model (fingerprint %.12s): give the model file %s was trained with: %w",
-			from, what, model, was, cfg.Model, set, now, strings.TrimSuffix(strings.TrimSuffix(what, " is"), " are"), checkpoint.ErrMismatch)
+		return fmt.Sprintf("%s: %s of model %q (fingerprint %.12s), and %s with the same --set %q is another model (fingerprint %.12s): give the model file %s was trained with",
+			from, what, model, was, cfg.Model, set, now, strings.TrimSuffix(strings.TrimSuffix(what, " is"), " are"))
 	}
-	return fmt.Errorf("%s: %s of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so %s: %w",
-		from, what, model, set, was, cfg.Set, now, hint, checkpoint.ErrMismatch)
+	return fmt.Sprintf("%s: %s of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so %s",
+		from, what, model, set, was, cfg.Set, now, hint)
 }
 
 // savedModel compares weights that gcompile's --save wrote (its metadata
@@ -764,8 +769,8 @@ func savedModel(cfg compile.Config, file string) (string, error) {
 		return "", err
 	}
 	if now := mod.Fingerprint(); mod.Name == meta["model"] && now != meta["model_fingerprint"] {
-		return fmt.Sprintf("note: %v; they load if their shapes fit, and compute what this model computes", strings.TrimSuffix(
-			anotherModel("--load "+file, "the weights are", cfg, meta["model"], meta["set"], meta["model_fingerprint"], now, meta["data"]).Error(), ": "+checkpoint.ErrMismatch.Error())), nil
+		return "note: " + anotherModelText("--load "+file, "the weights are", cfg, meta["model"], meta["set"], meta["model_fingerprint"], now, meta["data"]) +
+			"; they load if their shapes fit, and compute what this model computes", nil
 	}
 	return "", nil
 }
