@@ -96,6 +96,11 @@ func Schedule(c *Config) (*schedule.Schedule, *schedule.Result, error) {
 			// number of microbatches.
 			return nil, nil, fmt.Errorf("--pp %d needs at least %d microbatches to fill its stages (--microbatches %d; the batch is split into them): %w", c.PP, c.PP, c.Microbatches, err)
 		}
+		if c.Microbatches < c.PP && c.Schedule != "gpipe" {
+			// Named: fewer microbatches than stages is a count the user
+			// can change, whichever schedule.
+			return nil, nil, fmt.Errorf("--schedule %s over --pp %d needs at least %d microbatches (--microbatches %d; the batch is split into them): %w", c.Schedule, c.PP, c.PP, c.Microbatches, err)
+		}
 		return nil, nil, fmt.Errorf("--schedule %s: %w", c.Schedule, err)
 	}
 	res, err := schedule.Simulate(s, UnitCost(s))

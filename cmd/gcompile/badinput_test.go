@@ -177,6 +177,7 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "beta1 NaN", args: []string{"--beta1", "NaN"}, want: []string{"--beta1 must lie in [0, 1) as a 32-bit float, which the optimizer computes in, got NaN"}},
 		{name: "beta2 that rounds to one", args: []string{"--beta2", "0.99999999"}, want: []string{"--beta2 must lie in [0, 1) as a 32-bit float, which the optimizer computes in, got 0.99999999"}},
 		{name: "weight decay past float32", args: []string{"--weight-decay", "1e39"}, want: []string{"--weight-decay must be finite as a 32-bit float and ≥ 0, got 1e+39"}},
+		{name: "min-lr without decay", args: run("--lr-decay", "constant", "--min-lr", "0.001"), want: []string{"--min-lr has no effect with --lr-decay constant"}},
 		{name: "recompute segments past the layers", args: []string{"--recompute", "every=5"}, want: []string{"--recompute every=5: more than the model's 1 layers; a segment holds at most every layer (every=1)"}},
 		{name: "lr of adafactor", args: []string{"--optimizer", "adafactor", "--lr", "0.01"}, want: []string{"--lr has no effect with --optimizer adafactor (Adafactor's step is relative"}},
 		{name: "betas of sgd", args: []string{"--optimizer", "sgd", "--beta2", "0.9"}, want: []string{"--beta2 has no effect with --optimizer sgd"}},

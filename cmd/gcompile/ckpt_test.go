@@ -1132,6 +1132,10 @@ func TestCheckpointDirHoldsOneRun(t *testing.T) {
 			"--checkpoint-dir " + checkpoint.StepDir(ck, 4) + " is inside checkpoint " + checkpoint.StepDir(ck, 4) + ": this run's steps would be saved into another's checkpoint"},
 		{"checkpoints under another run's step", []string{"--steps", "2", "--checkpoint-dir", filepath.Join(checkpoint.StepDir(ck, 4), "new")},
 			"is inside checkpoint " + checkpoint.StepDir(ck, 4)},
+		{"metrics where the checkpoints go", []string{"--steps", "2", "--checkpoint-dir", filepath.Join(dir, "new"), "--metrics", filepath.Join(dir, "new")},
+			"--metrics " + filepath.Join(dir, "new") + " is also --checkpoint-dir's folder; give each its own path"},
+		{"a report where the dump goes", []string{"--steps", "2", "--dump", filepath.Join(dir, "x.html"), "--report", filepath.Join(dir, "x.html")},
+			"--report " + filepath.Join(dir, "x.html") + " is also --dump's folder; give each its own path"},
 		{"other text", []string{"--steps", "6", "--checkpoint-dir", ck, "--resume", ck, "--max-data-mb", "2"},
 			"the checkpoint was trained on other data (byte-level text of "},
 	} {

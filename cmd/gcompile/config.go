@@ -616,6 +616,9 @@ func (c *config) validate() error {
 	}
 	if c.decay != "cosine" && c.decay != "constant" {
 		bad("--lr-decay %q: want cosine or constant", c.decay)
+	} else if c.decay == "constant" && c.explicit["min-lr"] {
+		// As --beta1 with sgd: a figure the run would not use.
+		bad("--min-lr has no effect with --lr-decay constant (the rate stays at --lr after the warmup); leave it out, or decay with --lr-decay cosine")
 	}
 	if c.evalOnly {
 		switch {

@@ -219,7 +219,7 @@ func TestPipelineRules(t *testing.T) {
 		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--batch", "4"}, "--pp 2 needs at least 2 microbatches to fill its stages (--microbatches 1"},
 		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--vpp", "2", "--microbatches", "3", "--batch", "6"}, "m % p"},
 		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--vpp", "2", "--schedule", "1f1b", "--microbatches", "4", "--batch", "4"}, "--vpp 2 needs --schedule interleaved"},
-		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--schedule", "2bw", "--microbatches", "1", "--batch", "4"}, "m must be ≥ p"},
+		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--schedule", "2bw", "--microbatches", "1", "--batch", "4"}, "--schedule 2bw over --pp 2 needs at least 2 microbatches (--microbatches 1; the batch is split into them): invalid schedule config: m must be ≥ p"},
 		{[]string{"--timeline", "t.svg"}, "--timeline draws a pipeline schedule; it needs --pp > 1"},
 	}
 	for _, tt := range tests {

@@ -156,6 +156,7 @@ func TestUnusedFlagsAreNoted(t *testing.T) {
 	}{
 		{[]string{"--steps", "3"}, "note: --steps, --max-data-mb shape a training run, and without --run nothing trains: they are not used (add --run to train)"},
 		{[]string{"--devices", "2", "--tp", "2", "--hardware", "h100-sxm"}, "note: --hardware describes the devices the planner prices plans on"},
+		{[]string{"--run", "--steps", "2", "--eval-batches", "-1", "--warmup", "100"}, "note: --warmup 100 is not shorter than --steps 2: the run ends before the learning rate reaches --lr (its last step at 6e-05)"},
 	} {
 		log, err := captureStderr(t, func() error { return mainErr(append(append([]string{}, tinyGPT...), tc.args...)) })
 		require.NoError(t, err, "%v", tc.args)

@@ -264,6 +264,13 @@ func checkOutputs(c *config) error {
 		}
 		inside := false
 		for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir, nil}, {"resume", c.resume, nil}, {"dump", c.dump, nil}} {
+			if d.path != "" && samePath(d.path, o.path) && d.flag != "resume" {
+				// A file where the run makes its folder: found before the
+				// run, not when the file could not be written after it.
+				errs = append(errs, fmt.Errorf("--%s %s is also --%s's folder; give each its own path", o.flag, o.path, d.flag))
+				inside = true
+				continue
+			}
 			if d.path != "" && within(d.path, o.path) {
 				what := "a checkpoint's files"
 				if d.flag == "dump" {
