@@ -580,6 +580,10 @@ func TestLargeBatchIsSearchedQuickly(t *testing.T) {
 		}
 	}
 	assert.Positive(t, left, "the plans of more microbatches are named")
+	// The table says why most candidates were rejected.
+	var table strings.Builder
+	require.NoError(t, WriteTable(&table, res, cpuHardware(t)))
+	assert.Regexp(t, `rejected in all \(most often: \d+ × more than 256 microbatches`, table.String())
 	assert.Equal(t, []int{1, 2, 3, 4, 6, 12}, divisors(12))
 	assert.Equal(t, []int{1, 7, 49}, divisors(49))
 }

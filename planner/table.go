@@ -1,10 +1,13 @@
 package planner
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -111,6 +114,10 @@ func WriteTable(w io.Writer, res *Result, hw *cost.Hardware) error {
 	}
 	fmt.Fprintf(w, "%d candidates on %s: %d ranked, %d dropped by the memory bound, %d rejected in all",
 		res.Considered, hw.Name, len(res.Ranked), res.Pruned, res.RejectedCount)
+	if top := res.topReasons(2); len(top) > 0 {
+		// Why, for the most of them (the JSON of --metrics lists each).
+		fmt.Fprintf(w, " (most often: %s)", strings.Join(top, "; "))
+	}
 	if len(rows) > 0 && !rows[0].PeakExact {
 		fmt.Fprint(w, " (memory marked ~ is estimated: the plans were not compiled)")
 	}
@@ -278,4 +285,21 @@ func WriteJSON(path string, res *Result, hw *cost.Hardware, failure error) error
 		return err
 	}
 	return runtime.WriteFileAtomic(path, append(data, '\n'))
+}
+
+// topReasons are the n reasons that rejected the most candidates, each
+// with its count, the most first (ties by reason).
+func (r *Result) topReasons(n int) []string {
+	reasons := slices.Collect(maps.Keys(r.rejectedBy))
+	slices.SortFunc(reasons, func(a, b string) int {
+		if c := cmp.Compare(r.rejectedBy[b], r.rejectedBy[a]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	var top []string
+	for _, why := range reasons[:min(n, len(reasons))] {
+		top = append(top, fmt.Sprintf("%d × %s", r.rejectedBy[why], why))
+	}
+	return top
 }
