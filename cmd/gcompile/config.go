@@ -212,6 +212,32 @@ func (c *config) ignoredWithoutRun() string {
 	return fmt.Sprintf("note: %s shape a training run, and without --run nothing trains: they are not used (add --run to train)", strings.Join(loop, ", "))
 }
 
+// inertFlags are notes on flags given that this run has nothing to act
+// on (alone: a run of one process): said, not dropped without a word.
+func (c *config) inertFlags(alone bool) []string {
+	var notes []string
+	reduce := []string{}
+	for _, f := range []string{"bucket-mb", "overlap-grad-reduce"} {
+		if c.explicit[f] {
+			reduce = append(reduce, "--"+f)
+		}
+	}
+	switch {
+	case len(reduce) == 0:
+	case c.Devices == 1:
+		notes = append(notes, fmt.Sprintf("note: %s shape the data-parallel gradient reduction, which one device does not have: not used", strings.Join(reduce, ", ")))
+	case c.DPSync == "async":
+		notes = append(notes, fmt.Sprintf("note: %s shape the synchronous gradient reduction; asynchronous replicas send theirs to the parameter server: not used", strings.Join(reduce, ", ")))
+	}
+	if c.logDir != "" && alone {
+		notes = append(notes, "note: --log-dir holds the logs of the processes of a job (gcompile launch, torchrun, srun); this run is one process, whose log is this terminal: not used")
+	}
+	if c.run && c.explicit["eval-every"] && c.evalBatches == -1 {
+		notes = append(notes, "note: --eval-every has no evaluation to space out with --eval-batches -1: not used")
+	}
+	return notes
+}
+
 // pathFlags are the flags whose value names a file or folder (or a
 // hardware description), which an empty value cannot.
 var pathFlags = map[string]bool{

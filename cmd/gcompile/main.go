@@ -71,6 +71,9 @@ func mainErr(args []string) (err error) {
 	if w, err := worldOf(c); err == nil && w.Rank > 0 {
 		c.Progress = io.Discard // rank 0 says it for the job
 	} else {
+		for _, note := range c.inertFlags(err != nil || w.Size <= 1) {
+			fmt.Fprintln(os.Stderr, note)
+		}
 		if note := c.ignoredWithoutRun(); note != "" {
 			fmt.Fprintln(os.Stderr, note)
 		}
