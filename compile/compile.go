@@ -91,15 +91,14 @@ func (r *Result) Fingerprint() string {
 func Schedule(c *Config) (*schedule.Schedule, *schedule.Result, error) {
 	s, err := schedule.New(c.Schedule, c.PP, c.VPP, c.Microbatches)
 	if err != nil {
-		if !c.Explicit["schedule"] && c.Microbatches < c.PP {
-			// The default schedule: what the user set, or left out, is the
-			// number of microbatches.
-			return nil, nil, fmt.Errorf("--pp %d needs at least %d microbatches to fill its stages (--microbatches %d; the batch is split into them): %w", c.PP, c.PP, c.Microbatches, err)
-		}
 		if c.Microbatches < c.PP && c.Schedule != "gpipe" {
-			// Named: fewer microbatches than stages is a count the user
-			// can change, whichever schedule.
-			return nil, nil, fmt.Errorf("--schedule %s over --pp %d needs at least %d microbatches (--microbatches %d; the batch is split into them): %w", c.Schedule, c.PP, c.PP, c.Microbatches, err)
+			// Fewer microbatches than stages is a count the user can
+			// change (or left out), whichever schedule: named as such.
+			what, fill := fmt.Sprintf("--schedule %s over --pp %d", c.Schedule, c.PP), ""
+			if !c.Explicit["schedule"] {
+				what, fill = fmt.Sprintf("--pp %d", c.PP), " to fill its stages"
+			}
+			return nil, nil, fmt.Errorf("%s needs at least %d microbatches%s (--microbatches %d; the batch is split into them): %w", what, c.PP, fill, c.Microbatches, err)
 		}
 		return nil, nil, fmt.Errorf("--schedule %s: %w", c.Schedule, err)
 	}

@@ -77,7 +77,7 @@ func recompute(m *ir.Module, o *Options) error {
 		}
 		replay = func(v *ir.Value) (int, bool) { return v.Meta.Layer, v.Meta.Selective }
 	case strings.HasPrefix(mode, "every="):
-		k, err := everyK(strings.TrimPrefix(mode, "every="), layers)
+		k, err := SegmentLayers(strings.TrimPrefix(mode, "every="), layers)
 		if err != nil {
 			return err
 		}
@@ -294,8 +294,10 @@ func replayForW(m *ir.Module) error {
 	return nil
 }
 
-// everyK reads K of every=K ("sqrt": ⌈√L⌉).
-func everyK(s string, layers int) (int, error) {
+// SegmentLayers reads K of --recompute every=K for a model of layers
+// layers ("sqrt": ⌈√L⌉), refusing a K the model cannot have; the
+// planner checks a pinned K with it before any compile.
+func SegmentLayers(s string, layers int) (int, error) {
 	if s == "sqrt" {
 		return max(1, int(math.Ceil(math.Sqrt(float64(layers))))), nil
 	}

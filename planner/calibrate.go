@@ -48,28 +48,25 @@ func (r *MeasuredRun) Check(params int64, precision, set string) error {
 	if r == nil {
 		return nil
 	}
-	what, trained := "the run", "trained"
+	// A run's metrics say what it trained; a table, what its plans are of.
+	what, madeOf, ranIn := "the run", "trained", "trained"
 	if r.Table {
-		what, trained = "the table's plans", "are of"
+		what, madeOf, ranIn = "the table's plans", "are of", "are"
 	}
 	if r.Params > 0 && r.Params != params {
-		return fmt.Errorf("%s %s a model of %d parameters, and the model given here has %d: calibrate with the model (and --set) that ran", what, trained, r.Params, params)
+		return fmt.Errorf("%s %s a model of %d parameters, and the model given here has %d: calibrate with the model (and --set) that ran", what, madeOf, r.Params, params)
 	}
 	// A table's plans are checked by their model's size and precision
 	// alone: its --set as typed says too little (a default given or
 	// not, a .gir that has none) to refuse by.
 	if diff := setDiff(r.Set, set); diff != "" && !r.Table {
-		owner := "the run's"
-		if r.Table {
-			owner = "the table's"
-		}
-		return fmt.Errorf("%s --set differs from this command's (%s): calibrate with the --set that ran, %q", owner, diff, r.Set)
+		return fmt.Errorf("the run's --set differs from this command's (%s): calibrate with the --set that ran, %q", diff, r.Set)
 	}
 	if precision == "" {
 		precision = "fp32"
 	}
 	if r.Precision != "" && r.Precision != precision {
-		return fmt.Errorf("%s %s in %s, and this command prices %s: give --precision %s", what, map[bool]string{true: "are", false: "trained"}[r.Table], r.Precision, precision, r.Precision)
+		return fmt.Errorf("%s %s in %s, and this command prices %s: give --precision %s", what, ranIn, r.Precision, precision, r.Precision)
 	}
 	return nil
 }
@@ -172,7 +169,16 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 
 // entryKeys are the keys a plan entry may have: MeasuredPlan's and a
 // --plan --metrics row's.
-var entryKeys = func() map[string]bool {
+var entryKeys = jsonKeys(reflect.TypeFor[MeasuredPlan](), reflect.TypeFor[Row]())
+
+// planKeys are the keys that say something of a measured row's plan
+// (PlanFields' and batch): a row with none of them is a time alone.
+var planKeys = jsonKeys(reflect.TypeFor[PlanFields](), reflect.TypeFor[struct {
+	Batch int `json:"batch"`
+}]())
+
+// jsonKeys are the JSON keys of the types' fields, embedded ones' too.
+func jsonKeys(types ...reflect.Type) map[string]bool {
 	keys := map[string]bool{}
 	var walk func(reflect.Type)
 	walk = func(t reflect.Type) {
@@ -186,10 +192,11 @@ var entryKeys = func() map[string]bool {
 			}
 		}
 	}
-	walk(reflect.TypeFor[MeasuredPlan]())
-	walk(reflect.TypeFor[Row]())
+	for _, t := range types {
+		walk(t)
+	}
 	return keys
-}()
+}
 
 // readEntries decodes each plan entry on its own, so that an error names
 // the entry. An entry without a step_ms is a plan not run (the other rows
@@ -203,7 +210,9 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		if err := json.Unmarshal(e, &keys); err != nil {
 			return nil, fmt.Errorf("%s: plan %d: not a JSON object: %w", path, i+1, err)
 		}
+		planned := false // some key says what plan ran
 		for _, k := range slices.Sorted(maps.Keys(keys)) {
+			planned = planned || planKeys[k]
 			if !entryKeys[k] {
 				return nil, fmt.Errorf("%s: plan %d: unknown key %q (a plan gives tp, pp, dp, ep, cp, cp_impl, vpp, microbatch_size, microbatches, zero, sequence_parallel, recompute, offload, schedule, overlap_grad_reduce, batch and step_ms)", path, i+1, k)
 			}
@@ -219,7 +228,7 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		if !ok {
 			continue
 		}
-		if !slices.ContainsFunc(planKeys, func(k string) bool { _, ok := keys[k]; return ok }) {
+		if !planned {
 			return nil, fmt.Errorf("%s: plan %d: a step_ms with no plan: give the tp, pp and dp it ran with (1, 1, 1 on one device)", path, i+1)
 		}
 		if string(bytes.TrimSpace(raw)) == "null" {
@@ -282,19 +291,6 @@ func checkMeasured(path string, ps []MeasuredPlan, nums []int) ([]MeasuredPlan, 
 	}
 	return ps, nil
 }
-
-// planKeys are the keys that say something of a measured row's plan
-// (PlanFields' and batch): a row with none of them is a time alone.
-var planKeys = func() []string {
-	var keys []string
-	t := reflect.TypeFor[PlanFields]()
-	for i := range t.NumField() {
-		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
-			keys = append(keys, name)
-		}
-	}
-	return append(keys, "batch")
-}()
 
 // maxRowBatch bounds a measured row's batch as --batch is bounded.
 const maxRowBatch = compile.MaxBatch

@@ -20,7 +20,6 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	"gcompile/compile"
@@ -409,22 +408,21 @@ func machinery(c compile.Config) int {
 // user fixed that break a rule by themselves (fixedConflicts), as the
 // search would once it had found no candidate.
 func CheckFixed(base compile.Config, m *ir.Module) error {
-	why, err := FixedConflicts(base, m)
-	if err != nil || len(why) == 0 {
+	shape, err := ShapeOf(m)
+	if err != nil {
 		return err
 	}
-	return fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, base.Devices, strings.Join(why, "; "))
+	if why := FixedConflicts(base, shape); len(why) > 0 {
+		return fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, base.Devices, strings.Join(why, "; "))
+	}
+	return nil
 }
 
 // FixedConflicts are the rules the axes marked explicit in base break by
-// themselves against the model m (tp dividing its heads, pp its layers,
-// …), each naming its flag and the figure it must fit.
-func FixedConflicts(base compile.Config, m *ir.Module) ([]string, error) {
-	shape, err := ShapeOf(m)
-	if err != nil {
-		return nil, err
-	}
-	return fixedConflicts(base, shape), nil
+// themselves against a model of shape t (tp dividing its heads, pp its
+// layers, …), each naming its flag and the figure it must fit.
+func FixedConflicts(base compile.Config, t cost.Transformer) []string {
+	return fixedConflicts(base, t)
 }
 
 // noCandidates says why the search had nothing to try: the rules every
@@ -456,9 +454,11 @@ func noCandidates(base compile.Config, t cost.Transformer) string {
 func fixedConflicts(base compile.Config, t cost.Transformer) []string {
 	fixed := func(name string) bool { return base.Explicit[name] }
 	var why []string
-	if k, err := strconv.Atoi(strings.TrimPrefix(base.Recompute, "every=")); err == nil && strings.HasPrefix(base.Recompute, "every=") && t.Layers > 0 && k > t.Layers {
-		// The recompute pass refuses it in every candidate's compile.
-		why = append(why, fmt.Sprintf("--recompute every=%d: more than the model's %d layers; a segment holds at most every layer (every=%d)", k, t.Layers, t.Layers))
+	if k, ok := strings.CutPrefix(base.Recompute, "every="); ok && t.Layers > 0 {
+		// The recompute pass would refuse it in every candidate's compile.
+		if _, err := passes.SegmentLayers(k, t.Layers); err != nil {
+			why = append(why, err.Error())
+		}
 	}
 	prod, names, vals, all := 1, []string{}, []string{}, true
 	for _, a := range []struct {

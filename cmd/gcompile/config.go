@@ -213,10 +213,23 @@ func (c *config) ignoredWithoutRun() string {
 }
 
 // inertFlags are notes on flags given that this run has nothing to act
-// on (alone: a run of one process): said, not dropped without a word.
+// on (alone: a run of one process), the training loop's without --run
+// among them: said, not dropped without a word.
 func (c *config) inertFlags(alone bool) []string {
 	var notes []string
-	reduce := []string{}
+	if note := c.ignoredWithoutRun(); note != "" {
+		notes = append(notes, note)
+	}
+	if c.run && c.explicit["max-data-mb"] && isTokenData(c.data) {
+		notes = append(notes, "note: --max-data-mb bounds text read into memory; a token dataset is memory-mapped, never read whole: it is not used")
+	}
+	if c.run && c.explicit["warmup"] && c.warmup >= c.steps {
+		notes = append(notes, fmt.Sprintf("note: --warmup %d is not shorter than --steps %d: the run ends before the learning rate reaches --lr (its last step at %.3g)", c.warmup, c.steps, c.lr*float64(c.steps)/float64(max(c.warmup, 1))))
+	}
+	if c.explicit["hardware"] && !c.planning() && c.planTrace == "" {
+		notes = append(notes, "note: --hardware describes the devices the planner prices plans on (--plan, --plan-trace, or --devices > 1 with no axis given); this run prices none, so it is not used")
+	}
+	var reduce []string
 	for _, f := range []string{"bucket-mb", "overlap-grad-reduce"} {
 		if c.explicit[f] {
 			reduce = append(reduce, "--"+f)

@@ -74,18 +74,6 @@ func mainErr(args []string) (err error) {
 		for _, note := range c.inertFlags(err != nil || w.Size <= 1) {
 			fmt.Fprintln(os.Stderr, note)
 		}
-		if note := c.ignoredWithoutRun(); note != "" {
-			fmt.Fprintln(os.Stderr, note)
-		}
-		if c.run && c.explicit["max-data-mb"] && isTokenData(c.data) {
-			fmt.Fprintln(os.Stderr, "note: --max-data-mb bounds text read into memory; a token dataset is memory-mapped, never read whole: it is not used")
-		}
-		if c.run && c.explicit["warmup"] && c.warmup >= c.steps {
-			fmt.Fprintf(os.Stderr, "note: --warmup %d is not shorter than --steps %d: the run ends before the learning rate reaches --lr (its last step at %.3g)\n", c.warmup, c.steps, c.lr*float64(c.steps)/float64(max(c.warmup, 1)))
-		}
-		if c.explicit["hardware"] && !c.planning() && c.planTrace == "" {
-			fmt.Fprintln(os.Stderr, "note: --hardware describes the devices the planner prices plans on (--plan, --plan-trace, or --devices > 1 with no axis given); this run prices none, so it is not used")
-		}
 	}
 	if c.planning() {
 		// The planner compiles the model: with a token dataset, at the

@@ -448,43 +448,37 @@ const maxCalibratedError = 1.0
 // errors before, after and left out on log, and plans with the result
 // (runPlanner writes --save-hardware).
 func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writer) error {
-	// Price the measured plans as the table will: compiled and predicted
-	// for a model small enough to compile, estimated otherwise.
+	shape, err := planner.ShapeOf(m)
+	if err != nil {
+		return fmt.Errorf("--calibrate: %w", err)
+	}
+	params := compile.ParamCount(m)
 	for i, p := range c.measured {
-		if err := p.Run.Check(compile.ParamCount(m), c.Precision, c.Set); err != nil {
+		if err := p.Run.Check(params, c.Precision, c.Set); err != nil {
 			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
 		}
 		// A plan the model cannot have (tp not dividing its heads) is
 		// named by its rule, not by the compile error it would meet.
 		cfg := p.Config(base)
 		cfg.Explicit = map[string]bool{"tp": true, "pp": true, "dp": true, "ep": p.EP > 0, "cp": p.CP > 0, "vpp": p.VPP > 0}
-		why, err := planner.FixedConflicts(cfg, m)
-		if err != nil {
-			return err
-		}
-		if len(why) > 0 {
+		if why := planner.FixedConflicts(cfg, shape); len(why) > 0 {
 			return fmt.Errorf("--calibrate %s: calibration point %d (%s) cannot be this model's plan: %s", c.calibrate, i+1, planner.Describe(cfg),
 				strings.ReplaceAll(strings.Join(why, "; "), " as given", ""))
 		}
 	}
+	// Price the measured plans as the table will: compiled and predicted
+	// for a model small enough to compile, estimated otherwise.
 	var hw *cost.Hardware
 	var rep *cost.StepCalibration
 	if compileAffordable(m, c.Batch) {
 		girFor, remove := modulesByBatch(c, m)
 		defer remove()
-		var err error
 		hw, rep, err = planner.CalibrateCompiled(c.hw, girFor, base, c.measured)
-		if err != nil {
-			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
-		}
 	} else {
-		shape, err := planner.ShapeOf(m)
-		if err != nil {
-			return fmt.Errorf("--calibrate: %w", err)
-		}
-		if hw, rep, err = planner.CalibrateSteps(c.hw, shape, base, c.measured); err != nil {
-			return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
-		}
+		hw, rep, err = planner.CalibrateSteps(c.hw, shape, base, c.measured)
+	}
+	if err != nil {
+		return fmt.Errorf("--calibrate %s: %w", c.calibrate, err)
 	}
 	fmt.Fprintf(log, "calibrate: %s %s\n", c.hw.Name, rep.Headline(c.calibrate))
 	if c.hardware == "" && c.hw.Name == "cpu" {
