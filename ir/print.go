@@ -25,6 +25,50 @@ func (m *Module) Fingerprint() string {
 	return hex.EncodeToString(sum[:])
 }
 
+// ForwardFingerprint is the Fingerprint of the part of the module its
+// logits (the first operand of each cross_entropy) depend on, its values
+// numbered afresh in order. Two builds of a model whose losses differ
+// only in what they add to the cross-entropy (a MoE's auxiliary weight)
+// compute the same logits from the same params: their ForwardFingerprints
+// are equal where their Fingerprints are not, so weights trained with one
+// evaluate and generate with the other. A module without a cross_entropy
+// gives its Fingerprint.
+func (m *Module) ForwardFingerprint() string {
+	var logits []*Value
+	for _, v := range m.Values {
+		if v.Op == "cross_entropy" && len(v.Args) > 0 && v.Args[0] != nil {
+			logits = append(logits, v.Args[0])
+		}
+	}
+	if len(logits) == 0 {
+		return m.Fingerprint()
+	}
+	fwd := &Module{Name: m.Name, Mesh: m.Mesh, IgnoreOnLoad: m.IgnoreOnLoad, EvalDiffers: m.EvalDiffers, Values: m.Values}
+	for i, l := range logits {
+		fwd.Outputs = append(fwd.Outputs, Output{Name: "logits" + strconv.Itoa(i), Value: l})
+	}
+	live := fwd.Live()
+	fwd.Values = nil
+	renamed := make(map[*Value]*Value, len(live))
+	for _, v := range m.Values {
+		if !live[v] {
+			continue
+		}
+		c := *v
+		c.ID = len(fwd.Values)
+		c.Args = make([]*Value, len(v.Args))
+		for i, a := range v.Args {
+			c.Args[i] = renamed[a] // nil, printed %?, only for a broken module
+		}
+		renamed[v] = &c
+		fwd.Values = append(fwd.Values, &c)
+	}
+	for i := range fwd.Outputs {
+		fwd.Outputs[i].Value = renamed[fwd.Outputs[i].Value]
+	}
+	return fwd.Fingerprint()
+}
+
 func printModule(m *Module, pos bool) string {
 	var b strings.Builder
 	b.WriteString(FormatVersion + "\n")

@@ -665,13 +665,6 @@ func positionLimit(p *lower.Program) int {
 	return p.Buffers[id].Value.Attrs.Int("limit", 0)
 }
 
-// checkpointModel refuses a checkpoint of another model before its
-// weights are read: one whose params have this model's shapes but not its
-// maths (other heads, another activation, another rotary base) would load
-// and give wrong figures without a word. The model is built at the
-// checkpoint's batch (unless the caller's build, fingerprint, already is)
-// and its fingerprint compared with the manifest's, as a resumed training
-// run compares it. It returns the manifest it read.
 // sameTokenizer refuses a tokenizer other than the one the checkpoint's
 // run trained with (its data identity records the fingerprint): with the
 // same number of ids the model loads and answers, in another tokenizer's
@@ -685,6 +678,14 @@ func sameTokenizer(m *checkpoint.Manifest, tok *tokenizer.Tokenizer, flag string
 	return fmt.Errorf("--tokenizer %s is not the tokenizer the checkpoint's run trained with (fingerprint %.16s, this one's %.16s): the model's ids would be read as another tokenizer's text; give the run's --tokenizer", flag, trained, tok.Fingerprint())
 }
 
+// checkpointModel refuses a checkpoint of another model before its
+// weights are read: one whose params have this model's shapes but not its
+// maths (other heads, another activation, another rotary base) would load
+// and give wrong figures without a word. The model is built at the
+// checkpoint's batch (unless the caller's build, fingerprint, already is)
+// and its fingerprint compared with the manifest's, as a resumed training
+// run compares it; a --set that changes only the loss (sameLogits) is
+// the same model here. It returns the manifest it read.
 func checkpointModel(cfg compile.Config, resume, fingerprint string) (*checkpoint.Manifest, error) {
 	dir, err := checkpoint.Find(resume)
 	if err != nil {
@@ -697,10 +698,14 @@ func checkpointModel(cfg compile.Config, resume, fingerprint string) (*checkpoin
 	if m.ModelFingerprint == "" || m.Plan.DPSync == "async" || m.Plan.Batch <= 0 || !strings.HasSuffix(cfg.Model, ".go") {
 		return m, nil // an older checkpoint, a replica's model, or a .gir's fixed one: the shapes are checked on load
 	}
-	if fingerprint == "" || cfg.Batch != m.Plan.Batch {
+	var mod *ir.Module
+	build := func() error {
 		cfg.Batch, cfg.DPSync = m.Plan.Batch, "sync"
-		mod, err := compile.LoadModule(&cfg)
-		if err != nil {
+		mod, err = compile.LoadModule(&cfg)
+		return err
+	}
+	if fingerprint == "" || cfg.Batch != m.Plan.Batch {
+		if err := build(); err != nil {
 			return nil, err
 		}
 		fingerprint = mod.Fingerprint()
@@ -708,8 +713,29 @@ func checkpointModel(cfg compile.Config, resume, fingerprint string) (*checkpoin
 	if fingerprint == m.ModelFingerprint {
 		return m, nil
 	}
+	if mod == nil {
+		if err := build(); err != nil {
+			return nil, err
+		}
+	}
 	set, _ := m.Plan.Flags["set"].(string)
+	if sameLogits(cfg, set, m.ModelFingerprint, mod) {
+		return m, nil
+	}
 	return nil, anotherModel("--resume "+dir, "the checkpoint is", cfg, m.Model, set, m.ModelFingerprint, fingerprint, m.Plan.Data)
+}
+
+// sameLogits reports whether weights of cfg's model file trained with
+// --set set (whose module, at cfg's batch, had the fingerprint was)
+// compute the same logits in now, the model built with cfg's --set: the
+// settings differ only in what the loss adds to the cross-entropy (a
+// MoE's aux weight), which evaluation and generation leave out. A --set
+// this model file does not build, or builds into another fingerprint, is
+// another model (or the file has changed).
+func sameLogits(cfg compile.Config, set, was string, now *ir.Module) bool {
+	cfg.Set = set
+	trained, err := compile.LoadModule(&cfg)
+	return err == nil && trained.Fingerprint() == was && trained.ForwardFingerprint() == now.ForwardFingerprint()
 }
 
 // anotherModel is the error of weights (from: the flag and its path;
@@ -768,7 +794,7 @@ func savedModel(cfg compile.Config, file string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if now := mod.Fingerprint(); mod.Name == meta["model"] && now != meta["model_fingerprint"] {
+	if now := mod.Fingerprint(); mod.Name == meta["model"] && now != meta["model_fingerprint"] && !sameLogits(cfg, meta["set"], meta["model_fingerprint"], mod) {
 		return "note: " + anotherModelText("--load "+file, "the weights are", cfg, meta["model"], meta["set"], meta["model_fingerprint"], now, meta["data"]) +
 			"; they load if their shapes fit, and compute what this model computes", nil
 	}

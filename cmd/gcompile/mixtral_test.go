@@ -239,11 +239,13 @@ func TestMixtralLoadsExpertsIntoTheirPlaces(t *testing.T) {
 // validation is and as any other implementation's perplexity counts it:
 // the same weights give the same held-out loss with the balancing weight
 // at 0, on one device and under a pipeline, and training's last held-out
-// loss is that figure.
+// loss is that figure. The balancing weight changes the model's
+// fingerprint but not its logits, so its checkpoint evaluates with the
+// weight at 0 as well, and its weights load without a note.
 func TestEvalReportsAnMoEsCrossEntropy(t *testing.T) {
 	dir := t.TempDir()
-	w, met := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "m.json")
-	require.NoError(t, mainErr(append(append([]string{}, tinyMixtral...), "--steps", "3", "--save", w, "--metrics", met)))
+	w, met, ck := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "m.json"), filepath.Join(dir, "ckpt")
+	require.NoError(t, mainErr(append(append([]string{}, tinyMixtral...), "--steps", "3", "--save", w, "--metrics", met, "--checkpoint-dir", ck)))
 	m := readMetrics(t, met)
 	require.NotEmpty(t, m.Eval)
 	last := m.Steps[len(m.Steps)-1].Outputs
@@ -251,7 +253,13 @@ func TestEvalReportsAnMoEsCrossEntropy(t *testing.T) {
 	eval := func(set string, plan ...string) float64 {
 		t.Helper()
 		args := []string{"eval", mixtralModel, "--set", set, "--batch", "4", "--max-data-mb", "1", "--eval-batches", "1", "--load", w}
-		out := captureStdout(t, func() { require.NoError(t, mainErr(append(args, plan...))) })
+		var out string
+		log, err := captureStderr(t, func() error {
+			out = captureStdout(t, func() { require.NoError(t, mainErr(append(args, plan...))) })
+			return nil
+		})
+		require.NoError(t, err)
+		assert.NotContains(t, log, "note: --load", "weights of the same logits")
 		var r evalResult
 		require.NoError(t, json.Unmarshal([]byte(out), &r), "%s", out)
 		require.NotNil(t, r.Loss)
@@ -262,4 +270,15 @@ func TestEvalReportsAnMoEsCrossEntropy(t *testing.T) {
 	assert.InDelta(t, ce, eval(shape), 1e-6, "the balancing loss is not in the held-out figure")
 	assert.InDelta(t, ce, eval(shape, "--devices", "2", "--pp", "2", "--microbatches", "2"), 1e-6, "nor under a pipeline's forward-only programs")
 	assert.InDelta(t, ce, m.Eval[len(m.Eval)-1].Loss, 1e-6, "training's held-out loss is the same figure")
+	out := captureStdout(t, func() {
+		require.NoError(t, mainErr([]string{"eval", mixtralModel, "--set", shape + ",aux=0", "--batch", "4", "--max-data-mb", "1", "--eval-batches", "1", "--resume", ck}))
+	})
+	var r evalResult
+	require.NoError(t, json.Unmarshal([]byte(out), &r), "%s", out)
+	require.NotNil(t, r.Loss)
+	assert.InDelta(t, ce, *r.Loss, 1e-6, "the checkpoint of the run, evaluated without the balancing loss")
+	// A setting of the forward is still another model.
+	err := mainErr([]string{"eval", mixtralModel, "--set", shape + ",rope_theta=500000", "--batch", "4", "--max-data-mb", "1", "--eval-batches", "1", "--resume", ck})
+	require.ErrorIs(t, err, checkpoint.ErrMismatch)
+	assert.ErrorContains(t, err, "this model is another")
 }
