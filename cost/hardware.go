@@ -227,18 +227,7 @@ func Load(spec string) (*Hardware, error) {
 
 // With is h with the figures of "key=value,…" set, validated.
 func (h *Hardware) With(sets string) (*Hardware, error) {
-	fields := map[string]reflect.Value{}
-	v := reflect.ValueOf(h).Elem()
-	for i := range v.NumField() {
-		if !v.Type().Field(i).IsExported() {
-			continue
-		}
-		key, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
-		switch v.Field(i).Kind() {
-		case reflect.Float64, reflect.Int, reflect.Bool:
-			fields[key] = v.Field(i)
-		}
-	}
+	fields := scalarFields(h)
 	seen := map[string]bool{}
 	for _, set := range strings.Split(sets, ",") {
 		key, val, ok := strings.Cut(set, "=")
@@ -280,6 +269,24 @@ func (h *Hardware) With(sets string) (*Hardware, error) {
 		return nil, err
 	}
 	return h, nil
+}
+
+// scalarFields are h's figures that "key=value" sets, by JSON key: its
+// numbers and switches.
+func scalarFields(h *Hardware) map[string]reflect.Value {
+	fields := map[string]reflect.Value{}
+	v := reflect.ValueOf(h).Elem()
+	for i := range v.NumField() {
+		if !v.Type().Field(i).IsExported() {
+			continue
+		}
+		key, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+		switch v.Field(i).Kind() {
+		case reflect.Float64, reflect.Int, reflect.Bool:
+			fields[key] = v.Field(i)
+		}
+	}
+	return fields
 }
 
 // LoadFile reads a hardware description from a JSON file. Unknown fields

@@ -613,9 +613,13 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 		cur, counts, opSamples, after = alt, altCounts, altSamples, altAfter
 	}
 	bounded := cur.boundRefined(figuresOf(h, progOf, ms, ceiling), opSamples)
+	cur.keep(h)
 	after, _ = cur.logErrors(progOf, ms)
 	rep := &RefineReport{Instructions: len(ms), Steps: steps}
 	param := func(key string, before, after float64, n int, why string) {
+		if h.given[key] {
+			why = fmt.Sprintf("set on the command line (%s=%g): kept", key, before)
+		}
 		p := RefinedParam{Key: key, Before: before, After: after, Samples: n, Kept: why != "", Why: why}
 		if !p.Kept {
 			p.Why = bounded[key]
@@ -843,36 +847,65 @@ func (h *Hardware) fitClasses(progOf map[int]*lower.Program, ms []measured, ceil
 		var memFixed float64
 		memFit := false
 		if len(ts[clsMem]) >= minSamples {
-			if c, s := fitLine(xs[clsMem], ts[clsMem]); s > 0 {
+			var slope *float64
+			if h.given["mem_efficiency"] {
+				slope = new(1 / cur.MemEfficiency)
+			}
+			if c, s := fitLineWith(xs[clsMem], ts[clsMem], nil, slope); s > 0 {
 				next.MemEfficiency, memFixed, memFit = 1/s, c, true
 			}
 		}
 		sMem := 1 / next.MemEfficiency
 		launch := cur.LaunchUS * 1e-6
 		memHalfFit := false
-		if len(ts[clsVec]) >= minSamples {
+		switch {
+		case h.given["launch_us"]:
+			memHalfFit = memFit && len(ts[clsVec]) >= minSamples
+		case len(ts[clsVec]) >= minSamples:
 			sx, st := smallest(xs[clsVec], ts[clsVec])
 			launch = median(residuals(sx, st, sMem, 0))
 			memHalfFit = memFit
-		} else if memFit {
+		case memFit:
 			sx, st := smallest(xs[clsMem], ts[clsMem])
 			launch = median(residuals(sx, st, sMem, cur.MemHalfUS*1e-6*sMem))
 		}
-		launch = min(math.Max(launch, 0), ceiling)
+		if !h.given["launch_us"] {
+			launch = min(math.Max(launch, 0), ceiling)
+		}
 		next.LaunchUS = launch * 1e6
-		if memHalfFit {
+		if memHalfFit && !h.given["mem_half_us"] {
 			next.MemHalfUS = math.Max(memFixed-launch, 0) / sMem * 1e6
 		}
 		if len(ts[clsGEMM]) >= minSamples {
-			if c, s := fitLine(xs[clsGEMM], ts[clsGEMM]); s > 0 {
+			// t = launch + (x + half)/E: with E given only the intercept
+			// is fitted, with half given only the slope, through the
+			// origin of t − launch against x + half.
+			var c, s float64
+			switch {
+			case h.given["gemm_efficiency"] && h.given["gemm_half_us"]:
+			case h.given["gemm_half_us"]:
+				half := cur.GEMMHalfUS * 1e-6
+				sx := make([]float64, len(xs[clsGEMM]))
+				for i, x := range xs[clsGEMM] {
+					sx[i] = x + half
+				}
+				_, s = fitLineWith(sx, ts[clsGEMM], new(launch), nil)
+				c = launch + s*half
+			case h.given["gemm_efficiency"]:
+				c, s = fitLineWith(xs[clsGEMM], ts[clsGEMM], nil, new(1/cur.GEMMEfficiency))
+			default:
+				c, s = fitLine(xs[clsGEMM], ts[clsGEMM])
+			}
+			if s > 0 {
 				next.GEMMEfficiency = 1 / s
 				next.GEMMHalfUS = math.Max(c-launch, 0) / s * 1e6
 			}
 		}
 		for _, l := range []struct {
 			cls       int
+			link      string
 			gbps, lat *float64
-		}{{clsIntra, &next.IntraGBps, &next.IntraLatencyUS}, {clsInter, &next.InterGBps, &next.InterLatencyUS}} {
+		}{{clsIntra, "intra_node", &next.IntraGBps, &next.IntraLatencyUS}, {clsInter, "inter_node", &next.InterGBps, &next.InterLatencyUS}} {
 			if len(ts[l.cls]) < minSamples {
 				continue
 			}
@@ -880,10 +913,18 @@ func (h *Hardware) fitClasses(progOf map[int]*lower.Program, ms []measured, ceil
 			for i, t := range ts[l.cls] {
 				ys[i] = t - launch
 			}
-			if alpha, beta, ok := fitAlphaBeta(as[l.cls], bs[l.cls], ys, ts[l.cls]); ok {
-				*l.lat, *l.gbps = alpha*1e6, 1/beta/1e9
+			var alpha, beta *float64
+			if h.given[l.link+"_latency_us"] {
+				alpha = new(*l.lat * 1e-6)
+			}
+			if h.given[l.link+"_gbps"] {
+				beta = new(1 / (*l.gbps * 1e9))
+			}
+			if a, b, ok := fitAlphaBetaWith(as[l.cls], bs[l.cls], ys, ts[l.cls], alpha, beta); ok {
+				*l.lat, *l.gbps = a*1e6, 1/b/1e9
 			}
 		}
+		next.keep(h)
 		cur = next
 		if slices.Equal(cls, prevCls) {
 			break
@@ -892,6 +933,73 @@ func (h *Hardware) fitClasses(progOf map[int]*lower.Program, ms []measured, ceil
 	}
 	cur.normalize()
 	return cur, counts
+}
+
+// keep sets the figures given on the command line (--hardware
+// NAME:key=value) back to from's: a refinement fits the others around
+// them.
+func (h *Hardware) keep(from *Hardware) {
+	if len(h.given) == 0 {
+		return
+	}
+	dst, src := scalarFields(h), scalarFields(from)
+	for k := range h.given {
+		if d, ok := dst[k]; ok {
+			d.Set(src[k])
+		}
+	}
+}
+
+// fitLineWith is fitLine (y = a + b·x in relative error) with a or b
+// held where one is given (both given: returned as they are).
+func fitLineWith(xs, ys []float64, a, b *float64) (float64, float64) {
+	switch {
+	case a != nil && b != nil:
+		return *a, *b
+	case a == nil && b == nil:
+		return fitLine(xs, ys)
+	}
+	var sw, sxx, sxy, sy, sx float64
+	for i := range xs {
+		w := 1 / (ys[i] * ys[i])
+		sw, sx, sy = sw+w, sx+w*xs[i], sy+w*ys[i]
+		sxx, sxy = sxx+w*xs[i]*xs[i], sxy+w*xs[i]*ys[i]
+	}
+	if a != nil {
+		if sxx == 0 {
+			return *a, 0
+		}
+		return *a, (sxy - *a*sx) / sxx
+	}
+	return (sy - *b*sx) / sw, *b
+}
+
+// fitAlphaBetaWith is fitAlphaBeta with α or β held where one is given.
+func fitAlphaBetaWith(as, bs, ys, ts []float64, alpha, beta *float64) (float64, float64, bool) {
+	switch {
+	case alpha != nil && beta != nil:
+		return *alpha, *beta, true
+	case alpha == nil && beta == nil:
+		return fitAlphaBeta(as, bs, ys, ts)
+	}
+	var saa, sab, sbb, say, sby float64
+	for i := range ys {
+		w := 1 / (ts[i] * ts[i])
+		saa, sab, sbb = saa+w*as[i]*as[i], sab+w*as[i]*bs[i], sbb+w*bs[i]*bs[i]
+		say, sby = say+w*as[i]*ys[i], sby+w*bs[i]*ys[i]
+	}
+	if alpha != nil {
+		b := 0.0
+		if sbb > 0 {
+			b = (sby - *alpha*sab) / sbb
+		}
+		return *alpha, b, b > 0 && !math.IsInf(b, 0)
+	}
+	a := 0.0
+	if saa > 0 {
+		a = math.Max((say-*beta*sab)/saa, 0)
+	}
+	return a, *beta, true
 }
 
 // launchQuantile is the share of a trace's kernels whose time bounds the
@@ -969,6 +1077,7 @@ func traceStart(h *Hardware, progOf map[int]*lower.Program, ms []measured, ceili
 	if !math.IsInf(ceiling, 0) {
 		s.LaunchUS = ceiling * 1e6
 	}
+	s.keep(h)
 	return s
 }
 

@@ -102,6 +102,55 @@ func TestRefineRoundTrip(t *testing.T) {
 	}
 }
 
+// Figures set on the command line (--hardware NAME:key=value) are kept
+// by a refinement, which fits the others around them: given their true
+// values, the rest come back true as well; given a wrong one, it stays,
+// said so in the report, and the figure fitted with it moves instead.
+func TestRefineKeepsFiguresGivenOnTheCommandLine(t *testing.T) {
+	res := compileGPT(t, 2, 1, 1)
+	truth, err := cost.Preset("a100-80g")
+	require.NoError(t, err)
+	truth.GEMMEfficiency, truth.GEMMHalfUS, truth.MemEfficiency, truth.LaunchUS = 0.6, 5, 0.7, 4.5
+	truth.IntraGBps, truth.IntraLatencyUS, truth.InterGBps, truth.InterLatencyUS = 200, 7, 20, 12
+	truth.DevicesPerNode = 2
+	events := predictedTrace(t, res, truth)
+	for _, c := range []struct {
+		given string
+		kept  map[string]float64
+	}{
+		{"launch_us=4.5,gemm_half_us=5,inter_node_gbps=20,intra_node_latency_us=7",
+			map[string]float64{"launch_us": 4.5, "gemm_half_us": 5, "inter_node_gbps": 20, "intra_node_latency_us": 7}},
+		{"gemm_efficiency=0.6,mem_efficiency=0.7,inter_node_latency_us=12",
+			map[string]float64{"gemm_efficiency": 0.6, "mem_efficiency": 0.7, "inter_node_latency_us": 12}},
+		{"gemm_efficiency=0.5", map[string]float64{"gemm_efficiency": 0.5}},
+	} {
+		t.Run(c.given, func(t *testing.T) {
+			start, err := cost.Load("a100-80g:devices_per_node=2," + c.given)
+			require.NoError(t, err)
+			got, rep, err := start.Refine(res.Programs, events)
+			require.NoError(t, err)
+			after, want := fields(got), fields(truth)
+			for _, p := range rep.Params {
+				v, given := c.kept[p.Key]
+				if !given {
+					continue
+				}
+				assert.True(t, p.Kept, p.Key)
+				assert.Equal(t, fmt.Sprintf("set on the command line (%s=%g): kept", p.Key, v), p.Why)
+				assert.Equal(t, v, after[p.Key], p.Key)
+			}
+			if c.kept["gemm_efficiency"] == 0.5 {
+				assert.Less(t, after["gemm_half_us"], want["gemm_half_us"], "the GEMMs' fixed cost, fitted around the slower rate, is lower")
+				return
+			}
+			for k, v := range want {
+				assert.InEpsilon(t, v, after[k], 0.03, k)
+			}
+			assert.Less(t, rep.LogErrorAfter, 0.01)
+		})
+	}
+}
+
 // TestRefineMismatch: a trace of another plan is refused, naming why.
 func TestRefineMismatch(t *testing.T) {
 	res := compileGPT(t, 2, 1, 1)
