@@ -487,9 +487,10 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	return c, c.validate()
 }
 
-// girBatch is the batch a .gir dump was built at (its tokens input's
-// first dimension), or 0 for a model.go or a dump that does not say;
-// a dump that does not parse is named when it is loaded.
+// girBatch is the batch a .gir dump was built at (the first dimension of
+// its tokens input, or of its first batch input under another name), or
+// 0 for a model.go or a dump that does not say; a dump that does not
+// parse is named when it is loaded.
 func girBatch(path string) int {
 	if !strings.HasSuffix(path, ".gir") {
 		return 0
@@ -502,8 +503,13 @@ func girBatch(path string) int {
 	if err != nil {
 		return 0
 	}
-	if v := m.Source("tokens"); v != nil && v.Type.Rank() >= 1 {
+	if v := m.Source(ir.InputTokens); v != nil && v.Type.Rank() >= 1 {
 		return v.Type.Shape[0]
+	}
+	for _, v := range m.Values {
+		if v.Op == "input" && !v.Attrs.Bool("whole") && v.Type.Rank() >= 1 {
+			return v.Type.Shape[0]
+		}
 	}
 	return 0
 }

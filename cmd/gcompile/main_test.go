@@ -428,6 +428,12 @@ func TestDumpKeepsItsBatch(t *testing.T) {
 		require.NoError(t, mainErr([]string{input, "--devices", "4", "--dp", "4", "--plan", "--plan-top", "1"}))
 	})
 	assert.Regexp(t, `best: tp=1 pp=1 dp=4 mb=(4×1|2×2|1×4)`, out, "dp 4 over a batch of 16")
+	// A model whose batch inputs have other names.
+	text, err := os.ReadFile(input)
+	require.NoError(t, err)
+	renamed := filepath.Join(t.TempDir(), "ids.gir")
+	require.NoError(t, os.WriteFile(renamed, []byte(strings.NewReplacer(`"tokens"`, `"ids"`, `"targets"`, `"labels"`).Replace(string(text))), 0o644))
+	require.NoError(t, mainErr([]string{renamed, "--devices", "4", "--dp", "4", "--microbatches", "4"}))
 	// An asynchronous run's dump is one replica's, at its share of the
 	// batch: the flags' batch stays the run's.
 	async := []string{"--devices", "2", "--dp", "2", "--dp-sync", "async", "--microbatches", "4"}
