@@ -251,6 +251,15 @@ func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 	}
 	asked := c.stopAfter > 0 && st.Step == c.stopAfter
 	stop = stop || asked
+	if stop && st.Step == c.steps {
+		// A signal during the last step came too late to stop anything:
+		// the run is finished, and its status must say so, or a requeue
+		// loop would run it again.
+		stop = false
+		if k.j.lead() {
+			fmt.Fprintf(k.j.log, "the stop was asked for during the last step (%d): the run finishes\n", st.Step)
+		}
+	}
 	if c.ckptDir != "" && (stop || st.Step == c.steps || c.ckptEvery > 0 && st.Step%c.ckptEvery == 0) {
 		start := time.Now()
 		opts := k.opts

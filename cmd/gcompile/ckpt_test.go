@@ -1387,3 +1387,30 @@ func TestOutputsNeverWriteIntoACheckpoint(t *testing.T) {
 	assert.Contains(t, err.Error(), "is inside checkpoint "+checkpoint.StepDir(other, 2))
 	assert.Equal(t, before, stateSums(t, step))
 }
+
+// noDevices is a checkpoint.Cluster of one process with no devices, for
+// the checkpointer's decisions without a save.
+type noDevices struct{}
+
+func (noDevices) Local() ([]int, []runtime.BlockDevice) { return nil, nil }
+func (noDevices) Process() (int, int)                   { return 0, 1 }
+func (noDevices) AnyOf(flag bool) (bool, error)         { return flag, nil }
+
+// A stop asked for by a signal ends the run at the next step boundary,
+// unless that boundary is the last step's: the run is finished then,
+// and says so with status 0, or a requeue loop would run it again.
+func TestASignalDuringTheLastStepFinishesTheRun(t *testing.T) {
+	var log bytes.Buffer
+	stop := &preemption{}
+	stop.got.Store(os.Signal(syscall.SIGTERM))
+	k := &checkpointer{c: &config{steps: 3}, j: &job{log: &log}, dev: noDevices{}, stop: stop}
+	done, err := k.boundary(runtime.State{Step: 3})
+	require.NoError(t, err)
+	assert.False(t, done)
+	assert.Empty(t, k.stoppedBy)
+	assert.Contains(t, log.String(), "the stop was asked for during the last step (3): the run finishes")
+	done, err = k.boundary(runtime.State{Step: 2})
+	require.NoError(t, err)
+	assert.True(t, done, "before the last step it stops")
+	assert.Equal(t, "SIGTERM", k.stoppedBy)
+}
