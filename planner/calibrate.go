@@ -105,7 +105,8 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		Steps     []struct {
 			Ms *float64 `json:"ms"`
 		} `json:"steps"`
-		Model struct {
+		Carried int `json:"carried_steps"`
+		Model   struct {
 			Params int64 `json:"params"`
 		} `json:"model"`
 	}
@@ -124,8 +125,15 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		}
 		return ps, err
 	case obj.Config != nil:
+		// Steps carried from a resumed run's earlier parts ran in other
+		// processes, perhaps under another plan: only the last part's
+		// are of the config given.
+		if obj.Carried < 0 || obj.Carried > len(obj.Steps) {
+			return nil, fmt.Errorf("%s: carried_steps %d of %d steps", path, obj.Carried, len(obj.Steps))
+		}
+		obj.Steps = obj.Steps[obj.Carried:]
 		if len(obj.Steps) < 2 {
-			return nil, fmt.Errorf("%s: a run's metrics with %d steps: at least 2 are needed (the first warms up)", path, len(obj.Steps))
+			return nil, fmt.Errorf("%s: a run's metrics with %d steps of its config's plan: at least 2 are needed (the first warms up)", path, len(obj.Steps))
 		}
 		var cfg map[string]json.RawMessage
 		if err := json.Unmarshal(obj.Config, &cfg); err != nil {

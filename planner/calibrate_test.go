@@ -28,6 +28,12 @@ func TestReadMeasured(t *testing.T) {
 			[]MeasuredPlan{{PlanFields: PlanFields{TP: 2, CPImpl: "ring"}, StepMs: 12, Batch: 8}}, ""},
 		{"a run's metrics", `{"config": {"tp": 1, "pp": 1, "dp": 2, "seed": 7, "precision": "bf16", "set": "layers=2"}, "model": {"params": 1000}, "steps": [{"ms": 90}, {"ms": 12}, {"ms": 10}, {"ms": 11}]}`,
 			[]MeasuredPlan{{PlanFields: PlanFields{TP: 1, PP: 1, DP: 2}, StepMs: 11, Run: &MeasuredRun{Params: 1000, Precision: "bf16", Set: "layers=2"}}}, ""},
+		// A resumed run's earlier parts ran under their own plans: only
+		// the last part's steps (after its warm-up) are timed.
+		{"a resumed run's metrics", `{"config": {"tp": 1, "pp": 1, "dp": 2}, "carried_steps": 3, "steps": [{"ms": 30}, {"ms": 31}, {"ms": 32}, {"ms": 90}, {"ms": 12}, {"ms": 10}, {"ms": 11}]}`,
+			[]MeasuredPlan{{PlanFields: PlanFields{TP: 1, PP: 1, DP: 2}, StepMs: 11, Run: &MeasuredRun{}}}, ""},
+		{"a resumed run's one step", `{"config": {"tp": 1, "pp": 1, "dp": 2}, "carried_steps": 3, "steps": [{"ms": 30}, {"ms": 31}, {"ms": 32}, {"ms": 90}]}`, nil, "1 steps of its config's plan: at least 2"},
+		{"carried past the steps", `{"config": {"tp": 1, "pp": 1, "dp": 2}, "carried_steps": 5, "steps": [{"ms": 30}, {"ms": 31}]}`, nil, "carried_steps 5 of 2 steps"},
 		{"a run's metrics with no plan", `{"config": {}, "steps": [{"ms": 90}, {"ms": 12}]}`, nil, "config gives no tp"},
 		{"a run's step without its time", `{"config": {"tp": 1, "pp": 1, "dp": 2}, "steps": [{"ms": 90}, {"loss": 2}]}`, nil, "steps[1] has no ms"},
 		{"misspelt axis", `[{"tp": 1, "step_ms": 5}, {"tp": 1, "micro_batch_size": 2, "step_ms": 5}]`, nil,

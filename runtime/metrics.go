@@ -24,6 +24,11 @@ type Metrics struct {
 	// ResumedFrom is the checkpoint the run continued (--resume); Steps
 	// then start after its step.
 	ResumedFrom *ResumeMetrics `json:"resumed_from,omitempty"`
+	// Carried is how many of Steps (and the Eval and Checkpoints up to
+	// ResumedFrom's step) come from the run's earlier parts, read from
+	// the --metrics file they wrote: the file keeps the whole run, and
+	// this part's figures (its speed) are Steps[Carried:].
+	Carried int `json:"carried_steps,omitempty"`
 	// Checkpoint is the last checkpoint the run wrote, Checkpoints every
 	// save; Stopped the signal that ended the run early, if one did.
 	Checkpoint  string              `json:"checkpoint,omitempty"`

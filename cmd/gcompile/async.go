@@ -151,6 +151,9 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	met.Stopped = ck.stoppedBy
 	c.stopStatus = ck.stopStatus
 	met.Checkpoint, met.Checkpoints = ck.saved, ck.saves
+	if resumeDir != "" && c.metrics != "" {
+		carry(met, earlierParts(c.metrics, resumeDir, cfg.Start.Step))
+	}
 	met.Async = &runtime.AsyncMetrics{Staleness: c.Staleness, MaxStalenessSeen: a.MaxStaleness()}
 	for r, peak := range a.Peaks() {
 		met.Devices[r].PeakBytesMeasured = peak

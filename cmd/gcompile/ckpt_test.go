@@ -1414,3 +1414,46 @@ func TestASignalDuringTheLastStepFinishesTheRun(t *testing.T) {
 	assert.True(t, done, "before the last step it stops")
 	assert.Equal(t, "SIGTERM", k.stoppedBy)
 }
+
+// Rerunning a command with --resume extends its --metrics file, which
+// lists the checkpoint it resumes from, rather than replacing the whole
+// run's record with its last part's: the file holds every step, as one
+// run's does, and says how many came from earlier parts. A finished
+// run's rerun keeps it whole; a file of another run is replaced.
+func TestResumeKeepsTheRunsMetrics(t *testing.T) {
+	dir := t.TempDir()
+	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "6", "--eval-every", "2"))
+	whole := runMetrics(t, args...)
+	ck, met, report := filepath.Join(dir, "ck"), filepath.Join(dir, "m.json"), filepath.Join(dir, "r.html")
+	run := func(extra ...string) runtime.Metrics {
+		t.Helper()
+		require.NoError(t, mainErr(append(slices.Clone(args), append([]string{"--checkpoint-dir", ck, "--metrics", met, "--report", report}, extra...)...)))
+		return readMetrics(t, met)
+	}
+	first := run("--stop-after", "3")
+	require.Len(t, first.Steps, 3)
+	for _, tc := range []struct {
+		name    string
+		carried int
+	}{{"the rest of the run", 3}, {"a rerun of the finished run", 6}} {
+		m := run("--resume", ck)
+		assert.Equal(t, losses(whole), losses(m), "%s: every step's loss, in order", tc.name)
+		assert.Equal(t, whole.Eval, m.Eval, tc.name)
+		assert.Equal(t, tc.carried, m.Carried, tc.name)
+		var saved []int
+		for _, s := range m.Checkpoints {
+			saved = append(saved, s.Step)
+		}
+		assert.Equal(t, []int{3, 6}, saved, tc.name)
+		page, err := os.ReadFile(report)
+		require.NoError(t, err)
+		assert.Contains(t, string(page), "resumed from", tc.name)
+	}
+	// Metrics of another run at that path are replaced, as before.
+	other := filepath.Join(dir, "other")
+	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", other, "--stop-after", "3")))
+	m := run("--resume", other, "--checkpoint-dir", other)
+	assert.Zero(t, m.Carried)
+	require.Len(t, m.Steps, 3)
+	assert.Equal(t, 4, m.Steps[0].Step)
+}

@@ -597,6 +597,12 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		}
 		met.ResumedFrom = &runtime.ResumeMetrics{Checkpoint: resumeDir, Step: start.Step}
 	}
+	var earlier *runtime.Metrics
+	if resumeDir != "" && c.metrics != "" && j.lead() {
+		if earlier = earlierParts(c.metrics, resumeDir, start.Step); earlier != nil {
+			fmt.Fprintf(j.log, "--metrics %s records the run up to %s: its %d steps are kept, and this part's follow them\n", c.metrics, resumeDir, len(earlier.Steps))
+		}
+	}
 	// In a job of several processes the trace shows process 0's devices.
 	var tracer *runtime.Tracer
 	tracing := c.trace != "" && j.lead()
@@ -721,6 +727,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	met.Stopped = ck.stoppedBy
 	c.stopStatus = ck.stopStatus
 	met.Checkpoint, met.Checkpoints = ck.saved, ck.saves
+	carry(met, earlier)
 	// What the run did is written out whatever else fails: each output on
 	// its own, every failure reported. The trace of a failed run is what
 	// one wants to look at; its weights, perhaps half updated by the step

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +14,7 @@ import (
 	"gcompile/data"
 	"gcompile/data/sample"
 	"gcompile/data/tokenizer"
+	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
 )
 
@@ -513,4 +515,71 @@ func (e refusedError) Unwrap() error { return e.err }
 func refused(err error) bool {
 	var r refusedError
 	return errors.As(err, &r)
+}
+
+// earlierParts reads what the run's earlier parts recorded in the
+// --metrics file path before this part resumes from checkpoint dir at
+// step: their steps, evaluations and checkpoints up to step, when the
+// file is the metrics of the part that saved dir (it lists that
+// checkpoint, at that step), so that rerunning a command with --resume
+// extends the file rather than replacing a whole run's record with its
+// last part. Any other file (another run's, one that does not parse, a
+// part killed before it wrote its metrics) is replaced as before, and
+// nil is returned.
+func earlierParts(path, dir string, step int) *runtime.Metrics {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var old runtime.Metrics
+	if json.Unmarshal(raw, &old) != nil {
+		return nil
+	}
+	at, err := os.Stat(dir)
+	if err != nil {
+		return nil
+	}
+	linked := false
+	for _, ck := range old.Checkpoints {
+		if fi, err := os.Stat(ck.Dir); err == nil && ck.Step == step && os.SameFile(fi, at) {
+			linked = true
+		}
+	}
+	if !linked {
+		return nil
+	}
+	keep := &runtime.Metrics{}
+	for _, s := range old.Steps {
+		if s.Step <= step {
+			keep.Steps = append(keep.Steps, s)
+		}
+	}
+	for _, e := range old.Eval {
+		if e.Step <= step {
+			keep.Eval = append(keep.Eval, e)
+		}
+	}
+	for _, ck := range old.Checkpoints {
+		if ck.Step <= step {
+			keep.Checkpoints = append(keep.Checkpoints, ck)
+		}
+	}
+	return keep
+}
+
+// carry puts the earlier parts' record before this part's in met.
+func carry(met, earlier *runtime.Metrics) {
+	if earlier == nil {
+		return
+	}
+	// A finished run's rerun evaluates its last step again: that figure
+	// is this part's.
+	evals := earlier.Eval
+	if len(met.Eval) > 0 {
+		evals = slices.DeleteFunc(slices.Clone(evals), func(e runtime.EvalMetrics) bool { return e.Step >= met.Eval[0].Step })
+	}
+	met.Steps = append(slices.Clip(earlier.Steps), met.Steps...)
+	met.Eval = append(slices.Clip(evals), met.Eval...)
+	met.Checkpoints = append(slices.Clip(earlier.Checkpoints), met.Checkpoints...)
+	met.Carried = len(earlier.Steps)
 }

@@ -105,15 +105,18 @@ type runTotals struct {
 }
 
 func totals(met *runtime.Metrics) (runTotals, bool) {
-	if len(met.Steps) == 0 {
+	// This part of the run's: the steps carried from its earlier parts
+	// ran in other processes, perhaps under another plan.
+	steps := met.Steps[min(met.Carried, len(met.Steps)):]
+	if len(steps) == 0 {
 		return runTotals{}, false
 	}
-	first, last := met.Steps[0], met.Steps[len(met.Steps)-1]
+	first, last := steps[0], steps[len(steps)-1]
 	t := runTotals{first: first.Step, last: last.Step, trainLoss: last.Loss}
 	if len(met.Eval) > 0 {
 		t.eval = &met.Eval[len(met.Eval)-1]
 	}
-	timed := met.Steps
+	timed := steps
 	if len(timed) > 1 {
 		timed = timed[1:]
 	}
