@@ -861,3 +861,27 @@ func TestMasterPortZeroKeepsTheDefault(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, dist.DefaultMasterPort, w.MasterPort)
 }
+
+// A run on a folder of text refuses, before it trains, outputs that
+// would lie among the files it reads: the next run would train on them,
+// and a --resume would find other data. A hidden folder inside it, which
+// the loader skips, and --save's binary weights are accepted.
+func TestOutputsInsideTheTextDataAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "text")
+	require.NoError(t, os.MkdirAll(text, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(text, "a.txt"), bytes.Repeat([]byte("the quick brown fox jumps over the lazy dog\n"), 200), 0o644))
+	base := []string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "1", "--eval-batches", "-1", "--data", text}
+	for _, flag := range []string{"metrics", "report", "checkpoint-dir", "dump"} {
+		path := filepath.Join(text, "out", flag)
+		if flag == "report" {
+			path += ".html"
+		}
+		err := mainErr(append(slices.Clone(base), "--"+flag, path))
+		require.Error(t, err, flag)
+		assert.ErrorContains(t, err, "--"+flag+" "+path+" is inside --data "+text+", whose text files every run on it reads", flag)
+		_, serr := os.Stat(filepath.Join(text, "out"))
+		assert.ErrorIs(t, serr, fs.ErrNotExist, "nothing written for --%s", flag)
+	}
+	require.NoError(t, mainErr(append(slices.Clone(base), "--metrics", filepath.Join(text, ".runs", "m.json"), "--save", filepath.Join(text, "w.safetensors"))))
+}

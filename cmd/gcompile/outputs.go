@@ -303,6 +303,7 @@ func checkOutputs(c *config) error {
 			errs = append(errs, fmt.Errorf("--checkpoint-dir %s is inside checkpoint %s: this run's steps would be saved into another's checkpoint; give it a folder of its own (the folder that holds the step-NNNNNNNN folders is a run's)", c.ckptDir, ck))
 		}
 	}
+	errs = append(errs, outputsInTextData(c)...)
 	if c.dataCacheDir != "" {
 		// Checked now, not after the compile: a file there, or a folder
 		// that cannot be made. One that exists is taken as it is, read
@@ -582,4 +583,33 @@ func carry(met, earlier *runtime.Metrics) {
 	met.Eval = append(slices.Clip(evals), met.Eval...)
 	met.Checkpoints = append(slices.Clip(earlier.Checkpoints), met.Checkpoints...)
 	met.Carried = len(earlier.Steps)
+}
+
+// outputsInTextData refuses the outputs of a run on a folder of text
+// that would lie among the files it reads: a text output (metrics,
+// report, trace, a dump's .gir files, a checkpoint's manifest, the logs)
+// written there becomes training text for the next run on the folder,
+// and a --resume of it finds other data than the checkpoint's. A hidden
+// folder inside --data is not read, and --save's weights, binary, are
+// skipped by the loader.
+func outputsInTextData(c *config) []error {
+	if !c.run || c.data == "" || isTokenData(c.data) {
+		return nil
+	}
+	if fi, err := os.Stat(c.data); err != nil || !fi.IsDir() {
+		return nil
+	}
+	var errs []error
+	for _, o := range []outputPath{{"metrics", c.metrics, nil}, {"report", c.report, nil}, {"trace", c.trace, nil}, {"timeline", c.timeline, nil},
+		{"plan-trace", c.planTrace, nil}, {"dump", c.dump, nil}, {"checkpoint-dir", c.ckptDir, nil}, {"log-dir", c.logDir, nil}} {
+		if o.path == "" || !(within(c.data, o.path) || samePath(c.data, o.path)) {
+			continue
+		}
+		rel, err := filepath.Rel(realPath(c.data), realPath(o.path))
+		if err == nil && slices.ContainsFunc(strings.Split(filepath.ToSlash(rel), "/"), func(p string) bool { return strings.HasPrefix(p, ".") && p != "." && p != ".." }) {
+			continue // under a hidden folder, which the loader skips
+		}
+		errs = append(errs, fmt.Errorf("--%s %s is inside --data %s, whose text files every run on it reads: the next run would train on what this one writes there (and a --resume would find other data than its checkpoint's); give it a path outside --data, or in a hidden folder of it", o.flag, o.path, c.data))
+	}
+	return errs
 }
