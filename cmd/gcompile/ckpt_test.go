@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1456,4 +1457,46 @@ func TestResumeKeepsTheRunsMetrics(t *testing.T) {
 	assert.Zero(t, m.Carried)
 	require.Len(t, m.Steps, 3)
 	assert.Equal(t, 4, m.Steps[0].Step)
+}
+
+// Runs that find the same stale lock take it over one at a time: exactly
+// one holds the folder. Removing the stale lock by path let a run remove
+// the lock another had just made in its place, and both trained into one
+// folder.
+func TestStaleLockIsTakenOverOnce(t *testing.T) {
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	dead := exec.Command("true")
+	require.NoError(t, dead.Run())
+	stale, err := json.Marshal(ckptLock{Host: host, PID: dead.Process.Pid, Since: "2026-12-04T00:00:00Z"})
+	require.NoError(t, err)
+	for round := range 100 {
+		ck := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(ck, lockName), stale, 0o644))
+		var wg sync.WaitGroup
+		var held atomic.Int32
+		for range 4 {
+			wg.Go(func() {
+				if _, err := lockCheckpointDir(ck); err == nil {
+					held.Add(1)
+				} else {
+					assert.Regexp(t, "is in use by another run|is being taken by another run", err)
+				}
+			})
+		}
+		wg.Wait()
+		require.EqualValues(t, 1, held.Load(), "round %d: runs holding the folder", round)
+		left, err := filepath.Glob(filepath.Join(ck, lockName+".*"))
+		require.NoError(t, err)
+		assert.Empty(t, left, "no lock left aside")
+	}
+	// A live lock made after the stale one was read is put back.
+	ck := t.TempDir()
+	lock := filepath.Join(ck, lockName)
+	live := []byte(`{"host":"` + host + `","pid":1}`)
+	require.NoError(t, os.WriteFile(lock, live, 0o644))
+	require.NoError(t, takeOver(lock, stale))
+	now, err := os.ReadFile(lock)
+	require.NoError(t, err)
+	assert.Equal(t, live, now)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,10 +69,17 @@ func lockCheckpointDir(dir string) (func(), error) {
 			_ = checkpoint.RemovePartials(dir)
 			return func() { releaseLock(path, me) }, nil
 		}
-		if !errors.Is(err, fs.ErrExist) || attempt > 0 {
+		if !errors.Is(err, fs.ErrExist) || attempt >= maxLockAttempts {
 			return nil, fmt.Errorf("--checkpoint-dir %s: taking %s: %w", dir, lockName, err)
 		}
+		stale, rawErr := os.ReadFile(path)
+		if errors.Is(rawErr, fs.ErrNotExist) {
+			continue // released or taken over since: try again
+		}
 		held, readErr := readLock(path)
+		if rawErr != nil {
+			readErr = rawErr
+		}
 		if readErr != nil {
 			// Another run creates the lock and then writes it: one read
 			// between the two is empty, and is not a stale lock.
@@ -86,11 +94,60 @@ func lockCheckpointDir(dir string) (func(), error) {
 		}
 		// A stale lock (its process is gone) or an unreadable one (a
 		// crash while writing it): take it over.
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := takeOver(path, stale); err != nil {
 			return nil, fmt.Errorf("--checkpoint-dir %s: removing the stale %s: %w", dir, lockName, err)
 		}
 	}
 }
+
+// maxLockAttempts bounds the tries to take a lock that other runs keep
+// taking over and releasing.
+const maxLockAttempts = 8
+
+// takeOver removes the stale lock at path, whose contents were stale, so
+// that the next O_EXCL create may take it. Removing it by path would race
+// with another run taking over the same stale lock: that run may have
+// removed it and made its own in between, and both would then hold the
+// folder. So a takeover holds a guard file of its own (O_EXCL, one run
+// at a time) and removes the lock only if it still holds what was read
+// stale; a lock made since is another run's, and the next attempt names
+// its holder. A guard older than lockWriteGrace is one a run crashed
+// holding, and is removed.
+func takeOver(path string, stale []byte) error {
+	guard := path + ".takeover"
+	for wait := 0; ; wait++ {
+		f, err := os.OpenFile(guard, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil {
+			f.Close()
+			break
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		if fi, err := os.Stat(guard); err == nil && time.Since(fi.ModTime()) > lockWriteGrace {
+			os.Remove(guard)
+			continue
+		}
+		if wait*int(guardPoll) > int(lockWriteGrace) {
+			return fmt.Errorf("another run is taking the lock over (%s stays)", guard)
+		}
+		time.Sleep(guardPoll)
+	}
+	defer os.Remove(guard)
+	now, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil // taken over and released, or being made again
+	case err != nil:
+		return err
+	case !bytes.Equal(now, stale):
+		return nil // another run's lock, made since
+	}
+	return os.Remove(path)
+}
+
+// guardPoll is how often a takeover waits for another's guard.
+const guardPoll = 5 * time.Millisecond
 
 func readLock(path string) (ckptLock, error) {
 	var l ckptLock
