@@ -377,6 +377,8 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "metrics is a folder", args: []string{"--metrics", "$D/out"},
 			setup: func(t *testing.T, dir string) { mkdir(t, filepath.Join(dir, "out")) },
 			want:  []string{"--metrics ", "out is a folder; it wants a file path"}},
+		{name: "save in a folder not made yet", args: run("--save", "$D/new/"), want: []string{"--save ", "new/ names a folder; it wants a file path (such as ", "model.safetensors)"}},
+		{name: "metrics in a folder not made yet", args: []string{"--metrics", "$D/new/"}, want: []string{"--metrics ", "new/ names a folder; it wants a file path"}},
 		{name: "metrics under a file", args: []string{"--metrics", "$D/f/m.json"},
 			setup: func(t *testing.T, dir string) { writeFile(t, filepath.Join(dir, "f"), "a file\n") },
 			want:  []string{"--metrics ", "not a directory"}},

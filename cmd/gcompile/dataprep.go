@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	goruntime "runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -75,7 +76,9 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	if err := checkPrepareInputs(inputs, *out, tokenizer.ReadPaths(*tok, *merges)); err != nil {
 		return fmt.Errorf("data prepare: %w", err)
 	}
-	if fi, err := os.Stat(*out); err == nil && fi.IsDir() {
+	if fi, err := os.Stat(*out); err == nil && fi.IsDir() || strings.HasSuffix(*out, string(filepath.Separator)) {
+		// A prefix ending in a separator names a folder, made or not:
+		// refused before the folder is made.
 		return fmt.Errorf("data prepare: --output-prefix %s is a folder; give a path prefix inside it, such as %s", *out, filepath.Join(*out, "data"))
 	}
 	if err := checkReplaceable(*out); err != nil {

@@ -353,6 +353,11 @@ func checkOutputFile(flag, path string) error {
 	if n := len(filepath.Base(path)); n > maxOutputName {
 		return fmt.Errorf("--%s %s: a file name of %d bytes; written through a temporary file 19 bytes longer, past file systems' 255, it takes at most %d", flag, path, n, maxOutputName)
 	}
+	if strings.HasSuffix(path, string(filepath.Separator)) || strings.HasSuffix(path, "/.") || path == "." || path == ".." {
+		// The folder need not exist: the writer would make it, then fail
+		// to rename the file over it, after the training.
+		return fmt.Errorf("--%s %s names a folder; it wants a file path (such as %s)", flag, path, filepath.Join(path, outputExample(flag)))
+	}
 	fi, err := os.Stat(path)
 	switch {
 	case err == nil && fi.IsDir():
@@ -612,4 +617,18 @@ func outputsInTextData(c *config) []error {
 		errs = append(errs, fmt.Errorf("--%s %s is inside --data %s, whose text files every run on it reads: the next run would train on what this one writes there (and a --resume would find other data than its checkpoint's); give it a path outside --data, or in a hidden folder of it", o.flag, o.path, c.data))
 	}
 	return errs
+}
+
+// outputExample is a file name an output of flag could have, for a
+// message's example path.
+func outputExample(flag string) string {
+	switch flag {
+	case "save":
+		return "model.safetensors"
+	case "report":
+		return "report.html"
+	case "timeline":
+		return "timeline.svg"
+	}
+	return flag + ".json"
 }

@@ -875,6 +875,7 @@ func TestDataPrepareRefusesOverlappingInputsAndOutputs(t *testing.T) {
 		{"folder after its file", []string{"--output-prefix", out, a, docs}, "INPUT folder " + docs + " holds INPUT " + a},
 		{"output in the input folder", []string{"--output-prefix", filepath.Join(docs, "ds"), docs}, "--output-prefix " + filepath.Join(docs, "ds") + " is inside INPUT folder " + docs},
 		{"output over an input", []string{"--output-prefix", filepath.Join(dir, "x"), filepath.Join(dir, "x.json")}, "which is INPUT " + filepath.Join(dir, "x.json")},
+		{"output a folder not made yet", []string{"--output-prefix", filepath.Join(dir, "new") + string(filepath.Separator), a}, "is a folder; give a path prefix inside it"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := prepareMain(append([]string{"--tokenizer", tok, "--quiet"}, tc.args...), io.Discard, io.Discard)
@@ -882,6 +883,7 @@ func TestDataPrepareRefusesOverlappingInputsAndOutputs(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 			assert.NoFileExists(t, out+".bin")
 			assert.NoFileExists(t, filepath.Join(docs, "ds.bin"))
+			assert.NoDirExists(t, filepath.Join(dir, "new"), "nothing made")
 		})
 	}
 }
