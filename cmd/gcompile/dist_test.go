@@ -1192,3 +1192,26 @@ func TestEchoStopsWaitingForAProcessThatStoppedAnswering(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "rank 1: "+cause.Error(), string(abort))
 }
+
+// A rank killed before training (kill -9, the out-of-memory killer) is
+// the cause the launcher names, and the job exits 1, failed: the SIGTERM
+// the launcher then sends the other ranks is not the cause, and its
+// status, 143, would have a requeue loop take the job for one stopped
+// and run it again forever.
+func TestLaunchNamesARankKilledBeforeTraining(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("needs sh")
+	}
+	script := `if [ "$RANK" = 1 ]; then sleep 0.2; kill -9 $$; fi
+trap 'echo "gcompile: rank 0 was interrupted by SIGTERM before training" >&2; exit 143' TERM
+while :; do sleep 0.1; done`
+	err = supervise(sh, []string{"-c", script}, 2, 0, "t", 5*time.Second)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "launch: rank 1 failed first (signal: killed)")
+	assert.Contains(t, err.Error(), "launch: the cause: rank 1 was killed by SIGKILL and printed no error")
+	assert.Equal(t, 1, exitCode(err))
+}

@@ -39,6 +39,14 @@ func signalName(sig os.Signal) string {
 		return "SIGTERM"
 	case syscall.SIGINT:
 		return "SIGINT"
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	case syscall.SIGSEGV:
+		return "SIGSEGV"
+	case syscall.SIGABRT:
+		return "SIGABRT"
+	case syscall.SIGBUS:
+		return "SIGBUS"
 	}
 	return fmt.Sprint(sig)
 }

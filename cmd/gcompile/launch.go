@@ -263,6 +263,10 @@ func supervise(self string, args []string, n, port int, token string, grace time
 	started := 0
 	var first error
 	var signalled os.Signal
+	// The rank that failed first and how, and whether the launcher has
+	// sent the others SIGTERM since (they then report that signal).
+	firstRank, termSent := -1, false
+	var firstExit error
 starting:
 	for r := range n {
 		select {
@@ -318,6 +322,7 @@ starting:
 				// peer failed exits too, with the cause its peer reported,
 				// which every rank's own message above names.
 				first = fmt.Errorf("launch: rank %d failed first (%v); stopping the others (the ranks' messages above name the cause)", e.rank, e.err)
+				firstRank, firstExit = e.rank, e.err
 				// The others hear of the failure through the job (a lost
 				// peer, the store's abort) and stop with its cause within
 				// a few seconds; a SIGTERM sent at once would be the
@@ -325,6 +330,7 @@ starting:
 				term = time.After(ownStopWait)
 			}
 		case <-term:
+			termSent = true
 			signalAll(syscall.SIGTERM)
 			kill = time.After(grace)
 		case s := <-sigs:
@@ -347,19 +353,47 @@ starting:
 		}
 	}
 	if first != nil {
-		// The rank whose own failure the others echo ("stopped by another
-		// process's failure") is the cause; the first to exit may be an echo.
-		for _, t := range tails {
-			if msg := t.last(); msg != "" && !strings.Contains(msg, "stopped by another process's failure") {
-				first = fmt.Errorf("%w\nlaunch: the cause: %s", first, msg)
-				break
-			}
+		if cause := failureCause(tails, firstRank, firstExit, termSent); cause != "" {
+			first = fmt.Errorf("%w\nlaunch: the cause: %s", first, cause)
 		}
 	}
 	if first == nil && signalled != nil {
 		return &exitStatus{code: signalStatus(signalled), err: fmt.Errorf("launch: stopped by %s: every rank stopped (the run did not finish)", signalName(signalled))}
 	}
 	return first
+}
+
+// failureCause names what made a job fail from its ranks' last errors
+// (tails): the own error of the rank that failed first, unless it is an
+// echo of another's ("stopped by another process's failure"); a rank
+// killed by a signal that printed nothing (kill -9, the kernel's
+// out-of-memory killer) is named so, where the others' messages would
+// only say they lost it; else the first rank's own error, leaving out
+// the SIGTERM the launcher itself sent the others (termSent), which is
+// not the cause, and whose status (143) would have the job taken for
+// stopped rather than failed.
+func failureCause(tails []*errorTail, firstRank int, firstExit error, termSent bool) string {
+	echo := func(msg string) bool { return strings.Contains(msg, "stopped by another process's failure") }
+	if firstRank >= 0 {
+		msg := tails[firstRank].last()
+		var ee *exec.ExitError
+		switch {
+		case msg != "" && !echo(msg):
+			return msg
+		case msg == "" && errors.As(firstExit, &ee):
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				return fmt.Sprintf("rank %d was killed by %s and printed no error (the system's log, dmesg, may say why: out of memory?)", firstRank, signalName(ws.Signal()))
+			}
+		}
+	}
+	for _, t := range tails {
+		msg := t.last()
+		if msg == "" || echo(msg) || termSent && interruptedRank.MatchString(msg) {
+			continue
+		}
+		return msg
+	}
+	return ""
 }
 
 // killedBy reports whether a process ended killed by sig.
