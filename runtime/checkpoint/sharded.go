@@ -813,6 +813,12 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if err := checkManifest(&m); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
+	// The folder's name is the step its save wrote; a manifest that says
+	// another was edited (or the folder renamed), and resuming it would
+	// skip or repeat steps of data and learning rate without a word.
+	if step, ok := StepOf(filepath.Base(filepath.Clean(dir))); ok && step != m.State.Step {
+		return nil, fmt.Errorf("%s: the folder is named for step %d and its %s says step %d (the manifest was edited, or the folder renamed): %w", dir, step, ManifestName, m.State.Step, ErrCorrupt)
+	}
 	return &m, nil
 }
 

@@ -565,6 +565,21 @@ func TestManifestStateAndFilesAreChecked(t *testing.T) {
 	}
 }
 
+// A step folder's manifest must say the step the folder is named for: an
+// edited step resumed would skip or repeat steps without a word.
+func TestManifestStepMatchesItsFolder(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "step-00000004")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	writeBlocks(t, dir, false)
+	editManifest(t, dir, func(m *Manifest) { m.State = runtime.State{Step: 4, OptStep: 4, Samples: 16} })
+	_, err := ReadManifest(dir)
+	require.NoError(t, err)
+	editManifest(t, dir, func(m *Manifest) { m.State.Step = 5 })
+	_, err = ReadManifest(dir)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorContains(t, err, "the folder is named for step 4 and its manifest.json says step 5")
+}
+
 // Every state tensor is a param's (PREFIX/NAME, PREFIX.row:NAME): a
 // param whose kind was edited to state is refused by export rather than
 // left out of the weights.
