@@ -42,23 +42,26 @@ func checkPaths(c *config, lead bool) error {
 			errs = append(errs, err)
 		}
 	case c.run && c.corpus == nil:
-		for _, f := range []string{"split", "data-cache-dir", "make-vocab-size-divisible-by", "merges"} {
-			if c.explicit[f] {
-				errs = append(errs, fmt.Errorf("--%s applies to a token dataset (--data PREFIX, from gcompile data prepare); %s is text", f, textData(c.data)))
-			}
-		}
+		// What --data is comes first: a path that is not there, or a
+		// folder of datasets, is no text for the flags below to be
+		// refused against.
 		if _, err := os.Stat(c.data); c.data != "" && err != nil {
 			errs = append(errs, fmt.Errorf("--data %s: no such text file or folder, and no dataset %s.bin and %s.idx: %w", c.data, c.data, c.data, err))
-			break
-		}
-		if c.tokenizer != "" {
-			errs = append(errs, fmt.Errorf("--tokenizer %s: %s is text, which trains one byte per token; tokenize it first with gcompile data prepare --tokenizer %s --output-prefix PREFIX %s, then train on --data PREFIX",
-				c.tokenizer, textData(c.data), c.tokenizer, orDefault(c.data)))
 			break
 		}
 		if ds := datasetsIn(c.data); len(ds) > 0 {
 			errs = append(errs, fmt.Errorf("--data %s is a folder of token datasets (%s), not of text: name one, --data %s, or a blend of them",
 				c.data, strings.Join(ds, ", "), filepath.Join(c.data, ds[0])))
+			break
+		}
+		for _, f := range []string{"split", "data-cache-dir", "make-vocab-size-divisible-by", "merges"} {
+			if c.explicit[f] {
+				errs = append(errs, fmt.Errorf("--%s applies to a token dataset (--data PREFIX, from gcompile data prepare); %s is text", f, textData(c.data)))
+			}
+		}
+		if c.tokenizer != "" {
+			errs = append(errs, fmt.Errorf("--tokenizer %s: %s is text, which trains one byte per token; tokenize it first with gcompile data prepare --tokenizer %s --output-prefix PREFIX %s, then train on --data PREFIX",
+				c.tokenizer, textData(c.data), c.tokenizer, orDefault(c.data)))
 			break
 		}
 		// Read now, kept for training (loadSource), not read twice.

@@ -145,6 +145,11 @@ func openTokenData(c *config) (*tokenData, error) {
 		return nil, err
 	}
 	metaVocab, metaFrom := 0, ""
+	// The first part with a record of its tokenizer: a blend's parts
+	// must agree on it, --tokenizer given or not, or ids of one
+	// tokenizer would train as another's tokens.
+	var firstTok *prepare.Meta
+	var firstTokPrefix string
 	for i := range td.parts {
 		p := &td.parts[i]
 		p.Prefix = datasetPrefix(p.Prefix)
@@ -169,6 +174,14 @@ func openTokenData(c *config) (*tokenData, error) {
 			if td.tok != nil && meta.Tokenizer != "" && meta.Tokenizer != td.tok.Fingerprint() {
 				return fail(fmt.Errorf("--data %s was prepared with the tokenizer %s, not --tokenizer %s (their vocabularies or merges differ): give the tokenizer the data was prepared with, or prepare the data again: %w",
 					p.Prefix, orUnknown(meta.TokenizerPath), c.tokenizer, errDataMismatch))
+			}
+			if meta.Tokenizer != "" {
+				if firstTok == nil {
+					firstTok, firstTokPrefix = &meta, p.Prefix
+				} else if meta.Tokenizer != firstTok.Tokenizer {
+					return fail(fmt.Errorf("--data blends %s, prepared with the tokenizer %s, and %s, prepared with %s: their ids are another tokenizer's tokens; blend datasets prepared with one tokenizer: %w",
+						firstTokPrefix, orUnknown(firstTok.TokenizerPath), p.Prefix, orUnknown(meta.TokenizerPath), errDataMismatch))
+				}
 			}
 			if meta.VocabSize > metaVocab {
 				metaVocab, metaFrom = meta.VocabSize, fmt.Sprintf("the vocabulary of %s's tokenizer (%d)", p.Prefix, meta.VocabSize)

@@ -265,6 +265,7 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		{"divisible-by zero", []string{"--data", good, "--make-vocab-size-divisible-by", "0"}, []string{"--make-vocab-size-divisible-by 0: want 1 to 65536"}},
 		{"divisible-by a billion", []string{"--data", good, "--make-vocab-size-divisible-by", "1000000000"}, []string{"--make-vocab-size-divisible-by 1000000000: want 1 to 65536"}},
 		{"a folder of datasets", []string{"--data", dir}, []string{"--data " + dir + " is a folder of token datasets (stale, " + filepath.Base(good) + ", ", "name one, --data " + stale}},
+		{"a folder of datasets, with a tokenizer", []string{"--data", dir, "--tokenizer", filepath.Join(dir, "tokenizer.json")}, []string{"--data " + dir + " is a folder of token datasets (stale, "}},
 		{"a .bin without its .idx", []string{"--data", noIndex}, []string{"--data " + noIndex, "noindex.idx"}},
 		{"a path that is not there, with a tokenizer", []string{"--data", filepath.Join(dir, "nothing"), "--tokenizer", filepath.Join(dir, "tokenizer.json")},
 			[]string{"--data " + filepath.Join(dir, "nothing") + ": no such text file or folder, and no dataset"}},
@@ -280,6 +281,13 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 			assert.NoFileExists(t, out, "nothing is written")
 		})
 	}
+	// A path that is not there is named alone, not as text that a token
+	// dataset's flag does not apply to.
+	err = mainErr(tokenGPT(t, good, "--steps", "2", "--data", filepath.Join(dir, "nothing"), "--data-cache-dir", dir))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--data "+filepath.Join(dir, "nothing")+": no such text file or folder, and no dataset")
+	assert.NotContains(t, err.Error(), "--data-cache-dir applies to a token dataset")
+
 	// Without --data, the default text is named as such, not as --data "".
 	err = mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "1", "--tokenizer", filepath.Join(dir, "tokenizer.json")})
 	require.Error(t, err)
@@ -941,4 +949,22 @@ func TestDataPrepareKeepsTheTokenizerAndOtherFiles(t *testing.T) {
 	err = prepareMain([]string{"--tokenizer", llama3, "--output-prefix", dir, "--quiet", text}, io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--output-prefix "+dir+" is a folder; give a path prefix inside it")
+}
+
+// A blend of datasets prepared with different tokenizers is refused
+// before training, --tokenizer given or not: each part's record names
+// its tokenizer, and ids of one would train as another's tokens.
+func TestBlendOfTwoTokenizersIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "a.txt")
+	writeFile(t, text, strings.Repeat("the quick brown fox jumps over the lazy dog. ", 40))
+	tokdir := filepath.Join("..", "..", "data", "tokenizer", "testdata")
+	gpt2, llama := filepath.Join(dir, "gpt2"), filepath.Join(dir, "llama")
+	require.NoError(t, prepareMain([]string{"--tokenizer", filepath.Join(tokdir, "gpt2"), "--output-prefix", gpt2, "--quiet", text}, io.Discard, io.Discard))
+	require.NoError(t, prepareMain([]string{"--tokenizer", filepath.Join(tokdir, "llama2"), "--output-prefix", llama, "--quiet", text}, io.Discard, io.Discard))
+	err := mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "2", "--run", "--steps", "1", "--eval-batches", "-1",
+		"--data", "0.5 " + gpt2 + " 0.5 " + llama})
+	require.ErrorIs(t, err, errDataMismatch)
+	assert.ErrorContains(t, err, "--data blends "+gpt2+", prepared with the tokenizer ")
+	assert.ErrorContains(t, err, "and "+llama+", prepared with ")
 }
