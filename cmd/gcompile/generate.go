@@ -758,9 +758,14 @@ func anotherModelText(from, what string, cfg compile.Config, model, set, was, no
 		}
 	}
 	if set == cfg.Set {
-		// The sizes agree: the model file is another (or has changed).
-		return fmt.Sprintf("%s: %s of model %q (fingerprint %.12s), and %s with the same --set %q is another model (fingerprint %.12s): give the model file %s was trained with",
-			from, what, model, was, cfg.Model, set, now, strings.TrimSuffix(strings.TrimSuffix(what, " is"), " are"))
+		// The sizes agree: the model file is another (or has changed),
+		// or the classes differ, which a run's tokenizer sets.
+		fix := fmt.Sprintf("give the model file %s was trained with", strings.TrimSuffix(strings.TrimSuffix(what, " is"), " are"))
+		if strings.Contains(data, ";tokenizer ") {
+			fix = "its run read its data with a tokenizer, whose vocabulary sets the model's classes: without that --tokenizer (and --data PREFIX) as the run gave them, the classes differ; with them, " + fix
+		}
+		return fmt.Sprintf("%s: %s of model %q (fingerprint %.12s), and %s with the same --set %q is another model (fingerprint %.12s): %s",
+			from, what, model, was, cfg.Model, set, now, fix)
 	}
 	return fmt.Sprintf("%s: %s of model %q trained with --set %q (fingerprint %.12s); with --set %q this model is another (fingerprint %.12s): the same param shapes can hold other maths (heads, activation, rotary base), so %s",
 		from, what, model, set, was, cfg.Set, now, hint)

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/data/tokenizer"
+	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cuda/fakegpu"
 )
 
@@ -298,6 +299,12 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	err = mainErr(append(append([]string{"eval", gptModel, "--batch", "4", "--resume", ck, "--data", bare, "--split", "60,40"}, set...), otherTok...))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is not the tokenizer the checkpoint's run trained with")
+	// And with no tokenizer the classes follow the data's ids: the
+	// tokenizer is named as what to give, not the model file.
+	small := tokenDataset(t, dir, 40, 20, 100, 3)
+	err = mainErr(append([]string{"eval", gptModel, "--batch", "4", "--resume", ck, "--data", small, "--split", "60,40"}, set...))
+	require.ErrorIs(t, err, checkpoint.ErrMismatch)
+	assert.Contains(t, err.Error(), "its run read its data with a tokenizer, whose vocabulary sets the model's classes")
 	require.NoError(t, runGenerate(append(append([]string{gptModel, "--resume", ck, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), tok...), io.Discard, io.Discard))
 
 	res := generateJSON(t, append(append([]string{gptModel, "--load", w, "--prompt", "Document 3 says", "--max-new-tokens", "30", "--seed", "2"}, set...), tok...)...)
