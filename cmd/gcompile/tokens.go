@@ -172,8 +172,8 @@ func openTokenData(c *config) (*tokenData, error) {
 		if ok {
 			maxID = meta.MaxToken
 			if td.tok != nil && meta.Tokenizer != "" && meta.Tokenizer != td.tok.Fingerprint() {
-				return fail(fmt.Errorf("--data %s was prepared with the tokenizer %s, not --tokenizer %s (their vocabularies or merges differ): give the tokenizer the data was prepared with, or prepare the data again: %w",
-					p.Prefix, orUnknown(meta.TokenizerPath), c.tokenizer, errDataMismatch))
+				return fail(fmt.Errorf("--data %s was prepared with the tokenizer %s, not --tokenizer %s (%s): give the tokenizer the data was prepared with, or prepare the data again: %w",
+					p.Prefix, orUnknown(meta.TokenizerPath), c.tokenizer, tokenizerDifference(meta, td.tok), errDataMismatch))
 			}
 			if meta.Tokenizer != "" {
 				if firstTok == nil {
@@ -675,4 +675,36 @@ func trimVocab(ts []checkpoint.Tensor, tables map[string]int) {
 		ts[i].Data = t.Data[:rows*per]
 		ts[i].Shape = []int{rows, t.Shape[1]}
 	}
+}
+
+// tokenizerDifference says what differs between the tokenizer a dataset
+// was prepared with (its record) and tok, as far as the record tells: the
+// vocabulary's size, or the end- or beginning-of-document token, which
+// the tokenizer_config.json beside a tokenizer.json sets (without it
+// they are guessed by name); else its tokens or merges.
+func tokenizerDifference(meta prepare.Meta, tok *tokenizer.Tokenizer) string {
+	if meta.VocabSize != tok.VocabSize() {
+		return fmt.Sprintf("their vocabularies differ: %d tokens, and %d", meta.VocabSize, tok.VocabSize())
+	}
+	idOf := func(id int32, ok bool) int32 {
+		if !ok {
+			return -1
+		}
+		return id
+	}
+	name := func(id int32) string {
+		if id < 0 {
+			return "none"
+		}
+		return fmt.Sprintf("%q (%d)", tok.Decode([]int32{id}), id)
+	}
+	if eos := idOf(tok.EOS()); meta.EOS != eos {
+		return fmt.Sprintf("the data ends each document with %s, and this tokenizer's end-of-document token is %s: the tokenizer_config.json beside it, which names it, differs or is missing", name(meta.EOS), name(eos))
+	}
+	if meta.BOS != nil {
+		if bos := idOf(tok.BOS()); *meta.BOS != bos {
+			return fmt.Sprintf("the data begins each document with %s, and this tokenizer's beginning-of-document token is %s: the tokenizer_config.json beside it, which names it, differs or is missing", name(*meta.BOS), name(bos))
+		}
+	}
+	return "the same number of tokens, and other tokens or merges"
 }

@@ -968,3 +968,26 @@ func TestBlendOfTwoTokenizersIsRefused(t *testing.T) {
 	assert.ErrorContains(t, err, "--data blends "+gpt2+", prepared with the tokenizer ")
 	assert.ErrorContains(t, err, "and "+llama+", prepared with ")
 }
+
+// A dataset prepared with a tokenizer whose end-of-document token came
+// from its tokenizer_config.json, trained with the same tokenizer.json
+// without it, is refused naming the token that differs, not "their
+// vocabularies or merges", which are the same.
+func TestTokenizerMismatchNamesWhatDiffers(t *testing.T) {
+	dir := t.TempDir()
+	qwen := filepath.Join("..", "..", "data", "tokenizer", "testdata", "qwen3")
+	bare := filepath.Join(dir, "bare")
+	require.NoError(t, os.MkdirAll(bare, 0o755))
+	raw, err := os.ReadFile(filepath.Join(qwen, "tokenizer.json.gz"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(bare, "tokenizer.json.gz"), raw, 0o644))
+	text := filepath.Join(dir, "a.txt")
+	writeFile(t, text, strings.Repeat("the quick brown fox jumps over the lazy dog. ", 20))
+	prefix := filepath.Join(dir, "ds")
+	require.NoError(t, prepareMain([]string{"--tokenizer", qwen, "--output-prefix", prefix, "--quiet", text}, io.Discard, io.Discard))
+	err = mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "2", "--run", "--steps", "1", "--eval-batches", "-1",
+		"--data", prefix, "--tokenizer", bare})
+	require.ErrorIs(t, err, errDataMismatch)
+	assert.ErrorContains(t, err, `the data ends each document with "<|im_end|>" (151645), and this tokenizer's end-of-document token is "<|endoftext|>" (151643)`)
+	assert.NotContains(t, err.Error(), "vocabularies")
+}
