@@ -268,7 +268,7 @@ func checkOutputs(c *config) error {
 			}
 		}
 		inside := false
-		for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir, nil}, {"resume", c.resume, nil}, {"dump", c.dump, nil}} {
+		for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir, nil}, {"resume", c.resume, nil}, {"dump", c.dump, nil}, {"log-dir", c.logDir, nil}} {
 			if d.path != "" && samePath(d.path, o.path) && d.flag != "resume" {
 				// A file where the run makes its folder: found before the
 				// run, not when the file could not be written after it.
@@ -278,8 +278,11 @@ func checkOutputs(c *config) error {
 			}
 			if d.path != "" && within(d.path, o.path) {
 				what := "a checkpoint's files"
-				if d.flag == "dump" {
+				switch d.flag {
+				case "dump":
 					what = "the dump's files, which every run replaces"
+				case "log-dir":
+					what = "or beside the processes' logs (rank-N.log)"
 				}
 				errs = append(errs, fmt.Errorf("--%s %s is inside --%s %s: it would write over %s; give it a path outside", o.flag, o.path, d.flag, d.path, what))
 				inside = true
@@ -297,6 +300,23 @@ func checkOutputs(c *config) error {
 	for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir, nil}, {"resume", c.resume, nil}} {
 		if d.path != "" && c.dump != "" && (within(d.path, c.dump) || samePath(d.path, c.dump)) {
 			errs = append(errs, fmt.Errorf("--dump %s is inside --%s %s: its files would mix with the checkpoints' (a dump named like a step's folder takes it); dump into a folder outside", c.dump, d.flag, d.path))
+		}
+	}
+	// The processes' logs are a folder of their own, as --dump is: among
+	// checkpoints or a dump they mix with files another part owns, and a
+	// log folder that is another output's path fails every rank.
+	if c.logDir != "" {
+		for _, d := range []outputPath{{"checkpoint-dir", c.ckptDir, nil}, {"resume", c.resume, nil}, {"dump", c.dump, nil}} {
+			switch {
+			case d.path == "":
+			case samePath(d.path, c.logDir):
+				errs = append(errs, fmt.Errorf("--log-dir %s is also --%s's folder: the logs would mix with its files; give each its own folder", c.logDir, d.flag))
+			case within(d.path, c.logDir):
+				errs = append(errs, fmt.Errorf("--log-dir %s is inside --%s %s: the logs would mix with its files; give the logs a folder outside", c.logDir, d.flag, d.path))
+			}
+			if d.path != "" && d.flag != "resume" && within(c.logDir, d.path) {
+				errs = append(errs, fmt.Errorf("--%s %s is inside --log-dir %s: give it a folder outside the logs'", d.flag, d.path, c.logDir))
+			}
 		}
 	}
 	if c.ckptDir != "" && c.resume != "" && (within(c.resume, c.ckptDir) || samePath(c.resume, c.ckptDir) && isStepFolder(c.resume)) {
