@@ -39,8 +39,13 @@ func checkCheckpointPaths(c *config) (string, error) {
 			return "", fmt.Errorf("--resume: %w", err)
 		}
 		m, err := checkpoint.ReadManifest(dir)
+		if err == nil {
+			// Before the compile, which can be long: a shard missing or cut
+			// short. The checksums are checked as the blocks load.
+			err = checkpoint.CheckFiles(dir, m)
+		}
 		if err != nil {
-			return "", fmt.Errorf("--resume: %w", err)
+			return "", fmt.Errorf("--resume: %w%s", err, intactHint(dir))
 		}
 		step = m.State.Step
 		if c.stopAfter > 0 && c.stopAfter <= step {
@@ -106,6 +111,27 @@ func checkCheckpointDir(c *config, resumed string, step int) error {
 	}
 	newest := steps[len(steps)-1]
 	held := fmt.Sprintf("--checkpoint-dir %s holds checkpoints of steps %d to %d", c.ckptDir, steps[0], newest)
+	if resumed != "" && step < newest && samePath(filepath.Dir(resumed), c.ckptDir) {
+		// Newer checkpoints that cannot be resumed (a shard cut short or
+		// gone) are no branch to keep, but are not this run's to delete.
+		var damaged []string
+		intact := step
+		for _, s := range steps {
+			if s <= step {
+				continue
+			}
+			if intactCheckpoint(checkpoint.StepDir(c.ckptDir, s)) {
+				intact = s
+			} else {
+				damaged = append(damaged, checkpoint.StepDir(c.ckptDir, s))
+			}
+		}
+		if intact == step {
+			return fmt.Errorf("%s, and this run resumes from step %d (%s); the newer ones are damaged (%s; gcompile inspect names what): move them out of the folder, then resume from step %d again",
+				held, step, resumed, strings.Join(damaged, ", "), step)
+		}
+		newest = intact
+	}
 	switch {
 	case resumed == "":
 		return fmt.Errorf("%s: a new run there would write over them, and --keep-last would keep theirs; continue that run with --resume %s, or give this one another --checkpoint-dir", held, c.ckptDir)
@@ -414,7 +440,11 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 	}
 	m, err := checkpoint.RestoreState(dev, progs, dir, ex)
 	if err != nil {
-		return runtime.State{}, fmt.Errorf("--resume %s: %w", dir, err)
+		hint := ""
+		if errors.Is(err, checkpoint.ErrCorrupt) {
+			hint = intactHint(dir) // a checksum the load found wrong
+		}
+		return runtime.State{}, fmt.Errorf("--resume %s: %w%s", dir, err, hint)
 	}
 	st := m.State
 	if notes := scheduleChanges(m.Plan.Flags, c); len(notes) > 0 && c.Progress != io.Discard {
@@ -689,4 +719,31 @@ func orNone(s string) string {
 		return "none"
 	}
 	return s
+}
+
+// intactCheckpoint says whether the checkpoint in dir can be resumed as
+// far as its manifest and its files' sizes tell (checkpoint.CheckFiles).
+func intactCheckpoint(dir string) bool {
+	m, err := checkpoint.ReadManifest(dir)
+	return err == nil && checkpoint.CheckFiles(dir, m) == nil
+}
+
+// intactHint names, for a damaged checkpoint dir in a folder of steps,
+// the newest older one that is intact, as the one to resume from.
+func intactHint(dir string) string {
+	step, ok := checkpoint.StepOf(filepath.Base(filepath.Clean(dir)))
+	if !ok {
+		return ""
+	}
+	root := filepath.Dir(filepath.Clean(dir))
+	l, err := checkpoint.List(root)
+	if err != nil {
+		return ""
+	}
+	for i := len(l.Steps) - 1; i >= 0; i-- {
+		if s := l.Steps[i]; s < step && intactCheckpoint(checkpoint.StepDir(root, s)) {
+			return fmt.Sprintf("; the newest intact checkpoint before it is %s: move %s out of %s, then resume from it", checkpoint.StepDir(root, s), dir, root)
+		}
+	}
+	return ""
 }

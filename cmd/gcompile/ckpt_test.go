@@ -1500,3 +1500,38 @@ func TestStaleLockIsTakenOverOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, live, now)
 }
+
+// A damaged newest checkpoint (a shard cut short) is named before the
+// compile with the newest intact one before it; resuming that one into
+// the same folder names the damaged ones to move out, instead of
+// recommending them; moved out, the run resumes.
+func TestDamagedNewestCheckpointNamesTheIntactOne(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "6"))
+	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", ck, "--checkpoint-every", "2")))
+	shard := filepath.Join(checkpoint.StepDir(ck, 6), "rank-00000.safetensors")
+	require.NoError(t, os.Truncate(shard, 1000))
+	more := append(slices.Clone(args[:len(args)-2]), "--steps", "8", "--checkpoint-dir", ck)
+	err := mainErr(append(slices.Clone(more), "--resume", ck))
+	require.ErrorIs(t, err, checkpoint.ErrCorrupt)
+	assert.ErrorContains(t, err, "is 1000 bytes, the manifest says")
+	assert.ErrorContains(t, err, "the newest intact checkpoint before it is "+checkpoint.StepDir(ck, 4)+": move "+checkpoint.StepDir(ck, 6)+" out of "+ck)
+	err = mainErr(append(slices.Clone(more), "--resume", checkpoint.StepDir(ck, 4)))
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "the newer ones are damaged ("+checkpoint.StepDir(ck, 6)+"; gcompile inspect names what): move them out of the folder, then resume from step 4 again")
+	assert.NotContains(t, err.Error(), "resume from step 6")
+	require.NoError(t, os.Rename(checkpoint.StepDir(ck, 6), filepath.Join(dir, "damaged")))
+	require.NoError(t, mainErr(append(slices.Clone(more), "--resume", checkpoint.StepDir(ck, 4))))
+	// A flipped byte, which the checksums find as the blocks load, gets
+	// the same hint.
+	last := filepath.Join(checkpoint.StepDir(ck, 8), "rank-00000.safetensors")
+	raw, err := os.ReadFile(last)
+	require.NoError(t, err)
+	raw[len(raw)-1] ^= 0xff
+	require.NoError(t, os.WriteFile(last, raw, 0o644))
+	err = mainErr(append(slices.Clone(more), "--steps", "10", "--resume", ck))
+	require.ErrorIs(t, err, checkpoint.ErrCorrupt)
+	assert.ErrorContains(t, err, "has CRC-32C")
+	assert.ErrorContains(t, err, "the newest intact checkpoint before it is "+checkpoint.StepDir(ck, 4), "steps 2, 4 and 8 are there")
+}
