@@ -180,6 +180,9 @@ var maxTokenizerFile = 512 << 20
 func topLevel(path string, data []byte) (map[string]json.RawMessage, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(data, &top); err != nil {
+		if looksLikeMerges(data) {
+			return nil, fmt.Errorf("%w: %s: %v: it looks like a merges file (merges.txt, vocab.bpe), not a tokenizer.json or vocab.json: the vocabulary and the merges file may be swapped", ErrFormat, path, err)
+		}
 		return nil, fmt.Errorf("%w: %s: %v", ErrFormat, path, err)
 	}
 	if top == nil {
@@ -624,7 +627,11 @@ func parsePair(path string, top map[string]json.RawMessage, mergesPath string) (
 		}
 		a, b, ok := strings.Cut(s, " ")
 		if !ok || a == "" || b == "" || strings.Contains(b, " ") {
-			return nil, fmt.Errorf("%w: %s line %d: %q is not two tokens separated by one space", ErrFormat, mergesPath, line, s)
+			hint := ""
+			if t := strings.TrimSpace(s); strings.HasPrefix(t, "{") || strings.HasPrefix(t, "[") {
+				hint = ": it looks like JSON (a vocab.json or tokenizer.json), not a merges file: the vocabulary and the merges file may be swapped"
+			}
+			return nil, fmt.Errorf("%w: %s line %d: %q is not two tokens separated by one space%s", ErrFormat, mergesPath, line, snippet(s), hint)
 		}
 		sp.merges = append(sp.merges, [2]string{a, b})
 	}
@@ -737,9 +744,55 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 	for i, m := range strs {
 		a, b, ok := strings.Cut(m, " ")
 		if !ok {
-			return nil, fmt.Errorf("merge %d (%q) is not two tokens separated by a space", i, m)
+			return nil, fmt.Errorf("merge %d (%q) is not two tokens separated by a space", i, snippet(m))
 		}
 		out[i] = [2]string{a, b}
 	}
 	return out, nil
+}
+
+// snippetLen bounds how much of a bad line an error quotes: a vocab.json
+// given as the merges file is one line of a megabyte.
+const snippetLen = 80
+
+// snippet is s cut to snippetLen bytes at a character boundary, marked
+// with … when cut.
+func snippet(s string) string {
+	if len(s) <= snippetLen {
+		return s
+	}
+	n := snippetLen
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+// looksLikeMerges says whether a file that is not JSON reads as a GPT-2
+// merges file: a "#version" header, or first lines of two tokens each.
+// JSON cut short can also have such lines, so text starting as JSON does
+// not count.
+func looksLikeMerges(data []byte) bool {
+	data = bytes.TrimPrefix(data, []byte("\uFEFF"))
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) == 0 || t[0] == '{' || t[0] == '[' {
+		return false
+	}
+	if bytes.HasPrefix(data, []byte("#version")) {
+		return true
+	}
+	lines := 0
+	for line := range bytes.Lines(data) {
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 {
+			continue
+		}
+		a, b, ok := bytes.Cut(line, []byte(" "))
+		if !ok || len(a) == 0 || len(b) == 0 || bytes.IndexByte(b, ' ') >= 0 {
+			return false
+		}
+		if lines++; lines == 3 {
+			break
+		}
+	}
+	return lines > 0
 }

@@ -156,6 +156,8 @@ func TestErrors(t *testing.T) {
 		{"merge token not in vocab", vocabPath, badMerges, []error{ErrFormat}, []string{"bad_merges.txt", `"c"`, "not in the vocabulary"}},
 		{"merge result not in vocab", vocabPath, noResult, []error{ErrFormat}, []string{"no_result.txt", `"ba"`}},
 		{"bad merges line", vocabPath, badLine, []error{ErrFormat}, []string{"bad_line.txt", "line 2"}},
+		{"a long bad merge quoted short", file("longmerge.json", tokJSON(bpeModel(bl, []string{strings.Repeat("a", 200)}), nil, byteLevelPre, nil, nil)), "",
+			[]error{ErrFormat}, []string{"longmerge.json", `"` + strings.Repeat("a", 80) + `…"`}},
 		{"json merge not in vocab", file("m.json", tokJSON(bpeModel(bl, []string{"a zz"}), nil, byteLevelPre, nil, nil)), "",
 			[]error{ErrFormat}, []string{"m.json", `"zz"`}},
 		{"unknown pattern", file("pat.json", tokJSON(bpeModel(bl, []string{"a b"}), nil, map[string]any{"type": "Sequence", "pretokenizers": []any{
@@ -205,6 +207,52 @@ func TestErrors(t *testing.T) {
 			for _, m := range tc.msg {
 				assert.Contains(t, err.Error(), m)
 			}
+		})
+	}
+}
+
+// A GPT-2 vocabulary and merges file given the wrong way round are named
+// as such, and the bad line is quoted short: a vocab.json is one line of a
+// megabyte, which the error used to print whole.
+func TestSwappedVocabAndMerges(t *testing.T) {
+	dir := t.TempDir()
+	var words []string
+	for i := range 2000 {
+		words = append(words, fmt.Sprintf("w%04d", i))
+	}
+	vocab := writeJSON(t, dir, "vocab.json", byteLevelVocab(words...))
+	pretty, err := json.MarshalIndent(byteLevelVocab("ab"), "", "  ")
+	require.NoError(t, err)
+	prettyVocab := filepath.Join(dir, "pretty.json")
+	require.NoError(t, os.WriteFile(prettyVocab, pretty, 0o644))
+	merges := filepath.Join(dir, "merges.txt")
+	require.NoError(t, os.WriteFile(merges, []byte("#version: 0.2\nw 0\nw0 0\n"), 0o644))
+	bare := filepath.Join(dir, "bare_merges.txt")
+	require.NoError(t, os.WriteFile(bare, []byte("w 0\nw0 0\n"), 0o644))
+	cut := filepath.Join(dir, "cut.json")
+	require.NoError(t, os.WriteFile(cut, []byte("{\"a\": 0,\n\"b\": 1,"), 0o644))
+	const swapped = "the vocabulary and the merges file may be swapped"
+	for _, tc := range []struct {
+		name, path, merges string
+		msg                []string
+		not                []string
+	}{
+		{"vocab.json as the merges", vocab, vocab, []string{"vocab.json line 1", "…", "looks like JSON", swapped}, nil},
+		{"an indented vocab.json as the merges", vocab, prettyVocab, []string{"pretty.json line 1", `"{"`, "looks like JSON", swapped}, nil},
+		{"merges.txt as the vocabulary", merges, vocab, []string{"merges.txt", "invalid character '#'", "looks like a merges file", swapped}, nil},
+		{"a merges file without a header as the vocabulary", bare, vocab, []string{"bare_merges.txt", "looks like a merges file"}, nil},
+		{"JSON cut short is not a merges file", cut, "", []string{"cut.json"}, []string{"merges file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(tc.path, tc.merges)
+			require.ErrorIs(t, err, ErrFormat)
+			for _, m := range tc.msg {
+				assert.Contains(t, err.Error(), m)
+			}
+			for _, m := range tc.not {
+				assert.NotContains(t, err.Error(), m)
+			}
+			assert.Less(t, len(err.Error()), 400, err.Error())
 		})
 	}
 }
