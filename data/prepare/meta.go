@@ -24,7 +24,7 @@ const metaVersion = 1
 // scanning the .bin for its largest id.
 type Meta struct {
 	// Format marks the file as this package's ("gcompile indexed
-	// dataset"), so that any other PREFIX.json is ignored.
+	// dataset"), so that another tool's JSON under that name is ignored.
 	Format string `json:"format"`
 	// Version is the layout of this file, 1; ReadMeta refuses newer ones.
 	Version int `json:"version"`
@@ -76,10 +76,12 @@ func metaOf(c config, s Summary) Meta {
 }
 
 // ReadMeta reads PREFIX.json. ok is false, with no error, when there is no
-// such file or it is not ours: a dataset from Megatron-LM's tools, whose
-// largest id must then be found by a scan (indexed.Dataset.MaxToken). A
-// file of ours that is damaged, newer than this reader, or describes
-// files of other sizes than PREFIX.bin and PREFIX.idx is an ErrMeta error.
+// such file or it is JSON that is not ours: a dataset from Megatron-LM's
+// tools, whose largest id must then be found by a scan
+// (indexed.Dataset.MaxToken). A file that is not JSON (a record cut
+// short), or one of ours that is damaged, newer than this reader, or
+// describes files of other sizes than PREFIX.bin and PREFIX.idx, is an
+// ErrMeta error.
 func ReadMeta(prefix string) (Meta, bool, error) {
 	path := metaPath(prefix)
 	// Stat before opening: opening a FIFO for reading waits for a writer,
@@ -98,9 +100,12 @@ func ReadMeta(prefix string) (Meta, bool, error) {
 	if err != nil {
 		return Meta{}, false, fmt.Errorf("%s: %w: %w", path, ErrMeta, err)
 	}
+	// A file that is not JSON at all is not taken for someone else's: a
+	// record cut short (a copy that stopped, a full disk) is one, and
+	// ignoring it would train with any tokenizer unchecked.
 	var first json.RawMessage
-	if json.NewDecoder(bytes.NewReader(raw)).Decode(&first) != nil {
-		return Meta{}, false, nil
+	if err := json.NewDecoder(bytes.NewReader(raw)).Decode(&first); err != nil {
+		return Meta{}, false, fmt.Errorf("%s is not a readable dataset record (%w): prepare the dataset again, or remove the file to train without the tokenizer check: %w", path, err, ErrMeta)
 	}
 	var probe struct {
 		Format string `json:"format"`

@@ -40,7 +40,11 @@ func TestReadMeta(t *testing.T) {
 		{name: "no file", json: nil},
 		{name: "another tool's JSON", json: ptr(`{"tokenizer": "gpt2", "documents": 5}`)},
 		{name: "JSON Lines", json: ptr("{\"text\": \"a\"}\n{\"text\": \"b\"}\n")},
-		{name: "not JSON", json: ptr("hello")},
+		{name: "not JSON", json: ptr("hello"), want: ErrMeta,
+			contains: []string{"is not a readable dataset record (invalid character 'h'", "prepare the dataset again, or remove the file"}},
+		{name: "cut short", json: ptr(string(good[:40])), want: ErrMeta,
+			contains: []string{"is not a readable dataset record (unexpected EOF)", "without the tokenizer check"}},
+		{name: "garbage after a brace", json: ptr("{garbage\n"), want: ErrMeta, contains: []string{"is not a readable dataset record"}},
 		{name: "newer version", json: ptr(edit(func(m map[string]any) { m["version"] = 2 })), want: ErrMeta,
 			contains: []string{"version 2", "update gcompile"}},
 		{name: "version 0", json: ptr(edit(func(m map[string]any) { m["version"] = 0 })), want: ErrMeta, contains: []string{"version 0"}},
@@ -81,7 +85,7 @@ func TestReadMeta(t *testing.T) {
 				}
 				return
 			}
-			assert.ErrorIs(t, err, tc.want)
+			require.ErrorIs(t, err, tc.want)
 			for _, s := range tc.contains {
 				assert.Contains(t, err.Error(), s)
 			}
