@@ -23,9 +23,11 @@
 //     in name order, so the output does not depend on the file system's
 //     listing order. Names
 //     starting with a dot are skipped, symbolic links to files are read and
-//     links to folders are not followed. A folder's text file that looks
-//     binary (a NUL byte in its first 8 KiB) is skipped and counted; one
-//     named on its own is refused.
+//     links to folders are not followed. A file read already through
+//     another path (a symbolic or hard link to it, in a folder or named)
+//     is skipped and counted, so its documents are written once. A
+//     folder's text file that looks binary (a NUL byte in its first 8 KiB)
+//     is skipped and counted; one named on its own is refused.
 //   - .zst, .xz, .bz2, .zip, .tar and similar inputs are refused: decompress
 //     or extract them first. In a folder they are skipped and counted, as
 //     binary files are.

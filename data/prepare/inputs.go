@@ -69,7 +69,30 @@ type collected struct {
 	// archives are folder files skipped as archives or compressed in a
 	// format that is not read (.tar, .zip, .xz, …).
 	archives int
-	bytes    int64 // total size on disk
+	// duplicates are files skipped because an earlier input is the same
+	// file (a symbolic link to it, or a hard link).
+	duplicates int
+	bytes      int64 // total size on disk
+	read       map[fileID]bool
+}
+
+// readBefore says whether the file at path (info, which follows links)
+// is one an earlier input already read, and if not, records it as read:
+// a link in a folder to a file read through another path would put its
+// documents in the dataset twice.
+func (c *collected) readBefore(path string, info fs.FileInfo) bool {
+	id, ok := idOf(path, info)
+	if !ok {
+		return false
+	}
+	if c.read[id] {
+		return true
+	}
+	if c.read == nil {
+		c.read = map[fileID]bool{}
+	}
+	c.read[id] = true
+	return false
 }
 
 // collectInputs expands the inputs to files in reading order and checks
@@ -113,6 +136,10 @@ func collectInputs(paths []string, outPrefix string) (collected, error) {
 			if binary {
 				return c, fmt.Errorf("input %s: %w: it looks binary (a NUL byte in its first 8 KiB), not text", p, ErrInput)
 			}
+			if c.readBefore(p, info) {
+				c.duplicates++
+				continue
+			}
 			c.files = append(c.files, in)
 			c.bytes += in.size
 			continue
@@ -151,6 +178,10 @@ func collectInputs(paths []string, outPrefix string) (collected, error) {
 			}
 			if binary {
 				c.skipped++
+				return nil
+			}
+			if c.readBefore(path, info) {
+				c.duplicates++
 				return nil
 			}
 			c.files = append(c.files, in)

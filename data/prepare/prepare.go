@@ -98,10 +98,10 @@ func Run(ctx context.Context, enc Encoder, opt Options) (Summary, error) {
 	if err != nil {
 		return Summary{}, err
 	}
-	sum.SkippedFiles, sum.SkippedArchives = in.skipped, in.archives
+	sum.SkippedFiles, sum.SkippedArchives, sum.DuplicateFiles = in.skipped, in.archives, in.duplicates
 	if sum.Documents == 0 {
-		return Summary{}, fmt.Errorf("%w: %d input files, %d empty documents, %d bad lines skipped, %d binary files and %d archives skipped: nothing to train on",
-			ErrNoDocuments, len(in.files), sum.EmptyDocuments, sum.SkippedLines, in.skipped, in.archives)
+		return Summary{}, fmt.Errorf("%w: %d input files, %d empty documents, %d bad lines skipped, %d binary files, %d archives and %d duplicate files skipped: nothing to train on",
+			ErrNoDocuments, len(in.files), sum.EmptyDocuments, sum.SkippedLines, in.skipped, in.archives, in.duplicates)
 	}
 	if err := ctx.Err(); err != nil {
 		return Summary{}, err
@@ -216,8 +216,10 @@ type Summary struct {
 	Prefix string
 	// Files is the number of input files read; SkippedFiles the number of
 	// a folder's files skipped because they look binary, SkippedArchives
-	// because they are archives or compressed in a format not read.
-	Files, SkippedFiles, SkippedArchives int
+	// because they are archives or compressed in a format not read,
+	// DuplicateFiles because they are a file read already through another
+	// path (a symbolic or hard link).
+	Files, SkippedFiles, SkippedArchives, DuplicateFiles int
 	// Documents is the number written, one sequence each.
 	Documents int64
 	// EmptyDocuments is the number of documents with no tokens, not
@@ -245,8 +247,9 @@ type Summary struct {
 // String is the one-line report the command prints.
 func (s Summary) String() string {
 	extra := ""
-	if s.EmptyDocuments > 0 || s.SkippedLines > 0 || s.SkippedFiles > 0 || s.SkippedArchives > 0 {
-		extra = fmt.Sprintf(" (left out: %d empty documents, %d bad lines, %d binary files, %d archives)", s.EmptyDocuments, s.SkippedLines, s.SkippedFiles, s.SkippedArchives)
+	if s.EmptyDocuments > 0 || s.SkippedLines > 0 || s.SkippedFiles > 0 || s.SkippedArchives > 0 || s.DuplicateFiles > 0 {
+		extra = fmt.Sprintf(" (left out: %d empty documents, %d bad lines, %d binary files, %d archives, %d duplicate files)",
+			s.EmptyDocuments, s.SkippedLines, s.SkippedFiles, s.SkippedArchives, s.DuplicateFiles)
 	}
 	rate := 0.0
 	if s.Seconds > 0 {
