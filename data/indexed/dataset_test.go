@@ -357,6 +357,37 @@ func TestWriterLifecycle(t *testing.T) {
 	assert.Equal(t, []string{"d.bin", "d.idx"}, dirNames(t, dir))
 }
 
+// The sizes a Writer announces before Commit are the files' (a record
+// written before the dataset appears describes them), and a companion
+// goes into place with the pair, replacing the old one.
+func TestWriterCompanion(t *testing.T) {
+	for _, dt := range []DType{Uint8, Uint16, Int32, Int64} {
+		t.Run(dt.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			prefix := filepath.Join(dir, "d")
+			require.NoError(t, os.WriteFile(prefix+".json", []byte("old"), 0o644))
+			w, err := Create(prefix, dt)
+			require.NoError(t, err)
+			for _, doc := range [][]int32{{1, 2, 3}, {}, {4}} {
+				require.NoError(t, w.Add(doc))
+			}
+			binBytes, idxBytes := w.BinBytes(), w.IdxBytes()
+			tmp := filepath.Join(dir, "d.json.tmp-1")
+			require.NoError(t, os.WriteFile(tmp, []byte("new"), 0o644))
+			require.NoError(t, w.Commit(Companion{Temp: tmp, Path: prefix + ".json"}))
+			assert.Equal(t, []string{"d.bin", "d.idx", "d.json"}, dirNames(t, dir))
+			for ext, want := range map[string]int64{".bin": binBytes, ".idx": idxBytes} {
+				st, err := os.Stat(prefix + ext)
+				require.NoError(t, err)
+				assert.Equal(t, want, st.Size(), ext)
+			}
+			b, err := os.ReadFile(prefix + ".json")
+			require.NoError(t, err)
+			assert.Equal(t, "new", string(b))
+		})
+	}
+}
+
 func dirNames(t *testing.T, dir string) []string {
 	t.Helper()
 	entries, err := os.ReadDir(dir)

@@ -97,6 +97,18 @@ func (w *Writer) Documents() int64 { return w.docs }
 // Tokens is the number of tokens added so far.
 func (w *Writer) Tokens() int64 { return w.tokens }
 
+// BinBytes is the size PREFIX.bin will have if Commit is called now, so a
+// record describing the dataset can be written before the dataset appears.
+func (w *Writer) BinBytes() int64 { return w.tokens * int64(w.dt.Size()) }
+
+// IdxBytes is the size PREFIX.idx will have if Commit is called now: the
+// header, a length and an offset per sequence, and docs+1 document indices.
+func (w *Writer) IdxBytes() int64 { return headerSize + 12*w.docs + 8*(w.docs+1) }
+
+// Companion is a finished temporary file that belongs beside the dataset,
+// such as a record describing it, which Commit renames from Temp to Path.
+type Companion struct{ Temp, Path string }
+
 // Add appends one document as one sequence. A token the dtype cannot hold
 // is refused with ErrTokenRange before anything of the document is
 // written, so the caller may report it and go on or Abort. An empty
@@ -184,17 +196,26 @@ func (w *Writer) fail(err error) error {
 
 // Commit finishes the dataset: it writes the offsets, document indices and
 // header to the .idx, syncs both files to disk and renames them to
-// PREFIX.bin and PREFIX.idx, then syncs the folder. An existing PREFIX.idx
-// is removed before the new .bin takes PREFIX.bin's name, so a crash
-// midway leaves a .bin without an .idx (no dataset), never a mismatched
-// pair. On any error the temporary files are removed and nothing is left
-// under the final names.
-func (w *Writer) Commit() error {
+// PREFIX.bin and PREFIX.idx, then syncs the folder. Every write and sync
+// comes before the first change under the final names, so a failure of
+// one (a full disk) leaves an existing dataset, and its companions, as
+// they were.
+//
+// The names then change in this order: the existing PREFIX.idx is
+// removed, each companion is renamed into place, then the new .bin and
+// last the new .idx. Until the .idx arrives no dataset is under the
+// prefix (a .bin without an .idx opens as none), so a crash at any point
+// leaves the old dataset with its old companions, no dataset, or the new
+// one with its new companions: never a pair beside another pair's record,
+// and never a new pair without its record. On any error the temporary
+// .bin and .idx are removed and nothing of this Writer is left under the
+// final names; the companions' temporary files are the caller's.
+func (w *Writer) Commit(companions ...Companion) error {
 	if err := w.usable(); err != nil {
 		w.Abort()
 		return err
 	}
-	if err := w.commit(); err != nil {
+	if err := w.commit(companions); err != nil {
 		w.Abort()
 		return fmt.Errorf("indexed: commit %s: %w", w.prefix, err)
 	}
@@ -202,7 +223,7 @@ func (w *Writer) Commit() error {
 	return nil
 }
 
-func (w *Writer) commit() error {
+func (w *Writer) commit(companions []Companion) error {
 	if err := w.binBuf.Flush(); err != nil {
 		return fmt.Errorf("write %s: %w", w.bin.Name(), err)
 	}
@@ -235,18 +256,34 @@ func (w *Writer) commit() error {
 	if err := os.Remove(w.idxPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("replace the existing %s: %w", w.idxPath, err)
 	}
+	// From here a failure leaves no dataset: what this Writer renamed into
+	// place is removed again, so the caller's error means nothing written.
+	var placed []string
+	undo := func() {
+		for i := len(placed) - 1; i >= 0; i-- {
+			os.Remove(placed[i]) // the .idx first: never a pair without its record
+		}
+	}
+	for _, c := range companions {
+		if err := os.Rename(c.Temp, c.Path); err != nil {
+			undo()
+			return err
+		}
+		placed = append(placed, c.Path)
+	}
 	if err := os.Rename(w.bin.Name(), w.binPath); err != nil {
+		undo()
 		return err
 	}
+	placed = append(placed, w.binPath)
 	if err := os.Rename(w.idx.Name(), w.idxPath); err != nil {
-		os.Remove(w.binPath)
+		undo()
 		return err
 	}
+	placed = append(placed, w.idxPath)
 	if err := syncDir(filepath.Dir(w.prefix)); err != nil {
-		// Both files are in place but their names may not survive a crash;
-		// remove them so that the caller's failure means no dataset.
-		os.Remove(w.idxPath)
-		os.Remove(w.binPath)
+		// Everything is in place but the names may not survive a crash.
+		undo()
 		return fmt.Errorf("sync the folder %s: %w", filepath.Dir(w.prefix), err)
 	}
 	return nil

@@ -52,5 +52,9 @@
 // output folder is writable (the temporary files are created), every
 // input exists, is readable, and (for .gz) starts as gzip. On any failure,
 // and when the context is cancelled, the temporary files are removed and
-// nothing is left under PREFIX.bin, PREFIX.idx or PREFIX.json.
+// nothing is left under PREFIX.bin, PREFIX.idx or PREFIX.json. A dataset
+// already under the prefix stays as it was, its PREFIX.json included,
+// unless the failure comes while the finished files are renamed over it
+// (then there is none): the new record is renamed into place with the
+// new pair, after every write has succeeded.
 package prepare

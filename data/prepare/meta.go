@@ -141,19 +141,19 @@ func ReadMeta(prefix string) (Meta, bool, error) {
 	return m, true, nil
 }
 
-// writeMeta writes PREFIX.json through a temporary file renamed into
-// place, so a reader never sees half of it.
-func writeMeta(prefix string, m Meta) error {
+// writeMetaTemp writes the record m of the dataset at prefix to a
+// temporary file beside PREFIX.json, synced to disk, and returns its name:
+// indexed.Writer.Commit renames it into place with the dataset.
+func writeMetaTemp(prefix string, m Meta) (string, error) {
 	path := metaPath(prefix)
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return "", fmt.Errorf("%s: %w", path, err)
 	}
 	b = append(b, '\n')
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return "", fmt.Errorf("%s: %w", path, err)
 	}
 	merr := tmp.Chmod(0o644) // readable like the dataset it describes
 	_, werr := tmp.Write(b)
@@ -161,20 +161,7 @@ func writeMeta(prefix string, m Meta) error {
 	cerr := tmp.Close()
 	if err := errors.Join(merr, werr, serr, cerr); err != nil {
 		os.Remove(tmp.Name())
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
+		return "", fmt.Errorf("write the record %s: %w", path, err)
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync the folder %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		os.Remove(path)
-		return fmt.Errorf("sync the folder %s: %w", dir, err)
-	}
-	return nil
+	return tmp.Name(), nil
 }

@@ -106,33 +106,23 @@ func Run(ctx context.Context, enc Encoder, opt Options) (Summary, error) {
 	if err := ctx.Err(); err != nil {
 		return Summary{}, err
 	}
-	// A PREFIX.json from an earlier run would describe the new files
-	// wrongly if the run stopped between Commit and writeMeta.
-	if err := removeIfExists(metaPath(opt.OutputPrefix)); err != nil {
+	// The record is written whole beside the temporary .bin and .idx and
+	// renamed into place by Commit, after every write has succeeded and
+	// while no dataset is under the prefix: a run that fails (a full
+	// disk) leaves the old dataset and its record as they were, and a
+	// crash never leaves a pair beside the other pair's record or without
+	// its own (see indexed.Writer.Commit for the order).
+	sum.BinBytes, sum.IdxBytes = w.BinBytes(), w.IdxBytes()
+	tmp, err := writeMetaTemp(opt.OutputPrefix, metaOf(cfg, sum))
+	if err != nil {
 		return Summary{}, err
 	}
-	if err := w.Commit(); err != nil {
+	if err := w.Commit(indexed.Companion{Temp: tmp, Path: metaPath(opt.OutputPrefix)}); err != nil {
+		os.Remove(tmp) // gone already if Commit renamed it
 		return Summary{}, err
 	}
 	committed = true
-	for _, f := range []struct {
-		ext  string
-		size *int64
-	}{{".bin", &sum.BinBytes}, {".idx", &sum.IdxBytes}} {
-		st, err := os.Stat(opt.OutputPrefix + f.ext)
-		if err != nil {
-			os.Remove(opt.OutputPrefix + ".idx")
-			os.Remove(opt.OutputPrefix + ".bin")
-			return Summary{}, fmt.Errorf("prepare: the dataset just written: %w", err)
-		}
-		*f.size = st.Size()
-	}
 	sum.Seconds = time.Since(start).Seconds()
-	if err := writeMeta(opt.OutputPrefix, metaOf(cfg, sum)); err != nil {
-		os.Remove(opt.OutputPrefix + ".idx")
-		os.Remove(opt.OutputPrefix + ".bin")
-		return Summary{}, err
-	}
 	return sum, nil
 }
 
@@ -201,13 +191,6 @@ func settle(enc Encoder, opt Options) (config, error) {
 		}
 	}
 	return c, nil
-}
-
-func removeIfExists(path string) error {
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove the old %s: %w", path, err)
-	}
-	return nil
 }
 
 // Summary is what Run wrote and read.
