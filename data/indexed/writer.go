@@ -42,23 +42,13 @@ type Writer struct {
 // an output folder that is missing or not writable fails here, before any
 // work, and Commit can rename them into place atomically.
 func Create(prefix string, dt DType) (*Writer, error) {
-	if prefix == "" {
-		return nil, errors.New("indexed: create: the output prefix is empty: give a path prefix such as data/corpus (for data/corpus.bin and data/corpus.idx)")
+	if err := CheckPrefix(prefix); err != nil {
+		return nil, err
 	}
 	if !dt.Integer() {
 		return nil, fmt.Errorf("indexed: create %s: dtype %s: token ids must be stored as an integer type (uint8, int8, int16, int32, int64 or uint16): %w", prefix, dt, ErrDType)
 	}
 	dir, base := filepath.Dir(prefix), filepath.Base(prefix)
-	if st, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("indexed: create %s: the output folder %s does not exist: create it first: %w", prefix, dir, fs.ErrNotExist)
-	} else if err != nil {
-		return nil, fmt.Errorf("indexed: create %s: the output folder: %w", prefix, err)
-	} else if !st.IsDir() {
-		return nil, fmt.Errorf("indexed: create %s: %s is not a folder", prefix, dir)
-	}
-	if st, err := os.Stat(prefix); err == nil && st.IsDir() {
-		return nil, fmt.Errorf("indexed: create %s: the prefix is a folder; give a path prefix inside it, such as %s", prefix, filepath.Join(prefix, "data"))
-	}
 	w := &Writer{prefix: prefix, dt: dt, binPath: prefix + ".bin", idxPath: prefix + ".idx"}
 	w.lo, w.hi = dt.Range()
 	var err error
@@ -86,6 +76,28 @@ func Create(prefix string, dt DType) (*Writer, error) {
 		return nil, fmt.Errorf("indexed: create %s: %w", w.idx.Name(), err)
 	}
 	return w, nil
+}
+
+// CheckPrefix says whether Create could start a dataset under prefix:
+// it is not empty, its folder exists, and it is not itself a folder. A
+// caller that takes a lock or cleans up beside the outputs checks first,
+// so a wrong prefix is named as such, not as a file it could not make.
+func CheckPrefix(prefix string) error {
+	if prefix == "" {
+		return errors.New("indexed: create: the output prefix is empty: give a path prefix such as data/corpus (for data/corpus.bin and data/corpus.idx)")
+	}
+	dir := filepath.Dir(prefix)
+	if st, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("indexed: create %s: the output folder %s does not exist: create it first: %w", prefix, dir, fs.ErrNotExist)
+	} else if err != nil {
+		return fmt.Errorf("indexed: create %s: the output folder: %w", prefix, err)
+	} else if !st.IsDir() {
+		return fmt.Errorf("indexed: create %s: %s is not a folder", prefix, dir)
+	}
+	if st, err := os.Stat(prefix); err == nil && st.IsDir() {
+		return fmt.Errorf("indexed: create %s: the prefix is a folder; give a path prefix inside it, such as %s", prefix, filepath.Join(prefix, "data"))
+	}
+	return nil
 }
 
 // DType is the type the tokens are stored as.

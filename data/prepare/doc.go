@@ -57,4 +57,11 @@
 // unless the failure comes while the finished files are renamed over it
 // (then there is none): the new record is renamed into place with the
 // new pair, after every write has succeeded.
+//
+// While Run writes, PREFIX.lock names it (pid, host, start time), taken
+// before anything else is written: a second Run on the same prefix, from
+// any process, is refused with ErrLocked and told which one holds it. A
+// lock whose process is gone (on this host) is taken over; one from
+// another host, or a PREFIX.lock that is not a data prepare's, is left
+// for the user to remove.
 package prepare

@@ -29,6 +29,10 @@ var (
 	// be used: unreadable, of a newer version, or describing other files
 	// than the ones beside it.
 	ErrMeta = errors.New("bad dataset metadata")
+	// ErrLocked marks an output prefix another data prepare is writing
+	// (its PREFIX.lock names it), or whose PREFIX.lock is not a data
+	// prepare's.
+	ErrLocked = errors.New("the output prefix is locked")
 )
 
 // gzipErr is the error for a .gz input whose stream is broken.

@@ -98,7 +98,7 @@ func (c *collected) readBefore(path string, info fs.FileInfo) bool {
 // collectInputs expands the inputs to files in reading order and checks
 // that each exists, is readable and is what its name says, so that a bad
 // input fails the run before any work. The outputs (outPrefix.bin, .idx,
-// .json and their temporary files) are never inputs.
+// .json, .lock and their temporary files) are never inputs.
 func collectInputs(paths []string, outPrefix string) (collected, error) {
 	var c collected
 	head := make([]byte, sniffSize)
@@ -107,7 +107,7 @@ func collectInputs(paths []string, outPrefix string) (collected, error) {
 		return c, fmt.Errorf("output prefix %s: %w", outPrefix, err)
 	}
 	// PREFIX.jsonl is an input like any other; PREFIX.json and
-	// PREFIX.json.tmp-… are not.
+	// PREFIX.json.tmp-… are not, nor the lock and a stale one set aside.
 	isOutput := func(p string) bool {
 		abs, err := filepath.Abs(p)
 		if err != nil {
@@ -118,7 +118,7 @@ func collectInputs(paths []string, outPrefix string) (collected, error) {
 				return true
 			}
 		}
-		return false
+		return abs == outAbs+".lock" || strings.HasPrefix(abs, outAbs+".lock.stale-")
 	}
 	for _, p := range paths {
 		info, err := os.Stat(p)

@@ -33,7 +33,8 @@ type Options struct {
 	// Inputs are files and folders, read in the order given (see the
 	// package comment for what each becomes).
 	Inputs []string
-	// OutputPrefix names the outputs: PREFIX.bin, PREFIX.idx, PREFIX.json.
+	// OutputPrefix names the outputs: PREFIX.bin, PREFIX.idx, PREFIX.json,
+	// and PREFIX.lock while Run writes them.
 	OutputPrefix string
 	// JSONKey is the field of each JSON Lines object holding the text;
 	// empty means "text".
@@ -72,13 +73,23 @@ type Options struct {
 // Run tokenizes opt.Inputs with enc into the dataset opt.OutputPrefix and
 // returns what it wrote. It checks the options, the output folder and
 // every input before tokenizing anything; on any error or cancellation of
-// ctx nothing is left under the output names.
+// ctx nothing is left under the output names. While it runs,
+// PREFIX.lock names it: a second Run on the prefix, in this process or
+// another, is refused with ErrLocked before it writes anything.
 func Run(ctx context.Context, enc Encoder, opt Options) (Summary, error) {
 	start := time.Now()
 	cfg, err := settle(enc, opt)
 	if err != nil {
 		return Summary{}, err
 	}
+	if err := indexed.CheckPrefix(opt.OutputPrefix); err != nil {
+		return Summary{}, err
+	}
+	release, err := lockPrefix(opt.OutputPrefix)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer release() // after the temporary files are removed
 	w, err := indexed.Create(opt.OutputPrefix, cfg.dtype)
 	if err != nil {
 		return Summary{}, err
