@@ -63,5 +63,7 @@
 // any process, is refused with ErrLocked and told which one holds it. A
 // lock whose process is gone (on this host) is taken over; one from
 // another host, or a PREFIX.lock that is not a data prepare's, is left
-// for the user to remove.
+// for the user to remove. Holding the lock, Run removes the temporary
+// files (PREFIX.bin.tmp-N, .idx.tmp-N, .json.tmp-N) that a run of the
+// prefix killed before it finished left, and Summary says how much.
 package prepare

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -208,4 +209,43 @@ func processStart(pid int) string {
 		}
 	}
 	return ""
+}
+
+// removeStaleTemps removes the temporary files an earlier run on prefix
+// left when it was killed (SIGKILL, out of memory, power loss): nothing
+// else removes them, and a .bin's can be as large as the dataset. Only a
+// run holding the lock may call it: no live run then writes such files.
+// The names matched are exactly those indexed.Create and writeMetaTemp
+// make (PREFIX.bin.tmp-N, PREFIX.idx.tmp-N, PREFIX.json.tmp-N, N digits),
+// so no file of another prefix or of a user is taken for one.
+func removeStaleTemps(prefix string) (files int, size int64) {
+	dir, base := filepath.Dir(prefix), filepath.Base(prefix)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !isStaleTempName(e.Name(), base) {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue
+		}
+		if os.Remove(filepath.Join(dir, e.Name())) == nil {
+			files++
+			size += info.Size()
+		}
+	}
+	return files, size
+}
+
+func isStaleTempName(name, base string) bool {
+	for _, ext := range []string{".bin", ".idx", ".json"} {
+		n, ok := strings.CutPrefix(name, base+ext+".tmp-")
+		if ok && n != "" && strings.Trim(n, "0123456789") == "" {
+			return true
+		}
+	}
+	return false
 }

@@ -90,6 +90,7 @@ func Run(ctx context.Context, enc Encoder, opt Options) (Summary, error) {
 		return Summary{}, err
 	}
 	defer release() // after the temporary files are removed
+	staleFiles, staleBytes := removeStaleTemps(opt.OutputPrefix)
 	w, err := indexed.Create(opt.OutputPrefix, cfg.dtype)
 	if err != nil {
 		return Summary{}, err
@@ -133,6 +134,7 @@ func Run(ctx context.Context, enc Encoder, opt Options) (Summary, error) {
 		return Summary{}, err
 	}
 	committed = true
+	sum.StaleFiles, sum.StaleBytes = staleFiles, staleBytes
 	sum.Seconds = time.Since(start).Seconds()
 	return sum, nil
 }
@@ -236,6 +238,11 @@ type Summary struct {
 	DType indexed.DType
 	// VocabSize is the encoder's vocabulary size.
 	VocabSize int
+	// StaleFiles and StaleBytes are the temporary files, and their size,
+	// that an earlier run on the prefix left when it was killed, which
+	// this one removed.
+	StaleFiles int
+	StaleBytes int64
 }
 
 // String is the one-line report the command prints.
@@ -249,8 +256,12 @@ func (s Summary) String() string {
 	if s.Seconds > 0 {
 		rate = float64(s.InputBytes) / 1e6 / s.Seconds
 	}
-	return fmt.Sprintf("%d documents%s, %d tokens as %s (largest id %d, vocabulary %d), from %d files, %s in %.1fs (%.1f MB/s); .bin %s, .idx %s",
-		s.Documents, extra, s.Tokens, s.DType, s.MaxToken, s.VocabSize, s.Files, megabytes(s.InputBytes), s.Seconds, rate, megabytes(s.BinBytes), megabytes(s.IdxBytes))
+	stale := ""
+	if s.StaleFiles > 0 {
+		stale = fmt.Sprintf("; removed %d temporary files (%s) that an earlier prepare of %s left when it was killed", s.StaleFiles, megabytes(s.StaleBytes), s.Prefix)
+	}
+	return fmt.Sprintf("%d documents%s, %d tokens as %s (largest id %d, vocabulary %d), from %d files, %s in %.1fs (%.1f MB/s); .bin %s, .idx %s%s",
+		s.Documents, extra, s.Tokens, s.DType, s.MaxToken, s.VocabSize, s.Files, megabytes(s.InputBytes), s.Seconds, rate, megabytes(s.BinBytes), megabytes(s.IdxBytes), stale)
 }
 
 // Progress is a snapshot of a running Run.

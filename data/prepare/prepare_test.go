@@ -567,3 +567,35 @@ func TestInputNamedLikeThePrefixIsRead(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, sum.Documents)
 }
+
+// The temporary files a killed run left beside the prefix are removed by
+// the next run of that prefix, which says how much it freed; nothing else
+// removed them. Files of other prefixes, and names that only look alike,
+// stay.
+func TestRunRemovesAKilledRunsTemporaryFiles(t *testing.T) {
+	dir := t.TempDir()
+	writeTree(t, dir, map[string]string{
+		"in/a.txt":          "text",
+		"out.bin.tmp-123":   strings.Repeat("b", 1000),
+		"out.idx.tmp-4567":  strings.Repeat("i", 10),
+		"out.json.tmp-89":   "{",
+		"out.bin.tmp-notes": "someone's",
+		"out.bin.tmp-":      "someone's",
+		"other.bin.tmp-123": "another prefix's",
+		"out.bin.bin.tmp-1": "the prefix out.bin's",
+		"out.jsonl":         "{\"text\": \"an input\"}\n",
+	})
+	prefix := filepath.Join(dir, "out")
+	sum, err := Run(context.Background(), byteEncoder{}, Options{Inputs: []string{filepath.Join(dir, "in")}, OutputPrefix: prefix, AppendEOS: true})
+	require.NoError(t, err)
+	assert.Equal(t, 3, sum.StaleFiles)
+	assert.Equal(t, int64(1011), sum.StaleBytes)
+	assert.Contains(t, sum.String(), "; removed 3 temporary files (1.0 kB) that an earlier prepare of "+prefix+" left when it was killed")
+	assert.ElementsMatch(t, []string{"out.bin", "out.idx", "out.json", "out.bin.tmp-notes", "out.bin.tmp-", "out.bin.bin.tmp-1", "out.jsonl"}, outputs(t, dir, "out"))
+	assert.Equal(t, []string{"other.bin.tmp-123"}, outputs(t, dir, "other"))
+
+	sum, err = Run(context.Background(), byteEncoder{}, Options{Inputs: []string{filepath.Join(dir, "in")}, OutputPrefix: prefix, AppendEOS: true})
+	require.NoError(t, err)
+	assert.Zero(t, sum.StaleFiles)
+	assert.NotContains(t, sum.String(), "temporary files")
+}
