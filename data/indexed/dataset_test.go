@@ -412,6 +412,9 @@ func TestCreateErrors(t *testing.T) {
 		{"unknown dtype", filepath.Join(dir, "d"), 0, ErrDType, "dtype(0)"},
 		{"missing folder", filepath.Join(dir, "nope", "d"), Uint16, os.ErrNotExist, "the output folder"},
 		{"prefix is a folder", dir, Uint16, nil, "the prefix is a folder"},
+		{"prefix ends in a separator, its folder missing", filepath.Join(dir, "newdir") + string(filepath.Separator), Uint16, nil,
+			"the prefix ends in a path separator, so it names a folder; give a path prefix inside it, such as " + filepath.Join(dir, "newdir", "data")},
+		{"prefix ends in a separator, its folder there", dir + "/", Uint16, nil, "the prefix ends in a path separator"},
 		{"empty prefix", "", Uint16, nil, "the output prefix is empty"},
 	}
 	for _, tc := range tests {

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // writeBuffer is the buffer in front of each output file: large enough that
@@ -79,12 +80,19 @@ func Create(prefix string, dt DType) (*Writer, error) {
 }
 
 // CheckPrefix says whether Create could start a dataset under prefix:
-// it is not empty, its folder exists, and it is not itself a folder. A
+// it is not empty, its folder exists, and it is not itself a folder (nor
+// ends in a path separator, as a folder's name may). A
 // caller that takes a lock or cleans up beside the outputs checks first,
 // so a wrong prefix is named as such, not as a file it could not make.
 func CheckPrefix(prefix string) error {
 	if prefix == "" {
 		return errors.New("indexed: create: the output prefix is empty: give a path prefix such as data/corpus (for data/corpus.bin and data/corpus.idx)")
+	}
+	if strings.HasSuffix(prefix, "/") || strings.HasSuffix(prefix, string(filepath.Separator)) {
+		// Such a prefix names a folder, whether or not it exists yet: its
+		// files would be DIR/.bin and DIR/.idx, hidden, which no reader
+		// finds under DIR.
+		return fmt.Errorf("indexed: create %s: the prefix ends in a path separator, so it names a folder; give a path prefix inside it, such as %s", prefix, filepath.Join(prefix, "data"))
 	}
 	dir := filepath.Dir(prefix)
 	if st, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {

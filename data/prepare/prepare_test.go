@@ -303,6 +303,14 @@ func TestRunErrors(t *testing.T) {
 			want: os.ErrNotExist, contains: []string{"missing", "output folder"},
 		},
 		{
+			name:  "output prefix ending in a separator",
+			files: map[string]string{"a.txt": "a"},
+			prepare: func(t *testing.T, s setup, opt *Options) {
+				opt.OutputPrefix = filepath.Join(s.dir, "outdir") + string(filepath.Separator)
+			},
+			contains: []string{"outdir", "ends in a path separator"},
+		},
+		{
 			name:  "no end-of-document id",
 			files: map[string]string{"a.txt": "a"},
 			enc:   byteEncoder{noEOS: true},
