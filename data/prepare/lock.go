@@ -65,6 +65,9 @@ func lockPrefix(prefix string) (release func(), err error) {
 		if err == nil {
 			return func() { releaseLock(path, mine) }, nil
 		}
+		if errors.Is(err, fs.ErrPermission) {
+			return nil, fmt.Errorf("prepare: %s: the output folder is not writable (the lock %s cannot be made): %w", prefix, path, err)
+		}
 		if !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("prepare: take the lock %s: %w", path, err)
 		}

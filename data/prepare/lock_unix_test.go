@@ -175,3 +175,18 @@ func TestRacingRunsKeepADataset(t *testing.T) {
 		assert.ElementsMatch(t, []string{"out.bin", "out.idx", "out.json"}, outputs(t, dir, "out"))
 	}
 }
+
+// An output folder that cannot be written is named as such, though the
+// lock is the first file made there.
+func TestRunIntoAFolderNotWritable(t *testing.T) {
+	if os.Getuid() == 0 {
+		t.Skip("root writes any folder, so an unwritable one cannot be made")
+	}
+	dir := t.TempDir()
+	writeTree(t, dir, map[string]string{"a.txt": "text"})
+	ro := filepath.Join(dir, "ro")
+	require.NoError(t, os.Mkdir(ro, 0o555))
+	_, err := Run(context.Background(), byteEncoder{}, Options{Inputs: []string{filepath.Join(dir, "a.txt")}, OutputPrefix: filepath.Join(ro, "out"), AppendEOS: true})
+	require.ErrorIs(t, err, os.ErrPermission)
+	assert.Contains(t, err.Error(), "the output folder is not writable")
+}
