@@ -171,7 +171,12 @@ func checkReplaceable(out string) error {
 	case err == nil && fi.Mode().IsRegular():
 		// A record of ours that no longer matches its files (ReadMeta's
 		// error) is replaced like a good one.
-		if _, ours, err := prepare.ReadMeta(out); err == nil && !ours {
+		_, ours, err := prepare.ReadMeta(out)
+		_, binErr := os.Stat(out + ".bin")
+		_, idxErr := os.Stat(out + ".idx")
+		// A record that does not parse beside a dataset is ours cut
+		// short; alone, it is nobody's record and may be a user's file.
+		if err == nil && !ours || err != nil && binErr != nil && idxErr != nil {
 			errs = append(errs, fmt.Errorf("--output-prefix %s would replace %s.json, which is not a dataset record (a gcompile data prepare writes one beside its .bin and .idx); give the dataset another prefix, or remove the file", out, out))
 		}
 	case err != nil && !errors.Is(err, fs.ErrNotExist):

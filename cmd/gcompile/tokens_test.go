@@ -911,6 +911,7 @@ func TestDataPrepareKeepsTheTokenizerAndOtherFiles(t *testing.T) {
 	writeFile(t, filepath.Join(hf, "config.json"), `{"model_type": "llama"}`)
 	writeFile(t, filepath.Join(hf, "blob.bin"), "\x00weights")
 	writeFile(t, filepath.Join(hf, "notes.idx"), "an index of something else")
+	writeFile(t, filepath.Join(hf, "draft.json"), "not JSON at all")
 	for _, tc := range []struct {
 		name, tokenizer, merges, prefix, victim, want string
 	}{
@@ -919,6 +920,7 @@ func TestDataPrepareKeepsTheTokenizerAndOtherFiles(t *testing.T) {
 		{"a tokenizer folder's file", llama3, "", filepath.Join(llama3, "tokenizer_config"), filepath.Join(llama3, "tokenizer_config.json"), "which --tokenizer reads"},
 		{"a folder's file not there yet", gpt2, "", filepath.Join(gpt2, "encoder"), filepath.Join(gpt2, "encoder.json.gz"), "writes " + filepath.Join(gpt2, "encoder.json") + ", which --tokenizer reads"},
 		{"another JSON", llama3, "", filepath.Join(hf, "config"), filepath.Join(hf, "config.json"), "would replace " + filepath.Join(hf, "config.json") + ", which is not a dataset record"},
+		{"a file that is not JSON, and no dataset", llama3, "", filepath.Join(hf, "draft"), filepath.Join(hf, "draft.json"), "which is not a dataset record"},
 		{"a .bin with no index", llama3, "", filepath.Join(hf, "blob"), filepath.Join(hf, "blob.bin"), "has no index beside it"},
 		{"an .idx of something else", llama3, "", filepath.Join(hf, "notes"), filepath.Join(hf, "notes.idx"), "which is not an indexed dataset's index"},
 	} {
@@ -945,6 +947,9 @@ func TestDataPrepareKeepsTheTokenizerAndOtherFiles(t *testing.T) {
 	_, err = f.Write([]byte{1, 2})
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
+	require.NoError(t, prepareMain([]string{"--tokenizer", llama3, "--output-prefix", prefix, "--quiet", text}, io.Discard, io.Discard))
+	// And when its record was cut short.
+	require.NoError(t, os.Truncate(prefix+".json", 20))
 	require.NoError(t, prepareMain([]string{"--tokenizer", llama3, "--output-prefix", prefix, "--quiet", text}, io.Discard, io.Discard))
 	err = prepareMain([]string{"--tokenizer", llama3, "--output-prefix", dir, "--quiet", text}, io.Discard, io.Discard)
 	require.Error(t, err)
