@@ -369,7 +369,7 @@ func watchSignals(log io.Writer) *preemption {
 					} else {
 						fmt.Fprintf(log, "gcompile: second %v: exiting now; this run has no complete checkpoint (a save cut short is never loaded, and the next run on its --checkpoint-dir removes it)\n", s)
 					}
-					os.Exit(128 + int(s.(syscall.Signal)))
+					hardExit(128 + int(s.(syscall.Signal)))
 				}
 				p.got.Store(s)
 				fmt.Fprintf(log, "gcompile: %v: stopping after this step (again to exit now)\n", s)
@@ -631,7 +631,7 @@ func cleanUpOnSignal(what string, clean func() string) (stop func()) {
 		select {
 		case s := <-sigs:
 			fmt.Fprintf(os.Stderr, "gcompile: %s: stopped by %s; %s\n", what, signalName(s), clean())
-			os.Exit(signalStatus(s))
+			hardExit(signalStatus(s))
 		case <-done:
 		}
 	}()

@@ -1535,3 +1535,21 @@ func TestDamagedNewestCheckpointNamesTheIntactOne(t *testing.T) {
 	assert.ErrorContains(t, err, "has CRC-32C")
 	assert.ErrorContains(t, err, "the newest intact checkpoint before it is "+checkpoint.StepDir(ck, 4), "steps 2, 4 and 8 are there")
 }
+
+// An exit that skips the deferred calls (a second signal's) releases the
+// checkpoint lock first: left behind on a shared file system, another
+// host could never take it over.
+func TestHardExitReleasesTheLock(t *testing.T) {
+	ck := t.TempDir()
+	unlock, err := lockCheckpointDir(ck)
+	require.NoError(t, err)
+	require.FileExists(t, filepath.Join(ck, lockName))
+	runHardExitHooks()
+	assert.NoFileExists(t, filepath.Join(ck, lockName))
+	unlock() // after the hooks ran: nothing left to do, and no panic
+	unlock2, err := lockCheckpointDir(ck)
+	require.NoError(t, err)
+	unlock2()
+	runHardExitHooks()
+	assert.NoFileExists(t, filepath.Join(ck, lockName))
+}

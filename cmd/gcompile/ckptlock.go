@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -67,7 +68,9 @@ func lockCheckpointDir(dir string) (func(), error) {
 			// A partial save left by a run that is gone: the next save
 			// would remove it too, but the folder is ours from now.
 			_ = checkpoint.RemovePartials(dir)
-			return func() { releaseLock(path, me) }, nil
+			release := func() { releaseLock(path, me) }
+			forget := onHardExit(release)
+			return func() { forget(); release() }, nil
 		}
 		if !errors.Is(err, fs.ErrExist) || attempt >= maxLockAttempts {
 			return nil, fmt.Errorf("--checkpoint-dir %s: taking %s: %w", dir, lockName, err)
@@ -204,4 +207,50 @@ func processStart(pid int) string {
 		}
 	}
 	return ""
+}
+
+// hardExitHooks are what an exit that skips the deferred calls (a second
+// signal's) still does first: release the locks this run holds, which on
+// a shared file system another host could never take over.
+var hardExitHooks struct {
+	sync.Mutex
+	next int
+	fns  map[int]func()
+}
+
+// onHardExit registers f to run before hardExit exits; the function
+// returned forgets it.
+func onHardExit(f func()) (forget func()) {
+	h := &hardExitHooks
+	h.Lock()
+	defer h.Unlock()
+	if h.fns == nil {
+		h.fns = map[int]func(){}
+	}
+	id := h.next
+	h.next++
+	h.fns[id] = f
+	return func() {
+		h.Lock()
+		delete(h.fns, id)
+		h.Unlock()
+	}
+}
+
+// runHardExitHooks runs and forgets every registered hook.
+func runHardExitHooks() {
+	h := &hardExitHooks
+	h.Lock()
+	fns := h.fns
+	h.fns = nil
+	h.Unlock()
+	for _, f := range fns {
+		f()
+	}
+}
+
+// hardExit exits with code at once, after the hooks.
+func hardExit(code int) {
+	runHardExitHooks()
+	os.Exit(code)
 }
