@@ -144,16 +144,41 @@ func checkCheckpointDir(c *config, resumed string, step int) error {
 	return nil
 }
 
-// checkpointBytes is what one checkpoint of m holds: every param and
-// optimizer state whole, once (the shards write each block once).
-func checkpointBytes(m *ir.Module) int64 {
-	var n int64
+// checkpointBytes is what one checkpoint of m over devices takes on
+// disk: every param and optimizer state whole, once (the shards write
+// each block once), and a bound on the rest, the manifest's entry and the
+// shards' header lines of every tensor's blocks (checkpointOverhead).
+func checkpointBytes(m *ir.Module, devices int) int64 {
+	var n, tensors int64
 	for _, v := range m.Values {
 		if v.Op == "param" || v.Op == "state" {
 			n += v.Type.Bytes()
+			tensors++
 		}
 	}
-	return n
+	return n + checkpointOverhead(tensors, devices)
+}
+
+// checkpointOverhead bounds what a checkpoint of tensors over devices
+// holds besides their bytes: 64 KiB, and 1 KiB a tensor a device for its
+// blocks in the manifest and the headers (some 300 bytes each measured;
+// counting the tensor bytes alone, a folder 9 % short passed the check
+// and the first save failed).
+func checkpointOverhead(tensors int64, devices int) int64 {
+	return 64<<10 + tensors*int64(max(devices, 1))<<10
+}
+
+// savedBytes bounds what --save writes for m: its params, and their
+// header lines and the metadata.
+func savedBytes(m *ir.Module) int64 {
+	var n, tensors int64
+	for _, v := range m.Values {
+		if v.Op == "param" {
+			n += v.Type.Bytes()
+			tensors++
+		}
+	}
+	return n + checkpointOverhead(tensors, 1)
 }
 
 // freeSpace is freeBytes; tests give a folder a full disk's.
@@ -165,7 +190,24 @@ var freeSpace = freeBytes
 // checkpoints plus the one being written is a warning, since the run gets
 // that far.
 func checkCheckpointRoom(c *config, j *job, m *ir.Module) error {
-	if c.ckptDir == "" || !j.lead() {
+	if !j.lead() {
+		return nil
+	}
+	if c.save != "" {
+		// The weights are written after the training: a folder without
+		// room for them lost it all when no checkpoint was kept.
+		if free, ok := freeSpace(filepath.Dir(c.save)); ok {
+			need := savedBytes(m)
+			if c.ckptDir != "" && sameFileSystem(filepath.Dir(c.save), c.ckptDir) {
+				need += checkpointBytes(m, c.Devices)
+			}
+			if free < need {
+				return fmt.Errorf("--save %s: %s free where it is written, and the weights take %s%s: they would fail to be written after the training; free some space or save them elsewhere",
+					c.save, lower.HumanBytes(free), lower.HumanBytes(savedBytes(m)), map[bool]string{true: " beside a checkpoint on the same file system", false: ""}[need > savedBytes(m)])
+			}
+		}
+	}
+	if c.ckptDir == "" {
 		return nil
 	}
 	log := j.log
@@ -173,7 +215,7 @@ func checkCheckpointRoom(c *config, j *job, m *ir.Module) error {
 	if !ok {
 		return nil
 	}
-	one := checkpointBytes(m)
+	one := checkpointBytes(m, c.Devices)
 	if free < one {
 		return fmt.Errorf("--checkpoint-dir %s: %s free, and one checkpoint of this model takes %s (its params and optimizer state): the first save would fail after training to it; free some space or give another folder",
 			c.ckptDir, lower.HumanBytes(free), lower.HumanBytes(one))

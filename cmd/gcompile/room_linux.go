@@ -33,3 +33,24 @@ func freeBytes(path string) (n int64, ok bool) {
 		}
 	}
 }
+
+// sameFileSystem says whether the deepest existing folders of a and b are
+// on one file system (one device), whose free space they share.
+func sameFileSystem(a, b string) bool {
+	dev := func(p string) (uint64, bool) {
+		for d := filepath.Clean(p); ; d = filepath.Dir(d) {
+			if fi, err := os.Stat(d); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					return uint64(st.Dev), true
+				}
+				return 0, false
+			}
+			if d == filepath.Dir(d) {
+				return 0, false
+			}
+		}
+	}
+	da, okA := dev(a)
+	db, okB := dev(b)
+	return okA && okB && da == db
+}
