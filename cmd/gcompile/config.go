@@ -220,6 +220,15 @@ func (c *config) inertFlags(alone bool) []string {
 	if note := c.ignoredWithoutRun(); note != "" {
 		notes = append(notes, note)
 	}
+	if c.run && c.data != "" && !strings.ContainsAny(strings.TrimSpace(c.data), " \t\n") {
+		// --data names a text file or folder and a dataset's files at once.
+		if _, err := os.Stat(c.data); err == nil && isTokenData(c.data) && !strings.HasSuffix(c.data, ".bin") && !strings.HasSuffix(c.data, ".idx") {
+			notes = append(notes, fmt.Sprintf("note: --data %s names a text file or folder and the token dataset %s.bin and .idx: the dataset is read (rename one to train on the other)", c.data, c.data))
+		}
+		if lower := strings.ToLower(c.data); (strings.HasSuffix(lower, ".jsonl") || strings.HasSuffix(lower, ".jsonl.gz")) && !isTokenData(c.data) {
+			notes = append(notes, fmt.Sprintf("note: --data %s is read as text, one byte per token, its JSON syntax included; gcompile data prepare --tokenizer TOKENIZER --output-prefix PREFIX %s makes a token dataset of its documents' text", c.data, c.data))
+		}
+	}
 	if c.run && c.explicit["max-data-mb"] && isTokenData(c.data) {
 		notes = append(notes, "note: --max-data-mb bounds text read into memory; a token dataset is memory-mapped, never read whole: it is not used")
 	}

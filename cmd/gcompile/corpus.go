@@ -74,7 +74,8 @@ func loadCorpus(c *config, m *ir.Module, seq int) (*data.Corpus, error) {
 		}
 	}
 	if err := runtime.CheckSource(corpus, seq, c.evalBatches >= 0 || c.evalOnly); err != nil {
-		if errors.Is(err, data.ErrTooSmall) {
+		// The cap is worth naming only where it cut the text short.
+		if limit := int64(c.maxDataMB) << 20; errors.Is(err, data.ErrTooSmall) && int64(len(corpus.Train)+len(corpus.Eval)) >= limit-limit/100 {
 			err = fmt.Errorf("%w; --max-data-mb %d is how much is read", err, c.maxDataMB)
 		}
 		return nil, dataErr(c, err)

@@ -175,3 +175,32 @@ func TestUnusedFlagsAreNoted(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, log, "note: --hardware", "the planner used it")
 }
+
+// What --data is read as, where a user could mean another: JSON Lines
+// trained on as bytes, and a path that is a text file and a dataset's
+// prefix at once. A text too short for a window names --max-data-mb only
+// when the cap cut it.
+func TestDataIsNotedWhereItCouldMeanAnother(t *testing.T) {
+	dir := t.TempDir()
+	jsonl := filepath.Join(dir, "docs.jsonl")
+	writeFile(t, jsonl, strings.Repeat(`{"text": "the quick brown fox jumps over the lazy dog"}`+"\n", 60))
+	prefix := tokenDataset(t, dir, 60, 20, 200, 5)
+	writeFile(t, prefix, strings.Repeat("some text beside the dataset\n", 60))
+	for _, tc := range []struct {
+		data, note string
+	}{
+		{jsonl, "note: --data " + jsonl + " is read as text, one byte per token, its JSON syntax included; gcompile data prepare"},
+		{prefix, "note: --data " + prefix + " names a text file or folder and the token dataset " + prefix + ".bin and .idx: the dataset is read"},
+	} {
+		log, err := captureStderr(t, func() error {
+			return mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "2", "--run", "--steps", "1", "--eval-batches", "-1", "--data", tc.data})
+		})
+		require.NoError(t, err)
+		assert.Contains(t, log, tc.note)
+	}
+	short := filepath.Join(dir, "short.txt")
+	writeFile(t, short, "tiny")
+	err := mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "2", "--run", "--steps", "1", "--data", short})
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "--max-data-mb")
+}
