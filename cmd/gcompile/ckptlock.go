@@ -1,19 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"gcompile/internal/pidlock"
 	"gcompile/runtime/checkpoint"
 )
 
@@ -48,40 +46,36 @@ func lockCheckpointDir(dir string) (func(), error) {
 	}
 	path := filepath.Join(dir, lockName)
 	host, _ := os.Hostname()
-	me := ckptLock{Host: host, PID: os.Getpid(), Start: processStart(os.Getpid()), Since: time.Now().UTC().Format(time.RFC3339),
+	me := ckptLock{Host: host, PID: os.Getpid(), Start: pidlock.ProcessStart(os.Getpid()), Since: time.Now().UTC().Format(time.RFC3339),
 		Command: strings.Join(os.Args, " ")}
 	raw, err := json.Marshal(me)
 	if err != nil {
 		return nil, err
 	}
+	mine := append(raw, '\n')
 	for attempt := 0; ; attempt++ {
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		err := pidlock.Create(path, mine)
 		if err == nil {
-			_, werr := f.Write(append(raw, '\n'))
-			if cerr := f.Close(); werr == nil {
-				werr = cerr
-			}
-			if werr != nil {
-				os.Remove(path)
-				return nil, fmt.Errorf("--checkpoint-dir %s: writing %s: %w", dir, lockName, werr)
-			}
 			// A partial save left by a run that is gone: the next save
 			// would remove it too, but the folder is ours from now.
 			_ = checkpoint.RemovePartials(dir)
-			release := func() { releaseLock(path, me) }
+			release := func() { pidlock.Release(path, mine) }
 			forget := onHardExit(release)
 			return func() { forget(); release() }, nil
 		}
-		if !errors.Is(err, fs.ErrExist) || attempt >= maxLockAttempts {
+		if !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("--checkpoint-dir %s: writing %s: %w", dir, lockName, err)
+		}
+		if attempt >= maxLockAttempts {
 			return nil, fmt.Errorf("--checkpoint-dir %s: taking %s: %w", dir, lockName, err)
 		}
-		stale, rawErr := os.ReadFile(path)
-		if errors.Is(rawErr, fs.ErrNotExist) {
+		stale, readErr := os.ReadFile(path)
+		if errors.Is(readErr, fs.ErrNotExist) {
 			continue // released or taken over since: try again
 		}
-		held, readErr := readLock(path)
-		if rawErr != nil {
-			readErr = rawErr
+		var held ckptLock
+		if readErr == nil {
+			readErr = json.Unmarshal(stale, &held)
 		}
 		if readErr != nil {
 			// Another run creates the lock and then writes it: one read
@@ -91,14 +85,14 @@ func lockCheckpointDir(dir string) (func(), error) {
 					dir, lockName, time.Since(fi.ModTime()).Round(time.Millisecond))
 			}
 		}
-		if readErr == nil && held.alive(host) {
+		if readErr == nil && pidlock.Alive(held.Host, held.PID, held.Start) {
 			return nil, fmt.Errorf("--checkpoint-dir %s is in use by another run: pid %d on %s since %s (%s); two runs writing one folder would overwrite each other's checkpoints: give this run another --checkpoint-dir, or remove %s if that run is gone",
 				dir, held.PID, held.Host, held.Since, held.Command, path)
 		}
 		// A stale lock (its process is gone) or an unreadable one (a
 		// crash while writing it): take it over.
-		if err := takeOver(path, stale); err != nil {
-			return nil, fmt.Errorf("--checkpoint-dir %s: removing the stale %s: %w", dir, lockName, err)
+		if err := pidlock.TakeOver(path, stale); err != nil {
+			return nil, fmt.Errorf("--checkpoint-dir %s: %w", dir, err)
 		}
 	}
 }
@@ -106,108 +100,6 @@ func lockCheckpointDir(dir string) (func(), error) {
 // maxLockAttempts bounds the tries to take a lock that other runs keep
 // taking over and releasing.
 const maxLockAttempts = 8
-
-// takeOver removes the stale lock at path, whose contents were stale, so
-// that the next O_EXCL create may take it. Removing it by path would race
-// with another run taking over the same stale lock: that run may have
-// removed it and made its own in between, and both would then hold the
-// folder. So a takeover holds a guard file of its own (O_EXCL, one run
-// at a time) and removes the lock only if it still holds what was read
-// stale; a lock made since is another run's, and the next attempt names
-// its holder. A guard older than lockWriteGrace is one a run crashed
-// holding, and is removed.
-func takeOver(path string, stale []byte) error {
-	guard := path + ".takeover"
-	for wait := 0; ; wait++ {
-		f, err := os.OpenFile(guard, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-		if err == nil {
-			f.Close()
-			break
-		}
-		if !errors.Is(err, fs.ErrExist) {
-			return err
-		}
-		if fi, err := os.Stat(guard); err == nil && time.Since(fi.ModTime()) > lockWriteGrace {
-			os.Remove(guard)
-			continue
-		}
-		if wait*int(guardPoll) > int(lockWriteGrace) {
-			return fmt.Errorf("another run is taking the lock over (%s stays)", guard)
-		}
-		time.Sleep(guardPoll)
-	}
-	defer os.Remove(guard)
-	now, err := os.ReadFile(path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return nil // taken over and released, or being made again
-	case err != nil:
-		return err
-	case !bytes.Equal(now, stale):
-		return nil // another run's lock, made since
-	}
-	return os.Remove(path)
-}
-
-// guardPoll is how often a takeover waits for another's guard.
-const guardPoll = 5 * time.Millisecond
-
-func readLock(path string) (ckptLock, error) {
-	var l ckptLock
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return l, err
-	}
-	err = json.Unmarshal(raw, &l)
-	return l, err
-}
-
-// alive says whether the lock's process still runs. On another host that
-// cannot be known: the lock then counts as held, and the message says how
-// to clear it.
-func (l ckptLock) alive(host string) bool {
-	if l.Host != host {
-		return true
-	}
-	if l.PID <= 0 {
-		return false
-	}
-	if err := syscall.Kill(l.PID, 0); errors.Is(err, syscall.ESRCH) {
-		return false
-	}
-	// The pid runs; it is the holder unless it was reused since.
-	if l.Start != "" {
-		if now := processStart(l.PID); now != "" && now != l.Start {
-			return false
-		}
-	}
-	return true
-}
-
-// releaseLock removes the lock if it is still this run's.
-func releaseLock(path string, me ckptLock) {
-	if held, err := readLock(path); err == nil && held.PID == me.PID && held.Host == me.Host && held.Start == me.Start {
-		os.Remove(path)
-	}
-}
-
-// processStart is a process's start time as /proc/PID/stat gives it
-// (field 22), "" where there is no /proc.
-func processStart(pid int) string {
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
-	}
-	// The command name (field 2) is in parentheses and may hold spaces.
-	s := string(raw)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		fields := strings.Fields(s[i+1:])
-		if len(fields) > 19 {
-			return fields[19] // field 22 counted from the state, field 3
-		}
-	}
-	return ""
-}
 
 // hardExitHooks are what an exit that skips the deferred calls (a second
 // signal's) still does first: release the locks this run holds, which on

@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
+
+	"gcompile/internal/pidlock"
 )
 
 // lockFormat marks a PREFIX.lock as a data prepare's, so that a file of
@@ -53,7 +53,7 @@ var lockPrefixBytes = []byte(`{"format":"` + lockFormat + `"`)
 func lockPrefix(prefix string) (release func(), err error) {
 	path := lockPath(prefix)
 	host, _ := os.Hostname()
-	me := prefixLock{Format: lockFormat, Host: host, PID: os.Getpid(), Start: processStart(os.Getpid()),
+	me := prefixLock{Format: lockFormat, Host: host, PID: os.Getpid(), Start: pidlock.ProcessStart(os.Getpid()),
 		Since: time.Now().UTC().Format(time.RFC3339)}
 	mine, err := json.Marshal(me)
 	if err != nil {
@@ -61,9 +61,9 @@ func lockPrefix(prefix string) (release func(), err error) {
 	}
 	mine = append(mine, '\n')
 	for range lockAttempts {
-		err := createLock(path, mine)
+		err := pidlock.Create(path, mine)
 		if err == nil {
-			return func() { releaseLock(path, mine) }, nil
+			return func() { pidlock.Release(path, mine) }, nil
 		}
 		if errors.Is(err, fs.ErrPermission) {
 			return nil, fmt.Errorf("prepare: %s: the output folder is not writable (the lock %s cannot be made): %w", prefix, path, err)
@@ -78,32 +78,15 @@ func lockPrefix(prefix string) (release func(), err error) {
 		if err != nil {
 			return nil, err
 		}
-		if held.alive(host) {
+		if pidlock.Alive(held.Host, held.PID, held.Start) {
 			return nil, fmt.Errorf("prepare: another data prepare (pid %d on host %s since %s) is writing %s: %w; wait for it to finish, or remove %s if that process is gone",
 				held.PID, held.Host, held.Since, prefix, ErrLocked, path)
 		}
-		if err := takeOverStale(path, raw); err != nil {
-			return nil, err
+		if err := pidlock.TakeOver(path, raw); err != nil {
+			return nil, fmt.Errorf("prepare: %w", err)
 		}
 	}
 	return nil, fmt.Errorf("prepare: %w: %s was taken and released %d times while this run tried to take it; try again", ErrLocked, path, lockAttempts)
-}
-
-// createLock makes the lock file, failing with fs.ErrExist if there is one.
-func createLock(path string, content []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
-	}
-	_, werr := f.Write(content)
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr != nil {
-		os.Remove(path) // ours: no other run removes a lock that is not stale
-		return werr
-	}
-	return nil
 }
 
 // readLock reads the lock at path and its raw bytes. A file that is not
@@ -137,81 +120,6 @@ func readLock(path string) (prefixLock, []byte, error) {
 		return l, nil, fmt.Errorf("prepare: %s is not a data prepare's lock: %w; choose another output prefix, or remove the file if it is a lock left by a data prepare that is gone", path, ErrLocked)
 	}
 	return l, raw, nil
-}
-
-// takeOverStale removes the stale lock at path, whose bytes were seen,
-// without ever removing by path a lock another run may have just made:
-// between reading the stale lock and removing it, a second run may have
-// taken it over and made its own. The lock is first renamed to a name no
-// other run uses, then read again: only if it is still the stale one is
-// it removed; otherwise it is someone's live lock and is put back.
-func takeOverStale(path string, seen []byte) error {
-	aside := path + ".stale-" + strconv.FormatUint(rand.Uint64(), 36)
-	if err := os.Rename(path, aside); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil // taken over or released by another run: try again
-		}
-		return fmt.Errorf("prepare: take over the stale lock %s: %w", path, err)
-	}
-	got, err := os.ReadFile(aside)
-	if err == nil && bytes.Equal(got, seen) {
-		if err := os.Remove(aside); err != nil {
-			return fmt.Errorf("prepare: remove the stale lock %s: %w", aside, err)
-		}
-		return nil
-	}
-	// Put it back without replacing a lock made meanwhile: a hard link
-	// fails if the name is taken, where a rename would replace it.
-	if lerr := os.Link(aside, path); lerr == nil || errors.Is(lerr, fs.ErrExist) {
-		os.Remove(aside)
-	} else if rerr := os.Rename(aside, path); rerr != nil { // no hard links here
-		return fmt.Errorf("prepare: put back the lock %s (moved to %s): %w", path, aside, rerr)
-	}
-	return nil
-}
-
-// releaseLock removes the lock if it is still this run's.
-func releaseLock(path string, mine []byte) {
-	if got, err := os.ReadFile(path); err == nil && bytes.Equal(got, mine) {
-		os.Remove(path)
-	}
-}
-
-// alive says whether the lock's process still runs. On another host that
-// cannot be known: the lock then counts as held, and the message says how
-// to clear it.
-func (l prefixLock) alive(host string) bool {
-	if l.Host != host {
-		return true
-	}
-	if l.PID <= 0 || !processRuns(l.PID) {
-		return false
-	}
-	// The pid runs; it is the holder unless it was reused since.
-	if l.Start != "" {
-		if now := processStart(l.PID); now != "" && now != l.Start {
-			return false
-		}
-	}
-	return true
-}
-
-// processStart is a process's start time as /proc/PID/stat gives it
-// (field 22), "" where there is no /proc.
-func processStart(pid int) string {
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
-	}
-	// The command name (field 2) is in parentheses and may hold spaces.
-	s := string(raw)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		fields := strings.Fields(s[i+1:])
-		if len(fields) > 19 {
-			return fields[19] // field 22 counted from the state, field 3
-		}
-	}
-	return ""
 }
 
 // removeStaleTemps removes the temporary files an earlier run on prefix

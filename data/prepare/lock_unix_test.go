@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"gcompile/internal/pidlock"
 )
 
 // A second prepare of a prefix another one is writing is refused before it
@@ -78,8 +80,8 @@ func TestPrefixLockTakeover(t *testing.T) {
 	}{
 		{name: "its process is gone", content: lock(prefixLock{Host: host, PID: deadPID(t), Since: "2020-01-01T00:00:00Z"}), taken: true},
 		{name: "its pid runs another process", content: lock(prefixLock{Host: host, PID: me, Start: "1", Since: "2020-01-01T00:00:00Z"}),
-			skip: processStart(me) == "", taken: true},
-		{name: "its process runs", content: lock(prefixLock{Host: host, PID: me, Start: processStart(me), Since: "2020-01-01T00:00:00Z"}),
+			skip: pidlock.ProcessStart(me) == "", taken: true},
+		{name: "its process runs", content: lock(prefixLock{Host: host, PID: me, Start: pidlock.ProcessStart(me), Since: "2020-01-01T00:00:00Z"}),
 			msg: fmt.Sprintf("another data prepare (pid %d on host %s since 2020-01-01T00:00:00Z) is writing", me, host)},
 		{name: "another host", content: lock(prefixLock{Host: "elsewhere", PID: 1, Since: "2020-01-01T00:00:00Z"}),
 			msg: "(pid 1 on host elsewhere since 2020-01-01T00:00:00Z)"},
@@ -116,25 +118,6 @@ func TestPrefixLockTakeover(t *testing.T) {
 			assert.Equal(t, tc.content, string(b))
 		})
 	}
-}
-
-// Taking over a stale lock never removes a lock another run made in its
-// place after the stale one was read: the lock is set aside, read again,
-// and put back when it is not the stale one.
-func TestTakeOverStaleKeepsALiveLock(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "out.lock")
-	stale, live := []byte("stale\n"), []byte("live\n")
-	require.NoError(t, os.WriteFile(path, live, 0o644))
-	require.NoError(t, takeOverStale(path, stale))
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	assert.Equal(t, live, b)
-	assert.Equal(t, []string{"out.lock"}, outputs(t, dir, "out"), "nothing set aside is left")
-
-	require.NoError(t, os.WriteFile(path, stale, 0o644))
-	require.NoError(t, takeOverStale(path, stale))
-	assert.Empty(t, outputs(t, dir, "out"))
 }
 
 // Runs racing for one prefix: each one writes the dataset whole or is

@@ -1,6 +1,6 @@
 //go:build unix
 
-package prepare
+package pidlock
 
 import (
 	"errors"

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package prepare
+package pidlock
 
 // processRuns cannot tell here, so a lock always counts as held: the
 // refusal says to remove it if its process is gone.
