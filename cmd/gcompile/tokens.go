@@ -394,8 +394,15 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 			td.samplers = append(td.samplers, ev)
 			evalWeights = append(evalWeights, p.Weight)
 		}
-		log("data %s: %d documents, %d tokens (%s); %d training samples of %d+1 tokens per epoch; index in %s\n",
-			p.Prefix, ds.NumSequences(), ds.Tokens(), ds.DType(), tr.SamplesPerEpoch(), seq, cache)
+		// Megatron's documents are the index's sequences (a sentence-split
+		// dataset has several a document): the split and the shuffle are
+		// over them, as Megatron-Core's are, and both counts are said.
+		units := fmt.Sprintf("%d documents", ds.NumSequences())
+		if ds.NumDocuments() != ds.NumSequences() {
+			units = fmt.Sprintf("%d sequences (%d documents split into sentences; --split and the shuffle count sequences, as Megatron-LM's do)", ds.NumSequences(), ds.NumDocuments())
+		}
+		log("data %s: %s, %d tokens (%s); %d training samples of %d+1 tokens per epoch; index in %s\n",
+			p.Prefix, units, ds.Tokens(), ds.DType(), tr.SamplesPerEpoch(), seq, cache)
 	}
 	if c.evalBatches >= 0 && len(evals) == 0 {
 		var docs int64

@@ -996,3 +996,31 @@ func TestTokenizerMismatchNamesWhatDiffers(t *testing.T) {
 	assert.ErrorContains(t, err, `the data ends each document with "<|im_end|>" (151645), and this tokenizer's end-of-document token is "<|endoftext|>" (151643)`)
 	assert.NotContains(t, err.Error(), "vocabularies")
 }
+
+// A Megatron dataset whose documents were split into sentences (several
+// sequences a document) says both counts, and that --split counts
+// sequences, rather than calling each sequence a document.
+func TestSentenceSplitDatasetSaysBothCounts(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 60, 20, 200, 9)
+	// Rewrite its document index: two sequences a document. The header is
+	// the magic (9 bytes), the version (8), the dtype (1), the counts of
+	// sequences and of document index entries (8 each); then the lengths
+	// (4 bytes a sequence), the pointers (8) and the document index (8).
+	idx, err := os.ReadFile(prefix + ".idx")
+	require.NoError(t, err)
+	const header = 9 + 8 + 1
+	nseq := int(binary.LittleEndian.Uint64(idx[header:]))
+	body := header + 16 + 12*nseq
+	out := append([]byte{}, idx[:body]...)
+	binary.LittleEndian.PutUint64(out[header+8:], uint64(nseq/2+1))
+	for d := 0; d <= nseq; d += 2 {
+		out = binary.LittleEndian.AppendUint64(out, uint64(d))
+	}
+	require.NoError(t, os.WriteFile(prefix+".idx", out, 0o644))
+	log, err := captureStderr(t, func() error {
+		return mainErr(tokenGPT(t, prefix, "--steps", "1", "--split", "80,20"))
+	})
+	require.NoError(t, err)
+	assert.Contains(t, log, fmt.Sprintf("data %s: 60 sequences (30 documents split into sentences; --split and the shuffle count sequences", prefix))
+}
