@@ -179,6 +179,11 @@ func checkGir(m *ir.Module) error {
 		if wd, ok := v.Attrs["wd"].(float64); ok && !(wd >= 0 && !math.IsInf(wd, 0)) {
 			return fmt.Errorf("%s: wd=%g: weight decay is a finite number ≥ 0", v.Where(), wd)
 		}
+		// As --clip: a negative norm turns the update into ascent, NaN
+		// makes every weight NaN.
+		if n, ok := v.Attrs["max_norm"].(float64); ok && v.Op == "clip_coef" && !(n > 0 && !math.IsInf(n, 0)) {
+			return fmt.Errorf("%s: max_norm=%g: the gradient's clipping norm is a finite number > 0", v.Where(), n)
+		}
 	}
 	return nil
 }

@@ -119,8 +119,12 @@ func (b *Builder) runModel(fn ModelFunc) (err error) {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%v: model panicked: %v", userPos(), r)
 			// A panic after a DSL error is most often its consequence (a
-			// poisoned tensor's empty shape indexed): the error first.
-			err = errors.Join(append(b.reported(), err)...)
+			// poisoned tensor's empty shape indexed, its 0 dim divided
+			// by): the error first, and the panic said to follow from it.
+			if prior := b.reported(); len(prior) > 0 {
+				err = fmt.Errorf("%v: model panicked: %v (likely a consequence of the error above: the failed op's tensor has no shape, and its dims read 0)", userPos(), r)
+				err = errors.Join(append(prior, err)...)
+			}
 		}
 	}()
 	fn(b)
@@ -288,6 +292,11 @@ func (b *Builder) Float(key string, def float64, doc string) float64 {
 
 // String reads a model parameter that must be one of choices.
 func (b *Builder) String(key, def, doc string, choices ...string) string {
+	if len(choices) > 0 && !slices.Contains(choices, def) {
+		// A typo in the default would otherwise be the model's setting,
+		// taken by whatever the model does with an unknown value.
+		b.fail(userPos(), fmt.Errorf("String(%q): the default %q is not one of its choices %s", key, def, strings.Join(choices, ", ")))
+	}
 	s, ok := b.setting(key, "string", def, doc+" ("+strings.Join(choices, "|")+")")
 	if !ok {
 		return def
@@ -393,6 +402,10 @@ func (b *Builder) sourceMeta(op string) ir.Meta {
 // 2022). A model that tags nothing cannot be compiled with
 // --recompute selective.
 func (b *Builder) RecomputeSelective(fn func()) {
+	if fn == nil {
+		b.fail(userPos(), errors.New("RecomputeSelective(nil): give the function that records the ops to recompute"))
+		return
+	}
 	prev := b.selective
 	b.selective = true
 	defer func() { b.selective = prev }()
@@ -679,7 +692,7 @@ func (b *Builder) Output(name string, t *Tensor) {
 	b.live()
 	pos := userPos()
 	switch {
-	case t.v == nil, b.foreign(pos, t):
+	case b.foreign(pos, t), t.v == nil:
 		return
 	case name == "" || strings.ContainsAny(name, " \t\n\"/"):
 		b.fail(pos, fmt.Errorf("output name %q: want a non-empty name without spaces, quotes or slashes", name))
@@ -764,7 +777,7 @@ const (
 // "model.layers.0.block_sparse_moe.experts.{e}.w1.weight", PieceOutIn).
 func (b *Builder) SaveEach(p *Tensor, template, layout string) {
 	pos := userPos()
-	if p.v == nil {
+	if b.foreign(pos, p) || p.v == nil {
 		return // its error is reported already
 	}
 	if p.v.Op != "param" {

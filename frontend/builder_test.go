@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/frontend"
+	"gcompile/frontend/nn"
+	"gcompile/frontend/nn/gpt2"
 	"gcompile/ir"
 )
 
@@ -412,4 +414,84 @@ func TestSaveEach(t *testing.T) {
 			assert.Contains(t, err.Error(), "builder_test.go:")
 		})
 	}
+}
+
+// Mistakes in a model file that used to train on the wrong thing, fail
+// later without a line, or give a bare nil dereference, are each one
+// error at the model's line.
+func TestModelMistakesAreOneErrorAtTheirLine(t *testing.T) {
+	param := func(b *frontend.Builder, shape ...int) *frontend.Tensor {
+		return b.Param(fmt.Sprintf("p%d", len(shape)), shape, frontend.Normal(1), frontend.NoParallel)
+	}
+	for _, tc := range []struct {
+		name string
+		fn   frontend.ModelFunc
+		want string
+	}{
+		{"transposed labels", func(b *frontend.Builder) {
+			labels := b.Input("targets", ir.I32, 2, 8)
+			b.Loss(nn.CrossEntropy(param(b, 2, 8, 16), labels.Transpose(1, 0)))
+		}, "CrossEntropy: labels [8 2] must have the logits' leading shape [2 8]"},
+		{"a default that is not a choice", func(b *frontend.Builder) {
+			b.String("act", "gleu", "activation", "gelu", "relu")
+			b.Loss(param(b, 2).Sum())
+		}, `String("act"): the default "gleu" is not one of its choices gelu, relu`},
+		{"an activation the MLP does not have", func(b *frontend.Builder) {
+			b.Loss(gpt2.MLP(param(b, 2, 4, 8), "mlp", "gleu", 0.02).Sum())
+		}, `MLP mlp: activation "gleu": want gelu or relu`},
+		{"a NaN scalar", func(b *frontend.Builder) {
+			b.Loss(param(b, 2).Sum().Add(b.Scalar(math.NaN())))
+		}, "Scalar(NaN): the value is NaN"},
+		{"attention of a rank-3 q", func(b *frontend.Builder) {
+			x := param(b, 2, 8, 16)
+			b.Loss(nn.CausalAttention(x, x, x).Sum())
+		}, "attention: q must be"},
+		{"SplitHeads past the width", func(b *frontend.Builder) {
+			b.Loss(nn.SplitHeads(param(b, 2, 8, 16), 3).Sum())
+		}, "SplitHeads(x, 3): x [2 8 16] must be [batch, seq, hidden] with hidden divisible by the 3 heads"},
+		{"a negative head size", func(b *frontend.Builder) {
+			b.Loss(nn.GroupedQueryAttention(param(b, 2, 8, 16), "a", nn.AttentionConfig{Heads: 4, HeadDim: -4}).Sum())
+		}, "attention a: HeadDim -4: want a positive size"},
+		{"the output of a nil tensor", func(b *frontend.Builder) {
+			var n *frontend.Tensor
+			b.Output("acc", n)
+			b.Loss(param(b, 2).Sum())
+		}, "argument 1 is a nil *Tensor"},
+		{"the shape of a nil tensor", func(b *frontend.Builder) {
+			var n *frontend.Tensor
+			b.Loss(param(b, n.Dim(0)).Sum())
+		}, "model panicked: a method called on a nil *Tensor"},
+		{"concat of a nil tensor", func(b *frontend.Builder) {
+			var n *frontend.Tensor
+			b.Loss(frontend.Concat(0, n, param(b, 2)).Sum())
+		}, "model panicked: a method called on a nil *Tensor"},
+		{"recompute nothing", func(b *frontend.Builder) {
+			b.RecomputeSelective(nil)
+			b.Loss(param(b, 2).Sum())
+		}, "RecomputeSelective(nil)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := frontend.Build(tc.fn, frontend.Config{Batch: 2})
+			require.Error(t, err)
+			assert.Equal(t, 1, strings.Count(err.Error(), "\n")+1, "one error: %v", err)
+			assert.ErrorContains(t, err, tc.want)
+			assert.Regexp(t, `^builder_test\.go:\d+: `, err.Error())
+		})
+	}
+	// A panic that follows an error is said to follow from it.
+	_, err := frontend.Build(func(b *frontend.Builder) {
+		y := param(b, 4, 8).Reshape(5, 7)
+		per := 16 / y.Dim(1)
+		b.Loss(param(b, per).Sum())
+	}, frontend.Config{})
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "reshape")
+	assert.ErrorContains(t, err, "integer divide by zero (likely a consequence of the error above")
+	// Flattened logits take labels of their rows in any shape, as the
+	// reference GPT gives them.
+	_, err = frontend.Build(func(b *frontend.Builder) {
+		labels := b.Input("targets", ir.I32, 2, 8)
+		b.Loss(nn.CrossEntropy(param(b, 16, 32), labels))
+	}, frontend.Config{})
+	require.NoError(t, err)
 }

@@ -3,6 +3,7 @@ package frontend
 import (
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 
 	"gcompile/ir"
@@ -31,6 +32,7 @@ func MoERoute(scores, mask *Tensor, capacity int) *Tensor {
 // [E,G,C,M] by src [G,E,C], each scaled by its slot's weight w [G,E,C]
 // when w is not nil.
 func (t *Tensor) MoEDispatch(src, w *Tensor) *Tensor {
+	nilTensor(t)
 	if w == nil {
 		return t.op("moe_dispatch", nil, src)
 	}
@@ -41,6 +43,7 @@ func (t *Tensor) MoEDispatch(src, w *Tensor) *Tensor {
 // each token gets the sum over its slots of w·y (w nil: weight 1), zeros
 // for a token no expert took.
 func (t *Tensor) MoECombine(src, w *Tensor, tokens int) *Tensor {
+	nilTensor(t)
 	attrs := ir.Attrs{"tokens": tokens}
 	if w == nil {
 		return t.op("moe_combine", attrs, src)
@@ -81,6 +84,7 @@ func (t *Tensor) Random(dist, stream string, dims ...int) *Tensor {
 // 1/(1−p) with probability 1−p, else 0, in the named stream; 1 for a key
 // of −1 (evaluation).
 func (t *Tensor) DropoutMask(stream string, p float64, dims ...int) *Tensor {
+	nilTensor(t)
 	attrs := randomAttrs(t.b, "dropout", stream, dims)
 	attrs["p"] = p
 	return t.op("random", attrs)
@@ -100,5 +104,12 @@ func (t *Tensor) NormalCDF() *Tensor { return t.op("normal_cdf", nil) }
 // Scalar is the constant x as a rank-0 tensor of the model's float dtype,
 // for arithmetic with tensors (broadcast by Add, Mul, …).
 func (b *Builder) Scalar(x float64) *Tensor {
-	return &Tensor{b: b, v: b.scalarConst(x, userPos())}
+	pos := userPos()
+	if math.IsNaN(x) {
+		// As a Constant's: every value computed from it would be NaN, and
+		// the run would stop at its first loss, naming no line.
+		b.fail(pos, fmt.Errorf("Scalar(NaN): the value is NaN, which would make every value computed from it NaN"))
+		return &Tensor{b: b}
+	}
+	return &Tensor{b: b, v: b.scalarConst(x, pos)}
 }

@@ -23,10 +23,14 @@ type Tensor struct {
 func (b *Builder) Poisoned() *Tensor { return &Tensor{b: b} }
 
 // Value is the recorded IR value (nil when poisoned).
-func (t *Tensor) Value() *ir.Value { return t.v }
+func (t *Tensor) Value() *ir.Value {
+	nilTensor(t)
+	return t.v
+}
 
 // Shape is the tensor's static shape (nil when poisoned).
 func (t *Tensor) Shape() []int {
+	nilTensor(t)
 	if t.v == nil {
 		return nil
 	}
@@ -36,6 +40,7 @@ func (t *Tensor) Shape() []int {
 // Dim returns the size of dim i (negative i counts from the end); 0 when
 // the tensor is poisoned.
 func (t *Tensor) Dim(i int) int {
+	nilTensor(t)
 	if t.v == nil {
 		return 0
 	}
@@ -52,6 +57,7 @@ func (t *Tensor) Dim(i int) int {
 
 // DType is the element type.
 func (t *Tensor) DType() ir.DType {
+	nilTensor(t)
 	if t.v == nil {
 		return ir.Invalid
 	}
@@ -59,17 +65,26 @@ func (t *Tensor) DType() ir.DType {
 }
 
 // Builder returns the builder recording t.
-func (t *Tensor) Builder() *Builder { return t.b }
+func (t *Tensor) Builder() *Builder {
+	nilTensor(t)
+	return t.b
+}
 
 // errNilTensor is the panic of a method called on a nil *Tensor, which
 // has no builder to record the error in: the loader reports it at the
 // user's line.
 var errNilTensor = errors.New("a method called on a nil *Tensor (a variable never assigned a tensor?)")
 
-func (t *Tensor) op(op string, attrs ir.Attrs, others ...*Tensor) *Tensor {
+// nilTensor panics with errNilTensor when t is nil: a method that reads
+// t before op() would otherwise fail with a bare nil dereference.
+func nilTensor(t *Tensor) {
 	if t == nil {
 		panic(errNilTensor)
 	}
+}
+
+func (t *Tensor) op(op string, attrs ir.Attrs, others ...*Tensor) *Tensor {
+	nilTensor(t)
 	if t.b.foreign(userPos(), others...) {
 		return &Tensor{b: t.b}
 	}
@@ -138,6 +153,7 @@ func (t *Tensor) Div(u *Tensor) *Tensor { return t.binary("div", u) }
 
 // Scale multiplies every element by the constant s.
 func (t *Tensor) Scale(s float64) *Tensor {
+	nilTensor(t)
 	if t.v == nil {
 		return t
 	}
@@ -186,6 +202,7 @@ func (t *Tensor) RMSNorm(gamma *Tensor, eps float64) *Tensor {
 // When the model is built for generation, the position of a row is the
 // token's absolute position (Builder.Positions), not its row.
 func (t *Tensor) RoPE(theta float64) *Tensor {
+	nilTensor(t)
 	if t.b.Generating() {
 		return t.op("rope_at", ir.Attrs{"theta": theta}, t.b.Positions())
 	}
@@ -212,6 +229,7 @@ func (t *Tensor) Attention(k, v *Tensor, causal bool) *Tensor {
 // When the model is built for generation, causal attention keeps its keys
 // and values in a cache of its own (see Generation).
 func (t *Tensor) ScaledAttention(k, v *Tensor, causal bool, scale float64) *Tensor {
+	nilTensor(t)
 	if t.b.Generating() {
 		return t.cachedAttention(k, v, causal, scale)
 	}
@@ -231,6 +249,7 @@ func (t *Tensor) MatMulT(w *Tensor) *Tensor { return t.op("matmul", ir.Attrs{"tr
 
 // Reshape views the elements with a new shape of the same size.
 func (t *Tensor) Reshape(shape ...int) *Tensor {
+	nilTensor(t)
 	if t.v != nil && t.v.Type.Shape.Equal(shape) {
 		return t
 	}
@@ -251,6 +270,7 @@ func (t *Tensor) Slice(dim, start, end int) *Tensor {
 // ([k0,k1] → [k0,k0,k1,k1]): grouped-query attention's k/v heads shared by
 // consecutive query heads.
 func (t *Tensor) RepeatInterleave(dim, repeats int) *Tensor {
+	nilTensor(t)
 	if repeats == 1 {
 		return t
 	}
@@ -265,6 +285,7 @@ func Concat(dim int, ts ...*Tensor) *Tensor {
 		// of nothing would only lead to as "did not call b.Loss".
 		panic("frontend.Concat: no tensors to concatenate")
 	}
+	nilTensor(ts[0])
 	if t := ts[0]; t.v != nil && dim < 0 && dim >= -t.v.Type.Rank() {
 		dim += t.v.Type.Rank() // counted from the end, as the reductions take it
 	}
@@ -286,6 +307,7 @@ func (t *Tensor) Mean(axes ...int) *Tensor { return t.reduce("reduce_mean", axes
 func (t *Tensor) Max(axes ...int) *Tensor { return t.reduce("reduce_max", axes) }
 
 func (t *Tensor) reduce(op string, axes []int) *Tensor {
+	nilTensor(t)
 	if t.v == nil {
 		return t
 	}
@@ -330,6 +352,7 @@ func (t *Tensor) Gather(ids *Tensor) *Tensor { return t.op("embedding", nil, ids
 // When the model is built for generation, t is what the module outputs
 // (ir.OutputLogits): the loss itself is not computed.
 func (t *Tensor) CrossEntropy(labels *Tensor) *Tensor {
+	nilTensor(t)
 	if t.b.Generating() && t.v != nil {
 		if t.b.logits != nil {
 			t.b.fail(userPos(), errors.New("CrossEntropy is called twice: generation needs one set of logits to sample from"))

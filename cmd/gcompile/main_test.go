@@ -495,6 +495,8 @@ func TestEditedDumpIsChecked(t *testing.T) {
 	}{
 		{"bad init", strings.Replace(text, `init="normal(0.02)" name="wte.weight"`, `init="normal(-3)" name="wte.weight"`, 1), `param "wte.weight": init "normal(-3)": the std must be a finite number ≥ 0`},
 		{"beta out of range", strings.Replace(text, "beta1=0.9", "beta1=7", 1), "beta1=7: an exponential moving average's decay is in [0, 1)"},
+		{"a negative clipping norm", strings.Replace(text, "max_norm=1", "max_norm=-1", 1), "max_norm=-1: the gradient's clipping norm is a finite number > 0"},
+		{"a NaN clipping norm", strings.Replace(text, "max_norm=1", "max_norm=NaN", 1), "max_norm=NaN: the gradient's clipping norm"},
 		{"update removed", strings.Replace(text, update[0]+"\n", "", 1), "has no update, though the dump went through the optimizer"},
 		{"huge id", strings.Replace(text, "\noutput ", "\n%9223372036854775806 = neg "+wte[1]+" : f32[256,32]\noutput ", 1), "the ids the passes add after them would overflow"},
 		{"two module lines", strings.Replace(text, "module \"gpt\"\n", "module \"gpt\"\nmodule \"other\"\n", 1), "a second module line: a module has one"},

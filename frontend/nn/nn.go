@@ -19,6 +19,7 @@ package nn
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"gcompile/frontend"
 )
@@ -139,6 +140,13 @@ func SplitHeads(x *frontend.Tensor, heads int) *frontend.Tensor {
 		x.Builder().Errorf("SplitHeads(x, %d): want a positive number of heads", heads)
 		return x
 	}
+	if x.Value() == nil {
+		return x
+	}
+	if s := x.Shape(); len(s) != 3 || s[2]%heads != 0 {
+		x.Builder().Errorf("SplitHeads(x, %d): x %v must be [batch, seq, hidden] with hidden divisible by the %d heads", heads, s, heads)
+		return x.Builder().Poisoned()
+	}
 	batch, seq := x.Dim(0), x.Dim(1)
 	return x.Reshape(batch, seq, heads, x.Dim(2)/heads).Transpose(0, 2, 1, 3)
 }
@@ -156,9 +164,14 @@ func CausalAttention(q, k, v *frontend.Tensor) *frontend.Tensor {
 		return q.Builder().Poisoned()
 	}
 	// The op's output is [batch, seq, heads, hd]: merging the heads is a
-	// view, no transpose.
-	batch, heads, seq, hd := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
-	return q.Attention(k, v, true).Reshape(batch, seq, heads*hd)
+	// view, no transpose. Its sizes are read from it, once the op has
+	// checked q's rank.
+	out := q.Attention(k, v, true)
+	if out.Value() == nil {
+		return out
+	}
+	s := out.Shape()
+	return out.Reshape(s[0], s[1], s[2]*s[3])
 }
 
 // CausalAttentionUnfused is CausalAttention written as primitive ops:
@@ -196,6 +209,9 @@ func CausalAttentionUnfused(q, k, v *frontend.Tensor) *frontend.Tensor {
 func sharedHeads(q, k *frontend.Tensor) bool {
 	if q.Value() == nil || k.Value() == nil {
 		return false
+	}
+	if len(q.Shape()) != 4 || len(k.Shape()) != 4 {
+		return true // the attention op names the ranks, once
 	}
 	if heads, kv := q.Dim(1), k.Dim(1); kv <= 0 || heads%kv != 0 {
 		q.Builder().Errorf("attention: %d query heads cannot share %d k/v heads evenly", heads, kv)
@@ -238,10 +254,19 @@ func GroupedQueryAttention(x *frontend.Tensor, name string, cfg AttentionConfig)
 		hd = hidden / cfg.Heads
 	}
 	switch {
-	case cfg.Heads <= 0 || hd <= 0 || cfg.HeadDim == 0 && hidden%cfg.Heads != 0:
+	case cfg.Heads <= 0:
+		b.Errorf("attention %s: Heads %d: want at least 1", name, cfg.Heads)
+		return b.Poisoned()
+	case cfg.HeadDim < 0:
+		b.Errorf("attention %s: HeadDim %d: want a positive size, or 0 for hidden/Heads", name, cfg.HeadDim)
+		return b.Poisoned()
+	case cfg.KVHeads < 0:
+		b.Errorf("attention %s: KVHeads %d: want a positive count, or 0 for Heads", name, cfg.KVHeads)
+		return b.Poisoned()
+	case hd <= 0 || cfg.HeadDim == 0 && hidden%cfg.Heads != 0:
 		b.Errorf("attention %s: hidden size %d is not divisible by %d heads", name, hidden, cfg.Heads)
 		return b.Poisoned()
-	case kvHeads <= 0 || cfg.Heads%kvHeads != 0:
+	case cfg.Heads%kvHeads != 0:
 		b.Errorf("attention %s: %d heads are not a multiple of %d k/v heads", name, cfg.Heads, kvHeads)
 		return b.Poisoned()
 	case cfg.Theta != 0 && hd%2 != 0:
@@ -292,6 +317,17 @@ func CrossEntropy(logits, labels *frontend.Tensor) *frontend.Tensor {
 	rows := 1
 	for _, d := range shape[:max(len(shape)-1, 0)] {
 		rows *= d
+	}
+	if labels != nil && labels.Value() != nil {
+		// Labels of another shape with as many ids would reshape to a row
+		// each and pair every row with another's label (transposed targets
+		// trained without a word). Either side flattened to its rows is
+		// the model's own flattening, in row order, and is taken.
+		lead := shape[:max(len(shape)-1, 0)]
+		if ls := labels.Shape(); len(ls) > 1 && len(lead) > 1 && !slices.Equal(ls, lead) {
+			logits.Builder().Errorf("CrossEntropy: labels %v must have the logits' leading shape %v (or either be flat, [%d]): logits %v", ls, lead, rows, shape)
+			return logits.Builder().Poisoned()
+		}
 	}
 	vocab := logits.Dim(-1)
 	flat := logits.Reshape(rows, vocab)

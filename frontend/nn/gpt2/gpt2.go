@@ -48,15 +48,19 @@ func attention(x *frontend.Tensor, name string, heads int, projStd float64, core
 }
 
 // MLP is c_fc (4·hidden, column-parallel) → activation → c_proj (row-parallel).
-// activation is "gelu" (GPT-2's tanh approximation) or "relu".
+// activation is "gelu" (GPT-2's tanh approximation; "" too) or "relu";
+// anything else is an error, not GELU.
 func MLP(x *frontend.Tensor, name, activation string, projStd float64) *frontend.Tensor {
 	hidden := x.Dim(-1)
 	h := nn.Linear(x, name+".c_fc", 4*hidden, frontend.ColumnParallel, nn.InitStd)
 	switch activation {
 	case "relu":
 		h = h.Relu()
-	default:
+	case "gelu", "":
 		h = h.Gelu()
+	default:
+		x.Builder().Errorf("MLP %s: activation %q: want gelu or relu", name, activation)
+		return x.Builder().Poisoned()
 	}
 	return nn.Linear(h, name+".c_proj", hidden, frontend.RowParallel, projStd)
 }
