@@ -78,6 +78,9 @@ func autodiff(m *ir.Module, o *Options) error {
 	if len(unreached) > 0 {
 		o.notef("the loss does not reach %d of %d params, which keep their initial values: %s", len(unreached), len(m.Params()), strings.Join(firstFew(unreached, 5), ", "))
 	}
+	if unread := unreadInputs(m); len(unread) > 0 {
+		o.notef("nothing reads input %s, which is fed every step: a loss meant to read it (its labels?) reads something else", strings.Join(unread, ", "))
+	}
 	for _, p := range m.Params() {
 		g := ad.grads[p]
 		if g == nil {
@@ -228,4 +231,29 @@ func firstFew(names []string, n int) []string {
 		return names
 	}
 	return append(slices.Clone(names[:n]), fmt.Sprintf("and %d more", len(names)-n))
+}
+
+// unreadInputs names the module's inputs that no output reads (with
+// their lines): a model whose loss reads its tokens as labels, or no data
+// at all, trains without an error, and its targets input is fed for
+// nothing.
+func unreadInputs(m *ir.Module) []string {
+	reads := map[*ir.Value]bool{}
+	for _, o := range m.Outputs {
+		reads[o.Value] = true
+	}
+	for _, v := range slices.Backward(m.Values) {
+		if reads[v] {
+			for _, a := range v.Args {
+				reads[a] = true
+			}
+		}
+	}
+	var unread []string
+	for _, v := range m.Values {
+		if v.Op == "input" && !reads[v] {
+			unread = append(unread, fmt.Sprintf("%q (%s)", v.Name(), v.Pos))
+		}
+	}
+	return unread
 }

@@ -724,6 +724,22 @@ func TestAutodiffNotesUnreachedParams(t *testing.T) {
 	assert.Equal(t, "the loss does not reach 1 of 2 params, which keep their initial values: unused", res[i].Note)
 }
 
+// An input nothing reads is named in the note with its line: a loss that
+// reads the tokens as its labels leaves the targets fed for nothing.
+func TestAutodiffNotesUnreadInputs(t *testing.T) {
+	g := newGraph(t, 8)
+	x := g.param("x", normal(1), 3, 4)
+	g.ids("targets", []int32{0, 1, 2}, 3)
+	g.weightedLoss(g.op("tanh", nil, x))
+	opts := passes.DefaultOptions()
+	opts.StopAfter = "autodiff"
+	res, err := passes.Run(g.m, opts, passes.Hooks{})
+	require.NoError(t, err)
+	i := slices.IndexFunc(res, func(r passes.Result) bool { return r.Name == "autodiff" })
+	require.GreaterOrEqual(t, i, 0)
+	assert.Regexp(t, `nothing reads input "targets" \(autodiff_test\.go:\d+\), which is fed every step`, res[i].Note)
+}
+
 // TestAutodiffErrors: what autodiff refuses, and that it says why.
 func TestAutodiffErrors(t *testing.T) {
 	cases := []struct {
