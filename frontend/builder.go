@@ -588,8 +588,8 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 		// The size came from a poisoned tensor; its error is already reported.
 		return &Tensor{b: b}
 	}
-	if b.m.Source(attrs.Str("name")) != nil {
-		b.fail(pos, fmt.Errorf("%s %q is declared twice", op, attrs.Str("name")))
+	if first := b.m.Source(attrs.Str("name")); first != nil {
+		b.fail(pos, fmt.Errorf("%s %q is declared twice (first at %v)", op, attrs.Str("name"), first.Pos))
 		return &Tensor{b: b}
 	}
 	// Shapes of sources are where user sizes (--set, --batch) enter the

@@ -178,7 +178,7 @@ func TestDSLRules(t *testing.T) {
 		{"duplicate param", func(b *frontend.Builder) {
 			b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
 			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
-		}, `param "x" is declared twice`},
+		}, `param "x" is declared twice (first at builder_test.go:`},
 		{"broadcast mismatch", func(b *frontend.Builder) {
 			x := b.Param("x", []int{2, 3}, frontend.Zeros, frontend.NoParallel)
 			y := b.Param("y", []int{4}, frontend.Zeros, frontend.NoParallel)
