@@ -310,7 +310,13 @@ func (b *Builder) String(key, def, doc string, choices ...string) string {
 
 // Layer marks the ops recorded from now on as belonging to transformer
 // layer i (pipeline cuts fall between layers); Layer(-1) ends the layers.
-func (b *Builder) Layer(i int) { b.layer = i }
+func (b *Builder) Layer(i int) {
+	if i < -1 {
+		b.fail(userPos(), fmt.Errorf("Layer(%d): want a layer index ≥ 0, or -1 to end the layers", i))
+		return
+	}
+	b.layer = i
+}
 
 // Errorf records a model-level error at the caller's line; models use it to
 // reject bad parameter combinations (e.g. hidden not divisible by heads).

@@ -465,6 +465,10 @@ func TestModelMistakesAreOneErrorAtTheirLine(t *testing.T) {
 			var n *frontend.Tensor
 			b.Loss(frontend.Concat(0, n, param(b, 2)).Sum())
 		}, "model panicked: a method called on a nil *Tensor"},
+		{"a negative layer", func(b *frontend.Builder) {
+			b.Layer(-7)
+			b.Loss(param(b, 2).Sum())
+		}, "Layer(-7): want a layer index ≥ 0, or -1 to end the layers"},
 		{"recompute nothing", func(b *frontend.Builder) {
 			b.RecomputeSelective(nil)
 			b.Loss(param(b, 2).Sum())
