@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -434,7 +435,12 @@ func (l *Loader) explainExit(name string, runErr error, outFile *os.File) error 
 			where = at
 		}
 		when := "before " + ModelFuncName + "() returned"
-		if strings.Contains(report, "used after Model returned") {
+		switch {
+		case initFrame.MatchString(report) && !strings.Contains(report, "."+ModelFuncName+"("):
+			// The package's initialisation (a var's value, an init
+			// function) runs before Model is called at all.
+			when = "while its package was initialised (a package-level var or an init function), before " + ModelFuncName + "() was called"
+		case strings.Contains(report, "used after Model returned"):
 			// A goroutine the model left running recorded an op late.
 			when = "after " + ModelFuncName + "() returned, in a goroutine it left running (wait for it before returning)"
 		}
@@ -454,6 +460,11 @@ func (l *Loader) explainExit(name string, runErr error, outFile *os.File) error 
 	l.copyOutput(outFile, -1)
 	return fmt.Errorf("%s: %s() called os.Exit(%d) before returning", name, ModelFuncName, code)
 }
+
+// initFrame matches a package initialiser's frame in a crash report
+// (pkg.init, pkg.init.0 for an init function): with no Model frame above
+// it, the package crashed before Model was called.
+var initFrame = regexp.MustCompile(`(?m)^\S+\.init(\.\d+)?\(\)\s*$`)
 
 // firstGoroutine is a crash report cut after the stack of the goroutine
 // that crashed, the first one listed: a runtime failure (out of memory)

@@ -320,6 +320,19 @@ func Model(b *frontend.Builder) { helper() }
 	}
 }
 
+// A model whose package panics while it is initialised (a var's value,
+// an init function) is said to have crashed before Model was called, not
+// "before Model() returned", and at its line.
+func TestInitPanicIsNamedAsSuch(t *testing.T) {
+	src := "package bad\n\nimport \"gcompile/frontend\"\n\nfunc init() { panic(\"boom in init\") }\n\nfunc Model(b *frontend.Builder) {}\n"
+	path := writeModel(t, src)
+	l, _, _ := testLoader(t)
+	_, err := l.Load(path, frontend.Config{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), path+":5: the model crashed while its package was initialised (a package-level var or an init function), before Model() was called")
+	assert.Contains(t, err.Error(), "panic: boom in init")
+}
+
 // A model file the go command leaves out of its package (a _test.go, a
 // build constraint) is named as such, where the load said it was outside
 // any Go module.
