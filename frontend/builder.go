@@ -136,7 +136,7 @@ func (b *Builder) runModel(fn ModelFunc) (err error) {
 // and a late op would change it at random.
 func (b *Builder) live() {
 	if b.done.Load() {
-		panic(fmt.Sprintf("%v: the model's builder was used after Model returned: record the whole model inside Model (not from a goroutine or a builder kept for later)", userPos()))
+		panic(fmt.Sprintf("%v: the model's builder was used after Model returned, or a tensor of another, finished build is used here: record the whole model inside Model, from its own builder's tensors (not from a goroutine, a builder kept for later or another Build's tensors)", userPos()))
 	}
 }
 
