@@ -629,6 +629,7 @@ func goErrors(all []packages.Error, dir string) error {
 	}
 	var errs []error
 	seen := map[string]bool{}
+	gcompileImports := 0
 	for _, e := range all {
 		if kind != packages.UnknownError && e.Kind != kind {
 			continue
@@ -646,6 +647,27 @@ func goErrors(all []packages.Error, dir string) error {
 		if e.Pos == "" && strings.HasPrefix(e.Msg, "# ") {
 			errs = append(errs, errors.New(buildLog(e.Msg, dir)))
 			continue
+		}
+		if path, ok := strings.CutPrefix(e.Msg, "could not import gcompile/"); ok {
+			// Every import of gcompile fails alike when the model's module
+			// does not require it: one error says so, naming the others.
+			if gcompileImports++; gcompileImports > 1 {
+				continue
+			}
+			var others []string
+			for _, o := range all {
+				if p, ok := strings.CutPrefix(o.Msg, "could not import gcompile/"); ok && o.Msg != e.Msg {
+					others = append(others, "gcompile/"+strings.TrimSuffix(p, ` (invalid package name: "")`))
+				}
+			}
+			slices.Sort(others)
+			others = slices.Compact(others)
+			and := ""
+			if len(others) > 0 {
+				and = " (nor " + strings.Join(others, ", ") + ")"
+			}
+			e.Msg = fmt.Sprintf("could not import gcompile/%s%s: the model's module does not provide gcompile; add require gcompile and replace gcompile => the gcompile checkout to its go.mod, or move the model out of that module",
+				strings.TrimSuffix(path, ` (invalid package name: "")`), and)
 		}
 		errs = append(errs, errors.New(formatGoError(e, e.Kind == packages.ParseError)))
 	}

@@ -333,6 +333,19 @@ func TestInitPanicIsNamedAsSuch(t *testing.T) {
 	assert.Contains(t, err.Error(), "panic: boom in init")
 }
 
+// A model in a module that does not require gcompile fails every import
+// of gcompile alike: one error says why, naming the imports.
+func TestModuleWithoutGcompileIsOneError(t *testing.T) {
+	src := "package bad\n\nimport (\n\t\"gcompile/frontend\"\n\t\"gcompile/ir\"\n)\n\nfunc Model(b *frontend.Builder) { _ = ir.F32 }\n"
+	path := writeModel(t, src)
+	require.NoError(t, os.WriteFile(filepath.Join(filepath.Dir(path), "go.mod"), []byte("module example.com/other\n\ngo 1.26\n"), 0o644))
+	l, _, _ := testLoader(t)
+	_, err := l.Load(path, frontend.Config{})
+	require.Error(t, err)
+	assert.Len(t, strings.Split(err.Error(), "\n"), 1, err.Error())
+	assert.Contains(t, err.Error(), path+":4: could not import gcompile/frontend (nor gcompile/ir): the model's module does not provide gcompile")
+}
+
 // A model file the go command leaves out of its package (a _test.go, a
 // build constraint) is named as such, where the load said it was outside
 // any Go module.
