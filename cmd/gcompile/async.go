@@ -55,7 +55,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	if err != nil {
 		return err
 	}
-	if err := checkCheckpointRoom(c, j, res.Module); err != nil {
+	if err := checkCheckpointRoom(c, j, res.Module, resumeDir); err != nil {
 		return err
 	}
 	corpus, err := loadSource(c, j, res.Module, seq)

@@ -189,25 +189,34 @@ var freeSpace = freeBytes
 // fail after the steps up to it were spent. Less than the --keep-last
 // checkpoints plus the one being written is a warning, since the run gets
 // that far.
-func checkCheckpointRoom(c *config, j *job, m *ir.Module) error {
+func checkCheckpointRoom(c *config, j *job, m *ir.Module, resumeDir string) error {
 	if !j.lead() {
 		return nil
+	}
+	// A run resumed at its last step writes no checkpoint, only the
+	// outputs it owes (often on a disk nearly full).
+	saves := c.ckptDir != ""
+	if resumeDir != "" {
+		if saved, err := checkpoint.ReadManifest(resumeDir); err == nil && saved.State.Step >= c.steps {
+			saves = false
+		}
 	}
 	if c.save != "" {
 		// The weights are written after the training: a folder without
 		// room for them lost it all when no checkpoint was kept.
 		if free, ok := freeSpace(filepath.Dir(c.save)); ok {
-			need := savedBytes(m)
-			if c.ckptDir != "" && sameFileSystem(filepath.Dir(c.save), c.ckptDir) {
+			weights, need, beside := savedBytes(m), savedBytes(m), ""
+			if saves && sameFileSystem(filepath.Dir(c.save), c.ckptDir) {
 				need += checkpointBytes(m, c.Devices)
+				beside = fmt.Sprintf(", %s with the checkpoint the run writes on the same file system", lower.HumanBytes(need))
 			}
 			if free < need {
 				return fmt.Errorf("--save %s: %s free where it is written, and the weights take %s%s: they would fail to be written after the training; free some space or save them elsewhere",
-					c.save, lower.HumanBytes(free), lower.HumanBytes(savedBytes(m)), map[bool]string{true: " beside a checkpoint on the same file system", false: ""}[need > savedBytes(m)])
+					c.save, lower.HumanBytes(free), lower.HumanBytes(weights), beside)
 			}
 		}
 	}
-	if c.ckptDir == "" {
+	if !saves {
 		return nil
 	}
 	log := j.log

@@ -1284,6 +1284,11 @@ func TestCheckpointDirWithoutRoomIsRefused(t *testing.T) {
 	assert.Contains(t, err.Error(), "--save "+w+": ")
 	assert.Contains(t, err.Error(), "they would fail to be written after the training")
 	assert.NoFileExists(t, w)
+	// A finished run's rerun writes no checkpoint: the weights need their
+	// own room only.
+	freeSpace = func(string) (int64, bool) { return weights + 1, true }
+	require.NoError(t, mainErr(append(slices.Clone(args), "--resume", ck, "--save", w)))
+	assert.FileExists(t, w)
 }
 
 // A resumed run that changes the schedule or the update's settings is

@@ -555,7 +555,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	if err != nil {
 		return err
 	}
-	if err := checkCheckpointRoom(c, j, res.Module); err != nil {
+	if err := checkCheckpointRoom(c, j, res.Module, resumeDir); err != nil {
 		return err
 	}
 	corpus, err := loadSource(c, j, res.Module, seq)
