@@ -49,6 +49,9 @@ type CheckpointMetrics struct {
 	Step int     `json:"step"`
 	Dir  string  `json:"dir"`
 	Ms   float64 `json:"ms"`
+	// ID is the save's checkpoint.Manifest.ID: a folder of the same path
+	// and step that another run wrote since has another.
+	ID string `json:"id,omitempty"`
 }
 
 // ResumeMetrics names the checkpoint a run resumed from.

@@ -358,7 +358,11 @@ func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 		ms := float64(time.Since(start).Microseconds()) / 1000
 		k.saved = dir
 		k.stop.last.Store(dir)
-		k.saves = append(k.saves, runtime.CheckpointMetrics{Step: st.Step, Dir: dir, Ms: ms})
+		save := runtime.CheckpointMetrics{Step: st.Step, Dir: dir, Ms: ms}
+		if m, err := checkpoint.ReadManifest(dir); err == nil {
+			save.ID = m.ID()
+		}
+		k.saves = append(k.saves, save)
 		if k.j.lead() {
 			fmt.Fprintf(k.j.log, "checkpoint of step %d saved to %s in %.0f ms\n", st.Step, dir, ms)
 		}

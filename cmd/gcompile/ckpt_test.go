@@ -1466,10 +1466,19 @@ func TestResumeKeepsTheRunsMetrics(t *testing.T) {
 		require.NoError(t, err)
 		assert.Contains(t, string(page), "resumed from", tc.name)
 	}
+	// A checkpoint of another run, saved since at the same path and step
+	// by a run that wrote no metrics (killed first), is not the one the
+	// file lists: the file is replaced.
+	require.NoError(t, os.RemoveAll(ck))
+	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", ck, "--stop-after", "3", "--seed", "7")))
+	m := run("--resume", ck, "--seed", "7")
+	assert.Zero(t, m.Carried, "another run's checkpoint at the same path and step")
+	require.Len(t, m.Steps, 3)
+	assert.Equal(t, 4, m.Steps[0].Step)
 	// Metrics of another run at that path are replaced, as before.
 	other := filepath.Join(dir, "other")
 	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", other, "--stop-after", "3")))
-	m := run("--resume", other, "--checkpoint-dir", other)
+	m = run("--resume", other, "--checkpoint-dir", other)
 	assert.Zero(t, m.Carried)
 	require.Len(t, m.Steps, 3)
 	assert.Equal(t, 4, m.Steps[0].Step)

@@ -550,7 +550,7 @@ func refused(err error) bool {
 // --metrics file path before this part resumes from checkpoint dir at
 // step: their steps, evaluations and checkpoints up to step, when the
 // file is the metrics of the part that saved dir (it lists that
-// checkpoint, at that step), so that rerunning a command with --resume
+// checkpoint's save by its ID, at that step), so that rerunning a command with --resume
 // extends the file rather than replacing a whole run's record with its
 // last part. Any other file (another run's, one that does not parse, a
 // part killed before it wrote its metrics) is replaced as before, and
@@ -564,13 +564,17 @@ func earlierParts(path, dir string, step int) *runtime.Metrics {
 	if json.Unmarshal(raw, &old) != nil {
 		return nil
 	}
-	at, err := os.Stat(dir)
+	// The checkpoint the file lists must be this one, not a folder of
+	// the same path and step another run wrote since: its ID (creation
+	// time, files' checksums) says which save it is.
+	m, err := checkpoint.ReadManifest(dir)
 	if err != nil {
 		return nil
 	}
+	id := m.ID()
 	linked := false
 	for _, ck := range old.Checkpoints {
-		if fi, err := os.Stat(ck.Dir); err == nil && ck.Step == step && os.SameFile(fi, at) {
+		if ck.Step == step && ck.ID == id {
 			linked = true
 		}
 	}

@@ -113,7 +113,7 @@ func renderReport(c *config, res *compile.Result, met *runtime.Metrics, runErr e
 		Title:       "gcompile: " + name,
 		Generated:   time.Now().Format("2006-01-02 15:04:05 MST"),
 		CompileOnly: !c.run,
-		Trained:     len(met.Steps) > 0,
+		Trained:     len(met.Steps) > met.Carried,
 	}
 	if runErr != nil {
 		p.Error, p.Failed = runErr.Error(), "run"
@@ -334,10 +334,10 @@ func speedChart(met *runtime.Metrics) template.HTML {
 		}
 	}
 	ss := []series{tok}
-	if t, ok := totals(met); ok && t.tokPerS > 0 && isFinite(t.tokPerS) && len(tok.points) > 2 {
-		// Across the steps the mean is over: the first is left out. A mean
-		// over one step is that step's point, with no line to draw.
-		first, last := tok.points[1][0], tok.points[len(tok.points)-1][0]
+	if t, ok := totals(met); ok && t.tokPerS > 0 && isFinite(t.tokPerS) && t.timedFirst < float64(t.last) {
+		// Across the steps the mean is over (this part's, the first left
+		// out). A mean over one step is that step's point, with no line.
+		first, last := t.timedFirst, float64(t.last)
 		ss = append(ss, series{name: "mean over " + t.tokSteps, color: "#333333", dashed: true,
 			points: [][2]float64{{first, t.tokPerS}, {last, t.tokPerS}}})
 	}

@@ -100,8 +100,9 @@ type runTotals struct {
 	eval        *runtime.EvalMetrics // the last held-out evaluation
 	// tokPerS is tokens over time for the steps after the first, which
 	// warms caches up and compiles kernels; with one step, that one.
-	tokPerS  float64
-	tokSteps string // which steps tokPerS covers, e.g. "steps 2–250"
+	tokPerS    float64
+	tokSteps   string  // which steps tokPerS covers, e.g. "steps 2–250"
+	timedFirst float64 // the first of them
 }
 
 func totals(met *runtime.Metrics) (runTotals, bool) {
@@ -130,6 +131,7 @@ func totals(met *runtime.Metrics) (runTotals, bool) {
 	if secs > 0 {
 		t.tokPerS = tokens / secs
 	}
+	t.timedFirst = float64(timed[0].Step)
 	t.tokSteps = fmt.Sprintf("step %d", timed[0].Step)
 	if len(timed) > 1 {
 		t.tokSteps = fmt.Sprintf("steps %d–%d", timed[0].Step, timed[len(timed)-1].Step)
@@ -227,7 +229,7 @@ func writeSummary(w io.Writer, c *config, met *runtime.Metrics, wall time.Durati
 				b.WriteString(" (the first step warms up)")
 			}
 		}
-		if line := skippedLine(c, met.Steps); line != "" {
+		if line := skippedLine(c, met.Steps[min(met.Carried, len(met.Steps)):]); line != "" {
 			b.WriteString("\n  skipped   " + line)
 		}
 		if n, dirs := c.tokens.rebuilt(); n > 0 {

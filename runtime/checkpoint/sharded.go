@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,6 +83,21 @@ type Manifest struct {
 	Files map[string]Sum `json:"files"`
 	// Tensors are the params and optimizer state, by name.
 	Tensors map[string]*TensorBlocks `json:"tensors"`
+}
+
+// ID names one save of a checkpoint: its creation time and its files'
+// sizes and checksums, so a folder of the same path and step written by
+// another run (or again) has another. A run's metrics record it beside
+// each checkpoint they list, to tell the checkpoint they saved from one
+// that took its place.
+func (m *Manifest) ID() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n", m.Created)
+	for _, name := range sortedKeys(m.Files) {
+		f := m.Files[name]
+		fmt.Fprintf(h, "%s %d %s\n", name, f.Bytes, f.CRC32C)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // Plan is what a manifest records of the plan that saved it. Precision,
