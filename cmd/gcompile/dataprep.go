@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -174,9 +175,12 @@ func checkReplaceable(out string) error {
 		_, ours, err := prepare.ReadMeta(out)
 		_, binErr := os.Stat(out + ".bin")
 		_, idxErr := os.Stat(out + ".idx")
-		// A record that does not parse beside a dataset is ours cut
-		// short; alone, it is nobody's record and may be a user's file.
-		if err == nil && !ours || err != nil && binErr != nil && idxErr != nil {
+		// A file that is not JSON beside a dataset is our record cut
+		// short; alone, it may be a user's file. A record of ours whose
+		// dataset is gone (deleted, or a first prepare killed between its
+		// renames) is replaced.
+		raw, _ := os.ReadFile(out + ".json")
+		if err == nil && !ours || err != nil && !json.Valid(raw) && binErr != nil && idxErr != nil {
 			errs = append(errs, fmt.Errorf("--output-prefix %s would replace %s.json, which is not a dataset record (a gcompile data prepare writes one beside its .bin and .idx); give the dataset another prefix, or remove the file", out, out))
 		}
 	case err != nil && !errors.Is(err, fs.ErrNotExist):

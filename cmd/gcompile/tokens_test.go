@@ -948,8 +948,11 @@ func TestDataPrepareKeepsTheTokenizerAndOtherFiles(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 	require.NoError(t, prepareMain([]string{"--tokenizer", llama3, "--output-prefix", prefix, "--quiet", text}, io.Discard, io.Discard))
-	// And when its record was cut short.
+	// And when its record was cut short, or its .bin and .idx are gone.
 	require.NoError(t, os.Truncate(prefix+".json", 20))
+	require.NoError(t, prepareMain([]string{"--tokenizer", llama3, "--output-prefix", prefix, "--quiet", text}, io.Discard, io.Discard))
+	require.NoError(t, os.Remove(prefix+".bin"))
+	require.NoError(t, os.Remove(prefix+".idx"))
 	require.NoError(t, prepareMain([]string{"--tokenizer", llama3, "--output-prefix", prefix, "--quiet", text}, io.Discard, io.Discard))
 	err = prepareMain([]string{"--tokenizer", llama3, "--output-prefix", dir, "--quiet", text}, io.Discard, io.Discard)
 	require.Error(t, err)
