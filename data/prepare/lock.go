@@ -111,11 +111,20 @@ func readLock(path string) (prefixLock, []byte, error) {
 	}
 	if json.Unmarshal(raw, &l) != nil || l.Format != lockFormat {
 		age := time.Since(fi.ModTime())
-		if age < lockWriteGrace && (bytes.HasPrefix(lockPrefixBytes, raw) || bytes.HasPrefix(raw, lockPrefixBytes)) {
+		ours := bytes.HasPrefix(lockPrefixBytes, raw) || bytes.HasPrefix(raw, lockPrefixBytes)
+		switch {
+		case ours && age < lockWriteGrace:
 			// Another run creates the lock, then writes it: a read between
 			// the two finds it empty or cut short.
 			return l, nil, fmt.Errorf("prepare: another data prepare is taking the lock %s (made %s ago, not written yet): %w; wait for it to finish",
 				path, age.Round(time.Millisecond), ErrLocked)
+		case ours:
+			// Empty or cut short long ago: a crash (a power loss leaves a
+			// lock file empty) between making the lock and writing it. It
+			// is stale, and taken over as a checkpoint folder's is; the
+			// lock returned names no live process.
+			host, _ := os.Hostname()
+			return prefixLock{Format: lockFormat, Host: host}, raw, nil
 		}
 		return l, nil, fmt.Errorf("prepare: %s is not a data prepare's lock: %w; choose another output prefix, or remove the file if it is a lock left by a data prepare that is gone", path, ErrLocked)
 	}

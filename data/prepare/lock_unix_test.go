@@ -59,8 +59,9 @@ func deadPID(t *testing.T) int {
 	return cmd.Process.Pid
 }
 
-// A lock whose process is gone is taken over; any other PREFIX.lock stops
-// the run and stays as it was.
+// A lock whose process is gone, or one left empty or cut short by a crash
+// long ago, is taken over; any other PREFIX.lock stops the run and stays
+// as it was.
 func TestPrefixLockTakeover(t *testing.T) {
 	host, _ := os.Hostname()
 	lock := func(l prefixLock) string {
@@ -89,7 +90,10 @@ func TestPrefixLockTakeover(t *testing.T) {
 		{name: "another tool's JSON", content: `{"pid": 1}`, msg: "out.lock is not a data prepare's lock"},
 		{name: "being written", content: "", msg: "another data prepare is taking the lock"},
 		{name: "written in part", content: lock(prefixLock{Host: host, PID: me})[:20], msg: "another data prepare is taking the lock"},
-		{name: "empty for an hour", content: "", age: time.Hour, msg: "out.lock is not a data prepare's lock"},
+		// A crash between making the lock and writing it (a power loss
+		// leaves it empty): stale, as a checkpoint folder's would be.
+		{name: "empty for an hour", content: "", age: time.Hour, taken: true},
+		{name: "written in part an hour ago", content: lock(prefixLock{Host: host, PID: me})[:20], age: time.Hour, taken: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
