@@ -225,7 +225,7 @@ func (c *config) inertFlags(alone bool) []string {
 		if _, err := os.Stat(c.data); err == nil && isTokenData(c.data) && !strings.HasSuffix(c.data, ".bin") && !strings.HasSuffix(c.data, ".idx") {
 			notes = append(notes, fmt.Sprintf("note: --data %s names a text file or folder and the token dataset %s.bin and .idx: the dataset is read (rename one to train on the other)", c.data, c.data))
 		}
-		if lower := strings.ToLower(c.data); (strings.HasSuffix(lower, ".jsonl") || strings.HasSuffix(lower, ".jsonl.gz")) && !isTokenData(c.data) {
+		if strings.HasSuffix(strings.ToLower(c.data), ".jsonl") && !isTokenData(c.data) {
 			notes = append(notes, fmt.Sprintf("note: --data %s is read as text, one byte per token, its JSON syntax included; gcompile data prepare --tokenizer TOKENIZER --output-prefix PREFIX %s makes a token dataset of its documents' text", c.data, c.data))
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 
 	"gcompile/data"
@@ -74,8 +75,7 @@ func loadCorpus(c *config, m *ir.Module, seq int) (*data.Corpus, error) {
 		}
 	}
 	if err := runtime.CheckSource(corpus, seq, c.evalBatches >= 0 || c.evalOnly); err != nil {
-		// The cap is worth naming only where it cut the text short.
-		if limit := int64(c.maxDataMB) << 20; errors.Is(err, data.ErrTooSmall) && int64(len(corpus.Train)+len(corpus.Eval)) >= limit-limit/100 {
+		if errors.Is(err, data.ErrTooSmall) && cutByCap(corpus, int64(c.maxDataMB)<<20) {
 			err = fmt.Errorf("%w; --max-data-mb %d is how much is read", err, c.maxDataMB)
 		}
 		return nil, dataErr(c, err)
@@ -139,4 +139,14 @@ func tokenRange(m *ir.Module) (int, string) {
 		}
 	}
 	return vocab, where
+}
+
+// cutByCap says whether --max-data-mb (limit bytes) may have cut corpus
+// short, so that a too-small split names it: each split reads up to its
+// share of the cap (a folder's held-out files DefaultEvalFraction of it),
+// and either may have reached its own while the total stayed below.
+func cutByCap(corpus *data.Corpus, limit int64) bool {
+	evalShare := int64(math.Round(float64(limit) * data.DefaultEvalFraction))
+	train, eval := int64(len(corpus.Train)), int64(len(corpus.Eval))
+	return train+eval >= limit-limit/100 || train >= (limit-evalShare)*99/100 || eval >= evalShare*99/100
 }

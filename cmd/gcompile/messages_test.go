@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"gcompile/data"
 	"gcompile/planner"
 )
 
@@ -203,4 +205,25 @@ func TestDataIsNotedWhereItCouldMeanAnother(t *testing.T) {
 	err := mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "2", "--run", "--steps", "1", "--data", short})
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), "--max-data-mb")
+}
+
+// A split too small names --max-data-mb only where the cap may have cut
+// it: the whole text at the cap, or either split at its own share.
+func TestCutByCap(t *testing.T) {
+	const limit = 1 << 20
+	evalShare := int(math.Round(limit * data.DefaultEvalFraction))
+	for _, tc := range []struct {
+		name        string
+		train, eval int
+		cut         bool
+	}{
+		{"a few bytes", 5, 1, false},
+		{"the whole cap", limit - evalShare, evalShare, true},
+		{"the held-out share alone", 20000, evalShare, true},
+		{"the training share alone", limit - evalShare, 100, true},
+		{"half of each", (limit - evalShare) / 2, evalShare / 2, false},
+	} {
+		c := &data.Corpus{Train: make([]byte, tc.train), Eval: make([]byte, tc.eval)}
+		assert.Equal(t, tc.cut, cutByCap(c, limit), tc.name)
+	}
 }
