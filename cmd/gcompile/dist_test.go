@@ -1215,3 +1215,23 @@ while :; do sleep 0.1; done`
 	assert.Contains(t, err.Error(), "launch: the cause: rank 1 was killed by SIGKILL and printed no error")
 	assert.Equal(t, 1, exitCode(err))
 }
+
+// A rank that SIGTERM kills outright (it came before the rank set up its
+// handler) is a stopped job, as one that exits 143 is: the others are
+// passed the signal, and the job exits 143 for a requeue, not 1.
+func TestLaunchTakesARankKilledBySIGTERMForAStop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("needs sh")
+	}
+	script := `if [ "$RANK" = 1 ]; then sleep 0.2; kill -TERM $$; fi
+trap 'exit 143' TERM
+while :; do sleep 0.1; done`
+	err = supervise(sh, []string{"-c", script}, 2, 0, "t", 5*time.Second)
+	require.Error(t, err)
+	assert.Equal(t, 143, exitCode(err), "%v", err)
+	assert.Contains(t, err.Error(), "stopped by SIGTERM")
+}

@@ -305,7 +305,9 @@ starting:
 				// alone, by a scheduler or by hand): the others stop the
 				// same way, and the job exits as a stopped run.
 				for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
-					if ee.ExitCode() == signalStatus(sig) {
+					// Killed by it outright too: a rank the signal reached
+					// before its handler was set up.
+					if ee.ExitCode() == signalStatus(sig) || killedBy(ee, sig) {
 						signalled = sig
 						// Every rank stops at the same step boundary; the
 						// first to exit need not be the one signalled.
@@ -382,7 +384,11 @@ func failureCause(tails []*errorTail, firstRank int, firstExit error, termSent b
 			return msg
 		case msg == "" && errors.As(firstExit, &ee):
 			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				return fmt.Sprintf("rank %d was killed by %s and printed no error (the system's log, dmesg, may say why: out of memory?)", firstRank, signalName(ws.Signal()))
+				why := ""
+				if ws.Signal() == syscall.SIGKILL {
+					why = " (the system's log, dmesg, may say why: out of memory?)"
+				}
+				return fmt.Sprintf("rank %d was killed by %s and printed no error%s", firstRank, signalName(ws.Signal()), why)
 			}
 		}
 	}
