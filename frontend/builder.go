@@ -292,9 +292,10 @@ func (b *Builder) Float(key string, def float64, doc string) float64 {
 
 // String reads a model parameter that must be one of choices.
 func (b *Builder) String(key, def, doc string, choices ...string) string {
-	if len(choices) > 0 && !slices.Contains(choices, def) {
+	if len(choices) > 0 && def != "" && !slices.Contains(choices, def) {
 		// A typo in the default would otherwise be the model's setting,
-		// taken by whatever the model does with an unknown value.
+		// taken by whatever the model does with an unknown value. "" is
+		// a model's own "unset", not a typo.
 		b.fail(userPos(), fmt.Errorf("String(%q): the default %q is not one of its choices %s", key, def, strings.Join(choices, ", ")))
 	}
 	s, ok := b.setting(key, "string", def, doc+" ("+strings.Join(choices, "|")+")")

@@ -491,6 +491,12 @@ func TestModelMistakesAreOneErrorAtTheirLine(t *testing.T) {
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "reshape")
 	assert.ErrorContains(t, err, "integer divide by zero (likely a consequence of the error above")
+	// A String default of "" is the model's own "unset", not a typo.
+	_, err = frontend.Build(func(b *frontend.Builder) {
+		b.String("norm", "", "normalisation (empty: the model's choice)", "layernorm", "rmsnorm")
+		b.Loss(param(b, 2).Sum())
+	}, frontend.Config{})
+	require.NoError(t, err)
 	// Flattened logits take labels of their rows in any shape, as the
 	// reference GPT gives them.
 	_, err = frontend.Build(func(b *frontend.Builder) {

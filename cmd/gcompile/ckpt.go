@@ -797,7 +797,7 @@ func intactHint(dir string) string {
 	}
 	for i := len(l.Steps) - 1; i >= 0; i-- {
 		if s := l.Steps[i]; s < step && intactCheckpoint(checkpoint.StepDir(root, s)) {
-			return fmt.Sprintf("; the newest intact checkpoint before it is %s: move %s out of %s, then resume from it", checkpoint.StepDir(root, s), dir, root)
+			return fmt.Sprintf("; the newest intact checkpoint before it is %s (its files all there, at their sizes; their checksums are checked as it loads): move %s out of %s, then resume from it", checkpoint.StepDir(root, s), dir, root)
 		}
 	}
 	return ""

@@ -1532,7 +1532,8 @@ func TestDamagedNewestCheckpointNamesTheIntactOne(t *testing.T) {
 	err := mainErr(append(slices.Clone(more), "--resume", ck))
 	require.ErrorIs(t, err, checkpoint.ErrCorrupt)
 	assert.ErrorContains(t, err, "is 1000 bytes, the manifest says")
-	assert.ErrorContains(t, err, "the newest intact checkpoint before it is "+checkpoint.StepDir(ck, 4)+": move "+checkpoint.StepDir(ck, 6)+" out of "+ck)
+	assert.ErrorContains(t, err, "the newest intact checkpoint before it is "+checkpoint.StepDir(ck, 4)+" (its files all there, at their sizes; ")
+	assert.ErrorContains(t, err, ": move "+checkpoint.StepDir(ck, 6)+" out of "+ck)
 	err = mainErr(append(slices.Clone(more), "--resume", checkpoint.StepDir(ck, 4)))
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "the newer ones are damaged ("+checkpoint.StepDir(ck, 6)+"; gcompile inspect names what): move them out of the folder, then resume from step 4 again")
@@ -1563,9 +1564,17 @@ func TestHardExitReleasesTheLock(t *testing.T) {
 	runHardExitHooks()
 	assert.NoFileExists(t, filepath.Join(ck, lockName))
 	unlock() // after the hooks ran: nothing left to do, and no panic
+	// A lock released as usual is forgotten by the hooks: the next run's
+	// lock is not theirs to remove.
 	unlock2, err := lockCheckpointDir(ck)
 	require.NoError(t, err)
 	unlock2()
+	unlock3, err := lockCheckpointDir(ck)
+	require.NoError(t, err)
+	defer unlock3()
+	body, err := os.ReadFile(filepath.Join(ck, lockName))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(ck, lockName), append([]byte(" "), body...), 0o644)) // another run's, say
 	runHardExitHooks()
-	assert.NoFileExists(t, filepath.Join(ck, lockName))
+	assert.FileExists(t, filepath.Join(ck, lockName), "a lock this process no longer holds")
 }
