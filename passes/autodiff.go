@@ -233,22 +233,12 @@ func firstFew(names []string, n int) []string {
 	return append(slices.Clone(names[:n]), fmt.Sprintf("and %d more", len(names)-n))
 }
 
-// unreadInputs names the module's inputs that no output reads (with
+// unreadInputs names the module's inputs that no output or update reads (with
 // their lines): a model whose loss reads its tokens as labels, or no data
 // at all, trains without an error, and its targets input is fed for
 // nothing.
 func unreadInputs(m *ir.Module) []string {
-	reads := map[*ir.Value]bool{}
-	for _, o := range m.Outputs {
-		reads[o.Value] = true
-	}
-	for _, v := range slices.Backward(m.Values) {
-		if reads[v] {
-			for _, a := range v.Args {
-				reads[a] = true
-			}
-		}
-	}
+	reads := m.Live()
 	var unread []string
 	for _, v := range m.Values {
 		if v.Op == "input" && !reads[v] {

@@ -708,36 +708,37 @@ func TestAutodiffUnusedParamGetsZeroGradient(t *testing.T) {
 	}
 }
 
-// The params the loss does not reach are named in the pass's note: they
-// keep their initial values, which is rarely what the model meant.
-func TestAutodiffNotesUnreachedParams(t *testing.T) {
-	g := newGraph(t, 8)
-	x := g.param("x", normal(1), 3, 4)
-	g.param("unused", normal(1), 2, 5)
-	g.weightedLoss(g.op("tanh", nil, x))
-	opts := passes.DefaultOptions()
-	opts.StopAfter = "autodiff"
-	res, err := passes.Run(g.m, opts, passes.Hooks{})
-	require.NoError(t, err)
-	i := slices.IndexFunc(res, func(r passes.Result) bool { return r.Name == "autodiff" })
-	require.GreaterOrEqual(t, i, 0)
-	assert.Equal(t, "the loss does not reach 1 of 2 params, which keep their initial values: unused", res[i].Note)
-}
-
-// An input nothing reads is named in the note with its line: a loss that
-// reads the tokens as its labels leaves the targets fed for nothing.
-func TestAutodiffNotesUnreadInputs(t *testing.T) {
-	g := newGraph(t, 8)
-	x := g.param("x", normal(1), 3, 4)
-	g.ids("targets", []int32{0, 1, 2}, 3)
-	g.weightedLoss(g.op("tanh", nil, x))
-	opts := passes.DefaultOptions()
-	opts.StopAfter = "autodiff"
-	res, err := passes.Run(g.m, opts, passes.Hooks{})
-	require.NoError(t, err)
-	i := slices.IndexFunc(res, func(r passes.Result) bool { return r.Name == "autodiff" })
-	require.GreaterOrEqual(t, i, 0)
-	assert.Regexp(t, `nothing reads input "targets" \(autodiff_test\.go:\d+\), which is fed every step`, res[i].Note)
+// What the loss does not reach is named in the pass's note: params, which
+// keep their initial values, and inputs nothing reads (a loss that reads
+// the tokens as its labels leaves the targets fed for nothing), with
+// their lines.
+func TestAutodiffNotesWhatTheLossDoesNotReach(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		build func(g *graph) *ir.Value
+		note  string
+	}{
+		{"a param", func(g *graph) *ir.Value {
+			g.param("unused", normal(1), 2, 5)
+			return g.param("x", normal(1), 3, 4)
+		}, `^the loss does not reach 1 of 2 params, which keep their initial values: unused$`},
+		{"an input", func(g *graph) *ir.Value {
+			g.ids("targets", []int32{0, 1, 2}, 3)
+			return g.param("x", normal(1), 3, 4)
+		}, `^nothing reads input "targets" \(autodiff_test\.go:\d+\), which is fed every step`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGraph(t, 8)
+			g.weightedLoss(g.op("tanh", nil, tc.build(g)))
+			opts := passes.DefaultOptions()
+			opts.StopAfter = "autodiff"
+			res, err := passes.Run(g.m, opts, passes.Hooks{})
+			require.NoError(t, err)
+			i := slices.IndexFunc(res, func(r passes.Result) bool { return r.Name == "autodiff" })
+			require.GreaterOrEqual(t, i, 0)
+			assert.Regexp(t, tc.note, res[i].Note)
+		})
+	}
 }
 
 // TestAutodiffErrors: what autodiff refuses, and that it says why.

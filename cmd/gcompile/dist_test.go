@@ -1193,12 +1193,14 @@ func TestEchoStopsWaitingForAProcessThatStoppedAnswering(t *testing.T) {
 	assert.Equal(t, "rank 1: "+cause.Error(), string(abort))
 }
 
-// A rank killed before training (kill -9, the out-of-memory killer) is
-// the cause the launcher names, and the job exits 1, failed: the SIGTERM
-// the launcher then sends the other ranks is not the cause, and its
-// status, 143, would have a requeue loop take the job for one stopped
-// and run it again forever.
-func TestLaunchNamesARankKilledBeforeTraining(t *testing.T) {
+// A rank a signal kills outright is told by its signal. SIGKILL (kill -9,
+// the out-of-memory killer) before training is the cause the launcher
+// names, and the job exits 1, failed: the SIGTERM the launcher then sends
+// the other ranks is not the cause, and its status, 143, would have a
+// requeue loop run a crashing job forever. SIGTERM (it came before the
+// rank set up its handler) is a stop, as a rank exiting 143 is: the
+// others are passed it, and the job exits 143.
+func TestLaunchStatusOfARankKilledByASignal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
@@ -1206,32 +1208,24 @@ func TestLaunchNamesARankKilledBeforeTraining(t *testing.T) {
 	if err != nil {
 		t.Skip("needs sh")
 	}
-	script := `if [ "$RANK" = 1 ]; then sleep 0.2; kill -9 $$; fi
+	for _, tc := range []struct {
+		signal string
+		status int
+		want   []string
+	}{
+		{"KILL", 1, []string{"launch: rank 1 failed first (signal: killed)", "launch: the cause: rank 1 was killed by SIGKILL and printed no error"}},
+		{"TERM", 143, []string{"stopped by SIGTERM"}},
+	} {
+		t.Run(tc.signal, func(t *testing.T) {
+			script := `if [ "$RANK" = 1 ]; then sleep 0.2; kill -` + tc.signal + ` $$; fi
 trap 'echo "gcompile: rank 0 was interrupted by SIGTERM before training" >&2; exit 143' TERM
 while :; do sleep 0.1; done`
-	err = supervise(sh, []string{"-c", script}, 2, 0, "t", 5*time.Second)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "launch: rank 1 failed first (signal: killed)")
-	assert.Contains(t, err.Error(), "launch: the cause: rank 1 was killed by SIGKILL and printed no error")
-	assert.Equal(t, 1, exitCode(err))
-}
-
-// A rank that SIGTERM kills outright (it came before the rank set up its
-// handler) is a stopped job, as one that exits 143 is: the others are
-// passed the signal, and the job exits 143 for a requeue, not 1.
-func TestLaunchTakesARankKilledBySIGTERMForAStop(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes; skipped with -short")
+			err := supervise(sh, []string{"-c", script}, 2, 0, "t", 5*time.Second)
+			require.Error(t, err)
+			assert.Equal(t, tc.status, exitCode(err), "%v", err)
+			for _, w := range tc.want {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
 	}
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Skip("needs sh")
-	}
-	script := `if [ "$RANK" = 1 ]; then sleep 0.2; kill -TERM $$; fi
-trap 'exit 143' TERM
-while :; do sleep 0.1; done`
-	err = supervise(sh, []string{"-c", script}, 2, 0, "t", 5*time.Second)
-	require.Error(t, err)
-	assert.Equal(t, 143, exitCode(err), "%v", err)
-	assert.Contains(t, err.Error(), "stopped by SIGTERM")
 }
