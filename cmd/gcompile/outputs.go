@@ -549,8 +549,8 @@ func refused(err error) bool {
 // earlierParts reads what the run's earlier parts recorded in the
 // --metrics file path before this part resumes from checkpoint dir at
 // step: their steps, evaluations and checkpoints up to step, when the
-// file is the metrics of the part that saved dir (it lists that
-// checkpoint's save by its ID, at that step), so that rerunning a command with --resume
+// file is the metrics of the part that saved dir (it lists that save by
+// its ID, at that step), so that rerunning a command with --resume
 // extends the file rather than replacing a whole run's record with its
 // last part. Any other file (another run's, one that does not parse, a
 // part killed before it wrote its metrics) is replaced as before, and
