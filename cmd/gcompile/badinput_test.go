@@ -890,4 +890,11 @@ func TestOutputsInsideTheTextDataAreRefused(t *testing.T) {
 		assert.ErrorIs(t, serr, fs.ErrNotExist, "nothing written for --%s", flag)
 	}
 	require.NoError(t, mainErr(append(slices.Clone(base), "--metrics", filepath.Join(text, ".runs", "m.json"), "--save", filepath.Join(text, "w.safetensors"))))
+	// One process writes no log in --log-dir, which is noted as unused;
+	// a launch of two would, and is refused before it starts any.
+	require.NoError(t, mainErr(append(slices.Clone(base), "--log-dir", filepath.Join(text, "logs"))))
+	err := mainErr(append([]string{"launch", "--nproc", "2", "--"}, append(slices.Clone(base), "--devices", "2", "--dp", "2", "--log-dir", filepath.Join(text, "logs"))...))
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "launch: no process started: ")
+	assert.ErrorContains(t, err, "--log-dir "+filepath.Join(text, "logs")+" is inside --data "+text)
 }

@@ -63,6 +63,9 @@ type config struct {
 	masterPort                                 int
 	timeout, rdzvTimeout                       time.Duration
 	packGPU                                    bool
+	// launchProcs is how many processes gcompile launch will start for
+	// this command line (0: not a launcher's check).
+	launchProcs int
 
 	// report is --report's page (report.go); started when compiling
 	// began, for the closing summary's wall time (summary.go).

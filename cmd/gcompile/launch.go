@@ -155,6 +155,7 @@ func checkJob(args []string, nproc int) (*config, error) {
 	if _, err := checkCheckpointPaths(c); err != nil {
 		return nil, err
 	}
+	c.launchProcs = nproc
 	if err := checkPaths(c, true); err != nil {
 		return nil, err
 	}

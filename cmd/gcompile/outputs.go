@@ -632,8 +632,13 @@ func outputsInTextData(c *config) []error {
 		return nil
 	}
 	var errs []error
+	// A process alone writes no log there (its log is the terminal).
+	logDir := c.logDir
+	if w, err := worldOf(c); c.launchProcs <= 1 && (err != nil || w.Size <= 1) {
+		logDir = ""
+	}
 	for _, o := range []outputPath{{"metrics", c.metrics, nil}, {"report", c.report, nil}, {"trace", c.trace, nil}, {"timeline", c.timeline, nil},
-		{"plan-trace", c.planTrace, nil}, {"dump", c.dump, nil}, {"checkpoint-dir", c.ckptDir, nil}, {"log-dir", c.logDir, nil}} {
+		{"plan-trace", c.planTrace, nil}, {"dump", c.dump, nil}, {"checkpoint-dir", c.ckptDir, nil}, {"log-dir", logDir, nil}} {
 		if o.path == "" || !(within(c.data, o.path) || samePath(c.data, o.path)) {
 			continue
 		}
