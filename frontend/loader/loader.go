@@ -132,9 +132,15 @@ type TimeoutError struct {
 	File  string // the model file, as the errors name it
 	What  string // what did not finish, e.g. "Model() did not return"
 	Limit time.Duration
+	// At is the line of the model file the driver was running when it was
+	// stopped (file:line), "" when not known.
+	At string
 }
 
 func (e *TimeoutError) Error() string {
+	if e.At != "" {
+		return fmt.Sprintf("%s: %s within %v (--model-timeout); it was at %s", e.File, e.What, e.Limit, e.At)
+	}
 	return fmt.Sprintf("%s: %s within %v (--model-timeout)", e.File, e.What, e.Limit)
 }
 
@@ -349,9 +355,16 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 	cmd.Stdout, cmd.Stderr = outFile, outFile
 	isolate(cmd)
 	cmd.Cancel = func() error {
+		// Past the timeout (not stopped by the caller), SIGQUIT has the Go
+		// runtime print every goroutine's stack and exit: the stack says
+		// where the model was stuck. WaitDelay bounds the wait for it.
+		if errors.Is(context.Cause(ctx), context.DeadlineExceeded) && l.parent().Err() == nil && quit(cmd) {
+			return nil
+		}
 		killGroup(cmd)
 		return nil
 	}
+	cmd.WaitDelay = quitWait
 	// On every way out, including a panic here: the driver and anything
 	// the model started (same process group) are killed.
 	defer killGroup(cmd)
@@ -377,8 +390,17 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 	case !errors.Is(rerr, fs.ErrNotExist):
 		return nil, fmt.Errorf("reading the model driver's result: %w", rerr)
 	case ctx.Err() != nil:
-		l.copyOutput(outFile, -1)
-		return nil, &TimeoutError{File: name, What: ModelFuncName + "() did not return", Limit: timeout}
+		te := &TimeoutError{File: name, What: ModelFuncName + "() did not return", Limit: timeout}
+		output, _ := readAll(outFile)
+		if at := strings.Index(string(output), "SIGQUIT: quit"); at >= 0 {
+			// The stacks are the loader's business; what came before them
+			// is the model's own output.
+			te.At = modelFrame(string(output[at:]), name)
+			l.copyOutput(outFile, int64(at))
+		} else {
+			l.copyOutput(outFile, -1)
+		}
+		return nil, te
 	}
 	return nil, l.explainExit(name, runErr, outFile)
 }
@@ -394,6 +416,10 @@ func parseResult(result []byte) ([]byte, error) {
 	}
 	return nil, fmt.Errorf("the model driver's result starts with %q, not a status line", firstLine(s))
 }
+
+// quitWait is how long a driver asked for its stacks (SIGQUIT) past the
+// timeout has to print them and exit before it is killed.
+const quitWait = 3 * time.Second
 
 // maxCrashReport bounds the part of a crash's output put into the error;
 // a stack overflow prints megabytes of frames.
@@ -483,9 +509,6 @@ func firstGoroutine(report string) string {
 	return report[:first+1+next] + fmt.Sprintf("\n… (%d more goroutines)", more)
 }
 
-// crashStart finds where the Go runtime's crash report starts in the
-// driver's output: the first line starting "panic: ", "fatal error: " or
-// "runtime: " (a stack overflow's first line); -1 if there is none.
 // modelFrame is the first frame of a crash report in the model file name,
 // as name:line ("examples/gpt/model.go:11"), "" when none is: the line of the model's own code
 // where the crash happened, or the deepest call of it on the way there.
@@ -508,6 +531,9 @@ func modelFrame(report, name string) string {
 	return ""
 }
 
+// crashStart finds where the Go runtime's crash report starts in the
+// driver's output: the first line starting "panic: ", "fatal error: " or
+// "runtime: " (a stack overflow's first line); -1 if there is none.
 func crashStart(output []byte) int {
 	s := string(output)
 	best := -1

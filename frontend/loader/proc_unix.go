@@ -23,3 +23,9 @@ func killGroup(cmd *exec.Cmd) {
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 }
+
+// quit asks the driver for its goroutines' stacks (SIGQUIT: the Go
+// runtime prints them and exits); false if the signal was not sent.
+func quit(cmd *exec.Cmd) bool {
+	return cmd.Process != nil && cmd.Process.Signal(syscall.SIGQUIT) == nil
+}
