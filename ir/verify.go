@@ -3,6 +3,7 @@ package ir
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -55,6 +56,10 @@ func Verify(m *Module, pass string) error {
 		}
 	}
 	defined := make(map[*Value]bool, len(m.Values))
+	// bad are the values whose own rule failed: the ops that read them
+	// are not checked, since their errors would follow from that one (a
+	// .gir's wrong declared type failed every op after it too).
+	bad := map[*Value]bool{}
 	ids := make(map[int]bool, len(m.Values))
 	names := map[string]*Value{}
 	for _, v := range m.Values {
@@ -74,6 +79,7 @@ func Verify(m *Module, pass string) error {
 		info, ok := Lookup(v.Op)
 		if !ok {
 			fail(v, RuleUnknownOp, "unknown op %q", v.Op)
+			bad[v] = true
 			continue
 		}
 		if info.Source {
@@ -104,10 +110,14 @@ func Verify(m *Module, pass string) error {
 			}
 		} else if hasNil(v.Args) {
 			continue // reported above
+		} else if slices.ContainsFunc(v.Args, func(a *Value) bool { return bad[a] }) {
+			bad[v] = true
 		} else if t, err := InferType(info, v.Args, v.Attrs); err != nil {
 			fail(v, RuleOpRule, "%v", err)
+			bad[v] = true
 		} else if !t.Equal(v.Type) {
 			fail(v, RuleTypeMatch, "declared type %v but the %s rule gives %v", v.Type, v.Op, t)
+			bad[v] = true
 		}
 		checkPlacement(m, v, fail)
 	}

@@ -194,6 +194,15 @@ var verifyCases = []struct {
 		want: `after pass "shard": %2 matmul @model.go:41: declared type f32[4,9] but the matmul rule gives f32[4,8]`,
 	},
 	{
+		// The matmul reading the mistyped value would fail too (inner
+		// dims 9 and 8): it follows from the one mistake, and is not said.
+		name: "type mismatch: the ops that read it are not checked",
+		text: verifyBase + "%2 = neg %0 : f32[4,9] @model.go:34\n%3 = matmul %2, %1 : f32[4,8] @model.go:41\n",
+		pass: "shard",
+		rule: ir.RuleTypeMatch,
+		want: `after pass "shard": %2 neg @model.go:34: declared type f32[4,9] but the neg rule gives f32[4,8]`,
+	},
+	{
 		name: "type mismatch: dtype",
 		text: verifyBase + "%2 = neg %0 : bf16[4,8] @model.go:34\n",
 		pass: "mixed-precision",
