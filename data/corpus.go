@@ -232,14 +232,20 @@ func isEvalFile(rel string, frac float64) bool {
 
 func loadDir(root string, goOnly bool, maxBytes int64, frac float64) (*Corpus, error) {
 	var files []candidate
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	// A root that is a link to a folder is walked as that folder:
+	// WalkDir does not follow the root's link, and found no file in it.
+	walk := root
+	if resolved, err := filepath.EvalSymlinks(root); err == nil {
+		walk = resolved
+	}
+	err := filepath.WalkDir(walk, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("walk %s: %w", p, err)
 		}
 		name := d.Name()
 		if d.IsDir() {
 			// Hidden folders (.git, .cache, ...) hold tool state, not text.
-			if p != root && strings.HasPrefix(name, ".") {
+			if p != walk && strings.HasPrefix(name, ".") {
 				return filepath.SkipDir
 			}
 			return nil
@@ -250,7 +256,7 @@ func loadDir(root string, goOnly bool, maxBytes int64, frac float64) (*Corpus, e
 		if goOnly && filepath.Ext(name) != ".go" {
 			return nil
 		}
-		rel, err := filepath.Rel(root, p)
+		rel, err := filepath.Rel(walk, p)
 		if err != nil {
 			return fmt.Errorf("relative path of %s: %w", p, err)
 		}

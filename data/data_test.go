@@ -134,6 +134,26 @@ func TestFolderFiltering(t *testing.T) {
 	expect(t, strings.HasPrefix(c.Source, root) && strings.Contains(c.Source, "2 files"), "Source %q", c.Source)
 }
 
+// A --data that is a link to a folder reads the folder's files, split as
+// the folder itself would be; WalkDir does not follow a root's link, and
+// it used to find no text file.
+func TestFolderThroughALink(t *testing.T) {
+	dir := t.TempDir()
+	root := filepath.Join(dir, "real")
+	writeTree(t, root, map[string]string{
+		"a.txt":     marker("a.txt") + "plain text\n",
+		"sub/b.txt": marker("sub/b.txt") + "more text\n",
+	})
+	link := filepath.Join(dir, "link")
+	mustNoErr(t, os.Symlink(root, link))
+	direct, err := Load(Options{Path: root, EvalFraction: 0.5})
+	mustNoErr(t, err)
+	linked, err := Load(Options{Path: link, EvalFraction: 0.5})
+	mustNoErr(t, err)
+	expectEqual(t, 2, linked.TrainFiles+linked.EvalFiles, "files used")
+	expect(t, bytes.Equal(direct.Train, linked.Train) && bytes.Equal(direct.Eval, linked.Eval), "the same split through the link")
+}
+
 func TestMaxBytes(t *testing.T) {
 	root := t.TempDir()
 	writeTree(t, root, markedFiles("big", 60, 40)) // 60 files of about 1 KiB
