@@ -380,7 +380,14 @@ func matmulRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	if out, ok := try(pa, pb); ok {
 		return []ir.Placement{pa, pb}, out, nil
 	}
-	return nil, rep, fmt.Errorf("matmul %v·%v has no rule for operands placed %v and %v%s%s", a, b, r.have[0], r.have[1],
+	why := ""
+	if r.have[0].Kind == ir.Replicate && r.have[1].Kind == ir.Shard && r.have[1].Dim == kB {
+		// A row-parallel weight meets a whole activation: what makes it
+		// was gathered rather than split on its last dim.
+		n := r.s.m.Mesh.Axes[r.ax].Size
+		why = fmt.Sprintf(" (the weight is split on the dim it contracts, so its input must be split there too, as a column-parallel layer, or attention whose heads divide by %s=%d, leaves it; here it arrives whole)", r.s.axisName(r.ax), n)
+	}
+	return nil, rep, fmt.Errorf("matmul %v·%v has no rule for operands placed %v and %v%s%s%s", a, b, r.have[0], r.have[1], why,
 		hintOrigin(r.v.Args[0]), hintOrigin(r.v.Args[1]))
 }
 
