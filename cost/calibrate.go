@@ -64,7 +64,7 @@ func Calibrate() (*Hardware, error) {
 		fs, ts = append(fs, f), append(ts, t)
 		best = math.Max(best, f/t)
 	}
-	fixed, slope := fitLine(fs, ts)
+	fixed, slope := fitLine(fs, ts, nil, nil)
 	peak := 1 / slope
 	if !(slope > 0) || peak > 4*best || peak < best/4 {
 		// Noise broke the fit: the best measured rate, no fixed cost.
@@ -136,13 +136,25 @@ func fastest(budget time.Duration, reps int, fn func()) float64 {
 }
 
 // fitLine is the least-squares y = a + b·x in relative error (each point
-// weighted by 1/y²).
-func fitLine(xs, ys []float64) (a, b float64) {
+// weighted by 1/y²), with a or b held where one is given (a figure set on
+// the command line; both given are returned as they are).
+func fitLine(xs, ys []float64, heldA, heldB *float64) (a, b float64) {
 	var sw, sx, sy, sxx, sxy float64
 	for i := range xs {
 		w := 1 / (ys[i] * ys[i])
 		sw, sx, sy = sw+w, sx+w*xs[i], sy+w*ys[i]
 		sxx, sxy = sxx+w*xs[i]*xs[i], sxy+w*xs[i]*ys[i]
+	}
+	switch {
+	case heldA != nil && heldB != nil:
+		return *heldA, *heldB
+	case heldA != nil:
+		if sxx == 0 {
+			return *heldA, 0
+		}
+		return *heldA, (sxy - *heldA*sx) / sxx
+	case heldB != nil:
+		return (sy - *heldB*sx) / sw, *heldB
 	}
 	d := sw*sxx - sx*sx
 	if d == 0 {

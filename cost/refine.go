@@ -851,7 +851,7 @@ func (h *Hardware) fitClasses(progOf map[int]*lower.Program, ms []measured, ceil
 			if h.given["mem_efficiency"] {
 				slope = new(1 / cur.MemEfficiency)
 			}
-			if c, s := fitLineWith(xs[clsMem], ts[clsMem], nil, slope); s > 0 {
+			if c, s := fitLine(xs[clsMem], ts[clsMem], nil, slope); s > 0 {
 				next.MemEfficiency, memFixed, memFit = 1/s, c, true
 			}
 		}
@@ -889,12 +889,12 @@ func (h *Hardware) fitClasses(progOf map[int]*lower.Program, ms []measured, ceil
 				for i, x := range xs[clsGEMM] {
 					sx[i] = x + half
 				}
-				_, s = fitLineWith(sx, ts[clsGEMM], new(launch), nil)
+				_, s = fitLine(sx, ts[clsGEMM], new(launch), nil)
 				c = launch + s*half
 			case h.given["gemm_efficiency"]:
-				c, s = fitLineWith(xs[clsGEMM], ts[clsGEMM], nil, new(1/cur.GEMMEfficiency))
+				c, s = fitLine(xs[clsGEMM], ts[clsGEMM], nil, new(1/cur.GEMMEfficiency))
 			default:
-				c, s = fitLine(xs[clsGEMM], ts[clsGEMM])
+				c, s = fitLine(xs[clsGEMM], ts[clsGEMM], nil, nil)
 			}
 			if s > 0 {
 				next.GEMMEfficiency = 1 / s
@@ -920,7 +920,7 @@ func (h *Hardware) fitClasses(progOf map[int]*lower.Program, ms []measured, ceil
 			if h.given[l.link+"_gbps"] {
 				beta = new(1 / (*l.gbps * 1e9))
 			}
-			if a, b, ok := fitAlphaBetaWith(as[l.cls], bs[l.cls], ys, ts[l.cls], alpha, beta); ok {
+			if a, b, ok := fitAlphaBeta(as[l.cls], bs[l.cls], ys, ts[l.cls], alpha, beta); ok {
 				*l.lat, *l.gbps = a*1e6, 1/b/1e9
 			}
 		}
@@ -948,58 +948,6 @@ func (h *Hardware) keep(from *Hardware) {
 			d.Set(src[k])
 		}
 	}
-}
-
-// fitLineWith is fitLine (y = a + b·x in relative error) with a or b
-// held where one is given (both given: returned as they are).
-func fitLineWith(xs, ys []float64, a, b *float64) (float64, float64) {
-	switch {
-	case a != nil && b != nil:
-		return *a, *b
-	case a == nil && b == nil:
-		return fitLine(xs, ys)
-	}
-	var sw, sxx, sxy, sy, sx float64
-	for i := range xs {
-		w := 1 / (ys[i] * ys[i])
-		sw, sx, sy = sw+w, sx+w*xs[i], sy+w*ys[i]
-		sxx, sxy = sxx+w*xs[i]*xs[i], sxy+w*xs[i]*ys[i]
-	}
-	if a != nil {
-		if sxx == 0 {
-			return *a, 0
-		}
-		return *a, (sxy - *a*sx) / sxx
-	}
-	return (sy - *b*sx) / sw, *b
-}
-
-// fitAlphaBetaWith is fitAlphaBeta with α or β held where one is given.
-func fitAlphaBetaWith(as, bs, ys, ts []float64, alpha, beta *float64) (float64, float64, bool) {
-	switch {
-	case alpha != nil && beta != nil:
-		return *alpha, *beta, true
-	case alpha == nil && beta == nil:
-		return fitAlphaBeta(as, bs, ys, ts)
-	}
-	var saa, sab, sbb, say, sby float64
-	for i := range ys {
-		w := 1 / (ts[i] * ts[i])
-		saa, sab, sbb = saa+w*as[i]*as[i], sab+w*as[i]*bs[i], sbb+w*bs[i]*bs[i]
-		say, sby = say+w*as[i]*ys[i], sby+w*bs[i]*ys[i]
-	}
-	if alpha != nil {
-		b := 0.0
-		if sbb > 0 {
-			b = (sby - *alpha*sab) / sbb
-		}
-		return *alpha, b, b > 0 && !math.IsInf(b, 0)
-	}
-	a := 0.0
-	if saa > 0 {
-		a = math.Max((say-*beta*sab)/saa, 0)
-	}
-	return a, *beta, true
 }
 
 // launchQuantile is the share of a trace's kernels whose time bounds the
@@ -1145,21 +1093,37 @@ func residuals(xs, ts []float64, slope, fixed float64) []float64 {
 }
 
 // fitAlphaBeta is the least-squares y = a·α + b·β in relative error to
-// the measured t (weights 1/t²), α ≥ 0; ok is false when β comes out
+// the measured t (weights 1/t²), α ≥ 0, with α or β held where one is
+// given (a figure set on the command line); ok is false when β comes out
 // non-positive (the trace cannot tell the bandwidth).
-func fitAlphaBeta(as, bs, ys, ts []float64) (alpha, beta float64, ok bool) {
+func fitAlphaBeta(as, bs, ys, ts []float64, heldAlpha, heldBeta *float64) (alpha, beta float64, ok bool) {
 	var saa, sab, sbb, say, sby float64
 	for i := range ys {
 		w := 1 / (ts[i] * ts[i])
 		saa, sab, sbb = saa+w*as[i]*as[i], sab+w*as[i]*bs[i], sbb+w*bs[i]*bs[i]
 		say, sby = say+w*as[i]*ys[i], sby+w*bs[i]*ys[i]
 	}
-	if d := saa*sbb - sab*sab; d > 0 {
-		alpha = (sbb*say - sab*sby) / d
-		beta = (saa*sby - sab*say) / d
-	}
-	if !(alpha >= 0) && sbb > 0 {
-		alpha, beta = 0, sby/sbb
+	switch {
+	case heldAlpha != nil && heldBeta != nil:
+		return *heldAlpha, *heldBeta, true
+	case heldAlpha != nil:
+		alpha = *heldAlpha
+		if sbb > 0 {
+			beta = (sby - alpha*sab) / sbb
+		}
+	case heldBeta != nil:
+		beta = *heldBeta
+		if saa > 0 {
+			alpha = math.Max((say-beta*sab)/saa, 0)
+		}
+	default:
+		if d := saa*sbb - sab*sab; d > 0 {
+			alpha = (sbb*say - sab*sby) / d
+			beta = (saa*sby - sab*say) / d
+		}
+		if !(alpha >= 0) && sbb > 0 {
+			alpha, beta = 0, sby/sbb
+		}
 	}
 	return alpha, beta, beta > 0 && !math.IsInf(beta, 0)
 }
