@@ -479,13 +479,19 @@ func flipByte(t *testing.T, path string, at int) {
 	require.NoError(t, os.WriteFile(path, raw, 0o644))
 }
 
+// editManifest replaces old with new in dir's manifest and removes its
+// checksum, as a user editing it on purpose does, so the checks after the
+// checksum's see the edit.
 func editManifest(t *testing.T, dir, old, new string) {
 	t.Helper()
 	p := filepath.Join(dir, checkpoint.ManifestName)
 	raw, err := os.ReadFile(p)
 	require.NoError(t, err)
 	require.Contains(t, string(raw), old)
-	require.NoError(t, os.WriteFile(p, []byte(strings.Replace(string(raw), old, new, 1)), 0o644))
+	raw = []byte(strings.Replace(string(raw), old, new, 1))
+	checksum := regexp.MustCompile(`,\n *"checksum": "[0-9a-f]+"`)
+	require.Len(t, checksum.FindAll(raw, -1), 1, "a save's manifest has a checksum")
+	require.NoError(t, os.WriteFile(p, checksum.ReplaceAll(raw, nil), 0o644))
 }
 
 // Killed (kill -9) at any point of a save, a run leaves a checkpoint

@@ -121,6 +121,7 @@ func TestTokenDatasetResumeIsBitIdentical(t *testing.T) {
 	weight, fp, ok := strings.Cut(plan["data"].(string), " ")
 	require.True(t, ok, "the identity %q", plan["data"])
 	plan["data"] = weight + " " + filepath.Base(prefix) + " " + fp
+	delete(m, "checksum") // as a checkpoint saved before manifests had one
 	raw, err = json.Marshal(m)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(manifest, raw, 0o644))

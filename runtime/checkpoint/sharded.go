@@ -83,6 +83,42 @@ type Manifest struct {
 	Files map[string]Sum `json:"files"`
 	// Tensors are the params and optimizer state, by name.
 	Tensors map[string]*TensorBlocks `json:"tensors"`
+	// Checksum is manifestSum of the manifest as written. The shards have
+	// checksums of their own; this one covers what only the manifest
+	// says, the step, seed and loss scale above all, which an edit or a
+	// flipped bit would otherwise change in silence. Manifests written
+	// before it existed have none and are read as before.
+	Checksum string `json:"checksum,omitempty"`
+}
+
+// seal sets m's checksum for m as it is.
+func (m *Manifest) seal() error {
+	m.Checksum = ""
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	m.Checksum, err = manifestSum(raw)
+	return err
+}
+
+// manifestSum is the SHA-256 of a manifest's JSON object with its
+// checksum member left out, its members in name order and no spaces: the
+// same for the file as written (indented) and as the writer marshalled
+// it, whatever types its members decode to (a seed past 2⁵³ in the flags
+// would not survive a float64).
+func manifestSum(raw []byte) (string, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &members); err != nil {
+		return "", err
+	}
+	delete(members, "checksum")
+	canon, err := json.Marshal(members)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.Sum256(canon)
+	return hex.EncodeToString(h[:]), nil
 }
 
 // ID names one save of a checkpoint: its creation time and its files'
@@ -480,6 +516,9 @@ func commit(progs []*lower.Program, opts SaveOptions, tmp, final string, mine pa
 		return fmt.Errorf("the blocks written do not make whole tensors (a bug): %w", err)
 	}
 	faultPoint("shards written, no manifest")
+	if err := m.seal(); err != nil {
+		return err
+	}
 	if err := writeJSON(filepath.Join(tmp, ManifestName), m); err != nil {
 		return err
 	}
@@ -825,6 +864,15 @@ func ReadManifest(dir string) (*Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return nil, fmt.Errorf("%s: %s: %v: %w", dir, ManifestName, err, ErrCorrupt)
+	}
+	if m.Checksum != "" {
+		sum, err := manifestSum(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %v: %w", dir, ManifestName, err, ErrCorrupt)
+		}
+		if sum != m.Checksum {
+			return nil, fmt.Errorf("%s: %s does not match its checksum: it was damaged or edited after the save (an edit made on purpose is taken once its \"checksum\" member is removed): %w", dir, ManifestName, ErrCorrupt)
+		}
 	}
 	if err := checkManifest(&m); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)

@@ -315,7 +315,8 @@ func writeBlocks(t *testing.T, dir string, legacy bool) []float32 {
 	return w
 }
 
-// editManifest rewrites the manifest in dir.
+// editManifest rewrites the manifest in dir, with the checksum of the
+// edited manifest: what the checks after the checksum's see.
 func editManifest(t *testing.T, dir string, edit func(m *Manifest)) {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(dir, ManifestName))
@@ -323,6 +324,7 @@ func editManifest(t *testing.T, dir string, edit func(m *Manifest)) {
 	var m Manifest
 	require.NoError(t, json.Unmarshal(raw, &m))
 	edit(&m)
+	require.NoError(t, m.seal())
 	require.NoError(t, writeJSON(filepath.Join(dir, ManifestName), m))
 }
 
@@ -578,6 +580,53 @@ func TestManifestStepMatchesItsFolder(t *testing.T) {
 	_, err = ReadManifest(dir)
 	require.ErrorIs(t, err, ErrCorrupt)
 	assert.ErrorContains(t, err, "the folder is named for step 4 and its manifest.json says step 5")
+}
+
+// A manifest's checksum covers what only it says: a step, seed or loss
+// scale edited in the file is refused as corrupt, naming how to accept an
+// edit made on purpose; a manifest without one (written before it
+// existed, or with it removed) is read as before. The sum survives the
+// indented file and members that do not survive a float64.
+func TestManifestChecksumCoversItsState(t *testing.T) {
+	for _, tc := range []struct{ name, old, new string }{
+		{"the seed", `"seed": 7`, `"seed": 8`},
+		{"the step", `"step": 4`, `"step": 5`},
+		{"the loss scale", `"scale": 1024`, `"scale": 2048`},
+		{"a flag", `"lr": 0.001`, `"lr": 0.01`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeBlocks(t, dir, false)
+			editManifest(t, dir, func(m *Manifest) {
+				m.State = runtime.State{Step: 4, OptStep: 4, Samples: 16, Seed: 7, LossScale: &runtime.ScalerState{Scale: 1024, Dynamic: true}}
+				m.Plan.Flags = map[string]any{"lr": 0.001, "big": int64(1)<<62 + 1}
+				m.Plan.ExportConfig = json.RawMessage(`{"n_layer": 2, "eps": 1e-05}`)
+			})
+			m, err := ReadManifest(dir)
+			require.NoError(t, err, "the file as written matches its checksum")
+			require.NotEmpty(t, m.Checksum)
+			path := filepath.Join(dir, ManifestName)
+			raw, err := os.ReadFile(path)
+			require.NoError(t, err)
+			require.Contains(t, string(raw), tc.old)
+			require.NoError(t, os.WriteFile(path, []byte(strings.Replace(string(raw), tc.old, tc.new, 1)), 0o644))
+			_, err = ReadManifest(dir)
+			require.ErrorIs(t, err, ErrCorrupt)
+			assert.ErrorContains(t, err, dir+": manifest.json does not match its checksum")
+			assert.ErrorContains(t, err, `once its "checksum" member is removed`)
+
+			var members map[string]json.RawMessage
+			raw, err = os.ReadFile(path)
+			require.NoError(t, err)
+			require.NoError(t, json.Unmarshal(raw, &members))
+			delete(members, "checksum")
+			raw, err = json.Marshal(members)
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(path, raw, 0o644))
+			_, err = ReadManifest(dir)
+			require.NoError(t, err, "no checksum: taken as written")
+		})
+	}
 }
 
 // Every state tensor is a param's (PREFIX/NAME, PREFIX.row:NAME): a
