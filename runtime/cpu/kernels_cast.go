@@ -35,5 +35,98 @@ func compileCast(d *Device, in lower.Instr) (func() error, error) {
 	if f, ok := d.compileCast16(src, dst); ok {
 		return f, nil
 	}
+	if f, ok := castWide(d, src, dst); ok {
+		return f, nil
+	}
 	return nil, fmt.Errorf("the cpu backend cannot cast %v to %v yet", src.Type.DType, dst.Type.DType)
+}
+
+// castWide converts between any two of f32, f64, i32, i64 and bool as Go
+// converts (floats to integers truncate toward zero), with bool as JAX and
+// NumPy have it: true is 1, and any value other than zero (NaN included)
+// is true. No op makes a bool but cast, so x.Cast(Bool).Cast(F32) is the
+// DSL's x ≠ 0 mask.
+func castWide(d *Device, src, dst lower.Buffer) (func() error, bool) {
+	from, to := src.Type.DType, dst.Type.DType
+	if to == ir.Bool {
+		var f func()
+		switch from {
+		case ir.F32:
+			f = nonzero(view[bool](d, dst.ID), view[float32](d, src.ID))
+		case ir.F64:
+			f = nonzero(view[bool](d, dst.ID), view[float64](d, src.ID))
+		case ir.I32:
+			f = nonzero(view[bool](d, dst.ID), view[int32](d, src.ID))
+		case ir.I64:
+			f = nonzero(view[bool](d, dst.ID), view[int64](d, src.ID))
+		case ir.Bool:
+			x, y := d.raw(src), d.raw(dst)
+			f = func() { copy(y, x) }
+		default:
+			return nil, false
+		}
+		return ok(f), true
+	}
+	if from == ir.Bool {
+		x := view[bool](d, src.ID)
+		switch to {
+		case ir.F32:
+			return ok(fromBool(view[float32](d, dst.ID), x)), true
+		case ir.F64:
+			return ok(fromBool(view[float64](d, dst.ID), x)), true
+		case ir.I32:
+			return ok(fromBool(view[int32](d, dst.ID), x)), true
+		case ir.I64:
+			return ok(fromBool(view[int64](d, dst.ID), x)), true
+		}
+		return nil, false
+	}
+	switch from {
+	case ir.F32:
+		return castTo(d, view[float32](d, src.ID), dst)
+	case ir.F64:
+		return castTo(d, view[float64](d, src.ID), dst)
+	case ir.I32:
+		return castTo(d, view[int32](d, src.ID), dst)
+	case ir.I64:
+		return castTo(d, view[int64](d, src.ID), dst)
+	}
+	return nil, false
+}
+
+func castTo[From kcpu.Number](d *Device, x []From, dst lower.Buffer) (func() error, bool) {
+	switch dst.Type.DType {
+	case ir.F32:
+		y := view[float32](d, dst.ID)
+		return ok(func() { kcpu.Cast(y, x) }), true
+	case ir.F64:
+		y := view[float64](d, dst.ID)
+		return ok(func() { kcpu.Cast(y, x) }), true
+	case ir.I32:
+		y := view[int32](d, dst.ID)
+		return ok(func() { kcpu.Cast(y, x) }), true
+	case ir.I64:
+		y := view[int64](d, dst.ID)
+		return ok(func() { kcpu.Cast(y, x) }), true
+	}
+	return nil, false
+}
+
+func nonzero[From kcpu.Number](y []bool, x []From) func() {
+	return func() {
+		for i, v := range x {
+			y[i] = v != 0
+		}
+	}
+}
+
+func fromBool[To kcpu.Number](y []To, x []bool) func() {
+	return func() {
+		for i, v := range x {
+			y[i] = 0
+			if v {
+				y[i] = 1
+			}
+		}
+	}
 }

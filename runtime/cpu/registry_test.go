@@ -3,7 +3,9 @@ package cpu_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -200,4 +202,56 @@ func TestRegisteredKernelRefusesOtherDTypes(t *testing.T) {
 	_, err := cpu.Load(p, cpu.Options{})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the cpu backend cannot run toy_square on i32")
+}
+
+// cast converts between f32, f64, i32, i64 and bool both ways: floats to
+// integers truncate toward zero, and bool is 1 or 0 from any value other
+// than zero (NaN included), as in NumPy and JAX.
+func TestCastBetweenEveryWideDType(t *testing.T) {
+	nan := math.NaN()
+	x := []float64{-2.75, -0.5, 0, 0.5, 3.9, 7}
+	for _, tc := range []struct {
+		via     []string
+		x, want []float64
+	}{
+		{[]string{"f64"}, []float64{-2.75, 0, nan}, []float64{-2.75, 0, nan}},
+		{[]string{"i32"}, x, []float64{-2, 0, 0, 0, 3, 7}},
+		{[]string{"i64"}, x, []float64{-2, 0, 0, 0, 3, 7}},
+		{[]string{"bool"}, []float64{-2.75, -0.5, 0, 0.5, 3.9, nan}, []float64{1, 1, 0, 1, 1, 1}},
+		{[]string{"bool", "i32"}, x, []float64{1, 1, 0, 1, 1, 1}},
+		{[]string{"bool", "bool", "f64"}, x, []float64{1, 1, 0, 1, 1, 1}},
+		{[]string{"i32", "bool"}, x, []float64{1, 0, 0, 0, 1, 1}},
+		{[]string{"i64", "f64", "i32"}, x, []float64{-2, 0, 0, 0, 3, 7}},
+		{[]string{"i32", "i64", "bool", "i64"}, x, []float64{1, 0, 0, 0, 1, 1}},
+	} {
+		t.Run(strings.Join(tc.via, "-"), func(t *testing.T) {
+			n := len(tc.x)
+			text := fmt.Sprintf("gir 1\nmodule \"cast\"\n%%0 = state : f32[%d] {name=\"x\"} @c.go:1\n%%1 = state : f32[%[1]d] {name=\"y\"} @c.go:2\n", n)
+			from := 0
+			for i, d := range append(slices.Clone(tc.via), "f32") {
+				text += fmt.Sprintf("%%%d = cast %%%d : %s[%d] {to=\"%[3]s\"} @c.go:3\n", i+2, from, d, n)
+				from = i + 2
+			}
+			text += fmt.Sprintf("update %%1 = %%%d\n", from)
+			m, err := ir.Parse("cast.gir", text)
+			require.NoError(t, err)
+			require.NoError(t, ir.Verify(m, ""))
+			p, err := lower.Lower(m)
+			require.NoError(t, err)
+			d, err := cpu.Load(p, cpu.Options{})
+			require.NoError(t, err)
+			require.NoError(t, d.SetFloat64s("x", tc.x))
+			require.NoError(t, d.Step())
+			got, err := d.Float64s("y")
+			require.NoError(t, err)
+			require.Len(t, got, n)
+			for i := range got {
+				if math.IsNaN(tc.want[i]) {
+					assert.True(t, math.IsNaN(got[i]), "element %d", i)
+					continue
+				}
+				assert.InDelta(t, tc.want[i], got[i], 1e-6, "element %d of %v", i, tc.x)
+			}
+		})
+	}
 }
