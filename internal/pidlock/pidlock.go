@@ -81,8 +81,9 @@ func ProcessStart(pid int) string {
 	return ""
 }
 
-// GuardStale is how old a takeover's guard file must be to be taken for
-// one a process crashed holding, and removed.
+// GuardStale is how long a takeover waits for another's guard; where
+// the guard is a file made with O_EXCL (not unix), also how old one must
+// be to be taken for one a process crashed holding, and removed.
 const GuardStale = 10 * time.Second
 
 // guardPoll is how often a takeover waits for another's guard.
@@ -94,31 +95,17 @@ const guardPoll = 5 * time.Millisecond
 // may have removed it and made its own in between, and both would then
 // hold it. Setting the lock aside and putting it back if it was not the
 // stale one still leaves a moment with no lock at path, in which a third
-// process takes it. So a takeover holds a guard file of its own (O_EXCL,
+// process takes it. So a takeover holds a guard of its own (holdGuard,
 // one process at a time) and removes the lock only if it still holds
 // stale; a lock made since is another's, and the caller's next attempt
 // finds its holder. It returns nil when there is nothing left to do.
 func TakeOver(path string, stale []byte) error {
 	guard := path + ".takeover"
-	for wait := time.Duration(0); ; wait += guardPoll {
-		f, err := os.OpenFile(guard, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-		if err == nil {
-			f.Close()
-			break
-		}
-		if !errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("take over the stale lock %s: %w", path, err)
-		}
-		if fi, err := os.Stat(guard); err == nil && time.Since(fi.ModTime()) > GuardStale {
-			os.Remove(guard)
-			continue
-		}
-		if wait > GuardStale {
-			return fmt.Errorf("take over the stale lock %s: another process is taking it over (%s stays)", path, guard)
-		}
-		time.Sleep(guardPoll)
+	release, err := holdGuard(guard)
+	if err != nil {
+		return fmt.Errorf("take over the stale lock %s: %w", path, err)
 	}
-	defer os.Remove(guard)
+	defer release()
 	now, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):

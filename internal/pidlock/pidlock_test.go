@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -64,11 +65,30 @@ func TestTakeOverKeepsALiveLock(t *testing.T) {
 // exactly one of them holds it after. Removing it by path, or setting it
 // aside and putting it back, let two hold it (the second removed, or set
 // aside, the lock the first had just made).
+//
+// The guard a takeover holds may itself be left by a process that
+// crashed holding it: the racers that find it take it one at a time too.
+// (Removing a guard that had aged let two proceed: the second removed the
+// guard the first had just made.)
 func TestOneTakesOverAStaleLock(t *testing.T) {
+	for _, crashed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no guard left", true: "a guard left by a crash"}[crashed], func(t *testing.T) {
+			oneTakesOver(t, crashed)
+		})
+	}
+}
+
+func oneTakesOver(t *testing.T, crashed bool) {
 	stale := []byte("stale\n")
 	for round := range 200 {
 		path := filepath.Join(t.TempDir(), "x.lock")
 		require.NoError(t, os.WriteFile(path, stale, 0o644))
+		if crashed {
+			guard := path + ".takeover"
+			require.NoError(t, os.WriteFile(guard, nil, 0o644))
+			old := time.Now().Add(-time.Minute)
+			require.NoError(t, os.Chtimes(guard, old, old))
+		}
 		var wg sync.WaitGroup
 		var held atomic.Int32
 		for i := range 4 {
