@@ -559,6 +559,12 @@ func TestHelpAndFlagMistakes(t *testing.T) {
 	for _, f := range []string{"-lr float", "-seed int", "-metrics string", "-checkpoint-dir string"} {
 		assert.NotContains(t, out, f)
 	}
+	// Nor training's words for the flags it reads otherwise: eval plans
+	// nothing, and takes a checkpoint's params at any batch.
+	for _, s := range []string{"the planner's choice", "chosen by the planner", "continue training", "training data:"} {
+		assert.NotContains(t, out, s)
+	}
+	assert.Contains(t, out, "eval does not plan")
 
 	if testing.Short() {
 		t.Skip("starts the command as a process; skipped with -short")

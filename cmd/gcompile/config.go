@@ -247,14 +247,18 @@ func (c *config) inertFlags(alone bool) []string {
 			reduce = append(reduce, "--"+f)
 		}
 	}
+	shape := "shape"
+	if len(reduce) == 1 {
+		shape = "shapes"
+	}
 	switch {
 	case len(reduce) == 0:
 	case c.Devices == 1:
-		notes = append(notes, fmt.Sprintf("note: %s shape the data-parallel gradient reduction, which one device does not have: not used", strings.Join(reduce, ", ")))
+		notes = append(notes, fmt.Sprintf("note: %s %s the data-parallel gradient reduction, which one device does not have: not used", strings.Join(reduce, ", "), shape))
 	case c.DPSync == "async":
-		notes = append(notes, fmt.Sprintf("note: %s shape the synchronous gradient reduction; asynchronous replicas send theirs to the parameter server: not used", strings.Join(reduce, ", ")))
+		notes = append(notes, fmt.Sprintf("note: %s %s the synchronous gradient reduction; asynchronous replicas send theirs to the parameter server: not used", strings.Join(reduce, ", "), shape))
 	case !c.planning() && c.DP*max(c.EP, 1) == 1:
-		notes = append(notes, fmt.Sprintf("note: %s shape the data-parallel gradient reduction, and with dp·ep = 1 (tp·pp·cp = %d take the devices) there is none: not used", strings.Join(reduce, ", "), c.Devices))
+		notes = append(notes, fmt.Sprintf("note: %s %s the data-parallel gradient reduction, and with dp·ep = 1 (tp·pp·cp = %d take the devices) there is none: not used", strings.Join(reduce, ", "), shape, c.Devices))
 	}
 	if c.logDir != "" && alone {
 		notes = append(notes, "note: --log-dir holds the logs of the processes of a job (gcompile launch, torchrun, srun); this run is one process, whose log is this terminal: not used")
@@ -340,8 +344,8 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 					return
 				}
 				usage := f.Usage
-				if sub == "eval" && f.Name == "eval-batches" {
-					usage = "held-out batches to evaluate, as many as training evaluates by default (0: the whole held-out split of a token dataset)"
+				if u, ok := evalUsage[f.Name]; ok && sub == "eval" {
+					usage = u
 				}
 				shown.Var(f.Value, f.Name, usage)
 				shown.Lookup(f.Name).DefValue = f.DefValue // not the value given before -h
@@ -890,3 +894,15 @@ func (n negated) Set(s string) error {
 }
 
 func (negated) IsBoolFlag() bool { return true }
+
+// evalUsage is how eval reads the training flags whose text says
+// otherwise: eval plans nothing (dp takes the devices the axes given
+// leave), reads only a checkpoint's params, and evaluates its data.
+var evalUsage = map[string]string{
+	"eval-batches": "held-out batches to evaluate, as many as training evaluates by default (0: the whole held-out split of a token dataset)",
+	"tp":           "tensor-parallel degree (0: 1; eval does not plan: dp takes the devices the axes given leave)",
+	"pp":           "pipeline-parallel degree (0: 1; eval does not plan)",
+	"ep":           "expert-parallel degree: mixture-of-experts weights split by expert (0: 1; eval does not plan)",
+	"resume":       "evaluate the params of a training checkpoint: a --checkpoint-dir (its latest complete checkpoint) or one step-N folder in it; any plan, any batch",
+	"data":         "the data whose held-out split is evaluated: a text file or folder, one byte per token (default: the Go standard library sources); or a token dataset PREFIX (PREFIX.bin/.idx); or a blend \"0.3 PREFIX_A 0.7 PREFIX_B\"",
+}

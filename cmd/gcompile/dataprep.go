@@ -43,7 +43,7 @@ const maxPrepareWorkers = 4096
 
 // prepareMain is `gcompile data prepare`.
 func prepareMain(args []string, stdout, stderr io.Writer) error {
-	fs := newSubcommandFlags("data prepare", "--tokenizer T --output-prefix PREFIX INPUT…\n\nINPUT is a text file (one document), a folder (its files, recursively, in name order), or JSON Lines (.jsonl, one document per line; .gz read as gzip).")
+	fs := newSubcommandFlags("data prepare", "--tokenizer T --output-prefix PREFIX INPUT…\n\nINPUT is a text file (one document), a folder (its files, recursively, in name order), or JSON Lines (.jsonl, .ndjson or .json, in a folder too: one document per line, as Megatron-LM reads them; .gz read as gzip).")
 	tok := fs.String("tokenizer", "", "a Hugging Face tokenizer.json, a folder holding one, or GPT-2's vocab.json (with --merges)")
 	merges := fs.String("merges", "", "with --tokenizer vocab.json: GPT-2's merges.txt")
 	out := fs.String("output-prefix", "", "write PREFIX.bin, PREFIX.idx (Megatron-LM's indexed format) and PREFIX.json (what made them)")

@@ -161,8 +161,9 @@ func TestUnusedFlagsAreNoted(t *testing.T) {
 	}{
 		{[]string{"--steps", "3"}, "note: --steps, --max-data-mb shape a training run, and without --run nothing trains: they are not used (add --run to train)"},
 		{[]string{"--devices", "2", "--tp", "2", "--hardware", "h100-sxm"}, "note: --hardware describes the devices the planner prices plans on"},
-		{[]string{"--bucket-mb", "1"}, "note: --bucket-mb shape the data-parallel gradient reduction, which one device does not have: not used"},
-		{[]string{"--devices", "2", "--tp", "2", "--overlap-grad-reduce"}, "note: --overlap-grad-reduce shape the data-parallel gradient reduction, and with dp·ep = 1 (tp·pp·cp = 2 take the devices) there is none: not used"},
+		{[]string{"--bucket-mb", "1"}, "note: --bucket-mb shapes the data-parallel gradient reduction, which one device does not have: not used"},
+		{[]string{"--devices", "2", "--tp", "2", "--overlap-grad-reduce"}, "note: --overlap-grad-reduce shapes the data-parallel gradient reduction, and with dp·ep = 1 (tp·pp·cp = 2 take the devices) there is none: not used"},
+		{[]string{"--bucket-mb", "1", "--overlap-grad-reduce"}, "note: --bucket-mb, --overlap-grad-reduce shape the data-parallel gradient reduction"},
 		{[]string{"--log-dir", t.TempDir()}, "note: --log-dir holds the logs of the processes of a job"},
 		{[]string{"--run", "--steps", "2", "--eval-batches", "-1", "--eval-every", "1"}, "note: --eval-every has no evaluation to space out with --eval-batches -1: not used"},
 		{[]string{"--run", "--steps", "2", "--eval-batches", "-1", "--warmup", "100"}, "note: --warmup 100 is not shorter than --steps 2: the run ends before the learning rate reaches --lr (its last step at 6e-05)"},

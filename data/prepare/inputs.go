@@ -26,6 +26,9 @@ type input struct {
 	size int64 // on disk, so compressed for .gz
 	fmt  format
 	gz   bool
+	// folder is the folder INPUT the file was found in; "" for a file
+	// named on the command line.
+	folder string
 }
 
 // sniffSize is how much of a text file is looked at to tell it from a
@@ -184,6 +187,7 @@ func collectInputs(paths []string, outPrefix string) (collected, error) {
 				c.duplicates++
 				return nil
 			}
+			in.folder = p
 			c.files = append(c.files, in)
 			c.bytes += in.size
 			return nil

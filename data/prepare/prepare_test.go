@@ -231,6 +231,19 @@ func TestRunErrors(t *testing.T) {
 			want:  ErrBadLine, contains: []string{"d.json:1", `the "text" value is not a string`, "read as JSON Lines"},
 		},
 		{
+			name:  "a config file in a folder of text",
+			files: map[string]string{"a.txt": "some text", "package.json": "{\n  \"name\": \"x\"\n}\n"},
+			want:  ErrBadLine, contains: []string{"package.json:1", "a folder's .json and .ndjson files are read as JSON Lines", "move package.json out of ", "or name the text files as INPUTs"},
+		},
+		{
+			name:  "a .json named on its own",
+			files: map[string]string{"d.json": "{\"text\": 3}\n"},
+			prepare: func(t *testing.T, s setup, opt *Options) {
+				opt.Inputs = []string{filepath.Join(s.in, "d.json")}
+			},
+			want: ErrBadLine, contains: []string{"d.json:1", "a .json input is read as JSON Lines, one object per line, as Megatron-LM reads it"},
+		},
+		{
 			name:  "text not UTF-8",
 			files: map[string]string{"d.jsonl": "{\"text\": \"fine\"}\n{\"text\": \"caf\xe9\"}\n"},
 			want:  ErrBadLine, contains: []string{"d.jsonl:2", "not UTF-8", `caf\xe9`},
