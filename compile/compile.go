@@ -98,6 +98,10 @@ func Schedule(c *Config) (*schedule.Schedule, *schedule.Result, error) {
 			if !c.Explicit["schedule"] {
 				what, fill = fmt.Sprintf("--pp %d", c.PP), " to fill its stages"
 			}
+			if share := c.Batch / (max(c.DP, 1) * max(c.EP, 1)); !c.Explicit["microbatches"] && c.MicroBatchSize == 0 && share < c.PP {
+				// fillPipeline found no count: the batch is too small.
+				return nil, nil, fmt.Errorf("%s needs at least %d microbatches%s, and each data-parallel replica's share of --batch %d is %d sequence%s: raise --batch to a multiple of %d, or use --schedule gpipe: %w", what, c.PP, fill, c.Batch, share, map[bool]string{true: "", false: "s"}[share == 1], c.PP*max(c.DP, 1)*max(c.EP, 1), err)
+			}
 			return nil, nil, fmt.Errorf("%s needs at least %d microbatches%s (--microbatches %d; the batch is split into them): %w", what, c.PP, fill, c.Microbatches, err)
 		}
 		return nil, nil, fmt.Errorf("--schedule %s: %w", c.Schedule, err)

@@ -79,9 +79,38 @@ type Config struct {
 
 	Beta1, Beta2, WeightDecay, Clip, LossScale float64
 
+	// FilledMicrobatches says that Validate chose Microbatches, which
+	// was not given, to fill the pipeline (fillPipeline).
+	FilledMicrobatches bool
+
 	// Explicit names the flags the user gave, for rules about flags that
 	// apply only with others (a flag at its default is not "given").
 	Explicit map[string]bool
+}
+
+// fillPipeline gives a pipeline whose microbatches were left out (neither
+// --microbatches nor --micro-batch-size) as many as its schedule needs:
+// the fewest that divide each replica's share of the batch and are at
+// least pp (a multiple of pp for interleaved, Megatron-LM's rule). A
+// pipeline of one microbatch was refused by every schedule but GPipe, so
+// plain --pp 2 did not run; a Megatron-LM user gets microbatches from the
+// batch, not an error. GPipe keeps what it was given. Splitting the batch
+// changes nothing but the order of the gradient sums.
+func (c *Config) fillPipeline() {
+	if c.PP <= 1 || c.Explicit["microbatches"] || c.MicroBatchSize > 0 || c.Microbatches >= c.PP || c.Schedule == "gpipe" {
+		return
+	}
+	replicas := max(c.DP, 1) * max(c.EP, 1)
+	if c.Batch < 1 || c.Batch%replicas != 0 {
+		return
+	}
+	share := c.Batch / replicas
+	for m := c.PP; m <= min(share, MaxMicrobatches); m++ {
+		if share%m == 0 && (c.Schedule != "interleaved" || m%c.PP == 0) {
+			c.Microbatches, c.FilledMicrobatches = m, true
+			return
+		}
+	}
 }
 
 // ErrNotYet marks a valid request that this build cannot carry out yet.
@@ -230,6 +259,7 @@ func (c *Config) Validate() error {
 			c.Microbatches = c.Batch / replicas / mbs
 		}
 	}
+	c.fillPipeline()
 	if c.Microbatches < 1 {
 		bad("--microbatches must be ≥ 1, got %d", c.Microbatches)
 	} else if c.Microbatches > MaxMicrobatches {

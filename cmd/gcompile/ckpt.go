@@ -574,6 +574,8 @@ func exportMain(args []string) error {
 	fs := newSubcommandFlags("export", "CHECKPOINT --out model.safetensors")
 	out := fs.String("out", "", "write the consolidated weights here (.safetensors), and the model's config.json beside them when it declares one (replacing one there)")
 	maxShard := fs.String("max-shard-size", "5GB", "largest shard: a model above it is written as NAME-00001-of-0000N.safetensors and NAME.safetensors.index.json instead of --out itself")
+	tokPath := fs.String("tokenizer", "", "the run's tokenizer (as training took it: a tokenizer.json, a folder holding one, or GPT-2's vocab.json with --merges): checked against the checkpoint's record and written beside the weights as AutoTokenizer reads it, its end and start ids in config.json")
+	tokMerges := fs.String("merges", "", "with --tokenizer vocab.json: GPT-2's merges.txt")
 	path, err := parseSubcommand(fs, args)
 	if err != nil {
 		return err
@@ -615,6 +617,10 @@ func exportMain(args []string) error {
 			return fmt.Errorf("export: %s: the manifest's export_config is not a JSON object (%v): the checkpoint was edited; nothing was written", dir, err)
 		}
 	}
+	tok, err := exportTokenizer(m, *tokPath, *tokMerges, exportCfg)
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
 	trimVocab(ts, m.Plan.VocabTables) // as --save writes them
 	params := len(ts)
 	if ts, err = checkpoint.SplitEach(ts, m.Plan.SaveEach); err != nil {
@@ -632,6 +638,11 @@ func exportMain(args []string) error {
 			return fmt.Errorf("export: the model's config.json beside the weights: %w", err)
 		}
 	}
+	for _, f := range tok.files {
+		if err := checkOutputFile("out", filepath.Join(filepath.Dir(*out), f.Name)); err != nil {
+			return fmt.Errorf("export: the tokenizer's %s beside the weights: %w", f.Name, err)
+		}
+	}
 	stop := removeTempsOnSignal(*out)
 	files, err := checkpoint.SaveSharded(*out, ts, map[string]string{"format": "pt", "producer": "gcompile", "model": m.Model, "step": fmt.Sprint(m.State.Step)}, limit)
 	stop()
@@ -639,15 +650,18 @@ func exportMain(args []string) error {
 		return fmt.Errorf("export: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "exported %d params of %s (step %d) to %v\n", params, m.Model, m.State.Step, files)
+	if err := tok.write(filepath.Dir(*out)); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
 	if exportCfg != nil {
 		cfg, err := writeExportConfig(filepath.Dir(*out), exportCfg, m.Plan.VocabTables)
 		if err != nil {
 			return fmt.Errorf("export: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, "wrote %s (the model's configuration as it declares it, b.ExportConfig)\n", cfg)
-		if m.Plan.Data != "" && !checkpoint.IsTextIdentity(m.Plan.Data) {
+		if tok.files == nil && !trainedOnBytes(m) {
 			// Byte-level text has no tokenizer to copy: its ids are bytes.
-			fmt.Fprintf(os.Stderr, "note: a checkpoint holds no tokenizer: for from_pretrained, copy the training's tokenizer.json (and tokenizer_config.json) into %s\n", filepath.Dir(*out))
+			fmt.Fprintf(os.Stderr, "note: a checkpoint holds no tokenizer: give export the run's --tokenizer to write it beside the weights, for AutoTokenizer.from_pretrained\n")
 		}
 		return nil
 	}

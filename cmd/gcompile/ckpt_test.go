@@ -601,6 +601,12 @@ func TestExportIsHuggingFaceWeights(t *testing.T) {
 	require.NoError(t, mainErr(gir(t, append(slices.Clone(ckptGPT), "--steps", "4", "--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "2",
 		"--checkpoint-dir", ck, "--save", filepath.Join(dir, "saved.safetensors")))))
 	out := filepath.Join(dir, "model.safetensors")
+	// A run on bytes has no tokenizer to write beside the weights.
+	llama3 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama3")
+	err := mainErr([]string{"export", ck, "--out", out, "--tokenizer", llama3})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--tokenizer "+llama3+": the checkpoint's run trained on bytes, one byte per token")
+	assert.NoFileExists(t, out)
 	require.NoError(t, mainErr([]string{"export", ck, "--out", out}))
 
 	// The export is --save's file of the same weights, tensor for tensor.

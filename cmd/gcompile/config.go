@@ -223,6 +223,10 @@ func (c *config) inertFlags(alone bool) []string {
 	if note := c.ignoredWithoutRun(); note != "" {
 		notes = append(notes, note)
 	}
+	if c.FilledMicrobatches && !c.planning() {
+		// Not a flag's, but a default the user did not choose: said.
+		notes = append(notes, fmt.Sprintf("note: --pp %d splits each step's batch into %d microbatches, the fewest its %s schedule takes (--microbatches pins another count)", c.PP, c.Microbatches, c.Schedule))
+	}
 	if c.run && c.data != "" && !strings.ContainsAny(strings.TrimSpace(c.data), " \t\n") {
 		// --data names a text file or folder and a dataset's files at once.
 		if _, err := os.Stat(c.data); err == nil && isTokenData(c.data) && !strings.HasSuffix(c.data, ".bin") && !strings.HasSuffix(c.data, ".idx") {

@@ -328,6 +328,35 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	var want string
 	require.NoError(t, json.Unmarshal(raw, &want))
 	assert.Equal(t, want, res[0].Text)
+
+	// export --tokenizer writes the run's tokenizer beside the weights as
+	// AutoTokenizer reads it (GPT-2's pair as vocab.json and merges.txt,
+	// unzipped), with its end and start ids in config.json; another
+	// tokenizer is refused before anything is written.
+	out := filepath.Join(dir, "hf", "model.safetensors")
+	err = mainErr([]string{"export", ck, "--out", out, "--tokenizer", otherTok[1], "--merges", otherTok[3]})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is not the tokenizer the checkpoint's run trained with")
+	assert.NoDirExists(t, filepath.Dir(out), "nothing written")
+	log, err := captureStderr(t, func() error { return mainErr([]string{"export", ck, "--out", out}) })
+	require.NoError(t, err)
+	assert.Contains(t, log, "note: a checkpoint holds no tokenizer: give export the run's --tokenizer")
+	log, err = captureStderr(t, func() error { return mainErr([]string{"export", ck, "--out", out, tok[0], tok[1], tok[2], tok[3]}) })
+	require.NoError(t, err)
+	assert.Contains(t, log, "wrote vocab.json, merges.txt in "+filepath.Dir(out))
+	for name, src := range map[string]string{"vocab.json": tok[1], "merges.txt": tok[3]} {
+		gunzipTo(t, src, filepath.Join(dir, "want-"+name))
+		assert.Equal(t, readBytes(t, filepath.Join(dir, "want-"+name)), readBytes(t, filepath.Join(filepath.Dir(out), name)), name)
+	}
+	var cfg map[string]any
+	require.NoError(t, json.Unmarshal(readBytes(t, filepath.Join(filepath.Dir(out), "config.json")), &cfg))
+	assert.EqualValues(t, eos, cfg["eos_token_id"])
+	bos, _ := tk.BOS()
+	assert.EqualValues(t, bos, cfg["bos_token_id"])
+	assert.EqualValues(t, 50257, cfg["vocab_size"])
+	err = mainErr([]string{"export", ck, "--out", out, "--merges", tok[3]})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--merges "+tok[3]+" goes with --tokenizer vocab.json, which was not given")
 }
 
 // On the CUDA backend (the fake GPU: the kernels in the emulator),
@@ -541,4 +570,11 @@ func gunzipTo(t *testing.T, src, dst string) {
 	b, err := io.ReadAll(zr)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(dst, b, 0o644))
+}
+
+func readBytes(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
 }

@@ -457,7 +457,7 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 	require.NoError(t, mainErr(append(slices.Clone(args), "--save", saved, "--checkpoint-dir", ck)))
 	log, err := captureStderr(t, func() error { return mainErr([]string{"export", ck, "--out", exported}) })
 	require.NoError(t, err)
-	assert.Contains(t, log, "copy the training's tokenizer.json", "token data: its tokenizer is to be copied")
+	assert.Contains(t, log, "note: a checkpoint holds no tokenizer: give export the run's --tokenizer", "token data: its tokenizer is to be written beside the weights")
 	man, err := checkpoint.ReadManifest(checkpoint.StepDir(ck, 2))
 	require.NoError(t, err)
 	assert.Equal(t, map[string]int{"wte.weight": 200}, man.Plan.VocabTables)
@@ -479,6 +479,13 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 	require.NoError(t, json.Unmarshal(raw, &cfg))
 	assert.Equal(t, 200.0, cfg["vocab_size"], "config.json counts the rows export wrote, not the padded table's")
 	assert.Nil(t, cfg["eos_token_id"], "token data without a tokenizer has no end token to name")
+	// A tokenizer given to export then is not checked against a record,
+	// but its ids must fit the vocabulary.
+	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
+	err = mainErr([]string{"export", ck, "--out", filepath.Join(dir, "t", "x.safetensors"), "--tokenizer", gpt2})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--tokenizer "+gpt2+" has 50257 ids, and the model's vocabulary 200 rows: it is not the tokenizer its data was prepared with")
+	assert.NoDirExists(t, filepath.Join(dir, "t"))
 	m := runMetrics(t, append(slices.Clone(args), "--load", saved)...)
 	require.Len(t, m.Steps, 2)
 
