@@ -411,6 +411,8 @@ func (c *config) metricsConfig(procs int) map[string]any {
 		"steps": c.steps, "seed": c.seed, "lr": c.lr, "min_lr": c.minLR, "warmup": c.warmup, "set": c.Set,
 		"overlap_grad_reduce": !c.SerialGradReduce, "beta1": c.Beta1, "beta2": c.Beta2, "weight_decay": c.WeightDecay, "clip": c.Clip, "lr_decay": c.decay,
 		"cp_impl": c.CPImpl, "cp_layout": c.CPLayout, "dp_sync": c.DPSync, "staleness": c.Staleness, "loss_scale": c.LossScale,
+		"initial_loss_scale": c.initialLossScale, "compress_activations": c.Compress, "fuse": c.Fuse, "bucket_mb": c.BucketMB,
+		"offload_prefetch": c.OffloadPrefetch, "split": c.split,
 	}
 }
 

@@ -535,6 +535,15 @@ func TestOverlapGradReduceCLI(t *testing.T) {
 	assert.True(t, c.SerialGradReduce)
 	assert.Contains(t, pinFlags(c.Config), "--overlap-grad-reduce=false")
 	assert.Equal(t, false, c.metricsConfig(1)["overlap_grad_reduce"])
+	// Every setting that changes what a step computes or how it moves
+	// data is recorded, not only the axes.
+	c, err = parseArgs(append(append([]string{}, tinyGPT...), "--devices", "2", "--dp", "2", "--bucket-mb", "3", "--fuse", "--compress-activations", "lowp",
+		"--offload", "optimizer", "--offload-prefetch", "2", "--precision", "fp16", "--initial-loss-scale", "1024", "--split", "90,10"))
+	require.NoError(t, err)
+	mc := c.metricsConfig(1)
+	for key, want := range map[string]any{"bucket_mb": 3.0, "fuse": true, "compress_activations": "lowp", "offload_prefetch": 2, "initial_loss_scale": 1024.0, "split": "90,10"} {
+		assert.Equal(t, want, mc[key], key)
+	}
 	_, err = parseArgs(append(append([]string{}, tinyGPT...), "--overlap-grad-reduce=maybe"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "overlap-grad-reduce")
