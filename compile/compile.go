@@ -225,7 +225,7 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 	}
 	if c.DPSync == "async" && m.Source(ir.InputRandomKey) != nil {
 		// Found before the passes and the lowering, not at the first step.
-		return res, fmt.Errorf("--dp-sync async: the model draws random numbers (input %q: MoE noise, jitter or expert dropout), which asynchronous replicas are not fed yet; train it with --dp-sync sync (the default)", ir.InputRandomKey)
+		return res, fmt.Errorf("--dp-sync async with a model that draws random numbers (input %q: MoE noise, jitter or expert dropout): %w (asynchronous replicas are not fed them; train it with --dp-sync sync, the default)", ir.InputRandomKey, ErrNotYet)
 	}
 	res.Passes, err = passes.Run(m, c.PassOptions(), hooks)
 	if err != nil {

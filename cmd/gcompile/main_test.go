@@ -126,7 +126,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--schedule", "fast"}, `--schedule "fast": want gpipe, 1f1b, interleaved, 2bw or zb`},
 		{[]string{"--zero", "2"}, "--zero 2 needs --dp > 1"},
 		{[]string{"--zero", "7"}, "--zero 7: want 0, 1, 2 or 3"},
-		{[]string{"--devices", "4", "--dp", "2", "--pp", "2", "--microbatches", "2", "--schedule", "2bw", "--zero", "1"}, "--zero 1 with --schedule 2bw is not supported"},
+		{[]string{"--devices", "4", "--dp", "2", "--pp", "2", "--microbatches", "2", "--schedule", "2bw", "--zero", "1"}, "--zero 1 with --schedule 2bw: not yet supported (PipeDream-2BW's second copy"},
 		{[]string{"--batch", "6", "--microbatches", "4"}, "--batch 6 must be divisible by dp·microbatches = 4"},
 		{[]string{"--batch", "8", "--devices", "4", "--ep", "4", "--microbatches", "4"}, "--batch 8 must be divisible by dp·ep·microbatches = 1·4·4"},
 		{[]string{"--precision", "fp8"}, `--precision "fp8": want fp32, fp16 or bf16`},

@@ -81,7 +81,8 @@ func TestAsyncRefusesARandomModelBeforeCompiling(t *testing.T) {
 			"--devices", "2", "--dp", "2", "--dp-sync", "async", "--run", "--steps", "1"})
 	})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), `--dp-sync async: the model draws random numbers (input "random_key"`)
+	assert.Contains(t, err.Error(), `--dp-sync async with a model that draws random numbers (input "random_key"`)
+	assert.ErrorIs(t, err, compile.ErrNotYet)
 	assert.Contains(t, err.Error(), "--dp-sync sync")
 	assert.NotContains(t, log, "compiled ")
 }
