@@ -916,6 +916,9 @@ func checkManifest(m *Manifest) error {
 	need := map[string]float64{} // the bytes of the blocks in each file
 	for _, name := range sortedKeys(m.Tensors) {
 		tb := m.Tensors[name]
+		if tb == nil {
+			return fmt.Errorf("%s lists tensor %q as null, not a tensor's record: %w", ManifestName, name, ErrCorrupt)
+		}
 		if _, ok := dtypeSizes[tb.DType]; !ok || tb.Kind != lower.Param.String() && tb.Kind != lower.State.String() {
 			return fmt.Errorf("tensor %q: dtype %q, kind %q: %w", name, tb.DType, tb.Kind, ErrCorrupt)
 		}

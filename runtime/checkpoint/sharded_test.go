@@ -545,6 +545,7 @@ func TestManifestStateAndFilesAreChecked(t *testing.T) {
 		{"an optimizer step past the step", func(m *Manifest) { m.State.Step, m.State.OptStep = 4, 5 }, "optimizer step 5 is past step 4"},
 		{"a zero loss scale", func(m *Manifest) { m.State.LossScale = &runtime.ScalerState{Scale: 0, Dynamic: true} }, "loss scale 0 after 0 clean steps"},
 		{"a negative clean count", func(m *Manifest) { m.State.LossScale = &runtime.ScalerState{Scale: 1024, Clean: -1} }, "after -1 clean steps"},
+		{"a null tensor", func(m *Manifest) { m.Tensors["adam.m/w"] = nil }, `lists tensor "adam.m/w" as null, not a tensor's record`},
 		{"a file no block uses", func(m *Manifest) { m.Files["rank-00002.safetensors"] = Sum{Bytes: 8, CRC32C: "00000000"} },
 			`lists file "rank-00002.safetensors", which holds no block of any tensor`},
 	} {
