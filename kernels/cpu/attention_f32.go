@@ -132,6 +132,9 @@ type attScratch32 struct {
 	s, dp  []float32 // bqp × bkp (+ slack): scores, then p or ds; dout·vᵀ
 	acc    []float32 // accRows × hdp
 	m, l   []float64 // per query row: running max and sum, or lse and D
+	// mx is each row's reference score before the scale: m is mx·scale
+	// (softmaxRows).
+	mx []float32
 }
 
 var attPool = sync.Pool{New: func() any { return new(attScratch32) }}
@@ -157,6 +160,7 @@ func (a *att32) scratch() *attScratch32 {
 		sc.m, sc.l = make([]float64, a.bqp), make([]float64, a.bqp)
 	}
 	sc.m, sc.l = sc.m[:a.bqp], sc.l[:a.bqp]
+	sc.mx = grow32(sc.mx, a.bqp)
 	return sc
 }
 
@@ -331,23 +335,49 @@ func (a *att32) softmaxRows(sc *attScratch32, acc []float32, store bool, i0, row
 			continue
 		}
 		if math.IsInf(m[r], -1) {
+			sc.mx[r] = row[0]
 			m[r] = float64(row[0]) * a.scale
 			if math.IsInf(m[r], 0) || m[r] != m[r] {
 				// A reference that is not finite would make NaNs of
 				// finite scores: take the max, as the float64 kernel does.
-				m[r] = float64(rowMax32(row[:n])) * a.scale
+				sc.mx[r] = rowMax32(row[:n])
+				m[r] = float64(sc.mx[r]) * a.scale
 			}
 		}
 		sum := 0.0
+		moved := false
 		for c := 0; ; {
-			part, stop := expRowBounded(row[c:n], ka, m[r]*expK, store)
+			var part float64
+			var stop int
+			if b := m[r] * expK; math.Abs(b) < hugeExponent {
+				part, stop = expRowBounded(row[c:n], ka, b, store)
+			} else {
+				part, stop = expRowAbout(row[c:n], ka, float64(sc.mx[r]), store)
+			}
 			sum += part
 			if c += stop; c == n {
 				break
 			}
+			if moved {
+				// The reference is already the largest score left, so
+				// none lies e¹⁶ above it but by rounding: at a scale near
+				// float64's range (1e20 times the scores) x·ka − m·expK
+				// is off by more than that. row[c] is at the reference.
+				// Moving again would find the same reference, and looped
+				// for ever.
+				if store {
+					row[c] = 1
+				}
+				sum++
+				if c++; c == n {
+					break
+				}
+				continue
+			}
 			// row[c] is far above the reference: move it to the largest
 			// score left, and rescale what was summed (and stored) so far.
-			mNew := float64(rowMax32(row[c:n])) * a.scale
+			sc.mx[r] = rowMax32(row[c:n])
+			mNew := float64(sc.mx[r]) * a.scale
 			alpha := math.Exp(m[r] - mNew)
 			sum *= alpha
 			l[r] *= alpha
@@ -358,6 +388,7 @@ func (a *att32) softmaxRows(sc *attScratch32, acc []float32, store bool, i0, row
 				scaleRow(acc[r*hdp:r*hdp+hd], float32(alpha))
 			}
 			m[r] = mNew
+			moved = true
 		}
 		l[r] += sum
 		if store {
@@ -379,6 +410,33 @@ func expRowBounded(row []float32, ka, b float64, store bool) (sum float64, stop 
 	const lim = expSlack * expK
 	for c, x := range row {
 		y := float64(x)*ka - b
+		if y > lim {
+			return sum, c
+		}
+		p := float32(exp2N(y))
+		if store {
+			row[c] = p
+		}
+		sum += float64(p)
+	}
+	return sum, len(row)
+}
+
+// hugeExponent is the size of m·expK past which x·ka − m·expK, a
+// difference of two products that large, is off by more than the
+// exponent's own resolution (2⁴⁰'s ulp is 2⁻¹²): the scores times a
+// scale near float64's range, as a diverging run makes them.
+// expRowAbout subtracts before it scales there, so that the reference
+// itself is at exactly e⁰.
+const hugeExponent = 1 << 40
+
+// expRowAbout is expRowBounded with the reference given before the scale
+// (mx, m = mx·scale): y = (x − mx)·ka, whose difference of two float32
+// values is exact in float64.
+func expRowAbout(row []float32, ka, mx float64, store bool) (sum float64, stop int) {
+	const lim = expSlack * expK
+	for c, x := range row {
+		y := (float64(x) - mx) * ka
 		if y > lim {
 			return sum, c
 		}

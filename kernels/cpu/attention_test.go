@@ -5,6 +5,7 @@ import (
 	"math"
 	goruntime "runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -317,6 +318,42 @@ func TestAttentionWideScores(t *testing.T) {
 			requireClose(t, wdk, dk, 1e-5, "dk")
 			requireClose(t, wdv, dv, 1e-5, "dv")
 		})
+	}
+}
+
+// A scale near float64's range (1e20 times the scores) makes the forward
+// a hard max: each row's weight goes to its largest scores, shared among
+// ties. It used to loop for ever: the rounding of x·scale against the
+// row's reference put a score e¹⁶ past a reference that was already the
+// largest left.
+func TestAttentionHugeScaleEnds(t *testing.T) {
+	c := attCase{batch: 1, heads: 2, kv: 1, sq: 40, sk: 40, hd: 4, causal: true}
+	d := c.dims()
+	r := newRand(700)
+	ints := func(n int) []float32 {
+		x := randVec[float32](r, n, -2, 2)
+		for i := range x {
+			x[i] = float32(math.Round(float64(x[i])))
+		}
+		return x
+	}
+	q, k, v := ints(d.qLen()), ints(d.kvLen()), randVec[float32](r, d.kvLen(), -1, 1)
+	bq, bk, _ := blocks[float32](c)
+	for _, scale := range []float64{1e20, 1e30, 1e300} {
+		d.Scale = scale
+		out := make([]float32, d.qLen())
+		done := make(chan struct{})
+		go func() {
+			attentionForward(out, nil, q, k, v, d, bq, bk, true)
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("scale %g: the forward did not end", scale)
+		}
+		want, _, _, _ := attRef(d, to64(q), to64(k), to64(v), make([]float64, d.qLen()))
+		requireClose(t, want, out, 1e-5, fmt.Sprintf("out at scale %g", scale))
 	}
 }
 
