@@ -7,6 +7,7 @@
 package cpu
 
 import (
+	"errors"
 	"fmt"
 	"time"
 	"unsafe"
@@ -139,9 +140,30 @@ func (d *Device) Forward() error {
 	return d.exec(d.prog.ForwardEnd)
 }
 
-func (d *Device) exec(n int) error {
+// ErrMalformed marks an instruction whose buffers do not fit its kernel,
+// which only a program edited by hand reaches.
+var ErrMalformed = errors.New("malformed instruction: its buffers do not fit its kernel (was a .gir edited after the shard pass? each placement is checked on its own, not how they flow through the ops)")
+
+func (d *Device) exec(n int) (err error) {
+	at := -1
+	defer func() {
+		// A kernel's own check (operand lengths, ranks) failing is an
+		// error naming the instruction, not a crash of every device's
+		// goroutine: the lowering only builds what fits, so it meets a
+		// program whose placements were edited inconsistently (a .gir
+		// after the shard pass, whose verifier checks each placement on
+		// its own, not how they flow through the ops).
+		if p := recover(); p != nil {
+			where := "before the first instruction"
+			if at >= 0 {
+				where = d.prog.Instrs[at].Value.Where()
+			}
+			err = fmt.Errorf("%s: %v: %w", where, p, ErrMalformed)
+		}
+	}()
 	d.peak.Start()
 	for i, f := range d.run[:n] {
+		at = i
 		in := &d.prog.Instrs[i]
 		d.peak.Issue(i)
 		var start time.Time

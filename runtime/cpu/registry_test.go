@@ -255,3 +255,36 @@ func TestCastBetweenEveryWideDType(t *testing.T) {
 		})
 	}
 }
+
+// A kernel's own check failing at run time (operands of other lengths
+// than its result, as a .gir whose placements were edited after the
+// shard pass makes them) is an error naming the instruction, wrapping
+// ErrMalformed, not a panic of the device's goroutine.
+func TestMalformedInstructionIsAnError(t *testing.T) {
+	m, err := ir.Parse("bad.gir", `gir 1
+module "bad"
+%0 = state : f32[2,3] {name="x"} @bad.go:1
+%1 = state : f32[2,3] {name="y"} @bad.go:2
+%2 = add %0, %1 : f32[2,3] @bad.go:3
+update %1 = %2
+`)
+	require.NoError(t, err)
+	p, err := lower.Lower(m)
+	require.NoError(t, err)
+	var add *lower.Instr
+	for i := range p.Instrs {
+		if p.Instrs[i].Op == "add" {
+			add = &p.Instrs[i]
+		}
+	}
+	require.NotNil(t, add)
+	// The operand x is read as 3 elements where the result has 6.
+	x := &p.Buffers[add.Args[0]]
+	x.Bytes /= 2
+	x.Type.Shape = ir.Shape{3}
+	d, err := cpu.Load(p, cpu.Options{})
+	require.NoError(t, err)
+	assert.NotPanics(t, func() { err = d.Step() })
+	require.ErrorIs(t, err, cpu.ErrMalformed)
+	assert.Contains(t, err.Error(), "%2 add @bad.go:3")
+}
