@@ -295,7 +295,9 @@ func scalarFields(h *Hardware) map[string]reflect.Value {
 func LoadFile(path string) (*Hardware, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadHardware, err)
+		// Not a bad description but none: the file's error says why
+		// (fs.ErrNotExist stays reachable), under ErrUnknownHardware.
+		return nil, fmt.Errorf("%w: %w (a hardware file is a JSON object, as --save-hardware writes one; or name a preset: %s)", ErrUnknownHardware, err, strings.Join(Presets(), ", "))
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, fmt.Errorf("%w: %s: the file is empty (a hardware file is a JSON object, as --save-hardware writes one)", ErrBadHardware, path)

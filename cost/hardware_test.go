@@ -3,6 +3,7 @@ package cost
 import (
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -70,7 +71,9 @@ func TestLoadFile(t *testing.T) {
 			t.Errorf("%s: got %v, want ErrBadHardware with %q", c.name, err, c.want)
 		}
 	}
-	if _, err := Load(filepath.Join(dir, "missing.json")); !errors.Is(err, ErrBadHardware) {
+	// A file that is not there is no description, bad or good: unknown
+	// hardware, the file's error kept.
+	if _, err := Load(filepath.Join(dir, "missing.json")); !errors.Is(err, ErrUnknownHardware) || !errors.Is(err, fs.ErrNotExist) || errors.Is(err, ErrBadHardware) {
 		t.Errorf("missing file: got %v", err)
 	}
 }
