@@ -608,13 +608,13 @@ func (h *Hardware) Refine(progs []*lower.Program, events []runtime.TraceEvent) (
 	ceiling := launchCeiling(progOf, ms)
 	cur, counts, opSamples := h.fitFrom(progOf, ms, ceiling)
 	alt, altCounts, altSamples := traceStart(h, progOf, ms, ceiling).fitFrom(progOf, ms, ceiling)
-	after, fromPreset := cur.logErrors(progOf, ms)
-	if altAfter, fromTrace := alt.logErrors(progOf, ms); fromTrace < fromPreset-1e-12 {
-		cur, counts, opSamples, after = alt, altCounts, altSamples, altAfter
+	_, fromPreset := cur.logErrors(progOf, ms)
+	if _, fromTrace := alt.logErrors(progOf, ms); fromTrace < fromPreset-1e-12 {
+		cur, counts, opSamples = alt, altCounts, altSamples
 	}
 	bounded := cur.boundRefined(figuresOf(h, progOf, ms, ceiling), opSamples)
 	cur.keep(h)
-	after, _ = cur.logErrors(progOf, ms)
+	after, _ := cur.logErrors(progOf, ms)
 	rep := &RefineReport{Instructions: len(ms), Steps: steps}
 	param := func(key string, before, after float64, n int, why string) {
 		if h.given[key] {

@@ -277,7 +277,7 @@ func (w weigher) nucleusAll(n int, p float64) []int {
 	// items[:lo] are kept, of mass got; the end of the nucleus is in
 	// items[lo:hi]; items[hi:] rank below it.
 	lo, hi, got := 0, len(items), 0.0
-	end := len(items)
+	var end int
 	for {
 		if hi-lo <= 16 {
 			r := items[lo:hi]
