@@ -32,7 +32,7 @@ func TestPlanFlagsBadValues(t *testing.T) {
 		want []string
 	}{
 		{"unknown preset", []string{"--plan", "--hardware", "tpu-v9"}, []string{`--hardware "tpu-v9"`, "unknown hardware", "a100-80g"}},
-		{"missing file", []string{"--plan", "--hardware", filepath.Join(dir, "none.json")}, []string{"bad hardware description", "none.json"}},
+		{"missing file", []string{"--plan", "--hardware", filepath.Join(dir, "none.json")}, []string{"unknown hardware: open " + filepath.Join(dir, "none.json") + ": no such file or directory", "or name a preset: a100-40g"}},
 		{"bad file", []string{"--plan", "--hardware", bad}, []string{"missing ", "vector_tflops", "a hardware file gives every figure"}},
 		{"empty hardware", []string{"--plan", "--hardware", ""}, []string{"--hardware given an empty value"}},
 		{"a folder as hardware", []string{"--plan", "--hardware", dir}, []string{"a folder, neither a preset (a100-40g"}},

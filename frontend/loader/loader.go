@@ -386,7 +386,11 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 	switch {
 	case rerr == nil:
 		l.copyOutput(outFile, -1)
-		return parseResult(result)
+		out, err := parseResult(result)
+		if err != nil {
+			err = errors.New(inFolder(err.Error(), filepath.Dir(name)))
+		}
+		return out, err
 	case !errors.Is(rerr, fs.ErrNotExist):
 		return nil, fmt.Errorf("reading the model driver's result: %w", rerr)
 	case ctx.Err() != nil:
@@ -403,6 +407,33 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 		return nil, te
 	}
 	return nil, l.explainExit(name, runErr, outFile)
+}
+
+// inFolder gives the lines of a DSL error that start with a position in
+// the model's folder that folder, as name (the path the user gave) has
+// it: the module records positions by file name, the same wherever the
+// file lies, while the go command's errors give the path, so that both
+// read alike and an editor opens either. Positions inside a line (an
+// op's "@model.go:12") are left as the module has them.
+func inFolder(msg, dir string) string {
+	if dir == "." {
+		return msg
+	}
+	lines := strings.Split(msg, "\n")
+	for i, line := range lines {
+		file, rest, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasSuffix(file, ".go") || strings.ContainsAny(file, `/\ `) {
+			continue
+		}
+		digits := len(rest) - len(strings.TrimLeft(rest, "0123456789"))
+		if digits == 0 || !strings.HasPrefix(rest[digits:], ":") {
+			continue // not FILE:LINE: …
+		}
+		if fi, err := os.Stat(filepath.Join(dir, file)); err == nil && fi.Mode().IsRegular() {
+			lines[i] = filepath.Join(dir, file) + ":" + rest
+		}
+	}
+	return strings.Join(lines, "\n")
 }
 
 // parseResult splits the driver's result file into its status and payload.

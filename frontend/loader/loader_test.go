@@ -179,7 +179,9 @@ func TestLoadReportsWhatTheModelDid(t *testing.T) {
 			outHas:    []string{"hello on stdout\n"},
 			outHasNot: []string{"panic"},
 		},
-		{name: "DSL error", mode: "5", wantErr: fmt.Sprintf("model.go:%d: mode 5 fails", lineOf(t, behaveSrc, "mode 5 fails"))},
+		// The module names the file; the error names it as the go
+		// command's errors do, by the path given.
+		{name: "DSL error", mode: "5", wantErr: fmt.Sprintf("%s:%d: mode 5 fails", name, lineOf(t, behaveSrc, "mode 5 fails"))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -540,4 +542,18 @@ func TestCrashReportKeepsTheFirstGoroutine(t *testing.T) {
 	assert.Equal(t, "fatal error: runtime: out of memory\n\nruntime stack:\nruntime.throw(...)\n\ngoroutine 1 [running]:\nmain.Model(...)\n\tmodel.go:12 +0x1\n… (2 more goroutines)", got)
 	one := "panic: boom\n\ngoroutine 1 [running]:\nmain.Model()\n"
 	assert.Equal(t, one, firstGoroutine(one))
+}
+
+// A DSL error's lines that start with a position in the model's folder
+// read as the go command's errors do, with the folder as the user gave
+// the path; other lines, positions inside a line, and names of files not
+// in the folder are left alone.
+func TestDSLErrorsNameTheModelsFolder(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "model.go"), []byte("package m\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "layers.go"), []byte("package m\n"), 0o644))
+	msg := "model.go:12: matmul: inner dims differ\nlayers.go:3: reshape: %5 @model.go:7 changes the count\nother.go:4: not here\nmodel.go: no line\nmodel.go:x: not a line\n2 errors"
+	want := filepath.Join(dir, "model.go") + ":12: matmul: inner dims differ\n" + filepath.Join(dir, "layers.go") + ":3: reshape: %5 @model.go:7 changes the count\nother.go:4: not here\nmodel.go: no line\nmodel.go:x: not a line\n2 errors"
+	assert.Equal(t, want, inFolder(msg, dir))
+	assert.Equal(t, msg, inFolder(msg, "."), "a model in the working folder keeps the names")
 }
