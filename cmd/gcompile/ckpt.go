@@ -643,6 +643,11 @@ func exportMain(args []string) error {
 			return fmt.Errorf("export: the tokenizer's %s beside the weights: %w", f.Name, err)
 		}
 	}
+	if tok.files != nil {
+		if err := tok.checkFolder(filepath.Dir(*out)); err != nil {
+			return fmt.Errorf("export: --tokenizer: %w", err)
+		}
+	}
 	stop := removeTempsOnSignal(*out)
 	files, err := checkpoint.SaveSharded(*out, ts, map[string]string{"format": "pt", "producer": "gcompile", "model": m.Model, "step": fmt.Sprint(m.State.Step)}, limit)
 	stop()

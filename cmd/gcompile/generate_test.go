@@ -343,7 +343,9 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	assert.Contains(t, log, "note: a checkpoint holds no tokenizer: give export the run's --tokenizer")
 	log, err = captureStderr(t, func() error { return mainErr([]string{"export", ck, "--out", out, tok[0], tok[1], tok[2], tok[3]}) })
 	require.NoError(t, err)
-	assert.Contains(t, log, "wrote vocab.json, merges.txt in "+filepath.Dir(out))
+	assert.Contains(t, log, "wrote vocab.json, merges.txt, tokenizer_config.json in "+filepath.Dir(out))
+	assert.JSONEq(t, `{"tokenizer_class": "GPT2Tokenizer"}`, string(readBytes(t, filepath.Join(filepath.Dir(out), "tokenizer_config.json"))),
+		"the pair alone: AutoTokenizer is told its class, not left to config.json's model_type")
 	for name, src := range map[string]string{"vocab.json": tok[1], "merges.txt": tok[3]} {
 		gunzipTo(t, src, filepath.Join(dir, "want-"+name))
 		assert.Equal(t, readBytes(t, filepath.Join(dir, "want-"+name)), readBytes(t, filepath.Join(filepath.Dir(out), name)), name)

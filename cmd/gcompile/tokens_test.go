@@ -480,12 +480,34 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 	assert.Equal(t, 200.0, cfg["vocab_size"], "config.json counts the rows export wrote, not the padded table's")
 	assert.Nil(t, cfg["eos_token_id"], "token data without a tokenizer has no end token to name")
 	// A tokenizer given to export then is not checked against a record,
-	// but its ids must fit the vocabulary.
+	// but its ids must have rows in the padded table; the export keeps a
+	// row for each of them, past the data's classes.
 	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
 	err = mainErr([]string{"export", ck, "--out", filepath.Join(dir, "t", "x.safetensors"), "--tokenizer", gpt2})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "--tokenizer "+gpt2+" has 50257 ids, and the model's vocabulary 200 rows: it is not the tokenizer its data was prepared with")
+	assert.Contains(t, err.Error(), "--tokenizer "+gpt2+" has 50257 ids, and the model's vocabulary table wte.weight only 256 rows: its run read the data without --tokenizer")
 	assert.NoDirExists(t, filepath.Join(dir, "t"))
+	bytesTok := byteLevelTokenizer(t, dir)
+	hf := filepath.Join(dir, "hf", "x.safetensors")
+	log, err = captureStderr(t, func() error { return mainErr([]string{"export", ck, "--out", hf, "--tokenizer", bytesTok}) })
+	require.NoError(t, err)
+	assert.Contains(t, log, "note: export keeps 256 rows of wte.weight, one for each of the tokenizer's ids; the data's ids are below 200")
+	tensors, _, err := checkpoint.Load(hf)
+	require.NoError(t, err)
+	for _, tn := range tensors {
+		if tn.Name == "wte.weight" {
+			assert.Equal(t, []int{256, 64}, tn.Shape, "a row for each of the tokenizer's ids")
+		}
+	}
+	var hfCfg map[string]any
+	require.NoError(t, json.Unmarshal(readBytes(t, filepath.Join(dir, "hf", "config.json")), &hfCfg))
+	assert.EqualValues(t, 256, hfCfg["vocab_size"])
+	// Another tokenizer's file left in the folder would be read beside
+	// the ones written: refused, naming it.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "hf", "vocab.json"), []byte("{}"), 0o644))
+	err = mainErr([]string{"export", ck, "--out", hf, "--tokenizer", bytesTok})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), filepath.Join(dir, "hf")+" holds vocab.json, which is not this tokenizer's: AutoTokenizer would read it beside the files written")
 	m := runMetrics(t, append(slices.Clone(args), "--load", saved)...)
 	require.Len(t, m.Steps, 2)
 
@@ -1034,4 +1056,31 @@ func TestSentenceSplitDatasetSaysBothCounts(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Contains(t, log, fmt.Sprintf("data %s: 60 sequences (30 documents split into sentences; --split and the shuffle count sequences", prefix))
+}
+
+// byteLevelTokenizer writes a byte-level BPE tokenizer.json of the 256
+// byte symbols and no merges (ids 0–255, GPT-2's byte-to-symbol map) into
+// dir and returns its path.
+func byteLevelTokenizer(t *testing.T, dir string) string {
+	t.Helper()
+	vocab := map[string]int{}
+	next := 256
+	for b := range 256 {
+		r := rune(b)
+		if !(b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE && b <= 0xFF) {
+			r = rune(next)
+			next++
+		}
+		vocab[string(r)] = b
+	}
+	raw, err := json.Marshal(map[string]any{
+		"model":         map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{}},
+		"pre_tokenizer": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+		"decoder":       map[string]any{"type": "ByteLevel"},
+		"added_tokens":  []any{},
+	})
+	require.NoError(t, err)
+	path := filepath.Join(dir, "bytes-tokenizer.json")
+	require.NoError(t, os.WriteFile(path, raw, 0o644))
+	return path
 }
