@@ -42,3 +42,22 @@ func TestGuardIsNotTakenFromALiveHolder(t *testing.T) {
 	assert.NoFileExists(t, path)
 	assert.NoFileExists(t, guard)
 }
+
+// Where the file system has no flock (Lustre without it: ENOSYS), the
+// guard is made with O_EXCL instead, and a stale lock is still taken
+// over, once, leaving no guard file behind.
+func TestGuardWithoutFlock(t *testing.T) {
+	old := flock
+	t.Cleanup(func() { flock = old })
+	flock = func(int, int) error { return syscall.ENOSYS }
+	dir := t.TempDir()
+	path := filepath.Join(dir, "x.lock")
+	stale := []byte("stale\n")
+	require.NoError(t, os.WriteFile(path, stale, 0o644))
+	require.NoError(t, TakeOver(path, stale))
+	assert.NoFileExists(t, path)
+	left, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, left, "no guard file left")
+	oneTakesOver(t, false)
+}

@@ -120,3 +120,29 @@ func TakeOver(path string, stale []byte) error {
 	}
 	return nil
 }
+
+// holdExclusive takes the guard file at path by making it with O_EXCL, and
+// returns its release: where there is no flock. A guard older than
+// GuardStale is taken for one a process crashed holding and removed,
+// which a holder stopped that long, or two takeovers that both find it
+// old, defeat; flock (holdGuard) has neither.
+func holdExclusive(path string) (func(), error) {
+	for wait := time.Duration(0); ; wait += guardPoll {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil {
+			f.Close()
+			return func() { os.Remove(path) }, nil
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return nil, err
+		}
+		if fi, err := os.Stat(path); err == nil && time.Since(fi.ModTime()) > GuardStale {
+			os.Remove(path)
+			continue
+		}
+		if wait > GuardStale {
+			return nil, fmt.Errorf("another process is taking it over (%s stays)", path)
+		}
+		time.Sleep(guardPoll)
+	}
+}
