@@ -98,9 +98,22 @@ func Schedule(c *Config) (*schedule.Schedule, *schedule.Result, error) {
 			if !c.Explicit["schedule"] {
 				what, fill = fmt.Sprintf("--pp %d", c.PP), " to fill its stages"
 			}
-			if share := c.Batch / (max(c.DP, 1) * max(c.EP, 1)); !c.Explicit["microbatches"] && c.MicroBatchSize == 0 && share < c.PP {
-				// fillPipeline found no count: the batch is too small.
-				return nil, nil, fmt.Errorf("%s needs at least %d microbatches%s, and each data-parallel replica's share of --batch %d is %d sequence%s: raise --batch to a multiple of %d, or use --schedule gpipe: %w", what, c.PP, fill, c.Batch, share, map[bool]string{true: "", false: "s"}[share == 1], c.PP*max(c.DP, 1)*max(c.EP, 1), err)
+			if !c.Explicit["microbatches"] && c.MicroBatchSize == 0 {
+				// fillPipeline found no count that divides the batch.
+				replicas := max(c.DP, 1) * max(c.EP, 1)
+				share := c.Batch / replicas
+				count := fmt.Sprintf("at least %d", c.PP)
+				if c.Schedule == "interleaved" {
+					count = fmt.Sprintf("a multiple of %d", c.PP)
+				}
+				fix := fmt.Sprintf("raise --batch to a multiple of %d", c.PP*replicas)
+				if strings.HasSuffix(c.Model, ".gir") {
+					fix = fmt.Sprintf("a .gir dump's batch is fixed: dump the model at a batch that is a multiple of %d", c.PP*replicas)
+				}
+				if c.Schedule != "interleaved" {
+					fix += ", or use --schedule gpipe"
+				}
+				return nil, nil, fmt.Errorf("%s needs %s microbatches%s, and none divides each data-parallel replica's share of the batch of %d, %d sequence%s: %s: %w", what, count, fill, c.Batch, share, map[bool]string{true: "", false: "s"}[share == 1], fix, err)
 			}
 			return nil, nil, fmt.Errorf("%s needs at least %d microbatches%s (--microbatches %d; the batch is split into them): %w", what, c.PP, fill, c.Microbatches, err)
 		}

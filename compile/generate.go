@@ -64,7 +64,7 @@ func CheckGenerationPlan(c *Config) error {
 	rule(c.Precision != "" && c.Precision != "fp32", "--precision %s: generation runs in fp32; 16-bit generation is %v", c.Precision, ErrNotYet)
 	rule(c.DPSync == "async", "--dp-sync async: generation has no updates to exchange")
 	rule(c.Offload != "" && c.Offload != "none", "--offload %s: offloaded generation is %v", c.Offload, ErrNotYet)
-	rule(c.Microbatches > 1, "--microbatches %d: generation runs every sequence of the batch in one step", c.Microbatches)
+	rule(c.Microbatches > 1 && !c.FilledMicrobatches, "--microbatches %d: generation runs every sequence of the batch in one step", c.Microbatches)
 	if len(bad) > 0 {
 		return fmt.Errorf("%s", strings.Join(bad, "\n"))
 	}

@@ -137,9 +137,14 @@ func TestGenerateBadInput(t *testing.T) {
 			assert.Empty(t, out.String(), "nothing is generated")
 		})
 	}
+	// A pipeline is refused for itself, not for microbatches it was given
+	// by default (a pipeline's microbatches follow from its schedule).
+	err := runGenerate([]string{gptModel, "--set", set, "--load", w, "--prompt", "a", "--devices", "2", "--pp", "2"}, io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "--microbatches")
 	// A model file that is not there is named as such, not as the prefill
 	// program's failure.
-	err := runGenerate([]string{filepath.Join(t.TempDir(), "nope.go"), "--prompt", "a", "--load", w}, io.Discard, io.Discard)
+	err = runGenerate([]string{filepath.Join(t.TempDir(), "nope.go"), "--prompt", "a", "--load", w}, io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "generate: model file: stat ")
 	assert.NotContains(t, err.Error(), "prefill")
