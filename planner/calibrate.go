@@ -191,6 +191,9 @@ func valueError(err error) error {
 		want = te.Type.String()
 	}
 	if n, ok := strings.CutPrefix(te.Value, "number "); ok {
+		if te.Type.Kind() == reflect.Int && strings.ContainsAny(n, ".eE") {
+			return fmt.Errorf("%s is %s, want a whole number", key, n)
+		}
 		return fmt.Errorf("%s: %s is out of range of %s", key, n, want)
 	}
 	return fmt.Errorf("%s is a JSON %s, want %s", key, te.Value, want)

@@ -48,6 +48,8 @@ func TestReadMeasured(t *testing.T) {
 		{"a batch that overflows", `[{"dp": 4, "microbatch_size": 4611686018427387904, "microbatches": 1, "step_ms": 12}]`, nil, "plan 1: microbatch_size × microbatches × dp·ep is past 1073741824 sequences"},
 		{"time as a string", `[{"tp": 1, "step_ms": 5}, {"tp": 1, "step_ms": "NaN"}]`, nil, "plan 2: step_ms is a JSON string, want a number"},
 		{"an axis as a string", `[{"tp": "2", "step_ms": 5}]`, nil, "plan 1: tp is a JSON string, want a whole number"},
+		{"a fraction of an axis", `[{"tp": 2.5, "step_ms": 5}]`, nil, "plan 1: tp is 2.5, want a whole number"},
+		{"an axis past int64", `[{"tp": 99999999999999999999, "step_ms": 5}]`, nil, "plan 1: tp: 99999999999999999999 is out of range of a whole number"},
 		{"a flag as a number", `[{"tp": 2, "sequence_parallel": 1, "step_ms": 5}]`, nil, "plan 1: sequence_parallel is a JSON number, want true or false"},
 		{"a run's axis as a string", `{"config": {"tp": "1", "pp": 1, "dp": 2}, "steps": [{"ms": 90}, {"ms": 12}]}`, nil, "config: tp is a JSON string, want a whole number"},
 		{"time out of range", `[{"tp": 1, "step_ms": 1e400}]`, nil, "plan 1: step_ms: 1e400 is out of range of a number"},

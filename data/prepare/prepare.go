@@ -572,12 +572,13 @@ func (p *pipeline) badLine(b *batch, d docRef, s lineStatus) error {
 		snippet += "…"
 	}
 	hint := ""
-	if in := p.files[d.file]; in.folder != "" && in.fmt == formatJSONL {
+	name := strings.TrimSuffix(strings.ToLower(p.files[d.file].path), ".gz")
+	if in := p.files[d.file]; in.folder != "" && (strings.HasSuffix(name, ".json") || strings.HasSuffix(name, ".ndjson")) {
 		// A folder of text may hold a config file (package.json): it is
 		// read as JSON Lines all the same, since a folder of Megatron
 		// shards named .json is read so too.
 		hint = fmt.Sprintf(" (a folder's .json and .ndjson files are read as JSON Lines, one object per line, as .jsonl ones are; move %s out of %s, or name the text files as INPUTs)", filepath.Base(in.path), in.folder)
-	} else if name := strings.ToLower(in.path); strings.HasSuffix(name, ".json") || strings.HasSuffix(name, ".json.gz") {
+	} else if strings.HasSuffix(name, ".json") {
 		hint = " (a .json input is read as JSON Lines, one object per line, as Megatron-LM reads it)"
 	}
 	return fmt.Errorf("%s: %w: %s%s: %q; skip such lines with --skip-bad-lines, or fix the line",

@@ -214,6 +214,7 @@ func TestRunErrors(t *testing.T) {
 		enc      Encoder
 		want     error
 		contains []string
+		lacks    []string
 	}{
 		{
 			name:  "bad line",
@@ -234,6 +235,13 @@ func TestRunErrors(t *testing.T) {
 			name:  "a config file in a folder of text",
 			files: map[string]string{"a.txt": "some text", "package.json": "{\n  \"name\": \"x\"\n}\n"},
 			want:  ErrBadLine, contains: []string{"package.json:1", "a folder's .json and .ndjson files are read as JSON Lines", "move package.json out of ", "or name the text files as INPUTs"},
+		},
+		{
+			// A shard of JSON Lines in a folder is JSON Lines by name:
+			// no hint to move it out.
+			name:  "a folder's .jsonl with a bad line",
+			files: map[string]string{"a.jsonl": "{\"text\": \"hello\"}\nnot json\n"},
+			want:  ErrBadLine, contains: []string{"a.jsonl:2", "not valid JSON"}, lacks: []string{"move a.jsonl", "read as JSON Lines"},
 		},
 		{
 			name:  "a .json named on its own",
@@ -389,6 +397,9 @@ func TestRunErrors(t *testing.T) {
 			}
 			for _, s := range tc.contains {
 				assert.Contains(t, err.Error(), s)
+			}
+			for _, s := range tc.lacks {
+				assert.NotContains(t, err.Error(), s)
 			}
 			assert.Empty(t, outputs(t, dir, "out"), "nothing under the output names")
 			assert.Empty(t, outputs(t, in, "a.json.tmp"))

@@ -142,7 +142,7 @@ func (d *Device) Forward() error {
 
 // ErrMalformed marks an instruction whose buffers do not fit its kernel,
 // which only a program edited by hand reaches.
-var ErrMalformed = errors.New("malformed instruction: its buffers do not fit its kernel (was a .gir edited after the shard pass? each placement is checked on its own, not how they flow through the ops)")
+var ErrMalformed = errors.New("malformed instruction: its buffers do not fit its kernel (a .gir edited after the shard pass makes such programs, its placements being checked one by one, not as they flow through the ops; from a model.go, it is a bug of gcompile's: please report it with this message)")
 
 func (d *Device) exec(n int) (err error) {
 	at := -1
