@@ -86,6 +86,11 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		}
 	}
 	weights := c.load
+	if c.load != "" && c.tokens != nil {
+		if err := loadedTokenizer(c.load, c.tokens.tok, c.tokenizer); err != nil {
+			return err
+		}
+	}
 	if c.load != "" && j.lead() {
 		note, err := savedModel(c.Config, c.load)
 		if err != nil {

@@ -403,6 +403,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		return err
 	}
 	if g.load != "" {
+		if err := loadedTokenizer(g.load, tx.tok, g.tokenizer); err != nil {
+			return err
+		}
 		note, err := savedModel(g.Config, g.load)
 		if err != nil {
 			return err
@@ -671,11 +674,37 @@ func positionLimit(p *lower.Program) int {
 // text. A run on bytes, or on token data without a tokenizer, recorded
 // none; a tokenizer run given none here is caught by the vocabulary.
 func sameTokenizer(m *checkpoint.Manifest, tok *tokenizer.Tokenizer, flag string) error {
-	_, trained, ok := strings.Cut(m.Plan.Data, ";tokenizer ")
+	return sameTokenizerAs(m.Plan.Data, "the checkpoint's run", tok, flag)
+}
+
+// sameTokenizerAs is sameTokenizer for the data identity a run recorded
+// (whose: the checkpoint's or the weights' run).
+func sameTokenizerAs(data, whose string, tok *tokenizer.Tokenizer, flag string) error {
+	_, trained, ok := strings.Cut(data, ";tokenizer ")
 	if !ok || tok == nil || tok.Fingerprint() == trained {
 		return nil
 	}
-	return fmt.Errorf("--tokenizer %s is not the tokenizer the checkpoint's run trained with (fingerprint %.16s, this one's %.16s): the model's ids would be read as another tokenizer's text; give the run's --tokenizer", flag, trained, tok.Fingerprint())
+	return fmt.Errorf("--tokenizer %s is not the tokenizer %s trained with (fingerprint %.16s, this one's %.16s): the model's ids would be read as another tokenizer's text; give the run's --tokenizer", flag, whose, trained, tok.Fingerprint())
+}
+
+// loadedTokenizer refuses a tokenizer other than the one the --load
+// weights' run trained with, as sameTokenizer does for a checkpoint:
+// --save records the run's data identity in the file's metadata. Weights
+// from elsewhere (an export, Hugging Face's) record none and pass.
+func loadedTokenizer(file string, tok *tokenizer.Tokenizer, flag string) error {
+	if tok == nil || !strings.HasSuffix(file, ".safetensors") {
+		return nil
+	}
+	f, err := checkpoint.Open(file)
+	if err != nil {
+		return nil // named when the weights are loaded
+	}
+	meta := f.Metadata
+	f.Close()
+	if meta["producer"] != "gcompile" {
+		return nil
+	}
+	return sameTokenizerAs(meta["data"], "the weights' run ("+file+")", tok, flag)
 }
 
 // checkpointModel refuses a checkpoint of another model before its

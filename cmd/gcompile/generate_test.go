@@ -294,6 +294,10 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	err = runGenerate(append(append([]string{gptModel, "--resume", ck, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), otherTok...), io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--tokenizer "+filepath.Join(other, "encoder.json")+" is not the tokenizer the checkpoint's run trained with")
+	// The --save weights record it too: --load is refused alike.
+	err = runGenerate(append(append([]string{gptModel, "--load", w, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), otherTok...), io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--tokenizer "+filepath.Join(other, "encoder.json")+" is not the tokenizer the weights' run ("+w+") trained with")
 	// The same tokens without the record of their tokenizer (PREFIX.json).
 	bare := filepath.Join(dir, "bare")
 	for _, ext := range []string{".bin", ".idx"} {
@@ -304,6 +308,9 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	err = mainErr(append(append([]string{"eval", gptModel, "--batch", "4", "--resume", ck, "--data", bare, "--split", "60,40"}, set...), otherTok...))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is not the tokenizer the checkpoint's run trained with")
+	err = mainErr(append(append([]string{"eval", gptModel, "--batch", "4", "--load", w, "--data", bare, "--split", "60,40"}, set...), otherTok...))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is not the tokenizer the weights' run ("+w+") trained with")
 	// And with no tokenizer the classes follow the data's ids: the
 	// tokenizer is named as what to give, not the model file.
 	small := tokenDataset(t, dir, 40, 20, 100, 3)

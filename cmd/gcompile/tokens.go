@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -36,6 +37,9 @@ type tokenData struct {
 	// else its largest id + 1; where says which, for messages.
 	need  int
 	where string
+	// fromData says that need came from the data's largest id alone:
+	// no tokenizer and no record of the one that made the data.
+	fromData bool
 	// maxID is the largest id in any of the datasets.
 	maxID int32
 	// maxFrom says where maxID comes from, for an id past it met later.
@@ -221,6 +225,7 @@ func openTokenData(c *config) (*tokenData, error) {
 		td.need, td.where = metaVocab, metaFrom
 	default:
 		td.need, td.where = int(td.maxID)+1, fmt.Sprintf("the data's largest token id (%d) + 1", td.maxID)
+		td.fromData = true
 	}
 	td.need = max(td.need, int(td.maxID)+1)
 	return td, nil
@@ -283,6 +288,12 @@ func (c *config) applyVocab() error {
 		return nil
 	}
 	v := resumedVocab(c.resume, td.need, c.vocabDivisible, c.TP)
+	if td.fromData && c.run && !c.evalOnly && c.resume == "" && c.Progress != io.Discard {
+		// Megatron-LM sizes the vocabulary from the tokenizer; a
+		// tokenizer's ids past the data's would then have no row, which
+		// generate, eval and export --tokenizer meet later.
+		fmt.Fprintf(os.Stderr, "note: no tokenizer and no record of one (PREFIX.json) gives the vocabulary: it follows %s, padded to %d; give the data's --tokenizer for a model of all its ids\n", td.where, v)
+	}
 	if c.Set == "" {
 		c.Set = "vocab=" + strconv.Itoa(v)
 	} else {
