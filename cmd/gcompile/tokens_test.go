@@ -801,7 +801,7 @@ func TestEvalOfATokenCheckpointWithoutItsDataNamesIt(t *testing.T) {
 	require.NoError(t, mainErr(append(slices.Clone(set), "--data", prefix, "--split", "80,20", "--run", "--steps", "1", "--eval-batches", "1", "--checkpoint-dir", ck)))
 	err := mainErr(append(append([]string{"eval"}, set...), "--resume", ck, "--max-data-mb", "1"))
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "its vocab=384 came from the token data it trained on: give --data PREFIX and --tokenizer as the run did")
+	assert.Contains(t, err.Error(), "its vocab=384 came from the token data it trained on: give the run's --tokenizer (eval: and its --data PREFIX and --split), not --set vocab")
 }
 
 // A cached sample index found damaged is built again, and the summary
@@ -1085,4 +1085,23 @@ func byteLevelTokenizer(t *testing.T, dir string) string {
 	path := filepath.Join(dir, "bytes-tokenizer.json")
 	require.NoError(t, os.WriteFile(path, raw, 0o644))
 	return path
+}
+
+// Weights saved at the data's classes load into any padding of them: a
+// --set that differs in vocab alone, both paddings of the classes, is the
+// same model (another tp pads the vocabulary otherwise), and gets no note.
+func TestPaddedAlike(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		want bool
+	}{
+		{"layers=1,vocab=151680", "layers=1,vocab=151808", true},
+		{"vocab=151680,layers=1", "layers=1,vocab=151680", true},
+		{"layers=1,vocab=151680", "layers=2,vocab=151808", false},
+		{"layers=1,vocab=151680", "layers=1,vocab=151000", false},
+		{"layers=1,vocab=151680", "layers=1", false},
+		{"layers=1,vocab=x", "layers=1,vocab=151680", false},
+	} {
+		assert.Equal(t, tc.want, paddedAlike(tc.a, tc.b, 151669), "%s vs %s", tc.a, tc.b)
+	}
 }
