@@ -533,7 +533,7 @@ func (o *genOutput) finish(ids [][]int32) (int, error) {
 		}
 		switch {
 		case o.g.output == "json":
-			if err := enc.Encode(genResult{Prompt: o.texts[i], PromptIDs: o.prompts[i], IDs: got, Text: s, Stop: stop}); err != nil {
+			if err := enc.Encode(genResult{Prompt: o.texts[i], PromptIDs: o.prompts[i], IDs: got, Text: lossy(s), Stop: stop}); err != nil {
 				return tokens, err
 			}
 		case o.streaming():
@@ -878,4 +878,61 @@ func loadCheckpointParams(dev weightStore, progs []*lower.Program, path string, 
 		return fmt.Errorf("--resume: %w", err)
 	}
 	return loadTensors(dev, progs, ts, "--resume "+dir, ignore, classes)
+}
+
+// lossy is s with each maximal ill-formed part of its UTF-8 (a sequence
+// cut short, a stray continuation byte) as one U+FFFD, as Unicode
+// recommends and Hugging Face's decode (Rust's from_utf8_lossy, Python's
+// errors="replace") gives it. encoding/json would write one for each
+// byte: a character cut after two of its three bytes showed as two.
+func lossy(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r != utf8.RuneError || size > 1 {
+			b.WriteString(s[i : i+size])
+			i += size
+			continue
+		}
+		b.WriteRune(utf8.RuneError)
+		i += maximalSubpart(s[i:])
+	}
+	return b.String()
+}
+
+// maximalSubpart is the length of the ill-formed part that starts p: its
+// lead byte and the continuation bytes that could still have followed it.
+func maximalSubpart(p string) int {
+	c := p[0]
+	lo, hi, total := byte(0x80), byte(0xBF), 0
+	switch {
+	case c >= 0xC2 && c <= 0xDF:
+		total = 2
+	case c == 0xE0:
+		lo, total = 0xA0, 3
+	case c == 0xED:
+		hi, total = 0x9F, 3
+	case c >= 0xE1 && c <= 0xEF:
+		total = 3
+	case c == 0xF0:
+		lo, total = 0x90, 4
+	case c == 0xF4:
+		hi, total = 0x8F, 4
+	case c >= 0xF1 && c <= 0xF3:
+		total = 4
+	default:
+		return 1
+	}
+	n := 1
+	for n < total && n < len(p) {
+		x := p[n]
+		if n == 1 && (x < lo || x > hi) || n > 1 && (x < 0x80 || x > 0xBF) {
+			break
+		}
+		n++
+	}
+	return n
 }
