@@ -386,8 +386,28 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 			err = derr
 		}
 	}
-	if err != nil {
-		return err
+	for {
+		// The prefill's logits are [batch·longest prompt, vocab]: all the
+		// prompts of a real vocabulary together may not fit (the device
+		// memory given, or the machine's on the CPU backend, where the
+		// prefill and decode programs are checked together) where a few
+		// at a time do. Without --batch, fewer a step, said; with it, the
+		// refusal names the figures.
+		if err == nil && g.backend == "cpu" {
+			err = g.checkHostMemory(gen)
+		}
+		if err == nil {
+			break
+		}
+		if g.batch > 0 || batch <= dp || !errors.Is(err, lower.ErrDoesNotFit) {
+			return err
+		}
+		smaller := max(batch/2/dp*dp, dp)
+		what, _, _ := strings.Cut(err.Error(), "\n")
+		fmt.Fprintf(stderr, "generate: %d prompts a step do not fit (%s); %d a step instead (--batch sets it)\n", batch, what, smaller)
+		batch = smaller
+		g.Batch = batch
+		gen, err = compile.CompileGeneration(&g.Config, nil, batch, longest, context, passes.Hooks{})
 	}
 	if limit := positionLimit(gen.Decode); limit > 0 && context > limit {
 		if g.context > need {
@@ -549,6 +569,19 @@ func (o *genOutput) finish(ids [][]int32) (int, error) {
 		}
 	}
 	return tokens, nil
+}
+
+// checkHostMemory is the CPU backend's memory check of the prefill and
+// decode programs of every device together, before either is allocated:
+// each cluster, loaded on its own, could check only its own.
+func (g *genConfig) checkHostMemory(gen *compile.Generation) error {
+	var progs []*lower.Program
+	var names []string
+	for r := range gen.Devices() {
+		progs = append(progs, lower.ProgramOf([]*lower.Program{gen.Prefill}, r), lower.ProgramOf([]*lower.Program{gen.Decode}, r))
+		names = append(names, fmt.Sprintf("device %d's prefill", r), fmt.Sprintf("device %d's decode", r))
+	}
+	return cpu.CheckPrograms(progs, names, cpu.Options{MemoryCap: g.MemLimit})
 }
 
 // loadGeneration loads the prefill and decode programs on the backend,

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/data/tokenizer"
+	"gcompile/lower"
 	"gcompile/runtime/checkpoint"
 	"gcompile/runtime/cuda/fakegpu"
 )
@@ -605,4 +606,31 @@ func TestLossyAsHuggingFace(t *testing.T) {
 	} {
 		assert.Equal(t, want, lossy(in), "%q", in)
 	}
+}
+
+// Prompts that do not fit memory all together (the prefill's logits are
+// batch × longest prompt × vocab) are generated fewer a step when --batch
+// is left out, said, with the tokens all at once would give; with
+// --batch given, the refusal stands.
+func TestGenerateFitsFewerPromptsAStep(t *testing.T) {
+	w := filepath.Join(tinyWeights(t), "w.safetensors")
+	prompts := filepath.Join(t.TempDir(), "p.txt")
+	require.NoError(t, os.WriteFile(prompts, []byte("aaaa\nbbbb\ncccc\ndddd\n"), 0o644))
+	args := []string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--load", w, "--prompt-file", prompts, "--max-new-tokens", "3", "--seed", "5"}
+	want := generateJSON(t, args...)
+	require.Len(t, want, 4)
+	var out, log bytes.Buffer
+	require.NoError(t, runGenerate(append(slices.Clone(args), "--device-memory", "100KiB", "--output", "json"), &out, &log))
+	assert.Contains(t, log.String(), "generate: 4 prompts a step do not fit (out of device memory: prefill")
+	assert.Contains(t, log.String(), "2 a step instead (--batch sets it)")
+	var got []genResult
+	dec := json.NewDecoder(&out)
+	for dec.More() {
+		var r genResult
+		require.NoError(t, dec.Decode(&r))
+		got = append(got, r)
+	}
+	assert.Equal(t, want, got, "the same tokens, fewer prompts a step")
+	err := runGenerate(append(slices.Clone(args), "--device-memory", "100KiB", "--batch", "4"), io.Discard, io.Discard)
+	require.ErrorIs(t, err, lower.ErrDoesNotFit)
 }

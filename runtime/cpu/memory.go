@@ -63,6 +63,16 @@ func checkBuffers(p *lower.Program) error {
 	return nil
 }
 
+// CheckPrograms is the check NewCluster makes before it allocates, for
+// programs that one process loads into clusters of their own (a
+// generation's prefill and decode programs, each on every device): all
+// their arenas must fit the machine together, and a cluster loaded
+// after another could only check its own. progs[i] runs on the device
+// called names[i].
+func CheckPrograms(progs []*lower.Program, names []string, opts Options) error {
+	return checkMemory(progs, names, opts)
+}
+
 // checkMemory refuses to load progs[i] on the device called names[i]
 // (one entry per device this process is about to load) when an arena
 // exceeds the device cap or a buffer lies outside its arena, or when all
