@@ -16,6 +16,7 @@ const (
 	lineNoKey                       // an object without the key
 	lineNotString                   // the key holds a number, null, an array or an object
 	lineNotUTF8                     // the string under the key holds bytes that are not UTF-8
+	lineSurrogate                   // the string under the key escapes half of a surrogate pair alone
 )
 
 // jsonField is the string under key in line, a JSON object, as
@@ -62,11 +63,65 @@ func jsonField(line []byte, key string) ([]byte, lineStatus) {
 	if bytes.IndexByte(raw, '\\') < 0 {
 		return raw, lineOK
 	}
+	if loneSurrogate(raw) {
+		// encoding/json would decode it to U+FFFD in silence: text as
+		// broken as bytes that are not UTF-8.
+		return nil, lineSurrogate
+	}
 	var s string
 	if err := json.Unmarshal(line[vStart:vEnd], &s); err != nil {
 		return nil, lineNotJSON // unreachable for a line json.Valid accepted
 	}
 	return []byte(s), lineOK
+}
+
+// loneSurrogate says whether raw, a JSON string's contents, escapes a
+// UTF-16 surrogate that is not half of a pair (\ud800 alone), which
+// stands for no character. Python's json keeps it in the str, and a
+// Hugging Face tokenizer then refuses the text.
+func loneSurrogate(raw []byte) bool {
+	hex4 := func(i int) (rune, bool) {
+		if i+6 > len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
+			return 0, false
+		}
+		var r rune
+		for _, c := range raw[i+2 : i+6] {
+			var d byte
+			switch {
+			case c >= '0' && c <= '9':
+				d = c - '0'
+			case c >= 'a' && c <= 'f':
+				d = c - 'a' + 10
+			case c >= 'A' && c <= 'F':
+				d = c - 'A' + 10
+			default:
+				return 0, false
+			}
+			r = r<<4 | rune(d)
+		}
+		return r, true
+	}
+	for i := 0; i < len(raw); {
+		if raw[i] != '\\' {
+			i++
+			continue
+		}
+		r, ok := hex4(i)
+		switch {
+		case !ok:
+			i += 2 // another escape
+		case r >= 0xD800 && r <= 0xDBFF:
+			if lo, ok := hex4(i + 6); !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return true
+			}
+			i += 12
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return true
+		default:
+			i += 6
+		}
+	}
+	return false
 }
 
 // keyEquals says whether quoted, a JSON string with its quotes, is key.
@@ -152,6 +207,8 @@ func (s lineStatus) describe(key string) string {
 		return "the " + quote(key) + " value is not a string"
 	case lineNotUTF8:
 		return "the " + quote(key) + " value holds bytes that are not UTF-8 (save the file as UTF-8)"
+	case lineSurrogate:
+		return "the " + quote(key) + " value escapes half of a UTF-16 surrogate pair alone (\\ud800 with no \\udc00–\\udfff after it, or the second half alone), which is no character"
 	}
 	return "fine"
 }

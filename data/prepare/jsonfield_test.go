@@ -24,6 +24,12 @@ func TestJSONField(t *testing.T) {
 		{"{\"text\": \"bad utf8 \xff\"}", "", lineNotUTF8},
 		{"{\"text\": \"escaped \\n then bad \xc3\"}", "", lineNotUTF8},
 		{"{\"other\": \"\xff\", \"text\": \"fine\"}", "fine", lineOK},
+		{`{"text": "a\ud800b"}`, "", lineSurrogate},
+		{`{"text": "\udc00"}`, "", lineSurrogate},
+		{`{"text": "\ud800\u0041"}`, "", lineSurrogate},
+		{`{"text": "\ud83d\ude00\ud800"}`, "", lineSurrogate},
+		{`{"text": "\\ud800 is written, not escaped"}`, `\ud800 is written, not escaped`, lineOK},
+		{`{"other": "\ud800", "text": "fine"}`, "fine", lineOK},
 		{`{"text": ""}`, "", lineOK},
 		{`{}`, "", lineNoKey},
 		{`{"text": 1}`, "", lineNotString},
@@ -76,6 +82,12 @@ func FuzzJSONField(f *testing.F) {
 		if raw[0] == '"' && !utf8.Valid(raw) {
 			if status != lineNotUTF8 {
 				t.Fatalf("%q: status %d, want not UTF-8", line, status)
+			}
+			return
+		}
+		if raw[0] == '"' && loneSurrogate(raw[1:len(raw)-1]) {
+			if status != lineSurrogate {
+				t.Fatalf("%q: status %d, want a lone surrogate", line, status)
 			}
 			return
 		}
