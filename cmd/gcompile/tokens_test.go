@@ -133,6 +133,7 @@ func TestTokenDatasetResumeIsBitIdentical(t *testing.T) {
 	assert.Contains(t, err.Error(), "the checkpoint was trained on other data")
 	assert.Contains(t, err.Error(), "split 80,20")
 	assert.Contains(t, err.Error(), "split 70,30")
+	assert.Contains(t, err.Error(), ": they differ in the split (80,20, this run's 70,30): ", "the part that differs is named")
 }
 
 // A job of two processes (dp2·tp2) on a token dataset trains bit for bit as
@@ -386,6 +387,7 @@ func TestTrainsOnABlend(t *testing.T) {
 	err = mainErr(tokenGPT(t, a, "--steps", "4", "--split", "80,20", "--data", "0.5 "+a+" 0.5 "+b, "--resume", filepath.Join(dir, "ck")))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the checkpoint was trained on other data")
+	assert.Contains(t, err.Error(), ": they differ in the datasets or their blend: ")
 
 	// A held-out split too small for a window is no obstacle when nothing
 	// is evaluated.

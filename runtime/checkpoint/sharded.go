@@ -1364,6 +1364,57 @@ func TextIdentity(train, eval []byte) string {
 	return fmt.Sprintf("%s of %d + %d bytes, sha256 %.16x", textData, len(train), len(eval), h.Sum(nil))
 }
 
+// dataDifference says which parts of two token-data identities differ
+// ("W FP;…;split S;tokenizer T", as the CLI writes them): the datasets or
+// their weights, the split, the tokenizer (or its absence). "" when either
+// is not such an identity (text's), whose hashes say it all.
+func dataDifference(was, is string) string {
+	parts := func(id string) (sets []string, split, tok string, ok bool) {
+		for _, p := range strings.Split(id, ";") {
+			switch {
+			case strings.HasPrefix(p, "split "):
+				split, ok = strings.TrimPrefix(p, "split "), true
+			case strings.HasPrefix(p, "tokenizer "):
+				tok = strings.TrimPrefix(p, "tokenizer ")
+			default:
+				sets = append(sets, p)
+			}
+		}
+		return sets, split, tok, ok
+	}
+	ws, wsplit, wtok, ok1 := parts(was)
+	is2, isplit, itok, ok2 := parts(is)
+	if !ok1 || !ok2 {
+		return ""
+	}
+	short := func(fp string) string {
+		if fp == "" {
+			return "none"
+		}
+		return fmt.Sprintf("%.16s", fp)
+	}
+	var diff []string
+	if !slices.Equal(ws, is2) {
+		diff = append(diff, "the datasets or their blend")
+	}
+	if wsplit != isplit {
+		diff = append(diff, fmt.Sprintf("the split (%s, this run's %s)", wsplit, isplit))
+	}
+	switch {
+	case wtok == itok:
+	case itok == "":
+		diff = append(diff, fmt.Sprintf("the tokenizer: the run had --tokenizer (fingerprint %s), this one none", short(wtok)))
+	case wtok == "":
+		diff = append(diff, "the tokenizer: the run had no --tokenizer, this one has")
+	default:
+		diff = append(diff, fmt.Sprintf("the tokenizer (fingerprint %s, this run's %s)", short(wtok), short(itok)))
+	}
+	if len(diff) == 0 {
+		return ""
+	}
+	return ": they differ in " + strings.Join(diff, ", and ")
+}
+
 // match checks that the checkpoint belongs to this model and run, and
 // holds exactly the params and state the programs have.
 func match(m *Manifest, progs []*lower.Program, ex Expect) error {
@@ -1381,8 +1432,8 @@ func match(m *Manifest, progs []*lower.Program, ex Expect) error {
 	// one, or a caller that does not say) is taken on trust.
 	legacy := func(a, b string) bool { return a == "" && strings.HasPrefix(b, textData) }
 	if m.Plan.Data != ex.Plan.Data && !legacy(m.Plan.Data, ex.Plan.Data) && !legacy(ex.Plan.Data, m.Plan.Data) && !slices.Contains(ex.DataAlso, m.Plan.Data) {
-		return fmt.Errorf("the checkpoint was trained on other data (%s) than this run's (%s): a step's tokens follow from the datasets, blend, --split and tokenizer; resume with the same --data, --split and --tokenizer: %w",
-			orText(m.Plan.Data), orText(ex.Plan.Data), ErrMismatch)
+		return fmt.Errorf("the checkpoint was trained on other data (%s) than this run's (%s)%s: a step's tokens follow from the datasets, blend, --split and tokenizer; resume with the same --data, --split and --tokenizer: %w",
+			orText(m.Plan.Data), orText(ex.Plan.Data), dataDifference(m.Plan.Data, ex.Plan.Data), ErrMismatch)
 	}
 	if ex.ModelFingerprint != "" && m.ModelFingerprint != ex.ModelFingerprint {
 		if set, ok := m.Plan.Flags["set"].(string); ok && set != ex.Set {

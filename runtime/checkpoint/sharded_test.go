@@ -657,3 +657,16 @@ func TestConsolidateRefusesStateOfNoParam(t *testing.T) {
 	m.Tensors["adam.m/v"] = &TensorBlocks{Kind: "state"}
 	assert.ErrorContains(t, checkDerived(m), `tensor "adam.m/v" is optimizer state of no param`)
 }
+
+// A refusal to resume on other token data names the parts that differ.
+func TestDataDifference(t *testing.T) {
+	for _, tc := range []struct{ was, is, want string }{
+		{"1 aa;split 98,2;tokenizer f1", "1 aa;split 98,2;tokenizer f2", ": they differ in the tokenizer (fingerprint f1, this run's f2)"},
+		{"1 aa;split 98,2;tokenizer f1", "1 aa;split 98,2", ": they differ in the tokenizer: the run had --tokenizer (fingerprint f1), this one none"},
+		{"1 aa;split 98,2", "1 aa;split 98,2;tokenizer f1", ": they differ in the tokenizer: the run had no --tokenizer, this one has"},
+		{"0.3 aa;0.7 bb;split 98,2", "0.5 aa;0.5 bb;split 90,10", ": they differ in the datasets or their blend, and the split (98,2, this run's 90,10)"},
+		{"byte-level text of 1 + 2 bytes, sha256 aa", "1 aa;split 98,2", ""},
+	} {
+		assert.Equal(t, tc.want, dataDifference(tc.was, tc.is), "%s vs %s", tc.was, tc.is)
+	}
+}
