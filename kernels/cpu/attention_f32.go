@@ -350,9 +350,9 @@ func (a *att32) softmaxRows(sc *attScratch32, acc []float32, store bool, i0, row
 			var part float64
 			var stop int
 			if b := m[r] * expK; math.Abs(b) < hugeExponent {
-				part, stop = expRowBounded(row[c:n], ka, b, store)
+				part, stop = expRowBounded(row[c:n], ka, 0, b, store)
 			} else {
-				part, stop = expRowAbout(row[c:n], ka, float64(sc.mx[r]), store)
+				part, stop = expRowBounded(row[c:n], ka, float64(sc.mx[r]), 0, store)
 			}
 			sum += part
 			if c += stop; c == n {
@@ -404,12 +404,15 @@ func scaleRow(x []float32, f float32) {
 }
 
 // expRowBounded sets row[c] = e^(row[c]·scale − m), given ka = scale·expK
-// and b = m·expK (exp2N's units), when store is set, and returns their
-// sum, stopping at the first c whose exponent exceeds expSlack.
-func expRowBounded(row []float32, ka, b float64, store bool) (sum float64, stop int) {
+// and the reference m as mx·scale + b/expK (exp2N's units): y = (x − mx)·ka
+// − b. It stores them when store is set and returns their sum, stopping at
+// the first c whose exponent exceeds expSlack. Callers give mx = 0 and
+// b = m·expK, or, where m·expK is huge (hugeExponent), m's score before the
+// scale as mx and b = 0.
+func expRowBounded(row []float32, ka, mx, b float64, store bool) (sum float64, stop int) {
 	const lim = expSlack * expK
 	for c, x := range row {
-		y := float64(x)*ka - b
+		y := (float64(x)-mx)*ka - b
 		if y > lim {
 			return sum, c
 		}
@@ -425,29 +428,10 @@ func expRowBounded(row []float32, ka, b float64, store bool) (sum float64, stop 
 // hugeExponent is the size of m·expK past which x·ka − m·expK, a
 // difference of two products that large, is off by more than the
 // exponent's own resolution (2⁴⁰'s ulp is 2⁻¹²): the scores times a
-// scale near float64's range, as a diverging run makes them.
-// expRowAbout subtracts before it scales there, so that the reference
-// itself is at exactly e⁰.
+// scale near float64's range, as a diverging run makes them. Past it the
+// reference is subtracted before the scale ((x − mx)·ka, a difference of
+// two float32 values, exact in float64), so that it is at exactly e⁰.
 const hugeExponent = 1 << 40
-
-// expRowAbout is expRowBounded with the reference given before the scale
-// (mx, m = mx·scale): y = (x − mx)·ka, whose difference of two float32
-// values is exact in float64.
-func expRowAbout(row []float32, ka, mx float64, store bool) (sum float64, stop int) {
-	const lim = expSlack * expK
-	for c, x := range row {
-		y := (float64(x) - mx) * ka
-		if y > lim {
-			return sum, c
-		}
-		p := float32(exp2N(y))
-		if store {
-			row[c] = p
-		}
-		sum += float64(p)
-	}
-	return sum, len(row)
-}
 
 // expRow sets row[c] = e^(row[c]·scale − shift).
 func expRow(row []float32, scale, shift float64) {
