@@ -54,12 +54,18 @@ func generateJSON(t *testing.T, args ...string) []genResult {
 	t.Helper()
 	var out bytes.Buffer
 	require.NoError(t, runGenerate(append(args, "--output", "json"), &out, io.Discard))
+	return decodeResults(t, &out)
+}
+
+// decodeResults reads --output json's objects, one per prompt.
+func decodeResults(t *testing.T, r io.Reader) []genResult {
+	t.Helper()
 	var res []genResult
-	dec := json.NewDecoder(&out)
+	dec := json.NewDecoder(r)
 	for dec.More() {
-		var r genResult
-		require.NoError(t, dec.Decode(&r))
-		res = append(res, r)
+		var g genResult
+		require.NoError(t, dec.Decode(&g))
+		res = append(res, g)
 	}
 	return res
 }
@@ -623,14 +629,7 @@ func TestGenerateFitsFewerPromptsAStep(t *testing.T) {
 	require.NoError(t, runGenerate(append(slices.Clone(args), "--device-memory", "100KiB", "--output", "json"), &out, &log))
 	assert.Contains(t, log.String(), "generate: 4 prompts a step do not fit (out of device memory: prefill")
 	assert.Contains(t, log.String(), "2 a step instead (--batch sets it)")
-	var got []genResult
-	dec := json.NewDecoder(&out)
-	for dec.More() {
-		var r genResult
-		require.NoError(t, dec.Decode(&r))
-		got = append(got, r)
-	}
-	assert.Equal(t, want, got, "the same tokens, fewer prompts a step")
+	assert.Equal(t, want, decodeResults(t, &out), "the same tokens, fewer prompts a step")
 	err := runGenerate(append(slices.Clone(args), "--device-memory", "100KiB", "--batch", "4"), io.Discard, io.Discard)
 	require.ErrorIs(t, err, lower.ErrDoesNotFit)
 }
