@@ -316,8 +316,9 @@ output " = " = %0
 module "placed"
 mesh dp=2,tp=2,pp=1
 %0 = param : f32[4,8] {name="w" place=[R,S(1),P]}
-%1 = input : f32[4,8] {name="x" place=[S(0),R,R]}
-%2 = add %0, %1 : f32[4,8] {place=[P,P,S(1)] layer=0}
+%1 = input : f32[4,8] {name="x" place=[P,S(1),R]}
+%2 = add %0, %1 : f32[4,8] {place=[R,S(1),S(0)] layer=0}
+%3 = input : f32[4,8] {name="z" place=[S(0),R,R]}
 output "y" = %2
 `,
 		check: func(t *testing.T, m *ir.Module) {

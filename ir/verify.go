@@ -119,7 +119,9 @@ func Verify(m *Module, pass string) error {
 			fail(v, RuleTypeMatch, "declared type %v but the %s rule gives %v", v.Type, v.Op, t)
 			bad[v] = true
 		}
-		checkPlacement(m, v, fail)
+		if checkPlacement(m, v, fail) && !bad[v] && !info.Source {
+			checkLocalShapes(m, v, info, fail)
+		}
 	}
 	outNames := map[string]bool{}
 	for _, o := range m.Outputs {
@@ -157,21 +159,23 @@ func hasNil(vs []*Value) bool {
 	return false
 }
 
-func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...any)) {
+func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...any)) (ok bool) {
 	if v.Place == nil {
 		if _, _, isColl := collectiveFlow(v); isColl {
 			fail(v, RuleCollective, "%s has no placement: a collective changes one, so it needs a mesh and placed values", v.Op)
+			return false
 		}
-		return // replicated on every axis
+		return true // replicated on every axis
 	}
 	if m.Mesh == nil {
 		fail(v, RulePlacement, "placement %v given but the module has no mesh", v.Place)
-		return
+		return false
 	}
 	if len(v.Place) != len(m.Mesh.Axes) {
 		fail(v, RulePlacement, "placement has %d entries for mesh %v", len(v.Place), m.Mesh)
-		return
+		return false
 	}
+	ok = true
 	for i, p := range v.Place {
 		if p.Kind != Shard {
 			continue
@@ -179,16 +183,80 @@ func checkPlacement(m *Module, v *Value, fail func(*Value, string, string, ...an
 		axis := m.Mesh.Axes[i]
 		if p.Dim < 0 || p.Dim >= v.Type.Rank() {
 			fail(v, RulePlacement, "S(%d) on axis %s: %v has no dim %d", p.Dim, axis.Name, v.Type, p.Dim)
+			ok = false
 		} else if axis.Size < 1 {
 			fail(v, RulePlacement, "S(%d) on axis %s: the axis has size %d", p.Dim, axis.Name, axis.Size)
-		} else if parts, ok := MulInt64(int64(axis.Size), int64(p.NumBlocks())); !ok {
+			ok = false
+		} else if parts, fits := MulInt64(int64(axis.Size), int64(p.NumBlocks())); !fits {
 			// Wrapped, the product could be 0: a division panic.
 			fail(v, RulePlacement, "%v on axis %s: %d parts of %d blocks are more than an int64 holds", p, axis.Name, axis.Size, p.NumBlocks())
+			ok = false
 		} else if int64(v.Type.Shape[p.Dim])%parts != 0 {
 			fail(v, RulePlacement, "%v on axis %s: dim size %d is not divisible by %d", p, axis.Name, v.Type.Shape[p.Dim], parts)
+			ok = false
 		}
 	}
 	checkCollective(m, v, fail)
+	return ok
+}
+
+// localRule names the ops whose type rule holds of the blocks one device
+// holds as of the whole values: elementwise ops (not a fused group, whose
+// body may broadcast), reductions (their axes are dims either way) and
+// matmul. Ops whose attributes give global sizes (reshape, broadcast,
+// slice) are not among them.
+func localRule(info *OpInfo) bool {
+	switch info.Name {
+	case "reduce_sum", "reduce_mean", "reduce_max", "matmul":
+		return true
+	}
+	return info.Elementwise && info.Name != FusedOp
+}
+
+// checkLocalShapes checks that an op's operands, as the devices hold
+// them, make the block its result's placement gives each device: the
+// lowering builds each device's program from the placements alone, so an
+// edited .gir whose placements disagree along an op (an operand split
+// where its result is whole) would reach a kernel with buffers of other
+// lengths than it computes.
+func checkLocalShapes(m *Module, v *Value, info *OpInfo, fail func(*Value, string, string, ...any)) {
+	if m.Mesh == nil || !localRule(info) {
+		return
+	}
+	args := make([]Type, len(v.Args))
+	placed := false
+	for i, a := range v.Args {
+		if a.Place != nil && len(a.Place) != len(m.Mesh.Axes) {
+			return // its own placement rule failed
+		}
+		args[i] = Type{DType: a.Type.DType, Shape: LocalShape(a.Type.Shape, a.Place, m.Mesh)}
+		placed = placed || a.Place != nil
+	}
+	if !placed && v.Place == nil {
+		return
+	}
+	want := LocalShape(v.Type.Shape, v.Place, m.Mesh)
+	got, err := info.Infer(args, v.Attrs)
+	if err == nil && got.Shape.Equal(want) {
+		return
+	}
+	var held []string
+	for _, a := range v.Args {
+		held = append(held, fmt.Sprintf("%s %s (a block %v)", ref(a), PlacementString(orReplicated(a.Place, m.Mesh)), LocalShape(a.Type.Shape, a.Place, m.Mesh)))
+	}
+	why := fmt.Sprintf("they make a block %v", got.Shape)
+	if err != nil {
+		why = fmt.Sprintf("as blocks they break its rule: %v", err)
+	}
+	fail(v, RulePlacement, "placed %s, each device holds a block %v, but its operands are %s: %s (placements edited along the op?)",
+		PlacementString(orReplicated(v.Place, m.Mesh)), want, strings.Join(held, ", "), why)
+}
+
+func orReplicated(place []Placement, m *Mesh) []Placement {
+	if place == nil {
+		return Replicated(m)
+	}
+	return place
 }
 
 // collectiveFlow gives, for a collective, the placement its arg must have

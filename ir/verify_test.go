@@ -271,13 +271,32 @@ var verifyCases = []struct {
 		want: `after pass "shard": %2 param @model.go:35: S(0) on axis tp: dim size 8 is not divisible by 3`,
 	},
 	{
+		// Each device runs the kernels on its blocks: an operand whole
+		// where the result is split reaches them with other lengths.
+		name: "placements that disagree along an op",
+		text: strings.Replace(verifyBase, "module \"m\"\n", "module \"m\"\nmesh tp=2\n", 1) +
+			"%2 = neg %0 : f32[4,8] {place=[S(1)]} @model.go:34\n",
+		pass: "shard",
+		rule: ir.RulePlacement,
+		want: `after pass "shard": %2 neg @model.go:34: placed [S(1)], each device holds a block [4,4], but its operands are %0 [R] (a block [4,8]): they make a block [4,8] (placements edited along the op?)`,
+	},
+	{
+		name: "a reduction whose operand is split where its result says whole",
+		text: strings.Replace(verifyBase, "module \"m\"\n", "module \"m\"\nmesh tp=2\n", 1) +
+			"%2 = param : f32[4,8] {name=\"q\" place=[S(1)]} @model.go:34\n" +
+			"%3 = reduce_sum %2 : f32[8] {axes=[0] place=[P]} @model.go:35\n",
+		pass: "shard",
+		rule: ir.RulePlacement,
+		want: `after pass "shard": %3 reduce_sum @model.go:35: placed [P], each device holds a block [8], but its operands are %2 [S(1)] (a block [4,4]): they make a block [4] (placements edited along the op?)`,
+	},
+	{
 		name: "placement on a mesh axis of size 0",
 		text: strings.Replace(verifyBase, "module \"m\"\n", "module \"m\"\nmesh dp=2,tp=2\n", 1) +
-			"%2 = neg %0 : f32[4,8] {place=[R,S(1)]} @model.go:34\n",
+			"%2 = param : f32[4,8] {name=\"q\" place=[R,S(1)]} @model.go:34\n",
 		mutate: func(m *ir.Module) { m.Mesh.Axes[1].Size = 0 },
 		pass:   "shard",
 		rule:   ir.RulePlacement,
-		want:   `after pass "shard": %2 neg @model.go:34: S(1) on axis tp: the axis has size 0`,
+		want:   `after pass "shard": %2 param @model.go:34: S(1) on axis tp: the axis has size 0`,
 	},
 	{
 		name: "collective: all_reduce produces a shard",
@@ -591,7 +610,7 @@ mesh dp=2,tp=4
 %2 = param : f32[3,8] {name="w" place=[R,S(1)]} @model.go:3
 %3 = state : f32[3,8] {name="m" place=[P,R]} @model.go:4
 %4 = scale %2, %0 : f32[3,8] {place=[R,S(1)]} @model.go:5
-%5 = add %3, %4 : f32[3,8] @model.go:6
+%5 = add %3, %3 : f32[3,8] @model.go:6
 output "loss" = %1
 update %3 = %5
 update %2 = %4

@@ -232,10 +232,10 @@ func LowerWith(m *ir.Module, o Options) (*Program, error) {
 	if err := ir.Verify(m, "lower"); err != nil {
 		return nil, err
 	}
+	// ir.Verify checked that every op's operands, as each device holds
+	// them, make its result's block (its checkLocalShapes): the kernels
+	// run on the blocks.
 	b := newBuilder(m.Name, m.Mesh)
-	if err := checkLocalShapes(m, b.local); err != nil {
-		return nil, err
-	}
 	for _, v := range m.Values {
 		b.value(v)
 	}
@@ -267,50 +267,6 @@ func LowerWith(m *ir.Module, o Options) (*Program, error) {
 	planMemory(p)
 	p.SerialBuckets = o.SerialBuckets
 	return p, nil
-}
-
-// localChecked are the ops whose type rule holds on each device's shard
-// as it does on the whole (no attribute names a global dim): a device
-// runs their kernels on the local shapes, so placements that give an
-// argument one local shape and the result another (a .gir whose place
-// attributes were edited) would reach the kernels, which panic on
-// operands of the wrong length.
-var localChecked = map[string]bool{"matmul": true, "add": true, "sub": true, "mul": true, "div": true}
-
-// checkLocalShapes checks that each localChecked op's result, placed as
-// the module says, has the local shape its arguments' local shapes make.
-func checkLocalShapes(m *ir.Module, local func(*ir.Value) ir.Type) error {
-	if m.Mesh == nil {
-		return nil
-	}
-	for _, v := range m.Values {
-		if !localChecked[v.Op] {
-			continue
-		}
-		info, ok := ir.Lookup(v.Op)
-		if !ok {
-			continue
-		}
-		args := make([]*ir.Value, len(v.Args))
-		for i, a := range v.Args {
-			args[i] = &ir.Value{Type: local(a)}
-		}
-		got, err := ir.InferType(info, args, v.Attrs)
-		want := local(v)
-		if err == nil && got.Equal(want) {
-			continue
-		}
-		shapes := make([]string, len(v.Args))
-		for i, a := range v.Args {
-			shapes[i] = fmt.Sprintf("%%%d %v %s", a.ID, a.Place, args[i].Type)
-		}
-		why := fmt.Sprintf("they make %s, and its own placement %v a shard of %s", got, v.Place, want)
-		if err != nil {
-			why = err.Error()
-		}
-		return fmt.Errorf("%s: the placements disagree: on each device its arguments are %s: %s (a .gir whose place attributes were edited?)", v.Where(), strings.Join(shapes, " and "), why)
-	}
-	return nil
 }
 
 // builder turns values into buffers and instructions.

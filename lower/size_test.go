@@ -93,7 +93,7 @@ func TestLoweringRefusesPlacementsThatDisagree(t *testing.T) {
 	}
 	for _, tc := range []struct{ weight, want string }{
 		{"S(1)", ""},
-		{"R", `%2 matmul @model.go:9 (m.gir:6): the placements disagree: on each device its arguments are %0 [R] f32[4,8] and %1 [R] f32[8,6]: they make f32[4,6], and its own placement [S(1)] a shard of f32[4,3]`},
+		{"R", `%2 matmul @model.go:9 (m.gir:6): placed [S(1)], each device holds a block [4,3], but its operands are %0 [R] (a block [4,8]), %1 [R] (a block [8,6]): they make a block [4,6]`},
 	} {
 		m, err := ir.Parse("m.gir", module(tc.weight))
 		require.NoError(t, err)

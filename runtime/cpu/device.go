@@ -142,7 +142,7 @@ func (d *Device) Forward() error {
 
 // ErrMalformed marks an instruction whose buffers do not fit its kernel,
 // which only a program edited by hand reaches.
-var ErrMalformed = errors.New("malformed instruction: its buffers do not fit its kernel (a .gir edited after the shard pass makes such programs, its placements being checked one by one, not as they flow through the ops; from a model.go, it is a bug of gcompile's: please report it with this message)")
+var ErrMalformed = errors.New("malformed instruction: its buffers do not fit its kernel (a .gir whose placements were edited after the shard pass, on an op the verifier does not recheck such as a slice, makes such programs; from a model.go, it is a bug of gcompile's: please report it with this message)")
 
 func (d *Device) exec(n int) (err error) {
 	at := -1
@@ -150,9 +150,8 @@ func (d *Device) exec(n int) (err error) {
 		// A kernel's own check (operand lengths, ranks) failing is an
 		// error naming the instruction, not a crash of every device's
 		// goroutine: the lowering only builds what fits, so it meets a
-		// program whose placements were edited inconsistently (a .gir
-		// after the shard pass, whose verifier checks each placement on
-		// its own, not how they flow through the ops).
+		// program whose placements were edited inconsistently on an op
+		// the verifier does not recheck (ir's checkLocalShapes).
 		if p := recover(); p != nil {
 			where := "before the first instruction"
 			if at >= 0 {
