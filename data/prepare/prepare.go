@@ -112,6 +112,7 @@ func Run(ctx context.Context, enc Encoder, opt Options) (Summary, error) {
 		return Summary{}, err
 	}
 	sum.SkippedFiles, sum.SkippedArchives, sum.DuplicateFiles = in.skipped, in.archives, in.duplicates
+	sum.BlankLines = p.blank.Load()
 	if sum.Documents == 0 {
 		return Summary{}, fmt.Errorf("%w: %d input files, %d empty documents, %d bad lines skipped, %d binary files, %d archives and %d duplicate files skipped: nothing to train on",
 			ErrNoDocuments, len(in.files), sum.EmptyDocuments, sum.SkippedLines, in.skipped, in.archives, in.duplicates)
@@ -222,8 +223,11 @@ type Summary struct {
 	// EmptyDocuments is the number of documents with no tokens, not
 	// written (see the package comment).
 	EmptyDocuments int64
-	// SkippedLines is the number of bad JSON Lines lines skipped.
-	SkippedLines int64
+	// SkippedLines is the number of bad JSON Lines lines skipped;
+	// BlankLines the blank ones (empty or spaces only), which hold no
+	// document and are left out as Hugging Face's JSON loader leaves them
+	// (Megatron-LM's preprocessing stops at one).
+	SkippedLines, BlankLines int64
 	// Tokens is the number written, end-of-document ids included.
 	Tokens int64
 	// InputBytes is the size of the inputs on disk (compressed for .gz);
@@ -249,9 +253,13 @@ type Summary struct {
 // String is the one-line report the command prints.
 func (s Summary) String() string {
 	extra := ""
-	if s.EmptyDocuments > 0 || s.SkippedLines > 0 || s.SkippedFiles > 0 || s.SkippedArchives > 0 || s.DuplicateFiles > 0 {
-		extra = fmt.Sprintf(" (left out: %d empty documents, %d bad lines, %d binary files, %d archives, %d duplicate files)",
+	if s.EmptyDocuments > 0 || s.SkippedLines > 0 || s.SkippedFiles > 0 || s.SkippedArchives > 0 || s.DuplicateFiles > 0 || s.BlankLines > 0 {
+		extra = fmt.Sprintf(" (left out: %d empty documents, %d bad lines, %d binary files, %d archives, %d duplicate files",
 			s.EmptyDocuments, s.SkippedLines, s.SkippedFiles, s.SkippedArchives, s.DuplicateFiles)
+		if s.BlankLines > 0 {
+			extra += fmt.Sprintf(", %d blank JSON Lines lines", s.BlankLines)
+		}
+		extra += ")"
 	}
 	rate := 0.0
 	if s.Seconds > 0 {
@@ -372,6 +380,7 @@ type pipeline struct {
 	docs      atomic.Int64
 	tokens    atomic.Int64
 	filesRead atomic.Int64
+	blank     atomic.Int64 // blank JSON Lines lines
 }
 
 func (p *pipeline) run(ctx context.Context) (Summary, error) {

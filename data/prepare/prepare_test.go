@@ -2,6 +2,7 @@ package prepare
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -27,6 +28,7 @@ func TestRunInputs(t *testing.T) {
 		want   [][]int32
 		// counts
 		docs, empty, skippedLines int64
+		blank                     int64
 		nFiles, skippedFiles      int
 		skippedArchives           int
 	}{
@@ -75,7 +77,7 @@ func TestRunInputs(t *testing.T) {
 				"{\"te\\u0078t\": \"escaped key\"}\n" +
 				"{\"text\": \"no newline at the end\"}"},
 			want: enc.want("plain", "esc\n\"aped\" é😀", "last wins", "escaped key", "no newline at the end"),
-			docs: 5, nFiles: 1,
+			docs: 5, nFiles: 1, blank: 2,
 		},
 		{
 			name:  "jsonl gzipped",
@@ -141,6 +143,10 @@ func TestRunInputs(t *testing.T) {
 			assert.Equal(t, tc.docs, sum.Documents)
 			assert.Equal(t, tc.empty, sum.EmptyDocuments)
 			assert.Equal(t, tc.skippedLines, sum.SkippedLines)
+			assert.Equal(t, tc.blank, sum.BlankLines, "blank lines are counted; a file's last newline ends its last line")
+			if tc.blank > 0 {
+				assert.Contains(t, sum.String(), fmt.Sprintf(", %d blank JSON Lines lines)", tc.blank))
+			}
 			assert.Equal(t, tc.nFiles, sum.Files)
 			assert.Equal(t, tc.skippedFiles, sum.SkippedFiles)
 			assert.Equal(t, tc.skippedArchives, sum.SkippedArchives)

@@ -196,6 +196,9 @@ func (r *reader) jsonLines(i int, in input, src io.Reader) error {
 			break
 		}
 		end := len(b.text)
+		if eof && end == start {
+			return nil // past the last line's newline: no line
+		}
 		for end > start && (b.text[end-1] == '\n' || b.text[end-1] == '\r') {
 			end--
 		}
@@ -204,6 +207,7 @@ func (r *reader) jsonLines(i int, in input, src io.Reader) error {
 		}
 		if len(bytes.TrimSpace(b.text[start:end])) == 0 {
 			b.text = b.text[:start]
+			r.p.blank.Add(1)
 		} else {
 			b.docs = append(b.docs, docRef{file: i, line: line, start: start, end: end})
 			if err := r.added(); err != nil {
