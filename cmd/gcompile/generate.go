@@ -251,6 +251,12 @@ func (t codec) continuation(prompt, ids []int32, eos int32) string {
 	if len(ids) > 0 && ids[len(ids)-1] == eos {
 		ids = ids[:len(ids)-1]
 	}
+	if t.tok != nil && t.onlyBOS(prompt) {
+		// No text before the new ids (--bos and an empty prompt): they
+		// start the text, as Hugging Face decodes them; after the BOS a
+		// SentencePiece decoder would keep the space it strips there.
+		return t.decode(ids, -1)
+	}
 	tail := prompt[max(len(prompt)-joinTail, 0):]
 	head := t.decode(tail, -1)
 	full := t.decode(append(slices.Clone(tail), ids...), -1)
@@ -258,6 +264,12 @@ func (t codec) continuation(prompt, ids []int32, eos int32) string {
 		return rest
 	}
 	return t.decode(ids, -1)
+}
+
+// onlyBOS says whether prompt is the tokenizer's BOS alone.
+func (t codec) onlyBOS(prompt []int32) bool {
+	bos, ok := t.tok.BOS()
+	return ok && len(prompt) == 1 && prompt[0] == bos
 }
 
 // readPrompts is --prompt, or --prompt-file's lines (a last newline ends

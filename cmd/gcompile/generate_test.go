@@ -633,3 +633,19 @@ func TestGenerateFitsFewerPromptsAStep(t *testing.T) {
 	err := runGenerate(append(slices.Clone(args), "--device-memory", "100KiB", "--batch", "4"), io.Discard, io.Discard)
 	require.ErrorIs(t, err, lower.ErrDoesNotFit)
 }
+
+// After a prompt of the BOS alone (--bos and an empty prompt) the new
+// tokens start the text, as Hugging Face decodes them: Llama 2's decoder
+// strips the space before the first word there. After a word the space
+// stays.
+func TestContinuationAfterTheBOSAlone(t *testing.T) {
+	tok, err := tokenizer.Load(filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama2"), "")
+	require.NoError(t, err)
+	bos, ok := tok.BOS()
+	require.True(t, ok)
+	tx := codec{tok: tok}
+	ids := tok.Encode([]byte("hi there"))
+	assert.Equal(t, "hi there", tx.continuation([]int32{bos}, ids, -1))
+	hello := append([]int32{bos}, tok.Encode([]byte("Hello"))...)
+	assert.Equal(t, " hi there", tx.continuation(hello, ids, -1))
+}
