@@ -24,20 +24,24 @@ func checkResumed(c *Config, m *ir.Module) error {
 	var pass string
 	if m.HasRun("pipeline-split") {
 		pass = "pipeline-split"
-		stages, chunks := map[int]bool{}, map[[2]int]bool{}
+		// A value's stage is its global chunk, p·v of them, chunk j on
+		// pipeline rank j mod p: the dump fixes the number of chunks, and
+		// any pp·vpp that makes it lowers it (the mesh, once the shard
+		// pass ran, fixes pp itself). Counting the chunks as stages had
+		// refused every interleaved dump.
+		stages := map[int]bool{}
 		for _, v := range m.Values {
 			if v.Meta.Stage >= 0 {
 				stages[v.Meta.Stage] = true
-				chunks[[2]int{v.Meta.Stage, v.Meta.Chunk}] = true
 			}
 		}
-		pp := max(len(stages), 1)
-		vpp := max(len(chunks)/pp, 1)
-		if pp != max(c.PP, 1) {
-			wrong = append(wrong, fact{"pipeline stages", fmt.Sprint(pp), fmt.Sprint(max(c.PP, 1)), fmt.Sprintf("--pp %d", pp)})
-		}
-		if vpp != max(c.VPP, 1) {
-			wrong = append(wrong, fact{"chunks per stage", fmt.Sprint(vpp), fmt.Sprint(max(c.VPP, 1)), fmt.Sprintf("--vpp %d", vpp)})
+		chunks := max(len(stages), 1)
+		if asked := max(c.PP, 1) * max(c.VPP, 1); chunks != asked {
+			flags := fmt.Sprintf("--pp %d", chunks)
+			if pp := meshSize(m.Mesh, "pp"); pp > 0 && chunks%pp == 0 {
+				flags = fmt.Sprintf("--pp %d --vpp %d", pp, chunks/pp)
+			}
+			wrong = append(wrong, fact{"pipeline chunks (pp·vpp)", fmt.Sprint(chunks), fmt.Sprint(asked), flags})
 		}
 	}
 	if m.HasRun("microbatch") {
@@ -209,4 +213,17 @@ func orDefault(s, def string) string {
 		return def
 	}
 	return s
+}
+
+// meshSize is the size of mesh m's axis name, 0 without one.
+func meshSize(m *ir.Mesh, name string) int {
+	if m == nil {
+		return 0
+	}
+	for _, a := range m.Axes {
+		if a.Name == name {
+			return a.Size
+		}
+	}
+	return 0
 }

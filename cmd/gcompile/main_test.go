@@ -459,8 +459,8 @@ func TestDumpResumesOnlyUnderItsPlan(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{nil, []string{`went through pass "shard" for another plan`, "pipeline stages: 2 in the dump, 1 in this run", "the mesh: 4 devices (pp=2,tp=2) in the dump, one device in this run",
-			"run it with --pp 2 --microbatches 2 --devices 4 --tp 2"}},
+		{nil, []string{`went through pass "shard" for another plan`, "pipeline chunks (pp·vpp): 2 in the dump, 1 in this run", "the mesh: 4 devices (pp=2,tp=2) in the dump, one device in this run",
+			"run it with --pp 2 --vpp 1 --microbatches 2 --devices 4 --tp 2"}},
 		{[]string{"--devices", "8", "--dp", "2", "--tp", "2", "--pp", "2", "--microbatches", "2"}, []string{"the mesh: 4 devices (pp=2,tp=2) in the dump, 8 devices (pp=2,dp=2,tp=2) in this run"}},
 		{[]string{"--devices", "4", "--tp", "2", "--pp", "2", "--microbatches", "4"}, []string{"microbatches: 2 in the dump, 4 in this run"}},
 	} {
@@ -471,7 +471,23 @@ func TestDumpResumesOnlyUnderItsPlan(t *testing.T) {
 		}
 	}
 	require.NoError(t, mainNoPanic(t, append([]string{sharded, "--run", "--steps", "1", "--max-data-mb", "1"}, plan...)))
-	err := mainNoPanic(t, append([]string{filepath.Join(dumps, dumpName(t, "optimizer")), "--beta1", "0.8"}, plan...))
+
+	// An interleaved plan's dumps hold its p·v chunks: they resume under
+	// it, with the losses of the run that wrote them (every chunk used to
+	// be counted as a stage, and no flags took such a dump).
+	inter := filepath.Join(t.TempDir(), "i")
+	iplan := []string{"--devices", "2", "--pp", "2", "--vpp", "2", "--microbatches", "2", "--run", "--steps", "1", "--max-data-mb", "1"}
+	imodel := []string{gptModel, "--set", "layers=4,hidden=32,heads=2,seq=16", "--batch", "4"}
+	want := runMetrics(t, append(slices.Clone(imodel), append(slices.Clone(iplan), "--dump", inter)...)...)
+	for _, pass := range []string{"pipeline-split", "shard"} {
+		got := runMetrics(t, append([]string{filepath.Join(inter, dumpName(t, pass))}, iplan...)...)
+		assert.Equal(t, want.Steps[0].Loss, got.Steps[0].Loss, "the %s dump", pass)
+	}
+	err := mainNoPanic(t, []string{filepath.Join(inter, dumpName(t, "shard")), "--devices", "2", "--pp", "2", "--microbatches", "2"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "pipeline chunks (pp·vpp): 4 in the dump, 2 in this run")
+	assert.Contains(t, err.Error(), "run it with --pp 2 --vpp 2")
+	err = mainNoPanic(t, append([]string{filepath.Join(dumps, dumpName(t, "optimizer")), "--beta1", "0.8"}, plan...))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `went through the passes that read --beta1 (pass "optimizer")`)
 }
