@@ -287,6 +287,13 @@ func layerBlocks(p *Program) (block, start []int) {
 	return block, start
 }
 
+// LayerBlocks is how many layer blocks p has (maximal runs of one layer
+// and one phase): the units --offload-prefetch counts in.
+func LayerBlocks(p *Program) int {
+	_, start := layerBlocks(p)
+	return len(start)
+}
+
 // outsideBucket moves an insertion point that falls between two members
 // of one gradient bucket to the bucket's start: the runtime reduces a
 // bucket as one call over consecutive instructions.

@@ -274,6 +274,9 @@ func compileAndRun(c *config, j *job) (err error) {
 				fmt.Fprintf(j.log, "note: pass %s: %s\n", r.Name, r.Note)
 			}
 		}
+		if note := prefetchNote(c, progs); note != "" {
+			fmt.Fprintln(j.log, note)
+		}
 		if sched != nil {
 			fmt.Fprintf(j.log, "schedule %s (p=%d v=%d m=%d): bubble %.4f in theory, %.4f simulated; activations stashed per rank %v\n%s",
 				sched.Name, sched.Ranks, sched.Chunks, sched.Micro, c.BubbleTheory(), res.Simulated.Bubble, res.Simulated.StashPeak, sched)
@@ -808,4 +811,22 @@ func checkFedInputs(m *ir.Module) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// prefetchNote says when --offload-prefetch reaches past every layer block
+// of the programs: every copy of an offloaded buffer is then issued at the
+// step's start and they are on the device together, which the memory plan
+// shows but a user asking for a long prefetch may not expect.
+func prefetchNote(c *config, progs []*lower.Program) string {
+	if !c.explicit["offload-prefetch"] || c.Offload == "" || c.Offload == "none" {
+		return ""
+	}
+	most := 0
+	for _, p := range progs {
+		most = max(most, lower.LayerBlocks(p))
+	}
+	if most == 0 || c.OffloadPrefetch < most-1 {
+		return ""
+	}
+	return fmt.Sprintf("note: --offload-prefetch %d reaches past the %d layer blocks of a step (runs of one layer and one phase): every copy of an offloaded buffer is issued at the step's start, so the copies are on the device together and the offload saves less device memory (the predicted peak counts them)", c.OffloadPrefetch, most)
 }

@@ -164,6 +164,7 @@ func TestUnusedFlagsAreNoted(t *testing.T) {
 		{[]string{"--bucket-mb", "1"}, "note: --bucket-mb shapes the data-parallel gradient reduction, which one device does not have: not used"},
 		{[]string{"--devices", "2", "--tp", "2", "--overlap-grad-reduce"}, "note: --overlap-grad-reduce shapes the data-parallel gradient reduction, and with dp·ep = 1 (tp·pp·cp = 2 take the devices) there is none: not used"},
 		{[]string{"--bucket-mb", "1", "--overlap-grad-reduce"}, "note: --bucket-mb, --overlap-grad-reduce shape the data-parallel gradient reduction"},
+		{[]string{"--offload", "params", "--offload-prefetch", "1000"}, "note: --offload-prefetch 1000 reaches past the "},
 		{[]string{"--set", "layers=2,hidden=32,heads=2,seq=16", "--devices", "2", "--pp", "2"}, "note: --pp 2 splits each step's batch into 2 microbatches, the fewest its 1f1b schedule takes (--microbatches pins another count)"},
 		{[]string{"--set", "layers=4,hidden=32,heads=2,seq=16", "--devices", "2", "--pp", "2", "--vpp", "2"}, "note: --pp 2 splits each step's batch into 2 microbatches, the fewest its interleaved schedule takes"},
 		{[]string{"--set", "layers=2,hidden=32,heads=2,seq=16", "--devices", "2", "--pp", "2", "--batch", "9"}, "note: --pp 2 splits each step's batch into 3 microbatches"},
@@ -180,6 +181,11 @@ func TestUnusedFlagsAreNoted(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.NotContains(t, log, "note: --hardware", "the planner used it")
+	log, err = captureStderr(t, func() error {
+		return mainErr(append(append([]string{}, tinyGPT...), "--offload", "params", "--offload-prefetch", "2"))
+	})
+	require.NoError(t, err)
+	assert.NotContains(t, log, "note: --offload-prefetch", "a prefetch within the step's blocks")
 }
 
 // What --data is read as, where a user could mean another: JSON Lines
