@@ -28,6 +28,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"gcompile/ir"
 )
@@ -289,6 +290,35 @@ func scalarFields(h *Hardware) map[string]reflect.Value {
 	return fields
 }
 
+// JSONValueError says a value of the wrong JSON type by the key the user
+// wrote ("tp is a JSON string, want a whole number"), where encoding/json
+// names the Go struct field it was decoding into (and an embedded
+// struct's Go name before the key); any other error is returned as it is.
+// Hardware files and calibration points share it.
+func JSONValueError(err error) error {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) || te.Field == "" {
+		return err
+	}
+	var keys []string
+	for _, k := range strings.Split(te.Field, ".") {
+		if k != "" && !unicode.IsUpper(rune(k[0])) { // JSON keys here are lower case; Go names are not
+			keys = append(keys, k)
+		}
+	}
+	key := cmp.Or(strings.Join(keys, "."), te.Field)
+	want := map[reflect.Kind]string{reflect.Float64: "a number", reflect.Int: "a whole number", reflect.Bool: "true or false",
+		reflect.String: "a string", reflect.Pointer: "a number", reflect.Map: "a JSON object"}[te.Type.Kind()]
+	want = cmp.Or(want, te.Type.String())
+	if n, ok := strings.CutPrefix(te.Value, "number "); ok {
+		if te.Type.Kind() == reflect.Int && strings.ContainsAny(n, ".eE") {
+			return fmt.Errorf("%s is %s, want a whole number", key, n)
+		}
+		return fmt.Errorf("%s: %s is out of range of %s", key, n, want)
+	}
+	return fmt.Errorf("%s is a JSON %s, want %s", key, te.Value, want)
+}
+
 // LoadFile reads a hardware description from a JSON file. Unknown fields
 // are errors (a misspelt key would otherwise silently keep its zero), and
 // so is trailing data; Validate then checks every figure.
@@ -309,14 +339,7 @@ func LoadFile(path string) (*Hardware, error) {
 	dec.DisallowUnknownFields()
 	var h Hardware
 	if err := dec.Decode(&h); err != nil {
-		// json names the Go struct; the user wrote the key.
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			want := map[reflect.Kind]string{reflect.Float64: "number", reflect.Int: "whole number", reflect.Bool: "true or false",
-				reflect.String: "string", reflect.Map: "JSON object"}[te.Type.Kind()]
-			return nil, fmt.Errorf("%w: %s: %s is a JSON %s, want a %s", ErrBadHardware, path, te.Field, te.Value, cmp.Or(want, te.Type.String()))
-		}
-		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, JSONValueError(err))
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("%w: %s: data after the JSON object", ErrBadHardware, path)

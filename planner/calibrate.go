@@ -3,7 +3,6 @@ package planner
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -147,7 +146,7 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		}
 		var p MeasuredPlan
 		if err := json.Unmarshal(obj.Config, &p); err != nil {
-			return nil, fmt.Errorf("%s: config: %w", path, valueError(err))
+			return nil, fmt.Errorf("%s: config: %w", path, cost.JSONValueError(err))
 		}
 		var precision string
 		if raw, ok := cfg["precision"]; ok {
@@ -174,29 +173,6 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		return checkMeasured(path, []MeasuredPlan{p}, []int{1})
 	}
 	return nil, fmt.Errorf("%s: no measured plans (%s)", path, want)
-}
-
-// valueError says a value of the wrong JSON type by the key the user
-// wrote ("cp is a JSON string, want a whole number"), where encoding/json
-// names the Go struct field it was decoding into.
-func valueError(err error) error {
-	var te *json.UnmarshalTypeError
-	if !errors.As(err, &te) || te.Field == "" {
-		return err
-	}
-	key := te.Field[strings.LastIndex(te.Field, ".")+1:]
-	want := map[reflect.Kind]string{reflect.Float64: "a number", reflect.Int: "a whole number", reflect.Bool: "true or false",
-		reflect.String: "a string", reflect.Pointer: "a number"}[te.Type.Kind()]
-	if want == "" {
-		want = te.Type.String()
-	}
-	if n, ok := strings.CutPrefix(te.Value, "number "); ok {
-		if te.Type.Kind() == reflect.Int && strings.ContainsAny(n, ".eE") {
-			return fmt.Errorf("%s is %s, want a whole number", key, n)
-		}
-		return fmt.Errorf("%s: %s is out of range of %s", key, n, want)
-	}
-	return fmt.Errorf("%s is a JSON %s, want %s", key, te.Value, want)
 }
 
 // entryKeys are the keys a plan entry may have: MeasuredPlan's and a
@@ -254,7 +230,7 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		}
 		var p MeasuredPlan
 		if err := json.Unmarshal(e, &p); err != nil {
-			return nil, fmt.Errorf("%s: plan %d: %w", path, i+1, valueError(err))
+			return nil, fmt.Errorf("%s: plan %d: %w", path, i+1, cost.JSONValueError(err))
 		}
 		raw, ok := keys["step_ms"]
 		if !ok {

@@ -738,19 +738,29 @@ func sameTokenizerAs(data, whose string, tok *tokenizer.Tokenizer, flag string) 
 // --save records the run's data identity in the file's metadata. Weights
 // from elsewhere (an export, Hugging Face's) record none and pass.
 func loadedTokenizer(file string, tok *tokenizer.Tokenizer, flag string) error {
-	if tok == nil || !strings.HasSuffix(file, ".safetensors") {
+	if meta := savedMetadata(file); tok != nil && meta != nil {
+		return sameTokenizerAs(meta["data"], "the weights' run ("+file+")", tok, flag)
+	}
+	return nil
+}
+
+// savedMetadata is the metadata of a safetensors file gcompile's --save
+// wrote (the run's model, --set, data identity, batch), nil for any
+// other file: weights from elsewhere, or a file that does not read,
+// which the load names.
+func savedMetadata(file string) map[string]string {
+	if !strings.HasSuffix(file, ".safetensors") {
 		return nil
 	}
 	f, err := checkpoint.Open(file)
 	if err != nil {
-		return nil // named when the weights are loaded
-	}
-	meta := f.Metadata
-	f.Close()
-	if meta["producer"] != "gcompile" {
 		return nil
 	}
-	return sameTokenizerAs(meta["data"], "the weights' run ("+file+")", tok, flag)
+	defer f.Close()
+	if f.Metadata["producer"] != "gcompile" {
+		return nil
+	}
+	return f.Metadata
 }
 
 // checkpointModel refuses a checkpoint of another model before its
@@ -882,17 +892,12 @@ func paddedAlike(a, b string, classes int) bool {
 // elsewhere, an export, another model's (their names say so on load) or
 // a .gir model's get no note.
 func savedModel(cfg compile.Config, file string) (string, error) {
-	if !strings.HasSuffix(cfg.Model, ".go") || !strings.HasSuffix(file, ".safetensors") {
+	meta := savedMetadata(file)
+	if !strings.HasSuffix(cfg.Model, ".go") || meta == nil {
 		return "", nil
 	}
-	f, err := checkpoint.Open(file)
-	if err != nil {
-		return "", nil // named when the weights are loaded
-	}
-	meta := f.Metadata
-	f.Close()
 	batch, err := strconv.Atoi(meta["batch"])
-	if meta["producer"] != "gcompile" || meta["model_fingerprint"] == "" || err != nil || batch < 1 {
+	if meta["model_fingerprint"] == "" || err != nil || batch < 1 {
 		return "", nil
 	}
 	cfg.Batch, cfg.DPSync = batch, "sync"

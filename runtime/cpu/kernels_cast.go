@@ -17,20 +17,9 @@ func init() {
 
 func compileCast(d *Device, in lower.Instr) (func() error, error) {
 	src, dst := d.prog.Buffers[in.Args[0]], d.prog.Buffers[in.Out]
-	type pair struct{ from, to ir.DType }
-	switch (pair{src.Type.DType, dst.Type.DType}) {
-	case pair{ir.F32, ir.F64}:
-		x, y := view[float32](d, src.ID), view[float64](d, dst.ID)
-		return ok(func() { kcpu.Cast(y, x) }), nil
-	case pair{ir.F64, ir.F32}:
-		x, y := view[float64](d, src.ID), view[float32](d, dst.ID)
-		return ok(func() { kcpu.Cast(y, x) }), nil
-	case pair{ir.F32, ir.F32}, pair{ir.F64, ir.F64}:
+	if src.Type.DType == dst.Type.DType {
 		x, y := d.raw(src), d.raw(dst)
 		return ok(func() { copy(y, x) }), nil
-	case pair{ir.I32, ir.F32}:
-		x, y := view[int32](d, src.ID), view[float32](d, dst.ID)
-		return ok(func() { kcpu.Cast(y, x) }), nil
 	}
 	if f, ok := d.compileCast16(src, dst); ok {
 		return f, nil
@@ -59,9 +48,6 @@ func castWide(d *Device, src, dst lower.Buffer) (func() error, bool) {
 			f = nonzero(view[bool](d, dst.ID), view[int32](d, src.ID))
 		case ir.I64:
 			f = nonzero(view[bool](d, dst.ID), view[int64](d, src.ID))
-		case ir.Bool:
-			x, y := d.raw(src), d.raw(dst)
-			f = func() { copy(y, x) }
 		default:
 			return nil, false
 		}

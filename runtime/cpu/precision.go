@@ -134,9 +134,6 @@ func (d *Device) compileCast16(src, dst lower.Buffer) (func() error, bool) {
 	case is16(src.Type.DType) && dst.Type.DType == ir.F32:
 		x, y, bf := view[uint16](d, src.ID), view[float32](d, dst.ID), src.Type.DType == ir.BF16
 		return ok(func() { kcpu.Widen16(y, x, bf) }), true
-	case is16(src.Type.DType) && src.Type.DType == dst.Type.DType:
-		x, y := d.raw(src), d.raw(dst)
-		return ok(func() { copy(y, x) }), true
 	}
 	return nil, false
 }
