@@ -21,8 +21,10 @@ import (
 // Both hold the same params and caches (by name, with the same local
 // shapes), so the runtime loads the weights into each and moves the
 // caches from the prefill program to the decode program once per batch
-// of prompts. Each outputs ir.OutputLogits, [batch·step, vocab],
-// whole on every device.
+// of prompts. Each outputs ir.OutputLogits whole on every device: the
+// decode's [batch, vocab], and the prefill's [batch, vocab] for each
+// prompt's last token, fed as ir.InputLastToken (or [batch·step, vocab]
+// for a head the frontend cannot narrow).
 type Generation struct {
 	Prefill, Decode *lower.Program
 	// PrefillPasses and DecodePasses are what the pass table did to each

@@ -43,13 +43,14 @@ func Main(fn ModelFunc) {
 	classes := fs.Int("classes", 0, "token ids the data holds when the vocabulary is padded past them (0: not padded)")
 	genStep := fs.Int("gen-step", 0, "build one step of generation of this many tokens per sequence (0: the training module)")
 	genContext := fs.Int("gen-context", 0, "with -gen-step: the positions each key/value cache holds")
+	genEveryRow := fs.Bool("gen-every-row", false, "with -gen-step: output the logits of every token of the step, not only each sequence's last")
 	set := fs.String("set", "", "model parameters k=v,…")
 	describe := fs.Bool("describe", false, "list model parameters as JSON")
 	out := fs.String("out", "", "write the result file the loader reads here instead of printing the module")
 	fs.Parse(os.Args[1:])
 	cfg := Config{Name: *name, Batch: *batch, Eval: *eval, Classes: *classes}
 	if *genStep > 0 {
-		cfg.Generate = &Generation{Step: *genStep, Context: *genContext}
+		cfg.Generate = &Generation{Step: *genStep, Context: *genContext, EveryRow: *genEveryRow}
 	}
 	if *out == "" {
 		if err := driverMain(os.Stdout, fn, cfg, *float, *set, *describe); err != nil {

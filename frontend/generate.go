@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"gcompile/ir"
 )
@@ -24,9 +25,17 @@ import (
 //   - the logits the loss reads (Tensor.CrossEntropy's first argument)
 //     are the module's one output, "logits"; the loss and everything only
 //     it needs are dropped.
+//
+// At a step of more than one token (a prefill) only each sequence's last
+// prompt token's logits are sampled from, so the head computes those
+// alone unless EveryRow is set (see lastTokenLogits).
 type Generation struct {
 	Step    int
 	Context int
+	// EveryRow keeps a prefill's logits for every token of the step,
+	// [batch·step, vocab]: what a check of every position, or a score of
+	// the whole prompt, reads.
+	EveryRow bool
 }
 
 // Generating reports whether the model is being built for generation
@@ -113,8 +122,142 @@ func (b *Builder) finishGeneration() {
 		b.report(errors.New("model has no causal attention: there are no keys and values to cache, and generation would see one token at a time"))
 		return
 	}
-	b.m.Outputs = []ir.Output{{Name: ir.OutputLogits, Value: b.logits}}
+	logits := b.logits
+	if g := b.cfg.Generate; g.Step > 1 && !g.EveryRow {
+		logits = b.lastTokenLogits(logits)
+	}
+	b.m.Outputs = []ir.Output{{Name: ir.OutputLogits, Value: logits}}
 	b.m.DropDead()
+}
+
+// lastTokenLogits makes a prefill's head compute the logits of each
+// sequence's last prompt token alone, the only ones sampled from: the
+// head's matmul and what follows it otherwise cost batch·step·vocab
+// (with a 150k vocabulary, more than the layers of a small model, and
+// the largest buffer of the step). The hidden rows the head reads,
+// [batch·step, hidden], are narrowed to [batch, hidden] by a batched
+// matmul with the InputLastToken mask (exact: one product by 1, the rest
+// by 0), and the ops from the head to the logits are recorded again on
+// the narrowed rows.
+//
+// The walk from the logits back to the head goes through ops that keep
+// rows apart: reshapes of the leading dims, and elementwise ops, casts
+// and scales whose other operands are the same for every row (a
+// scalar, a broadcast row such as the vocabulary mask). A head of
+// another form keeps every row, as before; the runtime reads the
+// logits' shape either way.
+func (b *Builder) lastTokenLogits(logits *ir.Value) *ir.Value {
+	batch, step := b.cfg.Batch, b.cfg.Generate.Step
+	rows := batch * step
+	var chain []*ir.Value
+	head := logits
+	for head.Op != "matmul" {
+		if leadingRows(head.Type) != rows {
+			return logits
+		}
+		i := rowArg(head, rows)
+		if i < 0 {
+			return logits
+		}
+		chain = append(chain, head)
+		head = head.Args[i]
+	}
+	x, w := head.Args[0], head.Args[1]
+	switch {
+	case head.Attrs.Bool("transA") || w.Type.Rank() != 2 || x.Type.Rank() < 2 || x.Type.Rank() > 3 || leadingRows(x.Type) != rows:
+		return logits
+	case x.Type.Rank() == 3 && (x.Type.Shape[0] != batch || x.Type.Shape[1] != step):
+		return logits
+	}
+	hidden := x.Type.Shape[x.Type.Rank()-1]
+	add := func(op string, attrs ir.Attrs, like *ir.Value, args ...*ir.Value) *ir.Value {
+		if slices.Contains(args, nil) {
+			return nil // an earlier op's error is reported
+		}
+		v, err := b.m.Add(op, args, attrs, like.Meta, like.Pos)
+		if err != nil {
+			b.report(fmt.Errorf("the prefill's last-token logits: %w", err))
+		}
+		return v
+	}
+	in, err := b.m.AddSource("input", ir.T(ir.I32, batch, step), ir.Attrs{"name": ir.InputLastToken}, b.sourceMeta("input"), head.Pos)
+	if err != nil {
+		b.report(fmt.Errorf("the prefill's last-token logits: %w", err))
+		return logits
+	}
+	mask := add("reshape", ir.Attrs{"shape": []int{batch, 1, step}}, head, add("cast", ir.Attrs{"to": x.Type.DType.String()}, head, in))
+	x3 := x
+	if x.Type.Rank() == 2 {
+		x3 = add("reshape", ir.Attrs{"shape": []int{batch, step, hidden}}, head, x)
+	}
+	if mask == nil || x3 == nil {
+		return logits
+	}
+	last := add("reshape", ir.Attrs{"shape": []int{batch, hidden}}, head, add("matmul", nil, head, mask, x3))
+	cur := add("matmul", head.Attrs.Clone(), head, last, w)
+	for i := len(chain) - 1; i >= 0 && cur != nil; i-- {
+		c := chain[i]
+		if c.Op == "reshape" {
+			continue // cur keeps [batch, vocab]
+		}
+		k := rowArg(c, rows)
+		args := make([]*ir.Value, len(c.Args))
+		for j, a := range c.Args {
+			switch {
+			case j == k:
+				args[j] = cur
+			case a.Op == "broadcast":
+				args[j] = add("broadcast", ir.Attrs{"shape": []int(cur.Type.Shape.Clone())}, a, a.Args[0])
+			default:
+				args[j] = a // a scalar
+			}
+		}
+		cur = add(c.Op, c.Attrs.Clone(), c, args...)
+	}
+	if cur == nil {
+		return logits
+	}
+	return cur
+}
+
+// leadingRows is the product of t's dims but the last: the rows a
+// per-token op keeps apart.
+func leadingRows(t ir.Type) int {
+	n := 1
+	for _, d := range t.Shape[:max(t.Rank()-1, 0)] {
+		n *= d
+	}
+	return n
+}
+
+// rowArg is the argument of v that carries its rows, when v keeps rows
+// apart: a reshape of the leading dims alone, or an elementwise op, cast
+// or scale whose other arguments are scalars or broadcasts of one row.
+// It is −1 for any other op.
+func rowArg(v *ir.Value, rows int) int {
+	if v.Op == "reshape" {
+		a := v.Args[0].Type
+		if a.Rank() >= 1 && v.Type.Rank() >= 1 && a.Shape[a.Rank()-1] == v.Type.Shape[v.Type.Rank()-1] && leadingRows(a) == rows {
+			return 0
+		}
+		return -1
+	}
+	info, ok := ir.Lookup(v.Op)
+	if !ok || !(info.Elementwise || v.Op == "cast" || v.Op == "scale") || v.Op == ir.FusedOp {
+		return -1
+	}
+	at := -1
+	for j, a := range v.Args {
+		switch {
+		case a.Type.Rank() == 0:
+		case a.Op == "broadcast" && leadingRows(a.Args[0].Type) == 1:
+		case a.Type.Shape.Equal(v.Type.Shape) && at < 0:
+			at = j
+		default:
+			return -1
+		}
+	}
+	return at
 }
 
 // checkGeneration refuses sizes no cache can hold before the model runs.

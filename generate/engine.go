@@ -29,6 +29,10 @@ type Engine struct {
 	// sequence, Context the positions a cache holds, Vocab the logits of a
 	// token.
 	Batch, Prompt, Context, Vocab int
+	// LastToken says the prefill reads ir.InputLastToken and outputs the
+	// logits of each sequence's last prompt token alone, [batch, vocab];
+	// without it, those of every token, [batch·Prompt, vocab].
+	LastToken bool
 	// RandomKeys says the programs read per-token random keys
 	// (ir.InputRandomKey: a MoE router's noise, dropout): generation
 	// feeds −1, evaluation's "no noise", as the training loop's
@@ -122,13 +126,30 @@ func (e *Engine) batch(r Request, first int, prompts [][]int32) ([][]int32, erro
 			positions[b*P+i] = int32(i)
 		}
 	}
-	logits, err := e.run(e.Prefill, tokens, positions)
-	if err != nil {
-		return nil, fmt.Errorf("prefill: %w", err)
-	}
 	rows := make([][]float64, B)
-	for b := range B {
-		rows[b] = logits[(b*P+lens[b]-1)*e.Vocab:][:e.Vocab]
+	if e.LastToken {
+		mask := make([]int32, B*P)
+		for b := range B {
+			mask[b*P+lens[b]-1] = 1
+		}
+		if err := e.Prefill.SetInt32(ir.InputLastToken, mask); err != nil {
+			return nil, fmt.Errorf("prefill: %w", err)
+		}
+		logits, err := e.run(e.Prefill, tokens, positions, B)
+		if err != nil {
+			return nil, fmt.Errorf("prefill: %w", err)
+		}
+		for b := range B {
+			rows[b] = logits[b*e.Vocab:][:e.Vocab]
+		}
+	} else {
+		logits, err := e.run(e.Prefill, tokens, positions, B*P)
+		if err != nil {
+			return nil, fmt.Errorf("prefill: %w", err)
+		}
+		for b := range B {
+			rows[b] = logits[(b*P+lens[b]-1)*e.Vocab:][:e.Vocab]
+		}
 	}
 	if err := e.MoveCaches(); err != nil {
 		return nil, fmt.Errorf("moving the key/value caches to the decode program: %w", err)
@@ -167,7 +188,7 @@ func (e *Engine) batch(r Request, first int, prompts [][]int32) ([][]int32, erro
 			// what it makes, and it never runs past the context (Check).
 			pos[b] = int32(lens[b] + step)
 		}
-		logits, err := e.run(e.Decode, last, pos)
+		logits, err := e.run(e.Decode, last, pos, B)
 		if err != nil {
 			return nil, fmt.Errorf("decode step %d: %w", step+1, err)
 		}
@@ -178,7 +199,9 @@ func (e *Engine) batch(r Request, first int, prompts [][]int32) ([][]int32, erro
 	return out, nil
 }
 
-func (e *Engine) run(s Stepper, tokens, positions []int32) ([]float64, error) {
+// run feeds one step its tokens and positions and returns its logits,
+// rows of them.
+func (e *Engine) run(s Stepper, tokens, positions []int32, rows int) ([]float64, error) {
 	if err := s.SetInt32("tokens", tokens); err != nil {
 		return nil, err
 	}
@@ -201,8 +224,8 @@ func (e *Engine) run(s Stepper, tokens, positions []int32) ([]float64, error) {
 	if err != nil {
 		return nil, err
 	}
-	if want := len(tokens) * e.Vocab; len(logits) != want {
-		return nil, fmt.Errorf("logits: %d values, want %d tokens × %d", len(logits), len(tokens), e.Vocab)
+	if want := rows * e.Vocab; len(logits) != want {
+		return nil, fmt.Errorf("logits: %d values, want %d tokens × %d", len(logits), rows, e.Vocab)
 	}
 	return logits, nil
 }

@@ -9,11 +9,13 @@ import (
 )
 
 // fakeStep is a Stepper whose logits make the next token (last token +
-// its position) mod vocab, and which records what it was fed.
+// its position) mod vocab, and which records what it was fed. With
+// lastToken it outputs only the rows its last_token mask marks.
 type fakeStep struct {
-	vocab            int
-	tokens, position []int32
-	fed              [][2][]int32
+	vocab                  int
+	lastToken              bool
+	tokens, position, mask []int32
+	fed                    [][2][]int32
 }
 
 func (f *fakeStep) SetInt32(name string, x []int32) error {
@@ -22,6 +24,8 @@ func (f *fakeStep) SetInt32(name string, x []int32) error {
 		f.tokens = slices.Clone(x)
 	case "positions":
 		f.position = slices.Clone(x)
+	case "last_token":
+		f.mask = slices.Clone(x)
 	}
 	return nil
 }
@@ -32,42 +36,55 @@ func (f *fakeStep) Step() error {
 }
 
 func (f *fakeStep) Logits() ([]float64, error) {
-	out := make([]float64, len(f.tokens)*f.vocab)
+	var out []float64
 	for r, t := range f.tokens {
-		out[r*f.vocab+int(t+f.position[r])%f.vocab] = 1
+		if f.lastToken && f.mask[r] == 0 {
+			continue
+		}
+		row := make([]float64, f.vocab)
+		row[int(t+f.position[r])%f.vocab] = 1
+		out = append(out, row...)
 	}
 	return out, nil
 }
 
 // The engine prefills right-padded prompts, reads each prompt's logits
-// at its last token, decodes each sequence at its own position, stops a
-// sequence at EOS or where StopWhen says, and runs prompts a batch at a
-// time.
+// at its last token (from a prefill of every row, or of the last tokens
+// alone, which it marks), decodes each sequence at its own position,
+// stops a sequence at EOS or where StopWhen says, and runs prompts a
+// batch at a time.
 func TestEngineRunsRaggedPromptsInBatches(t *testing.T) {
 	const vocab = 50
-	pre, dec := &fakeStep{vocab: vocab}, &fakeStep{vocab: vocab}
-	moves := 0
-	e := &Engine{Prefill: pre, Decode: dec, MoveCaches: func() error { moves++; return nil }, Batch: 2, Prompt: 4, Context: 10, Vocab: vocab}
-	var streamed []int32
-	got, err := e.Run(Request{
-		Prompts:  [][]int32{{1, 2, 3}, {7}, {10, 11, 12, 13}},
-		MaxNew:   5,
-		EOS:      17,
-		StopWhen: func(seq int, ids []int32) bool { return seq == 2 && len(ids) == 2 },
-		OnToken:  func(seq int, id int32) { streamed = append(streamed, int32(seq*100)+id) },
-	})
-	require.NoError(t, err)
-	// Prompt 0: last token 3 at position 2 → 5; then 5 at 3 → 8, 8 at 4 → 12, 12 at 5 → 17 (EOS).
-	// Prompt 1: 7 at 0 → 7, 7 at 1 → 8, 8 at 2 → 10, 10 at 3 → 13, 13 at 4 → 17 (EOS, also the fifth token).
-	// Prompt 2: 13 at 3 → 16, 16 at 4 → 20, stopped by StopWhen.
-	assert.Equal(t, [][]int32{{5, 8, 12, 17}, {7, 8, 10, 13, 17}, {16, 20}}, got)
-	assert.Equal(t, 2, moves, "one cache move per batch")
-	assert.Len(t, pre.fed, 2)
-	assert.Equal(t, []int32{1, 2, 3, 0, 7, 0, 0, 0}, pre.fed[0][0], "prompts right-padded with 0")
-	assert.Equal(t, []int32{0, 1, 2, 3, 0, 1, 2, 3}, pre.fed[0][1])
-	assert.Equal(t, []int32{10, 11, 12, 13, 0, 0, 0, 0}, pre.fed[1][0], "a short last batch runs a dummy row")
-	assert.Equal(t, [2][]int32{{5, 7}, {3, 1}}, dec.fed[0], "each sequence at its own position")
-	assert.Equal(t, []int32{5, 107, 8, 108, 12, 110, 17, 113, 117, 216, 220}, streamed, "tokens stream as they are made, with their prompt")
+	for _, lastToken := range []bool{false, true} {
+		pre, dec := &fakeStep{vocab: vocab, lastToken: lastToken}, &fakeStep{vocab: vocab}
+		moves := 0
+		e := &Engine{Prefill: pre, Decode: dec, MoveCaches: func() error { moves++; return nil }, Batch: 2, Prompt: 4, Context: 10, Vocab: vocab, LastToken: lastToken}
+		var streamed []int32
+		got, err := e.Run(Request{
+			Prompts:  [][]int32{{1, 2, 3}, {7}, {10, 11, 12, 13}},
+			MaxNew:   5,
+			EOS:      17,
+			StopWhen: func(seq int, ids []int32) bool { return seq == 2 && len(ids) == 2 },
+			OnToken:  func(seq int, id int32) { streamed = append(streamed, int32(seq*100)+id) },
+		})
+		require.NoError(t, err)
+		// Prompt 0: last token 3 at position 2 → 5; then 5 at 3 → 8, 8 at 4 → 12, 12 at 5 → 17 (EOS).
+		// Prompt 1: 7 at 0 → 7, 7 at 1 → 8, 8 at 2 → 10, 10 at 3 → 13, 13 at 4 → 17 (EOS, also the fifth token).
+		// Prompt 2: 13 at 3 → 16, 16 at 4 → 20, stopped by StopWhen.
+		assert.Equal(t, [][]int32{{5, 8, 12, 17}, {7, 8, 10, 13, 17}, {16, 20}}, got)
+		assert.Equal(t, 2, moves, "one cache move per batch")
+		assert.Len(t, pre.fed, 2)
+		assert.Equal(t, []int32{1, 2, 3, 0, 7, 0, 0, 0}, pre.fed[0][0], "prompts right-padded with 0")
+		assert.Equal(t, []int32{0, 1, 2, 3, 0, 1, 2, 3}, pre.fed[0][1])
+		assert.Equal(t, []int32{10, 11, 12, 13, 0, 0, 0, 0}, pre.fed[1][0], "a short last batch runs a dummy row")
+		if lastToken {
+			assert.Equal(t, []int32{0, 0, 0, 1, 1, 0, 0, 0}, pre.mask, "the last batch's last tokens, the dummy row's its first")
+		} else {
+			assert.Nil(t, pre.mask, "no mask for a prefill of every row")
+		}
+		assert.Equal(t, [2][]int32{{5, 7}, {3, 1}}, dec.fed[0], "each sequence at its own position")
+		assert.Equal(t, []int32{5, 107, 8, 108, 12, 110, 17, 113, 117, 216, 220}, streamed, "tokens stream as they are made, with their prompt")
+	}
 }
 
 // Prompts the programs cannot run are refused, naming the prompt.

@@ -40,6 +40,7 @@ func NewMeshEngine[D runtime.Member](pre, dec *runtime.MeshCluster[D], batch, pr
 		Prefill: meshStepper[D]{pre}, Decode: meshStepper[D]{dec},
 		MoveCaches: func() error { return runtime.CopySources(dec, pre, caches) },
 		Batch:      batch, Prompt: prompt, Context: context, Vocab: lt.Shape[1],
+		LastToken:  hasSource(pre, ir.InputLastToken),
 		RandomKeys: hasSource(pre, ir.InputRandomKey) || hasSource(dec, ir.InputRandomKey),
 	}, nil
 }

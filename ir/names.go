@@ -14,8 +14,14 @@ const (
 	// perplexity report it rather than the loss (runtime.EvalOutput).
 	OutputLMLoss = "lm_loss"
 	// OutputLogits is what a module built for generation outputs: the
-	// logits of every token of the step, [batch·step, vocab].
+	// logits of every token of the step, [batch·step, vocab], or, where
+	// the step reads InputLastToken, of each sequence's last prompt token
+	// alone, [batch, vocab].
 	OutputLogits = "logits"
+	// InputLastToken marks each sequence's last prompt token in a
+	// prefill step of more than one token: i32 [batch, step], 1 at the
+	// token whose logits the step outputs and 0 elsewhere.
+	InputLastToken = "last_token"
 	// InputTokens and InputTargets are a language model's per-step batch:
 	// i32 token ids [batch, seq] and the ids to predict.
 	InputTokens  = "tokens"

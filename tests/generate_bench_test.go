@@ -14,6 +14,7 @@ import (
 	"gcompile/examples/llama"
 	"gcompile/frontend"
 	"gcompile/generate"
+	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
 )
@@ -52,10 +53,15 @@ func BenchmarkDecode(b *testing.B) {
 				if strings.Contains(set, "%d") {
 					set = fmt.Sprintf(set, p+window)
 				}
-				_, pre, dec := genCompile(b, m.fn, set, 1, 1, 1, p, p+window)
+				_, pre, dec := genCompile(b, m.fn, set, 1, 1, 1, p, p+window, false)
 				tokens, positions := make([]int32, p), make([]int32, p)
 				for i := range tokens {
 					tokens[i], positions[i] = int32(i*7%256), int32(i)
+				}
+				if p > 1 {
+					last := make([]int32, p)
+					last[p-1] = 1
+					require.NoError(b, pre.SetInt32(ir.InputLastToken, last))
 				}
 				start := time.Now()
 				genStep(b, pre, tokens, positions)
@@ -71,5 +77,34 @@ func BenchmarkDecode(b *testing.B) {
 				b.ReportMetric(float64(prefill.Milliseconds()), "prefill-ms")
 			})
 		}
+	}
+}
+
+// BenchmarkPrefill is one prefill of 4 prompts of 512 tokens through the
+// Llama at h=128 with a 32,000-token vocabulary (Llama 2's), its head
+// computing the logits of every token (rows=every) or of each prompt's
+// last alone (rows=last, what generation compiles): the head's matmul is
+// most of a small model's prefill, and its logits most of its memory
+// (peak-MiB, the memory plan's figure).
+func BenchmarkPrefill(b *testing.B) {
+	const batch, prompt = 4, 512
+	tokens, positions, last := make([]int32, batch*prompt), make([]int32, batch*prompt), make([]int32, batch*prompt)
+	for i := range tokens {
+		tokens[i], positions[i] = int32(i*7%32000), int32(i%prompt)
+	}
+	for s := range batch {
+		last[s*prompt+prompt-1] = 1
+	}
+	for _, every := range []bool{true, false} {
+		b.Run(map[bool]string{true: "rows=every", false: "rows=last"}[every], func(b *testing.B) {
+			g, pre, _ := genCompile(b, llama.Model, "vocab=32000", 1, 1, batch, prompt, prompt, every)
+			if !every {
+				require.NoError(b, pre.SetInt32(ir.InputLastToken, last))
+			}
+			for range b.N {
+				genStep(b, pre, tokens, positions)
+			}
+			b.ReportMetric(float64(g.Prefill.PeakBytes)/(1<<20), "peak-MiB")
+		})
 	}
 }

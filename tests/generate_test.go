@@ -14,6 +14,8 @@ import (
 	"gcompile/examples/llama"
 	"gcompile/examples/moe"
 	"gcompile/frontend"
+	"gcompile/frontend/nn"
+	"gcompile/frontend/nn/gpt2"
 	"gcompile/generate"
 	"gcompile/ir"
 	"gcompile/lower"
@@ -60,12 +62,17 @@ func TestExpertChoiceCannotGenerate(t *testing.T) {
 
 // genCompile compiles a model's prefill and decode programs for plan
 // (dp, tp) and loads each on CPU devices, with the same random weights.
-func genCompile(t testing.TB, fn frontend.ModelFunc, set string, dp, tp, batch, prompt, context int) (*compile.Generation, *cpu.Cluster, *cpu.Cluster) {
+// everyRow keeps the prefill's logits of every token
+// (frontend.Generation.EveryRow).
+func genCompile(t testing.TB, fn frontend.ModelFunc, set string, dp, tp, batch, prompt, context int, everyRow bool) (*compile.Generation, *cpu.Cluster, *cpu.Cluster) {
 	t.Helper()
 	sizes, err := frontend.ParseSet(set)
 	require.NoError(t, err)
 	build := func(fc frontend.Config) (*ir.Module, error) {
 		fc.Set = sizes
+		if fc.Generate != nil {
+			fc.Generate.EveryRow = everyRow
+		}
 		return frontend.Build(fn, fc)
 	}
 	c := compile.Config{Model: "model.go", Batch: batch, Devices: dp * tp, DP: dp, TP: tp, Microbatches: 1, Optimizer: "adamw", DPSync: "sync",
@@ -128,6 +135,87 @@ func relClose(t testing.TB, want, got []float64, tol float64, what string) {
 	}
 }
 
+// A prefill computes the logits of each prompt's last token alone: its
+// logits output is [batch, vocab], and each row is, to the bit, the row
+// at that prompt's last token of the prefill that keeps every row, with
+// ragged prompts padded on the right, on one device, under dp2 (the
+// mask split with the batch) and under tp2 (a vocabulary-parallel head).
+// With a vocabulary of 2048 the logits are the prefill's largest
+// buffer, and its peak memory is lower.
+func TestPrefillComputesTheLastTokensLogits(t *testing.T) {
+	const batch, total = 4, 8
+	lens := []int{3, 8, 1, 5}
+	tokens, positions, last := make([]int32, batch*total), make([]int32, batch*total), make([]int32, batch*total)
+	for i := range tokens {
+		tokens[i], positions[i] = int32((i*37+11)%256), int32(i%total)
+	}
+	for b, n := range lens {
+		last[b*total+n-1] = 1
+	}
+	models := append(genModels[:len(genModels):len(genModels)], struct {
+		name string
+		fn   frontend.ModelFunc
+		set  string
+	}{"softcap", headModel(func(l *frontend.Tensor) *frontend.Tensor {
+		// Gemma's soft cap and a mask row over the vocabulary: the ops
+		// after the head are recorded again on the last tokens' rows.
+		b := l.Builder()
+		mask := make([]float64, l.Dim(1))
+		mask[len(mask)-1] = -1e4
+		return l.Scale(1.0 / 30).Tanh().Scale(30).Add(b.Constant("mask", mask, 1, len(mask)))
+	}), "layers=1"})
+	for _, m := range models {
+		for _, plan := range []struct{ dp, tp int }{{1, 1}, {2, 1}, {1, 2}} {
+			t.Run(fmt.Sprintf("%s/dp%d/tp%d", m.name, plan.dp, plan.tp), func(t *testing.T) {
+				set := m.set + ",vocab=2048"
+				all, pall, _ := genCompile(t, m.fn, set, plan.dp, plan.tp, batch, total, total, true)
+				every := genStep(t, pall, tokens, positions)
+				g, pre, _ := genCompile(t, m.fn, set, plan.dp, plan.tp, batch, total, total, false)
+				id, ok := g.Prefill.Outputs[ir.OutputLogits]
+				require.True(t, ok)
+				vocab := len(every) / (batch * total)
+				assert.Equal(t, []int{batch, vocab}, []int(g.Prefill.Buffers[id].Global.Shape), "the prefill's logits")
+				require.NoError(t, pre.SetInt32(ir.InputLastToken, last))
+				got := genStep(t, pre, tokens, positions)
+				require.Len(t, got, batch*vocab)
+				for b, n := range lens {
+					row := (b*total + n - 1) * vocab
+					assert.Equal(t, every[row:row+vocab], got[b*vocab:(b+1)*vocab], "prompt %d's last token (%d)", b, n)
+				}
+				assert.Less(t, g.Prefill.PeakBytes, all.Prefill.PeakBytes, "the prefill's peak memory")
+			})
+		}
+	}
+}
+
+// A head the prefill cannot narrow (an op after it that mixes a row's
+// logits, here a softmax) keeps every row, as the engine reads.
+func TestPrefillKeepsEveryRowOfAnotherHead(t *testing.T) {
+	g, _, _ := genCompile(t, headModel((*frontend.Tensor).Softmax), "", 1, 1, 2, 8, 8, false)
+	_, ok := g.Prefill.Sources[ir.InputLastToken]
+	assert.False(t, ok)
+	id := g.Prefill.Outputs[ir.OutputLogits]
+	assert.Equal(t, []int{2 * 8, 256}, []int(g.Prefill.Buffers[id].Global.Shape))
+}
+
+// headModel is a one-block GPT whose head's logits go through after
+// before the loss.
+func headModel(after func(*frontend.Tensor) *frontend.Tensor) frontend.ModelFunc {
+	return func(b *frontend.Builder) {
+		layers := b.Int("layers", 1, "blocks")
+		vocab := b.Int("vocab", 256, "vocabulary")
+		seq, batch := b.Sequence(16), b.Batch()
+		tokens := b.Input("tokens", ir.I32, batch, seq)
+		targets := b.Input("targets", ir.I32, batch, seq)
+		x, wte := nn.Embedding(tokens, "wte", vocab, 32)
+		for i := range layers {
+			x = gpt2.Block(x, fmt.Sprintf("h.%d", i), gpt2.BlockConfig{Heads: 4, Layers: layers, Activation: "gelu"})
+		}
+		x = nn.LayerNorm(x, "ln_f", gpt2.LayerNormEps)
+		b.Loss(nn.CrossEntropy(after(x.Reshape(batch*seq, 32).MatMulT(wte)), targets))
+	}
+}
+
 // Decoding token by token against the key/value cache gives, at every
 // position, the logits one prefill over the whole sequence gives: the
 // cache holds exactly the keys and values of the earlier tokens, and
@@ -141,7 +229,7 @@ func TestDecodeMatchesPrefill(t *testing.T) {
 	for _, m := range genModels {
 		for _, tp := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%s/tp%d", m.name, tp), func(t *testing.T) {
-				g, pre, dec := genCompile(t, m.fn, m.set, 1, tp, batch, total, total)
+				g, pre, dec := genCompile(t, m.fn, m.set, 1, tp, batch, total, total, true)
 				seqs := make([]int32, batch*total)
 				for i := range seqs {
 					seqs[i] = int32((i*37 + 11) % 256)

@@ -137,7 +137,7 @@ func TestGreedyMatchesPyTorch(t *testing.T) {
 			w := filepath.Join(t.TempDir(), "w.safetensors")
 			for _, tp := range []int{1, 2} {
 				t.Run(fmt.Sprintf("tp%d", tp), func(t *testing.T) {
-					_, pre, dec := genCompile(t, m.fn, m.set, 1, tp, len(prompts), longest, context)
+					_, pre, dec := genCompile(t, m.fn, m.set, 1, tp, len(prompts), longest, context, false)
 					if tp == 1 {
 						saveParams(t, pre, w)
 						torch = runTorchRef(t, python, torchJob{Family: m.family, Config: m.config, Weights: w, Prompts: prompts, NewTokens: newTokens, DType: "float32", Threads: 1})

@@ -399,11 +399,12 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		}
 	}
 	for {
-		// The prefill's logits are [batch·longest prompt, vocab]: all the
-		// prompts of a real vocabulary together may not fit (the device
-		// memory given, or the machine's on the CPU backend, where the
-		// prefill and decode programs are checked together) where a few
-		// at a time do. Without --batch, fewer a step, said; with it, the
+		// The prefill holds [batch·longest prompt, hidden] activations a
+		// layer (and, for a head it cannot narrow to the last tokens,
+		// [batch·longest prompt, vocab] logits): all the prompts together
+		// may not fit (the device memory given, or the machine's on the
+		// CPU backend, where the prefill and decode programs are checked
+		// together) where a few at a time do. Without --batch, fewer a step, said; with it, the
 		// refusal names the figures.
 		if err == nil && g.backend == "cpu" {
 			err = g.checkHostMemory(gen)

@@ -614,9 +614,9 @@ func TestLossyAsHuggingFace(t *testing.T) {
 	}
 }
 
-// Prompts that do not fit memory all together (the prefill's logits are
-// batch × longest prompt × vocab) are generated fewer a step when --batch
-// is left out, said, with the tokens all at once would give; with
+// Prompts that do not fit memory all together (the prefill's activations
+// are batch × longest prompt × hidden a layer) are generated fewer a step
+// when --batch is left out, said, with the tokens all at once would give; with
 // --batch given, the refusal stands.
 func TestGenerateFitsFewerPromptsAStep(t *testing.T) {
 	w := filepath.Join(tinyWeights(t), "w.safetensors")

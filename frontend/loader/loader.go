@@ -335,6 +335,9 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 	}
 	if g := cfg.Generate; g != nil {
 		args = append(args, "-gen-step", strconv.Itoa(g.Step), "-gen-context", strconv.Itoa(g.Context))
+		if g.EveryRow {
+			args = append(args, "-gen-every-row")
+		}
 	}
 	if describe {
 		args = append(args, "-describe")
