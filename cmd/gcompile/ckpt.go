@@ -491,7 +491,7 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 	// the data (another dataset pads another vocabulary).
 	ex := checkpoint.Expect{ModelFingerprint: fingerprint, Plan: plan, Set: c.Set}
 	if c.tokens != nil {
-		ex.DataAlso = []string{c.tokens.namedIdentity(c)}
+		ex.DataAlso = c.tokens.legacyIdentities(c)
 	}
 	m, err := checkpoint.RestoreState(dev, progs, dir, ex)
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"gcompile/data"
-	"gcompile/data/sample"
 	"gcompile/data/tokenizer"
 	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
@@ -150,7 +149,7 @@ func (c *config) inputPaths() []outputPath {
 	// a blend by several: their files are PREFIX.bin, .idx and
 	// gcompile's .json beside them.
 	if isTokenData(c.data) {
-		if parts, err := sample.ParseBlend(c.data); err == nil {
+		if parts, err := dataBlend(c.data); err == nil {
 			for _, p := range parts {
 				for _, ext := range []string{".bin", ".idx", ".json"} {
 					in = append(in, outputPath{flag: "data", path: datasetPrefix(p.Prefix) + ext})

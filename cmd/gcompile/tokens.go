@@ -68,14 +68,19 @@ func (td *tokenData) rebuilt() (n int, dirs []string) {
 }
 
 // isTokenData says whether --data names token datasets rather than text: a
-// blend (weights and prefixes), a PREFIX.idx, a PREFIX.bin beside its .idx,
-// or a prefix whose .idx exists. A lone .bin is a file like any other (the
-// text loader refuses it as binary).
+// PREFIX, PREFIX.bin, PREFIX.idx or PREFIX.json whose PREFIX.idx exists
+// (spaces in its path and all), a blend (weights and prefixes), a name
+// ending .idx, or a prefix that names no file but has its .bin. A lone
+// .bin is a file like any other (the text loader refuses it as binary),
+// and so is any other file or folder that exists.
 func isTokenData(s string) bool {
-	if strings.ContainsAny(strings.TrimSpace(s), " \t\n") || strings.HasSuffix(s, ".idx") {
+	if _, ok := oneDataset(s); ok {
 		return true
 	}
-	if _, err := os.Stat(datasetPrefix(s) + ".idx"); err == nil {
+	if _, err := os.Stat(s); err == nil {
+		return false
+	}
+	if strings.ContainsAny(strings.TrimSpace(s), " \t\n") || strings.HasSuffix(s, ".idx") {
 		return true
 	}
 	// A prefix that names no file but has its .bin is a dataset without
@@ -85,6 +90,51 @@ func isTokenData(s string) bool {
 		return err == nil
 	}
 	return false
+}
+
+// oneDataset is the prefix of the one token dataset s names, when its
+// PREFIX.idx exists: s is PREFIX, PREFIX.bin, PREFIX.idx or gcompile's
+// PREFIX.json record (which, read as text, would train on the record).
+// A path with spaces is one dataset too, not a blend.
+func oneDataset(s string) (string, bool) {
+	for _, p := range []string{datasetPrefix(s), strings.TrimSuffix(s, ".json")} {
+		if fi, err := os.Stat(p + ".idx"); err == nil && !fi.IsDir() {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// dataBlend is --data's datasets: one dataset named whole (oneDataset),
+// or Megatron's blend of weights and prefixes, each prefix given as
+// oneDataset takes it. A dataset named twice is refused: each part
+// draws its samples in the same order, so the two would give the same
+// samples, not twice the data.
+func dataBlend(s string) ([]sample.BlendPart, error) {
+	if p, ok := oneDataset(s); ok {
+		return []sample.BlendPart{{Weight: 1, Prefix: p}}, nil
+	}
+	parts, err := sample.ParseBlend(s)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]int{}
+	for i := range parts {
+		if p, ok := oneDataset(parts[i].Prefix); ok {
+			parts[i].Prefix = p
+		} else {
+			parts[i].Prefix = datasetPrefix(parts[i].Prefix)
+		}
+		abs, err := filepath.Abs(parts[i].Prefix)
+		if err != nil {
+			abs = filepath.Clean(parts[i].Prefix)
+		}
+		if j, dup := seen[abs]; dup {
+			return nil, fmt.Errorf("%w: the dataset %s is named twice (parts %d and %d, weights %g and %g): each part draws its samples in the same order, so both would give the same ones; name it once with the weights added", sample.ErrBlendPrefix, parts[i].Prefix, j+1, i+1, parts[j].Weight, parts[i].Weight)
+		}
+		seen[abs] = i
+	}
+	return parts, nil
 }
 
 // datasetsIn are the token datasets (PREFIX.idx with its PREFIX.bin) in
@@ -131,7 +181,7 @@ func (c *config) openTokenData() error {
 // Nothing of the data is read but the index files and, for a dataset
 // without gcompile's metadata, one scan for its largest id (cached).
 func openTokenData(c *config) (*tokenData, error) {
-	parts, err := sample.ParseBlend(c.data)
+	parts, err := dataBlend(c.data)
 	if err != nil {
 		return nil, fmt.Errorf("--data %q: %w", c.data, err)
 	}
@@ -378,6 +428,12 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 	var caches []string
 	for i, ds := range td.sets {
 		p := td.parts[i]
+		if p.Weight == 0 {
+			// A part turned off by its weight draws no sample: its splits
+			// need not hold one.
+			log("data %s: weight 0, no samples drawn\n", p.Prefix)
+			continue
+		}
 		ranges := sample.SplitRanges(ds.NumSequences(), split)
 		cache := c.dataCacheDir
 		var shared []string
@@ -430,6 +486,12 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 		if train, err = sample.NewBlend(weights, trains); err != nil {
 			return nil, fmt.Errorf("--data: %w", err)
 		}
+	}
+	if reads, per := int64(c.steps)*int64(c.Batch), train.SamplesPerEpoch(); per > 0 && reads > per {
+		// Past one epoch the samples repeat, each epoch in a new order,
+		// as Megatron's do: said, since it changes what a run learns.
+		log("training: --steps %d × --batch %d read %d samples, %.3g epochs of the training split's %d (each epoch shuffled anew)\n",
+			c.steps, c.Batch, reads, float64(reads)/float64(per), per)
 	}
 	switch {
 	case len(evals) == 1:
@@ -527,14 +589,17 @@ func (td *tokenData) describe() string {
 // their names, so a dataset moved or renamed resumes), their weights, the
 // split and the tokenizer. Resuming on other data would go on silently on
 // tokens the run never saw in the order it assumed.
-func (td *tokenData) identity(c *config) string { return td.identityWith(c, false) }
+func (td *tokenData) identity(c *config) string { return td.identityWith(c, false, false) }
 
-// namedIdentity is identity as checkpoints saved before it left the
-// names out spell it, each dataset's base name before its fingerprint:
-// such a checkpoint still resumes (checkpoint.Expect.DataAlso).
-func (td *tokenData) namedIdentity(c *config) string { return td.identityWith(c, true) }
+// legacyIdentities are identity as checkpoints saved before it spell it,
+// so that they still resume (checkpoint.Expect.DataAlso): each dataset's
+// base name before its fingerprint, and --split as it was typed rather
+// than its fractions (which made 98/2 another split than 98,2).
+func (td *tokenData) legacyIdentities(c *config) []string {
+	return []string{td.identityWith(c, true, true), td.identityWith(c, false, true)}
+}
 
-func (td *tokenData) identityWith(c *config, named bool) string {
+func (td *tokenData) identityWith(c *config, named, typedSplit bool) string {
 	var b strings.Builder
 	for i, p := range td.parts {
 		if named {
@@ -543,7 +608,17 @@ func (td *tokenData) identityWith(c *config, named bool) string {
 			fmt.Fprintf(&b, "%g %s;", p.Weight, td.sets[i].ContentFingerprint())
 		}
 	}
-	fmt.Fprintf(&b, "split %s", c.split)
+	split := c.split
+	if w, err := sample.ParseSplit(c.split); err == nil && !typedSplit {
+		// The fractions the split's documents follow: "98,2", "98/2" and
+		// "49,1" are one split.
+		f := make([]string, len(w))
+		for i, x := range w {
+			f[i] = strconv.FormatFloat(x, 'g', -1, 64)
+		}
+		split = strings.Join(f, ",")
+	}
+	fmt.Fprintf(&b, "split %s", split)
 	if td.tok != nil {
 		fmt.Fprintf(&b, ";tokenizer %s", td.tok.Fingerprint())
 	}
@@ -559,9 +634,9 @@ func vocabFix(c *config, td *tokenData) string {
 }
 
 // maxDataVocab bounds a vocabulary taken from a dataset's largest id
-// alone (no tokenizer or metadata gives it): 2^24 rows, far past any
-// published tokenizer's (Gemma's 256k).
-const maxDataVocab = 1 << 24
+// alone (no tokenizer or metadata gives it), as a record's vocab_size is
+// bounded.
+const maxDataVocab = prepare.MaxVocabSize
 
 // cachedMaxToken is a dataset's largest id: one scan of its .bin the first
 // time (a dataset gcompile did not prepare has no metadata saying it),
@@ -578,7 +653,7 @@ func cachedMaxToken(ds *indexed.Dataset, prefix, cacheDir string) (id int32, cac
 	// A scan done beside a read-only dataset serves every user.
 	for _, dir := range append(shared, cacheDir) {
 		file := filepath.Join(dir, "maxtoken-"+ds.Fingerprint())
-		if n, ok := readMaxToken(file); ok {
+		if n, ok := readMaxToken(file, ds.DType()); ok {
 			return n, file, nil
 		}
 	}
@@ -604,8 +679,9 @@ func cachedMaxToken(ds *indexed.Dataset, prefix, cacheDir string) (id int32, cac
 
 // readMaxToken reads a cached largest id. A regular file only: a pipe
 // there would hang the read (anything else is replaced when the scan is
-// cached again).
-func readMaxToken(file string) (int32, bool) {
+// cached again); and an id the dataset's dtype can store, or the file is
+// damaged and the scan is made again.
+func readMaxToken(file string, dt indexed.DType) (int32, bool) {
 	if fi, err := os.Stat(file); err != nil || !fi.Mode().IsRegular() {
 		return 0, false
 	}
@@ -614,7 +690,7 @@ func readMaxToken(file string) (int32, bool) {
 		return 0, false
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 32)
-	if err != nil || n < 0 {
+	if _, hi := dt.Range(); err != nil || n < 0 || n > int64(hi) {
 		return 0, false
 	}
 	return int32(n), true

@@ -23,6 +23,7 @@ import (
 
 	"gcompile/compile"
 	"gcompile/data/indexed"
+	"gcompile/data/sample"
 	"gcompile/data/tokenizer"
 	"gcompile/internal/fifotest"
 	"gcompile/lower"
@@ -118,22 +119,32 @@ func TestTokenDatasetResumeIsBitIdentical(t *testing.T) {
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(raw, &m))
 	plan := m["plan"].(map[string]any)
-	weight, fp, ok := strings.Cut(plan["data"].(string), " ")
-	require.True(t, ok, "the identity %q", plan["data"])
-	plan["data"] = weight + " " + filepath.Base(prefix) + " " + fp
-	delete(m, "checksum") // as a checkpoint saved before manifests had one
-	raw, err = json.Marshal(m)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(manifest, raw, 0o644))
-	_, err = run("--checkpoint-dir", filepath.Join(dir, "named-resumed"), "--resume", named)
-	require.NoError(t, err, "a checkpoint whose identity names the dataset")
+	identity := plan["data"].(string)
+	weight, fp, ok := strings.Cut(identity, " ")
+	require.True(t, ok, "the identity %q", identity)
+	require.True(t, strings.HasSuffix(fp, ";split 0.8,0.2,0"), "the split as its fractions: %q", identity)
+	fp = strings.TrimSuffix(fp, "0.8,0.2,0") + "80,20" // as typed, as identities had it before
+	for _, legacy := range []string{weight + " " + filepath.Base(prefix) + " " + fp, weight + " " + fp} {
+		plan["data"] = legacy
+		delete(m, "checksum") // as a checkpoint saved before manifests had one
+		raw, err = json.Marshal(m)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(manifest, raw, 0o644))
+		_, err = run("--checkpoint-dir", filepath.Join(t.TempDir(), "named-resumed"), "--resume", named)
+		require.NoError(t, err, "a checkpoint whose identity is %q", legacy)
+	}
 
+	// The split is its fractions, however typed.
+	for _, split := range []string{"80/20", "4,1", " 80, 20,0"} {
+		_, err = run("--checkpoint-dir", filepath.Join(t.TempDir(), "same-split"), "--resume", checkpoint.StepDir(filepath.Join(dir, "cut"), 10), "--split", split)
+		require.NoError(t, err, "--split %q", split)
+	}
 	_, err = run("--checkpoint-dir", filepath.Join(dir, "cut2"), "--resume", filepath.Join(dir, "cut"), "--split", "70,30")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the checkpoint was trained on other data")
-	assert.Contains(t, err.Error(), "split 80,20")
-	assert.Contains(t, err.Error(), "split 70,30")
-	assert.Contains(t, err.Error(), ": they differ in the split (80,20, this run's 70,30): ", "the part that differs is named")
+	assert.Contains(t, err.Error(), "split 0.8,0.2,0")
+	assert.Contains(t, err.Error(), "split 0.7,0.3,0")
+	assert.Contains(t, err.Error(), ": they differ in the split (0.8,0.2,0, this run's 0.7,0.3,0): ", "the part that differs is named")
 }
 
 // A job of two processes (dp2·tp2) on a token dataset trains bit for bit as
@@ -369,7 +380,8 @@ func TestDataPrepareThenTrain(t *testing.T) {
 }
 
 // A blend of two datasets trains, and its record names both with their
-// weights; a resumed run must give the same blend.
+// weights; a resumed run must give the same blend. A part of weight 0
+// draws nothing.
 func TestTrainsOnABlend(t *testing.T) {
 	dir := t.TempDir()
 	a := tokenDataset(t, dir, 60, 20, 200, 6)
@@ -394,6 +406,16 @@ func TestTrainsOnABlend(t *testing.T) {
 	small := tokenDataset(t, dir, 40, 12, 250, 1)
 	require.Error(t, mainErr(tokenGPT(t, small, "--steps", "1")), "98,2 leaves 15 held-out tokens for windows of 17")
 	require.NoError(t, mainErr(tokenGPT(t, small, "--steps", "1", "--eval-batches", "-1")))
+
+	// Nor is it for a part of weight 0, which draws no sample: the run
+	// is the run on the other part alone.
+	only := filepath.Join(dir, "only.json")
+	require.NoError(t, mainErr(tokenGPT(t, a, "--steps", "2", "--split", "80,20", "--data", a, "--metrics", only)))
+	tiny := tokenDataset(t, dir, 3, 3, 250, 2) // too few tokens for a sample in either split
+	require.Error(t, mainErr(tokenGPT(t, a, "--steps", "2", "--split", "80,20", "--data", "0.5 "+tiny+" 0.5 "+a)))
+	zero := filepath.Join(dir, "zero.json")
+	require.NoError(t, mainErr(tokenGPT(t, a, "--steps", "2", "--split", "80,20", "--data", "0 "+tiny+" 1 "+a, "--metrics", zero)))
+	assert.Equal(t, losses(readMetrics(t, only)), losses(readMetrics(t, zero)))
 }
 
 // The padding rows of a vocabulary padded past the data's ids are masked
@@ -614,7 +636,8 @@ func TestNoEvaluationNeedsNoHeldOutText(t *testing.T) {
 
 // An evaluation that reads more held-out samples than the split holds
 // wraps around it, as Megatron's validation sampler does; the log says so
-// and how many batches read each sample at most once.
+// and how many batches read each sample at most once. Training past an
+// epoch is said, with how many epochs.
 func TestEvalBatchesPastTheHeldOutSplitAreNoted(t *testing.T) {
 	dir := t.TempDir()
 	prefix := tokenDataset(t, dir, 40, 20, 200, 6)
@@ -623,9 +646,16 @@ func TestEvalBatchesPastTheHeldOutSplitAreNoted(t *testing.T) {
 	log, err := captureStderr(t, func() error { return mainErr(append(slices.Clone(base), "--eval-batches", "1")) })
 	require.NoError(t, err)
 	assert.NotContains(t, log, "reads some twice")
+	assert.NotContains(t, log, "epochs", "one step is not past an epoch")
 	log, err = captureStderr(t, func() error { return mainErr(append(slices.Clone(base), "--eval-batches", "50")) })
 	require.NoError(t, err)
 	assert.Regexp(t, `held-out split: \d+ samples, fewer than the 200 an evaluation reads \(--eval-batches 50 × --batch 4\), so it reads some twice or more; --eval-batches \d+ reads each at most once`, log)
+	// Training past an epoch is said too.
+	log, err = captureStderr(t, func() error {
+		return mainErr(append(slices.Clone(base), "--eval-batches", "-1", "--steps", "30"))
+	})
+	require.NoError(t, err)
+	assert.Regexp(t, `training: --steps 30 × --batch 4 read 120 samples, \d\.\d+ epochs of the training split's \d+ \(each epoch shuffled anew\)`, log)
 
 	// Byte text too: its last 5 % (100 bytes) holds 83 windows of 16+1.
 	text := filepath.Join(dir, "small.txt")
@@ -765,6 +795,64 @@ func TestMaxTokenCacheThatIsAPipeIsReplaced(t *testing.T) {
 		return err
 	}))
 	assert.Equal(t, int32(199), n)
+}
+
+// A cached largest id that the dataset's dtype cannot store (a damaged or
+// edited cache) is scanned again, not taken: it would size the model's
+// vocabulary.
+func TestMaxTokenCachePastItsDTypeIsScannedAgain(t *testing.T) {
+	dir := t.TempDir()
+	prefix := tokenDataset(t, dir, 20, 20, 200, 15)
+	ds, err := indexed.Open(prefix)
+	require.NoError(t, err)
+	defer ds.Close()
+	require.Equal(t, indexed.Uint16, ds.DType())
+	cache := filepath.Join(dir, "cache")
+	require.NoError(t, os.MkdirAll(cache, 0o755))
+	file := filepath.Join(cache, "maxtoken-"+ds.Fingerprint())
+	for _, bad := range []string{"99999\n", "-1\n", "x\n"} {
+		require.NoError(t, os.WriteFile(file, []byte(bad), 0o644))
+		n, from, err := cachedMaxToken(ds, prefix, cache)
+		require.NoError(t, err)
+		assert.Equal(t, int32(199), n, "cache %q", bad)
+		assert.Empty(t, from, "scanned, not read from the cache")
+	}
+	n, from, err := cachedMaxToken(ds, prefix, cache)
+	require.NoError(t, err)
+	assert.Equal(t, int32(199), n)
+	assert.Equal(t, file, from, "the scan cached again")
+}
+
+// --data takes a path whole when it names one: a dataset or a text file
+// whose path has spaces is not a blend, and PREFIX.json (the dataset's
+// record) is the dataset, as PREFIX.bin and PREFIX.idx are, not a text
+// file to train on. A blend naming one dataset twice is refused.
+func TestDataPathsAreTakenWhole(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a folder")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	prefix := tokenDataset(t, dir, 40, 12, 250, 1)
+	for _, data := range []string{prefix, prefix + ".json", prefix + ".bin"} {
+		if data == prefix+".json" {
+			writeFile(t, data, `{"format": "not gcompile's"}`) // another tool's record: the dataset reads without one
+		}
+		path := filepath.Join(t.TempDir(), "m.json")
+		require.NoError(t, mainErr(tokenGPT(t, data, "--steps", "1", "--split", "80,20", "--metrics", path)), "--data %q", data)
+		m := readMetrics(t, path)
+		require.NotNil(t, m.Data)
+		assert.Positive(t, m.Data.Tokens, "--data %q: the token dataset", data)
+	}
+	text := filepath.Join(dir, "some text.txt")
+	writeFile(t, text, strings.Repeat("a text file whose name has a space. ", 40))
+	path := filepath.Join(t.TempDir(), "m.json")
+	require.NoError(t, mainErr(gir(t, append(slices.Clone(ckptGPT), "--data", text, "--steps", "1", "--metrics", path))))
+	m := readMetrics(t, path)
+	require.NotNil(t, m.Data)
+	assert.Positive(t, m.Data.TrainBytes, "read as text")
+
+	plain := tokenDataset(t, t.TempDir(), 40, 12, 250, 1) // a blend's words are split at spaces
+	err := mainErr(tokenGPT(t, fmt.Sprintf("0.5 %s 0.5 %s/./%s", plain, filepath.Dir(plain), filepath.Base(plain)), "--steps", "1"))
+	require.ErrorIs(t, err, sample.ErrBlendPrefix)
+	assert.Contains(t, err.Error(), "is named twice (parts 1 and 2, weights 0.5 and 0.5)")
 }
 
 // data prepare --bos begins each document with the tokenizer's BOS, as

@@ -10,7 +10,10 @@
 //
 //   - A text file (any name not listed below, optionally .gz) is one
 //     document: its whole contents, a leading UTF-8 byte order mark
-//     removed.
+//     removed. Bytes in it that are not UTF-8 (a Latin-1 file) are
+//     tokenized as they are, as the tokenizer's byte-level or
+//     byte-fallback tokens; a JSON Lines string cannot hold them, so
+//     there they stop the run (below).
 //   - In a .jsonl, .ndjson or .json file (optionally .gz), each line is one
 //     JSON object and one document, the string under Options.JSONKey
 //     ("text" by default). A .json input is read as JSON Lines, as

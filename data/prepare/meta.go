@@ -61,6 +61,11 @@ type Meta struct {
 
 func metaPath(prefix string) string { return prefix + ".json" }
 
+// MaxVocabSize bounds the vocabulary a dataset's record, or its largest
+// id alone, may give a model: 2^24 rows, far past any published
+// tokenizer's (Gemma's 256k).
+const MaxVocabSize = 1 << 24
+
 func metaOf(c config, s Summary) Meta {
 	var bos *int32
 	if c.bos >= 0 {
@@ -124,6 +129,13 @@ func ReadMeta(prefix string) (Meta, bool, error) {
 		return Meta{}, false, fmt.Errorf("%s: %w: version %d, want 1..%d", path, ErrMeta, m.Version, metaVersion)
 	case m.MaxToken < 0 || (m.VocabSize > 0 && int(m.MaxToken) >= m.VocabSize):
 		return Meta{}, false, fmt.Errorf("%s: %w: max_token %d does not fit vocab_size %d", path, ErrMeta, m.MaxToken, m.VocabSize)
+	case m.VocabSize < 0 || m.VocabSize > MaxVocabSize:
+		// The model's tables follow vocab_size: a damaged one would
+		// allocate them before any other check.
+		return Meta{}, false, fmt.Errorf("%s: %w: vocab_size %d, want 0 (unknown) to %d (2^24, far past any published tokenizer's)", path, ErrMeta, m.VocabSize, MaxVocabSize)
+	}
+	if _, hi := m.DType.Range(); hi >= 0 && m.MaxToken > hi {
+		return Meta{}, false, fmt.Errorf("%s: %w: max_token %d cannot be stored as its dtype %v (at most %d)", path, ErrMeta, m.MaxToken, m.DType, hi)
 	}
 	for _, f := range []struct {
 		ext  string
