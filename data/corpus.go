@@ -91,8 +91,14 @@ func goEnvGOROOT() (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+// ErrNoDefaultCorpus is the default corpus, the Go installation's
+// sources, not found (a machine without Go): name a text file or folder
+// (Options.Path) instead.
+var ErrNoDefaultCorpus = errors.New("no default corpus (the Go installation's sources)")
+
 // locateGoSrc returns root/src when that folder exists and otherwise the
-// src folder of the root that goEnv reports; it is split from DefaultPath so
+// src folder of the root that goEnv reports (ErrNoDefaultCorpus when
+// neither has one); it is split from DefaultPath so
 // tests can exercise the fallback.
 func locateGoSrc(root string, goEnv func() (string, error)) (string, error) {
 	var tried string
@@ -107,12 +113,12 @@ func locateGoSrc(root string, goEnv func() (string, error)) (string, error) {
 	}
 	envRoot, err := goEnv()
 	if err != nil {
-		return "", fmt.Errorf("data: cannot locate the Go sources for the default corpus (%s): %w; set Options.Path to a text file or folder instead", tried, err)
+		return "", fmt.Errorf("data: %w: cannot locate the Go sources (%s): %w", ErrNoDefaultCorpus, tried, err)
 	}
 	src := filepath.Join(envRoot, "src")
 	if envRoot == "" || !isDir(src) {
-		return "", fmt.Errorf("data: cannot locate the Go sources for the default corpus (%s; `go env GOROOT` gave %q, which has no src folder): %w; set Options.Path to a text file or folder instead",
-			tried, envRoot, fs.ErrNotExist)
+		return "", fmt.Errorf("data: %w: cannot locate the Go sources (%s; `go env GOROOT` gave %q, which has no src folder): %w",
+			ErrNoDefaultCorpus, tried, envRoot, fs.ErrNotExist)
 	}
 	return src, nil
 }

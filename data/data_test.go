@@ -481,7 +481,7 @@ func TestLocateGoSrc(t *testing.T) {
 		{"runtime root has sources", goroot, envMustNotRun, filepath.Join(goroot, "src"), nil},
 		{"fall back to go env", bogus, envGives(goroot, nil), filepath.Join(goroot, "src"), nil},
 		{"empty runtime root", "", envGives(goroot, nil), filepath.Join(goroot, "src"), nil},
-		{"go command missing", bogus, envGives("", fs.ErrNotExist), "", []string{bogus, "Options.Path"}},
+		{"go command missing", bogus, envGives("", fs.ErrNotExist), "", []string{bogus, "no default corpus (the Go installation's sources)"}},
 		{"go env root without sources", "", envGives(bogus, nil), "", []string{"runtime.GOROOT() is empty", bogus}},
 	}
 	for _, tt := range tests {

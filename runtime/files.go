@@ -36,7 +36,15 @@ func CreateTemp(dir, pattern string) (*os.File, error) {
 // fails (a full disk) leaves the file that was there and no temporary
 // file, and no other file beside path is touched (a fixed temporary name
 // would overwrite a user's file of that name).
-func WriteFileAtomic(path string, b []byte) (err error) {
+func WriteFileAtomic(path string, b []byte) error { return writeFile(path, b, true) }
+
+// ReplaceFile is WriteFileAtomic without the sync: a reader never sees
+// half a file, and a failed write leaves the old file, but a machine's
+// crash may lose the new one. For outputs remade at will (the compile's
+// dumps), many at a time.
+func ReplaceFile(path string, b []byte) error { return writeFile(path, b, false) }
+
+func writeFile(path string, b []byte, sync bool) (err error) {
 	f, err := createTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return fmt.Errorf("write %s: temporary file: %w", path, err)
@@ -51,8 +59,10 @@ func WriteFileAtomic(path string, b []byte) (err error) {
 	if _, err := f.Write(b); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("write %s: sync: %w", path, err)
+	if sync {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("write %s: sync: %w", path, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("write %s: close: %w", path, err)

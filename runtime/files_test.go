@@ -45,7 +45,8 @@ func TestWriteFileAtomicTouchesNoOtherFile(t *testing.T) {
 
 // A write that fails (a full disk, here a temporary file that cannot be
 // written; or a folder where the file goes, which the rename cannot
-// replace) leaves the file that was there and no temporary file.
+// replace) leaves the file that was there and no temporary file, synced
+// or not (ReplaceFile, the dumps').
 func TestWriteFileAtomicFailureLeavesNoTemporary(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "m.json")
@@ -62,13 +63,15 @@ func TestWriteFileAtomicFailureLeavesNoTemporary(t *testing.T) {
 		require.NoError(t, f.Close())
 		return os.Open(name) // read-only: every write fails
 	}
-	err := WriteFileAtomic(path, []byte("after"))
-	require.Error(t, err)
-	assert.ErrorContains(t, err, "write "+path)
-	raw, err := os.ReadFile(path)
-	require.NoError(t, err)
-	assert.Equal(t, "before", string(raw))
-	assert.Equal(t, []string{"m.json"}, entries(t, dir))
+	for _, write := range []func(string, []byte) error{WriteFileAtomic, ReplaceFile} {
+		err := write(path, []byte("after"))
+		require.Error(t, err)
+		assert.ErrorContains(t, err, "write "+path)
+		raw, err := os.ReadFile(path)
+		require.NoError(t, err)
+		assert.Equal(t, "before", string(raw))
+		assert.Equal(t, []string{"m.json"}, entries(t, dir))
+	}
 	createTemp = saved
 
 	blocked := filepath.Join(dir, "blocked")

@@ -41,6 +41,12 @@ type Metrics struct {
 	// loss that is not finite, a lost process), "" when none did: Steps
 	// then hold the steps that completed.
 	Failed string `json:"failed,omitempty"`
+	// InProgress marks the record a run writes at each checkpoint while
+	// it goes on: Steps hold those up to that checkpoint, so a run killed
+	// later (a node lost, the out-of-memory killer) leaves its record up
+	// to the checkpoint a requeued run resumes. The run's end, or its
+	// failure, writes the file again without it.
+	InProgress bool `json:"in_progress,omitempty"`
 }
 
 // CheckpointMetrics is one checkpoint save: its step and folder, and the

@@ -899,6 +899,7 @@ func TestOutputsInsideTheTextDataAreRefused(t *testing.T) {
 	// One process writes no log in --log-dir, which is noted as unused;
 	// a launch of two would, and is refused before it starts any.
 	require.NoError(t, mainErr(append(slices.Clone(base), "--log-dir", filepath.Join(text, "logs"))))
+	assert.NoDirExists(t, filepath.Join(text, "logs"), "nor makes the folder")
 	err := mainErr(append([]string{"launch", "--nproc", "2", "--"}, append(slices.Clone(base), "--devices", "2", "--dp", "2", "--log-dir", filepath.Join(text, "logs"))...))
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "launch: no process started: ")

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -226,7 +227,7 @@ func checkCheckpointRoom(c *config, j *job, m *ir.Module, resumeDir string) erro
 	}
 	one := checkpointBytes(m, c.Devices)
 	if free < one {
-		return fmt.Errorf("--checkpoint-dir %s: %s free, and one checkpoint of this model takes %s (its params and optimizer state): the first save would fail after training to it; free some space or give another folder",
+		return fmt.Errorf("--checkpoint-dir %s: %s free, and one checkpoint of this model takes up to %s (its params and optimizer state, with room for headers and the manifest): the first save would fail after training to it; free some space or give another folder",
 			c.ckptDir, lower.HumanBytes(free), lower.HumanBytes(one))
 	}
 	if keep := int64(c.keepLast) + 1; c.keepLast > 0 && free < keep*one {
@@ -318,6 +319,9 @@ type checkpointer struct {
 	// finalErr is the failure of the last step's checkpoint, which ends
 	// the run with an error after its other outputs are written.
 	finalErr error
+	// record writes the --metrics of the run so far after each save
+	// (nil: no --metrics, or not process 0).
+	record func() error
 }
 
 func (k *checkpointer) boundary(st runtime.State) (bool, error) {
@@ -363,6 +367,13 @@ func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 			save.ID = m.ID()
 		}
 		k.saves = append(k.saves, save)
+		if k.record != nil {
+			if err := k.record(); err != nil {
+				// The run goes on: its end writes the file again, and says
+				// so if it fails then too.
+				fmt.Fprintf(k.j.log, "note: --metrics %s: the record up to this checkpoint was not written: %v\n", k.c.metrics, err)
+			}
+		}
 		if k.j.lead() {
 			fmt.Fprintf(k.j.log, "checkpoint of step %d saved to %s in %.0f ms\n", st.Step, dir, ms)
 		}
@@ -395,7 +406,7 @@ func (k *checkpointer) note(st runtime.State, asked bool) {
 	fmt.Fprintf(k.j.log, "stopped by %s after step %d of %d: %s\n", why, st.Step, k.c.steps, how)
 }
 
-// preemption catches SIGTERM and SIGINT during training: the first asks
+// preemption catches stopSignals and SIGPIPE during training: the first asks
 // the run to stop at the next step boundary (after a checkpoint); a
 // second exits at once. A checkpoint being written then stays partial and
 // is never loaded; the previous one is intact.
@@ -409,15 +420,27 @@ type preemption struct {
 	last atomic.Value
 }
 
-// watchSignals watches for SIGTERM and SIGINT, saying what it does to log
-// (the job's log: a rank past 0 prefixes its lines with its rank).
+// watchSignals watches for stopSignals and SIGPIPE, saying what it does
+// to log (the job's log: a rank past 0 prefixes its lines with its rank).
+// SIGPIPE is a log whose reader went away (a pipe to head, a launcher
+// killed): the run stops at the step boundary as for SIGTERM, with its
+// checkpoint and outputs, rather than dying at its next line; later
+// writes to the closed pipe fail quietly.
 func watchSignals(log io.Writer) *preemption {
 	p := &preemption{ch: make(chan os.Signal, 2), done: make(chan struct{})}
-	signal.Notify(p.ch, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(p.ch, append(slices.Clone(stopSignals), syscall.SIGPIPE)...)
 	go func() {
 		for {
 			select {
 			case s := <-p.ch:
+				if s == syscall.SIGPIPE {
+					// For the rest of the process: the closed pipe stays
+					// closed, and the outputs are still to be written.
+					signal.Ignore(syscall.SIGPIPE)
+					if p.got.Load() != nil {
+						continue
+					}
+				}
 				if p.got.Load() != nil {
 					if last, _ := p.last.Load().(string); last != "" {
 						fmt.Fprintf(log, "gcompile: second %v: exiting now; the last complete checkpoint, %s, is intact (a save cut short is never loaded)\n", s, last)
@@ -699,7 +722,7 @@ func removeTempsOnSignal(out string) (stop func()) {
 // leaves files a plain exit would not remove. stop ends the watch.
 func cleanUpOnSignal(what string, clean func() string) (stop func()) {
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, stopSignals...)
 	done := make(chan struct{})
 	go func() {
 		select {

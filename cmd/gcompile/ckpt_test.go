@@ -736,10 +736,12 @@ func TestInspectDescribesTheCheckpoint(t *testing.T) {
 	assert.ErrorIs(t, err, checkpoint.ErrCorrupt)
 }
 
-// SIGTERM or SIGINT during training stops at the next step boundary with
-// a checkpoint and the outputs asked for, names it, and exits with the
-// signal's status (143, 130: the run did not finish); the run resumes
-// from it bit for bit.
+// SIGTERM, SIGINT or SIGHUP (the terminal gone) during training stops at
+// the next step boundary with a checkpoint and the outputs asked for,
+// names it, and exits with the signal's status (143, 130, 129: the run
+// did not finish); the run resumes from it bit for bit. So does a log
+// whose reader went away (SIGPIPE, 141): the run does not die at its
+// next line.
 func TestSignalSavesAndExits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
@@ -748,7 +750,7 @@ func TestSignalSavesAndExits(t *testing.T) {
 	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "100"))
 	whole := filepath.Join(dir, "whole")
 	require.NoError(t, mainErr(append(slices.Clone(args), "--checkpoint-dir", whole)))
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE} {
 		t.Run(sig.String(), func(t *testing.T) {
 			ck, metrics := filepath.Join(t.TempDir(), "ck"), filepath.Join(t.TempDir(), "m.json")
 			cmd := exec.Command(os.Args[0], append(slices.Clone(args), "--checkpoint-dir", ck, "--metrics", metrics)...)
@@ -763,18 +765,25 @@ func TestSignalSavesAndExits(t *testing.T) {
 				log.Write(buf[:n])
 				require.NoError(t, err, "%s", log.String())
 			}
-			require.NoError(t, cmd.Process.Signal(sig))
-			rest, _ := io.ReadAll(stderr)
-			log.Write(rest)
+			if sig == syscall.SIGPIPE {
+				// The log's reader goes away: its next line is the signal.
+				require.NoError(t, stderr.(io.Closer).Close())
+			} else {
+				require.NoError(t, cmd.Process.Signal(sig))
+				rest, _ := io.ReadAll(stderr)
+				log.Write(rest)
+			}
 			var exit *exec.ExitError
 			require.ErrorAs(t, cmd.Wait(), &exit, "%s", log.String())
 			assert.Equal(t, 128+int(sig), exit.ExitCode(), "exit status after a %v: %s", sig, log.String())
-			name := map[syscall.Signal]string{syscall.SIGTERM: "SIGTERM", syscall.SIGINT: "SIGINT"}[sig]
-			assert.Contains(t, log.String(), "stopped by "+name+" after step")
-			assert.Contains(t, log.String(), fmt.Sprintf("exit status %d, so that a scheduler does not take it for finished", 128+int(sig)))
+			name := signalName(sig)
 			found, err := checkpoint.Find(ck)
 			require.NoError(t, err)
-			assert.Contains(t, log.String(), "continue with --resume "+found)
+			if sig != syscall.SIGPIPE {
+				assert.Contains(t, log.String(), "stopped by "+name+" after step")
+				assert.Contains(t, log.String(), fmt.Sprintf("exit status %d, so that a scheduler does not take it for finished", 128+int(sig)))
+				assert.Contains(t, log.String(), "continue with --resume "+found)
+			}
 			m, err := checkpoint.ReadManifest(found)
 			require.NoError(t, err)
 			require.Less(t, m.State.Step, 100, "stopped early")
@@ -1494,6 +1503,51 @@ func TestResumeKeepsTheRunsMetrics(t *testing.T) {
 	assert.Zero(t, m.Carried)
 	require.Len(t, m.Steps, 3)
 	assert.Equal(t, 4, m.Steps[0].Step)
+}
+
+// A part killed without warning (SIGKILL: a node lost, the out-of-memory
+// killer) has written its --metrics record at each checkpoint, marked in
+// progress: the requeued part resumes from its last checkpoint and
+// carries the steps up to it, so the file holds every step of the run,
+// with the losses of the run that never stopped.
+func TestMetricsSurviveAKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	dir := t.TempDir()
+	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "400", "--eval-batches", "-1"))
+	whole := runMetrics(t, args...)
+	ck, met := filepath.Join(dir, "ck"), filepath.Join(dir, "m.json")
+	part := append(slices.Clone(args), "--checkpoint-dir", ck, "--checkpoint-every", "2", "--metrics", met)
+	require.NoError(t, mainErr(append(slices.Clone(part), "--stop-after", "2")))
+	cmd := exec.Command(os.Args[0], append(slices.Clone(part), "--resume", ck)...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	var log strings.Builder
+	buf := make([]byte, 4096)
+	for !strings.Contains(log.String(), "checkpoint of step 6 saved") {
+		n, err := stderr.Read(buf)
+		log.Write(buf[:n])
+		require.NoError(t, err, "%s", log.String())
+	}
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	killed := readMetrics(t, met)
+	assert.True(t, killed.InProgress)
+	require.NotEmpty(t, killed.Checkpoints)
+	last := killed.Checkpoints[len(killed.Checkpoints)-1].Step
+	require.GreaterOrEqual(t, last, 6)
+	require.Len(t, killed.Steps, last, "the steps up to the last checkpoint")
+
+	out, err := captureStderr(t, func() error { return mainErr(append(slices.Clone(part), "--resume", ck)) })
+	require.NoError(t, err)
+	assert.Contains(t, out, fmt.Sprintf("its %d steps are kept", last))
+	m := readMetrics(t, met)
+	assert.False(t, m.InProgress)
+	assert.Equal(t, last, m.Carried)
+	assert.Equal(t, losses(whole), losses(m), "every step's loss, in order")
 }
 
 // Runs that find the same stale lock take it over one at a time: exactly

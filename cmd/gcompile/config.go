@@ -462,7 +462,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.StringVar(&c.token, "token", "", "the job's token, presented by every connection (default: GCOMPILE_TOKEN, else derived from the launcher's job id)")
 	fs.DurationVar(&c.timeout, "timeout", runtime.DefaultTimeout, "how long any rank waits for another before the job fails (collectives, transfers, the plan check)")
 	fs.DurationVar(&c.rdzvTimeout, "rdzv-timeout", defaultRdzvTimeout, "how long the processes of a job wait for each other to start (the rendezvous); then rank 0 names those that never joined")
-	fs.StringVar(&c.logDir, "log-dir", "", "ranks other than 0 write their log to DIR/rank-N.log instead of stderr (rank 0 always logs to stderr)")
+	fs.StringVar(&c.logDir, "log-dir", "", "ranks other than 0 append their log to DIR/rank-N.log instead of writing it to stderr (rank 0 always logs to stderr)")
 	fs.BoolVar(&c.packGPU, "pack-gpu", false, "with --backend cuda: put all of this process's devices on one GPU as virtual devices, instead of one GPU each")
 
 	positional, err := parsePositional(fs, args)

@@ -98,6 +98,11 @@ func loadCorpus(c *config, m *ir.Module, seq int) (*data.Corpus, error) {
 // flag was given (the default corpus has none to name).
 func dataErr(c *config, err error) error {
 	if c.data == "" {
+		if errors.Is(err, data.ErrNoDefaultCorpus) {
+			// A .gir run on a machine without Go: the default text is not
+			// there, and the flag that replaces it is named.
+			return fmt.Errorf("%w; give --data a text file or folder, or a token dataset", err)
+		}
 		return err
 	}
 	return fmt.Errorf("--data %s: %w", c.data, err)

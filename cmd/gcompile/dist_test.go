@@ -959,7 +959,7 @@ func TestJobSignalledBeforeTraining(t *testing.T) {
 
 // SIGTERM to gcompile launch reaches every rank: they stop at a step
 // boundary, and the launcher exits 143, not 0 (the run did not finish)
-// nor 1 (nothing failed). A terminal's Ctrl-C, SIGINT to the launcher's
+// nor 1 (nothing failed); SIGHUP (the terminal gone) likewise, with 129. A terminal's Ctrl-C, SIGINT to the launcher's
 // whole process group, does the same with 130: the ranks run in groups
 // of their own, so they hear it once, from the launcher (heard twice,
 // they exited at once as on a second signal, with no checkpoint).
@@ -971,7 +971,7 @@ func TestLaunchPassesASignalOn(t *testing.T) {
 		sig   syscall.Signal
 		group bool
 		code  int
-	}{{syscall.SIGTERM, false, 143}, {syscall.SIGINT, true, 130}} {
+	}{{syscall.SIGTERM, false, 143}, {syscall.SIGINT, true, 130}, {syscall.SIGHUP, false, 129}} {
 		t.Run(fmt.Sprintf("%v group=%v", tc.sig, tc.group), func(t *testing.T) { launchAndSignal(t, tc.sig, tc.group, tc.code) })
 	}
 }
@@ -1006,6 +1006,24 @@ func launchAndSignal(t *testing.T, sig syscall.Signal, group bool, code int) {
 	assert.Contains(t, out.output(), "launch: stopped by "+signalName(sig)+": every rank stopped")
 	assert.NotContains(t, out.output(), "failed")
 	assert.NotContains(t, out.output(), "exiting now")
+}
+
+// --log-dir's logs are appended to, each run under a line of its own: a
+// requeued job keeps its earlier attempts' logs.
+func TestLogDirKeepsEarlierRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	logs := filepath.Join(t.TempDir(), "logs")
+	for range 2 {
+		cmd := exec.Command(os.Args[0], append([]string{"launch", "--nproc", "2", "--"}, faultArgs(t, 1, "--log-dir", logs)...)...)
+		cmd.Env = append(os.Environ(), asMainEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+	raw, err := os.ReadFile(filepath.Join(logs, "rank-1.log"))
+	require.NoError(t, err)
+	assert.Equal(t, 2, strings.Count(string(raw), "=== rank 1 of 2, pid "), "%s", raw)
 }
 
 // Only rank 0 says that it builds the model: a job of N processes prints

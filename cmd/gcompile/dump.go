@@ -11,6 +11,7 @@ import (
 	"gcompile/ir"
 	"gcompile/passes"
 	"gcompile/passes/dump"
+	"gcompile/runtime"
 )
 
 // dumper writes --dump output. A nil dumper (no --dump) does nothing, so
@@ -58,9 +59,12 @@ func (d *dumper) hooks() passes.Hooks {
 	}
 }
 
+// write writes one file of the dump whole or not at all: a full disk
+// leaves no .gir cut mid-line, which would fail to resume, or an
+// index.html naming files that are not there.
 func (d *dumper) write(name, text string) {
 	if d.err == nil {
-		d.err = os.WriteFile(filepath.Join(d.dir, name), []byte(text), 0o644)
+		d.err = runtime.ReplaceFile(filepath.Join(d.dir, name), []byte(text))
 	}
 }
 

@@ -112,7 +112,7 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		}
 		// Evaluating on other data than the training's is allowed (another
 		// corpus, another split), but said: the figure is not the run's.
-		if data := c.dataIdentity(); j.lead() && m.Plan.Data != "" && data != "" && m.Plan.Data != data {
+		if data := c.dataIdentity(); j.lead() && m.Plan.Data != "" && data != "" && m.Plan.Data != data && !c.tokens.legacyOf(c, m.Plan.Data) {
 			fmt.Fprintf(j.log, "note: the checkpoint was trained on %s; this evaluation reads %s\n", m.Plan.Data, data)
 		}
 	}

@@ -24,6 +24,13 @@ type exitStatus struct {
 func (e *exitStatus) Error() string { return e.err.Error() }
 func (e *exitStatus) Unwrap() error { return e.err }
 
+// stopSignals are the signals that stop gcompile's work cleanly: SIGINT
+// and SIGTERM (a user, a scheduler), and SIGHUP (the terminal or ssh
+// session the run was started from went away), which would otherwise
+// end a run at once, without the checkpoint a stop at the step boundary
+// writes. Training also catches SIGPIPE (watchSignals).
+var stopSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
 // signalStatus is the exit status of a run stopped by sig.
 func signalStatus(sig os.Signal) int {
 	if s, ok := sig.(syscall.Signal); ok {
@@ -39,6 +46,10 @@ func signalName(sig os.Signal) string {
 		return "SIGTERM"
 	case syscall.SIGINT:
 		return "SIGINT"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	case syscall.SIGPIPE:
+		return "SIGPIPE"
 	case syscall.SIGKILL:
 		return "SIGKILL"
 	case syscall.SIGSEGV:
@@ -54,7 +65,7 @@ func signalName(sig os.Signal) string {
 // interruptedRank matches the failure a process of a job reports when a
 // signal reached it before training (job.go), as the other processes
 // receive it: they exit with the same status.
-var interruptedRank = regexp.MustCompile(`rank \d+ was interrupted by (SIGTERM|SIGINT)`)
+var interruptedRank = regexp.MustCompile(`rank \d+ was interrupted by (SIGTERM|SIGINT|SIGHUP)`)
 
 // exitCode is the status gcompile exits with after err (not nil).
 func exitCode(err error) int {
@@ -63,20 +74,23 @@ func exitCode(err error) int {
 		return es.code
 	}
 	if m := interruptedRank.FindStringSubmatch(err.Error()); m != nil {
-		if m[1] == "SIGINT" {
+		switch m[1] {
+		case "SIGINT":
 			return signalStatus(syscall.SIGINT)
+		case "SIGHUP":
+			return signalStatus(syscall.SIGHUP)
 		}
 		return signalStatus(syscall.SIGTERM)
 	}
 	return 1
 }
 
-// signalContext ends at the first SIGINT or SIGTERM; got says which
+// signalContext ends at the first of stopSignals; got says which
 // signal ended it (nil while none has). stop restores the default
 // handling.
 func signalContext() (ctx context.Context, got func() os.Signal, stop func()) {
 	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(ch, stopSignals...)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	done := make(chan struct{})
 	var sig os.Signal

@@ -428,7 +428,7 @@ func TestEvalOnATokenDataset(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Contains(t, log, "note: the checkpoint was trained on ")
-	assert.Contains(t, log, "split 80,20; this evaluation reads ")
+	assert.Contains(t, log, "split 0.8,0.2,0; this evaluation reads ")
 	whole := eval("--eval-batches", "0")
 	require.Greater(t, whole.Batches, 8, "the held-out split holds more than training's 8 batches")
 	same := eval("--eval-batches", strconv.Itoa(whole.Batches), "--devices", "2", "--tp", "2")

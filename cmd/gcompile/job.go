@@ -280,10 +280,15 @@ func (j *job) openLog(dir string) error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("--log-dir: %w", err)
 		}
-		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("rank-%d.log", j.world.Rank)))
+		// Appended to, under a line that starts each run: a requeued
+		// job's earlier attempts keep their logs, a failed one's above
+		// all, as the launcher's own output (to a file a scheduler
+		// appends) keeps them.
+		f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("rank-%d.log", j.world.Rank)), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			return fmt.Errorf("--log-dir: %w", err)
 		}
+		fmt.Fprintf(f, "=== rank %d of %d, pid %d, started %s ===\n", j.world.Rank, j.world.Size, os.Getpid(), time.Now().Format(time.RFC3339))
 		j.log, j.closer = f, f
 		return nil
 	}
@@ -359,7 +364,7 @@ func (j *job) rendezvous() error {
 		return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %w", w.Rank, w.Size, err)
 	}
 	j.started.Store(true)
-	j.setPhase("training")
+	j.setPhase("compiling and loading, before the first step") // train says when it trains
 	go j.beat()
 	if j.server != nil && j.timeout > stallLimit {
 		go j.watchBeats()

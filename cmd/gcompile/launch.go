@@ -41,7 +41,7 @@ func launchMain(args []string) error {
 	fs.SetOutput(os.Stderr)
 	nproc := fs.Int("nproc", 0, "number of processes to start on this machine")
 	port := fs.Int("master-port", 0, "rendezvous port (0: a free one)")
-	grace := fs.Duration("grace", 10*time.Second, "after one process fails, how long the others get to exit before they are killed")
+	grace := fs.Duration("grace", 10*time.Second, fmt.Sprintf("after one process fails and the others have had %v to stop by themselves (they hear of it through the job) and then SIGTERM, how long they get to exit before they are killed", ownStopWait))
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: gcompile launch --nproc N [flags] -- MODEL.go|MODEL.gir [gcompile flags]\n\n")
 		fs.PrintDefaults()
@@ -259,7 +259,7 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		}
 	}
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, stopSignals...)
 	defer signal.Stop(sigs)
 	started := 0
 	var first error
@@ -267,6 +267,7 @@ func supervise(self string, args []string, n, port int, token string, grace time
 	// The rank that failed first and how, and whether the launcher has
 	// sent the others SIGTERM since (they then report that signal).
 	firstRank, termSent := -1, false
+	killedOnSecond := false
 	var firstExit error
 starting:
 	for r := range n {
@@ -305,7 +306,7 @@ starting:
 				// A rank a signal stopped at a step boundary (sent to it
 				// alone, by a scheduler or by hand): the others stop the
 				// same way, and the job exits as a stopped run.
-				for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+				for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
 					// Killed by it outright too: a rank the signal reached
 					// before its handler was set up.
 					if ee.ExitCode() == signalStatus(sig) || killedBy(ee, sig) {
@@ -348,14 +349,18 @@ starting:
 				continue
 			}
 			if first == nil {
-				first = fmt.Errorf("launch: %v again; killing every rank", s)
+				// Killed as asked, with the status a second signal gives a
+				// run of one process.
+				first = &exitStatus{code: signalStatus(s), err: fmt.Errorf("launch: %s again: every rank killed (a checkpoint being saved stays partial and is never loaded)", signalName(s))}
+				killedOnSecond = true
 			}
 			signalAll(syscall.SIGKILL)
 		case <-kill:
 			signalAll(syscall.SIGKILL)
 		}
 	}
-	if first != nil {
+	if first != nil && !killedOnSecond {
+		// A rank's failure, not the user's second signal: its cause.
 		if cause := failureCause(tails, firstRank, firstExit, termSent); cause != "" {
 			first = fmt.Errorf("%w\nlaunch: the cause: %s", first, cause)
 		}

@@ -22,7 +22,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -229,8 +228,10 @@ func compileAndRun(c *config, j *job) (err error) {
 		}
 		passErr = &exitStatus{err: passErr, code: signalStatus(sig)}
 	}
+	var dumpErr error
 	if res != nil && res.Module != nil {
-		outErrs = append(outErrs, dumper.finish(res.Module, passErr))
+		dumpErr = dumper.finish(res.Module, passErr)
+		outErrs = append(outErrs, dumpErr)
 	}
 	// An output that failed before training is said now, not only when
 	// the run ends (a full disk found by the dump after an hour's
@@ -281,7 +282,7 @@ func compileAndRun(c *config, j *job) (err error) {
 			fmt.Fprintf(j.log, "schedule %s (p=%d v=%d m=%d): bubble %.4f in theory, %.4f simulated; activations stashed per rank %v\n%s",
 				sched.Name, sched.Ranks, sched.Chunks, sched.Micro, c.BubbleTheory(), res.Simulated.Bubble, res.Simulated.StashPeak, sched)
 		}
-		if c.dump != "" {
+		if c.dump != "" && dumpErr == nil {
 			fmt.Fprintf(j.log, "dumps: %s\n", filepath.Join(c.dump, "index.html"))
 		}
 	}
@@ -420,7 +421,7 @@ func (c *config) metricsConfig(procs int) map[string]any {
 }
 
 func helpModel(c *config) error {
-	interrupt, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	interrupt, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
 	// Under --set as given: the keys its values make the model read are
 	// listed, and a key it reads under none of them is named.
@@ -606,6 +607,10 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	if resumeDir != "" && c.metrics != "" && j.lead() {
 		if earlier = earlierParts(c.metrics, resumeDir, start.Step); earlier != nil {
 			fmt.Fprintf(j.log, "--metrics %s records the run up to %s: its %d steps are kept, and this part's follow them\n", c.metrics, resumeDir, len(earlier.Steps))
+		} else if n := recordedSteps(c.metrics); n > 0 {
+			// Replaced, as documented, but not without a word: steps of
+			// the same run's earlier parts may be among them.
+			fmt.Fprintf(j.log, "note: --metrics %s holds %d steps but does not list the checkpoint resumed (%s): it is another run's record, or one written before that checkpoint; this part's record replaces it\n", c.metrics, n, resumeDir)
 		}
 	}
 	// In a job of several processes the trace shows process 0's devices.
@@ -684,10 +689,26 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		bar = newProgress(j.log, c.steps)
 	}
 	started = true
+	j.setPhase("training")
 	j.preemptible.Store(true)
 	var steps []runtime.StepMetrics
 	var evals []runtime.EvalMetrics
 	var trainErr error
+	// The record so far, written at each checkpoint: a part killed later
+	// leaves its steps up to the checkpoint the next part resumes, which
+	// carries them (earlierParts).
+	var soFar []runtime.StepMetrics
+	var evalsSoFar []runtime.EvalMetrics
+	if c.metrics != "" && j.lead() {
+		ck.record = func() error {
+			snap := *met
+			snap.Steps, snap.Eval = slices.Clone(soFar), slices.Clone(evalsSoFar)
+			snap.Checkpoint, snap.Checkpoints = ck.saved, slices.Clone(ck.saves)
+			snap.InProgress = true
+			carry(&snap, earlier)
+			return snap.WriteFile(c.metrics)
+		}
+	}
 	if start.Step == c.steps {
 		// A run killed after its last checkpoint and before its outputs:
 		// rerunning the same command finishes it instead of failing, so a
@@ -706,6 +727,12 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		}
 	} else {
 		steps, evals, trainErr = runtime.Train(dev, corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
+			if ck.record != nil {
+				soFar = append(soFar, s)
+				if e != nil {
+					evalsSoFar = append(evalsSoFar, *e)
+				}
+			}
 			if tracer != nil && s.Step >= runtime.TraceSteps {
 				tracing = false
 			}

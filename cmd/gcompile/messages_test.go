@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -246,4 +247,16 @@ func TestRowParallelWithAWholeInputSaysWhy(t *testing.T) {
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "has no rule for operands placed R and S(0) (the weight is split on the dim it contracts, so its input must be split there too, as a column-parallel layer, or attention whose heads divide by tp=2, leaves it; here it arrives whole)")
 	assert.ErrorContains(t, err, `"h.0.attn.c_proj.weight"'s hint "row"`)
+}
+
+// Without --data on a machine whose Go sources are not found (a .gir run
+// where Go is not installed), the error names the flag to give, not the
+// library's field.
+func TestNoDefaultCorpusNamesTheFlag(t *testing.T) {
+	err := dataErr(&config{}, fmt.Errorf("data: %w: cannot locate the Go sources", data.ErrNoDefaultCorpus))
+	require.ErrorIs(t, err, data.ErrNoDefaultCorpus)
+	assert.Contains(t, err.Error(), "give --data a text file or folder, or a token dataset")
+	assert.NotContains(t, err.Error(), "Options.Path")
+	other := errors.New("no such file")
+	assert.Equal(t, other, dataErr(&config{}, other))
 }

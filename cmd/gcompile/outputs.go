@@ -77,9 +77,10 @@ func checkPaths(c *config, lead bool) error {
 	if lead {
 		errs = append(errs, checkOutputs(c))
 	}
-	if c.logDir != "" {
+	if w, err := worldOf(c); c.logDir != "" && (c.launchProcs > 1 || err != nil || w.Size > 1) {
 		// The other ranks write their logs there: a folder that cannot
-		// be made stopped each of them after the job had started.
+		// be made stopped each of them after the job had started. One
+		// process writes none there (a note says so), and makes none.
 		errs = append(errs, checkOutputDir("log-dir", c.logDir))
 	}
 	return errors.Join(errs...)
@@ -597,6 +598,22 @@ func earlierParts(path, dir string, step int) *runtime.Metrics {
 		}
 	}
 	return keep
+}
+
+// recordedSteps is how many steps the metrics file at path holds (0: none,
+// or no such file).
+func recordedSteps(path string) int {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	var m struct {
+		Steps []json.RawMessage `json:"steps"`
+	}
+	if json.Unmarshal(raw, &m) != nil {
+		return 0
+	}
+	return len(m.Steps)
 }
 
 // carry puts the earlier parts' record before this part's in met.

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"strings"
-	"syscall"
 
 	"gcompile/compile"
 	"gcompile/cost"
@@ -260,7 +259,7 @@ func runPlanner(c *config) error {
 		}
 	}
 	calibrateCPU(c)
-	interrupt, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	interrupt, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	defer stop()
 	base := c.Config
 	base.Interrupt = interrupt

@@ -599,6 +599,12 @@ func (td *tokenData) legacyIdentities(c *config) []string {
 	return []string{td.identityWith(c, true, true), td.identityWith(c, false, true)}
 }
 
+// legacyOf says whether id is one of legacyIdentities (false for no
+// token data).
+func (td *tokenData) legacyOf(c *config, id string) bool {
+	return td != nil && slices.Contains(td.legacyIdentities(c), id)
+}
+
 func (td *tokenData) identityWith(c *config, named, typedSplit bool) string {
 	var b strings.Builder
 	for i, p := range td.parts {

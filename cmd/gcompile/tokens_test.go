@@ -487,7 +487,7 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 	man, err := checkpoint.ReadManifest(checkpoint.StepDir(ck, 2))
 	require.NoError(t, err)
 	assert.Equal(t, map[string]int{"wte.weight": 200}, man.Plan.VocabTables)
-	assert.Contains(t, man.Plan.Data, "split 80,20")
+	assert.Contains(t, man.Plan.Data, "split 0.8,0.2,0")
 	assert.Contains(t, checkpoint.Describe(ck, man), "vocabulary table wte.weight: rows past 200 are padding")
 	for _, file := range []string{saved, exported} {
 		tensors, _, err := checkpoint.Load(file)

@@ -639,6 +639,11 @@ func typeCheck(ctx context.Context, file string, mod *moduleSetup, env []string)
 	} else if ok, err := build.Default.MatchFile(filepath.Dir(file), base); err == nil && !ok {
 		return nil, fmt.Errorf("%s: the go command leaves it out of its package on this machine (%s/%s): a //go:build line, a _GOOS or _GOARCH suffix, or a name starting with _ or . excludes it", relPath(file), build.Default.GOOS, build.Default.GOARCH)
 	}
+	if _, err := exec.LookPath("go"); err != nil {
+		// Said before packages.Load, whose message for it ends in an
+		// empty "stderr: ".
+		return nil, fmt.Errorf("loading %s: %w: a model.go is built with the go command (install Go, or run a .gir dump of the model, which needs none)", relPath(file), err)
+	}
 	pkgs, err := packages.Load(cfg, "file="+file)
 	if err != nil {
 		return nil, fmt.Errorf("loading %s: %w", relPath(file), err)

@@ -335,6 +335,18 @@ func TestInitPanicIsNamedAsSuch(t *testing.T) {
 	assert.Contains(t, err.Error(), "panic: boom in init")
 }
 
+// Without the go command (a machine with a gcompile binary alone), a
+// model.go's load says what it needs and what runs without it.
+func TestLoadWithoutTheGoCommand(t *testing.T) {
+	path := writeModel(t, "package m\n\nimport \"gcompile/frontend\"\n\nfunc Model(b *frontend.Builder) {}\n")
+	l, _, _ := testLoader(t)
+	t.Setenv("PATH", t.TempDir())
+	_, err := l.Load(path, frontend.Config{})
+	require.ErrorIs(t, err, exec.ErrNotFound)
+	assert.Contains(t, err.Error(), "a model.go is built with the go command (install Go, or run a .gir dump of the model, which needs none)")
+	assert.NotContains(t, err.Error(), "stderr:")
+}
+
 // A model in a module that does not require gcompile fails every import
 // of gcompile alike: one error says why, naming the imports.
 func TestModuleWithoutGcompileIsOneError(t *testing.T) {

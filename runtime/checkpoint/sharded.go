@@ -747,7 +747,11 @@ func Find(path string) (string, error) {
 		return "", fmt.Errorf("checkpoint %s: %w", path, err)
 	}
 	if !fi.IsDir() {
-		return "", fmt.Errorf("checkpoint %s is a file; name a checkpoint folder or the --checkpoint-dir that holds them", path)
+		hint := ""
+		if strings.HasSuffix(path, ".safetensors") {
+			hint = " (weights such a file holds load with --load)"
+		}
+		return "", fmt.Errorf("checkpoint %s is a file; name a checkpoint folder or the --checkpoint-dir that holds them%s", path, hint)
 	}
 	l, err := List(path)
 	if err != nil {

@@ -171,6 +171,11 @@ func TestFindSkipsPartialCheckpoints(t *testing.T) {
 	got, err = Find(StepDir(root, 2))
 	require.NoError(t, err)
 	assert.Equal(t, StepDir(root, 2), got)
+	// A weights file is not a checkpoint: the flag that loads it is named.
+	weights := filepath.Join(root, "w.safetensors")
+	require.NoError(t, os.WriteFile(weights, []byte("{}"), 0o644))
+	_, err = Find(weights)
+	assert.ErrorContains(t, err, "checkpoint "+weights+" is a file; name a checkpoint folder or the --checkpoint-dir that holds them (weights such a file holds load with --load)")
 }
 
 // A step folder is found under any zero padding; a checkpoint that does
