@@ -32,6 +32,12 @@ type StepCalibration struct {
 	Fitted                  int
 	Points                  []PointFit
 	ErrorBefore, ErrorAfter float64
+	// MissAfter is the mean of max(predicted/measured,
+	// measured/predicted) − 1 after the fit: the miss counted alike
+	// whichever way it goes, where |predicted/measured − 1| can never
+	// pass 100 % for steps priced too fast (a unit or a plan that is not
+	// the one measured), and a refusal on it never came.
+	MissAfter float64
 	// LeaveOneOut is the mean error of the left-out predictions; HasLOO
 	// is false with a single point.
 	LeaveOneOut float64
@@ -204,13 +210,14 @@ func (h *Hardware) CalibrateSteps(points []StepPoint) (*Hardware, *StepCalibrati
 		rep.Points = append(rep.Points, PointFit{Name: p.Name, Measured: p.Measured, Before: before, After: after})
 		rep.ErrorBefore += math.Abs(before/p.Measured-1) / float64(len(points))
 		rep.ErrorAfter += math.Abs(after/p.Measured-1) / float64(len(points))
+		rep.MissAfter += (max(after/p.Measured, p.Measured/after) - 1) / float64(len(points))
 	}
 	if len(points) >= 2 {
 		rep.HasLOO = true
 		for i := range points {
 			rest := slices.Delete(slices.Clone(points), i, i+1)
 			k := min(len(movable), max(len(rest)-1, 1))
-			loo, err := h.fitSteps(movable[:k], rest)
+			loo, err := h.fitStepsFrom(h, movable[:k], rest, false)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -267,12 +274,26 @@ func moves(h *Hardware, sp stepParam, points []StepPoint) bool {
 }
 
 // fitSteps minimizes Σ ln²(predicted/measured) over the parameters
-// stepParams[idx], by coordinate descent: a golden-section search of
-// each parameter's logarithm within its bounds, in turn, sweep after
-// sweep until one no longer lowers the sum. Bounds are the starting
-// description's.
+// stepParams[idx], each within its bounds (the starting description's),
+// in two stages. Levenberg–Marquardt on the parameters' logarithms comes
+// first: correlated figures (the GEMM efficiency and a link both set most
+// steps) make a long valley of the error, along which coordinate descent
+// crawls, a percent a sweep, and did not reach the bottom in 60 sweeps of
+// a few points, each sweep pricing every point a thousand times. Then
+// coordinate descent (a golden-section search of each logarithm in turn)
+// polishes where the prices are not smooth, and takes a parameter that
+// starts at 0 (host_op_us in the presets) from there only if a value
+// within its bounds lowers the error.
 func (h *Hardware) fitSteps(idx []int, points []StepPoint) (*Hardware, error) {
-	cur := h.clone()
+	return h.fitStepsFrom(h, idx, points, true)
+}
+
+// fitStepsFrom is fitSteps from start's figures for stepParams[idx]
+// rather than h's (the bounds stay h's); without polish only
+// Levenberg–Marquardt runs: the leave-one-out fits start from the fit to
+// every point, a few steps from their own, and skip the sweeps that
+// would otherwise make a hundred points' calibration take minutes.
+func (h *Hardware) fitStepsFrom(start *Hardware, idx []int, points []StepPoint, polish bool) (*Hardware, error) {
 	loss := func(c *Hardware) float64 {
 		var s float64
 		for _, p := range points {
@@ -285,11 +306,22 @@ func (h *Hardware) fitSteps(idx []int, points []StepPoint) (*Hardware, error) {
 		}
 		return s
 	}
-	// Correlated figures (the GEMM efficiency and a link both set most
-	// steps) move a little each sweep: sweep until one gains nothing.
-	const sweeps, iters = 60, 30
+	from := h.clone()
+	for _, pi := range idx {
+		stepParams[pi].set(from, stepParams[pi].get(start))
+	}
+	cur := h.levenbergMarquardt(from, idx, points)
+	if loss(cur) > loss(from) {
+		cur = from
+	}
+	// Levenberg–Marquardt has found the valley's floor where the prices
+	// are smooth: a few sweeps polish it where they are not.
+	const sweeps, iters = 8, 30
 	phi := (math.Sqrt(5) - 1) / 2
 	for range sweeps {
+		if !polish {
+			break
+		}
 		before := loss(cur)
 		for _, pi := range idx {
 			sp := stepParams[pi]
@@ -319,9 +351,180 @@ func (h *Hardware) fitSteps(idx []int, points []StepPoint) (*Hardware, error) {
 				sp.set(cur, math.Exp(best))
 			}
 		}
-		if loss(cur) >= before*(1-1e-9) {
+		if loss(cur) >= before*(1-1e-7) {
 			break
 		}
 	}
+	// A figure that starts at 0 stays there where its fitted value gains
+	// nothing: it is not a parameter the points ask for.
+	for _, pi := range idx {
+		if sp := stepParams[pi]; sp.get(h) == 0 && sp.get(cur) != 0 {
+			c := cur.clone()
+			sp.set(c, 0)
+			if loss(c) <= loss(cur)*(1+1e-9) {
+				cur = c
+			}
+		}
+	}
 	return cur, nil
+}
+
+// levenbergMarquardt fits stepParams[idx] to points by Levenberg–
+// Marquardt on the parameters' logarithms from from's figures, each held
+// within h's bounds for it (a parameter at a bound the step pushes
+// against is held there), the Jacobian by forward differences. A
+// parameter that starts at 0 starts at the geometric middle of its
+// bounds. It returns from where the prices cannot be had.
+func (h *Hardware) levenbergMarquardt(from *Hardware, idx []int, points []StepPoint) *Hardware {
+	k, n := len(idx), len(points)
+	lo, hi, x := make([]float64, k), make([]float64, k), make([]float64, k)
+	for j, pi := range idx {
+		sp := stepParams[pi]
+		v0 := sp.get(h)
+		lo[j], hi[j] = math.Log(sp.lo(v0)), math.Log(sp.hi(v0))
+		x[j] = (lo[j] + hi[j]) / 2
+		if v := sp.get(from); v > 0 {
+			x[j] = min(max(math.Log(v), lo[j]), hi[j])
+		}
+	}
+	at := func(x []float64) *Hardware {
+		c := from.clone()
+		for j, pi := range idx {
+			stepParams[pi].set(c, math.Exp(x[j]))
+		}
+		return c
+	}
+	residuals := func(x []float64) ([]float64, float64) {
+		c := at(x)
+		r := make([]float64, n)
+		var s float64
+		for i, p := range points {
+			pred, err := p.Price(c)
+			if err != nil || !(pred > 0) || math.IsInf(pred, 0) {
+				return nil, math.Inf(1)
+			}
+			r[i] = math.Log(pred / p.Measured)
+			s += r[i] * r[i]
+		}
+		return r, s
+	}
+	r, f := residuals(x)
+	if r == nil || k == 0 {
+		return from.clone()
+	}
+	const eps = 1e-4 // the difference step, in the logarithm
+	lambda := 1e-3
+	for range 100 {
+		jac := make([][]float64, k) // jac[j][i] = ∂r_i/∂x_j
+		for j := range k {
+			step := eps
+			if x[j]+step > hi[j] {
+				step = -eps
+			}
+			xj := slices.Clone(x)
+			xj[j] += step
+			rj, _ := residuals(xj)
+			if rj == nil {
+				return at(x)
+			}
+			jac[j] = make([]float64, n)
+			for i := range n {
+				jac[j][i] = (rj[i] - r[i]) / step
+			}
+		}
+		g := make([]float64, k)
+		a := make([][]float64, k)
+		for j := range k {
+			a[j] = make([]float64, k)
+			for i := range n {
+				g[j] += jac[j][i] * r[i]
+			}
+			for l := range k {
+				for i := range n {
+					a[j][l] += jac[j][i] * jac[l][i]
+				}
+			}
+		}
+		// Parameters held at a bound the descent pushes against.
+		var free []int
+		for j := range k {
+			if x[j] <= lo[j]+1e-12 && g[j] > 0 || x[j] >= hi[j]-1e-12 && g[j] < 0 {
+				continue
+			}
+			free = append(free, j)
+		}
+		if len(free) == 0 {
+			break
+		}
+		improved := false
+		for lambda < 1e12 {
+			m := make([][]float64, len(free))
+			rhs := make([]float64, len(free))
+			for p, j := range free {
+				m[p] = make([]float64, len(free))
+				for q, l := range free {
+					m[p][q] = a[j][l]
+				}
+				m[p][p] += lambda*a[j][j] + 1e-12
+				rhs[p] = -g[j]
+			}
+			d, ok := solve(m, rhs)
+			if !ok {
+				lambda *= 4
+				continue
+			}
+			xn := slices.Clone(x)
+			for p, j := range free {
+				xn[j] = min(max(x[j]+d[p], lo[j]), hi[j])
+			}
+			rn, fn := residuals(xn)
+			if rn != nil && fn < f {
+				gain := (f - fn) / f
+				x, r, f = xn, rn, fn
+				lambda = max(lambda/3, 1e-9)
+				improved = gain > 1e-10
+				break
+			}
+			lambda *= 4
+		}
+		if !improved {
+			break
+		}
+	}
+	return at(x)
+}
+
+// solve solves m·x = b by Gaussian elimination with partial pivoting;
+// ok is false for a singular m.
+func solve(m [][]float64, b []float64) (x []float64, ok bool) {
+	n := len(b)
+	for c := range n {
+		p := c
+		for r := c + 1; r < n; r++ {
+			if math.Abs(m[r][c]) > math.Abs(m[p][c]) {
+				p = r
+			}
+		}
+		if m[p][c] == 0 || math.IsNaN(m[p][c]) {
+			return nil, false
+		}
+		m[c], m[p] = m[p], m[c]
+		b[c], b[p] = b[p], b[c]
+		for r := c + 1; r < n; r++ {
+			f := m[r][c] / m[c][c]
+			for k := c; k < n; k++ {
+				m[r][k] -= f * m[c][k]
+			}
+			b[r] -= f * b[c]
+		}
+	}
+	x = make([]float64, n)
+	for r := n - 1; r >= 0; r-- {
+		s := b[r]
+		for k := r + 1; k < n; k++ {
+			s -= m[r][k] * x[k]
+		}
+		x[r] = s / m[r][r]
+	}
+	return x, true
 }

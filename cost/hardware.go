@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"math"
 	"os"
@@ -189,7 +190,17 @@ func Presets() []string {
 func Preset(name string) (*Hardware, error) {
 	h, ok := presets[name]
 	if !ok {
-		return nil, fmt.Errorf("%w %q: want one of %s, or a JSON file (NAME.json)", ErrUnknownHardware, name, strings.Join(Presets(), ", "))
+		var near []string
+		for _, p := range Presets() {
+			if l := strings.ToLower(name); l != "" && (strings.HasPrefix(p, l) || strings.HasPrefix(l, p)) {
+				near = append(near, p)
+			}
+		}
+		hint := ""
+		if len(near) > 0 {
+			hint = " (did you mean " + strings.Join(near, " or ") + "?)"
+		}
+		return nil, fmt.Errorf("%w %q%s: want one of %s, or a JSON file (NAME.json)", ErrUnknownHardware, name, hint, strings.Join(Presets(), ", "))
 	}
 	h.PeakTFLOPS = maps.Clone(h.PeakTFLOPS)
 	return &h, nil
@@ -297,8 +308,13 @@ func scalarFields(h *Hardware) map[string]reflect.Value {
 // Hardware files and calibration points share it.
 func JSONValueError(err error) error {
 	var te *json.UnmarshalTypeError
-	if !errors.As(err, &te) || te.Field == "" {
+	if !errors.As(err, &te) {
 		return err
+	}
+	if te.Field == "" {
+		// The whole document: a list where an object belongs.
+		want := map[reflect.Kind]string{reflect.Struct: "a JSON object", reflect.Map: "a JSON object", reflect.Slice: "a JSON list"}[te.Type.Kind()]
+		return fmt.Errorf("the file is a JSON %s, want %s", te.Value, cmp.Or(want, te.Type.String()))
 	}
 	var keys []string
 	for _, k := range strings.Split(te.Field, ".") {
@@ -307,8 +323,8 @@ func JSONValueError(err error) error {
 		}
 	}
 	key := cmp.Or(strings.Join(keys, "."), te.Field)
-	want := map[reflect.Kind]string{reflect.Float64: "a number", reflect.Int: "a whole number", reflect.Bool: "true or false",
-		reflect.String: "a string", reflect.Pointer: "a number", reflect.Map: "a JSON object"}[te.Type.Kind()]
+	want := map[reflect.Kind]string{reflect.Float64: "a number", reflect.Int: "a whole number", reflect.Int64: "a whole number", reflect.Bool: "true or false",
+		reflect.String: "a string", reflect.Pointer: "a number", reflect.Map: "a JSON object", reflect.Struct: "a JSON object", reflect.Slice: "a JSON list"}[te.Type.Kind()]
 	want = cmp.Or(want, te.Type.String())
 	if n, ok := strings.CutPrefix(te.Value, "number "); ok {
 		if te.Type.Kind() == reflect.Int && strings.ContainsAny(n, ".eE") {
@@ -317,6 +333,33 @@ func JSONValueError(err error) error {
 		return fmt.Errorf("%s: %s is out of range of %s", key, n, want)
 	}
 	return fmt.Errorf("%s is a JSON %s, want %s", key, te.Value, want)
+}
+
+// JSONError is JSONValueError for a document's decoding errors, and says
+// too where the document is not JSON, by line and column of data (a
+// syntax error's offset alone is a byte count), that it ends early (a
+// file cut short, where encoding/json says "unexpected EOF"), or that it
+// starts with a byte-order mark, which JSON does not allow.
+func JSONError(data []byte, err error) error {
+	if bytes.HasPrefix(data, []byte("\xef\xbb\xbf")) {
+		return fmt.Errorf("the file starts with a UTF-8 byte-order mark, which JSON does not allow: save it without one")
+	}
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &se) && se.Offset >= int64(len(bytes.TrimRight(data, " \t\r\n"))):
+		return fmt.Errorf("the JSON ends before it is complete (is the file cut short?)")
+	case errors.As(err, &se):
+		before := data[:min(max(se.Offset-1, 0), int64(len(data)))]
+		line := bytes.Count(before, []byte("\n")) + 1
+		col := len(before) - bytes.LastIndexByte(before, '\n')
+		if strings.Contains(se.Error(), "after top-level value") {
+			return fmt.Errorf("data after the JSON value, at line %d, column %d", line, col)
+		}
+		return fmt.Errorf("not JSON at line %d, column %d: %v", line, col, se)
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return fmt.Errorf("the JSON ends before it is complete (is the file cut short?)")
+	}
+	return JSONValueError(err)
 }
 
 // LoadFile reads a hardware description from a JSON file. Unknown fields
@@ -332,14 +375,20 @@ func LoadFile(path string) (*Hardware, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, fmt.Errorf("%w: %s: the file is empty (a hardware file is a JSON object, as --save-hardware writes one)", ErrBadHardware, path)
 	}
+	var doc json.RawMessage
+	if err := json.Unmarshal(data, &doc); err != nil {
+		// Its syntax first: a syntax error's offset is the document's
+		// here, where a token reader's is its buffer's.
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, JSONError(data, err))
+	}
 	if err := checkKeys(data); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, JSONError(data, err))
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var h Hardware
 	if err := dec.Decode(&h); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, JSONValueError(err))
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, JSONError(data, err))
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("%w: %s: data after the JSON object", ErrBadHardware, path)
@@ -375,21 +424,21 @@ func checkKeys(data []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	top := map[string]bool{}
-	var walk func(depth int, path string) error
-	walk = func(depth int, path string) error {
+	var walk func(depth int, path string) (null bool, err error)
+	walk = func(depth int, path string) (bool, error) {
 		tok, err := dec.Token()
 		if err != nil {
-			return err
+			return false, err
 		}
 		d, ok := tok.(json.Delim)
 		if !ok {
-			return nil
+			return tok == nil, nil
 		}
 		switch d {
 		case '[':
 			for dec.More() {
-				if err := walk(depth+1, path+"[]"); err != nil {
-					return err
+				if _, err := walk(depth+1, path+"[]"); err != nil {
+					return false, err
 				}
 			}
 		case '{':
@@ -397,28 +446,35 @@ func checkKeys(data []byte) error {
 			for dec.More() {
 				kt, err := dec.Token()
 				if err != nil {
-					return err
+					return false, err
 				}
 				k, _ := kt.(string)
 				if seen[k] {
-					return fmt.Errorf("key %q%s given twice", k, path)
+					return false, fmt.Errorf("key %q%s given twice", k, path)
 				}
 				seen[k] = true
 				if depth == 0 {
 					if _, known := hardwareKeys[k]; !known {
-						return fmt.Errorf("unknown key %q (the keys are %s; their case matters)", k, strings.Join(slices.Sorted(maps.Keys(hardwareKeys)), ", "))
+						return false, fmt.Errorf("unknown key %q (the keys are %s; their case matters)", k, strings.Join(slices.Sorted(maps.Keys(hardwareKeys)), ", "))
 					}
-					top[k] = true
 				}
-				if err := walk(depth+1, fmt.Sprintf(" in %q", k)); err != nil {
-					return err
+				null, err := walk(depth+1, fmt.Sprintf(" in %q", k))
+				if err != nil {
+					return false, err
+				}
+				if depth == 0 && null && hardwareKeys[k] {
+					// json leaves null as zero: a figure of 0, not a missing one.
+					return false, fmt.Errorf("%s is null: a hardware file gives every figure", k)
+				}
+				if depth == 0 {
+					top[k] = true
 				}
 			}
 		}
 		_, err = dec.Token() // the closing delimiter
-		return err
+		return false, err
 	}
-	if err := walk(0, ""); err != nil {
+	if _, err := walk(0, ""); err != nil {
 		return err
 	}
 	if len(top) == 0 {

@@ -21,8 +21,16 @@ func TestPresetsValidate(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if _, err := Load("a100"); !errors.Is(err, ErrUnknownHardware) {
+	if _, err := Load("a100"); !errors.Is(err, ErrUnknownHardware) || !strings.Contains(err.Error(), `"a100" (did you mean a100-40g or a100-80g?)`) {
 		t.Errorf("unknown preset: got %v", err)
+	}
+	for name, near := range map[string]string{"h100": "h100-sxm", "a100-80": "a100-80g", "H200": "h200"} {
+		if _, err := Load(name); err == nil || !strings.Contains(err.Error(), "(did you mean "+near+"?)") {
+			t.Errorf("%s: got %v, want a hint of %s", name, err, near)
+		}
+	}
+	if _, err := Load("tpu"); err == nil || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("tpu: got %v, want no hint", err)
 	}
 }
 
@@ -52,10 +60,15 @@ func TestLoadFile(t *testing.T) {
 		{"unknown-key.json", strings.Replace(good, `"launch_us"`, `"launch_usec"`, 1), `unknown key "launch_usec"`},
 		{"key-case.json", strings.Replace(good, `"launch_us"`, `"Launch_US"`, 1), `unknown key "Launch_US"`},
 		{"missing-key.json", strings.Replace(good, `, "launch_us": 3`, ``, 1), "missing launch_us"},
+		{"null-key.json", strings.Replace(good, `"launch_us": 3`, `"launch_us": null`, 1), "launch_us is null: a hardware file gives every figure"},
 		{"twice.json", strings.Replace(good, `"launch_us": 3`, `"launch_us": 3, "launch_us": 4`, 1), `key "launch_us" given twice`},
 		{"twice-nested.json", strings.Replace(good, `"bf16": 400`, `"bf16": 400, "bf16": 500`, 1), `key "bf16" in "peak_tflops" given twice`},
 		{"trailing.json", good + ` {}`, "data after"},
-		{"not-json.json", `peak = 5`, "invalid character"},
+		{"not-json.json", `peak = 5`, "not JSON at line 1, column 1: invalid character"},
+		{"nan.json", strings.Replace(good, `"memory_gib": 48`, "\n\"memory_gib\": NaN", 1), "not JSON at line 3, column 15: invalid character 'N'"},
+		{"a-list.json", `[]`, "the file is a JSON array, want a JSON object"},
+		{"cut-short.json", good[:40], "the JSON ends before it is complete (is the file cut short?)"},
+		{"bom.json", "\xef\xbb\xbf" + good, "the file starts with a UTF-8 byte-order mark, which JSON does not allow: save it without one"},
 		{"negative.json", strings.Replace(good, `"memory_gib": 48`, `"memory_gib": -1`, 1), "memory_gib must be positive"},
 		{"huge.json", strings.Replace(good, `"memory_gib": 48`, `"memory_gib": 1e308`, 1), "memory_gib 1e+308 is beyond any device (at most 4294967296 GiB)"},
 		{"efficiency.json", strings.Replace(good, `"gemm_efficiency": 0.7`, `"gemm_efficiency": 1.5`, 1), "gemm_efficiency must lie in (0, 1]"},

@@ -90,7 +90,7 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 	case bytes.HasPrefix(trimmed, []byte("[")):
 		var entries []json.RawMessage
 		if err := json.Unmarshal(raw, &entries); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+			return nil, fmt.Errorf("%s: %w", path, cost.JSONError(raw, err))
 		}
 		return readEntries(path, entries)
 	case bytes.HasPrefix(trimmed, []byte("{")):
@@ -111,7 +111,7 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		} `json:"model"`
 	}
 	if err := json.Unmarshal(raw, &obj); err != nil {
-		return nil, fmt.Errorf("%s: %s: %w", path, want, err)
+		return nil, fmt.Errorf("%s: %s: %w", path, want, cost.JSONError(raw, err))
 	}
 	switch {
 	case obj.Plans != nil:
@@ -166,6 +166,10 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 			if s.Ms == nil {
 				return nil, fmt.Errorf("%s: steps[%d] has no ms (each step's time in milliseconds, as gcompile's --metrics writes it)", path, i+1)
 			}
+			if !(*s.Ms > 0) {
+				// Named by the run's key, not the step_ms its median becomes.
+				return nil, fmt.Errorf("%s: steps[%d].ms must be a positive time, got %g", path, i+1, *s.Ms)
+			}
 			ms = append(ms, *s.Ms)
 		}
 		slices.Sort(ms)
@@ -216,7 +220,7 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 	for i, e := range entries {
 		var keys map[string]json.RawMessage
 		if err := json.Unmarshal(e, &keys); err != nil {
-			return nil, fmt.Errorf("%s: plan %d: not a JSON object: %w", path, i+1, err)
+			return nil, fmt.Errorf("%s: plan %d: not a JSON object but %s", path, i+1, e)
 		}
 		planned := false // some key says what plan ran
 		for _, k := range slices.Sorted(maps.Keys(keys)) {

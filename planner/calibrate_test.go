@@ -48,6 +48,9 @@ func TestReadMeasured(t *testing.T) {
 		{"a batch that overflows", `[{"dp": 4, "microbatch_size": 4611686018427387904, "microbatches": 1, "step_ms": 12}]`, nil, "plan 1: microbatch_size × microbatches × dp·ep is past 1073741824 sequences"},
 		{"time as a string", `[{"tp": 1, "step_ms": 5}, {"tp": 1, "step_ms": "NaN"}]`, nil, "plan 2: step_ms is a JSON string, want a number"},
 		{"an axis as a string", `[{"tp": "2", "step_ms": 5}]`, nil, "plan 1: tp is a JSON string, want a whole number"},
+		{"a number for a plan", `[1, 2]`, nil, "plan 1: not a JSON object but 1"},
+		{"a run's negative step", `{"config": {"tp": 1, "pp": 1, "dp": 2}, "steps": [{"ms": 90}, {"ms": -5}]}`, nil, "steps[1].ms must be a positive time, got -5"},
+		{"a model that is a string", `{"plans": [{"tp": 1, "step_ms": 5}], "model": "x"}`, nil, "model is a JSON string, want a JSON object"},
 		{"a fraction of an axis", `[{"tp": 2.5, "step_ms": 5}]`, nil, "plan 1: tp is 2.5, want a whole number"},
 		{"an axis past int64", `[{"tp": 99999999999999999999, "step_ms": 5}]`, nil, "plan 1: tp: 99999999999999999999 is out of range of a whole number"},
 		{"a flag as a number", `[{"tp": 2, "sequence_parallel": 1, "step_ms": 5}]`, nil, "plan 1: sequence_parallel is a JSON number, want true or false"},
@@ -65,7 +68,7 @@ func TestReadMeasured(t *testing.T) {
 		{"empty object", `{}`, nil, "no measured plans (want a list"},
 		{"one warm-up step", `{"config": {"tp": 1, "pp": 1, "dp": 1}, "steps": [{"ms": 90}]}`, nil, "at least 2 are needed"},
 		{"not JSON", `NaN`, nil, "not a JSON list or object"},
-		{"truncated", `[{"tp": 1,`, nil, "unexpected end of JSON input"},
+		{"truncated", `[{"tp": 1,`, nil, "the JSON ends before it is complete (is the file cut short?)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := filepath.Join(t.TempDir(), "m.json")

@@ -77,10 +77,13 @@ func (c *Candidate) StepSeconds() float64 {
 	return c.Estimate.StepSeconds
 }
 
-// MemoryBytes is the compiled peak, or the estimate.
+// MemoryBytes is the compiled peak, or the estimate (0: neither).
 func (c *Candidate) MemoryBytes() int64 {
-	if c.Compiled {
+	switch {
+	case c.Compiled:
 		return c.PeakBytes
+	case c.Estimate == nil:
+		return 0 // rejected before it was priced
 	}
 	return c.Estimate.MemoryEstimate
 }
@@ -96,8 +99,11 @@ type Result struct {
 	// RejectedCount counts every rejected candidate (Rejected keeps the
 	// first maxRejected).
 	RejectedCount int
-	// rejectedBy counts every rejected candidate by its reason.
+	// rejectedBy counts every rejected candidate by its reason; closest
+	// is the rejected one whose memory is least (the one nearest to
+	// fitting when none fits).
 	rejectedBy map[string]int
+	closest    *Candidate
 	// Pruned counts candidates dropped by the memory lower bound (their
 	// reasons are in Rejected, up to a limit).
 	Pruned int
@@ -346,6 +352,19 @@ func Plan(req Request) (*Result, error) {
 		if rest := res.RejectedCount - listed; rest > 0 && len(reasons) <= 5 {
 			why = append(why, fmt.Sprintf("%d more candidates for other reasons", rest))
 		}
+		if c := res.closest; c != nil && c.MemoryBytes() > capBytes {
+			// The reasons come in the search's order: the plan that came
+			// nearest is named, with how far it is.
+			fixes := []string{"more devices"}
+			if c.Config.Recompute != "full" {
+				fixes = append(fixes, "--recompute full")
+			}
+			if !strings.Contains(c.Config.Offload, "params") {
+				fixes = append(fixes, "--offload optimizer,params")
+			}
+			why = append(why, fmt.Sprintf("the closest to fitting, %s, needs %s per device, %.2g× the %s available (%s would lower it)",
+				Describe(c.Config), gib(c.MemoryBytes()), float64(c.MemoryBytes())/float64(capBytes), gib(capBytes), strings.Join(fixes, ", ")))
+		}
 		searched := fmt.Sprintf("%d candidates", res.Considered)
 		if res.Compiled > 0 {
 			searched += fmt.Sprintf(", %d of them compiled", res.Compiled)
@@ -524,6 +543,9 @@ func (r *Result) reject(c *Candidate) {
 		r.rejectedBy = map[string]int{}
 	}
 	r.rejectedBy[c.Rejected]++
+	if m := c.MemoryBytes(); m > 0 && (r.closest == nil || m < r.closest.MemoryBytes()) {
+		r.closest = c
+	}
 	if len(r.Rejected) < maxRejected {
 		r.Rejected = append(r.Rejected, c)
 	}

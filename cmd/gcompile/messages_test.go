@@ -88,12 +88,14 @@ func TestPlannerSaysWhyAndAnswers(t *testing.T) {
 
 // --plan --metrics writes its table when no plan fits: no rows, the
 // error, and the plans dropped with their reasons, so a script that reads
-// the file learns why.
+// the file learns why; the error names the plan nearest to fitting.
 func TestPlanMetricsWhenNoPlanFits(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "plans.json")
 	err := mainErr([]string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--plan", "--devices", "4", "--batch", "8",
 		"--device-memory", "64KiB", "--metrics", path})
 	require.ErrorIs(t, err, planner.ErrNoPlan)
+	// The plan nearest to fitting is named with how far it is.
+	assert.Regexp(t, `the closest to fitting, tp=\d+ pp=\d+ dp=\d+ [^,]*, needs \d+\.\d+ KiB per device, [\d.]+× the 64\.0 KiB available \(more devices`, err.Error())
 	data, rerr := os.ReadFile(path)
 	require.NoError(t, rerr)
 	var got struct {

@@ -131,6 +131,9 @@ func givenAndChosen(explicit map[string]bool) string {
 			// The count and the size are one choice; cp's strategy and
 			// layout go with cp.
 		case a == "microbatches" && explicit["micro-batch-size"]:
+		case a == "cp" && (explicit["cp-impl"] || explicit["cp-layout"]):
+			// Given at its default value too: cp's strategy asks for cp.
+			chosen = append(chosen, "cp (> 1: --cp-impl or --cp-layout asks for context parallelism)")
 		default:
 			chosen = append(chosen, a)
 		}
@@ -313,6 +316,11 @@ func runPlanner(c *config) error {
 			return err
 		}
 	}
+	if hwBytes := c.hw.MemoryBytes(); c.MemLimit > hwBytes {
+		// Allowed (a device the description does not know of), but a
+		// plan ranked on memory the device has not is said to be so.
+		fmt.Fprintf(os.Stderr, "note: --device-memory %s is more than %s's %s: the plans are held to --device-memory\n", lower.HumanBytes(c.MemLimit), c.hw.Name, lower.HumanBytes(hwBytes))
+	}
 	affordable := compileAffordable(m, c.Batch)
 	if c.planTrace != "" && !c.run && !affordable {
 		return fmt.Errorf("--plan-trace draws the compiled plan's instructions, and %s at batch %d is too large to compile quickly (%d values); give its plan with --tp/--pp/--dp and compile it without --plan", m.Name, c.Batch, len(m.Values))
@@ -438,8 +446,9 @@ func refineHardware(c *config, m *ir.Module, log io.Writer) error {
 	return nil
 }
 
-// maxCalibratedError is the largest mean |predicted/measured − 1| a
-// calibration may leave: a fit further off is refused.
+// maxCalibratedError is the largest mean miss a calibration may leave,
+// counted alike either way (cost.StepCalibration.MissAfter: 1 is steps
+// twice their prices, or half): a fit further off is refused.
 const maxCalibratedError = 1.0
 
 // calibrateHardware fits --hardware to the measured plans of
@@ -469,6 +478,11 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 	// for a model small enough to compile, estimated otherwise.
 	var hw *cost.Hardware
 	var rep *cost.StepCalibration
+	if n := len(c.measured); n >= 20 {
+		// Each plan left out in turn is a fit of its own: said, as the
+		// wait grows with the square of the plans.
+		fmt.Fprintf(log, "calibrate: fitting %s to %d measured plans, then %d times with one left out…\n", c.hw.Name, n, n)
+	}
 	if compileAffordable(m, c.Batch) {
 		girFor, remove := modulesByBatch(c, m)
 		defer remove()
@@ -507,11 +521,11 @@ func calibrateHardware(c *config, m *ir.Module, base compile.Config, log io.Writ
 		loo = fmt.Sprintf("leave-one-out %.1f %%", 100*rep.LeaveOneOut)
 	}
 	fmt.Fprintf(log, "calibrate: mean |predicted/measured − 1| %.1f %% → %.1f %%, %s\n", 100*rep.ErrorBefore, 100*rep.ErrorAfter, loo)
-	if rep.ErrorAfter > maxCalibratedError {
+	if rep.MissAfter > maxCalibratedError {
 		// Figures within their bounds that still miss by this much are
 		// not the cluster's; planning (or --save-hardware) with them
 		// would pass their miss on.
-		return fmt.Errorf("--calibrate %s: fitted, the measured plans are still %.0f %% from their prices on average: no figures within their bounds explain the times; are they of this model, precision and batch, in milliseconds, of one step each? Nothing was planned or saved with them", c.calibrate, 100*rep.ErrorAfter)
+		return fmt.Errorf("--calibrate %s: fitted, the measured plans are still %.3g× from their prices on average (slower or faster alike): no figures within their bounds explain the times; are they of this model, precision and batch, in milliseconds, of one step each? Nothing was planned or saved with them", c.calibrate, 1+rep.MissAfter)
 	}
 	if len(rep.Unfitted) > 0 {
 		// One plan's time cannot tell a slow network from slow GEMMs: the

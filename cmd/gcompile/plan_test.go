@@ -194,7 +194,8 @@ func TestPlanOnCUDAPricesTheGPU(t *testing.T) {
 	require.NoError(t, mainNoPanic(t, append(append([]string{}, tinyGPT...), "--backend", "cuda", "--devices", "4", "--plan", "--hardware", "h100-sxm")))
 }
 
-// With every axis given, nothing is left to choose, and the line says so.
+// With every axis given, nothing is left to choose, and the line says so;
+// a cp strategy given alone says what it does to cp.
 func TestGivenAndChosenSaysNone(t *testing.T) {
 	all := map[string]bool{}
 	for _, a := range planAxes {
@@ -203,6 +204,9 @@ func TestGivenAndChosenSaysNone(t *testing.T) {
 	got := givenAndChosen(all)
 	assert.True(t, strings.HasSuffix(got, "; chosen by the planner: none"), got)
 	assert.Equal(t, "axes given: none; chosen by the planner: tp", givenAndChosen(map[string]bool{})[:len("axes given: none; chosen by the planner: tp")])
+	// cp's strategy given alone, even at its default, asks for cp > 1:
+	// said where cp is chosen.
+	assert.Contains(t, givenAndChosen(map[string]bool{"cp-impl": true}), "axes given: --cp-impl; chosen by the planner: tp, pp, dp, ep, cp (> 1: --cp-impl or --cp-layout asks for context parallelism), vpp")
 }
 
 // Under a tight --device-memory the plans the estimate ranks best may
@@ -414,6 +418,24 @@ func TestCalibrateCLI(t *testing.T) {
 	_, err = parseArgs(append(append([]string{}, tinyGPT...), "--plan", "--hardware", bad))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "gemm_efficiency must lie in (0, 1], got 1.5")
+}
+
+// Steps far slower than their prices are refused as far faster ones
+// are: after the fit the example GPT's three plans on a100-80g still take
+// 3.2× their prices, where |predicted/measured − 1| reads 68 % and never
+// passes 100 % for slow steps.
+func TestCalibrationOfFarSlowerStepsIsRefused(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "slow.json")
+	require.NoError(t, os.WriteFile(f, []byte(`[{"tp":1,"pp":1,"dp":4,"microbatch_size":2,"microbatches":1,"step_ms":140},
+ {"tp":4,"pp":1,"dp":1,"microbatch_size":8,"microbatches":1,"step_ms":200},
+ {"tp":2,"pp":1,"dp":2,"microbatch_size":4,"microbatches":1,"step_ms":170}]`), 0o644))
+	saved := filepath.Join(t.TempDir(), "hw.json")
+	_, err := captureStderr(t, func() error {
+		return mainNoPanic(t, []string{gptModel, "--devices", "4", "--batch", "8", "--plan", "--hardware", "a100-80g", "--calibrate", f, "--save-hardware", saved})
+	})
+	require.Error(t, err)
+	assert.Regexp(t, `fitted, the measured plans are still 3\.\d+× from their prices on average \(slower or faster alike\)`, err.Error())
+	assert.NoFileExists(t, saved)
 }
 
 // A measured plan is priced at the batch it ran, not the command line's:
@@ -642,4 +664,17 @@ func TestPlannedRunChecksItsInputsBeforeTheSearch(t *testing.T) {
 			assert.NotContains(t, out, "step ms", "no plan table: the search did not run")
 		})
 	}
+}
+
+// A --device-memory past the hardware's own is taken, and said: the plans
+// are ranked on memory an a100-80g does not have.
+func TestDeviceMemoryPastTheHardwaresIsNoted(t *testing.T) {
+	log, err := captureStderr(t, func() error {
+		captureStdout(t, func() {
+			require.NoError(t, mainNoPanic(t, append(append([]string{}, tinyGPT...), "--devices", "2", "--plan", "--hardware", "a100-80g", "--device-memory", "1TiB")))
+		})
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Contains(t, log, "note: --device-memory 1.00 TiB is more than a100-80g's 80.00 GiB: the plans are held to --device-memory")
 }
