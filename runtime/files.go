@@ -2,11 +2,14 @@ package runtime
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"gcompile/internal/pidlock"
 )
 
 // createTemp makes the temporary file WriteFileAtomic writes; a variable
@@ -17,10 +20,14 @@ var createTemp = CreateTemp
 // os.WriteFile: 0644 less the process's umask, where os.CreateTemp's
 // files are private (0600). An output renamed into place from it is then
 // readable by whom the user's umask allows, as one written in place is.
+// The pattern's "*" becomes the process's pid and host (tempOwner) and a
+// random part, so that RemoveStaleTemps can tell a file a killed process
+// left from one another process is writing.
 func CreateTemp(dir, pattern string) (*os.File, error) {
 	prefix, suffix, _ := strings.Cut(pattern, "*")
+	owner := tempOwner()
 	for range 10000 {
-		name := filepath.Join(dir, prefix+strconv.FormatUint(rand.Uint64(), 36)+suffix)
+		name := filepath.Join(dir, prefix+owner+"."+strconv.FormatUint(rand.Uint64(), 36)+suffix)
 		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 		if os.IsExist(err) {
 			continue
@@ -70,5 +77,58 @@ func writeFile(path string, b []byte, sync bool) (err error) {
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	RemoveStaleTemps(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	return nil
+}
+
+// TempNameOverhead is the most a temporary file's name made from the
+// pattern ".NAME.*.tmp" adds to NAME: the dots and ".tmp", a pid (7
+// digits at Linux's largest), "@", the host's 8 hex digits, "." and a
+// random uint64 in base 36 (13 characters).
+const TempNameOverhead = len("..") + 7 + len("@") + 8 + len(".") + 13 + len(".tmp")
+
+// tempOwner names this process in its temporary files: its pid, then its
+// host's name hashed (a host name may hold dots).
+func tempOwner() string {
+	host, _ := os.Hostname()
+	h := fnv.New32a()
+	h.Write([]byte(host))
+	return fmt.Sprintf("%d@%08x", os.Getpid(), h.Sum32())
+}
+
+// RemoveStaleTemps removes the temporary files of pattern (CreateTemp's)
+// in dir that a process of this host left when it was killed before it
+// renamed or removed them: a --save killed mid-write left one of the
+// model's size, and each requeue another. Another host's, a live
+// process's and those of names CreateTemp did not make are kept; it says
+// how many it removed.
+func RemoveStaleTemps(dir, pattern string) int {
+	prefix, suffix, _ := strings.Cut(pattern, "*")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	host, _ := os.Hostname()
+	mine := tempOwner()
+	_, myHost, _ := strings.Cut(mine, "@")
+	n := 0
+	for _, e := range entries {
+		middle, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		if middle, ok = strings.CutSuffix(middle, suffix); !ok {
+			continue
+		}
+		owner, _, _ := strings.Cut(middle, ".")
+		pidText, hostHash, ok := strings.Cut(owner, "@")
+		pid, err := strconv.Atoi(pidText)
+		if !ok || err != nil || hostHash != myHost || owner == mine || pidlock.Alive(host, pid, "") {
+			continue
+		}
+		if os.Remove(filepath.Join(dir, e.Name())) == nil {
+			n++
+		}
+	}
+	return n
 }

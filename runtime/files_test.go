@@ -3,7 +3,9 @@ package runtime
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -97,4 +99,34 @@ func TestWriteFileAtomicKeepsTheUmask(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, tc.want, fi.Mode().Perm(), "umask %o", tc.umask)
 	}
+}
+
+// A temporary file that a process of this host left when it was killed
+// (a --save cut short) is removed by the next write of the same file;
+// one of a live process, one of another host and a name CreateTemp does
+// not make are kept.
+func TestWriteRemovesTheTemporaryFilesOfTheKilled(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "w.safetensors")
+	gone := exec.Command("true")
+	require.NoError(t, gone.Run())
+	_, myHost, _ := strings.Cut(tempOwner(), "@")
+	names := map[string]bool{ // kept?
+		fmt.Sprintf(".w.safetensors.%d@%s.abc.tmp", gone.Process.Pid, myHost):     false,
+		fmt.Sprintf(".w.safetensors.%d@%s.abc.tmp", os.Getppid(), myHost):         true,
+		fmt.Sprintf(".w.safetensors.%d@%s.abc.tmp", gone.Process.Pid, "0badc0de"): true,
+		".w.safetensors.mine.tmp": true,
+	}
+	for name := range names {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("half"), 0o644))
+	}
+	require.NoError(t, WriteFileAtomic(path, []byte("whole")))
+	for name, kept := range names {
+		_, err := os.Stat(filepath.Join(dir, name))
+		assert.Equal(t, kept, err == nil, "%s kept", name)
+	}
+	f, err := CreateTemp(dir, ".x.*.tmp")
+	require.NoError(t, err)
+	defer f.Close()
+	assert.True(t, strings.HasPrefix(filepath.Base(f.Name()), ".x."+tempOwner()+"."), f.Name())
 }

@@ -313,7 +313,7 @@ starting:
 						signalled = sig
 						// Every rank stops at the same step boundary; the
 						// first to exit need not be the one signalled.
-						fmt.Fprintf(os.Stderr, "launch: the job stopped on %s at a step boundary (rank %d exited first): passed to every rank\n", signalName(sig), e.rank)
+						fmt.Fprintf(os.Stderr, "launch: the job stopped on %s (rank %d exited first, at a step boundary, or at once before training): passed to every rank\n", signalName(sig), e.rank)
 						signalAll(sig)
 					}
 				}

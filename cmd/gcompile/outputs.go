@@ -195,7 +195,7 @@ func isStepFolder(dir string) bool {
 
 // maxOutputName is the longest output file name whose temporary file
 // (see checkOutputFile) fits a 255-byte name.
-const maxOutputName = 255 - 19
+const maxOutputName = 255 - runtime.TempNameOverhead
 
 // realPath is path made absolute with the links of its deepest existing
 // folder resolved (the rest need not exist yet): a folder reached through
@@ -371,10 +371,11 @@ func checkOutputs(c *config) error {
 // for it are removed.
 func checkOutputFile(flag, path string) error {
 	// Each output is written to a temporary file beside it named after it
-	// (.NAME.RANDOM.tmp, 19 bytes more), then renamed: a name a file system
+	// (.NAME.PID@HOST.RANDOM.tmp, runtime.TempNameOverhead bytes more),
+	// then renamed: a name a file system
 	// takes but not its temporary failed after training.
 	if n := len(filepath.Base(path)); n > maxOutputName {
-		return fmt.Errorf("--%s %s: a file name of %d bytes; written through a temporary file 19 bytes longer, past file systems' 255, it takes at most %d", flag, path, n, maxOutputName)
+		return fmt.Errorf("--%s %s: a file name of %d bytes; written through a temporary file %d bytes longer, past file systems' 255, it takes at most %d", flag, path, n, runtime.TempNameOverhead, maxOutputName)
 	}
 	if strings.HasSuffix(path, string(filepath.Separator)) || strings.HasSuffix(path, "/.") || path == "." || path == ".." {
 		// The folder need not exist: the writer would make it, then fail

@@ -148,7 +148,7 @@ func (w *Writer) Add(tokens []int32) error {
 	var n [4]byte
 	binary.LittleEndian.PutUint32(n[:], uint32(len(tokens)))
 	if _, err := w.idxBuf.Write(n[:]); err != nil {
-		return w.fail(fmt.Errorf("indexed: write %s: %w", w.idx.Name(), err))
+		return w.fail(writeErr(w.idx.Name(), err))
 	}
 	w.docs++
 	w.tokens += int64(len(tokens))
@@ -175,7 +175,7 @@ func (w *Writer) writeTokens(tokens []int32) error {
 		b := w.scratch[:len(t)*size]
 		encodeTokens(b, t, w.dt)
 		if _, err := w.binBuf.Write(b); err != nil {
-			return w.fail(fmt.Errorf("indexed: write %s: %w", w.bin.Name(), err))
+			return w.fail(writeErr(w.bin.Name(), err))
 		}
 	}
 	return nil
@@ -207,6 +207,16 @@ func (w *Writer) usable() error {
 		return fmt.Errorf("indexed: writer for %s: %w (after Commit or Abort)", w.prefix, ErrClosed)
 	}
 	return w.err
+}
+
+// writeErr is a failed write to file: the os error names the file and
+// the op itself, which a second "write FILE" only repeated.
+func writeErr(file string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("indexed: %w", err)
+	}
+	return fmt.Errorf("indexed: write %s: %w", file, err)
 }
 
 func (w *Writer) fail(err error) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -553,6 +554,11 @@ func (p *pipeline) write(b *batch, sum *Summary) error {
 			sum.EmptyDocuments++
 		default:
 			if err := p.w.Add(toks); err != nil {
+				var pe *fs.PathError
+				if errors.As(err, &pe) {
+					// The output's failure (a full disk), not the input's.
+					return fmt.Errorf("writing the dataset: %w", err)
+				}
 				return fmt.Errorf("%s: %w", p.where(d), err)
 			}
 			sum.Documents++

@@ -263,7 +263,7 @@ func write(w io.Writer, tensors []Tensor, metadata map[string]string) error {
 // are rejected before any file is created.
 func Save(path string, tensors []Tensor, metadata map[string]string) error {
 	if _, err := save(path, tensors, metadata); err != nil {
-		return fmt.Errorf("checkpoint: save %s: %w", path, err)
+		return fmt.Errorf("writing the weights file %s: %w", path, err)
 	}
 	return nil
 }
@@ -318,6 +318,9 @@ func save(path string, tensors []Tensor, metadata map[string]string) (sum Sum, e
 		return Sum{}, fmt.Errorf("rename temporary file: %w", err)
 	}
 	syncDir(filepath.Dir(path))
+	// A save of this file killed before (a requeued run's) left its
+	// temporary file, as large as the weights.
+	runtime.RemoveStaleTemps(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	return Sum{Bytes: counted.n, CRC32C: fmt.Sprintf("%08x", crc.Sum32())}, nil
 }
 
