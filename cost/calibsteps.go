@@ -290,9 +290,10 @@ func (h *Hardware) fitSteps(idx []int, points []StepPoint) (*Hardware, error) {
 
 // fitStepsFrom is fitSteps from start's figures for stepParams[idx]
 // rather than h's (the bounds stay h's); without polish only
-// Levenberg–Marquardt runs: the leave-one-out fits start from the fit to
-// every point, a few steps from their own, and skip the sweeps that
-// would otherwise make a hundred points' calibration take minutes.
+// Levenberg–Marquardt runs: the leave-one-out fits, which start from h as
+// the whole fit does (started from the whole fit's figures they stopped
+// early near them and read optimistic), skip the sweeps that would
+// otherwise make a hundred points' calibration take minutes.
 func (h *Hardware) fitStepsFrom(start *Hardware, idx []int, points []StepPoint, polish bool) (*Hardware, error) {
 	loss := func(c *Hardware) float64 {
 		var s float64

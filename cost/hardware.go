@@ -301,6 +301,21 @@ func scalarFields(h *Hardware) map[string]reflect.Value {
 	return fields
 }
 
+// jsonError is a JSON decoding error said in the user's terms, the
+// decoder's own error kept beneath it (errors.As finds a
+// *json.SyntaxError, errors.Is io.ErrUnexpectedEOF).
+type jsonError struct {
+	msg string
+	err error
+}
+
+func (e *jsonError) Error() string { return e.msg }
+func (e *jsonError) Unwrap() error { return e.err }
+
+func jsonErr(err error, format string, args ...any) error {
+	return &jsonError{msg: fmt.Sprintf(format, args...), err: err}
+}
+
 // JSONValueError says a value of the wrong JSON type by the key the user
 // wrote ("tp is a JSON string, want a whole number"), where encoding/json
 // names the Go struct field it was decoding into (and an embedded
@@ -314,7 +329,7 @@ func JSONValueError(err error) error {
 	if te.Field == "" {
 		// The whole document: a list where an object belongs.
 		want := map[reflect.Kind]string{reflect.Struct: "a JSON object", reflect.Map: "a JSON object", reflect.Slice: "a JSON list"}[te.Type.Kind()]
-		return fmt.Errorf("the file is a JSON %s, want %s", te.Value, cmp.Or(want, te.Type.String()))
+		return jsonErr(err, "the file is a JSON %s, want %s", te.Value, cmp.Or(want, te.Type.String()))
 	}
 	var keys []string
 	for _, k := range strings.Split(te.Field, ".") {
@@ -328,11 +343,11 @@ func JSONValueError(err error) error {
 	want = cmp.Or(want, te.Type.String())
 	if n, ok := strings.CutPrefix(te.Value, "number "); ok {
 		if te.Type.Kind() == reflect.Int && strings.ContainsAny(n, ".eE") {
-			return fmt.Errorf("%s is %s, want a whole number", key, n)
+			return jsonErr(err, "%s is %s, want a whole number", key, n)
 		}
-		return fmt.Errorf("%s: %s is out of range of %s", key, n, want)
+		return jsonErr(err, "%s: %s is out of range of %s", key, n, want)
 	}
-	return fmt.Errorf("%s is a JSON %s, want %s", key, te.Value, want)
+	return jsonErr(err, "%s is a JSON %s, want %s", key, te.Value, want)
 }
 
 // JSONError is JSONValueError for a document's decoding errors, and says
@@ -342,22 +357,22 @@ func JSONValueError(err error) error {
 // starts with a byte-order mark, which JSON does not allow.
 func JSONError(data []byte, err error) error {
 	if bytes.HasPrefix(data, []byte("\xef\xbb\xbf")) {
-		return fmt.Errorf("the file starts with a UTF-8 byte-order mark, which JSON does not allow: save it without one")
+		return jsonErr(err, "the file starts with a UTF-8 byte-order mark, which JSON does not allow: save it without one")
 	}
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &se) && se.Offset >= int64(len(bytes.TrimRight(data, " \t\r\n"))):
-		return fmt.Errorf("the JSON ends before it is complete (is the file cut short?)")
+		return jsonErr(err, "the JSON ends before it is complete (is the file cut short?)")
 	case errors.As(err, &se):
 		before := data[:min(max(se.Offset-1, 0), int64(len(data)))]
 		line := bytes.Count(before, []byte("\n")) + 1
 		col := len(before) - bytes.LastIndexByte(before, '\n')
 		if strings.Contains(se.Error(), "after top-level value") {
-			return fmt.Errorf("data after the JSON value, at line %d, column %d", line, col)
+			return jsonErr(err, "data after the JSON value, at line %d, column %d", line, col)
 		}
-		return fmt.Errorf("not JSON at line %d, column %d: %v", line, col, se)
+		return jsonErr(err, "not JSON at line %d, column %d: %v", line, col, se)
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
-		return fmt.Errorf("the JSON ends before it is complete (is the file cut short?)")
+		return jsonErr(err, "the JSON ends before it is complete (is the file cut short?)")
 	}
 	return JSONValueError(err)
 }

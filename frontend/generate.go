@@ -250,7 +250,8 @@ func rowArg(v *ir.Value, rows int) int {
 	for j, a := range v.Args {
 		switch {
 		case a.Type.Rank() == 0:
-		case a.Op == "broadcast" && leadingRows(a.Args[0].Type) == 1:
+		case a.Op == "broadcast" && leadingRows(a.Args[0].Type) == 1 && a.Args[0].Type.Rank() <= 2:
+			// One row, of a rank that broadcasts to [batch, vocab].
 		case a.Type.Shape.Equal(v.Type.Shape) && at < 0:
 			at = j
 		default:

@@ -220,7 +220,11 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 	for i, e := range entries {
 		var keys map[string]json.RawMessage
 		if err := json.Unmarshal(e, &keys); err != nil {
-			return nil, fmt.Errorf("%s: plan %d: not a JSON object but %s", path, i+1, e)
+			shown := string(e)
+			if len(shown) > 40 {
+				shown = shown[:40] + "…"
+			}
+			return nil, fmt.Errorf("%s: plan %d: not a JSON object but %s", path, i+1, shown)
 		}
 		planned := false // some key says what plan ran
 		for _, k := range slices.Sorted(maps.Keys(keys)) {

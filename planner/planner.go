@@ -362,7 +362,7 @@ func Plan(req Request) (*Result, error) {
 			if !strings.Contains(c.Config.Offload, "params") {
 				fixes = append(fixes, "--offload optimizer,params")
 			}
-			why = append(why, fmt.Sprintf("the closest to fitting, %s, needs %s per device, %.2g× the %s available (%s would lower it)",
+			why = append(why, fmt.Sprintf("the closest to fitting, %s, needs %s per device, %.2f× the %s available (%s would lower it)",
 				Describe(c.Config), gib(c.MemoryBytes()), float64(c.MemoryBytes())/float64(capBytes), gib(capBytes), strings.Join(fixes, ", ")))
 		}
 		searched := fmt.Sprintf("%d candidates", res.Considered)
@@ -543,8 +543,8 @@ func (r *Result) reject(c *Candidate) {
 		r.rejectedBy = map[string]int{}
 	}
 	r.rejectedBy[c.Rejected]++
-	if m := c.MemoryBytes(); m > 0 && (r.closest == nil || m < r.closest.MemoryBytes()) {
-		r.closest = c
+	if m := c.MemoryBytes(); m > r.MemoryBytes && (r.closest == nil || m < r.closest.MemoryBytes()) {
+		r.closest = c // over the memory, the nearest
 	}
 	if len(r.Rejected) < maxRejected {
 		r.Rejected = append(r.Rejected, c)

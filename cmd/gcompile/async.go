@@ -127,6 +127,8 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		// (the launcher and SLURM signal every process).
 		w := watchSignals(j.log)
 		defer w.release()
+		j.log = w.watchLog(j.log)
+		j.setPhase("training")
 		j.preemptible.Store(true)
 		started = true
 		_, _, err := a.Train(corpus, cfg, nil)
@@ -138,6 +140,8 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 		opts: checkpoint.SaveOptions{Root: c.ckptDir, Model: res.Module.Name, ModelFingerprint: res.ModelFingerprint,
 			PlanHash: lower.Fingerprint(gp, up), Plan: plan, KeepLast: c.keepLast}}
 	defer ck.stop.release()
+	j.log = ck.stop.watchLog(j.log)
+	j.setPhase("training")
 	ck.stop.last.Store(resumeDir)
 	cfg.Boundary = ck.boundary
 	p := newProgress(j.log, c.steps)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -420,12 +421,12 @@ type preemption struct {
 	last atomic.Value
 }
 
-// watchSignals watches for stopSignals and SIGPIPE, saying what it does
-// to log (the job's log: a rank past 0 prefixes its lines with its rank).
-// SIGPIPE is a log whose reader went away (a pipe to head, a launcher
-// killed): the run stops at the step boundary as for SIGTERM, with its
-// checkpoint and outputs, rather than dying at its next line; later
-// writes to the closed pipe fail quietly.
+// watchSignals watches for stopSignals, saying what it does to log (the
+// job's log: a rank past 0 prefixes its lines with its rank). It also
+// takes SIGPIPE from the runtime, so that a write to a closed pipe fails
+// with EPIPE rather than ending the process at once: watchLog tells a
+// log whose reader went away from a peer's socket that closed, which
+// raises SIGPIPE too.
 func watchSignals(log io.Writer) *preemption {
 	p := &preemption{ch: make(chan os.Signal, 2), done: make(chan struct{})}
 	signal.Notify(p.ch, append(slices.Clone(stopSignals), syscall.SIGPIPE)...)
@@ -434,12 +435,7 @@ func watchSignals(log io.Writer) *preemption {
 			select {
 			case s := <-p.ch:
 				if s == syscall.SIGPIPE {
-					// For the rest of the process: the closed pipe stays
-					// closed, and the outputs are still to be written.
-					signal.Ignore(syscall.SIGPIPE)
-					if p.got.Load() != nil {
-						continue
-					}
+					continue // the write that raised it fails with EPIPE; watchLog reads that
 				}
 				if p.got.Load() != nil {
 					if last, _ := p.last.Load().(string); last != "" {
@@ -457,6 +453,34 @@ func watchSignals(log io.Writer) *preemption {
 		}
 	}()
 	return p
+}
+
+// watchLog wraps the run's log: a write to it that fails with EPIPE (its
+// reader went away: a pipe to head, a killed tee or launcher) stops the
+// run at the step boundary as SIGPIPE would have, with its checkpoint and
+// outputs, rather than ending it at its next line; SIGPIPE is ignored
+// from then on, for the writes still to come (the summary, after the
+// watch ends).
+func (p *preemption) watchLog(log io.Writer) io.Writer {
+	return &pipeWatch{w: log, broken: func() {
+		signal.Ignore(syscall.SIGPIPE)
+		p.got.CompareAndSwap(nil, os.Signal(syscall.SIGPIPE))
+	}}
+}
+
+// pipeWatch is a writer that calls broken once a write fails with EPIPE.
+type pipeWatch struct {
+	w      io.Writer
+	once   sync.Once
+	broken func()
+}
+
+func (w *pipeWatch) Write(b []byte) (int, error) {
+	n, err := w.w.Write(b)
+	if errors.Is(err, syscall.EPIPE) {
+		w.once.Do(w.broken)
+	}
+	return n, err
 }
 
 func (p *preemption) requested() bool { return p != nil && p.got.Load() != nil }

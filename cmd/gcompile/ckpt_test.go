@@ -1644,3 +1644,27 @@ func TestHardExitReleasesTheLock(t *testing.T) {
 	runHardExitHooks()
 	assert.FileExists(t, filepath.Join(ck, lockName), "a lock this process no longer holds")
 }
+
+// A SIGPIPE from a socket whose peer closed (a job's lost peer) is not a
+// lost log: the run goes on to the error its collective reports rather
+// than stop, and a second signal is not one. A write to the log that
+// fails with EPIPE asks for the stop, as SIGPIPE.
+func TestOnlyALostLogStopsTheRun(t *testing.T) {
+	p := watchSignals(io.Discard)
+	defer p.release()
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGPIPE))
+	time.Sleep(100 * time.Millisecond)
+	assert.False(t, p.requested(), "a SIGPIPE alone")
+	w := p.watchLog(epipeWriter{})
+	_, err := w.Write([]byte("step 1"))
+	require.ErrorIs(t, err, syscall.EPIPE)
+	assert.True(t, p.requested())
+	assert.Equal(t, syscall.SIGPIPE, p.signal())
+}
+
+// epipeWriter fails every write as a pipe without a reader does.
+type epipeWriter struct{}
+
+func (epipeWriter) Write([]byte) (int, error) {
+	return 0, &os.PathError{Op: "write", Path: "/dev/stderr", Err: syscall.EPIPE}
+}

@@ -410,7 +410,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.StringVar(&c.save, "save", "", "save the trained weights as safetensors")
 	fs.StringVar(&c.load, "load", "", "start from weights in a safetensors file (or a Hugging Face model.safetensors.index.json)")
 	fs.StringVar(&c.loadIgnore, "load-ignore", "", "with --load: tensors of the file that are no param of the model and are skipped on purpose, as comma-separated glob patterns (e.g. 'lm_head.*,*.rotary_emb.inv_freq')")
-	fs.StringVar(&c.ckptDir, "checkpoint-dir", "", "save the whole training state (params, optimizer state, step, loss scale) as sharded checkpoints DIR/step-N, at the end, every --checkpoint-every steps and on SIGTERM/SIGINT")
+	fs.StringVar(&c.ckptDir, "checkpoint-dir", "", "save the whole training state (params, optimizer state, step, loss scale) as sharded checkpoints DIR/step-N, at the end, every --checkpoint-every steps and on SIGTERM/SIGINT/SIGHUP")
 	fs.IntVar(&c.ckptEvery, "checkpoint-every", 0, "with --checkpoint-dir: also save every N steps (0: only at the end and when stopped)")
 	fs.IntVar(&c.keepLast, "keep-last", 0, "with --checkpoint-dir: keep only the newest K checkpoints (0: all)")
 	fs.IntVar(&c.stopAfter, "stop-after", 0, "end the run after this step as a preemption would (with a checkpoint under --checkpoint-dir); the schedule is still --steps' (0: run to --steps)")

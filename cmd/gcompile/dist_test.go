@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -974,6 +975,44 @@ func TestLaunchPassesASignalOn(t *testing.T) {
 	}{{syscall.SIGTERM, false, 143}, {syscall.SIGINT, true, 130}, {syscall.SIGHUP, false, 129}} {
 		t.Run(fmt.Sprintf("%v group=%v", tc.sig, tc.group), func(t *testing.T) { launchAndSignal(t, tc.sig, tc.group, tc.code) })
 	}
+}
+
+// The launcher's output closing (a pipe to head, a killed tee) stops the
+// job as SIGTERM does, each rank at a step boundary with the checkpoint,
+// and the launcher exits 141; before, the launcher died of SIGPIPE at
+// its next line and took every rank with it, with no checkpoint.
+func TestLaunchStopsWhenItsOutputCloses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	ck := filepath.Join(t.TempDir(), "ck")
+	cmd := exec.Command(os.Args[0], append([]string{"launch", "--nproc", "2", "--"}, faultArgs(t, 100000, "--checkpoint-dir", ck)...)...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	var log strings.Builder
+	buf := make([]byte, 4096)
+	for !strings.Contains(log.String(), "step 2/") {
+		n, err := stderr.Read(buf)
+		log.Write(buf[:n])
+		require.NoError(t, err, "%s", log.String())
+	}
+	require.NoError(t, stderr.(io.Closer).Close())
+	var exit *exec.ExitError
+	require.ErrorAs(t, cmd.Wait(), &exit)
+	assert.Equal(t, 141, exit.ExitCode(), "SIGPIPE's status, 128 + 13: %v", exit)
+	found, err := checkpoint.Find(ck)
+	require.NoError(t, err, "the ranks stopped at a step boundary with a checkpoint")
+	m, err := checkpoint.ReadManifest(found)
+	require.NoError(t, err)
+	assert.Positive(t, m.State.Step)
 }
 
 func launchAndSignal(t *testing.T, sig syscall.Signal, group bool, code int) {

@@ -145,6 +145,7 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 	if err != nil {
 		return err
 	}
+	j.setPhase("evaluating")
 	start := time.Now()
 	var sum float64
 	for i := range n {

@@ -316,7 +316,12 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	// (or in a batch script whose environment names a world), rank 0
 	// generates and the others step aside, rather than each printing the
 	// same text.
-	if w, err := dist.FromEnv(os.Getenv); err == nil && w.Size > 1 && w.Rank > 0 {
+	w, err := dist.FromEnv(os.Getenv)
+	if err != nil {
+		// Which rank this is cannot be told: each would generate, or none.
+		return fmt.Errorf("generate: the launcher's environment: %w", err)
+	}
+	if w.Size > 1 && w.Rank > 0 {
 		fmt.Fprintf(stderr, "generate: rank %d of %d (%s) leaves generation to rank 0: it runs in one process, over --devices\n", w.Rank, w.Size, w.Launcher)
 		return nil
 	}

@@ -428,6 +428,7 @@ func TestEvalOnATokenDataset(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Contains(t, log, "note: the checkpoint was trained on ")
+	assert.NotContains(t, log, "epochs of the training split", "evaluation trains nothing")
 	assert.Contains(t, log, "split 0.8,0.2,0; this evaluation reads ")
 	whole := eval("--eval-batches", "0")
 	require.Greater(t, whole.Batches, 8, "the held-out split holds more than training's 8 batches")
@@ -525,7 +526,7 @@ func TestGenerateSaysItRoundsTheBatch(t *testing.T) {
 
 // Started by a launcher as one of several processes, generate runs on
 // rank 0 only: the others step aside, printing no text, rather than each
-// generating the same.
+// generating the same; a broken launcher environment is refused.
 func TestGenerateRunsOnRankZeroOfALaunchersWorld(t *testing.T) {
 	t.Setenv("RANK", "1")
 	t.Setenv("WORLD_SIZE", "2")
@@ -534,6 +535,14 @@ func TestGenerateRunsOnRankZeroOfALaunchersWorld(t *testing.T) {
 	require.NoError(t, runGenerate([]string{gptModel, "--load", "absent.safetensors", "--prompt", "a"}, &out, &log))
 	assert.Empty(t, out.String())
 	assert.Contains(t, log.String(), "rank 1 of 2 (torchrun) leaves generation to rank 0")
+	// An environment that names no world whole (no MASTER_ADDR, as a
+	// training run refuses it) cannot say which rank generates: refused,
+	// not every process generating.
+	t.Setenv("MASTER_ADDR", "")
+	err := runGenerate([]string{gptModel, "--load", "absent.safetensors", "--prompt", "a"}, &out, &log)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "generate: the launcher's environment: ")
+	assert.Contains(t, err.Error(), "MASTER_ADDR")
 }
 
 // The text after a prompt is what the prompt and its continuation decode

@@ -225,9 +225,26 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		err  error
 	}
 	exits := make(chan exit, n)
+	// The launcher's own output going away (a pipe to head, a killed
+	// tee) stops the job as SIGTERM does, at a step boundary with a
+	// checkpoint, and exits 141 as SIGPIPE would: a write to the closed
+	// pipe fails with EPIPE (SIGPIPE is taken from the runtime, which
+	// would otherwise end the launcher there, and every rank with it).
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	defer signal.Stop(pipe)
+	outputGone := make(chan struct{})
+	var gone sync.Once
 	tails := make([]*errorTail, n)
 	for r := range tails {
-		tails[r] = &errorTail{w: os.Stderr}
+		tails[r] = &errorTail{w: os.Stderr, broken: func() {
+			gone.Do(func() {
+				// For the rest of the process: what the launcher says on
+				// its way out goes to the closed pipe too.
+				signal.Ignore(syscall.SIGPIPE)
+				close(outputGone)
+			})
+		}}
 	}
 	var mu sync.Mutex
 	var procs []*os.Process
@@ -268,6 +285,7 @@ func supervise(self string, args []string, n, port int, token string, grace time
 	// sent the others SIGTERM since (they then report that signal).
 	firstRank, termSent := -1, false
 	killedOnSecond := false
+	status := 0 // the exit status of a stopped job, when not its signal's
 	var firstExit error
 starting:
 	for r := range n {
@@ -333,6 +351,14 @@ starting:
 				// reason they gave instead.
 				term = time.After(ownStopWait)
 			}
+		case <-pipe:
+			// Drained: the write that raised it says which pipe closed.
+		case <-outputGone:
+			outputGone = nil // heard once
+			if signalled == nil && first == nil {
+				signalled, status = syscall.SIGTERM, signalStatus(syscall.SIGPIPE)
+				signalAll(syscall.SIGTERM)
+			}
 		case <-term:
 			termSent = true
 			signalAll(syscall.SIGTERM)
@@ -366,7 +392,13 @@ starting:
 		}
 	}
 	if first == nil && signalled != nil {
-		return &exitStatus{code: signalStatus(signalled), err: fmt.Errorf("launch: stopped by %s: every rank stopped (the run did not finish)", signalName(signalled))}
+		why := signalName(signalled)
+		if status == 0 {
+			status = signalStatus(signalled)
+		} else {
+			why = "SIGPIPE (the launcher's output closed; every rank was sent SIGTERM)"
+		}
+		return &exitStatus{code: status, err: fmt.Errorf("launch: stopped by %s: every rank stopped (the run did not finish)", why)}
 	}
 	return first
 }
@@ -421,6 +453,10 @@ type errorTail struct {
 	w    io.Writer
 	line []byte
 	err  string
+	// broken is called when a write to w fails with EPIPE (the
+	// launcher's output closed); the rank's output is then dropped, not
+	// left to fill its pipe and block the rank.
+	broken func()
 }
 
 func (t *errorTail) Write(b []byte) (int, error) {
@@ -436,7 +472,12 @@ func (t *errorTail) Write(b []byte) (int, error) {
 		t.line = append(t.line, c)
 	}
 	t.mu.Unlock()
-	return t.w.Write(b)
+	n, err := t.w.Write(b)
+	if errors.Is(err, syscall.EPIPE) && t.broken != nil {
+		t.broken()
+		return len(b), nil
+	}
+	return n, err
 }
 
 func (t *errorTail) last() string {

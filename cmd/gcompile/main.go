@@ -673,6 +673,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		opts: checkpoint.SaveOptions{Root: c.ckptDir, Model: res.Module.Name, ModelFingerprint: res.ModelFingerprint,
 			PlanHash: res.Fingerprint(), Plan: plan, KeepLast: c.keepLast}}
 	defer ck.stop.release()
+	j.log = ck.stop.watchLog(j.log)
 	ck.stop.last.Store(resumeDir)
 	cfg.Boundary = ck.boundary
 	cfg.Interrupted = func() (bool, error) { return ck.dev.AnyOf(ck.stop.requested()) }

@@ -118,21 +118,23 @@ func dataBlend(s string) ([]sample.BlendPart, error) {
 	if err != nil {
 		return nil, err
 	}
-	seen := map[string]int{}
+	idx := make([]os.FileInfo, len(parts)) // each part's .idx, where it exists
 	for i := range parts {
 		if p, ok := oneDataset(parts[i].Prefix); ok {
 			parts[i].Prefix = p
 		} else {
 			parts[i].Prefix = datasetPrefix(parts[i].Prefix)
 		}
-		abs, err := filepath.Abs(parts[i].Prefix)
-		if err != nil {
-			abs = filepath.Clean(parts[i].Prefix)
+		idx[i], _ = os.Stat(parts[i].Prefix + ".idx")
+		for j := range i {
+			// The same file however named: a link, a path through a
+			// linked folder, "./".
+			same := idx[i] != nil && idx[j] != nil && os.SameFile(idx[i], idx[j]) ||
+				filepath.Clean(parts[i].Prefix) == filepath.Clean(parts[j].Prefix)
+			if same {
+				return nil, fmt.Errorf("%w: the dataset %s is named twice (parts %d and %d, weights %g and %g): each part draws its samples in the same order, so both would give the same ones; name it once with the weights added", sample.ErrBlendPrefix, parts[i].Prefix, j+1, i+1, parts[j].Weight, parts[i].Weight)
+			}
 		}
-		if j, dup := seen[abs]; dup {
-			return nil, fmt.Errorf("%w: the dataset %s is named twice (parts %d and %d, weights %g and %g): each part draws its samples in the same order, so both would give the same ones; name it once with the weights added", sample.ErrBlendPrefix, parts[i].Prefix, j+1, i+1, parts[j].Weight, parts[i].Weight)
-		}
-		seen[abs] = i
 	}
 	return parts, nil
 }
@@ -428,12 +430,6 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 	var caches []string
 	for i, ds := range td.sets {
 		p := td.parts[i]
-		if p.Weight == 0 {
-			// A part turned off by its weight draws no sample: its splits
-			// need not hold one.
-			log("data %s: weight 0, no samples drawn\n", p.Prefix)
-			continue
-		}
 		ranges := sample.SplitRanges(ds.NumSequences(), split)
 		cache := c.dataCacheDir
 		var shared []string
@@ -444,9 +440,17 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 			shared = sample.SharedCacheDirs(p.Prefix, cache)
 		}
 		id := ds.Fingerprint()
+		// A part of weight 0 stays in the blend, which draws none of its
+		// samples: leaving it out would change the order the others'
+		// are drawn in, and a checkpoint's data (which lists it) would
+		// resume on other samples.
+		zero := ""
+		if p.Weight == 0 {
+			zero = " (its weight is 0, so it gives no sample, but it is part of the blend's order; leave it out of --data if it cannot hold one)"
+		}
 		tr, err := sample.NewGPT(ds, sample.Config{Seq: seq, Range: ranges[0], CacheDir: cache, ReadDirs: shared, Identity: id, Shuffle: true})
 		if err != nil {
-			return nil, fmt.Errorf("--data %s, training split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[0][0], ranges[0][1], ds.NumSequences(), c.split, err)
+			return nil, fmt.Errorf("--data %s, training split (documents %d..%d of %d, --split %s)%s: %w", p.Prefix, ranges[0][0], ranges[0][1], ds.NumSequences(), c.split, zero, err)
 		}
 		trains = append(trains, tr)
 		trainGPTs, caches = append(trainGPTs, tr), append(caches, cache)
@@ -455,7 +459,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 		if c.evalBatches >= 0 && len(ranges) > 1 && ranges[1][1] > ranges[1][0] {
 			ev, err := sample.NewGPT(ds, sample.Config{Seq: seq, Range: ranges[1], CacheDir: cache, ReadDirs: shared, Identity: id})
 			if err != nil {
-				return nil, fmt.Errorf("--data %s, held-out split (documents %d..%d of %d, --split %s): %w", p.Prefix, ranges[1][0], ranges[1][1], ds.NumSequences(), c.split, err)
+				return nil, fmt.Errorf("--data %s, held-out split (documents %d..%d of %d, --split %s)%s: %w", p.Prefix, ranges[1][0], ranges[1][1], ds.NumSequences(), c.split, zero, err)
 			}
 			evals = append(evals, ev)
 			td.samplers = append(td.samplers, ev)
@@ -487,7 +491,7 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 			return nil, fmt.Errorf("--data: %w", err)
 		}
 	}
-	if reads, per := int64(c.steps)*int64(c.Batch), train.SamplesPerEpoch(); per > 0 && reads > per {
+	if reads, per := int64(c.steps)*int64(c.Batch), train.SamplesPerEpoch(); c.run && !c.evalOnly && per > 0 && reads > per {
 		// Past one epoch the samples repeat, each epoch in a new order,
 		// as Megatron's do: said, since it changes what a run learns.
 		log("training: --steps %d × --batch %d read %d samples, %.3g epochs of the training split's %d (each epoch shuffled anew)\n",

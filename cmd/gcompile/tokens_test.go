@@ -381,7 +381,7 @@ func TestDataPrepareThenTrain(t *testing.T) {
 
 // A blend of two datasets trains, and its record names both with their
 // weights; a resumed run must give the same blend. A part of weight 0
-// draws nothing.
+// draws nothing, but keeps its place in the blend.
 func TestTrainsOnABlend(t *testing.T) {
 	dir := t.TempDir()
 	a := tokenDataset(t, dir, 60, 20, 200, 6)
@@ -407,15 +407,19 @@ func TestTrainsOnABlend(t *testing.T) {
 	require.Error(t, mainErr(tokenGPT(t, small, "--steps", "1")), "98,2 leaves 15 held-out tokens for windows of 17")
 	require.NoError(t, mainErr(tokenGPT(t, small, "--steps", "1", "--eval-batches", "-1")))
 
-	// Nor is it for a part of weight 0, which draws no sample: the run
-	// is the run on the other part alone.
+	// A part of weight 0 draws no sample: the run is the run on the
+	// other part alone.
 	only := filepath.Join(dir, "only.json")
 	require.NoError(t, mainErr(tokenGPT(t, a, "--steps", "2", "--split", "80,20", "--data", a, "--metrics", only)))
-	tiny := tokenDataset(t, dir, 3, 3, 250, 2) // too few tokens for a sample in either split
-	require.Error(t, mainErr(tokenGPT(t, a, "--steps", "2", "--split", "80,20", "--data", "0.5 "+tiny+" 0.5 "+a)))
 	zero := filepath.Join(dir, "zero.json")
-	require.NoError(t, mainErr(tokenGPT(t, a, "--steps", "2", "--split", "80,20", "--data", "0 "+tiny+" 1 "+a, "--metrics", zero)))
+	require.NoError(t, mainErr(tokenGPT(t, a, "--steps", "2", "--split", "80,20", "--data", "0 "+small+" 1 "+a, "--metrics", zero)))
 	assert.Equal(t, losses(readMetrics(t, only)), losses(readMetrics(t, zero)))
+	// It stays in the blend's order, so its splits must hold a sample:
+	// the refusal says so.
+	tiny := tokenDataset(t, dir, 3, 3, 250, 2) // too few tokens for a sample in either split
+	err = mainErr(tokenGPT(t, a, "--steps", "2", "--split", "80,20", "--data", "0 "+tiny+" 1 "+a))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "its weight is 0, so it gives no sample, but it is part of the blend's order; leave it out of --data if it cannot hold one")
 }
 
 // The padding rows of a vocabulary padded past the data's ids are masked
@@ -853,6 +857,14 @@ func TestDataPathsAreTakenWhole(t *testing.T) {
 	err := mainErr(tokenGPT(t, fmt.Sprintf("0.5 %s 0.5 %s/./%s", plain, filepath.Dir(plain), filepath.Base(plain)), "--steps", "1"))
 	require.ErrorIs(t, err, sample.ErrBlendPrefix)
 	assert.Contains(t, err.Error(), "is named twice (parts 1 and 2, weights 0.5 and 0.5)")
+	// Through a link too.
+	linked := filepath.Join(t.TempDir(), "linked")
+	for _, ext := range []string{".bin", ".idx"} {
+		require.NoError(t, os.Symlink(plain+ext, linked+ext))
+	}
+	err = mainErr(tokenGPT(t, fmt.Sprintf("0.3 %s 0.7 %s", plain, linked), "--steps", "1"))
+	require.ErrorIs(t, err, sample.ErrBlendPrefix)
+	assert.Contains(t, err.Error(), "is named twice (parts 1 and 2, weights 0.3 and 0.7)")
 }
 
 // data prepare --bos begins each document with the tokenizer's BOS, as
