@@ -233,3 +233,49 @@ func TestCalibrateStepsGivesAStuckParametersSlotAway(t *testing.T) {
 		}
 	}
 }
+
+// solve solves a small linear system, and says so when the matrix is
+// singular rather than returning infinities.
+func TestSolve(t *testing.T) {
+	x, ok := solve([][]float64{{2, 1}, {1, 3}}, []float64{3, 5})
+	require.True(t, ok)
+	assert.InDelta(t, 0.8, x[0], 1e-12)
+	assert.InDelta(t, 1.4, x[1], 1e-12)
+	x, ok = solve([][]float64{{0, 1}, {1, 0}}, []float64{2, 3}) // pivoting
+	require.True(t, ok)
+	assert.Equal(t, []float64{3, 2}, x)
+	_, ok = solve([][]float64{{1, 2}, {2, 4}}, []float64{1, 2})
+	assert.False(t, ok, "singular")
+	_, ok = solve([][]float64{{math.NaN(), 1}, {0, 1}}, []float64{1, 1})
+	assert.False(t, ok, "NaN")
+}
+
+// The fit holds a parameter at the bound its minimum lies past, and a
+// figure that starts at 0 stays there when it gains nothing: steps 40×
+// the preset's prices would need a GEMM efficiency under its 0.05 floor,
+// and steps at the preset's own prices leave the host floor nothing to
+// explain.
+func TestFitHoldsBoundsAndZeroStarts(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	runs := PublishedRuns()[:3]
+	pts := stepPoints(runs, nil)
+	for i := range pts {
+		pred, err := pts[i].Price(h)
+		require.NoError(t, err)
+		pts[i].Measured = 40 * pred
+	}
+	fit, err := h.fitSteps([]int{0}, pts) // gemm_efficiency alone
+	require.NoError(t, err)
+	assert.InDelta(t, 0.05, fit.GEMMEfficiency, 1e-9, "held at its lower bound")
+	for i := range pts {
+		pred, err := pts[i].Price(h)
+		require.NoError(t, err)
+		pts[i].Measured = pred // the preset's own prices
+	}
+	hostAt := slices.IndexFunc(stepParams, func(p stepParam) bool { return p.key == "host_op_us" })
+	fit, err = h.fitSteps([]int{hostAt}, pts)
+	require.NoError(t, err)
+	assert.Zero(t, fit.HostOpUS, "nothing to explain: the host floor stays 0")
+	assert.Equal(t, h.GEMMEfficiency, fit.GEMMEfficiency)
+}

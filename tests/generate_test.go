@@ -189,13 +189,23 @@ func TestPrefillComputesTheLastTokensLogits(t *testing.T) {
 }
 
 // A head the prefill cannot narrow (an op after it that mixes a row's
-// logits, here a softmax) keeps every row, as the engine reads.
+// logits, here a softmax, or one whose operand does not broadcast to
+// the narrowed rows) keeps every row, as the engine reads.
 func TestPrefillKeepsEveryRowOfAnotherHead(t *testing.T) {
-	g, _, _ := genCompile(t, headModel((*frontend.Tensor).Softmax), "", 1, 1, 2, 8, 8, false)
-	_, ok := g.Prefill.Sources[ir.InputLastToken]
-	assert.False(t, ok)
-	id := g.Prefill.Outputs[ir.OutputLogits]
-	assert.Equal(t, []int{2 * 8, 256}, []int(g.Prefill.Buffers[id].Global.Shape))
+	// A mask of rank 3 ([1, 1, vocab] over [batch, step, vocab] logits)
+	// does not broadcast to the narrowed [batch, vocab]: kept too.
+	mask3 := func(l *frontend.Tensor) *frontend.Tensor {
+		b := l.Builder()
+		rows, vocab := l.Dim(0), l.Dim(1)
+		return l.Reshape(2, rows/2, vocab).Add(b.Constant("mask", make([]float64, vocab), 1, 1, vocab)).Reshape(rows, vocab)
+	}
+	for name, after := range map[string]func(*frontend.Tensor) *frontend.Tensor{"softmax": (*frontend.Tensor).Softmax, "a rank-3 mask": mask3} {
+		g, _, _ := genCompile(t, headModel(after), "", 1, 1, 2, 8, 8, false)
+		_, ok := g.Prefill.Sources[ir.InputLastToken]
+		assert.False(t, ok, name)
+		id := g.Prefill.Outputs[ir.OutputLogits]
+		assert.EqualValues(t, 2*8*256, g.Prefill.Buffers[id].Global.Shape.NumElements(), "%s: every token's logits", name)
+	}
 }
 
 // headModel is a one-block GPT whose head's logits go through after
