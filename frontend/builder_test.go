@@ -505,3 +505,22 @@ func TestModelMistakesAreOneErrorAtTheirLine(t *testing.T) {
 	}, frontend.Config{})
 	require.NoError(t, err)
 }
+
+// A mixture-of-experts layer its config refuses is one error: its output
+// and auxiliary loss are poisoned, so the model's use of them (the
+// residual, the loss plus aux) says nothing more.
+func TestMoEConfigErrorIsOneError(t *testing.T) {
+	_, err := frontend.Build(func(b *frontend.Builder) {
+		tokens := b.Input("tokens", ir.I32, 2, 8)
+		targets := b.Input("targets", ir.I32, 2, 8)
+		x, _ := nn.Embedding(tokens, "wte", 64, 16)
+		y, aux := nn.MoE(x, "moe", nn.MoEConfig{Experts: 4, Router: "top1", CapacityFactor: 1.25})
+		x = x.Add(y)
+		logits := nn.Dense(x.Reshape(16, 16), "head", 64, nn.LinearConfig{})
+		b.Loss(nn.CrossEntropy(logits, targets).Add(aux))
+	}, frontend.Config{Batch: 2})
+	require.Error(t, err)
+	lines := strings.Split(err.Error(), "\n")
+	require.Len(t, lines, 1, "%v", err)
+	assert.Contains(t, lines[0], `MoE moe: router "top1" does not exist`)
+}

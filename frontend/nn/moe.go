@@ -114,7 +114,7 @@ type MoEConfig struct {
 func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tensor) {
 	b := x.Builder()
 	if x.Value() == nil {
-		return x, nil // poisoned: its error is reported
+		return x, b.Poisoned() // its error is reported
 	}
 	batch, seq, hidden := x.Dim(0), x.Dim(1), x.Dim(2)
 	if b.Generating() {
@@ -127,13 +127,13 @@ func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tenso
 		// Expert choice has no per-token routing to fall back on.
 		if cfg.Router == RouterExpertChoice {
 			b.Errorf("MoE %s: the expert-choice router cannot generate: each expert takes the top tokens of a group, so a token's experts depend on the tokens after it, which generation has not made yet; generate from a token-choice router (%s, %s, %s, %s)", name, RouterSwitch, RouterSoftmaxTopK, RouterGShard, RouterNoisyTopK)
-			return x, nil
+			return b.Poisoned(), b.Poisoned() // one error: what reads them says nothing more
 		}
 		cfg.Dropless, cfg.GroupSize = true, 0
 	}
 	if err := checkMoE(cfg, batch, seq); err != nil {
 		b.Errorf("MoE %s: %v", name, err)
-		return x, nil
+		return b.Poisoned(), b.Poisoned() // one error: what reads them says nothing more
 	}
 	if cfg.EvalCapacityFactor > 0 && cfg.EvalCapacityFactor != cfg.CapacityFactor && b.Evaluating() {
 		cfg.CapacityFactor = cfg.EvalCapacityFactor
