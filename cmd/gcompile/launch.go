@@ -446,13 +446,17 @@ func killedBy(ee *exec.ExitError, sig os.Signal) bool {
 	return ok && ws.Signaled() && ws.Signal() == sig
 }
 
-// errorTail passes a rank's stderr on and keeps its last "gcompile: "
-// line: the error it exited with.
+// errorTail passes a rank's stderr on and keeps the first line of its
+// last block of "gcompile: " lines: the error it exited with, which
+// main prints a "gcompile: " line for each of its lines (a syntax
+// error's knock-on errors, an out-of-memory report's largest buffers
+// follow the cause).
 type errorTail struct {
-	mu   sync.Mutex
-	w    io.Writer
-	line []byte
-	err  string
+	mu    sync.Mutex
+	w     io.Writer
+	line  []byte
+	err   string
+	inErr bool // the last whole line was a "gcompile: " line
 	// broken is called when a write to w fails with EPIPE (the
 	// launcher's output closed); the rank's output is then dropped, not
 	// left to fill its pipe and block the rank.
@@ -463,9 +467,11 @@ func (t *errorTail) Write(b []byte) (int, error) {
 	t.mu.Lock()
 	for _, c := range b {
 		if c == '\n' {
-			if s, ok := strings.CutPrefix(string(t.line), "gcompile: "); ok {
+			s, ok := strings.CutPrefix(string(t.line), "gcompile: ")
+			if ok && !t.inErr {
 				t.err = s
 			}
+			t.inErr = ok
 			t.line = t.line[:0]
 			continue
 		}

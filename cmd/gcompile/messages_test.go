@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -261,4 +262,21 @@ func TestNoDefaultCorpusNamesTheFlag(t *testing.T) {
 	assert.NotContains(t, err.Error(), "Options.Path")
 	other := errors.New("no such file")
 	assert.Equal(t, other, dataErr(&config{}, other))
+}
+
+// A rank's error is the first line of its last block of "gcompile: "
+// lines: a syntax error's knock-on errors and an out-of-memory report's
+// largest buffers follow the cause, and the launcher names the cause.
+func TestErrorTailKeepsTheErrorsFirstLine(t *testing.T) {
+	tail := &errorTail{w: io.Discard}
+	for _, line := range []string{
+		"gcompile: SIGTERM: stopping after this step (again to exit now)",
+		"step 3/10 loss 5.1",
+		"gcompile: model.go:6:72: missing ','",
+		"gcompile: model.go:8:1: expected operand, found '}'",
+	} {
+		_, err := tail.Write([]byte(line + "\n"))
+		require.NoError(t, err)
+	}
+	assert.Equal(t, "model.go:6:72: missing ','", tail.last())
 }
