@@ -506,9 +506,9 @@ func TestModelMistakesAreOneErrorAtTheirLine(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// A mixture-of-experts layer its config refuses is one error: its output
-// and auxiliary loss are poisoned, so the model's use of them (the
-// residual, the loss plus aux) says nothing more.
+// A mixture-of-experts layer its config refuses is one error: its
+// auxiliary loss is poisoned, so the loss that adds it says nothing
+// more (it was nil, which the add named as a second error).
 func TestMoEConfigErrorIsOneError(t *testing.T) {
 	_, err := frontend.Build(func(b *frontend.Builder) {
 		tokens := b.Input("tokens", ir.I32, 2, 8)

@@ -536,6 +536,11 @@ func TestParseBytes(t *testing.T) {
 		_, err := parseBytes(in)
 		assert.Error(t, err, "%q", in)
 	}
+	// Too large is said as such, not as "not positive".
+	for _, in := range []string{"1e30", "1e10TB", "9223372036854775807", "+InfB"} {
+		_, err := parseBytes(in)
+		assert.ErrorContains(t, err, "is past 2^63 bytes (8 EiB)", in)
+	}
 }
 
 // -h and --help print the usage on stdout and succeed (exit 0); a mistake

@@ -870,7 +870,10 @@ func parseBytes(s string) (int64, error) {
 	n := x * mult
 	// 2^63 is exactly representable; every float below it that is a
 	// whole number converts to int64 exactly.
-	if math.IsNaN(n) || n < 1 || n >= 1<<63 || n != math.Trunc(n) {
+	if n >= 1<<63 {
+		return 0, fmt.Errorf("%s is past 2^63 bytes (8 EiB), more than any machine addresses", s)
+	}
+	if math.IsNaN(n) || n < 1 || n != math.Trunc(n) {
 		return 0, want
 	}
 	return int64(n), nil

@@ -72,9 +72,9 @@ func parseGenerate(args []string) (*genConfig, error) {
 	fs.StringVar(&g.loadIgnore, "load-ignore", "", "with --load: tensors of the file that are no param of the model, skipped on purpose (comma-separated glob patterns)")
 	fs.StringVar(&g.resume, "resume", "", "the weights of a training checkpoint: a --checkpoint-dir (its latest complete checkpoint) or one step-N folder")
 	fs.StringVar(&g.prompt, "prompt", "", "the text to continue")
-	fs.StringVar(&g.promptFile, "prompt-file", "", "a file of prompts, one per line, generated as one batch")
+	fs.StringVar(&g.promptFile, "prompt-file", "", "a file of prompts, one per line (LF or CRLF; a leading byte-order mark dropped), generated as one batch")
 	fs.IntVar(&g.maxNew, "max-new-tokens", 64, "tokens to generate per prompt at most")
-	fs.IntVar(&g.batch, "batch", 0, "prompts generated together in one step (0: all of them); a multiple of dp")
+	fs.IntVar(&g.batch, "batch", 0, "prompts generated together in one step (0: all of them); rounded up to a multiple of dp, with a note")
 	fs.IntVar(&g.context, "context", 0, "positions each key/value cache holds (0: the longest prompt plus --max-new-tokens)")
 	fs.Float64Var(&g.sampling.Temperature, "temperature", 1, "softmax temperature (0: greedy, the most likely token)")
 	fs.IntVar(&g.sampling.TopK, "top-k", 0, "sample among the k most likely tokens (0: all)")
@@ -88,7 +88,7 @@ func parseGenerate(args []string) (*genConfig, error) {
 		g.stops = append(g.stops, s)
 		return nil
 	})
-	fs.StringVar(&g.output, "output", "text", "text (the continuations, streamed as they are made) or json (one object per prompt: prompt, prompt_ids, ids, text, stop)")
+	fs.StringVar(&g.output, "output", "text", "text (the continuations; one prompt's streamed as it is made, several printed at the end) or json (one object per prompt: prompt, prompt_ids, ids, text, stop)")
 	fs.StringVar(&g.tokenizer, "tokenizer", "", "the Hugging Face tokenizer.json (or its folder) of the model's vocabulary (default: bytes, one token per byte)")
 	fs.StringVar(&g.merges, "merges", "", "with --tokenizer vocab.json: GPT-2's merges.txt")
 	fs.BoolVar(&g.bos, "bos", false, "with --tokenizer: begin every prompt with the tokenizer's BOS token, as Hugging Face's Llama tokenizers do (data prepared by gcompile has none unless data prepare --bos wrote it)")
@@ -283,11 +283,14 @@ func (g *genConfig) readPrompts() ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--prompt-file: %w", err)
 	}
-	s := strings.TrimSuffix(strings.ReplaceAll(string(raw), "\r\n", "\n"), "\n")
+	// A byte-order mark (an editor's UTF-8 file) is not the first
+	// prompt's text; CRLF line ends are LF ones.
+	s := strings.ReplaceAll(strings.TrimPrefix(string(raw), "\ufeff"), "\r\n", "\n")
 	if s == "" {
 		return nil, fmt.Errorf("--prompt-file %s: no prompts (the file is empty)", g.promptFile)
 	}
-	lines := strings.Split(s, "\n")
+	// The last newline ends the last prompt: "\n" is one empty prompt.
+	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
 	for i, l := range lines {
 		if l == "" && !g.bos {
 			return nil, fmt.Errorf("--prompt-file %s:%d: the prompt is empty; there is no token to continue from (with --bos it is the BOS token alone)", g.promptFile, i+1)
@@ -403,6 +406,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 			err = derr
 		}
 	}
+	if err == nil {
+		// The position table first: a context past it is the cause, not
+		// the memory its caches would take.
+		err = positionsFit(gen, g, context, need, longest)
+	}
 	for {
 		// The prefill holds [batch·longest prompt, hidden] activations a
 		// layer (and, for a head it cannot narrow to the last tokens,
@@ -427,13 +435,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		g.Batch = batch
 		gen, err = compile.CompileGeneration(&g.Config, nil, batch, longest, context, passes.Hooks{})
 	}
-	if limit := positionLimit(gen.Decode); limit > 0 && context > limit {
-		if g.context > need {
-			// The cache asked for, not the prompts, is past the table.
-			return fmt.Errorf("--context %d: past the model's position table of %d rows (the prompts and --max-new-tokens need %d positions; leave --context out for that many)", g.context, limit, need)
-		}
-		return fmt.Errorf("%w: %d positions (the longest prompt, %d tokens, plus --max-new-tokens %d less the last, which is not fed back) are past the model's position table of %d rows", generate.ErrBadPrompt, context, longest, g.maxNew, limit)
-	}
+
 	// The prompts against the model's vocabulary, before any weight is
 	// read.
 	req := generate.Request{Prompts: prompts, MaxNew: g.maxNew, Sampling: g.sampling, EOS: eos}
@@ -991,4 +993,16 @@ func maximalSubpart(p string) int {
 		n++
 	}
 	return n
+}
+
+// positionsFit refuses a context past the model's position table.
+func positionsFit(gen *compile.Generation, g *genConfig, context, need, longest int) error {
+	if limit := positionLimit(gen.Decode); limit > 0 && context > limit {
+		if g.context > need {
+			// The cache asked for, not the prompts, is past the table.
+			return fmt.Errorf("--context %d: past the model's position table of %d rows (the prompts and --max-new-tokens need %d positions; leave --context out for that many)", g.context, limit, need)
+		}
+		return fmt.Errorf("%w: %d positions (the longest prompt, %d tokens, plus --max-new-tokens %d less the last, which is not fed back) are past the model's position table of %d rows", generate.ErrBadPrompt, context, longest, g.maxNew, limit)
+	}
+	return nil
 }

@@ -119,6 +119,8 @@ func TestGenerateBadInput(t *testing.T) {
 		{"no prompt", nil, "give the text with --prompt TEXT or --prompt-file FILE"},
 		{"past the table", []string{"--prompt", strings.Repeat("x", 40), "--max-new-tokens", "10"}, "49 positions (the longest prompt, 40 tokens, plus --max-new-tokens 10 less the last, which is not fed back) are past the model's position table of 48 rows"},
 		{"a cache past the table", []string{"--prompt", "hi", "--max-new-tokens", "2", "--context", "1000"}, "--context 1000: past the model's position table of 48 rows (the prompts and --max-new-tokens need 3 positions"},
+		// Said before the memory its caches would take (terabytes).
+		{"far past the table", []string{"--prompt", "hi", "--max-new-tokens", "1000000000"}, "1000000001 positions (the longest prompt, 2 tokens, plus --max-new-tokens 1000000000 less the last, which is not fed back) are past the model's position table of 48 rows"},
 		{"past --context", []string{"--prompt", "abcdef", "--context", "8", "--max-new-tokens", "4"}, "the longest prompt has 6 tokens and 4 are to be generated: 9 positions (the last new token is not fed back), past --context 8"},
 		{"above the vocabulary", []string{"--prompt", "ok é", "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48,vocab=128"}, "prompt 1's token 4 is id 195, outside the model's vocabulary of 128"},
 		{"top-p 0", []string{"--prompt", "a", "--top-p", "0"}, "--top-p 0"},
@@ -571,7 +573,7 @@ func TestContinuationKeepsTheSpaceAtTheJoin(t *testing.T) {
 
 // With --bos an empty prompt is the BOS token alone, which a model can
 // continue (as Hugging Face generates from <s>); without it, it is
-// refused.
+// refused, naming its line.
 func TestEmptyPromptLineNeedsBOS(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "p.txt")
 	require.NoError(t, os.WriteFile(file, []byte("one\n\nthree\n"), 0o644))
@@ -582,6 +584,21 @@ func TestEmptyPromptLineNeedsBOS(t *testing.T) {
 	got, err := g.readPrompts()
 	require.NoError(t, err)
 	assert.Equal(t, []string{"one", "", "three"}, got)
+	// A file of one newline is one empty prompt, not an empty file; a
+	// byte-order mark is not the first prompt's text; CRLF ends lines.
+	for body, want := range map[string][]string{"\n": {""}, "\r\n": {""}, "\ufeffone\r\ntwo\r\n": {"one", "two"}} {
+		require.NoError(t, os.WriteFile(file, []byte(body), 0o644))
+		got, err := g.readPrompts()
+		require.NoError(t, err, "%q", body)
+		assert.Equal(t, want, got, "%q", body)
+	}
+	g.bos = false
+	require.NoError(t, os.WriteFile(file, []byte("\n"), 0o644))
+	_, err = g.readPrompts()
+	assert.ErrorContains(t, err, "p.txt:1: the prompt is empty")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	_, err = g.readPrompts()
+	assert.ErrorContains(t, err, "no prompts (the file is empty)")
 }
 
 // gunzipTo writes the gunzipped contents of src to dst.

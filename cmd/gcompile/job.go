@@ -1041,6 +1041,16 @@ func (j *job) checkSharedDir(dir string) error {
 // cause is err, or, when the job was stopped by another process's
 // failure, that failure: the error that explains the others.
 func (j *job) cause(err error) error {
+	if j.ctx.Err() == nil && errors.Is(err, dist.ErrDisconnected) {
+		// Rank 0 closes the store as it exits: its report of why (the
+		// abort watchAbort reads) may come a moment after the close this
+		// call saw first. Waited for, briefly, so that every process
+		// names the cause rather than the store it lost with it.
+		select {
+		case <-j.ctx.Done():
+		case <-time.After(peerLostGrace):
+		}
+	}
 	if j.ctx.Err() != nil {
 		if c := context.Cause(j.ctx); c != nil && c != context.Canceled {
 			return c

@@ -511,8 +511,12 @@ func (td *tokenData) source(c *config, m *ir.Module, seq int, log func(string, .
 		// The held-out batches wrap around a small split, as Megatron's
 		// validation sampler does: say so, since the repeats add nothing.
 		if held, want := eval.SamplesPerEpoch(), int64(c.evalBatches)*int64(c.Batch); want > held {
-			log("held-out split: %d samples, fewer than the %d an evaluation reads (--eval-batches %d × --batch %d), so it reads some twice or more; --eval-batches %d reads each at most once\n",
-				held, want, c.evalBatches, c.Batch, max(held/int64(c.Batch), 1))
+			fix := fmt.Sprintf("--eval-batches %d reads each at most once", held/int64(c.Batch))
+			if held < int64(c.Batch) {
+				fix = fmt.Sprintf("one batch is more than the split: --batch %d or less reads each at most once", held)
+			}
+			log("held-out split: %d samples, fewer than the %d an evaluation reads (--eval-batches %d × --batch %d), so it reads some twice or more; %s\n",
+				held, want, c.evalBatches, c.Batch, fix)
 		}
 	}
 	return sample.New(train, eval, td.describe()).LimitIDs(td.maxID+1, td.maxFrom), nil

@@ -654,6 +654,13 @@ func TestEvalBatchesPastTheHeldOutSplitAreNoted(t *testing.T) {
 	log, err = captureStderr(t, func() error { return mainErr(append(slices.Clone(base), "--eval-batches", "50")) })
 	require.NoError(t, err)
 	assert.Regexp(t, `held-out split: \d+ samples, fewer than the 200 an evaluation reads \(--eval-batches 50 × --batch 4\), so it reads some twice or more; --eval-batches \d+ reads each at most once`, log)
+	// A batch larger than the split: fewer batches would not help, a
+	// smaller --batch would.
+	log, err = captureStderr(t, func() error {
+		return mainErr(append(slices.Clone(base), "--eval-batches", "1", "--batch", "64"))
+	})
+	require.NoError(t, err)
+	assert.Regexp(t, `held-out split: (\d+) samples, fewer than the 64 an evaluation reads \(--eval-batches 1 × --batch 64\), so it reads some twice or more; one batch is more than the split: --batch \d+ or less reads each at most once`, log)
 	// Training past an epoch is said too.
 	log, err = captureStderr(t, func() error {
 		return mainErr(append(slices.Clone(base), "--eval-batches", "-1", "--steps", "30"))

@@ -127,13 +127,16 @@ func MoE(x *frontend.Tensor, name string, cfg MoEConfig) (y, aux *frontend.Tenso
 		// Expert choice has no per-token routing to fall back on.
 		if cfg.Router == RouterExpertChoice {
 			b.Errorf("MoE %s: the expert-choice router cannot generate: each expert takes the top tokens of a group, so a token's experts depend on the tokens after it, which generation has not made yet; generate from a token-choice router (%s, %s, %s, %s)", name, RouterSwitch, RouterSoftmaxTopK, RouterGShard, RouterNoisyTopK)
-			return b.Poisoned(), b.Poisoned() // one error: what reads them says nothing more
+			return x, b.Poisoned() // the aux loss poisoned: the loss that adds it says nothing more
 		}
 		cfg.Dropless, cfg.GroupSize = true, 0
 	}
 	if err := checkMoE(cfg, batch, seq); err != nil {
 		b.Errorf("MoE %s: %v", name, err)
-		return b.Poisoned(), b.Poisoned() // one error: what reads them says nothing more
+		// x goes on (later layers say their own config's errors, counted
+		// as one); the aux loss is poisoned, so the loss that adds it
+		// says nothing more.
+		return x, b.Poisoned()
 	}
 	if cfg.EvalCapacityFactor > 0 && cfg.EvalCapacityFactor != cfg.CapacityFactor && b.Evaluating() {
 		cfg.CapacityFactor = cfg.EvalCapacityFactor

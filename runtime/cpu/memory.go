@@ -113,7 +113,7 @@ func checkMemory(progs []*lower.Program, names []string, opts Options) error {
 	if len(progs) == 1 {
 		fmt.Fprintf(&b, "%s's arena needs %s", names[0], lower.HumanBytes(total))
 	} else {
-		fmt.Fprintf(&b, "the %d devices' arenas need %s together", len(progs), lower.HumanBytes(total))
+		fmt.Fprintf(&b, "the %d arenas need %s together", len(progs), lower.HumanBytes(total))
 	}
 	fmt.Fprintf(&b, " but this machine has %s available (%s)", lower.HumanBytes(max(avail, 0)), from)
 	if len(progs) > 1 {

@@ -116,8 +116,8 @@ func TestAsyncChecksMemoryBeforeLoading(t *testing.T) {
 		avail int64
 		want  string
 	}{
-		{"replicas and server do not fit together", 20 << 20, "out of device memory: the 3 devices' arenas need 24.00 MiB together but this machine has 20.00 MiB available (fake)"},
-		{"one replica alone would", 9 << 20, "the 3 devices' arenas need 24.00 MiB"},
+		{"replicas and server do not fit together", 20 << 20, "out of device memory: the 3 arenas need 24.00 MiB together but this machine has 20.00 MiB available (fake)"},
+		{"one replica alone would", 9 << 20, "the 3 arenas need 24.00 MiB"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -71,10 +71,10 @@ func TestLoadRefusesArenasLargerThanTheMachine(t *testing.T) {
 		}},
 		{"four devices fit together", cluster, mesh, cpu.Options{HostMemory: fakeMemory(33 << 20)}, nil},
 		{"four devices fit one by one but not together", cluster, mesh, cpu.Options{HostMemory: fakeMemory(20 << 20)}, []string{
-			"the 4 devices' arenas need 32.00 MiB together but this machine has 20.00 MiB available (fake)",
+			"the 4 arenas need 32.00 MiB together but this machine has 20.00 MiB available (fake)",
 			"device 0: arena 8.00 MiB\n  largest buffers:\n    %0 state",
 		}},
-		{"pipeline cluster", pipeline, mesh, cpu.Options{HostMemory: fakeMemory(20 << 20)}, []string{"the 4 devices' arenas need 32.00 MiB together"}},
+		{"pipeline cluster", pipeline, mesh, cpu.Options{HostMemory: fakeMemory(20 << 20)}, []string{"the 4 arenas need 32.00 MiB together"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
