@@ -596,7 +596,12 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 		return &Tensor{b: b}
 	}
 	if first := b.m.Source(attrs.Str("name")); first != nil {
-		b.fail(pos, fmt.Errorf("%s %q is declared twice (first at %v)", op, attrs.Str("name"), first.Pos))
+		if first.Op != op {
+			// Params, states and inputs share one namespace.
+			b.fail(pos, fmt.Errorf("%s %q: the name is already %s %q's (at %v); params, states and inputs each need a name of their own", op, attrs.Str("name"), first.Op, attrs.Str("name"), first.Pos))
+		} else {
+			b.fail(pos, fmt.Errorf("%s %q is declared twice (first at %v)", op, attrs.Str("name"), first.Pos))
+		}
 		return &Tensor{b: b}
 	}
 	// Shapes of sources are where user sizes (--set, --batch) enter the

@@ -524,3 +524,15 @@ func TestMoEConfigErrorIsOneError(t *testing.T) {
 	require.Len(t, lines, 1, "%v", err)
 	assert.Contains(t, lines[0], `MoE moe: router "top1" does not exist`)
 }
+
+// A param named like an input is said to take the input's name, not to
+// be declared twice.
+func TestParamNamedLikeAnInput(t *testing.T) {
+	_, err := frontend.Build(func(b *frontend.Builder) {
+		b.Input("targets", ir.I32, 2, 8)
+		w := b.Param("targets", []int{16}, frontend.Normal(1), frontend.NoParallel)
+		b.Loss(w.Sum())
+	}, frontend.Config{Batch: 2})
+	require.Error(t, err)
+	assert.Regexp(t, `builder_test\.go:\d+: param "targets": the name is already input "targets"'s \(at builder_test\.go:\d+\); params, states and inputs each need a name of their own`, err.Error())
+}

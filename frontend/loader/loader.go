@@ -21,6 +21,8 @@ import (
 	"errors"
 	"fmt"
 	"go/build"
+	"go/parser"
+	"go/token"
 	"go/types"
 	"io"
 	"io/fs"
@@ -639,6 +641,9 @@ func typeCheck(ctx context.Context, file string, mod *moduleSetup, env []string)
 	} else if ok, err := build.Default.MatchFile(filepath.Dir(file), base); err == nil && !ok {
 		return nil, fmt.Errorf("%s: the go command leaves it out of its package on this machine (%s/%s): a //go:build line, a _GOOS or _GOARCH suffix, or a name starting with _ or . excludes it", relPath(file), build.Default.GOOS, build.Default.GOARCH)
 	}
+	if err := noCgo(filepath.Dir(file)); err != nil {
+		return nil, err
+	}
 	if _, err := exec.LookPath("go"); err != nil {
 		// Said before packages.Load, whose message for it ends in an
 		// empty "stderr: ".
@@ -908,4 +913,27 @@ func buildDriver(ctx context.Context, name, pkgPath, modDir, work string, mod *m
 		return "", fmt.Errorf("%s: building the model driver failed (%w):\n%s", name, err, strings.TrimSpace(buildLog(string(out), modDir)))
 	}
 	return bin, nil
+}
+
+// noCgo refuses a model package that imports "C": the driver is built
+// with CGO_ENABLED=0 (as gcompile is), where go/packages says only that
+// it cannot import C, and then, wrongly, gcompile/frontend.
+func noCgo(dir string) error {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+	fset := token.NewFileSet()
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		parsed, err := parser.ParseFile(fset, f, nil, parser.ImportsOnly)
+		if err != nil {
+			continue // the build says what is wrong with it
+		}
+		for _, imp := range parsed.Imports {
+			if imp.Path.Value == `"C"` {
+				return fmt.Errorf("%s:%d: import \"C\": a model is built without cgo (CGO_ENABLED=0, as gcompile is); write it in Go alone", relPath(f), fset.Position(imp.Pos()).Line)
+			}
+		}
+	}
+	return nil
 }

@@ -569,3 +569,14 @@ func TestDSLErrorsNameTheModelsFolder(t *testing.T) {
 	assert.Equal(t, want, inFolder(msg, dir))
 	assert.Equal(t, msg, inFolder(msg, "."), "a model in the working folder keeps the names")
 }
+
+// A model that imports "C" is refused as such: the driver is built
+// without cgo.
+func TestModelWithCgoIsRefused(t *testing.T) {
+	path := writeModel(t, "package m\n\n// int two(void) { return 2; }\nimport \"C\"\n\nimport \"gcompile/frontend\"\n\nfunc Model(b *frontend.Builder) {}\n")
+	l, _, _ := testLoader(t)
+	_, err := l.Load(path, frontend.Config{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `:4: import "C": a model is built without cgo (CGO_ENABLED=0, as gcompile is); write it in Go alone`)
+	assert.NotContains(t, err.Error(), "could not import gcompile/frontend")
+}
