@@ -145,7 +145,10 @@ func (b *Builder) finishGeneration() {
 // and scales whose other operands are the same for every row (a
 // scalar, a broadcast row such as the vocabulary mask). A head of
 // another form keeps every row, as before; the runtime reads the
-// logits' shape either way.
+// logits' shape either way. Rows are taken batch-major (row b·step+i is
+// sequence b's token i), as the engine has always read the logits: a
+// model that lays its tokens out sequence-major would give the engine
+// other rows either way.
 func (b *Builder) lastTokenLogits(logits *ir.Value) *ir.Value {
 	batch, step := b.cfg.Batch, b.cfg.Generate.Step
 	rows := batch * step
