@@ -753,18 +753,9 @@ func TestSignalSavesAndExits(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE} {
 		t.Run(sig.String(), func(t *testing.T) {
 			ck, metrics := filepath.Join(t.TempDir(), "ck"), filepath.Join(t.TempDir(), "m.json")
-			cmd := exec.Command(os.Args[0], append(slices.Clone(args), "--checkpoint-dir", ck, "--metrics", metrics)...)
-			cmd.Env = append(os.Environ(), asMainEnv+"=1")
-			stderr, err := cmd.StderrPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
+			cmd, stderr := startMain(t, append(slices.Clone(args), "--checkpoint-dir", ck, "--metrics", metrics)...)
 			var log strings.Builder
-			buf := make([]byte, 4096)
-			for !strings.Contains(log.String(), "step 5/100") {
-				n, err := stderr.Read(buf)
-				log.Write(buf[:n])
-				require.NoError(t, err, "%s", log.String())
-			}
+			readUntil(t, stderr, &log, "step 5/100")
 			if sig == syscall.SIGPIPE {
 				// The log's reader goes away: its next line is the signal.
 				require.NoError(t, stderr.(io.Closer).Close())
@@ -835,19 +826,10 @@ func TestAsyncSignalExitsWithItsStatus(t *testing.T) {
 		t.Skip("starts processes; skipped with -short")
 	}
 	args := gir(t, append(slices.Clone(ckptGPT), "--steps", "100000", "--devices", "2", "--dp", "2", "--dp-sync", "async", "--staleness", "1"))
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), asMainEnv+"=1")
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	cmd, stderr := startMain(t, args...)
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	var log strings.Builder
-	buf := make([]byte, 4096)
-	for !strings.Contains(log.String(), "step 3/") {
-		n, err := stderr.Read(buf)
-		log.Write(buf[:n])
-		require.NoError(t, err, "%s", log.String())
-	}
+	readUntil(t, stderr, &log, "step 3/")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	rest, _ := io.ReadAll(stderr)
 	log.Write(rest)
@@ -1520,18 +1502,9 @@ func TestMetricsSurviveAKill(t *testing.T) {
 	ck, met := filepath.Join(dir, "ck"), filepath.Join(dir, "m.json")
 	part := append(slices.Clone(args), "--checkpoint-dir", ck, "--checkpoint-every", "2", "--metrics", met)
 	require.NoError(t, mainErr(append(slices.Clone(part), "--stop-after", "2")))
-	cmd := exec.Command(os.Args[0], append(slices.Clone(part), "--resume", ck)...)
-	cmd.Env = append(os.Environ(), asMainEnv+"=1")
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	cmd, stderr := startMain(t, append(slices.Clone(part), "--resume", ck)...)
 	var log strings.Builder
-	buf := make([]byte, 4096)
-	for !strings.Contains(log.String(), "checkpoint of step 6 saved") {
-		n, err := stderr.Read(buf)
-		log.Write(buf[:n])
-		require.NoError(t, err, "%s", log.String())
-	}
+	readUntil(t, stderr, &log, "checkpoint of step 6 saved")
 	require.NoError(t, cmd.Process.Kill())
 	_ = cmd.Wait()
 	killed := readMetrics(t, met)
@@ -1667,4 +1640,27 @@ type epipeWriter struct{}
 
 func (epipeWriter) Write([]byte) (int, error) {
 	return 0, &os.PathError{Op: "write", Path: "/dev/stderr", Err: syscall.EPIPE}
+}
+
+// startMain starts gcompile with args as a process of its own, its stderr
+// piped to the returned reader.
+func startMain(t *testing.T, args ...string) (*exec.Cmd, io.ReadCloser) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	return cmd, stderr
+}
+
+// readUntil reads r into log until log holds want.
+func readUntil(t *testing.T, r io.Reader, log *strings.Builder, want string) {
+	t.Helper()
+	buf := make([]byte, 4096)
+	for !strings.Contains(log.String(), want) {
+		n, err := r.Read(buf)
+		log.Write(buf[:n])
+		require.NoError(t, err, "%s", log.String())
+	}
 }

@@ -986,11 +986,7 @@ func TestLaunchStopsWhenItsOutputCloses(t *testing.T) {
 		t.Skip("starts processes; skipped with -short")
 	}
 	ck := filepath.Join(t.TempDir(), "ck")
-	cmd := exec.Command(os.Args[0], append([]string{"launch", "--nproc", "2", "--"}, faultArgs(t, 100000, "--checkpoint-dir", ck)...)...)
-	cmd.Env = append(os.Environ(), asMainEnv+"=1")
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	cmd, stderr := startMain(t, append([]string{"launch", "--nproc", "2", "--"}, faultArgs(t, 100000, "--checkpoint-dir", ck)...)...)
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			cmd.Process.Kill()
@@ -998,12 +994,7 @@ func TestLaunchStopsWhenItsOutputCloses(t *testing.T) {
 		}
 	})
 	var log strings.Builder
-	buf := make([]byte, 4096)
-	for !strings.Contains(log.String(), "step 2/") {
-		n, err := stderr.Read(buf)
-		log.Write(buf[:n])
-		require.NoError(t, err, "%s", log.String())
-	}
+	readUntil(t, stderr, &log, "step 2/")
 	require.NoError(t, stderr.(io.Closer).Close())
 	var exit *exec.ExitError
 	require.ErrorAs(t, cmd.Wait(), &exit)
