@@ -101,6 +101,11 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		}
 	}
 	if c.load == "" {
+		if c.tokens != nil {
+			if err := resumedTokenizer(resumeDir, c.tokens.tok, c.tokenizer); err != nil {
+				return err
+			}
+		}
 		m, err := checkpointModel(c.Config, resumeDir, res.ModelFingerprint)
 		if err != nil {
 			return err

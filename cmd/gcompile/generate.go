@@ -343,6 +343,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		}
 	}
 	if g.resume != "" {
+		// The tokenizer first: another tokenizer's size pads another
+		// vocabulary, which the model's check would blame on the model.
+		if err := resumedTokenizer(g.resume, tx.tok, g.tokenizer); err != nil {
+			return err
+		}
 		m, err := checkpointModel(g.Config, g.resume, "")
 		if err != nil {
 			return err
@@ -739,6 +744,21 @@ func sameTokenizerAs(data, whose string, tok *tokenizer.Tokenizer, flag string) 
 		return nil
 	}
 	return fmt.Errorf("--tokenizer %s is not the tokenizer %s trained with (fingerprint %.16s, this one's %.16s): the model's ids would be read as another tokenizer's text; give the run's --tokenizer", flag, whose, trained, tok.Fingerprint())
+}
+
+// resumedTokenizer is sameTokenizer for the checkpoint --resume names,
+// before anything else of it is checked; a checkpoint that does not
+// read is left to those checks to name.
+func resumedTokenizer(resume string, tok *tokenizer.Tokenizer, flag string) error {
+	dir, err := checkpoint.Find(resume)
+	if err != nil {
+		return nil
+	}
+	m, err := checkpoint.ReadManifest(dir)
+	if err != nil {
+		return nil
+	}
+	return sameTokenizer(m, tok, flag)
 }
 
 // loadedTokenizer refuses a tokenizer other than the one the --load

@@ -303,6 +303,13 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	err = runGenerate(append(append([]string{gptModel, "--resume", ck, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), otherTok...), io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--tokenizer "+filepath.Join(other, "encoder.json")+" is not the tokenizer the checkpoint's run trained with")
+	// A tokenizer of another size (Llama 2's 32,000 ids) is named as
+	// such too, not as another model file (its vocabulary pads another
+	// table, which the model's check saw first).
+	llama2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama2")
+	err = runGenerate(append(append([]string{gptModel, "--resume", ck, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), "--tokenizer", llama2), io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--tokenizer "+llama2+" is not the tokenizer the checkpoint's run trained with")
 	// The --save weights record it too: --load is refused alike.
 	err = runGenerate(append(append([]string{gptModel, "--load", w, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), otherTok...), io.Discard, io.Discard)
 	require.Error(t, err)
