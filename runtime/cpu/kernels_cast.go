@@ -27,7 +27,63 @@ func compileCast(d *Device, in lower.Instr) (func() error, error) {
 	if f, ok := castWide(d, src, dst); ok {
 		return f, nil
 	}
+	if f, ok := castVia32(d, src, dst); ok {
+		return f, nil
+	}
 	return nil, fmt.Errorf("the cpu backend cannot cast %v to %v yet", src.Type.DType, dst.Type.DType)
+}
+
+// castVia32 casts a 16-bit float to or from any other dtype (f64, i32,
+// i64, bool, the other 16-bit format) through f32, in a buffer of the
+// kernel's own: a model's x.Cast(ir.I32) runs in bf16 under --precision
+// bf16, which was refused at load. Every bf16 and f16 value is an f32
+// exactly, so casts from them are exact; a cast to them rounds the
+// value's f32, twice-rounded where the value is not an f32 already (an
+// f64, an integer past 2^24).
+func castVia32(d *Device, src, dst lower.Buffer) (func() error, bool) {
+	from, to := src.Type.DType, dst.Type.DType
+	if !is16(from) && !is16(to) {
+		return nil, false
+	}
+	tmp := make([]float32, src.Type.Shape.NumElements())
+	var in, out func()
+	switch {
+	case is16(from):
+		x, bf := view[uint16](d, src.ID), from == ir.BF16
+		in = func() { kcpu.Widen16(tmp, x, bf) }
+	case from == ir.F64:
+		x := view[float64](d, src.ID)
+		in = func() { kcpu.Cast(tmp, x) }
+	case from == ir.I32:
+		x := view[int32](d, src.ID)
+		in = func() { kcpu.Cast(tmp, x) }
+	case from == ir.I64:
+		x := view[int64](d, src.ID)
+		in = func() { kcpu.Cast(tmp, x) }
+	case from == ir.Bool:
+		in = fromBool(tmp, view[bool](d, src.ID))
+	default:
+		return nil, false
+	}
+	switch {
+	case is16(to):
+		y, bf := view[uint16](d, dst.ID), to == ir.BF16
+		out = func() { kcpu.Round16(y, tmp, bf) }
+	case to == ir.F64:
+		y := view[float64](d, dst.ID)
+		out = func() { kcpu.Cast(y, tmp) }
+	case to == ir.I32:
+		y := view[int32](d, dst.ID)
+		out = func() { kcpu.Cast(y, tmp) }
+	case to == ir.I64:
+		y := view[int64](d, dst.ID)
+		out = func() { kcpu.Cast(y, tmp) }
+	case to == ir.Bool:
+		out = nonzero(view[bool](d, dst.ID), tmp)
+	default:
+		return nil, false
+	}
+	return ok(func() { in(); out() }), true
 }
 
 // castWide converts between any two of f32, f64, i32, i64 and bool as Go

@@ -208,6 +208,8 @@ func TestRegisteredKernelRefusesOtherDTypes(t *testing.T) {
 // integers truncate toward zero, and bool is 1 or 0 from any value other
 // than zero (NaN included), as in NumPy and JAX.
 func TestCastBetweenEveryWideDType(t *testing.T) {
+	// The 16-bit formats too: a cast in a model run under --precision
+	// bf16 or fp16 is one of them.
 	nan := math.NaN()
 	x := []float64{-2.75, -0.5, 0, 0.5, 3.9, 7}
 	for _, tc := range []struct {
@@ -223,6 +225,13 @@ func TestCastBetweenEveryWideDType(t *testing.T) {
 		{[]string{"i32", "bool"}, x, []float64{1, 0, 0, 0, 1, 1}},
 		{[]string{"i64", "f64", "i32"}, x, []float64{-2, 0, 0, 0, 3, 7}},
 		{[]string{"i32", "i64", "bool", "i64"}, x, []float64{1, 0, 0, 0, 1, 1}},
+		// 16-bit floats to and from the others, through f32.
+		{[]string{"bf16", "i32"}, x, []float64{-2, 0, 0, 0, 3, 7}},
+		{[]string{"f16", "i64"}, x, []float64{-2, 0, 0, 0, 3, 7}},
+		{[]string{"bf16", "bool"}, []float64{-2.75, -0.5, 0, 0.5, 3.9, nan}, []float64{1, 1, 0, 1, 1, 1}},
+		{[]string{"i32", "bf16"}, x, []float64{-2, 0, 0, 0, 3, 7}},
+		{[]string{"bool", "f16", "f64"}, x, []float64{1, 1, 0, 1, 1, 1}},
+		{[]string{"f64", "bf16", "f16"}, []float64{-2.75, 0.5, 3.9}, []float64{-2.75, 0.5, 3.90625}},
 	} {
 		t.Run(strings.Join(tc.via, "-"), func(t *testing.T) {
 			n := len(tc.x)
