@@ -696,7 +696,13 @@ func exportMain(args []string) error {
 		}
 	}
 	stop := removeTempsOnSignal(*out)
-	files, err := checkpoint.SaveSharded(*out, ts, map[string]string{"format": "pt", "producer": "gcompile", "model": m.Model, "step": fmt.Sprint(m.State.Step)}, limit)
+	meta := map[string]string{"format": "pt", "producer": "gcompile", "model": m.Model, "step": fmt.Sprint(m.State.Step)}
+	if m.Plan.Data != "" {
+		// The data's identity, its tokenizer's with it, as --save keeps
+		// it: a load of the file checks the tokenizer given against it.
+		meta["data"] = m.Plan.Data
+	}
+	files, err := checkpoint.SaveSharded(*out, ts, meta, limit)
 	stop()
 	if err != nil {
 		return fmt.Errorf("export: %w", err)

@@ -334,6 +334,18 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	require.ErrorIs(t, err, checkpoint.ErrMismatch)
 	assert.Contains(t, err.Error(), "its run read its data with a tokenizer, whose vocabulary sets the model's classes")
 	require.NoError(t, runGenerate(append(append([]string{gptModel, "--resume", ck, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), tok...), io.Discard, io.Discard))
+	// Exported weights keep the data's identity as --save's do: loaded
+	// without --tokenizer, the refusal names it; with another, it is
+	// refused as such.
+	exported := filepath.Join(dir, "export", "model.safetensors")
+	require.NoError(t, mainErr(append([]string{"export", ck, "--out", exported}, tok...)))
+	err = runGenerate(append([]string{gptModel, "--load", exported, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the weights' run read its data with a tokenizer, whose size sets the model's vocabulary: give that --tokenizer")
+	err = runGenerate(append(append([]string{gptModel, "--load", exported, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), otherTok...), io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is not the tokenizer the weights' run ("+exported+") trained with")
+	require.NoError(t, runGenerate(append(append([]string{gptModel, "--load", exported, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), tok...), io.Discard, io.Discard))
 
 	res := generateJSON(t, append(append([]string{gptModel, "--load", w, "--prompt", "Document 3 says", "--max-new-tokens", "30", "--seed", "2"}, set...), tok...)...)
 	require.Len(t, res, 1)

@@ -106,7 +106,13 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 	if err != nil {
 		return fmt.Errorf("--load: %w", err)
 	}
-	return loadTensors(dev, progs, ts, "--load "+file, ignore, classes)
+	err = loadTensors(dev, progs, ts, "--load "+file, ignore, classes)
+	if meta := savedMetadata(file); err != nil && classes == 0 && meta != nil && strings.Contains(meta["data"], ";tokenizer ") {
+		// A table of the tokenizer's vocabulary met the model's default
+		// one: the flag that gives the model its vocabulary is named.
+		err = fmt.Errorf("%w\n  the weights' run read its data with a tokenizer, whose size sets the model's vocabulary: give that --tokenizer", err)
+	}
+	return err
 }
 
 // loadTensors is loadWeights of tensors read already (a safetensors file,
