@@ -45,6 +45,12 @@ func checkPaths(c *config, lead bool) error {
 		// folder of datasets, is no text for the flags below to be
 		// refused against.
 		if _, err := os.Stat(c.data); c.data != "" && err != nil {
+			if _, ierr := os.Stat(c.data + ".idx"); ierr != nil && !errors.Is(ierr, fs.ErrNotExist) {
+				// The index is there but cannot be read (a link loop, a
+				// folder without access): its error, not "no such".
+				errs = append(errs, fmt.Errorf("--data %s: the dataset's index: %w", c.data, ierr))
+				break
+			}
 			errs = append(errs, fmt.Errorf("--data %s: no such text file or folder, and no dataset %s.bin and %s.idx: %w", c.data, c.data, c.data, err))
 			break
 		}

@@ -294,6 +294,18 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 			assert.NoFileExists(t, out, "nothing is written")
 		})
 	}
+	// An index that is there but cannot be read (a loop of links) is
+	// named with its error, not as missing.
+	loops := t.TempDir()
+	require.NoError(t, os.Symlink(filepath.Join(loops, "b"), filepath.Join(loops, "a")))
+	require.NoError(t, os.Symlink(filepath.Join(loops, "a"), filepath.Join(loops, "b")))
+	for _, ext := range []string{".bin", ".idx"} {
+		require.NoError(t, os.Symlink(filepath.Join(loops, "a"), filepath.Join(loops, "L"+ext)))
+	}
+	err = mainErr(tokenGPT(t, good, "--steps", "2", "--data", filepath.Join(loops, "L")))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--data "+filepath.Join(loops, "L")+": the dataset's index: ")
+	assert.Contains(t, err.Error(), "too many levels of symbolic links")
 	// A path that is not there is named alone, not as text that a token
 	// dataset's flag does not apply to.
 	err = mainErr(tokenGPT(t, good, "--steps", "2", "--data", filepath.Join(dir, "nothing"), "--data-cache-dir", dir))
