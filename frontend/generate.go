@@ -152,7 +152,11 @@ func (b *Builder) finishGeneration() {
 func (b *Builder) lastTokenLogits(logits *ir.Value) *ir.Value {
 	batch, step := b.cfg.Batch, b.cfg.Generate.Step
 	rows := batch * step
-	var chain []*ir.Value
+	type link struct {
+		v   *ir.Value
+		arg int // the argument that carries the rows (rowArg)
+	}
+	var chain []link
 	head := logits
 	for head.Op != "matmul" {
 		if leadingRows(head.Type) != rows {
@@ -162,7 +166,7 @@ func (b *Builder) lastTokenLogits(logits *ir.Value) *ir.Value {
 		if i < 0 {
 			return logits
 		}
-		chain = append(chain, head)
+		chain = append(chain, link{head, i})
 		head = head.Args[i]
 	}
 	x, w := head.Args[0], head.Args[1]
@@ -199,15 +203,14 @@ func (b *Builder) lastTokenLogits(logits *ir.Value) *ir.Value {
 	last := add("reshape", ir.Attrs{"shape": []int{batch, hidden}}, head, add("matmul", nil, head, mask, x3))
 	cur := add("matmul", head.Attrs.Clone(), head, last, w)
 	for i := len(chain) - 1; i >= 0 && cur != nil; i-- {
-		c := chain[i]
+		c := chain[i].v
 		if c.Op == "reshape" {
 			continue // cur keeps [batch, vocab]
 		}
-		k := rowArg(c, rows)
 		args := make([]*ir.Value, len(c.Args))
 		for j, a := range c.Args {
 			switch {
-			case j == k:
+			case j == chain[i].arg:
 				args[j] = cur
 			case a.Op == "broadcast":
 				args[j] = add("broadcast", ir.Attrs{"shape": []int(cur.Type.Shape.Clone())}, a, a.Args[0])

@@ -126,30 +126,26 @@ func (e *Engine) batch(r Request, first int, prompts [][]int32) ([][]int32, erro
 			positions[b*P+i] = int32(i)
 		}
 	}
-	rows := make([][]float64, B)
+	// Each prompt's row of the prefill's logits: its last token's among
+	// every token's, or the one row the last-token head gives it.
+	n, row := B*P, func(b int) int { return b*P + lens[b] - 1 }
 	if e.LastToken {
 		mask := make([]int32, B*P)
 		for b := range B {
-			mask[b*P+lens[b]-1] = 1
+			mask[row(b)] = 1
 		}
 		if err := e.Prefill.SetInt32(ir.InputLastToken, mask); err != nil {
 			return nil, fmt.Errorf("prefill: %w", err)
 		}
-		logits, err := e.run(e.Prefill, tokens, positions, B)
-		if err != nil {
-			return nil, fmt.Errorf("prefill: %w", err)
-		}
-		for b := range B {
-			rows[b] = logits[b*e.Vocab:][:e.Vocab]
-		}
-	} else {
-		logits, err := e.run(e.Prefill, tokens, positions, B*P)
-		if err != nil {
-			return nil, fmt.Errorf("prefill: %w", err)
-		}
-		for b := range B {
-			rows[b] = logits[(b*P+lens[b]-1)*e.Vocab:][:e.Vocab]
-		}
+		n, row = B, func(b int) int { return b }
+	}
+	logits, err := e.run(e.Prefill, tokens, positions, n)
+	if err != nil {
+		return nil, fmt.Errorf("prefill: %w", err)
+	}
+	rows := make([][]float64, B)
+	for b := range B {
+		rows[b] = logits[row(b)*e.Vocab:][:e.Vocab]
 	}
 	if err := e.MoveCaches(); err != nil {
 		return nil, fmt.Errorf("moving the key/value caches to the decode program: %w", err)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"gcompile/internal/pidlock"
 )
@@ -88,13 +89,14 @@ func writeFile(path string, b []byte, sync bool) (err error) {
 const TempNameOverhead = len("..") + 7 + len("@") + 8 + len(".") + 13 + len(".tmp")
 
 // tempOwner names this process in its temporary files: its pid, then its
-// host's name hashed (a host name may hold dots).
-func tempOwner() string {
+// host's name hashed (a host name may hold dots). Neither changes while
+// the process runs: it is made once.
+var tempOwner = sync.OnceValue(func() string {
 	host, _ := os.Hostname()
 	h := fnv.New32a()
 	h.Write([]byte(host))
 	return fmt.Sprintf("%d@%08x", os.Getpid(), h.Sum32())
-}
+})
 
 // RemoveStaleTemps removes the temporary files of pattern (CreateTemp's)
 // in dir that a process of this host left when it was killed before it

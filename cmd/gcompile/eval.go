@@ -110,11 +110,6 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		if err != nil {
 			return err
 		}
-		if c.tokens != nil {
-			if err := sameTokenizer(m, c.tokens.tok, c.tokenizer); err != nil {
-				return err
-			}
-		}
 		// Evaluating on other data than the training's is allowed (another
 		// corpus, another split), but said: the figure is not the run's.
 		if data := c.dataIdentity(); j.lead() && m.Plan.Data != "" && data != "" && m.Plan.Data != data && !c.tokens.legacyOf(c, m.Plan.Data) {

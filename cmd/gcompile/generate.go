@@ -348,11 +348,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		if err := resumedTokenizer(g.resume, tx.tok, g.tokenizer); err != nil {
 			return err
 		}
-		m, err := checkpointModel(g.Config, g.resume, "")
-		if err != nil {
-			return err
-		}
-		if err := sameTokenizer(m, tx.tok, g.tokenizer); err != nil {
+		if _, err := checkpointModel(g.Config, g.resume, ""); err != nil {
 			return err
 		}
 	}

@@ -800,17 +800,25 @@ func TestDefaultDataIgnoresTheWorkingFolder(t *testing.T) {
 		"--run", "--steps", "1", "--eval-batches", "1"}))
 }
 
+// maxTokenCache is a dataset of ids up to 199, opened (closed when the
+// test ends), a cache folder for it, and the file there its largest id
+// is cached in.
+func maxTokenCache(t *testing.T) (ds *indexed.Dataset, prefix, cache, file string) {
+	t.Helper()
+	dir := t.TempDir()
+	prefix = tokenDataset(t, dir, 20, 20, 200, 15)
+	ds, err := indexed.Open(prefix)
+	require.NoError(t, err)
+	t.Cleanup(func() { ds.Close() })
+	cache = filepath.Join(dir, "cache")
+	require.NoError(t, os.MkdirAll(cache, 0o755))
+	return ds, prefix, cache, filepath.Join(cache, "maxtoken-"+ds.Fingerprint())
+}
+
 // A pipe where the cached largest id of a dataset belongs is not read (it
 // would hang the run): the id is scanned again and the pipe replaced.
 func TestMaxTokenCacheThatIsAPipeIsReplaced(t *testing.T) {
-	dir := t.TempDir()
-	prefix := tokenDataset(t, dir, 20, 20, 200, 15)
-	ds, err := indexed.Open(prefix)
-	require.NoError(t, err)
-	defer ds.Close()
-	cache := filepath.Join(dir, "cache")
-	require.NoError(t, os.MkdirAll(cache, 0o755))
-	fifo := filepath.Join(cache, "maxtoken-"+ds.Fingerprint())
+	ds, prefix, cache, fifo := maxTokenCache(t)
 	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
 	var n int32
 	require.NoError(t, fifotest.OpenWithin(t, fifo, func() (err error) {
@@ -824,15 +832,8 @@ func TestMaxTokenCacheThatIsAPipeIsReplaced(t *testing.T) {
 // edited cache) is scanned again, not taken: it would size the model's
 // vocabulary.
 func TestMaxTokenCachePastItsDTypeIsScannedAgain(t *testing.T) {
-	dir := t.TempDir()
-	prefix := tokenDataset(t, dir, 20, 20, 200, 15)
-	ds, err := indexed.Open(prefix)
-	require.NoError(t, err)
-	defer ds.Close()
+	ds, prefix, cache, file := maxTokenCache(t)
 	require.Equal(t, indexed.Uint16, ds.DType())
-	cache := filepath.Join(dir, "cache")
-	require.NoError(t, os.MkdirAll(cache, 0o755))
-	file := filepath.Join(cache, "maxtoken-"+ds.Fingerprint())
 	for _, bad := range []string{"99999\n", "-1\n", "x\n"} {
 		require.NoError(t, os.WriteFile(file, []byte(bad), 0o644))
 		n, from, err := cachedMaxToken(ds, prefix, cache)

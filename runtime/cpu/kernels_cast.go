@@ -46,7 +46,7 @@ func castVia32(d *Device, src, dst lower.Buffer) (func() error, bool) {
 		return nil, false
 	}
 	tmp := make([]float32, src.Type.Shape.NumElements())
-	var in, out func()
+	var in func()
 	switch {
 	case is16(from):
 		x, bf := view[uint16](d, src.ID), from == ir.BF16
@@ -68,22 +68,17 @@ func castVia32(d *Device, src, dst lower.Buffer) (func() error, bool) {
 	switch {
 	case is16(to):
 		y, bf := view[uint16](d, dst.ID), to == ir.BF16
-		out = func() { kcpu.Round16(y, tmp, bf) }
-	case to == ir.F64:
-		y := view[float64](d, dst.ID)
-		out = func() { kcpu.Cast(y, tmp) }
-	case to == ir.I32:
-		y := view[int32](d, dst.ID)
-		out = func() { kcpu.Cast(y, tmp) }
-	case to == ir.I64:
-		y := view[int64](d, dst.ID)
-		out = func() { kcpu.Cast(y, tmp) }
+		out := func() { kcpu.Round16(y, tmp, bf) }
+		return ok(func() { in(); out() }), true
 	case to == ir.Bool:
-		out = nonzero(view[bool](d, dst.ID), tmp)
-	default:
+		out := nonzero(view[bool](d, dst.ID), tmp)
+		return ok(func() { in(); out() }), true
+	}
+	out, can := castTo(d, tmp, dst)
+	if !can {
 		return nil, false
 	}
-	return ok(func() { in(); out() }), true
+	return func() error { in(); return out() }, true
 }
 
 // castWide converts between any two of f32, f64, i32, i64 and bool as Go
