@@ -754,17 +754,22 @@ func TestSameProcesses(t *testing.T) {
 // The launcher stops every process when one fails, and says which, and
 // the cause (a rank's own error, not another's echo of it): here every
 // process's compile refuses the plan (a check that needs the compiled
-// plan, which the launcher does not compile).
+// plan, which the launcher does not compile). The error, which both
+// ranks print, is printed once, and the cause names the other rank.
 func TestLaunchStopsTheJobWhenOneFails(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
-	t.Setenv(asMainEnv, "1")
 	model, err := jobModel()
 	require.NoError(t, err)
-	err = mainErr([]string{"launch", "--nproc", "2", "--", model, "--devices", "2", "--device-memory", "10KiB"})
-	require.Error(t, err)
-	assert.Regexp(t, `^launch: rank [01] failed first \(exit status 1\); stopping the others \(the ranks' messages above name the cause\)\nlaunch: the cause: rank [01]: no plan fits on 2 devices `, err.Error())
+	cmd := exec.Command(os.Args[0], "launch", "--nproc", "2", "--", model, "--devices", "2", "--device-memory", "10KiB")
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	assert.Equal(t, 1, exit.ExitCode())
+	assert.Regexp(t, `(?m)^gcompile: launch: rank [01] failed first \(exit status 1\); stopping the others \(the ranks' messages above name the cause\)\ngcompile: launch: the cause: rank [01]: no plan fits on 2 devices .* \(rank [01] met the same; printed once above\)$`, string(out))
+	assert.Equal(t, 2, strings.Count(string(out), "no plan fits on 2 devices"), "once from a rank, once as the cause:\n%s", out)
 }
 
 // What the launcher can check itself is checked once, before any process

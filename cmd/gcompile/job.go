@@ -568,15 +568,19 @@ func (j *job) missingRanks() string {
 	if j.server == nil {
 		return ""
 	}
-	m := j.server.MissingRanks()
-	if len(m) == 0 {
+	return rankNames(j.server.MissingRanks())
+}
+
+// rankNames says ranks in words: "rank 3", "ranks 0, 2, 5" ("" for none).
+func rankNames(ranks []int) string {
+	if len(ranks) == 0 {
 		return ""
 	}
-	parts := make([]string, len(m))
-	for i, r := range m {
+	parts := make([]string, len(ranks))
+	for i, r := range ranks {
 		parts[i] = strconv.Itoa(r)
 	}
-	if len(m) == 1 {
+	if len(ranks) == 1 {
 		return "rank " + parts[0]
 	}
 	return "ranks " + strings.Join(parts, ", ")

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"regexp"
 	goruntime "runtime"
 	"slices"
 	"strconv"
@@ -236,8 +237,9 @@ func supervise(self string, args []string, n, port int, token string, grace time
 	outputGone := make(chan struct{})
 	var gone sync.Once
 	tails := make([]*errorTail, n)
+	same := &sameErrors{}
 	for r := range tails {
-		tails[r] = &errorTail{w: os.Stderr, broken: func() {
+		tails[r] = &errorTail{w: os.Stderr, same: same, broken: func() {
 			gone.Do(func() {
 				// For the rest of the process: what the launcher says on
 				// its way out goes to the closed pipe too.
@@ -265,7 +267,11 @@ func supervise(self string, args []string, n, port int, token string, grace time
 		mu.Lock()
 		procs = append(procs, cmd.Process)
 		mu.Unlock()
-		go func() { exits <- exit{r, cmd.Wait()} }()
+		go func() {
+			err := cmd.Wait() // which copies the rank's output to its last byte
+			tails[r].flush()
+			exits <- exit{r, err}
+		}()
 		return nil
 	}
 	signalAll := func(sig os.Signal) {
@@ -388,6 +394,9 @@ starting:
 	if first != nil && !killedOnSecond {
 		// A rank's failure, not the user's second signal: its cause.
 		if cause := failureCause(tails, firstRank, firstExit, termSent); cause != "" {
+			if also := same.others(cause); also != "" {
+				cause += " (" + also + " met the same; printed once above)"
+			}
 			first = fmt.Errorf("%w\nlaunch: the cause: %s", first, cause)
 		}
 	}
@@ -446,44 +455,132 @@ func killedBy(ee *exec.ExitError, sig os.Signal) bool {
 	return ok && ws.Signaled() && ws.Signal() == sig
 }
 
-// errorTail passes a rank's stderr on and keeps the first line of its
-// last block of "gcompile: " lines: the error it exited with, which
-// main prints a "gcompile: " line for each of its lines (a syntax
+// errorTail passes a rank's stderr on, line by line, and keeps the first
+// line of its last block of "gcompile: " lines: the error it exited with,
+// which main prints a "gcompile: " line for each of its lines (a syntax
 // error's knock-on errors, an out-of-memory report's largest buffers
-// follow the cause).
+// follow the cause). A block whose first line another rank has printed
+// already, its rank aside, is left out (same says which).
 type errorTail struct {
 	mu    sync.Mutex
 	w     io.Writer
+	same  *sameErrors // nil: every block is passed on
 	line  []byte
 	err   string
 	inErr bool // the last whole line was a "gcompile: " line
+	drop  bool // ... of a block another rank printed
 	// broken is called when a write to w fails with EPIPE (the
 	// launcher's output closed); the rank's output is then dropped, not
 	// left to fill its pipe and block the rank.
 	broken func()
 }
 
+// rankError is the first line of a process's error, as main prints it:
+// its rank, then the error.
+var rankError = regexp.MustCompile(`^rank (\d+): (.+)$`)
+
 func (t *errorTail) Write(b []byte) (int, error) {
 	t.mu.Lock()
+	var out []byte
 	for _, c := range b {
-		if c == '\n' {
-			s, ok := strings.CutPrefix(string(t.line), "gcompile: ")
-			if ok && !t.inErr {
-				t.err = s
-			}
-			t.inErr = ok
-			t.line = t.line[:0]
+		t.line = append(t.line, c)
+		if c != '\n' {
 			continue
 		}
-		t.line = append(t.line, c)
+		s, ok := strings.CutPrefix(string(t.line[:len(t.line)-1]), "gcompile: ")
+		if ok && !t.inErr {
+			t.err = s
+			t.drop = t.same.repeated(s)
+		}
+		t.inErr = ok
+		if !ok || !t.drop {
+			out = append(out, t.line...)
+		}
+		t.line = t.line[:0]
 	}
 	t.mu.Unlock()
-	n, err := t.w.Write(b)
+	return len(b), t.pass(out)
+}
+
+// flush passes on what the rank wrote after its last newline; it is
+// called once the rank has exited.
+func (t *errorTail) flush() error {
+	t.mu.Lock()
+	out := t.line
+	t.line = nil
+	t.mu.Unlock()
+	return t.pass(out)
+}
+
+func (t *errorTail) pass(out []byte) error {
+	if len(out) == 0 {
+		return nil
+	}
+	_, err := t.w.Write(out)
 	if errors.Is(err, syscall.EPIPE) && t.broken != nil {
 		t.broken()
-		return len(b), nil
+		return nil
 	}
-	return n, err
+	return err
+}
+
+// sameErrors remembers which rank printed each error first, so that an
+// error every rank meets (a mistake in the model file, a plan that fits
+// no device) is printed once, not once a rank; the job's cause then says
+// which ranks printed it too.
+type sameErrors struct {
+	mu    sync.Mutex
+	first map[string]int   // an error's first line, its rank left out → that rank
+	also  map[string][]int // ... → the other ranks that printed it
+}
+
+// repeated reports whether line ("rank R: ERROR") is an error another
+// rank printed first, and notes that R printed it too.
+func (s *sameErrors) repeated(line string) bool {
+	m := rankError.FindStringSubmatch(line)
+	if s == nil || m == nil {
+		return false
+	}
+	rank, _ := strconv.Atoi(m[1])
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.first == nil {
+		s.first, s.also = map[string]int{}, map[string][]int{}
+	}
+	first, seen := s.first[m[2]]
+	if !seen {
+		s.first[m[2]] = rank
+		return false
+	}
+	if first == rank {
+		return false // the rank's own error again, printed again
+	}
+	s.also[m[2]] = append(s.also[m[2]], rank)
+	return true
+}
+
+// others says which ranks but R met line's error ("rank R: ERROR"), in
+// words ("" when none did).
+func (s *sameErrors) others(line string) string {
+	m := rankError.FindStringSubmatch(line)
+	if s == nil || m == nil {
+		return ""
+	}
+	rank, _ := strconv.Atoi(m[1])
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	first, seen := s.first[m[2]]
+	if !seen {
+		return ""
+	}
+	var ranks []int
+	for _, r := range append([]int{first}, s.also[m[2]]...) {
+		if r != rank && !slices.Contains(ranks, r) {
+			ranks = append(ranks, r)
+		}
+	}
+	slices.Sort(ranks)
+	return rankNames(ranks)
 }
 
 func (t *errorTail) last() string {

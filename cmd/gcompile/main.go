@@ -41,10 +41,25 @@ import (
 
 func main() {
 	if err := mainErr(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "gcompile:", strings.ReplaceAll(err.Error(), "\n", "\ngcompile: "))
+		var printed *printedError
+		if !errors.As(err, &printed) {
+			printError(err)
+		}
 		os.Exit(exitCode(err))
 	}
 }
+
+// printError prints err on stderr, a "gcompile: " line for each of its
+// lines.
+func printError(err error) {
+	fmt.Fprintln(os.Stderr, "gcompile:", strings.ReplaceAll(err.Error(), "\n", "\ngcompile: "))
+}
+
+// printedError is an error printed already, which main does not print
+// again.
+type printedError struct{ error }
+
+func (e *printedError) Unwrap() error { return e.error }
 
 func mainErr(args []string) (err error) {
 	// -h asked for the usage, which is printed: that is success.
@@ -164,7 +179,12 @@ func labelFromLauncher(c *config, err error) error {
 	err = labelled(w.Rank, err)
 	var joined *rendezvousError
 	if !errors.As(err, &joined) {
+		// Said before the job is told, which takes rank 0 up to
+		// tellJobWait (it waits for the others to hear it), in which a
+		// launcher that saw another rank fail stops this one.
+		printError(err)
 		tellJob(c, w, err)
+		return &printedError{err}
 	}
 	return err
 }

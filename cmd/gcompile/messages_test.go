@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"bytes"
 	"fmt"
 	"io"
 	"math"
@@ -279,4 +280,35 @@ func TestErrorTailKeepsTheErrorsFirstLine(t *testing.T) {
 		require.NoError(t, err)
 	}
 	assert.Equal(t, "model.go:6:72: missing ','", tail.last())
+}
+
+// An error every rank meets is printed once, by the rank that printed it
+// first, knock-on lines and all; each rank's own errors, other lines and
+// a last line without its newline are passed on; the cause then names
+// the ranks that met it too.
+func TestLaunchPrintsAnErrorEveryRankMeetsOnce(t *testing.T) {
+	var out bytes.Buffer
+	same := &sameErrors{}
+	tails := []*errorTail{{w: &out, same: same}, {w: &out, same: same}, {w: &out, same: same}}
+	write := func(r int, s string) {
+		_, err := tails[r].Write([]byte(s))
+		require.NoError(t, err)
+	}
+	write(1, "gcompile: rank 1: model.go:6:72: missing ','\ngcompile: model.go:8:1: expected operand\n")
+	write(0, "note: a note\ngcompile: rank 0: model.go:6:72: missing ','\n")
+	write(0, "gcompile: model.go:8:1: expected operand\nstep 1\n")
+	write(2, "gcompile: rank 2: out of memory\nstep 2\n")
+	write(2, "gcompile: rank 2: model.go:6:72: missing ','\ngcompile: model.go:8:1: expected operand\nlast words")
+	for _, tail := range tails {
+		require.NoError(t, tail.flush())
+	}
+	assert.Equal(t, "gcompile: rank 1: model.go:6:72: missing ','\ngcompile: model.go:8:1: expected operand\n"+
+		"note: a note\nstep 1\ngcompile: rank 2: out of memory\nstep 2\nlast words", out.String())
+	for r, tail := range tails {
+		assert.Equal(t, fmt.Sprintf("rank %d: model.go:6:72: missing ','", r), tail.last())
+	}
+	assert.Equal(t, "ranks 0, 2", same.others(tails[1].last()))
+	assert.Equal(t, "ranks 1, 2", same.others(tails[0].last()))
+	assert.Empty(t, same.others("rank 2: out of memory"))
+	assert.Empty(t, same.others("rank 2: never printed"))
 }
