@@ -1,9 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
-	"bytes"
 	"fmt"
 	"io"
 	"math"
