@@ -164,7 +164,7 @@ func checkGir(m *ir.Module) error {
 			if v.Op == "param" {
 				// Checked on one device too, as the model's line is: the
 				// shard pass reads it only when a plan splits over tp.
-				if err := frontend.CheckParallelHint(v.Attrs.Str("parallel"), v.Type.Rank()); err != nil {
+				if err := frontend.CheckParallelHint(v.Attrs.Str("parallel"), v.Type.Shape); err != nil {
 					return fmt.Errorf("%s: param %q: %w", v.Where(), v.Name(), err)
 				}
 			}

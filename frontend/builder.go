@@ -478,12 +478,14 @@ func FusedColumnParallel(k int) Parallel { return Parallel(fmt.Sprintf("column:%
 
 // CheckParallelHint is checkHint for a hint read back from a .gir, whose
 // params were not declared through a Builder.
-func CheckParallelHint(hint string, rank int) error { return checkHint(Parallel(hint), rank) }
+func CheckParallelHint(hint string, shape []int) error { return checkHint(Parallel(hint), shape) }
 
 // checkHint checks a parallel hint's spelling and that it fits a param of
-// the given rank, so a typo is named at the model's line on one device too,
-// not only once a plan splits over tp (where the shard pass reads it).
-func checkHint(hint Parallel, rank int) error {
+// the given shape (its rank, and whole heads or fused blocks on the dim
+// it splits), so a mistake is named at the model's line on one device
+// too, not only once a plan splits over tp (where the shard pass reads it).
+func checkHint(hint Parallel, shape []int) error {
+	rank := len(shape)
 	h := string(hint)
 	if h == "" {
 		return nil
@@ -516,6 +518,26 @@ func checkHint(hint Parallel, rank int) error {
 	case !slices.Contains(fits, rank):
 		return fmt.Errorf("parallel hint %q does not fit a param of rank %d", h, rank)
 	}
+	if !hasCount {
+		return nil
+	}
+	// The dim split (as the shard pass splits it): a column matrix's
+	// outputs, a row or vocabulary matrix's inputs, a vector's only dim;
+	// out_in swaps a matrix's.
+	dim := 0
+	if rank == 2 && (kind == "column" || kind == "heads") {
+		dim = 1
+	}
+	if hasLayout {
+		dim = 1 - dim
+	}
+	n, _ := strconv.Atoi(count)
+	if shape[dim]%n != 0 {
+		if kind == "heads" {
+			return fmt.Errorf("parallel hint %q: dim %d of the param %v (%d) is not a whole number of %d-wide heads", h, dim, shape, shape[dim], n)
+		}
+		return fmt.Errorf("parallel hint %q: dim %d of the param %v (%d) does not split into %d fused blocks", h, dim, shape, shape[dim], n)
+	}
 	return nil
 }
 
@@ -533,7 +555,7 @@ func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Ten
 		b.fail(userPos(), fmt.Errorf("param name %q: want printable UTF-8 without spaces or quotes (weights files and dumps name params by it)", name))
 		return &Tensor{b: b}
 	}
-	if err := checkHint(hint, len(shape)); err != nil {
+	if err := checkHint(hint, shape); err != nil {
 		b.fail(userPos(), fmt.Errorf("param %q: %w", name, err))
 		return &Tensor{b: b}
 	}

@@ -158,6 +158,15 @@ func TestDSLRules(t *testing.T) {
 		{"hint of another rank", func(b *frontend.Builder) {
 			b.Loss(b.Param("w", []int{4}, frontend.Zeros, frontend.RowParallel).Sum())
 		}, `param "w": parallel hint "row" does not fit a param of rank 1`},
+		{"heads that do not divide the outputs", func(b *frontend.Builder) {
+			b.Loss(b.Param("k", []int{8, 24}, frontend.Zeros, frontend.HeadParallel(16)).Sum())
+		}, `param "k": parallel hint "heads:16": dim 1 of the param [8 24] (24) is not a whole number of 16-wide heads`},
+		{"fused blocks that do not divide the outputs", func(b *frontend.Builder) {
+			b.Loss(b.Param("qkv", []int{8, 16}, frontend.Zeros, frontend.FusedColumnParallel(3)).Sum())
+		}, `param "qkv": parallel hint "column:3": dim 1 of the param [8 16] (16) does not split into 3 fused blocks`},
+		{"fused blocks of a laid out matrix", func(b *frontend.Builder) {
+			b.Loss(b.Param("qkv", []int{16, 9}, frontend.Zeros, frontend.FusedColumnParallel(3).OutIn()).Sum())
+		}, `param "qkv": parallel hint "column:3,out_in": dim 0 of the param [16 9] (16) does not split into 3 fused blocks`},
 		{"param name with a space", func(b *frontend.Builder) {
 			b.Loss(b.Param("my weight", []int{4}, frontend.Zeros, frontend.NoParallel).Sum())
 		}, `param name "my weight": want printable UTF-8 without spaces or quotes`},

@@ -387,8 +387,21 @@ func matmulRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		n := r.s.m.Mesh.Axes[r.ax].Size
 		why = fmt.Sprintf(" (the weight is split on the dim it contracts, so its input must be split there too, as a column-parallel layer, or attention whose heads divide by %s=%d, leaves it; here it arrives whole)", r.s.axisName(r.ax), n)
 	}
-	return nil, rep, fmt.Errorf("matmul %v·%v has no rule for operands placed %v and %v%s%s%s", a, b, r.have[0], r.have[1], why,
+	return nil, rep, fmt.Errorf("matmul %v·%v has no rule for operands placed %s and %s over %s%s%s%s", a, b, placedWords(r.have[0]), placedWords(r.have[1]), r.s.axisName(r.ax), why,
 		hintOrigin(r.v.Args[0]), hintOrigin(r.v.Args[1]))
+}
+
+// placedWords is a placement in the dumps' notation and in words.
+func placedWords(p ir.Placement) string {
+	switch {
+	case p.Kind == ir.Replicate:
+		return "R (whole on every device)"
+	case p.Kind == ir.Partial:
+		return "P (partial sums, one a device)"
+	case p.NumBlocks() > 1:
+		return fmt.Sprintf("%v (split on dim %d, in each of %d fused blocks)", p, p.Dim, p.NumBlocks())
+	}
+	return fmt.Sprintf("%v (split on dim %d)", p, p.Dim)
 }
 
 // hintOrigin names the params whose parallel hints placed v: v itself, or

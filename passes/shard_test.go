@@ -856,7 +856,7 @@ func TestNoRuleNamesTheHints(t *testing.T) {
 	o.Mesh = tpMesh(2)
 	_, err = passes.Run(m, o, passes.Hooks{})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "has no rule for operands placed S(0) and S(1)")
+	assert.Contains(t, err.Error(), "has no rule for operands placed S(0) (split on dim 0) and S(1) (split on dim 1) over tp")
 	assert.Regexp(t, `is placed by the parallel hints of "table"'s hint "row" \(shard_test\.go:\d+\)`, err.Error())
 	assert.Regexp(t, `is placed by the parallel hints of "w"'s hint "column" \(shard_test\.go:\d+\)`, err.Error())
 }

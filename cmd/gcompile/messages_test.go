@@ -249,7 +249,7 @@ func TestCutByCap(t *testing.T) {
 func TestRowParallelWithAWholeInputSaysWhy(t *testing.T) {
 	err := mainErr([]string{gptModel, "--set", "layers=1,hidden=16,heads=1,seq=8", "--devices", "2", "--tp", "2", "--batch", "2"})
 	require.Error(t, err)
-	assert.ErrorContains(t, err, "has no rule for operands placed R and S(0) (the weight is split on the dim it contracts, so its input must be split there too, as a column-parallel layer, or attention whose heads divide by tp=2, leaves it; here it arrives whole)")
+	assert.ErrorContains(t, err, "has no rule for operands placed R (whole on every device) and S(0) (split on dim 0) over tp (the weight is split on the dim it contracts, so its input must be split there too, as a column-parallel layer, or attention whose heads divide by tp=2, leaves it; here it arrives whole)")
 	assert.ErrorContains(t, err, `"h.0.attn.c_proj.weight"'s hint "row"`)
 }
 
