@@ -501,3 +501,18 @@ func TestPipelineSplitRoundTrip(t *testing.T) {
 	assert.Equal(t, "already applied", res[indexOf(t, res, "pipeline-split")].Skipped)
 	assert.Equal(t, ir.Print(straight), ir.Print(back))
 }
+
+// Recompute replays each layer's forward in its backward: a model that
+// marks no layers is refused, for every mode, with what it needs and why.
+func TestRecomputeNeedsLayers(t *testing.T) {
+	for _, mode := range []string{"full", "selective", "every=2"} {
+		m, err := frontend.Build(flatModel, frontend.Config{Name: "flat", Batch: 8})
+		require.NoError(t, err)
+		o := passes.DefaultOptions()
+		o.Recompute = mode
+		_, err = passes.Run(m, o, passes.Hooks{})
+		require.Error(t, err, mode)
+		assert.Contains(t, err.Error(), "--recompute "+mode+`: module "flat" marks no layers: recompute replays a layer's forward in that layer's backward`, mode)
+		assert.Contains(t, err.Error(), "b.Layer", mode)
+	}
+}

@@ -41,7 +41,7 @@ func recompute(m *ir.Module, o *Options) error {
 		layers = max(layers, v.Meta.Layer+1)
 	}
 	if layers == 0 {
-		return fmt.Errorf("--recompute %s: module %q marks no layers (b.Layer in the model)", mode, m.Name)
+		return fmt.Errorf("--recompute %s: module %q marks no layers: recompute replays a layer's forward in that layer's backward, so it needs to know where each layer begins and ends (build each block inside b.Layer in the model)", mode, m.Name)
 	}
 	var replay func(v *ir.Value) (segment int, ok bool)
 	switch {
