@@ -47,6 +47,9 @@ type Config struct {
 // ParamDoc describes one model parameter, for --help-model.
 type ParamDoc struct {
 	Key, Kind, Default, Doc string
+	// Implementation: the parameter chooses how the model computes, not
+	// what (Builder.Implementation).
+	Implementation bool `json:",omitempty"`
 }
 
 // Builder records a model into an ir.Module.
@@ -307,6 +310,21 @@ func (b *Builder) String(key, def, doc string, choices ...string) string {
 		return def
 	}
 	return s
+}
+
+// Implementation reads a string model parameter, as String does, that
+// chooses how the model computes and not what: each of its choices
+// computes the same function of the same params, up to rounding (one
+// fused attention op, or the primitive ops it stands for). A checkpoint
+// or weights trained under one choice resume, evaluate and generate
+// under another, which another value of a String parameter is refused
+// as: that would be another model.
+func (b *Builder) Implementation(key, def, doc string, choices ...string) string {
+	v := b.String(key, def, doc, choices...)
+	if i := slices.IndexFunc(b.docs, func(d ParamDoc) bool { return d.Key == key }); i >= 0 {
+		b.docs[i].Implementation = true
+	}
+	return v
 }
 
 // Layer marks the ops recorded from now on as belonging to transformer

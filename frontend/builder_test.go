@@ -545,3 +545,17 @@ func TestParamNamedLikeAnInput(t *testing.T) {
 	require.Error(t, err)
 	assert.Regexp(t, `builder_test\.go:\d+: param "targets": the name is already input "targets"'s \(at builder_test\.go:\d+\); params, states and inputs each need a name of their own`, err.Error())
 }
+
+// A setting read with Implementation is listed as one (how the model
+// computes, not what); a String setting is not.
+func TestImplementationSettingsAreListed(t *testing.T) {
+	docs, err := frontend.Describe(func(b *frontend.Builder) {
+		b.Implementation("attention", "fused", "attention core", "fused", "unfused")
+		b.String("act", "gelu", "activation", "gelu", "relu")
+		b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+	}, frontend.Config{Batch: 1, Set: map[string]string{"attention": "unfused"}})
+	require.NoError(t, err)
+	require.Len(t, docs, 2)
+	assert.Equal(t, frontend.ParamDoc{Key: "attention", Kind: "string", Default: "fused", Doc: "attention core (fused|unfused)", Implementation: true}, docs[0])
+	assert.False(t, docs[1].Implementation)
+}

@@ -540,6 +540,19 @@ func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fing
 	if c.tokens != nil {
 		ex.DataAlso = c.tokens.legacyIdentities(c)
 	}
+	if m, err := checkpoint.ReadManifest(dir); err == nil && fingerprint != "" && m.ModelFingerprint != fingerprint && m.Plan.Batch == c.Batch {
+		// The same model computed another way (a fused attention op or
+		// its primitive ops) resumes, as Megatron-LM resumes with or
+		// without flash attention: the params and their state are the
+		// same, the rounding is not.
+		set, _ := m.Plan.Flags["set"].(string)
+		if how, ok := implementationOnly(c.Config, set, m.ModelFingerprint); ok {
+			ex.ModelFingerprint = ""
+			if c.Progress != io.Discard {
+				fmt.Fprintf(os.Stderr, "resume: the checkpoint computed %s (how the model computes, not what: the steps from here round differently from the run that saved it)\n", how)
+			}
+		}
+	}
 	m, err := checkpoint.RestoreState(dev, progs, dir, ex)
 	if err != nil {
 		hint := ""

@@ -1223,6 +1223,36 @@ func TestResumeNamesTheScheduleAndTheSet(t *testing.T) {
 	assert.Contains(t, err.Error(), `this run's with --set "layers=2,hidden=48,heads=2,seq=16"`)
 }
 
+// A model's implementation parameter (the attention core: one fused op
+// or its primitive ops) chooses how it computes, not what: a checkpoint
+// saved under one resumes under the other and trains on as the run that
+// never stopped, to rounding; eval reads it too. Another size is still
+// another model.
+func TestResumeUnderAnotherAttentionImplementation(t *testing.T) {
+	dir := t.TempDir()
+	args := append(slices.Clone(ckptGPT), "--steps", "6")
+	withSet := func(set string, extra ...string) []string {
+		a := slices.Clone(args)
+		a[2] = set
+		return append(a, extra...)
+	}
+	whole := runMetrics(t, withSet("layers=2,hidden=32,heads=2,seq=16", "--checkpoint-dir", filepath.Join(dir, "whole"))...)
+	first := runMetrics(t, withSet("layers=2,hidden=32,heads=2,seq=16", "--checkpoint-dir", filepath.Join(dir, "cut"), "--stop-after", "3")...)
+	require.Len(t, first.Steps, 3)
+	rest := runMetrics(t, withSet("layers=2,hidden=32,heads=2,seq=16,attention=unfused", "--checkpoint-dir", filepath.Join(dir, "cut"), "--resume", filepath.Join(dir, "cut"))...)
+	require.NotNil(t, rest.ResumedFrom)
+	require.Len(t, rest.Steps, 3)
+	assert.InDeltaSlice(t, losses(whole)[3:], losses(rest), 1e-5, "losses of steps 4–6")
+
+	require.NoError(t, mainErr([]string{"eval", gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16,attention=unfused", "--max-data-mb", "1",
+		"--resume", filepath.Join(dir, "whole"), "--eval-batches", "1"}))
+
+	err := mainErr(withSet("layers=2,hidden=32,heads=1,seq=16,attention=unfused", "--checkpoint-dir", filepath.Join(dir, "other"), "--resume", filepath.Join(dir, "cut", "step-00000003")))
+	require.Error(t, err)
+	assert.ErrorIs(t, err, checkpoint.ErrMismatch)
+	assert.Contains(t, err.Error(), `this run's with --set "layers=2,hidden=32,heads=1,seq=16,attention=unfused"`)
+}
+
 // A folder named as a step's checkpoint that gcompile did not complete (a
 // user's files in it) is refused before training, not met at the save,
 // and is left as it was.

@@ -19,6 +19,7 @@ import (
 	"gcompile/compile"
 	"gcompile/data/tokenizer"
 	"gcompile/frontend"
+	"gcompile/frontend/loader"
 	"gcompile/generate"
 	"gcompile/ir"
 	"gcompile/lower"
@@ -831,6 +832,9 @@ func checkpointModel(cfg compile.Config, resume, fingerprint string) (*checkpoin
 	if sameLogits(cfg, set, m.ModelFingerprint, mod) {
 		return m, nil
 	}
+	if _, ok := implementationOnly(cfg, set, m.ModelFingerprint); ok {
+		return m, nil
+	}
 	return nil, anotherModel("--resume "+dir, "the checkpoint is", cfg, m.Model, set, m.ModelFingerprint, fingerprint, m.Plan.Data)
 }
 
@@ -845,6 +849,60 @@ func sameLogits(cfg compile.Config, set, was string, now *ir.Module) bool {
 	cfg.Set = set
 	trained, err := compile.LoadModule(&cfg)
 	return err == nil && trained.Fingerprint() == was && trained.ForwardFingerprint() == now.ForwardFingerprint()
+}
+
+// implementationOnly reports whether weights of cfg's model file trained
+// with --set set (whose module, at cfg's batch, had the fingerprint was)
+// are of cfg's model computed another way: the two --set lists differ
+// only in parameters the model reads with Builder.Implementation (a fused
+// attention op or the primitive ops it stands for), and the model file,
+// built with set, still gives was. It says which (as "attention=fused,
+// here unfused").
+func implementationOnly(cfg compile.Config, set, was string) (string, bool) {
+	if !strings.HasSuffix(cfg.Model, ".go") {
+		return "", false
+	}
+	then, err1 := frontend.ParseSet(set)
+	now, err2 := frontend.ParseSet(cfg.Set)
+	if err1 != nil || err2 != nil {
+		return "", false
+	}
+	docs, err := (&loader.Loader{Timeout: cfg.ModelTimeout, Context: cfg.Interrupt}).Describe(cfg.Model, frontend.Config{Batch: cfg.Batch, Set: now})
+	if err != nil {
+		return "", false
+	}
+	var differ []string
+	for _, d := range docs {
+		a, ok := then[d.Key]
+		if !ok {
+			a = d.Default
+		}
+		b, ok := now[d.Key]
+		if !ok {
+			b = d.Default
+		}
+		if a == b {
+			continue
+		}
+		if !d.Implementation {
+			return "", false
+		}
+		differ = append(differ, fmt.Sprintf("%s=%s, here %s", d.Key, a, b))
+	}
+	for k := range then {
+		if !slices.ContainsFunc(docs, func(d frontend.ParamDoc) bool { return d.Key == k }) {
+			return "", false // a key this build does not read: another model
+		}
+	}
+	if len(differ) == 0 {
+		return "", false // the same settings: the model file has changed
+	}
+	cfg.Set = set
+	trained, err := compile.LoadModule(&cfg)
+	if err != nil || trained.Fingerprint() != was {
+		return "", false
+	}
+	return strings.Join(differ, "; "), true
 }
 
 // anotherModel is the error of weights (from: the flag and its path;
@@ -935,6 +993,9 @@ func savedModel(cfg compile.Config, file string) (string, error) {
 		return "", nil
 	}
 	if now := mod.Fingerprint(); mod.Name == meta["model"] && now != meta["model_fingerprint"] && !sameLogits(cfg, meta["set"], meta["model_fingerprint"], mod) {
+		if _, ok := implementationOnly(cfg, meta["set"], meta["model_fingerprint"]); ok {
+			return "", nil
+		}
 		return "note: " + anotherModelText("--load "+file, "the weights are", cfg, meta["model"], meta["set"], meta["model_fingerprint"], now, meta["data"]) +
 			"; they load if their shapes fit, and compute what this model computes", nil
 	}

@@ -456,7 +456,11 @@ func helpModel(c *config) error {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "%s reads (set with --set key=value,…):\n", c.Model)
 	for _, d := range docs {
-		fmt.Fprintf(w, "  %s\t%s\tdefault %s\t%s\n", d.Key, d.Kind, d.Default, d.Doc)
+		doc := d.Doc
+		if d.Implementation {
+			doc += "; how the model computes, not what: a checkpoint resumes under any choice"
+		}
+		fmt.Fprintf(w, "  %s\t%s\tdefault %s\t%s\n", d.Key, d.Kind, d.Default, doc)
 	}
 	return w.Flush()
 }

@@ -24,7 +24,7 @@ func Model(b *frontend.Builder) {
 	vocab := b.Int("vocab", 256, "vocabulary size (256: bytes)")
 	seq := b.Sequence(64)
 	activation := b.String("activation", "gelu", "MLP activation", "gelu", "relu")
-	attention := b.String("attention", "fused", "attention core: one fused op, or primitive ops with [batch, heads, seq, seq] scores and probabilities", "fused", "unfused")
+	attention := b.Implementation("attention", "fused", "attention core: one fused op, or primitive ops with [batch, heads, seq, seq] scores and probabilities", "fused", "unfused")
 	batch := b.Batch()
 	tokens := b.Input("tokens", ir.I32, batch, seq)
 	targets := b.Input("targets", ir.I32, batch, seq)

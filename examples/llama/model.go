@@ -36,7 +36,7 @@ func Model(b *frontend.Builder) {
 		theta = 10000 // named once: the layers go on with the default
 	}
 	eps := b.Float("rms_norm_eps", 1e-5, "RMSNorm epsilon")
-	attention := b.String("attention", "fused", "attention core: one fused op, or primitive ops with k/v repeated to the query heads", "fused", "unfused")
+	attention := b.Implementation("attention", "fused", "attention core: one fused op, or primitive ops with k/v repeated to the query heads", "fused", "unfused")
 	batch := b.Batch()
 
 	tokens := b.Input("tokens", ir.I32, batch, seq)

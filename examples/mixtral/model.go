@@ -45,7 +45,7 @@ func Model(b *frontend.Builder) {
 	eps := b.Float("rms_norm_eps", 1e-5, "RMSNorm epsilon")
 	coef := b.Float("aux", 0.02, "weight of the load-balancing loss (router_aux_loss_coef)")
 	group := b.IntOrZero("group", 0, "tokens per routing group (0: one sequence)")
-	attention := b.String("attention", "fused", "attention core: one fused op, or primitive ops with k/v repeated to the query heads", "fused", "unfused")
+	attention := b.Implementation("attention", "fused", "attention core: one fused op, or primitive ops with k/v repeated to the query heads", "fused", "unfused")
 	batch := b.Batch()
 	if !(theta > 1) {
 		b.Errorf("--set rope_theta=%v: want a base > 1 (Mixtral: 1000000)", theta)
