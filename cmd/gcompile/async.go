@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 
 	"gcompile/compile"
 	"gcompile/lower"
@@ -144,10 +145,37 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	j.setPhase("training")
 	ck.stop.last.Store(resumeDir)
 	cfg.Boundary = ck.boundary
+	var earlier *runtime.Metrics
+	if resumeDir != "" && c.metrics != "" {
+		earlier = earlierParts(c.metrics, resumeDir, cfg.Start.Step)
+	}
+	// The record so far, written at each checkpoint as a synchronous run
+	// writes it (compileAndRun): a part killed later keeps its steps.
+	var soFar []runtime.StepMetrics
+	var evalsSoFar []runtime.EvalMetrics
+	if c.metrics != "" {
+		ck.record = func() error {
+			snap := *met
+			snap.Steps, snap.Eval = slices.Clone(soFar), slices.Clone(evalsSoFar)
+			snap.Checkpoint, snap.Checkpoints = ck.saved, slices.Clone(ck.saves)
+			snap.InProgress = true
+			snap.Async = &runtime.AsyncMetrics{Staleness: c.Staleness, MaxStalenessSeen: a.MaxStaleness()}
+			carry(&snap, earlier)
+			return snap.WriteFile(c.metrics)
+		}
+	}
 	p := newProgress(j.log, c.steps)
 	j.preemptible.Store(true)
 	started = true
-	steps, evals, trainErr := a.Train(corpus, cfg, p.step)
+	steps, evals, trainErr := a.Train(corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {
+		if ck.record != nil {
+			soFar = append(soFar, s)
+			if e != nil {
+				evalsSoFar = append(evalsSoFar, *e)
+			}
+		}
+		p.step(s, e)
+	})
 	j.finishing.Store(true)
 	j.preemptible.Store(false)
 	p.done()
@@ -155,9 +183,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	met.Stopped = ck.stoppedBy
 	c.stopStatus = ck.stopStatus
 	met.Checkpoint, met.Checkpoints = ck.saved, ck.saves
-	if resumeDir != "" && c.metrics != "" {
-		carry(met, earlierParts(c.metrics, resumeDir, cfg.Start.Step))
-	}
+	carry(met, earlier)
 	met.Async = &runtime.AsyncMetrics{Staleness: c.Staleness, MaxStalenessSeen: a.MaxStaleness()}
 	for r, peak := range a.Peaks() {
 		met.Devices[r].PeakBytesMeasured = peak

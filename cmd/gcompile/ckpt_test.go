@@ -1553,6 +1553,30 @@ func TestMetricsSurviveAKill(t *testing.T) {
 	assert.Equal(t, losses(whole), losses(m), "every step's loss, in order")
 }
 
+// An asynchronous run writes its record at every checkpoint too: killed,
+// it leaves the steps up to its last checkpoint, marked in progress.
+func TestAsyncMetricsSurviveAKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	dir := t.TempDir()
+	ck, met := filepath.Join(dir, "ck"), filepath.Join(dir, "m.json")
+	args := append(slices.Clone(ckptGPT), "--steps", "400", "--eval-batches", "-1", "--devices", "2", "--dp", "2", "--dp-sync", "async",
+		"--checkpoint-dir", ck, "--checkpoint-every", "2", "--metrics", met)
+	cmd, stderr := startMain(t, args...)
+	var log strings.Builder
+	readUntil(t, stderr, &log, "checkpoint of step 6 saved")
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	killed := readMetrics(t, met)
+	assert.True(t, killed.InProgress)
+	require.NotEmpty(t, killed.Checkpoints)
+	last := killed.Checkpoints[len(killed.Checkpoints)-1].Step
+	require.GreaterOrEqual(t, last, 6)
+	require.Len(t, killed.Steps, last, "the steps up to the last checkpoint")
+	assert.NotNil(t, killed.Async)
+}
+
 // Runs that find the same stale lock take it over one at a time: exactly
 // one holds the folder. Removing the stale lock by path let a run remove
 // the lock another had just made in its place, and both trained into one
