@@ -138,6 +138,9 @@ func (b *Builder) runModel(fn ModelFunc) (err error) {
 // in a global, a goroutine still running): the module is already built,
 // and a late op would change it at random.
 func (b *Builder) live() {
+	if b == nil {
+		panic(errors.New("a method called on a nil *frontend.Builder: record the model with the b that Model is given"))
+	}
 	if b.done.Load() {
 		panic(fmt.Sprintf("%v: the model's builder was used after Model returned, or a tensor of another, finished build is used here: record the whole model inside Model, from its own builder's tensors (not from a goroutine, a builder kept for later or another Build's tensors)", userPos()))
 	}
@@ -149,6 +152,10 @@ func (b *Builder) foreign(pos ir.Pos, ts ...*Tensor) bool {
 	for i, t := range ts {
 		if t == nil {
 			b.fail(pos, fmt.Errorf("argument %d is a nil *Tensor (a variable never assigned a tensor?)", i+1))
+			return true
+		}
+		if t.b == nil {
+			b.fail(pos, fmt.Errorf("argument %d is a zero frontend.Tensor{}, which no builder made: tensors come from b.Input, b.Param, b.Constant and the ops on them", i+1))
 			return true
 		}
 		if t.b != b {
@@ -211,7 +218,16 @@ func (b *Builder) finish() (*ir.Module, error) {
 	if b.cfg.Generate != nil {
 		b.finishGeneration()
 	} else if b.m.Output(ir.OutputLoss) == nil && len(b.errs) == 0 {
-		b.report(errors.New("model did not call b.Loss(…): there is nothing to train"))
+		if b.lossAt != "" {
+			b.report(fmt.Errorf("%s: b.Loss was given a poisoned tensor (b.Poisoned(), or an op on one) and no error was reported: a layer that returns b.Poisoned() reports why with b.Errorf", b.lossAt))
+		} else {
+			b.report(errors.New("model did not call b.Loss(…): there is nothing to train"))
+		}
+	}
+	if len(b.errs) == 0 {
+		if err := b.m.CheckLayerMarks(); err != nil {
+			b.report(err)
+		}
 	}
 	if len(b.errs) > 0 {
 		return nil, errors.Join(b.reported()...)
@@ -249,29 +265,45 @@ func (b *Builder) setting(key, kind, def, doc string) (string, bool) {
 
 // Int reads an integer model parameter from --set, or def.
 func (b *Builder) Int(key string, def int, doc string) int {
+	if def <= 0 {
+		// --set could not give the model its own default.
+		b.fail(userPos(), fmt.Errorf("Int(%q): the default %d is not a positive integer (IntOrZero reads one that may be 0)", key, def))
+	}
 	s, ok := b.setting(key, "int", strconv.Itoa(def), doc)
 	if !ok {
 		return def
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n <= 0 {
-		b.fail(userPos(), fmt.Errorf("--set %s=%s: want a positive integer", key, s))
+		b.fail(userPos(), fmt.Errorf("--set %s=%s: want a positive integer%s", key, s, outOfRange(err)))
 		return def
 	}
 	return n
+}
+
+// outOfRange says why a number that parsed as one was refused: it does
+// not fit (" (out of range)"), "" for other errors.
+func outOfRange(err error) string {
+	if errors.Is(err, strconv.ErrRange) {
+		return " (this one is out of range)"
+	}
+	return ""
 }
 
 // IntOrZero reads an integer model parameter from --set, or def, that may
 // be 0: its "off" or "automatic" value, as the doc says (a routing group
 // of 0 tokens meaning one sequence, say). Negative values are refused.
 func (b *Builder) IntOrZero(key string, def int, doc string) int {
+	if def < 0 {
+		b.fail(userPos(), fmt.Errorf("IntOrZero(%q): the default %d is negative", key, def))
+	}
 	s, ok := b.setting(key, "int", strconv.Itoa(def), doc)
 	if !ok {
 		return def
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 {
-		b.fail(userPos(), fmt.Errorf("--set %s=%s: want an integer ≥ 0", key, s))
+		b.fail(userPos(), fmt.Errorf("--set %s=%s: want an integer ≥ 0%s", key, s, outOfRange(err)))
 		return def
 	}
 	return n
@@ -279,6 +311,9 @@ func (b *Builder) IntOrZero(key string, def int, doc string) int {
 
 // Float reads a float model parameter from --set, or def.
 func (b *Builder) Float(key string, def float64, doc string) float64 {
+	if math.IsNaN(def) {
+		b.fail(userPos(), fmt.Errorf("Float(%q): the default is NaN", key))
+	}
 	s, ok := b.setting(key, "float", strconv.FormatFloat(def, 'g', -1, 64), doc)
 	if !ok {
 		return def
@@ -287,7 +322,7 @@ func (b *Builder) Float(key string, def float64, doc string) float64 {
 	if err != nil || math.IsNaN(f) {
 		// NaN configures nothing; taken as given it fails in every op
 		// that reads it, one error each.
-		b.fail(userPos(), fmt.Errorf("--set %s=%s: want a number", key, s))
+		b.fail(userPos(), fmt.Errorf("--set %s=%s: want a number%s", key, s, outOfRange(err)))
 		return def
 	}
 	return f
@@ -340,7 +375,11 @@ func (b *Builder) Layer(i int) {
 // Errorf records a model-level error at the caller's line; models use it to
 // reject bad parameter combinations (e.g. hidden not divisible by heads).
 func (b *Builder) Errorf(format string, args ...any) {
-	b.fail(userPos(), fmt.Errorf(format, args...))
+	err := fmt.Errorf(format, args...)
+	if err.Error() == "" {
+		err = errors.New("the model reported an error with no text (b.Errorf(\"\"))")
+	}
+	b.fail(userPos(), err)
 }
 
 func (b *Builder) fail(pos ir.Pos, err error) {
@@ -559,6 +598,15 @@ func checkHint(hint Parallel, shape []int) error {
 	return nil
 }
 
+// badName reports a source's name that flags, weights files and dumps
+// cannot carry: empty, or holding a space, a control character, a quote
+// or bytes that are not UTF-8.
+func badName(name string) bool {
+	return name == "" || strings.IndexFunc(name, func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r) || r == '"' || r == utf8.RuneError
+	}) >= 0
+}
+
 // Param declares a trainable parameter (fp32 unless Config.Float says otherwise).
 func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Tensor {
 	// Named and initialised as the weights files and the runtime need,
@@ -567,14 +615,18 @@ func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Ten
 		b.fail(userPos(), errors.New("a param needs a name: weights are saved and loaded under it"))
 		return &Tensor{b: b}
 	}
-	if strings.IndexFunc(name, func(r rune) bool {
-		return unicode.IsSpace(r) || unicode.IsControl(r) || r == '"' || r == utf8.RuneError
-	}) >= 0 {
+	if badName(name) {
 		b.fail(userPos(), fmt.Errorf("param name %q: want printable UTF-8 without spaces or quotes (weights files and dumps name params by it)", name))
 		return &Tensor{b: b}
 	}
 	if err := checkHint(hint, shape); err != nil {
 		b.fail(userPos(), fmt.Errorf("param %q: %w", name, err))
+		return &Tensor{b: b}
+	}
+	if init == "" {
+		// The IR reads a missing init as zeros; written in a model it is
+		// a forgotten argument, not a choice.
+		b.fail(userPos(), fmt.Errorf("param %q: no init given (want frontend.Normal(std), frontend.Zeros or frontend.Ones)", name))
 		return &Tensor{b: b}
 	}
 	if _, _, err := ir.ParseInit(string(init)); err != nil {
@@ -635,6 +687,12 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 		// The size came from a poisoned tensor; its error is already reported.
 		return &Tensor{b: b}
 	}
+	if name := attrs.Str("name"); badName(name) {
+		// Fed (an input) or saved (a state) by it: a name no flag,
+		// weights file or dump can carry is refused where it is written.
+		b.fail(pos, fmt.Errorf("%s name %q: want a non-empty name of printable UTF-8 without spaces or quotes (the runtime feeds and saves %ss by name)", op, name, op))
+		return &Tensor{b: b}
+	}
 	if first := b.m.Source(attrs.Str("name")); first != nil {
 		if first.Op != op {
 			// Params, states and inputs share one namespace.
@@ -661,7 +719,15 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 // Loss marks t (a scalar) as the value training minimises.
 func (b *Builder) Loss(t *Tensor) {
 	b.live()
-	if b.foreign(userPos(), t) || t.v == nil {
+	if b.foreign(userPos(), t) {
+		return
+	}
+	if t.v == nil {
+		// Poisoned: the error that poisoned it is the one to report, and
+		// finish says so if none was.
+		if b.lossAt == "" {
+			b.lossAt = userPos().String()
+		}
 		return
 	}
 	if t.v.Type.Rank() != 0 || !t.v.Type.DType.IsFloat() {
@@ -748,6 +814,9 @@ func (b *Builder) Output(name string, t *Tensor) {
 		return
 	case name == "" || strings.ContainsAny(name, " \t\n\"/"):
 		b.fail(pos, fmt.Errorf("output name %q: want a non-empty name without spaces, quotes or slashes", name))
+	case slices.Contains([]string{"loss", "lr", "step"}, name):
+		// The step line prints outputs beside these, by name.
+		b.fail(pos, fmt.Errorf("output name %q: the step line and the metrics print the run's own %s under it; give the output another name", name, name))
 	case t.v.Type.Rank() != 0 || !t.v.Type.DType.IsFloat():
 		b.fail(pos, fmt.Errorf("output %q must be a float scalar, got %v (reduce it, e.g. with Mean())", name, t.v.Type))
 	case b.m.Output(ir.AuxPrefix+name) != nil:

@@ -167,6 +167,60 @@ func TestDSLRules(t *testing.T) {
 		{"fused blocks of a laid out matrix", func(b *frontend.Builder) {
 			b.Loss(b.Param("qkv", []int{16, 9}, frontend.Zeros, frontend.FusedColumnParallel(3).OutIn()).Sum())
 		}, `param "qkv": parallel hint "column:3,out_in": dim 0 of the param [16 9] (16) does not split into 3 fused blocks`},
+		{"layer ids with a gap", func(b *frontend.Builder) {
+			x := b.Param("x", []int{2, 2}, frontend.Zeros, frontend.NoParallel)
+			for i := range 2 {
+				b.Layer(5 * i)
+				x = x.MatMul(b.Param(fmt.Sprintf("w%d", i), []int{2, 2}, frontend.Zeros, frontend.NoParallel))
+			}
+			b.Layer(-1)
+			b.Loss(x.Sum())
+		}, "the model marks layers up to 5 (%3 param @builder_test.go:"},
+		{"a block marked again after the next", func(b *frontend.Builder) {
+			x := b.Param("x", []int{2, 2}, frontend.Zeros, frontend.NoParallel)
+			for i, id := range []int{0, 1, 0} {
+				b.Layer(id)
+				x = x.MatMul(b.Param(fmt.Sprintf("w%d", i), []int{2, 2}, frontend.Zeros, frontend.NoParallel))
+			}
+			b.Layer(-1)
+			b.Loss(x.Sum())
+		}, ", marked layer 0, reads %4 matmul @builder_test.go:"},
+		{"an input without a name", func(b *frontend.Builder) {
+			b.Loss(b.Input("", ir.F32, 2).Sum())
+		}, `input name "": want a non-empty name of printable UTF-8 without spaces or quotes`},
+		{"an input name with a space", func(b *frontend.Builder) {
+			b.Loss(b.Input("my input", ir.F32, 2).Sum())
+		}, `input name "my input": want a non-empty name`},
+		{"a param without an init", func(b *frontend.Builder) {
+			b.Loss(b.Param("w", []int{2}, frontend.Init(""), frontend.NoParallel).Sum())
+		}, `param "w": no init given (want frontend.Normal(std), frontend.Zeros or frontend.Ones)`},
+		{"an output named as the step line's loss", func(b *frontend.Builder) {
+			x := b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum()
+			b.Output("lr", x)
+			b.Loss(x)
+		}, `output name "lr": the step line and the metrics print the run's own lr under it`},
+		{"a zero Tensor as an argument", func(b *frontend.Builder) {
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Add(&frontend.Tensor{}).Sum())
+		}, "argument 1 is a zero frontend.Tensor{}, which no builder made"},
+		{"a method of a zero Tensor", func(b *frontend.Builder) {
+			b.Loss((&frontend.Tensor{}).Add(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)).Sum())
+		}, "builder_test.go:"},
+		{"a method of a nil Builder", func(b *frontend.Builder) {
+			var nb *frontend.Builder
+			nb.Int("n", 1, "n")
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, "builder_test.go:"},
+		{"a poisoned loss without an error", func(b *frontend.Builder) {
+			b.Loss(b.Poisoned())
+		}, "b.Loss was given a poisoned tensor (b.Poisoned(), or an op on one) and no error was reported"},
+		{"an int default of 0", func(b *frontend.Builder) {
+			b.Int("n", 0, "n")
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, `Int("n"): the default 0 is not a positive integer (IntOrZero reads one that may be 0)`},
+		{"an empty error", func(b *frontend.Builder) {
+			b.Errorf("")
+			b.Loss(b.Poisoned())
+		}, "the model reported an error with no text"},
 		{"param name with a space", func(b *frontend.Builder) {
 			b.Loss(b.Param("my weight", []int{4}, frontend.Zeros, frontend.NoParallel).Sum())
 		}, `param name "my weight": want printable UTF-8 without spaces or quotes`},
@@ -321,7 +375,7 @@ func TestSettings(t *testing.T) {
 func TestPositionsPointAtTheUser(t *testing.T) {
 	m, err := frontend.Build(func(b *frontend.Builder) {
 		x := b.Param("x", []int{2, 2}, frontend.Ones, frontend.NoParallel)
-		b.Layer(3)
+		b.Layer(0)
 		y := x.Tanh()
 		b.Layer(-1)
 		b.Loss(y.Sum())
@@ -335,12 +389,12 @@ func TestPositionsPointAtTheUser(t *testing.T) {
 		}
 	}
 	require.NotNil(t, tanh)
-	assert.Equal(t, 3, tanh.Meta.Layer)
+	assert.Equal(t, 0, tanh.Meta.Layer)
 	assert.Equal(t, ir.PhaseFwd, tanh.Meta.Phase)
 	assert.Equal(t, -1, m.Output("loss").Meta.Layer)
 	var buf bytes.Buffer
 	require.NoError(t, ir.Fprint(&buf, m))
-	assert.Contains(t, buf.String(), "tanh %0 : f32[2,2] {layer=3 phase=fwd} @builder_test.go:")
+	assert.Contains(t, buf.String(), "tanh %0 : f32[2,2] {layer=0 phase=fwd} @builder_test.go:")
 }
 
 // Scopes tag what they record: RecomputeSelective marks computations (not

@@ -75,11 +75,19 @@ func (t *Tensor) Builder() *Builder {
 // user's line.
 var errNilTensor = errors.New("a method called on a nil *Tensor (a variable never assigned a tensor?)")
 
-// nilTensor panics with errNilTensor when t is nil: a method that reads
-// t before op() would otherwise fail with a bare nil dereference.
+// errZeroTensor is the panic of a method called on a Tensor no builder
+// made (a frontend.Tensor{} literal), which has no builder either.
+var errZeroTensor = errors.New("a method called on a zero frontend.Tensor{}, which no builder made: tensors come from b.Input, b.Param, b.Constant and the ops on them")
+
+// nilTensor panics with errNilTensor when t is nil, errZeroTensor when no
+// builder made it: a method that reads t before op() would otherwise
+// fail with a bare nil dereference.
 func nilTensor(t *Tensor) {
 	if t == nil {
 		panic(errNilTensor)
+	}
+	if t.b == nil {
+		panic(errZeroTensor)
 	}
 }
 

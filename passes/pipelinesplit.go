@@ -31,30 +31,12 @@ func pipelineSplit(m *ir.Module, o *Options) error {
 		}
 		return nil
 	}
+	if err := m.CheckLayerMarks(); err != nil {
+		return err
+	}
 	layers := 0
-	marked := map[int]bool{}
 	for _, x := range m.Values {
 		layers = max(layers, x.Meta.Layer+1)
-		if x.Meta.Layer >= 0 {
-			marked[x.Meta.Layer] = true
-		}
-	}
-	if len(marked) != layers {
-		// The chunks are cut by layer id: ids with a gap (b.Layer(2*i))
-		// made a model of more layers than it has, and far ones
-		// (b.Layer(i + 1<<40)) put every layer on the last rank.
-		missing := 0
-		for missing < layers && marked[missing] {
-			missing++
-		}
-		last := ""
-		for _, x := range m.Values {
-			if x.Meta.Layer == layers-1 {
-				last = x.Where()
-				break
-			}
-		}
-		return fmt.Errorf("the model marks layers up to %d (%s) but none %d: a pipeline cuts layers 0..L-1 by their ids, so b.Layer(i) takes the block's index, counting from 0 without gaps", layers-1, last, missing)
 	}
 	chunks := p * v
 	switch {
@@ -82,27 +64,6 @@ func pipelineSplit(m *ir.Module, o *Options) error {
 			x.Meta.Stage = chunks - 1
 		} else {
 			x.Meta.Stage = 0
-		}
-	}
-	// A layer's ops read earlier stages' values only: a block marked
-	// b.Layer(0) that reads layer 1's output (layers marked in reverse, or
-	// after the head) made programs whose transfers wait for each other.
-	for _, x := range m.Values {
-		if x.Meta.Layer < 0 {
-			continue
-		}
-		for _, a := range x.Args {
-			if a.Meta.Stage > x.Meta.Stage {
-				for _, y := range m.Values {
-					y.Meta.Stage = -1 // a refused plan tags nothing
-				}
-				from := fmt.Sprintf("layer %d", a.Meta.Layer)
-				if a.Meta.Layer < 0 {
-					from = "after the layers"
-				}
-				return fmt.Errorf("%s, marked layer %d, reads %s, marked %s: a layer's ops read the values of earlier layers only, so b.Layer(i) must follow the data flow (blocks in order, the head after the last)",
-					x.Where(), x.Meta.Layer, a.Where(), from)
-			}
 		}
 	}
 	// A value that depends on no layer (labels reshaped for the loss, the
