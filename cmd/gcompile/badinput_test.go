@@ -368,7 +368,7 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 			setup: func(t *testing.T, dir string) { mkdir(t, filepath.Join(dir, "ck")) },
 			want:  []string{"--resume: "}, is: checkpoint.ErrNoCheckpoint},
 		{name: "resume with load", args: run("--resume", "$D/ck", "--load", "$W/w.safetensors"), want: []string{"--resume continues a run with its own weights; it does not combine with --load"}},
-		{name: "checkpoint-every without a folder", args: run("--checkpoint-every", "5"), want: []string{"--checkpoint-every and --keep-last apply to --checkpoint-dir"}},
+		{name: "checkpoint-every without a folder", args: run("--checkpoint-every", "5"), want: []string{"--checkpoint-every applies to --checkpoint-dir"}},
 		{name: "checkpoint-dir is a file", args: run("--checkpoint-dir", "$D/ck"),
 			setup: func(t *testing.T, dir string) { writeFile(t, filepath.Join(dir, "ck"), "a file\n") },
 			want:  []string{"--checkpoint-dir"}},

@@ -514,8 +514,8 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 // 0 for a model.go or a dump that does not say; a dump that does not
 // parse is named when it is loaded.
 func girBatch(path string) int {
-	if !strings.HasSuffix(path, ".gir") {
-		return 0
+	if !strings.HasSuffix(path, ".gir") || notAFile("", path) != nil {
+		return 0 // a pipe would hang the read: validate names it
 	}
 	text, err := os.ReadFile(path)
 	if err != nil {
@@ -566,6 +566,31 @@ func parsePositional(fs *flag.FlagSet, args []string) ([]string, error) {
 		args = fs.Args()[1:]
 	}
 }
+
+// givenOf names those of flags the command line gave ("--a", "--a and
+// --b"; every one when none was, as a default's value may be the cause),
+// followed by one (a single flag) or many, the verb that agrees.
+func (c *config) givenOf(one, many string, flags ...string) string {
+	var given []string
+	for _, f := range flags {
+		if c.explicit[f] {
+			given = append(given, "--"+f)
+		}
+	}
+	if len(given) == 0 {
+		for _, f := range flags {
+			given = append(given, "--"+f)
+		}
+	}
+	if len(given) == 1 {
+		return given[0] + " " + one
+	}
+	return strings.Join(given, " and ") + " " + many
+}
+
+// maxEvalBatches bounds --eval-batches as compile.MaxBatch bounds
+// --batch: far past any evaluation, and their product fits an int64.
+const maxEvalBatches = 1 << 30
 
 // errNotYet marks a valid request that this build cannot carry out yet.
 var errNotYet = compile.ErrNotYet
@@ -706,7 +731,7 @@ func (c *config) validate() error {
 		}
 	}
 	if (c.trace != "" || c.save != "") && !c.run {
-		bad("--trace and --save record a training run; add --run")
+		bad("%s a training run; add --run", c.givenOf("records", "record", "trace", "save"))
 	}
 	if c.load != "" && !c.run {
 		bad("--load reads the weights a training run starts from; add --run (gcompile eval and generate take --load too)")
@@ -728,10 +753,10 @@ func (c *config) validate() error {
 		}
 	}
 	if (c.explicit["checkpoint-every"] || c.explicit["keep-last"]) && c.ckptDir == "" {
-		bad("--checkpoint-every and --keep-last apply to --checkpoint-dir")
+		bad("%s to --checkpoint-dir", c.givenOf("applies", "apply", "checkpoint-every", "keep-last"))
 	}
 	if (c.ckptDir != "" || c.resume != "") && !c.run {
-		bad("--checkpoint-dir and --resume checkpoint a training run; add --run")
+		bad("%s a training run; add --run", c.givenOf("checkpoints", "checkpoint", "checkpoint-dir", "resume"))
 	}
 	if c.loadIgnore != "" && c.load == "" {
 		bad("--load-ignore applies to --load")
@@ -793,6 +818,11 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 	// (gcompile eval reads 0 as the whole held-out split.)
 	if !c.evalOnly && (c.evalBatches < -1 || c.evalBatches == 0) {
 		bad("--eval-batches must be ≥ 1 (or -1: no held-out evaluation), got %d", c.evalBatches)
+	}
+	if c.evalBatches > maxEvalBatches {
+		// As --batch is bounded: past it, batches × their sequences no
+		// longer count in 64 bits, and an evaluation would not end.
+		bad("--eval-batches %d: more than the %d batches an evaluation reads at most", c.evalBatches, maxEvalBatches)
 	}
 	if c.vocabDivisible < 1 || c.vocabDivisible > maxVocabDivisible {
 		bad("--make-vocab-size-divisible-by %d: want 1 to %d", c.vocabDivisible, maxVocabDivisible)

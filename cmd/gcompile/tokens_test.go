@@ -1227,3 +1227,13 @@ func TestPaddedAlike(t *testing.T) {
 		assert.Equal(t, tc.want, paddedAlike(tc.a, tc.b, 151669), "%s vs %s", tc.a, tc.b)
 	}
 }
+
+// A .gir model that is a pipe is refused as a model.go one is: its batch
+// was read from it before any check, and the run hung.
+func TestModelDumpThatIsAPipeIsRefused(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "model.gir")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+	err := fifotest.OpenWithin(t, fifo, func() error { return mainErr([]string{fifo}) })
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the model "+fifo+" is not a regular file")
+}
