@@ -902,7 +902,7 @@ func (b *Builder) SaveEach(p *Tensor, template, layout string) {
 		return // its error is reported already
 	}
 	if p.v.Op != "param" {
-		b.fail(pos, fmt.Errorf("SaveEach(%q): %s is a %s, not a param", template, p.v.Ref(), p.v.Op))
+		b.fail(pos, fmt.Errorf("SaveEach(%q): its tensor is the result of %s at %v, not a param (SaveEach names the pieces of a param b.Param declared)", template, p.v.Op, p.v.Pos))
 		return
 	}
 	if _, ok := p.v.Attrs[ir.AttrSaveEach]; ok {

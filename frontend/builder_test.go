@@ -461,7 +461,7 @@ func TestSaveEach(t *testing.T) {
 	}{
 		{"no index", func(b *frontend.Builder, w *frontend.Tensor) { b.SaveEach(w, "experts.w1", "") },
 			`SaveEach of param "w": save_each name "experts.w1" must hold {e} exactly once (it holds it 0 times)`},
-		{"not a param", func(b *frontend.Builder, w *frontend.Tensor) { b.SaveEach(w.Scale(2), "e.{e}", "") }, "is a scale, not a param"},
+		{"not a param", func(b *frontend.Builder, w *frontend.Tensor) { b.SaveEach(w.Scale(2), "e.{e}", "") }, "its tensor is the result of scale at builder_test.go:"},
 		{"twice", func(b *frontend.Builder, w *frontend.Tensor) { b.SaveEach(w, "a.{e}", ""); b.SaveEach(w, "b.{e}", "") },
 			`param "w" is already saved as "a.{e}"`},
 		{"layout", func(b *frontend.Builder, w *frontend.Tensor) { b.SaveEach(w, "a.{e}", "in_out") }, `save_layout "in_out"`},

@@ -34,7 +34,7 @@ var passes = [...]Pass{
 	{Name: "mixed-precision", Fn: mixedPrecision, Required: true, Doc: "fp16/bf16 forward and backward on 16-bit weight copies, loss scaling, fp32 master weights (--precision)"},
 	{Name: "recompute", Fn: recompute, Required: true, Doc: "activation recompute: replay forward values in the backward (full, selective, every=K)"},
 	{Name: "compress", Fn: compress, Required: true, Doc: "stash activations for the backward as 1-bit ReLU masks (lossless) or in bf16 (Gist's delayed precision reduction)"},
-	{Name: "shard", Fn: shard, Required: true, Doc: "place every value on the mesh (data parallel, ZeRO) and mark where placements must change"},
+	{Name: "shard", Fn: shardNamingHeads, Required: true, Doc: "place every value on the mesh (data parallel, ZeRO) and mark where placements must change"},
 	{Name: "redistribute", Fn: redistribute, Required: true, Doc: "turn placement changes into collectives"},
 	{Name: "fuse", Fn: fuse, Required: true, Doc: "merge groups of f32 elementwise ops into fused ops, one kernel each; does nothing without --fuse"},
 	{Name: "data-parallel", Fn: dataParallel, Doc: "bucket the gradient reductions over dp, ep and cp"},

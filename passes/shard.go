@@ -23,6 +23,30 @@ import (
 // after the value they reduce, so gradients are reduced as soon as they
 // exist; gathers and slices right before the op that needs them, so a
 // gathered ZeRO-3 parameter lives only while it is used.
+// shardNamingHeads is shard, whose failure under a tp that does not
+// divide some attention's query heads names that as the likely cause:
+// the failure itself shows up at whatever op first cannot keep the
+// heads' split (the reshape into heads, the row-parallel projection),
+// in placement terms.
+func shardNamingHeads(m *ir.Module, o *Options) error {
+	err := shard(m, o)
+	if err == nil || m.Mesh == nil {
+		return err
+	}
+	tp := m.Mesh.SizeOf(m.Mesh.WeightAxis())
+	if tp <= 1 {
+		return err
+	}
+	for _, v := range m.Values {
+		if v.Op == "attention" && len(v.Args) > 0 && v.Args[0].Type.Rank() == 4 {
+			if heads := v.Args[0].Type.Shape[1]; heads%tp != 0 {
+				return fmt.Errorf("--tp %d does not divide the %d query heads of the attention at %s (tensor parallelism gives each device whole heads): give a --tp that divides %d, or a model with more heads; where the split failed: %w", tp, heads, v.Pos, heads, err)
+			}
+		}
+	}
+	return err
+}
+
 func shard(m *ir.Module, o *Options) error {
 	if m.Mesh == nil {
 		m.Mesh = o.Mesh

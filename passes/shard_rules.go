@@ -693,7 +693,7 @@ func rowwiseRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 					// sequence first.
 					continue
 				}
-				return nil, rep, fmt.Errorf("%s normalises over dim %d, which is sharded", r.v.Op, p.Dim)
+				return nil, rep, fmt.Errorf("%s normalises over dim %d, which is sharded%s", r.v.Op, p.Dim, hintOrigin(r.v.Args[0]))
 			}
 			target = p
 		}

@@ -860,3 +860,20 @@ func TestNoRuleNamesTheHints(t *testing.T) {
 	assert.Regexp(t, `is placed by the parallel hints of "table"'s hint "row" \(shard_test\.go:\d+\)`, err.Error())
 	assert.Regexp(t, `is placed by the parallel hints of "w"'s hint "column" \(shard_test\.go:\d+\)`, err.Error())
 }
+
+// A softmax over the dim a column-parallel weight split names the param
+// whose hint split it.
+func TestSoftmaxOverASplitDimNamesTheHint(t *testing.T) {
+	m, err := frontend.Build(func(b *frontend.Builder) {
+		x := b.Input("x", ir.F32, 4, 8)
+		w := b.Param("w", []int{8, 6}, frontend.Normal(0.1), frontend.ColumnParallel)
+		b.Loss(x.MatMul(w).Softmax().Sum())
+	}, frontend.Config{Name: "misused", Batch: 4})
+	require.NoError(t, err)
+	o := passes.DefaultOptions()
+	o.Mesh = tpMesh(2)
+	_, err = passes.Run(m, o, passes.Hooks{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "softmax normalises over dim 1, which is sharded")
+	assert.Regexp(t, `is placed by the parallel hints of "w"'s hint "column" \(shard_test\.go:\d+\)`, err.Error())
+}

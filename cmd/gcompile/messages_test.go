@@ -251,6 +251,7 @@ func TestRowParallelWithAWholeInputSaysWhy(t *testing.T) {
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "has no rule for operands placed R (whole on every device) and S(0) (split on dim 0) over tp (the weight is split on the dim it contracts, so its input must be split there too, as a column-parallel layer, or attention whose heads divide by tp=2, leaves it; here it arrives whole)")
 	assert.ErrorContains(t, err, `"h.0.attn.c_proj.weight"'s hint "row"`)
+	assert.ErrorContains(t, err, "--tp 2 does not divide the 1 query heads of the attention at model.go:", "the likely cause comes first")
 }
 
 // Without --data on a machine whose Go sources are not found (a .gir run
