@@ -117,7 +117,11 @@ func Schedule(c *Config) (*schedule.Schedule, *schedule.Result, error) {
 			}
 			return nil, nil, fmt.Errorf("%s needs at least %d microbatches%s (--microbatches %d; the batch is split into them): %w", what, c.PP, fill, c.Microbatches, err)
 		}
-		return nil, nil, fmt.Errorf("--schedule %s: %w", c.Schedule, err)
+		what := "--schedule " + c.Schedule
+		if !c.Explicit["schedule"] {
+			what = fmt.Sprintf("the %s schedule (--pp %d --vpp %d)", c.Schedule, c.PP, c.VPP)
+		}
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	res, err := schedule.Simulate(s, UnitCost(s))
 	if err != nil {

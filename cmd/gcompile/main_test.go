@@ -220,10 +220,10 @@ func TestPipelineRules(t *testing.T) {
 		{[]string{"--set", "layers=4", "--devices", "4", "--pp", "4", "--microbatches", "2", "--batch", "4"}, "--pp 4 needs at least 4 microbatches to fill its stages (--microbatches 2"},
 		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--batch", "1"}, "--pp 2 needs at least 2 microbatches to fill its stages, and none divides each data-parallel replica's share of the batch of 1, 1 sequence: raise --batch to a multiple of 2, or use --schedule gpipe"},
 		{[]string{"--set", "layers=4", "--devices", "8", "--pp", "4", "--dp", "2", "--batch", "6"}, "share of the batch of 6, 3 sequences: raise --batch to a multiple of 8, or use --schedule gpipe"},
-		{[]string{"--set", "layers=8", "--devices", "4", "--pp", "4", "--vpp", "2", "--batch", "6"}, "--pp 4 needs a multiple of 4 microbatches to fill its stages, and none divides each data-parallel replica's share of the batch of 6, 6 sequences: raise --batch to a multiple of 4: invalid"},
-		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--vpp", "2", "--microbatches", "3", "--batch", "6"}, "m % p"},
+		{[]string{"--set", "layers=8", "--devices", "4", "--pp", "4", "--vpp", "2", "--batch", "6"}, "--pp 4 needs a multiple of 4 microbatches to fill its stages, and none divides each data-parallel replica's share of the batch of 6, 6 sequences: raise --batch to a multiple of 4: no such schedule"},
+		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--vpp", "2", "--microbatches", "3", "--batch", "6"}, "the interleaved schedule (--pp 2 --vpp 2): no such schedule: interleaved needs microbatches a multiple of pp"},
 		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--vpp", "2", "--schedule", "1f1b", "--microbatches", "4", "--batch", "4"}, "--vpp 2 needs --schedule interleaved"},
-		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--schedule", "2bw", "--microbatches", "1", "--batch", "4"}, "--schedule 2bw over --pp 2 needs at least 2 microbatches (--microbatches 1; the batch is split into them): invalid schedule config: m must be ≥ p"},
+		{[]string{"--set", "layers=4", "--devices", "2", "--pp", "2", "--schedule", "2bw", "--microbatches", "1", "--batch", "4"}, "--schedule 2bw over --pp 2 needs at least 2 microbatches (--microbatches 1; the batch is split into them): no such schedule: 2bw over pp=2 ranks needs at least 2 microbatches, got 1"},
 		{[]string{"--timeline", "t.svg"}, "--timeline draws a pipeline schedule; it needs --pp > 1"},
 	}
 	for _, tt := range tests {

@@ -8,7 +8,7 @@ import "errors"
 // broken schedule without matching on message text.
 var (
 	// ErrConfig: a generator was asked for an impossible shape (p, v, m).
-	ErrConfig = errors.New("invalid schedule config")
+	ErrConfig = errors.New("no such schedule")
 	// ErrParse: the text form is malformed.
 	ErrParse = errors.New("schedule parse error")
 	// ErrInvalid: an action is out of range, on the wrong rank, duplicated or

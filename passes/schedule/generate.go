@@ -23,7 +23,7 @@ func New(name string, p, v, m int) (*Schedule, error) {
 		return nil, err
 	}
 	if name != "interleaved" && v != 1 {
-		return nil, fmt.Errorf("%w: v > 1 only for interleaved: %s has one chunk per rank, got v=%d", ErrConfig, name, v)
+		return nil, fmt.Errorf("%w: --vpp > 1 only for interleaved: %s has one chunk a rank, got vpp=%d", ErrConfig, name, v)
 	}
 	switch name {
 	case "gpipe":
@@ -40,7 +40,7 @@ func New(name string, p, v, m int) (*Schedule, error) {
 
 func checkShape(name string, p, v, m int) error {
 	if p < 1 || v < 1 || m < 1 {
-		return fmt.Errorf("%w: p, v and m must all be ≥ 1: %s got p=%d v=%d m=%d", ErrConfig, name, p, v, m)
+		return fmt.Errorf("%w: pipeline ranks, chunks a rank and microbatches must all be ≥ 1: %s got pp=%d, vpp=%d, %d microbatches", ErrConfig, name, p, v, m)
 	}
 	return nil
 }
@@ -50,7 +50,7 @@ func checkShape(name string, p, v, m int) error {
 // a longer critical path, which is a configuration mistake, not a schedule.
 func needMicro(name string, p, m int) error {
 	if m < p {
-		return fmt.Errorf("%w: m must be ≥ p: %s with p=%d ranks needs at least %d microbatches, got m=%d", ErrConfig, name, p, p, m)
+		return fmt.Errorf("%w: %s over pp=%d ranks needs at least %d microbatches, got %d", ErrConfig, name, p, p, m)
 	}
 	return nil
 }
@@ -212,13 +212,13 @@ func Interleaved(p, v, m int) (*Schedule, error) {
 		return nil, err
 	}
 	if v == 1 {
-		return nil, fmt.Errorf("%w: interleaved needs v ≥ 2 chunks per rank, got v=1 (use 1f1b for one chunk per rank)", ErrConfig)
+		return nil, fmt.Errorf("%w: interleaved needs --vpp ≥ 2 chunks a rank, got 1 (use --schedule 1f1b for one chunk a rank)", ErrConfig)
 	}
 	if err := needMicro(name, p, m); err != nil {
 		return nil, err
 	}
 	if m%p != 0 {
-		return nil, fmt.Errorf("%w: interleaved needs m %% p == 0 (microbatches go through each chunk in groups of p): m=%d, p=%d", ErrConfig, m, p)
+		return nil, fmt.Errorf("%w: interleaved needs microbatches a multiple of pp (they go through each chunk in groups of pp): %d microbatches, pp=%d", ErrConfig, m, p)
 	}
 	b := newBuilder(name, p, v, m, capacity(p, v, m, false))
 	total := v * m

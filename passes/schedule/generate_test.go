@@ -13,18 +13,18 @@ func TestGeneratorValidation(t *testing.T) {
 		p, v, m int
 		want    []string
 	}{
-		{"1f1b", 4, 1, 3, []string{"m must be ≥ p", "1f1b", "m=3"}},
-		{"2bw", 4, 1, 2, []string{"m must be ≥ p", "2bw"}},
-		{"zb", 8, 1, 7, []string{"m must be ≥ p", "zb"}},
-		{"interleaved", 4, 2, 2, []string{"m must be ≥ p", "interleaved"}},
-		{"interleaved", 4, 2, 6, []string{"m % p == 0", "m=6", "p=4"}},
-		{"interleaved", 4, 1, 8, []string{"v ≥ 2", "use 1f1b"}},
-		{"gpipe", 2, 2, 4, []string{"v > 1 only for interleaved", "gpipe"}},
-		{"1f1b", 2, 3, 4, []string{"v > 1 only for interleaved"}},
+		{"1f1b", 4, 1, 3, []string{"1f1b over pp=4 ranks needs at least 4 microbatches, got 3"}},
+		{"2bw", 4, 1, 2, []string{"2bw over pp=4 ranks needs at least 4 microbatches"}},
+		{"zb", 8, 1, 7, []string{"zb over pp=8 ranks needs at least 8 microbatches"}},
+		{"interleaved", 4, 2, 2, []string{"interleaved over pp=4 ranks needs at least 4 microbatches"}},
+		{"interleaved", 4, 2, 6, []string{"interleaved needs microbatches a multiple of pp", "6 microbatches, pp=4"}},
+		{"interleaved", 4, 1, 8, []string{"interleaved needs --vpp ≥ 2", "use --schedule 1f1b"}},
+		{"gpipe", 2, 2, 4, []string{"--vpp > 1 only for interleaved", "gpipe"}},
+		{"1f1b", 2, 3, 4, []string{"--vpp > 1 only for interleaved"}},
 		{"pipedream", 2, 2, 4, []string{`unknown schedule "pipedream"`, "gpipe, 1f1b, interleaved, 2bw, zb"}},
-		{"gpipe", 0, 1, 4, []string{"≥ 1", "p=0"}},
-		{"1f1b", 2, 1, 0, []string{"≥ 1", "m=0"}},
-		{"interleaved", 2, 0, 4, []string{"≥ 1", "v=0"}},
+		{"gpipe", 0, 1, 4, []string{"≥ 1", "pp=0"}},
+		{"1f1b", 2, 1, 0, []string{"≥ 1", "0 microbatches"}},
+		{"interleaved", 2, 0, 4, []string{"≥ 1", "vpp=0"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
