@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -95,6 +96,10 @@ func CompileGeneration(c *Config, build ModelBuilder, batch, prompt, context int
 	}
 	var err error
 	if g.Prefill, g.PrefillPasses, err = compileStep(c, build, batch, prompt, context, passes.Hooks{}, &g.IgnoreOnLoad); err != nil {
+		var model modelError
+		if errors.As(err, &model) {
+			return nil, model.error // the model's own (a --set it does not read, a DSL error): no program's
+		}
 		return nil, fmt.Errorf("the prefill program (%d tokens per sequence): %w", prompt, err)
 	}
 	// Named by its role, also for a prompt of one token, whose prefill
@@ -138,11 +143,17 @@ func (c *Config) modelBuilder() ModelBuilder {
 	}
 }
 
+// modelError is an error of building the model itself, which the
+// prefill and decode builds meet alike.
+type modelError struct{ error }
+
+func (e modelError) Unwrap() error { return e.error }
+
 // compileStep builds, passes and lowers one generation step.
 func compileStep(c *Config, build ModelBuilder, batch, step, context int, hooks passes.Hooks, ignore *[]string) (*lower.Program, []passes.Result, error) {
 	m, err := build(frontend.Config{Batch: batch, Classes: c.Classes, Generate: &frontend.Generation{Step: step, Context: context}})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, modelError{err}
 	}
 	// A model that reads its sequence length with Int rather than
 	// Sequence records training's tokens, which no step of generation

@@ -149,8 +149,8 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	if g.batch < 0 {
 		bad("--batch %d: want a number of prompts per step (0: all of them)", g.batch)
 	}
-	if g.context < 0 {
-		bad("--context %d: want a number of positions (0: the longest prompt plus --max-new-tokens)", g.context)
+	if g.context < 0 || g.context > maxPositions {
+		bad("--context %d: want a number of positions up to %d (0: the longest prompt plus --max-new-tokens)", g.context, maxPositions)
 	}
 	if err := g.sampling.Validate(); err != nil {
 		errs = append(errs, err)
@@ -191,9 +191,11 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	g.Batch = max(g.Devices, 1) // a placeholder until the prompts are counted
 	g.Explicit = explicit
 	if len(errs) == 0 {
-		if err := g.Config.Validate(); err != nil {
+		// What generation cannot run first: a plan of such an axis would
+		// otherwise be refused for the rules of a training plan over it.
+		if err := compile.CheckGenerationPlan(&g.Config); err != nil {
 			errs = append(errs, err)
-		} else if err := compile.CheckGenerationPlan(&g.Config); err != nil {
+		} else if err := g.Config.Validate(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -1079,7 +1081,11 @@ func positionsFit(gen *compile.Generation, g *genConfig, context, need, longest 
 			// The cache asked for, not the prompts, is past the table.
 			return fmt.Errorf("--context %d: past the model's position table of %d rows (the prompts and --max-new-tokens need %d positions; leave --context out for that many)", g.context, limit, need)
 		}
-		return fmt.Errorf("%w: %d positions (the longest prompt, %d tokens, plus --max-new-tokens %d less the last, which is not fed back) are past the model's position table of %d rows", generate.ErrBadPrompt, context, longest, g.maxNew, limit)
+		fix := "shorten the prompts"
+		if fits := limit - longest + 1; fits >= 1 {
+			fix = fmt.Sprintf("--max-new-tokens %d or fewer fits", fits)
+		}
+		return fmt.Errorf("%w: %d positions (the longest prompt, %d tokens, plus --max-new-tokens %d less the last, which is not fed back) are past the model's position table of %d rows: %s", generate.ErrBadPrompt, context, longest, g.maxNew, limit, fix)
 	}
 	return nil
 }

@@ -117,7 +117,7 @@ func TestGenerateBadInput(t *testing.T) {
 		{"empty prompt", []string{"--prompt", ""}, `--prompt "": the prompt is empty`},
 		{"empty line", []string{"--prompt-file", empty}, "empty-line.txt:2: the prompt is empty"},
 		{"no prompt", nil, "give the text with --prompt TEXT or --prompt-file FILE"},
-		{"past the table", []string{"--prompt", strings.Repeat("x", 40), "--max-new-tokens", "10"}, "49 positions (the longest prompt, 40 tokens, plus --max-new-tokens 10 less the last, which is not fed back) are past the model's position table of 48 rows"},
+		{"past the table", []string{"--prompt", strings.Repeat("x", 40), "--max-new-tokens", "10"}, "49 positions (the longest prompt, 40 tokens, plus --max-new-tokens 10 less the last, which is not fed back) are past the model's position table of 48 rows: --max-new-tokens 9 or fewer fits"},
 		{"a cache past the table", []string{"--prompt", "hi", "--max-new-tokens", "2", "--context", "1000"}, "--context 1000: past the model's position table of 48 rows (the prompts and --max-new-tokens need 3 positions"},
 		// Said before the memory its caches would take (terabytes).
 		{"far past the table", []string{"--prompt", "hi", "--max-new-tokens", "1000000000"}, "1000000001 positions (the longest prompt, 2 tokens, plus --max-new-tokens 1000000000 less the last, which is not fed back) are past the model's position table of 48 rows"},
@@ -131,6 +131,10 @@ func TestGenerateBadInput(t *testing.T) {
 		{"pack-gpu on cpu", []string{"--prompt", "a", "--pack-gpu"}, "--pack-gpu needs --backend cuda"},
 		{"pipeline", []string{"--prompt", "a", "--devices", "2", "--pp", "2"}, "--pp 2: generation runs on data and tensor parallelism"},
 		{"context parallel", []string{"--prompt", "a", "--devices", "2", "--cp", "2"}, "--cp 2: context parallelism in generation (a key/value cache split over cp) is not yet supported"},
+		// What generation does not run is the cause, not a training plan's
+		// rules over --devices and --batch.
+		{"expert parallel on one device", []string{"--prompt", "a", "--ep", "2"}, "--ep 2: expert parallelism in generation is not yet supported"},
+		{"a context past 2^30", []string{"--prompt", "a", "--context", "4611686018427387904"}, "--context 4611686018427387904: want a number of positions up to 1073741824"},
 		{"cache does not fit", []string{"--prompt", "abc", "--max-new-tokens", "40", "--device-memory", "90KiB"},
 			"key/value cache is 10.5 KiB per device: 2 caches (k and v of 1 layers) of f32[1,4,42,8] [batch, kv_heads, context, head_dim] = 5.2 KiB each"},
 	} {
@@ -146,9 +150,14 @@ func TestGenerateBadInput(t *testing.T) {
 			assert.Empty(t, out.String(), "nothing is generated")
 		})
 	}
+	// A --set the model does not read is the model's error, the same for
+	// every program: said without a program's name.
+	err := runGenerate([]string{gptModel, "--set", set + ",bogus=1", "--load", w, "--prompt", "a"}, io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.True(t, strings.HasPrefix(err.Error(), "--set: unknown model parameter(s) bogus"), err.Error())
 	// A pipeline is refused for itself, not for microbatches it was given
 	// by default (a pipeline's microbatches follow from its schedule).
-	err := runGenerate([]string{gptModel, "--set", set, "--load", w, "--prompt", "a", "--devices", "2", "--pp", "2"}, io.Discard, io.Discard)
+	err = runGenerate([]string{gptModel, "--set", set, "--load", w, "--prompt", "a", "--devices", "2", "--pp", "2"}, io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), "--microbatches")
 	// A model file that is not there is named as such, not as the prefill
