@@ -132,7 +132,7 @@ func dataBlend(s string) ([]sample.BlendPart, error) {
 			same := idx[i] != nil && idx[j] != nil && os.SameFile(idx[i], idx[j]) ||
 				filepath.Clean(parts[i].Prefix) == filepath.Clean(parts[j].Prefix)
 			if same {
-				return nil, fmt.Errorf("%w: the dataset %s is named twice (parts %d and %d, weights %g and %g): each part draws its samples in the same order, so both would give the same ones; name it once with the weights added", sample.ErrBlendPrefix, parts[i].Prefix, j+1, i+1, parts[j].Weight, parts[i].Weight)
+				return nil, fmt.Errorf("%w: %s (parts %d and %d, weights %g and %g): each part draws its samples in the same order, so both would give the same ones; name it once with the weights added", sample.ErrBlendTwice, parts[i].Prefix, j+1, i+1, parts[j].Weight, parts[i].Weight)
 			}
 		}
 	}

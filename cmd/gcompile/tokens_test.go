@@ -875,16 +875,16 @@ func TestDataPathsAreTakenWhole(t *testing.T) {
 
 	plain := tokenDataset(t, t.TempDir(), 40, 12, 250, 1) // a blend's words are split at spaces
 	err := mainErr(tokenGPT(t, fmt.Sprintf("0.5 %s 0.5 %s/./%s", plain, filepath.Dir(plain), filepath.Base(plain)), "--steps", "1"))
-	require.ErrorIs(t, err, sample.ErrBlendPrefix)
-	assert.Contains(t, err.Error(), "is named twice (parts 1 and 2, weights 0.5 and 0.5)")
+	require.ErrorIs(t, err, sample.ErrBlendTwice)
+	assert.Contains(t, err.Error(), "blend names a dataset twice: "+plain+" (parts 1 and 2, weights 0.5 and 0.5)")
 	// Through a link too.
 	linked := filepath.Join(t.TempDir(), "linked")
 	for _, ext := range []string{".bin", ".idx"} {
 		require.NoError(t, os.Symlink(plain+ext, linked+ext))
 	}
 	err = mainErr(tokenGPT(t, fmt.Sprintf("0.3 %s 0.7 %s", plain, linked), "--steps", "1"))
-	require.ErrorIs(t, err, sample.ErrBlendPrefix)
-	assert.Contains(t, err.Error(), "is named twice (parts 1 and 2, weights 0.3 and 0.7)")
+	require.ErrorIs(t, err, sample.ErrBlendTwice)
+	assert.Contains(t, err.Error(), "(parts 1 and 2, weights 0.3 and 0.7)")
 }
 
 // data prepare --bos begins each document with the tokenizer's BOS, as

@@ -42,6 +42,8 @@ var (
 	// weights and datasets that differ, a missing dataset, or datasets cut
 	// into windows of different lengths.
 	ErrBlendParts = errors.New("blend datasets do not match")
+	// ErrBlendTwice is a dataset a blend names twice.
+	ErrBlendTwice = errors.New("blend names a dataset twice")
 )
 
 // Faults of the samples themselves.
