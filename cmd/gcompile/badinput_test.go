@@ -598,7 +598,7 @@ func TestHelpAndFlagMistakes(t *testing.T) {
 	assert.Equal(t, "gcompile: flag provided but not defined: -foo (see gcompile -h)\n", stderr, "one line, not the usage")
 	_, stderr, code = run(gptModel, "--lr", "NaN")
 	assert.Equal(t, 1, code)
-	assert.Equal(t, "gcompile: learning rate: want --lr > 0 and finite as a 32-bit float, got NaN\n", stderr)
+	assert.Equal(t, "gcompile: learning rate: want --lr > 0 and finite as a 32-bit float (at least 1.401298464324817e-45), got NaN\n", stderr)
 }
 
 // -h lists every command mainErr dispatches, each with its arguments and

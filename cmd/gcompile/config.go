@@ -802,8 +802,10 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 	if c.steps < 1 {
 		bad("--steps must be ≥ 1, got %d", c.steps)
 	}
-	if !(c.lr > 0) || c.lr > math.MaxFloat32 {
-		bad("learning rate: want --lr > 0 and finite as a 32-bit float, got %g", c.lr)
+	if !(c.lr > 0) || c.lr > math.MaxFloat32 || float32(c.lr) == 0 {
+		// The update runs in 32 bits: a rate below its smallest number
+		// is 0 there, and trains nothing.
+		bad("learning rate: want --lr > 0 and finite as a 32-bit float (at least %g), got %g", math.SmallestNonzeroFloat32, c.lr)
 	} else if !(c.minLR >= 0) || c.minLR > c.lr {
 		bad("learning rate: want 0 ≤ --min-lr ≤ --lr (%g), got --min-lr %g", c.lr, c.minLR)
 	}
