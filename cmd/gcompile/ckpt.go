@@ -521,6 +521,19 @@ func checkResume(c *config, dir string, saved *checkpoint.Manifest) error {
 		return fmt.Errorf("--resume %s: the checkpoint was saved with --schedule %s and this run has --schedule %s; PipeDream-2BW's second weight version (2bw.prev/…) has no place in another schedule: %s: %w",
 			dir, orNone(was), orNone(c.Schedule), fix, checkpoint.ErrMismatch)
 	}
+	// What the manifest says of the training, before the compile (the
+	// load checks it again, with what needs the programs).
+	diff := []error{checkpoint.TrainingDiffers("--precision", saved.Plan.Precision, c.Precision), checkpoint.TrainingDiffers("--optimizer", saved.Plan.Optimizer, c.Optimizer),
+		checkpoint.TrainingDiffers("--dp-sync", saved.Plan.DPSync, c.DPSync)}
+	if saved.Plan.DPSync == c.DPSync && c.DPSync != "async" && saved.Plan.Batch > 0 {
+		// An asynchronous run's batch is counted after the compile.
+		diff = append(diff, checkpoint.TrainingDiffers("--batch", saved.Plan.Batch, c.Batch))
+	}
+	for _, err := range diff {
+		if err != nil {
+			return fmt.Errorf("--resume %s: %w", dir, err)
+		}
+	}
 	st := saved.State
 	if c.explicit["seed"] && c.seed != st.Seed {
 		return fmt.Errorf("--resume %s: the run was seeded with %d, not --seed %d; the data order follows the seed (leave --seed out)", dir, st.Seed, c.seed)

@@ -1253,6 +1253,31 @@ func TestResumeUnderAnotherAttentionImplementation(t *testing.T) {
 	assert.Contains(t, err.Error(), `this run's with --set "layers=2,hidden=32,heads=1,seq=16,attention=unfused"`)
 }
 
+// The training settings the manifest records are compared before the
+// compile, which can be long: another --batch, --precision or
+// --optimizer is refused with nothing compiled.
+func TestResumeRefusesAnotherTrainingBeforeTheCompile(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	require.NoError(t, mainErr(append(slices.Clone(ckptGPT), "--steps", "2", "--checkpoint-dir", ck)))
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--batch", "8"}, "the checkpoint was saved with --batch 4 and this run has 8"},
+		{[]string{"--precision", "bf16"}, "the checkpoint was saved with --precision fp32 and this run has bf16"},
+		{[]string{"--optimizer", "sgd"}, "the checkpoint was saved with --optimizer adamw and this run has sgd"},
+	} {
+		out, err := captureStderr(t, func() error {
+			return mainErr(append(append(slices.Clone(ckptGPT), "--steps", "4", "--resume", ck, "--checkpoint-dir", filepath.Join(dir, "other")), tc.flags...))
+		})
+		require.Error(t, err, tc.want)
+		assert.ErrorIs(t, err, checkpoint.ErrMismatch)
+		assert.Contains(t, err.Error(), tc.want)
+		assert.NotContains(t, out, "compiled", "refused before the compile")
+	}
+}
+
 // A folder named as a step's checkpoint that gcompile did not complete (a
 // user's files in it) is refused before training, not met at the save,
 // and is left as it was.

@@ -1419,6 +1419,16 @@ func dataDifference(was, is string) string {
 	return ": they differ in " + strings.Join(diff, ", and ")
 }
 
+// TrainingDiffers is the error of a setting of the training (flag: the
+// flag, or what it is) the checkpoint was saved with (saved) that this
+// run has otherwise (is); nil when they agree.
+func TrainingDiffers(flag string, saved, is any) error {
+	if saved == is {
+		return nil
+	}
+	return fmt.Errorf("the checkpoint was saved with %s %v and this run has %v; resume with the same (the plan may change, the training may not): %w", flag, saved, is, ErrMismatch)
+}
+
 // match checks that the checkpoint belongs to this model and run, and
 // holds exactly the params and state the programs have.
 func match(m *Manifest, progs []*lower.Program, ex Expect) error {
@@ -1428,8 +1438,8 @@ func match(m *Manifest, progs []*lower.Program, ex Expect) error {
 	}
 	for _, c := range []rule{{"--precision", m.Plan.Precision, ex.Plan.Precision}, {"--optimizer", m.Plan.Optimizer, ex.Plan.Optimizer},
 		{"--batch", m.Plan.Batch, ex.Plan.Batch}, {"the sequence length", m.Plan.Seq, ex.Plan.Seq}, {"--dp-sync", m.Plan.DPSync, ex.Plan.DPSync}} {
-		if c.saved != c.is {
-			return fmt.Errorf("the checkpoint was saved with %s %v and this run has %v; resume with the same (the plan may change, the training may not): %w", c.flag, c.saved, c.is, ErrMismatch)
+		if err := TrainingDiffers(c.flag, c.saved, c.is); err != nil {
+			return err
 		}
 	}
 	// Text without an identity ("": a checkpoint saved before text had
