@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"os"
 	"path"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -266,6 +268,17 @@ func (c *config) inertFlags(alone bool) []string {
 	}
 	if c.logDir != "" && alone {
 		notes = append(notes, "note: --log-dir holds the logs of the processes of a job (gcompile launch, torchrun, srun); this run is one process, whose log is this terminal: not used")
+	}
+	if alone {
+		var meet []string
+		for _, f := range []string{"master-addr", "master-port", "advertise-addr", "token", "rdzv-timeout"} {
+			if c.explicit[f] {
+				meet = append(meet, "--"+f)
+			}
+		}
+		if len(meet) > 0 {
+			notes = append(notes, fmt.Sprintf("note: %s say how the processes of a job meet; this run is one process: not used", strings.Join(meet, ", ")))
+		}
 	}
 	if c.run && c.explicit["eval-every"] && c.evalBatches == -1 {
 		notes = append(notes, "note: --eval-every has no evaluation to space out with --eval-batches -1: not used")
@@ -588,6 +601,34 @@ func (c *config) givenOf(one, many string, flags ...string) string {
 	return strings.Join(given, " and ") + " " + many
 }
 
+// hostLabel is one label of a host name (RFC 1123).
+var hostLabel = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+
+// validHost reports whether s is an IP address (an IPv6 one perhaps in
+// brackets) or a host name: what a job's address flags take, which a
+// process would otherwise fail to listen on or dial only after its
+// compile.
+func validHost(s string) bool {
+	if ip := strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"); net.ParseIP(ip) != nil {
+		return true
+	}
+	name := strings.TrimSuffix(s, ".")
+	if name == "" || len(name) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(name, ".") {
+		if !hostLabel.MatchString(l) {
+			return false
+		}
+	}
+	return true
+}
+
+// minJobTimeout is the shortest --timeout and --rdzv-timeout: below it
+// a job of processes on one machine cannot even meet, and the failure
+// would read as the network's.
+const minJobTimeout = time.Second
+
 // maxEvalBatches bounds --eval-batches as compile.MaxBatch bounds
 // --batch: far past any evaluation, and their product fits an int64.
 const maxEvalBatches = 1 << 30
@@ -847,14 +888,23 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 	}
 	if c.rdzvTimeout <= 0 {
 		bad("--rdzv-timeout must be positive, got %v", c.rdzvTimeout)
+	} else if c.rdzvTimeout < minJobTimeout {
+		bad("--rdzv-timeout %v: under %v, processes started together cannot meet (starting one takes longer); give seconds or minutes", c.rdzvTimeout, minJobTimeout)
 	}
 	if c.explicit["rdzv-timeout"] && c.rdzvTimeout > c.timeout {
 		// The rendezvous never waits longer than --timeout: the value
 		// given would be cut without a word.
 		bad("--rdzv-timeout %v is longer than --timeout %v, which bounds the rendezvous too: raise --timeout with it", c.rdzvTimeout, c.timeout)
 	}
+	for _, f := range []struct{ flag, host string }{{"master-addr", c.masterAddr}, {"advertise-addr", c.advertiseAddr}} {
+		if f.host != "" && !validHost(f.host) {
+			bad("--%s %q: want a host name or an IP address (no port: --master-port gives the rendezvous's)", f.flag, f.host)
+		}
+	}
 	if c.timeout <= 0 {
 		bad("--timeout must be positive, got %v", c.timeout)
+	} else if c.timeout < minJobTimeout {
+		bad("--timeout %v: under %v, a rank's wait for another ends before the other can answer (a step, a transfer); give seconds or minutes", c.timeout, minJobTimeout)
 	}
 	// The job's flags: -1 and 0 are "from the launcher's environment",
 	// so only a value the user gave is checked here; the world as a

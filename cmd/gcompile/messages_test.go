@@ -313,3 +313,19 @@ func TestLaunchPrintsAnErrorEveryRankMeetsOnce(t *testing.T) {
 	assert.Empty(t, same.others("rank 2: out of memory"))
 	assert.Empty(t, same.others("rank 2: never printed"))
 }
+
+// The job's address flags take a host name or an IP address, checked
+// before any process compiles; a run of one process says it does not use
+// them.
+func TestJobAddressesAreHosts(t *testing.T) {
+	for _, ok := range []string{"127.0.0.1", "::1", "[fe80::1]", "node-01", "node-01.cluster.local", "n1.", "10.0.0.1"} {
+		assert.True(t, validHost(ok), ok)
+	}
+	for _, bad := range []string{"", "not an addr", "10.0.0.1:29500", "-node", "node_01", "a..b", strings.Repeat("a", 64)} {
+		assert.False(t, validHost(bad), bad)
+	}
+	c, err := parseArgs([]string{gptModel, "--master-addr", "node-01", "--rdzv-timeout", "1m"})
+	require.NoError(t, err)
+	assert.Contains(t, c.inertFlags(true), "note: --master-addr, --rdzv-timeout say how the processes of a job meet; this run is one process: not used")
+	assert.NotContains(t, strings.Join(c.inertFlags(false), "\n"), "how the processes of a job meet")
+}
