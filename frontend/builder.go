@@ -149,6 +149,9 @@ func (b *Builder) live() {
 // foreign reports a tensor another builder recorded: its value belongs
 // to another module, where its id names something else.
 func (b *Builder) foreign(pos ir.Pos, ts ...*Tensor) bool {
+	// The receiver's builder first: one that has finished (a tensor of
+	// another Build used as the receiver) would lose the error.
+	b.live()
 	for i, t := range ts {
 		if t == nil {
 			b.fail(pos, fmt.Errorf("argument %d is a nil *Tensor (a variable never assigned a tensor?)", i+1))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	goruntime "runtime"
 	"strings"
 	"testing"
 
@@ -612,4 +613,26 @@ func TestImplementationSettingsAreListed(t *testing.T) {
 	require.Len(t, docs, 2)
 	assert.Equal(t, frontend.ParamDoc{Key: "attention", Kind: "string", Default: "fused", Doc: "attention core (fused|unfused)", Implementation: true}, docs[0])
 	assert.False(t, docs[1].Implementation)
+}
+
+// A tensor of another, finished build used as an op's receiver is named
+// at the line that uses it: the error went to the finished builder, and
+// the next op reported the wrong line.
+func TestAReceiverOfAFinishedBuildIsNamedWhereItIsUsed(t *testing.T) {
+	var other *frontend.Tensor
+	_, err := frontend.Build(func(b *frontend.Builder) {
+		other = b.Param("o", []int{2}, frontend.Zeros, frontend.NoParallel)
+		b.Loss(other.Sum())
+	}, frontend.Config{})
+	require.NoError(t, err)
+	line := 0
+	_, err = frontend.Build(func(b *frontend.Builder) {
+		x := b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel)
+		_, _, line, _ = goruntime.Caller(0)
+		y := other.Add(x) // the line after Caller's
+		b.Loss(y.Reshape(2).Sum())
+	}, frontend.Config{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), fmt.Sprintf("builder_test.go:%d: model panicked: ", line+1))
+	assert.Contains(t, err.Error(), "the model's builder was used after Model returned, or a tensor of another, finished build is used here")
 }

@@ -126,9 +126,7 @@ func (b *Builder) record(pos ir.Pos, op string, attrs ir.Attrs, args []*ir.Value
 
 // binary broadcasts the smaller operand NumPy-style, then applies op.
 func (t *Tensor) binary(op string, u *Tensor) *Tensor {
-	if t == nil {
-		panic(errNilTensor)
-	}
+	nilTensor(t)
 	if t.b.foreign(userPos(), u) || t.v == nil || u.v == nil {
 		return &Tensor{b: t.b}
 	}
