@@ -178,16 +178,15 @@ func (c *Config) Validate() error {
 	}
 	c.TP, c.PP, c.DP, c.EP, c.CP, c.VPP = tp, pp, max(dp, 1), ep, cp, vpp
 	switch {
-	case c.CPImpl == "":
+	case c.CPImpl == "" && !c.Explicit["cp-impl"]:
 		c.CPImpl = "ring"
 	case c.CPImpl != "ring" && c.CPImpl != "all2all":
 		bad("--cp-impl %q: want ring or all2all", c.CPImpl)
-	}
-	if c.Explicit["cp-impl"] && c.CP == 1 {
+	case c.Explicit["cp-impl"] && c.CP == 1:
 		bad("--cp-impl %s applies to --cp > 1 (it is how attention runs over the context-parallel ranks)", c.CPImpl)
 	}
 	if c.Explicit["cp-layout"] && c.CP == 1 {
-		bad("--cp-layout %s applies to --cp > 1 (it is how the sequence is split over the context-parallel ranks)", c.CPLayout)
+		bad("--cp-layout %s applies to --cp > 1 (it is how the sequence is split over the context-parallel ranks)", orQuoted(c.CPLayout))
 	}
 	switch {
 	case c.CPLayout != "" && c.CPLayout != "zigzag" && c.CPLayout != "contiguous":
@@ -465,4 +464,13 @@ func (c *Config) BubbleTheory() float64 {
 		return (p - 1) / (v * m)
 	}
 	return (p - 1) / m
+}
+
+// orQuoted is a flag's value as the user typed it: an empty one quoted,
+// so that the message does not read as if the value were missing.
+func orQuoted(v string) string {
+	if v == "" {
+		return `""`
+	}
+	return v
 }

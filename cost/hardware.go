@@ -361,6 +361,8 @@ func JSONError(data []byte, err error) error {
 	}
 	var se *json.SyntaxError
 	switch {
+	case len(bytes.TrimSpace(data)) == 0:
+		return jsonErr(err, "the file is empty")
 	case errors.As(err, &se) && se.Offset >= int64(len(bytes.TrimRight(data, " \t\r\n"))):
 		return jsonErr(err, "the JSON ends before it is complete (is the file cut short?)")
 	case errors.As(err, &se):

@@ -68,6 +68,7 @@ func TestLoadFile(t *testing.T) {
 		{"nan.json", strings.Replace(good, `"memory_gib": 48`, "\n\"memory_gib\": NaN", 1), "not JSON at line 3, column 15: invalid character 'N'"},
 		{"a-list.json", `[]`, "the file is a JSON array, want a JSON object"},
 		{"cut-short.json", good[:40], "the JSON ends before it is complete (is the file cut short?)"},
+		{"empty.json", " \n", "the file is empty"},
 		{"bom.json", "\xef\xbb\xbf" + good, "the file starts with a UTF-8 byte-order mark, which JSON does not allow: save it without one"},
 		{"negative.json", strings.Replace(good, `"memory_gib": 48`, `"memory_gib": -1`, 1), "memory_gib must be positive"},
 		{"huge.json", strings.Replace(good, `"memory_gib": 48`, `"memory_gib": 1e308`, 1), "memory_gib 1e+308 is beyond any device (at most 4294967296 GiB)"},

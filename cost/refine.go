@@ -64,7 +64,9 @@ func ReadTrace(path string) ([]runtime.TraceEvent, error) {
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		var arr []runtime.TraceEvent
 		if err2 := json.Unmarshal(raw, &arr); err2 != nil {
-			return nil, fmt.Errorf("trace %s: %w", path, err)
+			// JSONError says where (line and column) and what: a file
+			// cut short, empty, or another kind of JSON.
+			return nil, fmt.Errorf("trace %s: %w (want the Chrome trace --trace writes: an object with traceEvents, or a list of events)", path, JSONError(raw, err))
 		}
 		obj.TraceEvents = arr
 	}

@@ -445,7 +445,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.vocabDivisible, "make-vocab-size-divisible-by", 128, "with a token dataset: pad the model's vocab (from the tokenizer or the data) up to a multiple of this times --tp, as Megatron-LM does")
 	fs.Var(setFlag{&c.Set}, "set", "model parameters key=value,… (see --help-model); a second --set adds to the first, a key given again taking its new value")
 	fs.BoolVar(&c.helpModel, "help-model", false, "list the model parameters MODEL.go reads, then exit")
-	fs.Func("model-timeout", "how long type-checking and building MODEL.go may take, and then running its Model(), each (default 2m0s)", func(s string) error {
+	fs.Func("model-timeout", "how long type-checking and building MODEL.go may take, and then running its Model(), each, a `duration` (default 2m0s)", func(s string) error {
 		d, err := time.ParseDuration(s)
 		if err == nil && d <= 0 {
 			err = fmt.Errorf("must be positive, got %v", d)
@@ -473,8 +473,9 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.StringVar(&c.advertiseAddr, "advertise-addr", "", "the address the job's other processes reach this one's transport at, which it also listens on (default: GCOMPILE_ADVERTISE_ADDR, else this machine's address on its route to the master, else, on the master's machine, the address the other machines reached the rendezvous at)")
 	fs.IntVar(&c.masterPort, "master-port", 0, "rendezvous port on the master (default: MASTER_PORT, else derived from the SLURM or MPI job id, else 29500); the store takes the first free port from there")
 	fs.StringVar(&c.token, "token", "", "the job's token, presented by every connection (default: GCOMPILE_TOKEN, else derived from the launcher's job id)")
-	fs.DurationVar(&c.timeout, "timeout", runtime.DefaultTimeout, "how long any rank waits for another before the job fails (collectives, transfers, the plan check)")
-	fs.DurationVar(&c.rdzvTimeout, "rdzv-timeout", defaultRdzvTimeout, "how long the processes of a job wait for each other to start (the rendezvous); then rank 0 names those that never joined")
+	c.timeout, c.rdzvTimeout = runtime.DefaultTimeout, defaultRdzvTimeout
+	fs.Var((*duration)(&c.timeout), "timeout", "how long any rank waits for another before the job fails (collectives, transfers, the plan check), a `duration` such as 90s or 10m")
+	fs.Var((*duration)(&c.rdzvTimeout), "rdzv-timeout", "how long the processes of a job wait for each other to start (the rendezvous), a `duration`; then rank 0 names those that never joined")
 	fs.StringVar(&c.logDir, "log-dir", "", "ranks other than 0 append their log to DIR/rank-N.log instead of writing it to stderr (rank 0 always logs to stderr)")
 	fs.BoolVar(&c.packGPU, "pack-gpu", false, "with --backend cuda: put all of this process's devices on one GPU as virtual devices, instead of one GPU each")
 
@@ -624,6 +625,15 @@ func validHost(s string) bool {
 	return true
 }
 
+// fileInputs are the input flags that read one file (where --data and
+// --tokenizer may name a folder), with what they want.
+var fileInputs = map[string]string{
+	"calibrate":    "a JSON file: a list of measured plans, or a run's --metrics",
+	"refine-trace": "a trace JSON file, as --trace writes",
+	"hardware":     "a hardware JSON file, as --save-hardware writes",
+	"merges":       "GPT-2's merges.txt",
+}
+
 // minJobTimeout is the shortest --timeout and --rdzv-timeout: below it
 // a job of processes on one machine cannot even meet, and the failure
 // would read as the network's.
@@ -653,6 +663,11 @@ func (c *config) validate() error {
 	for _, in := range c.inputPaths() {
 		if err := notAFile(in.flag, in.path); err != nil {
 			return err
+		}
+		if want, ok := fileInputs[in.flag]; ok {
+			if fi, err := os.Stat(in.path); err == nil && fi.IsDir() {
+				return fmt.Errorf("--%s %s is a folder; it wants %s", in.flag, in.path, want)
+			}
 		}
 	}
 	if fi, err := os.Stat(c.Model); c.Model != "" && err == nil && fi.IsDir() {
@@ -935,7 +950,8 @@ func parseBytes(s string) (int64, error) {
 	units := []struct {
 		suffix string
 		mult   float64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	}{{"EiB", 1 << 60}, {"PiB", 1 << 50}, {"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+		{"EB", 1e18}, {"PB", 1e15}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
 	want := errors.New("want a positive size in whole bytes, like 80GiB, 512MiB or 1e9")
 	t := strings.TrimSpace(s)
 	mult := 1.0
@@ -959,6 +975,22 @@ func parseBytes(s string) (int64, error) {
 		return 0, want
 	}
 	return int64(n), nil
+}
+
+// duration is a time.Duration flag whose mistakes say what is wrong
+// (time.ParseDuration's "missing unit in duration"), where the flag
+// package's own says "parse error".
+type duration time.Duration
+
+func (d *duration) String() string { return time.Duration(*d).String() }
+
+func (d *duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%w (give a unit: 90s, 10m, 1h30m)", err)
+	}
+	*d = duration(v)
+	return nil
 }
 
 // negated is a boolean flag that sets the negation of its field: a flag

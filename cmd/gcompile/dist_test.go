@@ -804,9 +804,9 @@ func TestLaunchChecksTheJobBeforeStarting(t *testing.T) {
 		{"a subcommand", []string{"eval", model, "--devices", "4"},
 			"gcompile: launch: it starts the processes of a training job (gcompile launch --nproc N -- MODEL.go [flags]); run gcompile eval without it"},
 		{"output under a file", []string{model, "--devices", "4", "--metrics", filepath.Join(notDir, "m.json")},
-			"gcompile: launch: no process started: --metrics " + filepath.Join(notDir, "m.json") + ": stat " + filepath.Join(notDir, "m.json") + ": not a directory"},
+			"gcompile: launch: no process started: --metrics " + filepath.Join(notDir, "m.json") + ": " + notDir + " is a file, not a folder"},
 		{"log folder under a file", []string{model, "--devices", "4", "--log-dir", filepath.Join(notDir, "logs")},
-			"gcompile: launch: no process started: --log-dir " + filepath.Join(notDir, "logs") + ": stat " + filepath.Join(notDir, "logs") + ": not a directory"},
+			"gcompile: launch: no process started: --log-dir " + filepath.Join(notDir, "logs") + ": " + notDir + " is a file, not a folder"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -10,9 +10,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"gcompile/data"
 	"gcompile/data/tokenizer"
+	"gcompile/internal/filekind"
 	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
 )
@@ -395,7 +397,7 @@ func checkOutputFile(flag, path string) error {
 	case err == nil && !fi.Mode().IsRegular():
 		// A device or pipe: writing next to it and renaming over it
 		// would replace it (as root, /dev/null).
-		return fmt.Errorf("--%s %s is not a regular file (%v); it wants a file path", flag, path, fi.Mode().Type())
+		return fmt.Errorf("--%s %s is not a regular file (%s); it wants a file path", flag, path, filekind.Of(fi.Mode()))
 	case err == nil:
 		f, err := os.OpenFile(path, os.O_WRONLY, 0)
 		if err != nil {
@@ -406,10 +408,36 @@ func checkOutputFile(flag, path string) error {
 		}
 	case !errors.Is(err, fs.ErrNotExist):
 		// A part of the path that is a file, a folder that cannot be
-		// searched: the message of the stat says which.
-		return fmt.Errorf("--%s %s: %w", flag, path, err)
+		// searched.
+		return pathErr(flag, path, err)
 	}
 	return probeFolder(flag, filepath.Dir(path))
+}
+
+// pathErr is the error of a flag's path whose stat failed other than by
+// its absence: a folder on the way that is a file is named as such (the
+// stat says only "not a directory"), and any other failure is the
+// system's reason.
+func pathErr(flag, path string, err error) error {
+	if errors.Is(err, syscall.ENOTDIR) {
+		for d := filepath.Dir(path); d != filepath.Dir(d); d = filepath.Dir(d) {
+			if fi, serr := os.Stat(d); serr == nil && !fi.IsDir() {
+				return fmt.Errorf("--%s %s: %s is %s, not a folder", flag, path, d, filekind.Of(fi.Mode()))
+			}
+		}
+	}
+	return fmt.Errorf("--%s %s: %w", flag, path, reason(err))
+}
+
+// reason is err without the operation and path an *fs.PathError repeats
+// (the message names the path already, and the probe's file is not the
+// user's).
+func reason(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // checkOutputDir checks that dir is, or can be made, a folder that files
@@ -420,7 +448,7 @@ func checkOutputDir(flag, dir string) error {
 	case err == nil && !fi.IsDir():
 		return fmt.Errorf("--%s %s is a file; it wants a folder", flag, dir)
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("--%s %s: %w", flag, dir, err)
+		return pathErr(flag, dir, err)
 	}
 	return probeFolder(flag, dir)
 }
@@ -439,7 +467,7 @@ func probeFolder(flag, dir string) error {
 			return fmt.Errorf("--%s: cannot create the folder %s: %s is a file", flag, dir, d)
 		}
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("--%s: cannot create the folder %s: %w", flag, dir, err)
+			return fmt.Errorf("--%s: cannot create the folder %s: %w", flag, dir, reason(err))
 		}
 		if err == nil || filepath.Dir(d) == d {
 			break
@@ -449,7 +477,7 @@ func probeFolder(flag, dir string) error {
 	if d == dir {
 		f, err := os.CreateTemp(dir, ".gcompile-probe-*")
 		if err != nil {
-			return fmt.Errorf("--%s: cannot write in %s: %w", flag, dir, err)
+			return fmt.Errorf("--%s: cannot write in %s: %w", flag, dir, reason(err))
 		}
 		name := f.Name()
 		cerr := f.Close()
@@ -457,16 +485,16 @@ func probeFolder(flag, dir string) error {
 			cerr = rerr
 		}
 		if cerr != nil {
-			return fmt.Errorf("--%s: cannot write in %s: %w", flag, dir, cerr)
+			return fmt.Errorf("--%s: cannot write in %s: %w", flag, dir, reason(cerr))
 		}
 		return nil
 	}
 	made, err := os.MkdirTemp(d, ".gcompile-probe-*")
 	if err != nil {
-		return fmt.Errorf("--%s: cannot create the folder %s: %w", flag, dir, err)
+		return fmt.Errorf("--%s: cannot create the folder %s: %w", flag, dir, reason(err))
 	}
 	if err := os.Remove(made); err != nil {
-		return fmt.Errorf("--%s: cannot create the folder %s: %w", flag, dir, err)
+		return fmt.Errorf("--%s: cannot create the folder %s: %w", flag, dir, reason(err))
 	}
 	return nil
 }
@@ -503,7 +531,7 @@ func notAFile(flag, path string) error {
 	if flag == "" {
 		what = "the model"
 	}
-	return fmt.Errorf("%s %s is not a regular file (%v): it wants a file it can read to the end", what, path, fi.Mode().Type())
+	return fmt.Errorf("%s %s is not a regular file (%s): it wants a file it can read to the end", what, path, filekind.Of(fi.Mode()))
 }
 
 // failWrite, in tests, replaces an output's write with one that fails (a

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"gcompile/internal/filekind"
 )
 
 // Dataset is an open, validated dataset. Its methods are safe for
@@ -150,7 +152,7 @@ func openRegular(path, prefix string) (*os.File, fs.FileInfo, error) {
 // or a socket cannot be one of a dataset's files.
 func regular(path string, info fs.FileInfo) error {
 	if !info.Mode().IsRegular() {
-		return fmt.Errorf("%s: %w: not a regular file (%s)", path, ErrFormat, info.Mode().Type())
+		return fmt.Errorf("%s: %w: not a regular file (%s)", path, ErrFormat, filekind.Of(info.Mode()))
 	}
 	return nil
 }

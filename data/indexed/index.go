@@ -8,6 +8,8 @@ import (
 	"io"
 	"math"
 	"os"
+
+	"gcompile/internal/filekind"
 )
 
 // magic opens every .idx Megatron-LM writes.
@@ -148,7 +150,7 @@ func IsIndexFile(path string) (bool, error) {
 		return false, err
 	}
 	if !fi.Mode().IsRegular() {
-		return false, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+		return false, fmt.Errorf("%s: not a regular file (%s)", path, filekind.Of(fi.Mode()))
 	}
 	f, err := os.Open(path)
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"gcompile/internal/filekind"
 )
 
 // format is how a file's contents become documents.
@@ -204,7 +206,7 @@ func collectInputs(paths []string, outPrefix string) (collected, error) {
 func checkFile(path string, info fs.FileInfo, head []byte) (in input, binary bool, err error) {
 	in.path, in.size = path, info.Size()
 	if !info.Mode().IsRegular() {
-		return in, false, fmt.Errorf("input %s: %w: not a regular file (%s)", path, ErrInput, info.Mode().Type())
+		return in, false, fmt.Errorf("input %s: %w: not a regular file (%s)", path, ErrInput, filekind.Of(info.Mode()))
 	}
 	if in.fmt, in.gz, err = classify(path); err != nil {
 		return in, false, err

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"gcompile/data/indexed"
+	"gcompile/internal/filekind"
 )
 
 // metaFormat marks a PREFIX.json as ours, so that an unrelated file under
@@ -99,7 +100,7 @@ func ReadMeta(prefix string) (Meta, bool, error) {
 		return Meta{}, false, fmt.Errorf("%s: %w: %w", path, ErrMeta, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return Meta{}, false, fmt.Errorf("%s: %w: not a regular file (%s)", path, ErrMeta, fi.Mode().Type())
+		return Meta{}, false, fmt.Errorf("%s: %w: not a regular file (%s)", path, ErrMeta, filekind.Of(fi.Mode()))
 	}
 	raw, err := os.ReadFile(path)
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+
+	"gcompile/internal/filekind"
 )
 
 // The on-disk format. Every file starts with a 128-byte little-endian
@@ -379,7 +381,7 @@ func regular(path string) error {
 		return err
 	}
 	if !st.Mode().IsRegular() {
-		return fmt.Errorf("%w: %s is not a regular file (%s)", errStale, path, st.Mode().Type())
+		return fmt.Errorf("%w: %s is not a regular file (%s)", errStale, path, filekind.Of(st.Mode()))
 	}
 	return nil
 }

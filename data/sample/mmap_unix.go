@@ -7,6 +7,8 @@ import (
 	"math"
 	"os"
 	"syscall"
+
+	"gcompile/internal/filekind"
 )
 
 // mapFile maps a cache file read-only, so that the kernel shares its pages
@@ -27,7 +29,7 @@ func mapFile(path string) ([]byte, func() error, error) {
 		return nil, nil, err
 	}
 	if !st.Mode().IsRegular() {
-		return nil, nil, fmt.Errorf("%w: %s is not a regular file (%s)", errStale, path, st.Mode().Type())
+		return nil, nil, fmt.Errorf("%w: %s is not a regular file (%s)", errStale, path, filekind.Of(st.Mode()))
 	}
 	size := st.Size()
 	if size < headerSize {

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"unicode/utf8"
+
+	"gcompile/internal/filekind"
 )
 
 // Load reads a tokenizer: path is a tokenizer.json, a folder holding
@@ -147,7 +149,7 @@ func readFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: %s: not a regular file (%s)", ErrFormat, path, fi.Mode().Type())
+		return nil, fmt.Errorf("%w: %s: not a regular file (%s)", ErrFormat, path, filekind.Of(fi.Mode()))
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
