@@ -822,7 +822,8 @@ func (c *config) validate() error {
 			bad("--load-ignore pattern %q: %v", p, err)
 		}
 	}
-	if c.resume != "" && c.load != "" {
+	if c.resume != "" && c.load != "" && !c.evalOnly {
+		// (eval says it its own way: both give the weights.)
 		bad("--resume continues a run with its own weights; it does not combine with --load")
 	}
 	if c.explicit["token"] && c.token == "" {

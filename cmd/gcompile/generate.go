@@ -128,6 +128,14 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 			return err // before anything reads it: a pipe would hang the read
 		}
 	}
+	if fi, err := os.Stat(g.promptFile); g.promptFile != "" && err == nil && fi.IsDir() {
+		bad("--prompt-file %s is a folder; it wants a file of prompts, one a line", g.promptFile)
+	}
+	if g.dump != "" {
+		if err := checkOutputDir("dump", g.dump); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	switch {
 	case g.load == "" && g.resume == "":
 		bad("generate: give the weights with --load FILE.safetensors or --resume CHECKPOINT")

@@ -133,6 +133,8 @@ func TestGenerateBadInput(t *testing.T) {
 		{"context parallel", []string{"--prompt", "a", "--devices", "2", "--cp", "2"}, "--cp 2: context parallelism in generation (a key/value cache split over cp) is not yet supported"},
 		// What generation does not run is the cause, not a training plan's
 		// rules over --devices and --batch.
+		{"prompt-file a folder", []string{"--prompt-file", llamaDir}, "--prompt-file " + llamaDir + " is a folder; it wants a file of prompts, one a line"},
+		{"dump a file", []string{"--prompt", "a", "--dump", llamaW}, "--dump " + llamaW + " is a file; it wants a folder"},
 		{"expert parallel on one device", []string{"--prompt", "a", "--ep", "2"}, "--ep 2: expert parallelism in generation is not yet supported"},
 		{"a context past 2^30", []string{"--prompt", "a", "--context", "4611686018427387904"}, "--context 4611686018427387904: want a number of positions up to 1073741824"},
 		{"cache does not fit", []string{"--prompt", "abc", "--max-new-tokens", "40", "--device-memory", "90KiB"},
@@ -227,6 +229,10 @@ func TestEvalGivesTheRunsHeldOutLoss(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "give the weights with --load")
 	assert.Contains(t, err.Error(), "--save belongs to training")
+	// Both weights' flags: one error, eval's, not training's too.
+	err = mainErr(append(append([]string{"eval"}, genGPT...), "--load", filepath.Join(dir, "w.safetensors"), "--resume", dir))
+	require.Error(t, err)
+	assert.Equal(t, "eval: --load and --resume both give the weights; give one", err.Error())
 	err = mainErr(append(append([]string{"eval"}, genGPT...), "--load", filepath.Join(dir, "w.safetensors"), "--metrics", "m.json", "--run"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--metrics records a training run; eval prints the held-out loss and writes no file")
