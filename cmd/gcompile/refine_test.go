@@ -29,7 +29,7 @@ func TestRefineTraceFlags(t *testing.T) {
 		{"save alone", []string{"--plan", "--hardware", "cpu", "--save-hardware", filepath.Join(dir, "hw.json")}, "--save-hardware writes the preset --refine-trace or --calibrate refines: it needs one of them"},
 		{"save not json", []string{"--plan", "--hardware", "cpu", "--refine-trace", tr, "--save-hardware", filepath.Join(dir, "hw.txt")}, "must end in .json"},
 		{"no such trace", []string{"--plan", "--hardware", "cpu", "--refine-trace", tr}, "--refine-trace: trace: open " + tr + ": no such file or directory"},
-		{"a cut trace", []string{"--plan", "--hardware", "cpu", "--refine-trace", cut}, "--refine-trace: trace " + cut + ": unexpected end of JSON input"},
+		{"a cut trace", []string{"--plan", "--hardware", "cpu", "--refine-trace", cut}, "--refine-trace: trace " + cut + ": the JSON ends before it is complete (is the file cut short?)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := parseArgs(append([]string{gptModel}, c.args...))
