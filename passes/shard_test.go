@@ -841,39 +841,39 @@ func TestSequenceParallelEmbeddingGradientIsVocabSplit(t *testing.T) {
 	}
 }
 
-// A matmul that meets two split operands it has no rule for names the
-// params whose hints placed them: a row hint on a table added to the
-// activations was reported only at the matmul, lines away.
+// A value placed where an op has no rule for it names the params whose
+// hints placed it: a row hint on a table added to the activations was
+// reported only at the matmul, lines away; a softmax over the dim a
+// column-parallel weight split, only at the softmax.
 func TestNoRuleNamesTheHints(t *testing.T) {
-	m, err := frontend.Build(func(b *frontend.Builder) {
-		x := b.Input("x", ir.F32, 4, 8)
-		table := b.Param("table", []int{4, 8}, frontend.Normal(0.1), frontend.RowParallel)
-		w := b.Param("w", []int{8, 6}, frontend.Normal(0.1), frontend.ColumnParallel)
-		b.Loss(x.Add(table).MatMul(w).Sum())
-	}, frontend.Config{Name: "misused", Batch: 4})
-	require.NoError(t, err)
-	o := passes.DefaultOptions()
-	o.Mesh = tpMesh(2)
-	_, err = passes.Run(m, o, passes.Hooks{})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "has no rule for operands placed S(0) (split on dim 0) and S(1) (split on dim 1) over tp")
-	assert.Regexp(t, `is placed by the parallel hints of "table"'s hint "row" \(shard_test\.go:\d+\)`, err.Error())
-	assert.Regexp(t, `is placed by the parallel hints of "w"'s hint "column" \(shard_test\.go:\d+\)`, err.Error())
-}
-
-// A softmax over the dim a column-parallel weight split names the param
-// whose hint split it.
-func TestSoftmaxOverASplitDimNamesTheHint(t *testing.T) {
-	m, err := frontend.Build(func(b *frontend.Builder) {
-		x := b.Input("x", ir.F32, 4, 8)
-		w := b.Param("w", []int{8, 6}, frontend.Normal(0.1), frontend.ColumnParallel)
-		b.Loss(x.MatMul(w).Softmax().Sum())
-	}, frontend.Config{Name: "misused", Batch: 4})
-	require.NoError(t, err)
-	o := passes.DefaultOptions()
-	o.Mesh = tpMesh(2)
-	_, err = passes.Run(m, o, passes.Hooks{})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "softmax normalises over dim 1, which is sharded")
-	assert.Regexp(t, `is placed by the parallel hints of "w"'s hint "column" \(shard_test\.go:\d+\)`, err.Error())
+	for _, tc := range []struct {
+		name  string
+		model frontend.ModelFunc
+		want  []string
+	}{
+		{"a row-split table added to the activations", func(b *frontend.Builder) {
+			x := b.Input("x", ir.F32, 4, 8)
+			table := b.Param("table", []int{4, 8}, frontend.Normal(0.1), frontend.RowParallel)
+			w := b.Param("w", []int{8, 6}, frontend.Normal(0.1), frontend.ColumnParallel)
+			b.Loss(x.Add(table).MatMul(w).Sum())
+		}, []string{"has no rule for operands placed S(0) (split on dim 0) and S(1) (split on dim 1) over tp", `"table"'s hint "row"`, `"w"'s hint "column"`}},
+		{"a softmax over a column-parallel output", func(b *frontend.Builder) {
+			x := b.Input("x", ir.F32, 4, 8)
+			w := b.Param("w", []int{8, 6}, frontend.Normal(0.1), frontend.ColumnParallel)
+			b.Loss(x.MatMul(w).Softmax().Sum())
+		}, []string{"softmax normalises over dim 1, which is sharded", `"w"'s hint "column"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := frontend.Build(tc.model, frontend.Config{Name: "misused", Batch: 4})
+			require.NoError(t, err)
+			o := passes.DefaultOptions()
+			o.Mesh = tpMesh(2)
+			_, err = passes.Run(m, o, passes.Hooks{})
+			require.Error(t, err)
+			for _, want := range tc.want {
+				assert.Contains(t, err.Error(), want)
+			}
+			assert.Regexp(t, `is placed by the parallel hints of .* \(shard_test\.go:\d+\)`, err.Error())
+		})
+	}
 }

@@ -1557,17 +1557,7 @@ func TestMetricsSurviveAKill(t *testing.T) {
 	ck, met := filepath.Join(dir, "ck"), filepath.Join(dir, "m.json")
 	part := append(slices.Clone(args), "--checkpoint-dir", ck, "--checkpoint-every", "2", "--metrics", met)
 	require.NoError(t, mainErr(append(slices.Clone(part), "--stop-after", "2")))
-	cmd, stderr := startMain(t, append(slices.Clone(part), "--resume", ck)...)
-	var log strings.Builder
-	readUntil(t, stderr, &log, "checkpoint of step 6 saved")
-	require.NoError(t, cmd.Process.Kill())
-	_ = cmd.Wait()
-	killed := readMetrics(t, met)
-	assert.True(t, killed.InProgress)
-	require.NotEmpty(t, killed.Checkpoints)
-	last := killed.Checkpoints[len(killed.Checkpoints)-1].Step
-	require.GreaterOrEqual(t, last, 6)
-	require.Len(t, killed.Steps, last, "the steps up to the last checkpoint")
+	_, last := killAfterACheckpoint(t, met, append(slices.Clone(part), "--resume", ck)...)
 
 	out, err := captureStderr(t, func() error { return mainErr(append(slices.Clone(part), "--resume", ck)) })
 	require.NoError(t, err)
@@ -1588,6 +1578,16 @@ func TestAsyncMetricsSurviveAKill(t *testing.T) {
 	ck, met := filepath.Join(dir, "ck"), filepath.Join(dir, "m.json")
 	args := append(slices.Clone(ckptGPT), "--steps", "400", "--eval-batches", "-1", "--devices", "2", "--dp", "2", "--dp-sync", "async",
 		"--checkpoint-dir", ck, "--checkpoint-every", "2", "--metrics", met)
+	killed, _ := killAfterACheckpoint(t, met, args...)
+	assert.NotNil(t, killed.Async)
+}
+
+// killAfterACheckpoint runs gcompile with args, kills it (SIGKILL) once
+// it has saved its checkpoint of step 6, and checks the --metrics file
+// met it left: marked in progress, listing every step up to its last
+// checkpoint, whose step it returns with the record.
+func killAfterACheckpoint(t *testing.T, met string, args ...string) (runtime.Metrics, int) {
+	t.Helper()
 	cmd, stderr := startMain(t, args...)
 	var log strings.Builder
 	readUntil(t, stderr, &log, "checkpoint of step 6 saved")
@@ -1599,7 +1599,7 @@ func TestAsyncMetricsSurviveAKill(t *testing.T) {
 	last := killed.Checkpoints[len(killed.Checkpoints)-1].Step
 	require.GreaterOrEqual(t, last, 6)
 	require.Len(t, killed.Steps, last, "the steps up to the last checkpoint")
-	assert.NotNil(t, killed.Async)
+	return killed, last
 }
 
 // Runs that find the same stale lock take it over one at a time: exactly
