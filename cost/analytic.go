@@ -470,7 +470,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			kvLocal = kv / p.TP
 		}
 		if t.Heads%(p.TP*cp) != 0 || kvLocal%cp != 0 {
-			return nil, fmt.Errorf("cp=%d all2all: cp must divide each device's heads (%d/tp=%d) and k/v heads (%d)", cp, t.Heads, p.TP, kvLocal)
+			return nil, fmt.Errorf("cp=%d all2all: cp must divide each device's heads (%d = %d heads over tp=%d) and k/v heads (%d)", cp, t.Heads/p.TP, t.Heads, p.TP, kvLocal)
 		}
 	}
 	switch p.Precision {

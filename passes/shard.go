@@ -361,8 +361,15 @@ func (s *sharder) seed(v *ir.Value) ([]ir.Placement, error) {
 		// Every [batch, seq, …] input is split on its sequence over cp;
 		// the zigzag layout cuts it into 2·cp chunks.
 		a := s.m.Mesh.Axes[s.cp]
-		if a.Zigzag && v.Type.Shape[1]%(2*a.Size) != 0 {
-			return nil, fmt.Errorf("%s: context parallelism in the zigzag layout splits %q %v along its sequence (dim 1) into 2·cp = %d chunks, which do not divide it (give a --cp that does, or --cp-layout contiguous)", v.Where(), v.Name(), v.Type, 2*a.Size)
+		if seq := v.Type.Shape[1]; a.Zigzag && seq%(2*a.Size) != 0 {
+			fix := "give a --cp that does, or --cp-layout contiguous"
+			switch {
+			case a.Size > seq:
+				fix = fmt.Sprintf("cp=%d is more than its %d positions: give a --cp that divides half of them", a.Size, seq)
+			case seq%a.Size != 0:
+				fix = fmt.Sprintf("cp=%d does not divide the %d positions either: give a --cp whose double divides them", a.Size, seq)
+			}
+			return nil, fmt.Errorf("%s: context parallelism in the zigzag layout splits %q %v along its sequence (dim 1) into 2·cp = %d chunks, which do not divide it (%s)", v.Where(), v.Name(), v.Type, 2*a.Size, fix)
 		}
 		if v.Type.Shape[1]%a.Size != 0 {
 			return nil, fmt.Errorf("%s: context parallelism splits %q %v along its sequence (dim 1) over cp=%d, which does not divide it", v.Where(), v.Name(), v.Type, a.Size)

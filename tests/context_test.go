@@ -171,7 +171,9 @@ func TestContextParallelBadPlans(t *testing.T) {
 		want  string
 	}{
 		{"cp does not divide the sequence", "gpt", []ir.MeshAxis{{Name: "cp", Size: 3}}, "", "context parallelism splits \"tokens\" i32[8,16] along its sequence (dim 1) over cp=3, which does not divide it"},
-		{"2·cp does not divide the sequence (zigzag)", "gpt", []ir.MeshAxis{{Name: "cp", Size: 16, Zigzag: true}}, "", "into 2·cp = 32 chunks, which do not divide it"},
+		{"2·cp does not divide the sequence (zigzag)", "gpt", []ir.MeshAxis{{Name: "cp", Size: 16, Zigzag: true}}, "", "into 2·cp = 32 chunks, which do not divide it (give a --cp that does, or --cp-layout contiguous)"},
+		{"cp past the sequence (zigzag)", "gpt", []ir.MeshAxis{{Name: "cp", Size: 32, Zigzag: true}}, "", "(cp=32 is more than its 16 positions: give a --cp that divides half of them)"},
+		{"cp does not divide the sequence (zigzag)", "gpt", []ir.MeshAxis{{Name: "cp", Size: 3, Zigzag: true}}, "", "(cp=3 does not divide the 16 positions either: give a --cp whose double divides them)"},
 		{"all2all in the zigzag layout", "gpt", []ir.MeshAxis{{Name: "cp", Size: 2, Zigzag: true}}, "all2all", "use --cp-layout contiguous"},
 		{"all2all, k/v heads not divisible", "llama", []ir.MeshAxis{{Name: "cp", Size: 4}}, "all2all", "--cp-impl all2all splits the key/value heads over cp=4, and the device's 2 of the model's 2 are not divisible by it"},
 		{"all2all, heads left by tp not divisible", "gpt", []ir.MeshAxis{{Name: "cp", Size: 4}, {Name: "tp", Size: 2}}, "all2all", "the device's 2 of the model's 4 are not divisible by it: tp·cp must divide the model's 4: give a smaller --tp or --cp"},

@@ -127,9 +127,12 @@ func givenAndChosen(explicit map[string]bool) string {
 		switch {
 		case explicit[a]:
 			given = append(given, "--"+a)
-		case a == "micro-batch-size", a == "cp-impl", a == "cp-layout":
-			// The count and the size are one choice; cp's strategy and
-			// layout go with cp.
+		case a == "micro-batch-size":
+			// The count and the size are one choice.
+		case a == "cp-impl" || a == "cp-layout":
+			// cp's strategy and layout: the planner tries ring and
+			// all2all wherever cp > 1 may be chosen or was given.
+			chosen = append(chosen, a)
 		case a == "microbatches" && explicit["micro-batch-size"]:
 		case a == "cp" && (explicit["cp-impl"] || explicit["cp-layout"]):
 			// Given at its default value too: cp's strategy asks for cp.

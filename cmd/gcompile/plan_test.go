@@ -206,7 +206,10 @@ func TestGivenAndChosenSaysNone(t *testing.T) {
 	assert.Equal(t, "axes given: none; chosen by the planner: tp", givenAndChosen(map[string]bool{})[:len("axes given: none; chosen by the planner: tp")])
 	// cp's strategy given alone, even at its default, asks for cp > 1:
 	// said where cp is chosen.
-	assert.Contains(t, givenAndChosen(map[string]bool{"cp-impl": true}), "axes given: --cp-impl; chosen by the planner: tp, pp, dp, ep, cp (> 1: --cp-impl or --cp-layout asks for context parallelism), vpp")
+	assert.Contains(t, givenAndChosen(map[string]bool{"cp-impl": true}), "axes given: --cp-impl; chosen by the planner: tp, pp, dp, ep, cp (> 1: --cp-impl or --cp-layout asks for context parallelism), cp-layout, vpp")
+	// cp given alone: its strategy and layout are the planner's (it
+	// tries ring and all2all).
+	assert.Contains(t, givenAndChosen(map[string]bool{"cp": true}), "axes given: --cp; chosen by the planner: tp, pp, dp, ep, cp-impl, cp-layout, vpp")
 }
 
 // Under a tight --device-memory the plans the estimate ranks best may
