@@ -1569,14 +1569,16 @@ func TestMetricsSurviveAKill(t *testing.T) {
 }
 
 // An asynchronous run writes its record at every checkpoint too: killed,
-// it leaves the steps up to its last checkpoint, marked in progress.
+// it leaves the steps up to its last checkpoint, marked in progress. (Its
+// steps are many, so that a test process held up under load does not
+// find it finished before the kill.)
 func TestAsyncMetricsSurviveAKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
 	dir := t.TempDir()
 	ck, met := filepath.Join(dir, "ck"), filepath.Join(dir, "m.json")
-	args := append(slices.Clone(ckptGPT), "--steps", "400", "--eval-batches", "-1", "--devices", "2", "--dp", "2", "--dp-sync", "async",
+	args := append(slices.Clone(ckptGPT), "--steps", "4000", "--eval-batches", "-1", "--devices", "2", "--dp", "2", "--dp-sync", "async",
 		"--checkpoint-dir", ck, "--checkpoint-every", "2", "--metrics", met)
 	killed, _ := killAfterACheckpoint(t, met, args...)
 	assert.NotNil(t, killed.Async)
