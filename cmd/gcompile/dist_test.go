@@ -768,7 +768,9 @@ func TestLaunchStopsTheJobWhenOneFails(t *testing.T) {
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit, "%s", out)
 	assert.Equal(t, 1, exit.ExitCode())
-	assert.Regexp(t, `(?m)^gcompile: launch: rank [01] failed first \(exit status 1\); stopping the others \(the ranks' messages above name the cause\)\ngcompile: launch: the cause: rank [01]: no plan fits on 2 devices .* \(rank [01] met the same; printed once above\)$`, string(out))
+	assert.Regexp(t, `(?m)^gcompile: launch: rank [01] failed first \(exit status 1\); stopping the others \(the ranks' messages above name the cause\)\ngcompile: launch: the cause: rank [01]: no plan fits on 2 devices .*( \(rank [01] met the same; printed once above\))?$`, string(out))
+	// The other rank's same error is left out (or, held up past the
+	// launcher's wait under load, never printed).
 	assert.Equal(t, 2, strings.Count(string(out), "no plan fits on 2 devices"), "once from a rank, once as the cause:\n%s", out)
 }
 
