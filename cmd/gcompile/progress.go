@@ -25,7 +25,16 @@ type progress struct {
 	// does not say how many steps the mean is over.
 	ran   int
 	ranMs float64
+	// trained: some step of this run updated the weights; until one
+	// does, overflowEvery steps skipped from the start are said once.
+	trained, warned bool
 }
+
+// overflowEvery is how many steps skipped in a row from a run's start
+// are said as nothing having trained: a loss scale far too large (or
+// gradients that are not finite at any scale) otherwise shows only as a
+// skipped step a line, on and on, and in the summary at the end.
+const overflowEvery = 10
 
 func newProgress(w io.Writer, total int) *progress {
 	tty := false
@@ -56,13 +65,25 @@ func (p *progress) step(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 	if eta, ok := p.eta(s.Step); ok {
 		line += " eta " + formatDuration(eta)
 	}
+	note := ""
+	p.trained = p.trained || !s.Skipped
+	if !p.trained && !p.warned && p.ran == overflowEvery && p.total-s.Step > 0 {
+		p.warned = true
+		note = fmt.Sprintf("note: the run's first %d steps all overflowed and were skipped (loss scale now %g): nothing has trained yet; a static --loss-scale that large never will (leave it out for dynamic scaling), and gradients that overflow at every scale need a lower --lr or a look at the model", overflowEvery, s.LossScale)
+	}
 	if !p.tty {
 		evalNote := ""
 		if e != nil {
 			evalNote = fmt.Sprintf(" held-out loss %.4f", e.Loss)
 		}
 		fmt.Fprintln(p.w, line+evalNote)
+		if note != "" {
+			fmt.Fprintln(p.w, note)
+		}
 		return
+	}
+	if note != "" {
+		fmt.Fprintf(p.w, "\r%s\x1b[K\n", note)
 	}
 	const width = 30
 	filled := min(width, width*s.Step/max(p.total, 1))

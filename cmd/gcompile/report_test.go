@@ -415,6 +415,35 @@ func TestProgressETA(t *testing.T) {
 	assert.Regexp(t, `^\r█*·+ step 1/100 .* eta 1m39s\x1b\[K$`, b.String())
 }
 
+// A run whose first steps all overflow is told so once, after the tenth,
+// not only a skipped step a line; one that has trained a step, or has
+// no step left, is not.
+func TestProgressSaysNothingHasTrained(t *testing.T) {
+	skipped := func(p *progress, steps ...int) {
+		for _, s := range steps {
+			p.step(runtime.StepMetrics{Step: s, Loss: 3, Ms: 1, Skipped: true, LossScale: 1e30}, nil)
+		}
+	}
+	var b bytes.Buffer
+	p := &progress{w: &b, total: 30}
+	skipped(p, 1, 2, 3, 4, 5, 6, 7, 8, 9)
+	assert.NotContains(t, b.String(), "nothing has trained")
+	skipped(p, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
+	assert.Equal(t, 1, strings.Count(b.String(), "note: the run's first 10 steps all overflowed and were skipped (loss scale now 1e+30): nothing has trained yet"))
+	assert.Contains(t, strings.Split(b.String(), "\n")[10], "note: the run's first 10 steps", "after step 10's line")
+
+	b.Reset()
+	p = &progress{w: &b, total: 30}
+	p.step(runtime.StepMetrics{Step: 1, Loss: 3, Ms: 1}, nil)
+	skipped(p, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+	assert.NotContains(t, b.String(), "nothing has trained")
+
+	b.Reset()
+	p = &progress{w: &b, total: 10}
+	skipped(p, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+	assert.NotContains(t, b.String(), "nothing has trained", "the summary says it of a run that has ended")
+}
+
 // A resumed run's progress and summary count the steps it did, after its
 // checkpoint's.
 func TestProgressAndSummaryOfAResumedRun(t *testing.T) {
