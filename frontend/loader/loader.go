@@ -532,6 +532,7 @@ var initFrame = regexp.MustCompile(`(?m)^\S+\.init(\.\d+)?\(\)\s*$`)
 // that crashed, the first one listed: a runtime failure (out of memory)
 // lists every goroutine, a hundred lines of the driver's own.
 func firstGoroutine(report string) string {
+	report = foldRepeatedFrames(report)
 	first := strings.Index(report, "\ngoroutine ")
 	if first < 0 {
 		return report
@@ -543,6 +544,45 @@ func firstGoroutine(report string) string {
 	}
 	more := strings.Count(rest[next:], "\n\ngoroutine ")
 	return report[:first+1+next] + fmt.Sprintf("\n… (%d more goroutines)", more)
+}
+
+// foldRepeatedFrames folds a run of three or more identical frames in a
+// Go crash report (a function line and its file:line line, the same call
+// again and again: runaway recursion) into the first and a count, so
+// that the report's hundred frames of one call do not bury its start.
+func foldRepeatedFrames(report string) string {
+	lines := strings.Split(report, "\n")
+	// key is a frame's function (without its arguments) and call site
+	// (without its offset), "" for a line that starts no frame.
+	key := func(i int) string {
+		if i+1 >= len(lines) || strings.HasPrefix(lines[i], "\t") || !strings.HasPrefix(lines[i+1], "\t") {
+			return ""
+		}
+		fn, _, _ := strings.Cut(lines[i], "(")
+		at, _, _ := strings.Cut(strings.TrimSpace(lines[i+1]), " +0x")
+		return fn + "\x00" + at
+	}
+	var out []string
+	for i := 0; i < len(lines); {
+		k := key(i)
+		if k == "" {
+			out = append(out, lines[i])
+			i++
+			continue
+		}
+		n := 1
+		for key(i+2*n) == k {
+			n++
+		}
+		out = append(out, lines[i], lines[i+1])
+		if n >= 3 {
+			out = append(out, fmt.Sprintf("\t… the same call %d more times", n-1))
+		} else if n == 2 {
+			out = append(out, lines[i+2], lines[i+3])
+		}
+		i += 2 * n
+	}
+	return strings.Join(out, "\n")
 }
 
 // modelFrame is the first frame of a crash report in the model file name,

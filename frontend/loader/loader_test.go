@@ -556,6 +556,21 @@ func TestCrashReportKeepsTheFirstGoroutine(t *testing.T) {
 	assert.Equal(t, one, firstGoroutine(one))
 }
 
+// Runaway recursion's report repeats one frame a hundred times: a run of
+// three or more identical frames is folded into the first and a count;
+// two are kept, and so are frames of other calls between them.
+func TestCrashReportFoldsARecursion(t *testing.T) {
+	frame := func(fn, at string) string { return fn + "(0x1?)\n\t" + at + " +0x2b fp=0x1 sp=0x2 pc=0x3\n" }
+	report := "runtime: goroutine stack exceeds 1000000000-byte limit\nfatal error: stack overflow\n\ngoroutine 1 [running]:\n" +
+		strings.Repeat(frame("m.deep", "/m/model.go:5"), 50) + "...4473 frames elided...\n" +
+		strings.Repeat(frame("m.deep", "/m/model.go:5"), 2) + frame("m.Model", "/m/model.go:8")
+	got := foldRepeatedFrames(report)
+	assert.Equal(t, "runtime: goroutine stack exceeds 1000000000-byte limit\nfatal error: stack overflow\n\ngoroutine 1 [running]:\n"+
+		frame("m.deep", "/m/model.go:5")+"\t… the same call 49 more times\n...4473 frames elided...\n"+
+		strings.Repeat(frame("m.deep", "/m/model.go:5"), 2)+frame("m.Model", "/m/model.go:8"), got)
+	assert.Equal(t, "panic: boom\n", foldRepeatedFrames("panic: boom\n"))
+}
+
 // A DSL error's lines that start with a position in the model's folder
 // read as the go command's errors do, with the folder as the user gave
 // the path; other lines, positions inside a line, and names of files not
