@@ -206,6 +206,38 @@ func TestUncompiledPlansOverMemoryRankLast(t *testing.T) {
 	assert.Contains(t, sb.String(), "plans marked (over) are over the device's 40.00 GiB by the estimate")
 }
 
+// An estimate within EstimateMargin below the device's memory does not
+// say the plan fits (the estimate misses compiled plans by about that):
+// such plans rank after those further below, marked (near), before those
+// over it.
+func TestUncompiledPlansNearMemoryRankAfterThoseBelow(t *testing.T) {
+	hw, err := cost.Preset("a100-40g")
+	require.NoError(t, err)
+	shape := cost.Transformer{Layers: 48, Hidden: 6912, Heads: 48, Seq: 2048, Vocab: 51200, FFN: 27648}
+	base := baseConfig(8, 16)
+	base.Precision = "bf16"
+	base.TP, base.Explicit["tp"] = 4, true
+	res, err := Plan(Request{Base: base, Hardware: hw, Shape: &shape, NoCompile: true, TopK: 40})
+	require.NoError(t, err)
+	class := func(c *Candidate) int { return memoryClass(c.Estimate.MemoryEstimate, hw.MemoryBytes()) }
+	seen := map[int]int{}
+	for i, c := range res.Ranked {
+		k := class(c)
+		assert.Equal(t, k == 1, c.NearMemory, "#%d %s", i+1, Describe(c.Config))
+		assert.Equal(t, k == 2, c.OverMemory, "#%d %s", i+1, Describe(c.Config))
+		for later := k + 1; later <= 2; later++ {
+			assert.Zero(t, seen[later], "#%d %s (class %d) ranks after a plan of class %d", i+1, Describe(c.Config), k, later)
+		}
+		seen[k]++
+	}
+	require.Positive(t, seen[0], "plans well below the memory")
+	require.Positive(t, seen[1], "the case has plans near the memory")
+	var sb strings.Builder
+	require.NoError(t, WriteTable(&sb, res, hw))
+	assert.Contains(t, sb.String(), " (near)")
+	assert.Contains(t, sb.String(), "plans marked (near) are within 10 % of the device's 40.00 GiB by the estimate")
+}
+
 // What must fit in the device's memory is the compiled arena, as
 // --device-memory checks it, not only the bytes live at the peak: a plan
 // whose peak fits but whose arena does not is not picked.

@@ -31,7 +31,10 @@ type Row struct {
 	PeakExact       bool    `json:"peak_exact"`
 	// OverMemory: the estimate is over the device's memory (the plan was
 	// not compiled; Candidate.OverMemory).
-	OverMemory bool               `json:"over_memory,omitempty"`
+	OverMemory bool `json:"over_memory,omitempty"`
+	// NearMemory: the estimate is within planner.EstimateMargin below
+	// the device's memory (not compiled; Candidate.NearMemory).
+	NearMemory bool               `json:"near_memory,omitempty"`
 	CommMs     map[string]float64 `json:"comm_ms"`
 }
 
@@ -84,7 +87,7 @@ func Rows(res *Result, hw *cost.Hardware) []Row {
 		r := Row{Rank: i + 1, Plan: Describe(cfg), PlanFields: fieldsOf(c),
 			StepMs: step * 1e3, TokensPerSec: float64(cfg.Batch*res.Shape.Seq) / step,
 			TFLOPSPerDevice: flops / step / n / 1e12, MFU: model / (step * n * hw.Peak(c.Plan.DTypeName())),
-			Bubble: bubble, PeakBytes: c.MemoryBytes(), PeakExact: c.Compiled, OverMemory: c.OverMemory, CommMs: map[string]float64{}}
+			Bubble: bubble, PeakBytes: c.MemoryBytes(), PeakExact: c.Compiled, OverMemory: c.OverMemory, NearMemory: c.NearMemory, CommMs: map[string]float64{}}
 		for k, v := range comm {
 			r.CommMs[k] = v * 1e3
 		}
@@ -106,6 +109,9 @@ func WriteTable(w io.Writer, res *Result, hw *cost.Hardware) error {
 		if r.OverMemory {
 			mem += " (over)"
 		}
+		if r.NearMemory {
+			mem += " (near)"
+		}
 		fmt.Fprintf(tw, "%d\t%s\t%.3f\t%.0f\t%.3g\t%.1f%%\t%.3f\t%s\t%s\t\n", r.Rank, r.Plan, r.StepMs, r.TokensPerSec,
 			r.TFLOPSPerDevice, 100*r.MFU, r.Bubble, mem, commString(r.CommMs))
 	}
@@ -120,6 +126,9 @@ func WriteTable(w io.Writer, res *Result, hw *cost.Hardware) error {
 	}
 	if len(rows) > 0 && !rows[0].PeakExact {
 		fmt.Fprint(w, " (memory marked ~ is estimated: the plans were not compiled)")
+	}
+	if slices.ContainsFunc(rows, func(r Row) bool { return r.NearMemory }) {
+		fmt.Fprintf(w, "; plans marked (near) are within %.0f %% of the device's %s by the estimate, which can miss a compiled plan's memory by about that much, and rank after those further below it: compiling one settles it", 100*EstimateMargin, gib(res.MemoryBytes))
 	}
 	if n := len(rows); n > 0 && rows[n-1].OverMemory {
 		fmt.Fprintf(w, "; plans marked (over) are over the device's %s by the estimate and rank after those that fit: compiling one settles it", gib(res.MemoryBytes))
