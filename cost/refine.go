@@ -70,7 +70,25 @@ func ReadTrace(path string) ([]runtime.TraceEvent, error) {
 		}
 		obj.TraceEvents = arr
 	}
+	const want = "want the Chrome trace --trace writes of a --run"
+	if len(obj.TraceEvents) == 0 {
+		// Another JSON file (a --metrics, a hardware description) reads
+		// as an object without traceEvents.
+		return nil, fmt.Errorf("trace %s: no trace events in it: not a trace (%s)", path, want)
+	}
 	return obj.TraceEvents, nil
+}
+
+// PredictedTrace names the predicted process of a trace WriteTrace wrote
+// (--plan-trace's "predicted kernels"), or "" for a measured one: refined
+// against, a prediction would fit the description to itself.
+func PredictedTrace(events []runtime.TraceEvent) string {
+	for _, e := range events {
+		if name, _ := e.Args["name"].(string); e.Ph == "M" && e.Name == "process_name" && strings.HasPrefix(name, "predicted ") {
+			return name
+		}
+	}
+	return ""
 }
 
 // Save writes h as a JSON hardware file that Load reads back.

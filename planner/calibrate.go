@@ -8,7 +8,9 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gcompile/compile"
@@ -230,7 +232,7 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		for _, k := range slices.Sorted(maps.Keys(keys)) {
 			planned = planned || planKeys[k]
 			if !entryKeys[k] {
-				return nil, fmt.Errorf("%s: plan %d: unknown key %q (a plan gives tp, pp, dp, ep, cp, cp_impl, vpp, microbatch_size, microbatches, zero, sequence_parallel, recompute, offload, schedule, overlap_grad_reduce, batch and step_ms)", path, i+1, k)
+				return nil, fmt.Errorf("%s: plan %d: unknown key %q (a plan gives tp, pp, dp, ep, cp, cp_impl, cp_layout, vpp, microbatch_size, microbatches, zero, sequence_parallel, recompute, offload, schedule, overlap_grad_reduce, batch and step_ms)", path, i+1, k)
 			}
 		}
 		if k := repeatedKey(e); k != "" {
@@ -247,6 +249,14 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		if !planned {
 			return nil, fmt.Errorf("%s: plan %d: a step_ms with no plan: give the tp, pp and dp it ran with (1, 1, 1 on one device)", path, i+1)
 		}
+		if raw, ok := keys["plan"]; ok {
+			// A table's row names its plan: an axis its fields leave out
+			// (taken as 1) or give otherwise would calibrate another plan
+			// than ran, without a word.
+			if err := planAgrees(raw, p.PlanFields); err != nil {
+				return nil, fmt.Errorf("%s: plan %d: %w", path, i+1, err)
+			}
+		}
 		if string(bytes.TrimSpace(raw)) == "null" {
 			return nil, fmt.Errorf("%s: plan %d: step_ms is null: give the step time you measured, in milliseconds", path, i+1)
 		}
@@ -257,6 +267,26 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		return nil, fmt.Errorf("%s: no plan in it has a step_ms: add the step time you measured, in milliseconds, to each plan you ran", path)
 	}
 	return checkMeasured(path, ps, nums)
+}
+
+// planAxis is one axis of a plan's description ("tp=2 pp=4 dp=8 …").
+var planAxis = regexp.MustCompile(`\b(tp|pp|dp|ep|cp)=(\d+)\b`)
+
+// planAgrees refuses a row whose "plan" (as the table describes it)
+// names another degree of an axis than the row's own field: an edited
+// row whose description and fields disagree is not a plan that ran.
+func planAgrees(raw json.RawMessage, f PlanFields) error {
+	var desc string
+	if json.Unmarshal(raw, &desc) != nil {
+		return nil // not the table's string: the fields say the plan
+	}
+	fields := map[string]int{"tp": max(f.TP, 1), "pp": max(f.PP, 1), "dp": max(f.DP, 1), "ep": max(f.EP, 1), "cp": max(f.CP, 1)}
+	for _, m := range planAxis.FindAllStringSubmatch(desc, -1) {
+		if n, _ := strconv.Atoi(m[2]); n != fields[m[1]] {
+			return fmt.Errorf("its plan %q says %s=%d and its %s field %d: give the fields of the plan that ran", desc, m[1], n, m[1], fields[m[1]])
+		}
+	}
+	return nil
 }
 
 // checkMeasured refuses a plan that gives no time or a negative axis,
@@ -345,6 +375,9 @@ func (p MeasuredPlan) Config(base compile.Config) compile.Config {
 	c.TP, c.PP, c.DP, c.EP, c.CP, c.VPP = max(p.TP, 1), max(p.PP, 1), max(p.DP, 1), max(p.EP, 1), max(p.CP, 1), p.VPP
 	if p.CPImpl != "" {
 		c.CPImpl = p.CPImpl
+	}
+	if p.CPLayout != "" {
+		c.CPLayout = p.CPLayout
 	}
 	switch {
 	case p.Batch > 0:

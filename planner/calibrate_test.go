@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -36,6 +37,10 @@ func TestReadMeasured(t *testing.T) {
 		{"carried past the steps", `{"config": {"tp": 1, "pp": 1, "dp": 2}, "carried_steps": 5, "steps": [{"ms": 30}, {"ms": 31}]}`, nil, "carried_steps 5 of 2 steps"},
 		{"a run's metrics with no plan", `{"config": {}, "steps": [{"ms": 90}, {"ms": 12}]}`, nil, "config gives no tp"},
 		{"a run's step without its time", `{"config": {"tp": 1, "pp": 1, "dp": 2}, "steps": [{"ms": 90}, {"loss": 2}]}`, nil, "steps[1] has no ms"},
+		// A table's row whose description and fields disagree (an axis
+		// left out, taken as 1) is not the plan that ran.
+		{"a row without the axis its plan names", `{"plans": [{"plan": "tp=2 pp=2 dp=1 mb=4×2", "pp": 2, "dp": 1, "step_ms": 12}]}`, nil,
+			`plan 1: its plan "tp=2 pp=2 dp=1 mb=4×2" says tp=2 and its tp field 1: give the fields of the plan that ran`},
 		{"misspelt axis", `[{"tp": 1, "step_ms": 5}, {"tp": 1, "micro_batch_size": 2, "step_ms": 5}]`, nil,
 			`plan 2: unknown key "micro_batch_size"`},
 		{"negative axis", `[{"tp": -1, "step_ms": 5}]`, nil, "plan 1: tp must not be negative, got -1"},
@@ -150,4 +155,20 @@ func TestMeasuredPlanIsNamedAsPriced(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, pts, 1)
 	assert.Contains(t, pts[0].Name, "mb=1×2")
+}
+
+// A measured plan's context-parallel layout is its own: a row of the
+// --plan --metrics table gives it (cp_layout), and the plan priced for
+// it is in that layout, not in the command line's default.
+func TestMeasuredPlanKeepsItsCPLayout(t *testing.T) {
+	base := baseConfig(4, 8)
+	p := MeasuredPlan{PlanFields: PlanFields{TP: 1, PP: 2, DP: 1, CP: 2, CPImpl: "ring", CPLayout: "contiguous", MicroBatch: 4, Microbatches: 2}, StepMs: 10}
+	c := p.Config(base)
+	require.NoError(t, c.Validate())
+	assert.Equal(t, "contiguous", c.CPLayout)
+	row := fieldsOf(&Candidate{Config: c})
+	assert.Equal(t, "contiguous", row.CPLayout, "a --plan --metrics row says the layout")
+	raw, err := json.Marshal(row)
+	require.NoError(t, err)
+	assert.Contains(t, string(raw), `"cp_layout":"contiguous"`)
 }

@@ -619,3 +619,23 @@ func TestLargeBatchIsSearchedQuickly(t *testing.T) {
 	assert.Equal(t, []int{1, 2, 3, 4, 6, 12}, divisors(12))
 	assert.Equal(t, []int{1, 7, 49}, divisors(49))
 }
+
+// --microbatches and --micro-batch-size pinned together plan when they
+// agree (the same plan given twice, which a plain run accepts), and
+// name both when they do not.
+func TestMicrobatchesAndTheirSizeTogether(t *testing.T) {
+	m := smallGPT(t, 8)
+	base := baseConfig(2, 8)
+	base.DP, base.Explicit["dp"] = 2, true
+	base.Microbatches, base.Explicit["microbatches"] = 2, true
+	base.MicroBatchSize, base.Explicit["micro-batch-size"] = 2, true
+	res, err := Plan(Request{Base: base, Hardware: cpuHardware(t), Module: m, NoCompile: true})
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Ranked)
+	assert.Equal(t, 2, res.Ranked[0].Config.Microbatches)
+
+	base.Microbatches = 3
+	_, err = Plan(Request{Base: base, Hardware: cpuHardware(t), Module: m, NoCompile: true})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--microbatches 3 and --micro-batch-size 2 disagree over dp·ep = 2: their product is 12 sequences a step, --batch is 8")
+}

@@ -47,6 +47,7 @@ type PlanFields struct {
 	EP               int    `json:"ep"`
 	CP               int    `json:"cp"`
 	CPImpl           string `json:"cp_impl,omitempty"`
+	CPLayout         string `json:"cp_layout,omitempty"`
 	VPP              int    `json:"vpp"`
 	MicroBatch       int    `json:"microbatch_size"`
 	Microbatches     int    `json:"microbatches"`
@@ -60,10 +61,18 @@ type PlanFields struct {
 	OverlapGradReduce *bool `json:"overlap_grad_reduce,omitempty"`
 }
 
-// cpImpl is the plan's attention over cp, or "" without cp.
+// cpImpl and cpLayout are the plan's attention over cp and the layout
+// of its sequence, or "" without cp.
 func cpImpl(c compile.Config) string {
 	if c.CP > 1 {
 		return c.CPImpl
+	}
+	return ""
+}
+
+func cpLayout(c compile.Config) string {
+	if c.CP > 1 {
+		return c.CPLayout
 	}
 	return ""
 }
@@ -242,7 +251,7 @@ func argmax(xs []float64) int {
 // fieldsOf is a candidate's axes as the JSON names them.
 func fieldsOf(c *Candidate) PlanFields {
 	cfg := c.Config
-	return PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), CP: max(cfg.CP, 1), CPImpl: cpImpl(cfg), VPP: cfg.VPP,
+	return PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), CP: max(cfg.CP, 1), CPImpl: cpImpl(cfg), CPLayout: cpLayout(cfg), VPP: cfg.VPP,
 		MicroBatch: c.Plan.MicroBatch, Microbatches: cfg.Microbatches, Zero: cfg.Zero, SequenceParallel: cfg.SequenceParallel,
 		Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule, OverlapGradReduce: new(!cfg.SerialGradReduce)}
 }

@@ -712,6 +712,8 @@ func (c *config) validate() error {
 	if c.refineTrace != "" && !c.planned {
 		if events, err := cost.ReadTrace(c.refineTrace); err != nil {
 			bad("--refine-trace: %w", err)
+		} else if name := cost.PredictedTrace(events); name != "" {
+			bad("--refine-trace %s: its events are %s, a prediction (--plan-trace writes it), not a measurement: refine from the --trace of a --run", c.refineTrace, name)
 		} else {
 			c.traced = events
 		}

@@ -346,6 +346,7 @@ func runPlanner(c *config) error {
 		if err := writeOutput("save-hardware", c.saveHardware, c.hw.Save); err != nil {
 			return err
 		}
+		fmt.Fprintf(os.Stderr, "wrote the hardware description %s to %s (--hardware %s prices plans on it)\n", c.hw.Name, c.saveHardware, c.saveHardware)
 	}
 	if c.plan {
 		if err := planner.WriteTable(os.Stdout, res, c.hw); err != nil {
