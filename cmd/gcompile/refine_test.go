@@ -18,6 +18,9 @@ func TestRefineTraceFlags(t *testing.T) {
 	tr := filepath.Join(dir, "trace.json")
 	cut := filepath.Join(dir, "cut.json")
 	require.NoError(t, os.WriteFile(cut, []byte(`{"traceEvents": [{"name": "matmul"`), 0o644))
+	predicted, notTrace := filepath.Join(dir, "predicted.json"), filepath.Join(dir, "metrics.json")
+	require.NoError(t, os.WriteFile(predicted, []byte(`{"traceEvents": [{"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "predicted kernels"}}, {"name": "matmul", "ph": "X", "pid": 2, "dur": 5}]}`), 0o644))
+	require.NoError(t, os.WriteFile(notTrace, []byte(`{"config": {"tp": 1}, "steps": []}`), 0o644))
 	for _, c := range []struct {
 		name string
 		args []string
@@ -30,6 +33,8 @@ func TestRefineTraceFlags(t *testing.T) {
 		{"save not json", []string{"--plan", "--hardware", "cpu", "--refine-trace", tr, "--save-hardware", filepath.Join(dir, "hw.txt")}, "must end in .json"},
 		{"no such trace", []string{"--plan", "--hardware", "cpu", "--refine-trace", tr}, "--refine-trace: trace: open " + tr + ": no such file or directory"},
 		{"a cut trace", []string{"--plan", "--hardware", "cpu", "--refine-trace", cut}, "--refine-trace: trace " + cut + ": the JSON ends before it is complete (is the file cut short?)"},
+		{"a predicted trace", []string{"--plan", "--hardware", "cpu", "--refine-trace", predicted}, "--refine-trace " + predicted + ": its events are predicted kernels, a prediction (--plan-trace writes it), not a measurement"},
+		{"not a trace", []string{"--plan", "--hardware", "cpu", "--refine-trace", notTrace}, "--refine-trace: trace " + notTrace + ": no trace events in it: not a trace"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := parseArgs(append([]string{gptModel}, c.args...))
