@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"gcompile/compile"
+	"gcompile/internal/fifotest"
 	"gcompile/internal/pidlock"
 	"gcompile/lower"
 	"gcompile/passes"
@@ -1744,4 +1745,37 @@ func readUntil(t *testing.T, r io.Reader, log *strings.Builder, want string) {
 		log.Write(buf[:n])
 		require.NoError(t, err, "%s", log.String())
 	}
+}
+
+// A checkpoint's manifest or a folder's lock that is not a file (a pipe
+// hung the read; a folder failed it in Go's words) is named as what it
+// is, before any work, by --resume, inspect and --checkpoint-dir.
+func TestCheckpointFilesThatAreNotFilesAreNamed(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	require.NoError(t, mainErr(append(slices.Clone(ckptGPT), "--steps", "2", "--checkpoint-dir", ck)))
+	manifest := filepath.Join(checkpoint.StepDir(ck, 2), checkpoint.ManifestName)
+	require.NoError(t, os.Remove(manifest))
+	require.NoError(t, syscall.Mkfifo(manifest, 0o644))
+	for _, args := range [][]string{
+		append(slices.Clone(ckptGPT), "--steps", "4", "--resume", checkpoint.StepDir(ck, 2), "--checkpoint-dir", filepath.Join(dir, "other")),
+		{"inspect", checkpoint.StepDir(ck, 2)},
+	} {
+		err := fifotest.OpenWithin(t, manifest, func() error { return mainErr(args) })
+		require.Error(t, err, "%v", args)
+		assert.Contains(t, err.Error(), "its manifest.json is a named pipe, not a file", "%v", args)
+	}
+	lock := filepath.Join(dir, "locked")
+	require.NoError(t, os.MkdirAll(filepath.Join(lock, lockName), 0o755))
+	err := mainErr(append(slices.Clone(ckptGPT), "--steps", "2", "--checkpoint-dir", lock))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "its gcompile.lock is a folder, not the lock file a run writes: remove it")
+	piped := filepath.Join(dir, "piped")
+	require.NoError(t, os.MkdirAll(piped, 0o755))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(piped, lockName), 0o644))
+	err = fifotest.OpenWithin(t, filepath.Join(piped, lockName), func() error {
+		return mainErr(append(slices.Clone(ckptGPT), "--steps", "2", "--checkpoint-dir", piped))
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "its gcompile.lock is a named pipe")
 }

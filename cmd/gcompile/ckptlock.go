@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"gcompile/internal/filekind"
 	"gcompile/internal/pidlock"
 	"gcompile/runtime/checkpoint"
 )
@@ -68,6 +69,12 @@ func lockCheckpointDir(dir string) (func(), error) {
 		}
 		if attempt >= maxLockAttempts {
 			return nil, fmt.Errorf("--checkpoint-dir %s: taking %s: %w", dir, lockName, err)
+		}
+		if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
+			// Not a lock gcompile wrote (a pipe would hang the read):
+			// nothing to take over, and nothing to remove on the user's
+			// behalf.
+			return nil, fmt.Errorf("--checkpoint-dir %s: its %s is %s, not the lock file a run writes: remove it (it keeps two runs from writing one folder)", dir, lockName, filekind.Of(fi.Mode()))
 		}
 		stale, readErr := os.ReadFile(path)
 		if errors.Is(readErr, fs.ErrNotExist) {

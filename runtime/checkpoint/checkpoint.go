@@ -17,6 +17,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"gcompile/internal/jsonerr"
 	"gcompile/runtime"
 )
 
@@ -380,7 +381,7 @@ func parseHeader(header []byte) ([]entry, map[string]string, error) {
 	dec := json.NewDecoder(bytes.NewReader(header))
 	tok, err := dec.Token()
 	if err != nil {
-		return nil, nil, fmt.Errorf("header is not JSON (%w): %w", err, ErrHeader)
+		return nil, nil, fmt.Errorf("header: %w: %w", jsonerr.Decode(header, err), ErrHeader)
 	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
 		return nil, nil, fmt.Errorf("header starts with %v, want a JSON object: %w", tok, ErrHeader)
@@ -393,7 +394,7 @@ func parseHeader(header []byte) ([]entry, map[string]string, error) {
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return nil, nil, fmt.Errorf("header is not JSON (%w): %w", err, ErrHeader)
+			return nil, nil, fmt.Errorf("header: %w: %w", jsonerr.Decode(header, err), ErrHeader)
 		}
 		name, ok := tok.(string)
 		if !ok {
@@ -405,13 +406,13 @@ func parseHeader(header []byte) ([]entry, map[string]string, error) {
 		seen[name] = true
 		if name == metadataKey {
 			if err := dec.Decode(&metadata); err != nil {
-				return nil, nil, fmt.Errorf("%s must map strings to strings (%w): %w", metadataKey, err, ErrHeader)
+				return nil, nil, fmt.Errorf("%s must map strings to strings (%w): %w", metadataKey, jsonerr.Decode(header, err), ErrHeader)
 			}
 			continue
 		}
 		var raw rawEntry
 		if err := dec.Decode(&raw); err != nil {
-			return nil, nil, fmt.Errorf("tensor %q: entry is not {dtype, shape, data_offsets} (%w): %w", name, err, ErrHeader)
+			return nil, nil, fmt.Errorf("tensor %q: entry is not {dtype, shape, data_offsets} (%w): %w", name, jsonerr.Decode(header, err), ErrHeader)
 		}
 		e, err := checkEntry(name, raw)
 		if err != nil {
@@ -420,7 +421,7 @@ func parseHeader(header []byte) ([]entry, map[string]string, error) {
 		entries = append(entries, e)
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
-		return nil, nil, fmt.Errorf("header is not JSON (%w): %w", err, ErrHeader)
+		return nil, nil, fmt.Errorf("header: %w: %w", jsonerr.Decode(header, err), ErrHeader)
 	}
 	if tok, err := dec.Token(); err != io.EOF {
 		return nil, nil, fmt.Errorf("header has trailing content after the object (%v): %w", tok, ErrHeader)

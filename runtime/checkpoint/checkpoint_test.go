@@ -159,7 +159,7 @@ func TestReadCorruption(t *testing.T) {
 		{"shorter than length prefix", []byte{1, 2, 3}, ErrHeaderLength, "too short"},
 		{"header length beyond file", longHeader, ErrHeaderLength, "runs past the end"},
 		{"header length huge", binary.LittleEndian.AppendUint64(nil, math.MaxUint64), ErrHeaderLength, "runs past the end"},
-		{"bad JSON", file(`{"a":{"dtype":`), ErrHeader, "unexpected EOF"},
+		{"bad JSON", file(`{"a":{"dtype":`), ErrHeader, "the JSON ends before it is complete (is the file cut short?)"},
 		{"bad JSON key", file(`{a:1}`), ErrHeader, "not JSON"},
 		{"not an object", file(`[1, 2]`), ErrHeader, "want a JSON object"},
 		{"trailing content", file(`{} {}`), ErrHeader, "trailing content"},

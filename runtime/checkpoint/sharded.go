@@ -19,6 +19,8 @@ import (
 	"strings"
 	"time"
 
+	"gcompile/internal/filekind"
+	"gcompile/internal/jsonerr"
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
@@ -845,7 +847,12 @@ func (e notFound) Unwrap() error { return fs.ErrNotExist }
 
 // ReadManifest reads and checks the manifest of the checkpoint in dir.
 func ReadManifest(dir string) (*Manifest, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	path := filepath.Join(dir, ManifestName)
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		// A pipe would hang the read; a folder fails it in Go's words.
+		return nil, fmt.Errorf("%s: its %s is %s, not a file: %w", dir, ManifestName, filekind.Of(fi.Mode()), ErrCorrupt)
+	}
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("%s: %w (it has no %s)", dir, ErrNoCheckpoint, ManifestName)
@@ -857,7 +864,7 @@ func ReadManifest(dir string) (*Manifest, error) {
 		Version int    `json:"version"`
 	}
 	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, fmt.Errorf("%s: %s is not JSON (%v): %w", dir, ManifestName, err, ErrCorrupt)
+		return nil, fmt.Errorf("%s: %s: %w: %w", dir, ManifestName, jsonerr.Decode(raw, err), ErrCorrupt)
 	}
 	if head.Format != Format {
 		return nil, fmt.Errorf("%s: %s is of format %q, not %q: %w", dir, ManifestName, head.Format, Format, ErrCorrupt)
@@ -867,7 +874,7 @@ func ReadManifest(dir string) (*Manifest, error) {
 	}
 	var m Manifest
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, fmt.Errorf("%s: %s: %v: %w", dir, ManifestName, err, ErrCorrupt)
+		return nil, fmt.Errorf("%s: %s: %w: %w", dir, ManifestName, jsonerr.Decode(raw, err), ErrCorrupt)
 	}
 	if m.Checksum != "" {
 		sum, err := manifestSum(raw)
@@ -1776,8 +1783,11 @@ func readShardIndex(path string) (weightMap map[string]string, shards []string, 
 	var index struct {
 		WeightMap map[string]string `json:"weight_map"`
 	}
-	if err := json.Unmarshal(raw, &index); err != nil || index.WeightMap == nil {
-		return nil, nil, fmt.Errorf("checkpoint: %s is not a shard index (a JSON object with a weight_map): %v: %w", path, err, ErrHeader)
+	if err := json.Unmarshal(raw, &index); err != nil {
+		return nil, nil, fmt.Errorf("checkpoint: %s is not a shard index (a JSON object with a weight_map): %w: %w", path, jsonerr.Decode(raw, err), ErrHeader)
+	}
+	if index.WeightMap == nil {
+		return nil, nil, fmt.Errorf("checkpoint: %s is not a shard index: it has no weight_map (the tensors' files): %w", path, ErrHeader)
 	}
 	seen := map[string]bool{}
 	for _, f := range index.WeightMap {
