@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -1778,4 +1780,43 @@ func TestCheckpointFilesThatAreNotFilesAreNamed(t *testing.T) {
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "its gcompile.lock is a named pipe")
+}
+
+// A checkpoint whose param holds NaN (a diverged run's, its files intact)
+// is refused by --resume before any step, naming the param, as eval and
+// export refuse it: it had trained to "step 3: loss is NaN; lower --lr".
+func TestResumeRefusesNonFiniteParams(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	require.NoError(t, mainErr(append(slices.Clone(ckptGPT), "--steps", "2", "--checkpoint-dir", ck)))
+	step := checkpoint.StepDir(ck, 2)
+	shard := filepath.Join(step, "rank-00000.safetensors")
+	before, err := os.ReadFile(shard)
+	require.NoError(t, err)
+	ts, meta, err := checkpoint.Load(shard)
+	require.NoError(t, err)
+	i := slices.IndexFunc(ts, func(t checkpoint.Tensor) bool { return t.Name == "ln_f.weight" })
+	require.GreaterOrEqual(t, i, 0)
+	w := checkpoint.BytesFloat32(ts[i].Data)
+	w[3] = float32(math.NaN())
+	ts[i].Data = checkpoint.Float32Bytes(w)
+	require.NoError(t, checkpoint.Save(shard, ts, meta))
+	after, err := os.ReadFile(shard)
+	require.NoError(t, err)
+	require.Len(t, after, len(before))
+	crc := func(b []byte) string {
+		return fmt.Sprintf("%08x", crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
+	}
+	editManifest(t, step, `"crc32c": "`+crc(before)+`"`, `"crc32c": "`+crc(after)+`"`)
+
+	out, err := captureStderr(t, func() error {
+		return mainErr(append(slices.Clone(ckptGPT), "--steps", "4", "--resume", step, "--checkpoint-dir", filepath.Join(dir, "other")))
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `param "ln_f.weight" (device 0's share) holds 1 non-finite value(s) of 32, the first NaN at index 3: a diverged run's checkpoint?`)
+	assert.NotContains(t, out, "step 3", "refused before any step")
+	err = mainErr([]string{"export", step, "--out", filepath.Join(dir, "w.safetensors")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `param "ln_f.weight" holds 1 non-finite value(s) of 32`)
+	assert.NoFileExists(t, filepath.Join(dir, "w.safetensors"))
 }

@@ -1589,6 +1589,11 @@ func (r *reader) restore(cl Cluster) error {
 				data = make([]byte, n*int64(es))
 				copyBox(whole, es, box.Shape, box.Lo, box.Size, data, false)
 			}
+			if tb.Kind == lower.Param.String() {
+				if msg := NonFinite(tb.DType, data); msg != "" {
+					return fmt.Errorf("checkpoint %s: param %q (device %d's share) %s: a diverged run's checkpoint? resume from one before it", r.dir, name, rank, msg)
+				}
+			}
 			if err := devs[i].SetBytes(name, data); err != nil {
 				return fmt.Errorf("device %d: %w", rank, err)
 			}
@@ -1618,6 +1623,11 @@ func Consolidate(dir string, kind lower.BufferKind) (*Manifest, []Tensor, error)
 		data, err := r.whole(name, tb)
 		if err != nil {
 			return nil, nil, fmt.Errorf("checkpoint %s: %w", dir, err)
+		}
+		if kind == lower.Param {
+			if msg := NonFinite(tb.DType, data); msg != "" {
+				return nil, nil, fmt.Errorf("checkpoint %s: param %q %s: a diverged run's checkpoint? take one from before it", dir, name, msg)
+			}
 		}
 		out = append(out, Tensor{Name: name, DType: tb.DType, Shape: slices.Clone(tb.Shape), Data: data})
 	}
@@ -1671,6 +1681,40 @@ func checkDerived(m *Manifest) error {
 
 // safetensorsDTypes are the safetensors names of the IR's dtypes.
 var safetensorsDTypes = map[ir.DType]string{ir.F32: "F32", ir.F64: "F64", ir.F16: "F16", ir.BF16: "BF16", ir.I32: "I32", ir.I64: "I64", ir.Bool: "BOOL"}
+
+// NonFinite says where data, a tensor (or a block of one) of safetensors
+// dtype dtype, holds NaN or ±Inf ("holds 3 non-finite value(s) of 1024,
+// the first NaN at index 7"), or "" when it holds none or is not of a
+// float dtype. A diverged run's weights are refused on load with it: they
+// would train or evaluate to NaN, found only a step later.
+func NonFinite(dtype string, data []byte) string {
+	var dt ir.DType
+	for d, name := range safetensorsDTypes {
+		if name == dtype && d.IsFloat() {
+			dt = d
+		}
+	}
+	if size := int(dt.Size()); dt == ir.Invalid || size == 0 || len(data)%size != 0 {
+		return ""
+	}
+	x, err := runtime.Decode(ir.T(dt, len(data)/int(dt.Size())), data)
+	if err != nil {
+		return ""
+	}
+	first, n := -1, 0
+	for i, v := range x {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			if n == 0 {
+				first = i
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("holds %d non-finite value(s) of %d, the first %v at index %d", n, len(x), x[first], first)
+}
 
 // SaveSharded writes tensors to path as one safetensors file, or, when
 // they hold more than maxShard bytes, as Hugging Face shards beside it:

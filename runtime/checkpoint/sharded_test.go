@@ -675,3 +675,34 @@ func TestDataDifference(t *testing.T) {
 		assert.Equal(t, tc.want, dataDifference(tc.was, tc.is), "%s vs %s", tc.was, tc.is)
 	}
 }
+
+// A checkpoint whose params hold NaN or ±Inf (a diverged run's, saved
+// before it was caught) is refused where its params are read, naming
+// the param and where: it trained or evaluated to NaN a step later, and
+// exported without a word.
+func TestNonFiniteParamsAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	m := validManifest()
+	w := make([]float32, 24)
+	for i := range w {
+		w[i] = float32(i)
+	}
+	w[4] = float32(math.NaN())
+	whole := Float32Bytes(w)
+	for r, b := range m.Tensors["w"].Blocks {
+		blk := make([]byte, 4*3*4)
+		copyBox(whole, 4, m.Tensors["w"].View, b.Lo, b.Size, blk, false)
+		sum, err := save(filepath.Join(dir, b.File), []Tensor{{Name: "w", DType: "F32", Shape: []int{4, 3}, Data: blk}},
+			map[string]string{"format": Format, "rank": fmt.Sprint(r), blockKey + "w": blockPlace(b.Lo, b.Size)})
+		require.NoError(t, err)
+		m.Files[b.File] = sum
+	}
+	require.NoError(t, writeJSON(filepath.Join(dir, ManifestName), m))
+	_, _, err := Consolidate(dir, lower.Param)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `param "w" holds 1 non-finite value(s) of 24, the first NaN at index 4: a diverged run's checkpoint?`)
+
+	assert.Empty(t, NonFinite("F32", Float32Bytes([]float32{1, 2})))
+	assert.Equal(t, "holds 2 non-finite value(s) of 3, the first +Inf at index 1", NonFinite("F32", Float32Bytes([]float32{1, float32(math.Inf(1)), float32(math.NaN())})))
+	assert.Empty(t, NonFinite("I32", []byte{0xff, 0xff, 0xff, 0x7f}), "not a float dtype")
+}
