@@ -371,7 +371,11 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 				fx.withTensors(t, filepath.Join(dir, "w.safetensors"), func(ts []checkpoint.Tensor) []checkpoint.Tensor {
 					return slices.DeleteFunc(ts, func(x checkpoint.Tensor) bool { return x.Name == "ln_f.bias" })
 				})
-			}, want: []string{"--load ", `no tensor "ln_f.bias"`}},
+			}, want: []string{"--load ", "1 of the model's 16 params have no tensor in it: ln_f.bias"}},
+		{name: "load an empty weights file", args: run("--load", "$D/w.safetensors"),
+			setup: func(t *testing.T, dir string) {
+				fx.withTensors(t, filepath.Join(dir, "w.safetensors"), func([]checkpoint.Tensor) []checkpoint.Tensor { return nil })
+			}, want: []string{"--load ", "the file holds no tensors, and the model has 16 params"}},
 		{name: "resume missing", args: run("--resume", "$D/nope"), want: []string{"--resume: "}},
 		{name: "resume a folder without checkpoints", args: run("--resume", "$D/ck"),
 			setup: func(t *testing.T, dir string) { mkdir(t, filepath.Join(dir, "ck")) },

@@ -974,6 +974,9 @@ func paddedAlike(a, b string, classes int) bool {
 	return true
 }
 
+// loadsIfTheyFit ends savedModel's note of weights that loaded.
+const loadsIfTheyFit = "; they load if their shapes fit, and compute what this model computes"
+
 // savedModel compares weights that gcompile's --save wrote (its metadata
 // names the model, its --set, the fingerprint of the model it trained and
 // the batch that model was built at) with cfg's model built at that batch,
@@ -1007,7 +1010,7 @@ func savedModel(cfg compile.Config, file string) (string, error) {
 			return "", nil
 		}
 		return "note: " + anotherModelText("--load "+file, "the weights are", cfg, meta["model"], meta["set"], meta["model_fingerprint"], now, meta["data"]) +
-			"; they load if their shapes fit, and compute what this model computes", nil
+			loadsIfTheyFit, nil
 	}
 	return "", nil
 }

@@ -176,6 +176,30 @@ func TestGenerateBadInput(t *testing.T) {
 	assert.Contains(t, out.String(), `"ids":[`)
 }
 
+// A training --load of weights another --set of the model trained says
+// so, as generate and eval do: with a note where they load (other heads,
+// the same shapes), and with the failure where they do not (more layers).
+func TestTrainingLoadNotesWeightsOfAnotherModel(t *testing.T) {
+	w := filepath.Join(tinyWeights(t), "w.safetensors")
+	set := "layers=1,hidden=32,heads=4,seq=16,ctx=48"
+	run := func(set string) (string, error) {
+		return captureStderr(t, func() error {
+			return mainErr([]string{gptModel, "--set", set, "--load", w, "--run", "--steps", "1", "--batch", "4", "--max-data-mb", "1", "--eval-batches", "-1"})
+		})
+	}
+	log, err := run(set)
+	require.NoError(t, err)
+	assert.NotContains(t, log, "note: --load")
+	log, err = run("layers=1,hidden=32,heads=2,seq=16,ctx=48")
+	require.NoError(t, err)
+	assert.Contains(t, log, `note: --load `+w+`: the weights are of model "gpt" trained with --set "`+set+`"`)
+	_, err = run("layers=2,hidden=32,heads=4,seq=16,ctx=48")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "of the model's")
+	assert.Contains(t, err.Error(), `the weights are of model "gpt" trained with --set "`+set+`"`)
+	assert.NotContains(t, err.Error(), "they load if their shapes fit")
+}
+
 // Weights gcompile saved record the model that trained them: generating
 // from them with a model of other maths but the same param shapes
 // (another activation) is noted, naming both --set lists; the same model

@@ -612,8 +612,23 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		return err
 	}
 	if c.load != "" {
+		// Weights of another --set (or model file) of this model: said,
+		// as eval and generate say it; loaded where their shapes fit (a
+		// fine-tuning's longer context), refused where they do not.
+		note := ""
+		if j.lead() {
+			if note, err = savedModel(c.Config, c.load); err != nil {
+				return err
+			}
+		}
 		if err := loadWeights(dev, progs, c.load, c.ignoredOnLoad(res.Module.IgnoreOnLoad), c.Classes); err != nil {
+			if note != "" {
+				err = fmt.Errorf("%w\n  %s", err, strings.TrimSuffix(strings.TrimPrefix(note, "note: "), loadsIfTheyFit))
+			}
 			return err
+		}
+		if note != "" {
+			fmt.Fprintln(j.log, note)
 		}
 	}
 	plan := checkpointPlan(c, progs, batch, seq, j.world.Size)

@@ -188,11 +188,27 @@ func loadTensors(dev weightStore, progs []*lower.Program, ts []checkpoint.Tensor
 		}
 		return fmt.Errorf("%s: %d tensor(s) are no param of the model: %s%s (load a checkpoint of this model, or skip them on purpose with --load-ignore; ignored now: %q)", from, len(extra), strings.Join(shown, ", "), more, ignore)
 	}
+	// Every param the file lacks, as extra tensors are listed: a model of
+	// more layers, or a file of another model, lacks many.
+	var missing []string
 	for _, b := range ps {
-		t, ok := byName[b.Name]
-		if !ok {
-			return fmt.Errorf("%s: no tensor %q for param %s", from, b.Name, b.Value.Where())
+		if _, ok := byName[b.Name]; !ok {
+			missing = append(missing, b.Name)
 		}
+	}
+	if len(missing) > 0 {
+		if len(byName) == 0 {
+			return fmt.Errorf("%s: the file holds no tensors, and the model has %d params", from, len(ps))
+		}
+		shown := missing[:min(len(missing), 8)]
+		more := ""
+		if len(missing) > len(shown) {
+			more = fmt.Sprintf(" and %d more", len(missing)-len(shown))
+		}
+		return fmt.Errorf("%s: %d of the model's %d params have no tensor in it: %s%s (weights of another model, or of this one with other --set sizes?)", from, len(missing), len(ps), strings.Join(shown, ", "), more)
+	}
+	for _, b := range ps {
+		t := byName[b.Name]
 		dt := loadableDType[t.DType]
 		padded := padsVocab(t.Shape, b.Global.Shape, classes)
 		if b.Global.DType != ir.F32 || dt == ir.Invalid || !(ir.Shape(t.Shape).Equal(b.Global.Shape) || padded) {
