@@ -544,6 +544,16 @@ func checkResume(c *config, dir string, saved *checkpoint.Manifest) error {
 	return nil
 }
 
+// warnDamagedState says, for a command that reads only a checkpoint's
+// params (export, generate), that its other files (an optimizer state's
+// shard) are missing or cut short: the params it read are whole, but a
+// --resume from the checkpoint would be refused.
+func warnDamagedState(cmd, dir string, m *checkpoint.Manifest) {
+	if err := checkpoint.CheckFiles(dir, m); err != nil {
+		fmt.Fprintf(os.Stderr, "note: %s: checkpoint %s is damaged beyond its params, which were read whole: %v; a --resume from it would be refused\n", cmd, dir, strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+}
+
 // resumeState loads the checkpoint into the devices and returns where the
 // run continues from.
 func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fingerprint, dir string, plan checkpoint.Plan) (runtime.State, error) {
@@ -683,6 +693,7 @@ func exportMain(args []string) error {
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
+	warnDamagedState("export", dir, m)
 	var exportCfg map[string]any
 	if len(m.Plan.ExportConfig) > 0 {
 		// Found out before the weights are written, not after.

@@ -1820,3 +1820,36 @@ func TestResumeRefusesNonFiniteParams(t *testing.T) {
 	assert.Contains(t, err.Error(), `param "ln_f.weight" holds 1 non-finite value(s) of 32`)
 	assert.NoFileExists(t, filepath.Join(dir, "w.safetensors"))
 }
+
+// A checkpoint whose optimizer state lost a shard still exports its
+// params, which are whole, and says the checkpoint is damaged: a
+// --resume from it is refused.
+func TestExportOfACheckpointMissingAStateShardSaysSo(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	require.NoError(t, mainErr(append(slices.Clone(ckptGPT), "--steps", "2", "--devices", "4", "--tp", "2", "--dp", "2", "--zero", "1", "--checkpoint-dir", ck)))
+	step := checkpoint.StepDir(ck, 2)
+	m, err := checkpoint.ReadManifest(step)
+	require.NoError(t, err)
+	holdsParams := map[string]bool{}
+	for _, tb := range m.Tensors {
+		for _, b := range tb.Blocks {
+			if tb.Kind == "param" {
+				holdsParams[b.File] = true
+			}
+		}
+	}
+	var stateOnly string
+	for f := range m.Files {
+		if !holdsParams[f] {
+			stateOnly = f
+		}
+	}
+	require.NotEmpty(t, stateOnly, "ZeRO-1 over dp 2 leaves a shard of optimizer state alone")
+	require.NoError(t, os.Remove(filepath.Join(step, stateOnly)))
+	out := filepath.Join(dir, "w.safetensors")
+	log, err := captureStderr(t, func() error { return mainErr([]string{"export", step, "--out", out}) })
+	require.NoError(t, err)
+	assert.FileExists(t, out)
+	assert.Contains(t, log, "note: export: checkpoint "+step+" is damaged beyond its params, which were read whole: shard "+filepath.Join(step, stateOnly)+" is missing")
+}

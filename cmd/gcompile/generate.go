@@ -1021,10 +1021,11 @@ func loadCheckpointParams(dev weightStore, progs []*lower.Program, path string, 
 	if err != nil {
 		return fmt.Errorf("--resume: %w", err)
 	}
-	_, ts, err := checkpoint.Consolidate(dir, lower.Param)
+	m, ts, err := checkpoint.Consolidate(dir, lower.Param)
 	if err != nil {
 		return fmt.Errorf("--resume: %w", err)
 	}
+	warnDamagedState("--resume", dir, m)
 	return loadTensors(dev, progs, ts, "--resume "+dir, ignore, classes)
 }
 

@@ -760,6 +760,11 @@ func Find(path string) (string, error) {
 		return "", fmt.Errorf("checkpoint %s: %w", path, err)
 	}
 	steps := l.Steps
+	if step, ok := StepOf(filepath.Base(filepath.Clean(path))); ok && len(steps) == 0 {
+		// A step's own folder, not a --checkpoint-dir of them: it lacks
+		// its manifest (a save cut short, or files moved).
+		return "", fmt.Errorf("%s: %w: the folder of step %d has no %s (a save that did not complete, or files moved out of it); name the --checkpoint-dir to resume its newest complete checkpoint", path, ErrNoCheckpoint, step, ManifestName)
+	}
 	if len(steps) == 0 {
 		if len(l.Unrecognised) > 0 {
 			return "", fmt.Errorf("%s: %w (no %sN folder with a %s in it); %s: %w", path, ErrNoCheckpoint, stepPrefix, ManifestName, describe(l.Unrecognised), ErrUnrecognised)
@@ -1200,6 +1205,8 @@ func CheckFiles(dir string, m *Manifest) error {
 			errs = append(errs, fmt.Errorf("shard %s is missing: %w", path, ErrCorrupt))
 		case err != nil:
 			errs = append(errs, err)
+		case !fi.Mode().IsRegular():
+			errs = append(errs, fmt.Errorf("shard %s is %s, not a file: %w", path, filekind.Of(fi.Mode()), ErrCorrupt))
 		case fi.Size() != m.Files[file].Bytes:
 			errs = append(errs, fmt.Errorf("shard %s is %d bytes, the manifest says %d (truncated or overwritten): %w", path, fi.Size(), m.Files[file].Bytes, ErrCorrupt))
 		}
@@ -1802,8 +1809,12 @@ func LoadIndexed(path string) ([]Tensor, error) {
 		return nil, err
 	}
 	var out []Tensor
+	held := map[string]bool{}
 	for _, f := range shards {
 		ts, _, err := Load(filepath.Join(filepath.Dir(path), f))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("checkpoint: %s lists the shard %s, which is not beside it: %w", path, f, ErrHeader)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -1811,8 +1822,16 @@ func LoadIndexed(path string) ([]Tensor, error) {
 			if weightMap[t.Name] != f {
 				return nil, fmt.Errorf("checkpoint: shard %s holds %q, which %s places in %q: %w", f, t.Name, path, weightMap[t.Name], ErrHeader)
 			}
+			held[t.Name] = true
 		}
 		out = append(out, ts...)
+	}
+	// A tensor the index maps to a shard that does not hold it: the index
+	// and the shards are of other saves.
+	for _, name := range sortedKeys(weightMap) {
+		if !held[name] {
+			return nil, fmt.Errorf("checkpoint: %s places %q in the shard %s, which does not hold it: %w", path, name, weightMap[name], ErrHeader)
+		}
 	}
 	return out, nil
 }

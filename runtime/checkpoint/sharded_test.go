@@ -255,6 +255,15 @@ func TestShardedFilesAndIndex(t *testing.T) {
 	require.NoError(t, os.WriteFile(bad, []byte(`{"weight_map": {"a": "../model-00001-of-00002.safetensors"}}`), 0o644))
 	_, err = LoadIndexed(bad)
 	assert.ErrorContains(t, err, "outside its folder")
+
+	// A shard the index lists that is not there, and a tensor the index
+	// places in a shard that does not hold it, are named as such.
+	require.NoError(t, os.WriteFile(bad, []byte(`{"weight_map": {"a": "model-00003-of-00003.safetensors"}}`), 0o644))
+	_, err = LoadIndexed(bad)
+	assert.ErrorContains(t, err, bad+" lists the shard model-00003-of-00003.safetensors, which is not beside it")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors", "z": "model-00001-of-00002.safetensors"}}`), 0o644))
+	_, err = LoadIndexed(bad)
+	assert.ErrorContains(t, err, bad+` places "z" in the shard model-00001-of-00002.safetensors, which does not hold it`)
 }
 
 // Every cell of a grid moved by one along any dim onto its neighbour is
@@ -705,4 +714,16 @@ func TestNonFiniteParamsAreRefused(t *testing.T) {
 	assert.Empty(t, NonFinite("F32", Float32Bytes([]float32{1, 2})))
 	assert.Equal(t, "holds 2 non-finite value(s) of 3, the first +Inf at index 1", NonFinite("F32", Float32Bytes([]float32{1, float32(math.Inf(1)), float32(math.NaN())})))
 	assert.Empty(t, NonFinite("I32", []byte{0xff, 0xff, 0xff, 0x7f}), "not a float dtype")
+}
+
+// A step's own folder named without its manifest (a save cut short) is
+// said to be one, not taken for a --checkpoint-dir holding no steps.
+func TestFindNamesAStepFolderWithoutItsManifest(t *testing.T) {
+	root := t.TempDir()
+	step := StepDir(root, 2)
+	require.NoError(t, os.MkdirAll(step, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(step, "rank-00000.safetensors"), []byte("x"), 0o644))
+	_, err := Find(step)
+	require.ErrorIs(t, err, ErrNoCheckpoint)
+	assert.ErrorContains(t, err, "the folder of step 2 has no manifest.json (a save that did not complete, or files moved out of it)")
 }
