@@ -850,6 +850,37 @@ func (e notFound) Error() string { return string(e) }
 
 func (e notFound) Unwrap() error { return fs.ErrNotExist }
 
+// manifestMembers are the members every save has written since the
+// first version, by the object that holds them ("" the manifest itself).
+var manifestMembers = map[string][]string{
+	"":      {"model", "plan", "state", "files", "tensors"},
+	"plan":  {"precision", "optimizer", "batch", "seq"},
+	"state": {"step", "opt_step", "seed"},
+}
+
+// missingMember is the first of manifestMembers raw lacks ("plan.batch"),
+// or "".
+func missingMember(raw []byte) string {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(raw, &top) != nil {
+		return ""
+	}
+	for _, obj := range []string{"", "plan", "state"} {
+		members := top
+		if obj != "" {
+			if json.Unmarshal(top[obj], &members) != nil {
+				return obj
+			}
+		}
+		for _, k := range manifestMembers[obj] {
+			if _, ok := members[k]; !ok {
+				return strings.TrimPrefix(obj+"."+k, ".")
+			}
+		}
+	}
+	return ""
+}
+
 // ReadManifest reads and checks the manifest of the checkpoint in dir.
 func ReadManifest(dir string) (*Manifest, error) {
 	path := filepath.Join(dir, ManifestName)
@@ -880,6 +911,11 @@ func ReadManifest(dir string) (*Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return nil, fmt.Errorf("%s: %s: %w: %w", dir, ManifestName, jsonerr.Decode(raw, err), ErrCorrupt)
+	}
+	if key := missingMember(raw); key != "" {
+		// Read as its zero, it named "--precision " with nothing after,
+		// or resumed at seed 0.
+		return nil, fmt.Errorf("%s: %s lacks %s, which every save writes (an edited manifest?): %w", dir, ManifestName, key, ErrCorrupt)
 	}
 	if m.Checksum != "" {
 		sum, err := manifestSum(raw)

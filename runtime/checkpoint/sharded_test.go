@@ -140,7 +140,7 @@ func TestManifestMustDescribeWholeTensors(t *testing.T) {
 // died allocating 4 TiB ("fatal error: out of memory").
 func TestConsolidateChecksBlocksBeforeAllocating(t *testing.T) {
 	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, ManifestName), []byte(`{"format":"gcompile-checkpoint","version":1,"files":{"f":{}},`+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ManifestName), []byte(`{"format":"gcompile-checkpoint","version":1,"model":"m","plan":{"precision":"fp32","optimizer":"adamw","batch":1,"seq":1},"state":{"step":1,"opt_step":1,"seed":1},"files":{"f":{}},`+
 		`"tensors":{"w":{"kind":"param","dtype":"F32","shape":[1099511627776],"view":[1099511627776],"blocks":[{"file":"f","lo":[0],"size":[1099511627776]}]}}}`), 0o644))
 	_, _, err := Consolidate(dir, lower.Param)
 	require.ErrorIs(t, err, ErrCorrupt)
@@ -726,4 +726,24 @@ func TestFindNamesAStepFolderWithoutItsManifest(t *testing.T) {
 	_, err := Find(step)
 	require.ErrorIs(t, err, ErrNoCheckpoint)
 	assert.ErrorContains(t, err, "the folder of step 2 has no manifest.json (a save that did not complete, or files moved out of it)")
+}
+
+// A manifest lacking a member every save writes (edited, its checksum
+// removed) is refused naming it: read as its zero, a missing precision
+// was said as "--precision " with nothing after, a missing seed resumed
+// at seed 0.
+func TestManifestLackingAMemberIsNamed(t *testing.T) {
+	for _, tc := range []struct{ drop, want string }{
+		{`"precision":"fp32",`, "plan.precision"},
+		{`"seed":7,`, "state.seed"},
+		{`"model":"m",`, "model"},
+	} {
+		dir := t.TempDir()
+		text := `{"format":"gcompile-checkpoint","version":1,"model":"m","plan":{"precision":"fp32","optimizer":"adamw","batch":1,"seq":1},"state":{"step":1,"opt_step":1,"seed":7,"samples":1},"files":{},"tensors":{}}`
+		require.Contains(t, text, tc.drop)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, ManifestName), []byte(strings.Replace(text, tc.drop, "", 1)), 0o644))
+		_, err := ReadManifest(dir)
+		require.ErrorIs(t, err, ErrCorrupt, tc.want)
+		assert.ErrorContains(t, err, "manifest.json lacks "+tc.want+", which every save writes", tc.want)
+	}
 }
