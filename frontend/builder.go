@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"path"
 	"path/filepath"
@@ -70,9 +71,13 @@ type Builder struct {
 	// where b.ExportConfig was.
 	lossAt, exportConfigAt string
 	used                   map[string]bool
-	docs                   []ParamDoc
-	layer                  int
-	scalar                 map[float64]*ir.Value
+	// sources are the params, states and inputs by name: a lookup a
+	// declaration, where Module.Source walks every value (a model of
+	// 20,000 layers took minutes to build).
+	sources map[string]*ir.Value
+	docs    []ParamDoc
+	layer   int
+	scalar  map[float64]*ir.Value
 	// Scopes the model opened: what ops recorded now are tagged with.
 	selective bool
 	precision ir.DType
@@ -134,12 +139,35 @@ func (b *Builder) runModel(fn ModelFunc) (err error) {
 	return nil
 }
 
+// maxValues bounds a module's values: a model records a few dozen a
+// layer (a hundred with attention of primitive ops), so this is a model
+// of some ten thousand layers. (A variable for the test.)
+var maxValues = 1 << 20
+
+// sizesSet is the --set the model was built with, for a message about
+// its sizes ("no --set" when none was given).
+func (b *Builder) sizesSet() string {
+	if len(b.cfg.Set) == 0 {
+		return "no --set"
+	}
+	var kv []string
+	for _, k := range slices.Sorted(maps.Keys(b.cfg.Set)) {
+		kv = append(kv, k+"="+b.cfg.Set[k])
+	}
+	return "--set " + strings.Join(kv, ",")
+}
+
 // live panics when the model records after Model returned (a builder kept
 // in a global, a goroutine still running): the module is already built,
 // and a late op would change it at random.
 func (b *Builder) live() {
 	if b == nil {
 		panic(errors.New("a method called on a nil *frontend.Builder: record the model with the b that Model is given"))
+	}
+	if len(b.m.Values) >= maxValues {
+		// A size from --set far past any model's (layers=2^62) would
+		// otherwise record until memory or --model-timeout ran out.
+		panic(fmt.Errorf("the model has recorded %d ops, the most a module holds: is a size from --set far too large (%s)?", maxValues, b.sizesSet()))
 	}
 	if b.done.Load() {
 		panic(fmt.Sprintf("%v: the model's builder was used after Model returned, or a tensor of another, finished build is used here: record the whole model inside Model, from its own builder's tensors (not from a goroutine, a builder kept for later or another Build's tensors)", userPos()))
@@ -189,7 +217,7 @@ func newBuilder(cfg Config) *Builder {
 	if cfg.Name == "" {
 		cfg.Name = "model"
 	}
-	return &Builder{m: ir.NewModule(cfg.Name), cfg: cfg, used: map[string]bool{}, layer: -1, scalar: map[float64]*ir.Value{}}
+	return &Builder{m: ir.NewModule(cfg.Name), cfg: cfg, used: map[string]bool{}, layer: -1, scalar: map[float64]*ir.Value{}, sources: map[string]*ir.Value{}}
 }
 
 // unknownSet is the error of --set keys the model did not read, or nil.
@@ -696,7 +724,7 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 		b.fail(pos, fmt.Errorf("%s name %q: want a non-empty name of printable UTF-8 without spaces or quotes (the runtime feeds and saves %ss by name)", op, name, op))
 		return &Tensor{b: b}
 	}
-	if first := b.m.Source(attrs.Str("name")); first != nil {
+	if first := b.sources[attrs.Str("name")]; first != nil {
 		if first.Op != op {
 			// Params, states and inputs share one namespace.
 			b.fail(pos, fmt.Errorf("%s %q: the name is already %s %q's (at %v); params, states and inputs each need a name of their own", op, attrs.Str("name"), first.Op, attrs.Str("name"), first.Pos))
@@ -716,6 +744,7 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 		b.report(err)
 		return &Tensor{b: b}
 	}
+	b.sources[attrs.Str("name")] = v
 	return &Tensor{b: b, v: v}
 }
 
