@@ -605,17 +605,28 @@ func planUpdates(p *Program, m *ir.Module, bufOf map[*ir.Value]int) error {
 			lastRead[bufOf[u.Value]] = len(p.Instrs)
 		}
 	}
+	// Where each buffer is read (instruction, argument): an update points
+	// its new value's readers at the state's buffer through it, where a
+	// walk of the instructions after the producer, for each of a model's
+	// thousands of updates, made lowering quadratic in its layers.
+	type use struct{ instr, arg int }
+	readers := map[int][]use{}
+	for j, in := range p.Instrs {
+		for k, a := range in.Args {
+			readers[a] = append(readers[a], use{j, k})
+		}
+	}
 	var copies []Instr
 	for _, u := range m.Updates {
 		dst, src := bufOf[u.State], bufOf[u.Value]
 		i, computed := producer[src]
 		if computed && !isOutput(p, src) && (overwrites(p.Instrs[i], dst) && lastRead[dst] == i || writesOver(p, i, src, dst, lastRead)) {
-			// Point every reader of the new value at the state's buffer.
-			for j := i; j < len(p.Instrs); j++ {
-				for k, a := range p.Instrs[j].Args {
-					if a == src {
-						p.Instrs[j].Args[k] = dst
-					}
+			// Point every reader of the new value (from its producer on)
+			// at the state's buffer.
+			for _, r := range readers[src] {
+				if r.instr >= i && p.Instrs[r.instr].Args[r.arg] == src {
+					p.Instrs[r.instr].Args[r.arg] = dst
+					readers[dst] = append(readers[dst], r)
 				}
 			}
 			p.Instrs[i].Out = dst
