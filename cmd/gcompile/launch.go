@@ -320,10 +320,13 @@ starting:
 		case e := <-exits:
 			done++
 			var ee *exec.ExitError
-			if signalled != nil && errors.As(e.err, &ee) && (ee.ExitCode() == signalStatus(signalled) || killedBy(ee, signalled)) {
+			if signalled != nil && errors.As(e.err, &ee) && stoppedBySignal(ee) {
 				// Stopped as asked: the status the launcher exits with
 				// below. A rank the signal reached before it set up its
-				// handler was killed by it.
+				// handler was killed by it; one that heard of the stop
+				// through the job before its own signal arrived exits
+				// as stopped by another process's (143), which is a stop
+				// too, not the job's failure.
 				continue
 			}
 			if signalled == nil && first == nil && errors.As(e.err, &ee) {
@@ -447,6 +450,18 @@ func failureCause(tails []*errorTail, firstRank int, firstExit error, termSent b
 		return msg
 	}
 	return ""
+}
+
+// stoppedBySignal reports whether a rank exited as a run stops on a
+// signal (at a step boundary, 128 + SIGTERM's, SIGINT's or SIGHUP's
+// number) or was killed by one of them.
+func stoppedBySignal(ee *exec.ExitError) bool {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
+		if ee.ExitCode() == signalStatus(sig) || killedBy(ee, sig) {
+			return true
+		}
+	}
+	return false
 }
 
 // killedBy reports whether a process ended killed by sig.

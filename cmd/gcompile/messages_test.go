@@ -329,3 +329,22 @@ func TestJobAddressesAreHosts(t *testing.T) {
 	assert.Contains(t, c.inertFlags(true), "note: --master-addr, --rdzv-timeout say how the processes of a job meet; this run is one process: not used")
 	assert.NotContains(t, strings.Join(c.inertFlags(false), "\n"), "how the processes of a job meet")
 }
+
+// Under a signal the launcher passed on, a rank that exits as any stop
+// does (129, 130, 143, or killed by the signal before its handler) has
+// stopped as asked: one that heard of the stop through the job before
+// its own SIGHUP arrived exits 143, and was taken for the job's failure.
+func TestStoppedBySignal(t *testing.T) {
+	exit := func(script string) *exec.ExitError {
+		err := exec.Command("sh", "-c", script).Run()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, script)
+		return ee
+	}
+	for _, script := range []string{"exit 129", "exit 130", "exit 143", "kill -HUP $$", "kill -TERM $$"} {
+		assert.True(t, stoppedBySignal(exit(script)), script)
+	}
+	for _, script := range []string{"exit 1", "exit 137", "kill -KILL $$"} {
+		assert.False(t, stoppedBySignal(exit(script)), script)
+	}
+}
