@@ -296,16 +296,14 @@ func (b *Builder) setting(key, kind, def, doc string) (string, bool) {
 
 // Int reads an integer model parameter from --set, or def.
 func (b *Builder) Int(key string, def int, doc string) int {
-	if def <= 0 {
-		// --set could not give the model its own default.
-		b.fail(userPos(), fmt.Errorf("Int(%q): the default %d is not a positive integer (IntOrZero reads one that may be 0)", key, def))
-	}
 	s, ok := b.setting(key, "int", strconv.Itoa(def), doc)
 	if !ok {
 		return def
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n <= 0 {
+	// The model's own default is always a value --set may give back (a
+	// default of 0 meaning "off" was refused when typed).
+	if err != nil || n <= 0 && n != def {
 		b.fail(userPos(), fmt.Errorf("--set %s=%s: want a positive integer%s", key, s, outOfRange(err)))
 		return def
 	}
@@ -325,15 +323,12 @@ func outOfRange(err error) string {
 // be 0: its "off" or "automatic" value, as the doc says (a routing group
 // of 0 tokens meaning one sequence, say). Negative values are refused.
 func (b *Builder) IntOrZero(key string, def int, doc string) int {
-	if def < 0 {
-		b.fail(userPos(), fmt.Errorf("IntOrZero(%q): the default %d is negative", key, def))
-	}
 	s, ok := b.setting(key, "int", strconv.Itoa(def), doc)
 	if !ok {
 		return def
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
+	if err != nil || n < 0 && n != def {
 		b.fail(userPos(), fmt.Errorf("--set %s=%s: want an integer ≥ 0%s", key, s, outOfRange(err)))
 		return def
 	}
@@ -718,7 +713,7 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 		// The size came from a poisoned tensor; its error is already reported.
 		return &Tensor{b: b}
 	}
-	if name := attrs.Str("name"); badName(name) {
+	if name := attrs.Str("name"); (op == "input" || op == "state") && badName(name) {
 		// Fed (an input) or saved (a state) by it: a name no flag,
 		// weights file or dump can carry is refused where it is written.
 		b.fail(pos, fmt.Errorf("%s name %q: want a non-empty name of printable UTF-8 without spaces or quotes (the runtime feeds and saves %ss by name)", op, name, op))

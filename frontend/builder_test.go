@@ -214,10 +214,6 @@ func TestDSLRules(t *testing.T) {
 		{"a poisoned loss without an error", func(b *frontend.Builder) {
 			b.Loss(b.Poisoned())
 		}, "b.Loss was given a poisoned tensor (b.Poisoned(), or an op on one) and no error was reported"},
-		{"an int default of 0", func(b *frontend.Builder) {
-			b.Int("n", 0, "n")
-			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
-		}, `Int("n"): the default 0 is not a positive integer (IntOrZero reads one that may be 0)`},
 		{"an empty error", func(b *frontend.Builder) {
 			b.Errorf("")
 			b.Loss(b.Poisoned())
@@ -635,4 +631,36 @@ func TestAReceiverOfAFinishedBuildIsNamedWhereItIsUsed(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), fmt.Sprintf("builder_test.go:%d: model panicked: ", line+1))
 	assert.Contains(t, err.Error(), "the model's builder was used after Model returned, or a tensor of another, finished build is used here")
+}
+
+// A model's own default is a value --set may give back: an Int whose
+// default is 0 (the model's "off") takes --set n=0, where any other
+// value must be positive.
+func TestASettingsDefaultCanBeGivenBack(t *testing.T) {
+	build := func(set string) (int, error) {
+		n := -1
+		_, err := frontend.Build(func(b *frontend.Builder) {
+			n = b.Int("n", 0, "n (0: off)")
+			b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, frontend.Config{Set: map[string]string{"n": set}})
+		return n, err
+	}
+	n, err := build("0")
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	n, err = build("3")
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	_, err = build("-1")
+	assert.ErrorContains(t, err, "--set n=-1: want a positive integer")
+}
+
+// A constant's name is only a label (constants are neither fed nor
+// saved): one with spaces builds, where an input's is refused.
+func TestAConstantsNameMayHoldSpaces(t *testing.T) {
+	_, err := frontend.Build(func(b *frontend.Builder) {
+		c := b.Constant("per feature scale", []float64{1, 2}, 2)
+		b.Loss(b.Param("x", []int{2}, frontend.Zeros, frontend.NoParallel).Mul(c).Sum())
+	}, frontend.Config{})
+	require.NoError(t, err)
 }

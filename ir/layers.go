@@ -6,9 +6,10 @@ import "fmt"
 // b.Layer) that no pipeline could cut, whatever the plan: ids with a gap
 // (the ids are layers 0..L−1, so b.Layer(2*i) makes a model of more
 // layers than it has, and b.Layer(i+1<<40) one whose every layer is
-// last), and an op of a layer that reads a later layer's value, or one
-// computed after the layers (blocks marked in reverse, a block marked
-// again after the next). Checked on one device too, the mistake is named
+// last), and an op of a layer that reads a later layer's value, or a
+// value computed outside the layers from a later layer (blocks marked in
+// reverse, a block marked again after the next, a block after the head
+// that reads it). Checked on one device too, the mistake is named
 // where it is made, not first when the model is split over pp. A module
 // that marks no layers passes.
 func (m *Module) CheckLayerMarks() error {
@@ -34,23 +35,30 @@ func (m *Module) CheckLayerMarks() error {
 		}
 		return fmt.Errorf("the model marks layers up to %d (%s) but none %d: b.Layer(i) takes the block's index, counting from 0 without gaps (a pipeline cuts layers 0..L-1 by their ids)", layers-1, last, missing)
 	}
-	after := map[*Value]bool{} // values computed from the layers' outputs, outside every layer
+	// A value outside every layer belongs to the latest layer it is
+	// computed from (-1: none): an encoder's final norm, read by a
+	// decoder's layers, is of the encoder's last layer. (Under pp the
+	// split checks again by the stages it assigns.)
+	of := map[*Value]int{}
 	for _, x := range m.Values {
-		if x.Meta.Layer < 0 {
+		if x.Meta.Layer >= 0 {
+			of[x] = x.Meta.Layer
+		} else {
+			of[x] = -1
 			for _, a := range x.Args {
-				if a.Meta.Layer >= 0 || after[a] {
-					after[x] = true
-				}
+				of[x] = max(of[x], of[a])
 			}
+		}
+		if x.Meta.Layer < 0 {
 			continue
 		}
 		for _, a := range x.Args {
-			if a.Meta.Layer > x.Meta.Layer || after[a] {
-				from := fmt.Sprintf("layer %d", a.Meta.Layer)
-				if after[a] {
-					from = "after the layers"
+			if of[a] > x.Meta.Layer {
+				from := fmt.Sprintf("marked layer %d", a.Meta.Layer)
+				if a.Meta.Layer < 0 {
+					from = fmt.Sprintf("computed from layer %d", of[a])
 				}
-				return fmt.Errorf("%s, marked layer %d, reads %s, marked %s: a layer's ops read the values of earlier layers only, so b.Layer(i) must follow the data flow (blocks in order, the head after the last)",
+				return fmt.Errorf("%s, marked layer %d, reads %s, %s: a layer's ops read the values of earlier layers only, so b.Layer(i) must follow the data flow (blocks in order, the head after the last)",
 					x.Where(), x.Meta.Layer, a.Where(), from)
 			}
 		}

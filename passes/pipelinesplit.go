@@ -66,6 +66,26 @@ func pipelineSplit(m *ir.Module, o *Options) error {
 			x.Meta.Stage = 0
 		}
 	}
+	// A layer's ops read earlier stages' values only: a value outside the
+	// layers computed from them runs on the last stage, so a layer before
+	// it that reads it (an encoder's final norm read by a decoder's
+	// layers on an earlier stage) made programs whose transfers wait for
+	// each other; the layer marks (ir.CheckLayerMarks) cannot see stages.
+	for _, x := range m.Values {
+		if x.Meta.Layer < 0 {
+			continue
+		}
+		for _, a := range x.Args {
+			if a.Meta.Stage > x.Meta.Stage {
+				err := fmt.Errorf("%s, marked layer %d on pipeline stage %d, reads %s, outside the layers and computed from them, which runs on the last stage, %d: a stage reads earlier stages' values only; mark it with the layer that computes it (b.Layer), or give a --pp whose last stage holds the layers that read it",
+					x.Where(), x.Meta.Layer, x.Meta.Stage, a.Where(), a.Meta.Stage)
+				for _, y := range m.Values {
+					y.Meta.Stage = -1 // a refused plan tags nothing
+				}
+				return err
+			}
+		}
+	}
 	// A value that depends on no layer (labels reshaped for the loss, the
 	// embedding lookup) runs where it is first needed, so nothing crosses
 	// the pipeline only to be used at its far end.

@@ -524,3 +524,45 @@ func TestRecomputeNeedsLayers(t *testing.T) {
 		assert.Contains(t, err.Error(), "b.Layer", mode)
 	}
 }
+
+// An encoder–decoder whose decoder layers read the encoder's final norm,
+// computed outside the layers, builds and compiles on one device and
+// under a pipeline whose last stage holds those layers; a pipeline that
+// puts the norm's stage after theirs is refused, naming both.
+func TestEncoderDecoderLayerMarks(t *testing.T) {
+	encdec := func(b *frontend.Builder) {
+		x := b.Input("x", ir.F32, 8, 4)
+		for i := range 2 {
+			b.Layer(i)
+			x = x.MatMul(b.Param(fmt.Sprintf("enc%d", i), []int{4, 4}, frontend.Normal(0.1), frontend.NoParallel)).Tanh()
+		}
+		b.Layer(-1)
+		memory := x.Scale(0.5) // the encoder's output, outside every layer
+		y := b.Input("y", ir.F32, 8, 4)
+		for i := range 2 {
+			b.Layer(2 + i)
+			y = y.MatMul(b.Param(fmt.Sprintf("dec%d", i), []int{4, 4}, frontend.Normal(0.1), frontend.NoParallel)).Add(memory).Tanh()
+		}
+		b.Layer(-1)
+		b.Loss(y.Sum())
+	}
+	for _, tc := range []struct {
+		pp   int
+		want string
+	}{{1, ""}, {2, ""}, {4, "marked layer 2 on pipeline stage 2, reads %"}} {
+		m, err := frontend.Build(encdec, frontend.Config{Name: "encdec", Batch: 8})
+		require.NoError(t, err, "the marks follow the data flow")
+		o := passes.DefaultOptions()
+		if tc.pp > 1 {
+			o.Mesh = ppMesh(tc.pp)
+		}
+		_, err = passes.Run(m, o, passes.Hooks{})
+		if tc.want == "" {
+			assert.NoError(t, err, "pp=%d", tc.pp)
+			continue
+		}
+		require.Error(t, err, "pp=%d", tc.pp)
+		assert.Contains(t, err.Error(), tc.want)
+		assert.Contains(t, err.Error(), "which runs on the last stage, 3")
+	}
+}

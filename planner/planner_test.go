@@ -638,4 +638,12 @@ func TestMicrobatchesAndTheirSizeTogether(t *testing.T) {
 	_, err = Plan(Request{Base: base, Hardware: cpuHardware(t), Module: m, NoCompile: true})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--microbatches 3 and --micro-batch-size 2 disagree over dp·ep = 2: their product is 12 sequences a step, --batch is 8")
+	// With experts and ep not given, dp·ep is the planner's to choose:
+	// the two flags may agree over a larger ep, and are not refused here.
+	moe := cost.Transformer{Layers: 2, Hidden: 32, Heads: 4, Seq: 16, Vocab: 256, FFN: 128, Experts: 4, MoELayers: 2}
+	base.Microbatches = 2
+	base.MicroBatchSize = 1
+	assert.Empty(t, fixedConflicts(base, moe))
+	base.EP, base.Explicit["ep"] = 1, true
+	assert.NotEmpty(t, fixedConflicts(base, moe), "ep given: 2·1·2 is not 8")
 }

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
+	"net/netip"
 	"os"
 	"path"
 	"regexp"
@@ -602,15 +602,17 @@ func (c *config) givenOf(one, many string, flags ...string) string {
 	return strings.Join(given, " and ") + " " + many
 }
 
-// hostLabel is one label of a host name (RFC 1123).
-var hostLabel = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+// hostLabel is one label of a host name: RFC 1123's letters, digits and
+// hyphens, and the underscores that cluster names carry and resolvers
+// take.
+var hostLabel = regexp.MustCompile(`^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$`)
 
 // validHost reports whether s is an IP address (an IPv6 one perhaps in
-// brackets) or a host name: what a job's address flags take, which a
-// process would otherwise fail to listen on or dial only after its
-// compile.
+// brackets or with a zone, ::1%lo) or a host name: what a job's address
+// flags take, which a process would otherwise fail to listen on or dial
+// only after its compile.
 func validHost(s string) bool {
-	if ip := strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"); net.ParseIP(ip) != nil {
+	if _, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")); err == nil {
 		return true
 	}
 	name := strings.TrimSuffix(s, ".")

@@ -617,9 +617,10 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		// fine-tuning's longer context), refused where they do not.
 		note := ""
 		if j.lead() {
-			if note, err = savedModel(c.Config, c.load); err != nil {
-				return err
-			}
+			// Only a note: a model that does not build at the weights'
+			// batch with this --set (a MoE group for another batch)
+			// trains from them all the same.
+			note, _ = savedModel(c.Config, c.load)
 		}
 		if err := loadWeights(dev, progs, c.load, c.ignoredOnLoad(res.Module.IgnoreOnLoad), c.Classes); err != nil {
 			if note != "" {

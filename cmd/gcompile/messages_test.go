@@ -318,10 +318,10 @@ func TestLaunchPrintsAnErrorEveryRankMeetsOnce(t *testing.T) {
 // before any process compiles; a run of one process says it does not use
 // them.
 func TestJobAddressesAreHosts(t *testing.T) {
-	for _, ok := range []string{"127.0.0.1", "::1", "[fe80::1]", "node-01", "node-01.cluster.local", "n1.", "10.0.0.1"} {
+	for _, ok := range []string{"127.0.0.1", "::1", "[fe80::1]", "::1%lo", "fe80::1%eth0", "node-01", "my_node", "node-01.cluster.local", "n1.", "10.0.0.1"} {
 		assert.True(t, validHost(ok), ok)
 	}
-	for _, bad := range []string{"", "not an addr", "10.0.0.1:29500", "-node", "node_01", "a..b", strings.Repeat("a", 64)} {
+	for _, bad := range []string{"", "not an addr", "10.0.0.1:29500", "-node", "a..b", strings.Repeat("a", 64)} {
 		assert.False(t, validHost(bad), bad)
 	}
 	c, err := parseArgs([]string{gptModel, "--master-addr", "node-01", "--rdzv-timeout", "1m"})

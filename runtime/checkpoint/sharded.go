@@ -1731,24 +1731,30 @@ var safetensorsDTypes = map[ir.DType]string{ir.F32: "F32", ir.F64: "F64", ir.F16
 // float dtype. A diverged run's weights are refused on load with it: they
 // would train or evaluate to NaN, found only a step later.
 func NonFinite(dtype string, data []byte) string {
-	var dt ir.DType
-	for d, name := range safetensorsDTypes {
-		if name == dtype && d.IsFloat() {
-			dt = d
-		}
-	}
-	if size := int(dt.Size()); dt == ir.Invalid || size == 0 || len(data)%size != 0 {
+	// The exponent bits, all ones for NaN and ±Inf, read in place: a
+	// decoded copy of a 4 GB embedding held 8 GB more.
+	var size int
+	var special func(b []byte) bool
+	switch dtype {
+	case "F32":
+		size, special = 4, func(b []byte) bool { return binary.LittleEndian.Uint32(b)&0x7f800000 == 0x7f800000 }
+	case "F64":
+		size, special = 8, func(b []byte) bool { return binary.LittleEndian.Uint64(b)&0x7ff0000000000000 == 0x7ff0000000000000 }
+	case "F16":
+		size, special = 2, func(b []byte) bool { return binary.LittleEndian.Uint16(b)&0x7c00 == 0x7c00 }
+	case "BF16":
+		size, special = 2, func(b []byte) bool { return binary.LittleEndian.Uint16(b)&0x7f80 == 0x7f80 }
+	default:
 		return ""
 	}
-	x, err := runtime.Decode(ir.T(dt, len(data)/int(dt.Size())), data)
-	if err != nil {
+	if len(data)%size != 0 {
 		return ""
 	}
 	first, n := -1, 0
-	for i, v := range x {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
+	for i := 0; i < len(data); i += size {
+		if special(data[i : i+size]) {
 			if n == 0 {
-				first = i
+				first = i / size
 			}
 			n++
 		}
@@ -1756,7 +1762,12 @@ func NonFinite(dtype string, data []byte) string {
 	if n == 0 {
 		return ""
 	}
-	return fmt.Sprintf("holds %d non-finite value(s) of %d, the first %v at index %d", n, len(x), x[first], first)
+	dt := map[string]ir.DType{"F32": ir.F32, "F64": ir.F64, "F16": ir.F16, "BF16": ir.BF16}[dtype]
+	v, err := runtime.Decode(ir.T(dt, 1), data[first*size:(first+1)*size])
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("holds %d non-finite value(s) of %d, the first %v at index %d", n, len(data)/size, v[0], first)
 }
 
 // SaveSharded writes tensors to path as one safetensors file, or, when
@@ -1845,7 +1856,6 @@ func LoadIndexed(path string) ([]Tensor, error) {
 		return nil, err
 	}
 	var out []Tensor
-	held := map[string]bool{}
 	for _, f := range shards {
 		ts, _, err := Load(filepath.Join(filepath.Dir(path), f))
 		if errors.Is(err, fs.ErrNotExist) {
@@ -1858,17 +1868,13 @@ func LoadIndexed(path string) ([]Tensor, error) {
 			if weightMap[t.Name] != f {
 				return nil, fmt.Errorf("checkpoint: shard %s holds %q, which %s places in %q: %w", f, t.Name, path, weightMap[t.Name], ErrHeader)
 			}
-			held[t.Name] = true
 		}
 		out = append(out, ts...)
 	}
-	// A tensor the index maps to a shard that does not hold it: the index
-	// and the shards are of other saves.
-	for _, name := range sortedKeys(weightMap) {
-		if !held[name] {
-			return nil, fmt.Errorf("checkpoint: %s places %q in the shard %s, which does not hold it: %w", path, name, weightMap[name], ErrHeader)
-		}
-	}
+	// A tensor the index maps to a shard that does not hold it is not
+	// refused here: published repositories hold such entries (an index
+	// naming a layer its shards left out), and a param the model needs
+	// is named when it is missing (the caller's check).
 	return out, nil
 }
 
