@@ -174,17 +174,25 @@ func TestRankPlansPrefersLessMachineryOnATie(t *testing.T) {
 	assert.Equal(t, []string{"0.9 zero=3 offload=", "1.00000015 zero=0 offload=", "1.0000002 zero=2 offload=", "1.0000001 zero=1 offload=optimizer", "1.5 zero=0 offload="}, got)
 }
 
+// a28BOn8A100s is a 28B model planned in bf16 over 8 A100 40GB with tp 4
+// pinned, from its estimates alone: its plans lie below, near and over
+// the device's memory.
+func a28BOn8A100s(t *testing.T) (*cost.Hardware, cost.Transformer, compile.Config) {
+	t.Helper()
+	hw, err := cost.Preset("a100-40g")
+	require.NoError(t, err)
+	base := baseConfig(8, 16)
+	base.Precision = "bf16"
+	base.TP, base.Explicit["tp"] = 4, true
+	return hw, cost.Transformer{Layers: 48, Hidden: 6912, Heads: 48, Seq: 2048, Vocab: 51200, FFN: 27648}, base
+}
+
 // Without compiling, the plans whose estimate fits the device rank before
 // those over it, whatever their steps: with tp 4 and ZeRO 2 pinned on 8
 // A100 40GB, one plan of a 28B model fits, and the top five used to be
 // re-sorted by step alone, putting a plan estimated at 200 GiB first.
 func TestUncompiledPlansOverMemoryRankLast(t *testing.T) {
-	hw, err := cost.Preset("a100-40g")
-	require.NoError(t, err)
-	shape := cost.Transformer{Layers: 48, Hidden: 6912, Heads: 48, Seq: 2048, Vocab: 51200, FFN: 27648}
-	base := baseConfig(8, 16)
-	base.Precision = "bf16"
-	base.TP, base.Explicit["tp"] = 4, true
+	hw, shape, base := a28BOn8A100s(t)
 	base.Zero, base.Explicit["zero"] = 2, true
 	res, err := Plan(Request{Base: base, Hardware: hw, Shape: &shape, NoCompile: true, TopK: 5})
 	require.NoError(t, err)
@@ -211,12 +219,7 @@ func TestUncompiledPlansOverMemoryRankLast(t *testing.T) {
 // such plans rank after those further below, marked (near), before those
 // over it.
 func TestUncompiledPlansNearMemoryRankAfterThoseBelow(t *testing.T) {
-	hw, err := cost.Preset("a100-40g")
-	require.NoError(t, err)
-	shape := cost.Transformer{Layers: 48, Hidden: 6912, Heads: 48, Seq: 2048, Vocab: 51200, FFN: 27648}
-	base := baseConfig(8, 16)
-	base.Precision = "bf16"
-	base.TP, base.Explicit["tp"] = 4, true
+	hw, shape, base := a28BOn8A100s(t)
 	res, err := Plan(Request{Base: base, Hardware: hw, Shape: &shape, NoCompile: true, TopK: 40})
 	require.NoError(t, err)
 	class := func(c *Candidate) int { return memoryClass(c.Estimate.MemoryEstimate, hw.MemoryBytes()) }
