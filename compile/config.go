@@ -430,6 +430,9 @@ func (c *Config) PassOptions() *passes.Options {
 	o.Precision, o.LossScale = c.Precision, c.LossScale
 	o.Mesh = c.Mesh()
 	o.CPImpl = c.CPImpl
+	if c.Interrupt != nil {
+		o.Interrupted = func() error { return c.interrupted("the compile passes") }
+	}
 	if c.DPSync == "async" {
 		o.Mesh = nil // replicas are whole single-device programs
 	}

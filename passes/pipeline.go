@@ -153,6 +153,11 @@ func Run(m *ir.Module, opts *Options, hooks Hooks) ([]Result, error) {
 			}
 			continue
 		}
+		if opts.Interrupted != nil {
+			if err := opts.Interrupted(); err != nil {
+				return results, err
+			}
+		}
 		start := time.Now()
 		note, err := runOne(p, m, opts)
 		r := Result{Name: p.Name, Ms: float64(time.Since(start).Microseconds()) / 1000, Note: note}

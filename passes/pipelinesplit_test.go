@@ -1,6 +1,7 @@
 package passes_test
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
@@ -565,4 +566,30 @@ func TestEncoderDecoderLayerMarks(t *testing.T) {
 		assert.Contains(t, err.Error(), tc.want)
 		assert.Contains(t, err.Error(), "which runs on the last stage, 3")
 	}
+}
+
+// A compile asked to stop (a signal) stops before the next pass, with
+// the caller's error, rather than after every pass has run.
+func TestRunStopsBetweenPassesWhenInterrupted(t *testing.T) {
+	m, err := frontend.Build(flatModel, frontend.Config{Name: "flat", Batch: 8})
+	require.NoError(t, err)
+	o := passes.DefaultOptions()
+	calls := 0
+	stop := errors.New("stopped by SIGTERM")
+	o.Interrupted = func() error {
+		calls++
+		if calls > 2 {
+			return stop
+		}
+		return nil
+	}
+	res, err := passes.Run(m, o, passes.Hooks{})
+	require.ErrorIs(t, err, stop)
+	ran := 0
+	for _, r := range res {
+		if r.Skipped == "" {
+			ran++
+		}
+	}
+	assert.Equal(t, 2, ran, "the passes before the stop ran, no more")
 }
