@@ -299,14 +299,6 @@ func scalarFields(h *Hardware) map[string]reflect.Value {
 	return fields
 }
 
-// JSONValueError says a value of the wrong JSON type by the key the user
-// wrote (jsonerr.Value). Hardware files and calibration points share it.
-func JSONValueError(err error) error { return jsonerr.Value(err) }
-
-// JSONError says where a document is not JSON, or which value has the
-// wrong type (jsonerr.Decode).
-func JSONError(data []byte, err error) error { return jsonerr.Decode(data, err) }
-
 // LoadFile reads a hardware description from a JSON file. Unknown fields
 // are errors (a misspelt key would otherwise silently keep its zero), and
 // so is trailing data; Validate then checks every figure.
@@ -324,16 +316,16 @@ func LoadFile(path string) (*Hardware, error) {
 	if err := json.Unmarshal(data, &doc); err != nil {
 		// Its syntax first: a syntax error's offset is the document's
 		// here, where a token reader's is its buffer's.
-		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, JSONError(data, err))
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, jsonerr.Decode(data, err))
 	}
 	if err := checkKeys(data); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, JSONError(data, err))
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, jsonerr.Decode(data, err))
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var h Hardware
 	if err := dec.Decode(&h); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, JSONError(data, err))
+		return nil, fmt.Errorf("%w: %s: %v", ErrBadHardware, path, jsonerr.Decode(data, err))
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("%w: %s: data after the JSON object", ErrBadHardware, path)

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"gcompile/internal/jsonerr"
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
@@ -64,9 +65,9 @@ func ReadTrace(path string) ([]runtime.TraceEvent, error) {
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		var arr []runtime.TraceEvent
 		if err2 := json.Unmarshal(raw, &arr); err2 != nil {
-			// JSONError says where (line and column) and what: a file
+			// jsonerr says where (line and column) and what: a file
 			// cut short, empty, or another kind of JSON.
-			return nil, fmt.Errorf("trace %s: %w (want the Chrome trace --trace writes: an object with traceEvents, or a list of events)", path, JSONError(raw, err))
+			return nil, fmt.Errorf("trace %s: %w (want the Chrome trace --trace writes: an object with traceEvents, or a list of events)", path, jsonerr.Decode(raw, err))
 		}
 		obj.TraceEvents = arr
 	}

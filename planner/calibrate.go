@@ -15,6 +15,7 @@ import (
 
 	"gcompile/compile"
 	"gcompile/cost"
+	"gcompile/internal/jsonerr"
 	"gcompile/passes"
 )
 
@@ -92,7 +93,7 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 	case bytes.HasPrefix(trimmed, []byte("[")):
 		var entries []json.RawMessage
 		if err := json.Unmarshal(raw, &entries); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, cost.JSONError(raw, err))
+			return nil, fmt.Errorf("%s: %w", path, jsonerr.Decode(raw, err))
 		}
 		return readEntries(path, entries)
 	case bytes.HasPrefix(trimmed, []byte("{")):
@@ -113,7 +114,7 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		} `json:"model"`
 	}
 	if err := json.Unmarshal(raw, &obj); err != nil {
-		return nil, fmt.Errorf("%s: %s: %w", path, want, cost.JSONError(raw, err))
+		return nil, fmt.Errorf("%s: %s: %w", path, want, jsonerr.Decode(raw, err))
 	}
 	switch {
 	case obj.Plans != nil:
@@ -148,7 +149,7 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		}
 		var p MeasuredPlan
 		if err := json.Unmarshal(obj.Config, &p); err != nil {
-			return nil, fmt.Errorf("%s: config: %w", path, cost.JSONValueError(err))
+			return nil, fmt.Errorf("%s: config: %w", path, jsonerr.Value(err))
 		}
 		var precision string
 		if raw, ok := cfg["precision"]; ok {
@@ -240,7 +241,7 @@ func readEntries(path string, entries []json.RawMessage) ([]MeasuredPlan, error)
 		}
 		var p MeasuredPlan
 		if err := json.Unmarshal(e, &p); err != nil {
-			return nil, fmt.Errorf("%s: plan %d: %w", path, i+1, cost.JSONValueError(err))
+			return nil, fmt.Errorf("%s: plan %d: %w", path, i+1, jsonerr.Value(err))
 		}
 		raw, ok := keys["step_ms"]
 		if !ok {

@@ -333,18 +333,14 @@ starting:
 				// A rank a signal stopped at a step boundary (sent to it
 				// alone, by a scheduler or by hand): the others stop the
 				// same way, and the job exits as a stopped run.
-				for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
-					// Killed by it outright too: a rank the signal reached
-					// before its handler was set up.
-					if ee.ExitCode() == signalStatus(sig) || killedBy(ee, sig) {
-						signalled = sig
-						// Every rank stops at the same step boundary; the
-						// first to exit need not be the one signalled.
-						fmt.Fprintf(os.Stderr, "launch: the job stopped on %s (rank %d exited first, at a step boundary, or at once before training): passed to every rank\n", signalName(sig), e.rank)
-						signalAll(sig)
-					}
-				}
-				if signalled != nil {
+				// Killed by it outright too: a rank the signal reached
+				// before its handler was set up.
+				if sig, ok := stopSignal(ee); ok {
+					signalled = sig
+					// Every rank stops at the same step boundary; the
+					// first to exit need not be the one signalled.
+					fmt.Fprintf(os.Stderr, "launch: the job stopped on %s (rank %d exited first, at a step boundary, or at once before training): passed to every rank\n", signalName(sig), e.rank)
+					signalAll(sig)
 					continue
 				}
 			}
@@ -452,16 +448,23 @@ func failureCause(tails []*errorTail, firstRank int, firstExit error, termSent b
 	return ""
 }
 
-// stoppedBySignal reports whether a rank exited as a run stops on a
-// signal (at a step boundary, 128 + SIGTERM's, SIGINT's or SIGHUP's
-// number) or was killed by one of them.
-func stoppedBySignal(ee *exec.ExitError) bool {
+// stopSignal is the signal a rank exited as a run stops on (at a step
+// boundary, 128 + SIGTERM's, SIGINT's or SIGHUP's number), or was killed
+// by; false for any other exit.
+func stopSignal(ee *exec.ExitError) (syscall.Signal, bool) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
 		if ee.ExitCode() == signalStatus(sig) || killedBy(ee, sig) {
-			return true
+			return sig, true
 		}
 	}
-	return false
+	return 0, false
+}
+
+// stoppedBySignal reports whether a rank exited as a run stops on a
+// signal (stopSignal).
+func stoppedBySignal(ee *exec.ExitError) bool {
+	_, ok := stopSignal(ee)
+	return ok
 }
 
 // killedBy reports whether a process ended killed by sig.

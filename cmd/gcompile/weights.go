@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"maps"
-	"math"
 	"path"
 	"slices"
 	"sort"
@@ -218,8 +217,8 @@ func loadTensors(dev weightStore, progs []*lower.Program, ts []checkpoint.Tensor
 		if err != nil {
 			return fmt.Errorf("%s: tensor %q: %w", from, b.Name, err)
 		}
-		if err := checkFinite(whole); err != nil {
-			return fmt.Errorf("%s: tensor %q: %w (a diverged run's weights? load a checkpoint from before it)", from, b.Name, err)
+		if msg := checkpoint.NonFinite(t.DType, t.Data); msg != "" {
+			return fmt.Errorf("%s: tensor %q: %s (a diverged run's weights? load a checkpoint from before it)", from, b.Name, msg)
 		}
 		if padded {
 			init, err := dev.Global(b.Name)
@@ -270,23 +269,6 @@ func padsVocab(file []int, param ir.Shape, classes int) bool {
 // loadableDType is the dtype of a safetensors tensor --load widens into an
 // f32 param.
 var loadableDType = map[string]ir.DType{"F32": ir.F32, "BF16": ir.BF16, "F16": ir.F16}
-
-// checkFinite says where x holds NaN or ±Inf, and how many such values.
-func checkFinite(x []float64) error {
-	first, n := -1, 0
-	for i, v := range x {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			if n == 0 {
-				first = i
-			}
-			n++
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	return fmt.Errorf("holds %d non-finite value(s) of %d, the first %v at index %d", n, len(x), x[first], first)
-}
 
 // ignoredOnLoad are the patterns of tensors --load skips: the model's own
 // (b.IgnoreOnLoad) and the user's (--load-ignore).

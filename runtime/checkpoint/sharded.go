@@ -1734,16 +1734,17 @@ func NonFinite(dtype string, data []byte) string {
 	// The exponent bits, all ones for NaN and ±Inf, read in place: a
 	// decoded copy of a 4 GB embedding held 8 GB more.
 	var size int
+	var dt ir.DType
 	var special func(b []byte) bool
 	switch dtype {
 	case "F32":
-		size, special = 4, func(b []byte) bool { return binary.LittleEndian.Uint32(b)&0x7f800000 == 0x7f800000 }
+		size, dt, special = 4, ir.F32, func(b []byte) bool { return binary.LittleEndian.Uint32(b)&0x7f800000 == 0x7f800000 }
 	case "F64":
-		size, special = 8, func(b []byte) bool { return binary.LittleEndian.Uint64(b)&0x7ff0000000000000 == 0x7ff0000000000000 }
+		size, dt, special = 8, ir.F64, func(b []byte) bool { return binary.LittleEndian.Uint64(b)&0x7ff0000000000000 == 0x7ff0000000000000 }
 	case "F16":
-		size, special = 2, func(b []byte) bool { return binary.LittleEndian.Uint16(b)&0x7c00 == 0x7c00 }
+		size, dt, special = 2, ir.F16, func(b []byte) bool { return binary.LittleEndian.Uint16(b)&0x7c00 == 0x7c00 }
 	case "BF16":
-		size, special = 2, func(b []byte) bool { return binary.LittleEndian.Uint16(b)&0x7f80 == 0x7f80 }
+		size, dt, special = 2, ir.BF16, func(b []byte) bool { return binary.LittleEndian.Uint16(b)&0x7f80 == 0x7f80 }
 	default:
 		return ""
 	}
@@ -1762,7 +1763,6 @@ func NonFinite(dtype string, data []byte) string {
 	if n == 0 {
 		return ""
 	}
-	dt := map[string]ir.DType{"F32": ir.F32, "F64": ir.F64, "F16": ir.F16, "BF16": ir.BF16}[dtype]
 	v, err := runtime.Decode(ir.T(dt, 1), data[first*size:(first+1)*size])
 	if err != nil {
 		return ""
