@@ -703,6 +703,14 @@ func (b *Builder) Input(name string, dtype ir.DType, shape ...int) *Tensor {
 // and every microbatch gets all of it (position ids shared by the batch's
 // rows, a per-step table). The runtime feeds it by name like any input.
 func (b *Builder) WholeInput(name string, dtype ir.DType, shape ...int) *Tensor {
+	if name == ir.InputTokens || name == ir.InputTargets || name == ir.InputRandomKey {
+		// Fed the batch's rows, cut over dp ranks and microbatches: held
+		// whole, it met the rows of the other inputs only in the shard
+		// pass, blamed on the first op that mixed them.
+		b.live()
+		b.fail(userPos(), fmt.Errorf("input %q is declared with b.WholeInput, but training feeds it the batch's rows, split over data-parallel ranks and microbatches: declare it with b.Input", name))
+		return &Tensor{b: b}
+	}
 	return b.source("input", ir.T(dtype, shape...), ir.Attrs{"name": name, "whole": true})
 }
 

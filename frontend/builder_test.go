@@ -153,6 +153,10 @@ func TestDSLRules(t *testing.T) {
 			x := b.Param("x", []int{2, 3}, frontend.Zeros, frontend.NoParallel)
 			b.Loss(b.Param("y", []int{x.Dim(5)}, frontend.Zeros, frontend.NoParallel).Sum())
 		}, "Dim(5) of f32[2,3]: a rank-2 tensor has dims -2..1"},
+		{"the batch's tokens held whole", func(b *frontend.Builder) {
+			x := b.WholeInput(ir.InputTokens, ir.I32, 2, 4)
+			b.Loss(x.Cast(ir.F32).Sum())
+		}, `: input "tokens" is declared with b.WholeInput, but training feeds it the batch's rows`},
 		{"unknown parallel hint", func(b *frontend.Builder) {
 			b.Loss(b.Param("w", []int{4, 4}, frontend.Zeros, frontend.Parallel("diagonal")).Sum())
 		}, `param "w": parallel hint "diagonal": unknown split "diagonal"`},

@@ -477,6 +477,18 @@ func reshapeRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 		// chunks do not hold whole (mergeSequence) are routed whole.
 		return []ir.Placement{rep}, rep, nil
 	}
+	by := fmt.Sprintf("%s=%d", r.s.axisName(r.ax), n)
+	if chunks != n {
+		by = fmt.Sprintf("the %d chunks of the zigzag layout over %s", chunks, by)
+	}
+	for d := range out {
+		// The split dim's leading factor lands whole in dim d: when it
+		// does not divide, that factor is the cause (the 3 heads of
+		// [.., 96] → [.., 3, 32] under tp=2), not the 96.
+		if out[:d].NumElements() == prefix && out[d] > 1 && in[p.Dim]%out[d] == 0 && out[d]%chunks != 0 {
+			return nil, rep, fmt.Errorf("reshape %v → %v cuts dim %d (size %d), split over %s=%d, into %d × %d: the %d (in an attention, its heads) is not divisible by %s, so no device holds a whole part of it", in, out, p.Dim, in[p.Dim], r.s.axisName(r.ax), n, out[d], in[p.Dim]/out[d], out[d], by)
+		}
+	}
 	return nil, rep, fmt.Errorf("reshape %v → %v cannot keep dim %d (size %d) split over %s=%d: no dim of the result holds the same blocks (e.g. the heads are not divisible by %d)", in, out, p.Dim, in[p.Dim], r.s.axisName(r.ax), n, n)
 }
 

@@ -194,7 +194,7 @@ func TestTensorParallelRules(t *testing.T) {
 		{"tp does not divide hidden", "layers=1,hidden=36,heads=4,seq=16,vocab=256", 8,
 			[]string{"@model.go:37", "tensor parallelism tp=8 must divide each of its 3 fused blocks (36)"}},
 		{"tp does not divide the heads", "layers=1,hidden=48,heads=6,seq=16,vocab=256", 4,
-			[]string{"reshape @model.go:37", "the heads are not divisible by 4"}},
+			[]string{"reshape @model.go:37", "into 6 × 8: the 6 (in an attention, its heads) is not divisible by tp=4"}},
 		{"tp does not divide 4·hidden (implies hidden: the fused q,k,v check names it first)", "layers=1,hidden=2,heads=1,seq=16,vocab=256", 4,
 			[]string{"tensor parallelism tp=4 must divide"}},
 	}
