@@ -29,7 +29,9 @@ type Device interface {
 // MinLR at step Steps ("cosine") or LR held ("constant"). Steps count
 // from 1, so the first step runs at LR/Warmup rather than 0 (Megatron-LM
 // evaluates the same formula at the steps already done, its first at 0)
-// and the last at MinLR.
+// and the last at MinLR. Without a warm-up the first step runs at LR, as
+// Megatron-LM's does: the decay starts from the step at the peak, the
+// warm-up's last or else the first.
 type Schedule struct {
 	LR, MinLR float64
 	Warmup    int
@@ -42,10 +44,11 @@ func (s Schedule) At(step int) float64 {
 	if s.Warmup > 0 && step <= s.Warmup {
 		return s.LR * float64(step) / float64(s.Warmup)
 	}
-	if s.Decay != "cosine" || s.Steps <= s.Warmup {
+	peak := max(s.Warmup, 1)
+	if s.Decay != "cosine" || s.Steps <= peak {
 		return s.LR
 	}
-	progress := float64(step-s.Warmup) / float64(s.Steps-s.Warmup)
+	progress := float64(step-peak) / float64(s.Steps-peak)
 	progress = min(progress, 1)
 	return s.MinLR + 0.5*(s.LR-s.MinLR)*(1+math.Cos(math.Pi*progress))
 }

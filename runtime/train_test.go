@@ -31,6 +31,13 @@ func TestScheduleWarmupThenCosine(t *testing.T) {
 		assert.LessOrEqual(t, s.At(step+1), s.At(step), "cosine decay is monotone")
 	}
 	assert.False(t, math.IsNaN(Schedule{LR: 1, Steps: 0, Decay: "cosine"}.At(3)))
+	// Without a warm-up the first step is at the peak and the last at the
+	// floor.
+	n := Schedule{LR: 1e-3, MinLR: 1e-4, Steps: 11, Decay: "cosine"}
+	assert.InDelta(t, 1e-3, n.At(1), 1e-12)
+	assert.InDelta(t, 5.5e-4, n.At(6), 1e-12)
+	assert.InDelta(t, 1e-4, n.At(11), 1e-12)
+	assert.Equal(t, 1e-3, Schedule{LR: 1e-3, MinLR: 1e-4, Steps: 1, Decay: "cosine"}.At(1))
 }
 
 // TestRandomKeys: a step's keys are a function of (seed, step, token
