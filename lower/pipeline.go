@@ -157,6 +157,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 			blocks[k] = append(blocks[k], v)
 		}
 	}
+	uses := m.Uses()
 	if hasW {
 		// A once-a-step backward value another rank reads, or one a
 		// backward value another rank reads is computed from (the last
@@ -167,7 +168,6 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		// gradient alive until its W. (The optimizer's values do not
 		// count: every gradient reaches the global norm, whose scalars
 		// cross the ranks.)
-		uses := m.Uses()
 		sent := map[*ir.Value]bool{}
 		for i := len(perStep) - 1; i >= 0; i-- {
 			v := perStep[i]
@@ -295,6 +295,21 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 				}
 			}
 		}
+		// accumulate makes the once-a-step backward values that v
+		// completes (a gradient's sum over the microbatches) as soon as v
+		// is made, inside its block: made at the block's end, every
+		// gradient of the block was live beside its sum, a stage's
+		// gradients held twice (Megatron-LM adds each into main_grad as
+		// it comes). The adds and their order are the same.
+		var accumulate func(v *ir.Value)
+		accumulate = func(v *ir.Value) {
+			for _, u := range uses[v] {
+				if stepValue[u] && !done[u] && owner(u) == r && u.Meta.Phase == ir.PhaseBwd && !waits[u] && localReady(u) {
+					emit(u)
+					accumulate(u)
+				}
+			}
+		}
 		label := func(from int, name string) {
 			for i := from; i < len(b.p.Instrs); i++ {
 				b.p.Instrs[i].Block = name
@@ -309,6 +324,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 			from := len(b.p.Instrs)
 			for _, v := range blocks[key{blk.Kind, blk.Chunk, blk.Micro}] {
 				emit(v)
+				accumulate(v)
 			}
 			label(from, fmt.Sprintf("%c c%d m%d", blk.Kind, blk.Chunk, blk.Micro))
 			from = len(b.p.Instrs)
