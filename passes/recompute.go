@@ -94,10 +94,16 @@ func recompute(m *ir.Module, o *Options) error {
 	type seg struct {
 		segment, micro, stage int
 	}
-	// Forward values replayed, by segment, microbatch and chunk.
+	// Forward values replayed, by segment, microbatch and chunk. Under
+	// gradient accumulation a once-a-step forward value (a weight's 16-bit
+	// copy, which every microbatch reads) lives until the last
+	// microbatch's forward anyway, past the first backwards under 1F1B:
+	// replayed, the weights' copies were held twice (Megatron-LM keeps one
+	// 16-bit set, which its replays read).
+	microbatched := slices.ContainsFunc(m.Values, func(v *ir.Value) bool { return v.Meta.Micro >= 0 })
 	inSeg := map[*ir.Value]seg{}
 	for _, v := range m.Values {
-		if v.Meta.Phase != ir.PhaseFwd {
+		if v.Meta.Phase != ir.PhaseFwd || microbatched && v.Meta.Micro < 0 {
 			continue
 		}
 		if info, _ := ir.Lookup(v.Op); info.Source {
