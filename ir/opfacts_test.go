@@ -25,7 +25,7 @@ func TestOpFacts(t *testing.T) {
 		{op: "cast"},
 		{op: "embedding", noGrad: []int{1}},
 		{op: "cross_entropy", noGrad: []int{1}, precision: ir.PrecisionF32},
-		{op: "cross_entropy_grad", grad: ir.GradNotImplemented, noGrad: []int{1}, precision: ir.PrecisionF32},
+		{op: "cross_entropy_grad", grad: ir.GradNotImplemented, noGrad: []int{1}, precision: ir.PrecisionF32, inPlace: true},
 		{op: "embedding_grad", grad: ir.GradNotImplemented, noGrad: []int{0}},
 		{op: "relu_mask", grad: ir.NoGrad},
 		{op: "nonfinite_count", grad: ir.NoGrad},

@@ -325,7 +325,10 @@ func init() {
 	// the sum and the scaling by dloss/N.
 	register(&OpInfo{Name: "cross_entropy", Arity: 2, Infer: inferCrossEntropy, NoGradArgs: []int{1}, Precision: PrecisionF32, Cost: perArg(0, 3+tr),
 		Doc: "args (logits[N,V], labels[N]) → mean loss"})
-	register(&OpInfo{Name: "cross_entropy_grad", Arity: 3, Infer: inferCrossEntropyGrad, Grad: GradNotImplemented, NoGradArgs: []int{1}, Precision: PrecisionF32, Cost: perOut(5 + tr),
+	// Its kernels read a row's logits before writing any of its
+	// gradient, and each element before writing it: the lowering writes
+	// the gradient over the logits when it reads them last.
+	register(&OpInfo{Name: "cross_entropy_grad", Arity: 3, Infer: inferCrossEntropyGrad, Grad: GradNotImplemented, NoGradArgs: []int{1}, Precision: PrecisionF32, InPlace: true, Cost: perOut(5 + tr),
 		Doc: "vjp: args (logits, labels, dloss)"})
 	register(&OpInfo{Name: "cast", Arity: 1, Attrs: []AttrSpec{req("to", AttrString)}, Infer: inferCast, Cost: perOut(1)})
 

@@ -256,6 +256,7 @@ func LowerWith(m *ir.Module, o Options) (*Program, error) {
 		return nil, err
 	}
 	accumulateInPlace(p)
+	overwriteLastReads(p)
 	if err := offload(p, o); err != nil {
 		return nil, err
 	}
@@ -682,6 +683,60 @@ func accumulateInPlace(p *Program) {
 		rename[dst] = src
 		in.Out = src
 		readers[src] = readers[dst]
+		p.Buffers[dst].Bytes = 0 // unused now
+	}
+}
+
+// overwriteLastReads writes the result of an op the table lets work in
+// place (its kernels read each element before writing it) over its
+// in-place argument where that instruction is the argument's last reader:
+// the loss's gradient over the fp32 logits it reads, as Megatron-LM's
+// cross-entropy writes its gradient over its softmax, where both were
+// live at the peak of most plans (4 bytes a logit). Only temporaries of
+// the same bytes and placement, and only arguments no collective, copy or
+// transfer reads (the CUDA backend runs those on side streams, which
+// could still be reading).
+func overwriteLastReads(p *Program) {
+	last := make([]int, len(p.Buffers))
+	sideRead := make([]bool, len(p.Buffers))
+	for i, in := range p.Instrs {
+		for _, a := range in.Args {
+			last[a] = i
+			switch in.Op {
+			case "copy", "send", "recv", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "redistribute":
+				sideRead[a] = true
+			}
+		}
+	}
+	outputs := map[int]bool{}
+	for _, b := range p.Outputs {
+		outputs[b] = true
+	}
+	rename := map[int]int{}
+	for i := range p.Instrs {
+		in := &p.Instrs[i]
+		for k, a := range in.Args {
+			if r, ok := rename[a]; ok {
+				in.Args[k] = r
+			}
+		}
+		info, ok := ir.Lookup(in.Op)
+		if !ok || !info.InPlace || info.Update != ir.NoUpdate || in.Out < 0 || info.InPlaceArg >= len(in.Args) {
+			continue
+		}
+		src, dst := in.Args[info.InPlaceArg], in.Out
+		if src == dst || last[src] != i || sideRead[src] || !overwrites(*in, src) {
+			continue
+		}
+		s, d := p.Buffers[src], p.Buffers[dst]
+		if outputs[src] || outputs[dst] || s.Host || d.Host || s.Scratch || d.Scratch || s.Kind.Persistent() || d.Kind.Persistent() ||
+			s.Bytes != d.Bytes || !s.Type.Equal(d.Type) || !s.Global.Equal(d.Global) || !slices.Equal(s.Place, d.Place) {
+			continue
+		}
+		rename[dst] = src
+		in.Out = src
+		last[src] = last[dst]
+		sideRead[src] = sideRead[dst]
 		p.Buffers[dst].Bytes = 0 // unused now
 	}
 }

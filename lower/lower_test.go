@@ -105,6 +105,30 @@ func TestUpdatesAreInPlaceAndForwardEndsAtLoss(t *testing.T) {
 	}
 }
 
+// The loss's gradient is written over the logits it reads last (in
+// bf16, their fp32 copy), as Megatron-LM's cross-entropy writes its
+// gradient over its softmax: both were live at most plans' peak.
+func TestLossGradientOverwritesTheLogits(t *testing.T) {
+	for _, precision := range []string{"fp32", "bf16"} {
+		m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 2, Set: map[string]string{"layers": "1", "hidden": "32", "heads": "4", "seq": "16"}})
+		require.NoError(t, err)
+		opts := passes.DefaultOptions()
+		opts.Precision = precision
+		_, err = passes.Run(m, opts, passes.Hooks{})
+		require.NoError(t, err)
+		p, err := lower.Lower(m)
+		require.NoError(t, err)
+		n := 0
+		for _, in := range p.Instrs {
+			if in.Op == "cross_entropy_grad" {
+				n++
+				assert.Equal(t, in.Args[0], in.Out, "%s: %s writes over its logits", precision, in.Value.Where())
+			}
+		}
+		assert.Equal(t, 1, n, precision)
+	}
+}
+
 // An update whose new value is read after the state is overwritten cannot
 // be in place; it becomes a copy at the end of the step.
 func TestUpdateFallsBackToCopy(t *testing.T) {

@@ -362,6 +362,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 			return nil, err
 		}
 		accumulateInPlace(prog)
+		overwriteLastReads(prog)
 		if err := offload(prog, o); err != nil {
 			return nil, err
 		}

@@ -104,22 +104,26 @@ const gpt2Small = "layers=12,hidden=768,heads=12,seq=1024,vocab=50257"
 // The fused attention makes no [b, a, s, s] tensor, so at sequence 1024
 // GPT-2 small's peak drops by exactly the bytes of those the unfused plan
 // holds at its peak. With the tied LM head over 50257 tokens the peak of
-// both plans is at the loss's gradient (the logits and their gradient,
-// 2·b·s·V·4 bytes, outweigh any layer's backward), where every layer's
-// stash is live. The unfused attention stashes one [b, a, s, s] tensor per
-// layer, the softmax probabilities its backward reads (the scores and the
-// masked scores are gone by then); the fused op stashes its output in the
-// [b, s, a, hd] layout the output projection reads, the very buffer the
-// unfused plan keeps for the projection (after its transpose), so nothing
-// else differs but the unfused plan's 4-byte 1/√hd scalar. Hence, at b = 2:
+// both plans without full recompute is in the head's backward (the logits,
+// their fp32 copy with the gradient written over it, and the gradient's
+// product with the head, outweigh any layer's backward), where every
+// layer's stash is live. The unfused attention stashes one [b, a, s, s]
+// tensor per layer, the softmax probabilities its backward reads (the
+// scores and the masked scores are gone by then); the fused op stashes its
+// output in the [b, s, a, hd] layout the output projection reads, the very
+// buffer the unfused plan keeps for the projection (after its transpose),
+// so nothing else differs but the unfused plan's 4-byte 1/√hd scalar.
+// Hence, at b = 2:
 //
-//	none:                 Δpeak = L·b·a·s²·4 + 4 = 12·100,663,296 + 4 = 1,207,959,556 B
-//	selective, full:      Δpeak = 4 (no plan holds a [b, a, s, s] tensor at the peak:
-//	                      the unfused plan replays its probabilities in the backward)
+//	none:       Δpeak = L·b·a·s²·4 + 4 = 12·100,663,296 + 4 = 1,207,959,556 B
+//	selective:  Δpeak = 4 (no plan holds a [b, a, s, s] tensor at the peak:
+//	            the unfused plan replays its probabilities in the backward)
 //
 // and the fused plan under no recompute equals the unfused one under
 // selective recompute but for those 4 bytes: the fused op keeps what
-// selective recompute keeps, and replays nothing.
+// selective recompute keeps, and replays nothing. Under full recompute the
+// stash is one tensor a layer, and the unfused plan's peak moves into a
+// layer's backward, where its replayed [b, a, s, s] tensors are live.
 func TestFusedAttentionPeakAtSeq1024(t *testing.T) {
 	const b, a, s, layers = 2, 12, 1024, 12
 	probs := int64(b * a * s * s * 4)
@@ -127,7 +131,7 @@ func TestFusedAttentionPeakAtSeq1024(t *testing.T) {
 	for _, tc := range []struct {
 		recompute string
 		drop      int64
-	}{{"none", layers*probs + 4}, {"selective", 4}, {"full", 4}} {
+	}{{"none", layers*probs + 4}, {"selective", 4}, {"full", -1}} {
 		t.Run(tc.recompute, func(t *testing.T) {
 			var peak [2]int64
 			for i, attention := range []string{"unfused", "fused"} {
@@ -135,7 +139,9 @@ func TestFusedAttentionPeakAtSeq1024(t *testing.T) {
 				prog := lower.ProgramOf(res.Programs, 0)
 				peak[i] = prog.PeakBytes
 				at := prog.Instrs[prog.PeakAt].Value
-				assert.Equal(t, "cross_entropy_grad", at.Op, "%s, %s: the peak is at the loss's gradient", attention, tc.recompute)
+				if tc.drop >= 0 {
+					assert.True(t, at.Meta.Phase == ir.PhaseBwd && at.Meta.Layer < 0, "%s, %s: the peak is in the head's backward, at %s", attention, tc.recompute, at.Where())
+				}
 				var square int64
 				for _, id := range prog.PeakLive {
 					if sh := prog.Buffers[id].Type.Shape; len(sh) == 4 && sh[2] == s && sh[3] == s {
@@ -153,7 +159,11 @@ func TestFusedAttentionPeakAtSeq1024(t *testing.T) {
 				peaks[attention+"/"+tc.recompute] = prog.PeakBytes
 				t.Logf("%s, recompute %s: peak %d B at %s; [b,a,s,s] tensors live there %d B", attention, tc.recompute, prog.PeakBytes, at.Op, square)
 			}
-			assert.Equal(t, tc.drop, peak[0]-peak[1], "peak drop: unfused %d B, fused %d B", peak[0], peak[1])
+			if tc.drop >= 0 {
+				assert.Equal(t, tc.drop, peak[0]-peak[1], "peak drop: unfused %d B, fused %d B", peak[0], peak[1])
+			} else {
+				assert.Greater(t, peak[0], peak[1], "the unfused plan's replayed scores at its peak")
+			}
 		})
 	}
 	assert.Equal(t, peaks["unfused/selective"]-4, peaks["fused/none"], "the fused attention keeps what selective recompute keeps")

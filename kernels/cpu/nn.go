@@ -331,11 +331,14 @@ func CrossEntropyGrad[T Float](dlogits, logits []T, labels []int32, dloss T, row
 		for r := lo; r < hi; r++ {
 			x, d := logits[r*vocab:(r+1)*vocab], dlogits[r*vocab:(r+1)*vocab]
 			lse := logSumExp(x)
+			// The label's logit is read before the loop writes: dlogits
+			// may be logits (the op works in place).
+			l := labels[r]
+			xl := x[l]
 			for j, v := range x {
 				d[j] = T(math.Exp(float64(v)-lse) * scale)
 			}
-			l := labels[r]
-			d[l] = T((math.Exp(float64(x[l])-lse) - 1) * scale)
+			d[l] = T((math.Exp(float64(xl)-lse) - 1) * scale)
 		}
 	})
 	return nil

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -214,6 +215,11 @@ func testCrossEntropy[T Float](t *testing.T) {
 			want[i] *= 2.5 / float64(rows)
 		}
 		requireClose(t, want, dl, tolOf[T](), fmt.Sprint("grad ", c))
+		// In place over the logits (the lowering's overwriteLastReads):
+		// the same gradient, bit for bit.
+		inPlace := slices.Clone(x)
+		require.NoError(t, CrossEntropyGrad(inPlace, inPlace, labels, T(2.5), rows, vocab))
+		require.Equal(t, dl, inPlace, "in place, %v", c)
 	}
 
 	// Huge logits must not overflow the log-sum-exp.
