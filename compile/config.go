@@ -460,11 +460,17 @@ func (c *Config) Mesh() *ir.Mesh {
 }
 
 // BubbleTheory is the pipeline bubble fraction of REFERENCE.md for the
-// plan's schedule: (p−1)/m, or (p−1)/(v·m) interleaved.
+// plan's schedule: (p−1)/m, or (p−1)/(v·m) interleaved; for zero-bubble
+// (ZB-H1, Qi et al. 2023) (p−1)/(3m), its (p−1)(T_F + T_B − T_W) idle time
+// over m(T_F + T_B + T_W) of work with the three equal, as the simulation
+// prices them (B and W each half a backward).
 func (c *Config) BubbleTheory() float64 {
 	p, m, v := float64(c.PP), float64(c.Microbatches), float64(max(c.VPP, 1))
-	if c.Schedule == "interleaved" {
+	switch c.Schedule {
+	case "interleaved":
 		return (p - 1) / (v * m)
+	case "zb":
+		return (p - 1) / (3 * m)
 	}
 	return (p - 1) / m
 }

@@ -272,6 +272,33 @@ func TestPipelineRunMetrics(t *testing.T) {
 	assert.Contains(t, string(raw), `"B c3 m7"`)
 }
 
+// Every schedule's bubble in theory is its simulation's with unit costs
+// (zero-bubble's a third of 1F1B's: it printed 1F1B's, three times what it
+// simulated).
+func TestBubbleTheoryIsTheSimulatedOne(t *testing.T) {
+	for _, tc := range []struct {
+		flags []string
+		want  float64
+	}{
+		{[]string{"--schedule", "gpipe"}, 3.0 / 8},
+		{[]string{"--schedule", "1f1b"}, 3.0 / 8},
+		{[]string{"--schedule", "zb"}, 3.0 / 24},
+		{[]string{"--vpp", "2"}, 3.0 / 16},
+	} {
+		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
+			metrics := filepath.Join(t.TempDir(), "m.json")
+			require.NoError(t, mainErr(append([]string{gptModel, "--set", "layers=8,hidden=32,heads=2,seq=16", "--batch", "8",
+				"--devices", "4", "--pp", "4", "--microbatches", "8", "--metrics", metrics}, tc.flags...)))
+			var m runtime.Metrics
+			raw, err := os.ReadFile(metrics)
+			require.NoError(t, err)
+			require.NoError(t, json.Unmarshal(raw, &m))
+			assert.InDelta(t, tc.want, m.Schedule.BubbleTheory, 1e-12)
+			assert.InDelta(t, m.Schedule.BubbleSimulated, m.Schedule.BubbleTheory, 1e-12)
+		})
+	}
+}
+
 // A plan larger than --device-memory is a compile error that names the
 // device, the program point of the peak and the largest live tensors with
 // the user's lines.
