@@ -148,6 +148,9 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 	j.setPhase("evaluating")
 	start := time.Now()
 	var sum float64
+	// Redrawn in place on a terminal; a log or a pipe gets a line a batch,
+	// as training's steps (one line of carriage returns otherwise).
+	tty := isTerminal(j.log)
 	for i := range n {
 		l, err := ev.Batch(i)
 		if err != nil {
@@ -157,10 +160,15 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		if j.lead() {
 			el := time.Since(start)
 			eta := durationOf(float64(el) / float64(i+1) * float64(n-i-1))
-			fmt.Fprintf(j.log, "\reval batch %d/%d  loss %.4f (mean %.4f)  ETA %s   ", i+1, n, l, sum/float64(i+1), formatDuration(eta))
+			line := fmt.Sprintf("eval batch %d/%d  loss %.4f (mean %.4f)  ETA %s", i+1, n, l, sum/float64(i+1), formatDuration(eta))
+			if tty {
+				fmt.Fprintf(j.log, "\r%s\x1b[K", line)
+			} else {
+				fmt.Fprintln(j.log, line)
+			}
 		}
 	}
-	if j.lead() {
+	if j.lead() && tty {
 		fmt.Fprintln(j.log)
 	}
 	mean := sum / float64(n)

@@ -240,13 +240,18 @@ func TestEvalGivesTheRunsHeldOutLoss(t *testing.T) {
 		require.NotNil(t, r.Loss)
 		return r
 	}
-	r := eval()
+	var r evalResult
+	// Its progress to a pipe is a line a batch, not carriage returns.
+	log, err := captureStderr(t, func() error { r = eval(); return nil })
+	require.NoError(t, err)
+	assert.NotContains(t, log, "\r")
+	assert.Contains(t, log, "\neval batch 8/8  loss ")
 	assert.Equal(t, want, *r.Loss, "the same figure as the run's last evaluation")
 	assert.Equal(t, 8, r.Batches, "training's --eval-batches default")
 	for _, plan := range [][]string{{"--devices", "2", "--tp", "2"}, {"--devices", "2", "--dp", "2"}} {
 		assert.InDelta(t, want, *eval(plan...).Loss, 1e-6, "plan %v", plan)
 	}
-	err := mainErr(append(append([]string{"eval"}, genGPT...), "--load", filepath.Join(dir, "w.safetensors"), "--eval-batches", "0"))
+	err = mainErr(append(append([]string{"eval"}, genGPT...), "--load", filepath.Join(dir, "w.safetensors"), "--eval-batches", "0"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--eval-batches 0 (the whole held-out split) needs a token dataset")
 	err = mainErr(append(append([]string{"eval"}, genGPT...), "--save", "x.safetensors"))

@@ -37,13 +37,18 @@ type progress struct {
 const overflowEvery = 10
 
 func newProgress(w io.Writer, total int) *progress {
-	tty := false
-	if f, ok := w.(*os.File); ok {
-		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			tty = true
-		}
+	return &progress{w: w, total: total, tty: isTerminal(w)}
+}
+
+// isTerminal reports whether w is a terminal, where a line may be redrawn
+// in place ("\r"); a log file or a pipe gets whole lines.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	return &progress{w: w, total: total, tty: tty}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 func (p *progress) step(s runtime.StepMetrics, e *runtime.EvalMetrics) {
