@@ -403,7 +403,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.StringVar(&c.Recompute, "recompute", "none", "activation recompute: none|full|selective|every=K")
 	fs.StringVar(&c.Precision, "precision", "fp32", "fp32|fp16|bf16 (fp16/bf16: mixed precision with fp32 master weights)")
 	fs.Float64Var(&c.LossScale, "loss-scale", 0, "static loss scale for --precision fp16|bf16 (0: dynamic for fp16, none for bf16)")
-	fs.Float64Var(&c.initialLossScale, "initial-loss-scale", 65536, "with --precision fp16 and dynamic loss scaling: the scale to start from (Megatron's and PyTorch's default 2^16)")
+	fs.Float64Var(&c.initialLossScale, "initial-loss-scale", 65536, "with --precision fp16 and dynamic loss scaling: the scale to start from (PyTorch's GradScaler starts at 2^16, Megatron-LM at 2^32)")
 	fs.StringVar(&c.Optimizer, "optimizer", "adamw", "adamw|sgd|adafactor|sm3")
 	fs.StringVar(&c.backend, "backend", "cpu", "cpu|cuda")
 	fs.StringVar(&c.dump, "dump", "", "write NN-<pass>.gir after each pass that changed the module, and index.html, to this folder")
