@@ -41,6 +41,12 @@ type Transformer struct {
 	// dispatch buffer holds and the experts compute them).
 	Experts, MoELayers, ExpertFFN, RouterParams int
 	Slots                                       float64
+	// Routed is the experts a token goes through in the model's own
+	// count: its router's k (an expert-choice router's slots a token,
+	// which it fills). Model FLOPs (MFU's numerator) count these, as
+	// Megatron-LM's do; the hardware FLOPs count every slot computed,
+	// empty ones too. 0: Slots.
+	Routed float64
 	// ExpertParams is one expert's parameter count when known (the
 	// module's own); 0 means an MLP's, 2·h·f + f + h, or 3·h·f when
 	// GatedExperts.
@@ -167,15 +173,28 @@ func (t Transformer) moeLayerParams() float64 {
 // backward of twice the forward), as Narayanan et al. count model FLOPs:
 // 72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h)) when f = 4h.
 func (t Transformer) ModelFLOPs(batch int) float64 {
-	return 3 * t.fwdFLOPsPerSeq() * float64(batch)
+	return 3 * t.fwdFLOPs(t.routed()) * float64(batch)
 }
 
-// fwdFLOPsPerSeq is one sequence's forward GEMM flops: per block
+// routed is Routed, or Slots where it is not set.
+func (t Transformer) routed() float64 {
+	if t.Routed > 0 {
+		return t.Routed
+	}
+	return t.Slots
+}
+
+// fwdFLOPsPerSeq is one sequence's forward GEMM flops as the devices
+// compute them: a MoE block's experts over every slot.
+func (t Transformer) fwdFLOPsPerSeq() float64 { return t.fwdFLOPs(t.Slots) }
+
+// fwdFLOPs is one sequence's forward GEMM flops: per block
 // 2·s·(2h² + 2·h·kv + 2·h·f) for the projections (q and the output h²
 // each, k and v h·kv) and the MLP (3·h·f gated), plus 4·s²·h for the
 // attention core (QKᵀ and PV); a MoE block's experts take the MLP's
-// place over its slots, and its router 2·s·h·E; the head 2·s·h·V.
-func (t Transformer) fwdFLOPsPerSeq() float64 {
+// place over slots expert slots a token, and its router 2·s·h·E; the
+// head 2·s·h·V.
+func (t Transformer) fwdFLOPs(slots float64) float64 {
 	s, h, f, v := float64(t.Seq), float64(t.Hidden), float64(t.FFN), float64(t.Vocab)
 	mlp := 2.0
 	if t.GatedMLP {
@@ -186,7 +205,7 @@ func (t Transformer) fwdFLOPsPerSeq() float64 {
 	if t.GatedExperts {
 		emlp = 3
 	}
-	moe := 2*s*(2*h*h+2*h*t.kvWidth()+emlp*h*float64(t.ExpertFFN)*t.Slots+h*float64(t.Experts)) + 4*s*s*h
+	moe := 2*s*(2*h*h+2*h*t.kvWidth()+emlp*h*float64(t.ExpertFFN)*slots+h*float64(t.Experts)) + 4*s*s*h
 	dense := float64(t.Layers - t.moeLayers())
 	return dense*layer + float64(t.moeLayers())*moe + 2*s*h*v
 }
@@ -1070,7 +1089,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 
 	batch := float64(p.MicroBatch * p.Microbatches * data)
 	e.ModelFLOPs = t.ModelFLOPs(int(batch))
-	e.FLOPs = e.ModelFLOPs
+	e.FLOPs = 3 * t.fwdFLOPsPerSeq() * batch
 	switch p.Recompute {
 	case "full":
 		// The blocks' forward again; the head's output is not dropped
@@ -1215,6 +1234,9 @@ func (t Transformer) check() error {
 	}
 	if t.moeLayers() > 0 && (t.ExpertFFN < 1 || !(t.Slots > 0) || math.IsInf(t.Slots, 0)) {
 		return fmt.Errorf("shape: experts of width %d taking %g slots a token, want both > 0", t.ExpertFFN, t.Slots)
+	}
+	if t.Routed < 0 || math.IsNaN(t.Routed) || math.IsInf(t.Routed, 0) || t.Routed > 0 && t.moeLayers() > 0 && t.Routed > float64(t.Experts) {
+		return fmt.Errorf("shape: %g experts routed a token, want 0 (the slots) to %d", t.Routed, t.Experts)
 	}
 	if t.moeLayers() < t.Layers && t.FFN < 1 {
 		return fmt.Errorf("shape: ffn = %d in a model with dense blocks, want ≥ 1", t.FFN)

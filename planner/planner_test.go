@@ -445,7 +445,7 @@ func TestShapeOfMoE(t *testing.T) {
 	}
 	// Capacity ⌈1·16·2/4⌉ = 8 slots per expert for a group of 16 tokens.
 	want := cost.Transformer{Layers: 2, Hidden: 32, Heads: 4, Seq: 16, Vocab: 256, FFN: 128, FusedAttention: true,
-		Experts: 4, MoELayers: 1, ExpertFFN: 32, RouterParams: 32 * 4, Slots: 4 * 8 / 16.0, ExpertParams: 2 * 32 * 32,
+		Experts: 4, MoELayers: 1, ExpertFFN: 32, RouterParams: 32 * 4, Slots: 4 * 8 / 16.0, Routed: 1, ExpertParams: 2 * 32 * 32,
 		LayerParamCount: 4*32*32 + 8*32 + 2*32*128 + 128 + 32, LayerSplit: 12512, OuterParams: (256+16)*32 + 2*32, OuterSplit: 256 * 32}
 	if s != want {
 		t.Fatalf("shape %+v, want %+v", s, want)
@@ -457,6 +457,42 @@ func TestShapeOfMoE(t *testing.T) {
 	if s.Params() != float64(n) {
 		t.Errorf("shape counts %.0f params, the module has %d", s.Params(), n)
 	}
+}
+
+// A token's model FLOPs (MFU's numerator) go through the experts its
+// router picks, k of them; the slots the capacity factor adds, and the
+// empty ones a dropless router keeps, are work the devices do (hardware
+// FLOPs) but not the model's: Mixtral's MFU counted every token through
+// all 8 experts, 3.4 times its k = 2. An expert-choice router fills its
+// slots, which are then the count.
+func TestModelFLOPsCountTheRoutedExperts(t *testing.T) {
+	for _, tc := range []struct {
+		router string
+		routed float64
+	}{{"switch", 1}, {"gshard", 2}, {"softmax-topk", 2}, {"noisy-topk", 2}, {"expert-choice", 0}} {
+		t.Run(tc.router, func(t *testing.T) {
+			m, err := frontend.Build(moe.Model, frontend.Config{Name: "moe", Batch: 8,
+				Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16", "experts": "4", "ffn": "32", "router": tc.router}})
+			require.NoError(t, err)
+			s, err := ShapeOf(m)
+			require.NoError(t, err)
+			assert.Equal(t, tc.routed, s.Routed)
+			padded := s
+			padded.Routed = 0
+			if tc.routed > 0 {
+				assert.Less(t, s.ModelFLOPs(8), padded.ModelFLOPs(8), "capacity factor 2: more slots than choices")
+			} else {
+				assert.Equal(t, s.ModelFLOPs(8), padded.ModelFLOPs(8))
+			}
+		})
+	}
+	m, err := frontend.Build(mixtral.Model, frontend.Config{Name: "mixtral", Batch: 8,
+		Set: map[string]string{"layers": "2", "hidden": "32", "heads": "4", "kv_heads": "2", "ffn": "48", "experts": "4", "seq": "16"}})
+	require.NoError(t, err)
+	s, err := ShapeOf(m)
+	require.NoError(t, err)
+	assert.Equal(t, 2.0, s.Routed, "Mixtral's top 2")
+	assert.Equal(t, 4.0, s.Slots, "dropless: a slot for every token at every expert")
 }
 
 // Mixtral's experts are SwiGLU MLPs (three matrices an expert), which the

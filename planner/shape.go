@@ -20,12 +20,13 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 	var t cost.Transformer
 	layers, moeLayers := map[int]bool{}, map[int]bool{}
 	var route ir.Shape // the first MoE block's slot index [G, E, C]
+	var mask *ir.Value // ... and the router's choice it was made from
 	var tokens int     // the batch's
 	for _, v := range m.Values {
 		if v.Op == "moe_route" && v.Type.Rank() == 3 {
 			moeLayers[v.Meta.Layer] = true
 			if route == nil {
-				route = v.Type.Shape
+				route, mask = v.Type.Shape, v.Args[1]
 			}
 		}
 		if v.Meta.Layer >= 0 && v.Op != "param" {
@@ -48,6 +49,7 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 	}
 	t.Layers = len(layers)
 	if route != nil {
+		t.Routed = routedPerToken(mask, route[1])
 		if err := moeShape(m, &t, route, tokens, moeLayers); err != nil {
 			return t, err
 		}
@@ -69,6 +71,38 @@ func ShapeOf(m *ir.Module) (cost.Transformer, error) {
 		return t, fmt.Errorf("the planner models decoder transformers (tokens [batch, seq], an embedding, layers tagged with b.Layer, attention, an MLP); %s does not read as one: %+v", m.Name, t)
 	}
 	return t, nil
+}
+
+// routedPerToken is how many experts the router sends a token to, read
+// from the choice moe_route slots (its mask [G, T, E]): the largest k of
+// a top-k over the experts it is made from (GShard's second expert, kept
+// at random, counts as a choice), 0 when it is no such top-k (an
+// expert-choice router's top-k over the tokens: its slots, all filled,
+// are what a token gets).
+func routedPerToken(mask *ir.Value, experts int) float64 {
+	k := 0
+	seen := map[*ir.Value]bool{}
+	var walk func(v *ir.Value)
+	walk = func(v *ir.Value) {
+		if v == nil || seen[v] || len(seen) > 64 {
+			return
+		}
+		seen[v] = true
+		switch v.Op {
+		case "top_k_mask":
+			if sh := v.Type.Shape; len(sh) > 0 && sh[len(sh)-1] == experts {
+				k = max(k, v.Attrs.Int("k", 0))
+			}
+		case "transpose":
+			// A top-k over another dim, turned back: not a token's choice.
+		default:
+			for _, a := range v.Args {
+				walk(a)
+			}
+		}
+	}
+	walk(mask)
+	return float64(min(k, experts))
 }
 
 // moeShape reads the mixture of experts from the module: the blocks with
