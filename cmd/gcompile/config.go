@@ -397,7 +397,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.Staleness, "staleness", 0, "with --dp-sync async: how many updates old a replica's weights may be")
 	fs.BoolVar(&c.SequenceParallel, "sequence-parallel", false, "shard LayerNorm/residual activations on the sequence dim over tp (needs --tp > 1)")
 	fs.StringVar(&c.Schedule, "schedule", "", "pipeline schedule: gpipe|1f1b|interleaved|2bw|zb (needs --pp > 1; 2bw is PipeDream-2BW's one-step-stale update on 1F1B's order, flushed each step, so 1F1B's bubble)")
-	fs.IntVar(&c.Zero, "zero", 0, "ZeRO stage 0..3 (needs --dp > 1)")
+	fs.IntVar(&c.Zero, "zero", 0, "ZeRO stage 0..3 (needs --dp > 1; with one microbatch stages 1 and 2 compile alike: each gradient bucket is reduce-scattered as the backward makes it)")
 	fs.Float64Var(&c.BucketMB, "bucket-mb", 25, "gradient bytes per data-parallel reduction bucket (MiB)")
 	fs.Var(negated{&c.SerialGradReduce}, "overlap-grad-reduce", "reduce data-parallel gradient buckets beside the backward, on a stream of their own (CUDA; the CPU backend reduces in order), as Megatron-LM's --overlap-grad-reduce; =false reduces them in program order, as frameworks without overlap do (default true)")
 	fs.StringVar(&c.Recompute, "recompute", "none", "activation recompute: none|full|selective|every=K")
