@@ -207,6 +207,39 @@ func (m *Module) SetOutput(name string, v *Value) {
 	m.Outputs = append(m.Outputs, Output{Name: name, Value: v})
 }
 
+// SetOutputs is SetOutput of each of outs in turn, with one index of the
+// outputs' names rather than a search of them per output (autodiff sets
+// one gradient output per param: quadratic in the params, one search at a
+// time).
+func (m *Module) SetOutputs(outs []Output) {
+	at := make(map[string]int, len(m.Outputs)+len(outs))
+	for i, o := range m.Outputs {
+		if _, ok := at[o.Name]; !ok {
+			at[o.Name] = i // SetOutput replaces the first of a name
+		}
+	}
+	for _, o := range outs {
+		if i, ok := at[o.Name]; ok {
+			m.Outputs[i].Value = o.Value
+			continue
+		}
+		at[o.Name] = len(m.Outputs)
+		m.Outputs = append(m.Outputs, o)
+	}
+}
+
+// OutputsByName maps each output's name to its value: the first output
+// of that name, as Output finds it.
+func (m *Module) OutputsByName() map[string]*Value {
+	byName := make(map[string]*Value, len(m.Outputs))
+	for _, o := range m.Outputs {
+		if _, ok := byName[o.Name]; !ok {
+			byName[o.Name] = o.Value
+		}
+	}
+	return byName
+}
+
 // Params returns the param values in program order.
 func (m *Module) Params() []*Value {
 	var ps []*Value
@@ -228,13 +261,21 @@ func (m *Module) Source(name string) *Value {
 	return nil
 }
 
-// Uses maps each value to the values that take it as an argument.
+// Uses maps each value to the values that take it as an argument, each
+// reader once, in program order.
+//
+// Each reader v is visited once, so a v already in uses[a] was appended
+// while visiting v's own arguments and is the list's last element:
+// comparing with the last element is enough. (A search of the whole list
+// made this quadratic in the readers of one value; the learning rate, the
+// step and the clipping coefficient are read by every param's update, 12
+// per GPT layer.)
 func (m *Module) Uses() map[*Value][]*Value {
 	uses := make(map[*Value][]*Value, len(m.Values))
 	for _, v := range m.Values {
 		for _, a := range v.Args {
-			if !slices.Contains(uses[a], v) {
-				uses[a] = append(uses[a], v)
+			if l := uses[a]; len(l) == 0 || l[len(l)-1] != v {
+				uses[a] = append(l, v)
 			}
 		}
 	}

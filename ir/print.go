@@ -1,6 +1,7 @@
 package ir
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
@@ -21,8 +22,24 @@ func Print(m *Module) string { return printModule(m, true) }
 // or line it was written at. Taken before any pass, it identifies a model
 // under every plan (a checkpoint records it).
 func (m *Module) Fingerprint() string {
-	sum := sha256.Sum256([]byte(printModule(m, false)))
+	sum := hashModule(m, false)
 	return hex.EncodeToString(sum[:])
+}
+
+// PrintHash is the SHA-256 of Print(m), computed as the text is written
+// rather than of the whole text at once: a module of thousands of layers
+// prints tens of megabytes, which the hash need not hold (passes.Run takes
+// one after every pass to tell changed from unchanged).
+func PrintHash(m *Module) [32]byte { return hashModule(m, true) }
+
+func hashModule(m *Module, pos bool) [32]byte {
+	h := sha256.New()
+	w := bufio.NewWriterSize(h, 64<<10)
+	writeModule(w, m, pos)
+	w.Flush() // a hash's Write never fails
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum
 }
 
 // ForwardFingerprint is the Fingerprint of the part of the module its
@@ -71,6 +88,18 @@ func (m *Module) ForwardFingerprint() string {
 
 func printModule(m *Module, pos bool) string {
 	var b strings.Builder
+	writeModule(&b, m, pos)
+	return b.String()
+}
+
+// textWriter is what the module's text is written to: a strings.Builder,
+// or a bufio.Writer in front of a hash or a file.
+type textWriter interface {
+	io.StringWriter
+	io.ByteWriter
+}
+
+func writeModule(b textWriter, m *Module, pos bool) {
 	b.WriteString(FormatVersion + "\n")
 	b.WriteString("module " + strconv.Quote(m.Name) + "\n")
 	if len(m.Passes) > 0 {
@@ -90,7 +119,7 @@ func printModule(m *Module, pos bool) string {
 		b.WriteString("export-config " + strconv.Quote(m.ExportConfig) + "\n")
 	}
 	for _, v := range m.Values {
-		b.WriteString(formatValue(v, pos))
+		writeValue(b, v, pos)
 		b.WriteByte('\n')
 	}
 	for _, o := range m.Outputs {
@@ -99,13 +128,13 @@ func printModule(m *Module, pos bool) string {
 	for _, u := range m.Updates {
 		b.WriteString("update " + ref(u.State) + " = " + ref(u.Value) + "\n")
 	}
-	return b.String()
 }
 
 // Fprint writes Print(m) to w.
 func Fprint(w io.Writer, m *Module) error {
-	_, err := io.WriteString(w, Print(m))
-	return err
+	bw := bufio.NewWriterSize(w, 64<<10)
+	writeModule(bw, m, true)
+	return bw.Flush() // the first error of any write
 }
 
 func ref(v *Value) string {
@@ -121,14 +150,25 @@ func FormatValue(v *Value) string { return formatValue(v, true) }
 
 func formatValue(v *Value, pos bool) string {
 	var b strings.Builder
-	b.WriteString(v.Ref() + " = " + v.Op)
+	writeValue(&b, v, pos)
+	return b.String()
+}
+
+func writeValue(b textWriter, v *Value, pos bool) {
+	// Piece by piece: a concatenation passed to b (an interface) would be
+	// allocated on the heap.
+	b.WriteString(v.Ref())
+	b.WriteString(" = ")
+	b.WriteString(v.Op)
 	for i, a := range v.Args {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString(" " + ref(a))
+		b.WriteByte(' ')
+		b.WriteString(ref(a))
 	}
-	b.WriteString(" : " + v.Type.String())
+	b.WriteString(" : ")
+	b.WriteString(v.Type.String())
 	var fields []string
 	keys := make([]string, 0, len(v.Attrs))
 	for k := range v.Attrs {
@@ -167,12 +207,19 @@ func formatValue(v *Value, pos bool) string {
 		fields = append(fields, "precision="+v.Meta.Precision.String())
 	}
 	if len(fields) > 0 {
-		b.WriteString(" {" + strings.Join(fields, " ") + "}")
+		b.WriteString(" {")
+		for i, f := range fields {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(f)
+		}
+		b.WriteByte('}')
 	}
 	if pos && v.Pos.IsKnown() {
-		b.WriteString(" @" + v.Pos.String())
+		b.WriteString(" @")
+		b.WriteString(v.Pos.String())
 	}
-	return b.String()
 }
 
 func formatAttr(a any) string {

@@ -72,15 +72,20 @@ func SplitAtOptimizer(m *ir.Module) (grad, update *ir.Module, boundary []string,
 	}
 	usedByGrad := used(func(v *ir.Value) bool { return !isOpt(v) })
 	usedByUpd := used(isOpt)
+	loss := m.Output(ir.OutputLoss)
+	updated := map[*ir.Value]bool{} // a search of the updates per source was quadratic in the params
+	for _, u := range m.Updates {
+		updated[u.State] = true
+	}
 	for _, v := range m.Values {
 		switch {
 		case isSource(v):
-			if usedByGrad[v] || m.Output(ir.OutputLoss) == v {
+			if usedByGrad[v] || loss == v {
 				if err := copyInto(grad, gradOf, v); err != nil {
 					return nil, nil, nil, err
 				}
 			}
-			if usedByUpd[v] || isUpdated(m, v) || v.Op == "input" && isOpt(v) {
+			if usedByUpd[v] || updated[v] || v.Op == "input" && isOpt(v) {
 				if err := copyInto(update, updOf, v); err != nil {
 					return nil, nil, nil, err
 				}
@@ -102,18 +107,23 @@ func SplitAtOptimizer(m *ir.Module) (grad, update *ir.Module, boundary []string,
 			}
 		}
 	}
+	// SetOutputs: one index of the names, not a search per output (every
+	// param's gradient crosses).
+	var gradOuts, updOuts []ir.Output
 	for _, o := range m.Outputs {
 		if c := gradOf[o.Value]; c != nil && !isOpt(o.Value) {
-			grad.SetOutput(o.Name, c)
+			gradOuts = append(gradOuts, ir.Output{Name: o.Name, Value: c})
 		} else if c := updOf[o.Value]; c != nil {
-			update.SetOutput(o.Name, c)
+			updOuts = append(updOuts, ir.Output{Name: o.Name, Value: c})
 		}
 	}
 	for _, a := range m.Values {
 		if crossing[a] {
-			grad.SetOutput(BoundaryPrefix+strconv.Itoa(a.ID), gradOf[a])
+			gradOuts = append(gradOuts, ir.Output{Name: BoundaryPrefix + strconv.Itoa(a.ID), Value: gradOf[a]})
 		}
 	}
+	grad.SetOutputs(gradOuts)
+	update.SetOutputs(updOuts)
 	for _, u := range m.Updates {
 		update.Updates = append(update.Updates, ir.Update{State: updOf[u.State], Value: updOf[u.Value]})
 	}
@@ -124,13 +134,4 @@ func SplitAtOptimizer(m *ir.Module) (grad, update *ir.Module, boundary []string,
 		return nil, nil, nil, err
 	}
 	return grad, update, boundary, nil
-}
-
-func isUpdated(m *ir.Module, v *ir.Value) bool {
-	for _, u := range m.Updates {
-		if u.State == v {
-			return true
-		}
-	}
-	return false
 }

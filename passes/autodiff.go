@@ -81,7 +81,9 @@ func autodiff(m *ir.Module, o *Options) error {
 	if unread := unreadInputs(m); len(unread) > 0 {
 		o.notef("nothing reads input %s, which is fed every step: a loss meant to read it (its labels?) reads something else", strings.Join(unread, ", "))
 	}
-	for _, p := range m.Params() {
+	params := m.Params()
+	gradOuts := make([]ir.Output, 0, len(params))
+	for _, p := range params {
 		g := ad.grads[p]
 		if g == nil {
 			// The loss does not depend on p; its gradient is zero.
@@ -91,8 +93,9 @@ func autodiff(m *ir.Module, o *Options) error {
 				return err
 			}
 		}
-		m.SetOutput(ir.GradPrefix+p.Name(), g)
+		gradOuts = append(gradOuts, ir.Output{Name: ir.GradPrefix + p.Name(), Value: g})
 	}
+	m.SetOutputs(gradOuts) // one index of the names, not a search per param
 	removeDeadBackward(m)
 	return nil
 }

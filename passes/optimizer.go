@@ -29,8 +29,9 @@ func optimizer(m *ir.Module, o *Options) error {
 		return fmt.Errorf("module %q has no params to optimise", m.Name)
 	}
 	grads := make([]*ir.Value, len(params))
+	outs := m.OutputsByName() // m.Output per param searched every output
 	for i, p := range params {
-		if grads[i] = m.Output(ir.GradPrefix + p.Name()); grads[i] == nil {
+		if grads[i] = outs[ir.GradPrefix+p.Name()]; grads[i] == nil {
 			return fmt.Errorf("%s: no gradient output %q (autodiff must run first)", p.Where(), ir.GradPrefix+p.Name())
 		}
 	}

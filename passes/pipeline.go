@@ -1,7 +1,6 @@
 package passes
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -224,7 +223,7 @@ func hash(m *ir.Module) [32]byte {
 	applied := m.Passes
 	m.Passes = nil
 	defer func() { m.Passes = applied }()
-	return sha256.Sum256([]byte(ir.Print(m)))
+	return ir.PrintHash(m) // streamed: the text is never held whole
 }
 
 // ErrDisabledRequired is returned when a required pass is disabled.
