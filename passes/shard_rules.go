@@ -745,21 +745,35 @@ func embeddingGradRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	switch {
 	case ids.Kind == ir.Shard && ids.Dim < r.v.Args[0].Type.Rank():
 		return []ir.Placement{ids, ids}, par, nil // scattered rows from local tokens
+	case ids.Kind == ir.Replicate && dy.Kind == ir.Replicate && vocabSplitGrad(r):
+		// A vocab-parallel table: the device makes its rows of the
+		// gradient only (runtime.VocabRows), as Megatron-LM's
+		// VocabParallelEmbedding does. Made whole, each tp rank held the
+		// whole table's gradient and its fp32 sum, V·h·4 bytes where its
+		// rows are V·h·4/t, until the optimizer took its rows.
+		return r.have, shardOn(0), nil
 	case ids.Kind == ir.Replicate && dy.Kind != ir.Shard:
 		return r.have, dy, nil
 	case ids.Kind == ir.Replicate && dy.Kind == ir.Shard && dy.Dim < r.v.Args[0].Type.Rank():
-		if d, ok := r.s.gradDest[r.v]; ok && d[r.ax].Kind == ir.Shard && d[r.ax].Dim == 0 && d[r.ax].NumBlocks() == 1 {
+		if vocabSplitGrad(r) {
 			// A vocab-parallel table under sequence parallelism: dy is
 			// gathered whole (b·s·h, as Megatron-LM's backward of its
 			// reduce-scatter to the sequence split does) and the device
 			// makes its rows of the gradient only. Taking the ids of its
 			// tokens instead made a partial gradient of the whole table,
 			// V·h a device, reduce-scattered once a step.
-			return []ir.Placement{ids, rep}, rep, nil
+			return []ir.Placement{ids, rep}, shardOn(0), nil
 		}
 		return []ir.Placement{dy, dy}, par, nil // take the ids of the local rows
 	}
 	return nil, rep, fmt.Errorf("embedding_grad with ids %v and dy %v has no rule", ids, dy)
+}
+
+// vocabSplitGrad says whether the gradient r makes is of a table split by
+// rows (vocab-parallel) on r's axis, one block a device.
+func vocabSplitGrad(r AxisRule) bool {
+	d, ok := r.s.gradDest[r.v]
+	return ok && d[r.ax].Kind == ir.Shard && d[r.ax].Dim == 0 && d[r.ax].NumBlocks() == 1
 }
 
 // crossEntropyRule: rows sharded give a partial mean (the lowering divides

@@ -587,6 +587,29 @@ func TestUpdatesWriteOverTheirState(t *testing.T) {
 	}
 }
 
+// A vocab-parallel table's gradient is made as the device's rows, as
+// Megatron-LM's VocabParallelEmbedding makes it: made whole, every tp rank
+// held the whole table's gradient and its fp32 sum (V·h·4 bytes where its
+// rows are V·h·4/t) until the optimizer took its rows. The Llama's
+// embedding is untied; with sequence parallelism dy is gathered first.
+func TestVocabParallelEmbeddingGradientIsTheDevicesRows(t *testing.T) {
+	for _, p := range []plan{{model: "llama", tp: 2, micro: 2}, {model: "llama", tp: 2, sp: true}, {tp: 2}} {
+		t.Run(p.String()+p.model, func(t *testing.T) {
+			prog := compilePlan(t, p)
+			n := 0
+			for _, in := range prog.Instrs {
+				if in.Op != "embedding_grad" {
+					continue
+				}
+				n++
+				vocab := in.Value.Type.Shape[0]
+				assert.Equal(t, vocab/2, in.OutType.Shape[0], "%s: the device's rows of the %d", in.Value.Where(), vocab)
+			}
+			assert.Positive(t, n)
+		})
+	}
+}
+
 // Gradient accumulation holds one set of gradients, not one per
 // microbatch: each microbatch's gradients are added to the sum as soon as
 // they exist, so with 4 microbatches the peak is at most one more set of
