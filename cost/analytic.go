@@ -1127,7 +1127,6 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		}
 		return params, state
 	}
-	params, state := persistent(stageParams)
 	// The first stage holds the embeddings and its layers, so its
 	// persistent bytes bound the largest peak from below; with experts it
 	// may hold fewer MoE blocks than the average, so each of its blocks is
@@ -1151,38 +1150,67 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// copied to fp32 as the backward makes it, and the copies are reduced
 	// and read by the optimizer (Megatron-LM's main_grad: 18 bytes a
 	// param in bf16, 6 + 12/dp with its distributed optimizer, as here).
-	grads := 4 * stageParams
-	if p.Zero >= 2 {
-		// Each device keeps its shard, and the gradients of the bucket
-		// being reduce-scattered whole (all of a small model's: the
-		// compiled peaks held 4.3–5.3 bytes a param at dp 4, priced 1).
-		bucket := p.BucketBytes
-		if !(bucket > 0) {
-			bucket = defaultBucketBytes
+	gradBytes := func(n float64) float64 {
+		grads := 4 * n
+		if p.Zero >= 2 {
+			// Each device keeps its shard, and the gradients of the bucket
+			// being reduce-scattered whole (all of a small model's: the
+			// compiled peaks held 4.3–5.3 bytes a param at dp 4, priced 1).
+			bucket := p.BucketBytes
+			if !(bucket > 0) {
+				bucket = defaultBucketBytes
+			}
+			grads = grads/float64(p.DP) + math.Min(grads, bucket)
 		}
-		grads = grads/float64(p.DP) + math.Min(grads, bucket)
+		return grads
 	}
-	inflight := float64(min(p.Microbatches, p.PP))
-	if p.Schedule == "gpipe" {
-		inflight = float64(p.Microbatches)
+	// Microbatches in flight (their stash kept for the backward) on the
+	// first pipeline rank and on the last, which alone holds the logits.
+	inflight, inflightLast := float64(min(p.Microbatches, p.PP)), 1.0
+	switch {
+	case p.Schedule == "gpipe":
+		inflight, inflightLast = float64(p.Microbatches), float64(p.Microbatches)
+	case v > 1:
+		// Interleaved 1F1B's warm-up runs 2(p−r−1) + (v−1)·p + 1 chunk
+		// forwards on rank r before its first backward (Narayanan et al.
+		// 2021): in layers, (1 + (p−1)/(p·v)) times 1F1B's on the first
+		// rank (priced as 1F1B's, the compiled first ranks held up to
+		// 17 % more). inflight counts microbatches of all v chunks.
+		mv, pp := float64(p.Microbatches*v), float64(p.PP)
+		inflight = math.Min(mv, 2*(pp-1)+(float64(v)-1)*pp+1) / float64(v)
+		inflightLast = math.Min(mv, (float64(v)-1)*pp+1) / float64(v)
 	}
 	act := stashed()
-	logits := eb * tokens * V / tp * 2
+	// The logits in the compute dtype, their fp32 copy under mixed
+	// precision, and the loss's gradient written over that copy
+	// (lower.overwriteLastReads), as Megatron-LM's cross-entropy writes
+	// it over its softmax: 4 bytes a logit in fp32, 6 in 16 bits.
+	logits := tokens * V / tp * 4
+	if eb < 4 {
+		logits += eb * tokens * V / tp
+	}
 	if strings.Contains(p.Compress, "lowp") && eb == 4 {
 		act, logits = act/2, logits/2
 	}
-	actBytes := act*perChunk*float64(v)*inflight + logits
+	// The backward of a segment (one layer under full) holds its K
+	// layers' activations, replayed, beside the stash; on the last rank
+	// not while the loss's gradient is made, before any replay.
+	var replay float64
 	if p.Recompute == "full" {
-		// The backward of a segment (one layer under full) holds its K
-		// layers' activations, replayed, beside the stash.
-		actBytes += float64(min(max(everyK, 1), int(perChunk))) * kept()
+		replay = float64(min(max(everyK, 1), int(perChunk))) * kept()
+	}
+	actFirst := act*perChunk*float64(v)*inflight + replay
+	actLast := act*perChunk*float64(v)*inflightLast + math.Max(logits, replay)
+	if p.PP == 1 {
+		actFirst = act*perChunk*float64(v)*inflight + math.Max(logits, replay)
 	}
 	if cp > 1 && p.CPImpl != "all2all" {
 		// The ring's scratch while its forward runs (lower.RingScratch):
 		// two K/V chunks held and received, the running output in
 		// float64 and one step's.
 		kv := 4 * tokens * t.kvWidth() / tp * 4
-		actBytes += 2*kv + tokens*hd/tp*(8+4)
+		actFirst += 2*kv + tokens*hd/tp*(8+4)
+		actLast += 2*kv + tokens*hd/tp*(8+4)
 	}
 	// A 16-bit run computes with a copy of its fp32 master weights; an
 	// fp32 run has none. (An fp32 run was priced with as much again for
@@ -1191,26 +1219,60 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// planner compiles for two small GPTs on 4 devices the estimate is now
 	// 23 % over and 5 % under on average (mean |log ratio| 0.31, 0.17), where it
 	// was 50 % and 19 % over (0.42, 0.20) with the copy.)
-	copyBytes := eb * stageParams
-	switch {
-	case p.Zero == 3:
-		// The copy is split with the masters, and gathered a layer (or
-		// the embedding) at a time for the forward and backward: 16/N
-		// bytes a param and the largest gathered piece, where the whole
-		// copy was priced (ZeRO-3 as heavy as ZeRO-2).
-		copyBytes = eb * (stageParams/float64(p.DP) + math.Max(low, first))
-		if eb == 4 {
-			copyBytes = eb * math.Max(low, first) // fp32 computes with the masters' gathered shards
+	copyOf := func(n float64) float64 {
+		switch {
+		case p.Zero == 3:
+			// The copy is split with the masters, and gathered a layer
+			// (or the embedding) at a time for the forward and backward:
+			// 16/N bytes a param and the largest gathered piece, where the
+			// whole copy was priced (ZeRO-3 as heavy as ZeRO-2).
+			if eb == 4 {
+				return eb * math.Max(low, first) // fp32 computes with the masters' gathered shards
+			}
+			return eb * (n/float64(p.DP) + math.Max(low, first))
+		case eb == 4 || p.Schedule == "2bw":
+			// Under 2BW the forward reads the previous version, whose next
+			// copy the optimizer writes in place.
+			return 0
 		}
-	case eb == 4 || p.Schedule == "2bw":
-		// Under 2BW the forward reads the previous version, whose next
-		// copy the optimizer writes in place.
-		copyBytes = 0
+		return eb * n
 	}
-	e.MemoryEstimate = int64(params + state + grads + actBytes + copyBytes)
-	if ldt == "fp8" {
-		e.MemoryEstimate += int64(2 * stageParams) // the fp8 weights and their transposes
+	stageMem := func(n, act float64) float64 {
+		params, state := persistent(n)
+		m := params + state + copyOf(n)
+		if p.Microbatches == 1 {
+			// One microbatch: the activations peak at the loss's gradient,
+			// before any weight gradient exists, and are gone when the
+			// last is made.
+			m += math.Max(act, gradBytes(n))
+		} else {
+			m += act + gradBytes(n)
+		}
+		if ldt == "fp8" {
+			m += 2 * n // the fp8 weights and their transposes
+		}
+		return m
 	}
+	if p.PP == 1 {
+		e.MemoryEstimate = int64(stageMem(stageParams, actFirst))
+		return e, nil
+	}
+	// Under a pipeline the first rank holds the word embedding (and a
+	// GPT's position table) with most microbatches in flight, the last
+	// the head and the logits with one: each priced as its own rank,
+	// where both tables, the logits and the first rank's stash were
+	// counted on one (pipelined plans came out 15–27 % over their
+	// compiled arenas). A tied head's last rank receives the table each
+	// step and makes its gradient's part: 2 + 4 bytes a row element in
+	// 16 bits, beside its blocks.
+	blocks := stageParams - t.outerParamsPerDevice(tp)
+	head, tied := 0.0, V*hd/tp*(eb+4)
+	if t.OuterParams > 0 && t.OuterSplit > 1.5*V*hd {
+		head, tied = V*hd/tp, 0 // an untied head: its own vocab-parallel table
+	}
+	firstMem := stageMem(stageParams-head, actFirst)
+	lastMem := stageMem(blocks+head, actLast) + tied
+	e.MemoryEstimate = int64(math.Max(firstMem, lastMem))
 	return e, nil
 }
 
