@@ -33,7 +33,7 @@ func Model(b *frontend.Builder) {
 		CapacityFactor:     b.Float("capacity", 2, "capacity factor: slots per expert = ⌈k·group·factor/experts⌉"),
 		EvalCapacityFactor: b.Float("eval_capacity", 0, "evaluation's capacity factor (0: the training one)"),
 		GroupSize:          b.IntOrZero("group", 0, "tokens per routing group (0: one sequence)"),
-		AuxLoss:            b.Float("aux", -1, "weight of the balancing loss (negative: 1e-2, and 1e-2·experts² for gshard, whose loss (1/E)·Σ(c_e/S)·m_e is E² times smaller than Switch's E·Σf·P; 0: none)"),
+		AuxLoss:            b.Float("aux", -1, "weight of the balancing loss (negative: 1e-2, Switch's; 0.1 for noisy-topk, Shazeer et al.'s w_importance = w_load; 1e-2·experts² for gshard, whose loss (1/E)·Σ(c_e/S)·m_e is E² times smaller than Switch's E·Σf·P; 0: none)"),
 		ZLoss:              b.Float("zloss", 1e-3, "weight of the router z-loss"),
 		FFN:                b.IntOrZero("ffn", 0, "each expert's hidden width (0: 4·hidden)"),
 		Jitter:             b.Float("jitter", 0, "router input jitter ε (Switch: 1e-2)"),
@@ -44,9 +44,13 @@ func Model(b *frontend.Builder) {
 		b.Errorf("--set k=%d: the %s router does not take k (switch sends a token to 1 expert, gshard to 2, expert-choice fills each expert's capacity); k applies to noisy-topk and softmax-topk", k, cfg.Router)
 	}
 	if cfg.AuxLoss < 0 {
-		cfg.AuxLoss = 1e-2
-		if cfg.Router == nn.RouterGShard {
-			cfg.AuxLoss *= float64(cfg.Experts * cfg.Experts)
+		switch cfg.Router {
+		case nn.RouterNoisyTopK:
+			cfg.AuxLoss = 0.1 // its CV² importance and load losses, each weighted 0.1 in the paper
+		case nn.RouterGShard:
+			cfg.AuxLoss = 1e-2 * float64(cfg.Experts*cfg.Experts)
+		default:
+			cfg.AuxLoss = 1e-2
 		}
 	}
 	switch rs := b.IntOrZero("random_second", 1, "gshard: keep the second expert with probability g₂/0.2 (1) or always (0)"); rs {

@@ -102,3 +102,22 @@ func TestRandomSecondIsZeroOrOne(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--set random_second=5: want 1")
 }
+
+// The balancing loss's default weight is each router's paper's: Switch's
+// 1e-2, noisy top-k's 0.1 (Shazeer et al.'s w_importance and w_load; it
+// took Switch's), and GShard's scaled by E² for its E² times smaller loss.
+// The default builds the module the explicit weight does.
+func TestDefaultBalancingWeights(t *testing.T) {
+	for router, weight := range map[string]string{"switch": "0.01", "noisy-topk": "0.1", "gshard": "0.16"} {
+		build := func(aux string) string {
+			set := map[string]string{"layers": "2", "hidden": "32", "heads": "2", "seq": "16", "experts": "4", "router": router}
+			if aux != "" {
+				set["aux"] = aux
+			}
+			m, err := frontend.Build(moe.Model, frontend.Config{Batch: 2, Set: set})
+			require.NoError(t, err, router)
+			return m.Fingerprint()
+		}
+		assert.Equal(t, build(weight), build(""), "%s: the default weight is %s", router, weight)
+	}
+}
