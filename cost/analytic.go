@@ -631,10 +631,23 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// 5·as²b/t where the core keeps its scores. The compiled programs
 	// keep the same (34 sbh at tp 1, 21.5 at tp 2, 8.9 at tp 4 with sp);
 	// this priced 34 + 24/t, and 68/t with sp, up to 2.9 times as much.
+	// A layer's stash in elements a token, in units of h (Korthikanti et
+	// al.'s 34·sbh bytes in 16 bits for a GPT: 5 whole on every tp rank
+	// (the norms' inputs, the attention's and the MLP's inputs, the two
+	// dropout masks) and 12 split (q, k, v and the projection's input; the
+	// MLP's hidden before and after its activation, 2·4h)). Another
+	// model's widths enter where they differ: k and v at the k/v heads'
+	// width (grouped-query attention), and a gated MLP's hidden four times
+	// (gate, up, the activation, the product) where the GPT's is twice.
+	mlpHidden := 2 * f
+	if t.GatedMLP {
+		mlpHidden = 4 * f
+	}
+	split := 2 + 2*t.kvWidth()/hd + mlpHidden/hd
 	kept := func() float64 {
-		act := tokens * hd * eb * (5 + 12/tp)
+		act := tokens * hd * eb * (5 + split/tp)
 		if p.SequenceParallel {
-			act = tokens * hd * eb * 17 / tp
+			act = tokens * hd * eb * (5 + split) / tp
 		}
 		if !t.FusedAttention && p.Recompute != "selective" {
 			act += 2.5 * eb * b * a * s * s / tp

@@ -319,6 +319,37 @@ func TestActivationBytesFollowKorthikanti(t *testing.T) {
 	}
 }
 
+// A gated MLP keeps four hidden tensors a layer (gate, up, the
+// activation, the product) where the GPT's keeps two, and grouped-query
+// attention's k and v are its k/v heads' width: the stash follows the
+// model's widths where they differ from the GPT's (Llama 7B's SwiGLU stash
+// was priced as a GPT's, 9 % under its compiled one).
+func TestActivationBytesFollowTheWidths(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	const L, s, hd, tp = 4, 1024, 1024, 2
+	price := func(shape Transformer, rc string) float64 {
+		e, err := h.Estimate(shape, Plan{TP: tp, PP: 1, DP: 1, MicroBatch: 1, Microbatches: 2, Precision: "bf16", Recompute: rc})
+		require.NoError(t, err)
+		return float64(e.MemoryEstimate)
+	}
+	gpt := Transformer{Layers: L, Hidden: hd, Heads: 16, Seq: s, Vocab: 1024, FFN: 4 * hd, FusedAttention: true}
+	llama := gpt
+	llama.GatedMLP, llama.FFN, llama.KVHeads = true, 2816, 4
+	// none holds L stashes and the logits; full L checkpoints and the
+	// replayed layer, which outweighs the logits here (while the loss's
+	// gradient is made, before any replay): the weights cancel.
+	logits := float64(s) * 1024 / tp * 6
+	stash := func(shape Transformer, split float64) float64 {
+		kept, in := float64(s*hd)*2*(5+split/tp), float64(s*hd)*2
+		require.Greater(t, kept, logits)
+		return L*kept + logits - (L*in + kept)
+	}
+	assert.InDelta(t, stash(gpt, 12), price(gpt, "none")-price(gpt, "full"), 1, "GPT: Korthikanti's 10 + 24/t")
+	kv := 2.0 * 4 / 16
+	assert.InDelta(t, stash(llama, 2+kv+4*2816.0/hd), price(llama, "none")-price(llama, "full"), 1, "Llama: q, k, v at kv width, four gated hidden")
+}
+
 // ZeRO-3 moves each microbatch's gradients by reduce-scatter (fp32) and
 // gathers the 16-bit weights before each microbatch's forward and
 // backward, and nothing after the update: (4m + 2·2m)·Ψ·(N−1)/N bytes in
