@@ -1165,7 +1165,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// param in bf16, 6 + 12/dp with its distributed optimizer, as here).
 	gradBytes := func(n float64) float64 {
 		grads := 4 * n
-		if p.Zero >= 2 {
+		// With one microbatch ZeRO-1 compiles as ZeRO-2: each bucket is
+		// reduce-scattered as the backward makes it, then freed.
+		if p.Zero >= 2 || p.Zero == 1 && p.Microbatches == 1 {
 			// Each device keeps its shard, and the gradients of the bucket
 			// being reduce-scattered whole (all of a small model's: the
 			// compiled peaks held 4.3–5.3 bytes a param at dp 4, priced 1).
@@ -1198,10 +1200,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// precision, and the loss's gradient written over that copy
 	// (lower.overwriteLastReads), as Megatron-LM's cross-entropy writes
 	// it over its softmax: 4 bytes a logit in fp32, 6 in 16 bits.
-	logits := tokens * V / tp * 4
+	perLogit := 4.0
 	if eb < 4 {
-		logits += eb * tokens * V / tp
+		perLogit += eb
 	}
+	logits := tokens * V / tp * perLogit
 	if strings.Contains(p.Compress, "lowp") && eb == 4 {
 		act, logits = act/2, logits/2
 	}
@@ -1212,8 +1215,24 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	if p.Recompute == "full" {
 		replay = float64(min(max(everyK, 1), int(perChunk))) * kept()
 	}
+	// The last rank holds the logits of every microbatch whose loss's
+	// gradient is still to be made or read: all of them under GPipe, whose
+	// forwards all run first, and under zero-bubble with an untied head
+	// those whose head-weight gradient waits for W (up to p; a tied head's
+	// part is made in B, as it is sent on).
+	// Those waiting keep 4 bytes a logit (the fp32 copy, or the gradient
+	// written over it); the one being made all of logits'.
+	untied := t.OuterParams > 0 && t.OuterSplit > 1.5*V*hd
+	waiting := 0
+	switch {
+	case p.Schedule == "gpipe":
+		waiting = p.Microbatches - 1
+	case p.Schedule == "zb" && untied:
+		waiting = min(p.Microbatches, p.PP) - 1
+	}
+	logitsLast := logits + float64(waiting)*logits*4/perLogit
 	actFirst := act*perChunk*float64(v)*inflight + replay
-	actLast := act*perChunk*float64(v)*inflightLast + math.Max(logits, replay)
+	actLast := act*perChunk*float64(v)*inflightLast + math.Max(logitsLast, logitsLast-logits+replay)
 	if p.PP == 1 {
 		actFirst = act*perChunk*float64(v)*inflight + math.Max(logits, replay)
 	}
@@ -1279,12 +1298,12 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// step and makes its gradient's part: 2 + 4 bytes a row element in
 	// 16 bits, beside its blocks.
 	blocks := stageParams - t.outerParamsPerDevice(tp)
-	head, tied := 0.0, V*hd/tp*(eb+4)
-	if t.OuterParams > 0 && t.OuterSplit > 1.5*V*hd {
-		head, tied = V*hd/tp, 0 // an untied head: its own vocab-parallel table
+	headParams, receivedBytes := 0.0, V*hd/tp*(eb+4)
+	if untied {
+		headParams, receivedBytes = V*hd/tp, 0 // its own vocab-parallel table
 	}
-	firstMem := stageMem(stageParams-head, actFirst)
-	lastMem := stageMem(blocks+head, actLast) + tied
+	firstMem := stageMem(stageParams-headParams, actFirst)
+	lastMem := stageMem(blocks+headParams, actLast) + receivedBytes
 	e.MemoryEstimate = int64(math.Max(firstMem, lastMem))
 	return e, nil
 }

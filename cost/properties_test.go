@@ -188,7 +188,9 @@ func TestOneExpertIsADenseBlock(t *testing.T) {
 // (2 + 16/N, and the gradient bucket being reduce-scattered), ZeRO-3 the
 // 16-bit copy as well (18/N, the bucket, and the largest piece gathered
 // for the forward: a layer or the embedding; it was priced with the
-// whole copy, as heavy as ZeRO-2).
+// whole copy, as heavy as ZeRO-2). Under gradient accumulation, where
+// ZeRO-1 sums whole gradients; with one microbatch it reduce-scatters
+// each bucket as it comes and frees it, as ZeRO-2 does.
 func TestOptimizerStateBytesAParameter(t *testing.T) {
 	h, err := Preset("a100-80g")
 	require.NoError(t, err)
@@ -197,10 +199,16 @@ func TestOptimizerStateBytesAParameter(t *testing.T) {
 	bucket := math.Min(4*psi, defaultBucketBytes) / psi
 	gathered := 2 * math.Max(shape.layerParamsPerDevice(1), float64(shape.Vocab*shape.Hidden)) / psi
 	for zero, want := range []float64{18, 6 + 12.0/8, 2 + 16.0/8 + bucket, 18.0/8 + bucket + gathered} {
-		e, err := h.Estimate(shape, Plan{TP: 1, PP: 1, DP: 8, MicroBatch: 1, Microbatches: 1, Zero: zero, Precision: "bf16", Recompute: "full"})
+		e, err := h.Estimate(shape, Plan{TP: 1, PP: 1, DP: 8, MicroBatch: 1, Microbatches: 2, Zero: zero, Precision: "bf16", Recompute: "full"})
 		require.NoError(t, err)
 		assert.InDelta(t, want, float64(e.MemoryEstimate)/psi, 0.05, "zero %d", zero)
 	}
+	price := func(zero int) int64 {
+		e, err := h.Estimate(shape, Plan{TP: 1, PP: 1, DP: 8, MicroBatch: 1, Microbatches: 1, Zero: zero, Precision: "bf16", Recompute: "full"})
+		require.NoError(t, err)
+		return e.MemoryEstimate
+	}
+	assert.Equal(t, price(2), price(1), "one microbatch: ZeRO-1 as ZeRO-2")
 }
 
 // --recompute every=K replays every block's forward, as full does, and
