@@ -68,9 +68,12 @@ type OpInfo struct {
 	// Update is the op's part in the optimizer step.
 	Update UpdateRole
 	// InPlace ops may write their result over their argument InPlaceArg
-	// (the first unless set): their kernels read each element before
-	// writing it. The lowering does so when the op computes a state's
-	// update and is the state's last reader.
+	// (the first unless set): their kernels read each element (or a
+	// row's elements) before writing it. The lowering does so when the op
+	// computes a state's update and is the state's last reader, and for a
+	// temporary argument of an op that updates nothing (the loss's
+	// gradient over its logits) when the op is its last reader and no
+	// side-stream op reads it (lower.overwriteLastReads).
 	InPlace    bool
 	InPlaceArg int
 	// Precision is the op's class under mixed precision.

@@ -296,11 +296,13 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 			}
 		}
 		// accumulate makes the once-a-step backward values that v
-		// completes (a gradient's sum over the microbatches) as soon as v
-		// is made, inside its block: made at the block's end, every
+		// completes as soon as v is made, inside its block: a gradient's
+		// sum over the microbatches, and what the last sum completes (its
+		// reduction over dp, a send of it). Made at the block's end, every
 		// gradient of the block was live beside its sum, a stage's
 		// gradients held twice (Megatron-LM adds each into main_grad as
-		// it comes). The adds and their order are the same.
+		// it comes). The values are the IR's, so the sums and their order,
+		// and the bits, are unchanged; only where they run moves.
 		var accumulate func(v *ir.Value)
 		accumulate = func(v *ir.Value) {
 			for _, u := range uses[v] {

@@ -43,6 +43,9 @@ func newProgress(w io.Writer, total int) *progress {
 // isTerminal reports whether w is a terminal, where a line may be redrawn
 // in place ("\r"); a log file or a pipe gets whole lines.
 func isTerminal(w io.Writer) bool {
+	if pw, ok := w.(*pipeWatch); ok {
+		w = pw.w // a training run's log, watched for a closed pipe
+	}
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
