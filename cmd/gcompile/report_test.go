@@ -509,3 +509,20 @@ func TestSkippedLine(t *testing.T) {
 	assert.Contains(t, skippedLine(&config{}, steps(true, true)), "every step's update (2): the gradients overflowed (last at loss scale 65536)")
 	assert.Equal(t, "1 of 3 steps' updates: their gradients overflowed (last at loss scale 65536)", skippedLine(&config{}, steps(true, false, false)))
 }
+
+// A character device (a terminal) gets the redrawn bar, through the
+// training run's watch of its log too; a pipe gets lines. The watch hid
+// the terminal, so a run's bar was never drawn.
+func TestProgressSeesTheTerminalThroughTheLogWatch(t *testing.T) {
+	dev, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	defer dev.Close()
+	assert.True(t, isTerminal(dev))
+	assert.True(t, isTerminal(&pipeWatch{w: dev}))
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	defer w.Close()
+	assert.False(t, isTerminal(&pipeWatch{w: w}))
+	assert.False(t, isTerminal(&bytes.Buffer{}))
+}
