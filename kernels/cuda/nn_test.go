@@ -323,6 +323,11 @@ func TestCrossEntropy(t *testing.T) {
 		launch(t, "gc_cross_entropy_grad", grid, block, gotG, status, logits, labels, dloss, rows, vocab)
 		requireWithin(t, wantG, gotG, ceGradBound(logits, rows, vocab, wantG, float64(dloss[0])/float64(rows)), "gc_cross_entropy_grad")
 		require.Zero(t, status[0])
+		// In place over the logits (the lowering writes the loss's
+		// gradient over them where it reads them last): the same bits.
+		inPlace := append([]float32(nil), logits...)
+		launch(t, "gc_cross_entropy_grad", grid, block, inPlace, status, inPlace, labels, dloss, rows, vocab)
+		require.Equal(t, gotG, inPlace, "gc_cross_entropy_grad in place")
 	})
 }
 
