@@ -657,7 +657,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			// experts' hidden before and after the activation) where a
 			// dense one keeps its MLP's hidden.
 			rows := tokens * t.Slots
-			act += moeWeight * eb * math.Max(rows*(2*hd+2*float64(t.ExpertFFN)/tp)-tokens*2*f/tp, 0)
+			expertHidden := 2 * float64(t.ExpertFFN)
+			if t.GatedExperts {
+				expertHidden *= 2 // gate, up, the activation, the product
+			}
+			act += moeWeight * eb * math.Max(rows*(2*hd+expertHidden/tp)-tokens*mlpHidden/tp, 0)
 		}
 		return act
 	}
@@ -1204,10 +1208,15 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	if eb < 4 {
 		perLogit += eb
 	}
-	logits := tokens * V / tp * perLogit
+	// What a microbatch's logits keep while they wait for the loss's
+	// gradient: the fp32 copy, or under lowp in fp32 its bf16 copy.
+	waitingPerLogit := 4.0
 	if strings.Contains(p.Compress, "lowp") && eb == 4 {
-		act, logits = act/2, logits/2
+		// lowp stashes a bf16 copy of the fp32 logits, made while they
+		// are still live for the loss: 6 bytes a logit at the loss.
+		act, perLogit, waitingPerLogit = act/2, 6, 2
 	}
+	logits := tokens * V / tp * perLogit
 	// The backward of a segment (one layer under full) holds its K
 	// layers' activations, replayed, beside the stash; on the last rank
 	// not while the loss's gradient is made, before any replay.
@@ -1230,7 +1239,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	case p.Schedule == "zb" && untied:
 		waiting = min(p.Microbatches, p.PP) - 1
 	}
-	logitsLast := logits + float64(waiting)*logits*4/perLogit
+	logitsLast := logits + float64(waiting)*tokens*V/tp*waitingPerLogit
 	actFirst := act*perChunk*float64(v)*inflight + replay
 	actLast := act*perChunk*float64(v)*inflightLast + math.Max(logitsLast, logitsLast-logits+replay)
 	if p.PP == 1 {
@@ -1240,9 +1249,17 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		// The ring's scratch while its forward runs (lower.RingScratch):
 		// two K/V chunks held and received, the running output in
 		// float64 and one step's.
+		// It is live only while a ring instruction runs, in a layer's
+		// forward or backward, not at the loss: on a rank that holds the
+		// logits it adds what exceeds them.
 		kv := 4 * tokens * t.kvWidth() / tp * 4
-		actFirst += 2*kv + tokens*hd/tp*(8+4)
-		actLast += 2*kv + tokens*hd/tp*(8+4)
+		ring := 2*kv + tokens*hd/tp*(8+4)
+		if p.PP == 1 {
+			actFirst += math.Max(ring-math.Max(logits, replay), 0)
+		} else {
+			actFirst += ring
+		}
+		actLast += math.Max(ring-logitsLast, 0)
 	}
 	// A 16-bit run computes with a copy of its fp32 master weights; an
 	// fp32 run has none. (An fp32 run was priced with as much again for
@@ -1253,6 +1270,16 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// was 50 % and 19 % over (0.42, 0.20) with the copy.)
 	copyOf := func(n float64) float64 {
 		switch {
+		case strings.Contains(p.Offload, "params"):
+			// The device holds the pieces in use (a layer, or the
+			// embedding) and those prefetched ahead, in the compute dtype
+			// (an fp32 run computes with the params' device copies); 2BW's
+			// version stands in for a 16-bit copy.
+			w := eb
+			if p.Schedule == "2bw" && eb < 4 {
+				w = 0
+			}
+			return w * (math.Max(first, low) + float64(p.OffloadPrefetch)*low)
 		case p.Zero == 3:
 			// The copy is split with the masters, and gathered a layer
 			// (or the embedding) at a time for the forward and backward:
