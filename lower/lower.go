@@ -655,36 +655,13 @@ func accumulateInPlace(p *Program) {
 			readers[a]++
 		}
 	}
-	outputs := map[int]bool{}
-	for _, b := range p.Outputs {
-		outputs[b] = true
-	}
-	// A sum written over its predecessor's buffer is read from there by
-	// every later instruction: renamed as the pass reaches them, in one
-	// pass over the program.
-	rename := map[int]int{}
-	for i := range p.Instrs {
-		in := &p.Instrs[i]
-		for k, a := range in.Args {
-			if r, ok := rename[a]; ok {
-				in.Args[k] = r
-			}
-		}
+	writeOver(p, func(_ int, in *Instr) (int, bool) {
 		v := in.Value
-		if in.Op != "add" || v == nil || v.Meta.Phase != ir.PhaseBwd || v.Meta.Micro >= 0 || in.Out < 0 || len(in.Args) != 2 || in.Args[0] == in.Args[1] {
-			continue
+		if in.Op != "add" || v == nil || v.Meta.Phase != ir.PhaseBwd || v.Meta.Micro >= 0 || len(in.Args) != 2 || in.Args[0] == in.Args[1] {
+			return 0, false
 		}
-		src, dst := in.Args[0], in.Out
-		s, d := p.Buffers[src], p.Buffers[dst]
-		if readers[src] != 1 || outputs[src] || outputs[dst] || s.Host || d.Host || s.Scratch || s.Kind.Persistent() || d.Kind.Persistent() ||
-			s.Bytes != d.Bytes || !s.Type.Equal(d.Type) || !s.Global.Equal(d.Global) || !slices.Equal(s.Place, d.Place) {
-			continue
-		}
-		rename[dst] = src
-		in.Out = src
-		readers[src] = readers[dst]
-		p.Buffers[dst].Bytes = 0 // unused now
-	}
+		return in.Args[0], readers[in.Args[0]] == 1
+	}, func(src, dst int) { readers[src] = readers[dst] })
 }
 
 // overwriteLastReads writes the result of an op the table lets work in
@@ -692,10 +669,9 @@ func accumulateInPlace(p *Program) {
 // in-place argument where that instruction is the argument's last reader:
 // the loss's gradient over the fp32 logits it reads, as Megatron-LM's
 // cross-entropy writes its gradient over its softmax, where both were
-// live at the peak of most plans (4 bytes a logit). Only temporaries of
-// the same bytes and placement, and only arguments no collective, copy or
-// transfer reads (the CUDA backend runs those on side streams, which
-// could still be reading).
+// live at the peak of most plans (4 bytes a logit). Only arguments no
+// collective, copy or transfer reads (the CUDA backend runs those on side
+// streams, which could still be reading).
 func overwriteLastReads(p *Program) {
 	last := make([]int, len(p.Buffers))
 	sideRead := make([]bool, len(p.Buffers))
@@ -708,6 +684,23 @@ func overwriteLastReads(p *Program) {
 			}
 		}
 	}
+	writeOver(p, func(i int, in *Instr) (int, bool) {
+		info, ok := ir.Lookup(in.Op)
+		if !ok || !info.InPlace || info.Update != ir.NoUpdate || info.InPlaceArg >= len(in.Args) {
+			return 0, false
+		}
+		src := in.Args[info.InPlaceArg]
+		return src, src != in.Out && last[src] == i && !sideRead[src] && overwrites(*in, src)
+	}, func(src, dst int) { last[src], sideRead[src] = last[dst], sideRead[dst] })
+}
+
+// writeOver makes each instruction that pick names an argument for write
+// its result into that argument's buffer, where both are temporaries of
+// the same bytes, type and placement (none a program output, on the host
+// or scratch). Every later instruction reads the result there: renamed as
+// the pass reaches them, in one pass over the program. merged(src, dst)
+// tells pick's bookkeeping that dst's reads are now src's.
+func writeOver(p *Program, pick func(i int, in *Instr) (src int, ok bool), merged func(src, dst int)) {
 	outputs := map[int]bool{}
 	for _, b := range p.Outputs {
 		outputs[b] = true
@@ -720,14 +713,14 @@ func overwriteLastReads(p *Program) {
 				in.Args[k] = r
 			}
 		}
-		info, ok := ir.Lookup(in.Op)
-		if !ok || !info.InPlace || info.Update != ir.NoUpdate || in.Out < 0 || info.InPlaceArg >= len(in.Args) {
+		if in.Out < 0 {
 			continue
 		}
-		src, dst := in.Args[info.InPlaceArg], in.Out
-		if src == dst || last[src] != i || sideRead[src] || !overwrites(*in, src) {
+		src, ok := pick(i, in)
+		if !ok {
 			continue
 		}
+		dst := in.Out
 		s, d := p.Buffers[src], p.Buffers[dst]
 		if outputs[src] || outputs[dst] || s.Host || d.Host || s.Scratch || d.Scratch || s.Kind.Persistent() || d.Kind.Persistent() ||
 			s.Bytes != d.Bytes || !s.Type.Equal(d.Type) || !s.Global.Equal(d.Global) || !slices.Equal(s.Place, d.Place) {
@@ -735,8 +728,7 @@ func overwriteLastReads(p *Program) {
 		}
 		rename[dst] = src
 		in.Out = src
-		last[src] = last[dst]
-		sideRead[src] = sideRead[dst]
+		merged(src, dst)
 		p.Buffers[dst].Bytes = 0 // unused now
 	}
 }
