@@ -84,7 +84,7 @@ func routedPerToken(mask *ir.Value, experts int) float64 {
 	seen := map[*ir.Value]bool{}
 	var walk func(v *ir.Value)
 	walk = func(v *ir.Value) {
-		if v == nil || seen[v] || len(seen) > 64 {
+		if v == nil || seen[v] {
 			return
 		}
 		seen[v] = true
@@ -93,9 +93,11 @@ func routedPerToken(mask *ir.Value, experts int) float64 {
 			if sh := v.Type.Shape; len(sh) > 0 && sh[len(sh)-1] == experts {
 				k = max(k, v.Attrs.Int("k", 0))
 			}
-		case "transpose":
-			// A top-k over another dim, turned back: not a token's choice.
-		default:
+		case "add", "sub", "mul", "maximum", "less", "cast":
+			// The arithmetic of masks (GShard keeps its second choice
+			// where a draw is less than its gate); anything else (the
+			// gates, the draw, a top-k over the tokens turned back by a
+			// transpose) is not a token's choice.
 			for _, a := range v.Args {
 				walk(a)
 			}
