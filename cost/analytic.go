@@ -625,17 +625,13 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	}
 	// kept is the bytes a layer keeps from its forward for its backward,
 	// per microbatch, without recompute; stashed with the plan's.
-	// Korthikanti et al. 2022 (16-bit values, eb 2): sbh·(10 + 24/t)
-	// under tp, the LayerNorms' and the blocks' inputs whole and the rest
-	// split; all 34·sbh split over t under sequence parallelism; plus
-	// 5·as²b/t where the core keeps its scores. The compiled programs
-	// keep the same (34 sbh at tp 1, 21.5 at tp 2, 8.9 at tp 4 with sp);
-	// this priced 34 + 24/t, and 68/t with sp, up to 2.9 times as much.
-	// A layer's stash in elements a token, in units of h (Korthikanti et
-	// al.'s 34·sbh bytes in 16 bits for a GPT: 5 whole on every tp rank
+	// Korthikanti et al. 2022 count sbh·(10 + 24/t) bytes in 16 bits for a
+	// GPT under tp: in elements of h a token, 5 whole on every tp rank
 	// (the norms' inputs, the attention's and the MLP's inputs, the two
 	// dropout masks) and 12 split (q, k, v and the projection's input; the
-	// MLP's hidden before and after its activation, 2·4h)). Another
+	// MLP's hidden before and after its activation, 2·4h); all 34·sbh
+	// split under sequence parallelism; plus 5·as²b/t where the core keeps
+	// its scores (this once priced 34 + 24/t, and 68/t with sp). Another
 	// model's widths enter where they differ: k and v at the k/v heads'
 	// width (grouped-query attention), and a gated MLP's hidden four times
 	// (gate, up, the activation, the product) where the GPT's is twice.
@@ -1240,18 +1236,18 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		waiting = min(p.Microbatches, p.PP) - 1
 	}
 	logitsLast := logits + float64(waiting)*tokens*V/tp*waitingPerLogit
-	actFirst := act*perChunk*float64(v)*inflight + replay
-	actLast := act*perChunk*float64(v)*inflightLast + math.Max(logitsLast, logitsLast-logits+replay)
+	stash := act * perChunk * float64(v) // a microbatch's, on a rank
+	actFirst := stash*inflight + replay
 	if p.PP == 1 {
-		actFirst = act*perChunk*float64(v)*inflight + math.Max(logits, replay)
+		actFirst = stash*inflight + math.Max(logits, replay)
 	}
+	actLast := stash*inflightLast + math.Max(logitsLast, logitsLast-logits+replay)
 	if cp > 1 && p.CPImpl != "all2all" {
-		// The ring's scratch while its forward runs (lower.RingScratch):
-		// two K/V chunks held and received, the running output in
-		// float64 and one step's.
-		// It is live only while a ring instruction runs, in a layer's
-		// forward or backward, not at the loss: on a rank that holds the
-		// logits it adds what exceeds them.
+		// The ring's scratch while a ring instruction runs
+		// (lower.RingScratch): two K/V chunks held and received, the
+		// running output in float64 and one step's. It is not live at
+		// the loss, so on a rank that holds the logits it adds only what
+		// exceeds them.
 		kv := 4 * tokens * t.kvWidth() / tp * 4
 		ring := 2*kv + tokens*hd/tp*(8+4)
 		if p.PP == 1 {

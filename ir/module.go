@@ -240,6 +240,12 @@ func (m *Module) OutputsByName() map[string]*Value {
 	return byName
 }
 
+// Microbatched reports whether the microbatch pass split the step: some
+// value belongs to a microbatch (Meta.Micro ≥ 0).
+func (m *Module) Microbatched() bool {
+	return slices.ContainsFunc(m.Values, func(v *Value) bool { return v.Meta.Micro >= 0 })
+}
+
 // Params returns the param values in program order.
 func (m *Module) Params() []*Value {
 	var ps []*Value

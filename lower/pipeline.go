@@ -133,7 +133,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 	// Without gradient accumulation nothing carries a microbatch: the
 	// whole batch is microbatch 0.
 	micro := func(v *ir.Value) int { return v.Meta.Micro }
-	if !slices.ContainsFunc(m.Values, func(v *ir.Value) bool { return v.Meta.Micro >= 0 }) {
+	if !m.Microbatched() {
 		micro = func(*ir.Value) int { return 0 }
 	}
 	for _, v := range m.Values {

@@ -117,7 +117,7 @@ func fuseGroups(m *ir.Module) [][]*ir.Value {
 	// -1: gradient sums, the optimizer) as soon as their args are ready,
 	// not in module order, so a group of them could hold its first inputs
 	// over several microbatches.
-	microbatched := slices.ContainsFunc(m.Values, func(v *ir.Value) bool { return v.Meta.Micro >= 0 })
+	microbatched := m.Microbatched()
 	group := map[*ir.Value]*tree{}
 	var trees []*tree
 	for i, v := range m.Values {

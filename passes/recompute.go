@@ -100,7 +100,7 @@ func recompute(m *ir.Module, o *Options) error {
 	// microbatch's forward anyway, past the first backwards under 1F1B:
 	// replayed, the weights' copies were held twice (Megatron-LM keeps one
 	// 16-bit set, which its replays read).
-	microbatched := slices.ContainsFunc(m.Values, func(v *ir.Value) bool { return v.Meta.Micro >= 0 })
+	microbatched := m.Microbatched()
 	inSeg := map[*ir.Value]seg{}
 	for _, v := range m.Values {
 		if v.Meta.Phase != ir.PhaseFwd || microbatched && v.Meta.Micro < 0 {
