@@ -255,6 +255,7 @@ func LowerWith(m *ir.Module, o Options) (*Program, error) {
 	if err := planUpdates(p, m, bufOf); err != nil {
 		return nil, err
 	}
+	widenIntoSums(p)
 	accumulateInPlace(p)
 	overwriteLastReads(p)
 	if err := offload(p, o); err != nil {
@@ -663,6 +664,75 @@ func accumulateInPlace(p *Program) {
 		return in.Args[0], readers[in.Args[0]] == 1
 	}, func(src, dst int) { readers[src] = readers[dst] })
 }
+
+// widenIntoSums lets each sum of a mixed-precision gradient over the
+// microbatches read the microbatch's 16-bit gradient itself where it read
+// an fp32 copy of it made for it alone: add(sum, cast(g)) becomes an add
+// of the fp32 sum and the 16-bit g, which both backends run as one kernel
+// that widens g as it reads it (Megatron-LM adds into its fp32 main_grad
+// the same way). The cast's fp32 buffer was 4 bytes an element beside
+// the sum's 4 and g's 2 at every add, the largest gradient's included;
+// widening is exact, so the sums are the same bits. A cast anything else
+// reads (ZeRO-2's reduce-scatter of each microbatch's copy) stays.
+func widenIntoSums(p *Program) {
+	readers := make([]int, len(p.Buffers))
+	producer := make([]int, len(p.Buffers))
+	for i, in := range p.Instrs {
+		for _, a := range in.Args {
+			readers[a]++
+		}
+		if in.Out >= 0 {
+			producer[in.Out] = i + 1 // 0: none
+		}
+	}
+	for _, b := range p.Outputs {
+		readers[b]++
+	}
+	drop := map[int]bool{}
+	for i := range p.Instrs {
+		in := &p.Instrs[i]
+		v := in.Value
+		if in.Op != "add" || v == nil || v.Meta.Phase != ir.PhaseBwd || v.Meta.Micro >= 0 || len(in.Args) != 2 ||
+			in.Args[0] == in.Args[1] || in.OutType.DType != ir.F32 {
+			continue
+		}
+		for k := 1; k >= 0; k-- {
+			c, sum := in.Args[k], in.Args[1-k]
+			j := producer[c] - 1
+			if j < 0 || readers[c] != 1 || p.Instrs[j].Op != "cast" || len(p.Instrs[j].Args) != 1 || in.ArgTypes[1-k].DType != ir.F32 {
+				continue
+			}
+			g := p.Instrs[j].Args[0]
+			gb, cb := p.Buffers[g], p.Buffers[c]
+			if !is16(gb.Type.DType) || cb.Type.DType != ir.F32 || gb.Host || cb.Host || gb.Scratch || cb.Scratch ||
+				!gb.Type.Shape.Equal(cb.Type.Shape) {
+				continue
+			}
+			in.Args = []int{sum, g}
+			in.ArgTypes = []ir.Type{in.ArgTypes[1-k], p.Instrs[j].ArgTypes[0]}
+			drop[j] = true
+			p.Buffers[c].Bytes = 0 // unused now
+			break
+		}
+	}
+	if len(drop) == 0 {
+		return
+	}
+	kept := p.Instrs[:0]
+	end := p.ForwardEnd
+	for i, in := range p.Instrs {
+		if drop[i] {
+			if i < p.ForwardEnd {
+				end--
+			}
+			continue
+		}
+		kept = append(kept, in)
+	}
+	p.Instrs, p.ForwardEnd = kept, end
+}
+
+func is16(dt ir.DType) bool { return dt == ir.BF16 || dt == ir.F16 }
 
 // overwriteLastReads writes the result of an op the table lets work in
 // place (its kernels read each element before writing it) over its

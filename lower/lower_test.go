@@ -129,6 +129,51 @@ func TestLossGradientOverwritesTheLogits(t *testing.T) {
 	}
 }
 
+// Under mixed precision each microbatch's 16-bit gradient is added to its
+// fp32 sum as it is, not through an fp32 copy made for the add alone
+// (which held 4 more bytes an element of the largest gradient at its
+// add), and the sum is still written over the one before it.
+func TestSumsReadTheSixteenBitGradients(t *testing.T) {
+	for _, precision := range []string{"bf16", "fp16"} {
+		m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 6, Set: map[string]string{"layers": "1", "hidden": "32", "heads": "4", "seq": "16"}})
+		require.NoError(t, err)
+		opts := passes.DefaultOptions()
+		opts.Precision, opts.Microbatches = precision, 3
+		_, err = passes.Run(m, opts, passes.Hooks{})
+		require.NoError(t, err)
+		p, err := lower.Lower(m)
+		require.NoError(t, err)
+		producer, readers := map[int]lower.Instr{}, map[int]int{}
+		for _, in := range p.Instrs {
+			producer[in.Out] = in
+			for _, a := range in.Args {
+				readers[a]++
+			}
+		}
+		widened := 0
+		for _, in := range p.Instrs {
+			v := in.Value
+			if in.Op != "add" || v.Meta.Phase != ir.PhaseBwd || v.Meta.Micro >= 0 {
+				continue
+			}
+			for _, a := range in.Args {
+				c, ok := producer[a]
+				assert.False(t, ok && c.Op == "cast" && readers[a] == 1, "%s: %s adds an fp32 copy made for it alone", precision, v.Where())
+			}
+			if p.Buffers[in.Args[1]].Type.DType != ir.F32 {
+				widened++
+				assert.Equal(t, ir.F32, p.Buffers[in.Args[0]].Type.DType, precision)
+				assert.Equal(t, in.Args[0], in.Out, "%s: %s writes over the sum before it", precision, v.Where())
+			}
+		}
+		// Two adds a param, microbatches 1 and 2 into the sum that
+		// microbatch 0's gradient starts, but for the tied table, whose
+		// microbatch gradient is the fp32 sum of the embedding's and the
+		// head's.
+		assert.Equal(t, 2*(len(m.Params())-1), widened, precision)
+	}
+}
+
 // An update whose new value is read after the state is overwritten cannot
 // be in place; it becomes a copy at the end of the step.
 func TestUpdateFallsBackToCopy(t *testing.T) {

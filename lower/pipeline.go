@@ -363,6 +363,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		if err := planUpdates(prog, &ir.Module{Updates: ups}, b.bufOf); err != nil {
 			return nil, err
 		}
+		widenIntoSums(prog)
 		accumulateInPlace(prog)
 		overwriteLastReads(prog)
 		if err := offload(prog, o); err != nil {

@@ -48,6 +48,25 @@ func Widen16(out []float32, in []uint16, bf16 bool) {
 	})
 }
 
+// AddWiden16 sets out[i] = a[i] + b[i] with b 16-bit (bf16 when bf16 is
+// true, else fp16) widened exactly as it is read: Add of a and Widen16(b)
+// without the float32 copy of b. out may alias a.
+func AddWiden16(out, a []float32, b []uint16, bf16 bool) {
+	checkSame("AddWiden16", len(out), len(a), len(b))
+	forElems(len(out), func(lo, hi int) {
+		o, x, y := out[lo:hi], a[lo:hi], b[lo:hi]
+		if bf16 {
+			for i := range o {
+				o[i] = x[i] + F32FromBF16(y[i])
+			}
+			return
+		}
+		for i := range o {
+			o[i] = x[i] + F32FromF16(y[i])
+		}
+	})
+}
+
 // Round16 rounds float32s to 16-bit floats (bf16 when bf16 is true, else fp16).
 func Round16(out []uint16, in []float32, bf16 bool) {
 	checkSame("Round16", len(out), len(in))

@@ -144,6 +144,18 @@ extern "C" __global__ void gc_bf16_to_f32(float* out, const unsigned short* x, l
   GC_FOR_EACH(i, n) out[i] = gc_f32_from_bf16(x[i]);
 }
 
+// gc_add_widen_bf16 and gc_add_widen_f16 add a 16-bit operand, widened
+// exactly as it is read, to a float32 one: the sums of mixed-precision
+// gradients over the microbatches, with no float32 copy of the 16-bit
+// gradient. out may be a.
+extern "C" __global__ void gc_add_widen_bf16(float* out, const float* a, const unsigned short* b, long long n) {
+  GC_FOR_EACH(i, n) out[i] = a[i] + gc_f32_from_bf16(b[i]);
+}
+
+extern "C" __global__ void gc_add_widen_f16(float* out, const float* a, const unsigned short* b, long long n) {
+  GC_FOR_EACH(i, n) out[i] = a[i] + gc_f32_from_f16(b[i]);
+}
+
 // gc_round_f16 leaves float32 values that an fp16 buffer could hold: the
 // result of an op emulated in float32 rounded as the CPU backend rounds
 // it. out may be x.

@@ -35,6 +35,38 @@ func TestWiden16AllPatterns(t *testing.T) {
 	}
 }
 
+// Adding every fp16 and bf16 bit pattern to an fp32 sum, in place, gives
+// the CPU backend's bits (kcpu.AddWiden16): the sum of a mixed-precision
+// gradient over the microbatches is the same on both backends.
+func TestAddWiden16AllPatterns(t *testing.T) {
+	bits := make([]uint16, 1<<16)
+	for i := range bits {
+		bits[i] = uint16(i)
+	}
+	r := newRand(7)
+	for _, c := range []struct {
+		kernel string
+		bf16   bool
+	}{{"gc_add_widen_f16", false}, {"gc_add_widen_bf16", true}} {
+		sum := randVec(r, len(bits), -4, 4)
+		want := make([]float32, len(bits))
+		kcpu.AddWiden16(want, sum, bits, c.bf16)
+		got := out(len(bits))
+		copy(got, sum)
+		launch(t, c.kernel, 40, 256, got, got, bits, len(bits))
+		requireBitsStrict(t, want, got, c.kernel)
+		for i, h := range bits {
+			w := kcpu.F32FromF16(h)
+			if c.bf16 {
+				w = kcpu.F32FromBF16(h)
+			}
+			if w = sum[i] + w; w == w && want[i] != w {
+				t.Fatalf("%s: pattern %#x: %v + its widening is %v, want %v", c.kernel, h, sum[i], want[i], w)
+			}
+		}
+	}
+}
+
 // requireBitsStrict compares bit patterns, NaN payloads included: the
 // conversions promise the same NaN bits as the Go code.
 func requireBitsStrict(t *testing.T, want, got []float32, what string) {

@@ -13,7 +13,7 @@ type OpKernels struct {
 // opTable covers every op that runs on a kernel of this package. Ops
 // that run elsewhere are listed in elsewhere.
 var opTable = []OpKernels{
-	{"add", []string{"gc_add"}, "same-shape operands"},
+	{"add", []string{"gc_add", "gc_add_widen_bf16", "gc_add_widen_f16"}, "same-shape operands; an fp32 sum and a 16-bit gradient widen the latter as they read it"},
 	{"sub", []string{"gc_sub"}, "same-shape operands"},
 	{"mul", []string{"gc_mul"}, "same-shape operands"},
 	{"div", []string{"gc_div"}, "same-shape operands"},

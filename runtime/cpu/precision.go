@@ -137,3 +137,20 @@ func (d *Device) compileCast16(src, dst lower.Buffer) (func() error, bool) {
 	}
 	return nil, false
 }
+
+// compileAddWiden16 runs an add of an fp32 value and a 16-bit one into
+// an fp32 result (lowering's sums of mixed-precision gradients over the
+// microbatches) as one kernel that widens the 16-bit operand as it reads
+// it, with no float32 copy of it: compile16's scratch, one per
+// instruction, would hold every gradient's copy for the whole run.
+func (d *Device) compileAddWiden16(in lower.Instr) (func() error, bool) {
+	if in.Op != "add" || in.Out < 0 || len(in.Args) != 2 || in.Scale != 0 {
+		return nil, false
+	}
+	a, b, out := d.prog.Buffers[in.Args[0]], d.prog.Buffers[in.Args[1]], d.prog.Buffers[in.Out]
+	if a.Type.DType != ir.F32 || out.Type.DType != ir.F32 || !is16(b.Type.DType) || a.Host || b.Host || out.Host {
+		return nil, false
+	}
+	x, y, o, bf := view[float32](d, a.ID), view[uint16](d, b.ID), view[float32](d, out.ID), b.Type.DType == ir.BF16
+	return ok(func() { kcpu.AddWiden16(o, x, y, bf) }), true
+}

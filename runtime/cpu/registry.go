@@ -135,6 +135,9 @@ func (d *Device) compile(in lower.Instr) (func() error, error) {
 	if k.raw != nil {
 		return k.raw(d, in)
 	}
+	if f, ok := d.compileAddWiden16(in); ok {
+		return f, nil
+	}
 	if d.touches16(in) {
 		return d.compile16(in)
 	}

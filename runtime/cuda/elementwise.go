@@ -9,7 +9,8 @@ import (
 // Elementwise ops: one grid-stride kernel over the result's elements,
 // named gc_<op>, and the packed ReLU masks.
 func init() {
-	register(onFP32(resultDType, binaryKernel), "add", "sub", "mul", "div")
+	register(addWiden16(onFP32(resultDType, binaryKernel)), "add")
+	register(onFP32(resultDType, binaryKernel), "sub", "mul", "div")
 	register(onFP32(resultDType, unaryKernel), "neg", "exp", "log", "tanh", "sqrt", "gelu", "relu", "silu")
 	// Activation gradients take (x, dy), or (y, dy) for tanh.
 	register(onFP32(resultDType, binaryKernel), "gelu_grad", "relu_grad", "tanh_grad", "silu_grad")
@@ -17,6 +18,29 @@ func init() {
 	register(onFP32(resultDType, binaryKernel), "scale")
 	// The masks check their own operands: the result of relu_mask is u8.
 	register(emulated((*compiler).bitmask), "relu_mask", "relu_grad_mask")
+}
+
+// addWiden16 runs an add of an fp32 value and a 16-bit one into an fp32
+// result (lowering's sums of mixed-precision gradients over the
+// microbatches) as one kernel that widens the 16-bit operand as it reads
+// it: emulate16 would widen it into the workspace first. Other adds take
+// f.
+func addWiden16(f prepare) prepare {
+	return func(c *compiler) (func() error, error) {
+		in := c.in
+		if in.Out < 0 || len(in.Args) != 2 || in.Scale != 0 || c.dtype(in.Out) != ir.F32 || c.dtype(in.Args[0]) != ir.F32 {
+			return f(c)
+		}
+		name := "gc_add_widen_f16"
+		switch c.dtype(in.Args[1]) {
+		case ir.BF16:
+			name = "gc_add_widen_bf16"
+		case ir.F16:
+		default:
+			return f(c)
+		}
+		return c.one(name, c.out(), c.arg(0), c.arg(1), numel(c.outShape()))
+	}
 }
 
 // binaryKernel is gc_<op>(out, a, b, n).
