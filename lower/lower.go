@@ -665,15 +665,17 @@ func accumulateInPlace(p *Program) {
 	}, func(src, dst int) { readers[src] = readers[dst] })
 }
 
-// widenIntoSums lets each sum of a mixed-precision gradient over the
-// microbatches read the microbatch's 16-bit gradient itself where it read
-// an fp32 copy of it made for it alone: add(sum, cast(g)) becomes an add
-// of the fp32 sum and the 16-bit g, which both backends run as one kernel
-// that widens g as it reads it (Megatron-LM adds into its fp32 main_grad
-// the same way). The cast's fp32 buffer was 4 bytes an element beside
-// the sum's 4 and g's 2 at every add, the largest gradient's included;
-// widening is exact, so the sums are the same bits. A cast anything else
-// reads (ZeRO-2's reduce-scatter of each microbatch's copy) stays.
+// widenIntoSums lets each fp32 sum of mixed-precision gradients read a
+// 16-bit gradient itself where it read an fp32 copy of it made for it
+// alone: add(sum, cast(g)) becomes an add of the fp32 sum and the 16-bit
+// g, which both backends run as one kernel that widens g as it reads it
+// (Megatron-LM adds into its fp32 main_grad the same way). These are the
+// sums over the microbatches, and a tied table's two parts of a
+// microbatch's gradient (the embedding's and the head's). The cast's fp32
+// buffer was 4 bytes an element beside the sum's 4 and g's 2 at every
+// add, the largest gradient's included; widening is exact, so the sums
+// are the same bits. A cast anything else reads (ZeRO-2's reduce-scatter
+// of each microbatch's copy) stays.
 func widenIntoSums(p *Program) {
 	readers := make([]int, len(p.Buffers))
 	producer := make([]int, len(p.Buffers))
@@ -692,7 +694,7 @@ func widenIntoSums(p *Program) {
 	for i := range p.Instrs {
 		in := &p.Instrs[i]
 		v := in.Value
-		if in.Op != "add" || v == nil || v.Meta.Phase != ir.PhaseBwd || v.Meta.Micro >= 0 || len(in.Args) != 2 ||
+		if in.Op != "add" || v == nil || v.Meta.Phase != ir.PhaseBwd || len(in.Args) != 2 ||
 			in.Args[0] == in.Args[1] || in.OutType.DType != ir.F32 {
 			continue
 		}

@@ -153,24 +153,34 @@ func TestSumsReadTheSixteenBitGradients(t *testing.T) {
 		widened := 0
 		for _, in := range p.Instrs {
 			v := in.Value
-			if in.Op != "add" || v.Meta.Phase != ir.PhaseBwd || v.Meta.Micro >= 0 {
+			if in.Op != "add" || v.Meta.Phase != ir.PhaseBwd {
 				continue
 			}
+			copies := 0
 			for _, a := range in.Args {
-				c, ok := producer[a]
-				assert.False(t, ok && c.Op == "cast" && readers[a] == 1, "%s: %s adds an fp32 copy made for it alone", precision, v.Where())
+				if c, ok := producer[a]; ok && c.Op == "cast" && readers[a] == 1 {
+					copies++
+				}
 			}
-			if p.Buffers[in.Args[1]].Type.DType != ir.F32 {
+			// The tied table's two parts: one is widened, the other's
+			// copy is where the sum is made.
+			if v.Meta.Micro >= 0 {
+				copies--
+			}
+			assert.LessOrEqual(t, copies, 0, "%s: %s adds an fp32 copy made for it alone", precision, v.Where())
+			if in.OutType.DType == ir.F32 && p.Buffers[in.Args[1]].Type.DType != ir.F32 {
 				widened++
 				assert.Equal(t, ir.F32, p.Buffers[in.Args[0]].Type.DType, precision)
-				assert.Equal(t, in.Args[0], in.Out, "%s: %s writes over the sum before it", precision, v.Where())
+				if v.Meta.Micro < 0 {
+					assert.Equal(t, in.Args[0], in.Out, "%s: %s writes over the sum before it", precision, v.Where())
+				}
 			}
 		}
-		// Two adds a param, microbatches 1 and 2 into the sum that
+		// Two sums a param, of microbatches 1 and 2 into the one
 		// microbatch 0's gradient starts, but for the tied table, whose
-		// microbatch gradient is the fp32 sum of the embedding's and the
-		// head's.
-		assert.Equal(t, 2*(len(m.Params())-1), widened, precision)
+		// microbatch gradient is an fp32 sum itself, of the embedding's
+		// part and the head's: one a microbatch.
+		assert.Equal(t, 2*(len(m.Params())-1)+3, widened, precision)
 	}
 }
 
