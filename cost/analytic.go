@@ -324,7 +324,9 @@ func (p Plan) String() string {
 // Estimate is the analytic prediction for one plan.
 type Estimate struct {
 	StepSeconds float64
-	Bubble      float64
+	// Bubble is a pipeline rank's idle time over its work, (p−1)/m for
+	// 1F1B at unit costs: above 1 when m < p−1.
+	Bubble float64
 	// ModelFLOPs is the step's work without recompute (MFU's numerator);
 	// FLOPs with it (hardware FLOPs).
 	ModelFLOPs, FLOPs float64

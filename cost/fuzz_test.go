@@ -64,3 +64,55 @@ func FuzzLoadHardware(f *testing.F) {
 		}
 	})
 }
+
+// FuzzEstimate prices arbitrary shapes under arbitrary plans on the
+// a100-80g preset. Properties: Estimate never panics, and a plan it does
+// not refuse gets a finite, positive step time, a finite bubble ≥ 0, and
+// a positive memory estimate at least its lower bound (0 with everything
+// offloaded).
+func FuzzEstimate(f *testing.F) {
+	f.Add(uint16(8), uint16(512), uint8(8), uint8(0), uint16(256), uint16(1024), uint16(2048), false, uint8(0), uint8(0),
+		uint8(2), uint8(2), uint8(2), uint8(2), uint8(1), uint8(1), uint8(2), uint8(4), uint8(1), true, uint8(1), uint8(3), uint8(1), uint8(2), uint8(0))
+	f.Add(uint16(4), uint16(256), uint8(4), uint8(2), uint16(128), uint16(512), uint16(0), true, uint8(8), uint8(2),
+		uint8(1), uint8(2), uint8(1), uint8(0), uint8(4), uint8(2), uint8(1), uint8(8), uint8(3), false, uint8(2), uint8(2), uint8(3), uint8(0), uint8(1))
+	f.Fuzz(func(t *testing.T, layers, hidden uint16, heads, kvHeads uint8, seq, vocab, ffn uint16, gated bool, experts, moeLayers uint8,
+		tp, pp, dp, vpp, ep, cp, mb, m, zero uint8, sp bool, recompute, precision, schedule, offload, cpImpl uint8) {
+		shape := Transformer{Layers: int(layers % 97), Hidden: int(hidden), Heads: int(heads), KVHeads: int(kvHeads), Seq: int(seq), Vocab: int(vocab),
+			FFN: int(ffn), GatedMLP: gated, FusedAttention: gated}
+		if experts > 0 {
+			shape.Experts, shape.MoELayers, shape.ExpertFFN, shape.Slots = int(experts%17), int(moeLayers%5), int(ffn)+1, float64(mb%3)+0.5
+		}
+		p := Plan{TP: int(tp % 17), PP: int(pp % 17), DP: int(dp % 65), VPP: int(vpp % 5), EP: int(ep % 9), CP: int(cp % 9),
+			MicroBatch: int(mb % 9), Microbatches: int(m % 33), Zero: int(zero % 5), SequenceParallel: sp,
+			Recompute:       []string{"none", "selective", "full", "every=2", "every=sqrt", "every=0", ""}[recompute%7],
+			Precision:       []string{"fp32", "bf16", "fp16", "fp8", "int4"}[precision%5],
+			Schedule:        []string{"", "1f1b", "gpipe", "interleaved", "zb", "2bw", "nope"}[schedule%7],
+			Offload:         []string{"", "optimizer", "params", "optimizer,params"}[offload%4],
+			CPImpl:          []string{"", "ring", "all2all"}[cpImpl%3],
+			BucketBytes:     float64(m) * 1e5,
+			OffloadPrefetch: int(vpp % 3)}
+		h, err := Load("a100-80g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, simulate := range []bool{true, false} {
+			price := h.Estimate
+			if !simulate {
+				price = h.EstimateFast
+			}
+			e, err := price(shape, p)
+			if err != nil {
+				continue
+			}
+			if !(e.StepSeconds > 0) || math.IsInf(e.StepSeconds, 0) {
+				t.Fatalf("%+v under %s: step %g s", shape, p, e.StepSeconds)
+			}
+			if !(e.Bubble >= 0) || math.IsInf(e.Bubble, 0) {
+				t.Fatalf("%+v under %s: bubble %g", shape, p, e.Bubble)
+			}
+			if e.MemoryLowerBound < 0 || e.MemoryEstimate <= 0 || e.MemoryEstimate < e.MemoryLowerBound {
+				t.Fatalf("%+v under %s: memory estimate %d, lower bound %d", shape, p, e.MemoryEstimate, e.MemoryLowerBound)
+			}
+		}
+	})
+}
