@@ -24,20 +24,45 @@ type Device interface {
 	PeakBytes() int64
 }
 
-// Schedule is a learning-rate schedule of Megatron-LM's and nanoGPT's
-// shape: linear warm-up to LR over Warmup steps, then cosine decay to
-// MinLR at step Steps ("cosine") or LR held ("constant"). Steps count
-// from 1, so the first step runs at LR/Warmup rather than 0 (Megatron-LM
-// evaluates the same formula at the steps already done, its first at 0)
-// and the last at MinLR. Without a warm-up the first step runs at LR, as
-// Megatron-LM's does: the decay starts from the step at the peak, the
-// warm-up's last or else the first.
+// Schedule is a learning-rate schedule of Megatron-LM's
+// OptimizerParamScheduler: linear warm-up to LR over Warmup steps, then
+// one of its decay styles to MinLR at step DecaySteps (Steps when 0) and
+// MinLR after it:
+//   - "cosine": MinLR + (LR − MinLR)·(1 + cos(π·r))/2, r the share of the
+//     decay done;
+//   - "linear": MinLR + (LR − MinLR)·(1 − r);
+//   - "constant": LR throughout (no MinLR);
+//   - "inverse-square-root": LR·√peak/√step, never below MinLR;
+//   - "wsd" (warm-up, stable, decay): LR until the last WSDDecaySteps of
+//     the decay, then down to MinLR in WSDStyle: "exponential"
+//     (2·0.5^r − 1, Megatron-LM's default), "linear", "cosine" or
+//     "minus_sqrt" (1 − √r), r the share of those steps done.
+//
+// Steps count from 1, so the first step runs at LR/Warmup rather than 0
+// (Megatron-LM evaluates the same formula at the steps already done, its
+// first at 0) and the last of the decay at MinLR. Without a warm-up the
+// first step runs at LR, as Megatron-LM's does: the decay starts from the
+// step at the peak, the warm-up's last or else the first.
 type Schedule struct {
 	LR, MinLR float64
 	Warmup    int
 	Steps     int
-	Decay     string // "cosine" or "constant"
+	Decay     string // cosine, linear, constant, inverse-square-root or wsd
+	// DecaySteps is the step the decay ends at (--lr-decay-steps,
+	// Megatron-LM's --lr-decay-iters); 0: Steps.
+	DecaySteps int
+	// WSDDecaySteps and WSDStyle are wsd's annealing: its steps, at the
+	// end of the decay, and its shape.
+	WSDDecaySteps int
+	WSDStyle      string
 }
+
+// DecayStyles are the Schedule's decay styles, and WSDStyles wsd's
+// annealing shapes.
+var (
+	DecayStyles = []string{"cosine", "linear", "constant", "inverse-square-root", "wsd"}
+	WSDStyles   = []string{"exponential", "linear", "cosine", "minus_sqrt"}
+)
 
 // At is the learning rate of 1-based step.
 func (s Schedule) At(step int) float64 {
@@ -45,12 +70,46 @@ func (s Schedule) At(step int) float64 {
 		return s.LR * float64(step) / float64(s.Warmup)
 	}
 	peak := max(s.Warmup, 1)
-	if s.Decay != "cosine" || s.Steps <= peak {
+	end := s.DecaySteps
+	if end <= 0 {
+		end = s.Steps
+	}
+	switch {
+	case s.Decay == "constant" || s.Decay == "":
+		return s.LR
+	case step > end && end > peak:
+		return s.MinLR
+	case s.Decay == "inverse-square-root":
+		return max(s.MinLR, s.LR*math.Sqrt(float64(peak))/math.Sqrt(float64(max(step, 1))))
+	case end <= peak:
+		// No step to decay over: the rate stays at its peak.
 		return s.LR
 	}
-	progress := float64(step-peak) / float64(s.Steps-peak)
-	progress = min(progress, 1)
-	return s.MinLR + 0.5*(s.LR-s.MinLR)*(1+math.Cos(math.Pi*progress))
+	r := float64(step-peak) / float64(end-peak)
+	coeff := 1.0
+	switch s.Decay {
+	case "cosine":
+		coeff = 0.5 * (1 + math.Cos(math.Pi*r))
+	case "linear":
+		coeff = 1 - r
+	case "wsd":
+		anneal := end - s.WSDDecaySteps
+		if s.WSDDecaySteps <= 0 || step <= anneal {
+			return s.LR
+		}
+		w := float64(step-anneal) / float64(s.WSDDecaySteps)
+		switch s.WSDStyle {
+		case "linear":
+			coeff = 1 - w
+		case "cosine":
+			coeff = 0.5 * (1 + math.Cos(math.Pi*w))
+		case "minus_sqrt":
+			coeff = 1 - math.Sqrt(w)
+		default: // exponential
+			coeff = 2*math.Pow(0.5, w) - 1
+		}
+	}
+	return s.MinLR + coeff*(s.LR-s.MinLR)
 }
 
 // TrainConfig is one training run.

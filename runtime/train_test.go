@@ -40,6 +40,53 @@ func TestScheduleWarmupThenCosine(t *testing.T) {
 	assert.Equal(t, 1e-3, Schedule{LR: 1e-3, MinLR: 1e-4, Steps: 1, Decay: "cosine"}.At(1))
 }
 
+// Megatron-LM's other decay styles, and a decay that ends before the run
+// does (--lr-decay-steps).
+func TestScheduleDecayStyles(t *testing.T) {
+	base := Schedule{LR: 1e-3, MinLR: 1e-4, Warmup: 10, Steps: 110}
+	with := func(edit func(*Schedule)) Schedule {
+		s := base
+		edit(&s)
+		return s
+	}
+	wsd := func(style string) Schedule {
+		return with(func(s *Schedule) { s.Decay, s.MinLR, s.WSDDecaySteps, s.WSDStyle = "wsd", 0, 20, style })
+	}
+	tests := []struct {
+		name string
+		s    Schedule
+		step int
+		want float64
+	}{
+		{"linear, a quarter down", with(func(s *Schedule) { s.Decay = "linear" }), 35, 7.75e-4},
+		{"linear, half way", with(func(s *Schedule) { s.Decay = "linear" }), 60, 5.5e-4},
+		{"linear, the end", with(func(s *Schedule) { s.Decay = "linear" }), 110, 1e-4},
+		{"cosine ending at 60, half way", with(func(s *Schedule) { s.Decay, s.DecaySteps = "cosine", 60 }), 35, 5.5e-4},
+		{"cosine ending at 60, after it", with(func(s *Schedule) { s.Decay, s.DecaySteps = "cosine", 60 }), 80, 1e-4},
+		{"linear ending at 210, the run's end", with(func(s *Schedule) { s.Decay, s.DecaySteps = "linear", 210 }), 110, 5.5e-4},
+		{"inverse square root, peak", with(func(s *Schedule) { s.Decay, s.Warmup, s.Steps = "inverse-square-root", 4, 10000 }), 4, 1e-3},
+		{"inverse square root, 16", with(func(s *Schedule) { s.Decay, s.Warmup, s.Steps = "inverse-square-root", 4, 10000 }), 16, 5e-4},
+		{"inverse square root, the floor", with(func(s *Schedule) { s.Decay, s.Warmup, s.Steps = "inverse-square-root", 4, 10000 }), 1600, 1e-4},
+		{"inverse square root, the last step", with(func(s *Schedule) { s.Decay, s.Warmup, s.Steps, s.MinLR = "inverse-square-root", 4, 64, 0 }), 64, 2.5e-4},
+		{"wsd, stable", wsd("exponential"), 90, 1e-3},
+		{"wsd exponential, half the anneal", wsd("exponential"), 100, 1e-3 * (2*math.Sqrt(0.5) - 1)},
+		{"wsd linear, half the anneal", wsd("linear"), 100, 5e-4},
+		{"wsd cosine, half the anneal", wsd("cosine"), 100, 5e-4},
+		{"wsd minus_sqrt, half the anneal", wsd("minus_sqrt"), 100, 1e-3 * (1 - math.Sqrt(0.5))},
+		{"wsd exponential, the end", wsd("exponential"), 110, 0},
+		{"wsd minus_sqrt, the end", wsd("minus_sqrt"), 110, 0},
+	}
+	for _, tt := range tests {
+		assert.InDelta(t, tt.want, tt.s.At(tt.step), 1e-15, "%s: step %d", tt.name, tt.step)
+	}
+	for _, s := range []Schedule{with(func(s *Schedule) { s.Decay = "linear" }), wsd("exponential"), wsd("minus_sqrt"),
+		with(func(s *Schedule) { s.Decay = "inverse-square-root" })} {
+		for step := 11; step < 130; step++ {
+			assert.LessOrEqual(t, s.At(step+1), s.At(step), "%s decays monotonically: step %d", s.Decay, step)
+		}
+	}
+}
+
 // TestRandomKeys: a step's keys are a function of (seed, step, token
 // index), non-negative (−1 is evaluation's), and differ across steps and
 // seeds.

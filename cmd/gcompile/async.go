@@ -95,7 +95,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	// whose replicas are built at its share; a .gir dump's own batch per
 	// replica.
 	cfg := runtime.TrainConfig{Steps: c.steps, Batch: batch * c.DP, Seq: seq, Seed: c.seed, EvalBatches: c.evalBatches, EvalOutput: runtime.EvalOutput(outputNames(res.Module)),
-		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
+		Schedule:  c.schedule(),
 		LossScale: lossScaler(c)}
 	// The checkpointed state is the server's: the master weights and the
 	// optimizer state, which process 0 saves and loads; every process

@@ -602,6 +602,7 @@ func scheduleChanges(saved map[string]any, c *config) []string {
 		key, flag string
 		now       float64
 	}{{"lr", "--lr", c.lr}, {"min_lr", "--min-lr", c.minLR}, {"warmup", "--warmup", float64(c.warmup)}, {"steps", "--steps", float64(c.steps)},
+		{"lr_decay_steps", "--lr-decay-steps", float64(c.decaySteps)}, {"lr_wsd_decay_steps", "--lr-wsd-decay-steps", float64(c.wsdDecaySteps)},
 		{"weight_decay", "--weight-decay", c.WeightDecay}, {"clip", "--clip", c.Clip}, {"beta1", "--beta1", c.Beta1}, {"beta2", "--beta2", c.Beta2}} {
 		if was, ok := saved[f.key].(float64); ok && was != f.now {
 			notes = append(notes, fmt.Sprintf("%s %g (the checkpoint's run: %g)", f.flag, f.now, was))
@@ -609,6 +610,9 @@ func scheduleChanges(saved map[string]any, c *config) []string {
 	}
 	if was, ok := saved["lr_decay"].(string); ok && was != c.decay {
 		notes = append(notes, fmt.Sprintf("--lr-decay %s (the checkpoint's run: %s)", c.decay, was))
+	}
+	if was, ok := saved["lr_wsd_decay_style"].(string); ok && was != c.wsdStyle && c.decay == "wsd" {
+		notes = append(notes, fmt.Sprintf("--lr-wsd-decay-style %s (the checkpoint's run: %s)", c.wsdStyle, was))
 	}
 	if was, ok := saved["staleness"].(float64); ok && c.DPSync == "async" && int(was) != c.Staleness {
 		notes = append(notes, fmt.Sprintf("--staleness %d (the checkpoint's run: %d)", c.Staleness, int(was)))

@@ -56,6 +56,9 @@ type config struct {
 	initialLossScale float64
 	warmup           int
 	decay            string
+	decaySteps       int    // --lr-decay-steps (0: --steps)
+	wsdDecaySteps    int    // --lr-wsd-decay-steps
+	wsdStyle         string // --lr-wsd-decay-style
 
 	// The job of several processes this one belongs to: from the
 	// launcher's environment, overridden by these flags where given.
@@ -187,6 +190,8 @@ var unusedByOptimizer = map[string][]struct{ flag, why string }{
 		{"weight-decay", "SM3 as built applies none"}},
 	"adafactor": {{"lr", "Adafactor's step is relative: min(1e-2, 1/√t) times the param's RMS"}, {"min-lr", "Adafactor takes no learning rate"},
 		{"warmup", "Adafactor takes no learning rate"}, {"lr-decay", "Adafactor takes no learning rate"},
+		{"lr-decay-steps", "Adafactor takes no learning rate"}, {"lr-wsd-decay-steps", "Adafactor takes no learning rate"},
+		{"lr-wsd-decay-style", "Adafactor takes no learning rate"},
 		{"beta1", "Adafactor as built has no first moment"}, {"beta2", "Adafactor's decay is 1 − t^(−0.8)"},
 		{"weight-decay", "Adafactor as built applies none"}},
 }
@@ -199,7 +204,7 @@ func (c *config) ignoredWithoutRun() string {
 		return ""
 	}
 	var loop []string
-	unused := []string{"steps", "lr", "min-lr", "warmup", "lr-decay", "eval-every", "eval-batches", "split", "max-data-mb"}
+	unused := []string{"steps", "lr", "min-lr", "warmup", "lr-decay", "lr-decay-steps", "lr-wsd-decay-steps", "lr-wsd-decay-style", "eval-every", "eval-batches", "split", "max-data-mb"}
 	if !isTokenData(c.data) {
 		// A token dataset is opened without --run too (its vocabulary
 		// sizes the model, its largest id may be cached); text is read
@@ -319,7 +324,7 @@ var evalRefuses = []struct {
 	{"belongs to training; eval only measures the held-out loss", []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "dp-sync", "eval-every", "run"}},
 	{"records a training run; eval prints the held-out loss and writes no file", []string{"metrics", "report", "timeline"}},
 	{"changes only training (the update, the backward or the run's files); eval runs the forward of the weights given, so leave it out", []string{
-		"lr", "min-lr", "warmup", "lr-decay", "weight-decay", "clip", "beta1", "beta2", "optimizer",
+		"lr", "min-lr", "warmup", "lr-decay", "lr-decay-steps", "lr-wsd-decay-steps", "lr-wsd-decay-style", "weight-decay", "clip", "beta1", "beta2", "optimizer",
 		"loss-scale", "initial-loss-scale", "staleness", "bucket-mb", "overlap-grad-reduce", "recompute", "compress-activations",
 		"checkpoint-every", "keep-last", "seed", "plan-top", "plan-trace", "refine-trace", "save-hardware", "calibrate"}},
 	{"describes the devices the planner prices plans on; eval prices none (its plan is --devices and the axes), so leave it out", []string{"hardware"}},
@@ -454,9 +459,13 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 		return err
 	})
 	fs.Float64Var(&c.lr, "lr", 3e-3, "peak learning rate")
-	fs.Float64Var(&c.minLR, "min-lr", 3e-4, "learning rate at the end of cosine decay")
+	fs.Float64Var(&c.minLR, "min-lr", 3e-4, "learning rate at the end of the decay (inverse-square-root: its floor)")
 	fs.IntVar(&c.warmup, "warmup", 10, "linear warm-up steps")
-	fs.StringVar(&c.decay, "lr-decay", "cosine", "cosine|constant")
+	fs.StringVar(&c.decay, "lr-decay", "cosine", "the decay after the warm-up, as Megatron-LM's --lr-decay-style: "+strings.Join(runtime.DecayStyles, "|")+
+		" (wsd: warm-up, stable at --lr, then the last --lr-wsd-decay-steps down to --min-lr)")
+	fs.IntVar(&c.decaySteps, "lr-decay-steps", 0, "the step the decay reaches --min-lr at, as Megatron-LM's --lr-decay-iters; --min-lr after it (0: --steps)")
+	fs.IntVar(&c.wsdDecaySteps, "lr-wsd-decay-steps", 0, "with --lr-decay wsd: the steps at the end of the decay that anneal from --lr to --min-lr")
+	fs.StringVar(&c.wsdStyle, "lr-wsd-decay-style", "exponential", "with --lr-decay wsd: the annealing's shape, "+strings.Join(runtime.WSDStyles, "|"))
 	fs.Float64Var(&c.WeightDecay, "weight-decay", 0.1, "AdamW/SGD weight decay on matrices")
 	fs.Float64Var(&c.Clip, "clip", 1.0, "clip gradients by global norm (0: off)")
 	fs.Float64Var(&c.Beta1, "beta1", 0.9, "Adam β1")
@@ -766,12 +775,7 @@ func (c *config) validate() error {
 	if !slices.Contains([]string{"cpu", "cuda"}, c.backend) {
 		bad("--backend %q: want cpu or cuda", c.backend)
 	}
-	if c.decay != "cosine" && c.decay != "constant" {
-		bad("--lr-decay %q: want cosine or constant", c.decay)
-	} else if c.decay == "constant" && c.explicit["min-lr"] {
-		// As --beta1 with sgd: a figure the run would not use.
-		bad("--min-lr has no effect with --lr-decay constant (the rate stays at --lr after the warmup); leave it out, or decay with --lr-decay cosine")
-	}
+	c.checkSchedule(bad)
 	if c.evalOnly {
 		switch {
 		case c.load == "" && c.resume == "":
@@ -1031,4 +1035,53 @@ var evalUsage = map[string]string{
 	"ep":           "expert-parallel degree: mixture-of-experts weights split by expert (0: 1; eval does not plan)",
 	"resume":       "evaluate the params of a training checkpoint: a --checkpoint-dir (its latest complete checkpoint) or one step-N folder in it; any plan, any batch",
 	"data":         "the data whose held-out split is evaluated: a text file or folder, one byte per token (default: the Go standard library sources); or a token dataset PREFIX (PREFIX.bin/.idx); or a blend \"0.3 PREFIX_A 0.7 PREFIX_B\"",
+}
+
+// checkSchedule refuses a learning-rate schedule that is not one, or
+// flags it would not read (as --beta1 with sgd: a figure the run would
+// not use).
+func (c *config) checkSchedule(bad func(string, ...any)) {
+	switch {
+	case !slices.Contains(runtime.DecayStyles, c.decay):
+		bad("--lr-decay %q: want one of %s", c.decay, strings.Join(runtime.DecayStyles, ", "))
+		return
+	case c.decay == "constant" && c.explicit["min-lr"]:
+		bad("--min-lr has no effect with --lr-decay constant (the rate stays at --lr after the warmup); leave it out, or decay with --lr-decay cosine")
+	case c.decay == "constant" && c.explicit["lr-decay-steps"]:
+		bad("--lr-decay-steps has no effect with --lr-decay constant (the rate stays at --lr after the warmup); leave it out, or decay with --lr-decay cosine")
+	}
+	end := c.steps
+	if c.decaySteps != 0 {
+		end = c.decaySteps
+	}
+	switch {
+	case c.decaySteps < 0:
+		bad("--lr-decay-steps must be ≥ 0 (0: --steps), got %d", c.decaySteps)
+	case c.explicit["lr-decay-steps"] && c.decaySteps > 0 && c.decaySteps <= c.warmup:
+		// Megatron-LM asserts the same: the decay starts where the
+		// warm-up ends.
+		bad("--lr-decay-steps %d is not past --warmup %d: the decay would end before it starts", c.decaySteps, c.warmup)
+	}
+	if c.decay != "wsd" {
+		for _, f := range []string{"lr-wsd-decay-steps", "lr-wsd-decay-style"} {
+			if c.explicit[f] {
+				bad("--%s has no effect with --lr-decay %s; leave it out, or anneal with --lr-decay wsd", f, c.decay)
+			}
+		}
+		return
+	}
+	switch {
+	case !slices.Contains(runtime.WSDStyles, c.wsdStyle):
+		bad("--lr-wsd-decay-style %q: want one of %s", c.wsdStyle, strings.Join(runtime.WSDStyles, ", "))
+	case c.wsdDecaySteps < 1:
+		bad("--lr-decay wsd needs --lr-wsd-decay-steps N ≥ 1, the steps at the end of the decay that anneal to --min-lr (got %d)", c.wsdDecaySteps)
+	case c.wsdDecaySteps > end-c.warmup:
+		bad("--lr-wsd-decay-steps %d is longer than the decay, %d steps from the warm-up's end (%d) to its end (%d)", c.wsdDecaySteps, end-c.warmup, c.warmup, end)
+	}
+}
+
+// schedule is the run's learning-rate schedule.
+func (c *config) schedule() runtime.Schedule {
+	return runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay,
+		DecaySteps: c.decaySteps, WSDDecaySteps: c.wsdDecaySteps, WSDStyle: c.wsdStyle}
 }

@@ -434,6 +434,7 @@ func (c *config) metricsConfig(procs int) map[string]any {
 		"precision": c.Precision, "optimizer": c.Optimizer, "backend": c.backend, "batch": c.Batch,
 		"steps": c.steps, "seed": c.seed, "lr": c.lr, "min_lr": c.minLR, "warmup": c.warmup, "set": c.Set,
 		"overlap_grad_reduce": !c.SerialGradReduce, "beta1": c.Beta1, "beta2": c.Beta2, "weight_decay": c.WeightDecay, "clip": c.Clip, "lr_decay": c.decay,
+		"lr_decay_steps": c.decaySteps, "lr_wsd_decay_steps": c.wsdDecaySteps, "lr_wsd_decay_style": c.wsdStyle,
 		"cp_impl": c.CPImpl, "cp_layout": c.CPLayout, "dp_sync": c.DPSync, "staleness": c.Staleness, "loss_scale": c.LossScale,
 		"initial_loss_scale": c.initialLossScale, "compress_activations": c.Compress, "fuse": c.Fuse, "bucket_mb": c.BucketMB,
 		"offload_prefetch": c.OffloadPrefetch, "split": c.split,
@@ -701,7 +702,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	}
 	cfg := runtime.TrainConfig{
 		Steps: c.steps, Batch: batch, Seq: seq, Seed: c.seed,
-		Schedule:  runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay},
+		Schedule:  c.schedule(),
 		EvalEvery: c.evalEvery, EvalBatches: c.evalBatches,
 		LossScale: lossScaler(c),
 		Start:     start,

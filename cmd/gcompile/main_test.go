@@ -989,6 +989,32 @@ func TestSequenceParallelAtBatchOne(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(err.Error(), "\n")+1, "one error: %v", err)
 }
 
+// The run's learning rate follows Megatron-LM's decay styles, with a
+// decay that ends before the run (--lr-decay-steps), as the metrics
+// record it step by step.
+func TestRunFollowsTheDecayStyle(t *testing.T) {
+	for _, c := range []struct {
+		flags []string
+		want  []float64
+	}{
+		// Warm-up over 2 steps, linear down to --min-lr at step 4, held.
+		{[]string{"--lr-decay", "linear", "--warmup", "2", "--lr-decay-steps", "4"}, []float64{5e-3, 1e-2, 5.5e-3, 1e-3, 1e-3, 1e-3}},
+		// Stable at --lr to step 4, then 2 steps of linear annealing.
+		{[]string{"--lr-decay", "wsd", "--warmup", "0", "--lr-wsd-decay-steps", "2", "--lr-wsd-decay-style", "linear"}, []float64{1e-2, 1e-2, 1e-2, 1e-2, 5.5e-3, 1e-3}},
+		// lr·√2/√step after a warm-up of 2.
+		{[]string{"--lr-decay", "inverse-square-root", "--warmup", "2"}, []float64{5e-3, 1e-2, 1e-2 * math.Sqrt(2.0/3), 1e-2 * math.Sqrt(2.0/4), 1e-2 * math.Sqrt(2.0/5), 1e-2 * math.Sqrt(2.0/6)}},
+	} {
+		path := filepath.Join(t.TempDir(), "m.json")
+		require.NoError(t, mainErr(append([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
+			"--run", "--steps", "6", "--lr", "1e-2", "--min-lr", "1e-3", "--eval-batches", "-1", "--metrics", path}, c.flags...)))
+		m := readMetrics(t, path)
+		require.Len(t, m.Steps, len(c.want), c.flags)
+		for i, s := range m.Steps {
+			assert.InDelta(t, c.want[i], s.LR, 1e-12, "%v: step %d", c.flags, i+1)
+		}
+	}
+}
+
 // A run that diverges writes the steps it completed and why it ended
 // (metrics "failed"), where its file read as a short run with no reason.
 func TestDivergedRunSaysWhyInItsMetrics(t *testing.T) {

@@ -188,6 +188,7 @@ func renderReport(c *config, res *compile.Result, met *runtime.Metrics, runErr e
 // a compile-only report leaves them out, as settings nothing used.
 var trainingSettings = map[string]bool{
 	"steps": true, "seed": true, "lr": true, "min_lr": true, "warmup": true, "processes": true, "device": true,
+	"lr_decay": true, "lr_decay_steps": true, "lr_wsd_decay_steps": true, "lr_wsd_decay_style": true,
 }
 
 // overview is the page's first table: the model, the plan and the outcome.
