@@ -78,6 +78,9 @@ type Config struct {
 	Progress io.Writer
 
 	Beta1, Beta2, WeightDecay, Clip, LossScale float64
+	// AdamEps is Adam's ε, added to √v̂ in the update (0: 1e-8, PyTorch's
+	// and Megatron-LM's default).
+	AdamEps float64
 
 	// FilledMicrobatches says that Validate chose Microbatches, which
 	// was not given, to fill the pipeline (fillPipeline).
@@ -374,6 +377,9 @@ func (c *Config) checkNumbers(bad func(string, ...any)) {
 	if !finite(c.Clip) || c.Clip < 0 {
 		bad("--clip must be a finite norm ≥ 0 (0: off), got %g", c.Clip)
 	}
+	if c.AdamEps != 0 && (!finite(c.AdamEps) || !(float32(c.AdamEps) > 0)) {
+		bad("--adam-eps must be positive and finite as a 32-bit float, which the optimizer computes in (at least %g), got %g", math.SmallestNonzeroFloat32, c.AdamEps)
+	}
 	if !finite(c.WeightDecay) || c.WeightDecay < 0 {
 		bad("--weight-decay must be finite as a 32-bit float and ≥ 0, got %g", c.WeightDecay)
 	}
@@ -415,6 +421,9 @@ func (c *Config) PassOptions() *passes.Options {
 		o.Optimizer = c.Optimizer
 	}
 	o.Beta1, o.Beta2 = c.Beta1, c.Beta2
+	if c.AdamEps != 0 {
+		o.Eps = c.AdamEps
+	}
 	o.WeightDecay = c.WeightDecay
 	o.ClipNorm = c.Clip
 	o.Zero = c.Zero

@@ -185,14 +185,14 @@ func (f setFlag) Set(v string) error {
 
 // unusedByOptimizer are, per optimizer, the flags it does not read.
 var unusedByOptimizer = map[string][]struct{ flag, why string }{
-	"sgd": {{"beta1", "SGD's momentum is 0.9"}, {"beta2", "SGD keeps no second moment"}},
-	"sm3": {{"beta1", "SM3 as built keeps no momentum"}, {"beta2", "SM3's accumulators are sums, not averages"},
+	"sgd": {{"beta1", "SGD's momentum is 0.9"}, {"beta2", "SGD keeps no second moment"}, {"adam-eps", "SGD divides by no second moment"}},
+	"sm3": {{"beta1", "SM3 as built keeps no momentum"}, {"beta2", "SM3's accumulators are sums, not averages"}, {"adam-eps", "SM3 as built has no ε"},
 		{"weight-decay", "SM3 as built applies none"}},
 	"adafactor": {{"lr", "Adafactor's step is relative: min(1e-2, 1/√t) times the param's RMS"}, {"min-lr", "Adafactor takes no learning rate"},
 		{"warmup", "Adafactor takes no learning rate"}, {"lr-decay", "Adafactor takes no learning rate"},
 		{"lr-decay-steps", "Adafactor takes no learning rate"}, {"lr-wsd-decay-steps", "Adafactor takes no learning rate"},
 		{"lr-wsd-decay-style", "Adafactor takes no learning rate"},
-		{"beta1", "Adafactor as built has no first moment"}, {"beta2", "Adafactor's decay is 1 − t^(−0.8)"},
+		{"beta1", "Adafactor as built has no first moment"}, {"beta2", "Adafactor's decay is 1 − t^(−0.8)"}, {"adam-eps", "Adafactor's ε₁ and ε₂ are its own, 1e-30 and 1e-3"},
 		{"weight-decay", "Adafactor as built applies none"}},
 }
 
@@ -324,7 +324,7 @@ var evalRefuses = []struct {
 	{"belongs to training; eval only measures the held-out loss", []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "dp-sync", "eval-every", "run"}},
 	{"records a training run; eval prints the held-out loss and writes no file", []string{"metrics", "report", "timeline"}},
 	{"changes only training (the update, the backward or the run's files); eval runs the forward of the weights given, so leave it out", []string{
-		"lr", "min-lr", "warmup", "lr-decay", "lr-decay-steps", "lr-wsd-decay-steps", "lr-wsd-decay-style", "weight-decay", "clip", "beta1", "beta2", "optimizer",
+		"lr", "min-lr", "warmup", "lr-decay", "lr-decay-steps", "lr-wsd-decay-steps", "lr-wsd-decay-style", "weight-decay", "clip", "beta1", "beta2", "adam-eps", "optimizer",
 		"loss-scale", "initial-loss-scale", "staleness", "bucket-mb", "overlap-grad-reduce", "recompute", "compress-activations",
 		"checkpoint-every", "keep-last", "seed", "plan-top", "plan-trace", "refine-trace", "save-hardware", "calibrate"}},
 	{"describes the devices the planner prices plans on; eval prices none (its plan is --devices and the axes), so leave it out", []string{"hardware"}},
@@ -470,6 +470,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.Float64Var(&c.Clip, "clip", 1.0, "clip gradients by global norm (0: off)")
 	fs.Float64Var(&c.Beta1, "beta1", 0.9, "Adam β1")
 	fs.Float64Var(&c.Beta2, "beta2", 0.95, "Adam β2")
+	fs.Float64Var(&c.AdamEps, "adam-eps", 1e-8, "Adam ε, added to √v̂ in the update (Megatron-LM's --adam-eps)")
 	fs.IntVar(&c.evalEvery, "eval-every", 0, "held-out evaluation every N steps (0: at the end only)")
 	fs.IntVar(&c.evalBatches, "eval-batches", 8, "held-out batches per evaluation (-1: no held-out evaluation)")
 	// A job of several processes: torchrun, srun and mpirun set these
@@ -876,6 +877,11 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 	}
 	if c.warmup < 0 {
 		bad("--warmup must be ≥ 0, got %d", c.warmup)
+	}
+	if c.AdamEps == 0 {
+		// compile.Config reads 0 as the default, 1e-8: a 0 given here
+		// would be trained with that unannounced.
+		bad("--adam-eps must be positive (an ε of 0 divides by a zero second moment), got 0")
 	}
 	if c.evalEvery < 0 {
 		bad("--eval-every must be ≥ 0 (0: at the end only), got %d", c.evalEvery)

@@ -433,7 +433,7 @@ func (c *config) metricsConfig(procs int) map[string]any {
 		"microbatches": c.Microbatches, "sequence_parallel": c.SequenceParallel, "offload": c.Offload, "schedule": c.Schedule, "zero": c.Zero, "recompute": c.Recompute,
 		"precision": c.Precision, "optimizer": c.Optimizer, "backend": c.backend, "batch": c.Batch,
 		"steps": c.steps, "seed": c.seed, "lr": c.lr, "min_lr": c.minLR, "warmup": c.warmup, "set": c.Set,
-		"overlap_grad_reduce": !c.SerialGradReduce, "beta1": c.Beta1, "beta2": c.Beta2, "weight_decay": c.WeightDecay, "clip": c.Clip, "lr_decay": c.decay,
+		"overlap_grad_reduce": !c.SerialGradReduce, "beta1": c.Beta1, "beta2": c.Beta2, "adam_eps": c.AdamEps, "weight_decay": c.WeightDecay, "clip": c.Clip, "lr_decay": c.decay,
 		"lr_decay_steps": c.decaySteps, "lr_wsd_decay_steps": c.wsdDecaySteps, "lr_wsd_decay_style": c.wsdStyle,
 		"cp_impl": c.CPImpl, "cp_layout": c.CPLayout, "dp_sync": c.DPSync, "staleness": c.Staleness, "loss_scale": c.LossScale,
 		"initial_loss_scale": c.initialLossScale, "compress_activations": c.Compress, "fuse": c.Fuse, "bucket_mb": c.BucketMB,

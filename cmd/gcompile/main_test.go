@@ -989,6 +989,22 @@ func TestSequenceParallelAtBatchOne(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(err.Error(), "\n")+1, "one error: %v", err)
 }
 
+// --adam-eps reaches every AdamW update, and the run's metrics record it.
+func TestAdamEpsReachesTheUpdates(t *testing.T) {
+	dir := t.TempDir()
+	metrics := filepath.Join(dir, "m.json")
+	require.NoError(t, mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4",
+		"--adam-eps", "1e-6", "--dump", filepath.Join(dir, "d"), "--metrics", metrics}))
+	gir, err := os.ReadFile(filepath.Join(dir, "d", "05-optimizer.gir"))
+	require.NoError(t, err)
+	updates := strings.Count(string(gir), "= adamw ")
+	assert.Positive(t, updates)
+	assert.Equal(t, updates, strings.Count(string(gir), " eps=1e-06 "), "every adamw takes --adam-eps")
+	raw, err := os.ReadFile(metrics)
+	require.NoError(t, err)
+	assert.Contains(t, string(raw), `"adam_eps": 0.000001`)
+}
+
 // The run's learning rate follows Megatron-LM's decay styles, with a
 // decay that ends before the run (--lr-decay-steps), as the metrics
 // record it step by step.
