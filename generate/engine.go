@@ -48,7 +48,7 @@ type Request struct {
 	EOS      int32 // −1: none
 	StopWhen func(seq int, ids []int32) bool
 	OnToken  func(seq int, id int32)
-	OnLogits func(seq, step int, logits []float64) // for checks: the logits each new token was chosen from
+	OnLogits func(seq, step int, logits []float64) // for checks: the model's logits each new token was chosen from, before the repetition penalty
 	FirstSeq int                                   // the index of Prompts[0] among all prompts (sampling keys on it)
 }
 
@@ -165,7 +165,11 @@ func (e *Engine) batch(r Request, first int, prompts [][]int32) ([][]int32, erro
 			if r.OnLogits != nil {
 				r.OnLogits(r.FirstSeq+first+b, step, rows[b])
 			}
-			id := int32(r.Sampling.Pick(rows[b], r.FirstSeq+first+b, step))
+			logits := rows[b]
+			if p := r.Sampling.RepetitionPenalty; p != 0 && p != 1 {
+				logits = r.Sampling.Penalize(logits, slices.Concat(prompts[b], out[b]))
+			}
+			id := int32(r.Sampling.Pick(logits, r.FirstSeq+first+b, step))
 			out[b] = append(out[b], id)
 			last[b] = id
 			if r.OnToken != nil {

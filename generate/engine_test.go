@@ -109,3 +109,49 @@ func TestEngineChecksPrompts(t *testing.T) {
 	// new tokens fill the 6 positions.
 	assert.NoError(t, e.Check(&Request{Prompts: [][]int32{{1, 2, 3, 4}}, MaxNew: 3}))
 }
+
+// constStep is a Stepper whose every row of logits is row.
+type constStep struct {
+	row    []float64
+	tokens []int32
+}
+
+func (c *constStep) SetInt32(name string, x []int32) error {
+	if name == "tokens" {
+		c.tokens = slices.Clone(x)
+	}
+	return nil
+}
+func (c *constStep) Step() error { return nil }
+func (c *constStep) Logits() ([]float64, error) {
+	var out []float64
+	for range c.tokens {
+		out = append(out, c.row...)
+	}
+	return out, nil
+}
+
+// The repetition penalty counts the prompt's tokens and those generated
+// so far, and the logits handed to OnLogits are the model's own.
+func TestEnginePenalizesRepeats(t *testing.T) {
+	row := []float64{-1, 0.3, 0.9, 1, 0.6}
+	run := func(penalty float64) ([]int32, [][]float64) {
+		s := &constStep{row: row}
+		e := &Engine{Prefill: s, Decode: s, MoveCaches: func() error { return nil }, Batch: 1, Prompt: 2, Context: 8, Vocab: len(row)}
+		var seen [][]float64
+		got, err := e.Run(Request{Prompts: [][]int32{{3}}, MaxNew: 4, EOS: -1, Sampling: Sampling{TopP: 1, RepetitionPenalty: penalty},
+			OnLogits: func(_, _ int, l []float64) { seen = append(seen, slices.Clone(l)) }})
+		require.NoError(t, err)
+		return got[0], seen
+	}
+	got, _ := run(1)
+	assert.Equal(t, []int32{3, 3, 3, 3}, got, "greedy, no penalty")
+	got, seen := run(2)
+	// 3, the prompt's, falls to 0.5: 2 (0.9) wins, then 4 (0.6), then 3
+	// (0.5, against 2's and 4's 0.45 and 0.3) twice: a token is penalised
+	// once however often it repeats, as Hugging Face's is.
+	assert.Equal(t, []int32{2, 4, 3, 3}, got)
+	for _, l := range seen {
+		assert.Equal(t, row, l, "OnLogits sees the model's logits")
+	}
+}

@@ -30,6 +30,14 @@ type Sampling struct {
 	// Seed keys the random numbers: with the same seed, a sequence's
 	// tokens are the same wherever and however it is run.
 	Seed uint64
+	// RepetitionPenalty makes the tokens a sequence already holds (its
+	// prompt's and those generated) less likely, as Hugging Face's
+	// RepetitionPenaltyLogitsProcessor does (Keskar et al.'s CTRL): each
+	// one's logit is divided by it where positive and multiplied by it
+	// where negative, before the temperature and the filters, greedy
+	// included. Above 1 discourages repeats, below 1 encourages them; 0
+	// and 1 are none.
+	RepetitionPenalty float64
 }
 
 // maskedLogit is the logit at or below which a class is masked (padding
@@ -56,7 +64,37 @@ func (s Sampling) Validate() error {
 	if !(s.TopP > 0 && s.TopP <= 1) {
 		errs = append(errs, fmt.Errorf("--top-p %v: want 0 < p ≤ 1 (1: no limit)", s.TopP))
 	}
+	if !(s.RepetitionPenalty >= 0) || math.IsInf(s.RepetitionPenalty, 1) {
+		errs = append(errs, fmt.Errorf("--repetition-penalty %v: want a finite penalty > 0 (1: none)", s.RepetitionPenalty))
+	}
 	return errors.Join(errs...)
+}
+
+// Penalize returns logits with RepetitionPenalty applied to the ids of
+// seen (each once, however often it occurs), or logits itself when there
+// is no penalty. Masked and NaN logits stay as they are: a penalty below 1
+// must not lift a padding class above the mask.
+func (s Sampling) Penalize(logits []float64, seen []int32) []float64 {
+	r := s.RepetitionPenalty
+	if r == 0 || r == 1 || len(seen) == 0 {
+		return logits
+	}
+	out := slices.Clone(logits)
+	done := make(map[int32]bool, len(seen))
+	for _, id := range seen {
+		if done[id] || id < 0 || int(id) >= len(out) {
+			continue
+		}
+		done[id] = true
+		switch x := out[id]; {
+		case !(x > maskedLogit):
+		case x < 0:
+			out[id] = x * r
+		default:
+			out[id] = x / r
+		}
+	}
+	return out
 }
 
 // Pick chooses the next token of sequence seq at step step from its

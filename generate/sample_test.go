@@ -425,3 +425,25 @@ func BenchmarkPick(b *testing.B) {
 		})
 	}
 }
+
+// The repetition penalty divides positive logits and multiplies negative
+// ones, once per id however often it occurs, and leaves masked and NaN
+// logits, and ids outside the vocabulary, alone.
+func TestPenalize(t *testing.T) {
+	logits := []float64{2, -2, 0, math.Inf(-1), -1e31, math.NaN(), 4}
+	s := Sampling{TopP: 1, RepetitionPenalty: 2}
+	got := s.Penalize(logits, []int32{0, 1, 1, 2, 3, 4, 5, 0, 99, -1})
+	assert.Equal(t, []float64{1, -4, 0, math.Inf(-1), -1e31}, got[:5])
+	assert.True(t, math.IsNaN(got[5]))
+	assert.Equal(t, 4.0, got[6], "an id the sequence does not hold")
+	assert.Equal(t, 2.0, logits[0], "the model's logits are not changed")
+	below := Sampling{TopP: 1, RepetitionPenalty: 0.5}.Penalize([]float64{-1e30, -3}, []int32{0, 1})
+	assert.Equal(t, []float64{-1e30, -1.5}, below, "a penalty below 1 never lifts a masked logit")
+	for _, none := range []float64{0, 1} {
+		same := Sampling{TopP: 1, RepetitionPenalty: none}.Penalize(logits, []int32{0})
+		assert.Same(t, &logits[0], &same[0], "no penalty, no copy")
+	}
+	assert.ErrorContains(t, Sampling{TopP: 1, RepetitionPenalty: -1}.Validate(), "--repetition-penalty -1: want a finite penalty > 0 (1: none)")
+	assert.ErrorContains(t, Sampling{TopP: 1, RepetitionPenalty: math.Inf(1)}.Validate(), "--repetition-penalty +Inf")
+	assert.ErrorContains(t, Sampling{TopP: 1, RepetitionPenalty: math.NaN()}.Validate(), "--repetition-penalty NaN")
+}

@@ -80,6 +80,7 @@ func parseGenerate(args []string) (*genConfig, error) {
 	fs.Float64Var(&g.sampling.Temperature, "temperature", 1, "softmax temperature (0: greedy, the most likely token)")
 	fs.IntVar(&g.sampling.TopK, "top-k", 0, "sample among the k most likely tokens (0: all)")
 	fs.Float64Var(&g.sampling.TopP, "top-p", 1, "sample among the most likely tokens whose probability reaches p (nucleus; 1: all)")
+	fs.Float64Var(&g.sampling.RepetitionPenalty, "repetition-penalty", 1, "divide the positive logits of tokens the sequence already holds (prompt and output) by this, and multiply the negative ones, as Hugging Face's repetition_penalty (1: none; above 1 discourages repeats)")
 	var seed int64
 	fs.Int64Var(&seed, "seed", 1, "sampling seed: the same seed gives the same tokens under every plan")
 	fs.Func("stop", "end a prompt's generation where its text contains this string (repeatable; the string is not printed)", func(s string) error {
@@ -162,6 +163,9 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	}
 	if err := g.sampling.Validate(); err != nil {
 		errs = append(errs, err)
+	} else if g.sampling.RepetitionPenalty == 0 {
+		// Sampling reads 0 as none, as 1: given, it is a mistake.
+		bad("--repetition-penalty 0: want a finite penalty > 0 (1: none)")
 	}
 	if g.output != "text" && g.output != "json" {
 		bad("--output %q: want text or json", g.output)

@@ -96,6 +96,11 @@ func TestGenerateIsTheSameUnderEveryPlan(t *testing.T) {
 	assert.Equal(t, one, resumed, "--resume reads the same weights as --load")
 	other := generateJSON(t, append(append([]string{}, load...), "--seed", "4")...)
 	assert.NotEqual(t, one, other, "another seed draws other tokens")
+	// The repetition penalty, applied to the gathered logits, is the same
+	// under tp.
+	penalised := generateJSON(t, append(append([]string{}, load...), "--repetition-penalty", "3")...)
+	assert.NotEqual(t, one, penalised, "--repetition-penalty changes the draws")
+	assert.Equal(t, penalised, generateJSON(t, append(append([]string{}, load...), "--repetition-penalty", "3", "--devices", "2", "--tp", "2")...))
 }
 
 // A bad request is refused with the rule it breaks, before any token is
@@ -127,6 +132,8 @@ func TestGenerateBadInput(t *testing.T) {
 		{"max-new-tokens past 32 bits", []string{"--prompt", "a", "--max-new-tokens", "9223372036854775807"}, "--max-new-tokens 9223372036854775807: want 1 to 1073741824"},
 		{"top-p 1.5", []string{"--prompt", "a", "--top-p", "1.5"}, "--top-p 1.5"},
 		{"temperature -1", []string{"--prompt", "a", "--temperature", "-1"}, "--temperature -1"},
+		{"repetition penalty 0", []string{"--prompt", "a", "--repetition-penalty", "0"}, "--repetition-penalty 0: want a finite penalty > 0 (1: none)"},
+		{"repetition penalty negative", []string{"--prompt", "a", "--repetition-penalty", "-1.2"}, "--repetition-penalty -1.2: want a finite penalty > 0 (1: none)"},
 		{"another model", []string{"--prompt", "a", "--load", llamaW}, "no param of the model"},
 		{"pack-gpu on cpu", []string{"--prompt", "a", "--pack-gpu"}, "--pack-gpu needs --backend cuda"},
 		{"pipeline", []string{"--prompt", "a", "--devices", "2", "--pp", "2"}, "--pp 2: generation runs on data and tensor parallelism"},
