@@ -240,10 +240,6 @@ func Compile(c *Config, hooks passes.Hooks) (*Result, error) {
 		// It would run as a second data-parallel axis, which --dp is.
 		return res, fmt.Errorf("--ep %d: the model has no experts (no moe_ op), and expert parallelism splits a mixture of experts; split the batch with --dp", c.EP)
 	}
-	if c.DPSync == "async" && m.Source(ir.InputRandomKey) != nil {
-		// Found before the passes and the lowering, not at the first step.
-		return res, fmt.Errorf("--dp-sync async with a model that draws random numbers (input %q: MoE noise, jitter or expert dropout): %w (asynchronous replicas are not fed them; train it with --dp-sync sync, the default)", ir.InputRandomKey, ErrNotYet)
-	}
 	res.Passes, err = passes.Run(m, c.PassOptions(), hooks)
 	if err != nil {
 		return res, err

@@ -603,11 +603,15 @@ func feed(dev Device, tokens, targets []int32) error {
 // (the i-th token of the global batch, row-major) is a hash of (seed,
 // step, i), non-negative, so each token's draws are the same whatever
 // device holds it.
-func RandomKeys(seed int64, step, n int) []int32 {
+func RandomKeys(seed int64, step, n int) []int32 { return RandomKeysFrom(seed, step, 0, n) }
+
+// RandomKeysFrom are keys first … first+n−1 of RandomKeys: an
+// asynchronous replica's rows of the global batch.
+func RandomKeysFrom(seed int64, step, first, n int) []int32 {
 	keys := make([]int32, n)
 	base := kcpu.Mix64(uint64(seed)*0x9e3779b97f4a7c15 ^ kcpu.Mix64(uint64(step)))
 	for i := range keys {
-		keys[i] = int32(kcpu.Mix64(base+uint64(i)) >> 33)
+		keys[i] = int32(kcpu.Mix64(base+uint64(first+i)) >> 33)
 	}
 	return keys
 }

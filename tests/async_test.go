@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"gcompile/examples/gpt"
 	"gcompile/frontend"
+	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/passes"
 	"gcompile/runtime"
@@ -23,6 +23,7 @@ import (
 // and data.
 type asyncPlan struct {
 	dp, staleness int
+	model         string              // the family (familyOf): "" is the GPT
 	precision     string              // "" (fp32), "fp16" or "bf16"
 	scaler        *runtime.LossScaler // mixed precision only
 	steps         int                 // 0: eqSteps
@@ -41,7 +42,8 @@ type asyncResult struct {
 // gradient and update programs.
 func asyncProgs(t *testing.T, p asyncPlan) (grad, update *lower.Program, boundary []string) {
 	t.Helper()
-	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: eqBatch / p.dp, Set: eqModel})
+	f := familyOf(p.model, 0)
+	m, err := frontend.Build(f.fn, frontend.Config{Name: f.name, Batch: eqBatch / p.dp, Set: f.set})
 	require.NoError(t, err)
 	opts := passes.DefaultOptions()
 	opts.Verify = true
@@ -74,7 +76,9 @@ func asyncRun(t *testing.T, p asyncPlan) asyncResult {
 	a, err := cpu.NewAsync(gp, up, boundary, p.dp, p.staleness)
 	require.NoError(t, err)
 	require.NoError(t, a.InitParams(1))
-	ms, evals, err := a.Train(corpus(), asyncConfig(p.steps, p.scaler), nil)
+	cfg := asyncConfig(p.steps, p.scaler)
+	_, cfg.RandomKey = gp.Sources[ir.InputRandomKey]
+	ms, evals, err := a.Train(corpus(), cfg, nil)
 	require.NoError(t, err)
 	require.Len(t, evals, 1)
 	res := asyncResult{steps: ms, evals: evals, params: serverBuffers(t, a, up, lower.Param), a: a, update: up}
@@ -116,6 +120,21 @@ func TestAsyncStalenessZeroIsSynchronous(t *testing.T) {
 			t.Logf("dp%d K=0: worst loss rel err %.2g, worst param err %.2g, held-out %.6f against %.6f", dp, worst, worstParam, got.evals[0].Loss, ref.eval)
 		})
 	}
+}
+
+// A model that draws random numbers (the noisy top-k router's noise, the
+// router's jitter, dropout inside the experts) trains asynchronously too:
+// each replica is fed the global batch's keys of its rows, so with
+// staleness 0 every token draws what it draws on one device.
+func TestAsyncRandomModelStalenessZeroIsSynchronous(t *testing.T) {
+	ref := train(t, plan{model: "moe-noisy-topk"})
+	got := asyncRun(t, asyncPlan{dp: 2, model: "moe-noisy-topk"})
+	assert.Equal(t, 0, got.a.MaxStaleness())
+	worst := assertLossesClose(t, ref.losses, got.losses, 1e-5)
+	worstParam := paramError(t, ref.params, got.params, isKeyBias)
+	assert.LessOrEqual(t, worstParam, 1e-4)
+	assert.InEpsilon(t, ref.eval, got.evals[0].Loss, 1e-5, "held-out loss")
+	t.Logf("moe-noisy-topk dp2 K=0: worst loss rel err %.2g, worst param err %.2g", worst, worstParam)
 }
 
 // With staleness 2 replicas run ahead on weights up to two updates old;

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"gcompile/compile"
+	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
@@ -96,7 +97,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	// replica.
 	cfg := runtime.TrainConfig{Steps: c.steps, Batch: batch * c.DP, Seq: seq, Seed: c.seed, EvalBatches: c.evalBatches, EvalOutput: runtime.EvalOutput(outputNames(res.Module)),
 		Schedule:  c.schedule(),
-		LossScale: lossScaler(c)}
+		LossScale: lossScaler(c), RandomKey: res.Module.Source(ir.InputRandomKey) != nil}
 	// The checkpointed state is the server's: the master weights and the
 	// optimizer state, which process 0 saves and loads; every process
 	// reads where the run resumes from the manifest.

@@ -72,19 +72,25 @@ func keys(m map[string]int) []string {
 	return out
 }
 
-// A model that draws random numbers (here the router's jitter) cannot run
-// asynchronous replicas yet: refused once the model is built, before the
-// passes and the lowering, not at the first step.
-func TestAsyncRefusesARandomModelBeforeCompiling(t *testing.T) {
-	log, err := captureStderr(t, func() error {
-		return mainErr([]string{moeModel, "--set", "layers=2,hidden=32,heads=2,seq=16,experts=2,jitter=0.01", "--batch", "4",
-			"--devices", "2", "--dp", "2", "--dp-sync", "async", "--run", "--steps", "1"})
-	})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), `--dp-sync async with a model that draws random numbers (input "random_key"`)
-	assert.ErrorIs(t, err, compile.ErrNotYet)
-	assert.Contains(t, err.Error(), "--dp-sync sync")
-	assert.NotContains(t, log, "compiled ")
+// A model that draws random numbers (here the router's jitter) trains
+// with asynchronous replicas, and at staleness 0 as synchronous data
+// parallelism does: each replica draws its rows' keys of the global batch.
+func TestAsyncTrainsARandomModel(t *testing.T) {
+	losses := func(sync string) []float64 {
+		path := filepath.Join(t.TempDir(), "m.json")
+		require.NoError(t, mainErr([]string{moeModel, "--set", "layers=2,hidden=32,heads=2,seq=16,experts=2,jitter=0.01", "--batch", "4",
+			"--devices", "2", "--dp", "2", "--dp-sync", sync, "--run", "--steps", "3", "--eval-batches", "-1", "--metrics", path}))
+		var out []float64
+		for _, s := range readMetrics(t, path).Steps {
+			out = append(out, s.Loss)
+		}
+		return out
+	}
+	want, got := losses("sync"), losses("async")
+	require.Len(t, got, 3)
+	for i := range want {
+		assert.InEpsilon(t, want[i], got[i], 1e-5, "step %d", i+1)
+	}
 }
 
 // A MoE's held-out loss is its lm_loss, whose mean over microbatches the

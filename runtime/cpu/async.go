@@ -455,6 +455,13 @@ func (a *Async) replica(r int, w *Device, corpus data.Source, cfg runtime.TrainC
 		if err := w.SetInt32(ir.InputTargets, targets[r*n:(r+1)*n]); err != nil {
 			return err
 		}
+		if cfg.RandomKey {
+			// The global batch's keys of the replica's rows: each token
+			// draws what it draws under synchronous data parallelism.
+			if err := w.SetInt32(ir.InputRandomKey, runtime.RandomKeysFrom(cfg.Seed, t, r*n, n)); err != nil {
+				return err
+			}
+		}
 		if err := w.Step(); err != nil {
 			return fmt.Errorf("step %d: %w", t, err)
 		}
