@@ -77,7 +77,7 @@ func (s Schedule) At(step int) float64 {
 	switch {
 	case s.Decay == "constant" || s.Decay == "":
 		return s.LR
-	case step > end && end > peak:
+	case step > end:
 		return s.MinLR
 	case s.Decay == "inverse-square-root":
 		return max(s.MinLR, s.LR*math.Sqrt(float64(peak))/math.Sqrt(float64(max(step, 1))))
@@ -93,11 +93,14 @@ func (s Schedule) At(step int) float64 {
 	case "linear":
 		coeff = 1 - r
 	case "wsd":
-		anneal := end - s.WSDDecaySteps
+		// The anneal starts no earlier than the peak, so that without a
+		// warm-up the first step too runs at LR, and an anneal over the
+		// whole decay is the linear decay's in wsd's linear shape.
+		anneal := max(end-s.WSDDecaySteps, peak)
 		if s.WSDDecaySteps <= 0 || step <= anneal {
 			return s.LR
 		}
-		w := float64(step-anneal) / float64(s.WSDDecaySteps)
+		w := float64(step-anneal) / float64(end-anneal)
 		switch s.WSDStyle {
 		case "linear":
 			coeff = 1 - w

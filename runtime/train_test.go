@@ -75,6 +75,16 @@ func TestScheduleDecayStyles(t *testing.T) {
 		{"wsd minus_sqrt, half the anneal", wsd("minus_sqrt"), 100, 1e-3 * (1 - math.Sqrt(0.5))},
 		{"wsd exponential, the end", wsd("exponential"), 110, 0},
 		{"wsd minus_sqrt, the end", wsd("minus_sqrt"), 110, 0},
+		// Without a warm-up the first step is the peak, whatever the style.
+		{"wsd over the whole run, no warm-up, the first step", with(func(s *Schedule) {
+			s.Decay, s.Warmup, s.WSDDecaySteps, s.WSDStyle = "wsd", 0, 110, "linear"
+		}), 1, 1e-3},
+		{"wsd over the whole run is linear", with(func(s *Schedule) { s.Decay, s.Warmup, s.WSDDecaySteps, s.WSDStyle = "wsd", 0, 110, "linear" }), 56,
+			with(func(s *Schedule) { s.Decay, s.Warmup = "linear", 0 }).At(56)},
+		// A decay that ends at the first step: the floor from the second.
+		{"a decay of one step, no warm-up, the first step", with(func(s *Schedule) { s.Decay, s.Warmup, s.DecaySteps = "linear", 0, 1 }), 1, 1e-3},
+		{"a decay of one step, no warm-up, the second step", with(func(s *Schedule) { s.Decay, s.Warmup, s.DecaySteps = "linear", 0, 1 }), 2, 1e-4},
+		{"inverse square root past its decay steps", with(func(s *Schedule) { s.Decay, s.DecaySteps = "inverse-square-root", 40 }), 41, 1e-4},
 	}
 	for _, tt := range tests {
 		assert.InDelta(t, tt.want, tt.s.At(tt.step), 1e-15, "%s: step %d", tt.name, tt.step)

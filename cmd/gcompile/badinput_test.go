@@ -186,6 +186,7 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "wsd anneal past the decay", args: run("--lr-decay", "wsd", "--warmup", "0", "--lr-wsd-decay-steps", "2"), want: []string{"--lr-wsd-decay-steps 2 is longer than the decay, 1 steps"}},
 		{name: "wsd unknown style", args: run("--lr-decay", "wsd", "--lr-wsd-decay-steps", "1", "--warmup", "0", "--lr-wsd-decay-style", "step"), want: []string{`--lr-wsd-decay-style "step": want one of exponential, linear, cosine, minus_sqrt`}},
 		{name: "wsd steps without wsd", args: run("--lr-wsd-decay-steps", "3"), want: []string{"--lr-wsd-decay-steps has no effect with --lr-decay cosine"}},
+		{name: "wsd with an empty decay", args: run("--lr-decay", "wsd", "--lr-wsd-decay-steps", "2"), want: []string{"--lr-decay wsd: the decay has no steps: --warmup 10 is not shorter than its end, step 1"}},
 		{name: "recompute segments past the layers", args: []string{"--recompute", "every=5"}, want: []string{"--recompute every=5: more than the model's 1 layers; a segment holds at most every layer (every=1)"}},
 		{name: "lr of adafactor", args: []string{"--optimizer", "adafactor", "--lr", "0.01"}, want: []string{"--lr has no effect with --optimizer adafactor (Adafactor's step is relative"}},
 		{name: "betas of sgd", args: []string{"--optimizer", "sgd", "--beta2", "0.9"}, want: []string{"--beta2 has no effect with --optimizer sgd"}},

@@ -1047,14 +1047,16 @@ var evalUsage = map[string]string{
 // flags it would not read (as --beta1 with sgd: a figure the run would
 // not use).
 func (c *config) checkSchedule(bad func(string, ...any)) {
-	switch {
-	case !slices.Contains(runtime.DecayStyles, c.decay):
+	if !slices.Contains(runtime.DecayStyles, c.decay) {
 		bad("--lr-decay %q: want one of %s", c.decay, strings.Join(runtime.DecayStyles, ", "))
 		return
-	case c.decay == "constant" && c.explicit["min-lr"]:
-		bad("--min-lr has no effect with --lr-decay constant (the rate stays at --lr after the warmup); leave it out, or decay with --lr-decay cosine")
-	case c.decay == "constant" && c.explicit["lr-decay-steps"]:
-		bad("--lr-decay-steps has no effect with --lr-decay constant (the rate stays at --lr after the warmup); leave it out, or decay with --lr-decay cosine")
+	}
+	if c.decay == "constant" {
+		for _, f := range []string{"min-lr", "lr-decay-steps"} {
+			if c.explicit[f] {
+				bad("--%s has no effect with --lr-decay constant (the rate stays at --lr after the warmup); leave it out, or decay with --lr-decay cosine", f)
+			}
+		}
 	}
 	end := c.steps
 	if c.decaySteps != 0 {
@@ -1063,7 +1065,7 @@ func (c *config) checkSchedule(bad func(string, ...any)) {
 	switch {
 	case c.decaySteps < 0:
 		bad("--lr-decay-steps must be ≥ 0 (0: --steps), got %d", c.decaySteps)
-	case c.explicit["lr-decay-steps"] && c.decaySteps > 0 && c.decaySteps <= c.warmup:
+	case c.decay != "constant" && c.explicit["lr-decay-steps"] && c.decaySteps > 0 && c.decaySteps <= c.warmup:
 		// Megatron-LM asserts the same: the decay starts where the
 		// warm-up ends.
 		bad("--lr-decay-steps %d is not past --warmup %d: the decay would end before it starts", c.decaySteps, c.warmup)
@@ -1081,6 +1083,8 @@ func (c *config) checkSchedule(bad func(string, ...any)) {
 		bad("--lr-wsd-decay-style %q: want one of %s", c.wsdStyle, strings.Join(runtime.WSDStyles, ", "))
 	case c.wsdDecaySteps < 1:
 		bad("--lr-decay wsd needs --lr-wsd-decay-steps N ≥ 1, the steps at the end of the decay that anneal to --min-lr (got %d)", c.wsdDecaySteps)
+	case end <= c.warmup:
+		bad("--lr-decay wsd: the decay has no steps: --warmup %d is not shorter than its end, step %d (--lr-decay-steps, else --steps)", c.warmup, end)
 	case c.wsdDecaySteps > end-c.warmup:
 		bad("--lr-wsd-decay-steps %d is longer than the decay, %d steps from the warm-up's end (%d) to its end (%d)", c.wsdDecaySteps, end-c.warmup, c.warmup, end)
 	}
