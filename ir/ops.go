@@ -239,7 +239,10 @@ func init() {
 	// transcendental counts TranscendentalFlops (cost.go).
 	const tr = TranscendentalFlops
 	for _, n := range []string{"add", "sub", "mul", "div"} {
-		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(false), Cost: perOut(1), Doc: "elementwise " + n + "; shapes must be equal (use broadcast)"})
+		// Each element is read before it is written: the result may
+		// take its first argument's buffer where that is the last read
+		// (a tied table's two gradient parts summed over the first).
+		register(&OpInfo{Name: n, Arity: 2, Elementwise: true, Infer: sameTypes(false), InPlace: true, Cost: perOut(1), Doc: "elementwise " + n + "; shapes must be equal (use broadcast)"})
 	}
 	for n, flops := range map[string]int64{"neg": 1, "exp": tr, "log": tr, "tanh": tr, "sqrt": tr, "gelu": 8 + tr, "relu": 1, "silu": 3 + tr} {
 		register(&OpInfo{Name: n, Arity: 1, Elementwise: true, Infer: sameTypes(true), Cost: perOut(flops), Doc: "elementwise " + n})

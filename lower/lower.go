@@ -706,7 +706,7 @@ func widenIntoSums(p *Program) {
 			}
 			g := p.Instrs[j].Args[0]
 			gb, cb := p.Buffers[g], p.Buffers[c]
-			if !is16(gb.Type.DType) || cb.Type.DType != ir.F32 || gb.Host || cb.Host || gb.Scratch || cb.Scratch ||
+			if !is16(gb.Type.DType) || cb.Type.DType != ir.F32 || gb.Kind != Temp || cb.Kind != Temp || gb.Scratch || cb.Scratch ||
 				!gb.Type.Shape.Equal(cb.Type.Shape) {
 				continue
 			}
@@ -786,6 +786,14 @@ func writeOver(p *Program, pick func(i int, in *Instr) (src int, ok bool), merge
 			}
 		}
 		if in.Out < 0 {
+			continue
+		}
+		if r, ok := rename[in.Out]; ok {
+			// A buffer an earlier pass made several instructions write (a
+			// sum written over the one before it): its later writers
+			// follow it, and none of them moves it again, which would
+			// leave its earlier writers and readers on a buffer gone.
+			in.Out = r
 			continue
 		}
 		src, ok := pick(i, in)

@@ -1,12 +1,14 @@
 package lower_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"gcompile/examples/gpt"
+	"gcompile/examples/moe"
 	"gcompile/frontend"
 	"gcompile/ir"
 	"gcompile/lower"
@@ -181,6 +183,57 @@ func TestSumsReadTheSixteenBitGradients(t *testing.T) {
 		// microbatch gradient is an fp32 sum itself, of the embedding's
 		// part and the head's: one a microbatch.
 		assert.Equal(t, 2*(len(m.Params())-1)+3, widened, precision)
+	}
+}
+
+// Elementwise arithmetic writes its result over its first argument where
+// that is the argument's last read: the tied table's gradient, the sum of
+// the head's part and the embedding's, takes the head's part's buffer
+// (before, both parts and their sum were live at once). And no
+// instruction reads or writes a buffer the lowering dropped when it
+// merged two, where one pass's in-place sums meet another's (a router's
+// gradient, summed over the first of its parts, then summed again: the
+// second sum wrote a buffer already gone).
+func TestAddsWriteOverTheirFirstArgument(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		fn    frontend.ModelFunc
+		set   map[string]string
+		micro int
+	}{
+		{"gpt", gpt.Model, map[string]string{"layers": "1", "hidden": "32", "heads": "4", "seq": "16"}, 1},
+		{"gpt_micro2", gpt.Model, map[string]string{"layers": "1", "hidden": "32", "heads": "4", "seq": "16"}, 2},
+		{"moe_gshard", moe.Model, map[string]string{"layers": "2", "hidden": "32", "heads": "4", "seq": "16", "experts": "4", "router": "gshard"}, 1},
+	} {
+		m, err := frontend.Build(c.fn, frontend.Config{Name: c.name, Batch: 4, Set: c.set})
+		require.NoError(t, err)
+		opts := passes.DefaultOptions()
+		opts.Microbatches = c.micro
+		_, err = passes.Run(m, opts, passes.Hooks{})
+		require.NoError(t, err)
+		p, err := lower.Lower(m)
+		require.NoError(t, err)
+		var table ir.Type
+		for name, b := range p.Sources {
+			if strings.HasPrefix(name, "wte") {
+				table = p.Buffers[b].Type
+			}
+		}
+		tied := 0
+		for _, in := range p.Instrs {
+			for _, b := range append([]int{in.Out}, in.Args...) {
+				if b >= 0 {
+					assert.Positive(t, p.Buffers[b].Bytes, "%s: %s %s uses buffer %d, which the lowering dropped", c.name, in.Op, in.Value.Where(), b)
+				}
+			}
+			if in.Op == "add" && in.Value.Meta.Phase == ir.PhaseBwd && in.Value.Meta.Micro == 0 && in.OutType.Equal(table) {
+				tied++
+				assert.Equal(t, in.Args[0], in.Out, "%s: the tied table's gradient is summed over its first part", c.name)
+			}
+		}
+		if c.micro > 1 {
+			assert.Equal(t, 1, tied, c.name)
+		}
 	}
 }
 
