@@ -19,22 +19,28 @@ import (
 	"gcompile/data/tokenizer"
 )
 
-// dataMain is `gcompile data SUBCOMMAND`: the data tools. There is one,
-// prepare.
+// dataMain is `gcompile data SUBCOMMAND`: the data tools, prepare and
+// merge.
 func dataMain(args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
-		fmt.Fprint(os.Stderr, "usage: gcompile data prepare --tokenizer T --output-prefix PREFIX INPUT…\n\n"+
+		fmt.Fprint(os.Stderr, "usage: gcompile data prepare --tokenizer T --output-prefix PREFIX INPUT…\n"+
+			"       gcompile data merge --output-prefix PREFIX DATASET…\n\n"+
 			"  prepare   tokenize text files, folders or JSON Lines into a token dataset in Megatron-LM's\n"+
-			"            indexed format (PREFIX.bin, PREFIX.idx), which --data PREFIX trains on\n")
+			"            indexed format (PREFIX.bin, PREFIX.idx), which --data PREFIX trains on\n"+
+			"  merge     write token datasets (prepared in shards, say) one after another as one dataset,\n"+
+			"            as Megatron-LM's tools/merge_datasets.py does\n")
 		if len(args) == 0 {
-			return errors.New("data: name a subcommand (prepare)")
+			return errors.New("data: name a subcommand (prepare or merge)")
 		}
 		return nil
 	}
-	if args[0] != "prepare" {
-		return fmt.Errorf("data: unknown subcommand %q (want prepare; see gcompile data -h)", args[0])
+	switch args[0] {
+	case "prepare":
+		return prepareMain(args[1:], os.Stdout, os.Stderr)
+	case "merge":
+		return mergeMain(args[1:], os.Stdout, os.Stderr)
 	}
-	return prepareMain(args[1:], os.Stdout, os.Stderr)
+	return fmt.Errorf("data: unknown subcommand %q (want prepare or merge; see gcompile data -h)", args[0])
 }
 
 // maxPrepareWorkers bounds --workers: far past any machine's cores.
@@ -76,22 +82,8 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	if err := checkPrepareInputs(inputs, *out, tokenizer.ReadPaths(*tok, *merges)); err != nil {
 		return fmt.Errorf("data prepare: %w", err)
 	}
-	if fi, err := os.Stat(*out); err == nil && fi.IsDir() || strings.HasSuffix(*out, string(filepath.Separator)) {
-		// A prefix ending in a separator names a folder, made or not:
-		// refused before the folder is made.
-		return fmt.Errorf("data prepare: --output-prefix %s is a folder; give a path prefix inside it, such as %s", *out, filepath.Join(*out, "data"))
-	}
-	if err := checkReplaceable(*out); err != nil {
+	if err := checkDatasetOutput(*out); err != nil {
 		return fmt.Errorf("data prepare: %w", err)
-	}
-	// The output's folder is made, as --dump's and --checkpoint-dir's are.
-	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-		return fmt.Errorf("data prepare: --output-prefix %s: %w", *out, err)
-	}
-	for _, ext := range []string{".bin", ".idx", ".json"} {
-		if err := checkOutputFile("output-prefix", *out+ext); err != nil {
-			return fmt.Errorf("data prepare: %w", err)
-		}
 	}
 	t, err := tokenizer.Load(*tok, *merges)
 	if err != nil {
@@ -108,22 +100,8 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	if *bos && !hasBOS {
 		return fmt.Errorf("data prepare: --bos: --tokenizer %s has no beginning-of-sequence token", *tok)
 	}
-	// A signal stops the run (nothing is written) with the exit status a
-	// stopped training run has, 128 + the signal.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, stopSignals...)
-	defer signal.Stop(sigs)
-	caught := make(chan os.Signal, 1)
-	go func() {
-		select {
-		case s := <-sigs:
-			caught <- s
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	ctx, caught, stop := stopOnSignal()
+	defer stop()
 	opt := prepare.Options{
 		Inputs: inputs, OutputPrefix: *out, JSONKey: *key, SkipBadLines: *skip, Workers: *workers,
 		AppendEOS: !*noEOS, PrependBOS: *bos, BOS: bosID, DType: indexed.DTypeFor(t.VocabSize()),
@@ -157,6 +135,84 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s.bin, %s.idx: %s\n", *out, *out, sum)
 	return nil
+}
+
+// mergeMain is `gcompile data merge`.
+func mergeMain(args []string, stdout, stderr io.Writer) error {
+	fs := newSubcommandFlags("data merge", "--output-prefix PREFIX DATASET…\n\nDATASET is a token dataset's prefix (DATASET.bin and DATASET.idx, as --data names it). Their documents are written in the order given, one dataset after another; the tokens are stored as the datasets store them, or as int32 where they differ. PREFIX.json, the record of the tokenizer that training checks, is written when every dataset has one and they agree.")
+	out := fs.String("output-prefix", "", "write PREFIX.bin, PREFIX.idx and, where the datasets have records, PREFIX.json")
+	inputs, err := parsePositional(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case *out == "":
+		return errors.New("data merge: --output-prefix PREFIX is required")
+	case len(inputs) == 0:
+		return errors.New("data merge: name at least one DATASET prefix to merge")
+	}
+	if err := checkDatasetOutput(*out); err != nil {
+		return fmt.Errorf("data merge: %w", err)
+	}
+	ctx, caught, stop := stopOnSignal()
+	defer stop()
+	fmt.Fprintf(stderr, "merging %d datasets into %s.bin/.idx\n", len(inputs), *out)
+	sum, err := prepare.Merge(ctx, *out, inputs)
+	if err != nil {
+		select {
+		case s := <-caught:
+			return &exitStatus{err: fmt.Errorf("data merge: stopped by %v (nothing was written under %s)", s, *out), code: signalStatus(s)}
+		default:
+		}
+		return fmt.Errorf("data merge: %w (nothing was written under %s)", err, *out)
+	}
+	fmt.Fprintf(stdout, "%s.bin, %s.idx: %s\n", *out, *out, sum)
+	return nil
+}
+
+// checkDatasetOutput refuses an output prefix that names a folder or
+// would replace files that are not a token dataset's, and makes its
+// folder, as --dump's and --checkpoint-dir's are made.
+func checkDatasetOutput(out string) error {
+	if fi, err := os.Stat(out); err == nil && fi.IsDir() || strings.HasSuffix(out, string(filepath.Separator)) {
+		// A prefix ending in a separator names a folder, made or not:
+		// refused before the folder is made.
+		return fmt.Errorf("--output-prefix %s is a folder; give a path prefix inside it, such as %s", out, filepath.Join(out, "data"))
+	}
+	if err := checkReplaceable(out); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return fmt.Errorf("--output-prefix %s: %w", out, err)
+	}
+	for _, ext := range []string{".bin", ".idx", ".json"} {
+		if err := checkOutputFile("output-prefix", out+ext); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stopOnSignal is a context a stop signal cancels, with the signal caught
+// (a stopped data tool writes nothing and exits as a stopped training run
+// does, 128 + the signal), and the function that stops watching.
+func stopOnSignal() (context.Context, <-chan os.Signal, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, stopSignals...)
+	caught := make(chan os.Signal, 1)
+	go func() {
+		select {
+		case s := <-sigs:
+			caught <- s
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, caught, func() {
+		signal.Stop(sigs)
+		cancel()
+	}
 }
 
 // checkReplaceable refuses an output prefix whose files exist and are not

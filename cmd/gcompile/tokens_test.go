@@ -326,6 +326,53 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 	assert.Contains(t, err.Error(), "is past the largest id "+stale+".json records (150): the .bin changed after the record was written")
 }
 
+// gcompile data merge writes shards prepared one by one as one dataset,
+// whose record lets training check the tokenizer, and which trains; a
+// merge into one of its inputs, or of shards of two tokenizers, is refused
+// before anything is written.
+func TestDataMergeThenTrain(t *testing.T) {
+	dir := t.TempDir()
+	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
+	tok := []string{"--tokenizer", filepath.Join(gpt2, "encoder.json.gz"), "--merges", filepath.Join(gpt2, "vocab.bpe.gz")}
+	var shards []string
+	docs := 0
+	for i := range 3 {
+		in := filepath.Join(dir, fmt.Sprintf("shard%d.jsonl", i))
+		var b strings.Builder
+		for j := range i + 2 {
+			fmt.Fprintf(&b, "{\"text\": %q}\n", strings.Repeat(fmt.Sprintf("Shard %d, document %d. ", i, j), 12))
+			docs++
+		}
+		require.NoError(t, os.WriteFile(in, []byte(b.String()), 0o644))
+		prefix := filepath.Join(dir, fmt.Sprintf("shard%d", i))
+		require.NoError(t, prepareMain(append(append(slices.Clone(tok), "--output-prefix", prefix, "--quiet"), in), io.Discard, io.Discard))
+		shards = append(shards, prefix)
+	}
+	merged := filepath.Join(dir, "all", "merged")
+	var stdout strings.Builder
+	require.NoError(t, mergeMain(append([]string{"--output-prefix", merged}, shards...), &stdout, io.Discard))
+	assert.Contains(t, stdout.String(), fmt.Sprintf("3 datasets merged: %d documents", docs))
+	assert.Contains(t, stdout.String(), merged+".json beside them")
+	ds, err := indexed.Open(merged)
+	require.NoError(t, err)
+	assert.Equal(t, docs, ds.NumSequences())
+	require.NoError(t, ds.Close())
+	m := runMetrics(t, append([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--run", "--steps", "2", "--eval-batches", "1",
+		"--data", merged, "--split", "60,40"}, tok...)...)
+	assert.Equal(t, "layers=1,hidden=32,heads=2,seq=16,vocab=50304", m.Config["set"], "the merged record's vocabulary")
+
+	err = mergeMain([]string{"--output-prefix", shards[0], shards[0], shards[1]}, io.Discard, io.Discard)
+	assert.ErrorContains(t, err, "data merge: cannot merge the datasets: the output "+shards[0]+" is the input "+shards[0])
+	llama2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama2")
+	other := filepath.Join(dir, "llama")
+	require.NoError(t, prepareMain([]string{"--tokenizer", llama2, "--output-prefix", other, "--quiet", filepath.Join(dir, "shard0.jsonl")}, io.Discard, io.Discard))
+	err = mergeMain([]string{"--output-prefix", filepath.Join(dir, "mixed"), shards[0], other}, io.Discard, io.Discard)
+	assert.ErrorContains(t, err, "were prepared differently")
+	assert.NoFileExists(t, filepath.Join(dir, "mixed.bin"))
+	assert.ErrorContains(t, dataMain([]string{"split"}), `data: unknown subcommand "split" (want prepare or merge`)
+	assert.ErrorContains(t, mergeMain([]string{"--output-prefix", filepath.Join(dir, "x")}, io.Discard, io.Discard), "data merge: name at least one DATASET prefix to merge")
+}
+
 // gcompile data prepare tokenizes a folder and JSON Lines with a real
 // tokenizer into a dataset that trains, and names a bad JSON Lines line.
 func TestDataPrepareThenTrain(t *testing.T) {
