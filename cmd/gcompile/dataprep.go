@@ -126,12 +126,7 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr)
 	}
 	if err != nil {
-		select {
-		case s := <-caught:
-			return &exitStatus{err: fmt.Errorf("data prepare: stopped by %v (nothing was written under %s)", s, *out), code: signalStatus(s)}
-		default:
-		}
-		return fmt.Errorf("data prepare: %w (nothing was written under %s)", err, *out)
+		return dataToolFailed("prepare", *out, caught, err)
 	}
 	fmt.Fprintf(stdout, "%s.bin, %s.idx: %s\n", *out, *out, sum)
 	return nil
@@ -159,15 +154,22 @@ func mergeMain(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "merging %d datasets into %s.bin/.idx\n", len(inputs), *out)
 	sum, err := prepare.Merge(ctx, *out, inputs)
 	if err != nil {
-		select {
-		case s := <-caught:
-			return &exitStatus{err: fmt.Errorf("data merge: stopped by %v (nothing was written under %s)", s, *out), code: signalStatus(s)}
-		default:
-		}
-		return fmt.Errorf("data merge: %w (nothing was written under %s)", err, *out)
+		return dataToolFailed("merge", *out, caught, err)
 	}
 	fmt.Fprintf(stdout, "%s.bin, %s.idx: %s\n", *out, *out, sum)
 	return nil
+}
+
+// dataToolFailed is the error of a data tool whose run failed, or was
+// stopped by a signal it caught (then with the exit status 128 + the
+// signal): either way nothing was written under out.
+func dataToolFailed(tool, out string, caught <-chan os.Signal, err error) error {
+	select {
+	case s := <-caught:
+		return &exitStatus{err: fmt.Errorf("data %s: stopped by %v (nothing was written under %s)", tool, s, out), code: signalStatus(s)}
+	default:
+	}
+	return fmt.Errorf("data %s: %w (nothing was written under %s)", tool, err, out)
 }
 
 // checkDatasetOutput refuses an output prefix that names a folder or
