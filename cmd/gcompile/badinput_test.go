@@ -246,6 +246,8 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "checkpoint-every negative", args: run("--checkpoint-dir", "$D/ck", "--checkpoint-every", "-1"), want: []string{"--checkpoint-every must be ≥ 0, got -1"}},
 		{name: "keep-last negative", args: run("--checkpoint-dir", "$D/ck", "--keep-last", "-3"), want: []string{"--keep-last must be ≥ 0, got -3"}},
 		{name: "stop-after negative", args: run("--stop-after", "-1"), want: []string{"--stop-after must be ≥ 0, got -1"}},
+		{name: "stop-after-time negative", args: run("--stop-after-time", "-1h"), want: []string{"--stop-after-time must be ≥ 0 (0: no limit), got -1h0m0s"}},
+		{name: "stop-after-time without a run", args: []string{"--stop-after-time", "1h"}, want: []string{"--stop-after-time stops a training run; add --run"}},
 		{name: "stop-after not before steps", args: []string{"--run", "--steps", "3", "--stop-after", "3"}, want: []string{"--stop-after 3 must be below --steps 3"}},
 		{name: "devices zero", args: []string{"--devices", "0"}, want: []string{"--devices must be ≥ 1, got 0"}},
 		{name: "tp negative", args: []string{"--tp", "-2"}, want: []string{"--tp must be in 0..1048576, got -2"}},
@@ -730,6 +732,28 @@ func TestStoppedRunWritesEveryOutput(t *testing.T) {
 	assert.NotEmpty(t, ts)
 	assert.FileExists(t, trace)
 	assert.FileExists(t, filepath.Join(dumps, "index.html"))
+}
+
+// --stop-after-time ends the run, with a checkpoint, at the first step
+// boundary past the wall time since the process started (here one
+// nanosecond: the first step), exits 0 as --stop-after does, and names
+// the checkpoint to continue from; the resumed run finishes.
+func TestStopAfterTimeSavesAndEnds(t *testing.T) {
+	dir := t.TempDir()
+	metrics, ckpt := filepath.Join(dir, "m.json"), filepath.Join(dir, "ckpt")
+	log, err := captureStderr(t, func() error {
+		return mainNoPanic(t, append(slices.Clone(tinyGPT), "--run", "--steps", "4", "--stop-after-time", "1ns", "--eval-batches", "1",
+			"--checkpoint-dir", ckpt, "--metrics", metrics))
+	})
+	require.NoError(t, err)
+	m := readMetrics(t, metrics)
+	assert.Len(t, m.Steps, 1)
+	assert.Equal(t, "--stop-after-time 1ns", m.Stopped)
+	assert.Contains(t, log, "stopped by --stop-after-time 1ns after step 1 of 4: continue with --resume "+filepath.Join(ckpt, "step-00000001"))
+	require.NoError(t, mainNoPanic(t, append(slices.Clone(tinyGPT), "--run", "--steps", "4", "--eval-batches", "1", "--resume", ckpt, "--metrics", metrics)))
+	steps := readMetrics(t, metrics).Steps
+	require.Len(t, steps, 4, "the first run's step and the resumed run's")
+	assert.Equal(t, 4, steps[3].Step)
 }
 
 // A reused --dump folder is cleared of the previous dump's files, and of

@@ -327,12 +327,20 @@ type checkpointer struct {
 
 func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 	c := k.c
-	stop, err := k.dev.AnyOf(k.stop.requested())
+	signalled, err := k.dev.AnyOf(k.stop.requested())
 	if err != nil {
 		return false, err
 	}
+	// Every process decides on its own clock, and the job stops where
+	// any one's time is up: all of them at the same step.
+	timeUp := false
+	if c.stopAfterTime > 0 {
+		if timeUp, err = k.dev.AnyOf(time.Since(processStart) >= c.stopAfterTime); err != nil {
+			return false, err
+		}
+	}
 	asked := c.stopAfter > 0 && st.Step == c.stopAfter
-	stop = stop || asked
+	stop := signalled || timeUp || asked
 	if stop && st.Step == c.steps {
 		// A signal during the last step came too late to stop anything:
 		// the run is finished, and its status must say so, or a requeue
@@ -380,21 +388,30 @@ func (k *checkpointer) boundary(st runtime.State) (bool, error) {
 		}
 	}
 	if stop {
-		k.note(st, asked)
+		switch {
+		case asked:
+			k.note(st, "--stop-after")
+		case !signalled:
+			k.note(st, "--stop-after-time "+c.stopAfterTime.String())
+		default:
+			k.note(st, "")
+		}
 	}
 	return stop, nil
 }
 
-// note records why the run stopped early and says how to continue it.
-func (k *checkpointer) note(st runtime.State, asked bool) {
+// note records why the run stopped early and says how to continue it:
+// asked names the flag that asked for the stop (exit status 0), "" a
+// signal.
+func (k *checkpointer) note(st runtime.State, asked string) {
 	// A signal to another process of the job stops this one too, with
 	// SIGTERM's status: the job was terminated.
 	why, status := "a signal to another process", signalStatus(syscall.SIGTERM)
 	if s := k.stop.signal(); s != nil {
 		why, status = signalName(s), signalStatus(s)
 	}
-	if asked {
-		why, status = "--stop-after", 0
+	if asked != "" {
+		why, status = asked, 0
 	}
 	k.stoppedBy, k.stopStatus = why, status
 	if !k.j.lead() {

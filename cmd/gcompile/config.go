@@ -51,6 +51,7 @@ type config struct {
 	// Checkpoints of the whole training state (see checkpoint.SaveState).
 	ckptDir, resume                string
 	ckptEvery, keepLast, stopAfter int
+	stopAfterTime                  time.Duration // --stop-after-time
 
 	lr, minLR        float64
 	initialLossScale float64
@@ -321,7 +322,7 @@ var evalRefuses = []struct {
 	why   string
 	flags []string
 }{
-	{"belongs to training; eval only measures the held-out loss", []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "dp-sync", "eval-every", "run"}},
+	{"belongs to training; eval only measures the held-out loss", []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "stop-after-time", "dp-sync", "eval-every", "run"}},
 	{"records a training run; eval prints the held-out loss and writes no file", []string{"metrics", "report", "timeline"}},
 	{"changes only training (the update, the backward or the run's files); eval runs the forward of the weights given, so leave it out", []string{
 		"lr", "min-lr", "warmup", "lr-decay", "lr-decay-steps", "lr-wsd-decay-steps", "lr-wsd-decay-style", "weight-decay", "clip", "beta1", "beta2", "adam-eps", "optimizer",
@@ -432,6 +433,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.ckptEvery, "checkpoint-every", 0, "with --checkpoint-dir: also save every N steps (0: only at the end and when stopped)")
 	fs.IntVar(&c.keepLast, "keep-last", 0, "with --checkpoint-dir: keep only the newest K checkpoints (0: all)")
 	fs.IntVar(&c.stopAfter, "stop-after", 0, "end the run after this step as a preemption would (with a checkpoint under --checkpoint-dir); the schedule is still --steps' (0: run to --steps)")
+	fs.DurationVar(&c.stopAfterTime, "stop-after-time", 0, "end the run as --stop-after does (with a checkpoint under --checkpoint-dir) at the first step that ends this long after the process started, a duration such as 3h50m, as Megatron-LM's --exit-duration-in-mins: within a job's time limit, leaving the save its time (0: no limit)")
 	fs.StringVar(&c.resume, "resume", "", "continue training from a checkpoint: a --checkpoint-dir (its latest complete checkpoint) or one step-N folder in it; any plan, same model, batch, optimizer and precision")
 	fs.IntVar(&c.Batch, "batch", 8, "global batch in sequences")
 	fs.StringVar(&c.hardware, "hardware", "", "the devices the planner and cost model assume: "+strings.Join(cost.Presets(), ", ")+", or a JSON file (see docs/architecture.md), either followed by :key=value,… to set figures by their JSON keys (a100-80g:inter_node_gbps=12.5); cpu measures this machine. Without --plan it prices the plan the planner picks when --devices > 1 and no axis (--tp, --pp, --dp, --ep, --cp) is given")
@@ -809,6 +811,11 @@ func (c *config) validate() error {
 	}
 	if c.explicit["stop-after"] && !c.run {
 		bad("--stop-after stops a training run; add --run")
+	}
+	if c.stopAfterTime < 0 {
+		bad("--stop-after-time must be ≥ 0 (0: no limit), got %v", c.stopAfterTime)
+	} else if c.explicit["stop-after-time"] && !c.run {
+		bad("--stop-after-time stops a training run; add --run")
 	}
 	// A flag the chosen optimizer has no use for would be dropped without
 	// a word: the run would not be the one asked for.

@@ -847,6 +847,10 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 // fedInputs are the inputs training and evaluation feed: the batch, the
 // random keys, and what the passes add (the learning rate, the step, the
 // loss scale).
+// processStart is when the process started, which --stop-after-time
+// counts from.
+var processStart = time.Now()
+
 var fedInputs = []string{ir.InputTokens, ir.InputTargets, ir.InputRandomKey, ir.InputLR, ir.InputStep, ir.InputLossScale}
 
 // checkFedInputs refuses a model input the runtime would never feed: it
