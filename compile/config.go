@@ -289,8 +289,12 @@ func (c *Config) Validate() error {
 		if n, err := strconv.Atoi(k); k != "sqrt" && (err != nil || n < 1) {
 			bad("--recompute every=%s: want a positive number of layers or sqrt", k)
 		}
+	} else if k, ok := strings.CutPrefix(c.Recompute, "block="); ok {
+		if n, err := strconv.Atoi(k); err != nil || n < 1 {
+			bad("--recompute block=%s: want a positive number of layers of each pipeline chunk", k)
+		}
 	} else if !slices.Contains([]string{"none", "full", "selective"}, c.Recompute) {
-		bad("--recompute %q: want none, full, selective or every=K", c.Recompute)
+		bad("--recompute %q: want none, full, selective, every=K or block=N", c.Recompute)
 	}
 	if c.Precision == "" {
 		c.Precision = "fp32"

@@ -236,7 +236,7 @@ type Plan struct {
 	Microbatches     int // m
 	Zero             int
 	SequenceParallel bool
-	Recompute        string // none, selective, full, every=K
+	Recompute        string // none, selective, full, every=K, block=N
 	Offload          string // "", optimizer, params, optimizer,params
 	// Precision is fp32, fp16 or bf16 (mixed, fp32 master weights), or
 	// fp8: Transformer Engine's recipe, which a run another framework made
@@ -463,10 +463,19 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// every=K (recompute in segments of K layers: --recompute every=K)
 	// replays every block's forward as full does; it keeps each segment's
 	// input, and a segment's activations while its backward runs.
-	p.Recompute, everyK = p.recomputeSegments(t.Layers)
+	// block=N replays the first N layers of each chunk as full does and
+	// keeps the others' activations whole: full on a share of the layers.
+	block := 0
+	p.Recompute, everyK, block = p.recomputeSegments(t.Layers)
 	v := max(p.VPP, 1)
 	if t.Layers%(p.PP*v) != 0 {
 		return nil, fmt.Errorf("%d layers do not split into pp·vpp = %d chunks", t.Layers, p.PP*v)
+	}
+	// share is the part of each chunk's layers that full recompute (or
+	// block=N) replays.
+	share := 1.0
+	if block > 0 {
+		share = math.Min(float64(block)/float64(t.Layers/(p.PP*v)), 1)
 	}
 	ep := max(p.EP, 1)
 	if ep > 1 && t.moeLayers() == 0 {
@@ -663,7 +672,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		}
 		return act
 	}
-	stashed := func() float64 {
+	stashedFull := func() float64 {
 		if p.Recompute == "full" {
 			// Each layer's input (Korthikanti's 2·sbh), split over tp
 			// under sequence parallelism as the compiled programs keep it.
@@ -688,6 +697,13 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		}
 		return kept()
 	}
+	// A layer's stash, averaged over a chunk's layers under block=N.
+	stashed := func() float64 {
+		if p.Recompute == "full" && share < 1 {
+			return share*stashedFull() + (1-share)*kept()
+		}
+		return stashedFull()
+	}
 	// lowp's casts and widenings of the stash, ten kernels each way like
 	// the elementwise ops.
 	var castF, castB float64
@@ -699,9 +715,9 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	layerB := 2*(layerF-castF-f8F) + castB + f8B
 	switch p.Recompute {
 	case "full":
-		layerB += layerF
+		layerB += share * layerF
 		if p.Schedule == "zb" && p.PP > 1 {
-			layerB += layerF // replayed again in W
+			layerB += share * layerF // replayed again in W
 		}
 	case "selective":
 		layerB += core
@@ -718,7 +734,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	// twice more when full recompute replays the forward.
 	per := 4.0
 	if p.Recompute == "full" {
-		per = 6
+		per = 4 + 2*share
 	}
 	tpF, tpB := 0.0, 0.0
 	// spAG and spRS are one of sequence parallelism's all-gathers and
@@ -1109,7 +1125,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	case "full":
 		// The blocks' forward again; the head's output is not dropped
 		// (Narayanan et al.'s eq. 3 counts it so too: V/(16·l·h)).
-		e.FLOPs += (t.fwdFLOPsPerSeq() - 2*float64(t.Seq*t.Hidden)*float64(t.Vocab)) * batch
+		e.FLOPs += share * (t.fwdFLOPsPerSeq() - 2*float64(t.Seq*t.Hidden)*float64(t.Vocab)) * batch
 	case "selective":
 		// The attention core's forward again, 4·s²·h a layer and
 		// sequence (Korthikanti et al.: +2.7 % for GPT-3).
@@ -1379,12 +1395,16 @@ func (t Transformer) check() error {
 }
 
 // recomputeSegments is the plan's recompute as the estimate prices it,
-// and the layers of a segment: every=K (passes' recompute: segments of K
-// layers, sqrt for ⌈√layers⌉) is full with K; the others are themselves,
-// with 0.
-func (p Plan) recomputeSegments(layers int) (string, int) {
+// the layers of a segment and those block=N replays of each chunk:
+// every=K (passes' recompute: segments of K layers, sqrt for ⌈√layers⌉)
+// is full with K, block=N full with N; the others are themselves, with 0.
+func (p Plan) recomputeSegments(layers int) (string, int, int) {
+	if arg, ok := strings.CutPrefix(p.Recompute, "block="); ok {
+		n, _ := strconv.Atoi(arg)
+		return "full", 0, max(n, 1)
+	}
 	rc, k, _ := p.segments(layers)
-	return rc, k
+	return rc, k, 0
 }
 
 // segments parses every=K: ok is false for a K that is neither a positive
@@ -1424,9 +1444,13 @@ func (p Plan) check(t Transformer, simulate bool) error {
 		if !ok {
 			return fmt.Errorf("plan %s: recompute %s, want a positive number of layers or sqrt", p, p.Recompute)
 		}
+	case strings.HasPrefix(p.Recompute, "block="):
+		if n, err := strconv.Atoi(strings.TrimPrefix(p.Recompute, "block=")); err != nil || n < 1 {
+			return fmt.Errorf("plan %s: recompute %s, want a positive number of layers of each pipeline chunk", p, p.Recompute)
+		}
 	case p.Recompute == "", p.Recompute == "none", p.Recompute == "full", p.Recompute == "selective":
 	default:
-		return fmt.Errorf("plan %s: recompute %q, want none, full, selective or every=K", p, p.Recompute)
+		return fmt.Errorf("plan %s: recompute %q, want none, full, selective, every=K or block=N", p, p.Recompute)
 	}
 	switch p.Offload {
 	case "", "none", "optimizer", "params", "optimizer,params", "params,optimizer":

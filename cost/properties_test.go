@@ -237,6 +237,36 @@ func TestRecomputeInSegments(t *testing.T) {
 	assert.ErrorContains(t, err, "recompute every=0, want a positive number of layers or sqrt")
 }
 
+// block=N (Megatron-LM's --recompute-method block) replays the first N
+// layers of each pipeline chunk: full recompute on that share of the
+// layers. block=N of every layer of a chunk is full; fewer cost less
+// time and hold more memory than full, and more than none.
+func TestRecomputeBlockIsFullOnAShare(t *testing.T) {
+	h, err := Preset("h100-sxm")
+	require.NoError(t, err)
+	shape := Transformer{Layers: 16, Hidden: 2048, Heads: 16, Seq: 2048, Vocab: 32000, FFN: 8192}
+	price := func(rc string) *Estimate {
+		e, err := h.Estimate(shape, Plan{TP: 2, PP: 2, DP: 1, MicroBatch: 2, Microbatches: 4, Precision: "bf16", Schedule: "1f1b", Recompute: rc})
+		require.NoError(t, err, rc)
+		return e
+	}
+	none, full := price("none"), price("full")
+	assert.Equal(t, *full, *price("block=8"), "a chunk's 8 layers are full recompute")
+	assert.Equal(t, *full, *price("block=16"), "more than a chunk's layers are its layers")
+	prev := none
+	for _, rc := range []string{"block=2", "block=4", "block=6"} {
+		e := price(rc)
+		assert.Greater(t, e.StepSeconds, prev.StepSeconds, rc)
+		assert.Less(t, e.StepSeconds, full.StepSeconds, rc)
+		assert.Greater(t, e.FLOPs, prev.FLOPs, rc)
+		assert.Less(t, e.MemoryEstimate, prev.MemoryEstimate, rc)
+		assert.Greater(t, e.MemoryEstimate, full.MemoryEstimate, rc)
+		prev = e
+	}
+	_, err = h.Estimate(shape, Plan{TP: 1, PP: 1, DP: 1, MicroBatch: 2, Microbatches: 1, Precision: "bf16", Recompute: "block=0"})
+	assert.ErrorContains(t, err, "recompute block=0, want a positive number of layers of each pipeline chunk")
+}
+
 // Zero-bubble with full recompute replays each layer's forward twice, in
 // B and again in W (passes.replayForW), and keeps until W each weight
 // GEMM's output gradient: per in-flight microbatch and layer, b·s·(3h +

@@ -526,6 +526,33 @@ func TestRecomputeNeedsLayers(t *testing.T) {
 	}
 }
 
+// --recompute block=N replays the first N layers of each pipeline chunk
+// and keeps the others' activations, as Megatron-LM's block method does:
+// on 4 layers in 2 chunks a rank (pp 2, vpp 2: a layer a chunk) every
+// chunk's one layer; on 2 chunks of 2 layers (pp 2), layers 0 and 2.
+func TestRecomputeBlockReplaysTheFirstLayersOfEachChunk(t *testing.T) {
+	for _, c := range []struct {
+		v, n int
+		want []int
+	}{{1, 1, []int{0, 2}}, {2, 1, []int{0, 1, 2, 3}}, {1, 2, []int{0, 1, 2, 3}}} {
+		o := splitOpts(2, c.v, "")
+		o.Microbatches = 2
+		o.Recompute = fmt.Sprintf("block=%d", c.n)
+		m := runSplit(t, o)
+		layers := map[int]bool{}
+		for _, v := range m.Values {
+			if v.Meta.Phase == ir.PhaseRecompute {
+				layers[v.Meta.Layer] = true
+			}
+		}
+		assert.ElementsMatch(t, c.want, slices.Collect(maps.Keys(layers)), "vpp %d, block=%d", c.v, c.n)
+	}
+	o := splitOpts(2, 1, "")
+	o.Recompute = "block=5"
+	_, err := passes.Run(buildSplitGPT(t), o, passes.Hooks{})
+	assert.ErrorContains(t, err, "--recompute block=5: more than the model's 4 layers")
+}
+
 // An encoder–decoder whose decoder layers read the encoder's final norm,
 // computed outside the layers, builds and compiles on one device and
 // under a pipeline whose last stage holds those layers; a pipeline that

@@ -18,6 +18,10 @@ import (
 //
 //	full      every layer is a segment: only each layer's input is kept
 //	every=K   segments of K layers (every=sqrt: K = ⌈√L⌉, the O(√n) plan)
+//	block=N   the first N layers of each pipeline chunk, a segment each, the
+//	          others kept whole (Megatron-LM's --recompute-method block
+//	          --recompute-num-layers N): memory between none and full for
+//	          a share of full's compute
 //	selective only what the model tags (Meta.Selective, b.RecomputeSelective
 //	          in the DSL) is replayed: for a transformer written with the
 //	          unfused attention, its core (q·kᵀ, its scaling, the causal
@@ -82,8 +86,27 @@ func recompute(m *ir.Module, o *Options) error {
 			return err
 		}
 		replay = func(v *ir.Value) (int, bool) { return v.Meta.Layer / k, v.Meta.Layer >= 0 }
+	case strings.HasPrefix(mode, "block="):
+		n, err := BlockLayers(strings.TrimPrefix(mode, "block="), layers)
+		if err != nil {
+			return err
+		}
+		// Each chunk's first layer, from its forward.
+		first := map[int]int{}
+		for _, v := range m.Values {
+			if v.Meta.Phase != ir.PhaseFwd || v.Meta.Layer < 0 {
+				continue
+			}
+			if f, ok := first[v.Meta.Stage]; !ok || v.Meta.Layer < f {
+				first[v.Meta.Stage] = v.Meta.Layer
+			}
+		}
+		replay = func(v *ir.Value) (int, bool) {
+			f, ok := first[v.Meta.Stage]
+			return v.Meta.Layer, ok && v.Meta.Layer >= 0 && v.Meta.Layer-f < n
+		}
 	default:
-		return fmt.Errorf("--recompute %q: want none, full, selective or every=K", mode)
+		return fmt.Errorf("--recompute %q: want none, full, selective, every=K or block=N", mode)
 	}
 	// A segment never spans pipeline chunks: each chunk replays its own
 	// layers in its own backward. A backward on another chunk (the next
@@ -317,4 +340,18 @@ func SegmentLayers(s string, layers int) (int, error) {
 		return 0, fmt.Errorf("--recompute every=%d: more than the model's %d layers; a segment holds at most every layer (every=%d)", k, layers, layers)
 	}
 	return k, nil
+}
+
+// BlockLayers reads N of --recompute block=N for a model of layers
+// layers, refusing an N the model cannot have: more than its layers
+// would replay no more than block=layers, full's replay.
+func BlockLayers(s string, layers int) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("--recompute block=%s: want a positive number of layers of each pipeline chunk", s)
+	}
+	if layers > 0 && n > layers {
+		return 0, fmt.Errorf("--recompute block=%d: more than the model's %d layers (block=%d replays every layer of every chunk, as full does)", n, layers, layers)
+	}
+	return n, nil
 }

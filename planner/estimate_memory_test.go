@@ -56,6 +56,8 @@ func TestMemoryEstimateIsNearTheCompiledArena(t *testing.T) {
 		{"llama", 1, 1, 4, 1, 2, 2, false, "none", "bf16", "", nil},
 		{"llama", 1, 1, 4, 1, 2, 3, false, "none", "bf16", "", nil},
 		{"gpt", 1, 1, 4, 1, 2, 2, false, "none", "fp32", "", nil},
+		{"llama", 1, 2, 1, 1, 4, 0, false, "block=1", "bf16", "", nil},
+		{"gpt", 2, 1, 1, 1, 2, 0, false, "block=2", "fp16", "", nil},
 	}
 	models := map[string]*ir.Module{}
 	var worst float64

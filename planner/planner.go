@@ -511,6 +511,11 @@ func fixedConflicts(base compile.Config, t cost.Transformer) []string {
 			why = append(why, err.Error())
 		}
 	}
+	if k, ok := strings.CutPrefix(base.Recompute, "block="); ok && t.Layers > 0 {
+		if _, err := passes.BlockLayers(k, t.Layers); err != nil {
+			why = append(why, err.Error())
+		}
+	}
 	prod, names, vals, all := 1, []string{}, []string{}, true
 	for _, a := range []struct {
 		name string

@@ -18,7 +18,7 @@ import (
 func TestRecomputeIsExactAndSavesActivations(t *testing.T) {
 	refs := map[string]trajectory{}
 	refProgs := map[string]*lower.Program{}
-	for _, p := range []plan{{recompute: "full"}, {recompute: "selective", attention: "unfused"}, {recompute: "every=2"}, {recompute: "every=sqrt"},
+	for _, p := range []plan{{recompute: "full"}, {recompute: "selective", attention: "unfused"}, {recompute: "every=2"}, {recompute: "every=sqrt"}, {recompute: "block=1"},
 		{recompute: "full", dp: 2, tp: 2, micro: 2}} {
 		if _, ok := refs[p.attention]; !ok {
 			refs[p.attention] = train(t, plan{dp: 1, attention: p.attention})

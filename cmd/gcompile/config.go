@@ -406,7 +406,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.Zero, "zero", 0, "ZeRO stage 0..3 (needs --dp > 1; with one microbatch stages 1 and 2 compile alike: each gradient bucket is reduce-scattered as the backward makes it)")
 	fs.Float64Var(&c.BucketMB, "bucket-mb", 25, "gradient bytes per data-parallel reduction bucket (MiB)")
 	fs.Var(negated{&c.SerialGradReduce}, "overlap-grad-reduce", "reduce data-parallel gradient buckets beside the backward, on a stream of their own (CUDA; the CPU backend reduces in order), as Megatron-LM's --overlap-grad-reduce; =false reduces them in program order, as frameworks without overlap do (default true)")
-	fs.StringVar(&c.Recompute, "recompute", "none", "activation recompute: none|full|selective|every=K")
+	fs.StringVar(&c.Recompute, "recompute", "none", "activation recompute: none|full|selective|every=K (segments of K layers)|block=N (the first N layers of each pipeline chunk, as Megatron-LM's --recompute-method block)")
 	fs.StringVar(&c.Precision, "precision", "fp32", "fp32|fp16|bf16 (fp16/bf16: mixed precision with fp32 master weights)")
 	fs.Float64Var(&c.LossScale, "loss-scale", 0, "static loss scale for --precision fp16|bf16 (0: dynamic for fp16, none for bf16)")
 	fs.Float64Var(&c.initialLossScale, "initial-loss-scale", 65536, "with --precision fp16 and dynamic loss scaling: the scale to start from (PyTorch's GradScaler starts at 2^16, Megatron-LM at 2^32)")
