@@ -178,6 +178,9 @@ type ScalerState struct {
 	Scale   float64 `json:"scale"`
 	Dynamic bool    `json:"dynamic"`
 	Clean   int     `json:"clean"` // clean steps in a row since the last change
+	// Overflows are the overflowed steps since the scale last grew
+	// (LossScaler.Hysteresis); absent, 0, in older checkpoints.
+	Overflows int `json:"overflows,omitempty"`
 }
 
 // CheckStep stops a run at a step whose loss is not finite, or whose
@@ -258,7 +261,19 @@ type LossScaler struct {
 	Growth   float64 // ×Growth after Interval clean steps (2)
 	Backoff  float64 // ×Backoff on overflow (0.5)
 	Interval int     // clean steps before growing (2000)
+	// Hysteresis is how many overflowed steps back the scale off once:
+	// each skips its update, and the Hysteresis-th since the scale last
+	// grew (or since the start) backs off, and so does each one after it
+	// until the scale grows again (Megatron-LM's --hysteresis, 2 there;
+	// 0 and 1 are PyTorch's GradScaler, which backs off at every one).
+	Hysteresis int
+	// MinScale is the least the scale backs off to (Megatron-LM's
+	// --min-loss-scale, 1 there; 0: none, as PyTorch's).
+	MinScale float64
 	clean    int
+	// overflows counts the overflowed steps since the scale last grew,
+	// for Hysteresis.
+	overflows int
 }
 
 // NewLossScaler is PyTorch's dynamic scaler for scale 0, else a static one.
@@ -271,7 +286,7 @@ func NewLossScaler(scale float64) *LossScaler {
 
 // State is the scaler's state, for a checkpoint.
 func (s *LossScaler) State() *ScalerState {
-	return &ScalerState{Scale: s.Scale, Dynamic: s.Dynamic, Clean: s.clean}
+	return &ScalerState{Scale: s.Scale, Dynamic: s.Dynamic, Clean: s.clean, Overflows: s.overflows}
 }
 
 // Restore continues from a checkpoint's state; the growth policy is the
@@ -282,13 +297,13 @@ func (s *LossScaler) Restore(st ScalerState) error {
 	if st.Dynamic != s.Dynamic {
 		return fmt.Errorf("the checkpoint's loss scale is %s and this run's is %s: keep --loss-scale as it was", scaleKind(st.Dynamic), scaleKind(s.Dynamic))
 	}
-	if !(st.Scale > 0) || math.IsInf(st.Scale, 0) || st.Clean < 0 {
-		return fmt.Errorf("the checkpoint's loss scale %v (after %d clean steps) is not a valid state", st.Scale, st.Clean)
+	if !(st.Scale > 0) || math.IsInf(st.Scale, 0) || st.Clean < 0 || st.Overflows < 0 {
+		return fmt.Errorf("the checkpoint's loss scale %v (after %d clean steps, %d overflows) is not a valid state", st.Scale, st.Clean, st.Overflows)
 	}
 	if s.Dynamic {
 		s.Scale = st.Scale
 	}
-	s.clean = st.Clean
+	s.clean, s.overflows = st.Clean, st.Overflows
 	return nil
 }
 
@@ -304,15 +319,16 @@ func scaleKind(dynamic bool) string {
 func (s *LossScaler) Update(nonfinite float64) (skipped bool) {
 	if nonfinite != 0 {
 		s.clean = 0
-		if s.Dynamic {
-			s.Scale *= s.Backoff
+		s.overflows++
+		if s.Dynamic && s.overflows >= s.Hysteresis {
+			s.Scale = max(s.Scale*s.Backoff, s.MinScale)
 		}
 		return true
 	}
 	s.clean++
 	if s.Dynamic && s.clean >= s.Interval {
 		s.Scale *= s.Growth
-		s.clean = 0
+		s.clean, s.overflows = 0, 0
 	}
 	return false
 }

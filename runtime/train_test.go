@@ -126,3 +126,34 @@ func TestCheckStepNamesWhatMadeTheLossNotFinite(t *testing.T) {
 	assert.Equal(t, "step 3: loss is NaN; lower --lr or check the model", err.Error())
 	assert.NoError(t, CheckStep(1, 2.5, 1, false))
 }
+
+// Megatron-LM's dynamic scaler: Hysteresis overflowed steps since the
+// scale last grew before it backs off (each of them skipped), then every
+// one until it grows again; never below MinScale.
+func TestLossScalerHysteresisAndFloor(t *testing.T) {
+	s := &LossScaler{Scale: 8, Dynamic: true, Growth: 2, Backoff: 0.5, Interval: 2, Hysteresis: 2, MinScale: 2}
+	var scales []float64
+	var skipped []bool
+	for _, overflow := range []bool{true, true, true, true, true, false, false, true, false, false, true} {
+		nonfinite := 0.0
+		if overflow {
+			nonfinite = 1
+		}
+		skipped = append(skipped, s.Update(nonfinite))
+		scales = append(scales, s.Scale)
+	}
+	// 8: the first overflow is tolerated, the second halves, the next two
+	// halve to the floor, 2; two clean steps double it and reset the
+	// count, so the next overflow is tolerated again.
+	assert.Equal(t, []float64{8, 4, 2, 2, 2, 2, 4, 4, 4, 8, 8}, scales)
+	assert.Equal(t, []bool{true, true, true, true, true, false, false, true, false, false, true}, skipped)
+	st := s.State()
+	assert.Equal(t, 1, st.Overflows)
+	r := &LossScaler{Dynamic: true, Growth: 2, Backoff: 0.5, Interval: 2, Hysteresis: 2}
+	require.NoError(t, r.Restore(*st))
+	r.Update(1)
+	assert.Equal(t, 4.0, r.Scale, "the restored count: the second overflow since the growth halves")
+	p := NewLossScaler(0)
+	p.Update(1)
+	assert.Equal(t, 32768.0, p.Scale, "PyTorch's: every overflow halves")
+}

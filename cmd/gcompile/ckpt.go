@@ -621,7 +621,8 @@ func scheduleChanges(saved map[string]any, c *config) []string {
 	}{{"lr", "--lr", c.lr}, {"min_lr", "--min-lr", c.minLR}, {"warmup", "--warmup", float64(c.warmup)}, {"steps", "--steps", float64(c.steps)},
 		{"lr_decay_steps", "--lr-decay-steps", float64(c.decaySteps)}, {"lr_wsd_decay_steps", "--lr-wsd-decay-steps", float64(c.wsdDecaySteps)},
 		{"weight_decay", "--weight-decay", c.WeightDecay}, {"clip", "--clip", c.Clip}, {"beta1", "--beta1", c.Beta1}, {"beta2", "--beta2", c.Beta2},
-		{"adam_eps", "--adam-eps", c.AdamEps}} {
+		{"adam_eps", "--adam-eps", c.AdamEps}, {"loss_scale_window", "--loss-scale-window", float64(c.lossScaleWindow)},
+		{"hysteresis", "--hysteresis", float64(c.hysteresis)}, {"min_loss_scale", "--min-loss-scale", c.minLossScale}} {
 		if was, ok := saved[f.key].(float64); ok && was != f.now {
 			notes = append(notes, fmt.Sprintf("%s %g (the checkpoint's run: %g)", f.flag, f.now, was))
 		}

@@ -55,11 +55,15 @@ type config struct {
 
 	lr, minLR        float64
 	initialLossScale float64
-	warmup           int
-	decay            string
-	decaySteps       int    // --lr-decay-steps (0: --steps)
-	wsdDecaySteps    int    // --lr-wsd-decay-steps
-	wsdStyle         string // --lr-wsd-decay-style
+	// --loss-scale-window, --hysteresis and --min-loss-scale: the dynamic
+	// loss scaler's growth interval, overflows before a backoff, and floor.
+	lossScaleWindow, hysteresis int
+	minLossScale                float64
+	warmup                      int
+	decay                       string
+	decaySteps                  int    // --lr-decay-steps (0: --steps)
+	wsdDecaySteps               int    // --lr-wsd-decay-steps
+	wsdStyle                    string // --lr-wsd-decay-style
 
 	// The job of several processes this one belongs to: from the
 	// launcher's environment, overridden by these flags where given.
@@ -326,7 +330,7 @@ var evalRefuses = []struct {
 	{"records a training run; eval prints the held-out loss and writes no file", []string{"metrics", "report", "timeline"}},
 	{"changes only training (the update, the backward or the run's files); eval runs the forward of the weights given, so leave it out", []string{
 		"lr", "min-lr", "warmup", "lr-decay", "lr-decay-steps", "lr-wsd-decay-steps", "lr-wsd-decay-style", "weight-decay", "clip", "beta1", "beta2", "adam-eps", "optimizer",
-		"loss-scale", "initial-loss-scale", "staleness", "bucket-mb", "overlap-grad-reduce", "recompute", "compress-activations",
+		"loss-scale", "initial-loss-scale", "loss-scale-window", "hysteresis", "min-loss-scale", "staleness", "bucket-mb", "overlap-grad-reduce", "recompute", "compress-activations",
 		"checkpoint-every", "keep-last", "seed", "plan-top", "plan-trace", "refine-trace", "save-hardware", "calibrate"}},
 	{"describes the devices the planner prices plans on; eval prices none (its plan is --devices and the axes), so leave it out", []string{"hardware"}},
 }
@@ -410,6 +414,9 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.StringVar(&c.Precision, "precision", "fp32", "fp32|fp16|bf16 (fp16/bf16: mixed precision with fp32 master weights)")
 	fs.Float64Var(&c.LossScale, "loss-scale", 0, "static loss scale for --precision fp16|bf16 (0: dynamic for fp16, none for bf16)")
 	fs.Float64Var(&c.initialLossScale, "initial-loss-scale", 65536, "with --precision fp16 and dynamic loss scaling: the scale to start from (PyTorch's GradScaler starts at 2^16, Megatron-LM at 2^32)")
+	fs.IntVar(&c.lossScaleWindow, "loss-scale-window", 2000, "with --precision fp16 and dynamic loss scaling: clean steps in a row before the scale doubles (PyTorch's growth_interval, 2000; Megatron-LM's --loss-scale-window, 1000)")
+	fs.IntVar(&c.hysteresis, "hysteresis", 1, "with --precision fp16 and dynamic loss scaling: overflowed steps (each skipped) since the scale last grew before it halves (1: at every one, as PyTorch's GradScaler; Megatron-LM's default is 2)")
+	fs.Float64Var(&c.minLossScale, "min-loss-scale", 0, "with --precision fp16 and dynamic loss scaling: the least the scale halves to (0: none, as PyTorch's; Megatron-LM's default is 1)")
 	fs.StringVar(&c.Optimizer, "optimizer", "adamw", "adamw|sgd|adafactor|sm3")
 	fs.StringVar(&c.backend, "backend", "cpu", "cpu|cuda")
 	fs.StringVar(&c.dump, "dump", "", "write NN-<pass>.gir after each pass that changed the module, and index.html, to this folder")
@@ -803,8 +810,22 @@ func (c *config) validate() error {
 	if c.load != "" && !c.run {
 		bad("--load reads the weights a training run starts from; add --run (gcompile eval and generate take --load too)")
 	}
-	if c.explicit["initial-loss-scale"] && (c.Precision != "fp16" || c.LossScale != 0) {
-		bad("--initial-loss-scale applies to dynamic loss scaling: --precision fp16 without --loss-scale")
+	for _, f := range []string{"initial-loss-scale", "loss-scale-window", "hysteresis", "min-loss-scale"} {
+		if c.explicit[f] && (c.Precision != "fp16" || c.LossScale != 0) {
+			bad("--%s applies to dynamic loss scaling: --precision fp16 without --loss-scale", f)
+		}
+	}
+	switch {
+	case c.lossScaleWindow < 1:
+		bad("--loss-scale-window must be ≥ 1 clean step, got %d", c.lossScaleWindow)
+	case c.hysteresis < 1:
+		bad("--hysteresis must be ≥ 1 overflowed step (1: halve at every one), got %d", c.hysteresis)
+	case !(c.minLossScale >= 0) || math.IsInf(c.minLossScale, 0):
+		bad("--min-loss-scale must be ≥ 0 and finite (0: no floor), got %g", c.minLossScale)
+	case c.minLossScale > 0 && !compile.LossScaleFits(c.minLossScale):
+		bad("--min-loss-scale %g: the scale multiplies the loss in float32, so it must be a normal float32 (%.3g to %.3g)", c.minLossScale, compile.MinLossScale, math.MaxFloat32)
+	case c.minLossScale > c.initialLossScale:
+		bad("--min-loss-scale %g is above the scale the run starts from, --initial-loss-scale %g", c.minLossScale, c.initialLossScale)
 	}
 	if c.stopAfter > 0 && c.stopAfter >= c.steps {
 		bad("--stop-after %d must be below --steps %d", c.stopAfter, c.steps)

@@ -989,6 +989,22 @@ func TestSequenceParallelAtBatchOne(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(err.Error(), "\n")+1, "one error: %v", err)
 }
 
+// --hysteresis and --min-loss-scale reach the dynamic loss scaler: from a
+// scale every step overflows at, the first two overflows are tolerated
+// (skipped, the scale kept), each later one halves it, down to the floor.
+func TestLossScalerFlagsReachTheRun(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.json")
+	require.NoError(t, mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
+		"--precision", "fp16", "--initial-loss-scale", "1e30", "--hysteresis", "3", "--min-loss-scale", "2e29",
+		"--run", "--steps", "6", "--eval-batches", "-1", "--metrics", path}))
+	var scales []float64
+	for _, s := range readMetrics(t, path).Steps {
+		assert.True(t, s.Skipped, "step %d overflows at scale %g", s.Step, s.LossScale)
+		scales = append(scales, s.LossScale)
+	}
+	assert.Equal(t, []float64{1e30, 1e30, 1e30, 5e29, 2.5e29, 2e29}, scales)
+}
+
 // --adam-eps reaches every AdamW update, and the run's metrics record it.
 func TestAdamEpsReachesTheUpdates(t *testing.T) {
 	dir := t.TempDir()
