@@ -130,7 +130,7 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--batch", "6", "--microbatches", "4"}, "--batch 6 must be divisible by dp·microbatches = 4"},
 		{[]string{"--batch", "8", "--devices", "4", "--ep", "4", "--microbatches", "4"}, "--batch 8 must be divisible by dp·ep·microbatches = 1·4·4"},
 		{[]string{"--precision", "fp8"}, `--precision "fp8": want fp32, fp16 or bf16`},
-		{[]string{"--recompute", "some"}, `--recompute "some": want none, full, selective or every=K`},
+		{[]string{"--recompute", "some"}, `--recompute "some": want none, full, selective, every=K or block=N`},
 		{[]string{"--run", "--lr", "1e-50"}, "learning rate: want --lr > 0 and finite as a 32-bit float (at least 1.401298464324817e-45), got 1e-50"},
 		{[]string{"--save", "w.safetensors"}, "--save records a training run; add --run"},
 		{[]string{"--trace", "t.json", "--save", "w.safetensors"}, "--trace and --save record a training run; add --run"},
