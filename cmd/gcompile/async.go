@@ -165,7 +165,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 			return snap.WriteFile(c.metrics)
 		}
 	}
-	p := newProgress(j.log, c.steps)
+	p := newProgress(j.log, c.steps, c.logEvery)
 	j.preemptible.Store(true)
 	started = true
 	steps, evals, trainErr := a.Train(corpus, cfg, func(s runtime.StepMetrics, e *runtime.EvalMetrics) {

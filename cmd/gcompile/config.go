@@ -42,6 +42,7 @@ type config struct {
 	// last step (exitStatus); 0 otherwise.
 	stopStatus                    int
 	steps, evalEvery, evalBatches int
+	logEvery                      int // --log-every
 	seed                          int64
 	maxDataMB                     int
 
@@ -209,7 +210,7 @@ func (c *config) ignoredWithoutRun() string {
 		return ""
 	}
 	var loop []string
-	unused := []string{"steps", "lr", "min-lr", "warmup", "lr-decay", "lr-decay-steps", "lr-wsd-decay-steps", "lr-wsd-decay-style", "eval-every", "eval-batches", "split", "max-data-mb"}
+	unused := []string{"steps", "lr", "min-lr", "warmup", "lr-decay", "lr-decay-steps", "lr-wsd-decay-steps", "lr-wsd-decay-style", "eval-every", "log-every", "eval-batches", "split", "max-data-mb"}
 	if !isTokenData(c.data) {
 		// A token dataset is opened without --run too (its vocabulary
 		// sizes the model, its largest id may be cached); text is read
@@ -326,7 +327,7 @@ var evalRefuses = []struct {
 	why   string
 	flags []string
 }{
-	{"belongs to training; eval only measures the held-out loss", []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "stop-after-time", "dp-sync", "eval-every", "run"}},
+	{"belongs to training; eval only measures the held-out loss", []string{"save", "checkpoint-dir", "trace", "plan", "steps", "stop-after", "stop-after-time", "dp-sync", "eval-every", "log-every", "run"}},
 	{"records a training run; eval prints the held-out loss and writes no file", []string{"metrics", "report", "timeline"}},
 	{"changes only training (the update, the backward or the run's files); eval runs the forward of the weights given, so leave it out", []string{
 		"lr", "min-lr", "warmup", "lr-decay", "lr-decay-steps", "lr-wsd-decay-steps", "lr-wsd-decay-style", "weight-decay", "clip", "beta1", "beta2", "adam-eps", "optimizer",
@@ -481,6 +482,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.Float64Var(&c.Beta2, "beta2", 0.95, "Adam β2")
 	fs.Float64Var(&c.AdamEps, "adam-eps", 1e-8, "Adam ε, added to √v̂ in the update (Megatron-LM's --adam-eps)")
 	fs.IntVar(&c.evalEvery, "eval-every", 0, "held-out evaluation every N steps (0: at the end only)")
+	fs.IntVar(&c.logEvery, "log-every", 1, "in a log (not a terminal): one line every N steps, at an evaluation and at the last step, with the mean loss and time of the steps since the last (Megatron-LM's --log-interval); the metrics keep every step")
 	fs.IntVar(&c.evalBatches, "eval-batches", 8, "held-out batches per evaluation (-1: no held-out evaluation)")
 	// A job of several processes: torchrun, srun and mpirun set these
 	// through the environment; the flags override it.
@@ -910,6 +912,9 @@ func (c *config) checkNumbers(bad func(string, ...any)) {
 		// compile.Config reads 0 as the default, 1e-8: a 0 given here
 		// would be trained with that unannounced.
 		bad("--adam-eps must be positive (an ε of 0 divides by a zero second moment), got 0")
+	}
+	if c.logEvery < 1 {
+		bad("--log-every must be ≥ 1 step, got %d", c.logEvery)
 	}
 	if c.evalEvery < 0 {
 		bad("--eval-every must be ≥ 0 (0: at the end only), got %d", c.evalEvery)

@@ -728,7 +728,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	}
 	var bar *progress
 	if j.lead() {
-		bar = newProgress(j.log, c.steps)
+		bar = newProgress(j.log, c.steps, c.logEvery)
 	}
 	started = true
 	j.setPhase("training")

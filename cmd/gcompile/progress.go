@@ -28,6 +28,19 @@ type progress struct {
 	// trained: some step of this run updated the weights; until one
 	// does, overflowEvery steps skipped from the start are said once.
 	trained, warned bool
+	// every is --log-every: off a terminal, one line each every steps
+	// (and at an evaluation and the last step), of the steps since the
+	// last line: their mean loss over those that trained, how many were
+	// skipped, their mean time (Megatron-LM's --log-interval). 0 and 1
+	// are a line a step.
+	every int
+	span  logSpan
+}
+
+// logSpan is the steps since the last line (--log-every).
+type logSpan struct {
+	steps, skipped, trained int
+	loss, ms, tokens        float64
 }
 
 // overflowEvery is how many steps skipped in a row from a run's start
@@ -36,8 +49,8 @@ type progress struct {
 // skipped step a line, on and on, and in the summary at the end.
 const overflowEvery = 10
 
-func newProgress(w io.Writer, total int) *progress {
-	return &progress{w: w, total: total, tty: isTerminal(w)}
+func newProgress(w io.Writer, total, every int) *progress {
+	return &progress{w: w, total: total, tty: isTerminal(w), every: every}
 }
 
 // isTerminal reports whether w is a terminal, where a line may be redrawn
@@ -80,6 +93,15 @@ func (p *progress) step(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 		note = fmt.Sprintf("note: the run's first %d steps all overflowed and were skipped (loss scale now %g): nothing has trained yet; a static --loss-scale that large never will (leave it out for dynamic scaling), and gradients that overflow at every scale need a lower --lr or a look at the model", overflowEvery, s.LossScale)
 	}
 	if !p.tty {
+		if p.every > 1 {
+			var ok bool
+			if line, ok = p.interval(s, e); !ok {
+				if note != "" {
+					fmt.Fprintln(p.w, note)
+				}
+				return
+			}
+		}
 		evalNote := ""
 		if e != nil {
 			evalNote = fmt.Sprintf(" held-out loss %.4f", e.Loss)
@@ -97,6 +119,47 @@ func (p *progress) step(s runtime.StepMetrics, e *runtime.EvalMetrics) {
 	filled := min(width, width*s.Step/max(p.total, 1))
 	bar := strings.Repeat("█", filled) + strings.Repeat("·", width-filled)
 	fmt.Fprintf(p.w, "\r%s %s%s\x1b[K", bar, line, p.eval)
+}
+
+// interval adds step s to the steps since the last line and, at every
+// p.every-th step, an evaluation or the last step, returns their line:
+// the mean loss of those that trained, the skipped ones counted, the
+// last step's rate and gradient norm, the mean time and throughput.
+func (p *progress) interval(s runtime.StepMetrics, e *runtime.EvalMetrics) (string, bool) {
+	sp := &p.span
+	sp.steps++
+	sp.ms += s.Ms
+	sp.tokens += s.TokensPerS
+	if s.Skipped {
+		sp.skipped++
+	} else {
+		sp.trained++
+		sp.loss += s.Loss
+	}
+	if s.Step%p.every != 0 && e == nil && s.Step < p.total {
+		return "", false
+	}
+	n := float64(sp.steps)
+	line := fmt.Sprintf("step %d/%d", s.Step, p.total)
+	if sp.trained > 0 {
+		line += fmt.Sprintf(" loss %.4f", sp.loss/float64(sp.trained))
+	}
+	if sp.steps > 1 {
+		line += fmt.Sprintf(" (mean of %d steps)", sp.steps)
+	}
+	line += outputsLine(s.Outputs)
+	if sp.skipped > 0 {
+		line += fmt.Sprintf(" skipped %d: inf/NaN gradients (loss scale now %g)", sp.skipped, s.LossScale)
+	}
+	if !s.Skipped {
+		line += fmt.Sprintf(" lr %.2e |g| %.3f", s.LR, s.GradNorm)
+	}
+	line += fmt.Sprintf(" %.0f ms %.0f tok/s", sp.ms/n, sp.tokens/n)
+	if eta, ok := p.eta(s.Step); ok {
+		line += " eta " + formatDuration(eta)
+	}
+	p.span = logSpan{}
+	return line, true
 }
 
 // eta is the time the steps after step should take at this run's mean

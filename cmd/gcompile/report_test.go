@@ -415,6 +415,46 @@ func TestProgressETA(t *testing.T) {
 	assert.Regexp(t, `^\r█*·+ step 1/100 .* eta 1m39s\x1b\[K$`, b.String())
 }
 
+// --log-every N writes, off a terminal, a line every N steps, at an
+// evaluation and at the last step, each of the steps since the line
+// before: the mean loss of those that trained, the skipped ones counted,
+// the mean time.
+func TestProgressLogsEveryNSteps(t *testing.T) {
+	var b bytes.Buffer
+	p := &progress{w: &b, total: 8, every: 3}
+	for s := 1; s <= 8; s++ {
+		m := runtime.StepMetrics{Step: s, Loss: float64(s), Ms: 10 * float64(s), TokensPerS: 100, LR: 1e-3, GradNorm: 1, LossScale: 512}
+		if s == 2 {
+			m.Skipped = true
+		}
+		var e *runtime.EvalMetrics
+		if s == 5 {
+			e = &runtime.EvalMetrics{Step: 5, Loss: 2.5}
+		}
+		p.step(m, e)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	require.Len(t, lines, 4, b.String())
+	assert.True(t, strings.HasPrefix(lines[0], "step 3/8 loss 2.0000 (mean of 3 steps) skipped 1: inf/NaN gradients (loss scale now 512) lr 1.00e-03 |g| 1.000 20 ms 100 tok/s eta"), lines[0])
+	assert.True(t, strings.HasPrefix(lines[1], "step 5/8 loss 4.5000 (mean of 2 steps) lr"), lines[1])
+	assert.True(t, strings.HasSuffix(lines[1], "held-out loss 2.5000"), lines[1])
+	assert.True(t, strings.HasPrefix(lines[2], "step 6/8 loss 6.0000 lr"), lines[2])
+	assert.True(t, strings.HasPrefix(lines[3], "step 8/8 loss 7.5000 (mean of 2 steps) lr 1.00e-03 |g| 1.000 75 ms 100 tok/s"), lines[3])
+}
+
+// The flag reaches a run's log.
+func TestLogEveryReachesTheRun(t *testing.T) {
+	log, err := captureStderr(t, func() error {
+		return mainErr([]string{gptModel, "--set", "layers=1,hidden=32,heads=2,seq=16", "--batch", "4", "--max-data-mb", "1",
+			"--run", "--steps", "5", "--log-every", "2", "--eval-batches", "-1"})
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 3, strings.Count(log, "\nstep "), log)
+	assert.Contains(t, log, "step 2/5 loss")
+	assert.Contains(t, log, "step 5/5 loss")
+	assert.NotContains(t, log, "step 3/5")
+}
+
 // A run whose first steps all overflow is told so once, after the tenth,
 // not only a skipped step a line; one that has trained a step, or has
 // no step left, is not.
