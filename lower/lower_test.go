@@ -237,6 +237,30 @@ func TestAddsWriteOverTheirFirstArgument(t *testing.T) {
 	}
 }
 
+// What a device sends per step is the ring algorithms' share of each
+// collective's operand: 2(n−1)/n of an all-reduce, (n−1)/n of a
+// reduce-scatter, n−1 shards of an all-gather.
+func TestCollectiveSendBytes(t *testing.T) {
+	m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 8, Set: map[string]string{"layers": "1", "hidden": "32", "heads": "4", "seq": "16"}})
+	require.NoError(t, err)
+	opts := passes.DefaultOptions()
+	opts.Mesh = &ir.Mesh{Axes: []ir.MeshAxis{{Name: "dp", Size: 4}}}
+	opts.Zero = 1
+	_, err = passes.Run(m, opts, passes.Hooks{})
+	require.NoError(t, err)
+	p, err := lower.Lower(m)
+	require.NoError(t, err)
+	operands, sent := p.CollectiveBytes(), p.CollectiveSendBytes()
+	require.Positive(t, operands["reduce_scatter/dp"])
+	require.Positive(t, operands["all_gather/dp"])
+	assert.Equal(t, 3*operands["reduce_scatter/dp"]/4, sent["reduce_scatter/dp"])
+	assert.Equal(t, 3*operands["all_gather/dp"], sent["all_gather/dp"])
+	if b := operands["all_reduce/dp"]; b > 0 {
+		assert.Equal(t, 2*3*b/4, sent["all_reduce/dp"])
+	}
+	assert.Len(t, sent, len(operands))
+}
+
 // An update whose new value is read after the state is overwritten cannot
 // be in place; it becomes a copy at the end of the step.
 func TestUpdateFallsBackToCopy(t *testing.T) {

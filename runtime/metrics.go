@@ -99,6 +99,10 @@ type DeviceMetrics struct {
 	// the bytes it sends around the ring ("ring/cp";
 	// lower.Program.CollectiveBytes).
 	CollectiveBytes map[string]int64 `json:"collective_bytes_per_step,omitempty"`
+	// CollectiveSendBytes is, with the same keys, what the device sends
+	// in one step when each collective is a ring over its axis: the
+	// traffic on its links (lower.Program.CollectiveSendBytes).
+	CollectiveSendBytes map[string]int64 `json:"collective_send_bytes_per_step,omitempty"`
 	// Role names what a device runs when it is not one of the plan's
 	// devices: "update" for asynchronous data parallelism's parameter
 	// server, which holds the master weights and the optimizer state

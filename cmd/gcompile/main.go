@@ -391,7 +391,7 @@ func newMetrics(c *config, j *job, res *compile.Result, compileMs float64) *runt
 func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
 	peak := prog.Peak
 	dm := runtime.DeviceMetrics{Rank: rank, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes, HostBytes: prog.HostBytes, PeakBreakdown: &peak,
-		CollectiveBytes: prog.CollectiveBytes()}
+		CollectiveBytes: prog.CollectiveBytes(), CollectiveSendBytes: prog.CollectiveSendBytes()}
 	for _, b := range prog.Buffers {
 		switch b.Kind {
 		case lower.Param:
