@@ -41,6 +41,7 @@ type progress struct {
 type logSpan struct {
 	steps, skipped, trained int
 	loss, ms, tokens        float64
+	last                    runtime.StepMetrics
 }
 
 // overflowEvery is how many steps skipped in a row from a run's start
@@ -129,7 +130,8 @@ func (p *progress) interval(s runtime.StepMetrics, e *runtime.EvalMetrics) (stri
 	sp := &p.span
 	sp.steps++
 	sp.ms += s.Ms
-	sp.tokens += s.TokensPerS
+	sp.tokens += s.TokensPerS * s.Ms / 1000
+	sp.last = s
 	if s.Skipped {
 		sp.skipped++
 	} else {
@@ -139,6 +141,13 @@ func (p *progress) interval(s runtime.StepMetrics, e *runtime.EvalMetrics) (stri
 	if s.Step%p.every != 0 && e == nil && s.Step < p.total {
 		return "", false
 	}
+	return p.spanLine(), true
+}
+
+// spanLine is the line of the steps since the last one, which it
+// starts anew.
+func (p *progress) spanLine() string {
+	sp, s := &p.span, p.span.last
 	n := float64(sp.steps)
 	line := fmt.Sprintf("step %d/%d", s.Step, p.total)
 	if sp.trained > 0 {
@@ -154,12 +163,14 @@ func (p *progress) interval(s runtime.StepMetrics, e *runtime.EvalMetrics) (stri
 	if !s.Skipped {
 		line += fmt.Sprintf(" lr %.2e |g| %.3f", s.LR, s.GradNorm)
 	}
-	line += fmt.Sprintf(" %.0f ms %.0f tok/s", sp.ms/n, sp.tokens/n)
+	// The tokens over the time, as Megatron-LM's interval takes its
+	// elapsed time: not the mean of the steps' rates.
+	line += fmt.Sprintf(" %.0f ms %.0f tok/s", sp.ms/n, sp.tokens/math.Max(sp.ms/1000, 1e-9))
 	if eta, ok := p.eta(s.Step); ok {
 		line += " eta " + formatDuration(eta)
 	}
 	p.span = logSpan{}
-	return line, true
+	return line
 }
 
 // eta is the time the steps after step should take at this run's mean
@@ -187,6 +198,11 @@ func durationOf(ns float64) time.Duration {
 }
 
 func (p *progress) done() {
+	if !p.tty && p.span.steps > 0 {
+		// A run that stopped between two lines (--stop-after, a signal,
+		// --stop-after-time) says its last steps.
+		fmt.Fprintln(p.w, p.spanLine())
+	}
 	if p.tty {
 		fmt.Fprintln(p.w)
 	}

@@ -440,6 +440,16 @@ func TestProgressLogsEveryNSteps(t *testing.T) {
 	assert.True(t, strings.HasSuffix(lines[1], "held-out loss 2.5000"), lines[1])
 	assert.True(t, strings.HasPrefix(lines[2], "step 6/8 loss 6.0000 lr"), lines[2])
 	assert.True(t, strings.HasPrefix(lines[3], "step 8/8 loss 7.5000 (mean of 2 steps) lr 1.00e-03 |g| 1.000 75 ms 100 tok/s"), lines[3])
+
+	// A run that stops between two lines says its last steps when it
+	// ends; the rate is the tokens over the time.
+	b.Reset()
+	p = &progress{w: &b, total: 10, every: 5}
+	p.step(runtime.StepMetrics{Step: 1, Loss: 4, Ms: 100, TokensPerS: 1000}, nil)
+	p.step(runtime.StepMetrics{Step: 2, Loss: 2, Ms: 300, TokensPerS: 2000}, nil)
+	assert.Empty(t, b.String())
+	p.done()
+	assert.True(t, strings.HasPrefix(b.String(), "step 2/10 loss 3.0000 (mean of 2 steps) lr 0.00e+00 |g| 0.000 200 ms 1750 tok/s"), b.String())
 }
 
 // The flag reaches a run's log.
