@@ -161,7 +161,11 @@ func Merge(ctx context.Context, out string, inputs []string) (MergeSummary, erro
 	committed = true
 	if record == nil {
 		// An older dataset's record would describe other files (and
-		// ReadMeta would refuse the new ones for it).
+		// ReadMeta would refuse the new ones for it). It goes after the
+		// commit, not before: a failed commit must leave the old dataset
+		// with its record (without it, any tokenizer would train on it),
+		// and a crash in between leaves a record ReadMeta refuses by the
+		// sizes it gives, naming the fix.
 		if err := os.Remove(metaPath(out)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return sum, fmt.Errorf("merge: remove the record of the dataset %s replaced: %w", out, err)
 		}
