@@ -1,8 +1,10 @@
 package planner
 
 import (
+	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -159,4 +161,27 @@ func estimateAndCompile(t *testing.T, hw *cost.Hardware, shape cost.Transformer,
 	pred, err := hw.Predict(r.Programs, r.Schedule)
 	require.NoError(t, err)
 	return e, pred
+}
+
+// The search tries Megatron-LM's block recompute on half of each
+// pipeline chunk's layers beside none and full, and not where the user
+// pinned the recompute or a chunk has one layer.
+func TestPlannerSearchesBlockRecompute(t *testing.T) {
+	hw := cpuHardware(t)
+	shape, err := ShapeOf(longLlama(t, "1024"))
+	require.NoError(t, err)
+	blocks := map[string]bool{}
+	for _, c := range enumerate(baseConfig(8, 8), shape, hw, false) {
+		if n, ok := strings.CutPrefix(c.Recompute, "block="); ok {
+			per := shape.Layers / (c.PP * max(c.VPP, 1))
+			assert.Equal(t, fmt.Sprint(per/2), n, "%+v", c)
+			blocks[c.Recompute] = true
+		}
+	}
+	assert.NotEmpty(t, blocks)
+	pinned := baseConfig(8, 8)
+	pinned.Recompute, pinned.Explicit["recompute"] = "full", true
+	for _, c := range enumerate(pinned, shape, hw, false) {
+		require.Equal(t, "full", c.Recompute)
+	}
 }

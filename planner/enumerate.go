@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"fmt"
 	"slices"
 
 	"gcompile/compile"
@@ -155,10 +156,16 @@ func enumerateEP(base compile.Config, t cost.Transformer, hw *cost.Hardware, sel
 				offloads = []string{base.Offload}
 			}
 			for _, v := range vpps {
+				rcs := recomputes
+				if per := t.Layers / (pp * max(v, 1)); per >= 2 && !fixed("recompute") {
+					// Megatron-LM's block method on half of each chunk's
+					// layers: between none's memory and full's compute.
+					rcs = append(slices.Clone(recomputes), fmt.Sprintf("block=%d", per/2))
+				}
 				for _, m := range ms {
 					for _, z := range zeros {
 						for _, sp := range sps {
-							for _, rc := range recomputes {
+							for _, rc := range rcs {
 								for _, off := range offloads {
 									c := base
 									c.TP, c.PP, c.DP, c.VPP, c.Microbatches = tp, pp, dp, v, m
