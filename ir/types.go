@@ -50,6 +50,10 @@ func (d DType) IsFloat() bool { return d == F32 || d == F16 || d == BF16 || d ==
 // IsInt reports whether d is an integer type.
 func (d DType) IsInt() bool { return d == I32 || d == I64 }
 
+// Is16 reports whether d is one of the 16-bit float formats, which both
+// backends emulate in float32.
+func (d DType) Is16() bool { return d == F16 || d == BF16 }
+
 // ParseDType reads a dtype name as printed by DType.String.
 func ParseDType(s string) (DType, error) {
 	for i, n := range dtypeNames {

@@ -706,7 +706,7 @@ func widenIntoSums(p *Program) {
 			}
 			g := p.Instrs[j].Args[0]
 			gb, cb := p.Buffers[g], p.Buffers[c]
-			if !is16(gb.Type.DType) || cb.Type.DType != ir.F32 || gb.Kind != Temp || cb.Kind != Temp || gb.Scratch || cb.Scratch ||
+			if !gb.Type.DType.Is16() || cb.Type.DType != ir.F32 || gb.Kind != Temp || cb.Kind != Temp || gb.Scratch || cb.Scratch ||
 				!gb.Type.Shape.Equal(cb.Type.Shape) {
 				continue
 			}
@@ -733,8 +733,6 @@ func widenIntoSums(p *Program) {
 	}
 	p.Instrs, p.ForwardEnd = kept, end
 }
-
-func is16(dt ir.DType) bool { return dt == ir.BF16 || dt == ir.F16 }
 
 // overwriteLastReads writes the result of an op the table lets work in
 // place (its kernels read each element before writing it) over its

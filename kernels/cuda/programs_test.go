@@ -77,8 +77,7 @@ func checkInstr(t *testing.T, p *lower.Program, in lower.Instr) {
 	switch in.Op {
 	case "cast":
 		from, to := in.ArgTypes[0].DType, in.OutType.DType
-		is16 := func(d ir.DType) bool { return d == ir.F16 || d == ir.BF16 }
-		assert.True(t, from == to || from == ir.F32 && is16(to) || is16(from) && to == ir.F32 || from == ir.I32 && to == ir.F32,
+		assert.True(t, from == to || from == ir.F32 && to.Is16() || from.Is16() && to == ir.F32 || from == ir.I32 && to == ir.F32,
 			"%s: cast %v → %v has no kernel", where, from, to)
 	case "reduce_sum", "reduce_mean", "reduce_max", "reduce_max_grad":
 		_, _, _, err := cuda.ReduceGeometry(arg(0), in.Attrs.Ints("axes"))

@@ -42,13 +42,13 @@ func compileCast(d *Device, in lower.Instr) (func() error, error) {
 // f64, an integer past 2^24).
 func castVia32(d *Device, src, dst lower.Buffer) (func() error, bool) {
 	from, to := src.Type.DType, dst.Type.DType
-	if !is16(from) && !is16(to) {
+	if !from.Is16() && !to.Is16() {
 		return nil, false
 	}
 	tmp := make([]float32, src.Type.Shape.NumElements())
 	var in func()
 	switch {
-	case is16(from):
+	case from.Is16():
 		x, bf := view[uint16](d, src.ID), from == ir.BF16
 		in = func() { kcpu.Widen16(tmp, x, bf) }
 	case from == ir.F64:
@@ -66,7 +66,7 @@ func castVia32(d *Device, src, dst lower.Buffer) (func() error, bool) {
 		return nil, false
 	}
 	switch {
-	case is16(to):
+	case to.Is16():
 		y, bf := view[uint16](d, dst.ID), to == ir.BF16
 		out := func() { kcpu.Round16(y, tmp, bf) }
 		return ok(func() { in(); out() }), true

@@ -10,17 +10,13 @@ import (
 	"gcompile/lower"
 )
 
-// is16 reports whether d is one of the 16-bit float formats, stored in
-// the arena as uint16 bit patterns.
-func is16(d ir.DType) bool { return d == ir.F16 || d == ir.BF16 }
-
 // touches16 reports whether an instruction reads or writes a 16-bit buffer.
 func (d *Device) touches16(in lower.Instr) bool {
-	if in.Out >= 0 && is16(d.prog.Buffers[in.Out].Type.DType) {
+	if in.Out >= 0 && d.prog.Buffers[in.Out].Type.DType.Is16() {
 		return true
 	}
 	for _, a := range in.Args {
-		if is16(d.prog.Buffers[a].Type.DType) {
+		if d.prog.Buffers[a].Type.DType.Is16() {
 			return true
 		}
 	}
@@ -54,7 +50,7 @@ func (d *Device) compile16(in lower.Instr) (func() error, error) {
 	var size int64
 	for _, id := range ids {
 		b := prog.Buffers[id]
-		if is16(b.Type.DType) {
+		if b.Type.DType.Is16() {
 			b.Type.DType = ir.F32
 			b.Bytes *= 2
 		}
@@ -84,7 +80,7 @@ func (d *Device) compile16(in lower.Instr) (func() error, error) {
 	}
 	mk := func(id int) conv {
 		b := d.prog.Buffers[id]
-		c := conv{wide: is16(b.Type.DType), bf16: b.Type.DType == ir.BF16}
+		c := conv{wide: b.Type.DType.Is16(), bf16: b.Type.DType == ir.BF16}
 		if c.wide {
 			c.half, c.f32 = view[uint16](d, id), view[float32](&shadow, id)
 		} else {
@@ -128,10 +124,10 @@ func (d *Device) compile16(in lower.Instr) (func() error, error) {
 // compileCast16 converts between float32 and the 16-bit formats.
 func (d *Device) compileCast16(src, dst lower.Buffer) (func() error, bool) {
 	switch {
-	case src.Type.DType == ir.F32 && is16(dst.Type.DType):
+	case src.Type.DType == ir.F32 && dst.Type.DType.Is16():
 		x, y, bf := view[float32](d, src.ID), view[uint16](d, dst.ID), dst.Type.DType == ir.BF16
 		return ok(func() { kcpu.Round16(y, x, bf) }), true
-	case is16(src.Type.DType) && dst.Type.DType == ir.F32:
+	case src.Type.DType.Is16() && dst.Type.DType == ir.F32:
 		x, y, bf := view[uint16](d, src.ID), view[float32](d, dst.ID), src.Type.DType == ir.BF16
 		return ok(func() { kcpu.Widen16(y, x, bf) }), true
 	}
@@ -148,7 +144,7 @@ func (d *Device) compileAddWiden16(in lower.Instr) (func() error, bool) {
 		return nil, false
 	}
 	a, b, out := d.prog.Buffers[in.Args[0]], d.prog.Buffers[in.Args[1]], d.prog.Buffers[in.Out]
-	if a.Type.DType != ir.F32 || out.Type.DType != ir.F32 || !is16(b.Type.DType) || a.Host || b.Host || out.Host {
+	if a.Type.DType != ir.F32 || out.Type.DType != ir.F32 || !b.Type.DType.Is16() || a.Host || b.Host || out.Host {
 		return nil, false
 	}
 	x, y, o, bf := view[float32](d, a.ID), view[uint16](d, b.ID), view[float32](d, out.ID), b.Type.DType == ir.BF16

@@ -350,7 +350,7 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 		d.touches[i] = append(d.touches[i], m.Args[0], m.Out)
 	}
 	for k, m := range members {
-		if c.dtype(m.Out) != ir.F32 || is16(c.buf(m.Args[0]).Type.DType) {
+		if c.dtype(m.Out) != ir.F32 || c.buf(m.Args[0]).Type.DType.Is16() {
 			return nil, fmt.Errorf("bucketed all_reduce of %v: the cuda backend reduces fp32 buckets", c.buf(m.Out).Type)
 		}
 		srcs[k], outs[k] = at(c.buf(m.Args[0])), at(c.buf(m.Out))

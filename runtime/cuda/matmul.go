@@ -35,7 +35,7 @@ func (c *compiler) nativeGemm() bool {
 		return false // the emulated path applies a scale, and reports bad arity
 	}
 	a, b, o := c.buf(c.in.Args[0]).Type.DType, c.buf(c.in.Args[1]).Type.DType, c.buf(c.in.Out).Type.DType
-	return is16(a) && a == b && b == o
+	return a.Is16() && a == b && b == o
 }
 
 func ltType(dt ir.DType) (cublaslt.DType, error) {

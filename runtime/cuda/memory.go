@@ -99,10 +99,6 @@ func at(b lower.Buffer) loc {
 	return loc{inArena, b.Offset}
 }
 
-// is16 reports whether t is one of the 16-bit float formats, stored as
-// uint16 bit patterns.
-func is16(t ir.DType) bool { return t == ir.F16 || t == ir.BF16 }
-
 // checkDTypes rejects programs the kernels cannot run: f64 exists for the
 // CPU backend's reference runs only.
 func checkDTypes(p *lower.Program) error {

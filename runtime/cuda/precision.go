@@ -9,11 +9,11 @@ import (
 
 // touches16 reports whether the instruction reads or writes a 16-bit buffer.
 func (c *compiler) touches16() bool {
-	if c.in.Out >= 0 && is16(c.buf(c.in.Out).Type.DType) {
+	if c.in.Out >= 0 && c.buf(c.in.Out).Type.DType.Is16() {
 		return true
 	}
 	for _, a := range c.in.Args {
-		if is16(c.buf(a).Type.DType) {
+		if c.buf(a).Type.DType.Is16() {
 			return true
 		}
 	}
@@ -63,7 +63,7 @@ func (c *compiler) emulate16(f prepare) (func() error, error) {
 	var widen []*launch
 	for _, id := range ids {
 		b := c.buf(id)
-		if !is16(b.Type.DType) {
+		if !b.Type.DType.Is16() {
 			continue
 		}
 		if b.Host {
@@ -86,7 +86,7 @@ func (c *compiler) emulate16(f prepare) (func() error, error) {
 	}
 	steps := []func() error{c.runs(widen...), run}
 	if in.Out >= 0 {
-		if b := c.buf(in.Out); is16(b.Type.DType) {
+		if b := c.buf(in.Out); b.Type.DType.Is16() {
 			n := b.Type.Shape.NumElements()
 			l, err := c.kernel(narrowKernel(b.Type.DType), parg{at: at(b), dt: b.Type.DType}, parg{at: c.shadow[in.Out], dt: ir.F32}, n)
 			if err != nil {
@@ -108,9 +108,9 @@ func (c *compiler) cast() (func() error, error) {
 	switch {
 	case from == to:
 		return c.deviceCopy(src, dst)
-	case from == ir.F32 && is16(to):
+	case from == ir.F32 && to.Is16():
 		return c.one(narrowKernel(to), out, in, n)
-	case is16(from) && to == ir.F32:
+	case from.Is16() && to == ir.F32:
 		return c.one(widenKernel(from), out, in, n)
 	case from == ir.I32 && to == ir.F32:
 		return c.one("gc_i32_to_f32", out, in, n)
