@@ -136,6 +136,13 @@ func Merge(ctx context.Context, out string, inputs []string) (MergeSummary, erro
 			}
 			for _, t := range doc {
 				sum.MaxToken = max(sum.MaxToken, t)
+				if record != nil && int(t) >= record.VocabSize {
+					// The record would claim a vocabulary the ids
+					// overflow, and training would refuse the merged
+					// dataset for it, blaming the wrong files.
+					return sum, fmt.Errorf("%w: %s, document %d, holds token id %d, outside the vocabulary of %d its record %s gives: the record and the files disagree (prepare %s again)",
+						ErrMerge, inputs[k], i, t, record.VocabSize, metaPath(inputs[k]), inputs[k])
+				}
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package prepare
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -99,6 +100,16 @@ func TestMergeRefuses(t *testing.T) {
 	other := prepared(t, dir, "other", byteEncoder{}, "another", "two")
 	multi := filepath.Join(dir, "multi")
 	writeMultiSequence(t, multi)
+	// A record whose vocabulary the files' ids overflow ('t' is 116).
+	lying := prepared(t, dir, "lying", byteEncoder{}, "tok", "two")
+	raw, err := os.ReadFile(lying + ".json")
+	require.NoError(t, err)
+	var rec map[string]any
+	require.NoError(t, json.Unmarshal(raw, &rec))
+	rec["vocab_size"], rec["max_token"] = 100, 99
+	raw, err = json.Marshal(rec)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(lying+".json", raw, 0o644))
 	for _, c := range []struct {
 		name   string
 		inputs []string
@@ -111,6 +122,7 @@ func TestMergeRefuses(t *testing.T) {
 		{"other tokenizer", []string{a, other}, "m", other + " and " + a + " were prepared differently ([tokenizer another against tok])"},
 		{"sentences", []string{a, multi}, "m", multi + " has 2 documents in 3 sequences"},
 		{"missing", []string{a, filepath.Join(dir, "nope")}, "m", "nope"},
+		{"a record the ids overflow", []string{lying}, "m", lying + ", document 0, holds token id 116, outside the vocabulary of 100 its record " + lying + ".json gives"},
 	} {
 		out := filepath.Join(dir, c.out)
 		before := outputs(t, dir, "")
@@ -125,7 +137,7 @@ func TestMergeRefuses(t *testing.T) {
 	// A cancelled merge leaves nothing either.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := Merge(ctx, filepath.Join(dir, "m"), []string{a})
+	_, err = Merge(ctx, filepath.Join(dir, "m"), []string{a})
 	assert.ErrorIs(t, err, context.Canceled)
 	_, statErr := os.Stat(filepath.Join(dir, "m.bin"))
 	assert.ErrorIs(t, statErr, os.ErrNotExist)
