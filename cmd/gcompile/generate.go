@@ -938,6 +938,15 @@ func anotherModelText(from, what string, cfg compile.Config, model, set, was, no
 			hint = fmt.Sprintf("its vocab=%s came from the token data it trained on: give the run's --tokenizer (eval: and its --data PREFIX and --split), not --set vocab", v)
 		}
 	}
+	if _, had := setValue(set, "vocab"); !had && (data == "" || checkpoint.IsTextIdentity(data)) {
+		if v, ok := setValue(cfg.Set, "vocab"); ok {
+			// A byte-level run read with a tokenizer or token data, whose
+			// vocabulary this run added to the --set: not other maths on
+			// the same shapes, but another vocabulary.
+			return fmt.Sprintf("%s: %s of model %q trained on bytes (256 classes) with --set %q (fingerprint %.12s); this run has vocab=%s (from --tokenizer, token --data or --set vocab), another vocabulary: leave those out to read it as it trained",
+				from, what, model, set, was, v)
+		}
+	}
 	if set == cfg.Set {
 		// The sizes agree: the model file is another (or has changed),
 		// or the classes differ, which a run's tokenizer sets.

@@ -582,6 +582,15 @@ func TestEvalAndGenerateRefuseACheckpointOfAnotherModel(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "with the same --set \"layers=1,hidden=32,heads=4,seq=16,ctx=48\" is another model")
 	assert.Contains(t, err.Error(), "give the model file the checkpoint was trained with")
+	// A tokenizer given for a run on bytes: another vocabulary, said so,
+	// not a --set to give.
+	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
+	err = runGenerate([]string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--resume", ck, "--prompt", "abc", "--max-new-tokens", "2",
+		"--tokenizer", filepath.Join(gpt2, "encoder.json.gz"), "--merges", filepath.Join(gpt2, "vocab.bpe.gz")}, io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `trained on bytes (256 classes) with --set "layers=1,hidden=32,heads=4,seq=16,ctx=48"`)
+	assert.Contains(t, err.Error(), "this run has vocab=50304 (from --tokenizer, token --data or --set vocab), another vocabulary: leave those out")
+	assert.NotContains(t, err.Error(), "give the --set it was trained with")
 }
 
 // A --batch that dp does not divide is rounded up, and the log says so,
