@@ -54,9 +54,12 @@ type Config struct {
 	// do, instead of beside the backward where the runtime can (the CUDA
 	// backend's comm stream; the CPU backend always reduces in order).
 	SerialGradReduce bool
-	DPSync           string // "sync" or "async"
-	Staleness        int
-	MemLimit         int64 // bytes per device; 0: unlimited
+	// GradReduceDType is --grad-reduce-dtype: "fp32" (or "") or the
+	// 16-bit format the gradients are reduced in over dp, ep and cp.
+	GradReduceDType string
+	DPSync          string // "sync" or "async"
+	Staleness       int
+	MemLimit        int64 // bytes per device; 0: unlimited
 	// Classes is how many token ids the data holds when the model's
 	// vocabulary is padded past them (a model.go only; frontend.Config).
 	Classes int
@@ -213,6 +216,8 @@ func (c *Config) Validate() error {
 		bad("--dp-sync async needs --dp > 1 (replicas to run asynchronously)")
 	case c.DPSync == "async" && (c.TP > 1 || c.PP > 1 || c.EP > 1 || c.CP > 1 || c.Zero > 0):
 		bad("--dp-sync async runs whole replicas around one optimizer: it does not combine with tp, pp, ep, cp or ZeRO")
+	case c.DPSync == "async" && c.GradReduceDType != "" && c.GradReduceDType != "fp32":
+		bad("--grad-reduce-dtype %s narrows the synchronous gradient reduction; asynchronous replicas send their fp32 gradients to the parameter server, which sums none", c.GradReduceDType)
 	case c.Staleness < 0:
 		bad("--staleness must be ≥ 0, got %d", c.Staleness)
 	}
@@ -387,6 +392,9 @@ func (c *Config) checkNumbers(bad func(string, ...any)) {
 	if !finite(c.WeightDecay) || c.WeightDecay < 0 {
 		bad("--weight-decay must be finite as a 32-bit float and ≥ 0, got %g", c.WeightDecay)
 	}
+	if c.GradReduceDType != "" && !slices.Contains(passes.GradReduceDTypes, c.GradReduceDType) {
+		bad("--grad-reduce-dtype %q: want one of %s", c.GradReduceDType, strings.Join(passes.GradReduceDTypes, ", "))
+	}
 	if !(c.BucketMB > 0) || c.BucketMB > MaxBucketMB {
 		bad("--bucket-mb must be positive and at most %d, got %g", MaxBucketMB, c.BucketMB)
 	}
@@ -440,6 +448,7 @@ func (c *Config) PassOptions() *passes.Options {
 	o.Compress = c.Compress
 	o.Fuse = c.Fuse
 	o.BucketMB = c.BucketMB
+	o.GradReduceDType = c.GradReduceDType
 	o.Precision, o.LossScale = c.Precision, c.LossScale
 	o.Mesh = c.Mesh()
 	o.CPImpl = c.CPImpl

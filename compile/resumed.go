@@ -127,7 +127,7 @@ var passFlags = []struct {
 	{"compress", []string{"compress-activations"}},
 	{"shard", []string{"zero", "sequence-parallel"}},
 	{"fuse", []string{"fuse"}},
-	{"data-parallel", []string{"bucket-mb"}},
+	{"data-parallel", []string{"bucket-mb", "grad-reduce-dtype"}},
 }
 
 // checkGir checks what a .gir dump says beyond its syntax, which a hand
@@ -162,6 +162,11 @@ func checkGir(m *ir.Module) error {
 				return fmt.Errorf("%s: %s %q: %w", v.Where(), v.Op, v.Name(), err)
 			}
 			if v.Op == "param" {
+				// A name the weights files cannot hold would fail the
+				// save after training; the DSL refuses it at its line.
+				if err := ir.CheckParamName(v.Name()); err != nil {
+					return fmt.Errorf("%s: %w", v.Where(), err)
+				}
 				// Checked on one device too, as the model's line is: the
 				// shard pass reads it only when a plan splits over tp.
 				if err := frontend.CheckParallelHint(v.Attrs.Str("parallel"), v.Type.Shape); err != nil {

@@ -273,6 +273,13 @@ type Plan struct {
 	// copies made from the shards), 2 for a framework that gathers its
 	// bf16 model weights, 1 for fp8 params.
 	GatherBytes float64
+	// GradReduceBytes is the bytes of a gradient element the data-parallel
+	// reductions (dp, and ep's and cp's) move: 0 for 4, fp32
+	// (--grad-reduce-dtype fp32, Megatron-LM's main_grad); 2 for
+	// --grad-reduce-dtype bf16 or fp16, or a framework that reduces its
+	// 16-bit gradients (DeepSpeed's communication_data_type under fp16,
+	// Megatron-LM's --grad-reduce-in-bf16).
+	GradReduceBytes float64
 	// BucketBytes is the gradient bytes of one data-parallel reduction
 	// (--bucket-mb; 0: 25 MiB). Each bucket is its own collective and pays
 	// its latency; all but the last can hide behind the backward.
@@ -290,6 +297,14 @@ type Plan struct {
 	// ahead of use (0: right before use, exposed). Ahead, the forward's
 	// and the backward's copies run beside the compute.
 	OffloadPrefetch int
+}
+
+// gradReduceBytes is GradReduceBytes, 4 where unset.
+func (p Plan) gradReduceBytes() float64 {
+	if p.GradReduceBytes > 0 {
+		return p.GradReduceBytes
+	}
+	return 4
 }
 
 // defaultBucketBytes is --bucket-mb's default, 25 MiB of gradients.
@@ -993,7 +1008,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		// parallelism the shared ones first over ep (as the shard pass
 		// places them: partial over both axes, reduced one axis at a time),
 		// the experts' over dp only.
-		g := 4 * stageParams
+		g := p.gradReduceBytes() * stageParams
 		bucket := p.BucketBytes
 		if !(bucket > 0) {
 			bucket = defaultBucketBytes
@@ -1076,7 +1091,7 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		}
 		tail += c
 		if ep > 1 {
-			shared := 4 * (stageParams - expertParams)
+			shared := p.gradReduceBytes() * (stageParams - expertParams)
 			c := Collective("all_reduce", ep, shared, h.axisLink(ep, p.TP*cp, p.Devices()))
 			tail += c
 			e.CommSeconds["ep"] += c

@@ -50,6 +50,9 @@ type PublishedRun struct {
 	// them so (Transformer Engine's fp8 params); otherwise a sharded
 	// optimizer gathers 16-bit weights.
 	FP8Params bool
+	// GradReduceBytes is Plan.GradReduceBytes: 2 where the framework
+	// reduced its 16-bit gradients as they were, 0 (fp32) elsewhere.
+	GradReduceBytes float64
 }
 
 // HardwareFor is the description the run is priced on.
@@ -148,7 +151,7 @@ func (r PublishedRun) Plan() Plan {
 	p := Plan{TP: r.TP, PP: r.PP, DP: dp, CP: cp, VPP: r.VPP, MicroBatch: r.MicroBatch,
 		Microbatches: r.Batch / (dp * r.MicroBatch), SequenceParallel: r.SequenceParallel,
 		Recompute: r.Recompute, Precision: prec, Optimizer: "adamw", SerialReductions: !r.Overlap, Zero: r.Zero,
-		OverlapTP: r.OverlapTP, OverlapShards: r.Overlap && r.Zero >= 1, GatherBytes: 2, ReduceOnce: true}
+		OverlapTP: r.OverlapTP, OverlapShards: r.Overlap && r.Zero >= 1, GatherBytes: 2, ReduceOnce: true, GradReduceBytes: r.GradReduceBytes}
 	if r.FP8Params {
 		p.GatherBytes = 1
 	}

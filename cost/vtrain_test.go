@@ -41,7 +41,10 @@ const (
 
 // vtrainRuns reads one of the files: each row a PublishedRun priced on
 // a100-80g with the source's network and host floor. Megatron pads the
-// vocabulary (GPT-2's 50,257) to a multiple of 128·tp.
+// vocabulary (GPT-2's 50,257) to a multiple of 128·tp. DeepSpeed's engine
+// under fp16 all-reduces the fp16 gradients themselves (its
+// communication_data_type is the model's dtype unless set), 2 bytes a
+// param.
 func vtrainRuns(t *testing.T, file string) []PublishedRun {
 	t.Helper()
 	f, err := os.Open("testdata/vtrain/" + file)
@@ -72,7 +75,8 @@ func vtrainRuns(t *testing.T, file string) []PublishedRun {
 				Seq: int(get(rec, "sequence length")), Vocab: padVocab(50257, tp), FFN: 4 * hd},
 			GPUs: int(get(rec, "# GPUs")), TP: tp, PP: int(get(rec, "pipeline parallelism")), VPP: 1,
 			Batch: int(get(rec, "global batch")), MicroBatch: int(get(rec, "micro batch")), Recompute: "full",
-			StepSeconds: get(rec, "iteration time (ms)") / 1e3, InterGBps: vtrainInterGBps, HostOpUS: vtrainHostOpUS}
+			StepSeconds: get(rec, "iteration time (ms)") / 1e3, InterGBps: vtrainInterGBps, HostOpUS: vtrainHostOpUS,
+			GradReduceBytes: 2}
 		if dp := int(get(rec, "data parallelism")); dp*r.TP*r.PP != r.GPUs {
 			t.Fatalf("%s: tp·pp·dp = %d on %d GPUs", file, dp*r.TP*r.PP, r.GPUs)
 		}
@@ -155,7 +159,7 @@ func TestVTrainSingleNodeFitsTheHostFloor(t *testing.T) {
 // one (Spearman), and the plan predicted fastest is within a few percent
 // of the fastest measured. Calibrating the preset on one run of the set
 // predicts the rest within 10 %. The bounds are the figures reached on
-// 2026-12-05, rounded up.
+// 2026-12-07, rounded up.
 func TestVTrainMultiNode(t *testing.T) {
 	runs := vtrainRuns(t, "ground_truth_multi.csv")
 	require.Len(t, runs, 109)
@@ -243,8 +247,8 @@ func TestVTrainMultiNode(t *testing.T) {
 	fmt.Fprintf(&sb, "calibrated on one run, predicting the other 108 (median, best, worst over the 109 choices): from a100-80g %.1f / %.1f / %.1f %%, from the source's cluster %.1f / %.1f / %.1f %%",
 		100*pm, 100*pb, 100*pw, 100*om, 100*ob, 100*ow)
 	t.Log("\n" + sb.String())
-	assert.Less(t, own, 0.09)
-	assert.Less(t, plain, 0.14)
+	assert.Less(t, own, 0.10)
+	assert.Less(t, plain, 0.15)
 	assert.Less(t, om, 0.10)
 }
 
@@ -300,8 +304,8 @@ func noisyRank(ms []float64, sigma float64) float64 {
 }
 
 // vtrainRhoBound is each model size's rank correlation reached on
-// 2026-12-05, rounded down.
-var vtrainRhoBound = map[string]float64{"3.6B": 0.95, "18.4B": 0.6, "39.1B": 0.6, "175B": 0.9}
+// 2026-12-07, rounded down.
+var vtrainRhoBound = map[string]float64{"3.6B": 0.95, "18.4B": 0.75, "39.1B": 0.65, "175B": 0.9}
 
 // Calibrating the preset on a handful of the one-node runs finds the host
 // floor by itself: eight runs spread over the set (every 168th), and the

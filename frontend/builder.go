@@ -14,8 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"unicode"
-	"unicode/utf8"
 
 	"gcompile/ir"
 )
@@ -627,22 +625,14 @@ func checkHint(hint Parallel, shape []int) error {
 // badName reports a source's name that flags, weights files and dumps
 // cannot carry: empty, or holding a space, a control character, a quote
 // or bytes that are not UTF-8.
-func badName(name string) bool {
-	return name == "" || strings.IndexFunc(name, func(r rune) bool {
-		return unicode.IsSpace(r) || unicode.IsControl(r) || r == '"' || r == utf8.RuneError
-	}) >= 0
-}
+func badName(name string) bool { return ir.BadName(name) }
 
 // Param declares a trainable parameter (fp32 unless Config.Float says otherwise).
 func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Tensor {
 	// Named and initialised as the weights files and the runtime need,
 	// checked here so the error names the line, not a save after training.
-	if name == "" {
-		b.fail(userPos(), errors.New("a param needs a name: weights are saved and loaded under it"))
-		return &Tensor{b: b}
-	}
-	if badName(name) {
-		b.fail(userPos(), fmt.Errorf("param name %q: want printable UTF-8 without spaces or quotes (weights files and dumps name params by it)", name))
+	if err := ir.CheckParamName(name); err != nil {
+		b.fail(userPos(), err)
 		return &Tensor{b: b}
 	}
 	if err := checkHint(hint, shape); err != nil {

@@ -273,6 +273,9 @@ func TestDSLRules(t *testing.T) {
 			b.Loss(x.Sum())
 			b.Loss(x.Mean())
 		}, "b.Loss called twice: the loss was set at builder_test.go:"},
+		{"param named as safetensors' metadata", func(b *frontend.Builder) {
+			b.Loss(b.Param("__metadata__", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
+		}, `param name "__metadata__" is reserved`},
 		{"param without a name", func(b *frontend.Builder) {
 			b.Loss(b.Param("", []int{2}, frontend.Zeros, frontend.NoParallel).Sum())
 		}, "a param needs a name"},

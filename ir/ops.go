@@ -343,12 +343,16 @@ func init() {
 	// shard pass makes them, after autodiff.
 	register(&OpInfo{Name: "redistribute", Arity: 1, Infer: identity, Grad: GradNotImplemented, Cost: moveCost,
 		Doc: "change placement to the value's own place; the redistribute pass expands it into the collectives below"})
-	register(&OpInfo{Name: "all_reduce", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), opt("bucket", AttrInt)}, Infer: identity, Grad: GradNotImplemented, Cost: moveCost, Doc: "P → R on axis"})
+	// round_each (16-bit operands only): every add is rounded to the
+	// operand's format and the operand moves as it is, as a 16-bit NCCL
+	// reduction does (--grad-reduce-dtype); without it a 16-bit operand is
+	// summed in f32 and rounded once.
+	register(&OpInfo{Name: "all_reduce", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), opt("bucket", AttrInt), opt("round_each", AttrBool)}, Infer: identity, Grad: GradNotImplemented, Cost: moveCost, Doc: "P → R on axis"})
 	// blocks (default 1) is the number of fused blocks of dim, as in the
 	// placement S(dim)xblocks: each device's part is its slice of every
 	// block, so the collective treats dim as (blocks, dim/blocks) and splits
 	// or joins the inner part.
-	register(&OpInfo{Name: "reduce_scatter", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("bucket", AttrInt), opt("blocks", AttrInt)}, Infer: inferBlocked,
+	register(&OpInfo{Name: "reduce_scatter", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("bucket", AttrInt), opt("blocks", AttrInt), opt("round_each", AttrBool)}, Infer: inferBlocked,
 		Grad: GradNotImplemented, Cost: moveCost, Doc: "P → S(dim)xblocks on axis"})
 	register(&OpInfo{Name: "all_gather", Arity: 1, Attrs: []AttrSpec{req("axis", AttrString), req("dim", AttrInt), opt("blocks", AttrInt)}, Infer: inferBlocked,
 		Grad: GradNotImplemented, Cost: moveCost, Doc: "S(dim)xblocks → R on axis"})

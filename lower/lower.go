@@ -548,6 +548,10 @@ func movable(in Instr, mesh *ir.Mesh) bool {
 	if v.Op == "add" && v.Meta.Micro < 0 && v.Meta.Phase == ir.PhaseBwd {
 		return true
 	}
+	if v.Op == "cast" && len(v.Args) == 1 && v.Args[0].Attrs.Bool("round_each") {
+		// The fp32 copy of a 16-bit reduction's sum (--grad-reduce-dtype).
+		return true
+	}
 	if v.Meta.Phase != ir.PhaseOpt || in.Op == "send" || in.Op == "recv" {
 		return false
 	}

@@ -67,7 +67,9 @@ func dataParallel(m *ir.Module, o *Options) error {
 			}
 		}
 	}
-	return nil
+	// Narrowed after the buckets are made, so a bucket holds the same
+	// gradients in either format.
+	return gradReduceDType(m, o)
 }
 
 // isGradReduction says whether v is a backward reduction over axis.

@@ -60,8 +60,14 @@ type Options struct {
 	// Fuse runs the fuse pass: groups of f32 elementwise ops become one
 	// fused op each (--fuse).
 	Fuse bool
-	// BucketMB bounds the gradient bytes one data-parallel reduction bucket holds.
+	// BucketMB bounds the gradient bytes one data-parallel reduction
+	// bucket holds, counted in fp32 (a bucket of 16-bit reductions holds
+	// as many elements, in half the bytes).
 	BucketMB float64
+	// GradReduceDType is the format of the gradients' reductions over the
+	// data axes: "fp32" (or "") or a 16-bit one, "bf16" or "fp16"
+	// (--grad-reduce-dtype; the data-parallel pass narrows them).
+	GradReduceDType string
 
 	// Optimizer is "adamw", "sgd", "adafactor" or "sm3".
 	Optimizer string
@@ -145,6 +151,12 @@ func (o *Options) Validate() error {
 	case "", "fp32", "fp16", "bf16":
 	default:
 		return fmt.Errorf("precision %q: want fp32, fp16 or bf16", o.Precision)
+	}
+	if o.GradReduceDType != "" && !slices.Contains(GradReduceDTypes, o.GradReduceDType) {
+		return fmt.Errorf("--grad-reduce-dtype %q: want one of %v", o.GradReduceDType, GradReduceDTypes)
+	}
+	if o.GradReduceDType != "" && o.GradReduceDType != "fp32" && slices.Contains(o.Disable, "data-parallel") {
+		return fmt.Errorf("--grad-reduce-dtype %s: the data-parallel pass narrows the reductions, and it is disabled", o.GradReduceDType)
 	}
 	if o.LossScale < 0 {
 		return fmt.Errorf("loss scale must be positive (or 0 for dynamic), got %g", o.LossScale)

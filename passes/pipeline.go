@@ -36,7 +36,7 @@ var passes = [...]Pass{
 	{Name: "shard", Fn: shardNamingHeads, Required: true, Doc: "place every value on the mesh (data parallel, ZeRO) and mark where placements must change"},
 	{Name: "redistribute", Fn: redistribute, Required: true, Doc: "turn placement changes into collectives"},
 	{Name: "fuse", Fn: fuse, Required: true, Doc: "merge groups of f32 elementwise ops into fused ops, one kernel each; does nothing without --fuse"},
-	{Name: "data-parallel", Fn: dataParallel, Doc: "bucket the gradient reductions over dp, ep and cp"},
+	{Name: "data-parallel", Fn: dataParallel, Doc: "bucket the gradient reductions over dp, ep and cp (in 16 bits with --grad-reduce-dtype bf16|fp16)"},
 }
 
 // trainingOnly are the passes a generation step skips: it has no loss to

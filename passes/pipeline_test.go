@@ -159,6 +159,10 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		{"zero eps", func(o *passes.Options) { o.Eps = 0 }, nil, "eps"},
 		{"negative clip", func(o *passes.Options) { o.ClipNorm = -1 }, nil, "clip"},
 		{"negative weight decay", func(o *passes.Options) { o.WeightDecay = -0.1 }, nil, "weight decay"},
+		{"unknown reduction format", func(o *passes.Options) { o.GradReduceDType = "fp8" }, nil, `--grad-reduce-dtype "fp8"`},
+		{"16-bit reductions without data-parallel", func(o *passes.Options) {
+			o.GradReduceDType, o.Disable = "bf16", []string{"data-parallel"}
+		}, nil, "--grad-reduce-dtype bf16: the data-parallel pass narrows the reductions, and it is disabled"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -636,7 +636,17 @@ func planOf(c compile.Config) cost.Plan {
 		MicroBatch: max(c.Batch/dp/ep/m, 1), Microbatches: m, Zero: c.Zero,
 		SequenceParallel: c.SequenceParallel, Recompute: c.Recompute, Offload: c.Offload,
 		Precision: c.Precision, Schedule: c.Schedule, Optimizer: c.Optimizer, BucketBytes: c.BucketMB * (1 << 20), SerialReductions: c.SerialGradReduce,
-		Compress: c.Compress, OffloadPrefetch: c.OffloadPrefetch}
+		GradReduceBytes: gradReduceBytes(c.GradReduceDType),
+		Compress:        c.Compress, OffloadPrefetch: c.OffloadPrefetch}
+}
+
+// gradReduceBytes is the bytes of a gradient element --grad-reduce-dtype
+// reduces: 2 for a 16-bit format, else 0 (the cost model's fp32).
+func gradReduceBytes(dtype string) float64 {
+	if dtype == "bf16" || dtype == "fp16" {
+		return 2
+	}
+	return 0
 }
 
 // Describe is a plan in the flags' words.

@@ -44,6 +44,7 @@ type plan struct {
 	model               string // the model family: "" (gpt), "llama", "mixtral", … (familyOf)
 	layers              int    // layers, when not the family's default
 	attention           string // the family's attention core: "" (fused) or "unfused"
+	gradReduce          string // --grad-reduce-dtype: "" (fp32), "bf16" or "fp16"
 }
 
 func (p plan) String() string {
@@ -235,6 +236,7 @@ func compilePlan(t testing.TB, p plan) *lower.Program {
 	opts.Compress = p.compress
 	opts.Precision = p.precision
 	opts.Fuse = p.fuse
+	opts.GradReduceDType = p.gradReduce
 	if p.optimizer != "" {
 		opts.Optimizer = p.optimizer
 	}

@@ -1371,6 +1371,13 @@ func TestResumeNamesChangedTrainingSettings(t *testing.T) {
 	c.DPSync, c.Staleness = "async", 2
 	assert.Equal(t, []string{"--staleness 2 (the checkpoint's run: 0)"}, scheduleChanges(async, c))
 
+	reduce := map[string]any{"grad_reduce_dtype": "fp32"}
+	c = &config{}
+	c.GradReduceDType = "fp32"
+	assert.Empty(t, scheduleChanges(reduce, c))
+	c.GradReduceDType = "bf16"
+	assert.Equal(t, []string{"--grad-reduce-dtype bf16 (the checkpoint's run: fp32)"}, scheduleChanges(reduce, c))
+
 	static := map[string]any{"loss_scale": 128.0}
 	c = &config{}
 	c.Precision, c.LossScale = "fp16", 1024

@@ -259,7 +259,7 @@ func (c *config) inertFlags(alone bool) []string {
 		notes = append(notes, "note: --hardware describes the devices the planner prices plans on (--plan, --plan-trace, or --devices > 1 with no axis given); this run prices none, so it is not used")
 	}
 	var reduce []string
-	for _, f := range []string{"bucket-mb", "overlap-grad-reduce"} {
+	for _, f := range []string{"bucket-mb", "overlap-grad-reduce", "grad-reduce-dtype"} {
 		if c.explicit[f] {
 			reduce = append(reduce, "--"+f)
 		}
@@ -331,7 +331,7 @@ var evalRefuses = []struct {
 	{"records a training run; eval prints the held-out loss and writes no file", []string{"metrics", "report", "timeline"}},
 	{"changes only training (the update, the backward or the run's files); eval runs the forward of the weights given, so leave it out", []string{
 		"lr", "min-lr", "warmup", "lr-decay", "lr-decay-steps", "lr-wsd-decay-steps", "lr-wsd-decay-style", "weight-decay", "clip", "beta1", "beta2", "adam-eps", "optimizer",
-		"loss-scale", "initial-loss-scale", "loss-scale-window", "hysteresis", "min-loss-scale", "staleness", "bucket-mb", "overlap-grad-reduce", "recompute", "compress-activations",
+		"loss-scale", "initial-loss-scale", "loss-scale-window", "hysteresis", "min-loss-scale", "staleness", "bucket-mb", "overlap-grad-reduce", "grad-reduce-dtype", "recompute", "compress-activations",
 		"checkpoint-every", "keep-last", "seed", "plan-top", "plan-trace", "refine-trace", "save-hardware", "calibrate"}},
 	{"describes the devices the planner prices plans on; eval prices none (its plan is --devices and the axes), so leave it out", []string{"hardware"}},
 }
@@ -410,6 +410,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.StringVar(&c.Schedule, "schedule", "", "pipeline schedule: gpipe|1f1b|interleaved|2bw|zb (needs --pp > 1; 2bw is PipeDream-2BW's one-step-stale update on 1F1B's order, flushed each step, so 1F1B's bubble)")
 	fs.IntVar(&c.Zero, "zero", 0, "ZeRO stage 0..3 (needs --dp > 1; with one microbatch stages 1 and 2 compile alike: each gradient bucket is reduce-scattered as the backward makes it)")
 	fs.Float64Var(&c.BucketMB, "bucket-mb", 25, "gradient bytes per data-parallel reduction bucket (MiB)")
+	fs.StringVar(&c.GradReduceDType, "grad-reduce-dtype", "fp32", "the format the gradients are reduced in over dp, ep and cp: fp32 (Megatron-LM's main_grad; the sum is the one device's), or bf16 or fp16, half the bytes, each add rounded as NCCL's 16-bit reductions are (Megatron-LM's --grad-reduce-in-bf16, DeepSpeed's communication_data_type)")
 	fs.Var(negated{&c.SerialGradReduce}, "overlap-grad-reduce", "reduce data-parallel gradient buckets beside the backward, on a stream of their own (CUDA; the CPU backend reduces in order), as Megatron-LM's --overlap-grad-reduce; =false reduces them in program order, as frameworks without overlap do (default true)")
 	fs.StringVar(&c.Recompute, "recompute", "none", "activation recompute: none|full|selective|every=K (segments of K layers)|block=N (the first N layers of each pipeline chunk, as Megatron-LM's --recompute-method block)")
 	fs.StringVar(&c.Precision, "precision", "fp32", "fp32|fp16|bf16 (fp16/bf16: mixed precision with fp32 master weights)")
@@ -872,6 +873,9 @@ func (c *config) validate() error {
 		bad("--pack-gpu applies to --backend cuda")
 	}
 
+	if c.backend == "cuda" && c.GradReduceDType != "" && c.GradReduceDType != "fp32" {
+		notYet("--backend cuda with --grad-reduce-dtype "+c.GradReduceDType, "the cuda backend reduces gradients in fp32 buckets")
+	}
 	if c.backend == "cuda" && c.DPSync == "async" {
 		notYet("--backend cuda with --dp-sync async", "the asynchronous trainer runs on the cpu backend")
 	}

@@ -436,7 +436,7 @@ func (c *config) metricsConfig(procs int) map[string]any {
 		"overlap_grad_reduce": !c.SerialGradReduce, "beta1": c.Beta1, "beta2": c.Beta2, "adam_eps": c.AdamEps, "weight_decay": c.WeightDecay, "clip": c.Clip, "lr_decay": c.decay,
 		"lr_decay_steps": c.decaySteps, "lr_wsd_decay_steps": c.wsdDecaySteps, "lr_wsd_decay_style": c.wsdStyle,
 		"cp_impl": c.CPImpl, "cp_layout": c.CPLayout, "dp_sync": c.DPSync, "staleness": c.Staleness, "loss_scale": c.LossScale,
-		"initial_loss_scale": c.initialLossScale, "loss_scale_window": c.lossScaleWindow, "hysteresis": c.hysteresis, "min_loss_scale": c.minLossScale, "compress_activations": c.Compress, "fuse": c.Fuse, "bucket_mb": c.BucketMB,
+		"initial_loss_scale": c.initialLossScale, "loss_scale_window": c.lossScaleWindow, "hysteresis": c.hysteresis, "min_loss_scale": c.minLossScale, "compress_activations": c.Compress, "fuse": c.Fuse, "bucket_mb": c.BucketMB, "grad_reduce_dtype": c.GradReduceDType,
 		"offload_prefetch": c.OffloadPrefetch, "split": c.split,
 	}
 }

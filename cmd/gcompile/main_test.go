@@ -158,6 +158,9 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--dp-sync", "eventually"}, `--dp-sync "eventually": want sync or async`},
 		{[]string{"--loss-scale", "1024"}, "--loss-scale applies to --precision fp16 or bf16"},
 		{[]string{"--backend", "cuda", "--devices", "2", "--dp", "2", "--dp-sync", "async"}, "--backend cuda with --dp-sync async: not yet supported"},
+		{[]string{"--backend", "cuda", "--devices", "2", "--dp", "2", "--grad-reduce-dtype", "bf16"}, "--backend cuda with --grad-reduce-dtype bf16: not yet supported (the cuda backend reduces gradients in fp32 buckets)"},
+		{[]string{"--grad-reduce-dtype", "fp8"}, `--grad-reduce-dtype "fp8": want one of fp32, bf16, fp16`},
+		{[]string{"--devices", "2", "--dp", "2", "--dp-sync", "async", "--grad-reduce-dtype", "fp16"}, "--grad-reduce-dtype fp16 narrows the synchronous gradient reduction; asynchronous replicas send their fp32 gradients"},
 		{[]string{"--devices", "2", "--dp", "2", "--dp-sync", "async", "--run", "--trace", "t.json"}, "--trace with --dp-sync async: not yet supported"},
 		{[]string{"--devices", "2", "--dp", "2", "--dp-sync", "async", "--run", "--eval-every", "1"}, "--eval-every with --dp-sync async: not yet supported"},
 		{[]string{"--load", "w.safetensors"}, "--load reads the weights a training run starts from; add --run"},
@@ -549,6 +552,10 @@ func TestEditedDumpIsChecked(t *testing.T) {
 		{"huge id", strings.Replace(text, "\noutput ", "\n%9223372036854775806 = neg "+wte[1]+" : f32[256,32]\noutput ", 1), "the ids the passes add after them would overflow"},
 		{"two module lines", strings.Replace(text, "module \"gpt\"\n", "module \"gpt\"\nmodule \"other\"\n", 1), "a second module line: a module has one"},
 		{"an unknown parallel hint", strings.Replace(text, `parallel="vocab"`, `parallel="diagonal"`, 1), `param "wte.weight": parallel hint "diagonal": unknown split "diagonal"`},
+		// Names the weights files cannot hold, refused before training
+		// rather than at the save after it.
+		{"a param without a name", strings.Replace(text, `name="wte.weight"`, `name=""`, 1), "a param needs a name: weights are saved and loaded under it"},
+		{"a param named as safetensors' metadata", strings.Replace(text, `name="wte.weight"`, `name="__metadata__"`, 1), `param name "__metadata__" is reserved`},
 	} {
 		path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".gir")
 		writeFile(t, path, tc.edited)

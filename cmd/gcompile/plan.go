@@ -184,6 +184,9 @@ func pinFlags(c compile.Config) string {
 	if c.SerialGradReduce {
 		f = append(f, "--overlap-grad-reduce=false")
 	}
+	if c.GradReduceDType != "" && c.GradReduceDType != "fp32" {
+		f = append(f, "--grad-reduce-dtype "+c.GradReduceDType)
+	}
 	return strings.Join(f, " ")
 }
 

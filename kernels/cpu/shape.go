@@ -225,7 +225,7 @@ func sliceGeom(kernel string, shape []int, dim, start, end int) (outer, d, inner
 // Slice copies the elements with index in [start, end) along dim of in
 // (shape inShape) into out, whose shape is inShape with dim resized to
 // end−start.
-func Slice[T Float](out, in []T, inShape []int, dim, start, end int) {
+func Slice[T any](out, in []T, inShape []int, dim, start, end int) {
 	outer, d, inner := sliceGeom("Slice", inShape, dim, start, end)
 	w := (end - start) * inner
 	checkLen("Slice", "in", len(in), outer*d*inner)
@@ -250,7 +250,7 @@ func SliceGrad[T Float](dx, dy []T, xShape []int, dim, start, end int) {
 
 // Concat joins ins along dim. Every shape must have the same rank and agree
 // outside dim; out has the shared shape with dim the sum of the inputs'.
-func Concat[T Float](out []T, ins [][]T, shapes [][]int, dim int) {
+func Concat[T any](out []T, ins [][]T, shapes [][]int, dim int) {
 	if len(ins) != len(shapes) {
 		panic(fmt.Sprintf("cpu.Concat: %d inputs but %d shapes", len(ins), len(shapes)))
 	}

@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"gcompile/ir"
+	kcpu "gcompile/kernels/cpu"
 	"gcompile/runtime"
 )
 
@@ -94,10 +95,10 @@ func Recv[T Elem](c runtime.Comm, from, to, tag int, buf []T) error {
 // checkSummable reports a dtype the transports cannot add.
 func checkSummable(dt ir.DType) error {
 	switch dt {
-	case ir.F32, ir.F64:
+	case ir.F32, ir.F64, ir.BF16, ir.F16:
 		return nil
 	}
-	return fmt.Errorf("%w: cannot sum %v elements (f32 and f64 only)", runtime.ErrArgs, dt)
+	return fmt.Errorf("%w: cannot sum %v elements (f32, f64, bf16 and f16 only)", runtime.ErrArgs, dt)
 }
 
 // checkElems reports a buffer that is not whole elements of dt.
@@ -126,6 +127,35 @@ func accumulate(dt ir.DType, dst, src []byte, first bool) {
 		addTo(view[float32](dst), view[float32](src))
 	case ir.F64:
 		addTo(view[float64](dst), view[float64](src))
+	case ir.BF16, ir.F16:
+		add16(view16(dst), view16(src), dt == ir.BF16)
+	}
+}
+
+// view16 is b's memory as 16-bit float patterns.
+func view16(b []byte) []uint16 {
+	if len(b) < 2 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
+}
+
+// add16 adds src into dst, bf16 or fp16 patterns: each add is made in
+// float32 and rounded to the format, one rounding per add in the element
+// type, as a 16-bit NCCL reduction rounds each step. (Where float32 must
+// round a sum of two 16-bit values, the smaller is far below half the
+// format's last place, so the second rounding gives the correctly
+// rounded 16-bit sum.)
+func add16(dst, src []uint16, bf16 bool) {
+	src = src[:len(dst)]
+	if bf16 {
+		for i, s := range src {
+			dst[i] = kcpu.BF16FromF32(kcpu.F32FromBF16(dst[i]) + kcpu.F32FromBF16(s))
+		}
+		return
+	}
+	for i, s := range src {
+		dst[i] = kcpu.F16FromF32(kcpu.F32FromF16(dst[i]) + kcpu.F32FromF16(s))
 	}
 }
 

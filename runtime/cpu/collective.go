@@ -27,7 +27,7 @@ func asBytes[T any](x []T) []byte {
 
 // pieces splits a tensor of shape s along dim into n equal blocks laid out
 // one after another (what the flat collectives move), and back.
-func toPieces[T kcpu.Float](dst, src []T, s []int, dim, n int) {
+func toPieces[T any](dst, src []T, s []int, dim, n int) {
 	k := s[dim] / n
 	size := len(src) / n
 	for j := range n {
@@ -35,7 +35,7 @@ func toPieces[T kcpu.Float](dst, src []T, s []int, dim, n int) {
 	}
 }
 
-func fromPieces[T kcpu.Float](dst, src []T, s []int, dim, n int) {
+func fromPieces[T any](dst, src []T, s []int, dim, n int) {
 	size := len(src) / n
 	ins := make([][]T, n)
 	shapes := make([][]int, n)
@@ -100,10 +100,28 @@ func collective[T kcpu.Float](c *Call[T]) (func() error, error) {
 	return compileCollective[T](c.d, c.Instr)
 }
 
+// compileSum16 runs a 16-bit reduction whose adds round to its format
+// (the attribute round_each: the gradient reductions --grad-reduce-dtype
+// makes 16-bit) on the 16-bit buffers themselves, so the Comm moves and
+// sums 2 bytes an element. Other 16-bit collectives are summed in
+// float32 on widened copies and rounded once (compile16). ok is false
+// for any other instruction.
+func (d *Device) compileSum16(in lower.Instr) (f func() error, ok bool, err error) {
+	if in.Op != "all_reduce" && in.Op != "reduce_scatter" || !in.Attrs.Bool("round_each") {
+		return nil, false, nil
+	}
+	dt := in.OutType.DType
+	if !dt.Is16() || in.ArgTypes[0].DType != dt {
+		return nil, true, fmt.Errorf("%s rounding each add needs a 16-bit operand and result, got %v → %v", in.Op, in.ArgTypes[0], in.OutType)
+	}
+	f, err = compileCollective[uint16](d, in)
+	return f, true, err
+}
+
 // compileCollective turns a collective instruction into Comm calls over
 // the devices of its mesh axis. The reductions of one gradient bucket are
 // consecutive instructions; the first issues them all as one AllReduce.
-func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, error) {
+func compileCollective[T any](d *Device, in lower.Instr) (func() error, error) {
 	if d.comm == nil || d.prog.Mesh == nil {
 		return nil, fmt.Errorf("%s needs a multi-device program", in.Op)
 	}
@@ -168,7 +186,7 @@ func compileCollective[T kcpu.Float](d *Device, in lower.Instr) (func() error, e
 
 // collectiveOn is a collective instruction (not a bucket, not an
 // all_to_all) as a function of its source and result.
-func collectiveOn[T kcpu.Float](d *Device, in lower.Instr, ax int, g runtime.Group) (func(src, out []T) error, error) {
+func collectiveOn[T any](d *Device, in lower.Instr, ax int, g runtime.Group) (func(src, out []T) error, error) {
 	n := g.Size()
 	// Fused blocks: work on the view where the split dim is the inner
 	// part of (blocks, size/blocks), in which every device's part is one
@@ -238,11 +256,18 @@ func (d *Device) compileBucket(in lower.Instr, g runtime.Group) (func() error, e
 	if !leads {
 		return func() error { return nil }, nil
 	}
-	switch in.OutType.DType {
+	switch dt := in.OutType.DType; dt {
 	case ir.F32:
 		return bucketAllReduce[float32](d, members, g), nil
 	case ir.F64:
 		return bucketAllReduce[float64](d, members, g), nil
+	case ir.BF16, ir.F16:
+		for _, m := range members {
+			if m.OutType.DType != dt || !m.Attrs.Bool("round_each") {
+				return nil, fmt.Errorf("bucket %d sums %v with %v %s: one call sums one dtype, rounded alike", in.Bucket-1, in.OutType, m.OutType, m.Op)
+			}
+		}
+		return bucketAllReduce[uint16](d, members, g), nil
 	}
 	return nil, fmt.Errorf("all_reduce of %v", in.OutType)
 }
@@ -260,7 +285,7 @@ func (d *Device) indexOf(in lower.Instr) int {
 	return d.instrAt[in.Value]
 }
 
-func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g runtime.Group) func() error {
+func bucketAllReduce[T any](d *Device, members []lower.Instr, g runtime.Group) func() error {
 	srcs := make([][]T, len(members))
 	outs := make([][]T, len(members))
 	raw := make([][]byte, len(members))
@@ -287,7 +312,7 @@ func bucketAllReduce[T kcpu.Float](d *Device, members []lower.Instr, g runtime.G
 // its bytes. A bucket of one gradient (one larger than the bucket size,
 // as a rule) needs no staging: it is nil here, and runs as any
 // reduce_scatter.
-func scatterBucket[T kcpu.Float](d *Device, in lower.Instr, g runtime.Group) (func() error, error) {
+func scatterBucket[T any](d *Device, in lower.Instr, g runtime.Group) (func() error, error) {
 	run, leads := d.prog.BucketRun(d.indexOf(in))
 	switch {
 	case !leads:
@@ -355,7 +380,7 @@ func scatterBucket[T kcpu.Float](d *Device, in lower.Instr, g runtime.Group) (fu
 // bucket's gradients (send) and shards (recv), so at most --bucket-mb
 // and its share, and shared by every bucket (a device runs one
 // instruction at a time).
-func scatterStaging[T kcpu.Float](d *Device) (send, recv []T) {
+func scatterStaging[T any](d *Device) (send, recv []T) {
 	if s, ok := d.scatterStage.(*[2][]T); ok {
 		return s[0], s[1]
 	}
@@ -369,7 +394,7 @@ func scatterStaging[T kcpu.Float](d *Device) (send, recv []T) {
 // the local tensor is cut along to into one piece per device, piece q
 // goes to device q, and the pieces received are put together along from
 // in the order of the devices that sent them.
-func allToAll[T kcpu.Float](d *Device, in lower.Instr, g runtime.Group, src, out []T) (func() error, error) {
+func allToAll[T any](d *Device, in lower.Instr, g runtime.Group, src, out []T) (func() error, error) {
 	n := g.Size()
 	from, to := in.Attrs.Int("from", 0), in.Attrs.Int("to", 0)
 	inShape, outShape := []int(in.ArgTypes[0].Shape), []int(in.OutType.Shape)

@@ -138,6 +138,9 @@ func (d *Device) compile(in lower.Instr) (func() error, error) {
 	if f, ok := d.compileAddWiden16(in); ok {
 		return f, nil
 	}
+	if f, ok, err := d.compileSum16(in); ok {
+		return f, err
+	}
 	if d.touches16(in) {
 		return d.compile16(in)
 	}
