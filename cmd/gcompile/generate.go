@@ -200,7 +200,7 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	// The plan: dp and tp only (compile.CheckGenerationPlan).
 	g.Microbatches, g.Optimizer, g.DPSync, g.Recompute = 1, "adamw", "sync", "none"
 	g.BucketMB, g.Clip, g.Beta1, g.Beta2 = 25, 1, 0.9, 0.95
-	g.Batch = max(g.Devices, 1) // a placeholder until the prompts are counted
+	g.Batch = max(g.DP, 1) // a placeholder until the prompts are counted, which dp divides
 	g.Explicit = explicit
 	if len(errs) == 0 {
 		// What generation cannot run first: a plan of such an axis would

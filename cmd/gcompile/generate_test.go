@@ -169,6 +169,12 @@ func TestGenerateBadInput(t *testing.T) {
 	err = runGenerate([]string{gptModel, "--set", set, "--load", w, "--prompt", "a", "--devices", "2", "--pp", "2"}, io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), "--microbatches")
+	// Axes that do not make --devices are said once, not beside a --batch
+	// rule over a batch no one gave (the prompts set it).
+	err = runGenerate([]string{gptModel, "--set", set, "--load", w, "--prompt", "a", "--devices", "3", "--dp", "2"}, io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "tp·pp·dp·ep·cp = 1·1·2·1·1 = 2 must equal --devices 3")
+	assert.NotContains(t, err.Error(), "--batch")
 	// A model file that is not there is named as such, not as the prefill
 	// program's failure.
 	err = runGenerate([]string{filepath.Join(t.TempDir(), "nope.go"), "--prompt", "a", "--load", w}, io.Discard, io.Discard)
