@@ -288,7 +288,11 @@ func (c *config) inertFlags(alone bool) []string {
 			}
 		}
 		if len(meet) > 0 {
-			notes = append(notes, fmt.Sprintf("note: %s say how the processes of a job meet; this run is one process: not used", strings.Join(meet, ", ")))
+			verb := "say"
+			if len(meet) == 1 {
+				verb = "says"
+			}
+			notes = append(notes, fmt.Sprintf("note: %s %s how the processes of a job meet; this run is one process: not used", strings.Join(meet, ", "), verb))
 		}
 	}
 	if c.run && c.explicit["eval-every"] && c.evalBatches == -1 {

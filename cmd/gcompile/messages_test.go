@@ -328,6 +328,9 @@ func TestJobAddressesAreHosts(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, c.inertFlags(true), "note: --master-addr, --rdzv-timeout say how the processes of a job meet; this run is one process: not used")
 	assert.NotContains(t, strings.Join(c.inertFlags(false), "\n"), "how the processes of a job meet")
+	c, err = parseArgs([]string{gptModel, "--advertise-addr", "node-01"})
+	require.NoError(t, err)
+	assert.Contains(t, c.inertFlags(true), "note: --advertise-addr says how the processes of a job meet; this run is one process: not used")
 }
 
 // Under a signal the launcher passed on, a rank that exits as any stop

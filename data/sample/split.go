@@ -1,6 +1,7 @@
 package sample
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -36,7 +37,10 @@ func ParseSplit(s string) ([]float64, error) {
 	for i, word := range words {
 		word = strings.TrimSpace(word)
 		v, err := strconv.ParseFloat(word, 64)
-		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		if errors.Is(err, strconv.ErrRange) || err == nil && math.IsInf(v, 0) {
+			return nil, fmt.Errorf("%w: part %d of %q is %q, past a float64's range; shares are relative, so write smaller ones, e.g. 98,2", ErrSplitNotNumber, i+1, s, word)
+		}
+		if err != nil || math.IsNaN(v) {
 			return nil, fmt.Errorf("%w: part %d of %q is %q; write numbers, e.g. 98,2", ErrSplitNotNumber, i+1, s, word)
 		}
 		if v < 0 {

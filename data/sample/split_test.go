@@ -12,6 +12,7 @@ func TestParseSplit(t *testing.T) {
 		in   string
 		want []float64
 		err  error
+		msg  string
 	}{
 		{in: "98,2", want: []float64{0.98, 0.02, 0}},
 		{in: "969,30,1", want: []float64{0.969, 0.03, 0.001}},
@@ -26,6 +27,7 @@ func TestParseSplit(t *testing.T) {
 		{in: "", err: ErrSplitNotNumber},
 		{in: "NaN,1", err: ErrSplitNotNumber},
 		{in: "Inf,1", err: ErrSplitNotNumber},
+		{in: "1e400,1", err: ErrSplitNotNumber, msg: `part 1 of "1e400,1" is "1e400", past a float64's range`},
 		{in: "0,0,0", err: ErrSplitZero},
 		{in: "1,1,1,1", err: ErrSplitParts},
 	}
@@ -35,6 +37,7 @@ func TestParseSplit(t *testing.T) {
 			if tc.err != nil {
 				require.ErrorIs(t, err, tc.err)
 				assert.Contains(t, err.Error(), "e.g.", "the error says how to fix it")
+				assert.Contains(t, err.Error(), tc.msg)
 				return
 			}
 			require.NoError(t, err)

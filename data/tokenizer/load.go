@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -182,6 +183,11 @@ var maxTokenizerFile = 512 << 20
 func topLevel(path string, data []byte) (map[string]json.RawMessage, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(data, &top); err != nil {
+		var kind *json.UnmarshalTypeError
+		if errors.As(err, &kind) && kind.Field == "" {
+			// Valid JSON of another kind: say which, not Go's types.
+			return nil, fmt.Errorf("%w: %s: the file is a JSON %s, want a JSON object (a tokenizer.json, or a vocab.json of tokens to ids)", ErrFormat, path, kind.Value)
+		}
 		if looksLikeMerges(data) {
 			return nil, fmt.Errorf("%w: %s: %v: it looks like a merges file (merges.txt, vocab.bpe), not a tokenizer.json or vocab.json: the vocabulary and the merges file may be swapped", ErrFormat, path, err)
 		}

@@ -146,6 +146,7 @@ func TestErrors(t *testing.T) {
 		{"no model type", file("none.json", tokJSON(map[string]any{"vocab": map[string]int{"a": 0}}, nil, nil, nil, nil)), "",
 			[]error{ErrUnsupported}, []string{"none.json", "(none)"}},
 		{"garbage json", garbage, "", []error{ErrFormat}, []string{"garbage.json"}},
+		{"a json array", file("array.json", []any{1, 2}), "", []error{ErrFormat}, []string{"array.json: the file is a JSON array, want a JSON object"}},
 		{"bad gzip", badGz, "", []error{ErrFormat}, []string{"bad.json.gz", "gzip"}},
 		{"neither format", notTok, "", []error{ErrFormat}, []string{"other.json"}},
 		{"missing file", filepath.Join(dir, "nope.json"), "", []error{fs.ErrNotExist}, []string{"nope.json"}},

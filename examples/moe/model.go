@@ -39,6 +39,11 @@ func Model(b *frontend.Builder) {
 		Jitter:             b.Float("jitter", 0, "router input jitter ε (Switch: 1e-2)"),
 		ExpertDropout:      b.Float("expert_dropout", 0, "dropout inside experts"),
 	}
+	if layers < 2 {
+		// Block 1 is the first MoE block: with fewer, the router's
+		// settings would be accepted and never read.
+		b.Errorf("--set layers=%d: the MoE GPT's odd blocks are its MoE blocks, so it needs layers ≥ 2 (examples/gpt is the GPT without experts)", layers)
+	}
 	if k := cfg.K; k != 2 && cfg.Router != nn.RouterNoisyTopK && cfg.Router != nn.RouterSoftmaxTopK {
 		// The other routers fix their own count: it would be ignored.
 		b.Errorf("--set k=%d: the %s router does not take k (switch sends a token to 1 expert, gshard to 2, expert-choice fills each expert's capacity); k applies to noisy-topk and softmax-topk", k, cfg.Router)

@@ -89,6 +89,14 @@ func TestKOnlyWhereTheRouterTakesIt(t *testing.T) {
 	}
 }
 
+// One block has no MoE block (block 1 is the first): refused, rather than
+// accepting the router's settings unread (capacity=-1 built).
+func TestOneBlockHasNoExperts(t *testing.T) {
+	_, err := frontend.Build(moe.Model, frontend.Config{Batch: 2, Set: map[string]string{"layers": "1", "hidden": "32", "heads": "2", "seq": "16", "capacity": "-1"}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--set layers=1: the MoE GPT's odd blocks are its MoE blocks, so it needs layers ≥ 2")
+}
+
 // random_second is a switch, 1 or 0; any other value is refused rather
 // than read as 1.
 func TestRandomSecondIsZeroOrOne(t *testing.T) {
