@@ -1865,8 +1865,11 @@ func LoadIndexed(path string) ([]Tensor, error) {
 			return nil, err
 		}
 		for _, t := range ts {
-			if weightMap[t.Name] != f {
-				return nil, fmt.Errorf("checkpoint: shard %s holds %q, which %s places in %q: %w", f, t.Name, path, weightMap[t.Name], ErrHeader)
+			switch placed, listed := weightMap[t.Name]; {
+			case !listed:
+				return nil, fmt.Errorf("checkpoint: shard %s holds %q, which %s does not list (its weight_map names every tensor's file): %w", f, t.Name, path, ErrHeader)
+			case placed != f:
+				return nil, fmt.Errorf("checkpoint: shard %s holds %q, which %s places in %q: %w", f, t.Name, path, placed, ErrHeader)
 			}
 		}
 		out = append(out, ts...)

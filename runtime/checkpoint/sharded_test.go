@@ -268,6 +268,18 @@ func TestShardedFilesAndIndex(t *testing.T) {
 	back, err = LoadIndexed(bad)
 	require.NoError(t, err)
 	assert.Len(t, back, len(ts))
+	// A tensor a shard holds that the index leaves out is said so.
+	var index struct {
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	require.NoError(t, json.Unmarshal(idx, &index))
+	left := ts[0].Name
+	delete(index.WeightMap, left)
+	raw, err := json.Marshal(index)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bad, raw, 0o644))
+	_, err = LoadIndexed(bad)
+	assert.ErrorContains(t, err, fmt.Sprintf("holds %q, which %s does not list", left, bad))
 }
 
 // Every cell of a grid moved by one along any dim onto its neighbour is
