@@ -397,6 +397,9 @@ func (p MeasuredPlan) Config(base compile.Config) compile.Config {
 	if p.OverlapGradReduce != nil {
 		c.SerialGradReduce = !*p.OverlapGradReduce
 	}
+	if p.GradReduceDType != "" {
+		c.GradReduceDType = p.GradReduceDType
+	}
 	c.Explicit = map[string]bool{"microbatches": p.Microbatches > 0, "micro-batch-size": c.MicroBatchSize > 0}
 	return c
 }

@@ -172,3 +172,18 @@ func TestMeasuredPlanKeepsItsCPLayout(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(raw), `"cp_layout":"contiguous"`)
 }
+
+// A measured plan's gradient reductions are its own too: a DeepSpeed run
+// under fp16 reduced its fp16 gradients (grad_reduce_dtype), and the plan
+// priced for it moves half the data-parallel bytes.
+func TestMeasuredPlanKeepsItsGradReduceDType(t *testing.T) {
+	base := baseConfig(2, 8)
+	p := MeasuredPlan{PlanFields: PlanFields{TP: 1, PP: 1, DP: 2, MicroBatch: 4, Microbatches: 1, GradReduceDType: "fp16"}, StepMs: 10}
+	c := p.Config(base)
+	require.NoError(t, c.Validate())
+	assert.Equal(t, "fp16", c.GradReduceDType)
+	assert.Equal(t, 2.0, planOf(c).GradReduceBytes)
+	assert.Equal(t, "fp16", fieldsOf(&Candidate{Config: c}).GradReduceDType)
+	p.GradReduceDType = ""
+	assert.Equal(t, "fp32", fieldsOf(&Candidate{Config: p.Config(base)}).GradReduceDType, "left out: the command line's")
+}

@@ -59,6 +59,17 @@ type PlanFields struct {
 	// OverlapGradReduce is --overlap-grad-reduce (nil in a measured plan
 	// that leaves it out: the command line's).
 	OverlapGradReduce *bool `json:"overlap_grad_reduce,omitempty"`
+	// GradReduceDType is --grad-reduce-dtype ("" in a measured plan that
+	// leaves it out: the command line's).
+	GradReduceDType string `json:"grad_reduce_dtype,omitempty"`
+}
+
+// orFP32 is a --grad-reduce-dtype, "fp32" for the default "".
+func orFP32(dtype string) string {
+	if dtype == "" {
+		return "fp32"
+	}
+	return dtype
 }
 
 // cpImpl and cpLayout are the plan's attention over cp and the layout
@@ -253,7 +264,8 @@ func fieldsOf(c *Candidate) PlanFields {
 	cfg := c.Config
 	return PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), CP: max(cfg.CP, 1), CPImpl: cpImpl(cfg), CPLayout: cpLayout(cfg), VPP: cfg.VPP,
 		MicroBatch: c.Plan.MicroBatch, Microbatches: cfg.Microbatches, Zero: cfg.Zero, SequenceParallel: cfg.SequenceParallel,
-		Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule, OverlapGradReduce: new(!cfg.SerialGradReduce)}
+		Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule, OverlapGradReduce: new(!cfg.SerialGradReduce),
+		GradReduceDType: orFP32(cfg.GradReduceDType)}
 }
 
 // RejectedRow is a plan the search dropped, and why.
