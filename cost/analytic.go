@@ -1004,16 +1004,18 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 	var tail float64
 	if data > 1 || cp > 1 {
 		// Gradients reduced in fp32 (a 16-bit gradient's fp32 copy, before
-		// the unscaling), over dp; under expert
-		// parallelism the shared ones first over ep (as the shard pass
-		// places them: partial over both axes, reduced one axis at a time),
-		// the experts' over dp only.
+		// the unscaling), or in 16 bits (GradReduceBytes), over dp; under
+		// expert parallelism the shared ones first over ep (as the shard
+		// pass places them: partial over both axes, reduced one axis at a
+		// time), the experts' over dp only. A bucket holds BucketBytes of
+		// fp32 gradients whatever the format they move in, as
+		// --bucket-mb's buckets do.
 		g := p.gradReduceBytes() * stageParams
 		bucket := p.BucketBytes
 		if !(bucket > 0) {
 			bucket = defaultBucketBytes
 		}
-		buckets := math.Max(math.Ceil(g/bucket), 1)
+		buckets := math.Max(math.Ceil(4*stageParams/bucket), 1)
 		gather := eb * stageParams
 		if p.GatherBytes > 0 {
 			gather = p.GatherBytes * stageParams

@@ -305,3 +305,22 @@ func TestHostFloorBoundsEveryKernel(t *testing.T) {
 		}
 	}
 }
+
+// 16-bit reductions (Plan.GradReduceBytes 2) move half the bytes in as
+// many buckets as fp32's (--bucket-mb counts fp32 gradients, whatever
+// format they move in), so each bucket's latency stays: the reductions
+// take more than half their fp32 time.
+func TestSixteenBitReductionsKeepTheirBuckets(t *testing.T) {
+	hw, err := cost.Preset("h100-sxm")
+	require.NoError(t, err)
+	shape := cost.Transformer{Layers: 8, Hidden: 256, Heads: 4, Seq: 256, Vocab: 1024, FFN: 1024}
+	p := cost.Plan{TP: 1, PP: 1, DP: 64, MicroBatch: 1, Microbatches: 1, Precision: "bf16", Optimizer: "adamw", SerialReductions: true, BucketBytes: 64 << 10}
+	wide, err := hw.Estimate(shape, p)
+	require.NoError(t, err)
+	p.GradReduceBytes = 2
+	narrow, err := hw.Estimate(shape, p)
+	require.NoError(t, err)
+	assert.InDelta(t, wide.CommBytes["dp"]/2, narrow.CommBytes["dp"], 1e-6*wide.CommBytes["dp"])
+	assert.Less(t, narrow.CommSeconds["dp"], wide.CommSeconds["dp"])
+	assert.Greater(t, narrow.CommSeconds["dp"], wide.CommSeconds["dp"]/2, "half as many buckets priced: their latency halved too")
+}

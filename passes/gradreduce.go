@@ -44,14 +44,22 @@ func gradReduceDType(m *ir.Module, o *Options) error {
 			data[m.Mesh.Axes[ax].Name] = true
 		}
 	}
+	uses := m.Uses()
+	grads := map[*ir.Value]bool{}
+	for i := len(m.Values) - 1; i >= 0; i-- {
+		// Last first: a chain's later reduction is known before the one
+		// it reads.
+		if v := m.Values[i]; isDataReduction(v, data) && readByTheUpdate(v, uses, grads) {
+			grads[v] = true
+		}
+	}
 	out := make([]*ir.Value, 0, len(m.Values))
 	widened := map[*ir.Value]*ir.Value{} // a narrowed reduction's fp32 cast, by the reduction
 	made := map[*ir.Value]bool{}         // every cast made here
 	bypassed := map[*ir.Value]bool{}     // fp32 copies a reduction read and reads no more
 	narrowed := 0
 	for _, v := range m.Values {
-		if (v.Op != "all_reduce" && v.Op != "reduce_scatter") || v.Meta.Phase != ir.PhaseBwd ||
-			!data[v.Attrs.Str("axis")] || v.Type.DType != ir.F32 {
+		if !grads[v] || v.Type.DType != ir.F32 {
 			out = append(out, v)
 			continue
 		}
@@ -118,7 +126,7 @@ func gradReduceDType(m *ir.Module, o *Options) error {
 	// Drop the casts nothing reads any more: the fp32 copies of 16-bit
 	// gradients only their reduction read, and the fp32 casts between two
 	// reductions of a chain.
-	uses := m.Uses()
+	uses = m.Uses()
 	outputs := map[*ir.Value]bool{}
 	for _, o := range m.Outputs {
 		outputs[o.Value] = true
@@ -126,6 +134,26 @@ func gradReduceDType(m *ir.Module, o *Options) error {
 	m.Values = slices.DeleteFunc(m.Values, func(v *ir.Value) bool { return bypassed[v] && len(uses[v]) == 0 && !outputs[v] })
 	o.notef("%d gradient reductions over %v in %v, each add rounded", narrowed, sortedKeys(data), dt)
 	return nil
+}
+
+// isDataReduction says whether v is a backward reduction over one of the
+// data axes.
+func isDataReduction(v *ir.Value, data map[string]bool) bool {
+	return (v.Op == "all_reduce" || v.Op == "reduce_scatter") && v.Meta.Phase == ir.PhaseBwd && data[v.Attrs.Str("axis")]
+}
+
+// readByTheUpdate says whether reduction v sums a param's gradient:
+// only the optimizer reads it, or the sum over microbatches, or a
+// reduction over another data axis that does (grads). A reduction the
+// backward reads on (an activation's gradient summed over cp, a
+// router's) keeps its format.
+func readByTheUpdate(v *ir.Value, uses map[*ir.Value][]*ir.Value, grads map[*ir.Value]bool) bool {
+	for _, u := range uses[v] {
+		if u.Meta.Phase != ir.PhaseOpt && !accumulates(v, u) && !grads[u] {
+			return false
+		}
+	}
+	return len(uses[v]) > 0
 }
 
 // sortedKeys is m's keys in order.

@@ -178,6 +178,7 @@ func TestMeasuredPlanKeepsItsCPLayout(t *testing.T) {
 // priced for it moves half the data-parallel bytes.
 func TestMeasuredPlanKeepsItsGradReduceDType(t *testing.T) {
 	base := baseConfig(2, 8)
+	base.Precision = "fp16"
 	p := MeasuredPlan{PlanFields: PlanFields{TP: 1, PP: 1, DP: 2, MicroBatch: 4, Microbatches: 1, GradReduceDType: "fp16"}, StepMs: 10}
 	c := p.Config(base)
 	require.NoError(t, c.Validate())

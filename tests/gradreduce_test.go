@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -23,6 +24,9 @@ func TestGradReduceInSixteenBits(t *testing.T) {
 		{dp: 2, zero: 2, micro: 2, precision: "bf16"},
 		{dp: 2, zero: 1, micro: 2, precision: "fp16", gradReduce: "fp16"},
 		{dp: 2, ep: 2, model: "mixtral", precision: "bf16"},
+		// The router's balance loss sums an activation's gradient over cp,
+		// which the backward reads on: it stays fp32.
+		{dp: 2, cp: 2, model: "mixtral", precision: "bf16"},
 	} {
 		if p.gradReduce == "" {
 			p.gradReduce = "bf16"
@@ -39,9 +43,26 @@ func TestGradReduceInSixteenBits(t *testing.T) {
 			gotBytes, n := dataReductionBytes(got.prog)
 			require.Positive(t, n)
 			assert.Equal(t, refN, n, "the same reductions")
-			assert.Equal(t, refBytes/2, gotBytes, "half the bytes")
+			readers := map[*ir.Value][]*ir.Value{}
+			for _, in := range got.prog.Instrs {
+				for _, a := range in.Value.Args {
+					readers[a] = append(readers[a], in.Value)
+				}
+			}
+			var kept int64 // the bytes of the reductions left in fp32
 			for _, in := range got.prog.Instrs {
 				if !isDataReduction(got.prog, in) {
+					continue
+				}
+				if in.OutType.DType == ir.F32 {
+					// Only a gradient the backward reads on stays fp32.
+					// (Not the sum of a microbatch's gradient into the
+					// step's.)
+					assert.True(t, slices.ContainsFunc(readers[in.Value], func(u *ir.Value) bool {
+						return u.Meta.Phase == ir.PhaseBwd && !(in.Value.Meta.Micro >= 0 && u.Op == "add" && u.Meta.Micro < 0)
+					}), "%s is a param's gradient, left in fp32", in.Value.Where())
+					assert.False(t, in.Attrs.Bool("round_each"), "%s", in.Value.Where())
+					kept += got.prog.Buffers[in.Args[0]].Bytes
 					continue
 				}
 				assert.Equal(t, want, in.OutType.DType, "%s", in.Value.Where())
@@ -51,6 +72,10 @@ func TestGradReduceInSixteenBits(t *testing.T) {
 				if a := in.Value.Args[0]; a.Op == "cast" {
 					assert.False(t, a.Args[0].Attrs.Bool("round_each"), "%s narrows a narrowed sum again", in.Value.Where())
 				}
+			}
+			assert.Equal(t, (refBytes-kept)/2+kept, gotBytes, "half the bytes of what is narrowed")
+			if p.cp > 1 {
+				assert.Positive(t, kept, "the router's activation gradient over cp stays fp32")
 			}
 			assert.NotEqual(t, ref.params, got.params, "a 16-bit reduction rounds the sums")
 			// Adam moves a param by about the learning rate whatever its
@@ -92,10 +117,10 @@ func TestGradReduceMovesHalfTheBytes(t *testing.T) {
 }
 
 // isDataReduction says whether in is a backward reduction over a data
-// axis (dp, ep).
+// axis (dp, ep, cp).
 func isDataReduction(prog *lower.Program, in lower.Instr) bool {
 	ax := in.Attrs.Str("axis")
-	return (in.Op == "all_reduce" || in.Op == "reduce_scatter") && in.Value.Meta.Phase == ir.PhaseBwd && (ax == "dp" || ax == "ep")
+	return (in.Op == "all_reduce" || in.Op == "reduce_scatter") && in.Value.Meta.Phase == ir.PhaseBwd && (ax == "dp" || ax == "ep" || ax == "cp")
 }
 
 // dataReductionBytes is the operand bytes of prog's backward reductions

@@ -274,8 +274,8 @@ func (c *config) inertFlags(alone bool) []string {
 		notes = append(notes, fmt.Sprintf("note: %s %s the data-parallel gradient reduction, which one device does not have: not used", strings.Join(reduce, ", "), shape))
 	case c.DPSync == "async":
 		notes = append(notes, fmt.Sprintf("note: %s %s the synchronous gradient reduction; asynchronous replicas send theirs to the parameter server: not used", strings.Join(reduce, ", "), shape))
-	case !c.planning() && c.DP*max(c.EP, 1) == 1:
-		notes = append(notes, fmt.Sprintf("note: %s %s the data-parallel gradient reduction, and with dp·ep = 1 (tp·pp·cp = %d take the devices) there is none: not used", strings.Join(reduce, ", "), shape, c.Devices))
+	case !c.planning() && c.DP*max(c.EP, 1)*max(c.CP, 1) == 1:
+		notes = append(notes, fmt.Sprintf("note: %s %s the data-parallel gradient reduction, and with dp·ep·cp = 1 (tp·pp = %d take the devices) there is none: not used", strings.Join(reduce, ", "), shape, c.Devices))
 	}
 	if c.logDir != "" && alone {
 		notes = append(notes, "note: --log-dir holds the logs of the processes of a job (gcompile launch, torchrun, srun); this run is one process, whose log is this terminal: not used")

@@ -167,7 +167,7 @@ func TestUnusedFlagsAreNoted(t *testing.T) {
 		{[]string{"--steps", "3"}, "note: --steps, --max-data-mb shape a training run, and without --run nothing trains: they are not used (add --run to train)"},
 		{[]string{"--devices", "2", "--tp", "2", "--hardware", "h100-sxm"}, "note: --hardware describes the devices the planner prices plans on"},
 		{[]string{"--bucket-mb", "1"}, "note: --bucket-mb shapes the data-parallel gradient reduction, which one device does not have: not used"},
-		{[]string{"--devices", "2", "--tp", "2", "--overlap-grad-reduce"}, "note: --overlap-grad-reduce shapes the data-parallel gradient reduction, and with dp·ep = 1 (tp·pp·cp = 2 take the devices) there is none: not used"},
+		{[]string{"--devices", "2", "--tp", "2", "--overlap-grad-reduce"}, "note: --overlap-grad-reduce shapes the data-parallel gradient reduction, and with dp·ep·cp = 1 (tp·pp = 2 take the devices) there is none: not used"},
 		{[]string{"--bucket-mb", "1", "--overlap-grad-reduce"}, "note: --bucket-mb, --overlap-grad-reduce shape the data-parallel gradient reduction"},
 		{[]string{"--offload", "params", "--offload-prefetch", "1000"}, "note: --offload-prefetch 1000 reaches past the "},
 		{[]string{"--set", "layers=2,hidden=32,heads=2,seq=16", "--devices", "2", "--pp", "2"}, "note: --pp 2 splits each step's batch into 2 microbatches, the fewest its 1f1b schedule takes (--microbatches pins another count)"},
@@ -191,6 +191,12 @@ func TestUnusedFlagsAreNoted(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.NotContains(t, log, "note: --offload-prefetch", "a prefetch within the step's blocks")
+	// cp reduces the gradients too.
+	log, err = captureStderr(t, func() error {
+		return mainErr(append(append([]string{}, tinyGPT...), "--devices", "2", "--cp", "2", "--grad-reduce-dtype", "bf16"))
+	})
+	require.NoError(t, err)
+	assert.NotContains(t, log, "note: --grad-reduce-dtype", "cp's reductions are narrowed")
 }
 
 // What --data is read as, where a user could mean another: JSON Lines
