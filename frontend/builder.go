@@ -622,11 +622,6 @@ func checkHint(hint Parallel, shape []int) error {
 	return nil
 }
 
-// badName reports a source's name that flags, weights files and dumps
-// cannot carry: empty, or holding a space, a control character, a quote
-// or bytes that are not UTF-8.
-func badName(name string) bool { return ir.BadName(name) }
-
 // Param declares a trainable parameter (fp32 unless Config.Float says otherwise).
 func (b *Builder) Param(name string, shape []int, init Init, hint Parallel) *Tensor {
 	// Named and initialised as the weights files and the runtime need,
@@ -711,7 +706,7 @@ func (b *Builder) source(op string, t ir.Type, attrs ir.Attrs) *Tensor {
 		// The size came from a poisoned tensor; its error is already reported.
 		return &Tensor{b: b}
 	}
-	if name := attrs.Str("name"); (op == "input" || op == "state") && badName(name) {
+	if name := attrs.Str("name"); (op == "input" || op == "state") && ir.BadName(name) {
 		// Fed (an input) or saved (a state) by it: a name no flag,
 		// weights file or dump can carry is refused where it is written.
 		b.fail(pos, fmt.Errorf("%s name %q: want a non-empty name of printable UTF-8 without spaces or quotes (the runtime feeds and saves %ss by name)", op, name, op))
