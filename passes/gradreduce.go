@@ -14,8 +14,9 @@ import (
 var GradReduceDTypes = []string{"fp32", "bf16", "fp16"}
 
 // gradReduceDType, the data-parallel pass's last step, narrows the
-// backward's reductions of fp32 gradients over the data axes (dp, ep,
-// cp) to Options.GradReduceDType, keeping their buckets: half the
+// backward's reductions of params' fp32 gradients over the data axes
+// (dp, ep, cp; readByTheUpdate) to Options.GradReduceDType, keeping
+// their buckets: half the
 // bytes on the wire, for a sum rounded to the 16-bit format at each add,
 // as NCCL's 16-bit reductions round (the attribute round_each). Where the
 // reduced value is the fp32 copy of a 16-bit gradient, the 16-bit
