@@ -588,21 +588,33 @@ func foldRepeatedFrames(report string) string {
 // modelFrame is the first frame of a crash report in the model file name,
 // as name:line ("examples/gpt/model.go:11"), "" when none is: the line of the model's own code
 // where the crash happened, or the deepest call of it on the way there.
+// A frame caught in a loop that calls nothing, which the compiler made
+// a bare jump, is reported by the runtime at line 1 (the file's package
+// clause, where no code runs): that frame is named by its function
+// instead ("model.go, in Model (…)").
 func modelFrame(report, name string) string {
 	base := filepath.Base(name)
+	fn := ""
 	for _, line := range strings.Split(report, "\n") {
 		line = strings.TrimSpace(line)
 		file, rest, ok := strings.Cut(line, ".go:")
 		if !ok || filepath.Base(file+".go") != base {
+			fn = line
 			continue
 		}
 		n := 0
 		for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
 			n++
 		}
-		if n > 0 {
-			return name + ":" + rest[:n]
+		if n == 0 {
+			continue
 		}
+		if rest[:n] == "1" {
+			f, _, _ := strings.Cut(fn, "(")
+			f = f[strings.LastIndex(f, ".")+1:]
+			return fmt.Sprintf("%s, in %s (a loop that calls nothing, for which the runtime reports no line)", name, f)
+		}
+		return name + ":" + rest[:n]
 	}
 	return ""
 }

@@ -595,3 +595,28 @@ func TestModelWithCgoIsRefused(t *testing.T) {
 	assert.Contains(t, err.Error(), `:4: import "C": a model is built without cgo (CGO_ENABLED=0, as gcompile is); write it in Go alone`)
 	assert.NotContains(t, err.Error(), "could not import gcompile/frontend")
 }
+
+// A stuck model's frame: its line, or, for a loop that calls nothing
+// (which the runtime reports at line 1, the package clause), its
+// function.
+func TestModelFrameNamesTheStuckLine(t *testing.T) {
+	name := "/m/model.go"
+	stuck := `goroutine 1 gp=0x1 m=nil [runnable]:
+runtime.asyncPreempt2()
+	/usr/local/go/src/runtime/preempt.go:320 +0x14
+m.helper(...)
+	/m/model.go:24 +0x2
+m.Model(0x1)
+	/m/model.go:17 +0x2
+`
+	assert.Equal(t, "/m/model.go:24", modelFrame(stuck, name))
+	// What the driver's stacks said of for { x++ } in Model.
+	loop := `goroutine 1 gp=0x1788db89c1e0 m=0 mp=0x6ad040 [running]:
+gcompile_model.Model(0x6ad578?)
+	/m/model.go:1 +0x1 fp=0x1788db9dbbd8 sp=0x1788db9dbbd0 pc=0x524c61
+main.main()
+	/tmp/driver/main.go:10 +0x2
+`
+	assert.Equal(t, "/m/model.go, in Model (a loop that calls nothing, for which the runtime reports no line)", modelFrame(loop, name))
+	assert.Empty(t, modelFrame("goroutine 1:\nmain.main()\n\t/tmp/driver/main.go:10\n", name))
+}
