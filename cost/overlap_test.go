@@ -26,6 +26,14 @@ func TestOverlapBucketsHidesReductions(t *testing.T) {
 			overlapBucketsHidesReductions(t, compileGPTWith(t, func(c *compile.Config) { c.BucketMB, c.Zero = 0.004, zero }))
 		})
 	}
+	// 16-bit reductions too: their fp32 casts are read where the
+	// optimizer reads them, not right after each bucket, where the
+	// compute stream would wait for the reduction.
+	t.Run("bf16 reductions", func(t *testing.T) {
+		overlapBucketsHidesReductions(t, compileGPTWith(t, func(c *compile.Config) {
+			c.BucketMB, c.Precision, c.GradReduceDType = 0.004, "bf16", "bf16"
+		}))
+	})
 }
 
 func overlapBucketsHidesReductions(t *testing.T, res *compile.Result) {

@@ -133,8 +133,43 @@ func gradReduceDType(m *ir.Module, o *Options) error {
 		outputs[o.Value] = true
 	}
 	m.Values = slices.DeleteFunc(m.Values, func(v *ir.Value) bool { return bypassed[v] && len(uses[v]) == 0 && !outputs[v] })
+	m.Values = castWhereRead(m.Values, widened, uses)
 	o.notef("%d gradient reductions over %v in %v, each add rounded", narrowed, sortedKeys(data), dt)
 	return nil
+}
+
+// castWhereRead moves each fp32 cast of a narrowed reduction from beside
+// the reduction to just before its first reader. Beside it, the cast
+// would be the bucket's first reader: the lowering puts such a reader
+// right after the bucket, and the compute stream would wait there for
+// the reduction instead of going on with the backward (on the CUDA
+// backend's comm stream, and as the cost model prices it). A cast only
+// the optimizer reads becomes the optimizer's (PhaseOpt).
+func castWhereRead(values []*ir.Value, widened map[*ir.Value]*ir.Value, uses map[*ir.Value][]*ir.Value) []*ir.Value {
+	casts := map[*ir.Value]bool{}
+	for _, w := range widened {
+		if len(uses[w]) > 0 {
+			casts[w] = true
+		}
+	}
+	out := make([]*ir.Value, 0, len(values))
+	placed := map[*ir.Value]bool{}
+	for _, v := range values {
+		if casts[v] {
+			continue
+		}
+		for _, a := range v.Args {
+			if casts[a] && !placed[a] {
+				if !slices.ContainsFunc(uses[a], func(u *ir.Value) bool { return u.Meta.Phase != ir.PhaseOpt }) {
+					a.Meta.Phase = ir.PhaseOpt
+				}
+				out = append(out, a)
+				placed[a] = true
+			}
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 // isDataReduction says whether v is a backward reduction over one of the
