@@ -136,6 +136,14 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 		if err := checkOutputDir("dump", g.dump); err != nil {
 			errs = append(errs, err)
 		}
+		// Among checkpoints the dump's files mix with the steps': a dump
+		// named like a step's folder made that step unloadable.
+		switch ck := enclosingCheckpoint(g.dump); {
+		case g.resume != "" && (within(g.resume, g.dump) || samePath(g.resume, g.dump)):
+			bad("--dump %s is inside --resume %s: its files would mix with the checkpoints' (a dump named like a step's folder takes it); dump into a folder outside", g.dump, g.resume)
+		case ck != "":
+			bad("--dump %s is inside checkpoint %s: its files would mix with that checkpoint's; dump into a folder outside", g.dump, ck)
+		}
 	}
 	switch {
 	case g.load == "" && g.resume == "":

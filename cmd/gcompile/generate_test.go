@@ -597,6 +597,17 @@ func TestEvalAndGenerateRefuseACheckpointOfAnotherModel(t *testing.T) {
 	assert.Contains(t, err.Error(), `trained on bytes (256 classes) with --set "layers=1,hidden=32,heads=4,seq=16,ctx=48"`)
 	assert.Contains(t, err.Error(), "this run has vocab=50304 (from --tokenizer, token --data or --set vocab), another vocabulary: leave those out")
 	assert.NotContains(t, err.Error(), "give the --set it was trained with")
+	// A dump among the checkpoints is refused before it is written: one
+	// named like a step's folder made that step unloadable.
+	steps, err := filepath.Glob(filepath.Join(ck, "step-*"))
+	require.NoError(t, err)
+	require.NotEmpty(t, steps)
+	for _, dump := range []string{filepath.Join(ck, "step-99999999"), filepath.Join(steps[0], "dump")} {
+		err = runGenerate(append(slices.Clone(genGPT[:3]), "--resume", ck, "--prompt", "abc", "--max-new-tokens", "2", "--dump", dump), io.Discard, io.Discard)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "--dump "+dump+" is inside --resume "+ck, dump)
+		assert.NoDirExists(t, dump)
+	}
 }
 
 // A --batch that dp does not divide is rounded up, and the log says so,

@@ -250,7 +250,10 @@ func (l *Loader) run(path string, cfg frontend.Config, describe bool) (out []byt
 	if err != nil {
 		return nil, err
 	}
-	env := append(os.Environ(), "CGO_ENABLED=0", "GOTMPDIR="+gotmp)
+	// The driver runs here: a GOOS or GOARCH set for other builds in the
+	// environment would cross-compile it into a binary this machine
+	// cannot start ("exec format error").
+	env := append(os.Environ(), "CGO_ENABLED=0", "GOTMPDIR="+gotmp, "GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH)
 	env = append(env, mod.env...)
 
 	timeout := l.timeout()

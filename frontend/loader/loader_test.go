@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -619,4 +620,20 @@ main.main()
 `
 	assert.Equal(t, "/m/model.go, in Model (a loop that calls nothing, for which the runtime reports no line)", modelFrame(loop, name))
 	assert.Empty(t, modelFrame("goroutine 1:\nmain.main()\n\t/tmp/driver/main.go:10\n", name))
+}
+
+// The driver is built for this machine whatever GOOS and GOARCH the
+// environment sets for other builds: it was cross-compiled, and its start
+// failed with "exec format error".
+func TestDriverIgnoresTheEnvironmentsTarget(t *testing.T) {
+	goarch := "arm64"
+	if runtime.GOARCH == goarch {
+		goarch = "amd64"
+	}
+	t.Setenv("GOARCH", goarch)
+	t.Setenv("GOOS", "windows")
+	l, output, _ := testLoader(t)
+	_, err := l.Load(behaveModel, frontend.Config{Set: map[string]string{"mode": "1"}})
+	require.NoError(t, err)
+	assert.Contains(t, output.String(), "hello on stdout")
 }
