@@ -633,8 +633,8 @@ func scheduleChanges(saved map[string]any, c *config) []string {
 	if was, ok := saved["lr_wsd_decay_style"].(string); ok && was != c.wsdStyle && c.decay == "wsd" {
 		notes = append(notes, fmt.Sprintf("--lr-wsd-decay-style %s (the checkpoint's run: %s)", c.wsdStyle, was))
 	}
-	if was, ok := saved["grad_reduce_dtype"].(string); ok && was != c.GradReduceDType {
-		notes = append(notes, fmt.Sprintf("--grad-reduce-dtype %s (the checkpoint's run: %s)", c.GradReduceDType, was))
+	if was, ok := saved["grad_reduce_dtype"].(string); ok && was != c.gradReduceRan() {
+		notes = append(notes, fmt.Sprintf("--grad-reduce-dtype %s (the checkpoint's run: %s)", c.gradReduceRan(), was))
 	}
 	if was, ok := saved["staleness"].(float64); ok && c.DPSync == "async" && int(was) != c.Staleness {
 		notes = append(notes, fmt.Sprintf("--staleness %d (the checkpoint's run: %d)", c.Staleness, int(was)))

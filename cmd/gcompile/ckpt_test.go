@@ -1373,10 +1373,15 @@ func TestResumeNamesChangedTrainingSettings(t *testing.T) {
 
 	reduce := map[string]any{"grad_reduce_dtype": "fp32"}
 	c = &config{}
-	c.GradReduceDType = "fp32"
+	c.GradReduceDType, c.DP = "fp32", 2
 	assert.Empty(t, scheduleChanges(reduce, c))
 	c.GradReduceDType = "bf16"
 	assert.Equal(t, []string{"--grad-reduce-dtype bf16 (the checkpoint's run: fp32)"}, scheduleChanges(reduce, c))
+	// Without dp (or ep, cp) no reduction runs: fp32 is what is recorded
+	// and compared.
+	c.DP = 1
+	assert.Empty(t, scheduleChanges(reduce, c))
+	assert.Equal(t, "fp32", c.metricsConfig(1)["grad_reduce_dtype"])
 
 	static := map[string]any{"loss_scale": 128.0}
 	c = &config{}

@@ -22,6 +22,7 @@ import (
 	"gcompile/data/sample"
 	"gcompile/ir"
 	"gcompile/lower"
+	"gcompile/passes"
 	"gcompile/planner"
 	"gcompile/runtime"
 )
@@ -877,6 +878,9 @@ func (c *config) validate() error {
 		bad("--pack-gpu applies to --backend cuda")
 	}
 
+	if c.explicit["grad-reduce-dtype"] && c.GradReduceDType == "" {
+		bad("--grad-reduce-dtype \"\": want one of %s", strings.Join(passes.GradReduceDTypes, ", "))
+	}
 	if c.backend == "cuda" && c.GradReduceDType != "" && c.GradReduceDType != "fp32" {
 		notYet("--backend cuda with --grad-reduce-dtype "+c.GradReduceDType, "the cuda backend reduces gradients in fp32 buckets")
 	}

@@ -427,6 +427,17 @@ func lossScaler(c *config) *runtime.LossScaler {
 	return nil
 }
 
+// gradReduceRan is the format the run reduces its gradients in: fp32
+// where it has no data axis to reduce them over, whatever
+// --grad-reduce-dtype says (a later run over dp then compares with what
+// ran).
+func (c *config) gradReduceRan() string {
+	if c.GradReduceDType == "" || c.DP*max(c.EP, 1)*max(c.CP, 1) <= 1 || c.DPSync == "async" {
+		return "fp32"
+	}
+	return c.GradReduceDType
+}
+
 func (c *config) metricsConfig(procs int) map[string]any {
 	return map[string]any{"processes": procs,
 		"model": c.Model, "devices": c.Devices, "tp": c.TP, "pp": c.PP, "dp": c.DP, "ep": c.EP, "cp": c.CP, "vpp": c.VPP,
@@ -436,7 +447,7 @@ func (c *config) metricsConfig(procs int) map[string]any {
 		"overlap_grad_reduce": !c.SerialGradReduce, "beta1": c.Beta1, "beta2": c.Beta2, "adam_eps": c.AdamEps, "weight_decay": c.WeightDecay, "clip": c.Clip, "lr_decay": c.decay,
 		"lr_decay_steps": c.decaySteps, "lr_wsd_decay_steps": c.wsdDecaySteps, "lr_wsd_decay_style": c.wsdStyle,
 		"cp_impl": c.CPImpl, "cp_layout": c.CPLayout, "dp_sync": c.DPSync, "staleness": c.Staleness, "loss_scale": c.LossScale,
-		"initial_loss_scale": c.initialLossScale, "loss_scale_window": c.lossScaleWindow, "hysteresis": c.hysteresis, "min_loss_scale": c.minLossScale, "compress_activations": c.Compress, "fuse": c.Fuse, "bucket_mb": c.BucketMB, "grad_reduce_dtype": c.GradReduceDType,
+		"initial_loss_scale": c.initialLossScale, "loss_scale_window": c.lossScaleWindow, "hysteresis": c.hysteresis, "min_loss_scale": c.minLossScale, "compress_activations": c.Compress, "fuse": c.Fuse, "bucket_mb": c.BucketMB, "grad_reduce_dtype": c.gradReduceRan(),
 		"offload_prefetch": c.OffloadPrefetch, "split": c.split,
 	}
 }

@@ -1951,6 +1951,9 @@ func Describe(dir string, m *Manifest) string {
 	if m.Plan.DPSync == "async" {
 		fmt.Fprintf(&b, "data parallelism: asynchronous over %v replicas, staleness %v (resume with --dp-sync async and the same --dp)\n", m.Plan.Flags["dp"], flagOr(m.Plan.Flags, "staleness", "unrecorded"))
 	}
+	if r, ok := m.Plan.Flags["grad_reduce_dtype"].(string); ok && r != "" && r != "fp32" {
+		fmt.Fprintf(&b, "gradient reductions: over the data axes in %s, each add rounded (resume with --grad-reduce-dtype %s to keep them)\n", r, r)
+	}
 	if m.Plan.Flags["schedule"] == "2bw" {
 		b.WriteString("schedule: PipeDream-2BW, its previous weight version (2bw.prev/…) kept with the optimizer state (resume with --schedule 2bw)\n")
 	}

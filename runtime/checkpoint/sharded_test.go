@@ -766,3 +766,12 @@ func TestManifestLackingAMemberIsNamed(t *testing.T) {
 		assert.ErrorContains(t, err, "manifest.json lacks "+tc.want+", which every save writes", tc.want)
 	}
 }
+
+// A checkpoint whose run reduced its gradients in 16 bits says so, with
+// the flag that keeps them on a resume; an fp32 run's says nothing.
+func TestDescribeSaysTheReductionFormat(t *testing.T) {
+	m := &Manifest{Plan: Plan{Flags: map[string]any{"grad_reduce_dtype": "bf16"}}}
+	assert.Contains(t, Describe("ck", m), "gradient reductions: over the data axes in bf16, each add rounded (resume with --grad-reduce-dtype bf16 to keep them)")
+	m.Plan.Flags["grad_reduce_dtype"] = "fp32"
+	assert.NotContains(t, Describe("ck", m), "gradient reductions")
+}
