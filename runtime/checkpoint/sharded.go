@@ -66,6 +66,9 @@ var (
 	// ErrUnrecognised: an entry named like a step's checkpoint (step-N)
 	// is not one gcompile completed, so it is neither loaded nor deleted.
 	ErrUnrecognised = errors.New("step folder gcompile did not complete")
+	// ErrRemoved: the checkpoint's folder went while it was read (a
+	// running job's --keep-last pruned it), which is not corruption.
+	ErrRemoved = errors.New("checkpoint removed while it was read")
 )
 
 // Manifest describes one checkpoint.
@@ -1168,6 +1171,9 @@ func (r *reader) open(name string) (*File, error) {
 		return nil, err
 	}
 	f, err := Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, missingShard(path) // gone since verify read it
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, ErrCorrupt)
 	}
@@ -1238,7 +1244,7 @@ func CheckFiles(dir string, m *Manifest) error {
 		fi, err := os.Stat(path)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
-			errs = append(errs, fmt.Errorf("shard %s is missing: %w", path, ErrCorrupt))
+			errs = append(errs, missingShard(path))
 		case err != nil:
 			errs = append(errs, err)
 		case !fi.Mode().IsRegular():
@@ -1250,12 +1256,24 @@ func CheckFiles(dir string, m *Manifest) error {
 	return errors.Join(errs...)
 }
 
+// missingShard is the error of a shard file that is not there: a corrupt
+// checkpoint's, or, where the manifest read before has gone too, a
+// checkpoint removed while it was read (a training job beside the reader
+// pruned it), which reading the newest again gets past.
+func missingShard(path string) error {
+	dir := filepath.Dir(path)
+	if _, err := os.Stat(filepath.Join(dir, ManifestName)); errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("checkpoint %s went while it was read (a run's --keep-last pruned it, as likely as not): read the newest again: %w", dir, ErrRemoved)
+	}
+	return fmt.Errorf("shard %s is missing: %w", path, ErrCorrupt)
+}
+
 // verify checks a file's size and CRC-32C against the manifest's.
 func verify(path string, want Sum) error {
 	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("shard %s is missing: %w", path, ErrCorrupt)
+			return missingShard(path)
 		}
 		return err
 	}

@@ -775,3 +775,23 @@ func TestDescribeSaysTheReductionFormat(t *testing.T) {
 	m.Plan.Flags["grad_reduce_dtype"] = "fp32"
 	assert.NotContains(t, Describe("ck", m), "gradient reductions")
 }
+
+// A shard gone with its manifest is a checkpoint removed while it was
+// read (a job's --keep-last beside an inspect or export), not a corrupt
+// one; a shard gone alone is corruption.
+func TestAShardGoneWithItsFolderIsARemovedCheckpoint(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "step-00000007")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ManifestName), []byte("{}"), 0o644))
+	m := &Manifest{Files: map[string]Sum{"rank-00000.safetensors": {Bytes: 8}}}
+	err := CheckFiles(dir, m)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), "rank-00000.safetensors is missing")
+	require.NoError(t, os.RemoveAll(dir))
+	err = CheckFiles(dir, m)
+	require.ErrorIs(t, err, ErrRemoved)
+	assert.NotErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), "checkpoint "+dir+" went while it was read")
+	err = verify(filepath.Join(dir, "rank-00000.safetensors"), Sum{Bytes: 8})
+	assert.ErrorIs(t, err, ErrRemoved)
+}
