@@ -308,10 +308,6 @@ func parseTokenizerJSON(path string, top map[string]json.RawMessage) (*spec, err
 			return nil, fmt.Errorf("%w: %s: added_tokens: %v", ErrFormat, path, err)
 		}
 		seen := map[int64]string{}
-		byID := make(map[int32]string, len(sp.vocab))
-		for tok, id := range sp.vocab {
-			byID[id] = tok
-		}
 		for i, a := range added {
 			if a.ID == nil || *a.ID < 0 || *a.ID >= maxID {
 				return nil, fmt.Errorf("%w: %s: added_tokens[%d] (%q): missing or out-of-range id", ErrFormat, path, i, a.Content)
@@ -322,11 +318,6 @@ func parseTokenizerJSON(path string, top map[string]json.RawMessage) (*spec, err
 				return nil, fmt.Errorf("%w: %s: added_tokens %q and %q share id %d", ErrFormat, path, other, a.Content, *a.ID)
 			}
 			seen[*a.ID] = a.Content
-			// An added token may repeat a vocabulary entry (GPT-2's
-			// <|endoftext|> is both), not take another entry's id.
-			if tok, ok := byID[int32(*a.ID)]; ok && tok != a.Content {
-				return nil, fmt.Errorf("%w: %s: added_tokens[%d] %q takes id %d, which model.vocab gives to %q: text would encode to an id that decodes as the other", ErrFormat, path, i, a.Content, *a.ID, tok)
-			}
 			normalized := !a.Special // the HF default when the flag is absent
 			if a.Normalized != nil {
 				normalized = *a.Normalized

@@ -185,9 +185,6 @@ func TestErrors(t *testing.T) {
 		{"added tokens sharing an id", file("adddup.json", tokJSON(bpeModel(bl, []string{"a b"}), []map[string]any{
 			{"id": 300, "content": "<|a|>", "special": true}, {"id": 300, "content": "<|b|>", "special": true}}, byteLevelPre, nil, nil)), "",
 			[]error{ErrFormat}, []string{"adddup.json", `added_tokens "<|a|>" and "<|b|>" share id 300`}},
-		{"an added token taking a vocabulary entry's id", file("addclash.json", tokJSON(bpeModel(bl, []string{"a b"}), []map[string]any{
-			{"id": bl["a"], "content": "<|endoftext|>", "special": true}}, byteLevelPre, nil, nil)), "",
-			[]error{ErrFormat}, []string{"addclash.json", `added_tokens[0] "<|endoftext|>" takes id`, `which model.vocab gives to "a"`}},
 		{"a stray id", file("stray.json", tokJSON(bpeModel(stray, []string{"a b"}), nil, byteLevelPre, nil, nil)), "",
 			[]error{ErrFormat}, []string{"stray.json", "257 tokens with ids up to 16777215"}},
 		{"unk not in vocab", file("unk.json", tokJSON(model("BPE", map[string]any{"unk_token": "<unk>", "byte_fallback": true}), nil, nil,
