@@ -187,7 +187,7 @@ func loadModule(c *Config, eval bool) (*ir.Module, error) {
 	if err != nil {
 		return nil, err
 	}
-	name := strings.TrimSuffix(filepath.Base(filepath.Dir(absOr(c.Model))), "/")
+	name := c.ModelName()
 	batch := c.Batch
 	if c.DPSync == "async" {
 		batch /= c.DP // each replica's program sees its share of the batch
@@ -200,6 +200,12 @@ func loadModule(c *Config, eval bool) (*ir.Module, error) {
 	}
 	l := &loader.Loader{Timeout: c.ModelTimeout, Progress: progress, Context: c.Interrupt}
 	return l.Load(c.Model, frontend.Config{Name: name, Batch: batch, Set: set, Eval: eval, Classes: c.Classes})
+}
+
+// ModelName is the name a model.go's module takes: its folder's (a
+// checkpoint records it with the model's fingerprint).
+func (c *Config) ModelName() string {
+	return strings.TrimSuffix(filepath.Base(filepath.Dir(absOr(c.Model))), "/")
 }
 
 func absOr(p string) string {

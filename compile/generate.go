@@ -3,7 +3,6 @@ package compile
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 
 	"gcompile/frontend"
@@ -137,7 +136,7 @@ func (c *Config) modelBuilder() ModelBuilder {
 			return nil, err
 		}
 		fc.Set = set
-		fc.Name = strings.TrimSuffix(filepath.Base(filepath.Dir(absOr(c.Model))), "/")
+		fc.Name = c.ModelName()
 		l := &loader.Loader{Timeout: c.ModelTimeout, Context: c.Interrupt}
 		return l.Load(c.Model, fc)
 	}

@@ -573,10 +573,10 @@ func warnDamagedState(cmd, dir string, m *checkpoint.Manifest) {
 
 // resumeState loads the checkpoint into the devices and returns where the
 // run continues from.
-func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, fingerprint, dir string, plan checkpoint.Plan) (runtime.State, error) {
+func resumeState(c *config, dev checkpoint.Cluster, progs []*lower.Program, model, fingerprint, dir string, plan checkpoint.Plan) (runtime.State, error) {
 	// Another model's checkpoint is named with both --set lists, after
 	// the data (another dataset pads another vocabulary).
-	ex := checkpoint.Expect{ModelFingerprint: fingerprint, Plan: plan, Set: c.Set}
+	ex := checkpoint.Expect{Model: model, ModelFingerprint: fingerprint, Plan: plan, Set: c.Set}
 	if c.tokens != nil {
 		ex.DataAlso = c.tokens.legacyIdentities(c)
 	}

@@ -938,6 +938,12 @@ func anotherModel(from, what string, cfg compile.Config, model, set, was, now, d
 
 // anotherModelText is anotherModel's message.
 func anotherModelText(from, what string, cfg compile.Config, model, set, was, now, data string) string {
+	if name := cfg.ModelName(); model != "" && !strings.HasSuffix(cfg.Model, ".gir") && name != model {
+		// The name is part of the model: a model.go copied to another
+		// folder builds another model, whatever its code.
+		return fmt.Sprintf("%s: %s of model %q (fingerprint %.12s), and %s builds model %q (fingerprint %.12s): a model is named by the folder of its model file, and the name is part of what a checkpoint holds, so a copy of the file in another folder is another model; run it from a folder named %q",
+			from, what, model, was, cfg.Model, name, now, model)
+	}
 	hint := "give the --set it was trained with"
 	if v, ok := setValue(set, "vocab"); ok && data != "" && !checkpoint.IsTextIdentity(data) {
 		if cur, _ := setValue(cfg.Set, "vocab"); cur != v {

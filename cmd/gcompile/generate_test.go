@@ -582,12 +582,33 @@ func TestEvalAndGenerateRefuseACheckpointOfAnotherModel(t *testing.T) {
 	// --set the checkpoint already has.
 	src, err := os.ReadFile(gptModel)
 	require.NoError(t, err)
-	relu := filepath.Join(t.TempDir(), "model.go")
+	relu := filepath.Join(t.TempDir(), "gpt", "model.go") // the model's name is its folder's
+	require.NoError(t, os.MkdirAll(filepath.Dir(relu), 0o755))
 	require.NoError(t, os.WriteFile(relu, bytes.Replace(src, []byte(`"activation", "gelu",`), []byte(`"activation", "relu",`), 1), 0o644))
 	err = mainErr([]string{"eval", relu, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--batch", "4", "--max-data-mb", "1", "--resume", ck})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "with the same --set \"layers=1,hidden=32,heads=4,seq=16,ctx=48\" is another model")
 	assert.Contains(t, err.Error(), "give the model file the checkpoint was trained with")
+	// The model file copied to another folder builds a model of that
+	// folder's name: the error says so, not "another --set".
+	copyDir := filepath.Join(t.TempDir(), "y")
+	require.NoError(t, os.MkdirAll(copyDir, 0o755))
+	copied := filepath.Join(copyDir, "model.go")
+	require.NoError(t, os.WriteFile(copied, src, 0o644))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"eval", copied, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--batch", "4", "--max-data-mb", "1", "--resume", ck}, copied + ` builds model "y"`},
+		{[]string{copied, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--batch", "4", "--max-data-mb", "1", "--run", "--steps", "5", "--resume", ck,
+			"--checkpoint-dir", filepath.Join(t.TempDir(), "ck")}, `this run's is model "y"`},
+	} {
+		err = mainErr(tc.args)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), tc.want, tc.args[0])
+		assert.Contains(t, err.Error(), `a model is named by the folder of its model file`, tc.args[0])
+		assert.Contains(t, err.Error(), `run it from a folder named "gpt"`, tc.args[0])
+	}
 	// A tokenizer given for a run on bytes: another vocabulary, said so,
 	// not a --set to give.
 	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")

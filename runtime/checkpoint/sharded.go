@@ -1144,6 +1144,9 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // Expect is what the run that loads a checkpoint requires of it.
 type Expect struct {
+	// Model is the run's model's name (its folder's), which the error for
+	// another model names when it is not the checkpoint's.
+	Model            string
 	ModelFingerprint string
 	Plan             Plan
 	// DataAlso are other spellings of Plan.Data a checkpoint of the same
@@ -1518,6 +1521,12 @@ func match(m *Manifest, progs []*lower.Program, ex Expect) error {
 			orText(m.Plan.Data), orText(ex.Plan.Data), dataDifference(m.Plan.Data, ex.Plan.Data), ErrMismatch)
 	}
 	if ex.ModelFingerprint != "" && m.ModelFingerprint != ex.ModelFingerprint {
+		if ex.Model != "" && m.Model != "" && ex.Model != m.Model {
+			// The name is part of the model: a model.go copied to another
+			// folder builds another model, whatever its code.
+			return fmt.Errorf("the checkpoint is of model %q (fingerprint %.12s), this run's is model %q (fingerprint %.12s): a model is named by the folder of its model file, and the name is part of what a checkpoint holds, so a copy of the file in another folder is another model; run it from a folder named %q: %w",
+				m.Model, m.ModelFingerprint, ex.Model, ex.ModelFingerprint, m.Model, ErrMismatch)
+		}
 		if set, ok := m.Plan.Flags["set"].(string); ok && set != ex.Set {
 			return fmt.Errorf("the checkpoint is of model %q built with --set %q (fingerprint %.12s), this run's with --set %q (fingerprint %.12s): another model, or other sizes; resume with the checkpoint's --set: %w",
 				m.Model, set, m.ModelFingerprint, ex.Set, ex.ModelFingerprint, ErrMismatch)
