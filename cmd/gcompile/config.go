@@ -680,6 +680,24 @@ var errNotYet = compile.ErrNotYet
 func (c *config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.evalOnly {
+		// A flag eval refuses is said alone: the training rules over its
+		// value (--grad-reduce-dtype fp16 wants fp16 precision) are not
+		// eval's.
+		for _, g := range evalRefuses {
+			for _, f := range g.flags {
+				if c.explicit[f] {
+					bad("eval: --%s %s", f, g.why)
+				}
+			}
+		}
+		if len(errs) > 0 {
+			if c.load == "" && c.resume == "" {
+				bad("eval: give the weights with --load FILE.safetensors or --resume CHECKPOINT")
+			}
+			return errors.Join(errs...)
+		}
+	}
 	notYet := func(what, when string) { errs = append(errs, fmt.Errorf("%s: %w (%s)", what, errNotYet, when)) }
 	if c.deviceMemory != "" {
 		n, err := parseBytes(c.deviceMemory)
@@ -800,13 +818,6 @@ func (c *config) validate() error {
 			bad("eval: give the weights with --load FILE.safetensors or --resume CHECKPOINT")
 		case c.load != "" && c.resume != "":
 			bad("eval: --load and --resume both give the weights; give one")
-		}
-		for _, g := range evalRefuses {
-			for _, f := range g.flags {
-				if c.explicit[f] {
-					bad("eval: --%s %s", f, g.why)
-				}
-			}
 		}
 		if c.evalBatches < 0 {
 			bad("eval: --eval-batches %d: want a number of held-out batches (0: the whole held-out split of a token dataset)", c.evalBatches)
