@@ -401,7 +401,7 @@ func (c *Config) checkNumbers(bad func(string, ...any)) {
 		bad("--bucket-mb must be positive and at most %d, got %g", MaxBucketMB, c.BucketMB)
 	}
 	if !finite(c.LossScale) || c.LossScale < 0 {
-		bad("--loss-scale must be positive (0: dynamic) and finite, got %g", c.LossScale)
+		bad("--loss-scale must be positive (0: dynamic) and finite as a 32-bit float, got %g", c.LossScale)
 	} else if c.LossScale != 0 && !LossScaleFits(c.LossScale) {
 		bad("--loss-scale %g: the scale multiplies the loss in float32, so it must be a normal float32 (%.3g to %.3g); outside it the scaled loss or its gradients round to 0 or Inf and every step is skipped", c.LossScale, MinLossScale, math.MaxFloat32)
 	}

@@ -211,6 +211,9 @@ func TestBadInputsAreNamedErrors(t *testing.T) {
 		{name: "initial-loss-scale NaN", args: []string{"--precision", "fp16", "--initial-loss-scale", "NaN"}, want: []string{"--initial-loss-scale", "NaN"}},
 		{name: "initial-loss-scale +Inf", args: []string{"--precision", "fp16", "--initial-loss-scale", "Inf"}, want: []string{"--initial-loss-scale", "+Inf"}},
 		{name: "initial-loss-scale zero", args: []string{"--precision", "fp16", "--initial-loss-scale", "0"}, want: []string{"--initial-loss-scale must be a positive finite number"}},
+		// Said once: not also as below the default --min-loss-scale.
+		{name: "initial-loss-scale negative", args: []string{"--precision", "fp16", "--initial-loss-scale", "-1"}, want: []string{"--initial-loss-scale must be a positive finite number, got -1"}},
+		{name: "loss-scale past float32", args: []string{"--precision", "fp16", "--loss-scale", "1e39"}, want: []string{"--loss-scale must be positive (0: dynamic) and finite as a 32-bit float, got 1e+39"}},
 		{name: "loss-scale-window zero", args: []string{"--precision", "fp16", "--loss-scale-window", "0"}, want: []string{"--loss-scale-window must be ≥ 1 clean step, got 0"}},
 		{name: "hysteresis zero", args: []string{"--precision", "fp16", "--hysteresis", "0"}, want: []string{"--hysteresis must be ≥ 1 overflowed step"}},
 		{name: "min-loss-scale negative", args: []string{"--precision", "fp16", "--min-loss-scale", "-1"}, want: []string{"--min-loss-scale must be ≥ 0 and finite (0: no floor), got -1"}},

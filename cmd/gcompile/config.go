@@ -843,7 +843,8 @@ func (c *config) validate() error {
 		bad("--min-loss-scale must be ≥ 0 and finite (0: no floor), got %g", c.minLossScale)
 	case c.minLossScale > 0 && !compile.LossScaleFits(c.minLossScale):
 		bad("--min-loss-scale %g: the scale multiplies the loss in float32, so it must be a normal float32 (%.3g to %.3g)", c.minLossScale, compile.MinLossScale, math.MaxFloat32)
-	case c.minLossScale > c.initialLossScale:
+	case c.minLossScale > c.initialLossScale && c.initialLossScale > 0 && compile.LossScaleFits(c.initialLossScale):
+		// (An --initial-loss-scale out of range is said on its own.)
 		bad("--min-loss-scale %g is above the scale the run starts from, --initial-loss-scale %g", c.minLossScale, c.initialLossScale)
 	}
 	if c.stopAfter > 0 && c.stopAfter >= c.steps {
