@@ -238,6 +238,7 @@ func isEvalFile(rel string, frac float64) bool {
 
 func loadDir(root string, goOnly bool, maxBytes int64, frac float64) (*Corpus, error) {
 	var files []candidate
+	links := 0 // files reached by a link inside the folder, not read
 	// A root that is a link to a folder is walked as that folder:
 	// WalkDir does not follow the root's link, and found no file in it.
 	walk := root
@@ -255,6 +256,9 @@ func loadDir(root string, goOnly bool, maxBytes int64, frac float64) (*Corpus, e
 				return filepath.SkipDir
 			}
 			return nil
+		}
+		if d.Type()&fs.ModeSymlink != 0 && !strings.HasPrefix(name, ".") {
+			links++
 		}
 		if !d.Type().IsRegular() || strings.HasPrefix(name, ".") {
 			return nil
@@ -278,6 +282,13 @@ func loadDir(root string, goOnly bool, maxBytes int64, frac float64) (*Corpus, e
 		kind = "*.go"
 	}
 	if len(files) == 0 {
+		if links > 0 {
+			what := "its symbolic link is"
+			if links > 1 {
+				what = fmt.Sprintf("its %d symbolic links are", links)
+			}
+			return nil, fmt.Errorf("data: corpus folder %s has no %s (%s not followed: a link could lead out of the folder or round it; give a folder of the files themselves, or a link to that folder): %w", root, kind, what, ErrNoFiles)
+		}
 		return nil, fmt.Errorf("data: corpus folder %s has no %s: %w", root, kind, ErrNoFiles)
 	}
 

@@ -228,6 +228,9 @@ func TestLoadErrors(t *testing.T) {
 	mustNoErr(t, os.WriteFile(emptyFile, nil, 0o644))
 	binFile := filepath.Join(dir, "model.bin")
 	mustNoErr(t, os.WriteFile(binFile, []byte("ELF\x02\x01\x00text after"), 0o644))
+	linksOnly := filepath.Join(dir, "links")
+	mustNoErr(t, os.Mkdir(linksOnly, 0o755))
+	mustNoErr(t, os.Symlink(emptyFile, filepath.Join(linksOnly, "a.txt")))
 	lateNUL := filepath.Join(dir, "late-nul.bin")
 	mustNoErr(t, os.WriteFile(lateNUL, append(bytes.Repeat([]byte("a"), binarySniffLen-1), 0), 0o644))
 
@@ -240,6 +243,7 @@ func TestLoadErrors(t *testing.T) {
 		{"missing path", Options{Path: missing}, fs.ErrNotExist, missing},
 		{"empty folder", Options{Path: empty}, ErrNoFiles, empty},
 		{"only binary files", Options{Path: binOnly}, ErrNoFiles, binOnly},
+		{"only links", Options{Path: linksOnly}, ErrNoFiles, "(its symbolic link is not followed"},
 		{"empty file", Options{Path: emptyFile}, ErrNoFiles, emptyFile},
 		{"binary file", Options{Path: binFile}, ErrBinary, binFile + " looks binary (a NUL byte at offset 5"},
 		{"NUL at the end of the sniffed prefix", Options{Path: lateNUL}, ErrBinary, "offset 8191"},
