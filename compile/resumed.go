@@ -71,6 +71,12 @@ func checkResumed(c *Config, m *ir.Module) error {
 			wrong = append(wrong, fact{"precision", precision, asked, "--precision " + precision})
 		}
 	}
+	if m.HasRun("shard") && c.DPSync == "async" && m.Mesh != nil && len(m.Mesh.Axes) > 0 {
+		// Its flags are this run's: the conflict is async itself, whose
+		// replicas are whole single-device programs.
+		return fmt.Errorf("%s went through pass \"shard\" for %d devices (%s), and --dp-sync async runs whole single-device replicas, which a sharded program is not: train it synchronously, or start from a dump made before the shard pass (its 00-input.gir)",
+			c.Model, m.Mesh.Devices(), m.Mesh)
+	}
 	if m.HasRun("shard") {
 		pass = "shard"
 		dump, asked := "one device", "one device"

@@ -477,6 +477,14 @@ func TestDumpKeepsItsBatch(t *testing.T) {
 	replica := filepath.Join(t.TempDir(), "a")
 	require.NoError(t, mainErr(append([]string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "8", "--dump", replica}, async...)))
 	require.NoError(t, mainErr(append([]string{filepath.Join(replica, "00-input.gir")}, async...)))
+	// A synchronous run's sharded dump is refused for async as such, not
+	// as another mesh (the flags it named were the ones given).
+	synced := filepath.Join(t.TempDir(), "s")
+	require.NoError(t, mainErr([]string{gptModel, "--set", "layers=2,hidden=32,heads=2,seq=16", "--batch", "8", "--devices", "2", "--dp", "2", "--microbatches", "4", "--dump", synced}))
+	asyncErr := mainErr(append([]string{filepath.Join(synced, dumpName(t, "shard"))}, async...))
+	require.Error(t, asyncErr)
+	assert.Contains(t, asyncErr.Error(), `went through pass "shard" for 2 devices (dp=2), and --dp-sync async runs whole single-device replicas`)
+	assert.NotContains(t, asyncErr.Error(), "run it with")
 }
 
 // A dump past the passes that fix the plan resumes only under that plan:
