@@ -50,9 +50,10 @@ func main() {
 }
 
 // printError prints err on stderr, a "gcompile: " line for each of its
-// lines.
+// lines; its trailing line ends (a tool's output it quotes) print no
+// empty "gcompile: " line.
 func printError(err error) {
-	fmt.Fprintln(os.Stderr, "gcompile:", strings.ReplaceAll(err.Error(), "\n", "\ngcompile: "))
+	fmt.Fprintln(os.Stderr, "gcompile:", strings.ReplaceAll(strings.TrimRight(err.Error(), "\n"), "\n", "\ngcompile: "))
 }
 
 // printedError is an error printed already, which main does not print

@@ -357,3 +357,13 @@ func TestStoppedBySignal(t *testing.T) {
 		assert.False(t, stoppedBySignal(exit(script)), script)
 	}
 }
+
+// An error's lines each start "gcompile: ", and a trailing line end (a
+// tool's output quoted whole) prints no empty "gcompile: " line.
+func TestPrintErrorPrefixesEachLine(t *testing.T) {
+	out, _ := captureStderr(t, func() error {
+		printError(errors.New("loading m.go: stderr: -mod=bogus not supported\nsecond\n"))
+		return nil
+	})
+	assert.Equal(t, "gcompile: loading m.go: stderr: -mod=bogus not supported\ngcompile: second\n", out)
+}
