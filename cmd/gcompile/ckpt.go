@@ -667,7 +667,10 @@ func checkShardNames(out string, ts []checkpoint.Tensor, limit int64) error {
 		return nil
 	}
 	base := strings.TrimSuffix(out, ".safetensors")
-	for _, name := range []string{base + "-00001-of-00001.safetensors", base + ".safetensors.index.json"} {
+	// The first shard's name, of the fewest shards the weights take: any
+	// shard's is as long.
+	first := fmt.Sprintf("%s-%05d-of-%05d.safetensors", base, 1, (total+limit-1)/limit)
+	for _, name := range []string{first, base + ".safetensors.index.json"} {
 		if err := checkOutputFile("out", name); err != nil {
 			return fmt.Errorf("%d bytes of weights go above --max-shard-size %d in shards named after --out: %w", total, limit, err)
 		}
