@@ -52,35 +52,7 @@ func WriteFileAtomic(path string, b []byte) error { return writeFile(path, b, tr
 // dumps), many at a time.
 func ReplaceFile(path string, b []byte) error { return writeFile(path, b, false) }
 
-// LinkTarget is the file a write to path lands in: path, or, where path
-// is a symbolic link (to shared storage, say), the file it leads to,
-// followed through every link, relative ones from their own folder. A
-// write renames its temporary file over that target: renamed over the
-// link, it replaced the link with a file and left the target as it was.
-// A link that leads nowhere yet names the file to create; a loop of
-// links (or one past 40 hops, as the kernel's limit) is left as path,
-// whose write then fails naming it.
-func LinkTarget(path string) string {
-	at := path
-	for range 40 {
-		fi, err := os.Lstat(at)
-		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
-			return at
-		}
-		to, err := os.Readlink(at)
-		if err != nil {
-			return path
-		}
-		if !filepath.IsAbs(to) {
-			to = filepath.Join(filepath.Dir(at), to)
-		}
-		at = to
-	}
-	return path
-}
-
 func writeFile(path string, b []byte, sync bool) (err error) {
-	path = LinkTarget(path)
 	f, err := createTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return fmt.Errorf("write %s: temporary file: %w", path, err)

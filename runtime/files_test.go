@@ -130,39 +130,3 @@ func TestWriteRemovesTheTemporaryFilesOfTheKilled(t *testing.T) {
 	defer f.Close()
 	assert.True(t, strings.HasPrefix(filepath.Base(f.Name()), ".x."+tempOwner()+"."), f.Name())
 }
-
-// An output path that is a symbolic link is written through it: the
-// file it leads to takes the new bytes and the link stays a link (the
-// rename replaced the link with a file, and the target kept its old
-// bytes). A relative link is read from its own folder, a chain to its
-// end, a dangling link creates its target, a loop is written as itself.
-func TestWriteFileAtomicFollowsLinks(t *testing.T) {
-	dir := t.TempDir()
-	shared := filepath.Join(dir, "shared")
-	require.NoError(t, os.Mkdir(shared, 0o755))
-	target := filepath.Join(shared, "metrics.json")
-	require.NoError(t, os.WriteFile(target, []byte("old"), 0o644))
-	require.NoError(t, os.Symlink("shared/metrics.json", filepath.Join(dir, "hop.json")))
-	link := filepath.Join(dir, "out.json")
-	require.NoError(t, os.Symlink(filepath.Join(dir, "hop.json"), link))
-	assert.Equal(t, target, LinkTarget(link))
-	require.NoError(t, WriteFileAtomic(link, []byte("new")))
-	got, err := os.ReadFile(target)
-	require.NoError(t, err)
-	assert.Equal(t, "new", string(got))
-	fi, err := os.Lstat(link)
-	require.NoError(t, err)
-	assert.NotZero(t, fi.Mode()&os.ModeSymlink, "the link stays a link")
-
-	dangling := filepath.Join(dir, "later.json")
-	require.NoError(t, os.Symlink("shared/later.json", dangling))
-	require.NoError(t, WriteFileAtomic(dangling, []byte("made")))
-	got, err = os.ReadFile(filepath.Join(shared, "later.json"))
-	require.NoError(t, err)
-	assert.Equal(t, "made", string(got))
-
-	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
-	require.NoError(t, os.Symlink(b, a))
-	require.NoError(t, os.Symlink(a, b))
-	assert.Equal(t, a, LinkTarget(a), "a loop is left as the path given")
-}

@@ -282,7 +282,6 @@ func save(path string, tensors []Tensor, metadata map[string]string) (sum Sum, e
 	if _, err := plan(tensors, metadata); err != nil {
 		return Sum{}, err
 	}
-	path = runtime.LinkTarget(path)
 	// A temporary name of its own: path+".tmp" could be a user's file.
 	f, err := runtime.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
