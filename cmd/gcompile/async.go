@@ -106,7 +106,7 @@ func trainAsync(c *config, j *job, res *compile.Result, met *runtime.Metrics, re
 	plan := checkpointPlan(c, updates, cfg.Batch, seq, j.world.Size)
 	if resumeDir != "" {
 		if a.Server != nil {
-			if cfg.Start, err = resumeState(c, server, updates, res.Module.Name, res.ModelFingerprint, resumeDir, plan); err != nil {
+			if cfg.Start, err = resumeState(c, server, updates, goModelName(c, res), res.ModelFingerprint, resumeDir, plan); err != nil {
 				return err
 			}
 			if cfg.Start.Step == c.steps {

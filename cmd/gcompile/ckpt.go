@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"gcompile/compile"
 	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime"
@@ -569,6 +570,16 @@ func warnDamagedState(cmd, dir string, m *checkpoint.Manifest) {
 	if err := checkpoint.CheckFiles(dir, m); err != nil {
 		fmt.Fprintf(os.Stderr, "note: %s: checkpoint %s is damaged beyond its params, which were read whole: %v; a --resume from it would be refused\n", cmd, dir, strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
+}
+
+// goModelName is the name a model.go's folder gives its model, which a
+// refused --resume names beside the checkpoint's; "" for a .gir, whose
+// name is its module line's.
+func goModelName(c *config, res *compile.Result) string {
+	if strings.HasSuffix(c.Model, ".gir") {
+		return ""
+	}
+	return res.Module.Name
 }
 
 // resumeState loads the checkpoint into the devices and returns where the

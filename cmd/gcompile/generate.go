@@ -940,8 +940,9 @@ func anotherModel(from, what string, cfg compile.Config, model, set, was, now, d
 func anotherModelText(from, what string, cfg compile.Config, model, set, was, now, data string) string {
 	if name := cfg.ModelName(); model != "" && !strings.HasSuffix(cfg.Model, ".gir") && name != model {
 		// The name is part of the model: a model.go copied to another
-		// folder builds another model, whatever its code.
-		return fmt.Sprintf("%s: %s of model %q (fingerprint %.12s), and %s builds model %q (fingerprint %.12s): a model is named by the folder of its model file, and the name is part of what a checkpoint holds, so a copy of the file in another folder is another model; run it from a folder named %q",
+		// folder builds another model, whatever its code. Whether that
+		// is all is not known here, so both are said.
+		return fmt.Sprintf("%s: %s of model %q (fingerprint %.12s), and %s builds model %q (fingerprint %.12s): another model, or the weights' model file in a folder of another name (a model.go's model is named by its folder, and the name is part of what a checkpoint holds: run it from a folder named %q)",
 			from, what, model, was, cfg.Model, name, now, model)
 	}
 	hint := "give the --set it was trained with"

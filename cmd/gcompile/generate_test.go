@@ -609,7 +609,8 @@ func TestEvalAndGenerateRefuseACheckpointOfAnotherModel(t *testing.T) {
 		err = mainErr(tc.args)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), tc.want, tc.args[0])
-		assert.Contains(t, err.Error(), `a model is named by the folder of its model file`, tc.args[0])
+		assert.Contains(t, err.Error(), `another model, or the`, tc.args[0])
+		assert.Contains(t, err.Error(), `model file in a folder of another name (a model.go's model is named by its folder`, tc.args[0])
 		assert.Contains(t, err.Error(), `run it from a folder named "gpt"`, tc.args[0])
 	}
 	// A tokenizer given for a run on bytes: another vocabulary, said so,

@@ -648,7 +648,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 	plan := checkpointPlan(c, progs, batch, seq, j.world.Size)
 	var start runtime.State
 	if resumeDir != "" {
-		if start, err = resumeState(c, dev, progs, res.Module.Name, res.ModelFingerprint, resumeDir, plan); err != nil {
+		if start, err = resumeState(c, dev, progs, goModelName(c, res), res.ModelFingerprint, resumeDir, plan); err != nil {
 			return err
 		}
 		if j.lead() {

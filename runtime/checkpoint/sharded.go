@@ -1523,8 +1523,9 @@ func match(m *Manifest, progs []*lower.Program, ex Expect) error {
 	if ex.ModelFingerprint != "" && m.ModelFingerprint != ex.ModelFingerprint {
 		if ex.Model != "" && m.Model != "" && ex.Model != m.Model {
 			// The name is part of the model: a model.go copied to another
-			// folder builds another model, whatever its code.
-			return fmt.Errorf("the checkpoint is of model %q (fingerprint %.12s), this run's is model %q (fingerprint %.12s): a model is named by the folder of its model file, and the name is part of what a checkpoint holds, so a copy of the file in another folder is another model; run it from a folder named %q: %w",
+			// folder builds another model, whatever its code. Whether
+			// that is all is not known here, so both are said.
+			return fmt.Errorf("the checkpoint is of model %q (fingerprint %.12s), this run's is model %q (fingerprint %.12s): another model, or the checkpoint's model file in a folder of another name (a model.go's model is named by its folder, and the name is part of what a checkpoint holds: run it from a folder named %q): %w",
 				m.Model, m.ModelFingerprint, ex.Model, ex.ModelFingerprint, m.Model, ErrMismatch)
 		}
 		if set, ok := m.Plan.Flags["set"].(string); ok && set != ex.Set {
