@@ -20,7 +20,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"go/build"
 	"go/parser"
 	"go/token"
 	"go/types"
@@ -693,8 +692,8 @@ func typeCheck(ctx context.Context, file string, mod *moduleSetup, env []string)
 	// load: said as such, not as a file outside any module.
 	if base := filepath.Base(file); strings.HasSuffix(base, "_test.go") {
 		return nil, fmt.Errorf("%s: a _test.go file is compiled only by go test; name the model file without _test", relPath(file))
-	} else if ok, err := build.Default.MatchFile(filepath.Dir(file), base); err == nil && !ok {
-		return nil, fmt.Errorf("%s: the go command leaves it out of its package on this machine (%s/%s): a //go:build line, a _GOOS or _GOARCH suffix, or a name starting with _ or . excludes it", relPath(file), build.Default.GOOS, build.Default.GOARCH)
+	} else if ok, err := hostBuild().MatchFile(filepath.Dir(file), base); err == nil && !ok {
+		return nil, fmt.Errorf("%s: the go command leaves it out of its package on this machine (%s/%s): a //go:build line, a _GOOS or _GOARCH suffix, or a name starting with _ or . excludes it", relPath(file), runtime.GOOS, runtime.GOARCH)
 	}
 	if err := noCgo(filepath.Dir(file)); err != nil {
 		return nil, err

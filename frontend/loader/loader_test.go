@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"go/build"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -636,4 +637,17 @@ func TestDriverIgnoresTheEnvironmentsTarget(t *testing.T) {
 	_, err := l.Load(behaveModel, frontend.Config{Set: map[string]string{"mode": "1"}})
 	require.NoError(t, err)
 	assert.Contains(t, output.String(), "hello on stdout")
+	// Nor does it choose the files by them: a model_linux.go was left out
+	// "on this machine (windows/…)". (build.Default read the environment
+	// when the process started: the test sets it as such a start would.)
+	saved := build.Default
+	t.Cleanup(func() { build.Default = saved })
+	build.Default.GOOS, build.Default.GOARCH = "windows", goarch
+	named := filepath.Join(t.TempDir(), "m", "model_"+runtime.GOOS+".go")
+	require.NoError(t, os.MkdirAll(filepath.Dir(named), 0o755))
+	require.NoError(t, os.WriteFile(named, []byte("package m\n\nimport \"gcompile/frontend\"\n\nfunc Model(b *frontend.Builder) { b.Errorf(\"reached\") }\n"), 0o644))
+	_, err = l.Load(named, frontend.Config{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "reached", "the model ran")
+	assert.NotContains(t, err.Error(), "leaves it out of its package")
 }

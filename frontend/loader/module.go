@@ -236,8 +236,7 @@ func modelFileIsPlain(file string) bool {
 	if !strings.HasSuffix(base, ".go") || strings.HasSuffix(base, "_test.go") {
 		return false
 	}
-	bctx := build.Default
-	bctx.CgoEnabled = false
+	bctx := hostBuild()
 	if match, err := bctx.MatchFile(filepath.Dir(file), base); err != nil || !match {
 		return false
 	}
@@ -252,4 +251,13 @@ func modelFileIsPlain(file string) bool {
 		}
 	}
 	return false
+}
+
+// hostBuild is the build context the model driver is built in: this
+// machine's GOOS and GOARCH whatever the environment sets for other
+// builds (the driver runs here), without cgo.
+func hostBuild() *build.Context {
+	bctx := build.Default
+	bctx.GOOS, bctx.GOARCH, bctx.CgoEnabled = runtime.GOOS, runtime.GOARCH, false
+	return &bctx
 }
