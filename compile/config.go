@@ -395,7 +395,7 @@ func (c *Config) checkNumbers(bad func(string, ...any)) {
 	if c.GradReduceDType != "" && !slices.Contains(passes.GradReduceDTypes, c.GradReduceDType) {
 		bad("--grad-reduce-dtype %q: want one of %s", c.GradReduceDType, strings.Join(passes.GradReduceDTypes, ", "))
 	} else if c.GradReduceDType == "fp16" && c.Precision != "fp16" {
-		bad("--grad-reduce-dtype fp16 needs --precision fp16, whose loss scale keeps the gradients in fp16's range and whose scaler skips a step a sum overflows; with --precision %s reduce in bf16, which has fp32's range", orFP32(c.Precision))
+		bad("--grad-reduce-dtype fp16 needs --precision fp16, whose loss scale keeps the gradients in fp16's range and whose scaler skips a step a sum overflows; with --precision %s reduce in bf16, which has fp32's range", orDefault(c.Precision, "fp32"))
 	}
 	if !(c.BucketMB > 0) || c.BucketMB > MaxBucketMB {
 		bad("--bucket-mb must be positive and at most %d, got %g", MaxBucketMB, c.BucketMB)
@@ -405,14 +405,6 @@ func (c *Config) checkNumbers(bad func(string, ...any)) {
 	} else if c.LossScale != 0 && !LossScaleFits(c.LossScale) {
 		bad("--loss-scale %g: the scale multiplies the loss in float32, so it must be a normal float32 (%.3g to %.3g); outside it the scaled loss or its gradients round to 0 or Inf and every step is skipped", c.LossScale, MinLossScale, math.MaxFloat32)
 	}
-}
-
-// orFP32 is a precision, "fp32" for "".
-func orFP32(precision string) string {
-	if precision == "" {
-		return "fp32"
-	}
-	return precision
 }
 
 func or1(n int) int {

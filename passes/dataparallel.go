@@ -26,10 +26,8 @@ func dataParallel(m *ir.Module, o *Options) error {
 	limit := int64(o.BucketMB * (1 << 20))
 	uses := m.Uses()
 	next := 0
-	for _, ax := range []int{m.Mesh.DataAxis(), m.Mesh.ExpertAxis(), m.Mesh.SequenceAxis()} {
-		if ax >= 0 {
-			next = bucketFinal(m, uses, m.Mesh.Axes[ax].Name, limit, next)
-		}
+	for _, axis := range dataAxes(m.Mesh) {
+		next = bucketFinal(m, uses, axis, limit, next)
 	}
 	// A reduction over ep or cp that a bucketed reduction over another
 	// data axis reads joins the bucket that mirrors that one; twice, so a
@@ -70,6 +68,18 @@ func dataParallel(m *ir.Module, o *Options) error {
 	// Narrowed after the buckets are made, so a bucket holds the same
 	// gradients in either format.
 	return gradReduceDType(m, o)
+}
+
+// dataAxes are the names of the mesh's data axes (dp, ep, cp) it has, in
+// the order their buckets are numbered.
+func dataAxes(mesh *ir.Mesh) []string {
+	var names []string
+	for _, ax := range []int{mesh.DataAxis(), mesh.ExpertAxis(), mesh.SequenceAxis()} {
+		if ax >= 0 {
+			names = append(names, mesh.Axes[ax].Name)
+		}
+	}
+	return names
 }
 
 // isGradReduction says whether v is a backward reduction over axis.

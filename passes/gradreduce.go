@@ -2,6 +2,7 @@ package passes
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	"gcompile/ir"
@@ -40,17 +41,15 @@ func gradReduceDType(m *ir.Module, o *Options) error {
 		return fmt.Errorf("--grad-reduce-dtype %q: want one of %v", o.GradReduceDType, GradReduceDTypes)
 	}
 	data := map[string]bool{}
-	for _, ax := range []int{m.Mesh.DataAxis(), m.Mesh.ExpertAxis(), m.Mesh.SequenceAxis()} {
-		if ax >= 0 {
-			data[m.Mesh.Axes[ax].Name] = true
-		}
+	for _, axis := range dataAxes(m.Mesh) {
+		data[axis] = true
 	}
 	uses := m.Uses()
 	grads := map[*ir.Value]bool{}
 	for i := len(m.Values) - 1; i >= 0; i-- {
 		// Last first: a chain's later reduction is known before the one
 		// it reads.
-		if v := m.Values[i]; isDataReduction(v, data) && readByTheUpdate(v, uses, grads) {
+		if v := m.Values[i]; data[v.Attrs.Str("axis")] && isGradReduction(v, v.Attrs.Str("axis")) && readByTheUpdate(v, uses, grads) {
 			grads[v] = true
 		}
 	}
@@ -58,7 +57,6 @@ func gradReduceDType(m *ir.Module, o *Options) error {
 	widened := map[*ir.Value]*ir.Value{} // a narrowed reduction's fp32 cast, by the reduction
 	made := map[*ir.Value]bool{}         // every cast made here
 	bypassed := map[*ir.Value]bool{}     // fp32 copies a reduction read and reads no more
-	narrowed := 0
 	for _, v := range m.Values {
 		if !grads[v] || v.Type.DType != ir.F32 {
 			out = append(out, v)
@@ -87,10 +85,7 @@ func gradReduceDType(m *ir.Module, o *Options) error {
 			made[c] = true
 			in = c
 		}
-		attrs := ir.Attrs{}
-		for k, a := range v.Attrs {
-			attrs[k] = a
-		}
+		attrs := v.Attrs.Clone()
 		attrs["round_each"] = true
 		v.Args[0], v.Attrs = in, attrs
 		v.Type.DType = dt
@@ -102,9 +97,8 @@ func gradReduceDType(m *ir.Module, o *Options) error {
 		widened[v] = wide
 		made[wide] = true
 		out = append(out, v, wide)
-		narrowed++
 	}
-	if narrowed == 0 {
+	if len(widened) == 0 {
 		return nil
 	}
 	// What read a reduction reads its fp32 cast.
@@ -134,7 +128,7 @@ func gradReduceDType(m *ir.Module, o *Options) error {
 	}
 	m.Values = slices.DeleteFunc(m.Values, func(v *ir.Value) bool { return bypassed[v] && len(uses[v]) == 0 && !outputs[v] })
 	m.Values = castWhereRead(m.Values, widened, uses)
-	o.notef("%d gradient reductions over %v in %v, each add rounded", narrowed, sortedKeys(data), dt)
+	o.notef("%d gradient reductions over %v in %v, each add rounded", len(widened), slices.Sorted(maps.Keys(data)), dt)
 	return nil
 }
 
@@ -172,12 +166,6 @@ func castWhereRead(values []*ir.Value, widened map[*ir.Value]*ir.Value, uses map
 	return out
 }
 
-// isDataReduction says whether v is a backward reduction over one of the
-// data axes.
-func isDataReduction(v *ir.Value, data map[string]bool) bool {
-	return (v.Op == "all_reduce" || v.Op == "reduce_scatter") && v.Meta.Phase == ir.PhaseBwd && data[v.Attrs.Str("axis")]
-}
-
 // readByTheUpdate says whether reduction v sums a param's gradient:
 // only the optimizer reads it, or the sum over microbatches, or a
 // reduction over another data axis that does (grads). A reduction the
@@ -190,14 +178,4 @@ func readByTheUpdate(v *ir.Value, uses map[*ir.Value][]*ir.Value, grads map[*ir.
 		}
 	}
 	return len(uses[v]) > 0
-}
-
-// sortedKeys is m's keys in order.
-func sortedKeys(m map[string]bool) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

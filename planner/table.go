@@ -64,14 +64,6 @@ type PlanFields struct {
 	GradReduceDType string `json:"grad_reduce_dtype,omitempty"`
 }
 
-// orFP32 is a --grad-reduce-dtype, "fp32" for the default "".
-func orFP32(dtype string) string {
-	if dtype == "" {
-		return "fp32"
-	}
-	return dtype
-}
-
 // cpImpl and cpLayout are the plan's attention over cp and the layout
 // of its sequence, or "" without cp.
 func cpImpl(c compile.Config) string {
@@ -265,7 +257,7 @@ func fieldsOf(c *Candidate) PlanFields {
 	return PlanFields{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, EP: max(cfg.EP, 1), CP: max(cfg.CP, 1), CPImpl: cpImpl(cfg), CPLayout: cpLayout(cfg), VPP: cfg.VPP,
 		MicroBatch: c.Plan.MicroBatch, Microbatches: cfg.Microbatches, Zero: cfg.Zero, SequenceParallel: cfg.SequenceParallel,
 		Recompute: cfg.Recompute, Offload: cfg.Offload, Schedule: cfg.Schedule, OverlapGradReduce: new(!cfg.SerialGradReduce),
-		GradReduceDType: orFP32(cfg.GradReduceDType)}
+		GradReduceDType: cmp.Or(cfg.GradReduceDType, "fp32")}
 }
 
 // RejectedRow is a plan the search dropped, and why.

@@ -681,9 +681,16 @@ func (c *config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.evalOnly {
-		// A flag eval refuses is said alone: the training rules over its
-		// value (--grad-reduce-dtype fp16 wants fp16 precision) are not
-		// eval's.
+		switch {
+		case c.load == "" && c.resume == "":
+			bad("eval: give the weights with --load FILE.safetensors or --resume CHECKPOINT")
+		case c.load != "" && c.resume != "":
+			bad("eval: --load and --resume both give the weights; give one")
+		}
+		// A flag eval refuses is said alone (with the weights' rule): the
+		// training rules over its value (--grad-reduce-dtype fp16 wants
+		// fp16 precision) are not eval's.
+		weights := len(errs)
 		for _, g := range evalRefuses {
 			for _, f := range g.flags {
 				if c.explicit[f] {
@@ -691,10 +698,7 @@ func (c *config) validate() error {
 				}
 			}
 		}
-		if len(errs) > 0 {
-			if c.load == "" && c.resume == "" {
-				bad("eval: give the weights with --load FILE.safetensors or --resume CHECKPOINT")
-			}
+		if len(errs) > weights {
 			return errors.Join(errs...)
 		}
 	}
@@ -813,12 +817,6 @@ func (c *config) validate() error {
 	}
 	c.checkSchedule(bad)
 	if c.evalOnly {
-		switch {
-		case c.load == "" && c.resume == "":
-			bad("eval: give the weights with --load FILE.safetensors or --resume CHECKPOINT")
-		case c.load != "" && c.resume != "":
-			bad("eval: --load and --resume both give the weights; give one")
-		}
 		if c.evalBatches < 0 {
 			bad("eval: --eval-batches %d: want a number of held-out batches (0: the whole held-out split of a token dataset)", c.evalBatches)
 		}

@@ -43,8 +43,9 @@ func Bytes[T Elem](x []T) []byte {
 }
 
 // view is b's memory as elements of T; len(b) must be a multiple of T's
-// size and b aligned for T (arena views and Go allocations are).
-func view[T Elem](b []byte) []T {
+// size and b aligned for T (arena views and Go allocations are). T may be
+// uint16, a 16-bit float's pattern.
+func view[T any](b []byte) []T {
 	var z T
 	n := len(b) / int(unsafe.Sizeof(z))
 	if n == 0 {
@@ -128,16 +129,8 @@ func accumulate(dt ir.DType, dst, src []byte, first bool) {
 	case ir.F64:
 		addTo(view[float64](dst), view[float64](src))
 	case ir.BF16, ir.F16:
-		add16(view16(dst), view16(src), dt == ir.BF16)
+		add16(view[uint16](dst), view[uint16](src), dt == ir.BF16)
 	}
-}
-
-// view16 is b's memory as 16-bit float patterns.
-func view16(b []byte) []uint16 {
-	if len(b) < 2 {
-		return nil
-	}
-	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
 }
 
 // add16 adds src into dst, bf16 or fp16 patterns: each add is made in
