@@ -73,12 +73,18 @@ func cudaCases() []cudaCase {
 		// ZeRO-1's buckets of reduce-scatters on the comm stream, many of
 		// them, so that their two staging buffers are each reused.
 		{name: "dp2_zero1_buckets", progs: single(plan{dp: 2, zero: 1, bucketMB: 0.01}), fake: fp32Fake, gpu: fp32GPU},
+		// --grad-reduce-dtype bf16: buckets of bf16 gradients summed in
+		// bf16, each add rounded (gc_add_bf16), on the comm stream.
+		{name: "dp2_bf16_reduce_bf16", progs: single(plan{dp: 2, precision: "bf16", gradReduce: "bf16", bucketMB: 0.01}), precision: "bf16", fake: tolerance{1e-4, 0.1}, gpu: tolerance{2e-3, 0.2}},
 	}
 	if fullMatrix() {
 		cases = append(cases,
 			// Data parallelism on the CUDA backend also runs in make test
 			// across processes (cmd/gcompile's TestCUDAJobAcrossProcesses).
 			cudaCase{name: "dp2_zero2_micro2_buckets", progs: single(plan{dp: 2, zero: 2, micro: 2, bucketMB: 0.01}), fake: fp32Fake, gpu: fp32GPU},
+			// ZeRO-2's fp16 reduce-scatters, one by one (a 16-bit bucket's
+			// members are not gathered into one collective).
+			cudaCase{name: "dp2_zero2_fp16_reduce_fp16", progs: single(plan{dp: 2, zero: 2, precision: "fp16", gradReduce: "fp16", bucketMB: 0.01}), precision: "fp16", fake: tolerance{1e-4, 0.1}, gpu: tolerance{2e-3, 0.2}},
 			cudaCase{name: "bf16", progs: single(plan{precision: "bf16"}), precision: "bf16", fake: tolerance{1e-4, 0.1}, gpu: tolerance{2e-3, 0.2}},
 			cudaCase{name: "llama_tp2", progs: single(plan{model: "llama", tp: 2}), fake: fp32Fake, gpu: fp32GPU}, // k/v heads split
 			cudaCase{name: "llama_tp4", progs: single(plan{model: "llama", tp: 4}), fake: fp32Fake, gpu: fp32GPU}, // k/v heads replicated

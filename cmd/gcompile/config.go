@@ -466,14 +466,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.IntVar(&c.vocabDivisible, "make-vocab-size-divisible-by", 128, "with a token dataset: pad the model's vocab (from the tokenizer or the data) up to a multiple of this times --tp, as Megatron-LM does")
 	fs.Var(setFlag{&c.Set}, "set", "model parameters key=value,… (see --help-model); a second --set adds to the first, a key given again taking its new value")
 	fs.BoolVar(&c.helpModel, "help-model", false, "list the model parameters MODEL.go reads, then exit")
-	fs.Func("model-timeout", "how long type-checking and building MODEL.go may take, and then running its Model(), each, a `duration` (default 2m0s)", func(s string) error {
-		d, err := time.ParseDuration(s)
-		if err == nil && d <= 0 {
-			err = fmt.Errorf("must be positive, got %v", d)
-		}
-		c.ModelTimeout = d
-		return err
-	})
+	modelTimeoutFlag(fs, &c.ModelTimeout)
 	fs.Float64Var(&c.lr, "lr", 3e-3, "peak learning rate")
 	fs.Float64Var(&c.minLR, "min-lr", 3e-4, "learning rate at the end of the decay (inverse-square-root: its floor)")
 	fs.IntVar(&c.warmup, "warmup", 10, "linear warm-up steps")
@@ -891,9 +884,6 @@ func (c *config) validate() error {
 	if c.explicit["grad-reduce-dtype"] && c.GradReduceDType == "" {
 		bad("--grad-reduce-dtype \"\": want one of %s", strings.Join(passes.GradReduceDTypes, ", "))
 	}
-	if c.backend == "cuda" && c.GradReduceDType != "" && c.GradReduceDType != "fp32" {
-		notYet("--backend cuda with --grad-reduce-dtype "+c.GradReduceDType, "the cuda backend reduces gradients in fp32 buckets")
-	}
 	if c.backend == "cuda" && c.DPSync == "async" {
 		notYet("--backend cuda with --dp-sync async", "the asynchronous trainer runs on the cpu backend")
 	}
@@ -1149,4 +1139,17 @@ func (c *config) checkSchedule(bad func(string, ...any)) {
 func (c *config) schedule() runtime.Schedule {
 	return runtime.Schedule{LR: c.lr, MinLR: c.minLR, Warmup: c.warmup, Steps: c.steps, Decay: c.decay,
 		DecaySteps: c.decaySteps, WSDDecaySteps: c.wsdDecaySteps, WSDStyle: c.wsdStyle}
+}
+
+// modelTimeoutFlag is --model-timeout, which every command that loads a
+// MODEL.go takes.
+func modelTimeoutFlag(fs *flag.FlagSet, d *time.Duration) {
+	fs.Func("model-timeout", "how long type-checking and building MODEL.go may take, and then running its Model(), each, a `duration` (default 2m0s)", func(s string) error {
+		v, err := time.ParseDuration(s)
+		if err == nil && v <= 0 {
+			err = fmt.Errorf("must be positive, got %v", v)
+		}
+		*d = v
+		return err
+	})
 }

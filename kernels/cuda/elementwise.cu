@@ -156,6 +156,18 @@ extern "C" __global__ void gc_add_widen_f16(float* out, const float* a, const un
   GC_FOR_EACH(i, n) out[i] = a[i] + gc_f32_from_f16(b[i]);
 }
 
+// gc_add_bf16 and gc_add_f16 add two 16-bit operands into a 16-bit
+// result, the add made in float32 and rounded to the format: one step of
+// a 16-bit reduction that rounds each add (--grad-reduce-dtype), the
+// CPU backend's add16 bit for bit. out may be a.
+extern "C" __global__ void gc_add_bf16(unsigned short* out, const unsigned short* a, const unsigned short* b, long long n) {
+  GC_FOR_EACH(i, n) out[i] = gc_bf16_from_f32(gc_f32_from_bf16(a[i]) + gc_f32_from_bf16(b[i]));
+}
+
+extern "C" __global__ void gc_add_f16(unsigned short* out, const unsigned short* a, const unsigned short* b, long long n) {
+  GC_FOR_EACH(i, n) out[i] = gc_f16_from_f32(gc_f32_from_f16(a[i]) + gc_f32_from_f16(b[i]));
+}
+
 // gc_round_f16 leaves float32 values that an fp16 buffer could hold: the
 // result of an op emulated in float32 rounded as the CPU backend rounds
 // it. out may be x.

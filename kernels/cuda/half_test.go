@@ -2,6 +2,7 @@ package cuda_test
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -62,6 +63,46 @@ func TestAddWiden16AllPatterns(t *testing.T) {
 			}
 			if w = sum[i] + w; w == w && want[i] != w {
 				t.Fatalf("%s: pattern %#x: %v + its widening is %v, want %v", c.kernel, h, sum[i], want[i], w)
+			}
+		}
+	}
+}
+
+// gc_add_bf16 and gc_add_f16 are a 16-bit reduction's add
+// (--grad-reduce-dtype): every pattern plus a random one, in place, gives
+// the CPU backend's rounded add bit for bit (a NaN for a NaN).
+func TestAdd16AllPatterns(t *testing.T) {
+	r := newRand(11)
+	for _, c := range []struct {
+		kernel string
+		bf16   bool
+	}{{"gc_add_f16", false}, {"gc_add_bf16", true}} {
+		a := make([]uint16, 1<<16)
+		b := make([]uint16, len(a))
+		for i := range a {
+			a[i], b[i] = uint16(i), uint16(r.Uint32())
+		}
+		want := make([]uint16, len(a))
+		for i := range a {
+			if c.bf16 {
+				want[i] = kcpu.BF16FromF32(kcpu.F32FromBF16(a[i]) + kcpu.F32FromBF16(b[i]))
+			} else {
+				want[i] = kcpu.F16FromF32(kcpu.F32FromF16(a[i]) + kcpu.F32FromF16(b[i]))
+			}
+		}
+		in := slices.Clone(a)
+		launch(t, c.kernel, 40, 256, a, a, b, len(a))
+		nan := func(h uint16) bool {
+			if c.bf16 {
+				return h&0x7f80 == 0x7f80 && h&0x7f != 0
+			}
+			return h&0x7c00 == 0x7c00 && h&0x3ff != 0
+		}
+		for i := range want {
+			// Which operand's NaN payload a sum of two NaNs carries is the
+			// machine's choice; a NaN stays a NaN.
+			if a[i] != want[i] && !(nan(a[i]) && nan(want[i])) {
+				t.Fatalf("%s: %#x + %#x gives %#x, want %#x", c.kernel, in[i], b[i], a[i], want[i])
 			}
 		}
 	}

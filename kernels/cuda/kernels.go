@@ -196,6 +196,8 @@ var kernels = []Kernel{
 	{"gc_bf16_to_f32", sig("float* out, const unsigned short* x, long long n"), GridStride, "n"},
 	{"gc_add_widen_bf16", sig("float* out, const float* a, const unsigned short* b, long long n"), GridStride, "n"},
 	{"gc_add_widen_f16", sig("float* out, const float* a, const unsigned short* b, long long n"), GridStride, "n"},
+	{"gc_add_bf16", sig("unsigned short* out, const unsigned short* a, const unsigned short* b, long long n"), GridStride, "n"},
+	{"gc_add_f16", sig("unsigned short* out, const unsigned short* a, const unsigned short* b, long long n"), GridStride, "n"},
 	{"gc_round_f16", sig(unary), GridStride, "n"},
 	{"gc_round_bf16", sig(unary), GridStride, "n"},
 	{"gc_i32_to_f32", sig("float* out, const int* x, long long n"), GridStride, "n"},

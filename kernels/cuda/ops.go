@@ -120,6 +120,11 @@ var Elsewhere = map[string]string{
 // place to the format's precision).
 var Sixteen = []string{"gc_f16_to_f32", "gc_bf16_to_f32", "gc_f32_to_f16", "gc_f32_to_bf16", "gc_round_f16", "gc_round_bf16"}
 
+// Sums16 are the kernels the CUDA backend's in-process fabric sums a
+// 16-bit reduction with, each add rounded to the format
+// (--grad-reduce-dtype); fp32's sums are gc_add's.
+var Sums16 = []string{"gc_add_bf16", "gc_add_f16"}
+
 // InstrScale is the kernel that applies lower.Instr.Scale to an op's result.
 const InstrScale = "gc_scale_by"
 

@@ -120,7 +120,7 @@ func TestEveryCPUOpHasKernels(t *testing.T) {
 		assert.True(t, ok, "op %s runs on the CPU backend but has no CUDA kernel", op)
 	}
 	used := map[string]bool{cuda.InstrScale: true}
-	for _, k := range cuda.Sixteen {
+	for _, k := range append(cuda.Sixteen, cuda.Sums16...) {
 		used[k] = true
 	}
 	for _, op := range cuda.Ops() {

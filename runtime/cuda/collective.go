@@ -15,11 +15,30 @@ import (
 // bytes move) and apply no Scale: lowering sets one only on the ops that
 // take a mean (reduce_mean, cross-entropy).
 func init() {
-	register(emulated((*compiler).collective), "all_reduce", "reduce_scatter", "all_gather", "shard_slice", "all_to_all")
+	register(roundingEach(emulated((*compiler).collective)), "all_reduce", "reduce_scatter", "all_gather", "shard_slice", "all_to_all")
 }
 
 // axisGroup is the group of devices that differ from this one only on
 // mesh axis ax, ordered by their coordinate on it.
+// roundingEach runs a 16-bit reduction that rounds each add (the
+// attribute round_each: the gradient reductions --grad-reduce-dtype
+// narrows) on its 16-bit buffers themselves, as the CPU backend's
+// compileSum16 does, so the collective moves and sums 2 bytes an
+// element; every other instruction goes to f.
+func roundingEach(f prepare) prepare {
+	return func(c *compiler) (func() error, error) {
+		if !c.in.Attrs.Bool("round_each") {
+			return f(c)
+		}
+		in := c.in
+		dt := c.dtype(in.Out)
+		if in.Op != "all_reduce" && in.Op != "reduce_scatter" || !dt.Is16() || c.dtype(in.Args[0]) != dt {
+			return nil, fmt.Errorf("%s rounding each add needs a 16-bit operand and result, got %v → %v", in.Op, in.ArgTypes[0], in.OutType)
+		}
+		return c.collective()
+	}
+}
+
 func (d *Device) axisGroup(ax int) group { return meshGroup(d.prog.Mesh, d.coords, d.rank, ax) }
 
 // meshGroup is the group along mesh axis ax through the device at coords
@@ -103,6 +122,9 @@ func (c *compiler) collective() (func() error, error) {
 	}
 	g := d.axisGroup(ax)
 	if a := d.prog.Mesh.Axes[ax]; a.Zigzag && a.Size > 1 && in.Op != "all_reduce" {
+		if in.Attrs.Bool("round_each") {
+			return nil, fmt.Errorf("a 16-bit %s over %s in the zigzag layout is not supported by the cuda backend", in.Op, a.Name)
+		}
 		return c.zigzagCollective(a, g)
 	}
 	return c.collectiveOver(ax, g, c.arg(0), c.out())
@@ -115,14 +137,19 @@ func (c *compiler) collectiveOver(ax int, g group, src, out parg) (func() error,
 	in, d := c.in, c.d
 	n := g.size()
 	dt := c.dtype(in.Out)
+	sumDT, es := ir.F32, int64(4) // what a reduction sums, and its size
 	switch {
 	case dt == ir.F32:
 	case dt == ir.I32 && (in.Op == "shard_slice" || in.Op == "all_gather"):
 		// i32 ids move as bits.
+	case dt.Is16() && in.Attrs.Bool("round_each"):
+		sumDT, es = dt, 2
 	default:
 		return nil, fmt.Errorf("the cuda backend cannot run %s on %v", in.Op, dt)
 	}
-	src, out = bits(src), bits(out)
+	if sumDT == ir.F32 {
+		src, out = bits(src), bits(out)
+	}
 	dim := in.Attrs.Int("dim", 0)
 	blocks, err := runtime.CollectiveBlocks(d.prog.Mesh, in)
 	if err != nil {
@@ -163,29 +190,51 @@ func (c *compiler) collectiveOver(ax int, g group, src, out parg) (func() error,
 			return c.bucket(g, s, ax)
 		}
 		count := numel(outShape)
-		tmp := c.scratch(4 * count)
+		tmp := c.scratch(es * count)
 		return func() error {
-			if err := d.rt.drv.MemcpyDtoDAsync(d.ptr(out.at), d.ptr(src.at), uint64(4*count), d.compute); err != nil {
+			if err := d.rt.drv.MemcpyDtoDAsync(d.ptr(out.at), d.ptr(src.at), uint64(es*count), d.compute); err != nil {
 				return err
 			}
-			return cm.allReduce(d, g, s, []driver.DevicePtr{d.ptr(out.at)}, []int64{count}, d.ptr(tmp))
+			return cm.allReduceOn(d, g, s, d.compute, sumDT, []driver.DevicePtr{d.ptr(out.at)}, []int64{count}, d.ptr(tmp))
 		}, nil
 	case "reduce_scatter":
-		if in.Bucket > 0 {
+		if in.Bucket > 0 && sumDT == ir.F32 {
+			// A 16-bit bucket's members reduce one by one, below.
 			if f, err := c.scatterBucket(g, s, ax); f != nil || err != nil {
 				return f, err
 			}
 		}
 		count := numel(outShape)
 		if contiguous(inShape, dim) {
-			return func() error { return cm.reduceScatter(d, g, s, d.compute, d.ptr(src.at), d.ptr(out.at), count) }, nil
+			return func() error { return cm.reduceScatter(d, g, s, d.compute, sumDT, d.ptr(src.at), d.ptr(out.at), count) }, nil
+		}
+		cutFrom, steps := src, []func() error{}
+		if sumDT != ir.F32 {
+			// The cuts are fp32 kernels: they move a widened copy, which
+			// narrows back exactly.
+			wide := parg{at: c.scratch(4 * numel(inShape)), dt: ir.F32}
+			l, err := c.kernel(widenKernel(sumDT), wide, src, numel(inShape))
+			if err != nil {
+				return nil, err
+			}
+			cutFrom, steps = wide, append(steps, c.runs(l))
 		}
 		tmp := parg{at: c.scratch(4 * numel(inShape)), dt: ir.F32}
-		cut, err := c.pieces(src, tmp, inShape, dim, n, false)
+		cut, err := c.pieces(cutFrom, tmp, inShape, dim, n, false)
 		if err != nil {
 			return nil, err
 		}
-		return seq(c.runs(cut...), func() error { return cm.reduceScatter(d, g, s, d.compute, d.ptr(tmp.at), d.ptr(out.at), count) }), nil
+		steps = append(steps, c.runs(cut...))
+		send := tmp
+		if sumDT != ir.F32 {
+			send = parg{at: c.scratch(2 * numel(inShape)), dt: sumDT}
+			l, err := c.kernel(narrowKernel(sumDT), send, tmp, numel(inShape))
+			if err != nil {
+				return nil, err
+			}
+			steps = append(steps, c.runs(l))
+		}
+		return seq(append(steps, func() error { return cm.reduceScatter(d, g, s, d.compute, sumDT, d.ptr(send.at), d.ptr(out.at), count) })...), nil
 	case "all_gather":
 		bytes := 4 * numel(inShape)
 		if contiguous(outShape, dim) {
@@ -349,9 +398,14 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 		// buffers: a pending copy into any of them is waited for here.
 		d.touches[i] = append(d.touches[i], m.Args[0], m.Out)
 	}
+	// A bucket sums fp32, or one 16-bit format rounding each add
+	// (--grad-reduce-dtype), as its members all do.
+	dt := c.dtype(members[0].Out)
+	es, _ := elemSum(dt)
 	for k, m := range members {
-		if c.dtype(m.Out) != ir.F32 || c.buf(m.Args[0]).Type.DType.Is16() {
-			return nil, fmt.Errorf("bucketed all_reduce of %v: the cuda backend reduces fp32 buckets", c.buf(m.Out).Type)
+		mdt := c.dtype(m.Out)
+		if mdt != dt || c.dtype(m.Args[0]) != dt || dt != ir.F32 && !(dt.Is16() && m.Attrs.Bool("round_each")) {
+			return nil, fmt.Errorf("bucketed all_reduce of %v → %v: the cuda backend reduces buckets of fp32, or of one 16-bit format rounding each add", c.buf(m.Args[0]).Type, c.buf(m.Out).Type)
 		}
 		srcs[k], outs[k] = at(c.buf(m.Args[0])), at(c.buf(m.Out))
 		counts[k] = m.OutType.Shape.NumElements()
@@ -367,7 +421,7 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 		bufs := make([]driver.DevicePtr, len(outs))
 		for k := range srcs {
 			bufs[k] = d.ptr(outs[k])
-			if err := d.rt.drv.MemcpyDtoDAsync(bufs[k], d.ptr(srcs[k]), uint64(4*counts[k]), d.compute); err != nil {
+			if err := d.rt.drv.MemcpyDtoDAsync(bufs[k], d.ptr(srcs[k]), uint64(es*counts[k]), d.compute); err != nil {
 				return nil, err
 			}
 		}
@@ -382,7 +436,7 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 			if err != nil {
 				return err
 			}
-			return cm.allReduceOn(d, g, s, d.compute, bufs, counts, d.ptr(tmp))
+			return cm.allReduceOn(d, g, s, d.compute, dt, bufs, counts, d.ptr(tmp))
 		}, nil
 	}
 	plan, comms, err := d.commBucket(i, members, ax)
@@ -406,7 +460,7 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 		if err := drv.StreamWaitEvent(comms, plan.ready); err != nil {
 			return err
 		}
-		if err := cm.allReduceOn(d, g, s, comms, bufs, counts, d.ptr(tmp)); err != nil {
+		if err := cm.allReduceOn(d, g, s, comms, dt, bufs, counts, d.ptr(tmp)); err != nil {
 			return err
 		}
 		return drv.EventRecord(plan.done, comms)
@@ -481,7 +535,7 @@ func (c *compiler) scatterBucket(g group, s *site, ax int) (func() error, error)
 	// reduce runs the collective on stream st and copies each member's
 	// shard into its result there.
 	reduce := func(st driver.Stream) error {
-		if err := cm.reduceScatter(d, g, s, st, d.ptr(send), d.ptr(recv), chunk); err != nil {
+		if err := cm.reduceScatter(d, g, s, st, ir.F32, d.ptr(send), d.ptr(recv), chunk); err != nil {
 			return err
 		}
 		var off int64
@@ -557,7 +611,8 @@ func (d *Device) bucketScratch() loc {
 		sizes := map[int]int64{}
 		for _, in := range d.prog.Instrs {
 			if in.Op == "all_reduce" && in.Bucket > 0 {
-				sizes[in.Bucket] += 4 * in.OutType.Shape.NumElements()
+				es, _ := elemSum(in.OutType.DType)
+				sizes[in.Bucket] += es * in.OutType.Shape.NumElements()
 			}
 		}
 		var most int64

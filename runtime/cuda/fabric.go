@@ -23,15 +23,17 @@ type comm interface {
 	// when stagesSums says so: the fabric reduces into it and copies the
 	// sums back once no member reads its buffers.
 	allReduce(d *Device, g group, s *site, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error
-	// allReduceOn is allReduce queued on stream st of d: the comm stream,
-	// for a gradient bucket.
-	allReduceOn(d *Device, g group, s *site, st driver.Stream, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error
+	// allReduceOn is allReduce of dt elements (fp32, or bf16 or fp16
+	// with each add rounded to the format: --grad-reduce-dtype) queued
+	// on stream st of d: the comm stream, for a gradient bucket.
+	allReduceOn(d *Device, g group, s *site, st driver.Stream, dt ir.DType, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error
 	// stagesSums reports whether allReduce needs its tmp workspace.
 	stagesSums() bool
-	// reduceScatter: out (count fp32 elements) becomes the sum over
-	// members of chunk pos of their src (group size × count elements),
-	// on stream st of d (the comm stream for a gradient bucket).
-	reduceScatter(d *Device, g group, s *site, st driver.Stream, src, out driver.DevicePtr, count int64) error
+	// reduceScatter: out (count dt elements, as allReduceOn's) becomes
+	// the sum over members of chunk pos of their src (group size × count
+	// elements), on stream st of d (the comm stream for a gradient
+	// bucket).
+	reduceScatter(d *Device, g group, s *site, st driver.Stream, dt ir.DType, src, out driver.DevicePtr, count int64) error
 	// allGather: chunk q of out (bytes each) becomes member q's src.
 	allGather(d *Device, g group, s *site, src, out driver.DevicePtr, bytes int64) error
 	// allToAll: chunk q of out becomes chunk pos of member q's src.
@@ -270,38 +272,53 @@ func (f *fabric) meet(d *Device, g group, s *site, st driver.Stream, what string
 	return nil
 }
 
-// sum writes into out the sum of the members' buffers at index k of
+// sum writes into out the sum of the members' dt buffers at index k of
 // their ptrs, offset by off elements, on stream st: a copy of position
-// 0's, then one add per further position, in order.
-func sum(d *Device, st driver.Stream, m *meeting, k int, off, count int64, out driver.DevicePtr) error {
+// 0's, then one add per further position, in order (a 16-bit add rounds
+// to its format, as the CPU backend's Comm does).
+func sum(d *Device, st driver.Stream, dt ir.DType, m *meeting, k int, off, count int64, out driver.DevicePtr) error {
 	if count == 0 {
 		return nil
 	}
 	drv := d.rt.drv
-	at := func(q int) driver.DevicePtr { return m.slots[q].ptrs[k].Add(uint64(4 * off)) }
-	if err := drv.MemcpyDtoDAsync(out, at(0), uint64(4*count), st); err != nil {
+	es, add := elemSum(dt)
+	at := func(q int) driver.DevicePtr { return m.slots[q].ptrs[k].Add(uint64(es * off)) }
+	if err := drv.MemcpyDtoDAsync(out, at(0), uint64(es*count), st); err != nil {
 		return err
 	}
 	for q := 1; q < len(m.slots); q++ {
-		if err := d.call(st, "gc_add", abs{out, ir.F32}, abs{out, ir.F32}, abs{at(q), ir.F32}, count); err != nil {
+		if err := d.call(st, add, abs{out, dt}, abs{out, dt}, abs{at(q), dt}, count); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// elemSum is a summed dtype's element size and the kernel that adds two
+// buffers of it: fp32, or a 16-bit format rounded at every add.
+func elemSum(dt ir.DType) (int64, string) {
+	switch dt {
+	case ir.BF16:
+		return 2, "gc_add_bf16"
+	case ir.F16:
+		return 2, "gc_add_f16"
+	}
+	return 4, "gc_add"
+}
+
 func (f *fabric) stagesSums() bool { return true }
 
 func (f *fabric) allReduce(d *Device, g group, s *site, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error {
-	return f.allReduceOn(d, g, s, d.compute, bufs, counts, tmp)
+	return f.allReduceOn(d, g, s, d.compute, ir.F32, bufs, counts, tmp)
 }
 
-func (f *fabric) allReduceOn(d *Device, g group, s *site, st driver.Stream, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error {
-	what := fmt.Sprintf("all_reduce of %v fp32 elements", counts)
+func (f *fabric) allReduceOn(d *Device, g group, s *site, st driver.Stream, dt ir.DType, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error {
+	es, _ := elemSum(dt)
+	what := fmt.Sprintf("all_reduce of %v %v elements", counts, dt)
 	err := f.meet(d, g, s, st, what, bufs, func(m *meeting) error {
 		var off int64
 		for k := range bufs {
-			if err := sum(d, st, m, k, 0, counts[k], tmp.Add(uint64(4*off))); err != nil {
+			if err := sum(d, st, dt, m, k, 0, counts[k], tmp.Add(uint64(es*off))); err != nil {
 				return err
 			}
 			off += counts[k]
@@ -315,7 +332,7 @@ func (f *fabric) allReduceOn(d *Device, g group, s *site, st driver.Stream, bufs
 	var off int64
 	for k, b := range bufs {
 		if counts[k] > 0 {
-			if err := d.rt.drv.MemcpyDtoDAsync(b, tmp.Add(uint64(4*off)), uint64(4*counts[k]), st); err != nil {
+			if err := d.rt.drv.MemcpyDtoDAsync(b, tmp.Add(uint64(es*off)), uint64(es*counts[k]), st); err != nil {
 				return err
 			}
 		}
@@ -324,10 +341,10 @@ func (f *fabric) allReduceOn(d *Device, g group, s *site, st driver.Stream, bufs
 	return nil
 }
 
-func (f *fabric) reduceScatter(d *Device, g group, s *site, st driver.Stream, src, out driver.DevicePtr, count int64) error {
-	what := fmt.Sprintf("reduce_scatter into %d fp32 elements", count)
+func (f *fabric) reduceScatter(d *Device, g group, s *site, st driver.Stream, dt ir.DType, src, out driver.DevicePtr, count int64) error {
+	what := fmt.Sprintf("reduce_scatter into %d %v elements", count, dt)
 	return f.meet(d, g, s, st, what, []driver.DevicePtr{src}, func(m *meeting) error {
-		return sum(d, st, m, 0, int64(g.pos)*count, count, out)
+		return sum(d, st, dt, m, 0, int64(g.pos)*count, count, out)
 	})
 }
 

@@ -409,7 +409,7 @@ func TestFabricCollectives(t *testing.T) {
 			if err := fab.allReduce(d, g, site, []driver.DevicePtr{at(1)}, []int64{n * k}, tmp); err != nil {
 				return err
 			}
-			if err := fab.reduceScatter(d, g, site, d.compute, at(0), at(2), k); err != nil {
+			if err := fab.reduceScatter(d, g, site, d.compute, ir.F32, at(0), at(2), k); err != nil {
 				return err
 			}
 			if err := fab.allGather(d, g, site, at(0), at(3), 4*k); err != nil {

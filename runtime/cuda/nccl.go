@@ -256,10 +256,22 @@ func (nc *ncclComm) site(*Device) (*site, error) { return nil, nil }
 func (nc *ncclComm) stagesSums() bool { return false }
 
 func (nc *ncclComm) allReduce(d *Device, g group, s *site, bufs []driver.DevicePtr, counts []int64, tmp driver.DevicePtr) error {
-	return nc.allReduceOn(d, g, s, d.compute, bufs, counts, tmp)
+	return nc.allReduceOn(d, g, s, d.compute, ir.F32, bufs, counts, tmp)
 }
 
-func (nc *ncclComm) allReduceOn(d *Device, g group, _ *site, st driver.Stream, bufs []driver.DevicePtr, counts []int64, _ driver.DevicePtr) error {
+// ncclType is the NCCL element type of a summed dtype. NCCL's own 16-bit
+// sums round at every step of its ring or tree, in its own order.
+func ncclType(dt ir.DType) nccl.DataType {
+	switch dt {
+	case ir.BF16:
+		return nccl.Bfloat16
+	case ir.F16:
+		return nccl.Float16
+	}
+	return nccl.Float32
+}
+
+func (nc *ncclComm) allReduceOn(d *Device, g group, _ *site, st driver.Stream, dt ir.DType, bufs []driver.DevicePtr, counts []int64, _ driver.DevicePtr) error {
 	c, err := nc.comm(g)
 	if err != nil {
 		return err
@@ -271,7 +283,7 @@ func (nc *ncclComm) allReduceOn(d *Device, g group, _ *site, st driver.Stream, b
 	}
 	var errs []error
 	for k := range bufs {
-		if err := nc.lib.AllReduce(bufs[k], bufs[k], uint64(counts[k]), nccl.Float32, nccl.Sum, c, st); err != nil {
+		if err := nc.lib.AllReduce(bufs[k], bufs[k], uint64(counts[k]), ncclType(dt), nccl.Sum, c, st); err != nil {
 			errs = append(errs, err)
 			break
 		}
@@ -282,12 +294,12 @@ func (nc *ncclComm) allReduceOn(d *Device, g group, _ *site, st driver.Stream, b
 	return nc.failed(errors.Join(errs...))
 }
 
-func (nc *ncclComm) reduceScatter(d *Device, g group, _ *site, st driver.Stream, src, out driver.DevicePtr, count int64) error {
+func (nc *ncclComm) reduceScatter(d *Device, g group, _ *site, st driver.Stream, dt ir.DType, src, out driver.DevicePtr, count int64) error {
 	c, err := nc.comm(g)
 	if err != nil {
 		return err
 	}
-	return nc.failed(nc.lib.ReduceScatter(src, out, uint64(count), nccl.Float32, nccl.Sum, c, st))
+	return nc.failed(nc.lib.ReduceScatter(src, out, uint64(count), ncclType(dt), nccl.Sum, c, st))
 }
 
 func (nc *ncclComm) allGather(d *Device, g group, _ *site, src, out driver.DevicePtr, bytes int64) error {

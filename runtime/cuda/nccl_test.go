@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"gcompile/ir"
 	"gcompile/lower"
 	"gcompile/runtime/cuda/driver"
 )
@@ -47,7 +48,7 @@ func TestNCCLOneRank(t *testing.T) {
 		if err := cm.allReduce(d, g, nil, []driver.DevicePtr{at(1)}, []int64{k}, 0); err != nil {
 			return err
 		}
-		if err := cm.reduceScatter(d, g, nil, d.compute, at(0), at(2), k); err != nil {
+		if err := cm.reduceScatter(d, g, nil, d.compute, ir.F32, at(0), at(2), k); err != nil {
 			return err
 		}
 		if err := cm.allGather(d, g, nil, at(0), at(3), 4*k); err != nil {
