@@ -397,14 +397,16 @@ func checkMoE(cfg MoEConfig, batch, seq int) error {
 // ⌈k·T·cf/E⌉ (Megatron's and DeepSpeed's rounding), at most T, since a
 // token takes at most one slot of an expert.
 func tokenCapacity(k, group, experts int, cf float64) int {
-	c := int(math.Ceil(float64(k*group) * cf / float64(experts)))
-	return max(1, min(c, group))
+	// Bounded in float64: a factor of 1e19 would overflow the int
+	// conversion into the smallest capacity, not the largest.
+	c := math.Ceil(float64(k*group) * cf / float64(experts))
+	return max(1, int(min(c, float64(group))))
 }
 
 // expertChoiceCapacity is the tokens each expert takes from a group:
 // T·c/E, rounded down, at most T.
 func expertChoiceCapacity(group, experts int, cf float64) int {
-	return min(group, int(float64(group)*cf/float64(experts)))
+	return int(min(float64(group), math.Floor(float64(group)*cf/float64(experts))))
 }
 
 // tokenChoiceBalance is a top-k router's balancing loss E·Σ_e f_e·P_e
