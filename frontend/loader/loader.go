@@ -819,7 +819,8 @@ func buildLog(msg, dir string) string {
 
 func isModelFunc(fn *types.Func) bool {
 	sig, ok := fn.Type().(*types.Signature)
-	if !ok || sig.Params().Len() != 1 || sig.Results().Len() != 0 {
+	if !ok || sig.TypeParams().Len() > 0 || sig.Params().Len() != 1 || sig.Results().Len() != 0 {
+		// A generic Model cannot be called without its type arguments.
 		return false
 	}
 	ptr, ok := sig.Params().At(0).Type().(*types.Pointer)

@@ -296,6 +296,7 @@ func Model(b *frontend.Builder) { helper() }
 		{"no Model", noModelSrc, ":1: package bad has no func Model(b *frontend.Builder)", 1, nil, nil},
 		{"a Model of another signature", "package bad\n\nfunc Model(x int) int { return x }\n", ":3: func Model(x int) int: want func Model(b *frontend.Builder)", 1, nil, nil},
 		{"a Model that is a variable", "package bad\n\nvar Model = 3\n", ":3: var Model int: want func Model(b *frontend.Builder)", 1, nil, nil},
+		{"a generic Model", "package bad\n\nimport \"gcompile/frontend\"\n\nfunc Model[T any](b *frontend.Builder) {}\n", ":5: func Model[T any](b *frontend.Builder): want func Model(b *frontend.Builder)", 1, nil, nil},
 		{"compile error", noBodySrc, ":5:6: missing function body", 1, []string{"# "}, nil},
 		{"link error", linkSrc, "", 0, []string{"# "}, []string{": building the model driver failed (exit status 1):\n", "doesNotExist"}},
 		{"a missing import", "package bad\n\nimport (\n\t\"gcompile/frontend\"\n\t\"example.com/nowhere/pkg\"\n)\n\nfunc Model(b *frontend.Builder) { pkg.X() }\n",
