@@ -98,6 +98,7 @@ func parseGenerate(args []string) (*genConfig, error) {
 	fs.StringVar(&g.dump, "dump", "", "write the decode program's module after each pass, and index.html, to this folder")
 	fs.StringVar(&g.deviceMemory, "device-memory", "", "memory per device, e.g. 16GiB: programs and caches that do not fit are refused")
 	fs.StringVar(&g.backend, "backend", "cpu", "cpu|cuda")
+	modelTimeoutFlag(fs, &g.ModelTimeout)
 	fs.BoolVar(&g.packGPU, "pack-gpu", false, "with --backend cuda: every device on one GPU as virtual devices, instead of one GPU each")
 	positional, err := parsePositional(fs, args)
 	if err != nil {

@@ -129,6 +129,8 @@ func TestGenerateBadInput(t *testing.T) {
 		{"past --context", []string{"--prompt", "abcdef", "--context", "8", "--max-new-tokens", "4"}, "the longest prompt has 6 tokens and 4 are to be generated: 9 positions (the last new token is not fed back), past --context 8"},
 		{"above the vocabulary", []string{"--prompt", "ok é", "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48,vocab=128"}, "prompt 1's token 4 is id 195, outside the model's vocabulary of 128"},
 		{"top-p 0", []string{"--prompt", "a", "--top-p", "0"}, "--top-p 0"},
+		// The flag the loader's timeout names is generate's too.
+		{"model-timeout 0", []string{"--prompt", "a", "--model-timeout", "0"}, `invalid value "0" for flag -model-timeout: must be positive`},
 		{"max-new-tokens past 32 bits", []string{"--prompt", "a", "--max-new-tokens", "9223372036854775807"}, "--max-new-tokens 9223372036854775807: want 1 to 1073741824"},
 		{"top-p 1.5", []string{"--prompt", "a", "--top-p", "1.5"}, "--top-p 1.5"},
 		{"temperature -1", []string{"--prompt", "a", "--temperature", "-1"}, "--temperature -1"},
