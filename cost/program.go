@@ -288,12 +288,13 @@ func (h *Hardware) pipelineStep(pred *Prediction, tl *Timeline, progs []*lower.P
 	p := sched.Ranks
 	type rankCost struct {
 		blocks      map[string]float64 // F/B/W block → seconds
+		sent        map[string]float64 // F/B/W block → seconds to its last send
 		head, tail  float64            // before the first block, after the last
 		blockCopies map[string]float64
 	}
 	costs := make([]rankCost, p)
 	for r := range p {
-		rc := rankCost{blocks: map[string]float64{}, blockCopies: map[string]float64{}}
+		rc := rankCost{blocks: map[string]float64{}, sent: map[string]float64{}, blockCopies: map[string]float64{}}
 		if progs[r] == nil {
 			costs[r] = rc
 			continue
@@ -316,6 +317,9 @@ func (h *Hardware) pipelineStep(pred *Prediction, tl *Timeline, progs []*lower.P
 					rc.blockCopies[cur] += sl.Seconds
 				} else {
 					rc.blocks[cur] += sl.Seconds
+				}
+				if in.Op == "send" {
+					rc.sent[cur] = rc.blocks[cur]
 				}
 			}
 		}
@@ -353,7 +357,21 @@ func (h *Hardware) pipelineStep(pred *Prediction, tl *Timeline, progs []*lower.P
 		}
 		return c
 	}
-	sim, err := schedule.Simulate(sched, withHead)
+	// What a block sends leaves when it is made: the next rank need not
+	// wait for the work after the block's last send (weight gradients,
+	// the data-parallel reductions of a chunk's last backward).
+	ready := func(a schedule.Action) float64 {
+		name, ok := blockName(a)
+		if !ok {
+			return 0
+		}
+		c := withHead(a)
+		if sent, ok := costs[sched.RankOf(a.Chunk)].sent[name]; ok {
+			return c - (cost(a) - sent)
+		}
+		return c
+	}
+	sim, err := schedule.SimulateReady(sched, withHead, ready)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package lower
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"gcompile/ir"
 )
@@ -360,6 +361,7 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 		if err := groupBuckets(prog); err != nil {
 			return nil, err
 		}
+		sendsBeforeBuckets(prog)
 		if err := planUpdates(prog, &ir.Module{Updates: ups}, b.bufOf); err != nil {
 			return nil, err
 		}
@@ -378,6 +380,93 @@ func lowerPipeline(m *ir.Module, order [][]Block, forwardOnly bool, o Options) (
 	}
 	return progs, nil
 }
+
+// sendsBeforeBuckets hoists, in each schedule block, the sends that
+// stand after a gradient bucket's reductions without reading them, with
+// the work they need, to before the first of those reductions. A bucket
+// goes where its last gradient is made (groupBuckets), which in a chunk's
+// last backward comes before its input gradient is: a runtime that runs
+// collectives in program order (the CPU backend) then made the previous
+// rank wait for this rank's data-parallel reductions before its own last
+// backward could start, and so down the pipeline, every rank's
+// reductions one after another. Hoisted, the input gradient leaves first
+// and the ranks reduce at the same time, as Megatron-LM's do after the
+// pipeline has drained. Only the send's own work moves ahead of the
+// bucket (a comm stream still starts it as early as the send allows);
+// the rest keeps its order.
+func sendsBeforeBuckets(p *Program) {
+	for start := 0; start < len(p.Instrs); {
+		end := start
+		for end < len(p.Instrs) && p.Instrs[end].Block == p.Instrs[start].Block {
+			end++
+		}
+		if b := p.Instrs[start].Block; len(b) > 2 && strings.ContainsRune("FBW", rune(b[0])) && b[1] == ' ' {
+			hoistSends(p.Instrs[start:end])
+		}
+		start = end
+	}
+}
+
+// hoistSends reorders one block's instructions in place (see
+// sendsBeforeBuckets).
+func hoistSends(ins []Instr) {
+	first := slices.IndexFunc(ins, isBucketCollective)
+	if first < 0 {
+		return
+	}
+	// reads says an instruction reads a bucket's result, directly or not.
+	tainted := map[int]bool{}
+	reads := func(in Instr) bool {
+		return isBucketCollective(in) || slices.ContainsFunc(in.Args, func(a int) bool { return tainted[a] })
+	}
+	producer := map[int]int{}
+	for i := first; i < len(ins); i++ {
+		if reads(ins[i]) && ins[i].Out >= 0 {
+			tainted[ins[i].Out] = true
+		}
+		if ins[i].Out >= 0 {
+			producer[ins[i].Out] = i
+		}
+	}
+	hoist := map[int]bool{}
+	var need func(i int)
+	need = func(i int) {
+		if hoist[i] {
+			return
+		}
+		hoist[i] = true
+		for _, a := range ins[i].Args {
+			if j, ok := producer[a]; ok && j < i {
+				need(j)
+			}
+		}
+	}
+	for i := first; i < len(ins); i++ {
+		if ins[i].Op == "send" && !reads(ins[i]) {
+			need(i)
+		}
+	}
+	if len(hoist) == 0 {
+		return
+	}
+	rest := slices.Clone(ins[first:])
+	at := first
+	for i, in := range rest {
+		if hoist[first+i] {
+			ins[at] = in
+			at++
+		}
+	}
+	for i, in := range rest {
+		if !hoist[first+i] {
+			ins[at] = in
+			at++
+		}
+	}
+}
+
+// isBucketCollective says whether in is a gradient bucket's reduction.
+func isBucketCollective(in Instr) bool { return in.Bucket > 0 && ir.Collectives[in.Op] }
 
 // splitBackward separates a chunk's backward into what other chunks need
 // (the input gradient, what feeds a once-a-step value sent to another

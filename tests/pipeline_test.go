@@ -301,6 +301,45 @@ func TestPipelineAccumulatesInTheBlock(t *testing.T) {
 	}
 }
 
+// A chunk's last backward sends its input gradient before its gradient
+// buckets' reductions, which it does not read: with collectives in
+// program order (the CPU backend) the rank before would otherwise wait
+// for them, every rank for the next one's. Checked on the dp 2 pipelines
+// under ZeRO 0 and 1 (all-reduce and reduce-scatter buckets), 1F1B and
+// interleaved.
+func TestPipelineSendsBeforeItsReductions(t *testing.T) {
+	for _, c := range []struct {
+		pl   pipePlan
+		zero int
+	}{{pipePlan{pp: 2, micro: 2, dp: 2, name: "1f1b"}, 0}, {pipePlan{pp: 2, micro: 2, dp: 2, name: "1f1b"}, 1}, {pipePlan{pp: 2, vpp: 2, micro: 2, dp: 2, name: "interleaved"}, 1}} {
+		t.Run(fmt.Sprintf("%s_zero%d", c.pl, c.zero), func(t *testing.T) {
+			c.pl.order = scheduleOrder(c.pl.name)
+			_, progs, _ := compilePipeline(t, c.pl, 4, pipeSetup{edit: func(o *passes.Options) { o.Zero = c.zero }})
+			sends, buckets := 0, 0
+			for r, prog := range progs {
+				reduced := map[int]bool{} // values read from a bucket's reductions
+				var firstBucket string
+				for _, in := range prog.Instrs {
+					reads := in.Bucket > 0 || slices.ContainsFunc(in.Args, func(a int) bool { return reduced[a] })
+					if reads && in.Out >= 0 {
+						reduced[in.Out] = true
+					}
+					if in.Bucket > 0 && firstBucket != in.Block {
+						firstBucket = in.Block
+						buckets++
+					}
+					if in.Op == "send" && !reads && in.Block != "step" && in.Block != "optimizer" {
+						sends++
+						assert.NotEqual(t, firstBucket, in.Block, "rank %d: %s is sent after its block's reductions", r, in.Value.Where())
+					}
+				}
+			}
+			assert.Positive(t, buckets)
+			assert.Positive(t, sends)
+		})
+	}
+}
+
 // PipeDream-2BW on a pipeline equals a single-device run of its update
 // rule W(t+1) = W(t) − ν∇f(W(t−1)): the first step matches plain training
 // (both versions start equal), later steps do not (the gradients are one

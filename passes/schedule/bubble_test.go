@@ -210,3 +210,33 @@ func TestBadCost(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), "finite and ≥ 0")
 }
+
+// A backward whose input gradient leaves halfway (its weight gradient,
+// or its data-parallel reductions, after the send) lets the rank before
+// start its backward then: on two ranks and one microbatch (F = 1, B =
+// 2, ready after 1), rank 0's backward starts at 3, not 4, and the step
+// ends at 5. A ready time of the whole cost is Simulate.
+func TestSimulateReadySendsWhenTheValueIsMade(t *testing.T) {
+	s, err := New("gpipe", 2, 1, 1)
+	require.NoError(t, err)
+	backStart := func(res *Result, r int) float64 {
+		i := slices.IndexFunc(s.Actions[r], func(a Action) bool { return a.Kind == B })
+		return res.Start[r][i]
+	}
+	half := func(a Action) float64 {
+		if a.Kind == B {
+			return 1
+		}
+		return UnitCost(a)
+	}
+	res, err := SimulateReady(s, UnitCost, half)
+	require.NoError(t, err)
+	assert.InDelta(t, 3, backStart(res, 0), 1e-12)
+	assert.InDelta(t, 5, res.StepTime, 1e-12)
+	assert.InDelta(t, 2, backStart(res, 1), 1e-12)
+	whole, err := SimulateReady(s, UnitCost, UnitCost)
+	require.NoError(t, err)
+	plain := simulate(t, s, UnitCost)
+	assert.Equal(t, plain.Start, whole.Start)
+	assert.InDelta(t, 6, whole.StepTime, 1e-12)
+}

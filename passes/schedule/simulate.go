@@ -70,7 +70,17 @@ type Result struct {
 // moved on, so the cost is linear in the number of actions. If no rank can
 // move and work remains, the error names every stuck rank, its next action
 // and what that action waits for.
-func Simulate(s *Schedule, cost Cost) (*Result, error) {
+func Simulate(s *Schedule, cost Cost) (*Result, error) { return SimulateReady(s, cost, nil) }
+
+// SimulateReady is Simulate where an F, B or W action's outputs exist
+// before the rank is done with it: ready(a) after its start (at most
+// its cost), as a block that sends its result and then goes on with
+// work no other action waits for (weight gradients, data-parallel
+// reductions). A send then leaves at its value's ready time, whatever
+// the rank does meanwhile (sends are buffered and issued where the value
+// is made); the rank itself is free only after the whole cost. A nil
+// ready is Simulate: ready at the end.
+func SimulateReady(s *Schedule, cost, ready Cost) (*Result, error) {
 	if _, err := s.index(); err != nil {
 		return nil, err
 	}
@@ -98,6 +108,7 @@ func Simulate(s *Schedule, cost Cost) (*Result, error) {
 		res.Start[r] = make([]float64, len(acts))
 	}
 	e.res = res
+	e.ready = ready
 	e.ptr = make([]int, p)
 	e.free = make([]float64, p)
 	e.waitKey = make([]int, p)
@@ -172,6 +183,7 @@ type engine struct {
 	waitKey []int     // the key a blocked rank is registered on
 	waiters [][]int   // ranks blocked on an action that lives on this rank
 	badCost error     // first action whose cost is negative or not finite
+	ready   Cost      // SimulateReady's, or nil
 }
 
 func (e *engine) key(k Kind, chunk, micro int) int {
@@ -256,14 +268,25 @@ func (e *engine) run(r int, cost Cost) {
 			}
 			t = max(t, fin)
 		}
-		start[i] = t
 		c := cost(a)
 		if !(c >= 0 && c <= math.MaxFloat64) && e.badCost == nil {
 			e.badCost = fmt.Errorf("%w: cost of %s on rank %d is %v (costs must be finite and ≥ 0)", ErrInvalid, a, r, c)
 		}
+		if e.ready != nil && (a.Kind == SendF || a.Kind == SendB) {
+			// Issued when its value was ready, not when the rank is free.
+			at := e.done[d[0]]
+			start[i] = at
+			e.done[e.key(a.Kind, a.Chunk, a.Micro)] = at + c
+			continue
+		}
+		start[i] = t
+		done := t + c
+		if e.ready != nil && a.Kind <= W {
+			done = t + min(max(e.ready(a), 0), c)
+		}
 		t += c
 		if a.Kind < GradSync {
-			e.done[e.key(a.Kind, a.Chunk, a.Micro)] = t
+			e.done[e.key(a.Kind, a.Chunk, a.Micro)] = done
 		}
 	}
 	e.ptr[r] = len(acts)
