@@ -196,6 +196,11 @@ func Plan(req Request) (*Result, error) {
 		}
 		c.Config = probe
 		c.Plan = planOf(probe)
+		if why := zeroSplit(shape, c.Plan); why != "" {
+			c.Rejected = why
+			res.reject(c)
+			continue
+		}
 		e, err := req.Hardware.EstimateFast(shape, c.Plan)
 		if err != nil {
 			// The candidate is named beside its reason: the estimate's own
@@ -573,6 +578,18 @@ func fixedConflicts(base compile.Config, t cost.Transformer) []string {
 
 // maxRejected bounds the reasons kept: a large search rejects thousands.
 const maxRejected = 200
+
+// zeroSplit is why the compiler would refuse p's ZeRO stage on shape t,
+// "" when it would not: ZeRO splits every param over dp along a dim dp
+// divides (passes.sharder.zeroPlace), and a norm's weight has one dim, the
+// hidden size. The estimate alone would price the plan, and a search that
+// does not compile (large models) offered it.
+func zeroSplit(t cost.Transformer, p cost.Plan) string {
+	if p.Zero == 0 || p.DP <= 1 || t.Hidden%p.DP == 0 {
+		return ""
+	}
+	return fmt.Sprintf("ZeRO-%d splits every param over dp=%d along a dim dp divides, and hidden %d (a norm weight's only dim) is not a multiple of %d", p.Zero, p.DP, t.Hidden, p.DP)
+}
 
 func (r *Result) reject(c *Candidate) {
 	r.RejectedCount++

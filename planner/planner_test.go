@@ -686,3 +686,23 @@ func TestMicrobatchesAndTheirSizeTogether(t *testing.T) {
 	base.EP, base.Explicit["ep"] = 1, true
 	assert.NotEmpty(t, fixedConflicts(base, moe), "ep given: 2·1·2 is not 8")
 }
+
+// ZeRO splits every param over dp along a dim dp divides, which a norm's
+// weight (hidden) must be: a search that only estimates (a model too
+// large to compile) refuses the plans the compiler would, with the
+// compiler's reason, rather than ranking one that cannot run.
+func TestUncompiledZeROPlansSplitTheHiddenSize(t *testing.T) {
+	hw, shape, base := a28BOn8A100s(t) // hidden 6912, not a multiple of 7
+	base.Devices, base.Batch = 28, 28
+	base.Zero, base.Explicit["zero"] = 1, true
+	res, err := Plan(Request{Base: base, Hardware: hw, Shape: &shape, NoCompile: true, TopK: 5})
+	require.ErrorIs(t, err, ErrNoPlan)
+	assert.ErrorContains(t, err, "ZeRO-1 splits every param over dp=7 along a dim dp divides, and hidden 6912 (a norm weight's only dim) is not a multiple of 7")
+	if res != nil {
+		assert.Empty(t, res.Ranked)
+	}
+	base.Devices, base.Batch = 32, 32 // dp 8 divides it
+	res, err = Plan(Request{Base: base, Hardware: hw, Shape: &shape, NoCompile: true, TopK: 5})
+	require.NoError(t, err)
+	assert.NotEmpty(t, res.Ranked)
+}
