@@ -735,7 +735,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 			layerB += share * layerF // replayed again in W
 		}
 	case "selective":
-		layerB += core
+		if !t.FusedAttention {
+			// A fused core keeps nothing selective recompute could
+			// drop: the compiled plan is the one without recompute.
+			layerB += core
+		}
 	}
 	chunks := p.PP * v
 	perChunk := float64(t.Layers / chunks)
@@ -1145,8 +1149,11 @@ func (h *Hardware) estimate(t Transformer, p Plan, simulate bool) (*Estimate, er
 		e.FLOPs += share * (t.fwdFLOPsPerSeq() - 2*float64(t.Seq*t.Hidden)*float64(t.Vocab)) * batch
 	case "selective":
 		// The attention core's forward again, 4·s²·h a layer and
-		// sequence (Korthikanti et al.: +2.7 % for GPT-3).
-		e.FLOPs += 4 * float64(t.Seq) * float64(t.Seq) * float64(t.Hidden) * float64(t.Layers) * batch
+		// sequence (Korthikanti et al.: +2.7 % of GPT-3's forward, 0.9 %
+		// of its step); a fused core has nothing to drop.
+		if !t.FusedAttention {
+			e.FLOPs += 4 * float64(t.Seq) * float64(t.Seq) * float64(t.Hidden) * float64(t.Layers) * batch
+		}
 	}
 
 	// Memory: persistent bytes are a lower bound (see Estimate's doc).

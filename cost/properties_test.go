@@ -442,3 +442,30 @@ func TestInterleavedNeedsChunks(t *testing.T) {
 	_, err = h.EstimateFast(shape, p)
 	assert.NoError(t, err)
 }
+
+// Selective recompute drops the attention core's scores; a fused core
+// keeps none, so its plan prices as the plan without recompute (the
+// compiled plans are the same program), step, FLOPs and memory alike,
+// where an unfused core pays its forward again (4·s²·h a layer and
+// sequence: 0.9 % of GPT-3's step FLOPs).
+func TestSelectiveRecomputeOfAFusedCoreIsNone(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	for _, fused := range []bool{true, false} {
+		shape := Transformer{Layers: 96, Hidden: 12288, Heads: 96, Seq: 2048, Vocab: 51200, FFN: 4 * 12288, FusedAttention: fused}
+		price := func(rc string) *Estimate {
+			e, err := h.Estimate(shape, Plan{TP: 8, PP: 8, DP: 16, MicroBatch: 1, Microbatches: 96, Precision: "bf16", Recompute: rc, SequenceParallel: true})
+			require.NoError(t, err)
+			return e
+		}
+		none, sel := price("none"), price("selective")
+		if fused {
+			assert.Equal(t, none.StepSeconds, sel.StepSeconds)
+			assert.Equal(t, none.FLOPs, sel.FLOPs)
+			assert.Equal(t, none.MemoryEstimate, sel.MemoryEstimate)
+			continue
+		}
+		assert.Greater(t, sel.StepSeconds, none.StepSeconds)
+		assert.InDelta(t, 0.009, sel.FLOPs/none.FLOPs-1, 0.0005)
+	}
+}

@@ -388,7 +388,7 @@ func newMetrics(c *config, j *job, res *compile.Result, compileMs float64) *runt
 // deviceMetrics is the compile-time memory of one device: the plan's peak
 // and its persistent parts. Gradient bytes are the reduced gradients the
 // global-norm computation reads, as each device holds them (whole, or a
-// shard under ZeRO-2/3).
+// shard under ZeRO: ZeRO-1 reduce-scatters them too).
 func deviceMetrics(prog *lower.Program, rank int) runtime.DeviceMetrics {
 	peak := prog.Peak
 	dm := runtime.DeviceMetrics{Rank: rank, PeakBytesPredicted: prog.PeakBytes, ArenaBytes: prog.ArenaBytes, HostBytes: prog.HostBytes, PeakBreakdown: &peak,
