@@ -109,6 +109,9 @@ type Result struct {
 	// error: a request it had nothing to do for, and why (selective
 	// recompute of a model whose attention is the fused op).
 	Note string
+	// Failed says the pass returned an error: the module is as it left
+	// it, half done, which Run then returns.
+	Failed bool
 }
 
 // Hooks observe a Run; the dump writer uses them. Nil fields are skipped.
@@ -159,7 +162,7 @@ func Run(m *ir.Module, opts *Options, hooks Hooks) ([]Result, error) {
 		}
 		start := time.Now()
 		note, err := runOne(p, m, opts)
-		r := Result{Name: p.Name, Ms: float64(time.Since(start).Microseconds()) / 1000, Note: note}
+		r := Result{Name: p.Name, Ms: float64(time.Since(start).Microseconds()) / 1000, Note: note, Failed: err != nil}
 		if err == nil {
 			m.MarkPass(p.Name)
 		}

@@ -841,8 +841,8 @@ func TestDumpKeepsItsInputsAndTheLastGoodDump(t *testing.T) {
 	unchanged("a model that does not build")
 }
 
-// A pass that fails leaves the module as it left it in NN-<pass>.failed.gir;
-// a failure after the passes (here the memory plan over --device-memory)
+// A pass that fails leaves the module as it left it in NN-<pass>.failed.gir,
+// and only there; a failure after the passes (here the memory plan over --device-memory)
 // is no pass's, and leaves none.
 func TestDumpNamesOnlyAFailingPass(t *testing.T) {
 	failed := func(d string) []string {
@@ -860,6 +860,9 @@ func TestDumpNamesOnlyAFailingPass(t *testing.T) {
 	d := filepath.Join(t.TempDir(), "d")
 	require.Error(t, mainNoPanic(t, append(slices.Clone(model), "--sequence-parallel", "--dump", d)))
 	assert.Equal(t, []string{dumpName(t, "shard")[:3] + "shard.failed.gir"}, failed(d))
+	// Only as failed: a plain NN-shard.gir of the half-placed module
+	// would read as a dump to resume, and fail there blaming an edit.
+	assert.NoFileExists(t, filepath.Join(d, dumpName(t, "shard")))
 	d = filepath.Join(t.TempDir(), "d")
 	require.Error(t, mainNoPanic(t, append(slices.Clone(model), "--device-memory", "100KB", "--dump", d)))
 	assert.Empty(t, failed(d))

@@ -52,7 +52,11 @@ func (d *dumper) hooks() passes.Hooks {
 			col := dump.Column{Pass: r.Name, Changed: r.Changed, Millis: r.Ms, Note: r.Note}
 			if r.Changed {
 				col.Text = ir.Print(m)
-				d.write(fmt.Sprintf("%02d-%s.gir", d.n, r.Name), col.Text)
+				// A failed pass's module is half done: finish writes it
+				// as NN-<pass>.failed.gir, never as a dump to resume.
+				if !r.Failed {
+					d.write(fmt.Sprintf("%02d-%s.gir", d.n, r.Name), col.Text)
+				}
 			}
 			d.cols = append(d.cols, col)
 		},
