@@ -17,6 +17,7 @@ package planner
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -472,6 +473,52 @@ func CheckFixed(base compile.Config, m *ir.Module) error {
 		return fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, base.Devices, strings.Join(why, "; "))
 	}
 	return nil
+}
+
+// CheckCandidates refuses, before a calibration's or a refinement's
+// compiles, flags that leave no candidate the search could price: every
+// one refused by the plan's own rules (--vpp without a pipeline, a
+// schedule for pp 1, sequence parallelism without tp, ZeRO over a dp the
+// hidden size does not split), as the search would say after them.
+func CheckCandidates(base compile.Config, m *ir.Module, hw *cost.Hardware) error {
+	shape, err := ShapeOf(m)
+	if err != nil {
+		return err
+	}
+	cands := enumerate(base, shape, hw, true)
+	if len(cands) == 0 {
+		return fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, base.Devices, noCandidates(base, shape))
+	}
+	count := map[string]int{}
+	var reasons []string
+	for _, cfg := range cands {
+		probe := cfg
+		probe.Explicit = maps.Clone(cfg.Explicit)
+		why := ""
+		if err := probe.Validate(); err != nil {
+			why = firstLine(err)
+		} else if why = zeroSplit(shape, planOf(probe)); why == "" {
+			return nil
+		}
+		if count[why] == 0 {
+			reasons = append(reasons, why)
+		}
+		count[why]++
+	}
+	var says []string
+	for i, r := range reasons {
+		if i == 5 {
+			says = append(says, fmt.Sprintf("… and %d more reasons", len(reasons)-i))
+			break
+		}
+		if count[r] == len(cands) {
+			r = "every candidate: " + r
+		} else {
+			r = fmt.Sprintf("%d candidates: %s", count[r], r)
+		}
+		says = append(says, r)
+	}
+	return fmt.Errorf("%w on %d devices (%d candidates): %s", ErrNoPlan, base.Devices, len(cands), strings.Join(says, "; "))
 }
 
 // FixedConflicts are the rules the axes marked explicit in base break by

@@ -312,6 +312,11 @@ func runPlanner(c *config) error {
 	if err := planner.CheckFixed(base, m); err != nil {
 		return err
 	}
+	if c.refineTrace != "" || c.calibrate != "" {
+		if err := planner.CheckCandidates(base, m, c.hw); err != nil {
+			return err
+		}
+	}
 	if c.refineTrace != "" {
 		if err := refineHardware(c, m, os.Stderr); err != nil {
 			return err

@@ -296,6 +296,14 @@ func TestFixedAxesAreCheckedBeforeTheCalibration(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no candidate exists: --tp 3 as given must divide --devices 4")
 	assert.NotContains(t, log, "calibrate:", "nothing was calibrated")
+	// And flags every candidate's own rules refuse (here --vpp without
+	// a pipeline).
+	log, err = captureStderr(t, func() error {
+		return mainNoPanic(t, append(append([]string{}, tinyGPT...), "--devices", "4", "--plan", "--pp", "1", "--vpp", "2", "--calibrate", f))
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "every candidate: --vpp 2 needs --pp > 1")
+	assert.NotContains(t, log, "calibrate:", "nothing was calibrated")
 	// So are options no candidate can take: each candidate's compile
 	// refused them, one search later.
 	err = mainNoPanic(t, append(append([]string{}, tinyGPT...), "--devices", "2", "--plan", "--recompute", "every=7"))
