@@ -3,6 +3,7 @@ package planner
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -97,6 +98,10 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		}
 		return readEntries(path, entries)
 	case bytes.HasPrefix(trimmed, []byte("{")):
+	case len(trimmed) == 0 || bytes.HasPrefix(raw, []byte("\xef\xbb\xbf")):
+		// Empty, or a byte-order mark: said as the other JSON inputs say it.
+		var v any
+		return nil, fmt.Errorf("%s: %w", path, jsonerr.Decode(raw, json.Unmarshal(raw, &v)))
 	default:
 		return nil, fmt.Errorf("%s: not a JSON list or object (%s)", path, want)
 	}
@@ -140,7 +145,7 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		}
 		var cfg map[string]json.RawMessage
 		if err := json.Unmarshal(obj.Config, &cfg); err != nil {
-			return nil, fmt.Errorf("%s: config: %w", path, err)
+			return nil, fmt.Errorf("%s: %w", path, keyOfType("config", "a JSON object", err))
 		}
 		for _, k := range []string{"tp", "pp", "dp"} {
 			if _, ok := cfg[k]; !ok {
@@ -154,13 +159,13 @@ func ReadMeasured(path string) ([]MeasuredPlan, error) {
 		var precision string
 		if raw, ok := cfg["precision"]; ok {
 			if err := json.Unmarshal(raw, &precision); err != nil {
-				return nil, fmt.Errorf("%s: config.precision: %w", path, err)
+				return nil, fmt.Errorf("%s: %w", path, keyOfType("config.precision", "a string", err))
 			}
 		}
 		var set string
 		if raw, ok := cfg["set"]; ok {
 			if err := json.Unmarshal(raw, &set); err != nil {
-				return nil, fmt.Errorf("%s: config.set: %w", path, err)
+				return nil, fmt.Errorf("%s: %w", path, keyOfType("config.set", "a string", err))
 			}
 		}
 		p.Run = &MeasuredRun{Params: obj.Model.Params, Precision: precision, Set: set}
@@ -290,6 +295,16 @@ func planAgrees(raw json.RawMessage, f PlanFields) error {
 	return nil
 }
 
+// keyOfType says a value of key decoded on its own is of the wrong JSON
+// type, as jsonerr.Value says a struct field's.
+func keyOfType(key, want string, err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Errorf("%s is a JSON %s, want %s", key, te.Value, want)
+	}
+	return fmt.Errorf("%s: %w", key, err)
+}
+
 // checkMeasured refuses a plan that gives no time or a negative axis,
 // naming it by nums[i], its number in the file.
 func checkMeasured(path string, ps []MeasuredPlan, nums []int) ([]MeasuredPlan, error) {
@@ -334,6 +349,12 @@ func checkMeasured(path string, ps []MeasuredPlan, nums []int) ([]MeasuredPlan, 
 		}
 		if p.Batch > maxRowBatch {
 			return nil, fmt.Errorf("%s: plan %d: batch %d is past %d sequences", path, n, p.Batch, maxRowBatch)
+		}
+		// Config takes batch over the microbatches: a row whose fields
+		// disagree would be priced as another plan than the one that ran.
+		if p.Batch > 0 && p.MicroBatch > 0 && p.Microbatches > 0 && batch != p.Batch {
+			return nil, fmt.Errorf("%s: plan %d: microbatch_size %d × microbatches %d × dp·ep %d is %d sequences a step, and its batch %d: give the fields of the plan that ran",
+				path, n, p.MicroBatch, p.Microbatches, max(p.DP, 1)*max(p.EP, 1), batch, p.Batch)
 		}
 	}
 	return ps, nil

@@ -68,11 +68,17 @@ func TestReadMeasured(t *testing.T) {
 			[]MeasuredPlan{{PlanFields: PlanFields{TP: 2}, StepMs: 12}}, ""},
 		{"a bad time names its row", `[{"tp": 1}, {"tp": 2, "step_ms": 0}]`, nil, "plan 2: step_ms must be a positive time, got 0"},
 		{"a negative axis names its row", `[{"tp": 1}, {"tp": -2, "step_ms": 4}]`, nil, "plan 2: tp must not be negative"},
+		{"batch and microbatches disagree", `[{"dp": 4, "microbatch_size": 3, "microbatches": 1, "batch": 8, "step_ms": 100}]`, nil, "plan 1: microbatch_size 3 × microbatches 1 × dp·ep 4 is 12 sequences a step, and its batch 8: give the fields of the plan that ran"},
 		{"entry not an object", `[5]`, nil, "plan 1: not a JSON object"},
 		{"empty list", `[]`, nil, "no measured plans"},
 		{"empty object", `{}`, nil, "no measured plans (want a list"},
 		{"one warm-up step", `{"config": {"tp": 1, "pp": 1, "dp": 1}, "steps": [{"ms": 90}]}`, nil, "at least 2 are needed"},
 		{"not JSON", `NaN`, nil, "not a JSON list or object"},
+		{"empty", "", nil, "the file is empty"},
+		{"white space", " \n\t", nil, "the file is empty"},
+		{"byte-order mark", "\xef\xbb\xbf[]", nil, "the file starts with a UTF-8 byte-order mark"},
+		{"a run's config of another type", `{"config": [1], "steps": [{"ms": 1}, {"ms": 2}]}`, nil, "config is a JSON array, want a JSON object"},
+		{"a run's precision of another type", `{"config": {"tp": 1, "pp": 1, "dp": 1, "precision": 5}, "steps": [{"ms": 1}, {"ms": 2}]}`, nil, "config.precision is a JSON number, want a string"},
 		{"truncated", `[{"tp": 1,`, nil, "the JSON ends before it is complete (is the file cut short?)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

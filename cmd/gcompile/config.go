@@ -744,7 +744,7 @@ func (c *config) validate() error {
 		bad("--refine-trace applies to --plan without --run: save the refined preset (--save-hardware) and train with --hardware FILE.json")
 	}
 	if c.calibrate != "" && !c.planned && !c.planning() && !c.evalOnly && c.refineTrace == "" {
-		bad("--calibrate fits the hardware the planner prices plans on: it needs --plan, or --devices > 1 with no --tp/--pp/--dp/--ep")
+		bad("--calibrate fits the hardware the planner prices plans on: it needs --plan, or --devices > 1 with no --tp/--pp/--dp/--ep/--cp and a synchronous run (the planner chooses the plan then)")
 	}
 	if c.calibrate != "" && !c.planned {
 		if points, err := planner.ReadMeasured(c.calibrate); err != nil {

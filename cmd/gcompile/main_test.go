@@ -168,6 +168,8 @@ func TestConfigValidationNamesTheRule(t *testing.T) {
 		{[]string{"--devices", "2", "--plan", "--report", "r.html"}, "--report with --plan records the plan it trains: add --run"},
 		{[]string{"--devices", "2", "--plan", "--timeline", "t.svg"}, "--timeline with --plan records the plan it trains: add --run"},
 		{[]string{"--lr", "0"}, "learning rate: want --lr > 0"},
+		// A given cp fixes the plan as tp, pp, dp and ep do.
+		{[]string{"--devices", "4", "--cp", "2", "--calibrate", "m.json"}, "it needs --plan, or --devices > 1 with no --tp/--pp/--dp/--ep/--cp and a synchronous run"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
