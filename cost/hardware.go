@@ -88,7 +88,8 @@ type Hardware struct {
 	// named ops: what a backend's kernel for that op reaches against the
 	// roofline of its flops and bytes (the CPU backend's scalar GELU or
 	// cross-entropy are far from the memory bound a copy reaches). Refine
-	// fits it from a trace; a missing op is 1.
+	// fits it from a trace; a missing op is 1. A GEMM's scaled time is
+	// never below its flops at the peak.
 	OpScale map[string]float64 `json:"op_scale,omitempty"`
 
 	// given are the keys set on the command line (--hardware NAME:key=v):

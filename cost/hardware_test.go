@@ -9,6 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"gcompile/ir"
 )
 
 func TestPresetsValidate(t *testing.T) {
@@ -280,4 +285,17 @@ func TestLoadSetsFigures(t *testing.T) {
 			t.Errorf("Load(%q) = %v, want an error containing %q", spec, err, want)
 		}
 	}
+}
+
+// An op_scale below 1 on a GEMM (a hand-edited or fitted description)
+// prices it faster than its curve, never faster than the peak: the MFU
+// stays at most 100 %.
+func TestOpScaleNeverBeatsThePeak(t *testing.T) {
+	h, err := Preset("a100-80g")
+	require.NoError(t, err)
+	h.OpScale = map[string]float64{"matmul": 1e-6}
+	const flops = int64(1) << 40
+	floor := float64(flops) / h.Peak("bf16")
+	assert.GreaterOrEqual(t, h.OpTime("matmul", ir.BF16, flops, 0), floor)
+	assert.Less(t, h.OpTime("matmul", ir.BF16, flops, 0), 1.01*floor+h.LaunchUS*1e-6)
 }

@@ -32,6 +32,12 @@ func (h *Hardware) OpTime(op string, dtype ir.DType, flops, bytes int64) float64
 	t := math.Max(compute, h.memTime(float64(bytes)))
 	if k, ok := h.OpScale[op]; ok {
 		t *= k
+		if flops > 0 && onMatrixUnits(op) {
+			// A scale below 1 may say a kernel beats the efficiency
+			// curve (a fitted one), never the peak itself: the MFU
+			// would pass 100 %.
+			t = math.Max(t, float64(flops)/h.Peak(dtype.String()))
+		}
 	}
 	return h.kernels(1, h.LaunchUS*1e-6+t)
 }
