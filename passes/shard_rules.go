@@ -589,6 +589,11 @@ func sliceRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	if r.v.Op == "slice_grad" && start%block == 0 && out%block == 0 {
 		return r.have, blockShard(dim, out/block), nil
 	}
+	if r.v.Op == "slice_grad" && p.NumBlocks() == 1 {
+		// The gradient of a slice of a whole dim (a position table's
+		// first seq rows) stays split in blocks of the slice's length.
+		return nil, rep, fmt.Errorf("slice_grad puts the gradient of %d rows, split over %s, back into %d rows at %d: under that split the rows and the start must be multiples of %d (a position table: its rows, ctx, a multiple of seq)", in, r.s.axisName(r.ax), out, start, block)
+	}
 	return nil, rep, fmt.Errorf("%s along dim %d, which is split over %s, at %d: not on a boundary of its %d-wide blocks", r.v.Op, dim, r.s.axisName(r.ax), start, block)
 }
 

@@ -688,6 +688,13 @@ func TestShardErrors(t *testing.T) {
 			[]string{`parallel hint "column:x" of param "w": "x" is not a positive count`}},
 		{"heads that do not tile the dim", func(t *testing.T) *ir.Module { return hinted(t, "heads:3,out_in", 8, 4) }, tpMesh(2), 0, nil,
 			[]string{`param "w" f32[8,4]: dim 0 (8) is not a whole number of 3-wide heads`}},
+		{"a position table of rows no multiple of seq under cp", func(t *testing.T) *ir.Module {
+			m, err := frontend.Build(gpt.Model, frontend.Config{Name: "gpt", Batch: 4,
+				Set: map[string]string{"layers": "1", "hidden": "32", "heads": "4", "seq": "16", "ctx": "40"}})
+			require.NoError(t, err)
+			return m
+		}, &ir.Mesh{Axes: []ir.MeshAxis{{Name: "cp", Size: 2}}}, 0, nil,
+			[]string{`pass "shard"`, "slice_grad @model.go:", "slice_grad puts the gradient of 16 rows, split over cp, back into 40 rows at 0: under that split the rows and the start must be multiples of 16 (a position table: its rows, ctx, a multiple of seq)"}},
 		{"reduce_max over the batch", func(t *testing.T) *ir.Module {
 			m, err := frontend.Build(maxOverBatch, frontend.Config{Name: "max", Batch: 8})
 			require.NoError(t, err)
