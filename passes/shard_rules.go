@@ -377,6 +377,19 @@ func matmulRule(r AxisRule) ([]ir.Placement, ir.Placement, error) {
 	if rb > 2 && pa.Kind == ir.Shard && pa.Dim < ra-2 && pa.NumBlocks() == 1 && pb.Kind == ir.Shard && pb.Dim != pa.Dim && pb.NumBlocks() == 1 {
 		pb = pa
 	}
+	// A gradient that arrives whole (the backward of a sum over the split
+	// dim broadcasts it) meets a weight split on the dim they contract:
+	// each device slices its own part, a local shard_slice, and the
+	// product is partial, as a column-parallel layer's input gradient is.
+	// In the forward a whole input there is a plan's mistake, said below.
+	if r.v.Meta.Phase == ir.PhaseBwd {
+		switch {
+		case pa.Kind == ir.Replicate && pb.Kind == ir.Shard && pb.Dim == kB && pb.NumBlocks() == 1:
+			pa = ir.Placement{Kind: ir.Shard, Dim: kA}
+		case pb.Kind == ir.Replicate && pa.Kind == ir.Shard && pa.Dim == kA && pa.NumBlocks() == 1:
+			pb = ir.Placement{Kind: ir.Shard, Dim: kB}
+		}
+	}
 	if out, ok := try(pa, pb); ok {
 		return []ir.Placement{pa, pb}, out, nil
 	}

@@ -112,6 +112,8 @@ func familyOf(name string, layers int) family {
 		f = family{name: "seqfold", fn: seqFoldModel, set: map[string]string{"fold": strings.TrimPrefix(name, "seqfold-")}}
 	case "wholeinput":
 		f = family{name: "wholeinput", fn: wholeInputModel, set: map[string]string{}}
+	case "sumsplit":
+		f = family{name: "sumsplit", fn: sumOverSplitModel, set: map[string]string{}}
 	case "ropetable":
 		f = family{name: "ropetable", fn: ropeTableModel, set: map[string]string{}}
 	case "moe-switch", "moe-gshard", "moe-switch-drop", "moe-noisy-topk", "moe-expert-choice", "moe-switch-groups":

@@ -311,6 +311,32 @@ func wholeInputModel(b *frontend.Builder) {
 	b.Loss(nn.CrossEntropy(nn.Dense(x, "head", vocab, nn.LinearConfig{OutIn: true}), targets))
 }
 
+// sumOverSplitModel sums a column-parallel layer's output over the dim
+// tp splits: the sum's backward broadcasts a whole gradient, which meets
+// the weight split on the dim they contract.
+func sumOverSplitModel(b *frontend.Builder) {
+	const hidden, vocab = 16, 256
+	batch := b.Batch()
+	tokens := b.Input("tokens", ir.I32, batch, eqSeq)
+	targets := b.Input("targets", ir.I32, batch, eqSeq)
+	x, wte := nn.Embedding(tokens, "wte", vocab, hidden)
+	h := nn.Linear(x, "fc", 4*hidden, frontend.ColumnParallel, 0.02)
+	s := h.Sum(2).Reshape(batch, eqSeq, 1)
+	x = x.Mul(s.Broadcast(batch, eqSeq, hidden))
+	b.Loss(nn.CrossEntropy(x.Reshape(batch*eqSeq, hidden).MatMulT(wte), targets))
+}
+
+// A whole gradient (the backward of a sum over the split dim) times a
+// weight split on the dim they contract is sliced on each device, a
+// local shard_slice, and its product reduced: the model trains under tp
+// as on one device.
+func TestWholeGradientMeetsASplitWeight(t *testing.T) {
+	ref := train(t, plan{model: "sumsplit"})
+	got := train(t, plan{tp: 2, model: "sumsplit"})
+	assertLossesClose(t, ref.losses, got.losses, 1e-6)
+	assert.LessOrEqual(t, paramError(t, ref.params, got.params, nil), 1e-5)
+}
+
 // feeding sets the whole input positions before every step and
 // evaluation, as a user's training loop would.
 type feeding struct {
