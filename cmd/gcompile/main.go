@@ -278,7 +278,7 @@ func compileAndRun(c *config, j *job) (err error) {
 	}
 	if c.run {
 		if err := checkFedInputs(res.Module); err != nil {
-			return err
+			return errors.New(loader.InFolder(err.Error(), filepath.Dir(c.Model)))
 		}
 	}
 	if res.Async != nil {

@@ -89,7 +89,7 @@ func TestUnfedInputIsRefused(t *testing.T) {
 	require.NoError(t, mainErr([]string{model, "--batch", "2"}), "compiling alone is fine")
 	err := mainErr([]string{model, "--batch", "2", "--max-data-mb", "1", "--run", "--steps", "1"})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), `model.go:15: input "mask" is never fed`)
+	assert.Contains(t, err.Error(), `testdata/unfed/model.go:15: input "mask" is never fed`, "named by the path given, as the loader's errors are")
 	err = mainErr([]string{"testdata/tokf32/model.go", "--batch", "2", "--max-data-mb", "1", "--run", "--steps", "1"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `model.go:12: input "tokens" is f32[2,8]: training feeds it i32 [batch, seq]`)

@@ -395,7 +395,12 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 		l.copyOutput(outFile, -1)
 		out, err := parseResult(result)
 		if err != nil {
-			err = errors.New(inFolder(err.Error(), filepath.Dir(name)))
+			msg := InFolder(err.Error(), filepath.Dir(name))
+			if !positioned(msg) {
+				// An error of the whole model (no b.Loss) names its file.
+				msg = relPath(name) + ": " + msg
+			}
+			err = errors.New(msg)
 		}
 		return out, err
 	case !errors.Is(rerr, fs.ErrNotExist):
@@ -416,13 +421,13 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 	return nil, l.explainExit(name, runErr, outFile)
 }
 
-// inFolder gives the lines of a DSL error that start with a position in
+// InFolder gives the lines of a DSL error that start with a position in
 // the model's folder that folder, as name (the path the user gave) has
 // it: the module records positions by file name, the same wherever the
 // file lies, while the go command's errors give the path, so that both
 // read alike and an editor opens either. Positions inside a line (an
 // op's "@model.go:12") are left as the module has them.
-func inFolder(msg, dir string) string {
+func InFolder(msg, dir string) string {
 	if dir == "." {
 		return msg
 	}
@@ -441,6 +446,12 @@ func inFolder(msg, dir string) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// positioned says msg starts at a place of a Go file: FILE.go:LINE.
+func positioned(msg string) bool {
+	file, rest, ok := strings.Cut(msg, ":")
+	return ok && strings.HasSuffix(file, ".go") && len(rest) > 0 && rest[0] >= '0' && rest[0] <= '9'
 }
 
 // parseResult splits the driver's result file into its status and payload.

@@ -73,6 +73,8 @@ func Model(b *frontend.Builder) {
 		for {
 			time.Sleep(10 * time.Millisecond)
 		}
+	case 7:
+		return // no loss
 	}
 	tokens := b.Input("tokens", ir.I32, b.Batch(), 4)
 	x, _ := nn.Embedding(tokens, "wte", 16, 8)
@@ -184,6 +186,8 @@ func TestLoadReportsWhatTheModelDid(t *testing.T) {
 		// The module names the file; the error names it as the go
 		// command's errors do, by the path given.
 		{name: "DSL error", mode: "5", wantErr: fmt.Sprintf("%s:%d: mode 5 fails", name, lineOf(t, behaveSrc, "mode 5 fails"))},
+		// An error of the whole model, at no line, names the file.
+		{name: "no loss", mode: "7", wantErr: name + ": model did not call b.Loss(…): there is nothing to train"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -584,8 +588,8 @@ func TestDSLErrorsNameTheModelsFolder(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "layers.go"), []byte("package m\n"), 0o644))
 	msg := "model.go:12: matmul: inner dims differ\nlayers.go:3: reshape: %5 @model.go:7 changes the count\nother.go:4: not here\nmodel.go: no line\nmodel.go:x: not a line\n2 errors"
 	want := filepath.Join(dir, "model.go") + ":12: matmul: inner dims differ\n" + filepath.Join(dir, "layers.go") + ":3: reshape: %5 @model.go:7 changes the count\nother.go:4: not here\nmodel.go: no line\nmodel.go:x: not a line\n2 errors"
-	assert.Equal(t, want, inFolder(msg, dir))
-	assert.Equal(t, msg, inFolder(msg, "."), "a model in the working folder keeps the names")
+	assert.Equal(t, want, InFolder(msg, dir))
+	assert.Equal(t, msg, InFolder(msg, "."), "a model in the working folder keeps the names")
 }
 
 // A model that imports "C" is refused as such: the driver is built
