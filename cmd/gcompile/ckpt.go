@@ -784,7 +784,7 @@ func exportMain(args []string) error {
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	fmt.Fprintf(os.Stderr, "exported %d params of %s (step %d) to %v\n", params, m.Model, m.State.Step, files)
+	fmt.Fprintf(os.Stderr, "exported %d params of %s (step %d) to %s\n", params, m.Model, m.State.Step, strings.Join(files, ", "))
 	if err := tok.write(filepath.Dir(*out)); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}

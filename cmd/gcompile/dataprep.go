@@ -51,7 +51,7 @@ func prepareMain(args []string, stdout, stderr io.Writer) error {
 	fs := newSubcommandFlags("data prepare", "--tokenizer T --output-prefix PREFIX INPUT…\n\nINPUT is a text file (one document), a folder (its files, recursively, in name order), or JSON Lines (.jsonl, .ndjson or .json, in a folder too: one document per line, as Megatron-LM reads them; .gz read as gzip).")
 	tok := fs.String("tokenizer", "", "a Hugging Face tokenizer.json, a folder holding one, or GPT-2's vocab.json (with --merges)")
 	merges := fs.String("merges", "", "with --tokenizer vocab.json: GPT-2's merges.txt")
-	out := fs.String("output-prefix", "", "write PREFIX.bin, PREFIX.idx (Megatron-LM's indexed format) and PREFIX.json (what made them)")
+	out := fs.String("output-prefix", "", "write PREFIX.bin, PREFIX.idx (Megatron-LM's indexed format) and PREFIX.json (what made them); --data PREFIX trains on them (Megatron-LM's preprocess_data.py adds _text_document to its prefix, this does not)")
 	key := fs.String("json-key", "text", "the field of each JSON Lines object that holds the document's text")
 	skip := fs.Bool("skip-bad-lines", false, "skip (and count) JSON Lines lines that are not JSON objects, lack --json-key, or hold no UTF-8 string under it; by default such a line stops the run, naming file:line")
 	workers := fs.Int("workers", 0, "tokenizing goroutines (0: one per core); the output is the same for any number")

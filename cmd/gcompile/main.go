@@ -152,7 +152,7 @@ func subcommandTable() []subcommand {
 	return []subcommand{
 		{"launch", "--nproc N [launch flags] -- MODEL.go|MODEL.gir [flags]", "start N processes of one job on this machine and watch them (see gcompile launch -h)", launchMain},
 		{"inspect", "CHECKPOINT", "print a checkpoint's training state, the plan that saved it and the bytes each rank wrote", inspectMain},
-		{"data", "prepare --tokenizer T --output-prefix PREFIX INPUT…", "tokenize text, folders or JSON Lines into a token dataset (Megatron-LM's .bin/.idx) that --data PREFIX trains on", dataMain},
+		{"data", "prepare --tokenizer T --output-prefix PREFIX INPUT… | merge --output-prefix PREFIX INPUT…", "tokenize text, folders or JSON Lines into a token dataset (Megatron-LM's .bin/.idx, PREFIX.bin and PREFIX.idx) that --data PREFIX trains on, or merge datasets into one", dataMain},
 		{"generate", "MODEL.go (--load W | --resume CKPT) (--prompt TEXT | --prompt-file F) [flags]", "continue prompts with a trained model: a prefill and a decode program with key/value caches, compiled for --tp/--dp (see gcompile generate -h)", generateMain},
 		{"eval", "MODEL.go|MODEL.gir (--load W | --resume CKPT) [--data …] [flags]", "the held-out loss and perplexity of trained weights, under any plan (see gcompile eval -h)", evalMain},
 		{"export", "CHECKPOINT --out FILE.safetensors", "write a checkpoint's params as one safetensors file (or Hugging Face shards) under the model's names", exportMain},
