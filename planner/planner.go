@@ -617,6 +617,9 @@ func fixedConflicts(base compile.Config, t cost.Transformer) []string {
 			why = append(why, fmt.Sprintf("%s = %d as given does not divide --batch %d", name, r, base.Batch))
 		}
 	}
+	if per := base.Microbatches * base.MicroBatchSize; fixed("microbatches") && fixed("micro-batch-size") && !fixed("dp") && per > 0 && base.Batch%per != 0 {
+		why = append(why, fmt.Sprintf("--microbatches %d × --micro-batch-size %d = %d sequences a data-parallel rank, and no dp·ep makes --batch %d of them (give one of them)", base.Microbatches, base.MicroBatchSize, per, base.Batch))
+	}
 	if r := max(base.DP, 1) * max(base.EP, 1); fixed("microbatches") && fixed("micro-batch-size") && fixed("dp") && (fixed("ep") || t.Experts == 0) && base.Microbatches*base.MicroBatchSize*r != base.Batch {
 		why = append(why, fmt.Sprintf("--microbatches %d and --micro-batch-size %d disagree over dp·ep = %d: their product is %d sequences a step, --batch is %d (give one of them)", base.Microbatches, base.MicroBatchSize, r, base.Microbatches*base.MicroBatchSize*r, base.Batch))
 	}

@@ -677,6 +677,12 @@ func TestMicrobatchesAndTheirSizeTogether(t *testing.T) {
 	_, err = Plan(Request{Base: base, Hardware: cpuHardware(t), Module: m, NoCompile: true})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--microbatches 3 and --micro-batch-size 2 disagree over dp·ep = 2: their product is 12 sequences a step, --batch is 8")
+	// With dp the planner's, the two say it when no dp·ep can agree.
+	free := base
+	free.Explicit = map[string]bool{"microbatches": true, "micro-batch-size": true}
+	_, err = Plan(Request{Base: free, Hardware: cpuHardware(t), Module: m, NoCompile: true})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--microbatches 3 × --micro-batch-size 2 = 6 sequences a data-parallel rank, and no dp·ep makes --batch 8 of them")
 	// With experts and ep not given, dp·ep is the planner's to choose:
 	// the two flags may agree over a larger ep, and are not refused here.
 	moe := cost.Transformer{Layers: 2, Hidden: 32, Heads: 4, Seq: 16, Vocab: 256, FFN: 128, Experts: 4, MoELayers: 2}
