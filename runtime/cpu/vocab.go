@@ -77,11 +77,13 @@ func compileVocabParallel[T kcpu.Float](d *Device, in lower.Instr) (f func() err
 				return err
 			}
 			scale := float64(dloss[0]) / float64(vp.rows)
+			exp := vp.exp()
 			for r := range vp.rows {
 				row := vp.logits[r*vp.vocab : (r+1)*vp.vocab]
 				o := out[r*vp.vocab : (r+1)*vp.vocab]
+				k := scale / vp.sums[r]
 				for j, l := range row {
-					o[j] = T(math.Exp(float64(l)-vp.max[r]) / vp.sums[r] * scale)
+					o[j] = T(exp(float64(l)-vp.max[r]) * k)
 				}
 				if c := int(vp.labels[r]) - vp.offset; c >= 0 && c < vp.vocab {
 					o[c] -= T(scale)
@@ -105,7 +107,18 @@ type vocabCE[T kcpu.Float] struct {
 	max, maxes, sums    []float64 // sums: Σexp for each row, then target logits
 }
 
+// exp is the exponential of the logits less their max: on float32
+// logits the single-device cross-entropy's (kcpu.ExpForFloat32), so the
+// split and the whole vocabulary agree; math.Exp on float64.
+func (v *vocabCE[T]) exp() func(float64) float64 {
+	if _, ok := any(v.logits).([]float32); ok {
+		return kcpu.ExpForFloat32
+	}
+	return math.Exp
+}
+
 func (v *vocabCE[T]) stats() error {
+	exp := v.exp()
 	for r := range v.rows {
 		m := math.Inf(-1)
 		for _, l := range v.logits[r*v.vocab : (r+1)*v.vocab] {
@@ -125,7 +138,7 @@ func (v *vocabCE[T]) stats() error {
 		v.max[r] = m
 		var s float64
 		for _, l := range v.logits[r*v.vocab : (r+1)*v.vocab] {
-			s += math.Exp(float64(l) - m)
+			s += exp(float64(l) - m)
 		}
 		v.sums[r] = s
 		v.sums[v.rows+r] = 0
