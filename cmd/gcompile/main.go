@@ -841,7 +841,13 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 			errs = append(errs, err)
 		} else {
 			met.Schedule.BubbleProfiled = &sim.Bubble
-			fmt.Fprintf(j.log, "schedule %s with the measured F/B/W times: simulated bubble %.4f (unit costs: %.4f)\n", sched.Name, sim.Bubble, met.Schedule.BubbleSimulated)
+			// The bubble is counted against the busiest rank; a stage
+			// with less work (one without the head) idles beyond it.
+			busy := make([]string, len(sim.Busy))
+			for r, b := range sim.Busy {
+				busy[r] = fmt.Sprintf("%.0f %%", 100*b/max(sim.StepTime, 1e-300))
+			}
+			fmt.Fprintf(j.log, "schedule %s with the measured F/B/W times: simulated bubble %.4f (unit costs: %.4f); each rank busy %s of the step\n", sched.Name, sim.Bubble, met.Schedule.BubbleSimulated, strings.Join(busy, ", "))
 		}
 	}
 	if c.save != "" {

@@ -228,32 +228,67 @@ func formatDuration(d time.Duration) string {
 	return d.Round(time.Second).String()
 }
 
-// outputsLine prints the model's outputs, sorted; a MoE layer's
-// per-expert loads (NAME.load.eI) as one range NAME.load min–max, since
-// a line of every expert's figure would not fit (the metrics keep them).
+// outputsLine is the model's outputs on a step's line: a MoE layer's
+// expert loads as their range (name.load lo–hi), and an output every
+// layer has (h.N.moe.aux, …) as its range over the layers, named with *
+// for the layer (h.*.moe.aux lo–hi): a line per layer and expert ran to
+// thousands of characters on a deep model. The metrics keep every value.
 func outputsLine(outs map[string]float64) string {
-	var parts []string
-	at := map[string]int{} // a layer's load range: its index in parts
-	lo, hi := map[string]float64{}, map[string]float64{}
+	// key is what a name is shown under: an expert's load under its
+	// layer's, and a layer's under the pattern of all of them.
+	key := func(name string) string {
+		if i := strings.LastIndex(name, ".load.e"); i > 0 && isDigits(name[i+len(".load.e"):]) {
+			return name[:i] + ".load"
+		}
+		return name
+	}
+	layers := map[string]map[string]bool{} // pattern → the layers' keys
+	for name := range outs {
+		k := key(name)
+		p := layerPattern(k)
+		if layers[p] == nil {
+			layers[p] = map[string]bool{}
+		}
+		layers[p][k] = true
+	}
+	type span struct{ lo, hi float64 }
+	spans := map[string]*span{}
+	var order []string
 	for _, name := range slices.Sorted(maps.Keys(outs)) {
-		v := outs[name]
-		i := strings.LastIndex(name, ".load.e")
-		if i <= 0 || !isDigits(name[i+len(".load.e"):]) {
-			parts = append(parts, fmt.Sprintf("%s %.4g", name, v))
+		v, k := outs[name], key(name)
+		if p := layerPattern(k); len(layers[p]) > 1 {
+			k = p
+		}
+		if s, ok := spans[k]; ok {
+			s.lo, s.hi = min(s.lo, v), max(s.hi, v)
 			continue
 		}
-		layer := name[:i] + ".load"
-		if _, seen := at[layer]; !seen {
-			at[layer], lo[layer], hi[layer] = len(parts), v, v
-			parts = append(parts, "")
-		}
-		lo[layer], hi[layer] = min(lo[layer], v), max(hi[layer], v)
-		parts[at[layer]] = fmt.Sprintf("%s %.3g–%.3g", layer, lo[layer], hi[layer])
+		spans[k] = &span{v, v}
+		order = append(order, k)
 	}
-	if len(parts) == 0 {
+	if len(order) == 0 {
 		return ""
 	}
+	var parts []string
+	for _, k := range order {
+		if s := spans[k]; s.lo == s.hi {
+			parts = append(parts, fmt.Sprintf("%s %.4g", k, s.lo))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s %.3g–%.3g", k, s.lo, s.hi))
+		}
+	}
 	return " " + strings.Join(parts, " ")
+}
+
+// layerPattern is name with its all-digit parts (a layer's index) as *.
+func layerPattern(name string) string {
+	parts := strings.Split(name, ".")
+	for i, p := range parts {
+		if isDigits(p) {
+			parts[i] = "*"
+		}
+	}
+	return strings.Join(parts, ".")
 }
 
 func isDigits(s string) bool {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -575,4 +576,22 @@ func TestProgressSeesTheTerminalThroughTheLogWatch(t *testing.T) {
 	defer w.Close()
 	assert.False(t, isTerminal(&pipeWatch{w: w}))
 	assert.False(t, isTerminal(&bytes.Buffer{}))
+}
+
+// A step's line shows an expert's loads as their range and an output of
+// every layer as its range over the layers (h.*.…), so a deep MoE model's
+// line stays short; an output of one layer keeps its name.
+func TestOutputsLineFoldsLayersAndExperts(t *testing.T) {
+	outs := map[string]float64{"balance": 0.5}
+	for _, l := range []string{"1", "3", "10"} {
+		outs["h."+l+".moe.dropped"] = 0
+		outs["h."+l+".moe.aux"] = 1 + 0.01*float64(len(l))
+		for e := range 8 {
+			outs["h."+l+".moe.load.e"+strconv.Itoa(e)] = 0.125 * float64(e%3)
+		}
+	}
+	assert.Equal(t, " balance 0.5 h.*.moe.aux 1.01–1.02 h.*.moe.dropped 0 h.*.moe.load 0–0.25", outputsLine(outs))
+	one := map[string]float64{"h.1.moe.aux": 1.5, "h.1.moe.load.e0": 0.25, "h.1.moe.load.e1": 0.75}
+	assert.Equal(t, " h.1.moe.aux 1.5 h.1.moe.load 0.25–0.75", outputsLine(one))
+	assert.Empty(t, outputsLine(nil))
 }
