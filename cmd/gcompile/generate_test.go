@@ -404,6 +404,10 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	err = runGenerate(append([]string{gptModel, "--load", exported, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "the weights' run read its data with a tokenizer, whose size sets the model's vocabulary: give that --tokenizer")
+	exportDir := filepath.Dir(exported)
+	assert.Contains(t, err.Error(), "lie beside the weights: --tokenizer "+filepath.Join(exportDir, "vocab.json")+" --merges "+filepath.Join(exportDir, "merges.txt"), "export wrote the tokenizer beside them")
+	require.NoError(t, runGenerate(append([]string{gptModel, "--load", exported, "--prompt", "Document 3 says", "--max-new-tokens", "2",
+		"--tokenizer", filepath.Join(exportDir, "vocab.json"), "--merges", filepath.Join(exportDir, "merges.txt")}, set...), io.Discard, io.Discard), "as the refusal says")
 	err = runGenerate(append(append([]string{gptModel, "--load", exported, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), otherTok...), io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is not the tokenizer the weights' run ("+exported+") trained with")

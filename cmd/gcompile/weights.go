@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"maps"
+	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -109,7 +111,16 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 	if meta := savedMetadata(file); err != nil && classes == 0 && meta != nil && strings.Contains(meta["data"], ";tokenizer ") {
 		// A table of the tokenizer's vocabulary met the model's default
 		// one: the flag that gives the model its vocabulary is named.
-		err = fmt.Errorf("%w\n  the weights' run read its data with a tokenizer, whose size sets the model's vocabulary: give that --tokenizer", err)
+		// export --tokenizer writes the tokenizer's files beside the
+		// weights, as Hugging Face's folders hold them.
+		hint := "give that --tokenizer"
+		dir := filepath.Dir(file)
+		if beside := filepath.Join(dir, "tokenizer.json"); isRegularFile(beside) {
+			hint = fmt.Sprintf("give that --tokenizer (%s lies beside the weights: --tokenizer %s)", beside, dir)
+		} else if vocab, merges := filepath.Join(dir, "vocab.json"), filepath.Join(dir, "merges.txt"); isRegularFile(vocab) && isRegularFile(merges) {
+			hint = fmt.Sprintf("give that --tokenizer (%s and merges.txt lie beside the weights: --tokenizer %s --merges %s)", vocab, vocab, merges)
+		}
+		err = fmt.Errorf("%w\n  the weights' run read its data with a tokenizer, whose size sets the model's vocabulary: %s", err, hint)
 	}
 	return err
 }
@@ -300,4 +311,10 @@ func savedAbout(c *config, res *compile.Result) map[string]string {
 		about["data"] = d
 	}
 	return about
+}
+
+// isRegularFile says whether path names a regular file (after links).
+func isRegularFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }

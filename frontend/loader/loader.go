@@ -396,8 +396,9 @@ func (l *Loader) runDriver(bin, name, work string, cfg frontend.Config, describe
 		out, err := parseResult(result)
 		if err != nil {
 			msg := InFolder(err.Error(), filepath.Dir(name))
-			if !positioned(msg) {
-				// An error of the whole model (no b.Loss) names its file.
+			if !positioned(msg) && !strings.HasPrefix(msg, "--") {
+				// An error of the whole model (no b.Loss) names its file;
+				// one of a flag (--set) names the flag.
 				msg = relPath(name) + ": " + msg
 			}
 			err = errors.New(msg)
