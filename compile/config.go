@@ -54,6 +54,13 @@ type Config struct {
 	// do, instead of beside the backward where the runtime can (the CUDA
 	// backend's comm stream; the CPU backend always reduces in order).
 	SerialGradReduce bool
+	// CommStream says the runtime reduces gradient buckets on a stream
+	// of their own (the CUDA backend): a pipeline's sends then leave
+	// beside them, and its buckets stay where their gradients are made.
+	// Without it (the CPU backend, or SerialGradReduce) collectives run
+	// in program order, and a chunk's sends go before its buckets
+	// (lower.Options.SendsFirst).
+	CommStream bool
 	// GradReduceDType is --grad-reduce-dtype: "fp32" (or "") or the
 	// 16-bit format the gradients are reduced in over dp, ep and cp.
 	GradReduceDType string
@@ -424,7 +431,8 @@ func (c *Config) LowerOptions() (lower.Options, error) {
 	if prefetch == 0 {
 		prefetch = -1 // right before use; Options reads 0 as the default
 	}
-	return lower.Options{Offload: c.Offload, PrefetchLayers: prefetch, SerialBuckets: c.SerialGradReduce}, nil
+	return lower.Options{Offload: c.Offload, PrefetchLayers: prefetch, SerialBuckets: c.SerialGradReduce,
+		SendsFirst: !c.CommStream || c.SerialGradReduce}, nil
 }
 
 // PassOptions are the passes' options for the plan.

@@ -288,17 +288,21 @@ func (h *Hardware) pipelineStep(pred *Prediction, tl *Timeline, progs []*lower.P
 	p := sched.Ranks
 	type rankCost struct {
 		blocks      map[string]float64 // F/B/W block → seconds
-		sent        map[string]float64 // F/B/W block → seconds to its last send
+		sent        map[string]float64 // F/B/W block → seconds to its last microbatch send
+		toSend      map[string]float64 // the block's seconds so far that its sends wait for
 		head, tail  float64            // before the first block, after the last
 		blockCopies map[string]float64
 	}
 	costs := make([]rankCost, p)
 	for r := range p {
-		rc := rankCost{blocks: map[string]float64{}, sent: map[string]float64{}, blockCopies: map[string]float64{}}
+		rc := rankCost{blocks: map[string]float64{}, sent: map[string]float64{}, toSend: map[string]float64{}, blockCopies: map[string]float64{}}
 		if progs[r] == nil {
 			costs[r] = rc
 			continue
 		}
+		// A comm stream reduces the buckets beside the rest: a send
+		// after them in program order does not wait for them.
+		overlap := h.OverlapBuckets && !progs[r].SerialBuckets
 		cur := ""
 		for i, in := range progs[r].Instrs {
 			sl := tl.Instrs[r][i]
@@ -318,8 +322,14 @@ func (h *Hardware) pipelineStep(pred *Prediction, tl *Timeline, progs []*lower.P
 				} else {
 					rc.blocks[cur] += sl.Seconds
 				}
-				if in.Op == "send" {
-					rc.sent[cur] = rc.blocks[cur]
+				if !sl.Copy && !(overlap && in.Bucket > 0 && ir.Collectives[in.Op]) {
+					rc.toSend[cur] += sl.Seconds
+				}
+				// The microbatch's activation or gradient, which the next
+				// rank waits for; a once-a-step value (a tied embedding's
+				// gradient, sent after its bucket) is not.
+				if in.Op == "send" && in.Value != nil && in.Value.Meta.Micro >= 0 {
+					rc.sent[cur] = rc.toSend[cur]
 				}
 			}
 		}

@@ -219,6 +219,10 @@ type Options struct {
 	// each gradient bucket in program order on the compute stream, not on
 	// a stream of its own beside the rest of the backward.
 	SerialBuckets bool
+	// SendsFirst puts a pipeline block's sends before its gradient
+	// buckets (sendsBeforeBuckets), for a runtime that runs collectives
+	// in program order: the CPU backend, or SerialBuckets.
+	SendsFirst bool
 }
 
 // Lower builds the Program for m.

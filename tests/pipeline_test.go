@@ -301,12 +301,13 @@ func TestPipelineAccumulatesInTheBlock(t *testing.T) {
 	}
 }
 
-// A chunk's last backward sends its input gradient before its gradient
-// buckets' reductions, which it does not read: with collectives in
-// program order (the CPU backend) the rank before would otherwise wait
-// for them, every rank for the next one's. Checked on the dp 2 pipelines
-// under ZeRO 0 and 1 (all-reduce and reduce-scatter buckets), 1F1B and
-// interleaved.
+// With collectives in program order (the CPU backend: SendsFirst), a
+// chunk's last backward sends its input gradient before its gradient
+// buckets' reductions, which it does not read: the rank before would
+// otherwise wait for them, every rank for the next one's. Checked on the
+// dp 2 pipelines under ZeRO 0 and 1 (all-reduce and reduce-scatter
+// buckets), 1F1B and interleaved. A comm stream (the CUDA backend) keeps
+// the buckets where their gradients are made.
 func TestPipelineSendsBeforeItsReductions(t *testing.T) {
 	for _, c := range []struct {
 		pl   pipePlan
@@ -314,8 +315,28 @@ func TestPipelineSendsBeforeItsReductions(t *testing.T) {
 	}{{pipePlan{pp: 2, micro: 2, dp: 2, name: "1f1b"}, 0}, {pipePlan{pp: 2, micro: 2, dp: 2, name: "1f1b"}, 1}, {pipePlan{pp: 2, vpp: 2, micro: 2, dp: 2, name: "interleaved"}, 1}} {
 		t.Run(fmt.Sprintf("%s_zero%d", c.pl, c.zero), func(t *testing.T) {
 			c.pl.order = scheduleOrder(c.pl.name)
-			_, progs, _ := compilePipeline(t, c.pl, 4, pipeSetup{edit: func(o *passes.Options) { o.Zero = c.zero }})
+			edit := func(o *passes.Options) { o.Zero = c.zero }
+			_, progs, _ := compilePipeline(t, c.pl, 4, pipeSetup{edit: edit, lower: lower.Options{SendsFirst: true}})
 			sends, buckets := 0, 0
+			// sentAfter counts the microbatch sends that stand after a
+			// reduction of their block.
+			sentAfter := func(progs []*lower.Program) (n int) {
+				for _, prog := range progs {
+					reducing := map[string]bool{} // blocks that have begun their buckets
+					for _, in := range prog.Instrs {
+						if in.Bucket > 0 {
+							reducing[in.Block] = true
+						}
+						if in.Op == "send" && in.Value.Meta.Micro >= 0 && reducing[in.Block] {
+							n++
+						}
+					}
+				}
+				return n
+			}
+			_, kept, _ := compilePipeline(t, c.pl, 4, pipeSetup{edit: edit})
+			assert.Positive(t, sentAfter(kept), "without SendsFirst a send stands after its block's buckets")
+			assert.Zero(t, sentAfter(progs))
 			for r, prog := range progs {
 				reduced := map[int]bool{} // values read from a bucket's reductions
 				var firstBucket string

@@ -880,6 +880,7 @@ func (c *config) validate() error {
 	if c.packGPU && c.backend != "cuda" {
 		bad("--pack-gpu applies to --backend cuda")
 	}
+	c.CommStream = c.backend == "cuda"
 
 	if c.explicit["grad-reduce-dtype"] && c.GradReduceDType == "" {
 		bad("--grad-reduce-dtype \"\": want one of %s", strings.Join(passes.GradReduceDTypes, ", "))
