@@ -48,15 +48,20 @@ func exp2N(y float64) float64 {
 	if y < expMinY {
 		return 0
 	}
-	// Adding 1.5·2⁵² rounds y to an integer n held in the low bits of
-	// kd: n mod 64 picks the table entry, and n shifted up to the
-	// exponent field adds n/64 (floor) to the entry's exponent; the
-	// table has n mod 64's own share of that shift taken out already.
+	t, f := exp2Parts(y)
+	return t + t*f*(expC1+f*expC2)
+}
+
+// exp2Parts splits 2^(y/64) into the table's 2^(n/64), n the integer
+// nearest y, and the remainder f = y − n ∈ [−½, ½] a polynomial in f
+// finishes. Adding 1.5·2⁵² rounds y to n held in the low bits of kd:
+// n mod 64 picks the table entry, and n shifted up to the exponent field
+// adds n/64 (floor) to the entry's exponent; the table has n mod 64's
+// own share of that shift taken out already.
+func exp2Parts(y float64) (t, f float64) {
 	kd := y + 0x1.8p52
 	ki := math.Float64bits(kd)
-	f := y - (kd - 0x1.8p52)
-	t := math.Float64frombits(expTab[ki%expTabN] + ki<<(52-expTabBits))
-	return t + t*f*(expC1+f*expC2)
+	return math.Float64frombits(expTab[ki%expTabN] + ki<<(52-expTabBits)), y - (kd - 0x1.8p52)
 }
 
 const (

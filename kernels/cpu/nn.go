@@ -273,7 +273,7 @@ func CrossEntropy[T Float](logits []T, labels []int32, rows, vocab int) (T, erro
 	loss := make([]float64, rows)
 	lse := logSumExp[T]
 	if f, ok := any(logSumExp32).(func([]T) float64); ok {
-		lse = f // float32 logits: the exponentials by exp2N
+		lse = f // float32 logits: the exponentials by ExpForFloat32
 	}
 	ParallelFor(rows, rowGrain(vocab), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
@@ -334,10 +334,7 @@ func ExpForFloat32(x float64) float64 {
 	if y < expMinY {
 		return 0
 	}
-	kd := y + 0x1.8p52
-	ki := math.Float64bits(kd)
-	f := y - (kd - 0x1.8p52)
-	t := math.Float64frombits(expTab[ki%expTabN] + ki<<(52-expTabBits))
+	t, f := exp2Parts(y)
 	return t + t*f*(expC1+f*(expC2+f*expC3))
 }
 
