@@ -802,3 +802,17 @@ func TestContinuationAfterTheBOSAlone(t *testing.T) {
 	hello := append([]int32{bos}, tok.Encode([]byte("Hello"))...)
 	assert.Equal(t, " hi there", tx.continuation(hello, ids, -1))
 }
+
+// eval under pp runs the forward-only programs: training's schedule, its
+// backward blocks and optimizer, is not printed as if it ran.
+func TestEvalUnderPPPrintsNoTrainingSchedule(t *testing.T) {
+	w := filepath.Join(t.TempDir(), "w.safetensors")
+	model := []string{gptModel, "--set", "layers=2,hidden=32,heads=4,seq=16", "--batch", "4", "--max-data-mb", "1"}
+	require.NoError(t, mainErr(append(slices.Clone(model), "--run", "--steps", "1", "--save", w)))
+	log, err := captureStderr(t, func() error {
+		return mainErr(append(append([]string{"eval"}, model...), "--load", w, "--eval-batches", "1", "--devices", "2", "--pp", "2"))
+	})
+	require.NoError(t, err, log)
+	assert.Contains(t, log, "eval batch 1/1")
+	assert.NotContains(t, log, "schedule 1f1b")
+}

@@ -299,7 +299,8 @@ func compileAndRun(c *config, j *job) (err error) {
 		if note := prefetchNote(c, progs); note != "" {
 			fmt.Fprintln(j.log, note)
 		}
-		if sched != nil {
+		if sched != nil && !c.evalOnly {
+			// eval runs the forward-only programs, not this schedule.
 			fmt.Fprintf(j.log, "schedule %s (p=%d v=%d m=%d): bubble %.4f in theory, %.4f simulated; activations stashed per rank %v\n%s",
 				sched.Name, sched.Ranks, sched.Chunks, sched.Micro, c.BubbleTheory(), res.Simulated.Bubble, res.Simulated.StashPeak, sched)
 		}
