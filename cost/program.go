@@ -368,8 +368,9 @@ func (h *Hardware) pipelineStep(pred *Prediction, tl *Timeline, progs []*lower.P
 		return c
 	}
 	// What a block sends leaves when it is made: the next rank need not
-	// wait for the work after the block's last send (weight gradients,
-	// the data-parallel reductions of a chunk's last backward).
+	// wait for the work after the block's microbatch send (weight
+	// gradients, the data-parallel reductions of a chunk's last
+	// backward).
 	ready := func(a schedule.Action) float64 {
 		name, ok := blockName(a)
 		if !ok {
