@@ -169,15 +169,37 @@ func writeValue(b textWriter, v *Value, pos bool) {
 	}
 	b.WriteString(" : ")
 	b.WriteString(v.Type.String())
-	var fields []string
 	keys := make([]string, 0, len(v.Attrs))
 	for k := range v.Attrs {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	for _, k := range keys {
-		fields = append(fields, k+"="+formatAttr(v.Attrs[k]))
+	// The attributes are written as they go: a constant's data is one
+	// string of megabytes, which a field built by concatenation copied
+	// three times on every print, and every pass hashes the module.
+	braced := false
+	open := func() {
+		if braced {
+			b.WriteByte(' ')
+			return
+		}
+		b.WriteString(" {")
+		braced = true
 	}
+	for _, k := range keys {
+		open()
+		b.WriteString(k)
+		b.WriteByte('=')
+		if x, ok := v.Attrs[k].(string); ok && plainASCII(x) {
+			// strconv.Quote's own result for such a string, uncopied.
+			b.WriteByte('"')
+			b.WriteString(x)
+			b.WriteByte('"')
+		} else {
+			b.WriteString(formatAttr(v.Attrs[k]))
+		}
+	}
+	var fields []string
 	if v.Place != nil {
 		ps := make([]string, len(v.Place))
 		for i, p := range v.Place {
@@ -206,20 +228,28 @@ func writeValue(b textWriter, v *Value, pos bool) {
 	if v.Meta.Precision != Invalid {
 		fields = append(fields, "precision="+v.Meta.Precision.String())
 	}
-	if len(fields) > 0 {
-		b.WriteString(" {")
-		for i, f := range fields {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			b.WriteString(f)
-		}
+	for _, f := range fields {
+		open()
+		b.WriteString(f)
+	}
+	if braced {
 		b.WriteByte('}')
 	}
 	if pos && v.Pos.IsKnown() {
 		b.WriteString(" @")
 		b.WriteString(v.Pos.String())
 	}
+}
+
+// plainASCII says strconv.Quote would only put quotes around s: printable
+// ASCII without a quote or a backslash.
+func plainASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 func formatAttr(a any) string {

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -555,4 +556,17 @@ func TestBlockedPlacementRoundTrip(t *testing.T) {
 	assert.ErrorContains(t, ir.Verify(m, ""), "S(1)x3 on axis tp: dim size 9 is not divisible by 6")
 	_, err = ir.Parse("b.gir", "gir 1\nmodule \"b\"\nmesh tp=2\n%0 = param : f32[8] {name=\"w\" place=[S(0)x1]}\n")
 	assert.ErrorContains(t, err, "want S(d)xK with K ≥ 2")
+}
+
+// String attributes print as strconv.Quote writes them, whether the
+// printer writes a plain one as it is (a constant's megabytes of data)
+// or quotes it, and the line parses back to the same string.
+func TestStringAttrsPrintQuoted(t *testing.T) {
+	for _, s := range []string{"plain", "", "1.5 -2e-07 3", `a "quote"`, `back\slash`, "tab\there", "é", "\x7f", strings.Repeat("0.125 ", 1000)} {
+		v := &ir.Value{ID: 7, Op: "const", Type: ir.T(ir.F32, 1), Attrs: ir.Attrs{"data": s, "name": "c"}}
+		line := ir.FormatValue(v)
+		if !strings.Contains(line, " {data="+strconv.Quote(s)+" name=\"c\" ") {
+			t.Errorf("%.60q prints as %.200s", s, line)
+		}
+	}
 }
