@@ -184,21 +184,9 @@ func Plan(req Request) (*Result, error) {
 	var feasible []*Candidate
 	for _, cfg := range enumerate(req.Base, shape, req.Hardware, selective) {
 		res.Considered++
-		c := &Candidate{Config: cfg, Plan: planOf(cfg)}
-		probe := cfg
-		probe.Explicit = map[string]bool{}
-		for k, v := range cfg.Explicit {
-			probe.Explicit[k] = v
-		}
-		if err := probe.Validate(); err != nil {
-			c.Rejected = firstLine(err)
-			res.reject(c)
-			continue
-		}
-		c.Config = probe
-		c.Plan = planOf(probe)
-		if why := zeroSplit(shape, c.Plan); why != "" {
-			c.Rejected = why
+		probe, why := admit(cfg, shape)
+		c := &Candidate{Config: probe, Plan: planOf(probe), Rejected: why}
+		if why != "" {
 			res.reject(c)
 			continue
 		}
@@ -351,35 +339,7 @@ func Plan(req Request) (*Result, error) {
 		// candidate's compile error says the same less directly.
 		// A reason many candidates share (an option the user fixed that
 		// no plan can take) is said once, with how many it rejected.
-		why := fixedConflicts(req.Base, shape)
-		var reasons []string
-		first := map[string]*Candidate{}
-		for _, c := range res.Rejected {
-			if first[c.Rejected] == nil {
-				first[c.Rejected] = c
-				reasons = append(reasons, c.Rejected)
-			}
-		}
-		listed := 0
-		for i, r := range reasons {
-			if i >= 5 {
-				why = append(why, fmt.Sprintf("… and %d more reasons", len(reasons)-i))
-				break
-			}
-			n := res.rejectedBy[r]
-			listed += n
-			switch {
-			case n == res.RejectedCount:
-				why = append(why, fmt.Sprintf("every candidate: %s", r))
-			case n > 1:
-				why = append(why, fmt.Sprintf("%s and %d more: %s", Describe(first[r].Config), n-1, r))
-			default:
-				why = append(why, fmt.Sprintf("%s: %s", Describe(first[r].Config), r))
-			}
-		}
-		if rest := res.RejectedCount - listed; rest > 0 && len(reasons) <= 5 {
-			why = append(why, fmt.Sprintf("%d more candidates for other reasons", rest))
-		}
+		why := append(fixedConflicts(req.Base, shape), res.rejectionReasons()...)
 		if c := res.closest; c != nil && c.MemoryBytes() > capBytes {
 			// The reasons come in the search's order: the plan that came
 			// nearest is named, with how far it is.
@@ -489,36 +449,63 @@ func CheckCandidates(base compile.Config, m *ir.Module, hw *cost.Hardware) error
 	if len(cands) == 0 {
 		return fmt.Errorf("%w on %d devices: no candidate exists: %s", ErrNoPlan, base.Devices, noCandidates(base, shape))
 	}
-	count := map[string]int{}
-	var reasons []string
+	res := &Result{}
 	for _, cfg := range cands {
-		probe := cfg
-		probe.Explicit = maps.Clone(cfg.Explicit)
-		why := ""
-		if err := probe.Validate(); err != nil {
-			why = firstLine(err)
-		} else if why = zeroSplit(shape, planOf(probe)); why == "" {
+		probe, why := admit(cfg, shape)
+		if why == "" {
 			return nil
 		}
-		if count[why] == 0 {
-			reasons = append(reasons, why)
-		}
-		count[why]++
+		res.reject(&Candidate{Config: probe, Rejected: why})
 	}
-	var says []string
-	for i, r := range reasons {
-		if i == 5 {
-			says = append(says, fmt.Sprintf("… and %d more reasons", len(reasons)-i))
+	return fmt.Errorf("%w on %d devices (%d candidates): %s", ErrNoPlan, base.Devices, len(cands), strings.Join(res.rejectionReasons(), "; "))
+}
+
+// admit validates a candidate as the compiler would before any pricing:
+// the config Validate completes (cfg itself when it fails), and why it
+// cannot run, "" when it can.
+func admit(cfg compile.Config, t cost.Transformer) (compile.Config, string) {
+	probe := cfg
+	probe.Explicit = map[string]bool{}
+	maps.Copy(probe.Explicit, cfg.Explicit)
+	if err := probe.Validate(); err != nil {
+		return cfg, firstLine(err)
+	}
+	return probe, zeroSplit(t, planOf(probe))
+}
+
+// rejectionReasons says why the candidates were rejected: a reason many
+// share (an option the user fixed that no plan can take) once, with how
+// many it rejected, five reasons at most.
+func (r *Result) rejectionReasons() []string {
+	var reasons, why []string
+	first := map[string]*Candidate{}
+	for _, c := range r.Rejected {
+		if first[c.Rejected] == nil {
+			first[c.Rejected] = c
+			reasons = append(reasons, c.Rejected)
+		}
+	}
+	listed := 0
+	for i, reason := range reasons {
+		if i >= 5 {
+			why = append(why, fmt.Sprintf("… and %d more reasons", len(reasons)-i))
 			break
 		}
-		if count[r] == len(cands) {
-			r = "every candidate: " + r
-		} else {
-			r = fmt.Sprintf("%d candidates: %s", count[r], r)
+		n := r.rejectedBy[reason]
+		listed += n
+		switch {
+		case n == r.RejectedCount:
+			why = append(why, fmt.Sprintf("every candidate: %s", reason))
+		case n > 1:
+			why = append(why, fmt.Sprintf("%s and %d more: %s", Describe(first[reason].Config), n-1, reason))
+		default:
+			why = append(why, fmt.Sprintf("%s: %s", Describe(first[reason].Config), reason))
 		}
-		says = append(says, r)
 	}
-	return fmt.Errorf("%w on %d devices (%d candidates): %s", ErrNoPlan, base.Devices, len(cands), strings.Join(says, "; "))
+	if rest := r.RejectedCount - listed; rest > 0 && len(reasons) <= 5 {
+		why = append(why, fmt.Sprintf("%d more candidates for other reasons", rest))
+	}
+	return why
 }
 
 // FixedConflicts are the rules the axes marked explicit in base break by

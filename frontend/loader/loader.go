@@ -434,13 +434,9 @@ func InFolder(msg, dir string) string {
 	}
 	lines := strings.Split(msg, "\n")
 	for i, line := range lines {
-		file, rest, ok := strings.Cut(line, ":")
-		if !ok || !strings.HasSuffix(file, ".go") || strings.ContainsAny(file, `/\ `) {
+		file, rest, ok := goPosition(line)
+		if !ok || strings.ContainsAny(file, `/\ `) {
 			continue
-		}
-		digits := len(rest) - len(strings.TrimLeft(rest, "0123456789"))
-		if digits == 0 || !strings.HasPrefix(rest[digits:], ":") {
-			continue // not FILE:LINE: …
 		}
 		if fi, err := os.Stat(filepath.Join(dir, file)); err == nil && fi.Mode().IsRegular() {
 			lines[i] = filepath.Join(dir, file) + ":" + rest
@@ -449,10 +445,21 @@ func InFolder(msg, dir string) string {
 	return strings.Join(lines, "\n")
 }
 
-// positioned says msg starts at a place of a Go file: FILE.go:LINE.
+// goPosition splits a line that starts at a place of a Go file,
+// FILE.go:LINE: …, into the file and what follows its colon.
+func goPosition(line string) (file, rest string, ok bool) {
+	file, rest, ok = strings.Cut(line, ":")
+	if !ok || !strings.HasSuffix(file, ".go") {
+		return "", "", false
+	}
+	digits := len(rest) - len(strings.TrimLeft(rest, "0123456789"))
+	return file, rest, digits > 0 && strings.HasPrefix(rest[digits:], ":")
+}
+
+// positioned says msg starts at a place of a Go file.
 func positioned(msg string) bool {
-	file, rest, ok := strings.Cut(msg, ":")
-	return ok && strings.HasSuffix(file, ".go") && len(rest) > 0 && rest[0] >= '0' && rest[0] <= '9'
+	_, _, ok := goPosition(msg)
+	return ok
 }
 
 // parseResult splits the driver's result file into its status and payload.

@@ -301,9 +301,8 @@ func logSumExp[T Float](x []T) float64 {
 	return m + math.Log(s)
 }
 
-// logSumExp32 is logSumExp of float32 values with exp2N for math.Exp:
-// a relative error below 3e-8 on each term, under half of float32's
-// rounding, at a few times the speed. On a real vocabulary (32,000
+// logSumExp32 is logSumExp of float32 values with ExpForFloat32 for
+// math.Exp, at a few times the speed: on a real vocabulary (32,000
 // entries a row) the cross-entropy's exponentials took more of a CPU
 // step than every matmul together. float64 programs (the oracle tests')
 // keep math.Exp.
@@ -377,25 +376,28 @@ func CrossEntropyGrad[T Float](dlogits, logits []T, labels []int32, dloss T, row
 	}
 	ParallelFor(rows, rowGrain(vocab), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
-			x, d := logits[r*vocab:(r+1)*vocab], dlogits[r*vocab:(r+1)*vocab]
-			lse := logSumExp(x)
-			// The label's logit is read before the loop writes: dlogits
-			// may be logits (the op works in place).
-			l := labels[r]
-			xl := x[l]
-			for j, v := range x {
-				d[j] = T(math.Exp(float64(v)-lse) * scale)
-			}
-			d[l] = T((math.Exp(float64(xl)-lse) - 1) * scale)
+			crossEntropyGradRow(dlogits[r*vocab:(r+1)*vocab], logits[r*vocab:(r+1)*vocab], labels[r], scale)
 		}
 	})
 	return nil
 }
 
-// crossEntropyGrad32 is CrossEntropyGrad on float32 logits: one exp2N a
-// logit (logSumExp32's), kept in float64 for the row's normalization,
-// where the float64 kernel takes two math.Exp. A row whose max is not
-// finite takes the float64 kernel's path.
+// crossEntropyGradRow is one row of CrossEntropyGrad by math.Exp.
+func crossEntropyGradRow[T Float](d, x []T, l int32, scale float64) {
+	lse := logSumExp(x)
+	// The label's logit is read before the loop writes: d may be x (the
+	// op works in place).
+	xl := x[l]
+	for j, v := range x {
+		d[j] = T(math.Exp(float64(v)-lse) * scale)
+	}
+	d[l] = T((math.Exp(float64(xl)-lse) - 1) * scale)
+}
+
+// crossEntropyGrad32 is CrossEntropyGrad on float32 logits: one
+// ExpForFloat32 a logit (logSumExp32's), kept in float64 for the row's
+// normalization, where the float64 kernel takes two math.Exp. A row
+// whose max is not finite takes the float64 kernel's path.
 func crossEntropyGrad32(dlogits, logits []float32, labels []int32, scale float64, rows, vocab int) {
 	ParallelFor(rows, rowGrain(vocab), func(lo, hi int) {
 		p := make([]float64, vocab)
@@ -404,12 +406,7 @@ func crossEntropyGrad32(dlogits, logits []float32, labels []int32, scale float64
 			l := labels[r]
 			m := rowMax(x)
 			if math.IsInf(m, 0) || m != m {
-				lse := logSumExp(x)
-				xl := x[l]
-				for j, v := range x {
-					d[j] = float32(math.Exp(float64(v)-lse) * scale)
-				}
-				d[l] = float32((math.Exp(float64(xl)-lse) - 1) * scale)
+				crossEntropyGradRow(d, x, l, scale)
 				continue
 			}
 			s := 0.0

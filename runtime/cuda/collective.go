@@ -18,8 +18,6 @@ func init() {
 	register(roundingEach(emulated((*compiler).collective)), "all_reduce", "reduce_scatter", "all_gather", "shard_slice", "all_to_all")
 }
 
-// axisGroup is the group of devices that differ from this one only on
-// mesh axis ax, ordered by their coordinate on it.
 // roundingEach runs a 16-bit reduction that rounds each add (the
 // attribute round_each: the gradient reductions --grad-reduce-dtype
 // narrows) on its 16-bit buffers themselves, as the CPU backend's
@@ -39,6 +37,8 @@ func roundingEach(f prepare) prepare {
 	}
 }
 
+// axisGroup is the group of devices that differ from this one only on
+// mesh axis ax, ordered by their coordinate on it.
 func (d *Device) axisGroup(ax int) group { return meshGroup(d.prog.Mesh, d.coords, d.rank, ax) }
 
 // meshGroup is the group along mesh axis ax through the device at coords
@@ -403,8 +403,7 @@ func (c *compiler) bucket(g group, s *site, ax int) (func() error, error) {
 	dt := c.dtype(members[0].Out)
 	es, _ := elemSum(dt)
 	for k, m := range members {
-		mdt := c.dtype(m.Out)
-		if mdt != dt || c.dtype(m.Args[0]) != dt || dt != ir.F32 && !(dt.Is16() && m.Attrs.Bool("round_each")) {
+		if c.dtype(m.Out) != dt || c.dtype(m.Args[0]) != dt || dt != ir.F32 && !(dt.Is16() && m.Attrs.Bool("round_each")) {
 			return nil, fmt.Errorf("bucketed all_reduce of %v → %v: the cuda backend reduces buckets of fp32, or of one 16-bit format rounding each add", c.buf(m.Args[0]).Type, c.buf(m.Out).Type)
 		}
 		srcs[k], outs[k] = at(c.buf(m.Args[0])), at(c.buf(m.Out))
