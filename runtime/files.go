@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"gcompile/internal/linkpath"
 	"gcompile/internal/pidlock"
 )
 
@@ -53,6 +54,7 @@ func WriteFileAtomic(path string, b []byte) error { return writeFile(path, b, tr
 func ReplaceFile(path string, b []byte) error { return writeFile(path, b, false) }
 
 func writeFile(path string, b []byte, sync bool) (err error) {
+	path = linkpath.Target(path)
 	f, err := createTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return fmt.Errorf("write %s: temporary file: %w", path, err)

@@ -130,3 +130,30 @@ func TestWriteRemovesTheTemporaryFilesOfTheKilled(t *testing.T) {
 	defer f.Close()
 	assert.True(t, strings.HasPrefix(filepath.Base(f.Name()), ".x."+tempOwner()+"."), f.Name())
 }
+
+// An output named through a symbolic link is written where the link
+// leads, a link to a file yet to be written too: the link stays, and no
+// temporary file is left in either folder.
+func TestOutputsAreWrittenThroughLinks(t *testing.T) {
+	for name, write := range map[string]func(string, []byte) error{"WriteFileAtomic": WriteFileAtomic, "ReplaceFile": ReplaceFile} {
+		t.Run(name, func(t *testing.T) {
+			dir, other := t.TempDir(), t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(other, "old.json"), []byte("old"), 0o644))
+			require.NoError(t, os.Symlink(filepath.Join(other, "old.json"), filepath.Join(dir, "a.json")))
+			require.NoError(t, os.Symlink(filepath.Join(other, "new.json"), filepath.Join(dir, "b.json")))
+			for _, f := range []string{"a.json", "b.json"} {
+				require.NoError(t, write(filepath.Join(dir, f), []byte("from "+f)))
+				fi, err := os.Lstat(filepath.Join(dir, f))
+				require.NoError(t, err)
+				assert.NotZero(t, fi.Mode()&os.ModeSymlink, "%s is still a link", f)
+			}
+			for target, want := range map[string]string{"old.json": "from a.json", "new.json": "from b.json"} {
+				raw, err := os.ReadFile(filepath.Join(other, target))
+				require.NoError(t, err)
+				assert.Equal(t, want, string(raw))
+			}
+			assert.Equal(t, []string{"a.json", "b.json"}, entries(t, dir))
+			assert.Equal(t, []string{"new.json", "old.json"}, entries(t, other))
+		})
+	}
+}

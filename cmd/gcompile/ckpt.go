@@ -66,10 +66,7 @@ func checkCheckpointPaths(c *config) (string, error) {
 // enclosingCheckpoint is the checkpoint (a folder holding a manifest
 // gcompile wrote) that dir is, or lies inside, or "".
 func enclosingCheckpoint(dir string) string {
-	d, err := filepath.Abs(dir)
-	if err != nil {
-		return ""
-	}
+	d := realPath(dir)
 	for {
 		if _, err := os.Stat(filepath.Join(d, checkpoint.ManifestName)); err == nil {
 			if _, err := checkpoint.ReadManifest(d); err == nil {
@@ -721,7 +718,7 @@ func exportMain(args []string) error {
 	if within(dir, *out) {
 		return fmt.Errorf("export: --out %s is inside the checkpoint %s it exports: it would write over the checkpoint's files; give a path outside", *out, dir)
 	}
-	if ck := enclosingCheckpoint(filepath.Dir(*out)); ck != "" {
+	if ck := enclosingCheckpoint(filepath.Dir(realPath(*out))); ck != "" {
 		return fmt.Errorf("export: --out %s is inside checkpoint %s: it would write over or beside that checkpoint's files; give a path outside", *out, ck)
 	}
 	// Probed as --save is: a device, a pipe or a folder under that name is

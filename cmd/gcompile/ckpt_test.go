@@ -1408,6 +1408,28 @@ func TestStaticLossScaleIsTheRunsOwn(t *testing.T) {
 	require.Error(t, s.Restore(runtime.ScalerState{Scale: 4096, Dynamic: true}))
 }
 
+// --save and --metrics named through links write the files the links
+// lead to, one of them yet to be written; the links stay links.
+func TestOutputsAreWrittenThroughLinks(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	weights, metrics := filepath.Join(dir, "w.safetensors"), filepath.Join(dir, "m.json")
+	writeFile(t, filepath.Join(other, "w.safetensors"), "an older file")
+	require.NoError(t, os.Symlink(filepath.Join(other, "w.safetensors"), weights))
+	require.NoError(t, os.Symlink("../"+filepath.Base(other)+"/m.json", metrics))
+	require.NoError(t, mainErr(gir(t, append(slices.Clone(ckptGPT), "--steps", "1", "--save", weights, "--metrics", metrics))))
+	for _, p := range []string{weights, metrics} {
+		fi, err := os.Lstat(p)
+		require.NoError(t, err)
+		assert.NotZero(t, fi.Mode()&os.ModeSymlink, "%s is still a link", p)
+	}
+	ts, _, err := checkpoint.Load(filepath.Join(other, "w.safetensors"))
+	require.NoError(t, err)
+	assert.NotEmpty(t, ts)
+	raw, err := os.ReadFile(filepath.Join(other, "m.json"))
+	require.NoError(t, err)
+	assert.True(t, json.Valid(raw), "the metrics written through the link")
+}
+
 // No output lands in a checkpoint the run does not write, also through a
 // linked folder; one file reached under two names is one output; a name
 // too long for its temporary file is refused before training; a dump
@@ -1424,6 +1446,12 @@ func TestOutputsNeverWriteIntoACheckpoint(t *testing.T) {
 	require.NoError(t, os.MkdirAll(outs, 0o755))
 	outsLink := filepath.Join(dir, "outs-link")
 	require.NoError(t, os.Symlink(outs, outsLink))
+	// Outputs are written through links (linkpath.Target): a link's
+	// target is where the output lands.
+	fileLink := filepath.Join(dir, "file-link.safetensors")
+	require.NoError(t, os.Symlink(filepath.Join(step, "rank-00000.safetensors"), fileLink))
+	newLink := filepath.Join(dir, "new-link.json")
+	require.NoError(t, os.Symlink(filepath.Join(step, "metrics.json"), newLink))
 	site := filepath.Join(dir, "site")
 	writeFile(t, filepath.Join(site, "index.html"), "<h1>my site</h1>")
 	before := stateSums(t, step)
@@ -1436,6 +1464,10 @@ func TestOutputsNeverWriteIntoACheckpoint(t *testing.T) {
 			"--save " + filepath.Join(step, "rank-00000.safetensors") + " is inside checkpoint " + step},
 		{"--save through a linked folder into the resumed checkpoint", []string{"--steps", "3", "--resume", ck, "--save", filepath.Join(link, "rank-00000.safetensors")},
 			"is inside --resume " + ck},
+		{"--save, a link to another run's checkpoint file", []string{"--steps", "1", "--save", fileLink},
+			"--save " + fileLink + " is inside checkpoint " + step},
+		{"--metrics, a link to a file yet to be written in a checkpoint", []string{"--steps", "1", "--metrics", newLink},
+			"--metrics " + newLink + " is inside checkpoint " + step},
 		{"two outputs, one file under two names", []string{"--steps", "1", "--metrics", filepath.Join(outs, "a.json"), "--trace", filepath.Join(outsLink, "a.json")},
 			"--metrics and --trace both write " + filepath.Join(outsLink, "a.json")},
 		{"a name too long for its temporary file", []string{"--steps", "1", "--save", filepath.Join(outs, strings.Repeat("L", 240)+".safetensors")},

@@ -15,6 +15,7 @@ import (
 	"gcompile/data"
 	"gcompile/data/tokenizer"
 	"gcompile/internal/filekind"
+	"gcompile/internal/linkpath"
 	"gcompile/runtime"
 	"gcompile/runtime/checkpoint"
 )
@@ -207,10 +208,11 @@ const maxOutputName = 255 - runtime.TempNameOverhead
 
 // realPath is path made absolute with the links of its deepest existing
 // folder resolved (the rest need not exist yet): a folder reached through
-// a link is the folder it names, for outputs that must not land inside
-// another's files.
+// a link is the folder it names, and a link is where it leads, as an
+// output is written (linkpath.Target), for outputs that must not land
+// inside another's files.
 func realPath(path string) string {
-	p, err := filepath.Abs(path)
+	p, err := filepath.Abs(linkpath.Target(path))
 	if err != nil {
 		return path
 	}
@@ -297,7 +299,7 @@ func checkOutputs(c *config) error {
 			}
 		}
 		// Another run's checkpoint, which this run does not name.
-		if ck := enclosingCheckpoint(filepath.Dir(o.path)); ck != "" && !inside {
+		if ck := enclosingCheckpoint(filepath.Dir(realPath(o.path))); ck != "" && !inside {
 			errs = append(errs, fmt.Errorf("--%s %s is inside checkpoint %s: it would write over or beside that checkpoint's files; give it a path outside", o.flag, o.path, ck))
 		}
 	}
@@ -374,6 +376,7 @@ func checkOutputs(c *config) error {
 // its folder exists or can be created, a file can be created in it (the
 // outputs are written next to their path and renamed over it), and an
 // existing file at path is a regular file that can be opened for writing.
+// A link is checked as the file it leads to, which the output replaces.
 // The probe leaves everything as it found it: an existing file is opened
 // without truncation and closed, and the probe file and any folder made
 // for it are removed.
@@ -411,7 +414,13 @@ func checkOutputFile(flag, path string) error {
 		// searched.
 		return pathErr(flag, path, err)
 	}
-	return probeFolder(flag, filepath.Dir(path))
+	// An output is written through a link to where it leads
+	// (linkpath.Target): the temporary file goes beside the target.
+	target := linkpath.Target(path)
+	if n := len(filepath.Base(target)); target != path && n > maxOutputName {
+		return fmt.Errorf("--%s %s: a link to %s, a file name of %d bytes; written through a temporary file %d bytes longer, past file systems' 255, it takes at most %d", flag, path, target, n, runtime.TempNameOverhead, maxOutputName)
+	}
+	return probeFolder(flag, filepath.Dir(target))
 }
 
 // pathErr is the error of a flag's path whose stat failed other than by

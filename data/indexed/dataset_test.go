@@ -662,3 +662,31 @@ func TestReadPastFourGiB(t *testing.T) {
 		})
 	}
 }
+
+// A dataset whose .bin and .idx are links (into another folder) is
+// written where they lead, the links kept: a prepare rerun over a
+// dataset kept on another disk updates it there.
+func TestWriterWritesThroughLinks(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	prefix := filepath.Join(dir, "d")
+	for _, ext := range []string{".bin", ".idx"} {
+		require.NoError(t, os.Symlink(filepath.Join(other, "real"+ext), prefix+ext))
+	}
+	w, err := Create(prefix, Uint16)
+	require.NoError(t, err)
+	require.NoError(t, w.Add([]int32{5, 6, 7}))
+	require.NoError(t, w.Commit())
+	for _, ext := range []string{".bin", ".idx"} {
+		fi, err := os.Lstat(prefix + ext)
+		require.NoError(t, err)
+		assert.NotZero(t, fi.Mode()&os.ModeSymlink, "%s is still a link", ext)
+	}
+	d, err := Open(filepath.Join(other, "real"))
+	require.NoError(t, err)
+	defer d.Close()
+	assert.Equal(t, 1, d.NumDocuments())
+	assert.Equal(t, int64(3), d.Tokens())
+	es, err := os.ReadDir(other)
+	require.NoError(t, err)
+	assert.Len(t, es, 2, "no temporary file left beside the targets")
+}

@@ -10,7 +10,10 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+
+	"gcompile/internal/linkpath"
 )
 
 // writeBuffer is the buffer in front of each output file: large enough that
@@ -49,14 +52,15 @@ func Create(prefix string, dt DType) (*Writer, error) {
 	if !dt.Integer() {
 		return nil, fmt.Errorf("indexed: create %s: dtype %s: token ids must be stored as an integer type (uint8, int8, int16, int32, int64 or uint16): %w", prefix, dt, ErrDType)
 	}
-	dir, base := filepath.Dir(prefix), filepath.Base(prefix)
-	w := &Writer{prefix: prefix, dt: dt, binPath: prefix + ".bin", idxPath: prefix + ".idx"}
+	// A file of the pair that is a link is written where it leads
+	// (linkpath.Target), its temporary file beside it.
+	w := &Writer{prefix: prefix, dt: dt, binPath: linkpath.Target(prefix + ".bin"), idxPath: linkpath.Target(prefix + ".idx")}
 	w.lo, w.hi = dt.Range()
 	var err error
-	if w.bin, err = os.CreateTemp(dir, base+".bin.tmp-*"); err != nil {
+	if w.bin, err = os.CreateTemp(filepath.Dir(w.binPath), filepath.Base(w.binPath)+".tmp-*"); err != nil {
 		return nil, fmt.Errorf("indexed: create %s: the output folder is not writable: %w", prefix, err)
 	}
-	if w.idx, err = os.CreateTemp(dir, base+".idx.tmp-*"); err != nil {
+	if w.idx, err = os.CreateTemp(filepath.Dir(w.idxPath), filepath.Base(w.idxPath)+".tmp-*"); err != nil {
 		w.Abort()
 		return nil, fmt.Errorf("indexed: create %s: the output folder is not writable: %w", prefix, err)
 	}
@@ -311,10 +315,12 @@ func (w *Writer) commit(companions []Companion) error {
 		return err
 	}
 	placed = append(placed, w.idxPath)
-	if err := syncDir(filepath.Dir(w.prefix)); err != nil {
-		// Everything is in place but the names may not survive a crash.
-		undo()
-		return fmt.Errorf("sync the folder %s: %w", filepath.Dir(w.prefix), err)
+	for _, dir := range slices.Compact([]string{filepath.Dir(w.binPath), filepath.Dir(w.idxPath)}) {
+		if err := syncDir(dir); err != nil {
+			// Everything is in place but the names may not survive a crash.
+			undo()
+			return fmt.Errorf("sync the folder %s: %w", dir, err)
+		}
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"gcompile/internal/jsonerr"
+	"gcompile/internal/linkpath"
 	"gcompile/runtime"
 )
 
@@ -282,6 +283,7 @@ func save(path string, tensors []Tensor, metadata map[string]string) (sum Sum, e
 	if _, err := plan(tensors, metadata); err != nil {
 		return Sum{}, err
 	}
+	path = linkpath.Target(path)
 	// A temporary name of its own: path+".tmp" could be a user's file.
 	f, err := runtime.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {

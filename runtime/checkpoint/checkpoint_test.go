@@ -243,6 +243,24 @@ func TestWriteReportsWriterErrors(t *testing.T) {
 	}
 }
 
+// A save named through a symbolic link writes the file the link leads
+// to; the link stays a link.
+func TestSaveWritesThroughALink(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	link := filepath.Join(dir, "model.safetensors")
+	mustNoErr(t, os.Symlink(filepath.Join(other, "weights.safetensors"), link))
+	mustNoErr(t, Save(link, sampleTensors(), map[string]string{"step": "1"}))
+	fi, err := os.Lstat(link)
+	mustNoErr(t, err)
+	expect(t, fi.Mode()&os.ModeSymlink != 0, "the link was replaced by a file")
+	ts, meta, err := Load(filepath.Join(other, "weights.safetensors"))
+	mustNoErr(t, err)
+	expectEqual(t, len(sampleTensors()), len(ts), "tensors in the target")
+	expectEqual(t, "1", meta["step"], "the target's metadata")
+	entries, _ := os.ReadDir(other)
+	expectEqual(t, 1, len(entries), "files in the target's folder")
+}
+
 func TestSaveIsAtomic(t *testing.T) {
 	bad := []Tensor{{Name: "w", DType: "F32", Shape: []int{4}, Data: make([]byte, 3)}}
 	good := sampleTensors()
