@@ -207,17 +207,22 @@ func checkMergeInputs(out string, inputs []string) error {
 
 // mergeRecords is the merged dataset's record, its counts to be filled
 // in, when every input has one and they agree on the tokenizer; nil and
-// why not when some input has none.
+// why not when some input has none. The inputs that have one are all
+// compared, wherever one without stands among them: shards of two
+// tokenizers are refused in any order.
 func mergeRecords(inputs []string) (*Meta, string, error) {
 	var merged *Meta
-	first := ""
+	first, without := "", ""
 	for _, p := range inputs {
 		m, ok, err := ReadMeta(p)
 		if err != nil {
 			return nil, "", err
 		}
 		if !ok {
-			return nil, fmt.Sprintf("%s has none, so the tokenizer is not known", p), nil
+			if without == "" {
+				without = p
+			}
+			continue
 		}
 		if merged == nil {
 			merged, first = &m, p
@@ -244,6 +249,9 @@ func mergeRecords(inputs []string) (*Meta, string, error) {
 		}
 		merged.EmptyDocuments += m.EmptyDocuments
 		merged.SkippedLines += m.SkippedLines
+	}
+	if without != "" {
+		return nil, fmt.Sprintf("%s has none, so the tokenizer is not known", without), nil
 	}
 	return merged, "", nil
 }

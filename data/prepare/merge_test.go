@@ -100,6 +100,11 @@ func TestMergeRefuses(t *testing.T) {
 	other := prepared(t, dir, "other", byteEncoder{}, "another", "two")
 	multi := filepath.Join(dir, "multi")
 	writeMultiSequence(t, multi)
+	bare := filepath.Join(dir, "bare") // Megatron-LM's own: no record
+	w, err := indexed.Create(bare, indexed.Uint16)
+	require.NoError(t, err)
+	require.NoError(t, w.Add([]int32{1, 2}))
+	require.NoError(t, w.Commit())
 	// A record whose vocabulary the files' ids overflow ('t' is 116).
 	lying := prepared(t, dir, "lying", byteEncoder{}, "tok", "two")
 	raw, err := os.ReadFile(lying + ".json")
@@ -120,6 +125,7 @@ func TestMergeRefuses(t *testing.T) {
 		{"twice", []string{a, a}, "m", a + " is given twice"},
 		{"into an input", []string{a}, "a", "the output " + a + " is the input " + a},
 		{"other tokenizer", []string{a, other}, "m", other + " and " + a + " were prepared differently ([tokenizer another against tok])"},
+		{"other tokenizer past a shard without a record", []string{a, bare, other}, "m", other + " and " + a + " were prepared differently ([tokenizer another against tok])"},
 		{"sentences", []string{a, multi}, "m", multi + " has 2 documents in 3 sequences"},
 		{"missing", []string{a, filepath.Join(dir, "nope")}, "m", "nope"},
 		{"a record the ids overflow", []string{lying}, "m", lying + ", document 0, holds token id 116, outside the vocabulary of 100 its record " + lying + ".json gives"},
