@@ -280,6 +280,7 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		{"a folder of datasets", []string{"--data", dir}, []string{"--data " + dir + " is a folder of token datasets (stale, " + filepath.Base(good) + ", ", "name one, --data " + stale}},
 		{"a folder of datasets, with a tokenizer", []string{"--data", dir, "--tokenizer", filepath.Join(dir, "tokenizer.json")}, []string{"--data " + dir + " is a folder of token datasets (stale, "}},
 		{"a .bin without its .idx", []string{"--data", noIndex}, []string{"--data " + noIndex, "noindex.idx"}},
+		{"a .bin without its .idx, named by the .bin", []string{"--data", noIndex + ".bin"}, []string{"--data " + noIndex, "noindex.idx: no such file"}},
 		{"a path that is not there, with a tokenizer", []string{"--data", filepath.Join(dir, "nothing"), "--tokenizer", filepath.Join(dir, "tokenizer.json")},
 			[]string{"--data " + filepath.Join(dir, "nothing") + ": no such text file or folder, and no dataset"}},
 	}
