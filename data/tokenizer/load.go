@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -187,6 +188,9 @@ func topLevel(path string, data []byte) (map[string]json.RawMessage, error) {
 		if errors.As(err, &kind) && kind.Field == "" {
 			// Valid JSON of another kind: say which, not Go's types.
 			return nil, fmt.Errorf("%w: %s: the file is a JSON %s, want a JSON object (a tokenizer.json, or a vocab.json of tokens to ids)", ErrFormat, path, kind.Value)
+		}
+		if other := otherFormat(data); other != "" {
+			return nil, fmt.Errorf("%w: %s: %v: it looks like %s, which is not read here; give the model's tokenizer.json (Hugging Face's model repositories ship one beside it)", ErrFormat, path, err, other)
 		}
 		if looksLikeMerges(data) {
 			return nil, fmt.Errorf("%w: %s: %v: it looks like a merges file (merges.txt, vocab.bpe), not a tokenizer.json or vocab.json: the vocabulary and the merges file may be swapped", ErrFormat, path, err)
@@ -780,6 +784,38 @@ func snippet(s string) string {
 // merges file: a "#version" header, or first lines of two tokens each.
 // JSON cut short can also have such lines, so text starting as JSON does
 // not count.
+// otherFormat names a tokenizer format that is neither JSON nor a merges
+// file, from the file's first bytes, or "": a binary file (SentencePiece's
+// tokenizer.model is a protobuf) or tiktoken's lines of a base64 token
+// and its rank (Llama 3's original tokenizer.model), which would
+// otherwise read as a merges file of two-field lines.
+func otherFormat(data []byte) string {
+	head := data[:min(len(data), 512)]
+	for _, c := range head {
+		if c < 0x20 && c != '\t' && c != '\n' && c != '\r' {
+			return "a binary file (a SentencePiece tokenizer.model?)"
+		}
+	}
+	lines := 0
+	for line := range bytes.Lines(data) {
+		line = bytes.TrimRight(line, "\r\n")
+		tok, rank, ok := bytes.Cut(line, []byte(" "))
+		// Padded base64, and the ranks from 0 up: a merges file's pair of
+		// a letter and a digit is neither.
+		if !ok || len(tok) == 0 || len(tok)%4 != 0 || strings.Trim(string(tok), "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") != "" ||
+			string(rank) != strconv.Itoa(lines) {
+			return ""
+		}
+		if lines++; lines == 3 {
+			break
+		}
+	}
+	if lines == 0 {
+		return ""
+	}
+	return "a tiktoken file (a base64 token and its rank a line, as Llama 3's original tokenizer.model)"
+}
+
 func looksLikeMerges(data []byte) bool {
 	data = bytes.TrimPrefix(data, []byte("\uFEFF"))
 	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) == 0 || t[0] == '{' || t[0] == '[' {

@@ -232,6 +232,10 @@ func TestSwappedVocabAndMerges(t *testing.T) {
 	require.NoError(t, os.WriteFile(bare, []byte("w 0\nw0 0\n"), 0o644))
 	cut := filepath.Join(dir, "cut.json")
 	require.NoError(t, os.WriteFile(cut, []byte("{\"a\": 0,\n\"b\": 1,"), 0o644))
+	sentencePiece := filepath.Join(dir, "tokenizer.model")
+	require.NoError(t, os.WriteFile(sentencePiece, []byte("\n\x0e\n\x05<unk>\x15\x00\x00\x00\x00\x18\x02"), 0o644))
+	tiktoken := filepath.Join(dir, "tiktoken.model")
+	require.NoError(t, os.WriteFile(tiktoken, []byte("IQ== 0\nIg== 1\nIw== 2\n"), 0o644))
 	const swapped = "the vocabulary and the merges file may be swapped"
 	for _, tc := range []struct {
 		name, path, merges string
@@ -243,6 +247,8 @@ func TestSwappedVocabAndMerges(t *testing.T) {
 		{"merges.txt as the vocabulary", merges, vocab, []string{"merges.txt", "invalid character '#'", "looks like a merges file", swapped}, nil},
 		{"a merges file without a header as the vocabulary", bare, vocab, []string{"bare_merges.txt", "looks like a merges file"}, nil},
 		{"JSON cut short is not a merges file", cut, "", []string{"cut.json"}, []string{"merges file"}},
+		{"a SentencePiece model", sentencePiece, "", []string{"tokenizer.model", "a binary file (a SentencePiece tokenizer.model?)", "give the model's tokenizer.json"}, nil},
+		{"a tiktoken file is not a merges file", tiktoken, "", []string{"tiktoken.model", "a tiktoken file", "give the model's tokenizer.json"}, []string{"merges file"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load(tc.path, tc.merges)
