@@ -281,11 +281,31 @@ func exportConfigOf(c *config) json.RawMessage {
 	return raw
 }
 
+// tokenizerFiles are the files of the tokenizer the run reads its token
+// data with, absolute (--tokenizer, then --merges), or none.
+func (c *config) tokenizerFiles() []string {
+	if c.tokens == nil || c.tokens.tok == nil {
+		return nil
+	}
+	var files []string
+	for _, f := range []string{c.tokenizer, c.merges} {
+		if f == "" {
+			continue
+		}
+		if abs, err := filepath.Abs(f); err == nil {
+			f = abs
+		}
+		files = append(files, f)
+	}
+	return files
+}
+
 // checkpointPlan is what a manifest records of this run's plan.
 func checkpointPlan(c *config, progs []*lower.Program, batch, seq int, procs int) checkpoint.Plan {
 	p := checkpoint.Plan{Devices: c.Devices, Precision: c.Precision, Optimizer: c.Optimizer, Batch: batch, Seq: seq, DPSync: c.DPSync,
 		Flags: c.metricsConfig(procs)}
 	p.Data = c.dataIdentity()
+	p.Tokenizer = c.tokenizerFiles()
 	p.VocabTables = c.vocabTables
 	p.ExportConfig = exportConfigOf(c)
 	// Checked when the weights are saved or loaded; a model's own
@@ -738,6 +758,11 @@ func exportMain(args []string) error {
 			return fmt.Errorf("export: %s: the manifest's export_config is not a JSON object (%v): the checkpoint was edited; nothing was written", dir, err)
 		}
 	}
+	if *tokPath == "" && *tokMerges == "" {
+		if *tokPath, *tokMerges = runTokenizer(dir, ""); *tokPath != "" {
+			fmt.Fprintln(os.Stderr, tokenizerNote(*tokPath, *tokMerges, "recorded in the checkpoint"))
+		}
+	}
 	tok, err := exportTokenizer(m, *tokPath, *tokMerges, exportCfg)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
@@ -793,7 +818,11 @@ func exportMain(args []string) error {
 		fmt.Fprintf(os.Stderr, "wrote %s (the model's configuration as it declares it, b.ExportConfig)\n", cfg)
 		if tok.files == nil && !trainedOnBytes(m) {
 			// Byte-level text has no tokenizer to copy: its ids are bytes.
-			fmt.Fprintf(os.Stderr, "note: a checkpoint holds no tokenizer: give export the run's --tokenizer to write it beside the weights, for AutoTokenizer.from_pretrained\n")
+			gone := ""
+			if len(m.Plan.Tokenizer) > 0 {
+				gone = fmt.Sprintf(" (it read %s, which is not there now)", strings.Join(m.Plan.Tokenizer, " with --merges "))
+			}
+			fmt.Fprintf(os.Stderr, "note: no tokenizer written: give export the run's --tokenizer%s to write it beside the weights, for AutoTokenizer.from_pretrained\n", gone)
 		}
 		return nil
 	}

@@ -126,6 +126,7 @@ type config struct {
 	// The token-dataset flags: --tokenizer (and GPT-2's --merges),
 	// --split, --data-cache-dir, --make-vocab-size-divisible-by.
 	tokenizer, merges, split, dataCacheDir string
+	tokenizerNote                          string // eval: the run's tokenizer taken (defaultTokenizer)
 	vocabDivisible                         int
 	// vocabTables are the params --save trims to the data's classes
 	// (vocabTables), found once the model is compiled.
@@ -441,7 +442,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 	fs.StringVar(&c.report, "report", "", "write one self-contained HTML page of the run (loss and speed curves, memory per device, pipeline schedule, pass times) to FILE.html; without --run, of the compiled plan")
 	fs.StringVar(&c.trace, "trace", "", "write Chrome trace events (first 3 steps) to this file")
 	fs.StringVar(&c.save, "save", "", "save the trained weights as safetensors")
-	fs.StringVar(&c.load, "load", "", "start from weights in a safetensors file (or a Hugging Face model.safetensors.index.json)")
+	fs.StringVar(&c.load, "load", "", "start from weights in a safetensors file, a Hugging Face model.safetensors.index.json, or a folder holding either (as export writes it)")
 	fs.StringVar(&c.loadIgnore, "load-ignore", "", "with --load: tensors of the file that are no param of the model and are skipped on purpose, as comma-separated glob patterns (e.g. 'lm_head.*,*.rotary_emb.inv_freq')")
 	fs.StringVar(&c.ckptDir, "checkpoint-dir", "", "save the whole training state (params, optimizer state, step, loss scale) as sharded checkpoints DIR/step-N, at the end, every --checkpoint-every steps and on SIGTERM/SIGINT/SIGHUP")
 	fs.IntVar(&c.ckptEvery, "checkpoint-every", 0, "with --checkpoint-dir: also save every N steps (0: only at the end and when stopped)")
@@ -537,6 +538,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 		// the global one.)
 		c.Batch = b
 	}
+	c.load = weightsFile(c.load)
 	if mode != nil {
 		mode(c)
 	}

@@ -105,6 +105,11 @@ func dataErr(c *config, err error) error {
 		}
 		return err
 	}
+	if idx := strings.TrimSuffix(c.data, ".bin") + ".idx"; errors.Is(err, data.ErrBinary) && strings.HasSuffix(c.data, ".bin") {
+		// Megatron-LM's PREFIX.bin whose PREFIX.idx is missing reads as a
+		// binary text file: the pair is named too.
+		return fmt.Errorf("--data %s: %w (if it is a token dataset's .bin, its index %s is missing: a dataset is PREFIX.bin and PREFIX.idx)", c.data, err, idx)
+	}
 	return fmt.Errorf("--data %s: %w", c.data, err)
 }
 

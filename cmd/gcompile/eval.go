@@ -10,6 +10,7 @@ import (
 
 	"gcompile/compile"
 	"gcompile/data/sample"
+	"gcompile/data/tokenizer"
 	"gcompile/ir"
 	"gcompile/runtime"
 	"gcompile/runtime/cuda"
@@ -24,6 +25,7 @@ import (
 func evalMain(args []string) error {
 	c, err := parseArgsWith(args, "eval", func(c *config) {
 		c.run, c.evalOnly = true, true
+		c.tokenizerNote = defaultTokenizer(&c.tokenizer, &c.merges, c.resume, c.load)
 		if !c.explicit["eval-batches"] {
 			c.evalBatches = 8 // training's default, so the figures compare
 		}
@@ -39,6 +41,9 @@ func evalMain(args []string) error {
 		return labelFromLauncher(c, err)
 	}
 	defer func() { err = errors.Join(err, j.close()) }()
+	if c.tokenizerNote != "" && j.lead() {
+		fmt.Fprintln(j.log, c.tokenizerNote)
+	}
 	return compileAndRun(c, j)
 }
 
@@ -86,8 +91,12 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		}
 	}
 	weights := c.load
-	if c.load != "" && c.tokens != nil {
-		if err := loadedTokenizer(c.load, c.tokens.tok, c.tokenizer); err != nil {
+	var tok *tokenizer.Tokenizer
+	if c.tokens != nil {
+		tok = c.tokens.tok
+	}
+	if c.load != "" {
+		if err := loadedTokenizer(c.load, tok, c.tokenizer); err != nil {
 			return err
 		}
 	}
@@ -101,10 +110,8 @@ func evaluateOnly(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, 
 		}
 	}
 	if c.load == "" {
-		if c.tokens != nil {
-			if err := resumedTokenizer(resumeDir, c.tokens.tok, c.tokenizer); err != nil {
-				return err
-			}
+		if err := resumedTokenizer(resumeDir, tok, c.tokenizer); err != nil {
+			return err
 		}
 		m, err := checkpointModel(c.Config, resumeDir, res.ModelFingerprint)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ type genConfig struct {
 	stops                    []string
 	output                   string
 	tokenizer, merges        string
+	tokenizerNote            string // the run's tokenizer taken (defaultTokenizer)
 	bos                      bool
 	vocabDivisible           int
 	dump, deviceMemory       string
@@ -69,7 +71,7 @@ func parseGenerate(args []string) (*genConfig, error) {
 	fs.IntVar(&g.Zero, "zero", 0, "ZeRO stage (generation: 0)")
 	fs.BoolVar(&g.SequenceParallel, "sequence-parallel", false, "sequence parallelism (generation: off)")
 	fs.StringVar(&g.Precision, "precision", "fp32", "generation runs in fp32")
-	fs.StringVar(&g.load, "load", "", "the weights: a safetensors file (or a Hugging Face model.safetensors.index.json)")
+	fs.StringVar(&g.load, "load", "", "the weights: a safetensors file, a Hugging Face model.safetensors.index.json, or a folder holding either (as export writes it)")
 	fs.StringVar(&g.loadIgnore, "load-ignore", "", "with --load: tensors of the file that are no param of the model, skipped on purpose (comma-separated glob patterns)")
 	fs.StringVar(&g.resume, "resume", "", "the weights of a training checkpoint: a --checkpoint-dir (its latest complete checkpoint) or one step-N folder")
 	fs.StringVar(&g.prompt, "prompt", "", "the text to continue")
@@ -125,6 +127,14 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 	if !strings.HasSuffix(g.Model, ".go") {
 		bad("generate %s: want a MODEL.go (generation builds the model again, at one token per step)", g.Model)
 	}
+	g.load = weightsFile(g.load)
+	if g.load != "" {
+		// Before any work: the weights are read after the compile.
+		if err := checkInputFile("load", g.load); err != nil {
+			bad("%w", err)
+		}
+	}
+	g.tokenizerNote = defaultTokenizer(&g.tokenizer, &g.merges, g.resume, g.load)
 	for _, in := range []outputPath{{"", g.Model, nil}, {"load", g.load, nil}, {"prompt-file", g.promptFile, nil}, {"tokenizer", g.tokenizer, nil}} {
 		if err := notAFile(in.flag, in.path); err != nil {
 			return err // before anything reads it: a pipe would hang the read
@@ -354,6 +364,9 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	}
 	tx := codec{}
 	eos := int32(-1)
+	if g.tokenizerNote != "" {
+		fmt.Fprintln(stderr, g.tokenizerNote)
+	}
 	if g.tokenizer != "" {
 		if tx.tok, err = tokenizer.Load(g.tokenizer, g.merges); err != nil {
 			return fmt.Errorf("--tokenizer: %w", err)
@@ -373,6 +386,11 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 			return err
 		}
 		if _, err := checkpointModel(g.Config, g.resume, ""); err != nil {
+			return err
+		}
+	}
+	if g.load != "" {
+		if err := loadedTokenizer(g.load, tx.tok, g.tokenizer); err != nil {
 			return err
 		}
 	}
@@ -469,9 +487,6 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 		return err
 	}
 	if g.load != "" {
-		if err := loadedTokenizer(g.load, tx.tok, g.tokenizer); err != nil {
-			return err
-		}
 		note, err := savedModel(g.Config, g.load)
 		if err != nil {
 			return err
@@ -748,22 +763,36 @@ func positionLimit(p *lower.Program) int {
 }
 
 // sameTokenizer refuses a tokenizer other than the one the checkpoint's
-// run trained with (its data identity records the fingerprint): with the
-// same number of ids the model loads and answers, in another tokenizer's
-// text. A run on bytes, or on token data without a tokenizer, recorded
-// none; a tokenizer run given none here is caught by the vocabulary.
+// run trained with, by the data identity its manifest records
+// (sameTokenizerAs).
 func sameTokenizer(m *checkpoint.Manifest, tok *tokenizer.Tokenizer, flag string) error {
-	return sameTokenizerAs(m.Plan.Data, "the checkpoint's run", tok, flag)
+	return sameTokenizerAs(m.Plan.Data, "the checkpoint's run", m.Plan.Tokenizer, tok, flag)
 }
 
-// sameTokenizerAs is sameTokenizer for the data identity a run recorded
-// (whose: the checkpoint's or the weights' run).
-func sameTokenizerAs(data, whose string, tok *tokenizer.Tokenizer, flag string) error {
-	_, trained, ok := strings.Cut(data, ";tokenizer ")
-	if !ok || tok == nil || tok.Fingerprint() == trained {
-		return nil
+// sameTokenizerAs refuses what would read a model's ids as another
+// vocabulary's, by the data identity its run recorded (whose: the
+// checkpoint's or the weights' run; recorded: the tokenizer files it
+// read): a tokenizer other than the one it trained with (of the same
+// size it loads, and answers in another tokenizer's text), any tokenizer
+// for a run on bytes, and none for a run that trained with one (its ids
+// read as bytes, which a --set vocab of its size let through). A run on
+// token data without a tokenizer recorded none: any tokenizer passes,
+// checked by the vocabulary's size.
+func sameTokenizerAs(data, whose string, recorded []string, tok *tokenizer.Tokenizer, flag string) error {
+	_, trained, withTokenizer := strings.Cut(data, ";tokenizer ")
+	switch {
+	case tok != nil && (data == "" || checkpoint.IsTextIdentity(data)):
+		return fmt.Errorf("--tokenizer %s: %s trained on bytes, one byte per token: its ids are bytes, which no tokenizer reads (leave --tokenizer out)", flag, whose)
+	case tok == nil && withTokenizer:
+		give := "give it with --tokenizer"
+		if len(recorded) > 0 {
+			give = fmt.Sprintf("give it with --tokenizer (the run read %s, which is not there now)", strings.Join(recorded, " with --merges "))
+		}
+		return fmt.Errorf("%s trained with a tokenizer (fingerprint %.16s): without it the model's ids would be read as bytes; %s", whose, trained, give)
+	case tok != nil && withTokenizer && tok.Fingerprint() != trained:
+		return fmt.Errorf("--tokenizer %s is not the tokenizer %s trained with (fingerprint %.16s, this one's %.16s): the model's ids would be read as another tokenizer's text; give the run's --tokenizer", flag, whose, trained, tok.Fingerprint())
 	}
-	return fmt.Errorf("--tokenizer %s is not the tokenizer %s trained with (fingerprint %.16s, this one's %.16s): the model's ids would be read as another tokenizer's text; give the run's --tokenizer", flag, whose, trained, tok.Fingerprint())
+	return nil
 }
 
 // resumedTokenizer is sameTokenizer for the checkpoint --resume names,
@@ -781,15 +810,111 @@ func resumedTokenizer(resume string, tok *tokenizer.Tokenizer, flag string) erro
 	return sameTokenizer(m, tok, flag)
 }
 
-// loadedTokenizer refuses a tokenizer other than the one the --load
-// weights' run trained with, as sameTokenizer does for a checkpoint:
-// --save records the run's data identity in the file's metadata. Weights
-// from elsewhere (an export, Hugging Face's) record none and pass.
+// loadedTokenizer is sameTokenizer for the --load weights' run: --save
+// records the run's data identity in the file's metadata, and export
+// the checkpoint's. Weights from elsewhere (Hugging Face's) record none
+// and pass.
 func loadedTokenizer(file string, tok *tokenizer.Tokenizer, flag string) error {
-	if meta := savedMetadata(file); tok != nil && meta != nil {
-		return sameTokenizerAs(meta["data"], "the weights' run ("+file+")", tok, flag)
+	if meta := savedMetadata(file); meta != nil {
+		return sameTokenizerAs(meta["data"], "the weights' run ("+file+")", recordedFiles(meta), tok, flag)
 	}
 	return nil
+}
+
+// recordedFiles are the tokenizer files --save's metadata records.
+func recordedFiles(meta map[string]string) []string {
+	var files []string
+	for _, k := range []string{"tokenizer", "merges"} {
+		if meta[k] != "" {
+			files = append(files, meta[k])
+		}
+	}
+	return files
+}
+
+// runTokenizer is the tokenizer to read a checkpoint's or weights' model
+// with when the command names none (Hugging Face's from_pretrained takes
+// the folder's): for a run that trained with one, the files it recorded,
+// or those export writes beside weights (tokenizer.json, or GPT-2's
+// vocab.json and merges.txt), where they are there now. "" otherwise: a
+// run on bytes or on token data without a tokenizer, or files that are
+// gone, which sameTokenizerAs then names. The fingerprint check follows
+// as for a tokenizer given.
+func runTokenizer(resume, load string) (tok, merges string) {
+	var data string
+	var files []string
+	beside := ""
+	switch {
+	case resume != "":
+		dir, err := checkpoint.Find(resume)
+		if err != nil {
+			return "", ""
+		}
+		m, err := checkpoint.ReadManifest(dir)
+		if err != nil {
+			return "", ""
+		}
+		data, files = m.Plan.Data, m.Plan.Tokenizer
+	case load != "":
+		meta := savedMetadata(load)
+		if meta == nil {
+			return "", ""
+		}
+		data, files, beside = meta["data"], recordedFiles(meta), filepath.Dir(load)
+	}
+	if !strings.Contains(data, ";tokenizer ") {
+		return "", ""
+	}
+	if len(files) > 0 && !slices.ContainsFunc(files, func(f string) bool { return !isRegularFile(f) && !isFolder(f) }) {
+		if len(files) == 1 {
+			return files[0], ""
+		}
+		return files[0], files[1]
+	}
+	if beside != "" {
+		if t := filepath.Join(beside, "tokenizer.json"); isRegularFile(t) {
+			return t, ""
+		}
+		if v, m := filepath.Join(beside, "vocab.json"), filepath.Join(beside, "merges.txt"); isRegularFile(v) && isRegularFile(m) {
+			return v, m
+		}
+	}
+	return "", ""
+}
+
+// tokenizerNote says that the run's tokenizer is read (runTokenizer),
+// found where.
+func tokenizerNote(tok, merges, where string) string {
+	if merges != "" {
+		tok += " --merges " + merges
+	}
+	return fmt.Sprintf("note: --tokenizer %s: the tokenizer the run trained with, %s", tok, where)
+}
+
+// defaultTokenizer sets *tok and *merges to the run's (runTokenizer)
+// when neither was given, and returns the note that says so ("" when
+// nothing was set).
+func defaultTokenizer(tok, merges *string, resume, load string) string {
+	if *tok != "" || *merges != "" {
+		return ""
+	}
+	if *tok, *merges = runTokenizer(resume, load); *tok == "" {
+		return ""
+	}
+	where := "recorded in the checkpoint"
+	if resume == "" {
+		where = "recorded in the weights' file"
+		if filepath.Dir(*tok) == filepath.Dir(load) {
+			where = "beside the weights"
+		}
+	}
+	return tokenizerNote(*tok, *merges, where)
+}
+
+// isFolder says whether path names a folder (after links).
+func isFolder(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
 }
 
 // savedMetadata is the metadata of a safetensors file gcompile's --save

@@ -113,7 +113,8 @@ func TestGenerateBadInput(t *testing.T) {
 	require.NoError(t, os.WriteFile(empty, []byte("one\n\nthree\n"), 0o644))
 	llamaDir := t.TempDir()
 	llamaW := filepath.Join(llamaDir, "l.safetensors")
-	require.NoError(t, mainErr([]string{llamaModel, "--set", "layers=1,hidden=32,heads=4,kv_heads=2,ffn=48,seq=16", "--batch", "4", "--max-data-mb", "1", "--run", "--steps", "1", "--save", llamaW}))
+	ckptDir := filepath.Join(llamaDir, "ck")
+	require.NoError(t, mainErr([]string{llamaModel, "--set", "layers=1,hidden=32,heads=4,kv_heads=2,ffn=48,seq=16", "--batch", "4", "--max-data-mb", "1", "--run", "--steps", "1", "--save", llamaW, "--checkpoint-dir", ckptDir}))
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -143,6 +144,11 @@ func TestGenerateBadInput(t *testing.T) {
 		// What generation does not run is the cause, not a training plan's
 		// rules over --devices and --batch.
 		{"prompt-file a folder", []string{"--prompt-file", llamaDir}, "--prompt-file " + llamaDir + " is a folder; it wants a file of prompts, one a line"},
+		// Hugging Face's from_pretrained takes a folder: one holding no
+		// model.safetensors (or its index) is named, a checkpoint as one.
+		{"load a folder of no weights", []string{"--prompt", "a", "--load", llamaDir}, "--load " + llamaDir + " is a folder holding neither model.safetensors nor model.safetensors.index.json"},
+		{"load a checkpoint", []string{"--prompt", "a", "--load", ckptDir}, "--load " + ckptDir + " is a checkpoint, which --resume reads"},
+		{"load nothing", []string{"--prompt", "a", "--load", filepath.Join(dir, "none.safetensors")}, "--load: stat " + filepath.Join(dir, "none.safetensors") + ": no such file"},
 		{"dump a file", []string{"--prompt", "a", "--dump", llamaW}, "--dump " + llamaW + " is a file; it wants a folder"},
 		{"expert parallel on one device", []string{"--prompt", "a", "--ep", "2"}, "--ep 2: expert parallelism in generation is not yet supported"},
 		{"a context past 2^30", []string{"--prompt", "a", "--context", "4611686018427387904"}, "--context 4611686018427387904: want a number of positions up to 1073741824"},
@@ -334,7 +340,10 @@ func TestGenerateStopsAtAStopString(t *testing.T) {
 // and the padding classes, masked out of the logits, are never drawn.
 func TestGenerateThroughATokenizer(t *testing.T) {
 	dir := t.TempDir()
-	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
+	// A copy of GPT-2's pair, which the runs record and which is moved
+	// away below.
+	gpt2 := filepath.Join(dir, "gpt2")
+	require.NoError(t, os.CopyFS(gpt2, os.DirFS(filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2"))))
 	tok := []string{"--tokenizer", filepath.Join(gpt2, "encoder.json.gz"), "--merges", filepath.Join(gpt2, "vocab.bpe.gz")}
 	docs := filepath.Join(dir, "docs.jsonl")
 	var doc strings.Builder
@@ -389,25 +398,35 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	err = mainErr(append(append([]string{"eval", gptModel, "--batch", "4", "--load", w, "--data", bare, "--split", "60,40"}, set...), otherTok...))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is not the tokenizer the weights' run ("+w+") trained with")
-	// And with no tokenizer the classes follow the data's ids: the
-	// tokenizer is named as what to give, not the model file.
+	// With no tokenizer, the one the run recorded is read, as a note
+	// says, and the output is what it gives: the same ids as with the
+	// flags; gone, it is named as what to give, not the model file.
 	small := tokenDataset(t, dir, 40, 20, 100, 3)
+	require.NoError(t, mainErr(append([]string{"eval", gptModel, "--batch", "4", "--resume", ck, "--data", small, "--split", "60,40"}, set...)))
+	prompt := []string{gptModel, "--prompt", "Document 3 says", "--max-new-tokens", "4", "--output", "json"}
+	for _, from := range [][]string{{"--resume", ck}, {"--load", w}} {
+		var given, taken, note strings.Builder
+		require.NoError(t, runGenerate(slices.Concat(prompt, from, set, tok), &given, io.Discard))
+		require.NoError(t, runGenerate(slices.Concat(prompt, from, set), &taken, &note))
+		assert.Equal(t, given.String(), taken.String(), "%v", from)
+		assert.Contains(t, note.String(), "note: --tokenizer "+tok[1]+" --merges "+tok[3]+": the tokenizer the run trained with, recorded in the ")
+	}
+	require.NoError(t, os.Rename(gpt2, gpt2+"-moved"))
 	err = mainErr(append([]string{"eval", gptModel, "--batch", "4", "--resume", ck, "--data", small, "--split", "60,40"}, set...))
-	require.ErrorIs(t, err, checkpoint.ErrMismatch)
-	assert.Contains(t, err.Error(), "its run read its data with a tokenizer, whose vocabulary sets the model's classes")
-	require.NoError(t, runGenerate(append(append([]string{gptModel, "--resume", ck, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), tok...), io.Discard, io.Discard))
+	assert.ErrorContains(t, err, "the checkpoint's run trained with a tokenizer (fingerprint ")
+	assert.ErrorContains(t, err, "give it with --tokenizer (the run read "+tok[1]+" with --merges "+tok[3]+", which is not there now)")
+	err = runGenerate(slices.Concat(prompt, []string{"--load", w, "--set", "layers=1,hidden=32,heads=2,seq=16,ctx=64,vocab=50304"}), io.Discard, io.Discard)
+	assert.ErrorContains(t, err, "the weights' run ("+w+") trained with a tokenizer (fingerprint ", "a --set vocab of the tokenizer's size reads its ids as bytes no more")
+	require.NoError(t, os.Rename(gpt2+"-moved", gpt2))
 	// Exported weights keep the data's identity as --save's do: loaded
-	// without --tokenizer, the refusal names it; with another, it is
-	// refused as such.
+	// without --tokenizer, the one export wrote beside them is read; with
+	// another, it is refused as such.
 	exported := filepath.Join(dir, "export", "model.safetensors")
 	require.NoError(t, mainErr(append([]string{"export", ck, "--out", exported}, tok...)))
-	err = runGenerate(append([]string{gptModel, "--load", exported, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), io.Discard, io.Discard)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "the weights' run read its data with a tokenizer, whose size sets the model's vocabulary: give that --tokenizer")
 	exportDir := filepath.Dir(exported)
-	assert.Contains(t, err.Error(), "lie beside the weights: --tokenizer "+filepath.Join(exportDir, "vocab.json")+" --merges "+filepath.Join(exportDir, "merges.txt"), "export wrote the tokenizer beside them")
-	require.NoError(t, runGenerate(append([]string{gptModel, "--load", exported, "--prompt", "Document 3 says", "--max-new-tokens", "2",
-		"--tokenizer", filepath.Join(exportDir, "vocab.json"), "--merges", filepath.Join(exportDir, "merges.txt")}, set...), io.Discard, io.Discard), "as the refusal says")
+	var note strings.Builder
+	require.NoError(t, runGenerate(append([]string{gptModel, "--load", exportDir, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), io.Discard, &note), "the folder, as from_pretrained takes it")
+	assert.Contains(t, note.String(), "note: --tokenizer "+filepath.Join(exportDir, "vocab.json")+" --merges "+filepath.Join(exportDir, "merges.txt")+": the tokenizer the run trained with, beside the weights")
 	err = runGenerate(append(append([]string{gptModel, "--load", exported, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), otherTok...), io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is not the tokenizer the weights' run ("+exported+") trained with")
@@ -439,9 +458,19 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is not the tokenizer the checkpoint's run trained with")
 	assert.NoDirExists(t, filepath.Dir(out), "nothing written")
+	// Without --tokenizer it writes the one the run recorded, a note
+	// says; gone, a note says what to give.
 	log, err := captureStderr(t, func() error { return mainErr([]string{"export", ck, "--out", out}) })
 	require.NoError(t, err)
-	assert.Contains(t, log, "note: a checkpoint holds no tokenizer: give export the run's --tokenizer")
+	assert.Contains(t, log, "note: --tokenizer "+tok[1]+" --merges "+tok[3]+": the tokenizer the run trained with, recorded in the checkpoint")
+	assert.Contains(t, log, "wrote vocab.json, merges.txt, tokenizer_config.json in "+filepath.Dir(out))
+	require.NoError(t, os.Rename(gpt2, gpt2+"-moved"))
+	log, err = captureStderr(t, func() error {
+		return mainErr([]string{"export", ck, "--out", filepath.Join(dir, "bare-export", "model.safetensors")})
+	})
+	require.NoError(t, os.Rename(gpt2+"-moved", gpt2))
+	require.NoError(t, err)
+	assert.Contains(t, log, "note: no tokenizer written: give export the run's --tokenizer (it read "+tok[1]+" with --merges "+tok[3]+", which is not there now)")
 	log, err = captureStderr(t, func() error { return mainErr([]string{"export", ck, "--out", out, tok[0], tok[1], tok[2], tok[3]}) })
 	require.NoError(t, err)
 	assert.Contains(t, log, "wrote vocab.json, merges.txt, tokenizer_config.json in "+filepath.Dir(out))
@@ -531,6 +560,11 @@ func TestGenerateWithBOS(t *testing.T) {
 	w := filepath.Join(dir, "w.safetensors")
 	set := []string{"--set", "layers=1,hidden=32,heads=2,seq=16,ctx=48,vocab=32000"}
 	require.NoError(t, mainErr(append([]string{gptModel, "--batch", "4", "--max-data-mb", "1", "--run", "--steps", "1", "--eval-batches", "-1", "--save", w}, set...)))
+	// Weights of Llama 2's vocabulary from elsewhere: without the record
+	// of their run on bytes, which refuses any tokenizer.
+	ts, _, err := checkpoint.Load(w)
+	require.NoError(t, err)
+	require.NoError(t, checkpoint.Save(w, ts, nil))
 	llama2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "llama2")
 	res := generateJSON(t, append([]string{gptModel, "--load", w, "--prompt", "Hello", "--max-new-tokens", "2", "--tokenizer", llama2, "--bos"}, set...)...)
 	require.Len(t, res, 1)
@@ -538,7 +572,7 @@ func TestGenerateWithBOS(t *testing.T) {
 	assert.Equal(t, int32(1), res[0].PromptIDs[0])
 	plain := generateJSON(t, append([]string{gptModel, "--load", w, "--prompt", "Hello", "--max-new-tokens", "2", "--tokenizer", llama2}, set...)...)
 	assert.Equal(t, res[0].PromptIDs[1:], plain[0].PromptIDs)
-	err := runGenerate([]string{gptModel, "--load", w, "--prompt", "Hello", "--bos"}, io.Discard, io.Discard)
+	err = runGenerate([]string{gptModel, "--load", w, "--prompt", "Hello", "--bos"}, io.Discard, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--bos needs --tokenizer")
 }
@@ -619,14 +653,13 @@ func TestEvalAndGenerateRefuseACheckpointOfAnotherModel(t *testing.T) {
 		assert.Contains(t, err.Error(), `model file in a folder of another name (a model.go's model is named by its folder`, tc.args[0])
 		assert.Contains(t, err.Error(), `run it from a folder named "gpt"`, tc.args[0])
 	}
-	// A tokenizer given for a run on bytes: another vocabulary, said so,
+	// A tokenizer given for a run on bytes: its ids are bytes, said so,
 	// not a --set to give.
 	gpt2 := filepath.Join("..", "..", "data", "tokenizer", "testdata", "gpt2")
 	err = runGenerate([]string{gptModel, "--set", "layers=1,hidden=32,heads=4,seq=16,ctx=48", "--resume", ck, "--prompt", "abc", "--max-new-tokens", "2",
 		"--tokenizer", filepath.Join(gpt2, "encoder.json.gz"), "--merges", filepath.Join(gpt2, "vocab.bpe.gz")}, io.Discard, io.Discard)
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), `trained on bytes (256 classes) with --set "layers=1,hidden=32,heads=4,seq=16,ctx=48"`)
-	assert.Contains(t, err.Error(), "this run has vocab=50304 (from --tokenizer, token --data or --set vocab), another vocabulary: leave those out")
+	assert.Contains(t, err.Error(), "the checkpoint's run trained on bytes, one byte per token: its ids are bytes, which no tokenizer reads (leave --tokenizer out)")
 	assert.NotContains(t, err.Error(), "give the --set it was trained with")
 	// A dump among the checkpoints is refused before it is written: one
 	// named like a step's folder made that step unloadable.

@@ -909,6 +909,19 @@ func TestLoadTakesTheContextAndRefusesStrangers(t *testing.T) {
 	plain := runMetrics(t, append(tiny("ctx=64,seq=16"), "--load", saved)...)
 	fromWrapped := runMetrics(t, append(tiny("ctx=64,seq=16"), "--load", wrapped)...)
 	assert.Equal(t, plain.Steps[0].Loss, fromWrapped.Steps[0].Loss)
+
+	// A file of two copies under two prefixes (a model's and its EMA's)
+	// names both, and loads once one is skipped on purpose.
+	twoCopies := filepath.Join(dir, "two-copies.safetensors")
+	both := slices.Clone(prefixed)
+	for _, x := range ts {
+		x.Name = "ema." + x.Name
+		both = append(both, x)
+	}
+	require.NoError(t, checkpoint.Save(twoCopies, both, nil))
+	err = mainErr(append(tiny("ctx=64,seq=16"), "--load", twoCopies))
+	assert.Regexp(t, `tensors ema\.(\S+) and transformer\.(\S+) are both the model's \S+ once .*--load-ignore 'transformer\.\*'`, err)
+	require.NoError(t, mainErr(append(tiny("ctx=64,seq=16"), "--load", twoCopies, "--load-ignore", "ema.*")))
 }
 
 // A file saved on one device loads under every plan with every stage's

@@ -67,6 +67,11 @@ func checkPaths(c *config, lead bool) error {
 				errs = append(errs, fmt.Errorf("--%s applies to a token dataset (--data PREFIX, from gcompile data prepare); %s is text", f, textData(c.data)))
 			}
 		}
+		if c.tokenizer != "" && strings.HasSuffix(c.data, ".bin") {
+			// data prepare skips binary files: not the way to a dataset.
+			errs = append(errs, fmt.Errorf("--data %s: no %s beside it: a token dataset is PREFIX.bin and PREFIX.idx, as gcompile data prepare or Megatron-LM's tools/preprocess_data.py write them", c.data, strings.TrimSuffix(c.data, ".bin")+".idx"))
+			break
+		}
 		if c.tokenizer != "" {
 			errs = append(errs, fmt.Errorf("--tokenizer %s: %s is text, which trains one byte per token; tokenize it first with gcompile data prepare --tokenizer %s --output-prefix PREFIX %s, then train on --data PREFIX",
 				c.tokenizer, textData(c.data), c.tokenizer, orDefault(c.data)))
@@ -513,6 +518,12 @@ func checkInputFile(flag, path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return fmt.Errorf("--%s: %w", flag, err)
+	}
+	if fi.IsDir() && flag == "load" {
+		if _, err := checkpoint.Find(path); err == nil {
+			return fmt.Errorf("--load %s is a checkpoint, which --resume reads (the model's weights with its training state); --load wants a safetensors file, or a folder holding model.safetensors", path)
+		}
+		return fmt.Errorf("--load %s is a folder holding neither model.safetensors nor model.safetensors.index.json; it wants a safetensors file, or a folder holding one of those", path)
 	}
 	if fi.IsDir() {
 		return fmt.Errorf("--%s %s is a folder; it wants a file", flag, path)

@@ -70,17 +70,15 @@ func (td *tokenData) rebuilt() (n int, dirs []string) {
 // isTokenData says whether --data names token datasets rather than text: a
 // PREFIX, PREFIX.bin, PREFIX.idx or PREFIX.json whose PREFIX.idx exists
 // (spaces in its path and all), a blend (weights and prefixes), a name
-// ending .idx, or a prefix that names no file but has its .bin. A .bin
-// file without its .idx is a dataset missing its index too (opening it
-// says so; read as text it was "binary", and under --tokenizer sent to
-// data prepare, which skips binary files); any other file or folder that
-// exists is text.
+// ending .idx, or a prefix that names no file but has its .bin. A lone
+// .bin is a file like any other (the text loader refuses it as binary),
+// and so is any other file or folder that exists.
 func isTokenData(s string) bool {
 	if _, ok := oneDataset(s); ok {
 		return true
 	}
-	if fi, err := os.Stat(s); err == nil {
-		return strings.HasSuffix(s, ".bin") && fi.Mode().IsRegular()
+	if _, err := os.Stat(s); err == nil {
+		return false
 	}
 	if strings.ContainsAny(strings.TrimSpace(s), " \t\n") || strings.HasSuffix(s, ".idx") {
 		return true

@@ -280,7 +280,8 @@ func TestBadTokenDataIsNamed(t *testing.T) {
 		{"a folder of datasets", []string{"--data", dir}, []string{"--data " + dir + " is a folder of token datasets (stale, " + filepath.Base(good) + ", ", "name one, --data " + stale}},
 		{"a folder of datasets, with a tokenizer", []string{"--data", dir, "--tokenizer", filepath.Join(dir, "tokenizer.json")}, []string{"--data " + dir + " is a folder of token datasets (stale, "}},
 		{"a .bin without its .idx", []string{"--data", noIndex}, []string{"--data " + noIndex, "noindex.idx"}},
-		{"a .bin without its .idx, named by the .bin", []string{"--data", noIndex + ".bin"}, []string{"--data " + noIndex, "noindex.idx: no such file"}},
+		{"a .bin without its .idx, named by the .bin", []string{"--data", noIndex + ".bin"}, []string{"--data " + noIndex + ".bin", "looks binary", "its index " + noIndex + ".idx is missing"}},
+		{"a .bin without its .idx, with a tokenizer", []string{"--data", noIndex + ".bin", "--tokenizer", filepath.Join(dir, "tokenizer.json")}, []string{"--data " + noIndex + ".bin: no " + noIndex + ".idx beside it"}},
 		{"a path that is not there, with a tokenizer", []string{"--data", filepath.Join(dir, "nothing"), "--tokenizer", filepath.Join(dir, "tokenizer.json")},
 			[]string{"--data " + filepath.Join(dir, "nothing") + ": no such text file or folder, and no dataset"}},
 	}
@@ -547,7 +548,7 @@ func TestSaveAndExportTrimTheVocabulary(t *testing.T) {
 	assert.Contains(t, log, "note: no tokenizer and no record of one (PREFIX.json) gives the vocabulary: it follows the data's largest token id (199) + 1, padded to 256; give the data's --tokenizer")
 	log, err = captureStderr(t, func() error { return mainErr([]string{"export", ck, "--out", exported}) })
 	require.NoError(t, err)
-	assert.Contains(t, log, "note: a checkpoint holds no tokenizer: give export the run's --tokenizer", "token data: its tokenizer is to be written beside the weights")
+	assert.Contains(t, log, "note: no tokenizer written: give export the run's --tokenizer to write it", "token data: its tokenizer is to be written beside the weights")
 	man, err := checkpoint.ReadManifest(checkpoint.StepDir(ck, 2))
 	require.NoError(t, err)
 	assert.Equal(t, map[string]int{"wte.weight": 200}, man.Plan.VocabTables)

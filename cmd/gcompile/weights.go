@@ -166,11 +166,19 @@ func loadTensors(dev weightStore, progs []*lower.Program, ts []checkpoint.Tensor
 	for _, t := range ts {
 		inFile[t.Name] = true
 	}
+	// Two tensors whose names differ only there (a model's "model.…"
+	// beside an EMA copy's "ema.…") are one param twice: the later had
+	// silently won.
+	renamedFrom := map[string]string{}
 	for i, t := range ts {
 		if wanted[t.Name] || piece[t.Name] || ignored(t.Name) {
 			continue
 		}
 		if _, rest, ok := strings.Cut(t.Name, "."); ok && !inFile[rest] && (wanted[rest] || piece[rest] || ignored(rest)) {
+			if other, ok := renamedFrom[rest]; ok {
+				return fmt.Errorf("%s: tensors %s and %s are both the model's %s once their first name part is dropped (as a wrapper's prefix: transformer., module.): which to load is not known; skip the other's with --load-ignore '%s'", from, other, t.Name, rest, strings.SplitN(t.Name, ".", 2)[0]+".*")
+			}
+			renamedFrom[rest] = t.Name
 			ts[i].Name = rest
 		}
 	}
@@ -299,7 +307,8 @@ func ignorePatterns(model []string, flag string) []string {
 
 // savedAbout is what --save's metadata says of the model that trained:
 // its name, --set, fingerprint and the batch it was built at (the
-// fingerprint's), and the data it trained on, so that generate and eval
+// fingerprint's), and the data it trained on with its tokenizer's files
+// (which generate and eval --load take when given none), so that generate and eval
 // --load can tell another model whose params have the same shapes
 // (savedModel).
 func savedAbout(c *config, res *compile.Result) map[string]string {
@@ -310,7 +319,29 @@ func savedAbout(c *config, res *compile.Result) map[string]string {
 	if d := c.dataIdentity(); d != "" {
 		about["data"] = d
 	}
+	if files := c.tokenizerFiles(); len(files) > 0 {
+		about["tokenizer"] = files[0]
+		if len(files) > 1 {
+			about["merges"] = files[1]
+		}
+	}
 	return about
+}
+
+// weightsFile is the file --load reads for path: a folder (Hugging
+// Face's from_pretrained takes one, and export writes one) is its
+// model.safetensors.index.json, or else its model.safetensors; anything
+// else is path itself, which the input checks then name.
+func weightsFile(path string) string {
+	if !isFolder(path) {
+		return path
+	}
+	for _, name := range []string{"model.safetensors.index.json", "model.safetensors"} {
+		if f := filepath.Join(path, name); isRegularFile(f) {
+			return f
+		}
+	}
+	return path
 }
 
 // isRegularFile says whether path names a regular file (after links).

@@ -156,6 +156,11 @@ type Plan struct {
 	// ("" for byte-level text): which tokens a step sees follows from it,
 	// so a resumed run must have the same.
 	Data string `json:"data,omitempty"`
+	// Tokenizer are the files the run's tokenizer was read from (its
+	// --tokenizer, then any --merges), absolute: generate, eval and export
+	// read the model with them when given none. Data holds the
+	// tokenizer's identity, which those files must still have.
+	Tokenizer []string `json:"tokenizer,omitempty"`
 	// VocabTables are the params whose rows past the data's classes are
 	// vocabulary padding, with the classes: export writes only those rows.
 	VocabTables map[string]int `json:"vocab_tables,omitempty"`
