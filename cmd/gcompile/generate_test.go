@@ -359,6 +359,11 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	ck := filepath.Join(dir, "ck")
 	require.NoError(t, mainErr(append(append([]string{gptModel, "--batch", "4", "--run", "--steps", "2", "--eval-batches", "1", "--data", prefix, "--split", "60,40", "--save", w, "--checkpoint-dir", ck}, set...), tok...)))
 
+	// Training resumed without the tokenizer is refused, naming the
+	// files the run read.
+	err := mainErr(append([]string{gptModel, "--batch", "4", "--run", "--steps", "3", "--eval-batches", "1", "--data", prefix, "--split", "60,40", "--resume", ck, "--checkpoint-dir", ck}, set...))
+	assert.ErrorContains(t, err, "this one none (the run read --tokenizer "+tok[1]+" --merges "+tok[3]+")")
+
 	// Another tokenizer of as many ids (two merges swapped) is not the
 	// run's: its ids would be read as other text.
 	other := filepath.Join(dir, "other")

@@ -1522,8 +1522,13 @@ func match(m *Manifest, progs []*lower.Program, ex Expect) error {
 	// one, or a caller that does not say) is taken on trust.
 	legacy := func(a, b string) bool { return a == "" && strings.HasPrefix(b, textData) }
 	if m.Plan.Data != ex.Plan.Data && !legacy(m.Plan.Data, ex.Plan.Data) && !legacy(ex.Plan.Data, m.Plan.Data) && !slices.Contains(ex.DataAlso, m.Plan.Data) {
+		diff := dataDifference(m.Plan.Data, ex.Plan.Data)
+		if strings.Contains(diff, "tokenizer") && len(m.Plan.Tokenizer) > 0 {
+			// The files the run read, which the resume is to give.
+			diff += fmt.Sprintf(" (the run read --tokenizer %s)", strings.Join(m.Plan.Tokenizer, " --merges "))
+		}
 		return fmt.Errorf("the checkpoint was trained on other data (%s) than this run's (%s)%s: a step's tokens follow from the datasets, blend, --split and tokenizer; resume with the same --data, --split and --tokenizer: %w",
-			orText(m.Plan.Data), orText(ex.Plan.Data), dataDifference(m.Plan.Data, ex.Plan.Data), ErrMismatch)
+			orText(m.Plan.Data), orText(ex.Plan.Data), diff, ErrMismatch)
 	}
 	if ex.ModelFingerprint != "" && m.ModelFingerprint != ex.ModelFingerprint {
 		if ex.Model != "" && m.Model != "" && ex.Model != m.Model {
