@@ -128,12 +128,6 @@ func (g *genConfig) validate(explicit map[string]bool) error {
 		bad("generate %s: want a MODEL.go (generation builds the model again, at one token per step)", g.Model)
 	}
 	g.load = weightsFile(g.load)
-	if g.load != "" {
-		// Before any work: the weights are read after the compile.
-		if err := checkInputFile("load", g.load); err != nil {
-			bad("%w", err)
-		}
-	}
 	g.tokenizerNote = defaultTokenizer(&g.tokenizer, &g.merges, g.resume, g.load)
 	for _, in := range []outputPath{{"", g.Model, nil}, {"load", g.load, nil}, {"prompt-file", g.promptFile, nil}, {"tokenizer", g.tokenizer, nil}} {
 		if err := notAFile(in.flag, in.path); err != nil {
@@ -361,6 +355,13 @@ func runGenerate(args []string, stdout, stderr io.Writer) (err error) {
 	if w.Size > 1 && w.Rank > 0 {
 		fmt.Fprintf(stderr, "generate: rank %d of %d (%s) leaves generation to rank 0: it runs in one process, over --devices\n", w.Rank, w.Size, w.Launcher)
 		return nil
+	}
+	if g.load != "" {
+		// Before any work, the weights being read after the compile; on
+		// rank 0 only, where they are read.
+		if err := checkInputFile("load", g.load); err != nil {
+			return err
+		}
 	}
 	tx := codec{}
 	eos := int32(-1)
