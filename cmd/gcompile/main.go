@@ -838,7 +838,7 @@ func train(c *config, j *job, gpus []*cuda.Runtime, res *compile.Result, met *ru
 		return errors.Join(errs...)
 	}
 	if prof != nil {
-		if sim, err := schedule.Simulate(sched, prof.cost); err != nil {
+		if sim, err := schedule.SimulateReady(sched, prof.cost, prof.ready); err != nil {
 			errs = append(errs, err)
 		} else {
 			met.Schedule.BubbleProfiled = &sim.Bubble

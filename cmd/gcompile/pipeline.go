@@ -19,10 +19,18 @@ type blockProfile struct {
 	count map[string]int     // how many (step, micro) blocks were timed
 	seen  map[string]bool    // "F c1 m3 step"
 	step  int
+	// The time into a block at which its microbatch's send left (the
+	// compute before it), as the cost model prices a block's output
+	// ready (schedule.SimulateReady): a backward sends its input's
+	// gradient before its weight gradients where collectives run in
+	// order (lower.Options.SendsFirst).
+	sofar  map[string]float64 // "F c1 m3 step" → compute so far
+	sentAt map[string]float64 // "F c1 m3 step" → sofar at its last microbatch send
 }
 
 func newBlockProfile() *blockProfile {
-	return &blockProfile{total: map[string]float64{}, count: map[string]int{}, seen: map[string]bool{}}
+	return &blockProfile{total: map[string]float64{}, count: map[string]int{}, seen: map[string]bool{},
+		sofar: map[string]float64{}, sentAt: map[string]float64{}}
 }
 
 // hook times device prog's instructions.
@@ -30,19 +38,29 @@ func (bp *blockProfile) hook(prog *lower.Program) func(int, time.Time, time.Dura
 	return func(i int, _ time.Time, d time.Duration) {
 		in := prog.Instrs[i]
 		// Only compute inside F/B/W actions: receives wait for other ranks.
-		if in.Op == "recv" || in.Op == "send" || !strings.HasPrefix(in.Block, "F ") && !strings.HasPrefix(in.Block, "B ") && !strings.HasPrefix(in.Block, "W ") {
+		if in.Op == "recv" || !strings.HasPrefix(in.Block, "F ") && !strings.HasPrefix(in.Block, "B ") && !strings.HasPrefix(in.Block, "W ") {
+			return
+		}
+		bp.mu.Lock()
+		defer bp.mu.Unlock()
+		id := fmt.Sprintf("%s %d", in.Block, bp.step)
+		if in.Op == "send" {
+			// A once-a-step send (a tied embedding's gradient part) is not
+			// what the next rank waits for.
+			if in.Value != nil && in.Value.Meta.Micro >= 0 {
+				bp.sentAt[id] = bp.sofar[id]
+			}
 			return
 		}
 		kind, rest, _ := strings.Cut(in.Block, " ")
 		chunk, _, _ := strings.Cut(rest, " ")
 		key := kind + " " + chunk
-		bp.mu.Lock()
 		bp.total[key] += d.Seconds()
-		if id := fmt.Sprintf("%s %d", in.Block, bp.step); !bp.seen[id] {
+		bp.sofar[id] += d.Seconds()
+		if !bp.seen[id] {
 			bp.seen[id] = true
 			bp.count[key]++
 		}
-		bp.mu.Unlock()
 	}
 }
 
@@ -53,6 +71,8 @@ func (bp *blockProfile) reset() {
 	clear(bp.total)
 	clear(bp.count)
 	clear(bp.seen)
+	clear(bp.sofar)
+	clear(bp.sentAt)
 }
 
 func (bp *blockProfile) endStep() {
@@ -68,4 +88,22 @@ func (bp *blockProfile) cost(a schedule.Action) float64 {
 		return 0
 	}
 	return bp.total[key] / float64(bp.count[key]) * 1000
+}
+
+// ready is the mean measured time into an action at which its
+// microbatch's send left (in milliseconds): its cost, less the compute
+// after the send, averaged over the timed blocks that sent.
+func (bp *blockProfile) ready(a schedule.Action) float64 {
+	prefix := fmt.Sprintf("%v c%d m", a.Kind, a.Chunk)
+	after, n := 0.0, 0
+	for id, at := range bp.sentAt {
+		if strings.HasPrefix(id, prefix) {
+			after += bp.sofar[id] - at
+			n++
+		}
+	}
+	if n == 0 {
+		return bp.cost(a)
+	}
+	return max(bp.cost(a)-after/float64(n)*1000, 0)
 }
