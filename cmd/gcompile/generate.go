@@ -923,6 +923,14 @@ func isFolder(path string) bool {
 // other file: weights from elsewhere, or a file that does not read,
 // which the load names.
 func savedMetadata(file string) map[string]string {
+	if strings.HasSuffix(file, ".index.json") {
+		// Export's shards each carry the metadata: the first one's.
+		files := checkpoint.IndexedFiles(file)
+		if len(files) < 2 {
+			return nil
+		}
+		file = files[1]
+	}
 	if !strings.HasSuffix(file, ".safetensors") {
 		return nil
 	}

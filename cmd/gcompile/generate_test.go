@@ -436,6 +436,15 @@ func TestGenerateThroughATokenizer(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "is not the tokenizer the weights' run ("+exported+") trained with")
 	require.NoError(t, runGenerate(append(append([]string{gptModel, "--load", exported, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), tok...), io.Discard, io.Discard))
+	// Sharded, the folder's index is read, and its shards' record.
+	shardDir := filepath.Join(dir, "sharded")
+	require.NoError(t, mainErr(append([]string{"export", ck, "--out", filepath.Join(shardDir, "model.safetensors"), "--max-shard-size", "2MB"}, tok...)))
+	require.FileExists(t, filepath.Join(shardDir, "model.safetensors.index.json"))
+	note.Reset()
+	require.NoError(t, runGenerate(append([]string{gptModel, "--load", shardDir, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), io.Discard, &note))
+	assert.Contains(t, note.String(), "note: --tokenizer "+filepath.Join(shardDir, "vocab.json")+" --merges "+filepath.Join(shardDir, "merges.txt")+": the tokenizer the run trained with, beside the weights")
+	err = runGenerate(append(append([]string{gptModel, "--load", shardDir, "--prompt", "Document 3 says", "--max-new-tokens", "2"}, set...), otherTok...), io.Discard, io.Discard)
+	assert.ErrorContains(t, err, "is not the tokenizer the weights' run ("+filepath.Join(shardDir, "model.safetensors.index.json")+") trained with")
 
 	res := generateJSON(t, append(append([]string{gptModel, "--load", w, "--prompt", "Document 3 says", "--max-new-tokens", "30", "--seed", "2"}, set...), tok...)...)
 	require.Len(t, res, 1)
