@@ -669,6 +669,24 @@ func TestJobRefusesACheckpointDirItDoesNotShare(t *testing.T) {
 	refusedBeforeTraining(t, ps, "--checkpoint-dir "+filepath.Join(dir, "ck-of-rank-1")+" is not the folder rank 0 writes")
 }
 
+// What one process loads, resumes or saves the others must too: --save
+// given to rank 0 alone (every process gathers for it) is named before
+// any training, where a sharded plan had trained to the end and hung at
+// the save, the weights lost.
+func TestJobRefusesASaveOnOneProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	dir := t.TempDir()
+	ps := twoProcessJob(t, func(r int) []string {
+		if r == 0 {
+			return faultArgs(t, 2, "--save", filepath.Join(dir, "w.safetensors"))
+		}
+		return faultArgs(t, 2)
+	})
+	refusedBeforeTraining(t, ps, "rank 1 was given none, rank 0 --save: every process must be given the same --load weights and --resume checkpoint")
+}
+
 // A process that compiled another plan (here: another model file, with
 // one LayerNorm's eps changed; its flags are rank 0's) is named before
 // any training.
@@ -732,6 +750,8 @@ func TestSameProcesses(t *testing.T) {
 		{"build", []processIdentity{base, base, with(func(p *processIdentity) { p.Build, p.Plan = "go1.26 commit b", "q" })}, "rank 2 runs another gcompile build than rank 0 (go1.26 commit b, rank 0: go1.26 commit a)"},
 		{"plan", []processIdentity{base, with(func(p *processIdentity) { p.Plan = "q" }), base}, "rank 1 compiled a different plan than rank 0"},
 		{"data", []processIdentity{base, with(func(p *processIdentity) { p.Data = "e" })}, "rank 1 reads other data than rank 0 (e, rank 0: d)"},
+		{"sources", []processIdentity{with(func(p *processIdentity) { p.Sources = "--load header sha256 ab; --save" }), with(func(p *processIdentity) { p.Sources = "--save" })},
+			"rank 1 was given --save, rank 0 --load header sha256 ab; --save"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := range tc.ids {

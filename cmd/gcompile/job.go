@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -903,13 +904,13 @@ func (j *job) report(err error) {
 // other files on its machine) would train another run beside the job.
 // The error, the same on every process, names the first process that
 // differs from process 0.
-func (j *job) checkPlan(fingerprint, data string) error {
+func (j *job) checkPlan(fingerprint, data, sources string) error {
 	if !j.multi() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(j.ctx, j.timeout)
 	defer cancel()
-	mine := processIdentity{Build: buildIdentity(), Plan: fingerprint, Data: data}
+	mine := processIdentity{Build: buildIdentity(), Plan: fingerprint, Data: data, Sources: sources}
 	if err := j.store.Set(ctx, keyFingerprint+strconv.Itoa(j.world.Rank), []byte(mine.String())); err != nil {
 		return j.cause(fmt.Errorf("publishing this process's compiled plan: %w", err))
 	}
@@ -925,15 +926,73 @@ func (j *job) checkPlan(fingerprint, data string) error {
 }
 
 // processIdentity is what checkPlan compares between processes.
-type processIdentity struct{ Build, Plan, Data string }
+// Sources are the flags each process is given that every process must
+// agree on although their paths may differ between machines
+// (processSources).
+type processIdentity struct{ Build, Plan, Data, Sources string }
 
-func (p processIdentity) String() string { return p.Build + "\n" + p.Plan + "\n" + p.Data }
+func (p processIdentity) String() string {
+	return p.Build + "\n" + p.Plan + "\n" + p.Data + "\n" + p.Sources
+}
 
 func parseProcessIdentity(s string) processIdentity {
 	var p processIdentity
 	p.Build, s, _ = strings.Cut(s, "\n")
-	p.Plan, p.Data, _ = strings.Cut(s, "\n")
+	p.Plan, s, _ = strings.Cut(s, "\n")
+	p.Data, p.Sources, _ = strings.Cut(s, "\n")
 	return p
+}
+
+// processSources are the per-process flags whose paths may differ between
+// machines but whose presence, and what they name, must not: --load's
+// weights (its file's header: names, types, sizes, offsets), --resume's
+// checkpoint (its manifest's ID), and whether --checkpoint-dir and --save
+// are given (every process takes part in a save, gathering what it holds;
+// process 0 writes). One process given one of them alone had trained
+// apart (its own weights) or hung at the first save, the whole run lost.
+// "; "-separated "flag what" parts, in a fixed order.
+func processSources(c *config, resumeDir string) string {
+	var parts []string
+	if c.load != "" {
+		parts = append(parts, "--load "+weightsIdentity(c.load))
+	}
+	if resumeDir != "" {
+		id := "(no manifest)"
+		if m, err := checkpoint.ReadManifest(resumeDir); err == nil {
+			id = fmt.Sprintf("step %d, %s", m.State.Step, m.ID())
+		}
+		parts = append(parts, "--resume "+id)
+	}
+	if c.ckptDir != "" {
+		parts = append(parts, "--checkpoint-dir")
+	}
+	if c.save != "" {
+		parts = append(parts, "--save")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// weightsIdentity names a --load file by its safetensors header (or a
+// shard index's bytes): the tensors, their types and where they lie, not
+// a checksum of gigabytes of weights.
+func weightsIdentity(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return "(unreadable)"
+	}
+	defer f.Close()
+	h := sha256.New()
+	if strings.HasSuffix(path, ".index.json") {
+		_, _ = io.Copy(h, io.LimitReader(f, 64<<20))
+	} else {
+		var n [8]byte
+		if _, err := io.ReadFull(f, n[:]); err == nil {
+			size := min(binary.LittleEndian.Uint64(n[:]), checkpoint.MaxHeaderLength)
+			h.Write(n[:])
+			_, _ = io.Copy(h, io.LimitReader(f, int64(size)))
+		}
+	}
+	return fmt.Sprintf("header sha256 %.12x", h.Sum(nil))
 }
 
 // sameProcesses says how the first process that differs from process 0
@@ -947,6 +1006,8 @@ func sameProcesses(ids []processIdentity) error {
 			return fmt.Errorf("rank %d compiled a different plan than rank 0 (fingerprint %.12s… vs %.12s…): every process must run the same gcompile build with the same model file and flags", r, p.Plan, ids[0].Plan)
 		case p.Data != ids[0].Data:
 			return fmt.Errorf("rank %d reads other data than rank 0 (%s, rank 0: %s): every process must be given the same --data (its path may differ between machines, its contents may not)", r, p.Data, ids[0].Data)
+		case p.Sources != ids[0].Sources:
+			return fmt.Errorf("rank %d was given %s, rank 0 %s: every process must be given the same --load weights and --resume checkpoint, and --checkpoint-dir and --save alike (every process takes part in a save; their paths may differ between machines)", r, orNone(p.Sources), orNone(ids[0].Sources))
 		}
 	}
 	return nil

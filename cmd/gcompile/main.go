@@ -268,7 +268,7 @@ func compileAndRun(c *config, j *job) (err error) {
 		}
 		return errors.Join(append([]error{passErr}, outErrs...)...)
 	}
-	if err := j.checkPlan(res.Fingerprint(), c.dataIdentity()); err != nil {
+	if err := j.checkPlan(res.Fingerprint(), c.dataIdentity(), processSources(c, resumeDir)); err != nil {
 		return err
 	}
 	if c.run {
