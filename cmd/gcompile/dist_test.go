@@ -1304,3 +1304,18 @@ while :; do sleep 0.1; done`
 		})
 	}
 }
+
+// Process 0 names where its store listens, by the master's name and the
+// port it took (the next free one when the master port was taken), not
+// the master port, which is another program's.
+func TestRendezvousAddrIsTheStoresPort(t *testing.T) {
+	srv, err := dist.Serve("127.0.0.1:0", dist.ServerOptions{Token: "t", Ranks: 2})
+	require.NoError(t, err)
+	defer srv.Close()
+	_, port, err := net.SplitHostPort(srv.Addr())
+	require.NoError(t, err)
+	w := dist.World{Rank: 0, Size: 2, MasterAddr: "localhost", MasterPort: 1}
+	assert.Equal(t, "localhost:"+port, (&job{world: w, server: srv}).rendezvousAddr())
+	w.Rank = 1
+	assert.Equal(t, "localhost:1", (&job{world: w}).rendezvousAddr())
+}

@@ -360,7 +360,7 @@ func (j *job) rendezvous() error {
 	close(waiting)
 	if err != nil {
 		if missing := j.missingRanks(); missing != "" && j.ctx.Err() == nil {
-			return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %s never joined (not started, or they cannot reach %s): %w", w.Rank, w.Size, missing, w.MasterHostPort(), err)
+			return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %s never joined (not started, or they cannot reach %s): %w", w.Rank, w.Size, missing, j.rendezvousAddr(), err)
 		}
 		return fmt.Errorf("rank %d: waiting for all %d processes at the rendezvous: %w", w.Rank, w.Size, err)
 	}
@@ -553,7 +553,7 @@ func (j *job) sayWhoIsMissing(ctx context.Context, waiting <-chan struct{}) {
 			if d, ok := ctx.Deadline(); ok {
 				left = fmt.Sprintf("%s more at most (--rdzv-timeout)", time.Until(d).Round(time.Second))
 			}
-			j.logf("rendezvous: waiting for %s of %d to join at %s, %s", m, j.world.Size, j.world.MasterHostPort(), left)
+			j.logf("rendezvous: waiting for %s of %d to join at %s, %s", m, j.world.Size, j.rendezvousAddr(), left)
 		}
 		t.Reset(missingEvery)
 	}
@@ -894,6 +894,20 @@ func (j *job) report(err error) {
 	if j.net != nil {
 		j.net.Abort(err)
 	}
+}
+
+// rendezvousAddr is where the job's store listens: on process 0, the
+// port it took (the next free one of the range when the master port was
+// taken, where the others find it too); elsewhere, the master address.
+func (j *job) rendezvousAddr() string {
+	if j.server != nil {
+		// The master's name, as the others dial it, not the bound
+		// address (all interfaces: 0.0.0.0).
+		if _, port, err := net.SplitHostPort(j.server.Addr()); err == nil {
+			return net.JoinHostPort(j.world.MasterAddr, port)
+		}
+	}
+	return j.world.MasterHostPort()
 }
 
 // checkPlan compares every process's gcompile build, fingerprint of its
