@@ -355,6 +355,53 @@ func evalRefused(name string) bool {
 // parseArgsWith is parseArgs for the subcommand sub ("" for none) that
 // takes gcompile's flags (eval), with mode applied before the command
 // line is validated: what the subcommand does with them.
+// placeOnly is a config of only the flags that place this process in a
+// job (--rank, --world-size, --local-rank, --local-world-size,
+// --master-addr, --master-port, --token), read from a command line that
+// did not parse as a whole, or nil when it gives none: a process given a
+// flag its build lacks (an older binary on one machine) still tells the
+// job why it stops, where rank 0 had waited out --rdzv-timeout and then
+// blamed it for never joining.
+func placeOnly(args []string) *config {
+	c := &config{explicit: map[string]bool{}, rank: -1, localRank: -1}
+	ints := map[string]*int{"rank": &c.rank, "world-size": &c.worldSize, "local-rank": &c.localRank, "local-world-size": &c.localWorldSize, "master-port": &c.masterPort}
+	strs := map[string]*string{"master-addr": &c.masterAddr, "token": &c.token}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if ints[name] == nil && strs[name] == nil {
+			continue
+		}
+		if !hasVal {
+			if i+1 == len(args) {
+				break
+			}
+			i++
+			val = args[i]
+		}
+		if p := ints[name]; p != nil {
+			n, err := strconv.Atoi(val)
+			if err != nil {
+				continue
+			}
+			*p = n
+		} else {
+			*strs[name] = val
+		}
+		c.explicit[name] = true
+	}
+	if len(c.explicit) == 0 {
+		return nil
+	}
+	return c
+}
+
 func parseArgsWith(args []string, sub string, mode func(*config)) (*config, error) {
 	c := &config{}
 	name := strings.TrimSpace("gcompile " + sub)
@@ -502,7 +549,7 @@ func parseArgsWith(args []string, sub string, mode func(*config)) (*config, erro
 
 	positional, err := parsePositional(fs, args)
 	if err != nil {
-		return nil, err
+		return placeOnly(args), err
 	}
 	c.explicit = map[string]bool{}
 	var empty []string

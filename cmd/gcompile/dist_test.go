@@ -1319,3 +1319,36 @@ func TestRendezvousAddrIsTheStoresPort(t *testing.T) {
 	w.Rank = 1
 	assert.Equal(t, "localhost:1", (&job{world: w}).rendezvousAddr())
 }
+
+// Placed by flags (--rank, --world-size, as a script started by hand
+// or by srun gives them), a process whose command line does not parse
+// (a flag its build lacks) still tells the job: rank 0 stops within
+// seconds, naming it, where it waited out --rdzv-timeout.
+func TestAFlagOneProcessLacksStopsTheJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	port, err := freePort()
+	require.NoError(t, err)
+	env := []string{asMainEnv + "=1"}
+	for _, kv := range childEnv(0, 1, 0, "") {
+		if name, _, _ := strings.Cut(kv, "="); !slices.Contains([]string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GCOMPILE_TOKEN"}, name) {
+			env = append(env, kv)
+		}
+	}
+	args := faultArgs(t, 2, "--world-size", "2", "--master-addr", "127.0.0.1", "--master-port", strconv.Itoa(port), "--token", jobToken(t))
+	ps := []*proc{
+		startProc(t, self, append(slices.Clone(args), "--rank", "0"), env),
+		startProc(t, self, append(slices.Clone(args), "--rank", "1", "--no-such-flag"), env),
+	}
+	start := time.Now()
+	waitAll(t, ps, 60*time.Second)
+	assert.Less(t, time.Since(start), 15*time.Second, "the job fails within seconds, not after --rdzv-timeout")
+	for r, p := range ps {
+		require.Error(t, p.err, "rank %d", r)
+		assert.Contains(t, p.output(), "rank 1: flag provided but not defined: -no-such-flag", "rank %d:\n%s", r, p.output())
+	}
+	assert.Contains(t, ps[0].output(), "the job cannot start: rank 1: flag provided but not defined")
+}
