@@ -197,20 +197,27 @@ func freePort() (int, error) {
 // childEnv is the environment of rank r: the launcher's, without the
 // variables of other launchers that would disagree, plus torchrun's.
 func childEnv(r, n, port int, token string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if slices.Contains([]string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-			"GCOMPILE_TOKEN", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID"}, name) {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return append(env,
+	return append(environWithout(placeVars),
 		"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n),
 		"LOCAL_RANK="+strconv.Itoa(r), "LOCAL_WORLD_SIZE="+strconv.Itoa(n),
 		"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
 		"GCOMPILE_TOKEN="+token)
+}
+
+// placeVars are the variables childEnv sets, and torchrun's that would
+// place a child otherwise.
+var placeVars = []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+	"GCOMPILE_TOKEN", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID"}
+
+// environWithout is this process's environment less the variables named.
+func environWithout(names []string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); !slices.Contains(names, name) {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // ownStopWait is how long the launcher lets the other ranks stop by
