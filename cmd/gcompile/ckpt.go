@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -39,6 +40,15 @@ func checkCheckpointPaths(c *config) (string, error) {
 	if c.resume != "" {
 		var err error
 		if dir, err = checkpoint.Find(c.resume); err != nil {
+			if firstAttempt(c, err) {
+				// A requeue loop's command (--resume of its own
+				// --checkpoint-dir) on its first attempt, or after a kill in
+				// the first save: as Megatron-LM's --load of a folder
+				// without a checkpoint, the run starts afresh.
+				fmt.Fprintf(os.Stderr, "note: --resume %s holds no complete checkpoint yet: the run starts at step 0, saving into it as --checkpoint-dir\n", c.resume)
+				c.resume = ""
+				return "", checkCheckpointDir(c, "", -1)
+			}
 			return "", fmt.Errorf("--resume: %w", err)
 		}
 		m, err := checkpoint.ReadManifest(dir)
@@ -61,6 +71,22 @@ func checkCheckpointPaths(c *config) (string, error) {
 		}
 	}
 	return dir, checkCheckpointDir(c, dir, step)
+}
+
+// firstAttempt says whether a training run's --resume that found no
+// checkpoint (err, from checkpoint.Find) names its own --checkpoint-dir,
+// missing or holding no complete checkpoint and nothing else unknown:
+// the first attempt of a command a requeue loop runs unchanged. A
+// --resume of another folder stays refused: a mistyped path would train
+// from scratch.
+func firstAttempt(c *config, err error) bool {
+	if !c.run || c.evalOnly || c.ckptDir == "" || !samePath(filepath.Clean(c.resume), filepath.Clean(c.ckptDir)) {
+		return false
+	}
+	if _, serr := os.Stat(c.resume); errors.Is(serr, fs.ErrNotExist) {
+		return true
+	}
+	return errors.Is(err, checkpoint.ErrNoCheckpoint) && !errors.Is(err, checkpoint.ErrUnrecognised)
 }
 
 // enclosingCheckpoint is the checkpoint (a folder holding a manifest

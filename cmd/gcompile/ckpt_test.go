@@ -1408,6 +1408,31 @@ func TestStaticLossScaleIsTheRunsOwn(t *testing.T) {
 	require.Error(t, s.Restore(runtime.ScalerState{Scale: 4096, Dynamic: true}))
 }
 
+// A requeue loop runs one command every time: --resume of its own
+// --checkpoint-dir starts afresh while that holds no checkpoint (its
+// first attempt, or one killed in its first save), as Megatron-LM's
+// --load of an empty folder does, and resumes once it holds one; a
+// --resume of another folder that holds none stays refused.
+func TestARequeuedCommandStartsAfreshThenResumes(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	loop := func(steps string) (string, error) {
+		return captureStderr(t, func() error {
+			return mainErr(gir(t, append(slices.Clone(ckptGPT), "--steps", steps, "--checkpoint-dir", ck, "--resume", ck)))
+		})
+	}
+	// The first attempt was killed in its first save.
+	writeFile(t, filepath.Join(checkpoint.StepDir(ck, 1)+".partial", "rank-00000.safetensors"), "cut short")
+	log, err := loop("2")
+	require.NoError(t, err)
+	assert.Contains(t, log, "note: --resume "+ck+" holds no complete checkpoint yet: the run starts at step 0")
+	log, err = loop("3")
+	require.NoError(t, err)
+	assert.Contains(t, log, "resumed from "+checkpoint.StepDir(ck, 2)+" at step 2")
+	err = mainErr(gir(t, append(slices.Clone(ckptGPT), "--steps", "2", "--checkpoint-dir", ck, "--resume", filepath.Join(dir, "other"))))
+	assert.ErrorContains(t, err, "--resume: checkpoint "+filepath.Join(dir, "other")+" does not exist")
+}
+
 // --save and --metrics named through links write the files the links
 // lead to, one of them yet to be written; the links stay links.
 func TestOutputsAreWrittenThroughLinks(t *testing.T) {
