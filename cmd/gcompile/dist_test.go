@@ -1347,3 +1347,20 @@ func TestAFlagOneProcessLacksStopsTheJob(t *testing.T) {
 	}
 	assert.Contains(t, ps[0].output(), "the job cannot start: rank 1: flag provided but not defined")
 }
+
+// A process that loses the store with no report in it (process 0, which
+// hosts it, killed outright) names process 0, not the store's socket.
+func TestALostStoreNamesProcessZero(t *testing.T) {
+	own := fmt.Errorf("rank 1: waiting for the other processes to finish: barrier \"job/exit\" for 2 clients: store at 127.0.0.1:1 %w", dist.ErrDisconnected)
+	for rank, want := range map[int]string{
+		1: `^rank 1: lost process 0 \(rank 0\), which hosts the job's rendezvous: it stopped without a report \(killed outright, or its machine is down\): rank 1: waiting for the other processes to finish`,
+		0: `^rank 1: waiting for the other processes to finish`,
+	} {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		j := &job{world: dist.World{Rank: rank, Size: 2}, ctx: ctx, cancel: cancel}
+		err := j.stoppedBy(own)
+		cancel(nil)
+		assert.Regexp(t, want, err.Error(), "rank %d", rank)
+		assert.ErrorIs(t, err, dist.ErrDisconnected)
+	}
+}

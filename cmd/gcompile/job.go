@@ -1135,6 +1135,11 @@ func (j *job) cause(err error) error {
 			return c
 		}
 	}
+	if j.world.Rank != 0 && errors.Is(err, dist.ErrDisconnected) {
+		// No report came: process 0, which hosts the store, is gone
+		// without a word (killed outright, or its machine down).
+		return fmt.Errorf("lost process 0 (rank 0), which hosts the job's rendezvous: it stopped without a report (killed outright, or its machine is down): %w", err)
+	}
 	return err
 }
 
@@ -1148,6 +1153,10 @@ func (j *job) stoppedBy(own error) error {
 	cause := j.cause(own)
 	if !j.multi() || cause == own || sameFailure(cause.Error(), own.Error()) {
 		return own
+	}
+	if errors.Is(cause, own) {
+		// own, headed by what explains it (process 0 lost with the store).
+		return labelled(j.world.Rank, cause)
 	}
 	if r, _, ok := rankLabel(cause.Error()); ok && r == j.world.Rank {
 		return cause
