@@ -784,10 +784,8 @@ func exportMain(args []string) error {
 			return fmt.Errorf("export: %s: the manifest's export_config is not a JSON object (%v): the checkpoint was edited; nothing was written", dir, err)
 		}
 	}
-	if *tokPath == "" && *tokMerges == "" {
-		if *tokPath, *tokMerges = runTokenizer(dir, ""); *tokPath != "" {
-			fmt.Fprintln(os.Stderr, tokenizerNote(*tokPath, *tokMerges, "recorded in the checkpoint"))
-		}
+	if note := defaultTokenizer(tokPath, tokMerges, dir, ""); note != "" {
+		fmt.Fprintln(os.Stderr, note)
 	}
 	tok, err := exportTokenizer(m, *tokPath, *tokMerges, exportCfg)
 	if err != nil {

@@ -873,12 +873,20 @@ func runTokenizer(resume, load string) (tok, merges string) {
 		return files[0], files[1]
 	}
 	if beside != "" {
-		if t := filepath.Join(beside, "tokenizer.json"); isRegularFile(t) {
-			return t, ""
-		}
-		if v, m := filepath.Join(beside, "vocab.json"), filepath.Join(beside, "merges.txt"); isRegularFile(v) && isRegularFile(m) {
-			return v, m
-		}
+		return tokenizerBeside(beside)
+	}
+	return "", ""
+}
+
+// tokenizerBeside is the tokenizer export writes in dir beside the
+// weights, as Hugging Face's folders hold it: its tokenizer.json, or
+// GPT-2's vocab.json and merges.txt; "" when neither is there.
+func tokenizerBeside(dir string) (tok, merges string) {
+	if t := filepath.Join(dir, "tokenizer.json"); isRegularFile(t) {
+		return t, ""
+	}
+	if v, m := filepath.Join(dir, "vocab.json"), filepath.Join(dir, "merges.txt"); isRegularFile(v) && isRegularFile(m) {
+		return v, m
 	}
 	return "", ""
 }

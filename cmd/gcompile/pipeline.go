@@ -26,6 +26,8 @@ type blockProfile struct {
 	// order (lower.Options.SendsFirst).
 	sofar  map[string]float64 // "F c1 m3 step" → compute so far
 	sentAt map[string]float64 // "F c1 m3 step" → sofar at its last microbatch send
+	after  map[string]float64 // "F c1" → compute after the send, summed (ready's, made once)
+	afterN map[string]int     // "F c1" → blocks summed in after
 }
 
 func newBlockProfile() *blockProfile {
@@ -52,9 +54,7 @@ func (bp *blockProfile) hook(prog *lower.Program) func(int, time.Time, time.Dura
 			}
 			return
 		}
-		kind, rest, _ := strings.Cut(in.Block, " ")
-		chunk, _, _ := strings.Cut(rest, " ")
-		key := kind + " " + chunk
+		key := blockKey(in.Block)
 		bp.total[key] += d.Seconds()
 		bp.sofar[id] += d.Seconds()
 		if !bp.seen[id] {
@@ -62,6 +62,14 @@ func (bp *blockProfile) hook(prog *lower.Program) func(int, time.Time, time.Dura
 			bp.count[key]++
 		}
 	}
+}
+
+// blockKey is the action kind and chunk of a block's name ("F c1 m3",
+// or with its step after): "F c1".
+func blockKey(block string) string {
+	kind, rest, _ := strings.Cut(block, " ")
+	chunk, _, _ := strings.Cut(rest, " ")
+	return kind + " " + chunk
 }
 
 // reset drops what was measured so far.
@@ -73,6 +81,7 @@ func (bp *blockProfile) reset() {
 	clear(bp.seen)
 	clear(bp.sofar)
 	clear(bp.sentAt)
+	bp.after, bp.afterN = nil, nil
 }
 
 func (bp *blockProfile) endStep() {
@@ -94,16 +103,18 @@ func (bp *blockProfile) cost(a schedule.Action) float64 {
 // microbatch's send left (in milliseconds): its cost, less the compute
 // after the send, averaged over the timed blocks that sent.
 func (bp *blockProfile) ready(a schedule.Action) float64 {
-	prefix := fmt.Sprintf("%v c%d m", a.Kind, a.Chunk)
-	after, n := 0.0, 0
-	for id, at := range bp.sentAt {
-		if strings.HasPrefix(id, prefix) {
-			after += bp.sofar[id] - at
-			n++
+	if bp.after == nil {
+		// Once, over every timed block: the simulation asks for each of
+		// its actions, and a long run timed thousands of blocks a rank.
+		bp.after, bp.afterN = map[string]float64{}, map[string]int{}
+		for id, at := range bp.sentAt {
+			bp.after[blockKey(id)] += bp.sofar[id] - at
+			bp.afterN[blockKey(id)]++
 		}
 	}
-	if n == 0 {
+	key := fmt.Sprintf("%v c%d", a.Kind, a.Chunk)
+	if bp.afterN[key] == 0 {
 		return bp.cost(a)
 	}
-	return max(bp.cost(a)-after/float64(n)*1000, 0)
+	return max(bp.cost(a)-bp.after[key]/float64(bp.afterN[key])*1000, 0)
 }

@@ -114,11 +114,11 @@ func loadWeights(dev weightStore, progs []*lower.Program, file string, ignore []
 		// export --tokenizer writes the tokenizer's files beside the
 		// weights, as Hugging Face's folders hold them.
 		hint := "give that --tokenizer"
-		dir := filepath.Dir(file)
-		if beside := filepath.Join(dir, "tokenizer.json"); isRegularFile(beside) {
-			hint = fmt.Sprintf("give that --tokenizer (%s lies beside the weights: --tokenizer %s)", beside, dir)
-		} else if vocab, merges := filepath.Join(dir, "vocab.json"), filepath.Join(dir, "merges.txt"); isRegularFile(vocab) && isRegularFile(merges) {
-			hint = fmt.Sprintf("give that --tokenizer (%s and merges.txt lie beside the weights: --tokenizer %s --merges %s)", vocab, vocab, merges)
+		switch tok, merges := tokenizerBeside(filepath.Dir(file)); {
+		case tok != "" && merges == "":
+			hint = fmt.Sprintf("give that --tokenizer (%s lies beside the weights: --tokenizer %s)", tok, filepath.Dir(tok))
+		case tok != "":
+			hint = fmt.Sprintf("give that --tokenizer (%s and merges.txt lie beside the weights: --tokenizer %s --merges %s)", tok, tok, merges)
 		}
 		err = fmt.Errorf("%w\n  the weights' run read its data with a tokenizer, whose size sets the model's vocabulary: %s", err, hint)
 	}
